@@ -1,0 +1,38 @@
+// Clocks and timeouts.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace simpler::base {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// Monotonic nanoseconds since an arbitrary epoch (steady_clock). Thread-safe.
+int64_t now_ns();
+
+// A point in time to stop waiting, or "forever", or "poll once".
+// Plain value.
+struct Deadline {
+  enum class Kind { kForever, kAt, kPoll };
+  Kind kind = Kind::kForever;
+  SteadyTime at{};
+
+  static Deadline forever() { return {}; }
+  static Deadline poll() { return {Kind::kPoll, {}}; }
+  static Deadline after(std::chrono::nanoseconds d);
+  bool is_forever() const { return kind == Kind::kForever; }
+  // True once the deadline passed (always true for kPoll, never for kForever).
+  bool expired() const;
+};
+
+// Converts a timeout in seconds into a Deadline by ARCHITECTURE.md's table:
+//   NaN                               -> INVALID_ARGUMENT ("timeout is NaN")
+//   +inf, or beyond the clock's range -> forever
+//   negative (including -inf)         -> poll once
+//   otherwise                         -> now + seconds
+absl::StatusOr<Deadline> deadline_from_seconds(double seconds);
+
+}  // namespace simpler::base

@@ -1,0 +1,48 @@
+// Status helpers. Note: Debian 12's Abseil is built with its own
+// absl::string_view (not std::string_view); pass std::string, const char* or
+// absl::string_view to absl functions.
+// Errors are values: core code returns absl::Status /
+// absl::StatusOr<T> with a canonical code and a message naming the run,
+// task or field at fault. No exception crosses a thread or layer boundary.
+#pragma once
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+#define SIMPLER_STATUS_CONCAT_INNER(a, b) a##b
+#define SIMPLER_STATUS_CONCAT(a, b) SIMPLER_STATUS_CONCAT_INNER(a, b)
+
+// Returns from the enclosing function when `expr` is not OK.
+#define SIMPLER_RETURN_IF_ERROR(expr)            \
+  do {                                           \
+    ::absl::Status simpler_status_ = (expr);     \
+    if (!simpler_status_.ok()) return simpler_status_; \
+  } while (0)
+
+// `lhs = value of expr` or return its error.
+#define SIMPLER_ASSIGN_OR_RETURN(lhs, expr) \
+  SIMPLER_ASSIGN_OR_RETURN_IMPL(SIMPLER_STATUS_CONCAT(simpler_statusor_, __LINE__), lhs, expr)
+#define SIMPLER_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                  \
+  if (!tmp.ok()) return std::move(tmp).status();      \
+  lhs = std::move(tmp).value()
+
+namespace simpler::base {
+
+// Payload key marking an error after which the device state is unknown
+// (device fault, operation timeout, lost device). Such an error poisons its
+// lane (ARCHITECTURE.md invariant 5); every other error is recoverable.
+inline constexpr absl::string_view kUnrecoverablePayload = "simpler/unrecoverable";
+
+// Returns `status` marked unrecoverable.
+absl::Status mark_unrecoverable(absl::Status status);
+
+// True when `status` carries the unrecoverable mark.
+bool is_unrecoverable(const absl::Status& status);
+
+// Returns `status` with `prefix` prepended to its message, keeping code and payloads.
+absl::Status annotate(const absl::Status& status, absl::string_view prefix);
+
+}  // namespace simpler::base

@@ -1,0 +1,49 @@
+// Thin annotated wrappers over std::mutex / std::condition_variable.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "simpler/base/thread_annotations.h"
+
+namespace simpler::base {
+
+// A std::mutex that clang's thread-safety analysis understands. Thread-safe.
+class SIMPLER_CAPABILITY("mutex") Mutex {
+ public:
+  void lock() SIMPLER_ACQUIRE() { mu_.lock(); }
+  void unlock() SIMPLER_RELEASE() { mu_.unlock(); }
+  std::mutex& native() { return mu_; }
+
+ private:
+  std::mutex mu_;
+};
+
+// RAII lock over Mutex.
+class SIMPLER_SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex& mu) SIMPLER_ACQUIRE(mu) : lock_(mu.native()) {}
+  ~MutexLock() SIMPLER_RELEASE() = default;
+  std::unique_lock<std::mutex>& native() { return lock_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+// Condition variable used with MutexLock. Thread-safe.
+class CondVar {
+ public:
+  void wait(MutexLock& lock) { cv_.wait(lock.native()); }
+  // Returns false when `deadline` passed before a notification.
+  bool wait_until(MutexLock& lock, std::chrono::steady_clock::time_point deadline) {
+    return cv_.wait_until(lock.native(), deadline) == std::cv_status::no_timeout;
+  }
+  void notify_one() { cv_.notify_one(); }
+  void notify_all() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable cv_;
+};
+
+}  // namespace simpler::base

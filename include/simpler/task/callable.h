@@ -1,0 +1,85 @@
+// Kernels, orchestration functions and callables (programs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/task/call_config.h"
+#include "simpler/task/task_args.h"
+
+namespace simpler::task {
+
+// What a kernel invocation sees: its task's arguments (tensors already
+// resolved to device addresses) and its SPMD block. Valid only during the call.
+struct KernelContext {
+  const Arg* args = nullptr;
+  uint32_t num_args = 0;
+  int32_t block_idx = 0;  // 0 <= block_idx < block_dim
+  int32_t block_dim = 1;
+  int32_t core = 0;  // the core running this block
+  uint64_t run_id = 0;
+  uint32_t task_index = 0;
+
+  const Tensor& tensor(uint32_t i) const { return args[i].tensor; }
+  uint64_t scalar(uint32_t i) const { return args[i].scalar; }
+  int64_t scalar_i64(uint32_t i) const { return static_cast<int64_t>(args[i].scalar); }
+  float scalar_f32(uint32_t i) const;
+};
+
+// A kernel: one compute function, called once per block on a core thread.
+// Must be thread-safe across blocks and tasks; returns a non-OK status to
+// report failure (a recoverable error of its run).
+using KernelFn = absl::Status (*)(const KernelContext&);
+
+struct Kernel {
+  std::string name;
+  KernelFn fn = nullptr;
+};
+
+// Index of a kernel inside its callable.
+using KernelIndex = uint32_t;
+
+// Interface the orchestration function submits tasks through. Implemented by
+// the chip layer. Owner-thread only (the thread running the orchestration).
+class OrchestrationContext {
+ public:
+  virtual ~OrchestrationContext() = default;
+  // Submits one task: `kernel` of the running callable over `args`, run once
+  // per block for block_dim blocks. Dependencies on earlier tasks are inferred
+  // from overlapping tensor ranges. Blocks while the task ring is full.
+  // Errors: INVALID_ARGUMENT (unknown kernel, bad args, tensor outside any
+  // live device allocation, block_dim < 1), RESOURCE_EXHAUSTED (the task can
+  // never fit the ring), or the run's first task error (the run is failing).
+  virtual absl::Status submit(KernelIndex kernel, const TaskArgs& args, int32_t block_dim = 1) = 0;
+  // Number of cores this run may use.
+  virtual int32_t num_cores() const = 0;
+  // 0-based id of the run being orchestrated.
+  virtual uint64_t run_id() const = 0;
+};
+
+// Orchestration: reads the run's arguments and submits tasks. Must be
+// reentrant (runs of one callable may be orchestrated on different threads one
+// after another) and must not block on anything but `ctx`.
+using OrchestrationFn = std::function<absl::Status(OrchestrationContext& ctx, const TaskArgs& args)>;
+
+// A program: an orchestration function plus the kernels it may invoke.
+// Immutable after construction; shared by handle. Thread-safe.
+struct ChipCallable {
+  std::string name;
+  OrchestrationFn orchestration;
+  std::vector<Kernel> kernels;
+  GraphPlacement placement = GraphPlacement::kDefault;
+
+  // Index of the kernel named `name`; NOT_FOUND names callable and kernel.
+  absl::StatusOr<KernelIndex> kernel_index(std::string_view name) const;
+  // INVALID_ARGUMENT when the name is empty, orchestration missing, a kernel
+  // has no function, or two kernels share a name.
+  absl::Status validate() const;
+};
+
+}  // namespace simpler::task

@@ -1,0 +1,62 @@
+// Arguments of a run or a task: tensors tagged by direction, and scalars.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "simpler/task/tensor.h"
+
+namespace simpler::task {
+
+// How a task uses an argument. Values are part of the graph-image format.
+enum class ArgDirection : uint8_t { kScalar = 0, kIn = 1, kOut = 2, kInOut = 3 };
+
+std::string_view name_of(ArgDirection dir);
+
+// One argument: a tensor with direction IN / OUT / INOUT, or a 64-bit scalar.
+// Plain, trivially copyable.
+struct Arg {
+  ArgDirection direction = ArgDirection::kScalar;
+  Tensor tensor{};
+  uint64_t scalar = 0;
+};
+static_assert(std::is_trivially_copyable_v<Arg>);
+
+// Ordered argument list, in the callee's signature order. Value type,
+// thread-compatible.
+class TaskArgs {
+ public:
+  // `dir` must be kIn, kOut or kInOut (kScalar is refused by validate()).
+  TaskArgs& add_tensor(const Tensor& tensor, ArgDirection dir);
+  TaskArgs& add_scalar(uint64_t bits);
+  TaskArgs& add_scalar_i64(int64_t v) { return add_scalar(static_cast<uint64_t>(v)); }
+  TaskArgs& add_scalar_f32(float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    return add_scalar(b);
+  }
+
+  size_t size() const { return args_.size(); }
+  const Arg& operator[](size_t i) const { return args_[i]; }
+  Arg& operator[](size_t i) { return args_[i]; }
+  const std::vector<Arg>& args() const { return args_; }
+
+  // The i-th argument's tensor / scalar; an out-of-range index or a kind
+  // mismatch aborts (a program bug, not a runtime condition).
+  const Tensor& tensor(size_t i) const;
+  uint64_t scalar(size_t i) const;
+  int64_t scalar_i64(size_t i) const { return static_cast<int64_t>(scalar(i)); }
+  float scalar_f32(size_t i) const;
+
+  // INVALID_ARGUMENT naming the argument index when a direction is unknown,
+  // a scalar slot is tagged as tensor or a tensor rank is out of range.
+  absl::Status validate() const;
+
+ private:
+  std::vector<Arg> args_;
+};
+
+}  // namespace simpler::task

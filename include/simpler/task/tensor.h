@@ -1,0 +1,54 @@
+// Tensor: a typed, strided view of memory on the host or the device.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "absl/status/statusor.h"
+#include "simpler/task/data_type.h"
+
+namespace simpler::task {
+
+// Where a tensor's bytes live. HOST tensors are staged into run-owned device
+// buffers before a run and copied back after it (OUT / INOUT only).
+enum class MemoryKind : uint8_t { kDevice = 0, kHost = 1 };
+
+inline constexpr int kMaxRank = 6;
+
+// A view: `address` is the byte address of element [0, ..., 0] (a device
+// address for kDevice, a host pointer for kHost); `shape` and `strides` are in
+// elements (row-major when built by `contiguous`). Plain, trivially copyable;
+// it is written as is into graph images. Does not own memory.
+struct Tensor {
+  uint64_t address = 0;
+  int32_t rank = 0;
+  DataType dtype = DataType::kFloat32;
+  MemoryKind memory = MemoryKind::kDevice;
+  std::array<int64_t, kMaxRank> shape{};
+  std::array<int64_t, kMaxRank> strides{};
+
+  // Row-major contiguous view. Rank above kMaxRank or a negative dimension
+  // is INVALID_ARGUMENT.
+  static absl::StatusOr<Tensor> contiguous(uint64_t address, std::initializer_list<int64_t> shape,
+                                           DataType dtype, MemoryKind memory = MemoryKind::kDevice);
+  static absl::StatusOr<Tensor> contiguous(uint64_t address, const int64_t* shape, int32_t rank,
+                                           DataType dtype, MemoryKind memory = MemoryKind::kDevice);
+
+  int64_t numel() const;
+  // Bytes from `address` to one past the last addressed element (0 when empty).
+  // The tensor's address range is [address, address + span_bytes()).
+  uint64_t span_bytes() const;
+  bool is_contiguous() const;
+  template <typename T>
+  T* data() const {
+    return reinterpret_cast<T*>(static_cast<uintptr_t>(address));
+  }
+  std::string debug_string() const;
+};
+static_assert(std::is_trivially_copyable_v<Tensor>);
+static_assert(std::is_standard_layout_v<Tensor>);
+
+}  // namespace simpler::task

@@ -1,0 +1,27 @@
+#include "simpler/base/trace.h"
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace simpler::base {
+namespace {
+
+TEST(TraceRecorder, WritesCompleteEventsWithRunIds) {
+  TraceRecorder r;
+  r.add({"submit", "host", 1000, 500, 0, 0, 7, -1});
+  r.add({"task", "device", 2000, 1000, 1, 2, 7, 3});
+  auto j = nlohmann::json::parse(r.to_json());
+  auto& ev = j["traceEvents"];
+  int complete = 0;
+  for (auto& e : ev) {
+    if (e["ph"] == "X") {
+      ++complete;
+      EXPECT_EQ(e["args"]["run_id"], 7);
+    }
+  }
+  EXPECT_EQ(complete, 2);
+  EXPECT_FALSE(r.write("/nonexistent-dir/x.json").ok());
+}
+
+}  // namespace
+}  // namespace simpler::base

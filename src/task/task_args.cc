@@ -1,0 +1,105 @@
+#include "simpler/task/task_args.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/task/call_config.h"
+#include "simpler/task/callable.h"
+
+namespace simpler::task {
+
+std::string_view name_of(ArgDirection dir) {
+  switch (dir) {
+    case ArgDirection::kScalar: return "SCALAR";
+    case ArgDirection::kIn: return "IN";
+    case ArgDirection::kOut: return "OUT";
+    case ArgDirection::kInOut: return "INOUT";
+  }
+  return "?";
+}
+
+TaskArgs& TaskArgs::add_tensor(const Tensor& tensor, ArgDirection dir) {
+  Arg a;
+  a.direction = dir;
+  a.tensor = tensor;
+  args_.push_back(a);
+  return *this;
+}
+
+TaskArgs& TaskArgs::add_scalar(uint64_t bits) {
+  Arg a;
+  a.direction = ArgDirection::kScalar;
+  a.scalar = bits;
+  args_.push_back(a);
+  return *this;
+}
+
+static void die(const char* what, size_t i, size_t n) {
+  std::fprintf(stderr, "simpler: TaskArgs::%s(%zu) on %zu arguments or wrong kind\n", what, i, n);
+  std::abort();
+}
+
+const Tensor& TaskArgs::tensor(size_t i) const {
+  if (i >= args_.size() || args_[i].direction == ArgDirection::kScalar) die("tensor", i, size());
+  return args_[i].tensor;
+}
+
+uint64_t TaskArgs::scalar(size_t i) const {
+  if (i >= args_.size() || args_[i].direction != ArgDirection::kScalar) die("scalar", i, size());
+  return args_[i].scalar;
+}
+
+static float bits_to_f32(uint64_t bits) {
+  uint32_t b = static_cast<uint32_t>(bits);
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+float TaskArgs::scalar_f32(size_t i) const { return bits_to_f32(scalar(i)); }
+float KernelContext::scalar_f32(uint32_t i) const { return bits_to_f32(args[i].scalar); }
+
+absl::Status TaskArgs::validate() const {
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const Arg& a = args_[i];
+    const auto d = static_cast<uint8_t>(a.direction);
+    if (d > static_cast<uint8_t>(ArgDirection::kInOut)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument ", i, " has unknown direction ", static_cast<int>(d)));
+    }
+    if (a.direction == ArgDirection::kScalar) continue;
+    if (a.tensor.rank < 0 || a.tensor.rank > kMaxRank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument ", i, " has tensor rank ", a.tensor.rank, " outside [0, ",
+                       kMaxRank, "]"));
+    }
+    for (int r = 0; r < a.tensor.rank; ++r) {
+      if (a.tensor.shape[r] < 0 || a.tensor.strides[r] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "argument ", i, " has a negative shape or stride in dimension ", r));
+      }
+    }
+    if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kUInt8)) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown dtype"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CallConfig::validate() const {
+  if (max_cores < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CallConfig.max_cores must be >= 0, got ", max_cores));
+  }
+  if (!(timeout_s >= 0) || timeout_s == std::numeric_limits<double>::infinity()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CallConfig.timeout_s must be finite and >= 0 (0 = Worker default), got ", timeout_s));
+  }
+  if (static_cast<uint8_t>(placement) > static_cast<uint8_t>(GraphPlacement::kHost)) {
+    return absl::InvalidArgumentError("CallConfig.placement is not a GraphPlacement");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace simpler::task

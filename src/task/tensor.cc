@@ -1,0 +1,66 @@
+#include "simpler/task/tensor.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace simpler::task {
+
+absl::StatusOr<Tensor> Tensor::contiguous(uint64_t address, std::initializer_list<int64_t> shape,
+                                          DataType dtype, MemoryKind memory) {
+  return contiguous(address, shape.begin(), static_cast<int32_t>(shape.size()), dtype, memory);
+}
+
+absl::StatusOr<Tensor> Tensor::contiguous(uint64_t address, const int64_t* shape, int32_t rank,
+                                          DataType dtype, MemoryKind memory) {
+  if (rank < 0 || rank > kMaxRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor rank ", rank, " outside [0, ", kMaxRank, "]"));
+  }
+  Tensor t;
+  t.address = address;
+  t.rank = rank;
+  t.dtype = dtype;
+  t.memory = memory;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    if (shape[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor dimension ", i, " is negative (", shape[i], ")"));
+    }
+    t.shape[i] = shape[i];
+    t.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= shape[i];
+  return n;
+}
+
+uint64_t Tensor::span_bytes() const {
+  if (numel() == 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < rank; ++i) last += (shape[i] - 1) * strides[i];
+  return static_cast<uint64_t>(last + 1) * size_of(dtype);
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != stride) return false;
+    stride *= shape[i];
+  }
+  return true;
+}
+
+std::string Tensor::debug_string() const {
+  std::vector<int64_t> s(shape.begin(), shape.begin() + rank);
+  return absl::StrCat(std::string(name_of(dtype)), "[", absl::StrJoin(s, ","), "]@0x",
+                      absl::Hex(address), memory == MemoryKind::kHost ? " (host)" : "");
+}
+
+}  // namespace simpler::task
