@@ -1,0 +1,156 @@
+// The device abstraction: memory, in-order streams, launches, cores.
+//
+// A Device owns device memory and one or more in-order Streams. A Stream runs
+// work items one after another on the device's scheduler thread (the role of
+// the Ascend AICPU); a launch item gets an ExecContext through which it hands
+// jobs to the device's cores (the AICore role) and collects their completions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/base/event.h"
+#include "simpler/device/fault_plan.h"
+#include "simpler/task/callable.h"
+
+namespace simpler::device {
+
+// Capabilities are data.
+struct DeviceCaps {
+  std::string platform;        // "sim"
+  int32_t device_id = 0;
+  int32_t num_cores = 0;       // cores that run kernel blocks in parallel
+  uint64_t memory_bytes = 0;   // device heap capacity in bytes (0 = host-limited)
+  bool device_built_graphs = true;  // orchestration may run on the device
+};
+
+// One kernel block to run on a core.
+struct CoreJob {
+  task::KernelFn fn = nullptr;
+  const task::Arg* args = nullptr;  // must stay valid until the job completes
+  uint32_t num_args = 0;
+  int32_t block_idx = 0;
+  int32_t block_dim = 1;
+  uint32_t task_index = 0;  // index of the task inside its run
+  uint64_t tag = 0;         // opaque to the device, returned in the completion
+};
+
+// The outcome of one CoreJob. Timestamps are now_ns() on the core thread.
+struct CoreCompletion {
+  int32_t core = 0;
+  uint64_t tag = 0;
+  uint32_t task_index = 0;
+  int32_t block_idx = 0;
+  absl::Status status;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+// What a launched item sees while it executes on the device. Owner-thread
+// only: used by the stream's scheduler thread during one launch.
+class ExecContext {
+ public:
+  virtual ~ExecContext() = default;
+  virtual int32_t num_cores() const = 0;
+  // Id of the run being executed (fault plans key on it).
+  virtual uint64_t run_id() const = 0;
+  // Hands `job` to idle core `core` (0 <= core < num_cores, not busy).
+  virtual void start(int32_t core, const CoreJob& job) = 0;
+  // Next completion of a started job. With `block`, waits (spins up to ~50 µs,
+  // then sleeps) until one is available or the device is aborted; returns
+  // false when none is available (or on abort).
+  virtual bool next_completion(CoreCompletion* out, bool block) = 0;
+  // True once the device was aborted; the launch should stop and return.
+  virtual bool aborted() const = 0;
+  // OK when [address, address + bytes) lies inside one live device allocation;
+  // INVALID_ARGUMENT describing the range otherwise.
+  virtual absl::Status check_range(uint64_t address, uint64_t bytes) const = 0;
+};
+
+// Body of a launch: runs on the scheduler thread. Its status becomes the
+// launch's status.
+using LaunchFn = std::function<absl::Status(ExecContext&)>;
+
+// Completion record of one stream item. `done` is signalled (release) after
+// status and timestamps are written; readers wait on `done` (acquire) first.
+struct LaunchRecord {
+  uint64_t run_id = 0;
+  int64_t start_ns = 0;  // device time the item started
+  int64_t end_ns = 0;    // device time the item finished
+  base::Event done;      // carries the item's status
+};
+
+// An in-order queue of device work. Items execute strictly one after another
+// in enqueue order; the next starts the moment the previous ended, with no
+// host round trip. Thread-safe.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // Enqueues a launch of `fn` for run `run_id`; returns its record at once.
+  // FAILED_PRECONDITION when the device was aborted or closed.
+  virtual absl::StatusOr<std::shared_ptr<LaunchRecord>> launch(uint64_t run_id, LaunchFn fn) = 0;
+  // Enqueues a host function executed in stream order (used for ordered
+  // copies); returns its record.
+  virtual absl::StatusOr<std::shared_ptr<LaunchRecord>> enqueue_host(
+      std::function<absl::Status()> fn) = 0;
+  // Number of items enqueued but not finished.
+  virtual size_t pending() const = 0;
+};
+
+// A device. Thread-safe unless a method says otherwise.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceCaps& caps() const = 0;
+
+  // Allocates `bytes` (> 0) of zeroed device memory, 64-byte aligned.
+  // INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED naming the request and
+  // the free capacity when the heap is full.
+  virtual absl::StatusOr<uint64_t> malloc(uint64_t bytes) = 0;
+  // Frees an allocation by its base address; NOT_FOUND when `address` is not
+  // the base of a live allocation (double free, interior pointer).
+  virtual absl::Status free(uint64_t address) = 0;
+  // See ExecContext::check_range.
+  virtual absl::Status check_range(uint64_t address, uint64_t bytes) const = 0;
+  // Synchronous copies between host memory and a device range (bounds-checked,
+  // not ordered against streams; see Stream::enqueue_host for ordered copies).
+  virtual absl::Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) = 0;
+  virtual absl::Status copy_from_device(void* dst, uint64_t src, uint64_t bytes) = 0;
+  // Bytes currently allocated and number of live allocations.
+  virtual uint64_t allocated_bytes() const = 0;
+  virtual size_t live_allocations() const = 0;
+
+  // Creates an in-order stream owned by the device (valid until close()).
+  virtual absl::StatusOr<Stream*> create_stream() = 0;
+
+  // Aborts all device work: hung tasks return, running launches are told to
+  // stop, queued and later items fail with `reason`. Idempotent.
+  virtual void abort(const absl::Status& reason) = 0;
+  virtual bool aborted() const = 0;
+
+  // Aborts what is still running, joins every device thread and releases all
+  // memory. Idempotent; the device is unusable afterwards.
+  virtual void close() = 0;
+};
+
+// Options of the sim device.
+struct SimDeviceOptions {
+  int32_t device_id = 0;
+  // Core threads; 0 = std::thread::hardware_concurrency() (at least 1).
+  int32_t num_cores = 0;
+  // Heap capacity in bytes; 0 = limited only by host memory.
+  uint64_t memory_bytes = 0;
+  FaultPlan faults;
+  // Longest a device thread spins before sleeping, in ns (≤ 50 µs).
+  int64_t spin_ns = 20'000;
+};
+
+// Creates the thread-based sim device. INVALID_ARGUMENT for negative cores or
+// spin_ns outside [0, 50'000].
+absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions& options);
+
+}  // namespace simpler::device

@@ -1,0 +1,60 @@
+// Fault injection for the sim device: make a chosen task of a chosen run fail.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace simpler::device {
+
+// What an injected fault does to its task.
+//  kKernelError: the kernel reports failure; recoverable (fails its run only).
+//  kDeviceFault: the device reports an error code; device state unknown —
+//                unrecoverable, poisons the lane.
+//  kHang:        the task never finishes until the device is aborted (operation
+//                timeout or close); unrecoverable. Stays interruptible.
+enum class FaultKind : uint8_t { kKernelError, kDeviceFault, kHang };
+
+std::string_view name_of(FaultKind kind);
+
+// One fault: task `task` (0-based submission index inside the run) of run
+// `run` (0-based RunId on its lane). `code` is the device error code reported
+// (default 507018 for device_fault, 1 for kernel_error).
+struct FaultSpec {
+  uint64_t run = 0;
+  uint32_t task = 0;
+  FaultKind kind = FaultKind::kKernelError;
+  int64_t code = 0;
+};
+
+// An immutable list of faults. Thread-safe (read-only after construction).
+class FaultPlan {
+ public:
+  FaultPlan() = default;
+  explicit FaultPlan(std::vector<FaultSpec> faults) : faults_(std::move(faults)) {}
+
+  // Parses the SIMPLER_SIM_FAULTS syntax: comma-separated faults, each a
+  // colon-separated list of key=value with keys run, task, kind
+  // (kernel_error|device_fault|hang) and optional code, e.g.
+  //   run=3:task=7:kind=device_fault:code=507018,run=5:task=0:kind=hang
+  // An empty string is an empty plan. INVALID_ARGUMENT names the offending
+  // fault and key (unknown key, missing run/task/kind, non-numeric or negative
+  // number, unknown kind, duplicate run/task pair).
+  static absl::StatusOr<FaultPlan> parse(std::string_view text);
+
+  // The plan from the environment variable SIMPLER_SIM_FAULTS (empty when unset).
+  static absl::StatusOr<FaultPlan> from_env();
+
+  // The fault for (run, task), if any.
+  std::optional<FaultSpec> find(uint64_t run, uint32_t task) const;
+  bool empty() const { return faults_.empty(); }
+  const std::vector<FaultSpec>& faults() const { return faults_; }
+
+ private:
+  std::vector<FaultSpec> faults_;
+};
+
+}  // namespace simpler::device

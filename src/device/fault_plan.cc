@@ -1,0 +1,116 @@
+#include "simpler/device/fault_plan.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace simpler::device {
+
+std::string_view name_of(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kKernelError: return "kernel_error";
+    case FaultKind::kDeviceFault: return "device_fault";
+    case FaultKind::kHang: return "hang";
+  }
+  return "?";
+}
+
+namespace {
+
+absl::Status bad(size_t index, std::string_view fault, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("SIMPLER_SIM_FAULTS: fault ", index, " ('",
+                                                 std::string(fault), "'): ", why));
+}
+
+bool parse_u64(std::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
+  std::vector<FaultSpec> faults;
+  if (text.empty()) return FaultPlan();
+  std::set<std::pair<uint64_t, uint32_t>> seen;
+  size_t index = 0;
+  for (absl::string_view fault_av : absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    std::string_view fault(fault_av.data(), fault_av.size());
+    FaultSpec spec;
+    bool has_run = false, has_task = false, has_kind = false, has_code = false;
+    if (fault.empty()) return bad(index, fault, "empty fault (stray comma?)");
+    for (absl::string_view kv_av : absl::StrSplit(fault_av, ':')) {
+      std::string_view kv(kv_av.data(), kv_av.size());
+      size_t eq = kv.find('=');
+      if (eq == std::string_view::npos) {
+        return bad(index, fault, absl::StrCat("'", std::string(kv), "' is not key=value"));
+      }
+      std::string key(kv.substr(0, eq));
+      std::string_view value = kv.substr(eq + 1);
+      uint64_t n = 0;
+      if (key == "run" || key == "task" || key == "code") {
+        if (!parse_u64(value, &n)) {
+          return bad(index, fault,
+                     absl::StrCat(key, "='", std::string(value), "' is not a non-negative integer"));
+        }
+        if (key == "run") {
+          spec.run = n;
+          has_run = true;
+        } else if (key == "task") {
+          if (n > UINT32_MAX) return bad(index, fault, "task index too large");
+          spec.task = static_cast<uint32_t>(n);
+          has_task = true;
+        } else {
+          spec.code = static_cast<int64_t>(n);
+          has_code = true;
+        }
+      } else if (key == "kind") {
+        if (value == "kernel_error") {
+          spec.kind = FaultKind::kKernelError;
+        } else if (value == "device_fault") {
+          spec.kind = FaultKind::kDeviceFault;
+        } else if (value == "hang") {
+          spec.kind = FaultKind::kHang;
+        } else {
+          return bad(index, fault,
+                     absl::StrCat("unknown kind '", std::string(value),
+                                  "' (expected kernel_error, device_fault or hang)"));
+        }
+        has_kind = true;
+      } else {
+        return bad(index, fault,
+                   absl::StrCat("unknown key '", key, "' (expected run, task, kind, code)"));
+      }
+    }
+    if (!has_run) return bad(index, fault, "missing run=");
+    if (!has_task) return bad(index, fault, "missing task=");
+    if (!has_kind) return bad(index, fault, "missing kind=");
+    if (!has_code) spec.code = spec.kind == FaultKind::kDeviceFault ? 507018 : 1;
+    if (!seen.insert({spec.run, spec.task}).second) {
+      return bad(index, fault, "duplicate fault for the same run and task");
+    }
+    faults.push_back(spec);
+    ++index;
+  }
+  return FaultPlan(std::move(faults));
+}
+
+absl::StatusOr<FaultPlan> FaultPlan::from_env() {
+  const char* v = std::getenv("SIMPLER_SIM_FAULTS");
+  if (v == nullptr) return FaultPlan();
+  return parse(v);
+}
+
+std::optional<FaultSpec> FaultPlan::find(uint64_t run, uint32_t task) const {
+  for (const auto& f : faults_) {
+    if (f.run == run && f.task == task) return f;
+  }
+  return std::nullopt;
+}
+
+}  // namespace simpler::device

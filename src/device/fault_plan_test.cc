@@ -1,0 +1,44 @@
+#include "simpler/device/fault_plan.h"
+
+#include "gtest/gtest.h"
+
+namespace simpler::device {
+namespace {
+
+TEST(FaultPlan, ParsesTheDocumentedSyntax) {
+  auto p = FaultPlan::parse("run=3:task=7:kind=device_fault:code=507018,run=5:task=0:kind=hang");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->faults().size(), 2u);
+  auto f = p->find(3, 7);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->kind, FaultKind::kDeviceFault);
+  EXPECT_EQ(f->code, 507018);
+  EXPECT_EQ(p->find(5, 0)->kind, FaultKind::kHang);
+  EXPECT_FALSE(p->find(3, 6).has_value());
+  EXPECT_EQ(FaultPlan::parse("run=1:task=2:kind=kernel_error")->find(1, 2)->code, 1);
+  EXPECT_TRUE(FaultPlan::parse("")->empty());
+}
+
+void expect_refused(const std::string& text, const std::string& needle) {
+  auto p = FaultPlan::parse(text);
+  ASSERT_FALSE(p.ok()) << text;
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find(needle), std::string_view::npos)
+      << p.status().message() << " lacks " << needle;
+}
+
+TEST(FaultPlan, MalformedValuesAreRefusedWithTheReason) {
+  expect_refused("run=1:task=2:kind=explode", "unknown kind 'explode'");
+  expect_refused("run=1:kind=hang", "missing task=");
+  expect_refused("task=1:kind=hang", "missing run=");
+  expect_refused("run=1:task=1", "missing kind=");
+  expect_refused("run=x:task=1:kind=hang", "run='x' is not a non-negative integer");
+  expect_refused("run=-1:task=1:kind=hang", "run='-1'");
+  expect_refused("run=1:task=1:kind=hang:color=red", "unknown key 'color'");
+  expect_refused("run=1:task=1:kind=hang,", "fault 1");
+  expect_refused("run=1:task1:kind=hang", "'task1' is not key=value");
+  expect_refused("run=1:task=1:kind=hang,run=1:task=1:kind=kernel_error", "duplicate");
+}
+
+}  // namespace
+}  // namespace simpler::device

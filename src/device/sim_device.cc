@@ -1,0 +1,471 @@
+// The sim device: device memory in the host heap, one scheduler thread per
+// stream, a pool of core threads, fault injection and device timestamps.
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/log.h"
+#include "simpler/base/status.h"
+#include "simpler/base/sync.h"
+#include "simpler/device/device.h"
+
+namespace simpler::device {
+namespace {
+
+using base::MutexLock;
+
+// Spins (yielding) up to `spin_ns` while `ready()` is false. Returns ready().
+template <typename F>
+bool spin_until(F&& ready, int64_t spin_ns) {
+  if (ready()) return true;
+  if (spin_ns <= 0) return false;
+  const int64_t until = base::now_ns() + spin_ns;
+  while (base::now_ns() < until) {
+    if (ready()) return true;
+    std::this_thread::yield();
+  }
+  return ready();
+}
+
+class SimDevice;
+
+// One core thread. The scheduler posts a job (store job, then `posted_`
+// release); the core acquires it, runs it, and pushes a completion.
+struct Core {
+  int32_t index = 0;
+  std::thread thread;
+  base::Mutex mu;
+  base::CondVar cv;
+  std::atomic<bool> posted{false};
+  CoreJob job;            // written by the scheduler before `posted` (release)
+  uint64_t run_id = 0;    // likewise
+};
+
+class SimStream;
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(const SimDeviceOptions& o) : options_(o) {
+    caps_.platform = "sim";
+    caps_.device_id = o.device_id;
+    int32_t n = o.num_cores;
+    if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
+    caps_.num_cores = n;
+    caps_.memory_bytes = o.memory_bytes;
+    cores_.reserve(n);
+    for (int32_t i = 0; i < n; ++i) {
+      cores_.push_back(std::make_unique<Core>());
+      cores_.back()->index = i;
+    }
+    for (auto& c : cores_) c->thread = std::thread([this, core = c.get()] { core_loop(core); });
+  }
+  ~SimDevice() override { close(); }
+
+  const DeviceCaps& caps() const override { return caps_; }
+
+  absl::StatusOr<uint64_t> malloc(uint64_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("device malloc of 0 bytes");
+    MutexLock lock(mem_mu_);
+    if (closed_) return absl::FailedPreconditionError("device is closed");
+    if (caps_.memory_bytes != 0 && allocated_ + bytes > caps_.memory_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("device ", caps_.device_id, " heap exhausted: requested ", bytes,
+                       " bytes, ", caps_.memory_bytes - allocated_, " of ", caps_.memory_bytes,
+                       " bytes free"));
+    }
+    const uint64_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("device ", caps_.device_id, ": host memory exhausted allocating ", bytes,
+                       " bytes"));
+    }
+    std::memset(p, 0, rounded);
+    const auto addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
+    allocs_[addr] = bytes;
+    allocated_ += bytes;
+    return addr;
+  }
+
+  absl::Status free(uint64_t address) override {
+    MutexLock lock(mem_mu_);
+    auto it = allocs_.find(address);
+    if (it == allocs_.end()) {
+      return absl::NotFoundError(absl::StrCat("device free of 0x", absl::Hex(address),
+                                              ": not the base of a live allocation"));
+    }
+    allocated_ -= it->second;
+    std::free(reinterpret_cast<void*>(static_cast<uintptr_t>(address)));
+    allocs_.erase(it);
+    return absl::OkStatus();
+  }
+
+  absl::Status check_range(uint64_t address, uint64_t bytes) const override {
+    MutexLock lock(mem_mu_);
+    return check_range_locked(address, bytes);
+  }
+
+  absl::Status check_range_locked(uint64_t address, uint64_t bytes) const
+      SIMPLER_REQUIRES(mem_mu_) {
+    auto it = allocs_.upper_bound(address);
+    if (it != allocs_.begin()) {
+      --it;
+      const uint64_t base = it->first, size = it->second;
+      if (address >= base && address - base <= size && bytes <= size - (address - base)) {
+        return absl::OkStatus();
+      }
+      if (address >= base && address < base + size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "device range [0x", absl::Hex(address), ", +", bytes, ") overruns allocation [0x",
+            absl::Hex(base), ", +", size, ") by ", address + bytes - (base + size), " bytes"));
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat("device range [0x", absl::Hex(address), ", +",
+                                                   bytes, ") is not inside a live allocation"));
+  }
+
+  absl::Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    SIMPLER_RETURN_IF_ERROR(check_range(dst, bytes));
+    std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status copy_from_device(void* dst, uint64_t src, uint64_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    SIMPLER_RETURN_IF_ERROR(check_range(src, bytes));
+    std::memcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), bytes);
+    return absl::OkStatus();
+  }
+
+  uint64_t allocated_bytes() const override {
+    MutexLock lock(mem_mu_);
+    return allocated_;
+  }
+  size_t live_allocations() const override {
+    MutexLock lock(mem_mu_);
+    return allocs_.size();
+  }
+
+  absl::StatusOr<Stream*> create_stream() override;
+
+  void abort(const absl::Status& reason) override {
+    {
+      MutexLock lock(abort_mu_);
+      if (aborted_.load(std::memory_order_relaxed)) return;
+      abort_reason_ = reason;
+      aborted_.store(true, std::memory_order_release);
+    }
+    abort_cv_.notify_all();
+    // Wake the scheduler threads sleeping on completions.
+    completion_cv_.notify_all();
+  }
+  bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
+  absl::Status abort_reason() const {
+    MutexLock lock(abort_mu_);
+    return abort_reason_;
+  }
+
+  void close() override;
+
+  // --- used by streams and the exec context ---
+  int32_t num_cores() const { return caps_.num_cores; }
+  int64_t spin_ns() const { return options_.spin_ns; }
+
+  void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
+    Core& c = *cores_[core_index];
+    {
+      MutexLock lock(c.mu);
+      c.job = job;
+      c.run_id = run_id;
+      c.posted.store(true, std::memory_order_release);
+    }
+    c.cv.notify_one();
+  }
+
+  bool next_completion(CoreCompletion* out, bool block) {
+    auto ready = [this] { return completions_ready_.load(std::memory_order_acquire) > 0; };
+    if (block) spin_until(ready, options_.spin_ns);
+    MutexLock lock(completion_mu_);
+    while (completions_.empty()) {
+      if (!block) return false;
+      completion_cv_.wait(lock);
+    }
+    *out = std::move(completions_.front());
+    completions_.pop_front();
+    completions_ready_.fetch_sub(1, std::memory_order_release);
+    return true;
+  }
+
+  // Serializes launches of all streams on the core pool.
+  base::Mutex launch_mu_;
+
+ private:
+  void core_loop(Core* c) {
+    while (true) {
+      spin_until([this, c] { return c->posted.load(std::memory_order_acquire) || c_stop(); },
+                 options_.spin_ns);
+      CoreJob job;
+      uint64_t run_id;
+      {
+        MutexLock lock(c->mu);
+        while (!c->posted.load(std::memory_order_acquire) && !c_stop()) c->cv.wait(lock);
+        if (!c->posted.load(std::memory_order_acquire)) return;  // stopping
+        job = c->job;
+        run_id = c->run_id;
+        c->posted.store(false, std::memory_order_relaxed);
+      }
+      CoreCompletion done;
+      done.core = c->index;
+      done.tag = job.tag;
+      done.task_index = job.task_index;
+      done.block_idx = job.block_idx;
+      done.start_ns = base::now_ns();
+      done.status = run_job(job, run_id, c->index);
+      done.end_ns = base::now_ns();
+      {
+        MutexLock lock(completion_mu_);
+        completions_.push_back(std::move(done));
+        completions_ready_.fetch_add(1, std::memory_order_release);
+      }
+      completion_cv_.notify_one();
+    }
+  }
+
+  bool c_stop() const { return stop_cores_.load(std::memory_order_acquire); }
+
+  absl::Status run_job(const CoreJob& job, uint64_t run_id, int32_t core) {
+    if (auto fault = options_.faults.find(run_id, job.task_index);
+        fault.has_value() && job.block_idx == 0) {
+      switch (fault->kind) {
+        case FaultKind::kKernelError:
+          return absl::InternalError(
+              absl::StrCat("kernel reported failure (injected kernel_error, code ", fault->code,
+                           ")"));
+        case FaultKind::kDeviceFault:
+          return base::mark_unrecoverable(absl::InternalError(absl::StrCat(
+              "device fault, error code ", fault->code, " (injected device_fault)")));
+        case FaultKind::kHang: {
+          MutexLock lock(abort_mu_);
+          while (!aborted_.load(std::memory_order_acquire)) abort_cv_.wait(lock);
+          return base::mark_unrecoverable(absl::AbortedError(
+              absl::StrCat("task hung (injected hang) until the device was aborted: ",
+                           std::string(abort_reason_.message()))));
+        }
+      }
+    }
+    task::KernelContext ctx;
+    ctx.args = job.args;
+    ctx.num_args = job.num_args;
+    ctx.block_idx = job.block_idx;
+    ctx.block_dim = job.block_dim;
+    ctx.core = core;
+    ctx.run_id = run_id;
+    ctx.task_index = job.task_index;
+    return job.fn(ctx);
+  }
+
+  SimDeviceOptions options_;
+  DeviceCaps caps_;
+
+  mutable base::Mutex mem_mu_;
+  std::map<uint64_t, uint64_t> allocs_ SIMPLER_GUARDED_BY(mem_mu_);
+  uint64_t allocated_ SIMPLER_GUARDED_BY(mem_mu_) = 0;
+  bool closed_ SIMPLER_GUARDED_BY(mem_mu_) = false;
+
+  std::vector<std::unique_ptr<Core>> cores_;
+  std::atomic<bool> stop_cores_{false};
+
+  base::Mutex completion_mu_;
+  base::CondVar completion_cv_;
+  std::deque<CoreCompletion> completions_ SIMPLER_GUARDED_BY(completion_mu_);
+  std::atomic<int64_t> completions_ready_{0};
+
+  mutable base::Mutex abort_mu_;
+  base::CondVar abort_cv_;
+  std::atomic<bool> aborted_{false};
+  absl::Status abort_reason_ SIMPLER_GUARDED_BY(abort_mu_);
+
+  base::Mutex streams_mu_;
+  std::vector<std::unique_ptr<SimStream>> streams_ SIMPLER_GUARDED_BY(streams_mu_);
+  std::once_flag close_once_;
+};
+
+class SimExecContext final : public ExecContext {
+ public:
+  SimExecContext(SimDevice* d, uint64_t run_id) : device_(d), run_id_(run_id) {}
+  int32_t num_cores() const override { return device_->num_cores(); }
+  uint64_t run_id() const override { return run_id_; }
+  void start(int32_t core, const CoreJob& job) override { device_->start(core, job, run_id_); }
+  bool next_completion(CoreCompletion* out, bool block) override {
+    return device_->next_completion(out, block);
+  }
+  bool aborted() const override { return device_->aborted(); }
+  absl::Status check_range(uint64_t address, uint64_t bytes) const override {
+    return device_->check_range(address, bytes);
+  }
+
+ private:
+  SimDevice* device_;
+  uint64_t run_id_;
+};
+
+// In-order stream: one scheduler thread takes the next item only after the
+// previous one finished.
+class SimStream final : public Stream {
+ public:
+  explicit SimStream(SimDevice* d) : device_(d) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~SimStream() override { stop(); }
+
+  absl::StatusOr<std::shared_ptr<LaunchRecord>> launch(uint64_t run_id, LaunchFn fn) override {
+    return push(run_id, std::move(fn), nullptr);
+  }
+  absl::StatusOr<std::shared_ptr<LaunchRecord>> enqueue_host(
+      std::function<absl::Status()> fn) override {
+    return push(0, nullptr, std::move(fn));
+  }
+  size_t pending() const override {
+    MutexLock lock(mu_);
+    return queue_.size() + (busy_ ? 1 : 0);
+  }
+
+  void stop() {
+    {
+      MutexLock lock(mu_);
+      if (stopping_) {
+        if (!thread_.joinable()) return;
+      }
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Item {
+    std::shared_ptr<LaunchRecord> record;
+    LaunchFn launch;
+    std::function<absl::Status()> host;
+  };
+
+  absl::StatusOr<std::shared_ptr<LaunchRecord>> push(uint64_t run_id, LaunchFn fn,
+                                                     std::function<absl::Status()> host) {
+    if (device_->aborted()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device aborted: ", std::string(device_->abort_reason().message())));
+    }
+    auto rec = std::make_shared<LaunchRecord>();
+    rec->run_id = run_id;
+    {
+      MutexLock lock(mu_);
+      if (stopping_) return absl::FailedPreconditionError("stream is closed");
+      queue_.push_back(Item{rec, std::move(fn), std::move(host)});
+      ready_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_one();
+    return rec;
+  }
+
+  void loop() {
+    while (true) {
+      spin_until([this] { return ready_.load(std::memory_order_acquire) > 0; },
+                 device_->spin_ns());
+      Item item;
+      {
+        MutexLock lock(mu_);
+        while (queue_.empty() && !stopping_) cv_.wait(lock);
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        ready_.fetch_sub(1, std::memory_order_relaxed);
+        busy_ = true;
+      }
+      LaunchRecord& rec = *item.record;
+      rec.start_ns = base::now_ns();
+      absl::Status st;
+      if (device_->aborted()) {
+        st = base::mark_unrecoverable(absl::AbortedError(absl::StrCat(
+            "device aborted before the item started: ",
+            std::string(device_->abort_reason().message()))));
+      } else if (item.launch) {
+        MutexLock launch_lock(device_->launch_mu_);
+        SimExecContext ctx(device_, rec.run_id);
+        st = item.launch(ctx);
+      } else {
+        st = item.host();
+      }
+      rec.end_ns = base::now_ns();
+      {
+        MutexLock lock(mu_);
+        busy_ = false;
+      }
+      rec.done.signal(std::move(st));
+    }
+  }
+
+  SimDevice* device_;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  std::deque<Item> queue_ SIMPLER_GUARDED_BY(mu_);
+  bool busy_ SIMPLER_GUARDED_BY(mu_) = false;
+  bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> ready_{0};
+  std::thread thread_;
+};
+
+absl::StatusOr<Stream*> SimDevice::create_stream() {
+  if (aborted()) return absl::FailedPreconditionError("device is aborted");
+  MutexLock lock(streams_mu_);
+  streams_.push_back(std::make_unique<SimStream>(this));
+  return streams_.back().get();
+}
+
+void SimDevice::close() {
+  std::call_once(close_once_, [this] {
+    abort(base::mark_unrecoverable(absl::CancelledError("device closed")));
+    {
+      MutexLock lock(streams_mu_);
+      for (auto& s : streams_) s->stop();  // queued items fail: device aborted
+    }
+    stop_cores_.store(true, std::memory_order_release);
+    for (auto& c : cores_) {
+      {
+        MutexLock lock(c->mu);
+      }
+      c->cv.notify_all();
+    }
+    for (auto& c : cores_) {
+      if (c->thread.joinable()) c->thread.join();
+    }
+    MutexLock lock(mem_mu_);
+    closed_ = true;
+    for (auto& [addr, size] : allocs_) std::free(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
+    allocs_.clear();
+    allocated_ = 0;
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions& options) {
+  if (options.num_cores < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sim device: num_cores must be >= 0 (0 = all), got ", options.num_cores));
+  }
+  if (options.spin_ns < 0 || options.spin_ns > 50'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sim device: spin_ns must be in [0, 50000], got ", options.spin_ns));
+  }
+  return std::unique_ptr<Device>(new SimDevice(options));
+}
+
+}  // namespace simpler::device

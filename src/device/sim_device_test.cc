@@ -1,0 +1,201 @@
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "simpler/base/status.h"
+#include "simpler/device/device.h"
+
+namespace simpler::device {
+namespace {
+
+std::unique_ptr<Device> make(int cores, FaultPlan faults = {}, uint64_t mem = 0) {
+  SimDeviceOptions o;
+  o.num_cores = cores;
+  o.faults = std::move(faults);
+  o.memory_bytes = mem;
+  auto d = create_sim_device(o);
+  EXPECT_TRUE(d.ok());
+  return std::move(d).value();
+}
+
+TEST(SimDeviceMemory, RegistryChecksBoundsAndRefusesDoubleFree) {
+  auto d = make(1);
+  auto a = d->malloc(100);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(d->check_range(*a, 100).ok());
+  EXPECT_TRUE(d->check_range(*a + 50, 50).ok());
+  absl::Status over = d->check_range(*a + 50, 51);
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(over.message().find("overruns allocation"), std::string_view::npos);
+  EXPECT_NE(d->check_range(12345, 4).message().find("not inside a live allocation"),
+            std::string_view::npos);
+  EXPECT_EQ(d->malloc(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d->allocated_bytes(), 100u);
+  ASSERT_TRUE(d->free(*a).ok());
+  EXPECT_EQ(d->free(*a).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(d->check_range(*a, 1).ok());
+  EXPECT_EQ(d->live_allocations(), 0u);
+}
+
+TEST(SimDeviceMemory, HeapCapacityIsEnforced) {
+  auto d = make(1, {}, 1000);
+  ASSERT_TRUE(d->malloc(600).ok());
+  auto b = d->malloc(600);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("400 of 1000 bytes free"), std::string_view::npos);
+}
+
+TEST(SimDeviceMemory, CopiesAreBoundsChecked) {
+  auto d = make(1);
+  uint64_t a = *d->malloc(16);
+  int32_t in[4] = {1, 2, 3, 4}, out[4] = {};
+  ASSERT_TRUE(d->copy_to_device(a, in, 16).ok());
+  ASSERT_TRUE(d->copy_from_device(out, a, 16).ok());
+  EXPECT_EQ(out[3], 4);
+  EXPECT_FALSE(d->copy_to_device(a + 4, in, 16).ok());
+}
+
+absl::Status add_one(const task::KernelContext& ctx) {
+  auto* p = ctx.tensor(0).data<int32_t>();
+  p[ctx.block_idx] += 1;
+  return absl::OkStatus();
+}
+
+// Runs `blocks` jobs of add_one across the cores and collects completions.
+absl::Status run_blocks(ExecContext& ctx, const task::Arg* arg, int blocks,
+                        std::vector<CoreCompletion>* out) {
+  int next = 0, running = 0;
+  std::vector<bool> busy(ctx.num_cores(), false);
+  absl::Status first;
+  while (next < blocks || running > 0) {
+    for (int c = 0; c < ctx.num_cores() && next < blocks; ++c) {
+      if (busy[c]) continue;
+      CoreJob j{add_one, arg, 1, next, blocks, 0, static_cast<uint64_t>(next)};
+      ctx.start(c, j);
+      busy[c] = true;
+      ++next;
+      ++running;
+    }
+    CoreCompletion done;
+    if (!ctx.next_completion(&done, true)) continue;
+    busy[done.core] = false;
+    --running;
+    if (!done.status.ok() && first.ok()) first = done.status;
+    out->push_back(done);
+  }
+  return first;
+}
+
+TEST(SimDeviceStream, LaunchRunsBlocksAcrossCoresWithTimestamps) {
+  auto d = make(3);
+  Stream* s = *d->create_stream();
+  uint64_t buf = *d->malloc(64 * 4);
+  task::Arg arg;
+  arg.direction = task::ArgDirection::kInOut;
+  arg.tensor = *task::Tensor::contiguous(buf, {64}, task::DataType::kInt32);
+  std::vector<CoreCompletion> completions;
+  auto rec = s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 64, &completions); });
+  ASSERT_TRUE(rec.ok());
+  ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+  EXPECT_TRUE((*rec)->done.status().ok());
+  std::vector<int32_t> host(64);
+  ASSERT_TRUE(d->copy_from_device(host.data(), buf, 256).ok());
+  for (int v : host) EXPECT_EQ(v, 1);
+  ASSERT_EQ(completions.size(), 64u);
+  for (auto& c : completions) EXPECT_LE(c.start_ns, c.end_ns);
+  EXPECT_LE((*rec)->start_ns, (*rec)->end_ns);
+}
+
+TEST(SimDeviceStream, ItemsRunInEnqueueOrderOneAtATime) {
+  auto d = make(2);
+  Stream* s = *d->create_stream();
+  std::vector<int> order;
+  std::atomic<int> active{0};
+  std::vector<std::shared_ptr<LaunchRecord>> recs;
+  for (int i = 0; i < 20; ++i) {
+    recs.push_back(*s->launch(i, [&, i](ExecContext& ctx) {
+      EXPECT_EQ(active.fetch_add(1), 0);
+      EXPECT_EQ(ctx.run_id(), static_cast<uint64_t>(i));
+      order.push_back(i);
+      active.fetch_sub(1);
+      return absl::OkStatus();
+    }));
+  }
+  for (auto& r : recs) r->done.wait(base::Deadline::forever());
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(order[i], i);
+  for (size_t i = 1; i < recs.size(); ++i) EXPECT_LE(recs[i - 1]->end_ns, recs[i]->start_ns);
+}
+
+absl::Status run_one(Device& d, uint64_t run_id, std::vector<CoreCompletion>* out) {
+  Stream* s = *d.create_stream();
+  uint64_t buf = *d.malloc(16);
+  task::Arg arg;
+  arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
+  auto rec = s->launch(run_id, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 2, out); });
+  (*rec)->done.wait(base::Deadline::forever());
+  return (*rec)->done.status();
+}
+
+TEST(SimDeviceFaults, KernelErrorIsRecoverable) {
+  auto d = make(2, *FaultPlan::parse("run=4:task=0:kind=kernel_error:code=9"));
+  std::vector<CoreCompletion> c;
+  EXPECT_TRUE(run_one(*d, 3, &c).ok());
+  absl::Status st = run_one(*d, 4, &c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("injected kernel_error, code 9"), std::string_view::npos);
+  EXPECT_FALSE(base::is_unrecoverable(st));
+}
+
+TEST(SimDeviceFaults, DeviceFaultIsUnrecoverableAndCarriesTheCode) {
+  auto d = make(2, *FaultPlan::parse("run=0:task=0:kind=device_fault:code=507018"));
+  std::vector<CoreCompletion> c;
+  absl::Status st = run_one(*d, 0, &c);
+  EXPECT_TRUE(base::is_unrecoverable(st));
+  EXPECT_NE(st.message().find("507018"), std::string_view::npos);
+}
+
+TEST(SimDeviceFaults, HangEndsOnAbortAndCloseJoinsEveryThread) {
+  auto d = make(2, *FaultPlan::parse("run=0:task=0:kind=hang"));
+  Stream* s = *d->create_stream();
+  uint64_t buf = *d->malloc(16);
+  task::Arg arg;
+  arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
+  std::vector<CoreCompletion> c;
+  auto rec = *s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 2, &c); });
+  auto queued = *s->launch(1, [](ExecContext&) { return absl::OkStatus(); });
+  EXPECT_FALSE(rec->done.wait(base::Deadline::after(std::chrono::milliseconds(50))));
+  d->abort(absl::DeadlineExceededError("operation timeout"));
+  ASSERT_TRUE(rec->done.wait(base::Deadline::forever()));
+  EXPECT_TRUE(base::is_unrecoverable(rec->done.status()));
+  EXPECT_NE(rec->done.status().message().find("operation timeout"), std::string_view::npos);
+  ASSERT_TRUE(queued->done.wait(base::Deadline::forever()));
+  EXPECT_NE(queued->done.status().message().find("device aborted"), std::string_view::npos);
+  EXPECT_EQ(s->launch(2, [](ExecContext&) { return absl::OkStatus(); }).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  d->close();
+}
+
+TEST(SimDeviceFaults, CloseWithAHungTaskReturns) {
+  auto d = make(1, *FaultPlan::parse("run=0:task=0:kind=hang"));
+  Stream* s = *d->create_stream();
+  uint64_t buf = *d->malloc(16);
+  task::Arg arg;
+  arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
+  std::vector<CoreCompletion> c;
+  auto rec = *s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 1, &c); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  d->close();
+  EXPECT_TRUE(rec->done.is_signaled());
+}
+
+TEST(SimDevice, OptionsAreValidated) {
+  SimDeviceOptions o;
+  o.num_cores = -1;
+  EXPECT_EQ(create_sim_device(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.num_cores = 1;
+  o.spin_ns = 1'000'000;
+  EXPECT_NE(create_sim_device(o).status().message().find("spin_ns"), std::string_view::npos);
+}
+
+}  // namespace
+}  // namespace simpler::device
