@@ -1,0 +1,251 @@
+#include "simpler/chip/chip_runtime.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "gtest/gtest.h"
+#include "simpler/base/status.h"
+
+namespace simpler::chip {
+namespace {
+
+using task::ArgDirection;
+using task::DataType;
+using task::Tensor;
+
+class ChipRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { make_device(4, {}); }
+  void make_device(int cores, device::FaultPlan faults) {
+    if (dev_) dev_->close();
+    device::SimDeviceOptions o;
+    o.num_cores = cores;
+    o.faults = std::move(faults);
+    dev_ = std::move(device::create_sim_device(o)).value();
+    stream_ = *dev_->create_stream();
+  }
+  absl::Status run(const task::ChipCallable& c, uint64_t run_id = 0, ChipOptions opt = {},
+                   int32_t max_cores = 0) {
+    report_ = RunReport{};
+    task::TaskArgs none;
+    auto rec = stream_->launch(run_id, [&](device::ExecContext& ctx) {
+      return execute_run(ctx, c, none, opt, max_cores, true, &report_);
+    });
+    EXPECT_TRUE(rec.ok());
+    (*rec)->done.wait(base::Deadline::forever());
+    return (*rec)->done.status();
+  }
+  Tensor buffer(int64_t n) {
+    uint64_t a = *dev_->malloc(n * 4);
+    return *Tensor::contiguous(a, {n}, DataType::kInt32);
+  }
+  std::unique_ptr<device::Device> dev_;
+  device::Stream* stream_ = nullptr;
+  RunReport report_;
+};
+
+// out[0] = in[0] + 1 (with a short busy loop so concurrency shows).
+absl::Status inc(const task::KernelContext& ctx) {
+  const int32_t v = ctx.tensor(0).data<int32_t>()[0];
+  volatile int spin = 0;
+  for (int i = 0; i < 2000; ++i) spin = spin + 1;
+  ctx.tensor(1).data<int32_t>()[0] = v + 1;
+  return absl::OkStatus();
+}
+
+// Writes block_idx into its element.
+absl::Status spmd_fill(const task::KernelContext& ctx) {
+  ctx.tensor(0).data<int32_t>()[ctx.block_idx] = ctx.block_idx * 10;
+  return absl::OkStatus();
+}
+
+absl::Status fails(const task::KernelContext&) {
+  return absl::InvalidArgumentError("bad tile shape");
+}
+
+TEST_F(ChipRuntimeTest, ChainOfRawDependenciesRunsInOrder) {
+  Tensor b = buffer(1);
+  task::ChipCallable c{"chain",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         for (int i = 0; i < 200; ++i) {
+                           task::TaskArgs a;
+                           a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                         }
+                         return absl::OkStatus();
+                       },
+                       {{"inc", inc}}};
+  ASSERT_TRUE(run(c).ok());
+  EXPECT_EQ(b.data<int32_t>()[0], 200);
+  EXPECT_EQ(report_.tasks_completed, 200u);
+  ASSERT_EQ(report_.tasks.size(), 200u);
+  for (size_t i = 1; i < report_.tasks.size(); ++i) {
+    EXPECT_GE(report_.tasks[i].start_ns, report_.tasks[i - 1].end_ns);
+  }
+}
+
+TEST_F(ChipRuntimeTest, WarIsRespected) {
+  // Task 0 reads x into y; task 1 overwrites x. y must hold the old x + 1.
+  Tensor x = buffer(1), y = buffer(1);
+  x.data<int32_t>()[0] = 41;
+  task::ChipCallable c{"war",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a, b;
+                         a.add_tensor(x, ArgDirection::kIn).add_tensor(y, ArgDirection::kOut);
+                         b.add_tensor(y, ArgDirection::kIn).add_tensor(x, ArgDirection::kOut);
+                         SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                         return ctx.submit(0, b);
+                       },
+                       {{"inc", inc}}};
+  ASSERT_TRUE(run(c).ok());
+  EXPECT_EQ(y.data<int32_t>()[0], 42);
+  EXPECT_EQ(x.data<int32_t>()[0], 43);
+}
+
+TEST_F(ChipRuntimeTest, SpmdTaskRunsEveryBlock) {
+  Tensor b = buffer(37);
+  task::ChipCallable c{"spmd",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a;
+                         a.add_tensor(b, ArgDirection::kOut);
+                         return ctx.submit(0, a, 37);
+                       },
+                       {{"fill", spmd_fill}}};
+  ASSERT_TRUE(run(c).ok());
+  for (int i = 0; i < 37; ++i) EXPECT_EQ(b.data<int32_t>()[i], i * 10);
+}
+
+TEST_F(ChipRuntimeTest, RingBackpressureKeepsResultsExact) {
+  // 16 independent chains of 64 through a 4-slot ring.
+  std::vector<Tensor> bufs;
+  for (int i = 0; i < 16; ++i) bufs.push_back(buffer(1));
+  ChipOptions opt;
+  opt.ring_capacity = 4;
+  task::ChipCallable c{"ring",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         for (int step = 0; step < 64; ++step) {
+                           for (auto& b : bufs) {
+                             task::TaskArgs a;
+                             a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+                             SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                           }
+                         }
+                         return absl::OkStatus();
+                       },
+                       {{"inc", inc}}};
+  ASSERT_TRUE(run(c, 0, opt).ok());
+  for (auto& b : bufs) EXPECT_EQ(b.data<int32_t>()[0], 64);
+}
+
+TEST_F(ChipRuntimeTest, TaskThatCanNeverFitFailsAtOnce) {
+  Tensor b = buffer(1);
+  ChipOptions opt;
+  opt.max_task_args = 4;
+  std::atomic<int> submitted_after{0};
+  task::ChipCallable c{"oversize",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a;
+                         for (int i = 0; i < 6; ++i) a.add_tensor(b, ArgDirection::kIn);
+                         absl::Status s = ctx.submit(0, a);
+                         if (s.ok()) submitted_after++;
+                         return s;
+                       },
+                       {{"inc", inc}}};
+  absl::Status s = run(c, 7, opt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("run 7 task 0 (kernel 'inc') has 6 arguments; a task ring slot holds 4"),
+            std::string_view::npos)
+      << s.message();
+  EXPECT_EQ(submitted_after.load(), 0);
+}
+
+TEST_F(ChipRuntimeTest, TensorOutsideLiveAllocationIsRefusedAtSubmit) {
+  Tensor b = buffer(4);
+  Tensor bad = b;
+  bad.shape[0] = 5;
+  task::ChipCallable c{"oob",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a;
+                         a.add_tensor(bad, ArgDirection::kOut);
+                         return ctx.submit(0, a);
+                       },
+                       {{"fill", spmd_fill}}};
+  absl::Status s = run(c, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("run 2 task 0 (kernel 'fill') argument 0"), std::string_view::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("overruns allocation"), std::string_view::npos);
+}
+
+TEST_F(ChipRuntimeTest, KernelErrorNamesRunTaskAndKernel) {
+  Tensor b = buffer(1);
+  task::ChipCallable c{"err",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a;
+                         a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+                         SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                         SIMPLER_RETURN_IF_ERROR(ctx.submit(1, a));
+                         // Later submits see the failure (or succeed before it lands).
+                         for (int i = 0; i < 50; ++i) {
+                           absl::Status s = ctx.submit(0, a);
+                           if (!s.ok()) return s;
+                         }
+                         return absl::OkStatus();
+                       },
+                       {{"inc", inc}, {"matmul", fails}}};
+  absl::Status s = run(c, 5);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("run 5 task 1 (kernel 'matmul') block 0: bad tile shape"),
+            std::string_view::npos)
+      << s.message();
+  EXPECT_FALSE(base::is_unrecoverable(s));
+  EXPECT_EQ(b.data<int32_t>()[0], 1);  // nothing after the failed task ran
+}
+
+TEST_F(ChipRuntimeTest, InjectedDeviceFaultIsUnrecoverableAndAttributed) {
+  make_device(2, *device::FaultPlan::parse("run=3:task=2:kind=device_fault:code=507018"));
+  Tensor b = buffer(1);
+  task::ChipCallable c{"fault",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         for (int i = 0; i < 5; ++i) {
+                           task::TaskArgs a;
+                           a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                         }
+                         return absl::OkStatus();
+                       },
+                       {{"inc", inc}}};
+  EXPECT_TRUE(run(c, 2).ok());
+  absl::Status s = run(c, 3);
+  EXPECT_TRUE(base::is_unrecoverable(s));
+  EXPECT_NE(s.message().find("run 3 task 2 (kernel 'inc')"), std::string_view::npos);
+  EXPECT_NE(s.message().find("507018"), std::string_view::npos);
+}
+
+TEST_F(ChipRuntimeTest, OrchestrationErrorAndBadKernelIndex) {
+  task::ChipCallable c{"orch",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         return ctx.submit(9, task::TaskArgs{});
+                       },
+                       {{"inc", inc}}};
+  absl::Status s = run(c, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("kernel index 9 out of range"), std::string_view::npos);
+}
+
+TEST_F(ChipRuntimeTest, MaxCoresLimitsTheCoresUsed) {
+  Tensor b = buffer(64);
+  task::ChipCallable c{"spmd",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         EXPECT_EQ(ctx.num_cores(), 2);
+                         task::TaskArgs a;
+                         a.add_tensor(b, ArgDirection::kOut);
+                         return ctx.submit(0, a, 64);
+                       },
+                       {{"fill", spmd_fill}}};
+  ASSERT_TRUE(run(c, 0, {}, 2).ok());
+  for (auto& t : report_.tasks) EXPECT_LT(t.core, 2);
+}
+
+}  // namespace
+}  // namespace simpler::chip
