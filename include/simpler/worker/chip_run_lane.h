@@ -1,0 +1,118 @@
+// ChipRunLane: the one owner of a lane's runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/sync.h"
+#include "simpler/base/trace.h"
+#include "simpler/chip/chip_runtime.h"
+#include "simpler/device/device.h"
+#include "simpler/task/call_config.h"
+#include "simpler/task/callable.h"
+#include "simpler/worker/run_handle.h"
+#include "simpler/worker/run_resource_arena.h"
+
+namespace simpler::worker {
+
+struct LaneOptions {
+  // Runs launched but not complete at once (invariant 6); >= 1.
+  int32_t launch_depth = 1;
+  // Longest a launched run may execute once it reached the head of the device
+  // stream, in seconds (finite, > 0). Past it the run fails with
+  // DEADLINE_EXCEEDED, the device is aborted and the lane poisoned.
+  double operation_timeout_s = 60.0;
+  chip::ChipOptions chip;
+  // Optional span sink (not owned; must outlive the lane).
+  base::TraceRecorder* trace = nullptr;
+};
+
+// Lane statistics, for tests and benchmarks.
+struct LaneStats {
+  uint64_t submitted = 0;
+  uint64_t retired = 0;
+  uint64_t device_polls = 0;  // completion queries of device launch records
+  int32_t in_flight = 0;      // admitted, not retired
+  int32_t launched = 0;       // launched, completion not yet observed
+};
+
+// Owns the runs of one lane (one device stream): FIFO admission, run identity,
+// prepare -> launch -> reap -> finalize -> retire, terminal states, poison,
+// drain and close — all under one mutex (`mu_`). A lane thread reaps launched
+// runs in order, launches successors as the depth allows and finalizes, so
+// runs progress and retire whether or not anyone waits.
+//
+// Lock order: mu_ before the arena's and the stream's locks; the lane thread
+// never holds mu_ while waiting on the device.
+// Thread-safe.
+class ChipRunLane {
+ public:
+  // `device`, `stream` and `arena` must outlive the lane.
+  ChipRunLane(device::Device* device, device::Stream* stream, RunResourceArena* arena,
+              LaneOptions options);
+  ~ChipRunLane();
+
+  // Admits a run: validates, takes a resource set (blocking until one is free
+  // or `admission` passes), assigns its RunId, prepares it (stages HOST
+  // tensors) and launches it when the depth allows. Returns a live handle.
+  // `callable` must stay alive until the lane is closed.
+  // Errors found here are returned here: INVALID_ARGUMENT (bad args/config,
+  // tensor outside any live allocation, null HOST pointer), FAILED_PRECONDITION
+  // ("lane poisoned by run N: ...", closed lane), DEADLINE_EXCEEDED (no
+  // resource set by `admission`), device allocation errors while staging.
+  absl::StatusOr<RunHandle> submit(const task::ChipCallable* callable, const task::TaskArgs& args,
+                                   const task::CallConfig& config,
+                                   const base::Deadline& admission = base::Deadline::forever());
+
+  // FAILED_PRECONDITION naming the run when a run that is not retired names a
+  // tensor inside [address, address + bytes) in its arguments.
+  absl::Status check_not_in_use(uint64_t address, uint64_t bytes) const;
+
+  // Waits until every run admitted so far has finished on the device.
+  void wait_idle();
+
+  // Refuses new submits, drains every admitted run (bounded by the operation
+  // timeout), stops the lane thread. Returns the first error in run order that
+  // no wait()/result() delivered, with the count of the other undelivered
+  // ones in its message; OK when there is none. Idempotent (later calls OK).
+  absl::Status close();
+
+  LaneStats stats() const;
+  // The poison cause, OK when the lane is healthy.
+  absl::Status poison() const;
+  int32_t launch_depth() const { return options_.launch_depth; }
+
+ private:
+  struct Run;
+  void lane_loop();
+  void launch_ready_locked() SIMPLER_REQUIRES(mu_);
+  void finalize(Run& run);
+  absl::Status prepare(Run& run);
+  void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
+
+  device::Device* device_;
+  device::Stream* stream_;
+  RunResourceArena* arena_;
+  const LaneOptions options_;
+
+  mutable base::Mutex mu_;
+  base::CondVar cv_;  // lane thread: a run launched / closing; waiters: a run retired
+  std::deque<std::unique_ptr<Run>> runs_ SIMPLER_GUARDED_BY(mu_);  // admitted, not retired
+  uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int32_t launched_ SIMPLER_GUARDED_BY(mu_) = 0;
+  absl::Status poison_ SIMPLER_GUARDED_BY(mu_);
+  bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
+  bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
+  uint64_t retired_ SIMPLER_GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
+  std::atomic<uint64_t> device_polls_{0};
+  std::thread thread_;
+};
+
+}  // namespace simpler::worker

@@ -1,0 +1,97 @@
+// RunHandle: the caller's live view of one submitted run.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/base/event.h"
+#include "simpler/base/ids.h"
+#include "simpler/chip/chip_runtime.h"
+
+namespace simpler::worker {
+
+// Lifecycle of a run (ARCHITECTURE.md "Run lifecycle").
+enum class RunState : uint8_t {
+  kAccepted,   // identity assigned
+  kPrepared,   // resources granted, arguments staged
+  kLaunched,   // on the device stream
+  kCompleted,  // terminal: device finished it successfully
+  kFailed,     // terminal: it failed (its own error or lane poison)
+  kCancelled,  // terminal: never launched (lane poisoned or closed first)
+  kFinalized,  // results, timing and error copied into the handle
+  kRetired,    // resource set back (free or quarantined)
+};
+std::string_view name_of(RunState state);
+
+// Host and device timestamps of one run, steady-clock ns (base::now_ns()).
+// 0 = the step did not happen.
+struct RunTiming {
+  int64_t submit_ns = 0;
+  int64_t prepare_start_ns = 0;
+  int64_t prepare_end_ns = 0;
+  int64_t launch_ns = 0;
+  int64_t device_start_ns = 0;  // device scheduler started the run
+  int64_t device_end_ns = 0;    // device scheduler finished it
+  int64_t complete_ns = 0;      // the host observed completion (reap)
+  int64_t finalize_ns = 0;
+};
+
+// What a finished run reports.
+struct RunResult {
+  base::RunId id;
+  absl::Status status;
+  RunState terminal_state = RunState::kCompleted;
+  RunTiming timing;
+  chip::RunReport report;  // tasks submitted/completed and per-task device timing
+  int32_t requested_depth = 1;
+  int32_t effective_depth = 0;  // runs launched-but-incomplete on the lane when it launched
+};
+
+// State shared by a run's lane entry and its handles. Internal.
+struct RunShared {
+  base::RunId id;
+  std::atomic<RunState> state{RunState::kAccepted};
+  // Signalled at finalize (release); `result` is written before it and is
+  // immutable after.
+  base::Event finalized;
+  RunResult result;
+  std::atomic<bool> delivered{false};
+};
+
+// A live handle to one run. Copyable; all copies view the same run. The run
+// finalizes whether or not anyone waits (dropping every handle is fine; close()
+// then reports an error nobody received). Thread-safe.
+class RunHandle {
+ public:
+  RunHandle() = default;
+  explicit RunHandle(std::shared_ptr<RunShared> shared) : shared_(std::move(shared)) {}
+
+  bool valid() const { return shared_ != nullptr; }
+  base::RunId id() const { return shared_->id; }
+  // True once the run is finalized (its result is available).
+  bool done() const { return shared_->finalized.is_signaled(); }
+  RunState state() const { return shared_->state.load(std::memory_order_acquire); }
+
+  // Waits for the run to finalize and returns its status, delivering it (an
+  // error delivered here is not reported again by Worker::close()).
+  // `timeout_s` in seconds: NaN -> INVALID_ARGUMENT; +inf or beyond the clock's
+  // range -> forever; negative -> poll once. When the run is not done by then:
+  // DEADLINE_EXCEEDED ("run N not finished after T s"); the run is left alone
+  // and nothing is delivered. Sleeps on an event; never spins.
+  absl::Status wait(double timeout_s) const;
+  absl::Status wait() const;  // forever
+
+  // Waits forever, then returns the full result (delivering its status as
+  // wait() does). The status is also inside RunResult::status.
+  const RunResult& result() const;
+
+ private:
+  std::shared_ptr<RunShared> shared_;
+};
+
+}  // namespace simpler::worker

@@ -1,0 +1,85 @@
+// RunResourceArena: the grant-sized pool of run resource sets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/ids.h"
+#include "simpler/base/sync.h"
+#include "simpler/device/device.h"
+
+namespace simpler::worker {
+
+// Largest run_grant a Worker accepts.
+inline constexpr int32_t kMaxRunGrant = 1024;
+
+// A device buffer owned by a resource set and reused by the runs that hold the set.
+struct StagingBuffer {
+  uint64_t address = 0;
+  uint64_t capacity = 0;  // bytes
+};
+
+// Counts of an arena's sets; free + live + quarantined == grant always
+// (ARCHITECTURE.md invariant 3).
+struct ArenaCounts {
+  int32_t free = 0;
+  int32_t live = 0;
+  int32_t quarantined = 0;
+  int32_t grant = 0;
+};
+
+// `run_grant` resource sets. A set holds what one run owns while the device
+// may use it (staging buffers for HOST tensors and any other run-owned device
+// buffers); it belongs to exactly one run from prepare to retire. A set whose
+// device use cannot be proven finished is quarantined: never reused, still
+// counted. Every handed-out set carries a generation; a SlotRef with a stale
+// generation is refused (invariant 10).
+// Thread-safe.
+class RunResourceArena {
+ public:
+  // `device` must outlive the arena. grant in [1, kMaxRunGrant].
+  RunResourceArena(device::Device* device, int32_t grant);
+  ~RunResourceArena();
+
+  // Takes a free set, blocking until one is free or `deadline` passes
+  // (backpressure). DEADLINE_EXCEEDED when the deadline passed (naming the
+  // counts), FAILED_PRECONDITION after shutdown() or when every set is
+  // quarantined (no set can ever become free).
+  absl::StatusOr<base::SlotRef> acquire(const base::Deadline& deadline);
+
+  // Returns a live set to the free pool. FAILED_PRECONDITION for a stale or
+  // non-live reference (the set is left untouched).
+  absl::Status release(base::SlotRef ref);
+  // Marks a live set quarantined. Same errors as release().
+  absl::Status quarantine(base::SlotRef ref);
+
+  // A device buffer of at least `bytes` belonging to live set `ref`, slot
+  // `index` (0-based; one per staged tensor). Reuses the set's buffer when big
+  // enough. Errors: stale ref (FAILED_PRECONDITION) or device allocation errors.
+  absl::StatusOr<StagingBuffer> staging(base::SlotRef ref, size_t index, uint64_t bytes);
+
+  ArenaCounts counts() const;
+  int32_t grant() const { return static_cast<int32_t>(sets_.size()); }
+
+  // Wakes blocked acquire() calls, which then fail; later ones fail at once.
+  void shutdown();
+
+ private:
+  enum class SetState { kFree, kLive, kQuarantined };
+  struct Set {
+    SetState state = SetState::kFree;
+    uint32_t generation = 0;
+    std::vector<StagingBuffer> buffers;
+  };
+  absl::Status check_live(base::SlotRef ref) const SIMPLER_REQUIRES(mu_);
+
+  device::Device* device_;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  std::vector<Set> sets_ SIMPLER_GUARDED_BY(mu_);
+  bool shutdown_ SIMPLER_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace simpler::worker

@@ -1,0 +1,153 @@
+// Worker: the public face of simpler. At level 2 it owns one ChipWorker
+// (one device, one run lane, its run resources).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/base/trace.h"
+#include "simpler/chip/chip_runtime.h"
+#include "simpler/device/device.h"
+#include "simpler/task/call_config.h"
+#include "simpler/task/callable.h"
+#include "simpler/worker/chip_run_lane.h"
+#include "simpler/worker/run_handle.h"
+#include "simpler/worker/run_resource_arena.h"
+
+namespace simpler::worker {
+
+struct WorkerOptions {
+  int32_t level = 2;              // only 2 (one chip) exists today
+  std::string platform = "sim";   // device backend
+  int32_t device_id = 0;
+  int32_t num_cores = 0;          // 0 = one per hardware thread
+  int32_t launch_depth = 1;       // >= 1 (invariant 6)
+  int32_t run_grant = 0;          // 0 = launch_depth + 1; otherwise in [launch_depth, kMaxRunGrant]
+  double operation_timeout_s = 60;  // per-run device time limit once at the stream head
+  uint64_t device_memory_bytes = 0;  // sim heap capacity; 0 = host-limited
+  chip::ChipOptions chip;
+  // Fault plan for the sim device; unset = parse SIMPLER_SIM_FAULTS at init().
+  std::optional<device::FaultPlan> faults;
+  base::TraceRecorder* trace = nullptr;  // not owned; must outlive the Worker
+
+  // INVALID_ARGUMENT naming the field: level != 2, unknown platform, negative
+  // ids or cores, depth < 1, grant below the depth ("run_grant 1 is below
+  // launch_depth 2") or above kMaxRunGrant, NaN/non-positive/infinite timeout.
+  absl::Status validate() const;
+  int32_t effective_grant() const { return run_grant == 0 ? launch_depth + 1 : run_grant; }
+};
+
+// A registered callable.
+struct CallableHandle {
+  uint32_t index = 0;
+};
+
+// A device allocation made through a Worker. Plain value; does not own.
+struct DeviceBuffer {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  // A contiguous tensor view at `offset` bytes; INVALID_ARGUMENT when it does
+  // not fit the buffer.
+  absl::StatusOr<task::Tensor> tensor(std::initializer_list<int64_t> shape, task::DataType dtype,
+                                      uint64_t offset = 0) const;
+  absl::StatusOr<task::Tensor> tensor(const std::vector<int64_t>& shape, task::DataType dtype,
+                                      uint64_t offset = 0) const;
+};
+
+// One chip: device, stream, run lane and run resources. Owned by a level-2
+// Worker. Thread-safe after init().
+class ChipWorker {
+ public:
+  explicit ChipWorker(WorkerOptions options) : options_(std::move(options)) {}
+  ~ChipWorker();
+  absl::Status init(const std::vector<std::shared_ptr<const task::ChipCallable>>* callables);
+  device::Device& device() { return *device_; }
+  ChipRunLane& lane() { return *lane_; }
+  RunResourceArena& arena() { return *arena_; }
+  absl::Status close();
+
+ private:
+  WorkerOptions options_;
+  std::unique_ptr<device::Device> device_;
+  device::Stream* stream_ = nullptr;
+  std::unique_ptr<RunResourceArena> arena_;
+  std::unique_ptr<ChipRunLane> lane_;
+  bool closed_ = false;
+};
+
+// The public Worker. Typical use:
+//   Worker w(opts); auto h = w.register_callable(prog); w.init();
+//   auto buf = w.malloc(n); w.copy_to(buf, host, n);
+//   RunHandle r = w.submit(*h, args).value(); r.wait(5.0); w.close();
+// register_callable only before init(); everything else after init() and
+// before close(), from any thread (thread-safe).
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();  // close(), discarding its status
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Before init(). INVALID_ARGUMENT for an invalid callable (see
+  // ChipCallable::validate) or a duplicate name; FAILED_PRECONDITION after init().
+  absl::StatusOr<CallableHandle> register_callable(task::ChipCallable callable);
+  // Validates the options, starts the device and the lane. FAILED_PRECONDITION
+  // when called twice; INVALID_ARGUMENT from WorkerOptions::validate or a
+  // malformed SIMPLER_SIM_FAULTS (with the reason).
+  absl::Status init();
+
+  // Device memory (zeroed). Errors: device allocation errors; FAILED_PRECONDITION
+  // before init / after close.
+  absl::StatusOr<DeviceBuffer> malloc(uint64_t bytes);
+  // FAILED_PRECONDITION naming the run when a run that has not retired names
+  // the buffer in its arguments; NOT_FOUND for an unknown buffer.
+  absl::Status free(const DeviceBuffer& buffer);
+  // Copies between host memory and a buffer (bytes at `offset`). Ordered after
+  // every run submitted before: waits for them to finish on the device first.
+  // INVALID_ARGUMENT when the range exceeds the buffer.
+  absl::Status copy_to(const DeviceBuffer& dst, const void* src, uint64_t bytes,
+                       uint64_t offset = 0);
+  absl::Status copy_from(void* dst, const DeviceBuffer& src, uint64_t bytes, uint64_t offset = 0);
+
+  // Submits a run and returns its live handle at once (see ChipRunLane::submit
+  // for every error). HOST tensors in `args` are staged: their host memory
+  // must stay valid until the run finalizes. `admission_timeout_s` bounds the
+  // wait for a free resource set (same timeout rules as RunHandle::wait).
+  absl::StatusOr<RunHandle> submit(CallableHandle callable, const task::TaskArgs& args,
+                                   const task::CallConfig& config = {},
+                                   double admission_timeout_s =
+                                       std::numeric_limits<double>::infinity());
+  // Exactly submit(...) then wait().
+  absl::Status run(CallableHandle callable, const task::TaskArgs& args,
+                   const task::CallConfig& config = {});
+
+  // Drains every run, closes the device (joins every device thread) and returns
+  // the first run error no wait() delivered, counting the others. Idempotent.
+  absl::Status close();
+
+  const device::DeviceCaps& caps() const;
+  ArenaCounts resources() const;
+  LaneStats lane_stats() const;
+  const WorkerOptions& options() const { return options_; }
+  // The device, for layers above that need raw access (tests, benchmarks).
+  device::Device& device();
+
+ private:
+  absl::Status check_ready() const;
+  WorkerOptions options_;
+  std::vector<std::shared_ptr<const task::ChipCallable>> callables_;
+  std::unique_ptr<ChipWorker> chip_;
+  bool initialized_ = false;
+  bool closed_ = false;
+  mutable base::Mutex buffers_mu_;
+  std::map<uint64_t, uint64_t> buffers_ SIMPLER_GUARDED_BY(buffers_mu_);  // base -> bytes
+};
+
+}  // namespace simpler::worker

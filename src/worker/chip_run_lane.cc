@@ -1,0 +1,406 @@
+#include "simpler/worker/chip_run_lane.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/log.h"
+#include "simpler/base/status.h"
+
+namespace simpler::worker {
+
+namespace {
+
+// What the device executes for one run. Shared by the run and its launch so it
+// outlives a launch that is still unwinding after a timeout.
+struct Exec {
+  const task::ChipCallable* callable = nullptr;
+  task::TaskArgs args;  // HOST tensors already replaced by their staging buffers
+  int32_t max_cores = 0;
+  bool task_timing = true;
+  chip::ChipOptions chip;
+  chip::RunReport report;  // written by the device thread; read after `done`
+};
+
+bool is_terminal(RunState s) {
+  return s == RunState::kCompleted || s == RunState::kFailed || s == RunState::kCancelled;
+}
+
+}  // namespace
+
+struct ChipRunLane::Run {
+  std::shared_ptr<RunShared> shared;
+  std::shared_ptr<Exec> exec;
+  task::CallConfig config;
+  base::SlotRef set;
+  RunState state = RunState::kAccepted;  // guarded by the lane's mu_
+  absl::Status status;
+  bool quarantine = false;
+  bool record_done = false;
+  struct Staged {
+    uint64_t host = 0;
+    uint64_t device = 0;
+    uint64_t bytes = 0;
+    task::ArgDirection direction = task::ArgDirection::kIn;
+  };
+  std::vector<Staged> staged;
+  std::vector<std::pair<uint64_t, uint64_t>> device_ranges;  // [begin, end) named in args
+  std::shared_ptr<device::LaunchRecord> record;
+  RunTiming timing;
+  int32_t effective_depth = 0;
+  uint64_t id() const { return shared->id.value; }
+};
+
+ChipRunLane::ChipRunLane(device::Device* device, device::Stream* stream, RunResourceArena* arena,
+                         LaneOptions options)
+    : device_(device), stream_(stream), arena_(arena), options_(std::move(options)) {
+  thread_ = std::thread([this] { lane_loop(); });
+}
+
+ChipRunLane::~ChipRunLane() { (void)close(); }
+
+void ChipRunLane::span(const char* name, int64_t start, int64_t end, uint64_t run,
+                       int32_t tid) const {
+  if (options_.trace == nullptr) return;
+  options_.trace->add({name, "host", start, end - start, 0, tid, static_cast<int64_t>(run), -1});
+}
+
+absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable,
+                                              const task::TaskArgs& args,
+                                              const task::CallConfig& config,
+                                              const base::Deadline& admission) {
+  const int64_t submit_ns = base::now_ns();
+  if (callable == nullptr) return absl::InvalidArgumentError("submit: no callable");
+  SIMPLER_RETURN_IF_ERROR(config.validate());
+  SIMPLER_RETURN_IF_ERROR(args.validate());
+  auto run = std::make_unique<Run>();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const task::Arg& a = args[i];
+    if (a.direction == task::ArgDirection::kScalar) continue;
+    const uint64_t span_bytes = a.tensor.span_bytes();
+    if (span_bytes == 0) continue;
+    if (a.tensor.memory == task::MemoryKind::kHost) {
+      if (a.tensor.address == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("argument ", i, " is a HOST tensor with a null address"));
+      }
+      continue;
+    }
+    if (absl::Status r = device_->check_range(a.tensor.address, span_bytes); !r.ok()) {
+      return base::annotate(r, absl::StrCat("argument ", i, " ", a.tensor.debug_string(), ": "));
+    }
+    run->device_ranges.emplace_back(a.tensor.address, a.tensor.address + span_bytes);
+  }
+  {
+    base::MutexLock lock(mu_);
+    if (closing_) return absl::FailedPreconditionError("submit after close(): the lane is closed");
+    if (!poison_.ok()) return poison_;
+  }
+  SIMPLER_ASSIGN_OR_RETURN(run->set, arena_->acquire(admission));
+
+  // Admission: identity and FIFO position.
+  run->shared = std::make_shared<RunShared>();
+  run->exec = std::make_shared<Exec>();
+  run->exec->callable = callable;
+  run->exec->args = args;
+  run->exec->max_cores = config.max_cores;
+  run->exec->task_timing = config.task_timing;
+  run->exec->chip = options_.chip;
+  run->config = config;
+  run->timing.submit_ns = submit_ns;
+  Run* r = run.get();
+  {
+    base::MutexLock lock(mu_);
+    absl::Status refuse;
+    if (closing_) refuse = absl::FailedPreconditionError("submit after close(): the lane is closed");
+    if (!poison_.ok()) refuse = poison_;
+    if (!refuse.ok()) {
+      (void)arena_->release(run->set);
+      return refuse;
+    }
+    run->shared->id = base::RunId{next_id_++};
+    run->shared->result.requested_depth = options_.launch_depth;
+    runs_.push_back(std::move(run));
+  }
+
+  // Prepare outside the lane lock: the set is this run's alone.
+  r->timing.prepare_start_ns = base::now_ns();
+  absl::Status prepared = prepare(*r);
+  r->timing.prepare_end_ns = base::now_ns();
+  span("prepare", r->timing.prepare_start_ns, r->timing.prepare_end_ns, r->id(), 0);
+
+  RunHandle handle(r->shared);
+  {
+    base::MutexLock lock(mu_);
+    if (!prepared.ok()) {
+      // Returned by submit: delivered here, retired in order by the lane thread.
+      r->status = base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "));
+      r->state = RunState::kCancelled;
+      r->shared->delivered.store(true, std::memory_order_relaxed);
+      prepared = r->status;
+    } else {
+      r->state = RunState::kPrepared;
+    }
+    r->shared->state.store(r->state, std::memory_order_release);
+    launch_ready_locked();
+  }
+  cv_.notify_all();
+  span("submit", submit_ns, base::now_ns(), handle.id().value, 0);
+  if (!prepared.ok()) return prepared;
+  return handle;
+}
+
+absl::Status ChipRunLane::prepare(Run& run) {
+  task::TaskArgs& args = run.exec->args;
+  size_t staged = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    task::Arg& a = args[i];
+    if (a.direction == task::ArgDirection::kScalar) continue;
+    if (a.tensor.memory != task::MemoryKind::kHost) continue;
+    const uint64_t bytes = a.tensor.span_bytes();
+    if (bytes == 0) {
+      a.tensor.memory = task::MemoryKind::kDevice;
+      continue;
+    }
+    SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged++, bytes));
+    Run::Staged s{a.tensor.address, buf.address, bytes, a.direction};
+    if (a.direction != task::ArgDirection::kOut) {
+      SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(
+          buf.address, reinterpret_cast<const void*>(static_cast<uintptr_t>(s.host)), bytes));
+    }
+    run.staged.push_back(s);
+    a.tensor.address = buf.address;
+    a.tensor.memory = task::MemoryKind::kDevice;
+  }
+  return absl::OkStatus();
+}
+
+void ChipRunLane::launch_ready_locked() {
+  for (auto& up : runs_) {
+    Run& run = *up;
+    if (run.state == RunState::kLaunched || is_terminal(run.state)) continue;
+    if (!poison_.ok()) {
+      // Never launched: fail it with the poison cause; its set is provably unused.
+      run.status = poison_;
+      run.state = RunState::kCancelled;
+      run.shared->state.store(run.state, std::memory_order_release);
+      continue;
+    }
+    if (run.state != RunState::kPrepared) break;  // FIFO: an earlier run is still preparing
+    if (launched_ >= options_.launch_depth) break;
+    std::shared_ptr<Exec> exec = run.exec;
+    const uint64_t id = run.id();
+    run.timing.launch_ns = base::now_ns();
+    auto rec = stream_->launch(id, [exec](device::ExecContext& ctx) {
+      return chip::execute_run(ctx, *exec->callable, exec->args, exec->chip, exec->max_cores,
+                               exec->task_timing, &exec->report);
+    });
+    if (!rec.ok()) {
+      run.status = base::mark_unrecoverable(
+          base::annotate(rec.status(), absl::StrCat("run ", id, " launch: ")));
+      run.state = RunState::kFailed;
+      run.shared->state.store(run.state, std::memory_order_release);
+      poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
+          "lane poisoned by run ", id, ": ", std::string(run.status.message()))));
+      continue;
+    }
+    run.record = std::move(rec).value();
+    run.state = RunState::kLaunched;
+    run.shared->state.store(run.state, std::memory_order_release);
+    ++launched_;
+    run.effective_depth = launched_;
+    span("launch", run.timing.launch_ns, base::now_ns(), id, 0);
+  }
+}
+
+void ChipRunLane::lane_loop() {
+  base::MutexLock lock(mu_);
+  while (true) {
+    if (runs_.empty()) {
+      if (closing_) return;
+      cv_.wait(lock);
+      continue;
+    }
+    Run& run = *runs_.front();
+    if (run.state == RunState::kLaunched) {
+      // Reap: wait for the device outside the lock, bounded by the operation timeout.
+      std::shared_ptr<device::LaunchRecord> rec = run.record;
+      const int64_t reap_start = base::now_ns();
+      lock.native().unlock();
+      const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::duration<double>(options_.operation_timeout_s));
+      device_polls_.fetch_add(1, std::memory_order_relaxed);
+      const bool done = rec->done.wait(base::Deadline::after(timeout));
+      lock.native().lock();
+      run.timing.complete_ns = base::now_ns();
+      span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
+      --launched_;
+      if (!done) {
+        run.status = base::mark_unrecoverable(absl::DeadlineExceededError(absl::StrCat(
+            "run ", run.id(), " did not finish within the operation timeout of ",
+            options_.operation_timeout_s, " s; device aborted")));
+        run.quarantine = true;
+        if (poison_.ok()) {
+          poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
+              "lane poisoned by run ", run.id(), ": ", std::string(run.status.message()))));
+        }
+        device_->abort(run.status);
+      } else {
+        run.record_done = true;
+        run.timing.device_start_ns = rec->start_ns;
+        run.timing.device_end_ns = rec->end_ns;
+        absl::Status st = rec->done.status();
+        if (!poison_.ok()) {
+          // Launched behind the run that poisoned the lane.
+          run.status = poison_;
+        } else if (!st.ok() && base::is_unrecoverable(st)) {
+          run.status = st;
+          run.quarantine = true;  // device state unknown
+          poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
+              "lane poisoned by run ", run.id(), ": ", std::string(st.message()))));
+          device_->abort(poison_);
+        } else {
+          run.status = st;
+        }
+      }
+      run.state = run.status.ok() ? RunState::kCompleted : RunState::kFailed;
+      run.shared->state.store(run.state, std::memory_order_release);
+      launch_ready_locked();  // the successor goes onto the device before we finalize
+    } else if (!is_terminal(run.state)) {
+      cv_.wait(lock);  // still preparing, or waiting for launch capacity
+      continue;
+    }
+    // Finalize and retire the head run outside the lock.
+    // The head stays in runs_ (terminal, so nothing else acts on it) until popped.
+    Run* head = runs_.front().get();
+    lock.native().unlock();
+    finalize(*head);
+    lock.native().lock();
+    std::unique_ptr<Run> owned = std::move(runs_.front());
+    runs_.pop_front();
+    ++retired_;
+    if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
+      failed_.push_back(owned->shared);
+    }
+    // Publish: results before the event (Event::signal is a release).
+    owned->shared->finalized.signal(owned->status);
+    cv_.notify_all();
+  }
+}
+
+void ChipRunLane::finalize(Run& run) {
+  const int64_t start = base::now_ns();
+  RunResult& res = run.shared->result;
+  if (run.status.ok()) {
+    for (const auto& s : run.staged) {
+      if (s.direction == task::ArgDirection::kIn) continue;
+      absl::Status c = device_->copy_from_device(
+          reinterpret_cast<void*>(static_cast<uintptr_t>(s.host)), s.device, s.bytes);
+      if (!c.ok()) {
+        run.status = base::annotate(c, absl::StrCat("run ", run.id(), " copy-back: "));
+        break;
+      }
+    }
+  }
+  if (run.record_done) res.report = std::move(run.exec->report);
+  res.id = run.shared->id;
+  res.status = run.status;
+  res.terminal_state = run.state;
+  res.effective_depth = run.effective_depth;
+  run.timing.finalize_ns = base::now_ns();
+  res.timing = run.timing;
+  run.shared->state.store(RunState::kFinalized, std::memory_order_release);
+  span("finalize", start, base::now_ns(), run.id(), 1);
+
+  if (options_.trace != nullptr && run.record_done) {
+    options_.trace->add({"run", "device", run.timing.device_start_ns,
+                         run.timing.device_end_ns - run.timing.device_start_ns, 1, 0,
+                         static_cast<int64_t>(run.id()), -1});
+    for (const auto& t : res.report.tasks) {
+      options_.trace->add({run.exec->callable->kernels[t.kernel].name, "device", t.start_ns,
+                           t.end_ns - t.start_ns, 1, 1 + t.core, static_cast<int64_t>(run.id()),
+                           t.task});
+    }
+  }
+
+  // Retire: the set goes back, or into quarantine when device use is unproven.
+  const int64_t retire_start = base::now_ns();
+  absl::Status back = run.quarantine ? arena_->quarantine(run.set) : arena_->release(run.set);
+  if (!back.ok()) SIMPLER_LOG_ERROR("run {} retire: {}", run.id(), back.ToString());
+  run.shared->state.store(RunState::kRetired, std::memory_order_release);
+  span("retire", retire_start, base::now_ns(), run.id(), 1);
+}
+
+absl::Status ChipRunLane::check_not_in_use(uint64_t address, uint64_t bytes) const {
+  base::MutexLock lock(mu_);
+  for (const auto& r : runs_) {
+    for (const auto& [b, e] : r->device_ranges) {
+      if (b < address + bytes && address < e) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device buffer 0x", absl::Hex(address), " is in use by run ", r->id(),
+            " (state ", std::string(name_of(r->state)), "); it stays valid until that run retires"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ChipRunLane::wait_idle() {
+  std::shared_ptr<RunShared> last;
+  {
+    base::MutexLock lock(mu_);
+    if (runs_.empty()) return;
+    last = runs_.back()->shared;
+  }
+  last->finalized.wait(base::Deadline::forever());
+}
+
+absl::Status ChipRunLane::close() {
+  {
+    base::MutexLock lock(mu_);
+    if (closed_) return absl::OkStatus();
+    closing_ = true;
+    cv_.notify_all();
+    while (!runs_.empty()) cv_.wait(lock);
+    closed_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  arena_->shutdown();
+  base::MutexLock lock(mu_);
+  std::vector<std::shared_ptr<RunShared>> undelivered;
+  for (auto& f : failed_) {
+    if (!f->delivered.load(std::memory_order_acquire)) undelivered.push_back(f);
+  }
+  failed_.clear();
+  if (undelivered.empty()) return absl::OkStatus();
+  const absl::Status& first = undelivered.front()->result.status;
+  std::string msg(first.message());
+  if (undelivered.size() > 1) {
+    absl::StrAppend(&msg, " (and ", undelivered.size() - 1, " more undelivered run error",
+                    undelivered.size() > 2 ? "s" : "", ")");
+  }
+  for (auto& u : undelivered) u->delivered.store(true, std::memory_order_release);
+  absl::Status out(first.code(), msg);
+  first.ForEachPayload(
+      [&out](absl::string_view k, const absl::Cord& v) { out.SetPayload(k, v); });
+  return out;
+}
+
+LaneStats ChipRunLane::stats() const {
+  base::MutexLock lock(mu_);
+  LaneStats s;
+  s.submitted = next_id_;
+  s.retired = retired_;
+  s.device_polls = device_polls_.load(std::memory_order_relaxed);
+  s.in_flight = static_cast<int32_t>(runs_.size());
+  s.launched = launched_;
+  return s;
+}
+
+absl::Status ChipRunLane::poison() const {
+  base::MutexLock lock(mu_);
+  return poison_;
+}
+
+}  // namespace simpler::worker

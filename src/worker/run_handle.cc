@@ -1,0 +1,44 @@
+#include "simpler/worker/run_handle.h"
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
+
+namespace simpler::worker {
+
+std::string_view name_of(RunState state) {
+  switch (state) {
+    case RunState::kAccepted: return "ACCEPTED";
+    case RunState::kPrepared: return "PREPARED";
+    case RunState::kLaunched: return "LAUNCHED";
+    case RunState::kCompleted: return "COMPLETED";
+    case RunState::kFailed: return "FAILED";
+    case RunState::kCancelled: return "CANCELLED";
+    case RunState::kFinalized: return "FINALIZED";
+    case RunState::kRetired: return "RETIRED";
+  }
+  return "?";
+}
+
+absl::Status RunHandle::wait(double timeout_s) const {
+  if (!shared_) return absl::FailedPreconditionError("wait on an empty RunHandle");
+  auto deadline = base::deadline_from_seconds(timeout_s);
+  if (!deadline.ok()) return deadline.status();
+  if (!shared_->finalized.wait(*deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("run ", shared_->id.value,
+                                                    " not finished after ", timeout_s, " s"));
+  }
+  shared_->delivered.store(true, std::memory_order_release);
+  return shared_->result.status;
+}
+
+absl::Status RunHandle::wait() const {
+  return wait(std::numeric_limits<double>::infinity());
+}
+
+const RunResult& RunHandle::result() const {
+  shared_->finalized.wait(base::Deadline::forever());
+  shared_->delivered.store(true, std::memory_order_release);
+  return shared_->result;
+}
+
+}  // namespace simpler::worker

@@ -1,0 +1,255 @@
+// Contract tests of the run pipeline (ARCHITECTURE.md "Run lifecycle").
+#include <atomic>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "simpler/worker/worker.h"
+#include "worker/worker_test_util.h"
+
+namespace simpler::worker {
+namespace {
+
+using testing::affine_args;
+using testing::affine_program;
+using testing::counts_consistent;
+using testing::sleep_program;
+
+WorkerOptions opts(int depth, int grant = 0) {
+  WorkerOptions o;
+  o.num_cores = 2;
+  o.launch_depth = depth;
+  o.run_grant = grant;
+  o.faults = device::FaultPlan();
+  o.operation_timeout_s = 20;
+  return o;
+}
+
+task::TaskArgs sleep_args(int64_t us) {
+  task::TaskArgs a;
+  a.add_scalar_i64(us);
+  return a;
+}
+
+class PipelineDepth : public ::testing::TestWithParam<int> {};
+
+TEST_P(PipelineDepth, ThousandPipelinedRunsEachProduceTheirOwnResult) {
+  Worker w(opts(GetParam()));
+  auto h = w.register_callable(affine_program(2));
+  ASSERT_TRUE(w.init().ok());
+  constexpr int kRuns = 1000;
+  std::vector<int64_t> in(kRuns), out(kRuns, -1);
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < kRuns; ++i) {
+    in[i] = i;
+    auto r = w.submit(*h, affine_args(&in[i], &out[i], 7));
+    ASSERT_TRUE(r.ok()) << r.status();
+    hs.push_back(*r);
+  }
+  for (int i = 0; i < kRuns; ++i) {
+    ASSERT_TRUE(hs[i].wait().ok());
+    EXPECT_EQ(hs[i].id().value, static_cast<uint64_t>(i));
+  }
+  for (int i = 0; i < kRuns; ++i) ASSERT_EQ(out[i], 3 * i + 7) << "run " << i;
+  // FIFO and serial device: run k+1 starts on the device after run k ended.
+  for (int i = 1; i < kRuns; ++i) {
+    const RunTiming& a = hs[i - 1].result().timing;
+    const RunTiming& b = hs[i].result().timing;
+    ASSERT_LE(a.device_end_ns, b.device_start_ns) << "run " << i;
+    ASSERT_LE(a.finalize_ns, b.finalize_ns);
+    EXPECT_LE(hs[i].result().effective_depth, GetParam());
+    EXPECT_EQ(hs[i].result().requested_depth, GetParam());
+  }
+  EXPECT_TRUE(w.close().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, PipelineDepth, ::testing::Values(1, 2, 4));
+
+TEST(Pipeline, UnwaitedRunsAtGrantFourDoNotDeadlock) {
+  Worker w(opts(2, 4));
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  std::vector<int64_t> in(1000, 1), out(1000, 0);
+  for (int i = 0; i < 1000; ++i) {
+    auto r = w.submit(*h, affine_args(&in[i], &out[i], i));
+    ASSERT_TRUE(r.ok()) << r.status();  // handle dropped at once
+  }
+  EXPECT_TRUE(w.close().ok());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(out[i], 3 + i);
+}
+
+TEST(Pipeline, WaitOnARunReturnsWhileLaterRunsAreQueued) {
+  Worker w(opts(2, 4));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle a = *w.submit(*h, sleep_args(1'000));
+  RunHandle b = *w.submit(*h, sleep_args(400'000));
+  RunHandle c = *w.submit(*h, sleep_args(400'000));
+  ASSERT_TRUE(a.wait().ok());
+  EXPECT_FALSE(c.done());
+  EXPECT_TRUE(b.wait().ok());
+  EXPECT_TRUE(c.wait().ok());
+}
+
+TEST(Pipeline, DepthTwoEnqueuesTheSuccessorBehindTheRunningRun) {
+  Worker w(opts(2));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle a = *w.submit(*h, sleep_args(100'000));
+  RunHandle b = *w.submit(*h, sleep_args(1'000));
+  ASSERT_TRUE(b.wait().ok());
+  EXPECT_EQ(b.result().effective_depth, 2);
+  // Launched while run 0 was executing: before run 0 finished on the device.
+  EXPECT_LT(b.result().timing.launch_ns, a.result().timing.device_end_ns);
+}
+
+TEST(Pipeline, DepthOneLaunchesTheSuccessorOnlyAfterCompletion) {
+  Worker w(opts(1, 3));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle a = *w.submit(*h, sleep_args(50'000));
+  RunHandle b = *w.submit(*h, sleep_args(1'000));
+  ASSERT_TRUE(b.wait().ok());
+  EXPECT_EQ(b.result().effective_depth, 1);
+  EXPECT_GE(b.result().timing.launch_ns, a.result().timing.device_end_ns);
+}
+
+TEST(Pipeline, SubmittingFromOneThreadAtDepthTwoNeverNeedsAWait) {
+  Worker w(opts(2));  // grant 3
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 20; ++i) {
+    auto r = w.submit(*h, sleep_args(2'000), {}, 5.0);  // blocks on the grant, never deadlocks
+    ASSERT_TRUE(r.ok()) << r.status();
+    hs.push_back(*r);
+  }
+  EXPECT_TRUE(w.close().ok());
+  for (auto& r : hs) EXPECT_TRUE(r.done());
+}
+
+TEST(Pipeline, AdmissionDeadlineIsBackpressureNotUnboundedMemory) {
+  Worker w(opts(1, 1));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle a = *w.submit(*h, sleep_args(300'000));
+  auto b = w.submit(*h, sleep_args(1), {}, 0.02);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto nan = w.submit(*h, sleep_args(1), {}, std::nan(""));
+  EXPECT_EQ(nan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(a.wait().ok());
+  EXPECT_EQ(w.lane_stats().submitted, 1u);
+}
+
+TEST(Pipeline, WaitingSleepsInsteadOfPollingTheDevice) {
+  Worker w(opts(1));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle a = *w.submit(*h, sleep_args(500'000));
+  const uint64_t before = w.lane_stats().device_polls;
+  ASSERT_TRUE(a.wait().ok());
+  EXPECT_LE(w.lane_stats().device_polls - before, 3u);
+}
+
+TEST(Pipeline, ConcurrentSubmittersGetUniqueIdentitiesAndExactResults) {
+  Worker w(opts(2, 4));
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  constexpr int kThreads = 4, kPer = 100;
+  std::vector<int64_t> in(kThreads * kPer), out(kThreads * kPer, -1);
+  std::vector<std::vector<RunHandle>> handles(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kPer; ++i) {
+        const int k = t * kPer + i;
+        in[k] = k;
+        auto r = w.submit(*h, affine_args(&in[k], &out[k], 1));
+        if (r.ok()) handles[t].push_back(*r);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  std::set<uint64_t> ids;
+  for (auto& hv : handles) {
+    for (auto& r : hv) {
+      EXPECT_TRUE(r.wait().ok());
+      ids.insert(r.id().value);
+    }
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kThreads * kPer));
+  for (int k = 0; k < kThreads * kPer; ++k) EXPECT_EQ(out[k], 3 * k + 1);
+}
+
+TEST(Pipeline, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
+  Worker w(opts(2, 3));
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  std::vector<int64_t> in(10000, 2), out(10000, 0);
+  std::atomic<int> accepted{0};
+  std::vector<RunHandle> hs;
+  std::thread t([&] {
+    for (int i = 0; i < 10000; ++i) {
+      auto r = w.submit(*h, affine_args(&in[i], &out[i], 0));
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+        break;
+      }
+      hs.push_back(*r);
+      accepted++;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(w.close().ok());
+  t.join();
+  for (auto& r : hs) {
+    ASSERT_TRUE(r.done());
+    EXPECT_TRUE(r.wait().ok());
+  }
+  for (int i = 0; i < accepted; ++i) EXPECT_EQ(out[i], 6);
+}
+
+TEST(Pipeline, ResourceCountsStayConsistentThroughARandomizedFaultRun) {
+  std::mt19937 rng(1234);
+  std::string plan;
+  for (int run = 0; run < 60; ++run) {
+    if (rng() % 5 == 0) {
+      if (!plan.empty()) plan += ",";
+      plan += "run=" + std::to_string(run) + ":task=0:kind=kernel_error";
+    }
+  }
+  plan += ",run=70:task=0:kind=device_fault";
+  WorkerOptions o = opts(2, 4);
+  o.faults = *device::FaultPlan::parse(plan);
+  Worker w(o);
+  auto h = w.register_callable(affine_program(2));
+  ASSERT_TRUE(w.init().ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> samples{0}, bad{0};
+  std::thread sampler([&] {
+    while (!stop) {
+      if (!counts_consistent(w.resources())) bad++;
+      samples++;
+      std::this_thread::yield();
+    }
+  });
+  std::vector<int64_t> in(100, 1), out(100, 0);
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {
+    auto r = w.submit(*h, affine_args(&in[i], &out[i], i));
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("lane poisoned by run 70"), std::string_view::npos);
+      ++refused;
+    }
+  }
+  (void)w.close();
+  stop = true;
+  sampler.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(samples.load(), 10);
+  EXPECT_GT(refused, 0);
+}
+
+}  // namespace
+}  // namespace simpler::worker

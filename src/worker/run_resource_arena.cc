@@ -1,0 +1,128 @@
+#include "simpler/worker/run_resource_arena.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace simpler::worker {
+
+RunResourceArena::RunResourceArena(device::Device* device, int32_t grant)
+    : device_(device), sets_(static_cast<size_t>(grant)) {}
+
+RunResourceArena::~RunResourceArena() {
+  base::MutexLock lock(mu_);
+  // Quarantined buffers may still be referenced by a dead launch: they stay
+  // allocated until the device itself closes.
+  for (auto& s : sets_) {
+    if (s.state == SetState::kQuarantined) continue;
+    for (auto& b : s.buffers) (void)device_->free(b.address);
+    s.buffers.clear();
+  }
+}
+
+absl::StatusOr<base::SlotRef> RunResourceArena::acquire(const base::Deadline& deadline) {
+  base::MutexLock lock(mu_);
+  while (true) {
+    if (shutdown_) return absl::FailedPreconditionError("worker is closing; no run resources");
+    int32_t quarantined = 0;
+    for (size_t i = 0; i < sets_.size(); ++i) {
+      if (sets_[i].state == SetState::kFree) {
+        sets_[i].state = SetState::kLive;
+        ++sets_[i].generation;
+        return base::SlotRef{static_cast<uint32_t>(i), sets_[i].generation};
+      }
+      if (sets_[i].state == SetState::kQuarantined) ++quarantined;
+    }
+    if (quarantined == static_cast<int32_t>(sets_.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "all ", sets_.size(), " run resource sets are quarantined; none can become free"));
+    }
+    if (deadline.kind == base::Deadline::Kind::kPoll ||
+        (deadline.kind == base::Deadline::Kind::kAt && deadline.expired())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no run resource set became free before the deadline (grant ", sets_.size(), ", ",
+          quarantined, " quarantined)"));
+    }
+    if (deadline.is_forever()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, deadline.at);
+    }
+  }
+}
+
+absl::Status RunResourceArena::check_live(base::SlotRef ref) const {
+  if (ref.index >= sets_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resource set ", ref.index, " does not exist (grant ", sets_.size(), ")"));
+  }
+  const Set& s = sets_[ref.index];
+  if (s.generation != ref.generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale reference to resource set ", ref.index, ": generation ",
+                     ref.generation, ", current ", s.generation));
+  }
+  if (s.state != SetState::kLive) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resource set ", ref.index, " generation ", ref.generation, " is not live"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunResourceArena::release(base::SlotRef ref) {
+  {
+    base::MutexLock lock(mu_);
+    if (absl::Status s = check_live(ref); !s.ok()) return s;
+    sets_[ref.index].state = SetState::kFree;
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status RunResourceArena::quarantine(base::SlotRef ref) {
+  base::MutexLock lock(mu_);
+  if (absl::Status s = check_live(ref); !s.ok()) return s;
+  sets_[ref.index].state = SetState::kQuarantined;
+  cv_.notify_all();  // waiters re-check "all quarantined"
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StagingBuffer> RunResourceArena::staging(base::SlotRef ref, size_t index,
+                                                        uint64_t bytes) {
+  base::MutexLock lock(mu_);
+  if (absl::Status s = check_live(ref); !s.ok()) return s;
+  auto& bufs = sets_[ref.index].buffers;
+  if (bufs.size() <= index) bufs.resize(index + 1);
+  StagingBuffer& b = bufs[index];
+  if (b.capacity < bytes) {
+    if (b.address != 0) (void)device_->free(b.address);
+    b = StagingBuffer{};
+    const uint64_t want = std::max<uint64_t>(bytes, 64);
+    auto addr = device_->malloc(want);
+    if (!addr.ok()) return addr.status();
+    b = StagingBuffer{*addr, want};
+  }
+  return b;
+}
+
+ArenaCounts RunResourceArena::counts() const {
+  base::MutexLock lock(mu_);
+  ArenaCounts c;
+  c.grant = static_cast<int32_t>(sets_.size());
+  for (const auto& s : sets_) {
+    switch (s.state) {
+      case SetState::kFree: ++c.free; break;
+      case SetState::kLive: ++c.live; break;
+      case SetState::kQuarantined: ++c.quarantined; break;
+    }
+  }
+  return c;
+}
+
+void RunResourceArena::shutdown() {
+  {
+    base::MutexLock lock(mu_);
+    shutdown_ = true;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace simpler::worker

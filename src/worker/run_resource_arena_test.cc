@@ -1,0 +1,99 @@
+#include "simpler/worker/run_resource_arena.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace simpler::worker {
+namespace {
+
+class ArenaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    device::SimDeviceOptions o;
+    o.num_cores = 1;
+    dev_ = std::move(device::create_sim_device(o)).value();
+  }
+  std::unique_ptr<device::Device> dev_;
+};
+
+TEST_F(ArenaTest, CountsAlwaysSumToTheGrant) {
+  RunResourceArena a(dev_.get(), 3);
+  auto r1 = *a.acquire(base::Deadline::forever());
+  auto r2 = *a.acquire(base::Deadline::forever());
+  ArenaCounts c = a.counts();
+  EXPECT_EQ(c.live, 2);
+  EXPECT_EQ(c.free, 1);
+  ASSERT_TRUE(a.quarantine(r1).ok());
+  c = a.counts();
+  EXPECT_EQ(c.quarantined, 1);
+  EXPECT_EQ(c.free + c.live + c.quarantined, 3);
+  ASSERT_TRUE(a.release(r2).ok());
+  EXPECT_EQ(a.counts().free, 2);
+}
+
+TEST_F(ArenaTest, StaleGenerationIsRefused) {
+  RunResourceArena a(dev_.get(), 1);
+  auto r1 = *a.acquire(base::Deadline::forever());
+  ASSERT_TRUE(a.release(r1).ok());
+  auto r2 = *a.acquire(base::Deadline::forever());
+  EXPECT_EQ(r1.index, r2.index);
+  EXPECT_NE(r1.generation, r2.generation);
+  absl::Status s = a.release(r1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("stale reference"), std::string_view::npos);
+  EXPECT_FALSE(a.staging(r1, 0, 8).ok());
+  EXPECT_EQ(a.counts().live, 1);  // the stale release changed nothing
+  EXPECT_TRUE(a.release(r2).ok());
+}
+
+TEST_F(ArenaTest, AcquireBlocksUntilAReleaseOrItsDeadline) {
+  RunResourceArena a(dev_.get(), 1);
+  auto r = *a.acquire(base::Deadline::forever());
+  auto polled = a.acquire(base::Deadline::poll());
+  EXPECT_EQ(polled.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto timed = a.acquire(base::Deadline::after(std::chrono::milliseconds(20)));
+  EXPECT_EQ(timed.status().code(), absl::StatusCode::kDeadlineExceeded);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    (void)a.release(r);
+  });
+  auto got = a.acquire(base::Deadline::forever());
+  t.join();
+  EXPECT_TRUE(got.ok());
+}
+
+TEST_F(ArenaTest, AllQuarantinedFailsInsteadOfWaitingForever) {
+  RunResourceArena a(dev_.get(), 1);
+  auto r = *a.acquire(base::Deadline::forever());
+  ASSERT_TRUE(a.quarantine(r).ok());
+  auto s = a.acquire(base::Deadline::forever());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("quarantined"), std::string_view::npos);
+}
+
+TEST_F(ArenaTest, StagingBuffersAreReusedAndGrow) {
+  RunResourceArena a(dev_.get(), 1);
+  auto r = *a.acquire(base::Deadline::forever());
+  auto b1 = *a.staging(r, 0, 100);
+  auto b2 = *a.staging(r, 0, 80);
+  EXPECT_EQ(b1.address, b2.address);
+  auto b3 = *a.staging(r, 0, 1000);
+  EXPECT_GE(b3.capacity, 1000u);
+  EXPECT_TRUE(dev_->check_range(b3.address, 1000).ok());
+}
+
+TEST_F(ArenaTest, ShutdownWakesBlockedAcquire) {
+  RunResourceArena a(dev_.get(), 1);
+  auto r = *a.acquire(base::Deadline::forever());
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    a.shutdown();
+  });
+  auto s = a.acquire(base::Deadline::forever());
+  t.join();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace simpler::worker

@@ -1,0 +1,214 @@
+#include "simpler/worker/worker.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/status.h"
+
+namespace simpler::worker {
+
+absl::Status WorkerOptions::validate() const {
+  if (level != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.level ", level, " is not supported (only 2: one chip)"));
+  }
+  if (platform != "sim") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.platform '", platform, "' is unknown (available: sim)"));
+  }
+  if (device_id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.device_id ", device_id, " < 0"));
+  }
+  if (num_cores < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.num_cores ", num_cores, " < 0 (0 = one per hardware thread)"));
+  }
+  if (launch_depth < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.launch_depth ", launch_depth, " < 1"));
+  }
+  const int32_t grant = effective_grant();
+  if (run_grant < 0 || grant > kMaxRunGrant) {
+    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.run_grant ", run_grant,
+                                                   " outside [1, ", kMaxRunGrant, "]"));
+  }
+  if (grant < launch_depth) {
+    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.run_grant ", grant,
+                                                   " is below launch_depth ", launch_depth));
+  }
+  if (!(operation_timeout_s > 0) || std::isinf(operation_timeout_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WorkerOptions.operation_timeout_s must be finite and > 0, got ", operation_timeout_s));
+  }
+  return chip.validate();
+}
+
+absl::StatusOr<task::Tensor> DeviceBuffer::tensor(std::initializer_list<int64_t> shape,
+                                                  task::DataType dtype, uint64_t offset) const {
+  return tensor(std::vector<int64_t>(shape), dtype, offset);
+}
+
+absl::StatusOr<task::Tensor> DeviceBuffer::tensor(const std::vector<int64_t>& shape,
+                                                  task::DataType dtype, uint64_t offset) const {
+  SIMPLER_ASSIGN_OR_RETURN(
+      task::Tensor t, task::Tensor::contiguous(address + offset, shape.data(),
+                                               static_cast<int32_t>(shape.size()), dtype));
+  if (offset > bytes || t.span_bytes() > bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.debug_string(), " of ",
+                                                   t.span_bytes(), " bytes at offset ", offset,
+                                                   " exceeds the ", bytes, "-byte buffer"));
+  }
+  return t;
+}
+
+// --- ChipWorker ---
+
+ChipWorker::~ChipWorker() { (void)close(); }
+
+absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::ChipCallable>>*) {
+  device::SimDeviceOptions d;
+  d.device_id = options_.device_id;
+  d.num_cores = options_.num_cores;
+  d.memory_bytes = options_.device_memory_bytes;
+  if (options_.faults.has_value()) {
+    d.faults = *options_.faults;
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(d.faults, device::FaultPlan::from_env());
+  }
+  SIMPLER_ASSIGN_OR_RETURN(device_, device::create_sim_device(d));
+  SIMPLER_ASSIGN_OR_RETURN(stream_, device_->create_stream());
+  arena_ = std::make_unique<RunResourceArena>(device_.get(), options_.effective_grant());
+  LaneOptions lane;
+  lane.launch_depth = options_.launch_depth;
+  lane.operation_timeout_s = options_.operation_timeout_s;
+  lane.chip = options_.chip;
+  lane.trace = options_.trace;
+  lane_ = std::make_unique<ChipRunLane>(device_.get(), stream_, arena_.get(), lane);
+  return absl::OkStatus();
+}
+
+absl::Status ChipWorker::close() {
+  if (closed_ || !device_) return absl::OkStatus();
+  closed_ = true;
+  absl::Status s = lane_->close();  // drains while the device is still up
+  device_->close();  // joins every device thread; lane and arena stay for read-only queries
+  return s;
+}
+
+// --- Worker ---
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+
+Worker::~Worker() { (void)close(); }
+
+absl::StatusOr<CallableHandle> Worker::register_callable(task::ChipCallable callable) {
+  if (initialized_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("register_callable('", callable.name, "') after init()"));
+  }
+  SIMPLER_RETURN_IF_ERROR(callable.validate());
+  for (const auto& c : callables_) {
+    if (c->name == callable.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a callable named '", callable.name, "' is already registered"));
+    }
+  }
+  callables_.push_back(std::make_shared<const task::ChipCallable>(std::move(callable)));
+  return CallableHandle{static_cast<uint32_t>(callables_.size() - 1)};
+}
+
+absl::Status Worker::init() {
+  if (initialized_) return absl::FailedPreconditionError("Worker::init called twice");
+  SIMPLER_RETURN_IF_ERROR(options_.validate());
+  auto chip = std::make_unique<ChipWorker>(options_);
+  SIMPLER_RETURN_IF_ERROR(chip->init(&callables_));
+  chip_ = std::move(chip);
+  initialized_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Worker::check_ready() const {
+  if (!initialized_) return absl::FailedPreconditionError("Worker used before init()");
+  if (closed_) return absl::FailedPreconditionError("Worker used after close()");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceBuffer> Worker::malloc(uint64_t bytes) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, chip_->device().malloc(bytes));
+  base::MutexLock lock(buffers_mu_);
+  buffers_[addr] = bytes;
+  return DeviceBuffer{addr, bytes};
+}
+
+absl::Status Worker::free(const DeviceBuffer& buffer) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  {
+    base::MutexLock lock(buffers_mu_);
+    auto it = buffers_.find(buffer.address);
+    if (it == buffers_.end()) {
+      return absl::NotFoundError(absl::StrCat("free of 0x", absl::Hex(buffer.address),
+                                              ": not a live buffer of this Worker"));
+    }
+    SIMPLER_RETURN_IF_ERROR(chip_->lane().check_not_in_use(it->first, it->second));
+    buffers_.erase(it);
+  }
+  return chip_->device().free(buffer.address);
+}
+
+absl::Status Worker::copy_to(const DeviceBuffer& dst, const void* src, uint64_t bytes,
+                             uint64_t offset) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  if (offset > dst.bytes || bytes > dst.bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("copy_to of ", bytes, " bytes at offset ",
+                                                   offset, " exceeds the ", dst.bytes,
+                                                   "-byte buffer"));
+  }
+  chip_->lane().wait_idle();
+  return chip_->device().copy_to_device(dst.address + offset, src, bytes);
+}
+
+absl::Status Worker::copy_from(void* dst, const DeviceBuffer& src, uint64_t bytes,
+                               uint64_t offset) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  if (offset > src.bytes || bytes > src.bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("copy_from of ", bytes, " bytes at offset ",
+                                                   offset, " exceeds the ", src.bytes,
+                                                   "-byte buffer"));
+  }
+  chip_->lane().wait_idle();
+  return chip_->device().copy_from_device(dst, src.address + offset, bytes);
+}
+
+absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::TaskArgs& args,
+                                         const task::CallConfig& config,
+                                         double admission_timeout_s) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  if (callable.index >= callables_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown callable handle ", callable.index, " (", callables_.size(),
+                     " registered)"));
+  }
+  SIMPLER_ASSIGN_OR_RETURN(base::Deadline admission,
+                           base::deadline_from_seconds(admission_timeout_s));
+  return chip_->lane().submit(callables_[callable.index].get(), args, config, admission);
+}
+
+absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,
+                         const task::CallConfig& config) {
+  SIMPLER_ASSIGN_OR_RETURN(RunHandle h, submit(callable, args, config));
+  return h.wait();
+}
+
+absl::Status Worker::close() {
+  if (!initialized_ || closed_) return absl::OkStatus();
+  closed_ = true;
+  return chip_->close();
+}
+
+const device::DeviceCaps& Worker::caps() const { return chip_->device().caps(); }
+ArenaCounts Worker::resources() const { return chip_->arena().counts(); }
+LaneStats Worker::lane_stats() const { return chip_->lane().stats(); }
+device::Device& Worker::device() { return chip_->device(); }
+
+}  // namespace simpler::worker

@@ -1,0 +1,347 @@
+#include "simpler/worker/worker.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "worker/worker_test_util.h"
+
+namespace simpler::worker {
+namespace {
+
+using testing::affine_args;
+using testing::affine_program;
+using testing::counts_consistent;
+using testing::sleep_program;
+
+bool contains(const absl::Status& s, const std::string& needle) {
+  return std::string(s.message()).find(needle) != std::string::npos;
+}
+
+WorkerOptions opts(int depth = 1, int grant = 0) {
+  WorkerOptions o;
+  o.num_cores = 2;
+  o.launch_depth = depth;
+  o.run_grant = grant;
+  o.faults = device::FaultPlan();
+  o.operation_timeout_s = 10;
+  return o;
+}
+
+TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
+  {
+    Worker w(opts(2, 1));
+    absl::Status s = w.init();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(s, "run_grant 1 is below launch_depth 2")) << s;
+  }
+  {
+    WorkerOptions o = opts();
+    o.launch_depth = 0;
+    EXPECT_TRUE(contains(Worker(o).init(), "launch_depth 0"));
+  }
+  {
+    WorkerOptions o = opts();
+    o.run_grant = kMaxRunGrant + 1;
+    EXPECT_TRUE(contains(Worker(o).init(), "run_grant"));
+  }
+  {
+    WorkerOptions o = opts();
+    o.operation_timeout_s = std::nan("");
+    EXPECT_TRUE(contains(Worker(o).init(), "operation_timeout_s"));
+  }
+  {
+    WorkerOptions o = opts();
+    o.platform = "cuda";
+    EXPECT_TRUE(contains(Worker(o).init(), "platform 'cuda'"));
+  }
+  {
+    WorkerOptions o = opts();
+    o.level = 3;
+    EXPECT_TRUE(contains(Worker(o).init(), "level 3"));
+  }
+}
+
+TEST(WorkerInit, DefaultGrantIsDepthPlusOne) {
+  Worker w(opts(3));
+  ASSERT_TRUE(w.init().ok());
+  EXPECT_EQ(w.resources().grant, 4);
+  EXPECT_EQ(w.resources().free, 4);
+}
+
+TEST(WorkerInit, MalformedSimFaultsEnvironmentIsRefusedAtStartUp) {
+  WorkerOptions o = opts();
+  o.faults.reset();  // read the environment
+  ::setenv("SIMPLER_SIM_FAULTS", "run=1:task=0:kind=meltdown", 1);
+  Worker w(o);
+  absl::Status s = w.init();
+  ::unsetenv("SIMPLER_SIM_FAULTS");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(s, "SIMPLER_SIM_FAULTS")) << s;
+  EXPECT_TRUE(contains(s, "unknown kind 'meltdown'")) << s;
+}
+
+TEST(WorkerInit, SimFaultsEnvironmentIsApplied) {
+  WorkerOptions o = opts();
+  o.faults.reset();
+  ::setenv("SIMPLER_SIM_FAULTS", "run=0:task=0:kind=kernel_error", 1);
+  Worker w(o);
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  ::unsetenv("SIMPLER_SIM_FAULTS");
+  int64_t in = 1, out = 0;
+  EXPECT_EQ(w.run(*h, affine_args(&in, &out, 0)).code(), absl::StatusCode::kInternal);
+}
+
+TEST(WorkerRegistration, OnlyBeforeInitAndUniqueNames) {
+  Worker w(opts());
+  ASSERT_TRUE(w.register_callable(affine_program()).ok());
+  auto dup = w.register_callable(affine_program());
+  EXPECT_TRUE(contains(dup.status(), "already registered"));
+  task::ChipCallable broken{"broken", nullptr, {}};
+  EXPECT_EQ(w.register_callable(broken).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(w.init().ok());
+  EXPECT_EQ(w.register_callable(sleep_program()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.init().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerMemory, MallocCopyFreeWithBoundsChecks) {
+  Worker w(opts());
+  EXPECT_EQ(w.malloc(8).status().code(), absl::StatusCode::kFailedPrecondition);  // before init
+  ASSERT_TRUE(w.init().ok());
+  DeviceBuffer b = *w.malloc(32);
+  std::vector<uint8_t> in(32, 7), out(32, 0);
+  ASSERT_TRUE(w.copy_to(b, in.data(), 32).ok());
+  ASSERT_TRUE(w.copy_from(out.data(), b, 16, 16).ok());
+  EXPECT_EQ(out[0], 7);
+  EXPECT_TRUE(contains(w.copy_to(b, in.data(), 32, 1), "exceeds the 32-byte buffer"));
+  EXPECT_TRUE(contains(b.tensor({9}, task::DataType::kFloat32).status(), "exceeds"));
+  ASSERT_TRUE(w.free(b).ok());
+  EXPECT_EQ(w.free(b).code(), absl::StatusCode::kNotFound);
+}
+
+absl::Status touch_and_sleep(const task::KernelContext& ctx) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ctx.scalar_i64(1)));
+  ctx.tensor(0).data<int32_t>()[0] += 1;
+  return absl::OkStatus();
+}
+
+task::ChipCallable touch_program() {
+  return {"touch",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            task::TaskArgs a;
+            a.add_tensor(args.tensor(0), task::ArgDirection::kInOut).add_scalar_i64(args.scalar_i64(1));
+            return ctx.submit(0, a);
+          },
+          {{"touch", touch_and_sleep}}};
+}
+
+TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
+  Worker w(opts());
+  auto h = w.register_callable(touch_program());
+  ASSERT_TRUE(w.init().ok());
+  DeviceBuffer b = *w.malloc(4);
+  task::TaskArgs a;
+  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kInOut).add_scalar_i64(200);
+  RunHandle r = *w.submit(*h, a);
+  absl::Status s = w.free(b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(s, "in use by run 0")) << s;
+  ASSERT_TRUE(r.wait().ok());
+  int32_t v = 0;
+  ASSERT_TRUE(w.copy_from(&v, b, 4).ok());
+  EXPECT_EQ(v, 1);  // the buffer survived the refused free
+  EXPECT_TRUE(w.free(b).ok());
+}
+
+TEST(WorkerSubmit, DeviceTensorOutsideAnyAllocationIsRefusedAtSubmit) {
+  Worker w(opts());
+  auto h = w.register_callable(touch_program());
+  ASSERT_TRUE(w.init().ok());
+  DeviceBuffer b = *w.malloc(4);
+  task::TaskArgs a;
+  task::Tensor t = *b.tensor({1}, task::DataType::kInt32);
+  t.shape[0] = 2;
+  a.add_tensor(t, task::ArgDirection::kInOut).add_scalar_i64(0);
+  auto r = w.submit(*h, a);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(r.status(), "argument 0")) << r.status();
+  EXPECT_EQ(w.lane_stats().submitted, 0u);  // no identity was consumed
+  task::CallConfig bad;
+  bad.timeout_s = -1;
+  EXPECT_EQ(w.submit(*h, a, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.submit(CallableHandle{9}, a).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST(RunHandleWait, TimeoutTable) {
+  Worker w(opts());
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  task::TaskArgs a;
+  a.add_scalar_i64(300'000);  // 300 ms
+  RunHandle r = *w.submit(*h, a);
+  // NaN: refused, run untouched.
+  absl::Status nan = r.wait(std::nan(""));
+  EXPECT_EQ(nan.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(nan, "NaN"));
+  // Negative: polls once.
+  absl::Status poll = r.wait(-1.0);
+  EXPECT_EQ(poll.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(contains(poll, "run 0 not finished"));
+  // A short timeout expires and does not deliver.
+  EXPECT_EQ(r.wait(0.01).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(r.done());
+  // Beyond the clock's range: forever.
+  EXPECT_TRUE(r.wait(1e300).ok());
+  EXPECT_TRUE(r.wait(std::numeric_limits<double>::infinity()).ok());
+  EXPECT_TRUE(r.wait(-1.0).ok());  // done: a poll now succeeds
+  EXPECT_EQ(r.state(), RunState::kRetired);
+}
+
+TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
+  WorkerOptions o = opts();
+  o.faults = *device::FaultPlan::parse("run=0:task=1:kind=kernel_error");
+  Worker w(o);
+  // Task 0 sleeps 200 ms, task 1 fails.
+  auto h = w.register_callable(task::ChipCallable{
+      "slow_fail",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+        task::TaskArgs a;
+        a.add_scalar_i64(200'000);
+        SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+        return ctx.submit(0, a);
+      },
+      {{"sleep", testing::sleep_kernel}}});
+  ASSERT_TRUE(w.init().ok());
+  RunHandle r = *w.submit(*h, task::TaskArgs{});
+  EXPECT_EQ(r.wait(0.01).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(r.wait(-1).code(), absl::StatusCode::kDeadlineExceeded);
+  absl::Status c = w.close();
+  EXPECT_TRUE(r.done());
+  EXPECT_EQ(c.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(contains(c, "run 0 task 1 (kernel 'sleep')")) << c;
+  // wait after close still returns the run's own error.
+  EXPECT_EQ(r.wait().code(), absl::StatusCode::kInternal);
+}
+
+TEST(WorkerFaults, KernelErrorFailsOnlyItsRunAndCountersReturnToBaseline) {
+  WorkerOptions o = opts(2);
+  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=kernel_error:code=7");
+  Worker w(o);
+  auto h = w.register_callable(affine_program(3));
+  ASSERT_TRUE(w.init().ok());
+  int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 4; ++i) hs.push_back(*w.submit(*h, affine_args(&in[i], &out[i], 10)));
+  EXPECT_TRUE(hs[0].wait().ok());
+  absl::Status s = hs[1].wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(contains(s, "run 1 task 0 (kernel 'affine')")) << s;
+  EXPECT_TRUE(contains(s, "code 7")) << s;
+  EXPECT_EQ(hs[1].result().terminal_state, RunState::kFailed);
+  EXPECT_TRUE(hs[2].wait().ok());
+  EXPECT_TRUE(hs[3].wait().ok());
+  EXPECT_EQ(out[0], 13);
+  EXPECT_EQ(out[2], 19);
+  EXPECT_EQ(out[3], 22);
+  EXPECT_TRUE(w.lane_stats().in_flight == 0);
+  ArenaCounts c = w.resources();
+  EXPECT_EQ(c.free, c.grant);
+  EXPECT_TRUE(w.lane_stats().launched == 0);
+  // Still healthy.
+  EXPECT_TRUE(w.run(*h, affine_args(&in[0], &out[0], 0)).ok());
+  EXPECT_TRUE(w.close().ok());  // the error was delivered
+}
+
+TEST(WorkerFaults, DeviceFaultPoisonsTheLane) {
+  WorkerOptions o = opts(2, 4);
+  o.faults = *device::FaultPlan::parse("run=1:task=1:kind=device_fault:code=507018");
+  Worker w(o);
+  auto h = w.register_callable(affine_program(3));
+  ASSERT_TRUE(w.init().ok());
+  int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 4; ++i) {
+    auto r = w.submit(*h, affine_args(&in[i], &out[i], 0));
+    if (!r.ok()) break;  // refused once the poison landed
+    hs.push_back(*r);
+  }
+  ASSERT_GE(hs.size(), 2u);
+  EXPECT_TRUE(hs[0].wait().ok());
+  absl::Status s = hs[1].wait();
+  EXPECT_TRUE(base::is_unrecoverable(s));
+  EXPECT_TRUE(contains(s, "run 1 task 1 (kernel 'affine')")) << s;
+  EXPECT_TRUE(contains(s, "507018")) << s;
+  for (size_t i = 2; i < hs.size(); ++i) {
+    absl::Status later = hs[i].wait();
+    EXPECT_TRUE(contains(later, "lane poisoned by run 1")) << later;
+  }
+  auto refused = w.submit(*h, affine_args(&in[0], &out[0], 0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(refused.status(), "lane poisoned by run 1: ")) << refused.status();
+  ArenaCounts c = w.resources();
+  EXPECT_TRUE(counts_consistent(c));
+  EXPECT_EQ(c.quarantined, 1);
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
+  WorkerOptions o = opts(2);
+  o.operation_timeout_s = 0.3;
+  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=hang");
+  Worker w(o);
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  int64_t in[3] = {1, 2, 3}, out[3] = {};
+  RunHandle r0 = *w.submit(*h, affine_args(&in[0], &out[0], 0));
+  RunHandle r1 = *w.submit(*h, affine_args(&in[1], &out[1], 0));
+  auto r2 = w.submit(*h, affine_args(&in[2], &out[2], 0));
+  EXPECT_TRUE(r0.wait().ok());
+  absl::Status s = r1.wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(contains(s, "run 1 did not finish within the operation timeout of 0.3 s")) << s;
+  if (r2.ok()) EXPECT_TRUE(contains(r2->wait(), "lane poisoned by run 1"));
+  EXPECT_EQ(w.resources().quarantined, 1);
+  EXPECT_TRUE(counts_consistent(w.resources()));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(w.close().ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(WorkerClose, ReturnsTheFirstUndeliveredErrorCountingTheOthers) {
+  WorkerOptions o = opts(1, 4);
+  o.faults = *device::FaultPlan::parse(
+      "run=1:task=0:kind=kernel_error,run=2:task=0:kind=kernel_error,run=4:task=0:kind=kernel_error");
+  Worker w(o);
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  int64_t in = 1, out[6] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 6; ++i) hs.push_back(*w.submit(*h, affine_args(&in, &out[i], 0)));
+  EXPECT_FALSE(hs[2].wait().ok());  // delivered: not reported again
+  hs.clear();                        // dropped unwaited
+  absl::Status c = w.close();
+  EXPECT_EQ(c.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(contains(c, "run 1 task 0")) << c;
+  EXPECT_TRUE(contains(c, "(and 1 more undelivered run error)")) << c;
+  EXPECT_TRUE(w.close().ok());  // idempotent
+  EXPECT_EQ(w.submit(*h, affine_args(&in, &out[0], 0)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerRun, RunIsSubmitThenWait) {
+  Worker w(opts());
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  int64_t in = 5, out = 0;
+  ASSERT_TRUE(w.run(*h, affine_args(&in, &out, 1)).ok());
+  EXPECT_EQ(out, 16);
+  EXPECT_EQ(w.lane_stats().submitted, 1u);
+}
+
+}  // namespace
+}  // namespace simpler::worker

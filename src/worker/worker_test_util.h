@@ -1,0 +1,70 @@
+// Shared helpers of the worker tests.
+#pragma once
+
+#include <chrono>
+#include <thread>
+
+#include "simpler/base/status.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::worker::testing {
+
+// out[0] = 3 * in[0] + scalar(2); INOUT-free so runs are independent.
+inline absl::Status affine_kernel(const task::KernelContext& ctx) {
+  const int64_t x = ctx.tensor(0).data<int64_t>()[0];
+  ctx.tensor(1).data<int64_t>()[0] = 3 * x + ctx.scalar_i64(2);
+  return absl::OkStatus();
+}
+
+// Sleeps scalar(0) microseconds.
+inline absl::Status sleep_kernel(const task::KernelContext& ctx) {
+  std::this_thread::sleep_for(std::chrono::microseconds(ctx.scalar_i64(0)));
+  return absl::OkStatus();
+}
+
+// A program of `tasks` affine tasks (a chain over the run's HOST args: in -> out),
+// the first computing out = 3*in + k, later ones recomputing the same value.
+inline task::ChipCallable affine_program(int tasks = 1) {
+  return task::ChipCallable{
+      "affine",
+      [tasks](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+        for (int i = 0; i < tasks; ++i) {
+          task::TaskArgs a;
+          a.add_tensor(args.tensor(0), task::ArgDirection::kIn)
+              .add_tensor(args.tensor(1), task::ArgDirection::kOut)
+              .add_scalar_i64(args.scalar_i64(2));
+          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+        }
+        return absl::OkStatus();
+      },
+      {{"affine", affine_kernel}}};
+}
+
+inline task::ChipCallable sleep_program() {
+  return task::ChipCallable{"sleep",
+                            [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              task::TaskArgs a;
+                              a.add_scalar_i64(args.scalar_i64(0));
+                              return ctx.submit(0, a);
+                            },
+                            {{"sleep", sleep_kernel}}};
+}
+
+// Args for affine_program over host cells `in` and `out`.
+inline task::TaskArgs affine_args(int64_t* in, int64_t* out, int64_t k) {
+  task::TaskArgs a;
+  a.add_tensor(*task::Tensor::contiguous(reinterpret_cast<uintptr_t>(in), {1},
+                                         task::DataType::kInt64, task::MemoryKind::kHost),
+               task::ArgDirection::kIn);
+  a.add_tensor(*task::Tensor::contiguous(reinterpret_cast<uintptr_t>(out), {1},
+                                         task::DataType::kInt64, task::MemoryKind::kHost),
+               task::ArgDirection::kOut);
+  a.add_scalar_i64(k);
+  return a;
+}
+
+inline bool counts_consistent(const ArenaCounts& c) {
+  return c.free + c.live + c.quarantined == c.grant;
+}
+
+}  // namespace simpler::worker::testing
