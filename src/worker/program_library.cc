@@ -1,0 +1,181 @@
+#include "simpler/worker/program_library.h"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/status.h"
+
+namespace simpler::worker {
+
+namespace {
+
+class CollectingRegistry final : public task::ProgramRegistry {
+ public:
+  void add_callable(task::ChipCallable c) override { callables.push_back(std::move(c)); }
+  void add_self_check(task::SelfCheck c) override { checks.push_back(std::move(c)); }
+  std::vector<task::ChipCallable> callables;
+  std::vector<task::SelfCheck> checks;
+};
+
+}  // namespace
+
+ProgramLibrary::ProgramLibrary(ProgramLibrary&& o) noexcept { *this = std::move(o); }
+
+ProgramLibrary& ProgramLibrary::operator=(ProgramLibrary&& o) noexcept {
+  if (this != &o) {
+    if (handle_ != nullptr) {
+      callables_.clear();
+      ::dlclose(handle_);
+    }
+    handle_ = o.handle_;
+    o.handle_ = nullptr;
+    name_ = std::move(o.name_);
+    callables_ = std::move(o.callables_);
+    checks_ = std::move(o.checks_);
+  }
+  return *this;
+}
+
+ProgramLibrary::~ProgramLibrary() {
+  callables_.clear();  // std::function targets may live in the library
+  checks_.clear();
+  if (handle_ != nullptr) ::dlclose(handle_);
+}
+
+absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
+  ProgramLibrary lib;
+  lib.handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib.handle_ == nullptr) {
+    const char* err = ::dlerror();
+    return absl::NotFoundError(
+        absl::StrCat("cannot load program library '", path, "': ", err ? err : "unknown error"));
+  }
+  ::dlerror();
+  void* sym = ::dlsym(lib.handle_, task::kProgramEntrySymbol);
+  if (sym == nullptr) {
+    return absl::NotFoundError(absl::StrCat("program library '", path, "' does not export '",
+                                            task::kProgramEntrySymbol, "'"));
+  }
+  auto entry = reinterpret_cast<SimplerProgramEntryFn>(sym);
+  const SimplerProgramAbi* abi = entry();
+  if (abi == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("program library '", path, "': ", task::kProgramEntrySymbol,
+                     "() returned null"));
+  }
+  if (abi->abi_version != task::kProgramAbiVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("program library '", path, "' was built for program ABI ", abi->abi_version,
+                     "; this simpler is ABI ", task::kProgramAbiVersion, " — rebuild it"));
+  }
+  lib.name_ = abi->name != nullptr ? abi->name : path;
+  CollectingRegistry reg;
+  if (abi->register_program == nullptr) {
+    return absl::InternalError(absl::StrCat("program library '", path, "' has no register_program"));
+  }
+  if (int rc = abi->register_program(&reg); rc != 0) {
+    return absl::InternalError(
+        absl::StrCat("program library '", path, "': register_program failed with code ", rc));
+  }
+  for (const auto& c : reg.callables) {
+    SIMPLER_RETURN_IF_ERROR(
+        base::annotate(c.validate(), absl::StrCat("program library '", path, "': ")));
+  }
+  for (const auto& chk : reg.checks) {
+    bool found = false;
+    for (const auto& c : reg.callables) found = found || c.name == chk.callable;
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat("program library '", path, "': self-check '",
+                                                     chk.name, "' names unknown callable '",
+                                                     chk.callable, "'"));
+    }
+  }
+  lib.callables_ = std::move(reg.callables);
+  lib.checks_ = std::move(reg.checks);
+  return lib;
+}
+
+absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrary& lib,
+                                                             const WorkerOptions& options,
+                                                             int repeats) {
+  Worker worker(options);
+  std::map<std::string, CallableHandle> handles;
+  for (const auto& c : lib.callables()) {
+    SIMPLER_ASSIGN_OR_RETURN(handles[c.name], worker.register_callable(c));
+  }
+  SIMPLER_RETURN_IF_ERROR(worker.init());
+
+  struct Pending {
+    const task::SelfCheck* check;
+    std::vector<std::vector<float>> outputs;  // host staging per output arg
+    RunHandle handle;
+  };
+  std::vector<DeviceBuffer> inputs;
+  std::vector<Pending> pending;
+  pending.reserve(lib.self_checks().size() * std::max(1, repeats));
+  for (int rep = 0; rep < std::max(1, repeats); ++rep) {
+    for (const auto& chk : lib.self_checks()) {
+      Pending p{&chk, {}, {}};
+      p.outputs.reserve(chk.args.size());
+      task::TaskArgs args;
+      for (size_t i = 0; i < chk.args.size(); ++i) {
+        const auto& a = chk.args[i];
+        if (a.kind == task::SelfCheckArg::Kind::kScalar) {
+          args.add_scalar(a.scalar);
+          continue;
+        }
+        int64_t numel = 1;
+        for (int64_t d : a.shape) numel *= d;
+        if (static_cast<int64_t>(a.data.size()) != numel) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("self-check '", chk.name, "' argument ", i, ": ", a.data.size(),
+                           " values for a shape of ", numel, " elements"));
+        }
+        if (a.kind == task::SelfCheckArg::Kind::kInput) {
+          SIMPLER_ASSIGN_OR_RETURN(DeviceBuffer b, worker.malloc(std::max<int64_t>(numel, 1) * 4));
+          SIMPLER_RETURN_IF_ERROR(worker.copy_to(b, a.data.data(), numel * 4));
+          inputs.push_back(b);
+          SIMPLER_ASSIGN_OR_RETURN(task::Tensor t, b.tensor(a.shape, task::DataType::kFloat32));
+          args.add_tensor(t, task::ArgDirection::kIn);
+        } else {
+          p.outputs.emplace_back(numel, 0.0f);
+          SIMPLER_ASSIGN_OR_RETURN(
+              task::Tensor t,
+              task::Tensor::contiguous(reinterpret_cast<uintptr_t>(p.outputs.back().data()),
+                                       a.shape.data(), static_cast<int32_t>(a.shape.size()),
+                                       task::DataType::kFloat32, task::MemoryKind::kHost));
+          args.add_tensor(t, task::ArgDirection::kOut);
+        }
+      }
+      SIMPLER_ASSIGN_OR_RETURN(p.handle, worker.submit(handles[chk.callable], args));
+      pending.push_back(std::move(p));
+    }
+  }
+  std::vector<SelfCheckResult> results;
+  for (auto& p : pending) {
+    SIMPLER_RETURN_IF_ERROR(
+        base::annotate(p.handle.wait(), absl::StrCat("self-check '", p.check->name, "': ")));
+    SelfCheckResult r;
+    r.name = p.check->name;
+    r.tolerance = p.check->tolerance;
+    r.run = p.handle.result();
+    size_t out = 0;
+    for (const auto& a : p.check->args) {
+      if (a.kind != task::SelfCheckArg::Kind::kOutput) continue;
+      const auto& got = p.outputs[out++];
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double e = std::fabs(static_cast<double>(got[i]) - a.data[i]);
+        if (std::isnan(e) || e > r.max_abs_error) r.max_abs_error = std::isnan(e) ? INFINITY : e;
+      }
+    }
+    r.passed = r.max_abs_error <= r.tolerance;
+    results.push_back(std::move(r));
+  }
+  SIMPLER_RETURN_IF_ERROR(worker.close());
+  return results;
+}
+
+}  // namespace simpler::worker
