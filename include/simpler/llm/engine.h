@@ -1,0 +1,119 @@
+// Qwen3Engine: a Qwen3 model on a Worker, decoding batches of requests through
+// a paged KV cache. Each decode step is one run of the decode program
+// (qwen3_program.h) for the whole batch; prompts go through the same decode
+// path one position per step (the LM head is computed only at rows that need
+// logits: a request's last prompt position and its decode positions).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/llm/model_config.h"
+#include "simpler/llm/qwen3_program.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::llm {
+
+struct EngineOptions {
+  worker::WorkerOptions worker;  // device, cores, launch depth, grant, timeout, trace
+  int32_t page_size = 16;        // tokens per KV page (> 0)
+  // KV pages in the pool; 0 = sized for the requests of generate(): the sum
+  // over requests of pages_needed(prompt + max_new_tokens).
+  int32_t num_pages = 0;
+};
+
+// Per-request output.
+struct RequestResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> tokens;  // generated ids; includes the stop id when one stopped it
+  std::string finish_reason;    // "stop" (a stop id) or "length" (max_new_tokens)
+  std::vector<int32_t> pages;   // KV pages the request held when it finished
+  // Logits (f32 [V]) at requested decode steps (step s picks generated token s).
+  std::map<int32_t, std::vector<float>> logits;
+  // K and V read back from the page pool at requested positions: [layers][kv_heads·head_dim].
+  struct Kv {
+    std::vector<std::vector<float>> k, v;
+  };
+  std::map<int64_t, Kv> kv;
+};
+
+struct GenerateOptions {
+  int32_t max_new_tokens = 32;  // >= 1
+  std::set<int32_t> stop_ids;   // a request stops after generating one of these
+  std::set<int32_t> logits_steps;
+  std::set<int64_t> kv_positions;
+  // Called after every step with (step, total_steps_upper_bound); on the caller's thread.
+  std::function<void(int64_t step, int64_t steps_bound)> progress;
+};
+
+struct GenerateStats {
+  int64_t steps = 0;            // runs submitted (one per step)
+  int64_t prompt_tokens = 0;    // summed over requests
+  int64_t generated_tokens = 0;
+  double total_ms = 0;
+  double prefill_ms = 0;        // until every request produced its first token
+  double decode_ms = 0;         // after that
+  std::vector<double> step_ms;  // host wall time per step
+  std::vector<double> device_step_us;  // device time per step (run start..end)
+};
+
+struct GenerateResult {
+  std::vector<RequestResult> requests;
+  GenerateStats stats;
+};
+
+// Owns a Worker with the decode program registered, the model's weights in
+// device memory (f32, uploaded once), the scratch activations and the KV page
+// pool. Thread-compatible: one thread drives generate().
+class Qwen3Engine {
+ public:
+  // Loads config, weights (converted to f32) and uploads them. `max_batch`
+  // requests at most per step; `num_pages` pages of options.page_size tokens.
+  // Errors name the file and tensor (see ModelWeights) or the option.
+  static absl::StatusOr<std::unique_ptr<Qwen3Engine>> create(const std::string& model_dir,
+                                                             const EngineOptions& options,
+                                                             int32_t max_batch, int32_t num_pages);
+
+  // KV pages needed by `prompts` with `max_new_tokens` each.
+  static int32_t pages_for(const std::vector<std::vector<int32_t>>& prompts,
+                           int32_t max_new_tokens, int32_t page_size);
+
+  // Decodes every prompt (ids) greedily until a stop id or max_new_tokens, all
+  // requests batched per step. INVALID_ARGUMENT for an empty prompt, an id
+  // outside the vocabulary, more requests than max_batch, or prompt +
+  // max_new_tokens beyond max_position_embeddings; RESOURCE_EXHAUSTED when the
+  // page pool is too small; run errors from the Worker.
+  absl::StatusOr<GenerateResult> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                          const GenerateOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const Qwen3Dims& dims() const { return dims_; }
+  worker::Worker& worker() { return *worker_; }
+  // f32 bytes of every weight a decode step streams (projections, norms, LM head).
+  uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
+  absl::Status close();
+
+ private:
+  Qwen3Engine() = default;
+  ModelConfig config_;
+  Qwen3Dims dims_;
+  EngineOptions options_;
+  int32_t max_batch_ = 0;
+  int32_t num_pages_ = 0;
+  std::unique_ptr<worker::Worker> worker_;
+  worker::CallableHandle decode_;
+  std::vector<worker::DeviceBuffer> buffers_;
+  worker::DeviceBuffer kv_buffer_;
+  Qwen3KvPools kv_pools_;
+  uint64_t weight_bytes_per_step_ = 0;
+  struct Holder;
+  std::shared_ptr<Holder> holder_;
+};
+
+}  // namespace simpler::llm

@@ -1,0 +1,116 @@
+// Host-side bookkeeping of the paged KV cache: which pages of the device pool
+// are free, which request owns each page, and each request's block table.
+//
+// The device pool itself is one tensor per layer and K/V,
+// [num_pages, page_size, n_kv_heads, head_dim] (see qwen3_program.h); token t of
+// a request lives in page pages()[t / page_size] at offset t % page_size, i.e.
+// at slot page · page_size + offset. Pages are private to the request that
+// allocated them, never shared (ARCHITECTURE.md, clone requests).
+//
+// Lifetime rule (ARCHITECTURE.md, LLM path): a page may go back to the pool
+// only after the last run that reads it retired; the caller (the engine loop)
+// decides when that is and then calls BlockTable::release / PagePool::free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace simpler::llm {
+
+// Number of pages holding `tokens` tokens: ceil(tokens / page_size); 0 for
+// tokens <= 0. Requires page_size > 0 (aborts otherwise: a program bug).
+int64_t pages_needed(int64_t tokens, int64_t page_size);
+
+// Pages for `num_requests` requests that each hold at most
+// min(prompt_len + max_new_tokens, max_position_embeddings) tokens:
+// num_requests · pages_needed(that, page_size). INVALID_ARGUMENT naming the
+// field when page_size or max_position_embeddings <= 0, a count is negative,
+// or the total does not fit int32.
+absl::StatusOr<int32_t> default_num_pages(int64_t prompt_len, int64_t max_new_tokens,
+                                          int64_t num_requests, int64_t page_size,
+                                          int64_t max_position_embeddings);
+
+// The free list of a pool of `num_pages` pages of `page_size` tokens each,
+// with the owning request of every allocated page. Pages are handed out
+// lowest id first among the free ones that were never used, then most recently
+// freed first. Owned by the engine loop for the pool's lifetime.
+// Thread-compatible.
+class PagePool {
+ public:
+  // INVALID_ARGUMENT when num_pages < 0 or page_size <= 0.
+  static absl::StatusOr<PagePool> create(int32_t num_pages, int32_t page_size);
+
+  int32_t num_pages() const { return static_cast<int32_t>(owner_.size()); }
+  int32_t page_size() const { return page_size_; }
+  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
+  int32_t num_used() const { return num_pages() - num_free(); }
+
+  // One page for `request_id`. RESOURCE_EXHAUSTED naming the request and the
+  // pool's counts when no page is free.
+  absl::StatusOr<int32_t> allocate(uint64_t request_id);
+  // `count` pages for `request_id`, all or nothing. RESOURCE_EXHAUSTED naming
+  // the request, the count asked and the pages free; INVALID_ARGUMENT when
+  // count < 0.
+  absl::StatusOr<std::vector<int32_t>> allocate(uint64_t request_id, int32_t count);
+
+  // Returns `page` to the pool. OUT_OF_RANGE for a page id outside the pool;
+  // FAILED_PRECONDITION when the page is free already or owned by another
+  // request (the message names both requests).
+  absl::Status free(uint64_t request_id, int32_t page);
+
+  // True when `page` is allocated; its owner then is owner(page).
+  bool is_allocated(int32_t page) const;
+  // The request owning an allocated page (unspecified for a free page).
+  uint64_t owner(int32_t page) const;
+
+ private:
+  PagePool(int32_t num_pages, int32_t page_size);
+
+  int32_t page_size_ = 0;
+  std::vector<int32_t> free_;    // stack: back() is handed out next
+  std::vector<uint64_t> owner_;  // per page
+  std::vector<bool> allocated_;  // per page
+};
+
+// One request's block table: its pages in token order and its context length.
+// Owned by the request's state in the engine loop; its pages belong to it
+// until release(). Thread-compatible.
+class BlockTable {
+ public:
+  explicit BlockTable(uint64_t request_id) : request_id_(request_id) {}
+
+  uint64_t request_id() const { return request_id_; }
+  // Tokens appended so far (= the context length after the last append).
+  int64_t context_len() const { return context_len_; }
+  const std::vector<int32_t>& pages() const { return pages_; }
+
+  // Appends one token at position context_len(), allocating a page from `pool`
+  // when the current page is full (or there is none), and returns its slot
+  // (page · page_size + offset). RESOURCE_EXHAUSTED from the pool leaves the
+  // table unchanged.
+  absl::StatusOr<int32_t> append_token(PagePool& pool);
+
+  // The slot of an already appended position. OUT_OF_RANGE outside
+  // [0, context_len()).
+  absl::StatusOr<int32_t> slot_of(int64_t position, int32_t page_size) const;
+
+  // Writes pages() into row[0 .. max_blocks), padding the rest with -1.
+  // OUT_OF_RANGE naming the request when it holds more than max_blocks pages.
+  absl::Status fill_row(int32_t* row, int64_t max_blocks) const;
+
+  // Returns every page to `pool` and resets the table to empty. Call only
+  // after the last run reading these pages retired. Errors from
+  // PagePool::free (a page not owned by this request) are returned after all
+  // other pages were freed.
+  absl::Status release(PagePool& pool);
+
+ private:
+  uint64_t request_id_ = 0;
+  int64_t context_len_ = 0;
+  std::vector<int32_t> pages_;
+};
+
+}  // namespace simpler::llm

@@ -1,0 +1,186 @@
+#include "cli/bench_runtime.h"
+
+#include <sys/resource.h>
+#include <time.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/status.h"
+
+namespace simpler::cli {
+
+namespace {
+
+absl::Status empty_kernel(const task::KernelContext&) { return absl::OkStatus(); }
+
+// Spins scalar(0) ns on the core.
+absl::Status spin_kernel(const task::KernelContext& ctx) {
+  const int64_t until = base::now_ns() + ctx.scalar_i64(0);
+  while (base::now_ns() < until) {
+  }
+  return absl::OkStatus();
+}
+
+void spin_for_ns(int64_t ns) {
+  const int64_t until = base::now_ns() + ns;
+  while (base::now_ns() < until) {
+  }
+}
+
+double thread_cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOptions& options,
+                                                        int64_t tasks) {
+  if (tasks <= 0) return absl::InvalidArgumentError("bench dispatch: --tasks must be > 0");
+  worker::Worker w(options);
+  // Run args: 0 = slots buffer (int64 [tasks] DEVICE), scalar 1 = pattern.
+  auto prog = w.register_callable(task::ChipCallable{
+      "dispatch",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+        const task::Tensor& slots = args.tensor(0);
+        const int64_t n = slots.shape[0];
+        const int64_t pattern = args.scalar_i64(1);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t slot = pattern == 0 ? i : (pattern == 1 ? 0 : i % 8);
+          task::Tensor t = slots;
+          t.address = slots.address + slot * 8;
+          t.shape[0] = 1;
+          task::TaskArgs a;
+          a.add_tensor(t, task::ArgDirection::kInOut);
+          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+        }
+        return absl::OkStatus();
+      },
+      {{"empty", empty_kernel}}});
+  SIMPLER_RETURN_IF_ERROR(prog.status());
+  SIMPLER_RETURN_IF_ERROR(w.init());
+  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(tasks * 8));
+  SIMPLER_ASSIGN_OR_RETURN(task::Tensor slots, buf.tensor({tasks}, task::DataType::kInt64));
+  std::vector<DispatchRow> rows;
+  const char* names[] = {"independent", "chain", "8_chains"};
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    task::TaskArgs args;
+    args.add_tensor(slots, task::ArgDirection::kInOut).add_scalar_i64(pattern);
+    task::CallConfig cfg;
+    cfg.task_timing = false;
+    const int64_t t0 = base::now_ns();
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(*prog, args, cfg));
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    const int64_t t1 = base::now_ns();
+    const auto& r = h.result();
+    DispatchRow row;
+    row.pattern = names[pattern];
+    row.tasks = tasks;
+    row.ns_per_task =
+        static_cast<double>(r.timing.device_end_ns - r.timing.device_start_ns) / tasks;
+    row.wall_ms = (t1 - t0) / 1e6;
+    rows.push_back(row);
+  }
+  SIMPLER_RETURN_IF_ERROR(w.close());
+  return rows;
+}
+
+absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions options,
+                                                        const std::vector<int>& depths,
+                                                        double device_us,
+                                                        const std::vector<double>& host_us,
+                                                        int runs) {
+  if (runs < 2) return absl::InvalidArgumentError("bench pipeline: --runs must be >= 2");
+  std::vector<PipelineRow> rows;
+  for (double h_us : host_us) {
+    for (int depth : depths) {
+      options.launch_depth = depth;
+      options.run_grant = 0;
+      options.num_cores = 1;
+      worker::Worker w(options);
+      auto prog = w.register_callable(task::ChipCallable{
+          "spin",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            task::TaskArgs a;
+            a.add_scalar_i64(args.scalar_i64(0));
+            return ctx.submit(0, a);
+          },
+          {{"spin", spin_kernel}}});
+      SIMPLER_RETURN_IF_ERROR(prog.status());
+      SIMPLER_RETURN_IF_ERROR(w.init());
+      task::TaskArgs args;
+      args.add_scalar_i64(static_cast<int64_t>(device_us * 1000));
+      std::vector<worker::RunHandle> handles;
+      handles.reserve(runs);
+      const double cpu0 = thread_cpu_us();
+      const int64_t t0 = base::now_ns();
+      for (int i = 0; i < runs; ++i) {
+        // Keep at most `depth` runs outstanding from the host's point of view.
+        if (i >= depth) SIMPLER_RETURN_IF_ERROR(handles[i - depth].wait());
+        spin_for_ns(static_cast<int64_t>(h_us * 1000));  // host prepare
+        SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(*prog, args));
+        handles.push_back(h);
+      }
+      for (auto& h : handles) SIMPLER_RETURN_IF_ERROR(h.wait());
+      const int64_t t1 = base::now_ns();
+      const double cpu1 = thread_cpu_us();
+      std::vector<double> gaps;
+      double busy_ns = 0;
+      for (int i = 0; i < runs; ++i) {
+        const auto& r = handles[i].result();
+        if (r.report.tasks.empty()) return absl::InternalError("bench pipeline: no task timing");
+        busy_ns += r.report.tasks.front().end_ns - r.report.tasks.front().start_ns;
+        if (i > 0) {
+          const auto& prev = handles[i - 1].result();
+          gaps.push_back((r.report.tasks.front().start_ns - prev.report.tasks.back().end_ns) /
+                         1e3);
+        }
+      }
+      const auto& first = handles.front().result();
+      const auto& last = handles.back().result();
+      const double span_ns = last.report.tasks.back().end_ns - first.report.tasks.front().start_ns;
+      PipelineRow row;
+      row.depth = depth;
+      row.host_us = h_us;
+      row.device_us = device_us;
+      row.runs = runs;
+      row.runs_per_s = runs / ((t1 - t0) / 1e9);
+      row.device_busy = span_ns > 0 ? busy_ns / span_ns : 0;
+      row.gap_us_p50 = percentile(gaps, 0.5);
+      row.gap_us_p99 = percentile(gaps, 0.99);
+      row.host_cpu_us_per_run = (cpu1 - cpu0) / runs;
+      rows.push_back(row);
+      SIMPLER_RETURN_IF_ERROR(w.close());
+    }
+  }
+  return rows;
+}
+
+nlohmann::json to_json(const DispatchRow& r) {
+  return {{"pattern", r.pattern}, {"tasks", r.tasks}, {"ns_per_task", r.ns_per_task},
+          {"wall_ms", r.wall_ms}};
+}
+
+nlohmann::json to_json(const PipelineRow& r) {
+  return {{"depth", r.depth},
+          {"host_us", r.host_us},
+          {"device_us", r.device_us},
+          {"runs", r.runs},
+          {"runs_per_s", r.runs_per_s},
+          {"device_busy", r.device_busy},
+          {"gap_us_p50", r.gap_us_p50},
+          {"gap_us_p99", r.gap_us_p99},
+          {"host_cpu_us_per_run", r.host_cpu_us_per_run}};
+}
+
+}  // namespace simpler::cli

@@ -1,0 +1,53 @@
+// Runtime benchmarks behind `simpler bench dispatch` and `simpler bench pipeline`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "simpler/worker/worker.h"
+
+namespace simpler::cli {
+
+// One dispatch pattern's result: ns per task of the device-side run time
+// (device end - device start) / tasks, and host wall time of the whole run.
+struct DispatchRow {
+  std::string pattern;  // "independent", "chain", "8_chains"
+  int64_t tasks = 0;
+  double ns_per_task = 0;
+  double wall_ms = 0;
+};
+
+// Runs `tasks` empty kernels per pattern, dependencies inferred by the TensorMap.
+absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOptions& options,
+                                                        int64_t tasks);
+
+// One pipeline row. Times in µs.
+struct PipelineRow {
+  int depth = 1;
+  double host_us = 0;
+  double device_us = 0;
+  int runs = 0;
+  double runs_per_s = 0;
+  double device_busy = 0;  // sum of device run time / wall span of the device runs
+  double gap_us_p50 = 0;   // first task start of run k+1 - last task end of run k
+  double gap_us_p99 = 0;
+  double host_cpu_us_per_run = 0;  // CPU time of the submitting thread per run
+};
+
+// For each depth in `depths` and each host time H in `host_us`: a program of
+// one task spinning `device_us` µs on one core; the host spins H µs of
+// "prepare" per run and keeps at most `depth` runs outstanding (at depth 1 it
+// waits for run k before preparing k+1, as a decode loop that needs run k's
+// token on the host must).
+absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions options,
+                                                        const std::vector<int>& depths,
+                                                        double device_us,
+                                                        const std::vector<double>& host_us,
+                                                        int runs);
+
+nlohmann::json to_json(const DispatchRow& r);
+nlohmann::json to_json(const PipelineRow& r);
+
+}  // namespace simpler::cli

@@ -1,0 +1,95 @@
+// `simpler bench dispatch|pipeline|decode`.
+#include <cstdio>
+#include <iostream>
+
+#include "cli/bench_runtime.h"
+#include "cli/commands.h"
+
+namespace simpler::cli {
+
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
+                     int batch);
+
+Runner add_bench_commands(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "benchmarks; each prints its numbers");
+  bench->require_subcommand(1);
+
+  struct State {
+    CommonOptions dispatch_common, pipeline_common, decode_common;
+    int64_t tasks = 100000;
+    std::vector<int> depths{1, 2, 4};
+    double device_us = 1000;
+    int runs = 200;
+    std::string model;
+    int steps = 32;
+    int batch = 1;
+  };
+  auto st = std::make_shared<State>();
+
+  auto* dispatch = bench->add_subcommand("dispatch", "ns per task for empty kernels");
+  dispatch->add_option("--tasks", st->tasks, "tasks per pattern")->check(CLI::PositiveNumber);
+  st->dispatch_common.add_to(dispatch);
+
+  auto* pipeline = bench->add_subcommand("pipeline", "early enqueue: depth vs host/device time");
+  pipeline->add_option("--depths", st->depths, "launch depths")->delimiter(',');
+  pipeline->add_option("--device-us", st->device_us, "device time D per run, µs")
+      ->check(CLI::PositiveNumber);
+  pipeline->add_option("--runs", st->runs, "runs per row")->check(CLI::Range(2, 1000000));
+  st->pipeline_common.add_to(pipeline);
+
+  auto* decode = bench->add_subcommand("decode", "decode step time and weight bandwidth");
+  decode->add_option("--model", st->model, "model directory")->required();
+  decode->add_option("--steps", st->steps, "decode steps to time")->check(CLI::PositiveNumber);
+  decode->add_option("--batch", st->batch, "requests per step")->check(CLI::PositiveNumber);
+  st->decode_common.add_to(decode);
+
+  return [=]() -> int {
+    if (!bench->parsed()) return -1;
+    if (dispatch->parsed()) {
+      base::TraceRecorder trace;
+      auto rows = bench_dispatch(st->dispatch_common.worker_options(&trace), st->tasks);
+      if (!rows.ok()) {
+        std::cerr << "simpler bench dispatch: " << rows.status().message() << "\n";
+        return 1;
+      }
+      if (st->dispatch_common.json) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& r : *rows) out.push_back(to_json(r));
+        std::printf("%s\n", nlohmann::json{{"dispatch", out}}.dump().c_str());
+      } else {
+        std::printf("%-12s %10s %12s %10s\n", "pattern", "tasks", "ns/task", "wall ms");
+        for (const auto& r : *rows) {
+          std::printf("%-12s %10lld %12.1f %10.1f\n", r.pattern.c_str(),
+                      static_cast<long long>(r.tasks), r.ns_per_task, r.wall_ms);
+        }
+      }
+      return write_trace(trace, st->dispatch_common.trace_path) ? 0 : 1;
+    }
+    if (pipeline->parsed()) {
+      base::TraceRecorder trace;
+      const double d = st->device_us;
+      auto rows = bench_pipeline(st->pipeline_common.worker_options(&trace), st->depths, d,
+                                 {d / 4, d, 4 * d}, st->runs);
+      if (!rows.ok()) {
+        std::cerr << "simpler bench pipeline: " << rows.status().message() << "\n";
+        return 1;
+      }
+      if (st->pipeline_common.json) {
+        for (const auto& r : *rows) std::printf("%s\n", to_json(r).dump().c_str());
+      } else {
+        std::printf("%5s %8s %8s %10s %8s %10s %10s %12s\n", "depth", "H us", "D us", "runs/s",
+                    "busy", "gap p50", "gap p99", "host cpu us");
+        for (const auto& r : *rows) {
+          std::printf("%5d %8.0f %8.0f %10.1f %7.1f%% %10.2f %10.2f %12.1f\n", r.depth, r.host_us,
+                      r.device_us, r.runs_per_s, 100 * r.device_busy, r.gap_us_p50, r.gap_us_p99,
+                      r.host_cpu_us_per_run);
+        }
+      }
+      return write_trace(trace, st->pipeline_common.trace_path) ? 0 : 1;
+    }
+    if (decode->parsed()) return run_bench_decode(st->model, st->decode_common, st->steps, st->batch);
+    return 0;
+  };
+}
+
+}  // namespace simpler::cli

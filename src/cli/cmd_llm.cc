@@ -1,0 +1,370 @@
+// `simpler make-model`, `simpler generate` and `simpler bench decode`.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/clock.h"
+#include "simpler/llm/engine.h"
+#include "simpler/llm/make_model.h"
+#include "simpler/llm/tokenizer.h"
+
+namespace simpler::cli {
+
+namespace {
+
+absl::StatusOr<std::vector<int32_t>> parse_ids(const std::string& text, const std::string& what) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t v;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": '", std::string(part), "' is not an integer token id"));
+    }
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+template <typename T>
+std::set<T> to_set(const std::vector<int32_t>& v) {
+  return std::set<T>(v.begin(), v.end());
+}
+
+int fail(const std::string& cmd, const absl::Status& s) {
+  std::cerr << "simpler " << cmd << ": " << s.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+Runner add_make_model_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("make-model",
+                                 "write a Qwen3 model directory with random weights (HF layout)");
+  struct State {
+    std::string preset = "tiny";
+    uint64_t seed = 0;
+    std::string dtype = "bf16";
+    std::string out;
+    std::string tokenizer_dir;
+    int shards = 1;
+    int64_t vocab = 0, layers = 0, hidden = 0;
+    bool untied = false;
+  };
+  auto st = std::make_shared<State>();
+  cmd->add_option("--preset", st->preset, "tiny | qwen3-0.6b")
+      ->check(CLI::IsMember({"tiny", "qwen3-0.6b"}));
+  cmd->add_option("--seed", st->seed, "random seed");
+  cmd->add_option("--dtype", st->dtype, "bf16 | f32")->check(CLI::IsMember({"bf16", "f32"}));
+  cmd->add_option("--out", st->out, "output directory")->required();
+  cmd->add_option("--tokenizer-dir", st->tokenizer_dir,
+                  "directory with tokenizer.json (default: the npm-installed Qwen3 files)");
+  cmd->add_option("--shards", st->shards, "safetensors shards (> 1 writes an index)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--vocab-size", st->vocab, "override the vocabulary size (tests)");
+  cmd->add_option("--layers", st->layers, "override the number of layers");
+  cmd->add_option("--hidden-size", st->hidden, "override the hidden size");
+  cmd->add_flag("--untied", st->untied, "write a separate lm_head.weight");
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    llm::MakeModelOptions o;
+    o.preset = st->preset;
+    o.seed = st->seed;
+    o.dtype = st->dtype == "f32" ? task::DataType::kFloat32 : task::DataType::kBFloat16;
+    o.out_dir = st->out;
+    o.shards = st->shards;
+    if (st->vocab > 0) o.overrides.vocab_size = st->vocab;
+    if (st->layers > 0) o.overrides.num_hidden_layers = st->layers;
+    if (st->hidden > 0) o.overrides.hidden_size = st->hidden;
+    if (st->untied) o.overrides.tie_word_embeddings = false;
+    if (st->tokenizer_dir.empty()) {
+      auto dir = llm::default_tokenizer_dir();
+      if (!dir.ok()) return fail("make-model", dir.status());
+      o.tokenizer_dir = *dir;
+    } else {
+      o.tokenizer_dir = st->tokenizer_dir;
+    }
+    const int64_t t0 = base::now_ns();
+    absl::Status s = llm::make_model(o);
+    if (!s.ok()) return fail("make-model", s);
+    std::cerr << "simpler make-model: wrote " << st->preset << " (" << st->dtype << ", seed "
+              << st->seed << ") to " << st->out << " in " << (base::now_ns() - t0) / 1e9
+              << " s\n";
+    return 0;
+  };
+}
+
+Runner add_generate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "greedy-decode prompts with a Qwen3 model");
+  struct State {
+    std::string model, prompt, prompt_ids, prompts_file;
+    bool chat = false, ignore_eos = false;
+    int32_t max_new_tokens = 32;
+    int32_t requests = 1;
+    int32_t page_size = 16;
+    int32_t num_pages = 0;
+    std::string dump_logits_steps, dump_kv_positions;
+    CommonOptions common;
+  };
+  auto st = std::make_shared<State>();
+  cmd->add_option("--model", st->model, "model directory (Hugging Face layout)")->required();
+  auto* p1 = cmd->add_option("--prompt", st->prompt, "prompt text");
+  auto* p2 = cmd->add_option("--prompt-ids", st->prompt_ids, "prompt token ids, e.g. 1,2,3");
+  auto* p3 = cmd->add_option("--prompts-file", st->prompts_file,
+                             "JSON lines, each {\"prompt\": ...} or {\"prompt_ids\": [...]}");
+  p1->excludes(p2, p3);
+  p2->excludes(p3);
+  cmd->add_flag("--chat", st->chat, "wrap text prompts in the Qwen3 chat template");
+  cmd->add_option("--max-new-tokens", st->max_new_tokens, "tokens to generate per request")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--requests", st->requests, "clone requests of the one prompt")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--num-pages", st->num_pages, "KV cache pages (0 = sized from the requests)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at stop ids");
+  cmd->add_option("--dump-logits-steps", st->dump_logits_steps,
+                  "with --json: include logits at these decode steps (0 = first token)");
+  cmd->add_option("--dump-kv-positions", st->dump_kv_positions,
+                  "with --json: include K/V read back from the page pool at these positions");
+  st->common.add_to(cmd);
+  return [cmd, st, p1, p2, p3]() -> int {
+    if (!cmd->parsed()) return -1;
+    if (p1->count() + p2->count() + p3->count() == 0) {
+      return fail("generate", absl::InvalidArgumentError(
+                                  "one of --prompt, --prompt-ids or --prompts-file is required"));
+    }
+    // Tokenizer: from the model directory.
+    std::optional<llm::Tokenizer> tok;
+    {
+      auto t = llm::Tokenizer::load(st->model);
+      if (t.ok()) {
+        tok.emplace(std::move(*t));
+      } else if (p1->count() > 0 || p3->count() > 0) {
+        return fail("generate", t.status());
+      } else {
+        std::cerr << "simpler generate: no tokenizer (" << t.status().message()
+                  << "); output text is omitted\n";
+      }
+    }
+    auto encode = [&](const std::string& text) {
+      return tok->encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
+    };
+    std::vector<std::vector<int32_t>> prompts;
+    if (p1->count() > 0) {
+      prompts.assign(st->requests, encode(st->prompt));
+    } else if (p2->count() > 0) {
+      auto ids = parse_ids(st->prompt_ids, "--prompt-ids");
+      if (!ids.ok()) return fail("generate", ids.status());
+      prompts.assign(st->requests, *ids);
+    } else {
+      std::ifstream in(st->prompts_file);
+      if (!in) {
+        return fail("generate", absl::NotFoundError("cannot open --prompts-file '" +
+                                                    st->prompts_file + "'"));
+      }
+      std::string line;
+      int lineno = 0;
+      while (std::getline(in, line)) {
+        ++lineno;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const std::string where = st->prompts_file + ":" + std::to_string(lineno);
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) {
+          return fail("generate", absl::InvalidArgumentError(where + ": not a JSON object"));
+        }
+        if (j.contains("prompt") && j["prompt"].is_string()) {
+          prompts.push_back(encode(j["prompt"].get<std::string>()));
+        } else if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
+          std::vector<int32_t> ids;
+          for (const auto& v : j["prompt_ids"]) {
+            if (!v.is_number_integer()) {
+              return fail("generate",
+                          absl::InvalidArgumentError(where + ": prompt_ids holds a non-integer"));
+            }
+            ids.push_back(v.get<int32_t>());
+          }
+          prompts.push_back(std::move(ids));
+        } else {
+          return fail("generate", absl::InvalidArgumentError(
+                                      where + ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
+        }
+      }
+      if (prompts.empty()) {
+        return fail("generate", absl::InvalidArgumentError(st->prompts_file + " holds no prompts"));
+      }
+    }
+    std::vector<int32_t> logit_steps_v, kv_pos_v;
+    {
+      auto a = parse_ids(st->dump_logits_steps, "--dump-logits-steps");
+      auto b = parse_ids(st->dump_kv_positions, "--dump-kv-positions");
+      if (!a.ok()) return fail("generate", a.status());
+      if (!b.ok()) return fail("generate", b.status());
+      logit_steps_v = *a;
+      kv_pos_v = *b;
+    }
+
+    base::TraceRecorder trace;
+    llm::EngineOptions eo;
+    eo.worker = st->common.worker_options(&trace);
+    eo.page_size = st->page_size;
+    const int32_t pages = st->num_pages > 0
+                              ? st->num_pages
+                              : llm::Qwen3Engine::pages_for(prompts, st->max_new_tokens,
+                                                            st->page_size);
+    const int64_t t0 = base::now_ns();
+    auto engine = llm::Qwen3Engine::create(st->model, eo, static_cast<int32_t>(prompts.size()),
+                                           pages);
+    if (!engine.ok()) return fail("generate", engine.status());
+    const double load_s = (base::now_ns() - t0) / 1e9;
+    std::cerr << "simpler generate: loaded " << st->model << " in " << load_s << " s; "
+              << prompts.size() << " request(s), " << pages << " KV pages of " << st->page_size
+              << " tokens, launch depth " << st->common.launch_depth << "\n";
+
+    llm::GenerateOptions go;
+    go.max_new_tokens = st->max_new_tokens;
+    if (!st->ignore_eos) {
+      for (int64_t id : (*engine)->config().stop_ids()) go.stop_ids.insert(static_cast<int32_t>(id));
+    }
+    go.logits_steps = to_set<int32_t>(logit_steps_v);
+    go.kv_positions = to_set<int64_t>(kv_pos_v);
+    int64_t last_report = base::now_ns();
+    go.progress = [&](int64_t step, int64_t bound) {
+      const int64_t now = base::now_ns();
+      if (now - last_report > 1'000'000'000) {
+        std::cerr << "simpler generate: step " << step << " of at most " << bound << "\n";
+        last_report = now;
+      }
+    };
+    auto res = (*engine)->generate(prompts, go);
+    absl::Status closed = (*engine)->close();
+    if (!res.ok()) return fail("generate", res.status());
+    if (!closed.ok()) return fail("generate", closed);
+    const auto& stats = res->stats;
+    const double tok_s = stats.total_ms > 0 ? stats.generated_tokens / (stats.total_ms / 1e3) : 0;
+    std::cerr << "simpler generate: " << stats.steps << " steps, " << stats.prompt_tokens
+              << " prompt + " << stats.generated_tokens << " generated tokens in "
+              << stats.total_ms << " ms (prefill " << stats.prefill_ms << " ms, decode "
+              << stats.decode_ms << " ms, " << tok_s << " generated tokens/s)\n";
+
+    if (st->common.json) {
+      nlohmann::json reqs = nlohmann::json::array();
+      for (const auto& r : res->requests) {
+        nlohmann::json j = {{"prompt_ids", r.prompt_ids},
+                            {"tokens", r.tokens},
+                            {"finish_reason", r.finish_reason},
+                            {"pages", r.pages}};
+        j["text"] = tok ? nlohmann::json(tok->decode(r.tokens)) : nlohmann::json(nullptr);
+        if (!r.logits.empty()) {
+          nlohmann::json lg = nlohmann::json::object();
+          for (const auto& [s, v] : r.logits) lg[std::to_string(s)] = v;
+          j["logits"] = lg;
+        }
+        if (!r.kv.empty()) {
+          nlohmann::json kv = nlohmann::json::object();
+          for (const auto& [p, v] : r.kv) kv[std::to_string(p)] = {{"k", v.k}, {"v", v.v}};
+          j["kv"] = kv;
+        }
+        reqs.push_back(std::move(j));
+      }
+      nlohmann::json out = {
+          {"model", st->model},
+          {"requests", reqs},
+          {"timing",
+           {{"load_s", load_s},
+            {"total_ms", stats.total_ms},
+            {"prefill_ms", stats.prefill_ms},
+            {"decode_ms", stats.decode_ms},
+            {"steps", stats.steps},
+            {"prompt_tokens", stats.prompt_tokens},
+            {"generated_tokens", stats.generated_tokens},
+            {"generated_tokens_per_s", tok_s}}},
+          {"launch_depth", st->common.launch_depth}};
+      std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::printf("%s\n", dumped.c_str());
+    } else {
+      for (size_t i = 0; i < res->requests.size(); ++i) {
+        const auto& r = res->requests[i];
+        if (res->requests.size() > 1) std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
+        if (tok) {
+          std::printf("%s\n", tok->decode(r.tokens).c_str());
+        } else {
+          for (size_t k = 0; k < r.tokens.size(); ++k) std::printf("%s%d", k ? "," : "", r.tokens[k]);
+          std::printf("\n");
+        }
+      }
+    }
+    return write_trace(trace, st->common.trace_path) ? 0 : 1;
+  };
+}
+
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
+                     int batch) {
+  base::TraceRecorder trace;
+  llm::EngineOptions eo;
+  eo.worker = common.worker_options(&trace);
+  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>{1});
+  const int32_t pages = llm::Qwen3Engine::pages_for(prompts, steps, eo.page_size);
+  auto engine = llm::Qwen3Engine::create(model, eo, batch, pages);
+  if (!engine.ok()) return fail("bench decode", engine.status());
+  llm::GenerateOptions go;
+  go.max_new_tokens = steps;
+  auto res = (*engine)->generate(prompts, go);
+  absl::Status closed = (*engine)->close();
+  if (!res.ok()) return fail("bench decode", res.status());
+  if (!closed.ok()) return fail("bench decode", closed);
+  // memcpy bandwidth in this process, same run: copy a buffer the size of the weights (capped).
+  const uint64_t wbytes = (*engine)->weight_bytes_per_step();
+  const size_t bytes = static_cast<size_t>(std::min<uint64_t>(wbytes, 512ull << 20));
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best_memcpy_s = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t t0 = base::now_ns();
+    std::memcpy(dst.data(), src.data(), bytes);
+    best_memcpy_s = std::min(best_memcpy_s, (base::now_ns() - t0) / 1e9);
+  }
+  const double memcpy_bw = bytes / best_memcpy_s;
+  // Steady-state step time: median of the steps after the first.
+  std::vector<double> device_us(res->stats.device_step_us.begin() + 1,
+                                res->stats.device_step_us.end());
+  std::vector<double> host_ms(res->stats.step_ms.begin() + 1, res->stats.step_ms.end());
+  if (device_us.empty()) {
+    device_us = res->stats.device_step_us;
+    host_ms = res->stats.step_ms;
+  }
+  std::sort(device_us.begin(), device_us.end());
+  std::sort(host_ms.begin(), host_ms.end());
+  const double step_ms = host_ms[host_ms.size() / 2];
+  const double dev_ms = device_us[device_us.size() / 2] / 1e3;
+  const double tok_s = batch / (step_ms / 1e3);
+  const double weight_bw = wbytes / (dev_ms / 1e3);
+  nlohmann::json out = {{"model", model},
+                        {"batch", batch},
+                        {"steps", steps},
+                        {"launch_depth", common.launch_depth},
+                        {"step_ms_p50", step_ms},
+                        {"device_step_ms_p50", dev_ms},
+                        {"tokens_per_s", tok_s},
+                        {"weight_bytes_per_step", wbytes},
+                        {"weight_gb_per_s", weight_bw / 1e9},
+                        {"memcpy_gb_per_s", memcpy_bw / 1e9},
+                        {"fraction_of_memcpy", weight_bw / memcpy_bw}};
+  if (common.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf(
+        "decode: batch %d, depth %d: step %.3f ms (device %.3f ms), %.1f tokens/s; weights %.1f "
+        "MB/step at %.2f GB/s = %.1f%% of memcpy %.2f GB/s\n",
+        batch, common.launch_depth, step_ms, dev_ms, tok_s, wbytes / 1e6, weight_bw / 1e9,
+        100 * weight_bw / memcpy_bw, memcpy_bw / 1e9);
+  }
+  return write_trace(trace, common.trace_path) ? 0 : 1;
+}
+
+}  // namespace simpler::cli

@@ -1,0 +1,38 @@
+// Subcommands of the `simpler` CLI. Each registers itself on the CLI11 app and
+// returns the process exit code when run.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "simpler/base/trace.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::cli {
+
+// Options shared by every command that creates a Worker.
+struct CommonOptions {
+  int32_t cores = 0;
+  int32_t launch_depth = 1;
+  int32_t run_grant = 0;
+  double timeout_s = 60;
+  std::string trace_path;
+  bool json = false;
+
+  void add_to(CLI::App* app, bool with_json = true);
+  worker::WorkerOptions worker_options(base::TraceRecorder* trace) const;
+};
+
+using Runner = std::function<int()>;
+
+Runner add_run_command(CLI::App& app);
+Runner add_bench_commands(CLI::App& app);
+Runner add_make_model_command(CLI::App& app);
+Runner add_generate_command(CLI::App& app);
+
+// Writes the trace when a path was given; prints the error and returns false on failure.
+bool write_trace(const base::TraceRecorder& trace, const std::string& path);
+
+}  // namespace simpler::cli

@@ -1,0 +1,42 @@
+#include <iostream>
+
+#include "cli/commands.h"
+
+namespace simpler::cli {
+
+void CommonOptions::add_to(CLI::App* app, bool with_json) {
+  app->add_option("--cores", cores, "sim device cores (0 = one per hardware thread)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--launch-depth", launch_depth, "runs launched on the device at once (>= 1)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--run-grant", run_grant,
+                  "run resource sets (0 = launch depth + 1; must be >= launch depth)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--timeout", timeout_s, "operation timeout per run, seconds")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file");
+  if (with_json) app->add_flag("--json", json, "print one JSON object on stdout");
+}
+
+worker::WorkerOptions CommonOptions::worker_options(base::TraceRecorder* trace) const {
+  worker::WorkerOptions o;
+  o.num_cores = cores;
+  o.launch_depth = launch_depth;
+  o.run_grant = run_grant;
+  o.operation_timeout_s = timeout_s;
+  o.trace = trace_path.empty() ? nullptr : trace;
+  return o;
+}
+
+bool write_trace(const base::TraceRecorder& trace, const std::string& path) {
+  if (path.empty()) return true;
+  absl::Status s = trace.write(path);
+  if (!s.ok()) {
+    std::cerr << "simpler: " << s.message() << "\n";
+    return false;
+  }
+  std::cerr << "simpler: wrote trace with " << trace.size() << " spans to " << path << "\n";
+  return true;
+}
+
+}  // namespace simpler::cli

@@ -1,0 +1,595 @@
+#include "simpler/llm/kernels.h"
+
+// Eigen runs single-threaded inside a kernel: parallelism comes from SPMD blocks.
+#ifndef EIGEN_DONT_PARALLELIZE
+#define EIGEN_DONT_PARALLELIZE
+#endif
+
+#include <Eigen/Core>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace simpler::llm {
+namespace {
+
+using task::ArgDirection;
+using task::DataType;
+using task::KernelContext;
+using task::TaskArgs;
+using task::Tensor;
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstRowMap = Eigen::Map<const RowMatrix>;
+using StridedRowMap = Eigen::Map<RowMatrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+using ConstVecMap = Eigen::Map<const Eigen::VectorXf>;
+using VecMap = Eigen::Map<Eigen::VectorXf>;
+
+std::string shape_string(const Tensor& t) {
+  std::vector<int64_t> s(t.shape.begin(), t.shape.begin() + t.rank);
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+// Checks a kernel's argument list and names what is wrong.
+class ArgCheck {
+ public:
+  ArgCheck(const KernelContext& ctx, const char* kernel) : ctx_(ctx), kernel_(kernel) {}
+
+  absl::Status error(const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(kernel_, ": ", what));
+  }
+
+  absl::Status count(uint32_t n) const {
+    if (ctx_.args == nullptr && ctx_.num_args > 0) return error("argument list is null");
+    if (ctx_.num_args != n) {
+      return error(absl::StrCat("expects ", n, " arguments, got ", ctx_.num_args));
+    }
+    if (ctx_.block_dim < 1 || ctx_.block_idx < 0 || ctx_.block_idx >= ctx_.block_dim) {
+      return error(absl::StrCat("block ", ctx_.block_idx, " outside block_dim ", ctx_.block_dim));
+    }
+    return absl::OkStatus();
+  }
+
+  // Argument `i` (called `name`) must be a contiguous tensor of `dtype`, rank
+  // `rank`; dims in `dims` equal to -1 are free.
+  absl::Status tensor(uint32_t i, const char* name, DataType dtype,
+                      std::initializer_list<int64_t> dims) const {
+    const task::Arg& a = ctx_.args[i];
+    if (a.direction == ArgDirection::kScalar) {
+      return error(absl::StrCat("argument ", i, " (", name, ") must be a tensor, got a scalar"));
+    }
+    const Tensor& t = a.tensor;
+    const int rank = static_cast<int>(dims.size());
+    bool ok = t.dtype == dtype && t.rank == rank && t.is_contiguous();
+    if (ok) {
+      int d = 0;
+      for (int64_t want : dims) {
+        if (want >= 0 && t.shape[d] != want) ok = false;
+        ++d;
+      }
+    }
+    if (ok && t.numel() > 0 && t.address == 0) {
+      return error(absl::StrCat("argument ", i, " (", name, ") has a null address"));
+    }
+    if (!ok) {
+      std::vector<std::string> want;
+      for (int64_t w : dims) want.push_back(w < 0 ? std::string("*") : absl::StrCat(w));
+      return error(absl::StrCat("argument ", i, " (", name, ") must be a contiguous ",
+                                std::string(task::name_of(dtype)), "[", absl::StrJoin(want, ","),
+                                "], got ", std::string(task::name_of(t.dtype)), shape_string(t),
+                                t.is_contiguous() ? "" : " (strided)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status scalar(uint32_t i, const char* name) const {
+    if (ctx_.args[i].direction != ArgDirection::kScalar) {
+      return error(absl::StrCat("argument ", i, " (", name, ") must be a scalar"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const KernelContext& ctx_;
+  const char* kernel_;
+};
+
+#define SIMPLER_KERNEL_CHECK(expr)                   \
+  do {                                               \
+    ::absl::Status kernel_status_ = (expr);          \
+    if (!kernel_status_.ok()) return kernel_status_; \
+  } while (0)
+
+absl::Status matmul_impl(const KernelContext& ctx, bool accumulate) {
+  ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  const Tensor& x = ctx.tensor(0);
+  const int64_t rows = x.shape[0];
+  const int64_t in = x.shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "W", DataType::kFloat32, {-1, in}));
+  const Tensor& w = ctx.tensor(1);
+  const int64_t out = w.shape[0];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
+  const Tensor& y = ctx.tensor(2);
+  const BlockRange r = block_range(out, ctx.block_idx, ctx.block_dim);
+  if (r.begin >= r.end || rows == 0) return absl::OkStatus();
+  const int64_t n = r.end - r.begin;
+  ConstRowMap xm(x.data<const float>(), rows, in);
+  ConstRowMap wm(w.data<const float>() + r.begin * in, n, in);
+  StridedRowMap ym(y.data<float>() + r.begin, rows, n, Eigen::OuterStride<>(out));
+  if (in == 0) {
+    if (!accumulate) ym.setZero();
+    return absl::OkStatus();
+  }
+  if (accumulate) {
+    ym.noalias() += xm * wm.transpose();
+  } else {
+    ym.noalias() = xm * wm.transpose();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim) {
+  if (block_dim < 1 || block_idx < 0 || block_idx >= block_dim || n <= 0) return {};
+  return {n * block_idx / block_dim, n * (block_idx + 1) / block_dim};
+}
+
+std::vector<task::Kernel> llm_kernels() {
+  return {
+      {"embedding", &embedding_kernel},
+      {"rms_norm", &rms_norm_kernel},
+      {"matmul", &matmul_kernel},
+      {"matmul_acc", &matmul_acc_kernel},
+      {"rope", &rope_kernel},
+      {"kv_write", &kv_write_kernel},
+      {"paged_attention", &paged_attention_kernel},
+      {"silu_mul", &silu_mul_kernel},
+      {"add", &add_kernel},
+      {"gather_rows", &gather_rows_kernel},
+      {"argmax", &argmax_kernel},
+  };
+}
+
+// ---- embedding ----------------------------------------------------------------
+
+absl::Status embedding_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "embedding");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "ids", DataType::kInt32, {-1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "table", DataType::kFloat32, {-1, -1}));
+  const int64_t vocab = ctx.tensor(1).shape[0];
+  const int64_t hidden = ctx.tensor(1).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
+  const int32_t* ids = ctx.tensor(0).data<const int32_t>();
+  const float* table = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  for (int64_t b = r.begin; b < r.end; ++b) {
+    const int64_t id = ids[b];
+    if (id < 0 || id >= vocab) {
+      return c.error(absl::StrCat("token id ", id, " at row ", b, " is outside the vocabulary [0, ",
+                                  vocab, ")"));
+    }
+    std::memcpy(out + b * hidden, table + id * hidden, sizeof(float) * hidden);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs embedding_args(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  TaskArgs a;
+  a.add_tensor(ids, ArgDirection::kIn)
+      .add_tensor(table, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return a;
+}
+
+// ---- rms_norm -------------------------------------------------------------------
+
+absl::Status rms_norm_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "rms_norm");
+  SIMPLER_KERNEL_CHECK(c.count(4));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t dim = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "w", DataType::kFloat32, {dim}));
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, dim}));
+  SIMPLER_KERNEL_CHECK(c.scalar(3, "eps"));
+  const double eps = ctx.scalar_f32(3);
+  const float* x = ctx.tensor(0).data<const float>();
+  const float* w = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  for (int64_t row = r.begin; row < r.end; ++row) {
+    const float* xr = x + row * dim;
+    float* yr = out + row * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs rms_norm_args(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(w, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut)
+      .add_scalar_f32(eps);
+  return a;
+}
+
+// ---- matmul -----------------------------------------------------------------------
+
+absl::Status matmul_kernel(const KernelContext& ctx) { return matmul_impl(ctx, false); }
+absl::Status matmul_acc_kernel(const KernelContext& ctx) { return matmul_impl(ctx, true); }
+
+TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(w, ArgDirection::kIn)
+      .add_tensor(y, ArgDirection::kOut);
+  return a;
+}
+
+TaskArgs matmul_acc_args(const Tensor& x, const Tensor& w, const Tensor& y) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(w, ArgDirection::kIn)
+      .add_tensor(y, ArgDirection::kInOut);
+  return a;
+}
+
+// ---- rope -------------------------------------------------------------------------
+
+absl::Status rope_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "rope");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1, -1}));
+  const Tensor& x = ctx.tensor(0);
+  const int64_t rows = x.shape[0];
+  const int64_t heads = x.shape[1];
+  const int64_t dim = x.shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "positions", DataType::kInt32, {rows}));
+  SIMPLER_KERNEL_CHECK(c.scalar(2, "theta"));
+  if (dim % 2 != 0) return c.error(absl::StrCat("head_dim ", dim, " must be even"));
+  const double theta = ctx.scalar_f32(2);
+  if (!(theta > 0.0)) return c.error(absl::StrCat("theta ", theta, " must be positive"));
+  const int64_t half = dim / 2;
+  const int32_t* positions = ctx.tensor(1).data<const int32_t>();
+  float* data = x.data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  if (r.begin >= r.end) return absl::OkStatus();
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
+  }
+  std::vector<float> cos_a(half), sin_a(half);
+  for (int64_t b = r.begin; b < r.end; ++b) {
+    const int64_t p = positions[b];
+    if (p < 0) return c.error(absl::StrCat("position ", p, " at row ", b, " is negative"));
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      cos_a[i] = static_cast<float>(std::cos(angle));
+      sin_a[i] = static_cast<float>(std::sin(angle));
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = data + (b * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float lo = v[i];
+        const float hi = v[i + half];
+        v[i] = lo * cos_a[i] - hi * sin_a[i];
+        v[i + half] = hi * cos_a[i] + lo * sin_a[i];
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs rope_args(const Tensor& x, const Tensor& positions, float theta) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kInOut)
+      .add_tensor(positions, ArgDirection::kIn)
+      .add_scalar_f32(theta);
+  return a;
+}
+
+// ---- kv_write -----------------------------------------------------------------------
+
+absl::Status kv_write_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "kv_write");
+  SIMPLER_KERNEL_CHECK(c.count(5));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "k", DataType::kFloat32, {-1, -1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t n_kv = ctx.tensor(0).shape[1];
+  const int64_t dim = ctx.tensor(0).shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "v", DataType::kFloat32, {rows, n_kv, dim}));
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "slot_mapping", DataType::kInt32, {rows}));
+  SIMPLER_KERNEL_CHECK(c.tensor(3, "k_pool", DataType::kFloat32, {-1, -1, n_kv, dim}));
+  const int64_t pages = ctx.tensor(3).shape[0];
+  const int64_t page_size = ctx.tensor(3).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(4, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
+  const int64_t slots = pages * page_size;
+  const int64_t row_elems = n_kv * dim;
+  const float* k = ctx.tensor(0).data<const float>();
+  const float* v = ctx.tensor(1).data<const float>();
+  const int32_t* slot_mapping = ctx.tensor(2).data<const int32_t>();
+  float* k_pool = ctx.tensor(3).data<float>();
+  float* v_pool = ctx.tensor(4).data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  for (int64_t b = r.begin; b < r.end; ++b) {
+    const int64_t s = slot_mapping[b];
+    if (s < 0) continue;
+    if (s >= slots) {
+      return c.error(absl::StrCat("slot ", s, " at row ", b, " is outside the pool of ", pages,
+                                  " pages x ", page_size, " slots"));
+    }
+    std::memcpy(k_pool + s * row_elems, k + b * row_elems, sizeof(float) * row_elems);
+    std::memcpy(v_pool + s * row_elems, v + b * row_elems, sizeof(float) * row_elems);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs kv_write_args(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
+                       const Tensor& k_pool, const Tensor& v_pool) {
+  TaskArgs a;
+  a.add_tensor(k, ArgDirection::kIn)
+      .add_tensor(v, ArgDirection::kIn)
+      .add_tensor(slot_mapping, ArgDirection::kIn)
+      .add_tensor(k_pool, ArgDirection::kInOut)
+      .add_tensor(v_pool, ArgDirection::kInOut);
+  return a;
+}
+
+// ---- paged_attention ------------------------------------------------------------------
+
+absl::Status paged_attention_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "paged_attention");
+  SIMPLER_KERNEL_CHECK(c.count(7));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "q", DataType::kFloat32, {-1, -1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t heads = ctx.tensor(0).shape[1];
+  const int64_t dim = ctx.tensor(0).shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "k_pool", DataType::kFloat32, {-1, -1, -1, dim}));
+  const int64_t pages = ctx.tensor(1).shape[0];
+  const int64_t page_size = ctx.tensor(1).shape[1];
+  const int64_t n_kv = ctx.tensor(1).shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
+  SIMPLER_KERNEL_CHECK(c.tensor(3, "block_tables", DataType::kInt32, {rows, -1}));
+  const int64_t max_blocks = ctx.tensor(3).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(4, "context_lens", DataType::kInt32, {rows}));
+  SIMPLER_KERNEL_CHECK(c.tensor(5, "out", DataType::kFloat32, {rows, heads * dim}));
+  SIMPLER_KERNEL_CHECK(c.scalar(6, "scale"));
+  if (n_kv <= 0 || heads % n_kv != 0) {
+    return c.error(absl::StrCat("query heads ", heads, " are not a multiple of kv heads ", n_kv));
+  }
+  const float scale = ctx.scalar_f32(6);
+  const int64_t group = heads / n_kv;
+  const float* q = ctx.tensor(0).data<const float>();
+  const float* k_pool = ctx.tensor(1).data<const float>();
+  const float* v_pool = ctx.tensor(2).data<const float>();
+  const int32_t* block_tables = ctx.tensor(3).data<const int32_t>();
+  const int32_t* context_lens = ctx.tensor(4).data<const int32_t>();
+  float* out = ctx.tensor(5).data<float>();
+
+  const BlockRange r = block_range(rows * n_kv, ctx.block_idx, ctx.block_dim);
+  if (r.begin >= r.end) return absl::OkStatus();
+  // Per query head of the group: running max m, running sum l, accumulator acc.
+  std::vector<float> m(group), l(group), acc(group * dim);
+  for (int64_t pair = r.begin; pair < r.end; ++pair) {
+    const int64_t b = pair / n_kv;
+    const int64_t g = pair % n_kv;
+    const int64_t len = context_lens[b];
+    if (len < 0 || len > max_blocks * page_size) {
+      return c.error(absl::StrCat("context length ", len, " at row ", b, " is outside [0, ",
+                                  max_blocks * page_size, "] (", max_blocks, " blocks x page size ",
+                                  page_size, ")"));
+    }
+    const int32_t* table = block_tables + b * max_blocks;
+    const int64_t used_blocks = (len + page_size - 1) / page_size;
+    for (int64_t blk = 0; blk < used_blocks; ++blk) {
+      if (table[blk] < 0 || table[blk] >= pages) {
+        return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
+                                    " is outside the pool of ", pages, " pages"));
+      }
+    }
+    std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+    std::fill(l.begin(), l.end(), 0.0f);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    const float* qg = q + (b * heads + g * group) * dim;
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t slot = static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size;
+      const int64_t off = (slot * n_kv + g) * dim;
+      ConstVecMap kt(k_pool + off, dim);
+      ConstVecMap vt(v_pool + off, dim);
+      for (int64_t h = 0; h < group; ++h) {
+        const float s = scale * ConstVecMap(qg + h * dim, dim).dot(kt);
+        VecMap acc_h(acc.data() + h * dim, dim);
+        if (s > m[h]) {
+          const float correction = std::exp(m[h] - s);  // exp(-inf) = 0 on the first token
+          l[h] *= correction;
+          acc_h *= correction;
+          m[h] = s;
+        }
+        const float p = std::exp(s - m[h]);
+        l[h] += p;
+        acc_h += p * vt;
+      }
+    }
+    for (int64_t h = 0; h < group; ++h) {
+      float* o = out + b * heads * dim + (g * group + h) * dim;
+      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+      for (int64_t i = 0; i < dim; ++i) o[i] = acc[h * dim + i] * inv;
+    }
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                              const Tensor& block_tables, const Tensor& context_lens,
+                              const Tensor& out, float scale) {
+  TaskArgs a;
+  a.add_tensor(q, ArgDirection::kIn)
+      .add_tensor(k_pool, ArgDirection::kIn)
+      .add_tensor(v_pool, ArgDirection::kIn)
+      .add_tensor(block_tables, ArgDirection::kIn)
+      .add_tensor(context_lens, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut)
+      .add_scalar_f32(scale);
+  return a;
+}
+
+// ---- silu_mul ---------------------------------------------------------------------------
+
+absl::Status silu_mul_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "silu_mul");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "gate", DataType::kFloat32, {-1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t cols = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "up", DataType::kFloat32, {rows, cols}));
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, cols}));
+  const float* gate = ctx.tensor(0).data<const float>();
+  const float* up = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(rows * cols, ctx.block_idx, ctx.block_dim);
+  for (int64_t i = r.begin; i < r.end; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs silu_mul_args(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  TaskArgs a;
+  a.add_tensor(gate, ArgDirection::kIn)
+      .add_tensor(up, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return a;
+}
+
+// ---- add ------------------------------------------------------------------------------------
+
+absl::Status add_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "add");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  const Tensor& a = ctx.tensor(0);
+  if (ctx.args[0].direction == ArgDirection::kScalar) {
+    return c.error("argument 0 (a) must be a tensor, got a scalar");
+  }
+  std::vector<int64_t> dims(a.shape.begin(), a.shape.begin() + a.rank);
+  // Same shape check for all three, built from a's dims.
+  auto same_shape = [&](uint32_t i, const char* name) -> absl::Status {
+    const task::Arg& arg = ctx.args[i];
+    const Tensor& t = arg.tensor;
+    bool ok = arg.direction != ArgDirection::kScalar && t.dtype == DataType::kFloat32 &&
+              t.rank == a.rank && t.is_contiguous() && (t.numel() == 0 || t.address != 0);
+    for (int d = 0; ok && d < a.rank; ++d) ok = t.shape[d] == a.shape[d];
+    if (!ok) {
+      return c.error(absl::StrCat("argument ", i, " (", name, ") must be a contiguous f32",
+                                  shape_string(a), ", got ", std::string(task::name_of(t.dtype)),
+                                  shape_string(t)));
+    }
+    return absl::OkStatus();
+  };
+  SIMPLER_KERNEL_CHECK(same_shape(0, "a"));
+  SIMPLER_KERNEL_CHECK(same_shape(1, "b"));
+  SIMPLER_KERNEL_CHECK(same_shape(2, "out"));
+  const float* x = a.data<const float>();
+  const float* y = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(a.numel(), ctx.block_idx, ctx.block_dim);
+  for (int64_t i = r.begin; i < r.end; ++i) out[i] = x[i] + y[i];
+  return absl::OkStatus();
+}
+
+TaskArgs add_args(const Tensor& a, const Tensor& b, const Tensor& out) {
+  TaskArgs args;
+  args.add_tensor(a, ArgDirection::kIn)
+      .add_tensor(b, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return args;
+}
+
+// ---- gather_rows ------------------------------------------------------------------------------
+
+absl::Status gather_rows_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "gather_rows");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t cols = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "rows", DataType::kInt32, {-1}));
+  const int64_t n = ctx.tensor(1).shape[0];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {n, cols}));
+  const float* x = ctx.tensor(0).data<const float>();
+  const int32_t* index = ctx.tensor(1).data<const int32_t>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(n, ctx.block_idx, ctx.block_dim);
+  for (int64_t j = r.begin; j < r.end; ++j) {
+    const int64_t row = index[j];
+    if (row < 0 || row >= rows) {
+      return c.error(
+          absl::StrCat("row ", row, " at index ", j, " is outside the batch [0, ", rows, ")"));
+    }
+    std::memcpy(out + j * cols, x + row * cols, sizeof(float) * cols);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs gather_rows_args(const Tensor& x, const Tensor& rows, const Tensor& out) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(rows, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return a;
+}
+
+// ---- argmax -------------------------------------------------------------------------------------
+
+absl::Status argmax_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "argmax");
+  SIMPLER_KERNEL_CHECK(c.count(2));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
+  const int64_t n = ctx.tensor(0).shape[0];
+  const int64_t vocab = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "ids", DataType::kInt32, {n}));
+  if (vocab < 1) return c.error("logits have an empty vocabulary dimension");
+  if (vocab > std::numeric_limits<int32_t>::max()) {
+    return c.error(absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));
+  }
+  const float* logits = ctx.tensor(0).data<const float>();
+  int32_t* ids = ctx.tensor(1).data<int32_t>();
+  const BlockRange r = block_range(n, ctx.block_idx, ctx.block_dim);
+  for (int64_t j = r.begin; j < r.end; ++j) {
+    const float* row = logits + j * vocab;
+    float best = -std::numeric_limits<float>::infinity();
+    int64_t best_i = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (row[i] > best) {  // strict: the lowest index wins ties; NaN never wins
+        best = row[i];
+        best_i = i;
+      }
+    }
+    ids[j] = static_cast<int32_t>(best_i);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs argmax_args(const Tensor& logits, const Tensor& ids) {
+  TaskArgs a;
+  a.add_tensor(logits, ArgDirection::kIn).add_tensor(ids, ArgDirection::kOut);
+  return a;
+}
+
+}  // namespace simpler::llm

@@ -1,0 +1,378 @@
+#include "simpler/llm/kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace simpler::llm {
+namespace {
+
+using task::DataType;
+using task::KernelContext;
+using task::TaskArgs;
+using task::Tensor;
+using ::testing::HasSubstr;
+
+// A device tensor over host memory (on the sim device an address is a host pointer).
+template <typename T>
+Tensor view(std::vector<T>& data, std::initializer_list<int64_t> shape) {
+  constexpr DataType dtype = std::is_same_v<T, float> ? DataType::kFloat32 : DataType::kInt32;
+  return Tensor::contiguous(reinterpret_cast<uintptr_t>(data.data()), shape, dtype).value();
+}
+
+// Runs every block of a task, last block first (blocks may run in any order).
+absl::Status run(task::KernelFn fn, const TaskArgs& args, int32_t block_dim) {
+  for (int32_t b = block_dim - 1; b >= 0; --b) {
+    KernelContext ctx;
+    ctx.args = args.args().data();
+    ctx.num_args = static_cast<uint32_t>(args.size());
+    ctx.block_idx = b;
+    ctx.block_dim = block_dim;
+    absl::Status s = fn(ctx);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol * (1.0 + std::abs(want[i]))) << "element " << i;
+  }
+}
+
+TEST(BlockRange, SplitsEvenlyAndCoversEverything) {
+  const int64_t n = 10;
+  int64_t covered = 0;
+  for (int32_t b = 0; b < 4; ++b) {
+    BlockRange r = block_range(n, b, 4);
+    EXPECT_EQ(r.begin, covered);
+    EXPECT_GE(r.end - r.begin, 2);
+    EXPECT_LE(r.end - r.begin, 3);
+    covered = r.end;
+  }
+  EXPECT_EQ(covered, n);
+  BlockRange empty = block_range(2, 3, 5);
+  EXPECT_EQ(empty.end - empty.begin, 0);
+}
+
+TEST(LlmKernels, ListIsInKernelIdOrderWithUniqueNames) {
+  std::vector<task::Kernel> kernels = llm_kernels();
+  ASSERT_EQ(kernels.size(), static_cast<size_t>(KernelId::kCount));
+  EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kMatmulAcc)].name, "matmul_acc");
+  EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kPagedAttention)].fn, &paged_attention_kernel);
+  EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kArgmax)].name, "argmax");
+}
+
+TEST(EmbeddingKernel, GathersRowsAcrossBlocks) {
+  const int64_t V = 11, H = 5;
+  std::vector<float> table = random_floats(V * H, 1);
+  std::vector<int32_t> ids = {3, 0, 10, 3};
+  std::vector<float> out(ids.size() * H, NAN);
+  ASSERT_TRUE(run(&embedding_kernel,
+                  embedding_args(view(ids, {4}), view(table, {V, H}), view(out, {4, H})), 3)
+                  .ok());
+  for (size_t b = 0; b < ids.size(); ++b) {
+    for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[b * H + i], table[ids[b] * H + i]);
+  }
+}
+
+TEST(EmbeddingKernel, OutOfRangeIdIsInvalidArgumentNamingTheId) {
+  const int64_t V = 11, H = 5;
+  std::vector<float> table = random_floats(V * H, 1);
+  std::vector<int32_t> ids = {1, 11};
+  std::vector<float> out(2 * H);
+  absl::Status s = run(&embedding_kernel,
+                       embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("embedding: token id 11 at row 1 is outside the vocabulary [0, 11)"));
+  ids = {-2, 0};
+  s = run(&embedding_kernel, embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})),
+          2);
+  EXPECT_THAT(s.message(), HasSubstr("token id -2 at row 0"));
+}
+
+TEST(RmsNormKernel, MatchesDoubleReferenceForUnevenSplits) {
+  const int64_t R = 7, D = 10;
+  const float eps = 1e-5f;
+  std::vector<float> x = random_floats(R * D, 2, -3.0f, 3.0f);
+  std::vector<float> w = random_floats(D, 3, 0.5f, 1.5f);
+  std::vector<double> want(R * D);
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += double(x[r * D + i]) * x[r * D + i];
+    const double inv = 1.0 / std::sqrt(ss / D + eps);
+    for (int64_t i = 0; i < D; ++i) want[r * D + i] = x[r * D + i] * inv * w[i];
+  }
+  for (int32_t bd : {1, 3, 10}) {
+    std::vector<float> out(R * D, NAN);
+    ASSERT_TRUE(run(&rms_norm_kernel,
+                    rms_norm_args(view(x, {R, D}), view(w, {D}), view(out, {R, D}), eps), bd)
+                    .ok());
+    expect_close(out, want, 1e-6);
+  }
+}
+
+TEST(MatmulKernel, MatchesDoubleReferenceForUnevenSplits) {
+  const int64_t B = 3, in = 13, out = 10;
+  std::vector<float> x = random_floats(B * in, 4);
+  std::vector<float> w = random_floats(out * in, 5);
+  std::vector<float> y0 = random_floats(B * out, 6);
+  std::vector<double> prod(B * out, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) prod[b * out + o] += double(x[b * in + i]) * w[o * in + i];
+    }
+  }
+  for (int32_t bd : {1, 3, 4, 16}) {
+    std::vector<float> y(B * out, NAN);
+    ASSERT_TRUE(run(&matmul_kernel,
+                    matmul_args(view(x, {B, in}), view(w, {out, in}), view(y, {B, out})), bd)
+                    .ok());
+    expect_close(y, prod, 1e-5);
+
+    std::vector<float> acc = y0;
+    ASSERT_TRUE(run(&matmul_acc_kernel,
+                    matmul_acc_args(view(x, {B, in}), view(w, {out, in}), view(acc, {B, out})), bd)
+                    .ok());
+    std::vector<double> want(B * out);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = prod[i] + y0[i];
+    expect_close(acc, want, 1e-5);
+  }
+}
+
+TEST(MatmulKernel, AccTagsOutputInOut) {
+  std::vector<float> x(4), w(4), y(4);
+  TaskArgs a = matmul_acc_args(view(x, {2, 2}), view(w, {2, 2}), view(y, {2, 2}));
+  EXPECT_EQ(a[2].direction, task::ArgDirection::kInOut);
+  TaskArgs m = matmul_args(view(x, {2, 2}), view(w, {2, 2}), view(y, {2, 2}));
+  EXPECT_EQ(m[2].direction, task::ArgDirection::kOut);
+}
+
+TEST(MatmulKernel, ShapeAndDtypeErrorsNameTheArgument) {
+  std::vector<float> x(6), y(4);
+  std::vector<float> w(6);
+  absl::Status s =
+      run(&matmul_kernel, matmul_args(view(x, {2, 3}), view(w, {3, 2}), view(y, {2, 2})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("matmul: argument 1 (W) must be a contiguous f32[*,3]"));
+  std::vector<int32_t> wi(6);
+  s = run(&matmul_kernel, matmul_args(view(x, {2, 3}), view(wi, {2, 3}), view(y, {2, 2})), 1);
+  EXPECT_THAT(s.message(), HasSubstr("argument 1 (W)"));
+  EXPECT_THAT(s.message(), HasSubstr("got i32[2,3]"));
+  TaskArgs two;
+  two.add_tensor(view(x, {2, 3}), task::ArgDirection::kIn);
+  s = run(&matmul_kernel, two, 1);
+  EXPECT_THAT(s.message(), HasSubstr("matmul: expects 3 arguments, got 1"));
+}
+
+TEST(RopeKernel, MatchesRotateHalfReferenceAtSeveralPositions) {
+  const int64_t B = 4, heads = 3, d = 8;
+  const float theta = 10000.0f;
+  std::vector<float> x0 = random_floats(B * heads * d, 7);
+  std::vector<int32_t> pos = {0, 1, 17, 1000};
+  std::vector<double> want(x0.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* v = &x0[(b * heads + h) * d];
+      double* o = &want[(b * heads + h) * d];
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double a = pos[b] * std::pow(double(theta), -2.0 * i / d);
+        o[i] = v[i] * std::cos(a) - v[i + d / 2] * std::sin(a);
+        o[i + d / 2] = v[i + d / 2] * std::cos(a) + v[i] * std::sin(a);
+      }
+    }
+  }
+  for (int32_t bd : {1, 3}) {
+    std::vector<float> x = x0;
+    ASSERT_TRUE(
+        run(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), bd).ok());
+    expect_close(x, want, 1e-6);
+  }
+  // Position 0 is the identity.
+  std::vector<float> x = x0;
+  ASSERT_TRUE(run(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), 1).ok());
+  for (int64_t i = 0; i < heads * d; ++i) EXPECT_EQ(x[i], x0[i]);
+}
+
+TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
+  const int64_t pages = 5, ps = 4, nkv = 2, d = 6, B = 3;
+  const int64_t row = nkv * d;
+  std::vector<float> k = random_floats(B * row, 8), v = random_floats(B * row, 9);
+  std::vector<int32_t> slots = {7, -1, 13};
+  std::vector<float> kp0 = random_floats(pages * ps * row, 10),
+                     vp0 = random_floats(pages * ps * row, 11);
+  std::vector<float> kp = kp0, vp = vp0;
+  TaskArgs args = kv_write_args(view(k, {B, nkv, d}), view(v, {B, nkv, d}), view(slots, {B}),
+                                view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}));
+  EXPECT_EQ(args[3].direction, task::ArgDirection::kInOut);
+  EXPECT_EQ(args[4].direction, task::ArgDirection::kInOut);
+  ASSERT_TRUE(run(&kv_write_kernel, args, 2).ok());
+  for (int64_t s = 0; s < pages * ps; ++s) {
+    const int64_t src = s == 7 ? 0 : s == 13 ? 2 : -1;
+    for (int64_t i = 0; i < row; ++i) {
+      EXPECT_EQ(kp[s * row + i], src >= 0 ? k[src * row + i] : kp0[s * row + i]) << s;
+      EXPECT_EQ(vp[s * row + i], src >= 0 ? v[src * row + i] : vp0[s * row + i]) << s;
+    }
+  }
+  slots = {7, 20, 0};
+  absl::Status bad = run(&kv_write_kernel, args, 1);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(),
+              HasSubstr("kv_write: slot 20 at row 1 is outside the pool of 5 pages x 4 slots"));
+}
+
+// Naive paged attention in double.
+std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& kp,
+                                        const std::vector<float>& vp,
+                                        const std::vector<int32_t>& tables,
+                                        const std::vector<int32_t>& lens, int64_t B, int64_t nh,
+                                        int64_t nkv, int64_t d, int64_t ps, int64_t max_blocks) {
+  std::vector<double> out(B * nh * d, 0.0);
+  const double scale = 1.0 / std::sqrt(double(d));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t g = h / (nh / nkv);
+      std::vector<double> scores(lens[b]);
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < lens[b]; ++t) {
+        const int64_t slot = tables[b * max_blocks + t / ps] * ps + t % ps;
+        double s = 0;
+        for (int64_t i = 0; i < d; ++i)
+          s += double(q[(b * nh + h) * d + i]) * kp[(slot * nkv + g) * d + i];
+        scores[t] = s * scale;
+        mx = std::max(mx, scores[t]);
+      }
+      double sum = 0;
+      for (double& s : scores) sum += (s = std::exp(s - mx));
+      for (int64_t t = 0; t < lens[b]; ++t) {
+        const int64_t slot = tables[b * max_blocks + t / ps] * ps + t % ps;
+        for (int64_t i = 0; i < d; ++i) {
+          out[(b * nh + h) * d + i] += scores[t] / sum * vp[(slot * nkv + g) * d + i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
+  const int64_t B = 4, nh = 4, nkv = 2, d = 8, pages = 8, ps = 4, max_blocks = 3;
+  std::vector<float> q = random_floats(B * nh * d, 12, -2.0f, 2.0f);
+  std::vector<float> kp = random_floats(pages * ps * nkv * d, 13, -2.0f, 2.0f);
+  std::vector<float> vp = random_floats(pages * ps * nkv * d, 14);
+  std::vector<int32_t> tables = {5,  2,  7,    // crosses two page boundaries
+                                 0,  -1, -1,   // one token
+                                 3,  6,  1,    // full table
+                                 -1, -1, -1};  // padding row
+  std::vector<int32_t> lens = {9, 1, 12, 0};
+  const std::vector<double> want =
+      reference_attention(q, kp, vp, tables, lens, B, nh, nkv, d, ps, max_blocks);
+  for (int32_t bd : {1, 3, 5, 8, 11}) {
+    std::vector<float> out(B * nh * d, NAN);
+    TaskArgs args = paged_attention_args(
+        view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}),
+        view(tables, {B, max_blocks}), view(lens, {B}), view(out, {B, nh * d}),
+        static_cast<float>(1.0 / std::sqrt(double(d))));
+    EXPECT_EQ(args[1].direction, task::ArgDirection::kIn);
+    EXPECT_EQ(args[2].direction, task::ArgDirection::kIn);
+    ASSERT_TRUE(run(&paged_attention_kernel, args, bd).ok());
+    expect_close(out, want, 1e-5);
+    for (int64_t i = 3 * nh * d; i < B * nh * d; ++i) EXPECT_EQ(out[i], 0.0f);
+  }
+}
+
+TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
+  const int64_t B = 1, nh = 2, nkv = 1, d = 4, pages = 2, ps = 2, max_blocks = 2;
+  std::vector<float> q(B * nh * d, 1.0f), kp(pages * ps * nkv * d), vp(kp.size()), out(B * nh * d);
+  std::vector<int32_t> tables = {1, 2};
+  std::vector<int32_t> lens = {5};
+  TaskArgs args = paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                       view(vp, {pages, ps, nkv, d}), view(tables, {B, max_blocks}),
+                                       view(lens, {B}), view(out, {B, nh * d}), 0.5f);
+  absl::Status s = run(&paged_attention_kernel, args, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("paged_attention: context length 5 at row 0 is outside [0, 4]"));
+  lens = {3};
+  s = run(&paged_attention_kernel, args, 1);
+  EXPECT_THAT(s.message(), HasSubstr("page id 2 at row 0 block 1 is outside the pool of 2 pages"));
+  lens = {2};  // only page 1 is read: fine
+  EXPECT_TRUE(run(&paged_attention_kernel, args, 1).ok());
+}
+
+TEST(SiluMulKernel, MatchesReference) {
+  const int64_t B = 3, I = 7;
+  std::vector<float> g = random_floats(B * I, 15, -6.0f, 6.0f), u = random_floats(B * I, 16);
+  std::vector<double> want(B * I);
+  for (int64_t i = 0; i < B * I; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  std::vector<float> out(B * I, NAN);
+  ASSERT_TRUE(
+      run(&silu_mul_kernel, silu_mul_args(view(g, {B, I}), view(u, {B, I}), view(out, {B, I})), 3)
+          .ok());
+  expect_close(out, want, 1e-6);
+}
+
+TEST(AddKernel, AddsElementwiseAndRejectsShapeMismatch) {
+  std::vector<float> a = random_floats(12, 17), b = random_floats(12, 18), out(12, NAN);
+  ASSERT_TRUE(
+      run(&add_kernel, add_args(view(a, {3, 4}), view(b, {3, 4}), view(out, {3, 4})), 5).ok());
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(out[i], a[i] + b[i]);
+  absl::Status s =
+      run(&add_kernel, add_args(view(a, {3, 4}), view(b, {4, 3}), view(out, {3, 4})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("add: argument 1 (b) must be a contiguous f32[3,4], got f32[4,3]"));
+}
+
+TEST(GatherRowsKernel, GathersAndRejectsOutOfRangeRows) {
+  const int64_t B = 3, H = 4;
+  std::vector<float> x = random_floats(B * H, 19);
+  std::vector<int32_t> rows = {2, 0, 2};
+  std::vector<float> out(3 * H, NAN);
+  ASSERT_TRUE(run(&gather_rows_kernel,
+                  gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 2)
+                  .ok());
+  for (int64_t j = 0; j < 3; ++j) {
+    for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[j * H + i], x[rows[j] * H + i]);
+  }
+  rows = {0, 3, 1};
+  absl::Status s = run(&gather_rows_kernel,
+                       gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("gather_rows: row 3 at index 1 is outside the batch [0, 3)"));
+}
+
+TEST(ArgmaxKernel, LowestIndexWinsTiesAndNanNeverWins) {
+  const int64_t V = 9;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits = {
+      0,    1,    2,    5,     1,    0,    2,    5,    5,     // tie at 3, 7, 8 -> 3
+      NAN,  -1,   -2,   -0.5f, NAN,  -3,   -4,   -5,   -6,    // NaN ignored -> 3
+      -inf, -inf, -inf, -inf,  -inf, -inf, -inf, -inf, -inf,  // -> 0
+      1,    1,    1,    1,     1,    1,    1,    1,    1,     // all tie -> 0
+      0,    0,    0,    0,     0,    0,    0,    0,    7,     // last -> 8
+  };
+  for (int32_t bd : {1, 2, 7}) {
+    std::vector<int32_t> ids(5, -7);
+    ASSERT_TRUE(run(&argmax_kernel, argmax_args(view(logits, {5, V}), view(ids, {5})), bd).ok());
+    EXPECT_THAT(ids, ::testing::ElementsAre(3, 3, 0, 0, 8));
+  }
+}
+
+}  // namespace
+}  // namespace simpler::llm

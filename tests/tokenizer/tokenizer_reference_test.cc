@@ -1,0 +1,185 @@
+// Compares simpler::llm::Tokenizer with the JavaScript reference tokenizer
+// (@lenml/tokenizers, the transformers.js tokenizer) on real text files and
+// edge cases. The reference output is produced at test time by running
+// tests/tokenizer/reference.mjs with node; nothing golden is committed. A
+// missing node or node_modules fails the test with the command to fix it.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "simpler/llm/tokenizer.h"
+
+namespace simpler::llm {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Runs `command` through the shell; returns its exit status and output.
+int run_command(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+struct Case {
+  std::string name;
+  std::string text;
+  std::vector<int32_t> ids;
+  std::string decoded;
+  std::string nfc;
+  bool has_added_token = false;
+};
+
+std::string describe_ids(const std::vector<int32_t>& ids, size_t at) {
+  std::ostringstream out;
+  const size_t begin = at >= 3 ? at - 3 : 0;
+  const size_t end = std::min(ids.size(), at + 4);
+  out << "[";
+  for (size_t i = begin; i < end; ++i) out << (i == at ? " >" : " ") << ids[i];
+  out << " ] (" << ids.size() << " ids)";
+  return out.str();
+}
+
+class TokenizerReferenceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto dir = default_tokenizer_dir();
+    if (!dir.ok()) {
+      setup_error_ = dir.status().ToString();
+      return;
+    }
+    const char* node_env = std::getenv("SIMPLER_NODE");
+    const std::string node = node_env != nullptr && *node_env != '\0' ? node_env : "node";
+    std::string probe;
+    if (run_command(shell_quote(node) + " --version", &probe) != 0) {
+      setup_error_ = "node is not runnable (`" + node + " --version` failed: " + probe +
+                     "); install Node.js (Debian: apt-get install nodejs npm), run `npm ci` in "
+                     "the repository root, or set SIMPLER_NODE";
+      return;
+    }
+    const std::string out = SIMPLER_TOKENIZER_REFERENCE_OUT;
+    std::remove(out.c_str());
+    const std::string command =
+        shell_quote(node) + " " + shell_quote(SIMPLER_TOKENIZER_REFERENCE_SCRIPT) +
+        " --tokenizer-dir " + shell_quote(*dir) + " --out " + shell_quote(out);
+    std::string output;
+    if (const int rc = run_command(command, &output); rc != 0) {
+      setup_error_ =
+          "reference script failed (exit " + std::to_string(rc) + "): " + command + "\n" + output;
+      return;
+    }
+    std::ifstream in(out);
+    Json root = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (root.is_discarded() || !root.contains("cases")) {
+      setup_error_ = "reference output " + out + " is not the expected JSON";
+      return;
+    }
+    for (const Json& entry : root["cases"]) {
+      Case c;
+      c.name = entry["name"].get<std::string>();
+      c.text = entry["text"].get<std::string>();
+      c.ids = entry["ids"].get<std::vector<int32_t>>();
+      c.decoded = entry["decoded"].get<std::string>();
+      c.nfc = entry["nfc"].get<std::string>();
+      c.has_added_token = entry["has_added_token"].get<bool>();
+      cases_->push_back(std::move(c));
+    }
+    auto tokenizer = Tokenizer::load(*dir);
+    if (!tokenizer.ok()) {
+      setup_error_ = tokenizer.status().ToString();
+      return;
+    }
+    tokenizer_ = new Tokenizer(*std::move(tokenizer));
+  }
+
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    tokenizer_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_EQ(setup_error_, "") << "cannot run the reference comparison";
+    ASSERT_NE(tokenizer_, nullptr);
+  }
+
+  static inline std::string setup_error_;
+  static inline std::vector<Case>* cases_ = new std::vector<Case>();
+  static inline Tokenizer* tokenizer_ = nullptr;
+};
+
+TEST_F(TokenizerReferenceTest, CorpusHasRealFilesAndEdgeCases) {
+  int files = 0, edges = 0, randoms = 0;
+  for (const Case& c : *cases_) {
+    files += c.name.rfind("file:", 0) == 0;
+    edges += c.name.rfind("edge:", 0) == 0;
+    randoms += c.name.rfind("random:", 0) == 0;
+  }
+  EXPECT_GE(files, 4);
+  EXPECT_GE(edges, 50);
+  EXPECT_GE(randoms, 100);
+}
+
+TEST_F(TokenizerReferenceTest, IdsMatchReference) {
+  int mismatches = 0;
+  size_t tokens = 0;
+  for (const Case& c : *cases_) {
+    const std::vector<int32_t> ids = tokenizer_->encode(c.text);
+    tokens += ids.size();
+    if (ids == c.ids) continue;
+    if (++mismatches > 10) continue;
+    size_t at = 0;
+    while (at < ids.size() && at < c.ids.size() && ids[at] == c.ids[at]) ++at;
+    ADD_FAILURE() << c.name << ": ids differ at index " << at
+                  << "\n  ours:      " << describe_ids(ids, at)
+                  << "\n  reference: " << describe_ids(c.ids, at)
+                  << "\n  text: " << testing::PrintToString(c.text.substr(0, 200));
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << cases_->size() << " cases";
+  std::printf("compared %zu cases, %zu tokens\n", cases_->size(), tokens);
+}
+
+TEST_F(TokenizerReferenceTest, DecodeMatchesReference) {
+  for (const Case& c : *cases_) {
+    EXPECT_EQ(tokenizer_->decode(c.ids), c.decoded) << c.name;
+  }
+}
+
+TEST_F(TokenizerReferenceTest, RoundTripIsNfcOfText) {
+  int checked = 0;
+  for (const Case& c : *cases_) {
+    // utf8proc's NFC agrees with JavaScript's String.prototype.normalize.
+    EXPECT_EQ(Tokenizer::nfc(c.text), c.nfc) << c.name;
+    if (c.has_added_token) continue;  // added-token text is not normalized
+    EXPECT_EQ(tokenizer_->decode(tokenizer_->encode(c.text)), c.nfc) << c.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 100);
+}
+
+}  // namespace
+}  // namespace simpler::llm
