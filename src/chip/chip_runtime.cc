@@ -1,6 +1,7 @@
 #include "simpler/chip/chip_runtime.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,54 @@ absl::Status ChipOptions::validate() const {
 }
 
 namespace {
+
+// Submit-time checks shared by both placements. Messages start with
+// "task T (kernel 'K')"; the caller prefixes the run.
+absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
+                           task::KernelIndex kernel, const task::Arg* args, size_t num_args,
+                           int32_t block_dim, const ChipOptions& options,
+                           const RangeCheck& check_range) {
+  if (kernel >= callable.kernels.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task ", seq, ": kernel index ", kernel, " out of range (callable '",
+                     callable.name, "' has ", callable.kernels.size(), " kernels)"));
+  }
+  const std::string& kname = callable.kernels[kernel].name;
+  const std::string where = absl::StrCat("task ", seq, " (kernel '", kname, "')");
+  if (block_dim < 1 || block_dim > options.max_block_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": block_dim ", block_dim,
+                                                   " outside [1, ", options.max_block_dim, "]"));
+  }
+  if (num_args > options.max_task_args) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(where, " has ", num_args, " arguments; a task ring slot holds ",
+                     options.max_task_args, " — the run can never fit"));
+  }
+  for (size_t i = 0; i < num_args; ++i) {
+    const task::Arg& a = args[i];
+    const auto d = static_cast<uint8_t>(a.direction);
+    if (d > static_cast<uint8_t>(task::ArgDirection::kInOut)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " argument ", i, " has unknown direction ", static_cast<int>(d)));
+    }
+    if (a.direction == task::ArgDirection::kScalar) continue;
+    if (a.tensor.rank < 0 || a.tensor.rank > task::kMaxRank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " argument ", i, " has tensor rank ", a.tensor.rank));
+    }
+    if (a.tensor.memory != task::MemoryKind::kDevice) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " argument ", i, " is a HOST tensor; tasks take device tensors"));
+    }
+    const uint64_t span = a.tensor.span_bytes();
+    if (span == 0) continue;
+    if (absl::Status r = check_range(a.tensor.address, span); !r.ok()) {
+      return base::annotate(
+          r, absl::StrCat(where, " argument ", i, " ", a.tensor.debug_string(), ": "));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // One ring slot. Reused for task seq, seq + capacity, ...
 struct TaskSlot {
@@ -51,6 +100,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     num_cores_ = cores;
     for (int32_t c = cores - 1; c >= 0; --c) idle_.push_back(c);
     is_done_ = [this](uint64_t seq) { return done(seq); };
+    check_range_ = [this](uint64_t a, uint64_t b) { return ctx_.check_range(a, b); };
   }
 
   int32_t num_cores() const override { return num_cores_; }
@@ -60,84 +110,30 @@ class GraphExecutor final : public task::OrchestrationContext {
                       int32_t block_dim) override {
     if (!failure_.ok()) return failure_;
     const uint64_t seq = next_seq_;
-    if (kernel >= callable_.kernels.size()) {
-      return fail_submit(absl::InvalidArgumentError(
-          absl::StrCat("task ", seq, ": kernel index ", kernel, " out of range (callable '",
-                       callable_.name, "' has ", callable_.kernels.size(), " kernels)")));
+    if (absl::Status v = validate_task(seq, callable_, kernel, args.args().data(), args.size(),
+                                       block_dim, options_, check_range_);
+        !v.ok()) {
+      return fail_submit(v);
     }
-    const std::string& kname = callable_.kernels[kernel].name;
-    if (block_dim < 1 || block_dim > options_.max_block_dim) {
-      return fail_submit(absl::InvalidArgumentError(
-          absl::StrCat("task ", seq, " (kernel '", kname, "'): block_dim ", block_dim,
-                       " outside [1, ", options_.max_block_dim, "]")));
-    }
-    if (args.size() > options_.max_task_args) {
-      return fail_submit(absl::ResourceExhaustedError(absl::StrCat(
-          "task ", seq, " (kernel '", kname, "') has ", args.size(),
-          " arguments; a task ring slot holds ", options_.max_task_args,
-          " — the run can never fit")));
-    }
-    if (absl::Status v = args.validate(); !v.ok()) {
-      return fail_submit(base::annotate(v, absl::StrCat("task ", seq, " (kernel '", kname, "'): ")));
-    }
-    for (size_t i = 0; i < args.size(); ++i) {
-      const task::Arg& a = args[i];
-      if (a.direction == task::ArgDirection::kScalar) continue;
-      if (a.tensor.memory != task::MemoryKind::kDevice) {
-        return fail_submit(absl::InvalidArgumentError(
-            absl::StrCat("task ", seq, " (kernel '", kname, "') argument ", i,
-                         " is a HOST tensor; tasks take device tensors")));
-      }
-      const uint64_t span = a.tensor.span_bytes();
-      if (span == 0) continue;
-      if (absl::Status r = ctx_.check_range(a.tensor.address, span); !r.ok()) {
-        return fail_submit(base::annotate(
-            r, absl::StrCat("task ", seq, " (kernel '", kname, "') argument ", i, " ",
-                            a.tensor.debug_string(), ": ")));
-      }
-    }
-    // Backpressure: wait for the oldest tasks to retire.
-    while (next_seq_ - head_seq_ >= ring_.size()) {
-      if (!failure_.ok()) return failure_;
-      dispatch();
-      if (!pump(/*block=*/true)) {
-        return fail_submit(absl::InternalError("task ring full with nothing running"));
-      }
-    }
-    if (!failure_.ok()) return failure_;
-
-    TaskSlot& s = slot(seq);
-    s.seq = seq;
-    s.kernel = kernel;
-    s.block_dim = block_dim;
-    s.blocks_started = 0;
-    s.blocks_done = 0;
-    s.pending = 0;
-    s.completed = false;
-    s.args.assign(args.args().begin(), args.args().end());
-    s.successors.clear();
-    s.timing = TaskTiming{static_cast<uint32_t>(seq), kernel, -1, block_dim, 0, 0};
-    ++next_seq_;
-    ++report_->tasks_submitted;
-
     deps_.clear();
-    for (const task::Arg& a : s.args) {
+    for (const task::Arg& a : args.args()) {
       if (a.direction == task::ArgDirection::kScalar) continue;
       const uint64_t span = a.tensor.span_bytes();
       const bool write = a.direction != task::ArgDirection::kIn;
       tensor_map_.access(a.tensor.address, a.tensor.address + span, write, seq, is_done_, &deps_);
     }
-    std::sort(deps_.begin(), deps_.end());
-    deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
-    for (uint64_t d : deps_) {
-      slot(d).successors.push_back(seq);
-      ++s.pending;
+    return admit(kernel, args.args().data(), args.size(), block_dim, deps_);
+  }
+
+  // Executes a validated graph image's tasks.
+  absl::Status run_image(const GraphImageHeader& h, const GraphImageTask* tasks,
+                         const task::Arg* args, const uint32_t* preds) {
+    for (uint32_t i = 0; i < h.num_tasks && failure_.ok(); ++i) {
+      const GraphImageTask& t = tasks[i];
+      deps_.assign(preds + t.preds_begin, preds + t.preds_begin + t.num_preds);
+      (void)admit(t.kernel, args + t.args_begin, t.num_args, t.block_dim, deps_);
     }
-    if (s.pending == 0) ready_.push_back(seq);
-    dispatch();
-    while (pump(/*block=*/false)) {
-    }
-    return failure_;
+    return finish();
   }
 
   // Runs the orchestration, then drives every submitted task to completion.
@@ -147,6 +143,12 @@ class GraphExecutor final : public task::OrchestrationContext {
       failure_ = base::annotate(
           orch, absl::StrCat("run ", ctx_.run_id(), " orchestration of '", callable_.name, "': "));
     }
+    return finish();
+  }
+
+ private:
+  // Waits for every admitted task (or the first failure), drains the cores.
+  absl::Status finish() {
     while (failure_.ok() && completed_ < next_seq_) {
       dispatch();
       if (!pump(/*block=*/true)) {
@@ -161,7 +163,46 @@ class GraphExecutor final : public task::OrchestrationContext {
     return failure_;
   }
 
- private:
+  // Puts a validated task into the ring (waiting for space: backpressure),
+  // links it behind its unfinished predecessors and dispatches ready work.
+  absl::Status admit(task::KernelIndex kernel, const task::Arg* args, size_t num_args,
+                     int32_t block_dim, std::vector<uint64_t>& deps) {
+    while (next_seq_ - head_seq_ >= ring_.size()) {
+      if (!failure_.ok()) return failure_;
+      dispatch();
+      if (!pump(/*block=*/true)) {
+        return fail_submit(absl::InternalError("task ring full with nothing running"));
+      }
+    }
+    if (!failure_.ok()) return failure_;
+    const uint64_t seq = next_seq_;
+    TaskSlot& s = slot(seq);
+    s.seq = seq;
+    s.kernel = kernel;
+    s.block_dim = block_dim;
+    s.blocks_started = 0;
+    s.blocks_done = 0;
+    s.pending = 0;
+    s.completed = false;
+    s.args.assign(args, args + num_args);
+    s.successors.clear();
+    s.timing = TaskTiming{static_cast<uint32_t>(seq), kernel, -1, block_dim, 0, 0};
+    ++next_seq_;
+    ++report_->tasks_submitted;
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    for (uint64_t d : deps) {
+      if (done(d)) continue;
+      slot(d).successors.push_back(seq);
+      ++s.pending;
+    }
+    if (s.pending == 0) ready_.push_back(seq);
+    dispatch();
+    while (pump(/*block=*/false)) {
+    }
+    return failure_;
+  }
+
   TaskSlot& slot(uint64_t seq) { return ring_[seq % ring_.size()]; }
   bool done(uint64_t seq) {
     if (seq < head_seq_) return true;
@@ -244,6 +285,7 @@ class GraphExecutor final : public task::OrchestrationContext {
   TensorMap tensor_map_;
   TensorMap::IsDone is_done_;
   std::vector<uint64_t> deps_;
+  RangeCheck check_range_;
   absl::Status failure_;
 };
 
@@ -255,6 +297,196 @@ absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& cal
   SIMPLER_RETURN_IF_ERROR(options.validate());
   GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report);
   return exec.run(args);
+}
+
+namespace {
+
+// The host side of a host-built graph: an OrchestrationContext that validates
+// and records tasks, with dependencies from its own TensorMap.
+class GraphRecorder final : public task::OrchestrationContext {
+ public:
+  GraphRecorder(const task::ChipCallable& callable, const ChipOptions& options, int32_t num_cores,
+                uint64_t run_id, const RangeCheck& check_range)
+      : callable_(callable),
+        options_(options),
+        num_cores_(num_cores),
+        run_id_(run_id),
+        check_range_(check_range) {}
+
+  int32_t num_cores() const override { return num_cores_; }
+  uint64_t run_id() const override { return run_id_; }
+
+  absl::Status submit(task::KernelIndex kernel, const task::TaskArgs& args,
+                      int32_t block_dim) override {
+    if (!failure_.ok()) return failure_;
+    const uint64_t seq = tasks_.size();
+    if (seq >= options_.max_graph_tasks) {
+      return fail(absl::ResourceExhaustedError(
+          absl::StrCat("task ", seq, ": the run needs more than ", options_.max_graph_tasks,
+                       " tasks; a graph image holds ", options_.max_graph_tasks,
+                       " — the run can never fit")));
+    }
+    if (absl::Status v = validate_task(seq, callable_, kernel, args.args().data(), args.size(),
+                                       block_dim, options_, check_range_);
+        !v.ok()) {
+      return fail(v);
+    }
+    deps_.clear();
+    for (const task::Arg& a : args.args()) {
+      if (a.direction == task::ArgDirection::kScalar) continue;
+      const uint64_t span = a.tensor.span_bytes();
+      map_.access(a.tensor.address, a.tensor.address + span,
+                  a.direction != task::ArgDirection::kIn, seq, never_done_, &deps_);
+    }
+    std::sort(deps_.begin(), deps_.end());
+    deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
+    GraphImageTask t;
+    t.kernel = kernel;
+    t.block_dim = block_dim;
+    t.args_begin = static_cast<uint32_t>(args_.size());
+    t.num_args = static_cast<uint32_t>(args.size());
+    t.preds_begin = static_cast<uint32_t>(preds_.size());
+    t.num_preds = static_cast<uint32_t>(deps_.size());
+    tasks_.push_back(t);
+    args_.insert(args_.end(), args.args().begin(), args.args().end());
+    for (uint64_t d : deps_) preds_.push_back(static_cast<uint32_t>(d));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<uint8_t>> image() const {
+    GraphImageHeader h;
+    h.num_tasks = static_cast<uint32_t>(tasks_.size());
+    h.num_args = static_cast<uint32_t>(args_.size());
+    h.num_preds = static_cast<uint32_t>(preds_.size());
+    h.num_kernels = static_cast<uint32_t>(callable_.kernels.size());
+    h.run_id = run_id_;
+    auto align = [](uint64_t x) { return (x + 63) / 64 * 64; };
+    h.tasks_offset = align(sizeof(GraphImageHeader));
+    h.args_offset = align(h.tasks_offset + tasks_.size() * sizeof(GraphImageTask));
+    h.preds_offset = align(h.args_offset + args_.size() * sizeof(task::Arg));
+    h.total_bytes = h.preds_offset + preds_.size() * sizeof(uint32_t);
+    std::vector<uint8_t> out(h.total_bytes, 0);
+    std::memcpy(out.data(), &h, sizeof(h));
+    if (!tasks_.empty()) {
+      std::memcpy(out.data() + h.tasks_offset, tasks_.data(), tasks_.size() * sizeof(GraphImageTask));
+    }
+    if (!args_.empty()) {
+      std::memcpy(out.data() + h.args_offset, args_.data(), args_.size() * sizeof(task::Arg));
+    }
+    if (!preds_.empty()) {
+      std::memcpy(out.data() + h.preds_offset, preds_.data(), preds_.size() * sizeof(uint32_t));
+    }
+    return out;
+  }
+
+  const absl::Status& failure() const { return failure_; }
+
+ private:
+  absl::Status fail(absl::Status st) {
+    if (failure_.ok()) failure_ = base::annotate(st, absl::StrCat("run ", run_id_, " "));
+    return failure_;
+  }
+
+  const task::ChipCallable& callable_;
+  const ChipOptions& options_;
+  int32_t num_cores_;
+  uint64_t run_id_;
+  const RangeCheck& check_range_;
+  TensorMap map_;
+  TensorMap::IsDone never_done_ = [](uint64_t) { return false; };
+  std::vector<uint64_t> deps_;
+  std::vector<GraphImageTask> tasks_;
+  std::vector<task::Arg> args_;
+  std::vector<uint32_t> preds_;
+  absl::Status failure_;
+};
+
+absl::Status bad_image(uint64_t run_id, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("run ", run_id, ": malformed graph image: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint8_t>> build_graph_image(const task::ChipCallable& callable,
+                                                       const task::TaskArgs& args,
+                                                       const ChipOptions& options,
+                                                       int32_t num_cores, uint64_t run_id,
+                                                       const RangeCheck& check_range) {
+  SIMPLER_RETURN_IF_ERROR(options.validate());
+  GraphRecorder rec(callable, options, num_cores, run_id, check_range);
+  absl::Status orch = callable.orchestration(rec, args);
+  if (!rec.failure().ok()) return rec.failure();
+  if (!orch.ok()) {
+    return base::annotate(
+        orch, absl::StrCat("run ", run_id, " orchestration of '", callable.name, "': "));
+  }
+  return rec.image();
+}
+
+absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCallable& callable,
+                                 uint64_t image_address, uint64_t image_bytes,
+                                 const ChipOptions& options, int32_t max_cores,
+                                 bool record_task_timing, RunReport* report) {
+  SIMPLER_RETURN_IF_ERROR(options.validate());
+  const uint64_t run = ctx.run_id();
+  if (image_bytes < sizeof(GraphImageHeader)) return bad_image(run, "shorter than its header");
+  SIMPLER_RETURN_IF_ERROR(ctx.check_range(image_address, image_bytes));
+  const auto* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(image_address));
+  GraphImageHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  if (h.magic != kGraphImageMagic) return bad_image(run, "bad magic");
+  if (h.version != kGraphImageVersion) {
+    return bad_image(run, absl::StrCat("version ", h.version, ", device understands ",
+                                       kGraphImageVersion));
+  }
+  if (h.run_id != run) {
+    return bad_image(run, absl::StrCat("built for run ", h.run_id));
+  }
+  if (h.total_bytes > image_bytes) return bad_image(run, "total_bytes beyond the buffer");
+  if (h.num_kernels != callable.kernels.size()) {
+    return bad_image(run, absl::StrCat("built for ", h.num_kernels, " kernels, callable '",
+                                       callable.name, "' has ", callable.kernels.size()));
+  }
+  auto fits = [&](uint64_t offset, uint64_t count, uint64_t size, uint64_t align) {
+    return offset % align == 0 && offset <= h.total_bytes &&
+           count <= (h.total_bytes - offset) / size;
+  };
+  if (!fits(h.tasks_offset, h.num_tasks, sizeof(GraphImageTask), alignof(GraphImageTask))) {
+    return bad_image(run, "task table outside the image");
+  }
+  if (!fits(h.args_offset, h.num_args, sizeof(task::Arg), alignof(task::Arg))) {
+    return bad_image(run, "argument table outside the image");
+  }
+  if (!fits(h.preds_offset, h.num_preds, sizeof(uint32_t), alignof(uint32_t))) {
+    return bad_image(run, "predecessor table outside the image");
+  }
+  const auto* tasks = reinterpret_cast<const GraphImageTask*>(base + h.tasks_offset);
+  const auto* args = reinterpret_cast<const task::Arg*>(base + h.args_offset);
+  const auto* preds = reinterpret_cast<const uint32_t*>(base + h.preds_offset);
+  const RangeCheck check = [&ctx](uint64_t a, uint64_t b) { return ctx.check_range(a, b); };
+  for (uint32_t i = 0; i < h.num_tasks; ++i) {
+    const GraphImageTask& t = tasks[i];
+    if (t.args_begin > h.num_args || t.num_args > h.num_args - t.args_begin) {
+      return bad_image(run, absl::StrCat("task ", i, " arguments outside the table"));
+    }
+    if (t.preds_begin > h.num_preds || t.num_preds > h.num_preds - t.preds_begin) {
+      return bad_image(run, absl::StrCat("task ", i, " predecessors outside the table"));
+    }
+    for (uint32_t k = 0; k < t.num_preds; ++k) {
+      if (preds[t.preds_begin + k] >= i) {
+        return bad_image(run, absl::StrCat("task ", i, " names predecessor ",
+                                           preds[t.preds_begin + k], " that is not earlier"));
+      }
+    }
+    if (absl::Status v = validate_task(i, callable, t.kernel, args + t.args_begin, t.num_args,
+                                       t.block_dim, options, check);
+        !v.ok()) {
+      return base::annotate(v, absl::StrCat("run ", run, " graph image: "));
+    }
+  }
+  GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report);
+  return exec.run_image(h, tasks, args, preds);
 }
 
 }  // namespace simpler::chip

@@ -247,5 +247,135 @@ TEST_F(ChipRuntimeTest, MaxCoresLimitsTheCoresUsed) {
   for (auto& t : report_.tasks) EXPECT_LT(t.core, 2);
 }
 
+// ---- host-built graphs ----
+
+class HostBuiltGraphTest : public ChipRuntimeTest {
+ protected:
+  absl::StatusOr<std::vector<uint8_t>> build(const task::ChipCallable& c, uint64_t run_id = 0,
+                                             ChipOptions opt = {}) {
+    return build_graph_image(c, task::TaskArgs{}, opt, 4, run_id, [this](uint64_t a, uint64_t b) {
+      return dev_->check_range(a, b);
+    });
+  }
+  absl::Status execute(const task::ChipCallable& c, const std::vector<uint8_t>& image,
+                       uint64_t run_id = 0) {
+    uint64_t buf = *dev_->malloc(image.size());
+    EXPECT_TRUE(dev_->copy_to_device(buf, image.data(), image.size()).ok());
+    report_ = RunReport{};
+    auto rec = stream_->launch(run_id, [&](device::ExecContext& ctx) {
+      return execute_graph_image(ctx, c, buf, image.size(), {}, 0, true, &report_);
+    });
+    (*rec)->done.wait(base::Deadline::forever());
+    return (*rec)->done.status();
+  }
+  task::ChipCallable chain(Tensor b, int n) {
+    return {"chain",
+            [b, n](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+              for (int i = 0; i < n; ++i) {
+                task::TaskArgs a;
+                a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+                SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+              }
+              return absl::OkStatus();
+            },
+            {{"inc", inc}}};
+  }
+};
+
+TEST_F(HostBuiltGraphTest, ImageExecutesWithTheSameDependencies) {
+  Tensor b = buffer(1);
+  auto c = chain(b, 300);
+  auto image = build(c);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_EQ(b.data<int32_t>()[0], 0);  // building ran nothing
+  ASSERT_TRUE(execute(c, *image).ok());
+  EXPECT_EQ(b.data<int32_t>()[0], 300);
+  EXPECT_EQ(report_.tasks_completed, 300u);
+}
+
+TEST_F(HostBuiltGraphTest, CorruptedImagesAreRefusedNamingTheField) {
+  Tensor b = buffer(1);
+  auto c = chain(b, 3);
+  auto image = *build(c, 5);
+  auto expect_bad = [&](std::vector<uint8_t> img, const std::string& needle, uint64_t run = 5) {
+    absl::Status s = execute(c, img, run);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(s.message()).find(needle), std::string::npos) << s.message();
+  };
+  auto hdr = [](std::vector<uint8_t>& img) { return reinterpret_cast<GraphImageHeader*>(img.data()); };
+  {
+    auto img = image;
+    hdr(img)->magic = 0;
+    expect_bad(img, "bad magic");
+  }
+  {
+    auto img = image;
+    hdr(img)->version = 9;
+    expect_bad(img, "version 9");
+  }
+  expect_bad(image, "built for run 5", 6);
+  {
+    auto img = image;
+    auto* tasks = reinterpret_cast<GraphImageTask*>(img.data() + hdr(img)->tasks_offset);
+    tasks[1].kernel = 7;
+    expect_bad(img, "kernel index 7 out of range");
+  }
+  {
+    auto img = image;
+    auto* preds = reinterpret_cast<uint32_t*>(img.data() + hdr(img)->preds_offset);
+    preds[0] = 2;  // task 1's predecessor made a later task
+    expect_bad(img, "not earlier");
+  }
+  {
+    auto img = image;
+    hdr(img)->num_args = 1000;
+    expect_bad(img, "outside the image");
+  }
+  EXPECT_EQ(b.data<int32_t>()[0], 0);  // nothing executed
+}
+
+TEST_F(HostBuiltGraphTest, RunThatCanNeverFitItsImageFailsAtOnce) {
+  Tensor b = buffer(1);
+  ChipOptions opt;
+  opt.max_graph_tasks = 10;
+  int submitted = 0;
+  task::ChipCallable c{"big",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         for (int i = 0; i < 100; ++i) {
+                           task::TaskArgs a;
+                           a.add_tensor(b, ArgDirection::kInOut);
+                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                           ++submitted;
+                         }
+                         return absl::OkStatus();
+                       },
+                       {{"inc", inc}}};
+  auto image = build(c, 3, opt);
+  ASSERT_FALSE(image.ok());
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(image.status().message()).find("run 3 task 10: the run needs more than 10"),
+            std::string::npos)
+      << image.status();
+  EXPECT_EQ(submitted, 10);
+}
+
+TEST_F(HostBuiltGraphTest, SubmitTimeErrorsAreFoundOnTheHost) {
+  Tensor b = buffer(1);
+  Tensor bad = b;
+  bad.shape[0] = 2;
+  task::ChipCallable c{"oob",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a;
+                         a.add_tensor(bad, ArgDirection::kOut);
+                         return ctx.submit(0, a);
+                       },
+                       {{"inc", inc}}};
+  auto image = build(c, 4);
+  ASSERT_FALSE(image.ok());
+  EXPECT_NE(std::string(image.status().message()).find("run 4 task 0 (kernel 'inc') argument 0"),
+            std::string::npos)
+      << image.status();
+}
+
 }  // namespace
 }  // namespace simpler::chip

@@ -19,6 +19,7 @@ struct CommonOptions {
   int32_t run_grant = 0;
   double timeout_s = 60;
   std::string trace_path;
+  std::string placement = "device";
   bool json = false;
 
   void add_to(CLI::App* app, bool with_json = true);

@@ -14,6 +14,10 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
       ->check(CLI::NonNegativeNumber);
   app->add_option("--timeout", timeout_s, "operation timeout per run, seconds")
       ->check(CLI::PositiveNumber);
+  app->add_option("--graph-placement", placement,
+                  "where task graphs are built: device (orchestration on the device) or host "
+                  "(built during prepare, executed from a graph image)")
+      ->check(CLI::IsMember({"device", "host"}));
   app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file");
   if (with_json) app->add_flag("--json", json, "print one JSON object on stdout");
 }
@@ -25,6 +29,7 @@ worker::WorkerOptions CommonOptions::worker_options(base::TraceRecorder* trace) 
   o.run_grant = run_grant;
   o.operation_timeout_s = timeout_s;
   o.trace = trace_path.empty() ? nullptr : trace;
+  o.placement = placement == "host" ? task::GraphPlacement::kHost : task::GraphPlacement::kDevice;
   return o;
 }
 

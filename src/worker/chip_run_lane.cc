@@ -20,6 +20,10 @@ struct Exec {
   bool task_timing = true;
   chip::ChipOptions chip;
   chip::RunReport report;  // written by the device thread; read after `done`
+  // Host-built placement: the graph image in a run-owned device buffer.
+  bool host_built = false;
+  uint64_t image_address = 0;
+  uint64_t image_bytes = 0;
 };
 
 bool is_terminal(RunState s) {
@@ -106,6 +110,10 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   run->exec->max_cores = config.max_cores;
   run->exec->task_timing = config.task_timing;
   run->exec->chip = options_.chip;
+  task::GraphPlacement placement = config.placement;
+  if (placement == task::GraphPlacement::kDefault) placement = callable->placement;
+  if (placement == task::GraphPlacement::kDefault) placement = options_.placement;
+  run->exec->host_built = placement == task::GraphPlacement::kHost;
   run->config = config;
   run->timing.submit_ns = submit_ns;
   Run* r = run.get();
@@ -172,6 +180,21 @@ absl::Status ChipRunLane::prepare(Run& run) {
     a.tensor.address = buf.address;
     a.tensor.memory = task::MemoryKind::kDevice;
   }
+  if (run.exec->host_built) {
+    // Host-built graph: orchestrate here and place the image in a run-owned buffer.
+    int32_t cores = device_->caps().num_cores;
+    if (run.exec->max_cores > 0) cores = std::min(cores, run.exec->max_cores);
+    SIMPLER_ASSIGN_OR_RETURN(
+        std::vector<uint8_t> image,
+        chip::build_graph_image(*run.exec->callable, args, run.exec->chip, cores, run.id(),
+                                [this](uint64_t a, uint64_t b) {
+                                  return device_->check_range(a, b);
+                                }));
+    SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged, image.size()));
+    SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address, image.data(), image.size()));
+    run.exec->image_address = buf.address;
+    run.exec->image_bytes = image.size();
+  }
   return absl::OkStatus();
 }
 
@@ -192,6 +215,11 @@ void ChipRunLane::launch_ready_locked() {
     const uint64_t id = run.id();
     run.timing.launch_ns = base::now_ns();
     auto rec = stream_->launch(id, [exec](device::ExecContext& ctx) {
+      if (exec->host_built) {
+        return chip::execute_graph_image(ctx, *exec->callable, exec->image_address,
+                                         exec->image_bytes, exec->chip, exec->max_cores,
+                                         exec->task_timing, &exec->report);
+      }
       return chip::execute_run(ctx, *exec->callable, exec->args, exec->chip, exec->max_cores,
                                exec->task_timing, &exec->report);
     });

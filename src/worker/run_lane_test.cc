@@ -2,6 +2,7 @@
 #include <atomic>
 #include <random>
 #include <set>
+#include <tuple>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -32,10 +33,16 @@ task::TaskArgs sleep_args(int64_t us) {
   return a;
 }
 
-class PipelineDepth : public ::testing::TestWithParam<int> {};
+class PipelineDepth
+    : public ::testing::TestWithParam<std::tuple<int, task::GraphPlacement>> {
+ protected:
+  int depth() const { return std::get<0>(GetParam()); }
+};
 
 TEST_P(PipelineDepth, ThousandPipelinedRunsEachProduceTheirOwnResult) {
-  Worker w(opts(GetParam()));
+  WorkerOptions o = opts(depth());
+  o.placement = std::get<1>(GetParam());
+  Worker w(o);
   auto h = w.register_callable(affine_program(2));
   ASSERT_TRUE(w.init().ok());
   constexpr int kRuns = 1000;
@@ -58,13 +65,43 @@ TEST_P(PipelineDepth, ThousandPipelinedRunsEachProduceTheirOwnResult) {
     const RunTiming& b = hs[i].result().timing;
     ASSERT_LE(a.device_end_ns, b.device_start_ns) << "run " << i;
     ASSERT_LE(a.finalize_ns, b.finalize_ns);
-    EXPECT_LE(hs[i].result().effective_depth, GetParam());
-    EXPECT_EQ(hs[i].result().requested_depth, GetParam());
+    EXPECT_LE(hs[i].result().effective_depth, depth());
+    EXPECT_EQ(hs[i].result().requested_depth, depth());
+    EXPECT_EQ(hs[i].result().report.tasks_completed, 2u);
   }
   EXPECT_TRUE(w.close().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Depths, PipelineDepth, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(
+    DepthsAndPlacements, PipelineDepth,
+    ::testing::Combine(::testing::Values(1, 2, 4),
+                       ::testing::Values(task::GraphPlacement::kDevice,
+                                         task::GraphPlacement::kHost)));
+
+TEST(Pipeline, HostBuiltGraphErrorsAreReturnedBySubmit) {
+  Worker w(opts(2));
+  auto h = w.register_callable(task::ChipCallable{
+      "bad_kernel",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+        return ctx.submit(5, task::TaskArgs{});
+      },
+      {{"sleep", testing::sleep_kernel}}});
+  ASSERT_TRUE(w.init().ok());
+  task::CallConfig host;
+  host.placement = task::GraphPlacement::kHost;
+  auto r = w.submit(*h, task::TaskArgs{}, host);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("run 0 prepare: run 0 task 0: kernel index 5"),
+            std::string::npos)
+      << r.status();
+  // The same program device-built fails on its handle instead.
+  auto d = w.submit(*h, task::TaskArgs{});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->wait().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w.close().ok());  // both errors were delivered
+  EXPECT_EQ(w.resources().free, w.resources().grant);
+}
 
 TEST(Pipeline, UnwaitedRunsAtGrantFourDoNotDeadlock) {
   Worker w(opts(2, 4));

@@ -83,6 +83,7 @@ absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::Chip
   lane.operation_timeout_s = options_.operation_timeout_s;
   lane.chip = options_.chip;
   lane.trace = options_.trace;
+  lane.placement = options_.placement;
   lane_ = std::make_unique<ChipRunLane>(device_.get(), stream_, arena_.get(), lane);
   return absl::OkStatus();
 }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,9 @@ struct ChipOptions {
   uint32_t max_task_args = 32;
   // Largest block_dim of one task.
   int32_t max_block_dim = 65536;
+  // Tasks a host-built graph image holds. A run that submits more can never
+  // fit its image: it fails at once with RESOURCE_EXHAUSTED.
+  uint32_t max_graph_tasks = 1u << 20;
 
   // INVALID_ARGUMENT naming the field when a limit is 0.
   absl::Status validate() const;
@@ -60,5 +65,73 @@ struct RunReport {
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
                          const task::TaskArgs& args, const ChipOptions& options,
                          int32_t max_cores, bool record_task_timing, RunReport* report);
+
+// ---- Host-built graphs ----------------------------------------------------
+//
+// The host runs the orchestration during prepare and writes the finished
+// graph as an image into a run-owned device buffer; the device validates the
+// image, then only executes it. The image is a plain, versioned byte layout
+// with offsets (never host pointers):
+//
+//   GraphImageHeader
+//   GraphImageTask[num_tasks]         at tasks_offset
+//   task::Arg[num_args]               at args_offset  (device tensors, scalars)
+//   uint32_t preds[num_preds]         at preds_offset (indices of earlier tasks)
+//
+// Task i's arguments are args[args_begin, args_begin + num_args) and its
+// predecessors preds[preds_begin, preds_begin + num_preds), every index < i.
+
+inline constexpr uint32_t kGraphImageMagic = 0x53475246;  // "FRGS" little-endian
+inline constexpr uint32_t kGraphImageVersion = 1;
+
+struct GraphImageHeader {
+  uint32_t magic = kGraphImageMagic;
+  uint32_t version = kGraphImageVersion;
+  uint32_t num_tasks = 0;
+  uint32_t num_args = 0;
+  uint32_t num_preds = 0;
+  uint32_t num_kernels = 0;  // of the callable it was built for
+  uint64_t run_id = 0;
+  uint64_t tasks_offset = 0;
+  uint64_t args_offset = 0;
+  uint64_t preds_offset = 0;
+  uint64_t total_bytes = 0;
+};
+static_assert(std::is_trivially_copyable_v<GraphImageHeader>);
+static_assert(sizeof(GraphImageHeader) == 64);
+
+struct GraphImageTask {
+  uint32_t kernel = 0;
+  int32_t block_dim = 1;
+  uint32_t args_begin = 0;
+  uint32_t num_args = 0;
+  uint32_t preds_begin = 0;
+  uint32_t num_preds = 0;
+};
+static_assert(std::is_trivially_copyable_v<GraphImageTask>);
+static_assert(sizeof(GraphImageTask) == 24);
+
+// Checks a device range; the Device's check_range on the host.
+using RangeCheck = std::function<absl::Status(uint64_t address, uint64_t bytes)>;
+
+// Runs `callable`'s orchestration on the calling (host) thread against a
+// recording context and returns the graph image. `num_cores` is what the
+// orchestration sees as ctx.num_cores(). Errors as for execute_run's
+// submit-time errors, plus RESOURCE_EXHAUSTED when the run needs more than
+// options.max_graph_tasks tasks (the run can never fit its image).
+absl::StatusOr<std::vector<uint8_t>> build_graph_image(const task::ChipCallable& callable,
+                                                       const task::TaskArgs& args,
+                                                       const ChipOptions& options,
+                                                       int32_t num_cores, uint64_t run_id,
+                                                       const RangeCheck& check_range);
+
+// Validates the image at [image_address, + image_bytes) on the device (magic,
+// version, run id, offsets and counts, kernel indices, predecessor indices,
+// argument ranges) and executes it. A malformed image is INVALID_ARGUMENT
+// naming the field; otherwise as execute_run.
+absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCallable& callable,
+                                 uint64_t image_address, uint64_t image_bytes,
+                                 const ChipOptions& options, int32_t max_cores,
+                                 bool record_task_timing, RunReport* report);
 
 }  // namespace simpler::chip

@@ -29,6 +29,9 @@ struct LaneOptions {
   // DEADLINE_EXCEEDED, the device is aborted and the lane poisoned.
   double operation_timeout_s = 60.0;
   chip::ChipOptions chip;
+  // Where task graphs are built when neither the CallConfig nor the callable
+  // says (kDefault here means device-built).
+  task::GraphPlacement placement = task::GraphPlacement::kDevice;
   // Optional span sink (not owned; must outlive the lane).
   base::TraceRecorder* trace = nullptr;
 };

@@ -33,6 +33,8 @@ struct WorkerOptions {
   double operation_timeout_s = 60;  // per-run device time limit once at the stream head
   uint64_t device_memory_bytes = 0;  // sim heap capacity; 0 = host-limited
   chip::ChipOptions chip;
+  // Default graph placement (a CallConfig or callable placement overrides it).
+  task::GraphPlacement placement = task::GraphPlacement::kDevice;
   // Fault plan for the sim device; unset = parse SIMPLER_SIM_FAULTS at init().
   std::optional<device::FaultPlan> faults;
   base::TraceRecorder* trace = nullptr;  // not owned; must outlive the Worker
