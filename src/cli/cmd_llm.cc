@@ -103,7 +103,7 @@ Runner add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "greedy-decode prompts with a Qwen3 model");
   struct State {
     std::string model, prompt, prompt_ids, prompts_file;
-    bool chat = false, ignore_eos = false;
+    bool chat = false, ignore_eos = false, host_sampling = false;
     int32_t max_new_tokens = 32;
     int32_t requests = 1;
     int32_t page_size = 16;
@@ -129,6 +129,9 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--num-pages", st->num_pages, "KV cache pages (0 = sized from the requests)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at stop ids");
+  cmd->add_flag("--host-sampling", st->host_sampling,
+                "sample on the host from logits read back every step (falls back to serial "
+                "launch: the next step needs the host's token first)");
   cmd->add_option("--dump-logits-steps", st->dump_logits_steps,
                   "with --json: include logits at these decode steps (0 = first token)");
   cmd->add_option("--dump-kv-positions", st->dump_kv_positions,
@@ -232,6 +235,7 @@ Runner add_generate_command(CLI::App& app) {
     if (!st->ignore_eos) {
       for (int64_t id : (*engine)->config().stop_ids()) go.stop_ids.insert(static_cast<int32_t>(id));
     }
+    go.host_sampling = st->host_sampling;
     go.logits_steps = to_set<int32_t>(logit_steps_v);
     go.kv_positions = to_set<int64_t>(kv_pos_v);
     int64_t last_report = base::now_ns();
@@ -251,7 +255,8 @@ Runner add_generate_command(CLI::App& app) {
     std::cerr << "simpler generate: " << stats.steps << " steps, " << stats.prompt_tokens
               << " prompt + " << stats.generated_tokens << " generated tokens in "
               << stats.total_ms << " ms (prefill " << stats.prefill_ms << " ms, decode "
-              << stats.decode_ms << " ms, " << tok_s << " generated tokens/s)\n";
+              << stats.decode_ms << " ms, " << tok_s << " generated tokens/s; launch depth "
+              << stats.requested_depth << ", effective " << stats.effective_depth << ")\n";
 
     if (st->common.json) {
       nlohmann::json reqs = nlohmann::json::array();
@@ -285,7 +290,9 @@ Runner add_generate_command(CLI::App& app) {
             {"prompt_tokens", stats.prompt_tokens},
             {"generated_tokens", stats.generated_tokens},
             {"generated_tokens_per_s", tok_s}}},
-          {"launch_depth", st->common.launch_depth}};
+          {"launch_depth", st->common.launch_depth},
+          {"effective_depth", stats.effective_depth},
+          {"host_sampling", st->host_sampling}};
       std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       std::printf("%s\n", dumped.c_str());
     } else {

@@ -1,6 +1,7 @@
 #include "simpler/llm/engine.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
@@ -24,6 +25,67 @@ struct Qwen3Engine::Holder {
 };
 
 namespace {
+
+// Engine run arguments in front of the decode program's own (qwen3_program.h):
+//   0 host_ids  i32 [B] IN    token per row when the host knows it (prompt, host sampling)
+//   1 src_rows  i32 [B] IN    >= 0: take the token from last_ids[src_rows[i]] (device feedback)
+//   2 last_ids  i32 [max_batch] INOUT  the previous step's sampled tokens, in device memory
+//   3...        the decode program's arguments; its input_ids is the engine's feed buffer
+constexpr size_t kEngineArgs = 3;
+
+// input_ids[i] = src_rows[i] >= 0 ? last_ids[src_rows[i]] : host_ids[i].
+// args: 0 host_ids IN, 1 src_rows IN, 2 last_ids IN, 3 input_ids OUT.
+absl::Status token_feedback_kernel(const task::KernelContext& ctx) {
+  const int32_t* host = ctx.tensor(0).data<int32_t>();
+  const int32_t* src = ctx.tensor(1).data<int32_t>();
+  const task::Tensor& last = ctx.tensor(2);
+  int32_t* out = ctx.tensor(3).data<int32_t>();
+  const int64_t rows = ctx.tensor(3).shape[0];
+  for (int64_t i = 0; i < rows; ++i) {
+    if (src[i] >= last.shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat("token feedback: row ", i, " reads row ",
+                                                     src[i], " of ", last.shape[0]));
+    }
+    out[i] = src[i] >= 0 ? last.data<int32_t>()[src[i]] : host[i];
+  }
+  return absl::OkStatus();
+}
+
+// last_ids[0..n) = out_ids. args: 0 out_ids IN [n], 1 last_ids OUT [n].
+absl::Status token_save_kernel(const task::KernelContext& ctx) {
+  const int64_t n = ctx.tensor(0).shape[0];
+  std::copy_n(ctx.tensor(0).data<int32_t>(), n, ctx.tensor(1).data<int32_t>());
+  return absl::OkStatus();
+}
+
+std::vector<task::Kernel> engine_kernels() {
+  std::vector<task::Kernel> k = llm_kernels();
+  k.push_back({"token_feedback", token_feedback_kernel});
+  k.push_back({"token_save", token_save_kernel});
+  return k;
+}
+
+absl::Status orchestrate_step(const task::ChipCallable& bound, task::OrchestrationContext& ctx,
+                              const task::TaskArgs& args) {
+  const auto feedback = static_cast<task::KernelIndex>(bound.kernels.size());
+  task::TaskArgs program;
+  for (size_t i = kEngineArgs; i < args.size(); ++i) program.add(args[i]);
+  const task::Tensor& input_ids = program.tensor(kQwen3InputIds);
+  task::TaskArgs fb;
+  fb.add_tensor(args.tensor(0), task::ArgDirection::kIn)
+      .add_tensor(args.tensor(1), task::ArgDirection::kIn)
+      .add_tensor(args.tensor(2), task::ArgDirection::kIn)
+      .add_tensor(input_ids, task::ArgDirection::kOut);
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(feedback, fb));
+  SIMPLER_RETURN_IF_ERROR(bound.orchestration(ctx, program));
+  const task::Tensor& out_ids = program.tensor(kQwen3OutIds);
+  if (out_ids.numel() == 0) return absl::OkStatus();
+  task::Tensor last = args.tensor(2);
+  last.shape[0] = out_ids.shape[0];
+  task::TaskArgs save;
+  save.add_tensor(out_ids, task::ArgDirection::kIn).add_tensor(last, task::ArgDirection::kOut);
+  return ctx.submit(feedback + 1, save);
+}
 
 Tensor host_tensor(const void* data, std::initializer_list<int64_t> shape, DataType dtype) {
   return *Tensor::contiguous(reinterpret_cast<uintptr_t>(data), shape, dtype, MemoryKind::kHost);
@@ -87,9 +149,9 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
       e->worker_->register_callable(task::ChipCallable{
           "qwen3_decode",
           [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            return holder->bound.orchestration(ctx, args);
+            return orchestrate_step(holder->bound, ctx, args);
           },
-          llm_kernels()}));
+          engine_kernels()}));
   SIMPLER_RETURN_IF_ERROR(e->worker_->init());
 
   // Weights: f32 in device memory, uploaded once.
@@ -143,6 +205,8 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   e->buffers_.push_back(scratch_buf);
   SIMPLER_ASSIGN_OR_RETURN(Qwen3Scratch scratch,
                            layout_scratch(d, max_batch, scratch_buf.address));
+  SIMPLER_ASSIGN_OR_RETURN(e->feed_ids_, e->worker_->malloc(max_batch * 4));
+  SIMPLER_ASSIGN_OR_RETURN(e->last_ids_, e->worker_->malloc(max_batch * 4));
   SIMPLER_ASSIGN_OR_RETURN(uint64_t kv_bytes,
                            qwen3_kv_pool_bytes(d, num_pages, options.page_size));
   SIMPLER_ASSIGN_OR_RETURN(e->kv_buffer_, e->worker_->malloc(kv_bytes));
@@ -193,117 +257,170 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   const int64_t max_blocks = pages_needed(max_len, page_size);
   SIMPLER_ASSIGN_OR_RETURN(PagePool pool, PagePool::create(num_pages_, page_size));
 
+  // Host-side feedback (host sampling) needs each step's logits on the host
+  // before the next step: serial launch. Otherwise the next step reads the
+  // previous step's tokens from device memory and up to launch_depth steps
+  // are in flight.
+  const bool serial = options.host_sampling;
+  const int32_t depth = serial ? 1 : options_.worker.launch_depth;
+  GenerateResult result;
+  GenerateStats& stats = result.stats;
+  stats.requested_depth = options_.worker.launch_depth;
+  if (serial && options_.worker.launch_depth > 1) {
+    SIMPLER_LOG_WARN(
+        "decode: host sampling needs each step's logits on the host first; falling back to "
+        "serial launch (effective depth 1, requested {})",
+        options_.worker.launch_depth);
+  }
+
   struct Req {
     const std::vector<int32_t>* prompt;
     BlockTable table;
-    int64_t fed = 0;
-    bool finished = false;
+    int64_t submitted = 0;      // positions submitted
+    int32_t produced = 0;       // logit rows submitted (tokens that will exist)
+    int32_t prev_logit_row = -1;  // its logit row in the latest submitted step
+    int32_t inflight = 0;       // submitted steps not yet processed
+    bool finished = false;      // known on the host
+    bool released = false;
     RequestResult out;
   };
   std::vector<Req> reqs;
   reqs.reserve(prompts.size());
   for (size_t r = 0; r < prompts.size(); ++r) {
-    reqs.push_back(Req{&prompts[r], BlockTable(r), 0, false, {}});
+    reqs.push_back(Req{&prompts[r], BlockTable(r), 0, 0, -1, 0, false, false, {}});
     reqs.back().out.prompt_ids = prompts[r];
   }
-
-  GenerateResult result;
-  GenerateStats& stats = result.stats;
   for (const auto& p : prompts) stats.prompt_tokens += static_cast<int64_t>(p.size());
-  const int64_t steps_bound = max_len;
+
+  // One submitted step: its host arguments live here until it is processed.
+  struct Step {
+    worker::RunHandle handle;
+    std::vector<int32_t> host_ids, src_rows, positions, slots, tables, context_lens, logit_rows;
+    std::vector<int32_t> out_ids;
+    std::vector<float> logits;
+    std::vector<size_t> row_req;
+    bool want_logits = false;
+    int64_t submit_ns = 0;
+  };
+  std::deque<Step> inflight;
   const int64_t t_start = base::now_ns();
   int64_t t_first_all = 0;
+  int64_t effective_depth_sum = 0;
   const int64_t kv_row = d.kv_size();
 
-  std::vector<int32_t> ids, positions, slots, tables, context_lens, logit_rows, out_ids;
-  std::vector<float> logits;
-  std::vector<size_t> row_req;
-  while (true) {
-    ids.clear();
-    positions.clear();
-    slots.clear();
-    context_lens.clear();
-    logit_rows.clear();
-    row_req.clear();
+  auto submit_step = [&]() -> absl::StatusOr<bool> {
+    Step st;
     for (size_t r = 0; r < reqs.size(); ++r) {
       Req& q = reqs[r];
-      if (q.finished) continue;
-      const int64_t pos = q.fed;
       const int64_t plen = static_cast<int64_t>(q.prompt->size());
-      ids.push_back(pos < plen ? (*q.prompt)[pos] : q.out.tokens.back());
-      positions.push_back(static_cast<int32_t>(pos));
+      // Positions 0 .. plen + N - 2 are fed; the last generated token is not.
+      if (q.finished || q.submitted > plen + options.max_new_tokens - 2) continue;
+      const int64_t pos = q.submitted;
+      if (pos < plen) {
+        st.host_ids.push_back((*q.prompt)[pos]);
+        st.src_rows.push_back(-1);
+      } else if (serial) {
+        st.host_ids.push_back(q.out.tokens.back());
+        st.src_rows.push_back(-1);
+      } else {
+        st.host_ids.push_back(0);
+        st.src_rows.push_back(q.prev_logit_row);  // token from the previous step, on the device
+      }
+      st.positions.push_back(static_cast<int32_t>(pos));
       auto slot = q.table.append_token(pool);
       if (!slot.ok()) {
         return base::annotate(slot.status(), absl::StrCat("request ", r, " position ", pos, ": "));
       }
-      slots.push_back(*slot);
-      context_lens.push_back(static_cast<int32_t>(pos + 1));
-      if (pos >= plen - 1) logit_rows.push_back(static_cast<int32_t>(row_req.size()));
-      row_req.push_back(r);
+      st.slots.push_back(*slot);
+      st.context_lens.push_back(static_cast<int32_t>(pos + 1));
+      q.prev_logit_row = -1;
+      if (pos >= plen - 1) {
+        q.prev_logit_row = static_cast<int32_t>(st.logit_rows.size());
+        st.logit_rows.push_back(static_cast<int32_t>(st.row_req.size()));
+        if (options.logits_steps.count(q.produced)) st.want_logits = true;
+        ++q.produced;
+      }
+      ++q.submitted;
+      ++q.inflight;
+      st.row_req.push_back(r);
     }
-    if (row_req.empty()) break;
-    const int64_t B = static_cast<int64_t>(row_req.size());
-    const int64_t n = static_cast<int64_t>(logit_rows.size());
-    tables.assign(B * max_blocks, 0);
+    if (st.row_req.empty()) return false;
+    const int64_t B = static_cast<int64_t>(st.row_req.size());
+    const int64_t n = static_cast<int64_t>(st.logit_rows.size());
+    st.tables.assign(B * max_blocks, 0);
     for (int64_t i = 0; i < B; ++i) {
-      SIMPLER_RETURN_IF_ERROR(reqs[row_req[i]].table.fill_row(&tables[i * max_blocks], max_blocks));
+      SIMPLER_RETURN_IF_ERROR(
+          reqs[st.row_req[i]].table.fill_row(&st.tables[i * max_blocks], max_blocks));
     }
-    out_ids.assign(n, -1);
-    bool want_logits = false;
-    for (int64_t i = 0; i < n; ++i) {
-      const Req& q = reqs[row_req[logit_rows[i]]];
-      if (options.logits_steps.count(static_cast<int32_t>(q.out.tokens.size()))) want_logits = true;
-    }
+    st.out_ids.assign(n, -1);
+    if (serial || st.want_logits) st.logits.assign(n * d.vocab_size, 0.0f);
+    task::TaskArgs a;
+    a.add_tensor(host_tensor(st.host_ids.data(), {B}, DataType::kInt32), task::ArgDirection::kIn)
+        .add_tensor(host_tensor(st.src_rows.data(), {B}, DataType::kInt32),
+                    task::ArgDirection::kIn)
+        .add_tensor(*last_ids_.tensor({max_batch_}, DataType::kInt32), task::ArgDirection::kInOut);
     Qwen3DecodeRunArgs ra;
-    ra.input_ids = host_tensor(ids.data(), {B}, DataType::kInt32);
-    ra.positions = host_tensor(positions.data(), {B}, DataType::kInt32);
-    ra.slot_mapping = host_tensor(slots.data(), {B}, DataType::kInt32);
-    ra.block_tables = host_tensor(tables.data(), {B, max_blocks}, DataType::kInt32);
-    ra.context_lens = host_tensor(context_lens.data(), {B}, DataType::kInt32);
-    ra.logit_rows = host_tensor(logit_rows.data(), {n}, DataType::kInt32);
-    ra.out_ids = host_tensor(out_ids.data(), {n}, DataType::kInt32);
-    if (want_logits) {
-      logits.assign(n * d.vocab_size, 0.0f);
-      ra.out_logits = host_tensor(logits.data(), {n, d.vocab_size}, DataType::kFloat32);
+    ra.input_ids = *feed_ids_.tensor({B}, DataType::kInt32);
+    ra.positions = host_tensor(st.positions.data(), {B}, DataType::kInt32);
+    ra.slot_mapping = host_tensor(st.slots.data(), {B}, DataType::kInt32);
+    ra.block_tables = host_tensor(st.tables.data(), {B, max_blocks}, DataType::kInt32);
+    ra.context_lens = host_tensor(st.context_lens.data(), {B}, DataType::kInt32);
+    ra.logit_rows = host_tensor(st.logit_rows.data(), {n}, DataType::kInt32);
+    ra.out_ids = host_tensor(st.out_ids.data(), {n}, DataType::kInt32);
+    if (!st.logits.empty()) {
+      ra.out_logits = host_tensor(st.logits.data(), {n, d.vocab_size}, DataType::kFloat32);
     }
-    const int64_t t0 = base::now_ns();
-    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, worker_->submit(decode_, ra.to_task_args()));
-    SIMPLER_RETURN_IF_ERROR(h.wait());
-    const worker::RunResult& rr = h.result();
-    stats.step_ms.push_back((base::now_ns() - t0) / 1e6);
-    stats.device_step_us.push_back((rr.timing.device_end_ns - rr.timing.device_start_ns) / 1e3);
+    const task::TaskArgs program = ra.to_task_args();
+    for (size_t i = 0; i < program.size(); ++i) a.add(program[i]);
+    st.submit_ns = base::now_ns();
+    SIMPLER_ASSIGN_OR_RETURN(st.handle, worker_->submit(decode_, a));
+    inflight.push_back(std::move(st));
     ++stats.steps;
+    return true;
+  };
 
-    // K/V read-back at requested positions (before any page is released).
+  auto process_step = [&]() -> absl::Status {
+    Step& st = inflight.front();
+    SIMPLER_RETURN_IF_ERROR(st.handle.wait());
+    const worker::RunResult& rr = st.handle.result();
+    stats.step_ms.push_back((base::now_ns() - st.submit_ns) / 1e6);
+    stats.device_step_us.push_back((rr.timing.device_end_ns - rr.timing.device_start_ns) / 1e3);
+    effective_depth_sum += rr.effective_depth;
+    const int64_t B = static_cast<int64_t>(st.row_req.size());
     for (int64_t i = 0; i < B; ++i) {
-      const int64_t pos = positions[i];
-      if (!options.kv_positions.count(pos)) continue;
+      Req& q = reqs[st.row_req[i]];
+      --q.inflight;
+      const int64_t pos = st.positions[i];
+      if (q.finished || !options.kv_positions.count(pos)) continue;
+      // K/V read back from the page pool (before any page is released).
       RequestResult::Kv kv;
       for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
         std::vector<float> k(kv_row), v(kv_row);
-        const uint64_t k_off = kv_pools_.layers[l].k_pool.address - kv_buffer_.address +
-                               static_cast<uint64_t>(slots[i]) * kv_row * 4;
-        const uint64_t v_off = kv_pools_.layers[l].v_pool.address - kv_buffer_.address +
-                               static_cast<uint64_t>(slots[i]) * kv_row * 4;
+        const uint64_t row_off = static_cast<uint64_t>(st.slots[i]) * kv_row * 4;
+        const uint64_t k_off = kv_pools_.layers[l].k_pool.address - kv_buffer_.address + row_off;
+        const uint64_t v_off = kv_pools_.layers[l].v_pool.address - kv_buffer_.address + row_off;
         SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data(), kv_buffer_, kv_row * 4, k_off));
         SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data(), kv_buffer_, kv_row * 4, v_off));
         kv.k.push_back(std::move(k));
         kv.v.push_back(std::move(v));
       }
-      reqs[row_req[i]].out.kv[pos] = std::move(kv);
+      q.out.kv[pos] = std::move(kv);
     }
-    for (int64_t i = 0; i < B; ++i) reqs[row_req[i]].fed++;
-    for (int64_t j = 0; j < n; ++j) {
-      Req& q = reqs[row_req[logit_rows[j]]];
+    for (size_t j = 0; j < st.logit_rows.size(); ++j) {
+      Req& q = reqs[st.row_req[st.logit_rows[j]]];
+      if (q.finished) continue;  // an extra step behind a stop: discarded
       const int32_t step = static_cast<int32_t>(q.out.tokens.size());
-      if (want_logits && options.logits_steps.count(step)) {
-        q.out.logits[step].assign(logits.begin() + j * d.vocab_size,
-                                  logits.begin() + (j + 1) * d.vocab_size);
+      int32_t tok = st.out_ids[j];
+      if (!st.logits.empty()) {
+        const float* row = st.logits.data() + j * d.vocab_size;
+        if (options.logits_steps.count(step)) q.out.logits[step].assign(row, row + d.vocab_size);
+        if (serial) {  // host sampling: greedy over the host's logits, lowest index on ties
+          tok = static_cast<int32_t>(std::max_element(row, row + d.vocab_size) - row);
+        }
       }
-      const int32_t tok = out_ids[j];
       if (tok < 0 || tok >= d.vocab_size) {
-        return absl::InternalError(absl::StrCat("decode step produced token id ", tok,
-                                                " outside the vocabulary"));
+        return absl::InternalError(
+            absl::StrCat("decode step produced token id ", tok, " outside the vocabulary"));
       }
       q.out.tokens.push_back(tok);
       ++stats.generated_tokens;
@@ -312,21 +429,38 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
         q.finished = true;
         q.out.finish_reason = stop ? "stop" : "length";
         q.out.pages = q.table.pages();
-        SIMPLER_RETURN_IF_ERROR(q.table.release(pool));
       }
     }
+    // Pages go back only after the last step that reads them was processed.
+    for (auto& q : reqs) {
+      if (q.finished && !q.released && q.inflight == 0) {
+        SIMPLER_RETURN_IF_ERROR(q.table.release(pool));
+        q.released = true;
+      }
+    }
+    inflight.pop_front();
     if (t_first_all == 0) {
       bool all = true;
       for (const auto& q : reqs) all = all && !q.out.tokens.empty();
       if (all) t_first_all = base::now_ns();
     }
-    if (options.progress) options.progress(stats.steps, steps_bound);
+    if (options.progress) options.progress(stats.steps, max_len);
+    return absl::OkStatus();
+  };
+
+  while (true) {
+    SIMPLER_ASSIGN_OR_RETURN(bool submitted, submit_step());
+    if (!submitted && inflight.empty()) break;
+    if (!submitted || static_cast<int32_t>(inflight.size()) >= depth) {
+      SIMPLER_RETURN_IF_ERROR(process_step());
+    }
   }
   const int64_t t_end = base::now_ns();
   stats.total_ms = (t_end - t_start) / 1e6;
   if (t_first_all == 0) t_first_all = t_end;
   stats.prefill_ms = (t_first_all - t_start) / 1e6;
   stats.decode_ms = (t_end - t_first_all) / 1e6;
+  stats.effective_depth = stats.steps > 0 ? static_cast<double>(effective_depth_sum) / stats.steps : 0;
   for (auto& q : reqs) result.requests.push_back(std::move(q.out));
   return result;
 }

@@ -3,6 +3,14 @@
 // (qwen3_program.h) for the whole batch; prompts go through the same decode
 // path one position per step (the LM head is computed only at rows that need
 // logits: a request's last prompt position and its decode positions).
+//
+// Device-side token feedback: a step reads the previous step's sampled tokens
+// from device memory (a token_feedback task in front of the program, a
+// token_save task behind it), so step t+1 is submitted before step t
+// completes and up to launch_depth steps are in flight. The host reads tokens
+// behind the device; a request that hit a stop id is found up to depth-1
+// steps late and the extra tokens are discarded (its pages are released once
+// the last step that wrote them was processed).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +56,11 @@ struct GenerateOptions {
   std::set<int32_t> stop_ids;   // a request stops after generating one of these
   std::set<int32_t> logits_steps;
   std::set<int64_t> kv_positions;
+  // Sample on the host (greedy over logits read back every step) instead of
+  // feeding the device's sampled tokens to the next step. The next step then
+  // needs a host-side value first, so launch falls back to serial (effective
+  // depth 1) and a warning says so. Tokens are identical either way.
+  bool host_sampling = false;
   // Called after every step with (step, total_steps_upper_bound); on the caller's thread.
   std::function<void(int64_t step, int64_t steps_bound)> progress;
 };
@@ -61,6 +74,8 @@ struct GenerateStats {
   double decode_ms = 0;         // after that
   std::vector<double> step_ms;  // host wall time per step
   std::vector<double> device_step_us;  // device time per step (run start..end)
+  int32_t requested_depth = 1;  // the Worker's launch_depth
+  double effective_depth = 0;   // mean RunResult::effective_depth over the steps
 };
 
 struct GenerateResult {
@@ -110,6 +125,8 @@ class Qwen3Engine {
   worker::CallableHandle decode_;
   std::vector<worker::DeviceBuffer> buffers_;
   worker::DeviceBuffer kv_buffer_;
+  worker::DeviceBuffer feed_ids_;  // i32 [max_batch]: the step's input ids (device)
+  worker::DeviceBuffer last_ids_;  // i32 [max_batch]: the previous step's sampled ids
   Qwen3KvPools kv_pools_;
   uint64_t weight_bytes_per_step_ = 0;
   struct Holder;

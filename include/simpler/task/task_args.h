@@ -32,6 +32,11 @@ class TaskArgs {
   // `dir` must be kIn, kOut or kInOut (kScalar is refused by validate()).
   TaskArgs& add_tensor(const Tensor& tensor, ArgDirection dir);
   TaskArgs& add_scalar(uint64_t bits);
+  // Appends an argument as is.
+  TaskArgs& add(const Arg& arg) {
+    args_.push_back(arg);
+    return *this;
+  }
   TaskArgs& add_scalar_i64(int64_t v) { return add_scalar(static_cast<uint64_t>(v)); }
   TaskArgs& add_scalar_f32(float v) {
     uint32_t b;
