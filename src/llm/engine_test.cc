@@ -1,0 +1,170 @@
+#include "simpler/llm/engine.h"
+
+#include <filesystem>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "simpler/llm/make_model.h"
+
+namespace simpler::llm {
+namespace {
+
+bool contains(const absl::Status& s, const std::string& needle) {
+  return std::string(s.message()).find(needle) != std::string::npos;
+}
+
+// A small model (vocab 512) written once per test binary.
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::temp_directory_path() /
+                            ("simpler_engine_test_" + std::to_string(::getpid())))
+                               .string());
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 3;
+    o.dtype = task::DataType::kFloat32;
+    o.out_dir = *dir_;
+    o.overrides.vocab_size = 512;
+    o.overrides.hidden_size = 64;
+    o.overrides.intermediate_size = 128;
+    o.overrides.head_dim = 32;
+    o.overrides.num_attention_heads = 4;
+    o.overrides.num_key_value_heads = 1;
+    ASSERT_TRUE(make_model(o).ok());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  std::unique_ptr<Qwen3Engine> engine(int depth, int batch, int pages, int page_size = 4) {
+    EngineOptions eo;
+    eo.worker.num_cores = 2;
+    eo.worker.launch_depth = depth;
+    eo.worker.faults = device::FaultPlan();
+    eo.page_size = page_size;
+    auto e = Qwen3Engine::create(*dir_, eo, batch, pages);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(e).value();
+  }
+
+  static std::vector<std::vector<int32_t>> prompts() {
+    return {{1, 2, 3}, {7}, {10, 11, 12, 13, 14, 15, 16, 17, 18}, {400, 5}};
+  }
+
+  static std::string* dir_;
+};
+std::string* EngineTest::dir_ = nullptr;
+
+TEST_F(EngineTest, TokensAreIdenticalAtEveryDepthAndWithHostSampling) {
+  GenerateOptions go;
+  go.max_new_tokens = 12;
+  std::vector<std::vector<int32_t>> baseline;
+  for (int depth : {1, 2, 4}) {
+    for (bool host : {false, true}) {
+      auto e = engine(depth, 4, Qwen3Engine::pages_for(prompts(), 12, 4));
+      go.host_sampling = host;
+      auto r = e->generate(prompts(), go);
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<std::vector<int32_t>> tokens;
+      for (const auto& q : r->requests) {
+        EXPECT_EQ(q.tokens.size(), 12u);
+        EXPECT_EQ(q.finish_reason, "length");
+        tokens.push_back(q.tokens);
+      }
+      if (baseline.empty()) baseline = tokens;
+      EXPECT_EQ(tokens, baseline) << "depth " << depth << " host sampling " << host;
+      EXPECT_LE(r->stats.effective_depth, host ? 1.0 : depth);
+      ASSERT_TRUE(e->close().ok());
+    }
+  }
+}
+
+TEST_F(EngineTest, CloneRequestsNeverSharePagesOrResults) {
+  // Clones are live for exactly the same steps: their pages must be disjoint.
+  std::vector<std::vector<int32_t>> clones(8, std::vector<int32_t>{5, 6, 7, 8, 9});
+  auto e = engine(2, 8, Qwen3Engine::pages_for(clones, 10, 4));
+  GenerateOptions go;
+  go.max_new_tokens = 10;
+  go.kv_positions = {0, 13};
+  auto r = e->generate(clones, go);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::set<int32_t> seen;
+  for (const auto& q : r->requests) {
+    EXPECT_EQ(q.pages.size(), 4u);  // ceil((5 + 10 - 1) / 4) positions' pages
+    for (int32_t p : q.pages) EXPECT_TRUE(seen.insert(p).second) << "page " << p << " shared";
+    EXPECT_EQ(q.tokens, r->requests[0].tokens);
+    // Each clone's own pages hold the same K/V.
+    ASSERT_EQ(q.kv.size(), 2u);
+    EXPECT_EQ(q.kv.at(13).k, r->requests[0].kv.at(13).k);
+  }
+}
+
+TEST_F(EngineTest, StopIdFoundLateIsHonouredAndExtraTokensDiscarded) {
+  GenerateOptions go;
+  go.max_new_tokens = 12;
+  std::vector<std::vector<int32_t>> one = {{1, 2, 3}, {7}};
+  auto e1 = engine(1, 2, Qwen3Engine::pages_for(one, 12, 4));
+  auto full = e1->generate(one, go);
+  ASSERT_TRUE(full.ok());
+  // Make request 0's 5th token a stop id.
+  const int32_t stop = full->requests[0].tokens[4];
+  go.stop_ids = {stop};
+  for (int depth : {1, 4}) {
+    auto e = engine(depth, 2, Qwen3Engine::pages_for(one, 12, 4));
+    auto r = e->generate(one, go);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const auto& t0 = r->requests[0].tokens;
+    // Stops at the first occurrence of the stop id, which is kept.
+    auto first = std::find(full->requests[0].tokens.begin(), full->requests[0].tokens.end(), stop);
+    std::vector<int32_t> expect(full->requests[0].tokens.begin(), first + 1);
+    EXPECT_EQ(t0, expect) << "depth " << depth;
+    EXPECT_EQ(r->requests[0].finish_reason, "stop");
+  }
+}
+
+TEST_F(EngineTest, BadRequestsAreRefusedWithTheReason) {
+  auto e = engine(1, 2, 8);
+  GenerateOptions go;
+  go.max_new_tokens = 4;
+  EXPECT_TRUE(contains(e->generate({{}}, go).status(), "request 0 has an empty prompt"));
+  EXPECT_TRUE(contains(e->generate({{1, 512}}, go).status(),
+                       "token id 512 outside the vocabulary [0, 512)"));
+  EXPECT_TRUE(contains(e->generate({{1}, {2}, {3}}, go).status(), "3 requests exceed max_batch 2"));
+  go.max_new_tokens = 0;
+  EXPECT_TRUE(contains(e->generate({{1}}, go).status(), "max_new_tokens must be >= 1"));
+  go.max_new_tokens = 5000;
+  EXPECT_TRUE(contains(e->generate({{1}}, go).status(), "exceeds max_position_embeddings"));
+  // A pool too small for the requests.
+  go.max_new_tokens = 40;
+  auto small = e->generate({{1, 2}, {3, 4}}, go);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kResourceExhausted) << small.status();
+  // The engine still works afterwards.
+  go.max_new_tokens = 3;
+  EXPECT_TRUE(e->generate({{1, 2}}, go).ok());
+}
+
+TEST_F(EngineTest, MissingModelNamesTheFile) {
+  EngineOptions eo;
+  eo.worker.faults = device::FaultPlan();
+  auto e = Qwen3Engine::create("/nonexistent-model", eo, 1, 1);
+  ASSERT_FALSE(e.ok());
+  EXPECT_TRUE(contains(e.status(), "/nonexistent-model")) << e.status();
+}
+
+TEST_F(EngineTest, KernelFaultFailsTheStepWithAttribution) {
+  EngineOptions eo;
+  eo.worker.num_cores = 2;
+  eo.worker.faults = *device::FaultPlan::parse("run=2:task=5:kind=kernel_error");
+  auto e = Qwen3Engine::create(*dir_, eo, 1, 4);
+  ASSERT_TRUE(e.ok());
+  GenerateOptions go;
+  go.max_new_tokens = 6;
+  auto r = (*e)->generate({{1, 2}}, go);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status(), "run 2 task 5")) << r.status();
+}
+
+}  // namespace
+}  // namespace simpler::llm
