@@ -33,7 +33,8 @@ TEST(Event, ManyWaitersAllWake) {
   Event e;
   std::vector<std::thread> ts;
   std::atomic<int> woke{0};
-  for (int i = 0; i < 8; ++i) ts.emplace_back([&] {
+  for (int i = 0; i < 8; ++i)
+    ts.emplace_back([&e, &woke, i] {
       if (e.wait(Deadline::forever(), i % 2 ? 50'000 : 0)) woke++;
     });
   e.signal();
