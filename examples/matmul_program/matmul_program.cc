@@ -60,14 +60,16 @@ absl::Status add_bias(const KernelContext& ctx) {
 
 // Run args: 0 A [M,K] IN, 1 B [K,N] IN, 2 bias [N] IN, 3 C [M,N] OUT.
 absl::Status orchestrate(simpler::task::OrchestrationContext& ctx, const TaskArgs& args) {
-  const int32_t blocks = std::max<int32_t>(1, std::min<int64_t>(ctx.num_cores(), args.tensor(0).shape[0]));
+  const int32_t blocks =
+      std::max<int32_t>(1, std::min<int64_t>(ctx.num_cores(), args.tensor(0).shape[0]));
   TaskArgs mm;
   mm.add_tensor(args.tensor(0), ArgDirection::kIn)
       .add_tensor(args.tensor(1), ArgDirection::kIn)
       .add_tensor(args.tensor(3), ArgDirection::kOut);
   SIMPLER_RETURN_IF_ERROR(ctx.submit(0, mm, blocks));
   TaskArgs bias;
-  bias.add_tensor(args.tensor(3), ArgDirection::kInOut).add_tensor(args.tensor(2), ArgDirection::kIn);
+  bias.add_tensor(args.tensor(3), ArgDirection::kInOut)
+      .add_tensor(args.tensor(2), ArgDirection::kIn);
   return ctx.submit(1, bias, blocks);
 }
 

@@ -31,18 +31,18 @@ bool Deadline::expired() const {
 
 absl::StatusOr<Deadline> deadline_from_seconds(double seconds) {
   if (std::isnan(seconds)) {
-    return absl::InvalidArgumentError("timeout is NaN; pass seconds >= 0, +inf to wait forever, "
-                                      "or a negative value to poll once");
+    return absl::InvalidArgumentError(
+        "timeout is NaN; pass seconds >= 0, +inf to wait forever, "
+        "or a negative value to poll once");
   }
   if (seconds < 0) return Deadline::poll();
   // Anything that does not fit the steady clock's remaining range waits forever.
   const auto now = std::chrono::steady_clock::now();
-  const double max_s = std::chrono::duration<double>(std::chrono::steady_clock::time_point::max() -
-                                                     now)
-                           .count();
+  const double max_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::time_point::max() - now).count();
   if (std::isinf(seconds) || seconds >= max_s * 0.5) return Deadline::forever();
-  const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(seconds));
+  const auto d =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds));
   return Deadline{Deadline::Kind::kAt, now + d};
 }
 

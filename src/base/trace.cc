@@ -27,7 +27,8 @@ std::string TraceRecorder::to_json() const {
   std::vector<TraceSpan> copy = spans();
   int64_t origin = copy.empty() ? 0 : copy.front().start_ns;
   for (const auto& s : copy) origin = std::min(origin, s.start_ns);
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", "host"}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", "host"}}}});
   events.push_back(
       {{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "device (sim)"}}}});
   for (const auto& s : copy) {

@@ -26,9 +26,9 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
                            int32_t block_dim, const ChipOptions& options,
                            const RangeCheck& check_range) {
   if (kernel >= callable.kernels.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("task ", seq, ": kernel index ", kernel, " out of range (callable '",
-                     callable.name, "' has ", callable.kernels.size(), " kernels)"));
+    return absl::InvalidArgumentError(absl::StrCat("task ", seq, ": kernel index ", kernel,
+                                                   " out of range (callable '", callable.name,
+                                                   "' has ", callable.kernels.size(), " kernels)"));
   }
   const std::string& kname = callable.kernels[kernel].name;
   const std::string where = absl::StrCat("task ", seq, " (kernel '", kname, "')");
@@ -54,8 +54,8 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
           absl::StrCat(where, " argument ", i, " has tensor rank ", a.tensor.rank));
     }
     if (a.tensor.memory != task::MemoryKind::kDevice) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " argument ", i, " is a HOST tensor; tasks take device tensors"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " argument ", i, " is a HOST tensor; tasks take device tensors"));
     }
     const uint64_t span = a.tensor.span_bytes();
     if (span == 0) continue;
@@ -152,9 +152,9 @@ class GraphExecutor final : public task::OrchestrationContext {
     while (failure_.ok() && completed_ < next_seq_) {
       dispatch();
       if (!pump(/*block=*/true)) {
-        failure_ = absl::InternalError(absl::StrCat(
-            "run ", ctx_.run_id(), ": ", next_seq_ - completed_,
-            " tasks can never become ready (internal dependency error)"));
+        failure_ = absl::InternalError(
+            absl::StrCat("run ", ctx_.run_id(), ": ", next_seq_ - completed_,
+                         " tasks can never become ready (internal dependency error)"));
       }
     }
     // Drain blocks still on cores so nothing touches run memory after return.
@@ -251,8 +251,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     if (!c.status.ok() && failure_.ok()) {
       failure_ = base::annotate(
           c.status, absl::StrCat("run ", ctx_.run_id(), " task ", s.seq, " (kernel '",
-                                 callable_.kernels[s.kernel].name, "') block ", c.block_idx,
-                                 ": "));
+                                 callable_.kernels[s.kernel].name, "') block ", c.block_idx, ": "));
     }
     if (s.blocks_done == s.block_dim) {
       s.completed = true;
@@ -292,8 +291,8 @@ class GraphExecutor final : public task::OrchestrationContext {
 }  // namespace
 
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
-                         const task::TaskArgs& args, const ChipOptions& options,
-                         int32_t max_cores, bool record_task_timing, RunReport* report) {
+                         const task::TaskArgs& args, const ChipOptions& options, int32_t max_cores,
+                         bool record_task_timing, RunReport* report) {
   SIMPLER_RETURN_IF_ERROR(options.validate());
   GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report);
   return exec.run(args);
@@ -321,10 +320,9 @@ class GraphRecorder final : public task::OrchestrationContext {
     if (!failure_.ok()) return failure_;
     const uint64_t seq = tasks_.size();
     if (seq >= options_.max_graph_tasks) {
-      return fail(absl::ResourceExhaustedError(
-          absl::StrCat("task ", seq, ": the run needs more than ", options_.max_graph_tasks,
-                       " tasks; a graph image holds ", options_.max_graph_tasks,
-                       " — the run can never fit")));
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "task ", seq, ": the run needs more than ", options_.max_graph_tasks,
+          " tasks; a graph image holds ", options_.max_graph_tasks, " — the run can never fit")));
     }
     if (absl::Status v = validate_task(seq, callable_, kernel, args.args().data(), args.size(),
                                        block_dim, options_, check_range_);
@@ -335,8 +333,8 @@ class GraphRecorder final : public task::OrchestrationContext {
     for (const task::Arg& a : args.args()) {
       if (a.direction == task::ArgDirection::kScalar) continue;
       const uint64_t span = a.tensor.span_bytes();
-      map_.access(a.tensor.address, a.tensor.address + span,
-                  a.direction != task::ArgDirection::kIn, seq, never_done_, &deps_);
+      map_.access(a.tensor.address, a.tensor.address + span, a.direction != task::ArgDirection::kIn,
+                  seq, never_done_, &deps_);
     }
     std::sort(deps_.begin(), deps_.end());
     deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
@@ -368,7 +366,8 @@ class GraphRecorder final : public task::OrchestrationContext {
     std::vector<uint8_t> out(h.total_bytes, 0);
     std::memcpy(out.data(), &h, sizeof(h));
     if (!tasks_.empty()) {
-      std::memcpy(out.data() + h.tasks_offset, tasks_.data(), tasks_.size() * sizeof(GraphImageTask));
+      std::memcpy(out.data() + h.tasks_offset, tasks_.data(),
+                  tasks_.size() * sizeof(GraphImageTask));
     }
     if (!args_.empty()) {
       std::memcpy(out.data() + h.args_offset, args_.data(), args_.size() * sizeof(task::Arg));
@@ -437,8 +436,8 @@ absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCalla
   std::memcpy(&h, base, sizeof(h));
   if (h.magic != kGraphImageMagic) return bad_image(run, "bad magic");
   if (h.version != kGraphImageVersion) {
-    return bad_image(run, absl::StrCat("version ", h.version, ", device understands ",
-                                       kGraphImageVersion));
+    return bad_image(
+        run, absl::StrCat("version ", h.version, ", device understands ", kGraphImageVersion));
   }
   if (h.run_id != run) {
     return bad_image(run, absl::StrCat("built for run ", h.run_id));

@@ -153,8 +153,9 @@ TEST_F(ChipRuntimeTest, TaskThatCanNeverFitFailsAtOnce) {
                        {{"inc", inc}}};
   absl::Status s = run(c, 7, opt);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(s.message().find("run 7 task 0 (kernel 'inc') has 6 arguments; a task ring slot holds 4"),
-            std::string_view::npos)
+  EXPECT_NE(
+      s.message().find("run 7 task 0 (kernel 'inc') has 6 arguments; a task ring slot holds 4"),
+      std::string_view::npos)
       << s.message();
   EXPECT_EQ(submitted_after.load(), 0);
 }
@@ -253,9 +254,8 @@ class HostBuiltGraphTest : public ChipRuntimeTest {
  protected:
   absl::StatusOr<std::vector<uint8_t>> build(const task::ChipCallable& c, uint64_t run_id = 0,
                                              ChipOptions opt = {}) {
-    return build_graph_image(c, task::TaskArgs{}, opt, 4, run_id, [this](uint64_t a, uint64_t b) {
-      return dev_->check_range(a, b);
-    });
+    return build_graph_image(c, task::TaskArgs{}, opt, 4, run_id,
+                             [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
   }
   absl::Status execute(const task::ChipCallable& c, const std::vector<uint8_t>& image,
                        uint64_t run_id = 0) {
@@ -302,7 +302,9 @@ TEST_F(HostBuiltGraphTest, CorruptedImagesAreRefusedNamingTheField) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(s.message()).find(needle), std::string::npos) << s.message();
   };
-  auto hdr = [](std::vector<uint8_t>& img) { return reinterpret_cast<GraphImageHeader*>(img.data()); };
+  auto hdr = [](std::vector<uint8_t>& img) {
+    return reinterpret_cast<GraphImageHeader*>(img.data());
+  };
   {
     auto img = image;
     hdr(img)->magic = 0;

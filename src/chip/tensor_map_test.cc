@@ -12,7 +12,8 @@ class TensorMapTest : public ::testing::Test {
  protected:
   std::vector<uint64_t> access(uint64_t b, uint64_t e, bool write, uint64_t task) {
     std::vector<uint64_t> deps;
-    map_.access(b, e, write, task, [this](uint64_t t) { return done_.count(t) > 0; }, &deps);
+    map_.access(
+        b, e, write, task, [this](uint64_t t) { return done_.count(t) > 0; }, &deps);
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     return deps;
@@ -47,7 +48,7 @@ TEST_F(TensorMapTest, PartialOverlapIsByteExact) {
   EXPECT_EQ(access(99, 101, false, 2), (V{0, 1}));
   EXPECT_EQ(access(100, 101, false, 3), V{1});
   EXPECT_EQ(access(150, 250, true, 4), (V{1}));  // WAW on [150,200), nothing on [200,250)
-  EXPECT_EQ(access(0, 99, true, 5), V{0});        // reader 2 started at 99: no WAR
+  EXPECT_EQ(access(0, 99, true, 5), V{0});       // reader 2 started at 99: no WAR
   EXPECT_EQ(access(98, 100, true, 6), (V{0, 2, 5}));
 }
 

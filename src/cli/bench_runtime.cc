@@ -49,24 +49,24 @@ absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOpti
   if (tasks <= 0) return absl::InvalidArgumentError("bench dispatch: --tasks must be > 0");
   worker::Worker w(options);
   // Run args: 0 = slots buffer (int64 [tasks] DEVICE), scalar 1 = pattern.
-  auto prog = w.register_callable(task::ChipCallable{
-      "dispatch",
-      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-        const task::Tensor& slots = args.tensor(0);
-        const int64_t n = slots.shape[0];
-        const int64_t pattern = args.scalar_i64(1);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t slot = pattern == 0 ? i : (pattern == 1 ? 0 : i % 8);
-          task::Tensor t = slots;
-          t.address = slots.address + slot * 8;
-          t.shape[0] = 1;
-          task::TaskArgs a;
-          a.add_tensor(t, task::ArgDirection::kInOut);
-          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-        }
-        return absl::OkStatus();
-      },
-      {{"empty", empty_kernel}}});
+  auto prog = w.register_callable(
+      task::ChipCallable{"dispatch",
+                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                           const task::Tensor& slots = args.tensor(0);
+                           const int64_t n = slots.shape[0];
+                           const int64_t pattern = args.scalar_i64(1);
+                           for (int64_t i = 0; i < n; ++i) {
+                             const int64_t slot = pattern == 0 ? i : (pattern == 1 ? 0 : i % 8);
+                             task::Tensor t = slots;
+                             t.address = slots.address + slot * 8;
+                             t.shape[0] = 1;
+                             task::TaskArgs a;
+                             a.add_tensor(t, task::ArgDirection::kInOut);
+                             SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                           }
+                           return absl::OkStatus();
+                         },
+                         {{"empty", empty_kernel}}});
   SIMPLER_RETURN_IF_ERROR(prog.status());
   SIMPLER_RETURN_IF_ERROR(w.init());
   SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(tasks * 8));
@@ -108,14 +108,14 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
       options.run_grant = 0;
       options.num_cores = 1;
       worker::Worker w(options);
-      auto prog = w.register_callable(task::ChipCallable{
-          "spin",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            task::TaskArgs a;
-            a.add_scalar_i64(args.scalar_i64(0));
-            return ctx.submit(0, a);
-          },
-          {{"spin", spin_kernel}}});
+      auto prog = w.register_callable(
+          task::ChipCallable{"spin",
+                             [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                               task::TaskArgs a;
+                               a.add_scalar_i64(args.scalar_i64(0));
+                               return ctx.submit(0, a);
+                             },
+                             {{"spin", spin_kernel}}});
       SIMPLER_RETURN_IF_ERROR(prog.status());
       SIMPLER_RETURN_IF_ERROR(w.init());
       task::TaskArgs args;
@@ -142,8 +142,7 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
         busy_ns += r.report.tasks.front().end_ns - r.report.tasks.front().start_ns;
         if (i > 0) {
           const auto& prev = handles[i - 1].result();
-          gaps.push_back((r.report.tasks.front().start_ns - prev.report.tasks.back().end_ns) /
-                         1e3);
+          gaps.push_back((r.report.tasks.front().start_ns - prev.report.tasks.back().end_ns) / 1e3);
         }
       }
       const auto& first = handles.front().result();
@@ -167,7 +166,9 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
 }
 
 nlohmann::json to_json(const DispatchRow& r) {
-  return {{"pattern", r.pattern}, {"tasks", r.tasks}, {"ns_per_task", r.ns_per_task},
+  return {{"pattern", r.pattern},
+          {"tasks", r.tasks},
+          {"ns_per_task", r.ns_per_task},
           {"wall_ms", r.wall_ms}};
 }
 

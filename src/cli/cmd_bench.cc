@@ -7,8 +7,7 @@
 
 namespace simpler::cli {
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
-                     int batch);
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch);
 
 Runner add_bench_commands(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks; each prints its numbers");
@@ -87,7 +86,8 @@ Runner add_bench_commands(CLI::App& app) {
       }
       return write_trace(trace, st->pipeline_common.trace_path) ? 0 : 1;
     }
-    if (decode->parsed()) return run_bench_decode(st->model, st->decode_common, st->steps, st->batch);
+    if (decode->parsed())
+      return run_bench_decode(st->model, st->decode_common, st->steps, st->batch);
     return 0;
   };
 }

@@ -93,8 +93,7 @@ Runner add_make_model_command(CLI::App& app) {
     absl::Status s = llm::make_model(o);
     if (!s.ok()) return fail("make-model", s);
     std::cerr << "simpler make-model: wrote " << st->preset << " (" << st->dtype << ", seed "
-              << st->seed << ") to " << st->out << " in " << (base::now_ns() - t0) / 1e9
-              << " s\n";
+              << st->seed << ") to " << st->out << " in " << (base::now_ns() - t0) / 1e9 << " s\n";
     return 0;
   };
 }
@@ -169,8 +168,8 @@ Runner add_generate_command(CLI::App& app) {
     } else {
       std::ifstream in(st->prompts_file);
       if (!in) {
-        return fail("generate", absl::NotFoundError("cannot open --prompts-file '" +
-                                                    st->prompts_file + "'"));
+        return fail("generate",
+                    absl::NotFoundError("cannot open --prompts-file '" + st->prompts_file + "'"));
       }
       std::string line;
       int lineno = 0;
@@ -195,8 +194,9 @@ Runner add_generate_command(CLI::App& app) {
           }
           prompts.push_back(std::move(ids));
         } else {
-          return fail("generate", absl::InvalidArgumentError(
-                                      where + ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
+          return fail("generate",
+                      absl::InvalidArgumentError(
+                          where + ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
         }
       }
       if (prompts.empty()) {
@@ -217,13 +217,12 @@ Runner add_generate_command(CLI::App& app) {
     llm::EngineOptions eo;
     eo.worker = st->common.worker_options(&trace);
     eo.page_size = st->page_size;
-    const int32_t pages = st->num_pages > 0
-                              ? st->num_pages
-                              : llm::Qwen3Engine::pages_for(prompts, st->max_new_tokens,
-                                                            st->page_size);
+    const int32_t pages =
+        st->num_pages > 0 ? st->num_pages
+                          : llm::Qwen3Engine::pages_for(prompts, st->max_new_tokens, st->page_size);
     const int64_t t0 = base::now_ns();
-    auto engine = llm::Qwen3Engine::create(st->model, eo, static_cast<int32_t>(prompts.size()),
-                                           pages);
+    auto engine =
+        llm::Qwen3Engine::create(st->model, eo, static_cast<int32_t>(prompts.size()), pages);
     if (!engine.ok()) return fail("generate", engine.status());
     const double load_s = (base::now_ns() - t0) / 1e9;
     std::cerr << "simpler generate: loaded " << st->model << " in " << load_s << " s; "
@@ -233,7 +232,8 @@ Runner add_generate_command(CLI::App& app) {
     llm::GenerateOptions go;
     go.max_new_tokens = st->max_new_tokens;
     if (!st->ignore_eos) {
-      for (int64_t id : (*engine)->config().stop_ids()) go.stop_ids.insert(static_cast<int32_t>(id));
+      for (int64_t id : (*engine)->config().stop_ids())
+        go.stop_ids.insert(static_cast<int32_t>(id));
     }
     go.host_sampling = st->host_sampling;
     go.logits_steps = to_set<int32_t>(logit_steps_v);
@@ -253,10 +253,10 @@ Runner add_generate_command(CLI::App& app) {
     const auto& stats = res->stats;
     const double tok_s = stats.total_ms > 0 ? stats.generated_tokens / (stats.total_ms / 1e3) : 0;
     std::cerr << "simpler generate: " << stats.steps << " steps, " << stats.prompt_tokens
-              << " prompt + " << stats.generated_tokens << " generated tokens in "
-              << stats.total_ms << " ms (prefill " << stats.prefill_ms << " ms, decode "
-              << stats.decode_ms << " ms, " << tok_s << " generated tokens/s; launch depth "
-              << stats.requested_depth << ", effective " << stats.effective_depth << ")\n";
+              << " prompt + " << stats.generated_tokens << " generated tokens in " << stats.total_ms
+              << " ms (prefill " << stats.prefill_ms << " ms, decode " << stats.decode_ms << " ms, "
+              << tok_s << " generated tokens/s; launch depth " << stats.requested_depth
+              << ", effective " << stats.effective_depth << ")\n";
 
     if (st->common.json) {
       nlohmann::json reqs = nlohmann::json::array();
@@ -278,31 +278,32 @@ Runner add_generate_command(CLI::App& app) {
         }
         reqs.push_back(std::move(j));
       }
-      nlohmann::json out = {
-          {"model", st->model},
-          {"requests", reqs},
-          {"timing",
-           {{"load_s", load_s},
-            {"total_ms", stats.total_ms},
-            {"prefill_ms", stats.prefill_ms},
-            {"decode_ms", stats.decode_ms},
-            {"steps", stats.steps},
-            {"prompt_tokens", stats.prompt_tokens},
-            {"generated_tokens", stats.generated_tokens},
-            {"generated_tokens_per_s", tok_s}}},
-          {"launch_depth", st->common.launch_depth},
-          {"effective_depth", stats.effective_depth},
-          {"host_sampling", st->host_sampling}};
+      nlohmann::json out = {{"model", st->model},
+                            {"requests", reqs},
+                            {"timing",
+                             {{"load_s", load_s},
+                              {"total_ms", stats.total_ms},
+                              {"prefill_ms", stats.prefill_ms},
+                              {"decode_ms", stats.decode_ms},
+                              {"steps", stats.steps},
+                              {"prompt_tokens", stats.prompt_tokens},
+                              {"generated_tokens", stats.generated_tokens},
+                              {"generated_tokens_per_s", tok_s}}},
+                            {"launch_depth", st->common.launch_depth},
+                            {"effective_depth", stats.effective_depth},
+                            {"host_sampling", st->host_sampling}};
       std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       std::printf("%s\n", dumped.c_str());
     } else {
       for (size_t i = 0; i < res->requests.size(); ++i) {
         const auto& r = res->requests[i];
-        if (res->requests.size() > 1) std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
+        if (res->requests.size() > 1)
+          std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
         if (tok) {
           std::printf("%s\n", tok->decode(r.tokens).c_str());
         } else {
-          for (size_t k = 0; k < r.tokens.size(); ++k) std::printf("%s%d", k ? "," : "", r.tokens[k]);
+          for (size_t k = 0; k < r.tokens.size(); ++k)
+            std::printf("%s%d", k ? "," : "", r.tokens[k]);
           std::printf("\n");
         }
       }
@@ -311,8 +312,7 @@ Runner add_generate_command(CLI::App& app) {
   };
 }
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
-                     int batch) {
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch) {
   base::TraceRecorder trace;
   llm::EngineOptions eo;
   eo.worker = common.worker_options(&trace);

@@ -54,8 +54,10 @@ Runner add_run_command(CLI::App& app) {
       }
     }
     if (st->common.json) {
-      nlohmann::json out = {{"library", lib->name()}, {"checks", checks},
-                            {"max_abs_error", max_err}, {"passed", all}};
+      nlohmann::json out = {{"library", lib->name()},
+                            {"checks", checks},
+                            {"max_abs_error", max_err},
+                            {"passed", all}};
       std::printf("%s\n", out.dump().c_str());
     } else {
       std::printf("%s: max error %.3e over %zu runs: %s\n", lib->name().c_str(), max_err,

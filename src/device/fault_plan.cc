@@ -12,9 +12,12 @@ namespace simpler::device {
 
 std::string_view name_of(FaultKind kind) {
   switch (kind) {
-    case FaultKind::kKernelError: return "kernel_error";
-    case FaultKind::kDeviceFault: return "device_fault";
-    case FaultKind::kHang: return "hang";
+    case FaultKind::kKernelError:
+      return "kernel_error";
+    case FaultKind::kDeviceFault:
+      return "device_fault";
+    case FaultKind::kHang:
+      return "hang";
   }
   return "?";
 }
@@ -22,8 +25,8 @@ std::string_view name_of(FaultKind kind) {
 namespace {
 
 absl::Status bad(size_t index, std::string_view fault, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat("SIMPLER_SIM_FAULTS: fault ", index, " ('",
-                                                 std::string(fault), "'): ", why));
+  return absl::InvalidArgumentError(
+      absl::StrCat("SIMPLER_SIM_FAULTS: fault ", index, " ('", std::string(fault), "'): ", why));
 }
 
 bool parse_u64(std::string_view s, uint64_t* out) {
@@ -39,7 +42,8 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
   if (text.empty()) return FaultPlan();
   std::set<std::pair<uint64_t, uint32_t>> seen;
   size_t index = 0;
-  for (absl::string_view fault_av : absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+  for (absl::string_view fault_av :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
     std::string_view fault(fault_av.data(), fault_av.size());
     FaultSpec spec;
     bool has_run = false, has_task = false, has_kind = false, has_code = false;
@@ -55,8 +59,9 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
       uint64_t n = 0;
       if (key == "run" || key == "task" || key == "code") {
         if (!parse_u64(value, &n)) {
-          return bad(index, fault,
-                     absl::StrCat(key, "='", std::string(value), "' is not a non-negative integer"));
+          return bad(
+              index, fault,
+              absl::StrCat(key, "='", std::string(value), "' is not a non-negative integer"));
         }
         if (key == "run") {
           spec.run = n;

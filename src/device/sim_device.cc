@@ -44,8 +44,8 @@ struct Core {
   base::Mutex mu;
   base::CondVar cv;
   std::atomic<bool> posted{false};
-  CoreJob job;            // written by the scheduler before `posted` (release)
-  uint64_t run_id = 0;    // likewise
+  CoreJob job;          // written by the scheduler before `posted` (release)
+  uint64_t run_id = 0;  // likewise
 };
 
 class SimStream;
@@ -76,16 +76,14 @@ class SimDevice final : public Device {
     if (closed_) return absl::FailedPreconditionError("device is closed");
     if (caps_.memory_bytes != 0 && allocated_ + bytes > caps_.memory_bytes) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("device ", caps_.device_id, " heap exhausted: requested ", bytes,
-                       " bytes, ", caps_.memory_bytes - allocated_, " of ", caps_.memory_bytes,
-                       " bytes free"));
+          absl::StrCat("device ", caps_.device_id, " heap exhausted: requested ", bytes, " bytes, ",
+                       caps_.memory_bytes - allocated_, " of ", caps_.memory_bytes, " bytes free"));
     }
     const uint64_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("device ", caps_.device_id, ": host memory exhausted allocating ", bytes,
-                       " bytes"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device ", caps_.device_id, ": host memory exhausted allocating ", bytes, " bytes"));
     }
     std::memset(p, 0, rounded);
     const auto addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
@@ -246,12 +244,11 @@ class SimDevice final : public Device {
         fault.has_value() && job.block_idx == 0) {
       switch (fault->kind) {
         case FaultKind::kKernelError:
-          return absl::InternalError(
-              absl::StrCat("kernel reported failure (injected kernel_error, code ", fault->code,
-                           ")"));
+          return absl::InternalError(absl::StrCat(
+              "kernel reported failure (injected kernel_error, code ", fault->code, ")"));
         case FaultKind::kDeviceFault:
-          return base::mark_unrecoverable(absl::InternalError(absl::StrCat(
-              "device fault, error code ", fault->code, " (injected device_fault)")));
+          return base::mark_unrecoverable(absl::InternalError(
+              absl::StrCat("device fault, error code ", fault->code, " (injected device_fault)")));
         case FaultKind::kHang: {
           MutexLock lock(abort_mu_);
           while (!aborted_.load(std::memory_order_acquire)) abort_cv_.wait(lock);
@@ -377,8 +374,7 @@ class SimStream final : public Stream {
 
   void loop() {
     while (true) {
-      spin_until([this] { return ready_.load(std::memory_order_acquire) > 0; },
-                 device_->spin_ns());
+      spin_until([this] { return ready_.load(std::memory_order_acquire) > 0; }, device_->spin_ns());
       Item item;
       {
         MutexLock lock(mu_);
@@ -393,9 +389,9 @@ class SimStream final : public Stream {
       rec.start_ns = base::now_ns();
       absl::Status st;
       if (device_->aborted()) {
-        st = base::mark_unrecoverable(absl::AbortedError(absl::StrCat(
-            "device aborted before the item started: ",
-            std::string(device_->abort_reason().message()))));
+        st = base::mark_unrecoverable(
+            absl::AbortedError(absl::StrCat("device aborted before the item started: ",
+                                            std::string(device_->abort_reason().message()))));
       } else if (item.launch) {
         MutexLock launch_lock(device_->launch_mu_);
         SimExecContext ctx(device_, rec.run_id);
@@ -438,9 +434,7 @@ void SimDevice::close() {
     }
     stop_cores_.store(true, std::memory_order_release);
     for (auto& c : cores_) {
-      {
-        MutexLock lock(c->mu);
-      }
+      { MutexLock lock(c->mu); }
       c->cv.notify_all();
     }
     for (auto& c : cores_) {
@@ -448,7 +442,8 @@ void SimDevice::close() {
     }
     MutexLock lock(mem_mu_);
     closed_ = true;
-    for (auto& [addr, size] : allocs_) std::free(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
+    for (auto& [addr, size] : allocs_)
+      std::free(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
     allocs_.clear();
     allocated_ = 0;
   });

@@ -94,7 +94,8 @@ TEST(SimDeviceStream, LaunchRunsBlocksAcrossCoresWithTimestamps) {
   arg.direction = task::ArgDirection::kInOut;
   arg.tensor = *task::Tensor::contiguous(buf, {64}, task::DataType::kInt32);
   std::vector<CoreCompletion> completions;
-  auto rec = s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 64, &completions); });
+  auto rec =
+      s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 64, &completions); });
   ASSERT_TRUE(rec.ok());
   ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
   EXPECT_TRUE((*rec)->done.status().ok());

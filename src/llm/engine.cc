@@ -43,8 +43,8 @@ absl::Status token_feedback_kernel(const task::KernelContext& ctx) {
   const int64_t rows = ctx.tensor(3).shape[0];
   for (int64_t i = 0; i < rows; ++i) {
     if (src[i] >= last.shape[0]) {
-      return absl::InvalidArgumentError(absl::StrCat("token feedback: row ", i, " reads row ",
-                                                     src[i], " of ", last.shape[0]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token feedback: row ", i, " reads row ", src[i], " of ", last.shape[0]));
     }
     out[i] = src[i] >= 0 ? last.data<int32_t>()[src[i]] : host[i];
   }
@@ -145,13 +145,12 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   e->holder_ = std::make_shared<Holder>();
   std::shared_ptr<Holder> holder = e->holder_;
   SIMPLER_ASSIGN_OR_RETURN(
-      e->decode_,
-      e->worker_->register_callable(task::ChipCallable{
-          "qwen3_decode",
-          [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            return orchestrate_step(holder->bound, ctx, args);
-          },
-          engine_kernels()}));
+      e->decode_, e->worker_->register_callable(task::ChipCallable{
+                      "qwen3_decode",
+                      [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                        return orchestrate_step(holder->bound, ctx, args);
+                      },
+                      engine_kernels()}));
   SIMPLER_RETURN_IF_ERROR(e->worker_->init());
 
   // Weights: f32 in device memory, uploaded once.
@@ -185,9 +184,9 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
     SIMPLER_ASSIGN_OR_RETURN(lw.gate_proj, upload(p + "mlp.gate_proj.weight", {I, H}));
     SIMPLER_ASSIGN_OR_RETURN(lw.up_proj, upload(p + "mlp.up_proj.weight", {I, H}));
     SIMPLER_ASSIGN_OR_RETURN(lw.down_proj, upload(p + "mlp.down_proj.weight", {H, I}));
-    for (const Tensor* t : {&lw.input_layernorm, &lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj,
-                            &lw.q_norm, &lw.k_norm, &lw.post_attention_layernorm, &lw.gate_proj,
-                            &lw.up_proj, &lw.down_proj}) {
+    for (const Tensor* t :
+         {&lw.input_layernorm, &lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.q_norm,
+          &lw.k_norm, &lw.post_attention_layernorm, &lw.gate_proj, &lw.up_proj, &lw.down_proj}) {
       streamed += t->span_bytes();
     }
     w.layers.push_back(lw);
@@ -203,12 +202,10 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   SIMPLER_ASSIGN_OR_RETURN(uint64_t scratch_bytes, qwen3_scratch_bytes(d, max_batch));
   SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer scratch_buf, e->worker_->malloc(scratch_bytes));
   e->buffers_.push_back(scratch_buf);
-  SIMPLER_ASSIGN_OR_RETURN(Qwen3Scratch scratch,
-                           layout_scratch(d, max_batch, scratch_buf.address));
+  SIMPLER_ASSIGN_OR_RETURN(Qwen3Scratch scratch, layout_scratch(d, max_batch, scratch_buf.address));
   SIMPLER_ASSIGN_OR_RETURN(e->feed_ids_, e->worker_->malloc(max_batch * 4));
   SIMPLER_ASSIGN_OR_RETURN(e->last_ids_, e->worker_->malloc(max_batch * 4));
-  SIMPLER_ASSIGN_OR_RETURN(uint64_t kv_bytes,
-                           qwen3_kv_pool_bytes(d, num_pages, options.page_size));
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t kv_bytes, qwen3_kv_pool_bytes(d, num_pages, options.page_size));
   SIMPLER_ASSIGN_OR_RETURN(e->kv_buffer_, e->worker_->malloc(kv_bytes));
   SIMPLER_ASSIGN_OR_RETURN(e->kv_pools_,
                            layout_kv_pools(d, num_pages, options.page_size, e->kv_buffer_.address));
@@ -230,8 +227,8 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   }
   if (prompts.empty()) return absl::InvalidArgumentError("no requests");
   if (static_cast<int32_t>(prompts.size()) > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat(prompts.size(), " requests exceed max_batch ",
-                                                   max_batch_));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prompts.size(), " requests exceed max_batch ", max_batch_));
   }
   int64_t max_len = 0;
   for (size_t r = 0; r < prompts.size(); ++r) {
@@ -240,9 +237,8 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     }
     for (int32_t id : prompts[r]) {
       if (id < 0 || id >= d.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("request ", r, ": token id ", id,
-                                                       " outside the vocabulary [0, ",
-                                                       d.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request ", r, ": token id ", id, " outside the vocabulary [0, ", d.vocab_size, ")"));
       }
     }
     const int64_t total = static_cast<int64_t>(prompts[r].size()) + options.max_new_tokens;
@@ -276,11 +272,11 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   struct Req {
     const std::vector<int32_t>* prompt;
     BlockTable table;
-    int64_t submitted = 0;      // positions submitted
-    int32_t produced = 0;       // logit rows submitted (tokens that will exist)
+    int64_t submitted = 0;        // positions submitted
+    int32_t produced = 0;         // logit rows submitted (tokens that will exist)
     int32_t prev_logit_row = -1;  // its logit row in the latest submitted step
-    int32_t inflight = 0;       // submitted steps not yet processed
-    bool finished = false;      // known on the host
+    int32_t inflight = 0;         // submitted steps not yet processed
+    bool finished = false;        // known on the host
     bool released = false;
     RequestResult out;
   };
@@ -356,8 +352,7 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     if (serial || st.want_logits) st.logits.assign(n * d.vocab_size, 0.0f);
     task::TaskArgs a;
     a.add_tensor(host_tensor(st.host_ids.data(), {B}, DataType::kInt32), task::ArgDirection::kIn)
-        .add_tensor(host_tensor(st.src_rows.data(), {B}, DataType::kInt32),
-                    task::ArgDirection::kIn)
+        .add_tensor(host_tensor(st.src_rows.data(), {B}, DataType::kInt32), task::ArgDirection::kIn)
         .add_tensor(*last_ids_.tensor({max_batch_}, DataType::kInt32), task::ArgDirection::kInOut);
     Qwen3DecodeRunArgs ra;
     ra.input_ids = *feed_ids_.tensor({B}, DataType::kInt32);
@@ -460,7 +455,8 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   if (t_first_all == 0) t_first_all = t_end;
   stats.prefill_ms = (t_first_all - t_start) / 1e6;
   stats.decode_ms = (t_end - t_first_all) / 1e6;
-  stats.effective_depth = stats.steps > 0 ? static_cast<double>(effective_depth_sum) / stats.steps : 0;
+  stats.effective_depth =
+      stats.steps > 0 ? static_cast<double>(effective_depth_sum) / stats.steps : 0;
   for (auto& q : reqs) result.requests.push_back(std::move(q.out));
   return result;
 }

@@ -52,7 +52,8 @@ absl::StatusOr<Kernel> KernelRegistry::find(std::string_view kernel_name) const 
   base::MutexLock lock(mu_);
   auto it = kernels_.find(kernel_name);
   if (it == kernels_.end()) {
-    return absl::NotFoundError(absl::StrCat("no kernel registered as '", std::string(kernel_name), "'"));
+    return absl::NotFoundError(
+        absl::StrCat("no kernel registered as '", std::string(kernel_name), "'"));
   }
   return Kernel{it->first, it->second};
 }

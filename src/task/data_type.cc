@@ -26,31 +26,43 @@ size_t size_of(DataType dtype) {
 
 std::string_view name_of(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return "f32";
-    case DataType::kBFloat16: return "bf16";
-    case DataType::kFloat16: return "f16";
-    case DataType::kInt32: return "i32";
-    case DataType::kInt64: return "i64";
-    case DataType::kUInt8: return "u8";
+    case DataType::kFloat32:
+      return "f32";
+    case DataType::kBFloat16:
+      return "bf16";
+    case DataType::kFloat16:
+      return "f16";
+    case DataType::kInt32:
+      return "i32";
+    case DataType::kInt64:
+      return "i64";
+    case DataType::kUInt8:
+      return "u8";
   }
   return "?";
 }
 
 std::string_view safetensors_name(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return "F32";
-    case DataType::kBFloat16: return "BF16";
-    case DataType::kFloat16: return "F16";
-    case DataType::kInt32: return "I32";
-    case DataType::kInt64: return "I64";
-    case DataType::kUInt8: return "U8";
+    case DataType::kFloat32:
+      return "F32";
+    case DataType::kBFloat16:
+      return "BF16";
+    case DataType::kFloat16:
+      return "F16";
+    case DataType::kInt32:
+      return "I32";
+    case DataType::kInt64:
+      return "I64";
+    case DataType::kUInt8:
+      return "U8";
   }
   return "?";
 }
 
 absl::StatusOr<DataType> parse_data_type(std::string_view text) {
-  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
-                     DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16, DataType::kInt32,
+                     DataType::kInt64, DataType::kUInt8}) {
     if (text == name_of(t) || text == safetensors_name(t)) return t;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", std::string(text),

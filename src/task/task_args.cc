@@ -11,10 +11,14 @@ namespace simpler::task {
 
 std::string_view name_of(ArgDirection dir) {
   switch (dir) {
-    case ArgDirection::kScalar: return "SCALAR";
-    case ArgDirection::kIn: return "IN";
-    case ArgDirection::kOut: return "OUT";
-    case ArgDirection::kInOut: return "INOUT";
+    case ArgDirection::kScalar:
+      return "SCALAR";
+    case ArgDirection::kIn:
+      return "IN";
+    case ArgDirection::kOut:
+      return "OUT";
+    case ArgDirection::kInOut:
+      return "INOUT";
   }
   return "?";
 }
@@ -70,14 +74,13 @@ absl::Status TaskArgs::validate() const {
     }
     if (a.direction == ArgDirection::kScalar) continue;
     if (a.tensor.rank < 0 || a.tensor.rank > kMaxRank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("argument ", i, " has tensor rank ", a.tensor.rank, " outside [0, ",
-                       kMaxRank, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument ", i, " has tensor rank ", a.tensor.rank, " outside [0, ", kMaxRank, "]"));
     }
     for (int r = 0; r < a.tensor.rank; ++r) {
       if (a.tensor.shape[r] < 0 || a.tensor.strides[r] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "argument ", i, " has a negative shape or stride in dimension ", r));
+        return absl::InvalidArgumentError(
+            absl::StrCat("argument ", i, " has a negative shape or stride in dimension ", r));
       }
     }
     if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kUInt8)) {

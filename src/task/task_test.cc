@@ -73,7 +73,8 @@ absl::Status noop(const KernelContext&) { return absl::OkStatus(); }
 absl::Status other(const KernelContext&) { return absl::OkStatus(); }
 
 TEST(Callable, ValidateAndKernelLookup) {
-  ChipCallable c{"prog", [](OrchestrationContext&, const TaskArgs&) { return absl::OkStatus(); },
+  ChipCallable c{"prog",
+                 [](OrchestrationContext&, const TaskArgs&) { return absl::OkStatus(); },
                  {{"a", noop}, {"b", other}}};
   EXPECT_TRUE(c.validate().ok());
   EXPECT_EQ(*c.kernel_index("b"), 1u);

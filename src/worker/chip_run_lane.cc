@@ -120,7 +120,8 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   {
     base::MutexLock lock(mu_);
     absl::Status refuse;
-    if (closing_) refuse = absl::FailedPreconditionError("submit after close(): the lane is closed");
+    if (closing_)
+      refuse = absl::FailedPreconditionError("submit after close(): the lane is closed");
     if (!poison_.ok()) refuse = poison_;
     if (!refuse.ok()) {
       (void)arena_->release(run->set);
@@ -186,10 +187,9 @@ absl::Status ChipRunLane::prepare(Run& run) {
     if (run.exec->max_cores > 0) cores = std::min(cores, run.exec->max_cores);
     SIMPLER_ASSIGN_OR_RETURN(
         std::vector<uint8_t> image,
-        chip::build_graph_image(*run.exec->callable, args, run.exec->chip, cores, run.id(),
-                                [this](uint64_t a, uint64_t b) {
-                                  return device_->check_range(a, b);
-                                }));
+        chip::build_graph_image(
+            *run.exec->callable, args, run.exec->chip, cores, run.id(),
+            [this](uint64_t a, uint64_t b) { return device_->check_range(a, b); }));
     SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged, image.size()));
     SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address, image.data(), image.size()));
     run.exec->image_address = buf.address;
@@ -228,8 +228,8 @@ void ChipRunLane::launch_ready_locked() {
           base::annotate(rec.status(), absl::StrCat("run ", id, " launch: ")));
       run.state = RunState::kFailed;
       run.shared->state.store(run.state, std::memory_order_release);
-      poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
-          "lane poisoned by run ", id, ": ", std::string(run.status.message()))));
+      poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
+          absl::StrCat("lane poisoned by run ", id, ": ", std::string(run.status.message()))));
       continue;
     }
     run.record = std::move(rec).value();
@@ -264,9 +264,9 @@ void ChipRunLane::lane_loop() {
       span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
       --launched_;
       if (!done) {
-        run.status = base::mark_unrecoverable(absl::DeadlineExceededError(absl::StrCat(
-            "run ", run.id(), " did not finish within the operation timeout of ",
-            options_.operation_timeout_s, " s; device aborted")));
+        run.status = base::mark_unrecoverable(absl::DeadlineExceededError(
+            absl::StrCat("run ", run.id(), " did not finish within the operation timeout of ",
+                         options_.operation_timeout_s, " s; device aborted")));
         run.quarantine = true;
         if (poison_.ok()) {
           poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
@@ -284,8 +284,8 @@ void ChipRunLane::lane_loop() {
         } else if (!st.ok() && base::is_unrecoverable(st)) {
           run.status = st;
           run.quarantine = true;  // device state unknown
-          poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
-              "lane poisoned by run ", run.id(), ": ", std::string(st.message()))));
+          poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
+              absl::StrCat("lane poisoned by run ", run.id(), ": ", std::string(st.message()))));
           device_->abort(poison_);
         } else {
           run.status = st;
@@ -365,8 +365,8 @@ absl::Status ChipRunLane::check_not_in_use(uint64_t address, uint64_t bytes) con
     for (const auto& [b, e] : r->device_ranges) {
       if (b < address + bytes && address < e) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "device buffer 0x", absl::Hex(address), " is in use by run ", r->id(),
-            " (state ", std::string(name_of(r->state)), "); it stays valid until that run retires"));
+            "device buffer 0x", absl::Hex(address), " is in use by run ", r->id(), " (state ",
+            std::string(name_of(r->state)), "); it stays valid until that run retires"));
       }
     }
   }
@@ -410,8 +410,7 @@ absl::Status ChipRunLane::close() {
   }
   for (auto& u : undelivered) u->delivered.store(true, std::memory_order_release);
   absl::Status out(first.code(), msg);
-  first.ForEachPayload(
-      [&out](absl::string_view k, const absl::Cord& v) { out.SetPayload(k, v); });
+  first.ForEachPayload([&out](absl::string_view k, const absl::Cord& v) { out.SetPayload(k, v); });
   return out;
 }
 

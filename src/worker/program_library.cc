@@ -62,9 +62,8 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
   auto entry = reinterpret_cast<SimplerProgramEntryFn>(sym);
   const SimplerProgramAbi* abi = entry();
   if (abi == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("program library '", path, "': ", task::kProgramEntrySymbol,
-                     "() returned null"));
+    return absl::InternalError(absl::StrCat("program library '", path,
+                                            "': ", task::kProgramEntrySymbol, "() returned null"));
   }
   if (abi->abi_version != task::kProgramAbiVersion) {
     return absl::FailedPreconditionError(
@@ -74,7 +73,8 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
   lib.name_ = abi->name != nullptr ? abi->name : path;
   CollectingRegistry reg;
   if (abi->register_program == nullptr) {
-    return absl::InternalError(absl::StrCat("program library '", path, "' has no register_program"));
+    return absl::InternalError(
+        absl::StrCat("program library '", path, "' has no register_program"));
   }
   if (int rc = abi->register_program(&reg); rc != 0) {
     return absl::InternalError(

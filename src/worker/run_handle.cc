@@ -7,14 +7,22 @@ namespace simpler::worker {
 
 std::string_view name_of(RunState state) {
   switch (state) {
-    case RunState::kAccepted: return "ACCEPTED";
-    case RunState::kPrepared: return "PREPARED";
-    case RunState::kLaunched: return "LAUNCHED";
-    case RunState::kCompleted: return "COMPLETED";
-    case RunState::kFailed: return "FAILED";
-    case RunState::kCancelled: return "CANCELLED";
-    case RunState::kFinalized: return "FINALIZED";
-    case RunState::kRetired: return "RETIRED";
+    case RunState::kAccepted:
+      return "ACCEPTED";
+    case RunState::kPrepared:
+      return "PREPARED";
+    case RunState::kLaunched:
+      return "LAUNCHED";
+    case RunState::kCompleted:
+      return "COMPLETED";
+    case RunState::kFailed:
+      return "FAILED";
+    case RunState::kCancelled:
+      return "CANCELLED";
+    case RunState::kFinalized:
+      return "FINALIZED";
+    case RunState::kRetired:
+      return "RETIRED";
   }
   return "?";
 }
@@ -24,16 +32,14 @@ absl::Status RunHandle::wait(double timeout_s) const {
   auto deadline = base::deadline_from_seconds(timeout_s);
   if (!deadline.ok()) return deadline.status();
   if (!shared_->finalized.wait(*deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("run ", shared_->id.value,
-                                                    " not finished after ", timeout_s, " s"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("run ", shared_->id.value, " not finished after ", timeout_s, " s"));
   }
   shared_->delivered.store(true, std::memory_order_release);
   return shared_->result.status;
 }
 
-absl::Status RunHandle::wait() const {
-  return wait(std::numeric_limits<double>::infinity());
-}
+absl::Status RunHandle::wait() const { return wait(std::numeric_limits<double>::infinity()); }
 
 const RunResult& RunHandle::result() const {
   shared_->finalized.wait(base::Deadline::forever());

@@ -2,8 +2,8 @@
 #include <atomic>
 #include <random>
 #include <set>
-#include <tuple>
 #include <thread>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "simpler/worker/worker.h"
@@ -33,8 +33,7 @@ task::TaskArgs sleep_args(int64_t us) {
   return a;
 }
 
-class PipelineDepth
-    : public ::testing::TestWithParam<std::tuple<int, task::GraphPlacement>> {
+class PipelineDepth : public ::testing::TestWithParam<std::tuple<int, task::GraphPlacement>> {
  protected:
   int depth() const { return std::get<0>(GetParam()); }
 };
@@ -72,20 +71,19 @@ TEST_P(PipelineDepth, ThousandPipelinedRunsEachProduceTheirOwnResult) {
   EXPECT_TRUE(w.close().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DepthsAndPlacements, PipelineDepth,
-    ::testing::Combine(::testing::Values(1, 2, 4),
-                       ::testing::Values(task::GraphPlacement::kDevice,
-                                         task::GraphPlacement::kHost)));
+INSTANTIATE_TEST_SUITE_P(DepthsAndPlacements, PipelineDepth,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values(task::GraphPlacement::kDevice,
+                                                              task::GraphPlacement::kHost)));
 
 TEST(Pipeline, HostBuiltGraphErrorsAreReturnedBySubmit) {
   Worker w(opts(2));
-  auto h = w.register_callable(task::ChipCallable{
-      "bad_kernel",
-      [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-        return ctx.submit(5, task::TaskArgs{});
-      },
-      {{"sleep", testing::sleep_kernel}}});
+  auto h = w.register_callable(
+      task::ChipCallable{"bad_kernel",
+                         [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                           return ctx.submit(5, task::TaskArgs{});
+                         },
+                         {{"sleep", testing::sleep_kernel}}});
   ASSERT_TRUE(w.init().ok());
   task::CallConfig host;
   host.placement = task::GraphPlacement::kHost;

@@ -37,9 +37,9 @@ absl::StatusOr<base::SlotRef> RunResourceArena::acquire(const base::Deadline& de
     }
     if (deadline.kind == base::Deadline::Kind::kPoll ||
         (deadline.kind == base::Deadline::Kind::kAt && deadline.expired())) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no run resource set became free before the deadline (grant ", sets_.size(), ", ",
-          quarantined, " quarantined)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no run resource set became free before the deadline (grant ", sets_.size(),
+                       ", ", quarantined, " quarantined)"));
     }
     if (deadline.is_forever()) {
       cv_.wait(lock);
@@ -56,9 +56,9 @@ absl::Status RunResourceArena::check_live(base::SlotRef ref) const {
   }
   const Set& s = sets_[ref.index];
   if (s.generation != ref.generation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stale reference to resource set ", ref.index, ": generation ",
-                     ref.generation, ", current ", s.generation));
+    return absl::FailedPreconditionError(absl::StrCat("stale reference to resource set ", ref.index,
+                                                      ": generation ", ref.generation, ", current ",
+                                                      s.generation));
   }
   if (s.state != SetState::kLive) {
     return absl::FailedPreconditionError(
@@ -109,9 +109,15 @@ ArenaCounts RunResourceArena::counts() const {
   c.grant = static_cast<int32_t>(sets_.size());
   for (const auto& s : sets_) {
     switch (s.state) {
-      case SetState::kFree: ++c.free; break;
-      case SetState::kLive: ++c.live; break;
-      case SetState::kQuarantined: ++c.quarantined; break;
+      case SetState::kFree:
+        ++c.free;
+        break;
+      case SetState::kLive:
+        ++c.live;
+        break;
+      case SetState::kQuarantined:
+        ++c.quarantined;
+        break;
     }
   }
   return c;

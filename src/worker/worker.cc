@@ -29,12 +29,12 @@ absl::Status WorkerOptions::validate() const {
   }
   const int32_t grant = effective_grant();
   if (run_grant < 0 || grant > kMaxRunGrant) {
-    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.run_grant ", run_grant,
-                                                   " outside [1, ", kMaxRunGrant, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.run_grant ", run_grant, " outside [1, ", kMaxRunGrant, "]"));
   }
   if (grant < launch_depth) {
-    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.run_grant ", grant,
-                                                   " is below launch_depth ", launch_depth));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.run_grant ", grant, " is below launch_depth ", launch_depth));
   }
   if (!(operation_timeout_s > 0) || std::isinf(operation_timeout_s)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -50,9 +50,9 @@ absl::StatusOr<task::Tensor> DeviceBuffer::tensor(std::initializer_list<int64_t>
 
 absl::StatusOr<task::Tensor> DeviceBuffer::tensor(const std::vector<int64_t>& shape,
                                                   task::DataType dtype, uint64_t offset) const {
-  SIMPLER_ASSIGN_OR_RETURN(
-      task::Tensor t, task::Tensor::contiguous(address + offset, shape.data(),
-                                               static_cast<int32_t>(shape.size()), dtype));
+  SIMPLER_ASSIGN_OR_RETURN(task::Tensor t,
+                           task::Tensor::contiguous(address + offset, shape.data(),
+                                                    static_cast<int32_t>(shape.size()), dtype));
   if (offset > bytes || t.span_bytes() > bytes - offset) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", t.debug_string(), " of ",
                                                    t.span_bytes(), " bytes at offset ", offset,
@@ -186,9 +186,8 @@ absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::Ta
                                          double admission_timeout_s) {
   SIMPLER_RETURN_IF_ERROR(check_ready());
   if (callable.index >= callables_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown callable handle ", callable.index, " (", callables_.size(),
-                     " registered)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown callable handle ", callable.index, " (",
+                                                   callables_.size(), " registered)"));
   }
   SIMPLER_ASSIGN_OR_RETURN(base::Deadline admission,
                            base::deadline_from_seconds(admission_timeout_s));

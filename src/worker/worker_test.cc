@@ -130,13 +130,14 @@ absl::Status touch_and_sleep(const task::KernelContext& ctx) {
 }
 
 task::ChipCallable touch_program() {
-  return {"touch",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            task::TaskArgs a;
-            a.add_tensor(args.tensor(0), task::ArgDirection::kInOut).add_scalar_i64(args.scalar_i64(1));
-            return ctx.submit(0, a);
-          },
-          {{"touch", touch_and_sleep}}};
+  return {
+      "touch",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+        task::TaskArgs a;
+        a.add_tensor(args.tensor(0), task::ArgDirection::kInOut).add_scalar_i64(args.scalar_i64(1));
+        return ctx.submit(0, a);
+      },
+      {{"touch", touch_and_sleep}}};
 }
 
 TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
@@ -145,7 +146,8 @@ TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(4);
   task::TaskArgs a;
-  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kInOut).add_scalar_i64(200);
+  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kInOut)
+      .add_scalar_i64(200);
   RunHandle r = *w.submit(*h, a);
   absl::Status s = w.free(b);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
@@ -207,15 +209,15 @@ TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
   o.faults = *device::FaultPlan::parse("run=0:task=1:kind=kernel_error");
   Worker w(o);
   // Task 0 sleeps 200 ms, task 1 fails.
-  auto h = w.register_callable(task::ChipCallable{
-      "slow_fail",
-      [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-        task::TaskArgs a;
-        a.add_scalar_i64(200'000);
-        SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-        return ctx.submit(0, a);
-      },
-      {{"sleep", testing::sleep_kernel}}});
+  auto h = w.register_callable(
+      task::ChipCallable{"slow_fail",
+                         [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                           task::TaskArgs a;
+                           a.add_scalar_i64(200'000);
+                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                           return ctx.submit(0, a);
+                         },
+                         {{"sleep", testing::sleep_kernel}}});
   ASSERT_TRUE(w.init().ok());
   RunHandle r = *w.submit(*h, task::TaskArgs{});
   EXPECT_EQ(r.wait(0.01).code(), absl::StatusCode::kDeadlineExceeded);
@@ -315,7 +317,8 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
 TEST(WorkerClose, ReturnsTheFirstUndeliveredErrorCountingTheOthers) {
   WorkerOptions o = opts(1, 4);
   o.faults = *device::FaultPlan::parse(
-      "run=1:task=0:kind=kernel_error,run=2:task=0:kind=kernel_error,run=4:task=0:kind=kernel_error");
+      "run=1:task=0:kind=kernel_error,run=2:task=0:kind=kernel_error,run=4:task=0:kind=kernel_"
+      "error");
   Worker w(o);
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
@@ -323,7 +326,7 @@ TEST(WorkerClose, ReturnsTheFirstUndeliveredErrorCountingTheOthers) {
   std::vector<RunHandle> hs;
   for (int i = 0; i < 6; ++i) hs.push_back(*w.submit(*h, affine_args(&in, &out[i], 0)));
   EXPECT_FALSE(hs[2].wait().ok());  // delivered: not reported again
-  hs.clear();                        // dropped unwaited
+  hs.clear();                       // dropped unwaited
   absl::Status c = w.close();
   EXPECT_EQ(c.code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(contains(c, "run 1 task 0")) << c;

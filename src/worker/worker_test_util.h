@@ -25,19 +25,18 @@ inline absl::Status sleep_kernel(const task::KernelContext& ctx) {
 // A program of `tasks` affine tasks (a chain over the run's HOST args: in -> out),
 // the first computing out = 3*in + k, later ones recomputing the same value.
 inline task::ChipCallable affine_program(int tasks = 1) {
-  return task::ChipCallable{
-      "affine",
-      [tasks](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-        for (int i = 0; i < tasks; ++i) {
-          task::TaskArgs a;
-          a.add_tensor(args.tensor(0), task::ArgDirection::kIn)
-              .add_tensor(args.tensor(1), task::ArgDirection::kOut)
-              .add_scalar_i64(args.scalar_i64(2));
-          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-        }
-        return absl::OkStatus();
-      },
-      {{"affine", affine_kernel}}};
+  return task::ChipCallable{"affine",
+                            [tasks](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              for (int i = 0; i < tasks; ++i) {
+                                task::TaskArgs a;
+                                a.add_tensor(args.tensor(0), task::ArgDirection::kIn)
+                                    .add_tensor(args.tensor(1), task::ArgDirection::kOut)
+                                    .add_scalar_i64(args.scalar_i64(2));
+                                SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                              }
+                              return absl::OkStatus();
+                            },
+                            {{"affine", affine_kernel}}};
 }
 
 inline task::ChipCallable sleep_program() {

@@ -6,18 +6,17 @@
 // task or field at fault. No exception crosses a thread or layer boundary.
 #pragma once
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define SIMPLER_STATUS_CONCAT_INNER(a, b) a##b
 #define SIMPLER_STATUS_CONCAT(a, b) SIMPLER_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function when `expr` is not OK.
-#define SIMPLER_RETURN_IF_ERROR(expr)            \
-  do {                                           \
-    ::absl::Status simpler_status_ = (expr);     \
+#define SIMPLER_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status simpler_status_ = (expr);           \
     if (!simpler_status_.ok()) return simpler_status_; \
   } while (0)
 

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,8 +63,8 @@ struct RunReport {
 // cause's code and its unrecoverable mark. On error no new task is dispatched;
 // blocks already running are drained before returning.
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
-                         const task::TaskArgs& args, const ChipOptions& options,
-                         int32_t max_cores, bool record_task_timing, RunReport* report);
+                         const task::TaskArgs& args, const ChipOptions& options, int32_t max_cores,
+                         bool record_task_timing, RunReport* report);
 
 // ---- Host-built graphs ----------------------------------------------------
 //

@@ -21,10 +21,10 @@ namespace simpler::device {
 
 // Capabilities are data.
 struct DeviceCaps {
-  std::string platform;        // "sim"
+  std::string platform;  // "sim"
   int32_t device_id = 0;
-  int32_t num_cores = 0;       // cores that run kernel blocks in parallel
-  uint64_t memory_bytes = 0;   // device heap capacity in bytes (0 = host-limited)
+  int32_t num_cores = 0;            // cores that run kernel blocks in parallel
+  uint64_t memory_bytes = 0;        // device heap capacity in bytes (0 = host-limited)
   bool device_built_graphs = true;  // orchestration may run on the device
 };
 

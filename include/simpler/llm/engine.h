@@ -66,16 +66,16 @@ struct GenerateOptions {
 };
 
 struct GenerateStats {
-  int64_t steps = 0;            // runs submitted (one per step)
-  int64_t prompt_tokens = 0;    // summed over requests
+  int64_t steps = 0;          // runs submitted (one per step)
+  int64_t prompt_tokens = 0;  // summed over requests
   int64_t generated_tokens = 0;
   double total_ms = 0;
-  double prefill_ms = 0;        // until every request produced its first token
-  double decode_ms = 0;         // after that
-  std::vector<double> step_ms;  // host wall time per step
+  double prefill_ms = 0;               // until every request produced its first token
+  double decode_ms = 0;                // after that
+  std::vector<double> step_ms;         // host wall time per step
   std::vector<double> device_step_us;  // device time per step (run start..end)
-  int32_t requested_depth = 1;  // the Worker's launch_depth
-  double effective_depth = 0;   // mean RunResult::effective_depth over the steps
+  int32_t requested_depth = 1;         // the Worker's launch_depth
+  double effective_depth = 0;          // mean RunResult::effective_depth over the steps
 };
 
 struct GenerateResult {
@@ -96,8 +96,8 @@ class Qwen3Engine {
                                                              int32_t max_batch, int32_t num_pages);
 
   // KV pages needed by `prompts` with `max_new_tokens` each.
-  static int32_t pages_for(const std::vector<std::vector<int32_t>>& prompts,
-                           int32_t max_new_tokens, int32_t page_size);
+  static int32_t pages_for(const std::vector<std::vector<int32_t>>& prompts, int32_t max_new_tokens,
+                           int32_t page_size);
 
   // Decodes every prompt (ids) greedily until a stop id or max_new_tokens, all
   // requests batched per step. INVALID_ARGUMENT for an empty prompt, an id

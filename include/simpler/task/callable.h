@@ -65,7 +65,8 @@ class OrchestrationContext {
 // Orchestration: reads the run's arguments and submits tasks. Must be
 // reentrant (runs of one callable may be orchestrated on different threads one
 // after another) and must not block on anything but `ctx`.
-using OrchestrationFn = std::function<absl::Status(OrchestrationContext& ctx, const TaskArgs& args)>;
+using OrchestrationFn =
+    std::function<absl::Status(OrchestrationContext& ctx, const TaskArgs& args)>;
 
 // A program: an orchestration function plus the kernels it may invoke.
 // Immutable after construction; shared by handle. Thread-safe.

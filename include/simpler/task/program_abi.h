@@ -25,9 +25,9 @@ inline constexpr const char* kProgramEntrySymbol = "simpler_program_entry";
 struct SelfCheckArg {
   enum class Kind : uint8_t { kInput, kOutput, kScalar };
   Kind kind = Kind::kInput;
-  std::vector<int64_t> shape;   // tensors
-  std::vector<float> data;      // kInput: the values; kOutput: the program's reference result
-  uint64_t scalar = 0;          // kScalar
+  std::vector<int64_t> shape;  // tensors
+  std::vector<float> data;     // kInput: the values; kOutput: the program's reference result
+  uint64_t scalar = 0;         // kScalar
 };
 
 // A run of `callable` on known inputs with the program's own reference for

@@ -24,13 +24,13 @@
 namespace simpler::worker {
 
 struct WorkerOptions {
-  int32_t level = 2;              // only 2 (one chip) exists today
-  std::string platform = "sim";   // device backend
+  int32_t level = 2;             // only 2 (one chip) exists today
+  std::string platform = "sim";  // device backend
   int32_t device_id = 0;
-  int32_t num_cores = 0;          // 0 = one per hardware thread
-  int32_t launch_depth = 1;       // >= 1 (invariant 6)
-  int32_t run_grant = 0;          // 0 = launch_depth + 1; otherwise in [launch_depth, kMaxRunGrant]
-  double operation_timeout_s = 60;  // per-run device time limit once at the stream head
+  int32_t num_cores = 0;     // 0 = one per hardware thread
+  int32_t launch_depth = 1;  // >= 1 (invariant 6)
+  int32_t run_grant = 0;     // 0 = launch_depth + 1; otherwise in [launch_depth, kMaxRunGrant]
+  double operation_timeout_s = 60;   // per-run device time limit once at the stream head
   uint64_t device_memory_bytes = 0;  // sim heap capacity; 0 = host-limited
   chip::ChipOptions chip;
   // Default graph placement (a CallConfig or callable placement overrides it).
@@ -122,10 +122,9 @@ class Worker {
   // for every error). HOST tensors in `args` are staged: their host memory
   // must stay valid until the run finalizes. `admission_timeout_s` bounds the
   // wait for a free resource set (same timeout rules as RunHandle::wait).
-  absl::StatusOr<RunHandle> submit(CallableHandle callable, const task::TaskArgs& args,
-                                   const task::CallConfig& config = {},
-                                   double admission_timeout_s =
-                                       std::numeric_limits<double>::infinity());
+  absl::StatusOr<RunHandle> submit(
+      CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
+      double admission_timeout_s = std::numeric_limits<double>::infinity());
   // Exactly submit(...) then wait().
   absl::Status run(CallableHandle callable, const task::TaskArgs& args,
                    const task::CallConfig& config = {});
