@@ -23,7 +23,7 @@ bool Event::wait(const Deadline& deadline, int64_t spin_ns) {
     const int64_t until = now_ns() + spin_ns;
     while (now_ns() < until) {
       if (is_signaled()) return true;
-      std::this_thread::yield();
+      cpu_relax();
     }
   }
   MutexLock lock(mu_);

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
+#include "simpler/base/status.h"
 #include "simpler/llm/engine.h"
 #include "simpler/llm/make_model.h"
 #include "simpler/llm/tokenizer.h"
@@ -142,25 +143,26 @@ Runner add_generate_command(CLI::App& app) {
       return fail("generate", absl::InvalidArgumentError(
                                   "one of --prompt, --prompt-ids or --prompts-file is required"));
     }
-    // Tokenizer: from the model directory.
+    // Tokenizer: from the model directory; required only for text prompts.
     std::optional<llm::Tokenizer> tok;
+    absl::Status tok_status;
     {
       auto t = llm::Tokenizer::load(st->model);
       if (t.ok()) {
         tok.emplace(std::move(*t));
-      } else if (p1->count() > 0 || p3->count() > 0) {
-        return fail("generate", t.status());
       } else {
-        std::cerr << "simpler generate: no tokenizer (" << t.status().message()
-                  << "); output text is omitted\n";
+        tok_status = t.status();
       }
     }
-    auto encode = [&](const std::string& text) {
+    auto encode = [&](const std::string& text) -> absl::StatusOr<std::vector<int32_t>> {
+      if (!tok) return tok_status;
       return tok->encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
     };
     std::vector<std::vector<int32_t>> prompts;
     if (p1->count() > 0) {
-      prompts.assign(st->requests, encode(st->prompt));
+      auto ids = encode(st->prompt);
+      if (!ids.ok()) return fail("generate", ids.status());
+      prompts.assign(st->requests, *ids);
     } else if (p2->count() > 0) {
       auto ids = parse_ids(st->prompt_ids, "--prompt-ids");
       if (!ids.ok()) return fail("generate", ids.status());
@@ -182,7 +184,9 @@ Runner add_generate_command(CLI::App& app) {
           return fail("generate", absl::InvalidArgumentError(where + ": not a JSON object"));
         }
         if (j.contains("prompt") && j["prompt"].is_string()) {
-          prompts.push_back(encode(j["prompt"].get<std::string>()));
+          auto ids = encode(j["prompt"].get<std::string>());
+          if (!ids.ok()) return fail("generate", base::annotate(ids.status(), where + ": "));
+          prompts.push_back(std::move(*ids));
         } else if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
           std::vector<int32_t> ids;
           for (const auto& v : j["prompt_ids"]) {
@@ -202,6 +206,10 @@ Runner add_generate_command(CLI::App& app) {
       if (prompts.empty()) {
         return fail("generate", absl::InvalidArgumentError(st->prompts_file + " holds no prompts"));
       }
+    }
+    if (!tok) {
+      std::cerr << "simpler generate: no tokenizer (" << tok_status.message()
+                << "); output text is omitted\n";
     }
     std::vector<int32_t> logit_steps_v, kv_pos_v;
     {

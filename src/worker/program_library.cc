@@ -154,10 +154,17 @@ absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrar
       pending.push_back(std::move(p));
     }
   }
+  // Every run is waited for before returning: their HOST outputs live in `pending`.
+  absl::Status first_error;
+  for (auto& p : pending) {
+    absl::Status s = p.handle.wait();
+    if (!s.ok() && first_error.ok()) {
+      first_error = base::annotate(s, absl::StrCat("self-check '", p.check->name, "': "));
+    }
+  }
+  if (!first_error.ok()) return first_error;
   std::vector<SelfCheckResult> results;
   for (auto& p : pending) {
-    SIMPLER_RETURN_IF_ERROR(
-        base::annotate(p.handle.wait(), absl::StrCat("self-check '", p.check->name, "': ")));
     SelfCheckResult r;
     r.name = p.check->name;
     r.tolerance = p.check->tolerance;

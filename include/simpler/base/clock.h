@@ -13,6 +13,15 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // Monotonic nanoseconds since an arbitrary epoch (steady_clock). Thread-safe.
 int64_t now_ns();
 
+// A CPU hint for spin loops (x86 PAUSE); keeps the thread on its core.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // A point in time to stop waiting, or "forever", or "poll once".
 // Plain value.
 struct Deadline {

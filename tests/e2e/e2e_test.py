@@ -1,0 +1,745 @@
+#!/usr/bin/python3
+"""End-to-end tests of the `simpler` CLI: Qwen3 generation against the numpy reference
+(tests/reference/qwen3_ref.py), CLI error paths, and program libraries (`simpler run`).
+
+One scenario per invocation (each is its own ctest test, label "e2e"):
+
+  e2e_test.py --scenario NAME --simpler PATH --reference PATH --work DIR [--matmul-lib PATH]
+
+The scenario wipes and recreates DIR, writes everything it needs there (checkpoints, prompt
+files, outputs), deletes DIR when it passes and keeps it for inspection when it fails. Nothing
+is shared between scenarios. A failure exits non-zero with every problem found listed.
+
+Scenarios (`--list` prints them):
+
+  writer_headdim_kv1    reference-written checkpoint, f32, 3 shards: head_dim 32 != hidden 64 /
+                        heads 4, a single KV head, vocab 8192
+  writer_untied_f32     reference-written checkpoint, bf16 body, untied F32 lm_head,
+                        8 heads / 2 KV heads (groups of 4), 3 layers, vocab 12000
+  writer_launch_depth2  the writer_untied_f32 shape with another seed, clones at
+                        --launch-depth 2 (tokens must equal the reference and depth 1)
+  make_model_tiny       `simpler make-model --preset tiny` (vocab 151936, tokenizer), with a
+                        text prompt in the distinct-prompts batch
+  long_prompt           a 2,000-token prompt on the tiny preset: 8 tokens in < 30 s
+  cli_errors            error paths a user hits (truncated/missing tensors, bad prompts files,
+                        unknown architecture, out-of-vocabulary ids) and the --json contract
+  run_matmul            `simpler run` of the example matmul library; malformed SIMPLER_SIM_FAULTS
+  run_matmul_fault      `simpler run` with an injected kernel_error in run 0, task 0
+
+Each reference scenario checks, for its checkpoint:
+  * 16 clone requests x 127 decode steps (--ignore-eos): every request's tokens equal the
+    reference's (one reference run of the prompt);
+  * a batch of distinct prompts (lengths 1, 5, 17, 40) from --prompts-file: each request gets its
+    own reference tokens;
+  * logits at steps 0, 1, 63, 126: relative L2 ||a - b|| / ||b|| <= 1e-4;
+  * K/V read back from the page pool at positions 0, 15, 16 (the last of the first page and the
+    first of the second at page size 16) and the last processed position, per layer and for K
+    and V separately: relative L2 <= 1e-5 (the reference's [kv_heads][head_dim] flattened);
+  * pages: each request holds ceil(processed / page_size) distinct pages inside the pool, and
+    no page is held by two requests at once;
+  * `--json` stdout is exactly one JSON object.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MAX_NEW = 127
+LOGIT_STEPS = (0, 1, 63, 126)
+PAGE_SIZE = 16
+CLONES = 16
+CLONE_PROMPT_LEN = 7
+DISTINCT_LENGTHS = (1, 5, 17, 40)
+LOGITS_RTOL = 1e-4
+KV_RTOL = 1e-5
+CLI_TIMEOUT_S = 150
+
+
+class Failure(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def csv(ids):
+    return ",".join(str(int(i)) for i in ids)
+
+
+def tail(text, n=2000):
+    text = text or ""
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+class Problems:
+    """Collects failures so one run reports all of them."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, msg):
+        log("FAIL: " + msg)
+        self.items.append(msg)
+
+    def check(self, cond, msg):
+        if not cond:
+            self.add(msg)
+        return bool(cond)
+
+
+class Ctx:
+    def __init__(self, args):
+        self.simpler = os.path.abspath(args.simpler)
+        self.reference_py = os.path.abspath(args.reference)
+        self.work = os.path.abspath(args.work)
+        self.matmul_lib = os.path.abspath(args.matmul_lib) if args.matmul_lib else None
+        self.tokenizer_dir = os.path.abspath(args.tokenizer_dir) if args.tokenizer_dir else None
+        self.python = sys.executable or "/usr/bin/python3"
+        self.problems = Problems()
+        self.env = dict(os.environ)
+        self.env.pop("SIMPLER_SIM_FAULTS", None)
+        self.env["PYTHONDONTWRITEBYTECODE"] = "1"
+
+    def path(self, *parts):
+        return os.path.join(self.work, *parts)
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def run(self, argv, *, env=None, timeout=CLI_TIMEOUT_S, label=None):
+        """Runs argv; returns (CompletedProcess, wall seconds). Never raises on exit status."""
+        label = label or os.path.basename(argv[0])
+        shown = " ".join(a if len(a) < 120 else a[:60] + "...(%d chars)" % len(a) for a in argv)
+        log(f"$ {shown}")
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env if env is not None else self.env, timeout=timeout,
+                               errors="replace")
+        except subprocess.TimeoutExpired as e:
+            raise Failure(f"{label}: still running after {timeout} s: {shown}\n"
+                          f"stderr: {tail(e.stderr if isinstance(e.stderr, str) else '')}")
+        wall = time.monotonic() - t0
+        log(f"  -> exit {p.returncode} in {wall:.2f} s")
+        return p, wall
+
+    def run_ok(self, argv, **kw):
+        p, wall = self.run(argv, **kw)
+        if p.returncode != 0:
+            raise Failure(f"{kw.get('label') or argv[0]} exited {p.returncode}: "
+                          f"{' '.join(argv)[:400]}\nstderr:\n{tail(p.stderr)}")
+        return p, wall
+
+    def generate(self, model, extra, label):
+        """`simpler generate --json`; returns (parsed stdout, stderr, wall seconds)."""
+        argv = [self.simpler, "generate", "--model", model, "--json"] + extra
+        p, wall = self.run_ok(argv, label=label)
+        out = parse_one_json_object(p.stdout, label)
+        return out, p.stderr, wall
+
+    def reference_generate(self, model, prompts, max_new, logits_steps, kv_positions, out,
+                           label="reference"):
+        argv = [self.python, self.reference_py, "generate", "--model", model,
+                "--max-new-tokens", str(max_new), "--ignore-eos", "--out", out]
+        for pr in prompts:
+            argv += ["--prompt-ids", csv(pr)]
+        if logits_steps:
+            argv += ["--dump-logits-steps", csv(sorted(logits_steps))]
+        if kv_positions:
+            argv += ["--dump-kv-positions", csv(sorted(kv_positions))]
+        _, wall = self.run_ok(argv, label=label, timeout=280)
+        with open(out) as f:
+            return json.load(f), wall
+
+    def write_model(self, out, *extra, tokenizer=True, label="write-model"):
+        """A checkpoint from the reference's writer; with tokenizer=True the Qwen3 tokenizer
+        files are copied in (`generate --prompts-file` needs them)."""
+        argv = [self.python, self.reference_py, "write-model", "--out", out] + list(extra)
+        if tokenizer:
+            if not self.tokenizer_dir:
+                raise Failure("--tokenizer-dir is required for this scenario")
+            argv += ["--tokenizer-dir", self.tokenizer_dir]
+        self.run_ok(argv, label=label)
+        return out
+
+    def make_model(self, out, *extra):
+        self.run_ok([self.simpler, "make-model", "--out", out] + list(extra), label="make-model")
+        return out
+
+
+def parse_one_json_object(stdout, label):
+    """stdout must be exactly one JSON object (whitespace around it allowed)."""
+    text = stdout.strip()
+    if not text:
+        raise Failure(f"{label}: --json printed nothing on stdout")
+    try:
+        obj = json.loads(text)  # rejects trailing data ("Extra data")
+    except json.JSONDecodeError as e:
+        raise Failure(f"{label}: --json stdout is not exactly one JSON object ({e}); "
+                      f"stdout begins {text[:300]!r}")
+    if not isinstance(obj, dict):
+        raise Failure(f"{label}: --json stdout is a {type(obj).__name__}, not an object")
+    return obj
+
+
+def rel_l2(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return None
+    nb = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / nb) if nb > 0 else float(np.linalg.norm(a - b))
+
+
+def kv_pool_pages(stderr):
+    m = re.search(r"(\d+) KV pages of (\d+) tokens", stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison with the reference
+
+
+def first_mismatch(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class TokenDiagnosis:
+    """On a token mismatch, asks the reference for its logits at that step (once per prompt and
+    step) so the report shows whether the reference's choice was a near tie."""
+
+    def __init__(self, ctx, model):
+        self.ctx, self.model, self.cache = ctx, model, {}
+
+    def explain(self, prompt, step, got_token):
+        key = (tuple(prompt), step)
+        if key not in self.cache:
+            out = self.ctx.path(f"diag_{len(self.cache)}.json")
+            try:
+                res, _ = self.ctx.reference_generate(self.model, [prompt], step + 1, [step], [],
+                                                     out, label="reference (diagnosis)")
+                lg = np.asarray(res["requests"][0]["logits"][str(step)])
+                order = np.argsort(-lg)
+                self.cache[key] = lg, order
+            except Failure as e:
+                self.cache[key] = None, str(e)
+        lg, order = self.cache[key]
+        if lg is None:
+            return f"(diagnosis failed: {order})"
+        t1, t2 = int(order[0]), int(order[1])
+        got_logit = lg[got_token] if 0 <= got_token < len(lg) else float("nan")
+        return (f"reference logits at step {step}: top1 {t1} ({lg[t1]:.6f}), top2 {t2} "
+                f"({lg[t2]:.6f}), gap {lg[t1] - lg[t2]:.3e}; simpler's token {got_token} has "
+                f"reference logit {got_logit:.6f} ({lg[t1] - got_logit:.3e} below the top)")
+
+
+def compare_request(pb, label, got, ref, *, max_new, logits_steps, kv_positions, diag):
+    """One simpler request against one reference request."""
+    plen = len(ref["prompt_ids"])
+    if not pb.check(got["prompt_ids"] == ref["prompt_ids"],
+                    f"{label}: prompt_ids differ from the reference's "
+                    f"({got['prompt_ids'][:8]}... vs {ref['prompt_ids'][:8]}...)"):
+        return
+    toks, rtoks = got["tokens"], ref["tokens"]
+    pb.check(len(rtoks) == max_new, f"{label}: reference made {len(rtoks)} tokens, not {max_new}")
+    pb.check(len(toks) == max_new,
+             f"{label}: {len(toks)} tokens, expected {max_new} (--ignore-eos)")
+    pb.check(got["finish_reason"] == "length",
+             f"{label}: finish_reason {got['finish_reason']!r}, expected 'length'")
+    i = first_mismatch(toks, rtoks)
+    if i is not None:
+        got_tok = toks[i] if i < len(toks) else None
+        why = diag.explain(ref["prompt_ids"], i, got_tok) if got_tok is not None else ""
+        pb.add(f"{label}: tokens differ from the reference from step {i} on "
+               f"(prompt length {plen}): simpler {toks[max(0, i - 2):i + 4]} vs reference "
+               f"{rtoks[max(0, i - 2):i + 4]} (steps {max(0, i - 2)}..); {why}")
+    for s in logits_steps:
+        g = (got.get("logits") or {}).get(str(s))
+        r = (ref.get("logits") or {}).get(str(s))
+        if not pb.check(g is not None and r is not None,
+                        f"{label}: logits at step {s} missing "
+                        f"(simpler {'has' if g is not None else 'lacks'} them, reference "
+                        f"{'has' if r is not None else 'lacks'} them)"):
+            continue
+        e = rel_l2(g, r)
+        pb.check(e is not None and e <= LOGITS_RTOL,
+                 f"{label}: logits at step {s}: relative L2 {e} > {LOGITS_RTOL} "
+                 f"(len {len(g)} vs {len(r)})")
+    processed = plen + len(rtoks) - 1
+    for pos in kv_positions:
+        g = (got.get("kv") or {}).get(str(pos))
+        r = (ref.get("kv") or {}).get(str(pos))
+        if not pb.check(g is not None and r is not None,
+                        f"{label}: K/V at position {pos} (processed {processed}) missing "
+                        f"(simpler {'has' if g is not None else 'lacks'} them, reference "
+                        f"{'has' if r is not None else 'lacks'} them)"):
+            continue
+        for which in ("k", "v"):
+            ga = np.asarray(g[which], dtype=np.float64)
+            ra = np.asarray(r[which], dtype=np.float64)  # [layers][kv_heads][head_dim]
+            ra = ra.reshape(ra.shape[0], -1)
+            if not pb.check(ga.shape == ra.shape,
+                            f"{label}: {which.upper()} at position {pos}: shape {ga.shape}, "
+                            f"reference (flattened) {ra.shape}"):
+                continue
+            for layer in range(ra.shape[0]):
+                e = rel_l2(ga[layer], ra[layer])
+                pb.check(e <= KV_RTOL,
+                         f"{label}: {which.upper()} at position {pos}, layer {layer}: relative L2 "
+                         f"{e:.3e} > {KV_RTOL}")
+
+
+def check_pages(pb, label, requests, page_size, pool_pages):
+    """Every request holds ceil(processed / page_size) distinct pages inside the pool, and no two
+    requests held the same page at the same time.
+
+    The engine admits every request at step 0 and feeds each live request one position per step,
+    so request r is live for its first `processed_r` steps and, after T steps, has allocated its
+    first ceil(T / page_size) pages. Two requests i and j are both live for
+    T = min(processed_i, processed_j) steps: the pages each allocated in that time must be
+    disjoint (pages allocated after the other one finished may legitimately reuse its pages)."""
+    info = []
+    for i, r in enumerate(requests):
+        pages = r.get("pages")
+        if not pb.check(isinstance(pages, list), f"{label} request {i}: no 'pages' list"):
+            return
+        processed = len(r["prompt_ids"]) + len(r["tokens"]) - 1
+        expect = math.ceil(processed / page_size)
+        pb.check(len(pages) == expect,
+                 f"{label} request {i}: holds {len(pages)} pages at finish, expected "
+                 f"ceil({processed} / {page_size}) = {expect}")
+        pb.check(len(set(pages)) == len(pages),
+                 f"{label} request {i}: a page appears twice in its own table: {pages}")
+        if pool_pages is not None:
+            bad = [p for p in pages if not 0 <= p < pool_pages]
+            pb.check(not bad, f"{label} request {i}: pages {bad} outside the pool of "
+                              f"{pool_pages}")
+        info.append((processed, pages))
+    clashes = []
+    for i in range(len(info)):
+        for j in range(i + 1, len(info)):
+            both_live = min(info[i][0], info[j][0])
+            n = math.ceil(both_live / page_size)
+            shared = set(info[i][1][:n]) & set(info[j][1][:n])
+            if shared:
+                clashes.append((i, j, sorted(shared)))
+    pb.check(not clashes,
+             f"{label}: live requests share KV pages (request i, request j, pages): "
+             f"{clashes[:8]}{' ...' if len(clashes) > 8 else ''}")
+
+
+def random_prompt(rng, n, vocab):
+    # Any id in range works with --ignore-eos; stay clear of the stop ids at the top anyway.
+    hi = min(vocab - 2, 151643)
+    return [int(x) for x in rng.integers(0, hi, size=n)]
+
+
+def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_prompt=None):
+    """Scenarios 2-7 of the issue for one checkpoint."""
+    pb = ctx.problems
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = int(json.load(f)["vocab_size"])
+    rng = np.random.default_rng(seed)
+    clone_prompt = random_prompt(rng, CLONE_PROMPT_LEN, vocab)
+    distinct = [random_prompt(rng, n, vocab) for n in DISTINCT_LENGTHS]
+    last = lambda plen: plen + MAX_NEW - 2  # the last position run through the model
+    clone_kv = [0, PAGE_SIZE - 1, PAGE_SIZE, last(len(clone_prompt))]
+    common = ["--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--page-size", str(PAGE_SIZE)]
+    timings = {}
+
+    # simpler: 16 clones of one prompt, at each launch depth.
+    clone_runs = {}
+    for depth in depths:
+        extra = ["--prompt-ids", csv(clone_prompt), "--requests", str(CLONES),
+                 "--dump-kv-positions", csv(clone_kv), "--launch-depth", str(depth)] + common
+        if clone_logits:
+            extra += ["--dump-logits-steps", csv(LOGIT_STEPS)]
+        out, err, wall = ctx.generate(model, extra, f"generate clones depth {depth}")
+        timings[f"simpler clones depth {depth}"] = wall
+        pb.check(len(out.get("requests", [])) == CLONES,
+                 f"clones depth {depth}: {len(out.get('requests', []))} requests, "
+                 f"expected {CLONES}")
+        pb.check(out.get("launch_depth") == depth,
+                 f"clones depth {depth}: JSON reports launch_depth {out.get('launch_depth')}")
+        clone_runs[depth] = (out, err)
+
+    # The text prompt's ids (through the CLI's tokenizer), so its K/V positions are known.
+    text_ids = None
+    if text_prompt is not None:
+        tout, _, _ = ctx.generate(model, ["--prompt", text_prompt, "--max-new-tokens", "1"],
+                                  "generate text prompt (ids)")
+        text_ids = tout["requests"][0]["prompt_ids"]
+        log(f"text prompt {text_prompt!r} -> {len(text_ids)} ids {text_ids}")
+
+    # simpler: distinct prompts of different lengths from a prompts file.
+    pfile = ctx.path("prompts.jsonl")
+    with open(pfile, "w") as f:
+        for p in distinct:
+            f.write(json.dumps({"prompt_ids": p}) + "\n")
+        if text_prompt is not None:
+            f.write("\n")  # blank lines are skipped
+            f.write(json.dumps({"prompt": text_prompt}) + "\n")
+    n_distinct = len(distinct) + (1 if text_prompt is not None else 0)
+    # K/V positions: the union over requests (each compared where both sides have it).
+    lens = [len(p) for p in distinct] + ([len(text_ids)] if text_ids is not None else [])
+    kv_union = sorted({0, PAGE_SIZE - 1, PAGE_SIZE} | {last(n) for n in lens})
+    extra = ["--prompts-file", pfile, "--dump-logits-steps", csv(LOGIT_STEPS),
+             "--dump-kv-positions", csv(kv_union)] + common
+    dout, derr, wall = ctx.generate(model, extra, "generate distinct prompts")
+    timings["simpler distinct prompts"] = wall
+    dreqs = dout.get("requests", [])
+    if not pb.check(len(dreqs) == n_distinct,
+                    f"distinct prompts: {len(dreqs)} requests, expected {n_distinct}"):
+        raise Failure("cannot continue: wrong number of requests")
+    for i, p in enumerate(distinct):
+        pb.check(dreqs[i]["prompt_ids"] == p,
+                 f"distinct request {i}: prompt_ids {dreqs[i]['prompt_ids'][:8]} are not the "
+                 f"file's {p[:8]}")
+    if text_prompt is not None:
+        tr = dreqs[-1]
+        pb.check(len(text_ids) > 0, "text prompt encoded to no ids")
+        pb.check(tr["prompt_ids"] == text_ids,
+                 f"text prompt: ids {tr['prompt_ids']} in the prompts file, {text_ids} with "
+                 f"--prompt")
+        pb.check(isinstance(tr.get("text"), str) and tr["text"] != "",
+                 f"text prompt: 'text' is {tr.get('text')!r}, expected the decoded string")
+    distinct_prompts = [r["prompt_ids"] for r in dreqs]
+
+    # reference: one run of the clone prompt plus each distinct prompt.
+    ref_kv = sorted(set(clone_kv) | set(kv_union))
+    ref, wall = ctx.reference_generate(model, [clone_prompt] + distinct_prompts, MAX_NEW,
+                                       LOGIT_STEPS, ref_kv, ctx.path("reference.json"))
+    timings["reference"] = wall
+    rreqs = ref["requests"]
+    diag = TokenDiagnosis(ctx, model)
+
+    for depth, (out, err) in clone_runs.items():
+        reqs = out["requests"]
+        for i, r in enumerate(reqs):
+            compare_request(pb, f"clones depth {depth} request {i}", r, rreqs[0], max_new=MAX_NEW,
+                            logits_steps=LOGIT_STEPS if clone_logits else (),
+                            kv_positions=clone_kv, diag=diag)
+        check_pages(pb, f"clones depth {depth}", reqs, PAGE_SIZE, kv_pool_pages(err)[0])
+    if len(clone_runs) > 1:
+        base = [r["tokens"] for r in clone_runs[depths[0]][0]["requests"]]
+        for depth in depths[1:]:
+            other = [r["tokens"] for r in clone_runs[depth][0]["requests"]]
+            pb.check(base == other, f"clone tokens at launch depth {depth} differ from depth "
+                                    f"{depths[0]}")
+
+    for i, r in enumerate(dreqs):
+        plen = len(r["prompt_ids"])
+        compare_request(pb, f"distinct request {i} (prompt length {plen})", r, rreqs[1 + i],
+                        max_new=MAX_NEW, logits_steps=LOGIT_STEPS,
+                        kv_positions=[0, PAGE_SIZE - 1, PAGE_SIZE, last(plen)], diag=diag)
+    check_pages(pb, "distinct prompts", dreqs, PAGE_SIZE, kv_pool_pages(derr)[0])
+
+    for k, v in timings.items():
+        log(f"time: {k}: {v:.2f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios
+
+
+def scenario_writer_headdim_kv1(ctx):
+    model = ctx.write_model(ctx.path("model"), "--seed", "11", "--dtype", "f32", "--shards", "3",
+                            "--hidden", "64", "--heads", "4", "--kv-heads", "1", "--head-dim",
+                            "32", "--layers", "2", "--intermediate", "128", "--vocab", "8192")
+    check_checkpoint(ctx, model, seed=101)
+
+
+WRITER_UNTIED = ("--dtype", "bf16", "--hidden", "128", "--heads", "8", "--kv-heads", "2",
+                 "--head-dim", "16", "--layers", "3", "--intermediate", "256", "--vocab", "12000",
+                 "--untied", "--lm-head-dtype", "f32")
+
+
+def scenario_writer_untied_f32(ctx):
+    model = ctx.write_model(ctx.path("model"), "--seed", "12", *WRITER_UNTIED)
+    check_checkpoint(ctx, model, seed=102)
+
+
+def scenario_writer_launch_depth2(ctx):
+    model = ctx.write_model(ctx.path("model"), "--seed", "13", *WRITER_UNTIED)
+    check_checkpoint(ctx, model, seed=103, depths=(1, 2))
+
+
+def scenario_make_model_tiny(ctx):
+    model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "14",
+                           "--dtype", "bf16")
+    # Vocab 151936: 16 clones x 4 steps of logits would be ~10M floats of JSON; the logits are
+    # checked on the distinct-prompts batch instead.
+    check_checkpoint(ctx, model, seed=104, clone_logits=False,
+                     text_prompt="The quick brown fox jumps over the lazy dog.")
+
+
+def scenario_long_prompt(ctx):
+    pb = ctx.problems
+    model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "15",
+                           "--dtype", "bf16")
+    prompt = random_prompt(np.random.default_rng(105), 2000, 151936)
+    out, err, wall = ctx.generate(model, ["--prompt-ids", csv(prompt), "--max-new-tokens", "8",
+                                          "--ignore-eos"], "generate long prompt")
+    log(f"2000-token prompt + 8 tokens: {wall:.2f} s wall (timing {out.get('timing')})")
+    pb.check(wall < 30, f"2000-token prompt + 8 new tokens took {wall:.1f} s, limit 30 s")
+    r = out["requests"][0]
+    pb.check(r["prompt_ids"] == prompt, "long prompt: prompt_ids differ from the input")
+    pb.check(len(r["tokens"]) == 8, f"long prompt: {len(r['tokens'])} tokens, expected 8")
+    pb.check(all(0 <= t < 151936 for t in r["tokens"]), f"long prompt: tokens {r['tokens']}")
+    pb.check(r["finish_reason"] == "length", f"long prompt: finish_reason {r['finish_reason']}")
+    check_pages(pb, "long prompt", [r], PAGE_SIZE, kv_pool_pages(err)[0])
+
+
+def expect_error(ctx, argv, label, must_contain, *, env=None):
+    """argv must exit non-zero (not by a signal), print nothing on stdout, and name every string
+    of must_contain (case-sensitive) in the last line of stderr (the error; earlier lines are
+    progress and warnings, which may mention paths too)."""
+    pb = ctx.problems
+    p, _ = ctx.run(argv, env=env, label=label)
+    log(f"  stderr: {tail(p.stderr, 600).strip()}")
+    if p.returncode == 0:
+        pb.add(f"{label}: exited 0, expected a failure")
+        return p
+    pb.check(0 < p.returncode < 128,
+             f"{label}: exit status {p.returncode} (a crash or signal, not an error exit); "
+             f"stderr: {tail(p.stderr, 800)}")
+    pb.check(p.stdout.strip() == "", f"{label}: printed on stdout on failure: "
+                                     f"{tail(p.stdout, 300)!r}")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    for s in must_contain:
+        pb.check(s in last, f"{label}: the error (last stderr line) does not name {s!r}: "
+                            f"{last!r}")
+    return p
+
+
+def scenario_cli_errors(ctx):
+    pb = ctx.problems
+    shape = ["--hidden", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--layers",
+             "2", "--intermediate", "64", "--vocab", "512", "--dtype", "f32", "--seed", "16"]
+    single = ctx.write_model(ctx.path("single"), *shape, tokenizer=False)
+    sharded = ctx.write_model(ctx.path("sharded"), *shape, "--shards", "3")
+    gen = lambda model, *extra: [ctx.simpler, "generate", "--model", model, "--json",
+                                 "--max-new-tokens", "4", *extra]
+
+    # The good models work, and --json stdout is exactly one object.
+    for model in (single, sharded):
+        out, _, _ = ctx.generate(model, ["--prompt-ids", "1,2,3", "--max-new-tokens", "4",
+                                         "--requests", "2", "--ignore-eos"],
+                                 f"generate {os.path.basename(model)}")
+        pb.check(len(out["requests"]) == 2 and all(len(r["tokens"]) == 4
+                                                   for r in out["requests"]),
+                 f"{model}: expected 2 requests of 4 tokens: {out['requests']}")
+        if model == single:
+            pb.check(all(r["text"] is None for r in out["requests"]),
+                     "no tokenizer: 'text' must be null")
+        else:
+            pb.check(all(isinstance(r["text"], str) for r in out["requests"]),
+                     "with a tokenizer: 'text' must be a string")
+        pb.check("timing" in out, "--json output lacks 'timing'")
+
+    # Truncated safetensors files: in the tensor data (one byte short, half) and in the header.
+    st_size = os.path.getsize(os.path.join(single, "model.safetensors"))
+    for name, size in (("trunc_1", st_size - 1), ("trunc_half", st_size // 2),
+                       ("trunc_header", 20)):
+        d = ctx.path(name)
+        shutil.copytree(single, d)
+        path = os.path.join(d, "model.safetensors")
+        os.truncate(path, size)
+        expect_error(ctx, gen(d, "--prompt-ids", "1,2"), f"{name} ({size} of {st_size} bytes)",
+                     [path])
+
+    # A malformed --prompts-file line names file:line (blank lines count).
+    pf = ctx.path("bad_prompts.jsonl")
+    with open(pf, "w") as f:
+        f.write('{"prompt_ids": [1, 2, 3]}\n\n{"prompt_ids": [1, 2\n')
+    expect_error(ctx, gen(sharded, "--prompts-file", pf), "malformed prompts-file line",
+                 [f"{pf}:3"])
+    pf2 = ctx.path("bad_prompts2.jsonl")
+    with open(pf2, "w") as f:
+        f.write('{"prompt_ids": [1, 2]}\n{"prompt_ids": [1, "x"]}\n')
+    expect_error(ctx, gen(sharded, "--prompts-file", pf2), "prompts-file non-integer id",
+                 [f"{pf2}:2"])
+    pf3 = ctx.path("bad_prompts3.jsonl")
+    with open(pf3, "w") as f:
+        f.write('{"ids": [1, 2]}\n')
+    expect_error(ctx, gen(sharded, "--prompts-file", pf3), "prompts-file line without a prompt",
+                 [f"{pf3}:1"])
+
+    # A prompts file of token ids needs no tokenizer (as --prompt-ids does not).
+    pf5 = ctx.path("ids_only.jsonl")
+    with open(pf5, "w") as f:
+        f.write('{"prompt_ids": [1, 2, 3]}\n{"prompt_ids": [4]}\n')
+    p, _ = ctx.run(gen(single, "--prompts-file", pf5, "--ignore-eos"),
+                   label="prompts-file of ids, no tokenizer")
+    if pb.check(p.returncode == 0,
+                f"--prompts-file holding only prompt_ids fails on a model without a tokenizer "
+                f"(exit {p.returncode}): {tail(p.stderr, 400).strip()!r}"):
+        out = parse_one_json_object(p.stdout, "prompts-file of ids, no tokenizer")
+        pb.check([r["prompt_ids"] for r in out["requests"]] == [[1, 2, 3], [4]]
+                 and all(len(r["tokens"]) == 4 for r in out["requests"]),
+                 f"prompts-file of ids, no tokenizer: {out['requests']}")
+
+    # A tensor missing from a sharded index names the tensor.
+    d = ctx.path("missing_in_index")
+    shutil.copytree(sharded, d)
+    idx_path = os.path.join(d, "model.safetensors.index.json")
+    with open(idx_path) as f:
+        idx = json.load(f)
+    gone = "model.layers.1.mlp.up_proj.weight"
+    del idx["weight_map"][gone]
+    with open(idx_path, "w") as f:
+        json.dump(idx, f)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "tensor missing from the index", [gone])
+
+    # A single-file checkpoint written without one tensor names the tensor.
+    sys.path.insert(0, os.path.dirname(ctx.reference_py))
+    import qwen3_ref  # noqa: E402  (the reference's own safetensors writer)
+    d = ctx.path("missing_in_file")
+    shutil.copytree(single, d)
+    st_path = os.path.join(d, "model.safetensors")
+    tensors, meta = qwen3_ref.read_safetensors(st_path)
+    gone = "model.norm.weight"
+    kept = [(n, dt, np.array(raw)) for n, (dt, shape, raw) in tensors.items() if n != gone]
+    del tensors
+    qwen3_ref.write_safetensors(st_path, kept, meta)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "tensor missing from the file", [gone])
+
+    # An unknown architecture in config.json.
+    d = ctx.path("llama")
+    shutil.copytree(single, d)
+    cfg_path = os.path.join(d, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg["model_type"] = "llama"
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    p = expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "unknown architecture",
+                     ["LlamaForCausalLM", "config.json"])
+    pb.check("architecture" in p.stderr.lower(),
+             f"unknown architecture: stderr does not say 'architecture': {p.stderr!r}")
+
+    # A missing model directory names it.
+    nowhere = ctx.path("no_such_model")
+    expect_error(ctx, gen(nowhere, "--prompt-ids", "1,2"), "missing model directory", [nowhere])
+
+    # Token ids outside the vocabulary.
+    expect_error(ctx, gen(single, "--prompt-ids", "1,512"), "--prompt-ids id == vocab",
+                 ["512", "vocab"])
+    expect_error(ctx, gen(single, "--prompt-ids", "3,100000,4"), "--prompt-ids id > vocab",
+                 ["100000", "vocab"])
+    expect_error(ctx, gen(single, "--prompt-ids=-1,2"), "--prompt-ids negative id",
+                 ["-1", "vocab"])
+    expect_error(ctx, gen(single, "--prompt-ids", "1,x2"), "--prompt-ids not an integer",
+                 ["x2"])
+    pf4 = ctx.path("oov_prompts.jsonl")
+    with open(pf4, "w") as f:
+        f.write('{"prompt_ids": [1, 2]}\n{"prompt_ids": [3, 600]}\n')
+    expect_error(ctx, gen(sharded, "--prompts-file", pf4), "prompts-file id outside the vocab",
+                 ["600", "request 1", "vocab"])
+
+
+def matmul_argv(ctx, *extra):
+    if not ctx.matmul_lib:
+        raise Failure("--matmul-lib is required for this scenario")
+    return [ctx.simpler, "run", ctx.matmul_lib, *extra]
+
+
+def scenario_run_matmul(ctx):
+    pb = ctx.problems
+    p, _ = ctx.run_ok(matmul_argv(ctx), label="simpler run")
+    log(p.stdout.strip())
+    m = re.search(r"max error ([0-9.eE+-]+|nan|inf)", p.stdout)
+    if pb.check(m, f"simpler run: no 'max error' on stdout: {p.stdout!r}"):
+        pb.check(float(m.group(1)) < 1e-3, f"simpler run: max error {m.group(1)} >= 1e-3")
+    p, _ = ctx.run_ok(matmul_argv(ctx, "--json"), label="simpler run --json")
+    out = parse_one_json_object(p.stdout, "simpler run --json")
+    pb.check(out.get("passed") is True and out.get("max_abs_error", 1) < 1e-3
+             and len(out.get("checks", [])) >= 1, f"simpler run --json: {out}")
+
+    # Malformed fault plans are refused with the reason.
+    for plan, reason in (("run=zero:task=0:kind=kernel_error", "zero"),
+                         ("run=0:task=0:kind=explode", "explode"),
+                         ("run=0:task=0:kind=kernel_error,", "empty fault")):
+        env = dict(ctx.env, SIMPLER_SIM_FAULTS=plan)
+        expect_error(ctx, matmul_argv(ctx), f"SIMPLER_SIM_FAULTS={plan}",
+                     ["SIMPLER_SIM_FAULTS", reason], env=env)
+
+
+def scenario_run_matmul_fault(ctx):
+    pb = ctx.problems
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=0:task=0:kind=kernel_error")
+    p = expect_error(ctx, matmul_argv(ctx), "SIMPLER_SIM_FAULTS=run=0:task=0:kind=kernel_error",
+                     ["run 0", "task 0"], env=env)
+    pb.check(re.search(r"kernel '[^']+'", p.stderr),
+             f"kernel_error: stderr does not name the kernel: {tail(p.stderr, 600)!r}")
+    pb.check("kernel_error" in p.stderr or "kernel reported failure" in p.stderr,
+             f"kernel_error: stderr does not say what failed: {tail(p.stderr, 600)!r}")
+
+
+SCENARIOS = {
+    "writer_headdim_kv1": scenario_writer_headdim_kv1,
+    "writer_untied_f32": scenario_writer_untied_f32,
+    "writer_launch_depth2": scenario_writer_launch_depth2,
+    "make_model_tiny": scenario_make_model_tiny,
+    "long_prompt": scenario_long_prompt,
+    "cli_errors": scenario_cli_errors,
+    "run_matmul": scenario_run_matmul,
+    "run_matmul_fault": scenario_run_matmul_fault,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--list", action="store_true", help="print the scenario names")
+    ap.add_argument("--simpler", help="path of the simpler CLI")
+    ap.add_argument("--reference", help="path of tests/reference/qwen3_ref.py")
+    ap.add_argument("--matmul-lib", help="path of libsimpler_example_matmul.so")
+    ap.add_argument("--tokenizer-dir", help="directory with Qwen3's tokenizer.json")
+    ap.add_argument("--work", help="scratch directory (wiped at start)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory on success")
+    args = ap.parse_args()
+    if args.list:
+        print("\n".join(sorted(SCENARIOS)))
+        return 0
+    if not (args.scenario and args.simpler and args.reference and args.work):
+        ap.error("--scenario, --simpler, --reference and --work are required")
+    ctx = Ctx(args)
+    shutil.rmtree(ctx.work, ignore_errors=True)
+    os.makedirs(ctx.work)
+    t0 = time.monotonic()
+    try:
+        SCENARIOS[args.scenario](ctx)
+    except Failure as e:
+        ctx.problems.add(str(e))
+    elapsed = time.monotonic() - t0
+    if ctx.problems.items:
+        print(f"\n{args.scenario}: FAILED after {elapsed:.1f} s with "
+              f"{len(ctx.problems.items)} problem(s) (scratch kept in {ctx.work}):",
+              file=sys.stderr)
+        for i, msg in enumerate(ctx.problems.items[:40]):
+            print(f"  {i + 1}. {msg}", file=sys.stderr)
+        if len(ctx.problems.items) > 40:
+            print(f"  ... and {len(ctx.problems.items) - 40} more", file=sys.stderr)
+        return 1
+    log(f"{args.scenario}: passed in {elapsed:.1f} s")
+    if not args.keep:
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
