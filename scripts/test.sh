@@ -22,7 +22,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 
 echo "== ThreadSanitizer: concurrency tests" >&2
 scripts/build.sh tsan
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tsan.supp" \
   ctest --test-dir build/tsan --output-on-failure -j 2 --timeout 300 -L concurrency
 
 echo "test.sh: all legs passed in $(( $(date +%s) - start )) s" >&2

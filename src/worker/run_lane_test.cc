@@ -1,5 +1,6 @@
 // Contract tests of the run pipeline (ARCHITECTURE.md "Run lifecycle").
 #include <atomic>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -284,6 +285,31 @@ TEST(Pipeline, ResourceCountsStayConsistentThroughARandomizedFaultRun) {
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(samples.load(), 10);
   EXPECT_GT(refused, 0);
+}
+
+TEST(Pipeline, TraceHasHostAndDeviceSpansCarryingTheRunId) {
+  base::TraceRecorder trace;
+  WorkerOptions o = opts(2);
+  o.trace = &trace;
+  Worker w(o);
+  auto h = w.register_callable(affine_program(2));
+  ASSERT_TRUE(w.init().ok());
+  int64_t in[3] = {1, 2, 3}, out[3] = {};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(w.submit(*h, affine_args(&in[i], &out[i], 0)).ok());
+  ASSERT_TRUE(w.close().ok());
+  std::map<std::string, std::set<int64_t>> runs_by_span;
+  int device_tasks = 0;
+  for (const auto& s : trace.spans()) {
+    runs_by_span[s.name].insert(s.run_id);
+    if (s.category == "device" && s.name == "affine") {
+      ++device_tasks;
+      EXPECT_GE(s.tid, 1);  // per core
+    }
+  }
+  for (const char* name : {"submit", "prepare", "launch", "reap", "finalize", "retire", "run"}) {
+    EXPECT_EQ(runs_by_span[name], (std::set<int64_t>{0, 1, 2})) << name;
+  }
+  EXPECT_EQ(device_tasks, 6);
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ absl::Status Worker::init() {
   auto chip = std::make_unique<ChipWorker>(options_);
   SIMPLER_RETURN_IF_ERROR(chip->init(&callables_));
   chip_ = std::move(chip);
-  initialized_ = true;
+  initialized_.store(true, std::memory_order_release);  // publishes chip_
   return absl::OkStatus();
 }
 
@@ -201,8 +201,8 @@ absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,
 }
 
 absl::Status Worker::close() {
-  if (!initialized_ || closed_) return absl::OkStatus();
-  closed_ = true;
+  if (!initialized_.load(std::memory_order_acquire)) return absl::OkStatus();
+  if (closed_.exchange(true, std::memory_order_acq_rel)) return absl::OkStatus();
   return chip_->close();
 }
 

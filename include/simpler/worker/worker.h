@@ -2,6 +2,7 @@
 // (one device, one run lane, its run resources).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -145,8 +146,9 @@ class Worker {
   WorkerOptions options_;
   std::vector<std::shared_ptr<const task::ChipCallable>> callables_;
   std::unique_ptr<ChipWorker> chip_;
-  bool initialized_ = false;
-  bool closed_ = false;
+  // Written by init()/close(), read by every call (acquire/release).
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> closed_{false};
   mutable base::Mutex buffers_mu_;
   std::map<uint64_t, uint64_t> buffers_ SIMPLER_GUARDED_BY(buffers_mu_);  // base -> bytes
 };
