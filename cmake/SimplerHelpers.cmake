@@ -39,6 +39,13 @@ function(simpler_test name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+  # `concurrency_tests` builds just what the ThreadSanitizer leg runs.
+  if("concurrency" IN_LIST ARG_LABELS)
+    if(NOT TARGET concurrency_tests)
+      add_custom_target(concurrency_tests)
+    endif()
+    add_dependencies(concurrency_tests ${name})
+  endif()
 endfunction()
 
 # simpler_executable(NAME SRCS ... DEPS ...) — skipped in test-only (sanitizer) builds.

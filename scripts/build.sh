@@ -3,9 +3,11 @@
 #   release (default): everything, RelWithDebInfo
 #   asan: test targets only, -O1, AddressSanitizer + UBSan
 #   tsan: test targets only, -O1, ThreadSanitizer
+# Further arguments go to `cmake --build` (e.g. --target worker_test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour="${1:-release}"
+shift || true
 jobs="${SIMPLER_BUILD_JOBS:-$(nproc)}"
 case "$flavour" in
   release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
@@ -14,4 +16,4 @@ case "$flavour" in
   *) echo "build.sh: unknown flavour '$flavour' (release|asan|tsan)" >&2; exit 2 ;;
 esac
 cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" >/dev/null
-cmake --build "build/$flavour" -j "$jobs"
+cmake --build "build/$flavour" -j "$jobs" "$@"

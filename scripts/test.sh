@@ -21,7 +21,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan --output-on-failure -j 2 --timeout 300 -L unit
 
 echo "== ThreadSanitizer: concurrency tests" >&2
-scripts/build.sh tsan
+scripts/build.sh tsan --target concurrency_tests
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tsan.supp" \
   ctest --test-dir build/tsan --output-on-failure -j 2 --timeout 300 -L concurrency
 
