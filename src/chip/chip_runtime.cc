@@ -67,6 +67,8 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
   return absl::OkStatus();
 }
 
+constexpr uint32_t kInitialRingSlots = 64;
+
 // One ring slot. Reused for task seq, seq + capacity, ...
 struct TaskSlot {
   uint64_t seq = 0;
@@ -94,7 +96,7 @@ class GraphExecutor final : public task::OrchestrationContext {
         options_(options),
         record_timing_(record_timing),
         report_(report),
-        ring_(options.ring_capacity) {
+        ring_(std::min<uint32_t>(options.ring_capacity, kInitialRingSlots)) {
     int32_t cores = ctx.num_cores();
     if (max_cores > 0) cores = std::min(cores, max_cores);
     num_cores_ = cores;
@@ -167,6 +169,7 @@ class GraphExecutor final : public task::OrchestrationContext {
   // links it behind its unfinished predecessors and dispatches ready work.
   absl::Status admit(task::KernelIndex kernel, const task::Arg* args, size_t num_args,
                      int32_t block_dim, std::vector<uint64_t>& deps) {
+    if (next_seq_ - head_seq_ >= ring_.size() && ring_.size() < options_.ring_capacity) grow();
     while (next_seq_ - head_seq_ >= ring_.size()) {
       if (!failure_.ok()) return failure_;
       dispatch();
@@ -204,6 +207,16 @@ class GraphExecutor final : public task::OrchestrationContext {
   }
 
   TaskSlot& slot(uint64_t seq) { return ring_[seq % ring_.size()]; }
+
+  // The ring starts small (runs are often short) and doubles up to
+  // ring_capacity; live slots move to their index in the larger ring.
+  void grow() {
+    const size_t bigger = std::min<size_t>(ring_.size() * 2, options_.ring_capacity);
+    std::vector<TaskSlot> next(bigger);
+    for (uint64_t seq = head_seq_; seq < next_seq_; ++seq)
+      next[seq % bigger] = std::move(slot(seq));
+    ring_ = std::move(next);
+  }
   bool done(uint64_t seq) {
     if (seq < head_seq_) return true;
     TaskSlot& s = slot(seq);

@@ -5,7 +5,7 @@
 namespace simpler::cli {
 
 void CommonOptions::add_to(CLI::App* app, bool with_json) {
-  app->add_option("--cores", cores, "sim device cores (0 = one per hardware thread)")
+  app->add_option("--cores", cores, "sim device cores (0 = hardware threads - 1)")
       ->check(CLI::NonNegativeNumber);
   app->add_option("--launch-depth", launch_depth, "runs launched on the device at once (>= 1)")
       ->check(CLI::PositiveNumber);

@@ -58,7 +58,7 @@ class SimDevice final : public Device {
     caps_.platform = "sim";
     caps_.device_id = o.device_id;
     int32_t n = o.num_cores;
-    if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
+    if (n == 0) n = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()) - 1);
     caps_.num_cores = n;
     caps_.memory_bytes = o.memory_bytes;
     cores_.reserve(n);

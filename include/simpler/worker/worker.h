@@ -28,7 +28,7 @@ struct WorkerOptions {
   int32_t level = 2;             // only 2 (one chip) exists today
   std::string platform = "sim";  // device backend
   int32_t device_id = 0;
-  int32_t num_cores = 0;     // 0 = one per hardware thread
+  int32_t num_cores = 0;     // 0 = hardware threads - 1
   int32_t launch_depth = 1;  // >= 1 (invariant 6)
   int32_t run_grant = 0;     // 0 = launch_depth + 1; otherwise in [launch_depth, kMaxRunGrant]
   double operation_timeout_s = 60;   // per-run device time limit once at the stream head
