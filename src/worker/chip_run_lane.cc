@@ -273,6 +273,17 @@ void ChipRunLane::lane_loop() {
               "lane poisoned by run ", run.id(), ": ", std::string(run.status.message()))));
         }
         device_->abort(run.status);
+        // The abort releases hung tasks; give the device a bounded moment to say
+        // which task and kernel were stuck, for the run's own error message.
+        lock.native().unlock();
+        const bool told = rec->done.wait(base::Deadline::after(std::chrono::seconds(1)));
+        lock.native().lock();
+        if (told && !rec->done.status().ok()) {
+          run.status = base::mark_unrecoverable(absl::Status(
+              run.status.code(),
+              absl::StrCat(std::string(run.status.message()),
+                           "; device reports: ", std::string(rec->done.status().message()))));
+        }
       } else {
         run.record_done = true;
         run.timing.device_start_ns = rec->start_ns;

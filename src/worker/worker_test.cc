@@ -306,6 +306,9 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
   absl::Status s = r1.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(contains(s, "run 1 did not finish within the operation timeout of 0.3 s")) << s;
+  EXPECT_TRUE(contains(s, "device reports: run 1 task 0 (kernel 'affine') block 0: task hung"))
+      << s;
+  EXPECT_TRUE(base::is_unrecoverable(s));
   if (r2.ok()) EXPECT_TRUE(contains(r2->wait(), "lane poisoned by run 1"));
   EXPECT_EQ(w.resources().quarantined, 1);
   EXPECT_TRUE(counts_consistent(w.resources()));
