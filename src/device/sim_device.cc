@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,9 @@ struct Core {
   std::atomic<bool> posted{false};
   CoreJob job;          // written by the scheduler before `posted` (release)
   uint64_t run_id = 0;  // likewise
+  // When the running job is expected to end (now_ns() time; 0 = idle or no
+  // estimate yet). Written by the core, read by the scheduler (relaxed: a hint).
+  std::atomic<int64_t> predicted_end_ns{0};
 };
 
 class SimStream;
@@ -190,9 +194,29 @@ class SimDevice final : public Device {
     c.cv.notify_one();
   }
 
+  // Blocking waits model a device scheduler that polls for completions
+  // without burning a host CPU: it sleeps until shortly before the earliest
+  // predicted block end (per-kernel moving average of block durations), then
+  // spins at most spin_ns, then sleeps until woken.
   bool next_completion(CoreCompletion* out, bool block) {
     auto ready = [this] { return completions_ready_.load(std::memory_order_acquire) > 0; };
-    if (block) spin_until(ready, options_.spin_ns);
+    if (block && !ready()) {
+      int64_t earliest = 0;
+      for (const auto& c : cores_) {
+        const int64_t p = c->predicted_end_ns.load(std::memory_order_relaxed);
+        if (p > 0 && (earliest == 0 || p < earliest)) earliest = p;
+      }
+      const int64_t wake_at = earliest - options_.spin_ns;
+      if (earliest > 0 && wake_at > base::now_ns() + options_.spin_ns) {
+        const auto deadline =
+            std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake_at));
+        MutexLock lock(completion_mu_);
+        while (completions_.empty() && std::chrono::steady_clock::now() < deadline) {
+          completion_cv_.wait_until(lock, deadline);
+        }
+      }
+      spin_until(ready, options_.spin_ns);
+    }
     MutexLock lock(completion_mu_);
     while (completions_.empty()) {
       if (!block) return false;
@@ -228,8 +252,13 @@ class SimDevice final : public Device {
       done.task_index = job.task_index;
       done.block_idx = job.block_idx;
       done.start_ns = base::now_ns();
+      const int64_t estimate = duration_estimate(job.fn);
+      c->predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
+                                std::memory_order_relaxed);
       done.status = run_job(job, run_id, c->index);
       done.end_ns = base::now_ns();
+      c->predicted_end_ns.store(0, std::memory_order_relaxed);
+      record_duration(job.fn, done.end_ns - done.start_ns);
       {
         MutexLock lock(completion_mu_);
         completions_.push_back(std::move(done));
@@ -240,6 +269,18 @@ class SimDevice final : public Device {
   }
 
   bool c_stop() const { return stop_cores_.load(std::memory_order_acquire); }
+
+  // Moving average (1/8 weight) of a kernel's block duration, in ns; 0 = unknown.
+  int64_t duration_estimate(task::KernelFn fn) {
+    MutexLock lock(estimate_mu_);
+    auto it = estimates_.find(fn);
+    return it == estimates_.end() ? 0 : it->second;
+  }
+  void record_duration(task::KernelFn fn, int64_t ns) {
+    MutexLock lock(estimate_mu_);
+    auto [it, inserted] = estimates_.emplace(fn, ns);
+    if (!inserted) it->second += (ns - it->second) / 8;
+  }
 
   absl::Status run_job(const CoreJob& job, uint64_t run_id, int32_t core) {
     if (auto fault = options_.faults.find(run_id, job.task_index);
@@ -281,6 +322,9 @@ class SimDevice final : public Device {
 
   std::vector<std::unique_ptr<Core>> cores_;
   std::atomic<bool> stop_cores_{false};
+
+  base::Mutex estimate_mu_;
+  std::unordered_map<task::KernelFn, int64_t> estimates_ SIMPLER_GUARDED_BY(estimate_mu_);
 
   base::Mutex completion_mu_;
   base::CondVar completion_cv_;
