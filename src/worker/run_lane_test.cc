@@ -274,12 +274,14 @@ TEST(Pipeline, ResourceCountsStayConsistentThroughARandomizedFaultRun) {
   int refused = 0;
   for (int i = 0; i < 100; ++i) {
     auto r = w.submit(*h, affine_args(&in[i], &out[i], i));
+    if (!counts_consistent(w.resources())) bad++;  // also observed from the submitter
     if (!r.ok()) {
       EXPECT_NE(r.status().message().find("lane poisoned by run 70"), std::string_view::npos);
       ++refused;
     }
   }
   (void)w.close();
+  while (samples.load() < 20) std::this_thread::yield();  // the sampler saw the end state too
   stop = true;
   sampler.join();
   EXPECT_EQ(bad.load(), 0);
