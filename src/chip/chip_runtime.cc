@@ -43,16 +43,10 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
   }
   for (size_t i = 0; i < num_args; ++i) {
     const task::Arg& a = args[i];
-    const auto d = static_cast<uint8_t>(a.direction);
-    if (d > static_cast<uint8_t>(task::ArgDirection::kInOut)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " argument ", i, " has unknown direction ", static_cast<int>(d)));
+    if (absl::Status v = task::validate_arg(a, i); !v.ok()) {
+      return base::annotate(v, absl::StrCat(where, " "));
     }
     if (a.direction == task::ArgDirection::kScalar) continue;
-    if (a.tensor.rank < 0 || a.tensor.rank > task::kMaxRank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " argument ", i, " has tensor rank ", a.tensor.rank));
-    }
     if (a.tensor.memory != task::MemoryKind::kDevice) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, " argument ", i, " is a HOST tensor; tasks take device tensors"));
@@ -230,6 +224,13 @@ class GraphExecutor final : public task::OrchestrationContext {
 
   void dispatch() {
     if (!failure_.ok()) return;
+    if (ctx_.aborted()) {
+      // The device was aborted (timeout, close): start nothing more; blocks on
+      // cores are still drained before the run returns.
+      failure_ = base::mark_unrecoverable(absl::AbortedError(
+          absl::StrCat("run ", ctx_.run_id(), ": device aborted; no further task dispatched")));
+      return;
+    }
     while (!idle_.empty() && !ready_.empty()) {
       TaskSlot& s = slot(ready_.front());
       const int32_t core = idle_.back();

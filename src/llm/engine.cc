@@ -299,6 +299,16 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     int64_t submit_ns = 0;
   };
   std::deque<Step> inflight;
+  // On every exit, error paths included, wait for the steps still in flight:
+  // their host buffers live in `inflight` until they finalize.
+  struct DrainInflight {
+    std::deque<Step>& steps;
+    ~DrainInflight() {
+      for (auto& st : steps) {
+        if (st.handle.valid()) (void)st.handle.wait();
+      }
+    }
+  } drain{inflight};
   const int64_t t_start = base::now_ns();
   int64_t t_first_all = 0;
   int64_t effective_depth_sum = 0;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/status.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
 
@@ -64,28 +65,50 @@ static float bits_to_f32(uint64_t bits) {
 float TaskArgs::scalar_f32(size_t i) const { return bits_to_f32(scalar(i)); }
 float KernelContext::scalar_f32(uint32_t i) const { return bits_to_f32(args[i].scalar); }
 
+absl::Status validate_arg(const Arg& a, size_t i) {
+  const auto d = static_cast<uint8_t>(a.direction);
+  if (d > static_cast<uint8_t>(ArgDirection::kInOut)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argument ", i, " has unknown direction ", static_cast<int>(d)));
+  }
+  if (a.direction == ArgDirection::kScalar) return absl::OkStatus();
+  if (a.tensor.rank < 0 || a.tensor.rank > kMaxRank) {
+    return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has tensor rank ",
+                                                   a.tensor.rank, " outside [0, ", kMaxRank, "]"));
+  }
+  if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kUInt8)) {
+    return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown dtype"));
+  }
+  if (static_cast<uint8_t>(a.tensor.memory) > static_cast<uint8_t>(MemoryKind::kHost)) {
+    return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown memory kind"));
+  }
+  // The addressed span must not overflow: sum of (shape-1)*stride in elements,
+  // then bytes, in 128-bit arithmetic, below 2^62.
+  unsigned __int128 last = 0;
+  bool empty = false;
+  for (int r = 0; r < a.tensor.rank; ++r) {
+    if (a.tensor.shape[r] < 0 || a.tensor.strides[r] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument ", i, " has a negative shape or stride in dimension ", r));
+    }
+    if (a.tensor.shape[r] == 0) empty = true;
+    if (a.tensor.shape[r] > 0) {
+      last += static_cast<unsigned __int128>(a.tensor.shape[r] - 1) *
+              static_cast<unsigned __int128>(a.tensor.strides[r]);
+    }
+  }
+  const unsigned __int128 span = empty ? 0 : (last + 1) * size_of(a.tensor.dtype);
+  if (span >= (static_cast<unsigned __int128>(1) << 62) ||
+      span + a.tensor.address > (static_cast<unsigned __int128>(1) << 64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "argument ", i, " addresses more memory than exists (shape/strides overflow)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TaskArgs::validate() const {
   for (size_t i = 0; i < args_.size(); ++i) {
-    const Arg& a = args_[i];
-    const auto d = static_cast<uint8_t>(a.direction);
-    if (d > static_cast<uint8_t>(ArgDirection::kInOut)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("argument ", i, " has unknown direction ", static_cast<int>(d)));
-    }
-    if (a.direction == ArgDirection::kScalar) continue;
-    if (a.tensor.rank < 0 || a.tensor.rank > kMaxRank) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument ", i, " has tensor rank ", a.tensor.rank, " outside [0, ", kMaxRank, "]"));
-    }
-    for (int r = 0; r < a.tensor.rank; ++r) {
-      if (a.tensor.shape[r] < 0 || a.tensor.strides[r] < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("argument ", i, " has a negative shape or stride in dimension ", r));
-      }
-    }
-    if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kUInt8)) {
-      return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown dtype"));
-    }
+    SIMPLER_RETURN_IF_ERROR(validate_arg(args_[i], i));
   }
   return absl::OkStatus();
 }

@@ -141,9 +141,11 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   RunHandle handle(r->shared);
   {
     base::MutexLock lock(mu_);
-    if (!prepared.ok()) {
+    if (!prepared.ok() || !poison_.ok()) {
       // Returned by submit: delivered here, retired in order by the lane thread.
-      r->status = base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "));
+      r->status = !prepared.ok()
+                      ? base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "))
+                      : poison_;  // the lane was poisoned while this run was preparing
       r->state = RunState::kCancelled;
       r->shared->delivered.store(true, std::memory_order_relaxed);
       prepared = r->status;
@@ -203,6 +205,9 @@ void ChipRunLane::launch_ready_locked() {
     Run& run = *up;
     if (run.state == RunState::kLaunched || is_terminal(run.state)) continue;
     if (!poison_.ok()) {
+      // A run still being prepared belongs to its submitter, which cancels it
+      // itself once prepare returns.
+      if (run.state != RunState::kPrepared) continue;
       // Never launched: fail it with the poison cause; its set is provably unused.
       run.status = poison_;
       run.state = RunState::kCancelled;
@@ -254,19 +259,28 @@ void ChipRunLane::lane_loop() {
       // Reap: wait for the device outside the lock, bounded by the operation timeout.
       std::shared_ptr<device::LaunchRecord> rec = run.record;
       const int64_t reap_start = base::now_ns();
+      // The run's own timeout, else the lane's; beyond the clock's range: forever.
+      const double timeout_s =
+          run.config.timeout_s > 0 ? run.config.timeout_s : options_.operation_timeout_s;
+      // Behind a poisoned lane the device was aborted: the run fails with the
+      // poison cause; wait only briefly for the device to drop it.
+      const bool poisoned_before = !poison_.ok();
       lock.native().unlock();
-      const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::duration<double>(options_.operation_timeout_s));
+      base::Deadline deadline = poisoned_before ? base::Deadline::after(std::chrono::seconds(1))
+                                                : base::deadline_from_seconds(timeout_s).value();
       device_polls_.fetch_add(1, std::memory_order_relaxed);
-      const bool done = rec->done.wait(base::Deadline::after(timeout));
+      const bool done = rec->done.wait(deadline);
       lock.native().lock();
       run.timing.complete_ns = base::now_ns();
       span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
       --launched_;
-      if (!done) {
+      if (!done && poisoned_before) {
+        run.status = poison_;
+        run.quarantine = true;  // the device may still hold it
+      } else if (!done) {
         run.status = base::mark_unrecoverable(absl::DeadlineExceededError(
             absl::StrCat("run ", run.id(), " did not finish within the operation timeout of ",
-                         options_.operation_timeout_s, " s; device aborted")));
+                         timeout_s, " s; device aborted")));
         run.quarantine = true;
         if (poison_.ok()) {
           poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
@@ -317,6 +331,10 @@ void ChipRunLane::lane_loop() {
     lock.native().lock();
     std::unique_ptr<Run> owned = std::move(runs_.front());
     runs_.pop_front();
+    if (owned->quarantine) {
+      // Device use not proven finished: its buffers stay in use until the device closes.
+      for (const auto& r : owned->device_ranges) quarantined_ranges_.push_back({owned->id(), r});
+    }
     ++retired_;
     if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
       failed_.push_back(owned->shared);
@@ -372,6 +390,14 @@ void ChipRunLane::finalize(Run& run) {
 
 absl::Status ChipRunLane::check_not_in_use(uint64_t address, uint64_t bytes) const {
   base::MutexLock lock(mu_);
+  for (const auto& [id, range] : quarantined_ranges_) {
+    if (range.first < address + bytes && address < range.second) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device buffer 0x", absl::Hex(address), " is named by run ", id,
+          ", which is quarantined (its device use could not be proven finished); the buffer "
+          "stays allocated until the Worker closes"));
+    }
+  }
   for (const auto& r : runs_) {
     for (const auto& [b, e] : r->device_ranges) {
       if (b < address + bytes && address < e) {
@@ -397,16 +423,20 @@ void ChipRunLane::wait_idle() {
 absl::Status ChipRunLane::close() {
   {
     base::MutexLock lock(mu_);
-    if (closed_) return absl::OkStatus();
+    if (closing_) {
+      while (!closed_) cv_.wait(lock);  // another thread is closing: wait for it
+      return absl::OkStatus();
+    }
     closing_ = true;
     cv_.notify_all();
     while (!runs_.empty()) cv_.wait(lock);
-    closed_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   arena_->shutdown();
   base::MutexLock lock(mu_);
+  closed_ = true;
+  cv_.notify_all();
   std::vector<std::shared_ptr<RunShared>> undelivered;
   for (auto& f : failed_) {
     if (!f->delivered.load(std::memory_order_acquire)) undelivered.push_back(f);

@@ -91,7 +91,7 @@ absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::Chip
 absl::Status ChipWorker::close() {
   if (closed_ || !device_) return absl::OkStatus();
   closed_ = true;
-  absl::Status s = lane_->close();  // drains while the device is still up
+  absl::Status s = lane_ ? lane_->close() : absl::OkStatus();  // drains while the device is up
   device_->close();  // joins every device thread; lane and arena stay for read-only queries
   return s;
 }

@@ -349,5 +349,104 @@ TEST(WorkerRun, RunIsSubmitThenWait) {
   EXPECT_EQ(w.lane_stats().submitted, 1u);
 }
 
+absl::Status slow_write(const task::KernelContext& ctx) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ctx.scalar_i64(1)));
+  ctx.tensor(0).data<int32_t>()[0] = 7;
+  return absl::OkStatus();
+}
+
+task::ChipCallable slow_write_program(int32_t sleep_ms) {
+  return {"slow_write",
+          [sleep_ms](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            task::TaskArgs a;
+            a.add_tensor(args.tensor(0), task::ArgDirection::kOut).add_scalar_i64(sleep_ms);
+            return ctx.submit(0, a);
+          },
+          {{"slow_write", slow_write}}};
+}
+
+TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
+  WorkerOptions o = opts(1);
+  o.operation_timeout_s = 0.1;
+  Worker w(o);
+  auto h = w.register_callable(slow_write_program(600));
+  ASSERT_TRUE(w.init().ok());
+  DeviceBuffer b = *w.malloc(4);
+  task::TaskArgs a;
+  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kOut);
+  RunHandle r = *w.submit(*h, a);
+  absl::Status s = r.wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  // The kernel is still running: freeing its buffer must be refused.
+  absl::Status f = w.free(b);
+  EXPECT_EQ(f.code(), absl::StatusCode::kFailedPrecondition) << f;
+  EXPECT_TRUE(contains(f, "named by run 0, which is quarantined")) << f;
+  EXPECT_EQ(w.resources().quarantined, 1);
+  EXPECT_TRUE(w.close().ok());  // joins the device; the kernel finished into live memory
+}
+
+TEST(WorkerFaults, PerRunTimeoutFromCallConfigIsHonoured) {
+  Worker w(opts(1));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  task::TaskArgs a;
+  a.add_scalar_i64(400'000);
+  task::CallConfig c;
+  c.timeout_s = 0.05;
+  absl::Status s = w.run(*h, a, c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(contains(s, "operation timeout of 0.05 s")) << s;
+}
+
+TEST(WorkerFaults, RunsBehindAHangFailWithThePoisonCauseQuickly) {
+  WorkerOptions o = opts(4, 4);
+  o.operation_timeout_s = 0.3;
+  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=hang");
+  Worker w(o);
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 4; ++i) hs.push_back(*w.submit(*h, affine_args(&in[i], &out[i], 0)));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(hs[0].wait().code(), absl::StatusCode::kDeadlineExceeded);
+  for (int i = 1; i < 4; ++i) {
+    absl::Status s = hs[i].wait();
+    EXPECT_TRUE(contains(s, "lane poisoned by run 0")) << "run " << i << ": " << s;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST(WorkerFaults, PoisonWhileARunIsPreparingIsReturnedBySubmit) {
+  WorkerOptions o = opts(1);
+  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault");
+  Worker w(o);
+  // Run 0: device-built, its only task faults after the kernel starts.
+  auto fault = w.register_callable(slow_write_program(0));
+  // Run 1: host-built with a slow orchestration (prepare takes 300 ms).
+  auto slow_prepare = w.register_callable(
+      task::ChipCallable{"slow_prepare",
+                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                           std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                           task::TaskArgs a;
+                           a.add_tensor(args.tensor(0), task::ArgDirection::kOut).add_scalar_i64(0);
+                           return ctx.submit(0, a);
+                         },
+                         {{"slow_write", slow_write}},
+                         task::GraphPlacement::kHost});
+  ASSERT_TRUE(w.init().ok());
+  DeviceBuffer b = *w.malloc(4);
+  task::TaskArgs a;
+  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kOut);
+  RunHandle r0 = *w.submit(*fault, a);
+  auto r1 = w.submit(*slow_prepare, a);  // poisoned by run 0 while preparing
+  ASSERT_FALSE(r1.ok());
+  EXPECT_TRUE(contains(r1.status(), "lane poisoned by run 0")) << r1.status();
+  EXPECT_TRUE(base::is_unrecoverable(r0.wait()));
+  EXPECT_TRUE(counts_consistent(w.resources()));
+  EXPECT_TRUE(w.close().ok());
+}
+
 }  // namespace
 }  // namespace simpler::worker

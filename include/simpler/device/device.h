@@ -60,9 +60,10 @@ class ExecContext {
   virtual uint64_t run_id() const = 0;
   // Hands `job` to idle core `core` (0 <= core < num_cores, not busy).
   virtual void start(int32_t core, const CoreJob& job) = 0;
-  // Next completion of a started job. With `block`, waits (spins up to ~50 µs,
-  // then sleeps) until one is available or the device is aborted; returns
-  // false when none is available (or on abort).
+  // Next completion of a started job. With `block`, waits (sleeping, with at
+  // most ~50 µs of spinning) until one is available — every started job
+  // completes, an injected hang when the device is aborted. Without `block`,
+  // returns false when none is available.
   virtual bool next_completion(CoreCompletion* out, bool block) = 0;
   // True once the device was aborted; the launch should stop and return.
   virtual bool aborted() const = 0;
@@ -127,8 +128,9 @@ class Device {
   // Creates an in-order stream owned by the device (valid until close()).
   virtual absl::StatusOr<Stream*> create_stream() = 0;
 
-  // Aborts all device work: hung tasks return, running launches are told to
-  // stop, queued and later items fail with `reason`. Idempotent.
+  // Aborts all device work: hung tasks return, running launches see
+  // ExecContext::aborted() and dispatch nothing more (blocks already on cores
+  // finish), queued and later items fail with `reason`. Idempotent.
   virtual void abort(const absl::Status& reason) = 0;
   virtual bool aborted() const = 0;
 

@@ -25,6 +25,11 @@ struct Arg {
 };
 static_assert(std::is_trivially_copyable_v<Arg>);
 
+// INVALID_ARGUMENT naming argument `index` when its direction, rank, dtype or
+// memory kind is unknown, a shape or stride is negative, or its addressed span
+// overflows. Used by TaskArgs::validate and by the runtime on every task.
+absl::Status validate_arg(const Arg& arg, size_t index);
+
 // Ordered argument list, in the callee's signature order. Value type,
 // thread-compatible.
 class TaskArgs {

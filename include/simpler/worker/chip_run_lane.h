@@ -114,6 +114,9 @@ class ChipRunLane {
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
   uint64_t retired_ SIMPLER_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
+  // [begin, end) device ranges named by retired-but-quarantined runs, with the run id.
+  std::vector<std::pair<uint64_t, std::pair<uint64_t, uint64_t>>> quarantined_ranges_
+      SIMPLER_GUARDED_BY(mu_);
   std::atomic<uint64_t> device_polls_{0};
   std::thread thread_;
 };
