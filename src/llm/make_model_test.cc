@@ -1,5 +1,7 @@
 #include "simpler/llm/make_model.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +23,8 @@ using ::testing::HasSubstr;
 
 fs::path test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / "simpler_make_model_test" /
+  fs::path dir = fs::path(::testing::TempDir()) /
+                 ("simpler_make_model_test." + std::to_string(::getpid())) /
                  (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(dir);
   fs::create_directories(dir);

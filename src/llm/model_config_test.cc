@@ -1,5 +1,7 @@
 #include "simpler/llm/model_config.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -184,7 +186,8 @@ TEST(ModelConfig, WrongTypesAndUnsupportedFeaturesAreNamed) {
 }
 
 TEST(ModelConfig, LoadReadsBothFilesAndNamesPaths) {
-  const fs::path dir = fs::path(::testing::TempDir()) / "simpler_model_config_test";
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("simpler_model_config_test." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   auto missing = ModelConfig::load(dir.string());

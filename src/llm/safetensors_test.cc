@@ -1,5 +1,7 @@
 #include "simpler/llm/safetensors.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +21,8 @@ using ::testing::HasSubstr;
 // A fresh directory per test.
 fs::path test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / "simpler_safetensors_test" /
+  fs::path dir = fs::path(::testing::TempDir()) /
+                 ("simpler_safetensors_test." + std::to_string(::getpid())) /
                  (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(dir);
   fs::create_directories(dir);

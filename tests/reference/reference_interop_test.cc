@@ -4,6 +4,8 @@
 //     (ModelConfig::load, ModelWeights::open, to_f32) with the values the reference reads;
 //   * checkpoints written by make_model load in the reference with the values C++ reads, and
 //     the reference can decode with them.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -28,7 +30,8 @@ using ::testing::ElementsAreArray;
 
 fs::path test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / "simpler_reference_interop_test" /
+  fs::path dir = fs::path(::testing::TempDir()) /
+                 ("simpler_reference_interop_test." + std::to_string(::getpid())) /
                  (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(dir);
   fs::create_directories(dir);
