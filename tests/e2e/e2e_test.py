@@ -17,7 +17,10 @@ Scenarios (`--list` prints them):
   writer_untied_f32     reference-written checkpoint, bf16 body, untied F32 lm_head,
                         8 heads / 2 KV heads (groups of 4), 3 layers, vocab 12000
   writer_launch_depth2  the writer_untied_f32 shape with another seed, clones at
-                        --launch-depth 2 (tokens must equal the reference and depth 1)
+                        --launch-depth 1, 2 and 4, distinct prompts at depth 4 (tokens must
+                        equal the reference at every depth)
+  writer_host_built     head_dim != hidden/heads, one KV head, host-built task graphs
+                        (--graph-placement host) at depth 1 and 2
   make_model_tiny       `simpler make-model --preset tiny` (vocab 151936, tokenizer), with a
                         text prompt in the distinct-prompts batch
   long_prompt           a 2,000-token prompt on the tiny preset: 8 tokens in < 30 s
@@ -345,7 +348,8 @@ def random_prompt(rng, n, vocab):
     return [int(x) for x in rng.integers(0, hi, size=n)]
 
 
-def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_prompt=None):
+def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_prompt=None,
+                     flags=()):
     """Scenarios 2-7 of the issue for one checkpoint."""
     pb = ctx.problems
     with open(os.path.join(model, "config.json")) as f:
@@ -355,7 +359,8 @@ def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_p
     distinct = [random_prompt(rng, n, vocab) for n in DISTINCT_LENGTHS]
     last = lambda plen: plen + MAX_NEW - 2  # the last position run through the model
     clone_kv = [0, PAGE_SIZE - 1, PAGE_SIZE, last(len(clone_prompt))]
-    common = ["--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--page-size", str(PAGE_SIZE)]
+    common = ["--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--page-size",
+              str(PAGE_SIZE)] + list(flags)
     timings = {}
 
     # simpler: 16 clones of one prompt, at each launch depth.
@@ -394,7 +399,8 @@ def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_p
     # K/V positions: the union over requests (each compared where both sides have it).
     lens = [len(p) for p in distinct] + ([len(text_ids)] if text_ids is not None else [])
     kv_union = sorted({0, PAGE_SIZE - 1, PAGE_SIZE} | {last(n) for n in lens})
-    extra = ["--prompts-file", pfile, "--dump-logits-steps", csv(LOGIT_STEPS),
+    extra = ["--prompts-file", pfile, "--launch-depth", str(depths[-1]),
+             "--dump-logits-steps", csv(LOGIT_STEPS),
              "--dump-kv-positions", csv(kv_union)] + common
     dout, derr, wall = ctx.generate(model, extra, "generate distinct prompts")
     timings["simpler distinct prompts"] = wall
@@ -472,7 +478,15 @@ def scenario_writer_untied_f32(ctx):
 
 def scenario_writer_launch_depth2(ctx):
     model = ctx.write_model(ctx.path("model"), "--seed", "13", *WRITER_UNTIED)
-    check_checkpoint(ctx, model, seed=103, depths=(1, 2))
+    check_checkpoint(ctx, model, seed=103, depths=(1, 2, 4))
+
+
+def scenario_writer_host_built(ctx):
+    """Host-built task graphs (--graph-placement host) give the reference's tokens too."""
+    model = ctx.write_model(ctx.path("model"), "--seed", "17", "--dtype", "f32", "--hidden", "64",
+                            "--heads", "4", "--kv-heads", "1", "--head-dim", "32", "--layers",
+                            "2", "--intermediate", "128", "--vocab", "8192")
+    check_checkpoint(ctx, model, seed=107, depths=(1, 2), flags=("--graph-placement", "host"))
 
 
 def scenario_make_model_tiny(ctx):
@@ -693,6 +707,7 @@ SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
     "writer_launch_depth2": scenario_writer_launch_depth2,
+    "writer_host_built": scenario_writer_host_built,
     "make_model_tiny": scenario_make_model_tiny,
     "long_prompt": scenario_long_prompt,
     "cli_errors": scenario_cli_errors,
