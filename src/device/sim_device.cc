@@ -1,6 +1,7 @@
 // The sim device: device memory in the host heap, one scheduler thread per
 // stream, a pool of core threads, fault injection and device timestamps.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -206,13 +207,23 @@ class SimDevice final : public Device {
         const int64_t p = c->predicted_end_ns.load(std::memory_order_relaxed);
         if (p > 0 && (earliest == 0 || p < earliest)) earliest = p;
       }
-      const int64_t wake_at = earliest - options_.spin_ns;
+      // Aim the wake-up so the spin window covers the predicted end, and start
+      // it early by how late timed wake-ups have been arriving (moving average).
+      const int64_t lateness = oversleep_ns_.load(std::memory_order_relaxed);
+      const int64_t wake_at = earliest - options_.spin_ns * 3 / 4 - lateness;
       if (earliest > 0 && wake_at > base::now_ns() + options_.spin_ns) {
         const auto deadline =
             std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake_at));
-        MutexLock lock(completion_mu_);
-        while (completions_.empty() && std::chrono::steady_clock::now() < deadline) {
-          completion_cv_.wait_until(lock, deadline);
+        bool timed_out = false;
+        {
+          MutexLock lock(completion_mu_);
+          while (completions_.empty() && std::chrono::steady_clock::now() < deadline) {
+            timed_out = !completion_cv_.wait_until(lock, deadline);
+          }
+        }
+        if (timed_out) {
+          const int64_t late = std::clamp<int64_t>(base::now_ns() - wake_at, 0, 500'000);
+          oversleep_ns_.store(lateness + (late - lateness) / 8, std::memory_order_relaxed);
         }
       }
       spin_until(ready, options_.spin_ns);
@@ -323,6 +334,7 @@ class SimDevice final : public Device {
   std::vector<std::unique_ptr<Core>> cores_;
   std::atomic<bool> stop_cores_{false};
 
+  std::atomic<int64_t> oversleep_ns_{0};  // how late timed wake-ups arrive (average)
   base::Mutex estimate_mu_;
   std::unordered_map<task::KernelFn, int64_t> estimates_ SIMPLER_GUARDED_BY(estimate_mu_);
 
