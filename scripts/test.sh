@@ -2,27 +2,45 @@
 # Installs, builds and runs every test: formatting, the release build's full
 # suite, the unit tests under AddressSanitizer + UBSan, and the concurrency
 # tests under ThreadSanitizer. Every test has a time limit (ctest TIMEOUT).
-set -euo pipefail
+# Every leg runs even when an earlier one failed; the exit status is non-zero
+# when any leg failed, and the last line names them.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+failed=()
 
-scripts/install_deps.sh
+scripts/install_deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
 
 echo "== format check" >&2
-git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror
+git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror || failed+=("format")
 
 echo "== release build + all tests" >&2
-scripts/build.sh release
-ctest --test-dir build/release --output-on-failure -j 2 --timeout 300
+if scripts/build.sh release; then
+  ctest --test-dir build/release --output-on-failure -j 2 --timeout 300 || failed+=("release")
+else
+  failed+=("release-build")
+fi
 
 echo "== AddressSanitizer + UBSan: unit tests" >&2
-scripts/build.sh asan
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan --output-on-failure -j 2 --timeout 300 -L unit
+if scripts/build.sh asan; then
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build/asan --output-on-failure -j 2 --timeout 300 -L unit || failed+=("asan")
+else
+  failed+=("asan-build")
+fi
 
 echo "== ThreadSanitizer: concurrency tests" >&2
-scripts/build.sh tsan --target concurrency_tests
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tsan.supp" \
-  ctest --test-dir build/tsan --output-on-failure -j 2 --timeout 300 -L concurrency
+if scripts/build.sh tsan --target concurrency_tests; then
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tsan.supp" \
+    ctest --test-dir build/tsan --output-on-failure -j 2 --timeout 300 -L concurrency ||
+    failed+=("tsan")
+else
+  failed+=("tsan-build")
+fi
 
-echo "test.sh: all legs passed in $(( $(date +%s) - start )) s" >&2
+elapsed=$(( $(date +%s) - start ))
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test.sh: FAILED legs: ${failed[*]} (after ${elapsed} s)" >&2
+  exit 1
+fi
+echo "test.sh: all legs passed in ${elapsed} s" >&2

@@ -42,7 +42,7 @@ class EngineTest : public ::testing::Test {
     EngineOptions eo;
     eo.worker.num_cores = 2;
     eo.worker.launch_depth = depth;
-    eo.worker.faults = device::FaultPlan();
+    eo.worker.faults.emplace();
     eo.page_size = page_size;
     auto e = Qwen3Engine::create(*dir_, eo, batch, pages);
     EXPECT_TRUE(e.ok()) << e.status();
@@ -147,7 +147,7 @@ TEST_F(EngineTest, BadRequestsAreRefusedWithTheReason) {
 
 TEST_F(EngineTest, MissingModelNamesTheFile) {
   EngineOptions eo;
-  eo.worker.faults = device::FaultPlan();
+  eo.worker.faults.emplace();
   auto e = Qwen3Engine::create("/nonexistent-model", eo, 1, 1);
   ASSERT_FALSE(e.ok());
   EXPECT_TRUE(contains(e.status(), "/nonexistent-model")) << e.status();

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "simpler/llm/model_config.h"
@@ -21,15 +22,7 @@ using task::DataType;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-fs::path test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 ("simpler_make_model_test." + std::to_string(::getpid())) /
-                 (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path test_dir() { return simpler::testing::test_dir("simpler_make_model_test"); }
 
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -186,10 +187,7 @@ TEST(ModelConfig, WrongTypesAndUnsupportedFeaturesAreNamed) {
 }
 
 TEST(ModelConfig, LoadReadsBothFilesAndNamesPaths) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / ("simpler_model_config_test." + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = simpler::testing::test_dir("simpler_model_config_test");
   auto missing = ModelConfig::load(dir.string());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(missing.status()), HasSubstr((dir / "config.json").string()));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -19,15 +20,7 @@ using task::DataType;
 using ::testing::HasSubstr;
 
 // A fresh directory per test.
-fs::path test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 ("simpler_safetensors_test." + std::to_string(::getpid())) /
-                 (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path test_dir() { return simpler::testing::test_dir("simpler_safetensors_test"); }
 
 // Writes 8-byte length + header + buffer, with `length` overriding the real header length.
 void write_raw(const fs::path& path, const std::string& header, const std::string& buffer,

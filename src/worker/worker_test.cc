@@ -309,7 +309,9 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
   EXPECT_TRUE(contains(s, "device reports: run 1 task 0 (kernel 'affine') block 0: task hung"))
       << s;
   EXPECT_TRUE(base::is_unrecoverable(s));
-  if (r2.ok()) EXPECT_TRUE(contains(r2->wait(), "lane poisoned by run 1"));
+  if (r2.ok()) {
+    EXPECT_TRUE(contains(r2->wait(), "lane poisoned by run 1"));
+  }
   EXPECT_EQ(w.resources().quarantined, 1);
   EXPECT_TRUE(counts_consistent(w.resources()));
   const auto t0 = std::chrono::steady_clock::now();

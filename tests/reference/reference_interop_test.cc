@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -28,15 +29,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::ElementsAreArray;
 
-fs::path test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 ("simpler_reference_interop_test." + std::to_string(::getpid())) /
-                 (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path test_dir() { return simpler::testing::test_dir("simpler_reference_interop_test"); }
 
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
