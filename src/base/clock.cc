@@ -1,7 +1,13 @@
 #include "simpler/base/clock.h"
 
+#include <pthread.h>
+
 #include <cmath>
 #include <limits>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #include "absl/status/status.h"
 
@@ -11,6 +17,18 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+void use_precise_timers() {
+#if defined(__linux__)
+  (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
+}
+
+void set_thread_name(const std::string& name) {
+#if defined(__linux__)
+  (void)pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+#endif
 }
 
 Deadline Deadline::after(std::chrono::nanoseconds d) {

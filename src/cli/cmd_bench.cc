@@ -18,6 +18,7 @@ Runner add_bench_commands(CLI::App& app) {
     int64_t tasks = 100000;
     std::vector<int> depths{1, 2, 4};
     double device_us = 1000;
+    std::vector<double> host_ratios{0.25, 1, 4};
     int runs = 200;
     std::string model;
     int steps = 32;
@@ -33,6 +34,9 @@ Runner add_bench_commands(CLI::App& app) {
   pipeline->add_option("--depths", st->depths, "launch depths")->delimiter(',');
   pipeline->add_option("--device-us", st->device_us, "device time D per run, µs")
       ->check(CLI::PositiveNumber);
+  pipeline->add_option("--host-ratios", st->host_ratios, "host prepare time H as multiples of D")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   pipeline->add_option("--runs", st->runs, "runs per row")->check(CLI::Range(2, 1000000));
   st->pipeline_common.add_to(pipeline);
 
@@ -67,8 +71,10 @@ Runner add_bench_commands(CLI::App& app) {
     if (pipeline->parsed()) {
       base::TraceRecorder trace;
       const double d = st->device_us;
-      auto rows = bench_pipeline(st->pipeline_common.worker_options(&trace), st->depths, d,
-                                 {d / 4, d, 4 * d}, st->runs);
+      std::vector<double> host_us;
+      for (double r : st->host_ratios) host_us.push_back(r * d);
+      auto rows = bench_pipeline(st->pipeline_common.worker_options(&trace), st->depths, d, host_us,
+                                 st->runs);
       if (!rows.ok()) {
         std::cerr << "simpler bench pipeline: " << rows.status().message() << "\n";
         return 1;

@@ -40,14 +40,17 @@ bool spin_until(F&& ready, int64_t spin_ns) {
 
 class SimDevice;
 
-// One core thread. The scheduler posts a job (store job, then `posted_`
-// release); the core acquires it, runs it, and pushes a completion.
+// One core thread. The scheduler posts a job (store job, then `posted`
+// release); whoever clears `posted` by compare-exchange (acq_rel) owns the job
+// and runs it: the core thread, or the scheduler itself when it would
+// otherwise sleep on that single job (see SimDevice::try_run_inline).
 struct Core {
   int32_t index = 0;
   std::thread thread;
   base::Mutex mu;
   base::CondVar cv;
   std::atomic<bool> posted{false};
+  bool sleeping SIMPLER_GUARDED_BY(mu) = false;  // waiting on `cv`
   CoreJob job;          // written by the scheduler before `posted` (release)
   uint64_t run_id = 0;  // likewise
   // When the running job is expected to end (now_ns() time; 0 = idle or no
@@ -71,7 +74,12 @@ class SimDevice final : public Device {
       cores_.push_back(std::make_unique<Core>());
       cores_.back()->index = i;
     }
-    for (auto& c : cores_) c->thread = std::thread([this, core = c.get()] { core_loop(core); });
+    for (auto& c : cores_) {
+      c->thread = std::thread([this, core = c.get()] {
+        base::set_thread_name(absl::StrCat("sim-core", core->index));
+        core_loop(core);
+      });
+    }
   }
   ~SimDevice() override { close(); }
 
@@ -184,15 +192,57 @@ class SimDevice final : public Device {
   int32_t num_cores() const { return caps_.num_cores; }
   int64_t spin_ns() const { return options_.spin_ns; }
 
+  // Posts `job` to core `core_index`. A core thread that is awake (running or
+  // spinning) sees it at once. A sleeping one is woken — except that while the
+  // job is the only one on the device, the wake-up is deferred: the scheduler
+  // will most likely run the job itself when it next waits (try_run_inline),
+  // and a futex wake costs the waker ~15 µs on a VM. Deferred wake-ups are
+  // sent as soon as a second job starts, when the scheduler sleeps instead,
+  // or when the job has waited spin_ns.
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
+    bool sleeping;
     {
       MutexLock lock(c.mu);
       c.job = job;
       c.run_id = run_id;
       c.posted.store(true, std::memory_order_release);
+      sleeping = c.sleeping;
     }
+    ++jobs_in_flight_;
+    if (sleeping && options_.run_jobs_inline && jobs_in_flight_ == 1) {
+      if (deferred_.empty()) deferred_since_ns_ = base::now_ns();
+      deferred_.push_back(core_index);
+      return;
+    }
+    flush_deferred_wakes();
     c.cv.notify_one();
+  }
+
+  void flush_deferred_wakes() {
+    for (int32_t i : deferred_) cores_[i]->cv.notify_one();
+    deferred_.clear();
+  }
+
+  // With exactly one job on the device and no core thread having picked it up
+  // yet (its thread sleeps; waking it costs a cross-CPU wake-up, tens of µs on
+  // a VM), the scheduler runs the job itself, attributed to its core, and
+  // returns the completion. Nothing else can complete meanwhile, so no
+  // dispatch is delayed. False when the job was already taken by its core.
+  bool try_run_inline(CoreCompletion* out) {
+    if (!options_.run_jobs_inline || jobs_in_flight_ != 1) return false;
+    for (const auto& c : cores_) {
+      bool expected = true;
+      if (!c->posted.load(std::memory_order_relaxed) ||
+          !c->posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
+        continue;
+      }
+      std::erase(deferred_, c->index);  // its core need not wake
+      *out = execute(*c, c->job, c->run_id);
+      inline_jobs_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    return false;
   }
 
   // Blocking waits model a device scheduler that polls for completions
@@ -201,6 +251,13 @@ class SimDevice final : public Device {
   // spins at most spin_ns, then sleeps until woken.
   bool next_completion(CoreCompletion* out, bool block) {
     auto ready = [this] { return completions_ready_.load(std::memory_order_acquire) > 0; };
+    if (block && !ready() && try_run_inline(out)) {
+      --jobs_in_flight_;
+      return true;
+    }
+    if (!deferred_.empty() && (block || base::now_ns() - deferred_since_ns_ >= options_.spin_ns)) {
+      flush_deferred_wakes();
+    }
     if (block && !ready()) {
       int64_t earliest = 0;
       for (const auto& c : cores_) {
@@ -236,47 +293,66 @@ class SimDevice final : public Device {
     *out = std::move(completions_.front());
     completions_.pop_front();
     completions_ready_.fetch_sub(1, std::memory_order_release);
+    --jobs_in_flight_;
     return true;
   }
+
+  uint64_t inline_jobs() const { return inline_jobs_.load(std::memory_order_relaxed); }
 
   // Serializes launches of all streams on the core pool.
   base::Mutex launch_mu_;
 
  private:
   void core_loop(Core* c) {
+    bool ran = false;
     while (true) {
-      spin_until([this, c] { return c->posted.load(std::memory_order_acquire) || c_stop(); },
-                 options_.spin_ns);
-      CoreJob job;
-      uint64_t run_id;
+      // After a job, spin briefly for the next one; after a wake-up whose job
+      // the scheduler ran inline, go straight back to sleep.
+      if (ran) {
+        spin_until([this, c] { return c->posted.load(std::memory_order_acquire) || c_stop(); },
+                   options_.spin_ns);
+      }
       {
         MutexLock lock(c->mu);
-        while (!c->posted.load(std::memory_order_acquire) && !c_stop()) c->cv.wait(lock);
+        while (!c->posted.load(std::memory_order_acquire) && !c_stop()) {
+          c->sleeping = true;
+          c->cv.wait(lock);
+          c->sleeping = false;
+        }
         if (!c->posted.load(std::memory_order_acquire)) return;  // stopping
-        job = c->job;
-        run_id = c->run_id;
-        c->posted.store(false, std::memory_order_relaxed);
       }
-      CoreCompletion done;
-      done.core = c->index;
-      done.tag = job.tag;
-      done.task_index = job.task_index;
-      done.block_idx = job.block_idx;
-      done.start_ns = base::now_ns();
-      const int64_t estimate = duration_estimate(job.fn);
-      c->predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
-                                std::memory_order_relaxed);
-      done.status = run_job(job, run_id, c->index);
-      done.end_ns = base::now_ns();
-      c->predicted_end_ns.store(0, std::memory_order_relaxed);
-      record_duration(job.fn, done.end_ns - done.start_ns);
+      bool expected = true;
+      if (!c->posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
+        ran = false;  // the scheduler took it
+        continue;
+      }
+      CoreCompletion done = execute(*c, c->job, c->run_id);
       {
         MutexLock lock(completion_mu_);
         completions_.push_back(std::move(done));
         completions_ready_.fetch_add(1, std::memory_order_release);
       }
       completion_cv_.notify_one();
+      ran = true;
     }
+  }
+
+  // Runs one claimed job as core `c` and returns its completion.
+  CoreCompletion execute(Core& c, CoreJob job, uint64_t run_id) {
+    CoreCompletion done;
+    done.core = c.index;
+    done.tag = job.tag;
+    done.task_index = job.task_index;
+    done.block_idx = job.block_idx;
+    done.start_ns = base::now_ns();
+    const int64_t estimate = duration_estimate(job.fn);
+    c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
+                             std::memory_order_relaxed);
+    done.status = run_job(job, run_id, c.index);
+    done.end_ns = base::now_ns();
+    c.predicted_end_ns.store(0, std::memory_order_relaxed);
+    record_duration(job.fn, done.end_ns - done.start_ns);
+    return done;
   }
 
   bool c_stop() const { return stop_cores_.load(std::memory_order_acquire); }
@@ -342,6 +418,12 @@ class SimDevice final : public Device {
   base::CondVar completion_cv_;
   std::deque<CoreCompletion> completions_ SIMPLER_GUARDED_BY(completion_mu_);
   std::atomic<int64_t> completions_ready_{0};
+  // Jobs started and not yet returned by next_completion. Touched only by the
+  // launch running under launch_mu_.
+  int32_t jobs_in_flight_ = 0;
+  std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
+  int64_t deferred_since_ns_ = 0;
+  std::atomic<uint64_t> inline_jobs_{0};
 
   mutable base::Mutex abort_mu_;
   base::CondVar abort_cv_;
@@ -377,7 +459,11 @@ class SimExecContext final : public ExecContext {
 class SimStream final : public Stream {
  public:
   explicit SimStream(SimDevice* d) : device_(d) {
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      base::set_thread_name("sim-stream");
+      base::use_precise_timers();  // it sleeps until predicted block ends
+      loop();
+    });
   }
   ~SimStream() override { stop(); }
 

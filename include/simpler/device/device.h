@@ -150,6 +150,13 @@ struct SimDeviceOptions {
   FaultPlan faults;
   // Longest a device thread spins before sleeping, in ns (≤ 50 µs).
   int64_t spin_ns = 20'000;
+  // When the scheduler waits on exactly one job that its core thread has not
+  // picked up yet, the scheduler runs the job itself (timestamps, faults and
+  // the completion's core are those of the job's core). This keeps the run
+  // boundary on an awake thread: a chain of single-block tasks, and run k+1's
+  // first task after run k's last, start without a cross-thread wake-up.
+  // false: every job runs on a core thread (the model's literal shape).
+  bool run_jobs_inline = true;
 };
 
 // Creates the thread-based sim device. INVALID_ARGUMENT for negative cores or

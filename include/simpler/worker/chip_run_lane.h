@@ -6,6 +6,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -95,7 +96,11 @@ class ChipRunLane {
   struct Run;
   void lane_loop();
   void launch_ready_locked() SIMPLER_REQUIRES(mu_);
+  int32_t launched_on_device_locked() const SIMPLER_REQUIRES(mu_);
   void finalize(Run& run);
+  // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
+  bool await_record(device::LaunchRecord& rec, int64_t expected_end,
+                    const base::Deadline& deadline);
   absl::Status prepare(Run& run);
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
 
@@ -118,6 +123,11 @@ class ChipRunLane {
   std::vector<std::pair<uint64_t, std::pair<uint64_t, uint64_t>>> quarantined_ranges_
       SIMPLER_GUARDED_BY(mu_);
   std::atomic<uint64_t> device_polls_{0};
+  // Reap prediction: moving average (1/8) of each callable's device run time
+  // and the last observed device end, both in ns.
+  std::unordered_map<const task::ChipCallable*, int64_t> run_ns_estimate_ SIMPLER_GUARDED_BY(mu_);
+  int64_t last_device_end_ns_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int64_t timer_lateness_ns_ = 0;  // lane thread only
   std::thread thread_;
 };
 
