@@ -19,18 +19,6 @@ int64_t now_ns() {
       .count();
 }
 
-void use_precise_timers() {
-#if defined(__linux__)
-  (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-#endif
-}
-
-void set_thread_name(const std::string& name) {
-#if defined(__linux__)
-  (void)pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
-#endif
-}
-
 Deadline Deadline::after(std::chrono::nanoseconds d) {
   return {Kind::kAt, std::chrono::steady_clock::now() + d};
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
+#include "simpler/base/thread.h"
 
 namespace simpler::cli {
 
@@ -99,8 +100,19 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
                                                         const std::vector<int>& depths,
                                                         double device_us,
                                                         const std::vector<double>& host_us,
-                                                        int runs) {
+                                                        int runs, PinMode pin) {
   if (runs < 2) return absl::InvalidArgumentError("bench pipeline: --runs must be >= 2");
+  bool pinned = false;
+  if (pin == PinMode::kAuto) {
+    SIMPLER_ASSIGN_OR_RETURN(std::vector<int> cpus, base::allowed_cpus());
+    if (cpus.size() >= 2) {
+      options.device_cpus = {cpus.back()};
+      cpus.pop_back();
+      // Threads the host creates from here on (the lane thread) inherit this.
+      SIMPLER_RETURN_IF_ERROR(base::pin_this_thread(cpus));
+      pinned = true;
+    }
+  }
   std::vector<PipelineRow> rows;
   for (double h_us : host_us) {
     for (int depth : depths) {
@@ -158,6 +170,7 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
       row.gap_us_p50 = percentile(gaps, 0.5);
       row.gap_us_p99 = percentile(gaps, 0.99);
       row.host_cpu_us_per_run = (cpu1 - cpu0) / runs;
+      row.pinned = pinned;
       rows.push_back(row);
       SIMPLER_RETURN_IF_ERROR(w.close());
     }
@@ -181,7 +194,8 @@ nlohmann::json to_json(const PipelineRow& r) {
           {"device_busy", r.device_busy},
           {"gap_us_p50", r.gap_us_p50},
           {"gap_us_p99", r.gap_us_p99},
-          {"host_cpu_us_per_run", r.host_cpu_us_per_run}};
+          {"host_cpu_us_per_run", r.host_cpu_us_per_run},
+          {"pinned", r.pinned}};
 }
 
 }  // namespace simpler::cli

@@ -34,18 +34,27 @@ struct PipelineRow {
   double gap_us_p50 = 0;   // first task start of run k+1 - last task end of run k
   double gap_us_p99 = 0;
   double host_cpu_us_per_run = 0;  // CPU time of the submitting thread per run
+  bool pinned = false;             // host and device threads on disjoint CPUs
+};
+
+// How bench_pipeline places threads on CPUs.
+enum class PinMode {
+  kOff,   // wherever the OS schedules them
+  kAuto,  // device threads on the last allowed CPU, the host's on the others
+          // (needs >= 2 allowed CPUs; otherwise off)
 };
 
 // For each depth in `depths` and each host time H in `host_us`: a program of
 // one task spinning `device_us` µs on one core; the host spins H µs of
 // "prepare" per run and keeps at most `depth` runs outstanding (at depth 1 it
 // waits for run k before preparing k+1, as a decode loop that needs run k's
-// token on the host must).
+// token on the host must). With PinMode::kAuto the calling thread stays pinned
+// to the host CPUs afterwards.
 absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions options,
                                                         const std::vector<int>& depths,
                                                         double device_us,
                                                         const std::vector<double>& host_us,
-                                                        int runs);
+                                                        int runs, PinMode pin);
 
 nlohmann::json to_json(const DispatchRow& r);
 nlohmann::json to_json(const PipelineRow& r);

@@ -19,6 +19,7 @@ Runner add_bench_commands(CLI::App& app) {
     std::vector<int> depths{1, 2, 4};
     double device_us = 1000;
     std::vector<double> host_ratios{0.25, 1, 4};
+    std::string pin = "auto";
     int runs = 200;
     std::string model;
     int steps = 32;
@@ -37,6 +38,11 @@ Runner add_bench_commands(CLI::App& app) {
   pipeline->add_option("--host-ratios", st->host_ratios, "host prepare time H as multiples of D")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
+  pipeline
+      ->add_option("--pin", st->pin,
+                   "auto: device threads on the last allowed CPU, host threads on the others "
+                   "(host and device each get their own cores); off: no pinning")
+      ->check(CLI::IsMember({"auto", "off"}));
   pipeline->add_option("--runs", st->runs, "runs per row")->check(CLI::Range(2, 1000000));
   st->pipeline_common.add_to(pipeline);
 
@@ -74,7 +80,7 @@ Runner add_bench_commands(CLI::App& app) {
       std::vector<double> host_us;
       for (double r : st->host_ratios) host_us.push_back(r * d);
       auto rows = bench_pipeline(st->pipeline_common.worker_options(&trace), st->depths, d, host_us,
-                                 st->runs);
+                                 st->runs, st->pin == "auto" ? PinMode::kAuto : PinMode::kOff);
       if (!rows.ok()) {
         std::cerr << "simpler bench pipeline: " << rows.status().message() << "\n";
         return 1;
@@ -82,6 +88,10 @@ Runner add_bench_commands(CLI::App& app) {
       if (st->pipeline_common.json) {
         for (const auto& r : *rows) std::printf("%s\n", to_json(r).dump().c_str());
       } else {
+        if (!rows->empty()) {
+          std::printf("host and device threads %s\n",
+                      rows->front().pinned ? "pinned to disjoint CPUs" : "not pinned");
+        }
         std::printf("%5s %8s %8s %10s %8s %10s %10s %12s\n", "depth", "H us", "D us", "runs/s",
                     "busy", "gap p50", "gap p99", "host cpu us");
         for (const auto& r : *rows) {

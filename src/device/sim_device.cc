@@ -16,6 +16,7 @@
 #include "simpler/base/log.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
+#include "simpler/base/thread.h"
 #include "simpler/device/device.h"
 
 namespace simpler::device {
@@ -77,6 +78,7 @@ class SimDevice final : public Device {
     for (auto& c : cores_) {
       c->thread = std::thread([this, core = c.get()] {
         base::set_thread_name(absl::StrCat("sim-core", core->index));
+        pin();
         core_loop(core);
       });
     }
@@ -191,6 +193,14 @@ class SimDevice final : public Device {
   // --- used by streams and the exec context ---
   int32_t num_cores() const { return caps_.num_cores; }
   int64_t spin_ns() const { return options_.spin_ns; }
+  // Pins the calling device thread to options_.cpus (validated at creation).
+  void pin() const {
+    if (options_.cpus.empty()) return;
+    if (absl::Status st = base::pin_this_thread(options_.cpus); !st.ok()) {
+      SIMPLER_LOG_WARN("sim device {}: cannot pin a device thread: {}", caps_.device_id,
+                       st.ToString());
+    }
+  }
 
   // Posts `job` to core `core_index`. A core thread that is awake (running or
   // spinning) sees it at once. A sleeping one is woken — except that while the
@@ -461,6 +471,7 @@ class SimStream final : public Stream {
   explicit SimStream(SimDevice* d) : device_(d) {
     thread_ = std::thread([this] {
       base::set_thread_name("sim-stream");
+      device_->pin();
       base::use_precise_timers();  // it sleeps until predicted block ends
       loop();
     });
@@ -603,6 +614,11 @@ absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions
   if (options.spin_ns < 0 || options.spin_ns > 50'000) {
     return absl::InvalidArgumentError(
         absl::StrCat("sim device: spin_ns must be in [0, 50000], got ", options.spin_ns));
+  }
+  if (!options.cpus.empty()) {
+    if (absl::Status c = base::check_cpus(options.cpus); !c.ok()) {
+      return base::annotate(c, "sim device: cpus: ");
+    }
   }
   return std::unique_ptr<Device>(new SimDevice(options));
 }

@@ -1,8 +1,13 @@
+#include <sched.h>
+
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "simpler/base/clock.h"
 #include "simpler/base/status.h"
+#include "simpler/base/thread.h"
 #include "simpler/device/device.h"
 
 namespace simpler::device {
@@ -189,6 +194,140 @@ TEST(SimDeviceFaults, CloseWithAHungTaskReturns) {
   EXPECT_TRUE(rec->done.is_signaled());
 }
 
+// --- A lone job runs on the scheduler thread (run_jobs_inline) ---
+
+struct ThreadLog {
+  std::mutex mu;
+  std::vector<std::thread::id> kernel_threads;
+  std::vector<int> cpus;
+};
+ThreadLog* g_log = nullptr;
+
+absl::Status log_thread(const task::KernelContext&) {
+  std::lock_guard<std::mutex> lock(g_log->mu);
+  g_log->kernel_threads.push_back(std::this_thread::get_id());
+  g_log->cpus.push_back(sched_getcpu());
+  return absl::OkStatus();
+}
+
+// Launches `runs` items of `jobs_per_run` log_thread jobs started together
+// (one per core); returns how many jobs ran on the item's own (scheduler) thread.
+int jobs_on_scheduler_thread(Device& d, int runs, int jobs_per_run,
+                             std::vector<CoreCompletion>* completions,
+                             std::vector<int>* cpus = nullptr) {
+  Stream* s = *d.create_stream();
+  ThreadLog log;
+  g_log = &log;
+  std::vector<std::thread::id> scheduler(runs);
+  for (int r = 0; r < runs; ++r) {
+    auto rec = s->launch(r, [&, r](ExecContext& ctx) {
+      scheduler[r] = std::this_thread::get_id();
+      for (int j = 0; j < jobs_per_run; ++j) {
+        ctx.start(j, CoreJob{log_thread, nullptr, 0, 0, 1, 0, static_cast<uint64_t>(j)});
+      }
+      for (int j = 0; j < jobs_per_run; ++j) {
+        CoreCompletion c;
+        EXPECT_TRUE(ctx.next_completion(&c, true));
+        completions->push_back(c);
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+  }
+  g_log = nullptr;
+  if (cpus != nullptr) cpus->insert(cpus->end(), log.cpus.begin(), log.cpus.end());
+  int inline_jobs = 0;
+  for (int r = 0; r < runs; ++r) {
+    for (int j = 0; j < jobs_per_run; ++j) {
+      inline_jobs += log.kernel_threads[r * jobs_per_run + j] == scheduler[r] ? 1 : 0;
+    }
+  }
+  return inline_jobs;
+}
+
+TEST(SimDeviceInline, ALoneJobRunsOnTheSchedulerThreadAttributedToItsCore) {
+  auto d = make(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // core thread asleep
+  std::vector<CoreCompletion> c;
+  // The sleeping core is never woken for a lone job: the scheduler runs each.
+  EXPECT_GE(jobs_on_scheduler_thread(*d, 20, 1, &c), 15);
+  ASSERT_EQ(c.size(), 20u);
+  for (const auto& x : c) {
+    EXPECT_EQ(x.core, 0);
+    EXPECT_TRUE(x.status.ok());
+    EXPECT_LE(x.start_ns, x.end_ns);
+  }
+}
+
+TEST(SimDeviceInline, OffRunsEveryJobOnACoreThread) {
+  SimDeviceOptions o;
+  o.num_cores = 1;
+  o.run_jobs_inline = false;
+  auto d = std::move(create_sim_device(o)).value();
+  std::vector<CoreCompletion> c;
+  EXPECT_EQ(jobs_on_scheduler_thread(*d, 20, 1, &c), 0);
+}
+
+// Each block waits (up to 5 s) until every block of its task has started:
+// possible only when they run at the same time on different threads.
+std::atomic<int> g_arrived{0};
+absl::Status rendezvous(const task::KernelContext& ctx) {
+  g_arrived.fetch_add(1);
+  const int64_t until = base::now_ns() + 5'000'000'000;
+  while (g_arrived.load() < ctx.block_dim) {
+    if (base::now_ns() > until) return absl::DeadlineExceededError("partner block never ran");
+    std::this_thread::yield();
+  }
+  return absl::OkStatus();
+}
+
+TEST(SimDeviceInline, JobsStartedTogetherRunConcurrently) {
+  // The scheduler never takes a job while another one is on a core.
+  auto d = make(2);
+  Stream* s = *d->create_stream();
+  for (int r = 0; r < 10; ++r) {
+    g_arrived = 0;
+    auto rec = s->launch(r, [](ExecContext& ctx) {
+      for (int j = 0; j < 2; ++j) ctx.start(j, CoreJob{rendezvous, nullptr, 0, j, 2, 0, 0});
+      absl::Status first;
+      for (int j = 0; j < 2; ++j) {
+        CoreCompletion c;
+        EXPECT_TRUE(ctx.next_completion(&c, true));
+        if (first.ok()) first = c.status;
+      }
+      return first;
+    });
+    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+    EXPECT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
+  }
+}
+
+TEST(SimDeviceInline, InjectedFaultsApplyToInlineJobs) {
+  auto d = make(1, *FaultPlan::parse("run=1:task=0:kind=kernel_error:code=3"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<CoreCompletion> c;
+  jobs_on_scheduler_thread(*d, 2, 1, &c);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_TRUE(c[0].status.ok());
+  EXPECT_NE(c[1].status.message().find("injected kernel_error, code 3"), std::string_view::npos);
+}
+
+TEST(SimDevicePinning, DeviceThreadsRunOnlyOnTheGivenCpus) {
+  auto allowed = base::allowed_cpus();
+  ASSERT_TRUE(allowed.ok());
+  SimDeviceOptions o;
+  o.num_cores = 2;
+  o.cpus = {allowed->back()};
+  auto d = std::move(create_sim_device(o)).value();
+  std::vector<CoreCompletion> c;
+  std::vector<int> cpus;
+  // Lone jobs (scheduler thread) and parallel ones (core threads).
+  jobs_on_scheduler_thread(*d, 5, 1, &c, &cpus);
+  jobs_on_scheduler_thread(*d, 5, 2, &c, &cpus);
+  ASSERT_EQ(cpus.size(), 15u);
+  for (int cpu : cpus) EXPECT_EQ(cpu, allowed->back());
+}
+
 TEST(SimDevice, OptionsAreValidated) {
   SimDeviceOptions o;
   o.num_cores = -1;
@@ -196,6 +335,11 @@ TEST(SimDevice, OptionsAreValidated) {
   o.num_cores = 1;
   o.spin_ns = 1'000'000;
   EXPECT_NE(create_sim_device(o).status().message().find("spin_ns"), std::string_view::npos);
+  o.spin_ns = 0;
+  o.cpus = {1 << 20};
+  absl::Status bad_cpu = create_sim_device(o).status();
+  EXPECT_EQ(bad_cpu.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_cpu.message().find("does not exist"), std::string_view::npos);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/log.h"
+#include "simpler/base/thread.h"
 #include "simpler/base/status.h"
 
 namespace simpler::worker {
@@ -392,7 +393,7 @@ void ChipRunLane::lane_loop() {
 // device poll (at most two per run).
 bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
                                const base::Deadline& deadline) {
-  constexpr int64_t kReapSpinNs = 50'000;
+  constexpr int64_t kReapSpinNs = 100'000;
   if (expected_end > 0 && deadline.kind != base::Deadline::Kind::kPoll) {
     const int64_t wake_at = expected_end - timer_lateness_ns_ - kReapSpinNs / 2;
     int64_t limit = wake_at;

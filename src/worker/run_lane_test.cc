@@ -188,6 +188,40 @@ TEST(Pipeline, WaitingSleepsInsteadOfPollingTheDevice) {
   EXPECT_LE(w.lane_stats().device_polls - before, 3u);
 }
 
+TEST(Pipeline, PredictedReapsStillBoundDevicePolls) {
+  // Once the lane has timed a callable it reaps by the predicted end (own
+  // timer, then a bounded poll, then the event): still at most 3 polls.
+  Worker w(opts(2));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(w.submit(*h, sleep_args(100'000))->wait().ok());
+  RunHandle a = *w.submit(*h, sleep_args(300'000));  // longer than predicted
+  const uint64_t before = w.lane_stats().device_polls;
+  ASSERT_TRUE(a.wait().ok());
+  EXPECT_LE(w.lane_stats().device_polls - before, 3u);
+  // A run that ends earlier than predicted is reaped as well (no lost wake-up).
+  RunHandle b = *w.submit(*h, sleep_args(1'000));
+  ASSERT_TRUE(b.wait(5.0).ok());
+}
+
+TEST(Pipeline, DepthCountsOnlyRunsTheDeviceHasNotFinished) {
+  // Depth 1: B launches as soon as the device finished A, even when the lane
+  // thread has not reaped A yet; its effective depth is 1 either way.
+  Worker w(opts(1, 3));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  for (int i = 0; i < 50; ++i) {
+    RunHandle a = *w.submit(*h, sleep_args(200));
+    RunHandle b = *w.submit(*h, sleep_args(200));
+    ASSERT_TRUE(b.wait().ok());
+    ASSERT_TRUE(a.wait().ok());
+    EXPECT_EQ(a.result().effective_depth, 1);
+    EXPECT_EQ(b.result().effective_depth, 1);
+    // Serial on the device: B started after A ended.
+    EXPECT_LE(a.result().timing.device_end_ns, b.result().timing.device_start_ns);
+  }
+}
+
 TEST(Pipeline, ConcurrentSubmittersGetUniqueIdentitiesAndExactResults) {
   Worker w(opts(2, 4));
   auto h = w.register_callable(affine_program());

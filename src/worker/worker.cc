@@ -70,6 +70,7 @@ absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::Chip
   d.device_id = options_.device_id;
   d.num_cores = options_.num_cores;
   d.memory_bytes = options_.device_memory_bytes;
+  d.cpus = options_.device_cpus;
   if (options_.faults.has_value()) {
     d.faults = *options_.faults;
   } else {

@@ -23,16 +23,6 @@ inline void cpu_relax() {
 #endif
 }
 
-// Asks the kernel to fire this thread's timed waits within ~1 µs of their
-// deadline instead of the default 50 µs timer slack (Linux PR_SET_TIMERSLACK;
-// no effect elsewhere). For threads that sleep until a predicted moment.
-// Best effort: failures are ignored.
-void use_precise_timers();
-
-// Names the calling thread for debuggers, `top -H` and /proc (Linux keeps the
-// first 15 bytes). Best effort.
-void set_thread_name(const std::string& name);
-
 // A point in time to stop waiting, or "forever", or "poll once".
 // Plain value.
 struct Deadline {

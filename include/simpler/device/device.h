@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,7 +64,9 @@ class ExecContext {
   // Next completion of a started job. With `block`, waits (sleeping, with at
   // most ~50 µs of spinning) until one is available — every started job
   // completes, an injected hang when the device is aborted. Without `block`,
-  // returns false when none is available.
+  // returns false when none is available. The sim device may run the job
+  // inside a blocking call itself (SimDeviceOptions::run_jobs_inline); the
+  // completion is the same as if its core had run it.
   virtual bool next_completion(CoreCompletion* out, bool block) = 0;
   // True once the device was aborted; the launch should stop and return.
   virtual bool aborted() const = 0;
@@ -157,10 +160,14 @@ struct SimDeviceOptions {
   // first task after run k's last, start without a cross-thread wake-up.
   // false: every job runs on a core thread (the model's literal shape).
   bool run_jobs_inline = true;
+  // CPUs the device's threads (stream schedulers, cores) run on; empty = no
+  // restriction. Modelling a separate accelerator: give the device CPUs the
+  // host threads do not use (`simpler bench pipeline --pin auto`).
+  std::vector<int> cpus;
 };
 
-// Creates the thread-based sim device. INVALID_ARGUMENT for negative cores or
-// spin_ns outside [0, 50'000].
+// Creates the thread-based sim device. INVALID_ARGUMENT for negative cores,
+// spin_ns outside [0, 50'000], or `cpus` naming a CPU this process may not use.
 absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions& options);
 
 }  // namespace simpler::device
