@@ -198,14 +198,14 @@ TEST(SimDeviceFaults, CloseWithAHungTaskReturns) {
 
 struct ThreadLog {
   std::mutex mu;
-  std::vector<std::thread::id> kernel_threads;
+  std::vector<std::pair<uint64_t, std::thread::id>> kernel_threads;  // (run, thread)
   std::vector<int> cpus;
 };
 ThreadLog* g_log = nullptr;
 
-absl::Status log_thread(const task::KernelContext&) {
+absl::Status log_thread(const task::KernelContext& ctx) {
   std::lock_guard<std::mutex> lock(g_log->mu);
-  g_log->kernel_threads.push_back(std::this_thread::get_id());
+  g_log->kernel_threads.emplace_back(ctx.run_id, std::this_thread::get_id());
   g_log->cpus.push_back(sched_getcpu());
   return absl::OkStatus();
 }
@@ -237,11 +237,7 @@ int jobs_on_scheduler_thread(Device& d, int runs, int jobs_per_run,
   g_log = nullptr;
   if (cpus != nullptr) cpus->insert(cpus->end(), log.cpus.begin(), log.cpus.end());
   int inline_jobs = 0;
-  for (int r = 0; r < runs; ++r) {
-    for (int j = 0; j < jobs_per_run; ++j) {
-      inline_jobs += log.kernel_threads[r * jobs_per_run + j] == scheduler[r] ? 1 : 0;
-    }
-  }
+  for (const auto& [run, thread] : log.kernel_threads) inline_jobs += thread == scheduler[run];
   return inline_jobs;
 }
 

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/log.h"
-#include "simpler/base/thread.h"
 #include "simpler/base/status.h"
+#include "simpler/base/thread.h"
 
 namespace simpler::worker {
 
