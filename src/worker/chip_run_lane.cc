@@ -296,6 +296,7 @@ void ChipRunLane::lane_loop() {
       // predecessor ended (or at launch) and lasts as long as this callable's
       // recent runs. 0 = no estimate.
       int64_t expected_end = 0;
+      const bool successor_queued = launched_ > 1;
       if (auto it = run_ns_estimate_.find(run.exec->callable);
           it != run_ns_estimate_.end() && !poisoned_before) {
         expected_end = std::max(run.timing.launch_ns, last_device_end_ns_) + it->second;
@@ -303,7 +304,7 @@ void ChipRunLane::lane_loop() {
       lock.native().unlock();
       base::Deadline deadline = poisoned_before ? base::Deadline::after(std::chrono::seconds(1))
                                                 : base::deadline_from_seconds(timeout_s).value();
-      const bool done = await_record(*rec, expected_end, deadline);
+      const bool done = await_record(*rec, expected_end, successor_queued, deadline);
       lock.native().lock();
       run.timing.complete_ns = base::now_ns();
       span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
@@ -389,19 +390,21 @@ void ChipRunLane::lane_loop() {
 // So, when the end is predictable, the lane thread sleeps on its own timer
 // until just before the predicted end (compensating how late its timer
 // fires), then polls the record for at most kReapSpinNs; only after that does
-// it sleep on the event. Each phase that looks at the record counts as one
-// device poll (at most two per run).
+// it takes one more look after another kReapSpinNs, and only then sleeps on
+// the event. Each look counts as one device poll (at most three per run).
+namespace {
+int64_t limit_of(const base::Deadline& d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d.at.time_since_epoch()).count();
+}
+}  // namespace
+
 bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
-                               const base::Deadline& deadline) {
+                               bool successor_queued, const base::Deadline& deadline) {
   constexpr int64_t kReapSpinNs = 100'000;
   if (expected_end > 0 && deadline.kind != base::Deadline::Kind::kPoll) {
     const int64_t wake_at = expected_end - timer_lateness_ns_ - kReapSpinNs / 2;
     int64_t limit = wake_at;
-    if (deadline.kind == base::Deadline::Kind::kAt) {
-      limit = std::min<int64_t>(limit, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           deadline.at.time_since_epoch())
-                                           .count());
-    }
+    if (deadline.kind == base::Deadline::Kind::kAt) limit = std::min(limit, limit_of(deadline));
     if (limit > base::now_ns() + 2'000) {
       std::this_thread::sleep_until(
           std::chrono::steady_clock::time_point(std::chrono::nanoseconds(limit)));
@@ -412,6 +415,17 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     const int64_t until = base::now_ns() + kReapSpinNs;
     while (!rec.done.is_signaled() && base::now_ns() < until) base::cpu_relax();
     if (rec.done.is_signaled()) return true;
+    // Woke too early (the timer fired earlier than its average lateness) or
+    // the run overran its prediction: one more timed look, late rather than
+    // costing the device a wake-up at the boundary, before sleeping on the event.
+    // Only worth it when a successor is queued on the device: otherwise the
+    // wake-up costs an idle device nothing and the host would only learn later.
+    if (successor_queued && (deadline.kind != base::Deadline::Kind::kAt ||
+                             base::now_ns() + kReapSpinNs < limit_of(deadline))) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(kReapSpinNs));
+      device_polls_.fetch_add(1, std::memory_order_relaxed);
+      if (rec.done.is_signaled()) return true;
+    }
   }
   device_polls_.fetch_add(1, std::memory_order_relaxed);
   return rec.done.wait(deadline);

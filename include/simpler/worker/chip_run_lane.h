@@ -99,7 +99,7 @@ class ChipRunLane {
   int32_t launched_on_device_locked() const SIMPLER_REQUIRES(mu_);
   void finalize(Run& run);
   // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
-  bool await_record(device::LaunchRecord& rec, int64_t expected_end,
+  bool await_record(device::LaunchRecord& rec, int64_t expected_end, bool successor_queued,
                     const base::Deadline& deadline);
   absl::Status prepare(Run& run);
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
