@@ -123,8 +123,9 @@ class ChipRunLane {
   std::vector<std::pair<uint64_t, std::pair<uint64_t, uint64_t>>> quarantined_ranges_
       SIMPLER_GUARDED_BY(mu_);
   std::atomic<uint64_t> device_polls_{0};
-  // Reap prediction: moving average (1/8) of each callable's device run time
-  // and the last observed device end, both in ns.
+  // Reap prediction: each callable's device run time (quick to follow
+  // shorter runs, slow to follow longer ones; see lane_loop) and the last
+  // observed device end, both in ns.
   std::unordered_map<const task::ChipCallable*, int64_t> run_ns_estimate_ SIMPLER_GUARDED_BY(mu_);
   int64_t last_device_end_ns_ SIMPLER_GUARDED_BY(mu_) = 0;
   int64_t timer_lateness_ns_ = 0;  // lane thread only
