@@ -249,7 +249,6 @@ class SimDevice final : public Device {
       }
       std::erase(deferred_, c->index);  // its core need not wake
       *out = execute(*c, c->job, c->run_id);
-      inline_jobs_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
     return false;
@@ -306,8 +305,6 @@ class SimDevice final : public Device {
     --jobs_in_flight_;
     return true;
   }
-
-  uint64_t inline_jobs() const { return inline_jobs_.load(std::memory_order_relaxed); }
 
   // Serializes launches of all streams on the core pool.
   base::Mutex launch_mu_;
@@ -433,7 +430,6 @@ class SimDevice final : public Device {
   int32_t jobs_in_flight_ = 0;
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
   int64_t deferred_since_ns_ = 0;
-  std::atomic<uint64_t> inline_jobs_{0};
 
   mutable base::Mutex abort_mu_;
   base::CondVar abort_cv_;

@@ -396,8 +396,8 @@ void ChipRunLane::lane_loop() {
 // futex wake costs the signaller ~15 µs on a VM — right at the run boundary.
 // So, when the end is predictable, the lane thread sleeps on its own timer
 // until just before the predicted end (compensating how late its timer
-// fires), then polls the record for at most kReapSpinNs; only after that does
-// it takes one more look after another kReapSpinNs, and only then sleeps on
+// fires) and polls the record for at most kReapSpinNs; when a successor is
+// queued it takes one more look kReapSpinNs later; only then does it sleep on
 // the event. Each look counts as one device poll (at most three per run).
 namespace {
 int64_t limit_of(const base::Deadline& d) {
