@@ -91,21 +91,6 @@ Tensor host_tensor(const void* data, std::initializer_list<int64_t> shape, DataT
   return *Tensor::contiguous(reinterpret_cast<uintptr_t>(data), shape, dtype, MemoryKind::kHost);
 }
 
-Qwen3Dims dims_of(const ModelConfig& c) {
-  Qwen3Dims d;
-  d.hidden_size = c.hidden_size;
-  d.intermediate_size = c.intermediate_size;
-  d.num_hidden_layers = c.num_hidden_layers;
-  d.num_attention_heads = c.num_attention_heads;
-  d.num_key_value_heads = c.num_key_value_heads;
-  d.head_dim = c.head_dim;
-  d.vocab_size = c.vocab_size;
-  d.rms_norm_eps = c.rms_norm_eps;
-  d.rope_theta = c.rope_theta;
-  d.tie_word_embeddings = c.tie_word_embeddings;
-  return d;
-}
-
 }  // namespace
 
 int32_t Qwen3Engine::pages_for(const std::vector<std::vector<int32_t>>& prompts,
@@ -136,7 +121,7 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   e->max_batch_ = max_batch;
   e->num_pages_ = num_pages;
   SIMPLER_ASSIGN_OR_RETURN(e->config_, ModelConfig::load(model_dir));
-  e->dims_ = dims_of(e->config_);
+  e->dims_ = Qwen3Dims::from_config(e->config_);
   SIMPLER_RETURN_IF_ERROR(
       base::annotate(e->dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
   SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));

@@ -387,18 +387,18 @@ absl::Status Qwen3Dims::validate() const {
   return absl::OkStatus();
 }
 
-Qwen3Dims Qwen3Dims::tiny() {
+Qwen3Dims Qwen3Dims::from_config(const ModelConfig& c) {
   Qwen3Dims d;
-  d.hidden_size = 128;
-  d.intermediate_size = 384;
-  d.num_hidden_layers = 2;
-  d.num_attention_heads = 4;
-  d.num_key_value_heads = 2;
-  d.head_dim = 64;
-  d.vocab_size = 151936;
-  d.rms_norm_eps = 1e-6;
-  d.rope_theta = 1e6;
-  d.tie_word_embeddings = true;
+  d.hidden_size = c.hidden_size;
+  d.intermediate_size = c.intermediate_size;
+  d.num_hidden_layers = c.num_hidden_layers;
+  d.num_attention_heads = c.num_attention_heads;
+  d.num_key_value_heads = c.num_key_value_heads;
+  d.head_dim = c.head_dim;
+  d.vocab_size = c.vocab_size;
+  d.rms_norm_eps = c.rms_norm_eps;
+  d.rope_theta = c.rope_theta;
+  d.tie_word_embeddings = c.tie_word_embeddings;
   return d;
 }
 

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "simpler/llm/kernels.h"
 #include "simpler/llm/kv_cache.h"
+#include "simpler/llm/make_model.h"
 
 namespace simpler::llm {
 namespace {
@@ -699,7 +700,7 @@ TEST_F(Qwen3ProgramErrors, ValidateNamesTheBadWeight) {
 }
 
 TEST(Qwen3Layout, ScratchAndPoolsAreAlignedDisjointAndFitTheirBytes) {
-  const Qwen3Dims d = Qwen3Dims::tiny();
+  const Qwen3Dims d = Qwen3Dims::from_config(*preset_config("tiny"));
   const uint64_t bytes = qwen3_scratch_bytes(d, 8).value();
   const uint64_t base = 1 << 20;
   Qwen3Scratch s = layout_scratch(d, 8, base).value();
@@ -724,7 +725,7 @@ TEST(Qwen3Layout, ScratchAndPoolsAreAlignedDisjointAndFitTheirBytes) {
 // ---- timing of the tiny preset ----------------------------------------------------------------
 
 TEST(Qwen3TinyPreset, DecodeStepTimingInTheSequentialHarness) {
-  const Qwen3Dims d = Qwen3Dims::tiny();
+  const Qwen3Dims d = Qwen3Dims::from_config(*preset_config("tiny"));
   const int64_t page_size = 16, num_pages = 8, max_blocks = 8;
   ProgramFixture setup(d, /*max_batch=*/1, num_pages, page_size, max_blocks, 3, 96u << 20);
   auto callable = make_qwen3_decode_callable(d, setup.weights, setup.scratch, setup.pools);

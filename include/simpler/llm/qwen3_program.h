@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "simpler/llm/model_config.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/task_args.h"
@@ -48,9 +49,9 @@ struct Qwen3Dims {
   // a vocabulary beyond int32 ids.
   absl::Status validate() const;
 
-  // The "tiny" preset: H 128, I 384, 2 layers, 4 heads, 2 KV heads, head_dim
-  // 64, V 151936 (Qwen3 tokenizer), eps 1e-6, theta 1e6, tied.
-  static Qwen3Dims tiny();
+  // The dimensions a checkpoint's config.json describes (field for field;
+  // Hugging Face Qwen3 names). Not validated: call validate().
+  static Qwen3Dims from_config(const ModelConfig& config);
 };
 
 // Weights of one decoder layer: f32 device tensors, contiguous, shapes
