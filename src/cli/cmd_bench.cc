@@ -37,7 +37,7 @@ Runner add_bench_commands(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   pipeline->add_option("--host-ratios", st->host_ratios, "host prepare time H as multiples of D")
       ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1000.0));
   pipeline
       ->add_option("--pin", st->pin,
                    "auto: device threads on the last allowed CPU, host threads on the others "

@@ -28,6 +28,8 @@ Scenarios (`--list` prints them):
                         unknown architecture, out-of-vocabulary ids) and the --json contract
   run_matmul            `simpler run` of the example matmul library; malformed SIMPLER_SIM_FAULTS
   run_matmul_fault      `simpler run` with an injected kernel_error in run 0, task 0
+  bench_pipeline        `simpler bench pipeline --json`: one object per (H, depth) row with the
+                        issue's keys and sane values, pinned and unpinned; bad options refused
 
 Each reference scenario checks, for its checkpoint:
   * 16 clone requests x 127 decode steps (--ignore-eos): every request's tokens equal the
@@ -703,6 +705,42 @@ def scenario_run_matmul_fault(ctx):
              f"kernel_error: stderr does not say what failed: {tail(p.stderr, 600)!r}")
 
 
+def scenario_bench_pipeline(ctx):
+    """The --json contract of `simpler bench pipeline` (numbers are not asserted: speed is
+    recorded in docs/benchmarks.md, not tested)."""
+    pb = ctx.problems
+    keys = {"depth", "host_us", "device_us", "runs_per_s", "device_busy", "gap_us_p50",
+            "gap_us_p99"}
+    for pin in ("auto", "off"):
+        p, _ = ctx.run_ok([ctx.simpler, "bench", "pipeline", "--json", "--runs", "12",
+                           "--device-us", "200", "--depths", "1,2", "--host-ratios", "0.25,1",
+                           "--pin", pin], label=f"bench pipeline --pin {pin}")
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+        pb.check(len(rows) == 4, f"--pin {pin}: expected 4 rows (2 depths x 2 H), got {len(rows)}")
+        seen = set()
+        for r in rows:
+            missing = keys - r.keys()
+            pb.check(not missing, f"--pin {pin}: row {r} lacks {sorted(missing)}")
+            if missing:
+                continue
+            seen.add((r["depth"], r["host_us"]))
+            pb.check(r["device_us"] == 200, f"--pin {pin}: device_us {r['device_us']} != 200")
+            pb.check(r["runs_per_s"] > 0, f"--pin {pin}: runs_per_s {r['runs_per_s']}")
+            pb.check(0 < r["device_busy"] <= 1.0, f"--pin {pin}: device_busy {r['device_busy']}")
+            pb.check(0 <= r["gap_us_p50"] <= r["gap_us_p99"],
+                     f"--pin {pin}: gap p50 {r['gap_us_p50']} > p99 {r['gap_us_p99']}")
+        pb.check(seen == {(1, 50.0), (2, 50.0), (1, 200.0), (2, 200.0)},
+                 f"--pin {pin}: rows cover {sorted(seen)}")
+    for bad, what in ((["--pin", "sometimes"], "--pin"), (["--host-ratios", "-1"], "--host-ratios"),
+                      (["--runs", "1"], "--runs"), (["--depths", "0"], "depth")):
+        p, _ = ctx.run([ctx.simpler, "bench", "pipeline", "--runs", "4", *bad],
+                       label=f"bench pipeline {' '.join(bad)}")
+        pb.check(0 < p.returncode < 128, f"bench pipeline {bad}: exit {p.returncode}, expected "
+                                         f"an error exit")
+        pb.check(what in p.stderr, f"bench pipeline {bad}: stderr does not name {what!r}: "
+                                   f"{tail(p.stderr, 400)!r}")
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -713,6 +751,7 @@ SCENARIOS = {
     "cli_errors": scenario_cli_errors,
     "run_matmul": scenario_run_matmul,
     "run_matmul_fault": scenario_run_matmul_fault,
+    "bench_pipeline": scenario_bench_pipeline,
 }
 
 
