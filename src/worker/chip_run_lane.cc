@@ -415,8 +415,12 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     if (limit > base::now_ns() + 2'000) {
       std::this_thread::sleep_until(
           std::chrono::steady_clock::time_point(std::chrono::nanoseconds(limit)));
-      const int64_t late = std::clamp<int64_t>(base::now_ns() - limit, 0, 500'000);
-      timer_lateness_ns_ += (late - timer_lateness_ns_) / 8;
+      // Follow less lateness at once and more only slowly: a wake-up that was
+      // late because the CPU was busy (not the timer) must not make later
+      // wake-ups early, which would cost the device a wake-up at the boundary.
+      const int64_t late = std::clamp<int64_t>(base::now_ns() - limit, 0, 200'000);
+      timer_lateness_ns_ =
+          late < timer_lateness_ns_ ? late : timer_lateness_ns_ + (late - timer_lateness_ns_) / 16;
     }
     device_polls_.fetch_add(1, std::memory_order_relaxed);
     const int64_t until = base::now_ns() + kReapSpinNs;
@@ -427,9 +431,13 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     // costing the device a wake-up at the boundary, before sleeping on the event.
     // Only worth it when a successor is queued on the device: otherwise the
     // wake-up costs an idle device nothing and the host would only learn later.
-    if (successor_queued && (deadline.kind != base::Deadline::Kind::kAt ||
-                             base::now_ns() + kReapSpinNs < limit_of(deadline))) {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(kReapSpinNs));
+    if (successor_queued &&
+        (deadline.kind != base::Deadline::Kind::kAt ||
+         std::max(expected_end + 10'000, base::now_ns() + kReapSpinNs) < limit_of(deadline))) {
+      // Just after the predicted end, or kReapSpinNs on when that has passed.
+      const int64_t look_at = std::max(expected_end + 10'000, base::now_ns() + kReapSpinNs);
+      std::this_thread::sleep_until(
+          std::chrono::steady_clock::time_point(std::chrono::nanoseconds(look_at)));
       device_polls_.fetch_add(1, std::memory_order_relaxed);
       if (rec.done.is_signaled()) return true;
     }
