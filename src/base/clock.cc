@@ -13,11 +13,7 @@
 
 namespace simpler::base {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t now_ns() { return to_ns(std::chrono::steady_clock::now()); }
 
 Deadline Deadline::after(std::chrono::nanoseconds d) {
   return {Kind::kAt, std::chrono::steady_clock::now() + d};

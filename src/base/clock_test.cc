@@ -8,6 +8,14 @@
 namespace simpler::base {
 namespace {
 
+TEST(Clock, NsAndSteadyTimeConvertBothWays) {
+  const int64_t t = now_ns();
+  EXPECT_EQ(to_ns(steady_time(t)), t);
+  const SteadyTime later = steady_time(t + 1'500);
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::nanoseconds>(later - steady_time(t)).count(),
+            1'500);
+}
+
 TEST(DeadlineFromSeconds, NanIsRefusedAsInvalidArgument) {
   auto d = deadline_from_seconds(std::nan(""));
   ASSERT_FALSE(d.ok());

@@ -278,8 +278,7 @@ class SimDevice final : public Device {
       const int64_t lateness = oversleep_ns_.load(std::memory_order_relaxed);
       const int64_t wake_at = earliest - options_.spin_ns * 3 / 4 - lateness;
       if (earliest > 0 && wake_at > base::now_ns() + options_.spin_ns) {
-        const auto deadline =
-            std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake_at));
+        const base::SteadyTime deadline = base::steady_time(wake_at);
         bool timed_out = false;
         {
           MutexLock lock(completion_mu_);

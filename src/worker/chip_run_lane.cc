@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/log.h"
@@ -29,6 +30,12 @@ struct Exec {
   uint64_t image_address = 0;
   uint64_t image_bytes = 0;
 };
+
+// Follows a smaller sample at once and a larger one by 1/16 of the excess:
+// for estimates where erring low is cheap and erring high is not.
+void track_low(int64_t& estimate, int64_t sample) {
+  estimate = sample < estimate ? sample : estimate + (sample - estimate) / 16;
+}
 
 bool is_terminal(RunState s) {
   return s == RunState::kCompleted || s == RunState::kFailed || s == RunState::kCancelled;
@@ -342,12 +349,9 @@ void ChipRunLane::lane_loop() {
         auto [est, fresh] = run_ns_estimate_.emplace(run.exec->callable, took);
         // Sleeping past the end delays the host (and, at depth 1, the next
         // launch), waking early only costs a poll: follow shorter runs at once,
-        // longer ones slowly and by at most 1/16 of the estimate per run, so
+        // longer ones slowly (a sample counts at most twice the estimate), so
         // one stalled run does not push the next reaps late.
-        if (!fresh) {
-          int64_t& e = est->second;
-          e = took < e ? took : e + std::min(took - e, e) / 16;
-        }
+        if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
         absl::Status st = rec->done.status();
         if (!poison_.ok()) {
           // Launched behind the run that poisoned the lane.
@@ -399,45 +403,36 @@ void ChipRunLane::lane_loop() {
 // fires) and polls the record for at most kReapSpinNs; when a successor is
 // queued it takes one more look kReapSpinNs later; only then does it sleep on
 // the event. Each look counts as one device poll (at most three per run).
-namespace {
-int64_t limit_of(const base::Deadline& d) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(d.at.time_since_epoch()).count();
-}
-}  // namespace
 
 bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
                                bool successor_queued, const base::Deadline& deadline) {
   constexpr int64_t kReapSpinNs = 100'000;
   if (expected_end > 0 && deadline.kind != base::Deadline::Kind::kPoll) {
-    const int64_t wake_at = expected_end - timer_lateness_ns_ - kReapSpinNs / 2;
-    int64_t limit = wake_at;
-    if (deadline.kind == base::Deadline::Kind::kAt) limit = std::min(limit, limit_of(deadline));
-    if (limit > base::now_ns() + 2'000) {
-      std::this_thread::sleep_until(
-          std::chrono::steady_clock::time_point(std::chrono::nanoseconds(limit)));
-      // Follow less lateness at once and more only slowly: a wake-up that was
-      // late because the CPU was busy (not the timer) must not make later
-      // wake-ups early, which would cost the device a wake-up at the boundary.
-      const int64_t late = std::clamp<int64_t>(base::now_ns() - limit, 0, 200'000);
-      timer_lateness_ns_ =
-          late < timer_lateness_ns_ ? late : timer_lateness_ns_ + (late - timer_lateness_ns_) / 16;
+    const int64_t deadline_ns = deadline.kind == base::Deadline::Kind::kAt
+                                    ? base::to_ns(deadline.at)
+                                    : std::numeric_limits<int64_t>::max();
+    const int64_t wake_at =
+        std::min(expected_end - timer_lateness_ns_ - kReapSpinNs / 2, deadline_ns);
+    if (wake_at > base::now_ns() + 2'000) {
+      std::this_thread::sleep_until(base::steady_time(wake_at));
+      // A wake-up that was late because the CPU was busy (not the timer) must
+      // not make later wake-ups early, which would cost the device a wake-up
+      // at the boundary.
+      track_low(timer_lateness_ns_, std::clamp<int64_t>(base::now_ns() - wake_at, 0, 200'000));
     }
     device_polls_.fetch_add(1, std::memory_order_relaxed);
     const int64_t until = base::now_ns() + kReapSpinNs;
     while (!rec.done.is_signaled() && base::now_ns() < until) base::cpu_relax();
     if (rec.done.is_signaled()) return true;
-    // Woke too early (the timer fired earlier than its average lateness) or
-    // the run overran its prediction: one more timed look, late rather than
-    // costing the device a wake-up at the boundary, before sleeping on the event.
-    // Only worth it when a successor is queued on the device: otherwise the
-    // wake-up costs an idle device nothing and the host would only learn later.
-    if (successor_queued &&
-        (deadline.kind != base::Deadline::Kind::kAt ||
-         std::max(expected_end + 10'000, base::now_ns() + kReapSpinNs) < limit_of(deadline))) {
-      // Just after the predicted end, or kReapSpinNs on when that has passed.
-      const int64_t look_at = std::max(expected_end + 10'000, base::now_ns() + kReapSpinNs);
-      std::this_thread::sleep_until(
-          std::chrono::steady_clock::time_point(std::chrono::nanoseconds(look_at)));
+    // Woke too early (the timer fired earlier than its usual lateness) or the
+    // run overran its prediction: one more timed look, just after the
+    // predicted end (or kReapSpinNs on when that has passed), late rather than
+    // costing the device a wake-up at the boundary. Only worth it when a
+    // successor is queued on the device: otherwise the wake-up costs an idle
+    // device nothing and the host would only learn later.
+    const int64_t look_at = std::max(expected_end + 10'000, base::now_ns() + kReapSpinNs);
+    if (successor_queued && look_at < deadline_ns) {
+      std::this_thread::sleep_until(base::steady_time(look_at));
       device_polls_.fetch_add(1, std::memory_order_relaxed);
       if (rec.done.is_signaled()) return true;
     }

@@ -14,6 +14,12 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // Monotonic nanoseconds since an arbitrary epoch (steady_clock). Thread-safe.
 int64_t now_ns();
 
+// Conversions between now_ns() values and steady_clock time points.
+inline SteadyTime steady_time(int64_t ns) { return SteadyTime(std::chrono::nanoseconds(ns)); }
+inline int64_t to_ns(SteadyTime t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 // A CPU hint for spin loops (x86 PAUSE); keeps the thread on its core.
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
