@@ -44,7 +44,11 @@ std::string TraceRecorder::to_json() const {
                       {"tid", s.tid},
                       {"args", args}});
   }
-  nlohmann::json root = {{"traceEvents", events}, {"displayTimeUnit", "ns"}};
+  // "otherData" carries the clock origin so a trace can be lined up with
+  // other CLOCK_MONOTONIC tools (e.g. `perf sched record -k CLOCK_MONOTONIC`).
+  nlohmann::json root = {{"traceEvents", events},
+                         {"displayTimeUnit", "ns"},
+                         {"otherData", {{"clock", "CLOCK_MONOTONIC"}, {"origin_ns", origin}}}};
   return root.dump();
 }
 

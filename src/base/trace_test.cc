@@ -20,6 +20,12 @@ TEST(TraceRecorder, WritesCompleteEventsWithRunIds) {
     }
   }
   EXPECT_EQ(complete, 2);
+  // ts is relative to the earliest span, whose absolute time is the origin.
+  EXPECT_EQ(j["otherData"]["origin_ns"], 1000);
+  EXPECT_EQ(j["otherData"]["clock"], "CLOCK_MONOTONIC");
+  for (auto& e : ev) {
+    if (e["ph"] == "X" && e["name"] == "task") EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1.0);
+  }
   EXPECT_FALSE(r.write("/nonexistent-dir/x.json").ok());
 }
 

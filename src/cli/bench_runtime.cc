@@ -132,34 +132,46 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
       SIMPLER_RETURN_IF_ERROR(w.init());
       task::TaskArgs args;
       args.add_scalar_i64(static_cast<int64_t>(device_us * 1000));
-      std::vector<worker::RunHandle> handles;
-      handles.reserve(runs);
+      // The host consumes each run's result once it has waited for it and
+      // drops the handle, as a serving loop does: results are not retained,
+      // so the heap (and the device thread's allocations for the run report)
+      // reaches a steady state instead of growing by every run's report.
+      struct Sample {
+        int64_t first_start_ns = 0;
+        int64_t last_end_ns = 0;
+        int64_t busy_ns = 0;
+      };
+      std::vector<Sample> samples(runs);
+      std::vector<worker::RunHandle> in_flight(depth);  // run i lives in slot i % depth
+      auto consume = [&](int i) -> absl::Status {
+        worker::RunHandle& h = in_flight[i % depth];
+        SIMPLER_RETURN_IF_ERROR(h.wait());
+        const auto& tasks = h.result().report.tasks;
+        if (tasks.empty()) return absl::InternalError("bench pipeline: no task timing");
+        samples[i] = {tasks.front().start_ns, tasks.back().end_ns,
+                      tasks.front().end_ns - tasks.front().start_ns};
+        h = worker::RunHandle();
+        return absl::OkStatus();
+      };
       const double cpu0 = thread_cpu_us();
       const int64_t t0 = base::now_ns();
       for (int i = 0; i < runs; ++i) {
         // Keep at most `depth` runs outstanding from the host's point of view.
-        if (i >= depth) SIMPLER_RETURN_IF_ERROR(handles[i - depth].wait());
+        if (i >= depth) SIMPLER_RETURN_IF_ERROR(consume(i - depth));
         spin_for_ns(static_cast<int64_t>(h_us * 1000));  // host prepare
-        SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(*prog, args));
-        handles.push_back(h);
+        SIMPLER_ASSIGN_OR_RETURN(in_flight[i % depth], w.submit(*prog, args));
       }
-      for (auto& h : handles) SIMPLER_RETURN_IF_ERROR(h.wait());
+      for (int i = std::max(0, runs - depth); i < runs; ++i) SIMPLER_RETURN_IF_ERROR(consume(i));
       const int64_t t1 = base::now_ns();
       const double cpu1 = thread_cpu_us();
       std::vector<double> gaps;
+      gaps.reserve(runs);
       double busy_ns = 0;
       for (int i = 0; i < runs; ++i) {
-        const auto& r = handles[i].result();
-        if (r.report.tasks.empty()) return absl::InternalError("bench pipeline: no task timing");
-        busy_ns += r.report.tasks.front().end_ns - r.report.tasks.front().start_ns;
-        if (i > 0) {
-          const auto& prev = handles[i - 1].result();
-          gaps.push_back((r.report.tasks.front().start_ns - prev.report.tasks.back().end_ns) / 1e3);
-        }
+        busy_ns += samples[i].busy_ns;
+        if (i > 0) gaps.push_back((samples[i].first_start_ns - samples[i - 1].last_end_ns) / 1e3);
       }
-      const auto& first = handles.front().result();
-      const auto& last = handles.back().result();
-      const double span_ns = last.report.tasks.back().end_ns - first.report.tasks.front().start_ns;
+      const double span_ns = samples.back().last_end_ns - samples.front().first_start_ns;
       PipelineRow row;
       row.depth = depth;
       row.host_us = h_us;

@@ -48,7 +48,9 @@ enum class PinMode {
 // one task spinning `device_us` µs on one core; the host spins H µs of
 // "prepare" per run and keeps at most `depth` runs outstanding (at depth 1 it
 // waits for run k before preparing k+1, as a decode loop that needs run k's
-// token on the host must). With PinMode::kAuto the calling thread stays pinned
+// token on the host must). Like a serving loop, it reads each run's timing
+// once it has waited for the run and drops the handle, so results are not
+// retained and the heap stays at a steady size. With PinMode::kAuto the calling thread stays pinned
 // to the host CPUs afterwards.
 absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions options,
                                                         const std::vector<int>& depths,

@@ -1,6 +1,9 @@
 // Chrome / Perfetto trace events ("Trace Event Format", complete events,
 // ph = "X"; timestamps and durations in µs). Written as one JSON object
-// {"traceEvents": [...], "displayTimeUnit": "ns"}.
+// {"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}.
+// `ts` is µs since the earliest span; otherData.origin_ns is that span's
+// start on CLOCK_MONOTONIC (base::now_ns), so a trace lines up with other
+// tools on the same clock (e.g. `perf sched record -k CLOCK_MONOTONIC`).
 #pragma once
 
 #include <cstdint>
