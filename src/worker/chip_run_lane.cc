@@ -263,6 +263,7 @@ void ChipRunLane::launch_ready_locked() {
     run.state = RunState::kLaunched;
     run.shared->state.store(run.state, std::memory_order_release);
     ++launched_;
+    launched_now_.store(launched_, std::memory_order_relaxed);
     run.effective_depth = on_device + 1;
     span("launch", run.timing.launch_ns, base::now_ns(), id, 0);
   }
@@ -303,7 +304,6 @@ void ChipRunLane::lane_loop() {
       // predecessor ended (or at launch) and lasts as long as this callable's
       // recent runs. 0 = no estimate.
       int64_t expected_end = 0;
-      const bool successor_queued = launched_ > 1;
       if (auto it = run_ns_estimate_.find(run.exec->callable);
           it != run_ns_estimate_.end() && !poisoned_before) {
         expected_end = std::max(run.timing.launch_ns, last_device_end_ns_) + it->second;
@@ -311,11 +311,12 @@ void ChipRunLane::lane_loop() {
       lock.native().unlock();
       base::Deadline deadline = poisoned_before ? base::Deadline::after(std::chrono::seconds(1))
                                                 : base::deadline_from_seconds(timeout_s).value();
-      const bool done = await_record(*rec, expected_end, successor_queued, deadline);
+      const bool done = await_record(*rec, expected_end, deadline);
       lock.native().lock();
       run.timing.complete_ns = base::now_ns();
       span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
       --launched_;
+      launched_now_.store(launched_, std::memory_order_relaxed);
       if (!done && poisoned_before) {
         run.status = poison_;
         run.quarantine = true;  // the device may still hold it
@@ -405,7 +406,7 @@ void ChipRunLane::lane_loop() {
 // the event. Each look counts as one device poll (at most three per run).
 
 bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
-                               bool successor_queued, const base::Deadline& deadline) {
+                               const base::Deadline& deadline) {
   constexpr int64_t kReapSpinNs = 100'000;
   if (expected_end > 0 && deadline.kind != base::Deadline::Kind::kPoll) {
     const int64_t deadline_ns = deadline.kind == base::Deadline::Kind::kAt
@@ -431,6 +432,9 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     // successor is queued on the device: otherwise the wake-up costs an idle
     // device nothing and the host would only learn later.
     const int64_t look_at = std::max(expected_end + 10'000, base::now_ns() + kReapSpinNs);
+    // Whether a successor is queued is read now, not when the wait began: at
+    // depth 2 the host usually launches it while this run executes.
+    const bool successor_queued = launched_now_.load(std::memory_order_relaxed) > 1;
     if (successor_queued && look_at < deadline_ns) {
       std::this_thread::sleep_until(base::steady_time(look_at));
       device_polls_.fetch_add(1, std::memory_order_relaxed);

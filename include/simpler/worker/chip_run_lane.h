@@ -99,7 +99,7 @@ class ChipRunLane {
   int32_t launched_on_device_locked() const SIMPLER_REQUIRES(mu_);
   void finalize(Run& run);
   // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
-  bool await_record(device::LaunchRecord& rec, int64_t expected_end, bool successor_queued,
+  bool await_record(device::LaunchRecord& rec, int64_t expected_end,
                     const base::Deadline& deadline);
   absl::Status prepare(Run& run);
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
@@ -114,6 +114,8 @@ class ChipRunLane {
   std::deque<std::unique_ptr<Run>> runs_ SIMPLER_GUARDED_BY(mu_);  // admitted, not retired
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
   int32_t launched_ SIMPLER_GUARDED_BY(mu_) = 0;
+  // launched_, for the lane thread to read while it waits outside mu_.
+  std::atomic<int32_t> launched_now_{0};
   absl::Status poison_ SIMPLER_GUARDED_BY(mu_);
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
