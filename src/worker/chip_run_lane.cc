@@ -399,9 +399,9 @@ void ChipRunLane::lane_loop() {
 // Reaping without costing the device a wake-up: a thread sleeping on the
 // record's event must be woken by the device thread that signals it, and that
 // futex wake costs the signaller ~15 µs on a VM — right at the run boundary.
-// So, when the end is predictable, the lane thread sleeps on its own timer
-// until just before the predicted end (compensating how late its timer
-// fires) and polls the record for at most kReapSpinNs; when a successor is
+// So, when the end is predictable, the lane thread sleeps (on the event, with
+// a deadline) until just before the predicted end (compensating how late its
+// timer fires) and polls the record for at most kReapSpinNs; when a successor is
 // queued it takes one more look kReapSpinNs later; only then does it sleep on
 // the event. Each look counts as one device poll (at most three per run).
 
@@ -415,7 +415,14 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     const int64_t wake_at =
         std::min(expected_end - timer_lateness_ns_ - kReapSpinNs / 2, deadline_ns);
     if (wake_at > base::now_ns() + 2'000) {
-      std::this_thread::sleep_until(base::steady_time(wake_at));
+      // Asleep on the event until then: a run that ends much earlier than
+      // predicted (the estimate is stale) is reaped at once instead of at
+      // the stale end. Past wake_at the lane is no longer a waiter, so the
+      // device signals a run that ends on time without a wake-up.
+      if (rec.done.wait(base::Deadline::until(base::steady_time(wake_at)))) {
+        device_polls_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      }
       // A wake-up that was late because the CPU was busy (not the timer) must
       // not make later wake-ups early, which would cost the device a wake-up
       // at the boundary.

@@ -204,6 +204,22 @@ TEST(Pipeline, PredictedReapsStillBoundDevicePolls) {
   ASSERT_TRUE(b.wait(5.0).ok());
 }
 
+TEST(Pipeline, RunMuchShorterThanPredictedIsReapedWhenItEnds) {
+  // The lane predicts a callable's run time from its recent runs. A run far
+  // shorter than that (a stale estimate) must be reaped when the device
+  // finishes it, not when the prediction says: wait() returns long before
+  // the predicted 300 ms have passed.
+  Worker w(opts(1));
+  auto h = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(w.submit(*h, sleep_args(300'000))->wait().ok());
+  RunHandle b = *w.submit(*h, sleep_args(1'000));
+  ASSERT_TRUE(b.wait().ok());
+  const int64_t reaped_after_ns = base::now_ns() - b.result().timing.device_end_ns;
+  EXPECT_LT(reaped_after_ns, 150'000'000) << "reaped at the stale prediction, not at the end";
+  EXPECT_LE(b.result().timing.device_end_ns - b.result().timing.device_start_ns, 150'000'000);
+}
+
 TEST(Pipeline, DepthCountsOnlyRunsTheDeviceHasNotFinished) {
   // Depth 1: B launches as soon as the device finished A, even when the lane
   // thread has not reaped A yet; its effective depth is 1 either way.
