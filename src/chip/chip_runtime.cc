@@ -30,32 +30,34 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
                                                    " out of range (callable '", callable.name,
                                                    "' has ", callable.kernels.size(), " kernels)"));
   }
-  const std::string& kname = callable.kernels[kernel].name;
-  const std::string where = absl::StrCat("task ", seq, " (kernel '", kname, "')");
+  // Formatted only on an error: this runs for every task.
+  auto where = [&] {
+    return absl::StrCat("task ", seq, " (kernel '", callable.kernels[kernel].name, "')");
+  };
   if (block_dim < 1 || block_dim > options.max_block_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": block_dim ", block_dim,
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": block_dim ", block_dim,
                                                    " outside [1, ", options.max_block_dim, "]"));
   }
   if (num_args > options.max_task_args) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(where, " has ", num_args, " arguments; a task ring slot holds ",
+        absl::StrCat(where(), " has ", num_args, " arguments; a task ring slot holds ",
                      options.max_task_args, " — the run can never fit"));
   }
   for (size_t i = 0; i < num_args; ++i) {
     const task::Arg& a = args[i];
     if (absl::Status v = task::validate_arg(a, i); !v.ok()) {
-      return base::annotate(v, absl::StrCat(where, " "));
+      return base::annotate(v, absl::StrCat(where(), " "));
     }
     if (a.direction == task::ArgDirection::kScalar) continue;
     if (a.tensor.memory != task::MemoryKind::kDevice) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, " argument ", i, " is a HOST tensor; tasks take device tensors"));
+          absl::StrCat(where(), " argument ", i, " is a HOST tensor; tasks take device tensors"));
     }
     const uint64_t span = a.tensor.span_bytes();
     if (span == 0) continue;
     if (absl::Status r = check_range(a.tensor.address, span); !r.ok()) {
       return base::annotate(
-          r, absl::StrCat(where, " argument ", i, " ", a.tensor.debug_string(), ": "));
+          r, absl::StrCat(where(), " argument ", i, " ", a.tensor.debug_string(), ": "));
     }
   }
   return absl::OkStatus();

@@ -14,9 +14,25 @@ void TensorMap::split(uint64_t at) {
   entries_.emplace(at, std::move(tail));
 }
 
+void TensorMap::sweep(const IsDone& is_done) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& e = it->second;
+    std::erase_if(e.readers, is_done);
+    if (e.readers.empty() && (e.writer == kNoWriter || is_done(e.writer))) {
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  sweep_at_ = std::max(kMinSweepEntries, 2 * entries_.size());
+}
+
 void TensorMap::access(uint64_t begin, uint64_t end, bool write, uint64_t task,
                        const IsDone& is_done, std::vector<uint64_t>* deps) {
   if (end <= begin) return;
+  // Before this access adds entries: a range a finished task left behind
+  // creates no dependency, so dropping it changes no answer.
+  if (entries_.size() >= sweep_at_) sweep(is_done);
   split(begin);
   split(end);
   auto add_dep = [&](uint64_t t) {

@@ -76,5 +76,35 @@ TEST_F(TensorMapTest, ATaskDoesNotDependOnItself) {
   EXPECT_EQ(access(0, 10, true, 0), V{});
 }
 
+TEST_F(TensorMapTest, RangesOfFinishedTasksAreDroppedWithoutChangingAnswers) {
+  // 20000 tasks each write their own range and finish: the map stays near
+  // its sweep floor instead of tracking 20000 ranges.
+  constexpr uint64_t kTasks = 20000;
+  size_t largest = 0;
+  for (uint64_t t = 0; t < kTasks; ++t) {
+    EXPECT_EQ(access(t * 64, t * 64 + 64, true, t), V{});
+    done_.insert(t);
+    largest = std::max(largest, map_.size());
+  }
+  EXPECT_LE(largest, 2 * TensorMap::kMinSweepEntries);
+  // An unfinished writer survives any number of sweeps and still orders its readers.
+  const uint64_t live = kTasks;
+  access(1 << 30, (1 << 30) + 64, true, live);
+  for (uint64_t t = kTasks + 1; t < 2 * kTasks; ++t) {
+    access(t * 64, t * 64 + 64, true, t);
+    done_.insert(t);
+  }
+  EXPECT_EQ(access(1 << 30, (1 << 30) + 8, false, 2 * kTasks), V{live});
+  // A range whose writer finished long ago creates no dependency.
+  EXPECT_EQ(access(0, 64, false, 2 * kTasks + 1), V{});
+}
+
+TEST_F(TensorMapTest, RangesOfUnfinishedTasksAreAllKept) {
+  for (uint64_t t = 0; t < 1000; ++t) access(t * 64, t * 64 + 64, true, t);
+  EXPECT_EQ(map_.size(), 1000u);
+  for (uint64_t t = 0; t < 1000; t += 97)
+    EXPECT_EQ(access(t * 64, t * 64 + 1, false, 5000 + t), V{t});
+}
+
 }  // namespace
 }  // namespace simpler::chip

@@ -15,7 +15,12 @@ namespace simpler::chip {
 //   write after read   (WAR): a writer waits for every reader since the last write;
 //   write after write  (WAW): a writer waits for the last writer.
 // Overlap is byte-exact over [begin, end), partial overlap included; entries
-// split at range boundaries. Thread-compatible (one orchestrating thread).
+// split at range boundaries. Ranges whose writer and readers have all
+// finished are dropped once the map has grown to twice its size after the
+// last such sweep (at least kMinSweepEntries), so it tracks about as many
+// ranges as there are unfinished tasks rather than every range the run ever
+// touched (amortized O(1) per access). Thread-compatible (one orchestrating
+// thread).
 class TensorMap {
  public:
   using IsDone = std::function<bool(uint64_t task)>;
@@ -26,9 +31,14 @@ class TensorMap {
   void access(uint64_t begin, uint64_t end, bool write, uint64_t task, const IsDone& is_done,
               std::vector<uint64_t>* deps);
 
-  void clear() { entries_.clear(); }
+  void clear() {
+    entries_.clear();
+    sweep_at_ = kMinSweepEntries;
+  }
   // Number of disjoint tracked ranges (for tests and diagnostics).
   size_t size() const { return entries_.size(); }
+
+  static constexpr size_t kMinSweepEntries = 256;
 
  private:
   static constexpr uint64_t kNoWriter = ~uint64_t{0};
@@ -39,8 +49,11 @@ class TensorMap {
   };
   // Splits the entry containing `at` (if any) so that an entry starts at `at`.
   void split(uint64_t at);
+  // Drops ranges no unfinished task touches.
+  void sweep(const IsDone& is_done);
 
   std::map<uint64_t, Entry> entries_;
+  size_t sweep_at_ = kMinSweepEntries;  // sweep when entries_ reaches this size
 };
 
 }  // namespace simpler::chip
