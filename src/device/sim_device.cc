@@ -57,6 +57,10 @@ struct Core {
   // When the running job is expected to end (now_ns() time; 0 = idle or no
   // estimate yet). Written by the core, read by the scheduler (relaxed: a hint).
   std::atomic<int64_t> predicted_end_ns{0};
+  // Moving average (1/8 weight) of each kernel's block duration on this core,
+  // in ns. Only the thread running this core's claimed job touches it; the
+  // claim (posted / completion hand-off) orders successive owners.
+  std::unordered_map<task::KernelFn, int64_t> block_ns_estimate;
 };
 
 class SimStream;
@@ -351,27 +355,26 @@ class SimDevice final : public Device {
     done.task_index = job.task_index;
     done.block_idx = job.block_idx;
     done.start_ns = base::now_ns();
-    const int64_t estimate = duration_estimate(job.fn);
+    const int64_t estimate = duration_estimate(c, job.fn);
     c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
                              std::memory_order_relaxed);
     done.status = run_job(job, run_id, c.index);
     done.end_ns = base::now_ns();
     c.predicted_end_ns.store(0, std::memory_order_relaxed);
-    record_duration(job.fn, done.end_ns - done.start_ns);
+    record_duration(c, job.fn, done.end_ns - done.start_ns);
     return done;
   }
 
   bool c_stop() const { return stop_cores_.load(std::memory_order_acquire); }
 
-  // Moving average (1/8 weight) of a kernel's block duration, in ns; 0 = unknown.
-  int64_t duration_estimate(task::KernelFn fn) {
-    MutexLock lock(estimate_mu_);
-    auto it = estimates_.find(fn);
-    return it == estimates_.end() ? 0 : it->second;
+  // This core's moving average (1/8 weight) of a kernel's block duration, in
+  // ns; 0 = unknown. No lock: see Core::block_ns_estimate.
+  static int64_t duration_estimate(const Core& c, task::KernelFn fn) {
+    auto it = c.block_ns_estimate.find(fn);
+    return it == c.block_ns_estimate.end() ? 0 : it->second;
   }
-  void record_duration(task::KernelFn fn, int64_t ns) {
-    MutexLock lock(estimate_mu_);
-    auto [it, inserted] = estimates_.emplace(fn, ns);
+  static void record_duration(Core& c, task::KernelFn fn, int64_t ns) {
+    auto [it, inserted] = c.block_ns_estimate.emplace(fn, ns);
     if (!inserted) it->second += (ns - it->second) / 8;
   }
 
@@ -417,8 +420,6 @@ class SimDevice final : public Device {
   std::atomic<bool> stop_cores_{false};
 
   std::atomic<int64_t> oversleep_ns_{0};  // how late timed wake-ups arrive (average)
-  base::Mutex estimate_mu_;
-  std::unordered_map<task::KernelFn, int64_t> estimates_ SIMPLER_GUARDED_BY(estimate_mu_);
 
   base::Mutex completion_mu_;
   base::CondVar completion_cv_;
