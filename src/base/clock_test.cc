@@ -56,4 +56,11 @@ TEST(DeadlineFromSeconds, FiniteValueIsAPointInTime) {
 }
 
 }  // namespace
+TEST(Deadline, UntilIsAPointInTime) {
+  const Deadline past = Deadline::until(steady_time(now_ns() - 1'000'000));
+  EXPECT_EQ(past.kind, Deadline::Kind::kAt);
+  EXPECT_TRUE(past.expired());
+  EXPECT_FALSE(Deadline::until(steady_time(now_ns() + 60'000'000'000)).expired());
+}
+
 }  // namespace simpler::base

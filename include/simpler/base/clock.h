@@ -39,6 +39,7 @@ struct Deadline {
   static Deadline forever() { return {}; }
   static Deadline poll() { return {Kind::kPoll, {}}; }
   static Deadline after(std::chrono::nanoseconds d);
+  // At time point `t` (steady_clock); a past `t` behaves like poll().
   static Deadline until(SteadyTime t) { return {Kind::kAt, t}; }
   bool is_forever() const { return kind == Kind::kForever; }
   // True once the deadline passed (always true for kPoll, never for kForever).
