@@ -55,7 +55,6 @@ TEST(DeadlineFromSeconds, FiniteValueIsAPointInTime) {
   EXPECT_EQ(zero->kind, Deadline::Kind::kAt);
 }
 
-}  // namespace
 TEST(Deadline, UntilIsAPointInTime) {
   const Deadline past = Deadline::until(steady_time(now_ns() - 1'000'000));
   EXPECT_EQ(past.kind, Deadline::Kind::kAt);
@@ -63,4 +62,5 @@ TEST(Deadline, UntilIsAPointInTime) {
   EXPECT_FALSE(Deadline::until(steady_time(now_ns() + 60'000'000'000)).expired());
 }
 
+}  // namespace
 }  // namespace simpler::base

@@ -17,7 +17,7 @@ void TensorMap::split(uint64_t at) {
 void TensorMap::sweep(const IsDone& is_done) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
-    std::erase_if(e.readers, is_done);
+    std::erase_if(e.readers, std::ref(is_done));
     if (e.readers.empty() && (e.writer == kNoWriter || is_done(e.writer))) {
       it = entries_.erase(it);
     } else {
@@ -71,7 +71,7 @@ void TensorMap::access(uint64_t begin, uint64_t end, bool write, uint64_t task,
     Entry& cur = it->second;
     add_dep(cur.writer);
     if (cur.readers.size() >= 8) {
-      cur.readers.erase(std::remove_if(cur.readers.begin(), cur.readers.end(), is_done),
+      cur.readers.erase(std::remove_if(cur.readers.begin(), cur.readers.end(), std::ref(is_done)),
                         cur.readers.end());
     }
     if (cur.readers.empty() || cur.readers.back() != task) cur.readers.push_back(task);

@@ -1,6 +1,7 @@
 #include "simpler/chip/tensor_map.h"
 
 #include <algorithm>
+#include <random>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -104,6 +105,50 @@ TEST_F(TensorMapTest, RangesOfUnfinishedTasksAreAllKept) {
   EXPECT_EQ(map_.size(), 1000u);
   for (uint64_t t = 0; t < 1000; t += 97)
     EXPECT_EQ(access(t * 64, t * 64 + 1, false, 5000 + t), V{t});
+}
+
+TEST_F(TensorMapTest, MatchesAByteByByteModelThroughSweeps) {
+  // Random overlapping reads and writes over 8 KiB, tasks finishing in random
+  // order: every answer equals a brute-force model that tracks each byte's
+  // last writer and readers since, with enough ranges alive that sweeps run.
+  constexpr uint64_t kBytes = 8192, kNoTask = ~uint64_t{0};
+  std::vector<uint64_t> writer(kBytes, kNoTask);
+  std::vector<std::vector<uint64_t>> readers(kBytes);
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> unfinished;
+  size_t largest = 0;
+  for (uint64_t task = 0; task < 20000; ++task) {
+    // Finish a random earlier task now and then (monotone is_done).
+    if (!unfinished.empty() && rng() % 3 != 0) {
+      const size_t i = rng() % unfinished.size();
+      done_.insert(unfinished[i]);
+      unfinished[i] = unfinished.back();
+      unfinished.pop_back();
+    }
+    const uint64_t b = rng() % kBytes;
+    const uint64_t e = std::min(kBytes, b + 1 + rng() % 48);
+    const bool write = rng() % 2 == 0;
+    std::set<uint64_t> want;
+    auto add = [&](uint64_t t) {
+      if (t != kNoTask && t != task && done_.count(t) == 0) want.insert(t);
+    };
+    for (uint64_t x = b; x < e; ++x) {
+      add(writer[x]);
+      if (write) {
+        for (uint64_t r : readers[x]) add(r);
+        writer[x] = task;
+        readers[x].clear();
+      } else {
+        std::erase_if(readers[x], [&](uint64_t r) { return done_.count(r) > 0; });
+        readers[x].push_back(task);
+      }
+    }
+    ASSERT_EQ(access(b, e, write, task), V(want.begin(), want.end()))
+        << "task " << task << (write ? " writes [" : " reads [") << b << ", " << e << ")";
+    unfinished.push_back(task);
+    largest = std::max(largest, map_.size());
+  }
+  EXPECT_GT(largest, TensorMap::kMinSweepEntries) << "no sweep was exercised";
 }
 
 }  // namespace

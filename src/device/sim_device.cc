@@ -58,8 +58,12 @@ struct Core {
   // estimate yet). Written by the core, read by the scheduler (relaxed: a hint).
   std::atomic<int64_t> predicted_end_ns{0};
   // Moving average (1/8 weight) of each kernel's block duration on this core,
-  // in ns. Only the thread running this core's claimed job touches it; the
-  // claim (posted / completion hand-off) orders successive owners.
+  // in ns. Only the thread running this core's claimed job touches it.
+  // Successive owners are ordered: a core gets a new job only after its
+  // previous completion was returned (ExecContext::start's "not busy"
+  // precondition; the completion passes through completion_mu_), the new job
+  // is published by `posted` (release) and claimed by compare-exchange
+  // (acq_rel); schedulers of different streams are ordered by launch_mu_.
   std::unordered_map<task::KernelFn, int64_t> block_ns_estimate;
 };
 
@@ -260,7 +264,8 @@ class SimDevice final : public Device {
 
   // Blocking waits model a device scheduler that polls for completions
   // without burning a host CPU: it sleeps until shortly before the earliest
-  // predicted block end (per-kernel moving average of block durations), then
+  // predicted block end (each core's moving average of the kernel's block
+  // durations; none for a kernel's first block on a core), then
   // spins at most spin_ns, then sleeps until woken.
   bool next_completion(CoreCompletion* out, bool block) {
     auto ready = [this] { return completions_ready_.load(std::memory_order_acquire) > 0; };

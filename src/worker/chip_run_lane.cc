@@ -417,8 +417,9 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     if (wake_at > base::now_ns() + 2'000) {
       // Asleep on the event until then: a run that ends much earlier than
       // predicted (the estimate is stale) is reaped at once instead of at
-      // the stale end. Past wake_at the lane is no longer a waiter, so the
-      // device signals a run that ends on time without a wake-up.
+      // the stale end — at the price of a device-paid wake-up for such runs.
+      // A few µs after wake_at the lane is no longer a waiter, so the device
+      // signals a run that ends on time without a wake-up.
       if (rec.done.wait(base::Deadline::until(base::steady_time(wake_at)))) {
         device_polls_.fetch_add(1, std::memory_order_relaxed);
         return true;

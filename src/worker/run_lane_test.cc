@@ -189,8 +189,9 @@ TEST(Pipeline, WaitingSleepsInsteadOfPollingTheDevice) {
 }
 
 TEST(Pipeline, PredictedReapsStillBoundDevicePolls) {
-  // Once the lane has timed a callable it reaps by the predicted end (own
-  // timer, then a bounded poll, then the event): still at most 3 polls.
+  // Once the lane has timed a callable it reaps by the predicted end (the
+  // event with a deadline just before it, a bounded poll, a second look, then
+  // the event): still at most 3 polls.
   Worker w(opts(2));
   auto h = w.register_callable(sleep_program());
   ASSERT_TRUE(w.init().ok());

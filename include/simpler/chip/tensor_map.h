@@ -19,8 +19,8 @@ namespace simpler::chip {
 // finished are dropped once the map has grown to twice its size after the
 // last such sweep (at least kMinSweepEntries), so it tracks about as many
 // ranges as there are unfinished tasks rather than every range the run ever
-// touched (amortized O(1) per access). Thread-compatible (one orchestrating
-// thread).
+// touched (the sweeps add amortized O(1) per access). Thread-compatible (one
+// orchestrating thread).
 class TensorMap {
  public:
   using IsDone = std::function<bool(uint64_t task)>;
@@ -28,6 +28,9 @@ class TensorMap {
   // Records that `task` reads (write=false) or writes [begin, end) and appends
   // to `deps` the earlier tasks it must wait for (unsorted, may repeat; never
   // `task` itself, never a task for which is_done() holds).
+  // `is_done` must be monotone (once true for a task, true on every later
+  // call) and must never hold for `task` or any task still to finish: a
+  // sweep drops ranges on its word.
   void access(uint64_t begin, uint64_t end, bool write, uint64_t task, const IsDone& is_done,
               std::vector<uint64_t>* deps);
 

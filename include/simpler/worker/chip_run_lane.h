@@ -115,6 +115,7 @@ class ChipRunLane {
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
   int32_t launched_ SIMPLER_GUARDED_BY(mu_) = 0;
   // launched_, for the lane thread to read while it waits outside mu_.
+  // Relaxed: a hint for whether to take a second look; publishes nothing.
   std::atomic<int32_t> launched_now_{0};
   absl::Status poison_ SIMPLER_GUARDED_BY(mu_);
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
