@@ -24,7 +24,9 @@ TEST(TraceRecorder, WritesCompleteEventsWithRunIds) {
   EXPECT_EQ(j["otherData"]["origin_ns"], 1000);
   EXPECT_EQ(j["otherData"]["clock"], "CLOCK_MONOTONIC");
   for (auto& e : ev) {
-    if (e["ph"] == "X" && e["name"] == "task") EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1.0);
+    if (e["ph"] == "X" && e["name"] == "task") {
+      EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1.0);
+    }
   }
   EXPECT_FALSE(r.write("/nonexistent-dir/x.json").ok());
 }
