@@ -140,6 +140,7 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
         int64_t first_start_ns = 0;
         int64_t last_end_ns = 0;
         int64_t busy_ns = 0;
+        int64_t launch_ns = 0;  // host clock (the sim device's clock too)
       };
       std::vector<Sample> samples(runs);
       std::vector<worker::RunHandle> in_flight(depth);  // run i lives in slot i % depth
@@ -149,7 +150,7 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
         const auto& tasks = h.result().report.tasks;
         if (tasks.empty()) return absl::InternalError("bench pipeline: no task timing");
         samples[i] = {tasks.front().start_ns, tasks.back().end_ns,
-                      tasks.front().end_ns - tasks.front().start_ns};
+                      tasks.front().end_ns - tasks.front().start_ns, h.result().timing.launch_ns};
         h = worker::RunHandle();
         return absl::OkStatus();
       };
@@ -167,9 +168,13 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
       std::vector<double> gaps;
       gaps.reserve(runs);
       double busy_ns = 0;
+      int over_20us = 0, late = 0;
       for (int i = 0; i < runs; ++i) {
         busy_ns += samples[i].busy_ns;
-        if (i > 0) gaps.push_back((samples[i].first_start_ns - samples[i - 1].last_end_ns) / 1e3);
+        if (i == 0) continue;
+        gaps.push_back((samples[i].first_start_ns - samples[i - 1].last_end_ns) / 1e3);
+        if (gaps.back() > 20) ++over_20us;
+        if (samples[i].launch_ns > samples[i - 1].last_end_ns) ++late;
       }
       const double span_ns = samples.back().last_end_ns - samples.front().first_start_ns;
       PipelineRow row;
@@ -183,6 +188,8 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
       row.gap_us_p99 = percentile(gaps, 0.99);
       row.host_cpu_us_per_run = (cpu1 - cpu0) / runs;
       row.pinned = pinned;
+      row.gaps_over_20us = over_20us;
+      row.late_launches = late;
       rows.push_back(row);
       SIMPLER_RETURN_IF_ERROR(w.close());
     }
@@ -207,7 +214,9 @@ nlohmann::json to_json(const PipelineRow& r) {
           {"gap_us_p50", r.gap_us_p50},
           {"gap_us_p99", r.gap_us_p99},
           {"host_cpu_us_per_run", r.host_cpu_us_per_run},
-          {"pinned", r.pinned}};
+          {"pinned", r.pinned},
+          {"gaps_over_20us", r.gaps_over_20us},
+          {"late_launches", r.late_launches}};
 }
 
 }  // namespace simpler::cli

@@ -35,6 +35,13 @@ struct PipelineRow {
   double gap_us_p99 = 0;
   double host_cpu_us_per_run = 0;  // CPU time of the submitting thread per run
   bool pinned = false;             // host and device threads on disjoint CPUs
+  // What the tail is made of (counts over the runs - 1 gaps): gaps over
+  // 20 µs, and runs the host launched only after the previous run's last
+  // task had ended (the host was late: the device could not start at once).
+  // The latter compares the host's launch time with device timestamps, which
+  // share one clock on the sim device.
+  int gaps_over_20us = 0;
+  int late_launches = 0;
 };
 
 // How bench_pipeline places threads on CPUs.

@@ -92,13 +92,17 @@ Runner add_bench_commands(CLI::App& app) {
           std::printf("host and device threads %s\n",
                       rows->front().pinned ? "pinned to disjoint CPUs" : "not pinned");
         }
-        std::printf("%5s %8s %8s %10s %8s %10s %10s %12s\n", "depth", "H us", "D us", "runs/s",
-                    "busy", "gap p50", "gap p99", "host cpu us");
+        std::printf("%5s %8s %8s %10s %8s %10s %10s %12s %8s %6s\n", "depth", "H us", "D us",
+                    "runs/s", "busy", "gap p50", "gap p99", "host cpu us", "gap>20", "late");
         for (const auto& r : *rows) {
-          std::printf("%5d %8.0f %8.0f %10.1f %7.1f%% %10.2f %10.2f %12.1f\n", r.depth, r.host_us,
-                      r.device_us, r.runs_per_s, 100 * r.device_busy, r.gap_us_p50, r.gap_us_p99,
-                      r.host_cpu_us_per_run);
+          std::printf("%5d %8.0f %8.0f %10.1f %7.1f%% %10.2f %10.2f %12.1f %8d %6d\n", r.depth,
+                      r.host_us, r.device_us, r.runs_per_s, 100 * r.device_busy, r.gap_us_p50,
+                      r.gap_us_p99, r.host_cpu_us_per_run, r.gaps_over_20us, r.late_launches);
         }
+        std::printf(
+            "gap>20: gaps over 20 µs; late: runs the host launched after the previous "
+            "run's last task ended (of %d gaps per row)\n",
+            rows->empty() ? 0 : rows->front().runs - 1);
       }
       return write_trace(trace, st->pipeline_common.trace_path) ? 0 : 1;
     }

@@ -729,6 +729,13 @@ def scenario_bench_pipeline(ctx):
             pb.check(0 < r["device_busy"] <= 1.0, f"--pin {pin}: device_busy {r['device_busy']}")
             pb.check(0 <= r["gap_us_p50"] <= r["gap_us_p99"],
                      f"--pin {pin}: gap p50 {r['gap_us_p50']} > p99 {r['gap_us_p99']}")
+            for k in ("gaps_over_20us", "late_launches"):
+                pb.check(isinstance(r.get(k), int) and 0 <= r[k] <= 11,
+                         f"--pin {pin}: {k} {r.get(k)!r} not a count of the 11 gaps")
+            if r["depth"] == 1:
+                # At depth 1 every run launches after its predecessor completed.
+                pb.check(r.get("late_launches") == 11,
+                         f"--pin {pin}: depth 1 late_launches {r.get('late_launches')!r} != 11")
         pb.check(seen == {(1, 50.0), (2, 50.0), (1, 200.0), (2, 200.0)},
                  f"--pin {pin}: rows cover {sorted(seen)}")
     for bad, what in ((["--pin", "sometimes"], "--pin"), (["--host-ratios", "-1"], "--host-ratios"),
