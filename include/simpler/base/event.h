@@ -13,6 +13,13 @@ namespace simpler::base {
 // with release semantics; a waiter that observes completion (acquire) sees
 // every store the signaller made before `signal`. Waiters without a deadline
 // sleep on a condition variable; nothing sleeps for a fixed time.
+//
+// The signaller wakes sleepers only when one may still be asleep for long: a
+// waiter with no deadline, or one whose deadline is still ahead. Waiters
+// whose deadlines have all passed wake on their own timers and find the
+// event signalled, so signalling costs no futex wake for them — it matters
+// when the signaller is a device thread at a run boundary and the waiter
+// (the run lane) was held off its CPU just past its deadline.
 // Thread-safe. Not reusable: create one per completion.
 class Event {
  public:
@@ -31,11 +38,23 @@ class Event {
   // The signalled status. Requires is_signaled().
   absl::Status status() const;
 
+  // Whether a signal must wake sleepers: some waiter has no deadline, or the
+  // latest deadline among timed waiters (ns on base::now_ns's clock) is after
+  // `now_ns`. Exposed for tests.
+  static bool must_wake(int32_t untimed_waiters, int32_t timed_waiters, int64_t latest_deadline_ns,
+                        int64_t now_ns) {
+    return untimed_waiters > 0 || (timed_waiters > 0 && latest_deadline_ns > now_ns);
+  }
+
  private:
   std::atomic<bool> signaled_{false};
   mutable Mutex mu_;
   CondVar cv_;
   absl::Status status_ SIMPLER_GUARDED_BY(mu_);
+  int32_t untimed_waiters_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int32_t timed_waiters_ SIMPLER_GUARDED_BY(mu_) = 0;
+  // At least every current timed waiter's deadline (ns); reset when none is left.
+  int64_t latest_deadline_ns_ SIMPLER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace simpler::base
