@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: formatting, the release build's full
-# suite, the unit tests under AddressSanitizer + UBSan, and the concurrency
-# tests under ThreadSanitizer. Every test has a time limit (ctest TIMEOUT).
+# suite, clang's thread-safety analysis of every source file, the unit tests
+# under AddressSanitizer + UBSan, and the concurrency tests under
+# ThreadSanitizer. Every test has a time limit (ctest TIMEOUT).
 # Every leg runs even when an earlier one failed; the exit status is non-zero
 # when any leg failed, and the last line names them.
 set -uo pipefail
@@ -17,6 +18,8 @@ git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror || failed+=("fo
 echo "== release build + all tests" >&2
 if scripts/build.sh release; then
   ctest --test-dir build/release --output-on-failure -j 2 --timeout 300 || failed+=("release")
+  echo "== clang thread-safety analysis (GUARDED_BY / REQUIRES)" >&2
+  timeout 900 scripts/check_thread_safety.py build/release || failed+=("thread-safety")
 else
   failed+=("release-build")
 fi

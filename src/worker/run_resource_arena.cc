@@ -5,7 +5,7 @@
 namespace simpler::worker {
 
 RunResourceArena::RunResourceArena(device::Device* device, int32_t grant)
-    : device_(device), sets_(static_cast<size_t>(grant)) {}
+    : device_(device), grant_(grant), sets_(static_cast<size_t>(grant)) {}
 
 RunResourceArena::~RunResourceArena() {
   base::MutexLock lock(mu_);

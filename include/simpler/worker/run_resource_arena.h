@@ -61,7 +61,7 @@ class RunResourceArena {
   absl::StatusOr<StagingBuffer> staging(base::SlotRef ref, size_t index, uint64_t bytes);
 
   ArenaCounts counts() const;
-  int32_t grant() const { return static_cast<int32_t>(sets_.size()); }
+  int32_t grant() const { return grant_; }
 
   // Wakes blocked acquire() calls, which then fail; later ones fail at once.
   void shutdown();
@@ -78,6 +78,7 @@ class RunResourceArena {
   device::Device* device_;
   mutable base::Mutex mu_;
   base::CondVar cv_;
+  const int32_t grant_;  // sets_.size(), fixed at construction
   std::vector<Set> sets_ SIMPLER_GUARDED_BY(mu_);
   bool shutdown_ SIMPLER_GUARDED_BY(mu_) = false;
 };
