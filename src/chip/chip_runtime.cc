@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/status.h"
@@ -79,6 +81,21 @@ struct TaskSlot {
   TaskTiming timing;
 };
 
+// What a GraphExecutor keeps between runs on one thread: a stream's scheduler
+// thread executes one run at a time, so the ring, the idle and ready lists,
+// the TensorMap and the dependency scratch keep their capacity from run to run
+// and a run boundary allocates nothing for them. Holds up to ring_capacity
+// slots (and their argument capacity) per executing thread until it exits.
+// Owner-thread only (thread_local).
+struct ExecutorStorage {
+  std::vector<TaskSlot> ring;
+  std::vector<int32_t> idle;
+  std::deque<uint64_t> ready;
+  std::vector<uint64_t> deps;
+  TensorMap tensor_map;
+  bool in_use = false;
+};
+
 // The graph builder and dispatcher of one run (device-built placement): it is
 // the OrchestrationContext the orchestration function submits through, and it
 // dispatches ready blocks to cores as tasks arrive. Owner-thread only.
@@ -92,13 +109,60 @@ class GraphExecutor final : public task::OrchestrationContext {
         options_(options),
         record_timing_(record_timing),
         report_(report),
-        ring_(std::min<uint32_t>(options.ring_capacity, kInitialRingSlots)) {
+        st_(claim_storage()),
+        ready_(st_ != nullptr ? st_->ready : own_ready_.emplace()) {
+    // Take the kept containers (moves: O(1), capacity comes along); they go
+    // back when the run ends. Members, not references, on the hot path.
+    // Member order matters: st_, own_ready_ and ready_ are initialized first.
+    if (st_ != nullptr) {
+      ring_ = std::move(st_->ring);
+      idle_ = std::move(st_->idle);
+      tensor_map_ = std::move(st_->tensor_map);
+      deps_ = std::move(st_->deps);
+    }
+    // The lists are empty when a run ended normally; clearing them again
+    // costs nothing and keeps this run's start independent of how the last
+    // one ended. A ring kept from an earlier run keeps its size (at most
+    // ring_capacity); its slots were reset when that run ended.
+    idle_.clear();
+    ready_.clear();
+    deps_.clear();
+    tensor_map_.clear();
+    const size_t initial = std::min<uint32_t>(options.ring_capacity, kInitialRingSlots);
+    if (ring_.size() < initial || ring_.size() > options.ring_capacity) {
+      ring_.clear();
+      ring_.resize(initial);
+    }
     int32_t cores = ctx.num_cores();
     if (max_cores > 0) cores = std::min(cores, max_cores);
     num_cores_ = cores;
     for (int32_t c = cores - 1; c >= 0; --c) idle_.push_back(c);
     is_done_ = [this](uint64_t seq) { return done(seq); };
     check_range_ = [this](uint64_t a, uint64_t b) { return ctx_.check_range(a, b); };
+  }
+
+  // Leaves the storage empty for the next run: used slots reset, lists and
+  // map cleared, capacity kept.
+  ~GraphExecutor() override {
+    const uint64_t used = std::min<uint64_t>(next_seq_, ring_.size());
+    for (uint64_t i = 0; i < used; ++i) {
+      TaskSlot& s = ring_[i];
+      s.seq = 0;
+      s.completed = false;
+      s.args.clear();
+      s.successors.clear();
+    }
+    idle_.clear();
+    ready_.clear();
+    deps_.clear();
+    tensor_map_.clear();
+    if (st_ != nullptr) {
+      st_->ring = std::move(ring_);
+      st_->idle = std::move(idle_);
+      st_->tensor_map = std::move(tensor_map_);
+      st_->deps = std::move(deps_);
+      st_->in_use = false;
+    }
   }
 
   int32_t num_cores() const override { return num_cores_; }
@@ -284,11 +348,25 @@ class GraphExecutor final : public task::OrchestrationContext {
     return true;
   }
 
+  // This thread's storage; null (fresh containers) should a run ever
+  // execute inside another on the same thread.
+  static ExecutorStorage* claim_storage() {
+    thread_local ExecutorStorage storage;
+    if (storage.in_use) return nullptr;
+    storage.in_use = true;
+    return &storage;
+  }
+
   device::ExecContext& ctx_;
   const task::ChipCallable& callable_;
   const ChipOptions& options_;
   bool record_timing_;
   RunReport* report_;
+  ExecutorStorage* st_;  // where the containers go back to; may be null
+  // A default std::deque allocates, so the ready list stays in the storage
+  // (own_ready_ only when there is none) instead of moving in and out.
+  std::optional<std::deque<uint64_t>> own_ready_;
+  std::deque<uint64_t>& ready_;
   std::vector<TaskSlot> ring_;
   uint64_t head_seq_ = 0;  // oldest task not retired
   uint64_t next_seq_ = 0;
@@ -296,7 +374,6 @@ class GraphExecutor final : public task::OrchestrationContext {
   int32_t num_cores_ = 0;
   int32_t running_ = 0;
   std::vector<int32_t> idle_;
-  std::deque<uint64_t> ready_;
   TensorMap tensor_map_;
   TensorMap::IsDone is_done_;
   std::vector<uint64_t> deps_;

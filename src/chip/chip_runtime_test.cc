@@ -1,5 +1,6 @@
 #include "simpler/chip/chip_runtime.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -135,6 +136,72 @@ TEST_F(ChipRuntimeTest, RingBackpressureKeepsResultsExact) {
                        {{"inc", inc}}};
   ASSERT_TRUE(run(c, 0, opt).ok());
   for (auto& b : bufs) EXPECT_EQ(b.data<int32_t>()[0], 64);
+}
+
+TEST_F(ChipRuntimeTest, RunsOnOneStreamEachStartFromAFreshGraph) {
+  // The scheduler thread keeps its executor storage between runs: a large run
+  // that grew the ring, a failed run, a run with a smaller ring capacity and a
+  // plain chain, one after another on the same stream, each give exact results
+  // and number their tasks from 0.
+  auto chains = [&](std::vector<Tensor>& bufs, int steps) {
+    return task::ChipCallable{
+        "chains",
+        [&bufs, steps](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+          for (int step = 0; step < steps; ++step) {
+            for (auto& b : bufs) {
+              task::TaskArgs a;
+              a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+              SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+            }
+          }
+          return absl::OkStatus();
+        },
+        {{"inc", inc}, {"fails", fails}}};
+  };
+  auto expect_fresh_numbering = [&](uint64_t tasks) {
+    ASSERT_EQ(report_.tasks.size(), tasks);
+    std::vector<bool> seen(tasks, false);
+    for (const auto& t : report_.tasks) {
+      ASSERT_LT(t.task, tasks);
+      seen[t.task] = true;
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), static_cast<int64_t>(tasks));
+  };
+  std::vector<Tensor> wide;
+  for (int i = 0; i < 64; ++i) wide.push_back(buffer(1));
+  auto big = chains(wide, 40);  // 2560 tasks: the ring grows
+  ASSERT_TRUE(run(big, 1).ok());
+  for (auto& b : wide) EXPECT_EQ(b.data<int32_t>()[0], 40);
+  expect_fresh_numbering(2560);
+
+  Tensor f = buffer(1);
+  task::ChipCallable failing{
+      "failing",
+      [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+        for (int i = 0; i < 10; ++i) {
+          task::TaskArgs a;
+          a.add_tensor(f, ArgDirection::kIn).add_tensor(f, ArgDirection::kOut);
+          SIMPLER_RETURN_IF_ERROR(ctx.submit(i == 5 ? 1 : 0, a));
+        }
+        return absl::OkStatus();
+      },
+      {{"inc", inc}, {"fails", fails}}};
+  EXPECT_FALSE(run(failing, 2).ok());
+
+  std::vector<Tensor> narrow;
+  for (int i = 0; i < 3; ++i) narrow.push_back(buffer(1));
+  ChipOptions small;
+  small.ring_capacity = 4;
+  auto through_small_ring = chains(narrow, 20);
+  ASSERT_TRUE(run(through_small_ring, 3, small).ok());
+  for (auto& b : narrow) EXPECT_EQ(b.data<int32_t>()[0], 20);
+  expect_fresh_numbering(60);
+
+  std::vector<Tensor> one{buffer(1)};
+  auto chain = chains(one, 7);
+  ASSERT_TRUE(run(chain, 4).ok());
+  EXPECT_EQ(one[0].data<int32_t>()[0], 7);
+  expect_fresh_numbering(7);
 }
 
 TEST_F(ChipRuntimeTest, TaskThatCanNeverFitFailsAtOnce) {
