@@ -1,13 +1,7 @@
 #include "simpler/base/clock.h"
 
-#include <pthread.h>
-
 #include <cmath>
 #include <limits>
-
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
 
 #include "absl/status/status.h"
 

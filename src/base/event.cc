@@ -41,11 +41,9 @@ bool Event::wait(const Deadline& deadline, int64_t spin_ns) {
   }
   ++timed_waiters_;
   latest_deadline_ns_ = std::max(latest_deadline_ns_, to_ns(deadline.at));
-  bool signaled = signaled_.load(std::memory_order_acquire);
-  while (!signaled && cv_.wait_until(lock, deadline.at)) {
-    signaled = signaled_.load(std::memory_order_acquire);
+  while (!signaled_.load(std::memory_order_acquire) && cv_.wait_until(lock, deadline.at)) {
   }
-  signaled = signaled_.load(std::memory_order_acquire);
+  const bool signaled = signaled_.load(std::memory_order_acquire);
   if (--timed_waiters_ == 0) latest_deadline_ns_ = 0;
   return signaled;
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -120,10 +119,10 @@ class GraphExecutor final : public task::OrchestrationContext {
       tensor_map_ = std::move(st_->tensor_map);
       deps_ = std::move(st_->deps);
     }
-    // The lists are empty when a run ended normally; clearing them again
-    // costs nothing and keeps this run's start independent of how the last
-    // one ended. A ring kept from an earlier run keeps its size (at most
-    // ring_capacity); its slots were reset when that run ended.
+    // Start from empty lists and map whatever the last run left (a failed run
+    // can leave ready tasks); capacity stays. A ring kept from an earlier run
+    // keeps its size (at most ring_capacity); its slots were reset when that
+    // run ended.
     idle_.clear();
     ready_.clear();
     deps_.clear();
@@ -141,8 +140,8 @@ class GraphExecutor final : public task::OrchestrationContext {
     check_range_ = [this](uint64_t a, uint64_t b) { return ctx_.check_range(a, b); };
   }
 
-  // Leaves the storage empty for the next run: used slots reset, lists and
-  // map cleared, capacity kept.
+  // Returns the containers to the storage with the used slots reset (only
+  // this run knows which); the constructor clears the lists and the map.
   ~GraphExecutor() override {
     const uint64_t used = std::min<uint64_t>(next_seq_, ring_.size());
     for (uint64_t i = 0; i < used; ++i) {
@@ -152,10 +151,6 @@ class GraphExecutor final : public task::OrchestrationContext {
       s.args.clear();
       s.successors.clear();
     }
-    idle_.clear();
-    ready_.clear();
-    deps_.clear();
-    tensor_map_.clear();
     if (st_ != nullptr) {
       st_->ring = std::move(ring_);
       st_->idle = std::move(idle_);

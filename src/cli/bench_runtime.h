@@ -57,8 +57,8 @@ enum class PinMode {
 // waits for run k before preparing k+1, as a decode loop that needs run k's
 // token on the host must). Like a serving loop, it reads each run's timing
 // once it has waited for the run and drops the handle, so results are not
-// retained and the heap stays at a steady size. With PinMode::kAuto the calling thread stays pinned
-// to the host CPUs afterwards.
+// retained and the heap stays at a steady size. With PinMode::kAuto the
+// calling thread stays pinned to the host CPUs afterwards.
 absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions options,
                                                         const std::vector<int>& depths,
                                                         double device_us,

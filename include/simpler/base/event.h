@@ -40,10 +40,10 @@ class Event {
 
   // Whether a signal must wake sleepers: some waiter has no deadline, or the
   // latest deadline among timed waiters (ns on base::now_ns's clock) is after
-  // `now_ns`. Exposed for tests.
+  // `now`. Exposed for tests.
   static bool must_wake(int32_t untimed_waiters, int32_t timed_waiters, int64_t latest_deadline_ns,
-                        int64_t now_ns) {
-    return untimed_waiters > 0 || (timed_waiters > 0 && latest_deadline_ns > now_ns);
+                        int64_t now) {
+    return untimed_waiters > 0 || (timed_waiters > 0 && latest_deadline_ns > now);
   }
 
  private:

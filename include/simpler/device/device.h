@@ -167,7 +167,10 @@ struct SimDeviceOptions {
 };
 
 // Creates the thread-based sim device. INVALID_ARGUMENT for negative cores,
-// spin_ns outside [0, 50'000], or `cpus` naming a CPU this process may not use.
+// spin_ns outside [0, 50'000], or `cpus` naming a CPU this machine does not
+// have. A CPU that exists but lies outside the process's cpuset is found only
+// when a device thread pins itself: that thread logs a warning and runs
+// unpinned.
 absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions& options);
 
 }  // namespace simpler::device

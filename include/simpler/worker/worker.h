@@ -34,7 +34,7 @@ struct WorkerOptions {
   double operation_timeout_s = 60;   // per-run device time limit once at the stream head
   uint64_t device_memory_bytes = 0;  // sim heap capacity; 0 = host-limited
   // CPUs for the sim device's threads; empty = unrestricted. See
-  // SimDeviceOptions::cpus. A CPU this process may not use fails init().
+  // SimDeviceOptions::cpus: a CPU this machine does not have fails init().
   std::vector<int> device_cpus;
   chip::ChipOptions chip;
   // Default graph placement (a CallConfig or callable placement overrides it).
