@@ -116,9 +116,7 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
   std::vector<PipelineRow> rows;
   for (double h_us : host_us) {
     for (int depth : depths) {
-      options.launch_depth = depth;
-      options.run_grant = 0;
-      options.num_cores = 1;
+      options.launch_depth = depth;  // run_grant and num_cores: as the caller set them
       worker::Worker w(options);
       auto prog = w.register_callable(
           task::ChipCallable{"spin",

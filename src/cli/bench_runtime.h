@@ -57,8 +57,12 @@ enum class PinMode {
 // waits for run k before preparing k+1, as a decode loop that needs run k's
 // token on the host must). Like a serving loop, it reads each run's timing
 // once it has waited for the run and drops the handle, so results are not
-// retained and the heap stays at a steady size. With PinMode::kAuto the
-// calling thread stays pinned to the host CPUs afterwards.
+// retained and the heap stays at a steady size. Each row's Worker takes
+// `options` with launch_depth set to the row's depth: options.run_grant (0 =
+// depth + 1; a grant below a row's depth fails that row's init, naming both)
+// and options.num_cores (the CLI passes 1 unless --cores says otherwise) apply
+// to every row. With PinMode::kAuto the calling thread stays pinned to the
+// host CPUs afterwards.
 absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions options,
                                                         const std::vector<int>& depths,
                                                         double device_us,

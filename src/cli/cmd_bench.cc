@@ -32,7 +32,9 @@ Runner add_bench_commands(CLI::App& app) {
   st->dispatch_common.add_to(dispatch);
 
   auto* pipeline = bench->add_subcommand("pipeline", "early enqueue: depth vs host/device time");
-  pipeline->add_option("--depths", st->depths, "launch depths")->delimiter(',');
+  auto* depths_opt = pipeline->add_option("--depths", st->depths, "launch depths, one row each")
+                         ->delimiter(',')
+                         ->check(CLI::PositiveNumber);
   pipeline->add_option("--device-us", st->device_us, "device time D per run, µs")
       ->check(CLI::PositiveNumber);
   pipeline->add_option("--host-ratios", st->host_ratios, "host prepare time H as multiples of D")
@@ -45,6 +47,8 @@ Runner add_bench_commands(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "off"}));
   pipeline->add_option("--runs", st->runs, "runs per row")->check(CLI::Range(2, 1000000));
   st->pipeline_common.add_to(pipeline);
+  // --launch-depth D is --depths D; --cores defaults to 1 here (one task on one core).
+  pipeline->get_option("--launch-depth")->excludes(depths_opt);
 
   auto* decode = bench->add_subcommand("decode", "decode step time and weight bandwidth");
   decode->add_option("--model", st->model, "model directory")->required();
@@ -79,8 +83,14 @@ Runner add_bench_commands(CLI::App& app) {
       const double d = st->device_us;
       std::vector<double> host_us;
       for (double r : st->host_ratios) host_us.push_back(r * d);
-      auto rows = bench_pipeline(st->pipeline_common.worker_options(&trace), st->depths, d, host_us,
-                                 st->runs, st->pin == "auto" ? PinMode::kAuto : PinMode::kOff);
+      worker::WorkerOptions options = st->pipeline_common.worker_options(&trace);
+      if (pipeline->get_option("--cores")->count() == 0) options.num_cores = 1;
+      std::vector<int> depths = st->depths;
+      if (pipeline->get_option("--launch-depth")->count() > 0) {
+        depths = {st->pipeline_common.launch_depth};
+      }
+      auto rows = bench_pipeline(options, depths, d, host_us, st->runs,
+                                 st->pin == "auto" ? PinMode::kAuto : PinMode::kOff);
       if (!rows.ok()) {
         std::cerr << "simpler bench pipeline: " << rows.status().message() << "\n";
         return 1;

@@ -18,6 +18,8 @@ std::string_view name_of(FaultKind kind) {
       return "device_fault";
     case FaultKind::kHang:
       return "hang";
+    case FaultKind::kLaunchRefused:
+      return "launch_refused";
   }
   return "?";
 }
@@ -81,10 +83,13 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
           spec.kind = FaultKind::kDeviceFault;
         } else if (value == "hang") {
           spec.kind = FaultKind::kHang;
+        } else if (value == "launch_refused") {
+          spec.kind = FaultKind::kLaunchRefused;
         } else {
           return bad(index, fault,
                      absl::StrCat("unknown kind '", std::string(value),
-                                  "' (expected kernel_error, device_fault or hang)"));
+                                  "' (expected kernel_error, device_fault, hang or "
+                                  "launch_refused)"));
         }
         has_kind = true;
       } else {
@@ -95,6 +100,9 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
     if (!has_run) return bad(index, fault, "missing run=");
     if (!has_task) return bad(index, fault, "missing task=");
     if (!has_kind) return bad(index, fault, "missing kind=");
+    if (spec.kind == FaultKind::kLaunchRefused && spec.task != 0) {
+      return bad(index, fault, "launch_refused applies to a whole run: task must be 0");
+    }
     if (!has_code) spec.code = spec.kind == FaultKind::kDeviceFault ? 507018 : 1;
     if (!seen.insert({spec.run, spec.task}).second) {
       return bad(index, fault, "duplicate fault for the same run and task");

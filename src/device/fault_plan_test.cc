@@ -17,6 +17,9 @@ TEST(FaultPlan, ParsesTheDocumentedSyntax) {
   EXPECT_FALSE(p->find(3, 6).has_value());
   EXPECT_EQ(FaultPlan::parse("run=1:task=2:kind=kernel_error")->find(1, 2)->code, 1);
   EXPECT_TRUE(FaultPlan::parse("")->empty());
+  EXPECT_EQ(FaultPlan::parse("run=4:task=0:kind=launch_refused")->find(4, 0)->kind,
+            FaultKind::kLaunchRefused);
+  EXPECT_EQ(name_of(FaultKind::kLaunchRefused), "launch_refused");
 }
 
 void expect_refused(const std::string& text, const std::string& needle) {
@@ -38,6 +41,7 @@ TEST(FaultPlan, MalformedValuesAreRefusedWithTheReason) {
   expect_refused("run=1:task=1:kind=hang,", "fault 1");
   expect_refused("run=1:task1:kind=hang", "'task1' is not key=value");
   expect_refused("run=1:task=1:kind=hang,run=1:task=1:kind=kernel_error", "duplicate");
+  expect_refused("run=1:task=2:kind=launch_refused", "task must be 0");
 }
 
 }  // namespace

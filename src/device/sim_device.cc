@@ -191,6 +191,9 @@ class SimDevice final : public Device {
     completion_cv_.notify_all();
   }
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
+  std::optional<FaultSpec> fault_for(uint64_t run, uint32_t task) const {
+    return options_.faults.find(run, task);
+  }
   absl::Status abort_reason() const {
     MutexLock lock(abort_mu_);
     return abort_reason_;
@@ -393,6 +396,8 @@ class SimDevice final : public Device {
         case FaultKind::kDeviceFault:
           return base::mark_unrecoverable(absl::InternalError(
               absl::StrCat("device fault, error code ", fault->code, " (injected device_fault)")));
+        case FaultKind::kLaunchRefused:
+          break;  // refused at launch (SimStream::push); never reaches a core
         case FaultKind::kHang: {
           MutexLock lock(abort_mu_);
           while (!aborted_.load(std::memory_order_acquire)) abort_cv_.wait(lock);
@@ -515,6 +520,13 @@ class SimStream final : public Stream {
     if (device_->aborted()) {
       return absl::FailedPreconditionError(
           absl::StrCat("device aborted: ", std::string(device_->abort_reason().message())));
+    }
+    if (fn != nullptr) {
+      if (auto f = device_->fault_for(run_id, 0);
+          f.has_value() && f->kind == FaultKind::kLaunchRefused) {
+        return absl::UnavailableError(absl::StrCat("stream refused the launch of run ", run_id,
+                                                   " (injected launch_refused)"));
+      }
     }
     auto rec = std::make_shared<LaunchRecord>();
     rec->run_id = run_id;

@@ -175,6 +175,11 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     }
     r->shared->state.store(r->state, std::memory_order_release);
     launch_ready_locked();
+    if (prepared.ok() && r->state == RunState::kFailed) {
+      // Its own launch, attempted in this call, was refused: returned here.
+      r->shared->delivered.store(true, std::memory_order_relaxed);
+      prepared = r->status;
+    }
   }
   cv_.notify_all();
   span("submit", submit_ns, base::now_ns(), handle.id().value, 0);
@@ -184,6 +189,20 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
 
 absl::Status ChipRunLane::prepare(Run& run) {
   task::TaskArgs& args = run.exec->args;
+  // Re-check the device tensors now that the run is registered: a free that
+  // slipped in between submit's first check and the registration (e.g. while
+  // the submit waited for a resource set) is visible here, and from now on
+  // every free of these ranges is refused (release_if_unused).
+  for (size_t i = 0; i < args.size(); ++i) {
+    const task::Arg& a = args[i];
+    if (a.direction == task::ArgDirection::kScalar || a.tensor.memory != task::MemoryKind::kDevice)
+      continue;
+    const uint64_t span_bytes = a.tensor.span_bytes();
+    if (span_bytes == 0) continue;
+    if (absl::Status r = device_->check_range(a.tensor.address, span_bytes); !r.ok()) {
+      return base::annotate(r, absl::StrCat("argument ", i, " ", a.tensor.debug_string(), ": "));
+    }
+  }
   size_t staged = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     task::Arg& a = args[i];
@@ -257,6 +276,7 @@ void ChipRunLane::launch_ready_locked() {
       run.shared->state.store(run.state, std::memory_order_release);
       poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
           absl::StrCat("lane poisoned by run ", id, ": ", std::string(run.status.message()))));
+      poisoned_by_ = id;  // runs launched before it still finish with their own result
       continue;
     }
     run.record = std::move(rec).value();
@@ -272,8 +292,9 @@ void ChipRunLane::launch_ready_locked() {
 // Launched runs the device has not finished. A run whose launch record is
 // already signalled no longer occupies the device even before the lane thread
 // reaps it, so a successor's launch never waits on the lane thread's turn.
+// Counted exactly (at most run_grant entries) even below the depth: the count
+// is also each run's reported effective depth.
 int32_t ChipRunLane::launched_on_device_locked() const {
-  if (launched_ < options_.launch_depth) return launched_;
   int32_t n = 0;
   for (const auto& r : runs_) {
     if (r->state == RunState::kLaunched && !r->record->done.is_signaled()) ++n;
@@ -298,8 +319,10 @@ void ChipRunLane::lane_loop() {
       const double timeout_s =
           run.config.timeout_s > 0 ? run.config.timeout_s : options_.operation_timeout_s;
       // Behind a poisoned lane the device was aborted: the run fails with the
-      // poison cause; wait only briefly for the device to drop it.
-      const bool poisoned_before = !poison_.ok();
+      // poison cause; wait only briefly for the device to drop it. A run
+      // launched before the poisoning run (possible when a later launch was
+      // refused) is not behind it: it finishes with its own result.
+      const bool poisoned_before = !poison_.ok() && run.id() > poisoned_by_;
       // When the run is expected to end on the device: it starts when its
       // predecessor ended (or at launch) and lasts as long as this callable's
       // recent runs. 0 = no estimate.
@@ -328,6 +351,7 @@ void ChipRunLane::lane_loop() {
         if (poison_.ok()) {
           poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
               "lane poisoned by run ", run.id(), ": ", std::string(run.status.message()))));
+          poisoned_by_ = run.id();
         }
         device_->abort(run.status);
         // The abort releases hung tasks; give the device a bounded moment to say
@@ -354,7 +378,7 @@ void ChipRunLane::lane_loop() {
         // one stalled run does not push the next reaps late.
         if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
         absl::Status st = rec->done.status();
-        if (!poison_.ok()) {
+        if (!poison_.ok() && run.id() > poisoned_by_) {
           // Launched behind the run that poisoned the lane.
           run.status = poison_;
         } else if (!st.ok() && base::is_unrecoverable(st)) {
@@ -362,6 +386,7 @@ void ChipRunLane::lane_loop() {
           run.quarantine = true;  // device state unknown
           poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
               absl::StrCat("lane poisoned by run ", run.id(), ": ", std::string(st.message()))));
+          poisoned_by_ = run.id();
           device_->abort(poison_);
         } else {
           run.status = st;
@@ -496,7 +521,8 @@ void ChipRunLane::finalize(Run& run) {
   span("retire", retire_start, base::now_ns(), run.id(), 1);
 }
 
-absl::Status ChipRunLane::check_not_in_use(uint64_t address, uint64_t bytes) const {
+absl::Status ChipRunLane::release_if_unused(uint64_t address, uint64_t bytes,
+                                            absl::FunctionRef<absl::Status()> release) {
   base::MutexLock lock(mu_);
   for (const auto& [id, range] : quarantined_ranges_) {
     if (range.first < address + bytes && address < range.second) {
@@ -515,7 +541,7 @@ absl::Status ChipRunLane::check_not_in_use(uint64_t address, uint64_t bytes) con
       }
     }
   }
-  return absl::OkStatus();
+  return release();
 }
 
 void ChipRunLane::wait_idle() {

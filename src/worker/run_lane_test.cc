@@ -65,9 +65,24 @@ TEST_P(PipelineDepth, ThousandPipelinedRunsEachProduceTheirOwnResult) {
     const RunTiming& b = hs[i].result().timing;
     ASSERT_LE(a.device_end_ns, b.device_start_ns) << "run " << i;
     ASSERT_LE(a.finalize_ns, b.finalize_ns);
-    EXPECT_LE(hs[i].result().effective_depth, depth());
     EXPECT_EQ(hs[i].result().requested_depth, depth());
     EXPECT_EQ(hs[i].result().report.tasks_completed, 2u);
+  }
+  // The depth, from timestamps alone: run i launches only after run i - depth
+  // ended on the device (end is stamped before the record is signalled).
+  // Its effective depth counts at least every earlier run still running on the
+  // device when it launched, and at most the depth.
+  for (int i = 0; i < kRuns; ++i) {
+    const RunResult& r = hs[i].result();
+    if (i >= depth()) {
+      ASSERT_GE(r.timing.launch_ns, hs[i - depth()].result().timing.device_end_ns) << "run " << i;
+    }
+    int still_running = 0;
+    for (int j = std::max(0, i - depth()); j < i; ++j) {
+      if (hs[j].result().timing.device_end_ns > r.timing.launch_ns) ++still_running;
+    }
+    ASSERT_GE(r.effective_depth, 1 + still_running) << "run " << i;
+    ASSERT_LE(r.effective_depth, depth()) << "run " << i;
   }
   EXPECT_TRUE(w.close().ok());
 }
@@ -338,6 +353,13 @@ TEST(Pipeline, ResourceCountsStayConsistentThroughARandomizedFaultRun) {
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(samples.load(), 10);
   EXPECT_GT(refused, 0);
+  // End state: every set came back except run 70's, which the device fault
+  // left unproven (quarantined, still counted).
+  ArenaCounts end = w.resources();
+  EXPECT_EQ(end.live, 0);
+  EXPECT_EQ(end.quarantined, 1);
+  EXPECT_EQ(end.free, end.grant - 1);
+  EXPECT_EQ(end.grant, 4);
 }
 
 TEST(Pipeline, TraceHasHostAndDeviceSpansCarryingTheRunId) {

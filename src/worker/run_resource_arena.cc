@@ -5,7 +5,28 @@
 namespace simpler::worker {
 
 RunResourceArena::RunResourceArena(device::Device* device, int32_t grant)
-    : device_(device), grant_(grant), sets_(static_cast<size_t>(grant)) {}
+    : device_(device), grant_(grant), sets_(static_cast<size_t>(grant)) {
+  base::MutexLock lock(mu_);
+  free_ = grant;
+}
+
+int32_t& RunResourceArena::count_of(SetState state) {
+  switch (state) {
+    case SetState::kFree:
+      return free_;
+    case SetState::kLive:
+      return live_;
+    case SetState::kQuarantined:
+      break;
+  }
+  return quarantined_;
+}
+
+void RunResourceArena::move_to(Set& set, SetState to) {
+  --count_of(set.state);
+  ++count_of(to);
+  set.state = to;
+}
 
 RunResourceArena::~RunResourceArena() {
   base::MutexLock lock(mu_);
@@ -25,7 +46,7 @@ absl::StatusOr<base::SlotRef> RunResourceArena::acquire(const base::Deadline& de
     int32_t quarantined = 0;
     for (size_t i = 0; i < sets_.size(); ++i) {
       if (sets_[i].state == SetState::kFree) {
-        sets_[i].state = SetState::kLive;
+        move_to(sets_[i], SetState::kLive);
         ++sets_[i].generation;
         return base::SlotRef{static_cast<uint32_t>(i), sets_[i].generation};
       }
@@ -71,7 +92,7 @@ absl::Status RunResourceArena::release(base::SlotRef ref) {
   {
     base::MutexLock lock(mu_);
     if (absl::Status s = check_live(ref); !s.ok()) return s;
-    sets_[ref.index].state = SetState::kFree;
+    move_to(sets_[ref.index], SetState::kFree);
   }
   cv_.notify_all();
   return absl::OkStatus();
@@ -80,7 +101,7 @@ absl::Status RunResourceArena::release(base::SlotRef ref) {
 absl::Status RunResourceArena::quarantine(base::SlotRef ref) {
   base::MutexLock lock(mu_);
   if (absl::Status s = check_live(ref); !s.ok()) return s;
-  sets_[ref.index].state = SetState::kQuarantined;
+  move_to(sets_[ref.index], SetState::kQuarantined);
   cv_.notify_all();  // waiters re-check "all quarantined"
   return absl::OkStatus();
 }
@@ -105,22 +126,10 @@ absl::StatusOr<StagingBuffer> RunResourceArena::staging(base::SlotRef ref, size_
 
 ArenaCounts RunResourceArena::counts() const {
   base::MutexLock lock(mu_);
-  ArenaCounts c;
-  c.grant = static_cast<int32_t>(sets_.size());
-  for (const auto& s : sets_) {
-    switch (s.state) {
-      case SetState::kFree:
-        ++c.free;
-        break;
-      case SetState::kLive:
-        ++c.live;
-        break;
-      case SetState::kQuarantined:
-        ++c.quarantined;
-        break;
-    }
-  }
-  return c;
+  // Kept per transition (move_to), not recounted from the sets: a transition
+  // that forgot its bookkeeping shows up as counts that no longer sum to the
+  // grant.
+  return ArenaCounts{free_, live_, quarantined_, grant_};
 }
 
 void RunResourceArena::shutdown() {

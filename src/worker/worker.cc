@@ -27,10 +27,16 @@ absl::Status WorkerOptions::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("WorkerOptions.launch_depth ", launch_depth, " < 1"));
   }
+  if (launch_depth > kMaxRunGrant) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WorkerOptions.launch_depth ", launch_depth, " above ", kMaxRunGrant,
+        " (the depth may not exceed the run grant, which is at most ", kMaxRunGrant, ")"));
+  }
   const int32_t grant = effective_grant();
   if (run_grant < 0 || grant > kMaxRunGrant) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WorkerOptions.run_grant ", run_grant, " outside [1, ", kMaxRunGrant, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.run_grant ", run_grant,
+                                                   " outside [1, ", kMaxRunGrant,
+                                                   "] (0 = launch_depth + 1)"));
   }
   if (grant < launch_depth) {
     return absl::InvalidArgumentError(
@@ -152,10 +158,15 @@ absl::Status Worker::free(const DeviceBuffer& buffer) {
       return absl::NotFoundError(absl::StrCat("free of 0x", absl::Hex(buffer.address),
                                               ": not a live buffer of this Worker"));
     }
-    SIMPLER_RETURN_IF_ERROR(chip_->lane().check_not_in_use(it->first, it->second));
+    // Checked and freed as one step under the lane's lock, so no run can
+    // register these bytes in between (a run registered after it re-checks
+    // its tensors at prepare and is refused).
+    const uint64_t address = it->first;
+    SIMPLER_RETURN_IF_ERROR(chip_->lane().release_if_unused(
+        address, it->second, [&] { return chip_->device().free(address); }));
     buffers_.erase(it);
   }
-  return chip_->device().free(buffer.address);
+  return absl::OkStatus();
 }
 
 absl::Status Worker::copy_to(const DeviceBuffer& dst, const void* src, uint64_t bytes,

@@ -1,5 +1,7 @@
 #include "simpler/worker/worker.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -14,6 +16,8 @@ namespace {
 using testing::affine_args;
 using testing::affine_program;
 using testing::counts_consistent;
+using testing::gate_args;
+using testing::gate_program;
 using testing::sleep_program;
 
 bool contains(const absl::Status& s, const std::string& needle) {
@@ -159,6 +163,33 @@ TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
   EXPECT_TRUE(w.free(b).ok());
 }
 
+// A submit that checked its tensors, then waited for a resource set while
+// the buffer was freed, is refused when its run registers (not executed on
+// freed memory); the free itself succeeds, as no registered run named it.
+TEST(WorkerMemory, FreeWhileASubmitWaitsForASetRefusesThatSubmit) {
+  Worker w(opts(1, 1));
+  auto gate = w.register_callable(gate_program());
+  auto h = w.register_callable(touch_program());
+  ASSERT_TRUE(w.init().ok());
+  std::atomic<bool> open{false};
+  RunHandle holder = *w.submit(*gate, gate_args(open));  // takes the only set
+  DeviceBuffer b = *w.malloc(4);
+  task::TaskArgs a;
+  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kInOut)
+      .add_scalar_i64(0);
+  absl::StatusOr<RunHandle> waiting = absl::UnknownError("not submitted");
+  std::thread submitter([&] { waiting = w.submit(*h, a); });  // blocks in admission
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(w.free(b).ok());
+  open = true;
+  submitter.join();
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kInvalidArgument) << waiting.status();
+  EXPECT_TRUE(contains(waiting.status(), "argument 0")) << waiting.status();
+  EXPECT_TRUE(contains(waiting.status(), "not inside a live allocation")) << waiting.status();
+  EXPECT_TRUE(holder.wait().ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
 TEST(WorkerSubmit, DeviceTensorOutsideAnyAllocationIsRefusedAtSubmit) {
   Worker w(opts());
   auto h = w.register_callable(touch_program());
@@ -259,28 +290,39 @@ TEST(WorkerFaults, KernelErrorFailsOnlyItsRunAndCountersReturnToBaseline) {
   EXPECT_TRUE(w.close().ok());  // the error was delivered
 }
 
-TEST(WorkerFaults, DeviceFaultPoisonsTheLane) {
-  WorkerOptions o = opts(2, 4);
+class WorkerFaultsPlacement : public ::testing::TestWithParam<task::GraphPlacement> {};
+
+// Run 0 holds the device (gated) while runs 1-3 are launched behind it at
+// depth 4; run 1's second task raises a device fault once the gate opens.
+TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
+  WorkerOptions o = opts(4, 5);
+  o.placement = GetParam();
   o.faults = *device::FaultPlan::parse("run=1:task=1:kind=device_fault:code=507018");
   Worker w(o);
+  auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(affine_program(3));
   ASSERT_TRUE(w.init().ok());
+  std::atomic<bool> open{false};
+  RunHandle first = *w.submit(*gate, gate_args(open));
   int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
   std::vector<RunHandle> hs;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 1; i < 4; ++i) {
     auto r = w.submit(*h, affine_args(&in[i], &out[i], 0));
-    if (!r.ok()) break;  // refused once the poison landed
+    ASSERT_TRUE(r.ok()) << r.status();
     hs.push_back(*r);
   }
-  ASSERT_GE(hs.size(), 2u);
-  EXPECT_TRUE(hs[0].wait().ok());
-  absl::Status s = hs[1].wait();
+  EXPECT_EQ(w.lane_stats().launched, 4);  // all four sit on the device stream
+  open = true;
+  EXPECT_TRUE(first.wait().ok());
+  absl::Status s = hs[0].wait();
   EXPECT_TRUE(base::is_unrecoverable(s));
   EXPECT_TRUE(contains(s, "run 1 task 1 (kernel 'affine')")) << s;
   EXPECT_TRUE(contains(s, "507018")) << s;
-  for (size_t i = 2; i < hs.size(); ++i) {
+  for (size_t i = 1; i < hs.size(); ++i) {
     absl::Status later = hs[i].wait();
-    EXPECT_TRUE(contains(later, "lane poisoned by run 1")) << later;
+    EXPECT_TRUE(base::is_unrecoverable(later)) << later;
+    EXPECT_TRUE(contains(later, "lane poisoned by run 1: ")) << later;
+    EXPECT_EQ(out[i + 1], 0) << "run " << i + 1 << " must not have executed";
   }
   auto refused = w.submit(*h, affine_args(&in[0], &out[0], 0));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -288,7 +330,68 @@ TEST(WorkerFaults, DeviceFaultPoisonsTheLane) {
   ArenaCounts c = w.resources();
   EXPECT_TRUE(counts_consistent(c));
   EXPECT_EQ(c.quarantined, 1);
+  const auto close_start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(w.close().ok());  // every error above was delivered
+  EXPECT_LT(std::chrono::steady_clock::now() - close_start, std::chrono::seconds(5));
+  c = w.resources();
+  EXPECT_EQ(c.live, 0);
+  EXPECT_EQ(c.quarantined, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothPlacements, WorkerFaultsPlacement,
+                         ::testing::Values(task::GraphPlacement::kDevice,
+                                           task::GraphPlacement::kHost));
+
+// A kernel error fails its run only, in either placement.
+TEST_P(WorkerFaultsPlacement, KernelErrorFailsOnlyItsRun) {
+  WorkerOptions o = opts(2);
+  o.placement = GetParam();
+  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=kernel_error:code=3");
+  Worker w(o);
+  auto h = w.register_callable(affine_program(2));
+  ASSERT_TRUE(w.init().ok());
+  int64_t in[3] = {1, 2, 3}, out[3] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 3; ++i) hs.push_back(*w.submit(*h, affine_args(&in[i], &out[i], 1)));
+  EXPECT_TRUE(hs[0].wait().ok());
+  absl::Status s = hs[1].wait();
+  EXPECT_FALSE(base::is_unrecoverable(s));
+  EXPECT_TRUE(contains(s, "injected kernel_error, code 3")) << s;
+  EXPECT_TRUE(hs[2].wait().ok());
+  EXPECT_EQ(out[0], 4);
+  EXPECT_EQ(out[2], 10);
+  EXPECT_EQ(w.resources().quarantined, 0);
   EXPECT_TRUE(w.close().ok());
+}
+
+// The stream refuses run 1's launch while run 0 still executes: run 1 fails
+// with the launch error (returned by the submit that launched it), later
+// submits are refused with the poison, and run 0 — launched before — still
+// finishes with its own result.
+TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
+  WorkerOptions o = opts(4, 5);
+  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=launch_refused");
+  Worker w(o);
+  auto gate = w.register_callable(gate_program());
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  std::atomic<bool> open{false};
+  RunHandle first = *w.submit(*gate, gate_args(open));
+  int64_t in = 5, out = 0;
+  auto refused = w.submit(*h, affine_args(&in, &out, 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_TRUE(contains(refused.status(), "run 1 launch: stream refused the launch of run 1"))
+      << refused.status();
+  auto behind = w.submit(*h, affine_args(&in, &out, 1));
+  EXPECT_EQ(behind.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(behind.status(), "lane poisoned by run 1: ")) << behind.status();
+  open = true;
+  EXPECT_TRUE(first.wait().ok()) << first.wait();
+  EXPECT_EQ(first.result().terminal_state, RunState::kCompleted);
+  EXPECT_EQ(out, 0);            // run 1 never reached the device
+  EXPECT_TRUE(w.close().ok());  // both errors were delivered by submit
+  EXPECT_EQ(w.resources().live, 0);
+  EXPECT_EQ(w.resources().quarantined, 0);  // nothing of run 1 reached the device
 }
 
 TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {

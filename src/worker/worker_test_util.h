@@ -1,6 +1,7 @@
 // Shared helpers of the worker tests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -20,6 +21,34 @@ inline absl::Status affine_kernel(const task::KernelContext& ctx) {
 inline absl::Status sleep_kernel(const task::KernelContext& ctx) {
   std::this_thread::sleep_for(std::chrono::microseconds(ctx.scalar_i64(0)));
   return absl::OkStatus();
+}
+
+// Waits (sleeping 50 µs at a time) until the std::atomic<bool> whose address
+// is scalar(0) is true: a run that stays on the device until the test opens
+// its gate.
+inline absl::Status gate_kernel(const task::KernelContext& ctx) {
+  const auto* open =
+      reinterpret_cast<const std::atomic<bool>*>(static_cast<uintptr_t>(ctx.scalar_i64(0)));
+  while (!open->load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return absl::OkStatus();
+}
+
+inline task::ChipCallable gate_program() {
+  return task::ChipCallable{"gate",
+                            [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              task::TaskArgs a;
+                              a.add_scalar_i64(args.scalar_i64(0));
+                              return ctx.submit(0, a);
+                            },
+                            {{"gate", gate_kernel}}};
+}
+
+inline task::TaskArgs gate_args(const std::atomic<bool>& open) {
+  task::TaskArgs a;
+  a.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&open)));
+  return a;
 }
 
 // A program of `tasks` affine tasks (a chain over the run's HOST args: in -> out),

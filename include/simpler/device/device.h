@@ -95,7 +95,9 @@ class Stream {
  public:
   virtual ~Stream() = default;
   // Enqueues a launch of `fn` for run `run_id`; returns its record at once.
-  // FAILED_PRECONDITION when the device was aborted or closed.
+  // FAILED_PRECONDITION when the device was aborted or closed; UNAVAILABLE
+  // when the stream refuses the launch (sim: an injected launch_refused).
+  // On an error nothing was enqueued.
   virtual absl::StatusOr<std::shared_ptr<LaunchRecord>> launch(uint64_t run_id, LaunchFn fn) = 0;
   // Enqueues a host function executed in stream order (used for ordered
   // copies); returns its record.

@@ -16,7 +16,10 @@ namespace simpler::device {
 //                unrecoverable, poisons the lane.
 //  kHang:        the task never finishes until the device is aborted (operation
 //                timeout or close); unrecoverable. Stays interruptible.
-enum class FaultKind : uint8_t { kKernelError, kDeviceFault, kHang };
+//  kLaunchRefused: the stream refuses to enqueue the run (Stream::launch
+//                returns UNAVAILABLE); nothing of the run reaches the device.
+//                Applies to the whole run: `task` must be 0.
+enum class FaultKind : uint8_t { kKernelError, kDeviceFault, kHang, kLaunchRefused };
 
 std::string_view name_of(FaultKind kind);
 
@@ -38,11 +41,12 @@ class FaultPlan {
 
   // Parses the SIMPLER_SIM_FAULTS syntax: comma-separated faults, each a
   // colon-separated list of key=value with keys run, task, kind
-  // (kernel_error|device_fault|hang) and optional code, e.g.
+  // (kernel_error|device_fault|hang|launch_refused) and optional code, e.g.
   //   run=3:task=7:kind=device_fault:code=507018,run=5:task=0:kind=hang
   // An empty string is an empty plan. INVALID_ARGUMENT names the offending
   // fault and key (unknown key, missing run/task/kind, non-numeric or negative
-  // number, unknown kind, duplicate run/task pair).
+  // number, unknown kind, duplicate run/task pair, launch_refused with a task
+  // other than 0).
   static absl::StatusOr<FaultPlan> parse(std::string_view text);
 
   // The plan from the environment variable SIMPLER_SIM_FAULTS (empty when unset).

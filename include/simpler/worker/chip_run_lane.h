@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/sync.h"
@@ -69,14 +70,24 @@ class ChipRunLane {
   // Errors found here are returned here: INVALID_ARGUMENT (bad args/config,
   // tensor outside any live allocation, null HOST pointer), FAILED_PRECONDITION
   // ("lane poisoned by run N: ...", closed lane), DEADLINE_EXCEEDED (no
-  // resource set by `admission`), device allocation errors while staging.
+  // resource set by `admission`), device allocation errors while staging,
+  // and the stream's refusal of this run's launch when the launch happened in
+  // this call ("run N launch: ..."; it poisons the lane). A launch refused
+  // later (by the lane thread) is the run's error, delivered by its handle.
+  // Runs launched before a refused launch finish with their own results.
   absl::StatusOr<RunHandle> submit(const task::ChipCallable* callable, const task::TaskArgs& args,
                                    const task::CallConfig& config,
                                    const base::Deadline& admission = base::Deadline::forever());
 
+  // Frees device memory unless a run still uses it, as one step: returns
   // FAILED_PRECONDITION naming the run when a run that is not retired names a
-  // tensor inside [address, address + bytes) in its arguments.
-  absl::Status check_not_in_use(uint64_t address, uint64_t bytes) const;
+  // tensor inside [address, address + bytes) in its arguments, or a
+  // quarantined run named one (then until close); otherwise returns
+  // `release()`, called under the lane's lock. A submit that checked its
+  // tensors before the free and registers its run after it re-checks them at
+  // prepare and is refused, so no run ever executes on freed memory.
+  absl::Status release_if_unused(uint64_t address, uint64_t bytes,
+                                 absl::FunctionRef<absl::Status()> release);
 
   // Waits until every run admitted so far has finished on the device.
   void wait_idle();
@@ -118,6 +129,7 @@ class ChipRunLane {
   // Relaxed: a hint for whether to take a second look; publishes nothing.
   std::atomic<int32_t> launched_now_{0};
   absl::Status poison_ SIMPLER_GUARDED_BY(mu_);
+  uint64_t poisoned_by_ SIMPLER_GUARDED_BY(mu_) = 0;  // the run whose error set poison_
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
   uint64_t retired_ SIMPLER_GUARDED_BY(mu_) = 0;

@@ -49,7 +49,9 @@ struct SelfCheckResult {
 
 // Registers every callable of `lib` on a fresh Worker made from `options`,
 // runs every self-check (submitting all checks back to back, so they pipeline
-// at launch_depth > 1) and compares each output with the program's reference.
+// at launch_depth > 1: inputs and outputs are HOST tensors, staged by each run
+// at prepare and copied back at finalize, so no copy waits for earlier runs)
+// and compares each output with the program's reference.
 // Errors: Worker errors, run errors (naming the check), shape mismatches.
 absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrary& lib,
                                                              const WorkerOptions& options,

@@ -49,7 +49,10 @@ struct RunResult {
   RunTiming timing;
   chip::RunReport report;  // tasks submitted/completed and per-task device timing
   int32_t requested_depth = 1;
-  int32_t effective_depth = 0;  // runs launched-but-incomplete on the lane when it launched
+  // Runs on the device stream when this run launched, itself included: 1 +
+  // earlier runs launched and not yet finished by the device (their launch
+  // records unsignalled). In [1, requested_depth]; 0 = never launched.
+  int32_t effective_depth = 0;
 };
 
 // State shared by a run's lane entry and its handles. Internal.

@@ -60,6 +60,7 @@ class RunResourceArena {
   // enough. Errors: stale ref (FAILED_PRECONDITION) or device allocation errors.
   absl::StatusOr<StagingBuffer> staging(base::SlotRef ref, size_t index, uint64_t bytes);
 
+  // free + live + quarantined == grant at every instant (one lock).
   ArenaCounts counts() const;
   int32_t grant() const { return grant_; }
 
@@ -74,6 +75,9 @@ class RunResourceArena {
     std::vector<StagingBuffer> buffers;
   };
   absl::Status check_live(base::SlotRef ref) const SIMPLER_REQUIRES(mu_);
+  int32_t& count_of(SetState state) SIMPLER_REQUIRES(mu_);
+  // The only way a set changes state: keeps the per-state counts.
+  void move_to(Set& set, SetState to) SIMPLER_REQUIRES(mu_);
 
   device::Device* device_;
   mutable base::Mutex mu_;
@@ -81,6 +85,9 @@ class RunResourceArena {
   const int32_t grant_;  // sets_.size(), fixed at construction
   std::vector<Set> sets_ SIMPLER_GUARDED_BY(mu_);
   bool shutdown_ SIMPLER_GUARDED_BY(mu_) = false;
+  int32_t free_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int32_t live_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int32_t quarantined_ SIMPLER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace simpler::worker

@@ -29,8 +29,10 @@ struct WorkerOptions {
   std::string platform = "sim";  // device backend
   int32_t device_id = 0;
   int32_t num_cores = 0;     // 0 = hardware threads - 1
-  int32_t launch_depth = 1;  // >= 1 (invariant 6)
-  int32_t run_grant = 0;     // 0 = launch_depth + 1; otherwise in [launch_depth, kMaxRunGrant]
+  int32_t launch_depth = 1;  // in [1, kMaxRunGrant] (invariant 6)
+  // Run resource sets. 0 = launch_depth + 1 (kMaxRunGrant when the depth is
+  // kMaxRunGrant); otherwise in [launch_depth, kMaxRunGrant].
+  int32_t run_grant = 0;
   double operation_timeout_s = 60;   // per-run device time limit once at the stream head
   uint64_t device_memory_bytes = 0;  // sim heap capacity; 0 = host-limited
   // CPUs for the sim device's threads; empty = unrestricted. See
@@ -44,10 +46,14 @@ struct WorkerOptions {
   base::TraceRecorder* trace = nullptr;  // not owned; must outlive the Worker
 
   // INVALID_ARGUMENT naming the field: level != 2, unknown platform, negative
-  // ids or cores, depth < 1, grant below the depth ("run_grant 1 is below
-  // launch_depth 2") or above kMaxRunGrant, NaN/non-positive/infinite timeout.
+  // ids or cores, depth < 1 or above kMaxRunGrant, grant below the depth
+  // ("run_grant 1 is below launch_depth 2") or above kMaxRunGrant,
+  // NaN/non-positive/infinite timeout.
   absl::Status validate() const;
-  int32_t effective_grant() const { return run_grant == 0 ? launch_depth + 1 : run_grant; }
+  int32_t effective_grant() const {
+    if (run_grant != 0) return run_grant;
+    return launch_depth >= kMaxRunGrant ? launch_depth : launch_depth + 1;
+  }
 };
 
 // A registered callable.
@@ -113,7 +119,10 @@ class Worker {
   // before init / after close.
   absl::StatusOr<DeviceBuffer> malloc(uint64_t bytes);
   // FAILED_PRECONDITION naming the run when a run that has not retired names
-  // the buffer in its arguments; NOT_FOUND for an unknown buffer.
+  // the buffer in its arguments, or when a quarantined run named it (then
+  // until close(): its device use was never proven finished); NOT_FOUND for an
+  // unknown buffer. Atomic with respect to submit: a run admitted after the
+  // free is refused at submit (its tensor is no longer a live allocation).
   absl::Status free(const DeviceBuffer& buffer);
   // Copies between host memory and a buffer (bytes at `offset`). Ordered after
   // every run submitted before: waits for them to finish on the device first.
