@@ -264,7 +264,9 @@ Runner add_generate_command(CLI::App& app) {
               << " prompt + " << stats.generated_tokens << " generated tokens in " << stats.total_ms
               << " ms (prefill " << stats.prefill_ms << " ms, decode " << stats.decode_ms << " ms, "
               << tok_s << " generated tokens/s; launch depth " << stats.requested_depth
-              << ", effective " << stats.effective_depth << ")\n";
+              << ", effective " << stats.effective_depth << ", up to " << stats.max_steps_in_flight
+              << " steps in flight"
+              << (stats.serial_launch ? ", serial launch for host sampling" : "") << ")\n";
 
     if (st->common.json) {
       nlohmann::json reqs = nlohmann::json::array();
@@ -299,6 +301,8 @@ Runner add_generate_command(CLI::App& app) {
                               {"generated_tokens_per_s", tok_s}}},
                             {"launch_depth", st->common.launch_depth},
                             {"effective_depth", stats.effective_depth},
+                            {"max_steps_in_flight", stats.max_steps_in_flight},
+                            {"serial_launch", stats.serial_launch},
                             {"host_sampling", st->host_sampling}};
       std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       std::printf("%s\n", dumped.c_str());

@@ -247,6 +247,7 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   GenerateResult result;
   GenerateStats& stats = result.stats;
   stats.requested_depth = options_.worker.launch_depth;
+  stats.serial_launch = serial;
   if (serial && options_.worker.launch_depth > 1) {
     SIMPLER_LOG_WARN(
         "decode: host sampling needs each step's logits on the host first; falling back to "
@@ -366,6 +367,8 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     SIMPLER_ASSIGN_OR_RETURN(st.handle, worker_->submit(decode_, a));
     inflight.push_back(std::move(st));
     ++stats.steps;
+    stats.max_steps_in_flight =
+        std::max(stats.max_steps_in_flight, static_cast<int32_t>(inflight.size()));
     return true;
   };
 

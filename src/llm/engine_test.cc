@@ -4,7 +4,9 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "simpler/base/log.h"
 #include "simpler/llm/make_model.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
 
 namespace simpler::llm {
 namespace {
@@ -76,9 +78,36 @@ TEST_F(EngineTest, TokensAreIdenticalAtEveryDepthAndWithHostSampling) {
       if (baseline.empty()) baseline = tokens;
       EXPECT_EQ(tokens, baseline) << "depth " << depth << " host sampling " << host;
       EXPECT_LE(r->stats.effective_depth, host ? 1.0 : depth);
+      // Device-side token feedback enqueues up to `depth` steps before the
+      // host reads the first one back; host sampling launches serially.
+      EXPECT_EQ(r->stats.max_steps_in_flight, host ? 1 : depth) << "depth " << depth;
+      EXPECT_EQ(r->stats.serial_launch, host);
       ASSERT_TRUE(e->close().ok());
     }
   }
+}
+
+TEST_F(EngineTest, HostSamplingFallsBackToSerialLaunchAndSaysSo) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  base::logger().sinks().push_back(sink);
+  GenerateOptions go;
+  go.max_new_tokens = 3;
+  go.host_sampling = true;
+  auto e = engine(2, 4, Qwen3Engine::pages_for(prompts(), 3, 4));
+  auto r = e->generate(prompts(), go);
+  base::logger().sinks().pop_back();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->stats.serial_launch);
+  EXPECT_EQ(r->stats.max_steps_in_flight, 1);
+  EXPECT_EQ(r->stats.requested_depth, 2);
+  bool warned = false;
+  for (const std::string& line : sink->last_formatted()) {
+    warned =
+        warned || line.find("falling back to serial launch (effective depth 1, requested 2)") !=
+                      std::string::npos;
+  }
+  EXPECT_TRUE(warned) << "no serial-launch warning was logged";
+  ASSERT_TRUE(e->close().ok());
 }
 
 TEST_F(EngineTest, CloneRequestsNeverSharePagesOrResults) {

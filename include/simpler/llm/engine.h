@@ -76,6 +76,11 @@ struct GenerateStats {
   std::vector<double> device_step_us;  // device time per step (run start..end)
   int32_t requested_depth = 1;         // the Worker's launch_depth
   double effective_depth = 0;          // mean RunResult::effective_depth over the steps
+  // Most steps submitted and not yet read back by the host at once: the
+  // launch depth when steps are enqueued before their predecessors' tokens
+  // are read (device-side token feedback), 1 with serial launch.
+  int32_t max_steps_in_flight = 0;
+  bool serial_launch = false;  // host sampling forced serial launch (and a warning)
 };
 
 struct GenerateResult {
