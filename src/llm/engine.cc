@@ -413,7 +413,9 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
       }
       if (tok < 0 || tok >= d.vocab_size) {
         return absl::InternalError(
-            absl::StrCat("decode step produced token id ", tok, " outside the vocabulary"));
+            absl::StrCat("decode run ", st.handle.id().value, " produced token id ", tok,
+                         " for request ", st.row_req[st.logit_rows[j]], " (generated token ", step,
+                         ") outside the vocabulary [0, ", d.vocab_size, ")"));
       }
       q.out.tokens.push_back(tok);
       ++stats.generated_tokens;

@@ -123,7 +123,9 @@ absl::Status CallConfig::validate() const {
         "CallConfig.timeout_s must be finite and >= 0 (0 = Worker default), got ", timeout_s));
   }
   if (static_cast<uint8_t>(placement) > static_cast<uint8_t>(GraphPlacement::kHost)) {
-    return absl::InvalidArgumentError("CallConfig.placement is not a GraphPlacement");
+    return absl::InvalidArgumentError(
+        absl::StrCat("CallConfig.placement ", static_cast<int>(placement),
+                     " is not a GraphPlacement (0 default, 1 device, 2 host)"));
   }
   return absl::OkStatus();
 }

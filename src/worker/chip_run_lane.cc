@@ -43,7 +43,7 @@ bool is_terminal(RunState s) {
 
 }  // namespace
 
-struct ChipRunLane::Run {
+struct ChipRun {
   std::shared_ptr<RunShared> shared;
   std::shared_ptr<Exec> exec;
   task::CallConfig config;
@@ -98,7 +98,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   if (callable == nullptr) return absl::InvalidArgumentError("submit: no callable");
   SIMPLER_RETURN_IF_ERROR(config.validate());
   SIMPLER_RETURN_IF_ERROR(args.validate());
-  auto run = std::make_unique<Run>();
+  auto run = std::make_unique<ChipRun>();
   for (size_t i = 0; i < args.size(); ++i) {
     const task::Arg& a = args[i];
     if (a.direction == task::ArgDirection::kScalar) continue;
@@ -137,7 +137,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   run->exec->host_built = placement == task::GraphPlacement::kHost;
   run->config = config;
   run->timing.submit_ns = submit_ns;
-  Run* r = run.get();
+  ChipRun* r = run.get();
   {
     base::MutexLock lock(mu_);
     absl::Status refuse;
@@ -187,7 +187,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   return handle;
 }
 
-absl::Status ChipRunLane::prepare(Run& run) {
+absl::Status ChipRunLane::prepare(ChipRun& run) {
   task::TaskArgs& args = run.exec->args;
   // Re-check the device tensors now that the run is registered: a free that
   // slipped in between submit's first check and the registration (e.g. while
@@ -214,7 +214,7 @@ absl::Status ChipRunLane::prepare(Run& run) {
       continue;
     }
     SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged++, bytes));
-    Run::Staged s{a.tensor.address, buf.address, bytes, a.direction};
+    ChipRun::Staged s{a.tensor.address, buf.address, bytes, a.direction};
     if (a.direction != task::ArgDirection::kOut) {
       SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(
           buf.address, reinterpret_cast<const void*>(static_cast<uintptr_t>(s.host)), bytes));
@@ -242,7 +242,7 @@ absl::Status ChipRunLane::prepare(Run& run) {
 
 void ChipRunLane::launch_ready_locked() {
   for (auto& up : runs_) {
-    Run& run = *up;
+    ChipRun& run = *up;
     if (run.state == RunState::kLaunched || is_terminal(run.state)) continue;
     if (!poison_.ok()) {
       // A run still being prepared belongs to its submitter, which cancels it
@@ -285,7 +285,9 @@ void ChipRunLane::launch_ready_locked() {
     ++launched_;
     launched_now_.store(launched_, std::memory_order_relaxed);
     run.effective_depth = on_device + 1;
-    span("launch", run.timing.launch_ns, base::now_ns(), id, 0);
+    // Launched by a submitting caller (tid 0) or by the lane thread after a reap (tid 1).
+    span("launch", run.timing.launch_ns, base::now_ns(), id,
+         std::this_thread::get_id() == thread_.get_id() ? 1 : 0);
   }
 }
 
@@ -310,7 +312,7 @@ void ChipRunLane::lane_loop() {
       cv_.wait(lock);
       continue;
     }
-    Run& run = *runs_.front();
+    ChipRun& run = *runs_.front();
     if (run.state == RunState::kLaunched) {
       // Reap: wait for the device outside the lock, bounded by the operation timeout.
       std::shared_ptr<device::LaunchRecord> rec = run.record;
@@ -401,11 +403,11 @@ void ChipRunLane::lane_loop() {
     }
     // Finalize and retire the head run outside the lock.
     // The head stays in runs_ (terminal, so nothing else acts on it) until popped.
-    Run* head = runs_.front().get();
+    ChipRun* head = runs_.front().get();
     lock.native().unlock();
     finalize(*head);
     lock.native().lock();
-    std::unique_ptr<Run> owned = std::move(runs_.front());
+    std::unique_ptr<ChipRun> owned = std::move(runs_.front());
     runs_.pop_front();
     if (owned->quarantine) {
       // Device use not proven finished: its buffers stay in use until the device closes.
@@ -478,7 +480,7 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
   return rec.done.wait(deadline);
 }
 
-void ChipRunLane::finalize(Run& run) {
+void ChipRunLane::finalize(ChipRun& run) {
   const int64_t start = base::now_ns();
   RunResult& res = run.shared->result;
   if (run.status.ok()) {

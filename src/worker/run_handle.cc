@@ -42,6 +42,15 @@ absl::Status RunHandle::wait(double timeout_s) const {
 absl::Status RunHandle::wait() const { return wait(std::numeric_limits<double>::infinity()); }
 
 const RunResult& RunHandle::result() const {
+  if (!shared_) {
+    static const RunResult* const kEmpty = [] {
+      auto* r = new RunResult;
+      r->status = absl::FailedPreconditionError("result of an empty RunHandle");
+      r->terminal_state = RunState::kCancelled;
+      return r;
+    }();
+    return *kEmpty;
+  }
   shared_->finalized.wait(base::Deadline::forever());
   shared_->delivered.store(true, std::memory_order_release);
   return shared_->result;

@@ -235,6 +235,19 @@ TEST(RunHandleWait, TimeoutTable) {
   EXPECT_EQ(r.state(), RunState::kRetired);
 }
 
+TEST(RunHandleWait, AnEmptyHandleAnswersEveryCallWithoutARun) {
+  RunHandle empty;
+  EXPECT_FALSE(empty.valid());
+  EXPECT_TRUE(empty.done());
+  EXPECT_EQ(empty.state(), RunState::kCancelled);
+  EXPECT_EQ(empty.id().value, 0u);
+  EXPECT_EQ(empty.wait().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(empty.wait(0.1).code(), absl::StatusCode::kFailedPrecondition);
+  const RunResult& r = empty.result();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(r.status, "empty RunHandle")) << r.status;
+}
+
 TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
   WorkerOptions o = opts();
   o.faults = *device::FaultPlan::parse("run=0:task=1:kind=kernel_error");

@@ -31,9 +31,7 @@ namespace simpler::llm {
 struct EngineOptions {
   worker::WorkerOptions worker;  // device, cores, launch depth, grant, timeout, trace
   int32_t page_size = 16;        // tokens per KV page (> 0)
-  // KV pages in the pool; 0 = sized for the requests of generate(): the sum
-  // over requests of pages_needed(prompt + max_new_tokens).
-  int32_t num_pages = 0;
+  // The pool's size is create()'s `num_pages` (see pages_for()).
 };
 
 // Per-request output.
@@ -94,8 +92,10 @@ struct GenerateResult {
 class Qwen3Engine {
  public:
   // Loads config, weights (converted to f32) and uploads them. `max_batch`
-  // requests at most per step; `num_pages` pages of options.page_size tokens.
-  // Errors name the file and tensor (see ModelWeights) or the option.
+  // requests at most per step; `num_pages` (> 0) pages of options.page_size
+  // tokens in the KV pool, allocated once on the device (pages_for() sizes it
+  // for a set of requests). Errors name the file and tensor (see
+  // ModelWeights) or the option (INVALID_ARGUMENT for num_pages <= 0).
   static absl::StatusOr<std::unique_ptr<Qwen3Engine>> create(const std::string& model_dir,
                                                              const EngineOptions& options,
                                                              int32_t max_batch, int32_t num_pages);

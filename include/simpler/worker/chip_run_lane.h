@@ -47,6 +47,11 @@ struct LaneStats {
   int32_t launched = 0;       // launched, completion not yet observed
 };
 
+// One run's lane-side state: identity, state, resource set, staged tensors,
+// launch record, timing (ARCHITECTURE.md's `ChipRun`). Defined and owned by
+// the lane; nothing outside it keeps a copy.
+struct ChipRun;
+
 // Owns the runs of one lane (one device stream): FIFO admission, run identity,
 // prepare -> launch -> reap -> finalize -> retire, terminal states, poison,
 // drain and close — all under one mutex (`mu_`). A lane thread reaps launched
@@ -104,15 +109,14 @@ class ChipRunLane {
   int32_t launch_depth() const { return options_.launch_depth; }
 
  private:
-  struct Run;
   void lane_loop();
   void launch_ready_locked() SIMPLER_REQUIRES(mu_);
   int32_t launched_on_device_locked() const SIMPLER_REQUIRES(mu_);
-  void finalize(Run& run);
+  void finalize(ChipRun& run);
   // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
   bool await_record(device::LaunchRecord& rec, int64_t expected_end,
                     const base::Deadline& deadline);
-  absl::Status prepare(Run& run);
+  absl::Status prepare(ChipRun& run);
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
 
   device::Device* device_;
@@ -122,7 +126,7 @@ class ChipRunLane {
 
   mutable base::Mutex mu_;
   base::CondVar cv_;  // lane thread: a run launched / closing; waiters: a run retired
-  std::deque<std::unique_ptr<Run>> runs_ SIMPLER_GUARDED_BY(mu_);  // admitted, not retired
+  std::deque<std::unique_ptr<ChipRun>> runs_ SIMPLER_GUARDED_BY(mu_);  // admitted, not retired
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
   int32_t launched_ SIMPLER_GUARDED_BY(mu_) = 0;
   // launched_, for the lane thread to read while it waits outside mu_.

@@ -74,11 +74,17 @@ class RunHandle {
   RunHandle() = default;
   explicit RunHandle(std::shared_ptr<RunShared> shared) : shared_(std::move(shared)) {}
 
+  // False for a default-constructed (empty) handle. On an empty handle every
+  // call is still defined: id() is RunId{0}, done() is true (there is nothing
+  // to wait for), state() is CANCELLED, wait() and result().status are
+  // FAILED_PRECONDITION ("... empty RunHandle").
   bool valid() const { return shared_ != nullptr; }
-  base::RunId id() const { return shared_->id; }
+  base::RunId id() const { return shared_ ? shared_->id : base::RunId{}; }
   // True once the run is finalized (its result is available).
-  bool done() const { return shared_->finalized.is_signaled(); }
-  RunState state() const { return shared_->state.load(std::memory_order_acquire); }
+  bool done() const { return !shared_ || shared_->finalized.is_signaled(); }
+  RunState state() const {
+    return shared_ ? shared_->state.load(std::memory_order_acquire) : RunState::kCancelled;
+  }
 
   // Waits for the run to finalize and returns its status, delivering it (an
   // error delivered here is not reported again by Worker::close()).
