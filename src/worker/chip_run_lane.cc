@@ -16,21 +16,6 @@ namespace simpler::worker {
 
 namespace {
 
-// What the device executes for one run. Shared by the run and its launch so it
-// outlives a launch that is still unwinding after a timeout.
-struct Exec {
-  const task::ChipCallable* callable = nullptr;
-  task::TaskArgs args;  // HOST tensors already replaced by their staging buffers
-  int32_t max_cores = 0;
-  bool task_timing = true;
-  chip::ChipOptions chip;
-  chip::RunReport report;  // written by the device thread; read after `done`
-  // Host-built placement: the graph image in a run-owned device buffer.
-  bool host_built = false;
-  uint64_t image_address = 0;
-  uint64_t image_bytes = 0;
-};
-
 // Follows a smaller sample at once and a larger one by 1/16 of the excess:
 // for estimates where erring low is cheap and erring high is not.
 void track_low(int64_t& estimate, int64_t sample) {
@@ -45,7 +30,7 @@ bool is_terminal(RunState s) {
 
 struct ChipRun {
   std::shared_ptr<RunShared> shared;
-  std::shared_ptr<Exec> exec;
+  RunRecords* records = nullptr;  // in the run's resource set
   task::CallConfig config;
   base::SlotRef set;
   RunState state = RunState::kAccepted;  // guarded by the lane's mu_
@@ -125,16 +110,25 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
 
   // Admission: identity and FIFO position.
   run->shared = std::make_shared<RunShared>();
-  run->exec = std::make_shared<Exec>();
-  run->exec->callable = callable;
-  run->exec->args = args;
-  run->exec->max_cores = config.max_cores;
-  run->exec->task_timing = config.task_timing;
-  run->exec->chip = options_.chip;
+  // The run's records live in its set: reused from the set's previous run
+  // (retired, so the device is done with them), capacity included.
+  absl::StatusOr<RunRecords*> records = arena_->records(run->set);
+  if (!records.ok()) {
+    (void)arena_->release(run->set);
+    return records.status();
+  }
+  RunRecords& rec = **records;
+  rec.reset();
+  rec.callable = callable;
+  rec.args = args;
+  rec.max_cores = config.max_cores;
+  rec.task_timing = config.task_timing;
+  rec.chip = options_.chip;
+  run->records = &rec;
   task::GraphPlacement placement = config.placement;
   if (placement == task::GraphPlacement::kDefault) placement = callable->placement;
   if (placement == task::GraphPlacement::kDefault) placement = options_.placement;
-  run->exec->host_built = placement == task::GraphPlacement::kHost;
+  rec.host_built = placement == task::GraphPlacement::kHost;
   run->config = config;
   run->timing.submit_ns = submit_ns;
   ChipRun* r = run.get();
@@ -188,7 +182,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
 }
 
 absl::Status ChipRunLane::prepare(ChipRun& run) {
-  task::TaskArgs& args = run.exec->args;
+  task::TaskArgs& args = run.records->args;
   // Re-check the device tensors now that the run is registered: a free that
   // slipped in between submit's first check and the registration (e.g. while
   // the submit waited for a resource set) is visible here, and from now on
@@ -223,19 +217,19 @@ absl::Status ChipRunLane::prepare(ChipRun& run) {
     a.tensor.address = buf.address;
     a.tensor.memory = task::MemoryKind::kDevice;
   }
-  if (run.exec->host_built) {
+  if (run.records->host_built) {
     // Host-built graph: orchestrate here and place the image in a run-owned buffer.
     int32_t cores = device_->caps().num_cores;
-    if (run.exec->max_cores > 0) cores = std::min(cores, run.exec->max_cores);
+    if (run.records->max_cores > 0) cores = std::min(cores, run.records->max_cores);
     SIMPLER_ASSIGN_OR_RETURN(
         std::vector<uint8_t> image,
         chip::build_graph_image(
-            *run.exec->callable, args, run.exec->chip, cores, run.id(),
+            *run.records->callable, args, run.records->chip, cores, run.id(),
             [this](uint64_t a, uint64_t b) { return device_->check_range(a, b); }));
     SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged, image.size()));
     SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address, image.data(), image.size()));
-    run.exec->image_address = buf.address;
-    run.exec->image_bytes = image.size();
+    run.records->image_address = buf.address;
+    run.records->image_bytes = image.size();
   }
   return absl::OkStatus();
 }
@@ -257,17 +251,20 @@ void ChipRunLane::launch_ready_locked() {
     if (run.state != RunState::kPrepared) break;  // FIFO: an earlier run is still preparing
     const int32_t on_device = launched_on_device_locked();
     if (on_device >= options_.launch_depth) break;
-    std::shared_ptr<Exec> exec = run.exec;
+    // The device reads and writes the run's records in its set, which is not
+    // reused before the run retired (or ever, once quarantined) and outlives
+    // the device's threads (the arena is destroyed after the device closed).
+    RunRecords* records = run.records;
     const uint64_t id = run.id();
     run.timing.launch_ns = base::now_ns();
-    auto rec = stream_->launch(id, [exec](device::ExecContext& ctx) {
-      if (exec->host_built) {
-        return chip::execute_graph_image(ctx, *exec->callable, exec->image_address,
-                                         exec->image_bytes, exec->chip, exec->max_cores,
-                                         exec->task_timing, &exec->report);
+    auto rec = stream_->launch(id, [records](device::ExecContext& ctx) {
+      const RunRecords& r = *records;
+      if (r.host_built) {
+        return chip::execute_graph_image(ctx, *r.callable, r.image_address, r.image_bytes, r.chip,
+                                         r.max_cores, r.task_timing, &records->report);
       }
-      return chip::execute_run(ctx, *exec->callable, exec->args, exec->chip, exec->max_cores,
-                               exec->task_timing, &exec->report);
+      return chip::execute_run(ctx, *r.callable, r.args, r.chip, r.max_cores, r.task_timing,
+                               &records->report);
     });
     if (!rec.ok()) {
       run.status = base::mark_unrecoverable(
@@ -329,7 +326,7 @@ void ChipRunLane::lane_loop() {
       // predecessor ended (or at launch) and lasts as long as this callable's
       // recent runs. 0 = no estimate.
       int64_t expected_end = 0;
-      if (auto it = run_ns_estimate_.find(run.exec->callable);
+      if (auto it = run_ns_estimate_.find(run.records->callable);
           it != run_ns_estimate_.end() && !poisoned_before) {
         expected_end = std::max(run.timing.launch_ns, last_device_end_ns_) + it->second;
       }
@@ -373,7 +370,7 @@ void ChipRunLane::lane_loop() {
         run.timing.device_end_ns = rec->end_ns;
         last_device_end_ns_ = rec->end_ns;
         const int64_t took = rec->end_ns - rec->start_ns;
-        auto [est, fresh] = run_ns_estimate_.emplace(run.exec->callable, took);
+        auto [est, fresh] = run_ns_estimate_.emplace(run.records->callable, took);
         // Sleeping past the end delays the host (and, at depth 1, the next
         // launch), waking early only costs a poll: follow shorter runs at once,
         // longer ones slowly (a sample counts at most twice the estimate), so
@@ -494,7 +491,9 @@ void ChipRunLane::finalize(ChipRun& run) {
       }
     }
   }
-  if (run.record_done) res.report = std::move(run.exec->report);
+  // A copy: the set keeps the report's capacity for its next run, so the
+  // device does not allocate for it in steady state.
+  if (run.record_done) res.report = run.records->report;
   res.id = run.shared->id;
   res.status = run.status;
   res.terminal_state = run.state;
@@ -509,7 +508,7 @@ void ChipRunLane::finalize(ChipRun& run) {
                          run.timing.device_end_ns - run.timing.device_start_ns, 1, 0,
                          static_cast<int64_t>(run.id()), -1});
     for (const auto& t : res.report.tasks) {
-      options_.trace->add({run.exec->callable->kernels[t.kernel].name, "device", t.start_ns,
+      options_.trace->add({run.records->callable->kernels[t.kernel].name, "device", t.start_ns,
                            t.end_ns - t.start_ns, 1, 1 + t.core, static_cast<int64_t>(run.id()),
                            t.task});
     }

@@ -124,6 +124,26 @@ absl::StatusOr<StagingBuffer> RunResourceArena::staging(base::SlotRef ref, size_
   return b;
 }
 
+void RunRecords::reset() {
+  callable = nullptr;
+  args.clear();
+  max_cores = 0;
+  task_timing = true;
+  chip = chip::ChipOptions{};
+  host_built = false;
+  image_address = 0;
+  image_bytes = 0;
+  report.tasks_submitted = 0;
+  report.tasks_completed = 0;
+  report.tasks.clear();
+}
+
+absl::StatusOr<RunRecords*> RunResourceArena::records(base::SlotRef ref) {
+  base::MutexLock lock(mu_);
+  if (absl::Status s = check_live(ref); !s.ok()) return s;
+  return sets_[ref.index].records.get();
+}
+
 ArenaCounts RunResourceArena::counts() const {
   base::MutexLock lock(mu_);
   // Kept per transition (move_to), not recounted from the sets: a transition

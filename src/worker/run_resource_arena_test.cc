@@ -47,6 +47,35 @@ TEST_F(ArenaTest, StaleGenerationIsRefused) {
   EXPECT_TRUE(a.release(r2).ok());
 }
 
+// A set's records belong to the run holding the set: a stale reference gets
+// none, the next holder of a released set gets the same records (capacity
+// kept), and a quarantined set's records are never handed out again.
+TEST_F(ArenaTest, RunRecordsFollowTheSetAndStayWithAQuarantinedOne) {
+  RunResourceArena a(dev_.get(), 2);
+  auto r1 = *a.acquire(base::Deadline::forever());
+  auto r2 = *a.acquire(base::Deadline::forever());
+  RunRecords* rec1 = *a.records(r1);
+  RunRecords* rec2 = *a.records(r2);
+  EXPECT_NE(rec1, rec2);
+  rec1->report.tasks.resize(100);
+  ASSERT_TRUE(a.release(r1).ok());
+  EXPECT_EQ(a.records(r1).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto r3 = *a.acquire(base::Deadline::forever());
+  ASSERT_EQ(r3.index, r1.index);
+  RunRecords* rec3 = *a.records(r3);
+  EXPECT_EQ(rec3, rec1);
+  rec3->reset();
+  EXPECT_TRUE(rec3->report.tasks.empty());
+  EXPECT_GE(rec3->report.tasks.capacity(), 100u);  // no allocation for the next run
+  ASSERT_TRUE(a.quarantine(r2).ok());
+  ASSERT_TRUE(a.release(r3).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto r = *a.acquire(base::Deadline::forever());
+    EXPECT_NE(*a.records(r), rec2) << "a quarantined set's records were reused";
+    ASSERT_TRUE(a.release(r).ok());
+  }
+}
+
 TEST_F(ArenaTest, AcquireBlocksUntilAReleaseOrItsDeadline) {
   RunResourceArena a(dev_.get(), 1);
   auto r = *a.acquire(base::Deadline::forever());

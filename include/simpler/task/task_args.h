@@ -50,6 +50,7 @@ class TaskArgs {
   }
 
   size_t size() const { return args_.size(); }
+  void clear() { args_.clear(); }  // removes every argument; keeps the capacity
   const Arg& operator[](size_t i) const { return args_[i]; }
   Arg& operator[](size_t i) { return args_[i]; }
   const std::vector<Arg>& args() const { return args_; }

@@ -2,13 +2,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/ids.h"
 #include "simpler/base/sync.h"
+#include "simpler/chip/chip_runtime.h"
 #include "simpler/device/device.h"
+#include "simpler/task/callable.h"
+#include "simpler/task/task_args.h"
 
 namespace simpler::worker {
 
@@ -21,6 +25,30 @@ struct StagingBuffer {
   uint64_t capacity = 0;  // bytes
 };
 
+// What the device reads and writes for one run, kept in the run's resource
+// set (ARCHITECTURE.md invariant 3): the launch descriptor with the run's
+// arguments and scalars (HOST tensors already replaced by their staging
+// buffers), where its graph image is (host-built placement), and the
+// device-written report (task counts, per-task timing: the device-side result
+// and diagnostic records). Written by the run's submitter at prepare, by the
+// device while the run executes, read by the lane once the device finished
+// (the launch record's event orders them). The set's next run reuses it, with
+// its capacity, only after this run retired; a quarantined set's records are
+// never reused, so a device still writing them harms nothing.
+struct RunRecords {
+  const task::ChipCallable* callable = nullptr;
+  task::TaskArgs args;
+  int32_t max_cores = 0;  // 0 = all cores
+  bool task_timing = true;
+  chip::ChipOptions chip;
+  bool host_built = false;
+  uint64_t image_address = 0;  // host-built: the graph image in a staging buffer
+  uint64_t image_bytes = 0;
+  chip::RunReport report;
+  // Clears everything for the set's next run; vectors keep their capacity.
+  void reset();
+};
+
 // Counts of an arena's sets; free + live + quarantined == grant always
 // (ARCHITECTURE.md invariant 3).
 struct ArenaCounts {
@@ -31,8 +59,9 @@ struct ArenaCounts {
 };
 
 // `run_grant` resource sets. A set holds what one run owns while the device
-// may use it (staging buffers for HOST tensors and any other run-owned device
-// buffers); it belongs to exactly one run from prepare to retire. A set whose
+// may use it (staging buffers for HOST tensors and the graph image, and the
+// run's RunRecords: arguments, scalars, device-written report and timing);
+// it belongs to exactly one run from prepare to retire. A set whose
 // device use cannot be proven finished is quarantined: never reused, still
 // counted. Every handed-out set carries a generation; a SlotRef with a stale
 // generation is refused (invariant 10).
@@ -62,6 +91,10 @@ class RunResourceArena {
 
   // free + live + quarantined == grant at every instant (one lock).
   ArenaCounts counts() const;
+
+  // The records of live set `ref` (stable address for the arena's lifetime).
+  // FAILED_PRECONDITION for a stale or non-live reference.
+  absl::StatusOr<RunRecords*> records(base::SlotRef ref);
   int32_t grant() const { return grant_; }
 
   // Wakes blocked acquire() calls, which then fail; later ones fail at once.
@@ -73,6 +106,7 @@ class RunResourceArena {
     SetState state = SetState::kFree;
     uint32_t generation = 0;
     std::vector<StagingBuffer> buffers;
+    std::unique_ptr<RunRecords> records = std::make_unique<RunRecords>();
   };
   absl::Status check_live(base::SlotRef ref) const SIMPLER_REQUIRES(mu_);
   int32_t& count_of(SetState state) SIMPLER_REQUIRES(mu_);
