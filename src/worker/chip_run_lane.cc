@@ -495,6 +495,7 @@ void ChipRunLane::finalize(ChipRun& run) {
   // device does not allocate for it in steady state.
   if (run.record_done) res.report = run.records->report;
   res.id = run.shared->id;
+  res.resource_set = run.set;
   res.status = run.status;
   res.terminal_state = run.state;
   res.effective_depth = run.effective_depth;

@@ -59,6 +59,18 @@ TEST_P(PipelineDepth, ThousandPipelinedRunsEachProduceTheirOwnResult) {
     EXPECT_EQ(hs[i].id().value, static_cast<uint64_t>(i));
   }
   for (int i = 0; i < kRuns; ++i) ASSERT_EQ(out[i], 3 * i + 7) << "run " << i;
+  // Identity: RunId plus the generation of the set it held. Runs that held
+  // the same set got strictly increasing generations; at most grant sets.
+  std::map<uint32_t, uint32_t> last_generation;
+  for (int i = 0; i < kRuns; ++i) {
+    const base::SlotRef set = hs[i].result().resource_set;
+    ASSERT_LT(set.index, static_cast<uint32_t>(depth() + 1)) << "run " << i;
+    auto [it, fresh] = last_generation.emplace(set.index, set.generation);
+    if (!fresh) {
+      ASSERT_GT(set.generation, it->second) << "run " << i << " reused a set generation";
+      it->second = set.generation;
+    }
+  }
   // FIFO and serial device: run k+1 starts on the device after run k ended.
   for (int i = 1; i < kRuns; ++i) {
     const RunTiming& a = hs[i - 1].result().timing;

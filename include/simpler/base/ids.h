@@ -7,7 +7,8 @@
 namespace simpler::base {
 
 // Identity of one run on one lane: its 0-based submission sequence number.
-// Plain value, thread-compatible.
+// A run's full identity adds the generation of the resource set it held
+// (worker::RunResult::resource_set). Plain value, thread-compatible.
 struct RunId {
   uint64_t value = 0;
   friend bool operator==(RunId a, RunId b) = default;

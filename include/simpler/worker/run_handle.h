@@ -44,6 +44,10 @@ struct RunTiming {
 // What a finished run reports.
 struct RunResult {
   base::RunId id;
+  // The resource set the run held (index and generation): with `id`, the
+  // run's full identity. Every lane operation on the set names this
+  // generation and a stale one is refused (ARCHITECTURE.md invariant 10).
+  base::SlotRef resource_set;
   absl::Status status;
   RunState terminal_state = RunState::kCompleted;
   RunTiming timing;
