@@ -232,6 +232,43 @@ TEST(Pipeline, PredictedReapsStillBoundDevicePolls) {
   ASSERT_TRUE(b.wait(5.0).ok());
 }
 
+TEST(Pipeline, SecondLookIsDecidedWhenTakenNotWhenTheWaitBegan) {
+  // Run A overruns its prediction. Its successor B is launched only after the
+  // lane began waiting for A (at depth 2 the host usually launches the
+  // successor mid-run). The lane must still take its second timed look past
+  // the predicted end before sleeping on the event: three polls for A, the
+  // third counted as the lane goes to sleep on A's event — reached while A is
+  // still held on the device, so this does not depend on timing. (Deciding
+  // when the wait began gave two: first look, then the event.)
+  Worker w(opts(2));
+  auto gate = w.register_callable(testing::gate_program());
+  auto sleep = w.register_callable(sleep_program());
+  ASSERT_TRUE(w.init().ok());
+  {  // teach the lane that the gate program takes ~100 ms
+    std::atomic<bool> open{false};
+    RunHandle e = *w.submit(*gate, testing::gate_args(open));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    open = true;
+    ASSERT_TRUE(e.wait().ok());
+  }
+  const uint64_t before = w.lane_stats().device_polls;
+  std::atomic<bool> open{false};
+  RunHandle a = *w.submit(*gate, testing::gate_args(open));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the lane is waiting for A
+  RunHandle b = *w.submit(*sleep, sleep_args(1'000));
+  EXPECT_EQ(b.state(), RunState::kLaunched);  // queued on the device behind A
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (w.lane_stats().device_polls - before < 3 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(w.lane_stats().device_polls - before, 3u) << "no second look before the event";
+  EXPECT_FALSE(a.done());
+  open = true;
+  ASSERT_TRUE(a.wait().ok());
+  ASSERT_TRUE(b.wait().ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
 TEST(Pipeline, RunMuchShorterThanPredictedIsReapedWhenItEnds) {
   // The lane predicts a callable's run time from its recent runs. A run far
   // shorter than that (a stale estimate) must be reaped when the device
