@@ -52,7 +52,10 @@ Runner add_bench_commands(CLI::App& app) {
 
   auto* decode = bench->add_subcommand("decode", "decode step time and weight bandwidth");
   decode->add_option("--model", st->model, "model directory")->required();
-  decode->add_option("--steps", st->steps, "decode steps to time")->check(CLI::PositiveNumber);
+  // The first step feeds the prompt; the timed decode phase is the steps after it.
+  decode
+      ->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
+      ->check(CLI::Range(2, 1000000));
   decode->add_option("--batch", st->batch, "requests per step")->check(CLI::PositiveNumber);
   st->decode_common.add_to(decode);
 
@@ -62,8 +65,8 @@ Runner add_bench_commands(CLI::App& app) {
       base::TraceRecorder trace;
       auto rows = bench_dispatch(st->dispatch_common.worker_options(&trace), st->tasks);
       if (!rows.ok()) {
-        std::cerr << "simpler bench dispatch: " << rows.status().message() << "\n";
-        return 1;
+        return fail_with_trace("bench dispatch", rows.status(), trace,
+                               st->dispatch_common.trace_path);
       }
       if (st->dispatch_common.json) {
         nlohmann::json out = nlohmann::json::array();
@@ -92,8 +95,8 @@ Runner add_bench_commands(CLI::App& app) {
       auto rows = bench_pipeline(options, depths, d, host_us, st->runs,
                                  st->pin == "auto" ? PinMode::kAuto : PinMode::kOff);
       if (!rows.ok()) {
-        std::cerr << "simpler bench pipeline: " << rows.status().message() << "\n";
-        return 1;
+        return fail_with_trace("bench pipeline", rows.status(), trace,
+                               st->pipeline_common.trace_path);
       }
       if (st->pipeline_common.json) {
         for (const auto& r : *rows) std::printf("%s\n", to_json(r).dump().c_str());

@@ -231,7 +231,9 @@ Runner add_generate_command(CLI::App& app) {
     const int64_t t0 = base::now_ns();
     auto engine =
         llm::Qwen3Engine::create(st->model, eo, static_cast<int32_t>(prompts.size()), pages);
-    if (!engine.ok()) return fail("generate", engine.status());
+    if (!engine.ok()) {
+      return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
+    }
     const double load_s = (base::now_ns() - t0) / 1e9;
     std::cerr << "simpler generate: loaded " << st->model << " in " << load_s << " s; "
               << prompts.size() << " request(s), " << pages << " KV pages of " << st->page_size
@@ -256,8 +258,8 @@ Runner add_generate_command(CLI::App& app) {
     };
     auto res = (*engine)->generate(prompts, go);
     absl::Status closed = (*engine)->close();
-    if (!res.ok()) return fail("generate", res.status());
-    if (!closed.ok()) return fail("generate", closed);
+    if (!res.ok()) return fail_with_trace("generate", res.status(), trace, st->common.trace_path);
+    if (!closed.ok()) return fail_with_trace("generate", closed, trace, st->common.trace_path);
     const auto& stats = res->stats;
     const double tok_s = stats.total_ms > 0 ? stats.generated_tokens / (stats.total_ms / 1e3) : 0;
     std::cerr << "simpler generate: " << stats.steps << " steps, " << stats.prompt_tokens
@@ -331,13 +333,14 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>{1});
   const int32_t pages = llm::Qwen3Engine::pages_for(prompts, steps, eo.page_size);
   auto engine = llm::Qwen3Engine::create(model, eo, batch, pages);
-  if (!engine.ok()) return fail("bench decode", engine.status());
+  if (!engine.ok())
+    return fail_with_trace("bench decode", engine.status(), trace, common.trace_path);
   llm::GenerateOptions go;
   go.max_new_tokens = steps;
   auto res = (*engine)->generate(prompts, go);
   absl::Status closed = (*engine)->close();
-  if (!res.ok()) return fail("bench decode", res.status());
-  if (!closed.ok()) return fail("bench decode", closed);
+  if (!res.ok()) return fail_with_trace("bench decode", res.status(), trace, common.trace_path);
+  if (!closed.ok()) return fail_with_trace("bench decode", closed, trace, common.trace_path);
   // memcpy bandwidth in this process, same run: copy a buffer the size of the weights (capped).
   const uint64_t wbytes = (*engine)->weight_bytes_per_step();
   const size_t bytes = static_cast<size_t>(std::min<uint64_t>(wbytes, 512ull << 20));

@@ -30,8 +30,7 @@ Runner add_run_command(CLI::App& app) {
     base::TraceRecorder trace;
     auto results = worker::run_self_checks(*lib, st->common.worker_options(&trace), st->repeats);
     if (!results.ok()) {
-      std::cerr << "simpler run: " << results.status().message() << "\n";
-      return 1;
+      return fail_with_trace("run", results.status(), trace, st->common.trace_path);
     }
     double max_err = 0;
     bool all = true;

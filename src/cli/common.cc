@@ -44,4 +44,11 @@ bool write_trace(const base::TraceRecorder& trace, const std::string& path) {
   return true;
 }
 
+int fail_with_trace(const std::string& cmd, const absl::Status& error,
+                    const base::TraceRecorder& trace, const std::string& path) {
+  (void)write_trace(trace, path);  // a failure to write is reported on its own line
+  std::cerr << "simpler " << cmd << ": " << error.message() << "\n";
+  return 1;
+}
+
 }  // namespace simpler::cli

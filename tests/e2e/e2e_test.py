@@ -18,18 +18,26 @@ Scenarios (`--list` prints them):
                         8 heads / 2 KV heads (groups of 4), 3 layers, vocab 12000
   writer_launch_depth2  the writer_untied_f32 shape with another seed, clones at
                         --launch-depth 1, 2 and 4, distinct prompts at depth 4 (tokens must
-                        equal the reference at every depth)
+                        equal the reference at every depth); --host-sampling at depth 2 falls
+                        back to serial launch (one step in flight) with the same tokens
   writer_host_built     head_dim != hidden/heads, one KV head, host-built task graphs
                         (--graph-placement host) at depth 1 and 2
   make_model_tiny       `simpler make-model --preset tiny` (vocab 151936, tokenizer), with a
                         text prompt in the distinct-prompts batch
   long_prompt           a 2,000-token prompt on the tiny preset: 8 tokens in < 30 s
   cli_errors            error paths a user hits (truncated/missing tensors, bad prompts files,
-                        unknown architecture, out-of-vocabulary ids) and the --json contract
-  run_matmul            `simpler run` of the example matmul library; malformed SIMPLER_SIM_FAULTS
-  run_matmul_fault      `simpler run` with an injected kernel_error in run 0, task 0
+                        unknown architecture, out-of-vocabulary ids, launch depth / run grant
+                        out of bounds) and the --json contract
+  run_matmul            `simpler run` of the example matmul library; malformed SIMPLER_SIM_FAULTS;
+                        --run-grant below / above --launch-depth, --launch-depth above the cap
+  run_matmul_fault      `simpler run` with an injected kernel_error in run 0, task 0; --trace is
+                        written on the failure and holds the failed run
   bench_pipeline        `simpler bench pipeline --json`: one object per (H, depth) row with the
                         issue's keys and sane values, pinned and unpinned; bad options refused
+                        (run grant below the depth, --launch-depth with --depths)
+  trace                 --trace on `run` (depth 2), `generate` (also failing) and `bench
+                        pipeline`: every run's spans, launch order within the depth
+  bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2
 
 Each reference scenario checks, for its checkpoint:
   * 16 clone requests x 127 decode steps (--ignore-eos): every request's tokens equal the
@@ -42,6 +50,8 @@ Each reference scenario checks, for its checkpoint:
     and V separately: relative L2 <= 1e-5 (the reference's [kv_heads][head_dim] flattened);
   * pages: each request holds ceil(processed / page_size) distinct pages inside the pool, and
     no page is held by two requests at once;
+  * each clone run's --json reports its launch depth, max_steps_in_flight equal to it and
+    serial_launch false;
   * `--json` stdout is exactly one JSON object.
 """
 
@@ -379,6 +389,12 @@ def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_p
                  f"expected {CLONES}")
         pb.check(out.get("launch_depth") == depth,
                  f"clones depth {depth}: JSON reports launch_depth {out.get('launch_depth')}")
+        # Device-side token feedback: the engine keeps `depth` steps in flight (127 steps are
+        # plenty to reach it) and never falls back to serial launch.
+        pb.check(out.get("max_steps_in_flight") == depth and out.get("serial_launch") is False,
+                 f"clones depth {depth}: max_steps_in_flight {out.get('max_steps_in_flight')!r} "
+                 f"(expected {depth}), serial_launch {out.get('serial_launch')!r} (expected "
+                 f"false)")
         clone_runs[depth] = (out, err)
 
     # The text prompt's ids (through the CLI's tokenizer), so its K/V positions are known.
@@ -479,8 +495,38 @@ def scenario_writer_untied_f32(ctx):
 
 
 def scenario_writer_launch_depth2(ctx):
+    pb = ctx.problems
     model = ctx.write_model(ctx.path("model"), "--seed", "13", *WRITER_UNTIED)
     check_checkpoint(ctx, model, seed=103, depths=(1, 2, 4))
+
+    # Host sampling needs each step's logits on the host before the next step: at
+    # --launch-depth 2 it falls back to serial launch (one step in flight, a warning) and gives
+    # the tokens device-side sampling gives.
+    prompt = random_prompt(np.random.default_rng(113), CLONE_PROMPT_LEN, 12000)
+    common = ["--prompt-ids", csv(prompt), "--requests", "2", "--max-new-tokens", "12",
+              "--ignore-eos", "--launch-depth", "2"]
+    dev, _, _ = ctx.generate(model, common, "generate depth 2, device sampling")
+    host, err, _ = ctx.generate(model, common + ["--host-sampling"],
+                                "generate depth 2, --host-sampling")
+    pb.check(host.get("max_steps_in_flight") == 1 and host.get("serial_launch") is True
+             and host.get("host_sampling") is True and host.get("launch_depth") == 2,
+             f"--host-sampling at depth 2: max_steps_in_flight "
+             f"{host.get('max_steps_in_flight')!r} (expected 1), serial_launch "
+             f"{host.get('serial_launch')!r} (expected true), host_sampling "
+             f"{host.get('host_sampling')!r}, launch_depth {host.get('launch_depth')!r}")
+    pb.check(host.get("effective_depth") == 1,
+             f"--host-sampling at depth 2: effective_depth {host.get('effective_depth')!r}, "
+             f"expected 1 (serial launch)")
+    pb.check("falling back to serial launch" in err,
+             f"--host-sampling at depth 2: no fallback warning on stderr: {tail(err, 600)!r}")
+    pb.check(dev.get("max_steps_in_flight") == 2 and dev.get("serial_launch") is False,
+             f"device sampling at depth 2: max_steps_in_flight "
+             f"{dev.get('max_steps_in_flight')!r} (expected 2), serial_launch "
+             f"{dev.get('serial_launch')!r} (expected false)")
+    got = [r["tokens"] for r in host.get("requests", [])]
+    want = [r["tokens"] for r in dev.get("requests", [])]
+    pb.check(got == want and len(got) == 2,
+             f"--host-sampling tokens {got} differ from device sampling's {want}")
 
 
 def scenario_writer_host_built(ctx):
@@ -538,6 +584,146 @@ def expect_error(ctx, argv, label, must_contain, *, env=None):
         pb.check(s in last, f"{label}: the error (last stderr line) does not name {s!r}: "
                             f"{last!r}")
     return p
+
+
+def expect_refused_by_parser(ctx, argv, label, must_contain):
+    """argv must be refused while parsing its flags: an error exit, nothing on stdout, no
+    command output on stderr ("simpler <command>: ..."), and stderr names every string of
+    must_contain (CLI11 prints the reason, then a --help hint as its last line)."""
+    pb = ctx.problems
+    p, _ = ctx.run(argv, label=label)
+    log(f"  stderr: {tail(p.stderr, 600).strip()}")
+    pb.check(0 < p.returncode < 128, f"{label}: exit {p.returncode}, expected an error exit "
+                                     f"from the flag parser; stderr: {tail(p.stderr, 400)!r}")
+    pb.check(p.stdout.strip() == "", f"{label}: printed on stdout: {tail(p.stdout, 300)!r}")
+    pb.check("simpler " not in p.stderr,
+             f"{label}: the command ran instead of being refused by the parser: "
+             f"{tail(p.stderr, 400)!r}")
+    for s in must_contain:
+        pb.check(s in p.stderr, f"{label}: stderr does not name {s!r}: {tail(p.stderr, 400)!r}")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Traces (--trace FILE): Chrome trace JSON, one complete event ("ph": "X") per span
+
+
+HOST_SPANS = ("submit", "prepare", "launch", "reap", "finalize", "retire")
+
+
+def span_ns(ev):
+    """(start, end) of a span in integer ns since the trace's origin (ts and dur are µs)."""
+    start = round(ev["ts"] * 1000)
+    return start, start + round(ev["dur"] * 1000)
+
+
+def read_trace(ctx, path, label, stderr=None):
+    """Loads a --trace file and checks its format; returns {run_id: {span name: [event, ...]}}
+    of its complete events, or None when the file is missing or not trace JSON. With `stderr`,
+    the CLI's "wrote trace with N spans" line must count the file's events."""
+    pb = ctx.problems
+    if not pb.check(os.path.isfile(path), f"{label}: --trace wrote no file {path}"):
+        return None
+    try:
+        with open(path) as f:
+            root = json.load(f)
+    except json.JSONDecodeError as e:
+        pb.add(f"{label}: trace {path} is not JSON ({e})")
+        return None
+    if not pb.check(isinstance(root, dict) and isinstance(root.get("traceEvents"), list),
+                    f"{label}: trace {path} is not an object with a 'traceEvents' list"):
+        return None
+    spans = [e for e in root["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    if not pb.check(spans, f"{label}: trace {path} holds no complete ('X') events"):
+        return None
+    if stderr is not None:
+        m = re.search(r"wrote trace with (\d+) spans to (.+)", stderr)
+        if pb.check(m, f"{label}: stderr does not report the trace: {tail(stderr, 400)!r}"):
+            pb.check(int(m.group(1)) == len(spans) and m.group(2).strip() == path,
+                     f"{label}: stderr reports {m.group(1)} spans to {m.group(2).strip()}, the "
+                     f"file {path} holds {len(spans)}")
+    runs, bad = {}, []
+    for e in spans:
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        run_id, cat = args.get("run_id"), e.get("cat")
+        ok = (isinstance(e.get("name"), str) and cat in ("host", "device")
+              and e.get("pid") == (0 if cat == "host" else 1)
+              and all(isinstance(e.get(k), (int, float)) for k in ("ts", "dur"))
+              and e.get("ts", -1) >= 0 and e.get("dur", -1) >= 0
+              and isinstance(run_id, int) and run_id >= 0)
+        if ok and cat == "host":
+            ok = e["name"] in HOST_SPANS
+        if ok and cat == "device" and e["name"] != "run":
+            ok = isinstance(args.get("task"), int) and args["task"] >= 0  # a task span
+        if not ok:
+            bad.append(e)
+            continue
+        runs.setdefault(run_id, {}).setdefault(e["name"], []).append(e)
+    pb.check(not bad, f"{label}: {len(bad)} malformed spans (a host span named other than "
+                      f"{HOST_SPANS}, no args.run_id, a device task span without args.task, "
+                      f"wrong pid, negative ts/dur), e.g. {bad[:3]}")
+    return runs
+
+
+def check_trace_run(pb, label, run_id, spans, *, failed_task=None):
+    """One run's spans: each host span once, one device "run" span, its task spans inside it,
+    and the run's life in order on one clock: submit <= prepare <= launch <= device run <=
+    reap end <= finalize <= retire. With `failed_task`, that task's span must be there."""
+    where = f"{label}: run {run_id}"
+    missing = [n for n in HOST_SPANS + ("run",) if len(spans.get(n, [])) != 1]
+    if not pb.check(not missing, f"{where}: spans {missing} missing or repeated "
+                                 f"(has {sorted((n, len(v)) for n, v in spans.items())})"):
+        return
+    ns = {n: span_ns(spans[n][0]) for n in HOST_SPANS + ("run",)}
+    tasks = [e for n, evs in spans.items() if n not in HOST_SPANS + ("run",) for e in evs]
+    pb.check(tasks, f"{where}: no device task spans")
+    outside = [(e["name"], e["args"]["task"]) for e in tasks
+               if not (ns["run"][0] <= span_ns(e)[0] and span_ns(e)[1] <= ns["run"][1])]
+    pb.check(not outside, f"{where}: task spans {outside[:5]} lie outside the device run span "
+                          f"{ns['run']}")
+    if failed_task is not None:
+        pb.check(any(e["args"]["task"] == failed_task for e in tasks),
+                 f"{where}: no span of the failed task {failed_task} "
+                 f"(tasks {sorted(e['args']['task'] for e in tasks)})")
+    order = [("submit start", ns["submit"][0]), ("prepare start", ns["prepare"][0]),
+             ("prepare end", ns["prepare"][1]), ("launch start", ns["launch"][0]),
+             ("device run start", ns["run"][0]), ("device run end", ns["run"][1]),
+             ("reap end", ns["reap"][1]), ("finalize start", ns["finalize"][0]),
+             ("finalize end", ns["finalize"][1]), ("retire start", ns["retire"][0])]
+    for (a, ta), (b, tb) in zip(order, order[1:]):
+        pb.check(ta <= tb, f"{where}: {a} at {ta} ns is after {b} at {tb} ns")
+
+
+def check_trace_runs(pb, label, runs, expect_ids):
+    """Every run of a completed command: exactly the run ids `expect_ids`, each complete."""
+    if runs is None:
+        return
+    pb.check(sorted(runs) == sorted(expect_ids),
+             f"{label}: trace holds runs {sorted(runs)}, expected {sorted(expect_ids)}")
+    for run_id in sorted(runs):
+        check_trace_run(pb, label, run_id, runs[run_id])
+
+
+def check_launch_order(pb, label, runs, depth, *, expect_early):
+    """At launch depth `depth`, run k launches only after run k - depth ended on the device
+    (at most `depth` runs on the device). With expect_early, some run k also launches before
+    run k - 1 ended on the device: it was enqueued early, not after its predecessor."""
+    if runs is None:
+        return
+    ids = sorted(r for r in runs if len(runs[r].get("launch", [])) == 1
+                 and len(runs[r].get("run", [])) == 1)
+    launch = {r: span_ns(runs[r]["launch"][0])[0] for r in ids}
+    end = {r: span_ns(runs[r]["run"][0])[1] for r in ids}
+    too_early = [(k, launch[k], k - depth, end[k - depth]) for k in ids if k - depth in end
+                 and launch[k] < end[k - depth]]
+    pb.check(not too_early,
+             f"{label}: at launch depth {depth}, runs launched before run k - {depth} ended on "
+             f"the device (run, launch ns, earlier run, its device end ns): {too_early[:5]}")
+    if expect_early:
+        early = [k for k in ids if k - 1 in end and launch[k] < end[k - 1]]
+        pb.check(early, f"{label}: at launch depth {depth} no run launched before its "
+                        f"predecessor ended on the device (launch ns vs previous end ns: "
+                        f"{[(k, launch[k], end[k - 1]) for k in ids if k - 1 in end][:8]})")
 
 
 def scenario_cli_errors(ctx):
@@ -666,6 +852,12 @@ def scenario_cli_errors(ctx):
     expect_error(ctx, gen(sharded, "--prompts-file", pf4), "prompts-file id outside the vocab",
                  ["600", "request 1", "vocab"])
 
+    # Launch depth and run grant out of bounds name the field and its value.
+    expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2", "--run-grant", "1"),
+                 "generate --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
+    expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2000"),
+                 "generate --launch-depth 2000", ["launch_depth 2000", "1024"])
+
 
 def matmul_argv(ctx, *extra):
     if not ctx.matmul_lib:
@@ -693,12 +885,36 @@ def scenario_run_matmul(ctx):
         expect_error(ctx, matmul_argv(ctx), f"SIMPLER_SIM_FAULTS={plan}",
                      ["SIMPLER_SIM_FAULTS", reason], env=env)
 
+    # The run grant: below the launch depth is refused naming both; above it the runs pass
+    # and still at most launch-depth runs are on the device at once.
+    expect_error(ctx, matmul_argv(ctx, "--launch-depth", "2", "--run-grant", "1"),
+                 "run --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
+    expect_error(ctx, matmul_argv(ctx, "--launch-depth", "2000"), "run --launch-depth 2000",
+                 ["launch_depth 2000", "1024"])
+    trace = ctx.path("grant4.trace.json")
+    p, _ = ctx.run_ok(matmul_argv(ctx, "--launch-depth", "2", "--run-grant", "4", "--repeats", "4",
+                                  "--json", "--trace", trace),
+                      label="run --launch-depth 2 --run-grant 4")
+    out = parse_one_json_object(p.stdout, "run --launch-depth 2 --run-grant 4")
+    pb.check(out.get("passed") is True and len(out.get("checks", [])) == 8,
+             f"run --launch-depth 2 --run-grant 4: expected 8 passed checks: {out}")
+    runs = read_trace(ctx, trace, "run --run-grant 4", p.stderr)
+    check_trace_runs(pb, "run --run-grant 4", runs, [c.get("run_id") for c in out["checks"]])
+    check_launch_order(pb, "run --run-grant 4", runs, 2, expect_early=False)
+
 
 def scenario_run_matmul_fault(ctx):
     pb = ctx.problems
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=0:task=0:kind=kernel_error")
-    p = expect_error(ctx, matmul_argv(ctx), "SIMPLER_SIM_FAULTS=run=0:task=0:kind=kernel_error",
-                     ["run 0", "task 0"], env=env)
+    trace = ctx.path("fault.trace.json")
+    p = expect_error(ctx, matmul_argv(ctx, "--trace", trace),
+                     "SIMPLER_SIM_FAULTS=run=0:task=0:kind=kernel_error", ["run 0", "task 0"],
+                     env=env)
+    # The trace is written on failure too, and shows the failed run and its failed task.
+    runs = read_trace(ctx, trace, "failed run's trace", p.stderr)
+    if runs is not None and pb.check(0 in runs, f"failed run's trace: no spans of run 0 "
+                                                f"(runs {sorted(runs)})"):
+        check_trace_run(pb, "failed run's trace", 0, runs[0], failed_task=0)
     pb.check(re.search(r"kernel '[^']+'", p.stderr),
              f"kernel_error: stderr does not name the kernel: {tail(p.stderr, 600)!r}")
     pb.check("kernel_error" in p.stderr or "kernel reported failure" in p.stderr,
@@ -746,6 +962,144 @@ def scenario_bench_pipeline(ctx):
                                          f"an error exit")
         pb.check(what in p.stderr, f"bench pipeline {bad}: stderr does not name {what!r}: "
                                    f"{tail(p.stderr, 400)!r}")
+    bench = [ctx.simpler, "bench", "pipeline", "--runs", "5", "--host-ratios", "0.25"]
+    expect_error(ctx, bench + ["--launch-depth", "2", "--run-grant", "1"],
+                 "bench pipeline --launch-depth 2 --run-grant 1",
+                 ["run_grant 1 is below launch_depth 2"])
+    expect_error(ctx, bench + ["--launch-depth", "2000"], "bench pipeline --launch-depth 2000",
+                 ["launch_depth 2000", "1024"])
+    expect_refused_by_parser(ctx, bench + ["--launch-depth", "2", "--depths", "1"],
+                             "bench pipeline --launch-depth 2 --depths 1",
+                             ["--launch-depth", "--depths", "excludes"])
+    # --launch-depth D is --depths D: one row, at depth D.
+    p, _ = ctx.run_ok(bench + ["--launch-depth", "2", "--run-grant", "4", "--json",
+                               "--device-us", "200"],
+                      label="bench pipeline --launch-depth 2 --run-grant 4")
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    pb.check([r.get("depth") for r in rows] == [2],
+             f"bench pipeline --launch-depth 2: expected one row at depth 2, got {rows}")
+
+
+def scenario_trace(ctx):
+    """--trace FILE on `run`, `generate` and `bench pipeline`: Chrome trace JSON with every
+    run's host and device spans, in the order the launch depth allows; written on failure too."""
+    pb = ctx.problems
+
+    # run at depth 2: 16 runs, early enqueue, at most 2 on the device.
+    trace = ctx.path("run.trace.json")
+    p, _ = ctx.run_ok(matmul_argv(ctx, "--launch-depth", "2", "--repeats", "8", "--json",
+                                  "--trace", trace), label="run --launch-depth 2 --trace")
+    out = parse_one_json_object(p.stdout, "run --launch-depth 2 --trace")
+    pb.check(out.get("passed") is True and len(out.get("checks", [])) == 16,
+             f"run --launch-depth 2: expected 16 passed checks: {out}")
+    runs = read_trace(ctx, trace, "run trace", p.stderr)
+    check_trace_runs(pb, "run trace", runs, [c.get("run_id") for c in out.get("checks", [])])
+    check_launch_order(pb, "run trace", runs, 2, expect_early=True)
+
+    # generate at depth 2: one run per decode step.
+    model = ctx.write_model(ctx.path("model"), "--hidden", "32", "--heads", "2", "--kv-heads", "1",
+                            "--head-dim", "16", "--layers", "2", "--intermediate", "64",
+                            "--vocab", "512", "--dtype", "f32", "--seed", "19", tokenizer=False)
+    gen = ["--prompt-ids", "1,2,3", "--requests", "2", "--max-new-tokens", "8", "--ignore-eos",
+           "--launch-depth", "2"]
+    trace = ctx.path("generate.trace.json")
+    out, err, _ = ctx.generate(model, gen + ["--trace", trace], "generate --trace")
+    steps = (out.get("timing") or {}).get("steps")
+    pb.check(steps == 10, f"generate: {steps} steps, expected 10 (3 prompt + 7 decode)")
+    runs = read_trace(ctx, trace, "generate trace", err)
+    check_trace_runs(pb, "generate trace", runs, range(steps or 0))
+    check_launch_order(pb, "generate trace", runs, 2, expect_early=False)
+
+    # generate failing in step 3: the error as without --trace, and the trace holds the steps
+    # up to the failed one, complete.
+    trace = ctx.path("generate_fault.trace.json")
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=3:task=0:kind=kernel_error")
+    p = expect_error(ctx, [ctx.simpler, "generate", "--model", model, "--json", *gen,
+                           "--trace", trace], "generate with a kernel_error in run 3",
+                     ["run 3", "task 0"], env=env)
+    runs = read_trace(ctx, trace, "failed generate's trace", p.stderr)
+    if runs is not None:
+        for run_id in range(4):
+            if pb.check(run_id in runs, f"failed generate's trace: no spans of run {run_id} "
+                                        f"(runs {sorted(runs)})"):
+                check_trace_run(pb, "failed generate's trace", run_id, runs[run_id],
+                                failed_task=0 if run_id == 3 else None)
+
+    # bench pipeline at depth 2 with H = D / 4: the host is ahead, every run is early.
+    trace = ctx.path("pipeline.trace.json")
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "pipeline", "--runs", "20", "--host-ratios", "0.25",
+                       "--depths", "2", "--device-us", "500", "--json", "--trace", trace],
+                      label="bench pipeline --trace")
+    runs = read_trace(ctx, trace, "bench pipeline trace", p.stderr)
+    check_trace_runs(pb, "bench pipeline trace", runs, range(20))
+    check_launch_order(pb, "bench pipeline trace", runs, 2, expect_early=True)
+
+
+def decode_weight_elements(cfg):
+    """Weights a decode step streams: every layer's, the final norm and the LM head (the
+    embedding table when tied); the embedding lookup reads one row per request."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    layer = 2 * h + 2 * hd + q * h + 2 * kv * h + h * q + 3 * inter * h
+    return cfg["num_hidden_layers"] * layer + h + cfg["vocab_size"] * h
+
+
+def scenario_bench_decode(ctx):
+    """`simpler bench decode --json` at launch depths 1 and 2 on the tiny preset: the keys,
+    positive finite numbers that agree with each other, the depth echoed, a trace."""
+    pb = ctx.problems
+    model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "18",
+                           "--dtype", "bf16")
+    with open(os.path.join(model, "config.json")) as f:
+        weights = decode_weight_elements(json.load(f))
+    keys = {"model", "batch", "steps", "launch_depth", "step_ms", "device_step_ms_p50",
+            "effective_depth", "tokens_per_s", "weight_bytes_per_step", "weight_gb_per_s",
+            "memcpy_gb_per_s", "fraction_of_memcpy"}
+    close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    for depth in (1, 2):
+        label = f"bench decode --launch-depth {depth}"
+        trace = ctx.path(f"decode{depth}.trace.json")
+        p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "4",
+                           "--json", "--launch-depth", str(depth), "--trace", trace], label=label)
+        out = parse_one_json_object(p.stdout, label)
+        log(f"  {out}")
+        if not pb.check(set(out) == keys, f"{label}: keys {sorted(out)}; missing "
+                                          f"{sorted(keys - set(out))}, unexpected "
+                                          f"{sorted(set(out) - keys)}"):
+            continue
+        pb.check(out["launch_depth"] == depth and out["steps"] == 4 and out["batch"] == 1
+                 and out["model"] == model,
+                 f"{label}: echoes launch_depth {out['launch_depth']}, steps {out['steps']}, "
+                 f"batch {out['batch']}, model {out['model']!r}; expected {depth}, 4, 1, "
+                 f"{model!r}")
+        bad = {k: out[k] for k in sorted(keys - {"model"})
+               if not (isinstance(out[k], (int, float)) and not isinstance(out[k], bool)
+                       and math.isfinite(out[k]) and out[k] > 0)}
+        if not pb.check(not bad, f"{label}: not positive finite numbers: {bad}"):
+            continue
+        pb.check(1 <= out["effective_depth"] <= depth,
+                 f"{label}: effective_depth {out['effective_depth']} outside [1, {depth}]")
+        wb = out["weight_bytes_per_step"]
+        pb.check(isinstance(wb, int) and wb in (2 * weights, 4 * weights),
+                 f"{label}: weight_bytes_per_step {wb}, expected the {weights} streamed weights "
+                 f"at 2 or 4 bytes each")
+        # The derived numbers agree with the measured ones.
+        pb.check(close(out["weight_gb_per_s"], wb / (out["device_step_ms_p50"] / 1e3) / 1e9),
+                 f"{label}: weight_gb_per_s {out['weight_gb_per_s']} is not weight bytes / "
+                 f"device step time ({wb} B / {out['device_step_ms_p50']} ms)")
+        pb.check(close(out["fraction_of_memcpy"], out["weight_gb_per_s"] / out["memcpy_gb_per_s"]),
+                 f"{label}: fraction_of_memcpy {out['fraction_of_memcpy']} is not "
+                 f"{out['weight_gb_per_s']} / {out['memcpy_gb_per_s']}")
+        pb.check(close(out["tokens_per_s"], 1e3 / out["step_ms"]),
+                 f"{label}: tokens_per_s {out['tokens_per_s']} is not 1 token per step of "
+                 f"{out['step_ms']} ms")
+        runs = read_trace(ctx, trace, f"{label} trace", p.stderr)
+        check_trace_runs(pb, f"{label} trace", runs, range(4))
+        check_launch_order(pb, f"{label} trace", runs, depth, expect_early=False)
+    # One step is only the prompt's: nothing would be timed.
+    expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model, "--steps",
+                                   "1"], "bench decode --steps 1", ["--steps"])
 
 
 SCENARIOS = {
@@ -759,6 +1113,8 @@ SCENARIOS = {
     "run_matmul": scenario_run_matmul,
     "run_matmul_fault": scenario_run_matmul_fault,
     "bench_pipeline": scenario_bench_pipeline,
+    "trace": scenario_trace,
+    "bench_decode": scenario_bench_decode,
 }
 
 
