@@ -40,10 +40,13 @@ class EngineTest : public ::testing::Test {
     delete dir_;
   }
 
-  std::unique_ptr<Qwen3Engine> engine(int depth, int batch, int pages, int page_size = 4) {
+  std::unique_ptr<Qwen3Engine> engine(
+      int depth, int batch, int pages, int page_size = 4,
+      task::GraphPlacement placement = task::GraphPlacement::kDevice) {
     EngineOptions eo;
     eo.worker.num_cores = 2;
     eo.worker.launch_depth = depth;
+    eo.worker.placement = placement;
     eo.worker.faults.emplace();
     eo.page_size = page_size;
     auto e = Qwen3Engine::create(*dir_, eo, batch, pages);
@@ -84,6 +87,27 @@ TEST_F(EngineTest, TokensAreIdenticalAtEveryDepthAndWithHostSampling) {
       EXPECT_EQ(r->stats.serial_launch, host);
       ASSERT_TRUE(e->close().ok());
     }
+  }
+}
+
+TEST_F(EngineTest, HostBuiltGraphsGiveTheSameTokensAndLogits) {
+  // Both graph placements: orchestration on the device, or on the host at
+  // prepare with the device executing the graph image.
+  GenerateOptions go;
+  go.max_new_tokens = 6;
+  go.logits_steps = {0, 5};
+  std::vector<GenerateResult> results;
+  for (auto placement : {task::GraphPlacement::kDevice, task::GraphPlacement::kHost}) {
+    auto e = engine(2, 4, Qwen3Engine::pages_for(prompts(), 6, 4), 4, placement);
+    auto r = e->generate(prompts(), go);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(e->close().ok());
+    results.push_back(std::move(*r));
+  }
+  ASSERT_EQ(results[0].requests.size(), results[1].requests.size());
+  for (size_t i = 0; i < results[0].requests.size(); ++i) {
+    EXPECT_EQ(results[0].requests[i].tokens, results[1].requests[i].tokens) << "request " << i;
+    EXPECT_EQ(results[0].requests[i].logits, results[1].requests[i].logits) << "request " << i;
   }
 }
 
