@@ -244,10 +244,11 @@ TEST(Pipeline, SecondLookIsDecidedWhenTakenNotWhenTheWaitBegan) {
   auto gate = w.register_callable(testing::gate_program());
   auto sleep = w.register_callable(sleep_program());
   ASSERT_TRUE(w.init().ok());
-  {  // teach the lane that the gate program takes ~100 ms
+  {  // teach the lane that the gate program takes ~300 ms (B below is launched long before A is
+     // predicted to end)
     std::atomic<bool> open{false};
     RunHandle e = *w.submit(*gate, testing::gate_args(open));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     open = true;
     ASSERT_TRUE(e.wait().ok());
   }
