@@ -564,6 +564,9 @@ class SimStream final : public Stream {
         MutexLock launch_lock(device_->launch_mu_);
         SimExecContext ctx(device_, rec.run_id);
         st = item.launch(ctx);
+        // A device fault leaves the device's state unknown: like a real
+        // stream, it executes nothing more (queued items fail as aborted).
+        if (base::is_unrecoverable(st)) device_->abort(st);
       } else {
         st = item.host();
       }

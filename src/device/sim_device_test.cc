@@ -160,6 +160,42 @@ TEST(SimDeviceFaults, DeviceFaultIsUnrecoverableAndCarriesTheCode) {
   EXPECT_NE(st.message().find("507018"), std::string_view::npos);
 }
 
+// A launch ending with an unrecoverable error stops the stream: the device
+// is aborted before the next item starts, so items queued behind the fault
+// never execute and fail as aborted, naming the cause. A recoverable error
+// does not.
+TEST(SimDeviceFaults, TheStreamExecutesNothingBehindAnUnrecoverableLaunch) {
+  auto d = make(1);
+  Stream* s = *d->create_stream();
+  std::atomic<int> ran{0};
+  auto ok = [&](ExecContext&) {
+    ran.fetch_add(1);
+    return absl::OkStatus();
+  };
+  std::atomic<bool> queued{false};  // item 0 holds the stream until all are queued
+  auto recoverable = *s->launch(0, [&](ExecContext&) {
+    while (!queued.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return absl::InternalError("kernel");
+  });
+  auto after_recoverable = *s->launch(1, ok);
+  auto fault = *s->launch(2, [](ExecContext&) {
+    return base::mark_unrecoverable(absl::InternalError("device fault, error code 507018"));
+  });
+  auto behind = *s->launch(3, ok);
+  queued = true;
+  behind->done.wait(base::Deadline::forever());
+  EXPECT_FALSE(recoverable->done.status().ok());
+  EXPECT_TRUE(after_recoverable->done.status().ok());
+  EXPECT_TRUE(d->aborted());
+  EXPECT_EQ(ran.load(), 1);  // only the item behind the recoverable error
+  const absl::Status st = behind->done.status();
+  EXPECT_TRUE(base::is_unrecoverable(st)) << st;
+  EXPECT_NE(st.message().find("device aborted before the item started"), std::string_view::npos)
+      << st;
+  EXPECT_NE(st.message().find("507018"), std::string_view::npos) << st;
+  EXPECT_EQ(s->launch(4, ok).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(SimDeviceFaults, HangEndsOnAbortAndCloseJoinsEveryThread) {
   auto d = make(2, *FaultPlan::parse("run=0:task=0:kind=hang"));
   Stream* s = *d->create_stream();

@@ -251,6 +251,10 @@ void ChipRunLane::launch_ready_locked() {
     if (run.state != RunState::kPrepared) break;  // FIFO: an earlier run is still preparing
     const int32_t on_device = launched_on_device_locked();
     if (on_device >= options_.launch_depth) break;
+    // An unrecoverable error of a run ahead aborted the device (the stream
+    // stops at a device fault): this run stays prepared until the lane reaps
+    // that run, poisons the lane and cancels it with the poison cause.
+    if (device_->aborted()) break;
     // The device reads and writes the run's records in its set, which is not
     // reused before the run retired (or ever, once quarantined) and outlives
     // the device's threads (the arena is destroyed after the device closed).
@@ -267,6 +271,10 @@ void ChipRunLane::launch_ready_locked() {
                                &records->report);
     });
     if (!rec.ok()) {
+      if (device_->aborted()) {  // raced with an abort: as above
+        run.timing.launch_ns = 0;
+        break;
+      }
       run.status = base::mark_unrecoverable(
           base::annotate(rec.status(), absl::StrCat("run ", id, " launch: ")));
       run.state = RunState::kFailed;
@@ -347,7 +355,9 @@ void ChipRunLane::lane_loop() {
             absl::StrCat("run ", run.id(), " did not finish within the operation timeout of ",
                          timeout_s, " s; device aborted")));
         run.quarantine = true;
-        if (poison_.ok()) {
+        // The earliest unrecoverable run names the poison: a later run's
+        // refused launch may have set it first.
+        if (poison_.ok() || run.id() < poisoned_by_) {
           poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
               "lane poisoned by run ", run.id(), ": ", std::string(run.status.message()))));
           poisoned_by_ = run.id();

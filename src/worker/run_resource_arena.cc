@@ -62,11 +62,13 @@ absl::StatusOr<base::SlotRef> RunResourceArena::acquire(const base::Deadline& de
           absl::StrCat("no run resource set became free before the deadline (grant ", sets_.size(),
                        ", ", quarantined, " quarantined)"));
     }
+    ++waiting_;
     if (deadline.is_forever()) {
       cv_.wait(lock);
     } else {
       cv_.wait_until(lock, deadline.at);
     }
+    --waiting_;
   }
 }
 
@@ -149,7 +151,7 @@ ArenaCounts RunResourceArena::counts() const {
   // Kept per transition (move_to), not recounted from the sets: a transition
   // that forgot its bookkeeping shows up as counts that no longer sum to the
   // grant.
-  return ArenaCounts{free_, live_, quarantined_, grant_};
+  return ArenaCounts{free_, live_, quarantined_, grant_, waiting_};
 }
 
 void RunResourceArena::shutdown() {

@@ -179,12 +179,18 @@ TEST(WorkerMemory, FreeWhileASubmitWaitsForASetRefusesThatSubmit) {
       .add_scalar_i64(0);
   absl::StatusOr<RunHandle> waiting = absl::UnknownError("not submitted");
   std::thread submitter([&] { waiting = w.submit(*h, a); });  // blocks in admission
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Free only once the submit passed its first check and waits for a set.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (w.resources().waiting == 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(w.resources().waiting, 1);
   EXPECT_TRUE(w.free(b).ok());
   open = true;
   submitter.join();
   EXPECT_EQ(waiting.status().code(), absl::StatusCode::kInvalidArgument) << waiting.status();
-  EXPECT_TRUE(contains(waiting.status(), "argument 0")) << waiting.status();
+  // Refused by the re-check at prepare, after the run registered.
+  EXPECT_TRUE(contains(waiting.status(), "prepare: argument 0")) << waiting.status();
   EXPECT_TRUE(contains(waiting.status(), "not inside a live allocation")) << waiting.status();
   EXPECT_TRUE(holder.wait().ok());
   EXPECT_TRUE(w.close().ok());
@@ -313,14 +319,14 @@ TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
   o.faults = *device::FaultPlan::parse("run=1:task=1:kind=device_fault:code=507018");
   Worker w(o);
   auto gate = w.register_callable(gate_program());
-  auto h = w.register_callable(affine_program(3));
+  auto h = w.register_callable(testing::count_program(3));
   ASSERT_TRUE(w.init().ok());
   std::atomic<bool> open{false};
   RunHandle first = *w.submit(*gate, gate_args(open));
-  int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
+  std::atomic<int> executed[4] = {0, 0, 0, 0};  // kernel executions per run
   std::vector<RunHandle> hs;
   for (int i = 1; i < 4; ++i) {
-    auto r = w.submit(*h, affine_args(&in[i], &out[i], 0));
+    auto r = w.submit(*h, testing::count_args(executed[i]));
     ASSERT_TRUE(r.ok()) << r.status();
     hs.push_back(*r);
   }
@@ -329,15 +335,17 @@ TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
   EXPECT_TRUE(first.wait().ok());
   absl::Status s = hs[0].wait();
   EXPECT_TRUE(base::is_unrecoverable(s));
-  EXPECT_TRUE(contains(s, "run 1 task 1 (kernel 'affine')")) << s;
+  EXPECT_TRUE(contains(s, "run 1 task 1 (kernel 'count')")) << s;
   EXPECT_TRUE(contains(s, "507018")) << s;
+  EXPECT_LE(executed[1].load(), 2);  // task 1 faulted before its kernel ran
   for (size_t i = 1; i < hs.size(); ++i) {
     absl::Status later = hs[i].wait();
     EXPECT_TRUE(base::is_unrecoverable(later)) << later;
     EXPECT_TRUE(contains(later, "lane poisoned by run 1: ")) << later;
-    EXPECT_EQ(out[i + 1], 0) << "run " << i + 1 << " must not have executed";
+    // The faulted device executes nothing queued behind the fault.
+    EXPECT_EQ(executed[i + 1].load(), 0) << "run " << i + 1 << " executed behind the fault";
   }
-  auto refused = w.submit(*h, affine_args(&in[0], &out[0], 0));
+  auto refused = w.submit(*h, testing::count_args(executed[0]));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(contains(refused.status(), "lane poisoned by run 1: ")) << refused.status();
   ArenaCounts c = w.resources();
@@ -349,6 +357,7 @@ TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
   c = w.resources();
   EXPECT_EQ(c.live, 0);
   EXPECT_EQ(c.quarantined, 1);
+  EXPECT_EQ(executed[0].load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothPlacements, WorkerFaultsPlacement,
@@ -386,25 +395,54 @@ TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
   o.faults = *device::FaultPlan::parse("run=1:task=0:kind=launch_refused");
   Worker w(o);
   auto gate = w.register_callable(gate_program());
-  auto h = w.register_callable(affine_program());
+  auto h = w.register_callable(testing::count_program(1));
   ASSERT_TRUE(w.init().ok());
   std::atomic<bool> open{false};
   RunHandle first = *w.submit(*gate, gate_args(open));
-  int64_t in = 5, out = 0;
-  auto refused = w.submit(*h, affine_args(&in, &out, 1));
+  std::atomic<int> executed{0};
+  auto refused = w.submit(*h, testing::count_args(executed));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
   EXPECT_TRUE(contains(refused.status(), "run 1 launch: stream refused the launch of run 1"))
       << refused.status();
-  auto behind = w.submit(*h, affine_args(&in, &out, 1));
+  auto behind = w.submit(*h, testing::count_args(executed));
   EXPECT_EQ(behind.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(contains(behind.status(), "lane poisoned by run 1: ")) << behind.status();
   open = true;
   EXPECT_TRUE(first.wait().ok()) << first.wait();
   EXPECT_EQ(first.result().terminal_state, RunState::kCompleted);
-  EXPECT_EQ(out, 0);            // run 1 never reached the device
-  EXPECT_TRUE(w.close().ok());  // both errors were delivered by submit
+  EXPECT_TRUE(w.close().ok());    // both errors were delivered by submit
+  EXPECT_EQ(executed.load(), 0);  // run 1 never reached the device
   EXPECT_EQ(w.resources().live, 0);
   EXPECT_EQ(w.resources().quarantined, 0);  // nothing of run 1 reached the device
+}
+
+// Run 0 hangs until its timeout while run 2's launch is refused with run 1
+// launched between them: the earlier, unrecoverable run 0 names the poison,
+// so run 1 fails with "lane poisoned by run 0" without a full timeout wait,
+// and only run 0's set is quarantined.
+TEST(WorkerFaults, TimeoutBeforeARefusedLaunchNamesThePoison) {
+  WorkerOptions o = opts(3, 4);
+  o.operation_timeout_s = 0.3;
+  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=hang,run=2:task=0:kind=launch_refused");
+  Worker w(o);
+  auto h = w.register_callable(testing::count_program(1));
+  ASSERT_TRUE(w.init().ok());
+  std::atomic<int> executed[3] = {0, 0, 0};
+  RunHandle r0 = *w.submit(*h, testing::count_args(executed[0]));
+  RunHandle r1 = *w.submit(*h, testing::count_args(executed[1]));
+  auto r2 = w.submit(*h, testing::count_args(executed[2]));
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kUnavailable) << r2.status();
+  absl::Status s0 = r0.wait();
+  EXPECT_EQ(s0.code(), absl::StatusCode::kDeadlineExceeded) << s0;
+  const auto t1 = std::chrono::steady_clock::now();
+  absl::Status s1 = r1.wait();
+  EXPECT_TRUE(contains(s1, "lane poisoned by run 0: ")) << s1;
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(3));
+  auto later = w.submit(*h, testing::count_args(executed[2]));
+  EXPECT_TRUE(contains(later.status(), "lane poisoned by run 0: ")) << later.status();
+  EXPECT_EQ(w.resources().quarantined, 1);
+  (void)w.close();
+  EXPECT_EQ(executed[1].load() + executed[2].load(), 0);
 }
 
 TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {

@@ -51,6 +51,35 @@ inline task::TaskArgs gate_args(const std::atomic<bool>& open) {
   return a;
 }
 
+// Counts its executions: adds 1 to the std::atomic<int> whose address is
+// scalar(0). Tells a test which runs' kernels reached a core, whatever their
+// status (HOST outputs of a failed run are not copied back).
+inline absl::Status count_kernel(const task::KernelContext& ctx) {
+  reinterpret_cast<std::atomic<int>*>(static_cast<uintptr_t>(ctx.scalar_i64(0)))
+      ->fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// `tasks` independent count_kernel tasks on the run's scalar(0) counter.
+inline task::ChipCallable count_program(int tasks) {
+  return task::ChipCallable{"count",
+                            [tasks](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              for (int i = 0; i < tasks; ++i) {
+                                task::TaskArgs a;
+                                a.add_scalar_i64(args.scalar_i64(0));
+                                SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+                              }
+                              return absl::OkStatus();
+                            },
+                            {{"count", count_kernel}}};
+}
+
+inline task::TaskArgs count_args(std::atomic<int>& counter) {
+  task::TaskArgs a;
+  a.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&counter)));
+  return a;
+}
+
 // A program of `tasks` affine tasks (a chain over the run's HOST args: in -> out),
 // the first computing out = 3*in + k, later ones recomputing the same value.
 inline task::ChipCallable affine_program(int tasks = 1) {

@@ -90,7 +90,10 @@ struct LaunchRecord {
 
 // An in-order queue of device work. Items execute strictly one after another
 // in enqueue order; the next starts the moment the previous ended, with no
-// host round trip. Thread-safe.
+// host round trip. A launch that ends with an unrecoverable error (device
+// fault, hang released by an abort) aborts the device before the next item
+// starts: the items queued behind it never execute and fail as aborted.
+// Thread-safe.
 class Stream {
  public:
   virtual ~Stream() = default;

@@ -56,6 +56,7 @@ struct ArenaCounts {
   int32_t live = 0;
   int32_t quarantined = 0;
   int32_t grant = 0;
+  int32_t waiting = 0;  // acquire() calls blocked for a free set (backpressure); not a set
 };
 
 // `run_grant` resource sets. A set holds what one run owns while the device
@@ -122,6 +123,7 @@ class RunResourceArena {
   int32_t free_ SIMPLER_GUARDED_BY(mu_) = 0;
   int32_t live_ SIMPLER_GUARDED_BY(mu_) = 0;
   int32_t quarantined_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int32_t waiting_ SIMPLER_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace simpler::worker
