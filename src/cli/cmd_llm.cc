@@ -37,11 +37,6 @@ std::set<T> to_set(const std::vector<int32_t>& v) {
   return std::set<T>(v.begin(), v.end());
 }
 
-int fail(const std::string& cmd, const absl::Status& s) {
-  std::cerr << "simpler " << cmd << ": " << s.message() << "\n";
-  return 1;
-}
-
 }  // namespace
 
 Runner add_make_model_command(CLI::App& app) {

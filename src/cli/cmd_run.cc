@@ -23,10 +23,7 @@ Runner add_run_command(CLI::App& app) {
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     auto lib = worker::ProgramLibrary::load(st->lib);
-    if (!lib.ok()) {
-      std::cerr << "simpler run: " << lib.status().message() << "\n";
-      return 1;
-    }
+    if (!lib.ok()) return fail("run", lib.status());
     base::TraceRecorder trace;
     auto results = worker::run_self_checks(*lib, st->common.worker_options(&trace), st->repeats);
     if (!results.ok()) {

@@ -36,6 +36,9 @@ Runner add_generate_command(CLI::App& app);
 // Writes the trace when a path was given; prints the error and returns false on failure.
 bool write_trace(const base::TraceRecorder& trace, const std::string& path);
 
+// The exit of a failed command: prints "simpler <cmd>: <error>" on stderr, returns 1.
+int fail(const std::string& cmd, const absl::Status& error);
+
 // The exit of a command that failed after its Worker was created: writes the trace when a
 // path was given (the spans of the failed run are the most useful ones), then prints
 // "simpler <cmd>: <error>" as the last line on stderr and returns 1.

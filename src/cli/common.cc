@@ -44,11 +44,15 @@ bool write_trace(const base::TraceRecorder& trace, const std::string& path) {
   return true;
 }
 
+int fail(const std::string& cmd, const absl::Status& error) {
+  std::cerr << "simpler " << cmd << ": " << error.message() << "\n";
+  return 1;
+}
+
 int fail_with_trace(const std::string& cmd, const absl::Status& error,
                     const base::TraceRecorder& trace, const std::string& path) {
   (void)write_trace(trace, path);  // a failure to write is reported on its own line
-  std::cerr << "simpler " << cmd << ": " << error.message() << "\n";
-  return 1;
+  return fail(cmd, error);
 }
 
 }  // namespace simpler::cli

@@ -26,6 +26,33 @@ bool is_terminal(RunState s) {
   return s == RunState::kCompleted || s == RunState::kFailed || s == RunState::kCancelled;
 }
 
+// Checks a run's tensor arguments: a HOST tensor needs an address, a DEVICE
+// tensor must lie inside one live device allocation. Appends each DEVICE
+// tensor's [begin, end) to `device_ranges` when given.
+absl::Status check_tensor_args(const device::Device& device, const task::TaskArgs& args,
+                               std::vector<std::pair<uint64_t, uint64_t>>* device_ranges) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const task::Arg& a = args[i];
+    if (a.direction == task::ArgDirection::kScalar) continue;
+    const uint64_t span_bytes = a.tensor.span_bytes();
+    if (span_bytes == 0) continue;
+    if (a.tensor.memory == task::MemoryKind::kHost) {
+      if (a.tensor.address == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("argument ", i, " is a HOST tensor with a null address"));
+      }
+      continue;
+    }
+    if (absl::Status r = device.check_range(a.tensor.address, span_bytes); !r.ok()) {
+      return base::annotate(r, absl::StrCat("argument ", i, " ", a.tensor.debug_string(), ": "));
+    }
+    if (device_ranges != nullptr) {
+      device_ranges->emplace_back(a.tensor.address, a.tensor.address + span_bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct ChipRun {
@@ -84,23 +111,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   SIMPLER_RETURN_IF_ERROR(config.validate());
   SIMPLER_RETURN_IF_ERROR(args.validate());
   auto run = std::make_unique<ChipRun>();
-  for (size_t i = 0; i < args.size(); ++i) {
-    const task::Arg& a = args[i];
-    if (a.direction == task::ArgDirection::kScalar) continue;
-    const uint64_t span_bytes = a.tensor.span_bytes();
-    if (span_bytes == 0) continue;
-    if (a.tensor.memory == task::MemoryKind::kHost) {
-      if (a.tensor.address == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("argument ", i, " is a HOST tensor with a null address"));
-      }
-      continue;
-    }
-    if (absl::Status r = device_->check_range(a.tensor.address, span_bytes); !r.ok()) {
-      return base::annotate(r, absl::StrCat("argument ", i, " ", a.tensor.debug_string(), ": "));
-    }
-    run->device_ranges.emplace_back(a.tensor.address, a.tensor.address + span_bytes);
-  }
+  SIMPLER_RETURN_IF_ERROR(check_tensor_args(*device_, args, &run->device_ranges));
   {
     base::MutexLock lock(mu_);
     if (closing_) return absl::FailedPreconditionError("submit after close(): the lane is closed");
@@ -183,20 +194,11 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
 
 absl::Status ChipRunLane::prepare(ChipRun& run) {
   task::TaskArgs& args = run.records->args;
-  // Re-check the device tensors now that the run is registered: a free that
-  // slipped in between submit's first check and the registration (e.g. while
-  // the submit waited for a resource set) is visible here, and from now on
-  // every free of these ranges is refused (release_if_unused).
-  for (size_t i = 0; i < args.size(); ++i) {
-    const task::Arg& a = args[i];
-    if (a.direction == task::ArgDirection::kScalar || a.tensor.memory != task::MemoryKind::kDevice)
-      continue;
-    const uint64_t span_bytes = a.tensor.span_bytes();
-    if (span_bytes == 0) continue;
-    if (absl::Status r = device_->check_range(a.tensor.address, span_bytes); !r.ok()) {
-      return base::annotate(r, absl::StrCat("argument ", i, " ", a.tensor.debug_string(), ": "));
-    }
-  }
+  // Re-check the tensors now that the run is registered: a free that slipped
+  // in between submit's first check and the registration (e.g. while the
+  // submit waited for a resource set) is visible here, and from now on every
+  // free of these ranges is refused (release_if_unused).
+  SIMPLER_RETURN_IF_ERROR(check_tensor_args(*device_, args, nullptr));
   size_t staged = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     task::Arg& a = args[i];
@@ -279,9 +281,7 @@ void ChipRunLane::launch_ready_locked() {
           base::annotate(rec.status(), absl::StrCat("run ", id, " launch: ")));
       run.state = RunState::kFailed;
       run.shared->state.store(run.state, std::memory_order_release);
-      poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
-          absl::StrCat("lane poisoned by run ", id, ": ", std::string(run.status.message()))));
-      poisoned_by_ = id;  // runs launched before it still finish with their own result
+      poison_locked(id, run.status);
       continue;
     }
     run.record = std::move(rec).value();
@@ -294,6 +294,19 @@ void ChipRunLane::launch_ready_locked() {
     span("launch", run.timing.launch_ns, base::now_ns(), id,
          std::this_thread::get_id() == thread_.get_id() ? 1 : 0);
   }
+}
+
+// The earliest unrecoverable run names the poison: a later run's refused
+// launch may have set it first; a later run never replaces it.
+void ChipRunLane::poison_locked(uint64_t run, const absl::Status& cause) {
+  if (!poison_.ok() && run >= poisoned_by_) return;
+  poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
+      absl::StrCat("lane poisoned by run ", run, ": ", std::string(cause.message()))));
+  poisoned_by_ = run;
+}
+
+bool ChipRunLane::behind_poison_locked(uint64_t run) const {
+  return !poison_.ok() && run > poisoned_by_;
 }
 
 // Launched runs the device has not finished. A run whose launch record is
@@ -329,7 +342,7 @@ void ChipRunLane::lane_loop() {
       // poison cause; wait only briefly for the device to drop it. A run
       // launched before the poisoning run (possible when a later launch was
       // refused) is not behind it: it finishes with its own result.
-      const bool poisoned_before = !poison_.ok() && run.id() > poisoned_by_;
+      const bool poisoned_before = behind_poison_locked(run.id());
       // When the run is expected to end on the device: it starts when its
       // predecessor ended (or at launch) and lasts as long as this callable's
       // recent runs. 0 = no estimate.
@@ -355,13 +368,7 @@ void ChipRunLane::lane_loop() {
             absl::StrCat("run ", run.id(), " did not finish within the operation timeout of ",
                          timeout_s, " s; device aborted")));
         run.quarantine = true;
-        // The earliest unrecoverable run names the poison: a later run's
-        // refused launch may have set it first.
-        if (poison_.ok() || run.id() < poisoned_by_) {
-          poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(absl::StrCat(
-              "lane poisoned by run ", run.id(), ": ", std::string(run.status.message()))));
-          poisoned_by_ = run.id();
-        }
+        poison_locked(run.id(), run.status);
         device_->abort(run.status);
         // The abort releases hung tasks; give the device a bounded moment to say
         // which task and kernel were stuck, for the run's own error message.
@@ -387,15 +394,13 @@ void ChipRunLane::lane_loop() {
         // one stalled run does not push the next reaps late.
         if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
         absl::Status st = rec->done.status();
-        if (!poison_.ok() && run.id() > poisoned_by_) {
+        if (behind_poison_locked(run.id())) {
           // Launched behind the run that poisoned the lane.
           run.status = poison_;
         } else if (!st.ok() && base::is_unrecoverable(st)) {
           run.status = st;
           run.quarantine = true;  // device state unknown
-          poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
-              absl::StrCat("lane poisoned by run ", run.id(), ": ", std::string(st.message()))));
-          poisoned_by_ = run.id();
+          poison_locked(run.id(), st);
           device_->abort(poison_);
         } else {
           run.status = st;

@@ -7,24 +7,12 @@ namespace simpler::worker {
 RunResourceArena::RunResourceArena(device::Device* device, int32_t grant)
     : device_(device), grant_(grant), sets_(static_cast<size_t>(grant)) {
   base::MutexLock lock(mu_);
-  free_ = grant;
-}
-
-int32_t& RunResourceArena::count_of(SetState state) {
-  switch (state) {
-    case SetState::kFree:
-      return free_;
-    case SetState::kLive:
-      return live_;
-    case SetState::kQuarantined:
-      break;
-  }
-  return quarantined_;
+  count_[static_cast<size_t>(SetState::kFree)] = grant;
 }
 
 void RunResourceArena::move_to(Set& set, SetState to) {
-  --count_of(set.state);
-  ++count_of(to);
+  --count_[static_cast<size_t>(set.state)];
+  ++count_[static_cast<size_t>(to)];
   set.state = to;
 }
 
@@ -43,16 +31,15 @@ absl::StatusOr<base::SlotRef> RunResourceArena::acquire(const base::Deadline& de
   base::MutexLock lock(mu_);
   while (true) {
     if (shutdown_) return absl::FailedPreconditionError("worker is closing; no run resources");
-    int32_t quarantined = 0;
     for (size_t i = 0; i < sets_.size(); ++i) {
       if (sets_[i].state == SetState::kFree) {
         move_to(sets_[i], SetState::kLive);
         ++sets_[i].generation;
         return base::SlotRef{static_cast<uint32_t>(i), sets_[i].generation};
       }
-      if (sets_[i].state == SetState::kQuarantined) ++quarantined;
     }
-    if (quarantined == static_cast<int32_t>(sets_.size())) {
+    const int32_t quarantined = count_[static_cast<size_t>(SetState::kQuarantined)];
+    if (quarantined == grant_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "all ", sets_.size(), " run resource sets are quarantined; none can become free"));
     }
@@ -151,7 +138,9 @@ ArenaCounts RunResourceArena::counts() const {
   // Kept per transition (move_to), not recounted from the sets: a transition
   // that forgot its bookkeeping shows up as counts that no longer sum to the
   // grant.
-  return ArenaCounts{free_, live_, quarantined_, grant_, waiting_};
+  return ArenaCounts{count_[static_cast<size_t>(SetState::kFree)],
+                     count_[static_cast<size_t>(SetState::kLive)],
+                     count_[static_cast<size_t>(SetState::kQuarantined)], grant_, waiting_};
 }
 
 void RunResourceArena::shutdown() {

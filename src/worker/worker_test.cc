@@ -52,6 +52,18 @@ TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
     EXPECT_TRUE(contains(Worker(o).init(), "run_grant"));
   }
   {
+    WorkerOptions o = opts();  // the default grant: the depth is what is out of range
+    o.launch_depth = kMaxRunGrant + 1;
+    absl::Status s = Worker(o).init();
+    EXPECT_TRUE(contains(s, "launch_depth 1025 above 1024")) << s;
+  }
+  {
+    WorkerOptions o = opts();  // at the cap the default grant is the cap
+    o.launch_depth = kMaxRunGrant;
+    EXPECT_EQ(o.effective_grant(), kMaxRunGrant);
+    EXPECT_TRUE(o.validate().ok());
+  }
+  {
     WorkerOptions o = opts();
     o.operation_timeout_s = std::nan("");
     EXPECT_TRUE(contains(Worker(o).init(), "operation_timeout_s"));
@@ -337,7 +349,9 @@ TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
   EXPECT_TRUE(base::is_unrecoverable(s));
   EXPECT_TRUE(contains(s, "run 1 task 1 (kernel 'count')")) << s;
   EXPECT_TRUE(contains(s, "507018")) << s;
-  EXPECT_LE(executed[1].load(), 2);  // task 1 faulted before its kernel ran
+  // The counters do see executions: run 1's task 0 ran (task 1 faulted
+  // before its kernel; task 2 may have started before the fault was seen).
+  EXPECT_GE(executed[1].load(), 1);
   for (size_t i = 1; i < hs.size(); ++i) {
     absl::Status later = hs[i].wait();
     EXPECT_TRUE(base::is_unrecoverable(later)) << later;

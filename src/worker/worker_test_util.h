@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "simpler/base/status.h"
@@ -35,22 +36,6 @@ inline absl::Status gate_kernel(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-inline task::ChipCallable gate_program() {
-  return task::ChipCallable{"gate",
-                            [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                              task::TaskArgs a;
-                              a.add_scalar_i64(args.scalar_i64(0));
-                              return ctx.submit(0, a);
-                            },
-                            {{"gate", gate_kernel}}};
-}
-
-inline task::TaskArgs gate_args(const std::atomic<bool>& open) {
-  task::TaskArgs a;
-  a.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&open)));
-  return a;
-}
-
 // Counts its executions: adds 1 to the std::atomic<int> whose address is
 // scalar(0). Tells a test which runs' kernels reached a core, whatever their
 // status (HOST outputs of a failed run are not copied back).
@@ -60,9 +45,10 @@ inline absl::Status count_kernel(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// `tasks` independent count_kernel tasks on the run's scalar(0) counter.
-inline task::ChipCallable count_program(int tasks) {
-  return task::ChipCallable{"count",
+// A program of `tasks` independent tasks of `kernel`, each given the run's
+// scalar(0): the shape of the sleep, gate and count programs below.
+inline task::ChipCallable scalar_program(std::string name, task::KernelFn kernel, int tasks = 1) {
+  return task::ChipCallable{name,
                             [tasks](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
                               for (int i = 0; i < tasks; ++i) {
                                 task::TaskArgs a;
@@ -71,14 +57,24 @@ inline task::ChipCallable count_program(int tasks) {
                               }
                               return absl::OkStatus();
                             },
-                            {{"count", count_kernel}}};
+                            {{name, kernel}}};
 }
 
-inline task::TaskArgs count_args(std::atomic<int>& counter) {
+// Args whose scalar(0) is the address of `object` (a gate or a counter).
+inline task::TaskArgs address_args(const void* object) {
   task::TaskArgs a;
-  a.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&counter)));
+  a.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(object)));
   return a;
 }
+
+inline task::ChipCallable sleep_program() { return scalar_program("sleep", sleep_kernel); }
+inline task::ChipCallable gate_program() { return scalar_program("gate", gate_kernel); }
+inline task::TaskArgs gate_args(const std::atomic<bool>& open) { return address_args(&open); }
+// `tasks` independent count_kernel tasks on the run's counter.
+inline task::ChipCallable count_program(int tasks) {
+  return scalar_program("count", count_kernel, tasks);
+}
+inline task::TaskArgs count_args(std::atomic<int>& counter) { return address_args(&counter); }
 
 // A program of `tasks` affine tasks (a chain over the run's HOST args: in -> out),
 // the first computing out = 3*in + k, later ones recomputing the same value.
@@ -95,16 +91,6 @@ inline task::ChipCallable affine_program(int tasks = 1) {
                               return absl::OkStatus();
                             },
                             {{"affine", affine_kernel}}};
-}
-
-inline task::ChipCallable sleep_program() {
-  return task::ChipCallable{"sleep",
-                            [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                              task::TaskArgs a;
-                              a.add_scalar_i64(args.scalar_i64(0));
-                              return ctx.submit(0, a);
-                            },
-                            {{"sleep", sleep_kernel}}};
 }
 
 // Args for affine_program over host cells `in` and `out`.

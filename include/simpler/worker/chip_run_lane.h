@@ -112,6 +112,12 @@ class ChipRunLane {
   void lane_loop();
   void launch_ready_locked() SIMPLER_REQUIRES(mu_);
   int32_t launched_on_device_locked() const SIMPLER_REQUIRES(mu_);
+  // Poisons the lane with `cause` of run `run` (unrecoverable): "lane poisoned
+  // by run N: ...". The earliest such run names the poison.
+  void poison_locked(uint64_t run, const absl::Status& cause) SIMPLER_REQUIRES(mu_);
+  // Whether run `run` was launched behind the run that poisoned the lane
+  // (runs launched before it finish with their own results).
+  bool behind_poison_locked(uint64_t run) const SIMPLER_REQUIRES(mu_);
   void finalize(ChipRun& run);
   // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
   bool await_record(device::LaunchRecord& rec, int64_t expected_end,

@@ -1,6 +1,7 @@
 // RunResourceArena: the grant-sized pool of run resource sets.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -110,7 +111,6 @@ class RunResourceArena {
     std::unique_ptr<RunRecords> records = std::make_unique<RunRecords>();
   };
   absl::Status check_live(base::SlotRef ref) const SIMPLER_REQUIRES(mu_);
-  int32_t& count_of(SetState state) SIMPLER_REQUIRES(mu_);
   // The only way a set changes state: keeps the per-state counts.
   void move_to(Set& set, SetState to) SIMPLER_REQUIRES(mu_);
 
@@ -120,9 +120,7 @@ class RunResourceArena {
   const int32_t grant_;  // sets_.size(), fixed at construction
   std::vector<Set> sets_ SIMPLER_GUARDED_BY(mu_);
   bool shutdown_ SIMPLER_GUARDED_BY(mu_) = false;
-  int32_t free_ SIMPLER_GUARDED_BY(mu_) = 0;
-  int32_t live_ SIMPLER_GUARDED_BY(mu_) = 0;
-  int32_t quarantined_ SIMPLER_GUARDED_BY(mu_) = 0;
+  std::array<int32_t, 3> count_ SIMPLER_GUARDED_BY(mu_) = {};  // sets per SetState
   int32_t waiting_ SIMPLER_GUARDED_BY(mu_) = 0;
 };
 
