@@ -73,8 +73,9 @@ struct TaskSlot {
   int32_t block_dim = 1;
   int32_t blocks_started = 0;
   int32_t blocks_done = 0;
-  int32_t pending = 0;  // unfinished predecessors
-  bool completed = false;
+  int32_t pending = 0;     // unfinished predecessors
+  bool completed = false;  // every block finished, successfully or not
+  bool failed = false;     // some block returned an error
   std::vector<task::Arg> args;
   std::vector<uint64_t> successors;
   TaskTiming timing;
@@ -195,10 +196,22 @@ class GraphExecutor final : public task::OrchestrationContext {
 
   // Runs the orchestration, then drives every submitted task to completion.
   absl::Status run(const task::TaskArgs& args) {
-    absl::Status orch = callable_.orchestration(*this, args);
+    absl::Status orch;
+    bool threw = false;
+    try {
+      orch = callable_.orchestration(*this, args);
+    } catch (...) {
+      // The orchestration's exception fails its run (recoverable); tasks it
+      // submitted before throwing are drained by finish().
+      threw = true;
+      orch = base::status_from_current_exception(
+          absl::StrCat("run ", ctx_.run_id(), " orchestration of '", callable_.name, "'"));
+    }
     if (!orch.ok() && failure_.ok()) {
-      failure_ = base::annotate(
-          orch, absl::StrCat("run ", ctx_.run_id(), " orchestration of '", callable_.name, "': "));
+      failure_ =
+          threw ? orch
+                : base::annotate(orch, absl::StrCat("run ", ctx_.run_id(), " orchestration of '",
+                                                    callable_.name, "': "));
     }
     return finish();
   }
@@ -216,7 +229,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     }
     // Drain blocks still on cores so nothing touches run memory after return.
     while (running_ > 0) pump(/*block=*/true);
-    report_->tasks_completed = completed_;
+    report_->tasks_completed = completed_ - report_->tasks_failed;
     return failure_;
   }
 
@@ -242,6 +255,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     s.blocks_done = 0;
     s.pending = 0;
     s.completed = false;
+    s.failed = false;
     s.args.assign(args, args + num_args);
     s.successors.clear();
     s.timing = TaskTiming{static_cast<uint32_t>(seq), kernel, -1, block_dim, 0, 0};
@@ -303,6 +317,7 @@ class GraphExecutor final : public task::OrchestrationContext {
       job.block_idx = s.blocks_started;
       job.block_dim = s.block_dim;
       job.task_index = static_cast<uint32_t>(s.seq);
+      job.kernel = s.kernel;
       job.tag = s.seq;
       if (s.blocks_started == 0) s.timing.core = core;
       ++s.blocks_started;
@@ -323,14 +338,21 @@ class GraphExecutor final : public task::OrchestrationContext {
     if (s.blocks_done == 0 || c.start_ns < s.timing.start_ns) s.timing.start_ns = c.start_ns;
     s.timing.end_ns = std::max(s.timing.end_ns, c.end_ns);
     ++s.blocks_done;
-    if (!c.status.ok() && failure_.ok()) {
-      failure_ = base::annotate(
-          c.status, absl::StrCat("run ", ctx_.run_id(), " task ", s.seq, " (kernel '",
-                                 callable_.kernels[s.kernel].name, "') block ", c.block_idx, ": "));
+    if (!c.status.ok()) {
+      s.failed = true;
+      if (failure_.ok()) {
+        failure_ =
+            base::annotate(c.status, absl::StrCat("run ", ctx_.run_id(), " task ", s.seq,
+                                                  " (kernel '", callable_.kernels[s.kernel].name,
+                                                  "') block ", c.block_idx, ": "));
+      }
     }
     if (s.blocks_done == s.block_dim) {
-      s.completed = true;
+      s.completed = true;  // finished: no block of it runs any more
       ++completed_;
+      if (s.failed) {
+        if (report_->tasks_failed++ == 0) report_->first_failed_task = static_cast<int64_t>(s.seq);
+      }
       if (record_timing_) report_->tasks.push_back(s.timing);
       if (failure_.ok()) {
         for (uint64_t succ : s.successors) {
@@ -502,7 +524,14 @@ absl::StatusOr<std::vector<uint8_t>> build_graph_image(const task::ChipCallable&
                                                        const RangeCheck& check_range) {
   SIMPLER_RETURN_IF_ERROR(options.validate());
   GraphRecorder rec(callable, options, num_cores, run_id, check_range);
-  absl::Status orch = callable.orchestration(rec, args);
+  absl::Status orch;
+  try {
+    orch = callable.orchestration(rec, args);
+  } catch (...) {
+    if (!rec.failure().ok()) return rec.failure();
+    return base::status_from_current_exception(
+        absl::StrCat("run ", run_id, " orchestration of '", callable.name, "'"));
+  }
   if (!rec.failure().ok()) return rec.failure();
   if (!orch.ok()) {
     return base::annotate(

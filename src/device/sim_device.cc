@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -13,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/event.h"
 #include "simpler/base/log.h"
+#include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
@@ -57,6 +60,16 @@ struct Core {
   // When the running job is expected to end (now_ns() time; 0 = idle or no
   // estimate yet). Written by the core, read by the scheduler (relaxed: a hint).
   std::atomic<int64_t> predicted_end_ns{0};
+  // What the core executes now, for Device::executing(): written by the
+  // thread running the job before and after it (relaxed: a diagnostic
+  // snapshot, never used to decide anything). exec_start_ns 0 = idle.
+  std::atomic<int64_t> exec_start_ns{0};
+  std::atomic<uint64_t> exec_run{0};
+  std::atomic<uint32_t> exec_task{0};
+  std::atomic<uint32_t> exec_kernel{0};
+  std::atomic<int32_t> exec_block{0};
+  // Signalled as the core thread exits (close() joins only exited threads).
+  base::Event exited;
   // Moving average (1/8 weight) of each kernel's block duration on this core,
   // in ns. Only the thread running this core's claimed job touches it.
   // Successive owners are ordered: a core gets a new job only after its
@@ -88,6 +101,7 @@ class SimDevice final : public Device {
         base::set_thread_name(absl::StrCat("sim-core", core->index));
         pin();
         core_loop(core);
+        core->exited.signal();
       });
     }
   }
@@ -178,6 +192,25 @@ class SimDevice final : public Device {
   }
 
   absl::StatusOr<Stream*> create_stream() override;
+
+  std::vector<ExecutingJob> executing() const override {
+    std::vector<ExecutingJob> out;
+    for (const auto& c : cores_) {
+      const int64_t start = c->exec_start_ns.load(std::memory_order_relaxed);
+      if (start == 0) continue;
+      ExecutingJob j;
+      j.run_id = c->exec_run.load(std::memory_order_relaxed);
+      j.task_index = c->exec_task.load(std::memory_order_relaxed);
+      j.kernel = c->exec_kernel.load(std::memory_order_relaxed);
+      j.block_idx = c->exec_block.load(std::memory_order_relaxed);
+      j.core = c->index;
+      j.start_ns = start;
+      out.push_back(j);
+    }
+    return out;
+  }
+
+  int32_t abandoned_threads() const override { return abandoned_.load(std::memory_order_acquire); }
 
   void abort(const absl::Status& reason) override {
     {
@@ -366,14 +399,26 @@ class SimDevice final : public Device {
     const int64_t estimate = duration_estimate(c, job.fn);
     c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
                              std::memory_order_relaxed);
+    c.exec_run.store(run_id, std::memory_order_relaxed);
+    c.exec_task.store(job.task_index, std::memory_order_relaxed);
+    c.exec_kernel.store(job.kernel, std::memory_order_relaxed);
+    c.exec_block.store(job.block_idx, std::memory_order_relaxed);
+    c.exec_start_ns.store(done.start_ns, std::memory_order_relaxed);
     done.status = run_job(job, run_id, c.index);
     done.end_ns = base::now_ns();
+    c.exec_start_ns.store(0, std::memory_order_relaxed);
     c.predicted_end_ns.store(0, std::memory_order_relaxed);
     record_duration(c, job.fn, done.end_ns - done.start_ns);
     return done;
   }
 
   bool c_stop() const { return stop_cores_.load(std::memory_order_acquire); }
+
+  void abandon(std::string what) {
+    SIMPLER_LOG_ERROR("abandoning {}", what);
+    base::note_abandoned_thread(std::move(what));
+    abandoned_.fetch_add(1, std::memory_order_acq_rel);
+  }
 
   // This core's moving average (1/8 weight) of a kernel's block duration, in
   // ns; 0 = unknown. No lock: see Core::block_ns_estimate.
@@ -415,7 +460,12 @@ class SimDevice final : public Device {
     ctx.core = core;
     ctx.run_id = run_id;
     ctx.task_index = job.task_index;
-    return job.fn(ctx);
+    try {
+      return job.fn(ctx);
+    } catch (...) {
+      // A throwing kernel fails its task (recoverable), never the device thread.
+      return base::status_from_current_exception("kernel");
+    }
   }
 
   SimDeviceOptions options_;
@@ -449,6 +499,7 @@ class SimDevice final : public Device {
   base::Mutex streams_mu_;
   std::vector<std::unique_ptr<SimStream>> streams_ SIMPLER_GUARDED_BY(streams_mu_);
   std::once_flag close_once_;
+  std::atomic<int32_t> abandoned_{0};  // device threads close() could not join
 };
 
 class SimExecContext final : public ExecContext {
@@ -480,6 +531,7 @@ class SimStream final : public Stream {
       device_->pin();
       base::use_precise_timers();  // it sleeps until predicted block ends
       loop();
+      exited_.signal();
     });
   }
   ~SimStream() override { stop(); }
@@ -496,16 +548,26 @@ class SimStream final : public Stream {
     return queue_.size() + (busy_ ? 1 : 0);
   }
 
-  void stop() {
+  // Asks the scheduler thread to exit once its queue is empty.
+  void request_stop() {
     {
       MutexLock lock(mu_);
-      if (stopping_) {
-        if (!thread_.joinable()) return;
-      }
       stopping_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+  }
+
+  // Stops the scheduler thread: joins it when it exits by `deadline`, else
+  // detaches it (it is inside a launch that never returns) and returns false.
+  bool stop(const base::Deadline& deadline = base::Deadline::forever()) {
+    request_stop();
+    if (!thread_.joinable()) return true;
+    if (!exited_.wait(deadline)) {
+      thread_.detach();
+      return false;
+    }
+    thread_.join();
+    return true;
   }
 
  private:
@@ -563,12 +625,21 @@ class SimStream final : public Stream {
       } else if (item.launch) {
         MutexLock launch_lock(device_->launch_mu_);
         SimExecContext ctx(device_, rec.run_id);
-        st = item.launch(ctx);
+        try {
+          st = item.launch(ctx);
+        } catch (...) {
+          // Nothing escapes the scheduler thread: the launch fails (recoverable).
+          st = base::status_from_current_exception(absl::StrCat("launch of run ", rec.run_id));
+        }
         // A device fault leaves the device's state unknown: like a real
         // stream, it executes nothing more (queued items fail as aborted).
         if (base::is_unrecoverable(st)) device_->abort(st);
       } else {
-        st = item.host();
+        try {
+          st = item.host();
+        } catch (...) {
+          st = base::status_from_current_exception("stream host function");
+        }
       }
       rec.end_ns = base::now_ns();
       {
@@ -586,6 +657,7 @@ class SimStream final : public Stream {
   bool busy_ SIMPLER_GUARDED_BY(mu_) = false;
   bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> ready_{0};
+  base::Event exited_;  // signalled as the scheduler thread exits
   std::thread thread_;
 };
 
@@ -599,9 +671,21 @@ absl::StatusOr<Stream*> SimDevice::create_stream() {
 void SimDevice::close() {
   std::call_once(close_once_, [this] {
     abort(base::mark_unrecoverable(absl::CancelledError("device closed")));
+    // The abort releases injected hangs and stops dispatch, so every thread
+    // exits promptly unless it is inside a kernel that never returns: such a
+    // thread cannot be joined and is abandoned after the grace (one deadline
+    // for all threads).
+    const base::Deadline grace = base::Deadline::after(std::chrono::nanoseconds(
+        static_cast<int64_t>(std::min(options_.close_grace_s, 86400.0) * 1e9)));
     {
       MutexLock lock(streams_mu_);
-      for (auto& s : streams_) s->stop();  // queued items fail: device aborted
+      for (auto& s : streams_) s->request_stop();
+      for (size_t i = 0; i < streams_.size(); ++i) {
+        if (!streams_[i]->stop(grace)) {  // queued items fail: device aborted
+          abandon(absl::StrCat("sim device ", caps_.device_id, " stream ", i,
+                               " scheduler thread (inside a launch that does not return)"));
+        }
+      }
     }
     stop_cores_.store(true, std::memory_order_release);
     for (auto& c : cores_) {
@@ -609,7 +693,29 @@ void SimDevice::close() {
       c->cv.notify_all();
     }
     for (auto& c : cores_) {
-      if (c->thread.joinable()) c->thread.join();
+      if (!c->thread.joinable()) continue;
+      if (c->exited.wait(grace)) {
+        c->thread.join();
+        continue;
+      }
+      c->thread.detach();
+      const int64_t start = c->exec_start_ns.load(std::memory_order_relaxed);
+      abandon(absl::StrCat("sim device ", caps_.device_id, " core ", c->index, " thread (run ",
+                           c->exec_run.load(std::memory_order_relaxed), " task ",
+                           c->exec_task.load(std::memory_order_relaxed),
+                           ": its kernel has not returned after ",
+                           start > 0 ? (base::now_ns() - start) / 1e9 : 0.0, " s)"));
+    }
+    if (abandoned_.load(std::memory_order_acquire) > 0) {
+      // An abandoned thread may still read or write device memory: none is
+      // released (the owner keeps this device alive until exit).
+      SIMPLER_LOG_ERROR(
+          "sim device {}: {} device thread(s) abandoned inside kernels that never returned; "
+          "device memory ({} bytes) stays allocated until the process exits",
+          caps_.device_id, abandoned_.load(), allocated_bytes());
+      MutexLock lock(mem_mu_);
+      closed_ = true;
+      return;
     }
     MutexLock lock(mem_mu_);
     closed_ = true;
@@ -630,6 +736,10 @@ absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions
   if (options.spin_ns < 0 || options.spin_ns > 50'000) {
     return absl::InvalidArgumentError(
         absl::StrCat("sim device: spin_ns must be in [0, 50000], got ", options.spin_ns));
+  }
+  if (!(options.close_grace_s >= 0) || std::isinf(options.close_grace_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sim device: close_grace_s must be finite and >= 0, got ", options.close_grace_s));
   }
   if (!options.cpus.empty()) {
     if (absl::Status c = base::check_cpus(options.cpus); !c.ok()) {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "simpler/base/log.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
@@ -53,6 +54,23 @@ absl::Status check_tensor_args(const device::Device& device, const task::TaskArg
   return absl::OkStatus();
 }
 
+// "task 7 (kernel 'spin', block 0 on core 1, running for 3.02 s)" for each
+// task of run `run` the device reports executing, "; "-joined; empty when none.
+std::string describe_executing(const std::vector<device::ExecutingJob>& jobs, uint64_t run,
+                               const task::ChipCallable& callable) {
+  std::string out;
+  const int64_t now = base::now_ns();
+  for (const device::ExecutingJob& j : jobs) {
+    if (j.run_id != run) continue;
+    const std::string kernel =
+        j.kernel < callable.kernels.size() ? callable.kernels[j.kernel].name : "?";
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "task ", j.task_index, " (kernel '", kernel,
+                    "', block ", j.block_idx, " on core ", j.core, ", running for ",
+                    absl::StrFormat("%.2f", (now - j.start_ns) / 1e9), " s)");
+  }
+  return out;
+}
+
 }  // namespace
 
 struct ChipRun {
@@ -76,6 +94,13 @@ struct ChipRun {
   RunTiming timing;
   int32_t effective_depth = 0;
   uint64_t id() const { return shared->id.value; }
+  // Sets the lane-side state (under the lane's mu_) and publishes the
+  // not-done states (ACCEPTED, PREPARED, LAUNCHED) to the handles; a handle
+  // shows RETIRED from the finalized event on (RunHandle::state()).
+  void set_state(RunState s) {
+    state = s;
+    if (s < RunState::kCompleted) shared->state.store(s, std::memory_order_release);
+  }
 };
 
 ChipRunLane::ChipRunLane(device::Device* device, device::Stream* stream, RunResourceArena* arena,
@@ -149,6 +174,22 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     if (closing_)
       refuse = absl::FailedPreconditionError("submit after close(): the lane is closed");
     if (!poison_.ok()) refuse = poison_;
+    if (refuse.ok()) {
+      // The buffers the callable binds: checked live, and protected from
+      // free until this run retires, like its argument tensors.
+      if (auto it = bindings_.find(callable); it != bindings_.end()) {
+        for (const auto& [address, bytes] : it->second) {
+          if (absl::Status live = device_->check_range(address, bytes); !live.ok()) {
+            refuse = absl::FailedPreconditionError(absl::StrCat(
+                "submit of '", callable->name, "': its bound device buffer 0x", absl::Hex(address),
+                " (", bytes,
+                " bytes) is no longer a live allocation: ", std::string(live.message())));
+            break;
+          }
+          run->device_ranges.emplace_back(address, address + bytes);
+        }
+      }
+    }
     if (!refuse.ok()) {
       (void)arena_->release(run->set);
       return refuse;
@@ -160,7 +201,14 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
 
   // Prepare outside the lane lock: the set is this run's alone.
   r->timing.prepare_start_ns = base::now_ns();
-  absl::Status prepared = prepare(*r);
+  absl::Status prepared;
+  try {
+    prepared = prepare(*r);
+  } catch (...) {
+    // A host-built graph's orchestration (or anything else prepare calls)
+    // threw: the run's error, returned by this submit; the lane goes on.
+    prepared = base::status_from_current_exception("prepare");
+  }
   r->timing.prepare_end_ns = base::now_ns();
   span("prepare", r->timing.prepare_start_ns, r->timing.prepare_end_ns, r->id(), 0);
 
@@ -172,13 +220,12 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
       r->status = !prepared.ok()
                       ? base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "))
                       : poison_;  // the lane was poisoned while this run was preparing
-      r->state = RunState::kCancelled;
+      r->set_state(RunState::kCancelled);
       r->shared->delivered.store(true, std::memory_order_relaxed);
       prepared = r->status;
     } else {
-      r->state = RunState::kPrepared;
+      r->set_state(RunState::kPrepared);
     }
-    r->shared->state.store(r->state, std::memory_order_release);
     launch_ready_locked();
     if (prepared.ok() && r->state == RunState::kFailed) {
       // Its own launch, attempted in this call, was refused: returned here.
@@ -246,8 +293,7 @@ void ChipRunLane::launch_ready_locked() {
       if (run.state != RunState::kPrepared) continue;
       // Never launched: fail it with the poison cause; its set is provably unused.
       run.status = poison_;
-      run.state = RunState::kCancelled;
-      run.shared->state.store(run.state, std::memory_order_release);
+      run.set_state(RunState::kCancelled);
       continue;
     }
     if (run.state != RunState::kPrepared) break;  // FIFO: an earlier run is still preparing
@@ -279,14 +325,12 @@ void ChipRunLane::launch_ready_locked() {
       }
       run.status = base::mark_unrecoverable(
           base::annotate(rec.status(), absl::StrCat("run ", id, " launch: ")));
-      run.state = RunState::kFailed;
-      run.shared->state.store(run.state, std::memory_order_release);
+      run.set_state(RunState::kFailed);
       poison_locked(id, run.status);
       continue;
     }
     run.record = std::move(rec).value();
-    run.state = RunState::kLaunched;
-    run.shared->state.store(run.state, std::memory_order_release);
+    run.set_state(RunState::kLaunched);
     ++launched_;
     launched_now_.store(launched_, std::memory_order_relaxed);
     run.effective_depth = on_device + 1;
@@ -300,8 +344,14 @@ void ChipRunLane::launch_ready_locked() {
 // launch may have set it first; a later run never replaces it.
 void ChipRunLane::poison_locked(uint64_t run, const absl::Status& cause) {
   if (!poison_.ok() && run >= poisoned_by_) return;
-  poison_ = base::mark_unrecoverable(absl::FailedPreconditionError(
-      absl::StrCat("lane poisoned by run ", run, ": ", std::string(cause.message()))));
+  if (poison_.ok()) {
+    // Runs launched behind the poisoning run share one short drain window.
+    behind_poison_deadline_ = base::Deadline::after(std::chrono::seconds(1));
+  }
+  poison_ = base::mark_poisoned_by(
+      base::mark_unrecoverable(absl::FailedPreconditionError(
+          absl::StrCat("lane poisoned by run ", run, ": ", std::string(cause.message())))),
+      run);
   poisoned_by_ = run;
 }
 
@@ -351,36 +401,37 @@ void ChipRunLane::lane_loop() {
           it != run_ns_estimate_.end() && !poisoned_before) {
         expected_end = std::max(run.timing.launch_ns, last_device_end_ns_) + it->second;
       }
+      const base::Deadline deadline = poisoned_before
+                                          ? behind_poison_deadline_
+                                          : base::deadline_from_seconds(timeout_s).value();
       lock.native().unlock();
-      base::Deadline deadline = poisoned_before ? base::Deadline::after(std::chrono::seconds(1))
-                                                : base::deadline_from_seconds(timeout_s).value();
       const bool done = await_record(*rec, expected_end, deadline);
       lock.native().lock();
       run.timing.complete_ns = base::now_ns();
       span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
       --launched_;
       launched_now_.store(launched_, std::memory_order_relaxed);
-      if (!done && poisoned_before) {
+      if (!done && close_expired_) {
+        // close(deadline) passed with this run still on the device.
+        run.status = cancel_status_locked(run.id());
+        run.quarantine = true;  // the device may still hold it
+      } else if (!done && behind_poison_locked(run.id())) {
         run.status = poison_;
         run.quarantine = true;  // the device may still hold it
       } else if (!done) {
-        run.status = base::mark_unrecoverable(absl::DeadlineExceededError(
-            absl::StrCat("run ", run.id(), " did not finish within the operation timeout of ",
-                         timeout_s, " s; device aborted")));
+        // Named while the device still executes it: the abort below releases
+        // hung tasks, after which nothing would say which task overran.
+        const std::string executing =
+            describe_executing(device_->executing(), run.id(), *run.records->callable);
+        run.status = base::mark_unrecoverable(absl::DeadlineExceededError(absl::StrCat(
+            "run ", run.id(), " did not finish within the operation timeout of ", timeout_s, " s; ",
+            executing.empty()
+                ? std::string("no task of it was executing (its orchestration was still running)")
+                : "still executing: " + executing,
+            "; device aborted")));
         run.quarantine = true;
         poison_locked(run.id(), run.status);
         device_->abort(run.status);
-        // The abort releases hung tasks; give the device a bounded moment to say
-        // which task and kernel were stuck, for the run's own error message.
-        lock.native().unlock();
-        const bool told = rec->done.wait(base::Deadline::after(std::chrono::seconds(1)));
-        lock.native().lock();
-        if (told && !rec->done.status().ok()) {
-          run.status = base::mark_unrecoverable(absl::Status(
-              run.status.code(),
-              absl::StrCat(std::string(run.status.message()),
-                           "; device reports: ", std::string(rec->done.status().message()))));
-        }
       } else {
         run.record_done = true;
         run.timing.device_start_ns = rec->start_ns;
@@ -394,7 +445,10 @@ void ChipRunLane::lane_loop() {
         // one stalled run does not push the next reaps late.
         if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
         absl::Status st = rec->done.status();
-        if (behind_poison_locked(run.id())) {
+        if (close_expired_ && base::is_unrecoverable(st)) {
+          // Stopped by close()'s abort: cancelled, not a device failure.
+          run.status = cancel_status_locked(run.id());
+        } else if (behind_poison_locked(run.id())) {
           // Launched behind the run that poisoned the lane.
           run.status = poison_;
         } else if (!st.ok() && base::is_unrecoverable(st)) {
@@ -406,8 +460,7 @@ void ChipRunLane::lane_loop() {
           run.status = st;
         }
       }
-      run.state = run.status.ok() ? RunState::kCompleted : RunState::kFailed;
-      run.shared->state.store(run.state, std::memory_order_release);
+      run.set_state(run.status.ok() ? RunState::kCompleted : RunState::kFailed);
       launch_ready_locked();  // the successor goes onto the device before we finalize
     } else if (!is_terminal(run.state)) {
       cv_.wait(lock);  // still preparing, or waiting for launch capacity
@@ -426,10 +479,17 @@ void ChipRunLane::lane_loop() {
       for (const auto& r : owned->device_ranges) quarantined_ranges_.push_back({owned->id(), r});
     }
     ++retired_;
+    if (!owned->status.ok() && first_error_.ok()) {
+      first_error_ = owned->status;
+      first_error_run_ = owned->id();
+    }
     if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
       failed_.push_back(owned->shared);
     }
-    // Publish: results before the event (Event::signal is a release).
+    // Publish (RunHandle::state()'s order): the run is finalized and retired
+    // (its set is back); the event is the one publication of done-ness
+    // (Event::signal is a release: a thread that sees done() or RETIRED sees
+    // the result).
     owned->shared->finalized.signal(owned->status);
     cv_.notify_all();
   }
@@ -459,7 +519,7 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
       // the stale end — at the price of a device-paid wake-up for such runs.
       // A few µs after wake_at the lane is no longer a waiter, so the device
       // signals a run that ends on time without a wake-up.
-      if (rec.done.wait(base::Deadline::until(base::steady_time(wake_at)))) {
+      if (wait_record(rec, base::Deadline::until(base::steady_time(wake_at)))) {
         device_polls_.fetch_add(1, std::memory_order_relaxed);
         return true;
       }
@@ -489,7 +549,60 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     }
   }
   device_polls_.fetch_add(1, std::memory_order_relaxed);
-  return rec.done.wait(deadline);
+  return wait_record(rec, deadline);
+}
+
+// Sleeps on the record's event in slices of at most kInterruptSliceNs, so a
+// close() whose deadline passed (interrupt_) stops the wait within a slice:
+// nothing else can wake this thread while a kernel never returns.
+bool ChipRunLane::wait_record(device::LaunchRecord& rec, const base::Deadline& deadline) {
+  constexpr int64_t kInterruptSliceNs = 50'000'000;
+  while (true) {
+    if (interrupt_.load(std::memory_order_acquire)) return rec.done.is_signaled();
+    if (deadline.kind == base::Deadline::Kind::kPoll) return rec.done.is_signaled();
+    const int64_t slice_end = base::now_ns() + kInterruptSliceNs;
+    const bool last =
+        deadline.kind == base::Deadline::Kind::kAt && base::to_ns(deadline.at) <= slice_end;
+    if (rec.done.wait(last ? deadline : base::Deadline::until(base::steady_time(slice_end)))) {
+      return true;
+    }
+    if (last) return false;
+  }
+}
+
+// close()'s deadline passed with runs in flight: runs not launched are
+// cancelled by the poison set here; launched ones still executing fail
+// CANCELLED each (the lane thread stops waiting for them within a slice); the
+// device is aborted so hung tasks return and nothing more is dispatched.
+void ChipRunLane::expire_close_locked() {
+  close_expired_ = true;
+  const absl::Status cause = base::mark_unrecoverable(absl::CancelledError(cancel_cause_locked()));
+  if (poison_.ok()) {
+    poison_ = base::mark_unrecoverable(
+        absl::CancelledError(absl::StrCat("cancelled before launch: ", cancel_cause_locked())));
+    poisoned_by_ = std::numeric_limits<uint64_t>::max();  // no run is "behind" it
+    behind_poison_deadline_ = base::Deadline::poll();
+  }
+  interrupt_.store(true, std::memory_order_release);
+  launch_ready_locked();
+  device_->abort(cause);
+  cv_.notify_all();
+}
+
+absl::Status ChipRunLane::cancel_status_locked(uint64_t run) const {
+  return base::mark_unrecoverable(
+      absl::CancelledError(absl::StrCat("run ", run, " cancelled: ", cancel_cause_locked())));
+}
+
+std::string ChipRunLane::cancel_cause_locked() const {
+  std::string cause = "the lane was closed at its close deadline with the run still in flight";
+  if (!first_error_.ok()) {
+    absl::StrAppend(&cause, "; first error: run ", first_error_run_, ": ",
+                    std::string(first_error_.message()));
+  } else if (!poison_.ok()) {
+    absl::StrAppend(&cause, "; ", std::string(poison_.message()));
+  }
+  return cause;
 }
 
 void ChipRunLane::finalize(ChipRun& run) {
@@ -516,7 +629,6 @@ void ChipRunLane::finalize(ChipRun& run) {
   res.effective_depth = run.effective_depth;
   run.timing.finalize_ns = base::now_ns();
   res.timing = run.timing;
-  run.shared->state.store(RunState::kFinalized, std::memory_order_release);
   span("finalize", start, base::now_ns(), run.id(), 1);
 
   if (options_.trace != nullptr && run.record_done) {
@@ -534,13 +646,21 @@ void ChipRunLane::finalize(ChipRun& run) {
   const int64_t retire_start = base::now_ns();
   absl::Status back = run.quarantine ? arena_->quarantine(run.set) : arena_->release(run.set);
   if (!back.ok()) SIMPLER_LOG_ERROR("run {} retire: {}", run.id(), back.ToString());
-  run.shared->state.store(RunState::kRetired, std::memory_order_release);
   span("retire", retire_start, base::now_ns(), run.id(), 1);
 }
 
 absl::Status ChipRunLane::release_if_unused(uint64_t address, uint64_t bytes,
                                             absl::FunctionRef<absl::Status()> release) {
   base::MutexLock lock(mu_);
+  for (const auto& [callable, bound] : bindings_) {
+    for (const auto& [b, n] : bound) {
+      if (b < address + bytes && address < b + n) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device buffer 0x", absl::Hex(address), " is bound to callable '", callable->name,
+            "' (bound buffer 0x", absl::Hex(b), ", ", n, " bytes); unbind it first"));
+      }
+    }
+  }
   for (const auto& [id, range] : quarantined_ranges_) {
     if (range.first < address + bytes && address < range.second) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -571,7 +691,55 @@ void ChipRunLane::wait_idle() {
   last->finalized.wait(base::Deadline::forever());
 }
 
-absl::Status ChipRunLane::close() {
+absl::Status ChipRunLane::bind(const task::ChipCallable* callable, uint64_t address,
+                               uint64_t bytes) {
+  if (callable == nullptr) return absl::InvalidArgumentError("bind: no callable");
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bind of device buffer 0x", absl::Hex(address),
+                                                   " to '", callable->name, "': 0 bytes"));
+  }
+  base::MutexLock lock(mu_);
+  if (closing_) return absl::FailedPreconditionError("bind after close(): the lane is closed");
+  if (absl::Status live = device_->check_range(address, bytes); !live.ok()) {
+    return base::annotate(live, absl::StrCat("bind to '", callable->name, "': "));
+  }
+  auto& bound = bindings_[callable];
+  for (const auto& [b, n] : bound) {
+    if (b == address) {
+      return absl::AlreadyExistsError(absl::StrCat("device buffer 0x", absl::Hex(address),
+                                                   " is already bound to '", callable->name, "'"));
+    }
+  }
+  bound.emplace_back(address, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ChipRunLane::unbind(const task::ChipCallable* callable, uint64_t address) {
+  if (callable == nullptr) return absl::InvalidArgumentError("unbind: no callable");
+  base::MutexLock lock(mu_);
+  auto it = bindings_.find(callable);
+  auto hit = it == bindings_.end()
+                 ? decltype(it->second.begin()){}
+                 : std::find_if(it->second.begin(), it->second.end(),
+                                [address](const auto& b) { return b.first == address; });
+  if (it == bindings_.end() || hit == it->second.end()) {
+    return absl::NotFoundError(absl::StrCat("device buffer 0x", absl::Hex(address),
+                                            " is not bound to '", callable->name, "'"));
+  }
+  for (const auto& r : runs_) {
+    if (r->records->callable != callable) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot unbind device buffer 0x", absl::Hex(address), " from '", callable->name, "': run ",
+        r->id(), " of it has not retired (state ", std::string(name_of(r->state)), ")"));
+  }
+  it->second.erase(hit);
+  if (it->second.empty()) bindings_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status ChipRunLane::close() { return close(base::Deadline::forever()); }
+
+absl::Status ChipRunLane::close(const base::Deadline& deadline) {
   {
     base::MutexLock lock(mu_);
     if (closing_) {
@@ -580,7 +748,15 @@ absl::Status ChipRunLane::close() {
     }
     closing_ = true;
     cv_.notify_all();
-    while (!runs_.empty()) cv_.wait(lock);
+    while (!runs_.empty()) {
+      if (close_expired_ || deadline.is_forever()) {
+        cv_.wait(lock);
+      } else if (!deadline.expired()) {
+        (void)cv_.wait_until(lock, deadline.at);
+      } else {
+        expire_close_locked();
+      }
+    }
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();

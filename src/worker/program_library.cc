@@ -6,6 +6,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 
 namespace simpler::worker {
@@ -28,7 +30,7 @@ ProgramLibrary& ProgramLibrary::operator=(ProgramLibrary&& o) noexcept {
   if (this != &o) {
     if (handle_ != nullptr) {
       callables_.clear();
-      ::dlclose(handle_);
+      if (base::abandoned_threads() == 0) ::dlclose(handle_);
     }
     handle_ = o.handle_;
     o.handle_ = nullptr;
@@ -42,7 +44,13 @@ ProgramLibrary& ProgramLibrary::operator=(ProgramLibrary&& o) noexcept {
 ProgramLibrary::~ProgramLibrary() {
   callables_.clear();  // std::function targets may live in the library
   checks_.clear();
-  if (handle_ != nullptr) ::dlclose(handle_);
+  if (handle_ == nullptr) return;
+  if (base::abandoned_threads() > 0) {
+    // A device thread abandoned inside a kernel may be running this
+    // library's code: it stays loaded until the process exits.
+    return;
+  }
+  ::dlclose(handle_);
 }
 
 absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
@@ -101,19 +109,28 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
 absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrary& lib,
                                                              const WorkerOptions& options,
                                                              int repeats) {
+  struct Pending {
+    const task::SelfCheck* check;
+    std::vector<std::vector<float>> outputs;  // host staging per output arg
+    RunHandle handle;
+  };
+  // Declared before the Worker, so it is destroyed after it: the Worker's
+  // close drains every run (whose finalize copies into these host buffers)
+  // on every way out, error paths included.
+  std::vector<Pending> pending;
   Worker worker(options);
+  // On an error while runs are in flight, the error is known: close at once
+  // (bounded) instead of waiting out each run, then return the error.
+  auto fail = [&worker](absl::Status error) {
+    (void)worker.close(base::Deadline::poll());
+    return error;
+  };
   std::map<std::string, CallableHandle> handles;
   for (const auto& c : lib.callables()) {
     SIMPLER_ASSIGN_OR_RETURN(handles[c.name], worker.register_callable(c));
   }
   SIMPLER_RETURN_IF_ERROR(worker.init());
 
-  struct Pending {
-    const task::SelfCheck* check;
-    std::vector<std::vector<float>> outputs;  // host staging per output arg
-    RunHandle handle;
-  };
-  std::vector<Pending> pending;
   pending.reserve(lib.self_checks().size() * std::max(1, repeats));
   for (int rep = 0; rep < std::max(1, repeats); ++rep) {
     for (const auto& chk : lib.self_checks()) {
@@ -129,9 +146,9 @@ absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrar
         int64_t numel = 1;
         for (int64_t d : a.shape) numel *= d;
         if (static_cast<int64_t>(a.data.size()) != numel) {
-          return absl::InvalidArgumentError(
+          return fail(absl::InvalidArgumentError(
               absl::StrCat("self-check '", chk.name, "' argument ", i, ": ", a.data.size(),
-                           " values for a shape of ", numel, " elements"));
+                           " values for a shape of ", numel, " elements")));
         }
         if (a.kind == task::SelfCheckArg::Kind::kInput) {
           // A HOST tensor: the run stages it into its resource set at prepare,
@@ -152,19 +169,22 @@ absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrar
           args.add_tensor(t, task::ArgDirection::kOut);
         }
       }
-      SIMPLER_ASSIGN_OR_RETURN(p.handle, worker.submit(handles[chk.callable], args));
+      absl::StatusOr<RunHandle> h = worker.submit(handles[chk.callable], args);
+      if (!h.ok()) {
+        return fail(base::annotate(h.status(), absl::StrCat("self-check '", chk.name, "': ")));
+      }
+      p.handle = *std::move(h);
       pending.push_back(std::move(p));
     }
   }
-  // Every run is waited for before returning: their HOST outputs live in `pending`.
-  absl::Status first_error;
+  // Runs are waited for in order; the first error is returned as soon as it is
+  // known (the close cancels the runs still in flight).
   for (auto& p : pending) {
     absl::Status s = p.handle.wait();
-    if (!s.ok() && first_error.ok()) {
-      first_error = base::annotate(s, absl::StrCat("self-check '", p.check->name, "': "));
+    if (!s.ok()) {
+      return fail(base::annotate(s, absl::StrCat("self-check '", p.check->name, "': ")));
     }
   }
-  if (!first_error.ok()) return first_error;
   std::vector<SelfCheckResult> results;
   for (auto& p : pending) {
     SelfCheckResult r;

@@ -124,6 +124,8 @@ void RunRecords::reset() {
   image_bytes = 0;
   report.tasks_submitted = 0;
   report.tasks_completed = 0;
+  report.tasks_failed = 0;
+  report.first_failed_task = -1;
   report.tasks.clear();
 }
 

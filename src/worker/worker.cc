@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 
 namespace simpler::worker {
@@ -71,7 +72,9 @@ absl::StatusOr<task::Tensor> DeviceBuffer::tensor(const std::vector<int64_t>& sh
 
 ChipWorker::~ChipWorker() { (void)close(); }
 
-absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::ChipCallable>>*) {
+absl::Status ChipWorker::init(
+    const std::vector<std::shared_ptr<const task::ChipCallable>>* callables) {
+  callables_ = callables;
   device::SimDeviceOptions d;
   d.device_id = options_.device_id;
   d.num_cores = options_.num_cores;
@@ -84,7 +87,7 @@ absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::Chip
   }
   SIMPLER_ASSIGN_OR_RETURN(device_, device::create_sim_device(d));
   SIMPLER_ASSIGN_OR_RETURN(stream_, device_->create_stream());
-  arena_ = std::make_unique<RunResourceArena>(device_.get(), options_.effective_grant());
+  arena_ = std::make_shared<RunResourceArena>(device_.get(), options_.effective_grant());
   LaneOptions lane;
   lane.launch_depth = options_.launch_depth;
   lane.operation_timeout_s = options_.operation_timeout_s;
@@ -95,11 +98,22 @@ absl::Status ChipWorker::init(const std::vector<std::shared_ptr<const task::Chip
   return absl::OkStatus();
 }
 
-absl::Status ChipWorker::close() {
+absl::Status ChipWorker::close(const base::Deadline& deadline) {
   if (closed_ || !device_) return absl::OkStatus();
   closed_ = true;
-  absl::Status s = lane_ ? lane_->close() : absl::OkStatus();  // drains while the device is up
-  device_->close();  // joins every device thread; lane and arena stay for read-only queries
+  // Drains while the device is up.
+  absl::Status s = lane_ ? lane_->close(deadline) : absl::OkStatus();
+  device_->close();  // joins the device threads; lane and arena stay for read-only queries
+  abandoned_ = device_->abandoned_threads();
+  if (abandoned_ > 0) {
+    // A thread stuck in a kernel may still touch the device, the run records
+    // in the arena and the callables: they stay alive until the process exits.
+    base::keep_until_exit(device_);
+    base::keep_until_exit(arena_);
+    if (callables_ != nullptr) {
+      for (const auto& c : *callables_) base::keep_until_exit(c);
+    }
+  }
   return s;
 }
 
@@ -212,10 +226,42 @@ absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,
   return h.wait();
 }
 
-absl::Status Worker::close() {
+absl::Status Worker::close() { return close(base::Deadline::forever()); }
+
+absl::Status Worker::close(const base::Deadline& deadline) {
   if (!initialized_.load(std::memory_order_acquire)) return absl::OkStatus();
   if (closed_.exchange(true, std::memory_order_acq_rel)) return absl::OkStatus();
-  return chip_->close();
+  return chip_->close(deadline);
+}
+
+absl::Status Worker::bind(CallableHandle callable, const DeviceBuffer& buffer) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  if (callable.index >= callables_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("bind: unknown callable handle ", callable.index,
+                                                   " (", callables_.size(), " registered)"));
+  }
+  base::MutexLock lock(buffers_mu_);  // the buffer stays live while it is bound
+  auto it = buffers_.find(buffer.address);
+  if (it == buffers_.end() || it->second != buffer.bytes) {
+    return absl::NotFoundError(
+        absl::StrCat("bind of 0x", absl::Hex(buffer.address), " (", buffer.bytes, " bytes) to '",
+                     callables_[callable.index]->name, "': not a live buffer of this Worker"));
+  }
+  return chip_->lane().bind(callables_[callable.index].get(), buffer.address, buffer.bytes);
+}
+
+absl::Status Worker::unbind(CallableHandle callable, const DeviceBuffer& buffer) {
+  SIMPLER_RETURN_IF_ERROR(check_ready());
+  if (callable.index >= callables_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unbind: unknown callable handle ",
+                                                   callable.index, " (", callables_.size(),
+                                                   " registered)"));
+  }
+  return chip_->lane().unbind(callables_[callable.index].get(), buffer.address);
+}
+
+int32_t Worker::abandoned_threads() const {
+  return chip_ != nullptr ? chip_->abandoned_threads() : 0;
 }
 
 const device::DeviceCaps& Worker::caps() const { return chip_->device().caps(); }

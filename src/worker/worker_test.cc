@@ -473,12 +473,23 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
   EXPECT_TRUE(r0.wait().ok());
   absl::Status s = r1.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(contains(s, "run 1 did not finish within the operation timeout of 0.3 s")) << s;
-  EXPECT_TRUE(contains(s, "device reports: run 1 task 0 (kernel 'affine') block 0: task hung"))
+  // One sentence: the run, the task still executing and its kernel, the limit.
+  EXPECT_TRUE(contains(s,
+                       "run 1 did not finish within the operation timeout of 0.3 s; still "
+                       "executing: task 0 (kernel 'affine', block 0 on core "))
       << s;
+  EXPECT_TRUE(contains(s, "; device aborted")) << s;
+  EXPECT_FALSE(contains(s, "device reports")) << s;
+  EXPECT_EQ(std::string(s.message()).find("operation timeout"),
+            std::string(s.message()).rfind("operation timeout"))
+      << "the message repeats itself: " << s;
   EXPECT_TRUE(base::is_unrecoverable(s));
   if (r2.ok()) {
-    EXPECT_TRUE(contains(r2->wait(), "lane poisoned by run 1"));
+    absl::Status s2 = r2->wait();
+    EXPECT_TRUE(contains(s2,
+                         "lane poisoned by run 1: run 1 did not finish within the operation "
+                         "timeout of 0.3 s; still executing: task 0 (kernel 'affine'"))
+        << s2;
   }
   EXPECT_EQ(w.resources().quarantined, 1);
   EXPECT_TRUE(counts_consistent(w.resources()));

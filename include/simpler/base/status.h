@@ -6,6 +6,10 @@
 // task or field at fault. No exception crosses a thread or layer boundary.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -43,5 +47,23 @@ bool is_unrecoverable(const absl::Status& status);
 
 // Returns `status` with `prefix` prepended to its message, keeping code and payloads.
 absl::Status annotate(const absl::Status& status, absl::string_view prefix);
+
+// Payload key naming the run whose unrecoverable error poisoned a lane: set
+// on every "lane poisoned by run N" status, so a caller holding many handles
+// can find the run whose own error explains the refusal.
+inline constexpr absl::string_view kPoisonedByRunPayload = "simpler/poisoned-by-run";
+
+// Returns `status` tagged with the poisoning run `run` (see above).
+absl::Status mark_poisoned_by(absl::Status status, uint64_t run);
+// The run that poisoned the lane this status reports, when it is such a status.
+std::optional<uint64_t> poisoned_by(const absl::Status& status);
+
+// The exception being handled, as an INTERNAL (recoverable) status:
+// "<what> threw <type>: <message>" (the demangled type of a std::exception and
+// its what(); "an exception of unknown type" for anything else). Must be
+// called inside a catch block: exceptions thrown by user code (orchestration
+// functions, kernels) become the run's error here, so none crosses a thread
+// or layer boundary.
+absl::Status status_from_current_exception(absl::string_view what);
 
 }  // namespace simpler::base

@@ -48,8 +48,10 @@ struct TaskTiming {
 // thread executing the run; read by the host after the launch record's event.
 struct RunReport {
   uint64_t tasks_submitted = 0;
-  uint64_t tasks_completed = 0;
-  std::vector<TaskTiming> tasks;  // filled when `record_task_timing`
+  uint64_t tasks_completed = 0;    // finished successfully (every block OK)
+  uint64_t tasks_failed = 0;       // finished with an error in some block
+  int64_t first_failed_task = -1;  // the first task that finished failed; -1 = none
+  std::vector<TaskTiming> tasks;   // filled when `record_task_timing`
 };
 
 // Executes `callable` with `args` (already resolved to device tensors) on the
@@ -61,7 +63,10 @@ struct RunReport {
 // args, tensor outside any live allocation, a task that can never fit), or the
 // first task error, as "run R task T (kernel 'K'): <cause>" keeping the
 // cause's code and its unrecoverable mark. On error no new task is dispatched;
-// blocks already running are drained before returning.
+// blocks already running are drained before returning. An exception thrown by
+// the orchestration or a kernel is that function's error (INTERNAL,
+// recoverable: "run R orchestration of 'C' threw <type>: <what>", "run R task
+// T (kernel 'K') block B: kernel threw <type>: <what>").
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
                          const task::TaskArgs& args, const ChipOptions& options, int32_t max_cores,
                          bool record_task_timing, RunReport* report);

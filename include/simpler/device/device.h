@@ -38,6 +38,17 @@ struct CoreJob {
   int32_t block_dim = 1;
   uint32_t task_index = 0;  // index of the task inside its run
   uint64_t tag = 0;         // opaque to the device, returned in the completion
+  uint32_t kernel = 0;      // index of the kernel in the run's callable (diagnostics)
+};
+
+// A job a core is executing, for diagnostics (Device::executing()).
+struct ExecutingJob {
+  uint64_t run_id = 0;
+  uint32_t task_index = 0;
+  uint32_t kernel = 0;  // CoreJob::kernel
+  int32_t block_idx = 0;
+  int32_t core = 0;
+  int64_t start_ns = 0;  // now_ns() when the block started
 };
 
 // The outcome of one CoreJob. Timestamps are now_ns() on the core thread.
@@ -76,7 +87,9 @@ class ExecContext {
 };
 
 // Body of a launch: runs on the scheduler thread. Its status becomes the
-// launch's status.
+// launch's status. An exception escaping it is caught by the stream and
+// becomes the launch's INTERNAL (recoverable) status; the same holds for a
+// kernel (KernelFn) throwing on a core: its block's status.
 using LaunchFn = std::function<absl::Status(ExecContext&)>;
 
 // Completion record of one stream item. `done` is signalled (release) after
@@ -142,9 +155,21 @@ class Device {
   virtual void abort(const absl::Status& reason) = 0;
   virtual bool aborted() const = 0;
 
+  // What the cores are executing now: a best-effort snapshot (each field is
+  // read without stopping the cores), for error messages such as a timeout
+  // naming the task that was still running.
+  virtual std::vector<ExecutingJob> executing() const = 0;
+
   // Aborts what is still running, joins every device thread and releases all
-  // memory. Idempotent; the device is unusable afterwards.
+  // memory. Idempotent; the device is unusable afterwards. Bounded: a device
+  // thread that does not exit within the device's close grace (it is inside a
+  // kernel that never returns) is abandoned — detached, logged and counted in
+  // base::abandoned_threads() — and then no memory is released: the owner must
+  // keep the device (and whatever the abandoned thread may read: run records,
+  // callables) alive with base::keep_until_exit (see abandoned_threads()).
   virtual void close() = 0;
+  // Device threads close() abandoned (0 when every thread was joined).
+  virtual int32_t abandoned_threads() const = 0;
 };
 
 // Options of the sim device.
@@ -169,13 +194,16 @@ struct SimDeviceOptions {
   // restriction. Modelling a separate accelerator: give the device CPUs the
   // host threads do not use (`simpler bench pipeline --pin auto`).
   std::vector<int> cpus;
+  // How long close() waits, in seconds (finite, >= 0), for the device threads
+  // to exit after it aborted the device before abandoning those still inside
+  // a kernel (see Device::close).
+  double close_grace_s = 1.0;
 };
 
 // Creates the thread-based sim device. INVALID_ARGUMENT for negative cores,
-// spin_ns outside [0, 50'000], or `cpus` naming a CPU this machine does not
-// have. A CPU that exists but lies outside the process's cpuset is found only
-// when a device thread pins itself: that thread logs a warning and runs
-// unpinned.
+// spin_ns outside [0, 50'000], a negative or non-finite close_grace_s, or `cpus` naming a CPU this
+// machine does not have. A CPU that exists but lies outside the process's cpuset is found only when
+// a device thread pins itself: that thread logs a warning and runs unpinned.
 absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions& options);
 
 }  // namespace simpler::device

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -85,23 +86,46 @@ class ChipRunLane {
                                    const base::Deadline& admission = base::Deadline::forever());
 
   // Frees device memory unless a run still uses it, as one step: returns
-  // FAILED_PRECONDITION naming the run when a run that is not retired names a
-  // tensor inside [address, address + bytes) in its arguments, or a
-  // quarantined run named one (then until close); otherwise returns
+  // FAILED_PRECONDITION naming the callable when a bound buffer (bind())
+  // overlaps [address, address + bytes), naming the run when a run that is
+  // not retired names a tensor inside the range in its arguments or its
+  // callable's bindings, or a quarantined run did (then until close); otherwise returns
   // `release()`, called under the lane's lock. A submit that checked its
   // tensors before the free and registers its run after it re-checks them at
   // prepare and is refused, so no run ever executes on freed memory.
   absl::Status release_if_unused(uint64_t address, uint64_t bytes,
                                  absl::FunctionRef<absl::Status()> release);
 
+  // Declares that `callable` reads or writes device memory [address, address
+  // + bytes) that it captured rather than receiving it as an argument (e.g. a
+  // model's weights and KV pool). While bound, the buffer cannot be freed
+  // (release_if_unused refuses it, naming the callable), and every run of
+  // `callable` protects it like an argument tensor until the run retires (or,
+  // once quarantined, until close). Errors: INVALID_ARGUMENT (no callable, 0
+  // bytes, a range outside any live allocation), ALREADY_EXISTS (the same
+  // address is bound to `callable`), FAILED_PRECONDITION (closed lane).
+  absl::Status bind(const task::ChipCallable* callable, uint64_t address, uint64_t bytes);
+  // Undoes bind(). NOT_FOUND when `address` is not bound to `callable`;
+  // FAILED_PRECONDITION naming the run when a run of `callable` has not
+  // retired (it may still use the buffer).
+  absl::Status unbind(const task::ChipCallable* callable, uint64_t address);
+
   // Waits until every run admitted so far has finished on the device.
   void wait_idle();
 
-  // Refuses new submits, drains every admitted run (bounded by the operation
-  // timeout), stops the lane thread. Returns the first error in run order that
-  // no wait()/result() delivered, with the count of the other undelivered
-  // ones in its message; OK when there is none. Idempotent (later calls OK).
+  // Refuses new submits, drains every admitted run (each bounded by the
+  // operation timeout), stops the lane thread. Returns the first error in run
+  // order that no wait()/result() delivered, with the count of the other
+  // undelivered ones in its message; OK when there is none. Idempotent (later
+  // calls, and calls racing the first, wait for it and return OK).
   absl::Status close();
+  // close() bounded by `deadline`: runs still in flight when it passes fail
+  // with CANCELLED ("run N cancelled: the lane was closed at its close
+  // deadline with the run still in flight; first error: run M: ..."), those
+  // launched are quarantined (their device use is unproven), the lane is
+  // poisoned with that cause and the device aborted. Returns within about
+  // 50 ms of the deadline even when a kernel never returns.
+  absl::Status close(const base::Deadline& deadline);
 
   LaneStats stats() const;
   // The poison cause, OK when the lane is healthy.
@@ -122,6 +146,13 @@ class ChipRunLane {
   // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
   bool await_record(device::LaunchRecord& rec, int64_t expected_end,
                     const base::Deadline& deadline);
+  // rec.done.wait(deadline), returning early (with whether the record is
+  // done) once close() set interrupt_. Lane thread only.
+  bool wait_record(device::LaunchRecord& rec, const base::Deadline& deadline);
+  void expire_close_locked() SIMPLER_REQUIRES(mu_);
+  // The CANCELLED status of run `run` when close()'s deadline passed.
+  absl::Status cancel_status_locked(uint64_t run) const SIMPLER_REQUIRES(mu_);
+  std::string cancel_cause_locked() const SIMPLER_REQUIRES(mu_);
   absl::Status prepare(ChipRun& run);
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
 
@@ -140,7 +171,19 @@ class ChipRunLane {
   std::atomic<int32_t> launched_now_{0};
   absl::Status poison_ SIMPLER_GUARDED_BY(mu_);
   uint64_t poisoned_by_ SIMPLER_GUARDED_BY(mu_) = 0;  // the run whose error set poison_
+  // Runs launched behind the poisoning run wait for the device until then.
+  base::Deadline behind_poison_deadline_ SIMPLER_GUARDED_BY(mu_);
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
+  bool close_expired_ SIMPLER_GUARDED_BY(mu_) = false;  // close(deadline) passed
+  // Set (release) once close()'s deadline passed: the lane thread stops
+  // waiting for the device (acquire).
+  std::atomic<bool> interrupt_{false};
+  // The first failed run's error (in retire order), for cancellation messages.
+  absl::Status first_error_ SIMPLER_GUARDED_BY(mu_);
+  uint64_t first_error_run_ SIMPLER_GUARDED_BY(mu_) = 0;
+  // Device buffers bound to callables (bind()): callable -> (address, bytes).
+  std::unordered_map<const task::ChipCallable*, std::vector<std::pair<uint64_t, uint64_t>>>
+      bindings_ SIMPLER_GUARDED_BY(mu_);
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
   uint64_t retired_ SIMPLER_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);

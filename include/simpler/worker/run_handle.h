@@ -15,7 +15,10 @@
 
 namespace simpler::worker {
 
-// Lifecycle of a run (ARCHITECTURE.md "Run lifecycle").
+// Lifecycle of a run (ARCHITECTURE.md "Run lifecycle"). The lane moves a run
+// through every state; a RunHandle shows ACCEPTED, PREPARED and LAUNCHED while
+// the run is not done, then RETIRED (see RunHandle::state()); the terminal
+// state it reached is RunResult::terminal_state.
 enum class RunState : uint8_t {
   kAccepted,   // identity assigned
   kPrepared,   // resources granted, arguments staged
@@ -62,6 +65,8 @@ struct RunResult {
 // State shared by a run's lane entry and its handles. Internal.
 struct RunShared {
   base::RunId id;
+  // Progress while not done: ACCEPTED, PREPARED or LAUNCHED (release by the
+  // lane, acquire by state()). Never a later state: done-ness is `finalized`.
   std::atomic<RunState> state{RunState::kAccepted};
   // Signalled at finalize (release); `result` is written before it and is
   // immutable after.
@@ -84,10 +89,20 @@ class RunHandle {
   // FAILED_PRECONDITION ("... empty RunHandle").
   bool valid() const { return shared_ != nullptr; }
   base::RunId id() const { return shared_ ? shared_->id : base::RunId{}; }
-  // True once the run is finalized (its result is available).
+  // True once the run is finalized and retired (its result is available).
   bool done() const { return !shared_ || shared_->finalized.is_signaled(); }
+  // The run's progress: ACCEPTED, PREPARED or LAUNCHED while not done();
+  // RETIRED once done() (how it ended: result().terminal_state). One
+  // publication order makes the two agree for every observer: the lane
+  // writes the result, retires the run and then signals `finalized`
+  // (release); state() reads RETIRED only from that signal (acquire). So a
+  // thread that reads RETIRED then calls done() gets true, and done() never
+  // turns false again. (A state read first may still be LAUNCHED while a
+  // done() read after it is already true: the run finished in between.)
   RunState state() const {
-    return shared_ ? shared_->state.load(std::memory_order_acquire) : RunState::kCancelled;
+    if (!shared_) return RunState::kCancelled;
+    if (shared_->finalized.is_signaled()) return RunState::kRetired;
+    return shared_->state.load(std::memory_order_acquire);
   }
 
   // Waits for the run to finalize and returns its status, delivering it (an

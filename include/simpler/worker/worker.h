@@ -79,17 +79,25 @@ class ChipWorker {
  public:
   explicit ChipWorker(WorkerOptions options) : options_(std::move(options)) {}
   ~ChipWorker();
+  // `callables` must outlive the ChipWorker (or be kept, see close()).
   absl::Status init(const std::vector<std::shared_ptr<const task::ChipCallable>>* callables);
   device::Device& device() { return *device_; }
   ChipRunLane& lane() { return *lane_; }
   RunResourceArena& arena() { return *arena_; }
-  absl::Status close();
+  // Drains the lane (bounded by `deadline`, see ChipRunLane::close) and closes
+  // the device. When the device had to abandon threads stuck in kernels, the
+  // device, the arena (the run records those threads read) and the callables
+  // are kept until the process exits (base::keep_until_exit).
+  absl::Status close(const base::Deadline& deadline = base::Deadline::forever());
+  int32_t abandoned_threads() const { return abandoned_; }
 
  private:
   WorkerOptions options_;
-  std::unique_ptr<device::Device> device_;
+  const std::vector<std::shared_ptr<const task::ChipCallable>>* callables_ = nullptr;
+  int32_t abandoned_ = 0;
+  std::shared_ptr<device::Device> device_;
   device::Stream* stream_ = nullptr;
-  std::unique_ptr<RunResourceArena> arena_;
+  std::shared_ptr<RunResourceArena> arena_;
   std::unique_ptr<ChipRunLane> lane_;
   bool closed_ = false;
 };
@@ -144,11 +152,39 @@ class Worker {
 
   // Drains every run, closes the device (joins every device thread) and returns
   // the first run error no wait() delivered, counting the others. Idempotent.
+  // A run that never finishes is bounded by the operation timeout.
   absl::Status close();
+  // close(), bounded by `deadline` (the fatal path: an error is known and
+  // nothing in flight is wanted any more). Runs still in flight when it
+  // passes fail CANCELLED naming the first error's cause and the lane is
+  // poisoned (ChipRunLane::close(deadline)). Returns within about the
+  // deadline plus the device's close grace even when a kernel never returns:
+  // such a device thread is abandoned (abandoned_threads()).
+  absl::Status close(const base::Deadline& deadline);
+
+  // Binds `buffer` to `callable`: declares that the callable's runs use the
+  // buffer although it is not among their arguments (a model's weights and
+  // KV pool, captured by its orchestration). A bound buffer cannot be freed
+  // (free() is FAILED_PRECONDITION naming the callable) until unbind(); each
+  // run of the callable protects it until the run retires (ChipRunLane::bind).
+  // After init(), before close(); thread-safe. Errors: INVALID_ARGUMENT
+  // (unknown callable handle), NOT_FOUND (not a live buffer of this Worker,
+  // or `buffer.bytes` differs from the allocation), ALREADY_EXISTS (already
+  // bound to it), FAILED_PRECONDITION (before init / after close). A submit
+  // of `callable` whose bound buffer is no longer a live allocation (freed
+  // behind the Worker, e.g. through device()) is refused with
+  // FAILED_PRECONDITION naming the buffer.
+  absl::Status bind(CallableHandle callable, const DeviceBuffer& buffer);
+  // Undoes bind(). NOT_FOUND when not bound; FAILED_PRECONDITION naming the
+  // run while a run of `callable` has not retired.
+  absl::Status unbind(CallableHandle callable, const DeviceBuffer& buffer);
 
   const device::DeviceCaps& caps() const;
   ArenaCounts resources() const;
   LaneStats lane_stats() const;
+  // Device threads close() had to abandon inside kernels that never returned
+  // (see Device::close); 0 normally.
+  int32_t abandoned_threads() const;
   const WorkerOptions& options() const { return options_; }
   // The device, for layers above that need raw access (tests, benchmarks).
   device::Device& device();
