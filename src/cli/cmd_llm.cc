@@ -273,6 +273,7 @@ Runner add_generate_command(CLI::App& app) {
                             {"finish_reason", r.finish_reason},
                             {"pages", r.pages}};
         j["text"] = tok ? nlohmann::json(tok->decode(r.tokens)) : nlohmann::json(nullptr);
+        if (!r.status.ok()) j["error"] = std::string(r.status.message());
         if (!r.logits.empty()) {
           nlohmann::json lg = nlohmann::json::object();
           for (const auto& [s, v] : r.logits) lg[std::to_string(s)] = v;
@@ -308,7 +309,9 @@ Runner add_generate_command(CLI::App& app) {
         const auto& r = res->requests[i];
         if (res->requests.size() > 1)
           std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
-        if (tok) {
+        if (!r.status.ok()) {
+          std::printf("error: %s\n", std::string(r.status.message()).c_str());
+        } else if (tok) {
           std::printf("%s\n", tok->decode(r.tokens).c_str());
         } else {
           for (size_t k = 0; k < r.tokens.size(); ++k)
@@ -317,7 +320,17 @@ Runner add_generate_command(CLI::App& app) {
         }
       }
     }
-    return write_trace(trace, st->common.trace_path) ? 0 : 1;
+    // Every request's result is printed first; a refused or failed request
+    // makes the call fail.
+    int failed = 0;
+    for (size_t i = 0; i < res->requests.size(); ++i) {
+      if (res->requests[i].status.ok()) continue;
+      ++failed;
+      std::cerr << "simpler generate: request " << i << " failed: " << res->requests[i].status
+                << "\n";
+    }
+    if (!write_trace(trace, st->common.trace_path)) return 1;
+    return failed > 0 ? 1 : 0;
   };
 }
 

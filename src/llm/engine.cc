@@ -200,6 +200,14 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   if (holder->bound.kernels.size() != llm_kernels().size()) {
     return absl::InternalError("decode program kernel table differs from llm_kernels()");
   }
+  // The decode program reads and writes these buffers without naming them in
+  // its arguments: bound, so none is freed while a step may use it.
+  for (const worker::DeviceBuffer& b : e->buffers_) {
+    SIMPLER_RETURN_IF_ERROR(e->worker_->bind(e->decode_, b));
+  }
+  for (const worker::DeviceBuffer* b : {&e->feed_ids_, &e->last_ids_, &e->kv_buffer_}) {
+    SIMPLER_RETURN_IF_ERROR(e->worker_->bind(e->decode_, *b));
+  }
   return e;
 }
 
@@ -216,6 +224,10 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
         absl::StrCat(prompts.size(), " requests exceed max_batch ", max_batch_));
   }
   int64_t max_len = 0;
+  const int32_t page_size = options_.page_size;
+  // Requests that can never fit the KV pool are refused here, before any
+  // work; the others are served.
+  std::vector<absl::Status> refused(prompts.size());
   for (size_t r = 0; r < prompts.size(); ++r) {
     if (prompts[r].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("request ", r, " has an empty prompt"));
@@ -232,10 +244,17 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
           "request ", r, ": prompt of ", prompts[r].size(), " tokens + ", options.max_new_tokens,
           " new tokens exceeds max_position_embeddings ", config_.max_position_embeddings));
     }
+    const int64_t need = pages_needed(total, page_size);
+    if (need > num_pages_) {
+      refused[r] = absl::ResourceExhaustedError(absl::StrCat(
+          "request ", r, " can never fit the KV cache: its prompt of ", prompts[r].size(),
+          " tokens + ", options.max_new_tokens, " new tokens needs ", need, " pages of ", page_size,
+          " tokens, and the pool holds ", num_pages_, " pages"));
+      continue;
+    }
     max_len = std::max(max_len, total);
   }
-  const int32_t page_size = options_.page_size;
-  const int64_t max_blocks = pages_needed(max_len, page_size);
+  const int64_t max_blocks = std::max<int64_t>(1, pages_needed(max_len, page_size));
   SIMPLER_ASSIGN_OR_RETURN(PagePool pool, PagePool::create(num_pages_, page_size));
 
   // Host-side feedback (host sampling) needs each step's logits on the host
@@ -270,9 +289,16 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   reqs.reserve(prompts.size());
   for (size_t r = 0; r < prompts.size(); ++r) {
     reqs.push_back(Req{&prompts[r], BlockTable(r), 0, 0, -1, 0, false, false, {}});
-    reqs.back().out.prompt_ids = prompts[r];
+    Req& q = reqs.back();
+    q.out.prompt_ids = prompts[r];
+    if (!refused[r].ok()) {
+      q.finished = q.released = true;
+      q.out.finish_reason = "error";
+      q.out.status = refused[r];
+      continue;
+    }
+    stats.prompt_tokens += static_cast<int64_t>(prompts[r].size());
   }
-  for (const auto& p : prompts) stats.prompt_tokens += static_cast<int64_t>(p.size());
 
   // One submitted step: its host arguments live here until it is processed.
   struct Step {
@@ -436,19 +462,41 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     inflight.pop_front();
     if (t_first_all == 0) {
       bool all = true;
-      for (const auto& q : reqs) all = all && !q.out.tokens.empty();
+      for (const auto& q : reqs) all = all && (!q.out.status.ok() || !q.out.tokens.empty());
       if (all) t_first_all = base::now_ns();
     }
     if (options.progress) options.progress(stats.steps, max_len);
     return absl::OkStatus();
   };
 
+  absl::Status failure;
   while (true) {
-    SIMPLER_ASSIGN_OR_RETURN(bool submitted, submit_step());
-    if (!submitted && inflight.empty()) break;
-    if (!submitted || static_cast<int32_t>(inflight.size()) >= depth) {
-      SIMPLER_RETURN_IF_ERROR(process_step());
+    absl::StatusOr<bool> submitted = submit_step();
+    if (!submitted.ok()) {
+      // Refused because a step in flight poisoned the lane: that step's own
+      // error (and code) is the one to report, whichever noticed first.
+      failure = worker::poison_cause(submitted.status(),
+                                     [&](uint64_t run) -> std::optional<worker::RunHandle> {
+                                       for (const Step& st : inflight) {
+                                         if (st.handle.id().value == run) return st.handle;
+                                       }
+                                       return std::nullopt;
+                                     });
+      break;
     }
+    if (!*submitted && inflight.empty()) break;
+    if (!*submitted || static_cast<int32_t>(inflight.size()) >= depth) {
+      failure = process_step();
+      if (!failure.ok()) break;
+    }
+  }
+  if (!failure.ok()) {
+    // The error is known: report it now. The steps still in flight consumed
+    // the failed step's tokens (or sit behind a poisoned lane); a bounded
+    // close cancels them at once instead of waiting out their timeouts, and
+    // their host buffers (in `inflight`) outlive the close.
+    (void)worker_->close(base::Deadline::poll());
+    return failure;
   }
   const int64_t t_end = base::now_ns();
   stats.total_ms = (t_end - t_start) / 1e6;

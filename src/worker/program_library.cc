@@ -171,7 +171,22 @@ absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrar
       }
       absl::StatusOr<RunHandle> h = worker.submit(handles[chk.callable], args);
       if (!h.ok()) {
-        return fail(base::annotate(h.status(), absl::StrCat("self-check '", chk.name, "': ")));
+        // Refused because an earlier run poisoned the lane: report that run's
+        // own error (e.g. its refused launch), naming its check.
+        const Pending* culprit = nullptr;
+        absl::Status cause =
+            poison_cause(h.status(), [&](uint64_t run) -> std::optional<RunHandle> {
+              for (const auto& q : pending) {
+                if (q.handle.id().value == run) {
+                  culprit = &q;
+                  return q.handle;
+                }
+              }
+              return std::nullopt;
+            });
+        const std::string& name =
+            cause != h.status() && culprit != nullptr ? culprit->check->name : chk.name;
+        return fail(base::annotate(cause, absl::StrCat("self-check '", name, "': ")));
       }
       p.handle = *std::move(h);
       pending.push_back(std::move(p));

@@ -1,6 +1,10 @@
 #include "simpler/worker/program_library.h"
 
+#include <chrono>
+#include <map>
+
 #include "gtest/gtest.h"
+#include "simpler/base/status.h"
 
 namespace simpler::worker {
 namespace {
@@ -55,6 +59,63 @@ TEST(ProgramLibrary, MissingFileIsAClearError) {
   ASSERT_FALSE(lib.ok());
   EXPECT_EQ(lib.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(contains(lib.status(), "/nonexistent/libnothing.so")) << lib.status();
+}
+
+// A library's throwing orchestration or kernel fails only its run, with the
+// exception's message, the run and the task; the library's healthy callable
+// still runs on the same Worker.
+TEST(ProgramLibrary, ALibrarysThrowingOrchestrationOrKernelFailsOnlyItsRun) {
+  auto lib = ProgramLibrary::load(SIMPLER_TEST_THROW_LIB);
+  ASSERT_TRUE(lib.ok()) << lib.status();
+  for (int depth : {1, 2}) {
+    Worker w(opts(depth));
+    std::map<std::string, CallableHandle> h;
+    for (const auto& c : lib->callables()) h[c.name] = *w.register_callable(c);
+    ASSERT_TRUE(w.init().ok());
+    DeviceBuffer buf = *w.malloc(16);
+    task::TaskArgs args;
+    args.add_tensor(*buf.tensor({4}, task::DataType::kFloat32), task::ArgDirection::kInOut);
+    absl::StatusOr<RunHandle> r0 = w.submit(h["throw_orchestration"], args);
+    absl::StatusOr<RunHandle> r1 = w.submit(h["throw_kernel"], args);
+    absl::StatusOr<RunHandle> r2 = w.submit(h["add_one"], args);
+    ASSERT_TRUE(r0.ok() && r1.ok() && r2.ok());
+    absl::Status e0 = r0->wait(5.0);
+    EXPECT_EQ(e0.code(), absl::StatusCode::kInternal) << e0;
+    EXPECT_TRUE(contains(e0,
+                         "run 0 orchestration of 'throw_orchestration' threw "
+                         "std::runtime_error: orchestration exploded"))
+        << e0;
+    absl::Status e1 = r1->wait(5.0);
+    EXPECT_EQ(e1.code(), absl::StatusCode::kInternal) << e1;
+    EXPECT_TRUE(contains(e1,
+                         "run 1 task 0 (kernel 'throwing_kernel') block 0: kernel threw "
+                         "std::logic_error: kernel exploded"))
+        << e1;
+    EXPECT_FALSE(base::is_unrecoverable(e0) || base::is_unrecoverable(e1));
+    ASSERT_TRUE(r2->wait(5.0).ok());
+    float out[4];
+    ASSERT_TRUE(w.copy_from(out, buf, sizeof(out)).ok());
+    // throw_orchestration's task ran before it threw (+1), add_one (+1).
+    EXPECT_EQ(out[0], 2.0f);
+    EXPECT_TRUE(w.close().ok());
+  }
+}
+
+// A refused launch while earlier runs are in flight: the runner drains (or
+// closes) before the host buffers those runs copy back into are released, and
+// reports the refusal. (AddressSanitizer saw finalize write freed memory.)
+TEST(ProgramLibrary, ARefusedLaunchIsReportedAfterEveryInFlightRunIsDrained) {
+  auto lib = ProgramLibrary::load(SIMPLER_EXAMPLE_MATMUL_LIB);
+  ASSERT_TRUE(lib.ok()) << lib.status();
+  for (int depth : {1, 2}) {
+    WorkerOptions o = opts(depth);
+    o.faults = *device::FaultPlan::parse("run=1:task=0:kind=launch_refused");
+    auto results = run_self_checks(*lib, o, 4);
+    ASSERT_FALSE(results.ok());
+    EXPECT_EQ(results.status().code(), absl::StatusCode::kUnavailable) << results.status();
+    EXPECT_TRUE(contains(results.status(), "stream refused the launch of run 1"))
+        << results.status();
+  }
 }
 
 }  // namespace

@@ -68,6 +68,16 @@ absl::StatusOr<task::Tensor> DeviceBuffer::tensor(const std::vector<int64_t>& sh
   return t;
 }
 
+absl::Status poison_cause(const absl::Status& refusal,
+                          absl::FunctionRef<std::optional<RunHandle>(uint64_t run)> find) {
+  const std::optional<uint64_t> run = base::poisoned_by(refusal);
+  if (!run.has_value()) return refusal;
+  std::optional<RunHandle> h = find(*run);
+  if (!h.has_value() || !h->valid()) return refusal;
+  absl::Status own = h->wait();
+  return own.ok() ? refusal : own;
+}
+
 // --- ChipWorker ---
 
 ChipWorker::~ChipWorker() { (void)close(); }

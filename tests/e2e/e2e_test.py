@@ -38,6 +38,14 @@ Scenarios (`--list` prints them):
   trace                 --trace on `run` (depth 2), `generate` (also failing) and `bench
                         pipeline`: every run's spans, launch order within the depth
   bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2
+  run_defects           `simpler run` error paths that once crashed or hung: a refused launch
+                        with runs in flight (exits cleanly, reporting it), a hang at depth 1
+                        and 2 (one sentence naming run, task, kernel and limit), a kernel that
+                        never returns (fails at --timeout, exits within seconds)
+  generate_faults       `simpler generate` under faults: a device fault at depth 4 reports the
+                        failing step's own error every time; a request that can never fit the
+                        KV pool is refused while the others are served; a known error is
+                        reported without waiting out a hung step's timeout
 
 Each reference scenario checks, for its checkpoint:
   * 16 clone requests x 127 decode steps (--ignore-eos): every request's tokens equal the
@@ -117,6 +125,7 @@ class Ctx:
         self.reference_py = os.path.abspath(args.reference)
         self.work = os.path.abspath(args.work)
         self.matmul_lib = os.path.abspath(args.matmul_lib) if args.matmul_lib else None
+        self.spin_lib = os.path.abspath(args.spin_lib) if args.spin_lib else None
         self.tokenizer_dir = os.path.abspath(args.tokenizer_dir) if args.tokenizer_dir else None
         self.python = sys.executable or "/usr/bin/python3"
         self.problems = Problems()
@@ -921,6 +930,97 @@ def scenario_run_matmul_fault(ctx):
              f"kernel_error: stderr does not say what failed: {tail(p.stderr, 600)!r}")
 
 
+def last_stderr_line(p):
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def scenario_run_defects(ctx):
+    pb = ctx.problems
+    # A refused launch while earlier runs are in flight: the refused run's error, a clean exit
+    # (once: "free(): corrupted unsorted chunks", finalize writing freed host buffers).
+    for extra in (["--launch-depth", "2"], ["--launch-depth", "1", "--repeats", "4"]):
+        env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=1:task=0:kind=launch_refused")
+        expect_error(ctx, matmul_argv(ctx, *extra), "launch_refused " + " ".join(extra),
+                     ["run 1 launch: stream refused the launch of run 1"], env=env)
+    # A hang at depth 1 and 2: one sentence naming the run, the task still executing, its
+    # kernel and the limit — never "lane poisoned" without the task, never repeated.
+    for depth in ("1", "2"):
+        env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=3:task=0:kind=hang")
+        p = expect_error(ctx, matmul_argv(ctx, "--launch-depth", depth, "--repeats", "4",
+                                          "--timeout", "1"),
+                         f"hang at depth {depth}",
+                         ["run 3 did not finish within the operation timeout of 1 s; still "
+                          "executing: task 0 (kernel 'matmul_rows'", "; device aborted"],
+                         env=env)
+        last = last_stderr_line(p)
+        pb.check(last.count("operation timeout") == 1,
+                 f"hang at depth {depth}: the message repeats itself: {last!r}")
+    # A kernel that never returns: fails at its timeout naming run, task and kernel; the
+    # process exits within a few seconds although the thread running the kernel cannot be
+    # joined (it is abandoned).
+    if not ctx.spin_lib:
+        raise Failure("--spin-lib is required for this scenario")
+    p = expect_error(ctx, [ctx.simpler, "run", ctx.spin_lib, "--timeout", "2"],
+                     "never-returning kernel",
+                     ["run 0 did not finish within the operation timeout of 2 s",
+                      "task 0 (kernel 'spin_forever'"])
+    p2, wall = ctx.run([ctx.simpler, "run", ctx.spin_lib, "--timeout", "2"],
+                       label="never-returning kernel (timed)", timeout=60)
+    pb.check(p2.returncode == 1, f"never-returning kernel: exit {p2.returncode}")
+    pb.check(wall < 10, f"never-returning kernel: the process took {wall:.1f} s to exit after "
+                        f"a 2 s timeout (limit 10 s)")
+
+
+def scenario_generate_faults(ctx):
+    pb = ctx.problems
+    model = ctx.write_model(ctx.path("model"), "--vocab", "4096", "--seed", "21",
+                            tokenizer=False)
+    base = [ctx.simpler, "generate", "--model", model, "--max-new-tokens", "16",
+            "--ignore-eos"]
+    # A device fault in step 3 at depth 4: the failing step's own error (INTERNAL, naming run 3
+    # and its task), never "lane poisoned by run 3" from a later submit — every time.
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=3:task=5:kind=device_fault")
+    for i in range(8):
+        p = expect_error(ctx, base + ["--prompt-ids", "1,2,3", "--launch-depth", "4"],
+                         f"device_fault at depth 4, try {i}",
+                         ["run 3 task 5", "device fault, error code 507018"], env=env)
+        pb.check("lane poisoned" not in last_stderr_line(p),
+                 f"device_fault try {i}: a later submit's refusal was reported instead of the "
+                 f"step's own error: {last_stderr_line(p)!r}")
+    # A request that can never fit the KV pool is refused before any work, naming its need and
+    # the pool's size; the other request is served; the call exits non-zero after printing both.
+    prompts = ctx.path("prompts.jsonl")
+    with open(prompts, "w") as f:
+        f.write(json.dumps({"prompt_ids": [7] * 1280}) + "\n")
+        f.write(json.dumps({"prompt_ids": [1, 2, 3, 4, 5]}) + "\n")
+    p, wall = ctx.run([ctx.simpler, "generate", "--model", model, "--prompts-file", prompts,
+                       "--num-pages", "64", "--page-size", "16", "--max-new-tokens", "5",
+                       "--ignore-eos", "--json"], label="never-fitting request")
+    pb.check(p.returncode == 1, f"never-fitting request: exit {p.returncode}, expected 1")
+    try:
+        out = parse_one_json_object(p.stdout, "never-fitting request")
+        r0, r1 = out["requests"]
+        pb.check(r0.get("finish_reason") == "error" and
+                 "needs 81 pages of 16 tokens, and the pool holds 64 pages" in r0.get("error", ""),
+                 f"never-fitting request: request 0 is {r0}")
+        pb.check(r1.get("finish_reason") == "length" and len(r1.get("tokens", [])) == 5
+                 and "error" not in r1, f"never-fitting request: request 1 is {r1}")
+        pb.check(wall < 60, f"never-fitting request: {wall:.1f} s (the refused one ran?)")
+    except (Failure, ValueError, KeyError) as e:
+        pb.add(f"never-fitting request: {e}")
+    # A known error does not wait out a hung step's timeout (60 s by default): reported as soon
+    # as it is known, naming its run.
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=2:task=3:kind=kernel_error,run=3:task=1:kind=hang")
+    t0 = time.monotonic()
+    expect_error(ctx, base + ["--prompt-ids", "1,2,3", "--launch-depth", "4"],
+                 "kernel_error behind a hang", ["run 2 task 3", "kernel reported failure"],
+                 env=env)
+    wall = time.monotonic() - t0
+    pb.check(wall < 20, f"kernel_error behind a hang: reported after {wall:.1f} s (the hung "
+                        f"step's 60 s timeout must not be waited out)")
+
+
 def scenario_bench_pipeline(ctx):
     """The --json contract of `simpler bench pipeline` (numbers are not asserted: speed is
     recorded in docs/benchmarks.md, not tested)."""
@@ -1115,6 +1215,8 @@ SCENARIOS = {
     "bench_pipeline": scenario_bench_pipeline,
     "trace": scenario_trace,
     "bench_decode": scenario_bench_decode,
+    "run_defects": scenario_run_defects,
+    "generate_faults": scenario_generate_faults,
 }
 
 
@@ -1125,6 +1227,8 @@ def main():
     ap.add_argument("--simpler", help="path of the simpler CLI")
     ap.add_argument("--reference", help="path of tests/reference/qwen3_ref.py")
     ap.add_argument("--matmul-lib", help="path of libsimpler_example_matmul.so")
+    ap.add_argument("--spin-lib", help="path of libsimpler_test_spin.so (a kernel that never "
+                                       "returns)")
     ap.add_argument("--tokenizer-dir", help="directory with Qwen3's tokenizer.json")
     ap.add_argument("--work", help="scratch directory (wiped at start)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory on success")

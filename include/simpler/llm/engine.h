@@ -38,8 +38,12 @@ struct EngineOptions {
 struct RequestResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> tokens;  // generated ids; includes the stop id when one stopped it
-  std::string finish_reason;    // "stop" (a stop id) or "length" (max_new_tokens)
-  std::vector<int32_t> pages;   // KV pages the request held when it finished
+  // "stop" (a stop id), "length" (max_new_tokens) or "error" (`status` says why).
+  std::string finish_reason;
+  // OK, or why the request was refused (RESOURCE_EXHAUSTED: it can never fit
+  // the KV pool, naming its pages and the pool's).
+  absl::Status status;
+  std::vector<int32_t> pages;  // KV pages the request held when it finished
   // Logits (f32 [V]) at requested decode steps (step s picks generated token s).
   std::map<int32_t, std::vector<float>> logits;
   // K and V read back from the page pool at requested positions: [layers][kv_heads·head_dim].
@@ -107,8 +111,15 @@ class Qwen3Engine {
   // Decodes every prompt (ids) greedily until a stop id or max_new_tokens, all
   // requests batched per step. INVALID_ARGUMENT for an empty prompt, an id
   // outside the vocabulary, more requests than max_batch, or prompt +
-  // max_new_tokens beyond max_position_embeddings; RESOURCE_EXHAUSTED when the
-  // page pool is too small; run errors from the Worker.
+  // max_new_tokens beyond max_position_embeddings. A request that can never
+  // fit the page pool alone is refused before any work (its RequestResult's
+  // status and finish_reason "error") and the others are served;
+  // RESOURCE_EXHAUSTED when requests that fit alone exhaust the pool
+  // together. Run errors: the failing step's own error (whichever of its
+  // wait or a later submit noticed it first); the error is returned as soon
+  // as it is known — the Worker is then closed at once (Worker::close with
+  // an expired deadline cancels the steps still in flight), so the engine
+  // cannot be used again.
   absl::StatusOr<GenerateResult> generate(const std::vector<std::vector<int32_t>>& prompts,
                                           const GenerateOptions& options);
 

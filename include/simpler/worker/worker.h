@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "simpler/base/trace.h"
 #include "simpler/chip/chip_runtime.h"
@@ -72,6 +73,16 @@ struct DeviceBuffer {
   absl::StatusOr<task::Tensor> tensor(const std::vector<int64_t>& shape, task::DataType dtype,
                                       uint64_t offset = 0) const;
 };
+
+// The error that explains `refusal`: when `refusal` refused a submit because
+// the lane was poisoned by run N (base::poisoned_by) and `find(N)` returns
+// that run's handle, run N's own error (waiting for it to finalize: it ends
+// like any run, behind the runs launched before it); otherwise `refusal`. A
+// caller holding the handles of its runs in flight uses it to report the
+// failing run's own error and code, whichever of its submit or its wait
+// notices the failure first.
+absl::Status poison_cause(const absl::Status& refusal,
+                          absl::FunctionRef<std::optional<RunHandle>(uint64_t run)> find);
 
 // One chip: device, stream, run lane and run resources. Owned by a level-2
 // Worker. Thread-safe after init().
