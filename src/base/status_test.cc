@@ -1,6 +1,9 @@
 #include "simpler/base/status.h"
 
+#include <stdexcept>
+
 #include "gtest/gtest.h"
+#include "simpler/base/quarantine.h"
 
 namespace simpler::base {
 namespace {
@@ -31,6 +34,44 @@ TEST(Status, UnrecoverableMarkSurvivesAnnotate) {
   EXPECT_EQ(a.message(), "run 3: device fault");
   EXPECT_FALSE(is_unrecoverable(absl::InternalError("kernel")));
   EXPECT_FALSE(is_unrecoverable(absl::OkStatus()));
+}
+
+TEST(Status, AnExceptionBecomesAnInternalStatusNamingItsTypeAndMessage) {
+  absl::Status s;
+  try {
+    throw std::out_of_range("index 7");
+  } catch (...) {
+    s = status_from_current_exception("kernel");
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "kernel threw std::out_of_range: index 7");
+  EXPECT_FALSE(is_unrecoverable(s));
+  try {
+    throw 42;
+  } catch (...) {
+    s = status_from_current_exception("orchestration");
+  }
+  EXPECT_EQ(s.message(), "orchestration threw an exception of type int");
+  EXPECT_EQ(status_from_current_exception("x").code(), absl::StatusCode::kInternal);
+}
+
+TEST(Status, ThePoisoningRunSurvivesAnnotate) {
+  absl::Status s = mark_poisoned_by(absl::FailedPreconditionError("lane poisoned by run 3"), 3);
+  EXPECT_EQ(poisoned_by(annotate(s, "submit: ")), std::optional<uint64_t>(3));
+  EXPECT_EQ(poisoned_by(absl::InternalError("x")), std::nullopt);
+  EXPECT_TRUE(mark_poisoned_by(absl::OkStatus(), 1).ok());
+}
+
+TEST(Quarantine, KeptObjectsStayAliveAndAbandonedThreadsAreCounted) {
+  auto kept = std::make_shared<int>(5);
+  std::weak_ptr<int> watch = kept;
+  keep_until_exit(kept);
+  kept.reset();
+  EXPECT_FALSE(watch.expired());
+  const int64_t before = abandoned_threads();
+  note_abandoned_thread("test thread");
+  EXPECT_EQ(abandoned_threads(), before + 1);
+  EXPECT_EQ(abandoned_thread_descriptions().back(), "test thread");
 }
 
 }  // namespace

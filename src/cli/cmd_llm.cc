@@ -252,7 +252,10 @@ Runner add_generate_command(CLI::App& app) {
       }
     };
     auto res = (*engine)->generate(prompts, go);
-    absl::Status closed = (*engine)->close();
+    // On a failure the error is known: close at once (steps still in flight
+    // are cancelled instead of waited out).
+    absl::Status closed =
+        (*engine)->close(res.ok() ? base::Deadline::forever() : base::Deadline::poll());
     if (!res.ok()) return fail_with_trace("generate", res.status(), trace, st->common.trace_path);
     if (!closed.ok()) return fail_with_trace("generate", closed, trace, st->common.trace_path);
     const auto& stats = res->stats;
@@ -346,7 +349,8 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   llm::GenerateOptions go;
   go.max_new_tokens = steps;
   auto res = (*engine)->generate(prompts, go);
-  absl::Status closed = (*engine)->close();
+  absl::Status closed =
+      (*engine)->close(res.ok() ? base::Deadline::forever() : base::Deadline::poll());
   if (!res.ok()) return fail_with_trace("bench decode", res.status(), trace, common.trace_path);
   if (!closed.ok()) return fail_with_trace("bench decode", closed, trace, common.trace_path);
   // memcpy bandwidth in this process, same run: copy a buffer the size of the weights (capped).

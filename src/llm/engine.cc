@@ -211,8 +211,19 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   return e;
 }
 
+void Qwen3Engine::drain_orphans() {
+  for (Orphans& o : orphans_) {
+    // Their errors are consequences of the failure generate() reported.
+    for (const worker::RunHandle& h : o.handles) (void)h.wait();
+  }
+  orphans_.clear();
+}
+
+Qwen3Engine::~Qwen3Engine() { (void)close(); }
+
 absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options) {
+  drain_orphans();
   const Qwen3Dims& d = dims_;
   if (options.max_new_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -491,11 +502,16 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
     }
   }
   if (!failure.ok()) {
-    // The error is known: report it now. The steps still in flight consumed
-    // the failed step's tokens (or sit behind a poisoned lane); a bounded
-    // close cancels them at once instead of waiting out their timeouts, and
-    // their host buffers (in `inflight`) outlive the close.
-    (void)worker_->close(base::Deadline::poll());
+    // The error is known: report it now, without waiting for the steps still
+    // in flight (they consumed the failed step's tokens, or sit behind a
+    // poisoned lane, or a hung step). They are kept, with the host buffers
+    // they stage into, until drained: by the next generate(), or cancelled at
+    // once by close(deadline) on a fatal path.
+    Orphans o;
+    for (const Step& st : inflight) o.handles.push_back(st.handle);
+    o.owner = std::make_shared<std::deque<Step>>(std::move(inflight));
+    inflight.clear();
+    orphans_.push_back(std::move(o));
     return failure;
   }
   const int64_t t_end = base::now_ns();
@@ -509,9 +525,11 @@ absl::StatusOr<GenerateResult> Qwen3Engine::generate(
   return result;
 }
 
-absl::Status Qwen3Engine::close() {
+absl::Status Qwen3Engine::close(const base::Deadline& deadline) {
   if (!worker_) return absl::OkStatus();
-  return worker_->close();
+  absl::Status s = worker_->close(deadline);
+  drain_orphans();  // finalized by the close: their buffers can go
+  return s;
 }
 
 }  // namespace simpler::llm

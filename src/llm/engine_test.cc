@@ -197,8 +197,30 @@ TEST_F(EngineTest, BadRequestsAreRefusedWithTheReason) {
   EXPECT_TRUE(contains(e->generate({{1}}, go).status(), "max_new_tokens must be >= 1"));
   go.max_new_tokens = 5000;
   EXPECT_TRUE(contains(e->generate({{1}}, go).status(), "exceeds max_position_embeddings"));
-  // A pool too small for the requests.
+  // Requests that can never fit the pool alone are refused, each naming its
+  // need and the pool; the call itself succeeds.
   go.max_new_tokens = 40;
+  auto never = e->generate({{1, 2}, {3, 4}}, go);
+  ASSERT_TRUE(never.ok()) << never.status();
+  for (const RequestResult& r : never->requests) {
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted) << r.status;
+    EXPECT_TRUE(contains(r.status, "needs 11 pages of 4 tokens, and the pool holds 8 pages"))
+        << r.status;
+    EXPECT_EQ(r.finish_reason, "error");
+    EXPECT_TRUE(r.tokens.empty());
+  }
+  // One that fits is served beside one that never can (41 + 3 tokens: 11 pages).
+  {
+    GenerateOptions g = go;
+    g.max_new_tokens = 3;
+    auto mixed = e->generate({std::vector<int32_t>(41, 7), {1, 2}}, g);
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    EXPECT_EQ(mixed->requests[0].status.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(mixed->requests[1].status.ok());
+    EXPECT_EQ(mixed->requests[1].tokens.size(), 3u);
+  }
+  // Requests that fit alone but exhaust the pool together.
+  go.max_new_tokens = 18;
   auto small = e->generate({{1, 2}, {3, 4}}, go);
   EXPECT_EQ(small.status().code(), absl::StatusCode::kResourceExhausted) << small.status();
   // The engine still works afterwards.

@@ -116,10 +116,12 @@ class Qwen3Engine {
   // status and finish_reason "error") and the others are served;
   // RESOURCE_EXHAUSTED when requests that fit alone exhaust the pool
   // together. Run errors: the failing step's own error (whichever of its
-  // wait or a later submit noticed it first); the error is returned as soon
-  // as it is known — the Worker is then closed at once (Worker::close with
-  // an expired deadline cancels the steps still in flight), so the engine
-  // cannot be used again.
+  // wait or a later submit noticed it first), returned as soon as it is
+  // known: steps still in flight are not waited for (the next generate()
+  // drains them first; close(deadline) cancels them). After a recoverable
+  // error the engine stays usable; after an unrecoverable one (device fault,
+  // timeout) its Worker is poisoned and every later generate() fails with
+  // that cause.
   absl::StatusOr<GenerateResult> generate(const std::vector<std::vector<int32_t>>& prompts,
                                           const GenerateOptions& options);
 
@@ -128,10 +130,17 @@ class Qwen3Engine {
   worker::Worker& worker() { return *worker_; }
   // f32 bytes of every weight a decode step streams (projections, norms, LM head).
   uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
-  absl::Status close();
+  // Closes the Worker (Worker::close(deadline): steps still in flight when
+  // the deadline passes are cancelled — the fatal path passes an expired
+  // one) and releases what failed generate() calls left in flight. Idempotent.
+  absl::Status close(const base::Deadline& deadline = base::Deadline::forever());
+  ~Qwen3Engine();
 
  private:
   Qwen3Engine() = default;
+  // Waits for the steps a failed generate() left in flight, then releases
+  // their host buffers.
+  void drain_orphans();
   ModelConfig config_;
   Qwen3Dims dims_;
   EngineOptions options_;
@@ -147,6 +156,13 @@ class Qwen3Engine {
   uint64_t weight_bytes_per_step_ = 0;
   struct Holder;
   std::shared_ptr<Holder> holder_;
+  // Steps a failed generate() returned without waiting for: their handles and
+  // the host buffers they stage into (type-erased), kept until drained.
+  struct Orphans {
+    std::vector<worker::RunHandle> handles;
+    std::shared_ptr<void> owner;
+  };
+  std::vector<Orphans> orphans_;
 };
 
 }  // namespace simpler::llm
