@@ -292,26 +292,26 @@ TEST(RunReport, TheFailedTaskIsNotCountedAsCompleted) {
   (void)w.close();
 }
 
-// A real overrun (a kernel still sleeping, not an injected hang) is named in
+// A real overrun (a kernel still running, not an injected hang) is named in
 // the timeout: run, task, kernel, limit; one sentence.
 TEST(WorkerTimeout, AnOverrunNamesTheTaskStillExecutingAndItsKernel) {
   WorkerOptions o = opts();
   o.operation_timeout_s = 0.3;
   Worker w(o);
-  auto h = w.register_callable(testing::sleep_program());
+  auto h = w.register_callable(gate_program());
   ASSERT_TRUE(w.init().ok());
-  task::TaskArgs a;
-  a.add_scalar_i64(800'000);  // 0.8 s: past the timeout, within the close grace
-  RunHandle r = *w.submit(*h, a);
+  std::atomic<bool> gate{false};
+  RunHandle r = *w.submit(*h, gate_args(gate));
   absl::Status s = r.wait(5.0);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_TRUE(contains(s,
                        "run 0 did not finish within the operation timeout of 0.3 s; still "
-                       "executing: task 0 (kernel 'sleep', block 0 on core "))
+                       "executing: task 0 (kernel 'gate', block 0 on core "))
       << s;
   EXPECT_TRUE(contains(s, "s); device aborted")) << s;
+  gate.store(true);  // the kernel returns: close joins every device thread
   (void)w.close();
-  EXPECT_EQ(w.abandoned_threads(), 0);  // the kernel returned within the close grace
+  EXPECT_EQ(w.abandoned_threads(), 0);
 }
 
 // close(deadline): a known error is reported at once; runs still in flight at
