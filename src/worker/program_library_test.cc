@@ -1,5 +1,7 @@
 #include "simpler/worker/program_library.h"
 
+#include <cstdlib>
+
 #include "gtest/gtest.h"
 
 namespace simpler::worker {
@@ -55,6 +57,17 @@ TEST(ProgramLibrary, MissingFileIsAClearError) {
   ASSERT_FALSE(lib.ok());
   EXPECT_EQ(lib.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(contains(lib.status(), "/nonexistent/libnothing.so")) << lib.status();
+}
+
+TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
+  ::setenv("SIMPLER_TEST_ODD_PROGRAM", "duplicate", 1);
+  auto lib = ProgramLibrary::load(SIMPLER_TEST_ODD_PROGRAM_LIB);
+  ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+  ASSERT_FALSE(lib.ok());
+  EXPECT_EQ(lib.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lib.status().message(), std::string("program library '") +
+                                        SIMPLER_TEST_ODD_PROGRAM_LIB +
+                                        "' registers two callables named 'twice'");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +79,13 @@ struct ModelConfig {
   // Checks the invariants listed above on the current field values (used by parse and before
   // writing). `source` names the file in messages.
   absl::Status validate(std::string_view source = "config.json") const;
+
+  // OK when a request of `prompt` plus up to `max_new_tokens` generated tokens fits this model,
+  // checked before anything is sized for it. INVALID_ARGUMENT otherwise: an empty prompt
+  // ("empty prompt"), an id outside the vocabulary ("token id 10000000000 outside the
+  // vocabulary [0, 151936)"), max_new_tokens < 1, or more tokens than the model has positions
+  // ("prompt of 5000 tokens + 32 new tokens exceeds max_position_embeddings 4096").
+  absl::Status check_request(std::span<const int64_t> prompt, int64_t max_new_tokens) const;
 
   // Stop token ids: eos_token_ids then generation_eos_token_ids, without duplicates.
   std::vector<int64_t> stop_ids() const;
