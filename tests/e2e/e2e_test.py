@@ -38,6 +38,9 @@ Scenarios (`--list` prints them):
   trace                 --trace on `run` (depth 2), `generate` (also failing) and `bench
                         pipeline`: every run's spans, launch order within the depth
   bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2
+  bad_input             issue 10: malformed, huge, deep, non-UTF-8 and inconsistent input is an
+                        error exit naming the file / flag / field, never a crash, hang or silent
+                        acceptance
 
 Each reference scenario checks, for its checkpoint:
   * 16 clone requests x 127 decode steps (--ignore-eos): every request's tokens equal the
