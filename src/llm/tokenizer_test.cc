@@ -434,9 +434,8 @@ TEST_F(TokenizerFileTest, ADeeplyNestedEosTokenIsRefusedWithoutCrashing) {
         "{\"eos_token\": " + std::string(60, '[') + std::string(60, ']') + "}");
   tokenizer = Tokenizer::load_files(json, config);
   ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(tokenizer.status().message(),
-            config + ": field 'eos_token': expected a string, got " + std::string(60, '[') + std::string(20, ']') +
-                "...");
+  EXPECT_EQ(tokenizer.status().message(), config + ": field 'eos_token': expected a string, got " +
+                                              std::string(60, '[') + std::string(20, ']') + "...");
 }
 
 TEST_F(TokenizerFileTest, DefaultDirFromEnvironmentMustHoldTokenizerJson) {
