@@ -30,8 +30,8 @@ absl::StatusOr<std::vector<int64_t>> parse_ids(const std::string& text, const st
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int64_t v;
     if (!absl::SimpleAtoi(part, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": '", std::string(part.substr(0, 40)),
-                                                     "' is not a 64-bit integer token id"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": '", std::string(part.substr(0, 40)), "' is not a 64-bit integer"));
     }
     ids.push_back(v);
   }
@@ -409,6 +409,13 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   eo.worker = common.worker_options(&trace);
   eo.allow_unused_tensors = allow_unused_tensors;
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>{1});
+  // The steps must fit the model's positions before the KV pool is sized for them.
+  auto config = llm::ModelConfig::load(model);
+  if (!config.ok()) return fail("bench decode", config.status());
+  const std::vector<int64_t> prompt = {1};
+  if (absl::Status s = config->check_request(prompt, steps); !s.ok()) {
+    return fail("bench decode", base::annotate(s, "--steps: "));
+  }
   const int32_t pages = llm::Qwen3Engine::pages_for(prompts, steps, eo.page_size);
   auto engine = llm::Qwen3Engine::create(model, eo, batch, pages);
   if (!engine.ok())

@@ -424,7 +424,7 @@ std::string ModelConfig::to_config_json() const {
   j["use_cache"] = true;
   j["use_sliding_window"] = false;
   j["vocab_size"] = vocab_size;
-  return j.dump(2) + "\n";
+  return base::dump_replacing(j, 2) + "\n";
 }
 
 std::string ModelConfig::to_generation_config_json() const {

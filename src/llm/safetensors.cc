@@ -637,7 +637,13 @@ absl::Status write_safetensors(const std::string& path, std::span<const TensorSo
     offset += size;
     sizes.push_back(size);
   }
-  std::string header_text = header.dump();
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const json::type_error&) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot write ", path, ": a tensor name or metadata string is not valid UTF-8"));
+  }
   while (header_text.size() % 8 != 0) header_text.push_back(' ');
 
   const std::string tmp_path = path + ".tmp";

@@ -144,6 +144,17 @@ TEST(SafetensorsWriter, RefusesWrongByteCountAndDuplicateNames) {
   EXPECT_THAT(msg(s), HasSubstr("tensor 'd': duplicate name"));
 }
 
+TEST(SafetensorsWriter, RefusesANameThatIsNotUtf8InsteadOfThrowing) {
+  const fs::path dir = test_dir();
+  const std::vector<float> v = {1};
+  std::vector<TensorSource> t = {{"w\xff", DataType::kFloat32, {1}, as_bytes(v), nullptr}};
+  const std::string path = (dir / "a.safetensors").string();
+  absl::Status s = write_safetensors(path, t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(s),
+            "cannot write " + path + ": a tensor name or metadata string is not valid UTF-8");
+}
+
 TEST(SafetensorsOpen, MissingFileIsNotFound) {
   const fs::path dir = test_dir();
   auto file = SafetensorsFile::open((dir / "nope.safetensors").string());

@@ -1294,6 +1294,11 @@ def scenario_bad_input(ctx):
                  "6. --max-new-tokens 2147483647",
                  ["2147483647 new tokens exceeds max_position_embeddings 4096"])
 
+    expect_error(ctx, [ctx.simpler, "bench", "decode", "--model", base, "--steps", "1000000"],
+                 "6. bench decode --steps 1000000",
+                 ["--steps: prompt of 1 tokens + 1000000 new tokens exceeds "
+                  "max_position_embeddings 4096"])
+
     # 7. A FIFO in place of a file is refused at once.
     for name in ("model.safetensors", "config.json"):
         d = copy("fifo_" + name.split(".")[0])
