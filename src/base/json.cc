@@ -1,7 +1,9 @@
 #include "simpler/base/json.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -21,8 +23,8 @@ struct StopParse {
 // One open container while parsing.
 struct Frame {
   bool object = false;
-  std::string key;  // the object's last key (empty for arrays)
-  std::unordered_set<std::string> keys;
+  std::string key;               // the object's last key
+  std::vector<uint64_t> hashes;  // a hash of every key seen in the object, in order
 };
 
 std::string path_of(const std::vector<Frame>& frames, size_t count) {
@@ -31,6 +33,20 @@ std::string path_of(const std::vector<Frame>& frames, size_t count) {
     if (frames[i].object) absl::StrAppend(&path, "/", frames[i].key);
   }
   return path.empty() ? "/" : path;
+}
+
+uint64_t hash_of(const std::string& key) { return std::hash<std::string>{}(key); }
+
+// The key of `object` seen twice, given the hashes of every key seen (more than object.size()).
+std::string duplicate_key(const json& object, std::vector<uint64_t> hashes) {
+  std::sort(hashes.begin(), hashes.end());
+  auto twice = std::adjacent_find(hashes.begin(), hashes.end());
+  if (twice != hashes.end()) {
+    for (auto it = object.begin(); it != object.end(); ++it) {
+      if (hash_of(it.key()) == *twice) return it.key();
+    }
+  }
+  return "?";
 }
 
 // `text` cut to at most `max_chars` bytes (never inside a UTF-8 sequence), "..." appended when
@@ -78,18 +94,24 @@ absl::StatusOr<json> parse_json_bounded(std::string_view text, std::string_view 
         break;
       case json::parse_event_t::object_end:
       case json::parse_event_t::array_end:
-        if (!frames.empty()) frames.pop_back();
+        if (frames.empty()) break;
+        // nlohmann keeps the last of two equal keys: fewer members than keys seen means a
+        // duplicate.
+        if (frames.back().object && parsed.is_object() &&
+            frames.back().hashes.size() != parsed.size()) {
+          throw StopParse{absl::InvalidArgumentError(absl::StrCat(
+              source, ": duplicate key '",
+              cut_utf8(duplicate_key(parsed, std::move(frames.back().hashes)), 80),
+              "' in the object at ", cut_utf8(path_of(frames, frames.size() - 1), 200)))};
+        }
+        frames.pop_back();
         break;
       case json::parse_event_t::key: {
         if (frames.empty() || !parsed.is_string()) break;
         Frame& top = frames.back();
-        std::string key = parsed.get<std::string>();
-        if (!top.keys.insert(key).second) {
-          throw StopParse{absl::InvalidArgumentError(
-              absl::StrCat(source, ": duplicate key '", cut_utf8(key, 80), "' in the object at ",
-                           cut_utf8(path_of(frames, frames.size() - 1), 200)))};
-        }
-        top.key = std::move(key);
+        const std::string& key = parsed.get_ref<const std::string&>();
+        top.hashes.push_back(hash_of(key));
+        top.key.assign(key);
         break;
       }
       case json::parse_event_t::value:
