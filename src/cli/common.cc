@@ -1,4 +1,5 @@
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -55,7 +56,14 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
                   "where task graphs are built: device (orchestration on the device) or host "
                   "(built during prepare, executed from a graph image)")
       ->check(CLI::IsMember({"device", "host"}));
-  app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file");
+  app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file")
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string {
+            std::error_code ec;
+            return std::filesystem::is_directory(path, ec) ? path + " is a directory, not a file"
+                                                           : std::string();
+          },
+          "FILE"));
   if (with_json) app->add_flag("--json", json, "print one JSON object on stdout");
 }
 

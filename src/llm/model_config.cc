@@ -324,11 +324,15 @@ absl::Status ModelConfig::validate(std::string_view source) const {
 
 absl::StatusOr<ModelConfig> ModelConfig::load(const std::string& dir) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model directory '", dir, "' is a file, not a directory"));
+  }
   const std::string config_path = (fs::path(dir) / "config.json").string();
   const std::string generation_path = (fs::path(dir) / "generation_config.json").string();
   SIMPLER_ASSIGN_OR_RETURN(std::string config_text, read_file(config_path));
   std::string generation_text;
-  std::error_code ec;
   if (fs::exists(generation_path, ec)) {
     SIMPLER_ASSIGN_OR_RETURN(generation_text, read_file(generation_path));
     if (generation_text.empty()) {

@@ -367,6 +367,15 @@ TEST(ModelConfigBadInput, AFifoAsConfigIsRefusedWithoutBlocking) {
   EXPECT_EQ(msg(c.status()), (dir / "config.json").string() + " is not a regular file (a FIFO)");
 }
 
+TEST(ModelConfigBadInput, AFileGivenAsTheModelDirectoryIsNamedAsSuch) {
+  const fs::path dir = simpler::testing::test_dir("simpler_model_config_test");
+  std::ofstream(dir / "config.json") << qwen3_06b().dump();
+  const std::string file = (dir / "config.json").string();
+  auto c = ModelConfig::load(file);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()), "model directory '" + file + "' is a file, not a directory");
+}
+
 TEST(ModelConfigBadInput, CheckRequestValidatesLengthAndIdsBeforeAnythingIsSized) {
   auto c = parse(qwen3_06b());
   ASSERT_TRUE(c.ok());

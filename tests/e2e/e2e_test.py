@@ -1390,6 +1390,11 @@ def scenario_bad_input(ctx):
     expect_error(ctx, gen(base, "--prompts-file", ctx.work), "13. --prompts-file DIR",
                  [ctx.work, "is a directory"])
 
+    expect_error(ctx, gen(os.path.join(base, "config.json"), "--prompt-ids", "1,2"),
+                 "13. --model FILE", [os.path.join(base, "config.json"), "is a file, not a directory"])
+    expect_refused_by_parser(ctx, gen(base, "--prompt-ids", "1,2", "--trace", ctx.work),
+                             "13. --trace DIR", ["--trace", ctx.work, "is a directory"])
+
     # 14. A fault plan entry that never fires is warned about at close.
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=0:task=7:kind=kernel_error")
     p, _ = ctx.run(matmul_argv(ctx), env=env, label="14. a fault that never fires")
