@@ -758,7 +758,8 @@ absl::StatusOr<std::optional<int32_t>> config_token(const FieldReader& reader, c
   }
   std::optional<int32_t> id = tokenizer.token_to_id(content);
   if (!id)
-    return reader.error(key, absl::StrCat("token \"", content, "\" is not in the vocabulary"));
+    return reader.error(key, absl::StrCat("token ", base::quote_json_prefix(Json(content), 80),
+                                          " is not in the vocabulary"));
   return id;
 }
 

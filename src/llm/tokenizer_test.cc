@@ -438,6 +438,17 @@ TEST_F(TokenizerFileTest, ADeeplyNestedEosTokenIsRefusedWithoutCrashing) {
                                               std::string(60, '[') + std::string(20, ']') + "...");
 }
 
+TEST_F(TokenizerFileTest, ALongMissingTokenIsQuotedShort) {
+  const std::string json = write("tokenizer.json", minimal({}).dump());
+  const std::string config =
+      write("tokenizer_config.json", "{\"eos_token\": \"" + std::string(100000, 'z') + "\"}");
+  auto tokenizer = Tokenizer::load_files(json, config);
+  ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.status().message(), config + ": field 'eos_token': token \"" +
+                                              std::string(79, 'z') +
+                                              "... is not in the vocabulary");
+}
+
 TEST_F(TokenizerFileTest, DefaultDirFromEnvironmentMustHoldTokenizerJson) {
   const char* saved = std::getenv("SIMPLER_TOKENIZER_DIR");
   const std::string saved_value = saved != nullptr ? saved : "";
