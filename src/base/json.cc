@@ -88,7 +88,7 @@ absl::StatusOr<json> parse_json_bounded(std::string_view text, std::string_view 
         if (depth + 1 > max_depth) {
           throw StopParse{absl::InvalidArgumentError(
               absl::StrCat(source, ": JSON nested deeper than ", max_depth, " levels at ",
-                           path_of(frames, frames.size())))};
+                           cut_utf8(path_of(frames, frames.size()), 200)))};
         }
         frames.push_back(Frame{event == json::parse_event_t::object_start, {}, {}});
         break;

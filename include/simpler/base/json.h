@@ -33,9 +33,11 @@ inline constexpr size_t kJsonMaxErrorChars = 200;
 //   * anything but whitespace after the value, including a NUL byte anywhere (nlohmann's lexer
 //     would stop at it): "<what>: malformed JSON: NUL byte at offset N";
 //   * containers nested deeper than `max_depth`: "<what>: JSON nested deeper than 64 levels at
-//     /a/b" (the path of object keys to the too-deep value);
-//   * an object holding the same key twice (nlohmann would keep the last):
-//     "<what>: duplicate key 'k' in the object at /weight_map".
+//     /a/b" (the path of object keys to the too-deep value, array indices left out); parsing
+//     stops at the first too-deep container, so the cost is bounded by the text's length;
+//   * an object holding the same key twice (nlohmann would keep the last), found when the
+//     object closes: "<what>: duplicate key 'k' in the object at /weight_map".
+// Keys and paths in messages are cut to a few hundred characters.
 // Every exception of nlohmann's family is caught; none leaves this function.
 absl::StatusOr<nlohmann::json> parse_json_bounded(std::string_view text, std::string_view what,
                                                   int max_depth = kJsonDefaultMaxDepth);

@@ -41,8 +41,13 @@ struct WeightSpec {
 //
 // Errors name the file and the field:
 //   NOT_FOUND         config.json is missing
-//   INVALID_ARGUMENT  malformed JSON; a missing required field; a field of the wrong type or
-//                     out of range; num_key_value_heads not dividing num_attention_heads; an odd
+//   INVALID_ARGUMENT  malformed JSON (also: nested deeper than 64 levels, bytes after the
+//                     value, a duplicate key; see base/json.h); a file that is not a regular file
+//                     (a FIFO is refused without blocking) or a model directory that is a file;
+//                     a missing required field; a field of the wrong type or out of range (an
+//                     integer above 2^63-1; rms_norm_eps or rope_theta outside float32's positive
+//                     normal range, the kernels' precision; weight sizes whose f32 bytes overflow
+//                     64 bits); num_key_value_heads not dividing num_attention_heads; an odd
 //                     head_dim (rotate-half RoPE needs pairs); a token id outside [0, vocab_size);
 //                     an unsupported feature (hidden_act, attention_bias, rope_scaling, sliding
 //                     window); "unknown architecture [...]" when neither architectures nor

@@ -15,9 +15,12 @@
 //   NOT_FOUND          a file, shard or tensor that does not exist
 //   DATA_LOSS          the file is shorter than its header says (truncated): fewer than 8
 //                      bytes, header length beyond the end of the file, or tensor data beyond it
-//   INVALID_ARGUMENT   the header is not a valid safetensors header (malformed JSON, unknown
-//                      dtype, bad shape, bad/overlapping/holey data_offsets, size that does not
-//                      match shape and dtype, trailing bytes, header length above 100 MB), or a
+//   INVALID_ARGUMENT   the header is not a valid safetensors header (malformed JSON, JSON
+//                      nested deeper than 64 levels, anything but spaces after the JSON value,
+//                      a tensor named twice, unknown dtype, bad shape, bad/overlapping/holey
+//                      data_offsets, size that does not match shape and dtype, trailing bytes,
+//                      header length above 100 MB), a path that is not a regular file (a FIFO
+//                      is refused without blocking), or a
 //                      lookup whose shape or dtype differs from what the caller expects, or a
 //                      conversion of a non-float tensor
 //   PERMISSION_DENIED / INTERNAL   the operating system refused to open, map or write a file
