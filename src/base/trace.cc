@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
 
 namespace simpler::base {
 
@@ -49,7 +50,8 @@ std::string TraceRecorder::to_json() const {
   nlohmann::json root = {{"traceEvents", events},
                          {"displayTimeUnit", "ns"},
                          {"otherData", {{"clock", "CLOCK_MONOTONIC"}, {"origin_ns", origin}}}};
-  return root.dump();
+  // Span names come from program libraries and need not be UTF-8.
+  return dump_replacing(root);
 }
 
 absl::Status TraceRecorder::write(const std::string& path) const {

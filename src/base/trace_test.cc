@@ -31,5 +31,14 @@ TEST(TraceRecorder, WritesCompleteEventsWithRunIds) {
   EXPECT_FALSE(r.write("/nonexistent-dir/x.json").ok());
 }
 
+TEST(TraceRecorder, WritesSpanNamesThatAreNotUtf8WithReplacementCharacters) {
+  TraceRecorder r;
+  r.add({"task\xff", "device", 2000, 1000, 1, 2, 7, 3});
+  auto j = nlohmann::json::parse(r.to_json());
+  bool found = false;
+  for (auto& e : j["traceEvents"]) found = found || e["name"] == "task\xEF\xBF\xBD";
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace simpler::base

@@ -4,10 +4,13 @@
 
 #include "cli/bench_runtime.h"
 #include "cli/commands.h"
+#include "simpler/base/json.h"
+#include "simpler/worker/run_resource_arena.h"
 
 namespace simpler::cli {
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch);
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch,
+                     bool allow_unused_tensors);
 
 Runner add_bench_commands(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks; each prints its numbers");
@@ -24,28 +27,29 @@ Runner add_bench_commands(CLI::App& app) {
     std::string model;
     int steps = 32;
     int batch = 1;
+    bool allow_unused_tensors = false;
   };
   auto st = std::make_shared<State>();
 
   auto* dispatch = bench->add_subcommand("dispatch", "ns per task for empty kernels");
-  dispatch->add_option("--tasks", st->tasks, "tasks per pattern")->check(CLI::PositiveNumber);
+  dispatch->add_option("--tasks", st->tasks, "tasks per pattern")->check(int_in(1, kMaxTasks));
   st->dispatch_common.add_to(dispatch);
 
   auto* pipeline = bench->add_subcommand("pipeline", "early enqueue: depth vs host/device time");
   auto* depths_opt = pipeline->add_option("--depths", st->depths, "launch depths, one row each")
                          ->delimiter(',')
-                         ->check(CLI::PositiveNumber);
+                         ->check(int_in(1, worker::kMaxRunGrant));
   pipeline->add_option("--device-us", st->device_us, "device time D per run, µs")
-      ->check(CLI::PositiveNumber);
+      ->check(number_in(0, kMaxDeviceUs, /*lo_open=*/true));
   pipeline->add_option("--host-ratios", st->host_ratios, "host prepare time H as multiples of D")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(number_in(0, 1000));
   pipeline
       ->add_option("--pin", st->pin,
                    "auto: device threads on the last allowed CPU, host threads on the others "
                    "(host and device each get their own cores); off: no pinning")
       ->check(CLI::IsMember({"auto", "off"}));
-  pipeline->add_option("--runs", st->runs, "runs per row")->check(CLI::Range(2, 1000000));
+  pipeline->add_option("--runs", st->runs, "runs per row")->check(int_in(2, kMaxRepeats));
   st->pipeline_common.add_to(pipeline);
   // --launch-depth D is --depths D; --cores defaults to 1 here (one task on one core).
   pipeline->get_option("--launch-depth")->excludes(depths_opt);
@@ -55,8 +59,10 @@ Runner add_bench_commands(CLI::App& app) {
   // The first step feeds the prompt; the timed decode phase is the steps after it.
   decode
       ->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
-      ->check(CLI::Range(2, 1000000));
-  decode->add_option("--batch", st->batch, "requests per step")->check(CLI::PositiveNumber);
+      ->check(int_in(2, kMaxRepeats));
+  decode->add_option("--batch", st->batch, "requests per step")->check(int_in(1, kMaxRequests));
+  decode->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
+                   "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->decode_common.add_to(decode);
 
   return [=]() -> int {
@@ -71,7 +77,7 @@ Runner add_bench_commands(CLI::App& app) {
       if (st->dispatch_common.json) {
         nlohmann::json out = nlohmann::json::array();
         for (const auto& r : *rows) out.push_back(to_json(r));
-        std::printf("%s\n", nlohmann::json{{"dispatch", out}}.dump().c_str());
+        std::printf("%s\n", base::dump_replacing(nlohmann::json{{"dispatch", out}}).c_str());
       } else {
         std::printf("%-12s %10s %12s %10s\n", "pattern", "tasks", "ns/task", "wall ms");
         for (const auto& r : *rows) {
@@ -99,7 +105,7 @@ Runner add_bench_commands(CLI::App& app) {
                                st->pipeline_common.trace_path);
       }
       if (st->pipeline_common.json) {
-        for (const auto& r : *rows) std::printf("%s\n", to_json(r).dump().c_str());
+        for (const auto& r : *rows) std::printf("%s\n", base::dump_replacing(to_json(r)).c_str());
       } else {
         if (!rows->empty()) {
           std::printf("host and device threads %s\n",
@@ -120,7 +126,8 @@ Runner add_bench_commands(CLI::App& app) {
       return write_trace(trace, st->pipeline_common.trace_path) ? 0 : 1;
     }
     if (decode->parsed())
-      return run_bench_decode(st->model, st->decode_common, st->steps, st->batch);
+      return run_bench_decode(st->model, st->decode_common, st->steps, st->batch,
+                              st->allow_unused_tensors);
     return 0;
   };
 }

@@ -1,8 +1,11 @@
 // `simpler make-model`, `simpler generate` and `simpler bench decode`.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -10,31 +13,115 @@
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
+#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/llm/engine.h"
 #include "simpler/llm/make_model.h"
+#include "simpler/llm/model_config.h"
 #include "simpler/llm/tokenizer.h"
 
 namespace simpler::cli {
 
 namespace {
 
-absl::StatusOr<std::vector<int32_t>> parse_ids(const std::string& text, const std::string& what) {
-  std::vector<int32_t> ids;
+// Comma-separated integers (token ids, steps, positions), kept 64-bit: callers range-check
+// them before narrowing.
+absl::StatusOr<std::vector<int64_t>> parse_ids(const std::string& text, const std::string& what) {
+  std::vector<int64_t> ids;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int32_t v;
+    int64_t v;
     if (!absl::SimpleAtoi(part, &v)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": '", std::string(part), "' is not an integer token id"));
+          absl::StrCat(what, ": '", std::string(part.substr(0, 40)), "' is not a 64-bit integer"));
     }
     ids.push_back(v);
   }
   return ids;
 }
 
+// `ids` narrowed to int32 after each was checked to fit `what`'s range [lo, hi].
+absl::StatusOr<std::vector<int32_t>> narrow(const std::vector<int64_t>& ids,
+                                            const std::string& what, int64_t lo, int64_t hi) {
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
+  for (int64_t v : ids) {
+    if (v < lo || v > hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", v, " is outside [", lo, ", ", hi, "]"));
+    }
+    out.push_back(static_cast<int32_t>(v));
+  }
+  return out;
+}
+
 template <typename T>
 std::set<T> to_set(const std::vector<int32_t>& v) {
   return std::set<T>(v.begin(), v.end());
+}
+
+// The prompts of a --prompts-file: one JSON object per non-blank line, {"prompt": "text"} (given
+// to `encode`) or {"prompt_ids": [ids]}. Errors name file:line; ids stay 64-bit.
+absl::StatusOr<std::vector<std::vector<int64_t>>> read_prompts_file(
+    const std::string& path,
+    const std::function<absl::StatusOr<std::vector<int64_t>>(const std::string&)>& encode) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompts-file '", path, "' is a directory, not a file of JSON lines"));
+  }
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot open --prompts-file '", path, "'"));
+  }
+  std::vector<std::vector<int64_t>> prompts;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path, ":", lineno);
+    if (prompts.size() >= static_cast<size_t>(kMaxRequests)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": more than ", kMaxRequests, " prompts (the bound of requests per command)"));
+    }
+    SIMPLER_ASSIGN_OR_RETURN(nlohmann::json j, base::parse_json_bounded(line, where));
+    if (!j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object, got ",
+                                                     j.type_name(), " ",
+                                                     base::quote_json_prefix(j, 60)));
+    }
+    auto text = j.find("prompt");
+    auto ids = j.find("prompt_ids");
+    if (text != j.end() && text->is_string()) {
+      auto encoded = encode(text->get<std::string>());
+      if (!encoded.ok()) return base::annotate(encoded.status(), where + ": ");
+      prompts.push_back(*std::move(encoded));
+    } else if (ids != j.end() && ids->is_array()) {
+      std::vector<int64_t> out;
+      out.reserve(ids->size());
+      for (size_t i = 0; i < ids->size(); ++i) {
+        const nlohmann::json& v = (*ids)[i];
+        if (!v.is_number_integer()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": prompt_ids[", i, "] is not an integer: ", base::quote_json_prefix(v, 60)));
+        }
+        if (v.is_number_unsigned() &&
+            v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": prompt_ids[", i, "] = ", v.get<uint64_t>(), " is not a token id"));
+        }
+        out.push_back(v.get<int64_t>());
+      }
+      prompts.push_back(std::move(out));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
+    }
+  }
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompts-file '", path, "' holds no prompts"));
+  }
+  return prompts;
 }
 
 }  // namespace
@@ -61,12 +148,15 @@ Runner add_make_model_command(CLI::App& app) {
   cmd->add_option("--tokenizer-dir", st->tokenizer_dir,
                   "directory with tokenizer.json (default: the npm-installed Qwen3 files)");
   cmd->add_option("--shards", st->shards, "safetensors shards (> 1 writes an index)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--vocab-size", st->vocab, "override the vocabulary size (tests)");
-  cmd->add_option("--layers", st->layers, "override the number of layers");
-  cmd->add_option("--hidden-size", st->hidden, "override the hidden size");
+      ->check(int_in(1, kMaxShards));
+  auto* vocab = cmd->add_option("--vocab-size", st->vocab, "override the vocabulary size (tests)")
+                    ->check(int_in(1, std::numeric_limits<int32_t>::max()));
+  auto* layers = cmd->add_option("--layers", st->layers, "override the number of layers")
+                     ->check(int_in(1, kMaxLayers));
+  auto* hidden = cmd->add_option("--hidden-size", st->hidden, "override the hidden size")
+                     ->check(int_in(1, kMaxHiddenSize));
   cmd->add_flag("--untied", st->untied, "write a separate lm_head.weight");
-  return [cmd, st]() -> int {
+  return [cmd, st, vocab, layers, hidden]() -> int {
     if (!cmd->parsed()) return -1;
     llm::MakeModelOptions o;
     o.preset = st->preset;
@@ -74,9 +164,9 @@ Runner add_make_model_command(CLI::App& app) {
     o.dtype = st->dtype == "f32" ? task::DataType::kFloat32 : task::DataType::kBFloat16;
     o.out_dir = st->out;
     o.shards = st->shards;
-    if (st->vocab > 0) o.overrides.vocab_size = st->vocab;
-    if (st->layers > 0) o.overrides.num_hidden_layers = st->layers;
-    if (st->hidden > 0) o.overrides.hidden_size = st->hidden;
+    if (vocab->count() > 0) o.overrides.vocab_size = st->vocab;
+    if (layers->count() > 0) o.overrides.num_hidden_layers = st->layers;
+    if (hidden->count() > 0) o.overrides.hidden_size = st->hidden;
     if (st->untied) o.overrides.tie_word_embeddings = false;
     if (st->tokenizer_dir.empty()) {
       auto dir = llm::default_tokenizer_dir();
@@ -98,7 +188,7 @@ Runner add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "greedy-decode prompts with a Qwen3 model");
   struct State {
     std::string model, prompt, prompt_ids, prompts_file;
-    bool chat = false, ignore_eos = false, host_sampling = false;
+    bool chat = false, ignore_eos = false, host_sampling = false, allow_unused_tensors = false;
     int32_t max_new_tokens = 32;
     int32_t requests = 1;
     int32_t page_size = 16;
@@ -115,14 +205,17 @@ Runner add_generate_command(CLI::App& app) {
   p1->excludes(p2, p3);
   p2->excludes(p3);
   cmd->add_flag("--chat", st->chat, "wrap text prompts in the Qwen3 chat template");
-  cmd->add_option("--max-new-tokens", st->max_new_tokens, "tokens to generate per request")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-new-tokens", st->max_new_tokens,
+                  "tokens to generate per request (prompt + this <= max_position_embeddings)")
+      ->check(int_in(1, std::numeric_limits<int32_t>::max()));
   cmd->add_option("--requests", st->requests, "clone requests of the one prompt")
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(1, kMaxRequests));
   cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(1, kMaxPageSize));
   cmd->add_option("--num-pages", st->num_pages, "KV cache pages (0 = sized from the requests)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, std::numeric_limits<int32_t>::max()));
+  cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
+                "accept a checkpoint holding tensors the config does not use (extra heads)");
   cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at stop ids");
   cmd->add_flag("--host-sampling", st->host_sampling,
                 "sample on the host from logits read back every step (falls back to serial "
@@ -149,58 +242,42 @@ Runner add_generate_command(CLI::App& app) {
         tok_status = t.status();
       }
     }
-    auto encode = [&](const std::string& text) -> absl::StatusOr<std::vector<int32_t>> {
+    auto encode = [&](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
       if (!tok) return tok_status;
-      return tok->encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
+      std::vector<int32_t> ids = tok->encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
+      return std::vector<int64_t>(ids.begin(), ids.end());
     };
-    std::vector<std::vector<int32_t>> prompts;
+    // The distinct prompts, 64-bit until checked against the model; each runs `clones` times.
+    std::vector<std::vector<int64_t>> unique;
+    int32_t clones = 1;
     if (p1->count() > 0) {
       auto ids = encode(st->prompt);
       if (!ids.ok()) return fail("generate", ids.status());
-      prompts.assign(st->requests, *ids);
+      unique.push_back(*std::move(ids));
+      clones = st->requests;
     } else if (p2->count() > 0) {
       auto ids = parse_ids(st->prompt_ids, "--prompt-ids");
       if (!ids.ok()) return fail("generate", ids.status());
-      prompts.assign(st->requests, *ids);
+      unique.push_back(*std::move(ids));
+      clones = st->requests;
     } else {
-      std::ifstream in(st->prompts_file);
-      if (!in) {
-        return fail("generate",
-                    absl::NotFoundError("cannot open --prompts-file '" + st->prompts_file + "'"));
-      }
-      std::string line;
-      int lineno = 0;
-      while (std::getline(in, line)) {
-        ++lineno;
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const std::string where = st->prompts_file + ":" + std::to_string(lineno);
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object()) {
-          return fail("generate", absl::InvalidArgumentError(where + ": not a JSON object"));
-        }
-        if (j.contains("prompt") && j["prompt"].is_string()) {
-          auto ids = encode(j["prompt"].get<std::string>());
-          if (!ids.ok()) return fail("generate", base::annotate(ids.status(), where + ": "));
-          prompts.push_back(std::move(*ids));
-        } else if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
-          std::vector<int32_t> ids;
-          for (const auto& v : j["prompt_ids"]) {
-            if (!v.is_number_integer()) {
-              return fail("generate",
-                          absl::InvalidArgumentError(where + ": prompt_ids holds a non-integer"));
-            }
-            ids.push_back(v.get<int32_t>());
-          }
-          prompts.push_back(std::move(ids));
-        } else {
-          return fail("generate",
-                      absl::InvalidArgumentError(
-                          where + ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
-        }
-      }
-      if (prompts.empty()) {
-        return fail("generate", absl::InvalidArgumentError(st->prompts_file + " holds no prompts"));
-      }
+      auto prompts_file = read_prompts_file(st->prompts_file, encode);
+      if (!prompts_file.ok()) return fail("generate", prompts_file.status());
+      unique = *std::move(prompts_file);
+    }
+    // Validate every request against the model before anything is sized for it.
+    auto config = llm::ModelConfig::load(st->model);
+    if (!config.ok()) return fail("generate", config.status());
+    for (size_t r = 0; r < unique.size(); ++r) {
+      absl::Status s = config->check_request(unique[r], st->max_new_tokens);
+      if (!s.ok()) return fail("generate", base::annotate(s, absl::StrCat("request ", r, ": ")));
+    }
+    std::vector<std::vector<int32_t>> prompts;
+    prompts.reserve(unique.size() * clones);
+    for (const auto& ids : unique) {
+      // In [0, vocab_size), and vocab_size fits int32 (checked by the config).
+      std::vector<int32_t> narrow_ids(ids.begin(), ids.end());
+      for (int32_t c = 0; c < clones; ++c) prompts.push_back(narrow_ids);
     }
     if (!tok) {
       std::cerr << "simpler generate: no tokenizer (" << tok_status.message()
@@ -212,14 +289,19 @@ Runner add_generate_command(CLI::App& app) {
       auto b = parse_ids(st->dump_kv_positions, "--dump-kv-positions");
       if (!a.ok()) return fail("generate", a.status());
       if (!b.ok()) return fail("generate", b.status());
-      logit_steps_v = *a;
-      kv_pos_v = *b;
+      auto na = narrow(*a, "--dump-logits-steps", 0, std::numeric_limits<int32_t>::max());
+      auto nb = narrow(*b, "--dump-kv-positions", 0, std::numeric_limits<int32_t>::max());
+      if (!na.ok()) return fail("generate", na.status());
+      if (!nb.ok()) return fail("generate", nb.status());
+      logit_steps_v = *na;
+      kv_pos_v = *nb;
     }
 
     base::TraceRecorder trace;
     llm::EngineOptions eo;
     eo.worker = st->common.worker_options(&trace);
     eo.page_size = st->page_size;
+    eo.allow_unused_tensors = st->allow_unused_tensors;
     const int32_t pages =
         st->num_pages > 0 ? st->num_pages
                           : llm::Qwen3Engine::pages_for(prompts, st->max_new_tokens, st->page_size);
@@ -305,7 +387,7 @@ Runner add_generate_command(CLI::App& app) {
                             {"max_steps_in_flight", stats.max_steps_in_flight},
                             {"serial_launch", stats.serial_launch},
                             {"host_sampling", st->host_sampling}};
-      std::string dumped = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::string dumped = base::dump_replacing(out);
       std::printf("%s\n", dumped.c_str());
     } else {
       for (size_t i = 0; i < res->requests.size(); ++i) {
@@ -337,11 +419,20 @@ Runner add_generate_command(CLI::App& app) {
   };
 }
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch) {
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch,
+                     bool allow_unused_tensors) {
   base::TraceRecorder trace;
   llm::EngineOptions eo;
   eo.worker = common.worker_options(&trace);
+  eo.allow_unused_tensors = allow_unused_tensors;
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>{1});
+  // The steps must fit the model's positions before the KV pool is sized for them.
+  auto config = llm::ModelConfig::load(model);
+  if (!config.ok()) return fail("bench decode", config.status());
+  const std::vector<int64_t> prompt = {1};
+  if (absl::Status s = config->check_request(prompt, steps); !s.ok()) {
+    return fail("bench decode", base::annotate(s, "--steps: "));
+  }
   const int32_t pages = llm::Qwen3Engine::pages_for(prompts, steps, eo.page_size);
   auto engine = llm::Qwen3Engine::create(model, eo, batch, pages);
   if (!engine.ok())
@@ -389,7 +480,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
                         {"memcpy_gb_per_s", memcpy_bw / 1e9},
                         {"fraction_of_memcpy", weight_bw / memcpy_bw}};
   if (common.json) {
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", base::dump_replacing(out).c_str());
   } else {
     std::printf(
         "decode: batch %d, depth %d (effective %.2f): step %.3f ms (device %.3f ms), %.1f "

@@ -2,8 +2,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
 #include "simpler/worker/program_library.h"
 
 namespace simpler::cli {
@@ -18,12 +20,17 @@ Runner add_run_command(CLI::App& app) {
   auto st = std::make_shared<State>();
   cmd->add_option("lib", st->lib, "path of the program library")->required();
   cmd->add_option("--repeats", st->repeats, "run every self-check this many times")
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(1, kMaxRepeats));
   st->common.add_to(cmd);
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     auto lib = worker::ProgramLibrary::load(st->lib);
     if (!lib.ok()) return fail("run", lib.status());
+    if (lib->self_checks().empty()) {
+      return fail("run",
+                  absl::InvalidArgumentError(absl::StrCat("program library '", st->lib,
+                                                          "' has no self-checks: nothing to run")));
+    }
     base::TraceRecorder trace;
     auto results = worker::run_self_checks(*lib, st->common.worker_options(&trace), st->repeats);
     if (!results.ok()) {
@@ -54,7 +61,7 @@ Runner add_run_command(CLI::App& app) {
                             {"checks", checks},
                             {"max_abs_error", max_err},
                             {"passed", all}};
-      std::printf("%s\n", out.dump().c_str());
+      std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
       std::printf("%s: max error %.3e over %zu runs: %s\n", lib->name().c_str(), max_err,
                   results->size(), all ? "PASSED" : "FAILED");

@@ -12,6 +12,25 @@
 
 namespace simpler::cli {
 
+// Bounds of the flags (README, "Flag bounds"). A value past its bound is refused while parsing,
+// naming the flag, the value and the bound.
+inline constexpr int64_t kMaxCores = 256;           // --cores (sim core threads)
+inline constexpr int64_t kMaxRequests = 4096;       // --requests, --batch, prompts per file
+inline constexpr double kMaxTimeoutS = 1e6;         // --timeout, seconds
+inline constexpr int64_t kMaxPageSize = 1 << 16;    // --page-size, tokens
+inline constexpr int64_t kMaxRepeats = 1'000'000;   // --repeats, --runs, --steps
+inline constexpr int64_t kMaxTasks = 100'000'000;   // bench dispatch --tasks
+inline constexpr double kMaxDeviceUs = 1e7;         // bench pipeline --device-us
+inline constexpr int64_t kMaxShards = 10'000;       // make-model --shards
+inline constexpr int64_t kMaxLayers = 10'000;       // make-model --layers
+inline constexpr int64_t kMaxHiddenSize = 1 << 20;  // make-model --hidden-size
+
+// A CLI11 check for integers in [lo, hi]. Its message states the value and the bound ("2000 is
+// above the maximum of 1024"); CLI11 puts the flag's name in front.
+CLI::Validator int_in(int64_t lo, int64_t hi);
+// A CLI11 check for finite numbers in [lo, hi], or in (lo, hi] when `lo_open`.
+CLI::Validator number_in(double lo, double hi, bool lo_open = false);
+
 // Options shared by every command that creates a Worker.
 struct CommonOptions {
   int32_t cores = 0;

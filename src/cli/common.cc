@@ -1,24 +1,69 @@
+#include <cmath>
+#include <filesystem>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "simpler/worker/run_resource_arena.h"
 
 namespace simpler::cli {
 
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!absl::SimpleAtoi(text, &v)) {
+          return absl::StrCat("'", text.substr(0, 40), "' is not an integer in [", lo, ", ", hi,
+                              "]");
+        }
+        if (v < lo) return absl::StrCat(v, " is below the minimum of ", lo);
+        if (v > hi) return absl::StrCat(v, " is above the maximum of ", hi);
+        return std::string();
+      },
+      absl::StrCat("INT in [", lo, ", ", hi, "]"));
+}
+
+CLI::Validator number_in(double lo, double hi, bool lo_open) {
+  return CLI::Validator(
+      [lo, hi, lo_open](std::string& text) -> std::string {
+        double v = 0;
+        if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
+          return absl::StrCat("'", text.substr(0, 40), "' is not a finite number in ",
+                              lo_open ? "(" : "[", lo, ", ", hi, "]");
+        }
+        if (lo_open ? !(v > lo) : !(v >= lo)) {
+          return absl::StrCat(text, " is ", lo_open ? "not above " : "below ", "the minimum of ",
+                              lo);
+        }
+        if (v > hi) return absl::StrCat(text, " is above the maximum of ", hi);
+        return std::string();
+      },
+      absl::StrCat("NUMBER in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
+}
+
 void CommonOptions::add_to(CLI::App* app, bool with_json) {
   app->add_option("--cores", cores, "sim device cores (0 = hardware threads - 1)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--launch-depth", launch_depth, "runs launched on the device at once (>= 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(0, kMaxCores));
+  app->add_option("--launch-depth", launch_depth, "runs launched on the device at once")
+      ->check(int_in(1, worker::kMaxRunGrant));
   app->add_option("--run-grant", run_grant,
                   "run resource sets (0 = launch depth + 1; must be >= launch depth)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, worker::kMaxRunGrant));
   app->add_option("--timeout", timeout_s, "operation timeout per run, seconds")
-      ->check(CLI::PositiveNumber);
+      ->check(number_in(0, kMaxTimeoutS, /*lo_open=*/true));
   app->add_option("--graph-placement", placement,
                   "where task graphs are built: device (orchestration on the device) or host "
                   "(built during prepare, executed from a graph image)")
       ->check(CLI::IsMember({"device", "host"}));
-  app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file");
+  app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file")
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string {
+            std::error_code ec;
+            return std::filesystem::is_directory(path, ec) ? path + " is a directory, not a file"
+                                                           : std::string();
+          },
+          "FILE"));
   if (with_json) app->add_flag("--json", json, "print one JSON object on stdout");
 }
 

@@ -1,5 +1,7 @@
 // The `simpler` command.
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <vector>
 
 #include "cli/commands.h"
@@ -13,9 +15,19 @@ int main(int argc, char** argv) {
   runners.push_back(simpler::cli::add_make_model_command(app));
   runners.push_back(simpler::cli::add_generate_command(app));
   CLI11_PARSE(app, argc, argv);
-  for (auto& r : runners) {
-    int rc = r();
-    if (rc >= 0) return rc;  // the runner whose subcommand was chosen
+  // The flags are bounded so that nothing should throw; an allocation or a thread start that
+  // still fails is reported as an error exit, not an abort.
+  try {
+    for (auto& r : runners) {
+      int rc = r();
+      if (rc >= 0) return rc;  // the runner whose subcommand was chosen
+    }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "simpler: out of host memory (an allocation failed)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "simpler: unexpected error: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "simpler/base/log.h"
 
 namespace simpler::device {
 
@@ -73,6 +74,10 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
           spec.task = static_cast<uint32_t>(n);
           has_task = true;
         } else {
+          if (n > static_cast<uint64_t>(INT64_MAX)) {
+            return bad(index, fault,
+                       absl::StrCat("code=", n, " is above the largest error code, ", INT64_MAX));
+          }
           spec.code = static_cast<int64_t>(n);
           has_code = true;
         }
@@ -119,11 +124,36 @@ absl::StatusOr<FaultPlan> FaultPlan::from_env() {
   return parse(v);
 }
 
+std::string to_string(const FaultSpec& spec) {
+  return absl::StrCat("run=", spec.run, ":task=", spec.task,
+                      ":kind=", std::string(name_of(spec.kind)), ":code=", spec.code);
+}
+
 std::optional<FaultSpec> FaultPlan::find(uint64_t run, uint32_t task) const {
-  for (const auto& f : faults_) {
-    if (f.run == run && f.task == task) return f;
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    const FaultSpec& f = faults_[i];
+    if (f.run == run && f.task == task) {
+      hits_[i].fetch_add(1, std::memory_order_relaxed);
+      return f;
+    }
   }
   return std::nullopt;
+}
+
+std::vector<FaultSpec> FaultPlan::unfired() const {
+  std::vector<FaultSpec> out;
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    if (hits_[i].load(std::memory_order_relaxed) == 0) out.push_back(faults_[i]);
+  }
+  return out;
+}
+
+void FaultPlan::warn_unfired(std::string_view who) const {
+  for (const FaultSpec& f : unfired()) {
+    SIMPLER_LOG_WARN(
+        "SIMPLER_SIM_FAULTS entry {} never fired on {}: no run reached task {} of run {}",
+        to_string(f), who, f.task, f.run);
+  }
 }
 
 }  // namespace simpler::device

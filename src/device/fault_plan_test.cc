@@ -44,5 +44,29 @@ TEST(FaultPlan, MalformedValuesAreRefusedWithTheReason) {
   expect_refused("run=1:task=2:kind=launch_refused", "task must be 0");
 }
 
+TEST(FaultPlan, ACodeAboveTheSignedRangeIsRefusedNotWrapped) {
+  auto p = FaultPlan::parse("run=0:task=0:kind=device_fault:code=18446744073709551615");
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.status().message(),
+            "SIMPLER_SIM_FAULTS: fault 0 ('run=0:task=0:kind=device_fault:code="
+            "18446744073709551615'): code=18446744073709551615 is above the largest error code, "
+            "9223372036854775807");
+  EXPECT_EQ(
+      FaultPlan::parse("run=0:task=0:kind=device_fault:code=9223372036854775807")->find(0, 0)->code,
+      INT64_MAX);
+}
+
+TEST(FaultPlan, ListsTheEntriesThatNeverFiredAndCopiesShareTheCounts) {
+  auto p = FaultPlan::parse("run=0:task=1:kind=kernel_error,run=0:task=7:kind=hang");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->unfired().size(), 2u);
+  const FaultPlan copy = *p;  // a device holds a copy of the plan it was given
+  EXPECT_TRUE(copy.find(0, 1).has_value());
+  EXPECT_FALSE(copy.find(0, 2).has_value());
+  ASSERT_EQ(p->unfired().size(), 1u);
+  EXPECT_EQ(to_string(p->unfired()[0]), "run=0:task=7:kind=hang:code=1");
+  EXPECT_TRUE(FaultPlan().unfired().empty());
+}
+
 }  // namespace
 }  // namespace simpler::device

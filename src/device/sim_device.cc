@@ -670,6 +670,7 @@ absl::StatusOr<Stream*> SimDevice::create_stream() {
 
 void SimDevice::close() {
   std::call_once(close_once_, [this] {
+    options_.faults.warn_unfired(absl::StrCat("sim device ", caps_.device_id));
     abort(base::mark_unrecoverable(absl::CancelledError("device closed")));
     // The abort releases injected hangs and stops dispatch, so every thread
     // exits promptly unless it is inside a kernel that never returns: such a

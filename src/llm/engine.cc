@@ -125,6 +125,16 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   SIMPLER_RETURN_IF_ERROR(
       base::annotate(e->dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
   SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
+  {
+    std::set<std::string, std::less<>> expected;
+    for (const WeightSpec& spec : e->config_.tensor_names_and_shapes()) expected.insert(spec.name);
+    SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
+        expected,
+        absl::StrCat(model_dir, "/config.json (num_hidden_layers ", e->config_.num_hidden_layers,
+                     ", tie_word_embeddings ", e->config_.tie_word_embeddings ? "true" : "false",
+                     ")"),
+        options.allow_unused_tensors));
+  }
 
   e->worker_ = std::make_unique<worker::Worker>(options.worker);
   e->holder_ = std::make_shared<Holder>();

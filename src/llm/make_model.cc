@@ -148,18 +148,18 @@ absl::StatusOr<ModelConfig> preset_config(std::string_view preset, const ModelCo
 absl::Status make_model(const MakeModelOptions& options) {
   SIMPLER_ASSIGN_OR_RETURN(ModelConfig config, preset_config(options.preset, options.overrides));
   if (options.dtype != DataType::kBFloat16 && options.dtype != DataType::kFloat32) {
-    return absl::InvalidArgumentError(absl::StrCat("make-model: unsupported dtype ",
+    return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ",
                                                    std::string(task::name_of(options.dtype)),
                                                    " (expected bf16 or f32)"));
   }
   config.torch_dtype = options.dtype == DataType::kBFloat16 ? "bfloat16" : "float32";
   const std::vector<WeightSpec> specs = config.tensor_names_and_shapes();
   if (options.shards < 1 || static_cast<size_t>(options.shards) > specs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("make-model: shards must be in [1, ",
-                                                   specs.size(), "], got ", options.shards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shards must be in [1, ", specs.size(), "], got ", options.shards));
   }
   if (options.out_dir.empty()) {
-    return absl::InvalidArgumentError("make-model: empty output directory");
+    return absl::InvalidArgumentError("empty output directory");
   }
   const fs::path out(options.out_dir);
   std::vector<fs::path> tokenizer_files;
@@ -168,7 +168,7 @@ absl::Status make_model(const MakeModelOptions& options) {
       fs::path p = fs::path(options.tokenizer_dir) / name;
       std::error_code ec;
       if (!fs::is_regular_file(p, ec)) {
-        return absl::NotFoundError(absl::StrCat("make-model: tokenizer file ", p.string(),
+        return absl::NotFoundError(absl::StrCat("tokenizer file ", p.string(),
                                                 " not found (tokenizer_dir ", options.tokenizer_dir,
                                                 ")"));
       }
@@ -179,8 +179,7 @@ absl::Status make_model(const MakeModelOptions& options) {
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) {
-    return absl::InternalError(
-        absl::StrCat("make-model: cannot create ", out.string(), ": ", ec.message()));
+    return absl::InternalError(absl::StrCat("cannot create ", out.string(), ": ", ec.message()));
   }
   // Remove weights of an earlier model so the directory holds exactly one checkpoint.
   for (const fs::directory_entry& entry : fs::directory_iterator(out, ec)) {
@@ -270,8 +269,8 @@ absl::Status make_model(const MakeModelOptions& options) {
   for (const fs::path& p : tokenizer_files) {
     fs::copy_file(p, out / p.filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) {
-      return absl::InternalError(absl::StrCat("make-model: cannot copy ", p.string(), " to ",
-                                              out.string(), ": ", ec.message()));
+      return absl::InternalError(
+          absl::StrCat("cannot copy ", p.string(), " to ", out.string(), ": ", ec.message()));
     }
   }
   SIMPLER_LOG_INFO("make-model: done: {}", out.string());

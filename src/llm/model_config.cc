@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/file.h"
+#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 
 namespace simpler::llm {
@@ -19,6 +23,9 @@ using json = nlohmann::json;
 std::string str(std::string_view s) { return std::string(s); }
 
 const char* type_name(const json& v) { return v.type_name(); }
+
+// A bounded quote of an offending value for a message.
+std::string quote(const json& v) { return base::quote_json_prefix(v, 80); }
 
 absl::Status field_error(std::string_view source, std::string_view field, std::string_view what) {
   return absl::InvalidArgumentError(
@@ -38,7 +45,13 @@ absl::Status read_int(const json& j, std::string_view source, const char* field,
   }
   if (!it->is_number_integer()) {
     return field_error(source, field,
-                       absl::StrCat("must be an integer, got ", type_name(*it), " ", it->dump()));
+                       absl::StrCat("must be an integer, got ", type_name(*it), " ", quote(*it)));
+  }
+  if (it->is_number_unsigned() &&
+      it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return field_error(source, field,
+                       absl::StrCat(it->get<uint64_t>(), " is above the largest integer accepted, ",
+                                    std::numeric_limits<int64_t>::max()));
   }
   *out = it->get<int64_t>();
   return absl::OkStatus();
@@ -49,7 +62,7 @@ absl::Status read_double(const json& j, std::string_view source, const char* fie
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_number()) {
     return field_error(source, field,
-                       absl::StrCat("must be a number, got ", type_name(*it), " ", it->dump()));
+                       absl::StrCat("must be a number, got ", type_name(*it), " ", quote(*it)));
   }
   *out = it->get<double>();
   return absl::OkStatus();
@@ -61,7 +74,7 @@ absl::Status read_bool(const json& j, std::string_view source, const char* field
   if (!it->is_boolean()) {
     return field_error(
         source, field,
-        absl::StrCat("must be true or false, got ", type_name(*it), " ", it->dump()));
+        absl::StrCat("must be true or false, got ", type_name(*it), " ", quote(*it)));
   }
   *out = it->get<bool>();
   return absl::OkStatus();
@@ -73,7 +86,7 @@ absl::Status read_string(const json& j, std::string_view source, const char* fie
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_string()) {
     return field_error(source, field,
-                       absl::StrCat("must be a string, got ", type_name(*it), " ", it->dump()));
+                       absl::StrCat("must be a string, got ", type_name(*it), " ", quote(*it)));
   }
   *out = it->get<std::string>();
   return absl::OkStatus();
@@ -84,16 +97,28 @@ absl::Status read_ids(const json& j, std::string_view source, const char* field,
                       std::vector<int64_t>* out) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
+  auto too_big = [&](const json& v) {
+    return v.is_number_unsigned() &&
+           v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  };
   if (it->is_number_integer()) {
+    if (too_big(*it)) {
+      return field_error(source, field,
+                         absl::StrCat("token id ", it->get<uint64_t>(), " is out of range"));
+    }
     out->push_back(it->get<int64_t>());
     return absl::OkStatus();
   }
   if (it->is_array()) {
     for (const json& v : *it) {
+      if (v.is_number_integer() && too_big(v)) {
+        return field_error(source, field,
+                           absl::StrCat("token id ", v.get<uint64_t>(), " is out of range"));
+      }
       if (!v.is_number_integer()) {
         return field_error(
             source, field,
-            absl::StrCat("must be an integer or a list of integers, got ", it->dump()));
+            absl::StrCat("must be an integer or a list of integers, got ", quote(*it)));
       }
       out->push_back(v.get<int64_t>());
     }
@@ -101,32 +126,20 @@ absl::Status read_ids(const json& j, std::string_view source, const char* field,
   }
   return field_error(source, field,
                      absl::StrCat("must be an integer or a list of integers, got ", type_name(*it),
-                                  " ", it->dump()));
+                                  " ", quote(*it)));
 }
 
 absl::StatusOr<json> parse_object(std::string_view text, std::string_view source) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat(str(source), ": malformed JSON"));
-  }
+  SIMPLER_ASSIGN_OR_RETURN(json j, base::parse_json_bounded(text, source));
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(str(source), ": not a JSON object"));
   }
   return j;
 }
 
-// The whole file, or NOT_FOUND / the OS error naming it.
+// The whole file (a regular file of at most 64 MB), or NOT_FOUND / the error naming it.
 absl::StatusOr<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    int err = errno;
-    std::string message = absl::StrCat("cannot read ", path, ": ", std::strerror(err));
-    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(message);
-    return absl::InternalError(message);
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return base::read_regular_file(path, uint64_t{64} << 20);
 }
 
 }  // namespace
@@ -208,7 +221,7 @@ absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
   if (flag) return field_error(src, "use_sliding_window", "unsupported: sliding-window attention");
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     return field_error(src, "rope_scaling",
-                       absl::StrCat("unsupported: only null, got ", it->dump()));
+                       absl::StrCat("unsupported: only null, got ", quote(*it)));
   }
 
   if (!generation_config_json.empty()) {
@@ -240,6 +253,37 @@ absl::Status ModelConfig::validate(std::string_view source) const {
   SIMPLER_RETURN_IF_ERROR(positive("head_dim", head_dim));
   SIMPLER_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
   SIMPLER_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
+  // Weight sizes in f32 bytes (the engine's device copy) must fit 64 bits: the products are
+  // checked before any code multiplies them.
+  struct Factor {
+    const char* name;
+    int64_t value;
+  };
+  auto fits = [&](const char* tensor, std::initializer_list<Factor> factors) -> absl::Status {
+    int64_t bytes = 4;
+    std::string spelled;
+    for (const Factor& f : factors) {
+      absl::StrAppend(&spelled, spelled.empty() ? "" : " x ", f.name, " ", f.value);
+    }
+    for (const Factor& f : factors) {
+      if (__builtin_mul_overflow(bytes, f.value, &bytes)) {
+        return field_error(
+            source, factors.begin()[factors.size() - 1].name,
+            absl::StrCat(tensor, " of ", spelled, " f32 elements overflows 64-bit byte sizes"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  SIMPLER_RETURN_IF_ERROR(fits("q_proj", {{"hidden_size", hidden_size},
+                                          {"num_attention_heads", num_attention_heads},
+                                          {"head_dim", head_dim}}));
+  SIMPLER_RETURN_IF_ERROR(fits("k_proj", {{"hidden_size", hidden_size},
+                                          {"num_key_value_heads", num_key_value_heads},
+                                          {"head_dim", head_dim}}));
+  SIMPLER_RETURN_IF_ERROR(fits(
+      "mlp.gate_proj", {{"hidden_size", hidden_size}, {"intermediate_size", intermediate_size}}));
+  SIMPLER_RETURN_IF_ERROR(
+      fits("embed_tokens", {{"hidden_size", hidden_size}, {"vocab_size", vocab_size}}));
   if (num_attention_heads % num_key_value_heads != 0) {
     return field_error(source, "num_key_value_heads",
                        absl::StrCat(num_key_value_heads, " does not divide num_attention_heads ",
@@ -249,13 +293,20 @@ absl::Status ModelConfig::validate(std::string_view source) const {
     return field_error(source, "head_dim",
                        absl::StrCat("must be even for rotary embeddings, got ", head_dim));
   }
-  if (!(rms_norm_eps > 0.0)) {
-    return field_error(source, "rms_norm_eps",
-                       absl::StrCat("must be positive, got ", rms_norm_eps));
-  }
-  if (!(rope_theta > 0.0)) {
-    return field_error(source, "rope_theta", absl::StrCat("must be positive, got ", rope_theta));
-  }
+  // The kernels compute in float32: the values must be positive, finite and normal there.
+  auto positive_float = [&](const char* field, double v) -> absl::Status {
+    const float f = static_cast<float>(v);
+    if (!(v > 0.0) || !std::isfinite(v) || !std::isnormal(f)) {
+      return field_error(
+          source, field,
+          absl::StrCat("must be positive and within float32's normal range [",
+                       std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(),
+                       "] (the kernels compute in float32), got ", v));
+    }
+    return absl::OkStatus();
+  };
+  SIMPLER_RETURN_IF_ERROR(positive_float("rms_norm_eps", rms_norm_eps));
+  SIMPLER_RETURN_IF_ERROR(positive_float("rope_theta", rope_theta));
   for (int64_t id : eos_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return field_error(
@@ -273,11 +324,15 @@ absl::Status ModelConfig::validate(std::string_view source) const {
 
 absl::StatusOr<ModelConfig> ModelConfig::load(const std::string& dir) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model directory '", dir, "' is a file, not a directory"));
+  }
   const std::string config_path = (fs::path(dir) / "config.json").string();
   const std::string generation_path = (fs::path(dir) / "generation_config.json").string();
   SIMPLER_ASSIGN_OR_RETURN(std::string config_text, read_file(config_path));
   std::string generation_text;
-  std::error_code ec;
   if (fs::exists(generation_path, ec)) {
     SIMPLER_ASSIGN_OR_RETURN(generation_text, read_file(generation_path));
     if (generation_text.empty()) {
@@ -285,6 +340,28 @@ absl::StatusOr<ModelConfig> ModelConfig::load(const std::string& dir) {
     }
   }
   return parse(config_text, generation_text, config_path, generation_path);
+}
+
+absl::Status ModelConfig::check_request(std::span<const int64_t> prompt,
+                                        int64_t max_new_tokens) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  for (int64_t id : prompt) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  if (max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", max_new_tokens));
+  }
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  if (length > max_position_embeddings || max_new_tokens > max_position_embeddings - length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", length, " tokens + ", max_new_tokens,
+                     " new tokens exceeds max_position_embeddings ", max_position_embeddings));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> ModelConfig::stop_ids() const {
@@ -351,7 +428,7 @@ std::string ModelConfig::to_config_json() const {
   j["use_cache"] = true;
   j["use_sliding_window"] = false;
   j["vocab_size"] = vocab_size;
-  return j.dump(2) + "\n";
+  return base::dump_replacing(j, 2) + "\n";
 }
 
 std::string ModelConfig::to_generation_config_json() const {

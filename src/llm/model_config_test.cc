@@ -1,11 +1,15 @@
 #include "simpler/llm/model_config.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -183,7 +187,8 @@ TEST(ModelConfig, WrongTypesAndUnsupportedFeaturesAreNamed) {
 
   c = ModelConfig::parse("{not json");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(msg(c.status()), "config.json: malformed JSON");
+  EXPECT_THAT(msg(c.status()),
+              HasSubstr("config.json: malformed JSON: parse error at line 1, column 3"));
 }
 
 TEST(ModelConfig, LoadReadsBothFilesAndNamesPaths) {
@@ -248,6 +253,143 @@ TEST(ModelConfig, ConfigJsonRoundTrips) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->to_config_json(), c->to_config_json());
   EXPECT_THAT(again->stop_ids(), ElementsAre(151645, 151643));
+}
+
+// `{"field": [[[...]]]}` nested `depth` deep, as text (json::dump of it would recurse).
+std::string with_deep_value(const std::string& field, int depth) {
+  json j = qwen3_06b();
+  j.erase(field);
+  std::string text = j.dump();
+  text.pop_back();  // the closing brace
+  return text + ", \"" + field + "\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+}
+
+TEST(ModelConfigBadInput, DeeplyNestedValuesAreRefusedWithoutCrashing) {
+  for (const char* field : {"hidden_size", "rope_scaling", "eos_token_id"}) {
+    auto c = ModelConfig::parse(with_deep_value(field, 100000));
+    ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_EQ(msg(c.status()),
+              std::string("config.json: JSON nested deeper than 64 levels at /") + field);
+  }
+  auto c = ModelConfig::parse(qwen3_06b().dump(), "{\"eos_token_id\": " + std::string(100000, '[') +
+                                                      std::string(100000, ']') + "}");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()),
+            "generation_config.json: JSON nested deeper than 64 levels at /eos_token_id");
+}
+
+TEST(ModelConfigBadInput, ABadValueNestedWithinTheBoundIsQuotedShort) {
+  json j = qwen3_06b();
+  json deep = json::array();
+  json* cur = &deep;
+  for (int i = 0; i < 60; ++i) {
+    cur->push_back(json::array({std::string(2000, 'x')}));
+    cur = &cur->back();
+  }
+  j["rope_scaling"] = deep;
+  auto c = parse(j);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(c.status()),
+              ::testing::StartsWith(
+                  "config.json: field 'rope_scaling': unsupported: only null, got [[\"xxxxxxx"));
+  EXPECT_THAT(msg(c.status()), ::testing::EndsWith("xxx..."));
+  EXPECT_LT(msg(c.status()).size(), 200u);
+}
+
+TEST(ModelConfigBadInput, TrailingNulAndGarbageAfterTheObjectAreRefused) {
+  const std::string text = qwen3_06b().dump() + std::string("\0garbage", 8);
+  auto c = ModelConfig::parse(text);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()), absl::StrCat("config.json: malformed JSON: NUL byte at offset ",
+                                          qwen3_06b().dump().size()));
+}
+
+TEST(ModelConfigBadInput, AnIntegerAboveTheSignedRangeIsNotReadAsNegative) {
+  json j = qwen3_06b();
+  j["hidden_size"] = 18446744073709551615ull;
+  auto c = parse(j);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()),
+            "config.json: field 'hidden_size': 18446744073709551615 is above the largest integer "
+            "accepted, 9223372036854775807");
+  j = qwen3_06b();
+  j["eos_token_id"] = json::array({1, 18446744073709551615ull});
+  c = parse(j);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()),
+            "config.json: field 'eos_token_id': token id 18446744073709551615 is out of range");
+}
+
+TEST(ModelConfigBadInput, FloatsOutsideFloat32sRangeAreRefusedAtLoad) {
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, double>>{{"rms_norm_eps", 1e300},
+                                                   {"rope_theta", 1e300},
+                                                   {"rope_theta", 1e-300},
+                                                   {"rms_norm_eps", 1e-300}}) {
+    json j = qwen3_06b();
+    j[field] = value;
+    auto c = parse(j);
+    ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field << " " << value;
+    EXPECT_EQ(
+        msg(c.status()),
+        absl::StrCat("config.json: field '", field,
+                     "': must be positive and within float32's normal range [",
+                     std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(),
+                     "] (the kernels compute in float32), got ", value));
+  }
+}
+
+TEST(ModelConfigBadInput, ShapeProductsThatOverflowAreRefusedBeforeUse) {
+  json j = qwen3_06b();
+  j["num_attention_heads"] = int64_t{1} << 40;
+  j["num_key_value_heads"] = int64_t{1} << 40;
+  j["head_dim"] = int64_t{1} << 40;
+  auto c = parse(j);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()),
+            "config.json: field 'head_dim': q_proj of hidden_size 1024 x num_attention_heads "
+            "1099511627776 x head_dim 1099511627776 f32 elements overflows 64-bit byte sizes");
+}
+
+TEST(ModelConfigBadInput, ADuplicateKeyIsRefused) {
+  std::string text = qwen3_06b().dump();
+  text.pop_back();
+  auto c = ModelConfig::parse(text + ", \"num_hidden_layers\": 2}");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()), "config.json: duplicate key 'num_hidden_layers' in the object at /");
+}
+
+TEST(ModelConfigBadInput, AFifoAsConfigIsRefusedWithoutBlocking) {
+  const fs::path dir = simpler::testing::test_dir("simpler_model_config_test");
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  auto c = ModelConfig::load(dir.string());
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()), (dir / "config.json").string() + " is not a regular file (a FIFO)");
+}
+
+TEST(ModelConfigBadInput, AFileGivenAsTheModelDirectoryIsNamedAsSuch) {
+  const fs::path dir = simpler::testing::test_dir("simpler_model_config_test");
+  std::ofstream(dir / "config.json") << qwen3_06b().dump();
+  const std::string file = (dir / "config.json").string();
+  auto c = ModelConfig::load(file);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(c.status()), "model directory '" + file + "' is a file, not a directory");
+}
+
+TEST(ModelConfigBadInput, CheckRequestValidatesLengthAndIdsBeforeAnythingIsSized) {
+  auto c = parse(qwen3_06b());
+  ASSERT_TRUE(c.ok());
+  const std::vector<int64_t> ok = {1, 2, 3};
+  EXPECT_TRUE(c->check_request(ok, 32).ok());
+  EXPECT_EQ(msg(c->check_request(ok, 2147483647)),
+            "prompt of 3 tokens + 2147483647 new tokens exceeds max_position_embeddings 40960");
+  const std::vector<int64_t> long_prompt(1'000'000, 1);
+  EXPECT_EQ(msg(c->check_request(long_prompt, 1)),
+            "prompt of 1000000 tokens + 1 new tokens exceeds max_position_embeddings 40960");
+  const std::vector<int64_t> wide = {1, 10'000'000'000};
+  EXPECT_EQ(msg(c->check_request(wide, 1)),
+            "token id 10000000000 outside the vocabulary [0, 151936)");
+  EXPECT_EQ(msg(c->check_request({}, 1)), "empty prompt");
 }
 
 }  // namespace

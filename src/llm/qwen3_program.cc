@@ -376,13 +376,32 @@ absl::Status Qwen3Dims::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("Qwen3Dims.vocab_size = ", vocab_size, " does not fit i32 token ids"));
   }
-  if (!(rms_norm_eps >= 0.0) || !std::isfinite(rms_norm_eps)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Qwen3Dims.rms_norm_eps = ", rms_norm_eps, " must be finite and >= 0"));
+  // Products of the sizes (weight elements times 4 f32 bytes) must fit 64 bits before any code
+  // multiplies them.
+  struct Product {
+    const char* weight;
+    int64_t a, b, c;
+  };
+  for (const Product& p : {Product{"q_proj", num_attention_heads, head_dim, hidden_size},
+                           Product{"k_proj", num_key_value_heads, head_dim, hidden_size},
+                           Product{"gate_proj", intermediate_size, hidden_size, 1},
+                           Product{"embed_tokens", vocab_size, hidden_size, 1}}) {
+    int64_t bytes = 4;
+    if (__builtin_mul_overflow(bytes, p.a, &bytes) || __builtin_mul_overflow(bytes, p.b, &bytes) ||
+        __builtin_mul_overflow(bytes, p.c, &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("Qwen3Dims: ", p.weight, " of ", p.a, " x ",
+                                                     p.b, " x ", p.c,
+                                                     " f32 elements overflows 64-bit byte sizes"));
+    }
   }
-  if (!(rope_theta > 0.0) || !std::isfinite(rope_theta)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Qwen3Dims.rope_theta = ", rope_theta, " must be finite and positive"));
+  // The kernels compute in float32: check the values there.
+  if (!(rms_norm_eps >= 0.0) || !std::isfinite(static_cast<float>(rms_norm_eps))) {
+    return absl::InvalidArgumentError(absl::StrCat("Qwen3Dims.rms_norm_eps = ", rms_norm_eps,
+                                                   " must be finite in float32 and >= 0"));
+  }
+  if (!(rope_theta > 0.0) || !std::isnormal(static_cast<float>(rope_theta))) {
+    return absl::InvalidArgumentError(absl::StrCat("Qwen3Dims.rope_theta = ", rope_theta,
+                                                   " must be positive and normal in float32"));
   }
   return absl::OkStatus();
 }

@@ -699,6 +699,23 @@ TEST_F(Qwen3ProgramErrors, ValidateNamesTheBadWeight) {
                                                 "num_key_value_heads = 3"));
 }
 
+TEST(Qwen3Dims, OverflowingProductsAndFloatsOutsideFloat32AreRefused) {
+  Qwen3Dims d = Qwen3Dims::from_config(*preset_config("tiny"));
+  ASSERT_TRUE(d.validate().ok());
+  d.num_attention_heads = d.num_key_value_heads = d.head_dim = int64_t{1} << 40;
+  EXPECT_EQ(d.validate().message(),
+            "Qwen3Dims: q_proj of 1099511627776 x 1099511627776 x 128 f32 elements overflows "
+            "64-bit byte sizes");
+  d = Qwen3Dims::from_config(*preset_config("tiny"));
+  d.rope_theta = 1e-300;
+  EXPECT_EQ(d.validate().message(),
+            "Qwen3Dims.rope_theta = 1e-300 must be positive and normal in float32");
+  d = Qwen3Dims::from_config(*preset_config("tiny"));
+  d.rms_norm_eps = 1e300;
+  EXPECT_EQ(d.validate().message(),
+            "Qwen3Dims.rms_norm_eps = 1e+300 must be finite in float32 and >= 0");
+}
+
 TEST(Qwen3Layout, ScratchAndPoolsAreAlignedDisjointAndFitTheirBytes) {
   const Qwen3Dims d = Qwen3Dims::from_config(*preset_config("tiny"));
   const uint64_t bytes = qwen3_scratch_bytes(d, 8).value();

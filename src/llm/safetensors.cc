@@ -17,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/file.h"
+#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 
 namespace simpler::llm {
@@ -109,7 +111,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   auto state = std::make_unique<State>();
   state->path = path;
 
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer before the
+  // regular-file check below could refuse it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return os_error(errno, "cannot open safetensors file", path);
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -119,7 +123,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, S_ISDIR(st.st_mode) ? ": is a directory, not a safetensors file"
+                                  : ": not a regular file (a FIFO, socket or device)"));
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
@@ -153,11 +159,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   state->buffer = base + 8 + header_len;
 
   std::string_view header_text(reinterpret_cast<const char*>(base + 8), header_len);
-  json header = json::parse(header_text, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": malformed safetensors header: not valid JSON"));
-  }
+  // The whole header must be one JSON value; only spaces (the spec's padding) may follow it.
+  SIMPLER_ASSIGN_OR_RETURN(
+      json header,
+      base::parse_json_bounded(header_text, absl::StrCat(path, ": malformed safetensors header")));
   if (!header.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": malformed safetensors header: not a JSON object"));
@@ -214,34 +219,35 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     uint64_t numel = 1;
     for (const json& d : *shape_it) {
       if (!d.is_number_unsigned()) {
-        return bad(name, absl::StrCat("shape ", shape_it->dump(),
+        return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it),
                                       " has an element that is not a non-negative integer"));
       }
       uint64_t dim = d.get<uint64_t>();
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           !checked_mul(numel, dim, &numel)) {
-        return bad(name, absl::StrCat("shape ", shape_it->dump(), " overflows"));
+        return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it), " overflows"));
       }
       entry.shape.push_back(static_cast<int64_t>(dim));
     }
     for (const json& o : *offsets_it) {
       if (!o.is_number_unsigned()) {
-        return bad(name, absl::StrCat("data_offsets ", offsets_it->dump(),
+        return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
                                       " are not non-negative integers"));
       }
     }
     entry.begin = (*offsets_it)[0].get<uint64_t>();
     entry.end = (*offsets_it)[1].get<uint64_t>();
     if (entry.end < entry.begin) {
-      return bad(name, absl::StrCat("data_offsets ", offsets_it->dump(), " end before begin"));
+      return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
+                                    " end before begin"));
     }
     uint64_t expected = 0;
     if (!checked_mul(numel, task::size_of(entry.dtype), &expected) ||
         entry.end - entry.begin != expected) {
-      return bad(
-          name, absl::StrCat("data_offsets ", offsets_it->dump(), " span ", entry.end - entry.begin,
-                             " bytes, but shape ", shape_to_string(entry.shape), " of ", dtype_text,
-                             " needs ", expected));
+      return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it), " span ",
+                                    entry.end - entry.begin, " bytes, but shape ",
+                                    shape_to_string(entry.shape), " of ", dtype_text, " needs ",
+                                    expected));
     }
     state->entries.emplace(name, std::move(entry));
   }
@@ -345,12 +351,12 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
 
   if (fs::exists(index_path, ec)) {
     const std::string index_name = index_path.string();
-    std::ifstream in(index_path, std::ios::binary);
-    if (!in) return os_error(errno, "cannot open", index_name);
-    std::stringstream text;
-    text << in.rdbuf();
-    json index = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-    if (index.is_discarded() || !index.is_object()) {
+    SIMPLER_ASSIGN_OR_RETURN(std::string text,
+                             base::read_regular_file(index_name, kSafetensorsMaxHeaderBytes));
+    // A tensor listed twice in the weight_map is a duplicate key: refused by the parser.
+    SIMPLER_ASSIGN_OR_RETURN(
+        json index, base::parse_json_bounded(text, absl::StrCat(index_name, ": malformed index")));
+    if (!index.is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat(index_name, ": malformed index: not a JSON object"));
     }
@@ -394,6 +400,24 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
       }
       state->where.emplace(name, found->second);
     }
+    // Every tensor of every shard must be the one the weight_map names: a tensor the index does
+    // not list, or lists in another shard, would be silently ignored.
+    for (const SafetensorsFile& file : state->files) {
+      const std::string shard = fs::path(file.path()).filename().string();
+      for (const std::string& name : file.names()) {
+        auto it = state->where.find(name);
+        if (it == state->where.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              index_name, ": tensor '", name, "' in ", shard, " is not listed in the weight_map"));
+        }
+        if (&state->files[it->second] != &file) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(index_name, ": tensor '", name, "' is in both ", shard, " and ",
+                           fs::path(state->files[it->second].path()).filename().string(),
+                           " (the weight_map maps it to the latter)"));
+        }
+      }
+    }
     return ModelWeights(std::move(state));
   }
 
@@ -409,6 +433,22 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
 }
 
 const std::string& ModelWeights::dir() const { return state_->dir; }
+
+absl::Status ModelWeights::check_tensor_set(const std::set<std::string, std::less<>>& expected,
+                                            std::string_view config_summary,
+                                            bool allow_unused) const {
+  if (allow_unused) return absl::OkStatus();
+  for (const auto& [name, index] : state_->where) {
+    if (expected.count(name) != 0) continue;
+    const std::string file = std::filesystem::path(state_->files[index].path()).filename().string();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", state_->dir, " (", file, ") is not used by ",
+        str(config_summary),
+        "; a checkpoint must hold exactly the model's weights (--allow-unused-tensors ignores "
+        "extra ones)"));
+  }
+  return absl::OkStatus();
+}
 
 std::vector<std::string> ModelWeights::names() const {
   std::vector<std::string> out;
@@ -597,7 +637,13 @@ absl::Status write_safetensors(const std::string& path, std::span<const TensorSo
     offset += size;
     sizes.push_back(size);
   }
-  std::string header_text = header.dump();
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const json::type_error&) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot write ", path, ": a tensor name or metadata string is not valid UTF-8"));
+  }
   while (header_text.size() % 8 != 0) header_text.push_back(' ');
 
   const std::string tmp_path = path + ".tmp";

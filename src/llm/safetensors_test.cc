@@ -1,5 +1,6 @@
 #include "simpler/llm/safetensors.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -143,6 +144,17 @@ TEST(SafetensorsWriter, RefusesWrongByteCountAndDuplicateNames) {
   EXPECT_THAT(msg(s), HasSubstr("tensor 'd': duplicate name"));
 }
 
+TEST(SafetensorsWriter, RefusesANameThatIsNotUtf8InsteadOfThrowing) {
+  const fs::path dir = test_dir();
+  const std::vector<float> v = {1};
+  std::vector<TensorSource> t = {{"w\xff", DataType::kFloat32, {1}, as_bytes(v), nullptr}};
+  const std::string path = (dir / "a.safetensors").string();
+  absl::Status s = write_safetensors(path, t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(s),
+            "cannot write " + path + ": a tensor name or metadata string is not valid UTF-8");
+}
+
 TEST(SafetensorsOpen, MissingFileIsNotFound) {
   const fs::path dir = test_dir();
   auto file = SafetensorsFile::open((dir / "nope.safetensors").string());
@@ -203,7 +215,7 @@ TEST(SafetensorsOpen, MalformedJsonIsInvalid) {
   auto file = SafetensorsFile::open(path.string());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(msg(file.status()), HasSubstr(path.string()));
-  EXPECT_THAT(msg(file.status()), HasSubstr("not valid JSON"));
+  EXPECT_THAT(msg(file.status()), HasSubstr(": malformed safetensors header: malformed JSON: "));
 }
 
 TEST(SafetensorsOpen, UnknownDtypeIsInvalidNamingTensor) {
@@ -419,6 +431,125 @@ TEST(ModelWeights, EmptyDirectoryIsNotFound) {
   auto weights = ModelWeights::open(dir.string());
   EXPECT_EQ(weights.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(weights.status()), HasSubstr(dir.string()));
+}
+
+// --- Bad input ------------------------------------------------------------------------------
+
+std::string deep(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST(SafetensorsBadInput, DeeplyNestedShapeOrOffsetsAreRefusedWithoutCrashing) {
+  const fs::path dir = test_dir();
+  const fs::path path = dir / "deep.safetensors";
+  write_raw(path,
+            R"({"x": {"dtype": "F32", "shape": )" + deep(100000) + R"(, "data_offsets": [0, 4]}})",
+            std::string(4, '\0'));
+  auto file = SafetensorsFile::open(path.string());
+  ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(file.status()), path.string() +
+                                    ": malformed safetensors header: JSON nested deeper than 64 "
+                                    "levels at /x/shape");
+  write_raw(path, R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": )" + deep(100000) + "}}",
+            std::string(4, '\0'));
+  file = SafetensorsFile::open(path.string());
+  ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(file.status()),
+              HasSubstr("JSON nested deeper than 64 levels at /x/data_offsets"));
+}
+
+TEST(SafetensorsBadInput, ANestedShapeWithinTheDepthBoundIsQuotedShort) {
+  const fs::path dir = test_dir();
+  const fs::path path = dir / "nested.safetensors";
+  write_raw(path,
+            R"({"x": {"dtype": "F32", "shape": )" + deep(50) + R"(, "data_offsets": [0, 4]}})",
+            std::string(4, '\0'));
+  auto file = SafetensorsFile::open(path.string());
+  ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(file.status()), HasSubstr("tensor 'x': shape [[[["));
+  EXPECT_LT(msg(file.status()).size(), path.string().size() + 200);
+}
+
+TEST(SafetensorsBadInput, HeaderFollowedByNulAndGarbageIsRefused) {
+  const fs::path dir = test_dir();
+  const fs::path path = dir / "trailing.safetensors";
+  const std::string json = R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+  write_raw(path, json + std::string("\0garbage", 8), std::string(4, '\0'));
+  auto file = SafetensorsFile::open(path.string());
+  ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(file.status()), path.string() +
+                                    ": malformed safetensors header: malformed JSON: NUL byte at "
+                                    "offset " +
+                                    std::to_string(json.size()));
+  // Space padding (the spec's) is fine.
+  write_raw(path, json + "      ", std::string(4, '\0'));
+  EXPECT_TRUE(SafetensorsFile::open(path.string()).ok());
+}
+
+TEST(SafetensorsBadInput, AFifoIsRefusedWithoutBlocking) {
+  const fs::path dir = test_dir();
+  const fs::path path = dir / "model.safetensors";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto file = SafetensorsFile::open(path.string());
+  ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(file.status()), path.string() + ": not a regular file (a FIFO, socket or device)");
+  auto weights = ModelWeights::open(dir.string());
+  EXPECT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SafetensorsBadInput, AnIndexListingATensorTwiceIsRefused) {
+  const fs::path dir = test_dir();
+  std::vector<std::vector<float>> keep;
+  keep.reserve(4);
+  write_shard(dir / "model-00001-of-00002.safetensors", {{"a", 1}}, &keep);
+  write_shard(dir / "model-00002-of-00002.safetensors", {{"b", 1}}, &keep);
+  write_index(dir, R"({"a": "model-00001-of-00002.safetensors",
+                       "b": "model-00002-of-00002.safetensors",
+                       "a": "model-00002-of-00002.safetensors"})");
+  auto weights = ModelWeights::open(dir.string());
+  ASSERT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(weights.status()), (dir / "model.safetensors.index.json").string() +
+                                       ": malformed index: duplicate key 'a' in the object at "
+                                       "/weight_map");
+}
+
+TEST(SafetensorsBadInput, AShardTensorTheIndexDoesNotListOrListsElsewhereIsRefused) {
+  const fs::path dir = test_dir();
+  std::vector<std::vector<float>> keep;
+  keep.reserve(4);
+  write_shard(dir / "model-00001-of-00002.safetensors", {{"a", 1}, {"extra", 1}}, &keep);
+  write_shard(dir / "model-00002-of-00002.safetensors", {{"b", 1}}, &keep);
+  write_index(dir, R"({"a": "model-00001-of-00002.safetensors",
+                       "b": "model-00002-of-00002.safetensors"})");
+  const std::string index = (dir / "model.safetensors.index.json").string();
+  auto weights = ModelWeights::open(dir.string());
+  ASSERT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(weights.status()), index +
+                                       ": tensor 'extra' in model-00001-of-00002.safetensors is "
+                                       "not listed in the weight_map");
+  write_shard(dir / "model-00001-of-00002.safetensors", {{"a", 1}, {"b", 1}}, &keep);
+  weights = ModelWeights::open(dir.string());
+  ASSERT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(weights.status()), index +
+                                       ": tensor 'b' is in both model-00001-of-00002.safetensors "
+                                       "and model-00002-of-00002.safetensors (the weight_map "
+                                       "maps it to the latter)");
+}
+
+TEST(SafetensorsBadInput, ATensorOutsideTheExpectedSetIsRefusedUnlessAllowed) {
+  const fs::path dir = test_dir();
+  std::vector<std::vector<float>> keep;
+  keep.reserve(4);
+  write_shard(dir / "model.safetensors", {{"a", 1}, {"lm_head.weight", 1}}, &keep);
+  auto weights = ModelWeights::open(dir.string());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const std::set<std::string, std::less<>> expected = {"a"};
+  absl::Status s = weights->check_tensor_set(expected, "config.json (tied)", false);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(s), "tensor 'lm_head.weight' in " + dir.string() +
+                        " (model.safetensors) is not used by config.json (tied); a checkpoint "
+                        "must hold exactly the model's weights (--allow-unused-tensors ignores "
+                        "extra ones)");
+  EXPECT_TRUE(weights->check_tensor_set(expected, "config.json", true).ok());
+  EXPECT_TRUE(weights->check_tensor_set({"a", "lm_head.weight"}, "config.json", false).ok());
 }
 
 }  // namespace

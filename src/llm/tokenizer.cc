@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 
 #ifndef SIMPLER_DEFAULT_TOKENIZER_DIR
@@ -206,12 +207,9 @@ absl::StatusOr<std::string> read_file(const std::string& path) {
   return std::move(buffer).str();
 }
 
+// Bounded depth, whole buffer, every nlohmann exception (1e400 is out_of_range) as a status.
 absl::StatusOr<Json> parse_json(const std::string& path, const std::string& text) {
-  try {
-    return Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON: ", e.what()));
-  }
+  return base::parse_json_bounded(text, path);
 }
 
 // Field access with errors naming the file and the field.
@@ -260,10 +258,7 @@ class FieldReader {
   std::string path_;
 };
 
-std::string json_type_name(const Json& j) {
-  if (j.is_string()) return absl::StrCat("\"", j.get<std::string>(), "\"");
-  return j.dump();
-}
+std::string json_type_name(const Json& j) { return base::quote_json_prefix(j, 80); }
 
 struct PcreCodeDeleter {
   void operator()(pcre2_code* code) const { pcre2_code_free(code); }
@@ -763,7 +758,8 @@ absl::StatusOr<std::optional<int32_t>> config_token(const FieldReader& reader, c
   }
   std::optional<int32_t> id = tokenizer.token_to_id(content);
   if (!id)
-    return reader.error(key, absl::StrCat("token \"", content, "\" is not in the vocabulary"));
+    return reader.error(key, absl::StrCat("token ", base::quote_json_prefix(Json(content), 80),
+                                          " is not in the vocabulary"));
   return id;
 }
 

@@ -404,6 +404,51 @@ TEST_F(TokenizerFileTest, ConfigTokensMustExist) {
   EXPECT_EQ(loaded->pad_token_id(), std::nullopt);
 }
 
+TEST_F(TokenizerFileTest, ANumberOutsideTheDoubleRangeIsAnErrorNotAnAbort) {
+  std::string text = minimal({}).dump();
+  text.pop_back();
+  const std::string json = write("tokenizer.json", text + ", \"truncation\": 1e400}");
+  auto tokenizer = Tokenizer::load_files(json, "");
+  ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.status().message(),
+            json + ": malformed JSON: number overflow parsing '1e400'");
+  write("tokenizer.json", minimal({}).dump());
+  const std::string config = write("tokenizer_config.json", R"({"model_max_length": 1e400})");
+  tokenizer = Tokenizer::load_files(json, config);
+  ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.status().message(),
+            config + ": malformed JSON: number overflow parsing '1e400'");
+}
+
+TEST_F(TokenizerFileTest, ADeeplyNestedEosTokenIsRefusedWithoutCrashing) {
+  const std::string json = write("tokenizer.json", minimal({}).dump());
+  const std::string config =
+      write("tokenizer_config.json",
+            "{\"eos_token\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  auto tokenizer = Tokenizer::load_files(json, config);
+  ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.status().message(),
+            config + ": JSON nested deeper than 64 levels at /eos_token");
+  // Within the bound, the bad value is quoted short.
+  write("tokenizer_config.json",
+        "{\"eos_token\": " + std::string(60, '[') + std::string(60, ']') + "}");
+  tokenizer = Tokenizer::load_files(json, config);
+  ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.status().message(), config + ": field 'eos_token': expected a string, got " +
+                                              std::string(60, '[') + std::string(20, ']') + "...");
+}
+
+TEST_F(TokenizerFileTest, ALongMissingTokenIsQuotedShort) {
+  const std::string json = write("tokenizer.json", minimal({}).dump());
+  const std::string config =
+      write("tokenizer_config.json", "{\"eos_token\": \"" + std::string(100000, 'z') + "\"}");
+  auto tokenizer = Tokenizer::load_files(json, config);
+  ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tokenizer.status().message(), config + ": field 'eos_token': token \"" +
+                                              std::string(79, 'z') +
+                                              "... is not in the vocabulary");
+}
+
 TEST_F(TokenizerFileTest, DefaultDirFromEnvironmentMustHoldTokenizerJson) {
   const char* saved = std::getenv("SIMPLER_TOKENIZER_DIR");
   const std::string saved_value = saved != nullptr ? saved : "";

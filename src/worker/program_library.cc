@@ -88,9 +88,16 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
     return absl::InternalError(
         absl::StrCat("program library '", path, "': register_program failed with code ", rc));
   }
-  for (const auto& c : reg.callables) {
+  for (size_t i = 0; i < reg.callables.size(); ++i) {
+    const task::ChipCallable& c = reg.callables[i];
     SIMPLER_RETURN_IF_ERROR(
         base::annotate(c.validate(), absl::StrCat("program library '", path, "': ")));
+    for (size_t j = 0; j < i; ++j) {
+      if (reg.callables[j].name == c.name) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "program library '", path, "' registers two callables named '", c.name, "'"));
+      }
+    }
   }
   for (const auto& chk : reg.checks) {
     bool found = false;

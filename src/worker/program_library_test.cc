@@ -1,6 +1,7 @@
 #include "simpler/worker/program_library.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 
 #include "gtest/gtest.h"
@@ -116,6 +117,17 @@ TEST(ProgramLibrary, ARefusedLaunchIsReportedAfterEveryInFlightRunIsDrained) {
     EXPECT_TRUE(contains(results.status(), "stream refused the launch of run 1"))
         << results.status();
   }
+}
+
+TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
+  ::setenv("SIMPLER_TEST_ODD_PROGRAM", "duplicate", 1);
+  auto lib = ProgramLibrary::load(SIMPLER_TEST_ODD_PROGRAM_LIB);
+  ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+  ASSERT_FALSE(lib.ok());
+  EXPECT_EQ(lib.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lib.status().message(), std::string("program library '") +
+                                        SIMPLER_TEST_ODD_PROGRAM_LIB +
+                                        "' registers two callables named 'twice'");
 }
 
 }  // namespace

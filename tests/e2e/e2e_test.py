@@ -46,6 +46,9 @@ Scenarios (`--list` prints them):
                         failing step's own error every time; a request that can never fit the
                         KV pool is refused while the others are served; a known error is
                         reported without waiting out a hung step's timeout
+  bad_input             issue 10: malformed, huge, deep, non-UTF-8 and inconsistent input is an
+                        error exit naming the file / flag / field, never a crash, hang or silent
+                        acceptance
 
 Each reference scenario checks, for its checkpoint:
   * 16 clone requests x 127 decode steps (--ignore-eos): every request's tokens equal the
@@ -864,8 +867,8 @@ def scenario_cli_errors(ctx):
     # Launch depth and run grant out of bounds name the field and its value.
     expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2", "--run-grant", "1"),
                  "generate --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
-    expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2000"),
-                 "generate --launch-depth 2000", ["launch_depth 2000", "1024"])
+    expect_refused_by_parser(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2000"),
+                             "generate --launch-depth 2000", ["--launch-depth", "2000", "1024"])
 
 
 def matmul_argv(ctx, *extra):
@@ -898,8 +901,8 @@ def scenario_run_matmul(ctx):
     # and still at most launch-depth runs are on the device at once.
     expect_error(ctx, matmul_argv(ctx, "--launch-depth", "2", "--run-grant", "1"),
                  "run --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
-    expect_error(ctx, matmul_argv(ctx, "--launch-depth", "2000"), "run --launch-depth 2000",
-                 ["launch_depth 2000", "1024"])
+    expect_refused_by_parser(ctx, matmul_argv(ctx, "--launch-depth", "2000"),
+                             "run --launch-depth 2000", ["--launch-depth", "2000", "1024"])
     trace = ctx.path("grant4.trace.json")
     p, _ = ctx.run_ok(matmul_argv(ctx, "--launch-depth", "2", "--run-grant", "4", "--repeats", "4",
                                   "--json", "--trace", trace),
@@ -1066,8 +1069,9 @@ def scenario_bench_pipeline(ctx):
     expect_error(ctx, bench + ["--launch-depth", "2", "--run-grant", "1"],
                  "bench pipeline --launch-depth 2 --run-grant 1",
                  ["run_grant 1 is below launch_depth 2"])
-    expect_error(ctx, bench + ["--launch-depth", "2000"], "bench pipeline --launch-depth 2000",
-                 ["launch_depth 2000", "1024"])
+    expect_refused_by_parser(ctx, bench + ["--launch-depth", "2000"],
+                             "bench pipeline --launch-depth 2000",
+                             ["--launch-depth", "2000", "1024"])
     expect_refused_by_parser(ctx, bench + ["--launch-depth", "2", "--depths", "1"],
                              "bench pipeline --launch-depth 2 --depths 1",
                              ["--launch-depth", "--depths", "excludes"])
@@ -1202,6 +1206,327 @@ def scenario_bench_decode(ctx):
                                    "1"], "bench decode --steps 1", ["--steps"])
 
 
+
+# ---------------------------------------------------------------------------------------------
+# Bad input (issue 10): never a crash, a hang or a silent acceptance
+
+
+def read_st(path):
+    """(header text, byte buffer) of a safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    return raw[8:8 + n], raw[8 + n:]
+
+
+def write_st(path, header, buffer):
+    """A safetensors file with the header bytes given as they are (no validation)."""
+    if isinstance(header, str):
+        header = header.encode()
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header + buffer)
+
+
+def edit_json(path, **changes):
+    with open(path) as f:
+        j = json.load(f)
+    j.update(changes)
+    with open(path, "w") as f:
+        json.dump(j, f)
+
+
+def run_bytes(argv, env=None, timeout=CLI_TIMEOUT_S):
+    """Runs argv (str or bytes items) and returns the CompletedProcess with bytes output; for
+    paths that are not UTF-8, which the logging of Ctx.run cannot print."""
+    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                          timeout=timeout)
+
+
+def scenario_bad_input(ctx):
+    pb = ctx.problems
+    base = ctx.make_model(ctx.path("tiny"), "--preset", "tiny", "--seed", "3",
+                          "--tokenizer-dir", ctx.tokenizer_dir)
+    n = [0]
+
+    def copy(tag):
+        n[0] += 1
+        d = ctx.path(f"m{n[0]}_{tag}")
+        shutil.copytree(base, d)
+        return d
+
+    def gen(model, *extra):
+        return [ctx.simpler, "generate", "--model", model, "--max-new-tokens", "4", *extra]
+
+    deep = "[" * 100000 + "]" * 100000
+
+    # 1. A value nested 100,000 deep: refused with its path, and the error line stays short.
+    for field in ("hidden_size", "rope_scaling"):
+        d = copy("deep_" + field)
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        cfg.pop(field)
+        text = json.dumps(cfg)[:-1] + f', "{field}": {deep}}}'
+        with open(os.path.join(d, "config.json"), "w") as f:
+            f.write(text)
+        p = expect_error(ctx, gen(d, "--prompt-ids", "1,2"), f"1. config.json {field} deep",
+                         ["config.json", f"JSON nested deeper than 64 levels at /{field}"])
+        pb.check(len(p.stderr) < 2000, f"1. {field} deep: {len(p.stderr)} bytes of stderr")
+    d = copy("deep_gen")
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        f.write('{"eos_token_id": ' + deep + "}")
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "1. generation_config.json eos deep",
+                 ["generation_config.json", "nested deeper than 64 levels at /eos_token_id"])
+    for key in ("shape", "data_offsets"):
+        d = copy("deep_st_" + key)
+        st = os.path.join(d, "model.safetensors")
+        header, buf = read_st(st)
+        h = json.loads(header)
+        first = sorted(k for k in h if k != "__metadata__")[0]
+        h[first][key] = "DEEP"
+        write_st(st, json.dumps(h).replace('"DEEP"', deep), buf)
+        expect_error(ctx, gen(d, "--prompt-ids", "1,2"), f"1. safetensors {key} deep",
+                     [st, f"nested deeper than 64 levels at /{first}/{key}"])
+    d = copy("deep_tok_cfg")
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        f.write('{"eos_token": ' + deep + "}")
+    p = expect_error(ctx, gen(d, "--prompt", "hi"), "1. tokenizer_config.json eos_token deep",
+                     ["tokenizer_config.json", "nested deeper than 64 levels at /eos_token"])
+    # Nested within the bound: the value is quoted, but short.
+    d = copy("nested_rope")
+    nested = ["x" * 2000]
+    for _ in range(50):
+        nested = [nested]
+    edit_json(os.path.join(d, "config.json"), rope_scaling=nested)
+    p = expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "messages: a bad value nested deep",
+                     ["rope_scaling", "unsupported"])
+    pb.check(len(p.stderr.splitlines()[-1]) < 400,
+             f"messages: the rope_scaling error line is {len(p.stderr.splitlines()[-1])} chars")
+
+    # 2. 1e400: an error naming the file, never an abort; with --prompt-ids the tokenizer is
+    # optional, so the run goes on after a warning.
+    for name, text in (("tokenizer.json", None), ("tokenizer_config.json",
+                                                  '{"model_max_length": 1e400}')):
+        d = copy("huge_" + name.split(".")[0])
+        path = os.path.join(d, name)
+        if text is None:
+            with open(path) as f:
+                text = f.read().rstrip()
+            text = text[:-1] + ', "simpler_test": 1e400}'
+        with open(path, "w") as f:
+            f.write(text)
+        p, _ = ctx.run(gen(d, "--prompt-ids", "1,2"), label=f"2. {name} 1e400 --prompt-ids")
+        pb.check(p.returncode == 0, f"2. {name} 1e400 with --prompt-ids: exit {p.returncode}: "
+                                    f"{tail(p.stderr, 400)!r}")
+        pb.check(path in p.stderr and "number overflow" in p.stderr,
+                 f"2. {name} 1e400: the warning does not name the file and the overflow: "
+                 f"{tail(p.stderr, 400)!r}")
+        expect_error(ctx, gen(d, "--prompt", "hi"), f"2. {name} 1e400 --prompt",
+                     [path, "number overflow parsing '1e400'"])
+
+    # 3. Names and paths that are not UTF-8 come out as U+FFFD, in --json and in --trace.
+    odd_dir = os.fsencode(ctx.path("dir")) + b"\xff"
+    shutil.copytree(os.fsencode(base), odd_dir)
+    p = run_bytes([os.fsencode(ctx.simpler), b"bench", b"decode", b"--model", odd_dir,
+                   b"--json", b"--steps", b"2"], env=ctx.env)
+    if pb.check(p.returncode == 0, f"3. bench decode --model dir\\xff --json: exit "
+                                   f"{p.returncode}: {p.stderr[-400:]!r}"):
+        out = json.loads(p.stdout.decode("utf-8"))
+        pb.check(out.get("model", "").endswith("dir\ufffd"), f"3. model {out.get('model')!r}")
+    odd_lib = os.path.join(os.path.dirname(ctx.matmul_lib), "libsimpler_test_odd_program.so")
+    trace = ctx.path("odd.trace.json")
+    p, _ = ctx.run([ctx.simpler, "run", odd_lib, "--json", "--trace", trace],
+                   label="3. run odd names --json --trace")
+    if pb.check(p.returncode == 0, f"3. run odd names: exit {p.returncode}: "
+                                   f"{tail(p.stderr, 400)!r}"):
+        out = parse_one_json_object(p.stdout, "3. run odd names")
+        pb.check(out.get("library") == "odd\ufffd" and out.get("passed") is True,
+                 f"3. run odd names --json: {out}")
+        with open(trace, encoding="utf-8") as f:
+            events = json.load(f)["traceEvents"]
+        pb.check(any("\ufffd" in e.get("name", "") for e in events),
+                 "3. the trace holds no span named with U+FFFD")
+
+    # 4. Huge flag values: refused by the parser, naming the flag, the value and the bound.
+    for flags, names in ((["--requests", "2147483647"], ["--requests", "2147483647", "4096"]),
+                         (["--cores", "40000"], ["--cores", "40000", "256"]),
+                         (["--cores", "2147483647"], ["--cores", "2147483647", "256"]),
+                         (["--timeout", "nan"], ["--timeout", "nan", "finite"]),
+                         (["--timeout", "-1"], ["--timeout", "-1", "minimum of 0"]),
+                         (["--launch-depth", "1025"], ["--launch-depth", "1025", "1024"])):
+        p = expect_refused_by_parser(ctx, gen(base, "--prompt-ids", "1,2", *flags),
+                                     f"4. generate {' '.join(flags)}", names)
+        pb.check("1797" not in p.stderr and "WorkerOptions" not in p.stderr,
+                 f"4. {' '.join(flags)}: {tail(p.stderr, 300)!r}")
+
+    # 5. Token ids beyond 32 bits are refused with their value, never wrapped.
+    for ids in ("4294967301", "10000000000"):
+        pf = ctx.path(f"wide_{ids}.jsonl")
+        with open(pf, "w") as f:
+            f.write('{"prompt_ids": [%s]}\n' % ids)
+        expect_error(ctx, gen(base, "--prompts-file", pf), f"5. prompt_ids [{ids}]",
+                     ["request 0", f"token id {ids} outside the vocabulary"])
+    expect_error(ctx, gen(base, "--prompt-ids", "1,10000000000"), "5. --prompt-ids 10000000000",
+                 ["token id 10000000000 outside the vocabulary"])
+
+    # 6. Requests are validated before the KV pool is sized (no 2 GB pool, no 41 GB error).
+    pf = ctx.path("million.jsonl")
+    with open(pf, "w") as f:
+        f.write('{"prompt_ids": [%s]}\n' % ",".join(["1"] * 1000000))
+    # Peak memory of the refused command alone, measured by a fresh Python parent.
+    rss = ("import resource, subprocess, sys\n"
+           "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+           "sys.stderr.write(p.stderr)\n"
+           "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    p, wall = ctx.run([ctx.python, "-c", rss, *gen(base, "--prompts-file", pf)],
+                      label="6. a 10^6-token prompt")
+    rc, max_kb = (int(v) for v in p.stdout.split())
+    pb.check(rc == 1 and "prompt of 1000000 tokens + 4 new tokens exceeds "
+             "max_position_embeddings 4096" in p.stderr, f"6. 10^6 tokens: exit {rc}: "
+             f"{tail(p.stderr, 300)!r}")
+    pb.check(max_kb < 1_000_000, f"6. 10^6 tokens: peak RSS {max_kb / 1e6:.2f} GB before the "
+                                 "refusal (a KV pool was sized first)")
+    pb.check(wall < 20, f"6. 10^6 tokens took {wall:.1f} s to be refused")
+    expect_error(ctx, gen(base, "--prompt-ids", ",".join(["1"] * 5000), "--requests", "4000"),
+                 "6. 5000 ids x 4000 requests",
+                 ["request 0: prompt of 5000 tokens", "max_position_embeddings 4096"])
+    expect_error(ctx, [ctx.simpler, "generate", "--model", base, "--prompt-ids", "1,2",
+                       "--max-new-tokens", "2147483647"],
+                 "6. --max-new-tokens 2147483647",
+                 ["2147483647 new tokens exceeds max_position_embeddings 4096"])
+
+    expect_error(ctx, [ctx.simpler, "bench", "decode", "--model", base, "--steps", "1000000"],
+                 "6. bench decode --steps 1000000",
+                 ["--steps: prompt of 1 tokens + 1000000 new tokens exceeds "
+                  "max_position_embeddings 4096"])
+
+    # 7. A FIFO in place of a file is refused at once.
+    for name in ("model.safetensors", "config.json"):
+        d = copy("fifo_" + name.split(".")[0])
+        os.remove(os.path.join(d, name))
+        os.mkfifo(os.path.join(d, name))
+        try:
+            p, _ = ctx.run(gen(d, "--prompt-ids", "1,2"), timeout=30, label=f"7. {name} FIFO")
+        except Failure as e:  # a hang: report it and go on with the other checks
+            pb.add(f"7. {name} is a FIFO: {e}")
+            continue
+        last = (p.stderr.strip().splitlines() or [""])[-1]
+        pb.check(p.returncode == 1 and os.path.join(d, name) in last
+                 and "not a regular file" in last,
+                 f"7. {name} is a FIFO: exit {p.returncode}: {last!r}")
+
+    # 8. Floats that are not positive normal float32 values are refused at load.
+    for field, value in (("rms_norm_eps", 1e300), ("rope_theta", 1e300), ("rope_theta", 1e-300)):
+        d = copy(f"float_{field}")
+        edit_json(os.path.join(d, "config.json"), **{field: value})
+        expect_error(ctx, gen(d, "--prompt-ids", "1,2"), f"8. {field} {value}",
+                     ["config.json", f"field '{field}'", "float32", str(value)])
+
+    # 9. Checkpoints that do not match the config exactly.
+    d = copy("one_layer")
+    edit_json(os.path.join(d, "config.json"), num_hidden_layers=1)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "9. config 1 layer, checkpoint 2",
+                 ["model.layers.1.", "model.safetensors", "num_hidden_layers 1",
+                  "--allow-unused-tensors"])
+    p, _ = ctx.run(gen(d, "--prompt-ids", "1,2", "--allow-unused-tensors"),
+                   label="9. --allow-unused-tensors")
+    pb.check(p.returncode == 0, f"9. --allow-unused-tensors: exit {p.returncode}: "
+                                f"{tail(p.stderr, 300)!r}")
+    d = ctx.make_model(ctx.path("untied"), "--preset", "tiny", "--untied", "--tokenizer-dir",
+                       ctx.tokenizer_dir)
+    edit_json(os.path.join(d, "config.json"), tie_word_embeddings=True)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "9. lm_head with tied embeddings",
+                 ["lm_head.weight", "tie_word_embeddings true"])
+    d = copy("extra")
+    st = os.path.join(d, "model.safetensors")
+    header, buf = read_st(st)
+    h = json.loads(header)
+    h["extra.weight"] = {"dtype": "F32", "shape": [1], "data_offsets": [len(buf), len(buf) + 4]}
+    text = json.dumps(h)
+    write_st(st, text + " " * (-len(text) % 8), buf + b"\0" * 4)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "9. an extra tensor",
+                 ["extra.weight", "model.safetensors"])
+    d = ctx.make_model(ctx.path("sharded"), "--preset", "tiny", "--shards", "2", "--tokenizer-dir",
+                       ctx.tokenizer_dir)
+    idx = os.path.join(d, "model.safetensors.index.json")
+    with open(idx) as f:
+        index = json.load(f)
+    name, shard = next(iter(index["weight_map"].items()))
+    other = [s for s in set(index["weight_map"].values()) if s != shard][0]
+    text = json.dumps(index)
+    text = text.replace('"weight_map": {', '"weight_map": {"%s": "%s", ' % (name, other), 1)
+    with open(idx, "w") as f:
+        f.write(text)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "9. a weight_map listing a tensor twice",
+                 [idx, f"duplicate key '{name}'", "/weight_map"])
+
+    # 10. Bytes after the JSON value.
+    d = copy("trailing_cfg")
+    with open(os.path.join(d, "config.json"), "ab") as f:
+        f.write(b"\0garbage")
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "10. config.json + NUL + garbage",
+                 ["config.json", "NUL byte at offset"])
+    d = copy("trailing_st")
+    st = os.path.join(d, "model.safetensors")
+    header, buf = read_st(st)
+    write_st(st, header.rstrip(b" ") + b"\0garbage", buf)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "10. safetensors header + NUL + garbage",
+                 [st, "NUL byte at offset"])
+
+    # 11. make-model refuses bad values like every other flag.
+    for flags in (["--vocab-size", "-5"], ["--layers", "0"]):
+        expect_refused_by_parser(ctx, [ctx.simpler, "make-model", "--out", ctx.path("never"),
+                                       *flags], f"11. make-model {' '.join(flags)}",
+                                 [flags[0], flags[1], "minimum of 1"])
+
+    # 12. Shape products that overflow 64 bits are refused before use.
+    d = copy("overflow")
+    edit_json(os.path.join(d, "config.json"), num_attention_heads=2**40,
+              num_key_value_heads=2**40, head_dim=2**40)
+    p = expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "12. heads = head_dim = 2^40",
+                     ["config.json", "overflows"])
+    pb.check("expected [" not in p.stderr, f"12. {tail(p.stderr, 300)!r}")
+
+    # 13. A directory given as the prompts file.
+    expect_error(ctx, gen(base, "--prompts-file", ctx.work), "13. --prompts-file DIR",
+                 [ctx.work, "is a directory"])
+
+    expect_error(ctx, gen(os.path.join(base, "config.json"), "--prompt-ids", "1,2"),
+                 "13. --model FILE", [os.path.join(base, "config.json"), "is a file, not a directory"])
+    expect_refused_by_parser(ctx, gen(base, "--prompt-ids", "1,2", "--trace", ctx.work),
+                             "13. --trace DIR", ["--trace", ctx.work, "is a directory"])
+
+    # 14. A fault plan entry that never fires is warned about at close.
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=0:task=7:kind=kernel_error")
+    p, _ = ctx.run(matmul_argv(ctx), env=env, label="14. a fault that never fires")
+    pb.check(p.returncode == 0, f"14. exit {p.returncode}")
+    pb.check("run=0:task=7:kind=kernel_error:code=1 never fired" in p.stderr,
+             f"14. no warning naming the entry: {tail(p.stderr, 400)!r}")
+
+    # Messages to mend.
+    for i, line in enumerate(('{"prompt_ids": [1, 2\n', '{"prompt": "\xff"}\n',
+                              '{"prompt": "\\ud800"}\n')):
+        pf = ctx.path(f"bad_line{i}.jsonl")
+        with open(pf, "wb") as f:
+            f.write(line.encode("latin-1"))
+        expect_error(ctx, gen(base, "--prompts-file", pf), f"messages: prompts-file line {i}",
+                     [f"{pf}:1: malformed JSON: parse error"])
+    d = copy("u64")
+    edit_json(os.path.join(d, "config.json"), hidden_size=18446744073709551615)
+    expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "messages: hidden_size 2^64-1",
+                 ["18446744073709551615 is above the largest integer"])
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=0:task=0:kind=device_fault:"
+                                           "code=18446744073709551615")
+    expect_error(ctx, matmul_argv(ctx), "messages: fault code 2^64-1",
+                 ["code=18446744073709551615 is above the largest error code"], env=env)
+    for mode, words in (("no_checks", ["has no self-checks"]),
+                        ("duplicate", [odd_lib, "two callables named 'twice'"])):
+        expect_error(ctx, [ctx.simpler, "run", odd_lib], f"messages: library {mode}", words,
+                     env=dict(ctx.env, SIMPLER_TEST_ODD_PROGRAM=mode))
+    p = expect_error(ctx, [ctx.simpler, "make-model", "--out", "/proc/simpler/none",
+                           "--tokenizer-dir", ctx.tokenizer_dir], "messages: make-model prefix",
+                     ["simpler make-model: cannot create /proc/simpler/none"])
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -1217,6 +1542,7 @@ SCENARIOS = {
     "bench_decode": scenario_bench_decode,
     "run_defects": scenario_run_defects,
     "generate_faults": scenario_generate_faults,
+    "bad_input": scenario_bad_input,
 }
 
 

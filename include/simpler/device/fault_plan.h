@@ -1,7 +1,9 @@
 // Fault injection for the sim device: make a chosen task of a chosen run fail.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,11 +35,16 @@ struct FaultSpec {
   int64_t code = 0;
 };
 
-// An immutable list of faults. Thread-safe (read-only after construction).
+// "run=3:task=7:kind=device_fault:code=507018": the SIMPLER_SIM_FAULTS spelling of one fault.
+std::string to_string(const FaultSpec& spec);
+
+// An immutable list of faults, with a hit counter per entry. Thread-safe: the list is read-only
+// after construction and the counters are atomic. Copies share the counters.
 class FaultPlan {
  public:
   FaultPlan() = default;
-  explicit FaultPlan(std::vector<FaultSpec> faults) : faults_(std::move(faults)) {}
+  explicit FaultPlan(std::vector<FaultSpec> faults)
+      : faults_(std::move(faults)), hits_(new std::atomic<uint64_t>[faults_.size()]()) {}
 
   // Parses the SIMPLER_SIM_FAULTS syntax: comma-separated faults, each a
   // colon-separated list of key=value with keys run, task, kind
@@ -52,13 +59,20 @@ class FaultPlan {
   // The plan from the environment variable SIMPLER_SIM_FAULTS (empty when unset).
   static absl::StatusOr<FaultPlan> from_env();
 
-  // The fault for (run, task), if any.
+  // The fault for (run, task), if any; a match counts as a hit of that entry.
   std::optional<FaultSpec> find(uint64_t run, uint32_t task) const;
+  // The entries that no find() has matched yet, in plan order.
+  std::vector<FaultSpec> unfired() const;
+  // Logs a warning naming every entry that never fired ("SIMPLER_SIM_FAULTS entry
+  // run=0:task=7:kind=kernel_error:code=1 never fired on <who>: no run reached that task"); a
+  // device calls it when it closes.
+  void warn_unfired(std::string_view who) const;
   bool empty() const { return faults_.empty(); }
   const std::vector<FaultSpec>& faults() const { return faults_; }
 
  private:
   std::vector<FaultSpec> faults_;
+  std::shared_ptr<std::atomic<uint64_t>[]> hits_;  // one per entry of faults_
 };
 
 }  // namespace simpler::device

@@ -32,6 +32,10 @@ struct EngineOptions {
   worker::WorkerOptions worker;  // device, cores, launch depth, grant, timeout, trace
   int32_t page_size = 16;        // tokens per KV page (> 0)
   // The pool's size is create()'s `num_pages` (see pages_for()).
+  // create() refuses a checkpoint holding a tensor the config does not use (a second layer
+  // when config.json says one, an lm_head with tied embeddings) unless this is set, for
+  // checkpoints with extra heads.
+  bool allow_unused_tensors = false;
 };
 
 // Per-request output.
@@ -99,7 +103,9 @@ class Qwen3Engine {
   // requests at most per step; `num_pages` (> 0) pages of options.page_size
   // tokens in the KV pool, allocated once on the device (pages_for() sizes it
   // for a set of requests). Errors name the file and tensor (see
-  // ModelWeights) or the option (INVALID_ARGUMENT for num_pages <= 0).
+  // ModelWeights; INVALID_ARGUMENT for a tensor the config does not use, see
+  // EngineOptions::allow_unused_tensors) or the option (INVALID_ARGUMENT for
+  // num_pages <= 0).
   static absl::StatusOr<std::unique_ptr<Qwen3Engine>> create(const std::string& model_dir,
                                                              const EngineOptions& options,
                                                              int32_t max_batch, int32_t num_pages);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,8 +41,13 @@ struct WeightSpec {
 //
 // Errors name the file and the field:
 //   NOT_FOUND         config.json is missing
-//   INVALID_ARGUMENT  malformed JSON; a missing required field; a field of the wrong type or
-//                     out of range; num_key_value_heads not dividing num_attention_heads; an odd
+//   INVALID_ARGUMENT  malformed JSON (also: nested deeper than 64 levels, bytes after the
+//                     value, a duplicate key; see base/json.h); a file that is not a regular file
+//                     (a FIFO is refused without blocking) or a model directory that is a file;
+//                     a missing required field; a field of the wrong type or out of range (an
+//                     integer above 2^63-1; rms_norm_eps or rope_theta outside float32's positive
+//                     normal range, the kernels' precision; weight sizes whose f32 bytes overflow
+//                     64 bits); num_key_value_heads not dividing num_attention_heads; an odd
 //                     head_dim (rotate-half RoPE needs pairs); a token id outside [0, vocab_size);
 //                     an unsupported feature (hidden_act, attention_bias, rope_scaling, sliding
 //                     window); "unknown architecture [...]" when neither architectures nor
@@ -78,6 +84,13 @@ struct ModelConfig {
   // Checks the invariants listed above on the current field values (used by parse and before
   // writing). `source` names the file in messages.
   absl::Status validate(std::string_view source = "config.json") const;
+
+  // OK when a request of `prompt` plus up to `max_new_tokens` generated tokens fits this model,
+  // checked before anything is sized for it. INVALID_ARGUMENT otherwise: an empty prompt
+  // ("empty prompt"), an id outside the vocabulary ("token id 10000000000 outside the
+  // vocabulary [0, 151936)"), max_new_tokens < 1, or more tokens than the model has positions
+  // ("prompt of 5000 tokens + 32 new tokens exceeds max_position_embeddings 4096").
+  absl::Status check_request(std::span<const int64_t> prompt, int64_t max_new_tokens) const;
 
   // Stop token ids: eos_token_ids then generation_eos_token_ids, without duplicates.
   std::vector<int64_t> stop_ids() const;

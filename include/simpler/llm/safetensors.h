@@ -15,9 +15,12 @@
 //   NOT_FOUND          a file, shard or tensor that does not exist
 //   DATA_LOSS          the file is shorter than its header says (truncated): fewer than 8
 //                      bytes, header length beyond the end of the file, or tensor data beyond it
-//   INVALID_ARGUMENT   the header is not a valid safetensors header (malformed JSON, unknown
-//                      dtype, bad shape, bad/overlapping/holey data_offsets, size that does not
-//                      match shape and dtype, trailing bytes, header length above 100 MB), or a
+//   INVALID_ARGUMENT   the header is not a valid safetensors header (malformed JSON, JSON
+//                      nested deeper than 64 levels, anything but spaces after the JSON value,
+//                      a tensor named twice, unknown dtype, bad shape, bad/overlapping/holey
+//                      data_offsets, size that does not match shape and dtype, trailing bytes,
+//                      header length above 100 MB), a path that is not a regular file (a FIFO
+//                      is refused without blocking), or a
 //                      lookup whose shape or dtype differs from what the caller expects, or a
 //                      conversion of a non-float tensor
 //   PERMISSION_DENIED / INTERNAL   the operating system refused to open, map or write a file
@@ -28,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -90,8 +94,9 @@ class SafetensorsFile {
 
 // The weights of a model directory: a single `model.safetensors`, or the shards listed by
 // `model.safetensors.index.json` ({"metadata": {...}, "weight_map": {name: shard file}}; the
-// index wins when both exist). Every file is opened and validated by `open`, and every tensor the
-// weight_map lists must exist in its shard. Move-only; const methods are thread-safe.
+// index wins when both exist). Every file is opened and validated by `open`; every tensor the
+// weight_map lists must exist in its shard, be listed once, and every tensor of a shard must be
+// listed in the weight_map as held by that shard. Move-only; const methods are thread-safe.
 class ModelWeights {
  public:
   // Errors: NOT_FOUND when the directory holds neither file, or a listed shard is missing
@@ -105,6 +110,11 @@ class ModelWeights {
   ~ModelWeights();
 
   const std::string& dir() const;
+  // OK when every tensor of the checkpoint is in `expected` (or `allow_unused`); otherwise
+  // INVALID_ARGUMENT naming the first other tensor and its file: "tensor 'model.layers.1.
+  // input_layernorm.weight' in <dir> (model.safetensors) is not used by <config_summary>; ...".
+  absl::Status check_tensor_set(const std::set<std::string, std::less<>>& expected,
+                                std::string_view config_summary, bool allow_unused) const;
   // Every tensor name, sorted.
   std::vector<std::string> names() const;
   bool contains(std::string_view name) const;

@@ -1,0 +1,65 @@
+// Test fixture: a program library whose registration is chosen by the environment variable
+// SIMPLER_TEST_ODD_PROGRAM, for the CLI's and the loader's bad-input tests:
+//   non_utf8    a callable, kernel and self-check whose names are not UTF-8 (the check passes)
+//   duplicate   two callables with the same name
+//   no_checks   one callable and no self-checks
+#include <cstdlib>
+#include <string>
+
+#include "simpler/task/program_abi.h"
+
+namespace {
+
+using simpler::task::ArgDirection;
+using simpler::task::KernelContext;
+using simpler::task::TaskArgs;
+
+// args: 0 x f32 [N] IN, 1 y f32 [N] OUT: y = 2x.
+absl::Status twice(const KernelContext& ctx) {
+  const auto& x = ctx.tensor(0);
+  const auto& y = ctx.tensor(1);
+  for (int64_t i = 0; i < x.shape[0]; ++i) y.data<float>()[i] = 2 * x.data<float>()[i];
+  return absl::OkStatus();
+}
+
+absl::Status orchestrate(simpler::task::OrchestrationContext& ctx, const TaskArgs& args) {
+  TaskArgs t;
+  t.add_tensor(args.tensor(0), ArgDirection::kIn).add_tensor(args.tensor(1), ArgDirection::kOut);
+  return ctx.submit(0, t, 1);
+}
+
+simpler::task::ChipCallable callable(const std::string& name) {
+  return simpler::task::ChipCallable{name, orchestrate, {{name + "_twice", twice}}};
+}
+
+int register_program(simpler::task::ProgramRegistry* registry) {
+  const char* mode_env = std::getenv("SIMPLER_TEST_ODD_PROGRAM");
+  const std::string mode = mode_env != nullptr ? mode_env : "non_utf8";
+  if (mode == "duplicate") {
+    registry->add_callable(callable("twice"));
+    registry->add_callable(callable("twice"));
+    return 0;
+  }
+  if (mode == "no_checks") {
+    registry->add_callable(callable("twice"));
+    return 0;
+  }
+  const std::string name = "twice\xff";
+  registry->add_callable(callable(name));
+  using K = simpler::task::SelfCheckArg::Kind;
+  simpler::task::SelfCheck chk;
+  chk.name = "check\xfe";
+  chk.callable = name;
+  chk.args = {{K::kInput, {4}, {1, 2, 3, 4}, 0}, {K::kOutput, {4}, {2, 4, 6, 8}, 0}};
+  chk.tolerance = 0;
+  registry->add_self_check(chk);
+  return 0;
+}
+
+const SimplerProgramAbi kAbi{simpler::task::kProgramAbiVersion, 0, "odd\xfd", register_program};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const SimplerProgramAbi* simpler_program_entry() {
+  return &kAbi;
+}
