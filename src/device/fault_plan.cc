@@ -140,6 +140,17 @@ std::optional<FaultSpec> FaultPlan::find(uint64_t run, uint32_t task) const {
   return std::nullopt;
 }
 
+std::optional<FaultSpec> FaultPlan::find_at(uint64_t run, uint32_t task, bool at_launch) const {
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    const FaultSpec& f = faults_[i];
+    if (f.run != run || f.task != task) continue;
+    if ((f.kind == FaultKind::kLaunchRefused) != at_launch) continue;
+    hits_[i].fetch_add(1, std::memory_order_relaxed);
+    return f;
+  }
+  return std::nullopt;
+}
+
 std::vector<FaultSpec> FaultPlan::unfired() const {
   std::vector<FaultSpec> out;
   for (size_t i = 0; i < faults_.size(); ++i) {

@@ -224,8 +224,9 @@ class SimDevice final : public Device {
     completion_cv_.notify_all();
   }
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
-  std::optional<FaultSpec> fault_for(uint64_t run, uint32_t task) const {
-    return options_.faults.find(run, task);
+  // The launch_refused entry for run `run`, if any (counted as fired).
+  std::optional<FaultSpec> launch_fault_for(uint64_t run) const {
+    return options_.faults.find_at(run, 0, /*at_launch=*/true);
   }
   absl::Status abort_reason() const {
     MutexLock lock(abort_mu_);
@@ -432,7 +433,7 @@ class SimDevice final : public Device {
   }
 
   absl::Status run_job(const CoreJob& job, uint64_t run_id, int32_t core) {
-    if (auto fault = options_.faults.find(run_id, job.task_index);
+    if (auto fault = options_.faults.find_at(run_id, job.task_index, /*at_launch=*/false);
         fault.has_value() && job.block_idx == 0) {
       switch (fault->kind) {
         case FaultKind::kKernelError:
@@ -584,8 +585,7 @@ class SimStream final : public Stream {
           absl::StrCat("device aborted: ", std::string(device_->abort_reason().message())));
     }
     if (fn != nullptr) {
-      if (auto f = device_->fault_for(run_id, 0);
-          f.has_value() && f->kind == FaultKind::kLaunchRefused) {
+      if (auto f = device_->launch_fault_for(run_id); f.has_value()) {
         return absl::UnavailableError(absl::StrCat("stream refused the launch of run ", run_id,
                                                    " (injected launch_refused)"));
       }
@@ -695,7 +695,15 @@ void SimDevice::close() {
     }
     for (auto& c : cores_) {
       if (!c->thread.joinable()) continue;
-      if (c->exited.wait(grace)) {
+      // A core that is not inside a kernel exits within microseconds of the
+      // stop; it gets a moment of its own even when a stuck stream used up
+      // the shared grace.
+      const bool in_kernel = c->exec_start_ns.load(std::memory_order_relaxed) != 0;
+      const base::Deadline wait =
+          !in_kernel || grace.expired()
+              ? base::Deadline::after(std::chrono::milliseconds(in_kernel ? 10 : 200))
+              : grace;
+      if (c->exited.wait(wait)) {
         c->thread.join();
         continue;
       }

@@ -212,13 +212,18 @@ absl::StatusOr<std::unique_ptr<Qwen3Engine>> Qwen3Engine::create(const std::stri
   }
   // The decode program reads and writes these buffers without naming them in
   // its arguments: bound, so none is freed while a step may use it.
-  for (const worker::DeviceBuffer& b : e->buffers_) {
+  for (const worker::DeviceBuffer& b : e->bound_buffers()) {
     SIMPLER_RETURN_IF_ERROR(e->worker_->bind(e->decode_, b));
   }
-  for (const worker::DeviceBuffer* b : {&e->feed_ids_, &e->last_ids_, &e->kv_buffer_}) {
-    SIMPLER_RETURN_IF_ERROR(e->worker_->bind(e->decode_, *b));
-  }
   return e;
+}
+
+std::vector<worker::DeviceBuffer> Qwen3Engine::bound_buffers() const {
+  std::vector<worker::DeviceBuffer> out = buffers_;
+  out.push_back(feed_ids_);
+  out.push_back(last_ids_);
+  out.push_back(kv_buffer_);
+  return out;
 }
 
 void Qwen3Engine::drain_orphans() {

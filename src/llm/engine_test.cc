@@ -256,5 +256,19 @@ TEST_F(EngineTest, KernelFaultFailsTheStepWithAttribution) {
   }
 }
 
+TEST_F(EngineTest, TheDecodeProgramsBuffersAreBoundAndCannotBeFreedUnderIt) {
+  auto e = engine(2, 2, 8);
+  const std::vector<worker::DeviceBuffer> bound = e->bound_buffers();
+  ASSERT_GE(bound.size(), 5u);
+  for (const worker::DeviceBuffer& b : bound) {
+    absl::Status s = e->worker().free(b);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(contains(s, "is bound to callable 'qwen3_decode'")) << s;
+  }
+  GenerateOptions go;
+  go.max_new_tokens = 3;
+  EXPECT_TRUE(e->generate({{1, 2}}, go).ok());  // nothing was freed
+}
+
 }  // namespace
 }  // namespace simpler::llm

@@ -1,9 +1,12 @@
 // A kernel that never returns (in its own process: the device thread running
 // it is abandoned, and stays abandoned until this process exits).
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "simpler/base/quarantine.h"
+#include "simpler/base/status.h"
 #include "simpler/worker/program_library.h"
 
 namespace simpler::worker {
@@ -24,7 +27,7 @@ TEST(AbandonedKernel, ARunWhoseKernelNeverReturnsFailsAtItsTimeoutAndCloseIsBoun
   o.num_cores = 2;
   o.launch_depth = 2;
   o.operation_timeout_s = 1.0;
-  o.faults = device::FaultPlan();
+  o.faults.emplace();
   const auto t0 = std::chrono::steady_clock::now();
   auto results = run_self_checks(*lib, o, 3);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -36,9 +39,66 @@ TEST(AbandonedKernel, ARunWhoseKernelNeverReturnsFailsAtItsTimeoutAndCloseIsBoun
       << results.status();
   // 1 s timeout + 1 s close grace, with slack for a loaded machine.
   EXPECT_LT(took, 6.0);
-  EXPECT_GE(base::abandoned_threads(), 1);
-  EXPECT_FALSE(base::abandoned_thread_descriptions().empty());
+  // Only the thread running the kernel is abandoned (the stream's scheduler
+  // thread, which runs a lone job inline, or the core thread that took it),
+  // never an idle core.
+  const std::vector<std::string> abandoned = base::abandoned_thread_descriptions();
+  ASSERT_GE(abandoned.size(), 1u);
+  ASSERT_LE(abandoned.size(), 2u);
+  for (const std::string& d : abandoned) {
+    const bool stream = d.find("stream 0 scheduler thread") != std::string::npos;
+    const bool core_in_kernel =
+        d.find("thread (run 0 task 0: its kernel has not returned") != std::string::npos;
+    EXPECT_TRUE(stream || core_in_kernel) << d;
+  }
   lib = absl::StatusOr<ProgramLibrary>(absl::CancelledError("dropped"));  // not dlclose()d
+}
+
+// close(deadline) is bounded by the deadline even when the run in flight
+// would otherwise hold the lane for its whole operation timeout (60 s) and
+// its kernel never returns: the lane thread stops waiting within a slice.
+TEST(AbandonedKernel, ABoundedCloseReturnsPromptlyWhileAKernelNeverReturns) {
+  static std::atomic<bool> never{false};
+  WorkerOptions o;
+  o.num_cores = 2;
+  o.launch_depth = 2;
+  o.operation_timeout_s = 60;
+  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error");
+  Worker w(o);
+  auto h = w.register_callable(task::ChipCallable{
+      "gate",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+        task::TaskArgs a;
+        a.add_scalar_i64(args.scalar_i64(0));
+        return ctx.submit(0, a);
+      },
+      {{"gate", [](const task::KernelContext& ctx) -> absl::Status {
+          const auto* open =
+              reinterpret_cast<const std::atomic<bool>*>(static_cast<uintptr_t>(ctx.scalar_i64(0)));
+          while (!open->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return absl::OkStatus();
+        }}}});
+  ASSERT_TRUE(w.init().ok());
+  task::TaskArgs args;
+  args.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&never)));
+  RunHandle r0 = *w.submit(*h, args);  // fails: injected kernel_error
+  RunHandle r1 = *w.submit(*h, args);  // its gate never opens
+  EXPECT_EQ(r0.wait(5.0).code(), absl::StatusCode::kInternal);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // r1 is executing
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)w.close(base::Deadline::after(std::chrono::milliseconds(100)));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // 0.1 s deadline + a 50 ms slice + the 1 s close grace, with slack.
+  EXPECT_LT(took, 3.0);
+  ASSERT_TRUE(r1.done());
+  EXPECT_EQ(r1.result().status.code(), absl::StatusCode::kCancelled) << r1.result().status;
+  EXPECT_TRUE(contains(r1.result().status,
+                       "run 1 cancelled: the lane was closed at its close "
+                       "deadline with the run still in flight; first error: "
+                       "run 0: run 0 task 0 (kernel 'gate')"))
+      << r1.result().status;
+  EXPECT_EQ(w.resources().quarantined, 1);
+  EXPECT_GE(w.abandoned_threads(), 1);
 }
 
 }  // namespace

@@ -291,8 +291,9 @@ void ChipRunLane::launch_ready_locked() {
       // A run still being prepared belongs to its submitter, which cancels it
       // itself once prepare returns.
       if (run.state != RunState::kPrepared) continue;
-      // Never launched: fail it with the poison cause; its set is provably unused.
-      run.status = poison_;
+      // Never launched: fail it with the poison cause (or, when close()'s
+      // deadline passed, its own cancellation); its set is provably unused.
+      run.status = close_expired_ ? cancel_status_locked(run.id()) : poison_;
       run.set_state(RunState::kCancelled);
       continue;
     }
@@ -445,8 +446,9 @@ void ChipRunLane::lane_loop() {
         // one stalled run does not push the next reaps late.
         if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
         absl::Status st = rec->done.status();
-        if (close_expired_ && base::is_unrecoverable(st)) {
-          // Stopped by close()'s abort: cancelled, not a device failure.
+        if (close_expired_ && base::is_unrecoverable(st) && rec->end_ns >= close_expired_ns_) {
+          // Stopped by close()'s abort (it ended after the abort): cancelled,
+          // not a device failure. A fault that ended before keeps its error.
           run.status = cancel_status_locked(run.id());
         } else if (behind_poison_locked(run.id())) {
           // Launched behind the run that poisoned the lane.
@@ -479,10 +481,13 @@ void ChipRunLane::lane_loop() {
       for (const auto& r : owned->device_ranges) quarantined_ranges_.push_back({owned->id(), r});
     }
     ++retired_;
-    if (!owned->status.ok() && first_error_.ok()) {
+    if (!owned->status.ok() && first_error_.ok() && !close_expired_) {
       first_error_ = owned->status;
       first_error_run_ = owned->id();
     }
+    // The "first error" a close names is that of the runs in flight together:
+    // forgotten once the lane is idle.
+    if (runs_.empty() && !close_expired_) first_error_ = absl::OkStatus();
     if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
       failed_.push_back(owned->shared);
     }
@@ -523,6 +528,9 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
         device_polls_.fetch_add(1, std::memory_order_relaxed);
         return true;
       }
+      // close()'s deadline passed: no more looks (the second one below is a
+      // plain sleep, which nothing interrupts).
+      if (interrupt_.load(std::memory_order_acquire)) return rec.done.is_signaled();
       // A wake-up that was late because the CPU was busy (not the timer) must
       // not make later wake-ups early, which would cost the device a wake-up
       // at the boundary.
@@ -576,6 +584,7 @@ bool ChipRunLane::wait_record(device::LaunchRecord& rec, const base::Deadline& d
 // device is aborted so hung tasks return and nothing more is dispatched.
 void ChipRunLane::expire_close_locked() {
   close_expired_ = true;
+  close_expired_ns_ = base::now_ns();
   const absl::Status cause = base::mark_unrecoverable(absl::CancelledError(cancel_cause_locked()));
   if (poison_.ok()) {
     poison_ = base::mark_unrecoverable(
@@ -599,8 +608,8 @@ std::string ChipRunLane::cancel_cause_locked() const {
   if (!first_error_.ok()) {
     absl::StrAppend(&cause, "; first error: run ", first_error_run_, ": ",
                     std::string(first_error_.message()));
-  } else if (!poison_.ok()) {
-    absl::StrAppend(&cause, "; ", std::string(poison_.message()));
+  } else if (!poison_.ok() && poisoned_by_ != std::numeric_limits<uint64_t>::max()) {
+    absl::StrAppend(&cause, "; ", std::string(poison_.message()));  // a real poison, not ours
   }
   return cause;
 }

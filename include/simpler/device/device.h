@@ -162,11 +162,12 @@ class Device {
 
   // Aborts what is still running, joins every device thread and releases all
   // memory. Idempotent; the device is unusable afterwards. Bounded: a device
-  // thread that does not exit within the device's close grace (it is inside a
-  // kernel that never returns) is abandoned — detached, logged and counted in
-  // base::abandoned_threads() — and then no memory is released: the owner must
-  // keep the device (and whatever the abandoned thread may read: run records,
-  // callables) alive with base::keep_until_exit (see abandoned_threads()).
+  // thread that does not exit within the device's close grace (one deadline
+  // shared by all its threads; a core not inside a kernel still gets a short
+  // moment of its own) because it is inside a kernel that never returns is abandoned — detached,
+  // logged and counted in base::abandoned_threads() — and then no memory is released: the owner
+  // must keep the device (and whatever the abandoned thread may read: run records, callables) alive
+  // with base::keep_until_exit (see abandoned_threads()).
   virtual void close() = 0;
   // Device threads close() abandoned (0 when every thread was joined).
   virtual int32_t abandoned_threads() const = 0;

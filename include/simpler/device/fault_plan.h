@@ -61,6 +61,11 @@ class FaultPlan {
 
   // The fault for (run, task), if any; a match counts as a hit of that entry.
   std::optional<FaultSpec> find(uint64_t run, uint32_t task) const;
+  // The same, limited to where the fault acts: at the run's launch
+  // (launch_refused) or at a task (every other kind). A device asks at both
+  // places, and only the entry that acts there counts as hit — a task fault
+  // of a run that was launched but never reached the task did not fire.
+  std::optional<FaultSpec> find_at(uint64_t run, uint32_t task, bool at_launch) const;
   // The entries that no find() has matched yet, in plan order.
   std::vector<FaultSpec> unfired() const;
   // Logs a warning naming every entry that never fired ("SIMPLER_SIM_FAULTS entry

@@ -134,11 +134,18 @@ class Qwen3Engine {
   const ModelConfig& config() const { return config_; }
   const Qwen3Dims& dims() const { return dims_; }
   worker::Worker& worker() { return *worker_; }
+  // The device buffers the decode program uses without naming them in a
+  // run's arguments (weights, scratch, token buffers, KV pool), all bound to
+  // it (Worker::bind): none can be freed while the engine lives.
+  std::vector<worker::DeviceBuffer> bound_buffers() const;
   // f32 bytes of every weight a decode step streams (projections, norms, LM head).
   uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
   // Closes the Worker (Worker::close(deadline): steps still in flight when
   // the deadline passes are cancelled — the fatal path passes an expired
-  // one) and releases what failed generate() calls left in flight. Idempotent.
+  // one) and releases what failed generate() calls left in flight. Returns
+  // the Worker's close status: after a failed generate() that includes the
+  // cancellation of the steps it left in flight (consequences of the error
+  // generate() returned). Idempotent.
   absl::Status close(const base::Deadline& deadline = base::Deadline::forever());
   ~Qwen3Engine();
 

@@ -75,8 +75,11 @@ class ChipRunLane {
   // `callable` must stay alive until the lane is closed.
   // Errors found here are returned here: INVALID_ARGUMENT (bad args/config,
   // tensor outside any live allocation, null HOST pointer), FAILED_PRECONDITION
-  // ("lane poisoned by run N: ...", closed lane), DEADLINE_EXCEEDED (no
-  // resource set by `admission`), device allocation errors while staging,
+  // ("lane poisoned by run N: ...", carrying base::poisoned_by; closed lane; a
+  // bound buffer of the callable that is no longer a live allocation, naming
+  // it), DEADLINE_EXCEEDED (no resource set by `admission`), INTERNAL ("run N
+  // prepare: ... threw <type>: <what>" when a host-built orchestration
+  // throws; recoverable), device allocation errors while staging,
   // and the stream's refusal of this run's launch when the launch happened in
   // this call ("run N launch: ..."; it poisons the lane). A launch refused
   // later (by the lane thread) is the run's error, delivered by its handle.
@@ -124,7 +127,9 @@ class ChipRunLane {
   // deadline with the run still in flight; first error: run M: ..."), those
   // launched are quarantined (their device use is unproven), the lane is
   // poisoned with that cause and the device aborted. Returns within about
-  // 50 ms of the deadline even when a kernel never returns.
+  // 50 ms of the deadline even when a kernel never returns — except while a
+  // submitter is still inside prepare (a host-built orchestration that does
+  // not return): its run belongs to the submitter until prepare ends.
   absl::Status close(const base::Deadline& deadline);
 
   LaneStats stats() const;
@@ -174,7 +179,8 @@ class ChipRunLane {
   // Runs launched behind the poisoning run wait for the device until then.
   base::Deadline behind_poison_deadline_ SIMPLER_GUARDED_BY(mu_);
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
-  bool close_expired_ SIMPLER_GUARDED_BY(mu_) = false;  // close(deadline) passed
+  bool close_expired_ SIMPLER_GUARDED_BY(mu_) = false;    // close(deadline) passed
+  int64_t close_expired_ns_ SIMPLER_GUARDED_BY(mu_) = 0;  // when (now_ns)
   // Set (release) once close()'s deadline passed: the lane thread stops
   // waiting for the device (acquire).
   std::atomic<bool> interrupt_{false};

@@ -137,11 +137,12 @@ class Worker {
   // Device memory (zeroed). Errors: device allocation errors; FAILED_PRECONDITION
   // before init / after close.
   absl::StatusOr<DeviceBuffer> malloc(uint64_t bytes);
-  // FAILED_PRECONDITION naming the run when a run that has not retired names
-  // the buffer in its arguments, or when a quarantined run named it (then
-  // until close(): its device use was never proven finished); NOT_FOUND for an
-  // unknown buffer. Atomic with respect to submit: a run admitted after the
-  // free is refused at submit (its tensor is no longer a live allocation).
+  // FAILED_PRECONDITION naming the callable when the buffer is bound to one
+  // (bind(); unbind it first), naming the run when a run that has not retired
+  // names the buffer in its arguments or its callable's bindings, or when a
+  // quarantined run did (then until close(): its device use was never proven
+  // finished); NOT_FOUND for an unknown buffer. Atomic with respect to submit: a run admitted after
+  // the free is refused at submit (its tensor is no longer a live allocation).
   absl::Status free(const DeviceBuffer& buffer);
   // Copies between host memory and a buffer (bytes at `offset`). Ordered after
   // every run submitted before: waits for them to finish on the device first.
@@ -161,9 +162,11 @@ class Worker {
   absl::Status run(CallableHandle callable, const task::TaskArgs& args,
                    const task::CallConfig& config = {});
 
-  // Drains every run, closes the device (joins every device thread) and returns
-  // the first run error no wait() delivered, counting the others. Idempotent.
-  // A run that never finishes is bounded by the operation timeout.
+  // Drains every run, closes the device and returns the first run error no
+  // wait() delivered, counting the others. Idempotent. A run that never
+  // finishes is bounded by the operation timeout; a device thread stuck in a
+  // kernel that never returns is abandoned after the device's close grace
+  // (abandoned_threads(); Device::close).
   absl::Status close();
   // close(), bounded by `deadline` (the fatal path: an error is known and
   // nothing in flight is wanted any more). Runs still in flight when it
