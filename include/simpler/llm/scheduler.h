@@ -146,8 +146,10 @@ class Scheduler {
   absl::Status abort(uint64_t id);
 
   // The next step, or nullopt when no row can be scheduled now (nothing live,
-  // or every live request waits for a step in flight to retire). Never empty
-  // while no step is in flight and a request is live.
+  // or every live request waits for a step in flight to retire). Returns a
+  // step whenever no step is in flight and a request is still live after the
+  // call: a request that quarantine left a pool too small for finishes with
+  // kError (see take_finished) instead of waiting forever.
   std::optional<StepPlan> schedule();
 
   // The oldest step in flight retired with one result per row.
