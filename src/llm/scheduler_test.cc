@@ -416,6 +416,43 @@ TEST(Scheduler, PreemptionPicksTheMostRecentlyAdmittedKeepsItsTokensAndRecompute
   }
 }
 
+TEST(Scheduler, RunningRequestsWaitForFencedPagesInsteadOfPreemptingOthers) {
+  // 3 pages of 4 tokens: requests 1, 2 and 3 take one page each for their
+  // prompts; 3 is aborted while step 1 still writes its page.
+  const SchedulerOptions o = options(64, 8, 4, 3);
+  Scheduler s = Scheduler::create(o).value();
+  ASSERT_TRUE(s.add({1, 4, 8}).ok());
+  ASSERT_TRUE(s.add({2, 4, 8}).ok());
+  ASSERT_TRUE(s.add({3, 4, 8}).ok());
+  std::optional<StepPlan> step1 = s.schedule();
+  ASSERT_TRUE(step1.has_value());
+  ASSERT_EQ(step1->rows.size(), 3u);
+  ASSERT_TRUE(s.abort(3).ok());
+  EXPECT_EQ(s.snapshot().pages.fenced, 1);
+  // Requests 1 and 2 need a page each for position 4: the fenced page covers
+  // the first need, so nobody is preempted and no step is ready.
+  EXPECT_FALSE(s.schedule().has_value());
+  EXPECT_EQ(s.snapshot().preempted_total, 0);
+  ASSERT_TRUE(s.on_step_retired(step1->step_id, std::vector<RowResult>(3)).ok());
+  // Now request 1 takes the freed page and request 2, the most recently
+  // admitted, is preempted; its page was last touched by the retired step 1,
+  // so it is free at once.
+  std::optional<StepPlan> step2 = s.schedule();
+  ASSERT_TRUE(step2.has_value());
+  ASSERT_EQ(step2->rows.size(), 1u);
+  EXPECT_EQ(step2->rows[0].request_id, 1u);
+  EXPECT_EQ(step2->rows[0].start, 4);
+  SchedulerSnapshot snap = s.snapshot();
+  EXPECT_EQ(snap.preempted_total, 1);
+  EXPECT_EQ(snap.waiting, 1);
+  EXPECT_EQ(snap.pages.free, 1);
+  std::optional<RequestInfo> two = s.find(2);
+  ASSERT_TRUE(two.has_value());
+  EXPECT_FALSE(two->running);
+  EXPECT_EQ(two->output_tokens.size(), 1u);
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
 TEST(Scheduler, NeverFittingRequestIsRefusedAtAddWithBothNumbers) {
   const SchedulerOptions o = options(64, 8, 16, 10, /*max_model_len=*/2048);
   Scheduler s = Scheduler::create(o).value();
