@@ -192,6 +192,25 @@ TEST(Scheduler, PrefillChunksLeaveRoomForLaterDecodes) {
   EXPECT_EQ(plan.num_tokens(), 10);
 }
 
+TEST(Scheduler, RowCapRunsTheOldestRequestsFirstAndEveryoneFinishes) {
+  // 5 single-token prompts, a row cap of 2: the oldest two run until they
+  // finish, then the next two, then the last one; nobody is skipped.
+  const SchedulerOptions o = options(64, /*max_seqs=*/2, 4, 32);
+  Scheduler s = Scheduler::create(o).value();
+  for (uint64_t id = 1; id <= 5; ++id) ASSERT_TRUE(s.add({id, 1, 3}).ok());
+  FakeRunner runner(s, o, 1);
+  runner.run_to_idle(100);
+  std::vector<std::vector<uint64_t>> ids;
+  for (const StepPlan& plan : runner.plans) {
+    ids.emplace_back();
+    for (const StepRow& row : plan.rows) ids.back().push_back(row.request_id);
+  }
+  const std::vector<std::vector<uint64_t>> want = {{1, 2}, {1, 2}, {1, 2}, {3, 4}, {3, 4},
+                                                   {3, 4}, {5},    {5},    {5}};
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(s.snapshot().finished[static_cast<int>(FinishReason::kLength)], 5);
+}
+
 TEST(Scheduler, A2000TokenPromptTakesCeilOfPromptOverBudgetPrefillSteps) {
   for (int32_t budget : {256, 512, 700, 2000, 4096}) {
     const SchedulerOptions o = options(budget, 8, 16, 256);
