@@ -1,6 +1,6 @@
-// The continuous-batching scheduler: which requests run in the next step, which
-// positions of each, and where their KV goes. Pure logic: no device, no
-// tensors, no threads (ARCHITECTURE.md, Serving).
+// The continuous-batching scheduler (docs/design/scheduler.md): which requests
+// run in the next step, which positions of each, and where their KV goes. Pure
+// logic: no device, no tensors, no threads (ARCHITECTURE.md, Serving).
 //
 // Lifecycle of a request:
 //   add() -> waiting (FCFS queue) -> admitted: running, prefilled in chunks
