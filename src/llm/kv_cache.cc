@@ -61,7 +61,10 @@ absl::StatusOr<PagePool> PagePool::create(int32_t num_pages, int32_t page_size) 
 }
 
 PagePool::PagePool(int32_t num_pages, int32_t page_size)
-    : page_size_(page_size), owner_(num_pages, 0), allocated_(num_pages, false) {
+    : page_size_(page_size),
+      owner_(num_pages, 0),
+      state_(num_pages, PageState::kFree),
+      fence_step_(num_pages, 0) {
   free_.reserve(num_pages);
   for (int32_t p = num_pages - 1; p >= 0; --p) free_.push_back(p);
 }
@@ -75,7 +78,8 @@ absl::StatusOr<int32_t> PagePool::allocate(uint64_t request_id) {
   const int32_t page = free_.back();
   free_.pop_back();
   owner_[page] = request_id;
-  allocated_[page] = true;
+  state_[page] = PageState::kUsed;
+  ++num_used_;
   return page;
 }
 
@@ -95,26 +99,143 @@ absl::StatusOr<std::vector<int32_t>> PagePool::allocate(uint64_t request_id, int
   return pages;
 }
 
-absl::Status PagePool::free(uint64_t request_id, int32_t page) {
+absl::Status PagePool::check_owned(uint64_t request_id, int32_t page, const char* verb) const {
   if (page < 0 || page >= num_pages()) {
-    return absl::OutOfRangeError(absl::StrCat("request ", request_id, " freed page ", page,
+    return absl::OutOfRangeError(absl::StrCat("request ", request_id, " ", verb, " page ", page,
                                               " outside the pool of ", num_pages(), " pages"));
   }
-  if (!allocated_[page]) {
+  if (state_[page] == PageState::kFree) {
     return absl::FailedPreconditionError(
-        absl::StrCat("request ", request_id, " freed page ", page, ", which is already free"));
+        absl::StrCat("request ", request_id, " ", verb, " page ", page, ", which is already free"));
   }
   if (owner_[page] != request_id) {
-    return absl::FailedPreconditionError(absl::StrCat("request ", request_id, " freed page ", page,
-                                                      ", which request ", owner_[page], " owns"));
+    return absl::FailedPreconditionError(absl::StrCat("request ", request_id, " ", verb, " page ",
+                                                      page, ", which request ", owner_[page],
+                                                      " owns"));
   }
-  allocated_[page] = false;
+  if (state_[page] != PageState::kUsed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", request_id, " ", verb, " page ", page, ", which is ",
+                     state_[page] == PageState::kFenced ? "fenced" : "quarantined"));
+  }
+  return absl::OkStatus();
+}
+
+void PagePool::make_free(int32_t page) {
+  state_[page] = PageState::kFree;
   free_.push_back(page);
+}
+
+absl::Status PagePool::free(uint64_t request_id, int32_t page) {
+  if (absl::Status s = check_owned(request_id, page, "freed"); !s.ok()) return s;
+  --num_used_;
+  make_free(page);
+  return absl::OkStatus();
+}
+
+absl::Status PagePool::fence(uint64_t request_id, int32_t page, int64_t step_id) {
+  if (absl::Status s = check_owned(request_id, page, "fenced"); !s.ok()) return s;
+  --num_used_;
+  if (step_id <= retired_through_) {
+    make_free(page);
+    return absl::OkStatus();
+  }
+  state_[page] = PageState::kFenced;
+  fence_step_[page] = step_id;
+  fenced_.push_back(page);
+  return absl::OkStatus();
+}
+
+int32_t PagePool::retire_through(int64_t step_id) {
+  if (step_id > retired_through_) retired_through_ = step_id;
+  int32_t freed = 0;
+  for (size_t i = 0; i < fenced_.size();) {
+    const int32_t page = fenced_[i];
+    if (fence_step_[page] <= retired_through_) {
+      fenced_[i] = fenced_.back();
+      fenced_.pop_back();
+      make_free(page);
+      ++freed;
+    } else {
+      ++i;
+    }
+  }
+  return freed;
+}
+
+absl::Status PagePool::quarantine(int32_t page) {
+  if (page < 0 || page >= num_pages()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("quarantined page ", page, " outside the pool of ", num_pages(), " pages"));
+  }
+  switch (state_[page]) {
+    case PageState::kFree:
+      return absl::FailedPreconditionError(
+          absl::StrCat("quarantined page ", page, ", which is free"));
+    case PageState::kQuarantined:
+      return absl::OkStatus();
+    case PageState::kUsed:
+      --num_used_;
+      break;
+    case PageState::kFenced:
+      fenced_.erase(std::find(fenced_.begin(), fenced_.end(), page));
+      break;
+  }
+  state_[page] = PageState::kQuarantined;
+  ++num_quarantined_;
+  return absl::OkStatus();
+}
+
+PageState PagePool::state(int32_t page) const {
+  return (page >= 0 && page < num_pages()) ? state_[page] : PageState::kFree;
+}
+
+absl::Status PagePool::check_invariants() const {
+  PageCounts c;
+  for (int32_t p = 0; p < num_pages(); ++p) {
+    switch (state_[p]) {
+      case PageState::kFree:
+        ++c.free;
+        break;
+      case PageState::kUsed:
+        ++c.used;
+        break;
+      case PageState::kFenced:
+        ++c.fenced;
+        if (fence_step_[p] <= retired_through_) {
+          return absl::InternalError(absl::StrCat("page ", p, " is fenced behind step ",
+                                                  fence_step_[p], ", which retired (through ",
+                                                  retired_through_, ")"));
+        }
+        break;
+      case PageState::kQuarantined:
+        ++c.quarantined;
+        break;
+    }
+  }
+  for (int32_t p : free_) {
+    if (state_[p] != PageState::kFree) {
+      return absl::InternalError(absl::StrCat("page ", p, " is on the free list but not free"));
+    }
+  }
+  for (int32_t p : fenced_) {
+    if (state_[p] != PageState::kFenced) {
+      return absl::InternalError(absl::StrCat("page ", p, " is on the fenced list but not fenced"));
+    }
+  }
+  const PageCounts k = counts();
+  if (c.free != k.free || c.used != k.used || c.fenced != k.fenced ||
+      c.quarantined != k.quarantined || k.total() != num_pages()) {
+    return absl::InternalError(absl::StrCat(
+        "page counts free ", k.free, " used ", k.used, " fenced ", k.fenced, " quarantined ",
+        k.quarantined, " disagree with the page states (", c.free, ", ", c.used, ", ", c.fenced,
+        ", ", c.quarantined, ") or the pool of ", num_pages()));
+  }
   return absl::OkStatus();
 }
 
 bool PagePool::is_allocated(int32_t page) const {
-  return page >= 0 && page < num_pages() && allocated_[page];
+  return page >= 0 && page < num_pages() && state_[page] != PageState::kFree;
 }
 
 uint64_t PagePool::owner(int32_t page) const {
@@ -160,6 +281,42 @@ absl::Status BlockTable::fill_row(int32_t* row, int64_t max_blocks) const {
   std::copy(pages_.begin(), pages_.end(), row);
   std::fill(row + pages_.size(), row + max_blocks, -1);
   return absl::OkStatus();
+}
+
+int64_t BlockTable::pages_for_append(int64_t count, int32_t page_size) const {
+  const int64_t need =
+      pages_needed(context_len_ + count, page_size) - static_cast<int64_t>(pages_.size());
+  return need > 0 ? need : 0;
+}
+
+absl::Status BlockTable::append_tokens(PagePool& pool, int64_t count) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id_, " appended a negative token count ", count));
+  }
+  const int64_t need = pages_for_append(count, pool.page_size());
+  if (need > pool.num_free()) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache exhausted: request ", request_id_,
+                                                     " needs ", need, " pages, ", pool.num_free(),
+                                                     " of ", pool.num_pages(), " pages free"));
+  }
+  auto pages = pool.allocate(request_id_, static_cast<int32_t>(need));
+  if (!pages.ok()) return pages.status();
+  pages_.insert(pages_.end(), pages->begin(), pages->end());
+  context_len_ += count;
+  return absl::OkStatus();
+}
+
+absl::Status BlockTable::fence(PagePool& pool, int64_t step_id) {
+  absl::Status first;
+  for (int32_t page : pages_) {
+    if (pool.state(page) == PageState::kQuarantined && pool.owner(page) == request_id_) continue;
+    absl::Status s = pool.fence(request_id_, page, step_id);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  pages_.clear();
+  context_len_ = 0;
+  return first;
 }
 
 absl::Status BlockTable::release(PagePool& pool) {

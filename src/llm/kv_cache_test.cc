@@ -88,6 +88,90 @@ TEST(PagePool, FreeRefusesForeignDoubleAndOutOfRangePages) {
   EXPECT_THAT(outside.message(), HasSubstr("page 3 outside the pool of 3 pages"));
 }
 
+TEST(PagePool, FencedPagesAreFreedOnlyAfterTheirFenceStepRetired) {
+  PagePool pool = PagePool::create(4, 4).value();
+  const int32_t a = pool.allocate(1).value();
+  const int32_t b = pool.allocate(1).value();
+  const int32_t c = pool.allocate(2).value();
+  ASSERT_TRUE(pool.fence(1, a, 5).ok());
+  ASSERT_TRUE(pool.fence(1, b, 7).ok());
+  EXPECT_EQ(pool.state(a), PageState::kFenced);
+  EXPECT_TRUE(pool.is_allocated(a));
+  PageCounts counts = pool.counts();
+  EXPECT_EQ(counts.free, 1);
+  EXPECT_EQ(counts.used, 1);
+  EXPECT_EQ(counts.fenced, 2);
+  EXPECT_EQ(counts.total(), 4);
+  EXPECT_EQ(pool.retire_through(4), 0);
+  EXPECT_EQ(pool.num_fenced(), 2);
+  EXPECT_EQ(pool.retire_through(6), 1);
+  EXPECT_EQ(pool.state(a), PageState::kFree);
+  EXPECT_EQ(pool.state(b), PageState::kFenced);
+  // A fence behind a step that retired already frees the page at once.
+  ASSERT_TRUE(pool.fence(2, c, 3).ok());
+  EXPECT_EQ(pool.state(c), PageState::kFree);
+  EXPECT_EQ(pool.retire_through(7), 1);
+  EXPECT_EQ(pool.num_free(), 4);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PagePool, FenceRefusesFreeForeignAndFencedPages) {
+  PagePool pool = PagePool::create(2, 4).value();
+  const int32_t page = pool.allocate(1).value();
+  absl::Status foreign = pool.fence(2, page, 1);
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(foreign.message(), HasSubstr("request 2 fenced page 0, which request 1 owns"));
+  ASSERT_TRUE(pool.fence(1, page, 1).ok());
+  absl::Status twice = pool.fence(1, page, 2);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(twice.message(), HasSubstr("request 1 fenced page 0, which is fenced"));
+  absl::Status free_page = pool.fence(1, 1, 2);
+  EXPECT_THAT(free_page.message(), HasSubstr("page 1, which is already free"));
+}
+
+TEST(PagePool, QuarantinedPagesAreCountedButNeverHandedOutAgain) {
+  PagePool pool = PagePool::create(3, 4).value();
+  const int32_t used = pool.allocate(1).value();
+  const int32_t fenced = pool.allocate(1).value();
+  ASSERT_TRUE(pool.fence(1, fenced, 9).ok());
+  ASSERT_TRUE(pool.quarantine(used).ok());
+  ASSERT_TRUE(pool.quarantine(fenced).ok());
+  ASSERT_TRUE(pool.quarantine(fenced).ok());  // idempotent
+  EXPECT_EQ(pool.retire_through(100), 0);
+  PageCounts counts = pool.counts();
+  EXPECT_EQ(counts.free, 1);
+  EXPECT_EQ(counts.used, 0);
+  EXPECT_EQ(counts.fenced, 0);
+  EXPECT_EQ(counts.quarantined, 2);
+  EXPECT_EQ(pool.allocate(3).value(), 2);
+  EXPECT_EQ(pool.allocate(3).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::Status freed = pool.free(1, used);
+  EXPECT_THAT(freed.message(), HasSubstr("request 1 freed page 0, which is quarantined"));
+  EXPECT_EQ(pool.quarantine(7).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(BlockTable, AppendTokensAllocatesAllOrNothingAndFenceSkipsQuarantinedPages) {
+  PagePool pool = PagePool::create(3, 4).value();
+  BlockTable table(8);
+  EXPECT_EQ(table.pages_for_append(5, 4), 2);
+  ASSERT_TRUE(table.append_tokens(pool, 5).ok());
+  EXPECT_EQ(table.context_len(), 5);
+  EXPECT_EQ(table.pages_for_append(3, 4), 0);
+  absl::Status big = table.append_tokens(pool, 8);
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.message(), HasSubstr("request 8 needs 2 pages, 1 of 3 pages free"));
+  EXPECT_EQ(table.context_len(), 5);
+  ASSERT_TRUE(pool.quarantine(table.pages()[0]).ok());
+  ASSERT_TRUE(table.fence(pool, 2).ok());
+  EXPECT_EQ(table.context_len(), 0);
+  EXPECT_TRUE(table.pages().empty());
+  PageCounts counts = pool.counts();
+  EXPECT_EQ(counts.fenced, 1);
+  EXPECT_EQ(counts.quarantined, 1);
+  EXPECT_EQ(counts.free, 1);
+}
+
 TEST(BlockTable, SlotsCrossPageBoundaries) {
   PagePool pool = PagePool::create(8, 4).value();
   BlockTable other(2);

@@ -7,9 +7,13 @@
 // at slot page · page_size + offset. Pages are private to the request that
 // allocated them, never shared (ARCHITECTURE.md, clone requests).
 //
-// Lifetime rule (ARCHITECTURE.md, LLM path): a page may go back to the pool
-// only after the last run that reads it retired; the caller (the engine loop)
-// decides when that is and then calls BlockTable::release / PagePool::free.
+// Lifetime rule (ARCHITECTURE.md, Serving): a page may go back to the pool
+// only after the last run that reads or writes it retired. Either the caller
+// decides when that is and calls BlockTable::release / PagePool::free, or it
+// fences the pages behind a step id (PagePool::fence, BlockTable::fence) and
+// reports retired steps with PagePool::retire_through. Every page is in exactly
+// one of four states, free / used / fenced / quarantined, and the counts sum to
+// num_pages(); only free pages are ever handed out.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,23 @@ absl::StatusOr<int32_t> default_num_pages(int64_t prompt_len, int64_t max_new_to
                                           int64_t num_requests, int64_t page_size,
                                           int64_t max_position_embeddings);
 
+// The four states of a page (ARCHITECTURE.md, Serving).
+enum class PageState : uint8_t {
+  kFree,         // may be allocated
+  kUsed,         // owned by a live request
+  kFenced,       // released, waiting until its fence step retired
+  kQuarantined,  // touched by a step whose device use is unproven; never reused
+};
+
+// Pages per state; free + used + fenced + quarantined == the pool's size.
+struct PageCounts {
+  int32_t free = 0;
+  int32_t used = 0;
+  int32_t fenced = 0;
+  int32_t quarantined = 0;
+  int32_t total() const { return free + used + fenced + quarantined; }
+};
+
 // The free list of a pool of `num_pages` pages of `page_size` tokens each,
 // with the owning request of every allocated page. Pages are handed out
 // lowest id first among the free ones that were never used, then most recently
@@ -46,7 +67,14 @@ class PagePool {
   int32_t num_pages() const { return static_cast<int32_t>(owner_.size()); }
   int32_t page_size() const { return page_size_; }
   int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
-  int32_t num_used() const { return num_pages() - num_free(); }
+  int32_t num_used() const { return num_used_; }
+  int32_t num_fenced() const { return static_cast<int32_t>(fenced_.size()); }
+  int32_t num_quarantined() const { return num_quarantined_; }
+  PageCounts counts() const {
+    return PageCounts{num_free(), num_used(), num_fenced(), num_quarantined()};
+  }
+  // The highest step id passed to retire_through (0 before any).
+  int64_t retired_through() const { return retired_through_; }
 
   // One page for `request_id`. RESOURCE_EXHAUSTED naming the request and the
   // pool's counts when no page is free.
@@ -61,18 +89,46 @@ class PagePool {
   // request (the message names both requests).
   absl::Status free(uint64_t request_id, int32_t page);
 
-  // True when `page` is allocated; its owner then is owner(page).
+  // Moves a used `page` of `request_id` to fenced: it becomes free once a step
+  // with id >= `step_id` retired (retire_through). A page whose fence step
+  // retired already (step_id <= retired_through(), e.g. 0 for a page no
+  // submitted step touched) is freed at once. Errors as free().
+  absl::Status fence(uint64_t request_id, int32_t page, int64_t step_id);
+
+  // Records that every step with id <= `step_id` retired and frees the fenced
+  // pages whose fence step is among them. Returns the number of pages freed.
+  int32_t retire_through(int64_t step_id);
+
+  // Moves a used or fenced `page` to quarantined: it stays counted and is
+  // never handed out again. A quarantined page is left as it is. OUT_OF_RANGE
+  // outside the pool; FAILED_PRECONDITION for a free page.
+  absl::Status quarantine(int32_t page);
+
+  // True when `page` is not free (used, fenced or quarantined); its owner
+  // then is owner(page).
   bool is_allocated(int32_t page) const;
-  // The request owning an allocated page (unspecified for a free page).
+  PageState state(int32_t page) const;
+  // The request owning a page that is not free (unspecified for a free page).
   uint64_t owner(int32_t page) const;
+
+  // INTERNAL naming the page when the free list, the per-page states and the
+  // counts disagree (a program bug). Linear in the pool; for tests and debug.
+  absl::Status check_invariants() const;
 
  private:
   PagePool(int32_t num_pages, int32_t page_size);
+  absl::Status check_owned(uint64_t request_id, int32_t page, const char* verb) const;
+  void make_free(int32_t page);
 
   int32_t page_size_ = 0;
-  std::vector<int32_t> free_;    // stack: back() is handed out next
-  std::vector<uint64_t> owner_;  // per page
-  std::vector<bool> allocated_;  // per page
+  int32_t num_used_ = 0;
+  int32_t num_quarantined_ = 0;
+  int64_t retired_through_ = 0;
+  std::vector<int32_t> free_;        // stack: back() is handed out next
+  std::vector<int32_t> fenced_;      // fenced pages, unordered
+  std::vector<uint64_t> owner_;      // per page
+  std::vector<PageState> state_;     // per page
+  std::vector<int64_t> fence_step_;  // per page, meaningful while fenced
 };
 
 // One request's block table: its pages in token order and its context length.
@@ -100,6 +156,19 @@ class BlockTable {
   // Writes pages() into row[0 .. max_blocks), padding the rest with -1.
   // OUT_OF_RANGE naming the request when it holds more than max_blocks pages.
   absl::Status fill_row(int32_t* row, int64_t max_blocks) const;
+
+  // Appends `count` positions at once, allocating the pages they need from
+  // `pool` all or nothing (RESOURCE_EXHAUSTED leaves the table unchanged);
+  // INVALID_ARGUMENT when count < 0.
+  absl::Status append_tokens(PagePool& pool, int64_t count);
+
+  // Pages the next `count` appended positions would allocate.
+  int64_t pages_for_append(int64_t count, int32_t page_size) const;
+
+  // Fences every page behind `step_id` (PagePool::fence), leaves quarantined
+  // pages as they are, and resets the table to empty. The first error is
+  // returned after all other pages were handled.
+  absl::Status fence(PagePool& pool, int64_t step_id);
 
   // Returns every page to `pool` and resets the table to empty. Call only
   // after the last run reading these pages retired. Errors from
