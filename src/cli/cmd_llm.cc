@@ -13,6 +13,7 @@
 #include "simpler/base/status.h"
 #include "simpler/llm/engine.h"
 #include "simpler/llm/make_model.h"
+#include "simpler/llm/prompts_file.h"
 #include "simpler/llm/tokenizer.h"
 
 namespace simpler::cli {
@@ -151,7 +152,7 @@ Runner add_generate_command(CLI::App& app) {
     }
     auto encode = [&](const std::string& text) -> absl::StatusOr<std::vector<int32_t>> {
       if (!tok) return tok_status;
-      return tok->encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
+      return tok->try_encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
     };
     std::vector<std::vector<int32_t>> prompts;
     if (p1->count() > 0) {
@@ -172,30 +173,16 @@ Runner add_generate_command(CLI::App& app) {
       int lineno = 0;
       while (std::getline(in, line)) {
         ++lineno;
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const std::string where = st->prompts_file + ":" + std::to_string(lineno);
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object()) {
-          return fail("generate", absl::InvalidArgumentError(where + ": not a JSON object"));
-        }
-        if (j.contains("prompt") && j["prompt"].is_string()) {
-          auto ids = encode(j["prompt"].get<std::string>());
-          if (!ids.ok()) return fail("generate", base::annotate(ids.status(), where + ": "));
+        const std::string where = st->prompts_file + ":" + std::to_string(lineno) + ": ";
+        auto spec = llm::parse_prompts_line(line);
+        if (!spec.ok()) return fail("generate", base::annotate(spec.status(), where));
+        if (!spec->has_value()) continue;  // blank line
+        if (auto* text = std::get_if<std::string>(&**spec)) {
+          auto ids = encode(*text);
+          if (!ids.ok()) return fail("generate", base::annotate(ids.status(), where));
           prompts.push_back(std::move(*ids));
-        } else if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
-          std::vector<int32_t> ids;
-          for (const auto& v : j["prompt_ids"]) {
-            if (!v.is_number_integer()) {
-              return fail("generate",
-                          absl::InvalidArgumentError(where + ": prompt_ids holds a non-integer"));
-            }
-            ids.push_back(v.get<int32_t>());
-          }
-          prompts.push_back(std::move(ids));
         } else {
-          return fail("generate",
-                      absl::InvalidArgumentError(
-                          where + ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
+          prompts.push_back(std::move(std::get<std::vector<int32_t>>(**spec)));
         }
       }
       if (prompts.empty()) {
