@@ -401,7 +401,7 @@ absl::Status TokenizerImpl::split_pieces(std::string_view text,
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
       return absl::ResourceExhaustedError(absl::StrCat(
-          "pre-tokenizer regex gave up at byte ", offset, " of a ", text.size(),
+          "pre-tokenizer regex gave up searching from byte ", offset, " of a ", text.size(),
           "-byte section: ", reinterpret_cast<const char*>(message), " (limits: match ",
           match_limit, ", depth ", kRegexDepthLimit, ", heap ", kRegexHeapLimitKiB, " KiB)"));
     }
