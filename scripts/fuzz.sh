@@ -92,7 +92,8 @@ for t in "${targets[@]}"; do
       execs="$(grep -E 'stat::number_of_executed_units' "build/fuzz/$t.run.log" | awk '{print $2}')"
       printf 'fuzz.sh: %s: %s executions in %d.%d s (asked %s)%s\n' "$t" "${execs:-?}" \
         $(((t1 - t0) / 1000000000)) $(((t1 - t0) / 100000000 % 10)) "$runs" \
-        "$([ "${execs:-0}" -lt "$runs" ] 2>/dev/null && echo ', stopped by the time cap')" >&2
+        "$([ $rc -eq 0 ] && [ "${execs:-0}" -lt "$runs" ] 2>/dev/null &&
+          echo ', stopped by the time cap')" >&2
       rm -rf "$work"
       if [ $rc -ne 0 ]; then
         grep -E "ERROR: |runtime error|violated|SUMMARY|Test unit written" \
