@@ -1,6 +1,8 @@
 // libFuzzer target: config.json and generation_config.json through ModelConfig::parse.
-// Input: the config.json text, then optionally a NUL byte and the generation_config.json text.
-// Checks: no crash/UB; an accepted configuration validates, and its own config.json /
+// Input: the config.json text, then optionally a 0x01 byte and the generation_config.json text
+// (0x01 cannot appear raw in JSON, so the split loses no valid input).
+// Checks: no crash/UB; an accepted text holds no NUL byte (JSON cannot: nothing may follow the
+// value but whitespace); an accepted configuration validates, and its own config.json /
 // generation_config.json (to_config_json, to_generation_config_json) parse back to the same
 // shape fields and stop ids.
 #include <cstddef>
@@ -25,12 +27,16 @@ void check(bool ok, const char* what) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using simpler::llm::ModelConfig;
   const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t nul = input.find('\0');
-  const std::string_view config = input.substr(0, nul);
+  const size_t split = input.find('\x01');
+  const std::string_view config = input.substr(0, split);
   const std::string_view generation =
-      nul == std::string_view::npos ? std::string_view() : input.substr(nul + 1);
+      split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
   auto parsed = ModelConfig::parse(config, generation);
   if (!parsed.ok()) return 0;
+  check(config.find('\0') == std::string_view::npos,
+        "config.json with a NUL byte accepted (bytes after the JSON value are ignored)");
+  check(generation.find('\0') == std::string_view::npos,
+        "generation_config.json with a NUL byte accepted (bytes after the JSON value are ignored)");
   check(parsed->validate().ok(), "parse accepted a configuration validate refuses");
   (void)parsed->stop_ids();
   auto again = ModelConfig::parse(parsed->to_config_json(), parsed->to_generation_config_json());

@@ -1,5 +1,6 @@
 // libFuzzer target: one line of a prompts file through parse_prompts_line.
-// Checks: no crash/UB; blank lines are skipped and only they; an accepted line's prompt is the
+// Checks: no crash/UB; blank lines are skipped and only they; an accepted line holds no NUL byte
+// (JSON cannot: nothing may follow the value but whitespace); an accepted line's prompt is the
 // JSON's "prompt" string, or its "prompt_ids" with every id equal to the JSON integer (a value
 // that does not fit int32 must be refused, not wrapped).
 #include <cstddef>
@@ -35,6 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   check(spec->has_value() != blank, "blank-line detection differs from \" \\t\\r\" only");
   if (blank) return 0;
+  check(line.find('\0') == std::string_view::npos,
+        "a line with a NUL byte accepted (bytes after the JSON value are ignored)");
   const auto j = nlohmann::json::parse(line, nullptr, false);
   check(!j.is_discarded() && j.is_object(), "accepted a line that is not a JSON object");
   if (const auto* text = std::get_if<std::string>(&**spec)) {

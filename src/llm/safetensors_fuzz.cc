@@ -1,6 +1,7 @@
 // libFuzzer target: a safetensors file (8-byte header length, JSON header, byte buffer) through
 // SafetensorsFile::open, then every accessor and to_f32 on what it accepted.
-// Checks: no crash/UB; an accepted file's tensors tile its byte buffer and each view's size is
+// Checks: no crash/UB; an accepted header holds no NUL byte (JSON cannot, and the format pads
+// with spaces); an accepted file's tensors tile its byte buffer and each view's size is
 // numel * dtype-size.
 #include <cstddef>
 #include <cstdint>
@@ -49,5 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
   check(total == size - 8 - header_len, "accepted tensors do not cover the byte buffer");
+  const std::string_view header(reinterpret_cast<const char*>(data) + 8, header_len);
+  check(header.find('\0') == std::string_view::npos,
+        "a header with a NUL byte accepted (bytes after the JSON value are ignored)");
   return 0;
 }

@@ -1,8 +1,10 @@
 // libFuzzer target: tokenizer.json and tokenizer_config.json through Tokenizer::load_files.
-// Input: the tokenizer.json text, then optionally a NUL byte and the tokenizer_config.json text
-// (no NUL: no tokenizer_config.json). A tokenizer that loads encodes a few probe texts,
-// including a long run that makes a backtracking pre_tokenizer regex blow up.
-// Checks: no crash/UB/hang; try_encode either succeeds with every id an entry of the
+// Input: the tokenizer.json text, then optionally a 0x01 byte and the tokenizer_config.json text
+// (no 0x01: no tokenizer_config.json; 0x01 cannot appear raw in JSON). A tokenizer that loads
+// encodes a few probe texts, including a long run that makes a backtracking pre_tokenizer regex
+// blow up.
+// Checks: no crash/UB/hang; an accepted file holds no NUL byte (JSON cannot: nothing may follow
+// the value but whitespace); try_encode either succeeds with every id an entry of the
 // vocabulary, or fails with RESOURCE_EXHAUSTED (a PCRE2 limit); decode accepts the ids.
 #include <cstddef>
 #include <cstdint>
@@ -29,15 +31,18 @@ void check(bool ok, const char* what) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using simpler::llm::Tokenizer;
   const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t nul = input.find('\0');
+  const size_t split = input.find('\x01');
   const std::string json_path =
-      simpler::fuzz::write_scratch_file("tokenizer.json", input.substr(0, nul));
+      simpler::fuzz::write_scratch_file("tokenizer.json", input.substr(0, split));
   std::string config_path;
-  if (nul != std::string_view::npos) {
-    config_path = simpler::fuzz::write_scratch_file("tokenizer_config.json", input.substr(nul + 1));
+  if (split != std::string_view::npos) {
+    config_path =
+        simpler::fuzz::write_scratch_file("tokenizer_config.json", input.substr(split + 1));
   }
   auto tokenizer = Tokenizer::load_files(json_path, config_path);
   if (!tokenizer.ok()) return 0;
+  check(input.find('\0') == std::string_view::npos,
+        "a file with a NUL byte accepted (bytes after the JSON value are ignored)");
   const int32_t vocab = tokenizer->vocab_size();
   check(vocab > 0, "a loaded tokenizer has an empty vocabulary");
   if (auto eos = tokenizer->eos_token_id()) check(*eos >= 0 && *eos < vocab, "eos id out of range");

@@ -97,10 +97,10 @@ tiny = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_si
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 151936, "eos_token_id": [151645],
         "tie_word_embeddings": True}
 write(mc, "qwen3_0_6b", json.dumps(qwen3_06b, indent=2))
-write(mc, "qwen3_0_6b_with_generation", json.dumps(qwen3_06b, indent=2) + "\0" +
+write(mc, "qwen3_0_6b_with_generation", json.dumps(qwen3_06b, indent=2) + "\x01" +
       json.dumps(gen_06b, indent=2))
 write(mc, "tiny", json.dumps(tiny))
-write(mc, "tiny_generation_int", json.dumps(tiny) + "\0" + json.dumps({"eos_token_id": 1}))
+write(mc, "tiny_generation_int", json.dumps(tiny) + "\x01" + json.dumps({"eos_token_id": 1}))
 minimal = {"model_type": "qwen3", "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 10}
 write(mc, "minimal_no_head_dim", json.dumps(minimal))
@@ -169,8 +169,8 @@ tl = "tokenizer_load_fuzz"
 config = json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                      "add_bos_token": False})
 write(tl, "qwen_like", tokenizer_json())
-write(tl, "qwen_like_with_config", tokenizer_json() + "\0" + config)
-write(tl, "config_object_form", tokenizer_json() + "\0" +
+write(tl, "qwen_like_with_config", tokenizer_json() + "\x01" + config)
+write(tl, "config_object_form", tokenizer_json() + "\x01" +
       json.dumps({"eos_token": {"content": "<|im_end|>"}, "pad_token": None}))
 write(tl, "merge_strings", tokenizer_json(merge_strings=True))
 write(tl, "string_pattern", tokenizer_json(pattern={"String": " "}))
