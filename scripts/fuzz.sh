@@ -4,8 +4,9 @@
 #   scripts/fuzz.sh replay [TARGET...]
 #       What scripts/test.sh runs. For each target: every seed-corpus file and every saved crash
 #       (src/<layer>/fuzz/<target>/{corpus,crashes}/) once, then a deterministic run from the
-#       seeds with -seed=1 -runs=N (N per target below, each capped at 20 s). Fails when any
-#       input crashes, a saved crash still reproduces, or the deterministic run finds a crash.
+#       seeds with -seed=1 -runs=N (N per target below, each capped at 20 s; 3 minutes in all,
+#       not counting the build). Fails when any input crashes, a saved crash still reproduces,
+#       the deterministic run finds a crash, or the whole replay overruns its 3 minutes.
 #   scripts/fuzz.sh time [SECONDS] [TARGET...]
 #       Fuzzes each target for SECONDS (default 300) with -max_total_time; the growing corpus is
 #       kept in build/fuzz/corpus/<target>/ and crashes go to build/fuzz/artifacts/<target>/.
@@ -124,6 +125,10 @@ for t in "${targets[@]}"; do
 done
 
 elapsed=$(($(date +%s) - start))
+if [ "$mode" = replay ] && [ "$elapsed" -gt 180 ]; then
+  echo "fuzz.sh: replay took ${elapsed} s, over its 3-minute budget (lower RUNS)" >&2
+  failed+=("over-budget")
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz.sh: $mode FAILED after ${elapsed} s: ${failed[*]}" >&2
   exit 1

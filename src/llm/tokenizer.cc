@@ -400,10 +400,14 @@ absl::Status TokenizerImpl::split_pieces(std::string_view text,
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "pre-tokenizer regex gave up searching from byte ", offset, " of a ", text.size(),
-          "-byte section: ", reinterpret_cast<const char*>(message), " (limits: match ",
-          match_limit, ", depth ", kRegexDepthLimit, ", heap ", kRegexHeapLimitKiB, " KiB)"));
+      const bool limit = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+                         rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_NOMEMORY;
+      return absl::Status(
+          limit ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+          absl::StrCat("pre-tokenizer regex gave up searching from byte ", offset, " of a ",
+                       text.size(), "-byte section: ", reinterpret_cast<const char*>(message),
+                       " (limits: match ", match_limit, ", depth ", kRegexDepthLimit, ", heap ",
+                       kRegexHeapLimitKiB, " KiB)"));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     const size_t begin = ovector[0];

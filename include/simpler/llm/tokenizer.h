@@ -71,6 +71,8 @@ class Tokenizer {
   // the byte offset, and `encode` logs that error and returns no ids. Qwen3's
   // pattern stays far inside the limits on any text.
   std::vector<int32_t> encode(std::string_view text) const;
+  // `encode` with the regex's failure as a status: RESOURCE_EXHAUSTED for a
+  // PCRE2 limit, INTERNAL for any other PCRE2 matching error.
   absl::StatusOr<std::vector<int32_t>> try_encode(std::string_view text) const;
 
   // UTF-8 text of `ids`. Ids without an entry (negative, or past the
