@@ -52,7 +52,7 @@ TEST(TokenizerRegexLimitsTest, Qwen3PatternEncodesLongRunsOfEveryClass) {
   auto tok = Tokenizer::load(*dir);
   ASSERT_TRUE(tok.ok()) << tok.status();
   constexpr size_t kRun = 1 << 20;
-  for (const std::string& unit : {"a", " ", "1", "!", "\n", " \n", "\xe4\xbd\xa0", "'s"}) {
+  for (const char* unit : {"a", " ", "1", "!", "\n", " \n", "\xe4\xbd\xa0", "'s"}) {
     std::string text;
     while (text.size() < kRun) text += unit;
     text += "x";
