@@ -26,6 +26,7 @@ declare -A RUNS=(
   [prompts_file_fuzz]=150000
   [model_config_fuzz]=100000
   [safetensors_fuzz]=80000
+  [model_weights_index_fuzz]=50000
   [tokenizer_load_fuzz]=8000
   [tokenizer_encode_fuzz]=5000
 )

@@ -78,6 +78,17 @@ write(st, "qwen3_tiny_untied", safetensors(qwen3_tiny(tied=False, layers=2)))
 write(st, "trailing_bytes", safetensors([("w", "U8", [2])], extra=b"\0\0"))
 write(st, "truncated", safetensors([("w", "F32", [4])])[:-3])
 
+# --- model.safetensors.index.json (shards: model-0000{1,2}-of-00002.safetensors, see the target)
+wi = "model_weights_index_fuzz"
+A, B = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+write(wi, "two_shards", json.dumps({"metadata": {"total_size": 6},
+                                    "weight_map": {"a": A, "b": A, "c": B}}, indent=2))
+write(wi, "one_shard_subset", json.dumps({"weight_map": {"b": A}}))
+write(wi, "empty_map", json.dumps({"metadata": {}, "weight_map": {}}))
+write(wi, "missing_shard", json.dumps({"weight_map": {"a": "model-00003-of-00003.safetensors"}}))
+write(wi, "wrong_shard", json.dumps({"weight_map": {"c": A}}))
+write(wi, "parent_path", json.dumps({"weight_map": {"a": "../" + A}}))
+
 # --- config.json + generation_config.json ----------------------------------------------------
 mc = "model_config_fuzz"
 qwen3_06b = {
