@@ -8,8 +8,9 @@
 #       not counting the build). Fails when any input crashes, a saved crash still reproduces,
 #       the deterministic run finds a crash, or the whole replay overruns its 3 minutes.
 #   scripts/fuzz.sh time [SECONDS] [TARGET...]
-#       Fuzzes each target for SECONDS (default 300) with -max_total_time; the growing corpus is
-#       kept in build/fuzz/corpus/<target>/ and crashes go to build/fuzz/artifacts/<target>/.
+#       Fuzzes each target for SECONDS (default 300) with -max_total_time, in fork mode so that it
+#       goes on past a crash; the growing corpus is kept in build/fuzz/corpus/<target>/ and
+#       crashes go to build/fuzz/artifacts/<target>/. Fails when a target found any.
 #
 # New inputs never land in the repository; a crash found is printed with the command that
 # saves it as a regression input (fuzz/README.md in src/llm).
@@ -106,15 +107,21 @@ for t in "${targets[@]}"; do
       fi
       ;;
     time)
+      # Fork mode keeps fuzzing past a crash, so one run collects every crash it finds.
       corpus="build/fuzz/corpus/$t"
       artifacts="build/fuzz/artifacts/$t"
       mkdir -p "$corpus" "$artifacts"
+      stamp="$(mktemp)"
       echo "== $t: fuzzing for $seconds s (corpus $corpus, crashes $artifacts)" >&2
-      if ! "$BIN/$t" "${common_flags[@]}" "${dict[@]}" -max_total_time="$seconds" \
-        -artifact_prefix="$artifacts/" "$corpus" "$dir/corpus" >"build/fuzz/$t.time.log" 2>&1; then
-        grep -E "ERROR: |runtime error|violated|SUMMARY|Test unit written" \
-          "build/fuzz/$t.time.log" | head -n 5 >&2
-        echo "fuzz.sh: $t found a crash; keep it with: cp $artifacts/crash-* $dir/crashes/<what-it-is>" >&2
+      "$BIN/$t" "${common_flags[@]}" "${dict[@]}" -max_total_time="$seconds" -fork=1 \
+        -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -artifact_prefix="$artifacts/" \
+        "$corpus" "$dir/corpus" >"build/fuzz/$t.time.log" 2>&1
+      found="$(find "$artifacts" -type f -newer "$stamp" | wc -l)"
+      rm -f "$stamp"
+      echo "fuzz.sh: $t: $(grep -oE '^#[0-9]+' "build/fuzz/$t.time.log" | tail -n 1 | tr -d '#')" \
+        "executions, $found new crash/timeout/oom inputs" >&2
+      if [ "$found" -gt 0 ]; then
+        echo "fuzz.sh: $t found crashes; keep each with: cp $artifacts/<file> $dir/crashes/<what-it-is>" >&2
         failed+=("$t")
       fi
       ;;
