@@ -53,6 +53,14 @@ else
 fi
 
 common_flags=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
+# Deterministic runs need a fixed address layout (absl's hash seeds and compared pointers follow
+# ASLR) and no periodic corpus reload (-reload=0); setarch -R turns ASLR off where allowed.
+no_aslr=()
+if setarch "$(uname -m)" -R true 2>/dev/null; then
+  no_aslr=(setarch "$(uname -m)" -R)
+elif [ "$mode" = replay ]; then
+  echo "fuzz.sh: cannot turn ASLR off (setarch -R); the -seed=1 runs may differ between runs" >&2
+fi
 failed=()
 start=$(date +%s)
 
@@ -88,7 +96,7 @@ for t in "${targets[@]}"; do
       mkdir -p "$artifacts"
       echo "== $t: -seed=1 -runs=$runs (cap ${PER_TARGET_CAP_S} s)" >&2
       t0=$(date +%s%N)
-      "$BIN/$t" "${common_flags[@]}" "${dict[@]}" -seed=1 -runs="$runs" \
+      "${no_aslr[@]}" "$BIN/$t" "${common_flags[@]}" "${dict[@]}" -seed=1 -runs="$runs" -reload=0 \
         -max_total_time="$PER_TARGET_CAP_S" -artifact_prefix="$artifacts/" \
         "$work" "$dir/corpus" >"build/fuzz/$t.run.log" 2>&1
       rc=$?
