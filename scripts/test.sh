@@ -2,7 +2,9 @@
 # Installs, builds and runs every test: formatting, the release build's full
 # suite, clang's thread-safety analysis of every source file, the unit tests
 # under AddressSanitizer + UBSan, and the concurrency tests under
-# ThreadSanitizer. Every test has a time limit (ctest TIMEOUT).
+# ThreadSanitizer, and the libFuzzer targets replaying their seed corpora and
+# saved crashes plus a short deterministic run each (scripts/fuzz.sh replay).
+# Every test has a time limit (ctest TIMEOUT).
 # Every leg runs even when an earlier one failed; the exit status is non-zero
 # when any leg failed, and the last line names them.
 set -uo pipefail
@@ -39,6 +41,13 @@ if scripts/build.sh tsan --target concurrency_tests; then
     failed+=("tsan")
 else
   failed+=("tsan-build")
+fi
+
+echo "== fuzzers: replay corpora and saved crashes, deterministic runs" >&2
+if scripts/build.sh fuzz --target fuzzers; then
+  timeout 300 scripts/fuzz.sh replay || failed+=("fuzz")
+else
+  failed+=("fuzz-build")
 fi
 
 elapsed=$(( $(date +%s) - start ))

@@ -18,6 +18,7 @@
 #include "simpler/llm/engine.h"
 #include "simpler/llm/make_model.h"
 #include "simpler/llm/model_config.h"
+#include "simpler/llm/prompts_file.h"
 #include "simpler/llm/tokenizer.h"
 
 namespace simpler::cli {
@@ -84,38 +85,15 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> read_prompts_file(
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": more than ", kMaxRequests, " prompts (the bound of requests per command)"));
     }
-    SIMPLER_ASSIGN_OR_RETURN(nlohmann::json j, base::parse_json_bounded(line, where));
-    if (!j.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object, got ",
-                                                     j.type_name(), " ",
-                                                     base::quote_json_prefix(j, 60)));
-    }
-    auto text = j.find("prompt");
-    auto ids = j.find("prompt_ids");
-    if (text != j.end() && text->is_string()) {
-      auto encoded = encode(text->get<std::string>());
+    SIMPLER_ASSIGN_OR_RETURN(std::optional<llm::PromptSpec> spec,
+                             llm::parse_prompts_line(line, where));
+    if (!spec.has_value()) continue;
+    if (const auto* text = std::get_if<std::string>(&*spec)) {
+      auto encoded = encode(*text);
       if (!encoded.ok()) return base::annotate(encoded.status(), where + ": ");
       prompts.push_back(*std::move(encoded));
-    } else if (ids != j.end() && ids->is_array()) {
-      std::vector<int64_t> out;
-      out.reserve(ids->size());
-      for (size_t i = 0; i < ids->size(); ++i) {
-        const nlohmann::json& v = (*ids)[i];
-        if (!v.is_number_integer()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": prompt_ids[", i, "] is not an integer: ", base::quote_json_prefix(v, 60)));
-        }
-        if (v.is_number_unsigned() &&
-            v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": prompt_ids[", i, "] = ", v.get<uint64_t>(), " is not a token id"));
-        }
-        out.push_back(v.get<int64_t>());
-      }
-      prompts.push_back(std::move(out));
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
+      prompts.push_back(std::get<std::vector<int64_t>>(*std::move(spec)));
     }
   }
   if (prompts.empty()) {
@@ -244,8 +222,9 @@ Runner add_generate_command(CLI::App& app) {
     }
     auto encode = [&](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
       if (!tok) return tok_status;
-      std::vector<int32_t> ids = tok->encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
-      return std::vector<int64_t>(ids.begin(), ids.end());
+      auto ids = tok->try_encode(st->chat ? llm::Tokenizer::wrap_chat(text) : text);
+      if (!ids.ok()) return ids.status();
+      return std::vector<int64_t>(ids->begin(), ids->end());
     };
     // The distinct prompts, 64-bit until checked against the model; each runs `clones` times.
     std::vector<std::vector<int64_t>> unique;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/json.h"
+#include "simpler/base/log.h"
 #include "simpler/base/status.h"
 
 #ifndef SIMPLER_DEFAULT_TOKENIZER_DIR
@@ -266,6 +267,17 @@ struct PcreCodeDeleter {
 struct PcreMatchDataDeleter {
   void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
 };
+struct PcreMatchContextDeleter {
+  void operator()(pcre2_match_context* context) const { pcre2_match_context_free(context); }
+};
+
+// Resource limits of one pre-tokenizer match (see Tokenizer::try_encode). The match limit
+// scales with the subject so that a long run of one character class (which real patterns walk
+// in a few steps per byte) stays well inside it, while a backtracking blow-up hits it.
+constexpr uint64_t kRegexMatchLimitMin = 1'000'000;
+constexpr uint64_t kRegexMatchLimitPerByte = 64;
+constexpr uint32_t kRegexDepthLimit = 1'000'000;
+constexpr uint32_t kRegexHeapLimitKiB = 256 * 1024;
 
 struct AddedToken {
   std::string content;
@@ -316,9 +328,10 @@ struct TokenizerImpl {
   // Splits `text` into (section, added token id or -1) in order.
   void split_added(std::string_view text,
                    std::vector<std::pair<std::string_view, int32_t>>& out) const;
-  void encode_section(std::string_view section, std::vector<int32_t>& ids,
-                      absl::flat_hash_map<std::string, std::vector<int32_t>>& cache) const;
-  void split_pieces(std::string_view text, std::vector<std::string_view>& pieces) const;
+  // Errors: RESOURCE_EXHAUSTED when the pre-tokenizer regex hits a PCRE2 limit.
+  absl::Status encode_section(std::string_view section, std::vector<int32_t>& ids,
+                              absl::flat_hash_map<std::string, std::vector<int32_t>>& cache) const;
+  absl::Status split_pieces(std::string_view text, std::vector<std::string_view>& pieces) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
 };
 
@@ -350,25 +363,47 @@ void TokenizerImpl::split_added(std::string_view text,
   if (start < text.size()) out.emplace_back(text.substr(start), -1);
 }
 
-void TokenizerImpl::split_pieces(std::string_view text,
-                                 std::vector<std::string_view>& pieces) const {
+absl::Status TokenizerImpl::split_pieces(std::string_view text,
+                                         std::vector<std::string_view>& pieces) const {
   if (!split_regex) {
     pieces.push_back(text);
-    return;
+    return absl::OkStatus();
   }
   std::unique_ptr<pcre2_match_data, PcreMatchDataDeleter> match(
       pcre2_match_data_create_from_pattern(split_regex.get(), nullptr));
+  // The match context holds this subject's limits; it is per call so `encode` stays const and
+  // thread-safe.
+  std::unique_ptr<pcre2_match_context, PcreMatchContextDeleter> context(
+      pcre2_match_context_create(nullptr));
+  if (!match || !context) return absl::ResourceExhaustedError("PCRE2 could not allocate");
+  const uint64_t match_limit = std::min<uint64_t>(
+      std::max(kRegexMatchLimitMin, kRegexMatchLimitPerByte * text.size()), UINT32_MAX);
+  pcre2_set_match_limit(context.get(), static_cast<uint32_t>(match_limit));
+  pcre2_set_depth_limit(context.get(), kRegexDepthLimit);
+  pcre2_set_heap_limit(context.get(), kRegexHeapLimitKiB);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t last_end = 0;  // end of the previous piece
   size_t offset = 0;    // where the next search starts
   while (offset <= text.size()) {
     int rc = pcre2_match(split_regex.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK,
-                         match.get(), nullptr);
+                         match.get(), context.get());
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
       rc = pcre2_match(split_regex.get(), subject, text.size(), offset,
-                       PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match.get(), nullptr);
+                       PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match.get(), context.get());
     }
-    if (rc < 0) break;  // no further match (or a resource limit): the rest is one piece
+    if (rc == PCRE2_ERROR_NOMATCH) break;  // the rest is one piece
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      const bool limit = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+                         rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_NOMEMORY;
+      return absl::Status(
+          limit ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+          absl::StrCat("pre-tokenizer regex gave up searching from byte ", offset, " of a ",
+                       text.size(), "-byte section: ", reinterpret_cast<const char*>(message),
+                       " (limits: match ", match_limit, ", depth ", kRegexDepthLimit, ", heap ",
+                       kRegexHeapLimitKiB, " KiB)"));
+    }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     const size_t begin = ovector[0];
     const size_t end = ovector[1];
@@ -386,6 +421,7 @@ void TokenizerImpl::split_pieces(std::string_view text,
     }
   }
   if (last_end < text.size()) pieces.push_back(text.substr(last_end));
+  return absl::OkStatus();
 }
 
 void TokenizerImpl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
@@ -456,12 +492,12 @@ void TokenizerImpl::bpe(std::string_view piece, std::vector<int32_t>& out) const
   for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
 }
 
-void TokenizerImpl::encode_section(
+absl::Status TokenizerImpl::encode_section(
     std::string_view section, std::vector<int32_t>& ids,
     absl::flat_hash_map<std::string, std::vector<int32_t>>& cache) const {
   const std::string normalized = nfc ? nfc_of_valid(section) : std::string(section);
   std::vector<std::string_view> pieces;
-  split_pieces(normalized, pieces);
+  SIMPLER_RETURN_IF_ERROR(split_pieces(normalized, pieces));
   constexpr size_t kMaxCachedPiece = 256;
   for (std::string_view piece : pieces) {
     if (piece.empty()) continue;
@@ -473,6 +509,7 @@ void TokenizerImpl::encode_section(
     if (inserted) bpe(piece, it->second);
     ids.insert(ids.end(), it->second.begin(), it->second.end());
   }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -810,6 +847,13 @@ absl::StatusOr<Tokenizer> Tokenizer::load_files(const std::string& tokenizer_jso
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  absl::StatusOr<std::vector<int32_t>> ids = try_encode(text);
+  if (ids.ok()) return *std::move(ids);
+  SIMPLER_LOG_ERROR("Tokenizer::encode: {}; returning no ids", ids.status().ToString());
+  return {};
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::try_encode(std::string_view text) const {
   std::string sanitized;
   if (!is_ascii(text)) {
     sanitized = sanitize_utf8(text);
@@ -836,7 +880,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     if (id >= 0) {
       ids.push_back(id);
     } else if (!section.empty()) {
-      impl_->encode_section(section, ids, cache);
+      SIMPLER_RETURN_IF_ERROR(impl_->encode_section(section, ids, cache));
     }
   }
   return ids;

@@ -64,7 +64,16 @@ class Tokenizer {
   // Token ids of `text` (UTF-8). The text of an added or special token inside
   // `text` (e.g. "<|im_start|>") becomes that token's id. Invalid UTF-8 in
   // `text` is replaced by U+FFFD first. No BOS/EOS is added.
+  // Every pre-tokenizer regex match runs under PCRE2 limits (match steps: the
+  // larger of 10^6 and 64 per byte of the section; backtracking depth 10^6;
+  // heap 256 MiB), so a hostile `pre_tokenizer` pattern cannot run away; when
+  // one is hit `try_encode` returns RESOURCE_EXHAUSTED naming the limit and
+  // the byte offset, and `encode` logs that error and returns no ids. Qwen3's
+  // pattern stays far inside the limits on any text.
   std::vector<int32_t> encode(std::string_view text) const;
+  // `encode` with the regex's failure as a status: RESOURCE_EXHAUSTED for a
+  // PCRE2 limit, INTERNAL for any other PCRE2 matching error.
+  absl::StatusOr<std::vector<int32_t>> try_encode(std::string_view text) const;
 
   // UTF-8 text of `ids`. Ids without an entry (negative, or past the
   // vocabulary, or in a hole of it) contribute nothing; byte sequences that are
