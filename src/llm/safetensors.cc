@@ -223,8 +223,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
                                       " has an element that is not a non-negative integer"));
       }
       uint64_t dim = d.get<uint64_t>();
+      // Every partial product must fit int64 (TensorView::numel and the
+      // kernels multiply in int64), even when a later 0 makes the total 0.
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          !checked_mul(numel, dim, &numel)) {
+          !checked_mul(numel, dim, &numel) ||
+          numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it), " overflows"));
       }
       entry.shape.push_back(static_cast<int64_t>(dim));

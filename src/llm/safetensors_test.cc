@@ -262,6 +262,21 @@ TEST(SafetensorsOpen, DataOffsetsOutOfRangeIsDataLossNamingTensor) {
   EXPECT_THAT(msg(file.status()), HasSubstr("tensor 'w' data_offsets [0,64] go beyond"));
 }
 
+// A zero dimension makes the element count 0, but the partial products
+// before it must still fit int64 (numel() and the kernels multiply in int64).
+TEST(SafetensorsOpen, AShapeWhosePartialProductOverflowsInt64IsRefused) {
+  const fs::path dir = test_dir();
+  const fs::path path = dir / "partial.safetensors";
+  write_raw(path,
+            R"({"w": {"dtype": "U8", "shape": [2147483648, 2147483648, 2, 0], )"
+            R"("data_offsets": [0, 0]}})",
+            "");
+  auto file = SafetensorsFile::open(path.string());
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << file.status();
+  EXPECT_THAT(msg(file.status()), HasSubstr("overflows"));
+}
+
 TEST(SafetensorsOpen, OverlappingDataOffsetsAreInvalidNamingBothTensors) {
   const fs::path dir = test_dir();
   const fs::path path = dir / "ov.safetensors";
