@@ -310,6 +310,10 @@ SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const
   return r;
 }
 
+std::vector<task::Kernel> sampling_kernels() {
+  return {{"token_counts", &token_counts_kernel}, {"sample", &sample_kernel}};
+}
+
 // ---- token_counts kernel --------------------------------------------------------------------
 
 absl::Status token_counts_kernel(const KernelContext& ctx) {

@@ -495,6 +495,15 @@ TEST(SampleRow, LogprobsAreOfTheRawLogitsWithTopAlternatives) {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+TEST(SamplingKernels, ListsTokenCountsThenSample) {
+  const std::vector<task::Kernel> k = sampling_kernels();
+  ASSERT_EQ(k.size(), 2u);
+  EXPECT_EQ(k[0].name, "token_counts");
+  EXPECT_EQ(k[0].fn, &token_counts_kernel);
+  EXPECT_EQ(k[1].name, "sample");
+  EXPECT_EQ(k[1].fn, &sample_kernel);
+}
+
 TEST(TokenCountsKernel, RecordsPromptAndGeneratedTokensAndClearsSlots) {
   std::vector<int32_t> counts(2 * 6, 0);
   std::vector<int32_t> ids = {1, 1, 4, 2};

@@ -43,6 +43,7 @@
 #include <limits>
 #include <random>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "simpler/task/callable.h"
@@ -181,6 +182,10 @@ task::TaskArgs sample_args(const task::Tensor& logits, const task::Tensor& param
                            const task::Tensor& out_ids, const task::Tensor& out_logprobs,
                            const task::Tensor& top_ids, const task::Tensor& top_logprobs);
 
+// The two kernels above as {"token_counts", "sample"}, for a program's kernel list (a fresh copy;
+// they are not in llm_kernels(), so the decode program's KernelId order is unchanged).
+std::vector<task::Kernel> sampling_kernels();
+
 // ---- host math (the kernel runs exactly this per row) -------------------------------------
 // `logits` f32 [vocab]; `counts` i32 [vocab] in the packed form above, or null (no history).
 // Steps 2–3 of the header comment, in place: the logits the greedy pick and temperature see.
@@ -190,7 +195,10 @@ void apply_penalties(const SamplingParams& params, const int32_t* counts, int64_
 // normalized) from penalized logits; requires temperature ≥ kGreedyTemperature.
 void sampling_weights(const SamplingParams& params, const float* penalized, int64_t vocab,
                       double* weights);
-// All steps for one row. `params` must be valid (validate()); vocab ≥ 1. Thread-safe.
+// All steps for one row. `params` must be valid (validate()); vocab ≥ 1. Thread-safe. Cost:
+// O(V) with top-k / top-p off, O(S log S) more for the S tokens that survive min_p when either
+// is on; scratch of about 12·V bytes (f32 penalized copy, f64 weights) per call, plus 8·S for
+// the sort and 8·V when logprobs > 0.
 SampleResult sample_row(const SamplingParams& params, const SampleRowInfo& row, const float* logits,
                         const int32_t* counts, int64_t vocab);
 
