@@ -159,6 +159,8 @@ struct SampleRowInfo {
   int32_t num_generated = 0;  // ≥ 0: tokens the request generated before this one
 };
 static_assert(sizeof(SampleRowInfo) == 4 * sizeof(int32_t));
+static_assert(std::is_standard_layout_v<SampleRowInfo>);
+static_assert(std::is_trivially_copyable_v<SampleRowInfo>);
 
 // One row's result.
 struct SampleResult {
