@@ -209,33 +209,45 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
   const bool top_k_on = p.top_k > 0 && p.top_k < vocab;
   const bool top_p_on = p.top_p < 1.0f;
   if (!top_k_on && !top_p_on) return;
-  // Survivors sorted by weight descending, ties by lower index first (so ascending order puts
-  // the higher index first, as a stable ascending sort of the reversed order would).
+  // Survivors in the order "weight descending, ties by lower index first" (so ascending order
+  // puts the higher index first, as a stable ascending sort of the reversed order would).
+  auto before = [&](int64_t a, int64_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; };
   std::vector<int64_t> order;
   order.reserve(static_cast<size_t>(vocab));
   for (int64_t t = 0; t < vocab; ++t) {
     if (w[t] > 0.0) order.push_back(t);
   }
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; });
   if (top_k_on && static_cast<int64_t>(order.size()) > p.top_k) {
-    const double kth = w[order[p.top_k - 1]];  // exp is monotone: same as the k-th logit
-    size_t keep = static_cast<size_t>(p.top_k);
-    while (keep < order.size() && w[order[keep]] >= kth) ++keep;  // ties at the threshold stay
-    for (size_t j = keep; j < order.size(); ++j) w[order[j]] = 0.0;
-    order.resize(keep);
+    // The k-th largest weight (exp is monotone: the k-th largest logit); ties with it stay.
+    std::nth_element(order.begin(), order.begin() + (p.top_k - 1), order.end(), before);
+    const double kth = w[order[p.top_k - 1]];
+    auto kept_end =
+        std::partition(order.begin(), order.end(), [&](int64_t t) { return w[t] >= kth; });
+    for (auto it = kept_end; it != order.end(); ++it) w[*it] = 0.0;
+    order.erase(kept_end, order.end());
   }
-  if (top_p_on && !order.empty()) {
-    double total = 0.0;
-    for (int64_t t : order) total += w[t];
-    // Ascending inclusive cumulative sum from the smallest; drop while it is ≤ 1 − top_p.
-    const double limit = 1.0 - static_cast<double>(p.top_p);
-    double cum = 0.0;
-    for (size_t j = order.size(); j-- > 1;) {  // j = 0 (the largest) is always kept
-      cum += w[order[j]] / total;
-      if (cum > limit) break;
-      w[order[j]] = 0.0;
-    }
+  if (!top_p_on || order.empty()) return;
+  double total = 0.0;
+  for (int64_t t : order) total += w[t];
+  // Ascending inclusive cumulative sum from the smallest; drop while it is ≤ 1 − top_p.
+  const double limit = 1.0 - static_cast<double>(p.top_p);
+  // Tokens with probability below limit / n (n survivors) are the smallest ones and together
+  // hold less than `limit`, so every prefix sum over them is ≤ limit: they are dropped without
+  // sorting (with real vocabularies, nearly all of them). The largest token is never among them.
+  const double small = limit / static_cast<double>(order.size()) * total;
+  auto big_end =
+      std::partition(order.begin(), order.end(), [&](int64_t t) { return w[t] >= small; });
+  double cum = 0.0;  // their sum starts the cumulative sum (in partition order, not sorted)
+  for (auto it = big_end; it != order.end(); ++it) {
+    cum += w[*it] / total;
+    w[*it] = 0.0;
+  }
+  order.erase(big_end, order.end());
+  std::sort(order.begin(), order.end(), before);
+  for (size_t j = order.size(); j-- > 1;) {  // j = 0 (the largest) is always kept
+    cum += w[order[j]] / total;
+    if (cum > limit) break;
+    w[order[j]] = 0.0;
   }
 }
 

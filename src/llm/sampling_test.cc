@@ -365,6 +365,23 @@ TEST(SampleRow, FiltersKeepExactlyTheSupportTheFormulasGive) {
   sampling_weights(p, logits.data(), 64, w.data());
   const std::vector<double> exact = exact_probs(logits, p);
   for (size_t t = 0; t < 64; ++t) EXPECT_EQ(w[t] > 0, exact[t] > 0) << "token " << t;
+  // A large vocabulary, where top-p drops most tokens without sorting them.
+  for (float top_p : {0.5f, 0.9f, 0.99f}) {
+    const std::vector<float> big = random_logits(5000, 12, 3.0f);
+    SamplingParams q;
+    q.top_p = top_p;
+    q.top_k = top_p < 0.9f ? 0 : 400;
+    q.temperature = 0.9f;
+    std::vector<double> wb(big.size());
+    sampling_weights(q, big.data(), static_cast<int64_t>(big.size()), wb.data());
+    const std::vector<double> eb = exact_probs(big, q);
+    int64_t support = 0;
+    for (size_t t = 0; t < big.size(); ++t) {
+      EXPECT_EQ(wb[t] > 0, eb[t] > 0) << "top_p " << top_p << " token " << t;
+      support += wb[t] > 0;
+    }
+    EXPECT_GT(support, 1) << "top_p " << top_p;
+  }
 }
 
 TEST(SampleRow, TopKOneAndTinyTopPEqualGreedy) {

@@ -198,9 +198,10 @@ void apply_penalties(const SamplingParams& params, const int32_t* counts, int64_
 void sampling_weights(const SamplingParams& params, const float* penalized, int64_t vocab,
                       double* weights);
 // All steps for one row. `params` must be valid (validate()); vocab ≥ 1. Thread-safe. Cost:
-// O(V) with top-k / top-p off, O(S log S) more for the S tokens that survive min_p when either
-// is on; scratch of about 12·V bytes (f32 penalized copy, f64 weights) per call, plus 8·S for
-// the sort and 8·V when logprobs > 0.
+// O(V), plus for top-p a sort of the survivors with probability ≥ (1 − top_p) / S (S tokens
+// left after min_p and top-k; the others are dropped unsorted, which is exact); scratch of about
+// 12·V bytes (f32 penalized copy, f64 weights) per call, plus 8·S for the filters and 8·V when
+// logprobs > 0.
 SampleResult sample_row(const SamplingParams& params, const SampleRowInfo& row, const float* logits,
                         const int32_t* counts, int64_t vocab);
 
