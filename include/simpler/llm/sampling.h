@@ -28,10 +28,14 @@
 //
 // Randomness: Philox-4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as
 // 1, 2, 3", SC'11; constants of Random123's philox.h), key = (seed low 32 bits, seed high 32
-// bits), counter = (position low, position high, choice, 0). The token at one position of one
-// choice of a seeded request depends on nothing else: not the batch, the row, the launch depth
-// or a preemption (recompute replays the same positions). Clone i of a request (OpenAI `n`)
+// bits), counter = (position low, position high, choice, 0). Given its logits, parameters and
+// history, the token at one position of one choice of a seeded request depends on nothing else:
+// not the batch, the row, the SPMD split, the launch depth or a preemption (recompute replays
+// the same positions). Clone i of a request (OpenAI `n`)
 // uses choice i. Unseeded requests take distinct seeds from a `SeedAllocator`.
+//
+// Thread safety: every function here is pure or touches only its arguments; the kernels keep no
+// state between calls (thread-safe), like those of kernels.h.
 //
 // Stop policy (host side, not in the kernel): a request stops on a stop id once at least
 // `min_tokens` tokens are generated, unless `ignore_eos` is set (then only length and stop
