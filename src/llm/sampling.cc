@@ -243,6 +243,24 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
     w[*it] = 0.0;
   }
   order.erase(big_end, order.end());
+  // The kept tokens are a top set: grow a window of the largest m tokens (selection, not a
+  // sort) until it holds at least top_p of the mass; then the ascending sum at the largest
+  // token outside it is ≤ 1 − top_p, so everything outside is dropped, and only the window is
+  // sorted.
+  const double need = static_cast<double>(p.top_p) * total;
+  for (size_t m = 256; m < order.size(); m *= 4) {
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m - 1), order.end(),
+                     before);
+    double top_mass = 0.0;
+    for (size_t j = 0; j < m; ++j) top_mass += w[order[j]];
+    if (top_mass < need) continue;
+    for (size_t j = m; j < order.size(); ++j) {
+      cum += w[order[j]] / total;
+      w[order[j]] = 0.0;
+    }
+    order.resize(m);
+    break;
+  }
   std::sort(order.begin(), order.end(), before);
   for (size_t j = order.size(); j-- > 1;) {  // j = 0 (the largest) is always kept
     cum += w[order[j]] / total;

@@ -343,6 +343,25 @@ TEST(SampleRow, HistogramsPassChiSquareAgainstExactProbabilities) {
   }
 }
 
+TEST(SampleRow, HistogramPassesChiSquareWhenTopPCutsAWideVocabulary) {
+  // 64 heads holding about half the mass and 256 tails holding the rest, each tail above the
+  // (1 − top_p) / S prefilter: top-p 0.5 takes the window path and keeps about the heads.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<float> logits;
+  for (int i = 0; i < 64; ++i) logits.push_back(std::log(0.5f / 64) + 0.2f * noise(rng));
+  for (int i = 0; i < 256; ++i) logits.push_back(std::log(0.5f / 256) + 0.05f * noise(rng));
+  std::shuffle(logits.begin(), logits.end(), rng);
+  SamplingParams p;
+  p.seed = 77;
+  p.top_p = 0.5f;
+  const std::vector<double> probs = exact_probs(logits, p);
+  const auto support = std::count_if(probs.begin(), probs.end(), [](double q) { return q > 0; });
+  EXPECT_GE(support, 60);
+  EXPECT_LE(support, 70);
+  EXPECT_GT(chi_square_p_value(logits, p, 20000), 1e-3);
+}
+
 TEST(SampleRow, ChiSquareRejectsASlightlyWrongTemperature) {
   const std::vector<float> logits = random_logits(64, 7, 1.5f);
   SamplingParams p;

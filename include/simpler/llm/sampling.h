@@ -202,8 +202,8 @@ void apply_penalties(const SamplingParams& params, const int32_t* counts, int64_
 void sampling_weights(const SamplingParams& params, const float* penalized, int64_t vocab,
                       double* weights);
 // All steps for one row. `params` must be valid (validate()); vocab ≥ 1. Thread-safe. Cost:
-// O(V), plus for top-p a sort of the survivors with probability ≥ (1 − top_p) / S (S tokens
-// left after min_p and top-k; the others are dropped unsorted, which is exact); scratch of about
+// O(V), plus for top-p a sort of the smallest window of largest tokens holding top_p of the
+// mass (docs/design/sampling.md); scratch of about
 // 12·V bytes (f32 penalized copy, f64 weights) per call, plus 8·S for the filters and 8·V when
 // logprobs > 0.
 SampleResult sample_row(const SamplingParams& params, const SampleRowInfo& row, const float* logits,
