@@ -9,6 +9,8 @@ Subcommands:
                decode path), writing tokens and optionally logits and K/V to JSON
   inspect      load a model directory and write its parsed config and per-tensor statistics
                (dtype, shape, float64 sum, sum of squares, first values) to JSON
+  sample       vLLM's sampler math for given logits, history and parameters (penalties,
+               temperature, min_p, top-k, top-p, raw logprobs), in float64, as JSON
 
 Math (Hugging Face Qwen3ForCausalLM):
   weights are stored [out, in] and y = W x;
@@ -458,6 +460,80 @@ def cmd_inspect(args):
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# sampling (vLLM v1 sampler semantics; see include/simpler/llm/sampling.h)
+
+
+def sample_case(case):
+    """One row: {"logits": [V], "prompt_ids": [...], "output_ids": [...], "params": {...}}.
+
+    Returns the raw log_softmax top-k, the penalized logits, the greedy id and the final
+    sampling distribution (None when greedy), all computed in float64 on float32 inputs."""
+    logits = np.asarray(case["logits"], dtype=np.float32).astype(np.float64)
+    p = case["params"]
+    v = logits.shape[0]
+    out_count = np.zeros(v, dtype=np.int64)
+    for t in case.get("output_ids", []):
+        out_count[t] += 1
+    seen = out_count > 0
+    for t in case.get("prompt_ids", []):
+        seen[t] = True
+    raw_lp = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+    n_top = int(p.get("logprobs", 0))
+    top = sorted(range(v), key=lambda t: (-raw_lp[t], t))[:n_top]
+
+    pen = logits.copy()
+    if len(case.get("output_ids", [])) < int(p.get("min_tokens", 0)):
+        for t in p.get("stop_ids", []):
+            pen[t] = -np.inf
+    r = float(p.get("repetition_penalty", 1.0))
+    pen = np.where(seen, np.where(pen > 0, pen / r, pen * r), pen)
+    pen = pen - float(p.get("frequency_penalty", 0.0)) * out_count
+    pen = pen - float(p.get("presence_penalty", 0.0)) * (out_count > 0)
+    greedy = int(np.argmax(pen))
+
+    # JSON has no infinities: a masked (-inf) logit is written as null.
+    result = {"penalized": [None if math.isinf(x) else x for x in pen.tolist()], "greedy": greedy, "raw_logprobs": raw_lp.tolist(),
+              "top_ids": top, "top_logprobs": [float(raw_lp[t]) for t in top], "probs": None}
+    temperature = float(p.get("temperature", 1.0))
+    if temperature < 1e-5:
+        return result
+    x = pen / temperature
+    prob = np.exp(x - x.max())
+    prob /= prob.sum()
+    min_p = float(p.get("min_p", 0.0))
+    if min_p > 0:
+        x = np.where(prob < min_p * prob.max(), -np.inf, x)
+    k = int(p.get("top_k", 0))
+    if 0 < k < v:
+        kth = np.sort(x)[::-1][k - 1]
+        x = np.where(x < kth, -np.inf, x)
+    top_p = float(p.get("top_p", 1.0))
+    if top_p < 1.0:
+        # Ascending order, ties: higher index first; drop while the inclusive cumsum <= 1 - p.
+        order = sorted(range(v), key=lambda t: (x[t], -t))
+        prob = np.exp(x - x.max())
+        prob /= prob.sum()
+        cum = np.cumsum(prob[order])
+        drop = cum <= 1.0 - top_p
+        drop[-1] = False
+        for j, t in enumerate(order):
+            if drop[j]:
+                x[t] = -np.inf
+    prob = np.exp(x - x.max())
+    prob /= prob.sum()
+    result["probs"] = prob.tolist()
+    return result
+
+
+def cmd_sample(args):
+    with open(args.cases) as f:
+        cases = json.load(f)["cases"]
+    with open(args.out, "w") as f:
+        json.dump({"results": [sample_case(c) for c in cases]}, f)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -500,6 +576,12 @@ def main(argv=None):
     i.add_argument("--model", required=True)
     i.add_argument("--out", required=True)
     i.set_defaults(fn=cmd_inspect)
+
+    s = sub.add_parser("sample", help="vLLM sampler math (float64) for JSON cases")
+    s.add_argument("--cases", required=True, help='{"cases": [{"logits", "prompt_ids", '
+                   '"output_ids", "params"}]}')
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_sample)
 
     args = parser.parse_args(argv)
     return args.fn(args)
