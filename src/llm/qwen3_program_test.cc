@@ -603,6 +603,83 @@ INSTANTIATE_TEST_SUITE_P(Configs, Qwen3DecodeScenario,
                                                info.param.kv_heads, "Cores", info.param.cores);
                          });
 
+// Chunked prefill through the same program: several consecutive positions of
+// one request are rows of one run (the program writes every row's K/V before
+// any row's attention reads the pool, and each row attends to its own
+// context length, so the chunk is causal), next to another request's chunk
+// and, later, decode rows. Every logits row matches the full recompute.
+TEST(Qwen3ChunkedPrefill, PositionsOfOneRequestInOneRunAttendCausallyWithinTheChunk) {
+  const Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
+  const int64_t page_size = 4, num_pages = 16, max_blocks = 4, chunk = 4;
+  ProgramFixture setup(dims, /*max_batch=*/2 * chunk, num_pages, page_size, max_blocks,
+                       /*seed=*/11, 1 << 20);
+  auto callable = make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools,
+                                             Qwen3ProgramOptions{});
+  ASSERT_TRUE(callable.ok()) << callable.status();
+  PagePool pool = PagePool::create(num_pages, page_size).value();
+  struct Request {
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> generated;
+    BlockTable table;
+  };
+  Rng rng(5);
+  std::vector<Request> requests;
+  for (size_t len : {9u, 6u}) {
+    Request r{{}, {}, BlockTable(requests.size())};
+    for (size_t i = 0; i < len; ++i) {
+      r.prompt.push_back(static_cast<int32_t>(rng.uniform(0, 1) * (dims.vocab_size - 1)));
+    }
+    requests.push_back(std::move(r));
+  }
+  constexpr size_t kMaxNew = 3;
+  int steps = 0, checked = 0;
+  while (true) {
+    std::vector<ProgramFixture::Row> rows;
+    std::vector<size_t> row_request;
+    std::vector<int32_t> logit_rows;
+    for (size_t r = 0; r < requests.size(); ++r) {
+      Request& q = requests[r];
+      if (q.generated.size() >= kMaxNew) continue;
+      const int64_t plen = static_cast<int64_t>(q.prompt.size());
+      // Up to `chunk` prompt positions, or one decode position.
+      const int64_t first = q.table.context_len();
+      const int64_t count = first < plen ? std::min<int64_t>(chunk, plen - first) : 1;
+      for (int64_t p = first; p < first + count; ++p) {
+        q.table.append_token(pool).value();
+      }
+      for (int64_t p = first; p < first + count; ++p) {
+        const int32_t token = p < plen ? q.prompt[p] : q.generated[p - plen];
+        if (p + 1 >= plen) logit_rows.push_back(static_cast<int32_t>(rows.size()));
+        rows.push_back({token, static_cast<int32_t>(p),
+                        q.table.slot_of(p, static_cast<int32_t>(page_size)).value(),
+                        static_cast<int32_t>(p + 1), q.table.pages()});
+        row_request.push_back(r);
+      }
+    }
+    if (rows.empty()) break;
+    ++steps;
+    TaskArgs args = setup.run_args(rows, logit_rows, /*with_logits=*/true, /*with_scalars=*/true);
+    SequentialContext ctx(*callable, 2, &setup.arena, /*strict=*/true);
+    ASSERT_TRUE(callable->orchestration(ctx, args).ok()) << "step " << steps;
+    for (size_t j = 0; j < logit_rows.size(); ++j) {
+      const ProgramFixture::Row& row = rows[logit_rows[j]];
+      Request& q = requests[row_request[logit_rows[j]]];
+      std::vector<int32_t> seq = q.prompt;
+      seq.insert(seq.end(), q.generated.begin(), q.generated.end());
+      seq.resize(row.context_len);
+      const Vec want = reference_logits(setup.model, seq);
+      const float* got = setup.out_logits.data<float>() + j * dims.vocab_size;
+      EXPECT_LE(relative_l2(got, want), 1e-4) << "step " << steps << " logit row " << j;
+      q.generated.push_back(setup.out_ids.data<int32_t>()[j]);
+      ++checked;
+    }
+  }
+  // Prompts of 9 and 6 in chunks of 4: 3 and 2 prefill steps (the last chunk
+  // yields the first token), then 2 decode steps each.
+  EXPECT_EQ(steps, 5);
+  EXPECT_EQ(checked, 6);
+}
+
 // ---- errors and layouts ---------------------------------------------------------------------
 
 class Qwen3ProgramErrors : public ::testing::Test {
