@@ -96,12 +96,13 @@ Philox4x32Counter philox4x32_10(Philox4x32Counter c, Philox4x32Key k) {
   return c;
 }
 
-float philox_uniform(uint64_t seed, uint32_t choice, int64_t position) {
+double philox_uniform(uint64_t seed, uint32_t choice, int64_t position) {
   const uint64_t p = static_cast<uint64_t>(position);
   const Philox4x32Counter out =
       philox4x32_10({{static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32), choice, 0u}},
                     {{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}});
-  return static_cast<float>(out.v[0] >> 8) * 0x1.0p-24f;
+  const uint64_t bits = (static_cast<uint64_t>(out.v[0]) << 32 | out.v[1]) >> 11;
+  return static_cast<double>(bits) * 0x1.0p-53;
 }
 
 uint64_t SeedAllocator::next() {

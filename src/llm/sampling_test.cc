@@ -231,13 +231,21 @@ TEST(Philox, MatchesRandom123KnownAnswerVectors) {
   EXPECT_THAT(c.v, ::testing::ElementsAre(0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u));
 }
 
-TEST(Philox, UniformUsesTheTop24BitsOfWordZero) {
+TEST(Philox, UniformUsesTheTop53BitsOfWordsZeroAndOne) {
   const uint64_t seed = 0x0123456789abcdefull;
   const Philox4x32Counter out = philox4x32_10({{77, 0, 3, 0}}, {{0x89abcdefu, 0x01234567u}});
-  const float u = philox_uniform(seed, 3, 77);
-  EXPECT_EQ(u, static_cast<float>(out.v[0] >> 8) / 16777216.0f);
-  EXPECT_GE(u, 0.0f);
-  EXPECT_LT(u, 1.0f);
+  const double u = philox_uniform(seed, 3, 77);
+  const uint64_t bits = (static_cast<uint64_t>(out.v[0]) << 32 | out.v[1]) >> 11;
+  EXPECT_EQ(u, static_cast<double>(bits) / 9007199254740992.0);
+  EXPECT_GE(u, 0.0);
+  EXPECT_LT(u, 1.0);
+  // Finer than 2^-24: over many positions the low bits are used.
+  bool below_f32_grid = false;
+  for (int64_t p = 0; p < 64 && !below_f32_grid; ++p) {
+    const double v = philox_uniform(seed, 0, p);
+    below_f32_grid = v * 16777216.0 != static_cast<double>(static_cast<uint64_t>(v * 16777216.0));
+  }
+  EXPECT_TRUE(below_f32_grid);
 }
 
 TEST(SeedAllocator, HandsOutDistinctSeedsAndIsDeterministicForABase) {

@@ -20,7 +20,9 @@
 //   8. top-p: over the survivors' renormalized probabilities sorted ascending (ties by higher
 //      index first), drop the tokens whose inclusive cumulative sum is ≤ 1 − top_p; the largest
 //      token is always kept (vLLM apply_top_k_top_p);
-//   9. draw: u = (x >> 8) · 2⁻²⁴ ∈ [0, 1) from 24 bits of the row's Philox output x (word 0);
+//   9. draw: u = ((w0 << 32 | w1) >> 11) · 2⁻⁵³ ∈ [0, 1) from 53 bits of the row's Philox
+//      output words w0, w1 (so a token's probability is resolved to 2⁻⁵³, not 2⁻²⁴: with a
+//      150k-token vocabulary 24 bits would leave tiny-probability tokens undrawable);
 //      the token is the first survivor, in index order, whose cumulative (unnormalized)
 //      probability exceeds u · total (inverse CDF; vLLM draws with an exponential race instead,
 //      which has the same distribution but not the same token for a given random number).
@@ -69,10 +71,10 @@ struct Philox4x32Key {
 // 0xCD9E8D57, key bumps 0x9E3779B9, 0xBB67AE85. Pure function, thread-safe.
 Philox4x32Counter philox4x32_10(Philox4x32Counter counter, Philox4x32Key key);
 
-// The uniform in [0, 1) a row draws with: 24 high bits of the first output word of
-// philox4x32_10(counter = {position, position >> 32, choice, 0}, key = {seed, seed >> 32}).
-// Exactly representable in f32.
-float philox_uniform(uint64_t seed, uint32_t choice, int64_t position);
+// The uniform in [0, 1) a row draws with: the 53 high bits of (w0 << 32 | w1), words 0 and 1
+// of philox4x32_10(counter = {position, position >> 32, choice, 0}, key = {seed, seed >> 32}),
+// times 2⁻⁵³. Exactly representable in f64.
+double philox_uniform(uint64_t seed, uint32_t choice, int64_t position);
 
 // Hands out distinct seeds for unseeded requests: splitmix64(base + n) for n = 0, 1, 2, …
 // (splitmix64 is a bijection of 64-bit words, so 2⁶⁴ calls give distinct seeds). `base` comes
