@@ -65,6 +65,17 @@ absl::Status Scheduler::add(const RequestSpec& spec) {
   if (requests_.count(spec.id) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("request ", spec.id, " is already live"));
   }
+  // A finished request's rows may still be in flight: its id is reusable only
+  // once they retired (rows are matched to requests by id and incarnation).
+  for (const InFlightStep& step : in_flight_) {
+    for (const RowRecord& row : step.rows) {
+      if (row.id == spec.id) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("request id ", spec.id, " is still used by step ", step.step_id,
+                         ", which has not retired; reuse the id after it retires"));
+      }
+    }
+  }
   if (spec.prompt_len <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", spec.id, ": prompt_len ", spec.prompt_len, " must be positive"));
@@ -81,11 +92,13 @@ absl::Status Scheduler::add(const RequestSpec& spec) {
   }
   const int64_t positions = spec.prompt_len + spec.max_tokens - 1;
   const int64_t pages = pages_needed(positions, options_.page_size);
-  if (pages > options_.num_pages) {
+  const int64_t usable = options_.num_pages - pool_.num_quarantined();
+  if (pages > usable) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", spec.id, " needs up to ", pages, " KV pages (", positions,
                      " positions of page_size ", options_.page_size, "), more than the pool's ",
-                     options_.num_pages, " pages"));
+                     usable, " usable pages (", options_.num_pages, " pages, ",
+                     pool_.num_quarantined(), " quarantined)"));
   }
   if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
@@ -224,7 +237,11 @@ std::optional<StepPlan> Scheduler::schedule() {
   }
 
   // FCFS admission: the head of the waiting queue blocks the ones behind it.
-  while (!waiting_.empty() && rows_left > 0 && budget > 0) {
+  // Running requests are capped by max_num_seqs as well (vLLM's
+  // max_num_running_reqs): per-request device state is sized by it, and a
+  // request waiting for its last sample or for fenced pages takes no row.
+  while (!waiting_.empty() && rows_left > 0 && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     const uint64_t id = waiting_.front();
     Request& r = requests_.at(id);
     if (max_pages(r) > pool_.num_pages() - pool_.num_quarantined()) {

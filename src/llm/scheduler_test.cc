@@ -333,14 +333,47 @@ TEST(Scheduler, TimedOutStepQuarantinesItsPagesWhichStayCountedAndUnused) {
   ASSERT_TRUE(s.on_step_retired(step2->step_id, {RowResult{}}).ok());
   EXPECT_EQ(s.snapshot().pages.quarantined, 3);
   EXPECT_EQ(s.snapshot().pages.free, 3);
-  // A request that fitted the pool at add but no longer fits what is left
-  // finishes with kError instead of waiting forever.
-  ASSERT_TRUE(s.add({4, 20, 1}).ok());
+  // A request that no longer fits what quarantine left is refused at add,
+  // with both numbers, instead of failing later.
+  absl::Status no_room = s.add({4, 20, 1});
+  EXPECT_EQ(no_room.code(), absl::StatusCode::kInvalidArgument) << no_room;
+  EXPECT_THAT(no_room.message(), HasSubstr("needs up to 5 KV pages (20 positions of page_size 4), "
+                                           "more than the pool's 3 usable pages (6 pages, 3 "
+                                           "quarantined)"));
   EXPECT_FALSE(s.schedule().has_value());
-  std::vector<FinishedRequest> done = s.take_finished();
-  ASSERT_FALSE(done.empty());
-  EXPECT_EQ(done.back().id, 4u);
-  EXPECT_EQ(done.back().reason, FinishReason::kError);
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
+TEST(Scheduler, AnIdIsReusableOnlyAfterItsStepsRetiredAndRunningRequestsAreCapped) {
+  SchedulerOptions o = options(64, 2, 4, 16);
+  Scheduler s = Scheduler::create(o).value();
+  ASSERT_TRUE(s.add({1, 4, 8}).ok());
+  std::optional<StepPlan> step1 = s.schedule();
+  ASSERT_TRUE(step1.has_value());
+  ASSERT_TRUE(s.abort(1).ok());
+  absl::Status reused = s.add({1, 3, 2});
+  EXPECT_EQ(reused.code(), absl::StatusCode::kFailedPrecondition) << reused;
+  EXPECT_THAT(reused.message(), HasSubstr("request id 1 is still used by step"));
+  ASSERT_TRUE(s.on_step_retired(step1->step_id, {RowResult{}}).ok());
+  EXPECT_TRUE(s.add({1, 3, 2}).ok());  // retired: the id is free again
+  // max_num_seqs = 2 caps the running requests, not only the rows per step:
+  // at depth 2 a request waiting for its only sample takes no row, and
+  // without the cap admission would keep adding requests.
+  for (uint64_t id : {2u, 3u, 4u, 5u, 6u, 7u}) ASSERT_TRUE(s.add({id, 1, 1}).ok());
+  std::deque<StepPlan> in_flight;
+  int64_t most_running = 0;
+  while (true) {
+    std::optional<StepPlan> p = s.schedule();
+    if (p.has_value()) in_flight.push_back(*std::move(p));
+    most_running = std::max(most_running, s.snapshot().running);
+    if (in_flight.empty()) break;
+    if (p.has_value() && in_flight.size() < 2) continue;
+    std::vector<RowResult> results(in_flight.front().rows.size());
+    ASSERT_TRUE(s.on_step_retired(in_flight.front().step_id, results).ok());
+    in_flight.pop_front();
+  }
+  EXPECT_EQ(most_running, 2);
+  EXPECT_EQ(s.snapshot().running, 0);
   EXPECT_TRUE(s.check_invariants().ok());
 }
 
@@ -482,7 +515,8 @@ TEST(Scheduler, NeverFittingRequestIsRefusedAtAddWithBothNumbers) {
   absl::Status big = s.add({8, 150, 20});
   EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(big.message(), HasSubstr("request 8 needs up to 11 KV pages (169 positions of "
-                                       "page_size 16), more than the pool's 10 pages"));
+                                       "page_size 16), more than the pool's 10 usable pages "
+                                       "(10 pages, 0 quarantined)"));
   EXPECT_TRUE(s.add({9, 150, 11}).ok());  // 160 positions: exactly 10 pages
   EXPECT_THAT(s.add({10, 0, 1}).message(), HasSubstr("request 10: prompt_len 0 must be positive"));
   EXPECT_THAT(s.add({9, 1, 1}).message(), HasSubstr("request 9 is already live"));

@@ -44,7 +44,7 @@ namespace simpler::llm {
 
 struct SchedulerOptions {
   int32_t max_num_batched_tokens = 2048;  // token budget per step
-  int32_t max_num_seqs = 256;             // row cap per step
+  int32_t max_num_seqs = 256;             // row cap per step, and cap of running requests
   int32_t max_waiting = 1024;             // waiting-queue capacity
   int32_t page_size = 16;                 // tokens per KV page
   int32_t num_pages = 0;                  // pages in the KV pool
