@@ -149,13 +149,24 @@ absl::Status SamplingParams::validate(int64_t vocab_size) const {
     }
   }
   if (ignore_eos > 1) return bad("ignore_eos", static_cast<int>(ignore_eos), "0 or 1");
+  for (int i = 0; i < kMaxSamplingStopIds; ++i) {
+    if (((eos_mask >> i) & 1) != 0 && stop_ids[i] < 0) {
+      return bad("eos_mask", static_cast<int>(eos_mask),
+                 absl::StrCat("bits only for used stop_ids (stop_ids[", i, "] is -1)").c_str());
+    }
+  }
   return absl::OkStatus();
 }
 
 bool stops_on(const SamplingParams& params, int32_t token, int64_t num_generated) {
-  if (params.ignore_eos != 0 || num_generated < params.min_tokens || token < 0) return false;
-  return std::find(std::begin(params.stop_ids), std::end(params.stop_ids), token) !=
-         std::end(params.stop_ids);
+  if (num_generated < params.min_tokens || token < 0) return false;
+  for (int i = 0; i < kMaxSamplingStopIds; ++i) {
+    if (params.stop_ids[i] != token) continue;
+    const bool eos = ((params.eos_mask >> i) & 1) != 0;
+    if (eos && params.ignore_eos != 0) continue;  // ignore_eos disables EOS ids only
+    return true;
+  }
+  return false;
 }
 
 // ---- host math ------------------------------------------------------------------------------

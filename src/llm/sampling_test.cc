@@ -299,7 +299,9 @@ TEST(SamplingParams, ValidateNamesTheFieldAndValue) {
        "sampling params: stop_ids[2] must be -1 (unused) or in [0, 10), got 10"},
       {[](SamplingParams& p) { p.ignore_eos = 2; },
        "sampling params: ignore_eos must be 0 or 1, got 2"},
-      {[](SamplingParams& p) { p.version = 9; }, "sampling params: version must be 1, got 9"},
+      {[](SamplingParams& p) { p.version = 9; }, "sampling params: version must be 2, got 9"},
+      {[](SamplingParams& p) { p.eos_mask = 4; },
+       "sampling params: eos_mask must be bits only for used stop_ids (stop_ids[2] is -1), got 4"},
   };
   for (const Case& c : cases) {
     SamplingParams p;
@@ -313,17 +315,21 @@ TEST(SamplingParams, ValidateNamesTheFieldAndValue) {
   EXPECT_TRUE(off.validate(10).ok()) << "-1 is vLLM's top_k off";
 }
 
-TEST(StopsOn, StopIdsEndTheRequestAfterMinTokensUnlessIgnoreEos) {
+TEST(StopsOn, StopIdsEndTheRequestAfterMinTokensAndIgnoreEosDisablesOnlyEos) {
   SamplingParams p;
-  p.stop_ids[0] = 5;
-  p.stop_ids[1] = 9;
+  p.stop_ids[0] = 5;  // EOS
+  p.stop_ids[1] = 9;  // the request's own stop_token_id
+  p.eos_mask = 1;
   p.min_tokens = 3;
   EXPECT_FALSE(stops_on(p, 5, 2));
   EXPECT_TRUE(stops_on(p, 9, 3));
+  EXPECT_TRUE(stops_on(p, 5, 3));
   EXPECT_FALSE(stops_on(p, 4, 10));
   EXPECT_FALSE(stops_on(p, -1, 10)) << "-1 marks unused entries, never a stop";
   p.ignore_eos = 1;
-  EXPECT_FALSE(stops_on(p, 5, 10));
+  EXPECT_FALSE(stops_on(p, 5, 10)) << "ignore_eos disables EOS";
+  EXPECT_TRUE(stops_on(p, 9, 10)) << "but not the request's own stop ids (vLLM check_stop)";
+  EXPECT_FALSE(stops_on(p, 9, 2)) << "min_tokens still applies";
 }
 
 // ---- distribution ------------------------------------------------------------------------------

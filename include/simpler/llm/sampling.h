@@ -40,8 +40,10 @@
 // state between calls (thread-safe), like those of kernels.h.
 //
 // Stop policy (host side, not in the kernel): a request stops on a stop id once at least
-// `min_tokens` tokens are generated, unless `ignore_eos` is set (then only length and stop
-// strings end it); see `stops_on`. The kernel only applies the min_tokens mask.
+// `min_tokens` tokens are generated; `ignore_eos` disables only the model's EOS ids (the entries
+// `eos_mask` marks), never the request's own stop_token_ids — as vLLM's check_stop does; see
+// `stops_on`. The kernel applies the min_tokens mask to every stop id, EOS included (vLLM masks
+// EOS for min_tokens even with ignore_eos).
 #pragma once
 
 #include <cstddef>
@@ -93,9 +95,9 @@ class SeedAllocator {
 
 // ---- parameters ------------------------------------------------------------------------------
 
-inline constexpr uint32_t kSamplingParamsVersion = 1;
-inline constexpr int kMaxLogprobs = 5;         // top alternatives per row
-inline constexpr int kMaxSamplingStopIds = 8;  // stop ids a row can mask for min_tokens
+inline constexpr uint32_t kSamplingParamsVersion = 2;  // 2: eos_mask
+inline constexpr int kMaxLogprobs = 5;                 // top alternatives per row
+inline constexpr int kMaxSamplingStopIds = 8;          // stop ids a row can mask for min_tokens
 // vLLM's _SAMPLING_EPS: a temperature below it is greedy.
 inline constexpr float kGreedyTemperature = 1e-5f;
 
@@ -116,7 +118,10 @@ struct SamplingParams {
   int32_t min_tokens = 0;           // ≥ 0: stop ids masked while fewer are generated
   int32_t stop_ids[kMaxSamplingStopIds] = {-1, -1, -1, -1, -1, -1, -1, -1};  // -1 = unused
   uint8_t ignore_eos = 0;  // 0 / 1: host stop policy only (see stops_on)
-  uint8_t reserved[7] = {};
+  // Bit i set: stop_ids[i] is one of the model's EOS ids (ignore_eos disables it); clear: a
+  // stop_token_id of the request's own.
+  uint8_t eos_mask = 0;
+  uint8_t reserved[6] = {};
 
   // OK, or INVALID_ARGUMENT naming the field and its value (e.g. "top_p must be in (0, 1],
   // got 0"). `vocab_size` bounds the stop ids (each -1 or in [0, vocab_size)).
@@ -128,8 +133,9 @@ static_assert(sizeof(SamplingParams) == 88);
 static_assert(alignof(SamplingParams) == 8);
 
 // True when generating `token` as the request's `num_generated`-th token (1-based count after
-// it) ends the request: `token` is one of `params.stop_ids`, `ignore_eos` is 0 and
-// num_generated ≥ min_tokens. Pure, thread-safe.
+// it) ends the request: num_generated ≥ min_tokens and `token` is one of `params.stop_ids`
+// that is either the request's own stop id or an EOS id (`eos_mask`) while `ignore_eos` is 0.
+// Pure, thread-safe.
 bool stops_on(const SamplingParams& params, int32_t token, int64_t num_generated);
 
 // ---- per-request token counts ---------------------------------------------------------------
