@@ -180,6 +180,7 @@ std::optional<StepPlan> Scheduler::schedule() {
   int64_t later_decodes = 0;
   for (uint64_t id : running_) later_decodes += decode_ready(requests_.at(id)) ? 1 : 0;
 
+  bool preempted = false;  // a step that preempted admits nothing (vLLM v1 does the same)
   size_t i = 0;
   while (i < running_.size() && rows_left > 0 && budget > 0) {
     const uint64_t id = running_[i];
@@ -199,12 +200,24 @@ std::optional<StepPlan> Scheduler::schedule() {
       len = std::min(known_tokens(r) - r.table.context_len(), budget - later_decodes);
     }
     int64_t need = r.table.pages_for_append(len, page_size);
+    if (!decode && need > pool_.num_free() + pool_.num_fenced()) {
+      // A prefill chunk first shrinks to what the free pages hold: preempting
+      // (and recomputing) someone is worth it only when not one more token fits.
+      const int64_t room =
+          (static_cast<int64_t>(r.table.pages().size()) + pool_.num_free()) * page_size -
+          r.table.context_len();
+      if (room >= 1) {
+        len = std::min(len, room);
+        need = r.table.pages_for_append(len, page_size);
+      }
+    }
     // Preempt only while the pages coming free behind the fence do not cover
     // the need: preempting more would not make this step any faster.
     while (need > pool_.num_free() + pool_.num_fenced() && running_.back() != id) {
       const uint64_t victim = running_.back();
       if (decode_ready(requests_.at(victim))) --later_decodes;
       preempt(victim);
+      preempted = true;
     }
     if (need > pool_.num_free() + pool_.num_fenced()) {
       // `id` is the most recently admitted request now (running_.back()).
@@ -212,6 +225,7 @@ std::optional<StepPlan> Scheduler::schedule() {
         finish(id, FinishReason::kError);  // quarantine shrank the pool below its need
       } else {
         preempt(id);
+        preempted = true;
       }
       continue;
     }
@@ -240,7 +254,7 @@ std::optional<StepPlan> Scheduler::schedule() {
   // Running requests are capped by max_num_seqs as well (vLLM's
   // max_num_running_reqs): per-request device state is sized by it, and a
   // request waiting for its last sample or for fenced pages takes no row.
-  while (!waiting_.empty() && rows_left > 0 && budget > 0 &&
+  while (!preempted && !waiting_.empty() && rows_left > 0 && budget > 0 &&
          static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     const uint64_t id = waiting_.front();
     Request& r = requests_.at(id);

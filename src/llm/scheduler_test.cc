@@ -377,6 +377,25 @@ TEST(Scheduler, AnIdIsReusableOnlyAfterItsStepsRetiredAndRunningRequestsAreCappe
   EXPECT_TRUE(s.check_invariants().ok());
 }
 
+// A prefill chunk shrinks to the free pages instead of preempting (and
+// recomputing) anyone, and a step that preempted admits nothing: the
+// reviewer's trace (budget 8, 6 pages of 4, A: prompt 4 + 20, B: prompt 16 + 8)
+// once preempted B and re-admitted it from position 0 in almost every step.
+TEST(Scheduler, APrefillShrinksToTheFreePagesInsteadOfThrashing) {
+  const SchedulerOptions o = options(8, 4, 4, 6);
+  Scheduler s = Scheduler::create(o).value();
+  ASSERT_TRUE(s.add({1, 4, 20}).ok());
+  ASSERT_TRUE(s.add({2, 16, 8}).ok());
+  FakeRunner runner(s, o, /*depth=*/1);
+  runner.run_to_idle(500);
+  const SchedulerSnapshot snap = s.snapshot();
+  EXPECT_EQ(snap.running + snap.waiting, 0);
+  // Neither fits beside the other at full length (6 pages each), so B yields to
+  // A each time A crosses a page: 4 preemptions. Before the fix: 10.
+  EXPECT_LE(snap.preempted_total, 5) << "preemption thrash";
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
 TEST(Scheduler, RecoverableStepFailureFreesItsPagesBehindTheFence) {
   const SchedulerOptions o = options(64, 8, 4, 4);
   Scheduler s = Scheduler::create(o).value();
