@@ -118,6 +118,22 @@ absl::Status Scheduler::abort(uint64_t id) {
   return absl::OkStatus();
 }
 
+absl::Status Scheduler::stop(uint64_t id, int64_t keep_tokens) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("stop of request ", id, ", which is not live"));
+  }
+  std::vector<int32_t>& outputs = it->second.outputs;
+  if (keep_tokens < 0 || keep_tokens > static_cast<int64_t>(outputs.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("stop of request ", id, ": keep_tokens ",
+                                                   keep_tokens, " outside [0, ", outputs.size(),
+                                                   "] (its retired tokens)"));
+  }
+  outputs.resize(keep_tokens);
+  finish(id, FinishReason::kStop);
+  return absl::OkStatus();
+}
+
 void Scheduler::finish(uint64_t id, FinishReason reason) {
   auto it = requests_.find(id);
   Request& r = it->second;
@@ -293,7 +309,8 @@ absl::Status Scheduler::check_front(int64_t step_id) const {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::on_step_retired(int64_t step_id, absl::Span<const RowResult> results) {
+absl::StatusOr<std::vector<AcceptedSample>> Scheduler::on_step_retired(
+    int64_t step_id, absl::Span<const RowResult> results) {
   if (absl::Status s = check_front(step_id); !s.ok()) return s;
   if (results.size() != in_flight_.front().rows.size()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has ",
@@ -302,6 +319,7 @@ absl::Status Scheduler::on_step_retired(int64_t step_id, absl::Span<const RowRes
   }
   InFlightStep step = std::move(in_flight_.front());
   in_flight_.pop_front();
+  std::vector<AcceptedSample> accepted;
   for (size_t k = 0; k < step.rows.size(); ++k) {
     const RowRecord& row = step.rows[k];
     if (!row.logits) continue;
@@ -309,6 +327,8 @@ absl::Status Scheduler::on_step_retired(int64_t step_id, absl::Span<const RowRes
     if (it == requests_.end() || it->second.incarnation != row.incarnation) continue;
     Request& r = it->second;
     --r.pending;
+    accepted.push_back(
+        AcceptedSample{k, row.id, results[k].token, static_cast<int64_t>(r.outputs.size())});
     r.outputs.push_back(results[k].token);
     if (results[k].stop) {
       finish(row.id, FinishReason::kStop);
@@ -317,7 +337,7 @@ absl::Status Scheduler::on_step_retired(int64_t step_id, absl::Span<const RowRes
     }
   }
   pool_.retire_through(step_id);
-  return absl::OkStatus();
+  return accepted;
 }
 
 absl::Status Scheduler::on_step_failed(int64_t step_id, StepFailure failure) {

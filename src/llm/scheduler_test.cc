@@ -396,6 +396,39 @@ TEST(Scheduler, APrefillShrinksToTheFreePagesInsteadOfThrashing) {
   EXPECT_TRUE(s.check_invariants().ok());
 }
 
+// The engine learns which samples were accepted (stale rows of a request
+// stopped meanwhile are not), and a stop string found later by the output
+// processor finishes the request as kStop with its output cut.
+TEST(Scheduler, AcceptedSamplesAreReportedAndAStopStringFinishesWithTheOutputCut) {
+  const SchedulerOptions o = options(64, 4, 4, 16);
+  Scheduler s = Scheduler::create(o).value();
+  ASSERT_TRUE(s.add({1, 2, 10}).ok());
+  ASSERT_TRUE(s.add({2, 2, 10}).ok());
+  std::optional<StepPlan> a = s.schedule();  // both prefill and sample
+  std::optional<StepPlan> b = s.schedule();  // both decode, in flight behind a
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  auto ra = s.on_step_retired(a->step_id, std::vector<RowResult>(a->rows.size(), {7, false}));
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_EQ(ra->size(), 2u);
+  EXPECT_EQ((*ra)[0].index, 0);
+  EXPECT_EQ((*ra)[0].token, 7);
+  // The output processor finds a stop string ending in request 1's first token.
+  ASSERT_TRUE(s.stop(1, 1).ok());
+  EXPECT_EQ(s.stop(1, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.stop(2, 5).code(), absl::StatusCode::kInvalidArgument);
+  auto rb = s.on_step_retired(b->step_id, std::vector<RowResult>(b->rows.size(), {8, false}));
+  ASSERT_TRUE(rb.ok());
+  ASSERT_EQ(rb->size(), 1u) << "request 1's row in step b is stale";
+  EXPECT_EQ((*rb)[0].request_id, 2u);
+  EXPECT_EQ((*rb)[0].index, 1);
+  std::vector<FinishedRequest> done = s.take_finished();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].id, 1u);
+  EXPECT_EQ(done[0].reason, FinishReason::kStop);
+  EXPECT_THAT(done[0].output_tokens, ElementsAre(7));
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
 TEST(Scheduler, RecoverableStepFailureFreesItsPagesBehindTheFence) {
   const SchedulerOptions o = options(64, 8, 4, 4);
   Scheduler s = Scheduler::create(o).value();
@@ -417,14 +450,14 @@ TEST(Scheduler, RecoverableStepFailureFreesItsPagesBehindTheFence) {
 TEST(Scheduler, StepReportsOutOfOrderOrWithWrongRowCountsAreRefused) {
   const SchedulerOptions o = options(64, 8, 4, 4);
   Scheduler s = Scheduler::create(o).value();
-  EXPECT_THAT(s.on_step_retired(1, {}).message(), HasSubstr("no step is in flight"));
+  EXPECT_THAT(s.on_step_retired(1, {}).status().message(), HasSubstr("no step is in flight"));
   ASSERT_TRUE(s.add({1, 4, 4}).ok());
   std::optional<StepPlan> step1 = s.schedule();
   std::optional<StepPlan> step2 = s.schedule();
-  absl::Status early = s.on_step_retired(step2->step_id, {RowResult{}});
+  absl::Status early = s.on_step_retired(step2->step_id, {RowResult{}}).status();
   EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(early.message(), HasSubstr("step 2 reported done before step 1"));
-  absl::Status wrong = s.on_step_retired(step1->step_id, {});
+  absl::Status wrong = s.on_step_retired(step1->step_id, {}).status();
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(wrong.message(), HasSubstr("step 1 has 1 rows, but 0 results were given"));
 }
@@ -596,7 +629,23 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
   std::set<uint64_t> live;
   int64_t added = 0, finished = 0, steps = 0, aborts = 0;
   std::vector<int64_t> seen_finish(2001, 0);
+  std::vector<int64_t> prompt_of(2001, 0);
   constexpr int64_t kRequests = 2000;
+  // The fake runner's token for a sampling row depends only on the request
+  // and how many tokens it knows, so output k of request id is
+  // (id·31 + prompt + k) mod 1000 — across preemption and recompute too. A
+  // stale sample accepted, or a sample lost or duplicated, breaks the sequence.
+  auto check_outputs = [&](const FinishedRequest& f) {
+    for (size_t k = 0; k < f.output_tokens.size(); ++k) {
+      const int64_t want =
+          (static_cast<int64_t>(f.id) * 31 + prompt_of[f.id] + static_cast<int64_t>(k)) % 1000;
+      if (f.output_tokens[k] != want) {
+        ADD_FAILURE() << "request " << f.id << " output " << k << " is " << f.output_tokens[k]
+                      << ", expected " << want;
+        return;
+      }
+    }
+  };
   for (;;) {
     // Arrivals: a few per step while the queue has room.
     for (int k = 0; k < 3 && added < kRequests; ++k) {
@@ -608,6 +657,7 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
       EXPECT_TRUE(st.ok()) << st;
       if (!st.ok()) return result;
       live.insert(id);
+      prompt_of[id] = prompt;
       ++added;
     }
     if (!live.empty() && rng() % 10 == 0) {
@@ -634,6 +684,7 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
       EXPECT_EQ(live.erase(f.id), 1u) << "request " << f.id << " finished twice";
       ++seen_finish[f.id];
       ++finished;
+      check_outputs(f);
       if (f.reason == FinishReason::kLength || f.reason == FinishReason::kStop) {
         EXPECT_FALSE(f.output_tokens.empty());
       }
@@ -661,6 +712,7 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
     live.erase(f.id);
     ++seen_finish[f.id];
     ++finished;
+    check_outputs(f);
   }
   EXPECT_TRUE(live.empty());
   EXPECT_EQ(finished, kRequests);

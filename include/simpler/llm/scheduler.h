@@ -103,6 +103,18 @@ struct FinishedRequest {
   std::vector<int32_t> output_tokens;
 };
 
+// A sample on_step_retired accepted: row `row` of the step gave request
+// `request_id` its output token `token` (the `index`-th, 0-based). Rows whose
+// request finished, was aborted or preempted since the step was scheduled are
+// stale and not reported: the engine streams, detokenizes and commits (token
+// counts) exactly the accepted samples.
+struct AcceptedSample {
+  size_t row = 0;
+  uint64_t request_id = 0;
+  int32_t token = 0;
+  int64_t index = 0;
+};
+
 struct SchedulerSnapshot {
   int64_t waiting = 0;
   int64_t running = 0;
@@ -145,6 +157,13 @@ class Scheduler {
   // an id that is not live.
   absl::Status abort(uint64_t id);
 
+  // Finishes a live request with kStop because the output processor matched a
+  // stop string: its output keeps the first `keep_tokens` retired tokens (the
+  // token the stop string ended in included), its pages are fenced, and its
+  // samples still in flight become stale. NOT_FOUND for an id that is not
+  // live; INVALID_ARGUMENT when keep_tokens is negative or more than it has.
+  absl::Status stop(uint64_t id, int64_t keep_tokens);
+
   // The next step, or nullopt when no row can be scheduled now (nothing live,
   // or every live request waits for a step in flight to retire). Returns a
   // step whenever no step is in flight and a request is still live after the
@@ -152,10 +171,12 @@ class Scheduler {
   // kError (see take_finished) instead of waiting forever.
   std::optional<StepPlan> schedule();
 
-  // The oldest step in flight retired with one result per row.
+  // The oldest step in flight retired with one result per row. Returns the
+  // samples it accepted, in row order (see AcceptedSample).
   // FAILED_PRECONDITION when step_id is not the oldest step in flight;
   // INVALID_ARGUMENT when results do not match its rows.
-  absl::Status on_step_retired(int64_t step_id, absl::Span<const RowResult> results);
+  absl::StatusOr<std::vector<AcceptedSample>> on_step_retired(int64_t step_id,
+                                                              absl::Span<const RowResult> results);
 
   // The oldest step in flight failed. Its live requests finish with kError;
   // kUnrecoverable quarantines every page its rows touch. FAILED_PRECONDITION
