@@ -41,7 +41,11 @@ absl::StatusOr<Scheduler> Scheduler::create(const SchedulerOptions& options) {
   }
   auto pool = PagePool::create(options.num_pages, options.page_size);
   if (!pool.ok()) return pool.status();
-  return Scheduler(options, *std::move(pool));
+  Scheduler s(options, *std::move(pool));
+  for (int32_t slot = options.max_num_seqs - 1; slot >= 0; --slot) {
+    s.free_state_slots_.push_back(slot);  // slot 0 is handed out first
+  }
+  return s;
 }
 
 int64_t Scheduler::known_tokens(const Request& r) const {
@@ -134,10 +138,21 @@ absl::Status Scheduler::stop(uint64_t id, int64_t keep_tokens) {
   return absl::OkStatus();
 }
 
+void Scheduler::release_state_slot(Request& r) {
+  if (r.state_slot < 0) return;
+  if (r.last_step <= pool_.retired_through()) {
+    free_state_slots_.push_back(r.state_slot);
+  } else {
+    fenced_state_slots_.emplace_back(r.state_slot, r.last_step);
+  }
+  r.state_slot = -1;
+}
+
 void Scheduler::finish(uint64_t id, FinishReason reason) {
   auto it = requests_.find(id);
   Request& r = it->second;
   check_or_die(r.table.fence(pool_, r.last_step), "fencing a finished request's pages");
+  release_state_slot(r);
   if (r.running) {
     running_.erase(std::find(running_.begin(), running_.end(), id));
   } else {
@@ -151,6 +166,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
 void Scheduler::preempt(uint64_t id) {
   Request& r = requests_.at(id);
   check_or_die(r.table.fence(pool_, r.last_step), "fencing a preempted request's pages");
+  release_state_slot(r);
   r.table = BlockTable(id);
   r.pending = 0;
   r.prefilled = false;
@@ -177,6 +193,9 @@ void Scheduler::add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_
     row.slots.push_back(r.table.slot_of(p, options_.page_size).value());
   }
   row.block_table = r.table.pages();
+  row.state_slot = r.state_slot;
+  row.fresh_state = r.fresh_state;
+  r.fresh_state = false;
   if (row.logits) ++r.pending;
   r.last_step = plan.step_id;
   record.rows.push_back(RowRecord{r.spec.id, r.incarnation, row.logits, row.block_table});
@@ -271,7 +290,8 @@ std::optional<StepPlan> Scheduler::schedule() {
   // max_num_running_reqs): per-request device state is sized by it, and a
   // request waiting for its last sample or for fenced pages takes no row.
   while (!preempted && !waiting_.empty() && rows_left > 0 && budget > 0 &&
-         static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
+         static_cast<int64_t>(running_.size()) < options_.max_num_seqs &&
+         !free_state_slots_.empty()) {
     const uint64_t id = waiting_.front();
     Request& r = requests_.at(id);
     if (max_pages(r) > pool_.num_pages() - pool_.num_quarantined()) {
@@ -283,6 +303,9 @@ std::optional<StepPlan> Scheduler::schedule() {
     waiting_.pop_front();
     r.running = true;
     r.admitted_seq = next_admitted_seq_++;
+    r.state_slot = free_state_slots_.back();
+    free_state_slots_.pop_back();
+    r.fresh_state = true;
     running_.push_back(id);
     add_row(prefills, prefill_rec, r, len);
     budget -= len;
@@ -337,6 +360,11 @@ absl::StatusOr<std::vector<AcceptedSample>> Scheduler::on_step_retired(
     }
   }
   pool_.retire_through(step_id);
+  std::erase_if(fenced_state_slots_, [&](const std::pair<int32_t, int64_t>& f) {
+    if (f.second > step_id) return false;
+    free_state_slots_.push_back(f.first);
+    return true;
+  });
   return accepted;
 }
 
@@ -357,6 +385,11 @@ absl::Status Scheduler::on_step_failed(int64_t step_id, StepFailure failure) {
     finish(row.id, FinishReason::kError);
   }
   pool_.retire_through(step_id);
+  std::erase_if(fenced_state_slots_, [&](const std::pair<int32_t, int64_t>& f) {
+    if (f.second > step_id) return false;
+    free_state_slots_.push_back(f.first);
+    return true;
+  });
   return absl::OkStatus();
 }
 
@@ -374,6 +407,8 @@ SchedulerSnapshot Scheduler::snapshot() const {
   s.preempted_total = preempted_total_;
   for (int k = 0; k < kNumFinishReasons; ++k) s.finished[k] = finished_count_[k];
   s.pages = pool_.counts();
+  s.state_slots_free = static_cast<int64_t>(free_state_slots_.size());
+  s.state_slots_fenced = static_cast<int64_t>(fenced_state_slots_.size());
   return s;
 }
 
@@ -424,6 +459,23 @@ absl::Status Scheduler::check_invariants() const {
   if (live_pages != pool_.num_used()) {
     return absl::InternalError(
         absl::StrCat(live_pages, " pages held by live requests, but ", pool_.num_used(), " used"));
+  }
+  // State slots: free, fenced and held by running requests partition [0, max_num_seqs).
+  std::vector<int> seen(options_.max_num_seqs, 0);
+  for (int32_t slot : free_state_slots_) ++seen[slot];
+  for (const auto& [slot, step] : fenced_state_slots_) ++seen[slot];
+  for (const auto& [id, r] : requests_) {
+    if (r.running != (r.state_slot >= 0)) {
+      return absl::InternalError(absl::StrCat(
+          "request ", id, (r.running ? " runs without" : " waits with"), " a state slot"));
+    }
+    if (r.state_slot >= 0) ++seen[r.state_slot];
+  }
+  for (int32_t slot = 0; slot < options_.max_num_seqs; ++slot) {
+    if (seen[slot] != 1) {
+      return absl::InternalError(absl::StrCat("state slot ", slot, " is counted ", seen[slot],
+                                              " times (free, fenced, held)"));
+    }
   }
   return absl::OkStatus();
 }

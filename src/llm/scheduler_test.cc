@@ -429,6 +429,37 @@ TEST(Scheduler, AcceptedSamplesAreReportedAndAStopStringFinishesWithTheOutputCut
   EXPECT_TRUE(s.check_invariants().ok());
 }
 
+// The per-request device state slot (sampling token counts) follows the same
+// lifetime as pages: held while running, reused only after the last step
+// that used it retired, and marked fresh on a request's first row with it.
+TEST(Scheduler, AStateSlotIsReusedOnlyAfterTheFenceAndIsFreshForItsNewRequest) {
+  const SchedulerOptions o = options(64, 1, 4, 16);  // one state slot
+  Scheduler s = Scheduler::create(o).value();
+  ASSERT_TRUE(s.add({1, 3, 10}).ok());
+  ASSERT_TRUE(s.add({2, 3, 10}).ok());
+  std::optional<StepPlan> a = s.schedule();
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(a->rows.size(), 1u);
+  EXPECT_EQ(a->rows[0].request_id, 1u);
+  EXPECT_EQ(a->rows[0].state_slot, 0);
+  EXPECT_TRUE(a->rows[0].fresh_state);
+  ASSERT_TRUE(s.abort(1).ok());  // step a still uses slot 0
+  EXPECT_EQ(s.snapshot().state_slots_fenced, 1);
+  EXPECT_FALSE(s.schedule().has_value()) << "request 2 must wait for the fenced slot";
+  ASSERT_TRUE(s.on_step_retired(a->step_id, {RowResult{5, false}}).ok());
+  EXPECT_EQ(s.snapshot().state_slots_free, 1);
+  std::optional<StepPlan> b = s.schedule();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->rows[0].request_id, 2u);
+  EXPECT_EQ(b->rows[0].state_slot, 0);
+  EXPECT_TRUE(b->rows[0].fresh_state);
+  ASSERT_TRUE(s.on_step_retired(b->step_id, {RowResult{6, false}}).ok());
+  std::optional<StepPlan> c = s.schedule();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->rows[0].fresh_state);
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
 TEST(Scheduler, RecoverableStepFailureFreesItsPagesBehindTheFence) {
   const SchedulerOptions o = options(64, 8, 4, 4);
   Scheduler s = Scheduler::create(o).value();

@@ -76,6 +76,14 @@ struct StepRow {
   bool logits = false;               // samples the token at position start + len
   std::vector<int32_t> slots;        // KV slot of each position, len entries
   std::vector<int32_t> block_table;  // the request's pages after this step
+  // The request's per-request device state slot (e.g. its sampling token
+  // counts, sampling.h) in [0, max_num_seqs): held from admission to finish
+  // or preemption, reused by another request only after the last step that
+  // used it retired. `fresh_state`: the first row since the request took
+  // this slot (the engine clears the slot and commits the request's known
+  // tokens before sampling).
+  int32_t state_slot = -1;
+  bool fresh_state = false;
 };
 
 // One step: decode rows first (in admission order), then prefill chunks.
@@ -122,6 +130,8 @@ struct SchedulerSnapshot {
   int64_t preempted_total = 0;
   int64_t finished[kNumFinishReasons] = {};  // indexed by FinishReason
   PageCounts pages;
+  int64_t state_slots_free = 0;    // of max_num_seqs
+  int64_t state_slots_fenced = 0;  // released, waiting for their last step to retire
 };
 
 // A live request as the scheduler sees it (for the engine and tests).
@@ -207,7 +217,9 @@ class Scheduler {
     uint32_t incarnation = 0;  // bumped on preemption
     int64_t num_preemptions = 0;
     bool running = false;
-    bool prefilled = false;  // the row sampling after the known tokens is scheduled
+    bool prefilled = false;    // the row sampling after the known tokens is scheduled
+    int32_t state_slot = -1;   // while running
+    bool fresh_state = false;  // no row since it took state_slot
   };
   struct RowRecord {
     uint64_t id = 0;
@@ -230,6 +242,9 @@ class Scheduler {
   void preempt(uint64_t id);
   void finish(uint64_t id, FinishReason reason);
   void add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len);
+  // Gives back r's state slot: free at once when its last step retired,
+  // fenced behind that step otherwise.
+  void release_state_slot(Request& r);
   absl::Status check_front(int64_t step_id) const;
 
   SchedulerOptions options_;
@@ -243,6 +258,8 @@ class Scheduler {
   uint64_t next_admitted_seq_ = 1;
   int64_t preempted_total_ = 0;
   int64_t finished_count_[kNumFinishReasons] = {};
+  std::vector<int32_t> free_state_slots_;                        // stack
+  std::vector<std::pair<int32_t, int64_t>> fenced_state_slots_;  // (slot, fence step)
 };
 
 }  // namespace simpler::llm
