@@ -122,6 +122,13 @@ absl::Status Scheduler::abort(uint64_t id) {
   return absl::OkStatus();
 }
 
+absl::Status Scheduler::quarantine_error(const Request& r) const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("request ", r.spec.id, " needs up to ", max_pages(r),
+                   " KV pages, but quarantine left ", pool_.num_pages() - pool_.num_quarantined(),
+                   " of the pool's ", pool_.num_pages(), " pages usable"));
+}
+
 absl::Status Scheduler::stop(uint64_t id, int64_t keep_tokens) {
   auto it = requests_.find(id);
   if (it == requests_.end()) {
@@ -148,7 +155,7 @@ void Scheduler::release_state_slot(Request& r) {
   r.state_slot = -1;
 }
 
-void Scheduler::finish(uint64_t id, FinishReason reason) {
+void Scheduler::finish(uint64_t id, FinishReason reason, absl::Status error) {
   auto it = requests_.find(id);
   Request& r = it->second;
   check_or_die(r.table.fence(pool_, r.last_step), "fencing a finished request's pages");
@@ -158,7 +165,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
-  finished_.push_back(FinishedRequest{id, reason, std::move(r.outputs)});
+  finished_.push_back(FinishedRequest{id, reason, std::move(r.outputs), std::move(error)});
   ++finished_count_[static_cast<int>(reason)];
   requests_.erase(it);
 }
@@ -257,7 +264,7 @@ std::optional<StepPlan> Scheduler::schedule() {
     if (need > pool_.num_free() + pool_.num_fenced()) {
       // `id` is the most recently admitted request now (running_.back()).
       if (max_pages(r) > pool_.num_pages() - pool_.num_quarantined()) {
-        finish(id, FinishReason::kError);  // quarantine shrank the pool below its need
+        finish(id, FinishReason::kError, quarantine_error(r));  // the pool shrank below it
       } else {
         preempt(id);
         preempted = true;
@@ -295,7 +302,7 @@ std::optional<StepPlan> Scheduler::schedule() {
     const uint64_t id = waiting_.front();
     Request& r = requests_.at(id);
     if (max_pages(r) > pool_.num_pages() - pool_.num_quarantined()) {
-      finish(id, FinishReason::kError);
+      finish(id, FinishReason::kError, quarantine_error(r));
       continue;
     }
     const int64_t len = std::min(known_tokens(r), budget);
@@ -368,7 +375,8 @@ absl::StatusOr<std::vector<AcceptedSample>> Scheduler::on_step_retired(
   return accepted;
 }
 
-absl::Status Scheduler::on_step_failed(int64_t step_id, StepFailure failure) {
+absl::Status Scheduler::on_step_failed(int64_t step_id, StepFailure failure,
+                                       const absl::Status& cause) {
   if (absl::Status s = check_front(step_id); !s.ok()) return s;
   InFlightStep step = std::move(in_flight_.front());
   in_flight_.pop_front();
@@ -382,7 +390,8 @@ absl::Status Scheduler::on_step_failed(int64_t step_id, StepFailure failure) {
   for (const RowRecord& row : step.rows) {
     auto it = requests_.find(row.id);
     if (it == requests_.end() || it->second.incarnation != row.incarnation) continue;
-    finish(row.id, FinishReason::kError);
+    finish(row.id, FinishReason::kError,
+           cause.ok() ? absl::UnknownError(absl::StrCat("step ", step_id, " failed")) : cause);
   }
   pool_.retire_through(step_id);
   std::erase_if(fenced_state_slots_, [&](const std::pair<int32_t, int64_t>& f) {

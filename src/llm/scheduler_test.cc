@@ -319,7 +319,17 @@ TEST(Scheduler, TimedOutStepQuarantinesItsPagesWhichStayCountedAndUnused) {
   ASSERT_TRUE(s.add({2, 4, 4}).ok());  // page 2
   std::optional<StepPlan> step1 = s.schedule();
   ASSERT_TRUE(step1.has_value());
-  ASSERT_TRUE(s.on_step_failed(step1->step_id, StepFailure::kUnrecoverable).ok());
+  ASSERT_TRUE(s.on_step_failed(step1->step_id, StepFailure::kUnrecoverable,
+                               absl::DeadlineExceededError("run 0 did not finish"))
+                  .ok());
+  {
+    std::vector<FinishedRequest> failed = s.take_finished();
+    ASSERT_EQ(failed.size(), 2u);
+    for (const FinishedRequest& f : failed) {
+      EXPECT_EQ(f.reason, FinishReason::kError);
+      EXPECT_EQ(f.error, absl::DeadlineExceededError("run 0 did not finish"));
+    }
+  }
   SchedulerSnapshot snap = s.snapshot();
   EXPECT_EQ(snap.pages.quarantined, 3);
   EXPECT_EQ(snap.pages.free, 3);

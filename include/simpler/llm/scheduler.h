@@ -109,6 +109,10 @@ struct FinishedRequest {
   uint64_t id = 0;
   FinishReason reason = FinishReason::kStop;
   std::vector<int32_t> output_tokens;
+  // kError only: why (the failed step's error given to on_step_failed, or
+  // RESOURCE_EXHAUSTED with the numbers when quarantine left the pool too
+  // small for the request).
+  absl::Status error;
 };
 
 // A sample on_step_retired accepted: row `row` of the step gave request
@@ -188,10 +192,12 @@ class Scheduler {
   absl::StatusOr<std::vector<AcceptedSample>> on_step_retired(int64_t step_id,
                                                               absl::Span<const RowResult> results);
 
-  // The oldest step in flight failed. Its live requests finish with kError;
-  // kUnrecoverable quarantines every page its rows touch. FAILED_PRECONDITION
-  // when step_id is not the oldest step in flight.
-  absl::Status on_step_failed(int64_t step_id, StepFailure failure);
+  // The oldest step in flight failed with `cause` (the run's error). Its live
+  // requests finish with kError carrying `cause`; kUnrecoverable quarantines
+  // every page its rows touch. FAILED_PRECONDITION when step_id is not the
+  // oldest step in flight.
+  absl::Status on_step_failed(int64_t step_id, StepFailure failure,
+                              const absl::Status& cause = absl::UnknownError("step failed"));
 
   // Requests finished since the last call, in finishing order.
   std::vector<FinishedRequest> take_finished();
@@ -240,7 +246,8 @@ class Scheduler {
   bool decode_ready(const Request& r) const;
   bool has_work(const Request& r) const;
   void preempt(uint64_t id);
-  void finish(uint64_t id, FinishReason reason);
+  void finish(uint64_t id, FinishReason reason, absl::Status error = absl::OkStatus());
+  absl::Status quarantine_error(const Request& r) const;
   void add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len);
   // Gives back r's state slot: free at once when its last step retired,
   // fenced behind that step otherwise.
