@@ -78,17 +78,20 @@ StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(st
   for (const auto& s : stops_) longest_ = std::max(longest_, s.size());
 }
 
-StopStringMatcher::Result StopStringMatcher::push(std::string_view delta) {
+StopStringMatcher::Result StopStringMatcher::push(std::string_view delta, bool armed) {
   Result r;
   if (stopped_) {
     r.stopped = true;
     return r;
   }
   held_.append(delta);
-  // The earliest match of any stop string (the first listed on a tie).
+  if (!armed) unarmed_ = held_.size();
+  // The earliest match of any stop string (the first listed on a tie) that
+  // ends after the text pushed before arming.
   size_t best = std::string::npos;
-  for (size_t i = 0; i < stops_.size(); ++i) {
-    const size_t at = held_.find(stops_[i]);
+  for (size_t i = 0; armed && i < stops_.size(); ++i) {
+    const size_t from = unarmed_ >= stops_[i].size() ? unarmed_ - stops_[i].size() + 1 : 0;
+    const size_t at = held_.find(stops_[i], from);
     if (at < best) {
       best = at;
       r.stop_index = static_cast<int32_t>(i);
@@ -113,6 +116,7 @@ StopStringMatcher::Result StopStringMatcher::push(std::string_view delta) {
   }
   r.text = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
+  unarmed_ = armed ? 0 : held_.size();
   return r;
 }
 

@@ -168,6 +168,24 @@ TEST(StopStringMatcher, TheEarliestMatchWinsAndMultibyteStopsWork) {
   EXPECT_EQ(y.text, "");
 }
 
+// Before min_tokens no stop string may end (vLLM checks them only from
+// min_tokens on); one that starts before and ends after still matches.
+TEST(StopStringMatcher, NoStopStringEndsBeforeTheMatcherIsArmed) {
+  auto m = StopStringMatcher::create({"END"});
+  ASSERT_TRUE(m.ok());
+  auto a = m->push("one END two E", /*armed=*/false);
+  EXPECT_FALSE(a.stopped);
+  EXPECT_EQ(a.text, "one END two ");  // "E" may begin a stop string: held
+  auto b = m->push("ND three", /*armed=*/true);
+  EXPECT_TRUE(b.stopped);
+  EXPECT_EQ(b.text, "");
+  auto n = StopStringMatcher::create({"END"});
+  EXPECT_FALSE(n->push("xEND", false).stopped);
+  auto c = n->push(" yEND z", true);
+  EXPECT_TRUE(c.stopped);
+  EXPECT_EQ(c.text, " y");
+}
+
 TEST(StopStringMatcher, EmptyOrInvalidStopStringsAreRefusedNamingTheirIndex) {
   auto empty = StopStringMatcher::create({"ok", ""});
   ASSERT_FALSE(empty.ok());

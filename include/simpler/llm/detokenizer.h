@@ -80,8 +80,11 @@ class StopStringMatcher {
   };
 
   // Feeds the next text delta. After a match every later push is ignored
-  // (returns an empty, stopped result).
-  Result push(std::string_view delta);
+  // (returns an empty, stopped result). `armed` false: the request has not
+  // generated min_tokens yet, so no stop string may end inside this delta
+  // (vLLM checks stop strings only from min_tokens on); a stop string that
+  // starts here and ends in a later armed delta still matches.
+  Result push(std::string_view delta, bool armed = true);
   // Releases the held-back tail (no stop string completed): at the request's end.
   std::string finish();
 
@@ -93,6 +96,8 @@ class StopStringMatcher {
   std::vector<std::string> stops_;
   size_t longest_ = 0;  // bytes of the longest stop string
   std::string held_;    // text not yet released: may begin a stop string
+  // Bytes of held_ pushed while not armed (a match must end after them).
+  size_t unarmed_ = 0;
   bool stopped_ = false;
 };
 
