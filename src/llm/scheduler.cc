@@ -255,11 +255,31 @@ std::optional<StepPlan> Scheduler::schedule() {
     }
     // Preempt only while the pages coming free behind the fence do not cover
     // the need: preempting more would not make this step any faster.
-    while (need > pool_.num_free() + pool_.num_fenced() && running_.back() != id) {
-      const uint64_t victim = running_.back();
-      if (decode_ready(requests_.at(victim))) --later_decodes;
-      preempt(victim);
+    // The victim is the most recently admitted request behind `id` that still
+    // has work left: one whose every token is sampled or in flight finishes at
+    // the next retire anyway, and preempting it would only discard its last
+    // sample and recompute it.
+    auto victim_behind = [&]() -> std::optional<uint64_t> {
+      for (size_t j = running_.size(); j-- > i + 1;) {
+        const Request& v = requests_.at(running_[j]);
+        if (static_cast<int64_t>(v.outputs.size()) + v.pending < v.spec.max_tokens) {
+          return running_[j];
+        }
+      }
+      return std::nullopt;
+    };
+    while (need > pool_.num_free() + pool_.num_fenced()) {
+      const std::optional<uint64_t> victim = victim_behind();
+      if (!victim.has_value()) break;
+      if (decode_ready(requests_.at(*victim))) --later_decodes;
+      preempt(*victim);
       preempted = true;
+    }
+    if (need > pool_.num_free() + pool_.num_fenced() && running_.back() != id) {
+      // Only requests with no work left are behind `id`: their samples are in
+      // flight, so their pages come back (fenced, then free) at the next retires.
+      ++i;
+      continue;
     }
     if (need > pool_.num_free() + pool_.num_fenced()) {
       // `id` is the most recently admitted request now (running_.back()).
