@@ -31,24 +31,7 @@ constexpr std::string_view kMetadataKey = "__metadata__";
 
 std::string str(std::string_view s) { return std::string(s); }
 
-// The status for a failed system call on `path`.
-absl::Status os_error(int err, std::string_view what, std::string_view path) {
-  std::string message = absl::StrCat(str(what), " ", str(path), ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
+using base::os_error;
 
 // a * b, false on overflow or negative operands.
 bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
@@ -111,23 +94,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   auto state = std::make_unique<State>();
   state->path = path;
 
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer before the
-  // regular-file check below could refuse it.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return os_error(errno, "cannot open safetensors file", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return os_error(err, "cannot stat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, S_ISDIR(st.st_mode) ? ": is a directory, not a safetensors file"
-                                  : ": not a regular file (a FIFO, socket or device)"));
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  // Never blocks on a FIFO; a directory or device is refused before anything is read.
+  SIMPLER_ASSIGN_OR_RETURN(const base::RegularFile file, base::open_regular_file(path));
+  const int fd = file.fd;
+  const uint64_t file_size = file.size;
   if (file_size < 8) {
     ::close(fd);
     return absl::DataLossError(absl::StrCat(path, ": truncated safetensors file: ", file_size,

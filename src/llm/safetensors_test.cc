@@ -505,7 +505,7 @@ TEST(SafetensorsBadInput, AFifoIsRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
   auto file = SafetensorsFile::open(path.string());
   ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(msg(file.status()), path.string() + ": not a regular file (a FIFO, socket or device)");
+  EXPECT_EQ(msg(file.status()), path.string() + " is not a regular file (a FIFO)");
   auto weights = ModelWeights::open(dir.string());
   EXPECT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
 }
