@@ -8,13 +8,12 @@
 #include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 #include "simpler/worker/program_library.h"
+#include "worker/worker_test_util.h"
 
 namespace simpler::worker {
 namespace {
 
-bool contains(const absl::Status& s, const std::string& needle) {
-  return std::string(s.message()).find(needle) != std::string::npos;
-}
+using testing::contains;
 
 // The run fails at its timeout naming run, task and kernel; close is bounded
 // although the thread executing the kernel can never be joined: it is

@@ -6,21 +6,14 @@
 
 #include "gtest/gtest.h"
 #include "simpler/base/status.h"
+#include "worker/worker_test_util.h"
 
 namespace simpler::worker {
 namespace {
 
-bool contains(const absl::Status& s, const std::string& needle) {
-  return std::string(s.message()).find(needle) != std::string::npos;
-}
+using testing::contains;
 
-WorkerOptions opts(int depth) {
-  WorkerOptions o;
-  o.num_cores = 2;
-  o.launch_depth = depth;
-  o.faults = device::FaultPlan();
-  return o;
-}
+WorkerOptions opts(int depth) { return testing::test_options(depth, 0, 60); }
 
 TEST(ProgramLibrary, LoadsTheExampleAndItsSelfChecksPass) {
   auto lib = ProgramLibrary::load(SIMPLER_EXAMPLE_MATMUL_LIB);

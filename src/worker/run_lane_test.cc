@@ -18,15 +18,7 @@ using testing::affine_program;
 using testing::counts_consistent;
 using testing::sleep_program;
 
-WorkerOptions opts(int depth, int grant = 0) {
-  WorkerOptions o;
-  o.num_cores = 2;
-  o.launch_depth = depth;
-  o.run_grant = grant;
-  o.faults = device::FaultPlan();
-  o.operation_timeout_s = 20;
-  return o;
-}
+WorkerOptions opts(int depth, int grant = 0) { return testing::test_options(depth, grant, 20); }
 
 task::TaskArgs sleep_args(int64_t us) {
   task::TaskArgs a;

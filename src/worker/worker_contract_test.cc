@@ -21,19 +21,9 @@ using testing::counts_consistent;
 using testing::gate_args;
 using testing::gate_program;
 
-bool contains(const absl::Status& s, const std::string& needle) {
-  return std::string(s.message()).find(needle) != std::string::npos;
-}
+using testing::contains;
 
-WorkerOptions opts(int depth = 1, int grant = 0) {
-  WorkerOptions o;
-  o.num_cores = 2;
-  o.launch_depth = depth;
-  o.run_grant = grant;
-  o.faults = device::FaultPlan();
-  o.operation_timeout_s = 10;
-  return o;
-}
+WorkerOptions opts(int depth = 1, int grant = 0) { return testing::test_options(depth, grant); }
 
 // An affine_program whose orchestration submits its task, then throws.
 task::ChipCallable throwing_orchestration(task::GraphPlacement placement) {
@@ -131,16 +121,17 @@ INSTANTIATE_TEST_SUITE_P(BothPlacements, WorkerExceptions,
                                                                             : "DeviceBuilt";
                          });
 
-// A program whose one task reads a device buffer it captured (not an
-// argument) and waits on the run's gate: the Qwen3 decode program's shape.
-task::ChipCallable captured_reader(uint64_t address, uint64_t bytes) {
+// A program whose one task reads 64 bytes of a device buffer it captured
+// (not an argument) and waits on the run's gate: the Qwen3 decode program's
+// shape. Callables are registered before init and buffers allocated after it,
+// so the callable reads the address once it is known, as the engine does.
+task::ChipCallable captured_reader(std::shared_ptr<const std::atomic<uint64_t>> address) {
   return task::ChipCallable{
       "reader",
-      [address, bytes](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+      [address](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
         task::TaskArgs a;
         a.add_scalar_i64(args.scalar_i64(0));
-        a.add_tensor(*task::Tensor::contiguous(address, {static_cast<int64_t>(bytes / 8)},
-                                               task::DataType::kInt64),
+        a.add_tensor(*task::Tensor::contiguous(address->load(), {8}, task::DataType::kInt64),
                      task::ArgDirection::kIn);
         return ctx.submit(0, a);
       },
@@ -148,16 +139,9 @@ task::ChipCallable captured_reader(uint64_t address, uint64_t bytes) {
 }
 
 TEST(WorkerBind, ABoundBufferCannotBeFreedWhileARunReadsItNorUnboundUntilTheRunRetires) {
-  // Callables are registered before init and buffers allocated after it: the
-  // callable reads the address it captured once it is known, as the engine does.
   auto address = std::make_shared<std::atomic<uint64_t>>(0);
   Worker w(opts(2));
-  auto h = w.register_callable(
-      task::ChipCallable{"reader",
-                         [address](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                           return captured_reader(address->load(), 64).orchestration(ctx, args);
-                         },
-                         {{"gate", testing::gate_kernel}}});
+  auto h = w.register_callable(captured_reader(address));
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer weights = *w.malloc(64);
   address->store(weights.address);
@@ -187,12 +171,7 @@ TEST(WorkerBind, ABoundBufferCannotBeFreedWhileARunReadsItNorUnboundUntilTheRunR
 TEST(WorkerBind, ASubmitWhoseBoundBufferIsGoneIsRefusedNamingTheBuffer) {
   auto address = std::make_shared<std::atomic<uint64_t>>(0);
   Worker w(opts());
-  auto h = w.register_callable(
-      task::ChipCallable{"reader",
-                         [address](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                           return captured_reader(address->load(), 64).orchestration(ctx, args);
-                         },
-                         {{"gate", testing::gate_kernel}}});
+  auto h = w.register_callable(captured_reader(address));
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer weights = *w.malloc(64);
   address->store(weights.address);

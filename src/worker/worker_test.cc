@@ -20,19 +20,9 @@ using testing::gate_args;
 using testing::gate_program;
 using testing::sleep_program;
 
-bool contains(const absl::Status& s, const std::string& needle) {
-  return std::string(s.message()).find(needle) != std::string::npos;
-}
+using testing::contains;
 
-WorkerOptions opts(int depth = 1, int grant = 0) {
-  WorkerOptions o;
-  o.num_cores = 2;
-  o.launch_depth = depth;
-  o.run_grant = grant;
-  o.faults = device::FaultPlan();
-  o.operation_timeout_s = 10;
-  return o;
-}
+WorkerOptions opts(int depth = 1, int grant = 0) { return testing::test_options(depth, grant); }
 
 TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
   {

@@ -11,6 +11,23 @@
 
 namespace simpler::worker::testing {
 
+// Whether `s`'s message contains `needle`.
+inline bool contains(const absl::Status& s, const std::string& needle) {
+  return std::string(s.message()).find(needle) != std::string::npos;
+}
+
+// Options of the worker tests: 2 cores, no injected faults (whatever the
+// environment says), the given depth, grant and operation timeout.
+inline WorkerOptions test_options(int depth = 1, int grant = 0, double timeout_s = 10) {
+  WorkerOptions o;
+  o.num_cores = 2;
+  o.launch_depth = depth;
+  o.run_grant = grant;
+  o.faults.emplace();
+  o.operation_timeout_s = timeout_s;
+  return o;
+}
+
 // out[0] = 3 * in[0] + scalar(2); INOUT-free so runs are independent.
 inline absl::Status affine_kernel(const task::KernelContext& ctx) {
   const int64_t x = ctx.tensor(0).data<int64_t>()[0];
