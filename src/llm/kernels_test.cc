@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "llm/kernel_test_util.h"
 
 namespace simpler::llm {
 namespace {
@@ -18,26 +19,8 @@ using task::TaskArgs;
 using task::Tensor;
 using ::testing::HasSubstr;
 
-// A device tensor over host memory (on the sim device an address is a host pointer).
-template <typename T>
-Tensor view(std::vector<T>& data, std::initializer_list<int64_t> shape) {
-  constexpr DataType dtype = std::is_same_v<T, float> ? DataType::kFloat32 : DataType::kInt32;
-  return Tensor::contiguous(reinterpret_cast<uintptr_t>(data.data()), shape, dtype).value();
-}
-
-// Runs every block of a task, last block first (blocks may run in any order).
-absl::Status run(task::KernelFn fn, const TaskArgs& args, int32_t block_dim) {
-  for (int32_t b = block_dim - 1; b >= 0; --b) {
-    KernelContext ctx;
-    ctx.args = args.args().data();
-    ctx.num_args = static_cast<uint32_t>(args.size());
-    ctx.block_idx = b;
-    ctx.block_dim = block_dim;
-    absl::Status s = fn(ctx);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
+using testing::run_blocks;
+using testing::view;
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);
@@ -82,8 +65,8 @@ TEST(EmbeddingKernel, GathersRowsAcrossBlocks) {
   std::vector<float> table = random_floats(V * H, 1);
   std::vector<int32_t> ids = {3, 0, 10, 3};
   std::vector<float> out(ids.size() * H, NAN);
-  ASSERT_TRUE(run(&embedding_kernel,
-                  embedding_args(view(ids, {4}), view(table, {V, H}), view(out, {4, H})), 3)
+  ASSERT_TRUE(run_blocks(&embedding_kernel,
+                         embedding_args(view(ids, {4}), view(table, {V, H}), view(out, {4, H})), 3)
                   .ok());
   for (size_t b = 0; b < ids.size(); ++b) {
     for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[b * H + i], table[ids[b] * H + i]);
@@ -95,14 +78,14 @@ TEST(EmbeddingKernel, OutOfRangeIdIsInvalidArgumentNamingTheId) {
   std::vector<float> table = random_floats(V * H, 1);
   std::vector<int32_t> ids = {1, 11};
   std::vector<float> out(2 * H);
-  absl::Status s = run(&embedding_kernel,
-                       embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})), 1);
+  absl::Status s = run_blocks(
+      &embedding_kernel, embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("embedding: token id 11 at row 1 is outside the vocabulary [0, 11)"));
   ids = {-2, 0};
-  s = run(&embedding_kernel, embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})),
-          2);
+  s = run_blocks(&embedding_kernel,
+                 embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})), 2);
   EXPECT_THAT(s.message(), HasSubstr("token id -2 at row 0"));
 }
 
@@ -120,8 +103,8 @@ TEST(RmsNormKernel, MatchesDoubleReferenceForUnevenSplits) {
   }
   for (int32_t bd : {1, 3, 10}) {
     std::vector<float> out(R * D, NAN);
-    ASSERT_TRUE(run(&rms_norm_kernel,
-                    rms_norm_args(view(x, {R, D}), view(w, {D}), view(out, {R, D}), eps), bd)
+    ASSERT_TRUE(run_blocks(&rms_norm_kernel,
+                           rms_norm_args(view(x, {R, D}), view(w, {D}), view(out, {R, D}), eps), bd)
                     .ok());
     expect_close(out, want, 1e-6);
   }
@@ -140,15 +123,16 @@ TEST(MatmulKernel, MatchesDoubleReferenceForUnevenSplits) {
   }
   for (int32_t bd : {1, 3, 4, 16}) {
     std::vector<float> y(B * out, NAN);
-    ASSERT_TRUE(run(&matmul_kernel,
-                    matmul_args(view(x, {B, in}), view(w, {out, in}), view(y, {B, out})), bd)
+    ASSERT_TRUE(run_blocks(&matmul_kernel,
+                           matmul_args(view(x, {B, in}), view(w, {out, in}), view(y, {B, out})), bd)
                     .ok());
     expect_close(y, prod, 1e-5);
 
     std::vector<float> acc = y0;
-    ASSERT_TRUE(run(&matmul_acc_kernel,
-                    matmul_acc_args(view(x, {B, in}), view(w, {out, in}), view(acc, {B, out})), bd)
-                    .ok());
+    ASSERT_TRUE(
+        run_blocks(&matmul_acc_kernel,
+                   matmul_acc_args(view(x, {B, in}), view(w, {out, in}), view(acc, {B, out})), bd)
+            .ok());
     std::vector<double> want(B * out);
     for (size_t i = 0; i < want.size(); ++i) want[i] = prod[i] + y0[i];
     expect_close(acc, want, 1e-5);
@@ -167,16 +151,17 @@ TEST(MatmulKernel, ShapeAndDtypeErrorsNameTheArgument) {
   std::vector<float> x(6), y(4);
   std::vector<float> w(6);
   absl::Status s =
-      run(&matmul_kernel, matmul_args(view(x, {2, 3}), view(w, {3, 2}), view(y, {2, 2})), 1);
+      run_blocks(&matmul_kernel, matmul_args(view(x, {2, 3}), view(w, {3, 2}), view(y, {2, 2})), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("matmul: argument 1 (W) must be a contiguous f32[*,3]"));
   std::vector<int32_t> wi(6);
-  s = run(&matmul_kernel, matmul_args(view(x, {2, 3}), view(wi, {2, 3}), view(y, {2, 2})), 1);
+  s = run_blocks(&matmul_kernel, matmul_args(view(x, {2, 3}), view(wi, {2, 3}), view(y, {2, 2})),
+                 1);
   EXPECT_THAT(s.message(), HasSubstr("argument 1 (W)"));
   EXPECT_THAT(s.message(), HasSubstr("got i32[2,3]"));
   TaskArgs two;
   two.add_tensor(view(x, {2, 3}), task::ArgDirection::kIn);
-  s = run(&matmul_kernel, two, 1);
+  s = run_blocks(&matmul_kernel, two, 1);
   EXPECT_THAT(s.message(), HasSubstr("matmul: expects 3 arguments, got 1"));
 }
 
@@ -200,12 +185,14 @@ TEST(RopeKernel, MatchesRotateHalfReferenceAtSeveralPositions) {
   for (int32_t bd : {1, 3}) {
     std::vector<float> x = x0;
     ASSERT_TRUE(
-        run(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), bd).ok());
+        run_blocks(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), bd)
+            .ok());
     expect_close(x, want, 1e-6);
   }
   // Position 0 is the identity.
   std::vector<float> x = x0;
-  ASSERT_TRUE(run(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), 1).ok());
+  ASSERT_TRUE(
+      run_blocks(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), 1).ok());
   for (int64_t i = 0; i < heads * d; ++i) EXPECT_EQ(x[i], x0[i]);
 }
 
@@ -221,7 +208,7 @@ TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
                                 view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}));
   EXPECT_EQ(args[3].direction, task::ArgDirection::kInOut);
   EXPECT_EQ(args[4].direction, task::ArgDirection::kInOut);
-  ASSERT_TRUE(run(&kv_write_kernel, args, 2).ok());
+  ASSERT_TRUE(run_blocks(&kv_write_kernel, args, 2).ok());
   for (int64_t s = 0; s < pages * ps; ++s) {
     const int64_t src = s == 7 ? 0 : s == 13 ? 2 : -1;
     for (int64_t i = 0; i < row; ++i) {
@@ -230,7 +217,7 @@ TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
     }
   }
   slots = {7, 20, 0};
-  absl::Status bad = run(&kv_write_kernel, args, 1);
+  absl::Status bad = run_blocks(&kv_write_kernel, args, 1);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.message(),
               HasSubstr("kv_write: slot 20 at row 1 is outside the pool of 5 pages x 4 slots"));
@@ -290,7 +277,7 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
         static_cast<float>(1.0 / std::sqrt(double(d))));
     EXPECT_EQ(args[1].direction, task::ArgDirection::kIn);
     EXPECT_EQ(args[2].direction, task::ArgDirection::kIn);
-    ASSERT_TRUE(run(&paged_attention_kernel, args, bd).ok());
+    ASSERT_TRUE(run_blocks(&paged_attention_kernel, args, bd).ok());
     expect_close(out, want, 1e-5);
     for (int64_t i = 3 * nh * d; i < B * nh * d; ++i) EXPECT_EQ(out[i], 0.0f);
   }
@@ -304,15 +291,15 @@ TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
   TaskArgs args = paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
                                        view(vp, {pages, ps, nkv, d}), view(tables, {B, max_blocks}),
                                        view(lens, {B}), view(out, {B, nh * d}), 0.5f);
-  absl::Status s = run(&paged_attention_kernel, args, 1);
+  absl::Status s = run_blocks(&paged_attention_kernel, args, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("paged_attention: context length 5 at row 0 is outside [0, 4]"));
   lens = {3};
-  s = run(&paged_attention_kernel, args, 1);
+  s = run_blocks(&paged_attention_kernel, args, 1);
   EXPECT_THAT(s.message(), HasSubstr("page id 2 at row 0 block 1 is outside the pool of 2 pages"));
   lens = {2};  // only page 1 is read: fine
-  EXPECT_TRUE(run(&paged_attention_kernel, args, 1).ok());
+  EXPECT_TRUE(run_blocks(&paged_attention_kernel, args, 1).ok());
 }
 
 TEST(SiluMulKernel, MatchesReference) {
@@ -321,19 +308,20 @@ TEST(SiluMulKernel, MatchesReference) {
   std::vector<double> want(B * I);
   for (int64_t i = 0; i < B * I; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
   std::vector<float> out(B * I, NAN);
-  ASSERT_TRUE(
-      run(&silu_mul_kernel, silu_mul_args(view(g, {B, I}), view(u, {B, I}), view(out, {B, I})), 3)
-          .ok());
+  ASSERT_TRUE(run_blocks(&silu_mul_kernel,
+                         silu_mul_args(view(g, {B, I}), view(u, {B, I}), view(out, {B, I})), 3)
+                  .ok());
   expect_close(out, want, 1e-6);
 }
 
 TEST(AddKernel, AddsElementwiseAndRejectsShapeMismatch) {
   std::vector<float> a = random_floats(12, 17), b = random_floats(12, 18), out(12, NAN);
   ASSERT_TRUE(
-      run(&add_kernel, add_args(view(a, {3, 4}), view(b, {3, 4}), view(out, {3, 4})), 5).ok());
+      run_blocks(&add_kernel, add_args(view(a, {3, 4}), view(b, {3, 4}), view(out, {3, 4})), 5)
+          .ok());
   for (int i = 0; i < 12; ++i) EXPECT_EQ(out[i], a[i] + b[i]);
   absl::Status s =
-      run(&add_kernel, add_args(view(a, {3, 4}), view(b, {4, 3}), view(out, {3, 4})), 1);
+      run_blocks(&add_kernel, add_args(view(a, {3, 4}), view(b, {4, 3}), view(out, {3, 4})), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("add: argument 1 (b) must be a contiguous f32[3,4], got f32[4,3]"));
@@ -344,15 +332,16 @@ TEST(GatherRowsKernel, GathersAndRejectsOutOfRangeRows) {
   std::vector<float> x = random_floats(B * H, 19);
   std::vector<int32_t> rows = {2, 0, 2};
   std::vector<float> out(3 * H, NAN);
-  ASSERT_TRUE(run(&gather_rows_kernel,
-                  gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 2)
+  ASSERT_TRUE(run_blocks(&gather_rows_kernel,
+                         gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 2)
                   .ok());
   for (int64_t j = 0; j < 3; ++j) {
     for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[j * H + i], x[rows[j] * H + i]);
   }
   rows = {0, 3, 1};
-  absl::Status s = run(&gather_rows_kernel,
-                       gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 1);
+  absl::Status s =
+      run_blocks(&gather_rows_kernel,
+                 gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("gather_rows: row 3 at index 1 is outside the batch [0, 3)"));
 }
@@ -369,7 +358,8 @@ TEST(ArgmaxKernel, LowestIndexWinsTiesAndNanNeverWins) {
   };
   for (int32_t bd : {1, 2, 7}) {
     std::vector<int32_t> ids(5, -7);
-    ASSERT_TRUE(run(&argmax_kernel, argmax_args(view(logits, {5, V}), view(ids, {5})), bd).ok());
+    ASSERT_TRUE(
+        run_blocks(&argmax_kernel, argmax_args(view(logits, {5, V}), view(ids, {5})), bd).ok());
     EXPECT_THAT(ids, ::testing::ElementsAre(3, 3, 0, 0, 8));
   }
 }

@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "llm/kernel_test_util.h"
 #include "simpler/llm/kernels.h"
 
 namespace simpler::llm {
@@ -23,27 +24,8 @@ using task::KernelContext;
 using task::TaskArgs;
 using task::Tensor;
 
-template <typename T>
-Tensor view(std::vector<T>& data, std::initializer_list<int64_t> shape) {
-  DataType dtype = DataType::kInt32;
-  if constexpr (std::is_same_v<T, float>) dtype = DataType::kFloat32;
-  if constexpr (std::is_same_v<T, uint8_t>) dtype = DataType::kUInt8;
-  return Tensor::contiguous(reinterpret_cast<uintptr_t>(data.data()), shape, dtype).value();
-}
-
-// Runs every block of a task, last block first (blocks may run in any order).
-absl::Status run(task::KernelFn fn, const TaskArgs& args, int32_t block_dim) {
-  for (int32_t b = block_dim - 1; b >= 0; --b) {
-    KernelContext ctx;
-    ctx.args = args.args().data();
-    ctx.num_args = static_cast<uint32_t>(args.size());
-    ctx.block_idx = b;
-    ctx.block_dim = block_dim;
-    absl::Status s = fn(ctx);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
+using testing::run_blocks;
+using testing::view;
 
 std::vector<float> random_logits(int64_t vocab, uint32_t seed, float scale = 2.0f) {
   std::mt19937 rng(seed);
@@ -463,7 +445,7 @@ TEST(SampleKernel, SameSeedChoiceAndPositionGiveTheSameTokenInAnyRowOfAnyBatch) 
         }
         b.set_row(where, target_logits, target, SampleRowInfo{-1, pos, 2, 0});
         for (int32_t block_dim : {1, 2}) {
-          ASSERT_TRUE(run(&sample_kernel, b.args(), block_dim).ok());
+          ASSERT_TRUE(run_blocks(&sample_kernel, b.args(), block_dim).ok());
           EXPECT_EQ(b.ids[where], alone) << "position " << pos << " row " << where << " of " << rows
                                          << ", block_dim " << block_dim;
         }
@@ -558,27 +540,27 @@ TEST(TokenCountsKernel, RecordsPromptAndGeneratedTokensAndClearsSlots) {
   std::vector<int32_t> counts(2 * 6, 0);
   std::vector<int32_t> ids = {1, 1, 4, 2};
   std::vector<int32_t> slots = {0, 0, 1, -1};
-  ASSERT_TRUE(run(&token_counts_kernel,
-                  token_counts_args(view(ids, {4}), view(slots, {4}), view(counts, {2, 6}),
-                                    TokenCountsMode::kPrompt),
-                  1)
+  ASSERT_TRUE(run_blocks(&token_counts_kernel,
+                         token_counts_args(view(ids, {4}), view(slots, {4}), view(counts, {2, 6}),
+                                           TokenCountsMode::kPrompt),
+                         1)
                   .ok());
   std::vector<int32_t> gen_ids = {1, 3, 3};
   std::vector<int32_t> gen_slots = {0, 0, 0};
-  ASSERT_TRUE(run(&token_counts_kernel,
-                  token_counts_args(view(gen_ids, {3}), view(gen_slots, {3}), view(counts, {2, 6}),
-                                    TokenCountsMode::kGenerated),
-                  1)
+  ASSERT_TRUE(run_blocks(&token_counts_kernel,
+                         token_counts_args(view(gen_ids, {3}), view(gen_slots, {3}),
+                                           view(counts, {2, 6}), TokenCountsMode::kGenerated),
+                         1)
                   .ok());
   EXPECT_THAT(counts, ::testing::ElementsAre(0, 3, 0, 4, 0, 0, 0, 0, 0, 0, 1, 0));
   EXPECT_EQ(output_count(counts[1]), 1);
   EXPECT_TRUE(in_prompt(counts[1]));
   EXPECT_EQ(output_count(counts[3]), 2);
   std::vector<int32_t> clear_slots = {1};
-  ASSERT_TRUE(run(&token_counts_kernel,
-                  token_counts_args(view(gen_ids, {1}), view(clear_slots, {1}),
-                                    view(counts, {2, 6}), TokenCountsMode::kClear),
-                  1)
+  ASSERT_TRUE(run_blocks(&token_counts_kernel,
+                         token_counts_args(view(gen_ids, {1}), view(clear_slots, {1}),
+                                           view(counts, {2, 6}), TokenCountsMode::kClear),
+                         1)
                   .ok());
   EXPECT_THAT(counts, ::testing::ElementsAre(0, 3, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0));
 }
@@ -587,27 +569,27 @@ TEST(TokenCountsKernel, RefusesBadSlotsIdsAndModesNamingTheEntry) {
   std::vector<int32_t> counts(2 * 6, 0);
   std::vector<int32_t> ids = {1, 6};
   std::vector<int32_t> slots = {0, 0};
-  absl::Status s = run(&token_counts_kernel,
-                       token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
-                                         TokenCountsMode::kGenerated),
-                       1);
+  absl::Status s = run_blocks(&token_counts_kernel,
+                              token_counts_args(view(ids, {2}), view(slots, {2}),
+                                                view(counts, {2, 6}), TokenCountsMode::kGenerated),
+                              1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "token_counts: entry 1: token id 6 is outside the vocabulary [0, 6)");
   slots = {2, 0};
-  s = run(&token_counts_kernel,
-          token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
-                            TokenCountsMode::kPrompt),
-          1);
+  s = run_blocks(&token_counts_kernel,
+                 token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
+                                   TokenCountsMode::kPrompt),
+                 1);
   EXPECT_EQ(s.message(), "token_counts: entry 0: slot 2 is outside [0, 2)");
-  s = run(&token_counts_kernel,
-          token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
-                            static_cast<TokenCountsMode>(7)),
-          1);
+  s = run_blocks(&token_counts_kernel,
+                 token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
+                                   static_cast<TokenCountsMode>(7)),
+                 1);
   EXPECT_EQ(s.message(), "token_counts: unknown mode 7");
-  s = run(&token_counts_kernel,
-          token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
-                            TokenCountsMode::kPrompt),
-          2);
+  s = run_blocks(&token_counts_kernel,
+                 token_counts_args(view(ids, {2}), view(slots, {2}), view(counts, {2, 6}),
+                                   TokenCountsMode::kPrompt),
+                 2);
   EXPECT_EQ(s.message(), "token_counts: needs block_dim 1, got 2");
 }
 
@@ -623,7 +605,7 @@ TEST(SampleKernel, WritesEveryRowAndUsesTheRowsCountSlot) {
   b.set_row(0, l, greedy, SampleRowInfo{-1, 0, 0, 0});
   b.set_row(1, l, greedy, SampleRowInfo{1, 0, 0, 1});
   b.set_row(2, l, greedy, SampleRowInfo{0, 0, 0, 1});
-  ASSERT_TRUE(run(&sample_kernel, b.args(), 2).ok());
+  ASSERT_TRUE(run_blocks(&sample_kernel, b.args(), 2).ok());
   EXPECT_THAT(b.ids, ::testing::ElementsAre(1, 2, 1));
   EXPECT_THAT(std::vector<int32_t>(b.top_ids.begin(), b.top_ids.begin() + 5),
               ::testing::ElementsAre(1, 2, -1, -1, -1));
@@ -638,15 +620,15 @@ TEST(SampleKernel, RefusesInvalidRowsNamingTheRowAndField) {
   bad.top_p = 0.0f;
   b.set_row(0, std::vector<float>(kV, 0.0f), ok, SampleRowInfo{-1, 0, 0, 0});
   b.set_row(1, std::vector<float>(kV, 0.0f), bad, SampleRowInfo{-1, 0, 0, 0});
-  absl::Status s = run(&sample_kernel, b.args(), 1);
+  absl::Status s = run_blocks(&sample_kernel, b.args(), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "sample: row 1: sampling params: top_p must be in (0, 1] (1 is off), got 0");
   b.set_row(1, std::vector<float>(kV, 0.0f), ok, SampleRowInfo{1, 0, 0, 0});
-  s = run(&sample_kernel, b.args(), 1);
+  s = run_blocks(&sample_kernel, b.args(), 1);
   EXPECT_EQ(s.message(), "sample: row 1: slot 1 is outside [-1, 1)");
   b.set_row(1, std::vector<float>(kV, 0.0f), ok, SampleRowInfo{0, -3, 0, 0});
-  s = run(&sample_kernel, b.args(), 1);
+  s = run_blocks(&sample_kernel, b.args(), 1);
   EXPECT_EQ(s.message(), "sample: row 1: position -3, choice 0 and num_generated 0 must be >= 0");
 }
 

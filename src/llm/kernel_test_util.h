@@ -1,0 +1,41 @@
+// Shared helpers of the llm kernel tests: kernels called directly on host
+// memory (on the sim device an address is a host pointer).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "simpler/task/callable.h"
+#include "simpler/task/task_args.h"
+#include "simpler/task/tensor.h"
+
+namespace simpler::llm::testing {
+
+// A contiguous device tensor over `data` (f32, u8 or i32 by element type).
+template <typename T>
+task::Tensor view(std::vector<T>& data, std::initializer_list<int64_t> shape) {
+  task::DataType dtype = task::DataType::kInt32;
+  if constexpr (std::is_same_v<T, float>) dtype = task::DataType::kFloat32;
+  if constexpr (std::is_same_v<T, uint8_t>) dtype = task::DataType::kUInt8;
+  return task::Tensor::contiguous(reinterpret_cast<uintptr_t>(data.data()), shape, dtype).value();
+}
+
+// Runs every block of a task, last block first (blocks may run in any
+// order); the first block error is returned.
+inline absl::Status run_blocks(task::KernelFn fn, const task::TaskArgs& args, int32_t block_dim) {
+  for (int32_t b = block_dim - 1; b >= 0; --b) {
+    task::KernelContext ctx;
+    ctx.args = args.args().data();
+    ctx.num_args = static_cast<uint32_t>(args.size());
+    ctx.block_idx = b;
+    ctx.block_dim = block_dim;
+    absl::Status s = fn(ctx);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace simpler::llm::testing
