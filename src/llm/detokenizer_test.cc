@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "llm/tokenizer_test_util.h"
 
 namespace simpler::llm {
 namespace {
@@ -25,27 +26,8 @@ bool valid_utf8(const std::string& s) {
 }
 
 // The real Qwen3 tokenizer, loaded once for the suite.
-class DetokenizerTest : public ::testing::Test {
+class DetokenizerTest : public testing::Qwen3TokenizerFixture {
  protected:
-  static void SetUpTestSuite() {
-    auto dir = default_tokenizer_dir();
-    if (!dir.ok()) {
-      load_error_ = dir.status().ToString();
-      return;
-    }
-    auto t = Tokenizer::load(*dir);
-    if (!t.ok()) {
-      load_error_ = t.status().ToString();
-      return;
-    }
-    tokenizer_ = new Tokenizer(*std::move(t));
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    tokenizer_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(tokenizer_, nullptr) << load_error_; }
-
   // Streams `ids` one token at a time; checks every delta is whole UTF-8 and
   // that the deltas add up to decode(ids). Returns the deltas.
   static std::vector<std::string> stream(const std::vector<int32_t>& ids, bool skip = false) {
@@ -63,9 +45,6 @@ class DetokenizerTest : public ::testing::Test {
     EXPECT_EQ(d.num_ids(), static_cast<int64_t>(ids.size()));
     return deltas;
   }
-
-  static inline std::string load_error_;
-  static inline Tokenizer* tokenizer_ = nullptr;
 };
 
 TEST_F(DetokenizerTest, CharactersSplitAcrossTokensAreNeverSplitInADelta) {

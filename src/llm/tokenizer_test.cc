@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "llm/tokenizer_test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace simpler::llm {
@@ -22,38 +23,7 @@ using ::testing::HasSubstr;
 
 constexpr const char* kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
-// The real Qwen3 tokenizer, loaded once for the suite.
-class Qwen3TokenizerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    auto dir = default_tokenizer_dir();
-    if (!dir.ok()) {
-      load_error_ = dir.status().ToString();
-      return;
-    }
-    auto tokenizer = Tokenizer::load(*dir);
-    if (!tokenizer.ok()) {
-      load_error_ = tokenizer.status().ToString();
-      return;
-    }
-    tokenizer_ = new Tokenizer(*std::move(tokenizer));
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    tokenizer_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(tokenizer_, nullptr) << load_error_; }
-
-  static const Tokenizer& tok() { return *tokenizer_; }
-  static int32_t id(const std::string& token) {
-    auto found = tokenizer_->token_to_id(token);
-    EXPECT_TRUE(found.has_value()) << token;
-    return found.value_or(-1);
-  }
-
-  static inline std::string load_error_;
-  static inline Tokenizer* tokenizer_ = nullptr;
-};
+class Qwen3TokenizerTest : public testing::Qwen3TokenizerFixture {};
 
 TEST_F(Qwen3TokenizerTest, LoadsVocabularyAddedTokensAndConfig) {
   EXPECT_EQ(tok().vocab_size(), 151669);
@@ -174,7 +144,7 @@ TEST_F(Qwen3TokenizerTest, DecodeOfEncodeIsNfcOfText) {
   };
   for (const std::string& text : texts) {
     EXPECT_EQ(tok().decode(tok().encode(text)), Tokenizer::nfc(text))
-        << testing::PrintToString(text);
+        << ::testing::PrintToString(text);
   }
   EXPECT_EQ(Tokenizer::nfc("e\xCC\x81"), "\xC3\xA9");
 }
