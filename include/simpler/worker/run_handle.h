@@ -15,10 +15,13 @@
 
 namespace simpler::worker {
 
-// Lifecycle of a run (ARCHITECTURE.md "Run lifecycle"). The lane moves a run
-// through every state; a RunHandle shows ACCEPTED, PREPARED and LAUNCHED while
-// the run is not done, then RETIRED (see RunHandle::state()); the terminal
-// state it reached is RunResult::terminal_state.
+// Lifecycle of a run (ARCHITECTURE.md "Run lifecycle"). The lane tracks a run
+// through ACCEPTED .. a terminal state, then finalizes and retires it in one
+// step without naming those two states; a RunHandle shows ACCEPTED, PREPARED
+// and LAUNCHED while the run is not done, then RETIRED (see
+// RunHandle::state()); the terminal state it reached is
+// RunResult::terminal_state. FINALIZED names the architecture's stage and is
+// never reported.
 enum class RunState : uint8_t {
   kAccepted,   // identity assigned
   kPrepared,   // resources granted, arguments staged
