@@ -11,16 +11,12 @@
 #include <string_view>
 #include <utility>
 
+#include "base/fuzz_check.h"
 #include "simpler/device/fault_plan.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "fault_plan_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 }  // namespace
 

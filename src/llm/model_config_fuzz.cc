@@ -11,16 +11,12 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "base/fuzz_check.h"
 #include "simpler/llm/model_config.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "model_config_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 }  // namespace
 

@@ -12,17 +12,13 @@
 #include <string>
 #include <string_view>
 
+#include "base/fuzz_check.h"
 #include "llm/fuzz/fuzz_temp_file.h"
 #include "simpler/llm/safetensors.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "model_weights_index_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 // A safetensors file of U8 tensors of 2 bytes each, named `names`.
 std::string shard(std::initializer_list<const char*> names) {

@@ -12,17 +12,13 @@
 #include <variant>
 #include <vector>
 
+#include "base/fuzz_check.h"
 #include "nlohmann/json.hpp"
 #include "simpler/llm/prompts_file.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "prompts_file_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 }  // namespace
 

@@ -9,17 +9,13 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "base/fuzz_check.h"
 #include "llm/fuzz/fuzz_temp_file.h"
 #include "simpler/llm/safetensors.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "safetensors_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 }  // namespace
 

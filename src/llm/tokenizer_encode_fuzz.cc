@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/fuzz_check.h"
 #include "nlohmann/json.hpp"
 #include "simpler/llm/tokenizer.h"
 
@@ -22,12 +23,7 @@ namespace {
 
 using simpler::llm::Tokenizer;
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tokenizer_encode_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 struct Loaded {
   Tokenizer tokenizer;

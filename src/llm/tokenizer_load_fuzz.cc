@@ -14,17 +14,13 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "base/fuzz_check.h"
 #include "llm/fuzz/fuzz_temp_file.h"
 #include "simpler/llm/tokenizer.h"
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tokenizer_load_fuzz: violated: %s\n", what);
-    std::abort();
-  }
-}
+using simpler::fuzz::check;
 
 }  // namespace
 
