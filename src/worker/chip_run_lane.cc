@@ -194,6 +194,9 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
       (void)arena_->release(run->set);
       return refuse;
     }
+    // The "first error" a close names is that of the runs in flight together:
+    // a run admitted to an idle lane starts afresh.
+    if (runs_.empty()) first_error_ = absl::OkStatus();
     run->shared->id = base::RunId{next_id_++};
     run->shared->result.requested_depth = options_.launch_depth;
     runs_.push_back(std::move(run));
@@ -485,9 +488,6 @@ void ChipRunLane::lane_loop() {
       first_error_ = owned->status;
       first_error_run_ = owned->id();
     }
-    // The "first error" a close names is that of the runs in flight together:
-    // forgotten once the lane is idle.
-    if (runs_.empty() && !close_expired_) first_error_ = absl::OkStatus();
     if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
       failed_.push_back(owned->shared);
     }
@@ -727,11 +727,8 @@ absl::Status ChipRunLane::unbind(const task::ChipCallable* callable, uint64_t ad
   if (callable == nullptr) return absl::InvalidArgumentError("unbind: no callable");
   base::MutexLock lock(mu_);
   auto it = bindings_.find(callable);
-  auto hit = it == bindings_.end()
-                 ? decltype(it->second.begin()){}
-                 : std::find_if(it->second.begin(), it->second.end(),
-                                [address](const auto& b) { return b.first == address; });
-  if (it == bindings_.end() || hit == it->second.end()) {
+  const auto is_address = [address](const auto& b) { return b.first == address; };
+  if (it == bindings_.end() || std::none_of(it->second.begin(), it->second.end(), is_address)) {
     return absl::NotFoundError(absl::StrCat("device buffer 0x", absl::Hex(address),
                                             " is not bound to '", callable->name, "'"));
   }
@@ -741,7 +738,7 @@ absl::Status ChipRunLane::unbind(const task::ChipCallable* callable, uint64_t ad
         "cannot unbind device buffer 0x", absl::Hex(address), " from '", callable->name, "': run ",
         r->id(), " of it has not retired (state ", std::string(name_of(r->state)), ")"));
   }
-  it->second.erase(hit);
+  std::erase_if(it->second, is_address);
   if (it->second.empty()) bindings_.erase(it);
   return absl::OkStatus();
 }
