@@ -194,9 +194,6 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
       (void)arena_->release(run->set);
       return refuse;
     }
-    // The "first error" a close names is that of the runs in flight together:
-    // a run admitted to an idle lane starts afresh.
-    if (runs_.empty()) first_error_ = absl::OkStatus();
     run->shared->id = base::RunId{next_id_++};
     run->shared->result.requested_depth = options_.launch_depth;
     runs_.push_back(std::move(run));

@@ -184,7 +184,10 @@ class ChipRunLane {
   // Set (release) once close()'s deadline passed: the lane thread stops
   // waiting for the device (acquire).
   std::atomic<bool> interrupt_{false};
-  // The first failed run's error (in retire order), for cancellation messages.
+  // The lane's first failed run's error (in retire order), for cancellation
+  // messages. Never reset: whether a failed run and a later one were "in
+  // flight together" depends on timing (a short run can retire before the
+  // next submit), and a close's message must not.
   absl::Status first_error_ SIMPLER_GUARDED_BY(mu_);
   uint64_t first_error_run_ SIMPLER_GUARDED_BY(mu_) = 0;
   // Device buffers bound to callables (bind()): callable -> (address, bytes).
