@@ -6,6 +6,9 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -15,7 +18,8 @@
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
-#include "simpler/llm/engine.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/kv_cache.h"
 #include "simpler/llm/make_model.h"
 #include "simpler/llm/model_config.h"
 #include "simpler/llm/prompts_file.h"
@@ -162,8 +166,127 @@ Runner add_make_model_command(CLI::App& app) {
   };
 }
 
+namespace {
+
+// One choice's collected output.
+struct ChoiceResult {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish_reason;
+  absl::Status error;
+  std::vector<int32_t> pages;
+  std::map<int64_t, std::vector<float>> logits;
+  std::map<int64_t, llm::Qwen3ModelRunner::Kv> kv;
+  int64_t arrival_ns = 0, first_token_ns = 0, finished_ns = 0;
+  std::vector<int64_t> token_times_ns;
+  bool done = false;
+};
+
+// Requests run through an LlmEngine: results[i] holds request i's choices.
+// Collects every event through callbacks (so no request's queue can fill up
+// while another is read) and reports progress once a second on stderr.
+struct RequestRun {
+  std::vector<std::vector<ChoiceResult>> results;
+  int64_t start_ns = 0, end_ns = 0;
+  int64_t all_first_token_ns = 0;  // when every served choice had its first token
+};
+
+RequestRun run_requests(llm::LlmEngine& engine, std::vector<llm::RequestSpec> specs,
+                        const char* command, bool progress) {
+  RequestRun run;
+  run.results.resize(specs.size());
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t open = 0;
+    int64_t tokens = 0;
+  };
+  auto shared = std::make_shared<Shared>();
+  run.start_ns = base::now_ns();
+  for (size_t r = 0; r < specs.size(); ++r) {
+    run.results[r].resize(specs[r].n);
+    std::vector<ChoiceResult>* choices = &run.results[r];
+    specs[r].on_output = [shared, choices](const llm::RequestOutput& out) {
+      std::lock_guard<std::mutex> l(shared->mu);
+      ChoiceResult& c = (*choices)[out.index];
+      c.tokens.insert(c.tokens.end(), out.token_ids.begin(), out.token_ids.end());
+      c.token_times_ns.insert(c.token_times_ns.end(), out.token_times_ns.begin(),
+                              out.token_times_ns.end());
+      c.text += out.text;
+      shared->tokens += static_cast<int64_t>(out.token_ids.size());
+      for (auto& [k, v] : out.logits) c.logits[k] = v;
+      for (auto& [k, v] : out.kv) c.kv[k] = v;
+      if (out.finished()) {
+        c.finish_reason = llm::finish_reason_name(out.finish);
+        c.error = out.error;
+        c.pages = out.pages;
+        c.arrival_ns = out.arrival_ns;
+        c.first_token_ns = out.first_token_ns;
+        c.finished_ns = out.finished_ns;
+        c.done = true;
+        --shared->open;
+        shared->cv.notify_all();
+      }
+    };
+    const int32_t n = specs[r].n;
+    {
+      std::lock_guard<std::mutex> l(shared->mu);
+      shared->open += n;
+    }
+    absl::StatusOr<llm::RequestId> id = engine.add_request(std::move(specs[r]));
+    if (!id.ok()) {
+      std::lock_guard<std::mutex> l(shared->mu);
+      shared->open -= n;
+      for (ChoiceResult& c : run.results[r]) {
+        c.finish_reason = "error";
+        c.error = id.status();
+        c.done = true;
+      }
+    }
+  }
+  std::unique_lock<std::mutex> l(shared->mu);
+  int64_t last_report = base::now_ns();
+  while (shared->open > 0) {
+    shared->cv.wait_for(l, std::chrono::milliseconds(200));
+    if (progress && base::now_ns() - last_report > 1'000'000'000) {
+      last_report = base::now_ns();
+      std::cerr << "simpler " << command << ": " << shared->tokens << " tokens generated, "
+                << shared->open << " request(s) still open\n";
+    }
+  }
+  run.end_ns = base::now_ns();
+  for (const auto& rs : run.results) {
+    for (const ChoiceResult& c : rs) {
+      if (c.first_token_ns != 0) run.all_first_token_ns = std::max(run.all_first_token_ns, c.first_token_ns);
+    }
+  }
+  if (run.all_first_token_ns == 0) run.all_first_token_ns = run.end_ns;
+  return run;
+}
+
+// Mean effective depth and most steps in flight over an engine's step records.
+struct DepthStats {
+  double effective_depth = 0;
+  int64_t max_steps_in_flight = 0;
+  int64_t steps = 0;
+};
+DepthStats depth_stats(const std::vector<llm::StepRecord>& records) {
+  DepthStats d;
+  int64_t sum = 0;
+  for (const llm::StepRecord& r : records) {
+    sum += r.effective_depth;
+    d.max_steps_in_flight = std::max(d.max_steps_in_flight, r.in_flight_at_submit);
+  }
+  d.steps = static_cast<int64_t>(records.size());
+  d.effective_depth = records.empty() ? 0 : static_cast<double>(sum) / records.size();
+  return d;
+}
+
+}  // namespace
+
 Runner add_generate_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "greedy-decode prompts with a Qwen3 model");
+  auto* cmd = app.add_subcommand(
+      "generate", "generate from prompts with a Qwen3 model (continuous batching, LlmEngine)");
   struct State {
     std::string model, prompt, prompt_ids, prompts_file;
     bool chat = false, ignore_eos = false, host_sampling = false, allow_unused_tensors = false;
@@ -171,6 +294,12 @@ Runner add_generate_command(CLI::App& app) {
     int32_t requests = 1;
     int32_t page_size = 16;
     int32_t num_pages = 0;
+    int32_t max_num_batched_tokens = 0;
+    int32_t max_num_seqs = 0;
+    float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+    int32_t top_k = 0;
+    uint64_t seed = 0;
+    std::vector<std::string> stop;
     std::string dump_logits_steps, dump_kv_positions;
     CommonOptions common;
   };
@@ -186,15 +315,32 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new-tokens", st->max_new_tokens,
                   "tokens to generate per request (prompt + this <= max_position_embeddings)")
       ->check(int_in(1, std::numeric_limits<int32_t>::max()));
-  cmd->add_option("--requests", st->requests, "clone requests of the one prompt")
+  cmd->add_option("--requests,-n", st->requests,
+                  "choices of the one prompt (OpenAI n: clone requests, each its own RNG stream)")
       ->check(int_in(1, kMaxRequests));
   cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
       ->check(int_in(1, kMaxPageSize));
   cmd->add_option("--num-pages", st->num_pages, "KV cache pages (0 = sized from the requests)")
       ->check(int_in(0, std::numeric_limits<int32_t>::max()));
+  cmd->add_option("--max-num-batched-tokens", st->max_num_batched_tokens,
+                  "token budget per step: prompt chunks and decode rows (0 = max(512, "
+                  "max-num-seqs))")
+      ->check(int_in(0, kMaxBatchedTokens));
+  cmd->add_option("--max-num-seqs", st->max_num_seqs,
+                  "requests running at once, rows sampled per step (0 = all requests, at most 256)")
+      ->check(int_in(0, kMaxRequests));
+  cmd->add_option("--temperature", st->temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-p", st->top_p, "nucleus sampling mass in (0, 1]");
+  cmd->add_option("--top-k", st->top_k, "keep the k most likely tokens (0 = off)")
+      ->check(int_in(-1, std::numeric_limits<int32_t>::max()));
+  cmd->add_option("--min-p", st->min_p, "drop tokens below min-p times the top probability");
+  auto* seed_opt = cmd->add_option("--seed", st->seed,
+                                   "sampling seed for every request (default: a distinct one each)");
+  cmd->add_option("--stop", st->stop, "stop string (repeatable; not part of the output)");
   cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                 "accept a checkpoint holding tensors the config does not use (extra heads)");
-  cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at stop ids");
+  cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at the model's EOS ids");
   cmd->add_flag("--host-sampling", st->host_sampling,
                 "sample on the host from logits read back every step (falls back to serial "
                 "launch: the next step needs the host's token first)");
@@ -203,13 +349,13 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--dump-kv-positions", st->dump_kv_positions,
                   "with --json: include K/V read back from the page pool at these positions");
   st->common.add_to(cmd);
-  return [cmd, st, p1, p2, p3]() -> int {
+  return [cmd, st, p1, p2, p3, seed_opt]() -> int {
     if (!cmd->parsed()) return -1;
     if (p1->count() + p2->count() + p3->count() == 0) {
       return fail("generate", absl::InvalidArgumentError(
                                   "one of --prompt, --prompt-ids or --prompts-file is required"));
     }
-    // Tokenizer: from the model directory; required only for text prompts.
+    // Tokenizer: from the model directory; required for text prompts and stop strings.
     std::optional<llm::Tokenizer> tok;
     absl::Status tok_status;
     {
@@ -226,7 +372,7 @@ Runner add_generate_command(CLI::App& app) {
       if (!ids.ok()) return ids.status();
       return std::vector<int64_t>(ids->begin(), ids->end());
     };
-    // The distinct prompts, 64-bit until checked against the model; each runs `clones` times.
+    // The distinct prompts, 64-bit until checked against the model; each has `clones` choices.
     std::vector<std::vector<int64_t>> unique;
     int32_t clones = 1;
     if (p1->count() > 0) {
@@ -251,12 +397,8 @@ Runner add_generate_command(CLI::App& app) {
       absl::Status s = config->check_request(unique[r], st->max_new_tokens);
       if (!s.ok()) return fail("generate", base::annotate(s, absl::StrCat("request ", r, ": ")));
     }
-    std::vector<std::vector<int32_t>> prompts;
-    prompts.reserve(unique.size() * clones);
-    for (const auto& ids : unique) {
-      // In [0, vocab_size), and vocab_size fits int32 (checked by the config).
-      std::vector<int32_t> narrow_ids(ids.begin(), ids.end());
-      for (int32_t c = 0; c < clones; ++c) prompts.push_back(narrow_ids);
+    if (!st->stop.empty() && !tok) {
+      return fail("generate", base::annotate(tok_status, "--stop needs the model's tokenizer: "));
     }
     if (!tok) {
       std::cerr << "simpler generate: no tokenizer (" << tok_status.message()
@@ -275,69 +417,106 @@ Runner add_generate_command(CLI::App& app) {
       logit_steps_v = *na;
       kv_pos_v = *nb;
     }
+    const int64_t total_choices = static_cast<int64_t>(unique.size()) * clones;
 
     base::TraceRecorder trace;
     llm::EngineOptions eo;
-    eo.worker = st->common.worker_options(&trace);
-    eo.page_size = st->page_size;
-    eo.allow_unused_tensors = st->allow_unused_tensors;
-    const int32_t pages =
-        st->num_pages > 0 ? st->num_pages
-                          : llm::Qwen3Engine::pages_for(prompts, st->max_new_tokens, st->page_size);
+    eo.runner.worker = st->common.worker_options(&trace);
+    eo.runner.page_size = st->page_size;
+    eo.runner.allow_unused_tensors = st->allow_unused_tensors;
+    eo.runner.host_sampling = st->host_sampling;
+    eo.runner.max_num_seqs = st->max_num_seqs > 0
+                                 ? st->max_num_seqs
+                                 : static_cast<int32_t>(std::min<int64_t>(total_choices, 256));
+    eo.runner.max_num_batched_tokens = st->max_num_batched_tokens > 0
+                                           ? st->max_num_batched_tokens
+                                           : std::max(512, eo.runner.max_num_seqs);
+    eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(total_choices, 1));
+    eo.tokenizer = tok ? &*tok : nullptr;
+    eo.record_steps = true;
+    int64_t pages = st->num_pages;
+    if (pages == 0) {  // every request's pages at once: nothing waits for the pool
+      for (const auto& ids : unique) {
+        pages += clones * llm::pages_needed(static_cast<int64_t>(ids.size()) + st->max_new_tokens,
+                                            st->page_size);
+      }
+      pages = std::min<int64_t>(pages, std::numeric_limits<int32_t>::max());
+    }
+    eo.runner.num_pages = static_cast<int32_t>(pages);
+    if (st->host_sampling && st->common.launch_depth > 1) {
+      std::cerr << "simpler generate: host sampling needs each step's logits on the host first; "
+                   "falling back to serial launch (effective depth 1, requested "
+                << st->common.launch_depth << ")\n";
+    }
     const int64_t t0 = base::now_ns();
-    auto engine =
-        llm::Qwen3Engine::create(st->model, eo, static_cast<int32_t>(prompts.size()), pages);
+    auto engine = llm::LlmEngine::create(st->model, eo);
     if (!engine.ok()) {
       return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
     }
     const double load_s = (base::now_ns() - t0) / 1e9;
     std::cerr << "simpler generate: loaded " << st->model << " in " << load_s << " s; "
-              << prompts.size() << " request(s), " << pages << " KV pages of " << st->page_size
-              << " tokens, launch depth " << st->common.launch_depth << "\n";
+              << total_choices << " request(s), " << pages << " KV pages of " << st->page_size
+              << " tokens, launch depth " << st->common.launch_depth << ", max_num_seqs "
+              << eo.runner.max_num_seqs << ", max_num_batched_tokens "
+              << eo.runner.max_num_batched_tokens << "\n";
 
-    llm::GenerateOptions go;
-    go.max_new_tokens = st->max_new_tokens;
-    if (!st->ignore_eos) {
-      for (int64_t id : (*engine)->config().stop_ids())
-        go.stop_ids.insert(static_cast<int32_t>(id));
+    std::vector<llm::RequestSpec> specs;
+    std::vector<std::vector<int32_t>> prompts;
+    for (const auto& ids : unique) {
+      llm::RequestSpec spec;
+      spec.prompt_ids.assign(ids.begin(), ids.end());  // in [0, vocab_size): checked above
+      prompts.push_back(spec.prompt_ids);
+      spec.max_tokens = st->max_new_tokens;
+      spec.n = clones;
+      spec.sampling.temperature = st->temperature;
+      spec.sampling.top_p = st->top_p;
+      spec.sampling.top_k = st->top_k;
+      spec.sampling.min_p = st->min_p;
+      if (seed_opt->count() > 0) spec.sampling.seed = st->seed;
+      spec.sampling.ignore_eos = st->ignore_eos;
+      spec.sampling.stop = st->stop;
+      spec.logits_tokens = to_set<int64_t>(logit_steps_v);
+      spec.kv_positions = to_set<int64_t>(kv_pos_v);
+      specs.push_back(std::move(spec));
     }
-    go.host_sampling = st->host_sampling;
-    go.logits_steps = to_set<int32_t>(logit_steps_v);
-    go.kv_positions = to_set<int64_t>(kv_pos_v);
-    int64_t last_report = base::now_ns();
-    go.progress = [&](int64_t step, int64_t bound) {
-      const int64_t now = base::now_ns();
-      if (now - last_report > 1'000'000'000) {
-        std::cerr << "simpler generate: step " << step << " of at most " << bound << "\n";
-        last_report = now;
-      }
+    RequestRun run = run_requests(**engine, std::move(specs), "generate", true);
+    const llm::EngineMetrics metrics = (*engine)->metrics();
+    const DepthStats depth = depth_stats((*engine)->step_records());
+    absl::Status closed = (*engine)->shutdown(base::Deadline::poll());
+    // Per choice, in request order.
+    struct Item {
+      const std::vector<int32_t>* prompt;
+      ChoiceResult* c;
     };
-    auto res = (*engine)->generate(prompts, go);
-    // On a failure the error is known: close at once (steps still in flight
-    // are cancelled instead of waited out).
-    absl::Status closed =
-        (*engine)->close(res.ok() ? base::Deadline::forever() : base::Deadline::poll());
-    if (!res.ok()) return fail_with_trace("generate", res.status(), trace, st->common.trace_path);
-    if (!closed.ok()) return fail_with_trace("generate", closed, trace, st->common.trace_path);
-    const auto& stats = res->stats;
-    const double tok_s = stats.total_ms > 0 ? stats.generated_tokens / (stats.total_ms / 1e3) : 0;
-    std::cerr << "simpler generate: " << stats.steps << " steps, " << stats.prompt_tokens
-              << " prompt + " << stats.generated_tokens << " generated tokens in " << stats.total_ms
-              << " ms (prefill " << stats.prefill_ms << " ms, decode " << stats.decode_ms << " ms, "
-              << tok_s << " generated tokens/s; launch depth " << stats.requested_depth
-              << ", effective " << stats.effective_depth << ", up to " << stats.max_steps_in_flight
-              << " steps in flight"
-              << (stats.serial_launch ? ", serial launch for host sampling" : "") << ")\n";
+    std::vector<Item> items;
+    for (size_t r = 0; r < run.results.size(); ++r) {
+      for (ChoiceResult& c : run.results[r]) items.push_back({&prompts[r], &c});
+    }
+    const double total_ms = (run.end_ns - run.start_ns) / 1e6;
+    const double prefill_ms = (run.all_first_token_ns - run.start_ns) / 1e6;
+    const double decode_ms = (run.end_ns - run.all_first_token_ns) / 1e6;
+    const int64_t generated = metrics.generation_tokens_total;
+    const double tok_s = total_ms > 0 ? generated / (total_ms / 1e3) : 0;
+    int64_t prompt_tokens = 0;
+    for (const Item& it : items) prompt_tokens += static_cast<int64_t>(it.prompt->size());
+    std::cerr << "simpler generate: " << depth.steps << " steps, " << prompt_tokens
+              << " prompt + " << generated << " generated tokens in " << total_ms
+              << " ms (prefill " << prefill_ms << " ms, decode " << decode_ms << " ms, " << tok_s
+              << " generated tokens/s; launch depth " << st->common.launch_depth << ", effective "
+              << depth.effective_depth << ", up to " << depth.max_steps_in_flight
+              << " steps in flight" << (st->host_sampling ? ", serial launch for host sampling" : "")
+              << "; " << metrics.preemptions_total << " preemptions)\n";
 
     if (st->common.json) {
       nlohmann::json reqs = nlohmann::json::array();
-      for (const auto& r : res->requests) {
-        nlohmann::json j = {{"prompt_ids", r.prompt_ids},
+      for (const Item& it : items) {
+        const ChoiceResult& r = *it.c;
+        nlohmann::json j = {{"prompt_ids", *it.prompt},
                             {"tokens", r.tokens},
                             {"finish_reason", r.finish_reason},
                             {"pages", r.pages}};
-        j["text"] = tok ? nlohmann::json(tok->decode(r.tokens)) : nlohmann::json(nullptr);
-        if (!r.status.ok()) j["error"] = std::string(r.status.message());
+        j["text"] = tok ? nlohmann::json(r.text) : nlohmann::json(nullptr);
+        if (!r.error.ok()) j["error"] = std::string(r.error.message());
         if (!r.logits.empty()) {
           nlohmann::json lg = nlohmann::json::object();
           for (const auto& [s, v] : r.logits) lg[std::to_string(s)] = v;
@@ -354,29 +533,31 @@ Runner add_generate_command(CLI::App& app) {
                             {"requests", reqs},
                             {"timing",
                              {{"load_s", load_s},
-                              {"total_ms", stats.total_ms},
-                              {"prefill_ms", stats.prefill_ms},
-                              {"decode_ms", stats.decode_ms},
-                              {"steps", stats.steps},
-                              {"prompt_tokens", stats.prompt_tokens},
-                              {"generated_tokens", stats.generated_tokens},
+                              {"total_ms", total_ms},
+                              {"prefill_ms", prefill_ms},
+                              {"decode_ms", decode_ms},
+                              {"steps", depth.steps},
+                              {"prompt_tokens", prompt_tokens},
+                              {"generated_tokens", generated},
                               {"generated_tokens_per_s", tok_s}}},
                             {"launch_depth", st->common.launch_depth},
-                            {"effective_depth", stats.effective_depth},
-                            {"max_steps_in_flight", stats.max_steps_in_flight},
-                            {"serial_launch", stats.serial_launch},
-                            {"host_sampling", st->host_sampling}};
+                            {"effective_depth", depth.effective_depth},
+                            {"max_steps_in_flight", depth.max_steps_in_flight},
+                            {"serial_launch", st->host_sampling},
+                            {"host_sampling", st->host_sampling},
+                            {"preemptions", metrics.preemptions_total},
+                            {"max_num_seqs", eo.runner.max_num_seqs},
+                            {"max_num_batched_tokens", eo.runner.max_num_batched_tokens}};
       std::string dumped = base::dump_replacing(out);
       std::printf("%s\n", dumped.c_str());
     } else {
-      for (size_t i = 0; i < res->requests.size(); ++i) {
-        const auto& r = res->requests[i];
-        if (res->requests.size() > 1)
-          std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
-        if (!r.status.ok()) {
-          std::printf("error: %s\n", std::string(r.status.message()).c_str());
+      for (size_t i = 0; i < items.size(); ++i) {
+        const ChoiceResult& r = *items[i].c;
+        if (items.size() > 1) std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
+        if (!r.error.ok()) {
+          std::printf("error: %s\n", std::string(r.error.message()).c_str());
         } else if (tok) {
-          std::printf("%s\n", tok->decode(r.tokens).c_str());
+          std::printf("%s\n", r.text.c_str());
         } else {
           for (size_t k = 0; k < r.tokens.size(); ++k)
             std::printf("%s%d", k ? "," : "", r.tokens[k]);
@@ -387,11 +568,13 @@ Runner add_generate_command(CLI::App& app) {
     // Every request's result is printed first; a refused or failed request
     // makes the call fail.
     int failed = 0;
-    for (size_t i = 0; i < res->requests.size(); ++i) {
-      if (res->requests[i].status.ok()) continue;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].c->error.ok()) continue;
       ++failed;
-      std::cerr << "simpler generate: request " << i << " failed: " << res->requests[i].status
-                << "\n";
+      std::cerr << "simpler generate: request " << i << " failed: " << items[i].c->error << "\n";
+    }
+    if (!closed.ok() && failed == 0) {
+      return fail_with_trace("generate", closed, trace, st->common.trace_path);
     }
     if (!write_trace(trace, st->common.trace_path)) return 1;
     return failed > 0 ? 1 : 0;
@@ -401,10 +584,6 @@ Runner add_generate_command(CLI::App& app) {
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch,
                      bool allow_unused_tensors) {
   base::TraceRecorder trace;
-  llm::EngineOptions eo;
-  eo.worker = common.worker_options(&trace);
-  eo.allow_unused_tensors = allow_unused_tensors;
-  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>{1});
   // The steps must fit the model's positions before the KV pool is sized for them.
   auto config = llm::ModelConfig::load(model);
   if (!config.ok()) return fail("bench decode", config.status());
@@ -412,16 +591,33 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   if (absl::Status s = config->check_request(prompt, steps); !s.ok()) {
     return fail("bench decode", base::annotate(s, "--steps: "));
   }
-  const int32_t pages = llm::Qwen3Engine::pages_for(prompts, steps, eo.page_size);
-  auto engine = llm::Qwen3Engine::create(model, eo, batch, pages);
-  if (!engine.ok())
+  llm::EngineOptions eo;
+  eo.runner.worker = common.worker_options(&trace);
+  eo.runner.allow_unused_tensors = allow_unused_tensors;
+  eo.runner.max_num_seqs = batch;
+  eo.runner.max_num_batched_tokens = std::max(batch, 16);
+  eo.runner.num_pages =
+      static_cast<int32_t>(batch * llm::pages_needed(1 + steps, eo.runner.page_size));
+  eo.record_steps = true;
+  eo.max_waiting = batch;
+  auto engine = llm::LlmEngine::create(model, eo);
+  if (!engine.ok()) {
     return fail_with_trace("bench decode", engine.status(), trace, common.trace_path);
-  llm::GenerateOptions go;
-  go.max_new_tokens = steps;
-  auto res = (*engine)->generate(prompts, go);
-  absl::Status closed =
-      (*engine)->close(res.ok() ? base::Deadline::forever() : base::Deadline::poll());
-  if (!res.ok()) return fail_with_trace("bench decode", res.status(), trace, common.trace_path);
+  }
+  llm::RequestSpec spec;
+  spec.prompt_ids = {1};
+  spec.max_tokens = steps;
+  spec.n = batch;
+  spec.sampling.temperature = 0;
+  spec.sampling.ignore_eos = true;
+  std::vector<llm::RequestSpec> specs;
+  specs.push_back(std::move(spec));
+  RequestRun run = run_requests(**engine, std::move(specs), "bench decode", false);
+  const std::vector<llm::StepRecord> records = (*engine)->step_records();
+  absl::Status closed = (*engine)->shutdown(base::Deadline::poll());
+  for (const ChoiceResult& c : run.results[0]) {
+    if (!c.error.ok()) return fail_with_trace("bench decode", c.error, trace, common.trace_path);
+  }
   if (!closed.ok()) return fail_with_trace("bench decode", closed, trace, common.trace_path);
   // memcpy bandwidth in this process, same run: copy a buffer the size of the weights (capped).
   const uint64_t wbytes = (*engine)->weight_bytes_per_step();
@@ -434,25 +630,30 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
     best_memcpy_s = std::min(best_memcpy_s, (base::now_ns() - t0) / 1e9);
   }
   const double memcpy_bw = bytes / best_memcpy_s;
-  // Steady state: the decode phase (after every request's first token). Wall
-  // time per step from the phase's duration (steps overlap at depth >= 2);
-  // device time per step as the median over those steps.
-  const auto& stats = res->stats;
-  const int64_t decode_steps = std::max<int64_t>(1, steps - 1);
-  std::vector<double> device_us(stats.device_step_us.end() - decode_steps,
-                                stats.device_step_us.end());
+  // Steady state: the decode steps (every step after the first, which
+  // prefilled the one-token prompts). Wall time per step from their span
+  // (steps overlap at depth >= 2); device time per step as their median.
+  std::vector<double> device_us;
+  for (size_t i = 1; i < records.size(); ++i) {
+    device_us.push_back((records[i].device_end_ns - records[i].device_start_ns) / 1e3);
+  }
+  if (device_us.empty()) device_us.push_back(0);
   std::sort(device_us.begin(), device_us.end());
-  const double step_ms = stats.decode_ms / decode_steps;
+  const int64_t decode_steps = std::max<int64_t>(1, static_cast<int64_t>(records.size()) - 1);
+  const double decode_ms =
+      records.size() > 1 ? (records.back().retire_ns - records.front().retire_ns) / 1e6 : 0;
+  const double step_ms = decode_ms / decode_steps;
   const double dev_ms = device_us[device_us.size() / 2] / 1e3;
-  const double tok_s = batch * decode_steps / (stats.decode_ms / 1e3);
-  const double weight_bw = wbytes / (dev_ms / 1e3);
+  const double tok_s = decode_ms > 0 ? batch * decode_steps / (decode_ms / 1e3) : 0;
+  const double weight_bw = dev_ms > 0 ? wbytes / (dev_ms / 1e3) : 0;
+  const DepthStats depth = depth_stats(records);
   nlohmann::json out = {{"model", model},
                         {"batch", batch},
                         {"steps", steps},
                         {"launch_depth", common.launch_depth},
                         {"step_ms", step_ms},
                         {"device_step_ms_p50", dev_ms},
-                        {"effective_depth", stats.effective_depth},
+                        {"effective_depth", depth.effective_depth},
                         {"tokens_per_s", tok_s},
                         {"weight_bytes_per_step", wbytes},
                         {"weight_gb_per_s", weight_bw / 1e9},
@@ -464,7 +665,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
     std::printf(
         "decode: batch %d, depth %d (effective %.2f): step %.3f ms (device %.3f ms), %.1f "
         "tokens/s; weights %.1f MB/step streamed at %.2f GB/s = %.1f%% of memcpy %.2f GB/s\n",
-        batch, common.launch_depth, stats.effective_depth, step_ms, dev_ms, tok_s, wbytes / 1e6,
+        batch, common.launch_depth, depth.effective_depth, step_ms, dev_ms, tok_s, wbytes / 1e6,
         weight_bw / 1e9, 100 * weight_bw / memcpy_bw, memcpy_bw / 1e9);
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;

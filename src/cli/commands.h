@@ -18,6 +18,7 @@ inline constexpr int64_t kMaxCores = 256;           // --cores (sim core threads
 inline constexpr int64_t kMaxRequests = 4096;       // --requests, --batch, prompts per file
 inline constexpr double kMaxTimeoutS = 1e6;         // --timeout, seconds
 inline constexpr int64_t kMaxPageSize = 1 << 16;    // --page-size, tokens
+inline constexpr int64_t kMaxBatchedTokens = 1 << 16;  // --max-num-batched-tokens
 inline constexpr int64_t kMaxRepeats = 1'000'000;   // --repeats, --runs, --steps
 inline constexpr int64_t kMaxTasks = 100'000'000;   // bench dispatch --tasks
 inline constexpr double kMaxDeviceUs = 1e7;         // bench pipeline --device-us

@@ -101,6 +101,7 @@ struct ScratchField {
   const char* name;
   Tensor Qwen3Scratch::*member;
   int64_t cols;
+  bool per_logit_row = false;  // leading dimension max_logit_rows instead of max_batch
 };
 
 std::vector<ScratchField> scratch_fields(const Qwen3Dims& d) {
@@ -116,9 +117,9 @@ std::vector<ScratchField> scratch_fields(const Qwen3Dims& d) {
       {"gate", &Qwen3Scratch::gate, d.intermediate_size},
       {"up", &Qwen3Scratch::up, d.intermediate_size},
       {"act", &Qwen3Scratch::act, d.intermediate_size},
-      {"sel", &Qwen3Scratch::sel, d.hidden_size},
-      {"sel_normed", &Qwen3Scratch::sel_normed, d.hidden_size},
-      {"logits", &Qwen3Scratch::logits, d.vocab_size},
+      {"sel", &Qwen3Scratch::sel, d.hidden_size, true},
+      {"sel_normed", &Qwen3Scratch::sel_normed, d.hidden_size, true},
+      {"logits", &Qwen3Scratch::logits, d.vocab_size, true},
   };
 }
 
@@ -226,9 +227,10 @@ absl::Status orchestrate(const Program& p, task::OrchestrationContext& ctx, cons
     return absl::InvalidArgumentError(absl::StrCat(
         "qwen3 decode batch of ", B, " rows is outside [1, max_batch ", p.scratch.max_batch, "]"));
   }
-  if (n > p.scratch.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "qwen3 decode asks logits for ", n, " rows, more than max_batch ", p.scratch.max_batch));
+  if (n > p.scratch.max_logit_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("qwen3 decode asks logits for ", n,
+                                                   " rows, more than max_logit_rows ",
+                                                   p.scratch.max_logit_rows));
   }
   const Tensor& input_ids = args[kQwen3InputIds].tensor;
   const Tensor& positions = args[kQwen3Positions].tensor;
@@ -470,40 +472,56 @@ absl::Status Qwen3Scratch::validate(const Qwen3Dims& d) const {
     return absl::InvalidArgumentError(
         absl::StrCat("Qwen3Scratch.max_batch = ", max_batch, " must be positive"));
   }
+  if (max_logit_rows < 1 || max_logit_rows > max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("Qwen3Scratch.max_logit_rows = ",
+                                                   max_logit_rows, " must be in [1, max_batch ",
+                                                   max_batch, "]"));
+  }
   std::vector<NamedRange> ranges;
   for (const ScratchField& f : scratch_fields(d)) {
     const Tensor& t = this->*f.member;
     const std::string name = absl::StrCat("Qwen3Scratch.", f.name);
-    SIMPLER_RETURN_IF_ERROR(check_tensor(name, t, DataType::kFloat32, {max_batch, f.cols}));
+    SIMPLER_RETURN_IF_ERROR(check_tensor(name, t, DataType::kFloat32,
+                                         {f.per_logit_row ? max_logit_rows : max_batch, f.cols}));
     ranges.push_back({name, t.address, t.address + t.span_bytes()});
   }
   return check_disjoint(std::move(ranges));
 }
 
-absl::StatusOr<uint64_t> qwen3_scratch_bytes(const Qwen3Dims& dims, int64_t max_batch) {
+absl::StatusOr<uint64_t> qwen3_scratch_bytes(const Qwen3Dims& dims, int64_t max_batch,
+                                             int64_t max_logit_rows) {
   SIMPLER_RETURN_IF_ERROR(dims.validate());
   if (max_batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("scratch max_batch = ", max_batch, " must be positive"));
   }
+  if (max_logit_rows == 0) max_logit_rows = max_batch;
+  if (max_logit_rows < 1 || max_logit_rows > max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scratch max_logit_rows = ", max_logit_rows, " must be in [1, max_batch ", max_batch, "]"));
+  }
   uint64_t bytes = 0;
   for (const ScratchField& f : scratch_fields(dims)) {
     bytes = align_up(bytes, kQwen3ScratchAlignment);
-    bytes += static_cast<uint64_t>(max_batch) * static_cast<uint64_t>(f.cols) * sizeof(float);
+    bytes += static_cast<uint64_t>(f.per_logit_row ? max_logit_rows : max_batch) *
+             static_cast<uint64_t>(f.cols) * sizeof(float);
   }
   return align_up(bytes, kQwen3ScratchAlignment);
 }
 
 absl::StatusOr<Qwen3Scratch> layout_scratch(const Qwen3Dims& dims, int64_t max_batch,
-                                            uint64_t base_address) {
-  SIMPLER_RETURN_IF_ERROR(qwen3_scratch_bytes(dims, max_batch).status());
+                                            uint64_t base_address, int64_t max_logit_rows) {
+  SIMPLER_RETURN_IF_ERROR(qwen3_scratch_bytes(dims, max_batch, max_logit_rows).status());
+  if (max_logit_rows == 0) max_logit_rows = max_batch;
   Qwen3Scratch s;
   s.max_batch = max_batch;
+  s.max_logit_rows = max_logit_rows;
   uint64_t offset = 0;
   for (const ScratchField& f : scratch_fields(dims)) {
     offset = align_up(offset, kQwen3ScratchAlignment);
-    s.*f.member = view(base_address + offset, {max_batch, f.cols}, DataType::kFloat32);
-    offset += static_cast<uint64_t>(max_batch) * static_cast<uint64_t>(f.cols) * sizeof(float);
+    const int64_t rows = f.per_logit_row ? max_logit_rows : max_batch;
+    s.*f.member = view(base_address + offset, {rows, f.cols}, DataType::kFloat32);
+    offset += static_cast<uint64_t>(rows) * static_cast<uint64_t>(f.cols) * sizeof(float);
   }
   return s;
 }

@@ -65,7 +65,7 @@ bool Scheduler::decode_ready(const Request& r) const {
 
 bool Scheduler::has_work(const Request& r) const { return !r.prefilled || decode_ready(r); }
 
-absl::Status Scheduler::add(const RequestSpec& spec) {
+absl::Status Scheduler::add(const SchedulerRequest& spec) {
   if (requests_.count(spec.id) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("request ", spec.id, " is already live"));
   }
@@ -120,6 +120,22 @@ absl::Status Scheduler::abort(uint64_t id) {
   }
   finish(id, FinishReason::kAbort);
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::fail(uint64_t id, absl::Status error) {
+  if (requests_.count(id) == 0) {
+    return absl::NotFoundError(absl::StrCat("fail of request ", id, ", which is not live"));
+  }
+  finish(id, FinishReason::kError,
+         error.ok() ? absl::UnknownError(absl::StrCat("request ", id, " failed")) : error);
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> Scheduler::live_ids() const {
+  std::vector<uint64_t> ids;
+  ids.reserve(requests_.size());
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  return ids;
 }
 
 absl::Status Scheduler::quarantine_error(const Request& r) const {

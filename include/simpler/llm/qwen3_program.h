@@ -88,12 +88,15 @@ struct Qwen3DeviceWeights {
 
 // Activation buffers of one step for up to `max_batch` rows, as f32 device
 // tensors with leading dimension max_batch (runs with B < max_batch use the
-// first B rows). Reused by every run of the callable, so runs of one callable
+// first B rows); sel, sel_normed and logits hold only the rows that want
+// logits, so their leading dimension is max_logit_rows (<= max_batch: a
+// chunked-prefill step has many rows but few logit rows). Reused by every run of the callable, so runs of one callable
 // must execute one at a time (the device is serial at the run level,
 // ARCHITECTURE.md invariant 2) — give each concurrently executing lane its own
 // scratch. Memory owned by the caller; plain value.
 struct Qwen3Scratch {
   int64_t max_batch = 0;
+  int64_t max_logit_rows = 0;  // in [1, max_batch]
   task::Tensor hidden;      // [Bmax, H]      residual stream
   task::Tensor normed;      // [Bmax, H]      RMSNorm output
   task::Tensor q_proj;      // [Bmax, heads·hd] q before q_norm / RoPE
@@ -105,9 +108,9 @@ struct Qwen3Scratch {
   task::Tensor gate;        // [Bmax, I]
   task::Tensor up;          // [Bmax, I]
   task::Tensor act;         // [Bmax, I]      silu(gate)·up
-  task::Tensor sel;         // [Bmax, H]      hidden rows of logit_rows
-  task::Tensor sel_normed;  // [Bmax, H]      final-normed sel
-  task::Tensor logits;      // [Bmax, V]      used when the run has no out_logits
+  task::Tensor sel;         // [max_logit_rows, H]  hidden rows of logit_rows
+  task::Tensor sel_normed;  // [max_logit_rows, H]  final-normed sel
+  task::Tensor logits;      // [max_logit_rows, V]  used when the run has no out_logits
 
   // INVALID_ARGUMENT naming the buffer whose shape, dtype or address is wrong
   // for `dims` and max_batch, or when two buffers overlap.
@@ -118,15 +121,17 @@ struct Qwen3Scratch {
 inline constexpr uint64_t kQwen3ScratchAlignment = 64;
 
 // Bytes of one contiguous allocation holding every Qwen3Scratch buffer for
-// `dims` and `max_batch` (each buffer aligned to kQwen3ScratchAlignment
-// relative to the base). INVALID_ARGUMENT for invalid dims or max_batch < 1.
-absl::StatusOr<uint64_t> qwen3_scratch_bytes(const Qwen3Dims& dims, int64_t max_batch);
+// `dims`, `max_batch` and `max_logit_rows` (0: max_batch), each buffer aligned
+// to kQwen3ScratchAlignment relative to the base. INVALID_ARGUMENT for invalid
+// dims, max_batch < 1 or max_logit_rows outside [1, max_batch].
+absl::StatusOr<uint64_t> qwen3_scratch_bytes(const Qwen3Dims& dims, int64_t max_batch,
+                                             int64_t max_logit_rows = 0);
 
 // Carves the Qwen3Scratch buffers out of one allocation of
 // qwen3_scratch_bytes(dims, max_batch) bytes at device address
 // `base_address` (should be 64-byte aligned). Errors as qwen3_scratch_bytes.
 absl::StatusOr<Qwen3Scratch> layout_scratch(const Qwen3Dims& dims, int64_t max_batch,
-                                            uint64_t base_address);
+                                            uint64_t base_address, int64_t max_logit_rows = 0);
 
 // One layer's KV cache pools: f32 device tensors
 // [num_pages, page_size, num_key_value_heads, head_dim]; slot = page·page_size
@@ -188,7 +193,7 @@ struct Qwen3ProgramOptions {
 //   then optionally two scalars (int64): B, n — checked against the shapes when present.
 // n may be 0 (a prefill step no row of which needs logits): the final norm,
 // LM head and argmax are then skipped and out_ids (shape [0]) is untouched.
-// Requires 1 <= B <= scratch.max_batch and n <= scratch.max_batch.
+// Requires 1 <= B <= scratch.max_batch and n <= scratch.max_logit_rows.
 enum Qwen3RunArg : uint32_t {
   kQwen3InputIds = 0,
   kQwen3Positions = 1,

@@ -53,7 +53,7 @@ struct SchedulerOptions {
 
 // One request as the engine hands it over. Requests are admitted in the order
 // of their add() calls (arrival order).
-struct RequestSpec {
+struct SchedulerRequest {
   uint64_t id = 0;
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;    // output tokens at most
@@ -165,11 +165,16 @@ class Scheduler {
   // max_model_len, or when the request alone needs more KV pages than the pool
   // holds (both numbers in the message); ALREADY_EXISTS for a live id;
   // RESOURCE_EXHAUSTED when max_waiting requests wait already.
-  absl::Status add(const RequestSpec& spec);
+  absl::Status add(const SchedulerRequest& spec);
 
   // Finishes a live request with kAbort; its pages are fenced. NOT_FOUND for
   // an id that is not live.
   absl::Status abort(uint64_t id);
+
+  // Finishes a live request with kError carrying `error` (e.g. the engine
+  // became unhealthy); its pages are fenced. NOT_FOUND for an id that is not
+  // live.
+  absl::Status fail(uint64_t id, absl::Status error);
 
   // Finishes a live request with kStop because the output processor matched a
   // stop string: its output keeps the first `keep_tokens` retired tokens (the
@@ -204,6 +209,8 @@ class Scheduler {
 
   SchedulerSnapshot snapshot() const;
   std::optional<RequestInfo> find(uint64_t id) const;
+  // Ids of the live requests (waiting and running), in no particular order.
+  std::vector<uint64_t> live_ids() const;
   const PagePool& pool() const { return pool_; }
 
   // INTERNAL when the page states disagree with the live requests' block
@@ -213,8 +220,8 @@ class Scheduler {
 
  private:
   struct Request {
-    explicit Request(const RequestSpec& s) : spec(s), table(s.id) {}
-    RequestSpec spec;
+    explicit Request(const SchedulerRequest& s) : spec(s), table(s.id) {}
+    SchedulerRequest spec;
     BlockTable table;
     std::vector<int32_t> outputs;  // retired samples
     int64_t pending = 0;           // samples of steps in flight

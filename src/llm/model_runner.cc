@@ -1,0 +1,552 @@
+#include "simpler/llm/model_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/log.h"
+#include "simpler/base/status.h"
+#include "simpler/llm/kernels.h"
+#include "simpler/llm/kv_cache.h"
+#include "simpler/llm/safetensors.h"
+
+namespace simpler::llm {
+
+using task::ArgDirection;
+using task::DataType;
+using task::MemoryKind;
+using task::Tensor;
+
+// The step callable is registered before Worker::init (with its kernel table)
+// and bound to the device addresses of weights, scratch and pools after
+// upload: its orchestration forwards to the bound decode program.
+struct Qwen3ModelRunner::Holder {
+  task::ChipCallable decode;
+};
+
+namespace {
+
+// Step run arguments (see the header comment for the task order):
+//   0 host_ids      i32 [B]     IN     token of prefill positions (known on the host)
+//   1 src_slots     i32 [B]     IN     >= 0: take the token from last_ids[src_slots[i]]
+//   2 last_ids      i32 [S]     INOUT  device: each state slot's latest sampled token
+//   3 counts        i32 [S, V]  INOUT  device: token counts (sampling.h)
+//   4 clear_slots   i32 [c0]    IN     slots handed to a new request: cleared first
+//   5 prompt_ids    i32 [c1]    IN     committed kPrompt ...
+//   6 prompt_slots  i32 [c1]    IN     ... into these slots
+//   7 gen_ids       i32 [c2]    IN     committed kGenerated (kept outputs on recompute) ...
+//   8 gen_slots     i32 [c2]    IN     ... into these slots
+//   9 params        u8  [n, sizeof(SamplingParams)] IN    (n = 0: no device sampling)
+//  10 sample_rows   i32 [n, 4]  IN     SampleRowInfo
+//  11 sample_slots  i32 [n]     IN     state slot of each logit row
+//  12 out_ids       i32 [n]     OUT    sampled ids
+//  13 out_logprobs  f32 [n]     OUT
+//  14 top_ids       i32 [n, 5]  OUT
+//  15 top_logprobs  f32 [n, 5]  OUT
+//  16...            the decode program's arguments (qwen3_program.h), out_logits always given
+enum StepArg : size_t {
+  kHostIds = 0,
+  kSrcSlots,
+  kLastIds,
+  kCounts,
+  kClearSlots,
+  kPromptIds,
+  kPromptSlots,
+  kGenIds,
+  kGenSlots,
+  kParams,
+  kSampleRows,
+  kSampleSlots,
+  kOutIds,
+  kOutLogprobs,
+  kTopIds,
+  kTopLogprobs,
+  kNumStepArgs,
+};
+
+// input_ids[i] = src[i] >= 0 ? last_ids[src[i]] : host[i].
+// args: 0 host_ids IN, 1 src_slots IN, 2 last_ids IN, 3 input_ids OUT.
+absl::Status token_feedback_kernel(const task::KernelContext& ctx) {
+  const int32_t* host = ctx.tensor(0).data<int32_t>();
+  const int32_t* src = ctx.tensor(1).data<int32_t>();
+  const Tensor& last = ctx.tensor(2);
+  int32_t* out = ctx.tensor(3).data<int32_t>();
+  const int64_t rows = ctx.tensor(3).shape[0];
+  for (int64_t i = 0; i < rows; ++i) {
+    if (src[i] >= last.shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat("token_feedback: row ", i, " reads slot ",
+                                                     src[i], " of ", last.shape[0]));
+    }
+    out[i] = src[i] >= 0 ? last.data<int32_t>()[src[i]] : host[i];
+  }
+  return absl::OkStatus();
+}
+
+// last_ids[slots[j]] = ids[j]. args: 0 ids IN [n], 1 slots IN [n], 2 last_ids INOUT [S].
+absl::Status token_scatter_kernel(const task::KernelContext& ctx) {
+  const int64_t n = ctx.tensor(0).shape[0];
+  const int32_t* ids = ctx.tensor(0).data<int32_t>();
+  const int32_t* slots = ctx.tensor(1).data<int32_t>();
+  const Tensor& last = ctx.tensor(2);
+  for (int64_t j = 0; j < n; ++j) {
+    if (slots[j] < 0) continue;
+    if (slots[j] >= last.shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat("token_scatter: entry ", j, " writes slot ",
+                                                     slots[j], " of ", last.shape[0]));
+    }
+    last.data<int32_t>()[slots[j]] = ids[j];
+  }
+  return absl::OkStatus();
+}
+
+// Kernel indices relative to the end of llm_kernels().
+enum ExtraKernel : uint32_t { kTokenCounts = 0, kSample, kTokenFeedback, kTokenScatter };
+
+std::vector<task::Kernel> step_kernels() {
+  std::vector<task::Kernel> k = llm_kernels();
+  for (task::Kernel& s : sampling_kernels()) k.push_back(std::move(s));  // token_counts, sample
+  k.push_back({"token_feedback", token_feedback_kernel});
+  k.push_back({"token_scatter", token_scatter_kernel});
+  return k;
+}
+
+absl::Status orchestrate_step(const task::ChipCallable& decode, task::OrchestrationContext& ctx,
+                              const task::TaskArgs& args) {
+  const auto base = static_cast<task::KernelIndex>(decode.kernels.size());
+  const Tensor& counts = args.tensor(kCounts);
+  if (args.tensor(kClearSlots).numel() > 0) {
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kTokenCounts,
+                                       token_counts_args(args.tensor(kClearSlots),
+                                                         args.tensor(kClearSlots), counts,
+                                                         TokenCountsMode::kClear)));
+  }
+  if (args.tensor(kPromptIds).numel() > 0) {
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(
+        base + kTokenCounts, token_counts_args(args.tensor(kPromptIds), args.tensor(kPromptSlots),
+                                               counts, TokenCountsMode::kPrompt)));
+  }
+  if (args.tensor(kGenIds).numel() > 0) {
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(
+        base + kTokenCounts, token_counts_args(args.tensor(kGenIds), args.tensor(kGenSlots),
+                                               counts, TokenCountsMode::kGenerated)));
+  }
+  task::TaskArgs program;
+  for (size_t i = kNumStepArgs; i < args.size(); ++i) program.add(args[i]);
+  task::TaskArgs fb;
+  fb.add_tensor(args.tensor(kHostIds), ArgDirection::kIn)
+      .add_tensor(args.tensor(kSrcSlots), ArgDirection::kIn)
+      .add_tensor(args.tensor(kLastIds), ArgDirection::kIn)
+      .add_tensor(program.tensor(kQwen3InputIds), ArgDirection::kOut);
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kTokenFeedback, fb));
+  SIMPLER_RETURN_IF_ERROR(decode.orchestration(ctx, program));
+  const Tensor& out_ids = args.tensor(kOutIds);
+  const int64_t n = out_ids.numel();
+  if (n == 0) return absl::OkStatus();  // no logit rows, or host sampling
+  const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(n, 1, 64));
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(
+      base + kSample,
+      sample_args(program.tensor(kQwen3OutLogits), args.tensor(kParams), args.tensor(kSampleRows),
+                  counts, out_ids, args.tensor(kOutLogprobs), args.tensor(kTopIds),
+                  args.tensor(kTopLogprobs)),
+      blocks));
+  SIMPLER_RETURN_IF_ERROR(
+      ctx.submit(base + kTokenCounts, token_counts_args(out_ids, args.tensor(kSampleSlots), counts,
+                                                        TokenCountsMode::kGenerated)));
+  task::TaskArgs scatter;
+  scatter.add_tensor(out_ids, ArgDirection::kIn)
+      .add_tensor(args.tensor(kSampleSlots), ArgDirection::kIn)
+      .add_tensor(args.tensor(kLastIds), ArgDirection::kInOut);
+  return ctx.submit(base + kTokenScatter, scatter);
+}
+
+// A host tensor over `v` (which must not be resized until the run finalized).
+template <typename T>
+Tensor host_tensor(std::vector<T>& v, std::initializer_list<int64_t> shape, DataType dtype) {
+  if (v.capacity() == 0) v.reserve(1);  // a valid address even for an empty tensor
+  return *Tensor::contiguous(reinterpret_cast<uintptr_t>(v.data()), shape, dtype,
+                             MemoryKind::kHost);
+}
+
+// The host math of token_counts_kernel for one entry.
+void apply_count(std::vector<int32_t>& counts, int32_t id, TokenCountsMode mode) {
+  if (mode == TokenCountsMode::kPrompt) counts[id] |= 1;
+  if (mode == TokenCountsMode::kGenerated) counts[id] += 2;
+}
+
+}  // namespace
+
+StepInFlight::~StepInFlight() {
+  // The run stages into the vectors above: they must outlive it.
+  if (handle_.valid()) (void)handle_.wait();
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
+    const std::string& model_dir, const RunnerOptions& options) {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"page_size", options.page_size},
+      {"num_pages", options.num_pages},
+      {"max_num_seqs", options.max_num_seqs},
+      {"max_num_batched_tokens", options.max_num_batched_tokens},
+  };
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be > 0, got ", value));
+    }
+  }
+  if (options.max_num_batched_tokens < options.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_num_batched_tokens ", options.max_num_batched_tokens,
+        " is below max_num_seqs ", options.max_num_seqs,
+        ": a step could not hold one decode row of every running request"));
+  }
+  std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
+  r->options_ = options;
+  SIMPLER_ASSIGN_OR_RETURN(r->config_, ModelConfig::load(model_dir));
+  r->dims_ = Qwen3Dims::from_config(r->config_);
+  SIMPLER_RETURN_IF_ERROR(
+      base::annotate(r->dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
+  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
+  {
+    std::set<std::string, std::less<>> expected;
+    for (const WeightSpec& spec : r->config_.tensor_names_and_shapes()) expected.insert(spec.name);
+    SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
+        expected,
+        absl::StrCat(model_dir, "/config.json (num_hidden_layers ", r->config_.num_hidden_layers,
+                     ", tie_word_embeddings ", r->config_.tie_word_embeddings ? "true" : "false",
+                     ")"),
+        options.allow_unused_tensors));
+  }
+
+  r->worker_ = std::make_unique<worker::Worker>(options.worker);
+  r->holder_ = std::make_shared<Holder>();
+  std::shared_ptr<Holder> holder = r->holder_;
+  SIMPLER_ASSIGN_OR_RETURN(
+      r->step_, r->worker_->register_callable(task::ChipCallable{
+                    "qwen3_step",
+                    [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                      return orchestrate_step(holder->decode, ctx, args);
+                    },
+                    step_kernels()}));
+  SIMPLER_RETURN_IF_ERROR(r->worker_->init());
+
+  // Weights: f32 in device memory, uploaded once.
+  auto upload = [&](const std::string& name,
+                    const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
+    SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(view));
+    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(f32.size() * 4));
+    SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, f32.data(), f32.size() * 4));
+    r->buffers_.push_back(buf);
+    return buf.tensor(shape, DataType::kFloat32);
+  };
+  const Qwen3Dims& d = r->dims_;
+  const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
+  Qwen3DeviceWeights w;
+  SIMPLER_LOG_INFO("loading {} layers from {}", d.num_hidden_layers, model_dir);
+  SIMPLER_ASSIGN_OR_RETURN(w.embed_tokens, upload("model.embed_tokens.weight", {V, H}));
+  uint64_t streamed = 0;
+  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    Qwen3LayerWeights lw;
+    SIMPLER_ASSIGN_OR_RETURN(lw.input_layernorm, upload(p + "input_layernorm.weight", {H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.q_proj, upload(p + "self_attn.q_proj.weight", {d.q_size(), H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.k_proj, upload(p + "self_attn.k_proj.weight", {d.kv_size(), H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.v_proj, upload(p + "self_attn.v_proj.weight", {d.kv_size(), H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.o_proj, upload(p + "self_attn.o_proj.weight", {H, d.q_size()}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.q_norm, upload(p + "self_attn.q_norm.weight", {d.head_dim}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.k_norm, upload(p + "self_attn.k_norm.weight", {d.head_dim}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.post_attention_layernorm,
+                             upload(p + "post_attention_layernorm.weight", {H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.gate_proj, upload(p + "mlp.gate_proj.weight", {I, H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.up_proj, upload(p + "mlp.up_proj.weight", {I, H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.down_proj, upload(p + "mlp.down_proj.weight", {H, I}));
+    for (const Tensor* t :
+         {&lw.input_layernorm, &lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.q_norm,
+          &lw.k_norm, &lw.post_attention_layernorm, &lw.gate_proj, &lw.up_proj, &lw.down_proj}) {
+      streamed += t->span_bytes();
+    }
+    w.layers.push_back(lw);
+  }
+  SIMPLER_ASSIGN_OR_RETURN(w.norm, upload("model.norm.weight", {H}));
+  streamed += w.norm.span_bytes();
+  if (!d.tie_word_embeddings) {
+    SIMPLER_ASSIGN_OR_RETURN(w.lm_head, upload("lm_head.weight", {V, H}));
+  }
+  streamed += w.lm_head_or_embed(d).span_bytes();
+  r->weight_bytes_per_step_ = streamed;
+
+  const int64_t max_rows = options.max_num_batched_tokens;
+  const int64_t seqs = options.max_num_seqs;
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t scratch_bytes, qwen3_scratch_bytes(d, max_rows, seqs));
+  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer scratch_buf, r->worker_->malloc(scratch_bytes));
+  r->buffers_.push_back(scratch_buf);
+  SIMPLER_ASSIGN_OR_RETURN(r->scratch_, layout_scratch(d, max_rows, scratch_buf.address, seqs));
+  SIMPLER_ASSIGN_OR_RETURN(r->feed_ids_, r->worker_->malloc(max_rows * 4));
+  SIMPLER_ASSIGN_OR_RETURN(r->argmax_ids_, r->worker_->malloc(seqs * 4));
+  SIMPLER_ASSIGN_OR_RETURN(r->last_ids_, r->worker_->malloc(seqs * 4));
+  SIMPLER_ASSIGN_OR_RETURN(r->counts_, r->worker_->malloc(static_cast<uint64_t>(seqs) * V * 4));
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t kv_bytes,
+                           qwen3_kv_pool_bytes(d, options.num_pages, options.page_size));
+  SIMPLER_ASSIGN_OR_RETURN(r->kv_buffer_, r->worker_->malloc(kv_bytes));
+  SIMPLER_ASSIGN_OR_RETURN(r->kv_pools_, layout_kv_pools(d, options.num_pages, options.page_size,
+                                                         r->kv_buffer_.address));
+  SIMPLER_ASSIGN_OR_RETURN(holder->decode,
+                           make_qwen3_decode_callable(d, w, r->scratch_, r->kv_pools_, {}));
+  if (holder->decode.kernels.size() != llm_kernels().size()) {
+    return absl::InternalError("decode program kernel table differs from llm_kernels()");
+  }
+  for (const worker::DeviceBuffer& b : r->bound_buffers()) {
+    SIMPLER_RETURN_IF_ERROR(r->worker_->bind(r->step_, b));
+  }
+  if (options.host_sampling) {
+    r->host_counts_.resize(seqs);
+    r->host_last_ids_.assign(seqs, 0);
+  }
+  return r;
+}
+
+std::vector<worker::DeviceBuffer> Qwen3ModelRunner::bound_buffers() const {
+  std::vector<worker::DeviceBuffer> out = buffers_;
+  for (const worker::DeviceBuffer& b : {feed_ids_, argmax_ids_, last_ids_, counts_, kv_buffer_}) {
+    out.push_back(b);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
+    const StepPlan& plan, std::span<const RowInput> inputs) {
+  if (inputs.size() != plan.rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " has ",
+                                                   plan.rows.size(), " rows but ", inputs.size(),
+                                                   " row inputs"));
+  }
+  const bool host = options_.host_sampling;
+  if (host && host_step_pending_) {
+    return absl::FailedPreconditionError(
+        "host sampling: the previous step must be collected before the next is submitted");
+  }
+  const Qwen3Dims& d = dims_;
+  const int64_t V = d.vocab_size;
+  std::unique_ptr<StepInFlight> st(new StepInFlight());
+  st->step_id_ = plan.step_id;
+  st->host_logits_ = host;
+  int64_t max_blocks = 1;
+  for (const StepRow& row : plan.rows) {
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(row.block_table.size()));
+  }
+  bool any_logits_wanted = host;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& row = plan.rows[i];
+    const RowInput& in = inputs[i];
+    if (in.tokens == nullptr || (row.logits && in.params == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", plan.step_id, " row ", i, ": no tokens or sampling parameters"));
+    }
+    const int64_t known = static_cast<int64_t>(in.tokens->size());
+    if (row.len < 1 || row.start < 0 || static_cast<int64_t>(row.slots.size()) != row.len ||
+        (row.prefill && row.start + row.len > known) || row.state_slot < 0 ||
+        row.state_slot >= options_.max_num_seqs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", plan.step_id, " row ", i, " (request ", row.request_id, ", positions [",
+          row.start, ", ", row.start + row.len, "), state slot ", row.state_slot,
+          ") does not fit its ", known, " known tokens or the runner's limits"));
+    }
+    if (row.fresh_state) {
+      st->clear_slots.push_back(row.state_slot);
+      for (int64_t p = 0; p < known; ++p) {
+        if (p < in.prompt_len) {
+          st->prompt_ids.push_back((*in.tokens)[p]);
+          st->prompt_slots.push_back(row.state_slot);
+        } else {
+          st->gen_ids.push_back((*in.tokens)[p]);
+          st->gen_slots.push_back(row.state_slot);
+        }
+      }
+      if (host) {
+        std::vector<int32_t>& c = host_counts_[row.state_slot];
+        c.assign(V, 0);
+        for (int64_t p = 0; p < known; ++p) {
+          apply_count(c, (*in.tokens)[p],
+                      p < in.prompt_len ? TokenCountsMode::kPrompt : TokenCountsMode::kGenerated);
+        }
+      }
+    }
+    for (int64_t k = 0; k < row.len; ++k) {
+      const int64_t pos = row.start + k;
+      if (row.prefill) {
+        st->host_ids.push_back((*in.tokens)[pos]);
+        st->src_slots.push_back(-1);
+      } else if (host) {
+        st->host_ids.push_back(host_last_ids_[row.state_slot]);
+        st->src_slots.push_back(-1);
+      } else {
+        st->host_ids.push_back(0);
+        st->src_slots.push_back(row.state_slot);
+      }
+      st->positions.push_back(static_cast<int32_t>(pos));
+      st->slot_mapping.push_back(row.slots[k]);
+      st->context_lens.push_back(static_cast<int32_t>(pos + 1));
+      for (int64_t b = 0; b < max_blocks; ++b) {
+        st->block_tables.push_back(b < static_cast<int64_t>(row.block_table.size())
+                                       ? row.block_table[b]
+                                       : 0);
+      }
+    }
+    if (row.logits) {
+      const int64_t pos = row.start + row.len;  // the position of the token sampled
+      st->logit_rows.push_back(static_cast<int32_t>(st->positions.size() - 1));
+      st->row_of_logit_.push_back(i);
+      st->want_logits_.push_back(in.want_logits ? 1 : 0);
+      st->logit_state_slot_.push_back(row.state_slot);
+      any_logits_wanted = any_logits_wanted || in.want_logits;
+      SamplingParams params = *in.params;
+      st->params.push_back(params);
+      SampleRowInfo info;
+      info.slot = row.state_slot;
+      info.position = static_cast<int32_t>(pos);
+      info.choice = in.choice;
+      info.num_generated = static_cast<int32_t>(pos - in.prompt_len);
+      st->rows.push_back(info);
+      st->sample_slots.push_back(row.state_slot);
+    }
+  }
+  const int64_t B = static_cast<int64_t>(st->positions.size());
+  const int64_t n = static_cast<int64_t>(st->logit_rows.size());
+  if (B > options_.max_num_batched_tokens || n > options_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", plan.step_id, " has ", B, " positions and ", n, " logit rows; the runner holds ",
+        options_.max_num_batched_tokens, " and ", options_.max_num_seqs));
+  }
+  const int64_t ns = host ? 0 : n;  // rows sampled on the device
+  st->out_ids.assign(ns, -1);
+  st->out_logprobs.assign(ns, 0.0f);
+  st->top_ids.assign(ns * kMaxLogprobs, -1);
+  st->top_logprobs.assign(ns * kMaxLogprobs, 0.0f);
+  if (any_logits_wanted) st->logits.assign(n * V, 0.0f);
+  if (host) {
+    st->host_params_ = std::move(st->params);
+    st->host_rows_ = std::move(st->rows);
+    st->params.clear();
+    st->rows.clear();
+  }
+  const int64_t c0 = static_cast<int64_t>(st->clear_slots.size());
+  const int64_t c1 = static_cast<int64_t>(st->prompt_ids.size());
+  const int64_t c2 = static_cast<int64_t>(st->gen_ids.size());
+  StepInFlight& s = *st;
+  task::TaskArgs a;
+  a.add_tensor(host_tensor(s.host_ids, {B}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(host_tensor(s.src_slots, {B}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(*last_ids_.tensor({options_.max_num_seqs}, DataType::kInt32),
+                  ArgDirection::kInOut)
+      .add_tensor(*counts_.tensor({options_.max_num_seqs, V}, DataType::kInt32),
+                  ArgDirection::kInOut)
+      .add_tensor(host_tensor(s.clear_slots, {c0}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(host_tensor(s.prompt_ids, {c1}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(host_tensor(s.prompt_slots, {c1}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(host_tensor(s.gen_ids, {c2}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(host_tensor(s.gen_slots, {c2}, DataType::kInt32), ArgDirection::kIn);
+  {
+    if (s.params.capacity() == 0) s.params.reserve(1);
+    a.add_tensor(*Tensor::contiguous(reinterpret_cast<uintptr_t>(s.params.data()),
+                                     {ns, static_cast<int64_t>(sizeof(SamplingParams))},
+                                     DataType::kUInt8, MemoryKind::kHost),
+                 ArgDirection::kIn);
+    if (s.rows.capacity() == 0) s.rows.reserve(1);
+    a.add_tensor(*Tensor::contiguous(reinterpret_cast<uintptr_t>(s.rows.data()), {ns, 4},
+                                     DataType::kInt32, MemoryKind::kHost),
+                 ArgDirection::kIn);
+  }
+  a.add_tensor(host_tensor(s.sample_slots, {ns}, DataType::kInt32), ArgDirection::kIn)
+      .add_tensor(host_tensor(s.out_ids, {ns}, DataType::kInt32), ArgDirection::kOut)
+      .add_tensor(host_tensor(s.out_logprobs, {ns}, DataType::kFloat32), ArgDirection::kOut)
+      .add_tensor(host_tensor(s.top_ids, {ns, kMaxLogprobs}, DataType::kInt32), ArgDirection::kOut)
+      .add_tensor(host_tensor(s.top_logprobs, {ns, kMaxLogprobs}, DataType::kFloat32),
+                  ArgDirection::kOut);
+  Qwen3DecodeRunArgs ra;
+  ra.input_ids = *feed_ids_.tensor({B}, DataType::kInt32);
+  ra.positions = host_tensor(s.positions, {B}, DataType::kInt32);
+  ra.slot_mapping = host_tensor(s.slot_mapping, {B}, DataType::kInt32);
+  ra.block_tables = host_tensor(s.block_tables, {B, max_blocks}, DataType::kInt32);
+  ra.context_lens = host_tensor(s.context_lens, {B}, DataType::kInt32);
+  ra.logit_rows = host_tensor(s.logit_rows, {n}, DataType::kInt32);
+  ra.out_ids = *argmax_ids_.tensor({n}, DataType::kInt32);
+  if (!s.logits.empty()) {
+    ra.out_logits = host_tensor(s.logits, {n, V}, DataType::kFloat32);
+  } else {
+    ra.out_logits = *Tensor::contiguous(scratch_.logits.address, {n, V}, DataType::kFloat32,
+                                        MemoryKind::kDevice);
+  }
+  const task::TaskArgs program = ra.to_task_args();
+  for (size_t i = 0; i < program.size(); ++i) a.add(program[i]);
+  s.submit_ns_ = base::now_ns();
+  SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
+  if (host) host_step_pending_ = true;
+  return st;
+}
+
+absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& step) {
+  const int64_t V = dims_.vocab_size;
+  const int64_t n = static_cast<int64_t>(step.row_of_logit_.size());
+  std::vector<RowSample> out(n);
+  if (step.host_logits_) host_step_pending_ = false;
+  for (int64_t j = 0; j < n; ++j) {
+    RowSample& rs = out[j];
+    rs.row = step.row_of_logit_[j];
+    const float* logits = step.logits.empty() ? nullptr : step.logits.data() + j * V;
+    if (step.host_logits_) {
+      // Host sampling: the kernel's math on the host, with the host's counts.
+      const int32_t slot = step.logit_state_slot_[j];
+      std::vector<int32_t>& counts = host_counts_[slot];
+      rs.sample = sample_row(step.host_params_[j], step.host_rows_[j], logits, counts.data(), V);
+      if (rs.sample.id >= 0 && rs.sample.id < V) {
+        apply_count(counts, rs.sample.id, TokenCountsMode::kGenerated);
+        host_last_ids_[slot] = rs.sample.id;
+      }
+    } else {
+      rs.sample.id = step.out_ids[j];
+      rs.sample.logprob = step.out_logprobs[j];
+      for (int k = 0; k < kMaxLogprobs; ++k) {
+        rs.sample.top_ids[k] = step.top_ids[j * kMaxLogprobs + k];
+        rs.sample.top_logprobs[k] = step.top_logprobs[j * kMaxLogprobs + k];
+      }
+    }
+    if (rs.sample.id < 0 || rs.sample.id >= V) {
+      return absl::InternalError(absl::StrCat("step run ", step.handle_.id().value,
+                                              " sampled token id ", rs.sample.id, " for row ",
+                                              rs.row, ", outside the vocabulary [0, ", V, ")"));
+    }
+    if (step.want_logits_[j] && logits != nullptr) rs.logits.assign(logits, logits + V);
+  }
+  return out;
+}
+
+absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
+  const int64_t slots = static_cast<int64_t>(options_.num_pages) * options_.page_size;
+  if (slot < 0 || slot >= slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV slot ", slot, " outside the pool's [0, ", slots, ")"));
+  }
+  const int64_t kv_row = dims_.kv_size();
+  Kv kv;
+  for (int64_t l = 0; l < dims_.num_hidden_layers; ++l) {
+    std::vector<float> k(kv_row), v(kv_row);
+    const uint64_t row_off = static_cast<uint64_t>(slot) * kv_row * 4;
+    const uint64_t k_off = kv_pools_.layers[l].k_pool.address - kv_buffer_.address + row_off;
+    const uint64_t v_off = kv_pools_.layers[l].v_pool.address - kv_buffer_.address + row_off;
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data(), kv_buffer_, kv_row * 4, k_off));
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data(), kv_buffer_, kv_row * 4, v_off));
+    kv.k.push_back(std::move(k));
+    kv.v.push_back(std::move(v));
+  }
+  return kv;
+}
+
+absl::Status Qwen3ModelRunner::close(const base::Deadline& deadline) {
+  if (!worker_) return absl::OkStatus();
+  return worker_->close(deadline);
+}
+
+Qwen3ModelRunner::~Qwen3ModelRunner() { (void)close(); }
+
+}  // namespace simpler::llm
