@@ -566,17 +566,17 @@ Runner add_generate_command(CLI::App& app) {
       }
     }
     // Every request's result is printed first; a refused or failed request
-    // makes the call fail.
+    // makes the call fail, its error the last line on stderr.
     int failed = 0;
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (items[i].c->error.ok()) continue;
-      ++failed;
-      std::cerr << "simpler generate: request " << i << " failed: " << items[i].c->error << "\n";
-    }
+    for (const Item& it : items) failed += it.c->error.ok() ? 0 : 1;
     if (!closed.ok() && failed == 0) {
       return fail_with_trace("generate", closed, trace, st->common.trace_path);
     }
     if (!write_trace(trace, st->common.trace_path)) return 1;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].c->error.ok()) continue;
+      std::cerr << "simpler generate: request " << i << " failed: " << items[i].c->error << "\n";
+    }
     return failed > 0 ? 1 : 0;
   };
 }

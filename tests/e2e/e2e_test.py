@@ -598,6 +598,39 @@ def expect_error(ctx, argv, label, must_contain, *, env=None):
     return p
 
 
+def expect_request_failure(ctx, argv, label, must_contain, *, env=None):
+    """`simpler generate` whose requests fail: it exits 1 (not by a signal) after printing every
+    request's result — with --json one JSON object whose failed items carry finish_reason "error"
+    and an "error" naming every string of must_contain, else an "error: ..." line per failed
+    request — and the last line of stderr is a failed request's error, naming them too."""
+    pb = ctx.problems
+    p, _ = ctx.run(argv, env=env, label=label)
+    log(f"  stderr: {tail(p.stderr, 600).strip()}")
+    if not pb.check(p.returncode == 1, f"{label}: exit status {p.returncode}, expected 1; "
+                                       f"stderr: {tail(p.stderr, 800)}"):
+        return p
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    for s in must_contain:
+        pb.check(s in last, f"{label}: the error (last stderr line) does not name {s!r}: "
+                            f"{last!r}")
+    if "--json" in argv:
+        try:
+            out = parse_one_json_object(p.stdout, label)
+            failed = [r for r in out.get("requests", []) if r.get("finish_reason") == "error"]
+            pb.check(failed and all(all(s in r.get("error", "") for s in must_contain)
+                                    for r in failed),
+                     f"{label}: the failed requests' items do not name {must_contain}: {failed}")
+        except (Failure, ValueError) as e:
+            pb.add(f"{label}: {e}")
+    else:
+        errors = [ln for ln in p.stdout.splitlines() if ln.startswith("error: ")]
+        pb.check(errors and all(all(s in ln for s in must_contain) for ln in errors),
+                 f"{label}: stdout has no 'error: ...' line naming {must_contain}: "
+                 f"{tail(p.stdout, 300)!r}")
+    return p
+
+
 def expect_refused_by_parser(ctx, argv, label, must_contain):
     """argv must be refused while parsing its flags: an error exit, nothing on stdout, no
     command output on stderr ("simpler <command>: ..."), and stderr names every string of
@@ -985,9 +1018,9 @@ def scenario_generate_faults(ctx):
     # and its task), never "lane poisoned by run 3" from a later submit — every time.
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=3:task=5:kind=device_fault")
     for i in range(8):
-        p = expect_error(ctx, base + ["--prompt-ids", "1,2,3", "--launch-depth", "4"],
-                         f"device_fault at depth 4, try {i}",
-                         ["run 3 task 5", "device fault, error code 507018"], env=env)
+        p = expect_request_failure(ctx, base + ["--prompt-ids", "1,2,3", "--launch-depth", "4"],
+                                   f"device_fault at depth 4, try {i}",
+                                   ["run 3 task 5", "device fault, error code 507018"], env=env)
         pb.check("lane poisoned" not in last_stderr_line(p),
                  f"device_fault try {i}: a later submit's refusal was reported instead of the "
                  f"step's own error: {last_stderr_line(p)!r}")
@@ -1016,9 +1049,9 @@ def scenario_generate_faults(ctx):
     # as it is known, naming its run.
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=2:task=3:kind=kernel_error,run=3:task=1:kind=hang")
     t0 = time.monotonic()
-    expect_error(ctx, base + ["--prompt-ids", "1,2,3", "--launch-depth", "4"],
-                 "kernel_error behind a hang", ["run 2 task 3", "kernel reported failure"],
-                 env=env)
+    expect_request_failure(ctx, base + ["--prompt-ids", "1,2,3", "--launch-depth", "4"],
+                           "kernel_error behind a hang",
+                           ["run 2 task 3", "kernel reported failure"], env=env)
     wall = time.monotonic() - t0
     pb.check(wall < 20, f"kernel_error behind a hang: reported after {wall:.1f} s (the hung "
                         f"step's 60 s timeout must not be waited out)")
@@ -1109,7 +1142,8 @@ def scenario_trace(ctx):
     trace = ctx.path("generate.trace.json")
     out, err, _ = ctx.generate(model, gen + ["--trace", trace], "generate --trace")
     steps = (out.get("timing") or {}).get("steps")
-    pb.check(steps == 10, f"generate: {steps} steps, expected 10 (3 prompt + 7 decode)")
+    pb.check(steps == 8, f"generate: {steps} steps, expected 8 (both 3-token prompts in one "
+                         f"chunked-prefill step, then 7 decode steps)")
     runs = read_trace(ctx, trace, "generate trace", err)
     check_trace_runs(pb, "generate trace", runs, range(steps or 0))
     check_launch_order(pb, "generate trace", runs, 2, expect_early=False)
@@ -1118,9 +1152,9 @@ def scenario_trace(ctx):
     # up to the failed one, complete.
     trace = ctx.path("generate_fault.trace.json")
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=3:task=0:kind=kernel_error")
-    p = expect_error(ctx, [ctx.simpler, "generate", "--model", model, "--json", *gen,
-                           "--trace", trace], "generate with a kernel_error in run 3",
-                     ["run 3", "task 0"], env=env)
+    p = expect_request_failure(ctx, [ctx.simpler, "generate", "--model", model, "--json", *gen,
+                                     "--trace", trace], "generate with a kernel_error in run 3",
+                               ["run 3", "task 0"], env=env)
     runs = read_trace(ctx, trace, "failed generate's trace", p.stderr)
     if runs is not None:
         for run_id in range(4):
