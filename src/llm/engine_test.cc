@@ -1,10 +1,14 @@
 // LlmEngine and Qwen3ModelRunner on the sim device with a small generated model.
+#include <cmath>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <random>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "simpler/llm/llm_engine.h"
+#include "simpler/device/fault_plan.h"
 #include "simpler/llm/make_model.h"
 
 namespace simpler::llm {
@@ -143,6 +147,429 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
     }
     EXPECT_TRUE(e->shutdown().ok());
   }
+}
+
+
+// Random prompts of lengths [1, max_len] over the vocabulary's low ids.
+std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> p(std::uniform_int_distribution<int>(1, max_len)(rng));
+    for (int32_t& t : p) t = std::uniform_int_distribution<int32_t>(0, 511)(rng);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// 32 distinct prompts of 1-300 tokens arriving at random moments while steps
+// run: every request's tokens equal its solo run, at depth 1 and 2 and budgets
+// 1, 7 and 64 (the solo runs match the float64 reference: e2e writer_* scenarios).
+TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
+  const auto ps = random_prompts(32, 300, 7);
+  const auto solo = solo_tokens(ps, 6);
+  for (int depth : {1, 2}) {
+    for (int budget : {1, 7, 64}) {
+      SCOPED_TRACE(testing::Message() << "depth " << depth << " budget " << budget);
+      auto e = engine(options(depth, 1024, budget, std::min(16, budget)));
+      std::mt19937 rng(depth * 100 + budget);
+      std::vector<RequestId> ids;
+      for (const auto& p : ps) {
+        ids.push_back(e->add_request(greedy(p, 6)).value());
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        Done d = drain(*e, ids[i]);
+        EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+        EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i << " of " << ps[i].size() << " tokens";
+      }
+      EXPECT_TRUE(e->shutdown().ok());
+    }
+  }
+}
+
+// A pool too small for every request at once: preemption by recompute leaves
+// every request's tokens unchanged.
+TEST_F(LlmEngineTest, PreemptionByRecomputeLeavesTokensUnchanged) {
+  const auto ps = random_prompts(12, 40, 11);
+  const auto solo = solo_tokens(ps, 24);
+  for (int depth : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    // Pages of 4 tokens; a request needs up to 16; 24 pages hold ~2 at a time.
+    auto e = engine(options(depth, 24, 32, 8));
+    e->set_check_invariants(true);
+    std::vector<RequestId> ids;
+    for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 24)).value());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Done d = drain(*e, ids[i]);
+      EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+      EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+    }
+    const EngineMetrics m = e->metrics();
+    EXPECT_GT(m.preemptions_total, 0);
+    EXPECT_TRUE(e->invariant_violation().ok()) << e->invariant_violation();
+    EXPECT_TRUE(e->shutdown().ok());
+    const EngineMetrics after = e->metrics();
+    EXPECT_EQ(after.kv_pages.free, after.kv_pages_total) << "pages leaked";
+  }
+}
+
+TEST_F(LlmEngineTest, RandomAbortsLeaveTheOtherRequestsUnchanged) {
+  const auto ps = random_prompts(16, 30, 13);
+  const auto solo = solo_tokens(ps, 12);
+  auto e = engine(options(2, 64, 16, 8));
+  std::vector<RequestId> ids;
+  for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 12)).value());
+  std::set<size_t> aborted = {1, 4, 5, 9, 14};
+  for (size_t i : aborted) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    absl::Status s = e->abort(ids[i]);
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Done d = drain(*e, ids[i]);
+    if (aborted.count(i)) {
+      // Aborted, or finished before the abort landed: a prefix of its solo tokens either way.
+      EXPECT_TRUE(d.finish == OutputFinish::kAbort || d.finish == OutputFinish::kLength);
+      EXPECT_EQ(d.tokens, std::vector<int32_t>(solo[i].begin(), solo[i].begin() + d.tokens.size()));
+    } else {
+      EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+      EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+    }
+  }
+  // After the final event: NOT_FOUND, nothing changes.
+  EXPECT_EQ(e->abort(ids[0]).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(e->abort(987654).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+TEST_F(LlmEngineTest, AbortOfAQueuedRequestEndsItWithoutRunning) {
+  auto e = engine(options(1, 64, 8, 1));  // one running request at a time
+  auto a = e->add_request(greedy({1, 2, 3}, 200)).value();
+  auto b = e->add_request(greedy({4, 5}, 4)).value();  // waits behind a
+  ASSERT_TRUE(e->abort(b).ok());
+  Done db = drain(*e, b);
+  EXPECT_EQ(db.finish, OutputFinish::kAbort);
+  EXPECT_TRUE(db.tokens.empty());
+  ASSERT_TRUE(e->abort(a).ok());
+  EXPECT_EQ(drain(*e, a).finish, OutputFinish::kAbort);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+RequestSpec seeded(std::vector<int32_t> prompt, uint64_t seed) {
+  RequestSpec s;
+  s.prompt_ids = std::move(prompt);
+  s.max_tokens = 12;
+  s.sampling.temperature = 0.9f;
+  s.sampling.top_k = 50;
+  s.sampling.top_p = 0.95f;
+  s.sampling.frequency_penalty = 0.3f;
+  s.sampling.seed = seed;
+  s.sampling.ignore_eos = true;
+  return s;
+}
+
+// A seeded request's tokens are the same alone, in a batch of 16 distinct
+// requests, at depth 1, 2 and 4, and after a forced preemption.
+TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemption) {
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<int32_t> alone;
+  {
+    auto e = engine(options(1));
+    alone = drain(*e, e->add_request(seeded(prompt, 42)).value()).tokens;
+    ASSERT_EQ(alone.size(), 12u);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  const auto others = random_prompts(15, 20, 17);
+  for (int depth : {1, 2, 4}) {
+    for (bool small_pool : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "depth " << depth << " small pool " << small_pool);
+      auto e = engine(small_pool ? options(depth, 16, 32, 16) : options(depth));
+      std::vector<RequestId> ids;
+      for (size_t i = 0; i < others.size(); ++i) {
+        if (i == 7) ids.insert(ids.begin(), e->add_request(seeded(prompt, 42)).value());
+        ids.push_back(e->add_request(seeded(others[i], 1000 + i)).value());
+      }
+      EXPECT_EQ(drain(*e, ids[0]).tokens, alone);
+      for (size_t i = 1; i < ids.size(); ++i) drain(*e, ids[i]);
+      if (small_pool) EXPECT_GT(e->metrics().preemptions_total, 0);
+      EXPECT_TRUE(e->shutdown().ok());
+    }
+  }
+}
+
+TEST_F(LlmEngineTest, ChoicesOfOneRequestAreDistinctStreamsUnlessGreedy) {
+  auto e = engine(options(2));
+  RequestSpec s = seeded({1, 2, 3}, 0);
+  s.sampling.seed.reset();
+  s.sampling.temperature = 1.5f;
+  s.sampling.top_k = 0;
+  s.sampling.top_p = 1.0f;
+  s.n = 4;
+  const RequestId id = e->add_request(s).value();
+  std::vector<std::vector<int32_t>> tokens(4);
+  int finals = 0;
+  while (finals < 4) {
+    auto out = e->next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_LT(out->index, 4);
+    tokens[out->index].insert(tokens[out->index].end(), out->token_ids.begin(),
+                              out->token_ids.end());
+    finals += out->finished() ? 1 : 0;
+  }
+  std::set<std::vector<int32_t>> distinct(tokens.begin(), tokens.end());
+  EXPECT_EQ(distinct.size(), 4u) << "clones shared an RNG stream";
+  EXPECT_EQ(e->next_output(id, base::Deadline::poll()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+// Logprobs are of the raw logits: log_softmax of the logits the step computed.
+TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
+  auto e = engine(options(2));
+  RequestSpec s = seeded({5, 6, 7}, 9);
+  s.sampling.logprobs = 5;
+  s.sampling.repetition_penalty = 1.3f;
+  s.max_tokens = 3;
+  s.logits_tokens = {0, 1, 2};
+  const RequestId id = e->add_request(s).value();
+  std::vector<int32_t> toks;
+  std::vector<TokenLogprob> lps;
+  std::map<int64_t, std::vector<float>> logits;
+  while (true) {
+    auto out = e->next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+    ASSERT_TRUE(out.ok()) << out.status();
+    toks.insert(toks.end(), out->token_ids.begin(), out->token_ids.end());
+    lps.insert(lps.end(), out->logprobs.begin(), out->logprobs.end());
+    for (auto& [k, v] : out->logits) logits[k] = v;
+    if (out->finished()) break;
+  }
+  ASSERT_EQ(toks.size(), 3u);
+  ASSERT_EQ(lps.size(), 3u);
+  ASSERT_EQ(logits.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float>& l = logits[k];
+    double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+    for (float v : l) sum += std::exp(static_cast<double>(v) - mx);
+    const double lse = mx + std::log(sum);
+    EXPECT_NEAR(lps[k].logprob, l[toks[k]] - lse, 1e-4) << "token " << k;
+    ASSERT_EQ(lps[k].top.size(), 5u);
+    const int32_t best = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    EXPECT_EQ(lps[k].top[0].first, best);
+    EXPECT_NEAR(lps[k].top[0].second, l[best] - lse, 1e-4);
+  }
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndNumbers) {
+  EngineOptions eo = options(1, 8, 16, 4);
+  eo.max_waiting = 3;
+  auto e = engine(eo);
+  auto refused = [&](RequestSpec s, absl::StatusCode code, const std::string& needle) {
+    auto r = e->add_request(std::move(s));
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_TRUE(contains(r.status(), needle)) << r.status() << " lacks " << needle;
+  };
+  using C = absl::StatusCode;
+  refused(greedy({}, 4), C::kInvalidArgument, "prompt_ids is empty");
+  refused(greedy({1, 512}, 4), C::kInvalidArgument, "prompt_ids[1] = 512 is outside the vocabulary");
+  refused(greedy({1}, 0), C::kInvalidArgument, "max_tokens must be >= 1, got 0");
+  refused(greedy({1, 2}, 1 << 20), C::kInvalidArgument, "exceeds max_position_embeddings");
+  refused(greedy(std::vector<int32_t>(30, 1), 10), C::kInvalidArgument,
+          "needs 10 pages of 4 tokens, and the pool holds 8 pages");
+  RequestSpec n0 = greedy({1}, 2);
+  n0.n = 5;
+  refused(n0, C::kInvalidArgument, "n must be in [1, max_num_seqs 4], got 5");
+  RequestSpec t = greedy({1}, 2);
+  t.sampling.temperature = std::nanf("");
+  refused(t, C::kInvalidArgument, "temperature");
+  RequestSpec tp = greedy({1}, 2);
+  tp.sampling.top_p = 0;
+  refused(tp, C::kInvalidArgument, "top_p");
+  RequestSpec st = greedy({1}, 2);
+  st.sampling.stop = {"x"};
+  refused(st, C::kInvalidArgument, "stop strings need a tokenizer");
+  RequestSpec ids = greedy({1}, 2);
+  ids.sampling.stop_token_ids = {600};
+  refused(ids, C::kInvalidArgument, "stop_token_ids entry 600");
+  // A full waiting queue refuses with RESOURCE_EXHAUSTED; nothing else is harmed.
+  std::vector<RequestId> ok;
+  auto first = e->add_request(greedy({1, 2, 3}, 30));
+  ASSERT_TRUE(first.ok());
+  absl::Status full;
+  for (int i = 0; i < 20 && full.ok(); ++i) {
+    auto r = e->add_request(greedy({4, 5}, 30));
+    if (r.ok()) {
+      ok.push_back(*r);
+    } else {
+      full = r.status();
+    }
+  }
+  EXPECT_EQ(full.code(), C::kResourceExhausted) << full;
+  EXPECT_TRUE(contains(full, "max_waiting 3")) << full;
+  EXPECT_EQ(drain(*e, *first).finish, OutputFinish::kLength);
+  for (RequestId id : ok) EXPECT_EQ(drain(*e, id).finish, OutputFinish::kLength);
+  EXPECT_GE(e->metrics().requests_refused, 11);
+  EXPECT_TRUE(e->shutdown().ok());
+  auto after = e->add_request(greedy({1}, 1));
+  EXPECT_EQ(after.status().code(), C::kFailedPrecondition) << after.status();
+}
+
+// A consumer that falls behind by max_buffered_outputs gets its request
+// aborted with a reason saying so; the loop and other requests go on.
+TEST_F(LlmEngineTest, ASlowConsumerGetsItsRequestAbortedNotTheLoopBlocked) {
+  EngineOptions eo = options(2);
+  eo.max_buffered_outputs = 4;
+  auto e = engine(eo);
+  const RequestId slow = e->add_request(greedy({1, 2}, 100)).value();
+  const RequestId fast = e->add_request(greedy({3, 4}, 20)).value();
+  Done df = drain(*e, fast);
+  EXPECT_EQ(df.finish, OutputFinish::kLength);
+  EXPECT_EQ(df.tokens.size(), 20u);
+  Done ds = drain(*e, slow);
+  EXPECT_EQ(ds.finish, OutputFinish::kAbort);
+  EXPECT_TRUE(contains(ds.error, "consumer fell behind")) << ds.error;
+  EXPECT_LT(ds.tokens.size(), 100u);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+// Shutdown lets running requests finish until the deadline, then aborts the rest.
+TEST_F(LlmEngineTest, ShutdownDrainsUntilTheDeadlineThenAborts) {
+  auto e = engine(options(2, 512, 16, 2));
+  const RequestId a = e->add_request(greedy({1, 2, 3}, 5)).value();
+  const RequestId b = e->add_request(greedy({4}, 400)).value();
+  const RequestId c = e->add_request(greedy({5}, 400)).value();
+  std::thread reader([&] {
+    EXPECT_EQ(drain(*e, a).finish, OutputFinish::kLength);
+    EXPECT_EQ(drain(*e, b).finish, OutputFinish::kAbort);
+    EXPECT_EQ(drain(*e, c).finish, OutputFinish::kAbort);
+  });
+  // Wait until a finished so the drain deadline hits b and c mid-way.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int64_t t0 = base::now_ns();
+  EXPECT_TRUE(e->shutdown(base::Deadline::after(std::chrono::milliseconds(20))).ok());
+  EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
+  reader.join();
+}
+
+// Faults injected into a chosen step (the run ids of a fresh engine are its
+// step numbers - 1).
+TEST_F(LlmEngineTest, AKernelErrorFailsTheRequestsOfItsStepAndTheRestGoOn) {
+  EngineOptions eo = options(2, 256, 64, 8);
+  eo.runner.worker.faults = device::FaultPlan::parse("run=3:task=2:kind=kernel_error").value();
+  auto e = engine(eo);
+  const RequestId a = e->add_request(greedy({1, 2, 3}, 10)).value();
+  Done da = drain(*e, a);  // runs 0..: step 4 (run 3) is one of its decode steps
+  EXPECT_EQ(da.finish, OutputFinish::kError);
+  EXPECT_TRUE(contains(da.error, "run 3")) << da.error;
+  EXPECT_TRUE(contains(da.error, "kernel reported failure")) << da.error;
+  EXPECT_TRUE(e->health().ok());
+  // The engine goes on: later requests are served.
+  const RequestId b = e->add_request(greedy({4, 5}, 6)).value();
+  Done db = drain(*e, b);
+  EXPECT_EQ(db.finish, OutputFinish::kLength);
+  EXPECT_EQ(db.tokens.size(), 6u);
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.requests_finished_error, 1);
+  EXPECT_TRUE(e->shutdown().ok());
+  EXPECT_EQ(e->metrics().kv_pages.free, e->metrics().kv_pages_total);
+}
+
+TEST_F(LlmEngineTest, ADeviceFaultFailsEveryRequestAndMakesTheEngineUnhealthy) {
+  EngineOptions eo = options(2, 256, 64, 2);
+  eo.runner.worker.faults = device::FaultPlan::parse("run=2:task=1:kind=device_fault").value();
+  auto e = engine(eo);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(e->add_request(greedy({1, 2, i}, 50)).value());
+  for (RequestId id : ids) {
+    Done d = drain(*e, id);
+    EXPECT_EQ(d.finish, OutputFinish::kError);
+    EXPECT_TRUE(contains(d.error, "run 2")) << d.error;
+    EXPECT_TRUE(contains(d.error, "device fault")) << d.error;
+  }
+  EXPECT_FALSE(e->health().ok());
+  auto refused = e->add_request(greedy({1}, 2));
+  EXPECT_FALSE(refused.ok());
+  EXPECT_TRUE(contains(refused.status(), "device fault")) << refused.status();
+  const EngineMetrics m = e->metrics();
+  EXPECT_FALSE(m.healthy);
+  EXPECT_EQ(m.kv_pages.total(), m.kv_pages_total);
+  const int64_t t0 = base::now_ns();
+  absl::Status s = e->shutdown();
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(contains(s, "device fault")) << s;
+  EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
+}
+
+// 2,000 requests with random sampling parameters, lengths and aborts against
+// a pool that forces preemption, at depth 2: every request ends with one
+// final event, the page states sum to the pool at every step, live requests'
+// pages never alias (check_invariants each step), no page leaks.
+TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
+#if defined(__SANITIZE_THREAD__)
+  const int kRequests = 200;
+#else
+  const int kRequests = 2000;
+#endif
+  auto e = engine(options(2, 40, 64, 16));
+  e->set_check_invariants(true);
+  std::mt19937 rng(5);
+  std::vector<RequestId> ids;
+  std::vector<int64_t> max_tokens;
+  int64_t finished = 0;
+  std::map<OutputFinish, int64_t> reasons;
+  auto drain_one = [&](size_t i) {
+    Done d = drain(*e, ids[i]);
+    ++finished;
+    ++reasons[d.finish];
+    EXPECT_NE(d.finish, OutputFinish::kNone);
+    EXPECT_LE(static_cast<int64_t>(d.tokens.size()), max_tokens[i]);
+    if (d.finish == OutputFinish::kLength) {
+      EXPECT_EQ(static_cast<int64_t>(d.tokens.size()), max_tokens[i]);
+    }
+    EXPECT_NE(d.finish, OutputFinish::kError) << d.error;
+  };
+  size_t drained = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    RequestSpec s;
+    s.prompt_ids.resize(std::uniform_int_distribution<int>(1, 32)(rng));
+    for (int32_t& t : s.prompt_ids) t = std::uniform_int_distribution<int32_t>(0, 511)(rng);
+    s.max_tokens = std::uniform_int_distribution<int>(1, 16)(rng);
+    s.sampling.temperature = std::uniform_int_distribution<int>(0, 1)(rng) ? 0.0f : 0.8f;
+    s.sampling.top_k = std::uniform_int_distribution<int>(0, 20)(rng);
+    s.sampling.presence_penalty = 0.5f;
+    s.sampling.stop_token_ids = {std::uniform_int_distribution<int32_t>(0, 511)(rng)};
+    if (i % 3 == 0) s.sampling.seed = static_cast<uint64_t>(i);
+    const int64_t mt = s.max_tokens;
+    const RequestSpec s_copy = s;
+    auto id = e->add_request(std::move(s));
+    while (!id.ok() && id.status().code() == absl::StatusCode::kResourceExhausted) {
+      drain_one(drained++);  // the waiting queue is full: consume first
+      ASSERT_LE(drained, ids.size()) << "the queue is full with nothing to drain";
+      id = e->add_request(RequestSpec(s_copy));
+    }
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+    max_tokens.push_back(mt);
+    if (std::uniform_int_distribution<int>(0, 9)(rng) == 0) {
+      absl::Status a = e->abort(ids[std::uniform_int_distribution<size_t>(drained, ids.size() - 1)(rng)]);
+      EXPECT_TRUE(a.ok() || a.code() == absl::StatusCode::kNotFound) << a;
+    }
+    if (ids.size() - drained > 200) drain_one(drained++);
+  }
+  while (drained < ids.size()) drain_one(drained++);
+  EXPECT_EQ(finished, kRequests);
+  EXPECT_GT(reasons[OutputFinish::kAbort], 0);
+  EXPECT_TRUE(e->invariant_violation().ok()) << e->invariant_violation();
+  EXPECT_GT(e->metrics().preemptions_total, 0);
+  EXPECT_TRUE(e->shutdown().ok());
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.kv_pages.free, m.kv_pages_total) << "pages leaked";
+  EXPECT_EQ(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort +
+                m.requests_finished_error,
+            kRequests);
 }
 
 }  // namespace

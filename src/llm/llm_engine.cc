@@ -166,6 +166,10 @@ struct LlmEngine::Impl {
     int64_t in_flight_at_submit = 0;
   };
   std::deque<InFlight> in_flight;
+  // Set when the loop leaves: steps cancelled by the shutdown's close are
+  // not a failure of the engine.
+  bool closing = false;
+  int64_t cancel_at_ns = 0;  // after the drain deadline: when to stop waiting for steps
 
   // ---- output-thread-owned ----
   struct OutChoice {
@@ -683,7 +687,7 @@ void LlmEngine::Impl::retire_front() {
       SIMPLER_LOG_ERROR("engine: failing step {}: {}", f.step_id, s.ToString());
       std::abort();
     }
-    if (fatal) {
+    if (fatal && !closing) {
       base::MutexLock l(mu);
       if (unhealthy.ok()) {
         unhealthy = status;
@@ -827,8 +831,11 @@ void LlmEngine::Impl::loop() {
       // after the drain deadline, not at all for a step the device never
       // finishes (shutdown then cancels it through the Worker's close).
       if (drain_expired) {
-        done = front.step->handle().done();
-        if (!done) break;
+        // Every request is aborted; steps in flight get a grace to finish
+        // (a few step times) before the close cancels them.
+        if (cancel_at_ns == 0) cancel_at_ns = base::now_ns() + 2'000'000'000;
+        done = front.step->handle().wait(0.005).ok() || front.step->handle().done();
+        if (!done && base::now_ns() >= cancel_at_ns) break;
       } else {
         done = front.step->handle().wait(inbox_busy ? -1.0 : 0.002).ok() ||
                front.step->handle().done();
@@ -847,6 +854,7 @@ void LlmEngine::Impl::loop() {
   if (!in_flight.empty()) {
     // Steps the device did not finish by the drain deadline: cancel them
     // (bounded close), then retire them in order.
+    closing = true;
     (void)runner->close(base::Deadline::poll());
     while (!in_flight.empty()) retire_front();
   }
