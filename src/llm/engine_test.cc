@@ -10,9 +10,17 @@
 #include "simpler/llm/llm_engine.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/llm/make_model.h"
+#include "simpler/llm/tokenizer.h"
 
 namespace simpler::llm {
 namespace {
+
+// Sanitizer builds run 5-20x slower: the heaviest tests shrink there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 bool contains(const absl::Status& s, const std::string& needle) {
   return std::string(s.message()).find(needle) != std::string::npos;
@@ -166,7 +174,7 @@ std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_
 // run: every request's tokens equal its solo run, at depth 1 and 2 and budgets
 // 1, 7 and 64 (the solo runs match the float64 reference: e2e writer_* scenarios).
 TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
-  const auto ps = random_prompts(32, 300, 7);
+  const auto ps = kSanitized ? random_prompts(10, 100, 7) : random_prompts(32, 300, 7);
   const auto solo = solo_tokens(ps, 6);
   for (int depth : {1, 2}) {
     for (int budget : {1, 7, 64}) {
@@ -508,11 +516,7 @@ TEST_F(LlmEngineTest, ADeviceFaultFailsEveryRequestAndMakesTheEngineUnhealthy) {
 // final event, the page states sum to the pool at every step, live requests'
 // pages never alias (check_invariants each step), no page leaks.
 TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
-#if defined(__SANITIZE_THREAD__)
-  const int kRequests = 200;
-#else
-  const int kRequests = 2000;
-#endif
+  const int kRequests = kSanitized ? 300 : 2000;
   auto e = engine(options(2, 40, 64, 16));
   e->set_check_invariants(true);
   std::mt19937 rng(5);
@@ -570,6 +574,139 @@ TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
   EXPECT_EQ(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort +
                 m.requests_finished_error,
             kRequests);
+}
+
+
+// Text: the tiny preset (the real Qwen3 vocabulary and tokenizer).
+class LlmEngineTextTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::temp_directory_path() /
+                            ("simpler_llm_engine_text_" + std::to_string(::getpid())))
+                               .string());
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 8;
+    o.out_dir = *dir_;
+    o.tokenizer_dir = default_tokenizer_dir().value();
+    ASSERT_TRUE(make_model(o).ok());
+    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete tokenizer_;
+    delete dir_;
+  }
+  static std::unique_ptr<LlmEngine> engine(int depth) {
+    EngineOptions eo;
+    eo.runner.worker.num_cores = 2;
+    eo.runner.worker.launch_depth = depth;
+    eo.runner.worker.faults.emplace();
+    eo.runner.num_pages = 64;
+    eo.runner.max_num_seqs = 4;
+    eo.runner.max_num_batched_tokens = 64;
+    eo.tokenizer = tokenizer_;
+    auto e = LlmEngine::create(*dir_, eo);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(e).value();
+  }
+  struct Text {
+    std::vector<int32_t> tokens;
+    std::vector<std::string> deltas;
+    OutputFinish finish = OutputFinish::kNone;
+    int64_t completion_tokens = 0;
+    std::string text() const {
+      std::string t;
+      for (const std::string& d : deltas) t += d;
+      return t;
+    }
+  };
+  static Text run(LlmEngine& e, RequestSpec spec) {
+    Text t;
+    const RequestId id = e.add_request(std::move(spec)).value();
+    while (true) {
+      auto out = e.next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) return t;
+      t.tokens.insert(t.tokens.end(), out->token_ids.begin(), out->token_ids.end());
+      t.deltas.push_back(out->text);
+      if (out->finished()) {
+        t.finish = out->finish;
+        t.completion_tokens = out->completion_tokens;
+        return t;
+      }
+    }
+  }
+  static bool valid_utf8(const std::string& s) {
+    size_t i = 0;
+    while (i < s.size()) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+      if (n == 0 || i + n > s.size()) return false;
+      for (size_t k = 1; k < n; ++k) {
+        if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+      }
+      i += n;
+    }
+    return true;
+  }
+  static size_t char_len(const std::string& s, size_t at) {
+    const unsigned char c = static_cast<unsigned char>(s[at]);
+    return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+  }
+  static std::string* dir_;
+  static Tokenizer* tokenizer_;
+};
+std::string* LlmEngineTextTest::dir_ = nullptr;
+Tokenizer* LlmEngineTextTest::tokenizer_ = nullptr;
+
+// Deltas never split a UTF-8 character and add up to decode(all ids); a stop
+// string spanning a token boundary cuts the text right before it, and no
+// streamed delta ever held a prefix of it.
+TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
+  auto e = engine(2);
+  RequestSpec spec;
+  spec.prompt_ids = tokenizer_->encode("Once upon a time");
+  spec.max_tokens = 40;
+  spec.sampling.temperature = 0;
+  spec.sampling.ignore_eos = true;
+  const Text base = run(*e, spec);
+  ASSERT_EQ(base.tokens.size(), 40u);
+  const std::string full = tokenizer_->decode(base.tokens);
+  EXPECT_EQ(base.text(), full);
+  for (const std::string& d : base.deltas) EXPECT_TRUE(valid_utf8(d)) << "a delta split a character";
+  // A stop string made of the last character of token k's text and the first
+  // of token k+1's, whose first occurrence is exactly there.
+  bool tested = false;
+  for (size_t k = 2; k + 2 < base.tokens.size() && !tested; ++k) {
+    const std::string upto =
+        tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), k + 1));
+    const std::string upto_next =
+        tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), k + 2));
+    if (upto.empty() || upto.size() >= upto_next.size() || full.compare(0, upto_next.size(), upto_next) != 0 ||
+        !valid_utf8(upto) || !valid_utf8(upto_next)) {
+      continue;
+    }
+    size_t last = upto.size() - 1;
+    while (last > 0 && (static_cast<unsigned char>(upto[last]) >> 6) == 2) --last;
+    const std::string stop = upto.substr(last) + upto_next.substr(upto.size(), char_len(upto_next, upto.size()));
+    if (full.find(stop) != last || stop.find('\xef') != std::string::npos) continue;
+    tested = true;
+    RequestSpec with_stop = spec;
+    with_stop.sampling.stop = {"never-in-this-text-\xe2\x82\xac", stop};
+    const Text t = run(*e, with_stop);
+    EXPECT_EQ(t.finish, OutputFinish::kStop);
+    EXPECT_EQ(t.text(), full.substr(0, last)) << "stop " << stop;
+    EXPECT_EQ(t.completion_tokens, static_cast<int64_t>(k + 2));
+    std::string streamed;
+    for (const std::string& d : t.deltas) {
+      streamed += d;
+      EXPECT_EQ(streamed.find(stop.substr(0, 1), last), std::string::npos)
+          << "a delta released the start of the stop string";
+    }
+  }
+  EXPECT_TRUE(tested) << "no token boundary fit a stop-string probe in: " << full;
+  EXPECT_TRUE(e->shutdown().ok());
 }
 
 }  // namespace
