@@ -175,6 +175,8 @@ struct ChoiceResult {
   std::string finish_reason;
   absl::Status error;
   std::vector<int32_t> pages;
+  std::vector<int64_t> page_steps;
+  int64_t last_step = 0;
   std::map<int64_t, std::vector<float>> logits;
   std::map<int64_t, llm::Qwen3ModelRunner::Kv> kv;
   int64_t arrival_ns = 0, first_token_ns = 0, finished_ns = 0;
@@ -220,6 +222,8 @@ RequestRun run_requests(llm::LlmEngine& engine, std::vector<llm::RequestSpec> sp
         c.finish_reason = llm::finish_reason_name(out.finish);
         c.error = out.error;
         c.pages = out.pages;
+        c.page_steps = out.page_steps;
+        c.last_step = out.last_step;
         c.arrival_ns = out.arrival_ns;
         c.first_token_ns = out.first_token_ns;
         c.finished_ns = out.finished_ns;
@@ -514,7 +518,9 @@ Runner add_generate_command(CLI::App& app) {
         nlohmann::json j = {{"prompt_ids", *it.prompt},
                             {"tokens", r.tokens},
                             {"finish_reason", r.finish_reason},
-                            {"pages", r.pages}};
+                            {"pages", r.pages},
+                            {"page_steps", r.page_steps},
+                            {"last_step", r.last_step}};
         j["text"] = tok ? nlohmann::json(r.text) : nlohmann::json(nullptr);
         if (!r.error.ok()) j["error"] = std::string(r.error.message());
         if (!r.logits.empty()) {

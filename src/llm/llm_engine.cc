@@ -80,6 +80,8 @@ struct LoopEvent {
   int64_t completion_tokens = 0;
   int64_t scheduled_ns = 0, first_token_ns = 0, finished_ns = 0, num_preemptions = 0;
   std::vector<int32_t> pages;
+  std::vector<int64_t> page_steps;
+  int64_t last_step = 0;
   // Registration (the first event of every choice): what the output thread keeps.
   struct Init {
     RequestId rid = 0;
@@ -154,7 +156,9 @@ struct LlmEngine::Impl {
     std::vector<int32_t> tokens;  // prompt, then accepted outputs
     int64_t prompt_len = 0;
     int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, last_token_ns = 0;
-    std::vector<int32_t> pages;
+    std::vector<int32_t> pages;       // its block table after its latest step
+    std::vector<int64_t> page_steps;  // the step that allocated each of `pages`
+    int64_t last_step = 0;            // its latest step
   };
   std::optional<Scheduler> scheduler;
   std::unordered_map<uint64_t, Choice> choices;  // live and not yet reported final
@@ -570,7 +574,15 @@ bool LlmEngine::Impl::submit_one() {
     const StepRow& row = plan->rows[i];
     Choice& ch = choices.at(row.request_id);
     if (ch.scheduled_ns == 0) ch.scheduled_ns = now;
+    // A table that is not an extension of the previous one: preempted and re-admitted.
+    if (row.block_table.size() < ch.pages.size() ||
+        !std::equal(ch.pages.begin(), ch.pages.end(), row.block_table.begin())) {
+      ch.page_steps.clear();
+    }
+    ch.page_steps.resize(std::min(ch.page_steps.size(), row.block_table.size()));
+    while (ch.page_steps.size() < row.block_table.size()) ch.page_steps.push_back(plan->step_id);
     ch.pages = row.block_table;
+    ch.last_step = plan->step_id;
     RowInput& in = inputs[i];
     in.tokens = &ch.tokens;
     in.prompt_len = ch.prompt_len;
@@ -740,6 +752,8 @@ void LlmEngine::Impl::publish_finished(int64_t now) {
     ev.first_token_ns = ch.first_token_ns;
     ev.finished_ns = now;
     ev.pages = ch.pages;
+    ev.page_steps = ch.page_steps;
+    ev.last_step = ch.last_step;
     {
       base::MutexLock l(mu);
       switch (fr.reason) {
@@ -991,6 +1005,8 @@ void LlmEngine::Impl::handle_event(LoopEvent& ev) {
     out.first_token_ns = ev.first_token_ns;
     out.finished_ns = ev.finished_ns;
     out.pages = std::move(ev.pages);
+    out.page_steps = std::move(ev.page_steps);
+    out.last_step = ev.last_step;
     deliver(oc, std::move(out));
     out_choices.erase(it);
     return;

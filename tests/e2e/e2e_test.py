@@ -328,18 +328,17 @@ def compare_request(pb, label, got, ref, *, max_new, logits_steps, kv_positions,
 
 
 def check_pages(pb, label, requests, page_size, pool_pages):
-    """Every request holds ceil(processed / page_size) distinct pages inside the pool, and no two
-    requests held the same page at the same time.
-
-    The engine admits every request at step 0 and feeds each live request one position per step,
-    so request r is live for its first `processed_r` steps and, after T steps, has allocated its
-    first ceil(T / page_size) pages. Two requests i and j are both live for
-    T = min(processed_i, processed_j) steps: the pages each allocated in that time must be
-    disjoint (pages allocated after the other one finished may legitimately reuse its pages)."""
-    info = []
+    """Every request holds ceil(processed / page_size) distinct pages inside the pool, and no page
+    is held by two live requests at the same time: request r held page p from the step that
+    allocated it (`page_steps`) through its last step (`last_step`); two requests' spans of the
+    same page must not overlap (a finished request's pages are reused only by later steps)."""
+    spans = {}  # page -> [(first_step, last_step, request)]
     for i, r in enumerate(requests):
-        pages = r.get("pages")
-        if not pb.check(isinstance(pages, list), f"{label} request {i}: no 'pages' list"):
+        pages, steps, last = r.get("pages"), r.get("page_steps"), r.get("last_step")
+        if not pb.check(isinstance(pages, list) and isinstance(steps, list)
+                        and len(steps) == len(pages) and isinstance(last, int),
+                        f"{label} request {i}: no 'pages' / 'page_steps' / 'last_step' "
+                        f"({pages!r}, {steps!r}, {last!r})"):
             return
         processed = len(r["prompt_ids"]) + len(r["tokens"]) - 1
         expect = math.ceil(processed / page_size)
@@ -352,18 +351,19 @@ def check_pages(pb, label, requests, page_size, pool_pages):
             bad = [p for p in pages if not 0 <= p < pool_pages]
             pb.check(not bad, f"{label} request {i}: pages {bad} outside the pool of "
                               f"{pool_pages}")
-        info.append((processed, pages))
+        for p, first in zip(pages, steps):
+            pb.check(1 <= first <= last, f"{label} request {i}: page {p} allocated at step "
+                                         f"{first}, after its last step {last}")
+            spans.setdefault(p, []).append((first, last, i))
     clashes = []
-    for i in range(len(info)):
-        for j in range(i + 1, len(info)):
-            both_live = min(info[i][0], info[j][0])
-            n = math.ceil(both_live / page_size)
-            shared = set(info[i][1][:n]) & set(info[j][1][:n])
-            if shared:
-                clashes.append((i, j, sorted(shared)))
+    for p, held in spans.items():
+        held.sort()
+        for (f1, l1, i), (f2, l2, j) in zip(held, held[1:]):
+            if f2 <= l1:
+                clashes.append((p, i, (f1, l1), j, (f2, l2)))
     pb.check(not clashes,
-             f"{label}: live requests share KV pages (request i, request j, pages): "
-             f"{clashes[:8]}{' ...' if len(clashes) > 8 else ''}")
+             f"{label}: a page held by two live requests at once (page, request, steps, request, "
+             f"steps): {clashes[:8]}{' ...' if len(clashes) > 8 else ''}")
 
 
 def random_prompt(rng, n, vocab):
@@ -573,6 +573,64 @@ def scenario_long_prompt(ctx):
     pb.check(all(0 <= t < 151936 for t in r["tokens"]), f"long prompt: tokens {r['tokens']}")
     pb.check(r["finish_reason"] == "length", f"long prompt: finish_reason {r['finish_reason']}")
     check_pages(pb, "long prompt", [r], PAGE_SIZE, kv_pool_pages(err)[0])
+    # Chunked prefill: ceil(2000 / 512) prompt steps (the default budget), then 7 decode steps.
+    steps = (out.get("timing") or {}).get("steps")
+    pb.check(steps == 4 + 7, f"long prompt: {steps} steps, expected 11 (ceil(2000 / 512) = 4 "
+                             f"chunked-prefill steps + 7 decode steps)")
+
+
+def scenario_continuous_batching(ctx):
+    """Issue 11 against the float64 reference: 32 distinct prompts of 1-300 tokens through the
+    continuous-batching engine at token budgets 7 and 64 and launch depths 1 and 2, and with a KV
+    pool small enough to force preemption by recompute: every request's tokens equal the
+    reference's, no page is held by two live requests at once; a hang in a step fails the
+    requests with the timeout, in bounded time."""
+    pb = ctx.problems
+    model = ctx.write_model(ctx.path("model"), "--vocab", "4096", "--seed", "23",
+                            tokenizer=False)
+    rng = np.random.default_rng(123)
+    lengths = [1, 300] + [int(x) for x in rng.integers(1, 301, size=30)]
+    prompts = [random_prompt(rng, n, 4096) for n in lengths]
+    max_new = 8
+    path = ctx.path("prompts.jsonl")
+    with open(path, "w") as f:
+        for pr in prompts:
+            f.write(json.dumps({"prompt_ids": pr}) + "\n")
+    ref, _ = ctx.reference_generate(model, prompts, max_new, [], [], ctx.path("ref.json"))
+    diag = TokenDiagnosis(ctx, model)
+    common = ["--prompts-file", path, "--max-new-tokens", str(max_new), "--ignore-eos",
+              "--page-size", str(PAGE_SIZE)]
+    runs = [("budget 7, depth 2", ["--max-num-batched-tokens", "7", "--max-num-seqs", "7",
+                                   "--launch-depth", "2"], False),
+            ("budget 64, depth 1", ["--max-num-batched-tokens", "64", "--max-num-seqs", "16",
+                                    "--launch-depth", "1"], False),
+            # The longest request needs ceil((300 + 8 - 1) / 16) = 20 pages; 48 hold two or three.
+            ("small pool, depth 2", ["--max-num-batched-tokens", "64", "--max-num-seqs", "16",
+                                     "--launch-depth", "2", "--num-pages", "48"], True)]
+    for label, extra, preempts in runs:
+        out, err, wall = ctx.generate(model, common + extra, f"generate {label}")
+        log(f"{label}: {wall:.1f} s, {out.get('timing', {}).get('steps')} steps, "
+            f"{out.get('preemptions')} preemptions")
+        reqs = out.get("requests", [])
+        if not pb.check(len(reqs) == len(prompts), f"{label}: {len(reqs)} requests"):
+            continue
+        for i, (got, want) in enumerate(zip(reqs, ref["requests"])):
+            compare_request(pb, f"{label} request {i}", got, want, max_new=max_new,
+                            logits_steps=(), kv_positions=(), diag=diag)
+        check_pages(pb, label, reqs, PAGE_SIZE, kv_pool_pages(err)[0])
+        if preempts:
+            pb.check((out.get("preemptions") or 0) > 0,
+                     f"{label}: {out.get('preemptions')} preemptions, expected some")
+    # A hang in step 3 with a 1 s operation timeout: every request fails with the timeout (the
+    # engine is unhealthy), the call prints every result and exits 1 within seconds.
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=2:task=1:kind=hang")
+    t0 = time.monotonic()
+    expect_request_failure(ctx, [ctx.simpler, "generate", "--model", model, "--json", *common,
+                                 "--max-num-batched-tokens", "64", "--launch-depth", "2",
+                                 "--timeout", "1"],
+                           "hang in step 3", ["run 2"], env=env)
+    wall = time.monotonic() - t0
+    pb.check(wall < 30, f"hang in step 3: the call took {wall:.1f} s")
 
 
 def expect_error(ctx, argv, label, must_contain, *, env=None):
@@ -1568,6 +1626,7 @@ SCENARIOS = {
     "writer_host_built": scenario_writer_host_built,
     "make_model_tiny": scenario_make_model_tiny,
     "long_prompt": scenario_long_prompt,
+    "continuous_batching": scenario_continuous_batching,
     "cli_errors": scenario_cli_errors,
     "run_matmul": scenario_run_matmul,
     "run_matmul_fault": scenario_run_matmul_fault,

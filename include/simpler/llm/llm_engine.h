@@ -128,7 +128,13 @@ struct RequestOutput {
   int64_t completion_tokens = 0;
   int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, finished_ns = 0;
   int64_t num_preemptions = 0;
-  std::vector<int32_t> pages;  // KV pages the choice held when it finished (final event)
+  // Final event: the KV pages the choice held when it finished, the engine
+  // step that allocated each, and the last step it had a row in (steps are
+  // numbered from 1; a page freed by one request is reused only by steps
+  // after that request's last step).
+  std::vector<int32_t> pages;
+  std::vector<int64_t> page_steps;
+  int64_t last_step = 0;
   std::map<int64_t, std::vector<float>> logits;  // RequestSpec::logits_tokens hits
   std::map<int64_t, Qwen3ModelRunner::Kv> kv;    // RequestSpec::kv_positions hits
 };
