@@ -577,6 +577,73 @@ TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
 }
 
 
+// A kernel error in a step holding a prefill chunk of a long prompt (mid-prefill)
+// fails that request; a request decoding beside it in the same step fails too
+// (it had a row), and a request arriving later is served.
+TEST_F(LlmEngineTest, AFaultMidPrefillFailsTheRowsOfThatStepOnly) {
+  EngineOptions eo = options(2, 256, 16, 4);
+  // Run 2 = step 3: the 100-token prompt is in its third 16-token chunk.
+  eo.runner.worker.faults = device::FaultPlan::parse("run=2:task=4:kind=kernel_error").value();
+  auto e = engine(eo);
+  const RequestId longp = e->add_request(greedy(std::vector<int32_t>(100, 9), 4)).value();
+  Done d = drain(*e, longp);
+  EXPECT_EQ(d.finish, OutputFinish::kError);
+  EXPECT_TRUE(d.tokens.empty());
+  EXPECT_TRUE(contains(d.error, "run 2 task 4")) << d.error;
+  const RequestId next = e->add_request(greedy(std::vector<int32_t>(40, 9), 4)).value();
+  EXPECT_EQ(drain(*e, next).finish, OutputFinish::kLength);
+  EXPECT_TRUE(e->health().ok());
+  EXPECT_TRUE(e->shutdown().ok());
+  EXPECT_EQ(e->metrics().kv_pages.free, e->metrics().kv_pages_total);
+}
+
+// The metrics snapshot: counters, page states summing to the pool, and
+// histograms with vLLM's buckets filled by what ran.
+TEST_F(LlmEngineTest, MetricsCountRequestsTokensPagesAndLatencies) {
+  auto e = engine(options(2, 128, 32, 8));
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(e->add_request(greedy({1, 2, 3, i}, 5)).value());
+  const RequestId aborted = e->add_request(greedy({7}, 300)).value();
+  for (RequestId id : ids) drain(*e, id);
+  ASSERT_TRUE(e->abort(aborted).ok());
+  drain(*e, aborted);
+  const EngineMetrics m = e->metrics();
+  EXPECT_TRUE(m.healthy);
+  EXPECT_EQ(m.requests_finished_length, 6);
+  EXPECT_EQ(m.requests_finished_abort, 1);
+  EXPECT_EQ(m.requests_running + m.requests_waiting, 0);
+  EXPECT_EQ(m.kv_pages.total(), 128);
+  EXPECT_EQ(m.kv_pages_total, 128);
+  EXPECT_GE(m.prompt_tokens_total, 6 * 4 + 1);
+  EXPECT_GE(m.generation_tokens_total, 6 * 5 + 1);
+  EXPECT_EQ(m.time_to_first_token_s.count, 7);
+  EXPECT_EQ(m.time_to_first_token_s.bounds, ttft_buckets_s());
+  EXPECT_GE(m.inter_token_latency_s.count, 6 * 4);
+  EXPECT_EQ(m.e2e_request_latency_s.count, 7);
+  EXPECT_EQ(m.request_queue_time_s.count, 7);
+  EXPECT_TRUE(e->shutdown().ok());
+  // Steps are counted at submit, timed at retire: equal once every step retired.
+  const EngineMetrics after = e->metrics();
+  EXPECT_GT(after.steps_total, 0);
+  EXPECT_EQ(after.step_time_s.count, after.steps_total);
+  EXPECT_EQ(after.rows_per_step.count, after.steps_total);
+  EXPECT_EQ(after.rows_per_step.bounds, build_1_2_5_buckets(8));
+  int64_t in_buckets = 0;
+  for (int64_t c : after.tokens_per_step.counts) in_buckets += c;
+  EXPECT_EQ(in_buckets, after.tokens_per_step.count);
+}
+
+TEST(Histogram, BucketsAreLessOrEqualBoundsWithAnInfBucket) {
+  Histogram h = Histogram::with_bounds({1, 2, 5});
+  for (double v : {0.5, 1.0, 1.5, 5.0, 7.0}) h.observe(v);
+  EXPECT_EQ(h.counts, (std::vector<int64_t>{2, 1, 1, 1}));
+  EXPECT_EQ(h.count, 5);
+  EXPECT_DOUBLE_EQ(h.sum, 15.0);
+  EXPECT_DOUBLE_EQ(h.quantile_bound(0.5), 2.0);
+  EXPECT_DOUBLE_EQ(h.quantile_bound(1.0), 5.0);
+  EXPECT_EQ(build_1_2_5_buckets(100), (std::vector<double>{1, 2, 5, 10, 20, 50, 100}));
+}
+
 // Text: the tiny preset (the real Qwen3 vocabulary and tokenizer).
 class LlmEngineTextTest : public ::testing::Test {
  protected:
