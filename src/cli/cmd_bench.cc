@@ -1,4 +1,4 @@
-// `simpler bench dispatch|pipeline|decode`.
+// `simpler bench dispatch|pipeline|decode|throughput`.
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +11,8 @@ namespace simpler::cli {
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch,
                      bool allow_unused_tensors);
+// Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
+Runner add_bench_throughput_command(CLI::App* bench);
 
 Runner add_bench_commands(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks; each prints its numbers");
@@ -64,6 +66,8 @@ Runner add_bench_commands(CLI::App& app) {
   decode->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                    "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->decode_common.add_to(decode);
+
+  Runner throughput = add_bench_throughput_command(bench);
 
   return [=]() -> int {
     if (!bench->parsed()) return -1;
@@ -128,6 +132,7 @@ Runner add_bench_commands(CLI::App& app) {
     if (decode->parsed())
       return run_bench_decode(st->model, st->decode_common, st->steps, st->batch,
                               st->allow_unused_tensors);
+    if (int rc = throughput(); rc != -1) return rc;
     return 0;
   };
 }

@@ -1,0 +1,607 @@
+// `simpler bench throughput`: serving throughput of LlmEngine on a random workload, the shape of
+// vLLM's benchmark_throughput / benchmark_serving (issue 11).
+//
+// The workload: --num-prompts requests, each with an input length and an output length drawn
+// uniformly from --input-len-range / --output-len-range and random token ids, all determined by
+// --seed. Every request is greedy with ignore_eos and max_tokens = its output length, so it
+// produces exactly that many tokens. (Uniform requests: --input-len-range A:A
+// --output-len-range B:B.)
+//
+// Two runs of that workload, each on a fresh engine with the same options:
+//   * continuous: requests arrive at --request-rate (all at once by default, else Poisson
+//     arrivals seeded from --seed; the caller's thread sleeps until each arrival) and the engine
+//     batches them continuously; timed from the first arrival to the last final event;
+//   * static: batches of --max-num-seqs requests, the next batch submitted when every request of
+//     the previous one finished (each batch waits for its longest member).
+// Reported: output tokens/s of both and their ratio, requests/s, TTFT, inter-token latency and
+// TPOT percentiles, preemptions and errors of the continuous run.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/clock.h"
+#include "simpler/base/json.h"
+#include "simpler/base/status.h"
+#include "simpler/base/sync.h"
+#include "simpler/base/thread_annotations.h"
+#include "simpler/llm/kv_cache.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/model_config.h"
+
+namespace simpler::cli {
+
+namespace {
+
+constexpr const char* kCommand = "bench throughput";
+
+// SplitMix64: the same numbers from the same seed with every standard library (the workload of a
+// seed is part of a benchmark's record). Plain value; thread-compatible.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [lo, hi] (multiply-shift; the bias is below 2^-32 for spans under 2^32).
+  int64_t uniform(int64_t lo, int64_t hi) {
+    const uint64_t span = static_cast<uint64_t>(hi - lo) + 1;
+    return lo + static_cast<int64_t>((static_cast<unsigned __int128>(next()) * span) >> 64);
+  }
+  // Uniform in [0, 1).
+  double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+// An inclusive length range A:B with 1 <= A <= B <= int32 max.
+struct LenRange {
+  int64_t lo = 0, hi = 0;
+};
+
+// Parses "A:B"; the message does not name the flag (CLI11 puts it in front, callers annotate).
+absl::StatusOr<LenRange> parse_len_range(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (parts.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text.substr(0, 40), "' is not a range A:B of token counts (e.g. 16:512)"));
+  }
+  LenRange r;
+  if (!absl::SimpleAtoi(parts[0], &r.lo) || !absl::SimpleAtoi(parts[1], &r.hi)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text.substr(0, 40), "': A and B of A:B must be integers"));
+  }
+  if (r.lo < 1)
+    return absl::InvalidArgumentError(absl::StrCat(text, ": A = ", r.lo, " is below 1"));
+  if (r.hi > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(text, ": B = ", r.hi, " is above the maximum of ", kMax));
+  }
+  if (r.lo > r.hi) {
+    return absl::InvalidArgumentError(absl::StrCat(text, ": A = ", r.lo, " is above B = ", r.hi));
+  }
+  return r;
+}
+
+CLI::Validator len_range_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        auto r = parse_len_range(text);
+        return r.ok() ? std::string() : std::string(r.status().message());
+      },
+      "A:B");
+}
+
+// "inf" (all requests at once) or a finite rate > 0, requests per second.
+absl::StatusOr<double> parse_rate(const std::string& text) {
+  if (text == "inf") return std::numeric_limits<double>::infinity();
+  double v = 0;
+  if (!absl::SimpleAtod(text, &v) || !std::isfinite(v) || !(v > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text.substr(0, 40), "' is neither inf nor a finite number of requests/s above 0"));
+  }
+  return v;
+}
+
+CLI::Validator rate_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        auto r = parse_rate(text);
+        return r.ok() ? std::string() : std::string(r.status().message());
+      },
+      "RATE");
+}
+
+struct Workload {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> output_lens;
+  std::vector<int64_t> arrival_offsets_ns;  // from the first arrival; all 0 at rate inf
+  int64_t input_tokens = 0, output_tokens = 0;
+  int64_t longest = 0;  // most input + output tokens of one request
+};
+
+// The workload of `seed`, each request checked against the model's positions.
+absl::StatusOr<Workload> make_workload(const llm::ModelConfig& config, int64_t num_prompts,
+                                       LenRange in, LenRange out, double rate, uint64_t seed) {
+  Workload w;
+  SplitMix64 lengths(seed);
+  SplitMix64 ids(seed ^ 0x5bd1e9955bd1e995ull);
+  SplitMix64 arrivals(seed ^ 0x2545f4914f6cdd1dull);
+  int64_t t_ns = 0;
+  for (int64_t i = 0; i < num_prompts; ++i) {
+    const int64_t in_len = lengths.uniform(in.lo, in.hi);
+    const int64_t out_len = lengths.uniform(out.lo, out.hi);
+    std::vector<int64_t> prompt(static_cast<size_t>(in_len));
+    for (int64_t& id : prompt) id = ids.uniform(0, config.vocab_size - 1);
+    if (absl::Status s = config.check_request(prompt, out_len); !s.ok()) {
+      return base::annotate(
+          s, absl::StrCat("prompt ", i, " (", in_len, " input + ", out_len,
+                          " output tokens, drawn from --input-len-range ", in.lo, ":", in.hi,
+                          " and --output-len-range ", out.lo, ":", out.hi, "): "));
+    }
+    w.prompts.emplace_back(prompt.begin(), prompt.end());  // ids < vocab_size fit int32
+    w.output_lens.push_back(out_len);
+    if (i > 0 && std::isfinite(rate)) {
+      // Poisson arrivals: exponential gaps of mean 1/rate; the first request arrives at 0.
+      t_ns += static_cast<int64_t>(-std::log(1.0 - arrivals.unit()) / rate * 1e9);
+    }
+    w.arrival_offsets_ns.push_back(t_ns);
+    w.input_tokens += in_len;
+    w.output_tokens += out_len;
+    w.longest = std::max(w.longest, in_len + out_len);
+  }
+  return w;
+}
+
+// What one request returned.
+struct RequestResult {
+  int64_t tokens = 0;
+  std::vector<int64_t> token_times_ns;
+  int64_t arrival_ns = 0, first_token_ns = 0, finished_ns = 0;
+  int64_t received_ns = 0;  // when its final event reached the callback (or it was refused)
+  llm::OutputFinish finish = llm::OutputFinish::kNone;
+  absl::Status error;  // the refusal, or the final event's error
+  bool done = false;
+};
+
+// Collects the events of one run's requests through callbacks and lets the caller's thread wait
+// for a time or for a number of finished requests, printing progress at most once a second.
+// Shared (shared_ptr) between the caller and the engine's output thread; thread-safe.
+class Collector {
+ public:
+  Collector(size_t n, std::string phase) : phase_(std::move(phase)), results_(n) {
+    last_report_ns_ = base::now_ns();
+  }
+
+  static std::function<void(const llm::RequestOutput&)> callback(std::shared_ptr<Collector> c,
+                                                                 size_t i) {
+    return [c = std::move(c), i](const llm::RequestOutput& out) { c->on_output(i, out); };
+  }
+
+  void refused(size_t i, const absl::Status& status) {
+    base::MutexLock l(mu_);
+    RequestResult& r = results_[i];
+    r.finish = llm::OutputFinish::kError;
+    r.error = status;
+    r.received_ns = base::now_ns();
+    r.done = true;
+    ++done_;
+    cv_.notify_all();
+  }
+
+  // Waits until now_ns() >= until_ns (when until_ns > 0) or `done` requests finished.
+  void wait(int64_t until_ns, int64_t done, int64_t submitted) {
+    base::MutexLock l(mu_);
+    while (done_ < done) {
+      const int64_t now = base::now_ns();
+      if (until_ns > 0 && now >= until_ns) return;
+      if (now - last_report_ns_ >= 1'000'000'000) {
+        last_report_ns_ = now;
+        std::cerr << "simpler " << kCommand << ": " << phase_ << ": " << done_ << "/"
+                  << results_.size() << " requests finished, " << tokens_ << " output tokens, "
+                  << (submitted - done_) << " in the engine\n";
+      }
+      int64_t wake = last_report_ns_ + 1'000'000'000;
+      if (until_ns > 0) wake = std::min(wake, until_ns);
+      cv_.wait_until(l, base::steady_time(wake));
+    }
+  }
+
+  std::vector<RequestResult> take() {
+    base::MutexLock l(mu_);
+    return std::move(results_);
+  }
+
+ private:
+  void on_output(size_t i, const llm::RequestOutput& out) {
+    base::MutexLock l(mu_);
+    RequestResult& r = results_[i];
+    r.tokens += static_cast<int64_t>(out.token_ids.size());
+    r.token_times_ns.insert(r.token_times_ns.end(), out.token_times_ns.begin(),
+                            out.token_times_ns.end());
+    tokens_ += static_cast<int64_t>(out.token_ids.size());
+    if (!out.finished()) return;
+    r.finish = out.finish;
+    r.error = out.error;
+    r.arrival_ns = out.arrival_ns;
+    r.first_token_ns = out.first_token_ns;
+    r.finished_ns = out.finished_ns;
+    r.received_ns = base::now_ns();
+    r.done = true;
+    ++done_;
+    cv_.notify_all();
+  }
+
+  const std::string phase_;
+  base::Mutex mu_;
+  base::CondVar cv_;
+  std::vector<RequestResult> results_ SIMPLER_GUARDED_BY(mu_);
+  int64_t done_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int64_t tokens_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int64_t last_report_ns_ SIMPLER_GUARDED_BY(mu_) = 0;
+};
+
+struct RunResult {
+  std::vector<RequestResult> requests;
+  int64_t start_ns = 0, end_ns = 0;
+  llm::EngineMetrics metrics;
+  std::vector<llm::StepRecord> steps;
+  absl::Status closed;  // the engine's shutdown
+  double load_s = 0;
+};
+
+// Runs the workload on a fresh engine: continuously (arrivals per the workload) or in static
+// batches of max_num_seqs. Errors: the engine's creation.
+absl::StatusOr<RunResult> run_workload(const std::string& model, const llm::EngineOptions& eo,
+                                       const Workload& w, bool static_batches) {
+  const char* phase = static_batches ? "static" : "continuous";
+  const int64_t t_load = base::now_ns();
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<llm::LlmEngine> engine,
+                           llm::LlmEngine::create(model, eo));
+  RunResult run;
+  run.load_s = (base::now_ns() - t_load) / 1e9;
+  const size_t n = w.prompts.size();
+  auto collector = std::make_shared<Collector>(n, phase);
+  const int64_t batch = eo.runner.max_num_seqs;
+  auto submit = [&](size_t i) {
+    llm::RequestSpec spec;
+    spec.prompt_ids = w.prompts[i];
+    spec.max_tokens = w.output_lens[i];
+    spec.sampling.temperature = 0;
+    spec.sampling.ignore_eos = true;
+    spec.on_output = Collector::callback(collector, i);
+    absl::StatusOr<llm::RequestId> id = engine->add_request(std::move(spec));
+    if (!id.ok()) collector->refused(i, id.status());
+  };
+  run.start_ns = base::now_ns();
+  if (static_batches) {
+    for (size_t b = 0; b < n; b += batch) {
+      const size_t e = std::min(n, b + static_cast<size_t>(batch));
+      for (size_t i = b; i < e; ++i) submit(i);
+      collector->wait(0, static_cast<int64_t>(e), static_cast<int64_t>(e));
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t at = run.start_ns + w.arrival_offsets_ns[i];
+      if (base::now_ns() < at) collector->wait(at, static_cast<int64_t>(n), i);
+      submit(i);
+    }
+    collector->wait(0, static_cast<int64_t>(n), static_cast<int64_t>(n));
+  }
+  run.requests = collector->take();
+  run.end_ns = run.start_ns;
+  for (const RequestResult& r : run.requests) run.end_ns = std::max(run.end_ns, r.received_ns);
+  run.metrics = engine->metrics();
+  run.steps = engine->step_records();
+  run.closed = engine->shutdown(base::Deadline::poll());
+  return run;
+}
+
+// The q-quantile (q in [0, 1]) with linear interpolation between order statistics (numpy's
+// default, as vLLM's benchmarks report); 0 when empty.
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+struct RunStats {
+  double wall_s = 0;
+  int64_t output_tokens = 0;
+  int64_t completed = 0;      // finished by length or stop
+  int64_t errors = 0;         // refused, failed or aborted
+  int64_t short_outputs = 0;  // completed with fewer tokens than asked (ignore_eos: none expected)
+  double output_tokens_per_s = 0, requests_per_s = 0;
+  std::vector<double> ttft_ms, itl_ms, tpot_ms, e2e_ms;
+  int64_t steps = 0;
+  double mean_rows_per_step = 0;
+  std::string first_error;
+};
+
+RunStats run_stats(const RunResult& run, const Workload& w) {
+  RunStats s;
+  s.wall_s = (run.end_ns - run.start_ns) / 1e9;
+  for (size_t i = 0; i < run.requests.size(); ++i) {
+    const RequestResult& r = run.requests[i];
+    s.output_tokens += r.tokens;
+    const bool ok = r.error.ok() && (r.finish == llm::OutputFinish::kLength ||
+                                     r.finish == llm::OutputFinish::kStop);
+    if (!ok) {
+      if (s.errors++ == 0) {
+        s.first_error =
+            absl::StrCat("request ", i, " ended with ", llm::finish_reason_name(r.finish),
+                         r.error.ok() ? "" : ": ", r.error.ToString());
+      }
+      continue;
+    }
+    ++s.completed;
+    if (r.tokens != w.output_lens[i]) ++s.short_outputs;
+    if (r.first_token_ns > 0 && r.arrival_ns > 0) {
+      s.ttft_ms.push_back((r.first_token_ns - r.arrival_ns) / 1e6);
+    }
+    if (r.finished_ns > 0 && r.arrival_ns > 0)
+      s.e2e_ms.push_back((r.finished_ns - r.arrival_ns) / 1e6);
+    for (size_t k = 1; k < r.token_times_ns.size(); ++k) {
+      s.itl_ms.push_back((r.token_times_ns[k] - r.token_times_ns[k - 1]) / 1e6);
+    }
+    if (r.tokens > 1 && r.first_token_ns > 0 && r.finished_ns > 0) {
+      s.tpot_ms.push_back((r.finished_ns - r.first_token_ns) / 1e6 /
+                          static_cast<double>(r.tokens - 1));
+    }
+  }
+  if (s.wall_s > 0) {
+    s.output_tokens_per_s = s.output_tokens / s.wall_s;
+    s.requests_per_s = s.completed / s.wall_s;
+  }
+  s.steps = static_cast<int64_t>(run.steps.size());
+  int64_t rows = 0;
+  for (const llm::StepRecord& rec : run.steps) rows += rec.rows;
+  s.mean_rows_per_step = s.steps > 0 ? static_cast<double>(rows) / s.steps : 0;
+  return s;
+}
+
+struct State {
+  std::string model;
+  int64_t num_prompts = 200;
+  std::string input_len_range = "16:512";
+  std::string output_len_range = "16:256";
+  std::string request_rate = "inf";
+  int32_t max_num_seqs = 16;
+  int32_t max_num_batched_tokens = 0;
+  uint64_t seed = 0;
+  int32_t page_size = 16;
+  int32_t num_pages = 0;
+  bool allow_unused_tensors = false;
+  CommonOptions common;
+};
+
+int run_bench_throughput(const State& st) {
+  // The flag checks accepted these already; they cannot fail here.
+  const LenRange in = *parse_len_range(st.input_len_range);
+  const LenRange out = *parse_len_range(st.output_len_range);
+  const double rate = *parse_rate(st.request_rate);
+  const int32_t seqs = st.max_num_seqs;
+  const int32_t batched =
+      st.max_num_batched_tokens > 0 ? st.max_num_batched_tokens : std::max(512, seqs);
+  if (batched < seqs) {
+    return fail(kCommand, absl::InvalidArgumentError(absl::StrCat(
+                              "--max-num-batched-tokens ", batched, " is below --max-num-seqs ",
+                              seqs, " (every running request needs a row per step)")));
+  }
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kCommand, config.status());
+  auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
+  if (!workload.ok()) return fail(kCommand, workload.status());
+  const Workload& w = *workload;
+
+  base::TraceRecorder trace;
+  llm::EngineOptions eo;
+  eo.runner.worker = st.common.worker_options(&trace);
+  eo.runner.page_size = st.page_size;
+  eo.runner.allow_unused_tensors = st.allow_unused_tensors;
+  eo.runner.max_num_seqs = seqs;
+  eo.runner.max_num_batched_tokens = batched;
+  int64_t pages = st.num_pages;
+  if (pages == 0) {  // max_num_seqs requests of the longest kind at once
+    pages =
+        std::min<int64_t>(static_cast<int64_t>(seqs) * llm::pages_needed(w.longest, st.page_size),
+                          std::numeric_limits<int32_t>::max());
+  }
+  eo.runner.num_pages = static_cast<int32_t>(pages);
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.record_steps = true;
+
+  std::cerr << "simpler " << kCommand << ": " << st.num_prompts << " prompts (input " << in.lo
+            << ".." << in.hi << ", output " << out.lo << ".." << out.hi << " tokens, seed "
+            << st.seed << "): " << w.input_tokens << " input + " << w.output_tokens
+            << " output tokens; request rate " << st.request_rate << "/s, max_num_seqs " << seqs
+            << ", max_num_batched_tokens " << batched << ", " << pages << " KV pages of "
+            << st.page_size << " tokens\n";
+
+  auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false);
+  if (!continuous.ok()) {
+    return fail_with_trace(kCommand, continuous.status(), trace, st.common.trace_path);
+  }
+  const RunStats c = run_stats(*continuous, w);
+  std::cerr << "simpler " << kCommand << ": continuous run: " << c.wall_s << " s (engine loaded in "
+            << continuous->load_s << " s)\n";
+  auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true);
+  if (!fixed.ok()) return fail_with_trace(kCommand, fixed.status(), trace, st.common.trace_path);
+  const RunStats s = run_stats(*fixed, w);
+  std::cerr << "simpler " << kCommand << ": static run: " << s.wall_s << " s\n";
+
+  const double ratio =
+      s.output_tokens_per_s > 0 ? c.output_tokens_per_s / s.output_tokens_per_s : 0;
+  const int64_t preemptions = continuous->metrics.preemptions_total;
+  const double ttft50 = percentile(c.ttft_ms, 0.5), ttft99 = percentile(c.ttft_ms, 0.99);
+  const double itl50 = percentile(c.itl_ms, 0.5), itl99 = percentile(c.itl_ms, 0.99);
+  const double tpot50 = percentile(c.tpot_ms, 0.5), tpot99 = percentile(c.tpot_ms, 0.99);
+  const double e2e50 = percentile(c.e2e_ms, 0.5), e2e99 = percentile(c.e2e_ms, 0.99);
+  if (st.common.json) {
+    nlohmann::json j = {
+        {"model", st.model},
+        {"num_prompts", st.num_prompts},
+        {"input_len_range", {in.lo, in.hi}},
+        {"output_len_range", {out.lo, out.hi}},
+        {"request_rate", std::isfinite(rate) ? nlohmann::json(rate) : nlohmann::json(nullptr)},
+        {"seed", st.seed},
+        {"max_num_seqs", seqs},
+        {"max_num_batched_tokens", batched},
+        {"page_size", st.page_size},
+        {"num_pages", pages},
+        {"launch_depth", st.common.launch_depth},
+        {"total_input_tokens", w.input_tokens},
+        {"total_output_tokens", c.output_tokens},
+        {"wall_s", c.wall_s},
+        {"output_tokens_per_s", c.output_tokens_per_s},
+        {"requests_per_s", c.requests_per_s},
+        {"ttft_ms_mean", mean(c.ttft_ms)},
+        {"ttft_ms_p50", ttft50},
+        {"ttft_ms_p99", ttft99},
+        {"itl_ms_mean", mean(c.itl_ms)},
+        {"itl_ms_p50", itl50},
+        {"itl_ms_p99", itl99},
+        {"tpot_ms_p50", tpot50},
+        {"tpot_ms_p99", tpot99},
+        {"e2e_ms_p50", e2e50},
+        {"e2e_ms_p99", e2e99},
+        {"steps", c.steps},
+        {"mean_rows_per_step", c.mean_rows_per_step},
+        {"preemptions", preemptions},
+        {"errors", c.errors},
+        {"short_outputs", c.short_outputs},
+        {"static_wall_s", s.wall_s},
+        {"static_output_tokens_per_s", s.output_tokens_per_s},
+        {"static_steps", s.steps},
+        {"static_mean_rows_per_step", s.mean_rows_per_step},
+        {"static_preemptions", fixed->metrics.preemptions_total},
+        {"static_errors", s.errors},
+        {"continuous_over_static", ratio}};
+    std::printf("%s\n", base::dump_replacing(j).c_str());
+  } else {
+    std::printf(
+        "workload: %lld prompts, input %lld..%lld, output %lld..%lld tokens (seed %llu): %lld "
+        "input + %lld output tokens; request rate %s/s\n",
+        static_cast<long long>(st.num_prompts), static_cast<long long>(in.lo),
+        static_cast<long long>(in.hi), static_cast<long long>(out.lo),
+        static_cast<long long>(out.hi), static_cast<unsigned long long>(st.seed),
+        static_cast<long long>(w.input_tokens), static_cast<long long>(w.output_tokens),
+        st.request_rate.c_str());
+    std::printf(
+        "continuous: %lld output tokens in %.2f s = %.1f output tokens/s, %.2f requests/s; %lld "
+        "steps (%.1f rows each), %lld preemptions, %lld errors\n",
+        static_cast<long long>(c.output_tokens), c.wall_s, c.output_tokens_per_s, c.requests_per_s,
+        static_cast<long long>(c.steps), c.mean_rows_per_step, static_cast<long long>(preemptions),
+        static_cast<long long>(c.errors));
+    std::printf(
+        "  TTFT ms p50 %.2f p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f p99 %.2f; "
+        "E2E ms p50 %.1f p99 %.1f\n",
+        ttft50, ttft99, itl50, itl99, tpot50, tpot99, e2e50, e2e99);
+    std::printf(
+        "static batches of %d: %lld output tokens in %.2f s = %.1f output tokens/s; %lld steps "
+        "(%.1f rows each), %lld errors\n",
+        seqs, static_cast<long long>(s.output_tokens), s.wall_s, s.output_tokens_per_s,
+        static_cast<long long>(s.steps), s.mean_rows_per_step, static_cast<long long>(s.errors));
+    std::printf("continuous / static: %.2fx\n", ratio);
+  }
+  // The numbers are printed first; a request that failed, or an engine that did not close
+  // cleanly, makes the call fail.
+  int rc = write_trace(trace, st.common.trace_path) ? 0 : 1;
+  if (c.short_outputs + s.short_outputs > 0) {
+    std::cerr << "simpler " << kCommand << ": " << c.short_outputs << " continuous and "
+              << s.short_outputs
+              << " static request(s) finished with fewer tokens than their output length\n";
+  }
+  auto check = [&rc](const char* name, const RunStats& stats, const RunResult& run) {
+    if (stats.errors > 0) {
+      std::cerr << "simpler " << kCommand << ": " << name << " run: " << stats.errors
+                << " request(s) failed; the first: " << stats.first_error << "\n";
+      rc = 1;
+    }
+    if (!run.closed.ok()) {
+      std::cerr << "simpler " << kCommand << ": " << name << " run: engine shutdown: " << run.closed
+                << "\n";
+      rc = 1;
+    }
+  };
+  check("continuous", c, *continuous);
+  check("static", s, *fixed);
+  return rc;
+}
+
+}  // namespace
+
+Runner add_bench_throughput_command(CLI::App* bench) {
+  auto st = std::make_shared<State>();
+  auto* cmd = bench->add_subcommand(
+      "throughput",
+      "serving throughput on a random workload: continuous batching vs static batches");
+  cmd->add_option("--model", st->model, "model directory")->required();
+  cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--input-len-range", st->input_len_range,
+                  "prompt tokens per request, uniform in [A, B] (A:A for uniform requests)")
+      ->check(len_range_check())
+      ->capture_default_str();
+  cmd->add_option("--output-len-range", st->output_len_range,
+                  "output tokens per request (ignore_eos, exactly this many), uniform in [A, B]")
+      ->check(len_range_check())
+      ->capture_default_str();
+  cmd->add_option("--request-rate", st->request_rate,
+                  "continuous run's arrivals, requests/s: inf = all at once, else Poisson "
+                  "(seeded from --seed); the static run ignores it")
+      ->check(rate_check())
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", st->max_num_seqs,
+                  "requests running at once; also the static batch size")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", st->max_num_batched_tokens,
+                  "token budget per step (0 = max(512, max-num-seqs))")
+      ->check(int_in(0, kMaxBatchedTokens))
+      ->capture_default_str();
+  cmd->add_option("--seed", st->seed, "workload seed: lengths, token ids and arrivals")
+      ->capture_default_str();
+  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
+      ->check(int_in(1, kMaxPageSize))
+      ->capture_default_str();
+  cmd->add_option("--num-pages", st->num_pages,
+                  "KV cache pages (0 = max-num-seqs requests of the workload's longest input + "
+                  "output at once)")
+      ->check(int_in(0, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
+  cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
+                "accept a checkpoint holding tensors the config does not use (extra heads)");
+  st->common.add_to(cmd);
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run_bench_throughput(*st);
+  };
+}
+
+}  // namespace simpler::cli
