@@ -10,7 +10,6 @@ namespace simpler::llm {
 
 namespace {
 
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
 
 bool valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
@@ -27,37 +26,58 @@ bool valid_utf8(std::string_view s) {
 
 }  // namespace
 
+namespace {
+
+// Length of the trailing proper prefix of a valid UTF-8 sequence in `bytes`
+// (0 when the bytes end on a complete character or in invalid bytes): a lead
+// byte followed by fewer continuation bytes than it needs, each in the range
+// the Unicode standard (Table 3-7, well-formed byte sequences) allows there.
+size_t incomplete_tail(std::string_view bytes) {
+  const size_t n = bytes.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto lead = static_cast<unsigned char>(bytes[n - back]);
+    if ((lead & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      need = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      need = 3;
+      if (lead == 0xE0) lo = 0xA0;
+      if (lead == 0xED) hi = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      need = 4;
+      if (lead == 0xF0) lo = 0x90;
+      if (lead == 0xF4) hi = 0x8F;
+    } else {
+      return 0;  // ASCII or a byte that never starts a sequence
+    }
+    if (back >= need) return 0;  // complete (or too long: invalid, not incomplete)
+    for (size_t k = 1; k < back; ++k) {
+      const auto c = static_cast<unsigned char>(bytes[n - back + k]);
+      const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+      if (c < l || c > h) return 0;
+    }
+    return back;
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::string IncrementalDetokenizer::push(std::span<const int32_t> ids) {
-  window_.insert(window_.end(), ids.begin(), ids.end());
   num_ids_ += static_cast<int64_t>(ids.size());
-  const std::string full = tokenizer_->decode(window_, skip_special_tokens_);
-  // A trailing U+FFFD may stand for an incomplete character that the next
-  // token completes: hold every trailing one back.
-  size_t stable = full.size();
-  while (stable >= kReplacement.size() &&
-         std::string_view(full).substr(stable - kReplacement.size()) == kReplacement) {
-    stable -= kReplacement.size();
-  }
-  std::string delta;
-  if (stable > window_emitted_) {
-    delta = full.substr(window_emitted_, stable - window_emitted_);
-    window_emitted_ = stable;
-  }
-  if (stable == full.size()) {
-    // The window's bytes end on a character boundary: later tokens decode
-    // independently of it, so decoding restarts after it.
-    window_.clear();
-    window_emitted_ = 0;
-  }
+  pending_ += tokenizer_->decode_bytes(ids, skip_special_tokens_);
+  const size_t hold = incomplete_tail(pending_);
+  std::string delta = Tokenizer::lossy_utf8(std::string_view(pending_).substr(0, pending_.size() - hold));
+  pending_.erase(0, pending_.size() - hold);
   text_ += delta;
   return delta;
 }
 
 std::string IncrementalDetokenizer::finish() {
-  const std::string full = tokenizer_->decode(window_, skip_special_tokens_);
-  std::string delta = full.size() > window_emitted_ ? full.substr(window_emitted_) : std::string();
-  window_.clear();
-  window_emitted_ = 0;
+  std::string delta = Tokenizer::lossy_utf8(pending_);
+  pending_.clear();
   text_ += delta;
   return delta;
 }

@@ -91,6 +91,40 @@ TEST_F(DetokenizerTest, AnIncompleteCharacterAtTheEndIsReleasedByFinish) {
   EXPECT_EQ(d.finish(), tokenizer_->decode(std::vector<int32_t>{ids[0]}));
 }
 
+// The token whose raw bytes are exactly `bytes`, or -1.
+int32_t byte_token(const Tokenizer& t, const std::string& bytes) {
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    if (t.decode_bytes(std::vector<int32_t>{id}) == bytes) return id;
+  }
+  return -1;
+}
+
+TEST_F(DetokenizerTest, InvalidBytesAreReleasedAtOnceAndOnlyAnIncompleteCharacterIsHeld) {
+  const int32_t cont = byte_token(*tokenizer_, "\x80");  // a lone continuation byte: invalid
+  const int32_t e4 = byte_token(*tokenizer_, "\xE4");
+  const int32_t b8 = byte_token(*tokenizer_, "\xB8");
+  const int32_t ad = byte_token(*tokenizer_, "\xAD");
+  ASSERT_TRUE(cont >= 0 && e4 >= 0 && b8 >= 0 && ad >= 0);
+  IncrementalDetokenizer d(tokenizer_);
+  // A model emitting invalid bytes forever: each is U+FFFD at once, nothing accumulates
+  // (a push costs its own bytes, not the history's).
+  for (int i = 0; i < 20000; ++i) {
+    ASSERT_EQ(d.push(std::span<const int32_t>(&cont, 1)), "\xEF\xBF\xBD") << "push " << i;
+  }
+  // E4 B8 AD is U+4E2D: held until complete.
+  EXPECT_EQ(d.push(std::span<const int32_t>(&e4, 1)), "");
+  EXPECT_EQ(d.push(std::span<const int32_t>(&b8, 1)), "");
+  EXPECT_EQ(d.push(std::span<const int32_t>(&ad, 1)), "\xE4\xB8\xAD");
+  // A lead byte followed by a byte it cannot take: both become U+FFFD at once (E4 then 80 is
+  // one maximal subpart, E4 then E4 releases the first E4).
+  EXPECT_EQ(d.push(std::span<const int32_t>(&e4, 1)), "");
+  EXPECT_EQ(d.push(std::span<const int32_t>(&e4, 1)), "\xEF\xBF\xBD");
+  EXPECT_EQ(d.finish(), "\xEF\xBF\xBD");
+  std::vector<int32_t> all(20000, cont);
+  for (int32_t id : {e4, b8, ad, e4, e4}) all.push_back(id);
+  EXPECT_EQ(d.text(), tokenizer_->decode(all));
+}
+
 TEST(StopStringMatcher, AStopStringSpanningDeltasCutsTheTextBeforeIt) {
   auto m = StopStringMatcher::create({"lazy dog", "END"});
   ASSERT_TRUE(m.ok());

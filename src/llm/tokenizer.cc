@@ -887,6 +887,10 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::try_encode(std::string_view text
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  return sanitize_utf8(decode_bytes(ids, skip_special_tokens));
+}
+
+std::string Tokenizer::decode_bytes(std::span<const int32_t> ids, bool skip_special_tokens) const {
   std::string bytes;
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= impl_->id_flags.size()) continue;
@@ -895,8 +899,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     if (skip_special_tokens && (flags & TokenizerImpl::kSpecial)) continue;
     bytes.append(impl_->id_to_bytes[id]);
   }
-  return sanitize_utf8(bytes);
+  return bytes;
 }
+
+std::string Tokenizer::lossy_utf8(std::string_view bytes) { return sanitize_utf8(bytes); }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   const std::string key(token);

@@ -10,10 +10,13 @@
 // is held back until later tokens complete (or finally invalidate) it. The
 // same scheme as Hugging Face's and vLLM's incremental detokenizers, with one
 // property made exact: decode(ids) of byte-level BPE is the lossy UTF-8
-// decoding of the concatenated token bytes, so decoding may restart at any
-// token after which the bytes so far end on a character boundary; the
-// detokenizer keeps only the ids since the last such token (its window), so a
-// push costs O(window), not O(all ids).
+// decoding of the concatenated token bytes (Tokenizer::decode_bytes), so the
+// detokenizer keeps only the bytes of a trailing incomplete character — a
+// lead byte and the continuation bytes a valid sequence allows after it, at
+// most 3 bytes — and renders everything before it at once: a lossy decoding
+// always restarts at such a lead byte, so the pieces add up to the whole.
+// Invalid bytes become U+FFFD as soon as they are known to be invalid; a push
+// costs O(its own bytes).
 //
 // StopStringMatcher finds stop strings in streamed text across delta (and so
 // token) boundaries: the text it releases never contains a stop string, nor a
@@ -60,8 +63,7 @@ class IncrementalDetokenizer {
  private:
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
-  std::vector<int32_t> window_;  // ids since the last character-aligned restart point
-  size_t window_emitted_ = 0;    // bytes of decode(window_) already in text_
+  std::string pending_;  // raw bytes of a trailing incomplete character (<= 3)
   std::string text_;
   int64_t num_ids_ = 0;
 };

@@ -81,6 +81,12 @@ class Tokenizer {
   // WHATWG's decoder and Rust's from_utf8_lossy do). Special tokens decode to
   // their text unless `skip_special_tokens`.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+  // The raw bytes `decode` renders (not yet UTF-8-repaired): decode(ids) ==
+  // lossy_utf8(decode_bytes(ids)).
+  std::string decode_bytes(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+  // `bytes` as UTF-8 with every maximal invalid subpart replaced by U+FFFD
+  // (WHATWG's decoder, Rust's from_utf8_lossy). Thread-safe.
+  static std::string lossy_utf8(std::string_view bytes);
 
   // The id of a vocabulary token in its stored (byte-level) spelling, e.g.
   // "Ġworld", or of an added token by its content, e.g. "<|im_end|>".
