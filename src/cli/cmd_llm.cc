@@ -1,4 +1,5 @@
 // `simpler make-model`, `simpler generate` and `simpler bench decode`.
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -6,7 +7,6 @@
 #include <functional>
 #include <iostream>
 #include <limits>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,8 +18,8 @@
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
-#include "simpler/llm/llm_engine.h"
 #include "simpler/llm/kv_cache.h"
+#include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
 #include "simpler/llm/model_config.h"
 #include "simpler/llm/prompts_file.h"
@@ -261,7 +261,8 @@ RequestRun run_requests(llm::LlmEngine& engine, std::vector<llm::RequestSpec> sp
   run.end_ns = base::now_ns();
   for (const auto& rs : run.results) {
     for (const ChoiceResult& c : rs) {
-      if (c.first_token_ns != 0) run.all_first_token_ns = std::max(run.all_first_token_ns, c.first_token_ns);
+      if (c.first_token_ns != 0)
+        run.all_first_token_ns = std::max(run.all_first_token_ns, c.first_token_ns);
     }
   }
   if (run.all_first_token_ns == 0) run.all_first_token_ns = run.end_ns;
@@ -339,8 +340,8 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", st->top_k, "keep the k most likely tokens (0 = off)")
       ->check(int_in(-1, std::numeric_limits<int32_t>::max()));
   cmd->add_option("--min-p", st->min_p, "drop tokens below min-p times the top probability");
-  auto* seed_opt = cmd->add_option("--seed", st->seed,
-                                   "sampling seed for every request (default: a distinct one each)");
+  auto* seed_opt = cmd->add_option(
+      "--seed", st->seed, "sampling seed for every request (default: a distinct one each)");
   cmd->add_option("--stop", st->stop, "stop string (repeatable; not part of the output)");
   cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                 "accept a checkpoint holding tensors the config does not use (extra heads)");
@@ -503,24 +504,22 @@ Runner add_generate_command(CLI::App& app) {
     const double tok_s = total_ms > 0 ? generated / (total_ms / 1e3) : 0;
     int64_t prompt_tokens = 0;
     for (const Item& it : items) prompt_tokens += static_cast<int64_t>(it.prompt->size());
-    std::cerr << "simpler generate: " << depth.steps << " steps, " << prompt_tokens
-              << " prompt + " << generated << " generated tokens in " << total_ms
-              << " ms (prefill " << prefill_ms << " ms, decode " << decode_ms << " ms, " << tok_s
+    std::cerr << "simpler generate: " << depth.steps << " steps, " << prompt_tokens << " prompt + "
+              << generated << " generated tokens in " << total_ms << " ms (prefill " << prefill_ms
+              << " ms, decode " << decode_ms << " ms, " << tok_s
               << " generated tokens/s; launch depth " << st->common.launch_depth << ", effective "
               << depth.effective_depth << ", up to " << depth.max_steps_in_flight
-              << " steps in flight" << (st->host_sampling ? ", serial launch for host sampling" : "")
-              << "; " << metrics.preemptions_total << " preemptions)\n";
+              << " steps in flight"
+              << (st->host_sampling ? ", serial launch for host sampling" : "") << "; "
+              << metrics.preemptions_total << " preemptions)\n";
 
     if (st->common.json) {
       nlohmann::json reqs = nlohmann::json::array();
       for (const Item& it : items) {
         const ChoiceResult& r = *it.c;
-        nlohmann::json j = {{"prompt_ids", *it.prompt},
-                            {"tokens", r.tokens},
-                            {"finish_reason", r.finish_reason},
-                            {"pages", r.pages},
-                            {"page_steps", r.page_steps},
-                            {"last_step", r.last_step}};
+        nlohmann::json j = {{"prompt_ids", *it.prompt},         {"tokens", r.tokens},
+                            {"finish_reason", r.finish_reason}, {"pages", r.pages},
+                            {"page_steps", r.page_steps},       {"last_step", r.last_step}};
         j["text"] = tok ? nlohmann::json(r.text) : nlohmann::json(nullptr);
         if (!r.error.ok()) j["error"] = std::string(r.error.message());
         if (!r.logits.empty()) {

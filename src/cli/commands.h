@@ -14,17 +14,17 @@ namespace simpler::cli {
 
 // Bounds of the flags (README, "Flag bounds"). A value past its bound is refused while parsing,
 // naming the flag, the value and the bound.
-inline constexpr int64_t kMaxCores = 256;           // --cores (sim core threads)
-inline constexpr int64_t kMaxRequests = 4096;       // --requests, --batch, prompts per file
-inline constexpr double kMaxTimeoutS = 1e6;         // --timeout, seconds
-inline constexpr int64_t kMaxPageSize = 1 << 16;    // --page-size, tokens
+inline constexpr int64_t kMaxCores = 256;              // --cores (sim core threads)
+inline constexpr int64_t kMaxRequests = 4096;          // --requests, --batch, prompts per file
+inline constexpr double kMaxTimeoutS = 1e6;            // --timeout, seconds
+inline constexpr int64_t kMaxPageSize = 1 << 16;       // --page-size, tokens
 inline constexpr int64_t kMaxBatchedTokens = 1 << 16;  // --max-num-batched-tokens
-inline constexpr int64_t kMaxRepeats = 1'000'000;   // --repeats, --runs, --steps
-inline constexpr int64_t kMaxTasks = 100'000'000;   // bench dispatch --tasks
-inline constexpr double kMaxDeviceUs = 1e7;         // bench pipeline --device-us
-inline constexpr int64_t kMaxShards = 10'000;       // make-model --shards
-inline constexpr int64_t kMaxLayers = 10'000;       // make-model --layers
-inline constexpr int64_t kMaxHiddenSize = 1 << 20;  // make-model --hidden-size
+inline constexpr int64_t kMaxRepeats = 1'000'000;      // --repeats, --runs, --steps
+inline constexpr int64_t kMaxTasks = 100'000'000;      // bench dispatch --tasks
+inline constexpr double kMaxDeviceUs = 1e7;            // bench pipeline --device-us
+inline constexpr int64_t kMaxShards = 10'000;          // make-model --shards
+inline constexpr int64_t kMaxLayers = 10'000;          // make-model --layers
+inline constexpr int64_t kMaxHiddenSize = 1 << 20;     // make-model --hidden-size
 
 // A CLI11 check for integers in [lo, hi]. Its message states the value and the bound ("2000 is
 // above the maximum of 1024"); CLI11 puts the flag's name in front.

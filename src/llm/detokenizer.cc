@@ -10,7 +10,6 @@ namespace simpler::llm {
 
 namespace {
 
-
 bool valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
   utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(s.size());
@@ -69,7 +68,8 @@ std::string IncrementalDetokenizer::push(std::span<const int32_t> ids) {
   num_ids_ += static_cast<int64_t>(ids.size());
   pending_ += tokenizer_->decode_bytes(ids, skip_special_tokens_);
   const size_t hold = incomplete_tail(pending_);
-  std::string delta = Tokenizer::lossy_utf8(std::string_view(pending_).substr(0, pending_.size() - hold));
+  std::string delta =
+      Tokenizer::lossy_utf8(std::string_view(pending_).substr(0, pending_.size() - hold));
   pending_.erase(0, pending_.size() - hold);
   text_ += delta;
   return delta;

@@ -2,13 +2,13 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "simpler/llm/llm_engine.h"
 #include "simpler/device/fault_plan.h"
+#include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
 #include "simpler/llm/tokenizer.h"
 
@@ -81,8 +81,9 @@ class LlmEngineTest : public ::testing::Test {
   static Done drain(LlmEngine& e, RequestId id, double timeout_s = 60) {
     Done d;
     while (true) {
-      auto out = e.next_output(id, base::Deadline::after(std::chrono::milliseconds(
-                                       static_cast<int64_t>(timeout_s * 1000))));
+      auto out = e.next_output(
+          id,
+          base::Deadline::after(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))));
       if (!out.ok()) {
         ADD_FAILURE() << "request " << id << ": " << out.status();
         return d;
@@ -113,8 +114,8 @@ class LlmEngineTest : public ::testing::Test {
 
   // Greedy tokens of every prompt, run alone at depth 1 with budget 1 (one
   // position per step: the plainest schedule).
-  static std::vector<std::vector<int32_t>> solo_tokens(
-      const std::vector<std::vector<int32_t>>& ps, int64_t max_tokens) {
+  static std::vector<std::vector<int32_t>> solo_tokens(const std::vector<std::vector<int32_t>>& ps,
+                                                       int64_t max_tokens) {
     std::vector<std::vector<int32_t>> out;
     auto e = engine(options(1, 256, 1, 1));
     for (const auto& p : ps) {
@@ -139,10 +140,10 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
     int depth, budget;
     bool host;
   };
-  for (const Config c : {Config{1, 64, false}, Config{2, 7, false}, Config{3, 64, false},
-                         Config{2, 16, true}}) {
-    SCOPED_TRACE(testing::Message() << "depth " << c.depth << " budget " << c.budget << " host "
-                                    << c.host);
+  for (const Config c :
+       {Config{1, 64, false}, Config{2, 7, false}, Config{3, 64, false}, Config{2, 16, true}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "depth " << c.depth << " budget " << c.budget << " host " << c.host);
     EngineOptions eo = options(c.depth, 256, c.budget, std::min(16, c.budget));
     eo.runner.host_sampling = c.host;
     auto e = engine(eo);
@@ -156,7 +157,6 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
     EXPECT_TRUE(e->shutdown().ok());
   }
 }
-
 
 // Random prompts of lengths [1, max_len] over the vocabulary's low ids.
 std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_t seed) {
@@ -301,7 +301,9 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
       }
       EXPECT_EQ(drain(*e, ids[0]).tokens, alone);
       for (size_t i = 1; i < ids.size(); ++i) drain(*e, ids[i]);
-      if (small_pool) EXPECT_GT(e->metrics().preemptions_total, 0);
+      if (small_pool) {
+        EXPECT_GT(e->metrics().preemptions_total, 0);
+      }
       EXPECT_TRUE(e->shutdown().ok());
     }
   }
@@ -382,7 +384,8 @@ TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndNumbers) {
   };
   using C = absl::StatusCode;
   refused(greedy({}, 4), C::kInvalidArgument, "prompt_ids is empty");
-  refused(greedy({1, 512}, 4), C::kInvalidArgument, "prompt_ids[1] = 512 is outside the vocabulary");
+  refused(greedy({1, 512}, 4), C::kInvalidArgument,
+          "prompt_ids[1] = 512 is outside the vocabulary");
   refused(greedy({1}, 0), C::kInvalidArgument, "max_tokens must be >= 1, got 0");
   refused(greedy({1, 2}, 1 << 20), C::kInvalidArgument, "exceeds max_position_embeddings");
   refused(greedy(std::vector<int32_t>(30, 1), 10), C::kInvalidArgument,
@@ -558,7 +561,8 @@ TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
     ids.push_back(*id);
     max_tokens.push_back(mt);
     if (std::uniform_int_distribution<int>(0, 9)(rng) == 0) {
-      absl::Status a = e->abort(ids[std::uniform_int_distribution<size_t>(drained, ids.size() - 1)(rng)]);
+      absl::Status a =
+          e->abort(ids[std::uniform_int_distribution<size_t>(drained, ids.size() - 1)(rng)]);
       EXPECT_TRUE(a.ok() || a.code() == absl::StatusCode::kNotFound) << a;
     }
     if (ids.size() - drained > 200) drain_one(drained++);
@@ -575,7 +579,6 @@ TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
                 m.requests_finished_error,
             kRequests);
 }
-
 
 // A kernel error in a step holding a prefill chunk of a long prompt (mid-prefill)
 // fails that request; a request decoding beside it in the same step fails too
@@ -708,7 +711,11 @@ class LlmEngineTextTest : public ::testing::Test {
     size_t i = 0;
     while (i < s.size()) {
       const unsigned char c = static_cast<unsigned char>(s[i]);
-      const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+      const size_t n = c < 0x80         ? 1
+                       : (c >> 5) == 6  ? 2
+                       : (c >> 4) == 14 ? 3
+                       : (c >> 3) == 30 ? 4
+                                        : 0;
       if (n == 0 || i + n > s.size()) return false;
       for (size_t k = 1; k < n; ++k) {
         if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
@@ -741,7 +748,8 @@ TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
   ASSERT_EQ(base.tokens.size(), 40u);
   const std::string full = tokenizer_->decode(base.tokens);
   EXPECT_EQ(base.text(), full);
-  for (const std::string& d : base.deltas) EXPECT_TRUE(valid_utf8(d)) << "a delta split a character";
+  for (const std::string& d : base.deltas)
+    EXPECT_TRUE(valid_utf8(d)) << "a delta split a character";
   // A stop string made of the last character of token k's text and the first
   // of token k+1's, whose first occurrence is exactly there.
   bool tested = false;
@@ -750,13 +758,15 @@ TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
         tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), k + 1));
     const std::string upto_next =
         tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), k + 2));
-    if (upto.empty() || upto.size() >= upto_next.size() || full.compare(0, upto_next.size(), upto_next) != 0 ||
-        !valid_utf8(upto) || !valid_utf8(upto_next)) {
+    if (upto.empty() || upto.size() >= upto_next.size() ||
+        full.compare(0, upto_next.size(), upto_next) != 0 || !valid_utf8(upto) ||
+        !valid_utf8(upto_next)) {
       continue;
     }
     size_t last = upto.size() - 1;
     while (last > 0 && (static_cast<unsigned char>(upto[last]) >> 6) == 2) --last;
-    const std::string stop = upto.substr(last) + upto_next.substr(upto.size(), char_len(upto_next, upto.size()));
+    const std::string stop =
+        upto.substr(last) + upto_next.substr(upto.size(), char_len(upto_next, upto.size()));
     if (full.find(stop) != last || stop.find('\xef') != std::string::npos) continue;
     tested = true;
     RequestSpec with_stop = spec;

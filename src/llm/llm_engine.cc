@@ -61,10 +61,19 @@ struct Delivery {
   int32_t open_choices SIMPLER_GUARDED_BY(mu) = 0;  // without a final event queued
   int32_t unread_finals SIMPLER_GUARDED_BY(mu) = 0;
   std::function<void(const RequestOutput&)> callback;  // immutable
-  std::string caller_id;                                 // immutable
+  std::string caller_id;                               // immutable
 };
 
 namespace {
+
+// Registration (the first event of every choice): what the output thread keeps.
+struct ChoiceInit {
+  RequestId rid = 0;
+  int32_t index = 0;
+  int64_t arrival_ns = 0;
+  std::shared_ptr<Delivery> delivery;
+  std::shared_ptr<const RequestSpec> spec;
+};
 
 // One event from the loop to the output processor.
 struct LoopEvent {
@@ -82,15 +91,7 @@ struct LoopEvent {
   std::vector<int32_t> pages;
   std::vector<int64_t> page_steps;
   int64_t last_step = 0;
-  // Registration (the first event of every choice): what the output thread keeps.
-  struct Init {
-    RequestId rid = 0;
-    int32_t index = 0;
-    int64_t arrival_ns = 0;
-    std::shared_ptr<Delivery> delivery;
-    std::shared_ptr<const RequestSpec> spec;
-  };
-  std::optional<Init> init;
+  std::optional<ChoiceInit> init;
 };
 
 }  // namespace
@@ -299,10 +300,10 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
   const RunnerOptions& ro = options_.runner;
   const int64_t need = pages_needed(plen + spec.max_tokens - 1, ro.page_size);
   if (need > ro.num_pages) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "the request can never fit the KV cache: prompt of ", plen, " tokens + max_tokens ",
-        spec.max_tokens, " needs ", need, " pages of ", ro.page_size, " tokens, and the pool holds ",
-        ro.num_pages, " pages")));
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("the request can never fit the KV cache: prompt of ", plen,
+                     " tokens + max_tokens ", spec.max_tokens, " needs ", need, " pages of ",
+                     ro.page_size, " tokens, and the pool holds ", ro.num_pages, " pages")));
   }
   if (spec.n < 1 || spec.n > ro.max_num_seqs) {
     return refuse(absl::InvalidArgumentError(
@@ -338,9 +339,9 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
       if (!dup) stop_ids.emplace_back(id, false);
     }
     if (stop_ids.size() > static_cast<size_t>(kMaxSamplingStopIds)) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "stop_token_ids: ", stop_ids.size(), " stop ids with the model's ", im.eos_ids.size(),
-          " EOS ids, at most ", kMaxSamplingStopIds)));
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids: ", stop_ids.size(), " stop ids with the model's ",
+                       im.eos_ids.size(), " EOS ids, at most ", kMaxSamplingStopIds)));
     }
     for (size_t i = 0; i < stop_ids.size(); ++i) {
       p.stop_ids[i] = stop_ids[i].first;
@@ -862,7 +863,8 @@ void LlmEngine::Impl::loop() {
   // Leaving: every live request ends (abort), steps still in flight are
   // cancelled by the runner's close and released with this thread's state.
   for (uint64_t sid : scheduler->live_ids()) (void)scheduler->abort(sid);
-  while (!in_flight.empty() && (!in_flight.front().step || in_flight.front().step->handle().done())) {
+  while (!in_flight.empty() &&
+         (!in_flight.front().step || in_flight.front().step->handle().done())) {
     retire_front();
   }
   if (!in_flight.empty()) {

@@ -14,8 +14,8 @@ Histogram Histogram::with_bounds(std::vector<double> bounds) {
 void Histogram::observe(double value) {
   if (counts.size() != bounds.size() + 1) counts.assign(bounds.size() + 1, 0);
   // First bound >= value (Prometheus buckets are "less than or equal").
-  const size_t i = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) -
-                                       bounds.begin());
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin());
   ++counts[i];
   ++count;
   sum += value;
@@ -45,7 +45,7 @@ std::vector<double> inter_token_buckets_s() {
 }
 
 std::vector<double> request_latency_buckets_s() {
-  return {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+  return {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
           30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 }
 

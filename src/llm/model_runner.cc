@@ -75,8 +75,8 @@ absl::Status token_feedback_kernel(const task::KernelContext& ctx) {
   const int64_t rows = ctx.tensor(3).shape[0];
   for (int64_t i = 0; i < rows; ++i) {
     if (src[i] >= last.shape[0]) {
-      return absl::InvalidArgumentError(absl::StrCat("token_feedback: row ", i, " reads slot ",
-                                                     src[i], " of ", last.shape[0]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_feedback: row ", i, " reads slot ", src[i], " of ", last.shape[0]));
     }
     out[i] = src[i] >= 0 ? last.data<int32_t>()[src[i]] : host[i];
   }
@@ -116,10 +116,9 @@ absl::Status orchestrate_step(const task::ChipCallable& decode, task::Orchestrat
   const auto base = static_cast<task::KernelIndex>(decode.kernels.size());
   const Tensor& counts = args.tensor(kCounts);
   if (args.tensor(kClearSlots).numel() > 0) {
-    SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kTokenCounts,
-                                       token_counts_args(args.tensor(kClearSlots),
-                                                         args.tensor(kClearSlots), counts,
-                                                         TokenCountsMode::kClear)));
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(
+        base + kTokenCounts, token_counts_args(args.tensor(kClearSlots), args.tensor(kClearSlots),
+                                               counts, TokenCountsMode::kClear)));
   }
   if (args.tensor(kPromptIds).numel() > 0) {
     SIMPLER_RETURN_IF_ERROR(ctx.submit(
@@ -128,8 +127,8 @@ absl::Status orchestrate_step(const task::ChipCallable& decode, task::Orchestrat
   }
   if (args.tensor(kGenIds).numel() > 0) {
     SIMPLER_RETURN_IF_ERROR(ctx.submit(
-        base + kTokenCounts, token_counts_args(args.tensor(kGenIds), args.tensor(kGenSlots),
-                                               counts, TokenCountsMode::kGenerated)));
+        base + kTokenCounts, token_counts_args(args.tensor(kGenIds), args.tensor(kGenSlots), counts,
+                                               TokenCountsMode::kGenerated)));
   }
   task::TaskArgs program;
   for (size_t i = kNumStepArgs; i < args.size(); ++i) program.add(args[i]);
@@ -144,15 +143,15 @@ absl::Status orchestrate_step(const task::ChipCallable& decode, task::Orchestrat
   const int64_t n = out_ids.numel();
   if (n == 0) return absl::OkStatus();  // no logit rows, or host sampling
   const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(n, 1, 64));
-  SIMPLER_RETURN_IF_ERROR(ctx.submit(
-      base + kSample,
-      sample_args(program.tensor(kQwen3OutLogits), args.tensor(kParams), args.tensor(kSampleRows),
-                  counts, out_ids, args.tensor(kOutLogprobs), args.tensor(kTopIds),
-                  args.tensor(kTopLogprobs)),
-      blocks));
   SIMPLER_RETURN_IF_ERROR(
-      ctx.submit(base + kTokenCounts, token_counts_args(out_ids, args.tensor(kSampleSlots), counts,
-                                                        TokenCountsMode::kGenerated)));
+      ctx.submit(base + kSample,
+                 sample_args(program.tensor(kQwen3OutLogits), args.tensor(kParams),
+                             args.tensor(kSampleRows), counts, out_ids, args.tensor(kOutLogprobs),
+                             args.tensor(kTopIds), args.tensor(kTopLogprobs)),
+                 blocks));
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(
+      base + kTokenCounts,
+      token_counts_args(out_ids, args.tensor(kSampleSlots), counts, TokenCountsMode::kGenerated)));
   task::TaskArgs scatter;
   scatter.add_tensor(out_ids, ArgDirection::kIn)
       .add_tensor(args.tensor(kSampleSlots), ArgDirection::kIn)
@@ -196,9 +195,8 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
   }
   if (options.max_num_batched_tokens < options.max_num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_num_batched_tokens ", options.max_num_batched_tokens,
-        " is below max_num_seqs ", options.max_num_seqs,
-        ": a step could not hold one decode row of every running request"));
+        "max_num_batched_tokens ", options.max_num_batched_tokens, " is below max_num_seqs ",
+        options.max_num_seqs, ": a step could not hold one decode row of every running request"));
   }
   std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
   r->options_ = options;
@@ -317,9 +315,8 @@ std::vector<worker::DeviceBuffer> Qwen3ModelRunner::bound_buffers() const {
 absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
     const StepPlan& plan, std::span<const RowInput> inputs) {
   if (inputs.size() != plan.rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " has ",
-                                                   plan.rows.size(), " rows but ", inputs.size(),
-                                                   " row inputs"));
+    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " has ", plan.rows.size(),
+                                                   " rows but ", inputs.size(), " row inputs"));
   }
   const bool host = options_.host_sampling;
   if (host && host_step_pending_) {
@@ -388,9 +385,8 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
       st->slot_mapping.push_back(row.slots[k]);
       st->context_lens.push_back(static_cast<int32_t>(pos + 1));
       for (int64_t b = 0; b < max_blocks; ++b) {
-        st->block_tables.push_back(b < static_cast<int64_t>(row.block_table.size())
-                                       ? row.block_table[b]
-                                       : 0);
+        st->block_tables.push_back(
+            b < static_cast<int64_t>(row.block_table.size()) ? row.block_table[b] : 0);
       }
     }
     if (row.logits) {

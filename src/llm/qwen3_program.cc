@@ -473,9 +473,8 @@ absl::Status Qwen3Scratch::validate(const Qwen3Dims& d) const {
         absl::StrCat("Qwen3Scratch.max_batch = ", max_batch, " must be positive"));
   }
   if (max_logit_rows < 1 || max_logit_rows > max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("Qwen3Scratch.max_logit_rows = ",
-                                                   max_logit_rows, " must be in [1, max_batch ",
-                                                   max_batch, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("Qwen3Scratch.max_logit_rows = ", max_logit_rows,
+                                                   " must be in [1, max_batch ", max_batch, "]"));
   }
   std::vector<NamedRange> ranges;
   for (const ScratchField& f : scratch_fields(d)) {
@@ -497,8 +496,8 @@ absl::StatusOr<uint64_t> qwen3_scratch_bytes(const Qwen3Dims& dims, int64_t max_
   }
   if (max_logit_rows == 0) max_logit_rows = max_batch;
   if (max_logit_rows < 1 || max_logit_rows > max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scratch max_logit_rows = ", max_logit_rows, " must be in [1, max_batch ", max_batch, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("scratch max_logit_rows = ", max_logit_rows,
+                                                   " must be in [1, max_batch ", max_batch, "]"));
   }
   uint64_t bytes = 0;
   for (const ScratchField& f : scratch_fields(dims)) {

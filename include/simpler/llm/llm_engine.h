@@ -116,10 +116,10 @@ struct RequestOutput {
   RequestId id = 0;
   int32_t index = 0;  // choice
   std::string caller_id;
-  std::vector<int32_t> token_ids;        // new tokens since the previous event
-  std::vector<TokenLogprob> logprobs;    // parallel to token_ids when logprobs were asked
-  std::vector<int64_t> token_times_ns;   // when each token's step retired (steady clock)
-  std::string text;                      // new text (complete UTF-8 characters only)
+  std::vector<int32_t> token_ids;       // new tokens since the previous event
+  std::vector<TokenLogprob> logprobs;   // parallel to token_ids when logprobs were asked
+  std::vector<int64_t> token_times_ns;  // when each token's step retired (steady clock)
+  std::string text;                     // new text (complete UTF-8 characters only)
   OutputFinish finish = OutputFinish::kNone;
   bool finished() const { return finish != OutputFinish::kNone; }
   absl::Status error;  // finish kError (and kAbort with a reason)

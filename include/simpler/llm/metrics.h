@@ -29,8 +29,8 @@ struct Histogram {
 };
 
 // vLLM's bucket boundaries.
-std::vector<double> ttft_buckets_s();           // time to first token
-std::vector<double> inter_token_buckets_s();    // inter-token latency / time per output token
+std::vector<double> ttft_buckets_s();             // time to first token
+std::vector<double> inter_token_buckets_s();      // inter-token latency / time per output token
 std::vector<double> request_latency_buckets_s();  // e2e, queue, prefill, decode time
 // 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM build_1_2_5_buckets): rows and tokens per step.
 std::vector<double> build_1_2_5_buckets(int64_t max);

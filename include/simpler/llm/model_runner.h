@@ -54,12 +54,12 @@
 namespace simpler::llm {
 
 struct RunnerOptions {
-  worker::WorkerOptions worker;         // device, cores, launch depth, grant, timeout, trace
-  int32_t page_size = 16;               // tokens per KV page (> 0)
-  int32_t num_pages = 0;                // pages in the KV pool (> 0)
-  int32_t max_num_seqs = 64;            // state slots = most logit rows per step (> 0)
+  worker::WorkerOptions worker;          // device, cores, launch depth, grant, timeout, trace
+  int32_t page_size = 16;                // tokens per KV page (> 0)
+  int32_t num_pages = 0;                 // pages in the KV pool (> 0)
+  int32_t max_num_seqs = 64;             // state slots = most logit rows per step (> 0)
   int32_t max_num_batched_tokens = 512;  // most rows (positions) per step (>= max_num_seqs)
-  bool host_sampling = false;           // sample on the host (see the header comment)
+  bool host_sampling = false;            // sample on the host (see the header comment)
   // create() refuses a checkpoint holding a tensor the config does not use
   // unless this is set (checkpoints with extra heads).
   bool allow_unused_tensors = false;
@@ -75,7 +75,7 @@ struct RowInput {
   int64_t prompt_len = 0;
   const SamplingParams* params = nullptr;  // logit rows; validated by the engine
   int32_t choice = 0;                      // clone index (OpenAI `n`), Philox stream
-  bool want_logits = false;  // logit row: read its raw logits back (tests, dumps)
+  bool want_logits = false;                // logit row: read its raw logits back (tests, dumps)
 };
 
 // One logit row's outcome, in the order of the plan's logit rows.
@@ -113,9 +113,9 @@ class StepInFlight {
   std::vector<SampleRowInfo> rows;
   std::vector<int32_t> out_ids, top_ids;
   std::vector<float> out_logprobs, top_logprobs, logits;
-  std::vector<size_t> row_of_logit_;      // logit j -> plan row
-  std::vector<uint8_t> want_logits_;      // per logit row
-  std::vector<int32_t> logit_state_slot_;  // per logit row (host sampling)
+  std::vector<size_t> row_of_logit_;         // logit j -> plan row
+  std::vector<uint8_t> want_logits_;         // per logit row
+  std::vector<int32_t> logit_state_slot_;    // per logit row (host sampling)
   std::vector<SamplingParams> host_params_;  // host sampling: per logit row
   std::vector<SampleRowInfo> host_rows_;
   bool host_logits_ = false;

@@ -90,27 +90,27 @@ struct Qwen3DeviceWeights {
 // tensors with leading dimension max_batch (runs with B < max_batch use the
 // first B rows); sel, sel_normed and logits hold only the rows that want
 // logits, so their leading dimension is max_logit_rows (<= max_batch: a
-// chunked-prefill step has many rows but few logit rows). Reused by every run of the callable, so runs of one callable
-// must execute one at a time (the device is serial at the run level,
+// chunked-prefill step has many rows but few logit rows). Reused by every run of the callable, so
+// runs of one callable must execute one at a time (the device is serial at the run level,
 // ARCHITECTURE.md invariant 2) — give each concurrently executing lane its own
 // scratch. Memory owned by the caller; plain value.
 struct Qwen3Scratch {
   int64_t max_batch = 0;
   int64_t max_logit_rows = 0;  // in [1, max_batch]
-  task::Tensor hidden;      // [Bmax, H]      residual stream
-  task::Tensor normed;      // [Bmax, H]      RMSNorm output
-  task::Tensor q_proj;      // [Bmax, heads·hd] q before q_norm / RoPE
-  task::Tensor k_proj;      // [Bmax, kv·hd]    k before k_norm / RoPE
-  task::Tensor v;           // [Bmax, kv·hd]
-  task::Tensor q;           // [Bmax, heads·hd] q after q_norm and RoPE
-  task::Tensor k;           // [Bmax, kv·hd]    k after k_norm and RoPE
-  task::Tensor attn_out;    // [Bmax, heads·hd]
-  task::Tensor gate;        // [Bmax, I]
-  task::Tensor up;          // [Bmax, I]
-  task::Tensor act;         // [Bmax, I]      silu(gate)·up
-  task::Tensor sel;         // [max_logit_rows, H]  hidden rows of logit_rows
-  task::Tensor sel_normed;  // [max_logit_rows, H]  final-normed sel
-  task::Tensor logits;      // [max_logit_rows, V]  used when the run has no out_logits
+  task::Tensor hidden;         // [Bmax, H]      residual stream
+  task::Tensor normed;         // [Bmax, H]      RMSNorm output
+  task::Tensor q_proj;         // [Bmax, heads·hd] q before q_norm / RoPE
+  task::Tensor k_proj;         // [Bmax, kv·hd]    k before k_norm / RoPE
+  task::Tensor v;              // [Bmax, kv·hd]
+  task::Tensor q;              // [Bmax, heads·hd] q after q_norm and RoPE
+  task::Tensor k;              // [Bmax, kv·hd]    k after k_norm and RoPE
+  task::Tensor attn_out;       // [Bmax, heads·hd]
+  task::Tensor gate;           // [Bmax, I]
+  task::Tensor up;             // [Bmax, I]
+  task::Tensor act;            // [Bmax, I]      silu(gate)·up
+  task::Tensor sel;            // [max_logit_rows, H]  hidden rows of logit_rows
+  task::Tensor sel_normed;     // [max_logit_rows, H]  final-normed sel
+  task::Tensor logits;         // [max_logit_rows, V]  used when the run has no out_logits
 
   // INVALID_ARGUMENT naming the buffer whose shape, dtype or address is wrong
   // for `dims` and max_batch, or when two buffers overlap.
