@@ -22,6 +22,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -395,8 +396,19 @@ struct State {
   uint64_t seed = 0;
   int32_t page_size = 16;
   int32_t num_pages = 0;
+  int64_t ttft_probe_len = 512;
   bool allow_unused_tensors = false;
   CommonOptions common;
+};
+
+// The idle-engine TTFT probe: one prompt of `len` tokens (seeded ids), one output token, on a
+// fresh engine. Its TTFT against the device time of the steps that prefilled it (every step of
+// the run: the prompt is alone).
+struct TtftProbe {
+  double ttft_ms = 0;
+  double prefill_device_ms = 0;
+  int64_t steps = 0;
+  double ratio() const { return prefill_device_ms > 0 ? ttft_ms / prefill_device_ms : 0; }
 };
 
 int run_bench_throughput(const State& st) {
@@ -456,6 +468,37 @@ int run_bench_throughput(const State& st) {
 
   const double ratio =
       s.output_tokens_per_s > 0 ? c.output_tokens_per_s / s.output_tokens_per_s : 0;
+  std::optional<TtftProbe> probe;
+  if (st.ttft_probe_len > 0) {
+    Workload one;
+    SplitMix64 ids(st.seed ^ 0x9e3779b97f4a7c15ull);
+    std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len));
+    for (int64_t& id : prompt) id = ids.uniform(0, config->vocab_size - 1);
+    if (absl::Status ck = config->check_request(prompt, 1); !ck.ok()) {
+      return fail(kCommand, base::annotate(ck, "--ttft-probe-len: "));
+    }
+    one.prompts.emplace_back(prompt.begin(), prompt.end());
+    one.output_lens.push_back(1);
+    one.arrival_offsets_ns.push_back(0);
+    one.input_tokens = st.ttft_probe_len;
+    one.output_tokens = 1;
+    one.longest = st.ttft_probe_len + 1;
+    llm::EngineOptions po = eo;
+    po.runner.num_pages = static_cast<int32_t>(
+        std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, st.page_size)));
+    auto run = run_workload(st.model, po, one, /*static_batches=*/false);
+    if (!run.ok()) return fail_with_trace(kCommand, run.status(), trace, st.common.trace_path);
+    if (run->requests.empty() || run->requests[0].first_token_ns == 0) {
+      return fail(kCommand, absl::InternalError("the TTFT probe's request produced no token"));
+    }
+    TtftProbe p;
+    p.ttft_ms = (run->requests[0].first_token_ns - run->requests[0].arrival_ns) / 1e6;
+    for (const llm::StepRecord& r : run->steps) {
+      p.prefill_device_ms += (r.device_end_ns - r.device_start_ns) / 1e6;
+      ++p.steps;
+    }
+    probe = p;
+  }
   const int64_t preemptions = continuous->metrics.preemptions_total;
   const double ttft50 = percentile(c.ttft_ms, 0.5), ttft99 = percentile(c.ttft_ms, 0.99);
   const double itl50 = percentile(c.itl_ms, 0.5), itl99 = percentile(c.itl_ms, 0.99);
@@ -501,6 +544,13 @@ int run_bench_throughput(const State& st) {
         {"static_preemptions", fixed->metrics.preemptions_total},
         {"static_errors", s.errors},
         {"continuous_over_static", ratio}};
+    if (probe) {
+      j["ttft_probe_input_len"] = st.ttft_probe_len;
+      j["ttft_probe_ms"] = probe->ttft_ms;
+      j["ttft_probe_prefill_device_ms"] = probe->prefill_device_ms;
+      j["ttft_probe_steps"] = probe->steps;
+      j["ttft_probe_over_prefill_device"] = probe->ratio();
+    }
     std::printf("%s\n", base::dump_replacing(j).c_str());
   } else {
     std::printf(
@@ -527,6 +577,13 @@ int run_bench_throughput(const State& st) {
         seqs, static_cast<long long>(s.output_tokens), s.wall_s, s.output_tokens_per_s,
         static_cast<long long>(s.steps), s.mean_rows_per_step, static_cast<long long>(s.errors));
     std::printf("continuous / static: %.2fx\n", ratio);
+    if (probe) {
+      std::printf(
+          "idle engine, one %lld-token prompt: first token after %.2f ms; its %lld prefill "
+          "step(s) took %.2f ms of device time: %.3fx\n",
+          static_cast<long long>(st.ttft_probe_len), probe->ttft_ms,
+          static_cast<long long>(probe->steps), probe->prefill_device_ms, probe->ratio());
+    }
   }
   // The numbers are printed first; a request that failed, or an engine that did not close
   // cleanly, makes the call fail.
@@ -593,6 +650,11 @@ Runner add_bench_throughput_command(CLI::App* bench) {
   cmd->add_option("--num-pages", st->num_pages,
                   "KV cache pages (0 = max-num-seqs requests of the workload's longest input + "
                   "output at once)")
+      ->check(int_in(0, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
+  cmd->add_option("--ttft-probe-len", st->ttft_probe_len,
+                  "then one prompt of this many tokens on an idle engine: its time to first token "
+                  "against the device time of its prefill steps (0 = skip)")
       ->check(int_in(0, std::numeric_limits<int32_t>::max()))
       ->capture_default_str();
   cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
