@@ -318,7 +318,11 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
   p.presence_penalty = rs.presence_penalty;
   p.frequency_penalty = rs.frequency_penalty;
   p.repetition_penalty = rs.repetition_penalty;
-  p.logprobs = rs.logprobs;
+  p.logprobs = rs.logprobs.has_value() ? *rs.logprobs : -1;
+  if (rs.logprobs.has_value() && (*rs.logprobs < 0 || *rs.logprobs > kMaxLogprobs)) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs,
+                                                          "] (or absent), got ", *rs.logprobs)));
+  }
   p.min_tokens = rs.min_tokens;
   p.ignore_eos = rs.ignore_eos ? 1 : 0;
   {
@@ -670,7 +674,7 @@ void LlmEngine::Impl::retire_front() {
       ev.times.push_back(now);
       if (si < samples.size()) {
         const RowSample& s = samples[si];
-        if (ch.params.logprobs > 0 || ch.spec->sampling.logprobs > 0) {
+        if (ch.params.logprobs >= 0) {
           TokenLogprob lp;
           lp.logprob = s.sample.logprob;
           for (int k = 0; k < ch.params.logprobs; ++k) {

@@ -289,8 +289,10 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
   SIMPLER_ASSIGN_OR_RETURN(r->kv_buffer_, r->worker_->malloc(kv_bytes));
   SIMPLER_ASSIGN_OR_RETURN(r->kv_pools_, layout_kv_pools(d, options.num_pages, options.page_size,
                                                          r->kv_buffer_.address));
+  Qwen3ProgramOptions popts;
+  popts.argmax = false;  // the step program samples from the logits
   SIMPLER_ASSIGN_OR_RETURN(holder->decode,
-                           make_qwen3_decode_callable(d, w, r->scratch_, r->kv_pools_, {}));
+                           make_qwen3_decode_callable(d, w, r->scratch_, r->kv_pools_, popts));
   if (holder->decode.kernels.size() != llm_kernels().size()) {
     return absl::InternalError("decode program kernel table differs from llm_kernels()");
   }

@@ -340,6 +340,7 @@ absl::Status orchestrate(const Program& p, task::OrchestrationContext& ctx, cons
                                  row_blocks(n, H), "final norm", -1));
   SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(sel_normed, p.lm_head, logits),
                                  matmul_blocks(n, d.vocab_size, H), "lm_head", -1));
+  if (!p.options.argmax) return absl::OkStatus();
   SIMPLER_RETURN_IF_ERROR(submit(KernelId::kArgmax, argmax_args(logits, out_ids),
                                  clamp_blocks(n, cores), "argmax", -1));
   return absl::OkStatus();

@@ -140,7 +140,7 @@ absl::Status SamplingParams::validate(int64_t vocab_size) const {
   if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f)) {
     return bad("repetition_penalty", repetition_penalty, "finite and > 0 (1 is off)");
   }
-  if (logprobs < 0 || logprobs > kMaxLogprobs) return bad("logprobs", logprobs, "in [0, 5]");
+  if (logprobs < -1 || logprobs > kMaxLogprobs) return bad("logprobs", logprobs, "in [-1, 5]");
   if (min_tokens < 0) return bad("min_tokens", min_tokens, ">= 0");
   for (int i = 0; i < kMaxSamplingStopIds; ++i) {
     if (stop_ids[i] < -1 || (stop_ids[i] >= 0 && stop_ids[i] >= vocab_size)) {
@@ -285,28 +285,42 @@ SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const
                         const int32_t* counts, int64_t vocab) {
   SampleResult r;
   std::fill(std::begin(r.top_logprobs), std::end(r.top_logprobs), kNegInf);
-  // 1. Raw logprobs: log_softmax in f64.
-  double max_raw = -std::numeric_limits<double>::infinity();
-  for (int64_t t = 0; t < vocab; ++t) max_raw = std::max(max_raw, static_cast<double>(logits[t]));
-  double sum = 0.0;
-  if (std::isfinite(max_raw)) {
+  // 1. Raw logprobs: log_softmax in f64 (not computed at all for logprobs = -1).
+  double lse = 0.0;
+  if (p.logprobs >= 0) {
+    double max_raw = -std::numeric_limits<double>::infinity();
     for (int64_t t = 0; t < vocab; ++t) {
-      if (!std::isnan(logits[t])) sum += std::exp(static_cast<double>(logits[t]) - max_raw);
+      max_raw = std::max(max_raw, static_cast<double>(logits[t]));
     }
+    double sum = 0.0;
+    if (std::isfinite(max_raw)) {
+      for (int64_t t = 0; t < vocab; ++t) {
+        if (!std::isnan(logits[t])) sum += std::exp(static_cast<double>(logits[t]) - max_raw);
+      }
+    }
+    lse = std::isfinite(max_raw) ? max_raw + std::log(sum) : max_raw;
   }
-  const double lse = std::isfinite(max_raw) ? max_raw + std::log(sum) : max_raw;
   auto raw_logprob = [&](int64_t t) {
     return static_cast<float>(static_cast<double>(logits[t]) - lse);
   };
 
-  // 2–3. Penalties on a copy.
-  std::vector<float> pen(logits, logits + vocab);
-  apply_penalties(p, counts, row.num_generated, pen.data(), vocab);
+  // 2–3. Penalties on a copy, when any applies (otherwise the raw logits are read as they are).
+  const bool mask_stops = row.num_generated < p.min_tokens;
+  const bool penalize =
+      counts != nullptr &&
+      (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+  std::vector<float> pen_copy;
+  const float* pen = logits;
+  if (mask_stops || penalize) {
+    pen_copy.assign(logits, logits + vocab);
+    apply_penalties(p, counts, row.num_generated, pen_copy.data(), vocab);
+    pen = pen_copy.data();
+  }
 
   int64_t chosen = -1;
   if (p.temperature >= kGreedyTemperature) {
     std::vector<double> w(static_cast<size_t>(vocab));
-    sampling_weights(p, pen.data(), vocab, w.data());
+    sampling_weights(p, pen, vocab, w.data());
     double total = 0.0;
     for (double x : w) total += x;
     if (total > 0.0) {
@@ -334,7 +348,7 @@ SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const
     }
   }
   r.id = static_cast<int32_t>(chosen);
-  r.logprob = raw_logprob(chosen);
+  r.logprob = p.logprobs >= 0 ? raw_logprob(chosen) : 0.0f;
 
   if (p.logprobs > 0) {
     const int n = std::min<int64_t>(p.logprobs, vocab);

@@ -274,7 +274,9 @@ TEST(SamplingParams, ValidateNamesTheFieldAndValue) {
       {[](SamplingParams& p) { p.repetition_penalty = 0.0f; },
        "sampling params: repetition_penalty must be finite and > 0 (1 is off), got 0"},
       {[](SamplingParams& p) { p.logprobs = 6; },
-       "sampling params: logprobs must be in [0, 5], got 6"},
+       "sampling params: logprobs must be in [-1, 5], got 6"},
+      {[](SamplingParams& p) { p.logprobs = -2; },
+       "sampling params: logprobs must be in [-1, 5], got -2"},
       {[](SamplingParams& p) { p.min_tokens = -1; },
        "sampling params: min_tokens must be >= 0, got -1"},
       {[](SamplingParams& p) { p.stop_ids[2] = 10; },
@@ -523,6 +525,29 @@ TEST(SampleRow, LogprobsAreOfTheRawLogitsWithTopAlternatives) {
   EXPECT_NEAR(r.top_logprobs[0], 3.0 - lse, 1e-6);
   EXPECT_NEAR(r.top_logprobs[2], 2.0 - lse, 1e-6);
   EXPECT_EQ(r.top_logprobs[3], -std::numeric_limits<float>::infinity());
+}
+
+// logprobs = -1 skips the log-sum-exp: the same token, no logprob, no alternatives; with
+// penalties off the raw logits are read in place and give what a penalized copy gives.
+TEST(SampleRow, NoLogprobsGivesTheSameTokens) {
+  std::vector<float> logits(300);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(0.37f * static_cast<float>(i));
+  for (float temperature : {0.0f, 0.8f}) {
+    for (int32_t position = 0; position < 20; ++position) {
+      SamplingParams with, without;
+      with.temperature = without.temperature = temperature;
+      with.seed = without.seed = 5;
+      with.logprobs = 0;
+      without.logprobs = -1;
+      const SampleRowInfo row{-1, position, 0, 0};
+      const SampleResult a = sample_row(with, row, logits.data(), nullptr, 300);
+      const SampleResult b = sample_row(without, row, logits.data(), nullptr, 300);
+      EXPECT_EQ(a.id, b.id) << "temperature " << temperature << " position " << position;
+      EXPECT_LT(a.logprob, 0.0f);
+      EXPECT_EQ(b.logprob, 0.0f);
+      EXPECT_EQ(b.top_ids[0], -1);
+    }
+  }
 }
 
 // ---- kernels ------------------------------------------------------------------------------------

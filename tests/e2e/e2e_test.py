@@ -581,7 +581,7 @@ def scenario_long_prompt(ctx):
 
 def scenario_continuous_batching(ctx):
     """Issue 11 against the float64 reference: 32 distinct prompts of 1-300 tokens through the
-    continuous-batching engine at token budgets 7 and 64 and launch depths 1 and 2, and with a KV
+    continuous-batching engine at token budgets 1, 7 and 64 and launch depths 1 and 2, and with a KV
     pool small enough to force preemption by recompute: every request's tokens equal the
     reference's, no page is held by two live requests at once; a hang in a step fails the
     requests with the timeout, in bounded time."""
@@ -600,7 +600,9 @@ def scenario_continuous_batching(ctx):
     diag = TokenDiagnosis(ctx, model)
     common = ["--prompts-file", path, "--max-new-tokens", str(max_new), "--ignore-eos",
               "--page-size", str(PAGE_SIZE)]
-    runs = [("budget 7, depth 2", ["--max-num-batched-tokens", "7", "--max-num-seqs", "7",
+    runs = [("budget 1, depth 1", ["--max-num-batched-tokens", "1", "--max-num-seqs", "1",
+                                   "--launch-depth", "1"], False),
+            ("budget 7, depth 2", ["--max-num-batched-tokens", "7", "--max-num-seqs", "7",
                                    "--launch-depth", "2"], False),
             ("budget 64, depth 1", ["--max-num-batched-tokens", "64", "--max-num-seqs", "16",
                                     "--launch-depth", "1"], False),

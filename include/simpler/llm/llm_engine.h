@@ -80,7 +80,9 @@ struct RequestSampling {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;  // none: a distinct seed per request
-  int32_t logprobs = 0;          // top alternatives per token, [0, 5]
+  // none: no logprobs; n in [0, 5]: each token's logprob (of the raw logits)
+  // and its n most likely alternatives (OpenAI `logprobs`).
+  std::optional<int32_t> logprobs;
   int32_t min_tokens = 0;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids

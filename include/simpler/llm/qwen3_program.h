@@ -175,6 +175,9 @@ struct Qwen3ProgramOptions {
   // at least this many elements.
   int64_t min_elems_per_block = int64_t{1} << 14;
   task::GraphPlacement placement = task::GraphPlacement::kDefault;
+  // Submit the argmax task into out_ids. A caller that samples from the
+  // logits itself (the model runner) turns it off; out_ids is then untouched.
+  bool argmax = true;
 };
 
 // Positions of the run arguments of the decode callable. B = shape[0] of

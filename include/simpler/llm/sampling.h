@@ -114,8 +114,11 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]; 0 is off
   float repetition_penalty = 1.0f;  // > 0, finite; 1 is off
   uint64_t seed = 0;                // Philox key; from SeedAllocator when the request has none
-  int32_t logprobs = 0;             // [0, kMaxLogprobs] top alternatives reported
-  int32_t min_tokens = 0;           // ≥ 0: stop ids masked while fewer are generated
+  // [0, kMaxLogprobs]: the sampled token's logprob and this many top alternatives
+  // (OpenAI's logprobs = 0 reports the sampled token's only); -1: no logprobs at all
+  // (SampleResult::logprob is 0 and the log-sum-exp over the vocabulary is skipped).
+  int32_t logprobs = 0;
+  int32_t min_tokens = 0;  // ≥ 0: stop ids masked while fewer are generated
   int32_t stop_ids[kMaxSamplingStopIds] = {-1, -1, -1, -1, -1, -1, -1, -1};  // -1 = unused
   uint8_t ignore_eos = 0;  // 0 / 1: host stop policy only (see stops_on)
   // Bit i set: stop_ids[i] is one of the model's EOS ids (ignore_eos disables it); clear: a
@@ -177,7 +180,7 @@ static_assert(std::is_trivially_copyable_v<SampleRowInfo>);
 // One row's result.
 struct SampleResult {
   int32_t id = -1;
-  float logprob = 0.0f;  // log_softmax(raw logits)[id]
+  float logprob = 0.0f;  // log_softmax(raw logits)[id]; 0 when params.logprobs is -1
   // The params.logprobs highest raw logprobs (ties: lower id first); unused entries -1 / -inf.
   int32_t top_ids[kMaxLogprobs] = {-1, -1, -1, -1, -1};
   float top_logprobs[kMaxLogprobs];
