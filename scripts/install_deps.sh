@@ -14,7 +14,8 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy
+  libssl-dev libcpp-httplib-dev
+  python3 python3-numpy python3-jinja2
 )
 
 SUDO=""
