@@ -1,0 +1,92 @@
+// The OpenAI-compatible HTTP API's request and response shapes (OpenAI's API reference for
+// /v1/completions and /v1/chat/completions, with vLLM's extensions top_k, min_p,
+// repetition_penalty, stop_token_ids, ignore_eos, min_tokens and chat_template_kwargs), as
+// pure functions: a request body becomes a ParsedRequest or an ApiError, never an exception;
+// responses, stream chunks, errors and Prometheus metrics are rendered to text. No I/O and no
+// engine: the server (openai_server.h) and the libFuzzer target
+// (openai_protocol_fuzz.cc) call these. Thread-safe (pure).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "simpler/llm/chat_template.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/metrics.h"
+
+namespace simpler::serve {
+
+// OpenAI's error object: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  std::string to_json() const;
+};
+
+ApiError bad_request(std::string message, std::string param = {});
+
+// Bounds on what a body may hold (each refused with 400 past it, naming the field).
+struct RequestLimits {
+  int64_t max_n = 256;            // choices per request
+  int64_t max_stop_strings = 16;  // `stop` entries
+  int64_t max_stop_string_bytes = 256;
+  int64_t max_prompt_ids = 1 << 20;  // token ids in an array prompt
+  int64_t max_messages = 1024;
+  int32_t max_json_depth = 16;
+};
+
+// A validated /v1/completions or /v1/chat/completions body. Values are type-checked and
+// structurally checked here; ranges the engine knows (temperature, top_p, penalties, the
+// prompt against the context and the KV pool) are checked by LlmEngine::add_request, whose
+// INVALID_ARGUMENT the server returns as 400.
+struct ParsedRequest {
+  bool chat = false;
+  std::string model;
+  // Completions: the prompt as text or as token ids.
+  std::variant<std::string, std::vector<int64_t>> prompt;
+  // Chat: the conversation and the template options (chat_template_kwargs).
+  std::vector<llm::ChatMessage> messages;
+  llm::ChatRenderOptions chat_options;
+  std::optional<int64_t> max_tokens;  // max_tokens, or chat's max_completion_tokens
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions only
+  // Completions: `logprobs` N (top alternatives). Chat: `logprobs` true with `top_logprobs` N.
+  std::optional<int32_t> logprobs;
+  llm::RequestSampling sampling;
+};
+
+// Parses and validates a body. `chat` selects the endpoint's shape. Errors: 400 with the field
+// in `param` (invalid JSON or UTF-8, too deep, wrong types, unknown fields — OpenAI refuses
+// "unrecognized request arguments" —, tools / response_format other than text, n < 1, negative
+// or non-integer counts, max_tokens < 1).
+std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool chat,
+                                                    const RequestLimits& limits = {});
+
+// /tokenize and /detokenize bodies (vLLM's shapes).
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  std::vector<llm::ChatMessage> messages;  // when `messages` is given
+  llm::ChatRenderOptions chat_options;
+  bool add_special_tokens = true;  // accepted; Qwen3 adds none
+};
+std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
+                                                       const RequestLimits& limits = {});
+std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body,
+                                                              const RequestLimits& limits = {});
+
+// Prometheus text exposition format (version 0.0.4) of the engine's metrics, names prefixed
+// "simpler:" as vLLM prefixes "vllm:"; histograms with cumulative _bucket{le=...}, _sum and
+// _count; `model_name` labels every series.
+std::string prometheus_text(const llm::EngineMetrics& m, const std::string& model_name);
+
+}  // namespace simpler::serve

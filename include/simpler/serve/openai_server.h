@@ -1,0 +1,75 @@
+// OpenAiServer: the OpenAI-compatible HTTP front door of an LlmEngine (cpp-httplib 0.11, HTTP/1.1
+// with keep-alive). Serving thread model (CONVENTIONS.md): HTTP threads only parse, validate,
+// tokenize (or render the chat template) and format; the engine loop owns everything else; a
+// request's events reach its HTTP thread through the engine's per-request queue.
+//
+// Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or
+// not), GET /v1/models, GET /health (200 while the engine is healthy, 503 with the cause), GET
+// /metrics (Prometheus text), POST /tokenize, POST /detokenize. Errors are OpenAI's error
+// object with 400 / 401 / 404 / 405 / 413 / 429 / 500 / 503 (openai_protocol.h).
+//
+// Threads: cpp-httplib's pool has max_concurrent_requests + 8 threads (an idle keep-alive
+// connection holds one) behind a queue of at most max_queued_connections; a connection past
+// that is answered 503 at once by a refusal thread. A response body (streamed or not) is
+// written by a chunked content provider that blocks on the request's output queue for at most
+// 100 ms at a time and checks that the client is still there: a client that goes away aborts
+// its request (the engine fences its pages behind the run that last used them).
+//
+// Shutdown (shutdown()): new requests get 503; running ones finish until the drain deadline;
+// the rest are aborted (their streams end with finish_reason "abort" and [DONE]); then the
+// engine shuts down, and only then the HTTP server stops (Server::stop cuts open streams).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/base/clock.h"
+#include "simpler/llm/chat_template.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/tokenizer.h"
+#include "simpler/serve/openai_protocol.h"
+
+namespace simpler::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                  // 0: any free port (bind() returns it)
+  std::string served_model_name;    // the `model` requests name and /v1/models lists
+  std::string api_key;              // empty: no authentication
+  size_t max_body_bytes = 1 << 20;  // 413 past it
+  int32_t max_concurrent_requests = 64;
+  int32_t max_queued_connections = 64;
+  RequestLimits limits;
+};
+
+// Owns the HTTP server; borrows the engine and tokenizer, which must outlive it. bind() and
+// serve() are called once, by one thread; shutdown() is thread-safe and idempotent.
+class OpenAiServer {
+ public:
+  // `chat` is the model's template, or why chat is unavailable (then /v1/chat/completions and
+  // /tokenize with messages answer 400 with that reason).
+  OpenAiServer(llm::LlmEngine* engine, const llm::Tokenizer* tokenizer,
+               absl::StatusOr<llm::ChatTemplate> chat, ServerOptions options);
+  ~OpenAiServer();
+  OpenAiServer(const OpenAiServer&) = delete;
+  OpenAiServer& operator=(const OpenAiServer&) = delete;
+
+  // Binds host:port. UNAVAILABLE naming the address when it cannot. Returns the bound port.
+  absl::StatusOr<int> bind();
+  // Serves until shutdown(); returns OK then (INTERNAL when the listener failed).
+  absl::Status serve();
+  // See the header comment. Returns the engine's shutdown status.
+  absl::Status shutdown(base::Deadline drain);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace simpler::serve

@@ -1,0 +1,155 @@
+// `simpler serve`: the OpenAI-compatible server (src/serve) on an LlmEngine.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "simpler/base/clock.h"
+#include "simpler/llm/chat_template.h"
+#include "simpler/llm/kv_cache.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/tokenizer.h"
+#include "simpler/serve/openai_server.h"
+
+namespace simpler::cli {
+
+Runner add_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API");
+  struct State {
+    std::string model, host = "127.0.0.1", served_model_name, api_key;
+    int32_t port = 8000;
+    int32_t max_num_seqs = 16, max_num_batched_tokens = 0, page_size = 16, num_pages = 0;
+    int32_t max_waiting = 1024;
+    int64_t max_body_bytes = 1 << 20;
+    int32_t max_concurrent_requests = 64;
+    double drain_timeout_s = 30;
+    bool allow_unused_tensors = false;
+    CommonOptions common;
+  };
+  auto st = std::make_shared<State>();
+  cmd->add_option("--model", st->model, "model directory (Hugging Face layout, with tokenizer)")
+      ->required();
+  cmd->add_option("--host", st->host, "address to bind (loopback by default)")
+      ->capture_default_str();
+  cmd->add_option("--port", st->port, "port (0 = any free port)")
+      ->check(int_in(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", st->served_model_name,
+                  "the model name clients send (default: the model directory's name)");
+  cmd->add_option("--api-key", st->api_key, "require 'Authorization: Bearer KEY'");
+  cmd->add_option("--max-num-seqs", st->max_num_seqs, "requests running at once")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", st->max_num_batched_tokens,
+                  "token budget per step (0 = max(512, max-num-seqs))")
+      ->check(int_in(0, kMaxBatchedTokens));
+  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
+      ->check(int_in(1, kMaxPageSize))
+      ->capture_default_str();
+  cmd->add_option("--num-pages", st->num_pages,
+                  "KV cache pages (0 = max-num-seqs requests of 2048 tokens)")
+      ->check(int_in(0, std::numeric_limits<int32_t>::max()));
+  cmd->add_option("--max-waiting", st->max_waiting, "waiting requests before 429")
+      ->check(int_in(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", st->max_body_bytes, "largest request body (413 past it)")
+      ->check(int_in(1024, int64_t{1} << 30))
+      ->capture_default_str();
+  cmd->add_option("--max-concurrent-requests", st->max_concurrent_requests,
+                  "HTTP requests in progress at once (the pool has 8 more threads)")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout", st->drain_timeout_s,
+                  "on SIGINT / SIGTERM, seconds running requests may take to finish")
+      ->check(number_in(0, kMaxTimeoutS))
+      ->capture_default_str();
+  cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
+                "accept a checkpoint holding tensors the config does not use (extra heads)");
+  st->common.add_to(cmd, /*with_json=*/false);
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    // SIGINT / SIGTERM go to one thread that waits for them (blocked everywhere else, before
+    // any thread starts, so every thread inherits the mask).
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+    auto tokenizer = llm::Tokenizer::load(st->model);
+    if (!tokenizer.ok()) return fail("serve", tokenizer.status());
+    absl::StatusOr<llm::ChatTemplate> chat = llm::ChatTemplate::load(st->model);
+    if (!chat.ok()) {
+      std::cerr << "simpler serve: chat completions unavailable: " << chat.status().message()
+                << "\n";
+    }
+    base::TraceRecorder trace;
+    llm::EngineOptions eo;
+    eo.runner.worker = st->common.worker_options(&trace);
+    eo.runner.page_size = st->page_size;
+    eo.runner.max_num_seqs = st->max_num_seqs;
+    eo.runner.max_num_batched_tokens = st->max_num_batched_tokens > 0
+                                           ? st->max_num_batched_tokens
+                                           : std::max(512, st->max_num_seqs);
+    eo.runner.num_pages =
+        st->num_pages > 0
+            ? st->num_pages
+            : static_cast<int32_t>(st->max_num_seqs * llm::pages_needed(2048, st->page_size));
+    eo.runner.allow_unused_tensors = st->allow_unused_tensors;
+    eo.max_waiting = st->max_waiting;
+    eo.tokenizer = &*tokenizer;
+    const int64_t t0 = base::now_ns();
+    auto engine = llm::LlmEngine::create(st->model, eo);
+    if (!engine.ok()) return fail("serve", engine.status());
+    serve::ServerOptions so;
+    so.host = st->host;
+    so.port = st->port;
+    so.served_model_name =
+        st->served_model_name.empty()
+            ? std::filesystem::path(st->model).lexically_normal().filename().string()
+            : st->served_model_name;
+    if (so.served_model_name.empty()) so.served_model_name = st->model;
+    so.api_key = st->api_key;
+    so.max_body_bytes = static_cast<size_t>(st->max_body_bytes);
+    so.max_concurrent_requests = st->max_concurrent_requests;
+    serve::OpenAiServer server(engine->get(), &*tokenizer, std::move(chat), so);
+    auto port = server.bind();
+    if (!port.ok()) {
+      (void)(*engine)->shutdown(base::Deadline::poll());
+      return fail("serve", port.status());
+    }
+    std::atomic<bool> stop_waiting{false};
+    std::thread signal_thread([&server, &signals, &stop_waiting, drain = st->drain_timeout_s] {
+      int sig = -1;
+      const timespec slice{0, 100'000'000};
+      while (!stop_waiting.load() && sig < 0) sig = sigtimedwait(&signals, nullptr, &slice);
+      if (sig < 0) return;
+      std::cerr << "simpler serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+                << ": draining for up to " << drain << " s\n";
+      (void)server.shutdown(
+          base::Deadline::after(std::chrono::nanoseconds(static_cast<int64_t>(drain * 1e9))));
+    });
+    std::printf("simpler serve: ready on http://%s:%d/v1 (model '%s', loaded in %.2f s)\n",
+                st->host.c_str(), *port, so.served_model_name.c_str(), (base::now_ns() - t0) / 1e9);
+    std::fflush(stdout);
+    absl::Status served = server.serve();
+    // serve() returns once the listener stopped: after a signal's shutdown, or on its own
+    // failure (then shut down here and wake the signal thread).
+    absl::Status closed = server.shutdown(base::Deadline::poll());
+    stop_waiting.store(true);
+    signal_thread.join();
+    if (!served.ok()) return fail("serve", served);
+    if (!closed.ok()) return fail("serve", closed);
+    std::cerr << "simpler serve: stopped\n";
+    return 0;
+  };
+}
+
+}  // namespace simpler::cli

@@ -1,0 +1,591 @@
+#include "simpler/serve/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/json.h"
+
+namespace simpler::serve {
+
+using json = nlohmann::json;
+
+std::string ApiError::to_json() const {
+  json e = {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}};
+  return base::dump_replacing(json{{"error", e}});
+}
+
+ApiError bad_request(std::string message, std::string param) {
+  ApiError e;
+  e.http_status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+namespace {
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a number";
+  }
+}
+
+// Typed field readers: each returns an ApiError naming the field on a wrong type.
+struct Reader {
+  const json& body;
+  std::optional<ApiError> error;
+
+  bool has(const char* key) const { return body.contains(key) && !body[key].is_null(); }
+  void fail(std::string msg, std::string param) {
+    if (!error) error = bad_request(std::move(msg), std::move(param));
+  }
+  std::optional<bool> boolean(const char* key) {
+    if (!has(key)) return std::nullopt;
+    if (!body[key].is_boolean()) {
+      fail(absl::StrCat("'", key, "' must be a boolean, got ", type_name(body[key])), key);
+      return std::nullopt;
+    }
+    return body[key].get<bool>();
+  }
+  std::optional<double> number(const char* key) {
+    if (!has(key)) return std::nullopt;
+    if (!body[key].is_number()) {
+      fail(absl::StrCat("'", key, "' must be a number, got ", type_name(body[key])), key);
+      return std::nullopt;
+    }
+    return body[key].get<double>();
+  }
+  // A float parameter: finite and within f32 range (the engine checks the range it allows).
+  std::optional<float> real(const char* key) {
+    std::optional<double> v = number(key);
+    if (!v) return std::nullopt;
+    if (!std::isfinite(*v) || std::fabs(*v) > 3.4e38) {
+      fail(absl::StrCat("'", key, "' must be a finite number, got ", body[key].dump()), key);
+      return std::nullopt;
+    }
+    return static_cast<float>(*v);
+  }
+  std::optional<int64_t> integer(const char* key, int64_t lo, int64_t hi) {
+    if (!has(key)) return std::nullopt;
+    const json& v = body[key];
+    int64_t out = 0;
+    if (v.is_number_integer()) {
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        fail(absl::StrCat("'", key, "' is ", v.dump(), ", outside [", lo, ", ", hi, "]"), key);
+        return std::nullopt;
+      }
+      out = v.get<int64_t>();
+    } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+               v.get<double>() == std::floor(v.get<double>()) &&
+               std::fabs(v.get<double>()) < 9.0e15) {
+      out = static_cast<int64_t>(v.get<double>());
+    } else {
+      fail(absl::StrCat("'", key, "' must be an integer, got ", base::quote_json_prefix(v)), key);
+      return std::nullopt;
+    }
+    if (out < lo || out > hi) {
+      fail(absl::StrCat("'", key, "' is ", out, ", outside [", lo, ", ", hi, "]"), key);
+      return std::nullopt;
+    }
+    return out;
+  }
+  std::optional<std::string> string(const char* key) {
+    if (!has(key)) return std::nullopt;
+    if (!body[key].is_string()) {
+      fail(absl::StrCat("'", key, "' must be a string, got ", type_name(body[key])), key);
+      return std::nullopt;
+    }
+    return body[key].get<std::string>();
+  }
+};
+
+std::variant<json, ApiError> parse_object(std::string_view body, const RequestLimits& limits) {
+  absl::StatusOr<json> parsed =
+      base::parse_json_bounded(body, "request body", limits.max_json_depth);
+  if (!parsed.ok()) return bad_request(std::string(parsed.status().message()));
+  if (!parsed->is_object()) {
+    return bad_request(
+        absl::StrCat("the request body must be a JSON object, got ", type_name(*parsed)));
+  }
+  return *std::move(parsed);
+}
+
+// Token ids of an array prompt: integers in [0, 2^31).
+std::optional<std::vector<int64_t>> token_ids(Reader& r, const json& v, const char* key,
+                                              const RequestLimits& limits) {
+  if (static_cast<int64_t>(v.size()) > limits.max_prompt_ids) {
+    r.fail(absl::StrCat("'", key, "' holds ", v.size(), " token ids, more than ",
+                        limits.max_prompt_ids),
+           key);
+    return std::nullopt;
+  }
+  std::vector<int64_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const bool is_id = v[i].is_number_unsigned()
+                           ? v[i].get<uint64_t>() <= INT32_MAX
+                           : v[i].is_number_integer() && v[i].get<int64_t>() >= 0 &&
+                                 v[i].get<int64_t>() <= INT32_MAX;
+    if (!is_id) {
+      r.fail(absl::StrCat("'", key, "'[", i, "] must be a token id (an integer in [0, 2^31)), got ",
+                          base::quote_json_prefix(v[i])),
+             key);
+      return std::nullopt;
+    }
+    ids.push_back(v[i].get<int64_t>());
+  }
+  return ids;
+}
+
+std::optional<std::vector<llm::ChatMessage>> chat_messages(Reader& r, const RequestLimits& limits) {
+  if (!r.body.contains("messages")) {
+    r.fail("'messages' is required", "messages");
+    return std::nullopt;
+  }
+  const json& ms = r.body["messages"];
+  if (!ms.is_array() || ms.empty()) {
+    r.fail("'messages' must be a non-empty array", "messages");
+    return std::nullopt;
+  }
+  if (static_cast<int64_t>(ms.size()) > limits.max_messages) {
+    r.fail(
+        absl::StrCat("'messages' holds ", ms.size(), " messages, more than ", limits.max_messages),
+        "messages");
+    return std::nullopt;
+  }
+  std::vector<llm::ChatMessage> out;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const std::string where = absl::StrCat("messages[", i, "]");
+    const json& m = ms[i];
+    if (!m.is_object()) {
+      r.fail(absl::StrCat(where, " must be an object"), "messages");
+      return std::nullopt;
+    }
+    for (const auto& [k, v] : m.items()) {
+      if (k != "role" && k != "content" && k != "name" && k != "reasoning_content") {
+        r.fail(absl::StrCat(where, ": unrecognized field '", k.substr(0, 64),
+                            "' (tool calls are not supported)"),
+               "messages");
+        return std::nullopt;
+      }
+    }
+    llm::ChatMessage cm;
+    if (!m.contains("role") || !m["role"].is_string()) {
+      r.fail(absl::StrCat(where, ".role must be a string"), "messages");
+      return std::nullopt;
+    }
+    cm.role = m["role"].get<std::string>();
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
+      r.fail(absl::StrCat(where, ".role '", cm.role.substr(0, 40),
+                          "' is not supported (system, user or assistant)"),
+             "messages");
+      return std::nullopt;
+    }
+    const json content = m.contains("content") ? m["content"] : json(nullptr);
+    if (content.is_string()) {
+      cm.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      // Content parts: text parts joined with newlines (vLLM does the same).
+      for (size_t p = 0; p < content.size(); ++p) {
+        const json& part = content[p];
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          r.fail(absl::StrCat(where, ".content[", p,
+                              "] must be a text part {\"type\": \"text\", \"text\": ...} (other "
+                              "content types are not supported)"),
+                 "messages");
+          return std::nullopt;
+        }
+        if (p > 0) cm.content += "\n";
+        cm.content += part["text"].get<std::string>();
+      }
+    } else {
+      r.fail(absl::StrCat(where, ".content must be a string or an array of text parts, got ",
+                          type_name(content)),
+             "messages");
+      return std::nullopt;
+    }
+    if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+      if (!m["reasoning_content"].is_string() || cm.role != "assistant") {
+        r.fail(absl::StrCat(where, ".reasoning_content must be a string on an assistant message"),
+               "messages");
+        return std::nullopt;
+      }
+      cm.reasoning_content = m["reasoning_content"].get<std::string>();
+    }
+    if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string()) {
+      r.fail(absl::StrCat(where, ".name must be a string"), "messages");
+      return std::nullopt;
+    }
+    out.push_back(std::move(cm));
+  }
+  return out;
+}
+
+std::optional<bool> enable_thinking(Reader& r) {
+  if (!r.has("chat_template_kwargs")) return std::nullopt;
+  const json& kw = r.body["chat_template_kwargs"];
+  if (!kw.is_object()) {
+    r.fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    return std::nullopt;
+  }
+  for (const auto& [k, v] : kw.items()) {
+    if (k != "enable_thinking") {
+      r.fail(absl::StrCat("chat_template_kwargs: '", k.substr(0, 64),
+                          "' is not supported (enable_thinking is)"),
+             "chat_template_kwargs");
+      return std::nullopt;
+    }
+    if (!v.is_boolean()) {
+      r.fail("chat_template_kwargs.enable_thinking must be a boolean", "chat_template_kwargs");
+      return std::nullopt;
+    }
+    return v.get<bool>();
+  }
+  return std::nullopt;
+}
+
+const std::set<std::string>& completion_fields() {
+  static const std::set<std::string> k = {"model",
+                                          "prompt",
+                                          "max_tokens",
+                                          "temperature",
+                                          "top_p",
+                                          "n",
+                                          "seed",
+                                          "stop",
+                                          "presence_penalty",
+                                          "frequency_penalty",
+                                          "logprobs",
+                                          "echo",
+                                          "stream",
+                                          "stream_options",
+                                          "user",
+                                          "top_k",
+                                          "min_p",
+                                          "repetition_penalty",
+                                          "stop_token_ids",
+                                          "ignore_eos",
+                                          "min_tokens",
+                                          "best_of",
+                                          "suffix",
+                                          "logit_bias"};
+  return k;
+}
+const std::set<std::string>& chat_fields() {
+  static const std::set<std::string> k = {"model",
+                                          "messages",
+                                          "max_tokens",
+                                          "max_completion_tokens",
+                                          "temperature",
+                                          "top_p",
+                                          "n",
+                                          "seed",
+                                          "stop",
+                                          "presence_penalty",
+                                          "frequency_penalty",
+                                          "logprobs",
+                                          "top_logprobs",
+                                          "stream",
+                                          "stream_options",
+                                          "user",
+                                          "top_k",
+                                          "min_p",
+                                          "repetition_penalty",
+                                          "stop_token_ids",
+                                          "ignore_eos",
+                                          "min_tokens",
+                                          "chat_template_kwargs",
+                                          "tools",
+                                          "tool_choice",
+                                          "response_format",
+                                          "logit_bias",
+                                          "parallel_tool_calls"};
+  return k;
+}
+
+}  // namespace
+
+std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool chat,
+                                                    const RequestLimits& limits) {
+  auto obj = parse_object(body, limits);
+  if (auto* e = std::get_if<ApiError>(&obj)) return *e;
+  const json& j = std::get<json>(obj);
+  Reader r{j, std::nullopt};
+  const std::set<std::string>& known = chat ? chat_fields() : completion_fields();
+  for (const auto& [k, v] : j.items()) {
+    if (known.count(k) == 0) {
+      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
+                         k.substr(0, 64));
+    }
+  }
+  ParsedRequest p;
+  p.chat = chat;
+  if (auto m = r.string("model")) p.model = *m;
+  if (chat) {
+    if (r.has("tools") && !(j["tools"].is_array() && j["tools"].empty())) {
+      return bad_request("'tools' is not supported by this server", "tools");
+    }
+    if (r.has("tool_choice") && j["tool_choice"] != "none") {
+      return bad_request("'tool_choice' is not supported by this server", "tool_choice");
+    }
+    if (r.has("response_format")) {
+      const json& f = j["response_format"];
+      if (!f.is_object() || !f.contains("type") || f["type"] != "text") {
+        return bad_request("'response_format' other than {\"type\": \"text\"} is not supported",
+                           "response_format");
+      }
+    }
+    if (auto m = chat_messages(r, limits)) p.messages = std::move(*m);
+    p.chat_options.add_generation_prompt = true;
+    p.chat_options.enable_thinking = enable_thinking(r);
+    p.max_tokens = r.integer("max_completion_tokens", 1, INT32_MAX);
+    if (!p.max_tokens) p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
+    const std::optional<bool> lp = r.boolean("logprobs");
+    const std::optional<int64_t> top = r.integer("top_logprobs", 0, llm::kMaxLogprobs);
+    if (top && !(lp && *lp)) {
+      r.fail("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    }
+    if (lp && *lp) p.logprobs = static_cast<int32_t>(top.value_or(0));
+  } else {
+    if (!j.contains("prompt")) return bad_request("'prompt' is required", "prompt");
+    const json& pr = j["prompt"];
+    if (pr.is_string()) {
+      p.prompt = pr.get<std::string>();
+    } else if (pr.is_array() && !pr.empty() && pr[0].is_number()) {
+      if (auto ids = token_ids(r, pr, "prompt", limits)) p.prompt = std::move(*ids);
+    } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
+      p.prompt = pr[0].get<std::string>();
+    } else {
+      return bad_request(
+          "'prompt' must be a string or an array of token ids (a batch of prompts is not "
+          "supported: send one request per prompt)",
+          "prompt");
+    }
+    p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
+    if (auto lp = r.integer("logprobs", 0, llm::kMaxLogprobs))
+      p.logprobs = static_cast<int32_t>(*lp);
+    if (auto e = r.boolean("echo")) p.echo = *e;
+    (void)r.integer("best_of", 1, 1);  // only the default: no server-side best-of
+    if (r.has("suffix")) return bad_request("'suffix' is not supported", "suffix");
+  }
+  if (r.has("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
+    return bad_request("'logit_bias' is not supported", "logit_bias");
+  }
+  if (auto n = r.integer("n", 1, limits.max_n)) p.n = static_cast<int32_t>(*n);
+  if (auto s = r.boolean("stream")) p.stream = *s;
+  if (r.has("stream_options")) {
+    const json& so = j["stream_options"];
+    if (!so.is_object()) {
+      r.fail("'stream_options' must be an object", "stream_options");
+    } else {
+      for (const auto& [k, v] : so.items()) {
+        if (k != "include_usage" || !v.is_boolean()) {
+          r.fail("'stream_options' holds only include_usage (a boolean)", "stream_options");
+          break;
+        }
+        p.include_usage = v.get<bool>();
+      }
+    }
+  }
+  (void)r.string("user");
+  llm::RequestSampling& s = p.sampling;
+  if (auto v = r.real("temperature")) s.temperature = *v;
+  if (auto v = r.real("top_p")) s.top_p = *v;
+  if (auto v = r.integer("top_k", -1, INT32_MAX)) s.top_k = static_cast<int32_t>(*v);
+  if (auto v = r.real("min_p")) s.min_p = *v;
+  if (auto v = r.real("presence_penalty")) s.presence_penalty = *v;
+  if (auto v = r.real("frequency_penalty")) s.frequency_penalty = *v;
+  if (auto v = r.real("repetition_penalty")) s.repetition_penalty = *v;
+  if (auto v = r.integer("seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*v);
+  if (auto v = r.integer("min_tokens", 0, INT32_MAX)) s.min_tokens = static_cast<int32_t>(*v);
+  if (auto v = r.boolean("ignore_eos")) s.ignore_eos = *v;
+  s.logprobs = p.logprobs;
+  if (r.has("stop")) {
+    const json& st = j["stop"];
+    if (st.is_string()) {
+      s.stop.push_back(st.get<std::string>());
+    } else if (st.is_array()) {
+      if (static_cast<int64_t>(st.size()) > limits.max_stop_strings) {
+        r.fail(
+            absl::StrCat("'stop' holds ", st.size(), " strings, at most ", limits.max_stop_strings),
+            "stop");
+      }
+      for (size_t i = 0; i < st.size() && !r.error; ++i) {
+        if (!st[i].is_string()) {
+          r.fail(absl::StrCat("'stop'[", i, "] must be a string"), "stop");
+        } else {
+          s.stop.push_back(st[i].get<std::string>());
+        }
+      }
+    } else {
+      r.fail("'stop' must be a string or an array of strings", "stop");
+    }
+    for (size_t i = 0; i < s.stop.size() && !r.error; ++i) {
+      if (s.stop[i].empty() ||
+          static_cast<int64_t>(s.stop[i].size()) > limits.max_stop_string_bytes) {
+        r.fail(absl::StrCat("'stop'[", i, "] must be 1 to ", limits.max_stop_string_bytes,
+                            " bytes, got ", s.stop[i].size()),
+               "stop");
+      }
+    }
+  }
+  if (r.has("stop_token_ids")) {
+    const json& ids = j["stop_token_ids"];
+    if (!ids.is_array() || ids.size() > 8) {
+      r.fail("'stop_token_ids' must be an array of at most 8 token ids", "stop_token_ids");
+    } else if (auto v = token_ids(r, ids, "stop_token_ids", limits)) {
+      for (int64_t id : *v) s.stop_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (r.error) return *r.error;
+  return p;
+}
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
+                                                       const RequestLimits& limits) {
+  auto obj = parse_object(body, limits);
+  if (auto* e = std::get_if<ApiError>(&obj)) return *e;
+  const json& j = std::get<json>(obj);
+  Reader r{j, std::nullopt};
+  for (const auto& [k, v] : j.items()) {
+    if (k != "model" && k != "prompt" && k != "messages" && k != "add_special_tokens" &&
+        k != "add_generation_prompt" && k != "chat_template_kwargs") {
+      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
+                         k.substr(0, 64));
+    }
+  }
+  TokenizeRequest t;
+  (void)r.string("model");
+  if (j.contains("prompt") == j.contains("messages")) {
+    return bad_request("give exactly one of 'prompt' and 'messages'");
+  }
+  if (j.contains("prompt")) {
+    t.prompt = r.string("prompt");
+    if (!t.prompt && !r.error) r.fail("'prompt' must be a string", "prompt");
+  } else if (auto m = chat_messages(r, limits)) {
+    t.messages = std::move(*m);
+  }
+  if (auto v = r.boolean("add_special_tokens")) t.add_special_tokens = *v;
+  if (auto v = r.boolean("add_generation_prompt")) t.chat_options.add_generation_prompt = *v;
+  t.chat_options.enable_thinking = enable_thinking(r);
+  if (r.error) return *r.error;
+  return t;
+}
+
+std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body,
+                                                              const RequestLimits& limits) {
+  auto obj = parse_object(body, limits);
+  if (auto* e = std::get_if<ApiError>(&obj)) return *e;
+  const json& j = std::get<json>(obj);
+  Reader r{j, std::nullopt};
+  for (const auto& [k, v] : j.items()) {
+    if (k != "model" && k != "tokens") {
+      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
+                         k.substr(0, 64));
+    }
+  }
+  (void)r.string("model");
+  if (!j.contains("tokens") || !j["tokens"].is_array()) {
+    return bad_request("'tokens' must be an array of token ids", "tokens");
+  }
+  auto ids = token_ids(r, j["tokens"], "tokens", limits);
+  if (r.error) return *r.error;
+  return *ids;
+}
+
+namespace {
+
+void histogram(std::string& out, const std::string& name, const std::string& help,
+               const llm::Histogram& h, const std::string& label) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+  int64_t cum = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cum += i < h.counts.size() ? h.counts[i] : 0;
+    absl::StrAppend(&out, name, "_bucket{", label, ",le=\"", h.bounds[i], "\"} ", cum, "\n");
+  }
+  absl::StrAppend(&out, name, "_bucket{", label, ",le=\"+Inf\"} ", h.count, "\n", name, "_sum{",
+                  label, "} ", h.sum, "\n", name, "_count{", label, "} ", h.count, "\n");
+}
+
+void metric(std::string& out, const std::string& name, const char* type, const std::string& help,
+            const std::vector<std::pair<std::string, double>>& series) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  for (const auto& [labels, v] : series) absl::StrAppend(&out, name, "{", labels, "} ", v, "\n");
+}
+
+}  // namespace
+
+std::string prometheus_text(const llm::EngineMetrics& m, const std::string& model_name) {
+  std::string escaped;
+  for (char c : model_name) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  const std::string l = absl::StrCat("model_name=\"", escaped, "\"");
+  std::string out;
+  metric(out, "simpler:healthy", "gauge", "1 while the engine is healthy",
+         {{l, m.healthy ? 1 : 0}});
+  metric(out, "simpler:num_requests_running", "gauge", "Requests running (admitted)",
+         {{l, static_cast<double>(m.requests_running)}});
+  metric(out, "simpler:num_requests_waiting", "gauge", "Requests waiting to be admitted",
+         {{l, static_cast<double>(m.requests_waiting)}});
+  metric(out, "simpler:num_preemptions_total", "counter", "Preemptions by recompute",
+         {{l, static_cast<double>(m.preemptions_total)}});
+  metric(out, "simpler:request_success_total", "counter", "Finished requests by finish reason",
+         {{l + ",finished_reason=\"stop\"", static_cast<double>(m.requests_finished_stop)},
+          {l + ",finished_reason=\"length\"", static_cast<double>(m.requests_finished_length)},
+          {l + ",finished_reason=\"abort\"", static_cast<double>(m.requests_finished_abort)},
+          {l + ",finished_reason=\"error\"", static_cast<double>(m.requests_finished_error)}});
+  metric(out, "simpler:request_refused_total", "counter", "Requests refused at admission",
+         {{l, static_cast<double>(m.requests_refused)}});
+  metric(out, "simpler:kv_cache_pages", "gauge", "KV cache pages by state (they sum to the pool)",
+         {{l + ",state=\"free\"", static_cast<double>(m.kv_pages.free)},
+          {l + ",state=\"used\"", static_cast<double>(m.kv_pages.used)},
+          {l + ",state=\"fenced\"", static_cast<double>(m.kv_pages.fenced)},
+          {l + ",state=\"quarantined\"", static_cast<double>(m.kv_pages.quarantined)}});
+  metric(out, "simpler:kv_cache_usage_perc", "gauge", "Fraction of KV pages not free",
+         {{l, m.kv_pages_total > 0 ? 1.0 - static_cast<double>(m.kv_pages.free) / m.kv_pages_total
+                                   : 0.0}});
+  metric(out, "simpler:prompt_tokens_total", "counter", "Prompt positions computed",
+         {{l, static_cast<double>(m.prompt_tokens_total)}});
+  metric(out, "simpler:generation_tokens_total", "counter", "Output tokens",
+         {{l, static_cast<double>(m.generation_tokens_total)}});
+  metric(out, "simpler:steps_total", "counter", "Engine steps submitted",
+         {{l, static_cast<double>(m.steps_total)}});
+  histogram(out, "simpler:time_to_first_token_seconds", "Time to first token",
+            m.time_to_first_token_s, l);
+  histogram(out, "simpler:inter_token_latency_seconds", "Inter-token latency",
+            m.inter_token_latency_s, l);
+  histogram(out, "simpler:e2e_request_latency_seconds", "End-to-end request latency",
+            m.e2e_request_latency_s, l);
+  histogram(out, "simpler:request_queue_time_seconds", "Time waiting before admission",
+            m.request_queue_time_s, l);
+  histogram(out, "simpler:step_time_seconds", "Engine step time, submit to retire", m.step_time_s,
+            l);
+  histogram(out, "simpler:rows_per_step", "Requests per engine step", m.rows_per_step, l);
+  histogram(out, "simpler:tokens_per_step", "Positions per engine step", m.tokens_per_step, l);
+  return out;
+}
+
+}  // namespace simpler::serve
