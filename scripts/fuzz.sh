@@ -30,6 +30,7 @@ declare -A RUNS=(
   [model_weights_index_fuzz]=50000
   [tokenizer_load_fuzz]=8000
   [tokenizer_encode_fuzz]=5000
+  [openai_protocol_fuzz]=60000
 )
 readonly PER_TARGET_CAP_S=20
 readonly BIN=build/fuzz/fuzz

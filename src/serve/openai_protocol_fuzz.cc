@@ -1,0 +1,69 @@
+// libFuzzer target: an HTTP request body through parse_request (completions or chat, chosen by
+// the first byte), parse_tokenize and parse_detokenize.
+// Checks: no crash/UB/exception; an accepted body is a JSON object; an accepted request keeps
+// every bound (n in [1, 256], max_tokens >= 1, logprobs in [0, 5], 1-256-byte stop strings, at
+// most 8 stop ids, chat: a non-empty conversation of system / user / assistant turns); a
+// refusal is a 400 whose error object is valid JSON naming a message.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <variant>
+
+#include "base/fuzz_check.h"
+#include "nlohmann/json.hpp"
+#include "simpler/serve/openai_protocol.h"
+
+namespace {
+
+using simpler::fuzz::check;
+using simpler::serve::ApiError;
+
+void check_error(const ApiError& e) {
+  check(e.http_status == 400, "a body was refused with a status other than 400");
+  const auto j = nlohmann::json::parse(e.to_json(), nullptr, false);
+  check(!j.is_discarded() && j.contains("error") && j["error"]["message"].is_string() &&
+            !j["error"]["message"].get<std::string>().empty(),
+        "an error object that is not JSON or has no message");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const bool chat = (data[0] & 1) != 0;
+  const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  auto r = simpler::serve::parse_request(body, chat);
+  if (const auto* e = std::get_if<ApiError>(&r)) {
+    check_error(*e);
+  } else {
+    const auto& p = std::get<simpler::serve::ParsedRequest>(r);
+    const auto j = nlohmann::json::parse(body, nullptr, false);
+    check(!j.is_discarded() && j.is_object(), "accepted a body that is not a JSON object");
+    check(p.n >= 1 && p.n <= 256, "n outside [1, 256] accepted");
+    check(!p.max_tokens.has_value() || *p.max_tokens >= 1, "max_tokens < 1 accepted");
+    check(!p.logprobs.has_value() || (*p.logprobs >= 0 && *p.logprobs <= 5),
+          "logprobs outside [0, 5] accepted");
+    for (const auto& s : p.sampling.stop) {
+      check(!s.empty() && s.size() <= 256, "a stop string outside 1-256 bytes accepted");
+    }
+    check(p.sampling.stop_token_ids.size() <= 8, "more than 8 stop ids accepted");
+    if (chat) {
+      check(!p.messages.empty(), "an empty conversation accepted");
+      for (const auto& m : p.messages) {
+        check(m.role == "system" || m.role == "user" || m.role == "assistant",
+              "an unsupported role accepted");
+      }
+    }
+  }
+  auto t = simpler::serve::parse_tokenize(body);
+  if (const auto* e = std::get_if<ApiError>(&t)) check_error(*e);
+  auto d = simpler::serve::parse_detokenize(body);
+  if (const auto* e = std::get_if<ApiError>(&d)) {
+    check_error(*e);
+  } else {
+    for (int64_t id : std::get<std::vector<int64_t>>(d)) {
+      check(id >= 0 && id <= INT32_MAX, "a token id outside [0, 2^31) accepted");
+    }
+  }
+  return 0;
+}
