@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <openssl/crypto.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -142,6 +143,7 @@ struct OpenAiServer::Impl {
   httplib::Server http;
   std::atomic<bool> shutting_down{false};
   std::atomic<int64_t> open_responses{0};  // content providers not yet released
+  int listen_fd = -1;                      // the listening socket (set while binding)
   std::once_flag shutdown_once;
   absl::Status shutdown_status;
   int bound_port = 0;
@@ -560,6 +562,15 @@ void OpenAiServer::Impl::handle_generate(const httplib::Request& req, httplib::R
 
 void OpenAiServer::Impl::routes() {
   http.set_payload_max_length(options.max_body_bytes);
+  // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which would let a second server
+  // bind the same port and steal half its connections. The socket is kept to raise the listen
+  // backlog after binding (Debian's libcpp-httplib listens with a backlog of 5: a burst of
+  // connections would overflow it).
+  http.set_socket_options([this](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
   http.set_keep_alive_max_count(1000);
   http.set_keep_alive_timeout(5);
   const size_t threads = static_cast<size_t>(options.max_concurrent_requests) + 8;
@@ -645,6 +656,7 @@ void OpenAiServer::Impl::routes() {
     static const char* kRoutes[] = {
         "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
         "/tokenize",       "/detokenize"};
+    if (!res.body.empty()) return;  // a handler's own error object
     bool known = false;
     for (const char* r : kRoutes) known = known || req.path == r;
     if (res.status == 404 && known) res.status = 405;
@@ -703,6 +715,7 @@ absl::StatusOr<int> OpenAiServer::bind() {
     }
     im.bound_port = im.options.port;
   }
+  if (im.listen_fd >= 0) ::listen(im.listen_fd, SOMAXCONN);
   return im.bound_port;
 }
 

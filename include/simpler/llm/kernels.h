@@ -85,11 +85,11 @@ task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const
 // or INOUT (matmul_acc).
 // matmul: y = x·Wᵀ; matmul_acc: y += x·Wᵀ (residual add fused into the
 // projection that feeds the residual stream). SPMD over output features: block
-// b computes y[:, r) for its block_range of the `out` rows of W with
-// single-threaded Eigen products (Eigen::Map views, no copies): one
-// matrix-vector product per row for B <= 4 (small decode batches: faster than a
-// GEMM there, and each row's result is exactly what a 1-row call computes),
-// one GEMM for larger B (prefill chunks). `y` must not overlap `x` or `W`.
+// b computes y[:, r) for its block_range of the `out` rows of W: one matrix-vector product
+// per row over cache-sized chunks of W (single-threaded Eigen on Eigen::Map views, no copies).
+// Batch-invariant: every element of y is the same sequence of f32 operations whatever the
+// number of rows, the chunk or the block split, so a row's result never depends on the other
+// rows of its batch. `y` must not overlap `x` or `W`.
 absl::Status matmul_kernel(const task::KernelContext& ctx);
 absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
 task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);

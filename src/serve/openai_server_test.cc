@@ -1,0 +1,408 @@
+// OpenAiServer on a loopback port with the tiny preset (real Qwen3 tokenizer), driven by
+// cpp-httplib's client: responses, SSE framing, errors, disconnects, concurrency and shutdown.
+#include "simpler/serve/openai_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "simpler/llm/make_model.h"
+
+namespace simpler::serve {
+namespace {
+
+using json = nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::temp_directory_path() /
+                            ("simpler_serve_test_" + std::to_string(::getpid())))
+                               .string());
+    llm::MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 21;
+    o.out_dir = *dir_;
+    o.tokenizer_dir = llm::default_tokenizer_dir().value();
+    ASSERT_TRUE(llm::make_model(o).ok());
+    tokenizer_ = new llm::Tokenizer(llm::Tokenizer::load(*dir_).value());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete tokenizer_;
+    delete dir_;
+  }
+
+  // Starts an engine and a server on a free loopback port.
+  void start(ServerOptions so = {}, int32_t max_waiting = 256, int32_t seqs = 8,
+             int32_t pages = 512) {
+    llm::EngineOptions eo;
+    eo.runner.worker.num_cores = 1;
+    eo.runner.worker.faults.emplace();
+    eo.runner.max_num_seqs = seqs;
+    eo.runner.max_num_batched_tokens = 256;
+    eo.runner.num_pages = pages;
+    eo.max_waiting = max_waiting;
+    eo.tokenizer = tokenizer_;
+    engine_ = llm::LlmEngine::create(*dir_, eo).value();
+    so.host = "127.0.0.1";
+    so.port = 0;
+    if (so.served_model_name.empty()) so.served_model_name = "tiny";
+    server_ = std::make_unique<OpenAiServer>(engine_.get(), tokenizer_,
+                                             llm::ChatTemplate::load(*dir_), so);
+    port_ = server_->bind().value();
+    serving_ = std::thread([this] { EXPECT_TRUE(server_->serve().ok()); });
+  }
+  void TearDown() override {
+    if (server_) (void)server_->shutdown(base::Deadline::poll());
+    if (serving_.joinable()) serving_.join();
+    server_.reset();
+    engine_.reset();
+  }
+
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body,
+                       httplib::Headers headers = {}) {
+    auto c = client();
+    return c.Post(path.c_str(), headers, body, "application/json");
+  }
+
+  // A streamed POST: the raw SSE bytes.
+  std::string stream(const std::string& path, const std::string& body, int* status = nullptr) {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    std::string raw;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      raw.append(data, n);
+      return true;
+    };
+    auto res = c.send(req);
+    if (status != nullptr) *status = res ? res->status : -1;
+    return raw;
+  }
+
+  // The `data:` payloads of an SSE body; checks the framing on the way.
+  static std::vector<std::string> events(const std::string& raw) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at < raw.size()) {
+      const size_t end = raw.find("\n\n", at);
+      EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << raw.substr(at);
+      if (end == std::string::npos) break;
+      const std::string ev = raw.substr(at, end - at);
+      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+      out.push_back(ev.substr(6));
+      at = end + 2;
+    }
+    return out;
+  }
+
+  static std::string* dir_;
+  static llm::Tokenizer* tokenizer_;
+  std::unique_ptr<llm::LlmEngine> engine_;
+  std::unique_ptr<OpenAiServer> server_;
+  std::thread serving_;
+  int port_ = 0;
+};
+std::string* ServerTest::dir_ = nullptr;
+llm::Tokenizer* ServerTest::tokenizer_ = nullptr;
+
+TEST_F(ServerTest, CompletionStreamedAndNotGiveTheSameTextWithCorrectFraming) {
+  start();
+  const std::string body = R"({"model":"tiny","prompt":"The quick brown fox","max_tokens":12,
+                              "temperature":0,"ignore_eos":true)";
+  auto res = post("/v1/completions", body + "}");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_FALSE(res->get_header_value("X-Request-Id").empty());
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tokenizer_->encode("The quick brown fox").size());
+  const std::string text = j["choices"][0]["text"];
+
+  int status = 0;
+  const std::string raw =
+      stream("/v1/completions", body + R"(,"stream":true,"stream_options":{"include_usage":true}})",
+             &status);
+  EXPECT_EQ(status, 200);
+  const auto evs = events(raw);
+  ASSERT_GE(evs.size(), 3u) << raw;
+  EXPECT_EQ(evs.back(), "[DONE]");
+  std::string streamed;
+  std::string finish;
+  for (size_t i = 0; i + 2 < evs.size(); ++i) {
+    const json c = json::parse(evs[i]);
+    EXPECT_EQ(c["object"], "text_completion");
+    streamed += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(finish, "length");
+  const json usage = json::parse(evs[evs.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
+  // Same tokens as the engine gives directly (token ids as the prompt, no echo).
+  std::vector<int32_t> ids = tokenizer_->encode("The quick brown fox");
+  auto res_ids = post(
+      "/v1/completions",
+      json{{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}}.dump());
+  ASSERT_TRUE(res_ids);
+  EXPECT_EQ(json::parse(res_ids->body)["choices"][0]["text"], text);
+}
+
+TEST_F(ServerTest, ChatStreamsARoleChunkThenDeltasPerChoice) {
+  start();
+  const std::string body =
+      R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],
+          "max_tokens":6,"temperature":0.9,"seed":7,"n":2,"stream":true,
+          "chat_template_kwargs":{"enable_thinking":false}})";
+  int status = 0;
+  const auto evs = events(stream("/v1/chat/completions", body, &status));
+  EXPECT_EQ(status, 200);
+  ASSERT_FALSE(evs.empty());
+  EXPECT_EQ(evs.back(), "[DONE]");
+  std::map<int, std::string> text;
+  std::map<int, int> roles, finals;
+  for (size_t i = 0; i + 1 < evs.size(); ++i) {
+    const json c = json::parse(evs[i]);
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    const json& ch = c["choices"][0];
+    const int idx = ch["index"];
+    if (ch["delta"].contains("role")) ++roles[idx];
+    if (ch["delta"].contains("content")) text[idx] += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finals[idx];
+  }
+  EXPECT_EQ(roles, (std::map<int, int>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(finals, (std::map<int, int>{{0, 1}, {1, 1}}));
+  // Non-streamed with the same seed: the same two texts.
+  std::string plain = body;
+  plain.replace(plain.find(R"("stream":true)"), 13, R"("stream":false)");
+  auto res = post("/v1/chat/completions", plain);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["message"]["role"], "assistant");
+    EXPECT_EQ(j["choices"][i]["message"]["content"], text[i]) << "choice " << i;
+  }
+  // The prompt is the template's rendering.
+  auto tok = post("/tokenize", R"({"messages":[{"role":"system","content":"Be brief."},
+                                  {"role":"user","content":"Hi"}],
+                                  "chat_template_kwargs":{"enable_thinking":false}})");
+  ASSERT_TRUE(tok);
+  ASSERT_EQ(tok->status, 200) << tok->body;
+  EXPECT_EQ(json::parse(tok->body)["count"], j["usage"]["prompt_tokens"]);
+  EXPECT_EQ(json::parse(tok->body)["tokens"],
+            tokenizer_->encode("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_"
+                               "end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+}
+
+TEST_F(ServerTest, ErrorsAreOpenAiErrorObjectsWithTheirStatus) {
+  ServerOptions so;
+  so.api_key = "sekrit";
+  so.max_body_bytes = 4096;
+  start(so);
+  const httplib::Headers auth = {{"Authorization", "Bearer sekrit"}};
+  auto code = [](const httplib::Result& r) { return r ? r->status : -1; };
+  auto error_of = [](const httplib::Result& r) {
+    const json j = json::parse(r->body, nullptr, false);
+    EXPECT_TRUE(!j.is_discarded() && j.contains("error")) << r->body;
+    return j.is_discarded() ? json() : j["error"];
+  };
+  auto r = post("/v1/completions", R"({"prompt":"x"})");
+  EXPECT_EQ(code(r), 401);
+  EXPECT_EQ(error_of(r)["type"], "authentication_error");
+  EXPECT_EQ(code(post("/v1/completions", R"({"prompt":"x"})", {{"Authorization", "Bearer no"}})),
+            401);
+  r = post("/v1/completions", R"({"prompt":"x","max_tokens":-1})", auth);
+  EXPECT_EQ(code(r), 400);
+  EXPECT_EQ(error_of(r)["param"], "max_tokens");
+  r = post("/v1/completions", R"({"prompt":"x",)", auth);
+  EXPECT_EQ(code(r), 400);
+  r = post("/v1/completions", R"({"prompt":"x","temperature":-1})", auth);
+  EXPECT_EQ(code(r), 400);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("temperature"), std::string::npos);
+  r = post("/v1/completions", R"({"prompt":"x","model":"other"})", auth);
+  EXPECT_EQ(code(r), 404);
+  EXPECT_EQ(error_of(r)["code"], "model_not_found");
+  r = post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 5000}}.dump(), auth);
+  EXPECT_EQ(code(r), 400);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("maximum context length is 4096"),
+            std::string::npos)
+      << r->body;
+  r = post("/v1/nope", "{}", auth);
+  EXPECT_EQ(code(r), 404);
+  auto c = client();
+  r = c.Get("/v1/completions", auth);
+  EXPECT_EQ(code(r), 405) << (r ? r->body : "no response");
+  r = post("/v1/completions", std::string(5000, ' '), auth);
+  EXPECT_EQ(code(r), 413);
+  r = c.Get("/v1/models", auth);
+  ASSERT_EQ(code(r), 200);
+  EXPECT_EQ(json::parse(r->body)["data"][0]["id"], "tiny");
+  EXPECT_EQ(code(c.Get("/health")), 200);
+  // A good request still works next to all that.
+  r = post("/v1/completions", R"({"prompt":"x","max_tokens":2})", auth);
+  EXPECT_EQ(code(r), 200) << r->body;
+}
+
+TEST_F(ServerTest, AFullWaitingQueueIs429) {
+  start({}, /*max_waiting=*/1, /*seqs=*/1);
+  // One running, one waiting: the third is refused.
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&] {
+      auto r = post("/v1/completions",
+                    R"({"prompt":"x","max_tokens":300,"ignore_eos":true,"temperature":0})");
+      if (r && r->status == 200) ++ok;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  auto r = post("/v1/completions", R"({"prompt":"y","max_tokens":2})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "rate_limit_error");
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 2);
+}
+
+// A client that goes away mid-stream aborts its request; the others complete; every page is
+// free at the end and nothing is running.
+TEST_F(ServerTest, ClientsDisconnectingMidStreamAbortTheirRequestsOnly) {
+  start({}, 256, 8, 256);
+  constexpr int kClients = 12;
+  std::vector<std::thread> threads;
+  std::atomic<int> completed{0}, cut{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      const bool leave = i % 3 == 0;
+      auto c = client();
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = json{
+          {"prompt", "client " + std::to_string(i)},
+          {"max_tokens", leave ? 400 : 16},
+          {"ignore_eos", true},
+          {"stream",
+           true}}.dump();
+      req.set_header("Content-Type", "application/json");
+      std::string raw;
+      int chunks = 0;
+      req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        raw.append(data, n);
+        return !(leave && ++chunks >= 3);  // false: close the connection
+      };
+      auto res = c.send(req);
+      if (leave) {
+        ++cut;
+      } else if (res && res->status == 200 && raw.size() > 13 &&
+                 raw.compare(raw.size() - 14, 14, "data: [DONE]\n\n") == 0) {
+        ++completed;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(completed.load(), kClients - kClients / 3);
+  // The aborted requests leave within a few steps.
+  llm::EngineMetrics m;
+  for (int i = 0; i < 200; ++i) {
+    m = engine_->metrics();
+    if (m.requests_running == 0 && m.requests_waiting == 0 && m.kv_pages.free == m.kv_pages_total)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(m.requests_running, 0);
+  EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+  EXPECT_EQ(m.requests_finished_abort, kClients / 3);
+  auto metrics = client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("simpler:num_requests_running{model_name=\"tiny\"} 0"),
+            std::string::npos);
+}
+
+// 16 concurrent greedy completions of distinct prompts: each gets exactly what it gets alone.
+TEST_F(ServerTest, ConcurrentGreedyCompletionsEqualTheirSoloResults) {
+  start();
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back("prompt number " + std::to_string(i * 7919));
+  auto body = [](const std::string& p) {
+    return json{{"prompt", p}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}.dump();
+  };
+  std::vector<std::string> solo;
+  for (const auto& p : prompts) {
+    auto r = post("/v1/completions", body(p));
+    ASSERT_TRUE(r && r->status == 200);
+    solo.push_back(json::parse(r->body)["choices"][0]["text"]);
+  }
+  std::vector<std::string> together(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto r = post("/v1/completions", body(prompts[i]));
+      if (r && r->status == 200) {
+        together[i] = json::parse(r->body)["choices"][0]["text"];
+      } else {
+        together[i] = r ? "HTTP " + std::to_string(r->status) + " " + r->body
+                        : "no response: " + httplib::to_string(r.error());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(together[i], solo[i]) << "prompt " << i << ": " << prompts[i];
+  }
+}
+
+// Shutdown with streams in flight: new requests get 503, the running streams end with
+// finish_reason "abort" and [DONE] (drain deadline already passed), and the listener stops.
+TEST_F(ServerTest, ShutdownEndsOpenStreamsCleanly) {
+  start();
+  std::vector<std::thread> threads;
+  std::vector<std::string> raws(3);
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      raws[i] = stream("/v1/completions", json{{"prompt", "long " + std::to_string(i)},
+                                               {"max_tokens", 2000},
+                                               {"ignore_eos", true},
+                                               {"stream", true}}
+                                              .dump());
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int64_t t0 = base::now_ns();
+  EXPECT_TRUE(server_->shutdown(base::Deadline::after(std::chrono::milliseconds(100))).ok());
+  EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
+  for (auto& t : threads) t.join();
+  for (const std::string& raw : raws) {
+    const auto evs = events(raw);
+    ASSERT_GE(evs.size(), 2u) << raw;
+    EXPECT_EQ(evs.back(), "[DONE]");
+    const json last = json::parse(evs[evs.size() - 2]);
+    EXPECT_EQ(last["choices"][0]["finish_reason"], "abort") << raw.substr(raw.size() - 300);
+  }
+  serving_.join();
+  EXPECT_FALSE(post("/v1/completions", R"({"prompt":"x"})"));  // nobody listens any more
+}
+
+}  // namespace
+}  // namespace simpler::serve
