@@ -1,4 +1,4 @@
-// `simpler bench dispatch|pipeline|decode|throughput`.
+// `simpler bench dispatch|pipeline|decode|throughput|serve`.
 #include <cstdio>
 #include <iostream>
 
@@ -13,6 +13,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
                      bool allow_unused_tensors);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
+Runner add_bench_serve_command(CLI::App* bench);
 
 Runner add_bench_commands(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks; each prints its numbers");
@@ -68,6 +69,7 @@ Runner add_bench_commands(CLI::App& app) {
   st->decode_common.add_to(decode);
 
   Runner throughput = add_bench_throughput_command(bench);
+  Runner serve = add_bench_serve_command(bench);
 
   return [=]() -> int {
     if (!bench->parsed()) return -1;
@@ -133,6 +135,7 @@ Runner add_bench_commands(CLI::App& app) {
       return run_bench_decode(st->model, st->decode_common, st->steps, st->batch,
                               st->allow_unused_tensors);
     if (int rc = throughput(); rc != -1) return rc;
+    if (int rc = serve(); rc != -1) return rc;
     return 0;
   };
 }

@@ -1,0 +1,337 @@
+// `simpler bench serve`: the OpenAI-compatible server under load, in the shape of vLLM's
+// benchmark_serving (issue 13). It starts `simpler serve`'s server in this process on a free
+// loopback port (or drives --url), sends the workload of `bench throughput` (seeded input /
+// output lengths and token ids, Poisson arrivals at --request-rate, at most --max-concurrency
+// requests open) as streamed /v1/completions with its own HTTP client, and reads the SSE
+// streams: TTFT is the first content chunk, inter-token latency the gaps between chunks. Then it
+// runs the same workload offline through a fresh LlmEngine in the same process, for the ratio.
+// The client's CPU seconds are reported: on 2 vCPUs the client competes with the server.
+#include <httplib.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "cli/bench_workload.h"
+#include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
+#include "simpler/llm/chat_template.h"
+#include "simpler/llm/tokenizer.h"
+#include "simpler/serve/openai_server.h"
+
+namespace simpler::cli {
+
+namespace {
+
+using namespace bench;  // NOLINT: the shared workload helpers
+using json = nlohmann::json;
+
+constexpr const char* kCommand = "bench serve";
+
+struct State {
+  std::string model, url;
+  int64_t num_prompts = 200;
+  std::string input_len_range = "16:512";
+  std::string output_len_range = "16:256";
+  std::string request_rate = "inf";
+  int32_t max_concurrency = 0;  // 0: num_prompts
+  int32_t max_num_seqs = 16;
+  int32_t page_size = 16;
+  uint64_t seed = 0;
+  CommonOptions common;
+};
+
+// One streamed request as the client saw it.
+struct ClientResult {
+  bool ok = false;
+  std::string error;
+  int64_t sent_ns = 0, first_ns = 0, done_ns = 0;
+  std::vector<int64_t> chunk_ns;  // arrival of each content chunk
+  int64_t completion_tokens = 0;  // from the usage chunk
+};
+
+double thread_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+ClientResult send_one(const std::string& host, int port, const std::vector<int32_t>& prompt,
+                      int64_t max_tokens) {
+  ClientResult r;
+  httplib::Client c(host, port);
+  c.set_read_timeout(600, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"prompt", prompt}, {"max_tokens", max_tokens},
+                  {"temperature", 0}, {"ignore_eos", true},
+                  {"stream", true},   {"stream_options", {{"include_usage", true}}}}
+                 .dump();
+  req.set_header("Content-Type", "application/json");
+  std::string buf;
+  bool done = false;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    const int64_t now = base::now_ns();
+    buf.append(data, n);
+    size_t end;
+    while ((end = buf.find("\n\n")) != std::string::npos) {
+      const std::string ev = buf.substr(0, end);
+      buf.erase(0, end + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;
+      const std::string payload = ev.substr(6);
+      if (payload == "[DONE]") {
+        done = true;
+        continue;
+      }
+      const json j = json::parse(payload, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) {
+        r.error = j["error"].value("message", "error event");
+        continue;
+      }
+      if (j.contains("usage") && j["usage"].is_object()) {
+        r.completion_tokens = j["usage"].value("completion_tokens", int64_t{0});
+      }
+      if (j.contains("choices") && !j["choices"].empty() &&
+          !j["choices"][0].value("text", std::string()).empty()) {
+        if (r.first_ns == 0) r.first_ns = now;
+        r.chunk_ns.push_back(now);
+      }
+    }
+    return true;
+  };
+  r.sent_ns = base::now_ns();
+  auto res = c.send(req);
+  r.done_ns = base::now_ns();
+  if (!res) {
+    r.error = "no response: " + httplib::to_string(res.error());
+  } else if (res->status != 200) {
+    r.error = absl::StrCat("HTTP ", res->status);
+  } else if (!done) {
+    r.error = "the stream ended without [DONE]";
+  }
+  r.ok = r.error.empty();
+  return r;
+}
+
+int run_bench_serve(const State& st) {
+  const LenRange in = *parse_len_range(st.input_len_range);
+  const LenRange out = *parse_len_range(st.output_len_range);
+  const double rate = *parse_rate(st.request_rate);
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kCommand, config.status());
+  auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
+  if (!workload.ok()) return fail(kCommand, workload.status());
+  const Workload& w = *workload;
+
+  base::TraceRecorder trace;
+  llm::EngineOptions eo;
+  eo.runner.worker = st.common.worker_options(&trace);
+  eo.runner.page_size = st.page_size;
+  eo.runner.max_num_seqs = st.max_num_seqs;
+  eo.runner.max_num_batched_tokens = std::max(512, st.max_num_seqs);
+  eo.runner.num_pages = static_cast<int32_t>(std::min<int64_t>(
+      static_cast<int64_t>(st.max_num_seqs) * llm::pages_needed(w.longest, st.page_size),
+      std::numeric_limits<int32_t>::max()));
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.record_steps = false;
+
+  // The server: in this process on a free loopback port, or --url.
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::unique_ptr<llm::Tokenizer> tokenizer;
+  std::unique_ptr<llm::LlmEngine> engine;
+  std::unique_ptr<serve::OpenAiServer> server;
+  std::thread serving;
+  if (st.url.empty()) {
+    auto tok = llm::Tokenizer::load(st.model);
+    if (!tok.ok()) return fail(kCommand, tok.status());
+    tokenizer = std::make_unique<llm::Tokenizer>(*std::move(tok));
+    llm::EngineOptions so_engine = eo;
+    so_engine.tokenizer = tokenizer.get();
+    auto e = llm::LlmEngine::create(st.model, so_engine);
+    if (!e.ok()) return fail(kCommand, e.status());
+    engine = *std::move(e);
+    serve::ServerOptions so;
+    so.port = 0;
+    so.served_model_name = "bench";
+    so.max_concurrent_requests = static_cast<int32_t>(
+        std::min<int64_t>(st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts, 4096));
+    server = std::make_unique<serve::OpenAiServer>(engine.get(), tokenizer.get(),
+                                                   llm::ChatTemplate::load(st.model), so);
+    auto p = server->bind();
+    if (!p.ok()) return fail(kCommand, p.status());
+    port = *p;
+    serving = std::thread([&server] { (void)server->serve(); });
+  } else {
+    const std::string u = st.url;
+    const size_t scheme = u.find("://");
+    const std::string rest = scheme == std::string::npos ? u : u.substr(scheme + 3);
+    const size_t colon = rest.find(':');
+    host = rest.substr(0, colon);
+    port = colon == std::string::npos ? 80 : std::atoi(rest.c_str() + colon + 1);
+  }
+
+  // The client: at most max_concurrency requests open, each sent at its arrival time.
+  const size_t n = w.prompts.size();
+  const int64_t concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts;
+  std::vector<ClientResult> results(n);
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> finished{0};
+  std::mutex cpu_mu;
+  double client_cpu_s = 0;
+  const int64_t start_ns = base::now_ns();
+  std::vector<std::thread> clients;
+  for (int64_t t = 0; t < std::min<int64_t>(concurrency, static_cast<int64_t>(n)); ++t) {
+    clients.emplace_back([&] {
+      for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+        const int64_t at = start_ns + w.arrival_offsets_ns[i];
+        while (base::now_ns() < at) {
+          std::this_thread::sleep_for(std::chrono::nanoseconds(at - base::now_ns()));
+        }
+        results[i] = send_one(host, port, w.prompts[i], w.output_lens[i]);
+        finished.fetch_add(1);
+      }
+      const double cpu = thread_cpu_s();
+      std::lock_guard<std::mutex> l(cpu_mu);
+      client_cpu_s += cpu;
+    });
+  }
+  int64_t last_report = base::now_ns();
+  while (finished.load() < static_cast<int64_t>(n)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (base::now_ns() - last_report > 1'000'000'000) {
+      last_report = base::now_ns();
+      std::cerr << "simpler " << kCommand << ": " << finished.load() << "/" << n
+                << " requests finished\n";
+    }
+  }
+  for (std::thread& t : clients) t.join();
+  int64_t end_ns = start_ns;
+  for (const ClientResult& r : results) end_ns = std::max(end_ns, r.done_ns);
+  int64_t preemptions = 0;
+  if (server) {
+    preemptions = engine->metrics().preemptions_total;
+    (void)server->shutdown(base::Deadline::poll());
+    serving.join();
+    server.reset();
+    engine.reset();
+  }
+
+  // Statistics of the served run.
+  std::vector<double> ttft, itl, tpot;
+  int64_t tokens = 0, errors = 0;
+  std::string first_error;
+  for (const ClientResult& r : results) {
+    if (!r.ok) {
+      ++errors;
+      if (first_error.empty()) first_error = r.error;
+      continue;
+    }
+    tokens += r.completion_tokens;
+    if (r.first_ns) ttft.push_back((r.first_ns - r.sent_ns) / 1e6);
+    for (size_t k = 1; k < r.chunk_ns.size(); ++k) {
+      itl.push_back((r.chunk_ns[k] - r.chunk_ns[k - 1]) / 1e6);
+    }
+    if (r.completion_tokens > 1 && r.first_ns) {
+      tpot.push_back((r.done_ns - r.first_ns) / 1e6 / (r.completion_tokens - 1));
+    }
+  }
+  const double wall_s = (end_ns - start_ns) / 1e9;
+  const double served_tok_s = wall_s > 0 ? tokens / wall_s : 0;
+
+  // Offline: the same workload through a fresh engine in this process.
+  std::cerr << "simpler " << kCommand << ": served run " << wall_s
+            << " s; now the same workload offline\n";
+  auto offline = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
+  if (!offline.ok()) return fail(kCommand, offline.status());
+  const RunStats o = run_stats(*offline, w);
+  const double ratio = o.output_tokens_per_s > 0 ? served_tok_s / o.output_tokens_per_s : 0;
+  json j = {{"model", st.model},
+            {"url", st.url.empty() ? json(nullptr) : json(st.url)},
+            {"num_prompts", st.num_prompts},
+            {"request_rate", std::isfinite(rate) ? json(rate) : json(nullptr)},
+            {"max_concurrency", concurrency},
+            {"max_num_seqs", st.max_num_seqs},
+            {"output_tokens_per_s", served_tok_s},
+            {"offline_output_tokens_per_s", o.output_tokens_per_s},
+            {"served_over_offline", ratio},
+            {"requests_per_s", wall_s > 0 ? (n - errors) / wall_s : 0},
+            {"ttft_ms_mean", mean(ttft)},
+            {"ttft_ms_p50", percentile(ttft, 0.5)},
+            {"ttft_ms_p99", percentile(ttft, 0.99)},
+            {"offline_ttft_ms_p50", percentile(o.ttft_ms, 0.5)},
+            {"itl_ms_mean", mean(itl)},
+            {"itl_ms_p50", percentile(itl, 0.5)},
+            {"itl_ms_p99", percentile(itl, 0.99)},
+            {"tpot_ms_p50", percentile(tpot, 0.5)},
+            {"client_cpu_s", client_cpu_s},
+            {"wall_s", wall_s},
+            {"preemptions", preemptions},
+            {"errors", errors}};
+  if (st.common.json) {
+    std::printf("%s\n", base::dump_replacing(j).c_str());
+  } else {
+    std::printf(
+        "served: %lld output tokens in %.2f s = %.1f tokens/s, %.2f requests/s; TTFT ms p50 %.2f "
+        "p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f; client CPU %.2f s; %lld errors\n"
+        "offline (same workload, same process): %.1f tokens/s, TTFT ms p50 %.2f\n"
+        "served / offline: %.3fx\n",
+        static_cast<long long>(tokens), wall_s, served_tok_s, j["requests_per_s"].get<double>(),
+        percentile(ttft, 0.5), percentile(ttft, 0.99), percentile(itl, 0.5), percentile(itl, 0.99),
+        percentile(tpot, 0.5), client_cpu_s, static_cast<long long>(errors), o.output_tokens_per_s,
+        percentile(o.ttft_ms, 0.5), ratio);
+  }
+  if (errors > 0) {
+    std::cerr << "simpler " << kCommand << ": " << errors
+              << " request(s) failed; the first: " << first_error << "\n";
+    return 1;
+  }
+  return write_trace(trace, st.common.trace_path) ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_bench_serve_command(CLI::App* bench_cmd) {
+  auto st = std::make_shared<State>();
+  auto* cmd = bench_cmd->add_subcommand(
+      "serve", "the OpenAI-compatible server under load, against the engine offline");
+  cmd->add_option("--model", st->model, "model directory (with its tokenizer)")->required();
+  cmd->add_option("--url", st->url,
+                  "drive a running server (http://HOST:PORT) instead of one started here");
+  cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--input-len-range", st->input_len_range, "prompt tokens, uniform in [A, B]")
+      ->check(len_range_check())
+      ->capture_default_str();
+  cmd->add_option("--output-len-range", st->output_len_range, "output tokens, uniform in [A, B]")
+      ->check(len_range_check())
+      ->capture_default_str();
+  cmd->add_option("--request-rate", st->request_rate, "requests/s: inf = all at once, else Poisson")
+      ->check(rate_check())
+      ->capture_default_str();
+  cmd->add_option("--max-concurrency", st->max_concurrency,
+                  "requests open at once (0 = all of them)")
+      ->check(int_in(0, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", st->max_num_seqs, "the engine's running requests")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
+      ->check(int_in(1, kMaxPageSize))
+      ->capture_default_str();
+  cmd->add_option("--seed", st->seed, "workload seed")->capture_default_str();
+  st->common.add_to(cmd);
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run_bench_serve(*st);
+  };
+}
+
+}  // namespace simpler::cli
