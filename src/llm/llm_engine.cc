@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/log.h"
@@ -145,6 +146,8 @@ struct LlmEngine::Impl {
   bool out_done SIMPLER_GUARDED_BY(out_mu) = false;  // the loop exited: drain and stop
 
   std::thread loop_thread, output_thread;
+  // Their ids, written by create() before any caller can see the engine.
+  std::thread::id loop_thread_id, output_thread_id;
   std::once_flag shutdown_once;
   absl::Status shutdown_status;
 
@@ -189,7 +192,9 @@ struct LlmEngine::Impl {
     int64_t arrival_ns = 0;
     bool stop_matched = false;  // waiting for the loop's final event
     int64_t keep = 0;
+    // An event of it was dropped (its queue was full): it ends as an abort.
     bool overflowed = false;
+    int64_t delivered_tokens = 0;  // tokens of the events handed to its consumer
   };
   std::unordered_map<uint64_t, OutChoice> out_choices;  // output thread only
 
@@ -200,12 +205,14 @@ struct LlmEngine::Impl {
   bool submit_one();
   void retire_front();
   void publish_finished(int64_t now);
+  void refresh_gauges();
   void emit(LoopEvent ev) {
     base::MutexLock l(out_mu);
     outbox.push_back(std::move(ev));
     out_cv.notify_one();
   }
   void deliver(OutChoice& oc, RequestOutput out);
+  void count_finish(OutputFinish finish);
   void handle_event(LoopEvent& ev);
 };
 
@@ -263,6 +270,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(const std::string& 
     base::set_thread_name("engine-output");
     raw->output_loop();
   });
+  impl->loop_thread_id = impl->loop_thread.get_id();
+  impl->output_thread_id = impl->output_thread.get_id();
   e->impl_ = std::move(impl);
   return e;
 }
@@ -292,10 +301,12 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
     return refuse(
         absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", spec.max_tokens)));
   }
-  if (plen + spec.max_tokens > im.max_model_len) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "prompt of ", plen, " tokens + max_tokens ", spec.max_tokens, " = ", plen + spec.max_tokens,
-        " exceeds max_position_embeddings ", im.max_model_len)));
+  if (spec.max_tokens > im.max_model_len - plen) {  // plen + max_tokens could overflow
+    const bool sum_fits = spec.max_tokens <= std::numeric_limits<int64_t>::max() - plen;
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", plen, " tokens + max_tokens ", spec.max_tokens,
+                     (sum_fits ? absl::StrCat(" = ", plen + spec.max_tokens) : std::string()),
+                     " exceeds max_position_embeddings ", im.max_model_len)));
   }
   const RunnerOptions& ro = options_.runner;
   const int64_t need = pages_needed(plen + spec.max_tokens - 1, ro.page_size);
@@ -308,6 +319,12 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
   if (spec.n < 1 || spec.n > ro.max_num_seqs) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("n must be in [1, max_num_seqs ", ro.max_num_seqs, "], got ", spec.n)));
+  }
+  if (spec.n > options_.max_waiting) {
+    // Its choices wait together: it would never fit an empty waiting queue.
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("n ", spec.n, " exceeds max_waiting ", options_.max_waiting,
+                     ": the request's choices could never wait in the queue at once")));
   }
   const RequestSampling& rs = spec.sampling;
   SamplingParams p;
@@ -440,6 +457,12 @@ absl::StatusOr<RequestOutput> LlmEngine::next_output(RequestId id, base::Deadlin
     if (deadline.expired()) {
       return absl::DeadlineExceededError(absl::StrCat("no output of request ", id, " yet"));
     }
+    if (std::this_thread::get_id() == im.output_thread_id) {
+      // An on_output callback: only this thread could deliver what it waits for.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "next_output of request ", id,
+          " would wait on the engine's output thread (an on_output callback), which delivers it"));
+    }
     if (deadline.is_forever()) {
       d->cv.wait(dl);
     } else {
@@ -484,6 +507,13 @@ void LlmEngine::set_check_invariants(bool on) { impl_->check_invariants.store(on
 
 absl::Status LlmEngine::shutdown(base::Deadline drain_deadline) {
   Impl& im = *impl_;
+  if (std::this_thread::get_id() == im.output_thread_id ||
+      std::this_thread::get_id() == im.loop_thread_id) {
+    // It joins both threads: an on_output callback cannot wait for its own thread.
+    return absl::FailedPreconditionError(
+        "shutdown called on the engine's own thread (an on_output callback); call it from "
+        "another thread");
+  }
   std::call_once(im.shutdown_once, [&] {
     {
       base::MutexLock l(im.mu);
@@ -546,8 +576,6 @@ void LlmEngine::Impl::apply(Command& c) {
           ev.finished_ns = now;
           emit(std::move(ev));
           choices.erase(nc.sid);
-          base::MutexLock l(mu);
-          ++metrics.requests_finished_error;
         }
       }
       break;
@@ -761,20 +789,6 @@ void LlmEngine::Impl::publish_finished(int64_t now) {
     ev.last_step = ch.last_step;
     {
       base::MutexLock l(mu);
-      switch (fr.reason) {
-        case FinishReason::kStop:
-          ++metrics.requests_finished_stop;
-          break;
-        case FinishReason::kLength:
-          ++metrics.requests_finished_length;
-          break;
-        case FinishReason::kAbort:
-          ++metrics.requests_finished_abort;
-          break;
-        case FinishReason::kError:
-          ++metrics.requests_finished_error;
-          break;
-      }
       metrics.e2e_request_latency_s.observe((now - ch.arrival_ns) / 1e9);
       if (ch.scheduled_ns != 0) {
         metrics.request_queue_time_s.observe((ch.scheduled_ns - ch.arrival_ns) / 1e9);
@@ -782,6 +796,27 @@ void LlmEngine::Impl::publish_finished(int64_t now) {
     }
     emit(std::move(ev));
     choices.erase(it);
+  }
+}
+
+// The scheduler's gauges into the metrics. A newly scheduled choice leaves
+// the waiting count when first scheduled.
+void LlmEngine::Impl::refresh_gauges() {
+  base::MutexLock l(mu);
+  const SchedulerSnapshot snap = scheduler->snapshot();
+  metrics.requests_waiting = snap.waiting;
+  metrics.requests_running = snap.running;
+  metrics.preemptions_total = snap.preempted_total;
+  metrics.kv_pages = snap.pages;
+  int64_t never_scheduled = 0;
+  for (const auto& [sid, ch] : choices) never_scheduled += ch.scheduled_ns == 0 ? 1 : 0;
+  int64_t inbox_adds = 0;
+  for (const Command& c : inbox) {
+    if (c.kind == Command::kAdd) inbox_adds += static_cast<int64_t>(c.choices.size());
+  }
+  waiting_choices = never_scheduled + inbox_adds;
+  if (check_invariants.load() && invariant_violation.ok()) {
+    invariant_violation = scheduler->check_invariants();
   }
 }
 
@@ -813,25 +848,7 @@ void LlmEngine::Impl::loop() {
     // Submit while the launch depth allows (early enqueue).
     while (cause.ok() && static_cast<int32_t>(in_flight.size()) < depth && submit_one()) {
     }
-    // A newly scheduled choice leaves the waiting count when first scheduled.
-    {
-      base::MutexLock l(mu);
-      const SchedulerSnapshot snap = scheduler->snapshot();
-      metrics.requests_waiting = snap.waiting;
-      metrics.requests_running = snap.running;
-      metrics.preemptions_total = snap.preempted_total;
-      metrics.kv_pages = snap.pages;
-      int64_t never_scheduled = 0;
-      for (const auto& [sid, ch] : choices) never_scheduled += ch.scheduled_ns == 0 ? 1 : 0;
-      int64_t inbox_adds = 0;
-      for (const Command& c : inbox) {
-        if (c.kind == Command::kAdd) inbox_adds += static_cast<int64_t>(c.choices.size());
-      }
-      waiting_choices = never_scheduled + inbox_adds;
-      if (check_invariants.load() && invariant_violation.ok()) {
-        invariant_violation = scheduler->check_invariants();
-      }
-    }
+    refresh_gauges();
     publish_finished(base::now_ns());
     if (in_flight.empty()) {
       if (draining_now && scheduler->live_ids().empty()) break;
@@ -879,6 +896,7 @@ void LlmEngine::Impl::loop() {
     while (!in_flight.empty()) retire_front();
   }
   publish_finished(base::now_ns());
+  refresh_gauges();  // the final page states (freed, or quarantined by the close)
   base::MutexLock l(out_mu);
   out_done = true;
   out_cv.notify_one();
@@ -893,6 +911,7 @@ void LlmEngine::Impl::deliver(OutChoice& oc, RequestOutput out) {
     --d.open_choices;
   }
   if (d.callback) {
+    oc.delivered_tokens += static_cast<int64_t>(out.token_ids.size());
     d.callback(out);
     if (out.finished()) {
       base::MutexLock l(mu);
@@ -907,6 +926,7 @@ void LlmEngine::Impl::deliver(OutChoice& oc, RequestOutput out) {
     if (!out.finished() && static_cast<int64_t>(d.queue.size()) >= options.max_buffered_outputs) {
       overflow = true;
     } else {
+      oc.delivered_tokens += static_cast<int64_t>(out.token_ids.size());
       d.queue.push_back(std::move(out));
       d.cv.notify_all();
     }
@@ -919,6 +939,28 @@ void LlmEngine::Impl::deliver(OutChoice& oc, RequestOutput out) {
     base::MutexLock l(mu);
     inbox.push_back(std::move(c));
     inbox_cv.notify_one();
+  }
+}
+
+// Finished choices are counted by the reason their final event carries
+// (decided here: a stop string or an overflow can override the loop's).
+void LlmEngine::Impl::count_finish(OutputFinish finish) {
+  base::MutexLock l(mu);
+  switch (finish) {
+    case OutputFinish::kStop:
+      ++metrics.requests_finished_stop;
+      break;
+    case OutputFinish::kLength:
+      ++metrics.requests_finished_length;
+      break;
+    case OutputFinish::kAbort:
+      ++metrics.requests_finished_abort;
+      break;
+    case OutputFinish::kError:
+      ++metrics.requests_finished_error;
+      break;
+    case OutputFinish::kNone:
+      break;
   }
 }
 
@@ -982,30 +1024,39 @@ void LlmEngine::Impl::handle_event(LoopEvent& ev) {
     out.kv = std::move(ev.kv);
   }
   if (ev.final) {
-    if (oc.detok && !oc.stop_matched) {
-      std::string tail = oc.detok->finish();
-      if (oc.stops) {
-        StopStringMatcher::Result r = oc.stops->push(tail, oc.generated >= min_tokens);
-        out.text += r.text;
-        if (r.stopped) {
-          oc.stop_matched = true;
-          oc.keep = oc.generated;
-        } else {
-          out.text += oc.stops->finish();
-        }
-      } else {
-        out.text += tail;
-      }
-    }
-    out.finish = oc.stop_matched ? OutputFinish::kStop : ev.finish;
-    out.error = ev.error;
-    if (oc.overflowed && ev.finish == OutputFinish::kAbort) {
+    if (oc.overflowed) {
+      // An event of this choice was dropped: whatever ended it in the loop
+      // (the abort the overflow asked for, or its own end reached first), its
+      // consumer lacks tokens. It ends as that abort, counting the tokens it
+      // delivered.
+      out.finish = OutputFinish::kAbort;
       out.error = absl::ResourceExhaustedError(absl::StrCat(
           "request ", oc.rid, " choice ", oc.index, " aborted: its consumer fell behind by ",
           options.max_buffered_outputs, " undelivered outputs (max_buffered_outputs)"));
+      out.completion_tokens = oc.delivered_tokens;
+    } else {
+      if (oc.detok && !oc.stop_matched) {
+        std::string tail = oc.detok->finish();
+        if (oc.stops) {
+          StopStringMatcher::Result r = oc.stops->push(tail, oc.generated >= min_tokens);
+          out.text += r.text;
+          if (r.stopped) {
+            oc.stop_matched = true;
+            oc.keep = oc.generated;
+          } else {
+            out.text += oc.stops->finish();
+          }
+        } else {
+          out.text += tail;
+        }
+      }
+      // A matched stop string decides, whatever the loop ended the choice
+      // with meanwhile (its tokens past the stop were dropped).
+      out.finish = oc.stop_matched ? OutputFinish::kStop : ev.finish;
+      out.error = oc.stop_matched ? absl::OkStatus() : ev.error;
+      out.completion_tokens = oc.stop_matched ? oc.keep : ev.completion_tokens;
     }
     out.prompt_tokens = static_cast<int64_t>(oc.spec->prompt_ids.size());
-    out.completion_tokens = oc.stop_matched ? oc.keep : ev.completion_tokens;
     out.arrival_ns = oc.arrival_ns;
     out.scheduled_ns = ev.scheduled_ns;
     out.first_token_ns = ev.first_token_ns;
@@ -1013,6 +1064,7 @@ void LlmEngine::Impl::handle_event(LoopEvent& ev) {
     out.pages = std::move(ev.pages);
     out.page_steps = std::move(ev.page_steps);
     out.last_step = ev.last_step;
+    count_finish(out.finish);  // before the consumer can see the event
     deliver(oc, std::move(out));
     out_choices.erase(it);
     return;

@@ -322,8 +322,15 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   }
   const bool host = options_.host_sampling;
   if (host && host_step_pending_) {
-    return absl::FailedPreconditionError(
-        "host sampling: the previous step must be collected before the next is submitted");
+    // A step whose run failed is never collected; it no longer holds the
+    // host-side sampling state.
+    if (host_pending_run_.done() && !host_pending_run_.result().status.ok()) {
+      host_step_pending_ = false;
+      host_pending_run_ = worker::RunHandle();
+    } else {
+      return absl::FailedPreconditionError(
+          "host sampling: the previous step must be collected before the next is submitted");
+    }
   }
   const Qwen3Dims& d = dims_;
   const int64_t V = d.vocab_size;
@@ -479,7 +486,10 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   for (size_t i = 0; i < program.size(); ++i) a.add(program[i]);
   s.submit_ns_ = base::now_ns();
   SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
-  if (host) host_step_pending_ = true;
+  if (host) {
+    host_step_pending_ = true;
+    host_pending_run_ = s.handle_;
+  }
   return st;
 }
 
@@ -487,7 +497,10 @@ absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& s
   const int64_t V = dims_.vocab_size;
   const int64_t n = static_cast<int64_t>(step.row_of_logit_.size());
   std::vector<RowSample> out(n);
-  if (step.host_logits_) host_step_pending_ = false;
+  if (step.host_logits_) {
+    host_step_pending_ = false;
+    host_pending_run_ = worker::RunHandle();
+  }
   for (int64_t j = 0; j < n; ++j) {
     RowSample& rs = out[j];
     rs.row = step.row_of_logit_[j];

@@ -10,9 +10,9 @@
 //     sampled tokens from device memory) and retires steps in order;
 //   * one output-processor thread detokenizes incrementally, matches stop
 //     strings and delivers RequestOutput events to each request's bounded
-//     queue or callback. A slow consumer never blocks the loop: a request
-//     whose undelivered events exceed EngineOptions::max_buffered_outputs is
-//     aborted with a reason that says so.
+//     queue or callback. A slow consumer never blocks the loop: a choice
+//     whose event finds max_buffered_outputs undelivered events queued loses
+//     it and ends with kAbort and a reason that says so.
 //
 // Request lifecycle: add_request -> waiting -> running (prefill chunks, then
 // one decode position per step; possibly preempted and recomputed) ->
@@ -96,8 +96,9 @@ struct RequestSpec {
   RequestSampling sampling;
   std::string caller_id;  // optional, echoed in every RequestOutput
   // Called on the output-processor thread for each event, in order. Without
-  // it, events queue for next_output(). Must not call back into the engine
-  // in a way that waits for the output thread (next_output on this request).
+  // it, events queue for next_output(). Must not block; it may call
+  // add_request, abort and metrics. shutdown, and a next_output that would
+  // wait, return FAILED_PRECONDITION there (only that thread ends the wait).
   std::function<void(const struct RequestOutput&)> on_output;
   // Test and dump hooks: raw logits of these output tokens (0 = first), K/V
   // of these positions (read back when the step writing them retires).
@@ -164,21 +165,25 @@ class LlmEngine {
   // max_tokens beyond max_position_embeddings, a request that can never fit
   // the KV pool — both page counts —, n outside [1, max_num_seqs], a sampling
   // parameter out of range, stop strings without a tokenizer, too many stop
-  // ids); RESOURCE_EXHAUSTED when max_waiting requests wait; the engine's
+  // ids, n > max_waiting); RESOURCE_EXHAUSTED when max_waiting requests
+  // wait; the engine's
   // unhealthy cause (its code) after an unrecoverable failure;
   // FAILED_PRECONDITION after shutdown began. Thread-safe.
   absl::StatusOr<RequestId> add_request(RequestSpec spec);
 
   // Aborts every choice of a request: queued ones never run, running ones
   // stop at the next step boundary (their pages come back behind the fence);
-  // each gets a final event with finish kAbort. NOT_FOUND when the id is
-  // unknown or the request already finished (then nothing changes).
+  // each gets a final event with finish kAbort. OK means the abort was
+  // queued: a choice the engine finished before applying it keeps its own
+  // finish reason. NOT_FOUND when the id is unknown or every choice's final
+  // event was already delivered (then nothing changes).
   absl::Status abort(RequestId id);
 
   // The next event of a request without on_output (any choice, in order per
   // choice). DEADLINE_EXCEEDED when none came by the deadline; NOT_FOUND for
   // an unknown id or one whose every final event was already returned (or
-  // that delivers to a callback). Thread-safe; one reader per request.
+  // that delivers to a callback); FAILED_PRECONDITION instead of waiting when
+  // called from an on_output callback. Thread-safe; one reader per request.
   absl::StatusOr<RequestOutput> next_output(RequestId id,
                                             base::Deadline deadline = base::Deadline::forever());
 
@@ -186,7 +191,8 @@ class LlmEngine {
   // `drain_deadline`, aborts the rest (final events with kAbort), stops the
   // threads and closes the Worker (bounded by the deadline plus the device's
   // close grace). Returns the first error nobody received (the Worker's close
-  // status, or the unhealthy cause). Idempotent; thread-safe.
+  // status, or the unhealthy cause). Idempotent; thread-safe;
+  // FAILED_PRECONDITION from an on_output callback (it joins that thread).
   absl::Status shutdown(base::Deadline drain_deadline = base::Deadline::poll());
 
   // OK while healthy; the unrecoverable cause after a device fault / timeout.

@@ -135,7 +135,8 @@ class Qwen3ModelRunner {
   // belongs to plan.rows[i]). INVALID_ARGUMENT when inputs do not match the
   // rows or a row exceeds the step limits; the Worker's submit errors (e.g.
   // poisoned lane) as they are. With host sampling the previous step must
-  // have been collected first (FAILED_PRECONDITION otherwise).
+  // have been collected first, or have finished with an error (it is never
+  // collected then); FAILED_PRECONDITION otherwise.
   absl::StatusOr<std::unique_ptr<StepInFlight>> submit(const StepPlan& plan,
                                                        std::span<const RowInput> inputs);
 
@@ -180,7 +181,8 @@ class Qwen3ModelRunner {
   // Host sampling: token counts and last sampled id per state slot.
   std::vector<std::vector<int32_t>> host_counts_;
   std::vector<int32_t> host_last_ids_;
-  bool host_step_pending_ = false;
+  bool host_step_pending_ = false;      // submitted, neither collected nor failed
+  worker::RunHandle host_pending_run_;  // its run
 };
 
 }  // namespace simpler::llm
