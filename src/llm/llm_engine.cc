@@ -212,7 +212,8 @@ struct LlmEngine::Impl {
     out_cv.notify_one();
   }
   void deliver(OutChoice& oc, RequestOutput out);
-  void count_finish(OutputFinish finish);
+  // Finish counters (metrics): +delta for `finish`. Requires mu.
+  void count_finish(OutputFinish finish, int64_t delta) SIMPLER_REQUIRES(mu);
   void handle_event(LoopEvent& ev);
 };
 
@@ -576,6 +577,8 @@ void LlmEngine::Impl::apply(Command& c) {
           ev.finished_ns = now;
           emit(std::move(ev));
           choices.erase(nc.sid);
+          base::MutexLock l(mu);
+          count_finish(OutputFinish::kError, 1);
         }
       }
       break;
@@ -789,6 +792,7 @@ void LlmEngine::Impl::publish_finished(int64_t now) {
     ev.last_step = ch.last_step;
     {
       base::MutexLock l(mu);
+      count_finish(ev.finish, 1);
       metrics.e2e_request_latency_s.observe((now - ch.arrival_ns) / 1e9);
       if (ch.scheduled_ns != 0) {
         metrics.request_queue_time_s.observe((ch.scheduled_ns - ch.arrival_ns) / 1e9);
@@ -942,22 +946,19 @@ void LlmEngine::Impl::deliver(OutChoice& oc, RequestOutput out) {
   }
 }
 
-// Finished choices are counted by the reason their final event carries
-// (decided here: a stop string or an overflow can override the loop's).
-void LlmEngine::Impl::count_finish(OutputFinish finish) {
-  base::MutexLock l(mu);
+void LlmEngine::Impl::count_finish(OutputFinish finish, int64_t delta) {
   switch (finish) {
     case OutputFinish::kStop:
-      ++metrics.requests_finished_stop;
+      metrics.requests_finished_stop += delta;
       break;
     case OutputFinish::kLength:
-      ++metrics.requests_finished_length;
+      metrics.requests_finished_length += delta;
       break;
     case OutputFinish::kAbort:
-      ++metrics.requests_finished_abort;
+      metrics.requests_finished_abort += delta;
       break;
     case OutputFinish::kError:
-      ++metrics.requests_finished_error;
+      metrics.requests_finished_error += delta;
       break;
     case OutputFinish::kNone:
       break;
@@ -1064,7 +1065,13 @@ void LlmEngine::Impl::handle_event(LoopEvent& ev) {
     out.pages = std::move(ev.pages);
     out.page_steps = std::move(ev.page_steps);
     out.last_step = ev.last_step;
-    count_finish(out.finish);  // before the consumer can see the event
+    if (out.finish != ev.finish) {
+      // The loop counted its own reason; the event's decides (before the
+      // consumer can see it).
+      base::MutexLock l(mu);
+      count_finish(ev.finish, -1);
+      count_finish(out.finish, 1);
+    }
     deliver(oc, std::move(out));
     out_choices.erase(it);
     return;
