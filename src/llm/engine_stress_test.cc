@@ -803,6 +803,41 @@ TEST_F(LlmEngineStressTest, AHugeMaxTokensIsRefusedAtAddNotFailedLater) {
   expect_clean_after_shutdown(*e, 0);
 }
 
+// Gauges are current when a consumer holds a final event: a choice that
+// ended reading max_tokens no longer runs and its pages are free (nothing
+// else is live), and choices aborted before they ran no longer count against
+// max_waiting.
+TEST_F(LlmEngineStressTest, MetricsAndTheWaitingCountAreCurrentWhenTheFinalEventIsRead) {
+  const int kRounds = kSanitized ? 5 : 20;
+  for (int depth : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    EngineOptions eo = options(depth, 64, 32, 4);
+    eo.max_waiting = 2;
+    auto e = engine(eo);
+    for (int round = 0; round < kRounds; ++round) {
+      SCOPED_TRACE(testing::Message() << "round " << round);
+      const RequestLog done = read_all(*e, e->add_request(greedy(prompt(round), 3)).value(), 1);
+      expect_well_formed(done);
+      EXPECT_EQ(done.choices[0].finish, OutputFinish::kLength);
+      EngineMetrics m = e->metrics();
+      EXPECT_EQ(m.requests_running + m.requests_waiting, 0);
+      EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+      // Two requests aborted at once fill max_waiting until they end.
+      const RequestId a = e->add_request(greedy(prompt(round + 1), 8)).value();
+      const RequestId b = e->add_request(greedy(prompt(round + 2), 8)).value();
+      ASSERT_TRUE(e->abort(a).ok());
+      ASSERT_TRUE(e->abort(b).ok());
+      expect_well_formed(read_all(*e, a, 1));
+      expect_well_formed(read_all(*e, b, 1));
+      auto c = e->add_request(greedy(prompt(round), 2, 2));
+      ASSERT_TRUE(c.ok()) << c.status() << " (nothing waits any more)";
+      expect_well_formed(read_all(*e, *c, 2));
+    }
+    EXPECT_TRUE(e->shutdown().ok());
+    expect_clean_after_shutdown(*e, 5 * kRounds);
+  }
+}
+
 // ---- faults mid-prefill and mid-decode -------------------------------------------------------
 
 // Two requests decode (max_num_seqs 2) when a kernel of run 5 (step 6) fails;

@@ -773,7 +773,11 @@ void LlmEngine::Impl::retire_front() {
   }
 }
 
+// Final events of the choices the scheduler finished, sent after the gauges
+// are refreshed: a consumer holding a final event sees metrics (running,
+// waiting, pages, the waiting count add_request checks) without it.
 void LlmEngine::Impl::publish_finished(int64_t now) {
+  std::vector<LoopEvent> finals;
   for (FinishedRequest& fr : scheduler->take_finished()) {
     auto it = choices.find(fr.id);
     if (it == choices.end()) continue;
@@ -798,9 +802,11 @@ void LlmEngine::Impl::publish_finished(int64_t now) {
         metrics.request_queue_time_s.observe((ch.scheduled_ns - ch.arrival_ns) / 1e9);
       }
     }
-    emit(std::move(ev));
+    finals.push_back(std::move(ev));
     choices.erase(it);
   }
+  refresh_gauges();
+  for (LoopEvent& ev : finals) emit(std::move(ev));
 }
 
 // The scheduler's gauges into the metrics. A newly scheduled choice leaves
@@ -852,8 +858,7 @@ void LlmEngine::Impl::loop() {
     // Submit while the launch depth allows (early enqueue).
     while (cause.ok() && static_cast<int32_t>(in_flight.size()) < depth && submit_one()) {
     }
-    refresh_gauges();
-    publish_finished(base::now_ns());
+    publish_finished(base::now_ns());  // refreshes the gauges
     if (in_flight.empty()) {
       if (draining_now && scheduler->live_ids().empty()) break;
       if (draining_now && !cause.ok()) break;
@@ -899,8 +904,7 @@ void LlmEngine::Impl::loop() {
     (void)runner->close(base::Deadline::poll());
     while (!in_flight.empty()) retire_front();
   }
-  publish_finished(base::now_ns());
-  refresh_gauges();  // the final page states (freed, or quarantined by the close)
+  publish_finished(base::now_ns());  // the final page states (freed, or quarantined by the close)
   base::MutexLock l(out_mu);
   out_done = true;
   out_cv.notify_one();
