@@ -351,11 +351,15 @@ TEST_F(LlmEngineStressTest, AbortRightAfterAddEndsEveryChoiceOnceAtEveryDepth) {
 
 // Several threads abort random requests (some several times) at random
 // moments while others add and read them; a tight pool preempts meanwhile.
+// Unaborted greedy choices get their solo tokens.
 TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun) {
   const int kRequests = kSanitized ? 16 : 64;
-  for (int depth : {2, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
-    auto e = engine(options(depth, 48, 16, 8));
+  // Depth 2 and 4, and host sampling (one step at a time, logits read back).
+  for (int depth : {2, 4, 0}) {
+    SCOPED_TRACE(testing::Message() << "depth " << depth << (depth == 0 ? " (host sampling)" : ""));
+    EngineOptions eo = options(std::max(depth, 1), 48, 16, 8);
+    eo.runner.host_sampling = depth == 0;
+    auto e = engine(eo);
     e->set_check_invariants(true);
     struct Req {
       RequestId id = 0;
@@ -1020,6 +1024,71 @@ TEST_F(LlmEngineStressTest, UnrecoverableFaultsFailEveryRequestWithTheCauseAtEve
   }
 }
 
+// Faults while shutdown drains: an unrecoverable one fails every live
+// request and is what shutdown returns; a recoverable one fails its step's
+// requests, the rest finish, and shutdown is OK.
+TEST_F(LlmEngineStressTest, FaultsDuringTheShutdownDrainAreReportedOnce) {
+  struct Case {
+    const char* plan;
+    bool fatal;
+  };
+  for (const Case cs : {Case{"run=30:task=2:kind=device_fault", true},
+                        Case{"run=30:task=2:kind=kernel_error", false}}) {
+    for (int depth : {1, 4}) {
+      SCOPED_TRACE(testing::Message() << cs.plan << ", depth " << depth);
+      auto e = engine(with_faults(options(depth, 256, 64, 8), cs.plan));
+      std::vector<std::pair<RequestId, int>> ids;
+      for (int i = 0; i < 4; ++i) {
+        ids.emplace_back(e->add_request(greedy(prompt(i), 40, i == 1 ? 2 : 1)).value(),
+                         i == 1 ? 2 : 1);
+      }
+      auto first = e->next_output(ids[0].first, base::Deadline::after(60s));
+      ASSERT_TRUE(first.ok()) << first.status();
+      const int64_t t0 = base::now_ns();
+      const absl::Status s = e->shutdown(base::Deadline::after(30s));  // run 30 fails meanwhile
+      EXPECT_LT(seconds_since(t0), 15.0);
+      if (cs.fatal) {
+        EXPECT_FALSE(s.ok());
+        EXPECT_TRUE(contains(s, "run 30")) << s;
+        EXPECT_EQ(s, e->health());
+      } else {
+        EXPECT_TRUE(s.ok()) << s;
+        EXPECT_TRUE(e->health().ok());
+      }
+      int failed = 0;
+      for (size_t k = 0; k < ids.size(); ++k) {
+        RequestLog log(ids[k].first, ids[k].second);
+        if (k == 0) log.add(*first);
+        while (!log.complete()) {
+          auto out = e->next_output(ids[k].first, base::Deadline::after(5s));
+          ASSERT_TRUE(out.ok()) << out.status();
+          log.add(*out);
+        }
+        expect_well_formed(log);
+        for (const ChoiceLog& c : log.choices) {
+          if (c.finish == OutputFinish::kError) {
+            ++failed;
+            EXPECT_TRUE(contains(c.error, "run 30")) << c.error;
+            EXPECT_TRUE(is_prefix(c.tokens, solo(k)));
+          } else {
+            EXPECT_FALSE(cs.fatal) << "request " << k << " survived a device fault";
+            EXPECT_EQ(c.finish, OutputFinish::kLength) << c.error;
+            EXPECT_EQ(c.tokens, solo(k, 40));
+          }
+        }
+      }
+      EXPECT_GT(failed, 0);
+      if (cs.fatal) {
+        EXPECT_EQ(failed, 5);
+      }
+      const EngineMetrics m = e->metrics();
+      EXPECT_EQ(m.kv_pages.total(), m.kv_pages_total);
+      EXPECT_EQ(m.kv_pages.used + m.kv_pages.fenced, 0);
+      EXPECT_EQ(m.requests_finished_error, failed);
+    }
+  }
+}
+
 // ---- shutdown racing callers -----------------------------------------------------------------
 
 // Threads add (to queues and callbacks), abort and read while two threads
@@ -1358,6 +1427,97 @@ TEST_F(LlmEngineStressTextTest, StopStringsWithMinTokensAndSeveralChoicesCutEver
   EXPECT_TRUE(e->shutdown().ok());
   const EngineMetrics m = e->metrics();
   EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+}
+
+// Seeded choices (each its own stream, so each stops somewhere else) on a
+// pool that preempts, at depth 4, min_tokens 6: every choice stops where the
+// reference says for its own tokens, with the text cut and completion_tokens
+// = the tokens delivered.
+TEST_F(LlmEngineStressTextTest, SeededChoicesStopEachAtTheirOwnStopStringUnderPreemption) {
+  const int64_t kTokens = kSanitized ? 10 : 18;
+  RequestSpec base;
+  base.prompt_ids = tokenizer_->encode(
+      "Once upon a time, in a small village by the sea, there lived an old fisherman");
+  base.prompt_ids.resize(11);  // one page holds it and the first 5 tokens
+  base.max_tokens = kTokens;
+  base.n = 3;
+  base.sampling.temperature = 1.0f;
+  base.sampling.top_k = 50;
+  base.sampling.seed = 1234;
+  base.sampling.ignore_eos = true;
+  base.sampling.min_tokens = 6;
+  RequestLog plain;
+  {
+    auto e = engine(1);
+    plain = read_all(*e, e->add_request(base).value(), 3);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  expect_well_formed(plain);
+  std::vector<std::vector<std::string>> deltas(3);
+  std::set<std::string> stops;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(plain.choices[k].tokens.size(), static_cast<size_t>(kTokens));
+    IncrementalDetokenizer detok(tokenizer_);
+    for (int32_t t : plain.choices[k].tokens) {
+      deltas[k].push_back(detok.push(std::span<const int32_t>(&t, 1)));
+    }
+    deltas[k].back() += detok.finish();
+    // One stop string from each choice's text: the first character of its 10th token's text.
+    const std::string& d = deltas[k][9];
+    if (!d.empty()) {
+      const unsigned char c0 = static_cast<unsigned char>(d[0]);
+      stops.insert(d.substr(0, c0 < 0x80 ? 1 : (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : 4));
+    }
+  }
+  ASSERT_FALSE(stops.empty());
+  RequestSpec spec = base;
+  spec.sampling.stop.assign(stops.begin(), stops.end());
+  // The earliest match of any of the stop strings, per choice.
+  std::vector<Expected> want(3);
+  for (int k = 0; k < 3; ++k) {
+    want[k].keep = kTokens + 1;
+    for (const std::string& st : stops) {
+      const Expected x = expected_stop(deltas[k], st, 6);
+      if (x.stopped && (x.keep < want[k].keep ||
+                        (x.keep == want[k].keep && x.text.size() < want[k].text.size()))) {
+        want[k] = x;
+      }
+    }
+    if (!want[k].stopped) want[k] = expected_stop(deltas[k], stops.begin()->c_str(), kTokens + 1);
+  }
+  // 4 pages of 16 tokens: the three choices of an 11-token prompt start with
+  // a page each and need a second one each by their 6th token.
+  EngineOptions eo;
+  eo.runner.worker.num_cores = 2;
+  eo.runner.worker.launch_depth = 4;
+  eo.runner.worker.faults.emplace();
+  eo.runner.num_pages = 4;
+  eo.runner.max_num_seqs = 4;
+  eo.runner.max_num_batched_tokens = 64;
+  eo.tokenizer = tokenizer_;
+  auto e = LlmEngine::create(*dir_, eo).value();
+  e->set_check_invariants(true);
+  const RequestLog log = read_all(*e, e->add_request(spec).value(), 3);
+  expect_well_formed(log);
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE(testing::Message() << "choice " << k);
+    const ChoiceLog& c = log.choices[k];
+    EXPECT_EQ(c.finish, want[k].stopped ? OutputFinish::kStop : OutputFinish::kLength);
+    EXPECT_EQ(c.text, want[k].text);
+    EXPECT_EQ(c.completion_tokens, want[k].keep);
+    EXPECT_EQ(c.tokens, std::vector<int32_t>(plain.choices[k].tokens.begin(),
+                                             plain.choices[k].tokens.begin() + want[k].keep));
+  }
+  EXPECT_TRUE(e->invariant_violation().ok()) << e->invariant_violation();
+  EXPECT_TRUE(e->shutdown().ok());
+  const EngineMetrics m = e->metrics();
+  EXPECT_GT(m.preemptions_total, 0);
+  EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+  int64_t stopped = 0;
+  for (const Expected& w : want) stopped += w.stopped ? 1 : 0;
+  EXPECT_GT(stopped, 0);
+  EXPECT_EQ(m.requests_finished_stop, stopped);
+  EXPECT_EQ(m.requests_finished_length, 3 - stopped);
 }
 
 }  // namespace
