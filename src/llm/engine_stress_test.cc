@@ -1089,6 +1089,63 @@ TEST_F(LlmEngineStressTest, FaultsDuringTheShutdownDrainAreReportedOnce) {
   }
 }
 
+// Adds from several threads racing a device fault: every accepted request
+// (including ones the loop sees only after the engine turned unhealthy) ends
+// once with the fault's cause; every refused one names it.
+TEST_F(LlmEngineStressTest, AddsRacingAnUnrecoverableFaultEndOnceWithItsCause) {
+  for (int depth : {1, 4}) {
+    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    auto e = engine(with_faults(options(depth, 256, 32, 8), "run=15:task=2:kind=device_fault"));
+    std::mutex mu;
+    std::vector<std::pair<RequestId, int>> accepted;
+    std::atomic<int> refused{0}, wrong_refusal{0};
+    std::vector<std::thread> adders;
+    for (int t = 0; t < 3; ++t) {
+      adders.emplace_back([&, t] {
+        for (int i = 0; i < 400 && refused.load() < 30; ++i) {
+          const int n = (i + t) % 4 == 0 ? 2 : 1;
+          auto id = e->add_request(greedy(prompt(i + t), 6, n));
+          if (id.ok()) {
+            std::lock_guard<std::mutex> l(mu);
+            accepted.emplace_back(*id, n);
+          } else if (id.status().code() == absl::StatusCode::kResourceExhausted) {
+            std::this_thread::sleep_for(1ms);
+          } else {
+            ++refused;
+            if (!contains(id.status(), "device fault")) ++wrong_refusal;
+          }
+          std::this_thread::sleep_for(100us);
+        }
+      });
+    }
+    for (auto& t : adders) t.join();
+    EXPECT_GT(refused.load(), 0) << "the fault never fired";
+    EXPECT_EQ(wrong_refusal.load(), 0);
+    int64_t choices = 0, failed = 0;
+    for (const auto& [id, n] : accepted) {
+      const RequestLog log = read_all(*e, id, n);
+      expect_well_formed(log);
+      choices += n;
+      for (const ChoiceLog& c : log.choices) {
+        if (c.finish == OutputFinish::kError) {
+          ++failed;
+          EXPECT_TRUE(contains(c.error, "run 15")) << c.error;
+          EXPECT_TRUE(contains(c.error, "device fault")) << c.error;
+        } else {
+          EXPECT_EQ(c.finish, OutputFinish::kLength) << c.error;  // finished before the fault
+        }
+      }
+    }
+    EXPECT_GT(failed, 0);
+    EXPECT_FALSE(e->shutdown().ok());
+    const EngineMetrics m = e->metrics();
+    EXPECT_EQ(m.kv_pages.total(), m.kv_pages_total);
+    EXPECT_EQ(m.kv_pages.used + m.kv_pages.fenced, 0);
+    EXPECT_EQ(m.requests_finished_error, failed);
+    EXPECT_EQ(m.requests_finished_error + m.requests_finished_length, choices);
+  }
+}
+
 // ---- shutdown racing callers -----------------------------------------------------------------
 
 // Threads add (to queues and callbacks), abort and read while two threads
@@ -1518,6 +1575,81 @@ TEST_F(LlmEngineStressTextTest, SeededChoicesStopEachAtTheirOwnStopStringUnderPr
   EXPECT_GT(stopped, 0);
   EXPECT_EQ(m.requests_finished_stop, stopped);
   EXPECT_EQ(m.requests_finished_length, 3 - stopped);
+}
+
+// Stop strings with a consumer that reads nothing until every choice ended
+// (one undelivered output allowed for the request's three choices): each
+// choice ends as the reference says with every token and the cut text
+// delivered, or as aborted for falling behind with completion_tokens = the
+// tokens it did deliver — never "stop" with a token missing.
+TEST_F(LlmEngineStressTextTest, StopStringsWithAConsumerThatFellBehind) {
+  const int64_t kTokens = kSanitized ? 8 : 14;
+  RequestSpec base;
+  base.prompt_ids = tokenizer_->encode("The quick brown fox");
+  base.max_tokens = kTokens;
+  base.sampling.temperature = 0;
+  base.sampling.ignore_eos = true;
+  RequestLog plain;
+  {
+    auto e = engine(2);
+    plain = read_all(*e, e->add_request(base).value(), 1);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  expect_well_formed(plain);
+  std::vector<std::string> deltas;
+  IncrementalDetokenizer detok(tokenizer_);
+  for (int32_t t : plain.choices[0].tokens) {
+    deltas.push_back(detok.push(std::span<const int32_t>(&t, 1)));
+  }
+  deltas.back() += detok.finish();
+  const std::string& d = deltas[kTokens / 2];
+  ASSERT_FALSE(d.empty());
+  const unsigned char c0 = static_cast<unsigned char>(d[0]);
+  const std::string stop = d.substr(0, c0 < 0x80         ? 1
+                                       : (c0 >> 5) == 6  ? 2
+                                       : (c0 >> 4) == 14 ? 3
+                                                         : 4);
+  const Expected want = expected_stop(deltas, stop, 0);
+  ASSERT_TRUE(want.stopped);
+  for (int depth : {1, 4}) {
+    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    auto e = engine(depth, /*max_buffered=*/1);
+    RequestSpec spec = base;
+    spec.n = 3;
+    spec.sampling.stop = {stop};
+    const RequestId id = e->add_request(spec).value();
+    const int64_t t0 = base::now_ns();
+    while (true) {
+      const EngineMetrics m = e->metrics();
+      if (m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort >= 3) {
+        break;
+      }
+      ASSERT_LT(seconds_since(t0), 60.0);
+      std::this_thread::sleep_for(1ms);
+    }
+    const RequestLog log = read_all(*e, id, 3);
+    expect_well_formed(log);
+    int aborted = 0;
+    for (int k = 0; k < 3; ++k) {
+      SCOPED_TRACE(testing::Message() << "choice " << k);
+      const ChoiceLog& c = log.choices[k];
+      if (c.finish == OutputFinish::kAbort) {
+        ++aborted;
+        EXPECT_EQ(c.error.code(), absl::StatusCode::kResourceExhausted) << c.error;
+        EXPECT_TRUE(is_prefix(c.tokens, plain.choices[0].tokens));
+      } else {
+        EXPECT_EQ(c.finish, OutputFinish::kStop) << c.error;
+        EXPECT_EQ(c.text, want.text);
+        EXPECT_EQ(c.completion_tokens, want.keep);
+      }
+    }
+    EXPECT_GT(aborted, 0);
+    EXPECT_TRUE(e->shutdown().ok());
+    const EngineMetrics m = e->metrics();
+    EXPECT_EQ(m.requests_finished_abort, aborted);
+    EXPECT_EQ(m.requests_finished_stop, 3 - aborted);
+    EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+  }
 }
 
 }  // namespace
