@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -310,6 +311,33 @@ class LlmEngineStressTest : public ::testing::Test {
 std::string* LlmEngineStressTest::dir_ = nullptr;
 std::vector<std::vector<int32_t>>* LlmEngineStressTest::prompts_ = nullptr;
 std::vector<std::vector<int32_t>>* LlmEngineStressTest::solo_ = nullptr;
+
+// Options out of range are refused by create (naming the option), never a
+// crash or an engine that hangs.
+TEST_F(LlmEngineStressTest, BadOptionsAreRefusedByCreateNamingTheOption) {
+  struct Bad {
+    const char* needle;
+    std::function<void(EngineOptions&)> set;
+  };
+  const std::vector<Bad> bad = {
+      {"max_waiting", [](EngineOptions& o) { o.max_waiting = 0; }},
+      {"max_buffered_outputs", [](EngineOptions& o) { o.max_buffered_outputs = -1; }},
+      {"num_pages", [](EngineOptions& o) { o.runner.num_pages = 0; }},
+      {"page_size", [](EngineOptions& o) { o.runner.page_size = 0; }},
+      {"max_num_seqs", [](EngineOptions& o) { o.runner.max_num_seqs = 0; }},
+      {"max_num_batched_tokens", [](EngineOptions& o) { o.runner.max_num_batched_tokens = 2; }},
+      {"launch_depth", [](EngineOptions& o) { o.runner.worker.launch_depth = 0; }},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.needle);
+    EngineOptions eo = options(1);
+    b.set(eo);
+    auto e = LlmEngine::create(*dir_, eo);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << e.status();
+    EXPECT_TRUE(contains(e.status(), b.needle)) << e.status();
+  }
+}
 
 // ---- aborts racing steps -------------------------------------------------------------------
 

@@ -131,10 +131,11 @@ struct RequestOutput {
   int64_t completion_tokens = 0;
   int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, finished_ns = 0;
   int64_t num_preemptions = 0;
-  // Final event: the KV pages the choice held when it finished, the engine
-  // step that allocated each, and the last step it had a row in (steps are
-  // numbered from 1; a page freed by one request is reused only by steps
-  // after that request's last step).
+  // Final event: the KV pages the choice held after the last step it had a
+  // row in (a choice preempted and not re-admitted since holds none now: it
+  // reports those of its last step), the engine step that allocated each,
+  // and that last step (steps are numbered from 1; a page freed by one
+  // request is reused only by steps after that request's last step).
   std::vector<int32_t> pages;
   std::vector<int64_t> page_steps;
   int64_t last_step = 0;
