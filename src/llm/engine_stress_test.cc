@@ -381,7 +381,7 @@ TEST_F(LlmEngineStressTest, AbortRightAfterAddEndsEveryChoiceOnceAtEveryDepth) {
 // moments while others add and read them; a tight pool preempts meanwhile.
 // Unaborted greedy choices get their solo tokens.
 TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun) {
-  const int kRequests = kSanitized ? 16 : 64;
+  const int kRequests = kSanitized ? 16 : 128;
   // Depth 2 and 4, and host sampling (one step at a time, logits read back).
   for (int depth : {2, 4, 0}) {
     SCOPED_TRACE(testing::Message() << "depth " << depth << (depth == 0 ? " (host sampling)" : ""));
@@ -560,7 +560,7 @@ TEST_F(LlmEngineStressTest, AbortAfterTheFinalEventIsNotFoundEvenBeforeItIsRead)
 // (some n = 2) at depth 2 and 4, with aborts: every unaborted choice gets
 // exactly the tokens it gets alone, page invariants hold at every step.
 TEST_F(LlmEngineStressTest, PreemptionStormsKeepTokensAndPagesAtDepth2And4) {
-  const int kRequests = kSanitized ? 8 : 20;
+  const int kRequests = kSanitized ? 8 : 32;
   std::vector<RequestSpec> specs;
   for (int i = 0; i < kRequests; ++i) {
     RequestSpec s =
@@ -1181,7 +1181,7 @@ TEST_F(LlmEngineStressTest, AddsRacingAnUnrecoverableFaultEndOnceWithItsCause) {
 // time, adds after it are FAILED_PRECONDITION, every accepted request ends
 // once per choice and no page is left behind.
 TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOnce) {
-  const int kRounds = kSanitized ? 2 : 5;
+  const int kRounds = kSanitized ? 3 : 16;
   for (int round = 0; round < kRounds; ++round) {
     SCOPED_TRACE(testing::Message() << "round " << round);
     auto e = engine(options(round % 2 == 0 ? 2 : 4, 128, 32, 8));
