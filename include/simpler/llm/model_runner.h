@@ -177,7 +177,6 @@ class Qwen3ModelRunner {
   Qwen3Scratch scratch_;
   Qwen3KvPools kv_pools_;
   uint64_t weight_bytes_per_step_ = 0;
-  int64_t max_blocks_ = 0;
   // Host sampling: token counts and last sampled id per state slot.
   std::vector<std::vector<int32_t>> host_counts_;
   std::vector<int32_t> host_last_ids_;
