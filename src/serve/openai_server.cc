@@ -26,7 +26,7 @@ namespace {
 thread_local bool tl_overloaded = false;
 
 // cpp-httplib's TaskQueue with a bounded queue: `threads` workers; a connection that finds
-// `max_queued` already waiting goes to one refusal thread, which answers its requests with 503
+// `max_queued` connections waiting beyond the idle workers goes to one refusal thread, which answers its requests with 503
 // at once (tl_overloaded); when even that one's queue is full the connection is answered on
 // the listener thread itself (still at once).
 class BoundedPool : public httplib::TaskQueue {
@@ -40,7 +40,8 @@ class BoundedPool : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     {
       std::unique_lock<std::mutex> l(mu_);
-      if (jobs_.size() < max_queued_) {
+      // Idle workers take a connection at once: only the ones beyond them wait in the queue.
+      if (jobs_.size() < max_queued_ + idle_) {
         jobs_.push_back(std::move(fn));
         cv_.notify_all();
         return;
@@ -72,7 +73,9 @@ class BoundedPool : public httplib::TaskQueue {
       std::function<void()> fn;
       {
         std::unique_lock<std::mutex> l(mu_);
+        if (!refusal) ++idle_;
         cv_.wait(l, [&] { return !q.empty() || shutdown_; });
+        if (!refusal) --idle_;
         if (q.empty()) return;
         fn = std::move(q.front());
         q.pop_front();
@@ -85,6 +88,7 @@ class BoundedPool : public httplib::TaskQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_, refusals_;
+  size_t idle_ = 0;  // workers waiting for a connection
   bool shutdown_ = false;
   std::vector<std::thread> workers_;
 };
