@@ -579,6 +579,192 @@ def scenario_long_prompt(ctx):
                              f"chunked-prefill steps + 7 decode steps)")
 
 
+def start_server(ctx, model, *extra):
+    """`simpler serve --port 0` in the background; returns (process, base URL). The caller stops
+    it (SIGTERM) and reads its exit status."""
+    argv = [ctx.simpler, "serve", "--model", model, "--port", "0"] + list(extra)
+    log(f"$ {' '.join(argv)} &")
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=ctx.env)
+    deadline = time.monotonic() + 60
+    line = ""
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        m = re.search(r"ready on (http://127\.0\.0\.1:(\d+))/v1", line)
+        if m:
+            return p, m.group(1), int(m.group(2))
+        if p.poll() is not None:
+            break
+    p.kill()
+    raise Failure(f"serve did not print its ready line: {line!r} {p.stderr.read()[-2000:]}")
+
+
+def http(port, method, path, body=None, headers=None, timeout=120):
+    """One request on its own connection: (status, body text, headers)."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = body if isinstance(body, (bytes, type(None))) else body.encode()
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    text = r.read().decode("utf-8", "replace")
+    c.close()
+    return r.status, text, dict(r.getheaders())
+
+
+def sse_stream(port, body, headers=None, leave_after=None, timeout=120):
+    """A streamed request read event by event: (status, [data payloads], ended with [DONE]). With
+    leave_after=k the client closes the connection after k events."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers=h)
+    r = c.getresponse()
+    events, buf, done = [], b"", False
+    while not done:
+        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            ev = ev.decode("utf-8", "replace")
+            if not ev.startswith("data: "):
+                raise Failure(f"an SSE event without 'data: ': {ev[:200]!r}")
+            payload = ev[6:]
+            if payload == "[DONE]":
+                done = True
+                break
+            events.append(payload)
+            if leave_after is not None and len(events) >= leave_after:
+                c.sock.close()
+                return r.status, events, False
+    c.close()
+    return r.status, events, done
+
+
+def scenario_serve(ctx):
+    """Issue 13 through a real HTTP client and curl: 32 distinct prompts sent concurrently equal
+    their float64 reference tokens; a seeded sampled completion is the same alone and under
+    load; 64 concurrent streams with a third of the clients leaving mid-stream (the rest end with
+    [DONE], nothing stays running, every page comes back); a corpus of bad requests (curl) each
+    gets its status and an error object while a good stream runs; SIGTERM exits 0."""
+    import concurrent.futures as cf
+    pb = ctx.problems
+    model = ctx.write_model(ctx.path("model"), "--vocab", "4096", "--seed", "29")
+    key = "e2e-key"
+    auth = {"Authorization": f"Bearer {key}"}
+    proc, url, port = start_server(ctx, model, "--api-key", key, "--served-model-name", "m",
+                                   "--max-num-seqs", "8", "--max-body-bytes", "65536",
+                                   "--drain-timeout", "5")
+    try:
+        rng = np.random.default_rng(31)
+        prompts = [random_prompt(rng, int(n), 4096) for n in [1, 300] + list(rng.integers(1, 301, size=30))]
+        ref, _ = ctx.reference_generate(model, prompts, 8, [], [], ctx.path("ref.json"))
+
+        def complete(pr, **kw):
+            body = {"model": "m", "prompt": pr, "max_tokens": 8, "temperature": 0,
+                    "ignore_eos": True}
+            body.update(kw)
+            return http(port, "POST", "/v1/completions", json.dumps(body), auth)
+
+        with cf.ThreadPoolExecutor(32) as ex:
+            got = list(ex.map(complete, prompts))
+        for i, ((status, text, _), want) in enumerate(zip(got, ref["requests"])):
+            if not pb.check(status == 200, f"prompt {i}: HTTP {status}: {text[:300]}"):
+                continue
+            st, detok, _ = http(port, "POST", "/detokenize",
+                                json.dumps({"tokens": want["tokens"]}), auth)
+            pb.check(st == 200 and json.loads(text)["choices"][0]["text"] == json.loads(detok)["prompt"],
+                     f"prompt {i} (length {len(prompts[i])}): the text differs from the "
+                     f"reference tokens' text")
+        # A seeded sampled completion: the same alone and among 31 concurrent others.
+        seeded = dict(temperature=0.9, top_k=40, seed=1234)
+        alone = complete(prompts[5], **seeded)
+        with cf.ThreadPoolExecutor(32) as ex:
+            futures = [ex.submit(complete, prompts[5], **seeded)] + \
+                      [ex.submit(complete, p) for p in prompts[:31]]
+            loaded = futures[0].result()
+            [f.result() for f in futures[1:]]
+        pb.check(alone[0] == 200 and loaded[0] == 200 and
+                 json.loads(alone[1])["choices"][0]["text"] == json.loads(loaded[1])["choices"][0]["text"],
+                 f"seeded completion differs under load: {alone[1][:200]} vs {loaded[1][:200]}")
+
+        # 64 concurrent streams of random lengths; every third client leaves after 3 events.
+        def streamer(i):
+            r = np.random.default_rng(1000 + i)
+            body = {"model": "m", "prompt": random_prompt(r, int(r.integers(1, 64)), 4096),
+                    "max_tokens": int(r.integers(4, 48)) if i % 3 else 400, "ignore_eos": True,
+                    "stream": True}
+            return sse_stream(port, body, auth, leave_after=3 if i % 3 == 0 else None)
+        with cf.ThreadPoolExecutor(64) as ex:
+            streams = list(ex.map(streamer, range(64)))
+        for i, (status, events, done) in enumerate(streams):
+            if i % 3 == 0:
+                continue
+            pb.check(status == 200 and done, f"stream {i}: HTTP {status}, ended with [DONE]: {done}")
+            finals = [e for e in events if json.loads(e)["choices"][0].get("finish_reason")]
+            pb.check(len(finals) == 1, f"stream {i}: {len(finals)} final chunks")
+        metrics = ""
+        for _ in range(100):
+            _, metrics, _ = http(port, "GET", "/metrics")
+            if 'simpler:num_requests_running{model_name="m"} 0' in metrics:
+                break
+            time.sleep(0.1)
+        pb.check('simpler:num_requests_running{model_name="m"} 0' in metrics,
+                 "requests still running after every client finished or left")
+        free = re.search(r'simpler:kv_cache_pages\{model_name="m",state="free"\} (\d+)', metrics)
+        used = re.search(r'simpler:kv_cache_pages\{model_name="m",state="used"\} (\d+)', metrics)
+        pb.check(free and used and int(used.group(1)) == 0,
+                 f"pages still used after the streams: {used.group(0) if used else metrics[:300]}")
+
+        # Bad requests through curl, with a good stream running meanwhile.
+        good = cf.ThreadPoolExecutor(1).submit(
+            sse_stream, port, {"model": "m", "prompt": [1, 2, 3], "max_tokens": 64,
+                               "ignore_eos": True, "stream": True}, auth)
+        corpus = [
+            ("truncated JSON", b'{"prompt": "x", "max_tokens": ', 400, True),
+            ("wrong type", b'{"prompt": "x", "max_tokens": "seven"}', 400, True),
+            ("huge number", b'{"prompt": "x", "max_tokens": 1e400}', 400, True),
+            ("deep nesting", b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, True),
+            ("invalid UTF-8", b'{"prompt": "\xff\xfe"}', 400, True),
+            ("unknown field", b'{"prompt": "x", "frobnicate": true}', 400, True),
+            ("oversize body", b'{"prompt": "' + b"a" * 70000 + b'"}', 413, True),
+            ("missing auth", b'{"prompt": "x"}', 401, False),
+            ("negative n", b'{"prompt": "x", "n": -1}', 400, True),
+            ("not an object", b'[1, 2]', 400, True),
+        ]
+        for label, body, want, with_auth in corpus:
+            bodyfile = ctx.path("body.bin")
+            with open(bodyfile, "wb") as f:
+                f.write(body)
+            argv = ["curl", "-s", "-o", ctx.path("resp.json"), "-w", "%{http_code}",
+                    "-H", "Content-Type: application/json", "--data-binary", f"@{bodyfile}",
+                    f"{url}/v1/completions"]
+            if with_auth:
+                argv[1:1] = ["-H", f"Authorization: Bearer {key}"]
+            p, _ = ctx.run(argv, label=f"curl {label}")
+            code = int(p.stdout or 0)
+            with open(ctx.path("resp.json"), "rb") as f:
+                resp = f.read().decode("utf-8", "replace")
+            err = json.loads(resp).get("error") if resp.startswith("{") else None
+            pb.check(code == want and isinstance(err, dict) and err.get("message"),
+                     f"{label}: HTTP {code} (expected {want}), body {resp[:200]!r}")
+        status, events, done = good.result()
+        pb.check(status == 200 and done and len(events) >= 2,
+                 f"the good stream beside the bad requests: HTTP {status}, done {done}")
+    finally:
+        proc.send_signal(15)
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = None
+        pb.check(rc == 0, f"serve after SIGTERM: exit {rc}; stderr {proc.stderr.read()[-500:]}")
+
+
 def scenario_continuous_batching(ctx):
     """Issue 11 against the float64 reference: 32 distinct prompts of 1-300 tokens through the
     continuous-batching engine at token budgets 1, 7 and 64 and launch depths 1 and 2, and with a KV
@@ -1629,6 +1815,7 @@ SCENARIOS = {
     "make_model_tiny": scenario_make_model_tiny,
     "long_prompt": scenario_long_prompt,
     "continuous_batching": scenario_continuous_batching,
+    "serve": scenario_serve,
     "cli_errors": scenario_cli_errors,
     "run_matmul": scenario_run_matmul,
     "run_matmul_fault": scenario_run_matmul_fault,
