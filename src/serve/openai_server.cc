@@ -1,8 +1,14 @@
 #include "simpler/serve/openai_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -26,9 +32,9 @@ namespace {
 thread_local bool tl_overloaded = false;
 
 // cpp-httplib's TaskQueue with a bounded queue: `threads` workers; a connection that finds
-// `max_queued` connections waiting beyond the idle workers goes to one refusal thread, which answers its requests with 503
-// at once (tl_overloaded); when even that one's queue is full the connection is answered on
-// the listener thread itself (still at once).
+// `max_queued` connections waiting beyond the idle workers goes to one refusal thread, which
+// answers its requests with 503 at once (tl_overloaded); when even that one's queue is full the
+// connection is answered on the listener thread itself (still at once).
 class BoundedPool : public httplib::TaskQueue {
  public:
   BoundedPool(size_t threads, size_t max_queued) : max_queued_(max_queued) {
@@ -137,6 +143,87 @@ int64_t unix_seconds() {
 
 const char* finish_name(llm::OutputFinish f) { return llm::finish_reason_name(f); }
 
+// The local port of a socket, or -1.
+int local_port(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return -1;
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  return -1;
+}
+
+// Calls fn(fd) for every accepted (non-listening) TCP socket of this process whose local port
+// is `port`: the server's connections (cpp-httplib 0.11 does not expose them; clients of the
+// same process have ephemeral local ports).
+template <typename Fn>
+void for_each_connection(int port, Fn fn) {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return;
+  const int dir_fd = ::dirfd(d);
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dir_fd) continue;
+    struct stat st {};
+    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        listening != 0) {
+      continue;
+    }
+    if (local_port(static_cast<int>(fd)) != port) continue;
+    if (!fn(static_cast<int>(fd))) break;
+  }
+  ::closedir(d);
+}
+
+// The server's connection from this peer (the socket of the calling handler's request), or -1.
+int find_connection(int port, const std::string& peer_addr, int peer_port) {
+  int found = -1;
+  for_each_connection(port, [&](int fd) {
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return true;
+    char host[INET6_ADDRSTRLEN] = {};
+    int p = -1;
+    if (a.ss_family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&a);
+      ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+      p = ntohs(in->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&a);
+      ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+      p = ntohs(in6->sin6_port);
+    }
+    if (p != peer_port || peer_addr != host) return true;
+    found = fd;
+    return false;
+  });
+  return found;
+}
+
+// Whether the peer of a connection has closed it (or reset it).
+bool peer_gone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// Finds the request's connection once (lazily: only requests that wait look for it) and tells
+// whether its client went away.
+struct ClientWatch {
+  int port = 0;
+  std::string addr;
+  int peer_port = -1;
+  int fd = -2;  // -2: not looked up yet; -1: not found
+  bool gone() {
+    if (fd == -2) fd = find_connection(port, addr, peer_port);
+    return peer_gone(fd);
+  }
+};
+
 }  // namespace
 
 struct OpenAiServer::Impl {
@@ -146,6 +233,7 @@ struct OpenAiServer::Impl {
   ServerOptions options;
   httplib::Server http;
   std::atomic<bool> shutting_down{false};
+  std::atomic<bool> serving{false};  // serve() is running (set before it checks shutting_down)
   std::atomic<int64_t> open_responses{0};  // content providers not yet released
   int listen_fd = -1;                      // the listening socket (set while binding)
   std::once_flag shutdown_once;
@@ -205,6 +293,7 @@ struct Exchange {
   bool failed_in_stream = false;
   int64_t start_ns = 0, first_token_ns = 0;
   std::function<std::string(int32_t)> token_text;
+  ClientWatch client;  // the request's connection (a client that left aborts the request)
 };
 
 json logprob_entry_chat(const Exchange& x, int32_t id, const llm::TokenLogprob& lp) {
@@ -453,6 +542,9 @@ void OpenAiServer::Impl::handle_generate(const httplib::Request& req, httplib::R
   x->start_ns = start_ns;
   const llm::Tokenizer* tok = tokenizer;
   x->token_text = [tok](int32_t id) { return tok->decode(std::vector<int32_t>{id}); };
+  x->client.port = bound_port;
+  x->client.addr = req.remote_addr;
+  x->client.peer_port = req.remote_port;
 
   llm::RequestSpec spec;
   spec.prompt_ids = std::move(ids);
@@ -475,6 +567,14 @@ void OpenAiServer::Impl::handle_generate(const httplib::Request& req, httplib::R
     if (out.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return fail(api_error(500, std::string(out.status().message()), "server_error"));
     }
+    // Still queued: a client that left aborts its request now instead of when it runs.
+    if (x->client.gone()) {
+      (void)engine->abort(x->id);
+      while (engine->next_output(x->id, base::Deadline::after(std::chrono::seconds(5))).ok()) {
+      }
+      return fail(
+          api_error(499, "the client closed the connection while queued", "invalid_request_error"));
+    }
   }
   const llm::RequestOutput& first = x->pending.front();
   if (first.finished() && first.token_ids.empty() && x->n == 1 &&
@@ -490,7 +590,8 @@ void OpenAiServer::Impl::handle_generate(const httplib::Request& req, httplib::R
   }
   auto provider = [x](size_t /*offset*/, httplib::DataSink& sink) -> bool {
     while (true) {
-      if (!sink.is_writable()) return false;  // the client went away: the releaser aborts
+      // The client went away (a write failed, or it closed the connection): the releaser aborts.
+      if (!sink.is_writable() || x->client.gone()) return false;
       if (x->pending.empty()) {
         if (x->open == 0) {
           if (x->stream) {
@@ -574,6 +675,38 @@ void OpenAiServer::Impl::routes() {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_fd = sock;
+  });
+  // cpp-httplib 0.11 bounds only a Content-Length body by the payload limit: a chunked one, or
+  // one without a length (read to the end of the connection), would be read whole into memory.
+  // Those are refused with 411 before their body is read (the client is told to close the
+  // connection: what is left of the body would be read as the next request, and refused).
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const bool has_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                          req.method == "DELETE" || req.method == "PRI";
+    if (!has_body || (req.has_header("Content-Length") && !req.has_header("Transfer-Encoding"))) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, api_error(411,
+                              "send the request body with a Content-Length (chunked transfer "
+                              "encoding is not accepted)",
+                              "invalid_request_error", "length_required"));
+    res.set_header("Connection", "close");
+    // Discard the body already sent (bounded): closing a socket with unread data resets the
+    // connection, which could lose the answer on its way. (Shutting down the reading side
+    // instead would make cpp-httplib take the connection for gone and not answer.)
+    const int fd = find_connection(bound_port, req.remote_addr, req.remote_port);
+    if (fd >= 0) {
+      char scratch[16384];
+      size_t drained = 0;
+      const int64_t t0 = base::now_ns();
+      pollfd p{fd, POLLIN, 0};
+      while (drained < (8u << 20) && base::now_ns() - t0 < 500'000'000 && ::poll(&p, 1, 50) > 0) {
+        const ssize_t n = ::recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT);
+        if (n <= 0) break;
+        drained += static_cast<size_t>(n);
+      }
+    }
+    return httplib::Server::HandlerResponse::Handled;
   });
   http.set_keep_alive_max_count(1000);
   http.set_keep_alive_timeout(5);
@@ -724,7 +857,15 @@ absl::StatusOr<int> OpenAiServer::bind() {
 }
 
 absl::Status OpenAiServer::serve() {
-  if (!impl_->http.listen_after_bind() && !impl_->shutting_down.load()) {
+  Impl& im = *impl_;
+  // serving before shutting_down is read; shutdown() sets shutting_down before it reads serving
+  // (both sequentially consistent): either serve() sees the shutdown and returns, or shutdown()
+  // sees serve() and stops the listener once it runs.
+  im.serving.store(true);
+  bool ok = true;
+  if (!im.shutting_down.load()) ok = im.http.listen_after_bind();
+  im.serving.store(false);
+  if (!ok && !im.shutting_down.load()) {
     return absl::InternalError("the HTTP listener stopped unexpectedly");
   }
   return absl::OkStatus();
@@ -743,7 +884,25 @@ absl::Status OpenAiServer::shutdown(base::Deadline drain) {
     while (im.open_responses.load() > 0 && base::now_ns() - t0 < 5'000'000'000) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    im.http.stop();
+    // Stop the listener (once it runs: serve() may be about to start it), then cut the
+    // connections still open: a client trickling its headers or idling on keep-alive would
+    // otherwise hold a pool thread, and serve() waits for every one.
+    bool stopped = false;
+    const int64_t t1 = base::now_ns();
+    while (im.serving.load() && base::now_ns() - t1 < 10'000'000'000) {
+      if (!stopped && im.http.is_running()) {
+        im.http.stop();
+        stopped = true;
+      }
+      if (stopped && im.bound_port > 0) {
+        for_each_connection(im.bound_port, [](int fd) {
+          ::shutdown(fd, SHUT_RDWR);
+          return true;
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!stopped && im.http.is_running()) im.http.stop();
   });
   return im.shutdown_status;
 }

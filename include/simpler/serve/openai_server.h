@@ -6,18 +6,25 @@
 // Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or
 // not), GET /v1/models, GET /health (200 while the engine is healthy, 503 with the cause), GET
 // /metrics (Prometheus text), POST /tokenize, POST /detokenize. Errors are OpenAI's error
-// object with 400 / 401 / 404 / 405 / 413 / 429 / 500 / 503 (openai_protocol.h).
+// object with 400 / 401 / 404 / 405 / 411 / 413 / 429 / 500 / 503 (openai_protocol.h); 411 for a
+// POST without Content-Length or with a Transfer-Encoding (cpp-httplib 0.11 would read such a
+// body whole, past max_body_bytes).
 //
 // Threads: cpp-httplib's pool has max_concurrent_requests + 8 threads (an idle keep-alive
 // connection holds one) behind a queue of at most max_queued_connections; a connection past
 // that is answered 503 at once by a refusal thread. A response body (streamed or not) is
 // written by a chunked content provider that blocks on the request's output queue for at most
 // 100 ms at a time and checks that the client is still there: a client that goes away aborts
-// its request (the engine fences its pages behind the run that last used them).
+// its request (the engine fences its pages behind the run that last used them). A client that
+// closes its connection while its request still waits for its first event (queued in the
+// engine) aborts it too: the handler finds its connection (/proc/self/fd, by peer address) and
+// polls it for a hang-up.
 //
 // Shutdown (shutdown()): new requests get 503; running ones finish until the drain deadline;
 // the rest are aborted (their streams end with finish_reason "abort" and [DONE]); then the
-// engine shuts down, and only then the HTTP server stops (Server::stop cuts open streams).
+// engine shuts down, and only then the HTTP server stops (Server::stop cuts open streams); then
+// the connections still open (idle keep-alive, a client trickling its headers) are shut down
+// so that serve() returns (shutdown() waits for it, at most 10 s).
 #pragma once
 
 #include <atomic>

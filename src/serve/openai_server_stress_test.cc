@@ -1,0 +1,741 @@
+// OpenAiServer under attack, on a loopback port with the tiny preset: slowloris clients,
+// unfinished bodies, idle keep-alive connections beyond the pool, clients leaving while queued
+// or mid-stream, unread streams, shutdown under load, malformed HTTP, API-key edge cases and
+// big /tokenize and /detokenize inputs. Raw POSIX sockets for what cpp-httplib's client will
+// not send.
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "simpler/llm/make_model.h"
+#include "simpler/serve/openai_server.h"
+
+namespace simpler::serve {
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+
+double seconds_since(int64_t t0) { return (base::now_ns() - t0) / 1e9; }
+
+// A raw loopback connection.
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool send_all(int fd, const std::string& s) {
+  size_t at = 0;
+  while (at < s.size()) {
+    const ssize_t n = ::send(fd, s.data() + at, s.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    at += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads until the peer closes, `stop_at` appears, or `timeout_ms` passes. `closed` tells which.
+std::string read_raw(int fd, int timeout_ms, bool* closed = nullptr,
+                     const std::string& stop_at = {}) {
+  std::string out;
+  const int64_t t0 = base::now_ns();
+  if (closed != nullptr) *closed = false;
+  while (true) {
+    const int left = timeout_ms - static_cast<int>((base::now_ns() - t0) / 1'000'000);
+    if (left <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, left) <= 0) break;
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      if (closed != nullptr) *closed = true;
+      break;
+    }
+    out.append(buf, static_cast<size_t>(n));
+    if (!stop_at.empty() && out.find(stop_at) != std::string::npos) break;
+  }
+  return out;
+}
+
+int status_of(const std::string& raw) {
+  if (raw.rfind("HTTP/1.1 ", 0) != 0 || raw.size() < 12) return -1;
+  return std::atoi(raw.substr(9, 3).c_str());
+}
+
+std::string raw_post(const std::string& path, const std::string& body,
+                     const std::string& extra_headers = {}) {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+         extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+class StressTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::temp_directory_path() /
+                            ("simpler_serve_stress_test_" + std::to_string(::getpid())))
+                               .string());
+    llm::MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 21;
+    o.out_dir = *dir_;
+    o.tokenizer_dir = llm::default_tokenizer_dir().value();
+    ASSERT_TRUE(llm::make_model(o).ok());
+    tokenizer_ = new llm::Tokenizer(llm::Tokenizer::load(*dir_).value());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete tokenizer_;
+    delete dir_;
+  }
+
+  void start(ServerOptions so = {}, int32_t max_waiting = 256, int32_t seqs = 8,
+             int32_t pages = 512) {
+    llm::EngineOptions eo;
+    eo.runner.worker.num_cores = 1;
+    eo.runner.worker.faults.emplace();
+    eo.runner.max_num_seqs = seqs;
+    eo.runner.max_num_batched_tokens = 256;
+    eo.runner.num_pages = pages;
+    eo.max_waiting = max_waiting;
+    eo.tokenizer = tokenizer_;
+    engine_ = llm::LlmEngine::create(*dir_, eo).value();
+    so.host = "127.0.0.1";
+    so.port = 0;
+    if (so.served_model_name.empty()) so.served_model_name = "tiny";
+    server_ = std::make_unique<OpenAiServer>(engine_.get(), tokenizer_,
+                                             llm::ChatTemplate::load(*dir_), so);
+    port_ = server_->bind().value();
+    served_ = std::async(std::launch::async, [this] { return server_->serve(); });
+  }
+  void TearDown() override {
+    if (server_) (void)server_->shutdown(base::Deadline::poll());
+    if (served_.valid()) served_.wait();
+    server_.reset();
+    engine_.reset();
+  }
+
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body,
+                       httplib::Headers headers = {}) {
+    auto c = client();
+    return c.Post(path.c_str(), headers, body, "application/json");
+  }
+  // A streamed POST: the raw SSE bytes. `leave_after` > 0: close after that many chunks.
+  std::string stream(const std::string& path, const std::string& body, int* status = nullptr,
+                     int leave_after = 0) {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    std::string raw;
+    int chunks = 0;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      raw.append(data, n);
+      return !(leave_after > 0 && ++chunks >= leave_after);
+    };
+    auto res = c.send(req);
+    if (status != nullptr) *status = res ? res->status : -1;
+    return raw;
+  }
+  // The `data:` payloads of an SSE body; checks the framing on the way.
+  static std::vector<std::string> events(const std::string& raw) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at < raw.size()) {
+      const size_t end = raw.find("\n\n", at);
+      EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << raw.substr(at);
+      if (end == std::string::npos) break;
+      const std::string ev = raw.substr(at, end - at);
+      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+      out.push_back(ev.substr(6));
+      at = end + 2;
+    }
+    return out;
+  }
+  static bool ends_with_done(const std::string& raw) {
+    return raw.size() >= 14 && raw.compare(raw.size() - 14, 14, "data: [DONE]\n\n") == 0;
+  }
+  // Waits (up to `s` seconds) for the engine to be idle with every page free.
+  llm::EngineMetrics wait_idle(double s = 10) {
+    llm::EngineMetrics m;
+    const int64_t t0 = base::now_ns();
+    do {
+      m = engine_->metrics();
+      if (m.requests_running == 0 && m.requests_waiting == 0 &&
+          m.kv_pages.free == m.kv_pages_total) {
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    } while (seconds_since(t0) < s);
+    return m;
+  }
+  bool serve_returned_within(double s) {
+    return served_.wait_for(std::chrono::milliseconds(static_cast<int64_t>(s * 1000))) ==
+           std::future_status::ready;
+  }
+  static std::string long_stream_body(const std::string& prompt, int max_tokens) {
+    return json{
+        {"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", true}}
+        .dump();
+  }
+
+  static std::string* dir_;
+  static llm::Tokenizer* tokenizer_;
+  std::unique_ptr<llm::LlmEngine> engine_;
+  std::unique_ptr<OpenAiServer> server_;
+  std::future<absl::Status> served_;
+  int port_ = 0;
+};
+std::string* StressTest::dir_ = nullptr;
+llm::Tokenizer* StressTest::tokenizer_ = nullptr;
+
+// Slowloris clients (headers a byte at a time) and bodies that never finish hold a thread
+// each; fewer of them than the pool must not delay anybody, and an unfinished body is dropped
+// after the read timeout instead of holding its thread for ever.
+TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
+  ServerOptions so;
+  so.max_concurrent_requests = 2;  // 10 threads
+  start(so);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> trickle;
+  for (int i = 0; i < 4; ++i) {
+    trickle.emplace_back([&] {
+      const int fd = connect_raw(port_);
+      ASSERT_GE(fd, 0);
+      const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+      for (size_t k = 0; !stop.load(); ++k) {
+        if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) break;
+        std::this_thread::sleep_for(milliseconds(300));
+      }
+      ::close(fd);
+    });
+  }
+  std::vector<int> unfinished;
+  for (int i = 0; i < 4; ++i) {
+    unfinished.push_back(connect_raw(port_));
+    ASSERT_TRUE(send_all(unfinished.back(),
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+                         "{\"prompt\":"));
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  for (int i = 0; i < 3; ++i) {
+    const int64_t t0 = base::now_ns();
+    auto r = post("/v1/completions", R"({"prompt":"hello","max_tokens":4})");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_LT(seconds_since(t0), 3.0);
+  }
+  // The unfinished bodies are dropped (answered or closed) within the read timeout.
+  for (int fd : unfinished) {
+    bool closed = false;
+    const std::string raw = read_raw(fd, 8000, &closed);
+    EXPECT_TRUE(closed || status_of(raw) >= 400) << raw;
+    ::close(fd);
+  }
+  stop = true;
+  for (auto& t : trickle) t.join();
+  EXPECT_EQ(engine_->metrics().requests_waiting, 0);
+}
+
+// A client that keeps trickling header bytes must not keep the server from stopping: serve()
+// returns within a bounded time after shutdown().
+TEST_F(StressTest, ShutdownIsBoundedWithASlowlorisConnected) {
+  start();
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const int fd = connect_raw(port_);
+    const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    for (size_t k = 0; !stop.load(); ++k) {
+      if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) break;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    ::close(fd);
+  });
+  std::this_thread::sleep_for(milliseconds(500));
+  const int64_t t0 = base::now_ns();
+  EXPECT_TRUE(server_->shutdown(base::Deadline::after(milliseconds(100))).ok());
+  EXPECT_TRUE(serve_returned_within(8.0)) << "serve() still running after shutdown()";
+  EXPECT_LT(seconds_since(t0), 9.0);
+  stop = true;
+  trickle.join();
+}
+
+// Idle connections beyond the pool and its queue: the next one is answered 503 at once (not
+// left waiting), and when the idle ones go, requests are served again.
+TEST_F(StressTest, IdleConnectionsBeyondThePoolAreRefusedQuickly) {
+  ServerOptions so;
+  so.max_concurrent_requests = 1;  // 9 threads
+  so.max_queued_connections = 2;
+  start(so);
+  std::vector<int> idle;
+  for (int i = 0; i < 9 + 2; ++i) {
+    idle.push_back(connect_raw(port_));
+    ASSERT_GE(idle.back(), 0);
+    std::this_thread::sleep_for(milliseconds(30));
+  }
+  const int64_t t0 = base::now_ns();
+  auto r = post("/v1/completions", R"({"prompt":"x","max_tokens":2})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_LT(seconds_since(t0), 1.5);
+  for (int fd : idle) ::close(fd);
+  const int64_t t1 = base::now_ns();
+  int status = -1;
+  while (seconds_since(t1) < 8 && status != 200) {
+    auto ok = post("/v1/completions", R"({"prompt":"x","max_tokens":2})");
+    status = ok ? ok->status : -1;
+    if (status != 200) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(status, 200);
+}
+
+// Clients that send a request and leave while it waits in the engine's queue (before its first
+// event): the request is aborted promptly instead of waiting its turn, running to its first
+// token and holding an HTTP thread all that time.
+TEST_F(StressTest, AClientLeavingWhileQueuedAbortsItsRequest) {
+  start({}, 256, /*seqs=*/1);
+  std::atomic<bool> leave{false};
+  std::string long_raw;
+  std::thread runner([&] {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = long_stream_body("occupy", 3000);
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      long_raw.append(d, n);
+      return !leave.load();
+    };
+    c.send(req);
+  });
+  const int64_t t0 = base::now_ns();
+  while (engine_->metrics().requests_running < 1 && seconds_since(t0) < 10) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  constexpr int kQueued = 4;
+  std::vector<int> fds;
+  for (int i = 0; i < kQueued; ++i) {
+    fds.push_back(connect_raw(port_));
+    ASSERT_TRUE(send_all(
+        fds.back(), raw_post("/v1/completions", i % 2 == 0 ? R"({"prompt":"q","max_tokens":50})"
+                                                           : long_stream_body("q", 50))));
+  }
+  const int64_t t1 = base::now_ns();
+  while (engine_->metrics().requests_waiting < kQueued && seconds_since(t1) < 5) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(engine_->metrics().requests_waiting, kQueued);
+  for (int fd : fds) ::close(fd);
+  const int64_t t2 = base::now_ns();
+  while (engine_->metrics().requests_waiting > 0 && seconds_since(t2) < 3) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(engine_->metrics().requests_waiting, 0)
+      << "requests of clients that left still wait in the engine";
+  EXPECT_EQ(engine_->metrics().requests_finished_abort, kQueued);
+  EXPECT_EQ(engine_->metrics().requests_running, 1);  // the long one goes on
+  leave = true;
+  runner.join();
+  const llm::EngineMetrics m = wait_idle();
+  EXPECT_EQ(m.requests_running, 0);
+  EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+}
+
+// A storm of clients leaving mid-stream at random points next to streams that complete: the
+// complete ones are intact, the others are aborted, nothing leaks.
+TEST_F(StressTest, DisconnectStormLeavesOtherStreamsIntactAndNothingRunning) {
+  start({}, 256, 8, 256);
+  constexpr int kClients = 30;
+  std::vector<std::thread> threads;
+  std::atomic<int> completed{0}, left{0};  // left: choices of the clients that leave
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      const bool leaves = i % 3 != 0;
+      int status = 0;
+      const std::string raw =
+          stream("/v1/chat/completions",
+                 json{{"messages", {{{"role", "user"}, {"content", "hi " + std::to_string(i)}}}},
+                      {"max_tokens", leaves ? 1000 : 12},
+                      {"ignore_eos", true},
+                      {"n", 1 + i % 2},
+                      {"stream", true}}
+                     .dump(),
+                 &status, leaves ? 1 + i % 4 : 0);
+      if (leaves) {
+        left += 1 + i % 2;  // finished_abort counts choices
+        return;
+      }
+      EXPECT_EQ(status, 200);
+      const auto evs = events(raw);
+      ASSERT_FALSE(evs.empty());
+      EXPECT_EQ(evs.back(), "[DONE]");
+      int finals = 0;
+      for (size_t k = 0; k + 1 < evs.size(); ++k) {
+        const json c = json::parse(evs[k], nullptr, false);
+        ASSERT_FALSE(c.is_discarded()) << evs[k];
+        if (!c["choices"][0]["finish_reason"].is_null()) {
+          ++finals;
+          EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+        }
+      }
+      EXPECT_EQ(finals, 1 + i % 2);
+      ++completed;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(completed.load(), kClients / 3);
+  const llm::EngineMetrics m = wait_idle();
+  EXPECT_EQ(m.requests_running, 0);
+  EXPECT_EQ(m.requests_waiting, 0);
+  EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+  EXPECT_EQ(m.requests_finished_abort, left.load());
+}
+
+// n up to max_num_seqs streams every choice to its end; beyond it is a 400, never a 500.
+TEST_F(StressTest, LargeNStreamsEveryChoiceOrIsA400) {
+  start({}, 256, /*seqs=*/8);
+  int status = 0;
+  const std::string raw = stream("/v1/completions",
+                                 json{{"prompt", "many"},
+                                      {"max_tokens", 20},
+                                      {"ignore_eos", true},
+                                      {"n", 8},
+                                      {"stream", true},
+                                      {"stream_options", {{"include_usage", true}}}}
+                                     .dump(),
+                                 &status);
+  EXPECT_EQ(status, 200);
+  const auto evs = events(raw);
+  ASSERT_GE(evs.size(), 2u);
+  EXPECT_EQ(evs.back(), "[DONE]");
+  std::map<int, int> finals;
+  std::map<int, std::string> text;
+  for (size_t k = 0; k + 2 < evs.size(); ++k) {
+    const json c = json::parse(evs[k]);
+    const int idx = c["choices"][0]["index"];
+    text[idx] += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) ++finals[idx];
+  }
+  EXPECT_EQ(finals.size(), 8u);
+  for (const auto& [i, f] : finals) EXPECT_EQ(f, 1) << "choice " << i;
+  EXPECT_EQ(json::parse(evs[evs.size() - 2])["usage"]["completion_tokens"], 8 * 20);
+  for (int n : {9, 256, 257, 100000}) {
+    auto r = post("/v1/completions",
+                  json{{"prompt", "many"}, {"max_tokens", 2}, {"n", n}, {"stream", true}}.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << "n " << n << ": " << r->body;
+  }
+  EXPECT_EQ(wait_idle().requests_running, 0);
+}
+
+// A client that asks for a huge stream and never reads holds only its own request: others
+// are served meanwhile; when it closes the connection its request is aborted at once; and
+// shutdown with another unread stream connected stays bounded.
+TEST_F(StressTest, AnUnreadHugeStreamDoesNotBlockOthersAndEndsWithItsClient) {
+  start();
+  auto unread_client = [&](int max_tokens, bool stream) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    int small = 2048;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string body =
+        stream ? long_stream_body("never read", max_tokens)
+               : json{{"prompt", "never read"}, {"max_tokens", max_tokens}, {"ignore_eos", true}}
+                     .dump();
+    EXPECT_TRUE(send_all(fd, raw_post("/v1/completions", body)));
+    return fd;
+  };
+  for (bool streamed : {true, false}) {
+    const int fd = unread_client(4000, streamed);
+    std::this_thread::sleep_for(milliseconds(500));
+    const int64_t t0 = base::now_ns();
+    auto r = post("/v1/completions", R"({"prompt":"meanwhile","max_tokens":4})");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_LT(seconds_since(t0), 3.0);
+    EXPECT_EQ(engine_->metrics().requests_running, 1);
+    ::close(fd);
+    const llm::EngineMetrics m = wait_idle(3);
+    EXPECT_EQ(m.requests_running, 0) << "the request of a client that left still runs ("
+                                     << (streamed ? "streamed" : "not streamed") << ")";
+    EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
+  }
+  const int fd = unread_client(4000, true);
+  std::this_thread::sleep_for(milliseconds(500));
+  const int64_t t1 = base::now_ns();
+  EXPECT_TRUE(server_->shutdown(base::Deadline::after(milliseconds(100))).ok());
+  EXPECT_TRUE(serve_returned_within(8.0));
+  EXPECT_LT(seconds_since(t1), 9.0);
+  ::close(fd);
+}
+
+// shutdown() from two threads while streams run and new requests keep arriving: bounded, every
+// stream that started ends with [DONE], new requests get 503 (or find nobody listening), never
+// a 500 or a hang.
+TEST_F(StressTest, ConcurrentShutdownUnderLoadIsBoundedAndClean) {
+  start();
+  constexpr int kStreams = 6;
+  std::vector<std::string> raws(kStreams);
+  std::vector<int> statuses(kStreams, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      raws[i] =
+          stream("/v1/completions", long_stream_body("s" + std::to_string(i), 3000), &statuses[i]);
+    });
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0}, refused{0};
+  std::vector<std::string> bad_bodies;
+  std::mutex mu;
+  std::vector<std::thread> hammers;
+  for (int h = 0; h < 3; ++h) {
+    hammers.emplace_back([&, h] {
+      while (!stop.load()) {
+        auto c = client();
+        c.set_connection_timeout(1, 0);
+        c.set_read_timeout(15, 0);
+        auto r = h == 2
+                     ? c.Get("/health")
+                     : c.Post("/v1/completions",
+                              json{{"prompt", "h"}, {"max_tokens", 3}, {"stream", h == 1}}.dump(),
+                              "application/json");
+        if (!r) continue;
+        if (r->status == 503) {
+          ++refused;
+        } else if (r->status != 200) {
+          ++bad;
+          std::lock_guard<std::mutex> l(mu);
+          bad_bodies.push_back(std::to_string(r->status) + " " + r->body);
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(700));
+  const int64_t t0 = base::now_ns();
+  auto a = std::async(std::launch::async,
+                      [&] { return server_->shutdown(base::Deadline::after(milliseconds(200))); });
+  auto b = std::async(std::launch::async,
+                      [&] { return server_->shutdown(base::Deadline::after(milliseconds(200))); });
+  EXPECT_EQ(a.wait_for(std::chrono::seconds(12)), std::future_status::ready);
+  EXPECT_EQ(b.wait_for(std::chrono::seconds(12)), std::future_status::ready);
+  EXPECT_TRUE(a.get().ok());
+  EXPECT_TRUE(b.get().ok());
+  EXPECT_TRUE(serve_returned_within(8.0));
+  EXPECT_LT(seconds_since(t0), 14.0);
+  stop = true;
+  for (auto& t : hammers) t.join();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0) << (bad_bodies.empty() ? "" : bad_bodies[0]);
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_EQ(statuses[i], 200);
+    EXPECT_TRUE(ends_with_done(raws[i]))
+        << raws[i].substr(raws[i].size() > 300 ? raws[i].size() - 300 : 0);
+    const auto evs = events(raws[i]);
+    if (evs.size() >= 2) {
+      EXPECT_EQ(json::parse(evs[evs.size() - 2])["choices"][0]["finish_reason"], "abort");
+    }
+  }
+  // After shutdown: nobody listens; a request fails at once rather than hanging.
+  auto c = client();
+  c.set_connection_timeout(1, 0);
+  EXPECT_FALSE(c.Get("/health"));
+}
+
+// Malformed HTTP on raw sockets, next to a good stream: each gets a 4xx (or a close) without
+// hanging, the stream is untouched, the server stays healthy.
+TEST_F(StressTest, MalformedHttpGets4xxAndDoesNotDisturbOthers) {
+  ServerOptions so;
+  so.max_body_bytes = 4096;
+  start(so);
+  int stream_status = 0;
+  std::string stream_raw;
+  std::thread streamer([&] {
+    stream_raw = stream("/v1/completions", long_stream_body("steady", 120), &stream_status);
+  });
+  const std::string ok_body = R"({"prompt":"x","max_tokens":2})";
+  struct Case {
+    std::string name, bytes;
+    int want;  // exact status; 0: any 4xx or a close
+  };
+  std::string big_chunked =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 64; ++i) big_chunked += "400\r\n" + std::string(0x400, ' ') + "\r\n";
+  big_chunked += "0\r\n\r\n";
+  const std::vector<Case> cases = {
+      {"garbage request line", "GARBAGE\r\n\r\n", 400},
+      {"content-length not a number",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n" + ok_body, 0},
+      {"negative content-length",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n" + ok_body, 0},
+      {"overflowing content-length",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+       "99999999999999999999999\r\n\r\n" +
+           ok_body,
+       0},
+      {"content-length past the limit, body not sent",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n", 413},
+      {"chunked body",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+           absl::StrCat(absl::Hex(ok_body.size())) + "\r\n" + ok_body + "\r\n0\r\n\r\n",
+       411},
+      {"no content-length", "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n" + ok_body, 411},
+      {"bad chunk size",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+       "chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+       411},
+      {"chunked body past the limit", big_chunked, 411},
+      {"header without a colon",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nNoColonHere\r\nContent-Length: 2\r\n\r\n{}", 0},
+      {"HTTP/0.9", "GET /health\r\n\r\n", 0},
+      {"huge header",
+       "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n", 0},
+  };
+  for (const Case& c : cases) {
+    const int fd = connect_raw(port_);
+    ASSERT_GE(fd, 0);
+    send_all(fd, c.bytes);
+    bool closed = false;
+    const int64_t t0 = base::now_ns();
+    const std::string raw = read_raw(fd, 7000, &closed, "\r\n\r\n");
+    ::close(fd);
+    const int st = status_of(raw);
+    if (c.want != 0) {
+      EXPECT_EQ(st, c.want) << c.name << ": " << raw.substr(0, 300);
+    } else {
+      EXPECT_TRUE((st >= 400 && st < 500) || (raw.empty() && closed))
+          << c.name << ": " << raw.substr(0, 300);
+    }
+    EXPECT_LT(seconds_since(t0), 6.5) << c.name;
+  }
+  streamer.join();
+  EXPECT_EQ(stream_status, 200);
+  EXPECT_TRUE(ends_with_done(stream_raw));
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(wait_idle().requests_running, 0);
+}
+
+TEST_F(StressTest, ApiKeyEdgeCases) {
+  ServerOptions so;
+  so.api_key = "sekrit";
+  start(so);
+  auto code = [&](const std::string& method, const std::string& path, const std::string& body,
+                  const std::string& headers) {
+    const int fd = connect_raw(port_);
+    std::string req = method + " " + path + " HTTP/1.1\r\nHost: x\r\n" + headers;
+    if (method == "POST") {
+      req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+             "\r\n";
+    }
+    req += "\r\n" + body;
+    send_all(fd, req);
+    const std::string raw = read_raw(fd, 5000, nullptr, "\r\n\r\n");
+    ::close(fd);
+    return status_of(raw);
+  };
+  const std::string tok = R"({"prompt":"hi"})";
+  const std::string detok = R"({"tokens":[1,2]})";
+  const std::string comp = R"({"prompt":"x","max_tokens":1})";
+  for (const std::string& h :
+       {std::string(), std::string("Authorization: Bearer\r\n"),
+        std::string("Authorization: Bearer \r\n"), std::string("Authorization: bearer sekrit\r\n"),
+        std::string("Authorization: Bearer sekri\r\n"),
+        std::string("Authorization: Bearer sekritt\r\n"),
+        std::string("Authorization: Basic c2Vrcml0\r\n"),
+        std::string("Authorization: Bearer  sekrit\r\n"),
+        std::string("Authorization: Bearer wrong\r\nAuthorization: Bearer sekrit\r\n"),
+        std::string("Authorization: Bearer sek\0rit\r\n", 31)}) {
+    // 401; a NUL in the header may instead be refused as a malformed request (400).
+    auto denied = [&](int st) {
+      return st == 401 || (h.find('\0') != std::string::npos && st == 400);
+    };
+    EXPECT_TRUE(denied(code("POST", "/v1/completions", comp, h))) << h;
+    EXPECT_TRUE(denied(code("POST", "/v1/chat/completions", "{}", h))) << h;
+    EXPECT_TRUE(denied(code("POST", "/tokenize", tok, h))) << h;
+    EXPECT_TRUE(denied(code("POST", "/detokenize", detok, h))) << h;
+    EXPECT_TRUE(denied(code("GET", "/v1/models", "", h))) << h;
+  }
+  const std::string good = "Authorization: Bearer sekrit\r\n";
+  EXPECT_EQ(code("POST", "/v1/completions", comp, good), 200);
+  EXPECT_EQ(code("POST", "/tokenize", tok, good), 200);
+  EXPECT_EQ(code("POST", "/detokenize", detok, good), 200);
+  EXPECT_EQ(code("GET", "/v1/models", "", good), 200);
+  EXPECT_EQ(code("POST", "/v1/completions", comp, "authorization: Bearer sekrit\r\n"), 200);
+}
+
+// /tokenize and /detokenize near the body limit: answered in bounded time with the right
+// counts; ids out of range are 400s.
+TEST_F(StressTest, TokenizeAndDetokenizeBigInputs) {
+  start();
+  const int64_t t0 = base::now_ns();
+  std::string text;
+  while (text.size() < 900'000) text += "The quick brown fox jumps over the lazy dog. ";
+  auto r = post("/tokenize", json{{"prompt", text}}.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body.substr(0, 300);
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["count"], tokenizer_->encode(text).size());
+  EXPECT_LT(seconds_since(t0), 20.0);
+  // One long run without spaces, and lots of special-token text.
+  for (const std::string& s : {std::string(900'000, 'a'), std::string(900'000, ' ')}) {
+    r = post("/tokenize", json{{"prompt", s}}.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  }
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 120'000; ++i) ids.push_back(i % 150'000);
+  r = post("/detokenize", json{{"tokens", ids}}.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  for (const std::string& bad :
+       {std::string(R"({"tokens":[-1]})"), std::string(R"({"tokens":[2147483648]})"),
+        std::string(R"({"tokens":[1e300]})"), std::string(R"({"tokens":[1.5]})"),
+        std::string(R"({"tokens":[99999999999999999999999]})"), std::string(R"({"tokens":"1"})"),
+        std::string(R"({"tokens":[151936000]})")}) {
+    r = post("/detokenize", bad);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad << ": " << r->body;
+  }
+  r = post("/v1/completions", R"({"prompt":[-1],"max_tokens":1})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  r = post("/v1/completions", json{{"prompt", std::string(2'000'000, 'a')}}.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+}
+
+}  // namespace
+}  // namespace simpler::serve
