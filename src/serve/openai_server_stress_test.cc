@@ -146,8 +146,9 @@ class StressTest : public ::testing::Test {
     return c.Post(path.c_str(), headers, body, "application/json");
   }
   // A streamed POST: the raw SSE bytes. `leave_after` > 0: close after that many chunks.
+  // `started`, when given, counts streams that received their first bytes.
   std::string stream(const std::string& path, const std::string& body, int* status = nullptr,
-                     int leave_after = 0) {
+                     int leave_after = 0, std::atomic<int>* started = nullptr) {
     auto c = client();
     httplib::Request req;
     req.method = "POST";
@@ -157,6 +158,7 @@ class StressTest : public ::testing::Test {
     std::string raw;
     int chunks = 0;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (raw.empty() && started != nullptr) ++*started;
       raw.append(data, n);
       return !(leave_after > 0 && ++chunks >= leave_after);
     };
@@ -508,11 +510,12 @@ TEST_F(StressTest, ConcurrentShutdownUnderLoadIsBoundedAndClean) {
   constexpr int kStreams = 6;
   std::vector<std::string> raws(kStreams);
   std::vector<int> statuses(kStreams, 0);
+  std::atomic<int> started{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
     threads.emplace_back([&, i] {
-      raws[i] =
-          stream("/v1/completions", long_stream_body("s" + std::to_string(i), 3000), &statuses[i]);
+      raws[i] = stream("/v1/completions", long_stream_body("s" + std::to_string(i), 3000),
+                       &statuses[i], 0, &started);
     });
   }
   std::atomic<bool> stop{false};
@@ -542,7 +545,13 @@ TEST_F(StressTest, ConcurrentShutdownUnderLoadIsBoundedAndClean) {
       }
     });
   }
-  std::this_thread::sleep_for(milliseconds(700));
+  // Every stream has started (a slow build takes a while to admit them) before the shutdown
+  // (a request still queued then is refused 503 instead).
+  const int64_t ts = base::now_ns();
+  while (started.load() < kStreams && seconds_since(ts) < 60) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  std::this_thread::sleep_for(milliseconds(200));
   const int64_t t0 = base::now_ns();
   auto a = std::async(std::launch::async,
                       [&] { return server_->shutdown(base::Deadline::after(milliseconds(200))); });
