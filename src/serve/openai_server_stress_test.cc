@@ -746,5 +746,25 @@ TEST_F(StressTest, TokenizeAndDetokenizeBigInputs) {
   EXPECT_EQ(r->status, 413);
 }
 
+// shutdown() before serve() started: serve() returns at once instead of listening for ever
+// (cpp-httplib's stop() does nothing while its listener is not running yet).
+TEST_F(StressTest, ShutdownBeforeServeStartsLeavesServeNothingToDo) {
+  llm::EngineOptions eo;
+  eo.runner.worker.num_cores = 1;
+  eo.runner.worker.faults.emplace();
+  eo.runner.num_pages = 64;
+  eo.tokenizer = tokenizer_;
+  engine_ = llm::LlmEngine::create(*dir_, eo).value();
+  ServerOptions so;
+  so.port = 0;
+  so.served_model_name = "tiny";
+  server_ =
+      std::make_unique<OpenAiServer>(engine_.get(), tokenizer_, llm::ChatTemplate::load(*dir_), so);
+  ASSERT_TRUE(server_->bind().ok());
+  EXPECT_TRUE(server_->shutdown(base::Deadline::poll()).ok());
+  served_ = std::async(std::launch::async, [this] { return server_->serve(); });
+  EXPECT_TRUE(serve_returned_within(3.0)) << "serve() listens after shutdown()";
+}
+
 }  // namespace
 }  // namespace simpler::serve
