@@ -77,7 +77,8 @@ class ServerTest : public ::testing::Test {
   }
 
   // A streamed POST: the raw SSE bytes.
-  std::string stream(const std::string& path, const std::string& body, int* status = nullptr) {
+  std::string stream(const std::string& path, const std::string& body, int* status = nullptr,
+                     std::atomic<int>* started = nullptr) {
     auto c = client();
     httplib::Request req;
     req.method = "POST";
@@ -86,6 +87,7 @@ class ServerTest : public ::testing::Test {
     req.set_header("Content-Type", "application/json");
     std::string raw;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (raw.empty() && started != nullptr) started->fetch_add(1);
       raw.append(data, n);
       return true;
     };
@@ -379,16 +381,24 @@ TEST_F(ServerTest, ShutdownEndsOpenStreamsCleanly) {
   start();
   std::vector<std::thread> threads;
   std::vector<std::string> raws(3);
+  std::atomic<int> started{0};
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      raws[i] = stream("/v1/completions", json{{"prompt", "long " + std::to_string(i)},
-                                               {"max_tokens", 2000},
-                                               {"ignore_eos", true},
-                                               {"stream", true}}
-                                              .dump());
+      raws[i] = stream("/v1/completions",
+                       json{{"prompt", "long " + std::to_string(i)},
+                            {"max_tokens", 2000},
+                            {"ignore_eos", true},
+                            {"stream", true}}
+                           .dump(),
+                       nullptr, &started);
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Shut down once every stream has started (a request still queued when the server shuts
+  // down gets a 503 instead, as documented: a slow sanitizer build admits them late).
+  for (int i = 0; i < 600 && started.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(started.load(), 3);
   const int64_t t0 = base::now_ns();
   EXPECT_TRUE(server_->shutdown(base::Deadline::after(std::chrono::milliseconds(100))).ok());
   EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
