@@ -115,13 +115,22 @@ struct Reader {
   }
 };
 
-std::variant<json, ApiError> parse_object(std::string_view body, const RequestLimits& limits) {
+// The body as a JSON object whose every key is in `known` (OpenAI refuses "unrecognized
+// request arguments").
+std::variant<json, ApiError> parse_object(std::string_view body, const RequestLimits& limits,
+                                          const std::set<std::string>& known) {
   absl::StatusOr<json> parsed =
       base::parse_json_bounded(body, "request body", limits.max_json_depth);
   if (!parsed.ok()) return bad_request(std::string(parsed.status().message()));
   if (!parsed->is_object()) {
     return bad_request(
         absl::StrCat("the request body must be a JSON object, got ", type_name(*parsed)));
+  }
+  for (const auto& [k, v] : parsed->items()) {
+    if (known.count(k) == 0) {
+      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
+                         k.substr(0, 64));
+    }
   }
   return *std::move(parsed);
 }
@@ -324,17 +333,10 @@ const std::set<std::string>& chat_fields() {
 
 std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool chat,
                                                     const RequestLimits& limits) {
-  auto obj = parse_object(body, limits);
+  auto obj = parse_object(body, limits, chat ? chat_fields() : completion_fields());
   if (auto* e = std::get_if<ApiError>(&obj)) return *e;
   const json& j = std::get<json>(obj);
   Reader r{j, std::nullopt};
-  const std::set<std::string>& known = chat ? chat_fields() : completion_fields();
-  for (const auto& [k, v] : j.items()) {
-    if (known.count(k) == 0) {
-      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
-                         k.substr(0, 64));
-    }
-  }
   ParsedRequest p;
   p.chat = chat;
   if (auto m = r.string("model")) p.model = *m;
@@ -460,17 +462,16 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
 
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
                                                        const RequestLimits& limits) {
-  auto obj = parse_object(body, limits);
+  static const std::set<std::string> kFields = {"model",
+                                                "prompt",
+                                                "messages",
+                                                "add_special_tokens",
+                                                "add_generation_prompt",
+                                                "chat_template_kwargs"};
+  auto obj = parse_object(body, limits, kFields);
   if (auto* e = std::get_if<ApiError>(&obj)) return *e;
   const json& j = std::get<json>(obj);
   Reader r{j, std::nullopt};
-  for (const auto& [k, v] : j.items()) {
-    if (k != "model" && k != "prompt" && k != "messages" && k != "add_special_tokens" &&
-        k != "add_generation_prompt" && k != "chat_template_kwargs") {
-      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
-                         k.substr(0, 64));
-    }
-  }
   TokenizeRequest t;
   (void)r.string("model");
   if (j.contains("prompt") == j.contains("messages")) {
@@ -491,16 +492,11 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
 
 std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body,
                                                               const RequestLimits& limits) {
-  auto obj = parse_object(body, limits);
+  static const std::set<std::string> kFields = {"model", "tokens"};
+  auto obj = parse_object(body, limits, kFields);
   if (auto* e = std::get_if<ApiError>(&obj)) return *e;
   const json& j = std::get<json>(obj);
   Reader r{j, std::nullopt};
-  for (const auto& [k, v] : j.items()) {
-    if (k != "model" && k != "tokens") {
-      return bad_request(absl::StrCat("unrecognized request argument supplied: ", k.substr(0, 64)),
-                         k.substr(0, 64));
-    }
-  }
   (void)r.string("model");
   if (!j.contains("tokens") || !j["tokens"].is_array()) {
     return bad_request("'tokens' must be an array of token ids", "tokens");

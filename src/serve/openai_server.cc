@@ -34,7 +34,8 @@ thread_local bool tl_overloaded = false;
 // cpp-httplib's TaskQueue with a bounded queue: `threads` workers; a connection that finds
 // `max_queued` connections waiting beyond the idle workers goes to one refusal thread, which
 // answers its requests with 503 at once (tl_overloaded); when even that one's queue is full the
-// connection is answered on the listener thread itself (still at once).
+// connection is answered on the listener thread itself (once its request is read: a slowloris
+// client there stalls accepting; see the header).
 class BoundedPool : public httplib::TaskQueue {
  public:
   BoundedPool(size_t threads, size_t max_queued) : max_queued_(max_queued) {

@@ -5,13 +5,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/test_temp_dir.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/file.h"
 
 namespace simpler::llm {
 namespace {
@@ -20,10 +20,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return base::read_regular_file(p.string()).value_or("(unreadable: " + p.string() + ")");
 }
 
 struct Case {

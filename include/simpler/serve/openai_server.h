@@ -11,13 +11,16 @@
 // body whole, past max_body_bytes).
 //
 // Threads: cpp-httplib's pool has max_concurrent_requests + 8 threads (an idle keep-alive
-// connection holds one) behind a queue of at most max_queued_connections; a connection past
-// that is answered 503 at once by a refusal thread. A response body (streamed or not) is
-// written by a chunked content provider that blocks on the request's output queue for at most
-// 100 ms at a time and checks that the client is still there: a client that goes away aborts
-// its request (the engine fences its pages behind the run that last used them). A client that
-// closes its connection while its request still waits for its first event (queued in the
-// engine) aborts it too: the handler finds its connection (/proc/self/fd, by peer address) and
+// connection holds one) behind a queue of at most max_queued_connections beyond the idle
+// workers; a connection past that is answered 503 by a refusal thread (or, when its queue is
+// full too, on the listener thread), once its request is read. Known limit: cpp-httplib 0.11
+// has only a per-receive timeout, so a client trickling its request bytes holds the thread
+// reading it (slowloris); put a reverse proxy in front of an exposed server. A response body
+// (streamed or not) is written by a chunked content provider that blocks on the request's output
+// queue for at most 100 ms at a time and checks that the client is still there: a client that goes
+// away aborts its request (the engine fences its pages behind the run that last used them). A
+// client that closes its connection while its request still waits for its first event (queued in
+// the engine) aborts it too: the handler finds its connection (/proc/self/fd, by peer address) and
 // polls it for a hang-up.
 //
 // Shutdown (shutdown()): new requests get 503; running ones finish until the drain deadline;
