@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "llm/engine_test_util.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/llm/detokenizer.h"
 #include "simpler/llm/llm_engine.h"
@@ -220,18 +221,7 @@ class LlmEngineStressTest : public ::testing::Test {
     dir_ = new std::string((std::filesystem::temp_directory_path() /
                             ("simpler_llm_engine_stress_" + std::to_string(::getpid())))
                                .string());
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 5;
-    o.dtype = task::DataType::kFloat32;
-    o.out_dir = *dir_;
-    o.overrides.vocab_size = 512;
-    o.overrides.hidden_size = 64;
-    o.overrides.intermediate_size = 128;
-    o.overrides.head_dim = 32;
-    o.overrides.num_attention_heads = 4;
-    o.overrides.num_key_value_heads = 1;
-    ASSERT_TRUE(make_model(o).ok());
+    ASSERT_TRUE(make_model(small_test_model_options(*dir_, 5)).ok());
     prompts_ = new std::vector<std::vector<int32_t>>(random_prompts(12, 24, 21));
     solo_ = new std::vector<std::vector<int32_t>>();
     auto e = LlmEngine::create(*dir_, options(1, 256, 64, 1));

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "llm/engine_test_util.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
@@ -33,18 +34,7 @@ class LlmEngineTest : public ::testing::Test {
     dir_ = new std::string((std::filesystem::temp_directory_path() /
                             ("simpler_llm_engine_test_" + std::to_string(::getpid())))
                                .string());
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 3;
-    o.dtype = task::DataType::kFloat32;
-    o.out_dir = *dir_;
-    o.overrides.vocab_size = 512;
-    o.overrides.hidden_size = 64;
-    o.overrides.intermediate_size = 128;
-    o.overrides.head_dim = 32;
-    o.overrides.num_attention_heads = 4;
-    o.overrides.num_key_value_heads = 1;
-    ASSERT_TRUE(make_model(o).ok());
+    ASSERT_TRUE(make_model(small_test_model_options(*dir_, 3)).ok());
   }
   static void TearDownTestSuite() {
     std::filesystem::remove_all(*dir_);
