@@ -212,6 +212,23 @@ bool peer_gone(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// Reads and drops what a client already sent on a connection that is about to be answered and
+// closed, bounded (8 MiB, 0.5 s): closing a socket with unread data resets the connection,
+// which could lose the answer on its way. (Shutting down the reading side instead would make
+// cpp-httplib take the connection for gone and not answer.)
+void discard_pending_input(int fd) {
+  if (fd < 0) return;
+  char scratch[16384];
+  size_t drained = 0;
+  const int64_t t0 = base::now_ns();
+  pollfd p{fd, POLLIN, 0};
+  while (drained < (8u << 20) && base::now_ns() - t0 < 500'000'000 && ::poll(&p, 1, 50) > 0) {
+    const ssize_t n = ::recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT);
+    if (n <= 0) break;
+    drained += static_cast<size_t>(n);
+  }
+}
+
 // Finds the request's connection once (lazily: only requests that wait look for it) and tells
 // whether its client went away.
 struct ClientWatch {
@@ -677,36 +694,38 @@ void OpenAiServer::Impl::routes() {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_fd = sock;
   });
-  // cpp-httplib 0.11 bounds only a Content-Length body by the payload limit: a chunked one, or
-  // one without a length (read to the end of the connection), would be read whole into memory.
-  // Those are refused with 411 before their body is read (the client is told to close the
-  // connection: what is left of the body would be read as the next request, and refused).
+  // cpp-httplib 0.11 bounds only a Content-Length body by the payload limit, and only after
+  // reading (and discarding) all of it: a chunked body, or one without a length (read to the
+  // end of the connection), would be read whole into memory. Both are refused before their body
+  // is read: 411 without a Content-Length, 413 with one past the limit. The client is told to
+  // close the connection (what is left of the body would be read as the next request).
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool has_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
                           req.method == "DELETE" || req.method == "PRI";
-    if (!has_body || (req.has_header("Content-Length") && !req.has_header("Transfer-Encoding"))) {
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (!has_body) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+      const std::string len = req.get_header_value("Content-Length");
+      uint64_t n = 0;
+      const bool parsed = !len.empty() && len.size() <= 19 &&
+                          len.find_first_not_of("0123456789") == std::string::npos;
+      if (parsed) n = std::stoull(len);
+      if (parsed && n <= options.max_body_bytes) return httplib::Server::HandlerResponse::Unhandled;
+      send_error(
+          res,
+          parsed ? api_error(413,
+                             absl::StrCat("the request body is too large: ", len,
+                                          " bytes, the limit is ", options.max_body_bytes),
+                             "invalid_request_error", "payload_too_large")
+                 : api_error(400, absl::StrCat("invalid Content-Length '", len.substr(0, 40), "'"),
+                             "invalid_request_error"));
+    } else {
+      send_error(res, api_error(411,
+                                "send the request body with a Content-Length (chunked transfer "
+                                "encoding is not accepted)",
+                                "invalid_request_error", "length_required"));
     }
-    send_error(res, api_error(411,
-                              "send the request body with a Content-Length (chunked transfer "
-                              "encoding is not accepted)",
-                              "invalid_request_error", "length_required"));
     res.set_header("Connection", "close");
-    // Discard the body already sent (bounded): closing a socket with unread data resets the
-    // connection, which could lose the answer on its way. (Shutting down the reading side
-    // instead would make cpp-httplib take the connection for gone and not answer.)
-    const int fd = find_connection(bound_port, req.remote_addr, req.remote_port);
-    if (fd >= 0) {
-      char scratch[16384];
-      size_t drained = 0;
-      const int64_t t0 = base::now_ns();
-      pollfd p{fd, POLLIN, 0};
-      while (drained < (8u << 20) && base::now_ns() - t0 < 500'000'000 && ::poll(&p, 1, 50) > 0) {
-        const ssize_t n = ::recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT);
-        if (n <= 0) break;
-        drained += static_cast<size_t>(n);
-      }
-    }
+    discard_pending_input(find_connection(bound_port, req.remote_addr, req.remote_port));
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_keep_alive_max_count(1000);

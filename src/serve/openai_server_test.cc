@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "serve/server_test_fixture.h"
 #include "simpler/llm/make_model.h"
 
 namespace simpler::serve {
@@ -18,109 +19,10 @@ namespace {
 
 using json = nlohmann::json;
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public ServerFixture {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string((std::filesystem::temp_directory_path() /
-                            ("simpler_serve_test_" + std::to_string(::getpid())))
-                               .string());
-    llm::MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 21;
-    o.out_dir = *dir_;
-    o.tokenizer_dir = llm::default_tokenizer_dir().value();
-    ASSERT_TRUE(llm::make_model(o).ok());
-    tokenizer_ = new llm::Tokenizer(llm::Tokenizer::load(*dir_).value());
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete tokenizer_;
-    delete dir_;
-  }
-
-  // Starts an engine and a server on a free loopback port.
-  void start(ServerOptions so = {}, int32_t max_waiting = 256, int32_t seqs = 8,
-             int32_t pages = 512) {
-    llm::EngineOptions eo;
-    eo.runner.worker.num_cores = 1;
-    eo.runner.worker.faults.emplace();
-    eo.runner.max_num_seqs = seqs;
-    eo.runner.max_num_batched_tokens = 256;
-    eo.runner.num_pages = pages;
-    eo.max_waiting = max_waiting;
-    eo.tokenizer = tokenizer_;
-    engine_ = llm::LlmEngine::create(*dir_, eo).value();
-    so.host = "127.0.0.1";
-    so.port = 0;
-    if (so.served_model_name.empty()) so.served_model_name = "tiny";
-    server_ = std::make_unique<OpenAiServer>(engine_.get(), tokenizer_,
-                                             llm::ChatTemplate::load(*dir_), so);
-    port_ = server_->bind().value();
-    serving_ = std::thread([this] { EXPECT_TRUE(server_->serve().ok()); });
-  }
-  void TearDown() override {
-    if (server_) (void)server_->shutdown(base::Deadline::poll());
-    if (serving_.joinable()) serving_.join();
-    server_.reset();
-    engine_.reset();
-  }
-
-  httplib::Client client() {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
-  httplib::Result post(const std::string& path, const std::string& body,
-                       httplib::Headers headers = {}) {
-    auto c = client();
-    return c.Post(path.c_str(), headers, body, "application/json");
-  }
-
-  // A streamed POST: the raw SSE bytes.
-  std::string stream(const std::string& path, const std::string& body, int* status = nullptr,
-                     std::atomic<int>* started = nullptr) {
-    auto c = client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body;
-    req.set_header("Content-Type", "application/json");
-    std::string raw;
-    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      if (raw.empty() && started != nullptr) started->fetch_add(1);
-      raw.append(data, n);
-      return true;
-    };
-    auto res = c.send(req);
-    if (status != nullptr) *status = res ? res->status : -1;
-    return raw;
-  }
-
-  // The `data:` payloads of an SSE body; checks the framing on the way.
-  static std::vector<std::string> events(const std::string& raw) {
-    std::vector<std::string> out;
-    size_t at = 0;
-    while (at < raw.size()) {
-      const size_t end = raw.find("\n\n", at);
-      EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << raw.substr(at);
-      if (end == std::string::npos) break;
-      const std::string ev = raw.substr(at, end - at);
-      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
-      out.push_back(ev.substr(6));
-      at = end + 2;
-    }
-    return out;
-  }
-
-  static std::string* dir_;
-  static llm::Tokenizer* tokenizer_;
-  std::unique_ptr<llm::LlmEngine> engine_;
-  std::unique_ptr<OpenAiServer> server_;
-  std::thread serving_;
-  int port_ = 0;
+  static void SetUpTestSuite() { make_checkpoint("simpler_serve_test"); }
 };
-std::string* ServerTest::dir_ = nullptr;
-llm::Tokenizer* ServerTest::tokenizer_ = nullptr;
 
 TEST_F(ServerTest, CompletionStreamedAndNotGiveTheSameTextWithCorrectFraming) {
   start();
@@ -390,7 +292,7 @@ TEST_F(ServerTest, ShutdownEndsOpenStreamsCleanly) {
                             {"ignore_eos", true},
                             {"stream", true}}
                            .dump(),
-                       nullptr, &started);
+                       nullptr, 0, &started);
     });
   }
   // Shut down once every stream has started (a request still queued when the server shuts
@@ -410,7 +312,7 @@ TEST_F(ServerTest, ShutdownEndsOpenStreamsCleanly) {
     const json last = json::parse(evs[evs.size() - 2]);
     EXPECT_EQ(last["choices"][0]["finish_reason"], "abort") << raw.substr(raw.size() - 300);
   }
-  serving_.join();
+  EXPECT_TRUE(served_.get().ok());
   EXPECT_FALSE(post("/v1/completions", R"({"prompt":"x"})"));  // nobody listens any more
 }
 

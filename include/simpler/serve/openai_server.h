@@ -6,9 +6,11 @@
 // Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or
 // not), GET /v1/models, GET /health (200 while the engine is healthy, 503 with the cause), GET
 // /metrics (Prometheus text), POST /tokenize, POST /detokenize. Errors are OpenAI's error
-// object with 400 / 401 / 404 / 405 / 411 / 413 / 429 / 500 / 503 (openai_protocol.h); 411 for a
-// POST without Content-Length or with a Transfer-Encoding (cpp-httplib 0.11 would read such a
-// body whole, past max_body_bytes).
+// object with 400 / 401 / 404 / 405 / 411 / 413 / 429 / 500 / 503 (openai_protocol.h). A body is
+// judged by its headers before any of it is read (cpp-httplib 0.11 would read a chunked or
+// unsized body whole, past max_body_bytes, and an oversized one whole before refusing it): 411
+// for a POST without Content-Length or with a Transfer-Encoding, 413 for a Content-Length past
+// max_body_bytes, 400 for one that is not a decimal number; each closes the connection.
 //
 // Threads: cpp-httplib's pool has max_concurrent_requests + 8 threads (an idle keep-alive
 // connection holds one) behind a queue of at most max_queued_connections beyond the idle
