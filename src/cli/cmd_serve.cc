@@ -30,6 +30,7 @@ Runner add_serve_command(CLI::App& app) {
     int64_t max_body_bytes = 1 << 20;
     int32_t max_concurrent_requests = 64;
     double drain_timeout_s = 30;
+    double request_read_timeout_s = 30;
     bool allow_unused_tensors = false;
     CommonOptions common;
   };
@@ -68,6 +69,11 @@ Runner add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--drain-timeout", st->drain_timeout_s,
                   "on SIGINT / SIGTERM, seconds running requests may take to finish")
+      ->check(number_in(0, kMaxTimeoutS))
+      ->capture_default_str();
+  cmd->add_option("--request-read-timeout", st->request_read_timeout_s,
+                  "seconds a connection has to send a complete request (headers and body) before "
+                  "it is closed; 0 = no limit")
       ->check(number_in(0, kMaxTimeoutS))
       ->capture_default_str();
   cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
@@ -119,6 +125,7 @@ Runner add_serve_command(CLI::App& app) {
     so.api_key = st->api_key;
     so.max_body_bytes = static_cast<size_t>(st->max_body_bytes);
     so.max_concurrent_requests = st->max_concurrent_requests;
+    so.request_read_timeout_s = st->request_read_timeout_s;
     serve::OpenAiServer server(engine->get(), &*tokenizer, std::move(chat), so);
     auto port = server.bind();
     if (!port.ok()) {

@@ -10,16 +10,20 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/json.h"
 #include "simpler/base/log.h"
+#include "simpler/base/sync.h"
 #include "simpler/llm/kv_cache.h"
 
 namespace simpler::serve {
@@ -180,25 +184,38 @@ void for_each_connection(int port, Fn fn) {
   ::closedir(d);
 }
 
+// The peer of a socket as "address:port" (the form of cpp-httplib's remote_addr and
+// remote_port), or "" when it has none.
+std::string peer_of(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return {};
+  char host[INET6_ADDRSTRLEN] = {};
+  int p = -1;
+  if (a.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    p = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    p = ntohs(in6->sin6_port);
+  } else {
+    return {};
+  }
+  return absl::StrCat(std::string(host), ":", p);
+}
+
+std::string peer_key(const httplib::Request& req) {
+  return absl::StrCat(req.remote_addr, ":", req.remote_port);
+}
+
 // The server's connection from this peer (the socket of the calling handler's request), or -1.
 int find_connection(int port, const std::string& peer_addr, int peer_port) {
+  const std::string want = absl::StrCat(peer_addr, ":", peer_port);
   int found = -1;
   for_each_connection(port, [&](int fd) {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return true;
-    char host[INET6_ADDRSTRLEN] = {};
-    int p = -1;
-    if (a.ss_family == AF_INET) {
-      auto* in = reinterpret_cast<sockaddr_in*>(&a);
-      ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-      p = ntohs(in->sin_port);
-    } else if (a.ss_family == AF_INET6) {
-      auto* in6 = reinterpret_cast<sockaddr_in6*>(&a);
-      ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-      p = ntohs(in6->sin6_port);
-    }
-    if (p != peer_port || peer_addr != host) return true;
+    if (peer_of(fd) != want) return true;
     found = fd;
     return false;
   });
@@ -262,6 +279,21 @@ struct OpenAiServer::Impl {
        ServerOptions o)
       : engine(e), tokenizer(t), chat(std::move(c)), options(std::move(o)) {}
 
+  // The read guard (ServerOptions::request_read_timeout_s): per connection (by peer), whether a
+  // handler is running for it and since when it has been without one.
+  struct Connection {
+    bool busy = false;
+    int64_t idle_since_ns = 0;
+    int64_t seen_walk = 0;
+  };
+  base::Mutex guard_mu;
+  base::CondVar guard_cv;
+  std::unordered_map<std::string, Connection> connections SIMPLER_GUARDED_BY(guard_mu);
+  int64_t walks SIMPLER_GUARDED_BY(guard_mu) = 0;
+  bool guard_stop SIMPLER_GUARDED_BY(guard_mu) = false;
+  void mark_busy(const httplib::Request& req, bool busy);
+  void guard_loop();
+
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
   void routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat_endpoint);
@@ -282,6 +314,63 @@ bool OpenAiServer::Impl::authorized(const httplib::Request& req, httplib::Respon
                               "authentication_error", "invalid_api_key"));
   }
   return ok;
+}
+
+void OpenAiServer::Impl::mark_busy(const httplib::Request& req, bool busy) {
+  base::MutexLock l(guard_mu);
+  Connection& c = connections[peer_key(req)];
+  c.busy = busy;
+  c.idle_since_ns = base::now_ns();
+  c.seen_walk = walks;
+}
+
+// Every poll period: the server's connections without a running handler for longer than the
+// timeout (headers or body still arriving, or idle) are shut down; cpp-httplib's worker then
+// sees the connection end and closes it. Entries of connections gone for two walks are dropped.
+void OpenAiServer::Impl::guard_loop() {
+  const auto timeout_ns = static_cast<int64_t>(options.request_read_timeout_s * 1e9);
+  const auto period =
+      std::chrono::nanoseconds(std::clamp<int64_t>(timeout_ns / 4, 10'000'000, 500'000'000));
+  base::MutexLock l(guard_mu);
+  while (!guard_stop) {
+    guard_cv.wait_until(l, std::chrono::steady_clock::now() + period);
+    if (guard_stop) break;
+    const int64_t walk = ++walks;
+    std::vector<std::pair<int, std::string>> cut;
+    l.unlock();
+    std::vector<std::pair<int, std::string>> seen;
+    for_each_connection(bound_port, [&](int fd) {
+      std::string peer = peer_of(fd);
+      if (!peer.empty()) seen.emplace_back(fd, std::move(peer));
+      return true;
+    });
+    l.lock();
+    const int64_t now = base::now_ns();
+    for (auto& [fd, peer] : seen) {
+      auto [it, fresh] = connections.try_emplace(peer);
+      Connection& c = it->second;
+      if (fresh) c.idle_since_ns = now;
+      c.seen_walk = walk;
+      if (!c.busy && now - c.idle_since_ns > timeout_ns) cut.emplace_back(fd, peer);
+    }
+    for (auto it = connections.begin(); it != connections.end();) {
+      if (it->second.seen_walk < walk - 1) {
+        it = connections.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& [fd, peer] : cut) {
+      connections.erase(peer);
+      // Only if the fd still belongs to that peer. The raw system call: the fd is the worker's,
+      // which closes it when the connection ends (ThreadSanitizer's interceptor would count the
+      // shutdown as a use racing that close).
+      if (peer_of(fd) != peer) continue;
+      ::syscall(SYS_shutdown, fd, SHUT_RDWR);
+      SIMPLER_LOG_WARN("closed the connection from {}: no complete request within {} s", peer,
+                       options.request_read_timeout_s);
+    }
+  }
 }
 
 namespace {
@@ -728,86 +817,103 @@ void OpenAiServer::Impl::routes() {
     discard_pending_input(find_connection(bound_port, req.remote_addr, req.remote_port));
     return httplib::Server::HandlerResponse::Handled;
   });
+  // The read guard learns which connections have a handler running: from the handler's start
+  // (the request's headers and body are in) to the end of its response (the logger runs once
+  // the response is written, or failed to be).
+  const auto busy = [this](httplib::Server::Handler h) {
+    return [this, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
+      mark_busy(req, true);
+      h(req, res);
+    };
+  };
+  http.set_logger(
+      [this](const httplib::Request& req, const httplib::Response&) { mark_busy(req, false); });
   http.set_keep_alive_max_count(1000);
   http.set_keep_alive_timeout(5);
   const size_t threads = static_cast<size_t>(options.max_concurrent_requests) + 8;
   const size_t queued = static_cast<size_t>(options.max_queued_connections);
   http.new_task_queue = [threads, queued] { return new BoundedPool(threads, queued); };
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, false);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, true);
-  });
-  http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    json m = {{"id", options.served_model_name},
-              {"object", "model"},
-              {"created", unix_seconds()},
-              {"owned_by", "simpler"},
-              {"max_model_len", engine->config().max_position_embeddings}};
-    res.set_content(base::dump_replacing(json{{"object", "list"}, {"data", json::array({m})}}),
-                    "application/json");
-  });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const absl::Status h = engine->health();
-    if (!h.ok() || shutting_down.load()) {
-      send_error(res, api_error(503,
-                                h.ok() ? "the server is shutting down"
-                                       : absl::StrCat("the engine is unhealthy: ", h.message()),
-                                "service_unavailable"));
-      return;
-    }
-    res.status = 200;
-    res.set_content("", "text/plain");
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(engine->metrics(), options.served_model_name),
-                    "text/plain; version=0.0.4");
-  });
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    auto parsed = parse_tokenize(req.body, options.limits);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-    const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
-    std::string text;
-    if (t.prompt.has_value()) {
-      text = *t.prompt;
-    } else {
-      if (!chat.ok()) {
-        return send_error(res, bad_request(absl::StrCat("chat is unavailable for this model: ",
-                                                        chat.status().message())));
-      }
-      auto rendered = chat->render(t.messages, t.chat_options);
-      if (!rendered.ok()) {
-        return send_error(res, bad_request(std::string(rendered.status().message()), "messages"));
-      }
-      text = *rendered;
-    }
-    auto ids = tokenizer->try_encode(text);
-    if (!ids.ok()) return send_error(res, bad_request(std::string(ids.status().message())));
-    json body = {{"tokens", *ids},
-                 {"count", ids->size()},
-                 {"max_model_len", engine->config().max_position_embeddings}};
-    res.set_content(base::dump_replacing(body), "application/json");
-  });
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    auto parsed = parse_detokenize(req.body, options.limits);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-    std::vector<int32_t> ids;
-    for (int64_t id : std::get<std::vector<int64_t>>(parsed)) {
-      if (id >= engine->dims().vocab_size) {
-        return send_error(
-            res, bad_request(absl::StrCat("token id ", id, " is outside the vocabulary [0, ",
-                                          engine->dims().vocab_size, ")"),
-                             "tokens"));
-      }
-      ids.push_back(static_cast<int32_t>(id));
-    }
-    res.set_content(base::dump_replacing(json{{"prompt", tokenizer->decode(ids)}}),
-                    "application/json");
-  });
+  http.Post("/v1/completions", busy([this](const httplib::Request& req, httplib::Response& res) {
+              handle_generate(req, res, false);
+            }));
+  http.Post("/v1/chat/completions",
+            busy([this](const httplib::Request& req, httplib::Response& res) {
+              handle_generate(req, res, true);
+            }));
+  http.Get("/v1/models", busy([this](const httplib::Request& req, httplib::Response& res) {
+             if (!authorized(req, res)) return;
+             json m = {{"id", options.served_model_name},
+                       {"object", "model"},
+                       {"created", unix_seconds()},
+                       {"owned_by", "simpler"},
+                       {"max_model_len", engine->config().max_position_embeddings}};
+             res.set_content(
+                 base::dump_replacing(json{{"object", "list"}, {"data", json::array({m})}}),
+                 "application/json");
+           }));
+  http.Get("/health", busy([this](const httplib::Request&, httplib::Response& res) {
+             const absl::Status h = engine->health();
+             if (!h.ok() || shutting_down.load()) {
+               send_error(res,
+                          api_error(503,
+                                    h.ok() ? "the server is shutting down"
+                                           : absl::StrCat("the engine is unhealthy: ", h.message()),
+                                    "service_unavailable"));
+               return;
+             }
+             res.status = 200;
+             res.set_content("", "text/plain");
+           }));
+  http.Get("/metrics", busy([this](const httplib::Request&, httplib::Response& res) {
+             res.set_content(prometheus_text(engine->metrics(), options.served_model_name),
+                             "text/plain; version=0.0.4");
+           }));
+  http.Post("/tokenize", busy([this](const httplib::Request& req, httplib::Response& res) {
+              if (!authorized(req, res)) return;
+              auto parsed = parse_tokenize(req.body, options.limits);
+              if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+              const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
+              std::string text;
+              if (t.prompt.has_value()) {
+                text = *t.prompt;
+              } else {
+                if (!chat.ok()) {
+                  return send_error(res,
+                                    bad_request(absl::StrCat("chat is unavailable for this model: ",
+                                                             chat.status().message())));
+                }
+                auto rendered = chat->render(t.messages, t.chat_options);
+                if (!rendered.ok()) {
+                  return send_error(
+                      res, bad_request(std::string(rendered.status().message()), "messages"));
+                }
+                text = *rendered;
+              }
+              auto ids = tokenizer->try_encode(text);
+              if (!ids.ok())
+                return send_error(res, bad_request(std::string(ids.status().message())));
+              json body = {{"tokens", *ids},
+                           {"count", ids->size()},
+                           {"max_model_len", engine->config().max_position_embeddings}};
+              res.set_content(base::dump_replacing(body), "application/json");
+            }));
+  http.Post("/detokenize", busy([this](const httplib::Request& req, httplib::Response& res) {
+              if (!authorized(req, res)) return;
+              auto parsed = parse_detokenize(req.body, options.limits);
+              if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+              std::vector<int32_t> ids;
+              for (int64_t id : std::get<std::vector<int64_t>>(parsed)) {
+                if (id >= engine->dims().vocab_size) {
+                  return send_error(res, bad_request(absl::StrCat("token id ", id,
+                                                                  " is outside the vocabulary [0, ",
+                                                                  engine->dims().vocab_size, ")"),
+                                                     "tokens"));
+                }
+                ids.push_back(static_cast<int32_t>(id));
+              }
+              res.set_content(base::dump_replacing(json{{"prompt", tokenizer->decode(ids)}}),
+                              "application/json");
+            }));
   // Unknown routes (404) and known routes with another method (405), as error objects.
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     static const char* kRoutes[] = {
@@ -857,6 +963,16 @@ OpenAiServer::~OpenAiServer() { (void)shutdown(base::Deadline::poll()); }
 
 absl::StatusOr<int> OpenAiServer::bind() {
   Impl& im = *impl_;
+  const double t = im.options.request_read_timeout_s;
+  if (!std::isfinite(t) || t < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_read_timeout_s must be finite and >= 0, got ", t));
+  }
+  if (im.options.max_concurrent_requests < 1 || im.options.max_queued_connections < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_concurrent_requests must be >= 1 and max_queued_connections >= 0, got ",
+        im.options.max_concurrent_requests, " and ", im.options.max_queued_connections));
+  }
   if (im.options.port == 0) {
     const int port = im.http.bind_to_any_port(im.options.host);
     if (port <= 0) {
@@ -882,8 +998,18 @@ absl::Status OpenAiServer::serve() {
   // (both sequentially consistent): either serve() sees the shutdown and returns, or shutdown()
   // sees serve() and stops the listener once it runs.
   im.serving.store(true);
+  std::thread guard;
+  if (im.options.request_read_timeout_s > 0) guard = std::thread([&im] { im.guard_loop(); });
   bool ok = true;
   if (!im.shutting_down.load()) ok = im.http.listen_after_bind();
+  if (guard.joinable()) {
+    {
+      base::MutexLock l(im.guard_mu);
+      im.guard_stop = true;
+    }
+    im.guard_cv.notify_all();
+    guard.join();
+  }
   im.serving.store(false);
   if (!ok && !im.shutting_down.load()) {
     return absl::InternalError("the HTTP listener stopped unexpectedly");

@@ -12,8 +12,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -167,6 +169,117 @@ TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
   stop = true;
   for (auto& t : trickle) t.join();
   EXPECT_EQ(engine_->metrics().requests_waiting, 0);
+}
+
+// The read guard: connections that trickle their headers, leave their body unfinished or send
+// nothing are closed once request_read_timeout_s passes without a complete request, while a
+// stream that runs far longer than the timeout is untouched and keep-alive requests go on.
+TEST_F(StressTest, ConnectionsWithoutACompleteRequestAreClosedAfterTheReadTimeout) {
+  ServerOptions so;
+  so.request_read_timeout_s = 0.6;
+  start(so);
+  std::atomic<bool> stop{false};
+  std::atomic<int> cut{0};
+  std::vector<std::thread> trickle;
+  for (int i = 0; i < 3; ++i) {
+    trickle.emplace_back([&] {
+      const int fd = connect_raw(port_);
+      ASSERT_GE(fd, 0);
+      const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+      for (size_t k = 0; !stop.load(); ++k) {
+        if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) {
+          ++cut;
+          break;
+        }
+        // A closed connection shows as end of stream (or a reset) on the next read.
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) > 0) {
+          char c;
+          if (::recv(fd, &c, 1, MSG_DONTWAIT) <= 0) {
+            ++cut;
+            break;
+          }
+        }
+      }
+      ::close(fd);
+    });
+  }
+  std::vector<int> quiet;  // two unfinished bodies and one connection that sends nothing
+  for (int i = 0; i < 2; ++i) {
+    quiet.push_back(connect_raw(port_));
+    ASSERT_TRUE(send_all(quiet.back(),
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+                         "{\"prompt\":"));
+  }
+  quiet.push_back(connect_raw(port_));
+  // A stream read for 3 timeouts (and more), then left by the client.
+  std::atomic<bool> left_by_us{false};
+  int chunks = 0;
+  std::thread streamer([&] {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = long_stream_body("long", 1000);
+    req.set_header("Content-Type", "application/json");
+    const int64_t t0 = base::now_ns();
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      ++chunks;
+      if (seconds_since(t0) < 3 * so.request_read_timeout_s + 0.5) return true;
+      left_by_us = true;
+      return false;
+    };
+    (void)c.send(req);
+  });
+  // Keep-alive requests spaced below the timeout keep working on one connection.
+  auto keep = client();
+  keep.set_keep_alive(true);
+  for (int i = 0; i < 5; ++i) {
+    auto r = keep.Get("/health");
+    ASSERT_TRUE(r) << i;
+    EXPECT_EQ(r->status, 200);
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  for (int fd : quiet) {
+    bool closed = false;
+    const std::string raw = read_raw(fd, 20000, &closed);
+    EXPECT_TRUE(closed) << "a connection without a complete request stayed open: " << raw;
+    ::close(fd);
+  }
+  for (int i = 0; i < 200 && cut.load() < 3; ++i) std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(cut.load(), 3) << "trickling clients were not cut";
+  stop = true;
+  for (auto& t : trickle) t.join();
+  streamer.join();
+  EXPECT_TRUE(left_by_us.load()) << "the long stream was cut after " << chunks << " chunks";
+  EXPECT_GT(chunks, 1);
+  EXPECT_EQ(wait_idle().requests_running, 0);
+}
+
+// Options out of range are refused by bind(), naming them.
+TEST_F(StressTest, BindRefusesOptionsOutOfRange) {
+  llm::EngineOptions eo;
+  eo.runner.worker.num_cores = 1;
+  eo.runner.num_pages = 64;
+  eo.tokenizer = tokenizer_;
+  engine_ = llm::LlmEngine::create(*dir_, eo).value();
+  for (double t : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    ServerOptions so;
+    so.port = 0;
+    so.request_read_timeout_s = t;
+    OpenAiServer server(engine_.get(), tokenizer_, llm::ChatTemplate::load(*dir_), so);
+    auto port = server.bind();
+    ASSERT_FALSE(port.ok()) << t;
+    EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(port.status().message().find("request_read_timeout_s"), std::string::npos);
+  }
+  ServerOptions so;
+  so.port = 0;
+  so.max_concurrent_requests = 0;
+  OpenAiServer server(engine_.get(), tokenizer_, llm::ChatTemplate::load(*dir_), so);
+  auto port = server.bind();
+  ASSERT_FALSE(port.ok());
+  EXPECT_NE(port.status().message().find("max_concurrent_requests"), std::string::npos);
 }
 
 // A client that keeps trickling header bytes must not keep the server from stopping: serve()

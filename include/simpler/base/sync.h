@@ -20,11 +20,15 @@ class SIMPLER_CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
-// RAII lock over Mutex.
+// RAII lock over Mutex. unlock() and lock() release and retake it inside the scope, in sight of
+// the thread-safety analysis (it knows which guarded members may be touched in between); the
+// destructor releases it only when held.
 class SIMPLER_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) SIMPLER_ACQUIRE(mu) : lock_(mu.native()) {}
   ~MutexLock() SIMPLER_RELEASE() = default;
+  void unlock() SIMPLER_RELEASE() { lock_.unlock(); }
+  void lock() SIMPLER_ACQUIRE() { lock_.lock(); }
   std::unique_lock<std::mutex>& native() { return lock_; }
 
  private:

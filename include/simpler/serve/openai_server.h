@@ -15,9 +15,10 @@
 // Threads: cpp-httplib's pool has max_concurrent_requests + 8 threads (an idle keep-alive
 // connection holds one) behind a queue of at most max_queued_connections beyond the idle
 // workers; a connection past that is answered 503 by a refusal thread (or, when its queue is
-// full too, on the listener thread), once its request is read. Known limit: cpp-httplib 0.11
-// has only a per-receive timeout, so a client trickling its request bytes holds the thread
-// reading it (slowloris); put a reverse proxy in front of an exposed server. A response body
+// full too, on the listener thread), once its request is read. cpp-httplib 0.11 has only a
+// per-receive timeout, so a client trickling its request bytes would hold the thread reading it
+// (slowloris) for ever: a guard thread walks the server's connections (Linux /proc/self/fd) and
+// shuts down those without a complete request within request_read_timeout_s. A response body
 // (streamed or not) is written by a chunked content provider that blocks on the request's output
 // queue for at most 100 ms at a time and checks that the client is still there: a client that goes
 // away aborts its request (the engine fences its pages behind the run that last used them). A
@@ -56,6 +57,11 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;  // 413 past it
   int32_t max_concurrent_requests = 64;
   int32_t max_queued_connections = 64;
+  // Slowloris guard: a connection must deliver a complete request (headers and body) within
+  // this many seconds of being accepted or of its previous response's end, or it is closed
+  // (checked every min(timeout / 4, 0.5 s)). A running request (a stream of any length) is not
+  // limited. 0 disables the guard; must be finite and >= 0.
+  double request_read_timeout_s = 30;
   RequestLimits limits;
 };
 
@@ -71,7 +77,8 @@ class OpenAiServer {
   OpenAiServer(const OpenAiServer&) = delete;
   OpenAiServer& operator=(const OpenAiServer&) = delete;
 
-  // Binds host:port. UNAVAILABLE naming the address when it cannot. Returns the bound port.
+  // Binds host:port. INVALID_ARGUMENT for an option out of range (naming it); UNAVAILABLE
+  // naming the address when it cannot bind. Returns the bound port.
   absl::StatusOr<int> bind();
   // Serves until shutdown(); returns OK then (INTERNAL when the listener failed).
   absl::Status serve();
