@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "llm/matmul_impl.h"
 
 namespace simpler::llm {
 namespace {
@@ -106,48 +107,60 @@ class ArgCheck {
     if (!kernel_status_.ok()) return kernel_status_; \
   } while (0)
 
-absl::Status matmul_impl(const KernelContext& ctx, bool accumulate) {
+absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa isa) {
   ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
   SIMPLER_KERNEL_CHECK(c.count(3));
   SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
   const Tensor& x = ctx.tensor(0);
   const int64_t rows = x.shape[0];
   const int64_t in = x.shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "W", DataType::kFloat32, {-1, in}));
+  const DataType wt = ctx.args[1].tensor.dtype;
+  const DataType w_dtype =
+      wt == DataType::kBFloat16 || wt == DataType::kFloat16 ? wt : DataType::kFloat32;
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "W", w_dtype, {-1, in}));
   const Tensor& w = ctx.tensor(1);
   const int64_t out = w.shape[0];
   SIMPLER_KERNEL_CHECK(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
   const Tensor& y = ctx.tensor(2);
+  if (isa == MatmulIsa::kAuto) isa = resolve_matmul_isa(MatmulIsa::kAuto);
+  if (isa == MatmulIsa::kAvx512 && !matmul_detail::avx512_available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(accumulate ? "matmul_acc" : "matmul",
+                     ": the avx512 path needs AVX-512 F, BW, VL and DQ, which this CPU lacks"));
+  }
   const BlockRange r = block_range(out, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end || rows == 0) return absl::OkStatus();
-  const int64_t n = r.end - r.begin;
-  ConstRowMap xm(x.data<const float>(), rows, in);
-  ConstRowMap wm(w.data<const float>() + r.begin * in, n, in);
-  StridedRowMap ym(y.data<float>() + r.begin, rows, n, Eigen::OuterStride<>(out));
-  if (in == 0) {
-    if (!accumulate) ym.setZero();
-    return absl::OkStatus();
-  }
-  // One matrix-vector product per row over chunks of W small enough to stay in cache while
-  // every row uses them (about 256 KiB): each element of y is Eigen's dot product of one x row
-  // and one W row, the same sequence of operations whatever the number of rows, the chunk or
-  // the block split, so a row's result never depends on the other rows of its batch. It is
-  // also as fast as Eigen's GEMM from 1 to 256 rows on this kind of CPU, and 1.5-3x faster
-  // below 16 rows, where the GEMM's packing of W does not pay (docs/benchmarks.md).
-  const int64_t chunk = std::max<int64_t>(8, (int64_t{1} << 16) / std::max<int64_t>(in, 1));
-  for (int64_t j0 = 0; j0 < n; j0 += chunk) {
-    const int64_t m = std::min(chunk, n - j0);
-    const auto wc = wm.middleRows(j0, m);
-    for (int64_t b = 0; b < rows; ++b) {
-      auto yr = ym.row(b).segment(j0, m);
-      if (accumulate) {
-        yr.noalias() += xm.row(b) * wc.transpose();
-      } else {
-        yr.noalias() = xm.row(b) * wc.transpose();
-      }
-    }
+  matmul_detail::Problem p;
+  p.x = x.data<const float>();
+  p.rows = rows;
+  p.k = in;
+  p.wt = w_dtype == DataType::kBFloat16  ? matmul_detail::WeightType::kBF16
+         : w_dtype == DataType::kFloat16 ? matmul_detail::WeightType::kF16
+                                         : matmul_detail::WeightType::kF32;
+  p.w = static_cast<const uint8_t*>(w.data<const void>()) + r.begin * in * task::size_of(w_dtype);
+  p.n = r.end - r.begin;
+  p.y = y.data<float>() + r.begin;
+  p.ldy = out;
+  p.accumulate = accumulate;
+  if (isa == MatmulIsa::kAvx512) {
+    matmul_detail::run_avx512(p);
+  } else {
+    matmul_detail::run_portable(p);
   }
   return absl::OkStatus();
+}
+
+absl::Status matmul_portable_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, MatmulIsa::kPortable);
+}
+absl::Status matmul_acc_portable_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, MatmulIsa::kPortable);
+}
+absl::Status matmul_avx512_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, MatmulIsa::kAvx512);
+}
+absl::Status matmul_acc_avx512_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, MatmulIsa::kAvx512);
 }
 
 }  // namespace
@@ -157,12 +170,50 @@ BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim) {
   return {n * block_idx / block_dim, n * (block_idx + 1) / block_dim};
 }
 
-std::vector<task::Kernel> llm_kernels() {
+const char* name_of(MatmulIsa isa) {
+  switch (isa) {
+    case MatmulIsa::kAuto:
+      return "auto";
+    case MatmulIsa::kAvx512:
+      return "avx512";
+    case MatmulIsa::kPortable:
+      return "portable";
+  }
+  return "?";
+}
+
+absl::StatusOr<MatmulIsa> parse_matmul_isa(std::string_view name) {
+  for (MatmulIsa isa : {MatmulIsa::kAuto, MatmulIsa::kAvx512, MatmulIsa::kPortable}) {
+    if (name == name_of(isa)) return isa;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown kernel ISA '", std::string(name),
+                                                 "' (expected auto, avx512 or portable)"));
+}
+
+bool matmul_isa_available(MatmulIsa isa) {
+  return isa != MatmulIsa::kAvx512 || matmul_detail::avx512_available();
+}
+
+MatmulIsa resolve_matmul_isa(MatmulIsa isa) {
+  if (isa != MatmulIsa::kAuto) return isa;
+  return matmul_detail::avx512_available() ? MatmulIsa::kAvx512 : MatmulIsa::kPortable;
+}
+
+std::vector<task::Kernel> llm_kernels(MatmulIsa isa) {
+  task::KernelFn matmul = &matmul_kernel;
+  task::KernelFn matmul_acc = &matmul_acc_kernel;
+  if (isa == MatmulIsa::kPortable) {
+    matmul = &matmul_portable_kernel;
+    matmul_acc = &matmul_acc_portable_kernel;
+  } else if (isa == MatmulIsa::kAvx512) {
+    matmul = &matmul_avx512_kernel;
+    matmul_acc = &matmul_acc_avx512_kernel;
+  }
   return {
       {"embedding", &embedding_kernel},
       {"rms_norm", &rms_norm_kernel},
-      {"matmul", &matmul_kernel},
-      {"matmul_acc", &matmul_acc_kernel},
+      {"matmul", matmul},
+      {"matmul_acc", matmul_acc},
       {"rope", &rope_kernel},
       {"kv_write", &kv_write_kernel},
       {"paged_attention", &paged_attention_kernel},
@@ -180,12 +231,14 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
   SIMPLER_KERNEL_CHECK(c.count(3));
   SIMPLER_KERNEL_CHECK(c.tensor(0, "ids", DataType::kInt32, {-1}));
   const int64_t rows = ctx.tensor(0).shape[0];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "table", DataType::kFloat32, {-1, -1}));
+  const DataType tt = ctx.args[1].tensor.dtype;
+  const DataType table_dtype =
+      tt == DataType::kBFloat16 || tt == DataType::kFloat16 ? tt : DataType::kFloat32;
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "table", table_dtype, {-1, -1}));
   const int64_t vocab = ctx.tensor(1).shape[0];
   const int64_t hidden = ctx.tensor(1).shape[1];
   SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
   const int32_t* ids = ctx.tensor(0).data<const int32_t>();
-  const float* table = ctx.tensor(1).data<const float>();
   float* out = ctx.tensor(2).data<float>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   for (int64_t b = r.begin; b < r.end; ++b) {
@@ -194,7 +247,16 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
       return c.error(absl::StrCat("token id ", id, " at row ", b, " is outside the vocabulary [0, ",
                                   vocab, ")"));
     }
-    std::memcpy(out + b * hidden, table + id * hidden, sizeof(float) * hidden);
+    float* o = out + b * hidden;
+    if (table_dtype == DataType::kFloat32) {
+      std::memcpy(o, ctx.tensor(1).data<const float>() + id * hidden, sizeof(float) * hidden);
+    } else {
+      const uint16_t* t = ctx.tensor(1).data<const uint16_t>() + id * hidden;
+      for (int64_t i = 0; i < hidden; ++i) {
+        o[i] = table_dtype == DataType::kBFloat16 ? task::bf16_to_f32(t[i])
+                                                  : task::f16_to_f32(t[i]);
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -245,8 +307,12 @@ TaskArgs rms_norm_args(const Tensor& x, const Tensor& w, const Tensor& out, floa
 
 // ---- matmul -----------------------------------------------------------------------
 
-absl::Status matmul_kernel(const KernelContext& ctx) { return matmul_impl(ctx, false); }
-absl::Status matmul_acc_kernel(const KernelContext& ctx) { return matmul_impl(ctx, true); }
+absl::Status matmul_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, MatmulIsa::kAuto);
+}
+absl::Status matmul_acc_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, MatmulIsa::kAuto);
+}
 
 TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
   TaskArgs a;

@@ -1,5 +1,6 @@
 #include "simpler/llm/kernels.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -169,6 +170,145 @@ TEST(MatmulKernel, ARowsResultIsBitwiseIndependentOfTheBatchAndSplit) {
           ASSERT_EQ(y[r * out + o], alone[r][o])
               << "rows " << rows << " blocks " << bd << " row " << r << " output " << o;
         }
+      }
+    }
+  }
+}
+
+// Weights of one dtype for the ISA tests: the raw bits and the values they hold (widened).
+struct TestWeights {
+  DataType dtype;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  std::vector<double> values;
+  Tensor tensor(int64_t out, int64_t in) {
+    const uintptr_t a = dtype == DataType::kFloat32 ? reinterpret_cast<uintptr_t>(f32.data())
+                                                    : reinterpret_cast<uintptr_t>(half.data());
+    return Tensor::contiguous(a, {out, in}, dtype).value();
+  }
+};
+
+TestWeights make_weights(DataType dtype, size_t n, uint32_t seed) {
+  TestWeights w{dtype, random_floats(n, seed), {}, {}};
+  if (dtype != DataType::kFloat32) {
+    for (float v : w.f32) {
+      w.half.push_back(dtype == DataType::kBFloat16 ? task::f32_to_bf16(v) : task::f32_to_f16(v));
+    }
+    for (uint16_t h : w.half) {
+      w.values.push_back(dtype == DataType::kBFloat16 ? task::bf16_to_f32(h) : task::f16_to_f32(h));
+    }
+  } else {
+    w.values.assign(w.f32.begin(), w.f32.end());
+  }
+  return w;
+}
+
+std::vector<std::pair<MatmulIsa, task::KernelFn>> isa_paths(bool acc) {
+  std::vector<std::pair<MatmulIsa, task::KernelFn>> out;
+  for (MatmulIsa isa : {MatmulIsa::kPortable, MatmulIsa::kAvx512}) {
+    if (!matmul_isa_available(isa)) continue;
+    const auto kernels = llm_kernels(isa);
+    out.emplace_back(isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc
+                                                          : KernelId::kMatmul)]
+                              .fn);
+  }
+  return out;
+}
+
+// Both ISA paths, on odd shapes (rows 1, 3, 16, 17; K below, at and past the 16-lane width) and
+// every weight dtype: close to the f64 product of the same (widened) values, and bitwise equal
+// to each other. The AVX-512 path is skipped, visibly, where the CPU lacks it.
+TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
+  if (!matmul_isa_available(MatmulIsa::kAvx512)) {
+    GTEST_SKIP() << "this CPU has no AVX-512 (F, BW, VL, DQ): the avx512 path is not tested "
+                    "here (PortablePathMatchesTheF64Reference covers the portable one)";
+  }
+  for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+    for (int64_t rows : {1, 3, 16, 17}) {
+      for (int64_t in : {1, 15, 16, 17, 100}) {
+        for (int64_t out : {1, 5, 9, 37}) {
+          std::vector<float> x = random_floats(rows * in, 11 + rows + in);
+          TestWeights w = make_weights(dt, out * in, 12 + out);
+          std::vector<float> y0 = random_floats(rows * out, 13);
+          for (bool acc : {false, true}) {
+            std::vector<std::vector<float>> results;
+            for (auto [isa, fn] : isa_paths(acc)) {
+              std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
+              TaskArgs a = acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in),
+                                                 view(y, {rows, out}))
+                               : matmul_args(view(x, {rows, in}), w.tensor(out, in),
+                                             view(y, {rows, out}));
+              ASSERT_TRUE(run_blocks(fn, a, 2).ok());
+              for (int64_t r = 0; r < rows; ++r) {
+                for (int64_t o = 0; o < out; ++o) {
+                  double want = acc ? y0[r * out + o] : 0.0, mag = std::abs(want);
+                  for (int64_t i = 0; i < in; ++i) {
+                    const double t = double(x[r * in + i]) * w.values[o * in + i];
+                    want += t;
+                    mag += std::abs(t);
+                  }
+                  ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
+                      << name_of(isa) << " " << task::name_of(dt) << " rows " << rows << " in "
+                      << in << " out " << out << " acc " << acc;
+                }
+              }
+              results.push_back(std::move(y));
+            }
+            ASSERT_EQ(results.size(), 2u);
+            for (size_t i = 0; i < results[0].size(); ++i) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(results[0][i]),
+                        std::bit_cast<uint32_t>(results[1][i]))
+                  << "portable and avx512 differ: " << task::name_of(dt) << " rows " << rows
+                  << " in " << in << " out " << out << " acc " << acc << " element " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The portable path alone, on every machine: the f64 reference on odd shapes and bf16 weights.
+TEST(MatmulKernel, PortablePathMatchesTheF64Reference) {
+  const auto kernels = llm_kernels(MatmulIsa::kPortable);
+  const task::KernelFn fn = kernels[static_cast<size_t>(KernelId::kMatmul)].fn;
+  const int64_t rows = 17, in = 33, out = 9;
+  std::vector<float> x = random_floats(rows * in, 21);
+  TestWeights w = make_weights(DataType::kBFloat16, out * in, 22);
+  std::vector<float> y(rows * out, NAN);
+  ASSERT_TRUE(
+      run_blocks(fn, matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out})), 3)
+          .ok());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0;
+      for (int64_t i = 0; i < in; ++i) want += double(x[r * in + i]) * w.values[o * in + i];
+      ASSERT_NEAR(y[r * out + o], want, 1e-5) << r << " " << o;
+    }
+  }
+}
+
+TEST(MatmulKernel, IsaNamesParseAndUnknownOnesAreRefused) {
+  for (MatmulIsa isa : {MatmulIsa::kAuto, MatmulIsa::kAvx512, MatmulIsa::kPortable}) {
+    EXPECT_EQ(parse_matmul_isa(name_of(isa)).value(), isa);
+  }
+  auto bad = parse_matmul_isa("sse9");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("'sse9'"));
+  EXPECT_NE(resolve_matmul_isa(MatmulIsa::kAuto), MatmulIsa::kAuto);
+}
+
+TEST(EmbeddingKernel, WidensBf16AndF16TablesExactly) {
+  for (DataType dt : {DataType::kBFloat16, DataType::kFloat16}) {
+    TestWeights table = make_weights(dt, 5 * 7, 31);
+    std::vector<int32_t> ids = {4, 0, 4};
+    std::vector<float> out(3 * 7, NAN);
+    ASSERT_TRUE(run_blocks(&embedding_kernel,
+                           embedding_args(view(ids, {3}), table.tensor(5, 7), view(out, {3, 7})), 2)
+                    .ok());
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < 7; ++i) {
+        ASSERT_EQ(out[r * 7 + i], static_cast<float>(table.values[ids[r] * 7 + i]));
       }
     }
   }

@@ -25,9 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/task_args.h"
 #include "simpler/task/tensor.h"
@@ -51,8 +53,22 @@ enum class KernelId : uint32_t {
   kCount,
 };
 
-// All kernels above, in KernelId order. The returned vector is a fresh copy.
-std::vector<task::Kernel> llm_kernels();
+// Which inner loops matmul / matmul_acc run (matmul_impl.h): kAvx512 (AVX-512 F, BW, VL and DQ
+// intrinsics) or kPortable (plain C++, any CPU); kAuto picks kAvx512 where the CPU has it. Both
+// give bitwise the same results (the same f32 fused multiply-adds in the same order), so the
+// choice changes speed only.
+enum class MatmulIsa : uint8_t { kAuto, kAvx512, kPortable };
+const char* name_of(MatmulIsa isa);  // "auto", "avx512", "portable"
+// INVALID_ARGUMENT naming the value and the accepted names.
+absl::StatusOr<MatmulIsa> parse_matmul_isa(std::string_view name);
+// Whether this CPU can run `isa` (kAuto and kPortable always can).
+bool matmul_isa_available(MatmulIsa isa);
+// kAuto resolved for this CPU; other values unchanged.
+MatmulIsa resolve_matmul_isa(MatmulIsa isa);
+
+// All kernels above, in KernelId order, matmul / matmul_acc on `isa`. A fresh copy. With kAvx512
+// on a CPU without it, the matmul kernels fail with FAILED_PRECONDITION when they run.
+std::vector<task::Kernel> llm_kernels(MatmulIsa isa = MatmulIsa::kAuto);
 
 // The half-open range [begin, end) of `n` items that SPMD block `block_idx` of
 // `block_dim` owns: contiguous, in block order, sizes differing by at most one
@@ -64,9 +80,9 @@ struct BlockRange {
 BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim);
 
 // ---- embedding --------------------------------------------------------------
-// Args: 0 ids i32 [B] IN, 1 table f32 [V, H] IN, 2 out f32 [B, H] OUT.
-// out[b, :] = table[ids[b], :]. SPMD over rows of out. An id outside [0, V) is
-// INVALID_ARGUMENT naming the row and the id.
+// Args: 0 ids i32 [B] IN, 1 table f32 / bf16 / f16 [V, H] IN, 2 out f32 [B, H] OUT.
+// out[b, :] = table[ids[b], :] (widened to f32, exactly). SPMD over rows of out. An id outside
+// [0, V) is INVALID_ARGUMENT naming the row and the id.
 absl::Status embedding_kernel(const task::KernelContext& ctx);
 task::TaskArgs embedding_args(const task::Tensor& ids, const task::Tensor& table,
                               const task::Tensor& out);
@@ -81,15 +97,17 @@ task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const
                              float eps);
 
 // ---- matmul / matmul_acc ----------------------------------------------------
-// Args: 0 x f32 [B, in] IN, 1 W f32 [out, in] IN, 2 y f32 [B, out] OUT (matmul)
+// Args: 0 x f32 [B, in] IN, 1 W f32 / bf16 / f16 [out, in] IN, 2 y f32 [B, out] OUT (matmul)
 // or INOUT (matmul_acc).
-// matmul: y = x·Wᵀ; matmul_acc: y += x·Wᵀ (residual add fused into the
-// projection that feeds the residual stream). SPMD over output features: block
-// b computes y[:, r) for its block_range of the `out` rows of W: one matrix-vector product
-// per row over cache-sized chunks of W (single-threaded Eigen on Eigen::Map views, no copies).
+// matmul: y = x·Wᵀ; matmul_acc: y += x·Wᵀ (residual add fused into the projection that feeds
+// the residual stream). W stays in its dtype in memory and is widened to f32 in registers;
+// products and sums are f32 (fused multiply-adds over 16 lanes, then a fixed reduction tree:
+// src/llm/matmul_impl.h). SPMD over output features: block b computes y[:, r) for its
+// block_range of the `out` rows of W, in register tiles of up to 6 rows of x by 4 rows of W
+// over 256 KiB chunks of W (a streaming matrix-vector product, 8 W rows at a time, for B = 1).
 // Batch-invariant: every element of y is the same sequence of f32 operations whatever the
-// number of rows, the chunk or the block split, so a row's result never depends on the other
-// rows of its batch. `y` must not overlap `x` or `W`.
+// number of rows, the tile, the chunk, the block split or the ISA, so a row's result never
+// depends on the other rows of its batch. `y` must not overlap `x` or `W`.
 absl::Status matmul_kernel(const task::KernelContext& ctx);
 absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
 task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);

@@ -1,0 +1,182 @@
+// The AVX-512 path of matmul_impl.h. This file alone is built with -mavx512f -mavx512bw
+// -mavx512vl -mavx512dq: it includes no header with inline functions other than intrinsics, and
+// everything but run_avx512 has internal linkage, so no AVX-512 code can be picked by the linker
+// for another file's inline function.
+// GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
+// uninitialized-use warnings then report at every call site (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "llm/matmul_impl.h"
+
+namespace simpler::llm::matmul_detail {
+namespace {
+
+constexpr int kMaxRows = 6;  // rows of a register tile
+constexpr int kMaxCols = 4;  // W rows (output features) of a register tile; 8 when one x row
+constexpr int64_t kChunkBytes = 256 * 1024;  // W bytes kept in L2 while every row group uses them
+
+template <WeightType WT>
+struct WeightBits;
+template <>
+struct WeightBits<WeightType::kF32> {
+  using T = float;
+  static __m512 load(const T* p) { return _mm512_loadu_ps(p); }
+  static __m512 load(const T* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+template <>
+struct WeightBits<WeightType::kBF16> {
+  using T = uint16_t;
+  static __m512 widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 load(const T* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 load(const T* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+};
+template <>
+struct WeightBits<WeightType::kF16> {
+  using T = uint16_t;
+  static __m512 load(const T* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 load(const T* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+
+// The fixed reduction tree of matmul_impl.h.
+inline float reduce(__m512 v) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// One R x C register tile: rows [0, R) of x against W rows [0, C).
+template <WeightType WT, int R, int C>
+void tile(const float* x, int64_t k, const typename WeightBits<WT>::T* w, float* y, int64_t ldy,
+          bool accumulate) {
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  int64_t kk = 0;
+  for (; kk + 16 <= k; kk += 16) {
+    __m512 wv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) wv[c] = WeightBits<WT>::load(w + c * k + kk);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * k + kk);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  if (kk < k) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (k - kk)) - 1);
+    __m512 wv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) wv[c] = WeightBits<WT>::load(w + c * k + kk, m);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * k + kk);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const float s = reduce(acc[r][c]);
+      float* out = y + r * ldy + c;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
+template <WeightType WT>
+using TileFn = void (*)(const float*, int64_t, const typename WeightBits<WT>::T*, float*, int64_t,
+                        bool);
+
+template <WeightType WT, int R>
+struct Row {
+  static constexpr TileFn<WT> fns[kMaxCols] = {&tile<WT, R, 1>, &tile<WT, R, 2>, &tile<WT, R, 3>,
+                                               &tile<WT, R, 4>};
+};
+
+template <WeightType WT>
+TileFn<WT> tile_fn(int rows, int cols) {
+  switch (rows) {
+    case 1:
+      return Row<WT, 1>::fns[cols - 1];
+    case 2:
+      return Row<WT, 2>::fns[cols - 1];
+    case 3:
+      return Row<WT, 3>::fns[cols - 1];
+    case 4:
+      return Row<WT, 4>::fns[cols - 1];
+    case 5:
+      return Row<WT, 5>::fns[cols - 1];
+    default:
+      return Row<WT, 6>::fns[cols - 1];
+  }
+}
+
+template <WeightType WT>
+void run(const Problem& p) {
+  using T = typename WeightBits<WT>::T;
+  const T* w = static_cast<const T*>(p.w);
+  const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
+  int64_t chunk = kChunkBytes / (row_bytes > 0 ? row_bytes : 1);
+  chunk = chunk < 8 ? 8 : chunk - chunk % 8;
+  for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
+    const int64_t jn = p.n - j0 < chunk ? p.n - j0 : chunk;
+    if (p.rows == 1) {
+      // One x row (decode): a streaming matrix-vector product, 8 W rows at a time.
+      int64_t j = 0;
+      for (; j + 8 <= jn; j += 8) {
+        tile<WT, 1, 8>(p.x, p.k, w + (j0 + j) * p.k, p.y + j0 + j, p.ldy, p.accumulate);
+      }
+      for (; j < jn; j += kMaxCols) {
+        const int cols = static_cast<int>(jn - j < kMaxCols ? jn - j : kMaxCols);
+        tile_fn<WT>(1, cols)(p.x, p.k, w + (j0 + j) * p.k, p.y + j0 + j, p.ldy, p.accumulate);
+      }
+      continue;
+    }
+    for (int64_t r0 = 0; r0 < p.rows; r0 += kMaxRows) {
+      const int rows = static_cast<int>(p.rows - r0 < kMaxRows ? p.rows - r0 : kMaxRows);
+      const float* x = p.x + r0 * p.k;
+      float* y = p.y + r0 * p.ldy + j0;
+      for (int64_t j = 0; j < jn; j += kMaxCols) {
+        const int cols = static_cast<int>(jn - j < kMaxCols ? jn - j : kMaxCols);
+        tile_fn<WT>(rows, cols)(x, p.k, w + (j0 + j) * p.k, y + j, p.ldy, p.accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void run_avx512(const Problem& p) {
+  switch (p.wt) {
+    case WeightType::kF32:
+      return run<WeightType::kF32>(p);
+    case WeightType::kBF16:
+      return run<WeightType::kBF16>(p);
+    case WeightType::kF16:
+      return run<WeightType::kF16>(p);
+  }
+}
+
+}  // namespace simpler::llm::matmul_detail

@@ -1,0 +1,37 @@
+// Internal to the llm kernels: the matmul inner loops, y[r, j] (+)= Σ_k x[r, k]·W[j, k], with f32
+// activations and accumulation over f32, bf16 or f16 weights (widened to f32 in registers).
+//
+// Numerics, the same in every path and for every blocking: each y element is 16 lane sums,
+// lane l accumulating x[r, k]·W[j, k] for k ≡ l (mod 16) in increasing k with a fused
+// multiply-add (lanes past K add 0·0), reduced by the fixed tree
+// s8[i] = l[i] + l[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], s = s2[0] + s2[1];
+// then y = s, or y = y + s when accumulating. So a row's result depends on nothing but its own
+// x and W (batch-invariant), and the AVX-512 path is bitwise equal to the portable one.
+#pragma once
+
+#include <cstdint>
+
+namespace simpler::llm::matmul_detail {
+
+enum class WeightType : uint8_t { kF32, kBF16, kF16 };
+
+struct Problem {
+  const float* x = nullptr;  // [rows, k], row stride k
+  int64_t rows = 0;
+  int64_t k = 0;
+  const void* w = nullptr;  // [n, k] of `wt`, row stride k
+  WeightType wt = WeightType::kF32;
+  int64_t n = 0;
+  float* y = nullptr;  // [rows, ldy]: columns [0, n) written
+  int64_t ldy = 0;
+  bool accumulate = false;
+};
+
+// Plain C++ (std::fma per lane); runs on any CPU.
+void run_portable(const Problem& p);
+// Whether this CPU has AVX-512 F, BW, VL and DQ (what run_avx512 uses).
+bool avx512_available();
+// AVX-512 intrinsics (built with -mavx512*); call only when avx512_available().
+void run_avx512(const Problem& p);
+
+}  // namespace simpler::llm::matmul_detail
