@@ -67,6 +67,7 @@ Runner add_bench_commands(CLI::App& app) {
   decode->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                    "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->decode_common.add_to(decode);
+  st->decode_common.add_kernel_isa_to(decode);
 
   Runner throughput = add_bench_throughput_command(bench);
   Runner serve = add_bench_serve_command(bench);

@@ -132,6 +132,7 @@ int run_bench_serve(const State& st) {
   base::TraceRecorder trace;
   llm::EngineOptions eo;
   eo.runner.worker = st.common.worker_options(&trace);
+  eo.runner.matmul_isa = st.common.matmul_isa();
   eo.runner.page_size = st.page_size;
   eo.runner.max_num_seqs = st.max_num_seqs;
   eo.runner.max_num_batched_tokens = std::max(512, st.max_num_seqs);
@@ -328,6 +329,7 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
       ->capture_default_str();
   cmd->add_option("--seed", st->seed, "workload seed")->capture_default_str();
   st->common.add_to(cmd);
+  st->common.add_kernel_isa_to(cmd);
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     return run_bench_serve(*st);

@@ -97,6 +97,7 @@ int run_bench_throughput(const State& st) {
   base::TraceRecorder trace;
   llm::EngineOptions eo;
   eo.runner.worker = st.common.worker_options(&trace);
+  eo.runner.matmul_isa = st.common.matmul_isa();
   eo.runner.page_size = st.page_size;
   eo.runner.allow_unused_tensors = st.allow_unused_tensors;
   eo.runner.max_num_seqs = seqs;
@@ -324,6 +325,7 @@ Runner add_bench_throughput_command(CLI::App* bench) {
   cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                 "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->common.add_to(cmd);
+  st->common.add_kernel_isa_to(cmd);
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     return run_bench_throughput(*st);

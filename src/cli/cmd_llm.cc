@@ -354,6 +354,7 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--dump-kv-positions", st->dump_kv_positions,
                   "with --json: include K/V read back from the page pool at these positions");
   st->common.add_to(cmd);
+  st->common.add_kernel_isa_to(cmd);
   return [cmd, st, p1, p2, p3, seed_opt]() -> int {
     if (!cmd->parsed()) return -1;
     if (p1->count() + p2->count() + p3->count() == 0) {
@@ -427,6 +428,7 @@ Runner add_generate_command(CLI::App& app) {
     base::TraceRecorder trace;
     llm::EngineOptions eo;
     eo.runner.worker = st->common.worker_options(&trace);
+    eo.runner.matmul_isa = st->common.matmul_isa();
     eo.runner.page_size = st->page_size;
     eo.runner.allow_unused_tensors = st->allow_unused_tensors;
     eo.runner.host_sampling = st->host_sampling;
@@ -598,6 +600,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   }
   llm::EngineOptions eo;
   eo.runner.worker = common.worker_options(&trace);
+  eo.runner.matmul_isa = common.matmul_isa();
   eo.runner.allow_unused_tensors = allow_unused_tensors;
   eo.runner.max_num_seqs = batch;
   eo.runner.max_num_batched_tokens = std::max(batch, 16);

@@ -79,6 +79,7 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                 "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->common.add_to(cmd, /*with_json=*/false);
+  st->common.add_kernel_isa_to(cmd);
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     // SIGINT / SIGTERM go to one thread that waits for them (blocked everywhere else, before
@@ -99,6 +100,7 @@ Runner add_serve_command(CLI::App& app) {
     base::TraceRecorder trace;
     llm::EngineOptions eo;
     eo.runner.worker = st->common.worker_options(&trace);
+    eo.runner.matmul_isa = st->common.matmul_isa();
     eo.runner.page_size = st->page_size;
     eo.runner.max_num_seqs = st->max_num_seqs;
     eo.runner.max_num_batched_tokens = st->max_num_batched_tokens > 0

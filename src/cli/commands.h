@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "simpler/base/trace.h"
+#include "simpler/llm/kernels.h"
 #include "simpler/worker/worker.h"
 
 namespace simpler::cli {
@@ -41,9 +42,13 @@ struct CommonOptions {
   std::string trace_path;
   std::string placement = "device";
   bool json = false;
+  std::string kernel_isa = "auto";  // LLM commands only (add_kernel_isa_to)
 
   void add_to(CLI::App* app, bool with_json = true);
+  // --kernel-isa auto|avx512|portable: the matmul inner loops of the LLM kernels.
+  void add_kernel_isa_to(CLI::App* app);
   worker::WorkerOptions worker_options(base::TraceRecorder* trace) const;
+  llm::MatmulIsa matmul_isa() const;
 };
 
 using Runner = std::function<int()>;

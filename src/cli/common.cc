@@ -67,6 +67,18 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
   if (with_json) app->add_flag("--json", json, "print one JSON object on stdout");
 }
 
+void CommonOptions::add_kernel_isa_to(CLI::App* app) {
+  app->add_option("--kernel-isa", kernel_isa,
+                  "matmul inner loops: auto (avx512 where the CPU has it), avx512 or portable; "
+                  "results are bitwise the same")
+      ->check(CLI::IsMember({"auto", "avx512", "portable"}))
+      ->capture_default_str();
+}
+
+llm::MatmulIsa CommonOptions::matmul_isa() const {
+  return llm::parse_matmul_isa(kernel_isa).value_or(llm::MatmulIsa::kAuto);
+}
+
 worker::WorkerOptions CommonOptions::worker_options(base::TraceRecorder* trace) const {
   worker::WorkerOptions o;
   o.num_cores = cores;

@@ -253,8 +253,8 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
     } else {
       const uint16_t* t = ctx.tensor(1).data<const uint16_t>() + id * hidden;
       for (int64_t i = 0; i < hidden; ++i) {
-        o[i] = table_dtype == DataType::kBFloat16 ? task::bf16_to_f32(t[i])
-                                                  : task::f16_to_f32(t[i]);
+        o[i] =
+            table_dtype == DataType::kBFloat16 ? task::bf16_to_f32(t[i]) : task::f16_to_f32(t[i]);
       }
     }
   }

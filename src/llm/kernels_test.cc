@@ -208,9 +208,8 @@ std::vector<std::pair<MatmulIsa, task::KernelFn>> isa_paths(bool acc) {
   for (MatmulIsa isa : {MatmulIsa::kPortable, MatmulIsa::kAvx512}) {
     if (!matmul_isa_available(isa)) continue;
     const auto kernels = llm_kernels(isa);
-    out.emplace_back(isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc
-                                                          : KernelId::kMatmul)]
-                              .fn);
+    out.emplace_back(
+        isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
   }
   return out;
 }
@@ -234,10 +233,10 @@ TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
             std::vector<std::vector<float>> results;
             for (auto [isa, fn] : isa_paths(acc)) {
               std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
-              TaskArgs a = acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in),
-                                                 view(y, {rows, out}))
-                               : matmul_args(view(x, {rows, in}), w.tensor(out, in),
-                                             view(y, {rows, out}));
+              TaskArgs a =
+                  acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in),
+                                        view(y, {rows, out}))
+                      : matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}));
               ASSERT_TRUE(run_blocks(fn, a, 2).ok());
               for (int64_t r = 0; r < rows; ++r) {
                 for (int64_t o = 0; o < out; ++o) {

@@ -1,6 +1,6 @@
 // The portable path of matmul_impl.h and the CPU check for the AVX-512 one.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "llm/matmul_impl.h"

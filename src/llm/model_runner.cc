@@ -103,8 +103,8 @@ absl::Status token_scatter_kernel(const task::KernelContext& ctx) {
 // Kernel indices relative to the end of llm_kernels().
 enum ExtraKernel : uint32_t { kTokenCounts = 0, kSample, kTokenFeedback, kTokenScatter };
 
-std::vector<task::Kernel> step_kernels() {
-  std::vector<task::Kernel> k = llm_kernels();
+std::vector<task::Kernel> step_kernels(MatmulIsa isa) {
+  std::vector<task::Kernel> k = llm_kernels(isa);
   for (task::Kernel& s : sampling_kernels()) k.push_back(std::move(s));  // token_counts, sample
   k.push_back({"token_feedback", token_feedback_kernel});
   k.push_back({"token_scatter", token_scatter_kernel});
@@ -198,6 +198,11 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
         "max_num_batched_tokens ", options.max_num_batched_tokens, " is below max_num_seqs ",
         options.max_num_seqs, ": a step could not hold one decode row of every running request"));
   }
+  if (!matmul_isa_available(options.matmul_isa)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kernel ISA ", name_of(options.matmul_isa),
+        " needs AVX-512 F, BW, VL and DQ, which this CPU lacks (use auto or portable)"));
+  }
   std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
   r->options_ = options;
   SIMPLER_ASSIGN_OR_RETURN(r->config_, ModelConfig::load(model_dir));
@@ -225,17 +230,31 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
                     [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
                       return orchestrate_step(holder->decode, ctx, args);
                     },
-                    step_kernels()}));
+                    step_kernels(options.matmul_isa)}));
   SIMPLER_RETURN_IF_ERROR(r->worker_->init());
 
-  // Weights: f32 in device memory, uploaded once.
+  // Weights: projections and embeddings stay in their checkpoint dtype (f32, bf16 or f16),
+  // copied from the mapped file straight into device memory; the norm vectors (a few KiB) are
+  // widened to f32 once.
+  auto upload_raw = [&](const TensorView& view, const std::vector<int64_t>& shape,
+                        DataType dtype) -> absl::StatusOr<Tensor> {
+    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(view.bytes.size()));
+    r->buffers_.push_back(buf);
+    SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, view.bytes.data(), view.bytes.size()));
+    return buf.tensor(shape, dtype);
+  };
   auto upload = [&](const std::string& name,
                     const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
     SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
+    if (shape.size() == 2 &&
+        (view.dtype == DataType::kFloat32 || view.dtype == DataType::kBFloat16 ||
+         view.dtype == DataType::kFloat16)) {
+      return upload_raw(view, shape, view.dtype);
+    }
     SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(view));
     SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(f32.size() * 4));
-    SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, f32.data(), f32.size() * 4));
     r->buffers_.push_back(buf);
+    SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, f32.data(), f32.size() * 4));
     return buf.tensor(shape, DataType::kFloat32);
   };
   const Qwen3Dims& d = r->dims_;
@@ -291,6 +310,7 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
                                                          r->kv_buffer_.address));
   Qwen3ProgramOptions popts;
   popts.argmax = false;  // the step program samples from the logits
+  popts.matmul_isa = options.matmul_isa;
   SIMPLER_ASSIGN_OR_RETURN(holder->decode,
                            make_qwen3_decode_callable(d, w, r->scratch_, r->kv_pools_, popts));
   if (holder->decode.kernels.size() != llm_kernels().size()) {

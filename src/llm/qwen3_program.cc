@@ -76,6 +76,19 @@ absl::Status check_tensor(const std::string& what, const Tensor& t, DataType dty
   return absl::OkStatus();
 }
 
+// A weight matrix: f32, bf16 or f16 (what the matmul and embedding kernels take).
+absl::Status check_matrix(const std::string& what, const Tensor& t,
+                          std::initializer_list<int64_t> dims) {
+  const DataType dt = t.dtype == DataType::kBFloat16 || t.dtype == DataType::kFloat16
+                          ? t.dtype
+                          : DataType::kFloat32;
+  absl::Status s = check_tensor(what, t, dt, dims);
+  if (!s.ok() && t.dtype != dt) {
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (f32, bf16 or f16)"));
+  }
+  return s;
+}
+
 struct NamedRange {
   std::string name;
   uint64_t begin;
@@ -436,10 +449,10 @@ absl::Status Qwen3DeviceWeights::validate(const Qwen3Dims& d) const {
   const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
   const int64_t q = d.q_size(), kv = d.kv_size(), hd = d.head_dim;
   const std::string prefix = "Qwen3DeviceWeights.";
-  SIMPLER_RETURN_IF_ERROR(check_tensor(prefix + "embed_tokens", embed_tokens, f32, {V, H}));
+  SIMPLER_RETURN_IF_ERROR(check_matrix(prefix + "embed_tokens", embed_tokens, {V, H}));
   SIMPLER_RETURN_IF_ERROR(check_tensor(prefix + "norm", norm, f32, {H}));
   if (!d.tie_word_embeddings) {
-    SIMPLER_RETURN_IF_ERROR(check_tensor(prefix + "lm_head", lm_head, f32, {V, H}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(prefix + "lm_head", lm_head, {V, H}));
   }
   if (static_cast<int64_t>(layers.size()) != d.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "layers has ", layers.size(),
@@ -450,17 +463,17 @@ absl::Status Qwen3DeviceWeights::validate(const Qwen3Dims& d) const {
     const Qwen3LayerWeights& w = layers[i];
     const std::string lp = absl::StrCat(prefix, "layers[", i, "].");
     SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "input_layernorm", w.input_layernorm, f32, {H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "q_proj", w.q_proj, f32, {q, H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "k_proj", w.k_proj, f32, {kv, H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "v_proj", w.v_proj, f32, {kv, H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "o_proj", w.o_proj, f32, {H, q}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "q_proj", w.q_proj, {q, H}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "k_proj", w.k_proj, {kv, H}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "v_proj", w.v_proj, {kv, H}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "o_proj", w.o_proj, {H, q}));
     SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "q_norm", w.q_norm, f32, {hd}));
     SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "k_norm", w.k_norm, f32, {hd}));
     SIMPLER_RETURN_IF_ERROR(
         check_tensor(lp + "post_attention_layernorm", w.post_attention_layernorm, f32, {H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "gate_proj", w.gate_proj, f32, {I, H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "up_proj", w.up_proj, f32, {I, H}));
-    SIMPLER_RETURN_IF_ERROR(check_tensor(lp + "down_proj", w.down_proj, f32, {H, I}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "gate_proj", w.gate_proj, {I, H}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "up_proj", w.up_proj, {I, H}));
+    SIMPLER_RETURN_IF_ERROR(check_matrix(lp + "down_proj", w.down_proj, {H, I}));
   }
   return absl::OkStatus();
 }
@@ -648,7 +661,7 @@ absl::StatusOr<task::ChipCallable> make_qwen3_decode_callable(const Qwen3Dims& d
 
   task::ChipCallable callable;
   callable.name = options.name;
-  callable.kernels = llm_kernels();
+  callable.kernels = llm_kernels(options.matmul_isa);
   callable.placement = options.placement;
   callable.orchestration = [program = std::shared_ptr<const Program>(program)](
                                task::OrchestrationContext& ctx, const TaskArgs& args) {

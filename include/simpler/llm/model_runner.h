@@ -63,6 +63,9 @@ struct RunnerOptions {
   // create() refuses a checkpoint holding a tensor the config does not use
   // unless this is set (checkpoints with extra heads).
   bool allow_unused_tensors = false;
+  // The matmul inner loops (kernels.h): kAuto picks AVX-512 where the CPU has it; kAvx512 on a
+  // CPU without it is refused by create() (FAILED_PRECONDITION). Results are the same either way.
+  MatmulIsa matmul_isa = MatmulIsa::kAuto;
 };
 
 // What the runner needs per row besides the StepRow (request state the

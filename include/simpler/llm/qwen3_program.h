@@ -5,8 +5,8 @@
 // model card: RMSNorm → q/k/v projections → per-head q/k RMSNorm → rotate-half
 // RoPE → paged causal GQA attention (scale 1/sqrt(head_dim)) → o_proj +
 // residual → RMSNorm → down(silu(gate)·up) + residual; final RMSNorm, LM head
-// (embed_tokens when tied), greedy argmax on the device. No biases. Weights,
-// activations and the KV cache are f32.
+// (embed_tokens when tied), greedy argmax on the device. No biases. Projection and
+// embedding weights are f32, bf16 or f16 (computed in f32); activations and the KV cache are f32.
 //
 // Prefill goes through the same program one position per run (rows whose
 // logits are not needed are simply left out of `logit_rows`).
@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "simpler/llm/kernels.h"
 #include "simpler/llm/model_config.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
@@ -54,8 +55,9 @@ struct Qwen3Dims {
   static Qwen3Dims from_config(const ModelConfig& config);
 };
 
-// Weights of one decoder layer: f32 device tensors, contiguous, shapes
-// [out, in] for projections (Hugging Face names, `model.layers.{i}.` prefix).
+// Weights of one decoder layer: contiguous device tensors, shapes [out, in] for projections
+// (Hugging Face names, `model.layers.{i}.` prefix). Projections are f32, bf16 or f16 (the
+// checkpoint's dtype: the matmul kernels widen them in registers); norm vectors are f32.
 struct Qwen3LayerWeights {
   task::Tensor input_layernorm;           // [H]
   task::Tensor q_proj;                    // [heads·head_dim, H]
@@ -73,10 +75,11 @@ struct Qwen3LayerWeights {
 // All weights as device tensors (views; the memory is owned by whoever
 // uploaded them and must outlive every run of the callable). Plain value.
 struct Qwen3DeviceWeights {
-  task::Tensor embed_tokens;              // [V, H]
+  task::Tensor embed_tokens;              // [V, H], f32 / bf16 / f16
   std::vector<Qwen3LayerWeights> layers;  // num_hidden_layers entries
   task::Tensor norm;                      // [H], final RMSNorm
-  task::Tensor lm_head;                   // [V, H]; ignored (may be empty) when tie_word_embeddings
+  task::Tensor
+      lm_head;  // [V, H], f32 / bf16 / f16; ignored (may be empty) when tie_word_embeddings
 
   // The LM head the program uses: embed_tokens when tied, lm_head otherwise.
   const task::Tensor& lm_head_or_embed(const Qwen3Dims& dims) const;
@@ -178,6 +181,8 @@ struct Qwen3ProgramOptions {
   // Submit the argmax task into out_ids. A caller that samples from the
   // logits itself (the model runner) turns it off; out_ids is then untouched.
   bool argmax = true;
+  // The callable's kernels are llm_kernels(matmul_isa).
+  MatmulIsa matmul_isa = MatmulIsa::kAuto;
 };
 
 // Positions of the run arguments of the decode callable. B = shape[0] of
