@@ -9,8 +9,8 @@
 
 namespace simpler::cli {
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch,
-                     bool allow_unused_tensors);
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
+                     const std::vector<int>& batches, bool allow_unused_tensors);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
 Runner add_bench_serve_command(CLI::App* bench);
@@ -29,7 +29,7 @@ Runner add_bench_commands(CLI::App& app) {
     int runs = 200;
     std::string model;
     int steps = 32;
-    int batch = 1;
+    std::vector<int> batches{1};
     bool allow_unused_tensors = false;
   };
   auto st = std::make_shared<State>();
@@ -63,7 +63,9 @@ Runner add_bench_commands(CLI::App& app) {
   decode
       ->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
       ->check(int_in(2, kMaxRepeats));
-  decode->add_option("--batch", st->batch, "requests per step")->check(int_in(1, kMaxRequests));
+  decode->add_option("--batch", st->batches, "requests per step; a comma list runs one row each")
+      ->delimiter(',')
+      ->check(int_in(1, kMaxRequests));
   decode->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                    "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->decode_common.add_to(decode);
@@ -133,7 +135,7 @@ Runner add_bench_commands(CLI::App& app) {
       return write_trace(trace, st->pipeline_common.trace_path) ? 0 : 1;
     }
     if (decode->parsed())
-      return run_bench_decode(st->model, st->decode_common, st->steps, st->batch,
+      return run_bench_decode(st->model, st->decode_common, st->steps, st->batches,
                               st->allow_unused_tensors);
     if (int rc = throughput(); rc != -1) return rc;
     if (int rc = serve(); rc != -1) return rc;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "cli/bench_probes.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
@@ -588,8 +589,21 @@ Runner add_generate_command(CLI::App& app) {
   };
 }
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps, int batch,
-                     bool allow_unused_tensors) {
+namespace {
+
+// Multiply-accumulates of the weight matrices per decode row (the projections and the LM head;
+// the attention over a short context is negligible): a step of B rows is 2·B·this FLOPs.
+int64_t matrix_macs_per_row(const llm::ModelConfig& c) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim;
+  return c.num_hidden_layers * (q * h + 2 * kv * h + h * q + 3 * c.intermediate_size * h) +
+         c.vocab_size * h;
+}
+
+}  // namespace
+
+int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
+                     const std::vector<int>& batches, bool allow_unused_tensors) {
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
   auto config = llm::ModelConfig::load(model);
@@ -598,83 +612,92 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   if (absl::Status s = config->check_request(prompt, steps); !s.ok()) {
     return fail("bench decode", base::annotate(s, "--steps: "));
   }
-  llm::EngineOptions eo;
-  eo.runner.worker = common.worker_options(&trace);
-  eo.runner.matmul_isa = common.matmul_isa();
-  eo.runner.allow_unused_tensors = allow_unused_tensors;
-  eo.runner.max_num_seqs = batch;
-  eo.runner.max_num_batched_tokens = std::max(batch, 16);
-  eo.runner.num_pages =
-      static_cast<int32_t>(batch * llm::pages_needed(1 + steps, eo.runner.page_size));
-  eo.record_steps = true;
-  eo.max_waiting = batch;
-  auto engine = llm::LlmEngine::create(model, eo);
-  if (!engine.ok()) {
-    return fail_with_trace("bench decode", engine.status(), trace, common.trace_path);
-  }
-  llm::RequestSpec spec;
-  spec.prompt_ids = {1};
-  spec.max_tokens = steps;
-  spec.n = batch;
-  spec.sampling.temperature = 0;
-  spec.sampling.ignore_eos = true;
-  std::vector<llm::RequestSpec> specs;
-  specs.push_back(std::move(spec));
-  RequestRun run = run_requests(**engine, std::move(specs), "bench decode", false);
-  const std::vector<llm::StepRecord> records = (*engine)->step_records();
-  absl::Status closed = (*engine)->shutdown(base::Deadline::poll());
-  for (const ChoiceResult& c : run.results[0]) {
-    if (!c.error.ok()) return fail_with_trace("bench decode", c.error, trace, common.trace_path);
-  }
-  if (!closed.ok()) return fail_with_trace("bench decode", closed, trace, common.trace_path);
-  // memcpy bandwidth in this process, same run: copy a buffer the size of the weights (capped).
-  const uint64_t wbytes = (*engine)->weight_bytes_per_step();
-  const size_t bytes = static_cast<size_t>(std::min<uint64_t>(wbytes, 512ull << 20));
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  double best_memcpy_s = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    const int64_t t0 = base::now_ns();
-    std::memcpy(dst.data(), src.data(), bytes);
-    best_memcpy_s = std::min(best_memcpy_s, (base::now_ns() - t0) / 1e9);
-  }
-  const double memcpy_bw = bytes / best_memcpy_s;
-  // Steady state: the decode steps (every step after the first, which
-  // prefilled the one-token prompts). Wall time per step from their span
-  // (steps overlap at depth >= 2); device time per step as their median.
-  std::vector<double> device_us;
-  for (size_t i = 1; i < records.size(); ++i) {
-    device_us.push_back((records[i].device_end_ns - records[i].device_start_ns) / 1e3);
-  }
-  if (device_us.empty()) device_us.push_back(0);
-  std::sort(device_us.begin(), device_us.end());
-  const int64_t decode_steps = std::max<int64_t>(1, static_cast<int64_t>(records.size()) - 1);
-  const double decode_ms =
-      records.size() > 1 ? (records.back().retire_ns - records.front().retire_ns) / 1e6 : 0;
-  const double step_ms = decode_ms / decode_steps;
-  const double dev_ms = device_us[device_us.size() / 2] / 1e3;
-  const double tok_s = decode_ms > 0 ? batch * decode_steps / (decode_ms / 1e3) : 0;
-  const double weight_bw = dev_ms > 0 ? wbytes / (dev_ms / 1e3) : 0;
-  const DepthStats depth = depth_stats(records);
-  nlohmann::json out = {{"model", model},
-                        {"batch", batch},
-                        {"steps", steps},
-                        {"launch_depth", common.launch_depth},
-                        {"step_ms", step_ms},
-                        {"device_step_ms_p50", dev_ms},
-                        {"effective_depth", depth.effective_depth},
-                        {"tokens_per_s", tok_s},
-                        {"weight_bytes_per_step", wbytes},
-                        {"weight_gb_per_s", weight_bw / 1e9},
-                        {"memcpy_gb_per_s", memcpy_bw / 1e9},
-                        {"fraction_of_memcpy", weight_bw / memcpy_bw}};
-  if (common.json) {
-    std::printf("%s\n", base::dump_replacing(out).c_str());
-  } else {
-    std::printf(
-        "decode: batch %d, depth %d (effective %.2f): step %.3f ms (device %.3f ms), %.1f "
-        "tokens/s; weights %.1f MB/step streamed at %.2f GB/s = %.1f%% of memcpy %.2f GB/s\n",
-        batch, common.launch_depth, depth.effective_depth, step_ms, dev_ms, tok_s, wbytes / 1e6,
-        weight_bw / 1e9, 100 * weight_bw / memcpy_bw, memcpy_bw / 1e9);
+  double read_bw = 0;  // measured once, before the first engine, sized like its weights
+  for (int batch : batches) {
+    llm::EngineOptions eo;
+    eo.runner.worker = common.worker_options(&trace);
+    eo.runner.matmul_isa = common.matmul_isa();
+    eo.runner.allow_unused_tensors = allow_unused_tensors;
+    eo.runner.max_num_seqs = batch;
+    eo.runner.max_num_batched_tokens = std::max(batch, 16);
+    eo.runner.num_pages =
+        static_cast<int32_t>(batch * llm::pages_needed(1 + steps, eo.runner.page_size));
+    eo.record_steps = true;
+    eo.max_waiting = batch;
+    if (read_bw == 0) {
+      // The weights' size in the checkpoint's dtype: what a step reads.
+      uint64_t bytes = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(model, ec)) {
+        if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+      }
+      read_bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(bytes, 64ull << 20));
+    }
+    auto engine = llm::LlmEngine::create(model, eo);
+    if (!engine.ok()) {
+      return fail_with_trace("bench decode", engine.status(), trace, common.trace_path);
+    }
+    llm::RequestSpec spec;
+    spec.prompt_ids = {1};
+    spec.max_tokens = steps;
+    spec.n = batch;
+    spec.sampling.temperature = 0;
+    spec.sampling.ignore_eos = true;
+    std::vector<llm::RequestSpec> specs;
+    specs.push_back(std::move(spec));
+    RequestRun run = run_requests(**engine, std::move(specs), "bench decode", false);
+    const std::vector<llm::StepRecord> records = (*engine)->step_records();
+    const uint64_t wbytes = (*engine)->weight_bytes_per_step();
+    absl::Status closed = (*engine)->shutdown(base::Deadline::poll());
+    for (const ChoiceResult& c : run.results[0]) {
+      if (!c.error.ok()) return fail_with_trace("bench decode", c.error, trace, common.trace_path);
+    }
+    if (!closed.ok()) return fail_with_trace("bench decode", closed, trace, common.trace_path);
+    engine->reset();
+    // Steady state: the decode steps (every step after the first, which
+    // prefilled the one-token prompts). Wall time per step from their span
+    // (steps overlap at depth >= 2); device time per step as their median.
+    std::vector<double> device_us;
+    for (size_t i = 1; i < records.size(); ++i) {
+      device_us.push_back((records[i].device_end_ns - records[i].device_start_ns) / 1e3);
+    }
+    if (device_us.empty()) device_us.push_back(0);
+    std::sort(device_us.begin(), device_us.end());
+    const int64_t decode_steps = std::max<int64_t>(1, static_cast<int64_t>(records.size()) - 1);
+    const double decode_ms =
+        records.size() > 1 ? (records.back().retire_ns - records.front().retire_ns) / 1e6 : 0;
+    const double step_ms = decode_ms / decode_steps;
+    const double dev_ms = device_us[device_us.size() / 2] / 1e3;
+    const double tok_s = decode_ms > 0 ? batch * decode_steps / (decode_ms / 1e3) : 0;
+    const double weight_bw = dev_ms > 0 ? wbytes / (dev_ms / 1e3) : 0;
+    const double gflops =
+        dev_ms > 0 ? 2.0 * batch * matrix_macs_per_row(*config) / (dev_ms / 1e3) / 1e9 : 0;
+    const DepthStats depth = depth_stats(records);
+    nlohmann::json out = {
+        {"model", model},
+        {"batch", batch},
+        {"steps", steps},
+        {"launch_depth", common.launch_depth},
+        {"kernel_isa", llm::name_of(llm::resolve_matmul_isa(common.matmul_isa()))},
+        {"step_ms", step_ms},
+        {"device_step_ms_p50", dev_ms},
+        {"effective_depth", depth.effective_depth},
+        {"tokens_per_s", tok_s},
+        {"weight_bytes_per_step", wbytes},
+        {"weight_gb_per_s", weight_bw / 1e9},
+        {"read_gb_per_s", read_bw / 1e9},
+        {"fraction_of_read_bandwidth", weight_bw / read_bw},
+        {"gflop_per_s", gflops}};
+    if (common.json) {
+      std::printf("%s\n", base::dump_replacing(out).c_str());
+    } else {
+      std::printf(
+          "decode: batch %d, depth %d (effective %.2f): step %.3f ms (device %.3f ms), %.1f "
+          "tokens/s, %.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the "
+          "read-bandwidth probe's %.2f GB/s\n",
+          batch, common.launch_depth, depth.effective_depth, step_ms, dev_ms, tok_s, gflops,
+          wbytes / 1e6, weight_bw / 1e9, 100 * weight_bw / read_bw, read_bw / 1e9);
+    }
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
 }

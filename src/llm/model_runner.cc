@@ -241,6 +241,7 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
     SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(view.bytes.size()));
     r->buffers_.push_back(buf);
     SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, view.bytes.data(), view.bytes.size()));
+    release_pages(view);  // the checkpoint is resident once, in device memory
     return buf.tensor(shape, dtype);
   };
   auto upload = [&](const std::string& name,

@@ -516,6 +516,17 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
   return absl::OkStatus();
 }
 
+void release_pages(const TensorView& view) {
+  if (view.bytes.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(view.bytes.data());
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + view.bytes.size()) / page * page;
+  if (last > first) {
+    (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+}
+
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view) {
   std::vector<float> out(is_float(view.dtype) ? static_cast<size_t>(view.numel()) : 0);
   SIMPLER_RETURN_IF_ERROR(to_f32(view, std::span<float>(out)));

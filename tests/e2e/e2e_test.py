@@ -1442,9 +1442,9 @@ def scenario_bench_decode(ctx):
     with open(os.path.join(model, "config.json")) as f:
         matrices, vectors = decode_weight_elements(json.load(f))
     weight_bytes = 2 * matrices + 4 * vectors  # a bf16 checkpoint
-    keys = {"model", "batch", "steps", "launch_depth", "step_ms", "device_step_ms_p50",
-            "effective_depth", "tokens_per_s", "weight_bytes_per_step", "weight_gb_per_s",
-            "memcpy_gb_per_s", "fraction_of_memcpy"}
+    keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "step_ms",
+            "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
+            "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
     for depth in (1, 2):
         label = f"bench decode --launch-depth {depth}"
@@ -1462,7 +1462,9 @@ def scenario_bench_decode(ctx):
                  f"{label}: echoes launch_depth {out['launch_depth']}, steps {out['steps']}, "
                  f"batch {out['batch']}, model {out['model']!r}; expected {depth}, 4, 1, "
                  f"{model!r}")
-        bad = {k: out[k] for k in sorted(keys - {"model"})
+        pb.check(out["kernel_isa"] in ("avx512", "portable"),
+                 f"{label}: kernel_isa {out['kernel_isa']!r}")
+        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa"})
                if not (isinstance(out[k], (int, float)) and not isinstance(out[k], bool)
                        and math.isfinite(out[k]) and out[k] > 0)}
         if not pb.check(not bad, f"{label}: not positive finite numbers: {bad}"):
@@ -1477,9 +1479,14 @@ def scenario_bench_decode(ctx):
         pb.check(close(out["weight_gb_per_s"], wb / (out["device_step_ms_p50"] / 1e3) / 1e9),
                  f"{label}: weight_gb_per_s {out['weight_gb_per_s']} is not weight bytes / "
                  f"device step time ({wb} B / {out['device_step_ms_p50']} ms)")
-        pb.check(close(out["fraction_of_memcpy"], out["weight_gb_per_s"] / out["memcpy_gb_per_s"]),
-                 f"{label}: fraction_of_memcpy {out['fraction_of_memcpy']} is not "
-                 f"{out['weight_gb_per_s']} / {out['memcpy_gb_per_s']}")
+        pb.check(close(out["fraction_of_read_bandwidth"],
+                       out["weight_gb_per_s"] / out["read_gb_per_s"]),
+                 f"{label}: fraction_of_read_bandwidth {out['fraction_of_read_bandwidth']} is not "
+                 f"{out['weight_gb_per_s']} / {out['read_gb_per_s']}")
+        pb.check(close(out["gflop_per_s"],
+                       2 * matrices / (out["device_step_ms_p50"] / 1e3) / 1e9),
+                 f"{label}: gflop_per_s {out['gflop_per_s']} is not 2 x {matrices} matrix "
+                 f"weights per row / device step time")
         pb.check(close(out["tokens_per_s"], 1e3 / out["step_ms"]),
                  f"{label}: tokens_per_s {out['tokens_per_s']} is not 1 token per step of "
                  f"{out['step_ms']} ms")

@@ -143,6 +143,12 @@ class ModelWeights {
 absl::Status to_f32(const TensorView& view, std::span<float> out);
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view);
 
+// Drops the whole memory pages inside `view` from this process's resident set
+// (madvise MADV_DONTNEED on the read-only private file mapping): a loader that has copied a
+// tensor elsewhere calls it so that the checkpoint is not resident twice. The pages stay in the
+// page cache, and the view stays valid (a later read maps them in again). Thread-safe.
+void release_pages(const TensorView& view);
+
 // One tensor for write_safetensors. Give either `bytes` (borrowed; exactly numel * dtype-size
 // bytes, row-major little-endian) or `produce`, which is called with consecutive chunks of the
 // tensor's bytes in order (each chunk at most a few MB) and fills them; its error aborts the
