@@ -1,4 +1,4 @@
-// `simpler bench dispatch|pipeline|decode|throughput|serve`.
+// `simpler bench dispatch|pipeline|decode|prefill|throughput|serve`.
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +11,8 @@ namespace simpler::cli {
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
                      const std::vector<int>& batches, bool allow_unused_tensors);
+int run_bench_prefill(const std::string& model, const CommonOptions& common,
+                      const std::vector<int>& prompt_lens, bool allow_unused_tensors);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
 Runner add_bench_serve_command(CLI::App* bench);
@@ -20,7 +22,8 @@ Runner add_bench_commands(CLI::App& app) {
   bench->require_subcommand(1);
 
   struct State {
-    CommonOptions dispatch_common, pipeline_common, decode_common;
+    CommonOptions dispatch_common, pipeline_common, decode_common, prefill_common;
+    std::vector<int> prompt_lens{128, 512};
     int64_t tasks = 100000;
     std::vector<int> depths{1, 2, 4};
     double device_us = 1000;
@@ -70,6 +73,17 @@ Runner add_bench_commands(CLI::App& app) {
                    "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->decode_common.add_to(decode);
   st->decode_common.add_kernel_isa_to(decode);
+
+  auto* prefill = bench->add_subcommand(
+      "prefill", "time to first token of long prompts, against the measured f32 FMA peak");
+  prefill->add_option("--model", st->model, "model directory")->required();
+  prefill->add_option("--prompt-lens", st->prompt_lens, "prompt lengths in tokens, one row each")
+      ->delimiter(',')
+      ->check(int_in(1, 1 << 16));
+  prefill->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
+                    "accept a checkpoint holding tensors the config does not use (extra heads)");
+  st->prefill_common.add_to(prefill);
+  st->prefill_common.add_kernel_isa_to(prefill);
 
   Runner throughput = add_bench_throughput_command(bench);
   Runner serve = add_bench_serve_command(bench);
@@ -137,6 +151,10 @@ Runner add_bench_commands(CLI::App& app) {
     if (decode->parsed())
       return run_bench_decode(st->model, st->decode_common, st->steps, st->batches,
                               st->allow_unused_tensors);
+    if (prefill->parsed()) {
+      return run_bench_prefill(st->model, st->prefill_common, st->prompt_lens,
+                               st->allow_unused_tensors);
+    }
     if (int rc = throughput(); rc != -1) return rc;
     if (int rc = serve(); rc != -1) return rc;
     return 0;

@@ -602,6 +602,80 @@ int64_t matrix_macs_per_row(const llm::ModelConfig& c) {
 
 }  // namespace
 
+int run_bench_prefill(const std::string& model, const CommonOptions& common,
+                      const std::vector<int>& prompt_lens, bool allow_unused_tensors) {
+  base::TraceRecorder trace;
+  auto config = llm::ModelConfig::load(model);
+  if (!config.ok()) return fail("bench prefill", config.status());
+  for (int len : prompt_lens) {
+    if (absl::Status s = config->check_request(std::vector<int64_t>(len, 0), 1); !s.ok()) {
+      return fail("bench prefill", base::annotate(s, "--prompt-lens: "));
+    }
+  }
+  // The compute limit, in the same process just before: every hardware thread's FMA chains.
+  const llm::MatmulIsa isa = llm::resolve_matmul_isa(common.matmul_isa());
+  const double peak = llm::measure_f32_fma_peak(isa);
+  const int64_t lm_macs = config->vocab_size * config->hidden_size;
+  const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
+  for (int len : prompt_lens) {
+    llm::EngineOptions eo;
+    eo.runner.worker = common.worker_options(&trace);
+    eo.runner.matmul_isa = common.matmul_isa();
+    eo.runner.allow_unused_tensors = allow_unused_tensors;
+    eo.runner.max_num_seqs = 1;
+    eo.runner.max_num_batched_tokens = std::max(512, len);
+    eo.runner.num_pages = static_cast<int32_t>(llm::pages_needed(len + 1, eo.runner.page_size));
+    auto engine = llm::LlmEngine::create(model, eo);
+    if (!engine.ok()) {
+      return fail_with_trace("bench prefill", engine.status(), trace, common.trace_path);
+    }
+    // Best of 3 prompts (distinct ids, so nothing is reused between them).
+    double best_ms = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      llm::RequestSpec spec;
+      for (int i = 0; i < len; ++i) {
+        spec.prompt_ids.push_back(static_cast<int32_t>((100 + 7 * i + rep) % config->vocab_size));
+      }
+      spec.max_tokens = 1;
+      spec.sampling.temperature = 0;
+      spec.sampling.ignore_eos = true;
+      std::vector<llm::RequestSpec> specs;
+      specs.push_back(std::move(spec));
+      RequestRun run = run_requests(**engine, std::move(specs), "bench prefill", false);
+      for (const ChoiceResult& c : run.results[0]) {
+        if (!c.error.ok()) {
+          return fail_with_trace("bench prefill", c.error, trace, common.trace_path);
+        }
+      }
+      best_ms = std::min(best_ms, (run.all_first_token_ns - run.start_ns) / 1e6);
+    }
+    absl::Status closed = (*engine)->shutdown(base::Deadline::poll());
+    if (!closed.ok()) return fail_with_trace("bench prefill", closed, trace, common.trace_path);
+    engine->reset();
+    // Every prompt position goes through the layers; the LM head runs for the last one only.
+    const double flop = 2.0 * (static_cast<double>(len) * layer_macs + lm_macs);
+    const double gflops = flop / (best_ms / 1e3) / 1e9;
+    nlohmann::json out = {{"model", model},
+                          {"prompt_len", len},
+                          {"kernel_isa", llm::name_of(isa)},
+                          {"ttft_ms", best_ms},
+                          {"tokens_per_s", len / (best_ms / 1e3)},
+                          {"gflop_per_s", gflops},
+                          {"peak_gflop_per_s", peak / 1e9},
+                          {"fraction_of_peak", gflops * 1e9 / peak}};
+    if (common.json) {
+      std::printf("%s\n", base::dump_replacing(out).c_str());
+    } else {
+      std::printf(
+          "prefill: %d-token prompt: time to first token %.1f ms (%.1f tokens/s), %.1f GFLOP/s "
+          "= %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware thread)\n",
+          len, best_ms, len / (best_ms / 1e3), gflops, 100 * gflops * 1e9 / peak, peak / 1e9,
+          llm::name_of(isa));
+    }
+  }
+  return write_trace(trace, common.trace_path) ? 0 : 1;
+}
+
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
                      const std::vector<int>& batches, bool allow_unused_tensors) {
   base::TraceRecorder trace;

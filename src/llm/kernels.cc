@@ -6,16 +6,21 @@
 #endif
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "llm/matmul_impl.h"
+#include "simpler/base/clock.h"
 
 namespace simpler::llm {
 namespace {
@@ -197,6 +202,41 @@ bool matmul_isa_available(MatmulIsa isa) {
 MatmulIsa resolve_matmul_isa(MatmulIsa isa) {
   if (isa != MatmulIsa::kAuto) return isa;
   return matmul_detail::avx512_available() ? MatmulIsa::kAvx512 : MatmulIsa::kPortable;
+}
+
+double measure_f32_fma_peak(MatmulIsa isa, int threads, double seconds) {
+  isa = resolve_matmul_isa(isa);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto probe = [isa](int64_t iters, float seed) {
+    return isa == MatmulIsa::kAvx512 ? matmul_detail::fma_probe_avx512(iters, seed)
+                                     : matmul_detail::fma_probe_portable(iters, seed);
+  };
+  // Calibrate the iterations to about `seconds` on one thread.
+  int64_t iters = 1 << 16;
+  for (;;) {
+    const int64_t t0 = base::now_ns();
+    volatile float keep = probe(iters, 1.0f);
+    (void)keep;
+    const double s = (base::now_ns() - t0) / 1e9;
+    if (s >= seconds / 4 || iters > (int64_t{1} << 40)) {
+      iters = static_cast<int64_t>(iters * (seconds / std::max(s, 1e-9)));
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<std::thread> ts;
+    std::atomic<float> sink{0};
+    const int64_t t0 = base::now_ns();
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] { sink.store(probe(iters, 1.0f + t), std::memory_order_relaxed); });
+    }
+    for (std::thread& th : ts) th.join();
+    const double s = (base::now_ns() - t0) / 1e9;
+    best = std::max(best, static_cast<double>(threads) * iters * 12 * 16 * 2 / s);
+  }
+  return best;
 }
 
 std::vector<task::Kernel> llm_kernels(MatmulIsa isa) {
@@ -433,6 +473,130 @@ TaskArgs kv_write_args(const Tensor& k, const Tensor& v, const Tensor& slot_mapp
 
 // ---- paged_attention ------------------------------------------------------------------
 
+namespace {
+
+// The inner loops of paged_attention, written lane-wise (16 independent f32 lanes, then the
+// fixed reduction tree of matmul_impl.h) so that the compiler vectorizes them without
+// reassociating anything; built twice (AVX-512 and the x86-64 baseline) and picked at load time
+// by the CPU (GCC / Clang target_clones). Results depend on nothing but the row's own q, K, V.
+constexpr int kLanes = 16;
+
+__attribute__((always_inline)) inline float reduce_lanes(const float* l) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// exp(x) for x <= 0 (x below -87 is taken as -87: exp gives 1.6e-38 instead of a smaller
+// number), to about 2 ulp: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
+// (Cephes expf). Branch-free, so loops over it vectorize.
+__attribute__((always_inline)) inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  return p * std::bit_cast<float>(e << 23);
+}
+
+// a += p·v over n elements (restrict parameters: the vectorizer may assume no overlap).
+__attribute__((always_inline)) inline void axpy(float* __restrict a, const float* __restrict v,
+                                                float p, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) a[i + l] += p * v[i + l];
+  }
+  for (; i < n; ++i) a[i] += p * v[i];
+}
+
+// Σ q·k in 16 lanes, then the fixed tree.
+__attribute__((always_inline)) inline float dot_lanes(const float* __restrict q,
+                                                      const float* __restrict k, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += q[i + l] * k[i + l];
+  }
+  for (int l = 0; i + l < n; ++l) lanes[l] += q[i + l] * k[i + l];
+  return reduce_lanes(lanes);
+}
+
+// sc[t] = exp(sc[t] - m) for t < n; returns their sum (16 lanes, then the fixed tree).
+__attribute__((always_inline)) inline float exp_shifted_sum(float* __restrict sc, float m,
+                                                            int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      sc[t + l] = exp_nonpositive(sc[t + l] - m);
+      lanes[l] += sc[t + l];
+    }
+  }
+  for (int l = 0; t + l < n; ++l) {
+    sc[t + l] = exp_nonpositive(sc[t + l] - m);
+    lanes[l] += sc[t + l];
+  }
+  return reduce_lanes(lanes);
+}
+
+struct AttendShape {
+  int64_t group, dim, page_size, n_kv, g, len;
+  float scale;
+};
+
+// One (row, kv head) pair: the `group` query heads at q (contiguous, dim each) attend the
+// row's first `len` cached positions; out receives group x dim. scores: group x len scratch;
+// acc: group x dim scratch.
+__attribute__((target_clones("avx512f", "default"))) void attend_group(
+    const AttendShape& s, const float* q, const float* k_pool, const float* v_pool,
+    const int32_t* table, float* scores, float* acc, float* out) {
+  const int64_t group = s.group, dim = s.dim, len = s.len;
+  if (len == 0) {
+    for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.0f;
+    return;
+  }
+  auto kv_offset = [&](int64_t t) {
+    const int64_t slot =
+        static_cast<int64_t>(table[t / s.page_size]) * s.page_size + t % s.page_size;
+    return (slot * s.n_kv + s.g) * dim;
+  };
+  // Scores: scale · q_h · k_t.
+  for (int64_t t = 0; t < len; ++t) {
+    const float* k = k_pool + kv_offset(t);
+    for (int64_t h = 0; h < group; ++h) {
+      scores[h * len + t] = s.scale * dot_lanes(q + h * dim, k, dim);
+    }
+  }
+  // Softmax weights per head (max subtracted), and their sum.
+  std::vector<float> inv(group);
+  for (int64_t h = 0; h < group; ++h) {
+    float* sc = scores + h * len;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+    const float sum = exp_shifted_sum(sc, m, len);
+    inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  // Weighted sum of V.
+  for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
+  for (int64_t t = 0; t < len; ++t) {
+    const float* v = v_pool + kv_offset(t);
+    for (int64_t h = 0; h < group; ++h) axpy(acc + h * dim, v, scores[h * len + t], dim);
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = acc[h * dim + i] * inv[h];
+  }
+}
+
+}  // namespace
+
 absl::Status paged_attention_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "paged_attention");
   SIMPLER_KERNEL_CHECK(c.count(7));
@@ -464,8 +628,7 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
 
   const BlockRange r = block_range(rows * n_kv, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
-  // Per query head of the group: running max m, running sum l, accumulator acc.
-  std::vector<float> m(group), l(group), acc(group * dim);
+  std::vector<float> scores, acc(group * dim);
   for (int64_t pair = r.begin; pair < r.end; ++pair) {
     const int64_t b = pair / n_kv;
     const int64_t g = pair % n_kv;
@@ -483,34 +646,10 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
                                     " is outside the pool of ", pages, " pages"));
       }
     }
-    std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-    std::fill(l.begin(), l.end(), 0.0f);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    const float* qg = q + (b * heads + g * group) * dim;
-    for (int64_t t = 0; t < len; ++t) {
-      const int64_t slot = static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size;
-      const int64_t off = (slot * n_kv + g) * dim;
-      ConstVecMap kt(k_pool + off, dim);
-      ConstVecMap vt(v_pool + off, dim);
-      for (int64_t h = 0; h < group; ++h) {
-        const float s = scale * ConstVecMap(qg + h * dim, dim).dot(kt);
-        VecMap acc_h(acc.data() + h * dim, dim);
-        if (s > m[h]) {
-          const float correction = std::exp(m[h] - s);  // exp(-inf) = 0 on the first token
-          l[h] *= correction;
-          acc_h *= correction;
-          m[h] = s;
-        }
-        const float p = std::exp(s - m[h]);
-        l[h] += p;
-        acc_h += p * vt;
-      }
-    }
-    for (int64_t h = 0; h < group; ++h) {
-      float* o = out + b * heads * dim + (g * group + h) * dim;
-      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-      for (int64_t i = 0; i < dim; ++i) o[i] = acc[h * dim + i] * inv;
-    }
+    if (static_cast<int64_t>(scores.size()) < group * len) scores.resize(group * len);
+    AttendShape sh{group, dim, page_size, n_kv, g, len, scale};
+    attend_group(sh, q + (b * heads + g * group) * dim, k_pool, v_pool, table, scores.data(),
+                 acc.data(), out + b * heads * dim + g * group * dim);
   }
   return absl::OkStatus();
 }

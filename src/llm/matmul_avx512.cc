@@ -168,6 +168,19 @@ void run(const Problem& p) {
 
 }  // namespace
 
+float fma_probe_avx512(int64_t iters, float seed) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return reduce(s);
+}
+
 void run_avx512(const Problem& p) {
   switch (p.wt) {
     case WeightType::kF32:

@@ -34,4 +34,9 @@ bool avx512_available();
 // AVX-512 intrinsics (built with -mavx512*); call only when avx512_available().
 void run_avx512(const Problem& p);
 
+// FMA throughput probes: `iters` rounds of 12 independent 16-lane f32 fused multiply-adds
+// (12·16·2 FLOPs each) in registers; return a value derived from the result so the work stays.
+float fma_probe_avx512(int64_t iters, float seed);
+float fma_probe_portable(int64_t iters, float seed);
+
 }  // namespace simpler::llm::matmul_detail

@@ -58,6 +58,23 @@ void run_portable(const Problem& p) {
   }
 }
 
+float fma_probe_portable(int64_t iters, float seed) {
+  float acc[12][kLanes];
+  for (int i = 0; i < 12; ++i) {
+    for (int l = 0; l < kLanes; ++l) acc[i][l] = seed + static_cast<float>(i);
+  }
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) {
+      for (int l = 0; l < kLanes; ++l) acc[i][l] = std::fma(acc[i][l], 0.999999f, 1e-7f);
+    }
+  }
+  float s = 0;
+  for (int i = 0; i < 12; ++i) {
+    for (int l = 0; l < kLanes; ++l) s += acc[i][l];
+  }
+  return s;
+}
+
 bool avx512_available() {
   static const bool available =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -66,6 +66,12 @@ bool matmul_isa_available(MatmulIsa isa);
 // kAuto resolved for this CPU; other values unchanged.
 MatmulIsa resolve_matmul_isa(MatmulIsa isa);
 
+// The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
+// (0 = every hardware thread) each run independent 16-lane FMA chains in registers on `isa`'s
+// instructions (kAuto resolved) for about `seconds`; the best of 3 passes. The denominator of
+// the compute-bound benchmarks (bench prefill).
+double measure_f32_fma_peak(MatmulIsa isa, int threads = 0, double seconds = 0.2);
+
 // All kernels above, in KernelId order, matmul / matmul_acc on `isa`. A fresh copy. With kAvx512
 // on a CPU without it, the matmul kernels fail with FAILED_PRECONDITION when they run.
 std::vector<task::Kernel> llm_kernels(MatmulIsa isa = MatmulIsa::kAuto);
