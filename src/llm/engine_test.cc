@@ -1,4 +1,5 @@
 // LlmEngine and Qwen3ModelRunner on the sim device with a small generated model.
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -11,6 +12,8 @@
 #include "simpler/device/fault_plan.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
+#include "simpler/llm/model_runner.h"
+#include "simpler/llm/qwen3_program.h"
 #include "simpler/llm/tokenizer.h"
 
 namespace simpler::llm {
@@ -360,6 +363,102 @@ TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
     EXPECT_NEAR(lps[k].top[0].second, l[best] - lse, 1e-4);
   }
   EXPECT_TRUE(e->shutdown().ok());
+}
+
+// A request's logits are bitwise the same alone and in steps of 3, 16 and 17 rows, on a bf16
+// and an f32 checkpoint, with either matmul ISA: nothing it computes depends on its batch.
+TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16And17) {
+  const std::string bf16_dir = *dir_ + "_bf16";
+  MakeModelOptions mo = small_test_model_options(bf16_dir, 3);
+  mo.dtype = task::DataType::kBFloat16;
+  ASSERT_TRUE(make_model(mo).ok());
+  for (const std::string& model : {*dir_, bf16_dir}) {
+    std::vector<float> want;
+    for (MatmulIsa isa : {MatmulIsa::kAuto, MatmulIsa::kPortable}) {
+      for (int batch : {1, 3, 16, 17}) {
+        EngineOptions eo = options(1, 256, 64, 17);
+        eo.runner.matmul_isa = isa;
+        eo.record_steps = true;
+        auto created = LlmEngine::create(model, eo);
+        ASSERT_TRUE(created.ok()) << created.status();
+        LlmEngine& e = **created;
+        RequestSpec target = greedy({3, 1, 4, 1, 5}, 3);
+        target.logits_tokens = {0, 1, 2};
+        std::vector<RequestId> others;
+        // The others first, so that the target joins steps that already hold them.
+        for (int i = 1; i < batch; ++i) {
+          others.push_back(
+              e.add_request(greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 6))
+                  .value());
+        }
+        const RequestId id = e.add_request(target).value();
+        std::map<int64_t, std::vector<float>> logits;
+        while (true) {
+          auto out = e.next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+          ASSERT_TRUE(out.ok()) << out.status();
+          for (auto& [k, v] : out->logits) logits[k] = v;
+          if (out->finished()) break;
+        }
+        for (RequestId o : others) drain(e, o);
+        int64_t widest = 0;
+        for (const StepRecord& r : e.step_records()) widest = std::max(widest, r.logit_rows);
+        EXPECT_TRUE(e.shutdown().ok());
+        if (!kSanitized) {
+          EXPECT_GE(widest, std::min(batch, 17)) << "the requests never shared a step";
+        }
+        ASSERT_EQ(logits.size(), 3u);
+        std::vector<float> got;
+        for (auto& [k, v] : logits) got.insert(got.end(), v.begin(), v.end());
+        if (want.empty()) {
+          want = got;
+          continue;
+        }
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+              << model << " isa " << name_of(isa) << " batch " << batch << " logit " << i;
+        }
+      }
+    }
+  }
+  std::filesystem::remove_all(bf16_dir);
+}
+
+// A bf16 checkpoint stays bf16 on the device: the device's own accounting holds the checkpoint's
+// tensor bytes (norm vectors widened to f32) + scratch + KV pool + the step buffers, within 5%,
+// and no f32 copy of the matrices.
+TEST_F(LlmEngineTest, ABf16CheckpointIsHeldInBf16WithoutAnF32Copy) {
+  const std::string bf16_dir = *dir_ + "_bf16_memory";
+  MakeModelOptions mo = small_test_model_options(bf16_dir, 4);
+  mo.dtype = task::DataType::kBFloat16;
+  mo.overrides.hidden_size = 256;
+  mo.overrides.intermediate_size = 768;
+  ASSERT_TRUE(make_model(mo).ok());
+  RunnerOptions ro;
+  ro.worker.num_cores = 1;
+  ro.num_pages = 32;
+  ro.page_size = 16;
+  ro.max_num_seqs = 4;
+  ro.max_num_batched_tokens = 64;
+  auto runner = Qwen3ModelRunner::create(bf16_dir, ro);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const ModelConfig c = ModelConfig::load(bf16_dir).value();
+  const Qwen3Dims d = Qwen3Dims::from_config(c);
+  const int64_t h = d.hidden_size, q = d.q_size(), kv = d.kv_size(), L = d.num_hidden_layers;
+  const int64_t matrices =
+      L * (q * h + 2 * kv * h + h * q + 3 * d.intermediate_size * h) + d.vocab_size * h;
+  const int64_t vectors = L * (2 * h + 2 * d.head_dim) + h;
+  const uint64_t tensors = 2 * matrices + 4 * vectors;
+  const uint64_t scratch = qwen3_scratch_bytes(d, 64, 4).value();
+  const uint64_t kv_pool = qwen3_kv_pool_bytes(d, 32, 16).value();
+  const uint64_t step_buffers = 64 * 4 + 2 * 4 * 4 + 4ull * d.vocab_size * 4;
+  const uint64_t allocated = (*runner)->worker().device().allocated_bytes();
+  EXPECT_GE(allocated, tensors + scratch + kv_pool);
+  EXPECT_LE(allocated, 1.05 * tensors + scratch + kv_pool + step_buffers)
+      << "tensors " << tensors << " scratch " << scratch << " kv " << kv_pool;
+  EXPECT_LT(allocated, tensors + 2 * matrices) << "an f32 copy of the matrices is resident";
+  runner->reset();
+  std::filesystem::remove_all(bf16_dir);
 }
 
 TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndNumbers) {
