@@ -1,4 +1,4 @@
-// `simpler bench dispatch|pipeline|decode|prefill|throughput|serve`.
+// `simpler bench dispatch|pipeline|decode|prefill|load|throughput|serve`.
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +11,8 @@ namespace simpler::cli {
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
                      const std::vector<int>& batches, bool allow_unused_tensors);
+int run_bench_load(const std::string& model, const CommonOptions& common,
+                   bool allow_unused_tensors);
 int run_bench_prefill(const std::string& model, const CommonOptions& common,
                       const std::vector<int>& prompt_lens, bool allow_unused_tensors);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
@@ -22,7 +24,7 @@ Runner add_bench_commands(CLI::App& app) {
   bench->require_subcommand(1);
 
   struct State {
-    CommonOptions dispatch_common, pipeline_common, decode_common, prefill_common;
+    CommonOptions dispatch_common, pipeline_common, decode_common, prefill_common, load_common;
     std::vector<int> prompt_lens{128, 512};
     int64_t tasks = 100000;
     std::vector<int> depths{1, 2, 4};
@@ -84,6 +86,13 @@ Runner add_bench_commands(CLI::App& app) {
                     "accept a checkpoint holding tensors the config does not use (extra heads)");
   st->prefill_common.add_to(prefill);
   st->prefill_common.add_kernel_isa_to(prefill);
+
+  auto* load = bench->add_subcommand(
+      "load", "checkpoint load time against reading the files; peak resident memory");
+  load->add_option("--model", st->model, "model directory")->required();
+  load->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
+                 "accept a checkpoint holding tensors the config does not use (extra heads)");
+  st->load_common.add_to(load);
 
   Runner throughput = add_bench_throughput_command(bench);
   Runner serve = add_bench_serve_command(bench);
@@ -151,6 +160,9 @@ Runner add_bench_commands(CLI::App& app) {
     if (decode->parsed())
       return run_bench_decode(st->model, st->decode_common, st->steps, st->batches,
                               st->allow_unused_tensors);
+    if (load->parsed()) {
+      return run_bench_load(st->model, st->load_common, st->allow_unused_tensors);
+    }
     if (prefill->parsed()) {
       return run_bench_prefill(st->model, st->prefill_common, st->prompt_lens,
                                st->allow_unused_tensors);

@@ -240,6 +240,7 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
                         DataType dtype) -> absl::StatusOr<Tensor> {
     SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(view.bytes.size()));
     r->buffers_.push_back(buf);
+    populate_pages(view);  // one call maps the tensor's pages instead of a fault per page
     SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, view.bytes.data(), view.bytes.size()));
     release_pages(view);  // the checkpoint is resident once, in device memory
     return buf.tensor(shape, dtype);

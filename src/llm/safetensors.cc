@@ -516,6 +516,17 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
   return absl::OkStatus();
 }
 
+void populate_pages(const TensorView& view) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (uapi/asm-generic/mman-common.h)
+#endif
+  if (view.bytes.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(view.bytes.data()) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(view.bytes.data()) + view.bytes.size();
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+}
+
 void release_pages(const TensorView& view) {
   if (view.bytes.empty()) return;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
