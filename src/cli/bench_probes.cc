@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
 
 namespace simpler::cli {
@@ -58,6 +59,57 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   }
   if (sink.load() == 42) std::fprintf(stderr, " ");  // keeps the sums
   return static_cast<double>(words * 8) / best_s;
+}
+
+namespace {
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Runs `command` (through /bin/sh), returning its exit status and stdout + stderr.
+std::pair<int, std::string> run_command(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int rc = ::pclose(p);
+  return {rc, out};
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model, const std::string& args,
+                                              int threads) {
+  const std::string python = "/usr/bin/python3";
+  if (run_command(python + " -c 'import torch'").first != 0) {
+    return absl::FailedPreconditionError(
+        "--compare torch needs PyTorch for Debian's python3: apt-get install python3-torch");
+  }
+  const std::string script = std::string(SIMPLER_BENCHMARKS_DIR) + "/torch_qwen3.py";
+  auto [rc, out] = run_command(absl::StrCat(python, " ", shell_quote(script), " --model ",
+                                            shell_quote(model), " --threads ", threads, " ", args));
+  if (rc != 0) {
+    return absl::InternalError(
+        absl::StrCat(script, " failed (status ", rc, "): ", out.substr(0, 2000)));
+  }
+  const size_t line = out.rfind('{');
+  nlohmann::json j = nlohmann::json::parse(line == std::string::npos ? "" : out.substr(line),
+                                           nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InternalError(
+        absl::StrCat(script, " printed no JSON object: ", out.substr(0, 2000)));
+  }
+  return j;
 }
 
 uint64_t peak_resident_bytes() {

@@ -10,11 +10,13 @@
 namespace simpler::cli {
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
-                     const std::vector<int>& batches, bool allow_unused_tensors);
+                     const std::vector<int>& batches, bool allow_unused_tensors,
+                     bool compare_torch);
 int run_bench_load(const std::string& model, const CommonOptions& common,
                    bool allow_unused_tensors);
 int run_bench_prefill(const std::string& model, const CommonOptions& common,
-                      const std::vector<int>& prompt_lens, bool allow_unused_tensors);
+                      const std::vector<int>& prompt_lens, bool allow_unused_tensors,
+                      bool compare_torch);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
 Runner add_bench_serve_command(CLI::App* bench);
@@ -26,6 +28,7 @@ Runner add_bench_commands(CLI::App& app) {
   struct State {
     CommonOptions dispatch_common, pipeline_common, decode_common, prefill_common, load_common;
     std::vector<int> prompt_lens{128, 512};
+    std::string compare;
     int64_t tasks = 100000;
     std::vector<int> depths{1, 2, 4};
     double device_us = 1000;
@@ -73,6 +76,11 @@ Runner add_bench_commands(CLI::App& app) {
       ->check(int_in(1, kMaxRequests));
   decode->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                    "accept a checkpoint holding tensors the config does not use (extra heads)");
+  decode
+      ->add_option("--compare", st->compare,
+                   "torch: also run the checkpoint in PyTorch eager (Debian python3-torch, f32, "
+                   "every hardware thread) and print both")
+      ->check(CLI::IsMember({"torch"}));
   st->decode_common.add_to(decode);
   st->decode_common.add_kernel_isa_to(decode);
 
@@ -84,6 +92,11 @@ Runner add_bench_commands(CLI::App& app) {
       ->check(int_in(1, 1 << 16));
   prefill->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
                     "accept a checkpoint holding tensors the config does not use (extra heads)");
+  prefill
+      ->add_option("--compare", st->compare,
+                   "torch: also run the prompts in PyTorch eager (Debian python3-torch, f32, "
+                   "every hardware thread) and print both")
+      ->check(CLI::IsMember({"torch"}));
   st->prefill_common.add_to(prefill);
   st->prefill_common.add_kernel_isa_to(prefill);
 
@@ -159,13 +172,13 @@ Runner add_bench_commands(CLI::App& app) {
     }
     if (decode->parsed())
       return run_bench_decode(st->model, st->decode_common, st->steps, st->batches,
-                              st->allow_unused_tensors);
+                              st->allow_unused_tensors, st->compare == "torch");
     if (load->parsed()) {
       return run_bench_load(st->model, st->load_common, st->allow_unused_tensors);
     }
     if (prefill->parsed()) {
       return run_bench_prefill(st->model, st->prefill_common, st->prompt_lens,
-                               st->allow_unused_tensors);
+                               st->allow_unused_tensors, st->compare == "torch");
     }
     if (int rc = throughput(); rc != -1) return rc;
     if (int rc = serve(); rc != -1) return rc;

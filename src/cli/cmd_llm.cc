@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -591,6 +592,10 @@ Runner add_generate_command(CLI::App& app) {
 
 namespace {
 
+int hardware_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 // Multiply-accumulates of the weight matrices per decode row (the projections and the LM head;
 // the attention over a short context is negligible): a step of B rows is 2·B·this FLOPs.
 int64_t matrix_macs_per_row(const llm::ModelConfig& c) {
@@ -668,7 +673,8 @@ int run_bench_load(const std::string& model, const CommonOptions& common,
 }
 
 int run_bench_prefill(const std::string& model, const CommonOptions& common,
-                      const std::vector<int>& prompt_lens, bool allow_unused_tensors) {
+                      const std::vector<int>& prompt_lens, bool allow_unused_tensors,
+                      bool compare_torch) {
   base::TraceRecorder trace;
   auto config = llm::ModelConfig::load(model);
   if (!config.ok()) return fail("bench prefill", config.status());
@@ -728,6 +734,13 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
                           {"gflop_per_s", gflops},
                           {"peak_gflop_per_s", peak / 1e9},
                           {"fraction_of_peak", gflops * 1e9 / peak}};
+    if (compare_torch) {
+      auto peer = run_torch_peer(model, absl::StrCat("--prompt-len ", len), hardware_threads());
+      if (!peer.ok()) return fail("bench prefill", peer.status());
+      const double torch_ms = (*peer)["ttft_ms"].get<double>();
+      out["torch_ttft_ms"] = torch_ms;
+      out["speedup_vs_torch"] = torch_ms / best_ms;
+    }
     if (common.json) {
       std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
@@ -736,13 +749,19 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
           "= %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware thread)\n",
           len, best_ms, len / (best_ms / 1e3), gflops, 100 * gflops * 1e9 / peak, peak / 1e9,
           llm::name_of(isa));
+      if (compare_torch) {
+        std::printf("  PyTorch eager (f32, %d threads): %.1f ms; simpler is %.2fx faster\n",
+                    hardware_threads(), out["torch_ttft_ms"].get<double>(),
+                    out["speedup_vs_torch"].get<double>());
+      }
     }
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
 }
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
-                     const std::vector<int>& batches, bool allow_unused_tensors) {
+                     const std::vector<int>& batches, bool allow_unused_tensors,
+                     bool compare_torch) {
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
   auto config = llm::ModelConfig::load(model);
@@ -827,6 +846,14 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
         {"read_gb_per_s", read_bw / 1e9},
         {"fraction_of_read_bandwidth", weight_bw / read_bw},
         {"gflop_per_s", gflops}};
+    if (compare_torch) {
+      auto peer = run_torch_peer(model, absl::StrCat("--batch ", batch, " --steps ", steps - 1),
+                                 hardware_threads());
+      if (!peer.ok()) return fail("bench decode", peer.status());
+      const double torch_ms = (*peer)["decode_step_ms"].get<double>();
+      out["torch_step_ms"] = torch_ms;
+      out["speedup_vs_torch"] = torch_ms / step_ms;
+    }
     if (common.json) {
       std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
@@ -836,6 +863,12 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
           "read-bandwidth probe's %.2f GB/s\n",
           batch, common.launch_depth, depth.effective_depth, step_ms, dev_ms, tok_s, gflops,
           wbytes / 1e6, weight_bw / 1e9, 100 * weight_bw / read_bw, read_bw / 1e9);
+      if (compare_torch) {
+        std::printf(
+            "  PyTorch eager (f32, %d threads): %.3f ms per step; simpler is %.2fx faster\n",
+            hardware_threads(), out["torch_step_ms"].get<double>(),
+            out["speedup_vs_torch"].get<double>());
+      }
     }
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
