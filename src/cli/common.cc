@@ -43,7 +43,7 @@ CLI::Validator number_in(double lo, double hi, bool lo_open) {
 }
 
 void CommonOptions::add_to(CLI::App* app, bool with_json) {
-  app->add_option("--cores", cores, "sim device cores (0 = hardware threads - 1)")
+  app->add_option("--cores", cores, "sim device cores (0 = one per hardware thread)")
       ->check(int_in(0, kMaxCores));
   app->add_option("--launch-depth", launch_depth, "runs launched on the device at once")
       ->check(int_in(1, worker::kMaxRunGrant));

@@ -38,6 +38,8 @@ Scenarios (`--list` prints them):
   trace                 --trace on `run` (depth 2), `generate` (also failing) and `bench
                         pipeline`: every run's spans, launch order within the depth
   bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2
+  bench_prefill_load    `simpler bench prefill --json` and `bench load --json` on the tiny
+                        preset: keys, consistent numbers, a prompt past the positions refused
   run_defects           `simpler run` error paths that once crashed or hung: a refused launch
                         with runs in flight (exits cleanly, reporting it), a hang at depth 1
                         and 2 (one sentence naming run, task, kernel and limit), a kernel that
@@ -1499,6 +1501,63 @@ def scenario_bench_decode(ctx):
 
 
 
+def scenario_bench_prefill_load(ctx):
+    """`simpler bench prefill --json` and `bench load --json` on the tiny preset: one object per
+    prompt length with the issue's keys, numbers that agree with each other (GFLOP/s from the
+    prompt's FLOPs and the TTFT, the fraction of the measured peak), and the load row's keys;
+    a prompt past the model's positions refused."""
+    pb = ctx.problems
+    model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "19",
+                           "--dtype", "bf16")
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    matrices, _ = decode_weight_elements(cfg)
+    lm = cfg["vocab_size"] * cfg["hidden_size"]
+    close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens",
+                       "16,48", "--json"], label="bench prefill")
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    keys = {"model", "prompt_len", "kernel_isa", "ttft_ms", "tokens_per_s", "gflop_per_s",
+            "peak_gflop_per_s", "fraction_of_peak"}
+    pb.check([r.get("prompt_len") for r in rows] == [16, 48],
+             f"bench prefill: prompt_len rows {[r.get('prompt_len') for r in rows]}, expected "
+             f"[16, 48]")
+    for r in rows:
+        label = f"bench prefill {r.get('prompt_len')}"
+        if not pb.check(set(r) == keys, f"{label}: keys {sorted(r)}, expected {sorted(keys)}"):
+            continue
+        n = r["prompt_len"]
+        pb.check(all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0
+                     for k in keys - {"model", "kernel_isa"}),
+                 f"{label}: not positive finite numbers: {r}")
+        flop = 2 * (n * (matrices - lm) + lm)
+        pb.check(close(r["gflop_per_s"], flop / (r["ttft_ms"] / 1e3) / 1e9),
+                 f"{label}: gflop_per_s {r['gflop_per_s']} is not {flop} FLOPs / ttft")
+        pb.check(close(r["fraction_of_peak"], r["gflop_per_s"] / r["peak_gflop_per_s"]),
+                 f"{label}: fraction_of_peak is not gflop_per_s / peak_gflop_per_s")
+        pb.check(close(r["tokens_per_s"], n / (r["ttft_ms"] / 1e3)),
+                 f"{label}: tokens_per_s is not prompt_len / ttft")
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", model, "--json"],
+                      label="bench load")
+    out = parse_one_json_object(p.stdout, "bench load")
+    keys = {"model", "checkpoint_bytes", "load_s", "read_s", "load_over_read", "vm_hwm_bytes"}
+    if pb.check(set(out) == keys, f"bench load: keys {sorted(out)}, expected {sorted(keys)}"):
+        size = os.path.getsize(os.path.join(model, "model.safetensors"))
+        pb.check(out["checkpoint_bytes"] == size,
+                 f"bench load: checkpoint_bytes {out['checkpoint_bytes']}, the file has {size}")
+        pb.check(out["load_s"] > 0 and out["read_s"] > 0
+                 and close(out["load_over_read"], out["load_s"] / out["read_s"]),
+                 f"bench load: load_s / read_s / load_over_read disagree: {out}")
+        pb.check(out["vm_hwm_bytes"] >= size,
+                 f"bench load: vm_hwm_bytes {out['vm_hwm_bytes']} below the checkpoint's {size}")
+    too_long = str(cfg.get("max_position_embeddings", 32768) + 1)
+    p, _ = ctx.run([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", too_long],
+                label="bench prefill past the positions")
+    pb.check(p.returncode == 1 and "--prompt-lens" in p.stderr,
+             f"bench prefill --prompt-lens {too_long}: exit {p.returncode}, stderr "
+             f"{p.stderr[-300:]!r}; expected exit 1 naming --prompt-lens")
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input (issue 10): never a crash, a hang or a silent acceptance
 
@@ -1834,6 +1893,7 @@ SCENARIOS = {
     "bench_pipeline": scenario_bench_pipeline,
     "trace": scenario_trace,
     "bench_decode": scenario_bench_decode,
+    "bench_prefill_load": scenario_bench_prefill_load,
     "run_defects": scenario_run_defects,
     "generate_faults": scenario_generate_faults,
     "bad_input": scenario_bad_input,

@@ -176,8 +176,8 @@ class Device {
 // Options of the sim device.
 struct SimDeviceOptions {
   int32_t device_id = 0;
-  // Core threads; 0 = hardware threads minus one for the stream scheduler
-  // thread (at least 1).
+  // Core threads; 0 = one per hardware thread (chosen by measurement on 2 vCPUs:
+  // docs/benchmarks.md, "Issue 12").
   int32_t num_cores = 0;
   // Heap capacity in bytes; 0 = limited only by host memory.
   uint64_t memory_bytes = 0;

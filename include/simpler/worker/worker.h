@@ -29,7 +29,7 @@ struct WorkerOptions {
   int32_t level = 2;             // only 2 (one chip) exists today
   std::string platform = "sim";  // device backend
   int32_t device_id = 0;
-  int32_t num_cores = 0;     // 0 = hardware threads - 1
+  int32_t num_cores = 0;     // 0 = one per hardware thread
   int32_t launch_depth = 1;  // in [1, kMaxRunGrant] (invariant 6)
   // Run resource sets. 0 = launch_depth + 1 (kMaxRunGrant when the depth is
   // kMaxRunGrant); otherwise in [launch_depth, kMaxRunGrant].
