@@ -1,8 +1,10 @@
 // `simpler bench dispatch|pipeline|decode|prefill|load|throughput|serve`.
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "cli/bench_runtime.h"
+#include "cli/bench_starpu.h"
 #include "cli/commands.h"
 #include "simpler/base/json.h"
 #include "simpler/worker/run_resource_arena.h"
@@ -28,7 +30,7 @@ Runner add_bench_commands(CLI::App& app) {
   struct State {
     CommonOptions dispatch_common, pipeline_common, decode_common, prefill_common, load_common;
     std::vector<int> prompt_lens{128, 512};
-    std::string compare;
+    std::string compare, dispatch_compare;
     int64_t tasks = 100000;
     std::vector<int> depths{1, 2, 4};
     double device_us = 1000;
@@ -44,6 +46,11 @@ Runner add_bench_commands(CLI::App& app) {
 
   auto* dispatch = bench->add_subcommand("dispatch", "ns per task for empty kernels");
   dispatch->add_option("--tasks", st->tasks, "tasks per pattern")->check(int_in(1, kMaxTasks));
+  dispatch
+      ->add_option("--compare", st->dispatch_compare,
+                   "starpu: run the same patterns on StarPU (Debian libstarpu-dev) after the sim "
+                   "device closed, with the same CPU count, and print both")
+      ->check(CLI::IsMember({"starpu"}));
   st->dispatch_common.add_to(dispatch);
 
   auto* pipeline = bench->add_subcommand("pipeline", "early enqueue: depth vs host/device time");
@@ -119,15 +126,44 @@ Runner add_bench_commands(CLI::App& app) {
         return fail_with_trace("bench dispatch", rows.status(), trace,
                                st->dispatch_common.trace_path);
       }
+      std::vector<DispatchRow> starpu_rows;
+      int ncpu = st->dispatch_common.cores;
+      if (ncpu == 0) ncpu = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      if (st->dispatch_compare == "starpu") {
+        auto peer = bench_dispatch_starpu(ncpu, st->tasks);
+        if (!peer.ok()) return fail("bench dispatch", peer.status());
+        starpu_rows = std::move(*peer);
+      }
       if (st->dispatch_common.json) {
         nlohmann::json out = nlohmann::json::array();
-        for (const auto& r : *rows) out.push_back(to_json(r));
+        for (size_t i = 0; i < rows->size(); ++i) {
+          nlohmann::json j = to_json((*rows)[i]);
+          if (i < starpu_rows.size()) {
+            j["starpu_ns_per_task"] = starpu_rows[i].ns_per_task;
+            j["starpu_over_simpler"] = starpu_rows[i].ns_per_task / (*rows)[i].ns_per_task;
+          }
+          out.push_back(j);
+        }
         std::printf("%s\n", base::dump_replacing(nlohmann::json{{"dispatch", out}}).c_str());
       } else {
-        std::printf("%-12s %10s %12s %10s\n", "pattern", "tasks", "ns/task", "wall ms");
-        for (const auto& r : *rows) {
-          std::printf("%-12s %10lld %12.1f %10.1f\n", r.pattern.c_str(),
+        std::printf("%-12s %10s %12s %10s", "pattern", "tasks", "ns/task", "wall ms");
+        if (!starpu_rows.empty()) std::printf(" %16s %8s", "StarPU ns/task", "ratio");
+        std::printf("\n");
+        for (size_t i = 0; i < rows->size(); ++i) {
+          const auto& r = (*rows)[i];
+          std::printf("%-12s %10lld %12.1f %10.1f", r.pattern.c_str(),
                       static_cast<long long>(r.tasks), r.ns_per_task, r.wall_ms);
+          if (i < starpu_rows.size()) {
+            std::printf(" %16.1f %7.1fx", starpu_rows[i].ns_per_task,
+                        starpu_rows[i].ns_per_task / r.ns_per_task);
+          }
+          std::printf("\n");
+        }
+        if (!starpu_rows.empty()) {
+          std::printf(
+              "StarPU %s: %d CPU workers, STARPU_SCHED=eager, inferred (STARPU_RW) "
+              "dependencies; ratio = StarPU ns / simpler ns\n",
+              starpu_version().c_str(), ncpu);
         }
       }
       return write_trace(trace, st->dispatch_common.trace_path) ? 0 : 1;
