@@ -477,8 +477,8 @@ namespace {
 
 // The inner loops of paged_attention, written lane-wise (16 independent f32 lanes, then the
 // fixed reduction tree of matmul_impl.h) so that the compiler vectorizes them without
-// reassociating anything; built twice (AVX-512 and the x86-64 baseline) and picked at load time
-// by the CPU (GCC / Clang target_clones). Results depend on nothing but the row's own q, K, V.
+// reassociating anything; built twice (AVX-512 and the x86-64 baseline, see attend_group) and
+// picked by the CPU. Results depend on nothing but the row's own q, K, V.
 constexpr int kLanes = 16;
 
 __attribute__((always_inline)) inline float reduce_lanes(const float* l) {
@@ -555,9 +555,11 @@ struct AttendShape {
 // One (row, kv head) pair: the `group` query heads at q (contiguous, dim each) attend the
 // row's first `len` cached positions; out receives group x dim. scores: group x len scratch;
 // acc: group x dim scratch.
-__attribute__((target_clones("avx512f", "default"))) void attend_group(
-    const AttendShape& s, const float* q, const float* k_pool, const float* v_pool,
-    const int32_t* table, float* scores, float* acc, float* out) {
+__attribute__((always_inline)) inline void attend_group_body(const AttendShape& s, const float* q,
+                                                             const float* k_pool,
+                                                             const float* v_pool,
+                                                             const int32_t* table, float* scores,
+                                                             float* acc, float* out) {
   const int64_t group = s.group, dim = s.dim, len = s.len;
   if (len == 0) {
     for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.0f;
@@ -592,6 +594,31 @@ __attribute__((target_clones("avx512f", "default"))) void attend_group(
   }
   for (int64_t h = 0; h < group; ++h) {
     for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = acc[h * dim + i] * inv[h];
+  }
+}
+
+// The body built twice: for AVX-512 and for the x86-64 baseline, picked by the CPU at the call
+// (not by an ifunc: ifunc resolvers run before ThreadSanitizer's runtime starts).
+__attribute__((target("avx512f"))) void attend_group_avx512(const AttendShape& s, const float* q,
+                                                            const float* k_pool,
+                                                            const float* v_pool,
+                                                            const int32_t* table, float* scores,
+                                                            float* acc, float* out) {
+  attend_group_body(s, q, k_pool, v_pool, table, scores, acc, out);
+}
+void attend_group_baseline(const AttendShape& s, const float* q, const float* k_pool,
+                           const float* v_pool, const int32_t* table, float* scores, float* acc,
+                           float* out) {
+  attend_group_body(s, q, k_pool, v_pool, table, scores, acc, out);
+}
+
+void attend_group(const AttendShape& s, const float* q, const float* k_pool, const float* v_pool,
+                  const int32_t* table, float* scores, float* acc, float* out) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) {
+    attend_group_avx512(s, q, k_pool, v_pool, table, scores, acc, out);
+  } else {
+    attend_group_baseline(s, q, k_pool, v_pool, table, scores, acc, out);
   }
 }
 

@@ -1505,7 +1505,8 @@ def scenario_bench_prefill_load(ctx):
     """`simpler bench prefill --json` and `bench load --json` on the tiny preset: one object per
     prompt length with the issue's keys, numbers that agree with each other (GFLOP/s from the
     prompt's FLOPs and the TTFT, the fraction of the measured peak), and the load row's keys;
-    a prompt past the model's positions refused."""
+    `--compare starpu` / `--compare torch` either run with their keys or are refused naming
+    the Debian package; a prompt past the model's positions refused."""
     pb = ctx.problems
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "19",
                            "--dtype", "bf16")
@@ -1550,6 +1551,31 @@ def scenario_bench_prefill_load(ctx):
                  f"bench load: load_s / read_s / load_over_read disagree: {out}")
         pb.check(out["vm_hwm_bytes"] >= size,
                  f"bench load: vm_hwm_bytes {out['vm_hwm_bytes']} below the checkpoint's {size}")
+    # The peers: each either runs (and its keys are there) or is refused naming the package.
+    p, _ = ctx.run([ctx.simpler, "bench", "dispatch", "--tasks", "200", "--compare", "starpu",
+                    "--json"], label="bench dispatch --compare starpu")
+    if p.returncode == 0:
+        rows = parse_one_json_object(p.stdout, "bench dispatch --compare starpu")["dispatch"]
+        pb.check([r["pattern"] for r in rows] == ["independent", "chain", "8_chains"]
+                 and all(r["starpu_ns_per_task"] > 0 and close(
+                     r["starpu_over_simpler"], r["starpu_ns_per_task"] / r["ns_per_task"])
+                     for r in rows),
+                 f"bench dispatch --compare starpu: rows {rows}")
+    else:
+        pb.check(p.returncode == 1 and "libstarpu-dev" in p.stderr,
+                 f"bench dispatch --compare starpu without StarPU: exit {p.returncode}, stderr "
+                 f"{p.stderr[-300:]!r}; expected exit 1 naming libstarpu-dev")
+    p, _ = ctx.run([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "8",
+                    "--compare", "torch", "--json"], label="bench prefill --compare torch")
+    if p.returncode == 0:
+        r = parse_one_json_object(p.stdout, "bench prefill --compare torch")
+        pb.check(r.get("torch_ttft_ms", 0) > 0
+                 and close(r["speedup_vs_torch"], r["torch_ttft_ms"] / r["ttft_ms"]),
+                 f"bench prefill --compare torch: {r}")
+    else:
+        pb.check(p.returncode == 1 and "python3-torch" in p.stderr,
+                 f"bench prefill --compare torch without torch: exit {p.returncode}, stderr "
+                 f"{p.stderr[-300:]!r}; expected exit 1 naming python3-torch")
     too_long = str(cfg.get("max_position_embeddings", 32768) + 1)
     p, _ = ctx.run([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", too_long],
                 label="bench prefill past the positions")
