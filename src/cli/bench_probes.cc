@@ -93,7 +93,8 @@ absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model, const st
   const std::string python = "/usr/bin/python3";
   if (run_command(python + " -c 'import torch'").first != 0) {
     return absl::FailedPreconditionError(
-        "--compare torch needs PyTorch for Debian's python3: apt-get install python3-torch");
+        "--compare torch needs PyTorch for Debian's python3: apt-get install python3-torch "
+        "(scripts/install_deps.sh --bench also installs OpenBLAS for it)");
   }
   const std::string script = std::string(SIMPLER_BENCHMARKS_DIR) + "/torch_qwen3.py";
   auto [rc, out] = run_command(absl::StrCat(python, " ", shell_quote(script), " --model ",

@@ -93,7 +93,7 @@ std::string starpu_version() { return {}; }
 absl::StatusOr<std::vector<DispatchRow>> bench_dispatch_starpu(int, int64_t) {
   return absl::FailedPreconditionError(
       "--compare starpu: this simpler was built without StarPU; install it "
-      "(scripts/install_bench_deps.sh: Debian libstarpu-dev) and rebuild");
+      "(scripts/install_deps.sh --bench: Debian libstarpu-dev) and rebuild");
 }
 #endif
 
