@@ -64,7 +64,10 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
                                                            : std::string();
           },
           "FILE"));
-  if (with_json) app->add_flag("--json", json, "print one JSON object on stdout");
+  if (with_json) {
+    app->add_flag("--json", json,
+                  "print JSON on stdout: one object per line (benchmarks: one per result row)");
+  }
 }
 
 void CommonOptions::add_kernel_isa_to(CLI::App* app) {

@@ -537,17 +537,17 @@ TEST_F(LlmEngineTest, ASlowConsumerGetsItsRequestAbortedNotTheLoopBlocked) {
 
 // Shutdown lets running requests finish until the deadline, then aborts the rest.
 TEST_F(LlmEngineTest, ShutdownDrainsUntilTheDeadlineThenAborts) {
-  auto e = engine(options(2, 512, 16, 2));
+  // b and c need 3,000 steps each (hundreds of ms even on the fastest kernels), so the 20 ms
+  // drain deadline that starts once a finished always hits them mid-way.
+  auto e = engine(options(2, 1600, 16, 3));
   const RequestId a = e->add_request(greedy({1, 2, 3}, 5)).value();
-  const RequestId b = e->add_request(greedy({4}, 400)).value();
-  const RequestId c = e->add_request(greedy({5}, 400)).value();
+  const RequestId b = e->add_request(greedy({4}, 3000)).value();
+  const RequestId c = e->add_request(greedy({5}, 3000)).value();
   std::thread reader([&] {
-    EXPECT_EQ(drain(*e, a).finish, OutputFinish::kLength);
     EXPECT_EQ(drain(*e, b).finish, OutputFinish::kAbort);
     EXPECT_EQ(drain(*e, c).finish, OutputFinish::kAbort);
   });
-  // Wait until a finished so the drain deadline hits b and c mid-way.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(drain(*e, a).finish, OutputFinish::kLength);
   const int64_t t0 = base::now_ns();
   EXPECT_TRUE(e->shutdown(base::Deadline::after(std::chrono::milliseconds(20))).ok());
   EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
