@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #if defined(__linux__)
 #include <sys/prctl.h>
@@ -27,6 +28,10 @@ void use_precise_timers() {
 #if defined(__linux__)
   (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 #endif
+}
+
+int hardware_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 absl::StatusOr<std::vector<int>> allowed_cpus() {

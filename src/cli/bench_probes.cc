@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/thread.h"
 
 namespace simpler::cli {
 namespace {
@@ -32,7 +33,7 @@ uint64_t sum_words(const uint64_t* p, size_t n) {
 }  // namespace
 
 double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = base::hardware_threads();
   const size_t words = std::max<size_t>(bytes / 8, 1024);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
   for (size_t i = 0; i < words; ++i) buf[i] = i;

@@ -1,12 +1,12 @@
 // `simpler bench dispatch|pipeline|decode|prefill|load|throughput|serve`.
 #include <cstdio>
 #include <iostream>
-#include <thread>
 
 #include "cli/bench_runtime.h"
 #include "cli/bench_starpu.h"
 #include "cli/commands.h"
 #include "simpler/base/json.h"
+#include "simpler/base/thread.h"
 #include "simpler/worker/run_resource_arena.h"
 
 namespace simpler::cli {
@@ -128,7 +128,7 @@ Runner add_bench_commands(CLI::App& app) {
       }
       std::vector<DispatchRow> starpu_rows;
       int ncpu = st->dispatch_common.cores;
-      if (ncpu == 0) ncpu = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      if (ncpu == 0) ncpu = base::hardware_threads();
       if (st->dispatch_compare == "starpu") {
         auto peer = bench_dispatch_starpu(ncpu, st->tasks);
         if (!peer.ok()) return fail("bench dispatch", peer.status());

@@ -10,7 +10,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +19,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
+#include "simpler/base/thread.h"
 #include "simpler/llm/kv_cache.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
@@ -592,8 +592,14 @@ Runner add_generate_command(CLI::App& app) {
 
 namespace {
 
-int hardware_threads() {
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+// The engine options every LLM benchmark starts from: the device and kernel flags.
+llm::EngineOptions bench_engine_options(const CommonOptions& common, base::TraceRecorder* trace,
+                                        bool allow_unused_tensors) {
+  llm::EngineOptions eo;
+  eo.runner.worker = common.worker_options(trace);
+  eo.runner.matmul_isa = common.matmul_isa();
+  eo.runner.allow_unused_tensors = allow_unused_tensors;
+  return eo;
 }
 
 // Multiply-accumulates of the weight matrices per decode row (the projections and the LM head;
@@ -640,10 +646,7 @@ int run_bench_load(const std::string& model, const CommonOptions& common,
   // of 3.
   double load_s = 1e30;
   for (int pass = 0; pass < 3; ++pass) {
-    llm::EngineOptions eo;
-    eo.runner.worker = common.worker_options(&trace);
-    eo.runner.matmul_isa = common.matmul_isa();
-    eo.runner.allow_unused_tensors = allow_unused_tensors;
+    llm::EngineOptions eo = bench_engine_options(common, &trace, allow_unused_tensors);
     eo.runner.max_num_seqs = 1;
     eo.runner.max_num_batched_tokens = 16;
     eo.runner.num_pages = 16;
@@ -689,10 +692,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
   const int64_t lm_macs = config->vocab_size * config->hidden_size;
   const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
   for (int len : prompt_lens) {
-    llm::EngineOptions eo;
-    eo.runner.worker = common.worker_options(&trace);
-    eo.runner.matmul_isa = common.matmul_isa();
-    eo.runner.allow_unused_tensors = allow_unused_tensors;
+    llm::EngineOptions eo = bench_engine_options(common, &trace, allow_unused_tensors);
     eo.runner.max_num_seqs = 1;
     eo.runner.max_num_batched_tokens = std::max(512, len);
     eo.runner.num_pages = static_cast<int32_t>(llm::pages_needed(len + 1, eo.runner.page_size));
@@ -735,7 +735,8 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
                           {"peak_gflop_per_s", peak / 1e9},
                           {"fraction_of_peak", gflops * 1e9 / peak}};
     if (compare_torch) {
-      auto peer = run_torch_peer(model, absl::StrCat("--prompt-len ", len), hardware_threads());
+      auto peer =
+          run_torch_peer(model, absl::StrCat("--prompt-len ", len), base::hardware_threads());
       if (!peer.ok()) return fail("bench prefill", peer.status());
       const double torch_ms = (*peer)["ttft_ms"].get<double>();
       out["torch_ttft_ms"] = torch_ms;
@@ -751,7 +752,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
           llm::name_of(isa));
       if (compare_torch) {
         std::printf("  PyTorch eager (f32, %d threads): %.1f ms; simpler is %.2fx faster\n",
-                    hardware_threads(), out["torch_ttft_ms"].get<double>(),
+                    base::hardware_threads(), out["torch_ttft_ms"].get<double>(),
                     out["speedup_vs_torch"].get<double>());
       }
     }
@@ -772,10 +773,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   }
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : batches) {
-    llm::EngineOptions eo;
-    eo.runner.worker = common.worker_options(&trace);
-    eo.runner.matmul_isa = common.matmul_isa();
-    eo.runner.allow_unused_tensors = allow_unused_tensors;
+    llm::EngineOptions eo = bench_engine_options(common, &trace, allow_unused_tensors);
     eo.runner.max_num_seqs = batch;
     eo.runner.max_num_batched_tokens = std::max(batch, 16);
     eo.runner.num_pages =
@@ -848,7 +846,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
         {"gflop_per_s", gflops}};
     if (compare_torch) {
       auto peer = run_torch_peer(model, absl::StrCat("--batch ", batch, " --steps ", steps - 1),
-                                 hardware_threads());
+                                 base::hardware_threads());
       if (!peer.ok()) return fail("bench decode", peer.status());
       const double torch_ms = (*peer)["decode_step_ms"].get<double>();
       out["torch_step_ms"] = torch_ms;
@@ -866,7 +864,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
       if (compare_torch) {
         std::printf(
             "  PyTorch eager (f32, %d threads): %.3f ms per step; simpler is %.2fx faster\n",
-            hardware_threads(), out["torch_step_ms"].get<double>(),
+            base::hardware_threads(), out["torch_step_ms"].get<double>(),
             out["speedup_vs_torch"].get<double>());
       }
     }

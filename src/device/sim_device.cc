@@ -120,7 +120,7 @@ class SimDevice final : public Device {
     // against hardware threads - 1, batch-16 decode 145 -> 101 ms, a 512-token prefill
     // 3.2 -> 1.9 s, batch-1 decode and dispatch unchanged; the stream scheduler thread sleeps
     // after a short spin, so it costs the cores little.
-    if (n == 0) n = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+    if (n == 0) n = base::hardware_threads();
     caps_.num_cores = n;
     caps_.memory_bytes = o.memory_bytes;
     cores_.reserve(n);

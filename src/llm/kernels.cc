@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "llm/matmul_impl.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/thread.h"
 
 namespace simpler::llm {
 namespace {
@@ -206,7 +207,7 @@ MatmulIsa resolve_matmul_isa(MatmulIsa isa) {
 
 double measure_f32_fma_peak(MatmulIsa isa, int threads, double seconds) {
   isa = resolve_matmul_isa(isa);
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = base::hardware_threads();
   auto probe = [isa](int64_t iters, float seed) {
     return isa == MatmulIsa::kAvx512 ? matmul_detail::fma_probe_avx512(iters, seed)
                                      : matmul_detail::fma_probe_portable(iters, seed);
@@ -554,7 +555,7 @@ struct AttendShape {
 
 // One (row, kv head) pair: the `group` query heads at q (contiguous, dim each) attend the
 // row's first `len` cached positions; out receives group x dim. scores: group x len scratch;
-// acc: group x dim scratch.
+// acc: group x (dim + 1) scratch (the accumulators, then each head's 1 / Σ weights).
 __attribute__((always_inline)) inline void attend_group_body(const AttendShape& s, const float* q,
                                                              const float* k_pool,
                                                              const float* v_pool,
@@ -578,7 +579,7 @@ __attribute__((always_inline)) inline void attend_group_body(const AttendShape& 
     }
   }
   // Softmax weights per head (max subtracted), and their sum.
-  std::vector<float> inv(group);
+  float* inv = acc + group * dim;
   for (int64_t h = 0; h < group; ++h) {
     float* sc = scores + h * len;
     float m = -std::numeric_limits<float>::infinity();
@@ -614,7 +615,7 @@ void attend_group_baseline(const AttendShape& s, const float* q, const float* k_
 
 void attend_group(const AttendShape& s, const float* q, const float* k_pool, const float* v_pool,
                   const int32_t* table, float* scores, float* acc, float* out) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = matmul_detail::avx512_available();
   if (avx512) {
     attend_group_avx512(s, q, k_pool, v_pool, table, scores, acc, out);
   } else {
@@ -655,7 +656,7 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
 
   const BlockRange r = block_range(rows * n_kv, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
-  std::vector<float> scores, acc(group * dim);
+  std::vector<float> scores, acc(group * (dim + 1));
   for (int64_t pair = r.begin; pair < r.end; ++pair) {
     const int64_t b = pair / n_kv;
     const int64_t g = pair % n_kv;

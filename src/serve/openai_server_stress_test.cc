@@ -764,7 +764,7 @@ TEST_F(StressTest, TokenizeAndDetokenizeBigInputs) {
 
 // shutdown() before serve() started: serve() returns at once instead of listening for ever
 // (cpp-httplib's stop() does nothing while its listener is not running yet).
-TEST_F(StressTest, ShutdownBeforeServeStartsLeavesServeNothingToDo) {
+TEST_F(StressTest, ShutdownBeforeServeStartsMakesServeReturnAtOnce) {
   llm::EngineOptions eo;
   eo.runner.worker.num_cores = 1;
   eo.runner.worker.faults.emplace();

@@ -19,6 +19,10 @@ void set_thread_name(const std::string& name);
 // Best effort: failures are ignored.
 void use_precise_timers();
 
+// Hardware threads of this machine (std::thread::hardware_concurrency), at least 1: the default
+// width of the sim device and of the benchmarks' probes.
+int hardware_threads();
+
 // The CPUs the calling thread may run on (sched_getaffinity), ascending.
 // INTERNAL with errno's text when the kernel refuses.
 absl::StatusOr<std::vector<int>> allowed_cpus();

@@ -8,8 +8,9 @@
 // (embed_tokens when tied), greedy argmax on the device. No biases. Projection and
 // embedding weights are f32, bf16 or f16 (computed in f32); activations and the KV cache are f32.
 //
-// Prefill goes through the same program one position per run (rows whose
-// logits are not needed are simply left out of `logit_rows`).
+// Prefill goes through the same program: a prompt chunk is one row per position in the same
+// run as the decode rows (chunked prefill); rows whose logits are not needed are left out of
+// `logit_rows`.
 #pragma once
 
 #include <cstdint>
