@@ -473,7 +473,7 @@ absl::StatusOr<RequestOutput> LlmEngine::next_output(RequestId id, base::Deadlin
   RequestOutput out = std::move(d->queue.front());
   d->queue.pop_front();
   const bool last = out.finished() && --d->unread_finals == 0;
-  dl.native().unlock();  // lock order: im.mu before a delivery's mu
+  dl.unlock();  // lock order: im.mu before a delivery's mu
   if (last) {
     base::MutexLock l(im.mu);
     im.deliveries.erase(id);

@@ -94,18 +94,15 @@ struct ChipRun {
   RunTiming timing;
   int32_t effective_depth = 0;
   uint64_t id() const { return shared->id.value; }
-  // Sets the lane-side state (under the lane's mu_) and publishes the
-  // not-done states (ACCEPTED, PREPARED, LAUNCHED) to the handles; a handle
-  // shows RETIRED from the finalized event on (RunHandle::state()).
-  void set_state(RunState s) {
-    state = s;
-    if (s < RunState::kCompleted) shared->state.store(s, std::memory_order_release);
-  }
 };
 
 ChipRunLane::ChipRunLane(device::Device* device, device::Stream* stream, RunResourceArena* arena,
                          LaneOptions options)
-    : device_(device), stream_(stream), arena_(arena), options_(std::move(options)) {
+    : device_(device),
+      stream_(stream),
+      arena_(arena),
+      options_(std::move(options)),
+      env_(options_.env != nullptr ? *options_.env : base::Env::real()) {
   thread_ = std::thread([this] {
     // The lane thread is bookkeeping behind the device: SCHED_BATCH keeps its
     // wake-ups from preempting the device's scheduler thread at a run boundary
@@ -217,14 +214,14 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     base::MutexLock lock(mu_);
     if (!prepared.ok() || !poison_.ok()) {
       // Returned by submit: delivered here, retired in order by the lane thread.
-      r->status = !prepared.ok()
-                      ? base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "))
-                      : poison_;  // the lane was poisoned while this run was preparing
-      r->set_state(RunState::kCancelled);
+      set_state_locked(*r, RunState::kCancelled,
+                       !prepared.ok()
+                           ? base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "))
+                           : poison_);  // the lane was poisoned while this run was preparing
       r->shared->delivered.store(true, std::memory_order_relaxed);
       prepared = r->status;
     } else {
-      r->set_state(RunState::kPrepared);
+      set_state_locked(*r, RunState::kPrepared);
     }
     launch_ready_locked();
     if (prepared.ok() && r->state == RunState::kFailed) {
@@ -283,6 +280,19 @@ absl::Status ChipRunLane::prepare(ChipRun& run) {
   return absl::OkStatus();
 }
 
+// The one place a run's state changes. A terminal state records the run's
+// status with it; the not-done states (ACCEPTED, PREPARED, LAUNCHED) are
+// published to the handles at once, the terminal ones only by finalize's
+// event (a handle shows RETIRED from then on; RunHandle::state()).
+void ChipRunLane::set_state_locked(ChipRun& run, RunState state, absl::Status status) {
+  run.state = state;
+  if (is_terminal(state)) {
+    run.status = std::move(status);
+  } else {
+    run.shared->state.store(state, std::memory_order_release);
+  }
+}
+
 void ChipRunLane::launch_ready_locked() {
   for (auto& up : runs_) {
     ChipRun& run = *up;
@@ -293,8 +303,8 @@ void ChipRunLane::launch_ready_locked() {
       if (run.state != RunState::kPrepared) continue;
       // Never launched: fail it with the poison cause (or, when close()'s
       // deadline passed, its own cancellation); its set is provably unused.
-      run.status = close_expired_ ? cancel_status_locked(run.id()) : poison_;
-      run.set_state(RunState::kCancelled);
+      set_state_locked(run, RunState::kCancelled,
+                       close_expired_ ? cancel_status_locked(run.id()) : poison_);
       continue;
     }
     if (run.state != RunState::kPrepared) break;  // FIFO: an earlier run is still preparing
@@ -324,14 +334,14 @@ void ChipRunLane::launch_ready_locked() {
         run.timing.launch_ns = 0;
         break;
       }
-      run.status = base::mark_unrecoverable(
-          base::annotate(rec.status(), absl::StrCat("run ", id, " launch: ")));
-      run.set_state(RunState::kFailed);
+      set_state_locked(run, RunState::kFailed,
+                       base::mark_unrecoverable(
+                           base::annotate(rec.status(), absl::StrCat("run ", id, " launch: "))));
       poison_locked(id, run.status);
       continue;
     }
     run.record = std::move(rec).value();
-    run.set_state(RunState::kLaunched);
+    set_state_locked(run, RunState::kLaunched);
     ++launched_;
     launched_now_.store(launched_, std::memory_order_relaxed);
     run.effective_depth = on_device + 1;
@@ -345,10 +355,12 @@ void ChipRunLane::launch_ready_locked() {
 // launch may have set it first; a later run never replaces it.
 void ChipRunLane::poison_locked(uint64_t run, const absl::Status& cause) {
   if (!poison_.ok() && run >= poisoned_by_) return;
-  if (poison_.ok()) {
-    // Runs launched behind the poisoning run share one short drain window.
-    behind_poison_deadline_ = base::Deadline::after(std::chrono::seconds(1));
-  }
+  // Runs launched behind the poisoning run share one short drain window,
+  // opened when that run is named: an earlier run that takes the poison over
+  // (a refused launch poisoned first, then a run ahead of it timed out long
+  // after) opens a fresh one, so the runs between them are not failed
+  // unwaited-for and quarantined.
+  behind_poison_deadline_ = env_.after(std::chrono::seconds(1));
   poison_ = base::mark_poisoned_by(
       base::mark_unrecoverable(absl::FailedPreconditionError(
           absl::StrCat("lane poisoned by run ", run, ": ", std::string(cause.message())))),
@@ -373,6 +385,8 @@ int32_t ChipRunLane::launched_on_device_locked() const {
   return n;
 }
 
+// The lane thread: reap the head run when it is launched, then finalize and
+// retire it; runs retire strictly in FIFO order (invariant 1).
 void ChipRunLane::lane_loop() {
   base::MutexLock lock(mu_);
   while (true) {
@@ -381,120 +395,137 @@ void ChipRunLane::lane_loop() {
       cv_.wait(lock);
       continue;
     }
-    ChipRun& run = *runs_.front();
-    if (run.state == RunState::kLaunched) {
-      // Reap: wait for the device outside the lock, bounded by the operation timeout.
-      std::shared_ptr<device::LaunchRecord> rec = run.record;
-      const int64_t reap_start = base::now_ns();
-      // The run's own timeout, else the lane's; beyond the clock's range: forever.
-      const double timeout_s =
-          run.config.timeout_s > 0 ? run.config.timeout_s : options_.operation_timeout_s;
-      // Behind a poisoned lane the device was aborted: the run fails with the
-      // poison cause; wait only briefly for the device to drop it. A run
-      // launched before the poisoning run (possible when a later launch was
-      // refused) is not behind it: it finishes with its own result.
-      const bool poisoned_before = behind_poison_locked(run.id());
-      // When the run is expected to end on the device: it starts when its
-      // predecessor ended (or at launch) and lasts as long as this callable's
-      // recent runs. 0 = no estimate.
-      int64_t expected_end = 0;
-      if (auto it = run_ns_estimate_.find(run.records->callable);
-          it != run_ns_estimate_.end() && !poisoned_before) {
-        expected_end = std::max(run.timing.launch_ns, last_device_end_ns_) + it->second;
-      }
-      const base::Deadline deadline = poisoned_before
-                                          ? behind_poison_deadline_
-                                          : base::deadline_from_seconds(timeout_s).value();
-      lock.native().unlock();
-      const bool done = await_record(*rec, expected_end, deadline);
-      lock.native().lock();
-      run.timing.complete_ns = base::now_ns();
-      span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
-      --launched_;
-      launched_now_.store(launched_, std::memory_order_relaxed);
-      if (!done && close_expired_) {
-        // close(deadline) passed with this run still on the device.
-        run.status = cancel_status_locked(run.id());
-        run.quarantine = true;  // the device may still hold it
-      } else if (!done && behind_poison_locked(run.id())) {
-        run.status = poison_;
-        run.quarantine = true;  // the device may still hold it
-      } else if (!done) {
-        // Named while the device still executes it: the abort below releases
-        // hung tasks, after which nothing would say which task overran.
-        const std::string executing =
-            describe_executing(device_->executing(), run.id(), *run.records->callable);
-        run.status = base::mark_unrecoverable(absl::DeadlineExceededError(absl::StrCat(
-            "run ", run.id(), " did not finish within the operation timeout of ", timeout_s, " s; ",
-            executing.empty()
-                ? std::string("no task of it was executing (its orchestration was still running)")
-                : "still executing: " + executing,
-            "; device aborted")));
-        run.quarantine = true;
-        poison_locked(run.id(), run.status);
-        device_->abort(run.status);
-      } else {
-        run.record_done = true;
-        run.timing.device_start_ns = rec->start_ns;
-        run.timing.device_end_ns = rec->end_ns;
-        last_device_end_ns_ = rec->end_ns;
-        const int64_t took = rec->end_ns - rec->start_ns;
-        auto [est, fresh] = run_ns_estimate_.emplace(run.records->callable, took);
-        // Sleeping past the end delays the host (and, at depth 1, the next
-        // launch), waking early only costs a poll: follow shorter runs at once,
-        // longer ones slowly (a sample counts at most twice the estimate), so
-        // one stalled run does not push the next reaps late.
-        if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
-        absl::Status st = rec->done.status();
-        if (close_expired_ && base::is_unrecoverable(st) && rec->end_ns >= close_expired_ns_) {
-          // Stopped by close()'s abort (it ended after the abort): cancelled,
-          // not a device failure. A fault that ended before keeps its error.
-          run.status = cancel_status_locked(run.id());
-        } else if (behind_poison_locked(run.id())) {
-          // Launched behind the run that poisoned the lane.
-          run.status = poison_;
-        } else if (!st.ok() && base::is_unrecoverable(st)) {
-          run.status = st;
-          run.quarantine = true;  // device state unknown
-          poison_locked(run.id(), st);
-          device_->abort(poison_);
-        } else {
-          run.status = st;
-        }
-      }
-      run.set_state(run.status.ok() ? RunState::kCompleted : RunState::kFailed);
+    ChipRun& head = *runs_.front();
+    if (head.state == RunState::kLaunched) {
+      reap_locked(head);
       launch_ready_locked();  // the successor goes onto the device before we finalize
-    } else if (!is_terminal(run.state)) {
+    } else if (!is_terminal(head.state)) {
       cv_.wait(lock);  // still preparing, or waiting for launch capacity
       continue;
     }
-    // Finalize and retire the head run outside the lock.
-    // The head stays in runs_ (terminal, so nothing else acts on it) until popped.
-    ChipRun* head = runs_.front().get();
-    lock.native().unlock();
-    finalize(*head);
-    lock.native().lock();
-    std::unique_ptr<ChipRun> owned = std::move(runs_.front());
-    runs_.pop_front();
-    if (owned->quarantine) {
-      // Device use not proven finished: its buffers stay in use until the device closes.
-      for (const auto& r : owned->device_ranges) quarantined_ranges_.push_back({owned->id(), r});
-    }
-    ++retired_;
-    if (!owned->status.ok() && first_error_.ok() && !close_expired_) {
-      first_error_ = owned->status;
-      first_error_run_ = owned->id();
-    }
-    if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
-      failed_.push_back(owned->shared);
-    }
-    // Publish (RunHandle::state()'s order): the run is finalized and retired
-    // (its set is back); the event is the one publication of done-ness
-    // (Event::signal is a release: a thread that sees done() or RETIRED sees
-    // the result).
-    owned->shared->finalized.signal(owned->status);
-    cv_.notify_all();
+    // The head stays in runs_ (terminal, so nothing else acts on it) until retired.
+    lock.unlock();
+    finalize(head);
+    lock.lock();
+    retire_head_locked();
   }
+}
+
+void ChipRunLane::reap_locked(ChipRun& run) {
+  // Wait for the device outside the lock, bounded by the operation timeout.
+  std::shared_ptr<device::LaunchRecord> rec = run.record;
+  const int64_t reap_start = base::now_ns();
+  // The run's own timeout, else the lane's; beyond the clock's range: forever.
+  const double timeout_s =
+      run.config.timeout_s > 0 ? run.config.timeout_s : options_.operation_timeout_s;
+  // Behind a poisoned lane the device was aborted: the run fails with the
+  // poison cause; wait only briefly for the device to drop it. A run
+  // launched before the poisoning run (possible when a later launch was
+  // refused) is not behind it: it finishes with its own result.
+  const bool poisoned_before = behind_poison_locked(run.id());
+  // When the run is expected to end on the device: it starts when its
+  // predecessor ended (or at launch) and lasts as long as this callable's
+  // recent runs. 0 = no estimate.
+  int64_t expected_end = 0;
+  if (auto it = run_ns_estimate_.find(run.records->callable);
+      it != run_ns_estimate_.end() && !poisoned_before) {
+    expected_end = std::max(run.timing.launch_ns, last_device_end_ns_) + it->second;
+  }
+  const base::Deadline deadline =
+      poisoned_before ? behind_poison_deadline_ : env_.deadline_after(timeout_s).value();
+  // The caller's lock scope still owns mu_: released here and retaken
+  // before returning.
+  mu_.unlock();
+  const bool done = await_record(*rec, expected_end, deadline);
+  mu_.lock();
+  run.timing.complete_ns = base::now_ns();
+  span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
+  --launched_;
+  launched_now_.store(launched_, std::memory_order_relaxed);
+  if (done) {
+    run.record_done = true;
+    run.timing.device_start_ns = rec->start_ns;
+    run.timing.device_end_ns = rec->end_ns;
+    last_device_end_ns_ = rec->end_ns;
+    const int64_t took = rec->end_ns - rec->start_ns;
+    auto [est, fresh] = run_ns_estimate_.emplace(run.records->callable, took);
+    // Sleeping past the end delays the host (and, at depth 1, the next
+    // launch), waking early only costs a poll: follow shorter runs at once,
+    // longer ones slowly (a sample counts at most twice the estimate), so
+    // one stalled run does not push the next reaps late.
+    if (!fresh) track_low(est->second, std::min(took, 2 * est->second));
+  }
+  const absl::Status status = reaped_status_locked(run, done, *rec, timeout_s);
+  set_state_locked(run, status.ok() ? RunState::kCompleted : RunState::kFailed, status);
+}
+
+// What a reaped run ends with; poisons the lane and aborts the device on an
+// unrecoverable outcome, and marks the run quarantined when its device use
+// is unproven.
+absl::Status ChipRunLane::reaped_status_locked(ChipRun& run, bool done,
+                                               const device::LaunchRecord& rec, double timeout_s) {
+  if (!done) {
+    run.quarantine = true;  // the device may still hold it
+    // close(deadline) passed with this run still on the device.
+    if (close_expired_) return cancel_status_locked(run.id());
+    if (behind_poison_locked(run.id())) return poison_;
+    // Named while the device still executes it: the abort below releases
+    // hung tasks, after which nothing would say which task overran.
+    const std::string executing =
+        describe_executing(device_->executing(), run.id(), *run.records->callable);
+    absl::Status overran = base::mark_unrecoverable(absl::DeadlineExceededError(absl::StrCat(
+        "run ", run.id(), " did not finish within the operation timeout of ", timeout_s, " s; ",
+        executing.empty()
+            ? std::string("no task of it was executing (its orchestration was still running)")
+            : "still executing: " + executing,
+        "; device aborted")));
+    poison_locked(run.id(), overran);
+    device_->abort(overran);
+    return overran;
+  }
+  absl::Status st = rec.done.status();
+  if (close_expired_ && base::is_unrecoverable(st) && rec.end_ns >= close_expired_ns_) {
+    // Stopped by close()'s abort (it ended after the abort): cancelled,
+    // not a device failure. A fault that ended before keeps its error.
+    return cancel_status_locked(run.id());
+  }
+  // Launched behind the run that poisoned the lane.
+  if (behind_poison_locked(run.id())) return poison_;
+  if (!st.ok() && base::is_unrecoverable(st)) {
+    run.quarantine = true;  // device state unknown
+    poison_locked(run.id(), st);
+    device_->abort(poison_);
+  }
+  return st;
+}
+
+void ChipRunLane::retire_head_locked() {
+  std::unique_ptr<ChipRun> owned = std::move(runs_.front());
+  runs_.pop_front();
+  // Retire: the set goes back, or into quarantine when device use is unproven
+  // (its buffers then stay in use until the device closes).
+  const int64_t retire_start = base::now_ns();
+  absl::Status back =
+      owned->quarantine ? arena_->quarantine(owned->set) : arena_->release(owned->set);
+  if (!back.ok()) SIMPLER_LOG_ERROR("run {} retire: {}", owned->id(), back.ToString());
+  if (owned->quarantine) {
+    for (const auto& r : owned->device_ranges) quarantined_ranges_.push_back({owned->id(), r});
+  }
+  span("retire", retire_start, base::now_ns(), owned->id(), 1);
+  ++retired_;
+  if (!owned->status.ok() && first_error_.ok() && !close_expired_) {
+    first_error_ = owned->status;
+    first_error_run_ = owned->id();
+  }
+  if (!owned->status.ok() && !owned->shared->delivered.load(std::memory_order_acquire)) {
+    failed_.push_back(owned->shared);
+  }
+  // Publish (RunHandle::state()'s order): the run is finalized and retired
+  // (its set is back); the event is the one publication of done-ness
+  // (Event::signal is a release: a thread that sees done() or RETIRED sees
+  // the result).
+  owned->shared->finalized.signal(owned->status);
+  cv_.notify_all();
 }
 
 // Reaping without costing the device a wake-up: a thread sleeping on the
@@ -510,9 +541,12 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
                                const base::Deadline& deadline) {
   constexpr int64_t kReapSpinNs = 100'000;
   if (expected_end > 0 && deadline.kind != base::Deadline::Kind::kPoll) {
-    const int64_t deadline_ns = deadline.kind == base::Deadline::Kind::kAt
-                                    ? base::to_ns(deadline.at)
-                                    : std::numeric_limits<int64_t>::max();
+    // The prediction is on the device's clock (base::now_ns); the deadline
+    // is on the lane's Env: translated once, as what is left of it.
+    const int64_t left = env_.remaining_ns(deadline);
+    const int64_t deadline_ns = left == std::numeric_limits<int64_t>::max()
+                                    ? left
+                                    : base::now_ns() + std::max<int64_t>(left, 0);
     const int64_t wake_at =
         std::min(expected_end - timer_lateness_ns_ - kReapSpinNs / 2, deadline_ns);
     if (wake_at > base::now_ns() + 2'000) {
@@ -521,7 +555,7 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
       // the stale end — at the price of a device-paid wake-up for such runs.
       // A few µs after wake_at the lane is no longer a waiter, so the device
       // signals a run that ends on time without a wake-up.
-      if (wait_record(rec, base::Deadline::until(base::steady_time(wake_at)))) {
+      if (wait_record(rec, env_.after(std::chrono::nanoseconds(wake_at - base::now_ns())))) {
         device_polls_.fetch_add(1, std::memory_order_relaxed);
         return true;
       }
@@ -565,13 +599,12 @@ bool ChipRunLane::wait_record(device::LaunchRecord& rec, const base::Deadline& d
   while (true) {
     if (interrupt_.load(std::memory_order_acquire)) return rec.done.is_signaled();
     if (deadline.kind == base::Deadline::Kind::kPoll) return rec.done.is_signaled();
-    const int64_t slice_end = base::now_ns() + kInterruptSliceNs;
-    const bool last =
-        deadline.kind == base::Deadline::Kind::kAt && base::to_ns(deadline.at) <= slice_end;
-    if (rec.done.wait(last ? deadline : base::Deadline::until(base::steady_time(slice_end)))) {
+    const bool last = env_.remaining_ns(deadline) <= kInterruptSliceNs;
+    if (env_.wait(rec.done,
+                  last ? deadline : env_.after(std::chrono::nanoseconds(kInterruptSliceNs)))) {
       return true;
     }
-    if (last) return false;
+    if (last && env_.expired(deadline)) return rec.done.is_signaled();
   }
 }
 
@@ -647,12 +680,6 @@ void ChipRunLane::finalize(ChipRun& run) {
                            t.task});
     }
   }
-
-  // Retire: the set goes back, or into quarantine when device use is unproven.
-  const int64_t retire_start = base::now_ns();
-  absl::Status back = run.quarantine ? arena_->quarantine(run.set) : arena_->release(run.set);
-  if (!back.ok()) SIMPLER_LOG_ERROR("run {} retire: {}", run.id(), back.ToString());
-  span("retire", retire_start, base::now_ns(), run.id(), 1);
 }
 
 absl::Status ChipRunLane::release_if_unused(uint64_t address, uint64_t bytes,
@@ -754,8 +781,8 @@ absl::Status ChipRunLane::close(const base::Deadline& deadline) {
     while (!runs_.empty()) {
       if (close_expired_ || deadline.is_forever()) {
         cv_.wait(lock);
-      } else if (!deadline.expired()) {
-        (void)cv_.wait_until(lock, deadline.at);
+      } else if (!env_.expired(deadline)) {
+        (void)env_.wait(cv_, lock, deadline);
       } else {
         expire_close_locked();
       }

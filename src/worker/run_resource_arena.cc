@@ -4,8 +4,11 @@
 
 namespace simpler::worker {
 
-RunResourceArena::RunResourceArena(device::Device* device, int32_t grant)
-    : device_(device), grant_(grant), sets_(static_cast<size_t>(grant)) {
+RunResourceArena::RunResourceArena(device::Device* device, int32_t grant, base::Env* env)
+    : device_(device),
+      env_(env != nullptr ? *env : base::Env::real()),
+      grant_(grant),
+      sets_(static_cast<size_t>(grant)) {
   base::MutexLock lock(mu_);
   count_[static_cast<size_t>(SetState::kFree)] = grant;
 }
@@ -43,18 +46,13 @@ absl::StatusOr<base::SlotRef> RunResourceArena::acquire(const base::Deadline& de
       return absl::FailedPreconditionError(absl::StrCat(
           "all ", sets_.size(), " run resource sets are quarantined; none can become free"));
     }
-    if (deadline.kind == base::Deadline::Kind::kPoll ||
-        (deadline.kind == base::Deadline::Kind::kAt && deadline.expired())) {
+    if (env_.expired(deadline)) {
       return absl::DeadlineExceededError(
           absl::StrCat("no run resource set became free before the deadline (grant ", sets_.size(),
                        ", ", quarantined, " quarantined)"));
     }
     ++waiting_;
-    if (deadline.is_forever()) {
-      cv_.wait(lock);
-    } else {
-      cv_.wait_until(lock, deadline.at);
-    }
+    (void)env_.wait(cv_, lock, deadline);
     --waiting_;
   }
 }

@@ -97,13 +97,15 @@ absl::Status ChipWorker::init(
   }
   SIMPLER_ASSIGN_OR_RETURN(device_, device::create_sim_device(d));
   SIMPLER_ASSIGN_OR_RETURN(stream_, device_->create_stream());
-  arena_ = std::make_shared<RunResourceArena>(device_.get(), options_.effective_grant());
+  arena_ =
+      std::make_shared<RunResourceArena>(device_.get(), options_.effective_grant(), options_.env);
   LaneOptions lane;
   lane.launch_depth = options_.launch_depth;
   lane.operation_timeout_s = options_.operation_timeout_s;
   lane.chip = options_.chip;
   lane.trace = options_.trace;
   lane.placement = options_.placement;
+  lane.env = options_.env;
   lane_ = std::make_unique<ChipRunLane>(device_.get(), stream_, arena_.get(), lane);
   return absl::OkStatus();
 }
@@ -225,8 +227,8 @@ absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::Ta
     return absl::InvalidArgumentError(absl::StrCat("unknown callable handle ", callable.index, " (",
                                                    callables_.size(), " registered)"));
   }
-  SIMPLER_ASSIGN_OR_RETURN(base::Deadline admission,
-                           base::deadline_from_seconds(admission_timeout_s));
+  base::Env& env = options_.env != nullptr ? *options_.env : base::Env::real();
+  SIMPLER_ASSIGN_OR_RETURN(base::Deadline admission, env.deadline_after(admission_timeout_s));
   return chip_->lane().submit(callables_[callable.index].get(), args, config, admission);
 }
 

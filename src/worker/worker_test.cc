@@ -24,6 +24,14 @@ using testing::contains;
 
 WorkerOptions opts(int depth = 1, int grant = 0) { return testing::test_options(depth, grant); }
 
+// Fires the operation timeout the lane is waiting on: waits until a wait
+// bounded by a deadline is in progress on `env` (the lane computed the
+// deadline before it began waiting), then moves the clock past it.
+void pass_timeout(base::FakeEnv& env, double timeout_s) {
+  ASSERT_TRUE(env.await_timed_waiters(1, std::chrono::seconds(10)));
+  env.advance(std::chrono::nanoseconds(static_cast<int64_t>((timeout_s + 1) * 1e9)));
+}
+
 TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
   {
     Worker w(opts(2, 1));
@@ -425,8 +433,9 @@ TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
 // so run 1 fails with "lane poisoned by run 0" without a full timeout wait,
 // and only run 0's set is quarantined.
 TEST(WorkerFaults, TimeoutBeforeARefusedLaunchNamesThePoison) {
+  base::FakeEnv env;
   WorkerOptions o = opts(3, 4);
-  o.operation_timeout_s = 0.3;
+  o.env = &env;
   o.faults = *device::FaultPlan::parse("run=0:task=0:kind=hang,run=2:task=0:kind=launch_refused");
   Worker w(o);
   auto h = w.register_callable(testing::count_program(1));
@@ -436,6 +445,7 @@ TEST(WorkerFaults, TimeoutBeforeARefusedLaunchNamesThePoison) {
   RunHandle r1 = *w.submit(*h, testing::count_args(executed[1]));
   auto r2 = w.submit(*h, testing::count_args(executed[2]));
   EXPECT_EQ(r2.status().code(), absl::StatusCode::kUnavailable) << r2.status();
+  pass_timeout(env, o.operation_timeout_s);
   absl::Status s0 = r0.wait();
   EXPECT_EQ(s0.code(), absl::StatusCode::kDeadlineExceeded) << s0;
   const auto t1 = std::chrono::steady_clock::now();
@@ -450,8 +460,10 @@ TEST(WorkerFaults, TimeoutBeforeARefusedLaunchNamesThePoison) {
 }
 
 TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
+  base::FakeEnv env;
   WorkerOptions o = opts(2);
-  o.operation_timeout_s = 0.3;
+  o.env = &env;
+  o.operation_timeout_s = 30;
   o.faults = *device::FaultPlan::parse("run=1:task=0:kind=hang");
   Worker w(o);
   auto h = w.register_callable(affine_program());
@@ -461,11 +473,12 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
   RunHandle r1 = *w.submit(*h, affine_args(&in[1], &out[1], 0));
   auto r2 = w.submit(*h, affine_args(&in[2], &out[2], 0));
   EXPECT_TRUE(r0.wait().ok());
+  pass_timeout(env, o.operation_timeout_s);  // the lane now waits on run 1 alone
   absl::Status s = r1.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   // One sentence: the run, the task still executing and its kernel, the limit.
   EXPECT_TRUE(contains(s,
-                       "run 1 did not finish within the operation timeout of 0.3 s; still "
+                       "run 1 did not finish within the operation timeout of 30 s; still "
                        "executing: task 0 (kernel 'affine', block 0 on core "))
       << s;
   EXPECT_TRUE(contains(s, "; device aborted")) << s;
@@ -478,7 +491,7 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
     absl::Status s2 = r2->wait();
     EXPECT_TRUE(contains(s2,
                          "lane poisoned by run 1: run 1 did not finish within the operation "
-                         "timeout of 0.3 s; still executing: task 0 (kernel 'affine'"))
+                         "timeout of 30 s; still executing: task 0 (kernel 'affine'"))
         << s2;
   }
   EXPECT_EQ(w.resources().quarantined, 1);
@@ -537,8 +550,9 @@ task::ChipCallable slow_write_program(int32_t sleep_ms) {
 }
 
 TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
+  base::FakeEnv env;
   WorkerOptions o = opts(1);
-  o.operation_timeout_s = 0.1;
+  o.env = &env;
   Worker w(o);
   auto h = w.register_callable(slow_write_program(600));
   ASSERT_TRUE(w.init().ok());
@@ -546,6 +560,7 @@ TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
   task::TaskArgs a;
   a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kOut);
   RunHandle r = *w.submit(*h, a);
+  pass_timeout(env, o.operation_timeout_s);  // while the kernel sleeps its 600 ms
   absl::Status s = r.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   // The kernel is still running: freeing its buffer must be refused.
@@ -557,21 +572,28 @@ TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
 }
 
 TEST(WorkerFaults, PerRunTimeoutFromCallConfigIsHonoured) {
-  Worker w(opts(1));
+  base::FakeEnv env;
+  WorkerOptions o = opts(1);
+  o.env = &env;
+  o.operation_timeout_s = 3600;
+  Worker w(o);
   auto h = w.register_callable(sleep_program());
   ASSERT_TRUE(w.init().ok());
   task::TaskArgs a;
-  a.add_scalar_i64(400'000);
+  a.add_scalar_i64(1'000'000);
   task::CallConfig c;
-  c.timeout_s = 0.05;
-  absl::Status s = w.run(*h, a, c);
+  c.timeout_s = 30;
+  RunHandle r = *w.submit(*h, a, c);
+  pass_timeout(env, c.timeout_s);  // past the run's 30 s, far short of the lane's hour
+  absl::Status s = r.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(contains(s, "operation timeout of 0.05 s")) << s;
+  EXPECT_TRUE(contains(s, "operation timeout of 30 s")) << s;
 }
 
 TEST(WorkerFaults, RunsBehindAHangFailWithThePoisonCauseQuickly) {
+  base::FakeEnv env;
   WorkerOptions o = opts(4, 4);
-  o.operation_timeout_s = 0.3;
+  o.env = &env;
   o.faults = *device::FaultPlan::parse("run=0:task=0:kind=hang");
   Worker w(o);
   auto h = w.register_callable(affine_program());
@@ -579,6 +601,7 @@ TEST(WorkerFaults, RunsBehindAHangFailWithThePoisonCauseQuickly) {
   int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
   std::vector<RunHandle> hs;
   for (int i = 0; i < 4; ++i) hs.push_back(*w.submit(*h, affine_args(&in[i], &out[i], 0)));
+  pass_timeout(env, o.operation_timeout_s);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(hs[0].wait().code(), absl::StatusCode::kDeadlineExceeded);
   for (int i = 1; i < 4; ++i) {

@@ -13,6 +13,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/env.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/trace.h"
 #include "simpler/chip/chip_runtime.h"
@@ -37,6 +38,10 @@ struct LaneOptions {
   task::GraphPlacement placement = task::GraphPlacement::kDevice;
   // Optional span sink (not owned; must outlive the lane).
   base::TraceRecorder* trace = nullptr;
+  // The clock operation timeouts, the poison drain window and close()'s
+  // deadline are measured on (not owned; must outlive the lane); null = the
+  // real one. Tests pass a base::FakeEnv.
+  base::Env* env = nullptr;
 };
 
 // Lane statistics, for tests and benchmarks.
@@ -122,14 +127,13 @@ class ChipRunLane {
   // undelivered ones in its message; OK when there is none. Idempotent (later
   // calls, and calls racing the first, wait for it and return OK).
   absl::Status close();
-  // close() bounded by `deadline`: runs still in flight when it passes fail
-  // with CANCELLED ("run N cancelled: the lane was closed at its close
-  // deadline with the run still in flight; first error: run M: ..."), those
-  // launched are quarantined (their device use is unproven), the lane is
-  // poisoned with that cause and the device aborted. Returns within about
-  // 50 ms of the deadline even when a kernel never returns — except while a
-  // submitter is still inside prepare (a host-built orchestration that does
-  // not return): its run belongs to the submitter until prepare ends.
+  // close() bounded by `deadline` (on LaneOptions::env's clock): runs still in flight when it
+  // passes fail with CANCELLED ("run N cancelled: the lane was closed at its close deadline with
+  // the run still in flight; first error: run M: ..."), those launched are quarantined (their
+  // device use is unproven), the lane is poisoned with that cause and the device aborted. Returns
+  // within about 50 ms of the deadline even when a kernel never returns — except while a submitter
+  // is still inside prepare (a host-built orchestration that does not return): its run belongs to
+  // the submitter until prepare ends.
   absl::Status close(const base::Deadline& deadline);
 
   LaneStats stats() const;
@@ -138,7 +142,21 @@ class ChipRunLane {
   int32_t launch_depth() const { return options_.launch_depth; }
 
  private:
+  // The lane thread's loop: reap the head run, finalize it, retire it.
   void lane_loop();
+  // Waits (outside mu_) for the launched head run to end on the device,
+  // bounded by its operation timeout, and gives it its terminal state.
+  void reap_locked(ChipRun& run) SIMPLER_REQUIRES(mu_);
+  absl::Status reaped_status_locked(ChipRun& run, bool done, const device::LaunchRecord& rec,
+                                    double timeout_s) SIMPLER_REQUIRES(mu_);
+  // Copies a terminal run's results into its handle's result (outside mu_:
+  // the head run is terminal, so nothing else acts on it).
+  void finalize(ChipRun& run);
+  // Pops the finalized head run, gives its resource set back (or quarantines
+  // it) and publishes its completion.
+  void retire_head_locked() SIMPLER_REQUIRES(mu_);
+  void set_state_locked(ChipRun& run, RunState state, absl::Status status = absl::OkStatus())
+      SIMPLER_REQUIRES(mu_);
   void launch_ready_locked() SIMPLER_REQUIRES(mu_);
   int32_t launched_on_device_locked() const SIMPLER_REQUIRES(mu_);
   // Poisons the lane with `cause` of run `run` (unrecoverable): "lane poisoned
@@ -147,7 +165,6 @@ class ChipRunLane {
   // Whether run `run` was launched behind the run that poisoned the lane
   // (runs launched before it finish with their own results).
   bool behind_poison_locked(uint64_t run) const SIMPLER_REQUIRES(mu_);
-  void finalize(ChipRun& run);
   // Waits for `rec` until `deadline`; true when it completed. Lane thread only.
   bool await_record(device::LaunchRecord& rec, int64_t expected_end,
                     const base::Deadline& deadline);
@@ -165,6 +182,7 @@ class ChipRunLane {
   device::Stream* stream_;
   RunResourceArena* arena_;
   const LaneOptions options_;
+  base::Env& env_;
 
   mutable base::Mutex mu_;
   base::CondVar cv_;  // lane thread: a run launched / closing; waiters: a run retired

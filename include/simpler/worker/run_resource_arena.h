@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/env.h"
 #include "simpler/base/ids.h"
 #include "simpler/base/sync.h"
 #include "simpler/chip/chip_runtime.h"
@@ -70,8 +71,9 @@ struct ArenaCounts {
 // Thread-safe.
 class RunResourceArena {
  public:
-  // `device` must outlive the arena. grant in [1, kMaxRunGrant].
-  RunResourceArena(device::Device* device, int32_t grant);
+  // `device` (and `env`, when given) must outlive the arena. grant in [1,
+  // kMaxRunGrant]. acquire()'s deadline is on `env`'s clock (null = the real one).
+  RunResourceArena(device::Device* device, int32_t grant, base::Env* env = nullptr);
   ~RunResourceArena();
 
   // Takes a free set, blocking until one is free or `deadline` passes
@@ -115,6 +117,7 @@ class RunResourceArena {
   void move_to(Set& set, SetState to) SIMPLER_REQUIRES(mu_);
 
   device::Device* device_;
+  base::Env& env_;
   mutable base::Mutex mu_;
   base::CondVar cv_;
   const int32_t grant_;  // sets_.size(), fixed at construction

@@ -45,6 +45,10 @@ struct WorkerOptions {
   // Fault plan for the sim device; unset = parse SIMPLER_SIM_FAULTS at init().
   std::optional<device::FaultPlan> faults;
   base::TraceRecorder* trace = nullptr;  // not owned; must outlive the Worker
+  // The clock operation timeouts, admission and close() deadlines are
+  // measured on (not owned; must outlive the Worker); null = the real one.
+  // Tests pass a base::FakeEnv to fire a timeout when they choose.
+  base::Env* env = nullptr;
 
   // INVALID_ARGUMENT naming the field: level != 2, unknown platform, negative
   // ids or cores, depth < 1 or above kMaxRunGrant, grant below the depth
@@ -171,7 +175,8 @@ class Worker {
   // close(), bounded by `deadline` (the fatal path: an error is known and
   // nothing in flight is wanted any more). Runs still in flight when it
   // passes fail CANCELLED naming the first error's cause and the lane is
-  // poisoned (ChipRunLane::close(deadline)). Returns within about the
+  // poisoned (ChipRunLane::close(deadline)). `deadline` is on
+  // WorkerOptions::env's clock. Returns within about the
   // deadline plus the device's close grace even when a kernel never returns:
   // such a device thread is abandoned (abandoned_threads()).
   absl::Status close(const base::Deadline& deadline);
