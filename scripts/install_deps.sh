@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev libcpp-httplib-dev
   python3 python3-numpy python3-jinja2
+  spin
 )
 
 # --bench: instead, the peers the benchmarks compare against (not needed to build or test):

@@ -1,0 +1,267 @@
+// The shared-memory mailbox between an L3 parent and one process-mode child (ARCHITECTURE.md "L3";
+// reference/004). It keeps *transport* apart from *execution lifetime*:
+//
+//   region             count          holds
+//   header             1              magic, version, grant, byte extent, doorbells, stop reason
+//   control frame      1              start-up and control commands (kFrameBytes)
+//   request frames     K = 2          one submission's bytes each (kFrameBytes), handed back to
+//                                     the parent as soon as the child copied them out
+//   run-state entries  M = grant + K  one in-flight run each: identity, state, code, error text
+//
+// The layout is plain versioned structs (no pointer, no byte-offset table): MailboxLayout, then
+// RunEntry[M]. Both sides map the same memfd; every word the other side writes is read through an
+// atomic or copied out and bounds-checked before use.
+//
+// Hand-off rules (each has a test that fails when it breaks, and a Promela model,
+// tests/protocol/mailbox.pml, checks them for K = 2 and a small grant):
+//  * A frame is the parent's while kFree and the child's while kPublished. The parent's
+//    publication (state = kPublished) is its last store to a frame; the child's ACK (state =
+//    kFree) is its last store to a frame — the parent may refill it the instant it sees the ACK.
+//  * An entry's generation is odd while occupied and even while free. The parent claims an entry
+//    (generation to odd, state kClaimed) before publishing the frame that names it, and frees it
+//    (generation to even, state kFree) only after it read a terminal state.
+//  * The child writes an entry's terminal state (kCompleted / kFailed) as its last store to that
+//    entry, after the code and error text; the parent may free the entry the instant it sees it.
+//  * A frame naming a live entry at a generation that moved on is returned untouched (ACKed, no
+//    entry written). A frame naming an index outside the table, or an even generation, stops the
+//    endpoint with a published reason; the parent then gives every run it held a terminal status
+//    with that cause.
+//  * Whoever publishes checks first that a frame and an entry are free (can_dispatch()); running
+//    out of either is ordinary backpressure, never an error path.
+//  * Waiting is on futex doorbells in the shared region (no spinning waiter): the parent rings
+//    the child's after publishing, the child rings the parent's after an ACK or a terminal state.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/base/sync.h"
+#include "simpler/base/thread_annotations.h"
+
+namespace simpler::hierarchy {
+
+inline constexpr uint32_t kMailboxMagic = 0x584d4253;  // "SBMX" in memory order
+inline constexpr uint32_t kMailboxVersion = 1;
+inline constexpr uint32_t kRequestFrames = 2;       // K
+inline constexpr uint32_t kFrameBytes = 64 * 1024;  // one request or control frame, header included
+inline constexpr uint32_t kErrorTextBytes = 256;    // an entry's error text, NUL included
+inline constexpr uint32_t kStopReasonBytes = 512;   // the published stop reason, NUL included
+inline constexpr uint32_t kMaxMailboxGrant = 1024;  // worker::kMaxRunGrant
+// Appended to an error text cut to fit an entry; the full text goes to the child's log.
+inline constexpr char kTruncationMarker[] = " [...truncated]";
+
+enum class FrameState : uint32_t { kFree = 0, kPublished = 1 };
+enum class EntryState : uint32_t {
+  kFree = 0,       // no run (generation even)
+  kClaimed = 1,    // the parent claimed it for a run whose frame is published or being published
+  kAccepted = 2,   // the child copied the run's request out of its frame
+  kCompleted = 3,  // terminal: the run succeeded
+  kFailed = 4,     // terminal: `code` / `error` say why
+};
+bool is_terminal(EntryState s);
+
+struct FrameHeader {
+  std::atomic<uint32_t> state;  // FrameState
+  uint32_t entry_index;         // the run-state entry this frame's run occupies
+  uint32_t entry_generation;    // that entry's generation when the parent claimed it (odd)
+  uint32_t payload_bytes;       // <= kFramePayloadBytes
+  uint64_t run_id;
+};
+inline constexpr uint32_t kFramePayloadBytes = kFrameBytes - sizeof(FrameHeader);
+
+struct RequestFrame {
+  FrameHeader header;
+  uint8_t payload[kFramePayloadBytes];
+};
+static_assert(sizeof(RequestFrame) == kFrameBytes);
+
+struct RunEntry {
+  std::atomic<uint32_t> generation;  // odd while occupied, even while free
+  std::atomic<uint32_t> state;       // EntryState
+  uint64_t run_id;                   // written by the parent at claim
+  int32_t code;                      // absl::StatusCode of a terminal state (0 for kCompleted)
+  uint32_t error_bytes;              // bytes of `error` used, < kErrorTextBytes
+  char error[kErrorTextBytes];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+struct MailboxHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t grant;         // run resource sets the child may hold at once
+  uint32_t entry_count;   // grant + K
+  uint64_t region_bytes;  // mailbox_bytes(grant)
+  int32_t parent_pid;     // taken before any child is forked
+  std::atomic<int32_t> child_pid;
+  std::atomic<uint32_t> child_doorbell;   // futex word the child sleeps on
+  std::atomic<uint32_t> parent_doorbell;  // futex word the parent sleeps on
+  std::atomic<uint32_t> stopped;          // 0 running; 1 once stop_reason is published
+  uint32_t stop_reason_bytes;
+  char stop_reason[kStopReasonBytes];
+};
+
+// The fixed part of the region; RunEntry[entry_count] follows it.
+struct MailboxLayout {
+  MailboxHeader header;
+  RequestFrame control;
+  RequestFrame frames[kRequestFrames];
+};
+
+// Bytes of a mailbox for `grant` (sizeof(MailboxLayout) + (grant + K) * sizeof(RunEntry)).
+// INVALID_ARGUMENT when grant is outside [1, kMaxMailboxGrant].
+absl::StatusOr<uint64_t> mailbox_bytes(uint32_t grant);
+
+// Where a run stands in the mailbox: its entry and that entry's (odd) generation.
+struct Ticket {
+  uint32_t entry = 0;
+  uint32_t generation = 0;
+  uint64_t run_id = 0;
+};
+
+// The mapping of one mailbox: a memfd (mode 0600) sized to the grant. Owns the fd and the
+// mapping; movable, not copyable. Not thread-safe by itself (MailboxParent / MailboxChild are).
+class MailboxRegion {
+ public:
+  // A fresh region for `grant`: header written, every frame free, every entry free at
+  // generation 0. The fd is close-on-exec unless `inheritable`. INVALID_ARGUMENT for a grant
+  // outside [1, kMaxMailboxGrant]; INTERNAL naming the system call when memfd/mmap fails.
+  static absl::StatusOr<MailboxRegion> create(uint32_t grant);
+  // Maps an existing region (the child's side) and checks it before anything else is read: the
+  // mapped byte extent (fstat) holds the header, the magic and version match, the grant is in
+  // range and mailbox_bytes(grant) == region_bytes <= the extent, entry_count == grant + K.
+  // FAILED_PRECONDITION naming the first mismatch. Takes ownership of `fd` on success.
+  static absl::StatusOr<MailboxRegion> attach(int fd);
+
+  MailboxRegion(MailboxRegion&& other) noexcept;
+  MailboxRegion& operator=(MailboxRegion&& other) noexcept;
+  MailboxRegion(const MailboxRegion&) = delete;
+  MailboxRegion& operator=(const MailboxRegion&) = delete;
+  ~MailboxRegion();
+
+  int fd() const { return fd_; }
+  uint64_t bytes() const { return bytes_; }
+  uint32_t entry_count() const { return entry_count_; }
+  MailboxLayout& layout() const { return *static_cast<MailboxLayout*>(base_); }
+  MailboxHeader& header() const { return layout().header; }
+  RequestFrame& frame(uint32_t i) const { return layout().frames[i]; }  // i < kRequestFrames
+  // nullptr when `i` is outside the table this side validated (never read past the mapping).
+  RunEntry* entry(uint32_t i) const;
+
+ private:
+  MailboxRegion(int fd, void* base, uint64_t bytes, uint32_t entry_count);
+  void reset();
+  int fd_ = -1;
+  void* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint32_t entry_count_ = 0;  // validated at create/attach; never re-read from shared memory
+};
+
+// One run's outcome as the parent collects it.
+struct Completion {
+  Ticket ticket;
+  absl::Status status;
+};
+
+// The parent's half. Thread-safe (one internal mutex; the child is the only other writer).
+class MailboxParent {
+ public:
+  // `region` must outlive this object. Records this process's pid as the parent's.
+  explicit MailboxParent(MailboxRegion* region);
+
+  // True when a request frame and a run-state entry are free and the endpoint is not stopped:
+  // a publish() now succeeds.
+  bool can_dispatch() const;
+  // Claims a free entry for `run_id` and publishes `payload` in a free frame, then rings the
+  // child. Errors: INVALID_ARGUMENT (payload longer than kFramePayloadBytes), FAILED_PRECONDITION
+  // (the endpoint stopped: its reason), RESOURCE_EXHAUSTED (no free frame or entry: the caller
+  // skipped can_dispatch(), a caller defect; nothing was claimed).
+  absl::StatusOr<Ticket> publish(uint64_t run_id, std::span<const uint8_t> payload);
+  // Frees the entries that hold a terminal state and returns their runs' outcomes; once the
+  // endpoint stopped, also every run still held, failed with UNAVAILABLE naming the stop reason.
+  std::vector<Completion> collect();
+  // Stops the endpoint with `reason` (kept when a reason is already published): new publishes
+  // are refused and collect() fails every run still held with it. Used when the child died
+  // ("child 1234 killed by signal 9 (Killed)") or the parent closes.
+  void stop(const std::string& reason);
+  // The published stop reason, when the endpoint stopped (by either side).
+  std::optional<std::string> stop_reason() const;
+  // Runs published and not yet collected.
+  int32_t in_flight() const;
+  // Requests published whose frames the child has not ACKed yet.
+  int32_t frames_in_use() const;
+
+  // The parent doorbell's current value, and a wait until it moves from `seen` (or
+  // `timeout_ns` passes; spurious returns are possible — re-check).
+  uint32_t doorbell() const;
+  void wait(uint32_t seen, int64_t timeout_ns) const;
+
+ private:
+  bool can_dispatch_locked() const SIMPLER_REQUIRES(mu_);
+  std::optional<std::string> stop_reason_locked() const SIMPLER_REQUIRES(mu_);
+
+  MailboxRegion* region_;
+  mutable base::Mutex mu_;
+  int32_t in_flight_ SIMPLER_GUARDED_BY(mu_) = 0;
+  // Which entries this side holds and their generations: the parent's own
+  // record, never re-read from shared memory (the child cannot change them).
+  std::vector<uint8_t> held_ SIMPLER_GUARDED_BY(mu_);
+  std::vector<uint32_t> gens_ SIMPLER_GUARDED_BY(mu_);
+  // Frames are used in cyclic order on both sides, so the child takes
+  // requests in publication (FIFO) order.
+  uint32_t next_frame_ SIMPLER_GUARDED_BY(mu_) = 0;
+};
+
+// A request the child took out of a frame: its ticket and a copy of the payload.
+struct Request {
+  Ticket ticket;
+  std::vector<uint8_t> payload;
+};
+
+// The child's half. Thread-safe.
+class MailboxChild {
+ public:
+  // `region` must outlive this object. Publishes this process's pid as the child's.
+  explicit MailboxChild(MailboxRegion* region);
+
+  // Takes the next published frame, if any: validates its header; for a live entry at the
+  // frame's generation copies the payload out, marks the entry kAccepted and ACKs the frame (its
+  // last store) and returns the request; for a frame whose entry moved on, ACKs it untouched and
+  // looks at the next. Returns nullopt when no frame is published. A frame naming an index outside
+  // the table, an even generation or an oversized payload stops the endpoint with the reason
+  // published and returns FAILED_PRECONDITION with it; so does a stopped endpoint.
+  absl::StatusOr<std::optional<Request>> take();
+  // Writes the run's terminal state: code and error text (cut to kErrorTextBytes - 1 with
+  // kTruncationMarker when longer; the caller logs the full text), then the state as the last
+  // store to the entry, then rings the parent. FAILED_PRECONDITION when the ticket's entry is
+  // no longer at its generation (nothing is written). After the parent stopped the endpoint it
+  // may free entries whose runs it failed; a terminal state written into such an entry is
+  // ignored (a stopped endpoint publishes nothing more).
+  absl::Status complete(const Ticket& ticket, const absl::Status& status);
+  // Stops the endpoint with `reason` and rings the parent.
+  void stop(const std::string& reason);
+  bool stopped() const;
+
+  uint32_t doorbell() const;
+  void wait(uint32_t seen, int64_t timeout_ns) const;
+
+ private:
+  MailboxRegion* region_;
+  mutable base::Mutex mu_;
+  uint32_t next_frame_ SIMPLER_GUARDED_BY(mu_) = 0;  // frames are taken round-robin (FIFO order)
+};
+
+// Publishes `reason` as the region's stop reason unless one is published (the first stop wins)
+// and rings both doorbells. Either side.
+void publish_stop(MailboxRegion& region, const std::string& reason);
+
+}  // namespace simpler::hierarchy

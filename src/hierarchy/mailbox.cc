@@ -1,0 +1,419 @@
+#include "simpler/hierarchy/mailbox.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+
+namespace simpler::hierarchy {
+
+namespace {
+
+absl::Status errno_status(const char* call) {
+  return absl::InternalError(absl::StrCat("mailbox: ", call, ": ", std::strerror(errno)));
+}
+
+// Futex on a word of the shared mapping: not FUTEX_PRIVATE, so a wait in one
+// process is woken by a wake in another.
+void futex_wait(const std::atomic<uint32_t>& word, uint32_t seen, int64_t timeout_ns) {
+  if (word.load(std::memory_order_acquire) != seen) return;
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000);
+  (void)syscall(SYS_futex, const_cast<std::atomic<uint32_t>*>(&word), FUTEX_WAIT, seen, &ts,
+                nullptr, 0);
+}
+
+void ring(std::atomic<uint32_t>& word) {
+  word.fetch_add(1, std::memory_order_release);
+  (void)syscall(SYS_futex, &word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::string read_text(const char* text, uint32_t bytes, uint32_t capacity) {
+  const uint32_t n = std::min(bytes, capacity - 1);  // bounds-checked: the other side wrote it
+  return std::string(text, strnlen(text, n));
+}
+
+RunEntry* entries_of(void* base) {
+  return reinterpret_cast<RunEntry*>(static_cast<MailboxLayout*>(base) + 1);
+}
+
+}  // namespace
+
+bool is_terminal(EntryState s) { return s == EntryState::kCompleted || s == EntryState::kFailed; }
+
+absl::StatusOr<uint64_t> mailbox_bytes(uint32_t grant) {
+  if (grant < 1 || grant > kMaxMailboxGrant) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mailbox grant ", grant, " is outside [1, ", kMaxMailboxGrant, "]"));
+  }
+  return sizeof(MailboxLayout) + uint64_t{grant + kRequestFrames} * sizeof(RunEntry);
+}
+
+MailboxRegion::MailboxRegion(int fd, void* base, uint64_t bytes, uint32_t entry_count)
+    : fd_(fd), base_(base), bytes_(bytes), entry_count_(entry_count) {}
+
+MailboxRegion::MailboxRegion(MailboxRegion&& other) noexcept
+    : fd_(other.fd_), base_(other.base_), bytes_(other.bytes_), entry_count_(other.entry_count_) {
+  other.fd_ = -1;
+  other.base_ = nullptr;
+}
+
+MailboxRegion& MailboxRegion::operator=(MailboxRegion&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fd_ = std::exchange(other.fd_, -1);
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = other.bytes_;
+    entry_count_ = other.entry_count_;
+  }
+  return *this;
+}
+
+MailboxRegion::~MailboxRegion() { reset(); }
+
+void MailboxRegion::reset() {
+  if (base_ != nullptr) (void)munmap(base_, bytes_);
+  if (fd_ >= 0) (void)close(fd_);
+  base_ = nullptr;
+  fd_ = -1;
+}
+
+RunEntry* MailboxRegion::entry(uint32_t i) const {
+  if (i >= entry_count_) return nullptr;
+  return &entries_of(base_)[i];
+}
+
+absl::StatusOr<MailboxRegion> MailboxRegion::create(uint32_t grant) {
+  absl::StatusOr<uint64_t> bytes = mailbox_bytes(grant);
+  if (!bytes.ok()) return bytes.status();
+  const int fd = memfd_create("simpler-mailbox", MFD_CLOEXEC);
+  if (fd < 0) return errno_status("memfd_create");
+  // Owner-only, like a shm_open(..., 0600) segment: nothing else may map it.
+  if (fchmod(fd, 0600) != 0 || ftruncate(fd, static_cast<off_t>(*bytes)) != 0) {
+    absl::Status s = errno_status("fchmod/ftruncate");
+    (void)close(fd);
+    return s;
+  }
+  void* base = mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    absl::Status s = errno_status("mmap");
+    (void)close(fd);
+    return s;
+  }
+  // ftruncate zero-filled it: every frame kFree, every entry kFree at generation 0.
+  MailboxHeader& h = static_cast<MailboxLayout*>(base)->header;
+  h.magic = kMailboxMagic;
+  h.version = kMailboxVersion;
+  h.grant = grant;
+  h.entry_count = grant + kRequestFrames;
+  h.region_bytes = *bytes;
+  h.parent_pid = static_cast<int32_t>(getpid());
+  return MailboxRegion(fd, base, *bytes, grant + kRequestFrames);
+}
+
+absl::StatusOr<MailboxRegion> MailboxRegion::attach(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return errno_status("fstat");
+  const uint64_t extent = static_cast<uint64_t>(st.st_size);
+  if (extent < sizeof(MailboxLayout)) {
+    return absl::FailedPreconditionError(absl::StrCat("mailbox: the region is ", extent,
+                                                      " bytes, smaller than its fixed part (",
+                                                      sizeof(MailboxLayout), " bytes)"));
+  }
+  void* base = mmap(nullptr, extent, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return errno_status("mmap");
+  const MailboxHeader& h = static_cast<MailboxLayout*>(base)->header;
+  absl::Status bad;
+  absl::StatusOr<uint64_t> want = mailbox_bytes(h.grant);
+  if (h.magic != kMailboxMagic) {
+    bad = absl::FailedPreconditionError(
+        absl::StrCat("mailbox: bad magic 0x", absl::Hex(h.magic), " (not a simpler mailbox)"));
+  } else if (h.version != kMailboxVersion) {
+    bad = absl::FailedPreconditionError(
+        absl::StrCat("mailbox: version ", h.version, ", this build speaks ", kMailboxVersion));
+  } else if (!want.ok()) {
+    bad = absl::FailedPreconditionError(std::string(want.status().message()));
+  } else if (h.entry_count != h.grant + kRequestFrames) {
+    bad = absl::FailedPreconditionError(absl::StrCat("mailbox: ", h.entry_count,
+                                                     " entries for grant ", h.grant, " (want ",
+                                                     h.grant + kRequestFrames, ")"));
+  } else if (*want != h.region_bytes || *want > extent) {
+    bad = absl::FailedPreconditionError(absl::StrCat("mailbox: grant ", h.grant, " needs ", *want,
+                                                     " bytes; the header says ", h.region_bytes,
+                                                     " and the mapping holds ", extent));
+  }
+  if (!bad.ok()) {
+    (void)munmap(base, extent);
+    return bad;
+  }
+  // entry_count is taken once, here, after the check; later reads never trust the header.
+  return MailboxRegion(fd, base, extent, h.entry_count);
+}
+
+void publish_stop(MailboxRegion& region, const std::string& reason) {
+  MailboxHeader& h = region.header();
+  // The first stop wins: claim the right to write the reason with a CAS on a
+  // private value (2 = writing), then publish 1 after the text.
+  uint32_t expected = 0;
+  if (h.stopped.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) {
+    const size_t n = std::min<size_t>(reason.size(), kStopReasonBytes - 1);
+    std::memcpy(h.stop_reason, reason.data(), n);
+    h.stop_reason[n] = '\0';
+    h.stop_reason_bytes = static_cast<uint32_t>(n);
+    h.stopped.store(1, std::memory_order_release);
+  }
+  ring(h.parent_doorbell);
+  ring(h.child_doorbell);
+}
+
+// ---- parent ----
+
+MailboxParent::MailboxParent(MailboxRegion* region)
+    : region_(region), held_(region->entry_count(), 0), gens_(region->entry_count(), 0) {}
+
+bool MailboxParent::can_dispatch() const {
+  base::MutexLock lock(mu_);
+  return can_dispatch_locked();
+}
+
+bool MailboxParent::can_dispatch_locked() const {
+  if (region_->header().stopped.load(std::memory_order_acquire) != 0) return false;
+  if (region_->frame(next_frame_).header.state.load(std::memory_order_acquire) !=
+      static_cast<uint32_t>(FrameState::kFree)) {
+    return false;
+  }
+  return in_flight_ < static_cast<int32_t>(held_.size());
+}
+
+absl::StatusOr<Ticket> MailboxParent::publish(uint64_t run_id, std::span<const uint8_t> payload) {
+  if (payload.size() > kFramePayloadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("mailbox: a request of ", payload.size(),
+                                                   " bytes does not fit a frame (",
+                                                   kFramePayloadBytes, " bytes)"));
+  }
+  base::MutexLock lock(mu_);
+  if (std::optional<std::string> why = stop_reason_locked(); why.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", *why));
+  }
+  if (!can_dispatch_locked()) {
+    return absl::ResourceExhaustedError(
+        "mailbox: no free request frame or run-state entry; check can_dispatch() before "
+        "publishing");
+  }
+  uint32_t index = 0;
+  while (held_[index] != 0) ++index;  // in_flight_ < size: one is free
+  // Claim the entry (odd generation), then publish the frame naming it.
+  RunEntry& e = *region_->entry(index);
+  gens_[index] += 1;
+  held_[index] = 1;
+  ++in_flight_;
+  e.run_id = run_id;
+  e.code = 0;
+  e.error_bytes = 0;
+  e.state.store(static_cast<uint32_t>(EntryState::kClaimed), std::memory_order_relaxed);
+  e.generation.store(gens_[index], std::memory_order_release);
+  RequestFrame& f = region_->frame(next_frame_);
+  f.header.entry_index = index;
+  f.header.entry_generation = gens_[index];
+  f.header.payload_bytes = static_cast<uint32_t>(payload.size());
+  f.header.run_id = run_id;
+  if (!payload.empty()) std::memcpy(f.payload, payload.data(), payload.size());
+  f.header.state.store(static_cast<uint32_t>(FrameState::kPublished), std::memory_order_release);
+  next_frame_ = (next_frame_ + 1) % kRequestFrames;
+  ring(region_->header().child_doorbell);
+  return Ticket{index, gens_[index], run_id};
+}
+
+std::vector<Completion> MailboxParent::collect() {
+  std::vector<Completion> out;
+  base::MutexLock lock(mu_);
+  const std::optional<std::string> stopped = stop_reason_locked();
+  for (uint32_t i = 0; i < held_.size(); ++i) {
+    if (held_[i] == 0) continue;
+    RunEntry& e = *region_->entry(i);
+    const auto state = static_cast<EntryState>(e.state.load(std::memory_order_acquire));
+    Completion c;
+    c.ticket = Ticket{i, gens_[i], e.run_id};
+    if (is_terminal(state)) {
+      if (state == EntryState::kCompleted) {
+        c.status = absl::OkStatus();
+      } else {
+        // The child wrote code and text before the state (release/acquire).
+        int32_t code = e.code;
+        if (code <= 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+          code = static_cast<int32_t>(absl::StatusCode::kInternal);  // never OK for kFailed
+        }
+        c.status = absl::Status(static_cast<absl::StatusCode>(code),
+                                read_text(e.error, e.error_bytes, kErrorTextBytes));
+      }
+    } else if (stopped.has_value()) {
+      c.status = absl::UnavailableError(
+          absl::StrCat("run ", e.run_id, ": mailbox endpoint stopped: ", *stopped));
+    } else {
+      continue;
+    }
+    // Free the entry: state first, then the even generation.
+    e.state.store(static_cast<uint32_t>(EntryState::kFree), std::memory_order_relaxed);
+    gens_[i] += 1;
+    e.generation.store(gens_[i], std::memory_order_release);
+    held_[i] = 0;
+    --in_flight_;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void MailboxParent::stop(const std::string& reason) { publish_stop(*region_, reason); }
+
+std::optional<std::string> MailboxParent::stop_reason() const {
+  base::MutexLock lock(mu_);
+  return stop_reason_locked();
+}
+
+std::optional<std::string> MailboxParent::stop_reason_locked() const {
+  const MailboxHeader& h = region_->header();
+  if (h.stopped.load(std::memory_order_acquire) != 1) return std::nullopt;
+  return read_text(h.stop_reason, h.stop_reason_bytes, kStopReasonBytes);
+}
+
+int32_t MailboxParent::in_flight() const {
+  base::MutexLock lock(mu_);
+  return in_flight_;
+}
+
+int32_t MailboxParent::frames_in_use() const {
+  int32_t n = 0;
+  for (uint32_t i = 0; i < kRequestFrames; ++i) {
+    if (region_->frame(i).header.state.load(std::memory_order_acquire) !=
+        static_cast<uint32_t>(FrameState::kFree)) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+uint32_t MailboxParent::doorbell() const {
+  return region_->header().parent_doorbell.load(std::memory_order_acquire);
+}
+
+void MailboxParent::wait(uint32_t seen, int64_t timeout_ns) const {
+  futex_wait(region_->header().parent_doorbell, seen, timeout_ns);
+}
+
+// ---- child ----
+
+MailboxChild::MailboxChild(MailboxRegion* region) : region_(region) {
+  region_->header().child_pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+}
+
+bool MailboxChild::stopped() const {
+  return region_->header().stopped.load(std::memory_order_acquire) != 0;
+}
+
+void MailboxChild::stop(const std::string& reason) { publish_stop(*region_, reason); }
+
+absl::StatusOr<std::optional<Request>> MailboxChild::take() {
+  base::MutexLock lock(mu_);
+  while (true) {
+    const MailboxHeader& h = region_->header();
+    if (h.stopped.load(std::memory_order_acquire) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("mailbox endpoint stopped: ",
+                       h.stopped.load(std::memory_order_acquire) == 1
+                           ? read_text(h.stop_reason, h.stop_reason_bytes, kStopReasonBytes)
+                           : std::string("(reason being published)")));
+    }
+    RequestFrame& f = region_->frame(next_frame_);
+    if (f.header.state.load(std::memory_order_acquire) !=
+        static_cast<uint32_t>(FrameState::kPublished)) {
+      return std::nullopt;
+    }
+    // Copy the header once; every field is checked before use.
+    const uint32_t index = f.header.entry_index;
+    const uint32_t generation = f.header.entry_generation;
+    const uint32_t bytes = f.header.payload_bytes;
+    const uint64_t run_id = f.header.run_id;
+    std::string bad;
+    RunEntry* e = region_->entry(index);
+    if (e == nullptr) {
+      bad = absl::StrCat("request frame ", next_frame_, " names run-state entry ", index,
+                         ", outside the table of ", region_->entry_count(), " entries");
+    } else if (generation % 2 == 0) {
+      bad = absl::StrCat("request frame ", next_frame_, " names entry ", index,
+                         " at even generation ", generation, " (a free entry)");
+    } else if (bytes > kFramePayloadBytes) {
+      bad = absl::StrCat("request frame ", next_frame_, " declares ", bytes,
+                         " payload bytes, more than a frame holds (", kFramePayloadBytes, ")");
+    }
+    if (!bad.empty()) {
+      publish_stop(*region_, bad);
+      return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", bad));
+    }
+    next_frame_ = (next_frame_ + 1) % kRequestFrames;
+    if (e->generation.load(std::memory_order_acquire) != generation) {
+      // A frame left over from an earlier occupant of the entry: returned
+      // untouched (no entry written), the ACK its only store.
+      f.header.state.store(static_cast<uint32_t>(FrameState::kFree), std::memory_order_release);
+      ring(region_->header().parent_doorbell);
+      continue;
+    }
+    Request r;
+    r.ticket = Ticket{index, generation, run_id};
+    r.payload.assign(f.payload, f.payload + bytes);
+    e->state.store(static_cast<uint32_t>(EntryState::kAccepted), std::memory_order_release);
+    // The ACK: the child's last store to this frame.
+    f.header.state.store(static_cast<uint32_t>(FrameState::kFree), std::memory_order_release);
+    ring(region_->header().parent_doorbell);
+    return std::optional<Request>(std::move(r));
+  }
+}
+
+absl::Status MailboxChild::complete(const Ticket& ticket, const absl::Status& status) {
+  RunEntry* e = region_->entry(ticket.entry);
+  if (e == nullptr || e->generation.load(std::memory_order_acquire) != ticket.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mailbox: run ", ticket.run_id, "'s entry ", ticket.entry, " is no longer at generation ",
+        ticket.generation, "; its terminal state is not written"));
+  }
+  if (status.ok()) {
+    e->code = 0;
+    e->error_bytes = 0;
+    e->error[0] = '\0';
+  } else {
+    std::string text(status.message());
+    if (text.size() > kErrorTextBytes - 1) {
+      const size_t keep = kErrorTextBytes - 1 - (sizeof(kTruncationMarker) - 1);
+      text = text.substr(0, keep) + kTruncationMarker;
+    }
+    e->code = static_cast<int32_t>(status.code());
+    std::memcpy(e->error, text.data(), text.size());
+    e->error[text.size()] = '\0';
+    e->error_bytes = static_cast<uint32_t>(text.size());
+  }
+  // The terminal state: the child's last store to this entry.
+  e->state.store(static_cast<uint32_t>(status.ok() ? EntryState::kCompleted : EntryState::kFailed),
+                 std::memory_order_release);
+  ring(region_->header().parent_doorbell);
+  return absl::OkStatus();
+}
+
+uint32_t MailboxChild::doorbell() const {
+  return region_->header().child_doorbell.load(std::memory_order_acquire);
+}
+
+void MailboxChild::wait(uint32_t seen, int64_t timeout_ns) const {
+  futex_wait(region_->header().child_doorbell, seen, timeout_ns);
+}
+
+}  // namespace simpler::hierarchy
