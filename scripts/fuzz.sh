@@ -4,9 +4,10 @@
 #   scripts/fuzz.sh replay [TARGET...]
 #       What scripts/test.sh runs. For each target: every seed-corpus file and every saved crash
 #       (src/<layer>/fuzz/<target>/{corpus,crashes}/) once, then a deterministic run from the
-#       seeds with -seed=1 -runs=N (N per target below, each capped at 20 s; 3 minutes in all,
+#       seeds with -seed=1 -runs=N (N per target below, each capped at 20 s — 60 s for the
+#       mailbox targets, which issue 14 asks to run that long; 5 minutes in all,
 #       not counting the build). Fails when any input crashes, a saved crash still reproduces,
-#       the deterministic run finds a crash, or the whole replay overruns its 3 minutes.
+#       the deterministic run finds a crash, or the whole replay overruns its 8 minutes.
 #   scripts/fuzz.sh time [SECONDS] [TARGET...]
 #       Fuzzes each target for SECONDS (default 300) with -max_total_time, in fork mode so that it
 #       goes on past a crash; the growing corpus is kept in build/fuzz/corpus/<target>/ and
@@ -31,8 +32,15 @@ declare -A RUNS=(
   [tokenizer_load_fuzz]=8000
   [tokenizer_encode_fuzz]=5000
   [openai_protocol_fuzz]=60000
+  [mailbox_frame_fuzz]=100000000
+  [mailbox_entry_fuzz]=100000000
 )
 readonly PER_TARGET_CAP_S=20
+# Targets that run for longer in replay mode (seconds; issue 14 asks 60 s for the mailbox's).
+declare -A CAP_S=(
+  [mailbox_frame_fuzz]=60
+  [mailbox_entry_fuzz]=60
+)
 readonly BIN=build/fuzz/fuzz
 
 scripts/build.sh fuzz --target fuzzers >&2 || { echo "fuzz.sh: build failed" >&2; exit 1; }
@@ -95,10 +103,11 @@ for t in "${targets[@]}"; do
       work="$(mktemp -d)"
       artifacts="build/fuzz/artifacts/$t"
       mkdir -p "$artifacts"
-      echo "== $t: -seed=1 -runs=$runs (cap ${PER_TARGET_CAP_S} s)" >&2
+      cap="${CAP_S[$t]:-$PER_TARGET_CAP_S}"
+      echo "== $t: -seed=1 -runs=$runs (cap ${cap} s)" >&2
       t0=$(date +%s%N)
       "${no_aslr[@]}" "$BIN/$t" "${common_flags[@]}" "${dict[@]}" -seed=1 -runs="$runs" -reload=0 \
-        -max_total_time="$PER_TARGET_CAP_S" -artifact_prefix="$artifacts/" \
+        -max_total_time="$cap" -artifact_prefix="$artifacts/" \
         "$work" "$dir/corpus" >"build/fuzz/$t.run.log" 2>&1
       rc=$?
       t1=$(date +%s%N)

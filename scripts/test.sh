@@ -45,7 +45,7 @@ fi
 
 echo "== fuzzers: replay corpora and saved crashes, deterministic runs" >&2
 if scripts/build.sh fuzz --target fuzzers; then
-  timeout 300 scripts/fuzz.sh replay || failed+=("fuzz")
+  timeout 480 scripts/fuzz.sh replay || failed+=("fuzz")
 else
   failed+=("fuzz-build")
 fi

@@ -1,0 +1,132 @@
+// libFuzzer targets for what one side of the mailbox reads from the other (built twice, see
+// CMakeLists.txt):
+//  * SIMPLER_FUZZ_FRAME (mailbox_frame_fuzz): the child's frame decoder. The input sets the
+//    entries' generations, a published frame's header and its payload; MailboxChild::take()
+//    and then decode_run_request() read them. Checks: no crash or UB; a taken request names an
+//    entry inside the table at its current odd generation; a refused frame stopped the endpoint
+//    with a reason; a decoded request re-encodes to the same bytes.
+//  * SIMPLER_FUZZ_ENTRY (mailbox_entry_fuzz): the parent's entry reader. The input overwrites
+//    every held entry (state, code, error length and text) and collect() reads them. Checks: a
+//    failed run never reports OK, no text longer than an entry holds, every terminal entry is
+//    collected once and freed.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "base/fuzz_check.h"
+#include "simpler/hierarchy/mailbox.h"
+#include "simpler/hierarchy/run_request.h"
+
+namespace {
+
+using simpler::fuzz::check;
+using namespace simpler::hierarchy;
+
+template <typename T>
+T take_bytes(const uint8_t*& data, size_t& size) {
+  T v{};
+  const size_t n = size < sizeof(T) ? size : sizeof(T);
+  std::memcpy(&v, data, n);
+  data += n;
+  size -= n;
+  return v;
+}
+
+MailboxRegion& region() {
+  static MailboxRegion* r = new MailboxRegion(*MailboxRegion::create(1));  // M = 3 entries
+  return *r;
+}
+
+void reset(MailboxRegion& r) {
+  MailboxHeader& h = r.header();
+  h.stopped.store(0);
+  h.stop_reason_bytes = 0;
+  for (uint32_t i = 0; i < kRequestFrames; ++i) r.frame(i).header.state.store(0);
+  for (uint32_t i = 0; i < r.entry_count(); ++i) {
+    r.entry(i)->generation.store(0);
+    r.entry(i)->state.store(0);
+  }
+}
+
+}  // namespace
+
+#if defined(SIMPLER_FUZZ_FRAME)
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  MailboxRegion& r = region();
+  reset(r);
+  for (uint32_t i = 0; i < r.entry_count(); ++i) {
+    r.entry(i)->generation.store(take_bytes<uint8_t>(data, size));
+  }
+  FrameHeader& f = r.frame(0).header;
+  f.entry_index = take_bytes<uint32_t>(data, size);
+  f.entry_generation = take_bytes<uint32_t>(data, size);
+  f.payload_bytes = take_bytes<uint32_t>(data, size);
+  f.run_id = take_bytes<uint64_t>(data, size);
+  std::memcpy(r.frame(0).payload, data, size < kFramePayloadBytes ? size : kFramePayloadBytes);
+  f.state.store(static_cast<uint32_t>(FrameState::kPublished));
+  MailboxChild child(&r);
+  absl::StatusOr<std::optional<Request>> got = child.take();
+  if (!got.ok()) {
+    check(child.stopped(), "a refused frame did not stop the endpoint");
+    check(r.header().stop_reason_bytes > 0, "a stop without a reason");
+    return 0;
+  }
+  check(r.frame(0).header.state.load() == static_cast<uint32_t>(FrameState::kFree),
+        "a frame taken or returned was not ACKed");
+  if (!got->has_value()) return 0;  // stale: returned untouched
+  const Request& req = **got;
+  check(req.ticket.entry < r.entry_count(), "a request names an entry outside the table");
+  check(req.ticket.generation % 2 == 1, "a request at an even generation");
+  check(r.entry(req.ticket.entry)->generation.load() == req.ticket.generation,
+        "a request at a generation the entry does not have");
+  check(req.payload.size() <= kFramePayloadBytes, "a payload longer than a frame");
+  absl::StatusOr<RunRequest> decoded = decode_run_request(req.payload);
+  if (!decoded.ok()) return 0;
+  absl::StatusOr<std::vector<uint8_t>> again = encode_run_request(*decoded);
+  check(again.ok(), "a decoded request does not encode");
+  check(*again == req.payload, "a decoded request re-encodes differently");
+  return 0;
+}
+#elif defined(SIMPLER_FUZZ_ENTRY)
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  MailboxRegion& r = region();
+  reset(r);
+  MailboxParent parent(&r);
+  const uint8_t payload[1] = {0};
+  for (uint64_t run = 0; run < r.entry_count() && parent.can_dispatch(); ++run) {
+    if (!parent.publish(run, payload).ok()) break;
+    // The child took it: frames free again, entries held.
+    for (uint32_t i = 0; i < kRequestFrames; ++i) r.frame(i).header.state.store(0);
+  }
+  const int32_t held = parent.in_flight();
+  int32_t terminal = 0;
+  for (uint32_t i = 0; i < r.entry_count(); ++i) {
+    RunEntry& e = *r.entry(i);
+    const uint32_t state = take_bytes<uint8_t>(data, size) % 6;
+    e.code = take_bytes<int32_t>(data, size);
+    e.error_bytes = take_bytes<uint32_t>(data, size);
+    const size_t n = size < kErrorTextBytes ? size : kErrorTextBytes;
+    std::memcpy(e.error, data, n);
+    data += n;
+    size -= n;
+    e.state.store(state);
+    if (state == static_cast<uint32_t>(EntryState::kCompleted) ||
+        state == static_cast<uint32_t>(EntryState::kFailed)) {
+      ++terminal;
+    }
+  }
+  std::vector<Completion> done = parent.collect();
+  check(static_cast<int32_t>(done.size()) == terminal, "a terminal entry not collected once");
+  check(parent.in_flight() == held - terminal, "in_flight does not match the collected runs");
+  for (const Completion& c : done) {
+    check(c.status.message().size() < kErrorTextBytes, "an error text longer than an entry");
+    const RunEntry& e = *r.entry(c.ticket.entry);
+    check(e.generation.load() % 2 == 0, "a collected entry was not freed");
+  }
+  for (const Completion& c : parent.collect()) {
+    check(false, "collected twice");
+    (void)c;
+  }
+  return 0;
+}
+#endif
