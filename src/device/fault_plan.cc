@@ -21,6 +21,8 @@ std::string_view name_of(FaultKind kind) {
       return "hang";
     case FaultKind::kLaunchRefused:
       return "launch_refused";
+    case FaultKind::kProcessKill:
+      return "process_kill";
   }
   return "?";
 }
@@ -90,11 +92,13 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
           spec.kind = FaultKind::kHang;
         } else if (value == "launch_refused") {
           spec.kind = FaultKind::kLaunchRefused;
+        } else if (value == "process_kill") {
+          spec.kind = FaultKind::kProcessKill;
         } else {
           return bad(index, fault,
                      absl::StrCat("unknown kind '", std::string(value),
-                                  "' (expected kernel_error, device_fault, hang or "
-                                  "launch_refused)"));
+                                  "' (expected kernel_error, device_fault, hang, "
+                                  "launch_refused or process_kill)"));
         }
         has_kind = true;
       } else {

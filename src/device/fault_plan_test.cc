@@ -17,6 +17,10 @@ TEST(FaultPlan, ParsesTheDocumentedSyntax) {
   EXPECT_FALSE(p->find(3, 6).has_value());
   EXPECT_EQ(FaultPlan::parse("run=1:task=2:kind=kernel_error")->find(1, 2)->code, 1);
   EXPECT_TRUE(FaultPlan::parse("")->empty());
+  EXPECT_EQ(FaultPlan::parse("run=2:task=1:kind=process_kill")->find(2, 1)->kind,
+            FaultKind::kProcessKill);
+  EXPECT_EQ(to_string(*FaultPlan::parse("run=2:task=1:kind=process_kill")->find(2, 1)),
+            "run=2:task=1:kind=process_kill:code=1");
   EXPECT_EQ(FaultPlan::parse("run=4:task=0:kind=launch_refused")->find(4, 0)->kind,
             FaultKind::kLaunchRefused);
   EXPECT_EQ(name_of(FaultKind::kLaunchRefused), "launch_refused");

@@ -1,6 +1,8 @@
 // The sim device: device memory in the host heap, one scheduler thread per
 // stream, a pool of core threads, fault injection and device timestamps.
 
+#include <signal.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -474,6 +476,12 @@ class SimDevice final : public Device {
               absl::StrCat("device fault, error code ", fault->code, " (injected device_fault)")));
         case FaultKind::kLaunchRefused:
           break;  // refused at launch (SimStream::push); never reaches a core
+        case FaultKind::kProcessKill:
+          SIMPLER_LOG_WARN("run {} task {}: injected process_kill: SIGKILL to process {}",
+                           run_id, job.task_index, static_cast<int64_t>(getpid()));
+          (void)kill(getpid(), SIGKILL);
+          pause();  // never returns: SIGKILL cannot be caught
+          break;
         case FaultKind::kHang: {
           MutexLock lock(abort_mu_);
           while (!aborted_.load(std::memory_order_acquire)) abort_cv_.wait(lock);
