@@ -1,0 +1,92 @@
+// A child chip worker as the level above it sees it: an *endpoint* that takes runs of callables
+// registered by name and gives back live RunHandles with the L2 run semantics (ARCHITECTURE.md
+// "Run lifecycle"): FIFO completion, each run's own error delivered exactly once, close() drains
+// and reports only errors no wait() delivered. Three kinds, one contract
+// (endpoint_contract_test.cc runs the same suite against each):
+//
+//  * lane    — an L2 worker::Worker in this process, called directly;
+//  * thread  — a child worker served by its own thread behind a mailbox in this process's
+//              memory (the whole transport, no fork);
+//  * process — a forked child process behind a shared-memory mailbox (mailbox.h). The fork is
+//              taken from a single-threaded point: start_process_child() refuses to fork a
+//              process that already runs other threads (a multi-threaded parent cannot fork
+//              safely). What the child runs crosses by name: callables are registered before
+//              the fork and a request names one (run_request.h).
+//
+// A process child that dies (even by SIGKILL) fails every run it held, naming the child and its
+// exit signal, within milliseconds (a reaper thread blocked in waitpid publishes the stop); a
+// parent that dies takes its process children with it (PR_SET_PDEATHSIG, with the parent's pid
+// taken before the fork).
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/base/clock.h"
+#include "simpler/hierarchy/mailbox.h"
+#include "simpler/hierarchy/run_request.h"
+#include "simpler/task/callable.h"
+#include "simpler/worker/run_handle.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::hierarchy {
+
+// Thread-safe.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  // "child 1 (process 4242)", "child 0 (thread)", "child 0 (lane)": how errors name it.
+  virtual std::string describe() const = 0;
+  // Whether submit() would go out now without waiting for transport (a free request frame and
+  // run-state entry; always true for a lane). Running out is backpressure, never an error.
+  virtual bool can_dispatch() const = 0;
+  // Submits a run of the callable registered under `request.callable`; returns a live handle at
+  // once (blocking only for transport, until `admission`). The run's own errors (unknown
+  // callable, bad arguments, kernel and device errors) are delivered by its handle, prefixed with
+  // describe(). Errors returned here: FAILED_PRECONDITION after close() or once the endpoint
+  // stopped (its reason: a child's death, a corrupt frame), DEADLINE_EXCEEDED when no transport
+  // freed up by `admission`, INVALID_ARGUMENT when the request cannot be encoded.
+  virtual absl::StatusOr<worker::RunHandle> submit(
+      const RunRequest& request, const base::Deadline& admission = base::Deadline::forever()) = 0;
+  // Refuses new submits, drains every run submitted (bounded by `deadline`: past it the runs
+  // still held fail UNAVAILABLE naming the close), stops the child (a process child is waited
+  // for, and SIGKILLed when it does not exit within 5 s). Returns the first error in run order
+  // that no wait() delivered, with the count of the others; OK when none. Idempotent.
+  virtual absl::Status close(const base::Deadline& deadline = base::Deadline::forever()) = 0;
+};
+
+// What a child worker is built from: its Worker options (level 2; faults unset = the child
+// reads SIMPLER_SIM_FAULTS), the callables it registers (by name), and its mailbox grant (run
+// resource sets it may hold at once; 0 = the worker's effective grant).
+struct ChildSpec {
+  int32_t index = 0;  // the child's number in its parent (used in describe())
+  worker::WorkerOptions options;
+  std::vector<task::ChipCallable> callables;
+  uint32_t grant = 0;
+};
+
+// A lane endpoint: builds and initializes the worker here. Errors: the Worker's init and
+// registration errors.
+absl::StatusOr<std::unique_ptr<Endpoint>> start_lane_child(const ChildSpec& spec);
+// A thread child: a mailbox in this process and a thread serving it with its own worker.
+absl::StatusOr<std::unique_ptr<Endpoint>> start_thread_child(const ChildSpec& spec);
+// A process child: forks. FAILED_PRECONDITION ("... this process runs N threads ...") when the
+// process is not single-threaded; INTERNAL naming the system call when fork/memfd fail. The
+// child's worker init errors come back as the endpoint's stop reason (every submit refused
+// naming them).
+absl::StatusOr<std::unique_ptr<Endpoint>> start_process_child(const ChildSpec& spec);
+
+// Threads this process runs now (entries of /proc/self/task); 0 when it cannot tell.
+int32_t process_thread_count();
+
+// The child's side: serves `region` with `worker` (initialized, its callables registered) until
+// the endpoint stops, then drains the runs it accepted. Each run's terminal state is written in
+// acceptance order; an error text longer than an entry holds is logged in full here.
+void serve_mailbox(MailboxRegion& region, worker::Worker& worker,
+                   const std::vector<std::string>& callable_names);
+
+}  // namespace simpler::hierarchy

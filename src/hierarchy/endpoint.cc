@@ -1,0 +1,600 @@
+#include "simpler/hierarchy/endpoint.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "simpler/base/log.h"
+#include "simpler/base/status.h"
+#include "simpler/base/sync.h"
+#include "simpler/base/thread.h"
+
+namespace simpler::hierarchy {
+
+namespace {
+
+constexpr int64_t kDoorbellSliceNs =
+    1'000'000'000;  // a doorbell wait re-checks at least this often
+
+double seconds_left(const base::Deadline& d) {
+  switch (d.kind) {
+    case base::Deadline::Kind::kForever:
+      return std::numeric_limits<double>::infinity();
+    case base::Deadline::Kind::kPoll:
+      return -1;
+    case base::Deadline::Kind::kAt:
+      return std::max(0.0, (base::to_ns(d.at) - base::now_ns()) / 1e9);
+  }
+  return -1;
+}
+
+std::string describe_exit(const std::string& who, int wstatus) {
+  if (WIFSIGNALED(wstatus)) {
+    const int sig = WTERMSIG(wstatus);
+    const char* name = strsignal(sig);
+    return absl::StrCat(who, " killed by signal ", sig, " (", name != nullptr ? name : "?", ")");
+  }
+  if (WIFEXITED(wstatus)) {
+    return absl::StrCat(who, " exited with status ", WEXITSTATUS(wstatus));
+  }
+  return absl::StrCat(who, " ended (wait status ", wstatus, ")");
+}
+
+// The parent's side of every endpoint: run identity, FIFO finalization,
+// exactly-once delivery and close()'s accounting. Subclasses are transports.
+class EndpointBase : public Endpoint {
+ public:
+  explicit EndpointBase(std::string description, const ChildSpec& spec)
+      : description_(std::move(description)) {
+    for (const task::ChipCallable& c : spec.callables) names_.push_back(c.name);
+  }
+
+  std::string describe() const override { return description_; }
+
+  absl::StatusOr<worker::RunHandle> submit(const RunRequest& request,
+                                           const base::Deadline& admission) override {
+    if (std::find(names_.begin(), names_.end(), request.callable) == names_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat(description_, ": no callable named '", request.callable, "' is registered"));
+    }
+    SIMPLER_RETURN_IF_ERROR(request.config.validate());
+    SIMPLER_RETURN_IF_ERROR(request.args.validate());
+    base::MutexLock order(submit_mu_);  // runs go out in identity order
+    uint64_t id = 0;
+    std::shared_ptr<worker::RunShared> shared;
+    {
+      base::MutexLock lock(mu_);
+      if (closing_) {
+        return absl::FailedPreconditionError(absl::StrCat(description_, ": submit after close()"));
+      }
+      if (!stop_.ok()) return stop_;
+      id = next_id_;
+    }
+    // Transport first: a refusal here leaves no run behind.
+    absl::Status sent = send(id, request, admission);
+    if (!sent.ok()) return sent;
+    shared = std::make_shared<worker::RunShared>();
+    shared->id = base::RunId{id};
+    shared->state.store(worker::RunState::kLaunched, std::memory_order_release);
+    shared->result.requested_depth = 1;
+    {
+      base::MutexLock lock(mu_);
+      ++next_id_;
+      runs_.push_back(Pending{shared, false, absl::OkStatus()});
+      // A completion may have arrived before the run was registered.
+      if (auto it = early_.find(id); it != early_.end()) {
+        runs_.back().done = true;
+        runs_.back().status = it->second;
+        early_.erase(it);
+        finalize_ready_locked();
+      }
+    }
+    return worker::RunHandle(shared);
+  }
+
+  absl::Status close(const base::Deadline& deadline) override {
+    {
+      base::MutexLock lock(mu_);
+      if (closed_) return absl::OkStatus();
+      closing_ = true;
+      while (!runs_.empty()) {
+        if (deadline.is_forever()) {
+          cv_.wait(lock);
+        } else if (!deadline.expired()) {
+          (void)cv_.wait_until(lock, deadline.at);
+        } else {
+          break;
+        }
+      }
+    }
+    if (!drained()) {
+      abort_transport(
+          absl::StrCat(description_, " was closed at its deadline with runs still in flight"));
+    }
+    {
+      base::MutexLock lock(mu_);
+      while (!runs_.empty()) cv_.wait(lock);
+    }
+    shutdown_transport();
+    base::MutexLock lock(mu_);
+    closed_ = true;
+    std::vector<std::shared_ptr<worker::RunShared>> undelivered;
+    for (auto& f : failed_) {
+      if (!f->delivered.load(std::memory_order_acquire)) undelivered.push_back(f);
+    }
+    failed_.clear();
+    if (undelivered.empty()) return absl::OkStatus();
+    const absl::Status& first = undelivered.front()->result.status;
+    std::string msg(first.message());
+    if (undelivered.size() > 1) {
+      absl::StrAppend(&msg, " (and ", undelivered.size() - 1, " more undelivered run error",
+                      undelivered.size() > 2 ? "s" : "", ")");
+    }
+    for (auto& u : undelivered) u->delivered.store(true, std::memory_order_release);
+    return absl::Status(first.code(), msg);
+  }
+
+ protected:
+  // Sends run `id` (the next in order). Errors are submit()'s.
+  virtual absl::Status send(uint64_t id, const RunRequest& request,
+                            const base::Deadline& admission) = 0;
+  // Makes every run still held end now with `reason` (close's deadline passed).
+  virtual void abort_transport(const std::string& reason) = 0;
+  // Stops the child and joins the transport's threads. Every run is finalized by then.
+  virtual void shutdown_transport() = 0;
+
+  // Run `id` ended with `status` (any order; finalized in run order).
+  void complete(uint64_t id, const absl::Status& status) {
+    base::MutexLock lock(mu_);
+    bool found = false;
+    for (Pending& p : runs_) {
+      if (p.shared->id.value != id) continue;
+      p.done = true;
+      p.status = status;
+      found = true;
+      break;
+    }
+    if (!found) early_[id] = status;  // sent, not registered yet (submit is finishing)
+    finalize_ready_locked();
+  }
+
+  // Refuses new submits from now on with `status` (the endpoint stopped).
+  void set_stopped(const absl::Status& status) {
+    base::MutexLock lock(mu_);
+    if (stop_.ok()) stop_ = status;
+  }
+
+  bool drained() const {
+    base::MutexLock lock(mu_);
+    return runs_.empty();
+  }
+
+ private:
+  struct Pending {
+    std::shared_ptr<worker::RunShared> shared;
+    bool done = false;
+    absl::Status status;
+  };
+
+  void finalize_ready_locked() SIMPLER_REQUIRES(mu_) {
+    while (!runs_.empty() && runs_.front().done) {
+      Pending p = std::move(runs_.front());
+      runs_.pop_front();
+      worker::RunResult& res = p.shared->result;
+      res.id = p.shared->id;
+      res.status = p.status.ok() ? p.status : base::annotate(p.status, description_ + ": ");
+      res.terminal_state = p.status.ok() ? worker::RunState::kCompleted : worker::RunState::kFailed;
+      res.effective_depth = 1;
+      if (!res.status.ok()) failed_.push_back(p.shared);
+      p.shared->finalized.signal(res.status);
+    }
+    cv_.notify_all();
+  }
+
+  const std::string description_;
+  std::vector<std::string> names_;
+  base::Mutex submit_mu_;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
+  std::deque<Pending> runs_ SIMPLER_GUARDED_BY(mu_);
+  std::map<uint64_t, absl::Status> early_ SIMPLER_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
+  absl::Status stop_ SIMPLER_GUARDED_BY(mu_);
+  bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
+  bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
+};
+
+// ---- lane: an L2 Worker in this process ----
+
+class LaneEndpoint final : public EndpointBase {
+ public:
+  LaneEndpoint(const ChildSpec& spec, std::unique_ptr<worker::Worker> w,
+               std::vector<worker::CallableHandle> handles)
+      : EndpointBase(absl::StrCat("child ", spec.index, " (lane)"), spec),
+        worker_(std::move(w)),
+        handles_(std::move(handles)) {
+    for (size_t i = 0; i < spec.callables.size(); ++i) index_of_[spec.callables[i].name] = i;
+    waiter_ = std::thread([this] {
+      base::set_thread_name("simpler-l3-lane");
+      wait_loop();
+    });
+  }
+  ~LaneEndpoint() override { (void)close(base::Deadline::forever()); }
+
+  bool can_dispatch() const override { return true; }
+
+ protected:
+  absl::Status send(uint64_t id, const RunRequest& request,
+                    const base::Deadline& admission) override {
+    const worker::CallableHandle h = handles_[index_of_.at(request.callable)];
+    absl::StatusOr<worker::RunHandle> run =
+        worker_->submit(h, request.args, request.config, seconds_left(admission));
+    base::MutexLock lock(mu_);
+    if (!run.ok()) {
+      // What the child's lane refuses is the run's error, as for a mailbox child.
+      if (run.status().code() == absl::StatusCode::kDeadlineExceeded) return run.status();
+      queue_.push_back({id, worker::RunHandle(), run.status()});
+    } else {
+      queue_.push_back({id, *run, absl::OkStatus()});
+    }
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+  void abort_transport(const std::string& reason) override {
+    (void)reason;  // the lane's close names its own cause
+    (void)worker_->close(base::Deadline::poll());
+  }
+  void shutdown_transport() override {
+    {
+      base::MutexLock lock(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+    }
+    if (waiter_.joinable()) waiter_.join();
+    (void)worker_->close();  // every error was delivered through wait()
+  }
+
+ private:
+  struct Sent {
+    uint64_t id;
+    worker::RunHandle handle;
+    absl::Status refused;
+  };
+  void wait_loop() {
+    while (true) {
+      Sent s;
+      {
+        base::MutexLock lock(mu_);
+        while (queue_.empty() && !stopping_) cv_.wait(lock);
+        if (queue_.empty()) return;
+        s = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      complete(s.id, s.handle.valid() ? s.handle.wait() : s.refused);
+    }
+  }
+
+  std::unique_ptr<worker::Worker> worker_;
+  std::vector<worker::CallableHandle> handles_;
+  std::map<std::string, size_t> index_of_;
+  base::Mutex mu_;
+  base::CondVar cv_;
+  std::deque<Sent> queue_ SIMPLER_GUARDED_BY(mu_);
+  bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;
+  std::thread waiter_;
+};
+
+absl::StatusOr<std::unique_ptr<worker::Worker>> build_worker(
+    const ChildSpec& spec, std::vector<worker::CallableHandle>* handles) {
+  auto w = std::make_unique<worker::Worker>(spec.options);
+  for (const task::ChipCallable& c : spec.callables) {
+    SIMPLER_ASSIGN_OR_RETURN(worker::CallableHandle h, w->register_callable(c));
+    handles->push_back(h);
+  }
+  SIMPLER_RETURN_IF_ERROR(w->init());
+  return w;
+}
+
+// ---- mailbox: thread and process children ----
+
+class MailboxEndpoint final : public EndpointBase {
+ public:
+  // `child_pid` > 0 for a process child (reaped here); `serve` for a thread
+  // child (run on a thread of its own over this endpoint's region).
+  MailboxEndpoint(const ChildSpec& spec, std::string description, MailboxRegion region,
+                  pid_t child_pid, std::function<void(MailboxRegion&)> serve)
+      : EndpointBase(description, spec),
+        description_(std::move(description)),
+        region_(std::move(region)),
+        parent_(&region_),
+        child_pid_(child_pid) {
+    if (serve) {
+      server_ = std::thread([this, serve = std::move(serve)] {
+        base::set_thread_name("simpler-l3-thread");
+        serve(region_);
+      });
+    }
+    collector_ = std::thread([this] {
+      base::set_thread_name("simpler-l3-collect");
+      collect_loop();
+    });
+    if (child_pid_ > 0) {
+      reaper_ = std::thread([this] {
+        base::set_thread_name("simpler-l3-reap");
+        int wstatus = 0;
+        pid_t r;
+        do {
+          r = waitpid(child_pid_, &wstatus, 0);
+        } while (r < 0 && errno == EINTR);
+        {
+          base::MutexLock lock(mu_);
+          reaped_ = true;
+          cv_.notify_all();
+        }
+        // A child that died without the parent stopping it first: every run it
+        // held fails naming it and how it died.
+        publish_stop(region_, r == child_pid_ ? describe_exit(description_, wstatus)
+                                              : absl::StrCat(description_,
+                                                             ": waitpid: ", std::strerror(errno)));
+      });
+    }
+  }
+  ~MailboxEndpoint() override { (void)close(base::Deadline::forever()); }
+
+  bool can_dispatch() const override { return parent_.can_dispatch(); }
+
+ protected:
+  absl::Status send(uint64_t id, const RunRequest& request,
+                    const base::Deadline& admission) override {
+    SIMPLER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, encode_run_request(request));
+    while (true) {
+      const uint32_t seen = parent_.doorbell();
+      if (std::optional<std::string> why = parent_.stop_reason(); why.has_value()) {
+        absl::Status s = absl::FailedPreconditionError(
+            absl::StrCat("submit to ", description_, ": the endpoint stopped: ", *why));
+        set_stopped(s);
+        return s;
+      }
+      if (parent_.can_dispatch()) {
+        absl::StatusOr<Ticket> t = parent_.publish(id, bytes);
+        if (t.ok()) return absl::OkStatus();
+        if (t.status().code() != absl::StatusCode::kResourceExhausted) return t.status();
+        continue;  // raced with a stop; look again
+      }
+      if (admission.expired()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("submit to ", description_,
+                         ": no request frame or run-state entry freed before the "
+                         "admission deadline (",
+                         parent_.in_flight(), " runs in flight)"));
+      }
+      int64_t slice = kDoorbellSliceNs;
+      if (admission.kind == base::Deadline::Kind::kAt) {
+        slice = std::clamp<int64_t>(base::to_ns(admission.at) - base::now_ns(), 1, slice);
+      }
+      parent_.wait(seen, slice);
+    }
+  }
+  void abort_transport(const std::string& reason) override { parent_.stop(reason); }
+  void shutdown_transport() override {
+    // The child drains what it accepted, sees the stop and exits.
+    {
+      base::MutexLock lock(mu_);
+      stopping_ = true;
+    }
+    parent_.stop(absl::StrCat(description_, " was closed by its parent"));
+    if (collector_.joinable()) collector_.join();
+    if (server_.joinable()) server_.join();
+    if (child_pid_ > 0) {
+      base::MutexLock lock(mu_);
+      const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!reaped_) {
+        if (!cv_.wait_until(lock, grace)) {
+          SIMPLER_LOG_WARN("{} did not exit within 5 s of being stopped: SIGKILL", description_);
+          (void)kill(child_pid_, SIGKILL);
+          while (!reaped_) cv_.wait(lock);
+        }
+      }
+    }
+    if (reaper_.joinable()) reaper_.join();
+  }
+
+ private:
+  void collect_loop() {
+    while (true) {
+      const uint32_t seen = parent_.doorbell();
+      for (const Completion& c : parent_.collect()) complete(c.ticket.run_id, c.status);
+      if (std::optional<std::string> why = parent_.stop_reason(); why.has_value()) {
+        set_stopped(absl::FailedPreconditionError(
+            absl::StrCat("submit to ", description_, ": the endpoint stopped: ", *why)));
+        base::MutexLock lock(mu_);
+        if (stopping_ && parent_.in_flight() == 0) return;
+      }
+      parent_.wait(seen, kDoorbellSliceNs);
+    }
+  }
+
+  const std::string description_;
+  MailboxRegion region_;
+  MailboxParent parent_;
+  const pid_t child_pid_;
+  std::thread server_;
+  std::thread collector_;
+  std::thread reaper_;
+  base::Mutex mu_;
+  base::CondVar cv_;
+  bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;
+  bool reaped_ SIMPLER_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+int32_t process_thread_count() {
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return 0;
+  int32_t n = 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+void serve_mailbox(MailboxRegion& region, worker::Worker& w,
+                   const std::vector<std::string>& callable_names) {
+  MailboxChild child(&region);
+  std::map<std::string, worker::CallableHandle> handles;
+  for (size_t i = 0; i < callable_names.size(); ++i) {
+    handles[callable_names[i]] = worker::CallableHandle{static_cast<uint32_t>(i)};
+  }
+  struct Accepted {
+    Ticket ticket;
+    worker::RunHandle handle;
+    absl::Status refused;
+  };
+  base::Mutex mu;
+  base::CondVar cv;
+  std::deque<Accepted> accepted;  // guarded by mu
+  bool done = false;              // guarded by mu
+  // Terminal states go out in acceptance order, each when its run finished.
+  std::thread completer([&] {
+    base::set_thread_name("simpler-l3-child");
+    while (true) {
+      Accepted a;
+      {
+        base::MutexLock lock(mu);
+        while (accepted.empty() && !done) cv.wait(lock);
+        if (accepted.empty()) return;
+        a = std::move(accepted.front());
+        accepted.pop_front();
+      }
+      const absl::Status status = a.handle.valid() ? a.handle.wait() : a.refused;
+      if (!status.ok() && status.message().size() >= kErrorTextBytes) {
+        SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", a.ticket.run_id,
+                          status.ToString());
+      }
+      (void)child.complete(a.ticket, status);
+    }
+  });
+  while (true) {
+    const uint32_t seen = child.doorbell();
+    absl::StatusOr<std::optional<Request>> taken = child.take();
+    if (!taken.ok()) break;  // stopped (by the parent, or a frame nobody can attribute)
+    if (!taken->has_value()) {
+      child.wait(seen, kDoorbellSliceNs);
+      continue;
+    }
+    Request& req = **taken;
+    Accepted a;
+    a.ticket = req.ticket;
+    absl::StatusOr<RunRequest> decoded = decode_run_request(req.payload);
+    if (!decoded.ok()) {
+      a.refused = decoded.status();
+    } else if (auto it = handles.find(decoded->callable); it == handles.end()) {
+      a.refused = absl::NotFoundError(
+          absl::StrCat("no callable named '", decoded->callable, "' is registered"));
+    } else {
+      absl::StatusOr<worker::RunHandle> run = w.submit(it->second, decoded->args, decoded->config);
+      if (run.ok()) {
+        a.handle = *run;
+      } else {
+        a.refused = run.status();
+      }
+    }
+    base::MutexLock lock(mu);
+    accepted.push_back(std::move(a));
+    cv.notify_all();
+  }
+  {
+    base::MutexLock lock(mu);
+    done = true;
+    cv.notify_all();
+  }
+  completer.join();
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> start_lane_child(const ChildSpec& spec) {
+  std::vector<worker::CallableHandle> handles;
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<worker::Worker> w, build_worker(spec, &handles));
+  return std::unique_ptr<Endpoint>(new LaneEndpoint(spec, std::move(w), std::move(handles)));
+}
+
+namespace {
+
+uint32_t grant_of(const ChildSpec& spec) {
+  return spec.grant != 0 ? spec.grant : static_cast<uint32_t>(spec.options.effective_grant());
+}
+
+std::vector<std::string> names_of(const ChildSpec& spec) {
+  std::vector<std::string> names;
+  for (const task::ChipCallable& c : spec.callables) names.push_back(c.name);
+  return names;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Endpoint>> start_thread_child(const ChildSpec& spec) {
+  SIMPLER_ASSIGN_OR_RETURN(MailboxRegion region, MailboxRegion::create(grant_of(spec)));
+  std::vector<worker::CallableHandle> handles;
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<worker::Worker> built, build_worker(spec, &handles));
+  std::shared_ptr<worker::Worker> w(std::move(built));
+  return std::unique_ptr<Endpoint>(
+      new MailboxEndpoint(spec, absl::StrCat("child ", spec.index, " (thread)"), std::move(region),
+                          0, [w, names = names_of(spec)](MailboxRegion& r) {
+                            serve_mailbox(r, *w, names);
+                            (void)w->close();
+                          }));
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> start_process_child(const ChildSpec& spec) {
+  const int32_t threads = process_thread_count();
+  if (threads != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "process children are forked from a single-threaded point, but this process runs ",
+        threads == 0 ? std::string("an unknown number of") : absl::StrCat(threads),
+        " threads; start the process children (L3 init) before any thread starts"));
+  }
+  SIMPLER_ASSIGN_OR_RETURN(MailboxRegion region, MailboxRegion::create(grant_of(spec)));
+  const pid_t parent = getpid();
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // The child: dies with its parent (the pid was taken before the fork, so
+    // a parent that died before the prctl is caught too).
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    const std::string who = absl::StrCat("child ", spec.index, " (process ", getpid(), ")");
+    std::vector<worker::CallableHandle> handles;
+    absl::StatusOr<std::unique_ptr<worker::Worker>> w = build_worker(spec, &handles);
+    if (!w.ok()) {
+      publish_stop(
+          region,
+          absl::StrCat(who, " could not start its worker: ", std::string(w.status().message())));
+      _exit(1);
+    }
+    serve_mailbox(region, **w, names_of(spec));
+    (void)(*w)->close();
+    _exit(0);
+  }
+  return std::unique_ptr<Endpoint>(
+      new MailboxEndpoint(spec, absl::StrCat("child ", spec.index, " (process ", pid, ")"),
+                          std::move(region), pid, nullptr));
+}
+
+}  // namespace simpler::hierarchy

@@ -1,0 +1,256 @@
+// One contract, three endpoints: the run semantics an L3 parent relies on, stated once and run
+// against the in-process lane, a thread child behind a mailbox and a forked process child
+// behind a shared-memory mailbox.
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "simpler/device/fault_plan.h"
+#include "simpler/hierarchy/endpoint.h"
+#include "worker/worker_test_util.h"
+
+namespace simpler::hierarchy {
+namespace {
+
+using worker::RunHandle;
+using worker::testing::affine_kernel;
+using worker::testing::contains;
+using worker::testing::sleep_kernel;
+
+enum class Kind { kLane, kThread, kProcess };
+
+std::string kind_name(Kind k) {
+  switch (k) {
+    case Kind::kLane:
+      return "lane";
+    case Kind::kThread:
+      return "thread";
+    case Kind::kProcess:
+      return "process";
+  }
+  return "?";
+}
+
+// Host memory every kind of child sees at the same address: a shared mapping
+// made before any child is forked.
+struct SharedCells {
+  SharedCells() {
+    void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    cells = static_cast<int64_t*>(p);
+  }
+  ~SharedCells() { munmap(cells, kBytes); }
+  static constexpr size_t kBytes = 1 << 16;
+  int64_t* cells;
+};
+
+// out = 3 * in + k over two HOST cells; then sleeps scalar(3) µs.
+task::ChipCallable affine_sleep_program() {
+  return {"affine_sleep",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            task::TaskArgs a;
+            a.add_tensor(args.tensor(0), task::ArgDirection::kIn)
+                .add_tensor(args.tensor(1), task::ArgDirection::kOut)
+                .add_scalar_i64(args.scalar_i64(2));
+            SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+            task::TaskArgs s;
+            s.add_scalar_i64(args.scalar_i64(3));
+            return ctx.submit(1, s);
+          },
+          {{"affine", affine_kernel}, {"sleep", sleep_kernel}}};
+}
+
+RunRequest affine_request(int64_t* in, int64_t* out, int64_t k, int64_t sleep_us = 0) {
+  RunRequest r;
+  r.callable = "affine_sleep";
+  task::Tensor ti =
+      *task::Tensor::contiguous(reinterpret_cast<uintptr_t>(in), {1}, task::DataType::kInt64);
+  task::Tensor to =
+      *task::Tensor::contiguous(reinterpret_cast<uintptr_t>(out), {1}, task::DataType::kInt64);
+  ti.memory = task::MemoryKind::kHost;
+  to.memory = task::MemoryKind::kHost;
+  r.args.add_tensor(ti, task::ArgDirection::kIn)
+      .add_tensor(to, task::ArgDirection::kOut)
+      .add_scalar_i64(k)
+      .add_scalar_i64(sleep_us);
+  return r;
+}
+
+ChildSpec spec_with(const std::string& faults = "") {
+  ChildSpec spec;
+  spec.index = 1;
+  spec.options = worker::testing::test_options(2);
+  if (!faults.empty()) spec.options.faults = *device::FaultPlan::parse(faults);
+  spec.callables.push_back(affine_sleep_program());
+  return spec;
+}
+
+std::unique_ptr<Endpoint> start(Kind kind, const ChildSpec& spec) {
+  absl::StatusOr<std::unique_ptr<Endpoint>> e;
+  switch (kind) {
+    case Kind::kLane:
+      e = start_lane_child(spec);
+      break;
+    case Kind::kThread:
+      e = start_thread_child(spec);
+      break;
+    case Kind::kProcess:
+      e = start_process_child(spec);
+      break;
+  }
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+class EndpointContract : public ::testing::TestWithParam<Kind> {
+ protected:
+  SharedCells mem;  // before the child: a process child maps it at the same address
+};
+
+TEST_P(EndpointContract, ARunComputesItsResultAndItsHandleCompletes) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  EXPECT_NE(e->describe().find("child 1 (" + kind_name(GetParam())), std::string::npos)
+      << e->describe();
+  mem.cells[0] = 5;
+  RunHandle h = *e->submit(affine_request(&mem.cells[0], &mem.cells[1], 1));
+  EXPECT_TRUE(h.wait().ok());
+  EXPECT_TRUE(h.done());
+  EXPECT_EQ(h.state(), worker::RunState::kRetired);
+  EXPECT_EQ(h.result().terminal_state, worker::RunState::kCompleted);
+  EXPECT_EQ(mem.cells[1], 16);
+  EXPECT_TRUE(e->close().ok());
+}
+
+TEST_P(EndpointContract, RunsFinishInSubmissionOrderWithTheirOwnResults) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  constexpr int kRuns = 24;
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < kRuns; ++i) {
+    mem.cells[2 * i] = i;
+    // Earlier runs sleep longer: completion order cannot follow run length.
+    hs.push_back(*e->submit(
+        affine_request(&mem.cells[2 * i], &mem.cells[2 * i + 1], 100, (kRuns - i) * 200)));
+  }
+  for (int i = 0; i < kRuns; ++i) {
+    ASSERT_TRUE(hs[i].wait().ok()) << i;
+    for (int j = 0; j < i; ++j) ASSERT_TRUE(hs[j].done()) << j << " behind " << i;
+    EXPECT_EQ(hs[i].id().value, static_cast<uint64_t>(i));
+    EXPECT_EQ(mem.cells[2 * i + 1], 3 * i + 100);
+  }
+  EXPECT_TRUE(e->close().ok());
+}
+
+TEST_P(EndpointContract, AKernelErrorFailsOnlyItsRunNamingTheChildAndIsDeliveredOnce) {
+  auto e = start(GetParam(), spec_with("run=1:task=0:kind=kernel_error"));
+  ASSERT_NE(e, nullptr);
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 3; ++i) {
+    hs.push_back(*e->submit(affine_request(&mem.cells[2 * i], &mem.cells[2 * i + 1], 0)));
+  }
+  EXPECT_TRUE(hs[0].wait().ok());
+  absl::Status s = hs[1].wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(contains(s, "child 1 (" + kind_name(GetParam()))) << s;
+  EXPECT_TRUE(contains(s, "injected kernel_error")) << s;
+  EXPECT_EQ(hs[1].result().terminal_state, worker::RunState::kFailed);
+  EXPECT_TRUE(hs[2].wait().ok());
+  EXPECT_TRUE(e->close().ok());  // delivered by wait(): not reported again
+}
+
+TEST_P(EndpointContract, CloseReturnsTheFirstUndeliveredErrorCountingTheOthers) {
+  auto e =
+      start(GetParam(), spec_with("run=1:task=0:kind=kernel_error,run=2:task=0:kind=kernel_error,"
+                                  "run=3:task=0:kind=kernel_error"));
+  ASSERT_NE(e, nullptr);
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 5; ++i) {
+    hs.push_back(*e->submit(affine_request(&mem.cells[2 * i], &mem.cells[2 * i + 1], 0)));
+  }
+  EXPECT_FALSE(hs[2].wait().ok());  // delivered
+  hs.clear();                       // the rest dropped unwaited
+  absl::Status c = e->close();
+  EXPECT_EQ(c.code(), absl::StatusCode::kInternal) << c;
+  EXPECT_TRUE(contains(c, "run 1 task 0")) << c;
+  EXPECT_TRUE(contains(c, "(and 1 more undelivered run error)")) << c;
+  EXPECT_TRUE(e->close().ok());  // idempotent
+  absl::StatusOr<RunHandle> after = e->submit(affine_request(&mem.cells[0], &mem.cells[1], 0));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(after.status(), "submit after close()")) << after.status();
+}
+
+TEST_P(EndpointContract, WhatTheParentCanSeeIsRefusedAtSubmitAndHarmsNoOtherRun) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  RunRequest unknown = affine_request(&mem.cells[0], &mem.cells[1], 0);
+  unknown.callable = "no_such_program";
+  EXPECT_EQ(e->submit(unknown).status().code(), absl::StatusCode::kNotFound);
+  RunRequest bad = affine_request(&mem.cells[0], &mem.cells[1], 0);
+  bad.config.timeout_s = std::nan("");
+  EXPECT_EQ(e->submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  mem.cells[0] = 2;
+  RunHandle ok = *e->submit(affine_request(&mem.cells[0], &mem.cells[1], 0));
+  EXPECT_TRUE(ok.wait().ok());
+  EXPECT_EQ(ok.id().value, 0u);  // refusals took no identity
+  EXPECT_EQ(mem.cells[1], 6);
+  EXPECT_TRUE(e->close().ok());
+}
+
+TEST_P(EndpointContract, ADeviceFaultPoisonsTheChildAndLaterRunsFailNamingIt) {
+  auto e = start(GetParam(), spec_with("run=0:task=0:kind=device_fault"));
+  ASSERT_NE(e, nullptr);
+  RunHandle r0 = *e->submit(affine_request(&mem.cells[0], &mem.cells[1], 0, 1000));
+  RunHandle r1 = *e->submit(affine_request(&mem.cells[2], &mem.cells[3], 0));
+  absl::Status s0 = r0.wait();
+  EXPECT_TRUE(contains(s0, "injected device_fault")) << s0;
+  absl::Status s1 = r1.wait();
+  EXPECT_TRUE(contains(s1, "lane poisoned by run 0")) << s1;
+  EXPECT_TRUE(contains(s1, "child 1 (")) << s1;
+  (void)e->close();
+}
+
+TEST_P(EndpointContract, TwoSubmittingThreadsGetUniqueIdentitiesAndExactResults) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  constexpr int kPerThread = 40;
+  std::vector<RunHandle> hs[2];
+  std::thread t[2];
+  for (int k = 0; k < 2; ++k) {
+    t[k] = std::thread([&, k] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int cell = 2 * (k * kPerThread + i);
+        mem.cells[cell] = cell;
+        absl::StatusOr<RunHandle> h =
+            e->submit(affine_request(&mem.cells[cell], &mem.cells[cell + 1], k));
+        ASSERT_TRUE(h.ok()) << h.status();
+        hs[k].push_back(*h);
+      }
+    });
+  }
+  for (auto& th : t) th.join();
+  std::set<uint64_t> ids;
+  for (int k = 0; k < 2; ++k) {
+    for (int i = 0; i < kPerThread; ++i) {
+      ASSERT_TRUE(hs[k][i].wait().ok());
+      ids.insert(hs[k][i].id().value);
+      const int cell = 2 * (k * kPerThread + i);
+      EXPECT_EQ(mem.cells[cell + 1], 3 * cell + k);
+    }
+  }
+  EXPECT_EQ(ids.size(), 2u * kPerThread);
+  EXPECT_TRUE(e->close().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllEndpoints, EndpointContract,
+                         ::testing::Values(Kind::kLane, Kind::kThread, Kind::kProcess),
+                         [](const auto& info) { return kind_name(info.param); });
+
+}  // namespace
+}  // namespace simpler::hierarchy
