@@ -110,6 +110,14 @@ std::unique_ptr<Endpoint> start(Kind kind, const ChildSpec& spec) {
 
 class EndpointContract : public ::testing::TestWithParam<Kind> {
  protected:
+  void SetUp() override {
+    // ThreadSanitizer runs a background thread of its own: no fork is safe there, and
+    // start_process_child refuses it. The process kind runs in the other legs.
+    if (GetParam() == Kind::kProcess && process_thread_count() != 1) {
+      GTEST_SKIP() << "this process already runs " << process_thread_count()
+                   << " threads (a sanitizer's): process children cannot be forked";
+    }
+  }
   SharedCells mem;  // before the child: a process child maps it at the same address
 };
 

@@ -39,6 +39,18 @@ ChildSpec sleep_spec(const std::string& faults = "") {
   return spec;
 }
 
+// ThreadSanitizer runs a background thread of its own: no fork is safe there (and
+// start_process_child refuses it, as AProcessRunningThreadsIsRefusedAFork checks).
+class ProcessChild : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (process_thread_count() != 1) {
+      GTEST_SKIP() << "this process already runs " << process_thread_count()
+                   << " threads (a sanitizer's): process children cannot be forked";
+    }
+  }
+};
+
 // Whether `pid` is gone (no such process, or a zombie nobody reaped yet).
 bool gone(pid_t pid) {
   if (kill(pid, 0) != 0) return true;
@@ -49,7 +61,7 @@ bool gone(pid_t pid) {
   return close_paren == std::string::npos || line.substr(close_paren + 2, 1) == "Z";
 }
 
-TEST(ProcessChild, ASigkilledChildFailsEveryRunItHeldNamingTheSignal) {
+TEST_F(ProcessChild, ASigkilledChildFailsEveryRunItHeldNamingTheSignal) {
   auto e = *start_process_child(sleep_spec("run=1:task=0:kind=process_kill"));
   std::vector<RunHandle> hs;
   // Run 0 first: its result is out before run 1's task kills the process
@@ -72,7 +84,7 @@ TEST(ProcessChild, ASigkilledChildFailsEveryRunItHeldNamingTheSignal) {
   EXPECT_TRUE(e->close().ok());  // every error was delivered by wait()
 }
 
-TEST(ProcessChild, AChildKilledWhileIdleRefusesLaterSubmitsNamingIt) {
+TEST_F(ProcessChild, AChildKilledWhileIdleRefusesLaterSubmitsNamingIt) {
   auto e = *start_process_child(sleep_spec());
   ASSERT_TRUE(e->submit(sleep_request(1))->wait().ok());
   const std::string who = e->describe();  // "child 2 (process N)"
@@ -88,7 +100,7 @@ TEST(ProcessChild, AChildKilledWhileIdleRefusesLaterSubmitsNamingIt) {
   (void)e->close();
 }
 
-TEST(ProcessChild, AChildWhoseWorkerCannotStartStopsTheEndpointSayingWhy) {
+TEST_F(ProcessChild, AChildWhoseWorkerCannotStartStopsTheEndpointSayingWhy) {
   ChildSpec spec = sleep_spec();
   spec.options.launch_depth = 0;  // refused by the child's Worker::init
   spec.grant = 2;
@@ -100,7 +112,7 @@ TEST(ProcessChild, AChildWhoseWorkerCannotStartStopsTheEndpointSayingWhy) {
   (void)e->close();
 }
 
-TEST(ProcessChild, AProcessRunningThreadsIsRefusedAFork) {
+TEST_F(ProcessChild, AProcessRunningThreadsIsRefusedAFork) {
   std::atomic<bool> stop{false};
   std::thread other([&] {
     while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -115,7 +127,7 @@ TEST(ProcessChild, AProcessRunningThreadsIsRefusedAFork) {
 
 // The parent (an intermediate process here) is SIGKILLed: its child follows
 // within a few seconds instead of serving an endpoint nobody reads.
-TEST(ProcessChild, AChildDiesWithItsParent) {
+TEST_F(ProcessChild, AChildDiesWithItsParent) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const pid_t parent = fork();
