@@ -62,6 +62,10 @@ class EndpointBase : public Endpoint {
   }
 
   std::string describe() const override { return description_; }
+  void set_on_done(std::function<void(uint64_t run_id)> on_done) override {
+    base::MutexLock lock(mu_);
+    on_done_ = std::move(on_done);
+  }
 
   absl::StatusOr<worker::RunHandle> submit(const RunRequest& request,
                                            const base::Deadline& admission) override {
@@ -199,6 +203,7 @@ class EndpointBase : public Endpoint {
       res.effective_depth = 1;
       if (!res.status.ok()) failed_.push_back(p.shared);
       p.shared->finalized.signal(res.status);
+      if (on_done_) on_done_(res.id.value);
     }
     cv_.notify_all();
   }
@@ -212,6 +217,7 @@ class EndpointBase : public Endpoint {
   std::deque<Pending> runs_ SIMPLER_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Status> early_ SIMPLER_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
+  std::function<void(uint64_t)> on_done_ SIMPLER_GUARDED_BY(mu_);
   absl::Status stop_ SIMPLER_GUARDED_BY(mu_);
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
@@ -559,7 +565,8 @@ absl::StatusOr<std::unique_ptr<Endpoint>> start_thread_child(const ChildSpec& sp
                           }));
 }
 
-absl::StatusOr<std::unique_ptr<Endpoint>> start_process_child(const ChildSpec& spec) {
+absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
+    const std::vector<ChildSpec>& specs) {
   const int32_t threads = process_thread_count();
   if (threads != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -567,34 +574,67 @@ absl::StatusOr<std::unique_ptr<Endpoint>> start_process_child(const ChildSpec& s
         threads == 0 ? std::string("an unknown number of") : absl::StrCat(threads),
         " threads; start the process children (L3 init) before any thread starts"));
   }
-  SIMPLER_ASSIGN_OR_RETURN(MailboxRegion region, MailboxRegion::create(grant_of(spec)));
-  const pid_t parent = getpid();
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    // The child: dies with its parent (the pid was taken before the fork, so
-    // a parent that died before the prctl is caught too).
-    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    const std::string who = absl::StrCat("child ", spec.index, " (process ", getpid(), ")");
-    std::vector<worker::CallableHandle> handles;
-    absl::StatusOr<std::unique_ptr<worker::Worker>> w = build_worker(spec, &handles);
-    if (!w.ok()) {
-      publish_stop(
-          region,
-          absl::StrCat(who, " could not start its worker: ", std::string(w.status().message())));
-      _exit(1);
+  // Every child is forked before any endpoint thread starts.
+  struct Forked {
+    MailboxRegion region;
+    pid_t pid;
+  };
+  std::vector<Forked> forked;
+  const auto kill_forked = [&forked] {
+    for (Forked& f : forked) {
+      (void)kill(f.pid, SIGKILL);
+      (void)waitpid(f.pid, nullptr, 0);
     }
-    serve_mailbox(region, **w, names_of(spec));
-    (void)(*w)->close();
-    _exit(0);
+  };
+  const pid_t parent = getpid();
+  for (const ChildSpec& spec : specs) {
+    absl::StatusOr<MailboxRegion> region = MailboxRegion::create(grant_of(spec));
+    if (!region.ok()) {
+      kill_forked();
+      return region.status();
+    }
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const absl::Status s = absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+      kill_forked();
+      return s;
+    }
+    if (pid == 0) {
+      // The child: dies with its parent (the pid was taken before the fork,
+      // so a parent that died before the prctl is caught too). Mailboxes of
+      // its earlier-forked siblings are closed here: not its business.
+      (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      forked.clear();
+      const std::string who = absl::StrCat("child ", spec.index, " (process ", getpid(), ")");
+      std::vector<worker::CallableHandle> handles;
+      absl::StatusOr<std::unique_ptr<worker::Worker>> w = build_worker(spec, &handles);
+      if (!w.ok()) {
+        publish_stop(
+            *region,
+            absl::StrCat(who, " could not start its worker: ", std::string(w.status().message())));
+        _exit(1);
+      }
+      serve_mailbox(*region, **w, names_of(spec));
+      (void)(*w)->close();
+      _exit(0);
+    }
+    forked.push_back(Forked{std::move(*region), pid});
   }
-  return std::unique_ptr<Endpoint>(
-      new MailboxEndpoint(spec, absl::StrCat("child ", spec.index, " (process ", pid, ")"),
-                          std::move(region), pid, nullptr));
+  std::vector<std::unique_ptr<Endpoint>> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    out.push_back(std::unique_ptr<Endpoint>(new MailboxEndpoint(
+        specs[i], absl::StrCat("child ", specs[i].index, " (process ", forked[i].pid, ")"),
+        std::move(forked[i].region), forked[i].pid, nullptr)));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> start_process_child(const ChildSpec& spec) {
+  SIMPLER_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Endpoint>> one,
+                           start_process_children({spec}));
+  return std::move(one.front());
 }
 
 }  // namespace simpler::hierarchy

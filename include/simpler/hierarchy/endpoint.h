@@ -21,6 +21,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ class Endpoint {
   // for, and SIGKILLed when it does not exit within 5 s). Returns the first error in run order
   // that no wait() delivered, with the count of the others; OK when none. Idempotent.
   virtual absl::Status close(const base::Deadline& deadline = base::Deadline::forever()) = 0;
+  // Called with a run's id once its handle is done (after the handle's result is written),
+  // in run order, on one of the endpoint's threads; set before the first submit(). It must not
+  // call back into this endpoint. Lets a scheduler wait for many children's runs at once.
+  virtual void set_on_done(std::function<void(uint64_t run_id)> on_done) = 0;
 };
 
 // What a child worker is built from: its Worker options (level 2; faults unset = the child
@@ -79,6 +84,11 @@ absl::StatusOr<std::unique_ptr<Endpoint>> start_thread_child(const ChildSpec& sp
 // child's worker init errors come back as the endpoint's stop reason (every submit refused
 // naming them).
 absl::StatusOr<std::unique_ptr<Endpoint>> start_process_child(const ChildSpec& spec);
+// Several process children, every one forked before any endpoint thread starts (an endpoint
+// runs threads, so forking one child after another endpoint started would fork a threaded
+// process). On error no child is left running.
+absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
+    const std::vector<ChildSpec>& specs);
 
 // Threads this process runs now (entries of /proc/self/task); 0 when it cannot tell.
 int32_t process_thread_count();

@@ -1,0 +1,158 @@
+// A level-3 worker: a host orchestrating several chips (ARCHITECTURE.md "L3").
+//
+// An L3 *program* is a host orchestration function. It submits next-level tasks — a run of a
+// chip callable on one child (submit_next_level) — and host sub-tasks (submit_sub); a host
+// TensorMap infers the dependencies between them from their tagged tensors (IN / OUT / INOUT;
+// read-after-write, write-after-read, write-after-write, byte-exact), and a scheduler dispatches
+// each task once its inputs are ready: next-level tasks to their child's endpoint (endpoint.h),
+// sub-tasks to a pool of host threads.
+//
+// L3 runs have the L2 run semantics: submit() returns a live RunHandle at once; runs execute one
+// at a time in submission order; a run's error (the first failed task in task order, naming the
+// task, its child and callable) is delivered to its handle exactly once; close() drains and
+// returns only errors no wait() delivered.
+//
+// Children run in thread mode (an L2 Worker in this process) or process mode (forked children
+// behind shared-memory mailboxes; init() must run before this process starts any thread, and
+// only callables registered before init() exist in the children).
+//
+// Memory: host tensors of next-level tasks must lie in buffers from create_buffer(): a shared
+// host heap mapped before the children are forked, at the same address in every child, and
+// staged onto the child's device by its L2 lane. (Child device buffers are not exposed yet.)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "simpler/hierarchy/endpoint.h"
+#include "simpler/task/call_config.h"
+#include "simpler/task/callable.h"
+#include "simpler/task/task_args.h"
+#include "simpler/worker/run_handle.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::hierarchy {
+
+enum class ChildMode { kThread, kProcess };
+std::string_view name_of(ChildMode mode);
+// "thread" / "process"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ChildMode> parse_child_mode(std::string_view text);
+
+struct L3Options {
+  std::vector<int32_t> device_ids = {0, 1};  // one child chip worker per id, in this order
+  ChildMode child_mode = ChildMode::kThread;
+  // Every child's L2 options (device_id is replaced by the child's id).
+  worker::WorkerOptions child;
+  int32_t sub_threads = 2;                 // host threads running sub-tasks, >= 1
+  uint64_t host_heap_bytes = 64ull << 20;  // shared host heap for create_buffer (reserved lazily)
+
+  // INVALID_ARGUMENT naming the field: no device ids, a negative or repeated id, sub_threads
+  // < 1, a zero heap, or an invalid child option.
+  absl::Status validate() const;
+};
+
+// A host sub-task: runs on a host thread with the task's arguments (HOST tensors and scalars).
+using SubFn = std::function<absl::Status(const task::TaskArgs& args)>;
+
+struct ChildCallable {
+  uint32_t index = 0;
+};
+struct SubHandle {
+  uint32_t index = 0;
+};
+struct ProgramHandle {
+  uint32_t index = 0;
+};
+
+// What an L3 orchestration submits through. Valid only during the orchestration call; used from
+// its thread only.
+class L3Context {
+ public:
+  virtual ~L3Context() = default;
+  // A run of `callable` on child `child` (0-based index into L3Options::device_ids) with
+  // `args`: scalars and HOST tensors inside create_buffer() buffers. Returns the task's index in
+  // this run. INVALID_ARGUMENT: unknown callable or child, invalid args or config, a HOST tensor
+  // outside the shared heap, a DEVICE tensor (not supported yet).
+  virtual absl::StatusOr<uint32_t> submit_next_level(ChildCallable callable,
+                                                     const task::TaskArgs& args, int32_t child,
+                                                     const task::CallConfig& config = {}) = 0;
+  // A host sub-task `fn` with `args` (scalars and HOST tensors anywhere in this process).
+  // INVALID_ARGUMENT: unknown sub, invalid args, a DEVICE tensor.
+  virtual absl::StatusOr<uint32_t> submit_sub(SubHandle fn, const task::TaskArgs& args) = 0;
+  virtual int32_t num_children() const = 0;
+};
+
+using L3Orchestration = std::function<absl::Status(L3Context& ctx, const task::TaskArgs& args)>;
+
+struct L3Program {
+  std::string name;
+  L3Orchestration orchestration;
+};
+
+// A buffer in the shared host heap. Plain value; does not own.
+struct HostBuffer {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  // A contiguous HOST tensor view at `offset` bytes; INVALID_ARGUMENT when it does not fit.
+  absl::StatusOr<task::Tensor> tensor(std::initializer_list<int64_t> shape, task::DataType dtype,
+                                      uint64_t offset = 0) const;
+  template <typename T>
+  T* data() const {
+    return reinterpret_cast<T*>(static_cast<uintptr_t>(address));
+  }
+};
+
+// Thread-safe after init(); register_* only before init().
+class L3Worker {
+ public:
+  explicit L3Worker(L3Options options);
+  ~L3Worker();  // close(), discarding its status
+  L3Worker(const L3Worker&) = delete;
+  L3Worker& operator=(const L3Worker&) = delete;
+
+  // Before init(). INVALID_ARGUMENT for an invalid callable or program, a duplicate name, an
+  // empty sub; FAILED_PRECONDITION after init().
+  absl::StatusOr<ChildCallable> register_callable(task::ChipCallable callable);
+  absl::StatusOr<SubHandle> register_sub(std::string name, SubFn fn);
+  absl::StatusOr<ProgramHandle> register_program(L3Program program);
+
+  // Validates the options, maps the shared host heap, starts the children (process mode: forks
+  // them; FAILED_PRECONDITION when this process already runs threads), then the scheduler and
+  // the sub-task threads. On error nothing is left running.
+  absl::Status init();
+
+  // A buffer of `bytes` (> 0) in the shared host heap, 64-byte aligned, zero-filled on first
+  // use. RESOURCE_EXHAUSTED when the heap has no such free range (naming its size).
+  absl::StatusOr<HostBuffer> create_buffer(uint64_t bytes);
+  // Returns a buffer to the heap. NOT_FOUND for an address create_buffer did not return;
+  // FAILED_PRECONDITION while any L3 run is queued or executing (it may name the buffer).
+  absl::Status free_buffer(const HostBuffer& buffer);
+
+  // Queues a run of `program` with `args`; returns its live handle at once. Errors:
+  // FAILED_PRECONDITION before init() or after close(), INVALID_ARGUMENT (unknown program,
+  // invalid args). The run's own errors come through its handle.
+  absl::StatusOr<worker::RunHandle> submit(ProgramHandle program, const task::TaskArgs& args);
+  // submit(...).wait().
+  absl::Status run(ProgramHandle program, const task::TaskArgs& args);
+
+  // Refuses new submits, drains queued runs, stops the scheduler, closes every child. Returns
+  // the first L3 run error no wait() delivered (with the count of the others), else the first
+  // child close error; OK when none. Idempotent.
+  absl::Status close();
+
+  int32_t num_children() const { return static_cast<int32_t>(options_.device_ids.size()); }
+  // The child endpoints' descriptions, in child order (after init()).
+  std::vector<std::string> describe_children() const;
+
+  class Impl;
+
+ private:
+  L3Options options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace simpler::hierarchy

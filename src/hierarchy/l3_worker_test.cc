@@ -1,0 +1,307 @@
+// The L3 worker: a tensor-parallel MLP across two sim chips with a host sub-task summing the
+// partial results, checked against a reference; the L2 run semantics at L3; thread and process
+// modes with identical results.
+#include "simpler/hierarchy/l3_worker.h"
+
+#include <atomic>
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "simpler/device/fault_plan.h"
+#include "worker/worker_test_util.h"
+
+namespace simpler::hierarchy {
+namespace {
+
+using worker::RunHandle;
+using worker::testing::contains;
+
+constexpr int kB = 4, kD = 16, kH = 32, kHalf = kH / 2;
+
+// y[b, :] = relu(x[b, :] @ w1) @ w2 over one shard: x [B, D], w1 [D, H/2], w2 [H/2, D], y [B, D].
+absl::Status mlp_shard_kernel(const task::KernelContext& ctx) {
+  const float* x = ctx.tensor(0).data<float>();
+  const float* w1 = ctx.tensor(1).data<float>();
+  const float* w2 = ctx.tensor(2).data<float>();
+  float* y = ctx.tensor(3).data<float>();
+  const int64_t b = ctx.tensor(0).shape[0], d = ctx.tensor(0).shape[1], h = ctx.tensor(1).shape[1];
+  std::vector<float> hidden(static_cast<size_t>(h));
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t j = 0; j < h; ++j) {
+      float acc = 0;
+      for (int64_t k = 0; k < d; ++k) acc += x[r * d + k] * w1[k * h + j];
+      hidden[j] = acc > 0 ? acc : 0;
+    }
+    for (int64_t k = 0; k < d; ++k) {
+      float acc = 0;
+      for (int64_t j = 0; j < h; ++j) acc += hidden[j] * w2[j * d + k];
+      y[r * d + k] = acc;
+    }
+  }
+  return absl::OkStatus();
+}
+
+task::ChipCallable mlp_shard_program() {
+  return {"mlp_shard",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            return ctx.submit(0, args);
+          },
+          {{"mlp_shard", mlp_shard_kernel}}};
+}
+
+// out = a + b, elementwise over float tensors.
+absl::Status sum_partials(const task::TaskArgs& args) {
+  const float* a = args.tensor(0).data<float>();
+  const float* b = args.tensor(1).data<float>();
+  float* out = args.tensor(2).data<float>();
+  for (int64_t i = 0; i < args.tensor(0).numel(); ++i) out[i] = a[i] + b[i];
+  return absl::OkStatus();
+}
+
+L3Options options(ChildMode mode, const std::string& faults = "") {
+  L3Options o;
+  o.device_ids = {0, 1};
+  o.child_mode = mode;
+  o.child = worker::testing::test_options(2);
+  if (!faults.empty()) o.child.faults = *device::FaultPlan::parse(faults);
+  o.host_heap_bytes = 4 << 20;
+  return o;
+}
+
+// The tensor-parallel MLP: w1 split by columns and w2 by rows across the two
+// children, each computing a partial y; a host sub-task sums them.
+struct TpMlp {
+  explicit TpMlp(L3Worker& w) {
+    shard = *w.register_callable(mlp_shard_program());
+    sum = *w.register_sub("sum_partials", sum_partials);
+    program = *w.register_program({"tp_mlp", [this](L3Context& ctx, const task::TaskArgs& a) {
+                                     return orchestrate(ctx, a);
+                                   }});
+  }
+  absl::Status allocate(L3Worker& w) {
+    SIMPLER_ASSIGN_OR_RETURN(x, w.create_buffer(kB * kD * 4));
+    for (int c = 0; c < 2; ++c) {
+      SIMPLER_ASSIGN_OR_RETURN(w1[c], w.create_buffer(kD * kHalf * 4));
+      SIMPLER_ASSIGN_OR_RETURN(w2[c], w.create_buffer(kHalf * kD * 4));
+      SIMPLER_ASSIGN_OR_RETURN(part[c], w.create_buffer(kB * kD * 4));
+    }
+    SIMPLER_ASSIGN_OR_RETURN(y, w.create_buffer(kB * kD * 4));
+    return absl::OkStatus();
+  }
+  absl::Status orchestrate(L3Context& ctx, const task::TaskArgs&) {
+    for (int c = 0; c < 2; ++c) {
+      task::TaskArgs a;
+      a.add_tensor(*x.tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
+          .add_tensor(*w1[c].tensor({kD, kHalf}, task::DataType::kFloat32), task::ArgDirection::kIn)
+          .add_tensor(*w2[c].tensor({kHalf, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
+          .add_tensor(*part[c].tensor({kB, kD}, task::DataType::kFloat32),
+                      task::ArgDirection::kOut);
+      SIMPLER_RETURN_IF_ERROR(ctx.submit_next_level(shard, a, c).status());
+    }
+    task::TaskArgs s;
+    s.add_tensor(*part[0].tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
+        .add_tensor(*part[1].tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
+        .add_tensor(*y.tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kOut);
+    return ctx.submit_sub(sum, s).status();
+  }
+  // Fills x and the weights from `seed`; returns the float64 reference y.
+  std::vector<double> fill(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> w1f(kD * kH), w2f(kH * kD);
+    for (int i = 0; i < kB * kD; ++i) x.data<float>()[i] = u(rng);
+    for (float& v : w1f) v = u(rng);
+    for (float& v : w2f) v = u(rng);
+    for (int c = 0; c < 2; ++c) {
+      for (int k = 0; k < kD; ++k) {
+        for (int j = 0; j < kHalf; ++j)
+          w1[c].data<float>()[k * kHalf + j] = w1f[k * kH + c * kHalf + j];
+      }
+      for (int j = 0; j < kHalf; ++j) {
+        for (int k = 0; k < kD; ++k)
+          w2[c].data<float>()[j * kD + k] = w2f[(c * kHalf + j) * kD + k];
+      }
+    }
+    std::vector<double> ref(kB * kD, 0.0);
+    for (int b = 0; b < kB; ++b) {
+      for (int j = 0; j < kH; ++j) {
+        double acc = 0;
+        for (int k = 0; k < kD; ++k) acc += double(x.data<float>()[b * kD + k]) * w1f[k * kH + j];
+        acc = acc > 0 ? acc : 0;
+        for (int k = 0; k < kD; ++k) ref[b * kD + k] += acc * w2f[j * kD + k];
+      }
+    }
+    return ref;
+  }
+  ChildCallable shard;
+  SubHandle sum;
+  ProgramHandle program;
+  HostBuffer x, w1[2], w2[2], part[2], y;
+};
+
+class L3 : public ::testing::TestWithParam<ChildMode> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == ChildMode::kProcess && process_thread_count() != 1) {
+      GTEST_SKIP() << "a sanitizer runs a thread of its own here: process children cannot be "
+                      "forked";
+    }
+  }
+};
+
+TEST_P(L3, ATensorParallelMlpAcrossTwoChipsMatchesTheReference) {
+  L3Worker w(options(GetParam()));
+  TpMlp mlp(w);
+  ASSERT_TRUE(w.init().ok());
+  ASSERT_TRUE(mlp.allocate(w).ok());
+  const std::string kind = GetParam() == ChildMode::kThread ? "lane" : "process";
+  EXPECT_NE(w.describe_children()[1].find("child 1 (" + kind), std::string::npos)
+      << w.describe_children()[1];
+  for (uint32_t seed = 1; seed <= 3; ++seed) {
+    const std::vector<double> ref = mlp.fill(seed);
+    RunHandle h = *w.submit(mlp.program, {});
+    ASSERT_TRUE(h.wait().ok()) << h.wait();
+    EXPECT_EQ(h.result().report.tasks_submitted, 3u);
+    for (int i = 0; i < kB * kD; ++i) {
+      EXPECT_NEAR(mlp.y.data<float>()[i], ref[i], 1e-4 * (1 + std::abs(ref[i]))) << i;
+    }
+  }
+  EXPECT_TRUE(w.close().ok());
+}
+
+// A sub-task that records the order tasks ran in, for dependency checks.
+std::atomic<int> g_clock{0};
+absl::Status stamp(const task::TaskArgs& args) {
+  args.tensor(0).data<int64_t>()[0] = ++g_clock;
+  return absl::OkStatus();
+}
+absl::Status fail_sub(const task::TaskArgs&) { return absl::InternalError("the sub failed"); }
+
+TEST_P(L3, DependenciesFollowTheTaggedTensorsAndAFailedTasksDependentsDoNotRun) {
+  L3Worker w(options(GetParam()));
+  SubHandle stamp_h = *w.register_sub("stamp", stamp);
+  SubHandle fail_h = *w.register_sub("fail", fail_sub);
+  HostBuffer cells;
+  ProgramHandle chain = *w.register_program(
+      {"chain", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
+         // t0 writes cell 0; t1 INOUT cell 0 (after t0, RAW); t2 reads cell 0 (after t1);
+         // t3 writes cell 1 independently; t4 fails; t5 reads t4's output cell 2: not run.
+         auto cell = [&](int i) { return *cells.tensor({1}, task::DataType::kInt64, 8 * i); };
+         task::TaskArgs a0, a1, a2, a3, a4, a5;
+         a0.add_tensor(cell(0), task::ArgDirection::kOut);
+         a1.add_tensor(cell(0), task::ArgDirection::kInOut);
+         a2.add_tensor(cell(3), task::ArgDirection::kOut)
+             .add_tensor(cell(0), task::ArgDirection::kIn);
+         a3.add_tensor(cell(1), task::ArgDirection::kOut);
+         a4.add_tensor(cell(2), task::ArgDirection::kOut);
+         a5.add_tensor(cell(4), task::ArgDirection::kOut)
+             .add_tensor(cell(2), task::ArgDirection::kIn);
+         SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(stamp_h, a0).status());
+         SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(stamp_h, a1).status());
+         SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(stamp_h, a2).status());
+         SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(stamp_h, a3).status());
+         SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(fail_h, a4).status());
+         return ctx.submit_sub(stamp_h, a5).status();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  cells = *w.create_buffer(64);
+  g_clock = 0;
+  RunHandle h = *w.submit(chain, {});
+  absl::Status s = h.wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(contains(s, "L3 run 0 task 4 (host sub 'fail'): the sub failed")) << s;
+  const int64_t* c = cells.data<int64_t>();
+  // t2 stamps cell 3 after t1 restamped cell 0 after t0.
+  EXPECT_GT(c[3], c[0]);
+  EXPECT_GT(c[0], 0);
+  EXPECT_EQ(c[4], 0) << "a task whose input task failed ran";
+  EXPECT_TRUE(w.close().ok());  // delivered by wait()
+}
+
+TEST_P(L3, RunsAreFifoErrorsAreDeliveredOnceAndCloseReportsTheUndelivered) {
+  // Child 0's run 1 fails (the second next-level task it gets).
+  L3Worker w(options(GetParam(), "run=1:task=0:kind=kernel_error"));
+  TpMlp mlp(w);
+  ASSERT_TRUE(w.init().ok());
+  ASSERT_TRUE(mlp.allocate(w).ok());
+  (void)mlp.fill(7);
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 4; ++i) hs.push_back(*w.submit(mlp.program, {}));
+  EXPECT_TRUE(hs[3].wait().ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(hs[i].done()) << "run " << i << " behind run 3";
+  EXPECT_TRUE(hs[0].wait().ok());
+  absl::Status s1 = hs[1].wait();
+  EXPECT_TRUE(contains(s1, "L3 run 1 task 0 (child 0, callable 'mlp_shard'): child 0 (")) << s1;
+  EXPECT_TRUE(contains(s1, "injected kernel_error")) << s1;
+  EXPECT_TRUE(hs[2].wait().ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(hs[i].id().value, static_cast<uint64_t>(i));
+  EXPECT_TRUE(w.close().ok());  // every error was delivered
+  EXPECT_EQ(w.submit(mlp.program, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_P(L3, AnOrchestrationErrorFailsItsRunAndCloseReportsItWhenNobodyWaited) {
+  L3Worker w(options(GetParam()));
+  ChildCallable shard = *w.register_callable(mlp_shard_program());
+  ProgramHandle p = *w.register_program(
+      {"bad_args", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
+         task::TaskArgs a;
+         int64_t outside = 0;  // not in the shared heap: a child cannot see it
+         a.add_tensor(*task::Tensor::contiguous(reinterpret_cast<uintptr_t>(&outside), {1},
+                                                task::DataType::kInt64),
+                      task::ArgDirection::kIn);
+         a[0].tensor.memory = task::MemoryKind::kHost;
+         return ctx.submit_next_level(shard, a, 0).status();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  RunHandle h = *w.submit(p, {});
+  h = RunHandle();  // dropped unwaited
+  absl::Status c = w.close();
+  EXPECT_EQ(c.code(), absl::StatusCode::kInvalidArgument) << c;
+  EXPECT_TRUE(contains(c, "L3 run 0 orchestration ('bad_args'): submit_next_level: argument 0"))
+      << c;
+  EXPECT_TRUE(contains(c, "not inside the shared host heap")) << c;
+}
+
+TEST_P(L3, InvalidUseIsRefusedWithClearErrors) {
+  L3Options bad = options(GetParam());
+  bad.device_ids = {0, 0};
+  EXPECT_TRUE(contains(L3Worker(bad).init(), "id 0 repeats"));
+  L3Worker w(options(GetParam()));
+  TpMlp mlp(w);
+  EXPECT_EQ(w.submit(mlp.program, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(w.init().ok());
+  EXPECT_TRUE(contains(w.register_callable(mlp_shard_program()).status(), "after init()"));
+  EXPECT_EQ(w.submit(ProgramHandle{9}, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.create_buffer(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.create_buffer(8 << 20).status().code(), absl::StatusCode::kResourceExhausted);
+  HostBuffer a = *w.create_buffer(100);
+  EXPECT_TRUE(w.free_buffer(a).ok());
+  EXPECT_EQ(w.free_buffer(a).code(), absl::StatusCode::kNotFound);
+  HostBuffer whole = *w.create_buffer(4 << 20);  // coalesced back into one range
+  EXPECT_TRUE(w.free_buffer(whole).ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, L3, ::testing::Values(ChildMode::kThread, ChildMode::kProcess),
+                         [](const auto& info) { return std::string(name_of(info.param)); });
+
+// The same program in thread and process mode gives bit-identical results.
+TEST(L3Modes, ThreadAndProcessModesGiveIdenticalResults) {
+  if (process_thread_count() != 1) GTEST_SKIP() << "a sanitizer's thread: no fork here";
+  std::vector<float> out[2];
+  for (ChildMode mode : {ChildMode::kProcess, ChildMode::kThread}) {
+    L3Worker w(options(mode));
+    TpMlp mlp(w);
+    ASSERT_TRUE(w.init().ok());
+    ASSERT_TRUE(mlp.allocate(w).ok());
+    (void)mlp.fill(11);
+    ASSERT_TRUE(w.run(mlp.program, {}).ok());
+    out[mode == ChildMode::kThread].assign(mlp.y.data<float>(), mlp.y.data<float>() + kB * kD);
+    EXPECT_TRUE(w.close().ok());
+  }
+  EXPECT_EQ(out[0], out[1]);
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy
