@@ -417,7 +417,11 @@ class L3Worker::Impl {
       k.args = args;
       k.config = config;
       std::vector<uint64_t> deps;
-      const auto is_done = [this](uint64_t task) { return tasks_[task].done; };
+      // A failed task stays a dependency (its outputs are unwritten): only
+      // tasks that finished well count as done for the TensorMap.
+      const auto is_done = [this](uint64_t task) {
+        return tasks_[task].done && tasks_[task].status.ok();
+      };
       for (size_t i = 0; i < args.size(); ++i) {
         const task::Arg& a = args[i];
         if (a.direction == task::ArgDirection::kScalar) continue;
@@ -433,11 +437,17 @@ class L3Worker::Impl {
       }
       std::sort(deps.begin(), deps.end());
       deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+      ++unfinished_;
+      for (uint64_t d : deps) {
+        if (tasks_[d].done) {  // failed before this task was submitted
+          finish(t, absl::CancelledError(absl::StrCat("not run: its input task ", d, " failed")));
+          return t;
+        }
+      }
       for (uint64_t d : deps) {
         tasks_[d].dependents.push_back(t);
         ++tasks_[t].waiting;
       }
-      ++unfinished_;
       if (tasks_[t].waiting == 0) dispatch(t);
       return t;
     }

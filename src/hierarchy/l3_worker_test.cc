@@ -209,6 +209,7 @@ TEST_P(L3, DependenciesFollowTheTaggedTensorsAndAFailedTasksDependentsDoNotRun) 
   g_clock = 0;
   RunHandle h = *w.submit(chain, {});
   absl::Status s = h.wait();
+  EXPECT_EQ(h.result().report.tasks_submitted, 6u);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   EXPECT_TRUE(contains(s, "L3 run 0 task 4 (host sub 'fail'): the sub failed")) << s;
   const int64_t* c = cells.data<int64_t>();
