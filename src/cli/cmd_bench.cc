@@ -1,4 +1,4 @@
-// `simpler bench dispatch|pipeline|decode|prefill|load|throughput|serve`.
+// `simpler bench dispatch|pipeline|decode|prefill|load|throughput|serve|mailbox`.
 #include <cstdio>
 #include <iostream>
 
@@ -22,6 +22,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
 Runner add_bench_serve_command(CLI::App* bench);
+Runner add_bench_mailbox_command(CLI::App* bench);
 
 Runner add_bench_commands(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks; each prints its numbers");
@@ -115,6 +116,7 @@ Runner add_bench_commands(CLI::App& app) {
   st->load_common.add_to(load);
 
   Runner throughput = add_bench_throughput_command(bench);
+  Runner mailbox = add_bench_mailbox_command(bench);
   Runner serve = add_bench_serve_command(bench);
 
   return [=]() -> int {
@@ -218,6 +220,7 @@ Runner add_bench_commands(CLI::App& app) {
     }
     if (int rc = throughput(); rc != -1) return rc;
     if (int rc = serve(); rc != -1) return rc;
+    if (int rc = mailbox(); rc != -1) return rc;
     return 0;
   };
 }

@@ -271,6 +271,8 @@ std::vector<Completion> MailboxParent::collect() {
     --in_flight_;
     out.push_back(std::move(c));
   }
+  // A publisher waiting for a free entry sleeps on this doorbell too: wake it.
+  if (!out.empty()) ring(region_->header().parent_doorbell);
   return out;
 }
 

@@ -188,6 +188,7 @@ class MailboxParent {
   absl::StatusOr<Ticket> publish(uint64_t run_id, std::span<const uint8_t> payload);
   // Frees the entries that hold a terminal state and returns their runs' outcomes; once the
   // endpoint stopped, also every run still held, failed with UNAVAILABLE naming the stop reason.
+  // Rings the parent doorbell when it freed any (a publisher may be waiting for an entry).
   std::vector<Completion> collect();
   // Stops the endpoint with `reason` (kept when a reason is already published): new publishes
   // are refused and collect() fails every run still held with it. Used when the child died
