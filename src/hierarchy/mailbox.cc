@@ -14,6 +14,7 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
 
 namespace simpler::hierarchy {
 
@@ -24,19 +25,30 @@ absl::Status errno_status(const char* call) {
 }
 
 // Futex on a word of the shared mapping: not FUTEX_PRIVATE, so a wait in one
-// process is woken by a wake in another.
-void futex_wait(const std::atomic<uint32_t>& word, uint32_t seen, int64_t timeout_ns) {
-  if (word.load(std::memory_order_acquire) != seen) return;
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000);
-  ts.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000);
-  (void)syscall(SYS_futex, const_cast<std::atomic<uint32_t>*>(&word), FUTEX_WAIT, seen, &ts,
-                nullptr, 0);
+// process is woken by a wake in another. The sleeper count and the word are
+// both seq_cst: either the waiter sees the new value or the ringer sees the
+// sleeper (no lost wake-up).
+void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns) {
+  const int64_t spin_until = base::now_ns() + std::min(kDoorbellSpinNs, timeout_ns);
+  while (d.value.load(std::memory_order_acquire) == seen) {
+    if (base::now_ns() >= spin_until) break;
+    base::cpu_relax();
+  }
+  d.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (d.value.load(std::memory_order_seq_cst) == seen) {
+    timespec ts{};
+    ts.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000);
+    ts.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000);
+    (void)syscall(SYS_futex, &d.value, FUTEX_WAIT, seen, &ts, nullptr, 0);
+  }
+  d.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-void ring(std::atomic<uint32_t>& word) {
-  word.fetch_add(1, std::memory_order_release);
-  (void)syscall(SYS_futex, &word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+void ring(Doorbell& d) {
+  d.value.fetch_add(1, std::memory_order_seq_cst);
+  if (d.sleepers.load(std::memory_order_seq_cst) > 0) {
+    (void)syscall(SYS_futex, &d.value, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
 }
 
 std::string read_text(const char* text, uint32_t bytes, uint32_t capacity) {
@@ -306,11 +318,11 @@ int32_t MailboxParent::frames_in_use() const {
 }
 
 uint32_t MailboxParent::doorbell() const {
-  return region_->header().parent_doorbell.load(std::memory_order_acquire);
+  return region_->header().parent_doorbell.value.load(std::memory_order_acquire);
 }
 
 void MailboxParent::wait(uint32_t seen, int64_t timeout_ns) const {
-  futex_wait(region_->header().parent_doorbell, seen, timeout_ns);
+  wait_doorbell(region_->header().parent_doorbell, seen, timeout_ns);
 }
 
 // ---- child ----
@@ -411,11 +423,11 @@ absl::Status MailboxChild::complete(const Ticket& ticket, const absl::Status& st
 }
 
 uint32_t MailboxChild::doorbell() const {
-  return region_->header().child_doorbell.load(std::memory_order_acquire);
+  return region_->header().child_doorbell.value.load(std::memory_order_acquire);
 }
 
 void MailboxChild::wait(uint32_t seen, int64_t timeout_ns) const {
-  futex_wait(region_->header().child_doorbell, seen, timeout_ns);
+  wait_doorbell(region_->header().child_doorbell, seen, timeout_ns);
 }
 
 }  // namespace simpler::hierarchy

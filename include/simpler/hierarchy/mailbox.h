@@ -95,6 +95,15 @@ struct RunEntry {
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
 
+// A futex word the other side rings, and how many threads sleep on it: a ring wakes (a system
+// call) only when someone sleeps. A waiter first polls the word for a bounded time
+// (kDoorbellSpinNs), then sleeps; no waiter spins without bound.
+struct Doorbell {
+  std::atomic<uint32_t> value;
+  std::atomic<uint32_t> sleepers;
+};
+inline constexpr int64_t kDoorbellSpinNs = 20'000;
+
 struct MailboxHeader {
   uint32_t magic;
   uint32_t version;
@@ -103,9 +112,9 @@ struct MailboxHeader {
   uint64_t region_bytes;  // mailbox_bytes(grant)
   int32_t parent_pid;     // taken before any child is forked
   std::atomic<int32_t> child_pid;
-  std::atomic<uint32_t> child_doorbell;   // futex word the child sleeps on
-  std::atomic<uint32_t> parent_doorbell;  // futex word the parent sleeps on
-  std::atomic<uint32_t> stopped;          // 0 running; 1 once stop_reason is published
+  Doorbell child_doorbell;        // the child sleeps on it; the parent rings it
+  Doorbell parent_doorbell;       // the parent sleeps on it; the child rings it
+  std::atomic<uint32_t> stopped;  // 0 running; 1 once stop_reason is published
   uint32_t stop_reason_bytes;
   char stop_reason[kStopReasonBytes];
 };
