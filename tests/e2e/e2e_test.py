@@ -1904,6 +1904,37 @@ def scenario_bad_input(ctx):
                      ["simpler make-model: cannot create /proc/simpler/none"])
 
 
+def scenario_bench_mailbox(ctx):
+    """The --json contract of `simpler bench mailbox` (issue 14's keys; numbers are recorded in
+    docs/benchmarks.md, not asserted, except the mailbox sizes, which are arithmetic)."""
+    pb = ctx.problems
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "mailbox", "--json", "--runs", "40"],
+                      label="bench mailbox --json")
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    pb.check(len(lines) == 1, f"expected one JSON object, got {len(lines)} lines")
+    if len(lines) != 1:
+        return
+    j = json.loads(lines[0])
+    for k in ("bare_rtt_us_p50", "l2_run_us_p50"):
+        pb.check(isinstance(j.get(k), (int, float)) and j[k] > 0, f"{k}: {j.get(k)!r}")
+    l3 = j.get("l3_run_us_p50", {})
+    pb.check(set(l3) == {"process", "thread"}, f"l3_run_us_p50 keys {sorted(l3)}")
+    pb.check(all(isinstance(v, (int, float)) and v > 0 for v in l3.values()), f"l3 {l3}")
+    marginal = j.get("marginal_us_per_task", {})
+    pb.check(set(marginal) == {"1", "16", "256"}, f"marginal_us_per_task keys {sorted(marginal)}")
+    sizes = j.get("mailbox_bytes", {})
+    pb.check(set(sizes) == {"1", "2", "64", "1024"}, f"mailbox_bytes keys {sorted(sizes)}")
+    if set(sizes) == {"1", "2", "64", "1024"}:
+        entry = (sizes["64"] - sizes["2"]) / 62
+        pb.check(entry == int(entry) and sizes["1024"] - sizes["1"] == 1023 * entry,
+                 f"mailbox_bytes does not grow by one entry per grant: {sizes}")
+        pb.check(sizes["1024"] <= 600_000, f"mailbox at grant 1024 is {sizes['1024']} bytes")
+    pb.check("staged_gap_us_p50" in j, "staged_gap_us_p50 missing")
+    p, _ = ctx.run([ctx.simpler, "bench", "mailbox", "--runs", "1"], label="bench mailbox --runs 1")
+    pb.check(0 < p.returncode < 128 and "--runs" in p.stderr,
+             f"bench mailbox --runs 1: exit {p.returncode}, stderr {tail(p.stderr, 300)!r}")
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -1917,6 +1948,7 @@ SCENARIOS = {
     "run_matmul": scenario_run_matmul,
     "run_matmul_fault": scenario_run_matmul_fault,
     "bench_pipeline": scenario_bench_pipeline,
+    "bench_mailbox": scenario_bench_mailbox,
     "trace": scenario_trace,
     "bench_decode": scenario_bench_decode,
     "bench_prefill_load": scenario_bench_prefill_load,
