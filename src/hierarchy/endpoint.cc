@@ -96,11 +96,13 @@ class EndpointBase : public Endpoint {
     {
       base::MutexLock lock(mu_);
       ++next_id_;
-      runs_.push_back(Pending{shared, false, absl::OkStatus()});
+      runs_.push_back(Pending{shared, false, absl::OkStatus(), 0, 0});
       // A completion may have arrived before the run was registered.
       if (auto it = early_.find(id); it != early_.end()) {
         runs_.back().done = true;
-        runs_.back().status = it->second;
+        runs_.back().status = it->second.status;
+        runs_.back().start_ns = it->second.start_ns;
+        runs_.back().end_ns = it->second.end_ns;
         early_.erase(it);
         finalize_ready_locked();
       }
@@ -159,18 +161,22 @@ class EndpointBase : public Endpoint {
   // Stops the child and joins the transport's threads. Every run is finalized by then.
   virtual void shutdown_transport() = 0;
 
-  // Run `id` ended with `status` (any order; finalized in run order).
-  void complete(uint64_t id, const absl::Status& status) {
+  // Run `id` ended with `status` (any order; finalized in run order), having
+  // run on the child's device from `start_ns` to `end_ns` (0 = unknown).
+  void complete(uint64_t id, const absl::Status& status, int64_t start_ns = 0, int64_t end_ns = 0) {
     base::MutexLock lock(mu_);
     bool found = false;
     for (Pending& p : runs_) {
       if (p.shared->id.value != id) continue;
       p.done = true;
       p.status = status;
+      p.start_ns = start_ns;
+      p.end_ns = end_ns;
       found = true;
       break;
     }
-    if (!found) early_[id] = status;  // sent, not registered yet (submit is finishing)
+    // Sent, not registered yet (submit is finishing).
+    if (!found) early_[id] = Early{status, start_ns, end_ns};
     finalize_ready_locked();
   }
 
@@ -190,6 +196,13 @@ class EndpointBase : public Endpoint {
     std::shared_ptr<worker::RunShared> shared;
     bool done = false;
     absl::Status status;
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+  };
+  struct Early {
+    absl::Status status;
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
   };
 
   void finalize_ready_locked() SIMPLER_REQUIRES(mu_) {
@@ -201,6 +214,8 @@ class EndpointBase : public Endpoint {
       res.status = p.status.ok() ? p.status : base::annotate(p.status, description_ + ": ");
       res.terminal_state = p.status.ok() ? worker::RunState::kCompleted : worker::RunState::kFailed;
       res.effective_depth = 1;
+      res.timing.device_start_ns = p.start_ns;
+      res.timing.device_end_ns = p.end_ns;
       if (!res.status.ok()) failed_.push_back(p.shared);
       p.shared->finalized.signal(res.status);
       if (on_done_) on_done_(res.id.value);
@@ -215,7 +230,7 @@ class EndpointBase : public Endpoint {
   base::CondVar cv_;
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
   std::deque<Pending> runs_ SIMPLER_GUARDED_BY(mu_);
-  std::map<uint64_t, absl::Status> early_ SIMPLER_GUARDED_BY(mu_);
+  std::map<uint64_t, Early> early_ SIMPLER_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
   std::function<void(uint64_t)> on_done_ SIMPLER_GUARDED_BY(mu_);
   absl::Status stop_ SIMPLER_GUARDED_BY(mu_);
@@ -289,7 +304,13 @@ class LaneEndpoint final : public EndpointBase {
         s = std::move(queue_.front());
         queue_.pop_front();
       }
-      complete(s.id, s.handle.valid() ? s.handle.wait() : s.refused);
+      if (!s.handle.valid()) {
+        complete(s.id, s.refused);
+        continue;
+      }
+      const absl::Status st = s.handle.wait();
+      const worker::RunTiming& t = s.handle.result().timing;
+      complete(s.id, st, t.device_start_ns, t.device_end_ns);
     }
   }
 
@@ -422,7 +443,9 @@ class MailboxEndpoint final : public EndpointBase {
   void collect_loop() {
     while (true) {
       const uint32_t seen = parent_.doorbell();
-      for (const Completion& c : parent_.collect()) complete(c.ticket.run_id, c.status);
+      for (const Completion& c : parent_.collect()) {
+        complete(c.ticket.run_id, c.status, c.device_start_ns, c.device_end_ns);
+      }
       if (std::optional<std::string> why = parent_.stop_reason(); why.has_value()) {
         set_stopped(absl::FailedPreconditionError(
             absl::StrCat("submit to ", description_, ": the endpoint stopped: ", *why)));
@@ -492,7 +515,8 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
         SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", a.ticket.run_id,
                           status.ToString());
       }
-      (void)child.complete(a.ticket, status);
+      const worker::RunTiming t = a.handle.valid() ? a.handle.result().timing : worker::RunTiming{};
+      (void)child.complete(a.ticket, status, t.device_start_ns, t.device_end_ns);
     }
   });
   while (true) {

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -46,6 +47,10 @@ absl::Status L3Options::validate() const {
         absl::StrCat("L3Options.sub_threads ", sub_threads, " is below 1"));
   }
   if (host_heap_bytes == 0) return absl::InvalidArgumentError("L3Options.host_heap_bytes is 0");
+  if (launch_depth < 1 || launch_depth > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("L3Options.launch_depth ", launch_depth, " is outside [1, 16]"));
+  }
   if (child.level != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("L3Options.child.level ", child.level, ": children are level-2 workers"));
@@ -144,6 +149,7 @@ class L3Worker::Impl {
         ev_cv_.notify_all();
       });
     }
+    child_queue_.resize(children_.size());
     for (int32_t t = 0; t < options_.sub_threads; ++t) {
       sub_threads_.emplace_back([this] {
         base::set_thread_name("simpler-l3-sub");
@@ -167,6 +173,7 @@ class L3Worker::Impl {
       closing_ = true;
       cv_.notify_all();
     }
+    kick();
     if (scheduler_.joinable()) scheduler_.join();
     {
       base::MutexLock lock(ev_mu_);
@@ -227,7 +234,7 @@ class L3Worker::Impl {
       return absl::NotFoundError(absl::StrCat("free_buffer: 0x", absl::Hex(b.address),
                                               " is not a buffer of this L3 worker"));
     }
-    if (!queue_.empty() || executing_) {
+    if (queued_or_running_ > 0) {
       return absl::FailedPreconditionError(
           "free_buffer while L3 runs are queued or executing (they may name the buffer); "
           "wait for them first");
@@ -269,10 +276,15 @@ class L3Worker::Impl {
     if (closing_) return absl::FailedPreconditionError("L3 submit after close()");
     auto shared = std::make_shared<worker::RunShared>();
     shared->id = base::RunId{next_run_++};
+    shared->result.requested_depth = options_.launch_depth;
     queue_.push_back({program.index, args, shared});
-    cv_.notify_all();
+    ++queued_or_running_;
+    lock.unlock();
+    kick();
     return worker::RunHandle(shared);
   }
+
+  uint64_t next_level_dispatched() const { return dispatched_.load(std::memory_order_relaxed); }
 
   std::vector<std::string> describe_children() const {
     std::vector<std::string> out;
@@ -287,36 +299,48 @@ class L3Worker::Impl {
     std::shared_ptr<worker::RunShared> shared;
   };
   // A completion: a child's run (child >= 0, endpoint run id) or a sub-task
-  // (child -1, task index, its status).
+  // (child -1, task id, its status).
   struct Event {
     int32_t child;
     uint64_t run;
-    uint32_t task;
+    uint64_t task;
     absl::Status status;
   };
   struct SubJob {
-    uint32_t task;
+    uint64_t task;
     uint32_t fn;
     task::TaskArgs args;
   };
 
-  // One L3 run's task graph while it executes (scheduler thread only).
+  // One task of a run in flight (scheduler thread only).
   struct Task {
+    size_t run = 0;      // index into runs_ (RunCtx) at submission: RunCtx::seq
     int32_t child = -1;  // -1: a host sub-task
     uint32_t fn = 0;     // callable or sub index
+    uint32_t index = 0;  // the task's index in its run
     task::TaskArgs args;
     task::CallConfig config;
     int32_t waiting = 0;  // unfinished dependencies
-    std::vector<uint32_t> dependents;
+    std::vector<uint64_t> dependents;
     bool dispatched = false;
     bool done = false;
     absl::Status status;
     worker::RunHandle handle;
   };
+  // One L3 run in flight: orchestrated (or being orchestrated) and not finalized.
+  struct RunCtx {
+    uint64_t seq = 0;  // the run's id
+    Queued queued;
+    bool orchestrated = false;
+    absl::Status orchestration;
+    int64_t unfinished = 0;
+    std::vector<uint64_t> tasks;  // task ids in task order
+  };
 
+  // The orchestration's view while one run is orchestrated.
   class Exec final : public L3Context {
    public:
-    Exec(Impl& impl, uint64_t run_id) : impl_(impl), run_id_(run_id) {}
+    Exec(Impl& impl, RunCtx& run) : impl_(impl), run_(run) {}
 
     absl::StatusOr<uint32_t> submit_next_level(ChildCallable callable, const task::TaskArgs& args,
                                                int32_t child,
@@ -346,7 +370,7 @@ class L3Worker::Impl {
               " is not inside the shared host heap: a child sees only create_buffer() memory"));
         }
       }
-      return add(child, callable.index, args, config);
+      return impl_.add_task(run_, child, callable.index, args, config);
     }
 
     absl::StatusOr<uint32_t> submit_sub(SubHandle fn, const task::TaskArgs& args) override {
@@ -364,191 +388,270 @@ class L3Worker::Impl {
                                                          "takes HOST tensors and scalars"));
         }
       }
-      return add(-1, fn.index, args, {});
+      return impl_.add_task(run_, -1, fn.index, args, {});
     }
 
     int32_t num_children() const override { return static_cast<int32_t>(impl_.children_.size()); }
 
-    // Handles completions until every dispatched task finished; `block`
-    // false: only those already in.
-    void pump(bool block) {
-      while (true) {
-        std::deque<Event> got;
-        {
-          base::MutexLock lock(impl_.ev_mu_);
-          if (block) {
-            while (impl_.events_.empty() && unfinished_ > 0) impl_.ev_cv_.wait(lock);
-          }
-          got.swap(impl_.events_);
-        }
-        for (Event& e : got) on_event(e);
-        if (!block || unfinished_ == 0) return;
-      }
-    }
-
-    // The run's status: the first failed task in task order, else OK.
-    absl::Status status() const {
-      for (size_t i = 0; i < tasks_.size(); ++i) {
-        if (!tasks_[i].status.ok()) return tasks_[i].status;
-      }
-      return absl::OkStatus();
-    }
-    size_t task_count() const { return tasks_.size(); }
-
    private:
-    std::string name_task(uint32_t t) const {
-      const Task& k = tasks_[t];
-      if (k.child < 0) {
-        return absl::StrCat("L3 run ", run_id_, " task ", t, " (host sub '", impl_.subs[k.fn].first,
-                            "')");
-      }
-      return absl::StrCat("L3 run ", run_id_, " task ", t, " (child ", k.child, ", callable '",
-                          impl_.callables[k.fn].name, "')");
-    }
-
-    absl::StatusOr<uint32_t> add(int32_t child, uint32_t fn, const task::TaskArgs& args,
-                                 const task::CallConfig& config) {
-      pump(false);  // completions so far: fewer false dependencies
-      const uint32_t t = static_cast<uint32_t>(tasks_.size());
-      tasks_.push_back(Task{});
-      Task& k = tasks_.back();
-      k.child = child;
-      k.fn = fn;
-      k.args = args;
-      k.config = config;
-      std::vector<uint64_t> deps;
-      // A failed task stays a dependency (its outputs are unwritten): only
-      // tasks that finished well count as done for the TensorMap.
-      const auto is_done = [this](uint64_t task) {
-        return tasks_[task].done && tasks_[task].status.ok();
-      };
-      for (size_t i = 0; i < args.size(); ++i) {
-        const task::Arg& a = args[i];
-        if (a.direction == task::ArgDirection::kScalar) continue;
-        const uint64_t bytes = a.tensor.span_bytes();
-        if (bytes == 0) continue;
-        const uint64_t begin = map_key(a.tensor, child);
-        if (a.direction != task::ArgDirection::kOut) {
-          map_.access(begin, begin + bytes, false, t, is_done, &deps);
-        }
-        if (a.direction != task::ArgDirection::kIn) {
-          map_.access(begin, begin + bytes, true, t, is_done, &deps);
-        }
-      }
-      std::sort(deps.begin(), deps.end());
-      deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-      ++unfinished_;
-      for (uint64_t d : deps) {
-        if (tasks_[d].done) {  // failed before this task was submitted
-          finish(t, absl::CancelledError(absl::StrCat("not run: its input task ", d, " failed")));
-          return t;
-        }
-      }
-      for (uint64_t d : deps) {
-        tasks_[d].dependents.push_back(t);
-        ++tasks_[t].waiting;
-      }
-      if (tasks_[t].waiting == 0) dispatch(t);
-      return t;
-    }
-
-    void dispatch(uint32_t t) {
-      Task& k = tasks_[t];
-      k.dispatched = true;
-      if (k.child < 0) {
-        base::MutexLock lock(impl_.ev_mu_);
-        impl_.sub_jobs_.push_back({t, k.fn, k.args});
-        impl_.ev_cv_.notify_all();
-        return;
-      }
-      RunRequest req;
-      req.callable = impl_.callables[k.fn].name;
-      req.args = k.args;
-      req.config = k.config;
-      absl::StatusOr<worker::RunHandle> h = impl_.children_[k.child]->submit(req);
-      if (!h.ok()) {
-        finish(t, h.status());
-        return;
-      }
-      k.handle = *h;
-      by_child_run_[{k.child, h->id().value}] = t;
-    }
-
-    void on_event(const Event& e) {
-      if (e.child < 0) {
-        finish(e.task, e.status);
-        return;
-      }
-      auto it = by_child_run_.find({e.child, e.run});
-      if (it == by_child_run_.end()) return;  // not this run's (cannot happen: runs are serial)
-      const uint32_t t = it->second;
-      by_child_run_.erase(it);
-      finish(t, tasks_[t].handle.wait());  // done: returns at once, delivers it
-    }
-
-    void finish(uint32_t t, const absl::Status& status) {
-      Task& k = tasks_[t];
-      if (k.done) return;
-      k.done = true;
-      k.status = status.ok() ? status : base::annotate(status, name_task(t) + ": ");
-      --unfinished_;
-      for (uint32_t d : k.dependents) {
-        Task& dep = tasks_[d];
-        if (dep.done) continue;
-        if (!status.ok()) {
-          // Never run on an input its producer failed to write.
-          if (!dep.dispatched) {
-            finish(d, absl::CancelledError(absl::StrCat("not run: its input task ", t, " failed")));
-          }
-          continue;
-        }
-        if (--dep.waiting == 0 && !dep.dispatched) dispatch(d);
-      }
-    }
-
     Impl& impl_;
-    const uint64_t run_id_;
-    std::vector<Task> tasks_;
-    chip::TensorMap map_;
-    int64_t unfinished_ = 0;
-    std::map<std::pair<int32_t, uint64_t>, uint32_t> by_child_run_;
+    RunCtx& run_;
   };
+
+  std::string name_task(const Task& k) const {
+    if (k.child < 0) {
+      return absl::StrCat("L3 run ", k.run, " task ", k.index, " (host sub '", subs[k.fn].first,
+                          "')");
+    }
+    return absl::StrCat("L3 run ", k.run, " task ", k.index, " (child ", k.child, ", callable '",
+                        callables[k.fn].name, "')");
+  }
+
+  RunCtx* run_of(uint64_t seq) {
+    for (RunCtx& r : inflight_) {
+      if (r.seq == seq) return &r;
+    }
+    return nullptr;
+  }
+
+  // Adds a task of `run`: its dependencies come from the TensorMap, which
+  // spans every run in flight (a staged run's tasks wait for the earlier run's
+  // tasks on the same buffers). Within a run, a task whose input task failed
+  // is not run; across runs a failed task only orders (as at L2, a failed
+  // run's outputs are undefined and a later run is not failed for them).
+  uint32_t add_task(RunCtx& run, int32_t child, uint32_t fn, const task::TaskArgs& args,
+                    const task::CallConfig& config) {
+    pump(false);  // completions so far: fewer false dependencies
+    const uint64_t id = next_task_++;
+    Task& k = tasks_[id];
+    k.run = run.seq;
+    k.child = child;
+    k.fn = fn;
+    k.index = static_cast<uint32_t>(run.tasks.size());
+    k.args = args;
+    k.config = config;
+    run.tasks.push_back(id);
+    ++run.unfinished;
+    std::vector<uint64_t> deps;
+    const uint64_t seq = run.seq;
+    // A failed task of this run stays a dependency (its outputs are unwritten); a finished task
+    // of an earlier run, failed or not, is done.
+    const auto is_done = [this, seq](uint64_t task) {
+      auto it = tasks_.find(task);
+      if (it == tasks_.end()) return true;  // retired with its run
+      return it->second.done && (it->second.status.ok() || it->second.run != seq);
+    };
+    for (size_t i = 0; i < args.size(); ++i) {
+      const task::Arg& a = args[i];
+      if (a.direction == task::ArgDirection::kScalar) continue;
+      const uint64_t bytes = a.tensor.span_bytes();
+      if (bytes == 0) continue;
+      const uint64_t begin = map_key(a.tensor, child);
+      if (a.direction != task::ArgDirection::kOut) {
+        map_.access(begin, begin + bytes, false, id, is_done, &deps);
+      }
+      if (a.direction != task::ArgDirection::kIn) {
+        map_.access(begin, begin + bytes, true, id, is_done, &deps);
+      }
+    }
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    for (uint64_t d : deps) {
+      const Task& dep = tasks_.at(d);
+      if (dep.done) {  // a task of this run that failed before this one was submitted
+        finish(id, absl::CancelledError(
+                       absl::StrCat("not run: its input task ", dep.index, " failed")));
+        if (child >= 0) try_dispatch_child(child);
+        return k.index;
+      }
+    }
+    for (uint64_t d : deps) {
+      tasks_.at(d).dependents.push_back(id);
+      ++k.waiting;
+    }
+    if (child >= 0) {
+      child_queue_[child].push_back(id);
+      try_dispatch_child(child);
+    } else if (k.waiting == 0) {
+      dispatch(id);
+    }
+    return k.index;
+  }
+
+  // Next-level tasks go to a child in submission order across runs (a staged
+  // task never overtakes an earlier run's): only the head of the child's
+  // queue is dispatched, once its inputs are ready.
+  void try_dispatch_child(int32_t child) {
+    std::deque<uint64_t>& q = child_queue_[child];
+    while (!q.empty()) {
+      Task& k = tasks_.at(q.front());
+      if (k.done) {  // cancelled before dispatch
+        q.pop_front();
+        continue;
+      }
+      if (k.waiting > 0) return;
+      const uint64_t id = q.front();
+      q.pop_front();
+      dispatch(id);
+    }
+  }
+
+  void dispatch(uint64_t id) {
+    Task& k = tasks_.at(id);
+    k.dispatched = true;
+    if (k.child < 0) {
+      base::MutexLock lock(ev_mu_);
+      sub_jobs_.push_back({id, k.fn, k.args});
+      ev_cv_.notify_all();
+      return;
+    }
+    dispatched_.fetch_add(1, std::memory_order_relaxed);
+    RunRequest req;
+    req.callable = callables[k.fn].name;
+    req.args = k.args;
+    req.config = k.config;
+    absl::StatusOr<worker::RunHandle> h = children_[k.child]->submit(req);
+    if (!h.ok()) {
+      finish(id, h.status());
+      return;
+    }
+    k.handle = *h;
+    by_child_run_[{k.child, h->id().value}] = id;
+  }
+
+  void on_event(const Event& e) {
+    if (e.child < 0) {
+      finish(e.task, e.status);
+      return;
+    }
+    auto it = by_child_run_.find({e.child, e.run});
+    if (it == by_child_run_.end()) return;  // a task that failed at dispatch
+    const uint64_t id = it->second;
+    by_child_run_.erase(it);
+    finish(id, tasks_.at(id).handle.wait());  // done: returns at once, delivers it
+  }
+
+  void finish(uint64_t id, const absl::Status& status) {
+    Task& k = tasks_.at(id);
+    if (k.done) return;
+    k.done = true;
+    k.status = status.ok() ? status : base::annotate(status, name_task(k) + ": ");
+    if (RunCtx* r = run_of(k.run)) --r->unfinished;
+    std::set<int32_t> children;
+    for (uint64_t d : k.dependents) {
+      Task& dep = tasks_.at(d);
+      if (dep.done) continue;
+      if (!status.ok() && dep.run == k.run && !dep.dispatched) {
+        // Never run on an input its producer (in the same run) failed to write.
+        finish(d,
+               absl::CancelledError(absl::StrCat("not run: its input task ", k.index, " failed")));
+        if (dep.child >= 0) children.insert(dep.child);
+        continue;
+      }
+      if (--dep.waiting == 0 && !dep.dispatched) {
+        if (dep.child >= 0) {
+          children.insert(dep.child);
+        } else {
+          dispatch(d);
+        }
+      }
+    }
+    for (int32_t c : children) try_dispatch_child(c);
+  }
+
+  // Handles completions; `block`: waits until at least one arrived (or a new
+  // submission / close wants the scheduler's attention).
+  void pump(bool block) {
+    std::deque<Event> got;
+    {
+      base::MutexLock lock(ev_mu_);
+      if (block) {
+        while (events_.empty() && !kick_) ev_cv_.wait(lock);
+      }
+      kick_ = false;
+      got.swap(events_);
+    }
+    for (Event& e : got) on_event(e);
+  }
+
+  void kick() {
+    base::MutexLock lock(ev_mu_);
+    kick_ = true;
+    ev_cv_.notify_all();
+  }
+
+  // Finalizes finished runs from the front, in run order.
+  void retire_finished() {
+    while (!inflight_.empty()) {
+      RunCtx& r = inflight_.front();
+      if (!r.orchestrated || r.unfinished > 0) return;
+      absl::Status st = r.orchestration;
+      worker::RunResult& res = r.queued.shared->result;
+      for (uint64_t id : r.tasks) {
+        Task& k = tasks_.at(id);
+        if (st.ok() && !k.status.ok()) st = k.status;  // the first failed task in task order
+        if (k.child >= 0 && k.handle.valid() && k.handle.done()) {
+          const worker::RunTiming& t = k.handle.result().timing;
+          if (t.device_start_ns != 0) {
+            res.report.tasks.push_back(
+                {k.index, k.fn, k.child, 1, t.device_start_ns, t.device_end_ns});
+          }
+        }
+      }
+      res.id = r.queued.shared->id;
+      res.status = st;
+      res.terminal_state = st.ok() ? worker::RunState::kCompleted : worker::RunState::kFailed;
+      res.report.tasks_submitted = r.tasks.size();
+      res.effective_depth = static_cast<int32_t>(inflight_.size());
+      for (uint64_t id : r.tasks) tasks_.erase(id);
+      std::shared_ptr<worker::RunShared> shared = r.queued.shared;
+      inflight_.pop_front();
+      if (inflight_.empty()) map_.clear();  // nothing in flight: no range can matter
+      base::MutexLock lock(mu_);
+      if (!st.ok()) failed_.push_back(shared);
+      shared->finalized.signal(st);
+      --queued_or_running_;
+      cv_.notify_all();
+    }
+  }
 
   void scheduler_loop() {
     while (true) {
-      Queued q;
-      {
-        base::MutexLock lock(mu_);
-        while (queue_.empty() && !closing_) cv_.wait(lock);
-        if (queue_.empty()) return;
-        q = std::move(queue_.front());
-        queue_.pop_front();
-        executing_ = true;
+      retire_finished();
+      // Stage: orchestrate the next queued run while fewer than launch_depth
+      // runs are in flight; its ready tasks go out behind the runs ahead.
+      if (static_cast<int32_t>(inflight_.size()) < options_.launch_depth) {
+        std::optional<Queued> next;
+        {
+          base::MutexLock lock(mu_);
+          if (!queue_.empty()) {
+            next = std::move(queue_.front());
+            queue_.pop_front();
+          } else if (closing_ && inflight_.empty()) {
+            return;
+          }
+        }
+        if (next.has_value()) {
+          inflight_.push_back(RunCtx{});
+          RunCtx& r = inflight_.back();
+          r.seq = next->shared->id.value;
+          r.queued = std::move(*next);
+          Exec ex(*this, r);
+          try {
+            r.orchestration = programs[r.queued.program].orchestration(ex, r.queued.args);
+          } catch (...) {
+            r.orchestration = base::status_from_current_exception("L3 orchestration");
+          }
+          if (!r.orchestration.ok()) {
+            r.orchestration = base::annotate(r.orchestration,
+                                             absl::StrCat("L3 run ", r.seq, " orchestration ('",
+                                                          programs[r.queued.program].name, "'): "));
+          }
+          r.orchestrated = true;
+          continue;
+        }
       }
-      Exec ex(*this, q.shared->id.value);
-      absl::Status orchestrated;
-      try {
-        orchestrated = programs[q.program].orchestration(ex, q.args);
-      } catch (...) {
-        orchestrated = base::status_from_current_exception("L3 orchestration");
-      }
-      ex.pump(true);  // every task dispatched finishes, whatever the orchestration returned
-      absl::Status st = ex.status();
-      if (!orchestrated.ok()) {
-        st = base::annotate(orchestrated,
-                            absl::StrCat("L3 run ", q.shared->id.value, " orchestration ('",
-                                         programs[q.program].name, "'): "));
-      }
-      worker::RunResult& res = q.shared->result;
-      res.id = q.shared->id;
-      res.status = st;
-      res.terminal_state = st.ok() ? worker::RunState::kCompleted : worker::RunState::kFailed;
-      res.report.tasks_submitted = ex.task_count();
-      base::MutexLock lock(mu_);
-      executing_ = false;
-      if (!st.ok()) failed_.push_back(q.shared);
-      q.shared->finalized.signal(st);
-      cv_.notify_all();
+      pump(true);
     }
   }
 
@@ -597,7 +700,17 @@ class L3Worker::Impl {
   bool ready_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
-  bool executing_ SIMPLER_GUARDED_BY(mu_) = false;
+  int64_t queued_or_running_ SIMPLER_GUARDED_BY(mu_) = 0;  // submitted, not finalized
+  std::atomic<uint64_t> dispatched_{0};
+  // Scheduler thread only: runs in flight (orchestrated, not finalized), their
+  // tasks by id, the TensorMap over all of them, each child's queue of
+  // next-level tasks not yet dispatched, and child run -> task.
+  std::deque<RunCtx> inflight_;
+  std::map<uint64_t, Task> tasks_;
+  uint64_t next_task_ = 0;
+  chip::TensorMap map_;
+  std::vector<std::deque<uint64_t>> child_queue_;
+  std::map<std::pair<int32_t, uint64_t>, uint64_t> by_child_run_;
   std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
   uint8_t* heap_ = nullptr;  // set in init, cleared in close (no run in flight then)
   std::map<uint64_t, uint64_t> free_ SIMPLER_GUARDED_BY(mu_);  // offset -> bytes
@@ -608,6 +721,7 @@ class L3Worker::Impl {
   std::deque<Event> events_ SIMPLER_GUARDED_BY(ev_mu_);
   std::deque<SubJob> sub_jobs_ SIMPLER_GUARDED_BY(ev_mu_);
   bool subs_stop_ SIMPLER_GUARDED_BY(ev_mu_) = false;
+  bool kick_ SIMPLER_GUARDED_BY(ev_mu_) = false;  // a submission or close for the scheduler
 };
 
 L3Worker::L3Worker(L3Options options)
@@ -666,6 +780,8 @@ absl::Status L3Worker::run(ProgramHandle program, const task::TaskArgs& args) {
 }
 
 absl::Status L3Worker::close() { return impl_->close(); }
+
+uint64_t L3Worker::next_level_dispatched() const { return impl_->next_level_dispatched(); }
 
 std::vector<std::string> L3Worker::describe_children() const { return impl_->describe_children(); }
 

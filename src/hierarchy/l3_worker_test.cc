@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <random>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "simpler/device/fault_plan.h"
@@ -302,6 +304,146 @@ TEST(L3Modes, ThreadAndProcessModesGiveIdenticalResults) {
     EXPECT_TRUE(w.close().ok());
   }
   EXPECT_EQ(out[0], out[1]);
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy
+
+namespace simpler::hierarchy {
+namespace {
+
+// Waits until the int64 at scalar(0) (the shared heap: not staged, so the test can open it
+// while the kernel runs) is non-zero, then stores the next value of the counter at scalar(1)
+// into the int64 after the gate. Argument 0 (an INOUT HOST tensor) only orders the task.
+absl::Status gate_then_stamp(const task::KernelContext& ctx) {
+  auto* cell = reinterpret_cast<std::atomic<int64_t>*>(static_cast<uintptr_t>(ctx.scalar(1)));
+  auto* counter = reinterpret_cast<std::atomic<int64_t>*>(static_cast<uintptr_t>(ctx.scalar(2)));
+  while (cell[0].load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  cell[1].store(counter->fetch_add(1) + 1);
+  return absl::OkStatus();
+}
+
+task::ChipCallable gate_program() {
+  return {"gate",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            return ctx.submit(0, args);
+          },
+          {{"gate", gate_then_stamp}}};
+}
+
+absl::Status open_gate(const task::TaskArgs& args) {
+  reinterpret_cast<std::atomic<int64_t>*>(static_cast<uintptr_t>(args.scalar(1)))->store(1);
+  return absl::OkStatus();
+}
+
+// Each run: one gated next-level task on child 0 over its own two cells; run 0's task also
+// waits for a host sub-task (a dependency) when `sub_first` is set.
+struct Staging {
+  Staging(L3Worker& w) {
+    gate = *w.register_callable(gate_program());
+    opener = *w.register_sub("open_gate", open_gate);
+    program = *w.register_program(
+        {"gated", [this](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
+           const int64_t slot = a.scalar_i64(0);
+           const bool sub_first = a.scalar_i64(1) != 0;
+           // The ordering tensor: 8 bytes of the run's own (the gate cells are reached by
+           // address, unstaged).
+           task::Tensor order = *heap.tensor({1}, task::DataType::kInt64, 512 + 8 * slot);
+           const uint64_t gate_cell = reinterpret_cast<uintptr_t>(cell(static_cast<int>(slot), 0));
+           if (sub_first) {
+             task::TaskArgs s;
+             s.add_tensor(order, task::ArgDirection::kInOut).add_scalar(gate_cell);
+             SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(opener, s).status());
+           }
+           task::TaskArgs t;
+           t.add_tensor(order, task::ArgDirection::kInOut)
+               .add_scalar(gate_cell)
+               .add_scalar(reinterpret_cast<uintptr_t>(counter()));
+           return ctx.submit_next_level(gate, t, 0).status();
+         }});
+  }
+  std::atomic<int64_t>* counter() {
+    return reinterpret_cast<std::atomic<int64_t>*>(heap.address + 1024);
+  }
+  std::atomic<int64_t>* cell(int slot, int i) {
+    return reinterpret_cast<std::atomic<int64_t>*>(heap.address + 16 * slot + 8 * i);
+  }
+  task::TaskArgs args(int64_t slot, bool sub_first) {
+    task::TaskArgs a;
+    a.add_scalar_i64(slot).add_scalar_i64(sub_first ? 1 : 0);
+    return a;
+  }
+  ChildCallable gate;
+  SubHandle opener;
+  ProgramHandle program;
+  HostBuffer heap;
+};
+
+bool eventually(const std::function<bool()>& cond) {
+  for (int i = 0; i < 5000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cond();
+}
+
+TEST_P(L3, WhileARunExecutesTheNextRunsTaskIsStagedOnItsChild) {
+  L3Options o = options(GetParam());
+  L3Worker w(o);
+  Staging st(w);
+  ASSERT_TRUE(w.init().ok());
+  st.heap = *w.create_buffer(2048);
+  RunHandle r0 = *w.submit(st.program, st.args(0, false));
+  RunHandle r1 = *w.submit(st.program, st.args(1, false));
+  // Run 0 holds child 0 (its gate is closed); run 1's task goes out anyway.
+  EXPECT_TRUE(eventually([&] { return w.next_level_dispatched() == 2; }));
+  EXPECT_FALSE(r0.done());
+  st.cell(1, 0)->store(1);  // run 1's gate first: it still runs after run 0 (child FIFO)
+  st.cell(0, 0)->store(1);
+  EXPECT_TRUE(r0.wait().ok());
+  EXPECT_TRUE(r1.wait().ok());
+  EXPECT_EQ(st.cell(0, 1)->load(), 1);
+  EXPECT_EQ(st.cell(1, 1)->load(), 2);
+  ASSERT_EQ(r1.result().report.tasks.size(), 1u);
+  EXPECT_EQ(r1.result().report.tasks[0].core, 0);  // the child
+  EXPECT_GE(r1.result().report.tasks[0].start_ns, r0.result().report.tasks[0].end_ns);
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST_P(L3, AtDepthOneTheNextRunWaitsForTheCurrentOne) {
+  L3Options o = options(GetParam());
+  o.launch_depth = 1;
+  L3Worker w(o);
+  Staging st(w);
+  ASSERT_TRUE(w.init().ok());
+  st.heap = *w.create_buffer(2048);
+  RunHandle r0 = *w.submit(st.program, st.args(0, false));
+  RunHandle r1 = *w.submit(st.program, st.args(1, false));
+  EXPECT_TRUE(eventually([&] { return w.next_level_dispatched() == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(w.next_level_dispatched(), 1u);  // run 1 not orchestrated yet
+  st.cell(0, 0)->store(1);
+  st.cell(1, 0)->store(1);
+  EXPECT_TRUE(r1.wait().ok());
+  EXPECT_TRUE(r0.done());
+  EXPECT_TRUE(w.close().ok());
+}
+
+// Run 0's task on child 0 waits for a host sub-task; run 1's task on child 0
+// is ready at once but must not overtake it.
+TEST_P(L3, AStagedTaskNeverOvertakesAnEarlierRunsTaskOnItsChild) {
+  L3Worker w(options(GetParam()));
+  Staging st(w);
+  ASSERT_TRUE(w.init().ok());
+  st.heap = *w.create_buffer(2048);
+  st.cell(1, 0)->store(1);                                 // run 1's gate is open from the start
+  RunHandle r0 = *w.submit(st.program, st.args(0, true));  // its sub opens its gate
+  RunHandle r1 = *w.submit(st.program, st.args(1, false));
+  EXPECT_TRUE(r0.wait().ok());
+  EXPECT_TRUE(r1.wait().ok());
+  EXPECT_EQ(st.cell(0, 1)->load(), 1) << "run 1's task reached child 0 before run 0's";
+  EXPECT_EQ(st.cell(1, 1)->load(), 2);
+  EXPECT_TRUE(w.close().ok());
 }
 
 }  // namespace

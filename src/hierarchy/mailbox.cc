@@ -233,6 +233,8 @@ absl::StatusOr<Ticket> MailboxParent::publish(uint64_t run_id, std::span<const u
   e.run_id = run_id;
   e.code = 0;
   e.error_bytes = 0;
+  e.device_start_ns = 0;
+  e.device_end_ns = 0;
   e.state.store(static_cast<uint32_t>(EntryState::kClaimed), std::memory_order_relaxed);
   e.generation.store(gens_[index], std::memory_order_release);
   RequestFrame& f = region_->frame(next_frame_);
@@ -258,6 +260,8 @@ std::vector<Completion> MailboxParent::collect() {
     Completion c;
     c.ticket = Ticket{i, gens_[i], e.run_id};
     if (is_terminal(state)) {
+      c.device_start_ns = e.device_start_ns;
+      c.device_end_ns = e.device_end_ns;
       if (state == EntryState::kCompleted) {
         c.status = absl::OkStatus();
       } else {
@@ -393,7 +397,8 @@ absl::StatusOr<std::optional<Request>> MailboxChild::take() {
   }
 }
 
-absl::Status MailboxChild::complete(const Ticket& ticket, const absl::Status& status) {
+absl::Status MailboxChild::complete(const Ticket& ticket, const absl::Status& status,
+                                    int64_t device_start_ns, int64_t device_end_ns) {
   RunEntry* e = region_->entry(ticket.entry);
   if (e == nullptr || e->generation.load(std::memory_order_acquire) != ticket.generation) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -415,6 +420,8 @@ absl::Status MailboxChild::complete(const Ticket& ticket, const absl::Status& st
     e->error[text.size()] = '\0';
     e->error_bytes = static_cast<uint32_t>(text.size());
   }
+  e->device_start_ns = device_start_ns;
+  e->device_end_ns = device_end_ns;
   // The terminal state: the child's last store to this entry.
   e->state.store(static_cast<uint32_t>(status.ok() ? EntryState::kCompleted : EntryState::kFailed),
                  std::memory_order_release);

@@ -7,10 +7,15 @@
 // each task once its inputs are ready: next-level tasks to their child's endpoint (endpoint.h),
 // sub-tasks to a pool of host threads.
 //
-// L3 runs have the L2 run semantics: submit() returns a live RunHandle at once; runs execute one
-// at a time in submission order; a run's error (the first failed task in task order, naming the
-// task, its child and callable) is delivered to its handle exactly once; close() drains and
-// returns only errors no wait() delivered.
+// L3 runs have the L2 run semantics: submit() returns a live RunHandle at once; runs finalize in
+// submission order; a run's error (the first failed task in task order, naming the task, its
+// child and callable) is delivered to its handle exactly once; close() drains and returns only
+// errors no wait() delivered. Early enqueue across the boundary: with launch_depth 2 the next
+// run is orchestrated while the current one executes and its ready next-level tasks are staged
+// on their children behind the current run's (a task goes to a child only after every earlier
+// task for that child, of any run, was dispatched; one TensorMap spans the runs in flight, so
+// a staged task also waits for an earlier run's writers and readers of its buffers). A run's
+// report lists each next-level task's device start and end (core = the child).
 //
 // Children run in thread mode (an L2 Worker in this process) or process mode (forked children
 // behind shared-memory mailboxes; init() must run before this process starts any thread, and
@@ -47,11 +52,15 @@ struct L3Options {
   ChildMode child_mode = ChildMode::kThread;
   // Every child's L2 options (device_id is replaced by the child's id).
   worker::WorkerOptions child;
-  int32_t sub_threads = 2;                 // host threads running sub-tasks, >= 1
+  int32_t sub_threads = 2;  // host threads running sub-tasks, >= 1
+  // L3 runs in flight at once, in [1, 16]. 2 (the default) stages run k+1 while run k
+  // executes: its orchestration runs and its ready next-level tasks go to their children,
+  // queued behind run k's on each child's lane (never ahead of them). 1 = serial.
+  int32_t launch_depth = 2;
   uint64_t host_heap_bytes = 64ull << 20;  // shared host heap for create_buffer (reserved lazily)
 
   // INVALID_ARGUMENT naming the field: no device ids, a negative or repeated id, sub_threads
-  // < 1, a zero heap, or an invalid child option.
+  // < 1, launch_depth outside [1, 16], a zero heap, or an invalid child option.
   absl::Status validate() const;
 };
 
@@ -145,6 +154,8 @@ class L3Worker {
   absl::Status close();
 
   int32_t num_children() const { return static_cast<int32_t>(options_.device_ids.size()); }
+  // Next-level tasks handed to children so far (for tests and benchmarks; relaxed counter).
+  uint64_t next_level_dispatched() const;
   // The child endpoints' descriptions, in child order (after init()).
   std::vector<std::string> describe_children() const;
 

@@ -90,6 +90,8 @@ struct RunEntry {
   uint64_t run_id;                   // written by the parent at claim
   int32_t code;                      // absl::StatusCode of a terminal state (0 for kCompleted)
   uint32_t error_bytes;              // bytes of `error` used, < kErrorTextBytes
+  int64_t device_start_ns;           // the run on the child's device (CLOCK_MONOTONIC ns; 0 =
+  int64_t device_end_ns;             // not executed), written with the terminal state
   char error[kErrorTextBytes];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
@@ -179,6 +181,8 @@ class MailboxRegion {
 struct Completion {
   Ticket ticket;
   absl::Status status;
+  int64_t device_start_ns = 0;  // as the child reported them (base::now_ns's clock)
+  int64_t device_end_ns = 0;
 };
 
 // The parent's half. Thread-safe (one internal mutex; the child is the only other writer).
@@ -256,7 +260,8 @@ class MailboxChild {
   // no longer at its generation (nothing is written). After the parent stopped the endpoint it
   // may free entries whose runs it failed; a terminal state written into such an entry is
   // ignored (a stopped endpoint publishes nothing more).
-  absl::Status complete(const Ticket& ticket, const absl::Status& status);
+  absl::Status complete(const Ticket& ticket, const absl::Status& status,
+                        int64_t device_start_ns = 0, int64_t device_end_ns = 0);
   // Stops the endpoint with `reason` and rings the parent.
   void stop(const std::string& reason);
   bool stopped() const;
