@@ -34,6 +34,33 @@ Percentiles percentiles(std::vector<double> us) {
 
 absl::Status noop_kernel(const task::KernelContext&) { return absl::OkStatus(); }
 
+// Spins for scalar(0) µs: a run long enough on the device for staging to hide the host.
+absl::Status busy_kernel(const task::KernelContext& ctx) {
+  const int64_t until = base::now_ns() + ctx.scalar_i64(0) * 1000;
+  while (base::now_ns() < until) {
+  }
+  return absl::OkStatus();
+}
+
+task::ChipCallable busy_program() {
+  return {"busy",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+            return ctx.submit(0, args);
+          },
+          {{"busy", busy_kernel}}};
+}
+
+constexpr int64_t kBusyUs = 200;  // device time of one run in the gap measurements
+
+// p50 of the device gaps between consecutive spans.
+double gap_p50(const std::vector<std::pair<int64_t, int64_t>>& spans) {
+  std::vector<double> gaps;
+  for (size_t i = 1; i < spans.size(); ++i) {
+    gaps.push_back((spans[i].first - spans[i - 1].second) / 1e3);
+  }
+  return percentiles(gaps).p50;
+}
+
 task::ChipCallable noop_program() {
   return {"noop",
           [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
@@ -88,6 +115,7 @@ absl::StatusOr<Percentiles> bare_rtt(int iterations) {
 struct L3Numbers {
   Percentiles one_task;
   std::map<int, double> marginal_us;  // tasks -> µs per task
+  double staged_gap_us_p50 = 0;       // child 0's device gap between consecutive L3 runs
 };
 
 absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
@@ -99,6 +127,14 @@ absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
   o.host_heap_bytes = 1 << 20;
   hierarchy::L3Worker w(o);
   SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable noop, w.register_callable(noop_program()));
+  SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable busy, w.register_callable(busy_program()));
+  SIMPLER_ASSIGN_OR_RETURN(
+      hierarchy::ProgramHandle busy_run,
+      w.register_program({"busy_run", [busy](hierarchy::L3Context& ctx, const task::TaskArgs&) {
+                            task::TaskArgs a;
+                            a.add_scalar_i64(kBusyUs);
+                            return ctx.submit_next_level(busy, a, 0).status();
+                          }}));
   std::map<int, hierarchy::ProgramHandle> fan;
   for (int n : {1, 16, 256}) {
     SIMPLER_ASSIGN_OR_RETURN(
@@ -138,22 +174,60 @@ absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
     out.marginal_us[n] =
         n == 1 ? median_run_us[1] : (median_run_us[n] - median_run_us[1]) / (n - 1);
   }
+  // Back-to-back runs of one task on child 0: with staging, run k+1's task waits on the
+  // child's lane while run k executes.
+  std::vector<worker::RunHandle> hs;
+  const int gap_runs = std::max(20, std::min(runs, 400));
+  for (int i = 0; i < gap_runs; ++i) {
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(busy_run, {}));
+    hs.push_back(h);
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (worker::RunHandle& h : hs) {
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    const auto& tasks = h.result().report.tasks;
+    if (tasks.empty()) return absl::InternalError("bench mailbox: an L3 run reported no task span");
+    spans.emplace_back(tasks[0].start_ns, tasks[0].end_ns);
+  }
+  out.staged_gap_us_p50 = gap_p50(spans);
   SIMPLER_RETURN_IF_ERROR(w.close());
   return out;
 }
 
-absl::StatusOr<Percentiles> l2_run(int runs, const worker::WorkerOptions& options) {
+struct L2Numbers {
+  Percentiles run;
+  double gap_us_p50 = 0;  // the lane's own device gap between consecutive runs
+};
+
+absl::StatusOr<L2Numbers> l2_numbers(int runs, const worker::WorkerOptions& options) {
   worker::Worker w(options);
   SIMPLER_ASSIGN_OR_RETURN(worker::CallableHandle noop, w.register_callable(noop_program()));
+  SIMPLER_ASSIGN_OR_RETURN(worker::CallableHandle busy, w.register_callable(busy_program()));
   SIMPLER_RETURN_IF_ERROR(w.init());
+  L2Numbers out;
   std::vector<double> us;
   for (int i = 0; i < runs + runs / 10; ++i) {
     const int64_t t0 = base::now_ns();
     SIMPLER_RETURN_IF_ERROR(w.run(noop, {}));
     if (i >= runs / 10) us.push_back((base::now_ns() - t0) / 1e3);
   }
+  out.run = percentiles(us);
+  std::vector<worker::RunHandle> hs;
+  const int gap_runs = std::max(20, std::min(runs, 400));
+  task::TaskArgs a;
+  a.add_scalar_i64(kBusyUs);
+  for (int i = 0; i < gap_runs; ++i) {
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(busy, a));
+    hs.push_back(h);
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (worker::RunHandle& h : hs) {
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    spans.emplace_back(h.result().timing.device_start_ns, h.result().timing.device_end_ns);
+  }
+  out.gap_us_p50 = gap_p50(spans);
   SIMPLER_RETURN_IF_ERROR(w.close());
-  return percentiles(us);
+  return out;
 }
 
 }  // namespace
@@ -175,6 +249,8 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
     if (!cmd->parsed()) return -1;
     worker::WorkerOptions child = st->common.worker_options(nullptr);
     if (cmd->get_option("--cores")->count() == 0) child.num_cores = 1;
+    // Depth 2 on the children's lanes: a staged task waits on the device stream itself.
+    if (cmd->get_option("--launch-depth")->count() == 0) child.launch_depth = 2;
     // Forks first, while this process is single-threaded.
     absl::StatusOr<Percentiles> rtt = bare_rtt(st->runs);
     if (!rtt.ok()) return fail("bench mailbox", rtt.status());
@@ -182,8 +258,9 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
     if (!process.ok()) return fail("bench mailbox (process mode)", process.status());
     absl::StatusOr<L3Numbers> thread = l3_numbers(hierarchy::ChildMode::kThread, st->runs, child);
     if (!thread.ok()) return fail("bench mailbox (thread mode)", thread.status());
-    absl::StatusOr<Percentiles> l2 = l2_run(st->runs, child);
-    if (!l2.ok()) return fail("bench mailbox (L2)", l2.status());
+    absl::StatusOr<L2Numbers> l2n = l2_numbers(st->runs, child);
+    if (!l2n.ok()) return fail("bench mailbox (L2)", l2n.status());
+    const Percentiles* l2 = &l2n->run;
     std::map<uint32_t, uint64_t> bytes;
     for (uint32_t g : {1u, 2u, 64u, 1024u}) bytes[g] = *hierarchy::mailbox_bytes(g);
     const double target = l2->p50 + 3 * rtt->p50;
@@ -200,7 +277,9 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
       nlohmann::json mb;
       for (const auto& [g, b] : bytes) mb[std::to_string(g)] = b;
       j["mailbox_bytes"] = mb;
-      j["staged_gap_us_p50"] = nullptr;  // staging across the boundary is not built yet
+      j["staged_gap_us_p50"] = process->staged_gap_us_p50;
+      j["staged_gap_us_p50_thread"] = thread->staged_gap_us_p50;
+      j["l2_gap_us_p50"] = l2n->gap_us_p50;
       j["target_l3_run_us_p50"] = target;
       std::printf("%s\n", base::dump_replacing(j).c_str());
       return 0;
@@ -219,8 +298,10 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
     std::printf("\nmailbox bytes:");
     for (const auto& [g, b] : bytes) std::printf("  grant %u: %llu", g, (unsigned long long)b);
     std::printf(
-        "\nstaged gap between consecutive L3 runs: not measured (staging across the "
-        "boundary is not built yet)\n");
+        "\ndevice gap between consecutive runs of %lld us on one child, p50: L3 staged "
+        "process %.1f us, thread %.1f us; L2 lane %.1f us (target: L3 within 2x: %s)\n",
+        static_cast<long long>(kBusyUs), process->staged_gap_us_p50, thread->staged_gap_us_p50,
+        l2n->gap_us_p50, process->staged_gap_us_p50 <= 2 * l2n->gap_us_p50 ? "met" : "MISSED");
     return 0;
   };
 }
