@@ -76,36 +76,29 @@ class EndpointBase : public Endpoint {
     SIMPLER_RETURN_IF_ERROR(request.config.validate());
     SIMPLER_RETURN_IF_ERROR(request.args.validate());
     base::MutexLock order(submit_mu_);  // runs go out in identity order
-    uint64_t id = 0;
-    std::shared_ptr<worker::RunShared> shared;
+    auto shared = std::make_shared<worker::RunShared>();
     {
+      // Registered before it is sent, so a close() racing this submit waits
+      // for it (and its completion always finds it).
       base::MutexLock lock(mu_);
       if (closing_) {
         return absl::FailedPreconditionError(absl::StrCat(description_, ": submit after close()"));
       }
       if (!stop_.ok()) return stop_;
-      id = next_id_;
-    }
-    // Transport first: a refusal here leaves no run behind.
-    absl::Status sent = send(id, request, admission);
-    if (!sent.ok()) return sent;
-    shared = std::make_shared<worker::RunShared>();
-    shared->id = base::RunId{id};
-    shared->state.store(worker::RunState::kLaunched, std::memory_order_release);
-    shared->result.requested_depth = 1;
-    {
-      base::MutexLock lock(mu_);
-      ++next_id_;
+      shared->id = base::RunId{next_id_++};
+      shared->state.store(worker::RunState::kLaunched, std::memory_order_release);
+      shared->result.requested_depth = 1;
       runs_.push_back(Pending{shared, false, absl::OkStatus(), 0, 0});
-      // A completion may have arrived before the run was registered.
-      if (auto it = early_.find(id); it != early_.end()) {
-        runs_.back().done = true;
-        runs_.back().status = it->second.status;
-        runs_.back().start_ns = it->second.start_ns;
-        runs_.back().end_ns = it->second.end_ns;
-        early_.erase(it);
-        finalize_ready_locked();
-      }
+    }
+    absl::Status sent = send(shared->id.value, request, admission);
+    if (!sent.ok()) {
+      // Nothing went out: the run is withdrawn and its identity reused (this
+      // submit holds submit_mu_, so it is the newest run).
+      base::MutexLock lock(mu_);
+      runs_.pop_back();
+      --next_id_;
+      cv_.notify_all();
+      return sent;
     }
     return worker::RunHandle(shared);
   }
@@ -175,9 +168,7 @@ class EndpointBase : public Endpoint {
       found = true;
       break;
     }
-    // Sent, not registered yet (submit is finishing).
-    if (!found) early_[id] = Early{status, start_ns, end_ns};
-    finalize_ready_locked();
+    if (found) finalize_ready_locked();
   }
 
   // Refuses new submits from now on with `status` (the endpoint stopped).
@@ -195,11 +186,6 @@ class EndpointBase : public Endpoint {
   struct Pending {
     std::shared_ptr<worker::RunShared> shared;
     bool done = false;
-    absl::Status status;
-    int64_t start_ns = 0;
-    int64_t end_ns = 0;
-  };
-  struct Early {
     absl::Status status;
     int64_t start_ns = 0;
     int64_t end_ns = 0;
@@ -230,7 +216,6 @@ class EndpointBase : public Endpoint {
   base::CondVar cv_;
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
   std::deque<Pending> runs_ SIMPLER_GUARDED_BY(mu_);
-  std::map<uint64_t, Early> early_ SIMPLER_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
   std::function<void(uint64_t)> on_done_ SIMPLER_GUARDED_BY(mu_);
   absl::Status stop_ SIMPLER_GUARDED_BY(mu_);
