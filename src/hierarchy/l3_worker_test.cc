@@ -448,3 +448,56 @@ TEST_P(L3, AStagedTaskNeverOvertakesAnEarlierRunsTaskOnItsChild) {
 
 }  // namespace
 }  // namespace simpler::hierarchy
+
+namespace simpler::hierarchy {
+namespace {
+
+absl::Status nothing(const task::TaskArgs&) { return absl::OkStatus(); }
+
+// close() racing two threads that submit L3 runs: every submit is refused or its run finishes.
+TEST_P(L3, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
+  for (int round = 0; round < 5; ++round) {
+    L3Worker w(options(GetParam()));
+    TpMlp mlp(w);
+    SubHandle sub = *w.register_sub("nothing", nothing);
+    ProgramHandle mixed = *w.register_program(
+        {"mixed", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
+           SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(sub, {}).status());
+           return a.scalar_i64(0) == 0 ? absl::OkStatus() : mlp.orchestrate(ctx, a);
+         }});
+    ASSERT_TRUE(w.init().ok());
+    ASSERT_TRUE(mlp.allocate(w).ok());
+    (void)mlp.fill(3);
+    std::vector<RunHandle> accepted[2];
+    std::atomic<int> refused{0};
+    std::thread t[2];
+    for (int k = 0; k < 2; ++k) {
+      t[k] = std::thread([&, k] {
+        for (int i = 0; i < 100; ++i) {
+          task::TaskArgs a;
+          a.add_scalar_i64(i % 2);
+          absl::StatusOr<RunHandle> h = w.submit(mixed, a);
+          if (h.ok()) {
+            accepted[k].push_back(*h);
+          } else {
+            EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
+            ++refused;
+          }
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + round));
+    EXPECT_TRUE(w.close().ok());
+    for (auto& th : t) th.join();
+    for (int k = 0; k < 2; ++k) {
+      for (RunHandle& h : accepted[k]) {
+        EXPECT_TRUE(h.done()) << "L3 run " << h.id().value << " not finished after close()";
+        EXPECT_TRUE(h.wait(5.0).ok()) << h.wait(5.0);
+      }
+    }
+    EXPECT_EQ(accepted[0].size() + accepted[1].size() + refused.load(), 200u);
+  }
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy
