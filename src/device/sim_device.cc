@@ -2,8 +2,8 @@
 // stream, a pool of core threads, fault injection and device timestamps.
 
 #include <signal.h>
-#include <unistd.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -477,8 +477,8 @@ class SimDevice final : public Device {
         case FaultKind::kLaunchRefused:
           break;  // refused at launch (SimStream::push); never reaches a core
         case FaultKind::kProcessKill:
-          SIMPLER_LOG_WARN("run {} task {}: injected process_kill: SIGKILL to process {}",
-                           run_id, job.task_index, static_cast<int64_t>(getpid()));
+          SIMPLER_LOG_WARN("run {} task {}: injected process_kill: SIGKILL to process {}", run_id,
+                           job.task_index, static_cast<int64_t>(getpid()));
           (void)kill(getpid(), SIGKILL);
           pause();  // never returns: SIGKILL cannot be caught
           break;
