@@ -299,6 +299,45 @@ TEST(Mailbox, TheParentBoundsEveryFieldItReadsFromAnEntry) {
   EXPECT_EQ(done[0].status.message().size(), kErrorTextBytes - 1);
 }
 
+// A ring that never arrives (a dropped doorbell) loses no request: the child's
+// wait is bounded and it looks at the frames again — publication is a level in
+// shared memory, not a pulse.
+TEST(Mailbox, APublicationWhoseRingIsLostIsStillTaken) {
+  Pair p(1);
+  std::atomic<bool> got{false};
+  std::thread child([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!got.load() && std::chrono::steady_clock::now() < until) {
+      const uint32_t seen = p.child.doorbell();
+      absl::StatusOr<std::optional<Request>> r = p.child.take();
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (r->has_value()) {
+        EXPECT_EQ(text_of((*r)->payload), "quiet");
+        got.store(true);
+        break;
+      }
+      p.child.wait(seen, 20'000'000);  // 20 ms: the bound that makes a lost ring harmless
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the child is asleep
+  // Published by hand, exactly as MailboxParent::publish does, but without the ring.
+  RunEntry& e = *p.region.entry(0);
+  e.run_id = 9;
+  e.state.store(static_cast<uint32_t>(EntryState::kClaimed));
+  e.generation.store(1);
+  RequestFrame& f = p.region.frame(0);
+  f.header.entry_index = 0;
+  f.header.entry_generation = 1;
+  f.header.payload_bytes = 5;
+  f.header.run_id = 9;
+  std::memcpy(f.payload, "quiet", 5);
+  const uint32_t bell = p.child.doorbell();
+  f.header.state.store(static_cast<uint32_t>(FrameState::kPublished));
+  child.join();
+  EXPECT_TRUE(got.load());
+  EXPECT_EQ(p.child.doorbell(), bell);  // nobody rang
+}
+
 TEST(Mailbox, TheFirstStopReasonWins) {
   Pair p(1);
   p.parent.stop("child 42 killed by signal 9 (Killed)");

@@ -644,3 +644,44 @@ TEST(WorkerFaults, PoisonWhileARunIsPreparingIsReturnedBySubmit) {
 
 }  // namespace
 }  // namespace simpler::worker
+
+namespace simpler::worker {
+namespace {
+
+// close(deadline) on the injected clock: a run that hangs is left alone for as long as the
+// clock says the deadline is ahead (an hour here, none of it waited for), and cancelled the
+// moment the test moves the clock past it.
+TEST(WorkerClose, ACloseDeadlineIsMeasuredOnTheInjectedClock) {
+  base::FakeEnv env;
+  WorkerOptions o = opts(2);
+  o.env = &env;
+  o.operation_timeout_s = 7200;
+  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=hang");
+  Worker w(o);
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  int64_t in = 1, out[2] = {};
+  RunHandle r0 = *w.submit(*h, affine_args(&in, &out[0], 0));
+  RunHandle r1 = *w.submit(*h, affine_args(&in, &out[1], 0));
+  ASSERT_TRUE(r0.wait().ok());
+  std::atomic<bool> returned{false};
+  absl::Status closed;
+  std::thread closer([&] {
+    closed = w.close(env.after(std::chrono::hours(1)));
+    returned.store(true);
+  });
+  // The lane's reap and close() both wait on the fake clock now.
+  ASSERT_TRUE(env.await_timed_waiters(2, std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned.load()) << "close returned before its deadline on the injected clock";
+  EXPECT_FALSE(r1.done());
+  env.advance(std::chrono::hours(1) + std::chrono::seconds(1));
+  closer.join();
+  EXPECT_EQ(closed.code(), absl::StatusCode::kCancelled) << closed;
+  EXPECT_TRUE(contains(closed, "run 1 cancelled: the lane was closed at its close deadline"))
+      << closed;
+  EXPECT_EQ(r1.result().status.code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace simpler::worker
