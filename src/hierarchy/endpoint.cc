@@ -25,6 +25,8 @@ namespace simpler::hierarchy {
 
 namespace {
 
+// A control command (malloc, free, a copy) gets this long; a copy waits for the runs before it.
+constexpr int64_t kControlTimeoutNs = 600'000'000'000;
 constexpr int64_t kDoorbellSliceNs =
     1'000'000'000;  // a doorbell wait re-checks at least this often
 
@@ -38,6 +40,21 @@ double seconds_left(const base::Deadline& d) {
       return std::max(0.0, (base::to_ns(d.at) - base::now_ns()) / 1e9);
   }
   return -1;
+}
+
+// Whether [address, address + bytes) lies inside one of `ranges`.
+bool in_ranges(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t address,
+               uint64_t bytes) {
+  for (const auto& [b, e] : ranges) {
+    if (address >= b && bytes <= e - b && address - b <= e - b - bytes) return true;
+  }
+  return false;
+}
+
+absl::Status host_range_error(uint64_t address, uint64_t bytes) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "host range 0x", absl::Hex(address), " + ", bytes,
+      " bytes is not memory the child shares with its parent (ChildSpec::host_ranges)"));
 }
 
 std::string describe_exit(const std::string& who, int wstatus) {
@@ -59,9 +76,29 @@ class EndpointBase : public Endpoint {
   explicit EndpointBase(std::string description, const ChildSpec& spec)
       : description_(std::move(description)) {
     for (const task::ChipCallable& c : spec.callables) names_.push_back(c.name);
+    host_ranges_ = spec.host_ranges;
   }
 
   std::string describe() const override { return description_; }
+
+  absl::Status copy_to(const worker::DeviceBuffer& dst, const void* src, uint64_t bytes,
+                       uint64_t offset) override {
+    const auto host = reinterpret_cast<uintptr_t>(src);
+    if (!in_ranges(host_ranges_, host, bytes)) {
+      return base::annotate(host_range_error(host, bytes), description_ + ": copy_to: ");
+    }
+    return base::annotate(copy(ControlOp::kCopyTo, dst, host, bytes, offset),
+                          description_ + ": copy_to: ");
+  }
+  absl::Status copy_from(void* dst, const worker::DeviceBuffer& src, uint64_t bytes,
+                         uint64_t offset) override {
+    const auto host = reinterpret_cast<uintptr_t>(dst);
+    if (!in_ranges(host_ranges_, host, bytes)) {
+      return base::annotate(host_range_error(host, bytes), description_ + ": copy_from: ");
+    }
+    return base::annotate(copy(ControlOp::kCopyFrom, src, host, bytes, offset),
+                          description_ + ": copy_from: ");
+  }
   void set_on_done(std::function<void(uint64_t run_id)> on_done) override {
     base::MutexLock lock(mu_);
     on_done_ = std::move(on_done);
@@ -149,6 +186,9 @@ class EndpointBase : public Endpoint {
   // Sends run `id` (the next in order). Errors are submit()'s.
   virtual absl::Status send(uint64_t id, const RunRequest& request,
                             const base::Deadline& admission) = 0;
+  // The copy itself, the host range checked.
+  virtual absl::Status copy(ControlOp op, const worker::DeviceBuffer& buffer, uint64_t host,
+                            uint64_t bytes, uint64_t offset) = 0;
   // Makes every run still held end now with `reason` (close's deadline passed).
   virtual void abort_transport(const std::string& reason) = 0;
   // Stops the child and joins the transport's threads. Every run is finalized by then.
@@ -211,6 +251,7 @@ class EndpointBase : public Endpoint {
 
   const std::string description_;
   std::vector<std::string> names_;
+  std::vector<std::pair<uint64_t, uint64_t>> host_ranges_;
   base::Mutex submit_mu_;
   mutable base::Mutex mu_;
   base::CondVar cv_;
@@ -242,7 +283,22 @@ class LaneEndpoint final : public EndpointBase {
 
   bool can_dispatch() const override { return true; }
 
+  absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
+    absl::StatusOr<worker::DeviceBuffer> b = worker_->malloc(bytes);
+    if (!b.ok()) return base::annotate(b.status(), describe() + ": malloc: ");
+    return b;
+  }
+  absl::Status free(const worker::DeviceBuffer& buffer) override {
+    return base::annotate(worker_->free(buffer), describe() + ": free: ");
+  }
+
  protected:
+  absl::Status copy(ControlOp op, const worker::DeviceBuffer& buffer, uint64_t host, uint64_t bytes,
+                    uint64_t offset) override {
+    void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(host));
+    return op == ControlOp::kCopyTo ? worker_->copy_to(buffer, p, bytes, offset)
+                                    : worker_->copy_from(p, buffer, bytes, offset);
+  }
   absl::Status send(uint64_t id, const RunRequest& request,
                     const base::Deadline& admission) override {
     const worker::CallableHandle h = handles_[index_of_.at(request.callable)];
@@ -368,7 +424,35 @@ class MailboxEndpoint final : public EndpointBase {
 
   bool can_dispatch() const override { return parent_.can_dispatch(); }
 
+  absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
+    ControlCommand c;
+    c.op = static_cast<uint32_t>(ControlOp::kMalloc);
+    c.device_bytes = bytes;
+    absl::StatusOr<ControlReply> r = parent_.control(c, kControlTimeoutNs);
+    if (!r.ok()) return base::annotate(r.status(), description_ + ": malloc: ");
+    return worker::DeviceBuffer{r->device, bytes};
+  }
+  absl::Status free(const worker::DeviceBuffer& buffer) override {
+    ControlCommand c;
+    c.op = static_cast<uint32_t>(ControlOp::kFree);
+    c.device = buffer.address;
+    c.device_bytes = buffer.bytes;
+    return base::annotate(parent_.control(c, kControlTimeoutNs).status(),
+                          description_ + ": free: ");
+  }
+
  protected:
+  absl::Status copy(ControlOp op, const worker::DeviceBuffer& buffer, uint64_t host, uint64_t bytes,
+                    uint64_t offset) override {
+    ControlCommand c;
+    c.op = static_cast<uint32_t>(op);
+    c.device = buffer.address;
+    c.device_bytes = buffer.bytes;
+    c.host = host;
+    c.bytes = bytes;
+    c.offset = offset;
+    return parent_.control(c, kControlTimeoutNs).status();
+  }
   absl::Status send(uint64_t id, const RunRequest& request,
                     const base::Deadline& admission) override {
     SIMPLER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, encode_run_request(request));
@@ -467,8 +551,52 @@ int32_t process_thread_count() {
   return n;
 }
 
+namespace {
+
+// Runs one control command on the child's worker. Every field came from shared memory: the op
+// is checked, the host range must be one the child shares, the device range is the Worker's to
+// check (a live allocation, inside the buffer).
+ControlReply run_control(const ControlCommand& c, worker::Worker& w,
+                         const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
+  absl::Status st;
+  ControlReply reply;
+  const worker::DeviceBuffer buffer{c.device, c.device_bytes};
+  void* host = reinterpret_cast<void*>(static_cast<uintptr_t>(c.host));
+  switch (static_cast<ControlOp>(c.op)) {
+    case ControlOp::kMalloc: {
+      absl::StatusOr<worker::DeviceBuffer> b = w.malloc(c.device_bytes);
+      if (b.ok()) reply.device = b->address;
+      st = b.status();
+      break;
+    }
+    case ControlOp::kFree:
+      st = w.free(buffer);
+      break;
+    case ControlOp::kCopyTo:
+    case ControlOp::kCopyFrom:
+      if (!in_ranges(host_ranges, c.host, c.bytes)) {
+        st = host_range_error(c.host, c.bytes);
+      } else if (static_cast<ControlOp>(c.op) == ControlOp::kCopyTo) {
+        st = w.copy_to(buffer, host, c.bytes, c.offset);
+      } else {
+        st = w.copy_from(host, buffer, c.bytes, c.offset);
+      }
+      break;
+    default:
+      st = absl::InvalidArgumentError(absl::StrCat("unknown control op ", c.op));
+  }
+  reply.code = static_cast<int32_t>(st.code());
+  const std::string text(st.message().substr(0, kErrorTextBytes - 1));
+  std::memcpy(reply.text, text.data(), text.size());
+  reply.text_bytes = static_cast<uint32_t>(text.size());
+  return reply;
+}
+
+}  // namespace
+
 void serve_mailbox(MailboxRegion& region, worker::Worker& w,
-                   const std::vector<std::string>& callable_names) {
+                   const std::vector<std::string>& callable_names,
+                   const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   MailboxChild child(&region);
   std::map<std::string, worker::CallableHandle> handles;
   for (size_t i = 0; i < callable_names.size(); ++i) {
@@ -506,6 +634,10 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
   });
   while (true) {
     const uint32_t seen = child.doorbell();
+    if (std::optional<ControlCommand> c = child.take_control(); c.has_value()) {
+      child.reply_control(run_control(*c, w, host_ranges));
+      continue;
+    }
     absl::StatusOr<std::optional<Request>> taken = child.take();
     if (!taken.ok()) break;  // stopped (by the parent, or a frame nobody can attribute)
     if (!taken->has_value()) {
@@ -566,12 +698,12 @@ absl::StatusOr<std::unique_ptr<Endpoint>> start_thread_child(const ChildSpec& sp
   std::vector<worker::CallableHandle> handles;
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<worker::Worker> built, build_worker(spec, &handles));
   std::shared_ptr<worker::Worker> w(std::move(built));
-  return std::unique_ptr<Endpoint>(
-      new MailboxEndpoint(spec, absl::StrCat("child ", spec.index, " (thread)"), std::move(region),
-                          0, [w, names = names_of(spec)](MailboxRegion& r) {
-                            serve_mailbox(r, *w, names);
-                            (void)w->close();
-                          }));
+  return std::unique_ptr<Endpoint>(new MailboxEndpoint(
+      spec, absl::StrCat("child ", spec.index, " (thread)"), std::move(region), 0,
+      [w, names = names_of(spec), ranges = spec.host_ranges](MailboxRegion& r) {
+        serve_mailbox(r, *w, names, ranges);
+        (void)w->close();
+      }));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
@@ -625,7 +757,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
             absl::StrCat(who, " could not start its worker: ", std::string(w.status().message())));
         _exit(1);
       }
-      serve_mailbox(*region, **w, names_of(spec));
+      serve_mailbox(*region, **w, names_of(spec), spec.host_ranges);
       (void)(*w)->close();
       _exit(0);
     }

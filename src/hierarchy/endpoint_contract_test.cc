@@ -82,8 +82,12 @@ RunRequest affine_request(int64_t* in, int64_t* out, int64_t k, int64_t sleep_us
   return r;
 }
 
+// The shared mapping of the running test (set by the fixture): the child's host_ranges.
+std::pair<uint64_t, uint64_t> g_shared_range;
+
 ChildSpec spec_with(const std::string& faults = "") {
   ChildSpec spec;
+  spec.host_ranges = {g_shared_range};
   spec.index = 1;
   spec.options = worker::testing::test_options(2);
   if (!faults.empty()) spec.options.faults = *device::FaultPlan::parse(faults);
@@ -111,6 +115,8 @@ std::unique_ptr<Endpoint> start(Kind kind, const ChildSpec& spec) {
 class EndpointContract : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
+    const auto base = reinterpret_cast<uintptr_t>(mem.cells);
+    g_shared_range = {base, base + SharedCells::kBytes};
     // ThreadSanitizer runs a background thread of its own: no fork is safe there, and
     // start_process_child refuses it. The process kind runs in the other legs.
     if (GetParam() == Kind::kProcess && process_thread_count() != 1) {
@@ -291,6 +297,44 @@ TEST_P(EndpointContract, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
     }
     EXPECT_EQ(accepted[0].size() + accepted[1].size() + refused.load(), 400u);
   }
+}
+
+// Child device memory: allocated, filled from shared host memory, used by a run as DEVICE
+// tensors, read back, freed — and each misuse refused naming the child.
+TEST_P(EndpointContract, ChildDeviceBuffersCarryARunsInputsAndOutputs) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  absl::StatusOr<worker::DeviceBuffer> in = e->malloc(8);
+  absl::StatusOr<worker::DeviceBuffer> out = e->malloc(8);
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_TRUE(out.ok()) << out.status();
+  mem.cells[0] = 7;
+  ASSERT_TRUE(e->copy_to(*in, &mem.cells[0], 8).ok());
+  RunRequest r;
+  r.callable = "affine_sleep";
+  r.args.add_tensor(*in->tensor({1}, task::DataType::kInt64), task::ArgDirection::kIn)
+      .add_tensor(*out->tensor({1}, task::DataType::kInt64), task::ArgDirection::kOut)
+      .add_scalar_i64(2)
+      .add_scalar_i64(0);
+  ASSERT_TRUE(e->submit(r)->wait().ok());
+  mem.cells[1] = 0;
+  ASSERT_TRUE(e->copy_from(&mem.cells[1], *out, 8).ok());
+  EXPECT_EQ(mem.cells[1], 23);
+  // Host memory the child does not share is refused before anything is sent.
+  int64_t private_cell = 0;
+  absl::Status bad = e->copy_to(*in, &private_cell, 8);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_TRUE(contains(bad, "is not memory the child shares")) << bad;
+  // A range past the buffer, from the child's worker, named.
+  absl::Status past = e->copy_to(*in, &mem.cells[0], 16);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << past;
+  EXPECT_TRUE(contains(past, "child 1 (")) << past;
+  EXPECT_TRUE(e->free(*in).ok());
+  absl::Status twice = e->free(*in);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kNotFound) << twice;
+  EXPECT_TRUE(contains(twice, "child 1 (")) << twice;
+  EXPECT_TRUE(e->free(*out).ok());
+  EXPECT_TRUE(e->close().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllEndpoints, EndpointContract,

@@ -126,6 +126,8 @@ class L3Worker::Impl {
       spec.options = options_.child;
       spec.options.device_id = options_.device_ids[i];
       spec.callables = callables;
+      spec.host_ranges = {{reinterpret_cast<uintptr_t>(heap_),
+                           reinterpret_cast<uintptr_t>(heap_) + options_.host_heap_bytes}};
       specs.push_back(std::move(spec));
     }
     if (options_.child_mode == ChildMode::kProcess) {
@@ -258,6 +260,42 @@ class L3Worker::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status check_child(int32_t child) const {
+    if (child < 0 || child >= static_cast<int32_t>(children_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("child ", child, " outside [0, ", children_.size(), ") (after init())"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<worker::DeviceBuffer> child_malloc(int32_t child, uint64_t bytes) {
+    SIMPLER_RETURN_IF_ERROR(check_child(child));
+    return children_[child]->malloc(bytes);
+  }
+  absl::Status child_free(int32_t child, const worker::DeviceBuffer& buffer) {
+    SIMPLER_RETURN_IF_ERROR(check_child(child));
+    return children_[child]->free(buffer);
+  }
+  absl::Status copy_child(bool to_child, int32_t child, const worker::DeviceBuffer& device,
+                          const HostBuffer& host, uint64_t bytes, uint64_t offset) {
+    SIMPLER_RETURN_IF_ERROR(check_child(child));
+    if (bytes > host.bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(bytes, " bytes do not fit the ", host.bytes, "-byte host buffer"));
+    }
+    {
+      base::MutexLock lock(mu_);
+      if (queued_or_running_ > 0) {
+        return absl::FailedPreconditionError(
+            "a copy between host and child buffers while L3 runs are queued or executing (they "
+            "may use either buffer); wait for them first");
+      }
+    }
+    void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(host.address));
+    return to_child ? children_[child]->copy_to(device, p, bytes, offset)
+                    : children_[child]->copy_from(p, device, bytes, offset);
+  }
+
   bool in_heap(uint64_t address, uint64_t bytes) const {
     const uint64_t b = reinterpret_cast<uintptr_t>(heap_);
     return heap_ != nullptr && address >= b && bytes <= options_.host_heap_bytes &&
@@ -358,12 +396,7 @@ class L3Worker::Impl {
       for (size_t i = 0; i < args.size(); ++i) {
         const task::Arg& a = args[i];
         if (a.direction == task::ArgDirection::kScalar || a.tensor.span_bytes() == 0) continue;
-        if (a.tensor.memory != task::MemoryKind::kHost) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "submit_next_level: argument ", i,
-              " is a DEVICE tensor; next-level tasks take HOST tensors in create_buffer() "
-              "buffers (child device buffers are not exposed yet)"));
-        }
+        if (a.tensor.memory != task::MemoryKind::kHost) continue;  // the child's device memory
         if (!impl_.in_heap(a.tensor.address, a.tensor.span_bytes())) {
           return absl::InvalidArgumentError(absl::StrCat(
               "submit_next_level: argument ", i, " ", a.tensor.debug_string(),
@@ -780,6 +813,25 @@ absl::Status L3Worker::run(ProgramHandle program, const task::TaskArgs& args) {
 }
 
 absl::Status L3Worker::close() { return impl_->close(); }
+
+absl::StatusOr<worker::DeviceBuffer> L3Worker::child_malloc(int32_t child, uint64_t bytes) {
+  return impl_->child_malloc(child, bytes);
+}
+
+absl::Status L3Worker::child_free(int32_t child, const worker::DeviceBuffer& buffer) {
+  return impl_->child_free(child, buffer);
+}
+
+absl::Status L3Worker::copy_to_child(int32_t child, const worker::DeviceBuffer& dst,
+                                     const HostBuffer& src, uint64_t bytes, uint64_t offset) {
+  return impl_->copy_child(true, child, dst, src, bytes, offset);
+}
+
+absl::Status L3Worker::copy_from_child(int32_t child, const HostBuffer& dst,
+                                       const worker::DeviceBuffer& src, uint64_t bytes,
+                                       uint64_t offset) {
+  return impl_->copy_child(false, child, src, dst, bytes, offset);
+}
 
 uint64_t L3Worker::next_level_dispatched() const { return impl_->next_level_dispatched(); }
 

@@ -72,7 +72,9 @@ L3Options options(ChildMode mode, const std::string& faults = "") {
 }
 
 // The tensor-parallel MLP: w1 split by columns and w2 by rows across the two
-// children, each computing a partial y; a host sub-task sums them.
+// children, each computing a partial y; a host sub-task sums them. The weight
+// shards live in the children's device memory (uploaded by fill()); x, the
+// partials and y in the shared host heap.
 struct TpMlp {
   explicit TpMlp(L3Worker& w) {
     shard = *w.register_callable(mlp_shard_program());
@@ -82,10 +84,13 @@ struct TpMlp {
                                    }});
   }
   absl::Status allocate(L3Worker& w) {
+    worker_ = &w;
     SIMPLER_ASSIGN_OR_RETURN(x, w.create_buffer(kB * kD * 4));
     for (int c = 0; c < 2; ++c) {
       SIMPLER_ASSIGN_OR_RETURN(w1[c], w.create_buffer(kD * kHalf * 4));
       SIMPLER_ASSIGN_OR_RETURN(w2[c], w.create_buffer(kHalf * kD * 4));
+      SIMPLER_ASSIGN_OR_RETURN(w1d[c], w.child_malloc(c, kD * kHalf * 4));
+      SIMPLER_ASSIGN_OR_RETURN(w2d[c], w.child_malloc(c, kHalf * kD * 4));
       SIMPLER_ASSIGN_OR_RETURN(part[c], w.create_buffer(kB * kD * 4));
     }
     SIMPLER_ASSIGN_OR_RETURN(y, w.create_buffer(kB * kD * 4));
@@ -95,8 +100,10 @@ struct TpMlp {
     for (int c = 0; c < 2; ++c) {
       task::TaskArgs a;
       a.add_tensor(*x.tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
-          .add_tensor(*w1[c].tensor({kD, kHalf}, task::DataType::kFloat32), task::ArgDirection::kIn)
-          .add_tensor(*w2[c].tensor({kHalf, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
+          .add_tensor(*w1d[c].tensor({kD, kHalf}, task::DataType::kFloat32),
+                      task::ArgDirection::kIn)
+          .add_tensor(*w2d[c].tensor({kHalf, kD}, task::DataType::kFloat32),
+                      task::ArgDirection::kIn)
           .add_tensor(*part[c].tensor({kB, kD}, task::DataType::kFloat32),
                       task::ArgDirection::kOut);
       SIMPLER_RETURN_IF_ERROR(ctx.submit_next_level(shard, a, c).status());
@@ -125,6 +132,10 @@ struct TpMlp {
           w2[c].data<float>()[j * kD + k] = w2f[(c * kHalf + j) * kD + k];
       }
     }
+    for (int c = 0; c < 2; ++c) {  // the shards go to their children's device memory once
+      EXPECT_TRUE(worker_->copy_to_child(c, w1d[c], w1[c], w1[c].bytes).ok());
+      EXPECT_TRUE(worker_->copy_to_child(c, w2d[c], w2[c], w2[c].bytes).ok());
+    }
     std::vector<double> ref(kB * kD, 0.0);
     for (int b = 0; b < kB; ++b) {
       for (int j = 0; j < kH; ++j) {
@@ -140,6 +151,8 @@ struct TpMlp {
   SubHandle sum;
   ProgramHandle program;
   HostBuffer x, w1[2], w2[2], part[2], y;
+  worker::DeviceBuffer w1d[2], w2d[2];
+  L3Worker* worker_ = nullptr;
 };
 
 class L3 : public ::testing::TestWithParam<ChildMode> {
@@ -283,6 +296,15 @@ TEST_P(L3, InvalidUseIsRefusedWithClearErrors) {
   EXPECT_EQ(w.free_buffer(a).code(), absl::StatusCode::kNotFound);
   HostBuffer whole = *w.create_buffer(4 << 20);  // coalesced back into one range
   EXPECT_TRUE(w.free_buffer(whole).ok());
+  EXPECT_TRUE(contains(w.child_malloc(2, 8).status(), "child 2 outside [0, 2)"));
+  worker::DeviceBuffer d = *w.child_malloc(1, 64);
+  HostBuffer h = *w.create_buffer(32);
+  EXPECT_TRUE(
+      contains(w.copy_to_child(1, d, h, 64), "64 bytes do not fit the 32-byte host buffer"));
+  EXPECT_TRUE(w.copy_to_child(1, d, h, 32, 32).ok());
+  EXPECT_EQ(w.copy_to_child(1, d, h, 32, 48).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w.child_free(1, d).ok());
+  EXPECT_EQ(w.child_free(1, d).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(w.close().ok());
 }
 

@@ -321,6 +321,58 @@ int32_t MailboxParent::frames_in_use() const {
   return n;
 }
 
+absl::StatusOr<ControlReply> MailboxParent::control(const ControlCommand& command,
+                                                    int64_t timeout_ns) {
+  base::MutexLock one_at_a_time(control_mu_);
+  const int64_t deadline = base::now_ns() + timeout_ns;
+  RequestFrame& f = region_->layout().control;
+  const auto stopped = [this]() -> std::optional<std::string> {
+    base::MutexLock lock(mu_);
+    return stop_reason_locked();
+  };
+  // First: every request published before this command was taken by the child.
+  while (frames_in_use() > 0) {
+    const uint32_t seen = doorbell();
+    if (auto why = stopped(); why.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", *why));
+    }
+    if (frames_in_use() == 0) break;
+    if (base::now_ns() >= deadline) {
+      return absl::DeadlineExceededError("mailbox control: the child did not take its requests");
+    }
+    wait(seen, std::min<int64_t>(deadline - base::now_ns(), 100'000'000));
+  }
+  std::memcpy(f.payload, &command, sizeof(command));
+  f.header.payload_bytes = sizeof(command);
+  f.header.state.store(static_cast<uint32_t>(FrameState::kPublished), std::memory_order_release);
+  ring(region_->header().child_doorbell);
+  while (true) {
+    const uint32_t seen = doorbell();
+    if (f.header.state.load(std::memory_order_acquire) ==
+        static_cast<uint32_t>(FrameState::kFree)) {
+      break;
+    }
+    if (auto why = stopped(); why.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", *why));
+    }
+    if (base::now_ns() >= deadline) {
+      return absl::DeadlineExceededError("mailbox control: no reply from the child in time");
+    }
+    wait(seen, std::min<int64_t>(deadline - base::now_ns(), 100'000'000));
+  }
+  ControlReply reply;
+  std::memcpy(&reply, f.payload, sizeof(reply));
+  if (reply.code != 0) {
+    int32_t code = reply.code;
+    if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+      code = static_cast<int32_t>(absl::StatusCode::kInternal);
+    }
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        read_text(reply.text, reply.text_bytes, kErrorTextBytes));
+  }
+  return reply;
+}
+
 uint32_t MailboxParent::doorbell() const {
   return region_->header().parent_doorbell.value.load(std::memory_order_acquire);
 }
@@ -340,6 +392,25 @@ bool MailboxChild::stopped() const {
 }
 
 void MailboxChild::stop(const std::string& reason) { publish_stop(*region_, reason); }
+
+std::optional<ControlCommand> MailboxChild::take_control() {
+  RequestFrame& f = region_->layout().control;
+  if (f.header.state.load(std::memory_order_acquire) !=
+      static_cast<uint32_t>(FrameState::kPublished)) {
+    return std::nullopt;
+  }
+  ControlCommand c;
+  std::memcpy(&c, f.payload, sizeof(c));  // a copy: the parent's bytes are read once
+  return c;
+}
+
+void MailboxChild::reply_control(const ControlReply& reply) {
+  RequestFrame& f = region_->layout().control;
+  std::memcpy(f.payload, &reply, sizeof(reply));
+  // The ACK: the child's last store to the control frame.
+  f.header.state.store(static_cast<uint32_t>(FrameState::kFree), std::memory_order_release);
+  ring(region_->header().parent_doorbell);
+}
 
 absl::StatusOr<std::optional<Request>> MailboxChild::take() {
   base::MutexLock lock(mu_);

@@ -58,6 +58,20 @@ class Endpoint {
   // for, and SIGKILLed when it does not exit within 5 s). Returns the first error in run order
   // that no wait() delivered, with the count of the others; OK when none. Idempotent.
   virtual absl::Status close(const base::Deadline& deadline = base::Deadline::forever()) = 0;
+  // Device memory on the child (zeroed) and its release; errors are the child worker's
+  // (Worker::malloc / free), prefixed with describe(), or FAILED_PRECONDITION once the endpoint
+  // stopped or closed.
+  virtual absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) = 0;
+  virtual absl::Status free(const worker::DeviceBuffer& buffer) = 0;
+  // Copies between host memory the child reads and writes at the same address (ChildSpec::
+  // host_ranges: for a process child, memory mapped shared before the fork) and a child buffer
+  // (`bytes` at `offset`). Ordered after every run submitted before (Worker::copy_to).
+  // INVALID_ARGUMENT when the host range is not inside ChildSpec::host_ranges (checked in the
+  // child too) or the device range exceeds the buffer.
+  virtual absl::Status copy_to(const worker::DeviceBuffer& dst, const void* src, uint64_t bytes,
+                               uint64_t offset = 0) = 0;
+  virtual absl::Status copy_from(void* dst, const worker::DeviceBuffer& src, uint64_t bytes,
+                                 uint64_t offset = 0) = 0;
   // Called with a run's id once its handle is done (after the handle's result is written),
   // in run order, on one of the endpoint's threads; set before the first submit(). It must not
   // call back into this endpoint. Lets a scheduler wait for many children's runs at once.
@@ -72,6 +86,9 @@ struct ChildSpec {
   worker::WorkerOptions options;
   std::vector<task::ChipCallable> callables;
   uint32_t grant = 0;
+  // [begin, end) host ranges the child may copy from and to (copy_to / copy_from): memory it
+  // sees at the same address as the parent. Anything else is refused.
+  std::vector<std::pair<uint64_t, uint64_t>> host_ranges;
 };
 
 // A lane endpoint: builds and initializes the worker here. Errors: the Worker's init and
@@ -97,6 +114,7 @@ int32_t process_thread_count();
 // the endpoint stops, then drains the runs it accepted. Each run's terminal state is written in
 // acceptance order; an error text longer than an entry holds is logged in full here.
 void serve_mailbox(MailboxRegion& region, worker::Worker& worker,
-                   const std::vector<std::string>& callable_names);
+                   const std::vector<std::string>& callable_names,
+                   const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges);
 
 }  // namespace simpler::hierarchy

@@ -23,7 +23,8 @@
 //
 // Memory: host tensors of next-level tasks must lie in buffers from create_buffer(): a shared
 // host heap mapped before the children are forked, at the same address in every child, and
-// staged onto the child's device by its L2 lane. (Child device buffers are not exposed yet.)
+// staged onto the child's device by its L2 lane. Device tensors are child device buffers
+// (child_malloc, filled with copy_to_child): uploaded once, they stay on the child (weights).
 #pragma once
 
 #include <cstdint>
@@ -83,9 +84,10 @@ class L3Context {
  public:
   virtual ~L3Context() = default;
   // A run of `callable` on child `child` (0-based index into L3Options::device_ids) with
-  // `args`: scalars and HOST tensors inside create_buffer() buffers. Returns the task's index in
-  // this run. INVALID_ARGUMENT: unknown callable or child, invalid args or config, a HOST tensor
-  // outside the shared heap, a DEVICE tensor (not supported yet).
+  // `args`: scalars, HOST tensors inside create_buffer() buffers, and DEVICE tensors in that
+  // child's buffers (child_malloc; checked live by the child: a stale one fails the task).
+  // Returns the task's index in this run. INVALID_ARGUMENT: unknown callable or child, invalid
+  // args or config, a HOST tensor outside the shared heap.
   virtual absl::StatusOr<uint32_t> submit_next_level(ChildCallable callable,
                                                      const task::TaskArgs& args, int32_t child,
                                                      const task::CallConfig& config = {}) = 0;
@@ -140,6 +142,20 @@ class L3Worker {
   // Returns a buffer to the heap. NOT_FOUND for an address create_buffer did not return;
   // FAILED_PRECONDITION while any L3 run is queued or executing (it may name the buffer).
   absl::Status free_buffer(const HostBuffer& buffer);
+
+  // Device memory on child `child` (zeroed) and its release. INVALID_ARGUMENT for an unknown
+  // child; the child's own errors otherwise (prefixed with its description).
+  absl::StatusOr<worker::DeviceBuffer> child_malloc(int32_t child, uint64_t bytes);
+  absl::Status child_free(int32_t child, const worker::DeviceBuffer& buffer);
+  // Copies `bytes` between a create_buffer() buffer (from its start) and a child device buffer
+  // (at `offset`). FAILED_PRECONDITION while any L3 run is queued or executing (a run may use
+  // either buffer); INVALID_ARGUMENT for an unknown child, a host range outside `host` or a
+  // device range outside the buffer.
+  absl::Status copy_to_child(int32_t child, const worker::DeviceBuffer& dst, const HostBuffer& src,
+                             uint64_t bytes, uint64_t offset = 0);
+  absl::Status copy_from_child(int32_t child, const HostBuffer& dst,
+                               const worker::DeviceBuffer& src, uint64_t bytes,
+                               uint64_t offset = 0);
 
   // Queues a run of `program` with `args`; returns its live handle at once. Errors:
   // FAILED_PRECONDITION before init() or after close(), INVALID_ARGUMENT (unknown program,

@@ -185,6 +185,26 @@ struct Completion {
   int64_t device_end_ns = 0;
 };
 
+// A control command in the control frame: the parent's memory operations on the child's
+// device. Plain struct, copied in and out of the frame's payload and checked on arrival.
+enum class ControlOp : uint32_t { kMalloc = 1, kFree = 2, kCopyTo = 3, kCopyFrom = 4 };
+struct ControlCommand {
+  uint32_t op = 0;  // ControlOp
+  uint32_t reserved = 0;
+  uint64_t device = 0;        // the device buffer (kFree, kCopyTo, kCopyFrom)
+  uint64_t device_bytes = 0;  // its size (kFree, kCopyTo, kCopyFrom); bytes to allocate (kMalloc)
+  uint64_t host = 0;          // memory the child sees at the same address (kCopyTo, kCopyFrom)
+  uint64_t bytes = 0;         // bytes to copy
+  uint64_t offset = 0;        // into the device buffer
+};
+// The child's answer, written over the command before its ACK.
+struct ControlReply {
+  int32_t code = 0;  // absl::StatusCode
+  uint32_t text_bytes = 0;
+  uint64_t device = 0;  // kMalloc: the new buffer's address
+  char text[kErrorTextBytes] = {};
+};
+
 // The parent's half. Thread-safe (one internal mutex; the child is the only other writer).
 class MailboxParent {
  public:
@@ -213,6 +233,12 @@ class MailboxParent {
   int32_t in_flight() const;
   // Requests published whose frames the child has not ACKed yet.
   int32_t frames_in_use() const;
+  // Runs `command` in the child through the control frame and returns its reply: waits until
+  // every request frame was taken (so the command is ordered after the runs published before
+  // it), publishes the command, rings the child and waits for its ACK. One command at a time.
+  // Errors: FAILED_PRECONDITION when the endpoint stopped (before or while waiting: its reason);
+  // DEADLINE_EXCEEDED after `timeout_ns`; the child's own error for the command.
+  absl::StatusOr<ControlReply> control(const ControlCommand& command, int64_t timeout_ns);
 
   // The parent doorbell's current value, and a wait until it moves from `seen` (or
   // `timeout_ns` passes; spurious returns are possible — re-check).
@@ -225,6 +251,7 @@ class MailboxParent {
 
   MailboxRegion* region_;
   mutable base::Mutex mu_;
+  base::Mutex control_mu_;  // one control command at a time (taken before mu_)
   int32_t in_flight_ SIMPLER_GUARDED_BY(mu_) = 0;
   // Which entries this side holds and their generations: the parent's own
   // record, never re-read from shared memory (the child cannot change them).
@@ -262,6 +289,12 @@ class MailboxChild {
   // ignored (a stopped endpoint publishes nothing more).
   absl::Status complete(const Ticket& ticket, const absl::Status& status,
                         int64_t device_start_ns = 0, int64_t device_end_ns = 0);
+  // The control command published to this child, if any (checked: an unknown op is answered
+  // with INVALID_ARGUMENT by reply_control's caller).
+  std::optional<ControlCommand> take_control();
+  // Writes `reply` over the command and ACKs the control frame (the ACK its last store), then
+  // rings the parent.
+  void reply_control(const ControlReply& reply);
   // Stops the endpoint with `reason` and rings the parent.
   void stop(const std::string& reason);
   bool stopped() const;
