@@ -58,6 +58,7 @@ Runner add_bench_commands(CLI::App& app);
 Runner add_make_model_command(CLI::App& app);
 Runner add_generate_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
+Runner add_l3_example_command(CLI::App& app);
 
 // Writes the trace when a path was given; prints the error and returns false on failure.
 bool write_trace(const base::TraceRecorder& trace, const std::string& path);

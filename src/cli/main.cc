@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   runners.push_back(simpler::cli::add_make_model_command(app));
   runners.push_back(simpler::cli::add_generate_command(app));
   runners.push_back(simpler::cli::add_serve_command(app));
+  runners.push_back(simpler::cli::add_l3_example_command(app));
   CLI11_PARSE(app, argc, argv);
   // The flags are bounded so that nothing should throw; an allocation or a thread start that
   // still fails is reported as an error exit, not an abort.

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "simpler/device/fault_plan.h"
+#include "simpler/hierarchy/tp_mlp.h"
 #include "worker/worker_test_util.h"
 
 namespace simpler::hierarchy {
@@ -19,46 +20,14 @@ namespace {
 using worker::RunHandle;
 using worker::testing::contains;
 
-constexpr int kB = 4, kD = 16, kH = 32, kHalf = kH / 2;
+absl::Status noop_kernel(const task::KernelContext&) { return absl::OkStatus(); }
 
-// y[b, :] = relu(x[b, :] @ w1) @ w2 over one shard: x [B, D], w1 [D, H/2], w2 [H/2, D], y [B, D].
-absl::Status mlp_shard_kernel(const task::KernelContext& ctx) {
-  const float* x = ctx.tensor(0).data<float>();
-  const float* w1 = ctx.tensor(1).data<float>();
-  const float* w2 = ctx.tensor(2).data<float>();
-  float* y = ctx.tensor(3).data<float>();
-  const int64_t b = ctx.tensor(0).shape[0], d = ctx.tensor(0).shape[1], h = ctx.tensor(1).shape[1];
-  std::vector<float> hidden(static_cast<size_t>(h));
-  for (int64_t r = 0; r < b; ++r) {
-    for (int64_t j = 0; j < h; ++j) {
-      float acc = 0;
-      for (int64_t k = 0; k < d; ++k) acc += x[r * d + k] * w1[k * h + j];
-      hidden[j] = acc > 0 ? acc : 0;
-    }
-    for (int64_t k = 0; k < d; ++k) {
-      float acc = 0;
-      for (int64_t j = 0; j < h; ++j) acc += hidden[j] * w2[j * d + k];
-      y[r * d + k] = acc;
-    }
-  }
-  return absl::OkStatus();
-}
-
-task::ChipCallable mlp_shard_program() {
-  return {"mlp_shard",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            return ctx.submit(0, args);
+task::ChipCallable noop_program() {
+  return {"noop",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+            return ctx.submit(0, task::TaskArgs{});
           },
-          {{"mlp_shard", mlp_shard_kernel}}};
-}
-
-// out = a + b, elementwise over float tensors.
-absl::Status sum_partials(const task::TaskArgs& args) {
-  const float* a = args.tensor(0).data<float>();
-  const float* b = args.tensor(1).data<float>();
-  float* out = args.tensor(2).data<float>();
-  for (int64_t i = 0; i < args.tensor(0).numel(); ++i) out[i] = a[i] + b[i];
-  return absl::OkStatus();
+          {{"noop", noop_kernel}}};
 }
 
 L3Options options(ChildMode mode, const std::string& faults = "") {
@@ -71,88 +40,13 @@ L3Options options(ChildMode mode, const std::string& faults = "") {
   return o;
 }
 
-// The tensor-parallel MLP: w1 split by columns and w2 by rows across the two
-// children, each computing a partial y; a host sub-task sums them. The weight
-// shards live in the children's device memory (uploaded by fill()); x, the
-// partials and y in the shared host heap.
-struct TpMlp {
-  explicit TpMlp(L3Worker& w) {
-    shard = *w.register_callable(mlp_shard_program());
-    sum = *w.register_sub("sum_partials", sum_partials);
-    program = *w.register_program({"tp_mlp", [this](L3Context& ctx, const task::TaskArgs& a) {
-                                     return orchestrate(ctx, a);
-                                   }});
-  }
-  absl::Status allocate(L3Worker& w) {
-    worker_ = &w;
-    SIMPLER_ASSIGN_OR_RETURN(x, w.create_buffer(kB * kD * 4));
-    for (int c = 0; c < 2; ++c) {
-      SIMPLER_ASSIGN_OR_RETURN(w1[c], w.create_buffer(kD * kHalf * 4));
-      SIMPLER_ASSIGN_OR_RETURN(w2[c], w.create_buffer(kHalf * kD * 4));
-      SIMPLER_ASSIGN_OR_RETURN(w1d[c], w.child_malloc(c, kD * kHalf * 4));
-      SIMPLER_ASSIGN_OR_RETURN(w2d[c], w.child_malloc(c, kHalf * kD * 4));
-      SIMPLER_ASSIGN_OR_RETURN(part[c], w.create_buffer(kB * kD * 4));
-    }
-    SIMPLER_ASSIGN_OR_RETURN(y, w.create_buffer(kB * kD * 4));
-    return absl::OkStatus();
-  }
-  absl::Status orchestrate(L3Context& ctx, const task::TaskArgs&) {
-    for (int c = 0; c < 2; ++c) {
-      task::TaskArgs a;
-      a.add_tensor(*x.tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
-          .add_tensor(*w1d[c].tensor({kD, kHalf}, task::DataType::kFloat32),
-                      task::ArgDirection::kIn)
-          .add_tensor(*w2d[c].tensor({kHalf, kD}, task::DataType::kFloat32),
-                      task::ArgDirection::kIn)
-          .add_tensor(*part[c].tensor({kB, kD}, task::DataType::kFloat32),
-                      task::ArgDirection::kOut);
-      SIMPLER_RETURN_IF_ERROR(ctx.submit_next_level(shard, a, c).status());
-    }
-    task::TaskArgs s;
-    s.add_tensor(*part[0].tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
-        .add_tensor(*part[1].tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kIn)
-        .add_tensor(*y.tensor({kB, kD}, task::DataType::kFloat32), task::ArgDirection::kOut);
-    return ctx.submit_sub(sum, s).status();
-  }
-  // Fills x and the weights from `seed`; returns the float64 reference y.
-  std::vector<double> fill(uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-1, 1);
-    std::vector<float> w1f(kD * kH), w2f(kH * kD);
-    for (int i = 0; i < kB * kD; ++i) x.data<float>()[i] = u(rng);
-    for (float& v : w1f) v = u(rng);
-    for (float& v : w2f) v = u(rng);
-    for (int c = 0; c < 2; ++c) {
-      for (int k = 0; k < kD; ++k) {
-        for (int j = 0; j < kHalf; ++j)
-          w1[c].data<float>()[k * kHalf + j] = w1f[k * kH + c * kHalf + j];
-      }
-      for (int j = 0; j < kHalf; ++j) {
-        for (int k = 0; k < kD; ++k)
-          w2[c].data<float>()[j * kD + k] = w2f[(c * kHalf + j) * kD + k];
-      }
-    }
-    for (int c = 0; c < 2; ++c) {  // the shards go to their children's device memory once
-      EXPECT_TRUE(worker_->copy_to_child(c, w1d[c], w1[c], w1[c].bytes).ok());
-      EXPECT_TRUE(worker_->copy_to_child(c, w2d[c], w2[c], w2[c].bytes).ok());
-    }
-    std::vector<double> ref(kB * kD, 0.0);
-    for (int b = 0; b < kB; ++b) {
-      for (int j = 0; j < kH; ++j) {
-        double acc = 0;
-        for (int k = 0; k < kD; ++k) acc += double(x.data<float>()[b * kD + k]) * w1f[k * kH + j];
-        acc = acc > 0 ? acc : 0;
-        for (int k = 0; k < kD; ++k) ref[b * kD + k] += acc * w2f[j * kD + k];
-      }
-    }
-    return ref;
-  }
-  ChildCallable shard;
-  SubHandle sum;
+// The example program (tp_mlp.h) over two children, registered before init.
+struct TpMlpOn {
+  explicit TpMlpOn(L3Worker& w) : m(*TpMlp::register_on(w, TpMlpShape{})), program(m->program()) {}
+  absl::Status allocate(L3Worker&) { return m->allocate(); }
+  std::vector<double> fill(uint32_t seed) { return *m->fill(seed); }
+  std::unique_ptr<TpMlp> m;
   ProgramHandle program;
-  HostBuffer x, w1[2], w2[2], part[2], y;
-  worker::DeviceBuffer w1d[2], w2d[2];
-  L3Worker* worker_ = nullptr;
 };
 
 class L3 : public ::testing::TestWithParam<ChildMode> {
@@ -167,7 +61,7 @@ class L3 : public ::testing::TestWithParam<ChildMode> {
 
 TEST_P(L3, ATensorParallelMlpAcrossTwoChipsMatchesTheReference) {
   L3Worker w(options(GetParam()));
-  TpMlp mlp(w);
+  TpMlpOn mlp(w);
   ASSERT_TRUE(w.init().ok());
   ASSERT_TRUE(mlp.allocate(w).ok());
   const std::string kind = GetParam() == ChildMode::kThread ? "lane" : "process";
@@ -178,8 +72,8 @@ TEST_P(L3, ATensorParallelMlpAcrossTwoChipsMatchesTheReference) {
     RunHandle h = *w.submit(mlp.program, {});
     ASSERT_TRUE(h.wait().ok()) << h.wait();
     EXPECT_EQ(h.result().report.tasks_submitted, 3u);
-    for (int i = 0; i < kB * kD; ++i) {
-      EXPECT_NEAR(mlp.y.data<float>()[i], ref[i], 1e-4 * (1 + std::abs(ref[i]))) << i;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR(mlp.m->y()[i], ref[i], 1e-4 * (1 + std::abs(ref[i]))) << i;
     }
   }
   EXPECT_TRUE(w.close().ok());
@@ -238,7 +132,7 @@ TEST_P(L3, DependenciesFollowTheTaggedTensorsAndAFailedTasksDependentsDoNotRun) 
 TEST_P(L3, RunsAreFifoErrorsAreDeliveredOnceAndCloseReportsTheUndelivered) {
   // Child 0's run 1 fails (the second next-level task it gets).
   L3Worker w(options(GetParam(), "run=1:task=0:kind=kernel_error"));
-  TpMlp mlp(w);
+  TpMlpOn mlp(w);
   ASSERT_TRUE(w.init().ok());
   ASSERT_TRUE(mlp.allocate(w).ok());
   (void)mlp.fill(7);
@@ -258,7 +152,7 @@ TEST_P(L3, RunsAreFifoErrorsAreDeliveredOnceAndCloseReportsTheUndelivered) {
 
 TEST_P(L3, AnOrchestrationErrorFailsItsRunAndCloseReportsItWhenNobodyWaited) {
   L3Worker w(options(GetParam()));
-  ChildCallable shard = *w.register_callable(mlp_shard_program());
+  ChildCallable shard = *w.register_callable(noop_program());
   ProgramHandle p = *w.register_program(
       {"bad_args", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
          task::TaskArgs a;
@@ -284,10 +178,10 @@ TEST_P(L3, InvalidUseIsRefusedWithClearErrors) {
   bad.device_ids = {0, 0};
   EXPECT_TRUE(contains(L3Worker(bad).init(), "id 0 repeats"));
   L3Worker w(options(GetParam()));
-  TpMlp mlp(w);
+  TpMlpOn mlp(w);
   EXPECT_EQ(w.submit(mlp.program, {}).status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(w.init().ok());
-  EXPECT_TRUE(contains(w.register_callable(mlp_shard_program()).status(), "after init()"));
+  EXPECT_TRUE(contains(w.register_callable(noop_program()).status(), "after init()"));
   EXPECT_EQ(w.submit(ProgramHandle{9}, {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w.create_buffer(0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w.create_buffer(8 << 20).status().code(), absl::StatusCode::kResourceExhausted);
@@ -317,12 +211,13 @@ TEST(L3Modes, ThreadAndProcessModesGiveIdenticalResults) {
   std::vector<float> out[2];
   for (ChildMode mode : {ChildMode::kProcess, ChildMode::kThread}) {
     L3Worker w(options(mode));
-    TpMlp mlp(w);
+    TpMlpOn mlp(w);
     ASSERT_TRUE(w.init().ok());
     ASSERT_TRUE(mlp.allocate(w).ok());
     (void)mlp.fill(11);
     ASSERT_TRUE(w.run(mlp.program, {}).ok());
-    out[mode == ChildMode::kThread].assign(mlp.y.data<float>(), mlp.y.data<float>() + kB * kD);
+    const TpMlpShape& shape = mlp.m->shape();
+    out[mode == ChildMode::kThread].assign(mlp.m->y(), mlp.m->y() + shape.batch * shape.hidden);
     EXPECT_TRUE(w.close().ok());
   }
   EXPECT_EQ(out[0], out[1]);
@@ -480,12 +375,11 @@ absl::Status nothing(const task::TaskArgs&) { return absl::OkStatus(); }
 TEST_P(L3, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
   for (int round = 0; round < 5; ++round) {
     L3Worker w(options(GetParam()));
-    TpMlp mlp(w);
+    TpMlpOn mlp(w);
     SubHandle sub = *w.register_sub("nothing", nothing);
-    ProgramHandle mixed = *w.register_program(
-        {"mixed", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
-           SIMPLER_RETURN_IF_ERROR(ctx.submit_sub(sub, {}).status());
-           return a.scalar_i64(0) == 0 ? absl::OkStatus() : mlp.orchestrate(ctx, a);
+    ProgramHandle host_only = *w.register_program(
+        {"host_only", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
+           return ctx.submit_sub(sub, {}).status();
          }});
     ASSERT_TRUE(w.init().ok());
     ASSERT_TRUE(mlp.allocate(w).ok());
@@ -496,9 +390,7 @@ TEST_P(L3, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
     for (int k = 0; k < 2; ++k) {
       t[k] = std::thread([&, k] {
         for (int i = 0; i < 100; ++i) {
-          task::TaskArgs a;
-          a.add_scalar_i64(i % 2);
-          absl::StatusOr<RunHandle> h = w.submit(mixed, a);
+          absl::StatusOr<RunHandle> h = w.submit(i % 2 == 0 ? host_only : mlp.program, {});
           if (h.ok()) {
             accepted[k].push_back(*h);
           } else {

@@ -1935,6 +1935,56 @@ def scenario_bench_mailbox(ctx):
              f"bench mailbox --runs 1: exit {p.returncode}, stderr {tail(p.stderr, 300)!r}")
 
 
+def scenario_l3_example(ctx):
+    """`simpler l3-example` (issue 14): the tensor-parallel MLP across two sim chips in thread and
+    process mode — every run within tolerance of the float64 reference and identical results in
+    both modes; with SIMPLER_SIM_FAULTS=...process_kill a child SIGKILLs itself: the command fails
+    promptly naming the child and the signal, exits non-zero and leaves no process behind."""
+    import re
+    import time
+    pb = ctx.problems
+    sums = {}
+    for mode in ("thread", "process"):
+        p, _ = ctx.run_ok([ctx.simpler, "l3-example", "--child-mode", mode, "--runs", "3",
+                           "--json"], label=f"l3-example {mode}")
+        j = json.loads(p.stdout.strip().splitlines()[-1])
+        pb.check(j.get("passed") is True, f"{mode}: not passed: {j}")
+        pb.check(len(j.get("runs", [])) == 3, f"{mode}: runs {j.get('runs')}")
+        sums[mode] = j.get("y_abs_sum")
+    pb.check(sums["thread"] == sums["process"],
+             f"thread and process modes differ: y abs-sums {sums}")
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=1:task=0:kind=process_kill")
+    t0 = time.monotonic()
+    p, _ = ctx.run([ctx.simpler, "l3-example", "--child-mode", "process", "--runs", "3"],
+                   label="l3-example process_kill", env=env)
+    took = time.monotonic() - t0
+    pb.check(0 < p.returncode < 128, f"process_kill: exit {p.returncode}, expected an error exit")
+    pb.check("killed by signal 9 (Killed)" in p.stderr and "child " in p.stderr,
+             f"process_kill: stderr does not name the child and the signal: {tail(p.stderr, 600)!r}")
+    pb.check(took < 30, f"process_kill: took {took:.1f} s")
+    m = re.search(r"children: (.*)", p.stderr)
+    pids = [int(x) for x in re.findall(r"process (\d+)", m.group(1))] if m else []
+    pb.check(len(pids) == 2, f"process_kill: child pids not printed: {tail(p.stderr, 400)!r}")
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                pass
+        if alive:
+            time.sleep(0.05)
+    pb.check(not alive, f"process_kill: children {alive} outlived the command")
+    p, _ = ctx.run([ctx.simpler, "l3-example", "--intermediate", "255"],
+                   label="l3-example bad shape")
+    pb.check(0 < p.returncode < 128 and "multiple of the 2 children" in p.stderr,
+             f"bad shape: exit {p.returncode}, stderr {tail(p.stderr, 300)!r}")
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -1949,6 +1999,7 @@ SCENARIOS = {
     "run_matmul_fault": scenario_run_matmul_fault,
     "bench_pipeline": scenario_bench_pipeline,
     "bench_mailbox": scenario_bench_mailbox,
+    "l3_example": scenario_l3_example,
     "trace": scenario_trace,
     "bench_decode": scenario_bench_decode,
     "bench_prefill_load": scenario_bench_prefill_load,
