@@ -415,3 +415,37 @@ TEST_P(L3, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
 
 }  // namespace
 }  // namespace simpler::hierarchy
+
+namespace simpler::hierarchy {
+namespace {
+
+// A next-level task naming a child buffer that was freed fails its run, naming the range, and
+// harms no later run.
+TEST_P(L3, ATaskOnAFreedChildBufferFailsItsRunNamingTheRange) {
+  L3Worker w(options(GetParam()));
+  ChildCallable noop_h = *w.register_callable(noop_program());
+  worker::DeviceBuffer gone;
+  ProgramHandle p = *w.register_program(
+      {"uses_buffer", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
+         task::TaskArgs t;
+         if (a.scalar_i64(0) != 0) {
+           t.add_tensor(*gone.tensor({2}, task::DataType::kInt64), task::ArgDirection::kIn);
+         }
+         return ctx.submit_next_level(noop_h, t, 1).status();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  gone = *w.child_malloc(1, 16);
+  ASSERT_TRUE(w.child_free(1, gone).ok());
+  task::TaskArgs stale, fine;
+  stale.add_scalar_i64(1);
+  fine.add_scalar_i64(0);
+  absl::Status s = w.run(p, stale);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(contains(s, "L3 run 0 task 0 (child 1, callable 'noop')")) << s;
+  EXPECT_TRUE(contains(s, "is not inside a live allocation")) << s;
+  EXPECT_TRUE(w.run(p, fine).ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy
