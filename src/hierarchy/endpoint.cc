@@ -166,20 +166,7 @@ class EndpointBase : public Endpoint {
     shutdown_transport();
     base::MutexLock lock(mu_);
     closed_ = true;
-    std::vector<std::shared_ptr<worker::RunShared>> undelivered;
-    for (auto& f : failed_) {
-      if (!f->delivered.load(std::memory_order_acquire)) undelivered.push_back(f);
-    }
-    failed_.clear();
-    if (undelivered.empty()) return absl::OkStatus();
-    const absl::Status& first = undelivered.front()->result.status;
-    std::string msg(first.message());
-    if (undelivered.size() > 1) {
-      absl::StrAppend(&msg, " (and ", undelivered.size() - 1, " more undelivered run error",
-                      undelivered.size() > 2 ? "s" : "", ")");
-    }
-    for (auto& u : undelivered) u->delivered.store(true, std::memory_order_release);
-    return absl::Status(first.code(), msg);
+    return worker::report_undelivered(&failed_);
   }
 
  protected:

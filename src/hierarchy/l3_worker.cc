@@ -190,20 +190,8 @@ class L3Worker::Impl {
       heap_ = nullptr;
     }
     base::MutexLock lock(mu_);
-    std::vector<std::shared_ptr<worker::RunShared>> undelivered;
-    for (auto& f : failed_) {
-      if (!f->delivered.load(std::memory_order_acquire)) undelivered.push_back(f);
-    }
-    failed_.clear();
-    if (undelivered.empty()) return child_error;
-    const absl::Status& first = undelivered.front()->result.status;
-    std::string msg(first.message());
-    if (undelivered.size() > 1) {
-      absl::StrAppend(&msg, " (and ", undelivered.size() - 1, " more undelivered run error",
-                      undelivered.size() > 2 ? "s" : "", ")");
-    }
-    for (auto& u : undelivered) u->delivered.store(true, std::memory_order_release);
-    return absl::Status(first.code(), msg);
+    absl::Status undelivered = worker::report_undelivered(&failed_);
+    return undelivered.ok() ? child_error : undelivered;
   }
 
   // ---- host heap ----

@@ -56,4 +56,23 @@ const RunResult& RunHandle::result() const {
   return shared_->result;
 }
 
+absl::Status report_undelivered(std::vector<std::shared_ptr<RunShared>>* failed) {
+  std::vector<std::shared_ptr<RunShared>> undelivered;
+  for (auto& f : *failed) {
+    if (!f->delivered.load(std::memory_order_acquire)) undelivered.push_back(f);
+  }
+  failed->clear();
+  if (undelivered.empty()) return absl::OkStatus();
+  const absl::Status& first = undelivered.front()->result.status;
+  std::string msg(first.message());
+  if (undelivered.size() > 1) {
+    absl::StrAppend(&msg, " (and ", undelivered.size() - 1, " more undelivered run error",
+                    undelivered.size() > 2 ? "s" : "", ")");
+  }
+  for (auto& u : undelivered) u->delivered.store(true, std::memory_order_release);
+  absl::Status out(first.code(), msg);
+  first.ForEachPayload([&out](absl::string_view k, const absl::Cord& v) { out.SetPayload(k, v); });
+  return out;
+}
+
 }  // namespace simpler::worker

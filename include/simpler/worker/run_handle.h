@@ -125,4 +125,11 @@ class RunHandle {
   std::shared_ptr<RunShared> shared_;
 };
 
+// close()'s report (ARCHITECTURE.md invariant 4): of the failed runs in `failed` (in run
+// order), those whose error no wait() / result() delivered are marked delivered, and the first
+// one's status is returned with the count of the others in its message ("... (and 2 more
+// undelivered run errors)"), payloads kept; OK when every error was delivered. Clears `failed`.
+// Not thread-safe with respect to `failed`; the delivered flags are atomic.
+absl::Status report_undelivered(std::vector<std::shared_ptr<RunShared>>* failed);
+
 }  // namespace simpler::worker
