@@ -561,7 +561,7 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
       }
       // close()'s deadline passed: no more looks (the second one below is a
       // plain sleep, which nothing interrupts).
-      if (interrupt_.load(std::memory_order_acquire)) return rec.done.is_signaled();
+      if (interrupt_.load(std::memory_order_acquire)) return interrupted_wait(rec);
       // A wake-up that was late because the CPU was busy (not the timer) must
       // not make later wake-ups early, which would cost the device a wake-up
       // at the boundary.
@@ -597,7 +597,7 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
 bool ChipRunLane::wait_record(device::LaunchRecord& rec, const base::Deadline& deadline) {
   constexpr int64_t kInterruptSliceNs = 50'000'000;
   while (true) {
-    if (interrupt_.load(std::memory_order_acquire)) return rec.done.is_signaled();
+    if (interrupt_.load(std::memory_order_acquire)) return interrupted_wait(rec);
     if (deadline.kind == base::Deadline::Kind::kPoll) return rec.done.is_signaled();
     const bool last = env_.remaining_ns(deadline) <= kInterruptSliceNs;
     if (env_.wait(rec.done,
@@ -606,6 +606,17 @@ bool ChipRunLane::wait_record(device::LaunchRecord& rec, const base::Deadline& d
     }
     if (last && env_.expired(deadline)) return rec.done.is_signaled();
   }
+}
+
+// Once close()'s deadline passed: the device was aborted, which releases hung
+// tasks and drops queued runs at once — but not instantly, and not at all for a
+// kernel that never returns. So every launched run gets what is left of one
+// shared grace window to be proven done (and retire normally) before it is
+// quarantined, keeping close() bounded.
+bool ChipRunLane::interrupted_wait(device::LaunchRecord& rec) {
+  const int64_t left = interrupt_grace_end_ns_.load(std::memory_order_relaxed) - base::now_ns();
+  if (left <= 0) return rec.done.is_signaled();
+  return rec.done.wait(base::Deadline::after(std::chrono::nanoseconds(left)));
 }
 
 // close()'s deadline passed with runs in flight: runs not launched are
@@ -622,6 +633,7 @@ void ChipRunLane::expire_close_locked() {
     poisoned_by_ = std::numeric_limits<uint64_t>::max();  // no run is "behind" it
     behind_poison_deadline_ = base::Deadline::poll();
   }
+  interrupt_grace_end_ns_.store(base::now_ns() + kInterruptGraceNs, std::memory_order_relaxed);
   interrupt_.store(true, std::memory_order_release);
   launch_ready_locked();
   device_->abort(cause);

@@ -131,7 +131,9 @@ class ChipRunLane {
   // passes fail with CANCELLED ("run N cancelled: the lane was closed at its close deadline with
   // the run still in flight; first error: run M: ..."), those launched are quarantined (their
   // device use is unproven), the lane is poisoned with that cause and the device aborted. Returns
-  // within about 50 ms of the deadline even when a kernel never returns — except while a submitter
+  // within about 100 ms of the deadline (a 50 ms wait slice, then one 50 ms grace shared by the
+  // launched runs for the device to drop what the abort stopped: a run proven done then is not
+  // quarantined) even when a kernel never returns — except while a submitter
   // is still inside prepare (a host-built orchestration that does not return): its run belongs to
   // the submitter until prepare ends.
   absl::Status close(const base::Deadline& deadline);
@@ -171,6 +173,9 @@ class ChipRunLane {
   // rec.done.wait(deadline), returning early (with whether the record is
   // done) once close() set interrupt_. Lane thread only.
   bool wait_record(device::LaunchRecord& rec, const base::Deadline& deadline);
+  // After close()'s deadline: whether `rec` is done within what is left of the
+  // shared grace window. Lane thread only.
+  bool interrupted_wait(device::LaunchRecord& rec);
   void expire_close_locked() SIMPLER_REQUIRES(mu_);
   // The CANCELLED status of run `run` when close()'s deadline passed.
   absl::Status cancel_status_locked(uint64_t run) const SIMPLER_REQUIRES(mu_);
@@ -202,6 +207,9 @@ class ChipRunLane {
   // Set (release) once close()'s deadline passed: the lane thread stops
   // waiting for the device (acquire).
   std::atomic<bool> interrupt_{false};
+  // Ends the shared grace window of interrupted_wait (now_ns), set before interrupt_.
+  std::atomic<int64_t> interrupt_grace_end_ns_{0};
+  static constexpr int64_t kInterruptGraceNs = 50'000'000;
   // The lane's first failed run's error (in retire order), for cancellation
   // messages. Never reset: whether a failed run and a later one were "in
   // flight together" depends on timing (a short run can retire before the
