@@ -1953,6 +1953,13 @@ def scenario_l3_example(ctx):
         sums[mode] = j.get("y_abs_sum")
     pb.check(sums["thread"] == sums["process"],
              f"thread and process modes differ: y abs-sums {sums}")
+    for chips, inter in ((1, 64), (3, 255)):  # any number of children; shards of 64 / 85 columns
+        p, _ = ctx.run_ok([ctx.simpler, "l3-example", "--child-mode", "process", "--chips",
+                           str(chips), "--intermediate", str(inter), "--runs", "2", "--json"],
+                          label=f"l3-example --chips {chips}")
+        j = json.loads(p.stdout.strip().splitlines()[-1])
+        pb.check(j.get("passed") is True and j.get("chips") == chips,
+                 f"--chips {chips}: {j}")
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=1:task=0:kind=process_kill")
     t0 = time.monotonic()
     p, _ = ctx.run([ctx.simpler, "l3-example", "--child-mode", "process", "--runs", "3"],
