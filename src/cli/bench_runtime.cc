@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "cli/bench_stats.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
@@ -34,13 +35,6 @@ double thread_cpu_us() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "cli/bench_stats.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
@@ -26,10 +27,8 @@ struct Percentiles {
   double p50 = 0, p99 = 0;
 };
 
-Percentiles percentiles(std::vector<double> us) {
-  std::sort(us.begin(), us.end());
-  if (us.empty()) return {};
-  return {us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]};
+Percentiles percentiles(const std::vector<double>& us) {
+  return {percentile(us, 0.5), percentile(us, 0.99)};
 }
 
 absl::Status noop_kernel(const task::KernelContext&) { return absl::OkStatus(); }
