@@ -20,6 +20,7 @@
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
+#include "simpler/base/work_queue.h"
 
 namespace simpler::hierarchy {
 
@@ -68,6 +69,9 @@ std::string describe_exit(const std::string& who, int wstatus) {
   }
   return absl::StrCat(who, " ended (wait status ", wstatus, ")");
 }
+
+// A child worker's callable handles, by callable name.
+using Handles = std::map<std::string, worker::CallableHandle>;
 
 // The parent's side of every endpoint: run identity, FIFO finalization,
 // exactly-once delivery and close()'s accounting. Subclasses are transports.
@@ -255,12 +259,10 @@ class EndpointBase : public Endpoint {
 
 class LaneEndpoint final : public EndpointBase {
  public:
-  LaneEndpoint(const ChildSpec& spec, std::unique_ptr<worker::Worker> w,
-               std::vector<worker::CallableHandle> handles)
+  LaneEndpoint(const ChildSpec& spec, std::unique_ptr<worker::Worker> w, Handles handles)
       : EndpointBase(absl::StrCat("child ", spec.index, " (lane)"), spec),
         worker_(std::move(w)),
         handles_(std::move(handles)) {
-    for (size_t i = 0; i < spec.callables.size(); ++i) index_of_[spec.callables[i].name] = i;
     waiter_ = std::thread([this] {
       base::set_thread_name("simpler-l3-lane");
       wait_loop();
@@ -288,18 +290,15 @@ class LaneEndpoint final : public EndpointBase {
   }
   absl::Status send(uint64_t id, const RunRequest& request,
                     const base::Deadline& admission) override {
-    const worker::CallableHandle h = handles_[index_of_.at(request.callable)];
-    absl::StatusOr<worker::RunHandle> run =
-        worker_->submit(h, request.args, request.config, seconds_left(admission));
-    base::MutexLock lock(mu_);
+    absl::StatusOr<worker::RunHandle> run = worker_->submit(
+        handles_.at(request.callable), request.args, request.config, seconds_left(admission));
     if (!run.ok()) {
       // What the child's lane refuses is the run's error, as for a mailbox child.
       if (run.status().code() == absl::StatusCode::kDeadlineExceeded) return run.status();
-      queue_.push_back({id, worker::RunHandle(), run.status()});
+      (void)sent_.push({id, worker::RunHandle(), run.status()});
     } else {
-      queue_.push_back({id, *run, absl::OkStatus()});
+      (void)sent_.push({id, *run, absl::OkStatus()});
     }
-    cv_.notify_all();
     return absl::OkStatus();
   }
   void abort_transport(const std::string& reason) override {
@@ -307,11 +306,7 @@ class LaneEndpoint final : public EndpointBase {
     (void)worker_->close(base::Deadline::poll());
   }
   void shutdown_transport() override {
-    {
-      base::MutexLock lock(mu_);
-      stopping_ = true;
-      cv_.notify_all();
-    }
+    sent_.close();
     if (waiter_.joinable()) waiter_.join();
     (void)worker_->close();  // every error was delivered through wait()
   }
@@ -323,15 +318,8 @@ class LaneEndpoint final : public EndpointBase {
     absl::Status refused;
   };
   void wait_loop() {
-    while (true) {
-      Sent s;
-      {
-        base::MutexLock lock(mu_);
-        while (queue_.empty() && !stopping_) cv_.wait(lock);
-        if (queue_.empty()) return;
-        s = std::move(queue_.front());
-        queue_.pop_front();
-      }
+    while (std::optional<Sent> next = sent_.pop()) {
+      Sent& s = *next;
       if (!s.handle.valid()) {
         complete(s.id, s.refused);
         continue;
@@ -343,21 +331,17 @@ class LaneEndpoint final : public EndpointBase {
   }
 
   std::unique_ptr<worker::Worker> worker_;
-  std::vector<worker::CallableHandle> handles_;
-  std::map<std::string, size_t> index_of_;
-  base::Mutex mu_;
-  base::CondVar cv_;
-  std::deque<Sent> queue_ SIMPLER_GUARDED_BY(mu_);
-  bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;
+  const Handles handles_;       // by callable name
+  base::WorkQueue<Sent> sent_;  // runs in submission order, for the waiter
   std::thread waiter_;
 };
 
-absl::StatusOr<std::unique_ptr<worker::Worker>> build_worker(
-    const ChildSpec& spec, std::vector<worker::CallableHandle>* handles) {
+// A child's worker, initialized, with its callables registered.
+absl::StatusOr<std::unique_ptr<worker::Worker>> build_worker(const ChildSpec& spec,
+                                                             Handles* handles) {
   auto w = std::make_unique<worker::Worker>(spec.options);
   for (const task::ChipCallable& c : spec.callables) {
-    SIMPLER_ASSIGN_OR_RETURN(worker::CallableHandle h, w->register_callable(c));
-    handles->push_back(h);
+    SIMPLER_ASSIGN_OR_RETURN((*handles)[c.name], w->register_callable(c));
   }
   SIMPLER_RETURN_IF_ERROR(w->init());
   return w;
@@ -371,8 +355,7 @@ class MailboxEndpoint final : public EndpointBase {
   // child (run on a thread of its own over this endpoint's region).
   MailboxEndpoint(const ChildSpec& spec, std::string description, MailboxRegion region,
                   pid_t child_pid, std::function<void(MailboxRegion&)> serve)
-      : EndpointBase(description, spec),
-        description_(std::move(description)),
+      : EndpointBase(std::move(description), spec),
         region_(std::move(region)),
         parent_(&region_),
         child_pid_(child_pid) {
@@ -401,9 +384,9 @@ class MailboxEndpoint final : public EndpointBase {
         }
         // A child that died without the parent stopping it first: every run it
         // held fails naming it and how it died.
-        publish_stop(region_, r == child_pid_ ? describe_exit(description_, wstatus)
-                                              : absl::StrCat(description_,
-                                                             ": waitpid: ", std::strerror(errno)));
+        publish_stop(region_, r == child_pid_
+                                  ? describe_exit(describe(), wstatus)
+                                  : absl::StrCat(describe(), ": waitpid: ", std::strerror(errno)));
       });
     }
   }
@@ -416,7 +399,7 @@ class MailboxEndpoint final : public EndpointBase {
     c.op = static_cast<uint32_t>(ControlOp::kMalloc);
     c.device_bytes = bytes;
     absl::StatusOr<ControlReply> r = parent_.control(c, kControlTimeoutNs);
-    if (!r.ok()) return base::annotate(r.status(), description_ + ": malloc: ");
+    if (!r.ok()) return base::annotate(r.status(), describe() + ": malloc: ");
     return worker::DeviceBuffer{r->device, bytes};
   }
   absl::Status free(const worker::DeviceBuffer& buffer) override {
@@ -424,8 +407,7 @@ class MailboxEndpoint final : public EndpointBase {
     c.op = static_cast<uint32_t>(ControlOp::kFree);
     c.device = buffer.address;
     c.device_bytes = buffer.bytes;
-    return base::annotate(parent_.control(c, kControlTimeoutNs).status(),
-                          description_ + ": free: ");
+    return base::annotate(parent_.control(c, kControlTimeoutNs).status(), describe() + ": free: ");
   }
 
  protected:
@@ -447,7 +429,7 @@ class MailboxEndpoint final : public EndpointBase {
       const uint32_t seen = parent_.doorbell();
       if (std::optional<std::string> why = parent_.stop_reason(); why.has_value()) {
         absl::Status s = absl::FailedPreconditionError(
-            absl::StrCat("submit to ", description_, ": the endpoint stopped: ", *why));
+            absl::StrCat("submit to ", describe(), ": the endpoint stopped: ", *why));
         set_stopped(s);
         return s;
       }
@@ -459,7 +441,7 @@ class MailboxEndpoint final : public EndpointBase {
       }
       if (admission.expired()) {
         return absl::DeadlineExceededError(
-            absl::StrCat("submit to ", description_,
+            absl::StrCat("submit to ", describe(),
                          ": no request frame or run-state entry freed before the "
                          "admission deadline (",
                          parent_.in_flight(), " runs in flight)"));
@@ -478,7 +460,7 @@ class MailboxEndpoint final : public EndpointBase {
       base::MutexLock lock(mu_);
       stopping_ = true;
     }
-    parent_.stop(absl::StrCat(description_, " was closed by its parent"));
+    parent_.stop(absl::StrCat(describe(), " was closed by its parent"));
     if (collector_.joinable()) collector_.join();
     if (server_.joinable()) server_.join();
     if (child_pid_ > 0) {
@@ -486,7 +468,7 @@ class MailboxEndpoint final : public EndpointBase {
       const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       while (!reaped_) {
         if (!cv_.wait_until(lock, grace)) {
-          SIMPLER_LOG_WARN("{} did not exit within 5 s of being stopped: SIGKILL", description_);
+          SIMPLER_LOG_WARN("{} did not exit within 5 s of being stopped: SIGKILL", describe());
           (void)kill(child_pid_, SIGKILL);
           while (!reaped_) cv_.wait(lock);
         }
@@ -504,7 +486,7 @@ class MailboxEndpoint final : public EndpointBase {
       }
       if (std::optional<std::string> why = parent_.stop_reason(); why.has_value()) {
         set_stopped(absl::FailedPreconditionError(
-            absl::StrCat("submit to ", description_, ": the endpoint stopped: ", *why)));
+            absl::StrCat("submit to ", describe(), ": the endpoint stopped: ", *why)));
         base::MutexLock lock(mu_);
         if (stopping_ && parent_.in_flight() == 0) return;
       }
@@ -512,7 +494,6 @@ class MailboxEndpoint final : public EndpointBase {
     }
   }
 
-  const std::string description_;
   MailboxRegion region_;
   MailboxParent parent_;
   const pid_t child_pid_;
@@ -582,34 +563,20 @@ ControlReply run_control(const ControlCommand& c, worker::Worker& w,
 }  // namespace
 
 void serve_mailbox(MailboxRegion& region, worker::Worker& w,
-                   const std::vector<std::string>& callable_names,
+                   const std::map<std::string, worker::CallableHandle>& handles,
                    const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   MailboxChild child(&region);
-  std::map<std::string, worker::CallableHandle> handles;
-  for (size_t i = 0; i < callable_names.size(); ++i) {
-    handles[callable_names[i]] = worker::CallableHandle{static_cast<uint32_t>(i)};
-  }
   struct Accepted {
     Ticket ticket;
     worker::RunHandle handle;
     absl::Status refused;
   };
-  base::Mutex mu;
-  base::CondVar cv;
-  std::deque<Accepted> accepted;  // guarded by mu
-  bool done = false;              // guarded by mu
+  base::WorkQueue<Accepted> accepted;
   // Terminal states go out in acceptance order, each when its run finished.
   std::thread completer([&] {
     base::set_thread_name("simpler-l3-child");
-    while (true) {
-      Accepted a;
-      {
-        base::MutexLock lock(mu);
-        while (accepted.empty() && !done) cv.wait(lock);
-        if (accepted.empty()) return;
-        a = std::move(accepted.front());
-        accepted.pop_front();
-      }
+    while (std::optional<Accepted> next = accepted.pop()) {
+      const Accepted& a = *next;
       const absl::Status status = a.handle.valid() ? a.handle.wait() : a.refused;
       if (!status.ok() && status.message().size() >= kErrorTextBytes) {
         SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", a.ticket.run_id,
@@ -648,20 +615,14 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
         a.refused = run.status();
       }
     }
-    base::MutexLock lock(mu);
-    accepted.push_back(std::move(a));
-    cv.notify_all();
+    (void)accepted.push(std::move(a));
   }
-  {
-    base::MutexLock lock(mu);
-    done = true;
-    cv.notify_all();
-  }
+  accepted.close();
   completer.join();
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> start_lane_child(const ChildSpec& spec) {
-  std::vector<worker::CallableHandle> handles;
+  Handles handles;
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<worker::Worker> w, build_worker(spec, &handles));
   return std::unique_ptr<Endpoint>(new LaneEndpoint(spec, std::move(w), std::move(handles)));
 }
@@ -672,25 +633,19 @@ uint32_t grant_of(const ChildSpec& spec) {
   return spec.grant != 0 ? spec.grant : static_cast<uint32_t>(spec.options.effective_grant());
 }
 
-std::vector<std::string> names_of(const ChildSpec& spec) {
-  std::vector<std::string> names;
-  for (const task::ChipCallable& c : spec.callables) names.push_back(c.name);
-  return names;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Endpoint>> start_thread_child(const ChildSpec& spec) {
   SIMPLER_ASSIGN_OR_RETURN(MailboxRegion region, MailboxRegion::create(grant_of(spec)));
-  std::vector<worker::CallableHandle> handles;
+  Handles handles;
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<worker::Worker> built, build_worker(spec, &handles));
   std::shared_ptr<worker::Worker> w(std::move(built));
-  return std::unique_ptr<Endpoint>(new MailboxEndpoint(
-      spec, absl::StrCat("child ", spec.index, " (thread)"), std::move(region), 0,
-      [w, names = names_of(spec), ranges = spec.host_ranges](MailboxRegion& r) {
-        serve_mailbox(r, *w, names, ranges);
-        (void)w->close();
-      }));
+  return std::unique_ptr<Endpoint>(
+      new MailboxEndpoint(spec, absl::StrCat("child ", spec.index, " (thread)"), std::move(region),
+                          0, [w, handles, ranges = spec.host_ranges](MailboxRegion& r) {
+                            serve_mailbox(r, *w, handles, ranges);
+                            (void)w->close();
+                          }));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
@@ -736,7 +691,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
       if (getppid() != parent) _exit(1);
       forked.clear();
       const std::string who = absl::StrCat("child ", spec.index, " (process ", getpid(), ")");
-      std::vector<worker::CallableHandle> handles;
+      Handles handles;
       absl::StatusOr<std::unique_ptr<worker::Worker>> w = build_worker(spec, &handles);
       if (!w.ok()) {
         publish_stop(
@@ -744,7 +699,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
             absl::StrCat(who, " could not start its worker: ", std::string(w.status().message())));
         _exit(1);
       }
-      serve_mailbox(*region, **w, names_of(spec), spec.host_ranges);
+      serve_mailbox(*region, **w, handles, spec.host_ranges);
       (void)(*w)->close();
       _exit(0);
     }

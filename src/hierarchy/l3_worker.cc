@@ -16,6 +16,7 @@
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
+#include "simpler/base/work_queue.h"
 #include "simpler/chip/tensor_map.h"
 
 namespace simpler::hierarchy {
@@ -177,11 +178,7 @@ class L3Worker::Impl {
     }
     kick();
     if (scheduler_.joinable()) scheduler_.join();
-    {
-      base::MutexLock lock(ev_mu_);
-      subs_stop_ = true;
-      ev_cv_.notify_all();
-    }
+    sub_jobs_.close();
     for (auto& t : sub_threads_) t.join();
     sub_threads_.clear();
     absl::Status child_error = close_children();
@@ -521,9 +518,7 @@ class L3Worker::Impl {
     Task& k = tasks_.at(id);
     k.dispatched = true;
     if (k.child < 0) {
-      base::MutexLock lock(ev_mu_);
-      sub_jobs_.push_back({id, k.fn, k.args});
-      ev_cv_.notify_all();
+      (void)sub_jobs_.push({id, k.fn, k.args});
       return;
     }
     dispatched_.fetch_add(1, std::memory_order_relaxed);
@@ -677,15 +672,8 @@ class L3Worker::Impl {
   }
 
   void sub_loop() {
-    while (true) {
-      SubJob job;
-      {
-        base::MutexLock lock(ev_mu_);
-        while (sub_jobs_.empty() && !subs_stop_) ev_cv_.wait(lock);
-        if (sub_jobs_.empty()) return;
-        job = std::move(sub_jobs_.front());
-        sub_jobs_.pop_front();
-      }
+    while (std::optional<SubJob> next = sub_jobs_.pop()) {
+      const SubJob& job = *next;
       absl::Status st;
       try {
         st = subs[job.fn].second(job.args);
@@ -737,11 +725,10 @@ class L3Worker::Impl {
   std::map<uint64_t, uint64_t> free_ SIMPLER_GUARDED_BY(mu_);  // offset -> bytes
   std::map<uint64_t, uint64_t> used_ SIMPLER_GUARDED_BY(mu_);
 
-  base::Mutex ev_mu_;  // completions and sub-task jobs
+  base::Mutex ev_mu_;  // completions and kicks
   base::CondVar ev_cv_;
   std::deque<Event> events_ SIMPLER_GUARDED_BY(ev_mu_);
-  std::deque<SubJob> sub_jobs_ SIMPLER_GUARDED_BY(ev_mu_);
-  bool subs_stop_ SIMPLER_GUARDED_BY(ev_mu_) = false;
+  base::WorkQueue<SubJob> sub_jobs_;              // for the sub-task threads
   bool kick_ SIMPLER_GUARDED_BY(ev_mu_) = false;  // a submission or close for the scheduler
 };
 

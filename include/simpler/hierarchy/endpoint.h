@@ -22,6 +22,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -114,7 +115,7 @@ int32_t process_thread_count();
 // the endpoint stops, then drains the runs it accepted. Each run's terminal state is written in
 // acceptance order; an error text longer than an entry holds is logged in full here.
 void serve_mailbox(MailboxRegion& region, worker::Worker& worker,
-                   const std::vector<std::string>& callable_names,
+                   const std::map<std::string, worker::CallableHandle>& handles,
                    const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges);
 
 }  // namespace simpler::hierarchy
