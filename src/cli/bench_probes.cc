@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/process.h"
+#include "simpler/base/status.h"
 #include "simpler/base/thread.h"
 
 namespace simpler::cli {
@@ -62,47 +64,27 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   return static_cast<double>(words * 8) / best_s;
 }
 
-namespace {
+namespace {}  // namespace
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// Runs `command` (through /bin/sh), returning its exit status and stdout + stderr.
-std::pair<int, std::string> run_command(const std::string& command) {
-  std::string out;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int rc = ::pclose(p);
-  return {rc, out};
-}
-
-}  // namespace
-
-absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model, const std::string& args,
-                                              int threads) {
+absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model,
+                                              const std::vector<std::string>& args, int threads) {
   const std::string python = "/usr/bin/python3";
-  if (run_command(python + " -c 'import torch'").first != 0) {
+  SIMPLER_ASSIGN_OR_RETURN(base::ProcessResult probe,
+                           base::run_process({python, "-c", "import torch"}));
+  if (!probe.ok()) {
     return absl::FailedPreconditionError(
         "--compare torch needs PyTorch for Debian's python3: apt-get install python3-torch "
         "(scripts/install_deps.sh --bench also installs OpenBLAS for it)");
   }
   const std::string script = std::string(SIMPLER_BENCHMARKS_DIR) + "/torch_qwen3.py";
-  auto [rc, out] = run_command(absl::StrCat(python, " ", shell_quote(script), " --model ",
-                                            shell_quote(model), " --threads ", threads, " ", args));
-  if (rc != 0) {
+  std::vector<std::string> argv = {python, script,      "--model",
+                                   model,  "--threads", std::to_string(threads)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SIMPLER_ASSIGN_OR_RETURN(base::ProcessResult run, base::run_process(argv));
+  const std::string& out = run.output;
+  if (!run.ok()) {
     return absl::InternalError(
-        absl::StrCat(script, " failed (status ", rc, "): ", out.substr(0, 2000)));
+        absl::StrCat(script, " failed (", run.describe(), "): ", out.substr(0, 2000)));
   }
   const size_t line = out.rfind('{');
   nlohmann::json j = nlohmann::json::parse(line == std::string::npos ? "" : out.substr(line),

@@ -20,10 +20,11 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads = 0, int passes = 3)
 
 // Runs benchmarks/torch_qwen3.py (the PyTorch eager peer: f32, `threads` intra-op threads)
 // with Debian's /usr/bin/python3 and returns its JSON object. `args` are its mode flags
-// ("--batch 16 --steps 8" or "--prompt-len 512"). FAILED_PRECONDITION naming the package when
-// python3 cannot import torch; INTERNAL with its output when the script fails.
-absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model, const std::string& args,
-                                              int threads);
+// ({"--batch", "16", "--steps", "8"} or {"--prompt-len", "512"}), passed without a shell.
+// FAILED_PRECONDITION naming the package when python3 cannot import torch; INTERNAL with its
+// output when the script fails or cannot be started.
+absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model,
+                                              const std::vector<std::string>& args, int threads);
 
 // The process's peak resident set (VmHWM of /proc/self/status), bytes; 0 when unreadable.
 uint64_t peak_resident_bytes();

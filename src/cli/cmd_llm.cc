@@ -736,7 +736,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
                           {"fraction_of_peak", gflops * 1e9 / peak}};
     if (compare_torch) {
       auto peer =
-          run_torch_peer(model, absl::StrCat("--prompt-len ", len), base::hardware_threads());
+          run_torch_peer(model, {"--prompt-len", std::to_string(len)}, base::hardware_threads());
       if (!peer.ok()) return fail("bench prefill", peer.status());
       const double torch_ms = (*peer)["ttft_ms"].get<double>();
       out["torch_ttft_ms"] = torch_ms;
@@ -845,8 +845,9 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
         {"fraction_of_read_bandwidth", weight_bw / read_bw},
         {"gflop_per_s", gflops}};
     if (compare_torch) {
-      auto peer = run_torch_peer(model, absl::StrCat("--batch ", batch, " --steps ", steps - 1),
-                                 base::hardware_threads());
+      auto peer = run_torch_peer(
+          model, {"--batch", std::to_string(batch), "--steps", std::to_string(steps - 1)},
+          base::hardware_threads());
       if (!peer.ok()) return fail("bench decode", peer.status());
       const double torch_ms = (*peer)["decode_step_ms"].get<double>();
       out["torch_step_ms"] = torch_ms;

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/log.h"
+#include "simpler/base/process.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
@@ -56,18 +57,6 @@ absl::Status host_range_error(uint64_t address, uint64_t bytes) {
   return absl::InvalidArgumentError(absl::StrCat(
       "host range 0x", absl::Hex(address), " + ", bytes,
       " bytes is not memory the child shares with its parent (ChildSpec::host_ranges)"));
-}
-
-std::string describe_exit(const std::string& who, int wstatus) {
-  if (WIFSIGNALED(wstatus)) {
-    const int sig = WTERMSIG(wstatus);
-    const char* name = strsignal(sig);
-    return absl::StrCat(who, " killed by signal ", sig, " (", name != nullptr ? name : "?", ")");
-  }
-  if (WIFEXITED(wstatus)) {
-    return absl::StrCat(who, " exited with status ", WEXITSTATUS(wstatus));
-  }
-  return absl::StrCat(who, " ended (wait status ", wstatus, ")");
 }
 
 // A child worker's callable handles, by callable name.
@@ -384,9 +373,10 @@ class MailboxEndpoint final : public EndpointBase {
         }
         // A child that died without the parent stopping it first: every run it
         // held fails naming it and how it died.
-        publish_stop(region_, r == child_pid_
-                                  ? describe_exit(describe(), wstatus)
-                                  : absl::StrCat(describe(), ": waitpid: ", std::strerror(errno)));
+        publish_stop(region_,
+                     r == child_pid_
+                         ? absl::StrCat(describe(), " ", base::describe_wait_status(wstatus))
+                         : absl::StrCat(describe(), ": waitpid: ", std::strerror(errno)));
       });
     }
   }

@@ -3,8 +3,6 @@
 // edge cases. The reference output is produced at test time by running
 // tests/tokenizer/reference.mjs with node; nothing golden is committed. A
 // missing node or node_modules fails the test with the command to fix it.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,35 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/process.h"
 #include "simpler/llm/tokenizer.h"
 
 namespace simpler::llm {
 namespace {
 
 using Json = nlohmann::json;
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// Runs `command` through the shell; returns its exit status and output.
-int run_command(const std::string& command, std::string* output) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 struct Case {
   std::string name;
@@ -75,22 +51,22 @@ class TokenizerReferenceTest : public ::testing::Test {
     }
     const char* node_env = std::getenv("SIMPLER_NODE");
     const std::string node = node_env != nullptr && *node_env != '\0' ? node_env : "node";
-    std::string probe;
-    if (run_command(shell_quote(node) + " --version", &probe) != 0) {
-      setup_error_ = "node is not runnable (`" + node + " --version` failed: " + probe +
+    absl::StatusOr<base::ProcessResult> probe = base::run_process({node, "--version"});
+    if (!probe.ok() || !probe->ok()) {
+      setup_error_ = "node is not runnable (`" + node + " --version` failed: " +
+                     (probe.ok() ? probe->output : probe.status().ToString()) +
                      "); install Node.js (Debian: apt-get install nodejs npm), run `npm ci` in "
                      "the repository root, or set SIMPLER_NODE";
       return;
     }
     const std::string out = SIMPLER_TOKENIZER_REFERENCE_OUT;
     std::remove(out.c_str());
-    const std::string command =
-        shell_quote(node) + " " + shell_quote(SIMPLER_TOKENIZER_REFERENCE_SCRIPT) +
-        " --tokenizer-dir " + shell_quote(*dir) + " --out " + shell_quote(out);
-    std::string output;
-    if (const int rc = run_command(command, &output); rc != 0) {
+    absl::StatusOr<base::ProcessResult> run = base::run_process(
+        {node, SIMPLER_TOKENIZER_REFERENCE_SCRIPT, "--tokenizer-dir", *dir, "--out", out});
+    if (!run.ok() || !run->ok()) {
       setup_error_ =
-          "reference script failed (exit " + std::to_string(rc) + "): " + command + "\n" + output;
+          "reference script " + std::string(SIMPLER_TOKENIZER_REFERENCE_SCRIPT) +
+          " failed: " + (run.ok() ? run->describe() + "\n" + run->output : run.status().ToString());
       return;
     }
     std::ifstream in(out);
