@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "hierarchy/close_race_test_util.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/hierarchy/endpoint.h"
 #include "worker/worker_test_util.h"
@@ -268,34 +269,12 @@ TEST_P(EndpointContract, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
   for (int round = 0; round < 5; ++round) {
     auto e = start(GetParam(), spec_with());
     ASSERT_NE(e, nullptr);
-    std::vector<RunHandle> accepted[2];
-    std::atomic<int> refused{0};
-    std::thread t[2];
-    for (int k = 0; k < 2; ++k) {
-      t[k] = std::thread([&, k] {
-        for (int i = 0; i < 200; ++i) {
+    testing::race_close_against_submits(
+        [&](int k, int i) {
           const int cell = 2 * (k * 200 + i);
-          absl::StatusOr<RunHandle> h =
-              e->submit(affine_request(&mem.cells[cell], &mem.cells[cell + 1], 0, 50));
-          if (h.ok()) {
-            accepted[k].push_back(*h);
-          } else {
-            EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
-            ++refused;
-          }
-        }
-      });
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2 + round));
-    EXPECT_TRUE(e->close().ok());
-    for (auto& th : t) th.join();
-    for (int k = 0; k < 2; ++k) {
-      for (RunHandle& h : accepted[k]) {
-        EXPECT_TRUE(h.done()) << "run " << h.id().value << " not finished after close()";
-        EXPECT_TRUE(h.wait(5.0).ok()) << h.wait(5.0);
-      }
-    }
-    EXPECT_EQ(accepted[0].size() + accepted[1].size() + refused.load(), 400u);
+          return e->submit(affine_request(&mem.cells[cell], &mem.cells[cell + 1], 0, 50));
+        },
+        [&] { return e->close(); }, 200, std::chrono::milliseconds(2 + round));
   }
 }
 

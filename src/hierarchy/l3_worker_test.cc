@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "hierarchy/close_race_test_util.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/hierarchy/tp_mlp.h"
 #include "worker/worker_test_util.h"
@@ -384,32 +385,9 @@ TEST_P(L3, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
     ASSERT_TRUE(w.init().ok());
     ASSERT_TRUE(mlp.allocate(w).ok());
     (void)mlp.fill(3);
-    std::vector<RunHandle> accepted[2];
-    std::atomic<int> refused{0};
-    std::thread t[2];
-    for (int k = 0; k < 2; ++k) {
-      t[k] = std::thread([&, k] {
-        for (int i = 0; i < 100; ++i) {
-          absl::StatusOr<RunHandle> h = w.submit(i % 2 == 0 ? host_only : mlp.program, {});
-          if (h.ok()) {
-            accepted[k].push_back(*h);
-          } else {
-            EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
-            ++refused;
-          }
-        }
-      });
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2 + round));
-    EXPECT_TRUE(w.close().ok());
-    for (auto& th : t) th.join();
-    for (int k = 0; k < 2; ++k) {
-      for (RunHandle& h : accepted[k]) {
-        EXPECT_TRUE(h.done()) << "L3 run " << h.id().value << " not finished after close()";
-        EXPECT_TRUE(h.wait(5.0).ok()) << h.wait(5.0);
-      }
-    }
-    EXPECT_EQ(accepted[0].size() + accepted[1].size() + refused.load(), 200u);
+    testing::race_close_against_submits(
+        [&](int, int i) { return w.submit(i % 2 == 0 ? host_only : mlp.program, {}); },
+        [&] { return w.close(); }, 100, std::chrono::milliseconds(2 + round));
   }
 }
 
