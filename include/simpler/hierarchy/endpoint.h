@@ -111,9 +111,13 @@ absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
 // Threads this process runs now (entries of /proc/self/task); 0 when it cannot tell.
 int32_t process_thread_count();
 
-// The child's side: serves `region` with `worker` (initialized, its callables registered) until
-// the endpoint stops, then drains the runs it accepted. Each run's terminal state is written in
-// acceptance order; an error text longer than an entry holds is logged in full here.
+// The child's side: serves `region` with `worker` (initialized; `handles` maps each callable
+// name a request may carry to its registration) until the endpoint stops, then drains the runs
+// it accepted. Requests are taken in publication order and each run's terminal state is written
+// in that order; a request naming no registered callable, or one that does not decode, fails
+// that run only. Control commands (malloc, free, copies) run on this thread, ordered among the
+// requests; a copy's host range must lie in `host_ranges`. An error text longer than an entry
+// holds is logged in full here. Blocks the calling thread; not reentrant.
 void serve_mailbox(MailboxRegion& region, worker::Worker& worker,
                    const std::map<std::string, worker::CallableHandle>& handles,
                    const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges);
