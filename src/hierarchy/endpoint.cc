@@ -76,21 +76,11 @@ class EndpointBase : public Endpoint {
 
   absl::Status copy_to(const worker::DeviceBuffer& dst, const void* src, uint64_t bytes,
                        uint64_t offset) override {
-    const auto host = reinterpret_cast<uintptr_t>(src);
-    if (!in_ranges(host_ranges_, host, bytes)) {
-      return base::annotate(host_range_error(host, bytes), description_ + ": copy_to: ");
-    }
-    return base::annotate(copy(ControlOp::kCopyTo, dst, host, bytes, offset),
-                          description_ + ": copy_to: ");
+    return checked_copy(ControlOp::kCopyTo, dst, reinterpret_cast<uintptr_t>(src), bytes, offset);
   }
   absl::Status copy_from(void* dst, const worker::DeviceBuffer& src, uint64_t bytes,
                          uint64_t offset) override {
-    const auto host = reinterpret_cast<uintptr_t>(dst);
-    if (!in_ranges(host_ranges_, host, bytes)) {
-      return base::annotate(host_range_error(host, bytes), description_ + ": copy_from: ");
-    }
-    return base::annotate(copy(ControlOp::kCopyFrom, src, host, bytes, offset),
-                          description_ + ": copy_from: ");
+    return checked_copy(ControlOp::kCopyFrom, src, reinterpret_cast<uintptr_t>(dst), bytes, offset);
   }
   void set_on_done(std::function<void(uint64_t run_id)> on_done) override {
     base::MutexLock lock(mu_);
@@ -166,6 +156,16 @@ class EndpointBase : public Endpoint {
   // Sends run `id` (the next in order). Errors are submit()'s.
   virtual absl::Status send(uint64_t id, const RunRequest& request,
                             const base::Deadline& admission) = 0;
+  // A copy whose host range was checked against what the child shares; errors named.
+  absl::Status checked_copy(ControlOp op, const worker::DeviceBuffer& buffer, uint64_t host,
+                            uint64_t bytes, uint64_t offset) {
+    const std::string what =
+        description_ + (op == ControlOp::kCopyTo ? ": copy_to: " : ": copy_from: ");
+    if (!in_ranges(host_ranges_, host, bytes)) {
+      return base::annotate(host_range_error(host, bytes), what);
+    }
+    return base::annotate(copy(op, buffer, host, bytes, offset), what);
+  }
   // The copy itself, the host range checked.
   virtual absl::Status copy(ControlOp op, const worker::DeviceBuffer& buffer, uint64_t host,
                             uint64_t bytes, uint64_t offset) = 0;
