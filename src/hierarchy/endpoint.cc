@@ -333,6 +333,18 @@ absl::StatusOr<std::unique_ptr<worker::Worker>> build_worker(const ChildSpec& sp
     SIMPLER_ASSIGN_OR_RETURN((*handles)[c.name], w->register_callable(c));
   }
   SIMPLER_RETURN_IF_ERROR(w->init());
+  for (const auto& setup : spec.setups) {
+    absl::Status s;
+    try {
+      s = setup(spec.index, *w);
+    } catch (...) {
+      s = base::status_from_current_exception("child setup");
+    }
+    if (!s.ok()) {
+      (void)w->close();
+      return base::annotate(s, "setup: ");
+    }
+  }
   return w;
 }
 

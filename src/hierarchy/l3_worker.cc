@@ -95,6 +95,7 @@ class L3Worker::Impl {
   std::vector<task::ChipCallable> callables;
   std::vector<std::pair<std::string, SubFn>> subs;
   std::vector<L3Program> programs;
+  std::vector<std::function<absl::Status(int32_t, worker::Worker&)>> setups;
 
   absl::Status check_registration(const char* what) const {
     if (started_) return absl::FailedPreconditionError(absl::StrCat(what, " after init()"));
@@ -127,6 +128,7 @@ class L3Worker::Impl {
       spec.options = options_.child;
       spec.options.device_id = options_.device_ids[i];
       spec.callables = callables;
+      spec.setups = setups;
       spec.host_ranges = {{reinterpret_cast<uintptr_t>(heap_),
                            reinterpret_cast<uintptr_t>(heap_) + options_.host_heap_bytes}};
       specs.push_back(std::move(spec));
@@ -221,12 +223,17 @@ class L3Worker::Impl {
       return absl::NotFoundError(absl::StrCat("free_buffer: 0x", absl::Hex(b.address),
                                               " is not a buffer of this L3 worker"));
     }
-    if (queued_or_running_ > 0) {
-      return absl::FailedPreconditionError(
-          "free_buffer while L3 runs are queued or executing (they may name the buffer); "
-          "wait for them first");
-    }
     uint64_t offset = it->first, size = it->second;
+    const uint64_t begin = base_addr + offset, end = begin + size;
+    for (const auto& [run, ranges] : named_) {
+      for (const auto& [named_begin, named_end] : ranges) {
+        if (named_begin < end && begin < named_end) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "free_buffer: L3 run ", run, " names the buffer at 0x", absl::Hex(b.address), " (",
+              b.bytes, " bytes) and has not finalized; wait for it first"));
+        }
+      }
+    }
     used_.erase(it);
     // Coalesce with the free neighbours.
     auto next = free_.lower_bound(offset);
@@ -301,6 +308,7 @@ class L3Worker::Impl {
     shared->id = base::RunId{next_run_++};
     shared->result.requested_depth = options_.launch_depth;
     queue_.push_back({program.index, args, shared});
+    note_ranges_locked(shared->id.value, args);
     ++queued_or_running_;
     lock.unlock();
     kick();
@@ -308,6 +316,19 @@ class L3Worker::Impl {
   }
 
   uint64_t next_level_dispatched() const { return dispatched_.load(std::memory_order_relaxed); }
+
+  // The host heap ranges `args` name, kept until run `seq` finalizes (free_buffer checks them).
+  // DEVICE tensors are a child's memory, not the heap's.
+  void note_ranges_locked(uint64_t seq, const task::TaskArgs& args) SIMPLER_REQUIRES(mu_) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const task::Arg& a = args[i];
+      if (a.direction == task::ArgDirection::kScalar) continue;
+      if (a.tensor.memory != task::MemoryKind::kHost) continue;
+      const uint64_t bytes = a.tensor.span_bytes();
+      if (bytes == 0 || !in_heap(a.tensor.address, bytes)) continue;
+      named_[seq].emplace_back(a.tensor.address, a.tensor.address + bytes);
+    }
+  }
 
   std::vector<std::string> describe_children() const {
     std::vector<std::string> out;
@@ -450,6 +471,10 @@ class L3Worker::Impl {
     k.config = config;
     run.tasks.push_back(id);
     ++run.unfinished;
+    {
+      base::MutexLock lock(mu_);
+      note_ranges_locked(run.seq, args);
+    }
     std::vector<uint64_t> deps;
     const uint64_t seq = run.seq;
     // A failed task of this run stays a dependency (its outputs are unwritten); a finished task
@@ -624,6 +649,7 @@ class L3Worker::Impl {
       inflight_.pop_front();
       if (inflight_.empty()) map_.clear();  // nothing in flight: no range can matter
       base::MutexLock lock(mu_);
+      named_.erase(shared->id.value);
       if (!st.ok()) failed_.push_back(shared);
       shared->finalized.signal(st);
       --queued_or_running_;
@@ -724,6 +750,8 @@ class L3Worker::Impl {
   uint8_t* heap_ = nullptr;  // set in init, cleared in close (no run in flight then)
   std::map<uint64_t, uint64_t> free_ SIMPLER_GUARDED_BY(mu_);  // offset -> bytes
   std::map<uint64_t, uint64_t> used_ SIMPLER_GUARDED_BY(mu_);
+  // Heap ranges [begin, end) each run that has not finalized names (its args and its tasks').
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> named_ SIMPLER_GUARDED_BY(mu_);
 
   base::Mutex ev_mu_;  // completions and kicks
   base::CondVar ev_cv_;
@@ -767,6 +795,14 @@ absl::StatusOr<ProgramHandle> L3Worker::register_program(L3Program program) {
   }
   impl_->programs.push_back(std::move(program));
   return ProgramHandle{static_cast<uint32_t>(impl_->programs.size() - 1)};
+}
+
+absl::Status L3Worker::register_child_setup(
+    std::function<absl::Status(int32_t child, worker::Worker& worker)> setup) {
+  SIMPLER_RETURN_IF_ERROR(impl_->check_registration("register_child_setup"));
+  if (!setup) return absl::InvalidArgumentError("register_child_setup: an empty function");
+  impl_->setups.push_back(std::move(setup));
+  return absl::OkStatus();
 }
 
 absl::Status L3Worker::init() { return impl_->init(); }

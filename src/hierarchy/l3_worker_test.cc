@@ -203,6 +203,113 @@ TEST_P(L3, InvalidUseIsRefusedWithClearErrors) {
   EXPECT_TRUE(w.close().ok());
 }
 
+// What a child setup leaves for its callable: one value per child, filled on the child's side.
+int64_t g_setup_value[2] = {0, 0};
+
+// Copies this child's setup value (the child's index is scalar 0) into argument 1.
+absl::Status read_setup_value(const task::KernelContext& ctx) {
+  ctx.tensor(1).data<int64_t>()[0] = g_setup_value[ctx.scalar(0)];
+  return absl::OkStatus();
+}
+
+TEST_P(L3, AChildSetupRunsOnTheChildsSideBeforeItServes) {
+  g_setup_value[0] = g_setup_value[1] = 0;
+  L3Worker w(options(GetParam()));
+  ASSERT_TRUE(w.register_child_setup([](int32_t child, worker::Worker& cw) -> absl::Status {
+                 // The child's own worker: device memory is made here, where the device is.
+                 SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer b, cw.malloc(64));
+                 if (b.bytes != 64) return absl::InternalError("malloc(64) gave another size");
+                 g_setup_value[child] = 7 * (child + 1);
+                 return absl::OkStatus();
+               }).ok());
+  EXPECT_EQ(w.register_child_setup(nullptr).code(), absl::StatusCode::kInvalidArgument);
+  ChildCallable read =
+      *w.register_callable({"read_setup",
+                            [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              return ctx.submit(0, args);
+                            },
+                            {{"read_setup", read_setup_value}}});
+  HostBuffer out;
+  ProgramHandle both = *w.register_program(
+      {"both", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
+         for (int32_t c = 0; c < 2; ++c) {
+           task::TaskArgs a;
+           a.add_scalar(c).add_tensor(*out.tensor({1}, task::DataType::kInt64, 8 * c),
+                                      task::ArgDirection::kOut);
+           SIMPLER_RETURN_IF_ERROR(ctx.submit_next_level(read, a, c).status());
+         }
+         return absl::OkStatus();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  EXPECT_TRUE(
+      contains(w.register_child_setup([](int32_t, worker::Worker&) { return absl::OkStatus(); }),
+               "after init()"));
+  out = *w.create_buffer(16);
+  ASSERT_TRUE(w.run(both, {}).ok());
+  EXPECT_EQ(out.data<int64_t>()[0], 7);
+  EXPECT_EQ(out.data<int64_t>()[1], 14);
+  if (GetParam() == ChildMode::kProcess) {
+    // Each process child filled its own copy; this process's stayed untouched.
+    EXPECT_EQ(g_setup_value[0], 0);
+    EXPECT_EQ(g_setup_value[1], 0);
+  }
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST_P(L3, AFailingChildSetupNamesTheChildAndItsError) {
+  L3Worker w(options(GetParam()));
+  ASSERT_TRUE(w.register_child_setup([](int32_t child, worker::Worker&) -> absl::Status {
+                 if (child == 1) return absl::NotFoundError("weights.safetensors: no such file");
+                 return absl::OkStatus();
+               }).ok());
+  TpMlpOn mlp(w);
+  absl::Status init = w.init();
+  if (GetParam() == ChildMode::kThread) {
+    EXPECT_TRUE(contains(init, "L3 init, child 1: setup: weights.safetensors: no such file"))
+        << init;
+    return;
+  }
+  ASSERT_TRUE(init.ok()) << init;  // a process child reports through its mailbox
+  absl::Status s = w.child_malloc(1, 64).status();
+  EXPECT_TRUE(contains(s, "child 1 (process")) << s;
+  EXPECT_TRUE(contains(s, "could not start its worker: setup: weights.safetensors: no such file"))
+      << s;
+  (void)w.close();
+}
+
+// A sub-task that holds its run until the flag at scalar 0 is set.
+absl::Status hold_until_released(const task::TaskArgs& args) {
+  auto* flag = reinterpret_cast<std::atomic<bool>*>(static_cast<uintptr_t>(args.scalar(0)));
+  while (!flag->load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return absl::OkStatus();
+}
+
+TEST_P(L3, FreeBufferIsRefusedOnlyForABufferARunInFlightNames) {
+  L3Worker w(options(GetParam()));
+  SubHandle hold = *w.register_sub("hold", hold_until_released);
+  ProgramHandle prog = *w.register_program(
+      {"hold", [&](L3Context& ctx, const task::TaskArgs& args) -> absl::Status {
+         task::TaskArgs a;
+         a.add_scalar(args.scalar(0)).add_tensor(args.tensor(1), task::ArgDirection::kInOut);
+         return ctx.submit_sub(hold, a).status();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  HostBuffer named = *w.create_buffer(256), other = *w.create_buffer(256);
+  std::atomic<bool> release{false};
+  task::TaskArgs args;
+  args.add_scalar(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&release)))
+      .add_tensor(*named.tensor({8}, task::DataType::kInt32, 64), task::ArgDirection::kInOut);
+  RunHandle h = *w.submit(prog, args);
+  EXPECT_TRUE(w.free_buffer(other).ok());  // no run names it: freed while the run executes
+  absl::Status refused = w.free_buffer(named);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(contains(refused, "L3 run 0 names the buffer")) << refused;
+  release = true;
+  ASSERT_TRUE(h.wait().ok());
+  EXPECT_TRUE(w.free_buffer(named).ok());  // finalized: nothing names it any more
+  EXPECT_TRUE(w.close().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, L3, ::testing::Values(ChildMode::kThread, ChildMode::kProcess),
                          [](const auto& info) { return std::string(name_of(info.param)); });
 

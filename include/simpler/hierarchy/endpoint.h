@@ -90,6 +90,13 @@ struct ChildSpec {
   // [begin, end) host ranges the child may copy from and to (copy_to / copy_from): memory it
   // sees at the same address as the parent. Anything else is refused.
   std::vector<std::pair<uint64_t, uint64_t>> host_ranges;
+  // Run on the child's side, in order, once its worker is initialized and before it serves
+  // anything (a process child: in the child process; given the child's index and worker): what
+  // a callable needs that only the child can make — its device buffers, weights loaded from a
+  // file. Registered before the fork like the callables; state it fills is the child's own. A
+  // setup's error stops the child: start_lane_child returns it; a thread or process child
+  // refuses every submit naming it ("... could not start its worker: ...").
+  std::vector<std::function<absl::Status(int32_t child, worker::Worker& worker)>> setups;
 };
 
 // A lane endpoint: builds and initializes the worker here. Errors: the Worker's init and

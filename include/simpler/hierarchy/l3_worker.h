@@ -130,6 +130,15 @@ class L3Worker {
   absl::StatusOr<ChildCallable> register_callable(task::ChipCallable callable);
   absl::StatusOr<SubHandle> register_sub(std::string name, SubFn fn);
   absl::StatusOr<ProgramHandle> register_program(L3Program program);
+  // Before init(): `setup` runs on every child's side once its worker is initialized, before
+  // it serves a run (ChildSpec::setups; a process child runs it in the child process, so what
+  // it fills is that child's own copy). It gets the child's index and its L2 worker: device
+  // buffers and weights a callable needs are made there, where the device is. A setup's error
+  // fails init() naming the child (thread mode), or stops the child so that every run on it
+  // fails naming the child and the error (process mode). INVALID_ARGUMENT for an empty
+  // function; FAILED_PRECONDITION after init().
+  absl::Status register_child_setup(
+      std::function<absl::Status(int32_t child, worker::Worker& worker)> setup);
 
   // Validates the options, maps the shared host heap, starts the children (process mode: forks
   // them; FAILED_PRECONDITION when this process already runs threads), then the scheduler and
@@ -140,7 +149,9 @@ class L3Worker {
   // use. RESOURCE_EXHAUSTED when the heap has no such free range (naming its size).
   absl::StatusOr<HostBuffer> create_buffer(uint64_t bytes);
   // Returns a buffer to the heap. NOT_FOUND for an address create_buffer did not return;
-  // FAILED_PRECONDITION while any L3 run is queued or executing (it may name the buffer).
+  // FAILED_PRECONDITION naming the run while an L3 run that has not finalized names memory of
+  // the buffer in its arguments or in a task it submitted (as Worker::free at L2). Memory a
+  // program reaches other than through those is the caller's to keep alive.
   absl::Status free_buffer(const HostBuffer& buffer);
 
   // Device memory on child `child` (zeroed) and its release. INVALID_ARGUMENT for an unknown
