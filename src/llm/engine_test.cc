@@ -452,7 +452,7 @@ TEST_F(LlmEngineTest, ABf16CheckpointIsHeldInBf16WithoutAnF32Copy) {
   const uint64_t scratch = qwen3_scratch_bytes(d, 64, 4).value();
   const uint64_t kv_pool = qwen3_kv_pool_bytes(d, 32, 16).value();
   const uint64_t step_buffers = 64 * 4 + 2 * 4 * 4 + 4ull * d.vocab_size * 4;
-  const uint64_t allocated = (*runner)->worker().device().allocated_bytes();
+  const uint64_t allocated = (*runner)->worker()->device().allocated_bytes();
   EXPECT_GE(allocated, tensors + scratch + kv_pool);
   EXPECT_LE(allocated, 1.05 * tensors + scratch + kv_pool + step_buffers)
       << "tensors " << tensors << " scratch " << scratch << " kv " << kv_pool;

@@ -18,38 +18,62 @@ using task::DataType;
 using task::MemoryKind;
 using task::Tensor;
 
-// The step callable is registered before Worker::init (with its kernel table)
-// and bound to the device addresses of weights, scratch and pools after
-// upload: its orchestration forwards to the bound decode program.
+// What one chip holds for the step program, built on that chip's worker (load_chip_state):
+// by create() for a runner with its own worker, by the child setup on an L3 child.
+struct ChipState {
+  bool ready = false;
+  std::vector<worker::DeviceBuffer> buffers;  // weights and scratch
+  worker::DeviceBuffer kv_buffer, feed_ids, argmax_ids, last_ids, counts;
+  Qwen3Scratch scratch;
+  Qwen3KvPools kv_pools;
+  task::ChipCallable decode;  // the decode program over this chip's weights, scratch and pool
+  int64_t max_num_seqs = 0, vocab_size = 0;
+
+  std::vector<worker::DeviceBuffer> all_buffers() const {
+    std::vector<worker::DeviceBuffer> out = buffers;
+    for (const worker::DeviceBuffer& b : {feed_ids, argmax_ids, last_ids, counts, kv_buffer}) {
+      out.push_back(b);
+    }
+    return out;
+  }
+};
+
+// The step callable is registered before the worker's init (with its kernel table) and reads
+// the chip's state, filled after init, through this holder: one state per chip (a process
+// child fills only its own copy).
 struct Qwen3ModelRunner::Holder {
-  task::ChipCallable decode;
+  std::vector<ChipState> chips;
 };
 
 namespace {
 
-// Step run arguments (see the header comment for the task order):
+// Step run arguments (host tensors only; see the header comment for the task order):
 //   0 host_ids      i32 [B]     IN     token of prefill positions (known on the host)
 //   1 src_slots     i32 [B]     IN     >= 0: take the token from last_ids[src_slots[i]]
-//   2 last_ids      i32 [S]     INOUT  device: each state slot's latest sampled token
-//   3 counts        i32 [S, V]  INOUT  device: token counts (sampling.h)
-//   4 clear_slots   i32 [c0]    IN     slots handed to a new request: cleared first
-//   5 prompt_ids    i32 [c1]    IN     committed kPrompt ...
-//   6 prompt_slots  i32 [c1]    IN     ... into these slots
-//   7 gen_ids       i32 [c2]    IN     committed kGenerated (kept outputs on recompute) ...
-//   8 gen_slots     i32 [c2]    IN     ... into these slots
-//   9 params        u8  [n, sizeof(SamplingParams)] IN    (n = 0: no device sampling)
-//  10 sample_rows   i32 [n, 4]  IN     SampleRowInfo
-//  11 sample_slots  i32 [n]     IN     state slot of each logit row
-//  12 out_ids       i32 [n]     OUT    sampled ids
-//  13 out_logprobs  f32 [n]     OUT
-//  14 top_ids       i32 [n, 5]  OUT
-//  15 top_logprobs  f32 [n, 5]  OUT
-//  16...            the decode program's arguments (qwen3_program.h), out_logits always given
+//   2 clear_slots   i32 [c0]    IN     slots handed to a new request: cleared first
+//   3 prompt_ids    i32 [c1]    IN     committed kPrompt ...
+//   4 prompt_slots  i32 [c1]    IN     ... into these slots
+//   5 gen_ids       i32 [c2]    IN     committed kGenerated (kept outputs on recompute) ...
+//   6 gen_slots     i32 [c2]    IN     ... into these slots
+//   7 params        u8  [ns, sizeof(SamplingParams)] IN    (ns = 0: no device sampling)
+//   8 sample_rows   i32 [ns, 4] IN     SampleRowInfo
+//   9 sample_slots  i32 [ns]    IN     state slot of each logit row
+//  10 out_ids       i32 [ns]    OUT    sampled ids
+//  11 out_logprobs  f32 [ns]    OUT
+//  12 top_ids       i32 [ns, 5] OUT
+//  13 top_logprobs  f32 [ns, 5] OUT
+//  14 positions     i32 [B]     IN     the decode program's (qwen3_program.h) ...
+//  15 slot_mapping  i32 [B]     IN
+//  16 block_tables  i32 [B, max_blocks] IN
+//  17 context_lens  i32 [B]     IN
+//  18 logit_rows    i32 [n]     IN
+//  19 out_logits    f32 [n, V]  OUT    read back; [0] when not (the chip's scratch then)
+//  20 chip          scalar             the chip state's index (the L3 child)
+// The chip's state supplies the rest: last_ids and counts (INOUT), the decode program's
+// input_ids (token_feedback's output) and out_ids, and its logits scratch.
 enum StepArg : size_t {
   kHostIds = 0,
   kSrcSlots,
-  kLastIds,
-  kCounts,
   kClearSlots,
   kPromptIds,
   kPromptSlots,
@@ -62,6 +86,13 @@ enum StepArg : size_t {
   kOutLogprobs,
   kTopIds,
   kTopLogprobs,
+  kPositions,
+  kSlotMapping,
+  kBlockTables,
+  kContextLens,
+  kLogitRows,
+  kOutLogits,
+  kChip,
   kNumStepArgs,
 };
 
@@ -111,10 +142,23 @@ std::vector<task::Kernel> step_kernels(MatmulIsa isa) {
   return k;
 }
 
-absl::Status orchestrate_step(const task::ChipCallable& decode, task::OrchestrationContext& ctx,
-                              const task::TaskArgs& args) {
+absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
+                              task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+  if (args.size() != kNumStepArgs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
+  }
+  const int64_t chip = args.scalar(kChip);
+  if (chip < 0 || chip >= static_cast<int64_t>(holder.chips.size()) || !holder.chips[chip].ready) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qwen3_step: chip ", chip, " has no model loaded here"));
+  }
+  const ChipState& c = holder.chips[chip];
+  const task::ChipCallable& decode = c.decode;
   const auto base = static_cast<task::KernelIndex>(decode.kernels.size());
-  const Tensor& counts = args.tensor(kCounts);
+  const int64_t S = c.max_num_seqs, V = c.vocab_size;
+  SIMPLER_ASSIGN_OR_RETURN(const Tensor counts, c.counts.tensor({S, V}, DataType::kInt32));
+  SIMPLER_ASSIGN_OR_RETURN(const Tensor last_ids, c.last_ids.tensor({S}, DataType::kInt32));
   if (args.tensor(kClearSlots).numel() > 0) {
     SIMPLER_RETURN_IF_ERROR(ctx.submit(
         base + kTokenCounts, token_counts_args(args.tensor(kClearSlots), args.tensor(kClearSlots),
@@ -130,19 +174,35 @@ absl::Status orchestrate_step(const task::ChipCallable& decode, task::Orchestrat
         base + kTokenCounts, token_counts_args(args.tensor(kGenIds), args.tensor(kGenSlots), counts,
                                                TokenCountsMode::kGenerated)));
   }
-  task::TaskArgs program;
-  for (size_t i = kNumStepArgs; i < args.size(); ++i) program.add(args[i]);
+  const int64_t B = args.tensor(kPositions).numel();
+  const int64_t n = args.tensor(kLogitRows).numel();
+  Qwen3DecodeRunArgs ra;
+  SIMPLER_ASSIGN_OR_RETURN(ra.input_ids, c.feed_ids.tensor({B}, DataType::kInt32));
+  ra.positions = args.tensor(kPositions);
+  ra.slot_mapping = args.tensor(kSlotMapping);
+  ra.block_tables = args.tensor(kBlockTables);
+  ra.context_lens = args.tensor(kContextLens);
+  ra.logit_rows = args.tensor(kLogitRows);
+  SIMPLER_ASSIGN_OR_RETURN(ra.out_ids, c.argmax_ids.tensor({n}, DataType::kInt32));
+  if (args.tensor(kOutLogits).numel() > 0) {
+    ra.out_logits = args.tensor(kOutLogits);
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(
+        ra.out_logits, Tensor::contiguous(c.scratch.logits.address, {n, V}, DataType::kFloat32,
+                                          MemoryKind::kDevice));
+  }
+  const task::TaskArgs program = ra.to_task_args();
   task::TaskArgs fb;
   fb.add_tensor(args.tensor(kHostIds), ArgDirection::kIn)
       .add_tensor(args.tensor(kSrcSlots), ArgDirection::kIn)
-      .add_tensor(args.tensor(kLastIds), ArgDirection::kIn)
+      .add_tensor(last_ids, ArgDirection::kIn)
       .add_tensor(program.tensor(kQwen3InputIds), ArgDirection::kOut);
   SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kTokenFeedback, fb));
   SIMPLER_RETURN_IF_ERROR(decode.orchestration(ctx, program));
   const Tensor& out_ids = args.tensor(kOutIds);
-  const int64_t n = out_ids.numel();
-  if (n == 0) return absl::OkStatus();  // no logit rows, or host sampling
-  const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(n, 1, 64));
+  const int64_t ns = out_ids.numel();
+  if (ns == 0) return absl::OkStatus();  // no logit rows, or host sampling
+  const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(ns, 1, 64));
   SIMPLER_RETURN_IF_ERROR(
       ctx.submit(base + kSample,
                  sample_args(program.tensor(kQwen3OutLogits), args.tensor(kParams),
@@ -155,16 +215,17 @@ absl::Status orchestrate_step(const task::ChipCallable& decode, task::Orchestrat
   task::TaskArgs scatter;
   scatter.add_tensor(out_ids, ArgDirection::kIn)
       .add_tensor(args.tensor(kSampleSlots), ArgDirection::kIn)
-      .add_tensor(args.tensor(kLastIds), ArgDirection::kInOut);
+      .add_tensor(last_ids, ArgDirection::kInOut);
   return ctx.submit(base + kTokenScatter, scatter);
 }
 
-// A host tensor over `v` (which must not be resized until the run finalized).
-template <typename T>
-Tensor host_tensor(std::vector<T>& v, std::initializer_list<int64_t> shape, DataType dtype) {
-  if (v.capacity() == 0) v.reserve(1);  // a valid address even for an empty tensor
-  return *Tensor::contiguous(reinterpret_cast<uintptr_t>(v.data()), shape, dtype,
-                             MemoryKind::kHost);
+task::ChipCallable step_callable(std::shared_ptr<const Qwen3ModelRunner::Holder> holder,
+                                 MatmulIsa isa) {
+  return task::ChipCallable{"qwen3_step",
+                            [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              return orchestrate_step(*holder, ctx, args);
+                            },
+                            step_kernels(isa)};
 }
 
 // The host math of token_counts_kernel for one entry.
@@ -175,13 +236,9 @@ void apply_count(std::vector<int32_t>& counts, int32_t id, TokenCountsMode mode)
 
 }  // namespace
 
-StepInFlight::~StepInFlight() {
-  // The run stages into the vectors above: they must outlive it.
-  if (handle_.valid()) (void)handle_.wait();
-}
+namespace {
 
-absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
-    const std::string& model_dir, const RunnerOptions& options) {
+absl::Status validate_runner_options(const RunnerOptions& options) {
   const std::pair<const char*, int64_t> positive[] = {
       {"page_size", options.page_size},
       {"num_pages", options.num_pages},
@@ -203,45 +260,22 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
         "kernel ISA ", name_of(options.matmul_isa),
         " needs AVX-512 F, BW, VL and DQ, which this CPU lacks (use auto or portable)"));
   }
-  std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
-  r->options_ = options;
-  SIMPLER_ASSIGN_OR_RETURN(r->config_, ModelConfig::load(model_dir));
-  r->dims_ = Qwen3Dims::from_config(r->config_);
-  SIMPLER_RETURN_IF_ERROR(
-      base::annotate(r->dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
+  return absl::OkStatus();
+}
+
+// Loads the model onto a chip: weights (projections and embeddings in their checkpoint dtype,
+// copied from the mapped file straight into device memory; norm vectors widened to f32),
+// scratch, the KV pool, token counts and last ids, and the decode program over them. Runs
+// where the chip's worker is (an L3 child's setup runs it in the child).
+absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
+                             const RunnerOptions& options, const Qwen3Dims& d, ChipState* c) {
   SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
-  {
-    std::set<std::string, std::less<>> expected;
-    for (const WeightSpec& spec : r->config_.tensor_names_and_shapes()) expected.insert(spec.name);
-    SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
-        expected,
-        absl::StrCat(model_dir, "/config.json (num_hidden_layers ", r->config_.num_hidden_layers,
-                     ", tie_word_embeddings ", r->config_.tie_word_embeddings ? "true" : "false",
-                     ")"),
-        options.allow_unused_tensors));
-  }
-
-  r->worker_ = std::make_unique<worker::Worker>(options.worker);
-  r->holder_ = std::make_shared<Holder>();
-  std::shared_ptr<Holder> holder = r->holder_;
-  SIMPLER_ASSIGN_OR_RETURN(
-      r->step_, r->worker_->register_callable(task::ChipCallable{
-                    "qwen3_step",
-                    [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                      return orchestrate_step(holder->decode, ctx, args);
-                    },
-                    step_kernels(options.matmul_isa)}));
-  SIMPLER_RETURN_IF_ERROR(r->worker_->init());
-
-  // Weights: projections and embeddings stay in their checkpoint dtype (f32, bf16 or f16),
-  // copied from the mapped file straight into device memory; the norm vectors (a few KiB) are
-  // widened to f32 once.
   auto upload_raw = [&](const TensorView& view, const std::vector<int64_t>& shape,
                         DataType dtype) -> absl::StatusOr<Tensor> {
-    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(view.bytes.size()));
-    r->buffers_.push_back(buf);
+    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(view.bytes.size()));
+    c->buffers.push_back(buf);
     populate_pages(view);  // one call maps the tensor's pages instead of a fault per page
-    SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, view.bytes.data(), view.bytes.size()));
+    SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, view.bytes.data(), view.bytes.size()));
     release_pages(view);  // the checkpoint is resident once, in device memory
     return buf.tensor(shape, dtype);
   };
@@ -254,17 +288,15 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
       return upload_raw(view, shape, view.dtype);
     }
     SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(view));
-    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, r->worker_->malloc(f32.size() * 4));
-    r->buffers_.push_back(buf);
-    SIMPLER_RETURN_IF_ERROR(r->worker_->copy_to(buf, f32.data(), f32.size() * 4));
+    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(f32.size() * 4));
+    c->buffers.push_back(buf);
+    SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), f32.size() * 4));
     return buf.tensor(shape, DataType::kFloat32);
   };
-  const Qwen3Dims& d = r->dims_;
   const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
-  Qwen3DeviceWeights w;
+  Qwen3DeviceWeights wt;
   SIMPLER_LOG_INFO("loading {} layers from {}", d.num_hidden_layers, model_dir);
-  SIMPLER_ASSIGN_OR_RETURN(w.embed_tokens, upload("model.embed_tokens.weight", {V, H}));
-  uint64_t streamed = 0;
+  SIMPLER_ASSIGN_OR_RETURN(wt.embed_tokens, upload("model.embed_tokens.weight", {V, H}));
   for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     Qwen3LayerWeights lw;
@@ -280,60 +312,197 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
     SIMPLER_ASSIGN_OR_RETURN(lw.gate_proj, upload(p + "mlp.gate_proj.weight", {I, H}));
     SIMPLER_ASSIGN_OR_RETURN(lw.up_proj, upload(p + "mlp.up_proj.weight", {I, H}));
     SIMPLER_ASSIGN_OR_RETURN(lw.down_proj, upload(p + "mlp.down_proj.weight", {H, I}));
-    for (const Tensor* t :
-         {&lw.input_layernorm, &lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.q_norm,
-          &lw.k_norm, &lw.post_attention_layernorm, &lw.gate_proj, &lw.up_proj, &lw.down_proj}) {
-      streamed += t->span_bytes();
-    }
-    w.layers.push_back(lw);
+    wt.layers.push_back(lw);
   }
-  SIMPLER_ASSIGN_OR_RETURN(w.norm, upload("model.norm.weight", {H}));
-  streamed += w.norm.span_bytes();
+  SIMPLER_ASSIGN_OR_RETURN(wt.norm, upload("model.norm.weight", {H}));
   if (!d.tie_word_embeddings) {
-    SIMPLER_ASSIGN_OR_RETURN(w.lm_head, upload("lm_head.weight", {V, H}));
+    SIMPLER_ASSIGN_OR_RETURN(wt.lm_head, upload("lm_head.weight", {V, H}));
   }
-  streamed += w.lm_head_or_embed(d).span_bytes();
-  r->weight_bytes_per_step_ = streamed;
-
   const int64_t max_rows = options.max_num_batched_tokens;
   const int64_t seqs = options.max_num_seqs;
   SIMPLER_ASSIGN_OR_RETURN(uint64_t scratch_bytes, qwen3_scratch_bytes(d, max_rows, seqs));
-  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer scratch_buf, r->worker_->malloc(scratch_bytes));
-  r->buffers_.push_back(scratch_buf);
-  SIMPLER_ASSIGN_OR_RETURN(r->scratch_, layout_scratch(d, max_rows, scratch_buf.address, seqs));
-  SIMPLER_ASSIGN_OR_RETURN(r->feed_ids_, r->worker_->malloc(max_rows * 4));
-  SIMPLER_ASSIGN_OR_RETURN(r->argmax_ids_, r->worker_->malloc(seqs * 4));
-  SIMPLER_ASSIGN_OR_RETURN(r->last_ids_, r->worker_->malloc(seqs * 4));
-  SIMPLER_ASSIGN_OR_RETURN(r->counts_, r->worker_->malloc(static_cast<uint64_t>(seqs) * V * 4));
+  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer scratch_buf, w.malloc(scratch_bytes));
+  c->buffers.push_back(scratch_buf);
+  SIMPLER_ASSIGN_OR_RETURN(c->scratch, layout_scratch(d, max_rows, scratch_buf.address, seqs));
+  SIMPLER_ASSIGN_OR_RETURN(c->feed_ids, w.malloc(max_rows * 4));
+  SIMPLER_ASSIGN_OR_RETURN(c->argmax_ids, w.malloc(seqs * 4));
+  SIMPLER_ASSIGN_OR_RETURN(c->last_ids, w.malloc(seqs * 4));
+  SIMPLER_ASSIGN_OR_RETURN(c->counts, w.malloc(static_cast<uint64_t>(seqs) * V * 4));
   SIMPLER_ASSIGN_OR_RETURN(uint64_t kv_bytes,
                            qwen3_kv_pool_bytes(d, options.num_pages, options.page_size));
-  SIMPLER_ASSIGN_OR_RETURN(r->kv_buffer_, r->worker_->malloc(kv_bytes));
-  SIMPLER_ASSIGN_OR_RETURN(r->kv_pools_, layout_kv_pools(d, options.num_pages, options.page_size,
-                                                         r->kv_buffer_.address));
+  SIMPLER_ASSIGN_OR_RETURN(c->kv_buffer, w.malloc(kv_bytes));
+  SIMPLER_ASSIGN_OR_RETURN(
+      c->kv_pools, layout_kv_pools(d, options.num_pages, options.page_size, c->kv_buffer.address));
   Qwen3ProgramOptions popts;
   popts.argmax = false;  // the step program samples from the logits
   popts.matmul_isa = options.matmul_isa;
-  SIMPLER_ASSIGN_OR_RETURN(holder->decode,
-                           make_qwen3_decode_callable(d, w, r->scratch_, r->kv_pools_, popts));
-  if (holder->decode.kernels.size() != llm_kernels().size()) {
+  SIMPLER_ASSIGN_OR_RETURN(c->decode,
+                           make_qwen3_decode_callable(d, wt, c->scratch, c->kv_pools, popts));
+  if (c->decode.kernels.size() != llm_kernels().size()) {
     return absl::InternalError("decode program kernel table differs from llm_kernels()");
   }
+  c->max_num_seqs = seqs;
+  c->vocab_size = V;
+  c->ready = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StepInFlight::~StepInFlight() {
+  // The run stages into the vectors above (or the shared-heap buffer): they must outlive it.
+  if (handle_.valid()) (void)handle_.wait();
+  if (release_staging_) release_staging_();
+}
+
+absl::Status Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
+  SIMPLER_ASSIGN_OR_RETURN(config_, ModelConfig::load(model_dir));
+  dims_ = Qwen3Dims::from_config(config_);
+  SIMPLER_RETURN_IF_ERROR(
+      base::annotate(dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
+  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
+  std::set<std::string, std::less<>> expected;
+  for (const WeightSpec& spec : config_.tensor_names_and_shapes()) expected.insert(spec.name);
+  SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
+      expected,
+      absl::StrCat(model_dir, "/config.json (num_hidden_layers ", config_.num_hidden_layers,
+                   ", tie_word_embeddings ", config_.tie_word_embeddings ? "true" : "false", ")"),
+      options_.allow_unused_tensors));
+  // Bytes a step streams: every projection and norm, the final norm and the LM head, as they
+  // sit in device memory (2-D weights in their checkpoint dtype, the rest widened to f32).
+  const Qwen3Dims& d = dims_;
+  const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
+  auto bytes_of = [&](const std::string& name,
+                      const std::vector<int64_t>& shape) -> absl::StatusOr<uint64_t> {
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
+    if (shape.size() == 2 &&
+        (view.dtype == DataType::kFloat32 || view.dtype == DataType::kBFloat16 ||
+         view.dtype == DataType::kFloat16)) {
+      return static_cast<uint64_t>(view.bytes.size());
+    }
+    uint64_t numel = 1;
+    for (int64_t e : shape) numel *= static_cast<uint64_t>(e);
+    return numel * 4;
+  };
+  uint64_t streamed = 0;
+  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::pair<std::string, std::vector<int64_t>> layer[] = {
+        {p + "input_layernorm.weight", {H}},
+        {p + "self_attn.q_proj.weight", {d.q_size(), H}},
+        {p + "self_attn.k_proj.weight", {d.kv_size(), H}},
+        {p + "self_attn.v_proj.weight", {d.kv_size(), H}},
+        {p + "self_attn.o_proj.weight", {H, d.q_size()}},
+        {p + "self_attn.q_norm.weight", {d.head_dim}},
+        {p + "self_attn.k_norm.weight", {d.head_dim}},
+        {p + "post_attention_layernorm.weight", {H}},
+        {p + "mlp.gate_proj.weight", {I, H}},
+        {p + "mlp.up_proj.weight", {I, H}},
+        {p + "mlp.down_proj.weight", {H, I}},
+    };
+    for (const auto& [name, shape] : layer) {
+      SIMPLER_ASSIGN_OR_RETURN(uint64_t b, bytes_of(name, shape));
+      streamed += b;
+    }
+  }
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t norm, bytes_of("model.norm.weight", {H}));
+  SIMPLER_ASSIGN_OR_RETURN(
+      uint64_t head,
+      bytes_of(d.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", {V, H}));
+  weight_bytes_per_step_ = streamed + norm + head;
+  return absl::OkStatus();
+}
+
+void Qwen3ModelRunner::init_host_sampling() {
+  if (!options_.host_sampling) return;
+  host_counts_.resize(options_.max_num_seqs);
+  host_last_ids_.assign(options_.max_num_seqs, 0);
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
+    const std::string& model_dir, const RunnerOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
+  std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
+  r->options_ = options;
+  SIMPLER_RETURN_IF_ERROR(r->load_model_info(model_dir));
+  r->worker_ = std::make_unique<worker::Worker>(options.worker);
+  r->holder_ = std::make_shared<Holder>();
+  r->holder_->chips.resize(1);
+  SIMPLER_ASSIGN_OR_RETURN(
+      r->step_, r->worker_->register_callable(step_callable(r->holder_, options.matmul_isa)));
+  SIMPLER_RETURN_IF_ERROR(r->worker_->init());
+  SIMPLER_RETURN_IF_ERROR(
+      load_chip_state(*r->worker_, model_dir, options, r->dims_, &r->holder_->chips[0]));
   for (const worker::DeviceBuffer& b : r->bound_buffers()) {
     SIMPLER_RETURN_IF_ERROR(r->worker_->bind(r->step_, b));
   }
-  if (options.host_sampling) {
-    r->host_counts_.resize(seqs);
-    r->host_last_ids_.assign(seqs, 0);
+  r->init_host_sampling();
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
+    hierarchy::L3Worker& l3, const std::string& model_dir, const RunnerOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
+  std::unique_ptr<Qwen3DataParallel> dp(new Qwen3DataParallel());
+  dp->l3_ = &l3;
+  dp->model_dir_ = model_dir;
+  dp->options_ = options;
+  dp->info_.reset(new Qwen3ModelRunner());
+  dp->info_->options_ = options;
+  SIMPLER_RETURN_IF_ERROR(dp->info_->load_model_info(model_dir));
+  dp->holder_ = std::make_shared<Qwen3ModelRunner::Holder>();
+  dp->holder_->chips.resize(l3.num_children());
+  SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable step,
+                           l3.register_callable(step_callable(dp->holder_, options.matmul_isa)));
+  SIMPLER_ASSIGN_OR_RETURN(
+      dp->program_,
+      l3.register_program(hierarchy::L3Program{
+          "qwen3_step",
+          [step](hierarchy::L3Context& ctx, const task::TaskArgs& args) -> absl::Status {
+            if (args.size() != kNumStepArgs) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
+            }
+            const int64_t chip = args.scalar(kChip);
+            if (chip < 0 || chip >= ctx.num_children()) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "qwen3_step: chip ", chip, " outside [0, ", ctx.num_children(), ")"));
+            }
+            return ctx.submit_next_level(step, args, static_cast<int32_t>(chip)).status();
+          }}));
+  std::shared_ptr<Qwen3ModelRunner::Holder> holder = dp->holder_;
+  const Qwen3Dims dims = dp->info_->dims_;
+  SIMPLER_RETURN_IF_ERROR(l3.register_child_setup(
+      [holder, model_dir, options, dims](int32_t child, worker::Worker& w) -> absl::Status {
+        return load_chip_state(w, model_dir, options, dims, &holder->chips[child]);
+      }));
+  return dp;
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3DataParallel::runner(int32_t child) {
+  if (l3_->describe_children().empty()) {
+    return absl::FailedPreconditionError("Qwen3DataParallel::runner before the L3 worker's init()");
   }
+  if (child < 0 || child >= l3_->num_children()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("child ", child, " outside [0, ", l3_->num_children(), ")"));
+  }
+  std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
+  r->options_ = options_;
+  r->config_ = info_->config_;
+  r->dims_ = info_->dims_;
+  r->weight_bytes_per_step_ = info_->weight_bytes_per_step_;
+  r->holder_ = holder_;
+  r->chip_ = child;
+  r->l3_ = l3_;
+  r->l3_step_ = program_;
+  r->init_host_sampling();
   return r;
 }
 
 std::vector<worker::DeviceBuffer> Qwen3ModelRunner::bound_buffers() const {
-  std::vector<worker::DeviceBuffer> out = buffers_;
-  for (const worker::DeviceBuffer& b : {feed_ids_, argmax_ids_, last_ids_, counts_, kv_buffer_}) {
-    out.push_back(b);
-  }
-  return out;
+  if (!worker_) return {};
+  return holder_->chips[0].all_buffers();
 }
 
 absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
@@ -461,53 +630,83 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   const int64_t c1 = static_cast<int64_t>(st->prompt_ids.size());
   const int64_t c2 = static_cast<int64_t>(st->gen_ids.size());
   StepInFlight& s = *st;
-  task::TaskArgs a;
-  a.add_tensor(host_tensor(s.host_ids, {B}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(host_tensor(s.src_slots, {B}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(*last_ids_.tensor({options_.max_num_seqs}, DataType::kInt32),
-                  ArgDirection::kInOut)
-      .add_tensor(*counts_.tensor({options_.max_num_seqs, V}, DataType::kInt32),
-                  ArgDirection::kInOut)
-      .add_tensor(host_tensor(s.clear_slots, {c0}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(host_tensor(s.prompt_ids, {c1}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(host_tensor(s.prompt_slots, {c1}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(host_tensor(s.gen_ids, {c2}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(host_tensor(s.gen_slots, {c2}, DataType::kInt32), ArgDirection::kIn);
-  {
-    if (s.params.capacity() == 0) s.params.reserve(1);
-    a.add_tensor(*Tensor::contiguous(reinterpret_cast<uintptr_t>(s.params.data()),
-                                     {ns, static_cast<int64_t>(sizeof(SamplingParams))},
-                                     DataType::kUInt8, MemoryKind::kHost),
-                 ArgDirection::kIn);
-    if (s.rows.capacity() == 0) s.rows.reserve(1);
-    a.add_tensor(*Tensor::contiguous(reinterpret_cast<uintptr_t>(s.rows.data()), {ns, 4},
-                                     DataType::kInt32, MemoryKind::kHost),
-                 ArgDirection::kIn);
-  }
-  a.add_tensor(host_tensor(s.sample_slots, {ns}, DataType::kInt32), ArgDirection::kIn)
-      .add_tensor(host_tensor(s.out_ids, {ns}, DataType::kInt32), ArgDirection::kOut)
-      .add_tensor(host_tensor(s.out_logprobs, {ns}, DataType::kFloat32), ArgDirection::kOut)
-      .add_tensor(host_tensor(s.top_ids, {ns, kMaxLogprobs}, DataType::kInt32), ArgDirection::kOut)
-      .add_tensor(host_tensor(s.top_logprobs, {ns, kMaxLogprobs}, DataType::kFloat32),
-                  ArgDirection::kOut);
-  Qwen3DecodeRunArgs ra;
-  ra.input_ids = *feed_ids_.tensor({B}, DataType::kInt32);
-  ra.positions = host_tensor(s.positions, {B}, DataType::kInt32);
-  ra.slot_mapping = host_tensor(s.slot_mapping, {B}, DataType::kInt32);
-  ra.block_tables = host_tensor(s.block_tables, {B, max_blocks}, DataType::kInt32);
-  ra.context_lens = host_tensor(s.context_lens, {B}, DataType::kInt32);
-  ra.logit_rows = host_tensor(s.logit_rows, {n}, DataType::kInt32);
-  ra.out_ids = *argmax_ids_.tensor({n}, DataType::kInt32);
-  if (!s.logits.empty()) {
-    ra.out_logits = host_tensor(s.logits, {n, V}, DataType::kFloat32);
+  // The run's host tensors, in argument order (see StepArg).
+  struct HostArg {
+    void* data;
+    uint64_t bytes;
+    std::vector<int64_t> shape;
+    DataType dtype;
+    ArgDirection direction;
+  };
+  std::vector<HostArg> host_args;
+  auto add = [&host_args]<typename T>(std::vector<T>& v, std::vector<int64_t> shape, DataType dtype,
+                                      ArgDirection dir) {
+    if (v.capacity() == 0) v.reserve(1);  // a valid address even for an empty tensor
+    host_args.push_back({v.data(), v.size() * sizeof(T), std::move(shape), dtype, dir});
+  };
+  const int64_t sp = static_cast<int64_t>(sizeof(SamplingParams));
+  add(s.host_ids, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.src_slots, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.clear_slots, {c0}, DataType::kInt32, ArgDirection::kIn);
+  add(s.prompt_ids, {c1}, DataType::kInt32, ArgDirection::kIn);
+  add(s.prompt_slots, {c1}, DataType::kInt32, ArgDirection::kIn);
+  add(s.gen_ids, {c2}, DataType::kInt32, ArgDirection::kIn);
+  add(s.gen_slots, {c2}, DataType::kInt32, ArgDirection::kIn);
+  add(s.params, {ns, sp}, DataType::kUInt8, ArgDirection::kIn);
+  add(s.rows, {ns, 4}, DataType::kInt32, ArgDirection::kIn);
+  add(s.sample_slots, {ns}, DataType::kInt32, ArgDirection::kIn);
+  add(s.out_ids, {ns}, DataType::kInt32, ArgDirection::kOut);
+  add(s.out_logprobs, {ns}, DataType::kFloat32, ArgDirection::kOut);
+  add(s.top_ids, {ns, kMaxLogprobs}, DataType::kInt32, ArgDirection::kOut);
+  add(s.top_logprobs, {ns, kMaxLogprobs}, DataType::kFloat32, ArgDirection::kOut);
+  add(s.positions, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.slot_mapping, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.block_tables, {B, max_blocks}, DataType::kInt32, ArgDirection::kIn);
+  add(s.context_lens, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.logit_rows, {n}, DataType::kInt32, ArgDirection::kIn);
+  if (s.logits.empty()) {
+    add(s.logits, {0}, DataType::kFloat32, ArgDirection::kOut);  // the chip's scratch
   } else {
-    ra.out_logits = *Tensor::contiguous(scratch_.logits.address, {n, V}, DataType::kFloat32,
-                                        MemoryKind::kDevice);
+    add(s.logits, {n, V}, DataType::kFloat32, ArgDirection::kOut);
   }
-  const task::TaskArgs program = ra.to_task_args();
-  for (size_t i = 0; i < program.size(); ++i) a.add(program[i]);
+  // A runner on an L3 child stages them in one shared-heap buffer (the only host memory the
+  // child sees), 64-byte aligned each; its own worker reads the vectors where they are.
+  uint64_t staging_base = 0;
+  if (l3_ != nullptr) {
+    constexpr uint64_t kAlign = 64;
+    uint64_t total = 0;
+    for (const HostArg& h : host_args) total += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
+    SIMPLER_ASSIGN_OR_RETURN(hierarchy::HostBuffer buf, l3_->create_buffer(total));
+    hierarchy::L3Worker* l3 = l3_;
+    s.release_staging_ = [l3, buf] { (void)l3->free_buffer(buf); };
+    staging_base = buf.address;
+    uint64_t off = 0;
+    for (HostArg& h : host_args) {
+      void* dst = reinterpret_cast<void*>(static_cast<uintptr_t>(staging_base + off));
+      if (h.direction == ArgDirection::kIn) {
+        if (h.bytes > 0) std::memcpy(dst, h.data, h.bytes);
+      } else if (h.bytes > 0) {
+        s.copy_back_.push_back({h.data, dst, h.bytes});
+      }
+      h.data = dst;
+      off += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
+    }
+  }
+  task::TaskArgs a;
+  for (const HostArg& h : host_args) {
+    SIMPLER_ASSIGN_OR_RETURN(
+        Tensor t,
+        Tensor::contiguous(reinterpret_cast<uintptr_t>(h.data), h.shape.data(),
+                           static_cast<int32_t>(h.shape.size()), h.dtype, MemoryKind::kHost));
+    a.add_tensor(t, h.direction);
+  }
+  a.add_scalar(chip_);
   s.submit_ns_ = base::now_ns();
-  SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
+  if (l3_ != nullptr) {
+    SIMPLER_ASSIGN_OR_RETURN(s.handle_, l3_->submit(l3_step_, a));
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
+  }
   if (host) {
     host_step_pending_ = true;
     host_pending_run_ = s.handle_;
@@ -519,6 +718,9 @@ absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& s
   const int64_t V = dims_.vocab_size;
   const int64_t n = static_cast<int64_t>(step.row_of_logit_.size());
   std::vector<RowSample> out(n);
+  // Staged in the shared heap (a runner on an L3 child): the run's outputs come back first.
+  for (const StepInFlight::CopyBack& c : step.copy_back_) std::memcpy(c.dst, c.src, c.bytes);
+  step.copy_back_.clear();
   if (step.host_logits_) {
     host_step_pending_ = false;
     host_pending_run_ = worker::RunHandle();
@@ -555,6 +757,11 @@ absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& s
 }
 
 absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
+  if (!worker_) {
+    return absl::FailedPreconditionError(
+        "read_kv: the KV pool of a runner on an L3 child is in the child's memory");
+  }
+  const ChipState& c = holder_->chips[0];
   const int64_t slots = static_cast<int64_t>(options_.num_pages) * options_.page_size;
   if (slot < 0 || slot >= slots) {
     return absl::InvalidArgumentError(
@@ -565,10 +772,10 @@ absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
   for (int64_t l = 0; l < dims_.num_hidden_layers; ++l) {
     std::vector<float> k(kv_row), v(kv_row);
     const uint64_t row_off = static_cast<uint64_t>(slot) * kv_row * 4;
-    const uint64_t k_off = kv_pools_.layers[l].k_pool.address - kv_buffer_.address + row_off;
-    const uint64_t v_off = kv_pools_.layers[l].v_pool.address - kv_buffer_.address + row_off;
-    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data(), kv_buffer_, kv_row * 4, k_off));
-    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data(), kv_buffer_, kv_row * 4, v_off));
+    const uint64_t k_off = c.kv_pools.layers[l].k_pool.address - c.kv_buffer.address + row_off;
+    const uint64_t v_off = c.kv_pools.layers[l].v_pool.address - c.kv_buffer.address + row_off;
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data(), c.kv_buffer, kv_row * 4, k_off));
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data(), c.kv_buffer, kv_row * 4, v_off));
     kv.k.push_back(std::move(k));
     kv.v.push_back(std::move(v));
   }

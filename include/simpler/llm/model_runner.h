@@ -28,15 +28,27 @@
 // token counts; the next step needs those tokens first, so the engine runs
 // one step at a time (documented as serial launch). Tokens are identical.
 //
-// Memory (device): weights (f32), scratch for max_num_batched_tokens rows
-// (logits for max_num_seqs rows), the KV pool, token counts i32
-// [max_num_seqs, V] and last_ids i32 [max_num_seqs]. All are bound to the
-// step callable (Worker::bind): none can be freed while a step may run.
+// Memory (device): weights (in their checkpoint dtype; norms f32), scratch for
+// max_num_batched_tokens rows (logits for max_num_seqs rows), the KV pool, token counts i32
+// [max_num_seqs, V] and last_ids i32 [max_num_seqs]: the chip's state. The step program finds
+// them there, not in its arguments; a run carries only host tensors and the chip's index. A
+// runner with its own Worker binds them to the step callable (Worker::bind): none can be freed
+// while a step may run.
+//
+// Data parallel over an L3 worker's children (Qwen3DataParallel below; vLLM's
+// data_parallel_size): every child loads the whole model into its own device memory in a
+// child setup (hierarchy/l3_worker.h: in the child process in process mode), and one runner
+// per child submits each step as an L3 run whose one next-level task runs the step program
+// on that child. Its host tensors are staged in one buffer of the L3 worker's shared host heap
+// per step (freed when the StepInFlight is destroyed). Each runner is driven by its own engine
+// (its own scheduler and KV pool on its child): requests are split between them, and a
+// request's tokens do not depend on the chip it ran on.
 //
 // Thread safety: thread-compatible; one thread (the engine loop) drives it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -45,6 +57,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "simpler/hierarchy/l3_worker.h"
 #include "simpler/llm/model_config.h"
 #include "simpler/llm/qwen3_program.h"
 #include "simpler/llm/sampling.h"
@@ -54,7 +67,9 @@
 namespace simpler::llm {
 
 struct RunnerOptions {
-  worker::WorkerOptions worker;          // device, cores, launch depth, grant, timeout, trace
+  // Device, cores, launch depth, grant, timeout, trace. A runner on an L3 child uses only
+  // launch_depth (its steps in flight); the child's worker options are the L3 worker's.
+  worker::WorkerOptions worker;
   int32_t page_size = 16;                // tokens per KV page (> 0)
   int32_t num_pages = 0;                 // pages in the KV pool (> 0)
   int32_t max_num_seqs = 64;             // state slots = most logit rows per step (> 0)
@@ -109,6 +124,15 @@ class StepInFlight {
   int64_t step_id_ = 0;
   int64_t submit_ns_ = 0;
   worker::RunHandle handle_;
+  // A runner on an L3 child: the shared-heap buffer the run's host tensors live in, OUT
+  // tensors copied back from it into the vectors below by collect(), and its release.
+  struct CopyBack {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+  };
+  std::vector<CopyBack> copy_back_;
+  std::function<void()> release_staging_;
   // Host staging (IN) and results (OUT), referenced by the run's tensors.
   std::vector<int32_t> host_ids, src_slots, positions, slot_mapping, block_tables, context_lens,
       logit_rows, clear_slots, prompt_ids, prompt_slots, gen_ids, gen_slots, sample_slots;
@@ -148,6 +172,7 @@ class Qwen3ModelRunner {
   absl::StatusOr<std::vector<RowSample>> collect(StepInFlight& step);
 
   // K and V of one KV slot read back from the pool: [layers][kv_heads·head_dim] (tests, dumps).
+  // FAILED_PRECONDITION for a runner on an L3 child (the pool is in the child's memory).
   struct Kv {
     std::vector<std::vector<float>> k, v;
   };
@@ -156,35 +181,73 @@ class Qwen3ModelRunner {
   const ModelConfig& config() const { return config_; }
   const Qwen3Dims& dims() const { return dims_; }
   const RunnerOptions& options() const { return options_; }
-  worker::Worker& worker() { return *worker_; }
-  // The device buffers the step program uses without naming them in a run's
-  // arguments, all bound to the callable (Worker::bind).
+  // The runner's own Worker; nullptr for a runner on an L3 child (the worker is the child's).
+  worker::Worker* worker() { return worker_.get(); }
+  // The device buffers the step program uses without naming them in a run's arguments, all
+  // bound to the callable (Worker::bind); empty for a runner on an L3 child.
   std::vector<worker::DeviceBuffer> bound_buffers() const;
   // f32 bytes of every weight a step streams (projections, norms, LM head).
   uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
-  // Worker::close(deadline). Idempotent.
+  // Worker::close(deadline). Idempotent. A runner on an L3 child closes nothing (the L3
+  // worker is its owner's): its steps in flight finish on the child.
   absl::Status close(const base::Deadline& deadline = base::Deadline::forever());
   ~Qwen3ModelRunner();
 
+  struct Holder;  // the chips' states the step callable reads (model_runner.cc)
+
  private:
+  friend class Qwen3DataParallel;
   Qwen3ModelRunner() = default;
-  struct Holder;
+  // Config, dims and the checkpoint's tensor set checked against them; weight bytes per step.
+  absl::Status load_model_info(const std::string& model_dir);
+  void init_host_sampling();
   ModelConfig config_;
   Qwen3Dims dims_;
   RunnerOptions options_;
-  std::unique_ptr<worker::Worker> worker_;
+  std::unique_ptr<worker::Worker> worker_;  // own worker (nullptr on an L3 child)
   worker::CallableHandle step_;
   std::shared_ptr<Holder> holder_;
-  std::vector<worker::DeviceBuffer> buffers_;  // weights and scratch
-  worker::DeviceBuffer kv_buffer_, feed_ids_, argmax_ids_, last_ids_, counts_;
-  Qwen3Scratch scratch_;
-  Qwen3KvPools kv_pools_;
+  int32_t chip_ = 0;  // index into the holder's chips (the L3 child)
+  hierarchy::L3Worker* l3_ = nullptr;
+  hierarchy::ProgramHandle l3_step_;
   uint64_t weight_bytes_per_step_ = 0;
   // Host sampling: token counts and last sampled id per state slot.
   std::vector<std::vector<int32_t>> host_counts_;
   std::vector<int32_t> host_last_ids_;
   bool host_step_pending_ = false;      // submitted, neither collected nor failed
   worker::RunHandle host_pending_run_;  // its run
+};
+
+// Data parallel over the children of an L3 worker (see the header comment). Use:
+//   L3Worker l3(options);                      // device_ids: one child per chip
+//   auto dp = Qwen3DataParallel::prepare(l3, model_dir, runner_options);   // before init()
+//   l3.init();                                 // children load the model in their setup
+//   auto r0 = (*dp)->runner(0), r1 = (*dp)->runner(1);                    // one per child
+// Thread safety: prepare and runner() from one thread; each runner as Qwen3ModelRunner.
+class Qwen3DataParallel {
+ public:
+  // Before l3.init(): checks the options and the checkpoint here (errors as
+  // Qwen3ModelRunner::create's, naming the file or tensor, before any child starts) and registers
+  // the step callable, the one-task L3 step program and the child setup that loads the model on
+  // every child. The L3 worker must outlive every runner. Errors of the L3 worker's registration
+  // (FAILED_PRECONDITION after its init()) as they are.
+  static absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> prepare(hierarchy::L3Worker& l3,
+                                                                    const std::string& model_dir,
+                                                                    const RunnerOptions& options);
+  // After l3.init(): the runner whose steps run on child `child`. INVALID_ARGUMENT for a child
+  // outside [0, num_children); FAILED_PRECONDITION before init(). A child whose setup failed
+  // (a process child) fails each step naming the child and the error.
+  absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> runner(int32_t child);
+  int32_t num_children() const { return l3_->num_children(); }
+
+ private:
+  Qwen3DataParallel() = default;
+  hierarchy::L3Worker* l3_ = nullptr;
+  std::string model_dir_;
+  RunnerOptions options_;
+  std::shared_ptr<Qwen3ModelRunner::Holder> holder_;
+  hierarchy::ProgramHandle program_;
+  std::unique_ptr<Qwen3ModelRunner> info_;  // config, dims, weight bytes (checked in prepare)
 };
 
 }  // namespace simpler::llm
