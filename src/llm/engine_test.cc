@@ -10,6 +10,8 @@
 #include "gtest/gtest.h"
 #include "llm/engine_test_util.h"
 #include "simpler/device/fault_plan.h"
+#include "simpler/hierarchy/endpoint.h"
+#include "simpler/hierarchy/l3_worker.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
 #include "simpler/llm/model_runner.h"
@@ -300,6 +302,120 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
       EXPECT_TRUE(e->shutdown().ok());
     }
   }
+}
+
+// Only ThreadSanitizer's runtime runs a thread of its own in this binary; elsewhere the process
+// children must run.
+#if defined(__SANITIZE_THREAD__)
+#define ADD_FAILURE_IF_NOT_TSAN() (void)0
+#else
+#define ADD_FAILURE_IF_NOT_TSAN() \
+  ADD_FAILURE() << hierarchy::process_thread_count() << " threads: process mode not tested"
+#endif
+
+// Data parallel over an L3 worker's two children (Qwen3DataParallel): each child loads the
+// model in its setup (in its own process in process mode), one engine per child, requests split
+// between them. Every request's tokens — greedy and seeded sampling — are those of one engine
+// on one chip.
+TEST_F(LlmEngineTest, DataParallelOverTwoL3ChildrenGivesEveryRequestItsSingleChipTokens) {
+  std::vector<RequestSpec> specs;
+  for (const auto& p : prompts()) specs.push_back(greedy(p, 8));
+  const auto more = random_prompts(6, 20, 23);
+  for (size_t i = 0; i < more.size(); ++i) specs.push_back(seeded(more[i], 500 + i));
+  const EngineOptions eo = options(2, 128, 32, 8);
+  std::vector<std::vector<int32_t>> single;
+  {
+    auto e = engine(eo);
+    std::vector<RequestId> ids;
+    for (const RequestSpec& s : specs) ids.push_back(e->add_request(s).value());
+    for (RequestId id : ids) single.push_back(drain(*e, id).tokens);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  for (hierarchy::ChildMode mode :
+       {hierarchy::ChildMode::kThread, hierarchy::ChildMode::kProcess}) {
+    SCOPED_TRACE(hierarchy::name_of(mode));
+    if (mode == hierarchy::ChildMode::kProcess && hierarchy::process_thread_count() != 1) {
+      ADD_FAILURE_IF_NOT_TSAN();
+      continue;  // ThreadSanitizer's own thread: nothing can be forked here
+    }
+    hierarchy::L3Options lo;
+    lo.device_ids = {0, 1};
+    lo.child_mode = mode;
+    lo.child = eo.runner.worker;
+    lo.launch_depth = 4;  // two engines, two steps in flight each
+    lo.host_heap_bytes = 16 << 20;
+    hierarchy::L3Worker l3(lo);
+    auto dp = Qwen3DataParallel::prepare(l3, *dir_, eo.runner);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    EXPECT_EQ((*dp)->runner(0).status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(l3.init().ok());
+    EXPECT_EQ((*dp)->runner(2).status().code(), absl::StatusCode::kInvalidArgument);
+    std::vector<std::unique_ptr<LlmEngine>> engines;
+    for (int32_t c = 0; c < 2; ++c) {
+      auto r = (*dp)->runner(c);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ((*r)->worker(), nullptr);
+      EXPECT_EQ((*r)->read_kv(0).status().code(), absl::StatusCode::kFailedPrecondition);
+      auto e = LlmEngine::create(std::move(*r), eo);
+      ASSERT_TRUE(e.ok()) << e.status();
+      engines.push_back(std::move(*e));
+    }
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ids.push_back(engines[i % 2]->add_request(specs[i]).value());
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Done d = drain(*engines[i % 2], ids[i]);
+      EXPECT_TRUE(d.error.ok()) << d.error;
+      EXPECT_EQ(d.tokens, single[i]) << "request " << i << " on chip " << i % 2;
+    }
+    for (auto& e : engines) EXPECT_TRUE(e->shutdown().ok());
+    EXPECT_GE(l3.next_level_dispatched(), 2u);
+    EXPECT_TRUE(l3.close().ok());
+  }
+}
+
+// A child that cannot load the model (here: the checkpoint vanished after the parent checked
+// it) fails init naming the child in thread mode; in process mode every step on it fails
+// naming the child and the file, and the engine's requests end with that error.
+TEST_F(LlmEngineTest, DataParallelChildThatCannotLoadTheModelIsNamed) {
+  const std::string copy = *dir_ + "_dp_copy";
+  for (hierarchy::ChildMode mode :
+       {hierarchy::ChildMode::kThread, hierarchy::ChildMode::kProcess}) {
+    SCOPED_TRACE(hierarchy::name_of(mode));
+    if (mode == hierarchy::ChildMode::kProcess && hierarchy::process_thread_count() != 1) {
+      ADD_FAILURE_IF_NOT_TSAN();
+      continue;
+    }
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(*dir_, copy);
+    const EngineOptions eo = options(1);
+    hierarchy::L3Options lo;
+    lo.child_mode = mode;
+    lo.child = eo.runner.worker;
+    lo.host_heap_bytes = 4 << 20;
+    hierarchy::L3Worker l3(lo);
+    auto dp = Qwen3DataParallel::prepare(l3, copy, eo.runner);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    std::filesystem::remove(std::filesystem::path(copy) / "model.safetensors");
+    absl::Status init = l3.init();
+    if (mode == hierarchy::ChildMode::kThread) {
+      EXPECT_TRUE(contains(init, "L3 init, child 0: setup: ")) << init;
+      EXPECT_TRUE(contains(init, "model.safetensors")) << init;
+      continue;
+    }
+    ASSERT_TRUE(init.ok()) << init;
+    auto e = LlmEngine::create((*dp)->runner(1).value(), eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Done d = drain(**e, (*e)->add_request(greedy({1, 2}, 4)).value());
+    EXPECT_EQ(d.finish, OutputFinish::kError);
+    EXPECT_TRUE(contains(d.error, "child 1 (process")) << d.error;
+    EXPECT_TRUE(contains(d.error, "could not start its worker: setup: ")) << d.error;
+    EXPECT_TRUE(contains(d.error, "model.safetensors")) << d.error;
+    (void)(*e)->shutdown();
+    (void)l3.close();
+  }
+  std::filesystem::remove_all(copy);
 }
 
 TEST_F(LlmEngineTest, ChoicesOfOneRequestAreDistinctStreamsUnlessGreedy) {

@@ -217,8 +217,9 @@ struct LlmEngine::Impl {
   void handle_event(LoopEvent& ev);
 };
 
-absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(const std::string& model_dir,
-                                                             const EngineOptions& options) {
+namespace {
+
+absl::Status check_engine_options(const EngineOptions& options) {
   if (options.max_waiting <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_waiting must be > 0, got ", options.max_waiting));
@@ -227,12 +228,40 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("max_buffered_outputs must be > 0, got ", options.max_buffered_outputs));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(const std::string& model_dir,
+                                                             const EngineOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(check_engine_options(options));
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3ModelRunner> runner,
+                           Qwen3ModelRunner::create(model_dir, options.runner));
+  return create(std::move(runner), options);
+}
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(
+    std::unique_ptr<Qwen3ModelRunner> runner, const EngineOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(check_engine_options(options));
+  if (runner == nullptr) return absl::InvalidArgumentError("LlmEngine::create: no runner");
+  const RunnerOptions& ro = runner->options();
+  if (ro.page_size != options.runner.page_size || ro.num_pages != options.runner.num_pages ||
+      ro.max_num_seqs != options.runner.max_num_seqs ||
+      ro.max_num_batched_tokens != options.runner.max_num_batched_tokens ||
+      ro.host_sampling != options.runner.host_sampling ||
+      ro.worker.launch_depth != options.runner.worker.launch_depth) {
+    return absl::InvalidArgumentError(
+        "LlmEngine::create: the runner was made with other RunnerOptions (page_size, num_pages, "
+        "max_num_seqs, max_num_batched_tokens, host_sampling or launch_depth) than "
+        "EngineOptions::runner");
+  }
   std::unique_ptr<LlmEngine> e(new LlmEngine());
   e->options_ = options;
   auto impl = std::make_unique<Impl>();
   impl->engine = e.get();
   impl->options = options;
-  SIMPLER_ASSIGN_OR_RETURN(impl->runner, Qwen3ModelRunner::create(model_dir, options.runner));
+  impl->runner = std::move(runner);
   e->config_ = impl->runner->config();
   e->dims_ = impl->runner->dims();
   e->weight_bytes_per_step_ = impl->runner->weight_bytes_per_step();

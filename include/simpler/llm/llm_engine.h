@@ -159,6 +159,12 @@ class LlmEngine {
   // threads. Errors: the runner's, and INVALID_ARGUMENT naming the option.
   static absl::StatusOr<std::unique_ptr<LlmEngine>> create(const std::string& model_dir,
                                                            const EngineOptions& options);
+  // Over a runner made by the caller (e.g. Qwen3DataParallel::runner: one engine per chip).
+  // INVALID_ARGUMENT when the runner is null or was made with RunnerOptions other than
+  // options.runner (page_size, num_pages, max_num_seqs, max_num_batched_tokens, host_sampling,
+  // launch_depth); otherwise as above.
+  static absl::StatusOr<std::unique_ptr<LlmEngine>> create(std::unique_ptr<Qwen3ModelRunner> runner,
+                                                           const EngineOptions& options);
   ~LlmEngine();  // shutdown(0) if not shut down
 
   // Checks and queues a request. INVALID_ARGUMENT naming the field and the
