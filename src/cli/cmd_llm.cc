@@ -1,4 +1,5 @@
 // `simpler make-model`, `simpler generate` and `simpler bench decode`.
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <optional>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/bench_probes.h"
 #include "cli/commands.h"
@@ -20,6 +22,7 @@
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
+#include "simpler/hierarchy/l3_worker.h"
 #include "simpler/llm/kv_cache.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
@@ -195,8 +198,9 @@ struct RequestRun {
   int64_t all_first_token_ns = 0;  // when every served choice had its first token
 };
 
-RequestRun run_requests(llm::LlmEngine& engine, std::vector<llm::RequestSpec> specs,
-                        const char* command, bool progress) {
+// Request r goes to engines[r % engines.size()] (data parallel: one engine per chip).
+RequestRun run_requests(const std::vector<llm::LlmEngine*>& engines,
+                        std::vector<llm::RequestSpec> specs, const char* command, bool progress) {
   RequestRun run;
   run.results.resize(specs.size());
   struct Shared {
@@ -239,7 +243,8 @@ RequestRun run_requests(llm::LlmEngine& engine, std::vector<llm::RequestSpec> sp
       std::lock_guard<std::mutex> l(shared->mu);
       shared->open += n;
     }
-    absl::StatusOr<llm::RequestId> id = engine.add_request(std::move(specs[r]));
+    absl::StatusOr<llm::RequestId> id =
+        engines[r % engines.size()]->add_request(std::move(specs[r]));
     if (!id.ok()) {
       std::lock_guard<std::mutex> l(shared->mu);
       shared->open -= n;
@@ -308,10 +313,20 @@ Runner add_generate_command(CLI::App& app) {
     uint64_t seed = 0;
     std::vector<std::string> stop;
     std::string dump_logits_steps, dump_kv_positions;
+    int32_t chips = 1;
+    std::string child_mode = "process";
     CommonOptions common;
   };
   auto st = std::make_shared<State>();
   cmd->add_option("--model", st->model, "model directory (Hugging Face layout)")->required();
+  cmd->add_option("--chips", st->chips,
+                  "data parallel over this many sim chips: every chip loads the model, requests "
+                  "are dealt out in turn, one engine per chip (an L3 worker's children)")
+      ->check(int_in(1, 16));
+  cmd->add_option("--child-mode", st->child_mode,
+                  "with --chips > 1: process (forked children behind shared-memory mailboxes) or "
+                  "thread (children in this process)")
+      ->check(CLI::IsMember({"thread", "process"}));
   auto* p1 = cmd->add_option("--prompt", st->prompt, "prompt text");
   auto* p2 = cmd->add_option("--prompt-ids", st->prompt_ids, "prompt token ids, e.g. 1,2,3");
   auto* p3 = cmd->add_option("--prompts-file", st->prompts_file,
@@ -426,6 +441,22 @@ Runner add_generate_command(CLI::App& app) {
       kv_pos_v = *nb;
     }
     const int64_t total_choices = static_cast<int64_t>(unique.size()) * clones;
+    const int32_t chips = st->chips;
+    if (chips > 1 && !kv_pos_v.empty()) {
+      return fail("generate", absl::InvalidArgumentError(
+                                  "--dump-kv-positions reads the KV pool back, and with --chips > "
+                                  "1 it lives in a child's device memory"));
+    }
+    // Request r runs on chip r % chips (all its choices together); every chip gets the limits
+    // and the pool of the busiest one.
+    std::vector<int64_t> chip_choices(chips, 0), chip_pages(chips, 0);
+    for (size_t r = 0; r < unique.size(); ++r) {
+      chip_choices[r % chips] += clones;
+      chip_pages[r % chips] +=
+          clones * llm::pages_needed(static_cast<int64_t>(unique[r].size()) + st->max_new_tokens,
+                                     st->page_size);
+    }
+    const int64_t busiest = *std::max_element(chip_choices.begin(), chip_choices.end());
 
     base::TraceRecorder trace;
     llm::EngineOptions eo;
@@ -436,7 +467,7 @@ Runner add_generate_command(CLI::App& app) {
     eo.runner.host_sampling = st->host_sampling;
     eo.runner.max_num_seqs = st->max_num_seqs > 0
                                  ? st->max_num_seqs
-                                 : static_cast<int32_t>(std::min<int64_t>(total_choices, 256));
+                                 : static_cast<int32_t>(std::clamp<int64_t>(busiest, 1, 256));
     eo.runner.max_num_batched_tokens = st->max_num_batched_tokens > 0
                                            ? st->max_num_batched_tokens
                                            : std::max(512, eo.runner.max_num_seqs);
@@ -445,11 +476,8 @@ Runner add_generate_command(CLI::App& app) {
     eo.record_steps = true;
     int64_t pages = st->num_pages;
     if (pages == 0) {  // every request's pages at once: nothing waits for the pool
-      for (const auto& ids : unique) {
-        pages += clones * llm::pages_needed(static_cast<int64_t>(ids.size()) + st->max_new_tokens,
-                                            st->page_size);
-      }
-      pages = std::min<int64_t>(pages, std::numeric_limits<int32_t>::max());
+      pages = std::min<int64_t>(*std::max_element(chip_pages.begin(), chip_pages.end()),
+                                std::numeric_limits<int32_t>::max());
     }
     eo.runner.num_pages = static_cast<int32_t>(pages);
     if (st->host_sampling && st->common.launch_depth > 1) {
@@ -458,16 +486,63 @@ Runner add_generate_command(CLI::App& app) {
                 << st->common.launch_depth << ")\n";
     }
     const int64_t t0 = base::now_ns();
-    auto engine = llm::LlmEngine::create(st->model, eo);
-    if (!engine.ok()) {
-      return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
+    // One chip: an engine over its own worker. Several: an L3 worker whose children each load
+    // the model (forked first, while this process is single-threaded), one engine per child.
+    std::unique_ptr<hierarchy::L3Worker> l3;
+    std::vector<std::unique_ptr<llm::LlmEngine>> engines;
+    if (chips == 1) {
+      auto engine = llm::LlmEngine::create(st->model, eo);
+      if (!engine.ok()) {
+        return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
+      }
+      engines.push_back(std::move(*engine));
+    } else {
+      hierarchy::L3Options lo;
+      lo.device_ids.clear();
+      for (int32_t c = 0; c < chips; ++c) lo.device_ids.push_back(c);
+      lo.child_mode = *hierarchy::parse_child_mode(st->child_mode);
+      lo.child = eo.runner.worker;
+      // Every engine keeps up to launch_depth steps in flight.
+      lo.launch_depth = std::min(16, chips * std::max(1, st->common.launch_depth));
+      // Each step stages its host tensors (and its logits when read back) in the shared heap;
+      // reserved lazily, so the bound costs nothing until used.
+      const bool logits_back = st->host_sampling || !logit_steps_v.empty();
+      lo.host_heap_bytes =
+          (64ull << 20) + (logits_back ? static_cast<uint64_t>(lo.launch_depth + chips) *
+                                             eo.runner.max_num_seqs * config->vocab_size * 4
+                                       : 0);
+      l3 = std::make_unique<hierarchy::L3Worker>(lo);
+      auto dp = llm::Qwen3DataParallel::prepare(*l3, st->model, eo.runner);
+      if (!dp.ok()) return fail("generate", dp.status());
+      if (absl::Status s = l3->init(); !s.ok()) return fail("generate", s);
+      std::string children;
+      for (const std::string& c : l3->describe_children()) {
+        absl::StrAppend(&children, children.empty() ? "" : ", ", c);
+      }
+      std::cerr << "simpler generate: children: " << children << "\n";
+      for (int32_t c = 0; c < chips; ++c) {
+        auto runner = (*dp)->runner(c);
+        auto engine = runner.ok()
+                          ? llm::LlmEngine::create(std::move(*runner), eo)
+                          : absl::StatusOr<std::unique_ptr<llm::LlmEngine>>(runner.status());
+        if (!engine.ok()) {
+          engines.clear();
+          (void)l3->close();
+          return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
+        }
+        engines.push_back(std::move(*engine));
+      }
     }
     const double load_s = (base::now_ns() - t0) / 1e9;
-    std::cerr << "simpler generate: loaded " << st->model << " in " << load_s << " s; "
-              << total_choices << " request(s), " << pages << " KV pages of " << st->page_size
-              << " tokens, launch depth " << st->common.launch_depth << ", max_num_seqs "
-              << eo.runner.max_num_seqs << ", max_num_batched_tokens "
-              << eo.runner.max_num_batched_tokens << "\n";
+    std::cerr << "simpler generate: " << (chips == 1 ? "loaded " : "started ") << st->model
+              << " in " << load_s << " s"
+              << (chips == 1 ? std::string()
+                             : absl::StrCat(" on ", chips, " chips (", st->child_mode,
+                                            " children, each loading the model itself)"))
+              << "; " << total_choices << " request(s), " << pages << " KV pages of "
+              << st->page_size << " tokens" << (chips == 1 ? "" : " per chip") << ", launch depth "
+              << st->common.launch_depth << ", max_num_seqs " << eo.runner.max_num_seqs
+              << ", max_num_batched_tokens " << eo.runner.max_num_batched_tokens << "\n";
 
     std::vector<llm::RequestSpec> specs;
     std::vector<std::vector<int32_t>> prompts;
@@ -488,23 +563,43 @@ Runner add_generate_command(CLI::App& app) {
       spec.kv_positions = to_set<int64_t>(kv_pos_v);
       specs.push_back(std::move(spec));
     }
-    RequestRun run = run_requests(**engine, std::move(specs), "generate", true);
-    const llm::EngineMetrics metrics = (*engine)->metrics();
-    const DepthStats depth = depth_stats((*engine)->step_records());
-    absl::Status closed = (*engine)->shutdown(base::Deadline::poll());
+    std::vector<llm::LlmEngine*> engine_ptrs;
+    for (auto& e : engines) engine_ptrs.push_back(e.get());
+    RequestRun run = run_requests(engine_ptrs, std::move(specs), "generate", true);
+    int64_t generated = 0, preemptions = 0;
+    std::vector<llm::StepRecord> records;
+    for (auto& e : engines) {
+      const llm::EngineMetrics m = e->metrics();
+      generated += m.generation_tokens_total;
+      preemptions += m.preemptions_total;
+      for (const llm::StepRecord& r : e->step_records()) records.push_back(r);
+    }
+    const DepthStats depth = depth_stats(records);
+    absl::Status closed;
+    for (auto& e : engines) {
+      absl::Status s = e->shutdown(base::Deadline::poll());
+      if (closed.ok()) closed = s;
+    }
+    engines.clear();
+    if (l3) {
+      absl::Status s = l3->close();
+      if (closed.ok()) closed = s;
+    }
     // Per choice, in request order.
     struct Item {
       const std::vector<int32_t>* prompt;
       ChoiceResult* c;
+      int32_t chip;
     };
     std::vector<Item> items;
     for (size_t r = 0; r < run.results.size(); ++r) {
-      for (ChoiceResult& c : run.results[r]) items.push_back({&prompts[r], &c});
+      for (ChoiceResult& c : run.results[r]) {
+        items.push_back({&prompts[r], &c, static_cast<int32_t>(r % chips)});
+      }
     }
     const double total_ms = (run.end_ns - run.start_ns) / 1e6;
     const double prefill_ms = (run.all_first_token_ns - run.start_ns) / 1e6;
     const double decode_ms = (run.end_ns - run.all_first_token_ns) / 1e6;
-    const int64_t generated = metrics.generation_tokens_total;
     const double tok_s = total_ms > 0 ? generated / (total_ms / 1e3) : 0;
     int64_t prompt_tokens = 0;
     for (const Item& it : items) prompt_tokens += static_cast<int64_t>(it.prompt->size());
@@ -515,7 +610,7 @@ Runner add_generate_command(CLI::App& app) {
               << depth.effective_depth << ", up to " << depth.max_steps_in_flight
               << " steps in flight"
               << (st->host_sampling ? ", serial launch for host sampling" : "") << "; "
-              << metrics.preemptions_total << " preemptions)\n";
+              << preemptions << " preemptions)\n";
 
     if (st->common.json) {
       nlohmann::json reqs = nlohmann::json::array();
@@ -525,6 +620,7 @@ Runner add_generate_command(CLI::App& app) {
                             {"finish_reason", r.finish_reason}, {"pages", r.pages},
                             {"page_steps", r.page_steps},       {"last_step", r.last_step}};
         j["text"] = tok ? nlohmann::json(r.text) : nlohmann::json(nullptr);
+        j["chip"] = it.chip;
         if (!r.error.ok()) j["error"] = std::string(r.error.message());
         if (!r.logits.empty()) {
           nlohmann::json lg = nlohmann::json::object();
@@ -538,25 +634,28 @@ Runner add_generate_command(CLI::App& app) {
         }
         reqs.push_back(std::move(j));
       }
-      nlohmann::json out = {{"model", st->model},
-                            {"requests", reqs},
-                            {"timing",
-                             {{"load_s", load_s},
-                              {"total_ms", total_ms},
-                              {"prefill_ms", prefill_ms},
-                              {"decode_ms", decode_ms},
-                              {"steps", depth.steps},
-                              {"prompt_tokens", prompt_tokens},
-                              {"generated_tokens", generated},
-                              {"generated_tokens_per_s", tok_s}}},
-                            {"launch_depth", st->common.launch_depth},
-                            {"effective_depth", depth.effective_depth},
-                            {"max_steps_in_flight", depth.max_steps_in_flight},
-                            {"serial_launch", st->host_sampling},
-                            {"host_sampling", st->host_sampling},
-                            {"preemptions", metrics.preemptions_total},
-                            {"max_num_seqs", eo.runner.max_num_seqs},
-                            {"max_num_batched_tokens", eo.runner.max_num_batched_tokens}};
+      nlohmann::json out = {
+          {"model", st->model},
+          {"requests", reqs},
+          {"timing",
+           {{"load_s", load_s},
+            {"total_ms", total_ms},
+            {"prefill_ms", prefill_ms},
+            {"decode_ms", decode_ms},
+            {"steps", depth.steps},
+            {"prompt_tokens", prompt_tokens},
+            {"generated_tokens", generated},
+            {"generated_tokens_per_s", tok_s}}},
+          {"launch_depth", st->common.launch_depth},
+          {"effective_depth", depth.effective_depth},
+          {"max_steps_in_flight", depth.max_steps_in_flight},
+          {"serial_launch", st->host_sampling},
+          {"host_sampling", st->host_sampling},
+          {"preemptions", preemptions},
+          {"chips", chips},
+          {"child_mode", chips > 1 ? nlohmann::json(st->child_mode) : nlohmann::json(nullptr)},
+          {"max_num_seqs", eo.runner.max_num_seqs},
+          {"max_num_batched_tokens", eo.runner.max_num_batched_tokens}};
       std::string dumped = base::dump_replacing(out);
       std::printf("%s\n", dumped.c_str());
     } else {
@@ -712,7 +811,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
       spec.sampling.ignore_eos = true;
       std::vector<llm::RequestSpec> specs;
       specs.push_back(std::move(spec));
-      RequestRun run = run_requests(**engine, std::move(specs), "bench prefill", false);
+      RequestRun run = run_requests({engine->get()}, std::move(specs), "bench prefill", false);
       for (const ChoiceResult& c : run.results[0]) {
         if (!c.error.ok()) {
           return fail_with_trace("bench prefill", c.error, trace, common.trace_path);
@@ -801,7 +900,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
     spec.sampling.ignore_eos = true;
     std::vector<llm::RequestSpec> specs;
     specs.push_back(std::move(spec));
-    RequestRun run = run_requests(**engine, std::move(specs), "bench decode", false);
+    RequestRun run = run_requests({engine->get()}, std::move(specs), "bench decode", false);
     const std::vector<llm::StepRecord> records = (*engine)->step_records();
     const uint64_t wbytes = (*engine)->weight_bytes_per_step();
     absl::Status closed = (*engine)->shutdown(base::Deadline::poll());

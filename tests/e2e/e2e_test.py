@@ -1992,6 +1992,85 @@ def scenario_l3_example(ctx):
              f"bad shape: exit {p.returncode}, stderr {tail(p.stderr, 300)!r}")
 
 
+def scenario_generate_chips(ctx):
+    """`simpler generate --chips N` (issue 14): data parallel over an L3 worker's children —
+    distinct requests dealt out across two or three sim chips, each child loading the model
+    itself, in process and thread mode — gives every request the tokens (and logits) of the
+    single-chip run. With SIMPLER_SIM_FAULTS=...process_kill a child SIGKILLs itself: the command
+    fails promptly naming the child and the signal, exits non-zero and leaves no process
+    behind."""
+    import re
+    pb = ctx.problems
+    model = ctx.write_model(ctx.path("model"), "--vocab", "4096", "--seed", "29",
+                            tokenizer=False)
+    rng = np.random.default_rng(29)
+    prompts = [random_prompt(rng, int(n), 4096) for n in rng.integers(1, 61, size=12)]
+    path = ctx.path("prompts.jsonl")
+    with open(path, "w") as f:
+        for pr in prompts:
+            f.write(json.dumps({"prompt_ids": pr}) + "\n")
+    common = ["--prompts-file", path, "--max-new-tokens", "8", "--ignore-eos",
+              "--dump-logits-steps", "0,7"]
+    single, _, _ = ctx.generate(model, common + ["--launch-depth", "2"], "generate --chips 1")
+    want = single.get("requests", [])
+    pb.check(len(want) == len(prompts), f"--chips 1: {len(want)} requests")
+    for i, w in enumerate(want):
+        pb.check(len(w.get("tokens", [])) == 8 and sorted(w.get("logits", {})) == ["0", "7"],
+                 f"--chips 1 request {i}: {len(w.get('tokens', []))} tokens, logits at "
+                 f"{sorted(w.get('logits', {}))}")
+    runs = [("2 chips, process, depth 2", ["--chips", "2", "--child-mode", "process",
+                                            "--launch-depth", "2"], 2),
+            ("2 chips, thread, depth 1", ["--chips", "2", "--child-mode", "thread"], 2),
+            ("3 chips, process, host sampling", ["--chips", "3", "--child-mode", "process",
+                                                 "--host-sampling"], 3)]
+    for label, extra, chips in runs:
+        out, err, _ = ctx.generate(model, common + extra, f"generate {label}")
+        got = out.get("requests", [])
+        if not pb.check(len(got) == len(want), f"{label}: {len(got)} requests"):
+            continue
+        pb.check(out.get("chips") == chips, f"{label}: chips {out.get('chips')}")
+        pb.check("children: child 0 (" in err, f"{label}: children not named: {tail(err, 300)!r}")
+        for i, (g, w) in enumerate(zip(got, want)):
+            pb.check(g.get("chip") == i % chips, f"{label} request {i}: chip {g.get('chip')}")
+            pb.check(g.get("tokens") == w.get("tokens"),
+                     f"{label} request {i}: tokens {g.get('tokens')} != single chip "
+                     f"{w.get('tokens')}")
+            pb.check(g.get("logits") == w.get("logits"),
+                     f"{label} request {i}: logits differ from the single-chip run")
+    p, _ = ctx.run([ctx.simpler, "generate", "--model", model, "--prompts-file", path,
+                    "--chips", "2", "--dump-kv-positions", "0"], label="kv dump on 2 chips")
+    pb.check(0 < p.returncode < 128 and "lives in a child's device memory" in p.stderr,
+             f"--dump-kv-positions --chips 2: exit {p.returncode}, {tail(p.stderr, 300)!r}")
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=2:task=0:kind=process_kill")
+    t0 = time.monotonic()
+    p, _ = ctx.run([ctx.simpler, "generate", "--model", model, "--prompts-file", path,
+                    "--max-new-tokens", "8", "--chips", "2", "--child-mode", "process"],
+                   label="generate process_kill", env=env)
+    took = time.monotonic() - t0
+    pb.check(0 < p.returncode < 128, f"process_kill: exit {p.returncode}, expected an error exit")
+    pb.check("killed by signal 9 (Killed)" in p.stderr and "child 0 (process" in p.stderr,
+             f"process_kill: stderr does not name the child and the signal: "
+             f"{tail(p.stderr, 600)!r}")
+    pb.check(took < 30, f"process_kill: took {took:.1f} s")
+    m = re.search(r"children: (.*)", p.stderr)
+    pids = [int(x) for x in re.findall(r"process (\d+)", m.group(1))] if m else []
+    pb.check(len(pids) == 2, f"process_kill: child pids not printed: {tail(p.stderr, 400)!r}")
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                pass
+        if alive:
+            time.sleep(0.05)
+    pb.check(not alive, f"process_kill: children {alive} outlived the command")
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -2007,6 +2086,7 @@ SCENARIOS = {
     "bench_pipeline": scenario_bench_pipeline,
     "bench_mailbox": scenario_bench_mailbox,
     "l3_example": scenario_l3_example,
+    "generate_chips": scenario_generate_chips,
     "trace": scenario_trace,
     "bench_decode": scenario_bench_decode,
     "bench_prefill_load": scenario_bench_prefill_load,
