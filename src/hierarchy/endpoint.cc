@@ -248,6 +248,12 @@ class EndpointBase : public Endpoint {
 
 class LaneEndpoint final : public EndpointBase {
  public:
+  absl::Status set_mailbox_grant(uint32_t) override {
+    return absl::FailedPreconditionError(
+        describe() + " has no mailbox: its runs are bounded by its worker's run_grant");
+  }
+  uint32_t mailbox_grant() const override { return 0; }
+
   LaneEndpoint(const ChildSpec& spec, std::unique_ptr<worker::Worker> w, Handles handles)
       : EndpointBase(absl::StrCat("child ", spec.index, " (lane)"), spec),
         worker_(std::move(w)),
@@ -396,6 +402,11 @@ class MailboxEndpoint final : public EndpointBase {
 
   bool can_dispatch() const override { return parent_.can_dispatch(); }
 
+  absl::Status set_mailbox_grant(uint32_t grant) override {
+    return base::annotate(parent_.regrant(grant, kControlTimeoutNs), describe() + ": ");
+  }
+  uint32_t mailbox_grant() const override { return parent_.grant(); }
+
   absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
     ControlCommand c;
     c.op = static_cast<uint32_t>(ControlOp::kMalloc);
@@ -526,7 +537,7 @@ namespace {
 // Runs one control command on the child's worker. Every field came from shared memory: the op
 // is checked, the host range must be one the child shares, the device range is the Worker's to
 // check (a live allocation, inside the buffer).
-ControlReply run_control(const ControlCommand& c, worker::Worker& w,
+ControlReply run_control(const ControlCommand& c, worker::Worker& w, MailboxRegion& region,
                          const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   absl::Status st;
   ControlReply reply;
@@ -551,6 +562,10 @@ ControlReply run_control(const ControlCommand& c, worker::Worker& w,
       } else {
         st = w.copy_from(host, buffer, c.bytes, c.offset);
       }
+      break;
+    case ControlOp::kRegrant:
+      // Checked against the region's extent before the table is installed (adopt_grant).
+      st = region.adopt_grant(c.grant);
       break;
     default:
       st = absl::InvalidArgumentError(absl::StrCat("unknown control op ", c.op));
@@ -591,7 +606,7 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
   while (true) {
     const uint32_t seen = child.doorbell();
     if (std::optional<ControlCommand> c = child.take_control(); c.has_value()) {
-      child.reply_control(run_control(*c, w, host_ranges));
+      child.reply_control(run_control(*c, w, region, host_ranges));
       continue;
     }
     absl::StatusOr<std::optional<Request>> taken = child.take();

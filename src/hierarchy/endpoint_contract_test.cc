@@ -143,6 +143,47 @@ TEST_P(EndpointContract, ARunComputesItsResultAndItsHandleCompletes) {
   EXPECT_TRUE(e->close().ok());
 }
 
+// A mailbox's grant changes while runs go on (grown, then shrunk); runs submitted across the
+// changes all finish with their own results. A lane has no mailbox and says so.
+TEST_P(EndpointContract, TheMailboxGrantChangesWhileRunsGoOn) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  if (GetParam() == Kind::kLane) {
+    EXPECT_EQ(e->mailbox_grant(), 0u);
+    EXPECT_TRUE(contains(e->set_mailbox_grant(8), "child 1 (lane) has no mailbox")) << "lane";
+    EXPECT_TRUE(e->close().ok());
+    return;
+  }
+  const uint32_t initial = e->mailbox_grant();
+  EXPECT_GE(initial, 1u);
+  std::vector<RunHandle> hs;
+  int next = 0;
+  auto submit_some = [&](int n) {
+    for (int i = 0; i < n; ++i, ++next) {
+      mem.cells[2 * next] = next;
+      hs.push_back(
+          *e->submit(affine_request(&mem.cells[2 * next], &mem.cells[2 * next + 1], 7, 300)));
+    }
+  };
+  submit_some(4);
+  ASSERT_TRUE(e->set_mailbox_grant(16).ok());
+  EXPECT_EQ(e->mailbox_grant(), 16u);
+  submit_some(12);
+  absl::Status refused = e->set_mailbox_grant(0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(contains(refused, "child 1 (")) << refused;
+  EXPECT_EQ(e->mailbox_grant(), 16u);
+  for (RunHandle& h : hs) ASSERT_TRUE(h.wait().ok());
+  ASSERT_TRUE(e->set_mailbox_grant(1).ok());  // nothing held above: the table shrinks
+  EXPECT_EQ(e->mailbox_grant(), 1u);
+  submit_some(4);
+  for (int i = 0; i < next; ++i) {
+    ASSERT_TRUE(hs[i].wait().ok()) << i;
+    EXPECT_EQ(mem.cells[2 * i + 1], 3 * i + 7) << i;
+  }
+  EXPECT_TRUE(e->close().ok());
+}
+
 TEST_P(EndpointContract, RunsFinishInSubmissionOrderWithTheirOwnResults) {
   auto e = start(GetParam(), spec_with());
   ASSERT_NE(e, nullptr);

@@ -15,10 +15,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/status.h"
 
 namespace simpler::hierarchy {
 
 namespace {
+
+absl::Status base_annotate_regrant(const absl::Status& s, uint32_t grant) {
+  return absl::Status(s.code(), absl::StrCat("mailbox regrant to ", grant, ": ", s.message()));
+}
 
 absl::Status errno_status(const char* call) {
   return absl::InternalError(absl::StrCat("mailbox: ", call, ": ", std::strerror(errno)));
@@ -72,11 +77,31 @@ absl::StatusOr<uint64_t> mailbox_bytes(uint32_t grant) {
   return sizeof(MailboxLayout) + uint64_t{grant + kRequestFrames} * sizeof(RunEntry);
 }
 
-MailboxRegion::MailboxRegion(int fd, void* base, uint64_t bytes, uint32_t entry_count)
-    : fd_(fd), base_(base), bytes_(bytes), entry_count_(entry_count) {}
+namespace {
+
+uint64_t page_round(uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+// The address range every mapping reserves: the largest mailbox's, so growing never moves it.
+uint64_t reserve_bytes() {
+  return page_round(sizeof(MailboxLayout) +
+                    uint64_t{kMaxMailboxGrant + kRequestFrames} * sizeof(RunEntry));
+}
+
+}  // namespace
+
+MailboxRegion::MailboxRegion(int fd, void* base, uint64_t mapped, uint64_t bytes,
+                             uint32_t entry_count)
+    : fd_(fd), base_(base), mapped_(mapped), bytes_(bytes), entry_count_(entry_count) {}
 
 MailboxRegion::MailboxRegion(MailboxRegion&& other) noexcept
-    : fd_(other.fd_), base_(other.base_), bytes_(other.bytes_), entry_count_(other.entry_count_) {
+    : fd_(other.fd_),
+      base_(other.base_),
+      mapped_(other.mapped_),
+      bytes_(other.bytes()),
+      entry_count_(other.entry_count()) {
   other.fd_ = -1;
   other.base_ = nullptr;
 }
@@ -86,8 +111,9 @@ MailboxRegion& MailboxRegion::operator=(MailboxRegion&& other) noexcept {
     reset();
     fd_ = std::exchange(other.fd_, -1);
     base_ = std::exchange(other.base_, nullptr);
-    bytes_ = other.bytes_;
-    entry_count_ = other.entry_count_;
+    mapped_ = other.mapped_;
+    bytes_.store(other.bytes());
+    entry_count_.store(other.entry_count());
   }
   return *this;
 }
@@ -95,14 +121,71 @@ MailboxRegion& MailboxRegion::operator=(MailboxRegion&& other) noexcept {
 MailboxRegion::~MailboxRegion() { reset(); }
 
 void MailboxRegion::reset() {
-  if (base_ != nullptr) (void)munmap(base_, bytes_);
+  if (base_ != nullptr) (void)munmap(base_, reserve_bytes());
   if (fd_ >= 0) (void)close(fd_);
   base_ = nullptr;
   fd_ = -1;
 }
 
+void* MailboxRegion::map_reserved(int fd, uint64_t bytes) {
+  void* base =
+      mmap(nullptr, reserve_bytes(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return MAP_FAILED;
+  void* got = mmap(base, page_round(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (got == MAP_FAILED) {
+    const int e = errno;
+    (void)munmap(base, reserve_bytes());
+    errno = e;
+  }
+  return got;
+}
+
+absl::Status MailboxRegion::map_to(uint64_t bytes) {
+  const uint64_t want = page_round(bytes);
+  if (want <= mapped_) return absl::OkStatus();
+  if (want > reserve_bytes()) {
+    return absl::InternalError(absl::StrCat("mailbox: ", bytes, " bytes exceed the reservation"));
+  }
+  void* tail = static_cast<uint8_t*>(base_) + mapped_;
+  if (mmap(tail, want - mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
+           static_cast<off_t>(mapped_)) == MAP_FAILED) {
+    return errno_status("mmap");
+  }
+  mapped_ = want;
+  return absl::OkStatus();
+}
+
+absl::Status MailboxRegion::prepare_grant(uint32_t grant) {
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t need, mailbox_bytes(grant));
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) return errno_status("fstat");
+  if (static_cast<uint64_t>(st.st_size) < need && ftruncate(fd_, static_cast<off_t>(need)) != 0) {
+    return errno_status("ftruncate");
+  }
+  SIMPLER_RETURN_IF_ERROR(map_to(need));
+  // Entries past the committed table: no side reads them before the commit.
+  const uint32_t from = entry_count(), to = grant + kRequestFrames;
+  if (to > from) std::memset(&entries_of(base_)[from], 0, uint64_t{to - from} * sizeof(RunEntry));
+  return absl::OkStatus();
+}
+
+absl::Status MailboxRegion::adopt_grant(uint32_t grant) {
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t need, mailbox_bytes(grant));
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) return errno_status("fstat");
+  const uint64_t extent = static_cast<uint64_t>(st.st_size);
+  if (extent < need) {
+    return absl::FailedPreconditionError(absl::StrCat("mailbox: grant ", grant, " needs ", need,
+                                                      " bytes; the region holds ", extent));
+  }
+  SIMPLER_RETURN_IF_ERROR(map_to(need));
+  bytes_.store(need, std::memory_order_release);
+  entry_count_.store(grant + kRequestFrames, std::memory_order_release);
+  return absl::OkStatus();
+}
+
 RunEntry* MailboxRegion::entry(uint32_t i) const {
-  if (i >= entry_count_) return nullptr;
+  if (i >= entry_count()) return nullptr;
   return &entries_of(base_)[i];
 }
 
@@ -117,7 +200,7 @@ absl::StatusOr<MailboxRegion> MailboxRegion::create(uint32_t grant) {
     (void)close(fd);
     return s;
   }
-  void* base = mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = map_reserved(fd, *bytes);
   if (base == MAP_FAILED) {
     absl::Status s = errno_status("mmap");
     (void)close(fd);
@@ -131,7 +214,7 @@ absl::StatusOr<MailboxRegion> MailboxRegion::create(uint32_t grant) {
   h.entry_count = grant + kRequestFrames;
   h.region_bytes = *bytes;
   h.parent_pid = static_cast<int32_t>(getpid());
-  return MailboxRegion(fd, base, *bytes, grant + kRequestFrames);
+  return MailboxRegion(fd, base, page_round(*bytes), *bytes, grant + kRequestFrames);
 }
 
 absl::StatusOr<MailboxRegion> MailboxRegion::attach(int fd) {
@@ -143,7 +226,9 @@ absl::StatusOr<MailboxRegion> MailboxRegion::attach(int fd) {
                                                       " bytes, smaller than its fixed part (",
                                                       sizeof(MailboxLayout), " bytes)"));
   }
-  void* base = mmap(nullptr, extent, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Never more than the largest mailbox: the rest of an oversized file is not looked at.
+  const uint64_t mapped = std::min(page_round(extent), reserve_bytes());
+  void* base = map_reserved(fd, mapped);
   if (base == MAP_FAILED) return errno_status("mmap");
   const MailboxHeader& h = static_cast<MailboxLayout*>(base)->header;
   absl::Status bad;
@@ -166,11 +251,11 @@ absl::StatusOr<MailboxRegion> MailboxRegion::attach(int fd) {
                                                      " and the mapping holds ", extent));
   }
   if (!bad.ok()) {
-    (void)munmap(base, extent);
+    (void)munmap(base, reserve_bytes());
     return bad;
   }
   // entry_count is taken once, here, after the check; later reads never trust the header.
-  return MailboxRegion(fd, base, extent, h.entry_count);
+  return MailboxRegion(fd, base, mapped, *want, h.entry_count);
 }
 
 void publish_stop(MailboxRegion& region, const std::string& reason) {
@@ -192,7 +277,10 @@ void publish_stop(MailboxRegion& region, const std::string& reason) {
 // ---- parent ----
 
 MailboxParent::MailboxParent(MailboxRegion* region)
-    : region_(region), held_(region->entry_count(), 0), gens_(region->entry_count(), 0) {}
+    : region_(region),
+      claim_limit_(region->entry_count()),
+      held_(region->entry_count(), 0),
+      gens_(region->entry_count(), 0) {}
 
 bool MailboxParent::can_dispatch() const {
   base::MutexLock lock(mu_);
@@ -205,7 +293,8 @@ bool MailboxParent::can_dispatch_locked() const {
       static_cast<uint32_t>(FrameState::kFree)) {
     return false;
   }
-  return in_flight_ < static_cast<int32_t>(held_.size());
+  // Runs hold entries only below claim_limit_ (a shrink waits for those above to be collected).
+  return in_flight_ < static_cast<int32_t>(claim_limit_);
 }
 
 absl::StatusOr<Ticket> MailboxParent::publish(uint64_t run_id, std::span<const uint8_t> payload) {
@@ -224,7 +313,7 @@ absl::StatusOr<Ticket> MailboxParent::publish(uint64_t run_id, std::span<const u
         "publishing");
   }
   uint32_t index = 0;
-  while (held_[index] != 0) ++index;  // in_flight_ < size: one is free
+  while (held_[index] != 0) ++index;  // every held entry is below claim_limit_ > in_flight_
   // Claim the entry (odd generation), then publish the frame naming it.
   RunEntry& e = *region_->entry(index);
   gens_[index] += 1;
@@ -371,6 +460,71 @@ absl::StatusOr<ControlReply> MailboxParent::control(const ControlCommand& comman
                         read_text(reply.text, reply.text_bytes, kErrorTextBytes));
   }
   return reply;
+}
+
+uint32_t MailboxParent::grant() const {
+  base::MutexLock lock(mu_);
+  return static_cast<uint32_t>(held_.size()) - kRequestFrames;
+}
+
+absl::Status MailboxParent::regrant(uint32_t grant, int64_t timeout_ns) {
+  SIMPLER_RETURN_IF_ERROR(mailbox_bytes(grant).status());
+  const uint32_t count = grant + kRequestFrames;
+  uint32_t old_count = 0;
+  {
+    base::MutexLock lock(mu_);
+    if (std::optional<std::string> why = stop_reason_locked(); why.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", *why));
+    }
+    if (claim_limit_ != held_.size()) {
+      return absl::FailedPreconditionError("mailbox: another regrant is in progress");
+    }
+    old_count = static_cast<uint32_t>(held_.size());
+    for (uint32_t i = count; i < old_count; ++i) {
+      if (held_[i] != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("mailbox: grant ", grant, " would drop run-state entry ", i,
+                         ", which run ", region_->entry(i)->run_id, " holds; collect it first"));
+      }
+    }
+    claim_limit_ = std::min(count, old_count);  // claims both tables hold, until the commit
+  }
+  const auto restore = [this, old_count] {
+    base::MutexLock lock(mu_);
+    claim_limit_ = old_count;
+  };
+  // Detached: the grown file, its mapped tail and this side's new record.
+  if (absl::Status s = region_->prepare_grant(grant); !s.ok()) {
+    restore();
+    return s;
+  }
+  ControlCommand c;
+  c.op = static_cast<uint32_t>(ControlOp::kRegrant);
+  c.grant = grant;
+  if (absl::StatusOr<ControlReply> r = control(c, timeout_ns); !r.ok()) {
+    restore();
+    return base_annotate_regrant(r.status(), grant);
+  }
+  // The commit: the child adopted the table; this side follows in one step.
+  base::MutexLock lock(mu_);
+  if (absl::Status s = region_->adopt_grant(grant); !s.ok()) {
+    claim_limit_ = old_count;
+    return s;
+  }
+  std::vector<uint8_t> held(count, 0);
+  std::vector<uint32_t> gens(count, 0);
+  for (uint32_t i = 0; i < std::min(count, old_count); ++i) {
+    held[i] = held_[i];
+    gens[i] = gens_[i];
+  }
+  held_.swap(held);
+  gens_.swap(gens);
+  claim_limit_ = count;
+  MailboxHeader& h = region_->header();
+  h.grant = grant;
+  h.entry_count = count;
+  h.region_bytes = region_->bytes();
+  return absl::OkStatus();
 }
 
 uint32_t MailboxParent::doorbell() const {

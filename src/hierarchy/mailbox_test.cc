@@ -1,6 +1,8 @@
 #include "simpler/hierarchy/mailbox.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace simpler::hierarchy {
@@ -404,6 +407,161 @@ TEST(MailboxConcurrency, ManyRunsEachCompleteExactlyOnceWithTheirOwnStatus) {
   stop_child.store(true);
   child.join();
   for (uint64_t run = 0; run < kRuns; ++run) ASSERT_EQ(seen[run], 1) << "run " << run;
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy
+
+namespace simpler::hierarchy {
+namespace {
+
+// The child's side of grant changes over its own mapping of the region (as a process child has):
+// a thread answering control commands the way serve_mailbox does.
+class RegrantServer {
+ public:
+  explicit RegrantServer(MailboxRegion& parent_region)
+      : region_(*MailboxRegion::attach(dup(parent_region.fd()))), child_(&region_) {
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        const uint32_t seen = child_.doorbell();
+        if (std::optional<ControlCommand> c = child_.take_control(); c.has_value()) {
+          const absl::Status s = c->op == static_cast<uint32_t>(ControlOp::kRegrant)
+                                     ? region_.adopt_grant(c->grant)
+                                     : absl::InvalidArgumentError("not a regrant");
+          ControlReply reply;
+          reply.code = static_cast<int32_t>(s.code());
+          const std::string text(s.message());
+          std::memcpy(reply.text, text.data(), std::min<size_t>(text.size(), kErrorTextBytes - 1));
+          reply.text_bytes =
+              static_cast<uint32_t>(std::min<size_t>(text.size(), kErrorTextBytes - 1));
+          child_.reply_control(reply);
+          continue;
+        }
+        child_.wait(seen, 1'000'000);
+      }
+    });
+  }
+  ~RegrantServer() {
+    stop_ = true;
+    thread_.join();
+  }
+  MailboxRegion& region() { return region_; }
+  MailboxChild& child() { return child_; }
+
+ private:
+  MailboxRegion region_;
+  MailboxChild child_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+constexpr int64_t kRegrantTimeoutNs = 10'000'000'000;
+
+TEST(MailboxRegrant, GrowsWhileRunsAreHeldAndShrinksOnlyOnceTheEntriesAboveAreCollected) {
+  MailboxRegion region = *MailboxRegion::create(1);
+  MailboxParent parent(&region);
+  RegrantServer server(region);
+  ASSERT_TRUE(parent.publish(100, bytes_of("held across the regrant")).ok());
+  Request held = take_one(server.child());
+  ASSERT_TRUE(parent.regrant(8, kRegrantTimeoutNs).ok());
+  EXPECT_EQ(parent.grant(), 8u);
+  EXPECT_EQ(region.header().grant, 8u);
+  EXPECT_EQ(region.header().region_bytes, *mailbox_bytes(8));
+  EXPECT_EQ(region.entry_count(), 10u);
+  EXPECT_EQ(server.region().entry_count(), 10u);  // the child adopted the same table
+  // Nine more runs: ten held at once, each in its own entry, then backpressure.
+  std::vector<Request> taken{held};
+  for (uint64_t run = 0; run < 9; ++run) {
+    ASSERT_TRUE(parent.can_dispatch()) << run;
+    ASSERT_TRUE(parent.publish(run, bytes_of("r")).ok());
+    taken.push_back(take_one(server.child()));
+  }
+  EXPECT_FALSE(parent.can_dispatch());
+  EXPECT_EQ(taken.back().ticket.entry, 9u);
+  // Entries 0..2 finish; 3..9 still hold runs: the table cannot shrink below them.
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(server.child().complete(taken[i].ticket, absl::OkStatus()).ok());
+  }
+  EXPECT_EQ(parent.collect().size(), 3u);
+  absl::Status shrink = parent.regrant(1, kRegrantTimeoutNs);
+  EXPECT_EQ(shrink.code(), absl::StatusCode::kFailedPrecondition) << shrink;
+  EXPECT_TRUE(contains(shrink, "would drop run-state entry 3, which run 2 holds")) << shrink;
+  EXPECT_EQ(parent.grant(), 8u);  // unchanged, and still usable
+  ASSERT_TRUE(parent.publish(50, bytes_of("after the refusal")).ok());
+  taken.push_back(take_one(server.child()));
+  for (size_t i = 3; i < taken.size(); ++i) {
+    ASSERT_TRUE(server.child().complete(taken[i].ticket, absl::OkStatus()).ok());
+  }
+  std::vector<Completion> rest = parent.collect();
+  EXPECT_EQ(rest.size(), taken.size() - 3);  // each run collected once
+  ASSERT_TRUE(parent.regrant(1, kRegrantTimeoutNs).ok());
+  EXPECT_EQ(region.entry_count(), 3u);
+  EXPECT_EQ(server.region().entry_count(), 3u);
+  for (uint64_t run = 200; run < 203; ++run) {
+    ASSERT_TRUE(parent.publish(run, bytes_of("r")).ok());
+    Request r = take_one(server.child());
+    EXPECT_LT(r.ticket.entry, 3u);
+  }
+  EXPECT_FALSE(parent.can_dispatch());  // three entries at grant 1
+  EXPECT_EQ(parent.regrant(0, kRegrantTimeoutNs).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(parent.regrant(1025, kRegrantTimeoutNs).code(), absl::StatusCode::kInvalidArgument);
+}
+
+std::vector<uint8_t> snapshot(const MailboxRegion& r) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&r.layout());
+  return {p, p + r.bytes()};
+}
+
+TEST(MailboxRegrant, AFailedSizingLeavesThePreviousGrantAndEveryByteIntact) {
+  MailboxRegion region = *MailboxRegion::create(2);
+  MailboxParent parent(&region);
+  RegrantServer server(region);
+  ASSERT_TRUE(parent.publish(7, bytes_of("in flight")).ok());
+  Request held = take_one(server.child());
+  const std::vector<uint8_t> before = snapshot(region);
+  // The sizing fails: the file may not grow (RLIMIT_FSIZE makes ftruncate fail with EFBIG).
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit capped = old;
+  capped.rlim_cur = region.bytes();
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &capped), 0);
+  absl::Status failed = parent.regrant(64, kRegrantTimeoutNs);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_TRUE(contains(failed, "ftruncate")) << failed;
+  EXPECT_EQ(parent.grant(), 2u);
+  EXPECT_EQ(region.entry_count(), 4u);
+  EXPECT_EQ(server.region().entry_count(), 4u);
+  EXPECT_EQ(snapshot(region), before);  // header, frames and entries byte for byte
+  // The run in flight completes and is collected as if nothing happened.
+  ASSERT_TRUE(server.child().complete(held.ticket, absl::OkStatus()).ok());
+  std::vector<Completion> done = parent.collect();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].ticket.run_id, 7u);
+}
+
+TEST(MailboxRegrant, TheChildChecksTheGrantAgainstTheExtentBeforeInstallingAnything) {
+  MailboxRegion region = *MailboxRegion::create(2);
+  MailboxRegion child_view = *MailboxRegion::attach(dup(region.fd()));
+  const std::vector<uint8_t> before = snapshot(child_view);
+  // The parent never grew the file: a grant of 64 does not fit its extent.
+  absl::Status refused = child_view.adopt_grant(64);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(contains(refused, absl::StrCat("grant 64 needs ", *mailbox_bytes(64),
+                                             " bytes; the region holds ", *mailbox_bytes(2))))
+      << refused;
+  EXPECT_EQ(child_view.entry_count(), 4u);
+  EXPECT_EQ(child_view.entry(4), nullptr);
+  EXPECT_EQ(snapshot(child_view), before);
+  EXPECT_EQ(child_view.adopt_grant(0).code(), absl::StatusCode::kInvalidArgument);
+  // Once the parent sized it, the same check passes and the table is installed.
+  ASSERT_TRUE(region.prepare_grant(64).ok());
+  ASSERT_TRUE(child_view.adopt_grant(64).ok());
+  EXPECT_EQ(child_view.entry_count(), 66u);
+  ASSERT_NE(child_view.entry(65), nullptr);
+  EXPECT_EQ(child_view.entry(65)->generation.load(), 0u);  // installed free
 }
 
 }  // namespace

@@ -77,6 +77,13 @@ class Endpoint {
   // in run order, on one of the endpoint's threads; set before the first submit(). It must not
   // call back into this endpoint. Lets a scheduler wait for many children's runs at once.
   virtual void set_on_done(std::function<void(uint64_t run_id)> on_done) = 0;
+  // The mailbox's grant (runs the child may hold at once; grant + K run-state entries) and its
+  // change while runs go on (MailboxParent::regrant: sized into detached storage, checked by the
+  // child against the region's extent, committed in one step; any error leaves the previous
+  // grant and every run intact), prefixed with describe(). A lane has no mailbox: 0, and
+  // FAILED_PRECONDITION.
+  virtual absl::Status set_mailbox_grant(uint32_t grant) = 0;
+  virtual uint32_t mailbox_grant() const = 0;
 };
 
 // What a child worker is built from: its Worker options (level 2; faults unset = the child

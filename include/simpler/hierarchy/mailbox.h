@@ -153,6 +153,22 @@ class MailboxRegion {
   // FAILED_PRECONDITION naming the first mismatch. Takes ownership of `fd` on success.
   static absl::StatusOr<MailboxRegion> attach(int fd);
 
+  // Grant changes, two-phase (the parent's MailboxParent::regrant drives them):
+  // prepare_grant (parent) sizes detached storage: grows the memfd and maps its new tail, and
+  // clears the entries between the current table's end and the new one's — memory no side
+  // reads until the commit. The committed table, header and mapping of everything below are
+  // untouched, so a failure (INVALID_ARGUMENT for a grant outside [1, kMaxMailboxGrant];
+  // INTERNAL naming ftruncate or mmap) leaves the region at its previous grant.
+  absl::Status prepare_grant(uint32_t grant);
+  // adopt_grant (either side) commits: checks the grant against the region's byte extent
+  // (fstat) before anything is mapped or read — FAILED_PRECONDITION naming both sizes when it
+  // does not hold the table, INVALID_ARGUMENT for a grant out of range, nothing changed on
+  // either — then maps what is missing and publishes the new entry count in one store.
+  // Thread-safe against entry() (a shrink is the caller's to make safe: no entry above the new
+  // table may be in use). The region's base address never moves: the whole largest mailbox's
+  // address range is reserved when it is mapped.
+  absl::Status adopt_grant(uint32_t grant);
+
   MailboxRegion(MailboxRegion&& other) noexcept;
   MailboxRegion& operator=(MailboxRegion&& other) noexcept;
   MailboxRegion(const MailboxRegion&) = delete;
@@ -160,8 +176,9 @@ class MailboxRegion {
   ~MailboxRegion();
 
   int fd() const { return fd_; }
-  uint64_t bytes() const { return bytes_; }
-  uint32_t entry_count() const { return entry_count_; }
+  // The bytes the committed grant needs (mailbox_bytes(grant)).
+  uint64_t bytes() const { return bytes_.load(std::memory_order_acquire); }
+  uint32_t entry_count() const { return entry_count_.load(std::memory_order_acquire); }
   MailboxLayout& layout() const { return *static_cast<MailboxLayout*>(base_); }
   MailboxHeader& header() const { return layout().header; }
   RequestFrame& frame(uint32_t i) const { return layout().frames[i]; }  // i < kRequestFrames
@@ -169,12 +186,19 @@ class MailboxRegion {
   RunEntry* entry(uint32_t i) const;
 
  private:
-  MailboxRegion(int fd, void* base, uint64_t bytes, uint32_t entry_count);
+  MailboxRegion(int fd, void* base, uint64_t mapped, uint64_t bytes, uint32_t entry_count);
+  // Maps `fd`'s first `bytes` (page-rounded) at the start of a fresh reservation of the
+  // largest mailbox's address range; returns the base or MAP_FAILED (errno set).
+  static void* map_reserved(int fd, uint64_t bytes);
+  // Maps [mapped_, bytes) of the file behind what is mapped (the tail only).
+  absl::Status map_to(uint64_t bytes);
   void reset();
   int fd_ = -1;
   void* base_ = nullptr;
-  uint64_t bytes_ = 0;
-  uint32_t entry_count_ = 0;  // validated at create/attach; never re-read from shared memory
+  uint64_t mapped_ = 0;  // page-rounded bytes of the file mapped at base_
+  std::atomic<uint64_t> bytes_{0};
+  // Validated at create/attach/adopt_grant; never re-read from shared memory.
+  std::atomic<uint32_t> entry_count_{0};
 };
 
 // One run's outcome as the parent collects it.
@@ -187,10 +211,17 @@ struct Completion {
 
 // A control command in the control frame: the parent's memory operations on the child's
 // device. Plain struct, copied in and out of the frame's payload and checked on arrival.
-enum class ControlOp : uint32_t { kMalloc = 1, kFree = 2, kCopyTo = 3, kCopyFrom = 4 };
+// kRegrant: the child adopts the grant in `grant` (MailboxParent::regrant).
+enum class ControlOp : uint32_t {
+  kMalloc = 1,
+  kFree = 2,
+  kCopyTo = 3,
+  kCopyFrom = 4,
+  kRegrant = 5
+};
 struct ControlCommand {
-  uint32_t op = 0;  // ControlOp
-  uint32_t reserved = 0;
+  uint32_t op = 0;            // ControlOp
+  uint32_t grant = 0;         // kRegrant
   uint64_t device = 0;        // the device buffer (kFree, kCopyTo, kCopyFrom)
   uint64_t device_bytes = 0;  // its size (kFree, kCopyTo, kCopyFrom); bytes to allocate (kMalloc)
   uint64_t host = 0;          // memory the child sees at the same address (kCopyTo, kCopyFrom)
@@ -239,6 +270,17 @@ class MailboxParent {
   // Errors: FAILED_PRECONDITION when the endpoint stopped (before or while waiting: its reason);
   // DEADLINE_EXCEEDED after `timeout_ns`; the child's own error for the command.
   absl::StatusOr<ControlReply> control(const ControlCommand& command, int64_t timeout_ns);
+  // Changes the grant (the run-state entries are grant + K) while runs go on: sizes detached
+  // storage (MailboxRegion::prepare_grant), has the child check the new table against the
+  // region's extent and adopt it (a kRegrant control command, ordered after the runs published
+  // before), then commits this side's table and the header in one step. Until the commit,
+  // publish() claims only entries both tables hold. Errors, each leaving the previous grant
+  // intact (table, header, every run in flight): INVALID_ARGUMENT for a grant outside
+  // [1, kMaxMailboxGrant]; FAILED_PRECONDITION when shrinking below an entry a run holds (naming
+  // it and the run) or the endpoint stopped; the sizing's INTERNAL error; the child's refusal;
+  // DEADLINE_EXCEEDED after `timeout_ns`.
+  absl::Status regrant(uint32_t grant, int64_t timeout_ns);
+  uint32_t grant() const;
 
   // The parent doorbell's current value, and a wait until it moves from `seen` (or
   // `timeout_ns` passes; spurious returns are possible — re-check).
@@ -253,6 +295,8 @@ class MailboxParent {
   mutable base::Mutex mu_;
   base::Mutex control_mu_;  // one control command at a time (taken before mu_)
   int32_t in_flight_ SIMPLER_GUARDED_BY(mu_) = 0;
+  // Entries publish() may claim: the table's size, or both tables' during a regrant.
+  uint32_t claim_limit_ SIMPLER_GUARDED_BY(mu_) = 0;
   // Which entries this side holds and their generations: the parent's own
   // record, never re-read from shared memory (the child cannot change them).
   std::vector<uint8_t> held_ SIMPLER_GUARDED_BY(mu_);
