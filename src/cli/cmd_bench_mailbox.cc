@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 
 #include "cli/bench_stats.h"
@@ -111,8 +112,25 @@ absl::StatusOr<Percentiles> bare_rtt(int iterations) {
   return percentiles(us);
 }
 
+// Where a one-task run's time goes, p50 of each part (µs): from submit to the task's start on
+// the device, the task on the device, and from its end to the caller seeing the run done.
+struct Split {
+  double to_device = 0, device = 0, back = 0;
+};
+
+Split split_of(const std::vector<std::array<int64_t, 4>>& stamps) {
+  std::vector<double> to, on, back;
+  for (const auto& [submit, start, end, done] : stamps) {
+    to.push_back((start - submit) / 1e3);
+    on.push_back((end - start) / 1e3);
+    back.push_back((done - end) / 1e3);
+  }
+  return {percentile(to, 0.5), percentile(on, 0.5), percentile(back, 0.5)};
+}
+
 struct L3Numbers {
   Percentiles one_task;
+  Split split;
   std::map<int, double> marginal_us;  // tasks -> µs per task
   double staged_gap_us_p50 = 0;       // child 0's device gap between consecutive L3 runs
 };
@@ -150,12 +168,19 @@ absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
   SIMPLER_RETURN_IF_ERROR(w.init());
   L3Numbers out;
   std::vector<double> us;
+  std::vector<std::array<int64_t, 4>> stamps;
   for (int i = 0; i < runs + runs / 10; ++i) {
     const int64_t t0 = base::now_ns();
-    SIMPLER_RETURN_IF_ERROR(w.run(fan[1], {}));
-    if (i >= runs / 10) us.push_back((base::now_ns() - t0) / 1e3);  // after a warm-up tenth
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(fan[1], {}));
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    const int64_t t1 = base::now_ns();
+    if (i < runs / 10) continue;  // after a warm-up tenth
+    us.push_back((t1 - t0) / 1e3);
+    const auto& tasks = h.result().report.tasks;
+    if (!tasks.empty()) stamps.push_back({t0, tasks[0].start_ns, tasks[0].end_ns, t1});
   }
   out.one_task = percentiles(us);
+  out.split = split_of(stamps);
   std::map<int, double> median_run_us;
   for (int n : {1, 16, 256}) {
     const int reps = std::max(5, runs / n);
@@ -195,6 +220,7 @@ absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
 
 struct L2Numbers {
   Percentiles run;
+  Split split;
   double gap_us_p50 = 0;  // the lane's own device gap between consecutive runs
 };
 
@@ -205,12 +231,19 @@ absl::StatusOr<L2Numbers> l2_numbers(int runs, const worker::WorkerOptions& opti
   SIMPLER_RETURN_IF_ERROR(w.init());
   L2Numbers out;
   std::vector<double> us;
+  std::vector<std::array<int64_t, 4>> stamps;
   for (int i = 0; i < runs + runs / 10; ++i) {
     const int64_t t0 = base::now_ns();
-    SIMPLER_RETURN_IF_ERROR(w.run(noop, {}));
-    if (i >= runs / 10) us.push_back((base::now_ns() - t0) / 1e3);
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(noop, {}));
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    const int64_t t1 = base::now_ns();
+    if (i < runs / 10) continue;
+    us.push_back((t1 - t0) / 1e3);
+    const worker::RunTiming& t = h.result().timing;
+    stamps.push_back({t0, t.device_start_ns, t.device_end_ns, t1});
   }
   out.run = percentiles(us);
+  out.split = split_of(stamps);
   std::vector<worker::RunHandle> hs;
   const int gap_runs = std::max(20, std::min(runs, 400));
   task::TaskArgs a;
@@ -280,6 +313,14 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
       j["staged_gap_us_p50_thread"] = thread->staged_gap_us_p50;
       j["l2_gap_us_p50"] = l2n->gap_us_p50;
       j["target_l3_run_us_p50"] = target;
+      const auto split_json = [](const Split& sp) {
+        return nlohmann::json{{"to_device_us_p50", sp.to_device},
+                              {"device_us_p50", sp.device},
+                              {"back_us_p50", sp.back}};
+      };
+      j["run_split"] = {{"l3_process", split_json(process->split)},
+                        {"l3_thread", split_json(thread->split)},
+                        {"l2", split_json(l2n->split)}};
       std::printf("%s\n", base::dump_replacing(j).c_str());
       return 0;
     }
@@ -292,6 +333,14 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
     std::printf("L2 run, 1 task                     p50 %8.1f us\n", l2->p50);
     std::printf("target: L3 process p50 <= L2 p50 + 3 x round trip = %.1f us: %s\n", target,
                 process->one_task.p50 <= target ? "met" : "MISSED");
+    std::printf(
+        "where a one-task run's time goes, p50 (submit -> device start / on device / "
+        "device end -> done):\n");
+    for (const auto& [name, sp] : {std::pair<const char*, Split>{"L3 process", process->split},
+                                   {"L3 thread", thread->split},
+                                   {"L2", l2n->split}}) {
+      std::printf("  %-11s %8.1f us  %8.1f us  %8.1f us\n", name, sp.to_device, sp.device, sp.back);
+    }
     std::printf("marginal cost per next-level task (process mode):");
     for (const auto& [n, us] : process->marginal_us) std::printf("  %d tasks %.2f us", n, us);
     std::printf("\nmailbox bytes:");

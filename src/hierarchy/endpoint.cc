@@ -176,19 +176,30 @@ class EndpointBase : public Endpoint {
 
   // Run `id` ended with `status` (any order; finalized in run order), having
   // run on the child's device from `start_ns` to `end_ns` (0 = unknown).
+  // set_on_done's callback runs after mu_ is released (it may submit to this endpoint), under
+  // notify_mu_, so the notifications of consecutive completions keep run order.
   void complete(uint64_t id, const absl::Status& status, int64_t start_ns = 0, int64_t end_ns = 0) {
-    base::MutexLock lock(mu_);
-    bool found = false;
-    for (Pending& p : runs_) {
-      if (p.shared->id.value != id) continue;
-      p.done = true;
-      p.status = status;
-      p.start_ns = start_ns;
-      p.end_ns = end_ns;
-      found = true;
-      break;
+    base::MutexLock notify(notify_mu_);
+    std::vector<uint64_t> finalized;
+    std::function<void(uint64_t)> on_done;
+    {
+      base::MutexLock lock(mu_);
+      bool found = false;
+      for (Pending& p : runs_) {
+        if (p.shared->id.value != id) continue;
+        p.done = true;
+        p.status = status;
+        p.start_ns = start_ns;
+        p.end_ns = end_ns;
+        found = true;
+        break;
+      }
+      if (found) finalize_ready_locked(&finalized);
+      on_done = on_done_;
     }
-    if (found) finalize_ready_locked();
+    if (on_done) {
+      for (uint64_t run : finalized) on_done(run);
+    }
   }
 
   // Refuses new submits from now on with `status` (the endpoint stopped).
@@ -211,7 +222,7 @@ class EndpointBase : public Endpoint {
     int64_t end_ns = 0;
   };
 
-  void finalize_ready_locked() SIMPLER_REQUIRES(mu_) {
+  void finalize_ready_locked(std::vector<uint64_t>* finalized) SIMPLER_REQUIRES(mu_) {
     while (!runs_.empty() && runs_.front().done) {
       Pending p = std::move(runs_.front());
       runs_.pop_front();
@@ -224,7 +235,7 @@ class EndpointBase : public Endpoint {
       res.timing.device_end_ns = p.end_ns;
       if (!res.status.ok()) failed_.push_back(p.shared);
       p.shared->finalized.signal(res.status);
-      if (on_done_) on_done_(res.id.value);
+      finalized->push_back(res.id.value);
     }
     cv_.notify_all();
   }
@@ -233,6 +244,7 @@ class EndpointBase : public Endpoint {
   std::vector<std::string> names_;
   std::vector<std::pair<uint64_t, uint64_t>> host_ranges_;
   base::Mutex submit_mu_;
+  base::Mutex notify_mu_;  // taken before mu_; held while on_done_ runs
   mutable base::Mutex mu_;
   base::CondVar cv_;
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
@@ -583,26 +595,42 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
                    const std::map<std::string, worker::CallableHandle>& handles,
                    const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   MailboxChild child(&region);
-  struct Accepted {
+  // Terminal states go out in acceptance order, each as soon as its run finished: written by the
+  // worker's lane thread as it retires the run (Worker::submit's on_finalized; no thread of our
+  // own in between), or here for a request refused before it ran. Shared with the
+  // notifications, which may come after a refusal already ended a slot.
+  struct Slot {
     Ticket ticket;
-    worker::RunHandle handle;
-    absl::Status refused;
+    bool done = false;
+    absl::Status status;
+    int64_t start_ns = 0, end_ns = 0;
   };
-  base::WorkQueue<Accepted> accepted;
-  // Terminal states go out in acceptance order, each when its run finished.
-  std::thread completer([&] {
-    base::set_thread_name("simpler-l3-child");
-    while (std::optional<Accepted> next = accepted.pop()) {
-      const Accepted& a = *next;
-      const absl::Status status = a.handle.valid() ? a.handle.wait() : a.refused;
-      if (!status.ok() && status.message().size() >= kErrorTextBytes) {
-        SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", a.ticket.run_id,
-                          status.ToString());
+  struct Order {
+    base::Mutex mu;
+    base::CondVar cv;
+    std::deque<std::shared_ptr<Slot>> slots SIMPLER_GUARDED_BY(mu);
+  };
+  auto order = std::make_shared<Order>();
+  MailboxChild* out = &child;  // used only while a slot is pending: serve_mailbox waits for them
+  const auto finish = [order, out](const std::shared_ptr<Slot>& slot, const absl::Status& status,
+                                   int64_t start_ns, int64_t end_ns) {
+    base::MutexLock lock(order->mu);
+    if (slot->done) return;  // a refusal and a notification: the first one counts
+    slot->done = true;
+    slot->status = status;
+    slot->start_ns = start_ns;
+    slot->end_ns = end_ns;
+    while (!order->slots.empty() && order->slots.front()->done) {
+      const Slot& s = *order->slots.front();
+      if (!s.status.ok() && s.status.message().size() >= kErrorTextBytes) {
+        SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", s.ticket.run_id,
+                          s.status.ToString());
       }
-      const worker::RunTiming t = a.handle.valid() ? a.handle.result().timing : worker::RunTiming{};
-      (void)child.complete(a.ticket, status, t.device_start_ns, t.device_end_ns);
+      (void)out->complete(s.ticket, s.status, s.start_ns, s.end_ns);
+      order->slots.pop_front();
     }
-  });
+    order->cv.notify_all();
+  };
   while (true) {
     const uint32_t seen = child.doorbell();
     if (std::optional<ControlCommand> c = child.take_control(); c.has_value()) {
@@ -616,26 +644,32 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
       continue;
     }
     Request& req = **taken;
-    Accepted a;
-    a.ticket = req.ticket;
+    auto slot = std::make_shared<Slot>();
+    slot->ticket = req.ticket;
+    {
+      base::MutexLock lock(order->mu);
+      order->slots.push_back(slot);  // before the submit: its notification may come first
+    }
+    absl::Status refused;
     absl::StatusOr<RunRequest> decoded = decode_run_request(req.payload);
     if (!decoded.ok()) {
-      a.refused = decoded.status();
+      refused = decoded.status();
     } else if (auto it = handles.find(decoded->callable); it == handles.end()) {
-      a.refused = absl::NotFoundError(
+      refused = absl::NotFoundError(
           absl::StrCat("no callable named '", decoded->callable, "' is registered"));
     } else {
-      absl::StatusOr<worker::RunHandle> run = w.submit(it->second, decoded->args, decoded->config);
-      if (run.ok()) {
-        a.handle = *run;
-      } else {
-        a.refused = run.status();
-      }
+      absl::StatusOr<worker::RunHandle> run = w.submit(
+          it->second, decoded->args, decoded->config, std::numeric_limits<double>::infinity(),
+          [finish, slot](const worker::RunResult& r) {
+            finish(slot, r.status, r.timing.device_start_ns, r.timing.device_end_ns);
+          });
+      if (!run.ok()) refused = run.status();
     }
-    (void)accepted.push(std::move(a));
+    if (!refused.ok()) finish(slot, refused, 0, 0);
   }
-  accepted.close();
-  completer.join();
+  // Stopped: the runs accepted still finish, and their terminal states are written, in order.
+  base::MutexLock lock(order->mu);
+  while (!order->slots.empty()) order->cv.wait(lock);
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> start_lane_child(const ChildSpec& spec) {

@@ -87,6 +87,15 @@ uint64_t map_key(const task::Tensor& t, int32_t child) {
 
 }  // namespace
 
+// The scheduler is a monitor, not a thread: whoever brings news — the caller's submit(), an
+// endpoint's completion, a sub-task's end — takes mu_ and advances the runs itself (retires the
+// finished ones, orchestrates queued runs while the launch depth allows, dispatches ready
+// tasks). No hand-off to a scheduler thread sits on a run's path.
+//
+// Which Impl this thread is orchestrating for (an orchestration runs with mu_ held): L3Context
+// calls are checked against it, and this worker's own API refuses to be called from inside.
+static thread_local const void* t_orchestrating = nullptr;
+
 class L3Worker::Impl {
  public:
   explicit Impl(const L3Options& options) : options_(options) {}
@@ -99,6 +108,16 @@ class L3Worker::Impl {
 
   absl::Status check_registration(const char* what) const {
     if (started_) return absl::FailedPreconditionError(absl::StrCat(what, " after init()"));
+    return absl::OkStatus();
+  }
+
+  // FAILED_PRECONDITION when called from one of this worker's orchestrations (it holds mu_).
+  absl::Status check_not_orchestrating(const char* what) const {
+    if (t_orchestrating == this) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " called from an L3 orchestration of the same worker; an "
+                             "orchestration submits tasks through its L3Context only"));
+    }
     return absl::OkStatus();
   }
 
@@ -129,57 +148,63 @@ class L3Worker::Impl {
       spec.options.device_id = options_.device_ids[i];
       spec.callables = callables;
       spec.setups = setups;
-      spec.host_ranges = {{reinterpret_cast<uintptr_t>(heap_),
-                           reinterpret_cast<uintptr_t>(heap_) + options_.host_heap_bytes}};
+      spec.host_ranges = {{reinterpret_cast<uintptr_t>(heap),
+                           reinterpret_cast<uintptr_t>(heap) + options_.host_heap_bytes}};
       specs.push_back(std::move(spec));
     }
+    std::vector<std::unique_ptr<Endpoint>> children;
     if (options_.child_mode == ChildMode::kProcess) {
       absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> all = start_process_children(specs);
       if (!all.ok()) return base::annotate(all.status(), "L3 init: ");
-      children_ = std::move(*all);
+      children = std::move(*all);
     } else {
       for (const ChildSpec& spec : specs) {
         absl::StatusOr<std::unique_ptr<Endpoint>> e = start_lane_child(spec);
         if (!e.ok()) {
-          (void)close_children();
+          for (auto& c : children) (void)c->close();
           return base::annotate(e.status(), absl::StrCat("L3 init, child ", spec.index, ": "));
         }
-        children_.push_back(std::move(*e));
+        children.push_back(std::move(*e));
       }
     }
-    for (size_t i = 0; i < children_.size(); ++i) {
-      children_[i]->set_on_done([this, i](uint64_t run) {
-        base::MutexLock lock(ev_mu_);
-        events_.push_back({static_cast<int32_t>(i), run, 0, absl::OkStatus()});
-        ev_cv_.notify_all();
+    {
+      base::MutexLock lock(mu_);
+      children_ = std::move(children);
+      child_queue_.resize(children_.size());
+      child_in_flight_.assign(children_.size(), 0);
+      initialized_.store(true, std::memory_order_release);
+    }
+    // children_ is fixed from here until close(): read without the lock by the methods
+    // that only call into an endpoint.
+    for (size_t i = 0; i < options_.device_ids.size(); ++i) {
+      endpoint(static_cast<int32_t>(i)).set_on_done([this, i](uint64_t run) {
+        base::MutexLock lock(mu_);
+        on_child_done_locked(static_cast<int32_t>(i), run);
+        advance_locked();
       });
     }
-    child_queue_.resize(children_.size());
     for (int32_t t = 0; t < options_.sub_threads; ++t) {
       sub_threads_.emplace_back([this] {
         base::set_thread_name("simpler-l3-sub");
         sub_loop();
       });
     }
-    scheduler_ = std::thread([this] {
-      base::set_thread_name("simpler-l3-sched");
-      scheduler_loop();
-    });
     base::MutexLock lock(mu_);
     ready_ = true;
     return absl::OkStatus();
   }
 
   absl::Status close() {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("L3Worker::close"));
     {
       base::MutexLock lock(mu_);
       if (closed_) return absl::OkStatus();
       closed_ = true;
       closing_ = true;
-      cv_.notify_all();
+      // Queued runs are orchestrated and every run finishes: the events that move them come
+      // from the children and the sub-task threads, which are still running.
+      while (!queue_.empty() || !inflight_.empty()) cv_.wait(lock);
     }
-    kick();
-    if (scheduler_.joinable()) scheduler_.join();
     sub_jobs_.close();
     for (auto& t : sub_threads_) t.join();
     sub_threads_.clear();
@@ -195,6 +220,7 @@ class L3Worker::Impl {
 
   // ---- host heap ----
   absl::StatusOr<HostBuffer> create_buffer(uint64_t bytes) {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("create_buffer"));
     if (bytes == 0) return absl::InvalidArgumentError("create_buffer: 0 bytes");
     base::MutexLock lock(mu_);
     if (heap_ == nullptr) return absl::FailedPreconditionError("create_buffer before init()");
@@ -215,6 +241,7 @@ class L3Worker::Impl {
   }
 
   absl::Status free_buffer(const HostBuffer& b) {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("free_buffer"));
     base::MutexLock lock(mu_);
     const uint64_t base_addr = reinterpret_cast<uintptr_t>(heap_);
     auto it =
@@ -253,23 +280,27 @@ class L3Worker::Impl {
   }
 
   absl::Status check_child(int32_t child) const {
-    if (child < 0 || child >= static_cast<int32_t>(children_.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("child ", child, " outside [0, ", children_.size(), ") (after init())"));
+    if (child < 0 || child >= static_cast<int32_t>(options_.device_ids.size()) || !initialized()) {
+      return absl::InvalidArgumentError(absl::StrCat("child ", child, " outside [0, ",
+                                                     initialized() ? options_.device_ids.size() : 0,
+                                                     ") (after init())"));
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<worker::DeviceBuffer> child_malloc(int32_t child, uint64_t bytes) {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("child_malloc"));
     SIMPLER_RETURN_IF_ERROR(check_child(child));
-    return children_[child]->malloc(bytes);
+    return endpoint(child).malloc(bytes);
   }
   absl::Status child_free(int32_t child, const worker::DeviceBuffer& buffer) {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("child_free"));
     SIMPLER_RETURN_IF_ERROR(check_child(child));
-    return children_[child]->free(buffer);
+    return endpoint(child).free(buffer);
   }
   absl::Status copy_child(bool to_child, int32_t child, const worker::DeviceBuffer& device,
                           const HostBuffer& host, uint64_t bytes, uint64_t offset) {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("copy_to_child / copy_from_child"));
     SIMPLER_RETURN_IF_ERROR(check_child(child));
     if (bytes > host.bytes) {
       return absl::InvalidArgumentError(
@@ -284,11 +315,11 @@ class L3Worker::Impl {
       }
     }
     void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(host.address));
-    return to_child ? children_[child]->copy_to(device, p, bytes, offset)
-                    : children_[child]->copy_from(p, device, bytes, offset);
+    return to_child ? endpoint(child).copy_to(device, p, bytes, offset)
+                    : endpoint(child).copy_from(p, device, bytes, offset);
   }
 
-  bool in_heap(uint64_t address, uint64_t bytes) const {
+  bool in_heap_locked(uint64_t address, uint64_t bytes) const SIMPLER_REQUIRES(mu_) {
     const uint64_t b = reinterpret_cast<uintptr_t>(heap_);
     return heap_ != nullptr && address >= b && bytes <= options_.host_heap_bytes &&
            address - b <= options_.host_heap_bytes - bytes;
@@ -296,6 +327,7 @@ class L3Worker::Impl {
 
   // ---- runs ----
   absl::StatusOr<worker::RunHandle> submit(ProgramHandle program, const task::TaskArgs& args) {
+    SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("L3Worker::submit"));
     if (program.index >= programs.size()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown L3 program handle ", program.index,
                                                      " (", programs.size(), " registered)"));
@@ -310,12 +342,20 @@ class L3Worker::Impl {
     queue_.push_back({program.index, args, shared});
     note_ranges_locked(shared->id.value, args);
     ++queued_or_running_;
-    lock.unlock();
-    kick();
+    advance_locked();  // on this thread: orchestrated and dispatched now when the depth allows
     return worker::RunHandle(shared);
   }
 
   uint64_t next_level_dispatched() const { return dispatched_.load(std::memory_order_relaxed); }
+
+  std::vector<std::string> describe_children() const {
+    std::vector<std::string> out;
+    if (!initialized()) return out;
+    for (size_t i = 0; i < options_.device_ids.size(); ++i) {
+      out.push_back(endpoint(static_cast<int32_t>(i)).describe());
+    }
+    return out;
+  }
 
   // The host heap ranges `args` name, kept until run `seq` finalizes (free_buffer checks them).
   // DEVICE tensors are a child's memory, not the heap's.
@@ -325,15 +365,9 @@ class L3Worker::Impl {
       if (a.direction == task::ArgDirection::kScalar) continue;
       if (a.tensor.memory != task::MemoryKind::kHost) continue;
       const uint64_t bytes = a.tensor.span_bytes();
-      if (bytes == 0 || !in_heap(a.tensor.address, bytes)) continue;
+      if (bytes == 0 || !in_heap_locked(a.tensor.address, bytes)) continue;
       named_[seq].emplace_back(a.tensor.address, a.tensor.address + bytes);
     }
-  }
-
-  std::vector<std::string> describe_children() const {
-    std::vector<std::string> out;
-    for (const auto& c : children_) out.push_back(c->describe());
-    return out;
   }
 
  private:
@@ -342,21 +376,13 @@ class L3Worker::Impl {
     task::TaskArgs args;
     std::shared_ptr<worker::RunShared> shared;
   };
-  // A completion: a child's run (child >= 0, endpoint run id) or a sub-task
-  // (child -1, task id, its status).
-  struct Event {
-    int32_t child;
-    uint64_t run;
-    uint64_t task;
-    absl::Status status;
-  };
   struct SubJob {
     uint64_t task;
     uint32_t fn;
     task::TaskArgs args;
   };
 
-  // One task of a run in flight (scheduler thread only).
+  // One task of a run in flight.
   struct Task {
     size_t run = 0;      // index into runs_ (RunCtx) at submission: RunCtx::seq
     int32_t child = -1;  // -1: a host sub-task
@@ -381,7 +407,8 @@ class L3Worker::Impl {
     std::vector<uint64_t> tasks;  // task ids in task order
   };
 
-  // The orchestration's view while one run is orchestrated.
+  // The orchestration's view while one run is orchestrated (with mu_ held, on the thread that
+  // advanced the runs).
   class Exec final : public L3Context {
    public:
     Exec(Impl& impl, RunCtx& run) : impl_(impl), run_(run) {}
@@ -389,6 +416,8 @@ class L3Worker::Impl {
     absl::StatusOr<uint32_t> submit_next_level(ChildCallable callable, const task::TaskArgs& args,
                                                int32_t child,
                                                const task::CallConfig& config) override {
+      SIMPLER_RETURN_IF_ERROR(check_context());
+      impl_.mu_.assert_held();
       if (callable.index >= impl_.callables.size()) {
         return absl::InvalidArgumentError(
             absl::StrCat("submit_next_level: unknown callable handle ", callable.index));
@@ -403,16 +432,18 @@ class L3Worker::Impl {
         const task::Arg& a = args[i];
         if (a.direction == task::ArgDirection::kScalar || a.tensor.span_bytes() == 0) continue;
         if (a.tensor.memory != task::MemoryKind::kHost) continue;  // the child's device memory
-        if (!impl_.in_heap(a.tensor.address, a.tensor.span_bytes())) {
+        if (!impl_.in_heap_locked(a.tensor.address, a.tensor.span_bytes())) {
           return absl::InvalidArgumentError(absl::StrCat(
               "submit_next_level: argument ", i, " ", a.tensor.debug_string(),
               " is not inside the shared host heap: a child sees only create_buffer() memory"));
         }
       }
-      return impl_.add_task(run_, child, callable.index, args, config);
+      return impl_.add_task_locked(run_, child, callable.index, args, config);
     }
 
     absl::StatusOr<uint32_t> submit_sub(SubHandle fn, const task::TaskArgs& args) override {
+      SIMPLER_RETURN_IF_ERROR(check_context());
+      impl_.mu_.assert_held();
       if (fn.index >= impl_.subs.size()) {
         return absl::InvalidArgumentError(
             absl::StrCat("submit_sub: unknown sub handle ", fn.index));
@@ -427,15 +458,31 @@ class L3Worker::Impl {
                                                          "takes HOST tensors and scalars"));
         }
       }
-      return impl_.add_task(run_, -1, fn.index, args, {});
+      return impl_.add_task_locked(run_, -1, fn.index, args, {});
     }
 
-    int32_t num_children() const override { return static_cast<int32_t>(impl_.children_.size()); }
+    int32_t num_children() const override {
+      return static_cast<int32_t>(impl_.options_.device_ids.size());
+    }
 
    private:
+    // The context is valid only during its orchestration call, on that call's thread.
+    absl::Status check_context() const {
+      if (t_orchestrating != &impl_) {
+        return absl::FailedPreconditionError(
+            "an L3Context used outside its orchestration call (or from another thread)");
+      }
+      return absl::OkStatus();
+    }
     Impl& impl_;
     RunCtx& run_;
   };
+
+  bool initialized() const { return initialized_.load(std::memory_order_acquire); }
+  // A child's endpoint; children_ does not change between init() and close().
+  Endpoint& endpoint(int32_t child) const SIMPLER_NO_THREAD_SAFETY_ANALYSIS {
+    return *children_[child];
+  }
 
   std::string name_task(const Task& k) const {
     if (k.child < 0) {
@@ -446,7 +493,7 @@ class L3Worker::Impl {
                         callables[k.fn].name, "')");
   }
 
-  RunCtx* run_of(uint64_t seq) {
+  RunCtx* run_of_locked(uint64_t seq) SIMPLER_REQUIRES(mu_) {
     for (RunCtx& r : inflight_) {
       if (r.seq == seq) return &r;
     }
@@ -458,9 +505,8 @@ class L3Worker::Impl {
   // tasks on the same buffers). Within a run, a task whose input task failed
   // is not run; across runs a failed task only orders (as at L2, a failed
   // run's outputs are undefined and a later run is not failed for them).
-  uint32_t add_task(RunCtx& run, int32_t child, uint32_t fn, const task::TaskArgs& args,
-                    const task::CallConfig& config) {
-    pump(false);  // completions so far: fewer false dependencies
+  uint32_t add_task_locked(RunCtx& run, int32_t child, uint32_t fn, const task::TaskArgs& args,
+                           const task::CallConfig& config) SIMPLER_REQUIRES(mu_) {
     const uint64_t id = next_task_++;
     Task& k = tasks_[id];
     k.run = run.seq;
@@ -471,17 +517,15 @@ class L3Worker::Impl {
     k.config = config;
     run.tasks.push_back(id);
     ++run.unfinished;
-    {
-      base::MutexLock lock(mu_);
-      note_ranges_locked(run.seq, args);
-    }
+    note_ranges_locked(run.seq, args);
     std::vector<uint64_t> deps;
     const uint64_t seq = run.seq;
     // A failed task of this run stays a dependency (its outputs are unwritten); a finished task
     // of an earlier run, failed or not, is done.
-    const auto is_done = [this, seq](uint64_t task) {
-      auto it = tasks_.find(task);
-      if (it == tasks_.end()) return true;  // retired with its run
+    const std::map<uint64_t, Task>& tasks = tasks_;
+    const auto is_done = [&tasks, seq](uint64_t task) {
+      auto it = tasks.find(task);
+      if (it == tasks.end()) return true;  // retired with its run
       return it->second.done && (it->second.status.ok() || it->second.run != seq);
     };
     for (size_t i = 0; i < args.size(); ++i) {
@@ -502,9 +546,9 @@ class L3Worker::Impl {
     for (uint64_t d : deps) {
       const Task& dep = tasks_.at(d);
       if (dep.done) {  // a task of this run that failed before this one was submitted
-        finish(id, absl::CancelledError(
-                       absl::StrCat("not run: its input task ", dep.index, " failed")));
-        if (child >= 0) try_dispatch_child(child);
+        finish_locked(id, absl::CancelledError(
+                              absl::StrCat("not run: its input task ", dep.index, " failed")));
+        if (child >= 0) try_dispatch_child_locked(child);
         return k.index;
       }
     }
@@ -514,17 +558,20 @@ class L3Worker::Impl {
     }
     if (child >= 0) {
       child_queue_[child].push_back(id);
-      try_dispatch_child(child);
+      try_dispatch_child_locked(child);
     } else if (k.waiting == 0) {
-      dispatch(id);
+      dispatch_locked(id);
     }
     return k.index;
   }
 
   // Next-level tasks go to a child in submission order across runs (a staged
   // task never overtakes an earlier run's): only the head of the child's
-  // queue is dispatched, once its inputs are ready.
-  void try_dispatch_child(int32_t child) {
+  // queue is dispatched, once its inputs are ready and the child's transport
+  // has room. A full transport is backpressure: the head waits for the child's
+  // next completion (there is one: the transport is full of this worker's runs),
+  // so no thread ever blocks in a dispatch.
+  void try_dispatch_child_locked(int32_t child) SIMPLER_REQUIRES(mu_) {
     std::deque<uint64_t>& q = child_queue_[child];
     while (!q.empty()) {
       Task& k = tasks_.at(q.front());
@@ -533,13 +580,14 @@ class L3Worker::Impl {
         continue;
       }
       if (k.waiting > 0) return;
+      if (child_in_flight_[child] > 0 && !endpoint(child).can_dispatch()) return;
       const uint64_t id = q.front();
       q.pop_front();
-      dispatch(id);
+      dispatch_locked(id);
     }
   }
 
-  void dispatch(uint64_t id) {
+  void dispatch_locked(uint64_t id) SIMPLER_REQUIRES(mu_) {
     Task& k = tasks_.at(id);
     k.dispatched = true;
     if (k.child < 0) {
@@ -551,41 +599,40 @@ class L3Worker::Impl {
     req.callable = callables[k.fn].name;
     req.args = k.args;
     req.config = k.config;
-    absl::StatusOr<worker::RunHandle> h = children_[k.child]->submit(req);
+    absl::StatusOr<worker::RunHandle> h = endpoint(k.child).submit(req);
     if (!h.ok()) {
-      finish(id, h.status());
+      finish_locked(id, h.status());
       return;
     }
     k.handle = *h;
+    ++child_in_flight_[k.child];
     by_child_run_[{k.child, h->id().value}] = id;
   }
 
-  void on_event(const Event& e) {
-    if (e.child < 0) {
-      finish(e.task, e.status);
-      return;
-    }
-    auto it = by_child_run_.find({e.child, e.run});
+  void on_child_done_locked(int32_t child, uint64_t run) SIMPLER_REQUIRES(mu_) {
+    auto it = by_child_run_.find({child, run});
     if (it == by_child_run_.end()) return;  // a task that failed at dispatch
     const uint64_t id = it->second;
     by_child_run_.erase(it);
-    finish(id, tasks_.at(id).handle.wait());  // done: returns at once, delivers it
+    --child_in_flight_[child];
+    finish_locked(id, tasks_.at(id).handle.wait());  // done: returns at once, delivers it
+    try_dispatch_child_locked(child);                // its transport has room again
   }
 
-  void finish(uint64_t id, const absl::Status& status) {
+  void finish_locked(uint64_t id, const absl::Status& status) SIMPLER_REQUIRES(mu_) {
     Task& k = tasks_.at(id);
     if (k.done) return;
     k.done = true;
     k.status = status.ok() ? status : base::annotate(status, name_task(k) + ": ");
-    if (RunCtx* r = run_of(k.run)) --r->unfinished;
+    if (RunCtx* r = run_of_locked(k.run)) --r->unfinished;
     std::set<int32_t> children;
     for (uint64_t d : k.dependents) {
       Task& dep = tasks_.at(d);
       if (dep.done) continue;
       if (!status.ok() && dep.run == k.run && !dep.dispatched) {
         // Never run on an input its producer (in the same run) failed to write.
-        finish(d,
-               absl::CancelledError(absl::StrCat("not run: its input task ", k.index, " failed")));
+        finish_locked(
+            d, absl::CancelledError(absl::StrCat("not run: its input task ", k.index, " failed")));
         if (dep.child >= 0) children.insert(dep.child);
         continue;
       }
@@ -593,36 +640,47 @@ class L3Worker::Impl {
         if (dep.child >= 0) {
           children.insert(dep.child);
         } else {
-          dispatch(d);
+          dispatch_locked(d);
         }
       }
     }
-    for (int32_t c : children) try_dispatch_child(c);
+    for (int32_t c : children) try_dispatch_child_locked(c);
   }
 
-  // Handles completions; `block`: waits until at least one arrived (or a new
-  // submission / close wants the scheduler's attention).
-  void pump(bool block) {
-    std::deque<Event> got;
-    {
-      base::MutexLock lock(ev_mu_);
-      if (block) {
-        while (events_.empty() && !kick_) ev_cv_.wait(lock);
+  // Retires finished runs in run order, then orchestrates queued runs while fewer than
+  // launch_depth are in flight (their ready next-level tasks go out behind the runs ahead).
+  void advance_locked() SIMPLER_REQUIRES(mu_) {
+    while (true) {
+      retire_finished_locked();
+      if (static_cast<int32_t>(inflight_.size()) >= options_.launch_depth || queue_.empty()) {
+        break;
       }
-      kick_ = false;
-      got.swap(events_);
+      inflight_.push_back(RunCtx{});
+      RunCtx& r = inflight_.back();
+      r.seq = queue_.front().shared->id.value;
+      r.queued = std::move(queue_.front());
+      queue_.pop_front();
+      Exec ex(*this, r);
+      const void* outer = t_orchestrating;
+      t_orchestrating = this;
+      try {
+        r.orchestration = programs[r.queued.program].orchestration(ex, r.queued.args);
+      } catch (...) {
+        r.orchestration = base::status_from_current_exception("L3 orchestration");
+      }
+      t_orchestrating = outer;
+      if (!r.orchestration.ok()) {
+        r.orchestration = base::annotate(r.orchestration,
+                                         absl::StrCat("L3 run ", r.seq, " orchestration ('",
+                                                      programs[r.queued.program].name, "'): "));
+      }
+      r.orchestrated = true;
     }
-    for (Event& e : got) on_event(e);
-  }
-
-  void kick() {
-    base::MutexLock lock(ev_mu_);
-    kick_ = true;
-    ev_cv_.notify_all();
+    if (queue_.empty() && inflight_.empty()) cv_.notify_all();  // close() waits for this
   }
 
   // Finalizes finished runs from the front, in run order.
-  void retire_finished() {
+  void retire_finished_locked() SIMPLER_REQUIRES(mu_) {
     while (!inflight_.empty()) {
       RunCtx& r = inflight_.front();
       if (!r.orchestrated || r.unfinished > 0) return;
@@ -648,52 +706,10 @@ class L3Worker::Impl {
       std::shared_ptr<worker::RunShared> shared = r.queued.shared;
       inflight_.pop_front();
       if (inflight_.empty()) map_.clear();  // nothing in flight: no range can matter
-      base::MutexLock lock(mu_);
       named_.erase(shared->id.value);
       if (!st.ok()) failed_.push_back(shared);
-      shared->finalized.signal(st);
       --queued_or_running_;
-      cv_.notify_all();
-    }
-  }
-
-  void scheduler_loop() {
-    while (true) {
-      retire_finished();
-      // Stage: orchestrate the next queued run while fewer than launch_depth
-      // runs are in flight; its ready tasks go out behind the runs ahead.
-      if (static_cast<int32_t>(inflight_.size()) < options_.launch_depth) {
-        std::optional<Queued> next;
-        {
-          base::MutexLock lock(mu_);
-          if (!queue_.empty()) {
-            next = std::move(queue_.front());
-            queue_.pop_front();
-          } else if (closing_ && inflight_.empty()) {
-            return;
-          }
-        }
-        if (next.has_value()) {
-          inflight_.push_back(RunCtx{});
-          RunCtx& r = inflight_.back();
-          r.seq = next->shared->id.value;
-          r.queued = std::move(*next);
-          Exec ex(*this, r);
-          try {
-            r.orchestration = programs[r.queued.program].orchestration(ex, r.queued.args);
-          } catch (...) {
-            r.orchestration = base::status_from_current_exception("L3 orchestration");
-          }
-          if (!r.orchestration.ok()) {
-            r.orchestration = base::annotate(r.orchestration,
-                                             absl::StrCat("L3 run ", r.seq, " orchestration ('",
-                                                          programs[r.queued.program].name, "'): "));
-          }
-          r.orchestrated = true;
-          continue;
-        }
-      }
-      pump(true);
+      shared->finalized.signal(st);
     }
   }
 
@@ -706,30 +722,33 @@ class L3Worker::Impl {
       } catch (...) {
         st = base::status_from_current_exception("host sub-task");
       }
-      base::MutexLock lock(ev_mu_);
-      events_.push_back({-1, 0, job.task, st});
-      ev_cv_.notify_all();
+      base::MutexLock lock(mu_);
+      finish_locked(job.task, st);
+      advance_locked();
     }
   }
 
   absl::Status close_children() {
     absl::Status first;
-    for (auto& c : children_) {
-      absl::Status s = c->close();
+    for (size_t i = 0; i < options_.device_ids.size() && initialized(); ++i) {
+      absl::Status s = endpoint(static_cast<int32_t>(i)).close();
       if (first.ok() && !s.ok()) first = s;
     }
+    base::MutexLock lock(mu_);
     children_.clear();
+    initialized_.store(false, std::memory_order_release);
     return first;
   }
 
   const L3Options options_;
   bool started_ = false;  // init() began: registration is over (caller's thread)
-  std::vector<std::unique_ptr<Endpoint>> children_;
-  std::thread scheduler_;
   std::vector<std::thread> sub_threads_;
 
   base::Mutex mu_;
   base::CondVar cv_;
+  // Set once the children run (init), cleared when they are closed; children_ is fixed between.
+  std::atomic<bool> initialized_{false};
+  std::vector<std::unique_ptr<Endpoint>> children_ SIMPLER_GUARDED_BY(mu_);
   std::deque<Queued> queue_ SIMPLER_GUARDED_BY(mu_);
   uint64_t next_run_ SIMPLER_GUARDED_BY(mu_) = 0;
   bool ready_ SIMPLER_GUARDED_BY(mu_) = false;
@@ -737,27 +756,23 @@ class L3Worker::Impl {
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
   int64_t queued_or_running_ SIMPLER_GUARDED_BY(mu_) = 0;  // submitted, not finalized
   std::atomic<uint64_t> dispatched_{0};
-  // Scheduler thread only: runs in flight (orchestrated, not finalized), their
-  // tasks by id, the TensorMap over all of them, each child's queue of
-  // next-level tasks not yet dispatched, and child run -> task.
-  std::deque<RunCtx> inflight_;
-  std::map<uint64_t, Task> tasks_;
-  uint64_t next_task_ = 0;
-  chip::TensorMap map_;
-  std::vector<std::deque<uint64_t>> child_queue_;
-  std::map<std::pair<int32_t, uint64_t>, uint64_t> by_child_run_;
+  // Runs in flight (orchestrated, not finalized), their tasks by id, the TensorMap over all of
+  // them, each child's queue of next-level tasks not yet dispatched, each child's dispatched
+  // and unfinished tasks, and child run -> task.
+  std::deque<RunCtx> inflight_ SIMPLER_GUARDED_BY(mu_);
+  std::map<uint64_t, Task> tasks_ SIMPLER_GUARDED_BY(mu_);
+  uint64_t next_task_ SIMPLER_GUARDED_BY(mu_) = 0;
+  chip::TensorMap map_ SIMPLER_GUARDED_BY(mu_);
+  std::vector<std::deque<uint64_t>> child_queue_ SIMPLER_GUARDED_BY(mu_);
+  std::vector<int64_t> child_in_flight_ SIMPLER_GUARDED_BY(mu_);
+  std::map<std::pair<int32_t, uint64_t>, uint64_t> by_child_run_ SIMPLER_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
   uint8_t* heap_ = nullptr;  // set in init, cleared in close (no run in flight then)
   std::map<uint64_t, uint64_t> free_ SIMPLER_GUARDED_BY(mu_);  // offset -> bytes
   std::map<uint64_t, uint64_t> used_ SIMPLER_GUARDED_BY(mu_);
   // Heap ranges [begin, end) each run that has not finalized names (its args and its tasks').
   std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> named_ SIMPLER_GUARDED_BY(mu_);
-
-  base::Mutex ev_mu_;  // completions and kicks
-  base::CondVar ev_cv_;
-  std::deque<Event> events_ SIMPLER_GUARDED_BY(ev_mu_);
-  base::WorkQueue<SubJob> sub_jobs_;              // for the sub-task threads
-  bool kick_ SIMPLER_GUARDED_BY(ev_mu_) = false;  // a submission or close for the scheduler
+  base::WorkQueue<SubJob> sub_jobs_;  // for the sub-task threads
 };
 
 L3Worker::L3Worker(L3Options options)

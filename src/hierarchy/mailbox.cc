@@ -1,6 +1,7 @@
 #include "simpler/hierarchy/mailbox.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -35,9 +36,12 @@ absl::Status errno_status(const char* call) {
 // sleeper (no lost wake-up).
 void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns) {
   const int64_t spin_until = base::now_ns() + std::min(kDoorbellSpinNs, timeout_ns);
+  // Polls yielding the CPU: on a machine with few CPUs the thread the ring is waiting for may
+  // need this one (measured: a cpu_relax spin there costs the other side's hop more than the
+  // wake-up it saves; docs/benchmarks.md, issue 14).
   while (d.value.load(std::memory_order_acquire) == seen) {
     if (base::now_ns() >= spin_until) break;
-    base::cpu_relax();
+    sched_yield();
   }
   d.sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (d.value.load(std::memory_order_seq_cst) == seen) {

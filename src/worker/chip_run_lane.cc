@@ -93,6 +93,7 @@ struct ChipRun {
   std::shared_ptr<device::LaunchRecord> record;
   RunTiming timing;
   int32_t effective_depth = 0;
+  std::function<void(const RunResult&)> on_finalized;  // run by the lane thread after retire
   uint64_t id() const { return shared->id.value; }
 };
 
@@ -127,7 +128,8 @@ void ChipRunLane::span(const char* name, int64_t start, int64_t end, uint64_t ru
 absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable,
                                               const task::TaskArgs& args,
                                               const task::CallConfig& config,
-                                              const base::Deadline& admission) {
+                                              const base::Deadline& admission,
+                                              std::function<void(const RunResult&)> on_finalized) {
   const int64_t submit_ns = base::now_ns();
   if (callable == nullptr) return absl::InvalidArgumentError("submit: no callable");
   SIMPLER_RETURN_IF_ERROR(config.validate());
@@ -163,6 +165,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   if (placement == task::GraphPlacement::kDefault) placement = options_.placement;
   rec.host_built = placement == task::GraphPlacement::kHost;
   run->config = config;
+  run->on_finalized = std::move(on_finalized);
   run->timing.submit_ns = submit_ns;
   ChipRun* r = run.get();
   {
@@ -407,7 +410,14 @@ void ChipRunLane::lane_loop() {
     lock.unlock();
     finalize(head);
     lock.lock();
+    std::function<void(const RunResult&)> notify = std::move(head.on_finalized);
+    std::shared_ptr<RunShared> shared = head.shared;
     retire_head_locked();
+    if (notify) {
+      lock.unlock();
+      notify(shared->result);  // finalized: the result is immutable now
+      lock.lock();
+    }
   }
 }
 

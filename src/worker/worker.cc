@@ -221,7 +221,8 @@ absl::Status Worker::copy_from(void* dst, const DeviceBuffer& src, uint64_t byte
 
 absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::TaskArgs& args,
                                          const task::CallConfig& config,
-                                         double admission_timeout_s) {
+                                         double admission_timeout_s,
+                                         std::function<void(const RunResult&)> on_finalized) {
   SIMPLER_RETURN_IF_ERROR(check_ready());
   if (callable.index >= callables_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown callable handle ", callable.index, " (",
@@ -229,7 +230,8 @@ absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::Ta
   }
   base::Env& env = options_.env != nullptr ? *options_.env : base::Env::real();
   SIMPLER_ASSIGN_OR_RETURN(base::Deadline admission, env.deadline_after(admission_timeout_s));
-  return chip_->lane().submit(callables_[callable.index].get(), args, config, admission);
+  return chip_->lane().submit(callables_[callable.index].get(), args, config, admission,
+                              std::move(on_finalized));
 }
 
 absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,

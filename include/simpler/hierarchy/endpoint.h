@@ -74,8 +74,10 @@ class Endpoint {
   virtual absl::Status copy_from(void* dst, const worker::DeviceBuffer& src, uint64_t bytes,
                                  uint64_t offset = 0) = 0;
   // Called with a run's id once its handle is done (after the handle's result is written),
-  // in run order, on one of the endpoint's threads; set before the first submit(). It must not
-  // call back into this endpoint. Lets a scheduler wait for many children's runs at once.
+  // in run order, on one of the endpoint's threads and with none of its locks held; set before
+  // the first submit(). It may submit to this endpoint, but must not wait there for transport
+  // (check can_dispatch() first: the thread it runs on is the one that frees transport). Lets
+  // a scheduler advance on the completion itself, without a thread of its own.
   virtual void set_on_done(std::function<void(uint64_t run_id)> on_done) = 0;
   // The mailbox's grant (runs the child may hold at once; grant + K run-state entries) and its
   // change while runs go on (MailboxParent::regrant: sized into detached storage, checked by the

@@ -21,6 +21,13 @@
 // behind shared-memory mailboxes; init() must run before this process starts any thread, and
 // only callables registered before init() exist in the children).
 //
+// Threads: there is no scheduler thread. The scheduler is a monitor advanced by whoever brings
+// news — submit() on the caller's thread, a child's completion on its endpoint's thread, a
+// sub-task's end on its pool thread — so no hand-off sits on a run's path. An orchestration
+// therefore runs on one of those threads with the worker's lock held: it must be quick, must
+// not block, and must not call this worker's methods (they refuse with FAILED_PRECONDITION);
+// it submits through its L3Context only. Sub-tasks run on sub_threads pool threads.
+//
 // Memory: host tensors of next-level tasks must lie in buffers from create_buffer(): a shared
 // host heap mapped before the children are forked, at the same address in every child, and
 // staged onto the child's device by its L2 lane. Device tensors are child device buffers
@@ -78,8 +85,8 @@ struct ProgramHandle {
   uint32_t index = 0;
 };
 
-// What an L3 orchestration submits through. Valid only during the orchestration call; used from
-// its thread only.
+// What an L3 orchestration submits through. Valid only during the orchestration call, from its
+// thread (FAILED_PRECONDITION otherwise).
 class L3Context {
  public:
   virtual ~L3Context() = default;

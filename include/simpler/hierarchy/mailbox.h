@@ -99,12 +99,13 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free,
 
 // A futex word the other side rings, and how many threads sleep on it: a ring wakes (a system
 // call) only when someone sleeps. A waiter first polls the word for a bounded time
-// (kDoorbellSpinNs), then sleeps; no waiter spins without bound.
+// (kDoorbellSpinNs), yielding the CPU between looks, then sleeps; no waiter spins without
+// bound.
 struct Doorbell {
   std::atomic<uint32_t> value;
   std::atomic<uint32_t> sleepers;
 };
-inline constexpr int64_t kDoorbellSpinNs = 20'000;
+inline constexpr int64_t kDoorbellSpinNs = 50'000;
 
 struct MailboxHeader {
   uint32_t magic;

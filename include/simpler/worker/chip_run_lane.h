@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,9 +90,14 @@ class ChipRunLane {
   // this call ("run N launch: ..."; it poisons the lane). A launch refused
   // later (by the lane thread) is the run's error, delivered by its handle.
   // Runs launched before a refused launch finish with their own results.
+  // `on_finalized`, when set, is called once the run is finalized and retired (its handle is
+  // done), on the lane thread with no lock held, before the next run is finalized. It must be
+  // brief and must not submit to this lane or wait for its runs (the lane thread that retires
+  // them is the one running it). Runs are retired in order, so notifications come in run order.
   absl::StatusOr<RunHandle> submit(const task::ChipCallable* callable, const task::TaskArgs& args,
                                    const task::CallConfig& config,
-                                   const base::Deadline& admission = base::Deadline::forever());
+                                   const base::Deadline& admission = base::Deadline::forever(),
+                                   std::function<void(const RunResult&)> on_finalized = {});
 
   // Frees device memory unless a run still uses it, as one step: returns
   // FAILED_PRECONDITION naming the callable when a bound buffer (bind())

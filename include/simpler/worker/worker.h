@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -159,9 +160,14 @@ class Worker {
   // for every error). HOST tensors in `args` are staged: their host memory
   // must stay valid until the run finalizes. `admission_timeout_s` bounds the
   // wait for a free resource set (same timeout rules as RunHandle::wait).
+  // `on_finalized`, when set, is called with the run's result once its handle is done, on the
+  // worker's lane thread, in run order (ChipRunLane::submit: brief, and never a submit to this
+  // worker or a wait for its runs). It is called for every run this returns a handle for; for
+  // a run refused here it may or may not be.
   absl::StatusOr<RunHandle> submit(
       CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
-      double admission_timeout_s = std::numeric_limits<double>::infinity());
+      double admission_timeout_s = std::numeric_limits<double>::infinity(),
+      std::function<void(const RunResult&)> on_finalized = {});
   // Exactly submit(...) then wait().
   absl::Status run(CallableHandle callable, const task::TaskArgs& args,
                    const task::CallConfig& config = {});
