@@ -115,8 +115,9 @@ class L3Worker::Impl {
   absl::Status check_not_orchestrating(const char* what) const {
     if (t_orchestrating == this) {
       return absl::FailedPreconditionError(
-          absl::StrCat(what, " called from an L3 orchestration of the same worker; an "
-                             "orchestration submits tasks through its L3Context only"));
+          absl::StrCat(what,
+                       " called from an L3 orchestration of the same worker; an "
+                       "orchestration submits tasks through its L3Context only"));
     }
     return absl::OkStatus();
   }
@@ -670,9 +671,9 @@ class L3Worker::Impl {
       }
       t_orchestrating = outer;
       if (!r.orchestration.ok()) {
-        r.orchestration = base::annotate(r.orchestration,
-                                         absl::StrCat("L3 run ", r.seq, " orchestration ('",
-                                                      programs[r.queued.program].name, "'): "));
+        r.orchestration =
+            base::annotate(r.orchestration, absl::StrCat("L3 run ", r.seq, " orchestration ('",
+                                                         programs[r.queued.program].name, "'): "));
       }
       r.orchestrated = true;
     }

@@ -220,8 +220,7 @@ absl::Status Worker::copy_from(void* dst, const DeviceBuffer& src, uint64_t byte
 }
 
 absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::TaskArgs& args,
-                                         const task::CallConfig& config,
-                                         double admission_timeout_s,
+                                         const task::CallConfig& config, double admission_timeout_s,
                                          std::function<void(const RunResult&)> on_finalized) {
   SIMPLER_RETURN_IF_ERROR(check_ready());
   if (callable.index >= callables_.size()) {
