@@ -277,6 +277,45 @@ TEST_P(L3, AFailingChildSetupNamesTheChildAndItsError) {
   (void)w.close();
 }
 
+// The scheduler has no thread: an orchestration runs with the worker's lock held on the thread
+// that advanced the runs. Calling the worker from there is refused (not a deadlock), and so is
+// an L3Context used from another thread during the call.
+TEST_P(L3, AnOrchestrationCallingItsOwnWorkerIsRefusedAndSoIsItsContextOnAnotherThread) {
+  L3Worker w(options(GetParam()));
+  SubHandle stamp_h = *w.register_sub("stamp", stamp);
+  HostBuffer cell;
+  absl::Status from_other_thread;
+  ProgramHandle reenter =
+      *w.register_program({"reenter", [&](L3Context&, const task::TaskArgs&) -> absl::Status {
+                             return w.create_buffer(64).status();
+                           }});
+  ProgramHandle cross = *w.register_program(
+      {"cross", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
+         task::TaskArgs a;
+         a.add_tensor(*cell.tensor({1}, task::DataType::kInt64), task::ArgDirection::kOut);
+         std::thread other([&] { from_other_thread = ctx.submit_sub(stamp_h, a).status(); });
+         other.join();
+         return ctx.submit_sub(stamp_h, a).status();  // on its own thread: accepted
+       }});
+  ASSERT_TRUE(w.init().ok());
+  cell = *w.create_buffer(64);
+  absl::Status s = w.run(reenter, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(contains(s,
+                       "L3 run 0 orchestration ('reenter'): create_buffer called from an L3 "
+                       "orchestration of the same worker"))
+      << s;
+  RunHandle h = *w.submit(cross, {});
+  EXPECT_TRUE(h.wait().ok()) << h.wait();
+  EXPECT_EQ(h.result().report.tasks_submitted, 1u);  // only the one from its own thread
+  EXPECT_EQ(from_other_thread.code(), absl::StatusCode::kFailedPrecondition) << from_other_thread;
+  EXPECT_TRUE(contains(from_other_thread,
+                       "outside its orchestration call (or from another "
+                       "thread)"))
+      << from_other_thread;
+  EXPECT_TRUE(w.close().ok());
+}
+
 // A sub-task that holds its run until the flag at scalar 0 is set.
 absl::Status hold_until_released(const task::TaskArgs& args) {
   auto* flag = reinterpret_cast<std::atomic<bool>*>(static_cast<uintptr_t>(args.scalar(0)));

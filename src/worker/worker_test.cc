@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -288,6 +289,43 @@ TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
   EXPECT_TRUE(contains(c, "run 0 task 1 (kernel 'sleep')")) << c;
   // wait after close still returns the run's own error.
   EXPECT_EQ(r.wait().code(), absl::StatusCode::kInternal);
+}
+
+// on_finalized: once per run, in run order, with the run's own final result (what an L3 child's
+// mailbox relies on to write terminal states in order).
+TEST(WorkerNotify, OnFinalizedComesOncePerRunInRunOrderWithItsResult) {
+  WorkerOptions o = opts(2);
+  o.faults = *device::FaultPlan::parse("run=2:task=0:kind=kernel_error");
+  Worker w(o);
+  auto h = w.register_callable(affine_program(2));
+  ASSERT_TRUE(w.init().ok());
+  struct Seen {
+    std::mutex mu;
+    std::vector<std::pair<uint64_t, absl::StatusCode>> order;
+  } seen;
+  constexpr int kRuns = 12;
+  int64_t in[kRuns], out[kRuns] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < kRuns; ++i) {
+    in[i] = i;
+    hs.push_back(*w.submit(*h, affine_args(&in[i], &out[i], 1), {},
+                           std::numeric_limits<double>::infinity(), [&seen](const RunResult& r) {
+                             // The result is final: terminal state and status written.
+                             EXPECT_TRUE(r.terminal_state == RunState::kCompleted ||
+                                         r.terminal_state == RunState::kFailed);
+                             std::lock_guard<std::mutex> l(seen.mu);
+                             seen.order.emplace_back(r.id.value, r.status.code());
+                           }));
+  }
+  for (int i = 0; i < kRuns; ++i) (void)hs[i].wait();
+  EXPECT_TRUE(w.close().ok());  // run 2's error was delivered by its wait()
+  std::lock_guard<std::mutex> l(seen.mu);
+  ASSERT_EQ(seen.order.size(), static_cast<size_t>(kRuns));
+  for (int i = 0; i < kRuns; ++i) {
+    EXPECT_EQ(seen.order[i].first, static_cast<uint64_t>(i));
+    EXPECT_EQ(seen.order[i].second, i == 2 ? absl::StatusCode::kInternal : absl::StatusCode::kOk)
+        << i;
+  }
 }
 
 TEST(WorkerFaults, KernelErrorFailsOnlyItsRunAndCountersReturnToBaseline) {
