@@ -34,6 +34,7 @@ declare -A RUNS=(
   [openai_protocol_fuzz]=60000
   [mailbox_frame_fuzz]=100000000
   [mailbox_entry_fuzz]=100000000
+  [mailbox_control_fuzz]=200000
 )
 readonly PER_TARGET_CAP_S=20
 # Targets that run for longer in replay mode (seconds; issue 14 asks 60 s for the mailbox's).

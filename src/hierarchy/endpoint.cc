@@ -544,13 +544,9 @@ int32_t process_thread_count() {
   return n;
 }
 
-namespace {
-
-// Runs one control command on the child's worker. Every field came from shared memory: the op
-// is checked, the host range must be one the child shares, the device range is the Worker's to
-// check (a live allocation, inside the buffer).
-ControlReply run_control(const ControlCommand& c, worker::Worker& w, MailboxRegion& region,
-                         const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
+ControlReply serve_control_command(const ControlCommand& c, worker::Worker& w,
+                                   MailboxRegion& region,
+                                   const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   absl::Status st;
   ControlReply reply;
   const worker::DeviceBuffer buffer{c.device, c.device_bytes};
@@ -588,8 +584,6 @@ ControlReply run_control(const ControlCommand& c, worker::Worker& w, MailboxRegi
   reply.text_bytes = static_cast<uint32_t>(text.size());
   return reply;
 }
-
-}  // namespace
 
 void serve_mailbox(MailboxRegion& region, worker::Worker& w,
                    const std::map<std::string, worker::CallableHandle>& handles,
@@ -634,7 +628,7 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
   while (true) {
     const uint32_t seen = child.doorbell();
     if (std::optional<ControlCommand> c = child.take_control(); c.has_value()) {
-      child.reply_control(run_control(*c, w, region, host_ranges));
+      child.reply_control(serve_control_command(*c, w, region, host_ranges));
       continue;
     }
     absl::StatusOr<std::optional<Request>> taken = child.take();

@@ -523,10 +523,11 @@ class L3Worker::Impl {
     const uint64_t seq = run.seq;
     // A failed task of this run stays a dependency (its outputs are unwritten); a finished task
     // of an earlier run, failed or not, is done.
-    const std::map<uint64_t, Task>& tasks = tasks_;
-    const auto is_done = [&tasks, seq](uint64_t task) {
-      auto it = tasks.find(task);
-      if (it == tasks.end()) return true;  // retired with its run
+    // Called by map_.access below, on this thread, with mu_ held (the analysis cannot see
+    // through the callback).
+    const auto is_done = [this, seq](uint64_t task) SIMPLER_NO_THREAD_SAFETY_ANALYSIS {
+      auto it = tasks_.find(task);
+      if (it == tasks_.end()) return true;  // retired with its run
       return it->second.done && (it->second.status.ok() || it->second.run != seq);
     };
     for (size_t i = 0; i < args.size(); ++i) {

@@ -9,11 +9,20 @@
 //    every held entry (state, code, error length and text) and collect() reads them. Checks: a
 //    failed run never reports OK, no text longer than an entry holds, every terminal entry is
 //    collected once and freed.
+//  * SIMPLER_FUZZ_CONTROL (mailbox_control_fuzz): the child's control-frame handling. The input
+//    is a ControlCommand (its device and host fields aimed near the child's live buffers and
+//    shared range, so that some commands are valid), served by serve_control_command on a sim
+//    worker. Checks: no crash, leak or UB; the reply's code is a status code and its text fits;
+//    an unknown op and a copy outside the shared range are INVALID_ARGUMENT; the region's table
+//    always fits its extent.
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "base/fuzz_check.h"
+#include "simpler/hierarchy/endpoint.h"
 #include "simpler/hierarchy/mailbox.h"
 #include "simpler/hierarchy/run_request.h"
 
@@ -37,7 +46,7 @@ MailboxRegion& region() {
   return *r;
 }
 
-void reset(MailboxRegion& r) {
+[[maybe_unused]] void reset(MailboxRegion& r) {
   MailboxHeader& h = r.header();
   h.stopped.store(0);
   h.stop_reason_bytes = 0;
@@ -127,6 +136,82 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(false, "collected twice");
     (void)c;
   }
+  return 0;
+}
+#elif defined(SIMPLER_FUZZ_CONTROL)
+namespace {
+
+struct Child {
+  Child() : worker(options()) {
+    (void)worker.init();
+    for (auto& b : live) b = *worker.malloc(256);
+  }
+  static simpler::worker::WorkerOptions options() {
+    simpler::worker::WorkerOptions o;
+    o.num_cores = 1;
+    o.device_memory_bytes = 1 << 20;  // a malloc the input sizes cannot exhaust the host
+    o.faults.emplace();
+    return o;
+  }
+  simpler::worker::Worker worker;
+  simpler::worker::DeviceBuffer live[3];
+  alignas(64) uint8_t shared[4096] = {};
+};
+
+Child& child() {
+  static Child* c = new Child();
+  return *c;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  MailboxRegion& r = region();
+  Child& c = child();
+  // Buffers a fuzzed free released come back, so later inputs find live ones again.
+  for (auto& b : c.live) {
+    if (b.bytes == 0) b = *c.worker.malloc(256);
+  }
+  ControlCommand cmd;
+  cmd.op = take_bytes<uint8_t>(data, size) % 7;  // 0 and 6: unknown ops
+  cmd.grant = take_bytes<uint16_t>(data, size);
+  const uint8_t which = take_bytes<uint8_t>(data, size) % 4;  // 3: an arbitrary address
+  const int16_t device_delta = take_bytes<int16_t>(data, size);
+  cmd.device = which < 3 ? c.live[which].address + device_delta : take_bytes<uint64_t>(data, size);
+  cmd.device_bytes = take_bytes<uint32_t>(data, size) % (1u << 21);
+  const int32_t host_delta = take_bytes<int16_t>(data, size);
+  cmd.host = reinterpret_cast<uintptr_t>(c.shared) + host_delta;
+  cmd.bytes = take_bytes<uint16_t>(data, size);
+  cmd.offset = take_bytes<uint16_t>(data, size);
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {reinterpret_cast<uintptr_t>(c.shared), reinterpret_cast<uintptr_t>(c.shared) + 4096}};
+  const ControlReply reply = serve_control_command(cmd, c.worker, r, ranges);
+  check(reply.code >= 0 && reply.code <= 16, "a reply code that is no status code");
+  check(reply.text_bytes < kErrorTextBytes, "a reply text longer than the frame holds");
+  if (cmd.op == 0 || cmd.op == 6) {
+    check(reply.code == static_cast<int32_t>(absl::StatusCode::kInvalidArgument),
+          "an unknown op was not refused");
+  }
+  const bool is_copy = cmd.op == static_cast<uint32_t>(ControlOp::kCopyTo) ||
+                       cmd.op == static_cast<uint32_t>(ControlOp::kCopyFrom);
+  const bool host_inside =
+      host_delta >= 0 && cmd.bytes <= 4096 && static_cast<uint64_t>(host_delta) <= 4096 - cmd.bytes;
+  if (is_copy && !host_inside) {
+    check(reply.code == static_cast<int32_t>(absl::StatusCode::kInvalidArgument),
+          "a copy outside the shared range was not refused");
+  }
+  if (cmd.op == static_cast<uint32_t>(ControlOp::kFree) && reply.code == 0) {
+    for (auto& b : c.live) {
+      if (b.address == cmd.device) b = {};
+    }
+  }
+  if (cmd.op == static_cast<uint32_t>(ControlOp::kMalloc) && reply.code == 0) {
+    check(c.worker.free({reply.device, cmd.device_bytes}).ok(), "a malloc'd buffer not freeable");
+  }
+  struct stat st {};
+  check(fstat(r.fd(), &st) == 0, "fstat");
+  check(r.bytes() <= static_cast<uint64_t>(st.st_size), "the table outgrew the region's extent");
+  check(r.entry_count() >= kRequestFrames + 1, "a table below grant 1");
   return 0;
 }
 #endif

@@ -127,6 +127,16 @@ absl::StatusOr<std::vector<std::unique_ptr<Endpoint>>> start_process_children(
 // Threads this process runs now (entries of /proc/self/task); 0 when it cannot tell.
 int32_t process_thread_count();
 
+// The child's side of one control command (serve_mailbox runs it for each): every field came
+// from shared memory and is checked before use — an unknown op is INVALID_ARGUMENT, a copy's
+// host range must lie in `host_ranges` (INVALID_ARGUMENT), a device range is the worker's to
+// check (a live allocation, inside the buffer), a grant is checked against the region's extent
+// (MailboxRegion::adopt_grant). Returns the reply to write over the command (the status code
+// and its text, cut to kErrorTextBytes - 1; kMalloc: the new buffer's address).
+ControlReply serve_control_command(const ControlCommand& command, worker::Worker& worker,
+                                   MailboxRegion& region,
+                                   const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges);
+
 // The child's side: serves `region` with `worker` (initialized; `handles` maps each callable
 // name a request may carry to its registration) until the endpoint stops, then drains the runs
 // it accepted. Requests are taken in publication order and each run's terminal state is written
