@@ -277,7 +277,8 @@ class LaneEndpoint final : public EndpointBase {
   }
   ~LaneEndpoint() override { (void)close(base::Deadline::forever()); }
 
-  bool can_dispatch() const override { return true; }
+  // A free run resource set: submit() then does not wait for admission.
+  bool can_dispatch() const override { return worker_->resources().free > 0; }
 
   absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
     absl::StatusOr<worker::DeviceBuffer> b = worker_->malloc(bytes);
@@ -598,6 +599,7 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
     bool done = false;
     absl::Status status;
     int64_t start_ns = 0, end_ns = 0;
+    worker::RunHandle handle;  // set once submit() returned, when still pending
   };
   struct Order {
     base::Mutex mu;
@@ -621,6 +623,8 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
                           s.status.ToString());
       }
       (void)out->complete(s.ticket, s.status, s.start_ns, s.end_ns);
+      // The parent receives the error: delivered here, so the worker's close() does not report it.
+      if (s.handle.valid()) (void)s.handle.wait();
       order->slots.pop_front();
     }
     order->cv.notify_all();
@@ -657,7 +661,16 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
           [finish, slot](const worker::RunResult& r) {
             finish(slot, r.status, r.timing.device_start_ns, r.timing.device_end_ns);
           });
-      if (!run.ok()) refused = run.status();
+      if (!run.ok()) {
+        refused = run.status();
+      } else {
+        base::MutexLock lock(order->mu);
+        if (slot->done) {
+          (void)run->wait();  // already written to the mailbox: done, delivered here
+        } else {
+          slot->handle = *run;
+        }
+      }
     }
     if (!refused.ok()) finish(slot, refused, 0, 0);
   }

@@ -199,7 +199,11 @@ class L3Worker::Impl {
     SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("L3Worker::close"));
     {
       base::MutexLock lock(mu_);
-      if (closed_) return absl::OkStatus();
+      if (closed_) {
+        // Idempotent: a second close() returns once the first one finished.
+        while (!close_done_) cv_.wait(lock);
+        return absl::OkStatus();
+      }
       closed_ = true;
       closing_ = true;
       // Queued runs are orchestrated and every run finishes: the events that move them come
@@ -210,12 +214,16 @@ class L3Worker::Impl {
     for (auto& t : sub_threads_) t.join();
     sub_threads_.clear();
     absl::Status child_error = close_children();
-    if (heap_ != nullptr) {
-      (void)munmap(heap_, options_.host_heap_bytes);
-      heap_ = nullptr;
+    uint8_t* heap = nullptr;
+    {
+      base::MutexLock lock(mu_);
+      heap = std::exchange(heap_, nullptr);  // create_buffer refuses from here on
     }
+    if (heap != nullptr) (void)munmap(heap, options_.host_heap_bytes);
     base::MutexLock lock(mu_);
     absl::Status undelivered = worker::report_undelivered(&failed_);
+    close_done_ = true;
+    cv_.notify_all();
     return undelivered.ok() ? child_error : undelivered;
   }
 
@@ -224,7 +232,10 @@ class L3Worker::Impl {
     SIMPLER_RETURN_IF_ERROR(check_not_orchestrating("create_buffer"));
     if (bytes == 0) return absl::InvalidArgumentError("create_buffer: 0 bytes");
     base::MutexLock lock(mu_);
-    if (heap_ == nullptr) return absl::FailedPreconditionError("create_buffer before init()");
+    if (heap_ == nullptr) {
+      return absl::FailedPreconditionError(closed_ ? "create_buffer after close()"
+                                                   : "create_buffer before init()");
+    }
     const uint64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second < size) continue;
@@ -233,8 +244,13 @@ class L3Worker::Impl {
       free_.erase(it);
       if (left > 0) free_[offset + size] = left;
       used_[offset] = size;
-      std::memset(heap_ + offset, 0, size);
-      return HostBuffer{reinterpret_cast<uintptr_t>(heap_ + offset), bytes};
+      uint8_t* p = heap_ + offset;
+      // Zeroed outside the lock (the range is this caller's alone): a large buffer does not
+      // hold up the runs' completions. close() waits for no create_buffer: the caller must not
+      // race the two (as any use after close).
+      lock.unlock();
+      std::memset(p, 0, size);
+      return HostBuffer{reinterpret_cast<uintptr_t>(p), bytes};
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "create_buffer(", bytes, "): no free range that large in the ", options_.host_heap_bytes,
@@ -756,6 +772,7 @@ class L3Worker::Impl {
   bool ready_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closing_ SIMPLER_GUARDED_BY(mu_) = false;
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
+  bool close_done_ SIMPLER_GUARDED_BY(mu_) = false;
   int64_t queued_or_running_ SIMPLER_GUARDED_BY(mu_) = 0;  // submitted, not finalized
   std::atomic<uint64_t> dispatched_{0};
   // Runs in flight (orchestrated, not finalized), their tasks by id, the TensorMap over all of
@@ -769,7 +786,7 @@ class L3Worker::Impl {
   std::vector<int64_t> child_in_flight_ SIMPLER_GUARDED_BY(mu_);
   std::map<std::pair<int32_t, uint64_t>, uint64_t> by_child_run_ SIMPLER_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<worker::RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
-  uint8_t* heap_ = nullptr;  // set in init, cleared in close (no run in flight then)
+  uint8_t* heap_ SIMPLER_GUARDED_BY(mu_) = nullptr;            // set in init, cleared in close
   std::map<uint64_t, uint64_t> free_ SIMPLER_GUARDED_BY(mu_);  // offset -> bytes
   std::map<uint64_t, uint64_t> used_ SIMPLER_GUARDED_BY(mu_);
   // Heap ranges [begin, end) each run that has not finalized names (its args and its tasks').

@@ -417,6 +417,11 @@ int32_t MailboxParent::frames_in_use() const {
 absl::StatusOr<ControlReply> MailboxParent::control(const ControlCommand& command,
                                                     int64_t timeout_ns) {
   base::MutexLock one_at_a_time(control_mu_);
+  return control_locked(command, timeout_ns);
+}
+
+absl::StatusOr<ControlReply> MailboxParent::control_locked(const ControlCommand& command,
+                                                           int64_t timeout_ns) {
   const int64_t deadline = base::now_ns() + timeout_ns;
   RequestFrame& f = region_->layout().control;
   const auto stopped = [this]() -> std::optional<std::string> {
@@ -449,7 +454,13 @@ absl::StatusOr<ControlReply> MailboxParent::control(const ControlCommand& comman
       return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", *why));
     }
     if (base::now_ns() >= deadline) {
-      return absl::DeadlineExceededError("mailbox control: no reply from the child in time");
+      // The command is out and the child may still act on it (or be reading the frame): what
+      // it did is unknown, and the frame cannot be reused. The endpoint stops.
+      const std::string why =
+          absl::StrCat("control command ", command.op, " got no reply from the child within ",
+                       timeout_ns / 1'000'000, " ms");
+      publish_stop(*region_, why);
+      return absl::DeadlineExceededError(absl::StrCat("mailbox control: ", why));
     }
     wait(seen, std::min<int64_t>(deadline - base::now_ns(), 100'000'000));
   }
@@ -473,15 +484,14 @@ uint32_t MailboxParent::grant() const {
 
 absl::Status MailboxParent::regrant(uint32_t grant, int64_t timeout_ns) {
   SIMPLER_RETURN_IF_ERROR(mailbox_bytes(grant).status());
+  // One grant change (or control command) at a time, from the sizing to the commit.
+  base::MutexLock one_at_a_time(control_mu_);
   const uint32_t count = grant + kRequestFrames;
   uint32_t old_count = 0;
   {
     base::MutexLock lock(mu_);
     if (std::optional<std::string> why = stop_reason_locked(); why.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat("mailbox endpoint stopped: ", *why));
-    }
-    if (claim_limit_ != held_.size()) {
-      return absl::FailedPreconditionError("mailbox: another regrant is in progress");
     }
     old_count = static_cast<uint32_t>(held_.size());
     for (uint32_t i = count; i < old_count; ++i) {
@@ -496,6 +506,7 @@ absl::Status MailboxParent::regrant(uint32_t grant, int64_t timeout_ns) {
   const auto restore = [this, old_count] {
     base::MutexLock lock(mu_);
     claim_limit_ = old_count;
+    ring(region_->header().parent_doorbell);  // a publisher may wait for an entry
   };
   // Detached: the grown file, its mapped tail and this side's new record.
   if (absl::Status s = region_->prepare_grant(grant); !s.ok()) {
@@ -505,7 +516,9 @@ absl::Status MailboxParent::regrant(uint32_t grant, int64_t timeout_ns) {
   ControlCommand c;
   c.op = static_cast<uint32_t>(ControlOp::kRegrant);
   c.grant = grant;
-  if (absl::StatusOr<ControlReply> r = control(c, timeout_ns); !r.ok()) {
+  if (absl::StatusOr<ControlReply> r = control_locked(c, timeout_ns); !r.ok()) {
+    // The child refused (nothing adopted), or the endpoint stopped (a command without a reply
+    // in time stops it: the child's table is then unknown, and nothing more is published).
     restore();
     return base_annotate_regrant(r.status(), grant);
   }
@@ -528,6 +541,7 @@ absl::Status MailboxParent::regrant(uint32_t grant, int64_t timeout_ns) {
   h.grant = grant;
   h.entry_count = count;
   h.region_bytes = region_->bytes();
+  ring(h.parent_doorbell);  // a publisher waiting for an entry may find one now
   return absl::OkStatus();
 }
 

@@ -549,6 +549,49 @@ TEST(MailboxRegrant, AFailedSizingLeavesThePreviousGrantAndEveryByteIntact) {
   EXPECT_EQ(done[0].ticket.run_id, 7u);
 }
 
+TEST(MailboxRegrant, ConcurrentGrantChangesTakeTurnsAndBothSidesAgree) {
+  MailboxRegion region = *MailboxRegion::create(4);
+  MailboxParent parent(&region);
+  RegrantServer server(region);
+  for (int round = 0; round < 20; ++round) {
+    absl::Status grow, shrink;
+    std::thread a([&] { grow = parent.regrant(8, kRegrantTimeoutNs); });
+    std::thread b([&] { shrink = parent.regrant(2, kRegrantTimeoutNs); });
+    a.join();
+    b.join();
+    ASSERT_TRUE(grow.ok()) << grow;
+    ASSERT_TRUE(shrink.ok()) << shrink;
+    const uint32_t g = parent.grant();
+    ASSERT_TRUE(g == 8 || g == 2) << g;
+    EXPECT_EQ(region.entry_count(), g + kRequestFrames);
+    EXPECT_EQ(server.region().entry_count(), g + kRequestFrames);  // the child took the same
+    EXPECT_EQ(region.header().grant, g);
+  }
+  // Every entry the table holds can carry a run, and no more.
+  const uint32_t g = parent.grant();
+  for (uint64_t run = 0; run < g + kRequestFrames; ++run) {
+    ASSERT_TRUE(parent.can_dispatch()) << run;
+    ASSERT_TRUE(parent.publish(run, bytes_of("r")).ok());
+    (void)take_one(server.child());
+  }
+  EXPECT_FALSE(parent.can_dispatch());
+}
+
+TEST(MailboxControl, ACommandTheChildNeverAnswersStopsTheEndpoint) {
+  Pair p(1);  // nobody serves the control frame
+  ControlCommand c;
+  c.op = static_cast<uint32_t>(ControlOp::kMalloc);
+  c.device_bytes = 64;
+  absl::StatusOr<ControlReply> r = p.parent.control(c, 20'000'000);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  ASSERT_TRUE(p.parent.stop_reason().has_value());
+  EXPECT_NE(p.parent.stop_reason()->find("got no reply from the child within 20 ms"),
+            std::string::npos)
+      << *p.parent.stop_reason();
+  EXPECT_FALSE(p.parent.can_dispatch());  // what the child did with it is unknown: stopped
+  EXPECT_EQ(p.parent.regrant(2, 20'000'000).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(MailboxRegrant, TheChildChecksTheGrantAgainstTheExtentBeforeInstallingAnything) {
   MailboxRegion region = *MailboxRegion::create(2);
   MailboxRegion child_view = *MailboxRegion::attach(dup(region.fd()));

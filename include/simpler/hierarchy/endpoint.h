@@ -44,7 +44,8 @@ class Endpoint {
   // "child 1 (process 4242)", "child 0 (thread)", "child 0 (lane)": how errors name it.
   virtual std::string describe() const = 0;
   // Whether submit() would go out now without waiting for transport (a free request frame and
-  // run-state entry; always true for a lane). Running out is backpressure, never an error.
+  // run-state entry; for a lane, a free run resource set of its worker). Running out is
+  // backpressure, never an error.
   virtual bool can_dispatch() const = 0;
   // Submits a run of the callable registered under `request.callable`; returns a live handle at
   // once (blocking only for transport, until `admission`). The run's own errors (unknown
@@ -74,10 +75,12 @@ class Endpoint {
   virtual absl::Status copy_from(void* dst, const worker::DeviceBuffer& src, uint64_t bytes,
                                  uint64_t offset = 0) = 0;
   // Called with a run's id once its handle is done (after the handle's result is written),
-  // in run order, on one of the endpoint's threads and with none of its locks held; set before
-  // the first submit(). It may submit to this endpoint, but must not wait there for transport
-  // (check can_dispatch() first: the thread it runs on is the one that frees transport). Lets
-  // a scheduler advance on the completion itself, without a thread of its own.
+  // in run order, on one of the endpoint's threads; set before the first submit(). None of the
+  // endpoint's run-table locks is held (only the one that keeps notifications in order), so it
+  // may submit to this endpoint — but must not wait there for transport (check can_dispatch()
+  // first: the thread it runs on is the one that frees transport), must not close() it (that
+  // joins the thread running it) and must not wait for the endpoint's later runs. Lets a
+  // scheduler advance on the completion itself, without a thread of its own.
   virtual void set_on_done(std::function<void(uint64_t run_id)> on_done) = 0;
   // The mailbox's grant (runs the child may hold at once; grant + K run-state entries) and its
   // change while runs go on (MailboxParent::regrant: sized into detached storage, checked by the

@@ -7,7 +7,8 @@
 // each task once its inputs are ready: next-level tasks to their child's endpoint (endpoint.h),
 // sub-tasks to a pool of host threads.
 //
-// L3 runs have the L2 run semantics: submit() returns a live RunHandle at once; runs finalize in
+// L3 runs have the L2 run semantics: submit() returns a live RunHandle without waiting for the
+// run (it orchestrates it on the caller's thread when the launch depth allows); runs finalize in
 // submission order; a run's error (the first failed task in task order, naming the task, its
 // child and callable) is delivered to its handle exactly once; close() drains and returns only
 // errors no wait() delivered. Early enqueue across the boundary: with launch_depth 2 the next
@@ -148,12 +149,13 @@ class L3Worker {
       std::function<absl::Status(int32_t child, worker::Worker& worker)> setup);
 
   // Validates the options, maps the shared host heap, starts the children (process mode: forks
-  // them; FAILED_PRECONDITION when this process already runs threads), then the scheduler and
-  // the sub-task threads. On error nothing is left running.
+  // them; FAILED_PRECONDITION when this process already runs threads; a child setup's error),
+  // then the sub-task threads. On error nothing is left running.
   absl::Status init();
 
-  // A buffer of `bytes` (> 0) in the shared host heap, 64-byte aligned, zero-filled on first
-  // use. RESOURCE_EXHAUSTED when the heap has no such free range (naming its size).
+  // A buffer of `bytes` (> 0) in the shared host heap, 64-byte aligned, zero-filled.
+  // RESOURCE_EXHAUSTED when the heap has no such free range (naming its size);
+  // FAILED_PRECONDITION before init() or after close().
   absl::StatusOr<HostBuffer> create_buffer(uint64_t bytes);
   // Returns a buffer to the heap. NOT_FOUND for an address create_buffer did not return;
   // FAILED_PRECONDITION naming the run while an L3 run that has not finalized names memory of
@@ -175,16 +177,20 @@ class L3Worker {
                                const worker::DeviceBuffer& src, uint64_t bytes,
                                uint64_t offset = 0);
 
-  // Queues a run of `program` with `args`; returns its live handle at once. Errors:
-  // FAILED_PRECONDITION before init() or after close(), INVALID_ARGUMENT (unknown program,
-  // invalid args). The run's own errors come through its handle.
+  // Queues a run of `program` with `args` and returns its live handle; when fewer than
+  // launch_depth runs are in flight the run is orchestrated and its ready tasks dispatched on
+  // this thread first (the orchestration's time; nothing waits for the children). Errors:
+  // FAILED_PRECONDITION before init(), after close() or from an orchestration of this worker,
+  // INVALID_ARGUMENT (unknown program, invalid args). The run's own errors come through its
+  // handle.
   absl::StatusOr<worker::RunHandle> submit(ProgramHandle program, const task::TaskArgs& args);
   // submit(...).wait().
   absl::Status run(ProgramHandle program, const task::TaskArgs& args);
 
-  // Refuses new submits, drains queued runs, stops the scheduler, closes every child. Returns
-  // the first L3 run error no wait() delivered (with the count of the others), else the first
-  // child close error; OK when none. Idempotent.
+  // Refuses new submits, drains queued runs, stops the sub-task threads, closes every child.
+  // Returns the first L3 run error no wait() delivered (with the count of the others), else the
+  // first child close error; OK when none. Idempotent: a concurrent second call returns OK once
+  // the first finished. No other method may race it (as any use after close).
   absl::Status close();
 
   int32_t num_children() const { return static_cast<int32_t>(options_.device_ids.size()); }

@@ -28,8 +28,9 @@
 //    with that cause.
 //  * Whoever publishes checks first that a frame and an entry are free (can_dispatch()); running
 //    out of either is ordinary backpressure, never an error path.
-//  * Waiting is on futex doorbells in the shared region (no spinning waiter): the parent rings
-//    the child's after publishing, the child rings the parent's after an ACK or a terminal state.
+//  * Waiting is on futex doorbells in the shared region (a bounded poll, yielding, then a futex
+//    sleep; no unbounded spinning): the parent rings the child's after publishing, the child
+//    rings the parent's after an ACK or a terminal state.
 #pragma once
 
 #include <sys/types.h>
@@ -141,7 +142,9 @@ struct Ticket {
 };
 
 // The mapping of one mailbox: a memfd (mode 0600) sized to the grant. Owns the fd and the
-// mapping; movable, not copyable. Not thread-safe by itself (MailboxParent / MailboxChild are).
+// mapping; movable, not copyable. Its accessors and adopt_grant may be called from several
+// threads (a thread child's parent and child share one region); prepare_grant is the parent's
+// alone (MailboxParent::regrant serializes it). MailboxParent / MailboxChild are thread-safe.
 class MailboxRegion {
  public:
   // A fresh region for `grant`: header written, every frame free, every entry free at
@@ -270,16 +273,19 @@ class MailboxParent {
   // it), publishes the command, rings the child and waits for its ACK. One command at a time.
   // Errors: FAILED_PRECONDITION when the endpoint stopped (before or while waiting: its reason);
   // DEADLINE_EXCEEDED after `timeout_ns`; the child's own error for the command.
+  // A command the child does not answer by the deadline stops the endpoint (what the child did
+  // with it is unknown, and the control frame cannot be reused).
   absl::StatusOr<ControlReply> control(const ControlCommand& command, int64_t timeout_ns);
   // Changes the grant (the run-state entries are grant + K) while runs go on: sizes detached
   // storage (MailboxRegion::prepare_grant), has the child check the new table against the
   // region's extent and adopt it (a kRegrant control command, ordered after the runs published
   // before), then commits this side's table and the header in one step. Until the commit,
-  // publish() claims only entries both tables hold. Errors, each leaving the previous grant
-  // intact (table, header, every run in flight): INVALID_ARGUMENT for a grant outside
-  // [1, kMaxMailboxGrant]; FAILED_PRECONDITION when shrinking below an entry a run holds (naming
-  // it and the run) or the endpoint stopped; the sizing's INTERNAL error; the child's refusal;
-  // DEADLINE_EXCEEDED after `timeout_ns`.
+  // publish() claims only entries both tables hold. Grant changes and control commands take
+  // turns (concurrent calls wait). Errors, each leaving the previous grant intact (table,
+  // header, every run in flight): INVALID_ARGUMENT for a grant outside [1, kMaxMailboxGrant];
+  // FAILED_PRECONDITION when shrinking below an entry a run holds (naming it and the run) or
+  // the endpoint stopped; the sizing's INTERNAL error; the child's refusal. A child that does
+  // not answer within `timeout_ns` is DEADLINE_EXCEEDED and stops the endpoint, as control().
   absl::Status regrant(uint32_t grant, int64_t timeout_ns);
   uint32_t grant() const;
 
@@ -290,6 +296,8 @@ class MailboxParent {
 
  private:
   bool can_dispatch_locked() const SIMPLER_REQUIRES(mu_);
+  absl::StatusOr<ControlReply> control_locked(const ControlCommand& command, int64_t timeout_ns)
+      SIMPLER_REQUIRES(control_mu_);
   std::optional<std::string> stop_reason_locked() const SIMPLER_REQUIRES(mu_);
 
   MailboxRegion* region_;

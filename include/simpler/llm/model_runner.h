@@ -229,7 +229,8 @@ class Qwen3DataParallel {
   // Before l3.init(): checks the options and the checkpoint here (errors as
   // Qwen3ModelRunner::create's, naming the file or tensor, before any child starts) and registers
   // the step callable, the one-task L3 step program and the child setup that loads the model on
-  // every child. The L3 worker must outlive every runner. Errors of the L3 worker's registration
+  // every child. The L3 worker must outlive every runner and every StepInFlight they made (a
+  // step frees its staging buffer when destroyed). Errors of the L3 worker's registration
   // (FAILED_PRECONDITION after its init()) as they are.
   static absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> prepare(hierarchy::L3Worker& l3,
                                                                     const std::string& model_dir,

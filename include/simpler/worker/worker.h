@@ -162,8 +162,10 @@ class Worker {
   // wait for a free resource set (same timeout rules as RunHandle::wait).
   // `on_finalized`, when set, is called with the run's result once its handle is done, on the
   // worker's lane thread, in run order (ChipRunLane::submit: brief, and never a submit to this
-  // worker or a wait for its runs). It is called for every run this returns a handle for; for
-  // a run refused here it may or may not be.
+  // worker or a wait for its runs). A waiter may see the handle done before the call ran; close()
+  // returns only after every call finished (it joins the lane thread). It is called for every
+  // run this returns a handle for; for a run refused here it may or may not be. Being called
+  // delivers nothing: an error only it saw still counts as undelivered at close().
   absl::StatusOr<RunHandle> submit(
       CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
       double admission_timeout_s = std::numeric_limits<double>::infinity(),
