@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Model-checks the mailbox hand-off (mailbox.pml) with SPIN: the model must verify with no
-# error (no request served twice or lost, no action on a stale generation, no deadlock), and
-# each mutant — the ACK not the child's last store to a frame, a stale generation accepted —
-# must make SPIN report a violation, so this check can fail. Needs `spin` and a C compiler.
+# Model-checks the mailbox with SPIN: the frame / entry hand-off (mailbox.pml: no request served
+# twice or lost, no action on a stale generation, no deadlock) and grant changes while runs go on
+# (mailbox_regrant.pml: the child never sees an entry outside its table, no run lost or served
+# twice, both sides end on the same table). Each model must verify with no error, and each of its
+# mutants — the ACK not the child's last store to a frame, a stale generation accepted; the
+# parent committing a grant before the child adopted it, a shrink not lowering the claim limit
+# — must make SPIN report a violation, so this check can fail. Needs `spin` and a C compiler.
 # Usage: tests/protocol/check_mailbox_model.sh [WORK_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:-$(mktemp -d)}"
 mkdir -p "$work"
 cd "$work"
-cp "$here/mailbox.pml" .
+cp "$here/mailbox.pml" "$here/mailbox_regrant.pml" .
 command -v spin >/dev/null || { echo "check_mailbox_model: spin not found (apt-get install spin)" >&2; exit 1; }
 
-verify() {  # verify LABEL [-DMUTANT]; prints pan's summary line, returns pan's error count
-  local label="$1"
-  shift
-  spin -a "$@" mailbox.pml >/dev/null
+verify() {  # verify MODEL LABEL [-DMUTANT]; prints pan's summary line, returns pan's error count
+  local model="$1" label="$2"
+  shift 2
+  spin -a "$@" "$model" >/dev/null
   cc -O2 -DSAFETY -o pan pan.c
   local out errors
-  out="$(./pan -m100000 -w20 2>&1)"
+  out="$(./pan -m100000 -w22 2>&1)"
   errors="$(printf '%s\n' "$out" | sed -n 's/.*errors: \([0-9]*\).*/\1/p' | head -1)"
   local states
   states="$(printf '%s\n' "$out" | sed -n 's/^ *\([0-9]*\) states, stored.*/\1/p' | head -1)"
@@ -32,14 +35,20 @@ verify() {  # verify LABEL [-DMUTANT]; prints pan's summary line, returns pan's 
   return "$errors"
 }
 
-if ! verify "model"; then
-  echo "check_mailbox_model: FAILED: the protocol model has a violation" >&2
-  exit 1
-fi
-for mutant in MUTANT_ACK_NOT_LAST MUTANT_ACCEPT_STALE_GEN; do
-  if verify "$mutant" "-D$mutant"; then
-    echo "check_mailbox_model: FAILED: SPIN found no violation in $mutant" >&2
+check_model() {  # check_model MODEL MUTANT...
+  local model="$1"
+  shift
+  if ! verify "$model" "$model"; then
+    echo "check_mailbox_model: FAILED: $model has a violation" >&2
     exit 1
   fi
-done
-echo "check_mailbox_model: ok (model verified; both mutants caught)" >&2
+  for mutant in "$@"; do
+    if verify "$model" "$model $mutant" "-D$mutant"; then
+      echo "check_mailbox_model: FAILED: SPIN found no violation in $model $mutant" >&2
+      exit 1
+    fi
+  done
+}
+check_model mailbox.pml MUTANT_ACK_NOT_LAST MUTANT_ACCEPT_STALE_GEN
+check_model mailbox_regrant.pml MUTANT_COMMIT_BEFORE_ACK MUTANT_NO_CLAIM_LIMIT
+echo "check_mailbox_model: ok (both models verified; all four mutants caught)" >&2
