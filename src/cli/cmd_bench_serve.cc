@@ -133,6 +133,7 @@ int run_bench_serve(const State& st) {
   llm::EngineOptions eo;
   eo.runner.worker = st.common.worker_options(&trace);
   eo.runner.matmul_isa = st.common.matmul_isa();
+  eo.runner.precision = st.common.precision();
   eo.runner.page_size = st.page_size;
   eo.runner.max_num_seqs = st.max_num_seqs;
   eo.runner.max_num_batched_tokens = std::max(512, st.max_num_seqs);

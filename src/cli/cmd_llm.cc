@@ -462,6 +462,7 @@ Runner add_generate_command(CLI::App& app) {
     llm::EngineOptions eo;
     eo.runner.worker = st->common.worker_options(&trace);
     eo.runner.matmul_isa = st->common.matmul_isa();
+    eo.runner.precision = st->common.precision();
     eo.runner.page_size = st->page_size;
     eo.runner.allow_unused_tensors = st->allow_unused_tensors;
     eo.runner.host_sampling = st->host_sampling;
@@ -697,6 +698,7 @@ llm::EngineOptions bench_engine_options(const CommonOptions& common, base::Trace
   llm::EngineOptions eo;
   eo.runner.worker = common.worker_options(trace);
   eo.runner.matmul_isa = common.matmul_isa();
+  eo.runner.precision = common.precision();
   eo.runner.allow_unused_tensors = allow_unused_tensors;
   return eo;
 }
@@ -828,6 +830,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
     nlohmann::json out = {{"model", model},
                           {"prompt_len", len},
                           {"kernel_isa", llm::name_of(isa)},
+                          {"precision", llm::name_of(common.precision())},
                           {"ttft_ms", best_ms},
                           {"tokens_per_s", len / (best_ms / 1e3)},
                           {"gflop_per_s", gflops},
@@ -934,6 +937,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
         {"steps", steps},
         {"launch_depth", common.launch_depth},
         {"kernel_isa", llm::name_of(llm::resolve_matmul_isa(common.matmul_isa()))},
+        {"precision", llm::name_of(common.precision())},
         {"step_ms", step_ms},
         {"device_step_ms_p50", dev_ms},
         {"effective_depth", depth.effective_depth},

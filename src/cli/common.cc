@@ -76,6 +76,15 @@ void CommonOptions::add_kernel_isa_to(CLI::App* app) {
                   "results are bitwise the same")
       ->check(CLI::IsMember({"auto", "avx512", "portable"}))
       ->capture_default_str();
+  app->add_option("--precision", precision_name,
+                  "matmul numerics: exact (f32 activations, the default) or bf16 (activations "
+                  "rounded to bf16 over bf16 weights, AVX-512 BF16; faster, with its own "
+                  "tolerance; falls back to exact where the CPU lacks it)")
+      ->check(CLI::IsMember({"exact", "bf16"}));
+}
+
+llm::Precision CommonOptions::precision() const {
+  return llm::parse_precision(precision_name).value_or(llm::Precision::kExact);
 }
 
 llm::MatmulIsa CommonOptions::matmul_isa() const {

@@ -113,7 +113,8 @@ class ArgCheck {
     if (!kernel_status_.ok()) return kernel_status_; \
   } while (0)
 
-absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa isa) {
+absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa isa,
+                         bool bf16 = false) {
   ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
   SIMPLER_KERNEL_CHECK(c.count(3));
   SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
@@ -148,12 +149,22 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa is
   p.y = y.data<float>() + r.begin;
   p.ldy = out;
   p.accumulate = accumulate;
-  if (isa == MatmulIsa::kAvx512) {
+  if (bf16 && isa == MatmulIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
+      matmul_detail::avx512_bf16_available()) {
+    matmul_detail::run_avx512_bf16(p);
+  } else if (isa == MatmulIsa::kAvx512) {
     matmul_detail::run_avx512(p);
   } else {
     matmul_detail::run_portable(p);
   }
   return absl::OkStatus();
+}
+
+absl::Status matmul_bf16_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, MatmulIsa::kAuto, true);
+}
+absl::Status matmul_acc_bf16_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, MatmulIsa::kAuto, true);
 }
 
 absl::Status matmul_portable_kernel(const KernelContext& ctx) {
@@ -240,10 +251,27 @@ double measure_f32_fma_peak(MatmulIsa isa, int threads, double seconds) {
   return best;
 }
 
-std::vector<task::Kernel> llm_kernels(MatmulIsa isa) {
+const char* name_of(Precision precision) {
+  return precision == Precision::kBf16 ? "bf16" : "exact";
+}
+
+absl::StatusOr<Precision> parse_precision(std::string_view name) {
+  for (Precision p : {Precision::kExact, Precision::kBf16}) {
+    if (name == name_of(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("precision '", std::string(name), "': expected exact or bf16"));
+}
+
+bool bf16_precision_available() { return matmul_detail::avx512_bf16_available(); }
+
+std::vector<task::Kernel> llm_kernels(MatmulIsa isa, Precision precision) {
   task::KernelFn matmul = &matmul_kernel;
   task::KernelFn matmul_acc = &matmul_acc_kernel;
-  if (isa == MatmulIsa::kPortable) {
+  if (precision == Precision::kBf16 && isa != MatmulIsa::kPortable) {
+    matmul = &matmul_bf16_kernel;
+    matmul_acc = &matmul_acc_bf16_kernel;
+  } else if (isa == MatmulIsa::kPortable) {
     matmul = &matmul_portable_kernel;
     matmul_acc = &matmul_acc_portable_kernel;
   } else if (isa == MatmulIsa::kAvx512) {

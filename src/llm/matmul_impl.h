@@ -34,6 +34,13 @@ bool avx512_available();
 // AVX-512 intrinsics (built with -mavx512*); call only when avx512_available().
 void run_avx512(const Problem& p);
 
+// Whether this CPU also has AVX512_BF16 (what run_avx512_bf16 uses).
+bool avx512_bf16_available();
+// The bf16-activation path (precision bf16): x rounded to bf16, vdpbf16ps against bf16 W with
+// f32 accumulation (its own numerics, documented in matmul_avx512_bf16.cc). Requires
+// p.wt == kBF16; call only when avx512_bf16_available().
+void run_avx512_bf16(const Problem& p);
+
 // FMA throughput probes: `iters` rounds of 12 independent 16-lane f32 fused multiply-adds
 // (12·16·2 FLOPs each) in registers; return a value derived from the result so the work stays.
 float fma_probe_avx512(int64_t iters, float seed);

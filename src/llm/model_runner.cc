@@ -134,8 +134,8 @@ absl::Status token_scatter_kernel(const task::KernelContext& ctx) {
 // Kernel indices relative to the end of llm_kernels().
 enum ExtraKernel : uint32_t { kTokenCounts = 0, kSample, kTokenFeedback, kTokenScatter };
 
-std::vector<task::Kernel> step_kernels(MatmulIsa isa) {
-  std::vector<task::Kernel> k = llm_kernels(isa);
+std::vector<task::Kernel> step_kernels(MatmulIsa isa, Precision precision) {
+  std::vector<task::Kernel> k = llm_kernels(isa, precision);
   for (task::Kernel& s : sampling_kernels()) k.push_back(std::move(s));  // token_counts, sample
   k.push_back({"token_feedback", token_feedback_kernel});
   k.push_back({"token_scatter", token_scatter_kernel});
@@ -220,12 +220,12 @@ absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
 }
 
 task::ChipCallable step_callable(std::shared_ptr<const Qwen3ModelRunner::Holder> holder,
-                                 MatmulIsa isa) {
+                                 MatmulIsa isa, Precision precision) {
   return task::ChipCallable{"qwen3_step",
                             [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
                               return orchestrate_step(*holder, ctx, args);
                             },
-                            step_kernels(isa)};
+                            step_kernels(isa, precision)};
 }
 
 // The host math of token_counts_kernel for one entry.
@@ -261,6 +261,20 @@ absl::Status validate_runner_options(const RunnerOptions& options) {
         " needs AVX-512 F, BW, VL and DQ, which this CPU lacks (use auto or portable)"));
   }
   return absl::OkStatus();
+}
+
+// The options a runner runs with: precision bf16 falls back to exact (said in the log) where the
+// CPU lacks AVX512_BF16 or the portable ISA was asked for.
+RunnerOptions effective_options(const RunnerOptions& options) {
+  RunnerOptions o = options;
+  if (o.precision == Precision::kBf16 &&
+      (!bf16_precision_available() || o.matmul_isa == MatmulIsa::kPortable)) {
+    SIMPLER_LOG_WARN(
+        "precision bf16 needs AVX-512 BF16 and the avx512 kernels ({}); running the exact path",
+        bf16_precision_available() ? "--kernel-isa portable was asked" : "this CPU lacks them");
+    o.precision = Precision::kExact;
+  }
+  return o;
 }
 
 // Loads the model onto a chip: weights (projections and embeddings in their checkpoint dtype,
@@ -336,6 +350,7 @@ absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
   Qwen3ProgramOptions popts;
   popts.argmax = false;  // the step program samples from the logits
   popts.matmul_isa = options.matmul_isa;
+  popts.precision = options.precision;
   SIMPLER_ASSIGN_OR_RETURN(c->decode,
                            make_qwen3_decode_callable(d, wt, c->scratch, c->kv_pools, popts));
   if (c->decode.kernels.size() != llm_kernels().size()) {
@@ -423,16 +438,17 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
     const std::string& model_dir, const RunnerOptions& options) {
   SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
   std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
-  r->options_ = options;
+  r->options_ = effective_options(options);
   SIMPLER_RETURN_IF_ERROR(r->load_model_info(model_dir));
   r->worker_ = std::make_unique<worker::Worker>(options.worker);
   r->holder_ = std::make_shared<Holder>();
   r->holder_->chips.resize(1);
   SIMPLER_ASSIGN_OR_RETURN(
-      r->step_, r->worker_->register_callable(step_callable(r->holder_, options.matmul_isa)));
+      r->step_, r->worker_->register_callable(
+                    step_callable(r->holder_, r->options_.matmul_isa, r->options_.precision)));
   SIMPLER_RETURN_IF_ERROR(r->worker_->init());
   SIMPLER_RETURN_IF_ERROR(
-      load_chip_state(*r->worker_, model_dir, options, r->dims_, &r->holder_->chips[0]));
+      load_chip_state(*r->worker_, model_dir, r->options_, r->dims_, &r->holder_->chips[0]));
   for (const worker::DeviceBuffer& b : r->bound_buffers()) {
     SIMPLER_RETURN_IF_ERROR(r->worker_->bind(r->step_, b));
   }
@@ -446,14 +462,15 @@ absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
   std::unique_ptr<Qwen3DataParallel> dp(new Qwen3DataParallel());
   dp->l3_ = &l3;
   dp->model_dir_ = model_dir;
-  dp->options_ = options;
+  dp->options_ = effective_options(options);
   dp->info_.reset(new Qwen3ModelRunner());
-  dp->info_->options_ = options;
+  dp->info_->options_ = dp->options_;
   SIMPLER_RETURN_IF_ERROR(dp->info_->load_model_info(model_dir));
   dp->holder_ = std::make_shared<Qwen3ModelRunner::Holder>();
   dp->holder_->chips.resize(l3.num_children());
   SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable step,
-                           l3.register_callable(step_callable(dp->holder_, options.matmul_isa)));
+                           l3.register_callable(step_callable(dp->holder_, dp->options_.matmul_isa,
+                                                              dp->options_.precision)));
   SIMPLER_ASSIGN_OR_RETURN(
       dp->program_,
       l3.register_program(hierarchy::L3Program{
@@ -472,8 +489,9 @@ absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
           }}));
   std::shared_ptr<Qwen3ModelRunner::Holder> holder = dp->holder_;
   const Qwen3Dims dims = dp->info_->dims_;
-  SIMPLER_RETURN_IF_ERROR(l3.register_child_setup(
-      [holder, model_dir, options, dims](int32_t child, worker::Worker& w) -> absl::Status {
+  SIMPLER_RETURN_IF_ERROR(
+      l3.register_child_setup([holder, model_dir, options = dp->options_, dims](
+                                  int32_t child, worker::Worker& w) -> absl::Status {
         return load_chip_state(w, model_dir, options, dims, &holder->chips[child]);
       }));
   return dp;

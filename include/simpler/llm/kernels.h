@@ -66,15 +66,31 @@ bool matmul_isa_available(MatmulIsa isa);
 // kAuto resolved for this CPU; other values unchanged.
 MatmulIsa resolve_matmul_isa(MatmulIsa isa);
 
+// The numerics of matmul / matmul_acc. kExact: f32 activations and accumulation (weights widened
+// in registers), identical on every ISA path and batch. kBf16 (opt in, `--precision bf16`):
+// over bf16 weights, activations are rounded to bf16 and multiplied with AVX512_BF16 dot
+// products, f32 accumulation — faster, with its own tolerance (logits relative L2 against the
+// exact path measured and stated in docs/benchmarks.md; tokens may differ); f32 and f16
+// weights stay exact. Still batch-invariant (a row depends only on its own x and W).
+enum class Precision : uint8_t { kExact, kBf16 };
+const char* name_of(Precision precision);  // "exact", "bf16"
+// INVALID_ARGUMENT naming the value and the accepted names.
+absl::StatusOr<Precision> parse_precision(std::string_view name);
+// Whether this CPU runs kBf16's instructions (AVX-512 F, BW, VL, DQ and BF16); without them a
+// kBf16 request falls back to kExact (the model runner says so).
+bool bf16_precision_available();
+
 // The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
 // (0 = every hardware thread) each run independent 16-lane FMA chains in registers on `isa`'s
 // instructions (kAuto resolved) for about `seconds`; the best of 3 passes. The denominator of
 // the compute-bound benchmarks (bench prefill).
 double measure_f32_fma_peak(MatmulIsa isa, int threads = 0, double seconds = 0.2);
 
-// All kernels above, in KernelId order, matmul / matmul_acc on `isa`. A fresh copy. With kAvx512
-// on a CPU without it, the matmul kernels fail with FAILED_PRECONDITION when they run.
-std::vector<task::Kernel> llm_kernels(MatmulIsa isa = MatmulIsa::kAuto);
+// All kernels above, in KernelId order, matmul / matmul_acc on `isa` with `precision`. A fresh
+// copy. With kAvx512 on a CPU without it, the matmul kernels fail with FAILED_PRECONDITION when
+// they run; kBf16 on a CPU without AVX512_BF16 (or with kPortable) computes exactly.
+std::vector<task::Kernel> llm_kernels(MatmulIsa isa = MatmulIsa::kAuto,
+                                      Precision precision = Precision::kExact);
 
 // The half-open range [begin, end) of `n` items that SPMD block `block_idx` of
 // `block_dim` owns: contiguous, in block order, sizes differing by at most one

@@ -182,8 +182,9 @@ struct Qwen3ProgramOptions {
   // Submit the argmax task into out_ids. A caller that samples from the
   // logits itself (the model runner) turns it off; out_ids is then untouched.
   bool argmax = true;
-  // The callable's kernels are llm_kernels(matmul_isa).
+  // The callable's kernels are llm_kernels(matmul_isa, precision).
   MatmulIsa matmul_isa = MatmulIsa::kAuto;
+  Precision precision = Precision::kExact;
 };
 
 // Positions of the run arguments of the decode callable. B = shape[0] of
