@@ -169,7 +169,11 @@ absl::Status MailboxRegion::prepare_grant(uint32_t grant) {
   SIMPLER_RETURN_IF_ERROR(map_to(need));
   // Entries past the committed table: no side reads them before the commit.
   const uint32_t from = entry_count(), to = grant + kRequestFrames;
-  if (to > from) std::memset(&entries_of(base_)[from], 0, uint64_t{to - from} * sizeof(RunEntry));
+  // Raw shared memory no side reads yet: zeroed as ftruncate leaves fresh pages.
+  if (to > from) {
+    std::memset(static_cast<void*>(&entries_of(base_)[from]), 0,
+                uint64_t{to - from} * sizeof(RunEntry));
+  }
   return absl::OkStatus();
 }
 
