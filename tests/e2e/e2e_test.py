@@ -1444,7 +1444,7 @@ def scenario_bench_decode(ctx):
     with open(os.path.join(model, "config.json")) as f:
         matrices, vectors = decode_weight_elements(json.load(f))
     weight_bytes = 2 * matrices + 4 * vectors  # a bf16 checkpoint
-    keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "step_ms",
+    keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "precision", "step_ms",
             "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
             "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
@@ -1466,7 +1466,8 @@ def scenario_bench_decode(ctx):
                  f"{model!r}")
         pb.check(out["kernel_isa"] in ("avx512", "portable"),
                  f"{label}: kernel_isa {out['kernel_isa']!r}")
-        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa"})
+        pb.check(out["precision"] == "exact", f"{label}: precision {out['precision']!r}")
+        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa", "precision"})
                if not (isinstance(out[k], (int, float)) and not isinstance(out[k], bool)
                        and math.isfinite(out[k]) and out[k] > 0)}
         if not pb.check(not bad, f"{label}: not positive finite numbers: {bad}"):
@@ -1518,8 +1519,8 @@ def scenario_bench_prefill_load(ctx):
     p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens",
                        "16,48", "--json"], label="bench prefill")
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
-    keys = {"model", "prompt_len", "kernel_isa", "ttft_ms", "tokens_per_s", "gflop_per_s",
-            "peak_gflop_per_s", "fraction_of_peak"}
+    keys = {"model", "prompt_len", "kernel_isa", "precision", "ttft_ms", "tokens_per_s",
+            "gflop_per_s", "peak_gflop_per_s", "fraction_of_peak"}
     pb.check([r.get("prompt_len") for r in rows] == [16, 48],
              f"bench prefill: prompt_len rows {[r.get('prompt_len') for r in rows]}, expected "
              f"[16, 48]")
@@ -1528,8 +1529,9 @@ def scenario_bench_prefill_load(ctx):
         if not pb.check(set(r) == keys, f"{label}: keys {sorted(r)}, expected {sorted(keys)}"):
             continue
         n = r["prompt_len"]
+        pb.check(r["precision"] == "exact", f"{label}: precision {r['precision']!r}")
         pb.check(all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0
-                     for k in keys - {"model", "kernel_isa"}),
+                     for k in keys - {"model", "kernel_isa", "precision"}),
                  f"{label}: not positive finite numbers: {r}")
         flop = 2 * (n * (matrices - lm) + lm)
         pb.check(close(r["gflop_per_s"], flop / (r["ttft_ms"] / 1e3) / 1e9),
