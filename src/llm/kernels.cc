@@ -265,6 +265,14 @@ absl::StatusOr<Precision> parse_precision(std::string_view name) {
 
 bool bf16_precision_available() { return matmul_detail::avx512_bf16_available(); }
 
+Precision effective_precision(MatmulIsa isa, Precision precision) {
+  if (precision == Precision::kBf16 &&
+      (!bf16_precision_available() || isa == MatmulIsa::kPortable)) {
+    return Precision::kExact;
+  }
+  return precision;
+}
+
 std::vector<task::Kernel> llm_kernels(MatmulIsa isa, Precision precision) {
   task::KernelFn matmul = &matmul_kernel;
   task::KernelFn matmul_acc = &matmul_acc_kernel;

@@ -267,8 +267,7 @@ absl::Status validate_runner_options(const RunnerOptions& options) {
 // CPU lacks AVX512_BF16 or the portable ISA was asked for.
 RunnerOptions effective_options(const RunnerOptions& options) {
   RunnerOptions o = options;
-  if (o.precision == Precision::kBf16 &&
-      (!bf16_precision_available() || o.matmul_isa == MatmulIsa::kPortable)) {
+  if (effective_precision(o.matmul_isa, o.precision) != o.precision) {
     SIMPLER_LOG_WARN(
         "precision bf16 needs AVX-512 BF16 and the avx512 kernels ({}); running the exact path",
         bf16_precision_available() ? "--kernel-isa portable was asked" : "this CPU lacks them");

@@ -79,6 +79,9 @@ absl::StatusOr<Precision> parse_precision(std::string_view name);
 // Whether this CPU runs kBf16's instructions (AVX-512 F, BW, VL, DQ and BF16); without them a
 // kBf16 request falls back to kExact (the model runner says so).
 bool bf16_precision_available();
+// The precision that runs for a request of `precision` on `isa` here: kBf16 only where the CPU
+// has the instructions and `isa` is not kPortable; kExact otherwise.
+Precision effective_precision(MatmulIsa isa, Precision precision);
 
 // The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
 // (0 = every hardware thread) each run independent 16-lane FMA chains in registers on `isa`'s
