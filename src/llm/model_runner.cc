@@ -276,6 +276,14 @@ RunnerOptions effective_options(const RunnerOptions& options) {
   return o;
 }
 
+// How a weight sits in device memory: 2-D weights (projections, embeddings) in their checkpoint
+// dtype (f32, bf16 or f16), the rest (norm vectors) widened to f32.
+bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && (view.dtype == DataType::kFloat32 ||
+                               view.dtype == DataType::kBFloat16 ||
+                               view.dtype == DataType::kFloat16);
+}
+
 // Loads the model onto a chip: weights (projections and embeddings in their checkpoint dtype,
 // copied from the mapped file straight into device memory; norm vectors widened to f32),
 // scratch, the KV pool, token counts and last ids, and the decode program over them. Runs
@@ -295,11 +303,7 @@ absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
   auto upload = [&](const std::string& name,
                     const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
     SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
-    if (shape.size() == 2 &&
-        (view.dtype == DataType::kFloat32 || view.dtype == DataType::kBFloat16 ||
-         view.dtype == DataType::kFloat16)) {
-      return upload_raw(view, shape, view.dtype);
-    }
+    if (kept_in_checkpoint_dtype(view, shape)) return upload_raw(view, shape, view.dtype);
     SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(view));
     SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(f32.size() * 4));
     c->buffers.push_back(buf);
@@ -382,48 +386,18 @@ absl::Status Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
       absl::StrCat(model_dir, "/config.json (num_hidden_layers ", config_.num_hidden_layers,
                    ", tie_word_embeddings ", config_.tie_word_embeddings ? "true" : "false", ")"),
       options_.allow_unused_tensors));
-  // Bytes a step streams: every projection and norm, the final norm and the LM head, as they
-  // sit in device memory (2-D weights in their checkpoint dtype, the rest widened to f32).
-  const Qwen3Dims& d = dims_;
-  const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
-  auto bytes_of = [&](const std::string& name,
-                      const std::vector<int64_t>& shape) -> absl::StatusOr<uint64_t> {
-    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
-    if (shape.size() == 2 &&
-        (view.dtype == DataType::kFloat32 || view.dtype == DataType::kBFloat16 ||
-         view.dtype == DataType::kFloat16)) {
-      return static_cast<uint64_t>(view.bytes.size());
-    }
-    uint64_t numel = 1;
-    for (int64_t e : shape) numel *= static_cast<uint64_t>(e);
-    return numel * 4;
-  };
+  // Bytes a step streams: every weight as it sits in device memory (kept_in_checkpoint_dtype),
+  // but the embedding table only when it is also the LM head (a step reads one row of it
+  // otherwise).
   uint64_t streamed = 0;
-  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    const std::pair<std::string, std::vector<int64_t>> layer[] = {
-        {p + "input_layernorm.weight", {H}},
-        {p + "self_attn.q_proj.weight", {d.q_size(), H}},
-        {p + "self_attn.k_proj.weight", {d.kv_size(), H}},
-        {p + "self_attn.v_proj.weight", {d.kv_size(), H}},
-        {p + "self_attn.o_proj.weight", {H, d.q_size()}},
-        {p + "self_attn.q_norm.weight", {d.head_dim}},
-        {p + "self_attn.k_norm.weight", {d.head_dim}},
-        {p + "post_attention_layernorm.weight", {H}},
-        {p + "mlp.gate_proj.weight", {I, H}},
-        {p + "mlp.up_proj.weight", {I, H}},
-        {p + "mlp.down_proj.weight", {H, I}},
-    };
-    for (const auto& [name, shape] : layer) {
-      SIMPLER_ASSIGN_OR_RETURN(uint64_t b, bytes_of(name, shape));
-      streamed += b;
-    }
+  for (const WeightSpec& spec : config_.tensor_names_and_shapes()) {
+    if (spec.name == "model.embed_tokens.weight" && !config_.tie_word_embeddings) continue;
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(spec.name, spec.shape));
+    uint64_t numel = 1;
+    for (int64_t e : spec.shape) numel *= static_cast<uint64_t>(e);
+    streamed += kept_in_checkpoint_dtype(view, spec.shape) ? view.bytes.size() : numel * 4;
   }
-  SIMPLER_ASSIGN_OR_RETURN(uint64_t norm, bytes_of("model.norm.weight", {H}));
-  SIMPLER_ASSIGN_OR_RETURN(
-      uint64_t head,
-      bytes_of(d.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", {V, H}));
-  weight_bytes_per_step_ = streamed + norm + head;
+  weight_bytes_per_step_ = streamed;
   return absl::OkStatus();
 }
 
