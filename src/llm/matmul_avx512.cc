@@ -1,17 +1,11 @@
 // The AVX-512 path of matmul_impl.h. This file alone is built with -mavx512f -mavx512bw
-// -mavx512vl -mavx512dq: it includes no header with inline functions other than intrinsics, and
-// everything but run_avx512 has internal linkage, so no AVX-512 code can be picked by the linker
-// for another file's inline function.
-// GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
-// uninitialized-use warnings then report at every call site (a known false positive).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-
+// -mavx512vl -mavx512dq: it includes no header with inline functions other than intrinsics and
+// matmul_avx512_common.h (internal linkage, shared with the bf16 path), and everything but its
+// entry points has internal linkage, so no AVX-512 code can be picked by the linker for another
+// file's inline function.
 #include <cstdint>
 
+#include "llm/matmul_avx512_common.h"
 #include "llm/matmul_impl.h"
 
 namespace simpler::llm::matmul_detail {
@@ -19,7 +13,6 @@ namespace {
 
 constexpr int kMaxRows = 6;  // rows of a register tile
 constexpr int kMaxCols = 4;  // W rows (output features) of a register tile; 8 when one x row
-constexpr int64_t kChunkBytes = 256 * 1024;  // W bytes kept in L2 while every row group uses them
 
 template <WeightType WT>
 struct WeightBits;
@@ -50,15 +43,6 @@ struct WeightBits<WeightType::kF16> {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
   }
 };
-
-// The fixed reduction tree of matmul_impl.h.
-inline float reduce(__m512 v) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 // One R x C register tile: rows [0, R) of x against W rows [0, C).
 template <WeightType WT, int R, int C>
@@ -137,9 +121,7 @@ template <WeightType WT>
 void run(const Problem& p) {
   using T = typename WeightBits<WT>::T;
   const T* w = static_cast<const T*>(p.w);
-  const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
-  int64_t chunk = kChunkBytes / (row_bytes > 0 ? row_bytes : 1);
-  chunk = chunk < 8 ? 8 : chunk - chunk % 8;
+  const int64_t chunk = chunk_rows(p.k * static_cast<int64_t>(sizeof(T)));
   for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
     const int64_t jn = p.n - j0 < chunk ? p.n - j0 : chunk;
     if (p.rows == 1) {

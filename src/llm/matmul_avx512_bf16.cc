@@ -8,15 +8,10 @@
 // exact in f32; denormal inputs and outputs flush to zero), reduced by the fixed tree of
 // matmul_impl.h. A row's result depends on nothing but its own x and W (batch-invariant); it
 // differs from the exact path by the rounding of x to bf16 (relative 2^-9 per element).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-
 #include <cstdint>
 #include <vector>
 
+#include "llm/matmul_avx512_common.h"
 #include "llm/matmul_impl.h"
 
 namespace simpler::llm::matmul_detail {
@@ -24,14 +19,6 @@ namespace {
 
 constexpr int kRowsPerTile = 4;
 constexpr int kColsPerTile = 4;
-
-inline float reduce(__m512 v) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 // x row (f32, k) -> bf16 (RNE) into `out`, zero-padded to `kp` (a multiple of 32).
 void to_bf16(const float* x, int64_t k, int64_t kp, uint16_t* out) {
@@ -136,10 +123,7 @@ void run_avx512_bf16(const Problem& p) {
   xb.resize(static_cast<size_t>(p.rows * kp));
   for (int64_t r = 0; r < p.rows; ++r) to_bf16(p.x + r * p.k, p.k, kp, xb.data() + r * kp);
   const auto* w = static_cast<const uint16_t*>(p.w);
-  // W in column chunks kept in L2 while every row group uses them (as matmul_avx512.cc).
-  constexpr int64_t kChunkBytes = 256 * 1024;
-  int64_t chunk = kChunkBytes / (p.k * 2 > 0 ? p.k * 2 : 1);
-  chunk = chunk < 8 ? 8 : chunk - chunk % 8;
+  const int64_t chunk = chunk_rows(p.k * 2);  // W rows kept in L2 across the row groups
   for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
     const int64_t jn = p.n - j0 < chunk ? p.n - j0 : chunk;
     for (int64_t r0 = 0; r0 < p.rows; r0 += kRowsPerTile) {
