@@ -74,6 +74,7 @@ class LlmEngineTest : public ::testing::Test {
     absl::Status error;
     int64_t completion_tokens = 0;
     std::vector<int32_t> pages;
+    std::map<int64_t, std::vector<float>> logits;  // RequestSpec::logits_tokens hits
   };
   // Reads every event of a one-choice request until its final one.
   static Done drain(LlmEngine& e, RequestId id, double timeout_s = 60) {
@@ -87,6 +88,7 @@ class LlmEngineTest : public ::testing::Test {
         return d;
       }
       d.tokens.insert(d.tokens.end(), out->token_ids.begin(), out->token_ids.end());
+      for (auto& [k, v] : out->logits) d.logits[k] = std::move(v);
       if (out->finished()) {
         d.finish = out->finish;
         d.error = out->error;
@@ -562,11 +564,7 @@ TEST_F(LlmEngineTest, Bf16PrecisionLogitsStayWithinItsToleranceOfTheExactPath) {
   ASSERT_TRUE(make_model(mo).ok());
   const auto ps = random_prompts(6, 40, 99);
   constexpr int64_t kTokens = 8;
-  struct Out {
-    std::vector<int32_t> tokens;
-    std::map<int64_t, std::vector<float>> logits;
-  };
-  std::vector<Out> runs[2];
+  std::vector<Done> runs[2];
   for (Precision precision : {Precision::kExact, Precision::kBf16}) {
     EngineOptions eo = options(2, 256, 64, 8);
     eo.runner.precision = precision;
@@ -579,24 +577,14 @@ TEST_F(LlmEngineTest, Bf16PrecisionLogitsStayWithinItsToleranceOfTheExactPath) {
       for (int64_t t = 0; t < kTokens; ++t) spec.logits_tokens.insert(t);
       ids.push_back((*e)->add_request(spec).value());
     }
-    for (RequestId id : ids) {
-      Out o;
-      while (true) {
-        auto out = (*e)->next_output(id, base::Deadline::after(std::chrono::seconds(60)));
-        ASSERT_TRUE(out.ok()) << out.status();
-        o.tokens.insert(o.tokens.end(), out->token_ids.begin(), out->token_ids.end());
-        for (auto& [k, v] : out->logits) o.logits[k] = v;
-        if (out->finished()) break;
-      }
-      runs[precision == Precision::kBf16].push_back(std::move(o));
-    }
+    for (RequestId id : ids) runs[precision == Precision::kBf16].push_back(drain(**e, id));
     EXPECT_TRUE((*e)->shutdown().ok());
   }
   double worst = 0;
   int64_t compared = 0, agreeing = 0, total = 0;
   for (size_t r = 0; r < ps.size(); ++r) {
-    const Out& exact = runs[0][r];
-    const Out& fast = runs[1][r];
+    const Done& exact = runs[0][r];
+    const Done& fast = runs[1][r];
     ASSERT_EQ(exact.tokens.size(), static_cast<size_t>(kTokens));
     ASSERT_EQ(fast.tokens.size(), static_cast<size_t>(kTokens));
     for (int64_t t = 0; t < kTokens; ++t) {

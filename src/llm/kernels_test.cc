@@ -203,6 +203,20 @@ TestWeights make_weights(DataType dtype, size_t n, uint32_t seed) {
   return w;
 }
 
+// y[r, o] of x [rows, in] · Wᵀ in f64 (plus y0[r, o] when accumulating), and the magnitude of
+// its terms (the tolerance's scale).
+std::pair<double, double> f64_entry(const std::vector<float>& x, const TestWeights& w, int64_t in,
+                                    int64_t out, int64_t r, int64_t o,
+                                    const std::vector<float>* y0) {
+  double want = y0 != nullptr ? (*y0)[r * out + o] : 0.0, mag = std::abs(want);
+  for (int64_t i = 0; i < in; ++i) {
+    const double t = double(x[r * in + i]) * w.values[o * in + i];
+    want += t;
+    mag += std::abs(t);
+  }
+  return {want, mag};
+}
+
 std::vector<std::pair<MatmulIsa, task::KernelFn>> isa_paths(bool acc) {
   std::vector<std::pair<MatmulIsa, task::KernelFn>> out;
   for (MatmulIsa isa : {MatmulIsa::kPortable, MatmulIsa::kAvx512}) {
@@ -240,12 +254,7 @@ TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
               ASSERT_TRUE(run_blocks(fn, a, 2).ok());
               for (int64_t r = 0; r < rows; ++r) {
                 for (int64_t o = 0; o < out; ++o) {
-                  double want = acc ? y0[r * out + o] : 0.0, mag = std::abs(want);
-                  for (int64_t i = 0; i < in; ++i) {
-                    const double t = double(x[r * in + i]) * w.values[o * in + i];
-                    want += t;
-                    mag += std::abs(t);
-                  }
+                  const auto [want, mag] = f64_entry(x, w, in, out, r, o, acc ? &y0 : nullptr);
                   ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
                       << name_of(isa) << " " << task::name_of(dt) << " rows " << rows << " in "
                       << in << " out " << out << " acc " << acc;
@@ -283,6 +292,8 @@ TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputsAndIsBatchInva
       for (int64_t in : {1, 31, 32, 33, 100}) {
         for (int64_t out : {1, 5, 37}) {
           std::vector<float> x = random_floats(rows * in, 31 + rows + in);
+          std::vector<float> xb;  // x as the bf16 path sees it
+          for (float v : x) xb.push_back(task::bf16_to_f32(task::f32_to_bf16(v)));
           TestWeights w = make_weights(DataType::kBFloat16, out * in, 32 + out);
           std::vector<float> y0 = random_floats(rows * out, 33);
           std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
@@ -292,13 +303,7 @@ TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputsAndIsBatchInva
           ASSERT_TRUE(run_blocks(fn, a, 2).ok());
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t o = 0; o < out; ++o) {
-              double want = acc ? y0[r * out + o] : 0.0, mag = std::abs(want);
-              for (int64_t i = 0; i < in; ++i) {
-                const double xb = task::bf16_to_f32(task::f32_to_bf16(x[r * in + i]));
-                const double t = xb * w.values[o * in + i];
-                want += t;
-                mag += std::abs(t);
-              }
+              const auto [want, mag] = f64_entry(xb, w, in, out, r, o, acc ? &y0 : nullptr);
               ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
                   << "rows " << rows << " in " << in << " out " << out << " acc " << acc;
             }

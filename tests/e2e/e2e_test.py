@@ -1937,13 +1937,33 @@ def scenario_bench_mailbox(ctx):
              f"bench mailbox --runs 1: exit {p.returncode}, stderr {tail(p.stderr, 300)!r}")
 
 
+def check_children_gone(pb, stderr, count, label):
+    """The `count` process children a command named on stderr ("children: child 0 (process N),
+    ...") are gone (or zombies awaiting their reaper) within 5 s of its exit."""
+    m = re.search(r"children: (.*)", stderr)
+    pids = [int(x) for x in re.findall(r"process (\d+)", m.group(1))] if m else []
+    pb.check(len(pids) == count, f"{label}: child pids not printed: {tail(stderr, 400)!r}")
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                pass
+        if alive:
+            time.sleep(0.05)
+    pb.check(not alive, f"{label}: children {alive} outlived the command")
+
+
 def scenario_l3_example(ctx):
     """`simpler l3-example` (issue 14): the tensor-parallel MLP across two sim chips in thread and
     process mode — every run within tolerance of the float64 reference and identical results in
     both modes; with SIMPLER_SIM_FAULTS=...process_kill a child SIGKILLs itself: the command fails
     promptly naming the child and the signal, exits non-zero and leaves no process behind."""
-    import re
-    import time
     pb = ctx.problems
     sums = {}
     for mode in ("thread", "process"):
@@ -1971,23 +1991,7 @@ def scenario_l3_example(ctx):
     pb.check("killed by signal 9 (Killed)" in p.stderr and "child " in p.stderr,
              f"process_kill: stderr does not name the child and the signal: {tail(p.stderr, 600)!r}")
     pb.check(took < 30, f"process_kill: took {took:.1f} s")
-    m = re.search(r"children: (.*)", p.stderr)
-    pids = [int(x) for x in re.findall(r"process (\d+)", m.group(1))] if m else []
-    pb.check(len(pids) == 2, f"process_kill: child pids not printed: {tail(p.stderr, 400)!r}")
-    deadline = time.monotonic() + 5
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        alive.append(pid)
-            except OSError:
-                pass
-        if alive:
-            time.sleep(0.05)
-    pb.check(not alive, f"process_kill: children {alive} outlived the command")
+    check_children_gone(pb, p.stderr, 2, "process_kill")
     p, _ = ctx.run([ctx.simpler, "l3-example", "--intermediate", "255"],
                    label="l3-example bad shape")
     pb.check(0 < p.returncode < 128 and "multiple of the 2 children" in p.stderr,
@@ -2001,7 +2005,6 @@ def scenario_generate_chips(ctx):
     single-chip run. With SIMPLER_SIM_FAULTS=...process_kill a child SIGKILLs itself: the command
     fails promptly naming the child and the signal, exits non-zero and leaves no process
     behind."""
-    import re
     pb = ctx.problems
     model = ctx.write_model(ctx.path("model"), "--vocab", "4096", "--seed", "29",
                             tokenizer=False)
@@ -2054,23 +2057,7 @@ def scenario_generate_chips(ctx):
              f"process_kill: stderr does not name the child and the signal: "
              f"{tail(p.stderr, 600)!r}")
     pb.check(took < 30, f"process_kill: took {took:.1f} s")
-    m = re.search(r"children: (.*)", p.stderr)
-    pids = [int(x) for x in re.findall(r"process (\d+)", m.group(1))] if m else []
-    pb.check(len(pids) == 2, f"process_kill: child pids not printed: {tail(p.stderr, 400)!r}")
-    deadline = time.monotonic() + 5
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        alive.append(pid)
-            except OSError:
-                pass
-        if alive:
-            time.sleep(0.05)
-    pb.check(not alive, f"process_kill: children {alive} outlived the command")
+    check_children_gone(pb, p.stderr, 2, "process_kill")
 
 
 SCENARIOS = {
