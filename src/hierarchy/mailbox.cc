@@ -22,10 +22,6 @@ namespace simpler::hierarchy {
 
 namespace {
 
-absl::Status base_annotate_regrant(const absl::Status& s, uint32_t grant) {
-  return absl::Status(s.code(), absl::StrCat("mailbox regrant to ", grant, ": ", s.message()));
-}
-
 absl::Status errno_status(const char* call) {
   return absl::InternalError(absl::StrCat("mailbox: ", call, ": ", std::strerror(errno)));
 }
@@ -524,7 +520,7 @@ absl::Status MailboxParent::regrant(uint32_t grant, int64_t timeout_ns) {
     // The child refused (nothing adopted), or the endpoint stopped (a command without a reply
     // in time stops it: the child's table is then unknown, and nothing more is published).
     restore();
-    return base_annotate_regrant(r.status(), grant);
+    return base::annotate(r.status(), absl::StrCat("mailbox regrant to ", grant, ": "));
   }
   // The commit: the child adopted the table; this side follows in one step.
   base::MutexLock lock(mu_);

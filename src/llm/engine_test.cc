@@ -617,6 +617,21 @@ TEST_F(LlmEngineTest, Bf16PrecisionLogitsStayWithinItsToleranceOfTheExactPath) {
   std::filesystem::remove_all(bf16_dir);
 }
 
+// precision bf16 where it cannot run (here: the portable ISA, on every machine) falls back to
+// the exact path, and the runner says which ran; tokens are then the exact path's.
+TEST_F(LlmEngineTest, Bf16PrecisionFallsBackToExactWhereItCannotRun) {
+  EXPECT_EQ(effective_precision(MatmulIsa::kPortable, Precision::kBf16), Precision::kExact);
+  EXPECT_EQ(effective_precision(MatmulIsa::kAuto, Precision::kExact), Precision::kExact);
+  EXPECT_EQ(effective_precision(MatmulIsa::kAuto, Precision::kBf16),
+            bf16_precision_available() ? Precision::kBf16 : Precision::kExact);
+  RunnerOptions ro = options(1).runner;
+  ro.matmul_isa = MatmulIsa::kPortable;
+  ro.precision = Precision::kBf16;
+  auto r = Qwen3ModelRunner::create(*dir_, ro);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->options().precision, Precision::kExact);
+}
+
 TEST_F(LlmEngineTest, ABf16CheckpointIsHeldInBf16WithoutAnF32Copy) {
   const std::string bf16_dir = *dir_ + "_bf16_memory";
   MakeModelOptions mo = small_test_model_options(bf16_dir, 4);
