@@ -287,6 +287,7 @@ class MailboxParent {
   // the endpoint stopped; the sizing's INTERNAL error; the child's refusal. A child that does
   // not answer within `timeout_ns` is DEADLINE_EXCEEDED and stops the endpoint, as control().
   absl::Status regrant(uint32_t grant, int64_t timeout_ns);
+  // The committed grant (this side's table: grant + K entries).
   uint32_t grant() const;
 
   // The parent doorbell's current value, and a wait until it moves from `seen` (or
