@@ -403,10 +403,14 @@ class SimDevice final : public Device {
           c->cv.wait(lock);
           c->sleeping = false;
         }
-        if (!c->posted.load(std::memory_order_acquire)) return;  // stopping
       }
+      // Claimed here, never re-read: the scheduler may take a posted job
+      // (try_run_inline) at any moment without the core's mutex, so a job
+      // seen above can be gone now. Only a stop with no job posted ends the
+      // thread (a job posted before the stop still runs).
       bool expected = true;
       if (!c->posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
+        if (c_stop()) return;
         ran = false;  // the scheduler took it
         continue;
       }
