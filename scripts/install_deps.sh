@@ -11,6 +11,7 @@ PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config git
   clang clang-format libclang-rt-14-dev
   libabsl-dev libeigen3-dev nlohmann-json3-dev
+  libdnnl-dev ocl-icd-opencl-dev
   libpcre2-dev libutf8proc-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,5 +1,7 @@
 #include "cli/bench_probes.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -8,9 +10,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dnnl.hpp"
 #include "simpler/base/clock.h"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
@@ -64,7 +68,61 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   return static_cast<double>(words * 8) / best_s;
 }
 
-namespace {}  // namespace
+absl::StatusOr<double> bf16_gemm_library_flops(int64_t rows, const std::vector<GemmShape>& shapes,
+                                               int threads, std::string* implementation) {
+  using dnnl::memory;
+  using Dt = memory::data_type;
+  using Tag = memory::format_tag;
+  if (threads <= 0) threads = base::hardware_threads();
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  struct Gemm {
+    std::vector<uint16_t> x, w;
+    std::vector<float> y;
+    dnnl::matmul prim;
+    std::unordered_map<int, memory> args;
+  };
+  std::vector<Gemm> gemms;
+  double flop = 0;
+  try {
+    const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    for (const GemmShape& s : shapes) {
+      Gemm g;
+      // Values of moderate size (bf16 of 1 + i/256 mod 1), so nothing runs on denormals.
+      g.x.resize(static_cast<size_t>(rows * s.k));
+      g.w.resize(static_cast<size_t>(s.n * s.k));
+      for (size_t i = 0; i < g.x.size(); ++i) g.x[i] = static_cast<uint16_t>(0x3f80 + i % 128);
+      for (size_t i = 0; i < g.w.size(); ++i) g.w[i] = static_cast<uint16_t>(0x3c00 + i % 128);
+      g.y.resize(static_cast<size_t>(rows * s.n));
+      const memory::desc xd({rows, s.k}, Dt::bf16, Tag::ab);
+      const memory::desc wd({s.k, s.n}, Dt::bf16, Tag::ba);  // W [n, k] row-major
+      const memory::desc yd({rows, s.n}, Dt::f32, Tag::ab);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(xd, wd, yd), engine);
+      if (implementation != nullptr) *implementation = pd.impl_info_str();
+      g.prim = dnnl::matmul(pd);
+      g.args = {{DNNL_ARG_SRC, memory(xd, engine, g.x.data())},
+                {DNNL_ARG_WEIGHTS, memory(wd, engine, g.w.data())},
+                {DNNL_ARG_DST, memory(yd, engine, g.y.data())}};
+      gemms.push_back(std::move(g));
+      flop += 2.0 * static_cast<double>(rows) * static_cast<double>(s.n) * static_cast<double>(s.k);
+    }
+    double best_s = 1e30;
+    for (int pass = 0; pass < 4; ++pass) {  // pass 0 warms up
+      const int64_t t0 = base::now_ns();
+      for (Gemm& g : gemms) g.prim.execute(stream, g.args);
+      stream.wait();
+      if (pass > 0) best_s = std::min(best_s, (base::now_ns() - t0) / 1e9);
+    }
+    omp_set_num_threads(saved_threads);
+    return flop / best_s;
+  } catch (const dnnl::error& e) {
+    omp_set_num_threads(saved_threads);
+    return absl::InternalError(absl::StrCat("oneDNN bf16 matmul probe (", rows,
+                                            " rows): ", e.what(), " (status ",
+                                            static_cast<int>(e.status), ")"));
+  }
+}
 
 absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model,
                                               const std::vector<std::string>& args, int threads) {

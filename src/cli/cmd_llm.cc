@@ -827,16 +827,32 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
     // Every prompt position goes through the layers; the LM head runs for the last one only.
     const double flop = 2.0 * (static_cast<double>(len) * layer_macs + lm_macs);
     const double gflops = flop / (best_ms / 1e3) / 1e9;
+    const llm::Precision precision =
+        llm::effective_precision(common.matmul_isa(), common.precision());
+    const bool bf16 = precision == llm::Precision::kBf16;
     nlohmann::json out = {{"model", model},
                           {"prompt_len", len},
                           {"kernel_isa", llm::name_of(isa)},
-                          {"precision", llm::name_of(llm::effective_precision(common.matmul_isa(),
-                                                                              common.precision()))},
+                          {"precision", llm::name_of(precision)},
                           {"ttft_ms", best_ms},
                           {"tokens_per_s", len / (best_ms / 1e3)},
                           {"gflop_per_s", gflops},
                           {"peak_gflop_per_s", peak / 1e9},
                           {"fraction_of_peak", gflops * 1e9 / peak}};
+    if (bf16) {
+      // The bf16 GEMM library on the same shapes: one layer's projections with the prompt's
+      // rows (every layer has the same shapes), every hardware thread.
+      const int64_t h = config->hidden_size, I = config->intermediate_size,
+                    q = config->num_attention_heads * config->head_dim,
+                    kv = config->num_key_value_heads * config->head_dim;
+      std::string impl;
+      auto lib = bf16_gemm_library_flops(
+          len, {{q, h}, {kv, h}, {kv, h}, {h, q}, {I, h}, {I, h}, {h, I}}, 0, &impl);
+      if (!lib.ok()) return fail("bench prefill", lib.status());
+      out["library"] = absl::StrCat("oneDNN ", impl);
+      out["library_gflop_per_s"] = *lib / 1e9;
+      out["fraction_of_library"] = gflops * 1e9 / *lib;
+    }
     if (compare_torch) {
       auto peer =
           run_torch_peer(model, {"--prompt-len", std::to_string(len)}, base::hardware_threads());
@@ -853,6 +869,13 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
           "= %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware thread)\n",
           len, best_ms, len / (best_ms / 1e3), gflops, 100 * gflops * 1e9 / peak, peak / 1e9,
           llm::name_of(isa));
+      if (bf16) {
+        std::printf(
+            "  precision bf16: %.1f%% of the bf16 GEMM library on the same shapes (%s, every "
+            "hardware thread: %.1f GFLOP/s)\n",
+            100 * out["fraction_of_library"].get<double>(),
+            out["library"].get<std::string>().c_str(), out["library_gflop_per_s"].get<double>());
+      }
       if (compare_torch) {
         std::printf("  PyTorch eager (f32, %d threads): %.1f ms; simpler is %.2fx faster\n",
                     base::hardware_threads(), out["torch_ttft_ms"].get<double>(),

@@ -151,6 +151,9 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa is
   p.accumulate = accumulate;
   if (bf16 && isa == MatmulIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
       matmul_detail::avx512_bf16_available()) {
+    if (rows >= matmul_detail::kDnnlMinRows) {
+      return matmul_detail::run_dnnl_bf16(p);
+    }
     matmul_detail::run_avx512_bf16(p);
   } else if (isa == MatmulIsa::kAvx512) {
     matmul_detail::run_avx512(p);

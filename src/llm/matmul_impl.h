@@ -10,6 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
 
 namespace simpler::llm::matmul_detail {
 
@@ -40,6 +43,21 @@ bool avx512_bf16_available();
 // f32 accumulation (its own numerics, documented in matmul_avx512_bf16.cc). Requires
 // p.wt == kBF16; call only when avx512_bf16_available().
 void run_avx512_bf16(const Problem& p);
+
+// Batched rows of the bf16 path: at and above this many x rows, matmul with precision bf16 runs
+// run_dnnl_bf16 (a GEMM); below it, run_avx512_bf16 (the weights streamed once per call).
+// Chosen by measurement (docs/benchmarks.md, issue 12): one thread, one block's W slice of
+// [1536, 1024] and [512, 3072]: ours is faster up to 12 rows, even at 12-16, oneDNN ahead above.
+constexpr int64_t kDnnlMinRows = 16;
+// The bf16 path through oneDNN (matmul_dnnl.cc): x rounded to bf16 (round to nearest even),
+// oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else AVX512_BF16) with f32
+// accumulation in oneDNN's own order, on the calling thread only. Not batch-invariant (the
+// blocking depends on the row count). Requires p.wt == kBF16. INTERNAL naming the shape and
+// oneDNN's status when oneDNN refuses the problem.
+absl::Status run_dnnl_bf16(const Problem& p);
+// The oneDNN implementation the bf16 GEMM gets on this machine (oneDNN's own name, e.g.
+// "brg:avx512_core_amx" or "brg:avx512_core_bf16"), for logs and benchmarks.
+std::string dnnl_bf16_implementation();
 
 // FMA throughput probes: `iters` rounds of 12 independent 16-lane f32 fused multiply-adds
 // (12·16·2 FLOPs each) in registers; return a value derived from the result so the work stays.

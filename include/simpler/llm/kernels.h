@@ -68,10 +68,12 @@ MatmulIsa resolve_matmul_isa(MatmulIsa isa);
 
 // The numerics of matmul / matmul_acc. kExact: f32 activations and accumulation (weights widened
 // in registers), identical on every ISA path and batch. kBf16 (opt in, `--precision bf16`):
-// over bf16 weights, activations are rounded to bf16 and multiplied with AVX512_BF16 dot
-// products, f32 accumulation — faster, with its own tolerance (logits relative L2 against the
-// exact path measured and stated in docs/benchmarks.md; tokens may differ); f32 and f16
-// weights stay exact. Still batch-invariant (a row depends only on its own x and W).
+// over bf16 weights, activations are rounded to bf16 (round to nearest even) and multiplied as
+// bf16 with f32 accumulation — fewer than 16 rows by our AVX512_BF16 streaming kernel, 16 rows
+// and more by oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else AVX512_BF16) —
+// faster, with its own tolerance (logits relative L2 against the exact path measured and stated
+// in docs/benchmarks.md; tokens may differ); f32 and f16 weights stay exact. Not batch-invariant:
+// a row's result can change with the number of rows it is batched with.
 enum class Precision : uint8_t { kExact, kBf16 };
 const char* name_of(Precision precision);  // "exact", "bf16"
 // INVALID_ARGUMENT naming the value and the accepted names.
