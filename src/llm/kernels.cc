@@ -517,7 +517,7 @@ namespace {
 
 // The inner loops of paged_attention, written lane-wise (16 independent f32 lanes, then the
 // fixed reduction tree of matmul_impl.h) so that the compiler vectorizes them without
-// reassociating anything; built twice (AVX-512 and the x86-64 baseline, see attend_group) and
+// reassociating anything; built twice (AVX-512 and the x86-64 baseline, see attend_tile) and
 // picked by the CPU. Results depend on nothing but the row's own q, K, V.
 constexpr int kLanes = 16;
 
@@ -587,78 +587,97 @@ __attribute__((always_inline)) inline float exp_shifted_sum(float* __restrict sc
   return reduce_lanes(lanes);
 }
 
-struct AttendShape {
-  int64_t group, dim, page_size, n_kv, g, len;
-  float scale;
+// Rows of one step that attend the same cached positions (a prefill chunk's rows: one request,
+// one block table) go through the kernel together, at most this many at a time, so each cached
+// K and V row is read once per tile instead of once per query row.
+constexpr int64_t kMaxTileRows = 8;
+
+// A tile: rows (1 ... kMaxTileRows) whose block tables agree on every block they use, and one kv
+// head g: each row's `group` query heads (contiguous, dim each) attend its first lens[i]
+// cached positions, read through `table` (the table of the row with the longest context).
+struct AttendTile {
+  int64_t rows = 0, group = 0, dim = 0, page_size = 0, n_kv = 0, g = 0, max_len = 0;
+  float scale = 0;
+  const int64_t* lens = nullptr;    // [rows]
+  const float* const* q = nullptr;  // [rows] -> group x dim
+  float* const* out = nullptr;      // [rows] -> group x dim
+  const int32_t* table = nullptr;
 };
 
-// One (row, kv head) pair: the `group` query heads at q (contiguous, dim each) attend the
-// row's first `len` cached positions; out receives group x dim. scores: group x len scratch;
-// acc: group x (dim + 1) scratch (the accumulators, then each head's 1 / Σ weights).
-__attribute__((always_inline)) inline void attend_group_body(const AttendShape& s, const float* q,
-                                                             const float* k_pool,
-                                                             const float* v_pool,
-                                                             const int32_t* table, float* scores,
-                                                             float* acc, float* out) {
-  const int64_t group = s.group, dim = s.dim, len = s.len;
-  if (len == 0) {
-    for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.0f;
-    return;
-  }
+// The tile's attention. Each row's arithmetic is the one-row computation exactly (scores
+// scale·q·k in increasing t, the max, exp and their sum over its own positions, V accumulated
+// in increasing t), so a row's result does not depend on the rows tiled with it. scores:
+// rows x group x max_len scratch; acc: rows x group x (dim + 1) scratch (the accumulators, then
+// each head's 1 / Σ weights).
+__attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
+                                                            const float* k_pool,
+                                                            const float* v_pool, float* scores,
+                                                            float* acc) {
+  const int64_t group = s.group, dim = s.dim, len = s.max_len, heads = s.rows * group;
   auto kv_offset = [&](int64_t t) {
     const int64_t slot =
-        static_cast<int64_t>(table[t / s.page_size]) * s.page_size + t % s.page_size;
+        static_cast<int64_t>(s.table[t / s.page_size]) * s.page_size + t % s.page_size;
     return (slot * s.n_kv + s.g) * dim;
   };
-  // Scores: scale · q_h · k_t.
+  // Scores: scale · q_h · k_t, each cached k read once for the tile.
   for (int64_t t = 0; t < len; ++t) {
     const float* k = k_pool + kv_offset(t);
-    for (int64_t h = 0; h < group; ++h) {
-      scores[h * len + t] = s.scale * dot_lanes(q + h * dim, k, dim);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      if (t >= s.lens[i]) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        scores[(i * group + h) * len + t] = s.scale * dot_lanes(s.q[i] + h * dim, k, dim);
+      }
     }
   }
-  // Softmax weights per head (max subtracted), and their sum.
-  float* inv = acc + group * dim;
-  for (int64_t h = 0; h < group; ++h) {
-    float* sc = scores + h * len;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
-    const float sum = exp_shifted_sum(sc, m, len);
-    inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  // Softmax weights per row and head (max subtracted), and their sum.
+  float* inv = acc + heads * dim;
+  for (int64_t i = 0; i < s.rows; ++i) {
+    for (int64_t h = 0; h < group; ++h) {
+      float* sc = scores + (i * group + h) * len;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < s.lens[i]; ++t) m = sc[t] > m ? sc[t] : m;
+      const float sum = s.lens[i] > 0 ? exp_shifted_sum(sc, m, s.lens[i]) : 0.0f;
+      inv[i * group + h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
   }
-  // Weighted sum of V.
-  for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
+  // Weighted sum of V, each cached v read once for the tile.
+  for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
   for (int64_t t = 0; t < len; ++t) {
     const float* v = v_pool + kv_offset(t);
-    for (int64_t h = 0; h < group; ++h) axpy(acc + h * dim, v, scores[h * len + t], dim);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      if (t >= s.lens[i]) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        axpy(acc + (i * group + h) * dim, v, scores[(i * group + h) * len + t], dim);
+      }
+    }
   }
-  for (int64_t h = 0; h < group; ++h) {
-    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = acc[h * dim + i] * inv[h];
+  for (int64_t i = 0; i < s.rows; ++i) {
+    for (int64_t h = 0; h < group; ++h) {
+      const float* a = acc + (i * group + h) * dim;
+      for (int64_t e = 0; e < dim; ++e) s.out[i][h * dim + e] = a[e] * inv[i * group + h];
+    }
   }
 }
 
 // The body built twice: for AVX-512 and for the x86-64 baseline, picked by the CPU at the call
 // (not by an ifunc: ifunc resolvers run before ThreadSanitizer's runtime starts).
-__attribute__((target("avx512f"))) void attend_group_avx512(const AttendShape& s, const float* q,
-                                                            const float* k_pool,
-                                                            const float* v_pool,
-                                                            const int32_t* table, float* scores,
-                                                            float* acc, float* out) {
-  attend_group_body(s, q, k_pool, v_pool, table, scores, acc, out);
+__attribute__((target("avx512f"))) void attend_tile_avx512(const AttendTile& s, const float* k_pool,
+                                                           const float* v_pool, float* scores,
+                                                           float* acc) {
+  attend_tile_body(s, k_pool, v_pool, scores, acc);
 }
-void attend_group_baseline(const AttendShape& s, const float* q, const float* k_pool,
-                           const float* v_pool, const int32_t* table, float* scores, float* acc,
-                           float* out) {
-  attend_group_body(s, q, k_pool, v_pool, table, scores, acc, out);
+void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float* v_pool,
+                          float* scores, float* acc) {
+  attend_tile_body(s, k_pool, v_pool, scores, acc);
 }
 
-void attend_group(const AttendShape& s, const float* q, const float* k_pool, const float* v_pool,
-                  const int32_t* table, float* scores, float* acc, float* out) {
+void attend_tile(const AttendTile& s, const float* k_pool, const float* v_pool, float* scores,
+                 float* acc) {
   static const bool avx512 = matmul_detail::avx512_available();
   if (avx512) {
-    attend_group_avx512(s, q, k_pool, v_pool, table, scores, acc, out);
+    attend_tile_avx512(s, k_pool, v_pool, scores, acc);
   } else {
-    attend_group_baseline(s, q, k_pool, v_pool, table, scores, acc, out);
+    attend_tile_baseline(s, k_pool, v_pool, scores, acc);
   }
 }
 
@@ -693,30 +712,71 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
   const int32_t* context_lens = ctx.tensor(4).data<const int32_t>();
   float* out = ctx.tensor(5).data<float>();
 
+  // Work items are (kv head, row) pairs, kv-head-major, split evenly across the blocks; a
+  // block's consecutive rows of one kv head that share their cached positions form tiles.
   const BlockRange r = block_range(rows * n_kv, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
-  std::vector<float> scores, acc(group * (dim + 1));
-  for (int64_t pair = r.begin; pair < r.end; ++pair) {
-    const int64_t b = pair / n_kv;
-    const int64_t g = pair % n_kv;
-    const int64_t len = context_lens[b];
-    if (len < 0 || len > max_blocks * page_size) {
-      return c.error(absl::StrCat("context length ", len, " at row ", b, " is outside [0, ",
+  // Row b's context length and the number of table blocks it uses, checked.
+  auto row_context = [&](int64_t b, int64_t* len, int64_t* used) -> absl::Status {
+    *len = context_lens[b];
+    if (*len < 0 || *len > max_blocks * page_size) {
+      return c.error(absl::StrCat("context length ", *len, " at row ", b, " is outside [0, ",
                                   max_blocks * page_size, "] (", max_blocks, " blocks x page size ",
                                   page_size, ")"));
     }
+    *used = (*len + page_size - 1) / page_size;
     const int32_t* table = block_tables + b * max_blocks;
-    const int64_t used_blocks = (len + page_size - 1) / page_size;
-    for (int64_t blk = 0; blk < used_blocks; ++blk) {
+    for (int64_t blk = 0; blk < *used; ++blk) {
       if (table[blk] < 0 || table[blk] >= pages) {
         return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
                                     " is outside the pool of ", pages, " pages"));
       }
     }
-    if (static_cast<int64_t>(scores.size()) < group * len) scores.resize(group * len);
-    AttendShape sh{group, dim, page_size, n_kv, g, len, scale};
-    attend_group(sh, q + (b * heads + g * group) * dim, k_pool, v_pool, table, scores.data(),
-                 acc.data(), out + b * heads * dim + g * group * dim);
+    return absl::OkStatus();
+  };
+  std::vector<float> scores, acc;
+  int64_t lens[kMaxTileRows];
+  const float* qs[kMaxTileRows];
+  float* outs[kMaxTileRows];
+  for (int64_t pair = r.begin; pair < r.end;) {
+    const int64_t g = pair / rows;
+    const int64_t b0 = pair % rows;
+    AttendTile tile;
+    tile.group = group;
+    tile.dim = dim;
+    tile.page_size = page_size;
+    tile.n_kv = n_kv;
+    tile.g = g;
+    tile.scale = scale;
+    tile.lens = lens;
+    tile.q = qs;
+    tile.out = outs;
+    int64_t ref = -1, ref_used = 0;  // the tile's row with the longest context
+    for (int64_t b = b0; tile.rows < kMaxTileRows && b < rows && g * rows + b < r.end; ++b) {
+      int64_t len = 0, used = 0;
+      SIMPLER_KERNEL_CHECK(row_context(b, &len, &used));
+      const int32_t* table = block_tables + b * max_blocks;
+      if (ref >= 0 &&
+          !std::equal(table, table + std::min(used, ref_used), block_tables + ref * max_blocks)) {
+        break;  // other cached positions: the next tile starts here
+      }
+      if (ref < 0 || used > ref_used) {
+        ref = b;
+        ref_used = used;
+      }
+      tile.max_len = std::max(tile.max_len, len);
+      lens[tile.rows] = len;
+      qs[tile.rows] = q + (b * heads + g * group) * dim;
+      outs[tile.rows] = out + b * heads * dim + g * group * dim;
+      ++tile.rows;
+    }
+    tile.table = block_tables + ref * max_blocks;
+    const size_t want_scores = static_cast<size_t>(tile.rows * group * tile.max_len);
+    if (scores.size() < want_scores) scores.resize(want_scores);
+    const size_t want_acc = static_cast<size_t>(tile.rows * group * (dim + 1));
+    if (acc.size() < want_acc) acc.resize(want_acc);
+    attend_tile(tile, k_pool, v_pool, scores.data(), acc.data());
+    pair += tile.rows;
   }
   return absl::OkStatus();
 }

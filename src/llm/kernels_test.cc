@@ -537,6 +537,63 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
   }
 }
 
+// A prefill chunk's rows (one request: one block table, consecutive positions) are attended in
+// tiles that read each cached K and V row once. A row's result is bitwise the same whether it
+// is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
+// any block split; and close to the float64 reference.
+TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
+  const int64_t nh = 4, nkv = 2, d = 40, pages = 12, ps = 4, max_blocks = 6;
+  std::vector<float> kp = random_floats(pages * ps * nkv * d, 23, -2.0f, 2.0f);
+  std::vector<float> vp = random_floats(pages * ps * nkv * d, 24);
+  const std::vector<int32_t> chunk_table = {7, 2, 9, 0, 11, 4};    // request A: 19 positions
+  const std::vector<int32_t> other_table = {5, 8, 1, -1, -1, -1};  // request B: 10 positions
+  // Rows: one of B, A's 19 chunk rows (contexts 4..22), a padding row, B again.
+  std::vector<int32_t> tables, lens;
+  auto add_row = [&](const std::vector<int32_t>& t, int32_t len) {
+    tables.insert(tables.end(), t.begin(), t.end());
+    lens.push_back(len);
+  };
+  add_row(other_table, 10);
+  for (int32_t len = 4; len <= 22; ++len) add_row(chunk_table, len);
+  add_row({-1, -1, -1, -1, -1, -1}, 0);
+  add_row(other_table, 9);
+  const int64_t B = static_cast<int64_t>(lens.size());
+  std::vector<float> q = random_floats(B * nh * d, 25, -2.0f, 2.0f);
+  const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
+  const std::vector<double> want =
+      reference_attention(q, kp, vp, tables, lens, B, nh, nkv, d, ps, max_blocks);
+  // Each row alone (a one-row step).
+  std::vector<float> alone(B * nh * d);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<float> q1(q.begin() + b * nh * d, q.begin() + (b + 1) * nh * d), out1(nh * d);
+    std::vector<int32_t> t1(tables.begin() + b * max_blocks, tables.begin() + (b + 1) * max_blocks);
+    std::vector<int32_t> l1 = {lens[b]};
+    ASSERT_TRUE(
+        run_blocks(&paged_attention_kernel,
+                   paged_attention_args(view(q1, {1, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                        view(vp, {pages, ps, nkv, d}), view(t1, {1, max_blocks}),
+                                        view(l1, {1}), view(out1, {1, nh * d}), scale),
+                   1)
+            .ok());
+    std::copy(out1.begin(), out1.end(), alone.begin() + b * nh * d);
+  }
+  expect_close(alone, want, 1e-5);
+  for (int32_t bd : {1, 2, 3, 7, 64}) {
+    std::vector<float> out(B * nh * d, NAN);
+    ASSERT_TRUE(run_blocks(&paged_attention_kernel,
+                           paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                                view(vp, {pages, ps, nkv, d}),
+                                                view(tables, {B, max_blocks}), view(lens, {B}),
+                                                view(out, {B, nh * d}), scale),
+                           bd)
+                    .ok());
+    for (int64_t i = 0; i < B * nh * d; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(alone[i]))
+          << "row " << i / (nh * d) << " with " << bd << " blocks";
+    }
+  }
+}
+
 TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
   const int64_t B = 1, nh = 2, nkv = 1, d = 4, pages = 2, ps = 2, max_blocks = 2;
   std::vector<float> q(B * nh * d, 1.0f), kp(pages * ps * nkv * d), vp(kp.size()), out(B * nh * d);
