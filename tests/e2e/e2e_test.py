@@ -1540,6 +1540,21 @@ def scenario_bench_prefill_load(ctx):
                  f"{label}: fraction_of_peak is not gflop_per_s / peak_gflop_per_s")
         pb.check(close(r["tokens_per_s"], n / (r["ttft_ms"] / 1e3)),
                  f"{label}: tokens_per_s is not prompt_len / ttft")
+    # Precision bf16 adds the bf16 GEMM library on the same shapes (where the CPU runs bf16;
+    # elsewhere the row says exact and has no library keys).
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "32",
+                       "--precision", "bf16", "--json"], label="bench prefill --precision bf16")
+    r = parse_one_json_object(p.stdout, "bench prefill --precision bf16")
+    lib_keys = {"library", "library_gflop_per_s", "fraction_of_library"}
+    if r.get("precision") == "bf16":
+        pb.check(set(r) == keys | lib_keys
+                 and r["library"].startswith("oneDNN ") and r["library_gflop_per_s"] > 0
+                 and close(r["fraction_of_library"], r["gflop_per_s"] / r["library_gflop_per_s"]),
+                 f"bench prefill --precision bf16: {r}; expected the keys {sorted(keys | lib_keys)}"
+                 f" with fraction_of_library = gflop_per_s / library_gflop_per_s")
+    else:
+        pb.check(r.get("precision") == "exact" and set(r) == keys,
+                 f"bench prefill --precision bf16 on a CPU without bf16: {r}")
     p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", model, "--json"],
                       label="bench load")
     out = parse_one_json_object(p.stdout, "bench load")
