@@ -5,6 +5,8 @@
 #define EIGEN_DONT_PARALLELIZE
 #endif
 
+#include <cpuid.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
@@ -267,6 +269,21 @@ absl::StatusOr<Precision> parse_precision(std::string_view name) {
 }
 
 bool bf16_precision_available() { return matmul_detail::avx512_bf16_available(); }
+
+std::string describe_bf16_precision() {
+  const std::string impl = matmul_detail::dnnl_bf16_implementation();
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool cpu_amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 24)) != 0;
+  std::string amx = !cpu_amx                                ? "this CPU has no AMX"
+                    : impl.find("amx") != std::string::npos ? "AMX in use"
+                                                            : "this CPU has AMX but the kernel did "
+                                                              "not grant it (arch_prctl "
+                                                              "ARCH_REQ_XCOMP_PERM): AVX-512 BF16 "
+                                                              "instead";
+  return absl::StrCat("bf16 activations: fewer than ", matmul_detail::kDnnlMinRows,
+                      " rows on simpler's AVX-512 BF16 kernel, batched rows on oneDNN ", impl, " (",
+                      amx, ")");
+}
 
 Precision effective_precision(MatmulIsa isa, Precision precision) {
   if (precision == Precision::kBf16 &&

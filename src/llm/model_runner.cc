@@ -290,6 +290,10 @@ bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>
 // where the chip's worker is (an L3 child's setup runs it in the child).
 absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
                              const RunnerOptions& options, const Qwen3Dims& d, ChipState* c) {
+  if (options.precision == Precision::kBf16) {
+    // Also sets up oneDNN here, before the device threads run the first bf16 step.
+    SIMPLER_LOG_INFO("precision bf16: {}", describe_bf16_precision());
+  }
   SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
   auto upload_raw = [&](const TensorView& view, const std::vector<int64_t>& shape,
                         DataType dtype) -> absl::StatusOr<Tensor> {

@@ -85,6 +85,13 @@ bool bf16_precision_available();
 // has the instructions and `isa` is not kPortable; kExact otherwise.
 Precision effective_precision(MatmulIsa isa, Precision precision);
 
+// What precision kBf16 runs on this machine, in words for the log: our kernel's row range and
+// oneDNN's implementation for batched rows (e.g. "brg:avx512_core_amx"), and, where the CPU has
+// AMX but oneDNN does not use it, that the kernel did not grant it (arch_prctl
+// ARCH_REQ_XCOMP_PERM, which oneDNN requests itself). Also sets up oneDNN's process-wide state:
+// call it on the thread that builds the program, before the device threads run bf16 steps.
+std::string describe_bf16_precision();
+
 // The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
 // (0 = every hardware thread) each run independent 16-lane FMA chains in registers on `isa`'s
 // instructions (kAuto resolved) for about `seconds`; the best of 3 passes. The denominator of
