@@ -537,12 +537,24 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
   }
 }
 
+void chunk_rows_are_tiled(int64_t d);
+
 // A prefill chunk's rows (one request: one block table, consecutive positions) are attended in
 // tiles that read each cached K and V row once. A row's result is bitwise the same whether it
 // is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
 // any block split; and close to the float64 reference.
 TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
-  const int64_t nh = 4, nkv = 2, d = 40, pages = 12, ps = 4, max_blocks = 6;
+  // Head dims 64 and 128 take the AVX-512 kernel's own tiles where the CPU has AVX-512; 40 the
+  // generic one.
+  for (const int64_t d : {40, 64, 128}) {
+    SCOPED_TRACE(::testing::Message() << "head dim " << d);
+    chunk_rows_are_tiled(d);
+    if (HasFatalFailure()) return;
+  }
+}
+
+void chunk_rows_are_tiled(int64_t d) {
+  const int64_t nh = 4, nkv = 2, pages = 12, ps = 4, max_blocks = 6;
   std::vector<float> kp = random_floats(pages * ps * nkv * d, 23, -2.0f, 2.0f);
   std::vector<float> vp = random_floats(pages * ps * nkv * d, 24);
   const std::vector<int32_t> chunk_table = {7, 2, 9, 0, 11, 4};    // request A: 19 positions
