@@ -53,16 +53,27 @@ void busy_wait_ns(int64_t ns) {
   }
 }
 
+// A sim device with two cores (this machine class's hardware threads) and its stream.
+struct TwoCoreDevice {
+  TwoCoreDevice() {
+    device::SimDeviceOptions o;
+    o.num_cores = 2;
+    device = std::move(device::create_sim_device(o)).value();
+    stream = device->create_stream().value();
+  }
+  std::unique_ptr<device::Device> device;
+  device::Stream* stream = nullptr;
+};
+
 // Random graphs of 1-12 tasks (1, 2 or 16 blocks, kernels of 0 to ~100 µs) over
 // four buffers, at most two runs queued, with host pauses so device threads
 // fall asleep between runs and orchestrations that pause after their first task.
 // Every run finishes, every block's increment lands, the cores stay alive.
 TEST(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
   const int runs = stress_runs(2000);
-  device::SimDeviceOptions o;
-  o.num_cores = 2;
-  auto dev = std::move(device::create_sim_device(o)).value();
-  device::Stream* stream = *dev->create_stream();
+  TwoCoreDevice chip;
+  device::Device* dev = chip.device.get();
+  device::Stream* stream = chip.stream;
   constexpr int kBuffers = 4, kMaxBlocks = 16;
   std::vector<Tensor> bufs;
   for (int i = 0; i < kBuffers; ++i) {
@@ -161,10 +172,9 @@ TEST(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
 // offset. Every run must finish and both core threads must stay alive.
 TEST(ChipStressTest, LoneJobRunInlineWhileItsCoreWakesUp) {
   const int runs = stress_runs(20000);
-  device::SimDeviceOptions o;
-  o.num_cores = 2;
-  auto dev = std::move(device::create_sim_device(o)).value();
-  device::Stream* stream = *dev->create_stream();
+  TwoCoreDevice chip;
+  device::Device* dev = chip.device.get();
+  device::Stream* stream = chip.stream;
   const Tensor b = *Tensor::contiguous(*dev->malloc(64 * 4), {64}, DataType::kInt32);
   std::atomic<int64_t> delay_ns{0};
   const task::ChipCallable c{

@@ -74,8 +74,12 @@ absl::StatusOr<double> bf16_gemm_library_flops(int64_t rows, const std::vector<G
   using Dt = memory::data_type;
   using Tag = memory::format_tag;
   if (threads <= 0) threads = base::hardware_threads();
-  const int saved_threads = omp_get_max_threads();
-  omp_set_num_threads(threads);
+  // oneDNN's team size for this call; the caller's setting comes back on every return.
+  struct OmpThreads {
+    int saved = omp_get_max_threads();
+    explicit OmpThreads(int n) { omp_set_num_threads(n); }
+    ~OmpThreads() { omp_set_num_threads(saved); }
+  } omp_threads(threads);
   struct Gemm {
     std::vector<uint16_t> x, w;
     std::vector<float> y;
@@ -114,10 +118,8 @@ absl::StatusOr<double> bf16_gemm_library_flops(int64_t rows, const std::vector<G
       stream.wait();
       if (pass > 0) best_s = std::min(best_s, (base::now_ns() - t0) / 1e9);
     }
-    omp_set_num_threads(saved_threads);
     return flop / best_s;
   } catch (const dnnl::error& e) {
-    omp_set_num_threads(saved_threads);
     return absl::InternalError(absl::StrCat("oneDNN bf16 matmul probe (", rows,
                                             " rows): ", e.what(), " (status ",
                                             static_cast<int>(e.status), ")"));

@@ -275,7 +275,7 @@ std::string describe_bf16_precision() {
   const std::string impl = matmul_detail::dnnl_bf16_implementation();
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool cpu_amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 24)) != 0;
-  std::string amx = !cpu_amx                                ? "this CPU has no AMX"
+  const char* amx = !cpu_amx                                ? "this CPU has no AMX"
                     : impl.find("amx") != std::string::npos ? "AMX in use"
                                                             : "this CPU has AMX but the kernel did "
                                                               "not grant it (arch_prctl "
@@ -620,7 +620,39 @@ struct AttendTile {
   const float* const* q = nullptr;  // [rows] -> group x dim
   float* const* out = nullptr;      // [rows] -> group x dim
   const int32_t* table = nullptr;
+
+  // Where cached position t of kv head g starts in the K or V pool, in floats.
+  int64_t kv_offset(int64_t t) const {
+    const int64_t slot = static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size;
+    return (slot * n_kv + g) * dim;
+  }
 };
+
+__attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, float m, int64_t n);
+
+// Each (row, head) query's softmax over its own positions, in place (max subtracted, then
+// exp_shifted_sum, or its 16-lane form in the AVX-512 tile), and 1 / Σ into inv; query qi =
+// row · group + head. Inlined into each caller, so it compiles for the caller's target (a
+// lambda around the exp would not: it would lose the AVX-512 build's fused multiply-adds).
+template <bool kVectorExp>
+__attribute__((always_inline)) inline void softmax_weights(const AttendTile& s, float* scores,
+                                                           float* inv) {
+  for (int64_t qi = 0; qi < s.rows * s.group; ++qi) {
+    const int64_t row_len = s.lens[qi / s.group];
+    float* sc = scores + qi * s.max_len;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < row_len; ++t) m = sc[t] > m ? sc[t] : m;
+    float sum = 0.0f;
+    if (row_len > 0) {
+      if constexpr (kVectorExp) {
+        sum = exp_shifted_sum16(sc, m, row_len);
+      } else {
+        sum = exp_shifted_sum(sc, m, row_len);
+      }
+    }
+    inv[qi] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+}
 
 // The tile's attention. Each row's arithmetic is the one-row computation exactly (scores
 // scale·q·k in increasing t, the max, exp and their sum over its own positions, V accumulated
@@ -632,14 +664,9 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
                                                             const float* v_pool, float* scores,
                                                             float* acc) {
   const int64_t group = s.group, dim = s.dim, len = s.max_len, heads = s.rows * group;
-  auto kv_offset = [&](int64_t t) {
-    const int64_t slot =
-        static_cast<int64_t>(s.table[t / s.page_size]) * s.page_size + t % s.page_size;
-    return (slot * s.n_kv + s.g) * dim;
-  };
   // Scores: scale · q_h · k_t, each cached k read once for the tile.
   for (int64_t t = 0; t < len; ++t) {
-    const float* k = k_pool + kv_offset(t);
+    const float* k = k_pool + s.kv_offset(t);
     for (int64_t i = 0; i < s.rows; ++i) {
       if (t >= s.lens[i]) continue;
       for (int64_t h = 0; h < group; ++h) {
@@ -647,21 +674,12 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
       }
     }
   }
-  // Softmax weights per row and head (max subtracted), and their sum.
   float* inv = acc + heads * dim;
-  for (int64_t i = 0; i < s.rows; ++i) {
-    for (int64_t h = 0; h < group; ++h) {
-      float* sc = scores + (i * group + h) * len;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < s.lens[i]; ++t) m = sc[t] > m ? sc[t] : m;
-      const float sum = s.lens[i] > 0 ? exp_shifted_sum(sc, m, s.lens[i]) : 0.0f;
-      inv[i * group + h] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    }
-  }
+  softmax_weights<false>(s, scores, inv);
   // Weighted sum of V, each cached v read once for the tile.
   for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
   for (int64_t t = 0; t < len; ++t) {
-    const float* v = v_pool + kv_offset(t);
+    const float* v = v_pool + s.kv_offset(t);
     for (int64_t i = 0; i < s.rows; ++i) {
       if (t >= s.lens[i]) continue;
       for (int64_t h = 0; h < group; ++h) {
@@ -700,7 +718,6 @@ void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float*
 // and by the vector exp (measured: one layer of a 512-token chunk, one thread, 33 -> 15-24 ms; a
 // decode row 0.28 -> 0.19 ms).
 
-// The 16 keys' sums of 16 lane accumulators each, in key order (the tree above per key).
 // GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
 // uninitialized-use warnings then report at every call site (a known false positive; as in
 // matmul_avx512_common.h).
@@ -709,6 +726,8 @@ void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float*
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+
+// The 16 keys' sums of 16 lane accumulators each, in key order (the tree above per key).
 __attribute__((target("avx512f"))) inline __m512 reduce16(const __m512* a) {
   __m512 s8[8], s4[4], u[2];
 #pragma GCC unroll 8
@@ -781,11 +800,6 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
                                                                float* acc) {
   constexpr int64_t dim = C * kLanes;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
-  auto kv_offset = [&](int64_t t) {
-    const int64_t slot =
-        static_cast<int64_t>(s.table[t / s.page_size]) * s.page_size + t % s.page_size;
-    return (slot * s.n_kv + s.g) * dim;
-  };
   alignas(64) static const float zeros[dim] = {};
   const __m512 scale = _mm512_set1_ps(s.scale);
   // Scores, by blocks of 16 cached keys (read once for the tile's queries).
@@ -797,7 +811,7 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
     const float* k[kLanes];
     for (int64_t j = 0; j < kLanes; ++j) {
       if (j < n) {
-        std::memcpy(kbuf[j], k_pool + kv_offset(t0 + j), sizeof(kbuf[j]));
+        std::memcpy(kbuf[j], k_pool + s.kv_offset(t0 + j), sizeof(kbuf[j]));
         k[j] = kbuf[j];
       } else {
         k[j] = zeros;
@@ -824,16 +838,8 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
       _mm512_mask_storeu_ps(scores + qi * len + t0, m, sc);
     }
   }
-  // Softmax weights per query (max subtracted), and their sum: as attend_tile_body.
   float* inv = acc + heads * dim;
-  for (int64_t qi = 0; qi < heads; ++qi) {
-    const int64_t row_len = s.lens[qi / group];
-    float* sc = scores + qi * len;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < row_len; ++t) mx = sc[t] > mx ? sc[t] : mx;
-    const float sum = row_len > 0 ? exp_shifted_sum16(sc, mx, row_len) : 0.0f;
-    inv[qi] = sum > 0.0f ? 1.0f / sum : 0.0f;
-  }
+  softmax_weights<true>(s, scores, inv);
   // Weighted sum of V: per query, C accumulators in registers over increasing t, in spans of
   // 32 keys so the span's V rows stay in L1 across the tile's queries.
   constexpr int64_t kSpan = 32;
@@ -842,7 +848,7 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
     const int64_t t1 = std::min(len, t0 + kSpan);
     const float* v[kSpan];
     for (int64_t t = t0; t < t1; ++t) {
-      std::memcpy(vbuf[t - t0], v_pool + kv_offset(t), sizeof(vbuf[0]));
+      std::memcpy(vbuf[t - t0], v_pool + s.kv_offset(t), sizeof(vbuf[0]));
       v[t - t0] = vbuf[t - t0];
     }
     for (int64_t qi = 0; qi < heads; ++qi) {
@@ -955,16 +961,15 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
   for (int64_t pair = r.begin; pair < r.end;) {
     const int64_t g = pair / rows;
     const int64_t b0 = pair % rows;
-    AttendTile tile;
-    tile.group = group;
-    tile.dim = dim;
-    tile.page_size = page_size;
-    tile.n_kv = n_kv;
-    tile.g = g;
-    tile.scale = scale;
-    tile.lens = lens;
-    tile.q = qs;
-    tile.out = outs;
+    AttendTile tile{.group = group,
+                    .dim = dim,
+                    .page_size = page_size,
+                    .n_kv = n_kv,
+                    .g = g,
+                    .scale = scale,
+                    .lens = lens,
+                    .q = qs,
+                    .out = outs};
     int64_t ref = -1, ref_used = 0;  // the tile's row with the longest context
     for (int64_t b = b0; tile.rows < kMaxTileRows && b < rows && g * rows + b < r.end; ++b) {
       int64_t len = 0, used = 0;

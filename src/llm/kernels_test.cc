@@ -329,6 +329,13 @@ TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputs) {
       }
     }
   }
+  // The model load's line names both halves of the path and oneDNN's implementation.
+  const std::string described = describe_bf16_precision();
+  EXPECT_THAT(described, HasSubstr(absl::StrCat("fewer than ", matmul_detail::kDnnlMinRows,
+                                                " rows on simpler's AVX-512 BF16 kernel")));
+  EXPECT_THAT(described, HasSubstr("batched rows on oneDNN "));
+  EXPECT_THAT(described, ::testing::Not(HasSubstr("unavailable")));
+  EXPECT_THAT(described, HasSubstr("AMX"));  // which of: none, in use, not granted
   // f32 weights under precision bf16 stay exact: bitwise the avx512 exact path.
   const int64_t rows = 3, in = 40, out = 7;
   std::vector<float> x = random_floats(rows * in, 41);

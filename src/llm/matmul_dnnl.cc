@@ -70,9 +70,9 @@ absl::Status run_dnnl_bf16(const Problem& p) {
   if (p.wt != WeightType::kBF16) {
     return absl::InternalError("run_dnnl_bf16 takes bf16 weights");
   }
+  ThreadState& s = thread_state();
   try {
     OneOmpThread one_thread;
-    ThreadState& s = thread_state();
     const memory::desc x_f32({p.rows, p.k}, Dt::f32, Tag::ab);
     const memory::desc x_bf16({p.rows, p.k}, Dt::bf16, Tag::ab);
     // W is [n, k] row-major: the [k, n] weights operand with strides (1, k).
@@ -104,7 +104,6 @@ absl::Status run_dnnl_bf16(const Problem& p) {
                                             p.k, " x ", p.n, "]: ", e.what(), " (status ",
                                             static_cast<int>(e.status), ")"));
   }
-  const ThreadState& s = thread_state();
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* src = s.y_dense.data() + r * p.n;
     float* dst = p.y + r * p.ldy;

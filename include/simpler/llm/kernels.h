@@ -88,8 +88,10 @@ Precision effective_precision(MatmulIsa isa, Precision precision);
 // What precision kBf16 runs on this machine, in words for the log: our kernel's row range and
 // oneDNN's implementation for batched rows (e.g. "brg:avx512_core_amx"), and, where the CPU has
 // AMX but oneDNN does not use it, that the kernel did not grant it (arch_prctl
-// ARCH_REQ_XCOMP_PERM, which oneDNN requests itself). Also sets up oneDNN's process-wide state:
+// ARCH_REQ_XCOMP_PERM, which oneDNN requests itself); "unavailable (...)" in place of the
+// implementation when oneDNN refuses the probe shape. Also sets up oneDNN's process-wide state:
 // call it on the thread that builds the program, before the device threads run bf16 steps.
+// Thread-safe; never fails.
 std::string describe_bf16_precision();
 
 // The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
