@@ -20,6 +20,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/base/event.h"
 #include "simpler/base/log.h"
+#include "simpler/base/poll.h"
 #include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
@@ -646,7 +647,13 @@ class SimStream final : public Stream {
 
   void loop() {
     while (true) {
-      spin_until([this] { return ready_.load(std::memory_order_acquire) > 0; }, device_->spin_ns());
+      // Between runs the next launch comes from a host thread, which on a machine with few CPUs
+      // may be waiting for this very CPU (a child's mailbox server that this thread's wake-up
+      // preempted, say): poll yielding, not pausing (docs/benchmarks.md, issue 14: a pause-spin
+      // here held the submitting thread off its CPU for the whole spin, 20 µs of every L3 run in
+      // process mode). Within a run the core threads pause-spin (device-only hand-offs).
+      base::poll_yielding([this] { return ready_.load(std::memory_order_acquire) > 0; },
+                          device_->spin_ns());
       Item item;
       {
         MutexLock lock(mu_);

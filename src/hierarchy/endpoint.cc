@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/log.h"
@@ -21,7 +22,6 @@
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
-#include "simpler/base/work_queue.h"
 
 namespace simpler::hierarchy {
 
@@ -175,7 +175,8 @@ class EndpointBase : public Endpoint {
   virtual void shutdown_transport() = 0;
 
   // Run `id` ended with `status` (any order; finalized in run order), having
-  // run on the child's device from `start_ns` to `end_ns` (0 = unknown).
+  // run on the child's device from `start_ns` to `end_ns` (0 = unknown). The first report of
+  // a run counts; later ones are ignored.
   // set_on_done's callback runs after mu_ is released (it may submit to this endpoint), under
   // notify_mu_, so the notifications of consecutive completions keep run order.
   void complete(uint64_t id, const absl::Status& status, int64_t start_ns = 0, int64_t end_ns = 0) {
@@ -187,6 +188,8 @@ class EndpointBase : public Endpoint {
       bool found = false;
       for (Pending& p : runs_) {
         if (p.shared->id.value != id) continue;
+        if (p.done)
+          break;  // reported twice (a lane may finalize a run it refused): the first counts
         p.done = true;
         p.status = status;
         p.start_ns = start_ns;
@@ -270,15 +273,17 @@ class LaneEndpoint final : public EndpointBase {
       : EndpointBase(absl::StrCat("child ", spec.index, " (lane)"), spec),
         worker_(std::move(w)),
         handles_(std::move(handles)) {
-    waiter_ = std::thread([this] {
+    collector_ = std::thread([this] {
       base::set_thread_name("simpler-l3-lane");
-      wait_loop();
+      collect_loop();
     });
   }
   ~LaneEndpoint() override { (void)close(base::Deadline::forever()); }
 
   // A free run resource set: submit() then does not wait for admission.
   bool can_dispatch() const override { return worker_->resources().free > 0; }
+
+  void poll() override { deliver(take_finished()); }
 
   absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
     absl::StatusOr<worker::DeviceBuffer> b = worker_->malloc(bytes);
@@ -298,14 +303,18 @@ class LaneEndpoint final : public EndpointBase {
   }
   absl::Status send(uint64_t id, const RunRequest& request,
                     const base::Deadline& admission) override {
+    // The worker's lane thread hands each finished run over as it retires it (no thread of
+    // ours waits on the handle in between); the collector thread or a polling waiter delivers
+    // it (never the lane thread: delivering runs the scheduler, which may submit here).
     absl::StatusOr<worker::RunHandle> run = worker_->submit(
-        handles_.at(request.callable), request.args, request.config, seconds_left(admission));
+        handles_.at(request.callable), request.args, request.config, seconds_left(admission),
+        [this, id](const worker::RunResult& r) {
+          finished(Finished{id, r.status, r.timing.device_start_ns, r.timing.device_end_ns});
+        });
     if (!run.ok()) {
       // What the child's lane refuses is the run's error, as for a mailbox child.
       if (run.status().code() == absl::StatusCode::kDeadlineExceeded) return run.status();
-      (void)sent_.push({id, worker::RunHandle(), run.status()});
-    } else {
-      (void)sent_.push({id, *run, absl::OkStatus()});
+      finished(Finished{id, run.status(), 0, 0});
     }
     return absl::OkStatus();
   }
@@ -314,34 +323,60 @@ class LaneEndpoint final : public EndpointBase {
     (void)worker_->close(base::Deadline::poll());
   }
   void shutdown_transport() override {
-    sent_.close();
-    if (waiter_.joinable()) waiter_.join();
-    (void)worker_->close();  // every error was delivered through wait()
+    {
+      base::MutexLock lock(finished_mu_);
+      stopping_ = true;
+    }
+    finished_cv_.notify_all();
+    if (collector_.joinable()) collector_.join();
+    // Each run's error went to the endpoint's own handle (on_finalized delivers nothing to the
+    // worker's), so the worker's report of undelivered errors repeats them: not used.
+    (void)worker_->close();
   }
 
  private:
-  struct Sent {
+  struct Finished {
     uint64_t id;
-    worker::RunHandle handle;
-    absl::Status refused;
+    absl::Status status;
+    int64_t start_ns, end_ns;
   };
-  void wait_loop() {
-    while (std::optional<Sent> next = sent_.pop()) {
-      Sent& s = *next;
-      if (!s.handle.valid()) {
-        complete(s.id, s.refused);
-        continue;
+
+  void finished(Finished f) {
+    {
+      base::MutexLock lock(finished_mu_);
+      finished_.push_back(std::move(f));
+    }
+    finished_cv_.notify_one();
+  }
+  std::deque<Finished> take_finished() {
+    base::MutexLock lock(finished_mu_);
+    return std::exchange(finished_, {});
+  }
+  // Completes runs in any order (EndpointBase finalizes them in run order).
+  void deliver(const std::deque<Finished>& done) {
+    for (const Finished& f : done) complete(f.id, f.status, f.start_ns, f.end_ns);
+  }
+
+  void collect_loop() {
+    while (true) {
+      std::deque<Finished> done;
+      {
+        base::MutexLock lock(finished_mu_);
+        while (finished_.empty() && !stopping_) finished_cv_.wait(lock);
+        if (finished_.empty()) return;  // stopping: close() drained every run first
+        done = std::exchange(finished_, {});
       }
-      const absl::Status st = s.handle.wait();
-      const worker::RunTiming& t = s.handle.result().timing;
-      complete(s.id, st, t.device_start_ns, t.device_end_ns);
+      deliver(done);
     }
   }
 
   std::unique_ptr<worker::Worker> worker_;
-  const Handles handles_;       // by callable name
-  base::WorkQueue<Sent> sent_;  // runs in submission order, for the waiter
-  std::thread waiter_;
+  const Handles handles_;  // by callable name
+  base::Mutex finished_mu_;
+  base::CondVar finished_cv_;
+  std::deque<Finished> finished_ SIMPLER_GUARDED_BY(finished_mu_);  // not yet delivered
+  bool stopping_ SIMPLER_GUARDED_BY(finished_mu_) = false;
+  std::thread collector_;
 };
 
 // A child's worker, initialized, with its callables registered.
@@ -414,6 +449,12 @@ class MailboxEndpoint final : public EndpointBase {
   ~MailboxEndpoint() override { (void)close(base::Deadline::forever()); }
 
   bool can_dispatch() const override { return parent_.can_dispatch(); }
+
+  void poll() override {
+    if (!collect_mu_.try_lock()) return;  // the collector (or another waiter) is at it
+    collect_locked();
+    collect_mu_.unlock();
+  }
 
   absl::Status set_mailbox_grant(uint32_t grant) override {
     return base::annotate(parent_.regrant(grant, kControlTimeoutNs), describe() + ": ");
@@ -504,11 +545,19 @@ class MailboxEndpoint final : public EndpointBase {
   }
 
  private:
+  // One collection: the completions the child wrote, delivered in the order collected.
+  void collect_locked() SIMPLER_REQUIRES(collect_mu_) {
+    for (const Completion& c : parent_.collect()) {
+      complete(c.ticket.run_id, c.status, c.device_start_ns, c.device_end_ns);
+    }
+  }
+
   void collect_loop() {
     while (true) {
       const uint32_t seen = parent_.doorbell();
-      for (const Completion& c : parent_.collect()) {
-        complete(c.ticket.run_id, c.status, c.device_start_ns, c.device_end_ns);
+      {
+        base::MutexLock lock(collect_mu_);
+        collect_locked();
       }
       if (std::optional<std::string> why = parent_.stop_reason(); why.has_value()) {
         set_stopped(absl::FailedPreconditionError(
@@ -526,6 +575,9 @@ class MailboxEndpoint final : public EndpointBase {
   std::thread server_;
   std::thread collector_;
   std::thread reaper_;
+  // Held by whoever collects completions (the collector thread, or a waiter in poll()): one
+  // at a time, so the completions of one collection are delivered before the next one's.
+  base::Mutex collect_mu_;
   base::Mutex mu_;
   base::CondVar cv_;
   bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;

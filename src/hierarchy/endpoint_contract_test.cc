@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -317,6 +318,60 @@ TEST_P(EndpointContract, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
         },
         [&] { return e->close(); }, 200, std::chrono::milliseconds(2 + round));
   }
+}
+
+// poll(): waiters collecting finished runs on their own threads race the endpoint's own
+// thread; every run is still delivered exactly once, in run order, with its own result (and a
+// failed run's error stays its own).
+TEST_P(EndpointContract, PollersRacingTheEndpointsThreadDeliverEachRunOnceInOrder) {
+  auto e = start(GetParam(), spec_with("run=7:task=0:kind=kernel_error"));
+  ASSERT_NE(e, nullptr);
+  std::mutex mu;
+  std::vector<uint64_t> done_order;
+  std::atomic<int> on_pollers{0};
+  std::set<std::thread::id> poller_ids;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> pollers;
+  for (int k = 0; k < 2; ++k) {
+    pollers.emplace_back([&] {
+      while (!stop.load()) {
+        e->poll();
+        std::this_thread::yield();
+      }
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& t : pollers) poller_ids.insert(t.get_id());
+  }
+  e->set_on_done([&](uint64_t run) {
+    std::lock_guard<std::mutex> lock(mu);
+    done_order.push_back(run);
+    if (poller_ids.count(std::this_thread::get_id()) != 0) ++on_pollers;
+  });
+  constexpr int kRuns = 60;
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < kRuns; ++i) {
+    mem.cells[2 * i] = i;
+    hs.push_back(
+        *e->submit(affine_request(&mem.cells[2 * i], &mem.cells[2 * i + 1], 1, (i % 3) * 20)));
+  }
+  for (int i = 0; i < kRuns; ++i) {
+    const absl::Status st = hs[i].wait();
+    if (i == 7) {
+      EXPECT_TRUE(contains(st, "injected kernel_error")) << st;
+    } else {
+      ASSERT_TRUE(st.ok()) << i << ": " << st;
+      EXPECT_EQ(mem.cells[2 * i + 1], 3 * i + 1) << i;
+    }
+  }
+  stop = true;
+  for (auto& t : pollers) t.join();
+  EXPECT_TRUE(e->close().ok());  // run 7's error was delivered by its wait()
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(done_order.size(), static_cast<size_t>(kRuns));
+  for (int i = 0; i < kRuns; ++i) EXPECT_EQ(done_order[i], static_cast<uint64_t>(i));
+  ::testing::Test::RecordProperty("runs_delivered_on_pollers", on_pollers.load());
 }
 
 // Child device memory: allocated, filled from shared host memory, used by a run as DEVICE

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/poll.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
@@ -96,6 +97,58 @@ uint64_t map_key(const task::Tensor& t, int32_t child) {
 // calls are checked against it, and this worker's own API refuses to be called from inside.
 static thread_local const void* t_orchestrating = nullptr;
 
+namespace {
+
+// What a thread waiting on an L3 run does between looks (RunShared::progress): collects the
+// children's finished tasks itself (Endpoint::poll), so a run's end reaches its waiter without
+// two thread hand-offs (child endpoint thread -> scheduler -> waiter) — on a machine with few
+// CPUs each one is a sleeping thread's wake-up (docs/benchmarks.md, issue 14). Shared with the
+// runs' handles, which may outlive the worker: close() detaches the endpoints first, waiting
+// for a poll in progress. Thread-safe.
+class ChildPoller {
+ public:
+  explicit ChildPoller(std::vector<Endpoint*> endpoints) : endpoints_(std::move(endpoints)) {}
+
+  void poll() {
+    // Never from inside an orchestration (it holds the scheduler's lock that a completion
+    // takes); and one poller at a time is enough.
+    if (t_orchestrating != nullptr || !mu_.try_lock()) return;
+    for (Endpoint* e : endpoints_) e->poll();
+    mu_.unlock();
+  }
+
+  void detach() {
+    base::MutexLock lock(mu_);
+    endpoints_.clear();
+  }
+
+ private:
+  base::Mutex mu_;
+  std::vector<Endpoint*> endpoints_ SIMPLER_GUARDED_BY(mu_);
+};
+
+// How long a waiter on an L3 run polls the children before sleeping (ns).
+constexpr int64_t kWaitPollNs = 50'000;
+
+// The RunProgress of one program's runs: polls the children while that pays off for this
+// program (base::AdaptivePoll: a program whose runs outlast the window has its waiters sleep at
+// once, woken by the child endpoint's thread — a poller left runnable next to a computing device
+// thread would wait out that thread's time slice).
+class ProgramProgress final : public worker::RunProgress {
+ public:
+  explicit ProgramProgress(std::shared_ptr<ChildPoller> children)
+      : children_(std::move(children)) {}
+  void poll() override { children_->poll(); }
+  int64_t poll_window_ns() override { return adaptive_.window_ns(); }
+  void polled(bool finished) override { adaptive_.polled(finished); }
+
+ private:
+  const std::shared_ptr<ChildPoller> children_;
+  base::AdaptivePoll adaptive_{kWaitPollNs};
+};
+
+}  // namespace
+
 class L3Worker::Impl {
  public:
   explicit Impl(const L3Options& options) : options_(options) {}
@@ -177,6 +230,20 @@ class L3Worker::Impl {
     }
     // children_ is fixed from here until close(): read without the lock by the methods
     // that only call into an endpoint.
+    {
+      std::vector<Endpoint*> endpoints;
+      for (size_t i = 0; i < options_.device_ids.size(); ++i) {
+        endpoints.push_back(&endpoint(static_cast<int32_t>(i)));
+      }
+      auto poller = std::make_shared<ChildPoller>(std::move(endpoints));
+      std::vector<std::shared_ptr<ProgramProgress>> progress;
+      for (size_t p = 0; p < programs.size(); ++p) {
+        progress.push_back(std::make_shared<ProgramProgress>(poller));
+      }
+      base::MutexLock lock(mu_);
+      poller_ = std::move(poller);
+      progress_ = std::move(progress);
+    }
     for (size_t i = 0; i < options_.device_ids.size(); ++i) {
       endpoint(static_cast<int32_t>(i)).set_on_done([this, i](uint64_t run) {
         base::MutexLock lock(mu_);
@@ -356,6 +423,7 @@ class L3Worker::Impl {
     auto shared = std::make_shared<worker::RunShared>();
     shared->id = base::RunId{next_run_++};
     shared->result.requested_depth = options_.launch_depth;
+    shared->progress = progress_[program.index];
     queue_.push_back({program.index, args, shared});
     note_ranges_locked(shared->id.value, args);
     ++queued_or_running_;
@@ -747,6 +815,12 @@ class L3Worker::Impl {
   }
 
   absl::Status close_children() {
+    std::shared_ptr<ChildPoller> poller;
+    {
+      base::MutexLock lock(mu_);
+      poller = poller_;
+    }
+    if (poller != nullptr) poller->detach();  // waiters stop polling endpoints closed below
     absl::Status first;
     for (size_t i = 0; i < options_.device_ids.size() && initialized(); ++i) {
       absl::Status s = endpoint(static_cast<int32_t>(i)).close();
@@ -767,6 +841,8 @@ class L3Worker::Impl {
   // Set once the children run (init), cleared when they are closed; children_ is fixed between.
   std::atomic<bool> initialized_{false};
   std::vector<std::unique_ptr<Endpoint>> children_ SIMPLER_GUARDED_BY(mu_);
+  std::shared_ptr<ChildPoller> poller_ SIMPLER_GUARDED_BY(mu_);  // set in init, with children_
+  std::vector<std::shared_ptr<ProgramProgress>> progress_ SIMPLER_GUARDED_BY(mu_);  // by program
   std::deque<Queued> queue_ SIMPLER_GUARDED_BY(mu_);
   uint64_t next_run_ SIMPLER_GUARDED_BY(mu_) = 0;
   bool ready_ SIMPLER_GUARDED_BY(mu_) = false;

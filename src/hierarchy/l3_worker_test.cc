@@ -573,3 +573,49 @@ TEST_P(L3, ATaskOnAFreedChildBufferFailsItsRunNamingTheRange) {
 
 }  // namespace
 }  // namespace simpler::hierarchy
+
+namespace simpler::hierarchy {
+namespace {
+
+// An L3 run's waiter collects the children's completions itself (RunShared::progress): waiters
+// racing close() finish with every run's result, and handles outlive the worker (waiting on
+// them after it is destroyed touches none of its endpoints).
+TEST_P(L3, WaitersRacingCloseGetEveryRunAndHandlesOutliveTheWorker) {
+  for (int round = 0; round < 4; ++round) {
+    auto w = std::make_unique<L3Worker>(options(GetParam()));
+    ChildCallable noop_h = *w->register_callable(noop_program());
+    ProgramHandle p = *w->register_program(
+        {"one_task", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
+           return ctx.submit_next_level(noop_h, {}, static_cast<int32_t>(a.scalar_i64(0))).status();
+         }});
+    ASSERT_TRUE(w->init().ok());
+    constexpr int kRuns = 40;
+    std::vector<RunHandle> hs;
+    for (int i = 0; i < kRuns; ++i) {
+      task::TaskArgs a;
+      a.add_scalar_i64(i % 2);
+      hs.push_back(*w->submit(p, a));
+    }
+    std::vector<std::thread> waiters;
+    std::atomic<int> ok{0};
+    for (int k = 0; k < 2; ++k) {
+      waiters.emplace_back([&, k] {
+        for (int i = k; i < kRuns; i += 2) {
+          if (hs[i].wait().ok()) ++ok;
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
+    EXPECT_TRUE(w->close().ok());  // drains every run: nothing is lost or failed
+    w.reset();                     // destroyed while the waiters may still be polling
+    for (auto& t : waiters) t.join();
+    EXPECT_EQ(ok.load(), kRuns);
+    for (RunHandle& h : hs) {
+      EXPECT_TRUE(h.wait(-1).ok());
+      EXPECT_EQ(h.result().report.tasks_submitted, 1u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -30,14 +29,12 @@ absl::Status errno_status(const char* call) {
 // process is woken by a wake in another. The sleeper count and the word are
 // both seq_cst: either the waiter sees the new value or the ringer sees the
 // sleeper (no lost wake-up).
-void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns) {
-  const int64_t spin_until = base::now_ns() + std::min(kDoorbellSpinNs, timeout_ns);
-  // Polls yielding the CPU: on a machine with few CPUs the thread the ring is waiting for may
-  // need this one (measured: a cpu_relax spin there costs the other side's hop more than the
-  // wake-up it saves; docs/benchmarks.md, issue 14).
-  while (d.value.load(std::memory_order_acquire) == seen) {
-    if (base::now_ns() >= spin_until) break;
-    sched_yield();
+void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns, base::AdaptivePoll& poll) {
+  // Polls yielding the CPU, while polling pays off: on a machine with few CPUs the thread the
+  // ring is waiting for may need this one (measured: a cpu_relax spin there costs the other
+  // side's hop more than the wake-up it saves; docs/benchmarks.md, issue 14).
+  if (poll.poll([&] { return d.value.load(std::memory_order_acquire) != seen; }, timeout_ns)) {
+    return;
   }
   d.sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (d.value.load(std::memory_order_seq_cst) == seen) {
@@ -550,7 +547,7 @@ uint32_t MailboxParent::doorbell() const {
 }
 
 void MailboxParent::wait(uint32_t seen, int64_t timeout_ns) const {
-  wait_doorbell(region_->header().parent_doorbell, seen, timeout_ns);
+  wait_doorbell(region_->header().parent_doorbell, seen, timeout_ns, poll_);
 }
 
 // ---- child ----
@@ -677,7 +674,7 @@ uint32_t MailboxChild::doorbell() const {
 }
 
 void MailboxChild::wait(uint32_t seen, int64_t timeout_ns) const {
-  wait_doorbell(region_->header().child_doorbell, seen, timeout_ns);
+  wait_doorbell(region_->header().child_doorbell, seen, timeout_ns, poll_);
 }
 
 }  // namespace simpler::hierarchy

@@ -1,7 +1,10 @@
 #include "simpler/worker/run_handle.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/poll.h"
 
 namespace simpler::worker {
 
@@ -27,10 +30,41 @@ std::string_view name_of(RunState state) {
   return "?";
 }
 
+namespace {
+
+// Polls a run that has a RunProgress: calls it between looks, yielding the CPU, for its poll
+// window or until `deadline` (once for a poll-once deadline).
+void poll_progress(RunShared& shared, const base::Deadline& deadline) {
+  RunProgress* p = shared.progress.get();
+  if (p == nullptr || shared.finalized.is_signaled()) return;
+  const auto made_progress = [&] {
+    p->poll();
+    return shared.finalized.is_signaled();
+  };
+  if (deadline.kind == base::Deadline::Kind::kPoll) {
+    (void)made_progress();
+    return;
+  }
+  const int64_t full = p->poll_window_ns();
+  int64_t window = full;
+  if (deadline.kind == base::Deadline::Kind::kAt) {
+    window = std::min(window, base::to_ns(deadline.at) - base::now_ns());
+  }
+  if (window <= 0) {
+    (void)made_progress();
+    return;
+  }
+  const bool finished = base::poll_yielding(made_progress, window);
+  if (finished || window == full) p->polled(finished);
+}
+
+}  // namespace
+
 absl::Status RunHandle::wait(double timeout_s) const {
   if (!shared_) return absl::FailedPreconditionError("wait on an empty RunHandle");
   auto deadline = base::deadline_from_seconds(timeout_s);
   if (!deadline.ok()) return deadline.status();
+  poll_progress(*shared_, *deadline);
   if (!shared_->finalized.wait(*deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat("run ", shared_->id.value, " not finished after ", timeout_s, " s"));
@@ -51,6 +85,7 @@ const RunResult& RunHandle::result() const {
     }();
     return *kEmpty;
   }
+  poll_progress(*shared_, base::Deadline::forever());
   shared_->finalized.wait(base::Deadline::forever());
   shared_->delivered.store(true, std::memory_order_release);
   return shared_->result;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -289,6 +290,113 @@ TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
   EXPECT_TRUE(contains(c, "run 0 task 1 (kernel 'sleep')")) << c;
   // wait after close still returns the run's own error.
   EXPECT_EQ(r.wait().code(), absl::StatusCode::kInternal);
+}
+
+// A RunProgress for tests: counts its calls, runs `on_poll` in each, and records the windows'
+// outcomes.
+class TestProgress final : public RunProgress {
+ public:
+  explicit TestProgress(int64_t window_ns) : window_ns_(window_ns) {}
+  void poll() override {
+    ++calls;
+    last_call_ns = base::now_ns();
+    if (std::this_thread::get_id() != owner) other_thread = true;
+    if (on_poll) on_poll(calls.load());
+  }
+  int64_t poll_window_ns() override { return window_ns_; }
+  void polled(bool finished) override { (finished ? finished_windows : missed_windows)++; }
+
+  std::function<void(int)> on_poll;
+  std::atomic<int> calls{0}, finished_windows{0}, missed_windows{0};
+  std::atomic<int64_t> last_call_ns{0};
+  std::atomic<bool> other_thread{false};
+  const std::thread::id owner = std::this_thread::get_id();
+
+ private:
+  const int64_t window_ns_;
+};
+
+// A run with a RunProgress (an L3 run: its waiter collects the children's completions itself):
+// wait() polls it on its own thread and returns as soon as it finished the run.
+TEST(RunHandleProgress, WaitMakesProgressOnItsOwnThreadUntilTheRunIsDone) {
+  auto shared = std::make_shared<RunShared>();
+  auto p = std::make_shared<TestProgress>(50'000'000);  // a window far longer than needed
+  p->on_poll = [&](int calls) {
+    if (calls == 5) {
+      shared->result.status = absl::InternalError("finished by progress");
+      shared->finalized.signal(shared->result.status);
+    }
+  };
+  shared->progress = p;
+  RunHandle h(shared);
+  const absl::Status st = h.wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(contains(st, "finished by progress")) << st;
+  EXPECT_EQ(p->calls.load(), 5);  // not called again once the run was done
+  EXPECT_FALSE(p->other_thread.load());
+  EXPECT_EQ(p->finished_windows.load(), 1);
+  EXPECT_TRUE(shared->delivered.load());
+  // Done: neither wait() nor result() polls again.
+  EXPECT_EQ(h.wait().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(h.result().status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(p->calls.load(), 5);
+}
+
+TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) {
+  auto shared = std::make_shared<RunShared>();
+  auto p = std::make_shared<TestProgress>(50'000'000);
+  shared->progress = p;
+  RunHandle h(shared);
+  EXPECT_EQ(h.wait(-1).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(p->calls.load(), 1);
+  EXPECT_EQ(p->finished_windows.load() + p->missed_windows.load(), 0);  // no window
+  EXPECT_FALSE(shared->delivered.load());
+  // A timed wait shorter than the window polls until its deadline: not a full window.
+  EXPECT_EQ(h.wait(0.001).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GT(p->calls.load(), 1);
+  EXPECT_EQ(p->missed_windows.load(), 0);
+  // result(): polls, and returns once progress finished the run.
+  const int before = p->calls.load();
+  p->on_poll = [&](int calls) {
+    if (calls == before + 30) shared->finalized.signal();
+  };
+  EXPECT_TRUE(h.result().status.ok());
+  EXPECT_EQ(p->calls.load(), before + 30);
+  // A progress whose window is 0 (its runs outlast polling): one look, then sleep.
+  auto shared2 = std::make_shared<RunShared>();
+  auto p2 = std::make_shared<TestProgress>(0);
+  shared2->progress = p2;
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    shared2->finalized.signal();
+  });
+  EXPECT_TRUE(RunHandle(shared2).wait().ok());
+  EXPECT_EQ(p2->calls.load(), 1);
+  finisher.join();
+}
+
+// The poll is bounded (ARCHITECTURE.md invariant 9): after its window the waiter sleeps until
+// another thread finishes the run, and the missed window is reported.
+TEST(RunHandleProgress, ThePollIsBoundedThenTheWaiterSleeps) {
+  auto shared = std::make_shared<RunShared>();
+  auto p = std::make_shared<TestProgress>(50'000);
+  shared->progress = p;
+  RunHandle h(shared);
+  constexpr int64_t kFinishAfterNs = 300'000'000;
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(kFinishAfterNs));
+    shared->finalized.signal();
+  });
+  const int64_t t0 = base::now_ns();
+  EXPECT_TRUE(h.wait().ok());
+  EXPECT_GE(base::now_ns() - t0, kFinishAfterNs / 2);
+  EXPECT_GE(p->calls.load(), 1);
+  EXPECT_EQ(p->missed_windows.load(), 1);
+  EXPECT_EQ(p->finished_windows.load(), 0);
+  // Asleep long before the finisher: no look in the last 100 ms before it (a scheduler delay of
+  // the waiter's poll, however long, still ends far earlier).
+  EXPECT_LT(p->last_call_ns.load() - t0, kFinishAfterNs - 100'000'000);
+  finisher.join();
 }
 
 // on_finalized: once per run, in run order, with the run's own final result (what an L3 child's

@@ -14,6 +14,8 @@ class SIMPLER_CAPABILITY("mutex") Mutex {
  public:
   void lock() SIMPLER_ACQUIRE() { mu_.lock(); }
   void unlock() SIMPLER_RELEASE() { mu_.unlock(); }
+  // Takes the mutex when it is free; false (not taken) when another thread holds it.
+  bool try_lock() SIMPLER_TRY_ACQUIRE(true) { return mu_.try_lock(); }
   std::mutex& native() { return mu_; }
   // Tells the thread-safety analysis that the caller holds this mutex where it cannot see the
   // acquisition (code called back while the lock is held, e.g. an L3 orchestration). No check

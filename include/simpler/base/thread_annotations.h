@@ -16,4 +16,5 @@
 #define SIMPLER_EXCLUDES(...) SIMPLER_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define SIMPLER_ACQUIRE(...) SIMPLER_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define SIMPLER_RELEASE(...) SIMPLER_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define SIMPLER_TRY_ACQUIRE(...) SIMPLER_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 #define SIMPLER_NO_THREAD_SAFETY_ANALYSIS SIMPLER_THREAD_ANNOTATION(no_thread_safety_analysis)

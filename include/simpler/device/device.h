@@ -182,7 +182,9 @@ struct SimDeviceOptions {
   // Heap capacity in bytes; 0 = limited only by host memory.
   uint64_t memory_bytes = 0;
   FaultPlan faults;
-  // Longest a device thread spins before sleeping, in ns (≤ 50 µs).
+  // Longest a device thread waits awake before sleeping, in ns (≤ 50 µs): core threads
+  // pause-spin for their next job, the stream's scheduler polls (yielding the CPU) for the next
+  // launch.
   int64_t spin_ns = 20'000;
   // When the scheduler waits on exactly one job that its core thread has not
   // picked up yet, the scheduler runs the job itself (timestamps, faults and

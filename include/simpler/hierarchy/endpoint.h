@@ -74,8 +74,16 @@ class Endpoint {
                                uint64_t offset = 0) = 0;
   virtual absl::Status copy_from(void* dst, const worker::DeviceBuffer& src, uint64_t bytes,
                                  uint64_t offset = 0) = 0;
+  // Collects the runs that finished on the calling thread (their set_on_done callbacks run
+  // here) and returns at once: without waiting, and without doing anything while another
+  // thread is collecting. What a waiter calls while it polls (RunShared::progress), so a
+  // finished run reaches it without a hand-off through the endpoint's own thread, which
+  // collects otherwise. Must not be called from a set_on_done callback or with a lock the
+  // callback takes. A lane has nothing to collect: its worker's thread completes its runs.
+  virtual void poll() {}
   // Called with a run's id once its handle is done (after the handle's result is written),
-  // in run order, on one of the endpoint's threads; set before the first submit(). None of the
+  // in run order, on one of the endpoint's threads or a thread in poll(); set before the first
+  // submit(). None of the
   // endpoint's run-table locks is held (only the one that keeps notifications in order), so it
   // may submit to this endpoint — but must not wait there for transport (check can_dispatch()
   // first: the thread it runs on is the one that frees transport), must not close() it (that

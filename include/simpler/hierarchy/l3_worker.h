@@ -23,8 +23,12 @@
 // only callables registered before init() exist in the children).
 //
 // Threads: there is no scheduler thread. The scheduler is a monitor advanced by whoever brings
-// news — submit() on the caller's thread, a child's completion on its endpoint's thread, a
-// sub-task's end on its pool thread — so no hand-off sits on a run's path. An orchestration
+// news — submit() on the caller's thread, a child's completion on its endpoint's thread or on a
+// thread waiting for a run, a sub-task's end on its pool thread — so no hand-off sits on a run's
+// path. A thread in wait() / result() on an L3 run first collects the children's finished tasks
+// itself (Endpoint::poll), polling up to 50 µs while that pays off for the run's program
+// (worker::RunProgress, base::AdaptivePoll), then sleeps until the endpoints' threads finish the
+// run; its handle may outlive the worker (close() detaches the polling). An orchestration
 // therefore runs on one of those threads with the worker's lock held: it must be quick, must
 // not block, and must not call this worker's methods (they refuse with FAILED_PRECONDITION);
 // it submits through its L3Context only. Sub-tasks run on sub_threads pool threads.

@@ -45,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "simpler/base/poll.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread_annotations.h"
 
@@ -100,8 +101,8 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free,
 
 // A futex word the other side rings, and how many threads sleep on it: a ring wakes (a system
 // call) only when someone sleeps. A waiter first polls the word for a bounded time
-// (kDoorbellSpinNs), yielding the CPU between looks, then sleeps; no waiter spins without
-// bound.
+// (kDoorbellSpinNs, while polling pays off: base::AdaptivePoll), yielding the CPU between looks,
+// then sleeps; no waiter spins without bound.
 struct Doorbell {
   std::atomic<uint32_t> value;
   std::atomic<uint32_t> sleepers;
@@ -291,11 +292,13 @@ class MailboxParent {
   uint32_t grant() const;
 
   // The parent doorbell's current value, and a wait until it moves from `seen` (or
-  // `timeout_ns` passes; spurious returns are possible — re-check).
+  // `timeout_ns` passes; spurious returns are possible — re-check). The wait polls first while
+  // polling pays off on this side (base::AdaptivePoll over kDoorbellSpinNs), then sleeps.
   uint32_t doorbell() const;
   void wait(uint32_t seen, int64_t timeout_ns) const;
 
  private:
+  mutable base::AdaptivePoll poll_{kDoorbellSpinNs};
   bool can_dispatch_locked() const SIMPLER_REQUIRES(mu_);
   absl::StatusOr<ControlReply> control_locked(const ControlCommand& command, int64_t timeout_ns)
       SIMPLER_REQUIRES(control_mu_);
@@ -353,10 +356,12 @@ class MailboxChild {
   void stop(const std::string& reason);
   bool stopped() const;
 
+  // As MailboxParent's, on the child doorbell.
   uint32_t doorbell() const;
   void wait(uint32_t seen, int64_t timeout_ns) const;
 
  private:
+  mutable base::AdaptivePoll poll_{kDoorbellSpinNs};
   MailboxRegion* region_;
   mutable base::Mutex mu_;
   uint32_t next_frame_ SIMPLER_GUARDED_BY(mu_) = 0;  // frames are taken round-robin (FIFO order)

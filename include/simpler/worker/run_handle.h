@@ -65,6 +65,22 @@ struct RunResult {
   int32_t effective_depth = 0;
 };
 
+// What wait() and result() do while they poll a run before sleeping (RunShared::progress): they
+// call poll() between looks, yielding the CPU, for poll_window_ns() (at most the wait's timeout),
+// then sleep on the run's event; a poll-once wait calls poll() once. Implementations are
+// thread-safe and never block.
+class RunProgress {
+ public:
+  virtual ~RunProgress() = default;
+  // Moves the run toward completion on the calling thread and returns at once.
+  virtual void poll() = 0;
+  // How long this wait polls before sleeping, in ns (0: sleep at once; at most ~50 µs —
+  // ARCHITECTURE.md invariant 9, no waiter spins without bound).
+  virtual int64_t poll_window_ns() = 0;
+  // How a full poll window ended: whether the run finished within it.
+  virtual void polled(bool finished) = 0;
+};
+
 // State shared by a run's lane entry and its handles. Internal.
 struct RunShared {
   base::RunId id;
@@ -76,6 +92,10 @@ struct RunShared {
   base::Event finalized;
   RunResult result;
   std::atomic<bool> delivered{false};
+  // Optional: how a waiter moves this run toward completion on its own thread (an L3 run's
+  // waiter collects its children's finished tasks, so the run's end reaches it without two thread
+  // hand-offs: hierarchy/l3_worker.h). Set before the first handle exists; never changed.
+  std::shared_ptr<RunProgress> progress;
 };
 
 // A live handle to one run. Copyable; all copies view the same run. The run
@@ -113,7 +133,9 @@ class RunHandle {
   // `timeout_s` in seconds: NaN -> INVALID_ARGUMENT; +inf or beyond the clock's
   // range -> forever; negative -> poll once. When the run is not done by then:
   // DEADLINE_EXCEEDED ("run N not finished after T s"); the run is left alone
-  // and nothing is delivered. Sleeps on an event; never spins.
+  // and nothing is delivered. Sleeps on an event. A run with a RunProgress (an
+  // L3 run) is first polled, yielding the CPU between looks, for its poll
+  // window (at most the timeout); a negative timeout polls it once.
   absl::Status wait(double timeout_s) const;
   absl::Status wait() const;  // forever
 
