@@ -320,7 +320,8 @@ class TestProgress final : public RunProgress {
 // wait() polls it on its own thread and returns as soon as it finished the run.
 TEST(RunHandleProgress, WaitMakesProgressOnItsOwnThreadUntilTheRunIsDone) {
   auto shared = std::make_shared<RunShared>();
-  auto p = std::make_shared<TestProgress>(50'000'000);  // a window far longer than needed
+  // A window far longer than needed: the run is finished by the poll, never by a sleep.
+  auto p = std::make_shared<TestProgress>(10'000'000'000);
   p->on_poll = [&](int calls) {
     if (calls == 5) {
       shared->result.status = absl::InternalError("finished by progress");
@@ -344,7 +345,7 @@ TEST(RunHandleProgress, WaitMakesProgressOnItsOwnThreadUntilTheRunIsDone) {
 
 TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) {
   auto shared = std::make_shared<RunShared>();
-  auto p = std::make_shared<TestProgress>(50'000'000);
+  auto p = std::make_shared<TestProgress>(10'000'000'000);
   shared->progress = p;
   RunHandle h(shared);
   EXPECT_EQ(h.wait(-1).code(), absl::StatusCode::kDeadlineExceeded);
@@ -352,7 +353,7 @@ TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) 
   EXPECT_EQ(p->finished_windows.load() + p->missed_windows.load(), 0);  // no window
   EXPECT_FALSE(shared->delivered.load());
   // A timed wait shorter than the window polls until its deadline: not a full window.
-  EXPECT_EQ(h.wait(0.001).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.wait(0.02).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GT(p->calls.load(), 1);
   EXPECT_EQ(p->missed_windows.load(), 0);
   // result(): polls, and returns once progress finished the run.
