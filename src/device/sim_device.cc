@@ -58,9 +58,11 @@ void host_free(void* p, uint64_t bytes) {
 
 using base::MutexLock;
 
-// Spins up to `spin_ns` while `ready()` is false. Returns ready(). The spin
-// pauses the CPU instead of yielding: under CFS a yield hands the core to a
-// competing process for a whole slice, which turns a µs hand-off into ms.
+// Spins up to `spin_ns` while `ready()` is false. Returns ready(). For the
+// core threads' hand-offs within a run, which involve only device threads: the
+// spin pauses the CPU instead of yielding, since under CFS a yield hands the
+// core to a competing process for a whole slice, which turns a µs hand-off into
+// ms. (The stream's wait for a host launch yields instead: SimStream::loop.)
 template <typename F>
 bool spin_until(F&& ready, int64_t spin_ns) {
   if (ready()) return true;

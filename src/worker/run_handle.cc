@@ -1,6 +1,6 @@
 #include "simpler/worker/run_handle.h"
 
-#include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
@@ -45,17 +45,11 @@ void poll_progress(RunShared& shared, const base::Deadline& deadline) {
     (void)made_progress();
     return;
   }
-  const int64_t full = p->poll_window_ns();
-  int64_t window = full;
-  if (deadline.kind == base::Deadline::Kind::kAt) {
-    window = std::min(window, base::to_ns(deadline.at) - base::now_ns());
-  }
-  if (window <= 0) {
-    (void)made_progress();
-    return;
-  }
-  const bool finished = base::poll_yielding(made_progress, window);
-  if (finished || window == full) p->polled(finished);
+  const int64_t left = deadline.kind == base::Deadline::Kind::kAt
+                           ? base::to_ns(deadline.at) - base::now_ns()
+                           : std::numeric_limits<int64_t>::max();
+  (void)base::poll_window(made_progress, p->poll_window_ns(), left,
+                          [p](bool finished) { p->polled(finished); });
 }
 
 }  // namespace

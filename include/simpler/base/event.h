@@ -31,8 +31,9 @@ class Event {
   bool is_signaled() const { return signaled_.load(std::memory_order_acquire); }
 
   // Waits until signalled or `deadline`. Returns true when signalled.
-  // `spin_ns` > 0 spins (yielding) that long before sleeping; device threads
-  // use at most ~50 µs, host waiters 0.
+  // `spin_ns` > 0 spins (pausing the CPU, not yielding: base::poll_yielding is
+  // the polite poll) that long before sleeping; device threads use at most
+  // ~50 µs, host waiters 0.
   bool wait(const Deadline& deadline, int64_t spin_ns = 0);
 
   // The signalled status. Requires is_signaled().

@@ -27,6 +27,19 @@ bool poll_yielding(F&& ready, int64_t poll_ns) {
   return false;
 }
 
+// One bounded poll of a wait before it sleeps: polls `ready()` (yielding) for `window_ns`, cut to
+// `max_ns` (the wait's own deadline); with no window, looks once. The outcome goes to
+// `record(caught)` when it says something about the window: the event came, or the full window
+// passed without it (a window cut short by the deadline is no verdict). Returns ready().
+template <typename F, typename R>
+bool poll_window(F&& ready, int64_t window_ns, int64_t max_ns, R&& record) {
+  const int64_t window = window_ns < max_ns ? window_ns : max_ns;
+  if (window <= 0) return ready();
+  const bool caught = poll_yielding(ready, window);
+  if (caught || window == window_ns) record(caught);
+  return caught;
+}
+
 // Whether a waiter polls before it sleeps, by whether polling paid off lately (adaptive
 // spinning, as in glibc's adaptive mutexes): polls that catch their event keep the waiter
 // polling; after kMissesToSleep polls in a row that did not, it sleeps at once, and polls again
@@ -62,12 +75,7 @@ class AdaptivePoll {
   // of a full window; returns ready().
   template <typename F>
   bool poll(F&& ready, int64_t max_ns = std::numeric_limits<int64_t>::max()) {
-    const int64_t full = window_ns();
-    const int64_t window = full < max_ns ? full : max_ns;
-    if (window <= 0) return ready();
-    const bool caught = poll_yielding(ready, window);
-    if (caught || window == full) polled(caught);
-    return caught;
+    return poll_window(ready, window_ns(), max_ns, [this](bool caught) { polled(caught); });
   }
 
  private:
