@@ -4,6 +4,7 @@
 #include "simpler/hierarchy/l3_worker.h"
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -615,6 +616,42 @@ TEST_P(L3, WaitersRacingCloseGetEveryRunAndHandlesOutliveTheWorker) {
       EXPECT_EQ(h.result().report.tasks_submitted, 1u);
     }
   }
+}
+
+}  // namespace
+}  // namespace simpler::hierarchy
+
+namespace simpler::hierarchy {
+namespace {
+
+// A process child killed mid-run (SIGKILL, the fault plan's process_kill): a thread waiting on an
+// L3 run whose task it held — polling that child's mailbox itself — gets the failure naming the
+// child and the signal promptly; runs on the other child go on.
+TEST_P(L3, AWaiterOnAKilledChildsRunGetsItsDeathAndTheOtherChildGoesOn) {
+  if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "a thread child shares this process";
+  // Each child kills itself in its run 1 (only child 0 gets a second run here).
+  L3Worker w(options(GetParam(), "run=1:task=0:kind=process_kill"));
+  ChildCallable noop_h = *w.register_callable(noop_program());
+  ProgramHandle p = *w.register_program(
+      {"on_child", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
+         return ctx.submit_next_level(noop_h, {}, static_cast<int32_t>(a.scalar_i64(0))).status();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  task::TaskArgs on0, on1;
+  on0.add_scalar_i64(0);
+  on1.add_scalar_i64(1);
+  ASSERT_TRUE(w.run(p, on0).ok());  // child 0's run 0
+  const auto t0 = std::chrono::steady_clock::now();
+  RunHandle killed = *w.submit(p, on0);  // child 0's run 1: the child SIGKILLs itself
+  absl::Status s = killed.wait(10.0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(contains(s, "child 0 (process ")) << s;
+  EXPECT_TRUE(contains(s, "killed by signal 9")) << s;
+  EXPECT_TRUE(w.run(p, on1).ok());     // child 1's run 0
+  absl::Status later = w.run(p, on0);  // refused by the dead child, named
+  EXPECT_TRUE(contains(later, "killed by signal 9")) << later;
+  EXPECT_TRUE(w.close().ok());  // every error was delivered by a wait
 }
 
 }  // namespace
