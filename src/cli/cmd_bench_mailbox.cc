@@ -98,9 +98,9 @@ absl::StatusOr<Percentiles> bare_rtt(int iterations) {
     const int64_t t0 = base::now_ns();
     if (!p.publish(static_cast<uint64_t>(i), payload).ok()) break;
     while (true) {
-      const uint32_t seen = p.doorbell();
+      const uint32_t seen = p.completions();
       if (!p.collect().empty()) break;
-      p.wait(seen, 1'000'000'000);
+      p.wait_completions(seen, 1'000'000'000);
     }
     us.push_back((base::now_ns() - t0) / 1e3);
   }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -285,6 +286,14 @@ class LaneEndpoint final : public EndpointBase {
 
   void poll() override { deliver(take_finished()); }
 
+  void set_waiter_polling(bool polling) override {
+    waiter_polling_.store(polling, std::memory_order_seq_cst);
+    // A run queued while the flag was set did not wake the collector: deliver it here. (Either
+    // this take sees finished()'s push, or that push's later look at the flag sees it cleared —
+    // finished_mu_ orders the two.)
+    if (!polling) deliver(take_finished());
+  }
+
   absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
     absl::StatusOr<worker::DeviceBuffer> b = worker_->malloc(bytes);
     if (!b.ok()) return base::annotate(b.status(), describe() + ": malloc: ");
@@ -346,7 +355,8 @@ class LaneEndpoint final : public EndpointBase {
       base::MutexLock lock(finished_mu_);
       finished_.push_back(std::move(f));
     }
-    finished_cv_.notify_one();
+    // A polling waiter collects it (set_waiter_polling): the collector sleeps on.
+    if (!waiter_polling_.load(std::memory_order_seq_cst)) finished_cv_.notify_one();
   }
   std::deque<Finished> take_finished() {
     base::MutexLock lock(finished_mu_);
@@ -376,6 +386,7 @@ class LaneEndpoint final : public EndpointBase {
   base::CondVar finished_cv_;
   std::deque<Finished> finished_ SIMPLER_GUARDED_BY(finished_mu_);  // not yet delivered
   bool stopping_ SIMPLER_GUARDED_BY(finished_mu_) = false;
+  std::atomic<bool> waiter_polling_{false};
   std::thread collector_;
 };
 
@@ -454,6 +465,15 @@ class MailboxEndpoint final : public EndpointBase {
     if (!collect_mu_.try_lock()) return;  // the collector (or another waiter) is at it
     collect_locked();
     collect_mu_.unlock();
+  }
+
+  void set_waiter_polling(bool polling) override {
+    parent_.set_polled(polling);
+    if (polling) return;
+    // Terminal states whose rings saw the flag set woke nobody: collect them here
+    // (MailboxParent::set_polled).
+    base::MutexLock lock(collect_mu_);
+    collect_locked();
   }
 
   absl::Status set_mailbox_grant(uint32_t grant) override {
@@ -554,7 +574,7 @@ class MailboxEndpoint final : public EndpointBase {
 
   void collect_loop() {
     while (true) {
-      const uint32_t seen = parent_.doorbell();
+      const uint32_t seen = parent_.completions();
       {
         base::MutexLock lock(collect_mu_);
         collect_locked();
@@ -565,7 +585,7 @@ class MailboxEndpoint final : public EndpointBase {
         base::MutexLock lock(mu_);
         if (stopping_ && parent_.in_flight() == 0) return;
       }
-      parent_.wait(seen, kDoorbellSliceNs);
+      parent_.wait_completions(seen, kDoorbellSliceNs);
     }
   }
 

@@ -340,6 +340,15 @@ TEST_P(EndpointContract, PollersRacingTheEndpointsThreadDeliverEachRunOnceInOrde
       }
     });
   }
+  // Its owner turns "a waiter polls" on and off meanwhile (each turn-off collects once), so
+  // runs finish with the endpoint's thread both kept asleep and woken.
+  std::thread toggler([&] {
+    for (bool on = true; !stop.load(); on = !on) {
+      e->set_waiter_polling(on);
+      std::this_thread::sleep_for(std::chrono::microseconds(on ? 300 : 100));
+    }
+    e->set_waiter_polling(false);
+  });
   {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& t : pollers) poller_ids.insert(t.get_id());
@@ -367,11 +376,76 @@ TEST_P(EndpointContract, PollersRacingTheEndpointsThreadDeliverEachRunOnceInOrde
   }
   stop = true;
   for (auto& t : pollers) t.join();
+  toggler.join();
   EXPECT_TRUE(e->close().ok());  // run 7's error was delivered by its wait()
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(done_order.size(), static_cast<size_t>(kRuns));
   for (int i = 0; i < kRuns; ++i) EXPECT_EQ(done_order[i], static_cast<uint64_t>(i));
   ::testing::Test::RecordProperty("runs_delivered_on_pollers", on_pollers.load());
+}
+
+// While a waiter polls, the endpoint's own thread is not woken for finished runs; when the
+// polling stops, the call that stops it delivers what finished meanwhile, and later runs are
+// delivered by the endpoint's thread again with nobody polling.
+TEST_P(EndpointContract, WhatFinishedWhileAWaiterPolledIsDeliveredWhenThePollingStops) {
+  auto e = start(GetParam(), spec_with());
+  ASSERT_NE(e, nullptr);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, std::thread::id>> done;
+  e->set_on_done([&](uint64_t run) {
+    std::lock_guard<std::mutex> lock(mu);
+    done.emplace_back(run, std::this_thread::get_id());
+  });
+  for (int round = 0; round < 3; ++round) {
+    e->set_waiter_polling(true);
+    constexpr int kRuns = 4;
+    std::vector<RunHandle> hs;
+    for (int i = 0; i < kRuns; ++i) {
+      const int k = round * kRuns + i;
+      mem.cells[2 * k] = k;
+      hs.push_back(*e->submit(affine_request(&mem.cells[2 * k], &mem.cells[2 * k + 1], 1, 0)));
+    }
+    // The runs finish on the child (each takes microseconds); nobody polls.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    e->set_waiter_polling(false);
+    // Delivered by now: by the call above (the endpoint's thread was not woken) or, rarely, by
+    // the endpoint's thread on a timed look of its own.
+    for (int i = 0; i < kRuns; ++i) {
+      ASSERT_TRUE(hs[i].done()) << "round " << round << " run " << i;
+      EXPECT_TRUE(hs[i].wait().ok());
+      EXPECT_EQ(mem.cells[2 * (round * kRuns + i) + 1], 3 * (round * kRuns + i) + 1);
+    }
+  }
+  size_t by_caller = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(done.size(), 12u);
+    for (size_t i = 0; i < done.size(); ++i) {
+      EXPECT_EQ(done[i].first, i);
+      if (done[i].second == std::this_thread::get_id()) ++by_caller;
+    }
+  }
+  EXPECT_GE(by_caller, 1u);  // the stopping call delivered runs itself
+  // Nobody polls now: a run is delivered by the endpoint's own thread.
+  mem.cells[100] = 5;
+  absl::StatusOr<RunHandle> h = e->submit(affine_request(&mem.cells[100], &mem.cells[101], 1, 0));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->wait(10).ok());
+  EXPECT_EQ(mem.cells[101], 16);
+  // The handle is done before its on_done callback runs: give the callback its moment.
+  const auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return done.size();
+  };
+  for (int i = 0; i < 5000 && count() < 13; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(done.size(), 13u);
+    EXPECT_NE(done.back().second, std::this_thread::get_id());
+  }
+  EXPECT_TRUE(e->close().ok());
 }
 
 // Child device memory: allocated, filled from shared host memory, used by a run as DEVICE

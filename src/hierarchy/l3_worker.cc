@@ -104,7 +104,10 @@ namespace {
 // two thread hand-offs (child endpoint thread -> scheduler -> waiter) — on a machine with few
 // CPUs each one is a sleeping thread's wake-up (docs/benchmarks.md, issue 14). Shared with the
 // runs' handles, which may outlive the worker: close() detaches the endpoints first, waiting
-// for a poll in progress. Thread-safe.
+// for a poll in progress. While any waiter's poll window is open the endpoints' own threads
+// are not woken for finished runs (Endpoint::set_waiter_polling): a sleeping collector woken
+// for a run its waiter is about to collect anyway costs the child a system call and puts a
+// third runnable thread on a machine with few CPUs (docs/benchmarks.md, issue 14). Thread-safe.
 class ChildPoller {
  public:
   explicit ChildPoller(std::vector<Endpoint*> endpoints) : endpoints_(std::move(endpoints)) {}
@@ -117,14 +120,38 @@ class ChildPoller {
     mu_.unlock();
   }
 
+  // A waiter's poll window opens / closes (windows of several waiters overlap; the endpoints
+  // hear of the first opening and the last closing, which collects once per endpoint).
+  void begin_window() {
+    if (t_orchestrating != nullptr) return;  // such a waiter polls nothing
+    base::MutexLock lock(mu_);
+    if (windows_++ == 0) {
+      for (Endpoint* e : endpoints_) e->set_waiter_polling(true);
+    }
+  }
+  void end_window() {
+    if (t_orchestrating != nullptr) return;
+    base::MutexLock lock(mu_);
+    if (windows_ == 0) return;  // detached while the window was open
+    if (--windows_ == 0) {
+      for (Endpoint* e : endpoints_) e->set_waiter_polling(false);
+    }
+  }
+
   void detach() {
     base::MutexLock lock(mu_);
+    // The endpoints' threads collect again (and wait for close()'s drain) from here on.
+    if (windows_ > 0) {
+      for (Endpoint* e : endpoints_) e->set_waiter_polling(false);
+    }
+    windows_ = 0;
     endpoints_.clear();
   }
 
  private:
   base::Mutex mu_;
   std::vector<Endpoint*> endpoints_ SIMPLER_GUARDED_BY(mu_);
+  int32_t windows_ SIMPLER_GUARDED_BY(mu_) = 0;  // poll windows open now
 };
 
 // How long a waiter on an L3 run polls the children before sleeping (ns).
@@ -139,6 +166,8 @@ class ProgramProgress final : public worker::RunProgress {
   explicit ProgramProgress(std::shared_ptr<ChildPoller> children)
       : children_(std::move(children)) {}
   void poll() override { children_->poll(); }
+  void begin_window() override { children_->begin_window(); }
+  void end_window() override { children_->end_window(); }
   int64_t poll_window_ns() override { return adaptive_.window_ns(); }
   void polled(bool finished) override { adaptive_.polled(finished); }
 

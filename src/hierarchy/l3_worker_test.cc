@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "hierarchy/close_race_test_util.h"
+#include "simpler/base/clock.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/hierarchy/tp_mlp.h"
 #include "worker/worker_test_util.h"
@@ -472,6 +473,32 @@ TEST_P(L3, WhileARunExecutesTheNextRunsTaskIsStagedOnItsChild) {
   ASSERT_EQ(r1.result().report.tasks.size(), 1u);
   EXPECT_EQ(r1.result().report.tasks[0].core, 0);  // the child
   EXPECT_GE(r1.result().report.tasks[0].start_ns, r0.result().report.tasks[0].end_ns);
+  EXPECT_TRUE(w.close().ok());
+}
+
+// A waiter polls the children itself and keeps their endpoints' threads asleep meanwhile
+// (Endpoint::set_waiter_polling); once it stops, runs nobody polls for are finished by those
+// threads again, promptly — not on a timed look (a mailbox collector's is 1 s).
+TEST_P(L3, RunsNobodyPollsForFinishPromptlyAfterPolledWaits) {
+  L3Worker w(options(GetParam()));
+  ChildCallable noop = *w.register_callable(noop_program());
+  ProgramHandle both = *w.register_program(
+      {"both_children", [noop](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
+         for (int32_t c = 0; c < ctx.num_children(); ++c) {
+           SIMPLER_RETURN_IF_ERROR(ctx.submit_next_level(noop, {}, c).status());
+         }
+         return absl::OkStatus();
+       }});
+  ASSERT_TRUE(w.init().ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(w.submit(both, {})->wait().ok());  // polled waits
+  const int64_t t0 = base::now_ns();
+  for (int i = 0; i < 5; ++i) {
+    RunHandle h = *w.submit(both, {});
+    // done() only looks: the children's endpoints deliver the run by themselves.
+    ASSERT_TRUE(eventually([&] { return h.done(); })) << "run " << i;
+    EXPECT_TRUE(h.wait().ok());
+  }
+  EXPECT_LT(base::now_ns() - t0, 2'500'000'000) << "unpolled runs waited for timed looks";
   EXPECT_TRUE(w.close().ok());
 }
 

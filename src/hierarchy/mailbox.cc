@@ -53,6 +53,20 @@ void ring(Doorbell& d) {
   }
 }
 
+// A terminal state's ring: wakes nobody while a parent thread polls the entries itself.
+// Against MailboxParent::set_polled(false) (store 0, then load `value`, both seq_cst): when the
+// flag's load here still reads 1, this increment precedes that store in the single seq_cst
+// order, so the parent's load of `value` reads it (or later) and, acquiring it, sees the
+// entry's terminal store made before this call.
+void ring_completion(MailboxHeader& h) {
+  h.completion_doorbell.value.fetch_add(1, std::memory_order_seq_cst);
+  if (h.parent_polling.load(std::memory_order_seq_cst) != 0) return;
+  if (h.completion_doorbell.sleepers.load(std::memory_order_seq_cst) > 0) {
+    (void)syscall(SYS_futex, &h.completion_doorbell.value, FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+                  0);
+  }
+}
+
 std::string read_text(const char* text, uint32_t bytes, uint32_t capacity) {
   const uint32_t n = std::min(bytes, capacity - 1);  // bounds-checked: the other side wrote it
   return std::string(text, strnlen(text, n));
@@ -272,6 +286,7 @@ void publish_stop(MailboxRegion& region, const std::string& reason) {
     h.stopped.store(1, std::memory_order_release);
   }
   ring(h.parent_doorbell);
+  ring(h.completion_doorbell);
   ring(h.child_doorbell);
 }
 
@@ -550,6 +565,28 @@ void MailboxParent::wait(uint32_t seen, int64_t timeout_ns) const {
   wait_doorbell(region_->header().parent_doorbell, seen, timeout_ns, poll_);
 }
 
+uint32_t MailboxParent::completions() const {
+  return region_->header().completion_doorbell.value.load(std::memory_order_acquire);
+}
+
+void MailboxParent::wait_completions(uint32_t seen, int64_t timeout_ns) const {
+  MailboxHeader& h = region_->header();
+  if (h.parent_polling.load(std::memory_order_relaxed) != 0) {
+    base::AdaptivePoll no_poll{0};  // another thread polls: sleep at once
+    wait_doorbell(h.completion_doorbell, seen, timeout_ns, no_poll);
+    return;
+  }
+  wait_doorbell(h.completion_doorbell, seen, timeout_ns, completion_poll_);
+}
+
+void MailboxParent::set_polled(bool polled) {
+  MailboxHeader& h = region_->header();
+  h.parent_polling.store(polled ? 1 : 0, std::memory_order_seq_cst);
+  // Pairs with ring_completion: a terminal state whose ring saw the flag set is visible to the
+  // collect() that follows.
+  (void)h.completion_doorbell.value.load(std::memory_order_seq_cst);
+}
+
 // ---- child ----
 
 MailboxChild::MailboxChild(MailboxRegion* region) : region_(region) {
@@ -665,7 +702,7 @@ absl::Status MailboxChild::complete(const Ticket& ticket, const absl::Status& st
   // The terminal state: the child's last store to this entry.
   e->state.store(static_cast<uint32_t>(status.ok() ? EntryState::kCompleted : EntryState::kFailed),
                  std::memory_order_release);
-  ring(region_->header().parent_doorbell);
+  ring_completion(region_->header());
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "simpler/base/clock.h"
 
 namespace simpler::hierarchy {
 namespace {
@@ -65,12 +66,13 @@ TEST(MailboxRegion, IsOwnerOnlyAndAttachChecksTheExtentBeforeTrustingTheHeader) 
   }
   // Each corruption of the header, on a copy of the region, is refused naming it.
   struct Case {
-    const char* what;
+    std::string what;
     void (*corrupt)(MailboxHeader&, int fd);
   };
   const Case cases[] = {
       {"bad magic", [](MailboxHeader& h, int) { h.magic = 0; }},
-      {"version 7, this build speaks 1", [](MailboxHeader& h, int) { h.version = 7; }},
+      {absl::StrCat("version 7, this build speaks ", kMailboxVersion),
+       [](MailboxHeader& h, int) { h.version = 7; }},
       {"mailbox grant 0 is outside", [](MailboxHeader& h, int) { h.grant = 0; }},
       {"5 entries for grant 4", [](MailboxHeader& h, int) { h.entry_count = 5; }},
       {"the header says 1", [](MailboxHeader& h, int) { h.region_bytes = 1; }},
@@ -341,6 +343,50 @@ TEST(Mailbox, APublicationWhoseRingIsLostIsStillTaken) {
   EXPECT_EQ(p.child.doorbell(), bell);  // nobody rang
 }
 
+// A terminal state rings the completion doorbell; while a parent thread polls the entries
+// itself (set_polled) the ring wakes no sleeper — the poller collects — and once the polling
+// stopped, terminal states wake the sleeper again.
+TEST(Mailbox, ATerminalStateWakesTheCollectorOnlyWhileNoParentThreadPolls) {
+  Pair p(2);
+  std::atomic<int64_t> woke_ns{0};
+  std::thread collector([&] {
+    const uint32_t seen = p.parent.completions();
+    p.parent.wait_completions(seen, 20'000'000'000);  // 20 s: only a ring ends it early
+    woke_ns = base::now_ns();
+  });
+  p.parent.set_polled(true);
+  const Doorbell& bell = p.region.header().completion_doorbell;
+  const int64_t asleep_by = base::now_ns() + 5'000'000'000;
+  while (bell.sleepers.load() == 0 && base::now_ns() < asleep_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(bell.sleepers.load(), 1u);
+  // The ACK rings the parent doorbell, not this one; the terminal state rings this one.
+  ASSERT_TRUE(p.parent.publish(1, bytes_of("one")).ok());
+  Request r1 = take_one(p.child);
+  const uint32_t before = p.parent.completions();
+  ASSERT_TRUE(p.child.complete(r1.ticket, absl::OkStatus()).ok());
+  EXPECT_EQ(p.parent.completions(), before + 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(woke_ns.load(), 0) << "a terminal state woke the collector while the parent polled";
+  // The thread that stops polling collects once: the run whose ring woke nobody is there.
+  p.parent.set_polled(false);
+  std::vector<Completion> done = p.parent.collect();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].ticket.run_id, 1u);
+  // Nobody polls now: the next terminal state wakes the sleeper at once.
+  ASSERT_TRUE(p.parent.publish(2, bytes_of("two")).ok());
+  Request r2 = take_one(p.child);
+  const int64_t completed_ns = base::now_ns();
+  ASSERT_TRUE(p.child.complete(r2.ticket, absl::OkStatus()).ok());
+  collector.join();
+  ASSERT_NE(woke_ns.load(), 0);
+  EXPECT_LT(woke_ns.load() - completed_ns, 5'000'000'000) << "the ring did not wake it";
+  done = p.parent.collect();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].ticket.run_id, 2u);
+}
+
 TEST(Mailbox, TheFirstStopReasonWins) {
   Pair p(1);
   p.parent.stop("child 42 killed by signal 9 (Killed)");
@@ -378,9 +424,9 @@ TEST(MailboxConcurrency, ManyRunsEachCompleteExactlyOnceWithTheirOwnStatus) {
   std::thread collector([&] {
     uint64_t collected = 0;
     while (collected < kRuns) {
-      const uint32_t bell = p.parent.doorbell();
+      const uint32_t bell = p.parent.completions();
       std::vector<Completion> done = p.parent.collect();
-      if (done.empty()) p.parent.wait(bell, 20'000'000);
+      if (done.empty()) p.parent.wait_completions(bell, 20'000'000);
       for (const Completion& c : done) {
         const uint64_t run = c.ticket.run_id;
         ASSERT_LT(run, kRuns);
@@ -512,7 +558,8 @@ TEST(MailboxRegrant, GrowsWhileRunsAreHeldAndShrinksOnlyOnceTheEntriesAboveAreCo
 std::vector<uint8_t> snapshot(const MailboxRegion& r) {
   const auto* p = reinterpret_cast<const uint8_t*>(&r.layout());
   std::vector<uint8_t> out(p, p + r.bytes());
-  for (const Doorbell* d : {&r.header().child_doorbell, &r.header().parent_doorbell}) {
+  for (const Doorbell* d :
+       {&r.header().child_doorbell, &r.header().parent_doorbell, &r.header().completion_doorbell}) {
     const size_t at = reinterpret_cast<const uint8_t*>(d) - p;
     std::memset(out.data() + at, 0, sizeof(Doorbell));
   }

@@ -1,5 +1,6 @@
 #include "simpler/worker/run_handle.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -48,8 +49,14 @@ void poll_progress(RunShared& shared, const base::Deadline& deadline) {
   const int64_t left = deadline.kind == base::Deadline::Kind::kAt
                            ? base::to_ns(deadline.at) - base::now_ns()
                            : std::numeric_limits<int64_t>::max();
-  (void)base::poll_window(made_progress, p->poll_window_ns(), left,
-                          [p](bool finished) { p->polled(finished); });
+  const int64_t window = p->poll_window_ns();
+  if (std::min(window, left) <= 0) {
+    (void)made_progress();  // no window: one look
+    return;
+  }
+  p->begin_window();
+  (void)base::poll_window(made_progress, window, left, [p](bool finished) { p->polled(finished); });
+  p->end_window();
 }
 
 }  // namespace

@@ -298,16 +298,30 @@ class TestProgress final : public RunProgress {
  public:
   explicit TestProgress(int64_t window_ns) : window_ns_(window_ns) {}
   void poll() override {
+    if (window_ns_ > 0 && !open.load() && polls_need_window) nested = true;
     ++calls;
     last_call_ns = base::now_ns();
     if (std::this_thread::get_id() != owner) other_thread = true;
     if (on_poll) on_poll(calls.load());
+  }
+  void begin_window() override {
+    if (open.exchange(true)) nested = true;
+    ++begun;
+  }
+  void end_window() override {
+    if (!open.exchange(false)) nested = true;
+    ++ended;
   }
   int64_t poll_window_ns() override { return window_ns_; }
   void polled(bool finished) override { (finished ? finished_windows : missed_windows)++; }
 
   std::function<void(int)> on_poll;
   std::atomic<int> calls{0}, finished_windows{0}, missed_windows{0};
+  // Windows opened and closed, whether one is open now, and whether the calls ever came out of
+  // order (a begin inside an open window, an end with none open).
+  std::atomic<int> begun{0}, ended{0};
+  std::atomic<bool> open{false}, nested{false};
+  bool polls_need_window = false;  // every poll must come inside a window
   std::atomic<int64_t> last_call_ns{0};
   std::atomic<bool> other_thread{false};
   const std::thread::id owner = std::this_thread::get_id();
@@ -322,6 +336,7 @@ TEST(RunHandleProgress, WaitMakesProgressOnItsOwnThreadUntilTheRunIsDone) {
   auto shared = std::make_shared<RunShared>();
   // A window far longer than needed: the run is finished by the poll, never by a sleep.
   auto p = std::make_shared<TestProgress>(10'000'000'000);
+  p->polls_need_window = true;
   p->on_poll = [&](int calls) {
     if (calls == 5) {
       shared->result.status = absl::InternalError("finished by progress");
@@ -336,6 +351,11 @@ TEST(RunHandleProgress, WaitMakesProgressOnItsOwnThreadUntilTheRunIsDone) {
   EXPECT_EQ(p->calls.load(), 5);  // not called again once the run was done
   EXPECT_FALSE(p->other_thread.load());
   EXPECT_EQ(p->finished_windows.load(), 1);
+  // The polls came inside one window, closed once the run was done.
+  EXPECT_EQ(p->begun.load(), 1);
+  EXPECT_EQ(p->ended.load(), 1);
+  EXPECT_FALSE(p->open.load());
+  EXPECT_FALSE(p->nested.load());
   EXPECT_TRUE(shared->delivered.load());
   // Done: neither wait() nor result() polls again.
   EXPECT_EQ(h.wait().code(), absl::StatusCode::kInternal);
@@ -351,11 +371,14 @@ TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) 
   EXPECT_EQ(h.wait(-1).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(p->calls.load(), 1);
   EXPECT_EQ(p->finished_windows.load() + p->missed_windows.load(), 0);  // no window
+  EXPECT_EQ(p->begun.load(), 0);
   EXPECT_FALSE(shared->delivered.load());
   // A timed wait shorter than the window polls until its deadline: not a full window.
   EXPECT_EQ(h.wait(0.02).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GT(p->calls.load(), 1);
   EXPECT_EQ(p->missed_windows.load(), 0);
+  EXPECT_EQ(p->begun.load(), 1);  // a window nonetheless, closed at the deadline
+  EXPECT_EQ(p->ended.load(), 1);
   // result(): polls, and returns once progress finished the run.
   const int before = p->calls.load();
   p->on_poll = [&](int calls) {
@@ -363,6 +386,9 @@ TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) 
   };
   EXPECT_TRUE(h.result().status.ok());
   EXPECT_EQ(p->calls.load(), before + 30);
+  EXPECT_EQ(p->begun.load(), 2);
+  EXPECT_EQ(p->ended.load(), 2);
+  EXPECT_FALSE(p->nested.load());
   // A progress whose window is 0 (its runs outlast polling): one look, then sleep.
   auto shared2 = std::make_shared<RunShared>();
   auto p2 = std::make_shared<TestProgress>(0);
@@ -373,6 +399,7 @@ TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) 
   });
   EXPECT_TRUE(RunHandle(shared2).wait().ok());
   EXPECT_EQ(p2->calls.load(), 1);
+  EXPECT_EQ(p2->begun.load(), 0);  // no window opened
   finisher.join();
 }
 
@@ -394,6 +421,10 @@ TEST(RunHandleProgress, ThePollIsBoundedThenTheWaiterSleeps) {
   EXPECT_GE(p->calls.load(), 1);
   EXPECT_EQ(p->missed_windows.load(), 1);
   EXPECT_EQ(p->finished_windows.load(), 0);
+  // The window was closed before the waiter slept (whatever it kept asleep is awake again).
+  EXPECT_EQ(p->begun.load(), 1);
+  EXPECT_EQ(p->ended.load(), 1);
+  EXPECT_FALSE(p->nested.load());
   // Asleep long before the finisher: no look in the last 100 ms before it (a scheduler delay of
   // the waiter's poll, however long, still ends far earlier).
   EXPECT_LT(p->last_call_ns.load() - t0, kFinishAfterNs - 100'000'000);

@@ -81,6 +81,14 @@ class Endpoint {
   // collects otherwise. Must not be called from a set_on_done callback or with a lock the
   // callback takes. A lane has nothing to collect: its worker's thread completes its runs.
   virtual void poll() {}
+  // Whether a thread of the parent polls this endpoint (poll()) until told otherwise. While set,
+  // the endpoint's own thread is not woken for finished runs — the poller collects them — so it
+  // does not compete with the poller for a CPU (docs/benchmarks.md, issue 14). Clearing it
+  // collects once on the calling thread (waiting for a collection in progress): a run that
+  // finished while it was set and that no poll collected is delivered then, and runs finishing
+  // later wake the endpoint's thread again. One owner sets it (the L3 worker's child poller);
+  // not from a set_on_done callback or with a lock that callback takes. Default: nothing.
+  virtual void set_waiter_polling(bool polling) { (void)polling; }
   // Called with a run's id once its handle is done (after the handle's result is written),
   // in run order, on one of the endpoint's threads or a thread in poll(); set before the first
   // submit(). None of the

@@ -29,8 +29,11 @@
 //  * Whoever publishes checks first that a frame and an entry are free (can_dispatch()); running
 //    out of either is ordinary backpressure, never an error path.
 //  * Waiting is on futex doorbells in the shared region (a bounded poll, yielding, then a futex
-//    sleep; no unbounded spinning): the parent rings the child's after publishing, the child
-//    rings the parent's after an ACK or a terminal state.
+//    sleep; no unbounded spinning): the parent rings the child's after publishing; the child
+//    rings the parent's after an ACK and the completion doorbell after a terminal state — without
+//    waking its sleepers while a parent thread polls the entries itself (parent_polling: the
+//    poller collects the run; the thread that clears the flag collects once after it, so no
+//    terminal state is left unseen).
 #pragma once
 
 #include <sys/types.h>
@@ -52,7 +55,7 @@
 namespace simpler::hierarchy {
 
 inline constexpr uint32_t kMailboxMagic = 0x584d4253;  // "SBMX" in memory order
-inline constexpr uint32_t kMailboxVersion = 1;
+inline constexpr uint32_t kMailboxVersion = 2;
 inline constexpr uint32_t kRequestFrames = 2;       // K
 inline constexpr uint32_t kFrameBytes = 64 * 1024;  // one request or control frame, header included
 inline constexpr uint32_t kErrorTextBytes = 256;    // an entry's error text, NUL included
@@ -117,8 +120,13 @@ struct MailboxHeader {
   uint64_t region_bytes;  // mailbox_bytes(grant)
   int32_t parent_pid;     // taken before any child is forked
   std::atomic<int32_t> child_pid;
-  Doorbell child_doorbell;        // the child sleeps on it; the parent rings it
-  Doorbell parent_doorbell;       // the parent sleeps on it; the child rings it
+  Doorbell child_doorbell;       // the child sleeps on it; the parent rings it
+  Doorbell parent_doorbell;      // publishers and control commands sleep on it; ACKs ring it
+  Doorbell completion_doorbell;  // the parent's collector sleeps on it; terminal states ring it
+  // Nonzero while a parent thread polls the entries itself (MailboxParent::set_polled): a
+  // terminal state's ring then wakes no sleeper. Written by the parent, read by the child; a
+  // wrong value only costs a wake-up or delays one until the sleeper's timeout.
+  std::atomic<uint32_t> parent_polling;
   std::atomic<uint32_t> stopped;  // 0 running; 1 once stop_reason is published
   uint32_t stop_reason_bytes;
   char stop_reason[kStopReasonBytes];
@@ -291,14 +299,30 @@ class MailboxParent {
   // The committed grant (this side's table: grant + K entries).
   uint32_t grant() const;
 
-  // The parent doorbell's current value, and a wait until it moves from `seen` (or
-  // `timeout_ns` passes; spurious returns are possible — re-check). The wait polls first while
-  // polling pays off on this side (base::AdaptivePoll over kDoorbellSpinNs), then sleeps.
+  // The parent doorbell's current value (rung by ACKs, control replies, freed entries and a
+  // stop), and a wait until it moves from `seen` (or `timeout_ns` passes; spurious returns are
+  // possible — re-check). The wait polls first while polling pays off on this side
+  // (base::AdaptivePoll over kDoorbellSpinNs), then sleeps.
   uint32_t doorbell() const;
   void wait(uint32_t seen, int64_t timeout_ns) const;
+  // The same for the completion doorbell (rung by terminal states and a stop): what the thread
+  // that collects by itself sleeps on. While set_polled(true) is in effect the wait does not poll
+  // (another thread does) and the child's terminal states do not wake it.
+  uint32_t completions() const;
+  void wait_completions(uint32_t seen, int64_t timeout_ns) const;
+  // Whether a thread of this parent polls collect() itself (a waiter on a run): while set, the
+  // child's terminal states ring the completion doorbell without waking its sleepers, so the
+  // collector thread stays asleep instead of competing with the poller for a CPU. Clearing it
+  // (a seq_cst store, then a seq_cst load of the completion doorbell) must be followed by one
+  // collect() on the clearing thread: a terminal state whose ring saw the flag set is then seen
+  // by that collect (the ring's increment and flag load, and this store and load, cannot both
+  // miss each other). Thread-safe; the callers keep the flag's owner single
+  // (hierarchy::Endpoint::set_waiter_polling).
+  void set_polled(bool polled);
 
  private:
   mutable base::AdaptivePoll poll_{kDoorbellSpinNs};
+  mutable base::AdaptivePoll completion_poll_{kDoorbellSpinNs};
   bool can_dispatch_locked() const SIMPLER_REQUIRES(mu_);
   absl::StatusOr<ControlReply> control_locked(const ControlCommand& command, int64_t timeout_ns)
       SIMPLER_REQUIRES(control_mu_);
@@ -340,10 +364,11 @@ class MailboxChild {
   absl::StatusOr<std::optional<Request>> take();
   // Writes the run's terminal state: code and error text (cut to kErrorTextBytes - 1 with
   // kTruncationMarker when longer; the caller logs the full text), then the state as the last
-  // store to the entry, then rings the parent. FAILED_PRECONDITION when the ticket's entry is
-  // no longer at its generation (nothing is written). After the parent stopped the endpoint it
-  // may free entries whose runs it failed; a terminal state written into such an entry is
-  // ignored (a stopped endpoint publishes nothing more).
+  // store to the entry, then rings the completion doorbell (waking its sleepers only while no
+  // parent thread polls: MailboxHeader::parent_polling). FAILED_PRECONDITION when the ticket's
+  // entry is no longer at its generation (nothing is written). After the parent stopped the
+  // endpoint it may free entries whose runs it failed; a terminal state written into such an entry
+  // is ignored (a stopped endpoint publishes nothing more).
   absl::Status complete(const Ticket& ticket, const absl::Status& status,
                         int64_t device_start_ns = 0, int64_t device_end_ns = 0);
   // The control command published to this child, if any (checked: an unknown op is answered
@@ -368,7 +393,7 @@ class MailboxChild {
 };
 
 // Publishes `reason` as the region's stop reason unless one is published (the first stop wins)
-// and rings both doorbells. Either side.
+// and rings every doorbell. Either side.
 void publish_stop(MailboxRegion& region, const std::string& reason);
 
 }  // namespace simpler::hierarchy

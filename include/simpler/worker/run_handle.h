@@ -67,13 +67,22 @@ struct RunResult {
 
 // What wait() and result() do while they poll a run before sleeping (RunShared::progress): they
 // call poll() between looks, yielding the CPU, for poll_window_ns() (at most the wait's timeout),
-// then sleep on the run's event; a poll-once wait calls poll() once. Implementations are
-// thread-safe and never block.
+// between begin_window() and end_window(), then sleep on the run's event; a poll-once wait, or
+// a window of 0, calls poll() once and opens no window. Implementations are thread-safe; poll()
+// never blocks.
 class RunProgress {
  public:
   virtual ~RunProgress() = default;
   // Moves the run toward completion on the calling thread and returns at once.
   virtual void poll() = 0;
+  // A waiter's poll window opens / closes on the calling thread (windows of several waiters may
+  // overlap). While one is open, whatever would otherwise be woken to finish the run may stay
+  // asleep (an L3 child endpoint's collector thread); end_window() makes sure nothing that
+  // finished meanwhile is left for a thread that was not woken (it may collect, briefly waiting
+  // for a collection in progress). Called once each per window, end_window() also when the run
+  // finished within it.
+  virtual void begin_window() = 0;
+  virtual void end_window() = 0;
   // How long this wait polls before sleeping, in ns (0: sleep at once; at most ~50 µs —
   // ARCHITECTURE.md invariant 9, no waiter spins without bound).
   virtual int64_t poll_window_ns() = 0;
