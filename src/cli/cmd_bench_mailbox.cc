@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <thread>
 
 #include "cli/bench_stats.h"
 #include "cli/commands.h"
@@ -35,10 +36,15 @@ Percentiles percentiles(const std::vector<double>& us) {
 absl::Status noop_kernel(const task::KernelContext&) { return absl::OkStatus(); }
 
 // Spins for scalar(0) µs: a run long enough on the device for staging to hide the host.
+// Stands for scalar(0) µs of device time. It yields its CPU while it waits the time out: a
+// device's kernel takes no host CPU, and a spinning one here held the parent's and the child's
+// host threads that the kernel placed on its CPU off it for the whole run, so run k+2 was staged
+// only after run k+1 ended (docs/benchmarks.md, issue 14: perf sched showed the parent's
+// runnable thread queued behind the sim stream for 400 µs while the other CPU idled). The L2
+// lane's gap is measured with the same kernel.
 absl::Status busy_kernel(const task::KernelContext& ctx) {
   const int64_t until = base::now_ns() + ctx.scalar_i64(0) * 1000;
-  while (base::now_ns() < until) {
-  }
+  while (base::now_ns() < until) std::this_thread::yield();
   return absl::OkStatus();
 }
 
