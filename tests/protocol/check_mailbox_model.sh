@@ -2,17 +2,20 @@
 # Model-checks the mailbox with SPIN: the frame / entry hand-off (mailbox.pml: no request served
 # twice or lost, no action on a stale generation, no deadlock) and grant changes while runs go on
 # (mailbox_regrant.pml: the child never sees an entry outside its table, no run lost or served
-# twice, both sides end on the same table). Each model must verify with no error, and each of its
-# mutants — the ACK not the child's last store to a frame, a stale generation accepted; the
-# parent committing a grant before the child adopted it, a shrink not lowering the claim limit
-# — must make SPIN report a violation, so this check can fail. Needs `spin` and a C compiler.
+# twice, both sides end on the same table) and the completion wake-up while a parent thread polls
+# (mailbox_wake.pml: no terminal state left uncollected with the collector asleep). Each model
+# must verify with no error, and each of its mutants — the ACK not the child's last store to a
+# frame, a stale generation accepted; the parent committing a grant before the child adopted it,
+# a shrink not lowering the claim limit; the polling flag cleared without a collect after it, a
+# collect before the clear, the collector reading the doorbell after collecting — must make SPIN
+# report a violation, so this check can fail. Needs `spin` and a C compiler.
 # Usage: tests/protocol/check_mailbox_model.sh [WORK_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:-$(mktemp -d)}"
 mkdir -p "$work"
 cd "$work"
-cp "$here/mailbox.pml" "$here/mailbox_regrant.pml" .
+cp "$here/mailbox.pml" "$here/mailbox_regrant.pml" "$here/mailbox_wake.pml" .
 command -v spin >/dev/null || { echo "check_mailbox_model: spin not found (apt-get install spin)" >&2; exit 1; }
 
 verify() {  # verify MODEL LABEL [-DMUTANT]; prints pan's summary line, returns pan's error count
@@ -51,4 +54,6 @@ check_model() {  # check_model MODEL MUTANT...
 }
 check_model mailbox.pml MUTANT_ACK_NOT_LAST MUTANT_ACCEPT_STALE_GEN
 check_model mailbox_regrant.pml MUTANT_COMMIT_BEFORE_ACK MUTANT_NO_CLAIM_LIMIT
-echo "check_mailbox_model: ok (both models verified; all four mutants caught)" >&2
+check_model mailbox_wake.pml MUTANT_NO_FINAL_COLLECT MUTANT_COLLECT_BEFORE_CLEAR \
+  MUTANT_SEEN_AFTER_COLLECT
+echo "check_mailbox_model: ok (all three models verified; all seven mutants caught)" >&2

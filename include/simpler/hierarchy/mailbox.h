@@ -12,8 +12,8 @@
 // RunEntry[M]. Both sides map the same memfd; every word the other side writes is read through an
 // atomic or copied out and bounds-checked before use.
 //
-// Hand-off rules (each has a test that fails when it breaks, and a Promela model,
-// tests/protocol/mailbox.pml, checks them for K = 2 and a small grant):
+// Hand-off rules (each has a test that fails when it breaks, and Promela models,
+// tests/protocol/mailbox*.pml, check them for K = 2 and a small grant):
 //  * A frame is the parent's while kFree and the child's while kPublished. The parent's
 //    publication (state = kPublished) is its last store to a frame; the child's ACK (state =
 //    kFree) is its last store to a frame — the parent may refill it the instant it sees the ACK.
