@@ -28,7 +28,9 @@
 // path. A thread in wait() / result() on an L3 run first collects the children's finished tasks
 // itself (Endpoint::poll), polling up to 50 µs while that pays off for the run's program
 // (worker::RunProgress, base::AdaptivePoll), then sleeps until the endpoints' threads finish the
-// run; its handle may outlive the worker (close() detaches the polling). An orchestration
+// run; while any waiter polls, those threads are not woken for finished runs
+// (Endpoint::set_waiter_polling; the last waiter to stop collects once). Its handle may outlive
+// the worker (close() detaches the polling). An orchestration
 // therefore runs on one of those threads with the worker's lock held: it must be quick, must
 // not block, and must not call this worker's methods (they refuse with FAILED_PRECONDITION);
 // it submits through its L3Context only. Sub-tasks run on sub_threads pool threads.
