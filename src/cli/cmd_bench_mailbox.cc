@@ -35,7 +35,6 @@ Percentiles percentiles(const std::vector<double>& us) {
 
 absl::Status noop_kernel(const task::KernelContext&) { return absl::OkStatus(); }
 
-// Spins for scalar(0) µs: a run long enough on the device for staging to hide the host.
 // Stands for scalar(0) µs of device time. It yields its CPU while it waits the time out: a
 // device's kernel takes no host CPU, and a spinning one here held the parent's and the child's
 // host threads that the kernel placed on its CPU off it for the whole run, so run k+2 was staged

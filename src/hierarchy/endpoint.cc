@@ -284,14 +284,20 @@ class LaneEndpoint final : public EndpointBase {
   // A free run resource set: submit() then does not wait for admission.
   bool can_dispatch() const override { return worker_->resources().free > 0; }
 
-  void poll() override { deliver(take_finished()); }
+  void poll() override {
+    if (!collect_mu_.try_lock()) return;  // the collector (or another waiter) is at it
+    base::MutexLock lock(collect_mu_, std::adopt_lock);
+    deliver(take_finished());
+  }
 
   void set_waiter_polling(bool polling) override {
     waiter_polling_.store(polling, std::memory_order_seq_cst);
+    if (polling) return;
     // A run queued while the flag was set did not wake the collector: deliver it here. (Either
     // this take sees finished()'s push, or that push's later look at the flag sees it cleared —
-    // finished_mu_ orders the two.)
-    if (!polling) deliver(take_finished());
+    // finished_mu_ orders the two.) collect_mu_ waits for a delivery in progress elsewhere.
+    base::MutexLock lock(collect_mu_);
+    deliver(take_finished());
   }
 
   absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
@@ -369,14 +375,19 @@ class LaneEndpoint final : public EndpointBase {
 
   void collect_loop() {
     while (true) {
-      std::deque<Finished> done;
       {
         base::MutexLock lock(finished_mu_);
-        while (finished_.empty() && !stopping_) finished_cv_.wait(lock);
+        // Timed: while a waiter polls, finished() does not notify; should that waiter stop
+        // polling without clearing the flag, runs still come out within a second.
+        while (finished_.empty() && !stopping_) {
+          (void)finished_cv_.wait_until(
+              lock, std::chrono::steady_clock::now() + std::chrono::nanoseconds(kDoorbellSliceNs));
+        }
         if (finished_.empty()) return;  // stopping: close() drained every run first
-        done = std::exchange(finished_, {});
       }
-      deliver(done);
+      // Taken under collect_mu_, so one collection's runs are delivered before the next one's.
+      base::MutexLock lock(collect_mu_);
+      deliver(take_finished());
     }
   }
 
@@ -387,6 +398,9 @@ class LaneEndpoint final : public EndpointBase {
   std::deque<Finished> finished_ SIMPLER_GUARDED_BY(finished_mu_);  // not yet delivered
   bool stopping_ SIMPLER_GUARDED_BY(finished_mu_) = false;
   std::atomic<bool> waiter_polling_{false};
+  // Held by whoever delivers (the collector thread, a waiter in poll(), the thread clearing
+  // set_waiter_polling): one at a time, so the flag's clear waits for a delivery in progress.
+  base::Mutex collect_mu_;
   std::thread collector_;
 };
 
@@ -463,8 +477,8 @@ class MailboxEndpoint final : public EndpointBase {
 
   void poll() override {
     if (!collect_mu_.try_lock()) return;  // the collector (or another waiter) is at it
+    base::MutexLock lock(collect_mu_, std::adopt_lock);
     collect_locked();
-    collect_mu_.unlock();
   }
 
   void set_waiter_polling(bool polling) override {

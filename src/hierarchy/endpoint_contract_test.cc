@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "hierarchy/close_race_test_util.h"
+#include "simpler/base/clock.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/hierarchy/endpoint.h"
 #include "worker/worker_test_util.h"
@@ -405,12 +406,19 @@ TEST_P(EndpointContract, WhatFinishedWhileAWaiterPolledIsDeliveredWhenThePolling
       mem.cells[2 * k] = k;
       hs.push_back(*e->submit(affine_request(&mem.cells[2 * k], &mem.cells[2 * k + 1], 1, 0)));
     }
-    // The runs finish on the child (each takes microseconds); nobody polls.
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // The runs finish on the child (each takes microseconds, milliseconds under a sanitizer);
+    // nobody polls. One that is slower still finishes after the clear below, and is then
+    // delivered by the endpoint's woken thread.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int64_t cleared = base::now_ns();
     e->set_waiter_polling(false);
-    // Delivered by now: by the call above (the endpoint's thread was not woken) or, rarely, by
-    // the endpoint's thread on a timed look of its own.
+    // Delivered promptly: by the call above (the endpoint's thread was not woken) or, for a
+    // report that came after the clear, by the endpoint's woken thread — not on the endpoint
+    // thread's own timed look a second later (what a clear that did not collect would leave).
     for (int i = 0; i < kRuns; ++i) {
+      while (!hs[i].done() && base::now_ns() - cleared < 900'000'000) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       ASSERT_TRUE(hs[i].done()) << "round " << round << " run " << i;
       EXPECT_TRUE(hs[i].wait().ok());
       EXPECT_EQ(mem.cells[2 * (round * kRuns + i) + 1], 3 * (round * kRuns + i) + 1);

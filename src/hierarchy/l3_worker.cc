@@ -8,9 +8,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/poll.h"
@@ -116,8 +118,8 @@ class ChildPoller {
     // Never from inside an orchestration (it holds the scheduler's lock that a completion
     // takes); and one poller at a time is enough.
     if (t_orchestrating != nullptr || !mu_.try_lock()) return;
+    base::MutexLock lock(mu_, std::adopt_lock);
     for (Endpoint* e : endpoints_) e->poll();
-    mu_.unlock();
   }
 
   // A waiter's poll window opens / closes (windows of several waiters overlap; the endpoints
@@ -133,22 +135,33 @@ class ChildPoller {
     if (t_orchestrating != nullptr) return;
     base::MutexLock lock(mu_);
     if (windows_ == 0) return;  // detached while the window was open
-    if (--windows_ == 0) {
-      for (Endpoint* e : endpoints_) e->set_waiter_polling(false);
-    }
+    if (--windows_ == 0) stop_polling_locked();
   }
 
   void detach() {
     base::MutexLock lock(mu_);
     // The endpoints' threads collect again (and wait for close()'s drain) from here on.
-    if (windows_ > 0) {
-      for (Endpoint* e : endpoints_) e->set_waiter_polling(false);
-    }
-    windows_ = 0;
-    endpoints_.clear();
+    const int32_t open = std::exchange(windows_, 0);
+    std::vector<Endpoint*> endpoints = std::exchange(endpoints_, {});
+    if (open > 0) stop_polling(endpoints);
   }
 
  private:
+  void stop_polling_locked() SIMPLER_REQUIRES(mu_) { stop_polling(endpoints_); }
+  // Clears every endpoint's flag even when a collection it runs throws (the first exception is
+  // rethrown after): a flag left set would leave that endpoint's thread unwoken.
+  static void stop_polling(const std::vector<Endpoint*>& endpoints) {
+    std::exception_ptr first;
+    for (Endpoint* e : endpoints) {
+      try {
+        e->set_waiter_polling(false);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
   base::Mutex mu_;
   std::vector<Endpoint*> endpoints_ SIMPLER_GUARDED_BY(mu_);
   int32_t windows_ SIMPLER_GUARDED_BY(mu_) = 0;  // poll windows open now

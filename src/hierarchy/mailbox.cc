@@ -55,9 +55,10 @@ void ring(Doorbell& d) {
 
 // A terminal state's ring: wakes nobody while a parent thread polls the entries itself.
 // Against MailboxParent::set_polled(false) (store 0, then load `value`, both seq_cst): when the
-// flag's load here still reads 1, this increment precedes that store in the single seq_cst
-// order, so the parent's load of `value` reads it (or later) and, acquiring it, sees the
-// entry's terminal store made before this call.
+// flag's load here still reads the 1 that clear overwrites, this increment precedes that store in
+// the single seq_cst order, so the parent's load of `value` reads it (or later) and, acquiring it,
+// sees the entry's terminal store made before this call. (When it reads a 1 stored by a later
+// set_polled(true), that window's own clear collects the run the same way.)
 void ring_completion(MailboxHeader& h) {
   h.completion_doorbell.value.fetch_add(1, std::memory_order_seq_cst);
   if (h.parent_polling.load(std::memory_order_seq_cst) != 0) return;

@@ -4,11 +4,14 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -349,18 +352,31 @@ TEST(Mailbox, APublicationWhoseRingIsLostIsStillTaken) {
 TEST(Mailbox, ATerminalStateWakesTheCollectorOnlyWhileNoParentThreadPolls) {
   Pair p(2);
   std::atomic<int64_t> woke_ns{0};
+  std::atomic<pid_t> collector_tid{0};
   std::thread collector([&] {
+    collector_tid = static_cast<pid_t>(syscall(SYS_gettid));
     const uint32_t seen = p.parent.completions();
     p.parent.wait_completions(seen, 20'000'000'000);  // 20 s: only a ring ends it early
     woke_ns = base::now_ns();
   });
   p.parent.set_polled(true);
   const Doorbell& bell = p.region.header().completion_doorbell;
+  // Asleep in the futex: counted as a sleeper and the thread's state is S (it sleeps nowhere
+  // else once counted).
+  const auto sleeping = [&] {
+    const pid_t tid = collector_tid.load();
+    if (tid == 0 || bell.sleepers.load() != 1) return false;
+    std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
+  };
   const int64_t asleep_by = base::now_ns() + 5'000'000'000;
-  while (bell.sleepers.load() == 0 && base::now_ns() < asleep_by) {
+  while (!sleeping() && base::now_ns() < asleep_by) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_EQ(bell.sleepers.load(), 1u);
+  ASSERT_TRUE(sleeping());
   // The ACK rings the parent doorbell, not this one; the terminal state rings this one.
   ASSERT_TRUE(p.parent.publish(1, bytes_of("one")).ok());
   Request r1 = take_one(p.child);

@@ -55,7 +55,13 @@ void poll_progress(RunShared& shared, const base::Deadline& deadline) {
     return;
   }
   p->begin_window();
-  (void)base::poll_window(made_progress, window, left, [p](bool finished) { p->polled(finished); });
+  try {
+    (void)base::poll_window(made_progress, window, left,
+                            [p](bool finished) { p->polled(finished); });
+  } catch (...) {
+    p->end_window();  // a window left open would keep the endpoints' threads unwoken
+    throw;
+  }
   p->end_window();
 }
 

@@ -374,7 +374,7 @@ TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) 
   EXPECT_EQ(p->begun.load(), 0);
   EXPECT_FALSE(shared->delivered.load());
   // A timed wait shorter than the window polls until its deadline: not a full window.
-  EXPECT_EQ(h.wait(0.02).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(h.wait(0.05).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GT(p->calls.load(), 1);
   EXPECT_EQ(p->missed_windows.load(), 0);
   EXPECT_EQ(p->begun.load(), 1);  // a window nonetheless, closed at the deadline

@@ -32,6 +32,9 @@ class SIMPLER_CAPABILITY("mutex") Mutex {
 class SIMPLER_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) SIMPLER_ACQUIRE(mu) : lock_(mu.native()) {}
+  // Adopts `mu`, which the caller already holds (after a successful try_lock()).
+  MutexLock(Mutex& mu, std::adopt_lock_t) SIMPLER_REQUIRES(mu)
+      : lock_(mu.native(), std::adopt_lock) {}
   ~MutexLock() SIMPLER_RELEASE() = default;
   void unlock() SIMPLER_RELEASE() { lock_.unlock(); }
   void lock() SIMPLER_ACQUIRE() { lock_.lock(); }

@@ -79,18 +79,23 @@ class Endpoint {
   // thread is collecting. What a waiter calls while it polls (RunShared::progress), so a
   // finished run reaches it without a hand-off through the endpoint's own thread, which
   // collects otherwise. Must not be called from a set_on_done callback or with a lock the
-  // callback takes. A lane has nothing to collect: its worker's thread completes its runs.
+  // callback takes. (A lane child's runs are queued by its worker's lane thread as they retire;
+  // a mailbox child's are read from the run-state entries.)
   virtual void poll() {}
   // Whether a thread of the parent polls this endpoint (poll()) until told otherwise. While set,
   // the endpoint's own thread is not woken for finished runs — the poller collects them — so it
-  // does not compete with the poller for a CPU (docs/benchmarks.md, issue 14). Clearing it
-  // collects once on the calling thread (waiting for a collection in progress): a run that
-  // finished while it was set and that no poll collected is delivered then, and runs finishing
-  // later wake the endpoint's thread again. One owner sets it (the L3 worker's child poller);
-  // not from a set_on_done callback or with a lock that callback takes. Default: nothing.
+  // does not compete with the poller for a CPU (docs/benchmarks.md, issue 14). The owner must
+  // keep polling while it is set (a finished run then waits for the owner's next poll; the
+  // endpoint's thread still looks by itself about once a second) and must clear it before
+  // close(). Clearing it collects once on the calling thread, waiting for a collection in
+  // progress: a run that finished while it was set is delivered by the time it returns, and
+  // runs finishing later wake the endpoint's thread again. One owner sets it (the L3 worker's
+  // child poller); not from a set_on_done callback or with a lock that callback takes.
+  // Default: nothing.
   virtual void set_waiter_polling(bool polling) { (void)polling; }
   // Called with a run's id once its handle is done (after the handle's result is written),
-  // in run order, on one of the endpoint's threads or a thread in poll(); set before the first
+  // in run order, on one of the endpoint's threads, a thread in poll() or the thread clearing
+  // set_waiter_polling (for an L3 worker, also close()'s thread); set before the first
   // submit(). None of the
   // endpoint's run-table locks is held (only the one that keeps notifications in order), so it
   // may submit to this endpoint — but must not wait there for transport (check can_dispatch()

@@ -69,7 +69,9 @@ struct RunResult {
 // call poll() between looks, yielding the CPU, for poll_window_ns() (at most the wait's timeout),
 // between begin_window() and end_window(), then sleep on the run's event; a poll-once wait, or
 // a window of 0, calls poll() once and opens no window. Implementations are thread-safe; poll()
-// never blocks.
+// never blocks; end_window() may wait briefly for a collection in progress on another thread,
+// and whatever the run's completion sets off (an L3 scheduler's next dispatch) may run on the
+// waiter's thread inside these calls, before wait() returns.
 class RunProgress {
  public:
   virtual ~RunProgress() = default;
