@@ -153,10 +153,36 @@ class EndpointBase : public Endpoint {
     return worker::report_undelivered(&failed_);
   }
 
+  void poll() final {
+    if (!collect_mu_.try_lock()) return;  // the endpoint's thread (or another waiter) is at it
+    base::MutexLock lock(collect_mu_, std::adopt_lock);
+    collect_locked();
+  }
+
+  void set_waiter_polling(bool polling) final {
+    mark_waiter_polling(polling);
+    if (polling) return;
+    // Runs that finished while the flag was set woke nobody: collected here, after the clear
+    // (each transport's mark_waiter_polling says why none is missed), waiting for a collection
+    // in progress.
+    base::MutexLock lock(collect_mu_);
+    collect_locked();
+  }
+
  protected:
   // Sends run `id` (the next in order). Errors are submit()'s.
   virtual absl::Status send(uint64_t id, const RunRequest& request,
                             const base::Deadline& admission) = 0;
+  // One collection: the runs the transport finished since the last one, each delivered with
+  // complete(). The endpoint's own thread calls it under collect_mu_ too.
+  virtual void collect_locked() SIMPLER_REQUIRES(collect_mu_) = 0;
+  // Whether a waiter polls (set_waiter_polling): while it does, the transport does not wake the
+  // endpoint's thread for finished runs. A clear is followed by one collect_locked().
+  virtual void mark_waiter_polling(bool polling) = 0;
+  // Held by whoever collects (the endpoint's thread, a waiter in poll(), the thread clearing
+  // set_waiter_polling): one at a time, so one collection's runs are delivered before the next
+  // one's and the clear waits for a collection in progress.
+  base::Mutex collect_mu_;
   // A copy whose host range was checked against what the child shares; errors named.
   absl::Status checked_copy(ControlOp op, const worker::DeviceBuffer& buffer, uint64_t host,
                             uint64_t bytes, uint64_t offset) {
@@ -284,22 +310,6 @@ class LaneEndpoint final : public EndpointBase {
   // A free run resource set: submit() then does not wait for admission.
   bool can_dispatch() const override { return worker_->resources().free > 0; }
 
-  void poll() override {
-    if (!collect_mu_.try_lock()) return;  // the collector (or another waiter) is at it
-    base::MutexLock lock(collect_mu_, std::adopt_lock);
-    deliver(take_finished());
-  }
-
-  void set_waiter_polling(bool polling) override {
-    waiter_polling_.store(polling, std::memory_order_seq_cst);
-    if (polling) return;
-    // A run queued while the flag was set did not wake the collector: deliver it here. (Either
-    // this take sees finished()'s push, or that push's later look at the flag sees it cleared —
-    // finished_mu_ orders the two.) collect_mu_ waits for a delivery in progress elsewhere.
-    base::MutexLock lock(collect_mu_);
-    deliver(take_finished());
-  }
-
   absl::StatusOr<worker::DeviceBuffer> malloc(uint64_t bytes) override {
     absl::StatusOr<worker::DeviceBuffer> b = worker_->malloc(bytes);
     if (!b.ok()) return base::annotate(b.status(), describe() + ": malloc: ");
@@ -332,6 +342,12 @@ class LaneEndpoint final : public EndpointBase {
       finished(Finished{id, run.status(), 0, 0});
     }
     return absl::OkStatus();
+  }
+  void collect_locked() override SIMPLER_REQUIRES(collect_mu_) { deliver(take_finished()); }
+  // The clear's collect sees finished()'s push, or that push's later look at the flag sees it
+  // cleared: finished_mu_ orders the two.
+  void mark_waiter_polling(bool polling) override {
+    waiter_polling_.store(polling, std::memory_order_seq_cst);
   }
   void abort_transport(const std::string& reason) override {
     (void)reason;  // the lane's close names its own cause
@@ -385,9 +401,8 @@ class LaneEndpoint final : public EndpointBase {
         }
         if (finished_.empty()) return;  // stopping: close() drained every run first
       }
-      // Taken under collect_mu_, so one collection's runs are delivered before the next one's.
       base::MutexLock lock(collect_mu_);
-      deliver(take_finished());
+      collect_locked();
     }
   }
 
@@ -398,9 +413,6 @@ class LaneEndpoint final : public EndpointBase {
   std::deque<Finished> finished_ SIMPLER_GUARDED_BY(finished_mu_);  // not yet delivered
   bool stopping_ SIMPLER_GUARDED_BY(finished_mu_) = false;
   std::atomic<bool> waiter_polling_{false};
-  // Held by whoever delivers (the collector thread, a waiter in poll(), the thread clearing
-  // set_waiter_polling): one at a time, so the flag's clear waits for a delivery in progress.
-  base::Mutex collect_mu_;
   std::thread collector_;
 };
 
@@ -474,21 +486,6 @@ class MailboxEndpoint final : public EndpointBase {
   ~MailboxEndpoint() override { (void)close(base::Deadline::forever()); }
 
   bool can_dispatch() const override { return parent_.can_dispatch(); }
-
-  void poll() override {
-    if (!collect_mu_.try_lock()) return;  // the collector (or another waiter) is at it
-    base::MutexLock lock(collect_mu_, std::adopt_lock);
-    collect_locked();
-  }
-
-  void set_waiter_polling(bool polling) override {
-    parent_.set_polled(polling);
-    if (polling) return;
-    // Terminal states whose rings saw the flag set woke nobody: collect them here
-    // (MailboxParent::set_polled).
-    base::MutexLock lock(collect_mu_);
-    collect_locked();
-  }
 
   absl::Status set_mailbox_grant(uint32_t grant) override {
     return base::annotate(parent_.regrant(grant, kControlTimeoutNs), describe() + ": ");
@@ -578,14 +575,17 @@ class MailboxEndpoint final : public EndpointBase {
     if (reaper_.joinable()) reaper_.join();
   }
 
- private:
-  // One collection: the completions the child wrote, delivered in the order collected.
-  void collect_locked() SIMPLER_REQUIRES(collect_mu_) {
+  // The completions the child wrote, delivered in the order collected.
+  void collect_locked() override SIMPLER_REQUIRES(collect_mu_) {
     for (const Completion& c : parent_.collect()) {
       complete(c.ticket.run_id, c.status, c.device_start_ns, c.device_end_ns);
     }
   }
+  // Terminal states whose rings saw the flag set are seen by the clear's collect
+  // (MailboxParent::set_polled).
+  void mark_waiter_polling(bool polling) override { parent_.set_polled(polling); }
 
+ private:
   void collect_loop() {
     while (true) {
       const uint32_t seen = parent_.completions();
@@ -609,9 +609,6 @@ class MailboxEndpoint final : public EndpointBase {
   std::thread server_;
   std::thread collector_;
   std::thread reaper_;
-  // Held by whoever collects completions (the collector thread, or a waiter in poll()): one
-  // at a time, so the completions of one collection are delivered before the next one's.
-  base::Mutex collect_mu_;
   base::Mutex mu_;
   base::CondVar cv_;
   bool stopping_ SIMPLER_GUARDED_BY(mu_) = false;

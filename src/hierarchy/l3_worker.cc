@@ -135,7 +135,7 @@ class ChildPoller {
     if (t_orchestrating != nullptr) return;
     base::MutexLock lock(mu_);
     if (windows_ == 0) return;  // detached while the window was open
-    if (--windows_ == 0) stop_polling_locked();
+    if (--windows_ == 0) stop_polling(endpoints_);
   }
 
   void detach() {
@@ -147,7 +147,6 @@ class ChildPoller {
   }
 
  private:
-  void stop_polling_locked() SIMPLER_REQUIRES(mu_) { stop_polling(endpoints_); }
   // Clears every endpoint's flag even when a collection it runs throws (the first exception is
   // rethrown after): a flag left set would leave that endpoint's thread unwoken.
   static void stop_polling(const std::vector<Endpoint*>& endpoints) {

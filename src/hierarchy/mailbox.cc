@@ -29,13 +29,13 @@ absl::Status errno_status(const char* call) {
 // process is woken by a wake in another. The sleeper count and the word are
 // both seq_cst: either the waiter sees the new value or the ringer sees the
 // sleeper (no lost wake-up).
-void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns, base::AdaptivePoll& poll) {
+// `poll` null: sleep at once (another thread polls).
+void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns, base::AdaptivePoll* poll) {
   // Polls yielding the CPU, while polling pays off: on a machine with few CPUs the thread the
   // ring is waiting for may need this one (measured: a cpu_relax spin there costs the other
   // side's hop more than the wake-up it saves; docs/benchmarks.md, issue 14).
-  if (poll.poll([&] { return d.value.load(std::memory_order_acquire) != seen; }, timeout_ns)) {
-    return;
-  }
+  const auto moved = [&] { return d.value.load(std::memory_order_acquire) != seen; };
+  if (poll != nullptr ? poll->poll(moved, timeout_ns) : moved()) return;
   d.sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (d.value.load(std::memory_order_seq_cst) == seen) {
     timespec ts{};
@@ -46,11 +46,15 @@ void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns, base::Adaptiv
   d.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-void ring(Doorbell& d) {
-  d.value.fetch_add(1, std::memory_order_seq_cst);
+void wake_sleepers(Doorbell& d) {
   if (d.sleepers.load(std::memory_order_seq_cst) > 0) {
     (void)syscall(SYS_futex, &d.value, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
   }
+}
+
+void ring(Doorbell& d) {
+  d.value.fetch_add(1, std::memory_order_seq_cst);
+  wake_sleepers(d);
 }
 
 // A terminal state's ring: wakes nobody while a parent thread polls the entries itself.
@@ -62,10 +66,7 @@ void ring(Doorbell& d) {
 void ring_completion(MailboxHeader& h) {
   h.completion_doorbell.value.fetch_add(1, std::memory_order_seq_cst);
   if (h.parent_polling.load(std::memory_order_seq_cst) != 0) return;
-  if (h.completion_doorbell.sleepers.load(std::memory_order_seq_cst) > 0) {
-    (void)syscall(SYS_futex, &h.completion_doorbell.value, FUTEX_WAKE, INT_MAX, nullptr, nullptr,
-                  0);
-  }
+  wake_sleepers(h.completion_doorbell);
 }
 
 std::string read_text(const char* text, uint32_t bytes, uint32_t capacity) {
@@ -563,7 +564,7 @@ uint32_t MailboxParent::doorbell() const {
 }
 
 void MailboxParent::wait(uint32_t seen, int64_t timeout_ns) const {
-  wait_doorbell(region_->header().parent_doorbell, seen, timeout_ns, poll_);
+  wait_doorbell(region_->header().parent_doorbell, seen, timeout_ns, &poll_);
 }
 
 uint32_t MailboxParent::completions() const {
@@ -572,12 +573,8 @@ uint32_t MailboxParent::completions() const {
 
 void MailboxParent::wait_completions(uint32_t seen, int64_t timeout_ns) const {
   MailboxHeader& h = region_->header();
-  if (h.parent_polling.load(std::memory_order_relaxed) != 0) {
-    base::AdaptivePoll no_poll{0};  // another thread polls: sleep at once
-    wait_doorbell(h.completion_doorbell, seen, timeout_ns, no_poll);
-    return;
-  }
-  wait_doorbell(h.completion_doorbell, seen, timeout_ns, completion_poll_);
+  const bool polled = h.parent_polling.load(std::memory_order_relaxed) != 0;
+  wait_doorbell(h.completion_doorbell, seen, timeout_ns, polled ? nullptr : &completion_poll_);
 }
 
 void MailboxParent::set_polled(bool polled) {
@@ -712,7 +709,7 @@ uint32_t MailboxChild::doorbell() const {
 }
 
 void MailboxChild::wait(uint32_t seen, int64_t timeout_ns) const {
-  wait_doorbell(region_->header().child_doorbell, seen, timeout_ns, poll_);
+  wait_doorbell(region_->header().child_doorbell, seen, timeout_ns, &poll_);
 }
 
 }  // namespace simpler::hierarchy
