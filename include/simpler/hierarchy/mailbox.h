@@ -377,7 +377,7 @@ class MailboxChild {
   // Writes `reply` over the command and ACKs the control frame (the ACK its last store), then
   // rings the parent.
   void reply_control(const ControlReply& reply);
-  // Stops the endpoint with `reason` and rings the parent.
+  // Stops the endpoint with `reason` and rings every doorbell (publish_stop).
   void stop(const std::string& reason);
   bool stopped() const;
 
