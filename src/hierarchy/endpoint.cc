@@ -18,7 +18,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/clock.h"
 #include "simpler/base/log.h"
+#include "simpler/base/poll.h"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
@@ -712,17 +714,54 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
     }
     order->cv.notify_all();
   };
+  // While this thread polls the doorbell anyway, it also reaps its runs (Worker's polled
+  // completion): a short run then finishes without waking the worker's lane thread, which on a
+  // machine with few CPUs is one more runnable thread between the device and the terminal state
+  // (docs/benchmarks.md, issue 14). For one poll window from a request's arrival, while that
+  // pays off (base::AdaptivePoll: runs longer than the window are left to the lane thread).
+  base::AdaptivePoll completion_poll(kDoorbellSpinNs);
+  bool polling = false;
+  int64_t poll_until = 0;
+  const auto stop_polling = [&w, &polling] {
+    if (polling) w.set_completion_polling(false);
+    polling = false;
+  };
+  const auto pending = [&order] {
+    base::MutexLock lock(order->mu);
+    return !order->slots.empty();
+  };
   while (true) {
     const uint32_t seen = child.doorbell();
     if (std::optional<ControlCommand> c = child.take_control(); c.has_value()) {
+      stop_polling();  // a command may wait for the runs in flight: the lane thread reaps them
       child.reply_control(serve_control_command(*c, w, region, host_ranges));
       continue;
     }
     absl::StatusOr<std::optional<Request>> taken = child.take();
     if (!taken.ok()) break;  // stopped (by the parent, or a frame nobody can attribute)
     if (!taken->has_value()) {
+      if (polling) {
+        (void)w.poll_completions();
+        if (!pending()) {
+          completion_poll.polled(true);
+          stop_polling();
+        } else if (base::now_ns() >= poll_until) {
+          completion_poll.polled(false);
+          stop_polling();
+        } else {
+          std::this_thread::yield();
+          continue;
+        }
+      }
       child.wait(seen, kDoorbellSliceNs);
       continue;
+    }
+    if (!polling) {
+      if (const int64_t window = completion_poll.window_ns(); window > 0) {
+        w.set_completion_polling(true);
+        polling = true;
+        poll_until = base::now_ns() + window;
+      }
     }
     Request& req = **taken;
     auto slot = std::make_shared<Slot>();
@@ -757,7 +796,9 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
     }
     if (!refused.ok()) finish(slot, refused, 0, 0);
   }
-  // Stopped: the runs accepted still finish, and their terminal states are written, in order.
+  // Stopped: the runs accepted still finish (reaped by the lane thread), and their terminal
+  // states are written, in order.
+  stop_polling();
   base::MutexLock lock(order->mu);
   while (!order->slots.empty()) order->cv.wait(lock);
 }

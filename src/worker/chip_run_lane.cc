@@ -142,7 +142,21 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     if (closing_) return absl::FailedPreconditionError("submit after close(): the lane is closed");
     if (!poison_.ok()) return poison_;
   }
-  SIMPLER_ASSIGN_OR_RETURN(run->set, arena_->acquire(admission));
+  // A submit that must wait for a resource set has the lane thread reap even while completion
+  // pollers are on: the poller may be this very thread.
+  absl::StatusOr<base::SlotRef> set = arena_->acquire(base::Deadline::poll());
+  if (!set.ok() && admission.kind != base::Deadline::Kind::kPoll) {
+    {
+      base::MutexLock lock(mu_);
+      ++admission_waiters_;
+    }
+    lane_cv_.notify_all();
+    set = arena_->acquire(admission);
+    base::MutexLock lock(mu_);
+    --admission_waiters_;
+  }
+  if (!set.ok()) return set.status();
+  run->set = *set;
 
   // Admission: identity and FIFO position.
   run->shared = std::make_shared<RunShared>();
@@ -214,6 +228,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   span("prepare", r->timing.prepare_start_ns, r->timing.prepare_end_ns, r->id(), 0);
 
   RunHandle handle(r->shared);
+  bool wake_lane = true;
   {
     base::MutexLock lock(mu_);
     if (!prepared.ok() || !poison_.ok()) {
@@ -233,8 +248,12 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
       r->shared->delivered.store(true, std::memory_order_relaxed);
       prepared = r->status;
     }
+    // Completion pollers reap, launch and retire it (poll_completions): the lane thread is not
+    // woken for it (its wake-up would cost this thread a system call and put one more runnable
+    // thread on the CPUs).
+    wake_lane = completion_pollers_ == 0;
   }
-  cv_.notify_all();
+  if (wake_lane) lane_cv_.notify_all();
   span("submit", submit_ns, base::now_ns(), handle.id().value, 0);
   if (!prepared.ok()) return prepared;
   return handle;
@@ -396,33 +415,97 @@ void ChipRunLane::lane_loop() {
   while (true) {
     if (runs_.empty()) {
       if (closing_) return;
-      cv_.wait(lock);
+      lane_cv_.wait(lock);
       continue;
     }
     ChipRun& head = *runs_.front();
-    if (head.state == RunState::kLaunched) {
-      reap_locked(head);
-      launch_ready_locked();  // the successor goes onto the device before we finalize
-    } else if (!is_terminal(head.state)) {
-      cv_.wait(lock);  // still preparing, or waiting for launch capacity
+    if (head_claimed_) {
+      lane_cv_.wait(lock);  // a completion poller is retiring the head
       continue;
     }
-    // The head stays in runs_ (terminal, so nothing else acts on it) until retired.
-    lock.unlock();
-    finalize(head);
-    lock.lock();
-    std::function<void(const RunResult&)> notify = std::move(head.on_finalized);
-    std::shared_ptr<RunShared> shared = head.shared;
-    retire_head_locked();
-    if (notify) {
-      lock.unlock();
-      notify(shared->result);  // finalized: the result is immutable now
-      lock.lock();
+    if (head.state == RunState::kLaunched) {
+      if (left_to_pollers_locked()) {
+        lane_cv_.wait(lock);  // completion pollers reap it (woken when the last one stops)
+        continue;
+      }
+      head_claimed_ = true;
+      reap_locked(head, /*known_done=*/false);
+      launch_ready_locked();  // the successor goes onto the device before we finalize
+    } else if (!is_terminal(head.state)) {
+      lane_cv_.wait(lock);  // still preparing, or waiting for launch capacity
+      continue;
+    } else {
+      head_claimed_ = true;
     }
+    retire_claimed_head_locked();
   }
 }
 
-void ChipRunLane::reap_locked(ChipRun& run) {
+bool ChipRunLane::left_to_pollers_locked() const {
+  return completion_pollers_ > 0 && admission_waiters_ == 0 && !closing_;
+}
+
+void ChipRunLane::retire_claimed_head_locked() {
+  // The head stays in runs_ (terminal and claimed, so nothing else acts on it) until retired.
+  ChipRun& head = *runs_.front();
+  mu_.unlock();
+  finalize(head);
+  mu_.lock();
+  std::function<void(const RunResult&)> notify = std::move(head.on_finalized);
+  std::shared_ptr<RunShared> shared = head.shared;
+  retire_head_locked();
+  if (notify) {
+    mu_.unlock();
+    try {
+      notify(shared->result);  // finalized: the result is immutable now
+    } catch (...) {
+      mu_.lock();
+      head_claimed_ = false;
+      lane_cv_.notify_all();
+      throw;
+    }
+    mu_.lock();
+  }
+  // Released only now: the next run's on_finalized never starts before this one's returned.
+  head_claimed_ = false;
+  // The lane thread may be waiting for the claim (a poller retired the head).
+  if (closing_ || (!runs_.empty() && !left_to_pollers_locked())) lane_cv_.notify_all();
+}
+
+void ChipRunLane::set_completion_polling(bool on) {
+  base::MutexLock lock(mu_);
+  if (on) {
+    ++completion_pollers_;
+    return;
+  }
+  if (completion_pollers_ == 0) return;  // unmatched: nothing to undo
+  // The last poller stopped: the lane thread takes over what is left.
+  if (--completion_pollers_ == 0 && !runs_.empty()) lane_cv_.notify_all();
+}
+
+int32_t ChipRunLane::poll_completions() {
+  if (!mu_.try_lock()) return 0;
+  base::MutexLock lock(mu_, std::adopt_lock);
+  int32_t retired = 0;
+  while (!runs_.empty() && !head_claimed_) {
+    ChipRun& head = *runs_.front();
+    if (head.state == RunState::kLaunched) {
+      if (!head.record->done.is_signaled()) break;
+      head_claimed_ = true;
+      reap_locked(head, /*known_done=*/true);
+      launch_ready_locked();
+    } else if (is_terminal(head.state)) {
+      head_claimed_ = true;
+    } else {
+      break;  // still preparing, or waiting for launch capacity
+    }
+    retire_claimed_head_locked();
+    ++retired;
+  }
+  return retired;
+}
+
+void ChipRunLane::reap_locked(ChipRun& run, bool known_done) {
   // Wait for the device outside the lock, bounded by the operation timeout.
   std::shared_ptr<device::LaunchRecord> rec = run.record;
   const int64_t reap_start = base::now_ns();
@@ -446,9 +529,14 @@ void ChipRunLane::reap_locked(ChipRun& run) {
       poisoned_before ? behind_poison_deadline_ : env_.deadline_after(timeout_s).value();
   // The caller's lock scope still owns mu_: released here and retaken
   // before returning.
-  mu_.unlock();
-  const bool done = await_record(*rec, expected_end, deadline);
-  mu_.lock();
+  bool done = true;
+  if (known_done) {
+    device_polls_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    mu_.unlock();
+    done = await_record(*rec, expected_end, deadline);
+    mu_.lock();
+  }
   run.timing.complete_ns = base::now_ns();
   span("reap", reap_start, run.timing.complete_ns, run.id(), 1);
   --launched_;
@@ -649,7 +737,7 @@ void ChipRunLane::expire_close_locked() {
   interrupt_.store(true, std::memory_order_release);
   launch_ready_locked();
   device_->abort(cause);
-  cv_.notify_all();
+  lane_cv_.notify_all();
 }
 
 absl::Status ChipRunLane::cancel_status_locked(uint64_t run) const {
@@ -801,7 +889,7 @@ absl::Status ChipRunLane::close(const base::Deadline& deadline) {
       return absl::OkStatus();
     }
     closing_ = true;
-    cv_.notify_all();
+    lane_cv_.notify_all();  // it reaps from now on even while completion pollers are on
     while (!runs_.empty()) {
       if (close_expired_ || deadline.is_forever()) {
         cv_.wait(lock);
@@ -812,7 +900,7 @@ absl::Status ChipRunLane::close(const base::Deadline& deadline) {
       }
     }
   }
-  cv_.notify_all();
+  lane_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   arena_->shutdown();
   base::MutexLock lock(mu_);

@@ -233,6 +233,16 @@ absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::Ta
                               std::move(on_finalized));
 }
 
+void Worker::set_completion_polling(bool on) {
+  if (!check_ready().ok()) return;
+  chip_->lane().set_completion_polling(on);
+}
+
+int32_t Worker::poll_completions() {
+  if (!check_ready().ok()) return 0;
+  return chip_->lane().poll_completions();
+}
+
 absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,
                          const task::CallConfig& config) {
   SIMPLER_ASSIGN_OR_RETURN(RunHandle h, submit(callable, args, config));

@@ -124,6 +124,24 @@ class ChipRunLane {
   // retired (it may still use the buffer).
   absl::Status unbind(const task::ChipCallable* callable, uint64_t address);
 
+  // Polled completion (as io_uring's IOPOLL, where the submitter reaps by polling): while at least
+  // one caller has it on, submit() does not wake the lane thread and the lane thread leaves
+  // launched runs alone; the callers reap them with poll_completions(). This takes a thread
+  // hand-off (and on a machine with few CPUs a polling lane thread competing for the CPU) out of
+  // a short run's path when a thread polls anyway (an L3 child's mailbox server;
+  // docs/benchmarks.md, issue 14). Calls nest (counted); every set_completion_polling(true) must
+  // be matched by a false, which wakes the lane thread when runs are left. The lane thread still
+  // reaps while the lane closes and while a submit waits for a resource set, so a poller that
+  // blocks in submit or stops polling cannot stall the lane; a run that never finishes is
+  // noticed only once polling is off (its operation timeout is the lane thread's).
+  void set_completion_polling(bool on);
+  // Reaps, finalizes and retires, on the calling thread and in run order, the head runs whose
+  // device work is done (and runs already terminal at the head), launching successors as the
+  // depth allows; returns how many retired. Never blocks: returns 0 when another thread holds
+  // the lane's lock or is retiring the head. `on_finalized` of those runs is called here (no lock
+  // held), so the caller must not hold anything that callback takes. Thread-safe.
+  int32_t poll_completions();
+
   // Waits until every run admitted so far has finished on the device.
   void wait_idle();
 
@@ -154,7 +172,14 @@ class ChipRunLane {
   void lane_loop();
   // Waits (outside mu_) for the launched head run to end on the device,
   // bounded by its operation timeout, and gives it its terminal state.
-  void reap_locked(ChipRun& run) SIMPLER_REQUIRES(mu_);
+  // `known_done`: the run's record is signalled, so nothing is awaited (mu_ stays held).
+  void reap_locked(ChipRun& run, bool known_done) SIMPLER_REQUIRES(mu_);
+  // Finalizes the terminal head run (mu_ released meanwhile and retaken, as in reap_locked),
+  // retires it and calls its on_finalized with no lock held; the caller set head_claimed_,
+  // cleared here once all of that is done (also when on_finalized throws, which is rethrown).
+  void retire_claimed_head_locked() SIMPLER_REQUIRES(mu_);
+  // Whether the lane thread leaves a launched head to completion pollers.
+  bool left_to_pollers_locked() const SIMPLER_REQUIRES(mu_);
   absl::Status reaped_status_locked(ChipRun& run, bool done, const device::LaunchRecord& rec,
                                     double timeout_s) SIMPLER_REQUIRES(mu_);
   // Copies a terminal run's results into its handle's result (outside mu_:
@@ -196,7 +221,14 @@ class ChipRunLane {
   base::Env& env_;
 
   mutable base::Mutex mu_;
-  base::CondVar cv_;  // lane thread: a run launched / closing; waiters: a run retired
+  base::CondVar cv_;       // close() waiters: a run retired / the lane closed
+  base::CondVar lane_cv_;  // the lane thread: a run to reap, launch or retire; closing
+  // Completion pollers (set_completion_polling) and submits waiting for a resource set.
+  int32_t completion_pollers_ SIMPLER_GUARDED_BY(mu_) = 0;
+  int32_t admission_waiters_ SIMPLER_GUARDED_BY(mu_) = 0;
+  // A thread (the lane thread or a poller) is reaping / finalizing / retiring the head run:
+  // the head's only owner until it is retired and its on_finalized returned.
+  bool head_claimed_ SIMPLER_GUARDED_BY(mu_) = false;
   std::deque<std::unique_ptr<ChipRun>> runs_ SIMPLER_GUARDED_BY(mu_);  // admitted, not retired
   uint64_t next_id_ SIMPLER_GUARDED_BY(mu_) = 0;
   int32_t launched_ SIMPLER_GUARDED_BY(mu_) = 0;

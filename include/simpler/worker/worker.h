@@ -170,6 +170,16 @@ class Worker {
       CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
       double admission_timeout_s = std::numeric_limits<double>::infinity(),
       std::function<void(const RunResult&)> on_finalized = {});
+  // Polled completion (ChipRunLane::set_completion_polling / poll_completions): while a caller
+  // has it on, the worker's lane thread is not woken for runs and does not reap them; the caller
+  // reaps finished runs (in run order, their on_finalized called on its thread) with
+  // poll_completions(), which never blocks and returns how many runs retired. Each `true` must be
+  // matched by a `false`. For a thread that polls anyway and submits short runs (an L3 child's
+  // mailbox server). After init(), before close(); thread-safe; before init() or after close()
+  // set_completion_polling does nothing and poll_completions returns 0.
+  void set_completion_polling(bool on);
+  int32_t poll_completions();
+
   // Exactly submit(...) then wait().
   absl::Status run(CallableHandle callable, const task::TaskArgs& args,
                    const task::CallConfig& config = {});
