@@ -1,0 +1,270 @@
+// Polled completion (Worker::set_completion_polling / poll_completions; ChipRunLane): while a
+// caller has it on, the lane thread leaves launched runs to that caller, which reaps them on its
+// own thread; the lane thread takes over when polling stops, while a submit waits for a resource
+// set, and while the lane closes. Runs retire once each, in run order, whoever reaps them.
+#include <atomic>
+#include <chrono>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "simpler/base/status.h"
+#include "simpler/worker/worker.h"
+#include "worker/worker_test_util.h"
+
+namespace simpler::worker {
+namespace {
+
+using testing::affine_args;
+using testing::affine_program;
+using testing::contains;
+
+constexpr double kForever = std::numeric_limits<double>::infinity();
+
+// Calls poll_completions() until `h` is done or 10 s passed; returns how many runs it retired.
+int32_t poll_until_done(Worker& w, const RunHandle& h) {
+  int32_t retired = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!h.done() && std::chrono::steady_clock::now() < until) {
+    retired += w.poll_completions();
+    std::this_thread::yield();
+  }
+  return retired;
+}
+
+TEST(PolledCompletion, ThePollerReapsOnItsOwnThreadAndTheLaneThreadLeavesTheRunAlone) {
+  Worker w(testing::test_options(1));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
+  int64_t in = 4, out = 0;
+  std::thread::id notified_on;
+  auto h = w.submit(*prog, affine_args(&in, &out, 1), {}, kForever,
+                    [&notified_on](const RunResult&) { notified_on = std::this_thread::get_id(); });
+  ASSERT_TRUE(h.ok()) << h.status();
+  // The device finishes a one-task run in microseconds; nobody but this thread reaps it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(h->done()) << "the lane thread reaped a run left to the completion poller";
+  EXPECT_EQ(h->state(), RunState::kLaunched);
+  EXPECT_EQ(poll_until_done(w, *h), 1);
+  ASSERT_TRUE(h->done());
+  EXPECT_EQ(notified_on, std::this_thread::get_id());
+  EXPECT_TRUE(h->wait().ok());
+  EXPECT_EQ(out, 13);
+  EXPECT_EQ(w.poll_completions(), 0);  // nothing left
+  w.set_completion_polling(false);
+  EXPECT_EQ(w.lane_stats().in_flight, 0);
+  EXPECT_EQ(w.resources().free, w.resources().grant);
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
+  Worker w(testing::test_options(2, 3));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
+  w.set_completion_polling(true);  // nested: counted
+  std::mutex mu;
+  std::vector<uint64_t> order;
+  std::vector<std::thread::id> threads;
+  int64_t in[3] = {1, 2, 3}, out[3] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 3; ++i) {
+    auto h =
+        w.submit(*prog, affine_args(&in[i], &out[i], 0), {}, kForever, [&](const RunResult& r) {
+          std::lock_guard<std::mutex> l(mu);
+          order.push_back(r.id.value);
+          threads.push_back(std::this_thread::get_id());
+        });
+    ASSERT_TRUE(h.ok()) << h.status();
+    hs.push_back(*h);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  w.set_completion_polling(false);  // one poller still on
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (const RunHandle& h : hs) EXPECT_FALSE(h.done());
+  w.set_completion_polling(false);  // the last one: the lane thread takes over
+  for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(10.0).ok());
+  EXPECT_EQ(out[0], 3);
+  EXPECT_EQ(out[2], 9);
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(order, (std::vector<uint64_t>{0, 1, 2}));
+  for (const std::thread::id& t : threads) EXPECT_NE(t, std::this_thread::get_id());
+  w.set_completion_polling(false);  // unmatched: ignored
+  EXPECT_TRUE(w.close().ok());
+}
+
+// The poller itself blocks in submit waiting for the resource set its own earlier run holds:
+// the lane thread reaps that run meanwhile, so the submit goes through.
+TEST(PolledCompletion, ASubmitWaitingForAResourceSetIsNotStalledByThePoller) {
+  Worker w(testing::test_options(1, 1));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
+  int64_t in[2] = {1, 2}, out[2] = {};
+  auto first = w.submit(*prog, affine_args(&in[0], &out[0], 0));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = w.submit(*prog, affine_args(&in[1], &out[1], 0), {}, /*admission_timeout_s=*/10);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(first->done());
+  poll_until_done(w, *second);
+  EXPECT_TRUE(second->wait(0.0).ok());
+  EXPECT_EQ(out[1], 6);
+  // A poll-only admission still fails at once when no set is free.
+  auto held = w.submit(*prog, affine_args(&in[0], &out[0], 0));
+  ASSERT_TRUE(held.ok());
+  auto refused = w.submit(*prog, affine_args(&in[1], &out[1], 0), {}, /*admission_timeout_s=*/-1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDeadlineExceeded) << refused.status();
+  poll_until_done(w, *held);
+  EXPECT_TRUE(held->wait(0.0).ok());
+  w.set_completion_polling(false);
+  EXPECT_TRUE(w.close().ok());
+}
+
+TEST(PolledCompletion, CloseDrainsRunsLeftToAPollerThatStoppedPolling) {
+  Worker w(testing::test_options(2, 3));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);  // and never turned off, never polled
+  int64_t in[3] = {1, 2, 3}, out[3] = {};
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < 3; ++i) hs.push_back(*w.submit(*prog, affine_args(&in[i], &out[i], 1)));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(w.close().ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(0.0).ok());
+  EXPECT_EQ(out[2], 10);
+  w.set_completion_polling(false);  // after close: nothing
+  EXPECT_EQ(w.poll_completions(), 0);
+}
+
+// Errors reaped on the poller's thread: a kernel error fails its run only; a device fault
+// poisons the lane, fails the runs behind it with the poison and aborts the device.
+TEST(PolledCompletion, RunErrorsAndPoisonAreTheSameWhenThePollerReaps) {
+  {
+    WorkerOptions o = testing::test_options(2);
+    o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error:code=7");
+    Worker w(o);
+    auto prog = w.register_callable(affine_program());
+    ASSERT_TRUE(w.init().ok());
+    w.set_completion_polling(true);
+    int64_t in[2] = {1, 2}, out[2] = {};
+    RunHandle bad = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    RunHandle good = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
+    poll_until_done(w, good);
+    absl::Status s = bad.wait(0.0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_TRUE(contains(s, "code 7")) << s;
+    EXPECT_TRUE(good.wait(0.0).ok());
+    EXPECT_EQ(out[1], 6);
+    EXPECT_TRUE(w.lane_stats().in_flight == 0);
+    w.set_completion_polling(false);
+    EXPECT_TRUE(w.close().ok());  // delivered
+  }
+  {
+    WorkerOptions o = testing::test_options(1, 2);
+    o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault:code=507018");
+    Worker w(o);
+    auto prog = w.register_callable(affine_program());
+    ASSERT_TRUE(w.init().ok());
+    w.set_completion_polling(true);
+    int64_t in[2] = {1, 2}, out[2] = {};
+    RunHandle faulted = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    RunHandle behind = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
+    poll_until_done(w, behind);
+    absl::Status s = faulted.wait(0.0);
+    EXPECT_TRUE(base::is_unrecoverable(s)) << s;
+    EXPECT_TRUE(contains(s, "507018")) << s;
+    absl::Status later = behind.wait(0.0);
+    EXPECT_TRUE(contains(later, "lane poisoned by run 0: ")) << later;
+    auto refused = w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    EXPECT_TRUE(contains(refused.status(), "lane poisoned by run 0: ")) << refused.status();
+    EXPECT_EQ(w.resources().quarantined, 1);
+    w.set_completion_polling(false);
+    EXPECT_TRUE(w.close().ok());
+  }
+}
+
+// A notification that throws on the poller's thread reaches the poller; the run is retired and
+// the head released, so later runs still finish (here by the lane thread).
+TEST(PolledCompletion, ANotificationThatThrowsOnThePollerReleasesTheHead) {
+  Worker w(testing::test_options(1, 2));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
+  int64_t in[2] = {1, 2}, out[2] = {};
+  RunHandle first = *w.submit(*prog, affine_args(&in[0], &out[0], 0), {}, kForever,
+                              [](const RunResult&) { throw std::runtime_error("notify failed"); });
+  RunHandle second = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
+  bool thrown = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!thrown && std::chrono::steady_clock::now() < until) {
+    try {
+      (void)w.poll_completions();
+    } catch (const std::runtime_error& e) {
+      thrown = true;
+      EXPECT_STREQ(e.what(), "notify failed");
+    }
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(thrown);
+  EXPECT_TRUE(first.wait(0.0).ok());
+  w.set_completion_polling(false);
+  EXPECT_TRUE(second.wait(10.0).ok());
+  EXPECT_EQ(out[1], 6);
+  EXPECT_TRUE(w.close().ok());
+}
+
+// Concurrency: two pollers toggling polling and polling, against the lane thread and a
+// submitter; every run retires once, in run order, with its own result.
+TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOrder) {
+  Worker w(testing::test_options(2, 4));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  constexpr int kRuns = 300;
+  std::vector<int64_t> in(kRuns), out(kRuns, -1);
+  std::mutex mu;
+  std::vector<uint64_t> order;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> pollers;
+  for (int p = 0; p < 2; ++p) {
+    pollers.emplace_back([&w, &stop, p] {
+      while (!stop.load(std::memory_order_acquire)) {
+        w.set_completion_polling(true);
+        const auto until =
+            std::chrono::steady_clock::now() + std::chrono::microseconds(200 + 150 * p);
+        while (std::chrono::steady_clock::now() < until) {
+          (void)w.poll_completions();
+          std::this_thread::yield();
+        }
+        w.set_completion_polling(false);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    });
+  }
+  std::vector<RunHandle> hs;
+  for (int i = 0; i < kRuns; ++i) {
+    in[i] = i;
+    auto h = w.submit(*prog, affine_args(&in[i], &out[i], 1), {}, kForever,
+                      [&mu, &order](const RunResult& r) {
+                        std::lock_guard<std::mutex> l(mu);
+                        order.push_back(r.id.value);
+                      });
+    ASSERT_TRUE(h.ok()) << h.status();
+    hs.push_back(*h);
+  }
+  for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(30.0).ok());
+  stop.store(true, std::memory_order_release);
+  for (std::thread& t : pollers) t.join();
+  for (int i = 0; i < kRuns; ++i) EXPECT_EQ(out[i], 3 * i + 1) << i;
+  EXPECT_TRUE(w.close().ok());
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(order.size(), static_cast<size_t>(kRuns));
+  for (int i = 0; i < kRuns; ++i) EXPECT_EQ(order[i], static_cast<uint64_t>(i));
+}
+
+}  // namespace
+}  // namespace simpler::worker
