@@ -63,7 +63,9 @@ struct ChipRun;
 // prepare -> launch -> reap -> finalize -> retire, terminal states, poison,
 // drain and close — all under one mutex (`mu_`). A lane thread reaps launched
 // runs in order, launches successors as the depth allows and finalizes, so
-// runs progress and retire whether or not anyone waits.
+// runs progress and retire whether or not anyone waits — or, while a caller
+// has completion polling on (set_completion_polling), that caller does, on its
+// own thread (poll_completions).
 //
 // Lock order: mu_ before the arena's and the stream's locks; the lane thread
 // never holds mu_ while waiting on the device.
@@ -91,9 +93,10 @@ class ChipRunLane {
   // later (by the lane thread) is the run's error, delivered by its handle.
   // Runs launched before a refused launch finish with their own results.
   // `on_finalized`, when set, is called once the run is finalized and retired (its handle is
-  // done), on the lane thread with no lock held, before the next run is finalized. It must be
-  // brief and must not submit to this lane or wait for its runs (the lane thread that retires
-  // them is the one running it). Runs are retired in order, so notifications come in run order.
+  // done), on the lane thread — or on the completion poller's thread that reaped it
+  // (poll_completions) — with no lock held, before the next run is finalized. It must be brief
+  // and must not submit to this lane or wait for its runs (the thread that retires them is the
+  // one running it). Runs are retired in order, so notifications come in run order.
   absl::StatusOr<RunHandle> submit(const task::ChipCallable* callable, const task::TaskArgs& args,
                                    const task::CallConfig& config,
                                    const base::Deadline& admission = base::Deadline::forever(),

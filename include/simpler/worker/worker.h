@@ -161,7 +161,8 @@ class Worker {
   // must stay valid until the run finalizes. `admission_timeout_s` bounds the
   // wait for a free resource set (same timeout rules as RunHandle::wait).
   // `on_finalized`, when set, is called with the run's result once its handle is done, on the
-  // worker's lane thread, in run order (ChipRunLane::submit: brief, and never a submit to this
+  // worker's lane thread (or the completion poller's that reaped it: set_completion_polling),
+  // in run order (ChipRunLane::submit: brief, and never a submit to this
   // worker or a wait for its runs). A waiter may see the handle done before the call ran; close()
   // returns only after every call finished (it joins the lane thread). It is called for every
   // run this returns a handle for; for a run refused here it may or may not be. Being called
