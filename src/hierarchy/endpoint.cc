@@ -676,8 +676,9 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
                    const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   MailboxChild child(&region);
   // Terminal states go out in acceptance order, each as soon as its run finished: written by the
-  // worker's lane thread as it retires the run (Worker::submit's on_finalized; no thread of our
-  // own in between), or here for a request refused before it ran. Shared with the
+  // thread that retires the run — the worker's lane thread, or this one while it polls
+  // completions (below) — in Worker::submit's on_finalized (no thread of our own in between), or
+  // here for a request refused before it ran. Shared with the
   // notifications, which may come after a refusal already ended a slot.
   struct Slot {
     Ticket ticket;
@@ -732,6 +733,18 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
   };
   while (true) {
     const uint32_t seen = child.doorbell();
+    if (polling) {
+      // Each turn of the loop, requests arriving or not: a stream of requests does not hold
+      // back the terminal states of the runs before them.
+      (void)w.poll_completions();
+      if (!pending()) {
+        completion_poll.polled(true);
+        stop_polling();
+      } else if (base::now_ns() >= poll_until) {
+        completion_poll.polled(false);  // left to the lane thread from here on
+        stop_polling();
+      }
+    }
     if (std::optional<ControlCommand> c = child.take_control(); c.has_value()) {
       stop_polling();  // a command may wait for the runs in flight: the lane thread reaps them
       child.reply_control(serve_control_command(*c, w, region, host_ranges));
@@ -741,17 +754,8 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
     if (!taken.ok()) break;  // stopped (by the parent, or a frame nobody can attribute)
     if (!taken->has_value()) {
       if (polling) {
-        (void)w.poll_completions();
-        if (!pending()) {
-          completion_poll.polled(true);
-          stop_polling();
-        } else if (base::now_ns() >= poll_until) {
-          completion_poll.polled(false);
-          stop_polling();
-        } else {
-          std::this_thread::yield();
-          continue;
-        }
+        std::this_thread::yield();
+        continue;
       }
       child.wait(seen, kDoorbellSliceNs);
       continue;

@@ -251,7 +251,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     // Completion pollers reap, launch and retire it (poll_completions): the lane thread is not
     // woken for it (its wake-up would cost this thread a system call and put one more runnable
     // thread on the CPUs).
-    wake_lane = completion_pollers_ == 0;
+    wake_lane = !left_to_pollers_locked();
   }
   if (wake_lane) lane_cv_.notify_all();
   span("submit", submit_ns, base::now_ns(), handle.id().value, 0);
@@ -413,16 +413,16 @@ int32_t ChipRunLane::launched_on_device_locked() const {
 void ChipRunLane::lane_loop() {
   base::MutexLock lock(mu_);
   while (true) {
-    if (runs_.empty()) {
+    if (runs_.empty() && !head_claimed_) {
       if (closing_) return;
       lane_cv_.wait(lock);
       continue;
     }
-    ChipRun& head = *runs_.front();
     if (head_claimed_) {
       lane_cv_.wait(lock);  // a completion poller is retiring the head
       continue;
     }
+    ChipRun& head = *runs_.front();
     if (head.state == RunState::kLaunched) {
       if (left_to_pollers_locked()) {
         lane_cv_.wait(lock);  // completion pollers reap it (woken when the last one stops)
@@ -460,16 +460,21 @@ void ChipRunLane::retire_claimed_head_locked() {
       notify(shared->result);  // finalized: the result is immutable now
     } catch (...) {
       mu_.lock();
-      head_claimed_ = false;
-      lane_cv_.notify_all();
+      release_head_claim_locked();
       throw;
     }
     mu_.lock();
   }
   // Released only now: the next run's on_finalized never starts before this one's returned.
+  release_head_claim_locked();
+}
+
+void ChipRunLane::release_head_claim_locked() {
   head_claimed_ = false;
-  // The lane thread may be waiting for the claim (a poller retired the head).
+  // The lane thread may be waiting for the claim (a poller retired the head), and close() waits
+  // until no run is left and no notification is running.
   if (closing_ || (!runs_.empty() && !left_to_pollers_locked())) lane_cv_.notify_all();
+  if (closing_) cv_.notify_all();
 }
 
 void ChipRunLane::set_completion_polling(bool on) {
@@ -890,7 +895,9 @@ absl::Status ChipRunLane::close(const base::Deadline& deadline) {
     }
     closing_ = true;
     lane_cv_.notify_all();  // it reaps from now on even while completion pollers are on
-    while (!runs_.empty()) {
+    // Until every run retired and the last one's on_finalized returned (on a completion poller's
+    // thread it may still run after the run left runs_).
+    while (!runs_.empty() || head_claimed_) {
       if (close_expired_ || deadline.is_forever()) {
         cv_.wait(lock);
       } else if (!env_.expired(deadline)) {

@@ -90,11 +90,12 @@ TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
   for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(10.0).ok());
   EXPECT_EQ(out[0], 3);
   EXPECT_EQ(out[2], 9);
+  w.set_completion_polling(false);  // unmatched: ignored
+  // A handle is done before its notification ran; close() returns after the last one.
+  EXPECT_TRUE(w.close().ok());
   std::lock_guard<std::mutex> l(mu);
   ASSERT_EQ(order, (std::vector<uint64_t>{0, 1, 2}));
   for (const std::thread::id& t : threads) EXPECT_NE(t, std::this_thread::get_id());
-  w.set_completion_polling(false);  // unmatched: ignored
-  EXPECT_TRUE(w.close().ok());
 }
 
 // The poller itself blocks in submit waiting for the resource set its own earlier run holds:
@@ -154,7 +155,7 @@ TEST(PolledCompletion, RunErrorsAndPoisonAreTheSameWhenThePollerReaps) {
     int64_t in[2] = {1, 2}, out[2] = {};
     RunHandle bad = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
     RunHandle good = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
-    poll_until_done(w, good);
+    EXPECT_EQ(poll_until_done(w, good), 2);  // both reaped here
     absl::Status s = bad.wait(0.0);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
     EXPECT_TRUE(contains(s, "code 7")) << s;
@@ -174,7 +175,7 @@ TEST(PolledCompletion, RunErrorsAndPoisonAreTheSameWhenThePollerReaps) {
     int64_t in[2] = {1, 2}, out[2] = {};
     RunHandle faulted = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
     RunHandle behind = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
-    poll_until_done(w, behind);
+    EXPECT_EQ(poll_until_done(w, behind), 2);  // both reaped here
     absl::Status s = faulted.wait(0.0);
     EXPECT_TRUE(base::is_unrecoverable(s)) << s;
     EXPECT_TRUE(contains(s, "507018")) << s;
@@ -229,15 +230,16 @@ TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOr
   std::mutex mu;
   std::vector<uint64_t> order;
   std::atomic<bool> stop{false};
+  std::atomic<int> by_pollers{0};
   std::vector<std::thread> pollers;
   for (int p = 0; p < 2; ++p) {
-    pollers.emplace_back([&w, &stop, p] {
+    pollers.emplace_back([&w, &stop, &by_pollers, p] {
       while (!stop.load(std::memory_order_acquire)) {
         w.set_completion_polling(true);
         const auto until =
             std::chrono::steady_clock::now() + std::chrono::microseconds(200 + 150 * p);
         while (std::chrono::steady_clock::now() < until) {
-          (void)w.poll_completions();
+          by_pollers.fetch_add(w.poll_completions(), std::memory_order_relaxed);
           std::this_thread::yield();
         }
         w.set_completion_polling(false);
@@ -264,6 +266,110 @@ TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOr
   std::lock_guard<std::mutex> l(mu);
   ASSERT_EQ(order.size(), static_cast<size_t>(kRuns));
   for (int i = 0; i < kRuns; ++i) EXPECT_EQ(order[i], static_cast<uint64_t>(i));
+  // Both reaped some: pollers were on about two thirds of the time.
+  EXPECT_GT(by_pollers.load(), 0);
+  EXPECT_LT(by_pollers.load(), kRuns) << "the lane thread never reaped while polling was off";
+}
+
+// A submit that waits for a resource set has the lane thread reap — also a run that another
+// submitter's prepare launched while polling was on (the lane thread was asleep on the preparing
+// head then).
+TEST(PolledCompletion, ASubmitWaitingForASetIsNotStrandedByAnotherSubmittersLaunch) {
+  WorkerOptions o = testing::test_options(1, 2);
+  o.placement = task::GraphPlacement::kHost;  // orchestration runs in prepare, on the submitter
+  Worker w(o);
+  // Its orchestration waits for the gate whose address is scalar(0), then submits one task.
+  auto slow = w.register_callable(task::ChipCallable{
+      "slow_prepare",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+        const auto* open =
+            reinterpret_cast<const std::atomic<bool>*>(static_cast<uintptr_t>(args.scalar_i64(0)));
+        while (!open->load(std::memory_order_acquire)) {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        return ctx.submit(0, task::TaskArgs{});
+      },
+      {{"noop", [](const task::KernelContext&) { return absl::OkStatus(); }}}});
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
+  std::atomic<bool> open{false};
+  absl::StatusOr<RunHandle> first;
+  std::thread other([&] { first = w.submit(*slow, testing::address_args(&open)); });
+  while (w.lane_stats().in_flight < 1) std::this_thread::yield();  // its run is the head
+  int64_t in[2] = {1, 2}, out[2] = {};
+  RunHandle second = *w.submit(*prog, affine_args(&in[0], &out[0], 0));  // the second set
+  std::thread opener([&open] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // while the submit below waits
+    open.store(true, std::memory_order_release);
+  });
+  // No set is free until the head run retires; this thread polls nothing while it waits.
+  auto third = w.submit(*prog, affine_args(&in[1], &out[1], 0), {}, /*admission_timeout_s=*/10);
+  opener.join();
+  other.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_TRUE(first->wait(0.0).ok());
+  poll_until_done(w, *third);
+  EXPECT_TRUE(second.wait(0.0).ok());
+  EXPECT_TRUE(third->wait(0.0).ok());
+  EXPECT_EQ(out[1], 6);
+  w.set_completion_polling(false);
+  EXPECT_TRUE(w.close().ok());
+}
+
+// close() returns only after a notification running on a poller's thread returned (its run had
+// already left the lane's queue).
+TEST(PolledCompletion, CloseWaitsForANotificationRunningOnAPoller) {
+  Worker w(testing::test_options(1));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  std::atomic<bool> entered{false}, release{false}, returned{false};
+  int64_t in = 1, out = 0;
+  w.set_completion_polling(true);
+  RunHandle h = *w.submit(*prog, affine_args(&in, &out, 0), {}, kForever, [&](const RunResult&) {
+    entered.store(true);
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    returned.store(true);
+  });
+  std::thread poller([&] { poll_until_done(w, h); });
+  while (!entered.load()) std::this_thread::yield();
+  std::atomic<bool> closed{false};
+  std::thread closer([&] {
+    EXPECT_TRUE(w.close().ok());
+    EXPECT_TRUE(returned.load()) << "close() returned while a notification was running";
+    closed.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(closed.load());
+  release.store(true);
+  poller.join();
+  closer.join();
+  EXPECT_TRUE(closed.load());
+  w.set_completion_polling(false);  // after close: nothing
+}
+
+// A run that never finishes while polling is on meets its operation timeout once polling stops
+// (the lane thread applies it).
+TEST(PolledCompletion, AHungRunTimesOutOncePollingStops) {
+  Worker w(testing::test_options(1, 0, /*timeout_s=*/0.2));
+  auto gate = w.register_callable(testing::gate_program());
+  ASSERT_TRUE(w.init().ok());
+  std::atomic<bool> open{false};
+  w.set_completion_polling(true);
+  RunHandle h = *w.submit(*gate, testing::gate_args(open));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+  while (std::chrono::steady_clock::now() < until) {
+    EXPECT_EQ(w.poll_completions(), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_FALSE(h.done());  // past its 0.2 s: nobody applies the timeout while polling is on
+  w.set_completion_polling(false);
+  absl::Status s = h.wait(10.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(contains(s, "did not finish within the operation timeout")) << s;
+  open.store(true);  // the abort releases the kernel anyway; the gate lets it return for sure
+  (void)w.close();
 }
 
 }  // namespace

@@ -136,13 +136,19 @@ class ChipRunLane {
   // be matched by a false, which wakes the lane thread when runs are left. The lane thread still
   // reaps while the lane closes and while a submit waits for a resource set, so a poller that
   // blocks in submit or stops polling cannot stall the lane; a run that never finishes is
-  // noticed only once polling is off (its operation timeout is the lane thread's).
+  // noticed only once polling is off (its operation timeout is the lane thread's). While its
+  // polling is on, a thread must not wait for this lane's runs (RunHandle::wait, wait_idle, and
+  // the Worker calls built on them): nobody else reaps them. Thread-safe.
   void set_completion_polling(bool on);
   // Reaps, finalizes and retires, on the calling thread and in run order, the head runs whose
   // device work is done (and runs already terminal at the head), launching successors as the
-  // depth allows; returns how many retired. Never blocks: returns 0 when another thread holds
-  // the lane's lock or is retiring the head. `on_finalized` of those runs is called here (no lock
-  // held), so the caller must not hold anything that callback takes. Thread-safe.
+  // depth allows; returns how many retired. Never waits for the device: returns 0 when another
+  // thread holds the lane's lock or is retiring the head; what it does per run is the lane
+  // thread's (HOST copy-back, the resource set's release, a successor's launch, an abort on a
+  // device fault) plus that run's `on_finalized`, called here with no lock held — so the caller
+  // must not hold anything that callback takes. An exception thrown by `on_finalized`
+  // propagates out of this call (its run is retired; the count of this call is lost).
+  // Thread-safe.
   int32_t poll_completions();
 
   // Waits until every run admitted so far has finished on the device.
@@ -181,6 +187,8 @@ class ChipRunLane {
   // retires it and calls its on_finalized with no lock held; the caller set head_claimed_,
   // cleared here once all of that is done (also when on_finalized throws, which is rethrown).
   void retire_claimed_head_locked() SIMPLER_REQUIRES(mu_);
+  // Clears head_claimed_ and wakes whoever waits for it (the lane thread, close()).
+  void release_head_claim_locked() SIMPLER_REQUIRES(mu_);
   // Whether the lane thread leaves a launched head to completion pollers.
   bool left_to_pollers_locked() const SIMPLER_REQUIRES(mu_);
   absl::Status reaped_status_locked(ChipRun& run, bool done, const device::LaunchRecord& rec,

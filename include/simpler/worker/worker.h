@@ -175,9 +175,12 @@ class Worker {
   // has it on, the worker's lane thread is not woken for runs and does not reap them; the caller
   // reaps finished runs (in run order, their on_finalized called on its thread) with
   // poll_completions(), which never blocks and returns how many runs retired. Each `true` must be
-  // matched by a `false`. For a thread that polls anyway and submits short runs (an L3 child's
-  // mailbox server). After init(), before close(); thread-safe; before init() or after close()
-  // set_completion_polling does nothing and poll_completions returns 0.
+  // matched by a `false`; while its polling is on, a thread must not wait for this worker's runs
+  // (RunHandle::wait, run(), copy_to/copy_from, which wait for the lane to go idle): nobody else
+  // reaps them. poll_completions never waits for the device; an exception thrown by an
+  // on_finalized it calls propagates out of it. For a thread that polls anyway and submits short
+  // runs (an L3 child's mailbox server). After init(), before close(); thread-safe; before init()
+  // or after close() set_completion_polling does nothing and poll_completions returns 0.
   void set_completion_polling(bool on);
   int32_t poll_completions();
 
