@@ -407,6 +407,9 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
     for (int t = 0; t < 3; ++t) {
       aborters.emplace_back([&, t] {
         std::mt19937 rng(100 * depth + t);
+        // From the first request on (thread start-up under a sanitizer on a loaded machine can
+        // outlast every attempt otherwise).
+        while (added.load(std::memory_order_acquire) == 0) std::this_thread::sleep_for(100us);
         for (int k = 0; k < kRequests / 2; ++k) {
           std::this_thread::sleep_for(
               std::chrono::microseconds(std::uniform_int_distribution<int>(0, 2000)(rng)));

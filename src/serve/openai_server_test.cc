@@ -179,7 +179,14 @@ TEST_F(ServerTest, AFullWaitingQueueIs429) {
                     R"({"prompt":"x","max_tokens":300,"ignore_eos":true,"temperature":0})");
       if (r && r->status == 200) ++ok;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Until the engine holds it (a fixed pause was too short under ThreadSanitizer on a loaded
+    // machine: the second client arrived before the first was admitted).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      const llm::EngineMetrics m = engine_->metrics();
+      if (m.requests_running + m.requests_waiting >= i + 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   auto r = post("/v1/completions", R"({"prompt":"y","max_tokens":2})");
   ASSERT_TRUE(r);
