@@ -19,5 +19,8 @@ case "$flavour" in
               -DSIMPLER_TESTS_ONLY=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++) ;;
   *) echo "build.sh: unknown flavour '$flavour' (release|asan|tsan|fuzz)" >&2; exit 2 ;;
 esac
+# ccache (Debian's; its cache under the user's cache directory) when present: rebuilds of a
+# fresh clone's flavours share the objects they have in common.
+if command -v ccache >/dev/null 2>&1; then flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "build/$flavour" -j "$jobs" "$@"

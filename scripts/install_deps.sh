@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
-  build-essential g++ cmake ninja-build pkg-config git
+  build-essential g++ cmake ninja-build pkg-config git ccache
   clang clang-format libclang-rt-14-dev
   libabsl-dev libeigen3-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev

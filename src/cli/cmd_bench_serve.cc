@@ -132,7 +132,7 @@ int run_bench_serve(const State& st) {
   base::TraceRecorder trace;
   llm::EngineOptions eo;
   eo.runner.worker = st.common.worker_options(&trace);
-  eo.runner.matmul_isa = st.common.matmul_isa();
+  eo.runner.kernel_isa = st.common.kernel_isa();
   eo.runner.precision = st.common.precision();
   eo.runner.page_size = st.page_size;
   eo.runner.max_num_seqs = st.max_num_seqs;

@@ -461,7 +461,7 @@ Runner add_generate_command(CLI::App& app) {
     base::TraceRecorder trace;
     llm::EngineOptions eo;
     eo.runner.worker = st->common.worker_options(&trace);
-    eo.runner.matmul_isa = st->common.matmul_isa();
+    eo.runner.kernel_isa = st->common.kernel_isa();
     eo.runner.precision = st->common.precision();
     eo.runner.page_size = st->page_size;
     eo.runner.allow_unused_tensors = st->allow_unused_tensors;
@@ -697,7 +697,7 @@ llm::EngineOptions bench_engine_options(const CommonOptions& common, base::Trace
                                         bool allow_unused_tensors) {
   llm::EngineOptions eo;
   eo.runner.worker = common.worker_options(trace);
-  eo.runner.matmul_isa = common.matmul_isa();
+  eo.runner.kernel_isa = common.kernel_isa();
   eo.runner.precision = common.precision();
   eo.runner.allow_unused_tensors = allow_unused_tensors;
   return eo;
@@ -788,7 +788,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
     }
   }
   // The compute limit, in the same process just before: every hardware thread's FMA chains.
-  const llm::MatmulIsa isa = llm::resolve_matmul_isa(common.matmul_isa());
+  const llm::KernelIsa isa = llm::resolve_kernel_isa(common.kernel_isa());
   const double peak = llm::measure_f32_fma_peak(isa);
   const int64_t lm_macs = config->vocab_size * config->hidden_size;
   const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
@@ -828,7 +828,7 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
     const double flop = 2.0 * (static_cast<double>(len) * layer_macs + lm_macs);
     const double gflops = flop / (best_ms / 1e3) / 1e9;
     const llm::Precision precision =
-        llm::effective_precision(common.matmul_isa(), common.precision());
+        llm::effective_precision(common.kernel_isa(), common.precision());
     const bool bf16 = precision == llm::Precision::kBf16;
     nlohmann::json out = {{"model", model},
                           {"prompt_len", len},
@@ -960,9 +960,9 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
         {"batch", batch},
         {"steps", steps},
         {"launch_depth", common.launch_depth},
-        {"kernel_isa", llm::name_of(llm::resolve_matmul_isa(common.matmul_isa()))},
+        {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(common.kernel_isa()))},
         {"precision",
-         llm::name_of(llm::effective_precision(common.matmul_isa(), common.precision()))},
+         llm::name_of(llm::effective_precision(common.kernel_isa(), common.precision()))},
         {"step_ms", step_ms},
         {"device_step_ms_p50", dev_ms},
         {"effective_depth", depth.effective_depth},

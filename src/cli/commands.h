@@ -42,15 +42,16 @@ struct CommonOptions {
   std::string trace_path;
   std::string placement = "device";
   bool json = false;
-  std::string kernel_isa = "auto";       // LLM commands only (add_kernel_isa_to)
+  std::string kernel_isa_name = "auto";  // LLM commands only (add_kernel_isa_to)
   std::string precision_name = "exact";  // LLM commands only (add_kernel_isa_to)
 
   void add_to(CLI::App* app, bool with_json = true);
-  // --kernel-isa auto|avx512|portable: the matmul inner loops of the LLM kernels; --precision
+  // --kernel-isa auto|avx512|x86-64-v3|portable: the LLM kernels' ISA target (refused when the
+  // CPU lacks it, naming what it has); --precision
   // exact|bf16: their numerics.
   void add_kernel_isa_to(CLI::App* app);
   worker::WorkerOptions worker_options(base::TraceRecorder* trace) const;
-  llm::MatmulIsa matmul_isa() const;
+  llm::KernelIsa kernel_isa() const;
   llm::Precision precision() const;
 };
 

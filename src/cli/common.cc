@@ -71,10 +71,19 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
 }
 
 void CommonOptions::add_kernel_isa_to(CLI::App* app) {
-  app->add_option("--kernel-isa", kernel_isa,
-                  "matmul inner loops: auto (avx512 where the CPU has it), avx512 or portable; "
-                  "results are bitwise the same")
-      ->check(CLI::IsMember({"auto", "avx512", "portable"}))
+  app->add_option("--kernel-isa", kernel_isa_name,
+                  "the hot kernels' ISA target: auto (the best this CPU has: " +
+                      std::string(llm::name_of(llm::resolve_kernel_isa(llm::KernelIsa::kAuto))) +
+                      "), avx512, x86-64-v3 or portable; matmul results are bitwise the same")
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            absl::StatusOr<llm::KernelIsa> isa = llm::parse_kernel_isa(name);
+            if (!isa.ok()) return std::string(isa.status().message());
+            if (llm::kernel_isa_available(*isa)) return std::string();
+            return "kernel ISA '" + name + "' needs " + llm::kernel_isa_requirements(*isa) +
+                   ", which this CPU lacks (it has " + llm::available_kernel_isas() + ")";
+          },
+          "ISA"))
       ->capture_default_str();
   app->add_option("--precision", precision_name,
                   "matmul numerics: exact (f32 activations, the default) or bf16 (activations "
@@ -87,8 +96,8 @@ llm::Precision CommonOptions::precision() const {
   return llm::parse_precision(precision_name).value_or(llm::Precision::kExact);
 }
 
-llm::MatmulIsa CommonOptions::matmul_isa() const {
-  return llm::parse_matmul_isa(kernel_isa).value_or(llm::MatmulIsa::kAuto);
+llm::KernelIsa CommonOptions::kernel_isa() const {
+  return llm::parse_kernel_isa(kernel_isa_name).value_or(llm::KernelIsa::kAuto);
 }
 
 worker::WorkerOptions CommonOptions::worker_options(base::TraceRecorder* trace) const {

@@ -495,10 +495,10 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
   ASSERT_TRUE(make_model(mo).ok());
   for (const std::string& model : {*dir_, bf16_dir}) {
     std::vector<float> want;
-    for (MatmulIsa isa : {MatmulIsa::kAuto, MatmulIsa::kPortable}) {
+    for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kPortable}) {
       for (int batch : {1, 3, 16, 17}) {
         EngineOptions eo = options(1, 256, 64, 17);
-        eo.runner.matmul_isa = isa;
+        eo.runner.kernel_isa = isa;
         eo.record_steps = true;
         auto created = LlmEngine::create(model, eo);
         ASSERT_TRUE(created.ok()) << created.status();
@@ -620,12 +620,12 @@ TEST_F(LlmEngineTest, Bf16PrecisionLogitsStayWithinItsToleranceOfTheExactPath) {
 // precision bf16 where it cannot run (here: the portable ISA, on every machine) falls back to
 // the exact path, and the runner says which ran; tokens are then the exact path's.
 TEST_F(LlmEngineTest, Bf16PrecisionFallsBackToExactWhereItCannotRun) {
-  EXPECT_EQ(effective_precision(MatmulIsa::kPortable, Precision::kBf16), Precision::kExact);
-  EXPECT_EQ(effective_precision(MatmulIsa::kAuto, Precision::kExact), Precision::kExact);
-  EXPECT_EQ(effective_precision(MatmulIsa::kAuto, Precision::kBf16),
+  EXPECT_EQ(effective_precision(KernelIsa::kPortable, Precision::kBf16), Precision::kExact);
+  EXPECT_EQ(effective_precision(KernelIsa::kAuto, Precision::kExact), Precision::kExact);
+  EXPECT_EQ(effective_precision(KernelIsa::kAuto, Precision::kBf16),
             bf16_precision_available() ? Precision::kBf16 : Precision::kExact);
   RunnerOptions ro = options(1).runner;
-  ro.matmul_isa = MatmulIsa::kPortable;
+  ro.kernel_isa = KernelIsa::kPortable;
   ro.precision = Precision::kBf16;
   auto r = Qwen3ModelRunner::create(*dir_, ro);
   ASSERT_TRUE(r.ok()) << r.status();

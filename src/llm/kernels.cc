@@ -116,7 +116,7 @@ class ArgCheck {
     if (!kernel_status_.ok()) return kernel_status_; \
   } while (0)
 
-absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa isa,
+absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
                          bool bf16 = false) {
   ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
   SIMPLER_KERNEL_CHECK(c.count(3));
@@ -132,11 +132,12 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa is
   const int64_t out = w.shape[0];
   SIMPLER_KERNEL_CHECK(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
   const Tensor& y = ctx.tensor(2);
-  if (isa == MatmulIsa::kAuto) isa = resolve_matmul_isa(MatmulIsa::kAuto);
-  if (isa == MatmulIsa::kAvx512 && !matmul_detail::avx512_available()) {
+  isa = resolve_kernel_isa(isa);
+  if (!kernel_isa_available(isa)) {
     return absl::FailedPreconditionError(
-        absl::StrCat(accumulate ? "matmul_acc" : "matmul",
-                     ": the avx512 path needs AVX-512 F, BW, VL and DQ, which this CPU lacks"));
+        absl::StrCat(accumulate ? "matmul_acc" : "matmul", ": the ", name_of(isa), " path needs ",
+                     kernel_isa_requirements(isa), ", which this CPU lacks (it has ",
+                     available_kernel_isas(), ")"));
   }
   const BlockRange r = block_range(out, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end || rows == 0) return absl::OkStatus();
@@ -152,14 +153,16 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa is
   p.y = y.data<float>() + r.begin;
   p.ldy = out;
   p.accumulate = accumulate;
-  if (bf16 && isa == MatmulIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
+  if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
       matmul_detail::avx512_bf16_available()) {
     if (rows >= matmul_detail::kDnnlMinRows) {
       return matmul_detail::run_dnnl_bf16(p);
     }
     matmul_detail::run_avx512_bf16(p);
-  } else if (isa == MatmulIsa::kAvx512) {
+  } else if (isa == KernelIsa::kAvx512) {
     matmul_detail::run_avx512(p);
+  } else if (isa == KernelIsa::kX86_64V3) {
+    matmul_detail::run_x86_64_v3(p);
   } else {
     matmul_detail::run_portable(p);
   }
@@ -167,24 +170,51 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, MatmulIsa is
 }
 
 absl::Status matmul_bf16_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, false, MatmulIsa::kAuto, true);
+  return matmul_impl(ctx, false, KernelIsa::kAuto, true);
 }
 absl::Status matmul_acc_bf16_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, true, MatmulIsa::kAuto, true);
+  return matmul_impl(ctx, true, KernelIsa::kAuto, true);
 }
 
-absl::Status matmul_portable_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, false, MatmulIsa::kPortable);
+template <KernelIsa kIsa>
+absl::Status matmul_kernel_on(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, kIsa);
 }
-absl::Status matmul_acc_portable_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, true, MatmulIsa::kPortable);
+template <KernelIsa kIsa>
+absl::Status matmul_acc_kernel_on(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, kIsa);
 }
-absl::Status matmul_avx512_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, false, MatmulIsa::kAvx512);
+
+absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa);
+template <KernelIsa kIsa>
+absl::Status paged_attention_kernel_on(const KernelContext& ctx) {
+  return paged_attention_impl(ctx, kIsa);
 }
-absl::Status matmul_acc_avx512_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, true, MatmulIsa::kAvx512);
+
+// The kernels whose inner loops have a path per target, for `isa` (resolved).
+struct IsaKernels {
+  task::KernelFn matmul, matmul_acc, paged_attention;
+};
+template <KernelIsa kIsa>
+constexpr IsaKernels isa_kernels() {
+  return {&matmul_kernel_on<kIsa>, &matmul_acc_kernel_on<kIsa>, &paged_attention_kernel_on<kIsa>};
 }
+IsaKernels isa_kernels(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return isa_kernels<KernelIsa::kAvx512>();
+    case KernelIsa::kX86_64V3:
+      return isa_kernels<KernelIsa::kX86_64V3>();
+    case KernelIsa::kPortable:
+      return isa_kernels<KernelIsa::kPortable>();
+    case KernelIsa::kAuto:
+      break;
+  }
+  return isa_kernels<KernelIsa::kAuto>();
+}
+
+constexpr KernelIsa kTargetsBestFirst[] = {KernelIsa::kAvx512, KernelIsa::kX86_64V3,
+                                           KernelIsa::kPortable};
 
 }  // namespace
 
@@ -193,44 +223,87 @@ BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim) {
   return {n * block_idx / block_dim, n * (block_idx + 1) / block_dim};
 }
 
-const char* name_of(MatmulIsa isa) {
+const char* name_of(KernelIsa isa) {
   switch (isa) {
-    case MatmulIsa::kAuto:
+    case KernelIsa::kAuto:
       return "auto";
-    case MatmulIsa::kAvx512:
-      return "avx512";
-    case MatmulIsa::kPortable:
+    case KernelIsa::kPortable:
       return "portable";
+    case KernelIsa::kX86_64V3:
+      return "x86-64-v3";
+    case KernelIsa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
 
-absl::StatusOr<MatmulIsa> parse_matmul_isa(std::string_view name) {
-  for (MatmulIsa isa : {MatmulIsa::kAuto, MatmulIsa::kAvx512, MatmulIsa::kPortable}) {
+absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name) {
+  for (KernelIsa isa :
+       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512}) {
     if (name == name_of(isa)) return isa;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown kernel ISA '", std::string(name),
-                                                 "' (expected auto, avx512 or portable)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown kernel ISA '", std::string(name),
+                   "' (expected auto, portable, x86-64-v3 or avx512)"));
 }
 
-bool matmul_isa_available(MatmulIsa isa) {
-  return isa != MatmulIsa::kAvx512 || matmul_detail::avx512_available();
+bool kernel_isa_available(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return matmul_detail::avx512_available();
+    case KernelIsa::kX86_64V3:
+      return matmul_detail::x86_64_v3_available();
+    case KernelIsa::kAuto:
+    case KernelIsa::kPortable:
+      break;
+  }
+  return true;
 }
 
-MatmulIsa resolve_matmul_isa(MatmulIsa isa) {
-  if (isa != MatmulIsa::kAuto) return isa;
-  return matmul_detail::avx512_available() ? MatmulIsa::kAvx512 : MatmulIsa::kPortable;
+std::string available_kernel_isas() {
+  std::vector<std::string> names;
+  for (KernelIsa isa : kTargetsBestFirst) {
+    if (kernel_isa_available(isa)) names.emplace_back(name_of(isa));
+  }
+  return absl::StrJoin(names, ", ");
 }
 
-double measure_f32_fma_peak(MatmulIsa isa, int threads, double seconds) {
-  isa = resolve_matmul_isa(isa);
+const char* kernel_isa_requirements(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return "AVX-512 F, BW, VL and DQ";
+    case KernelIsa::kX86_64V3:
+      return "AVX2, FMA and F16C";
+    case KernelIsa::kAuto:
+    case KernelIsa::kPortable:
+      break;
+  }
+  return "nothing";
+}
+
+KernelIsa resolve_kernel_isa(KernelIsa isa) {
+  if (isa != KernelIsa::kAuto) return isa;
+  for (KernelIsa target : kTargetsBestFirst) {
+    if (kernel_isa_available(target)) return target;
+  }
+  return KernelIsa::kPortable;
+}
+
+double measure_f32_fma_peak(KernelIsa isa, int threads, double seconds) {
+  isa = resolve_kernel_isa(isa);
   if (threads <= 0) threads = base::hardware_threads();
   auto probe = [isa](int64_t iters, float seed) {
-    return isa == MatmulIsa::kAvx512 ? matmul_detail::fma_probe_avx512(iters, seed)
-                                     : matmul_detail::fma_probe_portable(iters, seed);
+    switch (isa) {
+      case KernelIsa::kAvx512:
+        return matmul_detail::fma_probe_avx512(iters, seed);
+      case KernelIsa::kX86_64V3:
+        return matmul_detail::fma_probe_x86_64_v3(iters, seed);
+      default:
+        return matmul_detail::fma_probe_portable(iters, seed);
+    }
   };
   // Calibrate the iterations to about `seconds` on one thread.
-  int64_t iters = 1 << 16;
+  int64_t iters = 1 << 12;
   for (;;) {
     const int64_t t0 = base::now_ns();
     volatile float keep = probe(iters, 1.0f);
@@ -286,26 +359,21 @@ std::string describe_bf16_precision() {
                       amx, ")");
 }
 
-Precision effective_precision(MatmulIsa isa, Precision precision) {
+Precision effective_precision(KernelIsa isa, Precision precision) {
   if (precision == Precision::kBf16 &&
-      (!bf16_precision_available() || isa == MatmulIsa::kPortable)) {
+      (!bf16_precision_available() || resolve_kernel_isa(isa) != KernelIsa::kAvx512)) {
     return Precision::kExact;
   }
   return precision;
 }
 
-std::vector<task::Kernel> llm_kernels(MatmulIsa isa, Precision precision) {
-  task::KernelFn matmul = &matmul_kernel;
-  task::KernelFn matmul_acc = &matmul_acc_kernel;
-  if (precision == Precision::kBf16 && isa != MatmulIsa::kPortable) {
+std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
+  const IsaKernels on = isa_kernels(isa);
+  task::KernelFn matmul = on.matmul;
+  task::KernelFn matmul_acc = on.matmul_acc;
+  if (effective_precision(isa, precision) == Precision::kBf16) {
     matmul = &matmul_bf16_kernel;
     matmul_acc = &matmul_acc_bf16_kernel;
-  } else if (isa == MatmulIsa::kPortable) {
-    matmul = &matmul_portable_kernel;
-    matmul_acc = &matmul_acc_portable_kernel;
-  } else if (isa == MatmulIsa::kAvx512) {
-    matmul = &matmul_avx512_kernel;
-    matmul_acc = &matmul_acc_avx512_kernel;
   }
   return {
       {"embedding", &embedding_kernel},
@@ -314,7 +382,7 @@ std::vector<task::Kernel> llm_kernels(MatmulIsa isa, Precision precision) {
       {"matmul_acc", matmul_acc},
       {"rope", &rope_kernel},
       {"kv_write", &kv_write_kernel},
-      {"paged_attention", &paged_attention_kernel},
+      {"paged_attention", on.paged_attention},
       {"silu_mul", &silu_mul_kernel},
       {"add", &add_kernel},
       {"gather_rows", &gather_rows_kernel},
@@ -406,10 +474,10 @@ TaskArgs rms_norm_args(const Tensor& x, const Tensor& w, const Tensor& out, floa
 // ---- matmul -----------------------------------------------------------------------
 
 absl::Status matmul_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, false, MatmulIsa::kAuto);
+  return matmul_impl(ctx, false, KernelIsa::kAuto);
 }
 absl::Status matmul_acc_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, true, MatmulIsa::kAuto);
+  return matmul_impl(ctx, true, KernelIsa::kAuto);
 }
 
 TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -551,7 +619,11 @@ __attribute__((always_inline)) inline float reduce_lanes(const float* l) {
 // (Cephes expf). Branch-free, so loops over it vectorize.
 __attribute__((always_inline)) inline float exp_nonpositive(float x) {
   x = x < -87.0f ? -87.0f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  // floor(v) for v in [-125, 0.5] without a libm call (baseline x86-64 has no rounding
+  // instruction): truncation toward zero, one less where that rounded up.
+  const float v = x * 1.44269504088896341f + 0.5f;
+  const float t = static_cast<float>(static_cast<int32_t>(v));
+  const float n = t > v ? t - 1.0f : t;
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -887,23 +959,28 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
 #pragma GCC diagnostic pop
 #endif
 
-void attend_tile(const AttendTile& s, const float* k_pool, const float* v_pool, float* scores,
-                 float* acc) {
-  static const bool avx512 = matmul_detail::avx512_available();
-  if (avx512 && s.dim == 8 * kLanes) {
-    attend_tile_avx512_dim<8>(s, k_pool, v_pool, scores, acc);
-  } else if (avx512 && s.dim == 4 * kLanes) {
-    attend_tile_avx512_dim<4>(s, k_pool, v_pool, scores, acc);
-  } else if (avx512) {
-    attend_tile_avx512(s, k_pool, v_pool, scores, acc);
-  } else {
-    attend_tile_baseline(s, k_pool, v_pool, scores, acc);
-  }
+// The body built for AVX2 + FMA: the generic body vectorized on 8 lanes, with the same fused
+// multiply-adds as the AVX-512 build (GCC contracts the same expressions on both).
+__attribute__((target("avx2,fma,f16c"))) void attend_tile_x86_64_v3(const AttendTile& s,
+                                                                    const float* k_pool,
+                                                                    const float* v_pool,
+                                                                    float* scores, float* acc) {
+  attend_tile_body(s, k_pool, v_pool, scores, acc);
 }
 
-}  // namespace
+// The tile on target `isa` (resolved and available).
+void attend_tile(KernelIsa isa, const AttendTile& s, const float* k_pool, const float* v_pool,
+                 float* scores, float* acc) {
+  if (isa == KernelIsa::kAvx512) {
+    if (s.dim == 8 * kLanes) return attend_tile_avx512_dim<8>(s, k_pool, v_pool, scores, acc);
+    if (s.dim == 4 * kLanes) return attend_tile_avx512_dim<4>(s, k_pool, v_pool, scores, acc);
+    return attend_tile_avx512(s, k_pool, v_pool, scores, acc);
+  }
+  if (isa == KernelIsa::kX86_64V3) return attend_tile_x86_64_v3(s, k_pool, v_pool, scores, acc);
+  attend_tile_baseline(s, k_pool, v_pool, scores, acc);
+}
 
-absl::Status paged_attention_kernel(const KernelContext& ctx) {
+absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "paged_attention");
   SIMPLER_KERNEL_CHECK(c.count(7));
   SIMPLER_KERNEL_CHECK(c.tensor(0, "q", DataType::kFloat32, {-1, -1, -1}));
@@ -922,6 +999,12 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
   SIMPLER_KERNEL_CHECK(c.scalar(6, "scale"));
   if (n_kv <= 0 || heads % n_kv != 0) {
     return c.error(absl::StrCat("query heads ", heads, " are not a multiple of kv heads ", n_kv));
+  }
+  isa = resolve_kernel_isa(isa);
+  if (!kernel_isa_available(isa)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "paged_attention: the ", name_of(isa), " path needs ", kernel_isa_requirements(isa),
+        ", which this CPU lacks (it has ", available_kernel_isas(), ")"));
   }
   const float scale = ctx.scalar_f32(6);
   const int64_t group = heads / n_kv;
@@ -994,10 +1077,16 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
     if (scores.size() < want_scores) scores.resize(want_scores);
     const size_t want_acc = static_cast<size_t>(tile.rows * group * (dim + 1));
     if (acc.size() < want_acc) acc.resize(want_acc);
-    attend_tile(tile, k_pool, v_pool, scores.data(), acc.data());
+    attend_tile(isa, tile, k_pool, v_pool, scores.data(), acc.data());
     pair += tile.rows;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status paged_attention_kernel(const KernelContext& ctx) {
+  return paged_attention_impl(ctx, KernelIsa::kAuto);
 }
 
 TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,

@@ -6,7 +6,8 @@
 // multiply-add (lanes past K add 0·0), reduced by the fixed tree
 // s8[i] = l[i] + l[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], s = s2[0] + s2[1];
 // then y = s, or y = y + s when accumulating. So a row's result depends on nothing but its own
-// x and W (batch-invariant), and the AVX-512 path is bitwise equal to the portable one.
+// x and W (batch-invariant), and every path (portable, x86-64-v3, AVX-512) gives the same bits:
+// they are one source (matmul_tile.h) on per-target traits.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +31,17 @@ struct Problem {
   bool accumulate = false;
 };
 
-// Plain C++ (std::fma per lane); runs on any CPU.
+// Vector extensions of the compiler on the baseline target; runs on any CPU. Without a hardware
+// FMA in the baseline (x86-64) the fused multiply-adds are computed exactly by fma_exact's
+// method, never by a libm call.
 void run_portable(const Problem& p);
+// a·b + c rounded once, as std::fma, with the portable path's code (exposed for its tests).
+float fma_exact(float a, float b, float c);
+// Whether this CPU has AVX2, FMA and F16C (what run_x86_64_v3 uses).
+bool x86_64_v3_available();
+// AVX2 + FMA + F16C intrinsics (built with -mavx2 -mfma -mf16c); call only when
+// x86_64_v3_available().
+void run_x86_64_v3(const Problem& p);
 // Whether this CPU has AVX-512 F, BW, VL and DQ (what run_avx512 uses).
 bool avx512_available();
 // AVX-512 intrinsics (built with -mavx512*); call only when avx512_available().
@@ -59,9 +69,11 @@ absl::Status run_dnnl_bf16(const Problem& p);
 // "brg:avx512_core_amx" or "brg:avx512_core_bf16"), for logs and benchmarks.
 std::string dnnl_bf16_implementation();
 
-// FMA throughput probes: `iters` rounds of 12 independent 16-lane f32 fused multiply-adds
-// (12·16·2 FLOPs each) in registers; return a value derived from the result so the work stays.
+// FMA throughput probes: `iters` rounds of 12·16 f32 fused multiply-adds (12·16·2 FLOPs each) on
+// independent chains in registers; return a value derived from the result so the work stays.
+// Each only where its path runs.
 float fma_probe_avx512(int64_t iters, float seed);
+float fma_probe_x86_64_v3(int64_t iters, float seed);
 float fma_probe_portable(int64_t iters, float seed);
 
 }  // namespace simpler::llm::matmul_detail

@@ -1,85 +1,142 @@
-// The portable path of matmul_impl.h and the CPU check for the AVX-512 one.
-#include <algorithm>
-#include <cmath>
+// The portable path of matmul_impl.h (matmul_tile.h on GCC/Clang vector extensions, 4 x 4 lanes,
+// any CPU) and the CPU checks for the other paths. Built for the baseline target: where that
+// target has no fused multiply-add instruction (baseline x86-64), each lane's fused multiply-add
+// is computed exactly without libm (fma_exact), so the results are bitwise those of the
+// hardware-FMA paths.
+#include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "llm/matmul_impl.h"
+#include "llm/matmul_tile.h"
 #include "simpler/task/data_type.h"
 
 namespace simpler::llm::matmul_detail {
 namespace {
 
-constexpr int kLanes = 16;
-constexpr int64_t kChunkBytes = 256 * 1024;
+using F4 = float __attribute__((vector_size(16)));
+using D4 = double __attribute__((vector_size(32)));
+using I4 = int64_t __attribute__((vector_size(32)));
 
-float widen(const void* w, WeightType wt, int64_t i) {
-  switch (wt) {
-    case WeightType::kF32:
-      return static_cast<const float*>(w)[i];
-    case WeightType::kBF16:
-      return task::bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-    case WeightType::kF16:
-      return task::f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  }
-  return 0;
+// a·b + c per lane with one rounding. With a hardware FMA in the baseline target (aarch64) it is
+// that instruction; otherwise in double: a·b is exact there (24 + 24 significand bits), the sum is
+// rounded to odd (round to nearest, then, when inexact and even, one ulp toward the exact value,
+// found by the TwoSum error term), and rounding a round-to-odd double (53 bits, at least 24 + 2)
+// to float gives the correctly rounded result (Boldo and Melquiond, "Emulation of FMA and
+// correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008).
+__attribute__((always_inline)) inline F4 fma_exact4(F4 a, F4 b, F4 c) {
+#if defined(__FP_FAST_FMAF)
+  F4 r;
+  for (int l = 0; l < 4; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+#else
+  const D4 p = __builtin_convertvector(a, D4) * __builtin_convertvector(b, D4);
+  const D4 cd = __builtin_convertvector(c, D4);
+  const D4 s = p + cd;
+  const D4 bb = s - p;
+  const D4 err = (p - (s - bb)) + (cd - bb);
+  I4 bits;
+  std::memcpy(&bits, &s, sizeof(bits));
+  const I4 finite = ((bits >> 52) & 0x7ff) != 0x7ff;
+  const I4 fix = (err != 0.0) & ((bits & 1) == 0) & finite;
+  const I4 away_from_zero = (err > 0.0) == (s > 0.0);  // the exact value lies beyond |s|
+  bits += ((away_from_zero & 2) - 1) & fix;            // +1 or -1 ulp of magnitude
+  D4 rounded;
+  std::memcpy(&rounded, &bits, sizeof(rounded));
+  return __builtin_convertvector(rounded, F4);
+#endif
 }
 
-float dot(const float* x, const void* w, WeightType wt, int64_t w_offset, int64_t k) {
-  float lanes[kLanes] = {};
-  for (int64_t kk = 0; kk < k; kk += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const int64_t i = kk + l;
-      const float xv = i < k ? x[i] : 0.0f;
-      const float wv = i < k ? widen(w, wt, w_offset + i) : 0.0f;
-      lanes[l] = std::fma(xv, wv, lanes[l]);
+struct Portable {
+  using P = F4;
+  static constexpr int kParts = 4;
+  static constexpr int kPartLanes = 4;
+  static constexpr int kMaxRows = 2;
+  static constexpr int kMaxCols = 2;
+  static constexpr int kDecodeCols = 2;
+
+  static P zero() { return P{}; }
+  static P load(const float* p) {
+    P v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static P load_tail(const float* p, int n) {
+    P v{};
+    std::memcpy(&v, p, static_cast<size_t>(n) * sizeof(float));
+    return v;
+  }
+  template <WeightType WT>
+  static P widen(const uint16_t* h, int n) {
+    P v{};
+    for (int l = 0; l < n; ++l) {
+      v[l] = WT == WeightType::kBF16 ? task::bf16_to_f32(h[l]) : task::f16_to_f32(h[l]);
+    }
+    return v;
+  }
+  template <WeightType WT>
+  static P load_w(const WeightT<WT>* p) {
+    if constexpr (WT == WeightType::kF32) {
+      return load(p);
+    } else {
+      return widen<WT>(p, kPartLanes);
     }
   }
-  float s8[8], s4[4], s2[2];
-  for (int i = 0; i < 8; ++i) s8[i] = lanes[i] + lanes[i + 8];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
-  return s2[0] + s2[1];
-}
+  template <WeightType WT>
+  static P load_w_tail(const WeightT<WT>* p, int n) {
+    if constexpr (WT == WeightType::kF32) {
+      return load_tail(p, n);
+    } else {
+      return widen<WT>(p, n);
+    }
+  }
+  static P fmadd(P a, P b, P c) { return fma_exact4(a, b, c); }
+  // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
+  // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].
+  static float reduce(const P* parts) {
+    const P s8lo = parts[0] + parts[2];
+    const P s8hi = parts[1] + parts[3];
+    const P s4 = s8lo + s8hi;
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  }
+};
 
 }  // namespace
 
-void run_portable(const Problem& p) {
-  const int64_t elem = p.wt == WeightType::kF32 ? 4 : 2;
-  const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(p.k * elem, 1));
-  for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
-    const int64_t j1 = std::min(p.n, j0 + chunk);
-    for (int64_t r = 0; r < p.rows; ++r) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const float s = dot(p.x + r * p.k, p.w, p.wt, j * p.k, p.k);
-        float* out = p.y + r * p.ldy + j;
-        *out = p.accumulate ? *out + s : s;
-      }
-    }
-  }
+float fma_exact(float a, float b, float c) {
+  const F4 r = fma_exact4(F4{a, 0, 0, 0}, F4{b, 0, 0, 0}, F4{c, 0, 0, 0});
+  return r[0];
 }
 
-float fma_probe_portable(int64_t iters, float seed) {
-  float acc[12][kLanes];
-  for (int i = 0; i < 12; ++i) {
-    for (int l = 0; l < kLanes; ++l) acc[i][l] = seed + static_cast<float>(i);
-  }
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 12; ++i) {
-      for (int l = 0; l < kLanes; ++l) acc[i][l] = std::fma(acc[i][l], 0.999999f, 1e-7f);
-    }
-  }
-  float s = 0;
-  for (int i = 0; i < 12; ++i) {
-    for (int l = 0; l < kLanes; ++l) s += acc[i][l];
-  }
-  return s;
+void run_portable(const Problem& p) { run_on<Portable>(p); }
+
+float fma_probe_portable(int64_t iters, float seed) { return fma_probe<Portable>(iters, seed); }
+
+bool x86_64_v3_available() {
+#if defined(__x86_64__)
+  static const bool available = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return available;
+#else
+  return false;
+#endif
 }
 
 bool avx512_available() {
+#if defined(__x86_64__)
   static const bool available =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return available;
+#else
+  return false;
+#endif
 }
 
 }  // namespace simpler::llm::matmul_detail

@@ -134,7 +134,7 @@ absl::Status token_scatter_kernel(const task::KernelContext& ctx) {
 // Kernel indices relative to the end of llm_kernels().
 enum ExtraKernel : uint32_t { kTokenCounts = 0, kSample, kTokenFeedback, kTokenScatter };
 
-std::vector<task::Kernel> step_kernels(MatmulIsa isa, Precision precision) {
+std::vector<task::Kernel> step_kernels(KernelIsa isa, Precision precision) {
   std::vector<task::Kernel> k = llm_kernels(isa, precision);
   for (task::Kernel& s : sampling_kernels()) k.push_back(std::move(s));  // token_counts, sample
   k.push_back({"token_feedback", token_feedback_kernel});
@@ -220,7 +220,7 @@ absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
 }
 
 task::ChipCallable step_callable(std::shared_ptr<const Qwen3ModelRunner::Holder> holder,
-                                 MatmulIsa isa, Precision precision) {
+                                 KernelIsa isa, Precision precision) {
   return task::ChipCallable{"qwen3_step",
                             [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
                               return orchestrate_step(*holder, ctx, args);
@@ -255,10 +255,11 @@ absl::Status validate_runner_options(const RunnerOptions& options) {
         "max_num_batched_tokens ", options.max_num_batched_tokens, " is below max_num_seqs ",
         options.max_num_seqs, ": a step could not hold one decode row of every running request"));
   }
-  if (!matmul_isa_available(options.matmul_isa)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "kernel ISA ", name_of(options.matmul_isa),
-        " needs AVX-512 F, BW, VL and DQ, which this CPU lacks (use auto or portable)"));
+  if (!kernel_isa_available(options.kernel_isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kernel ISA ", name_of(options.kernel_isa), " needs ",
+                     kernel_isa_requirements(options.kernel_isa), ", which this CPU lacks (it has ",
+                     available_kernel_isas(), ")"));
   }
   return absl::OkStatus();
 }
@@ -267,10 +268,10 @@ absl::Status validate_runner_options(const RunnerOptions& options) {
 // CPU lacks AVX512_BF16 or the portable ISA was asked for.
 RunnerOptions effective_options(const RunnerOptions& options) {
   RunnerOptions o = options;
-  if (effective_precision(o.matmul_isa, o.precision) != o.precision) {
+  if (effective_precision(o.kernel_isa, o.precision) != o.precision) {
     SIMPLER_LOG_WARN(
         "precision bf16 needs AVX-512 BF16 and the avx512 kernels ({}); running the exact path",
-        bf16_precision_available() ? "--kernel-isa portable was asked" : "this CPU lacks them");
+        bf16_precision_available() ? "another kernel ISA was asked" : "this CPU lacks them");
     o.precision = Precision::kExact;
   }
   return o;
@@ -356,7 +357,7 @@ absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
       c->kv_pools, layout_kv_pools(d, options.num_pages, options.page_size, c->kv_buffer.address));
   Qwen3ProgramOptions popts;
   popts.argmax = false;  // the step program samples from the logits
-  popts.matmul_isa = options.matmul_isa;
+  popts.kernel_isa = options.kernel_isa;
   popts.precision = options.precision;
   SIMPLER_ASSIGN_OR_RETURN(c->decode,
                            make_qwen3_decode_callable(d, wt, c->scratch, c->kv_pools, popts));
@@ -422,7 +423,7 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
   r->holder_->chips.resize(1);
   SIMPLER_ASSIGN_OR_RETURN(
       r->step_, r->worker_->register_callable(
-                    step_callable(r->holder_, r->options_.matmul_isa, r->options_.precision)));
+                    step_callable(r->holder_, r->options_.kernel_isa, r->options_.precision)));
   SIMPLER_RETURN_IF_ERROR(r->worker_->init());
   SIMPLER_RETURN_IF_ERROR(
       load_chip_state(*r->worker_, model_dir, r->options_, r->dims_, &r->holder_->chips[0]));
@@ -446,7 +447,7 @@ absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
   dp->holder_ = std::make_shared<Qwen3ModelRunner::Holder>();
   dp->holder_->chips.resize(l3.num_children());
   SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable step,
-                           l3.register_callable(step_callable(dp->holder_, dp->options_.matmul_isa,
+                           l3.register_callable(step_callable(dp->holder_, dp->options_.kernel_isa,
                                                               dp->options_.precision)));
   SIMPLER_ASSIGN_OR_RETURN(
       dp->program_,

@@ -661,7 +661,7 @@ absl::StatusOr<task::ChipCallable> make_qwen3_decode_callable(const Qwen3Dims& d
 
   task::ChipCallable callable;
   callable.name = options.name;
-  callable.kernels = llm_kernels(options.matmul_isa, options.precision);
+  callable.kernels = llm_kernels(options.kernel_isa, options.precision);
   callable.placement = options.placement;
   callable.orchestration = [program = std::shared_ptr<const Program>(program)](
                                task::OrchestrationContext& ctx, const TaskArgs& args) {

@@ -53,18 +53,29 @@ enum class KernelId : uint32_t {
   kCount,
 };
 
-// Which inner loops matmul / matmul_acc run (matmul_impl.h): kAvx512 (AVX-512 F, BW, VL and DQ
-// intrinsics) or kPortable (plain C++, any CPU); kAuto picks kAvx512 where the CPU has it. Both
-// give bitwise the same results (the same f32 fused multiply-adds in the same order), so the
-// choice changes speed only.
-enum class MatmulIsa : uint8_t { kAuto, kAvx512, kPortable };
-const char* name_of(MatmulIsa isa);  // "auto", "avx512", "portable"
+// The ISA target the hot kernels run on (matmul over f32 / bf16 / f16 weights, the paged
+// attention tile and its exp), picked at run time from what the CPU has:
+//   kPortable  "portable"   the compiler's vector extensions on the baseline target, any CPU; no
+//                           libm call per element (fused multiply-adds computed exactly in
+//                           double where the baseline has no FMA instruction);
+//   kX86_64V3  "x86-64-v3"  AVX2 + FMA + F16C (x86 since Haswell / Zen);
+//   kAvx512    "avx512"     AVX-512 F, BW, VL and DQ (and AVX512_BF16 for precision bf16).
+// kAuto picks the best one the CPU has. Matmul gives bitwise the same results on every target
+// (the 16-lane contract of matmul_impl.h); the attention tile too on the FMA targets (x86-64-v3,
+// avx512), while the portable tile multiplies and adds separately (within 1e-5 relative of the
+// others, kernels_test). So on the FMA targets the choice changes speed only.
+enum class KernelIsa : uint8_t { kAuto, kPortable, kX86_64V3, kAvx512 };
+const char* name_of(KernelIsa isa);  // "auto", "portable", "x86-64-v3", "avx512"
 // INVALID_ARGUMENT naming the value and the accepted names.
-absl::StatusOr<MatmulIsa> parse_matmul_isa(std::string_view name);
+absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name);
 // Whether this CPU can run `isa` (kAuto and kPortable always can).
-bool matmul_isa_available(MatmulIsa isa);
-// kAuto resolved for this CPU; other values unchanged.
-MatmulIsa resolve_matmul_isa(MatmulIsa isa);
+bool kernel_isa_available(KernelIsa isa);
+// The targets this CPU can run, best first, by name: e.g. "avx512, x86-64-v3, portable".
+std::string available_kernel_isas();
+// What `isa` needs of the CPU, in words (e.g. "AVX2, FMA and F16C").
+const char* kernel_isa_requirements(KernelIsa isa);
+// kAuto resolved for this CPU (the best target it has); other values unchanged.
+KernelIsa resolve_kernel_isa(KernelIsa isa);
 
 // The numerics of matmul / matmul_acc. kExact: f32 activations and accumulation (weights widened
 // in registers), identical on every ISA path and batch. kBf16 (opt in, `--precision bf16`):
@@ -83,7 +94,7 @@ absl::StatusOr<Precision> parse_precision(std::string_view name);
 bool bf16_precision_available();
 // The precision that runs for a request of `precision` on `isa` here: kBf16 only where the CPU
 // has the instructions and `isa` is not kPortable; kExact otherwise.
-Precision effective_precision(MatmulIsa isa, Precision precision);
+Precision effective_precision(KernelIsa isa, Precision precision);
 
 // What precision kBf16 runs on this machine, in words for the log: our kernel's row range and
 // oneDNN's implementation for batched rows (e.g. "brg:avx512_core_amx"), and, where the CPU has
@@ -95,15 +106,17 @@ Precision effective_precision(MatmulIsa isa, Precision precision);
 std::string describe_bf16_precision();
 
 // The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
-// (0 = every hardware thread) each run independent 16-lane FMA chains in registers on `isa`'s
-// instructions (kAuto resolved) for about `seconds`; the best of 3 passes. The denominator of
-// the compute-bound benchmarks (bench prefill).
-double measure_f32_fma_peak(MatmulIsa isa, int threads = 0, double seconds = 0.2);
+// (0 = every hardware thread) each run independent FMA chains in registers on `isa`'s
+// instructions (kAuto: the best target the CPU has, whatever target a benchmark's kernels use)
+// for about `seconds`; the best of 3 passes. The denominator of the compute-bound benchmarks
+// (bench prefill) is this with kAuto.
+double measure_f32_fma_peak(KernelIsa isa, int threads = 0, double seconds = 0.2);
 
 // All kernels above, in KernelId order, matmul / matmul_acc on `isa` with `precision`. A fresh
-// copy. With kAvx512 on a CPU without it, the matmul kernels fail with FAILED_PRECONDITION when
-// they run; kBf16 on a CPU without AVX512_BF16 (or with kPortable) computes exactly.
-std::vector<task::Kernel> llm_kernels(MatmulIsa isa = MatmulIsa::kAuto,
+// copy. With a target the CPU lacks, the matmul kernels fail with FAILED_PRECONDITION when they
+// run (naming what the target needs); kBf16 on a CPU without AVX512_BF16, or on a target other
+// than kAvx512, computes exactly.
+std::vector<task::Kernel> llm_kernels(KernelIsa isa = KernelIsa::kAuto,
                                       Precision precision = Precision::kExact);
 
 // The half-open range [begin, end) of `n` items that SPMD block `block_idx` of

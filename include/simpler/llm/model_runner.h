@@ -80,7 +80,7 @@ struct RunnerOptions {
   bool allow_unused_tensors = false;
   // The matmul inner loops (kernels.h): kAuto picks AVX-512 where the CPU has it; kAvx512 on a
   // CPU without it is refused by create() (FAILED_PRECONDITION). Results are the same either way.
-  MatmulIsa matmul_isa = MatmulIsa::kAuto;
+  KernelIsa kernel_isa = KernelIsa::kAuto;
   // kernels.h Precision. kBf16 on a CPU without AVX512_BF16 falls back to kExact: create()
   // logs it and options().precision says which ran.
   Precision precision = Precision::kExact;

@@ -182,8 +182,8 @@ struct Qwen3ProgramOptions {
   // Submit the argmax task into out_ids. A caller that samples from the
   // logits itself (the model runner) turns it off; out_ids is then untouched.
   bool argmax = true;
-  // The callable's kernels are llm_kernels(matmul_isa, precision).
-  MatmulIsa matmul_isa = MatmulIsa::kAuto;
+  // The callable's kernels are llm_kernels(kernel_isa, precision).
+  KernelIsa kernel_isa = KernelIsa::kAuto;
   Precision precision = Precision::kExact;
 };
 
