@@ -2,6 +2,10 @@
 
 #include <omp.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -13,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dnnl.hpp"
 #include "simpler/base/clock.h"
@@ -24,7 +29,8 @@ namespace simpler::cli {
 namespace {
 
 // Sums 64-bit words with 8 independent chains (no loop-carried latency): bound by the loads.
-uint64_t sum_words(const uint64_t* p, size_t n) {
+// Inlined into one function per target below, so the widest loads the CPU has do the reading.
+__attribute__((always_inline)) inline uint64_t sum_words_body(const uint64_t* p, size_t n) {
   uint64_t a[8] = {};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -34,6 +40,41 @@ uint64_t sum_words(const uint64_t* p, size_t n) {
   uint64_t s = 0;
   for (uint64_t v : a) s += v;
   return s;
+}
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) uint64_t sum_words_avx512(const uint64_t* p, size_t n) {
+  return sum_words_body(p, n);
+}
+__attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t* p, size_t n) {
+  return sum_words_body(p, n);
+}
+#endif
+uint64_t sum_words_baseline(const uint64_t* p, size_t n) { return sum_words_body(p, n); }
+
+// The probe's reader for this CPU (picked at the call, not by an ifunc).
+uint64_t sum_words(const uint64_t* p, size_t n) {
+#if defined(__x86_64__)
+  static const int widest = __builtin_cpu_supports("avx512f") ? 2
+                            : __builtin_cpu_supports("avx2")  ? 1
+                                                              : 0;
+  if (widest == 2) return sum_words_avx512(p, n);
+  if (widest == 1) return sum_words_avx2(p, n);
+#endif
+  return sum_words_baseline(p, n);
+}
+
+// The first "cpu MHz" of /proc/cpuinfo, GHz (0 when absent).
+double cpuinfo_ghz() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("cpu MHz", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    double mhz = 0;
+    if (absl::SimpleAtod(line.substr(colon + 1), &mhz)) return mhz / 1e3;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -66,6 +107,32 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   }
   if (sink.load() == 42) std::fprintf(stderr, " ");  // keeps the sums
   return static_cast<double>(words * 8) / best_s;
+}
+
+TheoreticalPeak theoretical_f32_fma_peak() {
+  TheoreticalPeak t;
+  t.cores = base::hardware_threads();
+  t.ghz = cpuinfo_ghz();
+  t.lanes = 4;
+  t.fma_ports = 2;
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) {
+    t.lanes = 16;
+    // Zen 4 (AMD family 19h with AVX-512) runs a 512-bit FMA as two 256-bit halves on its two
+    // FMA pipes: one 16-lane FMA per cycle.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) != 0 && b == signature_AMD_ebx &&
+        __get_cpuid(1, &a, &b, &c, &d) != 0 && ((a >> 8) & 0xf) + ((a >> 20) & 0xff) == 0x19) {
+      t.fma_ports = 1;
+    }
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    t.lanes = 8;
+  }
+#endif
+  t.flop_per_s = t.cores * t.ghz * 1e9 * t.lanes * t.fma_ports * 2;
+  t.formula = absl::StrCat(t.cores, " cores x ", absl::SixDigits(t.ghz), " GHz x ", t.lanes,
+                           " f32 lanes x ", t.fma_ports, " FMA ports x 2");
+  return t;
 }
 
 absl::StatusOr<double> bf16_gemm_library_flops(int64_t rows, const std::vector<GemmShape>& shapes,

@@ -13,11 +13,28 @@
 namespace simpler::cli {
 
 // Read bandwidth in bytes/s: `threads` threads (0 = every hardware thread) each sum their slice
-// of one `bytes`-byte buffer (touched first, outside the timing); the best of `passes` passes,
+// of one `bytes`-byte buffer (touched first, outside the timing) with the widest vector loads the
+// CPU has (AVX-512, AVX2 or the baseline's), whatever kernel target the benchmark runs; the
+// best of `passes` passes,
 // each timed from the first thread's start to the last one's end. Sized like the data the
 // workload reads, it sees the same level of the memory hierarchy (a buffer larger than the last
 // level cache measures DRAM).
 double read_bandwidth_bytes_per_s(size_t bytes, int threads = 0, int passes = 3);
+
+// The f32 FMA peak this CPU should reach on paper: hardware threads x clock (the first "cpu MHz"
+// of /proc/cpuinfo: the current or nominal clock, not the turbo one) x f32 lanes of its widest
+// FMA (16 with AVX-512, 8 with AVX2 + FMA, else 4) x FMA ports (2; 1 for AMD Zen 4's 512-bit
+// FMAs) x 2 FLOPs. An estimate to hold the measured peak against: a measured peak below half of
+// it is said so by the benchmarks. ghz is 0 (and so flop_per_s) where /proc/cpuinfo has no clock.
+struct TheoreticalPeak {
+  int cores = 0;
+  double ghz = 0;
+  int lanes = 0;
+  int fma_ports = 0;
+  double flop_per_s = 0;
+  std::string formula;  // "2 cores x 2.6 GHz x 16 f32 lanes x 1 FMA ports x 2"
+};
+TheoreticalPeak theoretical_f32_fma_peak();
 
 // One matmul shape: y[rows, n] = x[rows, k] · W[n, k]ᵀ.
 struct GemmShape {

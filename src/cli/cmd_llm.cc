@@ -787,9 +787,20 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
       return fail("bench prefill", base::annotate(s, "--prompt-lens: "));
     }
   }
-  // The compute limit, in the same process just before: every hardware thread's FMA chains.
+  // The compute limit, in the same process just before: every hardware thread's FMA chains on
+  // the fastest target this CPU has (whatever target the kernels run), and the figure on paper.
   const llm::KernelIsa isa = llm::resolve_kernel_isa(common.kernel_isa());
-  const double peak = llm::measure_f32_fma_peak(isa);
+  const llm::KernelIsa peak_isa = llm::resolve_kernel_isa(llm::KernelIsa::kAuto);
+  const double peak = llm::measure_f32_fma_peak(peak_isa);
+  const TheoreticalPeak paper = theoretical_f32_fma_peak();
+  const bool peak_low = paper.flop_per_s > 0 && peak < paper.flop_per_s / 2;
+  if (peak_low) {
+    std::fprintf(stderr,
+                 "bench prefill: the measured f32 FMA peak %.1f GFLOP/s is below half the "
+                 "theoretical %.1f GFLOP/s (%s): the CPUs are shared, throttled or slower than "
+                 "their clock says\n",
+                 peak / 1e9, paper.flop_per_s / 1e9, paper.formula.c_str());
+  }
   const int64_t lm_macs = config->vocab_size * config->hidden_size;
   const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
   for (int len : prompt_lens) {
@@ -838,6 +849,10 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
                           {"tokens_per_s", len / (best_ms / 1e3)},
                           {"gflop_per_s", gflops},
                           {"peak_gflop_per_s", peak / 1e9},
+                          {"peak_isa", llm::name_of(peak_isa)},
+                          {"theoretical_peak_gflop_per_s", paper.flop_per_s / 1e9},
+                          {"theoretical_peak", paper.formula},
+                          {"peak_below_half_theoretical", peak_low},
                           {"fraction_of_peak", gflops * 1e9 / peak}};
     if (bf16) {
       // The bf16 GEMM library on the same shapes: one layer's projections with the prompt's
@@ -865,10 +880,11 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
       std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
       std::printf(
-          "prefill: %d-token prompt: time to first token %.1f ms (%.1f tokens/s), %.1f GFLOP/s "
-          "= %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware thread)\n",
-          len, best_ms, len / (best_ms / 1e3), gflops, 100 * gflops * 1e9 / peak, peak / 1e9,
-          llm::name_of(isa));
+          "prefill: %d-token prompt on %s: time to first token %.1f ms (%.1f tokens/s), %.1f "
+          "GFLOP/s = %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware "
+          "thread; on paper %.1f GFLOP/s = %s)\n",
+          len, llm::name_of(isa), best_ms, len / (best_ms / 1e3), gflops, 100 * gflops * 1e9 / peak,
+          peak / 1e9, llm::name_of(peak_isa), paper.flop_per_s / 1e9, paper.formula.c_str());
       if (bf16) {
         std::printf(
             "  precision bf16: %.1f%% of the bf16 GEMM library on the same shapes (%s, every "
@@ -985,11 +1001,12 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
       std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
       std::printf(
-          "decode: batch %d, depth %d (effective %.2f): step %.3f ms (device %.3f ms), %.1f "
-          "tokens/s, %.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the "
+          "decode: batch %d on %s, depth %d (effective %.2f): step %.3f ms (device %.3f ms), "
+          "%.1f tokens/s, %.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the "
           "read-bandwidth probe's %.2f GB/s\n",
-          batch, common.launch_depth, depth.effective_depth, step_ms, dev_ms, tok_s, gflops,
-          wbytes / 1e6, weight_bw / 1e9, 100 * weight_bw / read_bw, read_bw / 1e9);
+          batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
+          depth.effective_depth, step_ms, dev_ms, tok_s, gflops, wbytes / 1e6, weight_bw / 1e9,
+          100 * weight_bw / read_bw, read_bw / 1e9);
       if (compare_torch) {
         std::printf(
             "  PyTorch eager (f32, %d threads): %.3f ms per step; simpler is %.2fx faster\n",

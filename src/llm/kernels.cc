@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "llm/fma_exact.h"
 #include "llm/matmul_impl.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/thread.h"
@@ -603,8 +604,9 @@ namespace {
 
 // The inner loops of paged_attention, written lane-wise (16 independent f32 lanes, then the
 // fixed reduction tree of matmul_impl.h) so that the compiler vectorizes them without
-// reassociating anything; built twice (AVX-512 and the x86-64 baseline, see attend_tile) and
-// picked by the CPU. Results depend on nothing but the row's own q, K, V.
+// reassociating anything; built once per ISA target (see attend_tile) and picked by the
+// kernel's target. Results depend on nothing but the row's own q, K, V, and are bitwise the same
+// on every target.
 constexpr int kLanes = 16;
 
 __attribute__((always_inline)) inline float reduce_lanes(const float* l) {
@@ -614,64 +616,79 @@ __attribute__((always_inline)) inline float reduce_lanes(const float* l) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+// How the attention loops multiply-add: every multiply-add of the tile is one fused
+// multiply-add (written out, not left to the compiler's contraction), a hardware instruction on
+// the FMA targets (inlined into functions built for them) and matmul_detail::fma_exact_scalar on
+// the baseline, so every target computes the same bits.
+struct HwFma {
+  static float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+};
+struct ExactFma {
+  static float fma(float a, float b, float c) { return matmul_detail::fma_exact_scalar(a, b, c); }
+};
+
 // exp(x) for x <= 0 (x below -87 is taken as -87: exp gives 1.6e-38 instead of a smaller
 // number), to about 2 ulp: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
 // (Cephes expf). Branch-free, so loops over it vectorize.
+template <class F>
 __attribute__((always_inline)) inline float exp_nonpositive(float x) {
   x = x < -87.0f ? -87.0f : x;
   // floor(v) for v in [-125, 0.5] without a libm call (baseline x86-64 has no rounding
   // instruction): truncation toward zero, one less where that rounded up.
-  const float v = x * 1.44269504088896341f + 0.5f;
+  const float v = F::fma(x, 1.44269504088896341f, 0.5f);
   const float t = static_cast<float>(static_cast<int32_t>(v));
   const float n = t > v ? t - 1.0f : t;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
+  float r = F::fma(-n, 0.693359375f, x);
+  r = F::fma(-n, -2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = F::fma(p, r, 1.3981999507e-3f);
+  p = F::fma(p, r, 8.3334519073e-3f);
+  p = F::fma(p, r, 4.1665795894e-2f);
+  p = F::fma(p, r, 1.6666665459e-1f);
+  p = F::fma(p, r, 5.0000001201e-1f);
+  p = F::fma(p * r, r, r) + 1.0f;
   const int32_t e = static_cast<int32_t>(n) + 127;
   return p * std::bit_cast<float>(e << 23);
 }
 
 // a += p·v over n elements (restrict parameters: the vectorizer may assume no overlap).
+template <class F>
 __attribute__((always_inline)) inline void axpy(float* __restrict a, const float* __restrict v,
                                                 float p, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) a[i + l] += p * v[i + l];
+    for (int l = 0; l < kLanes; ++l) a[i + l] = F::fma(p, v[i + l], a[i + l]);
   }
-  for (; i < n; ++i) a[i] += p * v[i];
+  for (; i < n; ++i) a[i] = F::fma(p, v[i], a[i]);
 }
 
 // Σ q·k in 16 lanes, then the fixed tree.
+template <class F>
 __attribute__((always_inline)) inline float dot_lanes(const float* __restrict q,
                                                       const float* __restrict k, int64_t n) {
   float lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lanes[l] += q[i + l] * k[i + l];
+    for (int l = 0; l < kLanes; ++l) lanes[l] = F::fma(q[i + l], k[i + l], lanes[l]);
   }
-  for (int l = 0; i + l < n; ++l) lanes[l] += q[i + l] * k[i + l];
+  for (int l = 0; i + l < n; ++l) lanes[l] = F::fma(q[i + l], k[i + l], lanes[l]);
   return reduce_lanes(lanes);
 }
 
 // sc[t] = exp(sc[t] - m) for t < n; returns their sum (16 lanes, then the fixed tree).
+template <class F>
 __attribute__((always_inline)) inline float exp_shifted_sum(float* __restrict sc, float m,
                                                             int64_t n) {
   float lanes[kLanes] = {};
   int64_t t = 0;
   for (; t + kLanes <= n; t += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
-      sc[t + l] = exp_nonpositive(sc[t + l] - m);
+      sc[t + l] = exp_nonpositive<F>(sc[t + l] - m);
       lanes[l] += sc[t + l];
     }
   }
   for (int l = 0; t + l < n; ++l) {
-    sc[t + l] = exp_nonpositive(sc[t + l] - m);
+    sc[t + l] = exp_nonpositive<F>(sc[t + l] - m);
     lanes[l] += sc[t + l];
   }
   return reduce_lanes(lanes);
@@ -706,7 +723,7 @@ __attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, flo
 // exp_shifted_sum, or its 16-lane form in the AVX-512 tile), and 1 / Σ into inv; query qi =
 // row · group + head. Inlined into each caller, so it compiles for the caller's target (a
 // lambda around the exp would not: it would lose the AVX-512 build's fused multiply-adds).
-template <bool kVectorExp>
+template <bool kVectorExp, class F = HwFma>
 __attribute__((always_inline)) inline void softmax_weights(const AttendTile& s, float* scores,
                                                            float* inv) {
   for (int64_t qi = 0; qi < s.rows * s.group; ++qi) {
@@ -719,7 +736,7 @@ __attribute__((always_inline)) inline void softmax_weights(const AttendTile& s, 
       if constexpr (kVectorExp) {
         sum = exp_shifted_sum16(sc, m, row_len);
       } else {
-        sum = exp_shifted_sum(sc, m, row_len);
+        sum = exp_shifted_sum<F>(sc, m, row_len);
       }
     }
     inv[qi] = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -731,6 +748,7 @@ __attribute__((always_inline)) inline void softmax_weights(const AttendTile& s, 
 // in increasing t), so a row's result does not depend on the rows tiled with it. scores:
 // rows x group x max_len scratch; acc: rows x group x (dim + 1) scratch (the accumulators, then
 // each head's 1 / Σ weights).
+template <class F>
 __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
                                                             const float* k_pool,
                                                             const float* v_pool, float* scores,
@@ -742,12 +760,12 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
     for (int64_t i = 0; i < s.rows; ++i) {
       if (t >= s.lens[i]) continue;
       for (int64_t h = 0; h < group; ++h) {
-        scores[(i * group + h) * len + t] = s.scale * dot_lanes(s.q[i] + h * dim, k, dim);
+        scores[(i * group + h) * len + t] = s.scale * dot_lanes<F>(s.q[i] + h * dim, k, dim);
       }
     }
   }
   float* inv = acc + heads * dim;
-  softmax_weights<false>(s, scores, inv);
+  softmax_weights<false, F>(s, scores, inv);
   // Weighted sum of V, each cached v read once for the tile.
   for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
   for (int64_t t = 0; t < len; ++t) {
@@ -755,7 +773,7 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
     for (int64_t i = 0; i < s.rows; ++i) {
       if (t >= s.lens[i]) continue;
       for (int64_t h = 0; h < group; ++h) {
-        axpy(acc + (i * group + h) * dim, v, scores[(i * group + h) * len + t], dim);
+        axpy<F>(acc + (i * group + h) * dim, v, scores[(i * group + h) * len + t], dim);
       }
     }
   }
@@ -767,16 +785,18 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
   }
 }
 
-// The body built twice: for AVX-512 and for the x86-64 baseline, picked by the CPU at the call
-// (not by an ifunc: ifunc resolvers run before ThreadSanitizer's runtime starts).
+// The body built once per target: AVX-512, x86-64-v3 (attend_tile_x86_64_v3 below) and the
+// baseline (its fused multiply-adds computed exactly without an FMA instruction), picked by the
+// kernel's target at the call (not by an ifunc: ifunc resolvers run before ThreadSanitizer's
+// runtime starts).
 __attribute__((target("avx512f"))) void attend_tile_avx512(const AttendTile& s, const float* k_pool,
                                                            const float* v_pool, float* scores,
                                                            float* acc) {
-  attend_tile_body(s, k_pool, v_pool, scores, acc);
+  attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
 }
 void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float* v_pool,
                           float* scores, float* acc) {
-  attend_tile_body(s, k_pool, v_pool, scores, acc);
+  attend_tile_body<ExactFma>(s, k_pool, v_pool, scores, acc);
 }
 
 // The AVX-512 tile for head dims of 16·C (C = 4, 8: dims 64 and 128; Qwen3 uses 128): the
@@ -825,7 +845,7 @@ __attribute__((target("avx512f"))) inline __m512 reduce16(const __m512* a) {
 }
 
 // exp_nonpositive on 16 lanes: the scalar function's operations, each multiply-add a fused one
-// as GCC contracts them there.
+// as written there.
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // x < -87 ? -87 : x (NaN stays x)
   const __m512 n = _mm512_roundscale_ps(
@@ -959,13 +979,12 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
 #pragma GCC diagnostic pop
 #endif
 
-// The body built for AVX2 + FMA: the generic body vectorized on 8 lanes, with the same fused
-// multiply-adds as the AVX-512 build (GCC contracts the same expressions on both).
+// The body built for AVX2 + FMA: vectorized on 8 lanes, the same fused multiply-adds.
 __attribute__((target("avx2,fma,f16c"))) void attend_tile_x86_64_v3(const AttendTile& s,
                                                                     const float* k_pool,
                                                                     const float* v_pool,
                                                                     float* scores, float* acc) {
-  attend_tile_body(s, k_pool, v_pool, scores, acc);
+  attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
 }
 
 // The tile on target `isa` (resolved and available).

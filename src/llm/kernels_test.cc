@@ -400,6 +400,8 @@ TEST(MatmulKernel, PortableFmaIsCorrectlyRounded) {
     const float c = i % 3 == 0 ? -a * b : std::ldexp(u(gen), e(gen));
     ASSERT_TRUE(same(matmul_detail::fma_exact(a, b, c), std::fma(a, b, c)))
         << a << " * " << b << " + " << c;
+    ASSERT_TRUE(same(matmul_detail::fma_exact_attention(a, b, c), std::fma(a, b, c)))
+        << a << " * " << b << " + " << c;
   }
   // Exact sums on, just above and just below a float halfway point, and cancellations. With
   // h = 1 + 2^-12, h·h = 1 + 2^-11 + 2^-24 is a halfway point between two floats; adding 2^-70
@@ -434,6 +436,9 @@ TEST(MatmulKernel, PortableFmaIsCorrectlyRounded) {
     EXPECT_TRUE(same(matmul_detail::fma_exact(t[0], t[1], t[2]), std::fma(t[0], t[1], t[2])))
         << t[0] << " * " << t[1] << " + " << t[2] << ": "
         << matmul_detail::fma_exact(t[0], t[1], t[2]) << " vs " << std::fma(t[0], t[1], t[2]);
+    EXPECT_TRUE(
+        same(matmul_detail::fma_exact_attention(t[0], t[1], t[2]), std::fma(t[0], t[1], t[2])))
+        << t[0] << " * " << t[1] << " + " << t[2] << " (attention's)";
   }
 }
 
@@ -612,23 +617,39 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
   }
 }
 
-void chunk_rows_are_tiled(int64_t d);
+void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alone);
 
 // A prefill chunk's rows (one request: one block table, consecutive positions) are attended in
 // tiles that read each cached K and V row once. A row's result is bitwise the same whether it
 // is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
-// any block split; and close to the float64 reference.
+// any block split; and close to the float64 reference. On every ISA target this CPU has, each
+// giving bitwise the same results.
 TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
   // Head dims 64 and 128 take the AVX-512 kernel's own tiles where the CPU has AVX-512; 40 the
   // generic one.
   for (const int64_t d : {40, 64, 128}) {
-    SCOPED_TRACE(::testing::Message() << "head dim " << d);
-    chunk_rows_are_tiled(d);
-    if (HasFatalFailure()) return;
+    std::vector<std::pair<KernelIsa, std::vector<float>>> results;
+    for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512}) {
+      if (!kernel_isa_available(isa)) continue;
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " on " << name_of(isa));
+      std::vector<float> alone;
+      chunk_rows_are_tiled(d, llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn,
+                           &alone);
+      if (HasFatalFailure()) return;
+      results.emplace_back(isa, std::move(alone));
+    }
+    for (size_t a = 1; a < results.size(); ++a) {  // every target against the portable one
+      for (size_t i = 0; i < results[a].second.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(results[0].second[i]),
+                  std::bit_cast<uint32_t>(results[a].second[i]))
+            << name_of(results[0].first) << " and " << name_of(results[a].first)
+            << " differ at element " << i << ", head dim " << d;
+      }
+    }
   }
 }
 
-void chunk_rows_are_tiled(int64_t d) {
+void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alone_out) {
   const int64_t nh = 4, nkv = 2, pages = 12, ps = 4, max_blocks = 6;
   std::vector<float> kp = random_floats(pages * ps * nkv * d, 23, -2.0f, 2.0f);
   std::vector<float> vp = random_floats(pages * ps * nkv * d, 24);
@@ -656,7 +677,7 @@ void chunk_rows_are_tiled(int64_t d) {
     std::vector<int32_t> t1(tables.begin() + b * max_blocks, tables.begin() + (b + 1) * max_blocks);
     std::vector<int32_t> l1 = {lens[b]};
     ASSERT_TRUE(
-        run_blocks(&paged_attention_kernel,
+        run_blocks(fn,
                    paged_attention_args(view(q1, {1, nh, d}), view(kp, {pages, ps, nkv, d}),
                                         view(vp, {pages, ps, nkv, d}), view(t1, {1, max_blocks}),
                                         view(l1, {1}), view(out1, {1, nh * d}), scale),
@@ -667,7 +688,7 @@ void chunk_rows_are_tiled(int64_t d) {
   expect_close(alone, want, 1e-5);
   for (int32_t bd : {1, 2, 3, 7, 64}) {
     std::vector<float> out(B * nh * d, NAN);
-    ASSERT_TRUE(run_blocks(&paged_attention_kernel,
+    ASSERT_TRUE(run_blocks(fn,
                            paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
                                                 view(vp, {pages, ps, nkv, d}),
                                                 view(tables, {B, max_blocks}), view(lens, {B}),
@@ -679,6 +700,7 @@ void chunk_rows_are_tiled(int64_t d) {
           << "row " << i / (nh * d) << " with " << bd << " blocks";
     }
   }
+  *alone_out = std::move(alone);
 }
 
 TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {

@@ -35,8 +35,10 @@ struct Problem {
 // FMA in the baseline (x86-64) the fused multiply-adds are computed exactly by fma_exact's
 // method, never by a libm call.
 void run_portable(const Problem& p);
-// a·b + c rounded once, as std::fma, with the portable path's code (exposed for its tests).
+// a·b + c rounded once, as std::fma, with the portable path's code: the matmul's 4-lane one and
+// the attention tile's scalar one (fma_exact.h), exposed for their tests.
 float fma_exact(float a, float b, float c);
+float fma_exact_attention(float a, float b, float c);
 // Whether this CPU has AVX2, FMA and F16C (what run_x86_64_v3 uses).
 bool x86_64_v3_available();
 // AVX2 + FMA + F16C intrinsics (built with -mavx2 -mfma -mf16c); call only when

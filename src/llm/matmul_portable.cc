@@ -10,6 +10,7 @@
 #include <cpuid.h>
 #endif
 
+#include "llm/fma_exact.h"
 #include "llm/matmul_impl.h"
 #include "llm/matmul_tile.h"
 #include "simpler/task/data_type.h"
@@ -110,6 +111,8 @@ float fma_exact(float a, float b, float c) {
   const F4 r = fma_exact4(F4{a, 0, 0, 0}, F4{b, 0, 0, 0}, F4{c, 0, 0, 0});
   return r[0];
 }
+
+float fma_exact_attention(float a, float b, float c) { return fma_exact_scalar(a, b, c); }
 
 void run_portable(const Problem& p) { run_on<Portable>(p); }
 

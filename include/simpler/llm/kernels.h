@@ -60,10 +60,9 @@ enum class KernelId : uint32_t {
 //                           double where the baseline has no FMA instruction);
 //   kX86_64V3  "x86-64-v3"  AVX2 + FMA + F16C (x86 since Haswell / Zen);
 //   kAvx512    "avx512"     AVX-512 F, BW, VL and DQ (and AVX512_BF16 for precision bf16).
-// kAuto picks the best one the CPU has. Matmul gives bitwise the same results on every target
-// (the 16-lane contract of matmul_impl.h); the attention tile too on the FMA targets (x86-64-v3,
-// avx512), while the portable tile multiplies and adds separately (within 1e-5 relative of the
-// others, kernels_test). So on the FMA targets the choice changes speed only.
+// kAuto picks the best one the CPU has. Matmul and the attention tile give bitwise the same
+// results on every target (the 16-lane contract of matmul_impl.h; every multiply-add fused), so
+// the choice changes speed only.
 enum class KernelIsa : uint8_t { kAuto, kPortable, kX86_64V3, kAvx512 };
 const char* name_of(KernelIsa isa);  // "auto", "portable", "x86-64-v3", "avx512"
 // INVALID_ARGUMENT naming the value and the accepted names.

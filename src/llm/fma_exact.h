@@ -1,0 +1,29 @@
+// Internal to the llm kernels: a·b + c rounded once (what std::fma returns), computed without an
+// FMA instruction and without libm, for the portable paths on targets that lack one (baseline
+// x86-64). In double, a·b is exact (24 + 24 significand bits); the sum is rounded to odd (round to
+// nearest, then, when inexact and even, one ulp toward the exact value, which the TwoSum error
+// term locates); rounding a round-to-odd double (53 bits, at least 24 + 2) to float gives the
+// correctly rounded result (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums:
+// proved algorithms using rounding to odd", IEEE Transactions on Computers 57(4), 2008).
+// Infinities and NaN pass through as std::fma's do. Branch-free, so loops over it vectorize.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace simpler::llm::matmul_detail {
+
+inline float fma_exact_scalar(float a, float b, float c) {
+  const double p = static_cast<double>(a) * static_cast<double>(b);
+  const double cd = c;
+  const double s = p + cd;
+  const double bb = s - p;
+  const double err = (p - (s - bb)) + (cd - bb);
+  uint64_t bits = std::bit_cast<uint64_t>(s);
+  const bool fix = err != 0.0 && (bits & 1) == 0 && ((bits >> 52) & 0x7ff) != 0x7ff;
+  const bool away_from_zero = (err > 0.0) == (s > 0.0);  // the exact value lies beyond |s|
+  bits += fix ? (away_from_zero ? uint64_t{1} : ~uint64_t{0}) : uint64_t{0};
+  return static_cast<float>(std::bit_cast<double>(bits));
+}
+
+}  // namespace simpler::llm::matmul_detail
