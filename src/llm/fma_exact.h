@@ -19,10 +19,11 @@ inline float fma_exact_scalar(float a, float b, float c) {
   const double s = p + cd;
   const double bb = s - p;
   const double err = (p - (s - bb)) + (cd - bb);
+  // Round to odd: truncated toward zero, last bit set, when inexact (and s finite).
+  const bool inexact = err != 0.0 && s - s == 0.0;
+  const bool toward_zero = (err > 0.0) != (s > 0.0);  // the exact value lies inside |s|
   uint64_t bits = std::bit_cast<uint64_t>(s);
-  const bool fix = err != 0.0 && (bits & 1) == 0 && ((bits >> 52) & 0x7ff) != 0x7ff;
-  const bool away_from_zero = (err > 0.0) == (s > 0.0);  // the exact value lies beyond |s|
-  bits += fix ? (away_from_zero ? uint64_t{1} : ~uint64_t{0}) : uint64_t{0};
+  bits = (bits - uint64_t{inexact && toward_zero}) | uint64_t{inexact};
   return static_cast<float>(std::bit_cast<double>(bits));
 }
 

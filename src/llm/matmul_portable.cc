@@ -3,8 +3,10 @@
 // target has no fused multiply-add instruction (baseline x86-64), each lane's fused multiply-add
 // is computed exactly without libm (fma_exact), so the results are bitwise those of the
 // hardware-FMA paths.
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -19,8 +21,9 @@ namespace simpler::llm::matmul_detail {
 namespace {
 
 using F4 = float __attribute__((vector_size(16)));
-using D4 = double __attribute__((vector_size(32)));
-using I4 = int64_t __attribute__((vector_size(32)));
+using F2 = float __attribute__((vector_size(8)));
+using D2 = double __attribute__((vector_size(16)));
+using I2 = int64_t __attribute__((vector_size(16)));
 
 // a·b + c per lane with one rounding. With a hardware FMA in the baseline target (aarch64) it is
 // that instruction; otherwise in double: a·b is exact there (24 + 24 significand bits), the sum is
@@ -28,26 +31,42 @@ using I4 = int64_t __attribute__((vector_size(32)));
 // found by the TwoSum error term), and rounding a round-to-odd double (53 bits, at least 24 + 2)
 // to float gives the correctly rounded result (Boldo and Melquiond, "Emulation of FMA and
 // correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008).
+// fma_exact.h's method on 2 double lanes, with only the operations SSE2 has for them (double
+// compares as masks, and, or, xor, 64-bit subtract): the round-to-odd value is the sum
+// truncated toward zero with its last bit set, when inexact.
+__attribute__((always_inline)) inline D2 sum_to_odd(D2 p, D2 cd) {
+  const D2 s = p + cd;
+  const D2 bb = s - p;
+  const D2 err = (p - (s - bb)) + (cd - bb);
+  // Ordered < and <= only: GCC lowers them to cmppd on SSE2 (== and != go scalar).
+  constexpr double kMax = std::numeric_limits<double>::max();
+  const I2 inexact = ((err < 0.0) | (err > 0.0)) & (s <= kMax) & (s >= -kMax);  // and s finite
+  const I2 toward_zero = (err > 0.0) ^ (s > 0.0);  // the exact value lies inside |s|
+  I2 bits;
+  std::memcpy(&bits, &s, sizeof(bits));
+  bits = (bits - (inexact & toward_zero & 1)) | (inexact & 1);
+  D2 rounded;
+  std::memcpy(&rounded, &bits, sizeof(rounded));
+  return rounded;
+}
+
+// a·b + c per lane with one rounding: the baseline's FMA instruction where it has one
+// (aarch64), else fma_exact.h's method in double (a·b is exact there).
 __attribute__((always_inline)) inline F4 fma_exact4(F4 a, F4 b, F4 c) {
 #if defined(__FP_FAST_FMAF)
   F4 r;
   for (int l = 0; l < 4; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
   return r;
 #else
-  const D4 p = __builtin_convertvector(a, D4) * __builtin_convertvector(b, D4);
-  const D4 cd = __builtin_convertvector(c, D4);
-  const D4 s = p + cd;
-  const D4 bb = s - p;
-  const D4 err = (p - (s - bb)) + (cd - bb);
-  I4 bits;
-  std::memcpy(&bits, &s, sizeof(bits));
-  const I4 finite = ((bits >> 52) & 0x7ff) != 0x7ff;
-  const I4 fix = (err != 0.0) & ((bits & 1) == 0) & finite;
-  const I4 away_from_zero = (err > 0.0) == (s > 0.0);  // the exact value lies beyond |s|
-  bits += ((away_from_zero & 2) - 1) & fix;            // +1 or -1 ulp of magnitude
-  D4 rounded;
-  std::memcpy(&rounded, &bits, sizeof(rounded));
-  return __builtin_convertvector(rounded, F4);
+  const auto lo = [](F4 v) {
+    return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), D2);
+  };
+  const auto hi = [](F4 v) {
+    return __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), D2);
+  };
+  const F2 rlo = __builtin_convertvector(sum_to_odd(lo(a) * lo(b), lo(c)), F2);
+  const F2 rhi = __builtin_convertvector(sum_to_odd(hi(a) * hi(b), hi(c)), F2);
+  return __builtin_shufflevector(rlo, rhi, 0, 1, 2, 3);
 #endif
 }
 
@@ -74,7 +93,11 @@ struct Portable {
   static P widen(const uint16_t* h, int n) {
     P v{};
     for (int l = 0; l < n; ++l) {
-      v[l] = WT == WeightType::kBF16 ? task::bf16_to_f32(h[l]) : task::f16_to_f32(h[l]);
+      if constexpr (WT == WeightType::kBF16) {
+        v[l] = std::bit_cast<float>(static_cast<uint32_t>(h[l]) << 16);  // bf16: the high half
+      } else {
+        v[l] = task::f16_to_f32(h[l]);
+      }
     }
     return v;
   }

@@ -1520,7 +1520,10 @@ def scenario_bench_prefill_load(ctx):
                        "16,48", "--json"], label="bench prefill")
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
     keys = {"model", "prompt_len", "kernel_isa", "precision", "ttft_ms", "tokens_per_s",
-            "gflop_per_s", "peak_gflop_per_s", "fraction_of_peak"}
+            "gflop_per_s", "peak_gflop_per_s", "fraction_of_peak", "peak_isa",
+            "theoretical_peak_gflop_per_s", "theoretical_peak", "peak_below_half_theoretical"}
+    words = {"model", "kernel_isa", "precision", "peak_isa", "theoretical_peak",
+             "peak_below_half_theoretical", "theoretical_peak_gflop_per_s"}
     pb.check([r.get("prompt_len") for r in rows] == [16, 48],
              f"bench prefill: prompt_len rows {[r.get('prompt_len') for r in rows]}, expected "
              f"[16, 48]")
@@ -1531,8 +1534,16 @@ def scenario_bench_prefill_load(ctx):
         n = r["prompt_len"]
         pb.check(r["precision"] == "exact", f"{label}: precision {r['precision']!r}")
         pb.check(all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0
-                     for k in keys - {"model", "kernel_isa", "precision"}),
+                     for k in keys - words),
                  f"{label}: not positive finite numbers: {r}")
+        # The peak is measured on the fastest target whatever target the kernels ran, and held
+        # against the figure on paper (0 where /proc/cpuinfo has no clock).
+        pb.check(r["peak_isa"] == r["kernel_isa"] and r["kernel_isa"] != "auto",
+                 f"{label}: kernel_isa {r['kernel_isa']!r}, peak_isa {r['peak_isa']!r}")
+        paper = r["theoretical_peak_gflop_per_s"]
+        pb.check(paper >= 0 and r["peak_below_half_theoretical"] ==
+                 (paper > 0 and r["peak_gflop_per_s"] < paper / 2),
+                 f"{label}: peak_below_half_theoretical disagrees with the figures: {r}")
         flop = 2 * (n * (matrices - lm) + lm)
         pb.check(close(r["gflop_per_s"], flop / (r["ttft_ms"] / 1e3) / 1e9),
                  f"{label}: gflop_per_s {r['gflop_per_s']} is not {flop} FLOPs / ttft")
@@ -1540,6 +1551,11 @@ def scenario_bench_prefill_load(ctx):
                  f"{label}: fraction_of_peak is not gflop_per_s / peak_gflop_per_s")
         pb.check(close(r["tokens_per_s"], n / (r["ttft_ms"] / 1e3)),
                  f"{label}: tokens_per_s is not prompt_len / ttft")
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "16",
+                       "--kernel-isa", "portable", "--json"], label="bench prefill portable")
+    r = parse_one_json_object(p.stdout, "bench prefill --kernel-isa portable")
+    pb.check(r.get("kernel_isa") == "portable" and r.get("peak_isa") == rows[0].get("peak_isa"),
+             f"bench prefill --kernel-isa portable: the peak must stay the fastest target's: {r}")
     # Precision bf16 adds the bf16 GEMM library on the same shapes (where the CPU runs bf16;
     # elsewhere the row says exact and has no library keys).
     p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "32",
