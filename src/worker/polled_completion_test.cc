@@ -166,15 +166,12 @@ TEST(PolledCompletion, ACloseDeadlineCancelsARunLeftToPollers) {
   w.set_completion_polling(true);
   std::atomic<bool> open{false};
   RunHandle h = *w.submit(*gate, testing::gate_args(open));
-  // The kernel returns once the close deadline has passed, so no device thread is abandoned.
-  std::thread opener([&open] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    open.store(true, std::memory_order_release);
-  });
+  // close() returns at its deadline with the kernel still running; the gate opens after that,
+  // so the device thread is not abandoned and the run cannot have finished on its own.
   const auto start = std::chrono::steady_clock::now();
   (void)w.close(base::Deadline::after(std::chrono::milliseconds(100)));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  opener.join();
+  open.store(true, std::memory_order_release);
   absl::Status s = h.wait(0.0);
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
   EXPECT_TRUE(contains(s, "closed at its close deadline")) << s;
