@@ -146,13 +146,11 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   // pollers are on: the poller may be this very thread.
   absl::StatusOr<base::SlotRef> set = arena_->acquire(base::Deadline::poll());
   if (!set.ok() && admission.kind != base::Deadline::Kind::kPoll) {
-    bool pollers = false;
     {
       base::MutexLock lock(mu_);
       ++admission_waiters_;
-      pollers = completion_pollers_ > 0;
     }
-    if (pollers) lane_cv_.notify_all();  // else the lane thread is not standing aside
+    lane_cv_.notify_all();
     set = arena_->acquire(admission);
     base::MutexLock lock(mu_);
     --admission_waiters_;
@@ -415,34 +413,32 @@ int32_t ChipRunLane::launched_on_device_locked() const {
 void ChipRunLane::lane_loop() {
   base::MutexLock lock(mu_);
   while (true) {
-    if (head_claimed_) {
-      lane_cv_.wait(lock);  // a completion poller is retiring the head
-      continue;
-    }
-    if (runs_.empty()) {
+    if (runs_.empty() && !head_claimed_) {
       if (closing_) return;
       lane_cv_.wait(lock);
       continue;
     }
-    const RunState state = runs_.front()->state;
-    if (state == RunState::kLaunched && left_to_pollers_locked()) {
-      lane_cv_.wait(lock);  // completion pollers reap it (woken when the last one stops)
-    } else if (state == RunState::kLaunched || is_terminal(state)) {
-      reap_and_retire_head_locked(/*known_done=*/false);
-    } else {
-      lane_cv_.wait(lock);  // still preparing, or waiting for launch capacity
+    if (head_claimed_) {
+      lane_cv_.wait(lock);  // a completion poller is retiring the head
+      continue;
     }
+    ChipRun& head = *runs_.front();
+    if (head.state == RunState::kLaunched) {
+      if (left_to_pollers_locked()) {
+        lane_cv_.wait(lock);  // completion pollers reap it (woken when the last one stops)
+        continue;
+      }
+      head_claimed_ = true;
+      reap_locked(head, /*known_done=*/false);
+      launch_ready_locked();  // the successor goes onto the device before we finalize
+    } else if (!is_terminal(head.state)) {
+      lane_cv_.wait(lock);  // still preparing, or waiting for launch capacity
+      continue;
+    } else {
+      head_claimed_ = true;
+    }
+    retire_claimed_head_locked();
   }
-}
-
-void ChipRunLane::reap_and_retire_head_locked(bool known_done) {
-  head_claimed_ = true;
-  ChipRun& head = *runs_.front();
-  if (head.state == RunState::kLaunched) {
-    reap_locked(head, known_done);
-    launch_ready_locked();  // the successor goes onto the device before we finalize
-  }
-  retire_claimed_head_locked();
 }
 
 bool ChipRunLane::left_to_pollers_locked() const {
@@ -497,11 +493,18 @@ int32_t ChipRunLane::poll_completions() {
   base::MutexLock lock(mu_, std::adopt_lock);
   int32_t retired = 0;
   while (!runs_.empty() && !head_claimed_) {
-    const ChipRun& head = *runs_.front();
-    const bool ready = head.state == RunState::kLaunched ? head.record->done.is_signaled()
-                                                          : is_terminal(head.state);
-    if (!ready) break;  // on the device, still preparing, or waiting for launch capacity
-    reap_and_retire_head_locked(/*known_done=*/true);
+    ChipRun& head = *runs_.front();
+    if (head.state == RunState::kLaunched) {
+      if (!head.record->done.is_signaled()) break;
+      head_claimed_ = true;
+      reap_locked(head, /*known_done=*/true);
+      launch_ready_locked();
+    } else if (is_terminal(head.state)) {
+      head_claimed_ = true;
+    } else {
+      break;  // still preparing, or waiting for launch capacity
+    }
+    retire_claimed_head_locked();
     ++retired;
   }
   return retired;

@@ -5,9 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
-#include <memory>
 #include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -37,24 +35,11 @@ int32_t poll_until_done(Worker& w, const RunHandle& h) {
   return retired;
 }
 
-// A started worker of `options` with affine_program() registered (its handle in `*prog`) and
-// completion polling turned on once; null (with the test failed) when it does not start.
-std::unique_ptr<Worker> polling_worker(WorkerOptions options, std::optional<CallableHandle>* prog) {
-  auto w = std::make_unique<Worker>(std::move(options));
-  absl::StatusOr<CallableHandle> h = w->register_callable(affine_program());
-  const absl::Status started = h.ok() ? w->init() : h.status();
-  EXPECT_TRUE(started.ok()) << started;
-  if (!started.ok()) return nullptr;
-  *prog = *h;
-  w->set_completion_polling(true);
-  return w;
-}
-
 TEST(PolledCompletion, ThePollerReapsOnItsOwnThreadAndTheLaneThreadLeavesTheRunAlone) {
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(testing::test_options(1), &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;
+  Worker w(testing::test_options(1));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
   int64_t in = 4, out = 0;
   std::thread::id notified_on;
   auto h = w.submit(*prog, affine_args(&in, &out, 1), {}, kForever,
@@ -77,10 +62,10 @@ TEST(PolledCompletion, ThePollerReapsOnItsOwnThreadAndTheLaneThreadLeavesTheRunA
 }
 
 TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(testing::test_options(2, 3), &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;
+  Worker w(testing::test_options(2, 3));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
   w.set_completion_polling(true);  // nested: counted
   std::mutex mu;
   std::vector<uint64_t> order;
@@ -116,10 +101,10 @@ TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
 // The poller itself blocks in submit waiting for the resource set its own earlier run holds:
 // the lane thread reaps that run meanwhile, so the submit goes through.
 TEST(PolledCompletion, ASubmitWaitingForAResourceSetIsNotStalledByThePoller) {
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(testing::test_options(1, 1), &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;
+  Worker w(testing::test_options(1, 1));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
   int64_t in[2] = {1, 2}, out[2] = {};
   auto first = w.submit(*prog, affine_args(&in[0], &out[0], 0));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -140,11 +125,11 @@ TEST(PolledCompletion, ASubmitWaitingForAResourceSetIsNotStalledByThePoller) {
   EXPECT_TRUE(w.close().ok());
 }
 
-TEST(PolledCompletion, CloseDrainsRunsLeftToAPollerThatNeverPolls) {
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(testing::test_options(2, 3), &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;  // polling on, and never turned off, never polled
+TEST(PolledCompletion, CloseDrainsRunsLeftToAPollerThatStoppedPolling) {
+  Worker w(testing::test_options(2, 3));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);  // and never turned off, never polled
   int64_t in[3] = {1, 2, 3}, out[3] = {};
   std::vector<RunHandle> hs;
   for (int i = 0; i < 3; ++i) hs.push_back(*w.submit(*prog, affine_args(&in[i], &out[i], 1)));
@@ -157,81 +142,60 @@ TEST(PolledCompletion, CloseDrainsRunsLeftToAPollerThatNeverPolls) {
   EXPECT_EQ(w.poll_completions(), 0);
 }
 
-// close(deadline) with polling on and a run that does not end: at the deadline the run is
-// cancelled (the lane thread reaps while closing, pollers or not) and close() returns.
-TEST(PolledCompletion, ACloseDeadlineCancelsARunLeftToPollers) {
-  Worker w(testing::test_options(1));
-  auto gate = w.register_callable(testing::gate_program());
-  ASSERT_TRUE(w.init().ok());
-  w.set_completion_polling(true);
-  std::atomic<bool> open{false};
-  RunHandle h = *w.submit(*gate, testing::gate_args(open));
-  // close() returns at its deadline with the kernel still running; the gate opens after that,
-  // so the device thread is not abandoned and the run cannot have finished on its own.
-  const auto start = std::chrono::steady_clock::now();
-  (void)w.close(base::Deadline::after(std::chrono::milliseconds(100)));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  open.store(true, std::memory_order_release);
-  absl::Status s = h.wait(0.0);
-  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
-  EXPECT_TRUE(contains(s, "closed at its close deadline")) << s;
-  w.set_completion_polling(false);  // after close: nothing
-}
-
-// A kernel error reaped on the poller's thread fails its run only.
-TEST(PolledCompletion, AKernelErrorReapedByThePollerFailsOnlyItsRun) {
-  WorkerOptions o = testing::test_options(2);
-  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error:code=7");
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(o, &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;
-  int64_t in[2] = {1, 2}, out[2] = {};
-  RunHandle bad = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
-  RunHandle good = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
-  EXPECT_EQ(poll_until_done(w, good), 2);  // both reaped here
-  absl::Status s = bad.wait(0.0);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-  EXPECT_TRUE(contains(s, "code 7")) << s;
-  EXPECT_TRUE(good.wait(0.0).ok());
-  EXPECT_EQ(out[1], 6);
-  EXPECT_TRUE(w.lane_stats().in_flight == 0);
-  w.set_completion_polling(false);
-  EXPECT_TRUE(w.close().ok());  // delivered
-}
-
-// A device fault reaped on the poller's thread poisons the lane, fails the run behind it with the
-// poison and quarantines the faulted run's set, as when the lane thread reaps it.
-TEST(PolledCompletion, ADeviceFaultReapedByThePollerPoisonsTheLane) {
-  WorkerOptions o = testing::test_options(1, 2);
-  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault:code=507018");
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(o, &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;
-  int64_t in[2] = {1, 2}, out[2] = {};
-  RunHandle faulted = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
-  RunHandle behind = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
-  EXPECT_EQ(poll_until_done(w, behind), 2);  // both reaped here
-  absl::Status s = faulted.wait(0.0);
-  EXPECT_TRUE(base::is_unrecoverable(s)) << s;
-  EXPECT_TRUE(contains(s, "507018")) << s;
-  absl::Status later = behind.wait(0.0);
-  EXPECT_TRUE(contains(later, "lane poisoned by run 0: ")) << later;
-  auto refused = w.submit(*prog, affine_args(&in[0], &out[0], 0));
-  EXPECT_TRUE(contains(refused.status(), "lane poisoned by run 0: ")) << refused.status();
-  EXPECT_EQ(w.resources().quarantined, 1);
-  w.set_completion_polling(false);
-  EXPECT_TRUE(w.close().ok());
+// Errors reaped on the poller's thread: a kernel error fails its run only; a device fault
+// poisons the lane, fails the runs behind it with the poison and aborts the device.
+TEST(PolledCompletion, RunErrorsAndPoisonAreTheSameWhenThePollerReaps) {
+  {
+    WorkerOptions o = testing::test_options(2);
+    o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error:code=7");
+    Worker w(o);
+    auto prog = w.register_callable(affine_program());
+    ASSERT_TRUE(w.init().ok());
+    w.set_completion_polling(true);
+    int64_t in[2] = {1, 2}, out[2] = {};
+    RunHandle bad = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    RunHandle good = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
+    EXPECT_EQ(poll_until_done(w, good), 2);  // both reaped here
+    absl::Status s = bad.wait(0.0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_TRUE(contains(s, "code 7")) << s;
+    EXPECT_TRUE(good.wait(0.0).ok());
+    EXPECT_EQ(out[1], 6);
+    EXPECT_TRUE(w.lane_stats().in_flight == 0);
+    w.set_completion_polling(false);
+    EXPECT_TRUE(w.close().ok());  // delivered
+  }
+  {
+    WorkerOptions o = testing::test_options(1, 2);
+    o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault:code=507018");
+    Worker w(o);
+    auto prog = w.register_callable(affine_program());
+    ASSERT_TRUE(w.init().ok());
+    w.set_completion_polling(true);
+    int64_t in[2] = {1, 2}, out[2] = {};
+    RunHandle faulted = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    RunHandle behind = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
+    EXPECT_EQ(poll_until_done(w, behind), 2);  // both reaped here
+    absl::Status s = faulted.wait(0.0);
+    EXPECT_TRUE(base::is_unrecoverable(s)) << s;
+    EXPECT_TRUE(contains(s, "507018")) << s;
+    absl::Status later = behind.wait(0.0);
+    EXPECT_TRUE(contains(later, "lane poisoned by run 0: ")) << later;
+    auto refused = w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    EXPECT_TRUE(contains(refused.status(), "lane poisoned by run 0: ")) << refused.status();
+    EXPECT_EQ(w.resources().quarantined, 1);
+    w.set_completion_polling(false);
+    EXPECT_TRUE(w.close().ok());
+  }
 }
 
 // A notification that throws on the poller's thread reaches the poller; the run is retired and
 // the head released, so later runs still finish (here by the lane thread).
 TEST(PolledCompletion, ANotificationThatThrowsOnThePollerReleasesTheHead) {
-  std::optional<CallableHandle> prog;
-  std::unique_ptr<Worker> wp = polling_worker(testing::test_options(1, 2), &prog);
-  ASSERT_NE(wp, nullptr);
-  Worker& w = *wp;
+  Worker w(testing::test_options(1, 2));
+  auto prog = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  w.set_completion_polling(true);
   int64_t in[2] = {1, 2}, out[2] = {};
   RunHandle first = *w.submit(*prog, affine_args(&in[0], &out[0], 0), {}, kForever,
                               [](const RunResult&) { throw std::runtime_error("notify failed"); });

@@ -133,8 +133,7 @@ class ChipRunLane {
   // hand-off (and on a machine with few CPUs a polling lane thread competing for the CPU) out of
   // a short run's path when a thread polls anyway (an L3 child's mailbox server;
   // docs/benchmarks.md, issue 14). Calls nest (counted); every set_completion_polling(true) must
-  // be matched by a false, which wakes the lane thread when runs are left (a false with no true
-  // outstanding is ignored). The lane thread still
+  // be matched by a false, which wakes the lane thread when runs are left. The lane thread still
   // reaps while the lane closes and while a submit waits for a resource set, so a poller that
   // blocks in submit or stops polling cannot stall the lane; a run that never finishes is
   // noticed only once polling is off (its operation timeout is the lane thread's). While its
@@ -184,9 +183,6 @@ class ChipRunLane {
   // bounded by its operation timeout, and gives it its terminal state.
   // `known_done`: the run's record is signalled, so nothing is awaited (mu_ stays held).
   void reap_locked(ChipRun& run, bool known_done) SIMPLER_REQUIRES(mu_);
-  // Claims the head run (launched, with `known_done` when its record is signalled, or already
-  // terminal), reaps it when launched, launches successors, then retire_claimed_head_locked().
-  void reap_and_retire_head_locked(bool known_done) SIMPLER_REQUIRES(mu_);
   // Finalizes the terminal head run (mu_ released meanwhile and retaken, as in reap_locked),
   // retires it and calls its on_finalized with no lock held; the caller set head_claimed_,
   // cleared here once all of that is done (also when on_finalized throws, which is rethrown).
