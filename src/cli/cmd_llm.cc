@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/bench_llamacpp.h"
 #include "cli/bench_probes.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
@@ -778,7 +779,8 @@ int run_bench_load(const std::string& model, const CommonOptions& common,
 
 int run_bench_prefill(const std::string& model, const CommonOptions& common,
                       const std::vector<int>& prompt_lens, bool allow_unused_tensors,
-                      bool compare_torch) {
+                      const std::string& compare) {
+  const bool compare_torch = compare == "torch";
   base::TraceRecorder trace;
   auto config = llm::ModelConfig::load(model);
   if (!config.ok()) return fail("bench prefill", config.status());
@@ -793,6 +795,13 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
   const llm::KernelIsa peak_isa = llm::resolve_kernel_isa(llm::KernelIsa::kAuto);
   const double peak = llm::measure_f32_fma_peak(peak_isa);
   const TheoreticalPeak paper = theoretical_f32_fma_peak();
+  const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
+  std::optional<LlamaCppPeer> peer;
+  if (compare == "llama.cpp") {
+    absl::StatusOr<LlamaCppPeer> p = LlamaCppPeer::prepare(model, common.kernel_isa());
+    if (!p.ok()) return fail("bench prefill", p.status());
+    peer.emplace(std::move(*p));
+  }
   const bool peak_low = paper.flop_per_s > 0 && peak < paper.flop_per_s / 2;
   if (peak_low) {
     std::fprintf(stderr,
@@ -876,6 +885,13 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
       out["torch_ttft_ms"] = torch_ms;
       out["speedup_vs_torch"] = torch_ms / best_ms;
     }
+    if (peer) {
+      absl::StatusOr<double> theirs = peer->prefill_tokens_per_s(len, threads);
+      if (!theirs.ok()) return fail("bench prefill", theirs.status());
+      out["llamacpp_tokens_per_s"] = *theirs;
+      out["over_llamacpp"] = len / (best_ms / 1e3) / *theirs;
+      out["llamacpp_cpu_variant"] = peer->cpu_variant();
+    }
     if (common.json) {
       std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
@@ -897,6 +913,13 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
                     base::hardware_threads(), out["torch_ttft_ms"].get<double>(),
                     out["speedup_vs_torch"].get<double>());
       }
+      if (peer) {
+        std::printf(
+            "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
+            "llama.cpp = %.2f\n",
+            peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
+            out["over_llamacpp"].get<double>());
+      }
     }
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
@@ -904,7 +927,8 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
 
 int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
                      const std::vector<int>& batches, bool allow_unused_tensors,
-                     bool compare_torch) {
+                     const std::string& compare) {
+  const bool compare_torch = compare == "torch";
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
   auto config = llm::ModelConfig::load(model);
@@ -912,6 +936,14 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   const std::vector<int64_t> prompt = {1};
   if (absl::Status s = config->check_request(prompt, steps); !s.ok()) {
     return fail("bench decode", base::annotate(s, "--steps: "));
+  }
+  // The peer's threads are ours (the sim device's cores: --cores, 0 = every hardware thread).
+  const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
+  std::optional<LlamaCppPeer> peer;
+  if (compare == "llama.cpp") {
+    absl::StatusOr<LlamaCppPeer> p = LlamaCppPeer::prepare(model, common.kernel_isa());
+    if (!p.ok()) return fail("bench decode", p.status());
+    peer.emplace(std::move(*p));
   }
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : batches) {
@@ -997,6 +1029,14 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
       out["torch_step_ms"] = torch_ms;
       out["speedup_vs_torch"] = torch_ms / step_ms;
     }
+    if (peer) {
+      absl::StatusOr<double> theirs =
+          peer->decode_tokens_per_s(batch, static_cast<int>(decode_steps), threads);
+      if (!theirs.ok()) return fail("bench decode", theirs.status());
+      out["llamacpp_tokens_per_s"] = *theirs;
+      out["over_llamacpp"] = tok_s / *theirs;
+      out["llamacpp_cpu_variant"] = peer->cpu_variant();
+    }
     if (common.json) {
       std::printf("%s\n", base::dump_replacing(out).c_str());
     } else {
@@ -1012,6 +1052,13 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
             "  PyTorch eager (f32, %d threads): %.3f ms per step; simpler is %.2fx faster\n",
             base::hardware_threads(), out["torch_step_ms"].get<double>(),
             out["speedup_vs_torch"].get<double>());
+      }
+      if (peer) {
+        std::printf(
+            "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
+            "llama.cpp = %.2f\n",
+            peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
+            out["over_llamacpp"].get<double>());
       }
     }
   }

@@ -60,6 +60,7 @@ using Runner = std::function<int()>;
 Runner add_run_command(CLI::App& app);
 Runner add_bench_commands(CLI::App& app);
 Runner add_make_model_command(CLI::App& app);
+Runner add_export_gguf_command(CLI::App& app);
 Runner add_generate_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
 Runner add_l3_example_command(CLI::App& app);

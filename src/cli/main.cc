@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   runners.push_back(simpler::cli::add_run_command(app));
   runners.push_back(simpler::cli::add_bench_commands(app));
   runners.push_back(simpler::cli::add_make_model_command(app));
+  runners.push_back(simpler::cli::add_export_gguf_command(app));
   runners.push_back(simpler::cli::add_generate_command(app));
   runners.push_back(simpler::cli::add_serve_command(app));
   runners.push_back(simpler::cli::add_l3_example_command(app));

@@ -1,0 +1,53 @@
+// Writing a Qwen3 model directory (Hugging Face layout, safetensors) as one GGUF file that
+// llama.cpp loads: the benchmarks' peer runs on the same checkpoint as we do.
+//
+// Format: GGUF version 3 (ggml's docs/gguf.md): the magic "GGUF", the version, the tensor and
+// key-value counts, the key-values, the tensor infos (name, dims innermost first, ggml type,
+// offset), padding to `general.alignment` (32), then the tensor data, each tensor aligned to 32
+// bytes. Everything little-endian.
+//
+// What is written, as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 checkpoint:
+//   general.architecture "qwen3", general.name, general.alignment 32, general.file_type
+//   (0 all f32, 32 mostly bf16); qwen3.{context_length, embedding_length, block_count,
+//   feed_forward_length, attention.head_count, attention.head_count_kv, attention.key_length,
+//   attention.value_length} (u32), qwen3.rope.freq_base, qwen3.attention.layer_norm_rms_epsilon
+//   (f32);
+//   tokenizer.ggml.model "gpt2", tokenizer.ggml.pre "qwen2", tokenizer.ggml.tokens (every id up
+//   to vocab_size: tokenizer.json's vocabulary and added tokens, "[PAD<id>]" for ids neither
+//   names), tokenizer.ggml.token_type (1 normal, 3 control = special added tokens, 4 user
+//   defined = other added tokens, 5 unused = padding), tokenizer.ggml.merges ("a b"),
+//   tokenizer.ggml.{bos,eos,padding}_token_id, tokenizer.ggml.add_bos_token false;
+//   tensors named as llama.cpp names them (token_embd, output_norm, output unless tied,
+//   blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm,
+//   ffn_gate, ffn_up, ffn_down}), the data unchanged (Qwen3's RoPE is llama.cpp's NEOX rotation,
+//   no permutation), 1-D tensors (the norms) in f32.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace simpler::llm {
+
+// The type of the 2-D tensors in the file: kBf16 copies bf16 checkpoints as they are (f32 / f16
+// ones rounded to bf16, nearest even); kF32 widens everything to f32 (exact).
+enum class GgufType : uint8_t { kBf16, kF32 };
+
+struct GgufExportOptions {
+  std::string model_dir;  // config.json, tokenizer.json, model.safetensors (or shards)
+  std::string out_path;   // written as out_path.tmp, renamed on success
+  GgufType type = GgufType::kBf16;
+  // Called after each tensor with (tensors written, tensors in all); may be empty.
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+// Writes the GGUF file. Errors: the model directory's (config.json, tokenizer.json, the
+// checkpoint: the codes of ModelConfig::load and ModelWeights::open); INVALID_ARGUMENT naming the
+// field when tokenizer.json is not a BPE model with a vocabulary and merges, or an id is outside
+// the model's vocabulary; the OS error naming the path when the file cannot be written (nothing
+// is left at out_path then). Thread-compatible.
+absl::Status export_gguf(const GgufExportOptions& options);
+
+}  // namespace simpler::llm

@@ -1,0 +1,144 @@
+#include "cli/bench_llamacpp.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/process.h"
+#include "simpler/base/status.h"
+#include "simpler/llm/gguf_export.h"
+#include "simpler/llm/safetensors.h"
+
+namespace simpler::cli {
+namespace {
+
+std::string peer_root() {
+  const char* env = std::getenv("SIMPLER_LLAMACPP_DIR");
+  return env != nullptr && *env != '\0'
+             ? std::string(env)
+             : std::string(SIMPLER_SOURCE_DIR) + "/build/peers/llama.cpp";
+}
+
+const char* bin_folder(llm::KernelIsa isa) {
+  switch (llm::resolve_kernel_isa(isa)) {
+    case llm::KernelIsa::kX86_64V3:
+      return "bin-x86-64-v3";
+    case llm::KernelIsa::kPortable:
+      return "bin-portable";
+    default:
+      return "bin";
+  }
+}
+
+// The first JSON value of `out` that starts a line with `open` ('{' or '[').
+nlohmann::json first_json(const std::string& out, char open) {
+  size_t at = out[0] == open ? 0 : out.find(std::string("\n") + open);
+  if (at == std::string::npos) return nlohmann::json();
+  if (out[at] == '\n') ++at;
+  const char close = open == '{' ? '}' : ']';
+  const size_t end = open == '{' ? out.find('\n', at) : out.find(std::string("\n") + close, at);
+  const std::string text = out.substr(
+      at, end == std::string::npos ? std::string::npos : end - at + (open == '[' ? 2 : 0));
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace
+
+LlamaCppPeer::LlamaCppPeer(std::string bin_dir, std::string gguf)
+    : bin_dir_(std::move(bin_dir)), gguf_(std::move(gguf)) {}
+
+LlamaCppPeer::LlamaCppPeer(LlamaCppPeer&& other) noexcept
+    : bin_dir_(std::move(other.bin_dir_)),
+      gguf_(std::exchange(other.gguf_, std::string())),
+      cpu_variant_(std::move(other.cpu_variant_)) {}
+
+LlamaCppPeer::~LlamaCppPeer() {
+  if (!gguf_.empty()) std::remove(gguf_.c_str());
+}
+
+absl::StatusOr<LlamaCppPeer> LlamaCppPeer::prepare(const std::string& model, llm::KernelIsa isa) {
+  const std::string bin = peer_root() + "/" + bin_folder(isa);
+  std::error_code ec;
+  if (!std::filesystem::exists(bin + "/llama-bench", ec) ||
+      !std::filesystem::exists(bin + "/llama-batched-bench", ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--compare llama.cpp needs llama.cpp's llama-bench and llama-batched-bench in ", bin,
+        ": run scripts/install_deps.sh --bench (or set SIMPLER_LLAMACPP_DIR)"));
+  }
+  llm::GgufExportOptions o;
+  o.model_dir = model;
+  o.out_path = (std::filesystem::temp_directory_path() /
+                absl::StrCat("simpler-llamacpp-", ::getpid(), ".gguf"))
+                   .string();
+  absl::StatusOr<llm::ModelWeights> w = llm::ModelWeights::open(model);
+  if (!w.ok()) return w.status();
+  absl::StatusOr<llm::TensorView> embed = w->get("model.embed_tokens.weight");
+  o.type = embed.ok() && embed->dtype == task::DataType::kFloat32 ? llm::GgufType::kF32
+                                                                  : llm::GgufType::kBf16;
+  SIMPLER_RETURN_IF_ERROR(llm::export_gguf(o));
+  return LlamaCppPeer(bin, o.out_path);
+}
+
+absl::StatusOr<std::string> LlamaCppPeer::run(const std::string& tool,
+                                              const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {bin_dir_ + "/" + tool, "-m", gguf_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SIMPLER_ASSIGN_OR_RETURN(base::ProcessResult r, base::run_process(argv));
+  if (!r.ok()) {
+    return absl::InternalError(
+        absl::StrCat(tool, " failed (", r.describe(), "): ", r.output.substr(0, 2000)));
+  }
+  constexpr std::string_view kLoaded = "libggml-cpu-";
+  const size_t at = r.output.find(kLoaded);
+  if (at != std::string::npos) {
+    const size_t end = r.output.find(".so", at);
+    cpu_variant_ = r.output.substr(at + kLoaded.size(), end - at - kLoaded.size());
+  }
+  return r.output;
+}
+
+absl::StatusOr<double> LlamaCppPeer::decode_tokens_per_s(int batch, int steps, int threads) {
+  const std::string t = std::to_string(threads), n = std::to_string(steps);
+  if (batch == 1) {
+    SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-bench", {"-t", t, "-p", "0", "-n", n, "-r",
+                                                                  "3", "-o", "json"}));
+    const nlohmann::json j = first_json(out, '[');
+    if (!j.is_array() || j.empty() || !j[0].contains("avg_ts")) {
+      return absl::InternalError(
+          absl::StrCat("llama-bench printed no result: ", out.substr(0, 2000)));
+    }
+    return j[0]["avg_ts"].get<double>();
+  }
+  const std::string ctx = std::to_string(batch * (steps + 2) + 64);
+  SIMPLER_ASSIGN_OR_RETURN(
+      std::string out,
+      run("llama-batched-bench", {"-t", t, "-c", ctx, "-npp", "1", "-ntg", n, "-npl",
+                                  std::to_string(batch), "--output-format", "jsonl"}));
+  const nlohmann::json j = first_json(out, '{');
+  if (!j.is_object() || !j.contains("speed_tg")) {
+    return absl::InternalError(
+        absl::StrCat("llama-batched-bench printed no result: ", out.substr(0, 2000)));
+  }
+  return j["speed_tg"].get<double>();
+}
+
+absl::StatusOr<double> LlamaCppPeer::prefill_tokens_per_s(int prompt_len, int threads) {
+  SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-bench", {"-t", std::to_string(threads), "-p",
+                                                                std::to_string(prompt_len), "-n",
+                                                                "0", "-r", "3", "-o", "json"}));
+  const nlohmann::json j = first_json(out, '[');
+  if (!j.is_array() || j.empty() || !j[0].contains("avg_ts")) {
+    return absl::InternalError(
+        absl::StrCat("llama-bench printed no result: ", out.substr(0, 2000)));
+  }
+  return j[0]["avg_ts"].get<double>();
+}
+
+}  // namespace simpler::cli

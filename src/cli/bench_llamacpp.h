@@ -1,0 +1,45 @@
+// llama.cpp as the benchmarks' peer in the same run (`bench decode|prefill --compare llama.cpp`):
+// its llama-bench and llama-batched-bench, built by scripts/build_llamacpp_peer.sh from npm's
+// node-llama-cpp source and prebuilt libraries, run on our checkpoint exported as GGUF.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "simpler/llm/kernels.h"
+
+namespace simpler::cli {
+
+// The peer for one benchmark run: the tools' folder whose ggml CPU variants match our kernel
+// target (avx512: every variant, ggml takes the best; x86-64-v3: only haswell; portable: only
+// the x64 baseline) and the model as a GGUF file in the temporary directory, deleted when the
+// object goes. Move-only; thread-compatible.
+class LlamaCppPeer {
+ public:
+  // Finds the tools (SIMPLER_LLAMACPP_DIR, else build/peers/llama.cpp in the source tree) and
+  // exports `model` (bf16, or f32 for an f32 checkpoint). FAILED_PRECONDITION naming
+  // `scripts/install_deps.sh --bench` when the tools are not built; the export's errors.
+  static absl::StatusOr<LlamaCppPeer> prepare(const std::string& model, llm::KernelIsa isa);
+
+  LlamaCppPeer(LlamaCppPeer&& other) noexcept;
+  LlamaCppPeer& operator=(LlamaCppPeer&&) = delete;
+  ~LlamaCppPeer();
+
+  // Tokens/s of `batch` sequences generating `steps` tokens each after a one-token prompt, on
+  // `threads` threads (llama-bench -n for one sequence, llama-batched-bench -npl for more).
+  absl::StatusOr<double> decode_tokens_per_s(int batch, int steps, int threads);
+  // Prompt-processing tokens/s of a `prompt_len`-token prompt (llama-bench -p, best of 3).
+  absl::StatusOr<double> prefill_tokens_per_s(int prompt_len, int threads);
+  // The ggml CPU variant the last run loaded (e.g. "zen4", "haswell", "x64").
+  const std::string& cpu_variant() const { return cpu_variant_; }
+
+ private:
+  LlamaCppPeer(std::string bin_dir, std::string gguf);
+  absl::StatusOr<std::string> run(const std::string& tool, const std::vector<std::string>& args);
+
+  std::string bin_dir_;
+  std::string gguf_;
+  std::string cpu_variant_;
+};
+
+}  // namespace simpler::cli
