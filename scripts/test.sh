@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: formatting, the release build's full
-# suite, clang's thread-safety analysis of every source file, the unit tests
+# Installs, builds and runs every test: formatting, llama.cpp's tools (the peer the
+# exported GGUF is checked against), the release build's full suite, clang's thread-safety analysis of every source file, the unit tests
 # under AddressSanitizer + UBSan, and the concurrency tests under
 # ThreadSanitizer, and the libFuzzer targets replaying their seed corpora and
 # saved crashes plus a short deterministic run each (scripts/fuzz.sh replay).
@@ -16,6 +16,9 @@ scripts/install_deps.sh || { echo "test.sh: installing dependencies failed" >&2;
 
 echo "== format check" >&2
 git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror || failed+=("format")
+
+echo "== llama.cpp peer (npm's node-llama-cpp, for the exported-GGUF test)" >&2
+scripts/build_llamacpp_peer.sh || failed+=("llamacpp-peer")
 
 echo "== release build + all tests" >&2
 if scripts/build.sh release; then
