@@ -220,22 +220,27 @@ TEST(PolledCompletion, ANotificationThatThrowsOnThePollerReleasesTheHead) {
 }
 
 // Concurrency: two pollers toggling polling and polling, against the lane thread and a
-// submitter; every run retires once, in run order, with its own result.
+// submitter; every run retires once, in run order, with its own result. Runs go in rounds of
+// 100 (at most 40) until both kinds of reaper took part, so a loaded machine that lets one of
+// them miss a round cannot make the test fail.
 TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOrder) {
   Worker w(testing::test_options(2, 4));
   auto prog = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
-  constexpr int kRuns = 300;
-  std::vector<int64_t> in(kRuns), out(kRuns, -1);
+  constexpr int kPerRound = 100, kMaxRounds = 40, kMaxRuns = kPerRound * kMaxRounds;
+  std::vector<int64_t> in(kMaxRuns), out(kMaxRuns, -1);
   std::mutex mu;
   std::vector<uint64_t> order;
   std::atomic<bool> stop{false};
-  std::atomic<int> by_pollers{0};
+  std::atomic<int> by_pollers{0}, polling{0};
   std::vector<std::thread> pollers;
   for (int p = 0; p < 2; ++p) {
-    pollers.emplace_back([&w, &stop, &by_pollers, p] {
+    pollers.emplace_back([&w, &stop, &by_pollers, &polling, p] {
+      bool first = true;
       while (!stop.load(std::memory_order_acquire)) {
         w.set_completion_polling(true);
+        if (first) polling.fetch_add(1, std::memory_order_release);
+        first = false;
         const auto until =
             std::chrono::steady_clock::now() + std::chrono::microseconds(200 + 150 * p);
         while (std::chrono::steady_clock::now() < until) {
@@ -243,32 +248,41 @@ TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOr
           std::this_thread::yield();
         }
         w.set_completion_polling(false);
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        // Off for 100 µs: the lane thread reaps meanwhile.
+        const auto off_until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+        while (std::chrono::steady_clock::now() < off_until) std::this_thread::yield();
       }
     });
   }
-  std::vector<RunHandle> hs;
-  for (int i = 0; i < kRuns; ++i) {
-    in[i] = i;
-    auto h = w.submit(*prog, affine_args(&in[i], &out[i], 1), {}, kForever,
-                      [&mu, &order](const RunResult& r) {
-                        std::lock_guard<std::mutex> l(mu);
-                        order.push_back(r.id.value);
-                      });
-    ASSERT_TRUE(h.ok()) << h.status();
-    hs.push_back(*h);
+  // Both pollers have turned polling on once before the first run goes in.
+  while (polling.load(std::memory_order_acquire) < 2) std::this_thread::yield();
+  int submitted = 0;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    std::vector<RunHandle> hs;
+    for (int i = submitted; i < submitted + kPerRound; ++i) {
+      in[i] = i;
+      auto h = w.submit(*prog, affine_args(&in[i], &out[i], 1), {}, kForever,
+                        [&mu, &order](const RunResult& r) {
+                          std::lock_guard<std::mutex> l(mu);
+                          order.push_back(r.id.value);
+                        });
+      ASSERT_TRUE(h.ok()) << h.status();
+      hs.push_back(*h);
+    }
+    for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(30.0).ok());
+    submitted += kPerRound;
+    const int polled = by_pollers.load();
+    if (polled > 0 && polled < submitted) break;  // both kinds reaped some
   }
-  for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(30.0).ok());
   stop.store(true, std::memory_order_release);
   for (std::thread& t : pollers) t.join();
-  for (int i = 0; i < kRuns; ++i) EXPECT_EQ(out[i], 3 * i + 1) << i;
+  for (int i = 0; i < submitted; ++i) EXPECT_EQ(out[i], 3 * i + 1) << i;
   EXPECT_TRUE(w.close().ok());
   std::lock_guard<std::mutex> l(mu);
-  ASSERT_EQ(order.size(), static_cast<size_t>(kRuns));
-  for (int i = 0; i < kRuns; ++i) EXPECT_EQ(order[i], static_cast<uint64_t>(i));
-  // Both reaped some: pollers were on about two thirds of the time.
-  EXPECT_GT(by_pollers.load(), 0);
-  EXPECT_LT(by_pollers.load(), kRuns) << "the lane thread never reaped while polling was off";
+  ASSERT_EQ(order.size(), static_cast<size_t>(submitted));
+  for (int i = 0; i < submitted; ++i) EXPECT_EQ(order[i], static_cast<uint64_t>(i));
+  EXPECT_GT(by_pollers.load(), 0) << "the pollers never reaped in " << submitted << " runs";
+  EXPECT_LT(by_pollers.load(), submitted) << "the lane thread never reaped while polling was off";
 }
 
 // A submit that waits for a resource set has the lane thread reap — also a run that another
