@@ -19,6 +19,8 @@ PACKAGES=(
   python3 python3-numpy python3-jinja2
   spin
 )
+# The aarch64 NEON kernels are cross-built and run under qemu-user by the test command.
+if [ "$(uname -m)" = x86_64 ]; then PACKAGES+=(g++-aarch64-linux-gnu qemu-user); fi
 
 # --bench: instead, the peers the benchmarks compare against (not needed to build or test):
 # Debian's PyTorch for `bench decode|prefill --compare torch`, OpenBLAS as the system BLAS

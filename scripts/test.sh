@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: formatting, llama.cpp's tools (the peer the
-# exported GGUF is checked against), the release build's full suite, clang's thread-safety analysis of every source file, the unit tests
-# under AddressSanitizer + UBSan, and the concurrency tests under
-# ThreadSanitizer, and the libFuzzer targets replaying their seed corpora and
-# saved crashes plus a short deterministic run each (scripts/fuzz.sh replay).
+# Installs, builds and runs every test: formatting; llama.cpp's tools (the peer the exported
+# GGUF is checked against); the release build's full suite; clang's thread-safety analysis of
+# every source file; the unit tests under AddressSanitizer + UBSan; the concurrency tests under
+# ThreadSanitizer; the aarch64 NEON kernels cross-built and run under qemu-user; and the
+# libFuzzer targets replaying their seed corpora and saved crashes plus a short deterministic
+# run each (scripts/fuzz.sh replay).
 # Every test has a time limit (ctest TIMEOUT).
 # Every leg runs even when an earlier one failed; the exit status is non-zero
 # when any leg failed, and the last line names them.
@@ -44,6 +45,11 @@ if scripts/build.sh tsan --target concurrency_tests; then
     failed+=("tsan")
 else
   failed+=("tsan-build")
+fi
+
+echo "== aarch64 NEON kernels: cross-built, run under qemu-user" >&2
+if [ "$(uname -m)" = x86_64 ]; then
+  timeout 300 scripts/test_neon.sh || failed+=("neon")
 fi
 
 echo "== fuzzers: replay corpora and saved crashes, deterministic runs" >&2

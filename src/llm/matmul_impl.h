@@ -44,6 +44,10 @@ bool x86_64_v3_available();
 // AVX2 + FMA + F16C intrinsics (built with -mavx2 -mfma -mf16c); call only when
 // x86_64_v3_available().
 void run_x86_64_v3(const Problem& p);
+// aarch64 NEON intrinsics (matmul_neon.cc, built only for aarch64, where it always runs).
+bool neon_available();
+void run_neon(const Problem& p);
+float fma_probe_neon(int64_t iters, float seed);
 // Whether this CPU has AVX-512 F, BW, VL and DQ (what run_avx512 uses).
 bool avx512_available();
 // AVX-512 intrinsics (built with -mavx512*); call only when avx512_available().

@@ -12,10 +12,10 @@
 #include <cpuid.h>
 #endif
 
+#include "Eigen/Core"
 #include "llm/fma_exact.h"
 #include "llm/matmul_impl.h"
 #include "llm/matmul_tile.h"
-#include "simpler/task/data_type.h"
 
 namespace simpler::llm::matmul_detail {
 namespace {
@@ -96,7 +96,7 @@ struct Portable {
       if constexpr (WT == WeightType::kBF16) {
         v[l] = std::bit_cast<float>(static_cast<uint32_t>(h[l]) << 16);  // bf16: the high half
       } else {
-        v[l] = task::f16_to_f32(h[l]);
+        v[l] = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(h[l]));  // exact
       }
     }
     return v;

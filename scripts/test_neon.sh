@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Cross-builds the matmul kernels for aarch64 (NEON and the portable path; g++-aarch64-linux-gnu,
+# statically linked) with tests/cross/matmul_cross_test.cc and runs them under qemu-user
+# (qemu-aarch64). Kernels only: the rest of simpler needs the target's libraries. Part of
+# scripts/test.sh; about a minute on 2 vCPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=build/cross-aarch64
+mkdir -p "$out/include"
+# Only the header-only libraries the kernels include, not the host's whole /usr/include.
+ln -sfn /usr/include/absl "$out/include/absl"
+ln -sfn /usr/include/eigen3/Eigen "$out/include/Eigen"
+aarch64-linux-gnu-g++ -std=c++20 -O2 -static -Wall -Wextra -Werror -I include -I src \
+  -I "$out/include" src/llm/matmul_portable.cc src/llm/matmul_neon.cc \
+  tests/cross/matmul_cross_test.cc -o "$out/matmul_cross_test"
+timeout 180 qemu-aarch64 "$out/matmul_cross_test"

@@ -1,0 +1,132 @@
+// The matmul paths of a cross-built target, run under qemu-user by scripts/test_neon.sh
+// (kernels only: the rest of simpler needs the target's libraries, which a cross build lacks).
+// On aarch64: the NEON path against the portable one bitwise (the 16-lane contract of
+// matmul_impl.h), both against the f64 product of the same widened values, on odd shapes (rows
+// 1-17, K around the 4- and 16-lane widths) and every weight type; the FMA probe; and the
+// portable path's fused multiply-add against the hardware one. A plain main (the target's
+// GoogleTest is not installed): it prints the first mismatches and exits 1.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "Eigen/Core"
+#include "llm/matmul_impl.h"
+
+namespace md = simpler::llm::matmul_detail;
+
+namespace {
+
+int failures = 0;
+
+void fail(const char* what, double got, double want) {
+  if (++failures <= 10) std::printf("FAIL %s: got %.9g, want %.9g\n", what, got, want);
+}
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<double> values;  // the widened values
+};
+
+Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Weights w;
+  w.values.resize(n);
+  w.bytes.resize(n * (wt == md::WeightType::kF32 ? 4 : 2));
+  for (size_t i = 0; i < n; ++i) {
+    const float f = u(gen);
+    if (wt == md::WeightType::kF32) {
+      std::memcpy(w.bytes.data() + 4 * i, &f, 4);
+      w.values[i] = f;
+    } else if (wt == md::WeightType::kBF16) {
+      const uint16_t h = static_cast<uint16_t>(std::bit_cast<uint32_t>(f) >> 16);
+      std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+      w.values[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+    } else {
+      const uint16_t h = Eigen::numext::bit_cast<uint16_t>(Eigen::half(f));
+      std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+      w.values[i] = static_cast<float>(Eigen::half(f));
+    }
+  }
+  return w;
+}
+
+void check_shapes() {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int cases = 0;
+  for (md::WeightType wt : {md::WeightType::kF32, md::WeightType::kBF16, md::WeightType::kF16}) {
+    for (int64_t rows : {1, 2, 3, 5, 16, 17}) {
+      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 100}) {
+        for (int64_t n : {1, 5, 6, 7, 37}) {
+          std::vector<float> x(rows * k), y0(rows * n);
+          for (float& v : x) v = u(gen);
+          for (float& v : y0) v = u(gen);
+          const Weights w = make_weights(wt, static_cast<size_t>(n * k), gen);
+          for (bool acc : {false, true}) {
+            std::vector<float> y_portable = y0, y_neon = y0;
+            md::Problem p;
+            p.x = x.data();
+            p.rows = rows;
+            p.k = k;
+            p.w = w.bytes.data();
+            p.wt = wt;
+            p.n = n;
+            p.ldy = n;
+            p.accumulate = acc;
+            p.y = y_portable.data();
+            md::run_portable(p);
+            p.y = y_neon.data();
+            md::run_neon(p);
+            ++cases;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t j = 0; j < n; ++j) {
+                double want = acc ? y0[r * n + j] : 0.0, mag = std::fabs(want);
+                for (int64_t i = 0; i < k; ++i) {
+                  want += double(x[r * k + i]) * w.values[j * k + i];
+                  mag += std::fabs(double(x[r * k + i]) * w.values[j * k + i]);
+                }
+                const float a = y_portable[r * n + j], b = y_neon[r * n + j];
+                if (std::bit_cast<uint32_t>(a) != std::bit_cast<uint32_t>(b)) {
+                  fail("neon differs from portable", b, a);
+                }
+                if (std::fabs(b - want) > 1e-6 * (1 + mag))
+                  fail("neon vs the f64 product", b, want);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("matmul: %d cases, neon bitwise equal to portable and within 1e-6 of f64\n", cases);
+}
+
+void check_fma() {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float a = std::ldexp(u(gen), i % 40 - 20), b = u(gen), c = i % 3 ? u(gen) : -a * b;
+    const float got = md::fma_exact(a, b, c), want = std::fma(a, b, c);
+    if (std::bit_cast<uint32_t>(got) != std::bit_cast<uint32_t>(want)) fail("fma_exact", got, want);
+  }
+  const float probe = md::fma_probe_neon(1000, 1.0f);
+  if (!std::isfinite(probe)) fail("fma_probe_neon is not finite", probe, 0);
+  std::printf("fma: 200000 operands agree with std::fma; probe %.6g\n", probe);
+}
+
+}  // namespace
+
+int main() {
+  if (!md::neon_available()) {
+    std::printf("FAIL neon_available() is false on aarch64\n");
+    return 1;
+  }
+  check_shapes();
+  check_fma();
+  std::printf("%s: %d failure(s)\n", failures == 0 ? "ok" : "FAILED", failures);
+  return failures == 0 ? 0 : 1;
+}
