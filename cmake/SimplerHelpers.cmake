@@ -84,6 +84,19 @@ function(simpler_executable name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS})
 endfunction()
 
+# simpler_benchmark(NAME SRCS ... DEPS ...) — a Google Benchmark binary (*_benchmark.cc beside
+# the code it times), built with the release flavour, never run by the tests.
+function(simpler_benchmark name)
+  if(SIMPLER_TESTS_ONLY)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SRCS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+  target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark benchmark::benchmark_main)
+endfunction()
+
 # simpler_fuzzer(NAME SRCS ... DEPS ...) — a libFuzzer target, built only with
 # SIMPLER_ENABLE_FUZZING; `fuzzers` builds them all. Seed corpus, dictionary and saved crashes
 # live in fuzz/NAME/ beside the source (see scripts/fuzz.sh).

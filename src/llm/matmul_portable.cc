@@ -10,6 +10,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <emmintrin.h>  // SSE2: part of the x86-64 baseline
 #endif
 
 #include "Eigen/Core"
@@ -24,21 +25,51 @@ using F4 = float __attribute__((vector_size(16)));
 using F2 = float __attribute__((vector_size(8)));
 using D2 = double __attribute__((vector_size(16)));
 using I2 = int64_t __attribute__((vector_size(16)));
+using U16x4 = uint16_t __attribute__((vector_size(8)));
+using U32x4 = uint32_t __attribute__((vector_size(16)));
 
-// a·b + c per lane with one rounding. With a hardware FMA in the baseline target (aarch64) it is
-// that instruction; otherwise in double: a·b is exact there (24 + 24 significand bits), the sum is
-// rounded to odd (round to nearest, then, when inexact and even, one ulp toward the exact value,
-// found by the TwoSum error term), and rounding a round-to-odd double (53 bits, at least 24 + 2)
-// to float gives the correctly rounded result (Boldo and Melquiond, "Emulation of FMA and
-// correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008).
-// fma_exact.h's method on 2 double lanes, with only the operations SSE2 has for them (double
-// compares as masks, and, or, xor, 64-bit subtract): the round-to-odd value is the sum
+// a·b + c per lane with one rounding: the baseline's FMA instruction where it has one
+// (aarch64); else fma_exact.h's method in double (a·b is exact there, the sum rounded to odd,
+// then to float), on x86-64 with SSE2 intrinsics (the baseline's: GCC lowered the same code on
+// vector extensions partly to scalar moves, 2x slower). The round-to-odd value is the sum
 // truncated toward zero with its last bit set, when inexact.
+#if defined(__FP_FAST_FMAF)
+__attribute__((always_inline)) inline F4 fma_exact4(F4 a, F4 b, F4 c) {
+  F4 r;
+  for (int l = 0; l < 4; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+}
+#elif defined(__SSE2__)
+__attribute__((always_inline)) inline __m128d sum_to_odd(__m128d p, __m128d cd) {
+  const __m128d s = _mm_add_pd(p, cd);
+  const __m128d bb = _mm_sub_pd(s, p);
+  const __m128d err = _mm_add_pd(_mm_sub_pd(p, _mm_sub_pd(s, bb)), _mm_sub_pd(cd, bb));
+  const __m128d zero = _mm_setzero_pd();
+  const __m128d abs_s = _mm_andnot_pd(_mm_set1_pd(-0.0), s);
+  const __m128d inexact = _mm_and_pd(_mm_cmpneq_pd(err, zero),  // and s finite
+                                     _mm_cmple_pd(abs_s, _mm_set1_pd(1.7976931348623157e308)));
+  const __m128d toward_zero = _mm_xor_pd(_mm_cmpgt_pd(err, zero), _mm_cmpgt_pd(s, zero));
+  const __m128i one = _mm_set1_epi64x(1);
+  const __m128i dec = _mm_and_si128(_mm_castpd_si128(_mm_and_pd(inexact, toward_zero)), one);
+  const __m128i odd = _mm_and_si128(_mm_castpd_si128(inexact), one);
+  return _mm_castsi128_pd(_mm_or_si128(_mm_sub_epi64(_mm_castpd_si128(s), dec), odd));
+}
+__attribute__((always_inline)) inline F4 fma_exact4(F4 a, F4 b, F4 c) {
+  const __m128 av = reinterpret_cast<__m128&>(a), bv = reinterpret_cast<__m128&>(b),
+               cv = reinterpret_cast<__m128&>(c);
+  const __m128d lo = sum_to_odd(_mm_mul_pd(_mm_cvtps_pd(av), _mm_cvtps_pd(bv)), _mm_cvtps_pd(cv));
+  const __m128d hi = sum_to_odd(
+      _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(av, av)), _mm_cvtps_pd(_mm_movehl_ps(bv, bv))),
+      _mm_cvtps_pd(_mm_movehl_ps(cv, cv)));
+  const __m128 r = _mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi));
+  return reinterpret_cast<const F4&>(r);
+}
+#else
+// The same on the compiler's vector extensions, for a baseline with neither.
 __attribute__((always_inline)) inline D2 sum_to_odd(D2 p, D2 cd) {
   const D2 s = p + cd;
   const D2 bb = s - p;
   const D2 err = (p - (s - bb)) + (cd - bb);
-  // Ordered < and <= only: GCC lowers them to cmppd on SSE2 (== and != go scalar).
   constexpr double kMax = std::numeric_limits<double>::max();
   const I2 inexact = ((err < 0.0) | (err > 0.0)) & (s <= kMax) & (s >= -kMax);  // and s finite
   const I2 toward_zero = (err > 0.0) ^ (s > 0.0);  // the exact value lies inside |s|
@@ -49,15 +80,7 @@ __attribute__((always_inline)) inline D2 sum_to_odd(D2 p, D2 cd) {
   std::memcpy(&rounded, &bits, sizeof(rounded));
   return rounded;
 }
-
-// a·b + c per lane with one rounding: the baseline's FMA instruction where it has one
-// (aarch64), else fma_exact.h's method in double (a·b is exact there).
 __attribute__((always_inline)) inline F4 fma_exact4(F4 a, F4 b, F4 c) {
-#if defined(__FP_FAST_FMAF)
-  F4 r;
-  for (int l = 0; l < 4; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
-  return r;
-#else
   const auto lo = [](F4 v) {
     return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), D2);
   };
@@ -67,8 +90,8 @@ __attribute__((always_inline)) inline F4 fma_exact4(F4 a, F4 b, F4 c) {
   const F2 rlo = __builtin_convertvector(sum_to_odd(lo(a) * lo(b), lo(c)), F2);
   const F2 rhi = __builtin_convertvector(sum_to_odd(hi(a) * hi(b), hi(c)), F2);
   return __builtin_shufflevector(rlo, rhi, 0, 1, 2, 3);
-#endif
 }
+#endif
 
 struct Portable {
   using P = F4;
@@ -103,7 +126,15 @@ struct Portable {
   }
   template <WeightType WT>
   static P load_w(const WeightT<WT>* p) {
-    if constexpr (WT == WeightType::kF32) {
+    if constexpr (WT == WeightType::kBF16) {
+      // bf16 is the high half of an f32: 4 of them widened at once (zero-extend, shift).
+      U16x4 h;
+      std::memcpy(&h, p, sizeof(h));
+      const U32x4 bits = __builtin_convertvector(h, U32x4) << 16;
+      P v;
+      std::memcpy(&v, &bits, sizeof(v));
+      return v;
+    } else if constexpr (WT == WeightType::kF32) {
       return load(p);
     } else {
       return widen<WT>(p, kPartLanes);
