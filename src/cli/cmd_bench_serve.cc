@@ -275,7 +275,8 @@ int run_bench_serve(const State& st) {
             {"client_cpu_s", client_cpu_s},
             {"wall_s", wall_s},
             {"preemptions", preemptions},
-            {"errors", errors}};
+            {"errors", errors},
+            {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.common.kernel_isa()))}};
   if (st.common.json) {
     std::printf("%s\n", base::dump_replacing(j).c_str());
   } else {

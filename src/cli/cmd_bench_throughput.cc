@@ -209,7 +209,8 @@ int run_bench_throughput(const State& st) {
         {"static_mean_rows_per_step", s.mean_rows_per_step},
         {"static_preemptions", fixed->metrics.preemptions_total},
         {"static_errors", s.errors},
-        {"continuous_over_static", ratio}};
+        {"continuous_over_static", ratio},
+        {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.common.kernel_isa()))}};
     if (probe) {
       j["ttft_probe_input_len"] = st.ttft_probe_len;
       j["ttft_probe_ms"] = probe->ttft_ms;

@@ -657,7 +657,10 @@ Runner add_generate_command(CLI::App& app) {
           {"chips", chips},
           {"child_mode", chips > 1 ? nlohmann::json(st->child_mode) : nlohmann::json(nullptr)},
           {"max_num_seqs", eo.runner.max_num_seqs},
-          {"max_num_batched_tokens", eo.runner.max_num_batched_tokens}};
+          {"max_num_batched_tokens", eo.runner.max_num_batched_tokens},
+          {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st->common.kernel_isa()))},
+          {"precision", llm::name_of(llm::effective_precision(st->common.kernel_isa(),
+                                                              st->common.precision()))}};
       std::string dumped = base::dump_replacing(out);
       std::printf("%s\n", dumped.c_str());
     } else {

@@ -1551,6 +1551,13 @@ def scenario_bench_prefill_load(ctx):
                  f"{label}: fraction_of_peak is not gflop_per_s / peak_gflop_per_s")
         pb.check(close(r["tokens_per_s"], n / (r["ttft_ms"] / 1e3)),
                  f"{label}: tokens_per_s is not prompt_len / ttft")
+    # generate --json names the target it ran.
+    p, _ = ctx.run_ok([ctx.simpler, "generate", "--model", model, "--prompt-ids", "9707,11",
+                       "--max-new-tokens", "2", "--kernel-isa", "portable", "--json"],
+                      label="generate --kernel-isa portable")
+    g = parse_one_json_object(p.stdout, "generate --kernel-isa portable --json")
+    pb.check(g.get("kernel_isa") == "portable" and g.get("precision") == "exact",
+             f"generate --json: kernel_isa {g.get('kernel_isa')!r}, precision {g.get('precision')!r}")
     p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "16",
                        "--kernel-isa", "portable", "--json"], label="bench prefill portable")
     r = parse_one_json_object(p.stdout, "bench prefill --kernel-isa portable")
