@@ -24,6 +24,12 @@ void set_thread_name(const std::string& name) {
 #endif
 }
 
+void set_thread_name(std::thread& thread, const std::string& name) {
+#if defined(__linux__)
+  (void)pthread_setname_np(thread.native_handle(), name.substr(0, 15).c_str());
+#endif
+}
+
 void use_precise_timers() {
 #if defined(__linux__)
   (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);

@@ -53,25 +53,39 @@ void busy_wait_ns(int64_t ns) {
   }
 }
 
-// A sim device with two cores (this machine class's hardware threads) and its stream.
+using SchedulerCore = device::SimDeviceOptions::SchedulerCore;
+
+// A sim device with two cores (this machine class's hardware threads) and its stream; with
+// SchedulerCore::kOn the stream's scheduler thread is core 0, so one core thread runs.
 struct TwoCoreDevice {
-  TwoCoreDevice() {
+  explicit TwoCoreDevice(SchedulerCore sc) : core_threads(sc == SchedulerCore::kOn ? 1 : 2) {
     device::SimDeviceOptions o;
     o.num_cores = 2;
+    o.scheduler_core = sc;
     device = std::move(device::create_sim_device(o)).value();
     stream = device->create_stream().value();
   }
+  int core_threads;
   std::unique_ptr<device::Device> device;
   device::Stream* stream = nullptr;
 };
+
+// Each stress runs with a core thread per core and with the scheduler as core 0.
+class ChipStressTest : public ::testing::TestWithParam<SchedulerCore> {};
+INSTANTIATE_TEST_SUITE_P(SchedulerCore, ChipStressTest,
+                         ::testing::Values(SchedulerCore::kOff, SchedulerCore::kOn),
+                         [](const auto& info) {
+                           return info.param == SchedulerCore::kOn ? "SchedulerIsCore0"
+                                                                   : "ThreadPerCore";
+                         });
 
 // Random graphs of 1-12 tasks (1, 2 or 16 blocks, kernels of 0 to ~100 µs) over
 // four buffers, at most two runs queued, with host pauses so device threads
 // fall asleep between runs and orchestrations that pause after their first task.
 // Every run finishes, every block's increment lands, the cores stay alive.
-TEST(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
+TEST_P(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
   const int runs = stress_runs(2000);
-  TwoCoreDevice chip;
+  TwoCoreDevice chip(GetParam());
   device::Device* dev = chip.device.get();
   device::Stream* stream = chip.stream;
   constexpr int kBuffers = 4, kMaxBlocks = 16;
@@ -149,7 +163,7 @@ TEST(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
       if (HasFatalFailure()) return;
     }
     if (n % 1000 == 999) {
-      ASSERT_EQ(live_threads("sim-core"), 2)
+      ASSERT_EQ(live_threads("sim-core"), chip.core_threads)
           << "a core thread exited while the device was open (after run " << n + 1 << ")";
     }
     if (drain) std::this_thread::sleep_for(std::chrono::microseconds(pick(0, 300)));
@@ -158,7 +172,8 @@ TEST(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
     reap();
     if (HasFatalFailure()) return;
   }
-  EXPECT_EQ(live_threads("sim-core"), 2) << "a core thread exited while the device was open";
+  EXPECT_EQ(live_threads("sim-core"), chip.core_threads)
+      << "a core thread exited while the device was open";
   for (int i = 0; i < kBuffers; ++i) {
     for (int j = 0; j < kMaxBlocks; ++j) {
       EXPECT_EQ(bufs[i].data<int32_t>()[j], expected[i][j]) << "buffer " << i << " element " << j;
@@ -170,9 +185,9 @@ TEST(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
 // that core may be waking up for it (its deferred wake-up was sent because the
 // orchestration took a while): each run here lines the two up at a varying
 // offset. Every run must finish and both core threads must stay alive.
-TEST(ChipStressTest, LoneJobRunInlineWhileItsCoreWakesUp) {
+TEST_P(ChipStressTest, LoneJobRunInlineWhileItsCoreWakesUp) {
   const int runs = stress_runs(20000);
-  TwoCoreDevice chip;
+  TwoCoreDevice chip(GetParam());
   device::Device* dev = chip.device.get();
   device::Stream* stream = chip.stream;
   const Tensor b = *Tensor::contiguous(*dev->malloc(64 * 4), {64}, DataType::kInt32);
@@ -204,7 +219,7 @@ TEST(ChipStressTest, LoneJobRunInlineWhileItsCoreWakesUp) {
         << "run " << r + 1 << " hung";
     ASSERT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
     if (r % 500 == 499) {
-      ASSERT_EQ(live_threads("sim-core"), 2)
+      ASSERT_EQ(live_threads("sim-core"), chip.core_threads)
           << "a core thread exited while the device was open (after run " << r + 1 << ")";
     }
   }

@@ -127,6 +127,12 @@ class SimDevice final : public Device {
     // after a short spin, so it costs the cores little.
     if (n == 0) n = base::hardware_threads();
     caps_.num_cores = n;
+    const int32_t cpus =
+        o.cpus.empty() ? base::hardware_threads() : static_cast<int32_t>(o.cpus.size());
+    using SchedulerCore = SimDeviceOptions::SchedulerCore;
+    scheduler_core_ =
+        o.run_jobs_inline && (o.scheduler_core == SchedulerCore::kOn ||
+                              (o.scheduler_core == SchedulerCore::kAuto && n >= cpus));
     caps_.memory_bytes = o.memory_bytes;
     cores_.reserve(n);
     for (int32_t i = 0; i < n; ++i) {
@@ -134,12 +140,13 @@ class SimDevice final : public Device {
       cores_.back()->index = i;
     }
     for (auto& c : cores_) {
+      if (threadless(*c)) continue;  // the scheduler thread runs its jobs
       c->thread = std::thread([this, core = c.get()] {
-        base::set_thread_name(absl::StrCat("sim-core", core->index));
         pin();
         core_loop(core);
         core->exited.signal();
       });
+      base::set_thread_name(c->thread, absl::StrCat("sim-core", c->index));
     }
   }
   ~SimDevice() override { close(); }
@@ -283,12 +290,14 @@ class SimDevice final : public Device {
   }
 
   // Posts `job` to core `core_index`. A core thread that is awake (running or
-  // spinning) sees it at once. A sleeping one is woken — except that while the
-  // job is the only one on the device, the wake-up is deferred: the scheduler
-  // will most likely run the job itself when it next waits (try_run_inline),
-  // and a futex wake costs the waker ~15 µs on a VM. Deferred wake-ups are
-  // sent as soon as a second job starts, when the scheduler sleeps instead,
-  // or when the job has waited spin_ns.
+  // spinning) sees it at once. A sleeping one is woken — except that one job
+  // at a time may be deferred, the scheduler running it itself when it next
+  // waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and
+  // the woken thread tens of µs more. The deferred job is the threadless
+  // core's when it has one (scheduler_core), else a job posted to a sleeping
+  // core while the device held no other. A deferred core thread is woken as
+  // soon as a second job starts (unless its core is threadless), when the
+  // scheduler sleeps instead, or when the job has waited spin_ns.
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
     bool sleeping;
@@ -300,39 +309,50 @@ class SimDevice final : public Device {
       sleeping = c.sleeping;
     }
     ++jobs_in_flight_;
+    if (threadless(c)) {
+      flush_deferred_wakes();  // a core thread deferred before: the scheduler runs this one
+      deferred_.push_back(core_index);
+      deferred_since_ns_ = base::now_ns();
+      return;
+    }
     if (sleeping && options_.run_jobs_inline && jobs_in_flight_ == 1) {
-      if (deferred_.empty()) deferred_since_ns_ = base::now_ns();
+      deferred_since_ns_ = base::now_ns();
       deferred_.push_back(core_index);
       return;
     }
     flush_deferred_wakes();
-    c.cv.notify_one();
+    if (sleeping) c.cv.notify_one();
   }
 
+  // Wakes the deferred core threads (a threadless core's job stays deferred).
   void flush_deferred_wakes() {
-    for (int32_t i : deferred_) cores_[i]->cv.notify_one();
-    deferred_.clear();
+    std::erase_if(deferred_, [this](int32_t i) {
+      if (threadless(*cores_[i])) return false;
+      cores_[i]->cv.notify_one();
+      return true;
+    });
   }
 
-  // With exactly one job on the device and no core thread having picked it up
-  // yet (its thread sleeps; waking it costs a cross-CPU wake-up, tens of µs on
-  // a VM), the scheduler runs the job itself, attributed to its core, and
-  // returns the completion. Nothing else can complete meanwhile, so no
-  // dispatch is delayed. False when the job was already taken by its core.
+  // Runs a deferred job (its core thread sleeps, or its core is the
+  // scheduler's) on the scheduler thread, attributed to its core, and returns
+  // the completion. False when there is none, or its core thread woke and
+  // took it.
   bool try_run_inline(CoreCompletion* out) {
-    if (!options_.run_jobs_inline || jobs_in_flight_ != 1) return false;
-    for (const auto& c : cores_) {
+    while (!deferred_.empty()) {
+      Core& c = *cores_[deferred_.back()];
+      deferred_.pop_back();
       bool expected = true;
-      if (!c->posted.load(std::memory_order_relaxed) ||
-          !c->posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
+      if (!c.posted.load(std::memory_order_relaxed) ||
+          !c.posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
         continue;
       }
-      std::erase(deferred_, c->index);  // its core need not wake
-      *out = execute(*c, c->job, c->run_id);
+      *out = execute(c, c.job, c.run_id);
       return true;
     }
     return false;
   }
+
+  bool threadless(const Core& c) const { return scheduler_core_ && c.index == 0; }
 
   // Blocking waits model a device scheduler that polls for completions
   // without burning a host CPU: it sleeps until shortly before the earliest
@@ -534,6 +554,7 @@ class SimDevice final : public Device {
   // Jobs started and not yet returned by next_completion. Touched only by the
   // launch running under launch_mu_.
   int32_t jobs_in_flight_ = 0;
+  bool scheduler_core_ = false;    // core 0 is the scheduler thread (scheduler_core)
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
   int64_t deferred_since_ns_ = 0;
 

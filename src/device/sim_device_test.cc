@@ -1,6 +1,8 @@
 #include <sched.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -196,8 +198,39 @@ TEST(SimDeviceFaults, TheStreamExecutesNothingBehindAnUnrecoverableLaunch) {
   EXPECT_EQ(s->launch(4, ok).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(SimDeviceFaults, HangEndsOnAbortAndCloseJoinsEveryThread) {
-  auto d = make(2, *FaultPlan::parse("run=0:task=0:kind=hang"));
+using SchedulerCore = SimDeviceOptions::SchedulerCore;
+
+std::unique_ptr<Device> make_with(int cores, SchedulerCore sc, FaultPlan faults = {}) {
+  SimDeviceOptions o;
+  o.num_cores = cores;
+  o.scheduler_core = sc;
+  o.faults = std::move(faults);
+  return std::move(create_sim_device(o)).value();
+}
+
+// Threads of this process named sim-core* (/proc/self/task/*/comm).
+int core_threads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "comm");
+    std::string name;
+    std::getline(f, name);
+    if (name.rfind("sim-core", 0) == 0) ++n;
+  }
+  return n;
+}
+
+class SimDeviceSchedulerCore : public ::testing::TestWithParam<SchedulerCore> {};
+INSTANTIATE_TEST_SUITE_P(Modes, SimDeviceSchedulerCore,
+                         ::testing::Values(SchedulerCore::kOff, SchedulerCore::kOn),
+                         [](const auto& info) {
+                           return info.param == SchedulerCore::kOn ? "SchedulerIsCore0"
+                                                                   : "ThreadPerCore";
+                         });
+
+// A hung block on core 0 (the scheduler thread itself when it is core 0) ends on abort.
+TEST_P(SimDeviceSchedulerCore, HangEndsOnAbortAndCloseJoinsEveryThread) {
+  auto d = make_with(2, GetParam(), *FaultPlan::parse("run=0:task=0:kind=hang"));
   Stream* s = *d->create_stream();
   uint64_t buf = *d->malloc(16);
   task::Arg arg;
@@ -313,9 +346,10 @@ absl::Status rendezvous(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-TEST(SimDeviceInline, JobsStartedTogetherRunConcurrently) {
-  // The scheduler never takes a job while another one is on a core.
-  auto d = make(2);
+TEST_P(SimDeviceSchedulerCore, JobsStartedTogetherRunConcurrently) {
+  // Blocks started together run at the same time: the scheduler never runs a job of a core
+  // thread while another job waits, and as core 0 it runs only its own.
+  auto d = make_with(2, GetParam());
   Stream* s = *d->create_stream();
   for (int r = 0; r < 10; ++r) {
     g_arrived = 0;
@@ -332,6 +366,53 @@ TEST(SimDeviceInline, JobsStartedTogetherRunConcurrently) {
     ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
     EXPECT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
   }
+}
+
+TEST(SimDeviceSchedulerCore0, Core0JobsRunOnTheSchedulerThreadTheOthersOnCoreThreads) {
+  auto d = make_with(3, SchedulerCore::kOn);
+  EXPECT_EQ(core_threads(), 2);  // cores 1 and 2
+  std::vector<CoreCompletion> c;
+  // Each run starts one job per core: exactly core 0's runs on the scheduler thread.
+  EXPECT_EQ(jobs_on_scheduler_thread(*d, 10, 3, &c), 10);
+  ASSERT_EQ(c.size(), 30u);
+  int per_core[3] = {0, 0, 0};
+  for (const auto& x : c) {
+    ASSERT_TRUE(x.core >= 0 && x.core < 3);
+    ++per_core[x.core];
+    EXPECT_TRUE(x.status.ok());
+  }
+  EXPECT_EQ(per_core[0], 10);
+  EXPECT_EQ(per_core[1], 10);
+  EXPECT_EQ(per_core[2], 10);
+  // A lone job posted to another core still runs where it is posted or inline, never lost.
+  c.clear();
+  jobs_on_scheduler_thread(*d, 10, 1, &c);
+  ASSERT_EQ(c.size(), 10u);
+  d->close();
+  EXPECT_EQ(core_threads(), 0);
+}
+
+TEST(SimDeviceSchedulerCore0, AutoIsOnWhenTheCoresFillTheDeviceCpus) {
+  auto allowed = base::allowed_cpus();
+  ASSERT_TRUE(allowed.ok());
+  SimDeviceOptions o;
+  o.cpus = {allowed->front()};
+  o.num_cores = 2;  // two cores on one CPU: the scheduler is core 0
+  {
+    auto d = std::move(create_sim_device(o)).value();
+    EXPECT_EQ(core_threads(), 1);
+  }
+  if (allowed->size() >= 2) {
+    o.cpus = {(*allowed)[0], (*allowed)[1]};
+    o.num_cores = 1;  // a CPU to spare: a thread per core
+    auto d = std::move(create_sim_device(o)).value();
+    EXPECT_EQ(core_threads(), 1);
+  }
+  o.cpus = {allowed->front()};
+  o.num_cores = 2;
+  o.run_jobs_inline = false;  // every job on a core thread: no scheduler core
+  auto d = std::move(create_sim_device(o)).value();
+  EXPECT_EQ(core_threads(), 2);
 }
 
 TEST(SimDeviceInline, InjectedFaultsApplyToInlineJobs) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,6 +13,9 @@ namespace simpler::base {
 // Names the calling thread for debuggers, `top -H` and /proc (Linux keeps the
 // first 15 bytes). Best effort.
 void set_thread_name(const std::string& name);
+// Names `thread` (a started std::thread) from another thread: the name holds once this returns,
+// before the thread has run anything.
+void set_thread_name(std::thread& thread, const std::string& name);
 
 // Asks the kernel to fire this thread's timed waits within ~1 µs of their
 // deadline instead of the default 50 µs timer slack (Linux PR_SET_TIMERSLACK;
