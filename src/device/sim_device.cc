@@ -140,7 +140,6 @@ class SimDevice final : public Device {
       cores_.back()->index = i;
     }
     for (auto& c : cores_) {
-      if (threadless(*c)) continue;  // the scheduler thread runs its jobs
       c->thread = std::thread([this, core = c.get()] {
         pin();
         core_loop(core);
@@ -293,11 +292,13 @@ class SimDevice final : public Device {
   // spinning) sees it at once. A sleeping one is woken — except that one job
   // at a time may be deferred, the scheduler running it itself when it next
   // waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and
-  // the woken thread tens of µs more. The deferred job is the threadless
-  // core's when it has one (scheduler_core), else a job posted to a sleeping
-  // core while the device held no other. A deferred core thread is woken as
-  // soon as a second job starts (unless its core is threadless), when the
-  // scheduler sleeps instead, or when the job has waited spin_ns.
+  // the woken thread tens of µs more. The deferred job is a short job of the
+  // scheduler's core when there is one (scheduler_core: core 0's expected
+  // block time for the kernel under kLongJobNs, or unknown), else a job posted
+  // to a sleeping core while the device held no other. A deferred core thread
+  // is woken as soon as a second job starts (unless its core is the
+  // scheduler's), when the scheduler sleeps instead, or when the job has
+  // waited spin_ns.
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
     bool sleeping;
@@ -309,10 +310,9 @@ class SimDevice final : public Device {
       sleeping = c.sleeping;
     }
     ++jobs_in_flight_;
-    if (threadless(c)) {
+    if (schedulers_core(c) && duration_estimate(c, job.fn) < kLongJobNs) {
       flush_deferred_wakes();  // a core thread deferred before: the scheduler runs this one
-      deferred_.push_back(core_index);
-      deferred_since_ns_ = base::now_ns();
+      scheduler_job_ = true;
       return;
     }
     if (sleeping && options_.run_jobs_inline && jobs_in_flight_ == 1) {
@@ -324,20 +324,21 @@ class SimDevice final : public Device {
     if (sleeping) c.cv.notify_one();
   }
 
-  // Wakes the deferred core threads (a threadless core's job stays deferred).
+  // Wakes the deferred core threads (the scheduler's own job stays its own).
   void flush_deferred_wakes() {
-    std::erase_if(deferred_, [this](int32_t i) {
-      if (threadless(*cores_[i])) return false;
-      cores_[i]->cv.notify_one();
-      return true;
-    });
+    for (int32_t i : deferred_) cores_[i]->cv.notify_one();
+    deferred_.clear();
   }
 
-  // Runs a deferred job (its core thread sleeps, or its core is the
-  // scheduler's) on the scheduler thread, attributed to its core, and returns
-  // the completion. False when there is none, or its core thread woke and
-  // took it.
+  // Runs a deferred job (its core thread sleeps, or it is a short job of the
+  // scheduler's core) on the scheduler thread, attributed to its core, and
+  // returns the completion. False when there is none, or its core thread woke
+  // and took it.
   bool try_run_inline(CoreCompletion* out) {
+    if (scheduler_job_) {
+      scheduler_job_ = false;
+      deferred_.push_back(0);
+    }
     while (!deferred_.empty()) {
       Core& c = *cores_[deferred_.back()];
       deferred_.pop_back();
@@ -352,7 +353,22 @@ class SimDevice final : public Device {
     return false;
   }
 
-  bool threadless(const Core& c) const { return scheduler_core_ && c.index == 0; }
+  // Whether a core running a job is predicted to finish it within `ns` from now.
+  bool a_core_ends_within(int64_t ns) const {
+    const int64_t limit = base::now_ns() + ns;
+    for (const auto& c : cores_) {
+      const int64_t p = c->predicted_end_ns.load(std::memory_order_relaxed);
+      if (p > 0 && p <= limit) return true;
+    }
+    return false;
+  }
+
+  // Whether `c` is the core the scheduler thread stands in for (scheduler_core).
+  bool schedulers_core(const Core& c) const { return scheduler_core_ && c.index == 0; }
+  // A block expected to run this long or longer goes to its core thread even on the
+  // scheduler's core: the 30 µs wake-up is small beside it, and the scheduler stays free to
+  // hand the other cores their next jobs the moment they finish.
+  static constexpr int64_t kLongJobNs = 300'000;
 
   // Blocking waits model a device scheduler that polls for completions
   // without burning a host CPU: it sleeps until shortly before the earliest
@@ -361,9 +377,20 @@ class SimDevice final : public Device {
   // spins at most spin_ns, then sleeps until woken.
   bool next_completion(CoreCompletion* out, bool block) {
     auto ready = [this] { return completions_ready_.load(std::memory_order_acquire) > 0; };
-    if (block && !ready() && try_run_inline(out)) {
-      --jobs_in_flight_;
-      return true;
+    if (block && !ready()) {
+      CoreCompletion mine;
+      if (try_run_inline(&mine)) {
+        // Queued behind the completions that core threads posted while it ran, and those
+        // about to be posted (a core predicted to finish within spin_ns is waited for: the
+        // blocks of one task end about together): those cores are handed their next jobs
+        // first, instead of this thread taking the next block while they sit idle behind it.
+        if (jobs_in_flight_ > 1 && a_core_ends_within(options_.spin_ns)) {
+          spin_until(ready, options_.spin_ns);
+        }
+        MutexLock lock(completion_mu_);
+        completions_.push_back(std::move(mine));
+        completions_ready_.fetch_add(1, std::memory_order_release);
+      }
     }
     if (!deferred_.empty() && (block || base::now_ns() - deferred_since_ns_ >= options_.spin_ns)) {
       flush_deferred_wakes();
@@ -414,8 +441,10 @@ class SimDevice final : public Device {
     bool ran = false;
     while (true) {
       // After a job, spin briefly for the next one; after a wake-up whose job
-      // the scheduler ran inline, go straight back to sleep.
-      if (ran) {
+      // the scheduler ran inline, go straight back to sleep. The scheduler's
+      // core never spins: its next short job runs on the scheduler thread, and
+      // a spinning thread would take the CPU the others need.
+      if (ran && !schedulers_core(*c)) {
         spin_until([this, c] { return c->posted.load(std::memory_order_acquire) || c_stop(); },
                    options_.spin_ns);
       }
@@ -556,6 +585,7 @@ class SimDevice final : public Device {
   int32_t jobs_in_flight_ = 0;
   bool scheduler_core_ = false;    // core 0 is the scheduler thread (scheduler_core)
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
+  bool scheduler_job_ = false;     // core 0's short job waits for the scheduler (see start)
   int64_t deferred_since_ns_ = 0;
 
   mutable base::Mutex abort_mu_;

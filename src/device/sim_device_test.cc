@@ -368,9 +368,9 @@ TEST_P(SimDeviceSchedulerCore, JobsStartedTogetherRunConcurrently) {
   }
 }
 
-TEST(SimDeviceSchedulerCore0, Core0JobsRunOnTheSchedulerThreadTheOthersOnCoreThreads) {
+TEST(SimDeviceSchedulerCore0, Core0ShortJobsRunOnTheSchedulerThreadTheOthersOnCoreThreads) {
   auto d = make_with(3, SchedulerCore::kOn);
-  EXPECT_EQ(core_threads(), 2);  // cores 1 and 2
+  EXPECT_EQ(core_threads(), 3);
   std::vector<CoreCompletion> c;
   // Each run starts one job per core: exactly core 0's runs on the scheduler thread.
   EXPECT_EQ(jobs_on_scheduler_thread(*d, 10, 3, &c), 10);
@@ -384,35 +384,71 @@ TEST(SimDeviceSchedulerCore0, Core0JobsRunOnTheSchedulerThreadTheOthersOnCoreThr
   EXPECT_EQ(per_core[0], 10);
   EXPECT_EQ(per_core[1], 10);
   EXPECT_EQ(per_core[2], 10);
-  // A lone job posted to another core still runs where it is posted or inline, never lost.
-  c.clear();
-  jobs_on_scheduler_thread(*d, 10, 1, &c);
-  ASSERT_EQ(c.size(), 10u);
-  d->close();
-  EXPECT_EQ(core_threads(), 0);
+}
+
+TEST(SimDeviceSchedulerCore0, OffRunsEveryJobOfSeveralOnACoreThread) {
+  auto d = make_with(2, SchedulerCore::kOff);
+  std::vector<CoreCompletion> c;
+  EXPECT_EQ(jobs_on_scheduler_thread(*d, 10, 2, &c), 0);
+  EXPECT_EQ(c.size(), 20u);
+}
+
+// A kernel whose blocks take 1 ms: past the scheduler core's 300 µs bound once core 0 has
+// timed it, it goes to core 0's thread.
+absl::Status long_block(const task::KernelContext& ctx) {
+  const int64_t until = base::now_ns() + 1'000'000;
+  while (base::now_ns() < until) {
+  }
+  return log_thread(ctx);
+}
+
+TEST(SimDeviceSchedulerCore0, LongJobsGoToTheCoreThread) {
+  auto d = make_with(2, SchedulerCore::kOn);
+  Stream* s = *d->create_stream();
+  ThreadLog log;
+  g_log = &log;
+  std::thread::id scheduler;
+  for (int r = 0; r < 4; ++r) {
+    auto rec = s->launch(r, [&](ExecContext& ctx) {
+      scheduler = std::this_thread::get_id();
+      for (int j = 0; j < 2; ++j) ctx.start(j, CoreJob{long_block, nullptr, 0, j, 2, 0, 0});
+      for (int j = 0; j < 2; ++j) {
+        CoreCompletion done;
+        EXPECT_TRUE(ctx.next_completion(&done, true));
+        EXPECT_TRUE(done.status.ok());
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+  }
+  g_log = nullptr;
+  ASSERT_EQ(log.kernel_threads.size(), 8u);
+  // Run 0: core 0's block is untimed and runs on the scheduler thread; runs 1-3: on threads.
+  int on_scheduler = 0;
+  for (const auto& [run, thread] : log.kernel_threads) on_scheduler += thread == scheduler;
+  EXPECT_EQ(on_scheduler, 1);
 }
 
 TEST(SimDeviceSchedulerCore0, AutoIsOnWhenTheCoresFillTheDeviceCpus) {
   auto allowed = base::allowed_cpus();
   ASSERT_TRUE(allowed.ok());
+  std::vector<CoreCompletion> c;
   SimDeviceOptions o;
   o.cpus = {allowed->front()};
-  o.num_cores = 2;  // two cores on one CPU: the scheduler is core 0
+  o.num_cores = 2;  // two cores on one CPU: the scheduler stands in for core 0
   {
     auto d = std::move(create_sim_device(o)).value();
-    EXPECT_EQ(core_threads(), 1);
+    EXPECT_EQ(jobs_on_scheduler_thread(*d, 5, 2, &c), 5);
   }
-  if (allowed->size() >= 2) {
-    o.cpus = {(*allowed)[0], (*allowed)[1]};
-    o.num_cores = 1;  // a CPU to spare: a thread per core
+  if (allowed->size() >= 3) {
+    o.cpus = {(*allowed)[0], (*allowed)[1], (*allowed)[2]};  // a CPU to spare
     auto d = std::move(create_sim_device(o)).value();
-    EXPECT_EQ(core_threads(), 1);
+    EXPECT_EQ(jobs_on_scheduler_thread(*d, 5, 2, &c), 0);
   }
   o.cpus = {allowed->front()};
-  o.num_cores = 2;
-  o.run_jobs_inline = false;  // every job on a core thread: no scheduler core
+  o.run_jobs_inline = false;  // every job on a core thread
   auto d = std::move(create_sim_device(o)).value();
-  EXPECT_EQ(core_threads(), 2);
+  EXPECT_EQ(jobs_on_scheduler_thread(*d, 5, 2, &c), 0);
 }
 
 TEST(SimDeviceInline, InjectedFaultsApplyToInlineJobs) {

@@ -193,13 +193,13 @@ struct SimDeviceOptions {
   // first task after run k's last, start without a cross-thread wake-up.
   // false: every job runs on a core thread (the model's literal shape).
   bool run_jobs_inline = true;
-  // Whether the stream's scheduler thread is itself core 0 (core 0 then has no thread of its
-  // own): core 0's jobs run on the scheduler thread when it next waits for a completion, after
-  // the completions already there are handled. A core thread per CPU plus the scheduler
-  // oversubscribe the CPUs: three threads spinning on two CPUs turn each hand-off between
-  // dependent tasks into a wait for a CPU (~30 µs on a 2-vCPU VM; docs/benchmarks.md). Its
-  // cost: while the scheduler runs a block, the other cores' completions wait for it, so
-  // where CPUs are to spare the scheduler is better left a thread of its own.
+  // Whether the stream's scheduler thread stands in for core 0: core 0's short jobs (its
+  // expected block time for the kernel under 300 µs, or unknown) run on the scheduler thread
+  // when it next waits for a completion, after the completions already there are handled, and
+  // core 0's thread takes only long ones and never spins. A core thread per CPU plus a
+  // spinning scheduler oversubscribe the CPUs: three threads spinning on two CPUs turn each
+  // hand-off between dependent short tasks into a wait for a CPU (~30 µs on a 2-vCPU VM;
+  // docs/benchmarks.md). Where CPUs are to spare the scheduler is better left to schedule.
   // kAuto: on when run_jobs_inline is true and the cores are at least the CPUs the device
   // threads may run on (`cpus`, else the hardware threads).
   enum class SchedulerCore { kAuto, kOn, kOff };
