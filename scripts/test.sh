@@ -12,25 +12,39 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 failed=()
+# Each leg's wall time, printed as it ends and summed up at the end (where the minutes go).
+leg_name="" leg_start=0 times=()
+leg() {
+  local now
+  now=$(date +%s)
+  if [ -n "$leg_name" ]; then
+    times+=("$leg_name $((now - leg_start))s")
+    echo "-- $leg_name: $((now - leg_start)) s" >&2
+  fi
+  leg_name="$1" leg_start=$now
+  [ -n "$1" ] && echo "== $1" >&2
+  return 0
+}
 
+leg "install dependencies"
 scripts/install_deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
 
-echo "== format check" >&2
+leg "format check"
 git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror || failed+=("format")
 
-echo "== llama.cpp peer (npm's node-llama-cpp, for the exported-GGUF test)" >&2
+leg "llama.cpp peer (npm's node-llama-cpp, for the exported-GGUF test)"
 scripts/build_llamacpp_peer.sh || failed+=("llamacpp-peer")
 
-echo "== release build + all tests" >&2
+leg "release build + all tests"
 if scripts/build.sh release; then
   ctest --test-dir build/release --output-on-failure -j 2 --timeout 300 || failed+=("release")
-  echo "== clang thread-safety analysis (GUARDED_BY / REQUIRES)" >&2
+  leg "clang thread-safety analysis (GUARDED_BY / REQUIRES)"
   timeout 900 scripts/check_thread_safety.py build/release || failed+=("thread-safety")
 else
   failed+=("release-build")
 fi
 
-echo "== AddressSanitizer + UBSan: unit tests" >&2
+leg "AddressSanitizer + UBSan: unit tests"
 if scripts/build.sh asan; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build/asan --output-on-failure -j 2 --timeout 300 -L unit || failed+=("asan")
@@ -38,7 +52,7 @@ else
   failed+=("asan-build")
 fi
 
-echo "== ThreadSanitizer: concurrency tests" >&2
+leg "ThreadSanitizer: concurrency tests"
 if scripts/build.sh tsan --target concurrency_tests; then
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tsan.supp" \
     ctest --test-dir build/tsan --output-on-failure -j 2 --timeout 300 -L concurrency ||
@@ -47,18 +61,20 @@ else
   failed+=("tsan-build")
 fi
 
-echo "== aarch64 NEON kernels: cross-built, run under qemu-user" >&2
+leg "aarch64 NEON kernels: cross-built, run under qemu-user"
 if [ "$(uname -m)" = x86_64 ]; then
   timeout 300 scripts/test_neon.sh || failed+=("neon")
 fi
 
-echo "== fuzzers: replay corpora and saved crashes, deterministic runs" >&2
+leg "fuzzers: replay corpora and saved crashes, deterministic runs"
 if scripts/build.sh fuzz --target fuzzers; then
   timeout 480 scripts/fuzz.sh replay || failed+=("fuzz")
 else
   failed+=("fuzz-build")
 fi
 
+leg ""
+echo "test.sh: legs: ${times[*]}" >&2
 elapsed=$(( $(date +%s) - start ))
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test.sh: FAILED legs: ${failed[*]} (after ${elapsed} s)" >&2

@@ -104,7 +104,8 @@ struct Core {
   // Signalled as the core thread exits (close() joins only exited threads).
   base::Event exited;
   // Moving average (1/8 weight) of each kernel's block duration on this core,
-  // in ns. Only the thread running this core's claimed job touches it.
+  // in ns. Only the thread running this core's claimed job touches it, and
+  // the scheduler reads it in start() before it publishes the next job.
   // Successive owners are ordered: a core gets a new job only after its
   // previous completion was returned (ExecContext::start's "not busy"
   // precondition; the completion passes through completion_mu_), the new job
@@ -301,6 +302,9 @@ class SimDevice final : public Device {
   // waited spin_ns.
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
+    // Read before the job is published: from then on the core's thread may run it and update
+    // the estimate.
+    const bool for_scheduler = schedulers_core(c) && duration_estimate(c, job.fn) < kLongJobNs;
     bool sleeping;
     {
       MutexLock lock(c.mu);
@@ -310,7 +314,7 @@ class SimDevice final : public Device {
       sleeping = c.sleeping;
     }
     ++jobs_in_flight_;
-    if (schedulers_core(c) && duration_estimate(c, job.fn) < kLongJobNs) {
+    if (for_scheduler) {
       flush_deferred_wakes();  // a core thread deferred before: the scheduler runs this one
       scheduler_job_ = true;
       return;
