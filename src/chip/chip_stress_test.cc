@@ -62,6 +62,7 @@ struct TwoCoreDevice {
     device::SimDeviceOptions o;
     o.num_cores = 2;
     o.scheduler_core = sc;
+    o.spin_ns = 20'000;  // the orchestrations' pauses below are sized to outlast it
     device = std::move(device::create_sim_device(o)).value();
     stream = device->create_stream().value();
   }

@@ -111,7 +111,7 @@ struct Core {
   // precondition; the completion passes through completion_mu_), the new job
   // is published by `posted` (release) and claimed by compare-exchange
   // (acq_rel); schedulers of different streams are ordered by launch_mu_.
-  std::unordered_map<task::KernelFn, int64_t> block_ns_estimate;
+  std::unordered_map<uint64_t, int64_t> block_ns_estimate;  // by job_shape_key
 };
 
 class SimStream;
@@ -304,7 +304,7 @@ class SimDevice final : public Device {
     Core& c = *cores_[core_index];
     // Read before the job is published: from then on the core's thread may run it and update
     // the estimate.
-    const bool for_scheduler = schedulers_core(c) && duration_estimate(c, job.fn) < kLongJobNs;
+    const bool for_scheduler = schedulers_core(c) && duration_estimate(c, job) < kLongJobNs;
     bool sleeping;
     {
       MutexLock lock(c.mu);
@@ -489,7 +489,7 @@ class SimDevice final : public Device {
     done.task_index = job.task_index;
     done.block_idx = job.block_idx;
     done.start_ns = base::now_ns();
-    const int64_t estimate = duration_estimate(c, job.fn);
+    const int64_t estimate = duration_estimate(c, job);
     c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
                              std::memory_order_relaxed);
     c.exec_run.store(run_id, std::memory_order_relaxed);
@@ -501,7 +501,7 @@ class SimDevice final : public Device {
     done.end_ns = base::now_ns();
     c.exec_start_ns.store(0, std::memory_order_relaxed);
     c.predicted_end_ns.store(0, std::memory_order_relaxed);
-    record_duration(c, job.fn, done.end_ns - done.start_ns);
+    record_duration(c, job, done.end_ns - done.start_ns);
     return done;
   }
 
@@ -513,14 +513,28 @@ class SimDevice final : public Device {
     abandoned_.fetch_add(1, std::memory_order_acq_rel);
   }
 
+  // What a block's duration depends on: the kernel, the block count and the bytes its tensor
+  // arguments span (a decode step's q projection and its LM head share a kernel but differ
+  // 75-fold in time; successive steps repeat the same keys).
+  static uint64_t job_shape_key(const CoreJob& job) {
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < job.num_args; ++i) {
+      if (job.args[i].direction != task::ArgDirection::kScalar)
+        bytes += job.args[i].tensor.span_bytes();
+    }
+    const auto fn = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(job.fn));
+    // A collision only blends two estimates.
+    return fn ^ (bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(job.block_dim) << 48);
+  }
+
   // This core's moving average (1/8 weight) of a kernel's block duration, in
   // ns; 0 = unknown. No lock: see Core::block_ns_estimate.
-  static int64_t duration_estimate(const Core& c, task::KernelFn fn) {
-    auto it = c.block_ns_estimate.find(fn);
+  static int64_t duration_estimate(const Core& c, const CoreJob& job) {
+    auto it = c.block_ns_estimate.find(job_shape_key(job));
     return it == c.block_ns_estimate.end() ? 0 : it->second;
   }
-  static void record_duration(Core& c, task::KernelFn fn, int64_t ns) {
-    auto [it, inserted] = c.block_ns_estimate.emplace(fn, ns);
+  static void record_duration(Core& c, const CoreJob& job, int64_t ns) {
+    auto [it, inserted] = c.block_ns_estimate.emplace(job_shape_key(job), ns);
     if (!inserted) it->second += (ns - it->second) / 8;
   }
 

@@ -184,8 +184,10 @@ struct SimDeviceOptions {
   FaultPlan faults;
   // Longest a device thread waits awake before sleeping, in ns (≤ 50 µs): core threads
   // pause-spin for their next job, the stream's scheduler polls (yielding the CPU) for the next
-  // launch.
-  int64_t spin_ns = 20'000;
+  // launch. 50 µs: on a 2-vCPU VM a sleeping core thread takes 60-120 µs to wake, and with the
+  // scheduler standing in for core 0 (scheduler_core) the other core's next job often comes
+  // 20-50 µs after its last (batch-1 decode +14% against 20 µs, in docs/benchmarks.md).
+  int64_t spin_ns = 50'000;
   // When the scheduler waits on exactly one job that its core thread has not
   // picked up yet, the scheduler runs the job itself (timestamps, faults and
   // the completion's core are those of the job's core). This keeps the run
