@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Cross-builds the matmul kernels for aarch64 (NEON and the portable path; g++-aarch64-linux-gnu,
 # statically linked) with tests/cross/matmul_cross_test.cc and runs them under qemu-user
-# (qemu-aarch64). Kernels only: the rest of simpler needs the target's libraries. Part of
-# scripts/test.sh; about a minute on 2 vCPUs.
+# (qemu-aarch64), then compiles the kernels' dispatch (kernels.cc) for aarch64. Kernels only:
+# the rest of simpler needs the target's libraries. Part of scripts/test.sh; about a minute on
+# 2 vCPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/cross-aarch64
@@ -14,3 +15,8 @@ aarch64-linux-gnu-g++ -std=c++20 -O2 -static -Wall -Wextra -Werror -I include -I
   -I "$out/include" src/llm/matmul_portable.cc src/llm/matmul_neon.cc \
   tests/cross/matmul_cross_test.cc -o "$out/matmul_cross_test"
 timeout 180 qemu-aarch64 "$out/matmul_cross_test"
+# The kernels' dispatch (KernelIsa::kNeon, the attention tile, the x86 parts left out) compiles
+# for aarch64 as a native build would compile it; linking it needs the target's abseil.
+aarch64-linux-gnu-g++ -std=c++20 -O2 -Wall -Wextra -Werror -fsyntax-only -I include -I src \
+  -I "$out/include" src/llm/kernels.cc src/llm/matmul_benchmark.cc
+echo "test_neon.sh: kernels.cc and matmul_benchmark.cc compile for aarch64"

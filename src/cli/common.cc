@@ -70,11 +70,20 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
   }
 }
 
+// The non-auto targets this binary holds (kernels.h, KernelIsa), for --kernel-isa's help.
+#if defined(__x86_64__)
+constexpr char kBuiltTargets[] = "avx512, x86-64-v3 or portable";
+#elif defined(__aarch64__)
+constexpr char kBuiltTargets[] = "neon or portable";
+#else
+constexpr char kBuiltTargets[] = "portable";
+#endif
+
 void CommonOptions::add_kernel_isa_to(CLI::App* app) {
   app->add_option("--kernel-isa", kernel_isa_name,
                   "the hot kernels' ISA target: auto (the best this CPU has: " +
                       std::string(llm::name_of(llm::resolve_kernel_isa(llm::KernelIsa::kAuto))) +
-                      "), avx512, x86-64-v3 or portable; matmul results are bitwise the same")
+                      "), " + std::string(kBuiltTargets) + "; matmul results are bitwise the same")
       ->check(CLI::Validator(
           [](std::string& name) -> std::string {
             absl::StatusOr<llm::KernelIsa> isa = llm::parse_kernel_isa(name);

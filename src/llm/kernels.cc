@@ -5,8 +5,10 @@
 #define EIGEN_DONT_PARALLELIZE
 #endif
 
+#if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#endif
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -154,19 +156,35 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   p.y = y.data<float>() + r.begin;
   p.ldy = out;
   p.accumulate = accumulate;
+#if defined(__x86_64__)
   if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
       matmul_detail::avx512_bf16_available()) {
     if (rows >= matmul_detail::kDnnlMinRows) {
       return matmul_detail::run_dnnl_bf16(p);
     }
     matmul_detail::run_avx512_bf16(p);
-  } else if (isa == KernelIsa::kAvx512) {
-    matmul_detail::run_avx512(p);
-  } else if (isa == KernelIsa::kX86_64V3) {
-    matmul_detail::run_x86_64_v3(p);
-  } else {
-    matmul_detail::run_portable(p);
+    return absl::OkStatus();
   }
+  if (isa == KernelIsa::kAvx512) {
+    matmul_detail::run_avx512(p);
+    return absl::OkStatus();
+  }
+  if (isa == KernelIsa::kX86_64V3) {
+    matmul_detail::run_x86_64_v3(p);
+    return absl::OkStatus();
+  }
+#elif defined(__aarch64__)
+  (void)bf16;
+  (void)rows;
+  if (isa == KernelIsa::kNeon) {
+    matmul_detail::run_neon(p);
+    return absl::OkStatus();
+  }
+#else
+  (void)bf16;
+  (void)rows;
+#endif
+  matmul_detail::run_portable(p);
   return absl::OkStatus();
 }
 
@@ -206,6 +224,8 @@ IsaKernels isa_kernels(KernelIsa isa) {
       return isa_kernels<KernelIsa::kAvx512>();
     case KernelIsa::kX86_64V3:
       return isa_kernels<KernelIsa::kX86_64V3>();
+    case KernelIsa::kNeon:
+      return isa_kernels<KernelIsa::kNeon>();
     case KernelIsa::kPortable:
       return isa_kernels<KernelIsa::kPortable>();
     case KernelIsa::kAuto:
@@ -215,7 +235,7 @@ IsaKernels isa_kernels(KernelIsa isa) {
 }
 
 constexpr KernelIsa kTargetsBestFirst[] = {KernelIsa::kAvx512, KernelIsa::kX86_64V3,
-                                           KernelIsa::kPortable};
+                                           KernelIsa::kNeon, KernelIsa::kPortable};
 
 }  // namespace
 
@@ -234,18 +254,20 @@ const char* name_of(KernelIsa isa) {
       return "x86-64-v3";
     case KernelIsa::kAvx512:
       return "avx512";
+    case KernelIsa::kNeon:
+      return "neon";
   }
   return "?";
 }
 
 absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name) {
-  for (KernelIsa isa :
-       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512}) {
+  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kX86_64V3,
+                        KernelIsa::kAvx512, KernelIsa::kNeon}) {
     if (name == name_of(isa)) return isa;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown kernel ISA '", std::string(name),
-                   "' (expected auto, portable, x86-64-v3 or avx512)"));
+                   "' (expected auto, portable, x86-64-v3, avx512 or neon)"));
 }
 
 bool kernel_isa_available(KernelIsa isa) {
@@ -254,6 +276,12 @@ bool kernel_isa_available(KernelIsa isa) {
       return matmul_detail::avx512_available();
     case KernelIsa::kX86_64V3:
       return matmul_detail::x86_64_v3_available();
+    case KernelIsa::kNeon:
+#if defined(__aarch64__)
+      return matmul_detail::neon_available();
+#else
+      return false;  // not built into this binary
+#endif
     case KernelIsa::kAuto:
     case KernelIsa::kPortable:
       break;
@@ -275,6 +303,8 @@ const char* kernel_isa_requirements(KernelIsa isa) {
       return "AVX-512 F, BW, VL and DQ";
     case KernelIsa::kX86_64V3:
       return "AVX2, FMA and F16C";
+    case KernelIsa::kNeon:
+      return "an aarch64 CPU (Advanced SIMD with FMA)";
     case KernelIsa::kAuto:
     case KernelIsa::kPortable:
       break;
@@ -295,10 +325,15 @@ double measure_f32_fma_peak(KernelIsa isa, int threads, double seconds) {
   if (threads <= 0) threads = base::hardware_threads();
   auto probe = [isa](int64_t iters, float seed) {
     switch (isa) {
+#if defined(__x86_64__)
       case KernelIsa::kAvx512:
         return matmul_detail::fma_probe_avx512(iters, seed);
       case KernelIsa::kX86_64V3:
         return matmul_detail::fma_probe_x86_64_v3(iters, seed);
+#elif defined(__aarch64__)
+      case KernelIsa::kNeon:
+        return matmul_detail::fma_probe_neon(iters, seed);
+#endif
       default:
         return matmul_detail::fma_probe_portable(iters, seed);
     }
@@ -343,12 +378,22 @@ absl::StatusOr<Precision> parse_precision(std::string_view name) {
       absl::StrCat("precision '", std::string(name), "': expected exact or bf16"));
 }
 
-bool bf16_precision_available() { return matmul_detail::avx512_bf16_available(); }
+bool bf16_precision_available() {
+#if defined(__x86_64__)
+  return matmul_detail::avx512_bf16_available();
+#else
+  return false;
+#endif
+}
 
 std::string describe_bf16_precision() {
   const std::string impl = matmul_detail::dnnl_bf16_implementation();
+#if defined(__x86_64__)
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool cpu_amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 24)) != 0;
+#else
+  const bool cpu_amx = false;
+#endif
   const char* amx = !cpu_amx                                ? "this CPU has no AMX"
                     : impl.find("amx") != std::string::npos ? "AMX in use"
                                                             : "this CPU has AMX but the kernel did "
@@ -717,7 +762,11 @@ struct AttendTile {
   }
 };
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, float m, int64_t n);
+#else
+inline float exp_shifted_sum16(float*, float, int64_t) { return 0.0f; }  // AVX-512 only: unused
+#endif
 
 // Each (row, head) query's softmax over its own positions, in place (max subtracted, then
 // exp_shifted_sum, or its 16-lane form in the AVX-512 tile), and 1 / Σ into inv; query qi =
@@ -789,16 +838,26 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
 // baseline (its fused multiply-adds computed exactly without an FMA instruction), picked by the
 // kernel's target at the call (not by an ifunc: ifunc resolvers run before ThreadSanitizer's
 // runtime starts).
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) void attend_tile_avx512(const AttendTile& s, const float* k_pool,
                                                            const float* v_pool, float* scores,
                                                            float* acc) {
   attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
 }
+#endif
+#if defined(__aarch64__)
+// NEON: the baseline build, where fused multiply-adds are instructions (ASIMD with FMA).
+void attend_tile_neon(const AttendTile& s, const float* k_pool, const float* v_pool, float* scores,
+                      float* acc) {
+  attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
+}
+#endif
 void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float* v_pool,
                           float* scores, float* acc) {
   attend_tile_body<ExactFma>(s, k_pool, v_pool, scores, acc);
 }
 
+#if defined(__x86_64__)
 // The AVX-512 tile for head dims of 16·C (C = 4, 8: dims 64 and 128; Qwen3 uses 128): the
 // operations of attend_tile_body in the same order, so the same bits (compared on every shape
 // of the kernel tests while it was written, GCC 12 -O2): each score's 16 lane sums are the same
@@ -986,16 +1045,21 @@ __attribute__((target("avx2,fma,f16c"))) void attend_tile_x86_64_v3(const Attend
                                                                     float* scores, float* acc) {
   attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
 }
+#endif  // __x86_64__
 
 // The tile on target `isa` (resolved and available).
 void attend_tile(KernelIsa isa, const AttendTile& s, const float* k_pool, const float* v_pool,
                  float* scores, float* acc) {
+#if defined(__x86_64__)
   if (isa == KernelIsa::kAvx512) {
     if (s.dim == 8 * kLanes) return attend_tile_avx512_dim<8>(s, k_pool, v_pool, scores, acc);
     if (s.dim == 4 * kLanes) return attend_tile_avx512_dim<4>(s, k_pool, v_pool, scores, acc);
     return attend_tile_avx512(s, k_pool, v_pool, scores, acc);
   }
   if (isa == KernelIsa::kX86_64V3) return attend_tile_x86_64_v3(s, k_pool, v_pool, scores, acc);
+#elif defined(__aarch64__)
+  if (isa == KernelIsa::kNeon) return attend_tile_neon(s, k_pool, v_pool, scores, acc);
+#endif
   attend_tile_baseline(s, k_pool, v_pool, scores, acc);
 }
 

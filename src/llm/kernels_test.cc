@@ -221,7 +221,8 @@ std::pair<double, double> f64_entry(const std::vector<float>& x, const TestWeigh
 
 std::vector<std::pair<KernelIsa, task::KernelFn>> isa_paths(bool acc) {
   std::vector<std::pair<KernelIsa, task::KernelFn>> out;
-  for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512}) {
+  for (KernelIsa isa :
+       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
     if (!kernel_isa_available(isa)) continue;
     const auto kernels = llm_kernels(isa);
     out.emplace_back(
@@ -235,7 +236,7 @@ std::vector<std::pair<KernelIsa, task::KernelFn>> isa_paths(bool acc) {
 // f64 product of the same (widened) values, and bitwise equal to the portable path. Paths the
 // CPU lacks are named, visibly, as not tested here.
 TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
-  for (KernelIsa isa : {KernelIsa::kX86_64V3, KernelIsa::kAvx512}) {
+  for (KernelIsa isa : {KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
     if (!kernel_isa_available(isa)) {
       std::cout << "[ NOTE     ] this CPU lacks " << kernel_isa_requirements(isa) << ": the "
                 << name_of(isa) << " path is not tested here\n";
@@ -447,10 +448,18 @@ TEST(MatmulKernel, IsaNamesParseAndUnknownOnesAreRefused) {
   EXPECT_TRUE(kernel_isa_available(resolve_kernel_isa(KernelIsa::kAuto)));
   EXPECT_EQ(parse_kernel_isa("x86-64-v3").value(), KernelIsa::kX86_64V3);
   EXPECT_STREQ(kernel_isa_requirements(KernelIsa::kX86_64V3), "AVX2, FMA and F16C");
-  for (KernelIsa isa :
-       {KernelIsa::kAuto, KernelIsa::kAvx512, KernelIsa::kX86_64V3, KernelIsa::kPortable}) {
+  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kAvx512, KernelIsa::kX86_64V3,
+                        KernelIsa::kPortable, KernelIsa::kNeon}) {
     EXPECT_EQ(parse_kernel_isa(name_of(isa)).value(), isa);
   }
+  // A binary holds its architecture's targets only: the others are named but unavailable.
+#if defined(__x86_64__)
+  EXPECT_FALSE(kernel_isa_available(KernelIsa::kNeon));
+  EXPECT_THAT(available_kernel_isas(), ::testing::Not(HasSubstr("neon")));
+#elif defined(__aarch64__)
+  EXPECT_TRUE(kernel_isa_available(KernelIsa::kNeon));
+  EXPECT_FALSE(kernel_isa_available(KernelIsa::kAvx512));
+#endif
   auto bad = parse_kernel_isa("sse9");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("'sse9'"));
@@ -629,7 +638,8 @@ TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) 
   // generic one.
   for (const int64_t d : {40, 64, 128}) {
     std::vector<std::pair<KernelIsa, std::vector<float>>> results;
-    for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512}) {
+    for (KernelIsa isa :
+         {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
       if (!kernel_isa_available(isa)) continue;
       SCOPED_TRACE(::testing::Message() << "head dim " << d << " on " << name_of(isa));
       std::vector<float> alone;

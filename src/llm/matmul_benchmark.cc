@@ -24,10 +24,15 @@ using RunFn = void (*)(const Problem&);
 
 RunFn run_of(KernelIsa isa) {
   switch (isa) {
+#if defined(__x86_64__)
     case KernelIsa::kAvx512:
       return &matmul_detail::run_avx512;
     case KernelIsa::kX86_64V3:
       return &matmul_detail::run_x86_64_v3;
+#elif defined(__aarch64__)
+    case KernelIsa::kNeon:
+      return &matmul_detail::run_neon;
+#endif
     default:
       return &matmul_detail::run_portable;
   }
@@ -95,9 +100,11 @@ void Prefill(benchmark::State& state, KernelIsa isa) {
 
 BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK_CAPTURE(Decode, neon, KernelIsa::kNeon)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, portable, KernelIsa::kPortable)->Threads(1)->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, avx512, KernelIsa::kAvx512)->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, x86_64_v3, KernelIsa::kX86_64V3)->UseRealTime();
+BENCHMARK_CAPTURE(Prefill, neon, KernelIsa::kNeon)->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, portable, KernelIsa::kPortable)->UseRealTime();
 
 }  // namespace

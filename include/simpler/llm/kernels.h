@@ -59,12 +59,16 @@ enum class KernelId : uint32_t {
 //                           libm call per element (fused multiply-adds computed exactly in
 //                           double where the baseline has no FMA instruction);
 //   kX86_64V3  "x86-64-v3"  AVX2 + FMA + F16C (x86 since Haswell / Zen);
-//   kAvx512    "avx512"     AVX-512 F, BW, VL and DQ (and AVX512_BF16 for precision bf16).
+//   kAvx512    "avx512"     AVX-512 F, BW, VL and DQ (and AVX512_BF16 for precision bf16);
+//   kNeon      "neon"       aarch64 Advanced SIMD with FMA (every aarch64 CPU).
+// A binary holds the targets of its architecture: the x86 ones on x86-64, neon on aarch64
+// (portable on every one); a target the binary does not hold is unavailable, like one the CPU
+// lacks.
 // kAuto picks the best one the CPU has. Matmul and the attention tile give bitwise the same
 // results on every target (the 16-lane contract of matmul_impl.h; every multiply-add fused), so
 // the choice changes speed only.
-enum class KernelIsa : uint8_t { kAuto, kPortable, kX86_64V3, kAvx512 };
-const char* name_of(KernelIsa isa);  // "auto", "portable", "x86-64-v3", "avx512"
+enum class KernelIsa : uint8_t { kAuto, kPortable, kX86_64V3, kAvx512, kNeon };
+const char* name_of(KernelIsa isa);  // "auto", "portable", "x86-64-v3", "avx512", "neon"
 // INVALID_ARGUMENT naming the value and the accepted names.
 absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name);
 // Whether this CPU can run `isa` (kAuto and kPortable always can).
