@@ -14,6 +14,7 @@
 #include <map>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -103,14 +104,13 @@ struct Core {
   std::atomic<int32_t> exec_block{0};
   // Signalled as the core thread exits (close() joins only exited threads).
   base::Event exited;
-  // Moving average (1/8 weight) of each kernel's block duration on this core,
-  // in ns. Only the thread running this core's claimed job touches it, and
-  // the scheduler reads it in start() before it publishes the next job.
-  // Successive owners are ordered: a core gets a new job only after its
-  // previous completion was returned (ExecContext::start's "not busy"
-  // precondition; the completion passes through completion_mu_), the new job
-  // is published by `posted` (release) and claimed by compare-exchange
-  // (acq_rel); schedulers of different streams are ordered by launch_mu_.
+  // Moving average (1/8 weight) of the block duration of each job shape
+  // (job_shape_key: kernel, blocks, tensor bytes) on this core, in ns. Only the thread running this
+  // core's claimed job touches it, and the scheduler reads it in start() before it publishes the
+  // next job. Successive owners are ordered: a core gets a new job only after its previous
+  // completion was returned (ExecContext::start's "not busy" precondition; the completion passes
+  // through completion_mu_), the new job is published by `posted` (release) and claimed by
+  // compare-exchange (acq_rel); schedulers of different streams are ordered by launch_mu_.
   std::unordered_map<uint64_t, int64_t> block_ns_estimate;  // by job_shape_key
 };
 
@@ -295,11 +295,11 @@ class SimDevice final : public Device {
   // waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and
   // the woken thread tens of µs more. The deferred job is a short job of the
   // scheduler's core when there is one (scheduler_core: core 0's expected
-  // block time for the kernel under kLongJobNs, or unknown), else a job posted
-  // to a sleeping core while the device held no other. A deferred core thread
-  // is woken as soon as a second job starts (unless its core is the
-  // scheduler's), when the scheduler sleeps instead, or when the job has
-  // waited spin_ns.
+  // block time for a job of this shape under kLongJobNs, or unknown), else a
+  // job posted to a sleeping core while the device held no other. A deferred
+  // core thread is woken as soon as a second job starts, when the scheduler
+  // sleeps instead, or when the job has waited spin_ns; the scheduler's own
+  // job (scheduler_job_) waits for the scheduler.
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
     // Read before the job is published: from then on the core's thread may run it and update
@@ -339,20 +339,20 @@ class SimDevice final : public Device {
   // returns the completion. False when there is none, or its core thread woke
   // and took it.
   bool try_run_inline(CoreCompletion* out) {
-    if (scheduler_job_) {
-      scheduler_job_ = false;
-      deferred_.push_back(0);
-    }
-    while (!deferred_.empty()) {
-      Core& c = *cores_[deferred_.back()];
-      deferred_.pop_back();
+    auto run_if_unclaimed = [this, out](Core& c) {
       bool expected = true;
       if (!c.posted.load(std::memory_order_relaxed) ||
           !c.posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
-        continue;
+        return false;
       }
       *out = execute(c, c.job, c.run_id);
       return true;
+    };
+    if (std::exchange(scheduler_job_, false) && run_if_unclaimed(*cores_[0])) return true;
+    while (!deferred_.empty()) {
+      Core& c = *cores_[deferred_.back()];
+      deferred_.pop_back();
+      if (run_if_unclaimed(c)) return true;
     }
     return false;
   }
@@ -527,8 +527,8 @@ class SimDevice final : public Device {
     return fn ^ (bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(job.block_dim) << 48);
   }
 
-  // This core's moving average (1/8 weight) of a kernel's block duration, in
-  // ns; 0 = unknown. No lock: see Core::block_ns_estimate.
+  // This core's moving average (1/8 weight) of the block duration of jobs of
+  // `job`'s shape, in ns; 0 = unknown. No lock: see Core::block_ns_estimate.
   static int64_t duration_estimate(const Core& c, const CoreJob& job) {
     auto it = c.block_ns_estimate.find(job_shape_key(job));
     return it == c.block_ns_estimate.end() ? 0 : it->second;
@@ -601,7 +601,7 @@ class SimDevice final : public Device {
   // Jobs started and not yet returned by next_completion. Touched only by the
   // launch running under launch_mu_.
   int32_t jobs_in_flight_ = 0;
-  bool scheduler_core_ = false;    // core 0 is the scheduler thread (scheduler_core)
+  bool scheduler_core_ = false;    // the scheduler stands in for core 0 (scheduler_core)
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
   bool scheduler_job_ = false;     // core 0's short job waits for the scheduler (see start)
   int64_t deferred_since_ns_ = 0;

@@ -196,7 +196,8 @@ struct SimDeviceOptions {
   // false: every job runs on a core thread (the model's literal shape).
   bool run_jobs_inline = true;
   // Whether the stream's scheduler thread stands in for core 0: core 0's short jobs (its
-  // expected block time for the kernel under 300 µs, or unknown) run on the scheduler thread
+  // expected block time for jobs of that kernel, block count and tensor bytes under 300 µs, or
+  // unknown) run on the scheduler thread
   // when it next waits for a completion, after the completions already there are handled, and
   // core 0's thread takes only long ones and never spins. A core thread per CPU plus a
   // spinning scheduler oversubscribe the CPUs: three threads spinning on two CPUs turn each
