@@ -57,33 +57,32 @@ TEST(AbandonedKernel, ARunWhoseKernelNeverReturnsFailsAtItsTimeoutAndCloseIsBoun
 // would otherwise hold the lane for its whole operation timeout (60 s) and
 // its kernel never returns: the lane thread stops waiting within a slice.
 TEST(AbandonedKernel, ABoundedCloseReturnsPromptlyWhileAKernelNeverReturns) {
-  static std::atomic<bool> never{false};
+  static testing::Gate never;          // never opened: the kernel waits for ever
+  static std::atomic<int> entered{0};  // kernels that reached the gate
   WorkerOptions o;
   o.num_cores = 2;
   o.launch_depth = 2;
   o.operation_timeout_s = 60;
   o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error");
   Worker w(o);
-  auto h = w.register_callable(task::ChipCallable{
-      "gate",
-      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-        task::TaskArgs a;
-        a.add_scalar_i64(args.scalar_i64(0));
-        return ctx.submit(0, a);
-      },
-      {{"gate", [](const task::KernelContext& ctx) -> absl::Status {
-          const auto* open =
-              reinterpret_cast<const std::atomic<bool>*>(static_cast<uintptr_t>(ctx.scalar_i64(0)));
-          while (!open->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          return absl::OkStatus();
-        }}}});
+  auto h = w.register_callable(
+      task::ChipCallable{"gate",
+                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                           task::TaskArgs a;
+                           a.add_scalar_i64(args.scalar_i64(0));
+                           return ctx.submit(0, a);
+                         },
+                         {{"gate", [](const task::KernelContext& ctx) -> absl::Status {
+                             entered.fetch_add(1);
+                             return testing::gate_kernel(ctx);
+                           }}}});
   ASSERT_TRUE(w.init().ok());
   task::TaskArgs args;
   args.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&never)));
   RunHandle r0 = *w.submit(*h, args);  // fails: injected kernel_error
   RunHandle r1 = *w.submit(*h, args);  // its gate never opens
   EXPECT_EQ(r0.wait(5.0).code(), absl::StatusCode::kInternal);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // r1 is executing
+  ASSERT_TRUE(testing::eventually([] { return entered.load() >= 1; }));  // r1 is executing
   const auto t0 = std::chrono::steady_clock::now();
   (void)w.close(base::Deadline::after(std::chrono::milliseconds(100)));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

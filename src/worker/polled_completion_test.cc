@@ -4,6 +4,7 @@
 // set, and while the lane closes. Runs retire once each, in run order, whoever reaps them.
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -45,9 +46,10 @@ TEST(PolledCompletion, ThePollerReapsOnItsOwnThreadAndTheLaneThreadLeavesTheRunA
   auto h = w.submit(*prog, affine_args(&in, &out, 1), {}, kForever,
                     [&notified_on](const RunResult&) { notified_on = std::this_thread::get_id(); });
   ASSERT_TRUE(h.ok()) << h.status();
-  // The device finishes a one-task run in microseconds; nobody but this thread reaps it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(h->done()) << "the lane thread reaped a run left to the completion poller";
+  // The device finishes a one-task run in microseconds; nobody but this thread reaps it: in
+  // 100 ms the run must not become done (a bounded wait that must time out).
+  EXPECT_FALSE(testing::eventually([&] { return h->done(); }, std::chrono::milliseconds(100)))
+      << "the lane thread reaped a run left to the completion poller";
   EXPECT_EQ(h->state(), RunState::kLaunched);
   EXPECT_EQ(poll_until_done(w, *h), 1);
   ASSERT_TRUE(h->done());
@@ -82,9 +84,17 @@ TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
     ASSERT_TRUE(h.ok()) << h.status();
     hs.push_back(*h);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Neither with both pollers on nor with one must a run be reaped for 50 ms (the device
+  // finishes them meanwhile): bounded waits that must time out.
+  const auto any_done = [&hs] {
+    for (const RunHandle& h : hs) {
+      if (h.done()) return true;
+    }
+    return false;
+  };
+  EXPECT_FALSE(testing::eventually(any_done, std::chrono::milliseconds(50)));
   w.set_completion_polling(false);  // one poller still on
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(testing::eventually(any_done, std::chrono::milliseconds(50)));
   for (const RunHandle& h : hs) EXPECT_FALSE(h.done());
   w.set_completion_polling(false);  // the last one: the lane thread takes over
   for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(10.0).ok());
@@ -296,26 +306,23 @@ TEST(PolledCompletion, ASubmitWaitingForASetIsNotStrandedByAnotherSubmittersLaun
   auto slow = w.register_callable(task::ChipCallable{
       "slow_prepare",
       [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-        const auto* open =
-            reinterpret_cast<const std::atomic<bool>*>(static_cast<uintptr_t>(args.scalar_i64(0)));
-        while (!open->load(std::memory_order_acquire)) {
-          std::this_thread::sleep_for(std::chrono::microseconds(100));
-        }
+        reinterpret_cast<const testing::Gate*>(static_cast<uintptr_t>(args.scalar_i64(0)))->wait();
         return ctx.submit(0, task::TaskArgs{});
       },
       {{"noop", [](const task::KernelContext&) { return absl::OkStatus(); }}}});
   auto prog = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   w.set_completion_polling(true);
-  std::atomic<bool> open{false};
+  testing::Gate open;
   absl::StatusOr<RunHandle> first;
   std::thread other([&] { first = w.submit(*slow, testing::address_args(&open)); });
   while (w.lane_stats().in_flight < 1) std::this_thread::yield();  // its run is the head
   int64_t in[2] = {1, 2}, out[2] = {};
   RunHandle second = *w.submit(*prog, affine_args(&in[0], &out[0], 0));  // the second set
-  std::thread opener([&open] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // while the submit below waits
-    open.store(true, std::memory_order_release);
+  std::thread opener([&] {
+    // Once the submit below waits for a set.
+    EXPECT_TRUE(testing::eventually([&] { return w.resources().waiting >= 1; }));
+    open.open();
   });
   // No set is free until the head run retires; this thread polls nothing while it waits.
   auto third = w.submit(*prog, affine_args(&in[1], &out[1], 0), {}, /*admission_timeout_s=*/10);
@@ -338,28 +345,30 @@ TEST(PolledCompletion, CloseWaitsForANotificationRunningOnAPoller) {
   Worker w(testing::test_options(1));
   auto prog = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
-  std::atomic<bool> entered{false}, release{false}, returned{false};
+  std::atomic<bool> entered{false}, returned{false};
+  testing::Gate release;
   int64_t in = 1, out = 0;
   w.set_completion_polling(true);
   RunHandle h = *w.submit(*prog, affine_args(&in, &out, 0), {}, kForever, [&](const RunResult&) {
     entered.store(true);
-    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    release.wait();
     returned.store(true);
   });
   std::thread poller([&] { poll_until_done(w, h); });
   while (!entered.load()) std::this_thread::yield();
-  std::atomic<bool> closed{false};
+  std::promise<void> closed;
+  std::future<void> has_closed = closed.get_future();
   std::thread closer([&] {
     EXPECT_TRUE(w.close().ok());
     EXPECT_TRUE(returned.load()) << "close() returned while a notification was running";
-    closed.store(true);
+    closed.set_value();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(closed.load());
-  release.store(true);
+  // close() must not return while the notification runs: a bounded wait that must time out.
+  EXPECT_EQ(has_closed.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  release.open();
   poller.join();
   closer.join();
-  EXPECT_TRUE(closed.load());
+  EXPECT_EQ(has_closed.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   w.set_completion_polling(false);  // after close: nothing
 }
 
@@ -369,20 +378,25 @@ TEST(PolledCompletion, AHungRunTimesOutOncePollingStops) {
   Worker w(testing::test_options(1, 0, /*timeout_s=*/0.2));
   auto gate = w.register_callable(testing::gate_program());
   ASSERT_TRUE(w.init().ok());
-  std::atomic<bool> open{false};
+  testing::Gate open;
   w.set_completion_polling(true);
   RunHandle h = *w.submit(*gate, testing::gate_args(open));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
-  while (std::chrono::steady_clock::now() < until) {
-    EXPECT_EQ(w.poll_completions(), 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_FALSE(h.done());  // past its 0.2 s: nobody applies the timeout while polling is on
+  // For 400 ms, twice its timeout, polling retires nothing and the run stays unfinished: nobody
+  // applies the timeout while polling is on (a bounded wait that must time out).
+  int32_t retired = 0;
+  EXPECT_FALSE(testing::eventually(
+      [&] {
+        retired += w.poll_completions();
+        return h.done();
+      },
+      std::chrono::milliseconds(400)));
+  EXPECT_EQ(retired, 0);
+  EXPECT_FALSE(h.done());
   w.set_completion_polling(false);
   absl::Status s = h.wait(10.0);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_TRUE(contains(s, "did not finish within the operation timeout")) << s;
-  open.store(true);  // the abort releases the kernel anyway; the gate lets it return for sure
+  open.open();  // the abort releases the kernel anyway; the gate lets it return for sure
   (void)w.close();
 }
 

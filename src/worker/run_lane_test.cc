@@ -232,31 +232,34 @@ TEST(Pipeline, SecondLookIsDecidedWhenTakenNotWhenTheWaitBegan) {
   // third counted as the lane goes to sleep on A's event — reached while A is
   // still held on the device, so this does not depend on timing. (Deciding
   // when the wait began gave two: first look, then the event.)
-  Worker w(opts(2));
+  // The fake clock runs with real time (nothing advances it here); it shows when the lane thread
+  // waits, bounded by a deadline, for a run's record.
+  base::FakeEnv env;
+  WorkerOptions o = opts(2);
+  o.env = &env;
+  Worker w(o);
   auto gate = w.register_callable(testing::gate_program());
   auto sleep = w.register_callable(sleep_program());
   ASSERT_TRUE(w.init().ok());
   {  // teach the lane that the gate program takes ~300 ms (B below is launched long before A is
-     // predicted to end)
-    std::atomic<bool> open{false};
+     // predicted to end): the run is held at its gate past a 300 ms wait that must time out
+    testing::Gate open;
     RunHandle e = *w.submit(*gate, testing::gate_args(open));
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    open = true;
+    EXPECT_EQ(e.wait(0.3).code(), absl::StatusCode::kDeadlineExceeded);
+    open.open();
     ASSERT_TRUE(e.wait().ok());
   }
   const uint64_t before = w.lane_stats().device_polls;
-  std::atomic<bool> open{false};
+  testing::Gate open;
   RunHandle a = *w.submit(*gate, testing::gate_args(open));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the lane is waiting for A
+  // The lane is waiting for A (asleep on its record until just before the predicted end).
+  ASSERT_TRUE(env.await_timed_waiters(1, std::chrono::seconds(10)));
   RunHandle b = *w.submit(*sleep, sleep_args(1'000));
   EXPECT_EQ(b.state(), RunState::kLaunched);  // queued on the device behind A
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (w.lane_stats().device_polls - before < 3 && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  EXPECT_TRUE(testing::eventually([&] { return w.lane_stats().device_polls - before >= 3; }));
   EXPECT_EQ(w.lane_stats().device_polls - before, 3u) << "no second look before the event";
   EXPECT_FALSE(a.done());
-  open = true;
+  open.open();
   ASSERT_TRUE(a.wait().ok());
   ASSERT_TRUE(b.wait().ok());
   EXPECT_TRUE(w.close().ok());
@@ -344,7 +347,8 @@ TEST(Pipeline, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
       accepted++;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Close while the submitter is mid-stream: some runs accepted, most still to come.
+  EXPECT_TRUE(testing::eventually([&] { return accepted.load() >= 50; }));
   EXPECT_TRUE(w.close().ok());
   t.join();
   for (auto& r : hs) {

@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 
 namespace simpler::worker {
@@ -84,7 +85,7 @@ TEST_F(ArenaTest, AcquireBlocksUntilAReleaseOrItsDeadline) {
   auto timed = a.acquire(base::Deadline::after(std::chrono::milliseconds(20)));
   EXPECT_EQ(timed.status().code(), absl::StatusCode::kDeadlineExceeded);
   std::thread t([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(testing::eventually([&] { return a.counts().waiting == 1; }));  // it blocks
     (void)a.release(r);
   });
   auto got = a.acquire(base::Deadline::forever());
@@ -116,7 +117,7 @@ TEST_F(ArenaTest, ShutdownWakesBlockedAcquire) {
   RunResourceArena a(dev_.get(), 1);
   ASSERT_TRUE(a.acquire(base::Deadline::forever()).ok());  // the only set is now live
   std::thread t([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(testing::eventually([&] { return a.counts().waiting == 1; }));  // it blocks
     a.shutdown();
   });
   auto s = a.acquire(base::Deadline::forever());

@@ -152,7 +152,7 @@ TEST(WorkerBind, ABoundBufferCannotBeFreedWhileARunReadsItNorUnboundUntilTheRunR
   EXPECT_EQ(f0.code(), absl::StatusCode::kFailedPrecondition) << f0;
   EXPECT_TRUE(contains(f0, "is bound to callable 'reader'")) << f0;
 
-  std::atomic<bool> gate{false};
+  testing::Gate gate;
   RunHandle r = *w.submit(*h, gate_args(gate));
   // While the run reads the buffer: neither free nor unbind.
   absl::Status f1 = w.free(weights);
@@ -160,7 +160,7 @@ TEST(WorkerBind, ABoundBufferCannotBeFreedWhileARunReadsItNorUnboundUntilTheRunR
   absl::Status u1 = w.unbind(*h, weights);
   EXPECT_EQ(u1.code(), absl::StatusCode::kFailedPrecondition) << u1;
   EXPECT_TRUE(contains(u1, "from 'reader': run 0 of it has not retired")) << u1;
-  gate.store(true);
+  gate.open();
   ASSERT_TRUE(r.wait(5.0).ok());
   // Retired: unbind, then free, succeed.
   EXPECT_TRUE(w.unbind(*h, weights).ok());
@@ -178,7 +178,7 @@ TEST(WorkerBind, ASubmitWhoseBoundBufferIsGoneIsRefusedNamingTheBuffer) {
   ASSERT_TRUE(w.bind(*h, weights).ok());
   // Freed behind the Worker's back (raw device access).
   ASSERT_TRUE(w.device().free(weights.address).ok());
-  std::atomic<bool> gate{true};
+  testing::Gate gate(/*open=*/true);
   absl::StatusOr<RunHandle> r = w.submit(*h, gate_args(gate));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
@@ -279,7 +279,7 @@ TEST(WorkerTimeout, AnOverrunNamesTheTaskStillExecutingAndItsKernel) {
   Worker w(o);
   auto h = w.register_callable(gate_program());
   ASSERT_TRUE(w.init().ok());
-  std::atomic<bool> gate{false};
+  testing::Gate gate;
   RunHandle r = *w.submit(*h, gate_args(gate));
   absl::Status s = r.wait(5.0);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -288,7 +288,7 @@ TEST(WorkerTimeout, AnOverrunNamesTheTaskStillExecutingAndItsKernel) {
                        "executing: task 0 (kernel 'gate', block 0 on core "))
       << s;
   EXPECT_TRUE(contains(s, "s); device aborted")) << s;
-  gate.store(true);  // the kernel returns: close joins every device thread
+  gate.open();  // the kernel returns: close joins every device thread
   (void)w.close();
   EXPECT_EQ(w.abandoned_threads(), 0);
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -139,8 +140,11 @@ TEST(WorkerMemory, MallocCopyFreeWithBoundsChecks) {
   EXPECT_EQ(w.free(b).code(), absl::StatusCode::kNotFound);
 }
 
-absl::Status touch_and_sleep(const task::KernelContext& ctx) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(ctx.scalar_i64(1)));
+// Waits at the testing::Gate whose address is scalar(1) (none when 0), then adds 1 to its tensor.
+absl::Status touch_after_gate(const task::KernelContext& ctx) {
+  if (const int64_t gate = ctx.scalar_i64(1); gate != 0) {
+    reinterpret_cast<const testing::Gate*>(static_cast<uintptr_t>(gate))->wait();
+  }
   ctx.tensor(0).data<int32_t>()[0] += 1;
   return absl::OkStatus();
 }
@@ -153,7 +157,7 @@ task::ChipCallable touch_program() {
         a.add_tensor(args.tensor(0), task::ArgDirection::kInOut).add_scalar_i64(args.scalar_i64(1));
         return ctx.submit(0, a);
       },
-      {{"touch", touch_and_sleep}}};
+      {{"touch", touch_after_gate}}};
 }
 
 TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
@@ -161,13 +165,15 @@ TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
   auto h = w.register_callable(touch_program());
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(4);
+  testing::Gate gate;  // holds run 0 on the device while the free is tried
   task::TaskArgs a;
   a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kInOut)
-      .add_scalar_i64(200);
+      .add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&gate)));
   RunHandle r = *w.submit(*h, a);
   absl::Status s = w.free(b);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(contains(s, "in use by run 0")) << s;
+  gate.open();
   ASSERT_TRUE(r.wait().ok());
   int32_t v = 0;
   ASSERT_TRUE(w.copy_from(&v, b, 4).ok());
@@ -183,7 +189,7 @@ TEST(WorkerMemory, FreeWhileASubmitWaitsForASetRefusesThatSubmit) {
   auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(touch_program());
   ASSERT_TRUE(w.init().ok());
-  std::atomic<bool> open{false};
+  testing::Gate open;
   RunHandle holder = *w.submit(*gate, gate_args(open));  // takes the only set
   DeviceBuffer b = *w.malloc(4);
   task::TaskArgs a;
@@ -192,13 +198,10 @@ TEST(WorkerMemory, FreeWhileASubmitWaitsForASetRefusesThatSubmit) {
   absl::StatusOr<RunHandle> waiting = absl::UnknownError("not submitted");
   std::thread submitter([&] { waiting = w.submit(*h, a); });  // blocks in admission
   // Free only once the submit passed its first check and waits for a set.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (w.resources().waiting == 0 && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  EXPECT_TRUE(testing::eventually([&] { return w.resources().waiting != 0; }));
   EXPECT_EQ(w.resources().waiting, 1);
   EXPECT_TRUE(w.free(b).ok());
-  open = true;
+  open.open();
   submitter.join();
   EXPECT_EQ(waiting.status().code(), absl::StatusCode::kInvalidArgument) << waiting.status();
   // Refused by the re-check at prepare, after the run registered.
@@ -230,11 +233,10 @@ TEST(WorkerSubmit, DeviceTensorOutsideAnyAllocationIsRefusedAtSubmit) {
 
 TEST(RunHandleWait, TimeoutTable) {
   Worker w(opts());
-  auto h = w.register_callable(sleep_program());
+  auto h = w.register_callable(gate_program());
   ASSERT_TRUE(w.init().ok());
-  task::TaskArgs a;
-  a.add_scalar_i64(300'000);  // 300 ms
-  RunHandle r = *w.submit(*h, a);
+  testing::Gate gate;  // the run is not finished until the table's unfinished rows are checked
+  RunHandle r = *w.submit(*h, gate_args(gate));
   // NaN: refused, run untouched.
   absl::Status nan = r.wait(std::nan(""));
   EXPECT_EQ(nan.code(), absl::StatusCode::kInvalidArgument);
@@ -246,6 +248,7 @@ TEST(RunHandleWait, TimeoutTable) {
   // A short timeout expires and does not deliver.
   EXPECT_EQ(r.wait(0.01).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(r.done());
+  gate.open();
   // Beyond the clock's range: forever.
   EXPECT_TRUE(r.wait(1e300).ok());
   EXPECT_TRUE(r.wait(std::numeric_limits<double>::infinity()).ok());
@@ -270,24 +273,26 @@ TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
   WorkerOptions o = opts();
   o.faults = *device::FaultPlan::parse("run=0:task=1:kind=kernel_error");
   Worker w(o);
-  // Task 0 sleeps 200 ms, task 1 fails.
+  // Both tasks wait at the gate; task 1 fails.
   auto h = w.register_callable(
       task::ChipCallable{"slow_fail",
-                         [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
                            task::TaskArgs a;
-                           a.add_scalar_i64(200'000);
+                           a.add_scalar_i64(args.scalar_i64(0));
                            SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
                            return ctx.submit(0, a);
                          },
-                         {{"sleep", testing::sleep_kernel}}});
+                         {{"gate", testing::gate_kernel}}});
   ASSERT_TRUE(w.init().ok());
-  RunHandle r = *w.submit(*h, task::TaskArgs{});
+  testing::Gate gate;
+  RunHandle r = *w.submit(*h, gate_args(gate));
   EXPECT_EQ(r.wait(0.01).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(r.wait(-1).code(), absl::StatusCode::kDeadlineExceeded);
+  gate.open();
   absl::Status c = w.close();
   EXPECT_TRUE(r.done());
   EXPECT_EQ(c.code(), absl::StatusCode::kInternal);
-  EXPECT_TRUE(contains(c, "run 0 task 1 (kernel 'sleep')")) << c;
+  EXPECT_TRUE(contains(c, "run 0 task 1 (kernel 'gate')")) << c;
   // wait after close still returns the run's own error.
   EXPECT_EQ(r.wait().code(), absl::StatusCode::kInternal);
 }
@@ -394,7 +399,8 @@ TEST(RunHandleProgress, APollPollsOnceAZeroWindowSleepsAtOnceAndResultPollsToo) 
   auto p2 = std::make_shared<TestProgress>(0);
   shared2->progress = p2;
   std::thread finisher([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Once the waiter took its one look (it then sleeps, or finds the run finished).
+    EXPECT_TRUE(testing::eventually([&] { return p2->calls.load() >= 1; }));
     shared2->finalized.signal();
   });
   EXPECT_TRUE(RunHandle(shared2).wait().ok());
@@ -412,6 +418,8 @@ TEST(RunHandleProgress, ThePollIsBoundedThenTheWaiterSleeps) {
   RunHandle h(shared);
   constexpr int64_t kFinishAfterNs = 300'000'000;
   std::thread finisher([&] {
+    // A real-time span is what is under test: the waiter must be asleep, not polling, for the
+    // last 100 ms of it (checked below through the time of its last look).
     std::this_thread::sleep_for(std::chrono::nanoseconds(kFinishAfterNs));
     shared->finalized.signal();
   });
@@ -509,7 +517,7 @@ TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
   auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(testing::count_program(3));
   ASSERT_TRUE(w.init().ok());
-  std::atomic<bool> open{false};
+  testing::Gate open;
   RunHandle first = *w.submit(*gate, gate_args(open));
   std::atomic<int> executed[4] = {0, 0, 0, 0};  // kernel executions per run
   std::vector<RunHandle> hs;
@@ -519,7 +527,7 @@ TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
     hs.push_back(*r);
   }
   EXPECT_EQ(w.lane_stats().launched, 4);  // all four sit on the device stream
-  open = true;
+  open.open();
   EXPECT_TRUE(first.wait().ok());
   absl::Status s = hs[0].wait();
   EXPECT_TRUE(base::is_unrecoverable(s));
@@ -587,7 +595,7 @@ TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
   auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(testing::count_program(1));
   ASSERT_TRUE(w.init().ok());
-  std::atomic<bool> open{false};
+  testing::Gate open;
   RunHandle first = *w.submit(*gate, gate_args(open));
   std::atomic<int> executed{0};
   auto refused = w.submit(*h, testing::count_args(executed));
@@ -597,7 +605,7 @@ TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
   auto behind = w.submit(*h, testing::count_args(executed));
   EXPECT_EQ(behind.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(contains(behind.status(), "lane poisoned by run 1: ")) << behind.status();
-  open = true;
+  open.open();
   EXPECT_TRUE(first.wait().ok()) << first.wait();
   EXPECT_EQ(first.result().terminal_state, RunState::kCompleted);
   EXPECT_TRUE(w.close().ok());    // both errors were delivered by submit
@@ -711,20 +719,25 @@ TEST(WorkerRun, RunIsSubmitThenWait) {
   EXPECT_EQ(w.lane_stats().submitted, 1u);
 }
 
-absl::Status slow_write(const task::KernelContext& ctx) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(ctx.scalar_i64(1)));
+// Waits at the testing::Gate whose address is scalar(1) (none when 0), then writes 7.
+absl::Status gated_write(const task::KernelContext& ctx) {
+  if (const int64_t gate = ctx.scalar_i64(1); gate != 0) {
+    reinterpret_cast<const testing::Gate*>(static_cast<uintptr_t>(gate))->wait();
+  }
   ctx.tensor(0).data<int32_t>()[0] = 7;
   return absl::OkStatus();
 }
 
-task::ChipCallable slow_write_program(int32_t sleep_ms) {
+// One gated_write task at `gate` (none when null).
+task::ChipCallable gated_write_program(const testing::Gate* gate) {
+  const auto address = static_cast<int64_t>(reinterpret_cast<uintptr_t>(gate));
   return {"slow_write",
-          [sleep_ms](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+          [address](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
             task::TaskArgs a;
-            a.add_tensor(args.tensor(0), task::ArgDirection::kOut).add_scalar_i64(sleep_ms);
+            a.add_tensor(args.tensor(0), task::ArgDirection::kOut).add_scalar_i64(address);
             return ctx.submit(0, a);
           },
-          {{"slow_write", slow_write}}};
+          {{"slow_write", gated_write}}};
 }
 
 TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
@@ -732,13 +745,14 @@ TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
   WorkerOptions o = opts(1);
   o.env = &env;
   Worker w(o);
-  auto h = w.register_callable(slow_write_program(600));
+  testing::Gate gate;  // the kernel runs on until the test opens it
+  auto h = w.register_callable(gated_write_program(&gate));
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(4);
   task::TaskArgs a;
   a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kOut);
   RunHandle r = *w.submit(*h, a);
-  pass_timeout(env, o.operation_timeout_s);  // while the kernel sleeps its 600 ms
+  pass_timeout(env, o.operation_timeout_s);  // while the kernel waits at its gate
   absl::Status s = r.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   // The kernel is still running: freeing its buffer must be refused.
@@ -746,6 +760,7 @@ TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
   EXPECT_EQ(f.code(), absl::StatusCode::kFailedPrecondition) << f;
   EXPECT_TRUE(contains(f, "named by run 0, which is quarantined")) << f;
   EXPECT_EQ(w.resources().quarantined, 1);
+  gate.open();
   EXPECT_TRUE(w.close().ok());  // joins the device; the kernel finished into live memory
 }
 
@@ -754,18 +769,18 @@ TEST(WorkerFaults, PerRunTimeoutFromCallConfigIsHonoured) {
   WorkerOptions o = opts(1);
   o.env = &env;
   o.operation_timeout_s = 3600;
+  testing::Gate gate;  // outlives the worker: its kernel waits here until the end of the test
   Worker w(o);
-  auto h = w.register_callable(sleep_program());
+  auto h = w.register_callable(gate_program());
   ASSERT_TRUE(w.init().ok());
-  task::TaskArgs a;
-  a.add_scalar_i64(1'000'000);
   task::CallConfig c;
   c.timeout_s = 30;
-  RunHandle r = *w.submit(*h, a, c);
+  RunHandle r = *w.submit(*h, gate_args(gate), c);
   pass_timeout(env, c.timeout_s);  // past the run's 30 s, far short of the lane's hour
   absl::Status s = r.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(contains(s, "operation timeout of 30 s")) << s;
+  gate.open();
 }
 
 TEST(WorkerFaults, RunsBehindAHangFailWithThePoisonCauseQuickly) {
@@ -795,23 +810,24 @@ TEST(WorkerFaults, PoisonWhileARunIsPreparingIsReturnedBySubmit) {
   o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault");
   Worker w(o);
   // Run 0: device-built, its only task faults after the kernel starts.
-  auto fault = w.register_callable(slow_write_program(0));
-  // Run 1: host-built with a slow orchestration (prepare takes 300 ms).
+  auto fault = w.register_callable(gated_write_program(nullptr));
+  // Run 1: host-built; its orchestration (prepare) goes on only once run 0 has failed.
+  RunHandle r0;
   auto slow_prepare = w.register_callable(
       task::ChipCallable{"slow_prepare",
-                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                           std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                         [&r0](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                           EXPECT_TRUE(testing::eventually([&] { return r0.done(); }));
                            task::TaskArgs a;
                            a.add_tensor(args.tensor(0), task::ArgDirection::kOut).add_scalar_i64(0);
                            return ctx.submit(0, a);
                          },
-                         {{"slow_write", slow_write}},
+                         {{"slow_write", gated_write}},
                          task::GraphPlacement::kHost});
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(4);
   task::TaskArgs a;
   a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kOut);
-  RunHandle r0 = *w.submit(*fault, a);
+  r0 = *w.submit(*fault, a);
   auto r1 = w.submit(*slow_prepare, a);  // poisoned by run 0 while preparing
   ASSERT_FALSE(r1.ok());
   EXPECT_TRUE(contains(r1.status(), "lane poisoned by run 0")) << r1.status();
@@ -842,16 +858,19 @@ TEST(WorkerClose, ACloseDeadlineIsMeasuredOnTheInjectedClock) {
   RunHandle r0 = *w.submit(*h, affine_args(&in, &out[0], 0));
   RunHandle r1 = *w.submit(*h, affine_args(&in, &out[1], 0));
   ASSERT_TRUE(r0.wait().ok());
-  std::atomic<bool> returned{false};
+  std::promise<void> returned;
+  std::future<void> has_returned = returned.get_future();
   absl::Status closed;
   std::thread closer([&] {
     closed = w.close(env.after(std::chrono::hours(1)));
-    returned.store(true);
+    returned.set_value();
   });
   // The lane's reap and close() both wait on the fake clock now.
   ASSERT_TRUE(env.await_timed_waiters(2, std::chrono::seconds(10)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_FALSE(returned.load()) << "close returned before its deadline on the injected clock";
+  // Something that must not happen: close returning while its deadline is ahead. 50 ms of real
+  // time in which it could have returned (a bounded wait that must time out).
+  EXPECT_EQ(has_returned.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+      << "close returned before its deadline on the injected clock";
   EXPECT_FALSE(r1.done());
   env.advance(std::chrono::hours(1) + std::chrono::seconds(1));
   closer.join();

@@ -6,10 +6,13 @@
 #include <string>
 #include <thread>
 
+#include "base/test_wait.h"
 #include "simpler/base/status.h"
 #include "simpler/worker/worker.h"
 
 namespace simpler::worker::testing {
+
+using simpler::testing::eventually;
 
 // Whether `s`'s message contains `needle`.
 inline bool contains(const absl::Status& s, const std::string& needle) {
@@ -35,21 +38,41 @@ inline absl::Status affine_kernel(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// Sleeps scalar(0) microseconds.
+// Sleeps scalar(0) microseconds: a kernel that occupies its core for a chosen time.
 inline absl::Status sleep_kernel(const task::KernelContext& ctx) {
+  // The kernel's duration is the workload these tests run (run times the lane measures and
+  // predicts, runs that queue behind a busy device), not a wait for another thread's state.
   std::this_thread::sleep_for(std::chrono::microseconds(ctx.scalar_i64(0)));
   return absl::OkStatus();
 }
 
-// Waits (sleeping 50 µs at a time) until the std::atomic<bool> whose address
-// is scalar(0) is true: a run that stays on the device until the test opens
-// its gate.
-inline absl::Status gate_kernel(const task::KernelContext& ctx) {
-  const auto* open =
-      reinterpret_cast<const std::atomic<bool>*>(static_cast<uintptr_t>(ctx.scalar_i64(0)));
-  while (!open->load(std::memory_order_acquire)) {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+// A gate a kernel waits at until the test opens it: holds a run on the device for exactly as
+// long as the test needs. The waiting kernel sleeps on the flag (C++20 atomic wait) and open()
+// wakes it. Thread-safe; outlives every run given its address.
+class Gate {
+ public:
+  explicit Gate(bool open = false) : open_(open) {}
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+
+  void open() {
+    open_.store(true, std::memory_order_release);
+    open_.notify_all();
   }
+  bool is_open() const { return open_.load(std::memory_order_acquire); }
+  // Returns once open() was called.
+  void wait() const {
+    while (!open_.load(std::memory_order_acquire)) open_.wait(false, std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<bool> open_;
+};
+
+// Waits until the Gate whose address is scalar(0) is open: a run that stays on the device until
+// the test opens its gate.
+inline absl::Status gate_kernel(const task::KernelContext& ctx) {
+  reinterpret_cast<const Gate*>(static_cast<uintptr_t>(ctx.scalar_i64(0)))->wait();
   return absl::OkStatus();
 }
 
@@ -86,7 +109,7 @@ inline task::TaskArgs address_args(const void* object) {
 
 inline task::ChipCallable sleep_program() { return scalar_program("sleep", sleep_kernel); }
 inline task::ChipCallable gate_program() { return scalar_program("gate", gate_kernel); }
-inline task::TaskArgs gate_args(const std::atomic<bool>& open) { return address_args(&open); }
+inline task::TaskArgs gate_args(const Gate& gate) { return address_args(&gate); }
 // `tasks` independent count_kernel tasks on the run's counter.
 inline task::ChipCallable count_program(int tasks) {
   return scalar_program("count", count_kernel, tasks);
