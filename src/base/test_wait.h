@@ -31,4 +31,12 @@ template <typename F>
   return true;
 }
 
+// Keeps this thread busy for `d` without sleeping (yielding the CPU between looks at the clock):
+// the jitter of a stress test, which varies where one thread's steps fall among another's. Not
+// a wait for anything.
+inline void spin_for(std::chrono::nanoseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < until) std::this_thread::yield();
+}
+
 }  // namespace simpler::testing

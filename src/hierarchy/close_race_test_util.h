@@ -8,19 +8,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "simpler/worker/run_handle.h"
 
 namespace simpler::hierarchy::testing {
 
 // Two threads call `submit(thread, i)` for i in [0, per_thread) while this thread calls `close`
-// after `delay`. Every submit must either be refused with FAILED_PRECONDITION (closed) or give a
-// run that is finished, and OK, once close() returned; close() itself must return OK.
+// once `after_submits` submits (accepted or refused) were made. Every submit must either be refused
+// with FAILED_PRECONDITION (closed) or give a run that is finished, and OK, once close() returned;
+// close() itself must return OK.
 inline void race_close_against_submits(
     const std::function<absl::StatusOr<worker::RunHandle>(int thread, int i)>& submit,
-    const std::function<absl::Status()>& close, int per_thread, std::chrono::milliseconds delay) {
+    const std::function<absl::Status()>& close, int per_thread, int after_submits) {
   std::vector<worker::RunHandle> accepted[2];
-  std::atomic<int> refused{0};
+  std::atomic<int> refused{0}, made{0};
   std::thread t[2];
   for (int k = 0; k < 2; ++k) {
     t[k] = std::thread([&, k] {
@@ -32,10 +34,11 @@ inline void race_close_against_submits(
           EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
           ++refused;
         }
+        ++made;
       }
     });
   }
-  std::this_thread::sleep_for(delay);
+  EXPECT_TRUE(simpler::testing::eventually([&] { return made.load() >= after_submits; }));
   EXPECT_TRUE(close().ok());
   for (auto& th : t) th.join();
   for (int k = 0; k < 2; ++k) {

@@ -318,10 +318,9 @@ TEST_P(L3, AnOrchestrationCallingItsOwnWorkerIsRefusedAndSoIsItsContextOnAnother
   EXPECT_TRUE(w.close().ok());
 }
 
-// A sub-task that holds its run until the flag at scalar 0 is set.
+// A sub-task that holds its run until the worker::testing::Gate at scalar 0 is open.
 absl::Status hold_until_released(const task::TaskArgs& args) {
-  auto* flag = reinterpret_cast<std::atomic<bool>*>(static_cast<uintptr_t>(args.scalar(0)));
-  while (!flag->load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  reinterpret_cast<const worker::testing::Gate*>(static_cast<uintptr_t>(args.scalar(0)))->wait();
   return absl::OkStatus();
 }
 
@@ -336,7 +335,7 @@ TEST_P(L3, FreeBufferIsRefusedOnlyForABufferARunInFlightNames) {
        }});
   ASSERT_TRUE(w.init().ok());
   HostBuffer named = *w.create_buffer(256), other = *w.create_buffer(256);
-  std::atomic<bool> release{false};
+  worker::testing::Gate release;
   task::TaskArgs args;
   args.add_scalar(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&release)))
       .add_tensor(*named.tensor({8}, task::DataType::kInt32, 64), task::ArgDirection::kInOut);
@@ -345,7 +344,7 @@ TEST_P(L3, FreeBufferIsRefusedOnlyForABufferARunInFlightNames) {
   absl::Status refused = w.free_buffer(named);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_TRUE(contains(refused, "L3 run 0 names the buffer")) << refused;
-  release = true;
+  release.open();
   ASSERT_TRUE(h.wait().ok());
   EXPECT_TRUE(w.free_buffer(named).ok());  // finalized: nothing names it any more
   EXPECT_TRUE(w.close().ok());
@@ -384,7 +383,9 @@ namespace {
 absl::Status gate_then_stamp(const task::KernelContext& ctx) {
   auto* cell = reinterpret_cast<std::atomic<int64_t>*>(static_cast<uintptr_t>(ctx.scalar(1)));
   auto* counter = reinterpret_cast<std::atomic<int64_t>*>(static_cast<uintptr_t>(ctx.scalar(2)));
-  while (cell[0].load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // Polled, yielding: in process mode the cell is shared with the parent process, which a
+  // process-private atomic wait would not see.
+  while (cell[0].load() == 0) std::this_thread::yield();
   cell[1].store(counter->fetch_add(1) + 1);
   return absl::OkStatus();
 }
@@ -446,11 +447,7 @@ struct Staging {
 };
 
 bool eventually(const std::function<bool()>& cond) {
-  for (int i = 0; i < 5000; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return cond();
+  return simpler::testing::eventually(cond, std::chrono::seconds(5));
 }
 
 TEST_P(L3, WhileARunExecutesTheNextRunsTaskIsStagedOnItsChild) {
@@ -512,8 +509,11 @@ TEST_P(L3, AtDepthOneTheNextRunWaitsForTheCurrentOne) {
   RunHandle r0 = *w.submit(st.program, st.args(0, false));
   RunHandle r1 = *w.submit(st.program, st.args(1, false));
   EXPECT_TRUE(eventually([&] { return w.next_level_dispatched() == 1; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(w.next_level_dispatched(), 1u);  // run 1 not orchestrated yet
+  // Run 1 is not orchestrated while run 0 runs: 30 ms in which a second dispatch would show (a
+  // bounded wait that must time out).
+  EXPECT_FALSE(simpler::testing::eventually([&] { return w.next_level_dispatched() != 1; },
+                                            std::chrono::milliseconds(30)));
+  EXPECT_EQ(w.next_level_dispatched(), 1u);
   st.cell(0, 0)->store(1);
   st.cell(1, 0)->store(1);
   EXPECT_TRUE(r1.wait().ok());
@@ -561,7 +561,7 @@ TEST_P(L3, CloseRacingSubmitsNeitherHangsNorLosesRuns) {
     (void)mlp.fill(3);
     testing::race_close_against_submits(
         [&](int, int i) { return w.submit(i % 2 == 0 ? host_only : mlp.program, {}); },
-        [&] { return w.close(); }, 100, std::chrono::milliseconds(2 + round));
+        [&] { return w.close(); }, 100, /*after_submits=*/5 + 20 * round);
   }
 }
 
@@ -633,9 +633,10 @@ TEST_P(L3, WaitersRacingCloseGetEveryRunAndHandlesOutliveTheWorker) {
         }
       });
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
-    EXPECT_TRUE(w->close().ok());  // drains every run: nothing is lost or failed
-    w.reset();                     // destroyed while the waiters may still be polling
+    simpler::testing::spin_for(
+        std::chrono::microseconds(100 * round));  // jitter: where close falls
+    EXPECT_TRUE(w->close().ok());                 // drains every run: nothing is lost or failed
+    w.reset();  // destroyed while the waiters may still be polling
     for (auto& t : waiters) t.join();
     EXPECT_EQ(ok.load(), kRuns);
     for (RunHandle& h : hs) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
 
@@ -327,7 +328,9 @@ TEST(Mailbox, APublicationWhoseRingIsLostIsStillTaken) {
       p.child.wait(seen, 20'000'000);  // 20 ms: the bound that makes a lost ring harmless
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the child is asleep
+  // The child is asleep on its doorbell.
+  ASSERT_TRUE(simpler::testing::eventually(
+      [&] { return p.region.header().child_doorbell.sleepers.load() == 1; }));
   // Published by hand, exactly as MailboxParent::publish does, but without the ring.
   RunEntry& e = *p.region.entry(0);
   e.run_id = 9;
@@ -372,19 +375,17 @@ TEST(Mailbox, ATerminalStateWakesTheCollectorOnlyWhileNoParentThreadPolls) {
     const size_t paren = line.rfind(')');
     return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
   };
-  const int64_t asleep_by = base::now_ns() + 5'000'000'000;
-  while (!sleeping() && base::now_ns() < asleep_by) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(sleeping());
+  ASSERT_TRUE(simpler::testing::eventually(sleeping));
   // The ACK rings the parent doorbell, not this one; the terminal state rings this one.
   ASSERT_TRUE(p.parent.publish(1, bytes_of("one")).ok());
   Request r1 = take_one(p.child);
   const uint32_t before = p.parent.completions();
   ASSERT_TRUE(p.child.complete(r1.ticket, absl::OkStatus()).ok());
   EXPECT_EQ(p.parent.completions(), before + 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(woke_ns.load(), 0) << "a terminal state woke the collector while the parent polled";
+  // It must stay asleep: 100 ms in which a wake-up would show (a bounded wait that must time out).
+  EXPECT_FALSE(simpler::testing::eventually([&] { return woke_ns.load() != 0; },
+                                            std::chrono::milliseconds(100)))
+      << "a terminal state woke the collector while the parent polled";
   // The thread that stops polling collects once: the run whose ring woke nobody is there.
   p.parent.set_polled(false);
   std::vector<Completion> done = p.parent.collect();

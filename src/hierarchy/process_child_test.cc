@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -101,12 +102,12 @@ TEST_F(ProcessChild, AChildKilledWhileIdleRefusesLaterSubmitsNamingIt) {
   const std::string who = e->describe();  // "child 2 (process N)"
   const pid_t pid = std::stoi(who.substr(who.find("process ") + 8));
   ASSERT_EQ(kill(pid, SIGTERM), 0);
-  absl::Status refused;
-  for (int i = 0; i < 200 && refused.ok(); ++i) {
+  absl::Status refused;  // submits go on succeeding until the endpoint sees the death
+  EXPECT_TRUE(simpler::testing::eventually([&] {
     absl::StatusOr<RunHandle> h = e->submit(sleep_request(1));
     refused = h.ok() ? h->wait(5.0) : h.status();
-    if (refused.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    return !refused.ok();
+  }));
   EXPECT_TRUE(contains(refused, "killed by signal 15 (Terminated)")) << refused;
   (void)e->close();
 }
@@ -124,12 +125,10 @@ TEST_F(ProcessChild, AChildWhoseWorkerCannotStartStopsTheEndpointSayingWhy) {
 }
 
 TEST_F(ProcessChild, AProcessRunningThreadsIsRefusedAFork) {
-  std::atomic<bool> stop{false};
-  std::thread other([&] {
-    while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  });
+  std::promise<void> stop;
+  std::thread other([done = stop.get_future()] { done.wait(); });  // a second thread, blocked
   absl::StatusOr<std::unique_ptr<Endpoint>> e = start_process_child(sleep_spec());
-  stop.store(true);
+  stop.set_value();
   other.join();
   EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(contains(e.status(), "forked from a single-threaded point")) << e.status();
@@ -164,11 +163,8 @@ TEST_F(ProcessChild, AChildDiesWithItsParent) {
   ASSERT_EQ(kill(parent, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(waitpid(parent, &status, 0), parent);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!gone(child) && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(gone(child)) << "child " << child << " outlived its parent";
+  EXPECT_TRUE(simpler::testing::eventually([&] { return gone(child); }, std::chrono::seconds(5)))
+      << "child " << child << " outlived its parent";
   if (!gone(child)) kill(child, SIGKILL);
 }
 
