@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
@@ -176,7 +177,7 @@ TEST(SimDeviceFaults, TheStreamExecutesNothingBehindAnUnrecoverableLaunch) {
   };
   std::atomic<bool> queued{false};  // item 0 holds the stream until all are queued
   auto recoverable = *s->launch(0, [&](ExecContext&) {
-    while (!queued.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    queued.wait(false);
     return absl::InternalError("kernel");
   });
   auto after_recoverable = *s->launch(1, ok);
@@ -185,6 +186,7 @@ TEST(SimDeviceFaults, TheStreamExecutesNothingBehindAnUnrecoverableLaunch) {
   });
   auto behind = *s->launch(3, ok);
   queued = true;
+  queued.notify_all();
   behind->done.wait(base::Deadline::forever());
   EXPECT_FALSE(recoverable->done.status().ok());
   EXPECT_TRUE(after_recoverable->done.status().ok());
@@ -258,12 +260,33 @@ TEST(SimDeviceFaults, CloseWithAHungTaskReturns) {
   arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
   std::vector<CoreCompletion> c;
   auto rec = *s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 1, &c); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(simpler::testing::eventually([&] { return !d->executing().empty(); }));  // it hangs
   d->close();
   EXPECT_TRUE(rec->done.is_signaled());
 }
 
 // --- A lone job runs on the scheduler thread (run_jobs_inline) ---
+
+// Whether this process has a thread named sim-core0 (the one core of the test's device) and it
+// is asleep (state S in /proc: past its spin, waiting for a job).
+bool core_thread_asleep() {
+  bool found = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "sim-core0") continue;
+    found = true;
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'S') {
+      return false;
+    }
+  }
+  return found;
+}
 
 struct ThreadLog {
   std::mutex mu;
@@ -312,7 +335,7 @@ int jobs_on_scheduler_thread(Device& d, int runs, int jobs_per_run,
 
 TEST(SimDeviceInline, ALoneJobRunsOnTheSchedulerThreadAttributedToItsCore) {
   auto d = make(1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // core thread asleep
+  ASSERT_TRUE(simpler::testing::eventually(core_thread_asleep));
   std::vector<CoreCompletion> c;
   // The sleeping core is never woken for a lone job: the scheduler runs each.
   EXPECT_GE(jobs_on_scheduler_thread(*d, 20, 1, &c), 15);
@@ -453,7 +476,7 @@ TEST(SimDeviceSchedulerCore0, AutoIsOnWhenTheCoresFillTheDeviceCpus) {
 
 TEST(SimDeviceInline, InjectedFaultsApplyToInlineJobs) {
   auto d = make(1, *FaultPlan::parse("run=1:task=0:kind=kernel_error:code=3"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(simpler::testing::eventually(core_thread_asleep));
   std::vector<CoreCompletion> c;
   jobs_on_scheduler_thread(*d, 2, 1, &c);
   ASSERT_EQ(c.size(), 2u);
