@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
@@ -167,7 +168,9 @@ TEST_P(ChipStressTest, ShortRunsWithHostPausesAllFinish) {
       ASSERT_EQ(live_threads("sim-core"), chip.core_threads)
           << "a core thread exited while the device was open (after run " << n + 1 << ")";
     }
-    if (drain) std::this_thread::sleep_for(std::chrono::microseconds(pick(0, 300)));
+    // Jitter: a pause of varying length, long enough now and then for the idle device threads
+    // to pass their spin and go to sleep.
+    if (drain) simpler::testing::spin_for(std::chrono::microseconds(pick(0, 300)));
   }
   while (!live.empty()) {
     reap();

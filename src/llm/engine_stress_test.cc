@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "llm/engine_test_util.h"
 #include "simpler/device/fault_plan.h"
@@ -45,6 +46,14 @@ constexpr int64_t kSoloTokens = 48;  // tokens of every reference run
 
 bool contains(const absl::Status& s, const std::string& needle) {
   return std::string(s.message()).find(needle) != std::string::npos;
+}
+
+// Waits, at most a second, until `e` has run another step: the pause of a caller the engine
+// refused for lack of room (room comes with its progress). An engine that stopped taking steps
+// ends it at the bound; the caller's next attempt says why.
+void await_a_step(LlmEngine& e) {
+  const int64_t steps = e.metrics().steps_total;
+  (void)simpler::testing::eventually([&] { return e.metrics().steps_total > steps; }, 1s);
 }
 
 bool is_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -334,7 +343,7 @@ TEST_F(LlmEngineStressTest, BadOptionsAreRefusedByCreateNamingTheOption) {
 TEST_F(LlmEngineStressTest, AbortRightAfterAddEndsEveryChoiceOnceAtEveryDepth) {
   const int kRequests = kSanitized ? 10 : 36;
   for (int depth : {1, 2, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     auto e = engine(options(depth, 128, 32, 8));
     e->set_check_invariants(true);
     std::vector<std::pair<RequestId, int>> ids;
@@ -374,7 +383,8 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
   const int kRequests = kSanitized ? 16 : 128;
   // Depth 2 and 4, and host sampling (one step at a time, logits read back).
   for (int depth : {2, 4, 0}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth << (depth == 0 ? " (host sampling)" : ""));
+    SCOPED_TRACE(::testing::Message()
+                 << "depth " << depth << (depth == 0 ? " (host sampling)" : ""));
     EngineOptions eo = options(std::max(depth, 1), 48, 16, 8);
     eo.runner.host_sampling = depth == 0;
     auto e = engine(eo);
@@ -400,7 +410,7 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
         const EngineMetrics m = e->metrics();
         EXPECT_EQ(m.kv_pages.total(), m.kv_pages_total);
         EXPECT_LE(m.requests_running, 8);
-        std::this_thread::sleep_for(200us);
+        simpler::testing::spin_for(200us);  // jitter: samples fall anywhere in a step
       }
     });
     std::vector<std::thread> aborters;
@@ -409,9 +419,9 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
         std::mt19937 rng(100 * depth + t);
         // From the first request on (thread start-up under a sanitizer on a loaded machine can
         // outlast every attempt otherwise).
-        while (added.load(std::memory_order_acquire) == 0) std::this_thread::sleep_for(100us);
+        added.wait(0, std::memory_order_acquire);
         for (int k = 0; k < kRequests / 2; ++k) {
-          std::this_thread::sleep_for(
+          simpler::testing::spin_for(  // jitter: the abort lands at a random moment
               std::chrono::microseconds(std::uniform_int_distribution<int>(0, 2000)(rng)));
           const int have = added.load(std::memory_order_acquire);
           if (have == 0) continue;
@@ -431,7 +441,9 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
     for (int t = 0; t < 2; ++t) {
       readers.emplace_back([&, t] {
         for (int i = t; i < kRequests; i += 2) {
-          while (added.load(std::memory_order_acquire) <= i) std::this_thread::sleep_for(100us);
+          for (int v; (v = added.load(std::memory_order_acquire)) <= i;) {
+            added.wait(v, std::memory_order_acquire);
+          }
           logs[i] = read_all(*e, reqs[i].id, reqs[i].n);
         }
       });
@@ -440,7 +452,8 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
       reqs[i].id =
           e->add_request(greedy(prompt(reqs[i].prompt), reqs[i].max_tokens, reqs[i].n)).value();
       added.store(i + 1, std::memory_order_release);
-      std::this_thread::sleep_for(
+      added.notify_all();
+      simpler::testing::spin_for(  // jitter: the next request arrives at a random moment
           std::chrono::microseconds(std::uniform_int_distribution<int>(0, 1000)(main_rng)));
     }
     for (auto& t : aborters) t.join();
@@ -449,7 +462,7 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
     metrics_reader.join();
     int64_t choices = 0, aborted = 0;
     for (int i = 0; i < kRequests; ++i) {
-      SCOPED_TRACE(testing::Message() << "request " << i);
+      SCOPED_TRACE(::testing::Message() << "request " << i);
       const RequestLog& log = logs[i];
       expect_well_formed(log);
       choices += reqs[i].n;
@@ -474,7 +487,7 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
 // once with kAbort, its tokens a prefix of the same request run to the end.
 TEST_F(LlmEngineStressTest, AbortOfAMultiChoiceRequestMidWayEndsEveryChoiceOnce) {
   for (int depth : {1, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     auto e = engine(options(depth, 256, 32, 8));
     const RequestSpec spec = seeded(prompt(3), kSoloTokens, 77, 4);
     const RequestLog full = read_all(*e, e->add_request(spec).value(), 4);
@@ -571,7 +584,7 @@ TEST_F(LlmEngineStressTest, PreemptionStormsKeepTokensAndPagesAtDepth2And4) {
     EXPECT_TRUE(e->shutdown().ok());
   }
   for (int depth : {2, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     // A request needs up to (24 + 40) / 4 = 16 pages.
     auto e = engine(options(depth, 24, 32, 8));
     e->set_check_invariants(true);
@@ -581,7 +594,7 @@ TEST_F(LlmEngineStressTest, PreemptionStormsKeepTokensAndPagesAtDepth2And4) {
                                        static_cast<size_t>(kRequests - 1)};
     std::thread aborter([&] {
       for (size_t i : abort_at) {
-        std::this_thread::sleep_for(3ms);
+        simpler::testing::spin_for(3ms);  // jitter: the aborts land while steps run
         const absl::Status s = e->abort(ids[i]);
         EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
       }
@@ -595,7 +608,7 @@ TEST_F(LlmEngineStressTest, PreemptionStormsKeepTokensAndPagesAtDepth2And4) {
     aborter.join();
     int64_t choices = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
-      SCOPED_TRACE(testing::Message() << "request " << i);
+      SCOPED_TRACE(::testing::Message() << "request " << i);
       expect_well_formed(logs[i]);
       choices += specs[i].n;
       for (int k = 0; k < specs[i].n; ++k) {
@@ -624,7 +637,7 @@ TEST_F(LlmEngineStressTest, PreemptionStormsKeepTokensAndPagesAtDepth2And4) {
 TEST_F(LlmEngineStressTest, ANeverReadingConsumerLosesNoTokenOfAChoiceThatEndsNormally) {
   const int kRequests = kSanitized ? 8 : 24;
   for (int depth : {1, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     EngineOptions eo = options(depth, 256, 64, 16);
     eo.max_buffered_outputs = 1;
     auto e = engine(eo);
@@ -639,20 +652,18 @@ TEST_F(LlmEngineStressTest, ANeverReadingConsumerLosesNoTokenOfAChoiceThatEndsNo
       choices += ns.back();
     }
     // Wait until every choice finished without reading anything.
-    const int64_t t0 = base::now_ns();
-    while (true) {
-      const EngineMetrics m = e->metrics();
-      if (m.requests_finished_length + m.requests_finished_abort + m.requests_finished_stop +
-              m.requests_finished_error >=
-          choices) {
-        break;
-      }
-      ASSERT_LT(seconds_since(t0), 60.0) << "requests did not finish";
-      std::this_thread::sleep_for(1ms);
-    }
+    ASSERT_TRUE(simpler::testing::eventually(
+        [&] {
+          const EngineMetrics m = e->metrics();
+          return m.requests_finished_length + m.requests_finished_abort + m.requests_finished_stop +
+                     m.requests_finished_error >=
+                 choices;
+        },
+        60s))
+        << "requests did not finish";
     int64_t fell_behind = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
-      SCOPED_TRACE(testing::Message() << "request " << i);
+      SCOPED_TRACE(::testing::Message() << "request " << i);
       const RequestLog log = read_all(*e, ids[i], ns[i]);
       expect_well_formed(log);
       for (const ChoiceLog& c : log.choices) {
@@ -691,7 +702,7 @@ TEST_F(LlmEngineStressTest, SlowCallbacksThatCallBackIntoTheEngineDeadlockNothin
   for (int i = 0; i < kParents; ++i) {
     RequestSpec s = greedy(prompt(i), 12);
     s.on_output = sink.callback(1, [&, i](const RequestOutput& out) {
-      std::this_thread::sleep_for(300us);  // slow
+      simpler::testing::spin_for(300us);  // slow: a consumer busy for 300 µs
       const EngineMetrics m = e->metrics();
       if (m.kv_pages.total() != m.kv_pages_total) ++callback_errors;
       if (e->next_output(out.id, base::Deadline::poll()).status().code() !=
@@ -733,7 +744,7 @@ TEST_F(LlmEngineStressTest, SlowCallbacksThatCallBackIntoTheEngineDeadlockNothin
   EXPECT_EQ(callback_errors.load(), 0);
   EXPECT_EQ(kids.size(), static_cast<size_t>((kParents + 1) / 2));
   for (int i = 0; i < kParents; ++i) {
-    SCOPED_TRACE(testing::Message() << "parent " << i);
+    SCOPED_TRACE(::testing::Message() << "parent " << i);
     const RequestLog log = sink.get(parents[i]);
     expect_well_formed(log);
     const ChoiceLog& c = log.choices[0];
@@ -817,7 +828,7 @@ TEST_F(LlmEngineStressTest, AHugeMaxTokensIsRefusedAtAddNotFailedLater) {
   auto e = engine(options(1));
   for (int64_t mt : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 3,
                      std::numeric_limits<int64_t>::max() / 2 + 7}) {
-    SCOPED_TRACE(testing::Message() << "max_tokens " << mt);
+    SCOPED_TRACE(::testing::Message() << "max_tokens " << mt);
     auto r = e->add_request(greedy(prompt(0), mt));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -835,12 +846,12 @@ TEST_F(LlmEngineStressTest, AHugeMaxTokensIsRefusedAtAddNotFailedLater) {
 TEST_F(LlmEngineStressTest, MetricsAndTheWaitingCountAreCurrentWhenTheFinalEventIsRead) {
   const int kRounds = kSanitized ? 5 : 20;
   for (int depth : {1, 2}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     EngineOptions eo = options(depth, 64, 32, 4);
     eo.max_waiting = 2;
     auto e = engine(eo);
     for (int round = 0; round < kRounds; ++round) {
-      SCOPED_TRACE(testing::Message() << "round " << round);
+      SCOPED_TRACE(::testing::Message() << "round " << round);
       const RequestLog done = read_all(*e, e->add_request(greedy(prompt(round), 3)).value(), 1);
       expect_well_formed(done);
       EXPECT_EQ(done.choices[0].finish, OutputFinish::kLength);
@@ -871,7 +882,7 @@ TEST_F(LlmEngineStressTest, MetricsAndTheWaitingCountAreCurrentWhenTheFinalEvent
 // engine stays healthy. At depth 1, 2 and 4.
 TEST_F(LlmEngineStressTest, AKernelErrorMidDecodeFailsOnlyTheRequestsOfItsStep) {
   for (int depth : {1, 2, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     auto e = engine(with_faults(options(depth, 256, 64, 2), "run=5:task=3:kind=kernel_error"));
     std::vector<RequestId> ids;
     for (int i = 0; i < 4; ++i) ids.push_back(e->add_request(greedy(prompt(i), 30)).value());
@@ -882,7 +893,7 @@ TEST_F(LlmEngineStressTest, AKernelErrorMidDecodeFailsOnlyTheRequestsOfItsStep) 
     }
     int failed = 0;
     for (int i = 0; i < 4; ++i) {
-      SCOPED_TRACE(testing::Message() << "request " << i);
+      SCOPED_TRACE(::testing::Message() << "request " << i);
       const ChoiceLog& c = logs[i].choices[0];
       if (i == 0) {
         EXPECT_EQ(c.finish, OutputFinish::kError);  // in every step from step 1
@@ -919,7 +930,7 @@ TEST_F(LlmEngineStressTest, AKernelErrorMidPrefillFailsThatRequestAndTheQueueIsS
   std::vector<int32_t> longp;
   for (int k = 0; k < 60; ++k) longp.push_back((k * 37 + 11) % 500);
   for (int depth : {1, 2, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     auto e = engine(with_faults(options(depth, 256, 8, 2), "run=2:task=2:kind=kernel_error"));
     const RequestId a = e->add_request(greedy(longp, 4)).value();
     const RequestId b = e->add_request(greedy(prompt(1), 6)).value();
@@ -1001,7 +1012,7 @@ TEST_F(LlmEngineStressTest, UnrecoverableFaultsFailEveryRequestWithTheCauseAtEve
   const std::vector<int> depths = kSanitized ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4};
   for (const Case& cs : cases) {
     for (int depth : depths) {
-      SCOPED_TRACE(testing::Message() << cs.name << ", depth " << depth);
+      SCOPED_TRACE(::testing::Message() << cs.name << ", depth " << depth);
       EngineOptions eo = with_faults(options(depth, 256, 8, 2), cs.plan);
       eo.runner.worker.operation_timeout_s = 0.5;
       auto e = engine(eo);
@@ -1056,7 +1067,7 @@ TEST_F(LlmEngineStressTest, FaultsDuringTheShutdownDrainAreReportedOnce) {
   for (const Case cs : {Case{"run=30:task=2:kind=device_fault", true},
                         Case{"run=30:task=2:kind=kernel_error", false}}) {
     for (int depth : {1, 4}) {
-      SCOPED_TRACE(testing::Message() << cs.plan << ", depth " << depth);
+      SCOPED_TRACE(::testing::Message() << cs.plan << ", depth " << depth);
       auto e = engine(with_faults(options(depth, 256, 64, 8), cs.plan));
       std::vector<std::pair<RequestId, int>> ids;
       for (int i = 0; i < 4; ++i) {
@@ -1115,7 +1126,7 @@ TEST_F(LlmEngineStressTest, FaultsDuringTheShutdownDrainAreReportedOnce) {
 // once with the fault's cause; every refused one names it.
 TEST_F(LlmEngineStressTest, AddsRacingAnUnrecoverableFaultEndOnceWithItsCause) {
   for (int depth : {1, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     auto e = engine(with_faults(options(depth, 256, 32, 8), "run=15:task=2:kind=device_fault"));
     std::mutex mu;
     std::vector<std::pair<RequestId, int>> accepted;
@@ -1133,12 +1144,12 @@ TEST_F(LlmEngineStressTest, AddsRacingAnUnrecoverableFaultEndOnceWithItsCause) {
             std::lock_guard<std::mutex> l(mu);
             accepted.emplace_back(*id, n);
           } else if (id.status().code() == absl::StatusCode::kResourceExhausted) {
-            std::this_thread::sleep_for(1ms);
+            await_a_step(*e);  // full: room comes with the engine's progress
           } else {
             ++refused;
             if (!contains(id.status(), "device fault")) ++wrong_refusal;
           }
-          std::this_thread::sleep_for(100us);
+          simpler::testing::spin_for(100us);  // jitter between adds
         }
       });
     }
@@ -1179,7 +1190,7 @@ TEST_F(LlmEngineStressTest, AddsRacingAnUnrecoverableFaultEndOnceWithItsCause) {
 TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOnce) {
   const int kRounds = kSanitized ? 3 : 16;
   for (int round = 0; round < kRounds; ++round) {
-    SCOPED_TRACE(testing::Message() << "round " << round);
+    SCOPED_TRACE(::testing::Message() << "round " << round);
     auto e = engine(options(round % 2 == 0 ? 2 : 4, 128, 32, 8));
     Sink sink;
     struct Added {
@@ -1193,6 +1204,7 @@ TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOn
     std::vector<Added> added;
     std::deque<Added> to_read;
     std::atomic<int> adders_left{3};
+    std::condition_variable readable;  // to_read got a request, or the last adder ended
     std::atomic<int> unexpected{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < 3; ++t) {
@@ -1209,7 +1221,7 @@ TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOn
           if (!id.ok()) {
             if (id.status().code() == absl::StatusCode::kFailedPrecondition) break;
             if (id.status().code() != absl::StatusCode::kResourceExhausted) ++unexpected;
-            std::this_thread::sleep_for(1ms);
+            await_a_step(*e);  // full: room comes with the engine's progress
             continue;
           }
           {
@@ -1217,10 +1229,15 @@ TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOn
             added.push_back({*id, n, p, mt, cb});
             if (!cb) to_read.push_back(added.back());
           }
-          std::this_thread::sleep_for(
+          readable.notify_one();
+          simpler::testing::spin_for(  // jitter between adds
               std::chrono::microseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
         }
-        --adders_left;
+        {
+          std::lock_guard<std::mutex> l(mu);
+          --adders_left;
+        }
+        readable.notify_all();
       });
     }
     threads.emplace_back([&] {  // aborter
@@ -1237,7 +1254,7 @@ TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOn
           const absl::Status s = e->abort(id);
           if (!s.ok() && s.code() != absl::StatusCode::kNotFound) ++unexpected;
         }
-        std::this_thread::sleep_for(500us);
+        simpler::testing::spin_for(500us);  // jitter between aborts
       }
     });
     std::vector<RequestLog> read_logs;
@@ -1247,20 +1264,11 @@ TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOn
         while (true) {
           std::optional<Added> a;
           {
-            std::lock_guard<std::mutex> l(mu);
-            if (!to_read.empty()) {
-              a = to_read.front();
-              to_read.pop_front();
-            }
-          }
-          if (!a) {
-            if (adders_left.load() == 0) {
-              std::lock_guard<std::mutex> l(mu);
-              if (to_read.empty()) return;
-              continue;
-            }
-            std::this_thread::sleep_for(200us);
-            continue;
+            std::unique_lock<std::mutex> l(mu);
+            readable.wait(l, [&] { return !to_read.empty() || adders_left.load() == 0; });
+            if (to_read.empty()) return;
+            a = to_read.front();
+            to_read.pop_front();
           }
           RequestLog log = read_all(*e, a->id, a->n);
           std::lock_guard<std::mutex> l(mu);
@@ -1269,7 +1277,11 @@ TEST_F(LlmEngineStressTest, ShutdownRacingAddsAbortsAndReadersEndsEveryRequestOn
         }
       });
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 15 * round));
+    // Shut down once a number of requests (growing with the round) went in, while more come.
+    ASSERT_TRUE(simpler::testing::eventually([&] {
+      std::lock_guard<std::mutex> l(mu);
+      return added.size() >= static_cast<size_t>(2 + 3 * round);
+    }));
     const int64_t t0 = base::now_ns();
     absl::Status s2;
     std::thread second([&] { s2 = e->shutdown(base::Deadline::poll()); });
@@ -1320,7 +1332,8 @@ TEST_F(LlmEngineStressTest, DestructorWithoutShutdownAndUnreadQueuesReturnsPromp
       const RequestId id = e->add_request(std::move(s)).value();
       if (i % 2 == 0) cb_ids.emplace_back(id, n);
     }
-    std::this_thread::sleep_for(20ms);
+    // With requests running: the engine has taken steps.
+    ASSERT_TRUE(simpler::testing::eventually([&] { return e->metrics().steps_total >= 2; }));
     const int64_t t0 = base::now_ns();
     e.reset();
     EXPECT_LT(seconds_since(t0), 10.0);
@@ -1458,7 +1471,7 @@ TEST_F(LlmEngineStressTextTest, StopStringsWithMinTokensAndSeveralChoicesCutEver
       kSanitized ? std::vector<int64_t>{0, 4} : std::vector<int64_t>{0, 3, 7};
   int tested_stops = 0;
   for (int64_t min_tokens : mins) {
-    SCOPED_TRACE(testing::Message() << "min_tokens " << min_tokens);
+    SCOPED_TRACE(::testing::Message() << "min_tokens " << min_tokens);
     RequestSpec base;
     base.prompt_ids = tokenizer_->encode("The quick brown fox");
     base.max_tokens = kTokens;
@@ -1484,7 +1497,7 @@ TEST_F(LlmEngineStressTextTest, StopStringsWithMinTokensAndSeveralChoicesCutEver
     }
     ASSERT_FALSE(stops.empty()) << "every token's text was empty";
     for (const std::string& stop : stops) {
-      SCOPED_TRACE(testing::Message() << "stop '" << stop << "'");
+      SCOPED_TRACE(::testing::Message() << "stop '" << stop << "'");
       const Expected x = expected_stop(deltas, stop, min_tokens);
       tested_stops += x.stopped ? 1 : 0;
       RequestSpec spec = base;
@@ -1581,7 +1594,7 @@ TEST_F(LlmEngineStressTextTest, SeededChoicesStopEachAtTheirOwnStopStringUnderPr
   const RequestLog log = read_all(*e, e->add_request(spec).value(), 3);
   expect_well_formed(log);
   for (int k = 0; k < 3; ++k) {
-    SCOPED_TRACE(testing::Message() << "choice " << k);
+    SCOPED_TRACE(::testing::Message() << "choice " << k);
     const ChoiceLog& c = log.choices[k];
     EXPECT_EQ(c.finish, want[k].stopped ? OutputFinish::kStop : OutputFinish::kLength);
     EXPECT_EQ(c.text, want[k].text);
@@ -1636,26 +1649,25 @@ TEST_F(LlmEngineStressTextTest, StopStringsWithAConsumerThatFellBehind) {
   const Expected want = expected_stop(deltas, stop, 0);
   ASSERT_TRUE(want.stopped);
   for (int depth : {1, 4}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     auto e = engine(depth, /*max_buffered=*/1);
     RequestSpec spec = base;
     spec.n = 3;
     spec.sampling.stop = {stop};
     const RequestId id = e->add_request(spec).value();
-    const int64_t t0 = base::now_ns();
-    while (true) {
-      const EngineMetrics m = e->metrics();
-      if (m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort >= 3) {
-        break;
-      }
-      ASSERT_LT(seconds_since(t0), 60.0);
-      std::this_thread::sleep_for(1ms);
-    }
+    ASSERT_TRUE(simpler::testing::eventually(
+        [&] {
+          const EngineMetrics m = e->metrics();
+          return m.requests_finished_stop + m.requests_finished_length +
+                     m.requests_finished_abort >=
+                 3;
+        },
+        60s));
     const RequestLog log = read_all(*e, id, 3);
     expect_well_formed(log);
     int aborted = 0;
     for (int k = 0; k < 3; ++k) {
-      SCOPED_TRACE(testing::Message() << "choice " << k);
+      SCOPED_TRACE(::testing::Message() << "choice " << k);
       const ChoiceLog& c = log.choices[k];
       if (c.finish == OutputFinish::kAbort) {
         ++aborted;

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "llm/engine_test_util.h"
 #include "simpler/device/fault_plan.h"
@@ -142,7 +143,7 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
   };
   for (const Config c :
        {Config{1, 64, false}, Config{2, 7, false}, Config{3, 64, false}, Config{2, 16, true}}) {
-    SCOPED_TRACE(testing::Message()
+    SCOPED_TRACE(::testing::Message()
                  << "depth " << c.depth << " budget " << c.budget << " host " << c.host);
     EngineOptions eo = options(c.depth, 256, c.budget, std::min(16, c.budget));
     eo.runner.host_sampling = c.host;
@@ -178,13 +179,13 @@ TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
   const auto solo = solo_tokens(ps, 6);
   for (int depth : {1, 2}) {
     for (int budget : {1, 7, 64}) {
-      SCOPED_TRACE(testing::Message() << "depth " << depth << " budget " << budget);
+      SCOPED_TRACE(::testing::Message() << "depth " << depth << " budget " << budget);
       auto e = engine(options(depth, 1024, budget, std::min(16, budget)));
       std::mt19937 rng(depth * 100 + budget);
       std::vector<RequestId> ids;
       for (const auto& p : ps) {
         ids.push_back(e->add_request(greedy(p, 6)).value());
-        std::this_thread::sleep_for(
+        simpler::testing::spin_for(  // jitter: the arrival falls somewhere in a step
             std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
       }
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -203,7 +204,7 @@ TEST_F(LlmEngineTest, PreemptionByRecomputeLeavesTokensUnchanged) {
   const auto ps = random_prompts(12, 40, 11);
   const auto solo = solo_tokens(ps, 24);
   for (int depth : {1, 2}) {
-    SCOPED_TRACE(testing::Message() << "depth " << depth);
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
     // Pages of 4 tokens; a request needs up to 16; 24 pages hold ~2 at a time.
     auto e = engine(options(depth, 24, 32, 8));
     e->set_check_invariants(true);
@@ -231,7 +232,7 @@ TEST_F(LlmEngineTest, RandomAbortsLeaveTheOtherRequestsUnchanged) {
   for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 12)).value());
   std::set<size_t> aborted = {1, 4, 5, 9, 14};
   for (size_t i : aborted) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    simpler::testing::spin_for(std::chrono::milliseconds(1));  // jitter: aborts land mid-decode
     absl::Status s = e->abort(ids[i]);
     EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
   }
@@ -292,7 +293,7 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
   const auto others = random_prompts(15, 20, 17);
   for (int depth : {1, 2, 4}) {
     for (bool small_pool : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "depth " << depth << " small pool " << small_pool);
+      SCOPED_TRACE(::testing::Message() << "depth " << depth << " small pool " << small_pool);
       auto e = engine(small_pool ? options(depth, 16, 32, 16) : options(depth));
       std::vector<RequestId> ids;
       for (size_t i = 0; i < others.size(); ++i) {
