@@ -5,20 +5,18 @@
 #include "cli/bench_runtime.h"
 #include "cli/bench_starpu.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "simpler/base/json.h"
 #include "simpler/base/thread.h"
 #include "simpler/worker/run_resource_arena.h"
 
 namespace simpler::cli {
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
-                     const std::vector<int>& batches, bool allow_unused_tensors,
-                     const std::string& compare);
-int run_bench_load(const std::string& model, const CommonOptions& common,
-                   bool allow_unused_tensors);
-int run_bench_prefill(const std::string& model, const CommonOptions& common,
-                      const std::vector<int>& prompt_lens, bool allow_unused_tensors,
-                      const std::string& compare);
+int run_bench_decode(const std::string& model, const EngineFlags& flags, int steps,
+                     const std::vector<int>& batches, const std::string& compare);
+int run_bench_load(const std::string& model, const EngineFlags& flags);
+int run_bench_prefill(const std::string& model, const EngineFlags& flags,
+                      const std::vector<int>& prompt_lens, const std::string& compare);
 // Registers `bench throughput` (cmd_bench_throughput.cc); its runner returns -1 unless parsed.
 Runner add_bench_throughput_command(CLI::App* bench);
 Runner add_bench_serve_command(CLI::App* bench);
@@ -29,7 +27,8 @@ Runner add_bench_commands(CLI::App& app) {
   bench->require_subcommand(1);
 
   struct State {
-    CommonOptions dispatch_common, pipeline_common, decode_common, prefill_common, load_common;
+    CommonOptions dispatch_common, pipeline_common;
+    EngineFlags decode_engine, prefill_engine, load_engine;
     std::vector<int> prompt_lens{128, 512};
     std::string compare, dispatch_compare;
     int64_t tasks = 100000;
@@ -41,7 +40,6 @@ Runner add_bench_commands(CLI::App& app) {
     std::string model;
     int steps = 32;
     std::vector<int> batches{1};
-    bool allow_unused_tensors = false;
   };
   auto st = std::make_shared<State>();
 
@@ -82,8 +80,6 @@ Runner add_bench_commands(CLI::App& app) {
   decode->add_option("--batch", st->batches, "requests per step; a comma list runs one row each")
       ->delimiter(',')
       ->check(int_in(1, kMaxRequests));
-  decode->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
-                   "accept a checkpoint holding tensors the config does not use (extra heads)");
   decode
       ->add_option("--compare", st->compare,
                    "torch: also run the checkpoint in PyTorch eager (Debian python3-torch, f32, "
@@ -92,8 +88,7 @@ Runner add_bench_commands(CLI::App& app) {
                    "batch and steps, its CPU variant matching --kernel-isa; built by "
                    "scripts/install_deps.sh --bench); prints both and their ratio")
       ->check(CLI::IsMember({"torch", "llama.cpp"}));
-  st->decode_common.add_to(decode);
-  st->decode_common.add_kernel_isa_to(decode);
+  add_engine_flags(decode, &st->decode_engine, {.allow_unused_tensors = true});
 
   auto* prefill = bench->add_subcommand(
       "prefill", "time to first token of long prompts, against the measured f32 FMA peak");
@@ -101,8 +96,6 @@ Runner add_bench_commands(CLI::App& app) {
   prefill->add_option("--prompt-lens", st->prompt_lens, "prompt lengths in tokens, one row each")
       ->delimiter(',')
       ->check(int_in(1, 1 << 16));
-  prefill->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
-                    "accept a checkpoint holding tensors the config does not use (extra heads)");
   prefill
       ->add_option("--compare", st->compare,
                    "torch: also run the prompts in PyTorch eager (Debian python3-torch, f32, "
@@ -110,15 +103,12 @@ Runner add_bench_commands(CLI::App& app) {
                    "exported as GGUF, the same threads and prompt length, its CPU variant "
                    "matching --kernel-isa; scripts/install_deps.sh --bench); prints both")
       ->check(CLI::IsMember({"torch", "llama.cpp"}));
-  st->prefill_common.add_to(prefill);
-  st->prefill_common.add_kernel_isa_to(prefill);
+  add_engine_flags(prefill, &st->prefill_engine, {.allow_unused_tensors = true});
 
   auto* load = bench->add_subcommand(
       "load", "checkpoint load time against reading the files; peak resident memory");
   load->add_option("--model", st->model, "model directory")->required();
-  load->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
-                 "accept a checkpoint holding tensors the config does not use (extra heads)");
-  st->load_common.add_to(load);
+  add_engine_flags(load, &st->load_engine, {.allow_unused_tensors = true, .kernel_isa = false});
 
   Runner throughput = add_bench_throughput_command(bench);
   Runner mailbox = add_bench_mailbox_command(bench);
@@ -214,14 +204,12 @@ Runner add_bench_commands(CLI::App& app) {
       return write_trace(trace, st->pipeline_common.trace_path) ? 0 : 1;
     }
     if (decode->parsed())
-      return run_bench_decode(st->model, st->decode_common, st->steps, st->batches,
-                              st->allow_unused_tensors, st->compare);
+      return run_bench_decode(st->model, st->decode_engine, st->steps, st->batches, st->compare);
     if (load->parsed()) {
-      return run_bench_load(st->model, st->load_common, st->allow_unused_tensors);
+      return run_bench_load(st->model, st->load_engine);
     }
     if (prefill->parsed()) {
-      return run_bench_prefill(st->model, st->prefill_common, st->prompt_lens,
-                               st->allow_unused_tensors, st->compare);
+      return run_bench_prefill(st->model, st->prefill_engine, st->prompt_lens, st->compare);
     }
     if (int rc = throughput(); rc != -1) return rc;
     if (int rc = serve(); rc != -1) return rc;

@@ -17,6 +17,7 @@
 
 #include "cli/bench_workload.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/json.h"
 #include "simpler/llm/chat_template.h"
@@ -39,10 +40,8 @@ struct State {
   std::string output_len_range = "16:256";
   std::string request_rate = "inf";
   int32_t max_concurrency = 0;  // 0: num_prompts
-  int32_t max_num_seqs = 16;
-  int32_t page_size = 16;
   uint64_t seed = 0;
-  CommonOptions common;
+  EngineFlags engine;
 };
 
 // One streamed request as the client saw it.
@@ -130,16 +129,9 @@ int run_bench_serve(const State& st) {
   const Workload& w = *workload;
 
   base::TraceRecorder trace;
-  llm::EngineOptions eo;
-  eo.runner.worker = st.common.worker_options(&trace);
-  eo.runner.kernel_isa = st.common.kernel_isa();
-  eo.runner.precision = st.common.precision();
-  eo.runner.page_size = st.page_size;
-  eo.runner.max_num_seqs = st.max_num_seqs;
-  eo.runner.max_num_batched_tokens = std::max(512, st.max_num_seqs);
-  eo.runner.num_pages = static_cast<int32_t>(std::min<int64_t>(
-      static_cast<int64_t>(st.max_num_seqs) * llm::pages_needed(w.longest, st.page_size),
-      std::numeric_limits<int32_t>::max()));
+  auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
+  if (!options.ok()) return fail(kCommand, options.status());
+  llm::EngineOptions eo = *std::move(options);
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
   eo.record_steps = false;
 
@@ -259,7 +251,7 @@ int run_bench_serve(const State& st) {
             {"num_prompts", st.num_prompts},
             {"request_rate", std::isfinite(rate) ? json(rate) : json(nullptr)},
             {"max_concurrency", concurrency},
-            {"max_num_seqs", st.max_num_seqs},
+            {"max_num_seqs", st.engine.max_num_seqs},
             {"output_tokens_per_s", served_tok_s},
             {"offline_output_tokens_per_s", o.output_tokens_per_s},
             {"served_over_offline", ratio},
@@ -276,8 +268,8 @@ int run_bench_serve(const State& st) {
             {"wall_s", wall_s},
             {"preemptions", preemptions},
             {"errors", errors},
-            {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.common.kernel_isa()))}};
-  if (st.common.json) {
+            {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
+  if (st.engine.common.json) {
     std::printf("%s\n", base::dump_replacing(j).c_str());
   } else {
     std::printf(
@@ -295,7 +287,7 @@ int run_bench_serve(const State& st) {
               << " request(s) failed; the first: " << first_error << "\n";
     return 1;
   }
-  return write_trace(trace, st.common.trace_path) ? 0 : 1;
+  return write_trace(trace, st.engine.common.trace_path) ? 0 : 1;
 }
 
 }  // namespace
@@ -323,15 +315,9 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
                   "requests open at once (0 = all of them)")
       ->check(int_in(0, kMaxRequests))
       ->capture_default_str();
-  cmd->add_option("--max-num-seqs", st->max_num_seqs, "the engine's running requests")
-      ->check(int_in(1, kMaxRequests))
-      ->capture_default_str();
-  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
-      ->check(int_in(1, kMaxPageSize))
-      ->capture_default_str();
   cmd->add_option("--seed", st->seed, "workload seed")->capture_default_str();
-  st->common.add_to(cmd);
-  st->common.add_kernel_isa_to(cmd);
+  add_engine_flags(cmd, &st->engine,
+                   {.max_num_seqs = "the engine's running requests", .page_size = true});
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     return run_bench_serve(*st);

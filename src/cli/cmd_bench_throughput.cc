@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/bench_workload.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
@@ -55,14 +56,9 @@ struct State {
   std::string input_len_range = "16:512";
   std::string output_len_range = "16:256";
   std::string request_rate = "inf";
-  int32_t max_num_seqs = 16;
-  int32_t max_num_batched_tokens = 0;
   uint64_t seed = 0;
-  int32_t page_size = 16;
-  int32_t num_pages = 0;
   int64_t ttft_probe_len = 512;
-  bool allow_unused_tensors = false;
-  CommonOptions common;
+  EngineFlags engine;
 };
 
 // The idle-engine TTFT probe: one prompt of `len` tokens (seeded ids), one output token, on a
@@ -80,14 +76,6 @@ int run_bench_throughput(const State& st) {
   const LenRange in = *parse_len_range(st.input_len_range);
   const LenRange out = *parse_len_range(st.output_len_range);
   const double rate = *parse_rate(st.request_rate);
-  const int32_t seqs = st.max_num_seqs;
-  const int32_t batched =
-      st.max_num_batched_tokens > 0 ? st.max_num_batched_tokens : std::max(512, seqs);
-  if (batched < seqs) {
-    return fail(kCommand, absl::InvalidArgumentError(absl::StrCat(
-                              "--max-num-batched-tokens ", batched, " is below --max-num-seqs ",
-                              seqs, " (every running request needs a row per step)")));
-  }
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kCommand, config.status());
   auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
@@ -95,21 +83,13 @@ int run_bench_throughput(const State& st) {
   const Workload& w = *workload;
 
   base::TraceRecorder trace;
-  llm::EngineOptions eo;
-  eo.runner.worker = st.common.worker_options(&trace);
-  eo.runner.kernel_isa = st.common.kernel_isa();
-  eo.runner.precision = st.common.precision();
-  eo.runner.page_size = st.page_size;
-  eo.runner.allow_unused_tensors = st.allow_unused_tensors;
-  eo.runner.max_num_seqs = seqs;
-  eo.runner.max_num_batched_tokens = batched;
-  int64_t pages = st.num_pages;
-  if (pages == 0) {  // max_num_seqs requests of the longest kind at once
-    pages =
-        std::min<int64_t>(static_cast<int64_t>(seqs) * llm::pages_needed(w.longest, st.page_size),
-                          std::numeric_limits<int32_t>::max());
-  }
-  eo.runner.num_pages = static_cast<int32_t>(pages);
+  auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
+  if (!options.ok()) return fail(kCommand, options.status());
+  llm::EngineOptions eo = *std::move(options);
+  const int32_t seqs = eo.runner.max_num_seqs;
+  const int32_t batched = eo.runner.max_num_batched_tokens;
+  const int32_t pages = eo.runner.num_pages;
+  const int32_t page_size = eo.runner.page_size;
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
   eo.record_steps = true;
 
@@ -118,17 +98,18 @@ int run_bench_throughput(const State& st) {
             << st.seed << "): " << w.input_tokens << " input + " << w.output_tokens
             << " output tokens; request rate " << st.request_rate << "/s, max_num_seqs " << seqs
             << ", max_num_batched_tokens " << batched << ", " << pages << " KV pages of "
-            << st.page_size << " tokens\n";
+            << page_size << " tokens\n";
 
   auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
   if (!continuous.ok()) {
-    return fail_with_trace(kCommand, continuous.status(), trace, st.common.trace_path);
+    return fail_with_trace(kCommand, continuous.status(), trace, st.engine.common.trace_path);
   }
   const RunStats c = run_stats(*continuous, w);
   std::cerr << "simpler " << kCommand << ": continuous run: " << c.wall_s << " s (engine loaded in "
             << continuous->load_s << " s)\n";
   auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true, kCommand);
-  if (!fixed.ok()) return fail_with_trace(kCommand, fixed.status(), trace, st.common.trace_path);
+  if (!fixed.ok())
+    return fail_with_trace(kCommand, fixed.status(), trace, st.engine.common.trace_path);
   const RunStats s = run_stats(*fixed, w);
   std::cerr << "simpler " << kCommand << ": static run: " << s.wall_s << " s\n";
 
@@ -151,9 +132,10 @@ int run_bench_throughput(const State& st) {
     one.longest = st.ttft_probe_len + 1;
     llm::EngineOptions po = eo;
     po.runner.num_pages = static_cast<int32_t>(
-        std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, st.page_size)));
+        std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, page_size)));
     auto run = run_workload(st.model, po, one, /*static_batches=*/false, kCommand);
-    if (!run.ok()) return fail_with_trace(kCommand, run.status(), trace, st.common.trace_path);
+    if (!run.ok())
+      return fail_with_trace(kCommand, run.status(), trace, st.engine.common.trace_path);
     if (run->requests.empty() || run->requests[0].first_token_ns == 0) {
       return fail(kCommand, absl::InternalError("the TTFT probe's request produced no token"));
     }
@@ -170,7 +152,7 @@ int run_bench_throughput(const State& st) {
   const double itl50 = percentile(c.itl_ms, 0.5), itl99 = percentile(c.itl_ms, 0.99);
   const double tpot50 = percentile(c.tpot_ms, 0.5), tpot99 = percentile(c.tpot_ms, 0.99);
   const double e2e50 = percentile(c.e2e_ms, 0.5), e2e99 = percentile(c.e2e_ms, 0.99);
-  if (st.common.json) {
+  if (st.engine.common.json) {
     nlohmann::json j = {
         {"model", st.model},
         {"num_prompts", st.num_prompts},
@@ -180,9 +162,9 @@ int run_bench_throughput(const State& st) {
         {"seed", st.seed},
         {"max_num_seqs", seqs},
         {"max_num_batched_tokens", batched},
-        {"page_size", st.page_size},
+        {"page_size", page_size},
         {"num_pages", pages},
-        {"launch_depth", st.common.launch_depth},
+        {"launch_depth", st.engine.common.launch_depth},
         {"total_input_tokens", w.input_tokens},
         {"total_output_tokens", c.output_tokens},
         {"wall_s", c.wall_s},
@@ -210,7 +192,7 @@ int run_bench_throughput(const State& st) {
         {"static_preemptions", fixed->metrics.preemptions_total},
         {"static_errors", s.errors},
         {"continuous_over_static", ratio},
-        {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.common.kernel_isa()))}};
+        {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
     if (probe) {
       j["ttft_probe_input_len"] = st.ttft_probe_len;
       j["ttft_probe_ms"] = probe->ttft_ms;
@@ -254,7 +236,7 @@ int run_bench_throughput(const State& st) {
   }
   // The numbers are printed first; a request that failed, or an engine that did not close
   // cleanly, makes the call fail.
-  int rc = write_trace(trace, st.common.trace_path) ? 0 : 1;
+  int rc = write_trace(trace, st.engine.common.trace_path) ? 0 : 1;
   if (c.short_outputs + s.short_outputs > 0) {
     std::cerr << "simpler " << kCommand << ": " << c.short_outputs << " continuous and "
               << s.short_outputs
@@ -301,33 +283,20 @@ Runner add_bench_throughput_command(CLI::App* bench) {
                   "(seeded from --seed); the static run ignores it")
       ->check(rate_check())
       ->capture_default_str();
-  cmd->add_option("--max-num-seqs", st->max_num_seqs,
-                  "requests running at once; also the static batch size")
-      ->check(int_in(1, kMaxRequests))
-      ->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", st->max_num_batched_tokens,
-                  "token budget per step (0 = max(512, max-num-seqs))")
-      ->check(int_in(0, kMaxBatchedTokens))
-      ->capture_default_str();
   cmd->add_option("--seed", st->seed, "workload seed: lengths, token ids and arrivals")
-      ->capture_default_str();
-  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
-      ->check(int_in(1, kMaxPageSize))
-      ->capture_default_str();
-  cmd->add_option("--num-pages", st->num_pages,
-                  "KV cache pages (0 = max-num-seqs requests of the workload's longest input + "
-                  "output at once)")
-      ->check(int_in(0, std::numeric_limits<int32_t>::max()))
       ->capture_default_str();
   cmd->add_option("--ttft-probe-len", st->ttft_probe_len,
                   "then one prompt of this many tokens on an idle engine: its time to first token "
                   "against the device time of its prefill steps (0 = skip)")
       ->check(int_in(0, std::numeric_limits<int32_t>::max()))
       ->capture_default_str();
-  cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
-                "accept a checkpoint holding tensors the config does not use (extra heads)");
-  st->common.add_to(cmd);
-  st->common.add_kernel_isa_to(cmd);
+  add_engine_flags(cmd, &st->engine,
+                   {.max_num_seqs = "requests running at once; also the static batch size",
+                    .max_num_batched_tokens = true,
+                    .page_size = true,
+                    .num_pages = "KV cache pages (0 = max-num-seqs requests of the workload's "
+                                 "longest input + output at once)",
+                    .allow_unused_tensors = true});
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     return run_bench_throughput(*st);

@@ -18,6 +18,7 @@
 #include "cli/bench_llamacpp.h"
 #include "cli/bench_probes.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
@@ -302,13 +303,9 @@ Runner add_generate_command(CLI::App& app) {
       "generate", "generate from prompts with a Qwen3 model (continuous batching, LlmEngine)");
   struct State {
     std::string model, prompt, prompt_ids, prompts_file;
-    bool chat = false, ignore_eos = false, host_sampling = false, allow_unused_tensors = false;
+    bool chat = false, ignore_eos = false;
     int32_t max_new_tokens = 32;
     int32_t requests = 1;
-    int32_t page_size = 16;
-    int32_t num_pages = 0;
-    int32_t max_num_batched_tokens = 0;
-    int32_t max_num_seqs = 0;
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
     int32_t top_k = 0;
     uint64_t seed = 0;
@@ -316,9 +313,10 @@ Runner add_generate_command(CLI::App& app) {
     std::string dump_logits_steps, dump_kv_positions;
     int32_t chips = 1;
     std::string child_mode = "process";
-    CommonOptions common;
+    EngineFlags engine;
   };
   auto st = std::make_shared<State>();
+  st->engine.max_num_seqs = 0;  // all requests
   cmd->add_option("--model", st->model, "model directory (Hugging Face layout)")->required();
   cmd->add_option("--chips", st->chips,
                   "data parallel over this many sim chips: every chip loads the model, requests "
@@ -341,17 +339,6 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--requests,-n", st->requests,
                   "choices of the one prompt (OpenAI n: clone requests, each its own RNG stream)")
       ->check(int_in(1, kMaxRequests));
-  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
-      ->check(int_in(1, kMaxPageSize));
-  cmd->add_option("--num-pages", st->num_pages, "KV cache pages (0 = sized from the requests)")
-      ->check(int_in(0, std::numeric_limits<int32_t>::max()));
-  cmd->add_option("--max-num-batched-tokens", st->max_num_batched_tokens,
-                  "token budget per step: prompt chunks and decode rows (0 = max(512, "
-                  "max-num-seqs))")
-      ->check(int_in(0, kMaxBatchedTokens));
-  cmd->add_option("--max-num-seqs", st->max_num_seqs,
-                  "requests running at once, rows sampled per step (0 = all requests, at most 256)")
-      ->check(int_in(0, kMaxRequests));
   cmd->add_option("--temperature", st->temperature, "sampling temperature (0 = greedy)")
       ->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-p", st->top_p, "nucleus sampling mass in (0, 1]");
@@ -361,18 +348,20 @@ Runner add_generate_command(CLI::App& app) {
   auto* seed_opt = cmd->add_option(
       "--seed", st->seed, "sampling seed for every request (default: a distinct one each)");
   cmd->add_option("--stop", st->stop, "stop string (repeatable; not part of the output)");
-  cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
-                "accept a checkpoint holding tensors the config does not use (extra heads)");
   cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at the model's EOS ids");
-  cmd->add_flag("--host-sampling", st->host_sampling,
-                "sample on the host from logits read back every step (falls back to serial "
-                "launch: the next step needs the host's token first)");
   cmd->add_option("--dump-logits-steps", st->dump_logits_steps,
                   "with --json: include logits at these decode steps (0 = first token)");
   cmd->add_option("--dump-kv-positions", st->dump_kv_positions,
                   "with --json: include K/V read back from the page pool at these positions");
-  st->common.add_to(cmd);
-  st->common.add_kernel_isa_to(cmd);
+  add_engine_flags(
+      cmd, &st->engine,
+      {.max_num_seqs =
+           "requests running at once, rows sampled per step (0 = all requests, at most 256)",
+       .max_num_batched_tokens = true,
+       .page_size = true,
+       .num_pages = "KV cache pages (0 = sized from the requests)",
+       .allow_unused_tensors = true,
+       .host_sampling = true});
   return [cmd, st, p1, p2, p3, seed_opt]() -> int {
     if (!cmd->parsed()) return -1;
     if (p1->count() + p2->count() + p3->count() == 0) {
@@ -455,37 +444,25 @@ Runner add_generate_command(CLI::App& app) {
       chip_choices[r % chips] += clones;
       chip_pages[r % chips] +=
           clones * llm::pages_needed(static_cast<int64_t>(unique[r].size()) + st->max_new_tokens,
-                                     st->page_size);
+                                     st->engine.page_size);
     }
     const int64_t busiest = *std::max_element(chip_choices.begin(), chip_choices.end());
 
     base::TraceRecorder trace;
-    llm::EngineOptions eo;
-    eo.runner.worker = st->common.worker_options(&trace);
-    eo.runner.kernel_isa = st->common.kernel_isa();
-    eo.runner.precision = st->common.precision();
-    eo.runner.page_size = st->page_size;
-    eo.runner.allow_unused_tensors = st->allow_unused_tensors;
-    eo.runner.host_sampling = st->host_sampling;
-    eo.runner.max_num_seqs = st->max_num_seqs > 0
-                                 ? st->max_num_seqs
-                                 : static_cast<int32_t>(std::clamp<int64_t>(busiest, 1, 256));
-    eo.runner.max_num_batched_tokens = st->max_num_batched_tokens > 0
-                                           ? st->max_num_batched_tokens
-                                           : std::max(512, eo.runner.max_num_seqs);
+    auto options = engine_options(
+        st->engine,
+        {.requests = busiest, .pages = *std::max_element(chip_pages.begin(), chip_pages.end())},
+        &trace);
+    if (!options.ok()) return fail("generate", options.status());
+    llm::EngineOptions eo = *std::move(options);
     eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(total_choices, 1));
     eo.tokenizer = tok ? &*tok : nullptr;
     eo.record_steps = true;
-    int64_t pages = st->num_pages;
-    if (pages == 0) {  // every request's pages at once: nothing waits for the pool
-      pages = std::min<int64_t>(*std::max_element(chip_pages.begin(), chip_pages.end()),
-                                std::numeric_limits<int32_t>::max());
-    }
-    eo.runner.num_pages = static_cast<int32_t>(pages);
-    if (st->host_sampling && st->common.launch_depth > 1) {
+    const int32_t pages = eo.runner.num_pages;
+    if (st->engine.host_sampling && st->engine.common.launch_depth > 1) {
       std::cerr << "simpler generate: host sampling needs each step's logits on the host first; "
                    "falling back to serial launch (effective depth 1, requested "
-                << st->common.launch_depth << ")\n";
+                << st->engine.common.launch_depth << ")\n";
     }
     const int64_t t0 = base::now_ns();
     // One chip: an engine over its own worker. Several: an L3 worker whose children each load
@@ -495,7 +472,7 @@ Runner add_generate_command(CLI::App& app) {
     if (chips == 1) {
       auto engine = llm::LlmEngine::create(st->model, eo);
       if (!engine.ok()) {
-        return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
+        return fail_with_trace("generate", engine.status(), trace, st->engine.common.trace_path);
       }
       engines.push_back(std::move(*engine));
     } else {
@@ -505,10 +482,10 @@ Runner add_generate_command(CLI::App& app) {
       lo.child_mode = *hierarchy::parse_child_mode(st->child_mode);
       lo.child = eo.runner.worker;
       // Every engine keeps up to launch_depth steps in flight.
-      lo.launch_depth = std::min(16, chips * std::max(1, st->common.launch_depth));
+      lo.launch_depth = std::min(16, chips * std::max(1, st->engine.common.launch_depth));
       // Each step stages its host tensors (and its logits when read back) in the shared heap;
       // reserved lazily, so the bound costs nothing until used.
-      const bool logits_back = st->host_sampling || !logit_steps_v.empty();
+      const bool logits_back = st->engine.host_sampling || !logit_steps_v.empty();
       lo.host_heap_bytes =
           (64ull << 20) + (logits_back ? static_cast<uint64_t>(lo.launch_depth + chips) *
                                              eo.runner.max_num_seqs * config->vocab_size * 4
@@ -530,7 +507,7 @@ Runner add_generate_command(CLI::App& app) {
         if (!engine.ok()) {
           engines.clear();
           (void)l3->close();
-          return fail_with_trace("generate", engine.status(), trace, st->common.trace_path);
+          return fail_with_trace("generate", engine.status(), trace, st->engine.common.trace_path);
         }
         engines.push_back(std::move(*engine));
       }
@@ -542,9 +519,10 @@ Runner add_generate_command(CLI::App& app) {
                              : absl::StrCat(" on ", chips, " chips (", st->child_mode,
                                             " children, each loading the model itself)"))
               << "; " << total_choices << " request(s), " << pages << " KV pages of "
-              << st->page_size << " tokens" << (chips == 1 ? "" : " per chip") << ", launch depth "
-              << st->common.launch_depth << ", max_num_seqs " << eo.runner.max_num_seqs
-              << ", max_num_batched_tokens " << eo.runner.max_num_batched_tokens << "\n";
+              << eo.runner.page_size << " tokens" << (chips == 1 ? "" : " per chip")
+              << ", launch depth " << st->engine.common.launch_depth << ", max_num_seqs "
+              << eo.runner.max_num_seqs << ", max_num_batched_tokens "
+              << eo.runner.max_num_batched_tokens << "\n";
 
     std::vector<llm::RequestSpec> specs;
     std::vector<std::vector<int32_t>> prompts;
@@ -608,13 +586,13 @@ Runner add_generate_command(CLI::App& app) {
     std::cerr << "simpler generate: " << depth.steps << " steps, " << prompt_tokens << " prompt + "
               << generated << " generated tokens in " << total_ms << " ms (prefill " << prefill_ms
               << " ms, decode " << decode_ms << " ms, " << tok_s
-              << " generated tokens/s; launch depth " << st->common.launch_depth << ", effective "
-              << depth.effective_depth << ", up to " << depth.max_steps_in_flight
+              << " generated tokens/s; launch depth " << st->engine.common.launch_depth
+              << ", effective " << depth.effective_depth << ", up to " << depth.max_steps_in_flight
               << " steps in flight"
-              << (st->host_sampling ? ", serial launch for host sampling" : "") << "; "
+              << (st->engine.host_sampling ? ", serial launch for host sampling" : "") << "; "
               << preemptions << " preemptions)\n";
 
-    if (st->common.json) {
+    if (st->engine.common.json) {
       nlohmann::json reqs = nlohmann::json::array();
       for (const Item& it : items) {
         const ChoiceResult& r = *it.c;
@@ -648,19 +626,19 @@ Runner add_generate_command(CLI::App& app) {
             {"prompt_tokens", prompt_tokens},
             {"generated_tokens", generated},
             {"generated_tokens_per_s", tok_s}}},
-          {"launch_depth", st->common.launch_depth},
+          {"launch_depth", st->engine.common.launch_depth},
           {"effective_depth", depth.effective_depth},
           {"max_steps_in_flight", depth.max_steps_in_flight},
-          {"serial_launch", st->host_sampling},
-          {"host_sampling", st->host_sampling},
+          {"serial_launch", st->engine.host_sampling},
+          {"host_sampling", st->engine.host_sampling},
           {"preemptions", preemptions},
           {"chips", chips},
           {"child_mode", chips > 1 ? nlohmann::json(st->child_mode) : nlohmann::json(nullptr)},
           {"max_num_seqs", eo.runner.max_num_seqs},
           {"max_num_batched_tokens", eo.runner.max_num_batched_tokens},
-          {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st->common.kernel_isa()))},
-          {"precision", llm::name_of(llm::effective_precision(st->common.kernel_isa(),
-                                                              st->common.precision()))}};
+          {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st->engine.common.kernel_isa()))},
+          {"precision", llm::name_of(llm::effective_precision(st->engine.common.kernel_isa(),
+                                                              st->engine.common.precision()))}};
       std::string dumped = base::dump_replacing(out);
       std::printf("%s\n", dumped.c_str());
     } else {
@@ -683,9 +661,9 @@ Runner add_generate_command(CLI::App& app) {
     int failed = 0;
     for (const Item& it : items) failed += it.c->error.ok() ? 0 : 1;
     if (!closed.ok() && failed == 0) {
-      return fail_with_trace("generate", closed, trace, st->common.trace_path);
+      return fail_with_trace("generate", closed, trace, st->engine.common.trace_path);
     }
-    if (!write_trace(trace, st->common.trace_path)) return 1;
+    if (!write_trace(trace, st->engine.common.trace_path)) return 1;
     for (size_t i = 0; i < items.size(); ++i) {
       if (items[i].c->error.ok()) continue;
       std::cerr << "simpler generate: request " << i << " failed: " << items[i].c->error << "\n";
@@ -695,17 +673,6 @@ Runner add_generate_command(CLI::App& app) {
 }
 
 namespace {
-
-// The engine options every LLM benchmark starts from: the device and kernel flags.
-llm::EngineOptions bench_engine_options(const CommonOptions& common, base::TraceRecorder* trace,
-                                        bool allow_unused_tensors) {
-  llm::EngineOptions eo;
-  eo.runner.worker = common.worker_options(trace);
-  eo.runner.kernel_isa = common.kernel_isa();
-  eo.runner.precision = common.precision();
-  eo.runner.allow_unused_tensors = allow_unused_tensors;
-  return eo;
-}
 
 // Multiply-accumulates of the weight matrices per decode row (the projections and the LM head;
 // the attention over a short context is negligible): a step of B rows is 2·B·this FLOPs.
@@ -718,8 +685,8 @@ int64_t matrix_macs_per_row(const llm::ModelConfig& c) {
 
 }  // namespace
 
-int run_bench_load(const std::string& model, const CommonOptions& common,
-                   bool allow_unused_tensors) {
+int run_bench_load(const std::string& model, const EngineFlags& flags) {
+  const CommonOptions& common = flags.common;
   base::TraceRecorder trace;
   std::vector<std::string> files;
   uint64_t checkpoint_bytes = 0;
@@ -751,12 +718,14 @@ int run_bench_load(const std::string& model, const CommonOptions& common,
   // of 3.
   double load_s = 1e30;
   for (int pass = 0; pass < 3; ++pass) {
-    llm::EngineOptions eo = bench_engine_options(common, &trace, allow_unused_tensors);
-    eo.runner.max_num_seqs = 1;
-    eo.runner.max_num_batched_tokens = 16;
-    eo.runner.num_pages = 16;
+    EngineFlags row = flags;
+    row.max_num_seqs = 1;
+    row.max_num_batched_tokens = 16;
+    row.num_pages = 16;
+    absl::StatusOr<llm::EngineOptions> eo = engine_options(row, {}, &trace);
+    if (!eo.ok()) return fail("bench load", eo.status());
     const int64_t t0 = base::now_ns();
-    auto engine = llm::LlmEngine::create(model, eo);
+    auto engine = llm::LlmEngine::create(model, *eo);
     const double s = (base::now_ns() - t0) / 1e9;
     if (!engine.ok()) {
       return fail_with_trace("bench load", engine.status(), trace, common.trace_path);
@@ -780,9 +749,9 @@ int run_bench_load(const std::string& model, const CommonOptions& common,
   return write_trace(trace, common.trace_path) ? 0 : 1;
 }
 
-int run_bench_prefill(const std::string& model, const CommonOptions& common,
-                      const std::vector<int>& prompt_lens, bool allow_unused_tensors,
-                      const std::string& compare) {
+int run_bench_prefill(const std::string& model, const EngineFlags& flags,
+                      const std::vector<int>& prompt_lens, const std::string& compare) {
+  const CommonOptions& common = flags.common;
   const bool compare_torch = compare == "torch";
   base::TraceRecorder trace;
   auto config = llm::ModelConfig::load(model);
@@ -816,11 +785,13 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
   const int64_t lm_macs = config->vocab_size * config->hidden_size;
   const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
   for (int len : prompt_lens) {
-    llm::EngineOptions eo = bench_engine_options(common, &trace, allow_unused_tensors);
-    eo.runner.max_num_seqs = 1;
-    eo.runner.max_num_batched_tokens = std::max(512, len);
-    eo.runner.num_pages = static_cast<int32_t>(llm::pages_needed(len + 1, eo.runner.page_size));
-    auto engine = llm::LlmEngine::create(model, eo);
+    EngineFlags row = flags;
+    row.max_num_seqs = 1;
+    row.max_num_batched_tokens = std::max(512, len);
+    row.num_pages = static_cast<int32_t>(llm::pages_needed(len + 1, row.page_size));
+    absl::StatusOr<llm::EngineOptions> eo = engine_options(row, {}, &trace);
+    if (!eo.ok()) return fail("bench prefill", eo.status());
+    auto engine = llm::LlmEngine::create(model, *eo);
     if (!engine.ok()) {
       return fail_with_trace("bench prefill", engine.status(), trace, common.trace_path);
     }
@@ -928,9 +899,9 @@ int run_bench_prefill(const std::string& model, const CommonOptions& common,
   return write_trace(trace, common.trace_path) ? 0 : 1;
 }
 
-int run_bench_decode(const std::string& model, const CommonOptions& common, int steps,
-                     const std::vector<int>& batches, bool allow_unused_tensors,
-                     const std::string& compare) {
+int run_bench_decode(const std::string& model, const EngineFlags& flags, int steps,
+                     const std::vector<int>& batches, const std::string& compare) {
+  const CommonOptions& common = flags.common;
   const bool compare_torch = compare == "torch";
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
@@ -950,13 +921,14 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
   }
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : batches) {
-    llm::EngineOptions eo = bench_engine_options(common, &trace, allow_unused_tensors);
-    eo.runner.max_num_seqs = batch;
-    eo.runner.max_num_batched_tokens = std::max(batch, 16);
-    eo.runner.num_pages =
-        static_cast<int32_t>(batch * llm::pages_needed(1 + steps, eo.runner.page_size));
-    eo.record_steps = true;
-    eo.max_waiting = batch;
+    EngineFlags row = flags;
+    row.max_num_seqs = batch;
+    row.max_num_batched_tokens = std::max(batch, 16);
+    row.num_pages = static_cast<int32_t>(batch * llm::pages_needed(1 + steps, row.page_size));
+    absl::StatusOr<llm::EngineOptions> eo = engine_options(row, {}, &trace);
+    if (!eo.ok()) return fail("bench decode", eo.status());
+    eo->record_steps = true;
+    eo->max_waiting = batch;
     if (read_bw == 0) {
       // The weights' size in the checkpoint's dtype: what a step reads.
       uint64_t bytes = 0;
@@ -966,7 +938,7 @@ int run_bench_decode(const std::string& model, const CommonOptions& common, int 
       }
       read_bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(bytes, 64ull << 20));
     }
-    auto engine = llm::LlmEngine::create(model, eo);
+    auto engine = llm::LlmEngine::create(model, *eo);
     if (!engine.ok()) {
       return fail_with_trace("bench decode", engine.status(), trace, common.trace_path);
     }

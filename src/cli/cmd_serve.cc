@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "simpler/base/clock.h"
 #include "simpler/llm/chat_template.h"
 #include "simpler/llm/kv_cache.h"
@@ -25,14 +26,11 @@ Runner add_serve_command(CLI::App& app) {
   struct State {
     std::string model, host = "127.0.0.1", served_model_name, api_key;
     int32_t port = 8000;
-    int32_t max_num_seqs = 16, max_num_batched_tokens = 0, page_size = 16, num_pages = 0;
-    int32_t max_waiting = 1024;
     int64_t max_body_bytes = 1 << 20;
     int32_t max_concurrent_requests = 64;
     double drain_timeout_s = 30;
     double request_read_timeout_s = 30;
-    bool allow_unused_tensors = false;
-    CommonOptions common;
+    EngineFlags engine;
   };
   auto st = std::make_shared<State>();
   cmd->add_option("--model", st->model, "model directory (Hugging Face layout, with tokenizer)")
@@ -45,21 +43,6 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--served-model-name", st->served_model_name,
                   "the model name clients send (default: the model directory's name)");
   cmd->add_option("--api-key", st->api_key, "require 'Authorization: Bearer KEY'");
-  cmd->add_option("--max-num-seqs", st->max_num_seqs, "requests running at once")
-      ->check(int_in(1, kMaxRequests))
-      ->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", st->max_num_batched_tokens,
-                  "token budget per step (0 = max(512, max-num-seqs))")
-      ->check(int_in(0, kMaxBatchedTokens));
-  cmd->add_option("--page-size", st->page_size, "KV cache page size in tokens")
-      ->check(int_in(1, kMaxPageSize))
-      ->capture_default_str();
-  cmd->add_option("--num-pages", st->num_pages,
-                  "KV cache pages (0 = max-num-seqs requests of 2048 tokens)")
-      ->check(int_in(0, std::numeric_limits<int32_t>::max()));
-  cmd->add_option("--max-waiting", st->max_waiting, "waiting requests before 429")
-      ->check(int_in(1, 1 << 20))
-      ->capture_default_str();
   cmd->add_option("--max-body-bytes", st->max_body_bytes, "largest request body (413 past it)")
       ->check(int_in(1024, int64_t{1} << 30))
       ->capture_default_str();
@@ -76,10 +59,14 @@ Runner add_serve_command(CLI::App& app) {
                   "it is closed; 0 = no limit")
       ->check(number_in(0, kMaxTimeoutS))
       ->capture_default_str();
-  cmd->add_flag("--allow-unused-tensors", st->allow_unused_tensors,
-                "accept a checkpoint holding tensors the config does not use (extra heads)");
-  st->common.add_to(cmd, /*with_json=*/false);
-  st->common.add_kernel_isa_to(cmd);
+  add_engine_flags(cmd, &st->engine,
+                   {.max_num_seqs = "requests running at once",
+                    .max_num_batched_tokens = true,
+                    .page_size = true,
+                    .num_pages = "KV cache pages (0 = max-num-seqs requests of 2048 tokens)",
+                    .max_waiting = true,
+                    .allow_unused_tensors = true,
+                    .json = false});
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     // SIGINT / SIGTERM go to one thread that waits for them (blocked everywhere else, before
@@ -98,21 +85,9 @@ Runner add_serve_command(CLI::App& app) {
                 << "\n";
     }
     base::TraceRecorder trace;
-    llm::EngineOptions eo;
-    eo.runner.worker = st->common.worker_options(&trace);
-    eo.runner.kernel_isa = st->common.kernel_isa();
-    eo.runner.precision = st->common.precision();
-    eo.runner.page_size = st->page_size;
-    eo.runner.max_num_seqs = st->max_num_seqs;
-    eo.runner.max_num_batched_tokens = st->max_num_batched_tokens > 0
-                                           ? st->max_num_batched_tokens
-                                           : std::max(512, st->max_num_seqs);
-    eo.runner.num_pages =
-        st->num_pages > 0
-            ? st->num_pages
-            : static_cast<int32_t>(st->max_num_seqs * llm::pages_needed(2048, st->page_size));
-    eo.runner.allow_unused_tensors = st->allow_unused_tensors;
-    eo.max_waiting = st->max_waiting;
+    auto options = engine_options(st->engine, {.request_tokens = 2048}, &trace);
+    if (!options.ok()) return fail("serve", options.status());
+    llm::EngineOptions eo = *std::move(options);
     eo.tokenizer = &*tokenizer;
     const int64_t t0 = base::now_ns();
     auto engine = llm::LlmEngine::create(st->model, eo);
