@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "cli/bench_stats.h"
+#include "cli/bench/bench_stats.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"

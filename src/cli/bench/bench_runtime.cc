@@ -1,4 +1,4 @@
-#include "cli/bench_runtime.h"
+#include "cli/bench/bench_runtime.h"
 
 #include <sys/resource.h>
 #include <time.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cli/bench_stats.h"
+#include "cli/bench/bench_stats.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"

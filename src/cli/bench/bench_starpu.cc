@@ -1,4 +1,4 @@
-#include "cli/bench_starpu.h"
+#include "cli/bench/bench_starpu.h"
 
 #include <unistd.h>
 

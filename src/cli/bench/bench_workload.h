@@ -17,7 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cli/bench_stats.h"
+#include "cli/bench/bench_stats.h"
 #include "cli/commands.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"

@@ -2,8 +2,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "cli/bench_runtime.h"
-#include "cli/bench_starpu.h"
+#include "cli/bench/bench_runtime.h"
+#include "cli/bench/bench_starpu.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "simpler/base/json.h"

@@ -1,4 +1,4 @@
-#include "cli/bench_llamacpp.h"
+#include "cli/bench/bench_llamacpp.h"
 
 #include <unistd.h>
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cli/bench_runtime.h"
+#include "cli/bench/bench_runtime.h"
 
 namespace simpler::cli {
 

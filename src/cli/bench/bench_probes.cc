@@ -1,4 +1,4 @@
-#include "cli/bench_probes.h"
+#include "cli/bench/bench_probes.h"
 
 #include <omp.h>
 
