@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_stats.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_workload.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"

@@ -29,6 +29,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_workload.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"

@@ -1,0 +1,253 @@
+// `simpler bench decode`: decode step time and weight bandwidth, one row per batch size, against
+// the read-bandwidth probe (and PyTorch or llama.cpp with --compare).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/bench/bench_commands.h"
+#include "cli/bench/bench_llamacpp.h"
+#include "cli/bench/bench_probes.h"
+#include "cli/bench/model_flops.h"
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/request_run.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
+#include "simpler/base/status.h"
+#include "simpler/base/thread.h"
+#include "simpler/llm/kv_cache.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/model_config.h"
+
+namespace simpler::cli {
+
+namespace {
+
+constexpr const char* kCommand = "bench decode";
+
+struct DecodeFlags {
+  std::string model;
+  int steps = 32;
+  std::vector<int> batches{1};
+  std::string compare;
+  EngineFlags engine;
+};
+
+// One row: the steady-state decode steps of `batch` requests (every step after the first, which
+// prefilled the one-token prompts). Wall time per step from their span (steps overlap at depth
+// >= 2); device time per step as their median.
+struct DecodeRow {
+  int batch = 0;
+  int64_t decode_steps = 0;
+  double step_ms = 0;
+  double device_ms = 0;  // p50
+  double tokens_per_s = 0;
+  uint64_t weight_bytes = 0;  // per step
+  double weight_bytes_per_s = 0;
+  double gflops = 0;
+  DepthStats depth;
+};
+
+// The weights' size in the checkpoint's dtype: what a step reads.
+uint64_t checkpoint_bytes(const std::string& model) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(model, ec)) {
+    if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+  }
+  return bytes;
+}
+
+// Runs `batch` greedy requests of a one-token prompt for --steps steps on a fresh engine.
+absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::ModelConfig& config,
+                                         int batch, base::TraceRecorder* trace) {
+  EngineFlags row_flags = st.engine;
+  row_flags.max_num_seqs = batch;
+  row_flags.max_num_batched_tokens = std::max(batch, 16);
+  row_flags.num_pages =
+      static_cast<int32_t>(batch * llm::pages_needed(1 + st.steps, row_flags.page_size));
+  SIMPLER_ASSIGN_OR_RETURN(llm::EngineOptions eo, engine_options(row_flags, {}, trace));
+  eo.record_steps = true;
+  eo.max_waiting = batch;
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<llm::LlmEngine> engine,
+                           llm::LlmEngine::create(st.model, eo));
+  llm::RequestSpec spec;
+  spec.prompt_ids = {1};
+  spec.max_tokens = st.steps;
+  spec.n = batch;
+  spec.sampling.temperature = 0;
+  spec.sampling.ignore_eos = true;
+  std::vector<llm::RequestSpec> specs;
+  specs.push_back(std::move(spec));
+  RequestRun run = run_requests({engine.get()}, std::move(specs), kCommand, false);
+  const std::vector<llm::StepRecord> records = engine->step_records();
+  DecodeRow row;
+  row.batch = batch;
+  row.weight_bytes = engine->weight_bytes_per_step();
+  absl::Status closed = engine->shutdown(base::Deadline::poll());
+  for (const ChoiceResult& c : run.results[0]) {
+    if (!c.error.ok()) return c.error;
+  }
+  if (!closed.ok()) return closed;
+  engine.reset();
+  std::vector<double> device_us;
+  for (size_t i = 1; i < records.size(); ++i) {
+    device_us.push_back((records[i].device_end_ns - records[i].device_start_ns) / 1e3);
+  }
+  if (device_us.empty()) device_us.push_back(0);
+  std::sort(device_us.begin(), device_us.end());
+  row.decode_steps = std::max<int64_t>(1, static_cast<int64_t>(records.size()) - 1);
+  const double decode_ms =
+      records.size() > 1 ? (records.back().retire_ns - records.front().retire_ns) / 1e6 : 0;
+  row.step_ms = decode_ms / row.decode_steps;
+  row.device_ms = device_us[device_us.size() / 2] / 1e3;
+  row.tokens_per_s = decode_ms > 0 ? batch * row.decode_steps / (decode_ms / 1e3) : 0;
+  row.weight_bytes_per_s = row.device_ms > 0 ? row.weight_bytes / (row.device_ms / 1e3) : 0;
+  row.gflops = row.device_ms > 0
+                   ? 2.0 * batch * matrix_macs_per_row(config) / (row.device_ms / 1e3) / 1e9
+                   : 0;
+  row.depth = depth_stats(records);
+  return row;
+}
+
+nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row, double read_bw) {
+  const CommonOptions& common = st.engine.common;
+  return {{"model", st.model},
+          {"batch", row.batch},
+          {"steps", st.steps},
+          {"launch_depth", common.launch_depth},
+          {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(common.kernel_isa()))},
+          {"precision",
+           llm::name_of(llm::effective_precision(common.kernel_isa(), common.precision()))},
+          {"step_ms", row.step_ms},
+          {"device_step_ms_p50", row.device_ms},
+          {"effective_depth", row.depth.effective_depth},
+          {"tokens_per_s", row.tokens_per_s},
+          {"weight_bytes_per_step", row.weight_bytes},
+          {"weight_gb_per_s", row.weight_bytes_per_s / 1e9},
+          {"read_gb_per_s", read_bw / 1e9},
+          {"fraction_of_read_bandwidth", row.weight_bytes_per_s / read_bw},
+          {"gflop_per_s", row.gflops}};
+}
+
+// The peers' figures of the row, added to `out`: PyTorch eager (every hardware thread) with
+// --compare torch, llama.cpp on `threads` threads when `peer` is set.
+absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, LlamaCppPeer* peer,
+                              int threads, nlohmann::json* out) {
+  if (st.compare == "torch") {
+    SIMPLER_ASSIGN_OR_RETURN(nlohmann::json torch,
+                             run_torch_peer(st.model,
+                                            {"--batch", std::to_string(row.batch), "--steps",
+                                             std::to_string(st.steps - 1)},
+                                            base::hardware_threads()));
+    const double torch_ms = torch["decode_step_ms"].get<double>();
+    (*out)["torch_step_ms"] = torch_ms;
+    (*out)["speedup_vs_torch"] = torch_ms / row.step_ms;
+  }
+  if (peer != nullptr) {
+    SIMPLER_ASSIGN_OR_RETURN(
+        double theirs,
+        peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps), threads));
+    (*out)["llamacpp_tokens_per_s"] = theirs;
+    (*out)["over_llamacpp"] = row.tokens_per_s / theirs;
+    (*out)["llamacpp_cpu_variant"] = peer->cpu_variant();
+  }
+  return absl::OkStatus();
+}
+
+void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_bw,
+                      const LlamaCppPeer* peer, int threads, const nlohmann::json& out) {
+  const CommonOptions& common = st.engine.common;
+  if (common.json) {
+    std::printf("%s\n", base::dump_replacing(out).c_str());
+    return;
+  }
+  std::printf(
+      "decode: batch %d on %s, depth %d (effective %.2f): step %.3f ms (device %.3f ms), "
+      "%.1f tokens/s, %.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the "
+      "read-bandwidth probe's %.2f GB/s\n",
+      row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
+      row.depth.effective_depth, row.step_ms, row.device_ms, row.tokens_per_s, row.gflops,
+      row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9, 100 * row.weight_bytes_per_s / read_bw,
+      read_bw / 1e9);
+  if (st.compare == "torch") {
+    std::printf("  PyTorch eager (f32, %d threads): %.3f ms per step; simpler is %.2fx faster\n",
+                base::hardware_threads(), out["torch_step_ms"].get<double>(),
+                out["speedup_vs_torch"].get<double>());
+  }
+  if (peer != nullptr) {
+    std::printf(
+        "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
+        "llama.cpp = %.2f\n",
+        peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
+        out["over_llamacpp"].get<double>());
+  }
+}
+
+int run_bench_decode(const DecodeFlags& st) {
+  const CommonOptions& common = st.engine.common;
+  base::TraceRecorder trace;
+  // The steps must fit the model's positions before the KV pool is sized for them.
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kCommand, config.status());
+  const std::vector<int64_t> prompt = {1};
+  if (absl::Status s = config->check_request(prompt, st.steps); !s.ok()) {
+    return fail(kCommand, base::annotate(s, "--steps: "));
+  }
+  // The peer's threads are ours (the sim device's cores: --cores, 0 = every hardware thread).
+  const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
+  std::optional<LlamaCppPeer> peer;
+  if (st.compare == "llama.cpp") {
+    absl::StatusOr<LlamaCppPeer> p = LlamaCppPeer::prepare(st.model, common.kernel_isa());
+    if (!p.ok()) return fail(kCommand, p.status());
+    peer.emplace(std::move(*p));
+  }
+  double read_bw = 0;  // measured once, before the first engine, sized like its weights
+  for (int batch : st.batches) {
+    if (read_bw == 0) {
+      read_bw =
+          read_bandwidth_bytes_per_s(std::max<uint64_t>(checkpoint_bytes(st.model), 64ull << 20));
+    }
+    absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
+    if (!row.ok()) return fail_with_trace(kCommand, row.status(), trace, common.trace_path);
+    nlohmann::json out = decode_row_json(st, *row, read_bw);
+    LlamaCppPeer* peer_ptr = peer ? &*peer : nullptr;
+    if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
+      return fail(kCommand, s);
+    }
+    print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
+  }
+  return write_trace(trace, common.trace_path) ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_bench_decode_command(CLI::App* bench) {
+  auto st = std::make_shared<DecodeFlags>();
+  auto* cmd = bench->add_subcommand("decode", "decode step time and weight bandwidth");
+  cmd->add_option("--model", st->model, "model directory")->required();
+  // The first step feeds the prompt; the timed decode phase is the steps after it.
+  cmd->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
+      ->check(int_in(2, kMaxRepeats));
+  cmd->add_option("--batch", st->batches, "requests per step; a comma list runs one row each")
+      ->delimiter(',')
+      ->check(int_in(1, kMaxRequests));
+  cmd->add_option("--compare", st->compare,
+                  "torch: also run the checkpoint in PyTorch eager (Debian python3-torch, f32, "
+                  "every hardware thread); llama.cpp: in llama.cpp (llama-bench / "
+                  "llama-batched-bench on the checkpoint exported as GGUF, the same threads, "
+                  "batch and steps, its CPU variant matching --kernel-isa; built by "
+                  "scripts/install_deps.sh --bench); prints both and their ratio")
+      ->check(CLI::IsMember({"torch", "llama.cpp"}));
+  add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run_bench_decode(*st);
+  };
+}
+
+}  // namespace simpler::cli

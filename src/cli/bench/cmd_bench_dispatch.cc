@@ -1,0 +1,91 @@
+// `simpler bench dispatch`: ns per task for empty kernels, per dependency pattern (and StarPU's
+// with --compare starpu).
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "cli/bench/bench_commands.h"
+#include "cli/bench/bench_runtime.h"
+#include "cli/bench/bench_starpu.h"
+#include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
+#include "simpler/base/thread.h"
+
+namespace simpler::cli {
+
+namespace {
+
+struct DispatchFlags {
+  int64_t tasks = 100000;
+  std::string compare;
+  CommonOptions common;
+};
+
+int run_bench_dispatch(const DispatchFlags& st) {
+  base::TraceRecorder trace;
+  auto rows = bench_dispatch(st.common.worker_options(&trace), st.tasks);
+  if (!rows.ok()) {
+    return fail_with_trace("bench dispatch", rows.status(), trace, st.common.trace_path);
+  }
+  std::vector<DispatchRow> starpu_rows;
+  int ncpu = st.common.cores;
+  if (ncpu == 0) ncpu = base::hardware_threads();
+  if (st.compare == "starpu") {
+    auto peer = bench_dispatch_starpu(ncpu, st.tasks);
+    if (!peer.ok()) return fail("bench dispatch", peer.status());
+    starpu_rows = std::move(*peer);
+  }
+  if (st.common.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (size_t i = 0; i < rows->size(); ++i) {
+      nlohmann::json j = to_json((*rows)[i]);
+      if (i < starpu_rows.size()) {
+        j["starpu_ns_per_task"] = starpu_rows[i].ns_per_task;
+        j["starpu_over_simpler"] = starpu_rows[i].ns_per_task / (*rows)[i].ns_per_task;
+      }
+      out.push_back(j);
+    }
+    std::printf("%s\n", base::dump_replacing(nlohmann::json{{"dispatch", out}}).c_str());
+  } else {
+    std::printf("%-12s %10s %12s %10s", "pattern", "tasks", "ns/task", "wall ms");
+    if (!starpu_rows.empty()) std::printf(" %16s %8s", "StarPU ns/task", "ratio");
+    std::printf("\n");
+    for (size_t i = 0; i < rows->size(); ++i) {
+      const auto& r = (*rows)[i];
+      std::printf("%-12s %10lld %12.1f %10.1f", r.pattern.c_str(), static_cast<long long>(r.tasks),
+                  r.ns_per_task, r.wall_ms);
+      if (i < starpu_rows.size()) {
+        std::printf(" %16.1f %7.1fx", starpu_rows[i].ns_per_task,
+                    starpu_rows[i].ns_per_task / r.ns_per_task);
+      }
+      std::printf("\n");
+    }
+    if (!starpu_rows.empty()) {
+      std::printf(
+          "StarPU %s: %d CPU workers, STARPU_SCHED=eager, inferred (STARPU_RW) "
+          "dependencies; ratio = StarPU ns / simpler ns\n",
+          starpu_version().c_str(), ncpu);
+    }
+  }
+  return write_trace(trace, st.common.trace_path) ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_bench_dispatch_command(CLI::App* bench) {
+  auto st = std::make_shared<DispatchFlags>();
+  auto* cmd = bench->add_subcommand("dispatch", "ns per task for empty kernels");
+  cmd->add_option("--tasks", st->tasks, "tasks per pattern")->check(int_in(1, kMaxTasks));
+  cmd->add_option("--compare", st->compare,
+                  "starpu: run the same patterns on StarPU (Debian libstarpu-dev) after the sim "
+                  "device closed, with the same CPU count, and print both")
+      ->check(CLI::IsMember({"starpu"}));
+  st->common.add_to(cmd);
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run_bench_dispatch(*st);
+  };
+}
+
+}  // namespace simpler::cli

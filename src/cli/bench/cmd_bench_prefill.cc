@@ -1,0 +1,256 @@
+// `simpler bench prefill`: time to first token of long prompts, one row per prompt length,
+// against the measured f32 FMA peak (and the bf16 GEMM library with --precision bf16, PyTorch or
+// llama.cpp with --compare).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/bench/bench_commands.h"
+#include "cli/bench/bench_llamacpp.h"
+#include "cli/bench/bench_probes.h"
+#include "cli/bench/model_flops.h"
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/request_run.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
+#include "simpler/base/status.h"
+#include "simpler/base/thread.h"
+#include "simpler/llm/kernels.h"
+#include "simpler/llm/kv_cache.h"
+#include "simpler/llm/llm_engine.h"
+#include "simpler/llm/model_config.h"
+
+namespace simpler::cli {
+
+namespace {
+
+constexpr const char* kCommand = "bench prefill";
+
+struct PrefillFlags {
+  std::string model;
+  std::vector<int> prompt_lens{128, 512};
+  std::string compare;
+  EngineFlags engine;
+};
+
+// The compute limit, measured in the same process just before the rows: every hardware
+// thread's FMA chains on the fastest target this CPU has (whatever target the kernels run), and
+// the figure on paper.
+struct ComputePeak {
+  llm::KernelIsa isa;       // the kernels' target
+  llm::KernelIsa peak_isa;  // the probe's
+  double flop_per_s = 0;
+  TheoreticalPeak paper;
+  bool below_half_paper = false;
+};
+
+ComputePeak measure_compute_peak(const CommonOptions& common) {
+  ComputePeak p;
+  p.isa = llm::resolve_kernel_isa(common.kernel_isa());
+  p.peak_isa = llm::resolve_kernel_isa(llm::KernelIsa::kAuto);
+  p.flop_per_s = llm::measure_f32_fma_peak(p.peak_isa);
+  p.paper = theoretical_f32_fma_peak();
+  p.below_half_paper = p.paper.flop_per_s > 0 && p.flop_per_s < p.paper.flop_per_s / 2;
+  return p;
+}
+
+// The time to first token of a `len`-token prompt on a fresh engine: the best of 3 prompts
+// (distinct ids, so nothing is reused between them), ms.
+absl::StatusOr<double> best_ttft_ms(const PrefillFlags& st, const llm::ModelConfig& config, int len,
+                                    base::TraceRecorder* trace) {
+  EngineFlags row_flags = st.engine;
+  row_flags.max_num_seqs = 1;
+  row_flags.max_num_batched_tokens = std::max(512, len);
+  row_flags.num_pages = static_cast<int32_t>(llm::pages_needed(len + 1, row_flags.page_size));
+  SIMPLER_ASSIGN_OR_RETURN(llm::EngineOptions eo, engine_options(row_flags, {}, trace));
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<llm::LlmEngine> engine,
+                           llm::LlmEngine::create(st.model, eo));
+  double best_ms = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    llm::RequestSpec spec;
+    for (int i = 0; i < len; ++i) {
+      spec.prompt_ids.push_back(static_cast<int32_t>((100 + 7 * i + rep) % config.vocab_size));
+    }
+    spec.max_tokens = 1;
+    spec.sampling.temperature = 0;
+    spec.sampling.ignore_eos = true;
+    std::vector<llm::RequestSpec> specs;
+    specs.push_back(std::move(spec));
+    RequestRun run = run_requests({engine.get()}, std::move(specs), kCommand, false);
+    for (const ChoiceResult& c : run.results[0]) {
+      if (!c.error.ok()) return c.error;
+    }
+    best_ms = std::min(best_ms, (run.all_first_token_ns - run.start_ns) / 1e6);
+  }
+  SIMPLER_RETURN_IF_ERROR(engine->shutdown(base::Deadline::poll()));
+  return best_ms;
+}
+
+nlohmann::json prefill_row_json(const PrefillFlags& st, const ComputePeak& peak, int len,
+                                double best_ms, double gflops) {
+  const CommonOptions& common = st.engine.common;
+  const llm::Precision precision =
+      llm::effective_precision(common.kernel_isa(), common.precision());
+  return {{"model", st.model},
+          {"prompt_len", len},
+          {"kernel_isa", llm::name_of(peak.isa)},
+          {"precision", llm::name_of(precision)},
+          {"ttft_ms", best_ms},
+          {"tokens_per_s", len / (best_ms / 1e3)},
+          {"gflop_per_s", gflops},
+          {"peak_gflop_per_s", peak.flop_per_s / 1e9},
+          {"peak_isa", llm::name_of(peak.peak_isa)},
+          {"theoretical_peak_gflop_per_s", peak.paper.flop_per_s / 1e9},
+          {"theoretical_peak", peak.paper.formula},
+          {"peak_below_half_theoretical", peak.below_half_paper},
+          {"fraction_of_peak", gflops * 1e9 / peak.flop_per_s}};
+}
+
+bool is_bf16(const CommonOptions& common) {
+  return llm::effective_precision(common.kernel_isa(), common.precision()) == llm::Precision::kBf16;
+}
+
+// The row's figures of the bf16 GEMM library (--precision bf16) and the peers, added to `out`.
+absl::Status add_reference_figures(const PrefillFlags& st, const llm::ModelConfig& config, int len,
+                                   double best_ms, double gflops, LlamaCppPeer* peer, int threads,
+                                   nlohmann::json* out) {
+  if (is_bf16(st.engine.common)) {
+    // The bf16 GEMM library on the same shapes: one layer's projections with the prompt's rows
+    // (every layer has the same shapes), every hardware thread.
+    const int64_t h = config.hidden_size, I = config.intermediate_size,
+                  q = config.num_attention_heads * config.head_dim,
+                  kv = config.num_key_value_heads * config.head_dim;
+    std::string impl;
+    SIMPLER_ASSIGN_OR_RETURN(
+        double lib, bf16_gemm_library_flops(
+                        len, {{q, h}, {kv, h}, {kv, h}, {h, q}, {I, h}, {I, h}, {h, I}}, 0, &impl));
+    (*out)["library"] = absl::StrCat("oneDNN ", impl);
+    (*out)["library_gflop_per_s"] = lib / 1e9;
+    (*out)["fraction_of_library"] = gflops * 1e9 / lib;
+  }
+  if (st.compare == "torch") {
+    SIMPLER_ASSIGN_OR_RETURN(
+        nlohmann::json torch,
+        run_torch_peer(st.model, {"--prompt-len", std::to_string(len)}, base::hardware_threads()));
+    const double torch_ms = torch["ttft_ms"].get<double>();
+    (*out)["torch_ttft_ms"] = torch_ms;
+    (*out)["speedup_vs_torch"] = torch_ms / best_ms;
+  }
+  if (peer != nullptr) {
+    SIMPLER_ASSIGN_OR_RETURN(double theirs, peer->prefill_tokens_per_s(len, threads));
+    (*out)["llamacpp_tokens_per_s"] = theirs;
+    (*out)["over_llamacpp"] = len / (best_ms / 1e3) / theirs;
+    (*out)["llamacpp_cpu_variant"] = peer->cpu_variant();
+  }
+  return absl::OkStatus();
+}
+
+void print_prefill_row(const PrefillFlags& st, const ComputePeak& peak, int len, double best_ms,
+                       double gflops, const LlamaCppPeer* peer, int threads,
+                       const nlohmann::json& out) {
+  if (st.engine.common.json) {
+    std::printf("%s\n", base::dump_replacing(out).c_str());
+    return;
+  }
+  std::printf(
+      "prefill: %d-token prompt on %s: time to first token %.1f ms (%.1f tokens/s), %.1f "
+      "GFLOP/s = %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware "
+      "thread; on paper %.1f GFLOP/s = %s)\n",
+      len, llm::name_of(peak.isa), best_ms, len / (best_ms / 1e3), gflops,
+      100 * gflops * 1e9 / peak.flop_per_s, peak.flop_per_s / 1e9, llm::name_of(peak.peak_isa),
+      peak.paper.flop_per_s / 1e9, peak.paper.formula.c_str());
+  if (is_bf16(st.engine.common)) {
+    std::printf(
+        "  precision bf16: %.1f%% of the bf16 GEMM library on the same shapes (%s, every "
+        "hardware thread: %.1f GFLOP/s)\n",
+        100 * out["fraction_of_library"].get<double>(), out["library"].get<std::string>().c_str(),
+        out["library_gflop_per_s"].get<double>());
+  }
+  if (st.compare == "torch") {
+    std::printf("  PyTorch eager (f32, %d threads): %.1f ms; simpler is %.2fx faster\n",
+                base::hardware_threads(), out["torch_ttft_ms"].get<double>(),
+                out["speedup_vs_torch"].get<double>());
+  }
+  if (peer != nullptr) {
+    std::printf(
+        "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
+        "llama.cpp = %.2f\n",
+        peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
+        out["over_llamacpp"].get<double>());
+  }
+}
+
+int run_bench_prefill(const PrefillFlags& st) {
+  const CommonOptions& common = st.engine.common;
+  base::TraceRecorder trace;
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kCommand, config.status());
+  for (int len : st.prompt_lens) {
+    if (absl::Status s = config->check_request(std::vector<int64_t>(len, 0), 1); !s.ok()) {
+      return fail(kCommand, base::annotate(s, "--prompt-lens: "));
+    }
+  }
+  const ComputePeak peak = measure_compute_peak(common);
+  const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
+  std::optional<LlamaCppPeer> peer;
+  if (st.compare == "llama.cpp") {
+    absl::StatusOr<LlamaCppPeer> p = LlamaCppPeer::prepare(st.model, common.kernel_isa());
+    if (!p.ok()) return fail(kCommand, p.status());
+    peer.emplace(std::move(*p));
+  }
+  if (peak.below_half_paper) {
+    std::fprintf(stderr,
+                 "bench prefill: the measured f32 FMA peak %.1f GFLOP/s is below half the "
+                 "theoretical %.1f GFLOP/s (%s): the CPUs are shared, throttled or slower than "
+                 "their clock says\n",
+                 peak.flop_per_s / 1e9, peak.paper.flop_per_s / 1e9, peak.paper.formula.c_str());
+  }
+  const int64_t lm_macs = config->vocab_size * config->hidden_size;
+  const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
+  LlamaCppPeer* peer_ptr = peer ? &*peer : nullptr;
+  for (int len : st.prompt_lens) {
+    absl::StatusOr<double> best_ms = best_ttft_ms(st, *config, len, &trace);
+    if (!best_ms.ok()) return fail_with_trace(kCommand, best_ms.status(), trace, common.trace_path);
+    // Every prompt position goes through the layers; the LM head runs for the last one only.
+    const double flop = 2.0 * (static_cast<double>(len) * layer_macs + lm_macs);
+    const double gflops = flop / (*best_ms / 1e3) / 1e9;
+    nlohmann::json out = prefill_row_json(st, peak, len, *best_ms, gflops);
+    if (absl::Status s =
+            add_reference_figures(st, *config, len, *best_ms, gflops, peer_ptr, threads, &out);
+        !s.ok()) {
+      return fail(kCommand, s);
+    }
+    print_prefill_row(st, peak, len, *best_ms, gflops, peer_ptr, threads, out);
+  }
+  return write_trace(trace, common.trace_path) ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_bench_prefill_command(CLI::App* bench) {
+  auto st = std::make_shared<PrefillFlags>();
+  auto* cmd = bench->add_subcommand(
+      "prefill", "time to first token of long prompts, against the measured f32 FMA peak");
+  cmd->add_option("--model", st->model, "model directory")->required();
+  cmd->add_option("--prompt-lens", st->prompt_lens, "prompt lengths in tokens, one row each")
+      ->delimiter(',')
+      ->check(int_in(1, 1 << 16));
+  cmd->add_option("--compare", st->compare,
+                  "torch: also run the prompts in PyTorch eager (Debian python3-torch, f32, "
+                  "every hardware thread); llama.cpp: in llama.cpp's llama-bench (the checkpoint "
+                  "exported as GGUF, the same threads and prompt length, its CPU variant "
+                  "matching --kernel-isa; scripts/install_deps.sh --bench); prints both")
+      ->check(CLI::IsMember({"torch", "llama.cpp"}));
+  add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
+  return [cmd, st]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run_bench_prefill(*st);
+  };
+}
+
+}  // namespace simpler::cli
