@@ -21,18 +21,91 @@
 
 namespace simpler::cli {
 
+namespace {
+
+// The values of `serve`'s flags. Owned by the command's runner; thread-compatible.
+struct ServeFlags {
+  std::string model, host = "127.0.0.1", served_model_name, api_key;
+  int32_t port = 8000;
+  int64_t max_body_bytes = 1 << 20;
+  int32_t max_concurrent_requests = 64;
+  double drain_timeout_s = 30;
+  double request_read_timeout_s = 30;
+  EngineFlags engine;
+};
+
+int run_serve(const ServeFlags& st) {
+  // SIGINT / SIGTERM go to one thread that waits for them (blocked everywhere else, before
+  // any thread starts, so every thread inherits the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto tokenizer = llm::Tokenizer::load(st.model);
+  if (!tokenizer.ok()) return fail("serve", tokenizer.status());
+  absl::StatusOr<llm::ChatTemplate> chat = llm::ChatTemplate::load(st.model);
+  if (!chat.ok()) {
+    std::cerr << "simpler serve: chat completions unavailable: " << chat.status().message() << "\n";
+  }
+  base::TraceRecorder trace;
+  auto options = engine_options(st.engine, {.request_tokens = 2048}, &trace);
+  if (!options.ok()) return fail("serve", options.status());
+  llm::EngineOptions eo = *std::move(options);
+  eo.tokenizer = &*tokenizer;
+  const int64_t t0 = base::now_ns();
+  auto engine = llm::LlmEngine::create(st.model, eo);
+  if (!engine.ok()) return fail("serve", engine.status());
+  serve::ServerOptions so;
+  so.host = st.host;
+  so.port = st.port;
+  so.served_model_name =
+      st.served_model_name.empty()
+          ? std::filesystem::path(st.model).lexically_normal().filename().string()
+          : st.served_model_name;
+  if (so.served_model_name.empty()) so.served_model_name = st.model;
+  so.api_key = st.api_key;
+  so.max_body_bytes = static_cast<size_t>(st.max_body_bytes);
+  so.max_concurrent_requests = st.max_concurrent_requests;
+  so.request_read_timeout_s = st.request_read_timeout_s;
+  serve::OpenAiServer server(engine->get(), &*tokenizer, std::move(chat), so);
+  auto port = server.bind();
+  if (!port.ok()) {
+    (void)(*engine)->shutdown(base::Deadline::poll());
+    return fail("serve", port.status());
+  }
+  std::atomic<bool> stop_waiting{false};
+  std::thread signal_thread([&server, &signals, &stop_waiting, drain = st.drain_timeout_s] {
+    int sig = -1;
+    const timespec slice{0, 100'000'000};
+    while (!stop_waiting.load() && sig < 0) sig = sigtimedwait(&signals, nullptr, &slice);
+    if (sig < 0) return;
+    std::cerr << "simpler serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+              << ": draining for up to " << drain << " s\n";
+    (void)server.shutdown(
+        base::Deadline::after(std::chrono::nanoseconds(static_cast<int64_t>(drain * 1e9))));
+  });
+  std::printf("simpler serve: ready on http://%s:%d/v1 (model '%s', loaded in %.2f s)\n",
+              st.host.c_str(), *port, so.served_model_name.c_str(), (base::now_ns() - t0) / 1e9);
+  std::fflush(stdout);
+  absl::Status served = server.serve();
+  // serve() returns once the listener stopped: after a signal's shutdown, or on its own
+  // failure (then shut down here and wake the signal thread).
+  absl::Status closed = server.shutdown(base::Deadline::poll());
+  stop_waiting.store(true);
+  signal_thread.join();
+  if (!served.ok()) return fail("serve", served);
+  if (!closed.ok()) return fail("serve", closed);
+  std::cerr << "simpler serve: stopped\n";
+  return 0;
+}
+
+}  // namespace
+
 Runner add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API");
-  struct State {
-    std::string model, host = "127.0.0.1", served_model_name, api_key;
-    int32_t port = 8000;
-    int64_t max_body_bytes = 1 << 20;
-    int32_t max_concurrent_requests = 64;
-    double drain_timeout_s = 30;
-    double request_read_timeout_s = 30;
-    EngineFlags engine;
-  };
-  auto st = std::make_shared<State>();
+  auto st = std::make_shared<ServeFlags>();
   cmd->add_option("--model", st->model, "model directory (Hugging Face layout, with tokenizer)")
       ->required();
   cmd->add_option("--host", st->host, "address to bind (loopback by default)")
@@ -69,71 +142,7 @@ Runner add_serve_command(CLI::App& app) {
                     .json = false});
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
-    // SIGINT / SIGTERM go to one thread that waits for them (blocked everywhere else, before
-    // any thread starts, so every thread inherits the mask).
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-    auto tokenizer = llm::Tokenizer::load(st->model);
-    if (!tokenizer.ok()) return fail("serve", tokenizer.status());
-    absl::StatusOr<llm::ChatTemplate> chat = llm::ChatTemplate::load(st->model);
-    if (!chat.ok()) {
-      std::cerr << "simpler serve: chat completions unavailable: " << chat.status().message()
-                << "\n";
-    }
-    base::TraceRecorder trace;
-    auto options = engine_options(st->engine, {.request_tokens = 2048}, &trace);
-    if (!options.ok()) return fail("serve", options.status());
-    llm::EngineOptions eo = *std::move(options);
-    eo.tokenizer = &*tokenizer;
-    const int64_t t0 = base::now_ns();
-    auto engine = llm::LlmEngine::create(st->model, eo);
-    if (!engine.ok()) return fail("serve", engine.status());
-    serve::ServerOptions so;
-    so.host = st->host;
-    so.port = st->port;
-    so.served_model_name =
-        st->served_model_name.empty()
-            ? std::filesystem::path(st->model).lexically_normal().filename().string()
-            : st->served_model_name;
-    if (so.served_model_name.empty()) so.served_model_name = st->model;
-    so.api_key = st->api_key;
-    so.max_body_bytes = static_cast<size_t>(st->max_body_bytes);
-    so.max_concurrent_requests = st->max_concurrent_requests;
-    so.request_read_timeout_s = st->request_read_timeout_s;
-    serve::OpenAiServer server(engine->get(), &*tokenizer, std::move(chat), so);
-    auto port = server.bind();
-    if (!port.ok()) {
-      (void)(*engine)->shutdown(base::Deadline::poll());
-      return fail("serve", port.status());
-    }
-    std::atomic<bool> stop_waiting{false};
-    std::thread signal_thread([&server, &signals, &stop_waiting, drain = st->drain_timeout_s] {
-      int sig = -1;
-      const timespec slice{0, 100'000'000};
-      while (!stop_waiting.load() && sig < 0) sig = sigtimedwait(&signals, nullptr, &slice);
-      if (sig < 0) return;
-      std::cerr << "simpler serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
-                << ": draining for up to " << drain << " s\n";
-      (void)server.shutdown(
-          base::Deadline::after(std::chrono::nanoseconds(static_cast<int64_t>(drain * 1e9))));
-    });
-    std::printf("simpler serve: ready on http://%s:%d/v1 (model '%s', loaded in %.2f s)\n",
-                st->host.c_str(), *port, so.served_model_name.c_str(), (base::now_ns() - t0) / 1e9);
-    std::fflush(stdout);
-    absl::Status served = server.serve();
-    // serve() returns once the listener stopped: after a signal's shutdown, or on its own
-    // failure (then shut down here and wake the signal thread).
-    absl::Status closed = server.shutdown(base::Deadline::poll());
-    stop_waiting.store(true);
-    signal_thread.join();
-    if (!served.ok()) return fail("serve", served);
-    if (!closed.ok()) return fail("serve", closed);
-    std::cerr << "simpler serve: stopped\n";
-    return 0;
+    return run_serve(*st);
   };
 }
 

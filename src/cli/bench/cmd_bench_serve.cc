@@ -119,68 +119,79 @@ ClientResult send_one(const std::string& host, int port, const std::vector<int32
   return r;
 }
 
-int run_bench_serve(const State& st) {
-  const LenRange in = *parse_len_range(st.input_len_range);
-  const LenRange out = *parse_len_range(st.output_len_range);
-  const double rate = *parse_rate(st.request_rate);
-  auto config = llm::ModelConfig::load(st.model);
-  if (!config.ok()) return fail(kCommand, config.status());
-  auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
-  if (!workload.ok()) return fail(kCommand, workload.status());
-  const Workload& w = *workload;
-
-  base::TraceRecorder trace;
-  auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
-  if (!options.ok()) return fail(kCommand, options.status());
-  llm::EngineOptions eo = *std::move(options);
-  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
-  eo.record_steps = false;
-
-  // The server: in this process on a free loopback port, or --url.
+// The server the clients drive: in this process on a free loopback port, or --url's. The
+// members go in reverse order (the serving thread first). Owner-thread only.
+struct Server {
   std::string host = "127.0.0.1";
   int port = 0;
   std::unique_ptr<llm::Tokenizer> tokenizer;
   std::unique_ptr<llm::LlmEngine> engine;
   std::unique_ptr<serve::OpenAiServer> server;
   std::thread serving;
-  if (st.url.empty()) {
-    auto tok = llm::Tokenizer::load(st.model);
-    if (!tok.ok()) return fail(kCommand, tok.status());
-    tokenizer = std::make_unique<llm::Tokenizer>(*std::move(tok));
-    llm::EngineOptions so_engine = eo;
-    so_engine.tokenizer = tokenizer.get();
-    auto e = llm::LlmEngine::create(st.model, so_engine);
-    if (!e.ok()) return fail(kCommand, e.status());
-    engine = *std::move(e);
-    serve::ServerOptions so;
-    so.port = 0;
-    so.served_model_name = "bench";
-    so.max_concurrent_requests = static_cast<int32_t>(
-        std::min<int64_t>(st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts, 4096));
-    server = std::make_unique<serve::OpenAiServer>(engine.get(), tokenizer.get(),
-                                                   llm::ChatTemplate::load(st.model), so);
-    auto p = server->bind();
-    if (!p.ok()) return fail(kCommand, p.status());
-    port = *p;
-    serving = std::thread([&server] { (void)server->serve(); });
-  } else {
+};
+
+// Starts the server in this process (the engine of `eo` with the model's tokenizer), or parses
+// --url (http://HOST:PORT; port 80 without one).
+absl::Status start_server(const State& st, const llm::EngineOptions& eo, Server* s) {
+  if (!st.url.empty()) {
     const std::string u = st.url;
     const size_t scheme = u.find("://");
     const std::string rest = scheme == std::string::npos ? u : u.substr(scheme + 3);
     const size_t colon = rest.find(':');
-    host = rest.substr(0, colon);
-    port = colon == std::string::npos ? 80 : std::atoi(rest.c_str() + colon + 1);
+    s->host = rest.substr(0, colon);
+    s->port = colon == std::string::npos ? 80 : std::atoi(rest.c_str() + colon + 1);
+    return absl::OkStatus();
   }
+  SIMPLER_ASSIGN_OR_RETURN(llm::Tokenizer tok, llm::Tokenizer::load(st.model));
+  s->tokenizer = std::make_unique<llm::Tokenizer>(std::move(tok));
+  llm::EngineOptions so_engine = eo;
+  so_engine.tokenizer = s->tokenizer.get();
+  SIMPLER_ASSIGN_OR_RETURN(s->engine, llm::LlmEngine::create(st.model, so_engine));
+  serve::ServerOptions so;
+  so.port = 0;
+  so.served_model_name = "bench";
+  so.max_concurrent_requests = static_cast<int32_t>(
+      std::min<int64_t>(st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts, 4096));
+  s->server = std::make_unique<serve::OpenAiServer>(s->engine.get(), s->tokenizer.get(),
+                                                    llm::ChatTemplate::load(st.model), so);
+  SIMPLER_ASSIGN_OR_RETURN(s->port, s->server->bind());
+  s->serving = std::thread([server = s->server.get()] { (void)server->serve(); });
+  return absl::OkStatus();
+}
 
-  // The client: at most max_concurrency requests open, each sent at its arrival time.
+// Stops an in-process server; its engine's preemptions (0 for --url).
+int64_t stop_server(Server* s) {
+  if (!s->server) return 0;
+  const int64_t preemptions = s->engine->metrics().preemptions_total;
+  (void)s->server->shutdown(base::Deadline::poll());
+  s->serving.join();
+  s->server.reset();
+  s->engine.reset();
+  return preemptions;
+}
+
+// The client's run: every request of the workload as the client saw it.
+struct ClientRun {
+  std::vector<ClientResult> results;
+  int64_t concurrency = 0;
+  double client_cpu_s = 0;
+  int64_t start_ns = 0, end_ns = 0;
+};
+
+// The client: at most max_concurrency requests open, each sent at its arrival time.
+ClientRun run_clients(const State& st, const Workload& w, const std::string& host, int port) {
+  ClientRun run;
   const size_t n = w.prompts.size();
-  const int64_t concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts;
-  std::vector<ClientResult> results(n);
+  run.concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts;
+  const int64_t concurrency = run.concurrency;
+  std::vector<ClientResult>& results = run.results;
+  results.resize(n);
   std::atomic<size_t> next{0};
   std::atomic<int64_t> finished{0};
   std::mutex cpu_mu;
-  double client_cpu_s = 0;
-  const int64_t start_ns = base::now_ns();
+  double& client_cpu_s = run.client_cpu_s;
+  run.start_ns = base::now_ns();
+  const int64_t start_ns = run.start_ns;
   std::vector<std::thread> clients;
   for (int64_t t = 0; t < std::min<int64_t>(concurrency, static_cast<int64_t>(n)); ++t) {
     clients.emplace_back([&] {
@@ -207,85 +218,127 @@ int run_bench_serve(const State& st) {
     }
   }
   for (std::thread& t : clients) t.join();
-  int64_t end_ns = start_ns;
-  for (const ClientResult& r : results) end_ns = std::max(end_ns, r.done_ns);
-  int64_t preemptions = 0;
-  if (server) {
-    preemptions = engine->metrics().preemptions_total;
-    (void)server->shutdown(base::Deadline::poll());
-    serving.join();
-    server.reset();
-    engine.reset();
-  }
+  run.end_ns = start_ns;
+  for (const ClientResult& r : results) run.end_ns = std::max(run.end_ns, r.done_ns);
+  return run;
+}
 
-  // Statistics of the served run.
+// Statistics of the served run.
+struct ServedStats {
   std::vector<double> ttft, itl, tpot;
   int64_t tokens = 0, errors = 0;
   std::string first_error;
-  for (const ClientResult& r : results) {
+  double wall_s = 0;
+  double tokens_per_s = 0;
+};
+
+ServedStats served_stats(const ClientRun& run) {
+  ServedStats out;
+  for (const ClientResult& r : run.results) {
     if (!r.ok) {
-      ++errors;
-      if (first_error.empty()) first_error = r.error;
+      ++out.errors;
+      if (out.first_error.empty()) out.first_error = r.error;
       continue;
     }
-    tokens += r.completion_tokens;
-    if (r.first_ns) ttft.push_back((r.first_ns - r.sent_ns) / 1e6);
+    out.tokens += r.completion_tokens;
+    if (r.first_ns) out.ttft.push_back((r.first_ns - r.sent_ns) / 1e6);
     for (size_t k = 1; k < r.chunk_ns.size(); ++k) {
-      itl.push_back((r.chunk_ns[k] - r.chunk_ns[k - 1]) / 1e6);
+      out.itl.push_back((r.chunk_ns[k] - r.chunk_ns[k - 1]) / 1e6);
     }
     if (r.completion_tokens > 1 && r.first_ns) {
-      tpot.push_back((r.done_ns - r.first_ns) / 1e6 / (r.completion_tokens - 1));
+      out.tpot.push_back((r.done_ns - r.first_ns) / 1e6 / (r.completion_tokens - 1));
     }
   }
-  const double wall_s = (end_ns - start_ns) / 1e9;
-  const double served_tok_s = wall_s > 0 ? tokens / wall_s : 0;
+  out.wall_s = (run.end_ns - run.start_ns) / 1e9;
+  out.tokens_per_s = out.wall_s > 0 ? out.tokens / out.wall_s : 0;
+  return out;
+}
+
+json served_json(const State& st, const ClientRun& clients, const ServedStats& served,
+                 const RunStats& o, double ratio, int64_t preemptions) {
+  const double rate = *parse_rate(st.request_rate);
+  const size_t n = clients.results.size();
+  const std::vector<double>&ttft = served.ttft, &itl = served.itl, &tpot = served.tpot;
+  const double wall_s = served.wall_s;
+  const int64_t errors = served.errors;
+  return {{"model", st.model},
+          {"url", st.url.empty() ? json(nullptr) : json(st.url)},
+          {"num_prompts", st.num_prompts},
+          {"request_rate", std::isfinite(rate) ? json(rate) : json(nullptr)},
+          {"max_concurrency", clients.concurrency},
+          {"max_num_seqs", st.engine.max_num_seqs},
+          {"output_tokens_per_s", served.tokens_per_s},
+          {"offline_output_tokens_per_s", o.output_tokens_per_s},
+          {"served_over_offline", ratio},
+          {"requests_per_s", wall_s > 0 ? (n - errors) / wall_s : 0},
+          {"ttft_ms_mean", mean(ttft)},
+          {"ttft_ms_p50", percentile(ttft, 0.5)},
+          {"ttft_ms_p99", percentile(ttft, 0.99)},
+          {"offline_ttft_ms_p50", percentile(o.ttft_ms, 0.5)},
+          {"itl_ms_mean", mean(itl)},
+          {"itl_ms_p50", percentile(itl, 0.5)},
+          {"itl_ms_p99", percentile(itl, 0.99)},
+          {"tpot_ms_p50", percentile(tpot, 0.5)},
+          {"client_cpu_s", clients.client_cpu_s},
+          {"wall_s", wall_s},
+          {"preemptions", preemptions},
+          {"errors", errors},
+          {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
+}
+
+void print_text(const ClientRun& clients, const ServedStats& served, const RunStats& o,
+                double ratio, const json& j) {
+  std::printf(
+      "served: %lld output tokens in %.2f s = %.1f tokens/s, %.2f requests/s; TTFT ms p50 %.2f "
+      "p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f; client CPU %.2f s; %lld errors\n"
+      "offline (same workload, same process): %.1f tokens/s, TTFT ms p50 %.2f\n"
+      "served / offline: %.3fx\n",
+      static_cast<long long>(served.tokens), served.wall_s, served.tokens_per_s,
+      j["requests_per_s"].get<double>(), percentile(served.ttft, 0.5),
+      percentile(served.ttft, 0.99), percentile(served.itl, 0.5), percentile(served.itl, 0.99),
+      percentile(served.tpot, 0.5), clients.client_cpu_s, static_cast<long long>(served.errors),
+      o.output_tokens_per_s, percentile(o.ttft_ms, 0.5), ratio);
+}
+
+int run_bench_serve(const State& st) {
+  const LenRange in = *parse_len_range(st.input_len_range);
+  const LenRange out = *parse_len_range(st.output_len_range);
+  const double rate = *parse_rate(st.request_rate);
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kCommand, config.status());
+  auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
+  if (!workload.ok()) return fail(kCommand, workload.status());
+  const Workload& w = *workload;
+
+  base::TraceRecorder trace;
+  auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
+  if (!options.ok()) return fail(kCommand, options.status());
+  llm::EngineOptions eo = *std::move(options);
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.record_steps = false;
+
+  Server server;
+  if (absl::Status s = start_server(st, eo, &server); !s.ok()) return fail(kCommand, s);
+  const ClientRun clients = run_clients(st, w, server.host, server.port);
+  const int64_t preemptions = stop_server(&server);
+  const ServedStats served = served_stats(clients);
 
   // Offline: the same workload through a fresh engine in this process.
-  std::cerr << "simpler " << kCommand << ": served run " << wall_s
+  std::cerr << "simpler " << kCommand << ": served run " << served.wall_s
             << " s; now the same workload offline\n";
   auto offline = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
   if (!offline.ok()) return fail(kCommand, offline.status());
   const RunStats o = run_stats(*offline, w);
-  const double ratio = o.output_tokens_per_s > 0 ? served_tok_s / o.output_tokens_per_s : 0;
-  json j = {{"model", st.model},
-            {"url", st.url.empty() ? json(nullptr) : json(st.url)},
-            {"num_prompts", st.num_prompts},
-            {"request_rate", std::isfinite(rate) ? json(rate) : json(nullptr)},
-            {"max_concurrency", concurrency},
-            {"max_num_seqs", st.engine.max_num_seqs},
-            {"output_tokens_per_s", served_tok_s},
-            {"offline_output_tokens_per_s", o.output_tokens_per_s},
-            {"served_over_offline", ratio},
-            {"requests_per_s", wall_s > 0 ? (n - errors) / wall_s : 0},
-            {"ttft_ms_mean", mean(ttft)},
-            {"ttft_ms_p50", percentile(ttft, 0.5)},
-            {"ttft_ms_p99", percentile(ttft, 0.99)},
-            {"offline_ttft_ms_p50", percentile(o.ttft_ms, 0.5)},
-            {"itl_ms_mean", mean(itl)},
-            {"itl_ms_p50", percentile(itl, 0.5)},
-            {"itl_ms_p99", percentile(itl, 0.99)},
-            {"tpot_ms_p50", percentile(tpot, 0.5)},
-            {"client_cpu_s", client_cpu_s},
-            {"wall_s", wall_s},
-            {"preemptions", preemptions},
-            {"errors", errors},
-            {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
+  const double ratio = o.output_tokens_per_s > 0 ? served.tokens_per_s / o.output_tokens_per_s : 0;
+  const json j = served_json(st, clients, served, o, ratio, preemptions);
   if (st.engine.common.json) {
     std::printf("%s\n", base::dump_replacing(j).c_str());
   } else {
-    std::printf(
-        "served: %lld output tokens in %.2f s = %.1f tokens/s, %.2f requests/s; TTFT ms p50 %.2f "
-        "p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f; client CPU %.2f s; %lld errors\n"
-        "offline (same workload, same process): %.1f tokens/s, TTFT ms p50 %.2f\n"
-        "served / offline: %.3fx\n",
-        static_cast<long long>(tokens), wall_s, served_tok_s, j["requests_per_s"].get<double>(),
-        percentile(ttft, 0.5), percentile(ttft, 0.99), percentile(itl, 0.5), percentile(itl, 0.99),
-        percentile(tpot, 0.5), client_cpu_s, static_cast<long long>(errors), o.output_tokens_per_s,
-        percentile(o.ttft_ms, 0.5), ratio);
+    print_text(clients, served, o, ratio, j);
   }
-  if (errors > 0) {
-    std::cerr << "simpler " << kCommand << ": " << errors
-              << " request(s) failed; the first: " << first_error << "\n";
+  if (served.errors > 0) {
+    std::cerr << "simpler " << kCommand << ": " << served.errors
+              << " request(s) failed; the first: " << served.first_error << "\n";
     return 1;
   }
   return write_trace(trace, st.engine.common.trace_path) ? 0 : 1;

@@ -72,175 +72,150 @@ struct TtftProbe {
   double ratio() const { return prefill_device_ms > 0 ? ttft_ms / prefill_device_ms : 0; }
 };
 
-int run_bench_throughput(const State& st) {
-  // The flag checks accepted these already; they cannot fail here.
-  const LenRange in = *parse_len_range(st.input_len_range);
-  const LenRange out = *parse_len_range(st.output_len_range);
-  const double rate = *parse_rate(st.request_rate);
-  auto config = llm::ModelConfig::load(st.model);
-  if (!config.ok()) return fail(kCommand, config.status());
-  auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
-  if (!workload.ok()) return fail(kCommand, workload.status());
-  const Workload& w = *workload;
-
-  base::TraceRecorder trace;
-  auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
-  if (!options.ok()) return fail(kCommand, options.status());
-  llm::EngineOptions eo = *std::move(options);
-  const int32_t seqs = eo.runner.max_num_seqs;
-  const int32_t batched = eo.runner.max_num_batched_tokens;
-  const int32_t pages = eo.runner.num_pages;
-  const int32_t page_size = eo.runner.page_size;
-  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
-  eo.record_steps = true;
-
-  std::cerr << "simpler " << kCommand << ": " << st.num_prompts << " prompts (input " << in.lo
-            << ".." << in.hi << ", output " << out.lo << ".." << out.hi << " tokens, seed "
-            << st.seed << "): " << w.input_tokens << " input + " << w.output_tokens
-            << " output tokens; request rate " << st.request_rate << "/s, max_num_seqs " << seqs
-            << ", max_num_batched_tokens " << batched << ", " << pages << " KV pages of "
-            << page_size << " tokens\n";
-
-  auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
-  if (!continuous.ok()) {
-    return fail_with_trace(kCommand, continuous.status(), trace, st.engine.common.trace_path);
+// The idle-engine TTFT probe of --ttft-probe-len (0 = none: `*probe` stays empty). 0 when it ran
+// or was skipped, else the exit code after printing the error.
+int run_ttft_probe(const State& st, const llm::ModelConfig& config, const llm::EngineOptions& eo,
+                   const base::TraceRecorder& trace, std::optional<TtftProbe>* probe) {
+  if (st.ttft_probe_len == 0) return 0;
+  Workload one;
+  SplitMix64 ids(st.seed ^ 0x9e3779b97f4a7c15ull);
+  std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len));
+  for (int64_t& id : prompt) id = ids.uniform(0, config.vocab_size - 1);
+  if (absl::Status ck = config.check_request(prompt, 1); !ck.ok()) {
+    return fail(kCommand, base::annotate(ck, "--ttft-probe-len: "));
   }
-  const RunStats c = run_stats(*continuous, w);
-  std::cerr << "simpler " << kCommand << ": continuous run: " << c.wall_s << " s (engine loaded in "
-            << continuous->load_s << " s)\n";
-  auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true, kCommand);
-  if (!fixed.ok())
-    return fail_with_trace(kCommand, fixed.status(), trace, st.engine.common.trace_path);
-  const RunStats s = run_stats(*fixed, w);
-  std::cerr << "simpler " << kCommand << ": static run: " << s.wall_s << " s\n";
+  one.prompts.emplace_back(prompt.begin(), prompt.end());
+  one.output_lens.push_back(1);
+  one.arrival_offsets_ns.push_back(0);
+  one.input_tokens = st.ttft_probe_len;
+  one.output_tokens = 1;
+  one.longest = st.ttft_probe_len + 1;
+  llm::EngineOptions po = eo;
+  po.runner.num_pages = static_cast<int32_t>(
+      std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, eo.runner.page_size)));
+  auto run = run_workload(st.model, po, one, /*static_batches=*/false, kCommand);
+  if (!run.ok()) return fail_with_trace(kCommand, run.status(), trace, st.engine.common.trace_path);
+  if (run->requests.empty() || run->requests[0].first_token_ns == 0) {
+    return fail(kCommand, absl::InternalError("the TTFT probe's request produced no token"));
+  }
+  TtftProbe p;
+  p.ttft_ms = (run->requests[0].first_token_ns - run->requests[0].arrival_ns) / 1e6;
+  for (const llm::StepRecord& r : run->steps) {
+    p.prefill_device_ms += (r.device_end_ns - r.device_start_ns) / 1e6;
+    ++p.steps;
+  }
+  *probe = p;
+  return 0;
+}
 
-  const double ratio =
-      s.output_tokens_per_s > 0 ? c.output_tokens_per_s / s.output_tokens_per_s : 0;
+// Everything the benchmark prints: the workload, the engine's sizes and both runs.
+struct Report {
+  LenRange in, out;
+  double rate = 0;
+  const Workload* w = nullptr;
+  int32_t seqs = 0, batched = 0, pages = 0, page_size = 0;
+  const RunResult* continuous = nullptr;
+  const RunResult* fixed = nullptr;
+  RunStats c, s;            // of the continuous and the static run
+  double ratio = 0;         // continuous / static output tokens/s
+  int64_t preemptions = 0;  // of the continuous run
+  double ttft50 = 0, ttft99 = 0, itl50 = 0, itl99 = 0, tpot50 = 0, tpot99 = 0, e2e50 = 0, e2e99 = 0;
   std::optional<TtftProbe> probe;
-  if (st.ttft_probe_len > 0) {
-    Workload one;
-    SplitMix64 ids(st.seed ^ 0x9e3779b97f4a7c15ull);
-    std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len));
-    for (int64_t& id : prompt) id = ids.uniform(0, config->vocab_size - 1);
-    if (absl::Status ck = config->check_request(prompt, 1); !ck.ok()) {
-      return fail(kCommand, base::annotate(ck, "--ttft-probe-len: "));
-    }
-    one.prompts.emplace_back(prompt.begin(), prompt.end());
-    one.output_lens.push_back(1);
-    one.arrival_offsets_ns.push_back(0);
-    one.input_tokens = st.ttft_probe_len;
-    one.output_tokens = 1;
-    one.longest = st.ttft_probe_len + 1;
-    llm::EngineOptions po = eo;
-    po.runner.num_pages = static_cast<int32_t>(
-        std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, page_size)));
-    auto run = run_workload(st.model, po, one, /*static_batches=*/false, kCommand);
-    if (!run.ok())
-      return fail_with_trace(kCommand, run.status(), trace, st.engine.common.trace_path);
-    if (run->requests.empty() || run->requests[0].first_token_ns == 0) {
-      return fail(kCommand, absl::InternalError("the TTFT probe's request produced no token"));
-    }
-    TtftProbe p;
-    p.ttft_ms = (run->requests[0].first_token_ns - run->requests[0].arrival_ns) / 1e6;
-    for (const llm::StepRecord& r : run->steps) {
-      p.prefill_device_ms += (r.device_end_ns - r.device_start_ns) / 1e6;
-      ++p.steps;
-    }
-    probe = p;
+};
+
+void print_json(const State& st, const Report& r) {
+  nlohmann::json j = {
+      {"model", st.model},
+      {"num_prompts", st.num_prompts},
+      {"input_len_range", {r.in.lo, r.in.hi}},
+      {"output_len_range", {r.out.lo, r.out.hi}},
+      {"request_rate", std::isfinite(r.rate) ? nlohmann::json(r.rate) : nlohmann::json(nullptr)},
+      {"seed", st.seed},
+      {"max_num_seqs", r.seqs},
+      {"max_num_batched_tokens", r.batched},
+      {"page_size", r.page_size},
+      {"num_pages", r.pages},
+      {"launch_depth", st.engine.common.launch_depth},
+      {"total_input_tokens", r.w->input_tokens},
+      {"total_output_tokens", r.c.output_tokens},
+      {"wall_s", r.c.wall_s},
+      {"output_tokens_per_s", r.c.output_tokens_per_s},
+      {"requests_per_s", r.c.requests_per_s},
+      {"ttft_ms_mean", mean(r.c.ttft_ms)},
+      {"ttft_ms_p50", r.ttft50},
+      {"ttft_ms_p99", r.ttft99},
+      {"itl_ms_mean", mean(r.c.itl_ms)},
+      {"itl_ms_p50", r.itl50},
+      {"itl_ms_p99", r.itl99},
+      {"tpot_ms_p50", r.tpot50},
+      {"tpot_ms_p99", r.tpot99},
+      {"e2e_ms_p50", r.e2e50},
+      {"e2e_ms_p99", r.e2e99},
+      {"steps", r.c.steps},
+      {"mean_rows_per_step", r.c.mean_rows_per_step},
+      {"preemptions", r.preemptions},
+      {"errors", r.c.errors},
+      {"short_outputs", r.c.short_outputs},
+      {"static_wall_s", r.s.wall_s},
+      {"static_output_tokens_per_s", r.s.output_tokens_per_s},
+      {"static_steps", r.s.steps},
+      {"static_mean_rows_per_step", r.s.mean_rows_per_step},
+      {"static_preemptions", r.fixed->metrics.preemptions_total},
+      {"static_errors", r.s.errors},
+      {"continuous_over_static", r.ratio},
+      {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
+  if (r.probe) {
+    j["ttft_probe_input_len"] = st.ttft_probe_len;
+    j["ttft_probe_ms"] = r.probe->ttft_ms;
+    j["ttft_probe_prefill_device_ms"] = r.probe->prefill_device_ms;
+    j["ttft_probe_steps"] = r.probe->steps;
+    j["ttft_probe_over_prefill_device"] = r.probe->ratio();
   }
-  const int64_t preemptions = continuous->metrics.preemptions_total;
-  const double ttft50 = percentile(c.ttft_ms, 0.5), ttft99 = percentile(c.ttft_ms, 0.99);
-  const double itl50 = percentile(c.itl_ms, 0.5), itl99 = percentile(c.itl_ms, 0.99);
-  const double tpot50 = percentile(c.tpot_ms, 0.5), tpot99 = percentile(c.tpot_ms, 0.99);
-  const double e2e50 = percentile(c.e2e_ms, 0.5), e2e99 = percentile(c.e2e_ms, 0.99);
-  if (st.engine.common.json) {
-    nlohmann::json j = {
-        {"model", st.model},
-        {"num_prompts", st.num_prompts},
-        {"input_len_range", {in.lo, in.hi}},
-        {"output_len_range", {out.lo, out.hi}},
-        {"request_rate", std::isfinite(rate) ? nlohmann::json(rate) : nlohmann::json(nullptr)},
-        {"seed", st.seed},
-        {"max_num_seqs", seqs},
-        {"max_num_batched_tokens", batched},
-        {"page_size", page_size},
-        {"num_pages", pages},
-        {"launch_depth", st.engine.common.launch_depth},
-        {"total_input_tokens", w.input_tokens},
-        {"total_output_tokens", c.output_tokens},
-        {"wall_s", c.wall_s},
-        {"output_tokens_per_s", c.output_tokens_per_s},
-        {"requests_per_s", c.requests_per_s},
-        {"ttft_ms_mean", mean(c.ttft_ms)},
-        {"ttft_ms_p50", ttft50},
-        {"ttft_ms_p99", ttft99},
-        {"itl_ms_mean", mean(c.itl_ms)},
-        {"itl_ms_p50", itl50},
-        {"itl_ms_p99", itl99},
-        {"tpot_ms_p50", tpot50},
-        {"tpot_ms_p99", tpot99},
-        {"e2e_ms_p50", e2e50},
-        {"e2e_ms_p99", e2e99},
-        {"steps", c.steps},
-        {"mean_rows_per_step", c.mean_rows_per_step},
-        {"preemptions", preemptions},
-        {"errors", c.errors},
-        {"short_outputs", c.short_outputs},
-        {"static_wall_s", s.wall_s},
-        {"static_output_tokens_per_s", s.output_tokens_per_s},
-        {"static_steps", s.steps},
-        {"static_mean_rows_per_step", s.mean_rows_per_step},
-        {"static_preemptions", fixed->metrics.preemptions_total},
-        {"static_errors", s.errors},
-        {"continuous_over_static", ratio},
-        {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
-    if (probe) {
-      j["ttft_probe_input_len"] = st.ttft_probe_len;
-      j["ttft_probe_ms"] = probe->ttft_ms;
-      j["ttft_probe_prefill_device_ms"] = probe->prefill_device_ms;
-      j["ttft_probe_steps"] = probe->steps;
-      j["ttft_probe_over_prefill_device"] = probe->ratio();
-    }
-    std::printf("%s\n", base::dump_replacing(j).c_str());
-  } else {
+  std::printf("%s\n", base::dump_replacing(j).c_str());
+}
+
+void print_text(const State& st, const Report& r) {
+  std::printf(
+      "workload: %lld prompts, input %lld..%lld, output %lld..%lld tokens (seed %llu): %lld "
+      "input + %lld output tokens; request rate %s/s\n",
+      static_cast<long long>(st.num_prompts), static_cast<long long>(r.in.lo),
+      static_cast<long long>(r.in.hi), static_cast<long long>(r.out.lo),
+      static_cast<long long>(r.out.hi), static_cast<unsigned long long>(st.seed),
+      static_cast<long long>(r.w->input_tokens), static_cast<long long>(r.w->output_tokens),
+      st.request_rate.c_str());
+  std::printf(
+      "continuous: %lld output tokens in %.2f s = %.1f output tokens/s, %.2f requests/s; %lld "
+      "steps (%.1f rows each), %lld preemptions, %lld errors\n",
+      static_cast<long long>(r.c.output_tokens), r.c.wall_s, r.c.output_tokens_per_s,
+      r.c.requests_per_s, static_cast<long long>(r.c.steps), r.c.mean_rows_per_step,
+      static_cast<long long>(r.preemptions), static_cast<long long>(r.c.errors));
+  std::printf(
+      "  TTFT ms p50 %.2f p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f p99 %.2f; "
+      "E2E ms p50 %.1f p99 %.1f\n",
+      r.ttft50, r.ttft99, r.itl50, r.itl99, r.tpot50, r.tpot99, r.e2e50, r.e2e99);
+  std::printf(
+      "static batches of %d: %lld output tokens in %.2f s = %.1f output tokens/s; %lld steps "
+      "(%.1f rows each), %lld errors\n",
+      r.seqs, static_cast<long long>(r.s.output_tokens), r.s.wall_s, r.s.output_tokens_per_s,
+      static_cast<long long>(r.s.steps), r.s.mean_rows_per_step,
+      static_cast<long long>(r.s.errors));
+  std::printf("continuous / static: %.2fx\n", r.ratio);
+  if (r.probe) {
     std::printf(
-        "workload: %lld prompts, input %lld..%lld, output %lld..%lld tokens (seed %llu): %lld "
-        "input + %lld output tokens; request rate %s/s\n",
-        static_cast<long long>(st.num_prompts), static_cast<long long>(in.lo),
-        static_cast<long long>(in.hi), static_cast<long long>(out.lo),
-        static_cast<long long>(out.hi), static_cast<unsigned long long>(st.seed),
-        static_cast<long long>(w.input_tokens), static_cast<long long>(w.output_tokens),
-        st.request_rate.c_str());
-    std::printf(
-        "continuous: %lld output tokens in %.2f s = %.1f output tokens/s, %.2f requests/s; %lld "
-        "steps (%.1f rows each), %lld preemptions, %lld errors\n",
-        static_cast<long long>(c.output_tokens), c.wall_s, c.output_tokens_per_s, c.requests_per_s,
-        static_cast<long long>(c.steps), c.mean_rows_per_step, static_cast<long long>(preemptions),
-        static_cast<long long>(c.errors));
-    std::printf(
-        "  TTFT ms p50 %.2f p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f p99 %.2f; "
-        "E2E ms p50 %.1f p99 %.1f\n",
-        ttft50, ttft99, itl50, itl99, tpot50, tpot99, e2e50, e2e99);
-    std::printf(
-        "static batches of %d: %lld output tokens in %.2f s = %.1f output tokens/s; %lld steps "
-        "(%.1f rows each), %lld errors\n",
-        seqs, static_cast<long long>(s.output_tokens), s.wall_s, s.output_tokens_per_s,
-        static_cast<long long>(s.steps), s.mean_rows_per_step, static_cast<long long>(s.errors));
-    std::printf("continuous / static: %.2fx\n", ratio);
-    if (probe) {
-      std::printf(
-          "idle engine, one %lld-token prompt: first token after %.2f ms; its %lld prefill "
-          "step(s) took %.2f ms of device time: %.3fx\n",
-          static_cast<long long>(st.ttft_probe_len), probe->ttft_ms,
-          static_cast<long long>(probe->steps), probe->prefill_device_ms, probe->ratio());
-    }
+        "idle engine, one %lld-token prompt: first token after %.2f ms; its %lld prefill "
+        "step(s) took %.2f ms of device time: %.3fx\n",
+        static_cast<long long>(st.ttft_probe_len), r.probe->ttft_ms,
+        static_cast<long long>(r.probe->steps), r.probe->prefill_device_ms, r.probe->ratio());
   }
-  // The numbers are printed first; a request that failed, or an engine that did not close
-  // cleanly, makes the call fail.
+}
+
+// The numbers are printed first; a request that failed, or an engine that did not close cleanly,
+// makes the call fail.
+int exit_code(const State& st, const Report& r, const base::TraceRecorder& trace) {
   int rc = write_trace(trace, st.engine.common.trace_path) ? 0 : 1;
-  if (c.short_outputs + s.short_outputs > 0) {
-    std::cerr << "simpler " << kCommand << ": " << c.short_outputs << " continuous and "
-              << s.short_outputs
+  if (r.c.short_outputs + r.s.short_outputs > 0) {
+    std::cerr << "simpler " << kCommand << ": " << r.c.short_outputs << " continuous and "
+              << r.s.short_outputs
               << " static request(s) finished with fewer tokens than their output length\n";
   }
   auto check = [&rc](const char* name, const RunStats& stats, const RunResult& run) {
@@ -255,9 +230,71 @@ int run_bench_throughput(const State& st) {
       rc = 1;
     }
   };
-  check("continuous", c, *continuous);
-  check("static", s, *fixed);
+  check("continuous", r.c, *r.continuous);
+  check("static", r.s, *r.fixed);
   return rc;
+}
+
+int run_bench_throughput(const State& st) {
+  Report r;
+  // The flag checks accepted these already; they cannot fail here.
+  r.in = *parse_len_range(st.input_len_range);
+  r.out = *parse_len_range(st.output_len_range);
+  r.rate = *parse_rate(st.request_rate);
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kCommand, config.status());
+  auto workload = make_workload(*config, st.num_prompts, r.in, r.out, r.rate, st.seed);
+  if (!workload.ok()) return fail(kCommand, workload.status());
+  const Workload& w = *workload;
+  r.w = &w;
+
+  base::TraceRecorder trace;
+  auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
+  if (!options.ok()) return fail(kCommand, options.status());
+  llm::EngineOptions eo = *std::move(options);
+  r.seqs = eo.runner.max_num_seqs;
+  r.batched = eo.runner.max_num_batched_tokens;
+  r.pages = eo.runner.num_pages;
+  r.page_size = eo.runner.page_size;
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.record_steps = true;
+
+  std::cerr << "simpler " << kCommand << ": " << st.num_prompts << " prompts (input " << r.in.lo
+            << ".." << r.in.hi << ", output " << r.out.lo << ".." << r.out.hi << " tokens, seed "
+            << st.seed << "): " << w.input_tokens << " input + " << w.output_tokens
+            << " output tokens; request rate " << st.request_rate << "/s, max_num_seqs " << r.seqs
+            << ", max_num_batched_tokens " << r.batched << ", " << r.pages << " KV pages of "
+            << r.page_size << " tokens\n";
+
+  auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
+  if (!continuous.ok()) {
+    return fail_with_trace(kCommand, continuous.status(), trace, st.engine.common.trace_path);
+  }
+  r.continuous = &*continuous;
+  r.c = run_stats(*continuous, w);
+  std::cerr << "simpler " << kCommand << ": continuous run: " << r.c.wall_s
+            << " s (engine loaded in " << continuous->load_s << " s)\n";
+  auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true, kCommand);
+  if (!fixed.ok()) {
+    return fail_with_trace(kCommand, fixed.status(), trace, st.engine.common.trace_path);
+  }
+  r.fixed = &*fixed;
+  r.s = run_stats(*fixed, w);
+  std::cerr << "simpler " << kCommand << ": static run: " << r.s.wall_s << " s\n";
+
+  r.ratio = r.s.output_tokens_per_s > 0 ? r.c.output_tokens_per_s / r.s.output_tokens_per_s : 0;
+  if (int rc = run_ttft_probe(st, *config, eo, trace, &r.probe); rc != 0) return rc;
+  r.preemptions = continuous->metrics.preemptions_total;
+  r.ttft50 = percentile(r.c.ttft_ms, 0.5), r.ttft99 = percentile(r.c.ttft_ms, 0.99);
+  r.itl50 = percentile(r.c.itl_ms, 0.5), r.itl99 = percentile(r.c.itl_ms, 0.99);
+  r.tpot50 = percentile(r.c.tpot_ms, 0.5), r.tpot99 = percentile(r.c.tpot_ms, 0.99);
+  r.e2e50 = percentile(r.c.e2e_ms, 0.5), r.e2e99 = percentile(r.c.e2e_ms, 0.99);
+  if (st.engine.common.json) {
+    print_json(st, r);
+  } else {
+    print_text(st, r);
+  }
+  return exit_code(st, r, trace);
 }
 
 }  // namespace
