@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +13,6 @@
 #include "cli/engine_flags.h"
 #include "simpler/base/clock.h"
 #include "simpler/llm/chat_template.h"
-#include "simpler/llm/kv_cache.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/tokenizer.h"
 #include "simpler/serve/openai_server.h"

@@ -1,5 +1,5 @@
 // `simpler bench serve`: the OpenAI-compatible server under load, in the shape of vLLM's
-// benchmark_serving (issue 13). It starts `simpler serve`'s server in this process on a free
+// benchmark_serving. It starts `simpler serve`'s server in this process on a free
 // loopback port (or drives --url), sends the workload of `bench throughput` (seeded input /
 // output lengths and token ids, Poisson arrivals at --request-rate, at most --max-concurrency
 // requests open) as streamed /v1/completions with its own HTTP client, and reads the SSE

@@ -1,5 +1,5 @@
 // `simpler bench throughput`: serving throughput of LlmEngine on a random workload, the shape of
-// vLLM's benchmark_throughput / benchmark_serving (issue 11).
+// vLLM's benchmark_throughput / benchmark_serving.
 //
 // The workload: --num-prompts requests, each with an input length and an output length drawn
 // uniformly from --input-len-range / --output-len-range and random token ids, all determined by
