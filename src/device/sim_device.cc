@@ -663,6 +663,12 @@ class SimStream final : public Stream {
     return queue_.size() + (busy_ ? 1 : 0);
   }
 
+  // Whether the scheduler thread is inside an item (a launch or a host function).
+  bool busy() const {
+    MutexLock lock(mu_);
+    return busy_;
+  }
+
   // Asks the scheduler thread to exit once its queue is empty.
   void request_stop() {
     {
@@ -788,6 +794,12 @@ absl::StatusOr<Stream*> SimDevice::create_stream() {
   return streams_.back().get();
 }
 
+// How long close() waits for a device thread that is not inside a kernel (idle, or between
+// items): such a thread exits within microseconds once scheduled, so only a machine that does
+// not schedule it for this long (far beyond a loaded 2-vCPU machine under ThreadSanitizer, where
+// a 1 s grace once ran out) gets it abandoned.
+constexpr std::chrono::seconds kIdleThreadExit{10};
+
 void SimDevice::close() {
   std::call_once(close_once_, [this] {
     options_.faults.warn_unfired(absl::StrCat("sim device ", caps_.device_id));
@@ -802,7 +814,12 @@ void SimDevice::close() {
       MutexLock lock(streams_mu_);
       for (auto& s : streams_) s->request_stop();
       for (size_t i = 0; i < streams_.size(); ++i) {
-        if (!streams_[i]->stop(grace)) {  // queued items fail: device aborted
+        // A scheduler thread between items exits as soon as it gets a CPU: abandoning it
+        // would only be a loaded machine's (or a sanitizer's) delay mistaken for a stuck
+        // kernel, so it gets kIdleThreadExit whatever the grace.
+        const base::Deadline wait =
+            streams_[i]->busy() ? grace : base::Deadline::after(kIdleThreadExit);
+        if (!streams_[i]->stop(wait)) {  // queued items fail: device aborted
           abandon(absl::StrCat("sim device ", caps_.device_id, " stream ", i,
                                " scheduler thread (inside a launch that does not return)"));
         }
@@ -815,14 +832,13 @@ void SimDevice::close() {
     }
     for (auto& c : cores_) {
       if (!c->thread.joinable()) continue;
-      // A core that is not inside a kernel exits within microseconds of the
-      // stop; it gets a moment of its own even when a stuck stream used up
-      // the shared grace.
+      // A core that is not inside a kernel exits as soon as it gets a CPU after the stop:
+      // it gets kIdleThreadExit of its own, even when a stuck stream used up the shared grace.
       const bool in_kernel = c->exec_start_ns.load(std::memory_order_relaxed) != 0;
       const base::Deadline wait =
-          !in_kernel || grace.expired()
-              ? base::Deadline::after(std::chrono::milliseconds(in_kernel ? 10 : 200))
-              : grace;
+          !in_kernel ? base::Deadline::after(kIdleThreadExit)
+          : grace.expired() ? base::Deadline::after(std::chrono::milliseconds(10))
+                            : grace;
       if (c->exited.wait(wait)) {
         c->thread.join();
         continue;

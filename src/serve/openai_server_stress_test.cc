@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "serve/server_test_fixture.h"
@@ -92,6 +93,21 @@ std::string raw_post(const std::string& path, const std::string& body,
          extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
+// Ends the trickling clients: they pace their bytes on it (a client's real-time rate, which the
+// read guard's timeout is measured against) and stop as soon as it is given. Thread-safe.
+class StopSignal {
+ public:
+  void stop() { promise_.set_value(); }
+  // Waits at most `d`; true once stop() was called.
+  bool stopped_within(milliseconds d) const {
+    return done_.wait_for(d) == std::future_status::ready;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> done_ = promise_.get_future().share();
+};
+
 class StressTest : public ServerFixture {
  protected:
   static void SetUpTestSuite() { make_checkpoint("simpler_serve_stress_test"); }
@@ -101,15 +117,13 @@ class StressTest : public ServerFixture {
   // Waits (up to `s` seconds) for the engine to be idle with every page free.
   llm::EngineMetrics wait_idle(double s = 10) {
     llm::EngineMetrics m;
-    const int64_t t0 = base::now_ns();
-    do {
-      m = engine_->metrics();
-      if (m.requests_running == 0 && m.requests_waiting == 0 &&
-          m.kv_pages.free == m.kv_pages_total) {
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    } while (seconds_since(t0) < s);
+    (void)simpler::testing::eventually(
+        [&] {
+          m = engine_->metrics();
+          return m.requests_running == 0 && m.requests_waiting == 0 &&
+                 m.kv_pages.free == m.kv_pages_total;
+        },
+        milliseconds(static_cast<int64_t>(s * 1000)));
     return m;
   }
   bool serve_returned_within(double s) {
@@ -130,16 +144,18 @@ TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
   ServerOptions so;
   so.max_concurrent_requests = 2;  // 10 threads
   start(so);
-  std::atomic<bool> stop{false};
+  StopSignal stop;
+  std::atomic<int> sent[4] = {0, 0, 0, 0};  // bytes each trickling client sent
   std::vector<std::thread> trickle;
   for (int i = 0; i < 4; ++i) {
-    trickle.emplace_back([&] {
+    trickle.emplace_back([&, i] {
       const int fd = connect_raw(port_);
       ASSERT_GE(fd, 0);
       const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-      for (size_t k = 0; !stop.load(); ++k) {
+      for (size_t k = 0;; ++k) {
         if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) break;
-        std::this_thread::sleep_for(milliseconds(300));
+        ++sent[i];
+        if (stop.stopped_within(milliseconds(300))) break;  // a byte every 300 ms
       }
       ::close(fd);
     });
@@ -151,7 +167,14 @@ TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
                          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
                          "{\"prompt\":"));
   }
-  std::this_thread::sleep_for(milliseconds(300));
+  // Every slow client is trickling (its second byte went out: it has held its connection for a
+  // pacing period).
+  ASSERT_TRUE(simpler::testing::eventually([&] {
+    for (const auto& n : sent) {
+      if (n.load() < 2) return false;
+    }
+    return true;
+  }));
   for (int i = 0; i < 3; ++i) {
     const int64_t t0 = base::now_ns();
     auto r = post("/v1/completions", R"({"prompt":"hello","max_tokens":4})");
@@ -166,7 +189,7 @@ TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
     EXPECT_TRUE(closed || status_of(raw) >= 400) << raw;
     ::close(fd);
   }
-  stop = true;
+  stop.stop();
   for (auto& t : trickle) t.join();
   EXPECT_EQ(engine_->metrics().requests_waiting, 0);
 }
@@ -238,6 +261,7 @@ TEST_F(StressTest, ConnectionsWithoutACompleteRequestAreClosedAfterTheReadTimeou
     auto r = keep.Get("/health");
     ASSERT_TRUE(r) << i;
     EXPECT_EQ(r->status, 200);
+    // The spacing is what is under test: real time below the read timeout between requests.
     std::this_thread::sleep_for(milliseconds(200));
   }
   for (int fd : quiet) {
@@ -246,7 +270,7 @@ TEST_F(StressTest, ConnectionsWithoutACompleteRequestAreClosedAfterTheReadTimeou
     EXPECT_TRUE(closed) << "a connection without a complete request stayed open: " << raw;
     ::close(fd);
   }
-  for (int i = 0; i < 200 && cut.load() < 3; ++i) std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE(simpler::testing::eventually([&] { return cut.load() >= 3; }, milliseconds(20000)));
   EXPECT_EQ(cut.load(), 3) << "trickling clients were not cut";
   stop = true;
   for (auto& t : trickle) t.join();
@@ -286,22 +310,24 @@ TEST_F(StressTest, BindRefusesOptionsOutOfRange) {
 // returns within a bounded time after shutdown().
 TEST_F(StressTest, ShutdownIsBoundedWithASlowlorisConnected) {
   start();
-  std::atomic<bool> stop{false};
+  StopSignal stop;
+  std::atomic<int> sent{0};
   std::thread trickle([&] {
     const int fd = connect_raw(port_);
     const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-    for (size_t k = 0; !stop.load(); ++k) {
+    for (size_t k = 0;; ++k) {
       if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) break;
-      std::this_thread::sleep_for(milliseconds(200));
+      ++sent;
+      if (stop.stopped_within(milliseconds(200))) break;  // a byte every 200 ms
     }
     ::close(fd);
   });
-  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE(simpler::testing::eventually([&] { return sent.load() >= 3; }));  // it trickles
   const int64_t t0 = base::now_ns();
   EXPECT_TRUE(server_->shutdown(base::Deadline::after(milliseconds(100))).ok());
   EXPECT_TRUE(serve_returned_within(8.0)) << "serve() still running after shutdown()";
   EXPECT_LT(seconds_since(t0), 9.0);
-  stop = true;
+  stop.stop();
   trickle.join();
 }
 
@@ -316,7 +342,6 @@ TEST_F(StressTest, IdleConnectionsBeyondThePoolAreRefusedQuickly) {
   for (int i = 0; i < 9 + 2; ++i) {
     idle.push_back(connect_raw(port_));
     ASSERT_GE(idle.back(), 0);
-    std::this_thread::sleep_for(milliseconds(30));
   }
   const int64_t t0 = base::now_ns();
   auto r = post("/v1/completions", R"({"prompt":"x","max_tokens":2})");
@@ -324,13 +349,14 @@ TEST_F(StressTest, IdleConnectionsBeyondThePoolAreRefusedQuickly) {
   EXPECT_EQ(r->status, 503) << r->body;
   EXPECT_LT(seconds_since(t0), 1.5);
   for (int fd : idle) ::close(fd);
-  const int64_t t1 = base::now_ns();
   int status = -1;
-  while (seconds_since(t1) < 8 && status != 200) {
-    auto ok = post("/v1/completions", R"({"prompt":"x","max_tokens":2})");
-    status = ok ? ok->status : -1;
-    if (status != 200) std::this_thread::sleep_for(milliseconds(100));
-  }
+  EXPECT_TRUE(simpler::testing::eventually(
+      [&] {
+        auto ok = post("/v1/completions", R"({"prompt":"x","max_tokens":2})");
+        status = ok ? ok->status : -1;
+        return status == 200;
+      },
+      milliseconds(8000)));
   EXPECT_EQ(status, 200);
 }
 
@@ -353,10 +379,8 @@ TEST_F(StressTest, AClientLeavingWhileQueuedAbortsItsRequest) {
     };
     c.send(req);
   });
-  const int64_t t0 = base::now_ns();
-  while (engine_->metrics().requests_running < 1 && seconds_since(t0) < 10) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  EXPECT_TRUE(
+      simpler::testing::eventually([&] { return engine_->metrics().requests_running >= 1; }));
   constexpr int kQueued = 4;
   std::vector<int> fds;
   for (int i = 0; i < kQueued; ++i) {
@@ -365,16 +389,12 @@ TEST_F(StressTest, AClientLeavingWhileQueuedAbortsItsRequest) {
         fds.back(), raw_post("/v1/completions", i % 2 == 0 ? R"({"prompt":"q","max_tokens":50})"
                                                            : long_stream_body("q", 50))));
   }
-  const int64_t t1 = base::now_ns();
-  while (engine_->metrics().requests_waiting < kQueued && seconds_since(t1) < 5) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  EXPECT_TRUE(simpler::testing::eventually(
+      [&] { return engine_->metrics().requests_waiting >= kQueued; }, milliseconds(5000)));
   ASSERT_EQ(engine_->metrics().requests_waiting, kQueued);
   for (int fd : fds) ::close(fd);
-  const int64_t t2 = base::now_ns();
-  while (engine_->metrics().requests_waiting > 0 && seconds_since(t2) < 3) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  EXPECT_TRUE(simpler::testing::eventually([&] { return engine_->metrics().requests_waiting == 0; },
+                                           milliseconds(3000)));
   EXPECT_EQ(engine_->metrics().requests_waiting, 0)
       << "requests of clients that left still wait in the engine";
   EXPECT_EQ(engine_->metrics().requests_finished_abort, kQueued);
@@ -494,9 +514,17 @@ TEST_F(StressTest, AnUnreadHugeStreamDoesNotBlockOthersAndEndsWithItsClient) {
     EXPECT_TRUE(send_all(fd, raw_post("/v1/completions", body)));
     return fd;
   };
+  // The unread client's request runs and has made `tokens` tokens since this was called.
+  auto generating_unread = [&](int64_t tokens) {
+    const int64_t before = engine_->metrics().generation_tokens_total;
+    return simpler::testing::eventually([&] {
+      const llm::EngineMetrics m = engine_->metrics();
+      return m.requests_running == 1 && m.generation_tokens_total >= before + tokens;
+    });
+  };
   for (bool streamed : {true, false}) {
     const int fd = unread_client(4000, streamed);
-    std::this_thread::sleep_for(milliseconds(500));
+    ASSERT_TRUE(generating_unread(64));
     const int64_t t0 = base::now_ns();
     auto r = post("/v1/completions", R"({"prompt":"meanwhile","max_tokens":4})");
     ASSERT_TRUE(r);
@@ -510,7 +538,7 @@ TEST_F(StressTest, AnUnreadHugeStreamDoesNotBlockOthersAndEndsWithItsClient) {
     EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
   }
   const int fd = unread_client(4000, true);
-  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE(generating_unread(64));
   const int64_t t1 = base::now_ns();
   EXPECT_TRUE(server_->shutdown(base::Deadline::after(milliseconds(100))).ok());
   EXPECT_TRUE(serve_returned_within(8.0));
@@ -563,11 +591,12 @@ TEST_F(StressTest, ConcurrentShutdownUnderLoadIsBoundedAndClean) {
   }
   // Every stream has started (a slow build takes a while to admit them) before the shutdown
   // (a request still queued then is refused 503 instead).
-  const int64_t ts = base::now_ns();
-  while (started.load() < kStreams && seconds_since(ts) < 60) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_TRUE(simpler::testing::eventually([&] { return started.load() >= kStreams; },
+                                           milliseconds(60000)));
+  // ... and the streams run: each has made a few tokens.
+  const int64_t before = engine_->metrics().generation_tokens_total;
+  EXPECT_TRUE(simpler::testing::eventually(
+      [&] { return engine_->metrics().generation_tokens_total >= before + 8 * kStreams; }));
   const int64_t t0 = base::now_ns();
   auto a = std::async(std::launch::async,
                       [&] { return server_->shutdown(base::Deadline::after(milliseconds(200))); });

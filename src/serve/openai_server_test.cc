@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "serve/server_test_fixture.h"
@@ -181,12 +182,12 @@ TEST_F(ServerTest, AFullWaitingQueueIs429) {
     });
     // Until the engine holds it (a fixed pause was too short under ThreadSanitizer on a loaded
     // machine: the second client arrived before the first was admitted).
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < until) {
-      const llm::EngineMetrics m = engine_->metrics();
-      if (m.requests_running + m.requests_waiting >= i + 1) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    EXPECT_TRUE(simpler::testing::eventually(
+        [&] {
+          const llm::EngineMetrics m = engine_->metrics();
+          return m.requests_running + m.requests_waiting >= i + 1;
+        },
+        std::chrono::seconds(20)));
   }
   auto r = post("/v1/completions", R"({"prompt":"y","max_tokens":2})");
   ASSERT_TRUE(r);
@@ -236,12 +237,11 @@ TEST_F(ServerTest, ClientsDisconnectingMidStreamAbortTheirRequestsOnly) {
   EXPECT_EQ(completed.load(), kClients - kClients / 3);
   // The aborted requests leave within a few steps.
   llm::EngineMetrics m;
-  for (int i = 0; i < 200; ++i) {
+  EXPECT_TRUE(simpler::testing::eventually([&] {
     m = engine_->metrics();
-    if (m.requests_running == 0 && m.requests_waiting == 0 && m.kv_pages.free == m.kv_pages_total)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+    return m.requests_running == 0 && m.requests_waiting == 0 &&
+           m.kv_pages.free == m.kv_pages_total;
+  }));
   EXPECT_EQ(m.requests_running, 0);
   EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
   EXPECT_EQ(m.requests_finished_abort, kClients / 3);
@@ -304,9 +304,8 @@ TEST_F(ServerTest, ShutdownEndsOpenStreamsCleanly) {
   }
   // Shut down once every stream has started (a request still queued when the server shuts
   // down gets a 503 instead, as documented: a slow sanitizer build admits them late).
-  for (int i = 0; i < 600 && started.load() < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  EXPECT_TRUE(
+      simpler::testing::eventually([&] { return started.load() >= 3; }, std::chrono::seconds(60)));
   EXPECT_EQ(started.load(), 3);
   const int64_t t0 = base::now_ns();
   EXPECT_TRUE(server_->shutdown(base::Deadline::after(std::chrono::milliseconds(100))).ok());

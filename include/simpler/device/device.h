@@ -163,8 +163,9 @@ class Device {
   // Aborts what is still running, joins every device thread and releases all
   // memory. Idempotent; the device is unusable afterwards. Bounded: a device
   // thread that does not exit within the device's close grace (one deadline
-  // shared by all its threads; a core not inside a kernel still gets a short
-  // moment of its own) because it is inside a kernel that never returns is abandoned — detached,
+  // shared by all its threads; a thread not inside a kernel or a launch — idle, it exits as
+  // soon as it is scheduled — gets 10 s of its own instead, so a loaded machine's delay is not
+  // mistaken for a stuck kernel) because it is inside a kernel that never returns is abandoned — detached,
   // logged and counted in base::abandoned_threads() — and then no memory is released: the owner
   // must keep the device (and whatever the abandoned thread may read: run records, callables) alive
   // with base::keep_until_exit (see abandoned_threads()).
