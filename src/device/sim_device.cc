@@ -835,10 +835,10 @@ void SimDevice::close() {
       // A core that is not inside a kernel exits as soon as it gets a CPU after the stop:
       // it gets kIdleThreadExit of its own, even when a stuck stream used up the shared grace.
       const bool in_kernel = c->exec_start_ns.load(std::memory_order_relaxed) != 0;
-      const base::Deadline wait =
-          !in_kernel ? base::Deadline::after(kIdleThreadExit)
-          : grace.expired() ? base::Deadline::after(std::chrono::milliseconds(10))
-                            : grace;
+      const base::Deadline wait = !in_kernel ? base::Deadline::after(kIdleThreadExit)
+                                  : grace.expired()
+                                      ? base::Deadline::after(std::chrono::milliseconds(10))
+                                      : grace;
       if (c->exited.wait(wait)) {
         c->thread.join();
         continue;

@@ -165,10 +165,10 @@ class Device {
   // thread that does not exit within the device's close grace (one deadline
   // shared by all its threads; a thread not inside a kernel or a launch — idle, it exits as
   // soon as it is scheduled — gets 10 s of its own instead, so a loaded machine's delay is not
-  // mistaken for a stuck kernel) because it is inside a kernel that never returns is abandoned — detached,
-  // logged and counted in base::abandoned_threads() — and then no memory is released: the owner
-  // must keep the device (and whatever the abandoned thread may read: run records, callables) alive
-  // with base::keep_until_exit (see abandoned_threads()).
+  // mistaken for a stuck kernel) because it is inside a kernel that never returns is abandoned —
+  // detached, logged and counted in base::abandoned_threads() — and then no memory is released: the
+  // owner must keep the device (and whatever the abandoned thread may read: run records, callables)
+  // alive with base::keep_until_exit (see abandoned_threads()).
   virtual void close() = 0;
   // Device threads close() abandoned (0 when every thread was joined).
   virtual int32_t abandoned_threads() const = 0;
