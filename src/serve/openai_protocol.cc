@@ -55,21 +55,21 @@ struct Reader {
   void fail(std::string msg, std::string param) {
     if (!error) error = bad_request(std::move(msg), std::move(param));
   }
-  std::optional<bool> boolean(const char* key) {
+  // The field as a T when `is` holds for it (`want` names the type in the error).
+  template <typename T>
+  std::optional<T> typed(const char* key, bool (json::*is)() const noexcept, const char* want) {
     if (!has(key)) return std::nullopt;
-    if (!body[key].is_boolean()) {
-      fail(absl::StrCat("'", key, "' must be a boolean, got ", type_name(body[key])), key);
+    if (!(body[key].*is)()) {
+      fail(absl::StrCat("'", key, "' must be ", want, ", got ", type_name(body[key])), key);
       return std::nullopt;
     }
-    return body[key].get<bool>();
+    return body[key].get<T>();
+  }
+  std::optional<bool> boolean(const char* key) {
+    return typed<bool>(key, &json::is_boolean, "a boolean");
   }
   std::optional<double> number(const char* key) {
-    if (!has(key)) return std::nullopt;
-    if (!body[key].is_number()) {
-      fail(absl::StrCat("'", key, "' must be a number, got ", type_name(body[key])), key);
-      return std::nullopt;
-    }
-    return body[key].get<double>();
+    return typed<double>(key, &json::is_number, "a number");
   }
   // A float parameter: finite and within f32 range (the engine checks the range it allows).
   std::optional<float> real(const char* key) {
@@ -106,12 +106,7 @@ struct Reader {
     return out;
   }
   std::optional<std::string> string(const char* key) {
-    if (!has(key)) return std::nullopt;
-    if (!body[key].is_string()) {
-      fail(absl::StrCat("'", key, "' must be a string, got ", type_name(body[key])), key);
-      return std::nullopt;
-    }
-    return body[key].get<std::string>();
+    return typed<std::string>(key, &json::is_string, "a string");
   }
 };
 
@@ -162,6 +157,77 @@ std::optional<std::vector<int64_t>> token_ids(Reader& r, const json& v, const ch
   return ids;
 }
 
+// A message's content: a string, or text parts joined with newlines (vLLM does the same).
+bool message_content(Reader& r, const json& m, const std::string& where, llm::ChatMessage& cm) {
+  const json content = m.contains("content") ? m["content"] : json(nullptr);
+  if (content.is_string()) {
+    cm.content = content.get<std::string>();
+    return true;
+  }
+  if (!content.is_array()) {
+    r.fail(absl::StrCat(where, ".content must be a string or an array of text parts, got ",
+                        type_name(content)),
+           "messages");
+    return false;
+  }
+  for (size_t p = 0; p < content.size(); ++p) {
+    const json& part = content[p];
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") || !part["text"].is_string()) {
+      r.fail(absl::StrCat(where, ".content[", p,
+                          "] must be a text part {\"type\": \"text\", \"text\": ...} (other "
+                          "content types are not supported)"),
+             "messages");
+      return false;
+    }
+    if (p > 0) cm.content += "\n";
+    cm.content += part["text"].get<std::string>();
+  }
+  return true;
+}
+
+// One message of `messages` (`where` names it): role, content, name and reasoning_content.
+std::optional<llm::ChatMessage> chat_message(Reader& r, const json& m, const std::string& where) {
+  if (!m.is_object()) {
+    r.fail(absl::StrCat(where, " must be an object"), "messages");
+    return std::nullopt;
+  }
+  for (const auto& [k, v] : m.items()) {
+    if (k != "role" && k != "content" && k != "name" && k != "reasoning_content") {
+      r.fail(absl::StrCat(where, ": unrecognized field '", k.substr(0, 64),
+                          "' (tool calls are not supported)"),
+             "messages");
+      return std::nullopt;
+    }
+  }
+  llm::ChatMessage cm;
+  if (!m.contains("role") || !m["role"].is_string()) {
+    r.fail(absl::StrCat(where, ".role must be a string"), "messages");
+    return std::nullopt;
+  }
+  cm.role = m["role"].get<std::string>();
+  if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
+    r.fail(absl::StrCat(where, ".role '", cm.role.substr(0, 40),
+                        "' is not supported (system, user or assistant)"),
+           "messages");
+    return std::nullopt;
+  }
+  if (!message_content(r, m, where, cm)) return std::nullopt;
+  if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+    if (!m["reasoning_content"].is_string() || cm.role != "assistant") {
+      r.fail(absl::StrCat(where, ".reasoning_content must be a string on an assistant message"),
+             "messages");
+      return std::nullopt;
+    }
+    cm.reasoning_content = m["reasoning_content"].get<std::string>();
+  }
+  if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string()) {
+    r.fail(absl::StrCat(where, ".name must be a string"), "messages");
+    return std::nullopt;
+  }
+  return cm;
+}
+
 std::optional<std::vector<llm::ChatMessage>> chat_messages(Reader& r, const RequestLimits& limits) {
   if (!r.body.contains("messages")) {
     r.fail("'messages' is required", "messages");
@@ -180,69 +246,9 @@ std::optional<std::vector<llm::ChatMessage>> chat_messages(Reader& r, const Requ
   }
   std::vector<llm::ChatMessage> out;
   for (size_t i = 0; i < ms.size(); ++i) {
-    const std::string where = absl::StrCat("messages[", i, "]");
-    const json& m = ms[i];
-    if (!m.is_object()) {
-      r.fail(absl::StrCat(where, " must be an object"), "messages");
-      return std::nullopt;
-    }
-    for (const auto& [k, v] : m.items()) {
-      if (k != "role" && k != "content" && k != "name" && k != "reasoning_content") {
-        r.fail(absl::StrCat(where, ": unrecognized field '", k.substr(0, 64),
-                            "' (tool calls are not supported)"),
-               "messages");
-        return std::nullopt;
-      }
-    }
-    llm::ChatMessage cm;
-    if (!m.contains("role") || !m["role"].is_string()) {
-      r.fail(absl::StrCat(where, ".role must be a string"), "messages");
-      return std::nullopt;
-    }
-    cm.role = m["role"].get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-      r.fail(absl::StrCat(where, ".role '", cm.role.substr(0, 40),
-                          "' is not supported (system, user or assistant)"),
-             "messages");
-      return std::nullopt;
-    }
-    const json content = m.contains("content") ? m["content"] : json(nullptr);
-    if (content.is_string()) {
-      cm.content = content.get<std::string>();
-    } else if (content.is_array()) {
-      // Content parts: text parts joined with newlines (vLLM does the same).
-      for (size_t p = 0; p < content.size(); ++p) {
-        const json& part = content[p];
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
-            !part.contains("text") || !part["text"].is_string()) {
-          r.fail(absl::StrCat(where, ".content[", p,
-                              "] must be a text part {\"type\": \"text\", \"text\": ...} (other "
-                              "content types are not supported)"),
-                 "messages");
-          return std::nullopt;
-        }
-        if (p > 0) cm.content += "\n";
-        cm.content += part["text"].get<std::string>();
-      }
-    } else {
-      r.fail(absl::StrCat(where, ".content must be a string or an array of text parts, got ",
-                          type_name(content)),
-             "messages");
-      return std::nullopt;
-    }
-    if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
-      if (!m["reasoning_content"].is_string() || cm.role != "assistant") {
-        r.fail(absl::StrCat(where, ".reasoning_content must be a string on an assistant message"),
-               "messages");
-        return std::nullopt;
-      }
-      cm.reasoning_content = m["reasoning_content"].get<std::string>();
-    }
-    if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string()) {
-      r.fail(absl::StrCat(where, ".name must be a string"), "messages");
-      return std::nullopt;
-    }
-    out.push_back(std::move(cm));
+    std::optional<llm::ChatMessage> cm = chat_message(r, ms[i], absl::StrCat("messages[", i, "]"));
+    if (!cm) return std::nullopt;
+    out.push_back(*std::move(cm));
   }
   return out;
 }
@@ -270,63 +276,168 @@ std::optional<bool> enable_thinking(Reader& r) {
   return std::nullopt;
 }
 
+// The fields both endpoints accept, with the endpoint's own.
+std::set<std::string> fields_with(std::initializer_list<const char*> own) {
+  std::set<std::string> k = {"model",
+                             "max_tokens",
+                             "temperature",
+                             "top_p",
+                             "n",
+                             "seed",
+                             "stop",
+                             "presence_penalty",
+                             "frequency_penalty",
+                             "logprobs",
+                             "stream",
+                             "stream_options",
+                             "user",
+                             "top_k",
+                             "min_p",
+                             "repetition_penalty",
+                             "stop_token_ids",
+                             "ignore_eos",
+                             "min_tokens",
+                             "logit_bias"};
+  k.insert(own.begin(), own.end());
+  return k;
+}
 const std::set<std::string>& completion_fields() {
-  static const std::set<std::string> k = {"model",
-                                          "prompt",
-                                          "max_tokens",
-                                          "temperature",
-                                          "top_p",
-                                          "n",
-                                          "seed",
-                                          "stop",
-                                          "presence_penalty",
-                                          "frequency_penalty",
-                                          "logprobs",
-                                          "echo",
-                                          "stream",
-                                          "stream_options",
-                                          "user",
-                                          "top_k",
-                                          "min_p",
-                                          "repetition_penalty",
-                                          "stop_token_ids",
-                                          "ignore_eos",
-                                          "min_tokens",
-                                          "best_of",
-                                          "suffix",
-                                          "logit_bias"};
+  static const std::set<std::string> k = fields_with({"prompt", "echo", "best_of", "suffix"});
   return k;
 }
 const std::set<std::string>& chat_fields() {
-  static const std::set<std::string> k = {"model",
-                                          "messages",
-                                          "max_tokens",
-                                          "max_completion_tokens",
-                                          "temperature",
-                                          "top_p",
-                                          "n",
-                                          "seed",
-                                          "stop",
-                                          "presence_penalty",
-                                          "frequency_penalty",
-                                          "logprobs",
-                                          "top_logprobs",
-                                          "stream",
-                                          "stream_options",
-                                          "user",
-                                          "top_k",
-                                          "min_p",
-                                          "repetition_penalty",
-                                          "stop_token_ids",
-                                          "ignore_eos",
-                                          "min_tokens",
-                                          "chat_template_kwargs",
-                                          "tools",
-                                          "tool_choice",
-                                          "response_format",
-                                          "logit_bias",
-                                          "parallel_tool_calls"};
+  static const std::set<std::string> k =
+      fields_with({"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
+                   "tools", "tool_choice", "response_format", "parallel_tool_calls"});
   return k;
+}
+
+// Chat's own fields. Returns the error of a refused feature at once; others go to `r`.
+std::optional<ApiError> read_chat(Reader& r, const RequestLimits& limits, ParsedRequest& p) {
+  const json& j = r.body;
+  if (r.has("tools") && !(j["tools"].is_array() && j["tools"].empty())) {
+    return bad_request("'tools' is not supported by this server", "tools");
+  }
+  if (r.has("tool_choice") && j["tool_choice"] != "none") {
+    return bad_request("'tool_choice' is not supported by this server", "tool_choice");
+  }
+  if (r.has("response_format")) {
+    const json& f = j["response_format"];
+    if (!f.is_object() || !f.contains("type") || f["type"] != "text") {
+      return bad_request("'response_format' other than {\"type\": \"text\"} is not supported",
+                         "response_format");
+    }
+  }
+  if (auto m = chat_messages(r, limits)) p.messages = std::move(*m);
+  p.chat_options.add_generation_prompt = true;
+  p.chat_options.enable_thinking = enable_thinking(r);
+  p.max_tokens = r.integer("max_completion_tokens", 1, INT32_MAX);
+  if (!p.max_tokens) p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
+  const std::optional<bool> lp = r.boolean("logprobs");
+  const std::optional<int64_t> top = r.integer("top_logprobs", 0, llm::kMaxLogprobs);
+  if (top && !(lp && *lp)) {
+    r.fail("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  }
+  if (lp && *lp) p.logprobs = static_cast<int32_t>(top.value_or(0));
+  return std::nullopt;
+}
+
+// The completion endpoint's own fields, as read_chat.
+std::optional<ApiError> read_completion(Reader& r, const RequestLimits& limits, ParsedRequest& p) {
+  const json& j = r.body;
+  if (!j.contains("prompt")) return bad_request("'prompt' is required", "prompt");
+  const json& pr = j["prompt"];
+  if (pr.is_string()) {
+    p.prompt = pr.get<std::string>();
+  } else if (pr.is_array() && !pr.empty() && pr[0].is_number()) {
+    if (auto ids = token_ids(r, pr, "prompt", limits)) p.prompt = std::move(*ids);
+  } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
+    p.prompt = pr[0].get<std::string>();
+  } else {
+    return bad_request(
+        "'prompt' must be a string or an array of token ids (a batch of prompts is not "
+        "supported: send one request per prompt)",
+        "prompt");
+  }
+  p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
+  if (auto lp = r.integer("logprobs", 0, llm::kMaxLogprobs)) p.logprobs = static_cast<int32_t>(*lp);
+  if (auto e = r.boolean("echo")) p.echo = *e;
+  (void)r.integer("best_of", 1, 1);  // only the default: no server-side best-of
+  if (r.has("suffix")) return bad_request("'suffix' is not supported", "suffix");
+  return std::nullopt;
+}
+
+void read_stream_options(Reader& r, ParsedRequest& p) {
+  if (!r.has("stream_options")) return;
+  const json& so = r.body["stream_options"];
+  if (!so.is_object()) {
+    r.fail("'stream_options' must be an object", "stream_options");
+    return;
+  }
+  for (const auto& [k, v] : so.items()) {
+    if (k != "include_usage" || !v.is_boolean()) {
+      r.fail("'stream_options' holds only include_usage (a boolean)", "stream_options");
+      break;
+    }
+    p.include_usage = v.get<bool>();
+  }
+}
+
+// `stop`: a string or an array of at most max_stop_strings, each 1 to max_stop_string_bytes.
+void read_stop(Reader& r, const RequestLimits& limits, llm::RequestSampling& s) {
+  if (!r.has("stop")) return;
+  const json& st = r.body["stop"];
+  if (st.is_string()) {
+    s.stop.push_back(st.get<std::string>());
+  } else if (st.is_array()) {
+    if (static_cast<int64_t>(st.size()) > limits.max_stop_strings) {
+      r.fail(
+          absl::StrCat("'stop' holds ", st.size(), " strings, at most ", limits.max_stop_strings),
+          "stop");
+    }
+    for (size_t i = 0; i < st.size() && !r.error; ++i) {
+      if (!st[i].is_string()) {
+        r.fail(absl::StrCat("'stop'[", i, "] must be a string"), "stop");
+      } else {
+        s.stop.push_back(st[i].get<std::string>());
+      }
+    }
+  } else {
+    r.fail("'stop' must be a string or an array of strings", "stop");
+  }
+  for (size_t i = 0; i < s.stop.size() && !r.error; ++i) {
+    if (s.stop[i].empty() ||
+        static_cast<int64_t>(s.stop[i].size()) > limits.max_stop_string_bytes) {
+      r.fail(absl::StrCat("'stop'[", i, "] must be 1 to ", limits.max_stop_string_bytes,
+                          " bytes, got ", s.stop[i].size()),
+             "stop");
+    }
+  }
+}
+
+// The sampling parameters, `stop` and `stop_token_ids` (the engine checks their ranges).
+void read_sampling(Reader& r, const RequestLimits& limits, ParsedRequest& p) {
+  llm::RequestSampling& s = p.sampling;
+  if (auto v = r.real("temperature")) s.temperature = *v;
+  if (auto v = r.real("top_p")) s.top_p = *v;
+  if (auto v = r.integer("top_k", -1, INT32_MAX)) s.top_k = static_cast<int32_t>(*v);
+  if (auto v = r.real("min_p")) s.min_p = *v;
+  if (auto v = r.real("presence_penalty")) s.presence_penalty = *v;
+  if (auto v = r.real("frequency_penalty")) s.frequency_penalty = *v;
+  if (auto v = r.real("repetition_penalty")) s.repetition_penalty = *v;
+  if (auto v = r.integer("seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*v);
+  if (auto v = r.integer("min_tokens", 0, INT32_MAX)) s.min_tokens = static_cast<int32_t>(*v);
+  if (auto v = r.boolean("ignore_eos")) s.ignore_eos = *v;
+  s.logprobs = p.logprobs;
+  read_stop(r, limits, s);
+  if (r.has("stop_token_ids")) {
+    const json& ids = r.body["stop_token_ids"];
+    if (!ids.is_array() || ids.size() > 8) {
+      r.fail("'stop_token_ids' must be an array of at most 8 token ids", "stop_token_ids");
+    } else if (auto v = token_ids(r, ids, "stop_token_ids", limits)) {
+      for (int64_t id : *v) s.stop_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
 }
 
 }  // namespace
@@ -340,122 +451,15 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
   ParsedRequest p;
   p.chat = chat;
   if (auto m = r.string("model")) p.model = *m;
-  if (chat) {
-    if (r.has("tools") && !(j["tools"].is_array() && j["tools"].empty())) {
-      return bad_request("'tools' is not supported by this server", "tools");
-    }
-    if (r.has("tool_choice") && j["tool_choice"] != "none") {
-      return bad_request("'tool_choice' is not supported by this server", "tool_choice");
-    }
-    if (r.has("response_format")) {
-      const json& f = j["response_format"];
-      if (!f.is_object() || !f.contains("type") || f["type"] != "text") {
-        return bad_request("'response_format' other than {\"type\": \"text\"} is not supported",
-                           "response_format");
-      }
-    }
-    if (auto m = chat_messages(r, limits)) p.messages = std::move(*m);
-    p.chat_options.add_generation_prompt = true;
-    p.chat_options.enable_thinking = enable_thinking(r);
-    p.max_tokens = r.integer("max_completion_tokens", 1, INT32_MAX);
-    if (!p.max_tokens) p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
-    const std::optional<bool> lp = r.boolean("logprobs");
-    const std::optional<int64_t> top = r.integer("top_logprobs", 0, llm::kMaxLogprobs);
-    if (top && !(lp && *lp)) {
-      r.fail("'top_logprobs' needs 'logprobs': true", "top_logprobs");
-    }
-    if (lp && *lp) p.logprobs = static_cast<int32_t>(top.value_or(0));
-  } else {
-    if (!j.contains("prompt")) return bad_request("'prompt' is required", "prompt");
-    const json& pr = j["prompt"];
-    if (pr.is_string()) {
-      p.prompt = pr.get<std::string>();
-    } else if (pr.is_array() && !pr.empty() && pr[0].is_number()) {
-      if (auto ids = token_ids(r, pr, "prompt", limits)) p.prompt = std::move(*ids);
-    } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
-      p.prompt = pr[0].get<std::string>();
-    } else {
-      return bad_request(
-          "'prompt' must be a string or an array of token ids (a batch of prompts is not "
-          "supported: send one request per prompt)",
-          "prompt");
-    }
-    p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
-    if (auto lp = r.integer("logprobs", 0, llm::kMaxLogprobs))
-      p.logprobs = static_cast<int32_t>(*lp);
-    if (auto e = r.boolean("echo")) p.echo = *e;
-    (void)r.integer("best_of", 1, 1);  // only the default: no server-side best-of
-    if (r.has("suffix")) return bad_request("'suffix' is not supported", "suffix");
-  }
+  if (auto e = chat ? read_chat(r, limits, p) : read_completion(r, limits, p)) return *e;
   if (r.has("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
     return bad_request("'logit_bias' is not supported", "logit_bias");
   }
   if (auto n = r.integer("n", 1, limits.max_n)) p.n = static_cast<int32_t>(*n);
   if (auto s = r.boolean("stream")) p.stream = *s;
-  if (r.has("stream_options")) {
-    const json& so = j["stream_options"];
-    if (!so.is_object()) {
-      r.fail("'stream_options' must be an object", "stream_options");
-    } else {
-      for (const auto& [k, v] : so.items()) {
-        if (k != "include_usage" || !v.is_boolean()) {
-          r.fail("'stream_options' holds only include_usage (a boolean)", "stream_options");
-          break;
-        }
-        p.include_usage = v.get<bool>();
-      }
-    }
-  }
+  read_stream_options(r, p);
   (void)r.string("user");
-  llm::RequestSampling& s = p.sampling;
-  if (auto v = r.real("temperature")) s.temperature = *v;
-  if (auto v = r.real("top_p")) s.top_p = *v;
-  if (auto v = r.integer("top_k", -1, INT32_MAX)) s.top_k = static_cast<int32_t>(*v);
-  if (auto v = r.real("min_p")) s.min_p = *v;
-  if (auto v = r.real("presence_penalty")) s.presence_penalty = *v;
-  if (auto v = r.real("frequency_penalty")) s.frequency_penalty = *v;
-  if (auto v = r.real("repetition_penalty")) s.repetition_penalty = *v;
-  if (auto v = r.integer("seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*v);
-  if (auto v = r.integer("min_tokens", 0, INT32_MAX)) s.min_tokens = static_cast<int32_t>(*v);
-  if (auto v = r.boolean("ignore_eos")) s.ignore_eos = *v;
-  s.logprobs = p.logprobs;
-  if (r.has("stop")) {
-    const json& st = j["stop"];
-    if (st.is_string()) {
-      s.stop.push_back(st.get<std::string>());
-    } else if (st.is_array()) {
-      if (static_cast<int64_t>(st.size()) > limits.max_stop_strings) {
-        r.fail(
-            absl::StrCat("'stop' holds ", st.size(), " strings, at most ", limits.max_stop_strings),
-            "stop");
-      }
-      for (size_t i = 0; i < st.size() && !r.error; ++i) {
-        if (!st[i].is_string()) {
-          r.fail(absl::StrCat("'stop'[", i, "] must be a string"), "stop");
-        } else {
-          s.stop.push_back(st[i].get<std::string>());
-        }
-      }
-    } else {
-      r.fail("'stop' must be a string or an array of strings", "stop");
-    }
-    for (size_t i = 0; i < s.stop.size() && !r.error; ++i) {
-      if (s.stop[i].empty() ||
-          static_cast<int64_t>(s.stop[i].size()) > limits.max_stop_string_bytes) {
-        r.fail(absl::StrCat("'stop'[", i, "] must be 1 to ", limits.max_stop_string_bytes,
-                            " bytes, got ", s.stop[i].size()),
-               "stop");
-      }
-    }
-  }
-  if (r.has("stop_token_ids")) {
-    const json& ids = j["stop_token_ids"];
-    if (!ids.is_array() || ids.size() > 8) {
-      r.fail("'stop_token_ids' must be an array of at most 8 token ids", "stop_token_ids");
-    } else if (auto v = token_ids(r, ids, "stop_token_ids", limits)) {
-      for (int64_t id : *v) s.stop_token_ids.push_back(static_cast<int32_t>(id));
-    }
-  }
+  read_sampling(r, limits, p);
   if (r.error) return *r.error;
   return p;
 }
@@ -540,35 +544,36 @@ std::string prometheus_text(const llm::EngineMetrics& m, const std::string& mode
   }
   const std::string l = absl::StrCat("model_name=\"", escaped, "\"");
   std::string out;
-  metric(out, "simpler:healthy", "gauge", "1 while the engine is healthy",
-         {{l, m.healthy ? 1 : 0}});
-  metric(out, "simpler:num_requests_running", "gauge", "Requests running (admitted)",
-         {{l, static_cast<double>(m.requests_running)}});
-  metric(out, "simpler:num_requests_waiting", "gauge", "Requests waiting to be admitted",
-         {{l, static_cast<double>(m.requests_waiting)}});
-  metric(out, "simpler:num_preemptions_total", "counter", "Preemptions by recompute",
-         {{l, static_cast<double>(m.preemptions_total)}});
+  // A series of its own, labelled with the model only.
+  const auto single = [&](const char* name, const char* type, const char* help, double v) {
+    metric(out, name, type, help, {{l, v}});
+  };
+  single("simpler:healthy", "gauge", "1 while the engine is healthy", m.healthy ? 1 : 0);
+  single("simpler:num_requests_running", "gauge", "Requests running (admitted)",
+         m.requests_running);
+  single("simpler:num_requests_waiting", "gauge", "Requests waiting to be admitted",
+         m.requests_waiting);
+  single("simpler:num_preemptions_total", "counter", "Preemptions by recompute",
+         m.preemptions_total);
   metric(out, "simpler:request_success_total", "counter", "Finished requests by finish reason",
          {{l + ",finished_reason=\"stop\"", static_cast<double>(m.requests_finished_stop)},
           {l + ",finished_reason=\"length\"", static_cast<double>(m.requests_finished_length)},
           {l + ",finished_reason=\"abort\"", static_cast<double>(m.requests_finished_abort)},
           {l + ",finished_reason=\"error\"", static_cast<double>(m.requests_finished_error)}});
-  metric(out, "simpler:request_refused_total", "counter", "Requests refused at admission",
-         {{l, static_cast<double>(m.requests_refused)}});
+  single("simpler:request_refused_total", "counter", "Requests refused at admission",
+         m.requests_refused);
   metric(out, "simpler:kv_cache_pages", "gauge", "KV cache pages by state (they sum to the pool)",
          {{l + ",state=\"free\"", static_cast<double>(m.kv_pages.free)},
           {l + ",state=\"used\"", static_cast<double>(m.kv_pages.used)},
           {l + ",state=\"fenced\"", static_cast<double>(m.kv_pages.fenced)},
           {l + ",state=\"quarantined\"", static_cast<double>(m.kv_pages.quarantined)}});
-  metric(out, "simpler:kv_cache_usage_perc", "gauge", "Fraction of KV pages not free",
-         {{l, m.kv_pages_total > 0 ? 1.0 - static_cast<double>(m.kv_pages.free) / m.kv_pages_total
-                                   : 0.0}});
-  metric(out, "simpler:prompt_tokens_total", "counter", "Prompt positions computed",
-         {{l, static_cast<double>(m.prompt_tokens_total)}});
-  metric(out, "simpler:generation_tokens_total", "counter", "Output tokens",
-         {{l, static_cast<double>(m.generation_tokens_total)}});
-  metric(out, "simpler:steps_total", "counter", "Engine steps submitted",
-         {{l, static_cast<double>(m.steps_total)}});
+  single(
+      "simpler:kv_cache_usage_perc", "gauge", "Fraction of KV pages not free",
+      m.kv_pages_total > 0 ? 1.0 - static_cast<double>(m.kv_pages.free) / m.kv_pages_total : 0.0);
+  single("simpler:prompt_tokens_total", "counter", "Prompt positions computed",
+         m.prompt_tokens_total);
+  single("simpler:generation_tokens_total", "counter", "Output tokens", m.generation_tokens_total);
+  single("simpler:steps_total", "counter", "Engine steps submitted", m.steps_total);
   histogram(out, "simpler:time_to_first_token_seconds", "Time to first token",
             m.time_to_first_token_s, l);
   histogram(out, "simpler:inter_token_latency_seconds", "Inter-token latency",

@@ -82,6 +82,42 @@ std::string read_raw(int fd, int timeout_ms, bool* closed = nullptr,
   return out;
 }
 
+// A slowloris client: sends `head`, then 'a's, a byte every `period_ms`, until `stop` or the
+// server closes the connection. Returns whether the server closed it.
+bool trickle_headers(int port, const std::string& head, int period_ms,
+                     const std::atomic<bool>& stop, std::atomic<int>* sent = nullptr) {
+  const int fd = connect_raw(port);
+  EXPECT_GE(fd, 0);
+  if (fd < 0) return false;
+  bool closed = false;
+  for (size_t k = 0; !stop.load() && !closed; ++k) {
+    if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) {
+      closed = true;
+      break;
+    }
+    if (sent != nullptr) ++*sent;
+    // A closed connection shows as end of stream (or a reset) on the next read.
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, period_ms) > 0) {
+      char c;
+      if (::recv(fd, &c, 1, MSG_DONTWAIT) <= 0) closed = true;
+    }
+  }
+  ::close(fd);
+  return closed;
+}
+
+// A connection whose request body never finishes (10 of its 100 bytes sent).
+int unfinished_body(int port) {
+  const int fd = connect_raw(port);
+  EXPECT_TRUE(send_all(fd,
+                       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+                       "{\"prompt\":"));
+  return fd;
+}
+
+const char kSlowCompletion[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+
 int status_of(const std::string& raw) {
   if (raw.rfind("HTTP/1.1 ", 0) != 0 || raw.size() < 12) return -1;
   return std::atoi(raw.substr(9, 3).c_str());
@@ -92,21 +128,6 @@ std::string raw_post(const std::string& path, const std::string& body,
   return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
          extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
-
-// Ends the trickling clients: they pace their bytes on it (a client's real-time rate, which the
-// read guard's timeout is measured against) and stop as soon as it is given. Thread-safe.
-class StopSignal {
- public:
-  void stop() { promise_.set_value(); }
-  // Waits at most `d`; true once stop() was called.
-  bool stopped_within(milliseconds d) const {
-    return done_.wait_for(d) == std::future_status::ready;
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> done_ = promise_.get_future().share();
-};
 
 class StressTest : public ServerFixture {
  protected:
@@ -144,29 +165,15 @@ TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
   ServerOptions so;
   so.max_concurrent_requests = 2;  // 10 threads
   start(so);
-  StopSignal stop;
+  std::atomic<bool> stop{false};
   std::atomic<int> sent[4] = {0, 0, 0, 0};  // bytes each trickling client sent
   std::vector<std::thread> trickle;
   for (int i = 0; i < 4; ++i) {
-    trickle.emplace_back([&, i] {
-      const int fd = connect_raw(port_);
-      ASSERT_GE(fd, 0);
-      const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-      for (size_t k = 0;; ++k) {
-        if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) break;
-        ++sent[i];
-        if (stop.stopped_within(milliseconds(300))) break;  // a byte every 300 ms
-      }
-      ::close(fd);
-    });
+    trickle.emplace_back(
+        [&, i] { (void)trickle_headers(port_, kSlowCompletion, 300, stop, &sent[i]); });
   }
   std::vector<int> unfinished;
-  for (int i = 0; i < 4; ++i) {
-    unfinished.push_back(connect_raw(port_));
-    ASSERT_TRUE(send_all(unfinished.back(),
-                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
-                         "{\"prompt\":"));
-  }
+  for (int i = 0; i < 4; ++i) unfinished.push_back(unfinished_body(port_));
   // Every slow client is trickling (its second byte went out: it has held its connection for a
   // pacing period).
   ASSERT_TRUE(simpler::testing::eventually([&] {
@@ -189,7 +196,7 @@ TEST_F(StressTest, SlowlorisAndUnfinishedBodiesDoNotStarveOthers) {
     EXPECT_TRUE(closed || status_of(raw) >= 400) << raw;
     ::close(fd);
   }
-  stop.stop();
+  stop = true;
   for (auto& t : trickle) t.join();
   EXPECT_EQ(engine_->metrics().requests_waiting, 0);
 }
@@ -206,45 +213,18 @@ TEST_F(StressTest, ConnectionsWithoutACompleteRequestAreClosedAfterTheReadTimeou
   std::vector<std::thread> trickle;
   for (int i = 0; i < 3; ++i) {
     trickle.emplace_back([&] {
-      const int fd = connect_raw(port_);
-      ASSERT_GE(fd, 0);
-      const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-      for (size_t k = 0; !stop.load(); ++k) {
-        if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) {
-          ++cut;
-          break;
-        }
-        // A closed connection shows as end of stream (or a reset) on the next read.
-        pollfd p{fd, POLLIN, 0};
-        if (::poll(&p, 1, 100) > 0) {
-          char c;
-          if (::recv(fd, &c, 1, MSG_DONTWAIT) <= 0) {
-            ++cut;
-            break;
-          }
-        }
-      }
-      ::close(fd);
+      if (trickle_headers(port_, kSlowCompletion, 100, stop)) ++cut;
     });
   }
   std::vector<int> quiet;  // two unfinished bodies and one connection that sends nothing
-  for (int i = 0; i < 2; ++i) {
-    quiet.push_back(connect_raw(port_));
-    ASSERT_TRUE(send_all(quiet.back(),
-                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
-                         "{\"prompt\":"));
-  }
+  for (int i = 0; i < 2; ++i) quiet.push_back(unfinished_body(port_));
   quiet.push_back(connect_raw(port_));
   // A stream read for 3 timeouts (and more), then left by the client.
   std::atomic<bool> left_by_us{false};
   int chunks = 0;
   std::thread streamer([&] {
     auto c = client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = long_stream_body("long", 1000);
-    req.set_header("Content-Type", "application/json");
+    httplib::Request req = json_post("/v1/completions", long_stream_body("long", 1000));
     const int64_t t0 = base::now_ns();
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
       ++chunks;
@@ -310,24 +290,17 @@ TEST_F(StressTest, BindRefusesOptionsOutOfRange) {
 // returns within a bounded time after shutdown().
 TEST_F(StressTest, ShutdownIsBoundedWithASlowlorisConnected) {
   start();
-  StopSignal stop;
+  std::atomic<bool> stop{false};
   std::atomic<int> sent{0};
   std::thread trickle([&] {
-    const int fd = connect_raw(port_);
-    const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-    for (size_t k = 0;; ++k) {
-      if (!send_all(fd, std::string(1, k < head.size() ? head[k] : 'a'))) break;
-      ++sent;
-      if (stop.stopped_within(milliseconds(200))) break;  // a byte every 200 ms
-    }
-    ::close(fd);
+    (void)trickle_headers(port_, "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ", 200, stop, &sent);
   });
   ASSERT_TRUE(simpler::testing::eventually([&] { return sent.load() >= 3; }));  // it trickles
   const int64_t t0 = base::now_ns();
   EXPECT_TRUE(server_->shutdown(base::Deadline::after(milliseconds(100))).ok());
   EXPECT_TRUE(serve_returned_within(8.0)) << "serve() still running after shutdown()";
   EXPECT_LT(seconds_since(t0), 9.0);
-  stop.stop();
+  stop = true;
   trickle.join();
 }
 
@@ -369,10 +342,7 @@ TEST_F(StressTest, AClientLeavingWhileQueuedAbortsItsRequest) {
   std::string long_raw;
   std::thread runner([&] {
     auto c = client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = long_stream_body("occupy", 3000);
+    httplib::Request req = json_post("/v1/completions", long_stream_body("occupy", 3000));
     req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
       long_raw.append(d, n);
       return !leave.load();

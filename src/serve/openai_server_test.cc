@@ -208,16 +208,12 @@ TEST_F(ServerTest, ClientsDisconnectingMidStreamAbortTheirRequestsOnly) {
     threads.emplace_back([&, i] {
       const bool leave = i % 3 == 0;
       auto c = client();
-      httplib::Request req;
-      req.method = "POST";
-      req.path = "/v1/completions";
-      req.body = json{
-          {"prompt", "client " + std::to_string(i)},
-          {"max_tokens", leave ? 400 : 16},
-          {"ignore_eos", true},
-          {"stream",
-           true}}.dump();
-      req.set_header("Content-Type", "application/json");
+      httplib::Request req =
+          json_post("/v1/completions", json{{"prompt", "client " + std::to_string(i)},
+                                            {"max_tokens", leave ? 400 : 16},
+                                            {"ignore_eos", true},
+                                            {"stream", true}}
+                                           .dump());
       std::string raw;
       int chunks = 0;
       req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {

@@ -83,16 +83,21 @@ class ServerFixture : public ::testing::Test {
     auto c = client();
     return c.Post(path.c_str(), headers, body, "application/json");
   }
+  // A POST of a JSON body, to send with a content receiver.
+  static httplib::Request json_post(const std::string& path, std::string body) {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = std::move(body);
+    req.set_header("Content-Type", "application/json");
+    return req;
+  }
   // A streamed POST: the raw SSE bytes. `leave_after` > 0: close after that many chunks.
   // `started`, when given, counts streams that received their first bytes.
   std::string stream(const std::string& path, const std::string& body, int* status = nullptr,
                      int leave_after = 0, std::atomic<int>* started = nullptr) {
     auto c = client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body;
-    req.set_header("Content-Type", "application/json");
+    httplib::Request req = json_post(path, body);
     std::string raw;
     int chunks = 0;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {

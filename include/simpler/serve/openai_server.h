@@ -85,9 +85,8 @@ class OpenAiServer {
   // See the header comment. Returns the engine's shutdown status.
   absl::Status shutdown(base::Deadline drain);
 
-  struct Impl;
-
  private:
+  struct Impl;  // openai_server.cc
   std::unique_ptr<Impl> impl_;
 };
 

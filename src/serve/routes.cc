@@ -1,0 +1,160 @@
+#include "serve/routes.h"
+
+#include <exception>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "serve/completions.h"
+#include "serve/http_errors.h"
+#include "simpler/base/json.h"
+
+namespace simpler::serve {
+
+using json = nlohmann::json;
+
+namespace {
+
+void set_json(httplib::Response& res, const json& body) {
+  res.set_content(base::dump_replacing(body), "application/json");
+}
+
+void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  handle_generate(ctx, req, res, /*chat_endpoint=*/false);
+}
+
+void handle_chat_completions(ServerContext& ctx, const httplib::Request& req,
+                             httplib::Response& res) {
+  handle_generate(ctx, req, res, /*chat_endpoint=*/true);
+}
+
+void handle_models(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (!ctx.authorized(req, res)) return;
+  json m = {{"id", ctx.options.served_model_name},
+            {"object", "model"},
+            {"created", unix_seconds()},
+            {"owned_by", "simpler"},
+            {"max_model_len", ctx.engine->config().max_position_embeddings}};
+  set_json(res, json{{"object", "list"}, {"data", json::array({m})}});
+}
+
+void handle_health(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
+  const absl::Status h = ctx.engine->health();
+  if (!h.ok() || ctx.shutting_down.load()) {
+    send_error(res, api_error(503,
+                              h.ok() ? "the server is shutting down"
+                                     : absl::StrCat("the engine is unhealthy: ", h.message()),
+                              "service_unavailable"));
+    return;
+  }
+  res.status = 200;
+  res.set_content("", "text/plain");
+}
+
+void handle_metrics(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
+  res.set_content(prometheus_text(ctx.engine->metrics(), ctx.options.served_model_name),
+                  "text/plain; version=0.0.4");
+}
+
+void handle_tokenize(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (!ctx.authorized(req, res)) return;
+  auto parsed = parse_tokenize(req.body, ctx.options.limits);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
+  std::string text;
+  if (t.prompt.has_value()) {
+    text = *t.prompt;
+  } else {
+    auto rendered = render_chat(ctx, t.messages, t.chat_options);
+    if (auto* e = std::get_if<ApiError>(&rendered)) return send_error(res, *e);
+    text = std::get<std::string>(std::move(rendered));
+  }
+  auto ids = ctx.tokenizer->try_encode(text);
+  if (!ids.ok()) return send_error(res, bad_request(std::string(ids.status().message())));
+  set_json(res, {{"tokens", *ids},
+                 {"count", ids->size()},
+                 {"max_model_len", ctx.engine->config().max_position_embeddings}});
+}
+
+void handle_detokenize(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (!ctx.authorized(req, res)) return;
+  auto parsed = parse_detokenize(req.body, ctx.options.limits);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  auto ids = vocabulary_ids(ctx, std::get<std::vector<int64_t>>(parsed), "token id", "tokens");
+  if (auto* e = std::get_if<ApiError>(&ids)) return send_error(res, *e);
+  set_json(res, json{{"prompt", ctx.tokenizer->decode(std::get<std::vector<int32_t>>(ids))}});
+}
+
+using RouteHandler = void (*)(ServerContext&, const httplib::Request&, httplib::Response&);
+
+struct Route {
+  const char* method;  // "GET" or "POST"
+  const char* path;
+  RouteHandler handler;
+};
+
+constexpr Route kRoutes[] = {
+    {"POST", "/v1/completions", handle_completions},
+    {"POST", "/v1/chat/completions", handle_chat_completions},
+    {"GET", "/v1/models", handle_models},
+    {"GET", "/health", handle_health},
+    {"GET", "/metrics", handle_metrics},
+    {"POST", "/tokenize", handle_tokenize},
+    {"POST", "/detokenize", handle_detokenize},
+};
+
+// Unknown routes (404) and known routes with another method (405), as error objects; a status
+// cpp-httplib set itself (413 for a body past the payload limit, ...) gets one too. A handler's
+// own error object is left alone.
+void handle_http_error(const httplib::Request& req, httplib::Response& res) {
+  if (!res.body.empty()) return;
+  bool known = false;
+  for (const Route& r : kRoutes) known = known || req.path == r.path;
+  if (res.status == 404 && known) res.status = 405;
+  if (res.status == 413) {
+    send_error(res, api_error(413, "the request body is too large", "invalid_request_error"));
+  } else if (res.status == 404) {
+    send_error(res,
+               api_error(404, absl::StrCat("no route ", req.method, " ", req.path.substr(0, 100)),
+                         "invalid_request_error", "not_found"));
+  } else if (res.status == 405) {
+    send_error(res,
+               api_error(405, absl::StrCat("method ", req.method, " is not allowed on ", req.path),
+                         "invalid_request_error", "method_not_allowed"));
+  } else {
+    send_error(res,
+               api_error(res.status, absl::StrCat("HTTP ", res.status), "invalid_request_error"));
+  }
+}
+
+void handle_exception(const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  std::string what = "unknown exception";
+  try {
+    if (ep) std::rethrow_exception(ep);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  send_error(res, api_error(500, "internal error: " + what, "server_error"));
+}
+
+}  // namespace
+
+void install_routes(httplib::Server& http, ServerContext& ctx, Transport& transport) {
+  for (const Route& r : kRoutes) {
+    httplib::Server::Handler h =
+        transport.watched([&ctx, f = r.handler](const httplib::Request& req,
+                                                httplib::Response& res) { f(ctx, req, res); });
+    if (std::string(r.method) == "GET") {
+      http.Get(r.path, std::move(h));
+    } else {
+      http.Post(r.path, std::move(h));
+    }
+  }
+  http.set_error_handler(handle_http_error);
+  http.set_exception_handler(handle_exception);
+}
+
+}  // namespace simpler::serve

@@ -1,0 +1,69 @@
+#include "serve/server_context.h"
+
+#include <openssl/crypto.h>
+
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace simpler::serve {
+
+bool ServerContext::authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (options.api_key.empty()) return true;
+  const std::string header = req.get_header_value("Authorization");
+  const std::string want = "Bearer " + options.api_key;
+  // Constant time in the key's length (CRYPTO_memcmp), whatever the header holds.
+  const bool ok =
+      header.size() == want.size() && CRYPTO_memcmp(header.data(), want.data(), want.size()) == 0;
+  if (!ok) {
+    send_error(res, api_error(401,
+                              header.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
+                                             : "invalid API key",
+                              "authentication_error", "invalid_api_key"));
+  }
+  return ok;
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrCat(prefix, "-", absl::Hex(rng(), absl::kZeroPad16),
+                      absl::Hex(counter.fetch_add(1), absl::kZeroPad4));
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::variant<std::string, ApiError> render_chat(const ServerContext& ctx,
+                                                const std::vector<llm::ChatMessage>& messages,
+                                                const llm::ChatRenderOptions& options) {
+  if (!ctx.chat.ok()) {
+    return bad_request(
+        absl::StrCat("chat is unavailable for this model: ", ctx.chat.status().message()));
+  }
+  absl::StatusOr<std::string> rendered = ctx.chat->render(messages, options);
+  if (!rendered.ok()) return bad_request(std::string(rendered.status().message()), "messages");
+  return *std::move(rendered);
+}
+
+std::variant<std::vector<int32_t>, ApiError> vocabulary_ids(const ServerContext& ctx,
+                                                            const std::vector<int64_t>& ids,
+                                                            const char* what, const char* param) {
+  const int64_t vocab = ctx.engine->dims().vocab_size;
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (id >= vocab) {
+      return bad_request(absl::StrCat(what, " ", id, " is outside the vocabulary [0, ", vocab, ")"),
+                         param);
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+}  // namespace simpler::serve
