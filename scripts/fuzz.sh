@@ -5,7 +5,7 @@
 #       What scripts/test.sh runs. For each target: every seed-corpus file and every saved crash
 #       (src/<layer>/fuzz/<target>/{corpus,crashes}/) once, then a deterministic run from the
 #       seeds with -seed=1 -runs=N (N per target below, each capped at 20 s — 60 s for the
-#       mailbox targets, which issue 14 asks to run that long; 5 minutes in all,
+#       mailbox targets, which run that long; 5 minutes in all,
 #       not counting the build). Fails when any input crashes, a saved crash still reproduces,
 #       the deterministic run finds a crash, or the whole replay overruns its 6 minutes.
 #   scripts/fuzz.sh time [SECONDS] [TARGET...]
@@ -14,7 +14,7 @@
 #       crashes go to build/fuzz/artifacts/<target>/. Fails when a target found any.
 #
 # New inputs never land in the repository; a crash found is printed with the command that
-# saves it as a regression input (fuzz/README.md in src/llm).
+# saves it as a regression input (docs/fuzzing.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +37,7 @@ declare -A RUNS=(
   [mailbox_control_fuzz]=200000
 )
 readonly PER_TARGET_CAP_S=20
-# Targets that run for longer in replay mode (seconds; issue 14 asks 60 s for the mailbox's).
+# Targets that run for longer in replay mode (seconds: 60 s for the mailbox's).
 declare -A CAP_S=(
   [mailbox_frame_fuzz]=60
   [mailbox_entry_fuzz]=60

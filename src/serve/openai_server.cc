@@ -24,7 +24,7 @@
 #include "simpler/base/json.h"
 #include "simpler/base/log.h"
 #include "simpler/base/sync.h"
-#include "simpler/llm/kv_cache.h"
+#include "simpler/engine/kv_pages.h"
 
 namespace simpler::serve {
 
