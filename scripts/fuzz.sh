@@ -16,7 +16,7 @@
 #       crashes go to build/asan/fuzz/artifacts/<target>/. Fails when a target found any.
 #
 # New inputs never land in the repository; a crash found is printed with the command that
-# saves it as a regression input (fuzz/README.md in src/llm).
+# saves it as a regression input (docs/fuzzing.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +39,7 @@ declare -A RUNS=(
   [mailbox_control_fuzz]=200000
 )
 readonly PER_TARGET_CAP_S=20
-# Targets that run for longer in replay mode (seconds: the mailbox's run 60 s).
+# Targets that run for longer in replay mode (seconds: 60 s for the mailbox's).
 declare -A CAP_S=(
   [mailbox_frame_fuzz]=60
   [mailbox_entry_fuzz]=60

@@ -12,11 +12,11 @@ mkdir -p "$out/include"
 ln -sfn /usr/include/absl "$out/include/absl"
 ln -sfn /usr/include/eigen3/Eigen "$out/include/Eigen"
 aarch64-linux-gnu-g++ -std=c++20 -O2 -static -Wall -Wextra -Werror -I include -I src \
-  -I "$out/include" src/llm/matmul_portable.cc src/llm/matmul_neon.cc \
+  -I "$out/include" src/kernels/matmul_portable.cc src/kernels/matmul_neon.cc \
   tests/cross/matmul_cross_test.cc -o "$out/matmul_cross_test"
 timeout 180 qemu-aarch64 "$out/matmul_cross_test"
 # The kernels' dispatch (KernelIsa::kNeon, the attention tile, the x86 parts left out) compiles
 # for aarch64 as a native build would compile it; linking it needs the target's abseil.
 aarch64-linux-gnu-g++ -std=c++20 -O2 -Wall -Wextra -Werror -fsyntax-only -I include -I src \
-  -I "$out/include" src/llm/kernels.cc src/llm/matmul_benchmark.cc
+  -I "$out/include" src/kernels/kernels.cc src/kernels/matmul_benchmark.cc
 echo "test_neon.sh: kernels.cc and matmul_benchmark.cc compile for aarch64"

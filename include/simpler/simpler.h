@@ -1,7 +1,8 @@
 // The umbrella header of simpler's runtime API: everything a program author
 // or a host application needs to register callables, submit runs and read
 // their results on a Worker (level 2: one chip). Application layers on top
-// (the Qwen3 engine and the CLI, `simpler/llm/...`) have their own headers.
+// (the Qwen3 engine and the CLI: `simpler/kernels`, `simpler/model`, `simpler/tokenizer`,
+// `simpler/engine`, `simpler/serve`) have their own headers.
 //
 // Start with worker/worker.h (Worker: init, malloc/free, submit/run, close),
 // worker/run_handle.h (RunHandle: wait, result), task/callable.h

@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "simpler/base/clock.h"
-#include "simpler/llm/gguf_export.h"
+#include "simpler/model/gguf_export.h"
 
 namespace simpler::cli {
 

@@ -18,17 +18,18 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "cli/prompts_file.h"
 #include "cli/request_run.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
+#include "simpler/engine/data_parallel.h"
+#include "simpler/engine/kv_pages.h"
+#include "simpler/engine/llm_engine.h"
 #include "simpler/hierarchy/l3_worker.h"
-#include "simpler/llm/kv_cache.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/model_config.h"
-#include "simpler/llm/prompts_file.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/model/model_config.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::cli {
 
@@ -269,7 +270,7 @@ int start_chip_engines(const GenerateFlags& st, const llm::EngineOptions& eo, co
                                          eo.runner.max_num_seqs * req.config.vocab_size * 4
                                    : 0);
   out->l3 = std::make_unique<hierarchy::L3Worker>(lo);
-  auto dp = llm::Qwen3DataParallel::prepare(*out->l3, st.model, eo.runner);
+  auto dp = llm::LlmDataParallel::prepare(*out->l3, st.model, eo.runner);
   if (!dp.ok()) return fail(kCommand, dp.status());
   if (absl::Status s = out->l3->init(); !s.ok()) return fail(kCommand, s);
   std::string children;
@@ -278,9 +279,7 @@ int start_chip_engines(const GenerateFlags& st, const llm::EngineOptions& eo, co
   }
   std::cerr << "simpler generate: children: " << children << "\n";
   for (int32_t c = 0; c < chips; ++c) {
-    auto runner = (*dp)->runner(c);
-    auto engine = runner.ok() ? llm::LlmEngine::create(std::move(*runner), eo)
-                              : absl::StatusOr<std::unique_ptr<llm::LlmEngine>>(runner.status());
+    auto engine = (*dp)->create_engine(c, eo);
     if (!engine.ok()) {
       out->engines.clear();
       (void)out->l3->close();
@@ -336,8 +335,11 @@ std::vector<llm::RequestSpec> request_specs(const GenerateFlags& st, const Reque
     if (st.has_seed) spec.sampling.seed = st.seed;
     spec.sampling.ignore_eos = st.ignore_eos;
     spec.sampling.stop = st.stop;
-    spec.logits_tokens = std::set<int64_t>(req.logit_steps.begin(), req.logit_steps.end());
-    spec.kv_positions = std::set<int64_t>(req.kv_positions.begin(), req.kv_positions.end());
+    // Always: the --json report names every choice's pages.
+    auto hooks = std::make_shared<llm::RequestHooks>();
+    hooks->logits_tokens = std::set<int64_t>(req.logit_steps.begin(), req.logit_steps.end());
+    hooks->kv_positions = std::set<int64_t>(req.kv_positions.begin(), req.kv_positions.end());
+    spec.hooks = std::move(hooks);
     specs.push_back(std::move(spec));
   }
   return specs;

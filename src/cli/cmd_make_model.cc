@@ -6,8 +6,8 @@
 
 #include "cli/commands.h"
 #include "simpler/base/clock.h"
-#include "simpler/llm/make_model.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/model/make_model.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::cli {
 

@@ -12,10 +12,10 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "simpler/base/clock.h"
-#include "simpler/llm/chat_template.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/engine/llm_engine.h"
 #include "simpler/serve/openai_server.h"
+#include "simpler/tokenizer/chat_template.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::cli {
 

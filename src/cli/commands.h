@@ -8,7 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "simpler/base/trace.h"
-#include "simpler/llm/kernels.h"
+#include "simpler/kernels/kernels.h"
 #include "simpler/worker/worker.h"
 
 namespace simpler::cli {

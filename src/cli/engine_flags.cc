@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "simpler/llm/kv_cache.h"
+#include "simpler/engine/kv_pages.h"
 
 namespace simpler::cli {
 

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
 #include "simpler/base/trace.h"
-#include "simpler/llm/llm_engine.h"
+#include "simpler/engine/llm_engine.h"
 
 namespace simpler::cli {
 

@@ -34,14 +34,15 @@ RequestRun run_requests(const std::vector<llm::LlmEngine*>& engines,
                               out.token_times_ns.end());
       c.text += out.text;
       shared->tokens += static_cast<int64_t>(out.token_ids.size());
-      for (auto& [k, v] : out.logits) c.logits[k] = v;
-      for (auto& [k, v] : out.kv) c.kv[k] = v;
+      const llm::OutputHooks& hooks = llm::hooks_of(out);
+      for (auto& [k, v] : hooks.logits) c.logits[k] = v;
+      for (auto& [k, v] : hooks.kv) c.kv[k] = v;
       if (out.finished()) {
         c.finish_reason = llm::finish_reason_name(out.finish);
         c.error = out.error;
-        c.pages = out.pages;
-        c.page_steps = out.page_steps;
-        c.last_step = out.last_step;
+        c.pages = hooks.pages;
+        c.page_steps = hooks.page_steps;
+        c.last_step = hooks.last_step;
         c.arrival_ns = out.arrival_ns;
         c.first_token_ns = out.first_token_ns;
         c.finished_ns = out.finished_ns;

@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "simpler/llm/llm_engine.h"
+#include "engine/engine_test_hooks.h"
+#include "simpler/engine/llm_engine.h"
 
 namespace simpler::cli {
 
@@ -18,6 +19,8 @@ struct ChoiceResult {
   std::string text;
   std::string finish_reason;
   absl::Status error;
+  // The dumps a request with RequestSpec::hooks asked for (engine_test_hooks.h: `generate`'s
+  // `--dump-*` flags and its page report).
   std::vector<int32_t> pages;
   std::vector<int64_t> page_steps;
   int64_t last_step = 0;

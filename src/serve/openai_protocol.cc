@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/json.h"
+#include "simpler/kernels/sampling.h"
 
 namespace simpler::serve {
 

@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "serve/server_test_fixture.h"
-#include "simpler/llm/make_model.h"
+#include "simpler/model/make_model.h"
 #include "simpler/serve/openai_server.h"
 
 namespace simpler::serve {

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "serve/server_test_fixture.h"
-#include "simpler/llm/make_model.h"
+#include "simpler/model/make_model.h"
 
 namespace simpler::serve {
 namespace {

@@ -15,9 +15,9 @@
 #include "absl/status/statusor.h"
 #include "serve/http_errors.h"
 #include "serve/transport.h"
-#include "simpler/llm/chat_template.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/tokenizer/chat_template.h"
+#include "simpler/engine/llm_engine.h"
+#include "simpler/tokenizer/tokenizer.h"
 #include "simpler/serve/openai_protocol.h"
 #include "simpler/serve/openai_server.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "simpler/llm/make_model.h"
+#include "simpler/model/make_model.h"
 #include "simpler/serve/openai_server.h"
 
 namespace simpler::serve {

@@ -1,6 +1,6 @@
 // Qwen3's chat template rendered natively against transformers' rendering of the same template
 // (tests/chat/render_reference.py: python3-jinja2 in transformers' environment), byte for byte.
-#include "simpler/llm/chat_template.h"
+#include "simpler/tokenizer/chat_template.h"
 
 #include <cstdlib>
 #include <filesystem>

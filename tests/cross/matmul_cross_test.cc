@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "Eigen/Core"
-#include "llm/matmul_impl.h"
+#include "kernels/matmul_impl.h"
 
 namespace md = simpler::llm::matmul_detail;
 

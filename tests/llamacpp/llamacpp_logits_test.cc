@@ -6,17 +6,19 @@
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/engine_test_hooks.h"
 #include "ggml-backend.h"
 #include "gtest/gtest.h"
 #include "llama.h"
 #include "simpler/base/clock.h"
-#include "simpler/llm/gguf_export.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/make_model.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/engine/llm_engine.h"
+#include "simpler/model/gguf_export.h"
+#include "simpler/model/make_model.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::llm {
 namespace {
@@ -34,7 +36,9 @@ std::vector<float> our_logits(const std::string& model, const std::vector<int32_
   spec.prompt_ids = prompt;
   spec.max_tokens = 1;
   spec.sampling.temperature = 0;
-  spec.logits_tokens = {0};
+  auto hooks = std::make_shared<RequestHooks>();
+  hooks->logits_tokens = {0};
+  spec.hooks = std::move(hooks);
   auto id = (*engine)->add_request(spec);
   EXPECT_TRUE(id.ok()) << id.status();
   std::vector<float> logits;
@@ -42,7 +46,7 @@ std::vector<float> our_logits(const std::string& model, const std::vector<int32_
     auto out = (*engine)->next_output(*id, base::Deadline::after(std::chrono::seconds(120)));
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) break;
-    if (out->logits.count(0)) logits = out->logits.at(0);
+    if (hooks_of(*out).logits.count(0)) logits = hooks_of(*out).logits.at(0);
     if (out->finished()) break;
   }
   EXPECT_TRUE((*engine)->shutdown().ok());

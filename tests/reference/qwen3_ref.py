@@ -461,7 +461,7 @@ def cmd_inspect(args):
 
 
 # ---------------------------------------------------------------------------------------------
-# sampling (vLLM v1 sampler semantics; see include/simpler/llm/sampling.h)
+# sampling (vLLM v1 sampler semantics; see include/simpler/kernels/sampling.h)
 
 
 def sample_case(case):

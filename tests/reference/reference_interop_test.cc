@@ -18,9 +18,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "simpler/llm/make_model.h"
-#include "simpler/llm/model_config.h"
-#include "simpler/llm/safetensors.h"
+#include "simpler/model/make_model.h"
+#include "simpler/model/model_config.h"
+#include "simpler/model/safetensors.h"
 
 namespace simpler::llm {
 namespace {

@@ -14,7 +14,7 @@
 #include "base/test_temp_dir.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "simpler/llm/sampling.h"
+#include "simpler/kernels/sampling.h"
 
 namespace simpler::llm {
 namespace {

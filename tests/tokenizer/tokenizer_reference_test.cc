@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/process.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::llm {
 namespace {

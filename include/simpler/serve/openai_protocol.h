@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "simpler/llm/chat_template.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/metrics.h"
+#include "simpler/engine/llm_engine.h"
+#include "simpler/engine/metrics.h"
+#include "simpler/tokenizer/chat_template.h"
 
 namespace simpler::serve {
 

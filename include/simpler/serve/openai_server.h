@@ -42,10 +42,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "simpler/base/clock.h"
-#include "simpler/llm/chat_template.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/tokenizer.h"
+#include "simpler/engine/llm_engine.h"
 #include "simpler/serve/openai_protocol.h"
+#include "simpler/tokenizer/chat_template.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::serve {
 

@@ -13,8 +13,8 @@
 #include "nlohmann/json.hpp"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
-#include "simpler/llm/gguf_export.h"
-#include "simpler/llm/safetensors.h"
+#include "simpler/model/gguf_export.h"
+#include "simpler/model/safetensors.h"
 
 namespace simpler::cli {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "simpler/llm/kernels.h"
+#include "simpler/kernels/kernels.h"
 
 namespace simpler::cli {
 

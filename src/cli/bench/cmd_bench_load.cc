@@ -16,7 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
-#include "simpler/llm/llm_engine.h"
+#include "simpler/engine/llm_engine.h"
 
 namespace simpler::cli {
 

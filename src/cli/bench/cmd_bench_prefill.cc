@@ -20,10 +20,10 @@
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
-#include "simpler/llm/kernels.h"
-#include "simpler/llm/kv_cache.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/model_config.h"
+#include "simpler/engine/kv_pages.h"
+#include "simpler/engine/llm_engine.h"
+#include "simpler/kernels/kernels.h"
+#include "simpler/model/model_config.h"
 
 namespace simpler::cli {
 

@@ -21,9 +21,9 @@
 #include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/json.h"
-#include "simpler/llm/chat_template.h"
-#include "simpler/llm/tokenizer.h"
 #include "simpler/serve/openai_server.h"
+#include "simpler/tokenizer/chat_template.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::cli {
 

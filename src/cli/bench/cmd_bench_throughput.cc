@@ -39,9 +39,9 @@
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread_annotations.h"
-#include "simpler/llm/kv_cache.h"
-#include "simpler/llm/llm_engine.h"
-#include "simpler/llm/model_config.h"
+#include "simpler/engine/kv_pages.h"
+#include "simpler/engine/llm_engine.h"
+#include "simpler/model/model_config.h"
 
 namespace simpler::cli {
 

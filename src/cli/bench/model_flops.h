@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "simpler/llm/model_config.h"
+#include "simpler/model/model_config.h"
 
 namespace simpler::cli {
 

@@ -1,0 +1,217 @@
+// LlmEngine: continuous batching for a Qwen3 model (docs/design/engine.md).
+//
+// Thread model (vLLM v1 / llama.cpp server; ARCHITECTURE.md, Serving):
+//   * callers (any thread) talk to the engine only through thread-safe queues:
+//     add_request, abort, next_output, metrics, shutdown;
+//   * one engine-loop thread owns the Scheduler (admission, chunked prefill,
+//     preemption, KV pages), every request's state and the model runner. It
+//     schedules a step, submits it as one run (early enqueue: up to the
+//     Worker's launch_depth steps in flight, each reading the previous step's
+//     sampled tokens from device memory) and retires steps in order;
+//   * one output-processor thread detokenizes incrementally, matches stop
+//     strings and delivers RequestOutput events to each request's bounded
+//     queue or callback. A slow consumer never blocks the loop: a choice
+//     whose event finds max_buffered_outputs undelivered events queued loses
+//     it and ends with kAbort and a reason that says so.
+//
+// Request lifecycle: add_request -> waiting -> running (prefill chunks, then
+// one decode position per step; possibly preempted and recomputed) ->
+// finished with `stop` (stop id or stop string), `length` (max_tokens),
+// `abort` (abort(), a consumer that fell behind, shutdown) or `error` (a step
+// it had a row in failed; the engine became unhealthy). Every request ends
+// with exactly one final event (RequestOutput::finished).
+//
+// Failure (ARCHITECTURE.md, Poison): a recoverable step error fails the
+// requests with a row in that step (and through them every later in-flight
+// row that read their tokens), each with the step's error naming its run and
+// task; other requests go on. An unrecoverable one (device fault, timeout)
+// fails every request with the cause, refuses new ones with it and makes the
+// engine unhealthy (health()); the timed-out step's pages are quarantined.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/base/clock.h"
+#include "simpler/engine/metrics.h"
+#include "simpler/engine/runner_options.h"
+#include "simpler/model/model_config.h"
+#include "simpler/model/qwen3_program.h"
+#include "simpler/tokenizer/tokenizer.h"
+
+namespace simpler::llm {
+
+using RequestId = uint64_t;
+
+// Test and dump hooks (src/engine/engine_test_hooks.h: raw logits, K/V, the pages a request
+// held, the scheduler's invariant check); opaque here.
+struct RequestHooks;
+struct OutputHooks;
+class EngineTestAccess;
+class LlmDataParallel;
+class Qwen3ModelRunner;
+
+struct EngineOptions {
+  RunnerOptions runner;        // worker, KV pool, max_num_seqs, max_num_batched_tokens, ...
+  int32_t max_waiting = 1024;  // waiting-queue capacity (RESOURCE_EXHAUSTED past it)
+  // Undelivered output events one request may have before it is aborted as
+  // a consumer that fell behind (> 0).
+  int32_t max_buffered_outputs = 4096;
+  // Text deltas and stop strings need a tokenizer (shared, must outlive the
+  // engine); without one, text is empty and stop strings are refused.
+  const Tokenizer* tokenizer = nullptr;
+  // Keep a StepRecord per step (benchmarks; grows by one per step).
+  bool record_steps = false;
+};
+
+// The sampling and stopping part of a request (OpenAI / vLLM names and defaults).
+struct RequestSampling {
+  float temperature = 1.0f;  // 0: greedy
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 or -1: off
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::optional<uint64_t> seed;  // none: a distinct seed per request
+  // none: no logprobs; n in [0, 5]: each token's logprob (of the raw logits)
+  // and its n most likely alternatives (OpenAI `logprobs`).
+  std::optional<int32_t> logprobs;
+  int32_t min_tokens = 0;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
+  std::vector<std::string> stop;        // stop strings (need a tokenizer)
+};
+
+struct RequestSpec {
+  std::vector<int32_t> prompt_ids;  // >= 1 ids in [0, vocab_size)
+  int64_t max_tokens = 16;          // >= 1; prompt + max_tokens <= max_position_embeddings
+  int32_t n = 1;                    // choices (clone requests), in [1, max_num_seqs]
+  RequestSampling sampling;
+  std::string caller_id;  // optional, echoed in every RequestOutput
+  // Called on the output-processor thread for each event, in order. Without
+  // it, events queue for next_output(). Must not block; it may call
+  // add_request, abort and metrics. shutdown, and a next_output that would
+  // wait, return FAILED_PRECONDITION there (only that thread ends the wait).
+  std::function<void(const struct RequestOutput&)> on_output;
+  // Test and dump hooks (engine_test_hooks.h); null: none.
+  std::shared_ptr<const RequestHooks> hooks;
+};
+
+enum class OutputFinish : uint8_t { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(OutputFinish reason);  // "", "stop", "length", "abort", "error"
+
+struct TokenLogprob {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // up to RequestSampling::logprobs entries
+};
+
+// One event of one choice of a request.
+struct RequestOutput {
+  RequestId id = 0;
+  int32_t index = 0;  // choice
+  std::string caller_id;
+  std::vector<int32_t> token_ids;       // new tokens since the previous event
+  std::vector<TokenLogprob> logprobs;   // parallel to token_ids when logprobs were asked
+  std::vector<int64_t> token_times_ns;  // when each token's step retired (steady clock)
+  std::string text;                     // new text (complete UTF-8 characters only)
+  OutputFinish finish = OutputFinish::kNone;
+  bool finished() const { return finish != OutputFinish::kNone; }
+  absl::Status error;  // finish kError (and kAbort with a reason)
+  // Final event only: usage and timing (steady-clock ns; 0 = did not happen).
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, finished_ns = 0;
+  int64_t num_preemptions = 0;
+  // Set only for a request with RequestSpec::hooks: what they asked for (engine_test_hooks.h).
+  std::shared_ptr<const OutputHooks> hooks;
+};
+
+// Per-step record (EngineOptions::record_steps).
+struct StepRecord {
+  int64_t step_id = 0;
+  int64_t rows = 0, tokens = 0, logit_rows = 0;
+  int64_t submit_ns = 0, retire_ns = 0;
+  int64_t device_start_ns = 0, device_end_ns = 0;
+  int32_t effective_depth = 0;
+  int64_t in_flight_at_submit = 0;  // steps in flight when it was submitted, itself included
+};
+
+class LlmEngine {
+ public:
+  // Loads the model (Qwen3ModelRunner::create) and starts the loop and output
+  // threads. Errors: the runner's, and INVALID_ARGUMENT naming the option.
+  static absl::StatusOr<std::unique_ptr<LlmEngine>> create(const std::string& model_dir,
+                                                           const EngineOptions& options);
+  // One engine per child of an L3 worker: LlmDataParallel (data_parallel.h).
+  ~LlmEngine();  // shutdown(0) if not shut down
+
+  // Checks and queues a request. INVALID_ARGUMENT naming the field and the
+  // numbers (empty prompt, id outside the vocabulary, max_tokens < 1, prompt +
+  // max_tokens beyond max_position_embeddings, a request that can never fit
+  // the KV pool — both page counts —, n outside [1, max_num_seqs], a sampling
+  // parameter out of range, stop strings without a tokenizer, too many stop
+  // ids, n > max_waiting); RESOURCE_EXHAUSTED when max_waiting requests
+  // wait; the engine's
+  // unhealthy cause (its code) after an unrecoverable failure;
+  // FAILED_PRECONDITION after shutdown began. Thread-safe.
+  absl::StatusOr<RequestId> add_request(RequestSpec spec);
+
+  // Aborts every choice of a request: queued ones never run, running ones
+  // stop at the next step boundary (their pages come back behind the fence);
+  // each gets a final event with finish kAbort. OK means the abort was
+  // queued: a choice the engine finished before applying it keeps its own
+  // finish reason. NOT_FOUND when the id is unknown or every choice's final
+  // event was already delivered (then nothing changes).
+  absl::Status abort(RequestId id);
+
+  // The next event of a request without on_output (any choice, in order per
+  // choice). DEADLINE_EXCEEDED when none came by the deadline; NOT_FOUND for
+  // an unknown id or one whose every final event was already returned (or
+  // that delivers to a callback); FAILED_PRECONDITION instead of waiting when
+  // called from an on_output callback. Thread-safe; one reader per request.
+  absl::StatusOr<RequestOutput> next_output(RequestId id,
+                                            base::Deadline deadline = base::Deadline::forever());
+
+  // Stops admission, lets running and waiting requests finish until
+  // `drain_deadline`, aborts the rest (final events with kAbort), stops the
+  // threads and closes the Worker (bounded by the deadline plus the device's
+  // close grace). Returns the first error nobody received (the Worker's close
+  // status, or the unhealthy cause). Idempotent; thread-safe;
+  // FAILED_PRECONDITION from an on_output callback (it joins that thread).
+  absl::Status shutdown(base::Deadline drain_deadline = base::Deadline::poll());
+
+  // OK while healthy; the unrecoverable cause after a device fault / timeout.
+  absl::Status health() const;
+  EngineMetrics metrics() const;
+  std::vector<StepRecord> step_records() const;
+  const ModelConfig& config() const { return config_; }
+  const Qwen3Dims& dims() const { return dims_; }
+  const EngineOptions& options() const { return options_; }
+  uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
+
+ private:
+  friend class EngineTestAccess;
+  friend class LlmDataParallel;
+  struct Impl;
+  LlmEngine() = default;
+  // Over a runner made by the caller (one per L3 child). INVALID_ARGUMENT when the runner is
+  // null or was made with RunnerOptions other than options.runner (page_size, num_pages,
+  // max_num_seqs, max_num_batched_tokens, host_sampling, launch_depth); otherwise as create's.
+  static absl::StatusOr<std::unique_ptr<LlmEngine>> create(std::unique_ptr<Qwen3ModelRunner> runner,
+                                                           const EngineOptions& options);
+  ModelConfig config_;
+  Qwen3Dims dims_;
+  EngineOptions options_;
+  uint64_t weight_bytes_per_step_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace simpler::llm

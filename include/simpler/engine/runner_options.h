@@ -1,0 +1,35 @@
+// RunnerOptions: how the engine's model runner (one run of the step program per step) is set
+// up: the Worker, the KV pool, the per-step limits, where sampling runs and the kernels' ISA
+// target and precision. Part of EngineOptions (llm_engine.h); plain value.
+#pragma once
+
+#include <cstdint>
+
+#include "simpler/kernels/kernels.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::llm {
+
+struct RunnerOptions {
+  // Device, cores, launch depth, grant, timeout, trace. A runner on an L3 child uses only
+  // launch_depth (its steps in flight); the child's worker options are the L3 worker's.
+  worker::WorkerOptions worker;
+  int32_t page_size = 16;                // tokens per KV page (> 0)
+  int32_t num_pages = 0;                 // pages in the KV pool (> 0)
+  int32_t max_num_seqs = 64;             // state slots = most logit rows per step (> 0)
+  int32_t max_num_batched_tokens = 512;  // most rows (positions) per step (>= max_num_seqs)
+  // Sample on the host from logits read back every step (the same math as on the device; the
+  // next step needs those tokens first, so steps run one at a time).
+  bool host_sampling = false;
+  // create() refuses a checkpoint holding a tensor the config does not use
+  // unless this is set (checkpoints with extra heads).
+  bool allow_unused_tensors = false;
+  // The matmul inner loops (kernels.h): kAuto picks AVX-512 where the CPU has it; kAvx512 on a
+  // CPU without it is refused by create() (FAILED_PRECONDITION). Results are the same either way.
+  KernelIsa kernel_isa = KernelIsa::kAuto;
+  // kernels.h Precision. kBf16 on a CPU without AVX512_BF16 falls back to kExact: create()
+  // logs it and options().precision says which ran.
+  Precision precision = Precision::kExact;
+};
+
+}  // namespace simpler::llm

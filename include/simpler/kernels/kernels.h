@@ -1,0 +1,243 @@
+// Compute kernels of the Qwen3 programs (f32 activations, f32 weights, f32 KV cache).
+//
+// Every kernel is a `task::KernelFn`: it reads its task's arguments from the
+// `KernelContext`, in the order documented below, and is called once per SPMD
+// block (block_idx in [0, block_dim)), possibly on several core threads at
+// once. A block writes only its own part of the OUT / INOUT tensors, so the
+// blocks of a task, and different tasks, never write the same bytes; a kernel
+// touches no memory outside its tensor arguments and keeps no state between
+// calls (thread-safe).
+//
+// Tensors must be row-major contiguous with the documented dtype and shape;
+// anything else is INVALID_ARGUMENT naming the kernel and the argument. Data
+// errors (a token id outside the vocabulary, a slot outside the pool, a page id
+// outside the pool, a context longer than its block table) are INVALID_ARGUMENT
+// naming the kernel, the row and the value. Kernels read and write
+// `tensor.data<T>()` directly: on the sim device a device address is a host
+// pointer.
+//
+// Formulas follow Hugging Face transformers `modeling_qwen3.py` (Qwen3RMSNorm,
+// rotate_half RoPE, eager attention with GQA, Qwen3MLP) and the Qwen3 model
+// card; weights are stored [out_features, in_features] and y = W·x.
+//
+// `*_args` builders below produce each kernel's TaskArgs with the directions
+// the runtime needs for exact dependency inference; programs should use them.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "simpler/task/callable.h"
+#include "simpler/task/task_args.h"
+#include "simpler/task/tensor.h"
+
+namespace simpler::llm {
+
+// Position of each kernel inside `llm_kernels()` (and so inside the kernel list
+// of the Qwen3 callables). Names in `llm_kernels()` are the snake_case forms.
+enum class KernelId : uint32_t {
+  kEmbedding = 0,   // "embedding"
+  kRmsNorm,         // "rms_norm"
+  kMatmul,          // "matmul"
+  kMatmulAcc,       // "matmul_acc"
+  kRope,            // "rope"
+  kKvWrite,         // "kv_write"
+  kPagedAttention,  // "paged_attention"
+  kSiluMul,         // "silu_mul"
+  kAdd,             // "add"
+  kGatherRows,      // "gather_rows"
+  kArgmax,          // "argmax"
+  kCount,
+};
+
+// The ISA target the hot kernels run on (matmul over f32 / bf16 / f16 weights, the paged
+// attention tile and its exp), picked at run time from what the CPU has:
+//   kPortable  "portable"   the compiler's vector extensions on the baseline target, any CPU; no
+//                           libm call per element (fused multiply-adds computed exactly in
+//                           double where the baseline has no FMA instruction);
+//   kX86_64V3  "x86-64-v3"  AVX2 + FMA + F16C (x86 since Haswell / Zen);
+//   kAvx512    "avx512"     AVX-512 F, BW, VL and DQ (and AVX512_BF16 for precision bf16);
+//   kNeon      "neon"       aarch64 Advanced SIMD with FMA (every aarch64 CPU).
+// A binary holds the targets of its architecture: the x86 ones on x86-64, neon on aarch64
+// (portable on every one); a target the binary does not hold is unavailable, like one the CPU
+// lacks.
+// kAuto picks the best one the CPU has. Matmul and the attention tile give bitwise the same
+// results on every target (the 16-lane contract of matmul_impl.h; every multiply-add fused), so
+// the choice changes speed only.
+enum class KernelIsa : uint8_t { kAuto, kPortable, kX86_64V3, kAvx512, kNeon };
+const char* name_of(KernelIsa isa);  // "auto", "portable", "x86-64-v3", "avx512", "neon"
+// INVALID_ARGUMENT naming the value and the accepted names.
+absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name);
+// Whether this CPU can run `isa` (kAuto and kPortable always can).
+bool kernel_isa_available(KernelIsa isa);
+// The targets this CPU can run, best first, by name: e.g. "avx512, x86-64-v3, portable".
+std::string available_kernel_isas();
+// What `isa` needs of the CPU, in words (e.g. "AVX2, FMA and F16C").
+const char* kernel_isa_requirements(KernelIsa isa);
+// kAuto resolved for this CPU (the best target it has); other values unchanged.
+KernelIsa resolve_kernel_isa(KernelIsa isa);
+
+// The numerics of matmul / matmul_acc. kExact: f32 activations and accumulation (weights widened
+// in registers), identical on every ISA path and batch. kBf16 (opt in, `--precision bf16`):
+// over bf16 weights, activations are rounded to bf16 (round to nearest even) and multiplied as
+// bf16 with f32 accumulation — fewer than 16 rows by our AVX512_BF16 streaming kernel, 16 rows
+// and more by oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else AVX512_BF16) —
+// faster, with its own tolerance (logits relative L2 against the exact path measured and stated
+// in docs/benchmarks.md; tokens may differ); f32 and f16 weights stay exact. Not batch-invariant:
+// a row's result can change with the number of rows it is batched with.
+enum class Precision : uint8_t { kExact, kBf16 };
+const char* name_of(Precision precision);  // "exact", "bf16"
+// INVALID_ARGUMENT naming the value and the accepted names.
+absl::StatusOr<Precision> parse_precision(std::string_view name);
+// Whether this CPU runs kBf16's instructions (AVX-512 F, BW, VL, DQ and BF16); without them a
+// kBf16 request falls back to kExact (the model runner says so).
+bool bf16_precision_available();
+// The precision that runs for a request of `precision` on `isa` here: kBf16 only where the CPU
+// has the instructions and `isa` is not kPortable; kExact otherwise.
+Precision effective_precision(KernelIsa isa, Precision precision);
+
+// What precision kBf16 runs on this machine, in words for the log: our kernel's row range and
+// oneDNN's implementation for batched rows (e.g. "brg:avx512_core_amx"), and, where the CPU has
+// AMX but oneDNN does not use it, that the kernel did not grant it (arch_prctl
+// ARCH_REQ_XCOMP_PERM, which oneDNN requests itself); "unavailable (...)" in place of the
+// implementation when oneDNN refuses the probe shape. Also sets up oneDNN's process-wide state:
+// call it on the thread that builds the program, before the device threads run bf16 steps.
+// Thread-safe; never fails.
+std::string describe_bf16_precision();
+
+// The f32 fused-multiply-add peak of this machine in FLOP/s, measured: `threads` threads
+// (0 = every hardware thread) each run independent FMA chains in registers on `isa`'s
+// instructions (kAuto: the best target the CPU has, whatever target a benchmark's kernels use)
+// for about `seconds`; the best of 3 passes. The denominator of the compute-bound benchmarks
+// (bench prefill) is this with kAuto.
+double measure_f32_fma_peak(KernelIsa isa, int threads = 0, double seconds = 0.2);
+
+// All kernels above, in KernelId order, matmul / matmul_acc on `isa` with `precision`. A fresh
+// copy. With a target the CPU lacks, the matmul kernels fail with FAILED_PRECONDITION when they
+// run (naming what the target needs); kBf16 on a CPU without AVX512_BF16, or on a target other
+// than kAvx512, computes exactly.
+std::vector<task::Kernel> llm_kernels(KernelIsa isa = KernelIsa::kAuto,
+                                      Precision precision = Precision::kExact);
+
+// The half-open range [begin, end) of `n` items that SPMD block `block_idx` of
+// `block_dim` owns: contiguous, in block order, sizes differing by at most one
+// (blocks beyond `n` get empty ranges).
+struct BlockRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim);
+
+// ---- embedding --------------------------------------------------------------
+// Args: 0 ids i32 [B] IN, 1 table f32 / bf16 / f16 [V, H] IN, 2 out f32 [B, H] OUT.
+// out[b, :] = table[ids[b], :] (widened to f32, exactly). SPMD over rows of out. An id outside
+// [0, V) is INVALID_ARGUMENT naming the row and the id.
+absl::Status embedding_kernel(const task::KernelContext& ctx);
+task::TaskArgs embedding_args(const task::Tensor& ids, const task::Tensor& table,
+                              const task::Tensor& out);
+
+// ---- rms_norm ---------------------------------------------------------------
+// Args: 0 x f32 [R, D] IN, 1 w f32 [D] IN, 2 out f32 [R, D] OUT, 3 eps f32 SCALAR.
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w (sum of squares in f64).
+// Used for hidden rows (R = B, D = hidden) and for Qwen3's per-head q/k norm
+// (R = B·heads, D = head_dim). SPMD over rows. `out` must not overlap `x`.
+absl::Status rms_norm_kernel(const task::KernelContext& ctx);
+task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& out,
+                             float eps);
+
+// ---- matmul / matmul_acc ----------------------------------------------------
+// Args: 0 x f32 [B, in] IN, 1 W f32 / bf16 / f16 [out, in] IN, 2 y f32 [B, out] OUT (matmul)
+// or INOUT (matmul_acc).
+// matmul: y = x·Wᵀ; matmul_acc: y += x·Wᵀ (residual add fused into the projection that feeds
+// the residual stream). W stays in its dtype in memory and is widened to f32 in registers;
+// products and sums are f32 (fused multiply-adds over 16 lanes, then a fixed reduction tree:
+// src/kernels/matmul_impl.h). SPMD over output features: block b computes y[:, r) for its
+// block_range of the `out` rows of W, in register tiles of up to 6 rows of x by 4 rows of W
+// over 256 KiB chunks of W (a streaming matrix-vector product, 8 W rows at a time, for B = 1).
+// Batch-invariant: every element of y is the same sequence of f32 operations whatever the
+// number of rows, the tile, the chunk, the block split or the ISA, so a row's result never
+// depends on the other rows of its batch. `y` must not overlap `x` or `W`.
+absl::Status matmul_kernel(const task::KernelContext& ctx);
+absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
+task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);
+task::TaskArgs matmul_acc_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);
+
+// ---- rope -------------------------------------------------------------------
+// Args: 0 x f32 [B, n_heads, head_dim] INOUT, 1 positions i32 [B] IN,
+// 2 theta f32 SCALAR.
+// Rotate-half RoPE (halves, not interleaved), d = head_dim (even):
+// f_i = theta^(-2i/d), i < d/2; a = p·f_i (computed in f64);
+// x'[i] = x[i]·cos a − x[i+d/2]·sin a; x'[i+d/2] = x[i+d/2]·cos a + x[i]·sin a.
+// SPMD over rows b. A negative position is INVALID_ARGUMENT.
+absl::Status rope_kernel(const task::KernelContext& ctx);
+task::TaskArgs rope_args(const task::Tensor& x, const task::Tensor& positions, float theta);
+
+// ---- kv_write ---------------------------------------------------------------
+// Args: 0 k f32 [B, n_kv, head_dim] IN, 1 v f32 [B, n_kv, head_dim] IN,
+// 2 slot_mapping i32 [B] IN, 3 k_pool f32 [num_pages, page_size, n_kv, head_dim]
+// INOUT, 4 v_pool (same shape) INOUT.
+// For each row b with slot s = slot_mapping[b] >= 0 (s = page·page_size +
+// offset): k_pool[page, offset] = k[b], v_pool[page, offset] = v[b]. A slot < 0
+// skips the row (padding). A slot >= num_pages·page_size is INVALID_ARGUMENT.
+// Single block (block_dim 1) is the intended use; with more blocks each block
+// writes the rows of its block_range. Two rows naming one slot: the later row wins.
+absl::Status kv_write_kernel(const task::KernelContext& ctx);
+task::TaskArgs kv_write_args(const task::Tensor& k, const task::Tensor& v,
+                             const task::Tensor& slot_mapping, const task::Tensor& k_pool,
+                             const task::Tensor& v_pool);
+
+// ---- paged_attention ----------------------------------------------------------
+// Args: 0 q f32 [B, n_heads, head_dim] IN, 1 k_pool f32 [num_pages, page_size,
+// n_kv, head_dim] IN, 2 v_pool (same shape) IN, 3 block_tables i32
+// [B, max_blocks] IN, 4 context_lens i32 [B] IN, 5 out f32 [B, n_heads·head_dim]
+// OUT, 6 scale f32 SCALAR (Qwen3: 1/sqrt(head_dim)).
+// Decode attention of one query token per row over its paged KV cache: row b
+// attends positions t in [0, context_lens[b]) (the current token's K/V already
+// written), token t living at page block_tables[b, t / page_size], offset
+// t % page_size. GQA: query head h reads KV head h / (n_heads / n_kv).
+// out[b, h·d:(h+1)·d] = Σ_t softmax_t(scale·q_h·k_t) v_t, a numerically stable
+// online softmax in f32. A context length of 0 gives zeros (padding rows).
+// SPMD over (row, kv head) pairs, pair = b·n_kv + g, split by block_range.
+// INVALID_ARGUMENT for a negative context length, one above
+// max_blocks·page_size, or a page id outside [0, num_pages) among the pages
+// the row reads (entries past the context are never read, so -1 padding is fine).
+absl::Status paged_attention_kernel(const task::KernelContext& ctx);
+task::TaskArgs paged_attention_args(const task::Tensor& q, const task::Tensor& k_pool,
+                                    const task::Tensor& v_pool, const task::Tensor& block_tables,
+                                    const task::Tensor& context_lens, const task::Tensor& out,
+                                    float scale);
+
+// ---- silu_mul -----------------------------------------------------------------
+// Args: 0 gate f32 [B, I] IN, 1 up f32 [B, I] IN, 2 out f32 [B, I] OUT.
+// out = silu(gate)·up, silu(g) = g / (1 + exp(-g)). SPMD over elements.
+absl::Status silu_mul_kernel(const task::KernelContext& ctx);
+task::TaskArgs silu_mul_args(const task::Tensor& gate, const task::Tensor& up,
+                             const task::Tensor& out);
+
+// ---- add ----------------------------------------------------------------------
+// Args: 0 a f32 IN, 1 b f32 IN, 2 out f32 OUT, all of one shape (any rank).
+// out = a + b. SPMD over elements. (The Qwen3 program fuses its residual adds
+// into matmul_acc; this kernel is for programs that do not.)
+absl::Status add_kernel(const task::KernelContext& ctx);
+task::TaskArgs add_args(const task::Tensor& a, const task::Tensor& b, const task::Tensor& out);
+
+// ---- gather_rows ----------------------------------------------------------------
+// Args: 0 x f32 [B, H] IN, 1 rows i32 [n] IN, 2 out f32 [n, H] OUT.
+// out[j, :] = x[rows[j], :]; a row outside [0, B) is INVALID_ARGUMENT. Single
+// block intended; SPMD over output rows works.
+absl::Status gather_rows_kernel(const task::KernelContext& ctx);
+task::TaskArgs gather_rows_args(const task::Tensor& x, const task::Tensor& rows,
+                                const task::Tensor& out);
+
+// ---- argmax ---------------------------------------------------------------------
+// Args: 0 logits f32 [n, V] IN, 1 ids i32 [n] OUT.
+// ids[j] = the lowest index of the largest value of logits[j, :] (greedy
+// sampling; NaN is never selected, an all-NaN or all -inf row gives 0). V must
+// be >= 1. SPMD over rows by block_range.
+absl::Status argmax_kernel(const task::KernelContext& ctx);
+task::TaskArgs argmax_args(const task::Tensor& logits, const task::Tensor& ids);
+
+}  // namespace simpler::llm

@@ -1,0 +1,48 @@
+#include "cli/prompts_file.h"
+
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
+
+namespace simpler::llm {
+
+absl::StatusOr<std::optional<PromptSpec>> parse_prompts_line(std::string_view line,
+                                                             std::string_view where) {
+  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
+  const std::string at(where);
+  absl::StatusOr<nlohmann::json> parsed = base::parse_json_bounded(line, at);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        at, ": expected a JSON object, got ", j.type_name(), " ", base::quote_json_prefix(j, 60)));
+  }
+  auto text = j.find("prompt");
+  auto ids = j.find("prompt_ids");
+  if (text != j.end() && text->is_string()) return PromptSpec(text->get<std::string>());
+  if (ids != j.end() && ids->is_array()) {
+    std::vector<int64_t> out;
+    out.reserve(ids->size());
+    for (size_t i = 0; i < ids->size(); ++i) {
+      const nlohmann::json& v = (*ids)[i];
+      if (!v.is_number_integer()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, ": prompt_ids[", i, "] is not an integer: ", base::quote_json_prefix(v, 60)));
+      }
+      if (v.is_number_unsigned() &&
+          v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ": prompt_ids[", i, "] = ", v.get<uint64_t>(), " is not a token id"));
+      }
+      out.push_back(v.get<int64_t>());
+    }
+    return PromptSpec(std::move(out));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(at, ": needs \"prompt\" (string) or \"prompt_ids\" (array)"));
+}
+
+}  // namespace simpler::llm

@@ -1,0 +1,1119 @@
+// LlmEngine and Qwen3ModelRunner on the sim device with a small generated model.
+#include <bit>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "base/test_wait.h"
+#include "engine/engine_test_hooks.h"
+#include "engine/engine_test_util.h"
+#include "engine/model_runner.h"
+#include "gtest/gtest.h"
+#include "simpler/device/fault_plan.h"
+#include "simpler/engine/llm_engine.h"
+#include "simpler/hierarchy/endpoint.h"
+#include "simpler/hierarchy/l3_worker.h"
+#include "simpler/model/make_model.h"
+#include "simpler/model/qwen3_program.h"
+#include "simpler/tokenizer/tokenizer.h"
+
+namespace simpler::llm {
+namespace {
+
+// Sanitizer builds run 5-20x slower: the heaviest tests shrink there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+bool contains(const absl::Status& s, const std::string& needle) {
+  return std::string(s.message()).find(needle) != std::string::npos;
+}
+
+// A small model (vocab 512) written once per test binary.
+class LlmEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::temp_directory_path() /
+                            ("simpler_llm_engine_test_" + std::to_string(::getpid())))
+                               .string());
+    ASSERT_TRUE(make_model(small_test_model_options(*dir_, 3)).ok());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static EngineOptions options(int depth, int pages = 256, int budget = 64, int seqs = 16,
+                               int page_size = 4) {
+    EngineOptions eo;
+    eo.runner.worker.num_cores = 2;
+    eo.runner.worker.launch_depth = depth;
+    eo.runner.worker.faults.emplace();
+    eo.runner.page_size = page_size;
+    eo.runner.num_pages = pages;
+    eo.runner.max_num_batched_tokens = budget;
+    eo.runner.max_num_seqs = seqs;
+    return eo;
+  }
+
+  static std::unique_ptr<LlmEngine> engine(const EngineOptions& eo) {
+    auto e = LlmEngine::create(*dir_, eo);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+
+  struct Done {
+    std::vector<int32_t> tokens;
+    OutputFinish finish = OutputFinish::kNone;
+    absl::Status error;
+    int64_t completion_tokens = 0;
+    std::vector<int32_t> pages;
+    std::map<int64_t, std::vector<float>> logits;  // RequestHooks::logits_tokens hits
+  };
+  // Reads every event of a one-choice request until its final one.
+  static Done drain(LlmEngine& e, RequestId id, double timeout_s = 60) {
+    Done d;
+    while (true) {
+      auto out = e.next_output(
+          id,
+          base::Deadline::after(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))));
+      if (!out.ok()) {
+        ADD_FAILURE() << "request " << id << ": " << out.status();
+        return d;
+      }
+      d.tokens.insert(d.tokens.end(), out->token_ids.begin(), out->token_ids.end());
+      for (auto& [k, v] : hooks_of(*out).logits) d.logits[k] = v;
+      if (out->finished()) {
+        d.finish = out->finish;
+        d.error = out->error;
+        d.completion_tokens = out->completion_tokens;
+        d.pages = hooks_of(*out).pages;
+        return d;
+      }
+    }
+  }
+
+  // Asks for the raw logits of these output tokens (RequestHooks::logits_tokens).
+  static void ask_logits(RequestSpec& s, std::set<int64_t> tokens) {
+    auto hooks = std::make_shared<RequestHooks>();
+    hooks->logits_tokens = std::move(tokens);
+    s.hooks = std::move(hooks);
+  }
+
+  static RequestSpec greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+    RequestSpec s;
+    s.prompt_ids = std::move(prompt);
+    s.max_tokens = max_tokens;
+    s.sampling.temperature = 0;
+    s.sampling.ignore_eos = true;
+    return s;
+  }
+
+  static std::vector<std::vector<int32_t>> prompts() {
+    return {{1, 2, 3}, {7}, {10, 11, 12, 13, 14, 15, 16, 17, 18}, {400, 5}};
+  }
+
+  // Greedy tokens of every prompt, run alone at depth 1 with budget 1 (one
+  // position per step: the plainest schedule).
+  static std::vector<std::vector<int32_t>> solo_tokens(const std::vector<std::vector<int32_t>>& ps,
+                                                       int64_t max_tokens) {
+    std::vector<std::vector<int32_t>> out;
+    auto e = engine(options(1, 256, 1, 1));
+    for (const auto& p : ps) {
+      auto id = e->add_request(greedy(p, max_tokens));
+      EXPECT_TRUE(id.ok()) << id.status();
+      Done d = drain(*e, *id);
+      EXPECT_EQ(d.finish, OutputFinish::kLength);
+      out.push_back(d.tokens);
+    }
+    EXPECT_TRUE(e->shutdown().ok());
+    return out;
+  }
+
+  static std::string* dir_;
+};
+std::string* LlmEngineTest::dir_ = nullptr;
+
+TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
+  const auto ps = prompts();
+  const auto solo = solo_tokens(ps, 8);
+  struct Config {
+    int depth, budget;
+    bool host;
+  };
+  for (const Config c :
+       {Config{1, 64, false}, Config{2, 7, false}, Config{3, 64, false}, Config{2, 16, true}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "depth " << c.depth << " budget " << c.budget << " host " << c.host);
+    EngineOptions eo = options(c.depth, 256, c.budget, std::min(16, c.budget));
+    eo.runner.host_sampling = c.host;
+    auto e = engine(eo);
+    std::vector<RequestId> ids;
+    for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 8)).value());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Done d = drain(*e, ids[i]);
+      EXPECT_EQ(d.finish, OutputFinish::kLength);
+      EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+    }
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+}
+
+// Random prompts of lengths [1, max_len] over the vocabulary's low ids.
+std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> p(std::uniform_int_distribution<int>(1, max_len)(rng));
+    for (int32_t& t : p) t = std::uniform_int_distribution<int32_t>(0, 511)(rng);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// 32 distinct prompts of 1-300 tokens arriving at random moments while steps
+// run: every request's tokens equal its solo run, at depth 1 and 2 and budgets
+// 1, 7 and 64 (the solo runs match the float64 reference: e2e writer_* scenarios).
+TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
+  const auto ps = kSanitized ? random_prompts(10, 100, 7) : random_prompts(32, 300, 7);
+  const auto solo = solo_tokens(ps, 6);
+  for (int depth : {1, 2}) {
+    for (int budget : {1, 7, 64}) {
+      SCOPED_TRACE(::testing::Message() << "depth " << depth << " budget " << budget);
+      auto e = engine(options(depth, 1024, budget, std::min(16, budget)));
+      std::mt19937 rng(depth * 100 + budget);
+      std::vector<RequestId> ids;
+      for (const auto& p : ps) {
+        ids.push_back(e->add_request(greedy(p, 6)).value());
+        simpler::testing::spin_for(  // jitter: the arrival falls somewhere in a step
+            std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        Done d = drain(*e, ids[i]);
+        EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+        EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i << " of " << ps[i].size() << " tokens";
+      }
+      EXPECT_TRUE(e->shutdown().ok());
+    }
+  }
+}
+
+// A pool too small for every request at once: preemption by recompute leaves
+// every request's tokens unchanged.
+TEST_F(LlmEngineTest, PreemptionByRecomputeLeavesTokensUnchanged) {
+  const auto ps = random_prompts(12, 40, 11);
+  const auto solo = solo_tokens(ps, 24);
+  for (int depth : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "depth " << depth);
+    // Pages of 4 tokens; a request needs up to 16; 24 pages hold ~2 at a time.
+    auto e = engine(options(depth, 24, 32, 8));
+    EngineTestAccess::set_check_invariants(*e, true);
+    std::vector<RequestId> ids;
+    for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 24)).value());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Done d = drain(*e, ids[i]);
+      EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+      EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+    }
+    const EngineMetrics m = e->metrics();
+    EXPECT_GT(m.preemptions_total, 0);
+    EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
+        << EngineTestAccess::invariant_violation(*e);
+    EXPECT_TRUE(e->shutdown().ok());
+    const EngineMetrics after = e->metrics();
+    EXPECT_EQ(after.kv_pages.free, after.kv_pages_total) << "pages leaked";
+  }
+}
+
+TEST_F(LlmEngineTest, RandomAbortsLeaveTheOtherRequestsUnchanged) {
+  const auto ps = random_prompts(16, 30, 13);
+  const auto solo = solo_tokens(ps, 12);
+  auto e = engine(options(2, 64, 16, 8));
+  std::vector<RequestId> ids;
+  for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 12)).value());
+  std::set<size_t> aborted = {1, 4, 5, 9, 14};
+  for (size_t i : aborted) {
+    simpler::testing::spin_for(std::chrono::milliseconds(1));  // jitter: aborts land mid-decode
+    absl::Status s = e->abort(ids[i]);
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Done d = drain(*e, ids[i]);
+    if (aborted.count(i)) {
+      // Aborted, or finished before the abort landed: a prefix of its solo tokens either way.
+      EXPECT_TRUE(d.finish == OutputFinish::kAbort || d.finish == OutputFinish::kLength);
+      EXPECT_EQ(d.tokens, std::vector<int32_t>(solo[i].begin(), solo[i].begin() + d.tokens.size()));
+    } else {
+      EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+      EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+    }
+  }
+  // After the final event: NOT_FOUND, nothing changes.
+  EXPECT_EQ(e->abort(ids[0]).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(e->abort(987654).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+TEST_F(LlmEngineTest, AbortOfAQueuedRequestEndsItWithoutRunning) {
+  auto e = engine(options(1, 64, 8, 1));  // one running request at a time
+  auto a = e->add_request(greedy({1, 2, 3}, 200)).value();
+  auto b = e->add_request(greedy({4, 5}, 4)).value();  // waits behind a
+  ASSERT_TRUE(e->abort(b).ok());
+  Done db = drain(*e, b);
+  EXPECT_EQ(db.finish, OutputFinish::kAbort);
+  EXPECT_TRUE(db.tokens.empty());
+  ASSERT_TRUE(e->abort(a).ok());
+  EXPECT_EQ(drain(*e, a).finish, OutputFinish::kAbort);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+RequestSpec seeded(std::vector<int32_t> prompt, uint64_t seed) {
+  RequestSpec s;
+  s.prompt_ids = std::move(prompt);
+  s.max_tokens = 12;
+  s.sampling.temperature = 0.9f;
+  s.sampling.top_k = 50;
+  s.sampling.top_p = 0.95f;
+  s.sampling.frequency_penalty = 0.3f;
+  s.sampling.seed = seed;
+  s.sampling.ignore_eos = true;
+  return s;
+}
+
+// A seeded request's tokens are the same alone, in a batch of 16 distinct
+// requests, at depth 1, 2 and 4, and after a forced preemption.
+TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemption) {
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<int32_t> alone;
+  {
+    auto e = engine(options(1));
+    alone = drain(*e, e->add_request(seeded(prompt, 42)).value()).tokens;
+    ASSERT_EQ(alone.size(), 12u);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  const auto others = random_prompts(15, 20, 17);
+  for (int depth : {1, 2, 4}) {
+    for (bool small_pool : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "depth " << depth << " small pool " << small_pool);
+      auto e = engine(small_pool ? options(depth, 16, 32, 16) : options(depth));
+      std::vector<RequestId> ids;
+      for (size_t i = 0; i < others.size(); ++i) {
+        if (i == 7) ids.insert(ids.begin(), e->add_request(seeded(prompt, 42)).value());
+        ids.push_back(e->add_request(seeded(others[i], 1000 + i)).value());
+      }
+      EXPECT_EQ(drain(*e, ids[0]).tokens, alone);
+      for (size_t i = 1; i < ids.size(); ++i) drain(*e, ids[i]);
+      if (small_pool) {
+        EXPECT_GT(e->metrics().preemptions_total, 0);
+      }
+      EXPECT_TRUE(e->shutdown().ok());
+    }
+  }
+}
+
+// Only ThreadSanitizer's runtime runs a thread of its own in this binary; elsewhere the process
+// children must run.
+#if defined(__SANITIZE_THREAD__)
+#define ADD_FAILURE_IF_NOT_TSAN() (void)0
+#else
+#define ADD_FAILURE_IF_NOT_TSAN() \
+  ADD_FAILURE() << hierarchy::process_thread_count() << " threads: process mode not tested"
+#endif
+
+// Data parallel over an L3 worker's two children (Qwen3DataParallel): each child loads the
+// model in its setup (in its own process in process mode), one engine per child, requests split
+// between them. Every request's tokens — greedy and seeded sampling — are those of one engine
+// on one chip.
+TEST_F(LlmEngineTest, DataParallelOverTwoL3ChildrenGivesEveryRequestItsSingleChipTokens) {
+  std::vector<RequestSpec> specs;
+  for (const auto& p : prompts()) specs.push_back(greedy(p, 8));
+  const auto more = random_prompts(6, 20, 23);
+  for (size_t i = 0; i < more.size(); ++i) specs.push_back(seeded(more[i], 500 + i));
+  const EngineOptions eo = options(2, 128, 32, 8);
+  std::vector<std::vector<int32_t>> single;
+  {
+    auto e = engine(eo);
+    std::vector<RequestId> ids;
+    for (const RequestSpec& s : specs) ids.push_back(e->add_request(s).value());
+    for (RequestId id : ids) single.push_back(drain(*e, id).tokens);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  for (hierarchy::ChildMode mode :
+       {hierarchy::ChildMode::kThread, hierarchy::ChildMode::kProcess}) {
+    SCOPED_TRACE(hierarchy::name_of(mode));
+    if (mode == hierarchy::ChildMode::kProcess && hierarchy::process_thread_count() != 1) {
+      ADD_FAILURE_IF_NOT_TSAN();
+      continue;  // ThreadSanitizer's own thread: nothing can be forked here
+    }
+    hierarchy::L3Options lo;
+    lo.device_ids = {0, 1};
+    lo.child_mode = mode;
+    lo.child = eo.runner.worker;
+    lo.launch_depth = 4;  // two engines, two steps in flight each
+    lo.host_heap_bytes = 16 << 20;
+    hierarchy::L3Worker l3(lo);
+    auto dp = Qwen3DataParallel::prepare(l3, *dir_, eo.runner);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    EXPECT_EQ((*dp)->runner(0).status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(l3.init().ok());
+    EXPECT_EQ((*dp)->runner(2).status().code(), absl::StatusCode::kInvalidArgument);
+    std::vector<std::unique_ptr<LlmEngine>> engines;
+    for (int32_t c = 0; c < 2; ++c) {
+      auto r = (*dp)->runner(c);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ((*r)->worker(), nullptr);
+      EXPECT_EQ((*r)->read_kv(0).status().code(), absl::StatusCode::kFailedPrecondition);
+      auto e = EngineTestAccess::create(std::move(*r), eo);
+      ASSERT_TRUE(e.ok()) << e.status();
+      engines.push_back(std::move(*e));
+    }
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ids.push_back(engines[i % 2]->add_request(specs[i]).value());
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Done d = drain(*engines[i % 2], ids[i]);
+      EXPECT_TRUE(d.error.ok()) << d.error;
+      EXPECT_EQ(d.tokens, single[i]) << "request " << i << " on chip " << i % 2;
+    }
+    for (auto& e : engines) EXPECT_TRUE(e->shutdown().ok());
+    EXPECT_GE(l3.next_level_dispatched(), 2u);
+    EXPECT_TRUE(l3.close().ok());
+  }
+}
+
+// A child that cannot load the model (here: the checkpoint vanished after the parent checked
+// it) fails init naming the child in thread mode; in process mode every step on it fails
+// naming the child and the file, and the engine's requests end with that error.
+TEST_F(LlmEngineTest, DataParallelChildThatCannotLoadTheModelIsNamed) {
+  const std::string copy = *dir_ + "_dp_copy";
+  for (hierarchy::ChildMode mode :
+       {hierarchy::ChildMode::kThread, hierarchy::ChildMode::kProcess}) {
+    SCOPED_TRACE(hierarchy::name_of(mode));
+    if (mode == hierarchy::ChildMode::kProcess && hierarchy::process_thread_count() != 1) {
+      ADD_FAILURE_IF_NOT_TSAN();
+      continue;
+    }
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(*dir_, copy);
+    const EngineOptions eo = options(1);
+    hierarchy::L3Options lo;
+    lo.child_mode = mode;
+    lo.child = eo.runner.worker;
+    lo.host_heap_bytes = 4 << 20;
+    hierarchy::L3Worker l3(lo);
+    auto dp = Qwen3DataParallel::prepare(l3, copy, eo.runner);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    std::filesystem::remove(std::filesystem::path(copy) / "model.safetensors");
+    absl::Status init = l3.init();
+    if (mode == hierarchy::ChildMode::kThread) {
+      EXPECT_TRUE(contains(init, "L3 init, child 0: setup: ")) << init;
+      EXPECT_TRUE(contains(init, "model.safetensors")) << init;
+      continue;
+    }
+    ASSERT_TRUE(init.ok()) << init;
+    auto e = EngineTestAccess::create((*dp)->runner(1).value(), eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Done d = drain(**e, (*e)->add_request(greedy({1, 2}, 4)).value());
+    EXPECT_EQ(d.finish, OutputFinish::kError);
+    EXPECT_TRUE(contains(d.error, "child 1 (process")) << d.error;
+    EXPECT_TRUE(contains(d.error, "could not start its worker: setup: ")) << d.error;
+    EXPECT_TRUE(contains(d.error, "model.safetensors")) << d.error;
+    (void)(*e)->shutdown();
+    (void)l3.close();
+  }
+  std::filesystem::remove_all(copy);
+}
+
+TEST_F(LlmEngineTest, ChoicesOfOneRequestAreDistinctStreamsUnlessGreedy) {
+  auto e = engine(options(2));
+  RequestSpec s = seeded({1, 2, 3}, 0);
+  s.sampling.seed.reset();
+  s.sampling.temperature = 1.5f;
+  s.sampling.top_k = 0;
+  s.sampling.top_p = 1.0f;
+  s.n = 4;
+  const RequestId id = e->add_request(s).value();
+  std::vector<std::vector<int32_t>> tokens(4);
+  int finals = 0;
+  while (finals < 4) {
+    auto out = e->next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_LT(out->index, 4);
+    tokens[out->index].insert(tokens[out->index].end(), out->token_ids.begin(),
+                              out->token_ids.end());
+    finals += out->finished() ? 1 : 0;
+  }
+  std::set<std::vector<int32_t>> distinct(tokens.begin(), tokens.end());
+  EXPECT_EQ(distinct.size(), 4u) << "clones shared an RNG stream";
+  EXPECT_EQ(e->next_output(id, base::Deadline::poll()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+// Logprobs are of the raw logits: log_softmax of the logits the step computed.
+TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
+  auto e = engine(options(2));
+  RequestSpec s = seeded({5, 6, 7}, 9);
+  s.sampling.logprobs = 5;
+  s.sampling.repetition_penalty = 1.3f;
+  s.max_tokens = 3;
+  ask_logits(s, {0, 1, 2});
+  const RequestId id = e->add_request(s).value();
+  std::vector<int32_t> toks;
+  std::vector<TokenLogprob> lps;
+  std::map<int64_t, std::vector<float>> logits;
+  while (true) {
+    auto out = e->next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+    ASSERT_TRUE(out.ok()) << out.status();
+    toks.insert(toks.end(), out->token_ids.begin(), out->token_ids.end());
+    lps.insert(lps.end(), out->logprobs.begin(), out->logprobs.end());
+    for (auto& [k, v] : hooks_of(*out).logits) logits[k] = v;
+    if (out->finished()) break;
+  }
+  ASSERT_EQ(toks.size(), 3u);
+  ASSERT_EQ(lps.size(), 3u);
+  ASSERT_EQ(logits.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float>& l = logits[k];
+    double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+    for (float v : l) sum += std::exp(static_cast<double>(v) - mx);
+    const double lse = mx + std::log(sum);
+    EXPECT_NEAR(lps[k].logprob, l[toks[k]] - lse, 1e-4) << "token " << k;
+    ASSERT_EQ(lps[k].top.size(), 5u);
+    const int32_t best = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    EXPECT_EQ(lps[k].top[0].first, best);
+    EXPECT_NEAR(lps[k].top[0].second, l[best] - lse, 1e-4);
+  }
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+// A request's logits are bitwise the same alone and in steps of 3, 16 and 17 rows, on a bf16
+// and an f32 checkpoint, with either matmul ISA: nothing it computes depends on its batch.
+TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16And17) {
+  const std::string bf16_dir = *dir_ + "_bf16";
+  MakeModelOptions mo = small_test_model_options(bf16_dir, 3);
+  mo.dtype = task::DataType::kBFloat16;
+  ASSERT_TRUE(make_model(mo).ok());
+  for (const std::string& model : {*dir_, bf16_dir}) {
+    std::vector<float> want;
+    for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kPortable}) {
+      for (int batch : {1, 3, 16, 17}) {
+        EngineOptions eo = options(1, 256, 64, 17);
+        eo.runner.kernel_isa = isa;
+        eo.record_steps = true;
+        auto created = LlmEngine::create(model, eo);
+        ASSERT_TRUE(created.ok()) << created.status();
+        LlmEngine& e = **created;
+        RequestSpec target = greedy({3, 1, 4, 1, 5}, 3);
+        ask_logits(target, {0, 1, 2});
+        std::vector<RequestId> others;
+        // The others first, so that the target joins steps that already hold them.
+        for (int i = 1; i < batch; ++i) {
+          others.push_back(
+              e.add_request(greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 6))
+                  .value());
+        }
+        const RequestId id = e.add_request(target).value();
+        std::map<int64_t, std::vector<float>> logits;
+        while (true) {
+          auto out = e.next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+          ASSERT_TRUE(out.ok()) << out.status();
+          for (auto& [k, v] : hooks_of(*out).logits) logits[k] = v;
+          if (out->finished()) break;
+        }
+        for (RequestId o : others) drain(e, o);
+        int64_t widest = 0;
+        for (const StepRecord& r : e.step_records()) widest = std::max(widest, r.logit_rows);
+        EXPECT_TRUE(e.shutdown().ok());
+        if (!kSanitized) {
+          EXPECT_GE(widest, std::min(batch, 17)) << "the requests never shared a step";
+        }
+        ASSERT_EQ(logits.size(), 3u);
+        std::vector<float> got;
+        for (auto& [k, v] : logits) got.insert(got.end(), v.begin(), v.end());
+        if (want.empty()) {
+          want = got;
+          continue;
+        }
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+              << model << " isa " << name_of(isa) << " batch " << batch << " logit " << i;
+        }
+      }
+    }
+  }
+  std::filesystem::remove_all(bf16_dir);
+}
+
+// A bf16 checkpoint stays bf16 on the device: the device's own accounting holds the checkpoint's
+// tensor bytes (norm vectors widened to f32) + scratch + KV pool + the step buffers, within 5%,
+// and no f32 copy of the matrices.
+// precision bf16 against the exact path on a bf16 checkpoint: the logits of every step whose
+// context both paths share (same prompt, same tokens so far) stay within the path's stated
+// tolerance, relative L2 ≤ 2e-2 (docs/benchmarks.md has the measured value); tokens are compared
+// and their agreement reported, not required identical.
+TEST_F(LlmEngineTest, Bf16PrecisionLogitsStayWithinItsToleranceOfTheExactPath) {
+  if (!bf16_precision_available()) {
+    GTEST_SKIP() << "this CPU has no AVX512_BF16: precision bf16 runs the exact path here";
+  }
+  const std::string bf16_dir = *dir_ + "_bf16_precision";
+  MakeModelOptions mo = small_test_model_options(bf16_dir, 6);
+  mo.dtype = task::DataType::kBFloat16;
+  mo.overrides.hidden_size = 128;
+  mo.overrides.intermediate_size = 384;
+  ASSERT_TRUE(make_model(mo).ok());
+  const auto ps = random_prompts(6, 40, 99);
+  constexpr int64_t kTokens = 8;
+  std::vector<Done> runs[2];
+  for (Precision precision : {Precision::kExact, Precision::kBf16}) {
+    EngineOptions eo = options(2, 256, 64, 8);
+    eo.runner.precision = precision;
+    auto e = LlmEngine::create(bf16_dir, eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ((*e)->options().runner.precision, precision);
+    std::vector<RequestId> ids;
+    for (const auto& p : ps) {
+      RequestSpec spec = greedy(p, kTokens);
+      std::set<int64_t> all;
+      for (int64_t t = 0; t < kTokens; ++t) all.insert(t);
+      ask_logits(spec, all);
+      ids.push_back((*e)->add_request(spec).value());
+    }
+    for (RequestId id : ids) runs[precision == Precision::kBf16].push_back(drain(**e, id));
+    EXPECT_TRUE((*e)->shutdown().ok());
+  }
+  double worst = 0;
+  int64_t compared = 0, agreeing = 0, total = 0;
+  for (size_t r = 0; r < ps.size(); ++r) {
+    const Done& exact = runs[0][r];
+    const Done& fast = runs[1][r];
+    ASSERT_EQ(exact.tokens.size(), static_cast<size_t>(kTokens));
+    ASSERT_EQ(fast.tokens.size(), static_cast<size_t>(kTokens));
+    for (int64_t t = 0; t < kTokens; ++t) {
+      ++total;
+      agreeing += exact.tokens[t] == fast.tokens[t] ? 1 : 0;
+      // Step t's logits are comparable while the tokens before it agree.
+      if (t > 0 && !std::equal(exact.tokens.begin(), exact.tokens.begin() + t, fast.tokens.begin()))
+        continue;
+      const std::vector<float>& a = exact.logits.at(t);
+      const std::vector<float>& b = fast.logits.at(t);
+      ASSERT_EQ(a.size(), b.size());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        den += double(a[i]) * a[i];
+      }
+      worst = std::max(worst, std::sqrt(num / den));
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, static_cast<int64_t>(ps.size()));  // at least every first step
+  EXPECT_LE(worst, 2e-2) << "precision bf16: logits relative L2 against the exact path";
+  EXPECT_GT(worst, 0.0) << "precision bf16 gave the exact path's logits: not running?";
+  RecordProperty("bf16_logits_rel_l2_max", std::to_string(worst));
+  RecordProperty("bf16_token_agreement", std::to_string(double(agreeing) / total));
+  std::printf(
+      "precision bf16: logits relative L2 <= %.3g over %lld steps; tokens agree %lld/%lld\n", worst,
+      static_cast<long long>(compared), static_cast<long long>(agreeing),
+      static_cast<long long>(total));
+  std::filesystem::remove_all(bf16_dir);
+}
+
+// precision bf16 where it cannot run (here: the portable ISA, on every machine) falls back to
+// the exact path, and the runner says which ran; tokens are then the exact path's.
+TEST_F(LlmEngineTest, Bf16PrecisionFallsBackToExactWhereItCannotRun) {
+  EXPECT_EQ(effective_precision(KernelIsa::kPortable, Precision::kBf16), Precision::kExact);
+  EXPECT_EQ(effective_precision(KernelIsa::kAuto, Precision::kExact), Precision::kExact);
+  EXPECT_EQ(effective_precision(KernelIsa::kAuto, Precision::kBf16),
+            bf16_precision_available() ? Precision::kBf16 : Precision::kExact);
+  RunnerOptions ro = options(1).runner;
+  ro.kernel_isa = KernelIsa::kPortable;
+  ro.precision = Precision::kBf16;
+  auto r = Qwen3ModelRunner::create(*dir_, ro);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->options().precision, Precision::kExact);
+}
+
+TEST_F(LlmEngineTest, ABf16CheckpointIsHeldInBf16WithoutAnF32Copy) {
+  const std::string bf16_dir = *dir_ + "_bf16_memory";
+  MakeModelOptions mo = small_test_model_options(bf16_dir, 4);
+  mo.dtype = task::DataType::kBFloat16;
+  mo.overrides.hidden_size = 256;
+  mo.overrides.intermediate_size = 768;
+  ASSERT_TRUE(make_model(mo).ok());
+  RunnerOptions ro;
+  ro.worker.num_cores = 1;
+  ro.num_pages = 32;
+  ro.page_size = 16;
+  ro.max_num_seqs = 4;
+  ro.max_num_batched_tokens = 64;
+  auto runner = Qwen3ModelRunner::create(bf16_dir, ro);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const ModelConfig c = ModelConfig::load(bf16_dir).value();
+  const Qwen3Dims d = Qwen3Dims::from_config(c);
+  const int64_t h = d.hidden_size, q = d.q_size(), kv = d.kv_size(), L = d.num_hidden_layers;
+  const int64_t matrices =
+      L * (q * h + 2 * kv * h + h * q + 3 * d.intermediate_size * h) + d.vocab_size * h;
+  const int64_t vectors = L * (2 * h + 2 * d.head_dim) + h;
+  const uint64_t tensors = 2 * matrices + 4 * vectors;
+  const uint64_t scratch = qwen3_scratch_bytes(d, 64, 4).value();
+  const uint64_t kv_pool = qwen3_kv_pool_bytes(d, 32, 16).value();
+  const uint64_t step_buffers = 64 * 4 + 2 * 4 * 4 + 4ull * d.vocab_size * 4;
+  const uint64_t allocated = (*runner)->worker()->device().allocated_bytes();
+  EXPECT_GE(allocated, tensors + scratch + kv_pool);
+  EXPECT_LE(allocated, 1.05 * tensors + scratch + kv_pool + step_buffers)
+      << "tensors " << tensors << " scratch " << scratch << " kv " << kv_pool;
+  EXPECT_LT(allocated, tensors + 2 * matrices) << "an f32 copy of the matrices is resident";
+  runner->reset();
+  std::filesystem::remove_all(bf16_dir);
+}
+
+TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndNumbers) {
+  EngineOptions eo = options(1, 8, 16, 4);
+  eo.max_waiting = 3;
+  auto e = engine(eo);
+  auto refused = [&](RequestSpec s, absl::StatusCode code, const std::string& needle) {
+    auto r = e->add_request(std::move(s));
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_TRUE(contains(r.status(), needle)) << r.status() << " lacks " << needle;
+  };
+  using C = absl::StatusCode;
+  refused(greedy({}, 4), C::kInvalidArgument, "prompt_ids is empty");
+  refused(greedy({1, 512}, 4), C::kInvalidArgument,
+          "prompt_ids[1] = 512 is outside the vocabulary");
+  refused(greedy({1}, 0), C::kInvalidArgument, "max_tokens must be >= 1, got 0");
+  refused(greedy({1, 2}, 1 << 20), C::kInvalidArgument, "exceeds max_position_embeddings");
+  refused(greedy(std::vector<int32_t>(30, 1), 10), C::kInvalidArgument,
+          "needs 10 pages of 4 tokens, and the pool holds 8 pages");
+  RequestSpec n0 = greedy({1}, 2);
+  n0.n = 5;
+  refused(n0, C::kInvalidArgument, "n must be in [1, max_num_seqs 4], got 5");
+  RequestSpec t = greedy({1}, 2);
+  t.sampling.temperature = std::nanf("");
+  refused(t, C::kInvalidArgument, "temperature");
+  RequestSpec tp = greedy({1}, 2);
+  tp.sampling.top_p = 0;
+  refused(tp, C::kInvalidArgument, "top_p");
+  RequestSpec st = greedy({1}, 2);
+  st.sampling.stop = {"x"};
+  refused(st, C::kInvalidArgument, "stop strings need a tokenizer");
+  RequestSpec ids = greedy({1}, 2);
+  ids.sampling.stop_token_ids = {600};
+  refused(ids, C::kInvalidArgument, "stop_token_ids entry 600");
+  // A full waiting queue refuses with RESOURCE_EXHAUSTED; nothing else is harmed.
+  std::vector<RequestId> ok;
+  auto first = e->add_request(greedy({1, 2, 3}, 30));
+  ASSERT_TRUE(first.ok());
+  absl::Status full;
+  for (int i = 0; i < 20 && full.ok(); ++i) {
+    auto r = e->add_request(greedy({4, 5}, 30));
+    if (r.ok()) {
+      ok.push_back(*r);
+    } else {
+      full = r.status();
+    }
+  }
+  EXPECT_EQ(full.code(), C::kResourceExhausted) << full;
+  EXPECT_TRUE(contains(full, "max_waiting 3")) << full;
+  EXPECT_EQ(drain(*e, *first).finish, OutputFinish::kLength);
+  for (RequestId id : ok) EXPECT_EQ(drain(*e, id).finish, OutputFinish::kLength);
+  EXPECT_GE(e->metrics().requests_refused, 11);
+  EXPECT_TRUE(e->shutdown().ok());
+  auto after = e->add_request(greedy({1}, 1));
+  EXPECT_EQ(after.status().code(), C::kFailedPrecondition) << after.status();
+}
+
+// A consumer that falls behind by max_buffered_outputs gets its request
+// aborted with a reason saying so; the loop and other requests go on.
+TEST_F(LlmEngineTest, ASlowConsumerGetsItsRequestAbortedNotTheLoopBlocked) {
+  EngineOptions eo = options(2);
+  eo.max_buffered_outputs = 4;
+  auto e = engine(eo);
+  const RequestId slow = e->add_request(greedy({1, 2}, 100)).value();
+  // The other request's consumer is a callback (the output thread hands it every event: it
+  // cannot fall behind however loaded the machine is); it finishes normally.
+  struct Fast {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    OutputFinish finish = OutputFinish::kNone;
+  };
+  auto fast = std::make_shared<Fast>();
+  RequestSpec fs = greedy({3, 4}, 20);
+  fs.on_output = [fast](const RequestOutput& out) {
+    std::lock_guard<std::mutex> l(fast->mu);
+    fast->tokens.insert(fast->tokens.end(), out.token_ids.begin(), out.token_ids.end());
+    if (out.finished()) {
+      fast->finish = out.finish;
+      fast->cv.notify_all();
+    }
+  };
+  ASSERT_TRUE(e->add_request(std::move(fs)).ok());
+  {
+    std::unique_lock<std::mutex> l(fast->mu);
+    ASSERT_TRUE(fast->cv.wait_for(l, std::chrono::seconds(60),
+                                  [&] { return fast->finish != OutputFinish::kNone; }));
+    EXPECT_EQ(fast->finish, OutputFinish::kLength);
+    EXPECT_EQ(fast->tokens.size(), 20u);
+  }
+  Done ds = drain(*e, slow);
+  EXPECT_EQ(ds.finish, OutputFinish::kAbort);
+  EXPECT_TRUE(contains(ds.error, "consumer fell behind")) << ds.error;
+  EXPECT_LT(ds.tokens.size(), 100u);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+// Shutdown lets running requests finish until the deadline, then aborts the rest.
+TEST_F(LlmEngineTest, ShutdownDrainsUntilTheDeadlineThenAborts) {
+  // b and c need 3,000 steps each (hundreds of ms even on the fastest kernels), so the 20 ms
+  // drain deadline that starts once a finished always hits them mid-way.
+  auto e = engine(options(2, 1600, 16, 3));
+  const RequestId a = e->add_request(greedy({1, 2, 3}, 5)).value();
+  const RequestId b = e->add_request(greedy({4}, 3000)).value();
+  const RequestId c = e->add_request(greedy({5}, 3000)).value();
+  std::thread reader([&] {
+    EXPECT_EQ(drain(*e, b).finish, OutputFinish::kAbort);
+    EXPECT_EQ(drain(*e, c).finish, OutputFinish::kAbort);
+  });
+  EXPECT_EQ(drain(*e, a).finish, OutputFinish::kLength);
+  const int64_t t0 = base::now_ns();
+  EXPECT_TRUE(e->shutdown(base::Deadline::after(std::chrono::milliseconds(20))).ok());
+  EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
+  reader.join();
+}
+
+// Faults injected into a chosen step (the run ids of a fresh engine are its
+// step numbers - 1).
+TEST_F(LlmEngineTest, AKernelErrorFailsTheRequestsOfItsStepAndTheRestGoOn) {
+  EngineOptions eo = options(2, 256, 64, 8);
+  eo.runner.worker.faults = device::FaultPlan::parse("run=3:task=2:kind=kernel_error").value();
+  auto e = engine(eo);
+  const RequestId a = e->add_request(greedy({1, 2, 3}, 10)).value();
+  Done da = drain(*e, a);  // runs 0..: step 4 (run 3) is one of its decode steps
+  EXPECT_EQ(da.finish, OutputFinish::kError);
+  EXPECT_TRUE(contains(da.error, "run 3")) << da.error;
+  EXPECT_TRUE(contains(da.error, "kernel reported failure")) << da.error;
+  EXPECT_TRUE(e->health().ok());
+  // The engine goes on: later requests are served.
+  const RequestId b = e->add_request(greedy({4, 5}, 6)).value();
+  Done db = drain(*e, b);
+  EXPECT_EQ(db.finish, OutputFinish::kLength);
+  EXPECT_EQ(db.tokens.size(), 6u);
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.requests_finished_error, 1);
+  EXPECT_TRUE(e->shutdown().ok());
+  EXPECT_EQ(e->metrics().kv_pages.free, e->metrics().kv_pages_total);
+}
+
+TEST_F(LlmEngineTest, ADeviceFaultFailsEveryRequestAndMakesTheEngineUnhealthy) {
+  EngineOptions eo = options(2, 256, 64, 2);
+  eo.runner.worker.faults = device::FaultPlan::parse("run=2:task=1:kind=device_fault").value();
+  auto e = engine(eo);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(e->add_request(greedy({1, 2, i}, 50)).value());
+  for (RequestId id : ids) {
+    Done d = drain(*e, id);
+    EXPECT_EQ(d.finish, OutputFinish::kError);
+    EXPECT_TRUE(contains(d.error, "run 2")) << d.error;
+    EXPECT_TRUE(contains(d.error, "device fault")) << d.error;
+  }
+  EXPECT_FALSE(e->health().ok());
+  auto refused = e->add_request(greedy({1}, 2));
+  EXPECT_FALSE(refused.ok());
+  EXPECT_TRUE(contains(refused.status(), "device fault")) << refused.status();
+  const EngineMetrics m = e->metrics();
+  EXPECT_FALSE(m.healthy);
+  EXPECT_EQ(m.kv_pages.total(), m.kv_pages_total);
+  const int64_t t0 = base::now_ns();
+  absl::Status s = e->shutdown();
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(contains(s, "device fault")) << s;
+  EXPECT_LT((base::now_ns() - t0) / 1e9, 10.0);
+}
+
+// 2,000 requests with random sampling parameters, lengths and aborts against
+// a pool that forces preemption, at depth 2: every request ends with one
+// final event, the page states sum to the pool at every step, live requests'
+// pages never alias (check_invariants each step), no page leaks.
+TEST_F(LlmEngineTest, RandomizedRequestsKeepEveryPageInvariant) {
+  const int kRequests = kSanitized ? 300 : 2000;
+  auto e = engine(options(2, 40, 64, 16));
+  EngineTestAccess::set_check_invariants(*e, true);
+  std::mt19937 rng(5);
+  std::vector<RequestId> ids;
+  std::vector<int64_t> max_tokens;
+  int64_t finished = 0;
+  std::map<OutputFinish, int64_t> reasons;
+  auto drain_one = [&](size_t i) {
+    Done d = drain(*e, ids[i]);
+    ++finished;
+    ++reasons[d.finish];
+    EXPECT_NE(d.finish, OutputFinish::kNone);
+    EXPECT_LE(static_cast<int64_t>(d.tokens.size()), max_tokens[i]);
+    if (d.finish == OutputFinish::kLength) {
+      EXPECT_EQ(static_cast<int64_t>(d.tokens.size()), max_tokens[i]);
+    }
+    EXPECT_NE(d.finish, OutputFinish::kError) << d.error;
+  };
+  size_t drained = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    RequestSpec s;
+    s.prompt_ids.resize(std::uniform_int_distribution<int>(1, 32)(rng));
+    for (int32_t& t : s.prompt_ids) t = std::uniform_int_distribution<int32_t>(0, 511)(rng);
+    s.max_tokens = std::uniform_int_distribution<int>(1, 16)(rng);
+    s.sampling.temperature = std::uniform_int_distribution<int>(0, 1)(rng) ? 0.0f : 0.8f;
+    s.sampling.top_k = std::uniform_int_distribution<int>(0, 20)(rng);
+    s.sampling.presence_penalty = 0.5f;
+    s.sampling.stop_token_ids = {std::uniform_int_distribution<int32_t>(0, 511)(rng)};
+    if (i % 3 == 0) s.sampling.seed = static_cast<uint64_t>(i);
+    const int64_t mt = s.max_tokens;
+    const RequestSpec s_copy = s;
+    auto id = e->add_request(std::move(s));
+    while (!id.ok() && id.status().code() == absl::StatusCode::kResourceExhausted) {
+      drain_one(drained++);  // the waiting queue is full: consume first
+      ASSERT_LE(drained, ids.size()) << "the queue is full with nothing to drain";
+      id = e->add_request(RequestSpec(s_copy));
+    }
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+    max_tokens.push_back(mt);
+    if (std::uniform_int_distribution<int>(0, 9)(rng) == 0) {
+      absl::Status a =
+          e->abort(ids[std::uniform_int_distribution<size_t>(drained, ids.size() - 1)(rng)]);
+      EXPECT_TRUE(a.ok() || a.code() == absl::StatusCode::kNotFound) << a;
+    }
+    if (ids.size() - drained > 200) drain_one(drained++);
+  }
+  while (drained < ids.size()) drain_one(drained++);
+  EXPECT_EQ(finished, kRequests);
+  EXPECT_GT(reasons[OutputFinish::kAbort], 0);
+  EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
+      << EngineTestAccess::invariant_violation(*e);
+  EXPECT_GT(e->metrics().preemptions_total, 0);
+  EXPECT_TRUE(e->shutdown().ok());
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.kv_pages.free, m.kv_pages_total) << "pages leaked";
+  EXPECT_EQ(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort +
+                m.requests_finished_error,
+            kRequests);
+}
+
+// A kernel error in a step holding a prefill chunk of a long prompt (mid-prefill)
+// fails that request; a request decoding beside it in the same step fails too
+// (it had a row), and a request arriving later is served.
+TEST_F(LlmEngineTest, AFaultMidPrefillFailsTheRowsOfThatStepOnly) {
+  EngineOptions eo = options(2, 256, 16, 4);
+  // Run 2 = step 3: the 100-token prompt is in its third 16-token chunk.
+  eo.runner.worker.faults = device::FaultPlan::parse("run=2:task=4:kind=kernel_error").value();
+  auto e = engine(eo);
+  const RequestId longp = e->add_request(greedy(std::vector<int32_t>(100, 9), 4)).value();
+  Done d = drain(*e, longp);
+  EXPECT_EQ(d.finish, OutputFinish::kError);
+  EXPECT_TRUE(d.tokens.empty());
+  EXPECT_TRUE(contains(d.error, "run 2 task 4")) << d.error;
+  const RequestId next = e->add_request(greedy(std::vector<int32_t>(40, 9), 4)).value();
+  EXPECT_EQ(drain(*e, next).finish, OutputFinish::kLength);
+  EXPECT_TRUE(e->health().ok());
+  EXPECT_TRUE(e->shutdown().ok());
+  EXPECT_EQ(e->metrics().kv_pages.free, e->metrics().kv_pages_total);
+}
+
+// The metrics snapshot: counters, page states summing to the pool, and
+// histograms with vLLM's buckets filled by what ran.
+TEST_F(LlmEngineTest, MetricsCountRequestsTokensPagesAndLatencies) {
+  auto e = engine(options(2, 128, 32, 8));
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(e->add_request(greedy({1, 2, 3, i}, 5)).value());
+  const RequestId aborted = e->add_request(greedy({7}, 300)).value();
+  for (RequestId id : ids) drain(*e, id);
+  ASSERT_TRUE(e->abort(aborted).ok());
+  drain(*e, aborted);
+  const EngineMetrics m = e->metrics();
+  EXPECT_TRUE(m.healthy);
+  EXPECT_EQ(m.requests_finished_length, 6);
+  EXPECT_EQ(m.requests_finished_abort, 1);
+  EXPECT_EQ(m.requests_running + m.requests_waiting, 0);
+  EXPECT_EQ(m.kv_pages.total(), 128);
+  EXPECT_EQ(m.kv_pages_total, 128);
+  EXPECT_GE(m.prompt_tokens_total, 6 * 4 + 1);
+  EXPECT_GE(m.generation_tokens_total, 6 * 5 + 1);
+  EXPECT_EQ(m.time_to_first_token_s.count, 7);
+  EXPECT_EQ(m.time_to_first_token_s.bounds, ttft_buckets_s());
+  EXPECT_GE(m.inter_token_latency_s.count, 6 * 4);
+  EXPECT_EQ(m.e2e_request_latency_s.count, 7);
+  EXPECT_EQ(m.request_queue_time_s.count, 7);
+  EXPECT_TRUE(e->shutdown().ok());
+  // Steps are counted at submit, timed at retire: equal once every step retired.
+  const EngineMetrics after = e->metrics();
+  EXPECT_GT(after.steps_total, 0);
+  EXPECT_EQ(after.step_time_s.count, after.steps_total);
+  EXPECT_EQ(after.rows_per_step.count, after.steps_total);
+  EXPECT_EQ(after.rows_per_step.bounds, build_1_2_5_buckets(8));
+  int64_t in_buckets = 0;
+  for (int64_t c : after.tokens_per_step.counts) in_buckets += c;
+  EXPECT_EQ(in_buckets, after.tokens_per_step.count);
+}
+
+TEST(Histogram, BucketsAreLessOrEqualBoundsWithAnInfBucket) {
+  Histogram h = Histogram::with_bounds({1, 2, 5});
+  for (double v : {0.5, 1.0, 1.5, 5.0, 7.0}) h.observe(v);
+  EXPECT_EQ(h.counts, (std::vector<int64_t>{2, 1, 1, 1}));
+  EXPECT_EQ(h.count, 5);
+  EXPECT_DOUBLE_EQ(h.sum, 15.0);
+  EXPECT_DOUBLE_EQ(h.quantile_bound(0.5), 2.0);
+  EXPECT_DOUBLE_EQ(h.quantile_bound(1.0), 5.0);
+  EXPECT_EQ(build_1_2_5_buckets(100), (std::vector<double>{1, 2, 5, 10, 20, 50, 100}));
+}
+
+// Text: the tiny preset (the real Qwen3 vocabulary and tokenizer).
+class LlmEngineTextTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::temp_directory_path() /
+                            ("simpler_llm_engine_text_" + std::to_string(::getpid())))
+                               .string());
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 8;
+    o.out_dir = *dir_;
+    o.tokenizer_dir = default_tokenizer_dir().value();
+    ASSERT_TRUE(make_model(o).ok());
+    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete tokenizer_;
+    delete dir_;
+  }
+  static std::unique_ptr<LlmEngine> engine(int depth) {
+    EngineOptions eo;
+    eo.runner.worker.num_cores = 2;
+    eo.runner.worker.launch_depth = depth;
+    eo.runner.worker.faults.emplace();
+    eo.runner.num_pages = 64;
+    eo.runner.max_num_seqs = 4;
+    eo.runner.max_num_batched_tokens = 64;
+    eo.tokenizer = tokenizer_;
+    auto e = LlmEngine::create(*dir_, eo);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(e).value();
+  }
+  struct Text {
+    std::vector<int32_t> tokens;
+    std::vector<std::string> deltas;
+    OutputFinish finish = OutputFinish::kNone;
+    int64_t completion_tokens = 0;
+    std::string text() const {
+      std::string t;
+      for (const std::string& d : deltas) t += d;
+      return t;
+    }
+  };
+  static Text run(LlmEngine& e, RequestSpec spec) {
+    Text t;
+    const RequestId id = e.add_request(std::move(spec)).value();
+    while (true) {
+      auto out = e.next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) return t;
+      t.tokens.insert(t.tokens.end(), out->token_ids.begin(), out->token_ids.end());
+      t.deltas.push_back(out->text);
+      if (out->finished()) {
+        t.finish = out->finish;
+        t.completion_tokens = out->completion_tokens;
+        return t;
+      }
+    }
+  }
+  static bool valid_utf8(const std::string& s) {
+    size_t i = 0;
+    while (i < s.size()) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t n = c < 0x80         ? 1
+                       : (c >> 5) == 6  ? 2
+                       : (c >> 4) == 14 ? 3
+                       : (c >> 3) == 30 ? 4
+                                        : 0;
+      if (n == 0 || i + n > s.size()) return false;
+      for (size_t k = 1; k < n; ++k) {
+        if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+      }
+      i += n;
+    }
+    return true;
+  }
+  static size_t char_len(const std::string& s, size_t at) {
+    const unsigned char c = static_cast<unsigned char>(s[at]);
+    return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+  }
+  static std::string* dir_;
+  static Tokenizer* tokenizer_;
+};
+std::string* LlmEngineTextTest::dir_ = nullptr;
+Tokenizer* LlmEngineTextTest::tokenizer_ = nullptr;
+
+// Deltas never split a UTF-8 character and add up to decode(all ids); a stop
+// string spanning a token boundary cuts the text right before it, and no
+// streamed delta ever held a prefix of it.
+TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
+  auto e = engine(2);
+  RequestSpec spec;
+  spec.prompt_ids = tokenizer_->encode("Once upon a time");
+  spec.max_tokens = 40;
+  spec.sampling.temperature = 0;
+  spec.sampling.ignore_eos = true;
+  const Text base = run(*e, spec);
+  ASSERT_EQ(base.tokens.size(), 40u);
+  const std::string full = tokenizer_->decode(base.tokens);
+  EXPECT_EQ(base.text(), full);
+  for (const std::string& d : base.deltas)
+    EXPECT_TRUE(valid_utf8(d)) << "a delta split a character";
+  // A stop string made of the last character of token k's text and the first
+  // of token k+1's, whose first occurrence is exactly there.
+  bool tested = false;
+  for (size_t k = 2; k + 2 < base.tokens.size() && !tested; ++k) {
+    const std::string upto =
+        tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), k + 1));
+    const std::string upto_next =
+        tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), k + 2));
+    if (upto.empty() || upto.size() >= upto_next.size() ||
+        full.compare(0, upto_next.size(), upto_next) != 0 || !valid_utf8(upto) ||
+        !valid_utf8(upto_next)) {
+      continue;
+    }
+    size_t last = upto.size() - 1;
+    while (last > 0 && (static_cast<unsigned char>(upto[last]) >> 6) == 2) --last;
+    const std::string stop =
+        upto.substr(last) + upto_next.substr(upto.size(), char_len(upto_next, upto.size()));
+    if (full.find(stop) != last || stop.find('\xef') != std::string::npos) continue;
+    tested = true;
+    RequestSpec with_stop = spec;
+    with_stop.sampling.stop = {"never-in-this-text-\xe2\x82\xac", stop};
+    const Text t = run(*e, with_stop);
+    EXPECT_EQ(t.finish, OutputFinish::kStop);
+    EXPECT_EQ(t.text(), full.substr(0, last)) << "stop " << stop;
+    EXPECT_EQ(t.completion_tokens, static_cast<int64_t>(k + 2));
+    std::string streamed;
+    for (const std::string& d : t.deltas) {
+      streamed += d;
+      EXPECT_EQ(streamed.find(stop.substr(0, 1), last), std::string::npos)
+          << "a delta released the start of the stop string";
+    }
+  }
+  EXPECT_TRUE(tested) << "no token boundary fit a stop-string probe in: " << full;
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+}  // namespace
+}  // namespace simpler::llm

@@ -1,0 +1,1163 @@
+#include "simpler/engine/llm_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine_test_hooks.h"
+#include "engine/kv_cache.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "simpler/base/log.h"
+#include "simpler/base/status.h"
+#include "simpler/base/sync.h"
+#include "simpler/base/thread.h"
+#include "simpler/tokenizer/detokenizer.h"
+
+namespace simpler::llm {
+
+const char* finish_reason_name(OutputFinish reason) {
+  switch (reason) {
+    case OutputFinish::kNone:
+      return "";
+    case OutputFinish::kStop:
+      return "stop";
+    case OutputFinish::kLength:
+      return "length";
+    case OutputFinish::kAbort:
+      return "abort";
+    case OutputFinish::kError:
+      return "error";
+  }
+  return "";
+}
+
+namespace {
+
+OutputFinish to_output(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return OutputFinish::kStop;
+    case FinishReason::kLength:
+      return OutputFinish::kLength;
+    case FinishReason::kAbort:
+      return OutputFinish::kAbort;
+    case FinishReason::kError:
+      return OutputFinish::kError;
+  }
+  return OutputFinish::kError;
+}
+
+std::chrono::steady_clock::time_point in_ms(int64_t ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+}
+
+}  // namespace
+
+// A request's delivery point: its queue (or callback) and how many choices
+// are still open. Shared by callers, the output thread and the engine.
+struct Delivery {
+  base::Mutex mu;
+  base::CondVar cv;
+  std::deque<RequestOutput> queue SIMPLER_GUARDED_BY(mu);
+  int32_t open_choices SIMPLER_GUARDED_BY(mu) = 0;  // without a final event queued
+  int32_t unread_finals SIMPLER_GUARDED_BY(mu) = 0;
+  std::function<void(const RequestOutput&)> callback;  // immutable
+  std::string caller_id;                               // immutable
+};
+
+namespace {
+
+// Registration (the first event of every choice): what the output thread keeps.
+struct ChoiceInit {
+  RequestId rid = 0;
+  int32_t index = 0;
+  int64_t arrival_ns = 0;
+  std::shared_ptr<Delivery> delivery;
+  std::shared_ptr<const RequestSpec> spec;
+};
+
+// One event from the loop to the output processor.
+struct LoopEvent {
+  uint64_t sid = 0;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;
+  std::vector<int64_t> times;
+  std::map<int64_t, std::vector<float>> logits;
+  std::map<int64_t, Qwen3ModelRunner::Kv> kv;
+  bool final = false;
+  OutputFinish finish = OutputFinish::kNone;
+  absl::Status error;
+  int64_t completion_tokens = 0;
+  int64_t scheduled_ns = 0, first_token_ns = 0, finished_ns = 0, num_preemptions = 0;
+  std::vector<int32_t> pages;
+  std::vector<int64_t> page_steps;
+  int64_t last_step = 0;
+  std::optional<ChoiceInit> init;
+};
+
+}  // namespace
+
+struct LlmEngine::Impl {
+  // ---- immutable after create ----
+  LlmEngine* engine = nullptr;
+  EngineOptions options;
+  std::unique_ptr<Qwen3ModelRunner> runner;
+  std::vector<int32_t> eos_ids;
+  int64_t max_model_len = 0;
+
+  // ---- the inbox: callers and the output thread -> loop ----
+  struct Command {
+    enum Kind { kAdd, kAbort, kStop, kAbortChoice } kind;
+    RequestId rid = 0;
+    uint64_t sid = 0;
+    int64_t keep = 0;
+    absl::Status reason;
+    struct NewChoice {
+      uint64_t sid;
+      int32_t index;
+      SamplingParams params;
+    };
+    std::vector<NewChoice> choices;
+    std::shared_ptr<const RequestSpec> spec;
+    std::shared_ptr<Delivery> delivery;
+    int64_t arrival_ns = 0;
+  };
+  base::Mutex mu;
+  base::CondVar inbox_cv;
+  std::deque<Command> inbox SIMPLER_GUARDED_BY(mu);
+  int64_t waiting_choices SIMPLER_GUARDED_BY(mu) = 0;  // in the inbox or the scheduler's queue
+  bool draining SIMPLER_GUARDED_BY(mu) = false;
+  base::Deadline drain_deadline SIMPLER_GUARDED_BY(mu);
+  bool stop_loop SIMPLER_GUARDED_BY(mu) = false;
+  absl::Status unhealthy SIMPLER_GUARDED_BY(mu);
+  uint64_t next_rid SIMPLER_GUARDED_BY(mu) = 1;
+  uint64_t next_sid SIMPLER_GUARDED_BY(mu) = 1;
+  SeedAllocator seeds SIMPLER_GUARDED_BY(mu);
+  std::unordered_map<RequestId, std::shared_ptr<Delivery>> deliveries SIMPLER_GUARDED_BY(mu);
+  EngineMetrics metrics SIMPLER_GUARDED_BY(mu);
+  std::vector<StepRecord> step_records SIMPLER_GUARDED_BY(mu);
+  absl::Status invariant_violation SIMPLER_GUARDED_BY(mu);
+  std::atomic<bool> check_invariants{false};
+
+  // ---- the outbox: loop -> output thread ----
+  base::Mutex out_mu;
+  base::CondVar out_cv;
+  std::deque<LoopEvent> outbox SIMPLER_GUARDED_BY(out_mu);
+  bool out_done SIMPLER_GUARDED_BY(out_mu) = false;  // the loop exited: drain and stop
+
+  std::thread loop_thread, output_thread;
+  // Their ids, written by create() before any caller can see the engine.
+  std::thread::id loop_thread_id, output_thread_id;
+  std::once_flag shutdown_once;
+  absl::Status shutdown_status;
+
+  // ---- loop-owned ----
+  struct Choice {
+    RequestId rid = 0;
+    int32_t index = 0;
+    std::shared_ptr<const RequestSpec> spec;
+    SamplingParams params;
+    std::vector<int32_t> tokens;  // prompt, then accepted outputs
+    int64_t prompt_len = 0;
+    int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, last_token_ns = 0;
+    std::vector<int32_t> pages;       // its block table after its latest step
+    std::vector<int64_t> page_steps;  // the step that allocated each of `pages`
+    int64_t last_step = 0;            // its latest step
+  };
+  std::optional<Scheduler> scheduler;
+  std::unordered_map<uint64_t, Choice> choices;  // live and not yet reported final
+  struct InFlight {
+    int64_t step_id = 0;
+    StepPlan plan;
+    std::unique_ptr<StepInFlight> step;  // null: submit failed with `submit_error`
+    absl::Status submit_error;
+    int64_t in_flight_at_submit = 0;
+  };
+  std::deque<InFlight> in_flight;
+  // Set when the loop leaves: steps cancelled by the shutdown's close are
+  // not a failure of the engine.
+  bool closing = false;
+  int64_t cancel_at_ns = 0;  // after the drain deadline: when to stop waiting for steps
+
+  // ---- output-thread-owned ----
+  struct OutChoice {
+    uint64_t sid = 0;
+    RequestId rid = 0;
+    int32_t index = 0;
+    std::shared_ptr<Delivery> delivery;
+    std::shared_ptr<const RequestSpec> spec;
+    std::optional<IncrementalDetokenizer> detok;
+    std::optional<StopStringMatcher> stops;
+    int64_t generated = 0;
+    int64_t arrival_ns = 0;
+    bool stop_matched = false;  // waiting for the loop's final event
+    int64_t keep = 0;
+    // An event of it was dropped (its queue was full): it ends as an abort.
+    bool overflowed = false;
+    int64_t delivered_tokens = 0;  // tokens of the events handed to its consumer
+  };
+  std::unordered_map<uint64_t, OutChoice> out_choices;  // output thread only
+
+  void loop();
+  void output_loop();
+  void fail_all_live(const absl::Status& cause);
+  void apply(Command& c);
+  bool submit_one();
+  void retire_front();
+  void publish_finished(int64_t now);
+  void refresh_gauges();
+  void emit(LoopEvent ev) {
+    base::MutexLock l(out_mu);
+    outbox.push_back(std::move(ev));
+    out_cv.notify_one();
+  }
+  void deliver(OutChoice& oc, RequestOutput out);
+  // Finish counters (metrics): +delta for `finish`. Requires mu.
+  void count_finish(OutputFinish finish, int64_t delta) SIMPLER_REQUIRES(mu);
+  void handle_event(LoopEvent& ev);
+};
+
+namespace {
+
+absl::Status check_engine_options(const EngineOptions& options) {
+  if (options.max_waiting <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_waiting must be > 0, got ", options.max_waiting));
+  }
+  if (options.max_buffered_outputs <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_buffered_outputs must be > 0, got ", options.max_buffered_outputs));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(const std::string& model_dir,
+                                                             const EngineOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(check_engine_options(options));
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3ModelRunner> runner,
+                           Qwen3ModelRunner::create(model_dir, options.runner));
+  return create(std::move(runner), options);
+}
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(
+    std::unique_ptr<Qwen3ModelRunner> runner, const EngineOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(check_engine_options(options));
+  if (runner == nullptr) return absl::InvalidArgumentError("LlmEngine::create: no runner");
+  const RunnerOptions& ro = runner->options();
+  if (ro.page_size != options.runner.page_size || ro.num_pages != options.runner.num_pages ||
+      ro.max_num_seqs != options.runner.max_num_seqs ||
+      ro.max_num_batched_tokens != options.runner.max_num_batched_tokens ||
+      ro.host_sampling != options.runner.host_sampling ||
+      ro.worker.launch_depth != options.runner.worker.launch_depth) {
+    return absl::InvalidArgumentError(
+        "LlmEngine::create: the runner was made with other RunnerOptions (page_size, num_pages, "
+        "max_num_seqs, max_num_batched_tokens, host_sampling or launch_depth) than "
+        "EngineOptions::runner");
+  }
+  std::unique_ptr<LlmEngine> e(new LlmEngine());
+  e->options_ = options;
+  auto impl = std::make_unique<Impl>();
+  impl->engine = e.get();
+  impl->options = options;
+  impl->runner = std::move(runner);
+  e->config_ = impl->runner->config();
+  e->dims_ = impl->runner->dims();
+  e->weight_bytes_per_step_ = impl->runner->weight_bytes_per_step();
+  for (int64_t id : e->config_.stop_ids()) impl->eos_ids.push_back(static_cast<int32_t>(id));
+  impl->max_model_len = e->config_.max_position_embeddings;
+  SchedulerOptions so;
+  so.max_num_batched_tokens = options.runner.max_num_batched_tokens;
+  so.max_num_seqs = options.runner.max_num_seqs;
+  // Preempted requests go back to the waiting queue: room for all of them.
+  so.max_waiting = options.max_waiting + options.runner.max_num_seqs;
+  so.page_size = options.runner.page_size;
+  so.num_pages = options.runner.num_pages;
+  so.max_model_len = impl->max_model_len;
+  SIMPLER_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(so));
+  impl->scheduler.emplace(std::move(sched));
+  {
+    base::MutexLock l(impl->mu);
+    EngineMetrics& m = impl->metrics;
+    m.time_to_first_token_s = Histogram::with_bounds(ttft_buckets_s());
+    m.inter_token_latency_s = Histogram::with_bounds(inter_token_buckets_s());
+    m.e2e_request_latency_s = Histogram::with_bounds(request_latency_buckets_s());
+    m.request_queue_time_s = Histogram::with_bounds(request_latency_buckets_s());
+    m.step_time_s = Histogram::with_bounds(inter_token_buckets_s());
+    m.rows_per_step = Histogram::with_bounds(build_1_2_5_buckets(options.runner.max_num_seqs));
+    m.tokens_per_step =
+        Histogram::with_bounds(build_1_2_5_buckets(options.runner.max_num_batched_tokens));
+    m.kv_pages_total = options.runner.num_pages;
+    m.kv_pages.free = options.runner.num_pages;
+  }
+  Impl* raw = impl.get();
+  impl->loop_thread = std::thread([raw] {
+    base::set_thread_name("engine-loop");
+    raw->loop();
+  });
+  impl->output_thread = std::thread([raw] {
+    base::set_thread_name("engine-output");
+    raw->output_loop();
+  });
+  impl->loop_thread_id = impl->loop_thread.get_id();
+  impl->output_thread_id = impl->output_thread.get_id();
+  e->impl_ = std::move(impl);
+  return e;
+}
+
+LlmEngine::~LlmEngine() {
+  if (impl_) (void)shutdown(base::Deadline::poll());
+}
+
+absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
+  Impl& im = *impl_;
+  const Qwen3Dims& d = dims_;
+  auto refuse = [&](absl::Status s) -> absl::Status {
+    base::MutexLock l(im.mu);
+    ++im.metrics.requests_refused;
+    return s;
+  };
+  if (spec.prompt_ids.empty()) return refuse(absl::InvalidArgumentError("prompt_ids is empty"));
+  for (size_t i = 0; i < spec.prompt_ids.size(); ++i) {
+    const int32_t id = spec.prompt_ids[i];
+    if (id < 0 || id >= d.vocab_size) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "prompt_ids[", i, "] = ", id, " is outside the vocabulary [0, ", d.vocab_size, ")")));
+    }
+  }
+  const int64_t plen = static_cast<int64_t>(spec.prompt_ids.size());
+  if (spec.max_tokens < 1) {
+    return refuse(
+        absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", spec.max_tokens)));
+  }
+  if (spec.max_tokens > im.max_model_len - plen) {  // plen + max_tokens could overflow
+    const bool sum_fits = spec.max_tokens <= std::numeric_limits<int64_t>::max() - plen;
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", plen, " tokens + max_tokens ", spec.max_tokens,
+                     (sum_fits ? absl::StrCat(" = ", plen + spec.max_tokens) : std::string()),
+                     " exceeds max_position_embeddings ", im.max_model_len)));
+  }
+  const RunnerOptions& ro = options_.runner;
+  const int64_t need = pages_needed(plen + spec.max_tokens - 1, ro.page_size);
+  if (need > ro.num_pages) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("the request can never fit the KV cache: prompt of ", plen,
+                     " tokens + max_tokens ", spec.max_tokens, " needs ", need, " pages of ",
+                     ro.page_size, " tokens, and the pool holds ", ro.num_pages, " pages")));
+  }
+  if (spec.n < 1 || spec.n > ro.max_num_seqs) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("n must be in [1, max_num_seqs ", ro.max_num_seqs, "], got ", spec.n)));
+  }
+  if (spec.n > options_.max_waiting) {
+    // Its choices wait together: it would never fit an empty waiting queue.
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("n ", spec.n, " exceeds max_waiting ", options_.max_waiting,
+                     ": the request's choices could never wait in the queue at once")));
+  }
+  const RequestSampling& rs = spec.sampling;
+  SamplingParams p;
+  p.temperature = rs.temperature;
+  p.top_p = rs.top_p;
+  p.top_k = rs.top_k;
+  p.min_p = rs.min_p;
+  p.presence_penalty = rs.presence_penalty;
+  p.frequency_penalty = rs.frequency_penalty;
+  p.repetition_penalty = rs.repetition_penalty;
+  p.logprobs = rs.logprobs.has_value() ? *rs.logprobs : -1;
+  if (rs.logprobs.has_value() && (*rs.logprobs < 0 || *rs.logprobs > kMaxLogprobs)) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs,
+                                                          "] (or absent), got ", *rs.logprobs)));
+  }
+  p.min_tokens = rs.min_tokens;
+  p.ignore_eos = rs.ignore_eos ? 1 : 0;
+  {
+    std::vector<std::pair<int32_t, bool>> stop_ids;  // (id, is_eos)
+    for (int32_t id : im.eos_ids) stop_ids.emplace_back(id, true);
+    for (int32_t id : rs.stop_token_ids) {
+      if (id < 0 || id >= d.vocab_size) {
+        return refuse(absl::InvalidArgumentError(absl::StrCat(
+            "stop_token_ids entry ", id, " is outside the vocabulary [0, ", d.vocab_size, ")")));
+      }
+      bool dup = false;
+      for (auto& [sid, eos] : stop_ids) {
+        if (sid == id) {
+          eos = false;  // the request's own stop id: ignore_eos does not disable it
+          dup = true;
+        }
+      }
+      if (!dup) stop_ids.emplace_back(id, false);
+    }
+    if (stop_ids.size() > static_cast<size_t>(kMaxSamplingStopIds)) {
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids: ", stop_ids.size(), " stop ids with the model's ",
+                       im.eos_ids.size(), " EOS ids, at most ", kMaxSamplingStopIds)));
+    }
+    for (size_t i = 0; i < stop_ids.size(); ++i) {
+      p.stop_ids[i] = stop_ids[i].first;
+      if (stop_ids[i].second) p.eos_mask |= static_cast<uint8_t>(1u << i);
+    }
+  }
+  if (absl::Status s = p.validate(d.vocab_size); !s.ok()) return refuse(s);
+  if (!rs.stop.empty()) {
+    if (options_.tokenizer == nullptr) {
+      return refuse(absl::InvalidArgumentError(
+          "stop strings need a tokenizer; the engine was created without one"));
+    }
+    if (auto m = StopStringMatcher::create(rs.stop); !m.ok()) return refuse(m.status());
+  }
+  auto delivery = std::make_shared<Delivery>();
+  delivery->callback = spec.on_output;
+  delivery->caller_id = spec.caller_id;
+  {
+    base::MutexLock dl(delivery->mu);
+    delivery->open_choices = spec.n;
+    delivery->unread_finals = spec.n;
+  }
+  const int32_t n = spec.n;
+  auto shared = std::make_shared<const RequestSpec>(std::move(spec));
+  base::MutexLock l(im.mu);
+  if (!im.unhealthy.ok()) {
+    ++im.metrics.requests_refused;
+    return base::annotate(im.unhealthy, "the engine is unhealthy: ");
+  }
+  if (im.draining) {
+    ++im.metrics.requests_refused;
+    return absl::FailedPreconditionError("the engine is shutting down");
+  }
+  if (im.waiting_choices + n > options_.max_waiting) {
+    ++im.metrics.requests_refused;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the waiting queue is full: ", im.waiting_choices, " requests wait, max_waiting ",
+        options_.max_waiting, (n > 1 ? absl::StrCat(" (this one adds ", n, ")") : "")));
+  }
+  const uint64_t seed = rs.seed.has_value() ? *rs.seed : im.seeds.next();
+  p.seed = seed;
+  Impl::Command c;
+  c.kind = Impl::Command::kAdd;
+  c.rid = im.next_rid++;
+  c.spec = shared;
+  c.delivery = delivery;
+  c.arrival_ns = base::now_ns();
+  for (int32_t i = 0; i < n; ++i) c.choices.push_back({im.next_sid++, i, p});
+  im.waiting_choices += n;
+  im.deliveries.emplace(c.rid, delivery);
+  const RequestId rid = c.rid;
+  im.inbox.push_back(std::move(c));
+  im.inbox_cv.notify_one();
+  return rid;
+}
+
+absl::Status LlmEngine::abort(RequestId id) {
+  Impl& im = *impl_;
+  base::MutexLock l(im.mu);
+  auto it = im.deliveries.find(id);
+  bool open = false;
+  if (it != im.deliveries.end()) {
+    base::MutexLock dl(it->second->mu);
+    open = it->second->open_choices > 0;
+  }
+  if (!open) {
+    return absl::NotFoundError(
+        absl::StrCat("abort of request ", id, ", which is unknown or already finished"));
+  }
+  Impl::Command c;
+  c.kind = Impl::Command::kAbort;
+  c.rid = id;
+  im.inbox.push_back(std::move(c));
+  im.inbox_cv.notify_one();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RequestOutput> LlmEngine::next_output(RequestId id, base::Deadline deadline) {
+  Impl& im = *impl_;
+  std::shared_ptr<Delivery> d;
+  {
+    base::MutexLock l(im.mu);
+    auto it = im.deliveries.find(id);
+    if (it == im.deliveries.end() || it->second->callback) {
+      return absl::NotFoundError(absl::StrCat(
+          "request ", id, " is unknown, finished and fully read, or delivers to a callback"));
+    }
+    d = it->second;
+  }
+  base::MutexLock dl(d->mu);
+  while (d->queue.empty()) {
+    if (deadline.expired()) {
+      return absl::DeadlineExceededError(absl::StrCat("no output of request ", id, " yet"));
+    }
+    if (std::this_thread::get_id() == im.output_thread_id) {
+      // An on_output callback: only this thread could deliver what it waits for.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "next_output of request ", id,
+          " would wait on the engine's output thread (an on_output callback), which delivers it"));
+    }
+    if (deadline.is_forever()) {
+      d->cv.wait(dl);
+    } else {
+      d->cv.wait_until(dl, deadline.at);
+    }
+  }
+  RequestOutput out = std::move(d->queue.front());
+  d->queue.pop_front();
+  const bool last = out.finished() && --d->unread_finals == 0;
+  dl.unlock();  // lock order: im.mu before a delivery's mu
+  if (last) {
+    base::MutexLock l(im.mu);
+    im.deliveries.erase(id);
+  }
+  return out;
+}
+
+absl::Status LlmEngine::health() const {
+  base::MutexLock l(impl_->mu);
+  return impl_->unhealthy;
+}
+
+EngineMetrics LlmEngine::metrics() const {
+  base::MutexLock l(impl_->mu);
+  EngineMetrics m = impl_->metrics;
+  m.healthy = impl_->unhealthy.ok();
+  m.unhealthy_cause = std::string(impl_->unhealthy.message());
+  return m;
+}
+
+std::vector<StepRecord> LlmEngine::step_records() const {
+  base::MutexLock l(impl_->mu);
+  return impl_->step_records;
+}
+
+absl::Status EngineTestAccess::invariant_violation(const LlmEngine& engine) {
+  base::MutexLock l(engine.impl_->mu);
+  return engine.impl_->invariant_violation;
+}
+
+void EngineTestAccess::set_check_invariants(LlmEngine& engine, bool on) {
+  engine.impl_->check_invariants.store(on);
+}
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> EngineTestAccess::create(
+    std::unique_ptr<Qwen3ModelRunner> runner, const EngineOptions& options) {
+  return LlmEngine::create(std::move(runner), options);
+}
+
+absl::Status LlmEngine::shutdown(base::Deadline drain_deadline) {
+  Impl& im = *impl_;
+  if (std::this_thread::get_id() == im.output_thread_id ||
+      std::this_thread::get_id() == im.loop_thread_id) {
+    // It joins both threads: an on_output callback cannot wait for its own thread.
+    return absl::FailedPreconditionError(
+        "shutdown called on the engine's own thread (an on_output callback); call it from "
+        "another thread");
+  }
+  std::call_once(im.shutdown_once, [&] {
+    {
+      base::MutexLock l(im.mu);
+      im.draining = true;
+      im.drain_deadline = drain_deadline;
+      im.inbox_cv.notify_one();
+    }
+    im.loop_thread.join();
+    im.output_thread.join();
+    absl::Status closed = im.runner->close(base::Deadline::poll());
+    base::MutexLock l(im.mu);
+    im.shutdown_status = !im.unhealthy.ok() ? im.unhealthy : closed;
+  });
+  return im.shutdown_status;
+}
+
+// ---- the engine loop ---------------------------------------------------------------------
+
+void LlmEngine::Impl::apply(Command& c) {
+  const int64_t now = base::now_ns();
+  switch (c.kind) {
+    case Command::kAdd: {
+      for (const Command::NewChoice& nc : c.choices) {
+        Choice ch;
+        ch.rid = c.rid;
+        ch.index = nc.index;
+        ch.spec = c.spec;
+        ch.params = nc.params;
+        ch.tokens = c.spec->prompt_ids;
+        ch.prompt_len = static_cast<int64_t>(ch.tokens.size());
+        ch.arrival_ns = c.arrival_ns;
+        SchedulerRequest sr;
+        sr.id = nc.sid;
+        sr.prompt_len = ch.prompt_len;
+        sr.max_tokens = c.spec->max_tokens;
+        sr.sampling_id = nc.sid;
+        absl::Status s;
+        {
+          base::MutexLock l(mu);
+          s = unhealthy.ok() ? scheduler->add(sr) : unhealthy;
+        }
+        choices.emplace(nc.sid, std::move(ch));
+        // Register the choice with the output thread before any token of it.
+        LoopEvent reg;
+        reg.sid = nc.sid;
+        reg.init.emplace();
+        reg.init->rid = c.rid;
+        reg.init->index = nc.index;
+        reg.init->arrival_ns = c.arrival_ns;
+        reg.init->delivery = c.delivery;
+        reg.init->spec = c.spec;
+        emit(std::move(reg));
+        if (!s.ok()) {
+          // Checked at add_request already; only a race with the engine turning unhealthy.
+          LoopEvent ev;
+          ev.sid = nc.sid;
+          ev.final = true;
+          ev.finish = OutputFinish::kError;
+          ev.error = s;
+          ev.finished_ns = now;
+          emit(std::move(ev));
+          choices.erase(nc.sid);
+          base::MutexLock l(mu);
+          count_finish(OutputFinish::kError, 1);
+        }
+      }
+      break;
+    }
+    case Command::kAbort:
+      for (const auto& [sid, ch] : choices) {
+        if (ch.rid == c.rid) (void)scheduler->abort(sid);  // NOT_FOUND: already finishing
+      }
+      break;
+    case Command::kStop:
+      (void)scheduler->stop(c.sid, c.keep);  // NOT_FOUND: it finished meanwhile
+      break;
+    case Command::kAbortChoice:
+      (void)scheduler->abort(c.sid);
+      break;
+  }
+}
+
+void LlmEngine::Impl::fail_all_live(const absl::Status& cause) {
+  for (uint64_t sid : scheduler->live_ids()) (void)scheduler->fail(sid, cause);
+}
+
+bool LlmEngine::Impl::submit_one() {
+  std::optional<StepPlan> plan = scheduler->schedule();
+  if (!plan.has_value()) return false;
+  const int64_t now = base::now_ns();
+  std::vector<RowInput> inputs(plan->rows.size());
+  for (size_t i = 0; i < plan->rows.size(); ++i) {
+    const StepRow& row = plan->rows[i];
+    Choice& ch = choices.at(row.request_id);
+    if (ch.scheduled_ns == 0) ch.scheduled_ns = now;
+    // A table that is not an extension of the previous one: preempted and re-admitted.
+    if (row.block_table.size() < ch.pages.size() ||
+        !std::equal(ch.pages.begin(), ch.pages.end(), row.block_table.begin())) {
+      ch.page_steps.clear();
+    }
+    ch.page_steps.resize(std::min(ch.page_steps.size(), row.block_table.size()));
+    while (ch.page_steps.size() < row.block_table.size()) ch.page_steps.push_back(plan->step_id);
+    ch.pages = row.block_table;
+    ch.last_step = plan->step_id;
+    RowInput& in = inputs[i];
+    in.tokens = &ch.tokens;
+    in.prompt_len = ch.prompt_len;
+    in.params = &ch.params;
+    in.choice = ch.index;
+    if (row.logits) {
+      const int64_t out_index = row.start + row.len - ch.prompt_len;
+      in.want_logits =
+          ch.spec->hooks != nullptr && ch.spec->hooks->logits_tokens.count(out_index) > 0;
+    }
+  }
+  InFlight f;
+  f.step_id = plan->step_id;
+  f.in_flight_at_submit = static_cast<int64_t>(in_flight.size()) + 1;
+  absl::StatusOr<std::unique_ptr<StepInFlight>> st = runner->submit(*plan, inputs);
+  if (st.ok()) {
+    f.step = *std::move(st);
+  } else {
+    f.submit_error = st.status();
+  }
+  f.plan = *std::move(plan);
+  int64_t prompt_tokens = 0;
+  for (const StepRow& row : f.plan.rows) prompt_tokens += row.prefill ? row.len : 0;
+  {
+    base::MutexLock l(mu);
+    metrics.prompt_tokens_total += prompt_tokens;
+    ++metrics.steps_total;
+  }
+  in_flight.push_back(std::move(f));
+  return true;
+}
+
+void LlmEngine::Impl::retire_front() {
+  InFlight f = std::move(in_flight.front());
+  in_flight.pop_front();
+  const int64_t now = base::now_ns();
+  absl::Status status = f.submit_error;
+  if (f.step) status = f.step->handle().wait();
+  std::vector<RowSample> samples;
+  if (status.ok()) {
+    absl::StatusOr<std::vector<RowSample>> c = runner->collect(*f.step);
+    if (c.ok()) {
+      samples = *std::move(c);
+    } else {
+      status = c.status();
+    }
+  }
+  std::unordered_map<uint64_t, LoopEvent> events;
+  if (status.ok()) {
+    // K/V dumps first: the rows' pages are still held or fenced behind this step.
+    for (const StepRow& row : f.plan.rows) {
+      auto it = choices.find(row.request_id);
+      if (it == choices.end() || it->second.spec->hooks == nullptr) continue;
+      const std::set<int64_t>& positions = it->second.spec->hooks->kv_positions;
+      if (positions.empty()) continue;
+      for (int64_t k = 0; k < row.len; ++k) {
+        const int64_t pos = row.start + k;
+        if (positions.count(pos) == 0) continue;
+        auto kv = runner->read_kv(row.slots[k]);
+        if (kv.ok()) events[row.request_id].kv[pos] = *std::move(kv);
+      }
+    }
+    std::vector<RowResult> results(f.plan.rows.size());
+    for (const RowSample& s : samples) {
+      const StepRow& row = f.plan.rows[s.row];
+      const auto it = choices.find(row.request_id);
+      results[s.row].token = s.sample.id;
+      if (it != choices.end()) {
+        const int64_t generated = row.start + row.len - it->second.prompt_len + 1;
+        results[s.row].stop = stops_on(it->second.params, s.sample.id, generated);
+      }
+    }
+    absl::StatusOr<std::vector<AcceptedSample>> accepted =
+        scheduler->on_step_retired(f.step_id, results);
+    if (!accepted.ok()) {
+      SIMPLER_LOG_ERROR("engine: retiring step {}: {}", f.step_id, accepted.status().ToString());
+      std::abort();  // the loop's own bookkeeping is broken
+    }
+    // Samples in row order; `samples` is in logit-row order, which is row order too.
+    size_t si = 0;
+    for (const AcceptedSample& a : *accepted) {
+      while (si < samples.size() && samples[si].row != a.row) ++si;
+      Choice& ch = choices.at(a.request_id);
+      ch.tokens.push_back(a.token);
+      LoopEvent& ev = events[a.request_id];
+      ev.tokens.push_back(a.token);
+      ev.times.push_back(now);
+      if (si < samples.size()) {
+        const RowSample& s = samples[si];
+        if (ch.params.logprobs >= 0) {
+          TokenLogprob lp;
+          lp.logprob = s.sample.logprob;
+          for (int k = 0; k < ch.params.logprobs; ++k) {
+            if (s.sample.top_ids[k] >= 0) {
+              lp.top.emplace_back(s.sample.top_ids[k], s.sample.top_logprobs[k]);
+            }
+          }
+          ev.logprobs.push_back(std::move(lp));
+        }
+        if (!s.logits.empty()) ev.logits[a.index] = s.logits;
+      }
+      base::MutexLock l(mu);
+      ++metrics.generation_tokens_total;
+      if (ch.first_token_ns == 0) {
+        ch.first_token_ns = now;
+        metrics.time_to_first_token_s.observe((now - ch.arrival_ns) / 1e9);
+      } else {
+        metrics.inter_token_latency_s.observe((now - ch.last_token_ns) / 1e9);
+      }
+      ch.last_token_ns = now;
+    }
+  } else {
+    const bool fatal = base::is_unrecoverable(status);
+    absl::Status s = scheduler->on_step_failed(
+        f.step_id, fatal ? StepFailure::kUnrecoverable : StepFailure::kRecoverable, status);
+    if (!s.ok()) {
+      SIMPLER_LOG_ERROR("engine: failing step {}: {}", f.step_id, s.ToString());
+      std::abort();
+    }
+    if (fatal && !closing) {
+      base::MutexLock l(mu);
+      if (unhealthy.ok()) {
+        unhealthy = status;
+        SIMPLER_LOG_ERROR("engine: unrecoverable failure, the engine is unhealthy: {}",
+                          status.ToString());
+      }
+    }
+  }
+  for (auto& [sid, ev] : events) {
+    ev.sid = sid;
+    emit(std::move(ev));
+  }
+  base::MutexLock l(mu);
+  metrics.step_time_s.observe(f.step ? (now - f.step->submit_ns()) / 1e9 : 0);
+  metrics.rows_per_step.observe(static_cast<double>(f.plan.rows.size()));
+  metrics.tokens_per_step.observe(static_cast<double>(f.plan.num_tokens()));
+  if (options.record_steps) {
+    StepRecord r;
+    r.step_id = f.step_id;
+    r.rows = static_cast<int64_t>(f.plan.rows.size());
+    r.tokens = f.plan.num_tokens();
+    for (const StepRow& row : f.plan.rows) r.logit_rows += row.logits ? 1 : 0;
+    r.retire_ns = now;
+    r.in_flight_at_submit = f.in_flight_at_submit;
+    if (f.step) {
+      r.submit_ns = f.step->submit_ns();
+      if (f.step->handle().done()) {
+        const worker::RunResult& rr = f.step->handle().result();
+        r.device_start_ns = rr.timing.device_start_ns;
+        r.device_end_ns = rr.timing.device_end_ns;
+        r.effective_depth = rr.effective_depth;
+      }
+    }
+    step_records.push_back(r);
+  }
+}
+
+// Final events of the choices the scheduler finished, sent after the gauges
+// are refreshed: a consumer holding a final event sees metrics (running,
+// waiting, pages, the waiting count add_request checks) without it.
+void LlmEngine::Impl::publish_finished(int64_t now) {
+  std::vector<LoopEvent> finals;
+  for (FinishedRequest& fr : scheduler->take_finished()) {
+    auto it = choices.find(fr.id);
+    if (it == choices.end()) continue;
+    Choice& ch = it->second;
+    LoopEvent ev;
+    ev.sid = fr.id;
+    ev.final = true;
+    ev.finish = to_output(fr.reason);
+    ev.error = fr.error;
+    ev.completion_tokens = static_cast<int64_t>(fr.output_tokens.size());
+    ev.scheduled_ns = ch.scheduled_ns;
+    ev.first_token_ns = ch.first_token_ns;
+    ev.finished_ns = now;
+    ev.pages = ch.pages;
+    ev.page_steps = ch.page_steps;
+    ev.last_step = ch.last_step;
+    {
+      base::MutexLock l(mu);
+      count_finish(ev.finish, 1);
+      metrics.e2e_request_latency_s.observe((now - ch.arrival_ns) / 1e9);
+      if (ch.scheduled_ns != 0) {
+        metrics.request_queue_time_s.observe((ch.scheduled_ns - ch.arrival_ns) / 1e9);
+      }
+    }
+    finals.push_back(std::move(ev));
+    choices.erase(it);
+  }
+  refresh_gauges();
+  for (LoopEvent& ev : finals) emit(std::move(ev));
+}
+
+// The scheduler's gauges into the metrics. A newly scheduled choice leaves
+// the waiting count when first scheduled.
+void LlmEngine::Impl::refresh_gauges() {
+  base::MutexLock l(mu);
+  const SchedulerSnapshot snap = scheduler->snapshot();
+  metrics.requests_waiting = snap.waiting;
+  metrics.requests_running = snap.running;
+  metrics.preemptions_total = snap.preempted_total;
+  metrics.kv_pages = snap.pages;
+  int64_t never_scheduled = 0;
+  for (const auto& [sid, ch] : choices) never_scheduled += ch.scheduled_ns == 0 ? 1 : 0;
+  int64_t inbox_adds = 0;
+  for (const Command& c : inbox) {
+    if (c.kind == Command::kAdd) inbox_adds += static_cast<int64_t>(c.choices.size());
+  }
+  waiting_choices = never_scheduled + inbox_adds;
+  if (check_invariants.load() && invariant_violation.ok()) {
+    invariant_violation = scheduler->check_invariants();
+  }
+}
+
+void LlmEngine::Impl::loop() {
+  const int32_t depth =
+      options.runner.host_sampling ? 1 : std::max(1, options.runner.worker.launch_depth);
+  while (true) {
+    std::deque<Command> cmds;
+    bool draining_now = false, drain_expired = false;
+    {
+      base::MutexLock l(mu);
+      if (inbox.empty() && in_flight.empty() && !draining && scheduler->live_ids().empty()) {
+        inbox_cv.wait_until(l, in_ms(50));
+      }
+      cmds.swap(inbox);
+      draining_now = draining;
+      drain_expired = draining && drain_deadline.expired();
+    }
+    for (Command& c : cmds) apply(c);
+    absl::Status cause;
+    {
+      base::MutexLock l(mu);
+      cause = unhealthy;
+    }
+    if (!cause.ok()) fail_all_live(cause);
+    if (drain_expired) {
+      for (uint64_t sid : scheduler->live_ids()) (void)scheduler->abort(sid);
+    }
+    // Submit while the launch depth allows (early enqueue).
+    while (cause.ok() && static_cast<int32_t>(in_flight.size()) < depth && submit_one()) {
+    }
+    publish_finished(base::now_ns());  // refreshes the gauges
+    if (in_flight.empty()) {
+      if (draining_now && scheduler->live_ids().empty()) break;
+      if (draining_now && !cause.ok()) break;
+      continue;
+    }
+    InFlight& front = in_flight.front();
+    bool done = true;
+    if (front.step) {
+      bool inbox_busy = false;
+      {
+        base::MutexLock l(mu);
+        inbox_busy = !inbox.empty();
+      }
+      // Wait for the oldest step briefly, looking at the inbox in between;
+      // after the drain deadline, not at all for a step the device never
+      // finishes (shutdown then cancels it through the Worker's close).
+      if (drain_expired) {
+        // Every request is aborted; steps in flight get a grace to finish
+        // (a few step times) before the close cancels them.
+        if (cancel_at_ns == 0) cancel_at_ns = base::now_ns() + 2'000'000'000;
+        done = front.step->handle().wait(0.005).ok() || front.step->handle().done();
+        if (!done && base::now_ns() >= cancel_at_ns) break;
+      } else {
+        done = front.step->handle().wait(inbox_busy ? -1.0 : 0.002).ok() ||
+               front.step->handle().done();
+      }
+    }
+    if (!done) continue;
+    retire_front();
+    publish_finished(base::now_ns());
+  }
+  // Leaving: every live request ends (abort), steps still in flight are
+  // cancelled by the runner's close and released with this thread's state.
+  for (uint64_t sid : scheduler->live_ids()) (void)scheduler->abort(sid);
+  while (!in_flight.empty() &&
+         (!in_flight.front().step || in_flight.front().step->handle().done())) {
+    retire_front();
+  }
+  if (!in_flight.empty()) {
+    // Steps the device did not finish by the drain deadline: cancel them
+    // (bounded close), then retire them in order.
+    closing = true;
+    (void)runner->close(base::Deadline::poll());
+    while (!in_flight.empty()) retire_front();
+  }
+  publish_finished(base::now_ns());  // the final page states (freed, or quarantined by the close)
+  base::MutexLock l(out_mu);
+  out_done = true;
+  out_cv.notify_one();
+}
+
+// ---- the output processor ----------------------------------------------------------------
+
+void LlmEngine::Impl::deliver(OutChoice& oc, RequestOutput out) {
+  Delivery& d = *oc.delivery;
+  if (out.finished()) {
+    base::MutexLock dl(d.mu);
+    --d.open_choices;
+  }
+  if (d.callback) {
+    oc.delivered_tokens += static_cast<int64_t>(out.token_ids.size());
+    d.callback(out);
+    if (out.finished()) {
+      base::MutexLock l(mu);
+      base::MutexLock dl(d.mu);
+      if (--d.unread_finals == 0) deliveries.erase(oc.rid);
+    }
+    return;
+  }
+  bool overflow = false;
+  {
+    base::MutexLock dl(d.mu);
+    if (!out.finished() && static_cast<int64_t>(d.queue.size()) >= options.max_buffered_outputs) {
+      overflow = true;
+    } else {
+      oc.delivered_tokens += static_cast<int64_t>(out.token_ids.size());
+      d.queue.push_back(std::move(out));
+      d.cv.notify_all();
+    }
+  }
+  if (overflow && !oc.overflowed) {
+    oc.overflowed = true;
+    Command c;
+    c.kind = Command::kAbortChoice;
+    c.sid = oc.sid;
+    base::MutexLock l(mu);
+    inbox.push_back(std::move(c));
+    inbox_cv.notify_one();
+  }
+}
+
+void LlmEngine::Impl::count_finish(OutputFinish finish, int64_t delta) {
+  switch (finish) {
+    case OutputFinish::kStop:
+      metrics.requests_finished_stop += delta;
+      break;
+    case OutputFinish::kLength:
+      metrics.requests_finished_length += delta;
+      break;
+    case OutputFinish::kAbort:
+      metrics.requests_finished_abort += delta;
+      break;
+    case OutputFinish::kError:
+      metrics.requests_finished_error += delta;
+      break;
+    case OutputFinish::kNone:
+      break;
+  }
+}
+
+void LlmEngine::Impl::handle_event(LoopEvent& ev) {
+  auto it = out_choices.find(ev.sid);
+  if (ev.init.has_value()) {
+    // Registration: the first event of every choice (see apply()).
+    OutChoice oc;
+    oc.sid = ev.sid;
+    oc.rid = ev.init->rid;
+    oc.index = ev.init->index;
+    oc.arrival_ns = ev.init->arrival_ns;
+    oc.delivery = ev.init->delivery;
+    oc.spec = ev.init->spec;
+    if (options.tokenizer != nullptr) {
+      oc.detok.emplace(options.tokenizer);
+      if (!oc.spec->sampling.stop.empty()) {
+        auto m = StopStringMatcher::create(oc.spec->sampling.stop);
+        if (m.ok()) oc.stops.emplace(*std::move(m));  // checked at add_request
+      }
+    }
+    out_choices.emplace(ev.sid, std::move(oc));
+    return;
+  }
+  if (it == out_choices.end()) return;  // a choice already finalized
+  OutChoice& oc = it->second;
+  RequestOutput out;
+  out.id = oc.rid;
+  out.index = oc.index;
+  out.caller_id = oc.delivery->caller_id;
+  const int64_t min_tokens = oc.spec->sampling.min_tokens;
+  std::shared_ptr<OutputHooks> hooks;  // this event's (RequestSpec::hooks)
+  if (!oc.stop_matched && !oc.overflowed) {
+    for (size_t k = 0; k < ev.tokens.size(); ++k) {
+      ++oc.generated;
+      out.token_ids.push_back(ev.tokens[k]);
+      if (k < ev.logprobs.size()) out.logprobs.push_back(ev.logprobs[k]);
+      if (k < ev.times.size()) out.token_times_ns.push_back(ev.times[k]);
+      if (oc.detok) {
+        std::string delta = oc.detok->push(std::span<const int32_t>(&ev.tokens[k], 1));
+        if (oc.stops) {
+          StopStringMatcher::Result r = oc.stops->push(delta, oc.generated >= min_tokens);
+          out.text += r.text;
+          if (r.stopped) {
+            oc.stop_matched = true;
+            oc.keep = oc.generated;
+            Command c;
+            c.kind = Command::kStop;
+            c.sid = ev.sid;
+            c.keep = oc.keep;
+            base::MutexLock l(mu);
+            inbox.push_back(std::move(c));
+            inbox_cv.notify_one();
+            break;
+          }
+        } else {
+          out.text += delta;
+        }
+      }
+    }
+    if (oc.spec->hooks != nullptr && (!ev.logits.empty() || !ev.kv.empty())) {
+      hooks = std::make_shared<OutputHooks>();
+      hooks->logits = std::move(ev.logits);
+      hooks->kv = std::move(ev.kv);
+    }
+  }
+  if (ev.final) {
+    if (oc.overflowed) {
+      // An event of this choice was dropped: whatever ended it in the loop
+      // (the abort the overflow asked for, or its own end reached first), its
+      // consumer lacks tokens. It ends as that abort, counting the tokens it
+      // delivered.
+      out.finish = OutputFinish::kAbort;
+      out.error = absl::ResourceExhaustedError(absl::StrCat(
+          "request ", oc.rid, " choice ", oc.index, " aborted: its consumer fell behind by ",
+          options.max_buffered_outputs, " undelivered outputs (max_buffered_outputs)"));
+      out.completion_tokens = oc.delivered_tokens;
+    } else {
+      if (oc.detok && !oc.stop_matched) {
+        std::string tail = oc.detok->finish();
+        if (oc.stops) {
+          StopStringMatcher::Result r = oc.stops->push(tail, oc.generated >= min_tokens);
+          out.text += r.text;
+          if (r.stopped) {
+            oc.stop_matched = true;
+            oc.keep = oc.generated;
+          } else {
+            out.text += oc.stops->finish();
+          }
+        } else {
+          out.text += tail;
+        }
+      }
+      // A matched stop string decides, whatever the loop ended the choice
+      // with meanwhile (its tokens past the stop were dropped).
+      out.finish = oc.stop_matched ? OutputFinish::kStop : ev.finish;
+      out.error = oc.stop_matched ? absl::OkStatus() : ev.error;
+      out.completion_tokens = oc.stop_matched ? oc.keep : ev.completion_tokens;
+    }
+    out.prompt_tokens = static_cast<int64_t>(oc.spec->prompt_ids.size());
+    out.arrival_ns = oc.arrival_ns;
+    out.scheduled_ns = ev.scheduled_ns;
+    out.first_token_ns = ev.first_token_ns;
+    out.finished_ns = ev.finished_ns;
+    if (oc.spec->hooks != nullptr) {
+      if (hooks == nullptr) hooks = std::make_shared<OutputHooks>();
+      hooks->pages = std::move(ev.pages);
+      hooks->page_steps = std::move(ev.page_steps);
+      hooks->last_step = ev.last_step;
+    }
+    out.hooks = std::move(hooks);
+    if (out.finish != ev.finish) {
+      // The loop counted its own reason; the event's decides (before the
+      // consumer can see it).
+      base::MutexLock l(mu);
+      count_finish(ev.finish, -1);
+      count_finish(out.finish, 1);
+    }
+    deliver(oc, std::move(out));
+    out_choices.erase(it);
+    return;
+  }
+  if (out.token_ids.empty() && out.text.empty() && hooks == nullptr) return;
+  out.hooks = std::move(hooks);
+  deliver(oc, std::move(out));
+}
+
+void LlmEngine::Impl::output_loop() {
+  while (true) {
+    std::deque<LoopEvent> batch;
+    bool done = false;
+    {
+      base::MutexLock l(out_mu);
+      while (outbox.empty() && !out_done) out_cv.wait(l);
+      batch.swap(outbox);
+      done = out_done;
+    }
+    for (LoopEvent& ev : batch) handle_event(ev);
+    if (done) {
+      base::MutexLock l(out_mu);
+      if (outbox.empty()) break;
+    }
+  }
+}
+
+}  // namespace simpler::llm

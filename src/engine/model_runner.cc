@@ -1,0 +1,788 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kv_cache.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/log.h"
+#include "simpler/base/status.h"
+#include "simpler/kernels/kernels.h"
+#include "simpler/model/safetensors.h"
+
+namespace simpler::llm {
+
+using task::ArgDirection;
+using task::DataType;
+using task::MemoryKind;
+using task::Tensor;
+
+// What one chip holds for the step program, built on that chip's worker (load_chip_state):
+// by create() for a runner with its own worker, by the child setup on an L3 child.
+struct ChipState {
+  bool ready = false;
+  std::vector<worker::DeviceBuffer> buffers;  // weights and scratch
+  worker::DeviceBuffer kv_buffer, feed_ids, argmax_ids, last_ids, counts;
+  Qwen3Scratch scratch;
+  Qwen3KvPools kv_pools;
+  task::ChipCallable decode;  // the decode program over this chip's weights, scratch and pool
+  int64_t max_num_seqs = 0, vocab_size = 0;
+
+  std::vector<worker::DeviceBuffer> all_buffers() const {
+    std::vector<worker::DeviceBuffer> out = buffers;
+    for (const worker::DeviceBuffer& b : {feed_ids, argmax_ids, last_ids, counts, kv_buffer}) {
+      out.push_back(b);
+    }
+    return out;
+  }
+};
+
+// The step callable is registered before the worker's init (with its kernel table) and reads
+// the chip's state, filled after init, through this holder: one state per chip (a process
+// child fills only its own copy).
+struct Qwen3ModelRunner::Holder {
+  std::vector<ChipState> chips;
+};
+
+namespace {
+
+// Step run arguments (host tensors only; see the header comment for the task order):
+//   0 host_ids      i32 [B]     IN     token of prefill positions (known on the host)
+//   1 src_slots     i32 [B]     IN     >= 0: take the token from last_ids[src_slots[i]]
+//   2 clear_slots   i32 [c0]    IN     slots handed to a new request: cleared first
+//   3 prompt_ids    i32 [c1]    IN     committed kPrompt ...
+//   4 prompt_slots  i32 [c1]    IN     ... into these slots
+//   5 gen_ids       i32 [c2]    IN     committed kGenerated (kept outputs on recompute) ...
+//   6 gen_slots     i32 [c2]    IN     ... into these slots
+//   7 params        u8  [ns, sizeof(SamplingParams)] IN    (ns = 0: no device sampling)
+//   8 sample_rows   i32 [ns, 4] IN     SampleRowInfo
+//   9 sample_slots  i32 [ns]    IN     state slot of each logit row
+//  10 out_ids       i32 [ns]    OUT    sampled ids
+//  11 out_logprobs  f32 [ns]    OUT
+//  12 top_ids       i32 [ns, 5] OUT
+//  13 top_logprobs  f32 [ns, 5] OUT
+//  14 positions     i32 [B]     IN     the decode program's (qwen3_program.h) ...
+//  15 slot_mapping  i32 [B]     IN
+//  16 block_tables  i32 [B, max_blocks] IN
+//  17 context_lens  i32 [B]     IN
+//  18 logit_rows    i32 [n]     IN
+//  19 out_logits    f32 [n, V]  OUT    read back; [0] when not (the chip's scratch then)
+//  20 chip          scalar             the chip state's index (the L3 child)
+// The chip's state supplies the rest: last_ids and counts (INOUT), the decode program's
+// input_ids (token_feedback's output) and out_ids, and its logits scratch.
+enum StepArg : size_t {
+  kHostIds = 0,
+  kSrcSlots,
+  kClearSlots,
+  kPromptIds,
+  kPromptSlots,
+  kGenIds,
+  kGenSlots,
+  kParams,
+  kSampleRows,
+  kSampleSlots,
+  kOutIds,
+  kOutLogprobs,
+  kTopIds,
+  kTopLogprobs,
+  kPositions,
+  kSlotMapping,
+  kBlockTables,
+  kContextLens,
+  kLogitRows,
+  kOutLogits,
+  kChip,
+  kNumStepArgs,
+};
+
+// input_ids[i] = src[i] >= 0 ? last_ids[src[i]] : host[i].
+// args: 0 host_ids IN, 1 src_slots IN, 2 last_ids IN, 3 input_ids OUT.
+absl::Status token_feedback_kernel(const task::KernelContext& ctx) {
+  const int32_t* host = ctx.tensor(0).data<int32_t>();
+  const int32_t* src = ctx.tensor(1).data<int32_t>();
+  const Tensor& last = ctx.tensor(2);
+  int32_t* out = ctx.tensor(3).data<int32_t>();
+  const int64_t rows = ctx.tensor(3).shape[0];
+  for (int64_t i = 0; i < rows; ++i) {
+    if (src[i] >= last.shape[0]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_feedback: row ", i, " reads slot ", src[i], " of ", last.shape[0]));
+    }
+    out[i] = src[i] >= 0 ? last.data<int32_t>()[src[i]] : host[i];
+  }
+  return absl::OkStatus();
+}
+
+// last_ids[slots[j]] = ids[j]. args: 0 ids IN [n], 1 slots IN [n], 2 last_ids INOUT [S].
+absl::Status token_scatter_kernel(const task::KernelContext& ctx) {
+  const int64_t n = ctx.tensor(0).shape[0];
+  const int32_t* ids = ctx.tensor(0).data<int32_t>();
+  const int32_t* slots = ctx.tensor(1).data<int32_t>();
+  const Tensor& last = ctx.tensor(2);
+  for (int64_t j = 0; j < n; ++j) {
+    if (slots[j] < 0) continue;
+    if (slots[j] >= last.shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat("token_scatter: entry ", j, " writes slot ",
+                                                     slots[j], " of ", last.shape[0]));
+    }
+    last.data<int32_t>()[slots[j]] = ids[j];
+  }
+  return absl::OkStatus();
+}
+
+// Kernel indices relative to the end of llm_kernels().
+enum ExtraKernel : uint32_t { kTokenCounts = 0, kSample, kTokenFeedback, kTokenScatter };
+
+std::vector<task::Kernel> step_kernels(KernelIsa isa, Precision precision) {
+  std::vector<task::Kernel> k = llm_kernels(isa, precision);
+  for (task::Kernel& s : sampling_kernels()) k.push_back(std::move(s));  // token_counts, sample
+  k.push_back({"token_feedback", token_feedback_kernel});
+  k.push_back({"token_scatter", token_scatter_kernel});
+  return k;
+}
+
+absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
+                              task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+  if (args.size() != kNumStepArgs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
+  }
+  const int64_t chip = args.scalar(kChip);
+  if (chip < 0 || chip >= static_cast<int64_t>(holder.chips.size()) || !holder.chips[chip].ready) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qwen3_step: chip ", chip, " has no model loaded here"));
+  }
+  const ChipState& c = holder.chips[chip];
+  const task::ChipCallable& decode = c.decode;
+  const auto base = static_cast<task::KernelIndex>(decode.kernels.size());
+  const int64_t S = c.max_num_seqs, V = c.vocab_size;
+  SIMPLER_ASSIGN_OR_RETURN(const Tensor counts, c.counts.tensor({S, V}, DataType::kInt32));
+  SIMPLER_ASSIGN_OR_RETURN(const Tensor last_ids, c.last_ids.tensor({S}, DataType::kInt32));
+  if (args.tensor(kClearSlots).numel() > 0) {
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(
+        base + kTokenCounts, token_counts_args(args.tensor(kClearSlots), args.tensor(kClearSlots),
+                                               counts, TokenCountsMode::kClear)));
+  }
+  if (args.tensor(kPromptIds).numel() > 0) {
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(
+        base + kTokenCounts, token_counts_args(args.tensor(kPromptIds), args.tensor(kPromptSlots),
+                                               counts, TokenCountsMode::kPrompt)));
+  }
+  if (args.tensor(kGenIds).numel() > 0) {
+    SIMPLER_RETURN_IF_ERROR(ctx.submit(
+        base + kTokenCounts, token_counts_args(args.tensor(kGenIds), args.tensor(kGenSlots), counts,
+                                               TokenCountsMode::kGenerated)));
+  }
+  const int64_t B = args.tensor(kPositions).numel();
+  const int64_t n = args.tensor(kLogitRows).numel();
+  Qwen3DecodeRunArgs ra;
+  SIMPLER_ASSIGN_OR_RETURN(ra.input_ids, c.feed_ids.tensor({B}, DataType::kInt32));
+  ra.positions = args.tensor(kPositions);
+  ra.slot_mapping = args.tensor(kSlotMapping);
+  ra.block_tables = args.tensor(kBlockTables);
+  ra.context_lens = args.tensor(kContextLens);
+  ra.logit_rows = args.tensor(kLogitRows);
+  SIMPLER_ASSIGN_OR_RETURN(ra.out_ids, c.argmax_ids.tensor({n}, DataType::kInt32));
+  if (args.tensor(kOutLogits).numel() > 0) {
+    ra.out_logits = args.tensor(kOutLogits);
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(
+        ra.out_logits, Tensor::contiguous(c.scratch.logits.address, {n, V}, DataType::kFloat32,
+                                          MemoryKind::kDevice));
+  }
+  const task::TaskArgs program = ra.to_task_args();
+  task::TaskArgs fb;
+  fb.add_tensor(args.tensor(kHostIds), ArgDirection::kIn)
+      .add_tensor(args.tensor(kSrcSlots), ArgDirection::kIn)
+      .add_tensor(last_ids, ArgDirection::kIn)
+      .add_tensor(program.tensor(kQwen3InputIds), ArgDirection::kOut);
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kTokenFeedback, fb));
+  SIMPLER_RETURN_IF_ERROR(decode.orchestration(ctx, program));
+  const Tensor& out_ids = args.tensor(kOutIds);
+  const int64_t ns = out_ids.numel();
+  if (ns == 0) return absl::OkStatus();  // no logit rows, or host sampling
+  const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(ns, 1, 64));
+  SIMPLER_RETURN_IF_ERROR(
+      ctx.submit(base + kSample,
+                 sample_args(program.tensor(kQwen3OutLogits), args.tensor(kParams),
+                             args.tensor(kSampleRows), counts, out_ids, args.tensor(kOutLogprobs),
+                             args.tensor(kTopIds), args.tensor(kTopLogprobs)),
+                 blocks));
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(
+      base + kTokenCounts,
+      token_counts_args(out_ids, args.tensor(kSampleSlots), counts, TokenCountsMode::kGenerated)));
+  task::TaskArgs scatter;
+  scatter.add_tensor(out_ids, ArgDirection::kIn)
+      .add_tensor(args.tensor(kSampleSlots), ArgDirection::kIn)
+      .add_tensor(last_ids, ArgDirection::kInOut);
+  return ctx.submit(base + kTokenScatter, scatter);
+}
+
+task::ChipCallable step_callable(std::shared_ptr<const Qwen3ModelRunner::Holder> holder,
+                                 KernelIsa isa, Precision precision) {
+  return task::ChipCallable{"qwen3_step",
+                            [holder](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+                              return orchestrate_step(*holder, ctx, args);
+                            },
+                            step_kernels(isa, precision)};
+}
+
+// The host math of token_counts_kernel for one entry.
+void apply_count(std::vector<int32_t>& counts, int32_t id, TokenCountsMode mode) {
+  if (mode == TokenCountsMode::kPrompt) counts[id] |= 1;
+  if (mode == TokenCountsMode::kGenerated) counts[id] += 2;
+}
+
+}  // namespace
+
+namespace {
+
+absl::Status validate_runner_options(const RunnerOptions& options) {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"page_size", options.page_size},
+      {"num_pages", options.num_pages},
+      {"max_num_seqs", options.max_num_seqs},
+      {"max_num_batched_tokens", options.max_num_batched_tokens},
+  };
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be > 0, got ", value));
+    }
+  }
+  if (options.max_num_batched_tokens < options.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_num_batched_tokens ", options.max_num_batched_tokens, " is below max_num_seqs ",
+        options.max_num_seqs, ": a step could not hold one decode row of every running request"));
+  }
+  if (!kernel_isa_available(options.kernel_isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kernel ISA ", name_of(options.kernel_isa), " needs ",
+                     kernel_isa_requirements(options.kernel_isa), ", which this CPU lacks (it has ",
+                     available_kernel_isas(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// The options a runner runs with: precision bf16 falls back to exact (said in the log) where the
+// CPU lacks AVX512_BF16 or the portable ISA was asked for.
+RunnerOptions effective_options(const RunnerOptions& options) {
+  RunnerOptions o = options;
+  if (effective_precision(o.kernel_isa, o.precision) != o.precision) {
+    SIMPLER_LOG_WARN(
+        "precision bf16 needs AVX-512 BF16 and the avx512 kernels ({}); running the exact path",
+        bf16_precision_available() ? "another kernel ISA was asked" : "this CPU lacks them");
+    o.precision = Precision::kExact;
+  }
+  return o;
+}
+
+// How a weight sits in device memory: 2-D weights (projections, embeddings) in their checkpoint
+// dtype (f32, bf16 or f16), the rest (norm vectors) widened to f32.
+bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>& shape) {
+  return shape.size() == 2 &&
+         (view.dtype == DataType::kFloat32 || view.dtype == DataType::kBFloat16 ||
+          view.dtype == DataType::kFloat16);
+}
+
+// Loads the model onto a chip: weights (projections and embeddings in their checkpoint dtype,
+// copied from the mapped file straight into device memory; norm vectors widened to f32),
+// scratch, the KV pool, token counts and last ids, and the decode program over them. Runs
+// where the chip's worker is (an L3 child's setup runs it in the child).
+absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
+                             const RunnerOptions& options, const Qwen3Dims& d, ChipState* c) {
+  if (options.precision == Precision::kBf16) {
+    // Also sets up oneDNN here, before the device threads run the first bf16 step.
+    SIMPLER_LOG_INFO("precision bf16: {}", describe_bf16_precision());
+  }
+  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
+  auto upload_raw = [&](const TensorView& view, const std::vector<int64_t>& shape,
+                        DataType dtype) -> absl::StatusOr<Tensor> {
+    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(view.bytes.size()));
+    c->buffers.push_back(buf);
+    populate_pages(view);  // one call maps the tensor's pages instead of a fault per page
+    SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, view.bytes.data(), view.bytes.size()));
+    release_pages(view);  // the checkpoint is resident once, in device memory
+    return buf.tensor(shape, dtype);
+  };
+  auto upload = [&](const std::string& name,
+                    const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
+    if (kept_in_checkpoint_dtype(view, shape)) return upload_raw(view, shape, view.dtype);
+    SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(view));
+    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(f32.size() * 4));
+    c->buffers.push_back(buf);
+    SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), f32.size() * 4));
+    return buf.tensor(shape, DataType::kFloat32);
+  };
+  const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
+  Qwen3DeviceWeights wt;
+  SIMPLER_LOG_INFO("loading {} layers from {}", d.num_hidden_layers, model_dir);
+  SIMPLER_ASSIGN_OR_RETURN(wt.embed_tokens, upload("model.embed_tokens.weight", {V, H}));
+  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    Qwen3LayerWeights lw;
+    SIMPLER_ASSIGN_OR_RETURN(lw.input_layernorm, upload(p + "input_layernorm.weight", {H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.q_proj, upload(p + "self_attn.q_proj.weight", {d.q_size(), H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.k_proj, upload(p + "self_attn.k_proj.weight", {d.kv_size(), H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.v_proj, upload(p + "self_attn.v_proj.weight", {d.kv_size(), H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.o_proj, upload(p + "self_attn.o_proj.weight", {H, d.q_size()}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.q_norm, upload(p + "self_attn.q_norm.weight", {d.head_dim}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.k_norm, upload(p + "self_attn.k_norm.weight", {d.head_dim}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.post_attention_layernorm,
+                             upload(p + "post_attention_layernorm.weight", {H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.gate_proj, upload(p + "mlp.gate_proj.weight", {I, H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.up_proj, upload(p + "mlp.up_proj.weight", {I, H}));
+    SIMPLER_ASSIGN_OR_RETURN(lw.down_proj, upload(p + "mlp.down_proj.weight", {H, I}));
+    wt.layers.push_back(lw);
+  }
+  SIMPLER_ASSIGN_OR_RETURN(wt.norm, upload("model.norm.weight", {H}));
+  if (!d.tie_word_embeddings) {
+    SIMPLER_ASSIGN_OR_RETURN(wt.lm_head, upload("lm_head.weight", {V, H}));
+  }
+  const int64_t max_rows = options.max_num_batched_tokens;
+  const int64_t seqs = options.max_num_seqs;
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t scratch_bytes, qwen3_scratch_bytes(d, max_rows, seqs));
+  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer scratch_buf, w.malloc(scratch_bytes));
+  c->buffers.push_back(scratch_buf);
+  SIMPLER_ASSIGN_OR_RETURN(c->scratch, layout_scratch(d, max_rows, scratch_buf.address, seqs));
+  SIMPLER_ASSIGN_OR_RETURN(c->feed_ids, w.malloc(max_rows * 4));
+  SIMPLER_ASSIGN_OR_RETURN(c->argmax_ids, w.malloc(seqs * 4));
+  SIMPLER_ASSIGN_OR_RETURN(c->last_ids, w.malloc(seqs * 4));
+  SIMPLER_ASSIGN_OR_RETURN(c->counts, w.malloc(static_cast<uint64_t>(seqs) * V * 4));
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t kv_bytes,
+                           qwen3_kv_pool_bytes(d, options.num_pages, options.page_size));
+  SIMPLER_ASSIGN_OR_RETURN(c->kv_buffer, w.malloc(kv_bytes));
+  SIMPLER_ASSIGN_OR_RETURN(
+      c->kv_pools, layout_kv_pools(d, options.num_pages, options.page_size, c->kv_buffer.address));
+  Qwen3ProgramOptions popts;
+  popts.argmax = false;  // the step program samples from the logits
+  popts.kernel_isa = options.kernel_isa;
+  popts.precision = options.precision;
+  SIMPLER_ASSIGN_OR_RETURN(c->decode,
+                           make_qwen3_decode_callable(d, wt, c->scratch, c->kv_pools, popts));
+  if (c->decode.kernels.size() != llm_kernels().size()) {
+    return absl::InternalError("decode program kernel table differs from llm_kernels()");
+  }
+  c->max_num_seqs = seqs;
+  c->vocab_size = V;
+  c->ready = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StepInFlight::~StepInFlight() {
+  // The run stages into the vectors above (or the shared-heap buffer): they must outlive it.
+  if (handle_.valid()) (void)handle_.wait();
+  if (release_staging_) release_staging_();
+}
+
+absl::Status Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
+  SIMPLER_ASSIGN_OR_RETURN(config_, ModelConfig::load(model_dir));
+  dims_ = Qwen3Dims::from_config(config_);
+  SIMPLER_RETURN_IF_ERROR(
+      base::annotate(dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
+  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
+  std::set<std::string, std::less<>> expected;
+  for (const WeightSpec& spec : config_.tensor_names_and_shapes()) expected.insert(spec.name);
+  SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
+      expected,
+      absl::StrCat(model_dir, "/config.json (num_hidden_layers ", config_.num_hidden_layers,
+                   ", tie_word_embeddings ", config_.tie_word_embeddings ? "true" : "false", ")"),
+      options_.allow_unused_tensors));
+  // Bytes a step streams: every weight as it sits in device memory (kept_in_checkpoint_dtype),
+  // but the embedding table only when it is also the LM head (a step reads one row of it
+  // otherwise).
+  uint64_t streamed = 0;
+  for (const WeightSpec& spec : config_.tensor_names_and_shapes()) {
+    if (spec.name == "model.embed_tokens.weight" && !config_.tie_word_embeddings) continue;
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(spec.name, spec.shape));
+    uint64_t numel = 1;
+    for (int64_t e : spec.shape) numel *= static_cast<uint64_t>(e);
+    streamed += kept_in_checkpoint_dtype(view, spec.shape) ? view.bytes.size() : numel * 4;
+  }
+  weight_bytes_per_step_ = streamed;
+  return absl::OkStatus();
+}
+
+void Qwen3ModelRunner::init_host_sampling() {
+  if (!options_.host_sampling) return;
+  host_counts_.resize(options_.max_num_seqs);
+  host_last_ids_.assign(options_.max_num_seqs, 0);
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
+    const std::string& model_dir, const RunnerOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
+  std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
+  r->options_ = effective_options(options);
+  SIMPLER_RETURN_IF_ERROR(r->load_model_info(model_dir));
+  r->worker_ = std::make_unique<worker::Worker>(options.worker);
+  r->holder_ = std::make_shared<Holder>();
+  r->holder_->chips.resize(1);
+  SIMPLER_ASSIGN_OR_RETURN(
+      r->step_, r->worker_->register_callable(
+                    step_callable(r->holder_, r->options_.kernel_isa, r->options_.precision)));
+  SIMPLER_RETURN_IF_ERROR(r->worker_->init());
+  SIMPLER_RETURN_IF_ERROR(
+      load_chip_state(*r->worker_, model_dir, r->options_, r->dims_, &r->holder_->chips[0]));
+  for (const worker::DeviceBuffer& b : r->bound_buffers()) {
+    SIMPLER_RETURN_IF_ERROR(r->worker_->bind(r->step_, b));
+  }
+  r->init_host_sampling();
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
+    hierarchy::L3Worker& l3, const std::string& model_dir, const RunnerOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
+  std::unique_ptr<Qwen3DataParallel> dp(new Qwen3DataParallel());
+  dp->l3_ = &l3;
+  dp->model_dir_ = model_dir;
+  dp->options_ = effective_options(options);
+  dp->info_.reset(new Qwen3ModelRunner());
+  dp->info_->options_ = dp->options_;
+  SIMPLER_RETURN_IF_ERROR(dp->info_->load_model_info(model_dir));
+  dp->holder_ = std::make_shared<Qwen3ModelRunner::Holder>();
+  dp->holder_->chips.resize(l3.num_children());
+  SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable step,
+                           l3.register_callable(step_callable(dp->holder_, dp->options_.kernel_isa,
+                                                              dp->options_.precision)));
+  SIMPLER_ASSIGN_OR_RETURN(
+      dp->program_,
+      l3.register_program(hierarchy::L3Program{
+          "qwen3_step",
+          [step](hierarchy::L3Context& ctx, const task::TaskArgs& args) -> absl::Status {
+            if (args.size() != kNumStepArgs) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
+            }
+            const int64_t chip = args.scalar(kChip);
+            if (chip < 0 || chip >= ctx.num_children()) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "qwen3_step: chip ", chip, " outside [0, ", ctx.num_children(), ")"));
+            }
+            return ctx.submit_next_level(step, args, static_cast<int32_t>(chip)).status();
+          }}));
+  std::shared_ptr<Qwen3ModelRunner::Holder> holder = dp->holder_;
+  const Qwen3Dims dims = dp->info_->dims_;
+  SIMPLER_RETURN_IF_ERROR(
+      l3.register_child_setup([holder, model_dir, options = dp->options_, dims](
+                                  int32_t child, worker::Worker& w) -> absl::Status {
+        return load_chip_state(w, model_dir, options, dims, &holder->chips[child]);
+      }));
+  return dp;
+}
+
+absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3DataParallel::runner(int32_t child) {
+  if (l3_->describe_children().empty()) {
+    return absl::FailedPreconditionError("Qwen3DataParallel::runner before the L3 worker's init()");
+  }
+  if (child < 0 || child >= l3_->num_children()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("child ", child, " outside [0, ", l3_->num_children(), ")"));
+  }
+  std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
+  r->options_ = options_;
+  r->config_ = info_->config_;
+  r->dims_ = info_->dims_;
+  r->weight_bytes_per_step_ = info_->weight_bytes_per_step_;
+  r->holder_ = holder_;
+  r->chip_ = child;
+  r->l3_ = l3_;
+  r->l3_step_ = program_;
+  r->init_host_sampling();
+  return r;
+}
+
+std::vector<worker::DeviceBuffer> Qwen3ModelRunner::bound_buffers() const {
+  if (!worker_) return {};
+  return holder_->chips[0].all_buffers();
+}
+
+absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
+    const StepPlan& plan, std::span<const RowInput> inputs) {
+  if (inputs.size() != plan.rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " has ", plan.rows.size(),
+                                                   " rows but ", inputs.size(), " row inputs"));
+  }
+  const bool host = options_.host_sampling;
+  if (host && host_step_pending_) {
+    // A step whose run failed is never collected; it no longer holds the
+    // host-side sampling state.
+    if (host_pending_run_.done() && !host_pending_run_.result().status.ok()) {
+      host_step_pending_ = false;
+      host_pending_run_ = worker::RunHandle();
+    } else {
+      return absl::FailedPreconditionError(
+          "host sampling: the previous step must be collected before the next is submitted");
+    }
+  }
+  const Qwen3Dims& d = dims_;
+  const int64_t V = d.vocab_size;
+  std::unique_ptr<StepInFlight> st(new StepInFlight());
+  st->step_id_ = plan.step_id;
+  st->host_logits_ = host;
+  int64_t max_blocks = 1;
+  for (const StepRow& row : plan.rows) {
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(row.block_table.size()));
+  }
+  bool any_logits_wanted = host;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& row = plan.rows[i];
+    const RowInput& in = inputs[i];
+    if (in.tokens == nullptr || (row.logits && in.params == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", plan.step_id, " row ", i, ": no tokens or sampling parameters"));
+    }
+    const int64_t known = static_cast<int64_t>(in.tokens->size());
+    if (row.len < 1 || row.start < 0 || static_cast<int64_t>(row.slots.size()) != row.len ||
+        (row.prefill && row.start + row.len > known) || row.state_slot < 0 ||
+        row.state_slot >= options_.max_num_seqs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", plan.step_id, " row ", i, " (request ", row.request_id, ", positions [",
+          row.start, ", ", row.start + row.len, "), state slot ", row.state_slot,
+          ") does not fit its ", known, " known tokens or the runner's limits"));
+    }
+    if (row.fresh_state) {
+      st->clear_slots.push_back(row.state_slot);
+      for (int64_t p = 0; p < known; ++p) {
+        if (p < in.prompt_len) {
+          st->prompt_ids.push_back((*in.tokens)[p]);
+          st->prompt_slots.push_back(row.state_slot);
+        } else {
+          st->gen_ids.push_back((*in.tokens)[p]);
+          st->gen_slots.push_back(row.state_slot);
+        }
+      }
+      if (host) {
+        std::vector<int32_t>& c = host_counts_[row.state_slot];
+        c.assign(V, 0);
+        for (int64_t p = 0; p < known; ++p) {
+          apply_count(c, (*in.tokens)[p],
+                      p < in.prompt_len ? TokenCountsMode::kPrompt : TokenCountsMode::kGenerated);
+        }
+      }
+    }
+    for (int64_t k = 0; k < row.len; ++k) {
+      const int64_t pos = row.start + k;
+      if (row.prefill) {
+        st->host_ids.push_back((*in.tokens)[pos]);
+        st->src_slots.push_back(-1);
+      } else if (host) {
+        st->host_ids.push_back(host_last_ids_[row.state_slot]);
+        st->src_slots.push_back(-1);
+      } else {
+        st->host_ids.push_back(0);
+        st->src_slots.push_back(row.state_slot);
+      }
+      st->positions.push_back(static_cast<int32_t>(pos));
+      st->slot_mapping.push_back(row.slots[k]);
+      st->context_lens.push_back(static_cast<int32_t>(pos + 1));
+      for (int64_t b = 0; b < max_blocks; ++b) {
+        st->block_tables.push_back(
+            b < static_cast<int64_t>(row.block_table.size()) ? row.block_table[b] : 0);
+      }
+    }
+    if (row.logits) {
+      const int64_t pos = row.start + row.len;  // the position of the token sampled
+      st->logit_rows.push_back(static_cast<int32_t>(st->positions.size() - 1));
+      st->row_of_logit_.push_back(i);
+      st->want_logits_.push_back(in.want_logits ? 1 : 0);
+      st->logit_state_slot_.push_back(row.state_slot);
+      any_logits_wanted = any_logits_wanted || in.want_logits;
+      SamplingParams params = *in.params;
+      st->params.push_back(params);
+      SampleRowInfo info;
+      info.slot = row.state_slot;
+      info.position = static_cast<int32_t>(pos);
+      info.choice = in.choice;
+      info.num_generated = static_cast<int32_t>(pos - in.prompt_len);
+      st->rows.push_back(info);
+      st->sample_slots.push_back(row.state_slot);
+    }
+  }
+  const int64_t B = static_cast<int64_t>(st->positions.size());
+  const int64_t n = static_cast<int64_t>(st->logit_rows.size());
+  if (B > options_.max_num_batched_tokens || n > options_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", plan.step_id, " has ", B, " positions and ", n, " logit rows; the runner holds ",
+        options_.max_num_batched_tokens, " and ", options_.max_num_seqs));
+  }
+  const int64_t ns = host ? 0 : n;  // rows sampled on the device
+  st->out_ids.assign(ns, -1);
+  st->out_logprobs.assign(ns, 0.0f);
+  st->top_ids.assign(ns * kMaxLogprobs, -1);
+  st->top_logprobs.assign(ns * kMaxLogprobs, 0.0f);
+  if (any_logits_wanted) st->logits.assign(n * V, 0.0f);
+  if (host) {
+    st->host_params_ = std::move(st->params);
+    st->host_rows_ = std::move(st->rows);
+    st->params.clear();
+    st->rows.clear();
+  }
+  const int64_t c0 = static_cast<int64_t>(st->clear_slots.size());
+  const int64_t c1 = static_cast<int64_t>(st->prompt_ids.size());
+  const int64_t c2 = static_cast<int64_t>(st->gen_ids.size());
+  StepInFlight& s = *st;
+  // The run's host tensors, in argument order (see StepArg).
+  struct HostArg {
+    void* data;
+    uint64_t bytes;
+    std::vector<int64_t> shape;
+    DataType dtype;
+    ArgDirection direction;
+  };
+  std::vector<HostArg> host_args;
+  auto add = [&host_args]<typename T>(std::vector<T>& v, std::vector<int64_t> shape, DataType dtype,
+                                      ArgDirection dir) {
+    if (v.capacity() == 0) v.reserve(1);  // a valid address even for an empty tensor
+    host_args.push_back({v.data(), v.size() * sizeof(T), std::move(shape), dtype, dir});
+  };
+  const int64_t sp = static_cast<int64_t>(sizeof(SamplingParams));
+  add(s.host_ids, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.src_slots, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.clear_slots, {c0}, DataType::kInt32, ArgDirection::kIn);
+  add(s.prompt_ids, {c1}, DataType::kInt32, ArgDirection::kIn);
+  add(s.prompt_slots, {c1}, DataType::kInt32, ArgDirection::kIn);
+  add(s.gen_ids, {c2}, DataType::kInt32, ArgDirection::kIn);
+  add(s.gen_slots, {c2}, DataType::kInt32, ArgDirection::kIn);
+  add(s.params, {ns, sp}, DataType::kUInt8, ArgDirection::kIn);
+  add(s.rows, {ns, 4}, DataType::kInt32, ArgDirection::kIn);
+  add(s.sample_slots, {ns}, DataType::kInt32, ArgDirection::kIn);
+  add(s.out_ids, {ns}, DataType::kInt32, ArgDirection::kOut);
+  add(s.out_logprobs, {ns}, DataType::kFloat32, ArgDirection::kOut);
+  add(s.top_ids, {ns, kMaxLogprobs}, DataType::kInt32, ArgDirection::kOut);
+  add(s.top_logprobs, {ns, kMaxLogprobs}, DataType::kFloat32, ArgDirection::kOut);
+  add(s.positions, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.slot_mapping, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.block_tables, {B, max_blocks}, DataType::kInt32, ArgDirection::kIn);
+  add(s.context_lens, {B}, DataType::kInt32, ArgDirection::kIn);
+  add(s.logit_rows, {n}, DataType::kInt32, ArgDirection::kIn);
+  if (s.logits.empty()) {
+    add(s.logits, {0}, DataType::kFloat32, ArgDirection::kOut);  // the chip's scratch
+  } else {
+    add(s.logits, {n, V}, DataType::kFloat32, ArgDirection::kOut);
+  }
+  // A runner on an L3 child stages them in one shared-heap buffer (the only host memory the
+  // child sees), 64-byte aligned each; its own worker reads the vectors where they are.
+  uint64_t staging_base = 0;
+  if (l3_ != nullptr) {
+    constexpr uint64_t kAlign = 64;
+    uint64_t total = 0;
+    for (const HostArg& h : host_args) total += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
+    SIMPLER_ASSIGN_OR_RETURN(hierarchy::HostBuffer buf, l3_->create_buffer(total));
+    hierarchy::L3Worker* l3 = l3_;
+    s.release_staging_ = [l3, buf] { (void)l3->free_buffer(buf); };
+    staging_base = buf.address;
+    uint64_t off = 0;
+    for (HostArg& h : host_args) {
+      void* dst = reinterpret_cast<void*>(static_cast<uintptr_t>(staging_base + off));
+      if (h.direction == ArgDirection::kIn) {
+        if (h.bytes > 0) std::memcpy(dst, h.data, h.bytes);
+      } else if (h.bytes > 0) {
+        s.copy_back_.push_back({h.data, dst, h.bytes});
+      }
+      h.data = dst;
+      off += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
+    }
+  }
+  task::TaskArgs a;
+  for (const HostArg& h : host_args) {
+    SIMPLER_ASSIGN_OR_RETURN(
+        Tensor t,
+        Tensor::contiguous(reinterpret_cast<uintptr_t>(h.data), h.shape.data(),
+                           static_cast<int32_t>(h.shape.size()), h.dtype, MemoryKind::kHost));
+    a.add_tensor(t, h.direction);
+  }
+  a.add_scalar(chip_);
+  s.submit_ns_ = base::now_ns();
+  if (l3_ != nullptr) {
+    SIMPLER_ASSIGN_OR_RETURN(s.handle_, l3_->submit(l3_step_, a));
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
+  }
+  if (host) {
+    host_step_pending_ = true;
+    host_pending_run_ = s.handle_;
+  }
+  return st;
+}
+
+absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& step) {
+  const int64_t V = dims_.vocab_size;
+  const int64_t n = static_cast<int64_t>(step.row_of_logit_.size());
+  std::vector<RowSample> out(n);
+  // Staged in the shared heap (a runner on an L3 child): the run's outputs come back first.
+  for (const StepInFlight::CopyBack& c : step.copy_back_) std::memcpy(c.dst, c.src, c.bytes);
+  step.copy_back_.clear();
+  if (step.host_logits_) {
+    host_step_pending_ = false;
+    host_pending_run_ = worker::RunHandle();
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    RowSample& rs = out[j];
+    rs.row = step.row_of_logit_[j];
+    const float* logits = step.logits.empty() ? nullptr : step.logits.data() + j * V;
+    if (step.host_logits_) {
+      // Host sampling: the kernel's math on the host, with the host's counts.
+      const int32_t slot = step.logit_state_slot_[j];
+      std::vector<int32_t>& counts = host_counts_[slot];
+      rs.sample = sample_row(step.host_params_[j], step.host_rows_[j], logits, counts.data(), V);
+      if (rs.sample.id >= 0 && rs.sample.id < V) {
+        apply_count(counts, rs.sample.id, TokenCountsMode::kGenerated);
+        host_last_ids_[slot] = rs.sample.id;
+      }
+    } else {
+      rs.sample.id = step.out_ids[j];
+      rs.sample.logprob = step.out_logprobs[j];
+      for (int k = 0; k < kMaxLogprobs; ++k) {
+        rs.sample.top_ids[k] = step.top_ids[j * kMaxLogprobs + k];
+        rs.sample.top_logprobs[k] = step.top_logprobs[j * kMaxLogprobs + k];
+      }
+    }
+    if (rs.sample.id < 0 || rs.sample.id >= V) {
+      return absl::InternalError(absl::StrCat("step run ", step.handle_.id().value,
+                                              " sampled token id ", rs.sample.id, " for row ",
+                                              rs.row, ", outside the vocabulary [0, ", V, ")"));
+    }
+    if (step.want_logits_[j] && logits != nullptr) rs.logits.assign(logits, logits + V);
+  }
+  return out;
+}
+
+absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
+  if (!worker_) {
+    return absl::FailedPreconditionError(
+        "read_kv: the KV pool of a runner on an L3 child is in the child's memory");
+  }
+  const ChipState& c = holder_->chips[0];
+  const int64_t slots = static_cast<int64_t>(options_.num_pages) * options_.page_size;
+  if (slot < 0 || slot >= slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV slot ", slot, " outside the pool's [0, ", slots, ")"));
+  }
+  const int64_t kv_row = dims_.kv_size();
+  Kv kv;
+  for (int64_t l = 0; l < dims_.num_hidden_layers; ++l) {
+    std::vector<float> k(kv_row), v(kv_row);
+    const uint64_t row_off = static_cast<uint64_t>(slot) * kv_row * 4;
+    const uint64_t k_off = c.kv_pools.layers[l].k_pool.address - c.kv_buffer.address + row_off;
+    const uint64_t v_off = c.kv_pools.layers[l].v_pool.address - c.kv_buffer.address + row_off;
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data(), c.kv_buffer, kv_row * 4, k_off));
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data(), c.kv_buffer, kv_row * 4, v_off));
+    kv.k.push_back(std::move(k));
+    kv.v.push_back(std::move(v));
+  }
+  return kv;
+}
+
+absl::Status Qwen3ModelRunner::close(const base::Deadline& deadline) {
+  if (!worker_) return absl::OkStatus();
+  return worker_->close(deadline);
+}
+
+Qwen3ModelRunner::~Qwen3ModelRunner() { (void)close(); }
+
+}  // namespace simpler::llm

@@ -1,0 +1,242 @@
+// Qwen3ModelRunner: the model-runner boundary of the serving engine (vLLM's
+// GPUModelRunner shape). The scheduler (scheduler.h) decides which positions
+// of which requests run in a step; the runner turns that StepPlan into ONE run
+// of the step program on the Worker and, once the run retired, hands back
+// each logit row's sampled token. It knows nothing of request policy
+// (admission, stops, preemption); the scheduler knows nothing of tensors.
+//
+// The step program (one ChipCallable, one run per step), in task order:
+//   1. token_counts: for rows with fresh_state, clear the request's state
+//      slot, then commit its known tokens (prompt ids kPrompt, kept output
+//      tokens kGenerated) — sampling.h's per-request token counts;
+//   2. token_feedback: input_ids[i] = host_ids[i] for prefill positions
+//      (known on the host), last_ids[state_slot] for decode rows: the token
+//      the request's previous step sampled, read from device memory, so step
+//      t+1 is submitted before step t finished (early enqueue);
+//   3. the Qwen3 decode program (qwen3_program.h): all rows' K/V written to
+//      their slots, causal paged attention (several positions of one request
+//      in one run attend causally within the chunk), logits of logit rows;
+//   4. sample (sampling.h) for every logit row with its SamplingParams,
+//      position, choice and state slot; then token_counts kGenerated of the
+//      sampled ids and token_scatter last_ids[state_slot] = sampled id.
+// Dependencies are inferred from the tagged tensors (counts and last_ids are
+// INOUT device buffers), so the tasks of one step and of consecutive steps
+// are ordered exactly.
+//
+// Host sampling (RunnerOptions::host_sampling): logits are read back every
+// step and the same sample_row math runs on the host with a host copy of the
+// token counts; the next step needs those tokens first, so the engine runs
+// one step at a time (documented as serial launch). Tokens are identical.
+//
+// Memory (device): weights (in their checkpoint dtype; norms f32), scratch for
+// max_num_batched_tokens rows (logits for max_num_seqs rows), the KV pool, token counts i32
+// [max_num_seqs, V] and last_ids i32 [max_num_seqs]: the chip's state. The step program finds
+// them there, not in its arguments; a run carries only host tensors and the chip's index. A
+// runner with its own Worker binds them to the step callable (Worker::bind): none can be freed
+// while a step may run.
+//
+// Data parallel over an L3 worker's children (Qwen3DataParallel below; vLLM's
+// data_parallel_size): every child loads the whole model into its own device memory in a
+// child setup (hierarchy/l3_worker.h: in the child process in process mode), and one runner
+// per child submits each step as an L3 run whose one next-level task runs the step program
+// on that child. Its host tensors are staged in one buffer of the L3 worker's shared host heap
+// per step (freed when the StepInFlight is destroyed). Each runner is driven by its own engine
+// (its own scheduler and KV pool on its child): requests are split between them, and a
+// request's tokens do not depend on the chip it ran on.
+//
+// Thread safety: thread-compatible; one thread (the engine loop) drives it.
+//
+// Private to the engine (src/engine): users reach a runner through LlmEngine and
+// LlmDataParallel (simpler/engine/data_parallel.h), its options through
+// simpler/engine/runner_options.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/scheduler.h"
+#include "simpler/engine/runner_options.h"
+#include "simpler/hierarchy/l3_worker.h"
+#include "simpler/kernels/sampling.h"
+#include "simpler/model/model_config.h"
+#include "simpler/model/qwen3_program.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::llm {
+
+// What the runner needs per row besides the StepRow (request state the
+// engine owns). Pointers must stay valid until submit() returns.
+struct RowInput {
+  // The request's known tokens: prompt ids, then its accepted output tokens
+  // (prefill rows read positions [start, start + len) from here; a
+  // fresh_state row commits all of them to the token counts).
+  const std::vector<int32_t>* tokens = nullptr;
+  int64_t prompt_len = 0;
+  const SamplingParams* params = nullptr;  // logit rows; validated by the engine
+  int32_t choice = 0;                      // clone index (OpenAI `n`), Philox stream
+  bool want_logits = false;                // logit row: read its raw logits back (tests, dumps)
+};
+
+// One logit row's outcome, in the order of the plan's logit rows.
+struct RowSample {
+  size_t row = 0;  // index into StepPlan::rows
+  SampleResult sample;
+  std::vector<float> logits;  // raw logits [V] when RowInput::want_logits
+};
+
+class Qwen3ModelRunner;
+
+// A submitted step: its run and the host buffers it stages into, kept alive
+// until the run finalized (the handle's destructor waits if it must).
+class StepInFlight {
+ public:
+  ~StepInFlight();
+  StepInFlight(const StepInFlight&) = delete;
+  StepInFlight& operator=(const StepInFlight&) = delete;
+  const worker::RunHandle& handle() const { return handle_; }
+  int64_t step_id() const { return step_id_; }
+  int64_t submit_ns() const { return submit_ns_; }
+  int64_t num_tokens() const { return static_cast<int64_t>(positions.size()); }
+  int64_t num_logit_rows() const { return static_cast<int64_t>(row_of_logit_.size()); }
+
+ private:
+  friend class Qwen3ModelRunner;
+  StepInFlight() = default;
+  int64_t step_id_ = 0;
+  int64_t submit_ns_ = 0;
+  worker::RunHandle handle_;
+  // A runner on an L3 child: the shared-heap buffer the run's host tensors live in, OUT
+  // tensors copied back from it into the vectors below by collect(), and its release.
+  struct CopyBack {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+  };
+  std::vector<CopyBack> copy_back_;
+  std::function<void()> release_staging_;
+  // Host staging (IN) and results (OUT), referenced by the run's tensors.
+  std::vector<int32_t> host_ids, src_slots, positions, slot_mapping, block_tables, context_lens,
+      logit_rows, clear_slots, prompt_ids, prompt_slots, gen_ids, gen_slots, sample_slots;
+  std::vector<SamplingParams> params;
+  std::vector<SampleRowInfo> rows;
+  std::vector<int32_t> out_ids, top_ids;
+  std::vector<float> out_logprobs, top_logprobs, logits;
+  std::vector<size_t> row_of_logit_;         // logit j -> plan row
+  std::vector<uint8_t> want_logits_;         // per logit row
+  std::vector<int32_t> logit_state_slot_;    // per logit row (host sampling)
+  std::vector<SamplingParams> host_params_;  // host sampling: per logit row
+  std::vector<SampleRowInfo> host_rows_;
+  bool host_logits_ = false;
+};
+
+class Qwen3ModelRunner {
+ public:
+  // Loads config and weights (converted to f32), creates and initializes the
+  // Worker and allocates everything above. INVALID_ARGUMENT naming the option
+  // for a non-positive size or max_num_batched_tokens < max_num_seqs; errors
+  // of ModelConfig / ModelWeights (naming the file and tensor) and of the
+  // Worker (allocation).
+  static absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> create(const std::string& model_dir,
+                                                                  const RunnerOptions& options);
+
+  // Submits one run for `plan` (rows as the scheduler made them; inputs[i]
+  // belongs to plan.rows[i]). INVALID_ARGUMENT when inputs do not match the
+  // rows or a row exceeds the step limits; the Worker's submit errors (e.g.
+  // poisoned lane) as they are. With host sampling the previous step must
+  // have been collected first, or have finished with an error (it is never
+  // collected then); FAILED_PRECONDITION otherwise.
+  absl::StatusOr<std::unique_ptr<StepInFlight>> submit(const StepPlan& plan,
+                                                       std::span<const RowInput> inputs);
+
+  // After step.handle() finished OK: every logit row's sample, in row order.
+  // INTERNAL when a sampled id is outside the vocabulary (names the run).
+  absl::StatusOr<std::vector<RowSample>> collect(StepInFlight& step);
+
+  // K and V of one KV slot read back from the pool: [layers][kv_heads·head_dim] (tests, dumps).
+  // FAILED_PRECONDITION for a runner on an L3 child (the pool is in the child's memory).
+  struct Kv {
+    std::vector<std::vector<float>> k, v;
+  };
+  absl::StatusOr<Kv> read_kv(int32_t slot);
+
+  const ModelConfig& config() const { return config_; }
+  const Qwen3Dims& dims() const { return dims_; }
+  const RunnerOptions& options() const { return options_; }
+  // The runner's own Worker; nullptr for a runner on an L3 child (the worker is the child's).
+  worker::Worker* worker() { return worker_.get(); }
+  // The device buffers the step program uses without naming them in a run's arguments, all
+  // bound to the callable (Worker::bind); empty for a runner on an L3 child.
+  std::vector<worker::DeviceBuffer> bound_buffers() const;
+  // f32 bytes of every weight a step streams (projections, norms, LM head).
+  uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
+  // Worker::close(deadline). Idempotent. A runner on an L3 child closes nothing (the L3
+  // worker is its owner's): its steps in flight finish on the child.
+  absl::Status close(const base::Deadline& deadline = base::Deadline::forever());
+  ~Qwen3ModelRunner();
+
+  struct Holder;  // the chips' states the step callable reads (model_runner.cc)
+
+ private:
+  friend class Qwen3DataParallel;
+  Qwen3ModelRunner() = default;
+  // Config, dims and the checkpoint's tensor set checked against them; weight bytes per step.
+  absl::Status load_model_info(const std::string& model_dir);
+  void init_host_sampling();
+  ModelConfig config_;
+  Qwen3Dims dims_;
+  RunnerOptions options_;
+  std::unique_ptr<worker::Worker> worker_;  // own worker (nullptr on an L3 child)
+  worker::CallableHandle step_;
+  std::shared_ptr<Holder> holder_;
+  int32_t chip_ = 0;  // index into the holder's chips (the L3 child)
+  hierarchy::L3Worker* l3_ = nullptr;
+  hierarchy::ProgramHandle l3_step_;
+  uint64_t weight_bytes_per_step_ = 0;
+  // Host sampling: token counts and last sampled id per state slot.
+  std::vector<std::vector<int32_t>> host_counts_;
+  std::vector<int32_t> host_last_ids_;
+  bool host_step_pending_ = false;      // submitted, neither collected nor failed
+  worker::RunHandle host_pending_run_;  // its run
+};
+
+// Data parallel over the children of an L3 worker (see the header comment). Use:
+//   L3Worker l3(options);                      // device_ids: one child per chip
+//   auto dp = Qwen3DataParallel::prepare(l3, model_dir, runner_options);   // before init()
+//   l3.init();                                 // children load the model in their setup
+//   auto r0 = (*dp)->runner(0), r1 = (*dp)->runner(1);                    // one per child
+// Thread safety: prepare and runner() from one thread; each runner as Qwen3ModelRunner.
+class Qwen3DataParallel {
+ public:
+  // Before l3.init(): checks the options and the checkpoint here (errors as
+  // Qwen3ModelRunner::create's, naming the file or tensor, before any child starts) and registers
+  // the step callable, the one-task L3 step program and the child setup that loads the model on
+  // every child. The L3 worker must outlive every runner and every StepInFlight they made (a
+  // step frees its staging buffer when destroyed). Errors of the L3 worker's registration
+  // (FAILED_PRECONDITION after its init()) as they are.
+  static absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> prepare(hierarchy::L3Worker& l3,
+                                                                    const std::string& model_dir,
+                                                                    const RunnerOptions& options);
+  // After l3.init(): the runner whose steps run on child `child`. INVALID_ARGUMENT for a child
+  // outside [0, num_children); FAILED_PRECONDITION before init(). A child whose setup failed
+  // (a process child) fails each step naming the child and the error.
+  absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> runner(int32_t child);
+  int32_t num_children() const { return l3_->num_children(); }
+
+ private:
+  Qwen3DataParallel() = default;
+  hierarchy::L3Worker* l3_ = nullptr;
+  std::string model_dir_;
+  RunnerOptions options_;
+  std::shared_ptr<Qwen3ModelRunner::Holder> holder_;
+  hierarchy::ProgramHandle program_;
+  std::unique_ptr<Qwen3ModelRunner> info_;  // config, dims, weight bytes (checked in prepare)
+};
+
+}  // namespace simpler::llm

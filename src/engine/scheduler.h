@@ -1,0 +1,279 @@
+// The continuous-batching scheduler (docs/design/scheduler.md): which requests
+// run in the next step, which positions of each, and where their KV goes. Pure
+// logic: no device, no tensors, no threads (ARCHITECTURE.md, Serving).
+//
+// Lifecycle of a request:
+//   add() -> waiting (FCFS queue) -> admitted: running, prefilled in chunks
+//   of up to the token budget, then one decode position per step -> finished
+//   (stop / length / abort / error). A running request that needs pages that
+//   are not there may be preempted: its pages are fenced, it goes back to the
+//   head of the waiting queue keeping its retired output tokens, and on
+//   re-admission its prompt plus those tokens are prefilled again (recompute).
+//
+// Lifecycle of a step:
+//   schedule() -> StepPlan (counted as submitted from then on) -> exactly one
+//   of on_step_retired() / on_step_failed(), in step-id order. Up to any
+//   number of steps may be in flight (the launch depth is the caller's): a
+//   decode row may read the token that an earlier, still running step samples
+//   on the device. Rows of a request that finished or was preempted after the
+//   step was planned are ignored when the step retires.
+//
+// Pages: a finished, aborted or preempted request's pages are fenced behind
+// the last submitted step that reads or writes them and become free when that
+// step retires or fails recoverably. A step that fails unrecoverably (e.g.
+// timed out: device use unproven) quarantines every page its rows touch;
+// quarantined pages stay counted and are never reused. Admission and
+// allocation only ever use free pages; a running request that needs pages
+// preempts the most recently admitted running requests only while free plus
+// fenced pages do not cover its need, and otherwise waits for the fence, so
+// preemption never cascades without making progress.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/kv_cache.h"
+
+namespace simpler::llm {
+
+struct SchedulerOptions {
+  int32_t max_num_batched_tokens = 2048;  // token budget per step
+  int32_t max_num_seqs = 256;             // row cap per step, and cap of running requests
+  int32_t max_waiting = 1024;             // waiting-queue capacity
+  int32_t page_size = 16;                 // tokens per KV page
+  int32_t num_pages = 0;                  // pages in the KV pool
+  int64_t max_model_len = 0;              // max_position_embeddings
+};
+
+// One request as the engine hands it over. Requests are admitted in the order
+// of their add() calls (arrival order).
+struct SchedulerRequest {
+  uint64_t id = 0;
+  int64_t prompt_len = 0;
+  int64_t max_tokens = 0;    // output tokens at most
+  uint64_t sampling_id = 0;  // opaque handle of the sampling parameters
+};
+
+enum class FinishReason : uint8_t { kStop, kLength, kAbort, kError };
+inline constexpr int kNumFinishReasons = 4;
+
+// One row of a step: positions [start, start + len) of one request. A prefill
+// row's tokens are known on the host (prompt, or prompt + kept output tokens
+// when recomputing); a decode row has len 1 and its input token is the one the
+// previous step sampled for this request (possibly still on the device).
+struct StepRow {
+  uint64_t request_id = 0;
+  uint64_t sampling_id = 0;
+  int64_t start = 0;
+  int64_t len = 0;
+  bool prefill = false;
+  bool logits = false;               // samples the token at position start + len
+  std::vector<int32_t> slots;        // KV slot of each position, len entries
+  std::vector<int32_t> block_table;  // the request's pages after this step
+  // The request's per-request device state slot (e.g. its sampling token
+  // counts, sampling.h) in [0, max_num_seqs): held from admission to finish
+  // or preemption, reused by another request only after the last step that
+  // used it retired. `fresh_state`: the first row since the request took
+  // this slot (the engine clears the slot and commits the request's known
+  // tokens before sampling).
+  int32_t state_slot = -1;
+  bool fresh_state = false;
+};
+
+// One step: decode rows first (in admission order), then prefill chunks.
+struct StepPlan {
+  int64_t step_id = 0;
+  std::vector<StepRow> rows;
+  int64_t num_tokens() const;
+};
+
+// What a retired step produced for one row; results are given in row order,
+// one per row (token and stop are ignored for rows without logits).
+struct RowResult {
+  int32_t token = 0;
+  bool stop = false;  // the token ends the request (EOS, stop string)
+};
+
+enum class StepFailure : uint8_t {
+  kRecoverable,    // the step ended; its device use is proven finished
+  kUnrecoverable,  // e.g. timed out; its pages may still be read or written
+};
+
+struct FinishedRequest {
+  uint64_t id = 0;
+  FinishReason reason = FinishReason::kStop;
+  std::vector<int32_t> output_tokens;
+  // kError only: why (the failed step's error given to on_step_failed, or
+  // RESOURCE_EXHAUSTED with the numbers when quarantine left the pool too
+  // small for the request).
+  absl::Status error;
+};
+
+// A sample on_step_retired accepted: row `row` of the step gave request
+// `request_id` its output token `token` (the `index`-th, 0-based). Rows whose
+// request finished, was aborted or preempted since the step was scheduled are
+// stale and not reported: the engine streams, detokenizes and commits (token
+// counts) exactly the accepted samples.
+struct AcceptedSample {
+  size_t row = 0;
+  uint64_t request_id = 0;
+  int32_t token = 0;
+  int64_t index = 0;
+};
+
+struct SchedulerSnapshot {
+  int64_t waiting = 0;
+  int64_t running = 0;
+  int64_t steps_in_flight = 0;
+  int64_t preempted_total = 0;
+  int64_t finished[kNumFinishReasons] = {};  // indexed by FinishReason
+  PageCounts pages;
+  int64_t state_slots_free = 0;    // of max_num_seqs
+  int64_t state_slots_fenced = 0;  // released, waiting for their last step to retire
+};
+
+// A live request as the scheduler sees it (for the engine and tests).
+struct RequestInfo {
+  bool running = false;
+  int64_t prompt_len = 0;
+  int64_t num_scheduled = 0;  // positions written or being written to the KV cache
+  int64_t num_preemptions = 0;
+  int64_t max_tokens = 0;
+  int64_t pending_samples = 0;         // samples of steps in flight
+  bool prefilled = false;              // prompt (and kept tokens) all scheduled
+  std::vector<int32_t> output_tokens;  // retired tokens (kept across preemption)
+  std::vector<int32_t> pages;
+};
+
+// Owns the page pool, every live request's block table and the waiting and
+// running queues. Owned by the engine loop for the engine's lifetime.
+// Thread-compatible.
+class Scheduler {
+ public:
+  // INVALID_ARGUMENT naming the field when a size is not positive (num_pages
+  // may be 0 only to refuse everything) or the pool does not fit int32 slots.
+  static absl::StatusOr<Scheduler> create(const SchedulerOptions& options);
+
+  // Queues a request. INVALID_ARGUMENT naming the request when prompt_len or
+  // max_tokens is not positive, when prompt_len + max_tokens exceeds
+  // max_model_len, or when the request alone needs more KV pages than the pool
+  // holds (both numbers in the message); ALREADY_EXISTS for a live id;
+  // RESOURCE_EXHAUSTED when max_waiting requests wait already.
+  absl::Status add(const SchedulerRequest& spec);
+
+  // Finishes a live request with kAbort; its pages are fenced. NOT_FOUND for
+  // an id that is not live.
+  absl::Status abort(uint64_t id);
+
+  // Finishes a live request with kError carrying `error` (e.g. the engine
+  // became unhealthy); its pages are fenced. NOT_FOUND for an id that is not
+  // live.
+  absl::Status fail(uint64_t id, absl::Status error);
+
+  // Finishes a live request with kStop because the output processor matched a
+  // stop string: its output keeps the first `keep_tokens` retired tokens (the
+  // token the stop string ended in included), its pages are fenced, and its
+  // samples still in flight become stale. NOT_FOUND for an id that is not
+  // live; INVALID_ARGUMENT when keep_tokens is negative or more than it has.
+  absl::Status stop(uint64_t id, int64_t keep_tokens);
+
+  // The next step, or nullopt when no row can be scheduled now (nothing live,
+  // or every live request waits for a step in flight to retire). Returns a
+  // step whenever no step is in flight and a request is still live after the
+  // call: a request that quarantine left a pool too small for finishes with
+  // kError (see take_finished) instead of waiting forever.
+  std::optional<StepPlan> schedule();
+
+  // The oldest step in flight retired with one result per row. Returns the
+  // samples it accepted, in row order (see AcceptedSample).
+  // FAILED_PRECONDITION when step_id is not the oldest step in flight;
+  // INVALID_ARGUMENT when results do not match its rows.
+  absl::StatusOr<std::vector<AcceptedSample>> on_step_retired(int64_t step_id,
+                                                              absl::Span<const RowResult> results);
+
+  // The oldest step in flight failed with `cause` (the run's error). Its live
+  // requests finish with kError carrying `cause`; kUnrecoverable quarantines
+  // every page its rows touch. FAILED_PRECONDITION when step_id is not the
+  // oldest step in flight.
+  absl::Status on_step_failed(int64_t step_id, StepFailure failure,
+                              const absl::Status& cause = absl::UnknownError("step failed"));
+
+  // Requests finished since the last call, in finishing order.
+  std::vector<FinishedRequest> take_finished();
+
+  SchedulerSnapshot snapshot() const;
+  std::optional<RequestInfo> find(uint64_t id) const;
+  // Ids of the live requests (waiting and running), in no particular order.
+  std::vector<uint64_t> live_ids() const;
+  const PagePool& pool() const { return pool_; }
+
+  // INTERNAL when the page states disagree with the live requests' block
+  // tables: a used page not held by exactly one live request, a live page not
+  // used, or counts that do not sum to the pool. Linear; for tests and debug.
+  absl::Status check_invariants() const;
+
+ private:
+  struct Request {
+    explicit Request(const SchedulerRequest& s) : spec(s), table(s.id) {}
+    SchedulerRequest spec;
+    BlockTable table;
+    std::vector<int32_t> outputs;  // retired samples
+    int64_t pending = 0;           // samples of steps in flight
+    int64_t last_step = 0;         // last submitted step touching table's pages
+    uint64_t admitted_seq = 0;
+    uint32_t incarnation = 0;  // bumped on preemption
+    int64_t num_preemptions = 0;
+    bool running = false;
+    bool prefilled = false;    // the row sampling after the known tokens is scheduled
+    int32_t state_slot = -1;   // while running
+    bool fresh_state = false;  // no row since it took state_slot
+  };
+  struct RowRecord {
+    uint64_t id = 0;
+    uint32_t incarnation = 0;
+    bool logits = false;
+    std::vector<int32_t> pages;
+  };
+  struct InFlightStep {
+    int64_t step_id = 0;
+    std::vector<RowRecord> rows;
+  };
+
+  Scheduler(const SchedulerOptions& options, PagePool pool)
+      : options_(options), pool_(std::move(pool)) {}
+
+  int64_t known_tokens(const Request& r) const;
+  int64_t max_pages(const Request& r) const;
+  bool decode_ready(const Request& r) const;
+  bool has_work(const Request& r) const;
+  void preempt(uint64_t id);
+  void finish(uint64_t id, FinishReason reason, absl::Status error = absl::OkStatus());
+  absl::Status quarantine_error(const Request& r) const;
+  void add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len);
+  // Gives back r's state slot: free at once when its last step retired,
+  // fenced behind that step otherwise.
+  void release_state_slot(Request& r);
+  absl::Status check_front(int64_t step_id) const;
+
+  SchedulerOptions options_;
+  PagePool pool_;
+  std::unordered_map<uint64_t, Request> requests_;  // live ones
+  std::deque<uint64_t> waiting_;
+  std::vector<uint64_t> running_;  // admission order
+  std::deque<InFlightStep> in_flight_;
+  std::vector<FinishedRequest> finished_;
+  int64_t next_step_id_ = 1;
+  uint64_t next_admitted_seq_ = 1;
+  int64_t preempted_total_ = 0;
+  int64_t finished_count_[kNumFinishReasons] = {};
+  std::vector<int32_t> free_state_slots_;                        // stack
+  std::vector<std::pair<int32_t, int64_t>> fenced_state_slots_;  // (slot, fence step)
+};
+
+}  // namespace simpler::llm

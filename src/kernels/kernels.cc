@@ -1,0 +1,1332 @@
+#include "simpler/kernels/kernels.h"
+
+// Eigen runs single-threaded inside a kernel: parallelism comes from SPMD blocks.
+#ifndef EIGEN_DONT_PARALLELIZE
+#define EIGEN_DONT_PARALLELIZE
+#endif
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/fma_exact.h"
+#include "kernels/matmul_impl.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/thread.h"
+
+namespace simpler::llm {
+namespace {
+
+using task::ArgDirection;
+using task::DataType;
+using task::KernelContext;
+using task::TaskArgs;
+using task::Tensor;
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstRowMap = Eigen::Map<const RowMatrix>;
+using StridedRowMap = Eigen::Map<RowMatrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+using ConstVecMap = Eigen::Map<const Eigen::VectorXf>;
+using VecMap = Eigen::Map<Eigen::VectorXf>;
+
+std::string shape_string(const Tensor& t) {
+  std::vector<int64_t> s(t.shape.begin(), t.shape.begin() + t.rank);
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+// Checks a kernel's argument list and names what is wrong.
+class ArgCheck {
+ public:
+  ArgCheck(const KernelContext& ctx, const char* kernel) : ctx_(ctx), kernel_(kernel) {}
+
+  absl::Status error(const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(kernel_, ": ", what));
+  }
+
+  absl::Status count(uint32_t n) const {
+    if (ctx_.args == nullptr && ctx_.num_args > 0) return error("argument list is null");
+    if (ctx_.num_args != n) {
+      return error(absl::StrCat("expects ", n, " arguments, got ", ctx_.num_args));
+    }
+    if (ctx_.block_dim < 1 || ctx_.block_idx < 0 || ctx_.block_idx >= ctx_.block_dim) {
+      return error(absl::StrCat("block ", ctx_.block_idx, " outside block_dim ", ctx_.block_dim));
+    }
+    return absl::OkStatus();
+  }
+
+  // Argument `i` (called `name`) must be a contiguous tensor of `dtype`, rank
+  // `rank`; dims in `dims` equal to -1 are free.
+  absl::Status tensor(uint32_t i, const char* name, DataType dtype,
+                      std::initializer_list<int64_t> dims) const {
+    const task::Arg& a = ctx_.args[i];
+    if (a.direction == ArgDirection::kScalar) {
+      return error(absl::StrCat("argument ", i, " (", name, ") must be a tensor, got a scalar"));
+    }
+    const Tensor& t = a.tensor;
+    const int rank = static_cast<int>(dims.size());
+    bool ok = t.dtype == dtype && t.rank == rank && t.is_contiguous();
+    if (ok) {
+      int d = 0;
+      for (int64_t want : dims) {
+        if (want >= 0 && t.shape[d] != want) ok = false;
+        ++d;
+      }
+    }
+    if (ok && t.numel() > 0 && t.address == 0) {
+      return error(absl::StrCat("argument ", i, " (", name, ") has a null address"));
+    }
+    if (!ok) {
+      std::vector<std::string> want;
+      for (int64_t w : dims) want.push_back(w < 0 ? std::string("*") : absl::StrCat(w));
+      return error(absl::StrCat("argument ", i, " (", name, ") must be a contiguous ",
+                                std::string(task::name_of(dtype)), "[", absl::StrJoin(want, ","),
+                                "], got ", std::string(task::name_of(t.dtype)), shape_string(t),
+                                t.is_contiguous() ? "" : " (strided)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status scalar(uint32_t i, const char* name) const {
+    if (ctx_.args[i].direction != ArgDirection::kScalar) {
+      return error(absl::StrCat("argument ", i, " (", name, ") must be a scalar"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const KernelContext& ctx_;
+  const char* kernel_;
+};
+
+#define SIMPLER_KERNEL_CHECK(expr)                   \
+  do {                                               \
+    ::absl::Status kernel_status_ = (expr);          \
+    if (!kernel_status_.ok()) return kernel_status_; \
+  } while (0)
+
+absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
+                         bool bf16 = false) {
+  ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  const Tensor& x = ctx.tensor(0);
+  const int64_t rows = x.shape[0];
+  const int64_t in = x.shape[1];
+  const DataType wt = ctx.args[1].tensor.dtype;
+  const DataType w_dtype =
+      wt == DataType::kBFloat16 || wt == DataType::kFloat16 ? wt : DataType::kFloat32;
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "W", w_dtype, {-1, in}));
+  const Tensor& w = ctx.tensor(1);
+  const int64_t out = w.shape[0];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
+  const Tensor& y = ctx.tensor(2);
+  isa = resolve_kernel_isa(isa);
+  if (!kernel_isa_available(isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(accumulate ? "matmul_acc" : "matmul", ": the ", name_of(isa), " path needs ",
+                     kernel_isa_requirements(isa), ", which this CPU lacks (it has ",
+                     available_kernel_isas(), ")"));
+  }
+  const BlockRange r = block_range(out, ctx.block_idx, ctx.block_dim);
+  if (r.begin >= r.end || rows == 0) return absl::OkStatus();
+  matmul_detail::Problem p;
+  p.x = x.data<const float>();
+  p.rows = rows;
+  p.k = in;
+  p.wt = w_dtype == DataType::kBFloat16  ? matmul_detail::WeightType::kBF16
+         : w_dtype == DataType::kFloat16 ? matmul_detail::WeightType::kF16
+                                         : matmul_detail::WeightType::kF32;
+  p.w = static_cast<const uint8_t*>(w.data<const void>()) + r.begin * in * task::size_of(w_dtype);
+  p.n = r.end - r.begin;
+  p.y = y.data<float>() + r.begin;
+  p.ldy = out;
+  p.accumulate = accumulate;
+#if defined(__x86_64__)
+  if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
+      matmul_detail::avx512_bf16_available()) {
+    if (rows >= matmul_detail::kDnnlMinRows) {
+      return matmul_detail::run_dnnl_bf16(p);
+    }
+    matmul_detail::run_avx512_bf16(p);
+    return absl::OkStatus();
+  }
+  if (isa == KernelIsa::kAvx512) {
+    matmul_detail::run_avx512(p);
+    return absl::OkStatus();
+  }
+  if (isa == KernelIsa::kX86_64V3) {
+    matmul_detail::run_x86_64_v3(p);
+    return absl::OkStatus();
+  }
+#elif defined(__aarch64__)
+  (void)bf16;
+  (void)rows;
+  if (isa == KernelIsa::kNeon) {
+    matmul_detail::run_neon(p);
+    return absl::OkStatus();
+  }
+#else
+  (void)bf16;
+  (void)rows;
+#endif
+  matmul_detail::run_portable(p);
+  return absl::OkStatus();
+}
+
+absl::Status matmul_bf16_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, KernelIsa::kAuto, true);
+}
+absl::Status matmul_acc_bf16_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, KernelIsa::kAuto, true);
+}
+
+template <KernelIsa kIsa>
+absl::Status matmul_kernel_on(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, kIsa);
+}
+template <KernelIsa kIsa>
+absl::Status matmul_acc_kernel_on(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, kIsa);
+}
+
+absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa);
+template <KernelIsa kIsa>
+absl::Status paged_attention_kernel_on(const KernelContext& ctx) {
+  return paged_attention_impl(ctx, kIsa);
+}
+
+// The kernels whose inner loops have a path per target, for `isa` (resolved).
+struct IsaKernels {
+  task::KernelFn matmul, matmul_acc, paged_attention;
+};
+template <KernelIsa kIsa>
+constexpr IsaKernels isa_kernels() {
+  return {&matmul_kernel_on<kIsa>, &matmul_acc_kernel_on<kIsa>, &paged_attention_kernel_on<kIsa>};
+}
+IsaKernels isa_kernels(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return isa_kernels<KernelIsa::kAvx512>();
+    case KernelIsa::kX86_64V3:
+      return isa_kernels<KernelIsa::kX86_64V3>();
+    case KernelIsa::kNeon:
+      return isa_kernels<KernelIsa::kNeon>();
+    case KernelIsa::kPortable:
+      return isa_kernels<KernelIsa::kPortable>();
+    case KernelIsa::kAuto:
+      break;
+  }
+  return isa_kernels<KernelIsa::kAuto>();
+}
+
+constexpr KernelIsa kTargetsBestFirst[] = {KernelIsa::kAvx512, KernelIsa::kX86_64V3,
+                                           KernelIsa::kNeon, KernelIsa::kPortable};
+
+}  // namespace
+
+BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim) {
+  if (block_dim < 1 || block_idx < 0 || block_idx >= block_dim || n <= 0) return {};
+  return {n * block_idx / block_dim, n * (block_idx + 1) / block_dim};
+}
+
+const char* name_of(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAuto:
+      return "auto";
+    case KernelIsa::kPortable:
+      return "portable";
+    case KernelIsa::kX86_64V3:
+      return "x86-64-v3";
+    case KernelIsa::kAvx512:
+      return "avx512";
+    case KernelIsa::kNeon:
+      return "neon";
+  }
+  return "?";
+}
+
+absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name) {
+  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kX86_64V3,
+                        KernelIsa::kAvx512, KernelIsa::kNeon}) {
+    if (name == name_of(isa)) return isa;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown kernel ISA '", std::string(name),
+                   "' (expected auto, portable, x86-64-v3, avx512 or neon)"));
+}
+
+bool kernel_isa_available(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return matmul_detail::avx512_available();
+    case KernelIsa::kX86_64V3:
+      return matmul_detail::x86_64_v3_available();
+    case KernelIsa::kNeon:
+#if defined(__aarch64__)
+      return matmul_detail::neon_available();
+#else
+      return false;  // not built into this binary
+#endif
+    case KernelIsa::kAuto:
+    case KernelIsa::kPortable:
+      break;
+  }
+  return true;
+}
+
+std::string available_kernel_isas() {
+  std::vector<std::string> names;
+  for (KernelIsa isa : kTargetsBestFirst) {
+    if (kernel_isa_available(isa)) names.emplace_back(name_of(isa));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+const char* kernel_isa_requirements(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return "AVX-512 F, BW, VL and DQ";
+    case KernelIsa::kX86_64V3:
+      return "AVX2, FMA and F16C";
+    case KernelIsa::kNeon:
+      return "an aarch64 CPU (Advanced SIMD with FMA)";
+    case KernelIsa::kAuto:
+    case KernelIsa::kPortable:
+      break;
+  }
+  return "nothing";
+}
+
+KernelIsa resolve_kernel_isa(KernelIsa isa) {
+  if (isa != KernelIsa::kAuto) return isa;
+  for (KernelIsa target : kTargetsBestFirst) {
+    if (kernel_isa_available(target)) return target;
+  }
+  return KernelIsa::kPortable;
+}
+
+double measure_f32_fma_peak(KernelIsa isa, int threads, double seconds) {
+  isa = resolve_kernel_isa(isa);
+  if (threads <= 0) threads = base::hardware_threads();
+  auto probe = [isa](int64_t iters, float seed) {
+    switch (isa) {
+#if defined(__x86_64__)
+      case KernelIsa::kAvx512:
+        return matmul_detail::fma_probe_avx512(iters, seed);
+      case KernelIsa::kX86_64V3:
+        return matmul_detail::fma_probe_x86_64_v3(iters, seed);
+#elif defined(__aarch64__)
+      case KernelIsa::kNeon:
+        return matmul_detail::fma_probe_neon(iters, seed);
+#endif
+      default:
+        return matmul_detail::fma_probe_portable(iters, seed);
+    }
+  };
+  // Calibrate the iterations to about `seconds` on one thread.
+  int64_t iters = 1 << 12;
+  for (;;) {
+    const int64_t t0 = base::now_ns();
+    volatile float keep = probe(iters, 1.0f);
+    (void)keep;
+    const double s = (base::now_ns() - t0) / 1e9;
+    if (s >= seconds / 4 || iters > (int64_t{1} << 40)) {
+      iters = static_cast<int64_t>(iters * (seconds / std::max(s, 1e-9)));
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<std::thread> ts;
+    std::atomic<float> sink{0};
+    const int64_t t0 = base::now_ns();
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] { sink.store(probe(iters, 1.0f + t), std::memory_order_relaxed); });
+    }
+    for (std::thread& th : ts) th.join();
+    const double s = (base::now_ns() - t0) / 1e9;
+    best = std::max(best, static_cast<double>(threads) * iters * 12 * 16 * 2 / s);
+  }
+  return best;
+}
+
+const char* name_of(Precision precision) {
+  return precision == Precision::kBf16 ? "bf16" : "exact";
+}
+
+absl::StatusOr<Precision> parse_precision(std::string_view name) {
+  for (Precision p : {Precision::kExact, Precision::kBf16}) {
+    if (name == name_of(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("precision '", std::string(name), "': expected exact or bf16"));
+}
+
+bool bf16_precision_available() {
+#if defined(__x86_64__)
+  return matmul_detail::avx512_bf16_available();
+#else
+  return false;
+#endif
+}
+
+std::string describe_bf16_precision() {
+  const std::string impl = matmul_detail::dnnl_bf16_implementation();
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool cpu_amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 24)) != 0;
+#else
+  const bool cpu_amx = false;
+#endif
+  const char* amx = !cpu_amx                                ? "this CPU has no AMX"
+                    : impl.find("amx") != std::string::npos ? "AMX in use"
+                                                            : "this CPU has AMX but the kernel did "
+                                                              "not grant it (arch_prctl "
+                                                              "ARCH_REQ_XCOMP_PERM): AVX-512 BF16 "
+                                                              "instead";
+  return absl::StrCat("bf16 activations: fewer than ", matmul_detail::kDnnlMinRows,
+                      " rows on simpler's AVX-512 BF16 kernel, batched rows on oneDNN ", impl, " (",
+                      amx, ")");
+}
+
+Precision effective_precision(KernelIsa isa, Precision precision) {
+  if (precision == Precision::kBf16 &&
+      (!bf16_precision_available() || resolve_kernel_isa(isa) != KernelIsa::kAvx512)) {
+    return Precision::kExact;
+  }
+  return precision;
+}
+
+std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
+  const IsaKernels on = isa_kernels(isa);
+  task::KernelFn matmul = on.matmul;
+  task::KernelFn matmul_acc = on.matmul_acc;
+  if (effective_precision(isa, precision) == Precision::kBf16) {
+    matmul = &matmul_bf16_kernel;
+    matmul_acc = &matmul_acc_bf16_kernel;
+  }
+  return {
+      {"embedding", &embedding_kernel},
+      {"rms_norm", &rms_norm_kernel},
+      {"matmul", matmul},
+      {"matmul_acc", matmul_acc},
+      {"rope", &rope_kernel},
+      {"kv_write", &kv_write_kernel},
+      {"paged_attention", on.paged_attention},
+      {"silu_mul", &silu_mul_kernel},
+      {"add", &add_kernel},
+      {"gather_rows", &gather_rows_kernel},
+      {"argmax", &argmax_kernel},
+  };
+}
+
+// ---- embedding ----------------------------------------------------------------
+
+absl::Status embedding_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "embedding");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "ids", DataType::kInt32, {-1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const DataType tt = ctx.args[1].tensor.dtype;
+  const DataType table_dtype =
+      tt == DataType::kBFloat16 || tt == DataType::kFloat16 ? tt : DataType::kFloat32;
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "table", table_dtype, {-1, -1}));
+  const int64_t vocab = ctx.tensor(1).shape[0];
+  const int64_t hidden = ctx.tensor(1).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
+  const int32_t* ids = ctx.tensor(0).data<const int32_t>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  for (int64_t b = r.begin; b < r.end; ++b) {
+    const int64_t id = ids[b];
+    if (id < 0 || id >= vocab) {
+      return c.error(absl::StrCat("token id ", id, " at row ", b, " is outside the vocabulary [0, ",
+                                  vocab, ")"));
+    }
+    float* o = out + b * hidden;
+    if (table_dtype == DataType::kFloat32) {
+      std::memcpy(o, ctx.tensor(1).data<const float>() + id * hidden, sizeof(float) * hidden);
+    } else {
+      const uint16_t* t = ctx.tensor(1).data<const uint16_t>() + id * hidden;
+      for (int64_t i = 0; i < hidden; ++i) {
+        o[i] =
+            table_dtype == DataType::kBFloat16 ? task::bf16_to_f32(t[i]) : task::f16_to_f32(t[i]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs embedding_args(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  TaskArgs a;
+  a.add_tensor(ids, ArgDirection::kIn)
+      .add_tensor(table, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return a;
+}
+
+// ---- rms_norm -------------------------------------------------------------------
+
+absl::Status rms_norm_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "rms_norm");
+  SIMPLER_KERNEL_CHECK(c.count(4));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t dim = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "w", DataType::kFloat32, {dim}));
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, dim}));
+  SIMPLER_KERNEL_CHECK(c.scalar(3, "eps"));
+  const double eps = ctx.scalar_f32(3);
+  const float* x = ctx.tensor(0).data<const float>();
+  const float* w = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  for (int64_t row = r.begin; row < r.end; ++row) {
+    const float* xr = x + row * dim;
+    float* yr = out + row * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs rms_norm_args(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(w, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut)
+      .add_scalar_f32(eps);
+  return a;
+}
+
+// ---- matmul -----------------------------------------------------------------------
+
+absl::Status matmul_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, false, KernelIsa::kAuto);
+}
+absl::Status matmul_acc_kernel(const KernelContext& ctx) {
+  return matmul_impl(ctx, true, KernelIsa::kAuto);
+}
+
+TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(w, ArgDirection::kIn)
+      .add_tensor(y, ArgDirection::kOut);
+  return a;
+}
+
+TaskArgs matmul_acc_args(const Tensor& x, const Tensor& w, const Tensor& y) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(w, ArgDirection::kIn)
+      .add_tensor(y, ArgDirection::kInOut);
+  return a;
+}
+
+// ---- rope -------------------------------------------------------------------------
+
+absl::Status rope_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "rope");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1, -1}));
+  const Tensor& x = ctx.tensor(0);
+  const int64_t rows = x.shape[0];
+  const int64_t heads = x.shape[1];
+  const int64_t dim = x.shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "positions", DataType::kInt32, {rows}));
+  SIMPLER_KERNEL_CHECK(c.scalar(2, "theta"));
+  if (dim % 2 != 0) return c.error(absl::StrCat("head_dim ", dim, " must be even"));
+  const double theta = ctx.scalar_f32(2);
+  if (!(theta > 0.0)) return c.error(absl::StrCat("theta ", theta, " must be positive"));
+  const int64_t half = dim / 2;
+  const int32_t* positions = ctx.tensor(1).data<const int32_t>();
+  float* data = x.data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  if (r.begin >= r.end) return absl::OkStatus();
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
+  }
+  std::vector<float> cos_a(half), sin_a(half);
+  for (int64_t b = r.begin; b < r.end; ++b) {
+    const int64_t p = positions[b];
+    if (p < 0) return c.error(absl::StrCat("position ", p, " at row ", b, " is negative"));
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      cos_a[i] = static_cast<float>(std::cos(angle));
+      sin_a[i] = static_cast<float>(std::sin(angle));
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = data + (b * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float lo = v[i];
+        const float hi = v[i + half];
+        v[i] = lo * cos_a[i] - hi * sin_a[i];
+        v[i + half] = hi * cos_a[i] + lo * sin_a[i];
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs rope_args(const Tensor& x, const Tensor& positions, float theta) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kInOut)
+      .add_tensor(positions, ArgDirection::kIn)
+      .add_scalar_f32(theta);
+  return a;
+}
+
+// ---- kv_write -----------------------------------------------------------------------
+
+absl::Status kv_write_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "kv_write");
+  SIMPLER_KERNEL_CHECK(c.count(5));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "k", DataType::kFloat32, {-1, -1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t n_kv = ctx.tensor(0).shape[1];
+  const int64_t dim = ctx.tensor(0).shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "v", DataType::kFloat32, {rows, n_kv, dim}));
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "slot_mapping", DataType::kInt32, {rows}));
+  SIMPLER_KERNEL_CHECK(c.tensor(3, "k_pool", DataType::kFloat32, {-1, -1, n_kv, dim}));
+  const int64_t pages = ctx.tensor(3).shape[0];
+  const int64_t page_size = ctx.tensor(3).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(4, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
+  const int64_t slots = pages * page_size;
+  const int64_t row_elems = n_kv * dim;
+  const float* k = ctx.tensor(0).data<const float>();
+  const float* v = ctx.tensor(1).data<const float>();
+  const int32_t* slot_mapping = ctx.tensor(2).data<const int32_t>();
+  float* k_pool = ctx.tensor(3).data<float>();
+  float* v_pool = ctx.tensor(4).data<float>();
+  const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
+  for (int64_t b = r.begin; b < r.end; ++b) {
+    const int64_t s = slot_mapping[b];
+    if (s < 0) continue;
+    if (s >= slots) {
+      return c.error(absl::StrCat("slot ", s, " at row ", b, " is outside the pool of ", pages,
+                                  " pages x ", page_size, " slots"));
+    }
+    std::memcpy(k_pool + s * row_elems, k + b * row_elems, sizeof(float) * row_elems);
+    std::memcpy(v_pool + s * row_elems, v + b * row_elems, sizeof(float) * row_elems);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs kv_write_args(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
+                       const Tensor& k_pool, const Tensor& v_pool) {
+  TaskArgs a;
+  a.add_tensor(k, ArgDirection::kIn)
+      .add_tensor(v, ArgDirection::kIn)
+      .add_tensor(slot_mapping, ArgDirection::kIn)
+      .add_tensor(k_pool, ArgDirection::kInOut)
+      .add_tensor(v_pool, ArgDirection::kInOut);
+  return a;
+}
+
+// ---- paged_attention ------------------------------------------------------------------
+
+namespace {
+
+// The inner loops of paged_attention, written lane-wise (16 independent f32 lanes, then the
+// fixed reduction tree of matmul_impl.h) so that the compiler vectorizes them without
+// reassociating anything; built once per ISA target (see attend_tile) and picked by the
+// kernel's target. Results depend on nothing but the row's own q, K, V, and are bitwise the same
+// on every target.
+constexpr int kLanes = 16;
+
+__attribute__((always_inline)) inline float reduce_lanes(const float* l) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// How the attention loops multiply-add: every multiply-add of the tile is one fused
+// multiply-add (written out, not left to the compiler's contraction), a hardware instruction on
+// the FMA targets (inlined into functions built for them) and matmul_detail::fma_exact_scalar on
+// the baseline, so every target computes the same bits.
+struct HwFma {
+  static float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+};
+struct ExactFma {
+  static float fma(float a, float b, float c) { return matmul_detail::fma_exact_scalar(a, b, c); }
+};
+
+// exp(x) for x <= 0 (x below -87 is taken as -87: exp gives 1.6e-38 instead of a smaller
+// number), to about 2 ulp: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
+// (Cephes expf). Branch-free, so loops over it vectorize.
+template <class F>
+__attribute__((always_inline)) inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // floor(v) for v in [-125, 0.5] without a libm call (baseline x86-64 has no rounding
+  // instruction): truncation toward zero, one less where that rounded up.
+  const float v = F::fma(x, 1.44269504088896341f, 0.5f);
+  const float t = static_cast<float>(static_cast<int32_t>(v));
+  const float n = t > v ? t - 1.0f : t;
+  float r = F::fma(-n, 0.693359375f, x);
+  r = F::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = F::fma(p, r, 1.3981999507e-3f);
+  p = F::fma(p, r, 8.3334519073e-3f);
+  p = F::fma(p, r, 4.1665795894e-2f);
+  p = F::fma(p, r, 1.6666665459e-1f);
+  p = F::fma(p, r, 5.0000001201e-1f);
+  p = F::fma(p * r, r, r) + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  return p * std::bit_cast<float>(e << 23);
+}
+
+// a += p·v over n elements (restrict parameters: the vectorizer may assume no overlap).
+template <class F>
+__attribute__((always_inline)) inline void axpy(float* __restrict a, const float* __restrict v,
+                                                float p, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) a[i + l] = F::fma(p, v[i + l], a[i + l]);
+  }
+  for (; i < n; ++i) a[i] = F::fma(p, v[i], a[i]);
+}
+
+// Σ q·k in 16 lanes, then the fixed tree.
+template <class F>
+__attribute__((always_inline)) inline float dot_lanes(const float* __restrict q,
+                                                      const float* __restrict k, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] = F::fma(q[i + l], k[i + l], lanes[l]);
+  }
+  for (int l = 0; i + l < n; ++l) lanes[l] = F::fma(q[i + l], k[i + l], lanes[l]);
+  return reduce_lanes(lanes);
+}
+
+// sc[t] = exp(sc[t] - m) for t < n; returns their sum (16 lanes, then the fixed tree).
+template <class F>
+__attribute__((always_inline)) inline float exp_shifted_sum(float* __restrict sc, float m,
+                                                            int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      sc[t + l] = exp_nonpositive<F>(sc[t + l] - m);
+      lanes[l] += sc[t + l];
+    }
+  }
+  for (int l = 0; t + l < n; ++l) {
+    sc[t + l] = exp_nonpositive<F>(sc[t + l] - m);
+    lanes[l] += sc[t + l];
+  }
+  return reduce_lanes(lanes);
+}
+
+// Rows of one step that attend the same cached positions (a prefill chunk's rows: one request,
+// one block table) go through the kernel together, at most this many at a time, so each cached
+// K and V row is read once per tile instead of once per query row.
+constexpr int64_t kMaxTileRows = 8;
+
+// A tile: rows (1 ... kMaxTileRows) whose block tables agree on every block they use, and one kv
+// head g: each row's `group` query heads (contiguous, dim each) attend its first lens[i]
+// cached positions, read through `table` (the table of the row with the longest context).
+struct AttendTile {
+  int64_t rows = 0, group = 0, dim = 0, page_size = 0, n_kv = 0, g = 0, max_len = 0;
+  float scale = 0;
+  const int64_t* lens = nullptr;    // [rows]
+  const float* const* q = nullptr;  // [rows] -> group x dim
+  float* const* out = nullptr;      // [rows] -> group x dim
+  const int32_t* table = nullptr;
+
+  // Where cached position t of kv head g starts in the K or V pool, in floats.
+  int64_t kv_offset(int64_t t) const {
+    const int64_t slot = static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size;
+    return (slot * n_kv + g) * dim;
+  }
+};
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, float m, int64_t n);
+#else
+inline float exp_shifted_sum16(float*, float, int64_t) { return 0.0f; }  // AVX-512 only: unused
+#endif
+
+// Each (row, head) query's softmax over its own positions, in place (max subtracted, then
+// exp_shifted_sum, or its 16-lane form in the AVX-512 tile), and 1 / Σ into inv; query qi =
+// row · group + head. Inlined into each caller, so it compiles for the caller's target (a
+// lambda around the exp would not: it would lose the AVX-512 build's fused multiply-adds).
+template <bool kVectorExp, class F = HwFma>
+__attribute__((always_inline)) inline void softmax_weights(const AttendTile& s, float* scores,
+                                                           float* inv) {
+  for (int64_t qi = 0; qi < s.rows * s.group; ++qi) {
+    const int64_t row_len = s.lens[qi / s.group];
+    float* sc = scores + qi * s.max_len;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < row_len; ++t) m = sc[t] > m ? sc[t] : m;
+    float sum = 0.0f;
+    if (row_len > 0) {
+      if constexpr (kVectorExp) {
+        sum = exp_shifted_sum16(sc, m, row_len);
+      } else {
+        sum = exp_shifted_sum<F>(sc, m, row_len);
+      }
+    }
+    inv[qi] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+}
+
+// The tile's attention. Each row's arithmetic is the one-row computation exactly (scores
+// scale·q·k in increasing t, the max, exp and their sum over its own positions, V accumulated
+// in increasing t), so a row's result does not depend on the rows tiled with it. scores:
+// rows x group x max_len scratch; acc: rows x group x (dim + 1) scratch (the accumulators, then
+// each head's 1 / Σ weights).
+template <class F>
+__attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
+                                                            const float* k_pool,
+                                                            const float* v_pool, float* scores,
+                                                            float* acc) {
+  const int64_t group = s.group, dim = s.dim, len = s.max_len, heads = s.rows * group;
+  // Scores: scale · q_h · k_t, each cached k read once for the tile.
+  for (int64_t t = 0; t < len; ++t) {
+    const float* k = k_pool + s.kv_offset(t);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      if (t >= s.lens[i]) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        scores[(i * group + h) * len + t] = s.scale * dot_lanes<F>(s.q[i] + h * dim, k, dim);
+      }
+    }
+  }
+  float* inv = acc + heads * dim;
+  softmax_weights<false, F>(s, scores, inv);
+  // Weighted sum of V, each cached v read once for the tile.
+  for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
+  for (int64_t t = 0; t < len; ++t) {
+    const float* v = v_pool + s.kv_offset(t);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      if (t >= s.lens[i]) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        axpy<F>(acc + (i * group + h) * dim, v, scores[(i * group + h) * len + t], dim);
+      }
+    }
+  }
+  for (int64_t i = 0; i < s.rows; ++i) {
+    for (int64_t h = 0; h < group; ++h) {
+      const float* a = acc + (i * group + h) * dim;
+      for (int64_t e = 0; e < dim; ++e) s.out[i][h * dim + e] = a[e] * inv[i * group + h];
+    }
+  }
+}
+
+// The body built once per target: AVX-512, x86-64-v3 (attend_tile_x86_64_v3 below) and the
+// baseline (its fused multiply-adds computed exactly without an FMA instruction), picked by the
+// kernel's target at the call (not by an ifunc: ifunc resolvers run before ThreadSanitizer's
+// runtime starts).
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void attend_tile_avx512(const AttendTile& s, const float* k_pool,
+                                                           const float* v_pool, float* scores,
+                                                           float* acc) {
+  attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
+}
+#endif
+#if defined(__aarch64__)
+// NEON: the baseline build, where fused multiply-adds are instructions (ASIMD with FMA).
+void attend_tile_neon(const AttendTile& s, const float* k_pool, const float* v_pool, float* scores,
+                      float* acc) {
+  attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
+}
+#endif
+void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float* v_pool,
+                          float* scores, float* acc) {
+  attend_tile_body<ExactFma>(s, k_pool, v_pool, scores, acc);
+}
+
+#if defined(__x86_64__)
+// The AVX-512 tile for head dims of 16·C (C = 4, 8: dims 64 and 128; Qwen3 uses 128): the
+// operations of attend_tile_body in the same order, so the same bits (compared on every shape
+// of the kernel tests while it was written, GCC 12 -O2): each score's 16 lane sums are the same
+// fused multiply-add chains over the C chunks, 16 scores (a block of keys) are reduced together
+// by shuffles that perform, per key, exactly the fixed tree of reduce_lanes (s8[i] = l[i] +
+// l[i+8], s4[i] = s8[i] + s8[i+4], (s4[0] + s4[2]) + (s4[1] + s4[3])), and each V element
+// accumulates in increasing t; the softmax's exp runs on 16 lanes. Faster by keeping the
+// accumulators in registers, by copying each block of keys and span of values next to each other
+// and by the vector exp (measured: one layer of a 512-token chunk, one thread, 33 -> 15-24 ms; a
+// decode row 0.28 -> 0.19 ms).
+
+// GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
+// uninitialized-use warnings then report at every call site (a known false positive; as in
+// matmul_avx512_common.h).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// The 16 keys' sums of 16 lane accumulators each, in key order (the tree above per key).
+__attribute__((target("avx512f"))) inline __m512 reduce16(const __m512* a) {
+  __m512 s8[8], s4[4], u[2];
+#pragma GCC unroll 8
+  for (int m = 0; m < 8; ++m) {  // s8 of keys 2m (quarters 0, 1) and 2m+1 (quarters 2, 3)
+    s8[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xEE));
+  }
+#pragma GCC unroll 4
+  for (int n = 0; n < 4; ++n) {  // quarter i: s4 of key 4n + i
+    s4[n] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * n], s8[2 * n + 1], 0x88),
+                          _mm512_shuffle_f32x4(s8[2 * n], s8[2 * n + 1], 0xDD));
+  }
+#pragma GCC unroll 2
+  for (int b = 0; b < 2; ++b) {  // quarter i: s4[0]+s4[2], s4[1]+s4[3] of keys 8b+i, 8b+4+i
+    u[b] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * b], s4[2 * b + 1], 0x44),
+                         _mm512_shuffle_ps(s4[2 * b], s4[2 * b + 1], 0xEE));
+  }
+  // Element 4i + e: the sum of key 4e + i; put back in key order.
+  const __m512 f =
+      _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, f);
+}
+
+// exp_nonpositive on 16 lanes: the scalar function's operations, each multiply-add a fused one
+// as written there.
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // x < -87 ? -87 : x (NaN stays x)
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+}
+
+// exp_shifted_sum on 16 lanes (the same lanes and tree).
+__attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, float m, int64_t n) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 lanes = _mm512_setzero_ps();
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    const __m512 v = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(sc + t), mv));
+    _mm512_storeu_ps(sc + t, v);
+    lanes = _mm512_add_ps(lanes, v);
+  }
+  if (t < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __m512 v = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + t), mv));
+    _mm512_mask_storeu_ps(sc + t, k, v);
+    lanes = _mm512_mask_add_ps(lanes, k, lanes, v);
+  }
+  alignas(64) float l[kLanes];
+  _mm512_store_ps(l, lanes);
+  return reduce_lanes(l);
+}
+
+template <int C>
+__attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile& s,
+                                                               const float* k_pool,
+                                                               const float* v_pool, float* scores,
+                                                               float* acc) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
+  alignas(64) static const float zeros[dim] = {};
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  // Scores, by blocks of 16 cached keys (read once for the tile's queries).
+  for (int64_t t0 = 0; t0 < len; t0 += kLanes) {
+    const int64_t n = std::min<int64_t>(kLanes, len - t0);
+    // The block's keys, copied next to each other: in the pool they sit n_kv·dim floats apart
+    // (4 KiB for Qwen3), which maps them onto the same few L1 sets.
+    alignas(64) float kbuf[kLanes][dim];
+    const float* k[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) {
+      if (j < n) {
+        std::memcpy(kbuf[j], k_pool + s.kv_offset(t0 + j), sizeof(kbuf[j]));
+        k[j] = kbuf[j];
+      } else {
+        k[j] = zeros;
+      }
+    }
+    for (int64_t qi = 0; qi < heads; ++qi) {
+      const int64_t row_len = s.lens[qi / group];
+      if (row_len <= t0) continue;
+      const float* q = s.q[qi / group] + (qi % group) * dim;
+      __m512 a[kLanes];
+#pragma GCC unroll 16
+      for (int j = 0; j < kLanes; ++j) a[j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const __m512 qc = _mm512_loadu_ps(q + c * kLanes);
+#pragma GCC unroll 16
+        for (int j = 0; j < kLanes; ++j) {
+          a[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k[j] + c * kLanes), a[j]);
+        }
+      }
+      const __m512 sc = _mm512_mul_ps(scale, reduce16(a));
+      const int64_t valid = std::min<int64_t>(n, row_len - t0);
+      const __mmask16 m = valid >= kLanes ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
+      _mm512_mask_storeu_ps(scores + qi * len + t0, m, sc);
+    }
+  }
+  float* inv = acc + heads * dim;
+  softmax_weights<true>(s, scores, inv);
+  // Weighted sum of V: per query, C accumulators in registers over increasing t, in spans of
+  // 32 keys so the span's V rows stay in L1 across the tile's queries.
+  constexpr int64_t kSpan = 32;
+  alignas(64) float vbuf[kSpan][dim];  // the span's V rows, next to each other (as kbuf)
+  for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
+    const int64_t t1 = std::min(len, t0 + kSpan);
+    const float* v[kSpan];
+    for (int64_t t = t0; t < t1; ++t) {
+      std::memcpy(vbuf[t - t0], v_pool + s.kv_offset(t), sizeof(vbuf[0]));
+      v[t - t0] = vbuf[t - t0];
+    }
+    for (int64_t qi = 0; qi < heads; ++qi) {
+      const int64_t end = std::min(t1, s.lens[qi / group]);
+      if (end <= t0) continue;
+      float* out = acc + qi * dim;
+      __m512 a[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        a[c] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + c * kLanes);
+      }
+      const float* w = scores + qi * len;
+      for (int64_t t = t0; t < end; ++t) {
+        const __m512 p = _mm512_set1_ps(w[t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v[t - t0] + c * kLanes), a[c]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * kLanes, a[c]);
+    }
+  }
+  for (int64_t qi = 0; qi < heads; ++qi) {
+    float* o = s.out[qi / group] + (qi % group) * dim;
+    const float* a = acc + qi * dim;
+    if (s.lens[qi / group] == 0) {
+      for (int64_t e = 0; e < dim; ++e) o[e] = 0.0f;
+      continue;
+    }
+    for (int64_t e = 0; e < dim; ++e) o[e] = a[e] * inv[qi];
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// The body built for AVX2 + FMA: vectorized on 8 lanes, the same fused multiply-adds.
+__attribute__((target("avx2,fma,f16c"))) void attend_tile_x86_64_v3(const AttendTile& s,
+                                                                    const float* k_pool,
+                                                                    const float* v_pool,
+                                                                    float* scores, float* acc) {
+  attend_tile_body<HwFma>(s, k_pool, v_pool, scores, acc);
+}
+#endif  // __x86_64__
+
+// The tile on target `isa` (resolved and available).
+void attend_tile(KernelIsa isa, const AttendTile& s, const float* k_pool, const float* v_pool,
+                 float* scores, float* acc) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx512) {
+    if (s.dim == 8 * kLanes) return attend_tile_avx512_dim<8>(s, k_pool, v_pool, scores, acc);
+    if (s.dim == 4 * kLanes) return attend_tile_avx512_dim<4>(s, k_pool, v_pool, scores, acc);
+    return attend_tile_avx512(s, k_pool, v_pool, scores, acc);
+  }
+  if (isa == KernelIsa::kX86_64V3) return attend_tile_x86_64_v3(s, k_pool, v_pool, scores, acc);
+#elif defined(__aarch64__)
+  if (isa == KernelIsa::kNeon) return attend_tile_neon(s, k_pool, v_pool, scores, acc);
+#endif
+  attend_tile_baseline(s, k_pool, v_pool, scores, acc);
+}
+
+absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
+  ArgCheck c(ctx, "paged_attention");
+  SIMPLER_KERNEL_CHECK(c.count(7));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "q", DataType::kFloat32, {-1, -1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t heads = ctx.tensor(0).shape[1];
+  const int64_t dim = ctx.tensor(0).shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "k_pool", DataType::kFloat32, {-1, -1, -1, dim}));
+  const int64_t pages = ctx.tensor(1).shape[0];
+  const int64_t page_size = ctx.tensor(1).shape[1];
+  const int64_t n_kv = ctx.tensor(1).shape[2];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
+  SIMPLER_KERNEL_CHECK(c.tensor(3, "block_tables", DataType::kInt32, {rows, -1}));
+  const int64_t max_blocks = ctx.tensor(3).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(4, "context_lens", DataType::kInt32, {rows}));
+  SIMPLER_KERNEL_CHECK(c.tensor(5, "out", DataType::kFloat32, {rows, heads * dim}));
+  SIMPLER_KERNEL_CHECK(c.scalar(6, "scale"));
+  if (n_kv <= 0 || heads % n_kv != 0) {
+    return c.error(absl::StrCat("query heads ", heads, " are not a multiple of kv heads ", n_kv));
+  }
+  isa = resolve_kernel_isa(isa);
+  if (!kernel_isa_available(isa)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "paged_attention: the ", name_of(isa), " path needs ", kernel_isa_requirements(isa),
+        ", which this CPU lacks (it has ", available_kernel_isas(), ")"));
+  }
+  const float scale = ctx.scalar_f32(6);
+  const int64_t group = heads / n_kv;
+  const float* q = ctx.tensor(0).data<const float>();
+  const float* k_pool = ctx.tensor(1).data<const float>();
+  const float* v_pool = ctx.tensor(2).data<const float>();
+  const int32_t* block_tables = ctx.tensor(3).data<const int32_t>();
+  const int32_t* context_lens = ctx.tensor(4).data<const int32_t>();
+  float* out = ctx.tensor(5).data<float>();
+
+  // Work items are (kv head, row) pairs, kv-head-major, split evenly across the blocks; a
+  // block's consecutive rows of one kv head that share their cached positions form tiles.
+  const BlockRange r = block_range(rows * n_kv, ctx.block_idx, ctx.block_dim);
+  if (r.begin >= r.end) return absl::OkStatus();
+  // Row b's context length and the number of table blocks it uses, checked.
+  auto row_context = [&](int64_t b, int64_t* len, int64_t* used) -> absl::Status {
+    *len = context_lens[b];
+    if (*len < 0 || *len > max_blocks * page_size) {
+      return c.error(absl::StrCat("context length ", *len, " at row ", b, " is outside [0, ",
+                                  max_blocks * page_size, "] (", max_blocks, " blocks x page size ",
+                                  page_size, ")"));
+    }
+    *used = (*len + page_size - 1) / page_size;
+    const int32_t* table = block_tables + b * max_blocks;
+    for (int64_t blk = 0; blk < *used; ++blk) {
+      if (table[blk] < 0 || table[blk] >= pages) {
+        return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
+                                    " is outside the pool of ", pages, " pages"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<float> scores, acc;
+  int64_t lens[kMaxTileRows];
+  const float* qs[kMaxTileRows];
+  float* outs[kMaxTileRows];
+  for (int64_t pair = r.begin; pair < r.end;) {
+    const int64_t g = pair / rows;
+    const int64_t b0 = pair % rows;
+    AttendTile tile{.group = group,
+                    .dim = dim,
+                    .page_size = page_size,
+                    .n_kv = n_kv,
+                    .g = g,
+                    .scale = scale,
+                    .lens = lens,
+                    .q = qs,
+                    .out = outs};
+    int64_t ref = -1, ref_used = 0;  // the tile's row with the longest context
+    for (int64_t b = b0; tile.rows < kMaxTileRows && b < rows && g * rows + b < r.end; ++b) {
+      int64_t len = 0, used = 0;
+      SIMPLER_KERNEL_CHECK(row_context(b, &len, &used));
+      const int32_t* table = block_tables + b * max_blocks;
+      if (ref >= 0 &&
+          !std::equal(table, table + std::min(used, ref_used), block_tables + ref * max_blocks)) {
+        break;  // other cached positions: the next tile starts here
+      }
+      if (ref < 0 || used > ref_used) {
+        ref = b;
+        ref_used = used;
+      }
+      tile.max_len = std::max(tile.max_len, len);
+      lens[tile.rows] = len;
+      qs[tile.rows] = q + (b * heads + g * group) * dim;
+      outs[tile.rows] = out + b * heads * dim + g * group * dim;
+      ++tile.rows;
+    }
+    tile.table = block_tables + ref * max_blocks;
+    const size_t want_scores = static_cast<size_t>(tile.rows * group * tile.max_len);
+    if (scores.size() < want_scores) scores.resize(want_scores);
+    const size_t want_acc = static_cast<size_t>(tile.rows * group * (dim + 1));
+    if (acc.size() < want_acc) acc.resize(want_acc);
+    attend_tile(isa, tile, k_pool, v_pool, scores.data(), acc.data());
+    pair += tile.rows;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status paged_attention_kernel(const KernelContext& ctx) {
+  return paged_attention_impl(ctx, KernelIsa::kAuto);
+}
+
+TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                              const Tensor& block_tables, const Tensor& context_lens,
+                              const Tensor& out, float scale) {
+  TaskArgs a;
+  a.add_tensor(q, ArgDirection::kIn)
+      .add_tensor(k_pool, ArgDirection::kIn)
+      .add_tensor(v_pool, ArgDirection::kIn)
+      .add_tensor(block_tables, ArgDirection::kIn)
+      .add_tensor(context_lens, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut)
+      .add_scalar_f32(scale);
+  return a;
+}
+
+// ---- silu_mul ---------------------------------------------------------------------------
+
+absl::Status silu_mul_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "silu_mul");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "gate", DataType::kFloat32, {-1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t cols = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "up", DataType::kFloat32, {rows, cols}));
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, cols}));
+  const float* gate = ctx.tensor(0).data<const float>();
+  const float* up = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(rows * cols, ctx.block_idx, ctx.block_dim);
+  for (int64_t i = r.begin; i < r.end; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs silu_mul_args(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  TaskArgs a;
+  a.add_tensor(gate, ArgDirection::kIn)
+      .add_tensor(up, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return a;
+}
+
+// ---- add ------------------------------------------------------------------------------------
+
+absl::Status add_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "add");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  const Tensor& a = ctx.tensor(0);
+  if (ctx.args[0].direction == ArgDirection::kScalar) {
+    return c.error("argument 0 (a) must be a tensor, got a scalar");
+  }
+  std::vector<int64_t> dims(a.shape.begin(), a.shape.begin() + a.rank);
+  // Same shape check for all three, built from a's dims.
+  auto same_shape = [&](uint32_t i, const char* name) -> absl::Status {
+    const task::Arg& arg = ctx.args[i];
+    const Tensor& t = arg.tensor;
+    bool ok = arg.direction != ArgDirection::kScalar && t.dtype == DataType::kFloat32 &&
+              t.rank == a.rank && t.is_contiguous() && (t.numel() == 0 || t.address != 0);
+    for (int d = 0; ok && d < a.rank; ++d) ok = t.shape[d] == a.shape[d];
+    if (!ok) {
+      return c.error(absl::StrCat("argument ", i, " (", name, ") must be a contiguous f32",
+                                  shape_string(a), ", got ", std::string(task::name_of(t.dtype)),
+                                  shape_string(t)));
+    }
+    return absl::OkStatus();
+  };
+  SIMPLER_KERNEL_CHECK(same_shape(0, "a"));
+  SIMPLER_KERNEL_CHECK(same_shape(1, "b"));
+  SIMPLER_KERNEL_CHECK(same_shape(2, "out"));
+  const float* x = a.data<const float>();
+  const float* y = ctx.tensor(1).data<const float>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(a.numel(), ctx.block_idx, ctx.block_dim);
+  for (int64_t i = r.begin; i < r.end; ++i) out[i] = x[i] + y[i];
+  return absl::OkStatus();
+}
+
+TaskArgs add_args(const Tensor& a, const Tensor& b, const Tensor& out) {
+  TaskArgs args;
+  args.add_tensor(a, ArgDirection::kIn)
+      .add_tensor(b, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return args;
+}
+
+// ---- gather_rows ------------------------------------------------------------------------------
+
+absl::Status gather_rows_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "gather_rows");
+  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  const int64_t rows = ctx.tensor(0).shape[0];
+  const int64_t cols = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "rows", DataType::kInt32, {-1}));
+  const int64_t n = ctx.tensor(1).shape[0];
+  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {n, cols}));
+  const float* x = ctx.tensor(0).data<const float>();
+  const int32_t* index = ctx.tensor(1).data<const int32_t>();
+  float* out = ctx.tensor(2).data<float>();
+  const BlockRange r = block_range(n, ctx.block_idx, ctx.block_dim);
+  for (int64_t j = r.begin; j < r.end; ++j) {
+    const int64_t row = index[j];
+    if (row < 0 || row >= rows) {
+      return c.error(
+          absl::StrCat("row ", row, " at index ", j, " is outside the batch [0, ", rows, ")"));
+    }
+    std::memcpy(out + j * cols, x + row * cols, sizeof(float) * cols);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs gather_rows_args(const Tensor& x, const Tensor& rows, const Tensor& out) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn)
+      .add_tensor(rows, ArgDirection::kIn)
+      .add_tensor(out, ArgDirection::kOut);
+  return a;
+}
+
+// ---- argmax -------------------------------------------------------------------------------------
+
+absl::Status argmax_kernel(const KernelContext& ctx) {
+  ArgCheck c(ctx, "argmax");
+  SIMPLER_KERNEL_CHECK(c.count(2));
+  SIMPLER_KERNEL_CHECK(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
+  const int64_t n = ctx.tensor(0).shape[0];
+  const int64_t vocab = ctx.tensor(0).shape[1];
+  SIMPLER_KERNEL_CHECK(c.tensor(1, "ids", DataType::kInt32, {n}));
+  if (vocab < 1) return c.error("logits have an empty vocabulary dimension");
+  if (vocab > std::numeric_limits<int32_t>::max()) {
+    return c.error(absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));
+  }
+  const float* logits = ctx.tensor(0).data<const float>();
+  int32_t* ids = ctx.tensor(1).data<int32_t>();
+  const BlockRange r = block_range(n, ctx.block_idx, ctx.block_dim);
+  for (int64_t j = r.begin; j < r.end; ++j) {
+    const float* row = logits + j * vocab;
+    float best = -std::numeric_limits<float>::infinity();
+    int64_t best_i = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (row[i] > best) {  // strict: the lowest index wins ties; NaN never wins
+        best = row[i];
+        best_i = i;
+      }
+    }
+    ids[j] = static_cast<int32_t>(best_i);
+  }
+  return absl::OkStatus();
+}
+
+TaskArgs argmax_args(const Tensor& logits, const Tensor& ids) {
+  TaskArgs a;
+  a.add_tensor(logits, ArgDirection::kIn).add_tensor(ids, ArgDirection::kOut);
+  return a;
+}
+
+}  // namespace simpler::llm

@@ -1,0 +1,798 @@
+#include "simpler/kernels/kernels.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/matmul_impl.h"
+
+namespace simpler::llm {
+namespace {
+
+using task::DataType;
+using task::KernelContext;
+using task::TaskArgs;
+using task::Tensor;
+using ::testing::HasSubstr;
+
+using testing::run_blocks;
+using testing::view;
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol * (1.0 + std::abs(want[i]))) << "element " << i;
+  }
+}
+
+TEST(BlockRange, SplitsEvenlyAndCoversEverything) {
+  const int64_t n = 10;
+  int64_t covered = 0;
+  for (int32_t b = 0; b < 4; ++b) {
+    BlockRange r = block_range(n, b, 4);
+    EXPECT_EQ(r.begin, covered);
+    EXPECT_GE(r.end - r.begin, 2);
+    EXPECT_LE(r.end - r.begin, 3);
+    covered = r.end;
+  }
+  EXPECT_EQ(covered, n);
+  BlockRange empty = block_range(2, 3, 5);
+  EXPECT_EQ(empty.end - empty.begin, 0);
+}
+
+TEST(LlmKernels, ListIsInKernelIdOrderWithUniqueNames) {
+  std::vector<task::Kernel> kernels = llm_kernels();
+  ASSERT_EQ(kernels.size(), static_cast<size_t>(KernelId::kCount));
+  EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kMatmulAcc)].name, "matmul_acc");
+  EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kPagedAttention)].name, "paged_attention");
+  EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kArgmax)].name, "argmax");
+}
+
+TEST(EmbeddingKernel, GathersRowsAcrossBlocks) {
+  const int64_t V = 11, H = 5;
+  std::vector<float> table = random_floats(V * H, 1);
+  std::vector<int32_t> ids = {3, 0, 10, 3};
+  std::vector<float> out(ids.size() * H, NAN);
+  ASSERT_TRUE(run_blocks(&embedding_kernel,
+                         embedding_args(view(ids, {4}), view(table, {V, H}), view(out, {4, H})), 3)
+                  .ok());
+  for (size_t b = 0; b < ids.size(); ++b) {
+    for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[b * H + i], table[ids[b] * H + i]);
+  }
+}
+
+TEST(EmbeddingKernel, OutOfRangeIdIsInvalidArgumentNamingTheId) {
+  const int64_t V = 11, H = 5;
+  std::vector<float> table = random_floats(V * H, 1);
+  std::vector<int32_t> ids = {1, 11};
+  std::vector<float> out(2 * H);
+  absl::Status s = run_blocks(
+      &embedding_kernel, embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("embedding: token id 11 at row 1 is outside the vocabulary [0, 11)"));
+  ids = {-2, 0};
+  s = run_blocks(&embedding_kernel,
+                 embedding_args(view(ids, {2}), view(table, {V, H}), view(out, {2, H})), 2);
+  EXPECT_THAT(s.message(), HasSubstr("token id -2 at row 0"));
+}
+
+TEST(RmsNormKernel, MatchesDoubleReferenceForUnevenSplits) {
+  const int64_t R = 7, D = 10;
+  const float eps = 1e-5f;
+  std::vector<float> x = random_floats(R * D, 2, -3.0f, 3.0f);
+  std::vector<float> w = random_floats(D, 3, 0.5f, 1.5f);
+  std::vector<double> want(R * D);
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += double(x[r * D + i]) * x[r * D + i];
+    const double inv = 1.0 / std::sqrt(ss / D + eps);
+    for (int64_t i = 0; i < D; ++i) want[r * D + i] = x[r * D + i] * inv * w[i];
+  }
+  for (int32_t bd : {1, 3, 10}) {
+    std::vector<float> out(R * D, NAN);
+    ASSERT_TRUE(run_blocks(&rms_norm_kernel,
+                           rms_norm_args(view(x, {R, D}), view(w, {D}), view(out, {R, D}), eps), bd)
+                    .ok());
+    expect_close(out, want, 1e-6);
+  }
+}
+
+TEST(MatmulKernel, MatchesDoubleReferenceForUnevenSplits) {
+  const int64_t B = 3, in = 13, out = 10;
+  std::vector<float> x = random_floats(B * in, 4);
+  std::vector<float> w = random_floats(out * in, 5);
+  std::vector<float> y0 = random_floats(B * out, 6);
+  std::vector<double> prod(B * out, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) prod[b * out + o] += double(x[b * in + i]) * w[o * in + i];
+    }
+  }
+  for (int32_t bd : {1, 3, 4, 16}) {
+    std::vector<float> y(B * out, NAN);
+    ASSERT_TRUE(run_blocks(&matmul_kernel,
+                           matmul_args(view(x, {B, in}), view(w, {out, in}), view(y, {B, out})), bd)
+                    .ok());
+    expect_close(y, prod, 1e-5);
+
+    std::vector<float> acc = y0;
+    ASSERT_TRUE(
+        run_blocks(&matmul_acc_kernel,
+                   matmul_acc_args(view(x, {B, in}), view(w, {out, in}), view(acc, {B, out})), bd)
+            .ok());
+    std::vector<double> want(B * out);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = prod[i] + y0[i];
+    expect_close(acc, want, 1e-5);
+  }
+}
+
+// A row's result is bitwise the same alone,
+// at any position of the batch, and under any block split: a request's logits
+// do not depend on the other rows of its step.
+TEST(MatmulKernel, ARowsResultIsBitwiseIndependentOfTheBatchAndSplit) {
+  const int64_t in = 67, out = 2100;  // 3 chunks of W (65536 / 67 rows each)
+  std::vector<float> w = random_floats(out * in, 9);
+  std::vector<float> batch = random_floats(40 * in, 10);
+  std::vector<std::vector<float>> alone(40);
+  for (int64_t r = 0; r < 40; ++r) {
+    std::vector<float> xr(batch.begin() + r * in, batch.begin() + (r + 1) * in);
+    alone[r].assign(out, NAN);
+    ASSERT_TRUE(
+        run_blocks(&matmul_kernel,
+                   matmul_args(view(xr, {1, in}), view(w, {out, in}), view(alone[r], {1, out})), 1)
+            .ok());
+  }
+  for (int64_t rows : {2, 3, 4, 5, 17, 40}) {
+    for (int32_t bd : {1, 2, 7}) {
+      std::vector<float> xb(batch.begin(), batch.begin() + rows * in);
+      std::vector<float> y(rows * out, NAN);
+      ASSERT_TRUE(
+          run_blocks(&matmul_kernel,
+                     matmul_args(view(xb, {rows, in}), view(w, {out, in}), view(y, {rows, out})),
+                     bd)
+              .ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t o = 0; o < out; ++o) {
+          ASSERT_EQ(y[r * out + o], alone[r][o])
+              << "rows " << rows << " blocks " << bd << " row " << r << " output " << o;
+        }
+      }
+    }
+  }
+}
+
+// Weights of one dtype for the ISA tests: the raw bits and the values they hold (widened).
+struct TestWeights {
+  DataType dtype;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  std::vector<double> values;
+  Tensor tensor(int64_t out, int64_t in) {
+    const uintptr_t a = dtype == DataType::kFloat32 ? reinterpret_cast<uintptr_t>(f32.data())
+                                                    : reinterpret_cast<uintptr_t>(half.data());
+    return Tensor::contiguous(a, {out, in}, dtype).value();
+  }
+};
+
+TestWeights make_weights(DataType dtype, size_t n, uint32_t seed) {
+  TestWeights w{dtype, random_floats(n, seed), {}, {}};
+  if (dtype != DataType::kFloat32) {
+    for (float v : w.f32) {
+      w.half.push_back(dtype == DataType::kBFloat16 ? task::f32_to_bf16(v) : task::f32_to_f16(v));
+    }
+    for (uint16_t h : w.half) {
+      w.values.push_back(dtype == DataType::kBFloat16 ? task::bf16_to_f32(h) : task::f16_to_f32(h));
+    }
+  } else {
+    w.values.assign(w.f32.begin(), w.f32.end());
+  }
+  return w;
+}
+
+// y[r, o] of x [rows, in] · Wᵀ in f64 (plus y0[r, o] when accumulating), and the magnitude of
+// its terms (the tolerance's scale).
+std::pair<double, double> f64_entry(const std::vector<float>& x, const TestWeights& w, int64_t in,
+                                    int64_t out, int64_t r, int64_t o,
+                                    const std::vector<float>* y0) {
+  double want = y0 != nullptr ? (*y0)[r * out + o] : 0.0, mag = std::abs(want);
+  for (int64_t i = 0; i < in; ++i) {
+    const double t = double(x[r * in + i]) * w.values[o * in + i];
+    want += t;
+    mag += std::abs(t);
+  }
+  return {want, mag};
+}
+
+std::vector<std::pair<KernelIsa, task::KernelFn>> isa_paths(bool acc) {
+  std::vector<std::pair<KernelIsa, task::KernelFn>> out;
+  for (KernelIsa isa :
+       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+    if (!kernel_isa_available(isa)) continue;
+    const auto kernels = llm_kernels(isa);
+    out.emplace_back(
+        isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
+  }
+  return out;
+}
+
+// Every ISA path this CPU has (portable always), on odd shapes (rows 1, 3, 16, 17; K below, at
+// and past the 16-lane width and its 8- and 4-lane parts) and every weight dtype: close to the
+// f64 product of the same (widened) values, and bitwise equal to the portable path. Paths the
+// CPU lacks are named, visibly, as not tested here.
+TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
+  for (KernelIsa isa : {KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+    if (!kernel_isa_available(isa)) {
+      std::cout << "[ NOTE     ] this CPU lacks " << kernel_isa_requirements(isa) << ": the "
+                << name_of(isa) << " path is not tested here\n";
+    }
+  }
+  ASSERT_GE(isa_paths(false).size(), 1u);
+  for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+    for (int64_t rows : {1, 3, 16, 17}) {
+      for (int64_t in : {1, 3, 7, 9, 15, 16, 17, 100}) {
+        for (int64_t out : {1, 5, 9, 37}) {
+          std::vector<float> x = random_floats(rows * in, 11 + rows + in);
+          TestWeights w = make_weights(dt, out * in, 12 + out);
+          std::vector<float> y0 = random_floats(rows * out, 13);
+          for (bool acc : {false, true}) {
+            std::vector<std::vector<float>> results;
+            std::vector<KernelIsa> isas;
+            for (auto [isa, fn] : isa_paths(acc)) {
+              isas.push_back(isa);
+              std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
+              TaskArgs a =
+                  acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in),
+                                        view(y, {rows, out}))
+                      : matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}));
+              ASSERT_TRUE(run_blocks(fn, a, 2).ok());
+              for (int64_t r = 0; r < rows; ++r) {
+                for (int64_t o = 0; o < out; ++o) {
+                  const auto [want, mag] = f64_entry(x, w, in, out, r, o, acc ? &y0 : nullptr);
+                  ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
+                      << name_of(isa) << " " << task::name_of(dt) << " rows " << rows << " in "
+                      << in << " out " << out << " acc " << acc;
+                }
+              }
+              results.push_back(std::move(y));
+            }
+            for (size_t p = 1; p < results.size(); ++p) {
+              for (size_t i = 0; i < results[0].size(); ++i) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(results[0][i]),
+                          std::bit_cast<uint32_t>(results[p][i]))
+                    << "portable and " << name_of(isas[p]) << " differ: " << task::name_of(dt)
+                    << " rows " << rows << " in " << in << " out " << out << " acc " << acc
+                    << " element " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The bf16 path (precision bf16) on odd shapes (rows 1, 3, 15 on our streaming kernel; 16, 17,
+// 64 on oneDNN's GEMM, the threshold being matmul_detail::kDnnlMinRows; K below, at and past
+// the 32-wide chunk): close to the f64 product of the bf16-rounded x and the bf16 weights (its
+// products are exact, only the f32 sums round). Below the threshold a row's result is bitwise
+// the same alone and in a batch (oneDNN's GEMM does not promise that). f32 and f16 weights stay
+// on the exact path. Skipped, visibly, without AVX512_BF16.
+TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputs) {
+  if (!bf16_precision_available()) {
+    GTEST_SKIP() << "this CPU has no AVX512_BF16: the bf16 path is not tested here";
+  }
+  const auto kernels = llm_kernels(KernelIsa::kAvx512, Precision::kBf16);
+  for (bool acc : {false, true}) {
+    const task::KernelFn fn =
+        kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn;
+    for (int64_t rows : {1, 3, 15, 16, 17, 64}) {
+      for (int64_t in : {1, 31, 32, 33, 100, 300}) {
+        for (int64_t out : {1, 5, 37}) {
+          std::vector<float> x = random_floats(rows * in, 31 + rows + in);
+          std::vector<float> xb;  // x as the bf16 path sees it
+          for (float v : x) xb.push_back(task::bf16_to_f32(task::f32_to_bf16(v)));
+          TestWeights w = make_weights(DataType::kBFloat16, out * in, 32 + out);
+          std::vector<float> y0 = random_floats(rows * out, 33);
+          std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
+          TaskArgs a =
+              acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}))
+                  : matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}));
+          ASSERT_TRUE(run_blocks(fn, a, 2).ok());
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t o = 0; o < out; ++o) {
+              const auto [want, mag] = f64_entry(xb, w, in, out, r, o, acc ? &y0 : nullptr);
+              ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
+                  << "rows " << rows << " in " << in << " out " << out << " acc " << acc;
+            }
+          }
+          if (rows >= matmul_detail::kDnnlMinRows) continue;
+          // Row r alone gives the same bits as row r in the batch.
+          const int64_t r = rows - 1;
+          std::vector<float> x1(x.begin() + r * in, x.begin() + (r + 1) * in);
+          std::vector<float> y1(y0.begin() + r * out, y0.begin() + (r + 1) * out);
+          if (!acc) y1.assign(out, NAN);
+          TaskArgs a1 =
+              acc ? matmul_acc_args(view(x1, {1, in}), w.tensor(out, in), view(y1, {1, out}))
+                  : matmul_args(view(x1, {1, in}), w.tensor(out, in), view(y1, {1, out}));
+          ASSERT_TRUE(run_blocks(fn, a1, 1).ok());
+          for (int64_t o = 0; o < out; ++o) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(y1[o]), std::bit_cast<uint32_t>(y[r * out + o]))
+                << "row " << r << " alone and in a batch of " << rows << " differ";
+          }
+        }
+      }
+    }
+  }
+  // The model load's line names both halves of the path and oneDNN's implementation.
+  const std::string described = describe_bf16_precision();
+  EXPECT_THAT(described, HasSubstr(absl::StrCat("fewer than ", matmul_detail::kDnnlMinRows,
+                                                " rows on simpler's AVX-512 BF16 kernel")));
+  EXPECT_THAT(described, HasSubstr("batched rows on oneDNN "));
+  EXPECT_THAT(described, ::testing::Not(HasSubstr("unavailable")));
+  EXPECT_THAT(described, HasSubstr("AMX"));  // which of: none, in use, not granted
+  // f32 weights under precision bf16 stay exact: bitwise the avx512 exact path.
+  const int64_t rows = 3, in = 40, out = 7;
+  std::vector<float> x = random_floats(rows * in, 41);
+  TestWeights w = make_weights(DataType::kFloat32, out * in, 42);
+  std::vector<float> y_bf16(rows * out), y_exact(rows * out);
+  ASSERT_TRUE(
+      run_blocks(kernels[static_cast<size_t>(KernelId::kMatmul)].fn,
+                 matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y_bf16, {rows, out})), 1)
+          .ok());
+  ASSERT_TRUE(
+      run_blocks(llm_kernels(KernelIsa::kAvx512)[static_cast<size_t>(KernelId::kMatmul)].fn,
+                 matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y_exact, {rows, out})), 1)
+          .ok());
+  EXPECT_EQ(y_bf16, y_exact);
+  EXPECT_EQ(parse_precision("bf16").value(), Precision::kBf16);
+  EXPECT_EQ(parse_precision("fp8").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The portable path alone, on every machine: the f64 reference on odd shapes and bf16 weights.
+TEST(MatmulKernel, PortablePathMatchesTheF64Reference) {
+  const auto kernels = llm_kernels(KernelIsa::kPortable);
+  const task::KernelFn fn = kernels[static_cast<size_t>(KernelId::kMatmul)].fn;
+  const int64_t rows = 17, in = 33, out = 9;
+  std::vector<float> x = random_floats(rows * in, 21);
+  TestWeights w = make_weights(DataType::kBFloat16, out * in, 22);
+  std::vector<float> y(rows * out, NAN);
+  ASSERT_TRUE(
+      run_blocks(fn, matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out})), 3)
+          .ok());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0;
+      for (int64_t i = 0; i < in; ++i) want += double(x[r * in + i]) * w.values[o * in + i];
+      ASSERT_NEAR(y[r * out + o], want, 1e-5) << r << " " << o;
+    }
+  }
+}
+
+// The portable path's fused multiply-add, computed in double without libm, against libm's fmaf
+// (correctly rounded) on random operands and on the cases that need the round-to-odd step:
+// products whose exact sum with c falls just off a float halfway point, signed zeros,
+// subnormals, overflow, infinities and NaN.
+TEST(MatmulKernel, PortableFmaIsCorrectlyRounded) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> e(-30, 30);
+  auto same = [](float a, float b) {
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) ||
+           (std::isnan(a) && std::isnan(b));
+  };
+  for (int i = 0; i < 2000000; ++i) {
+    const float a = std::ldexp(u(gen), e(gen)), b = std::ldexp(u(gen), e(gen));
+    const float c = i % 3 == 0 ? -a * b : std::ldexp(u(gen), e(gen));
+    ASSERT_TRUE(same(matmul_detail::fma_exact(a, b, c), std::fma(a, b, c)))
+        << a << " * " << b << " + " << c;
+    ASSERT_TRUE(same(matmul_detail::fma_exact_attention(a, b, c), std::fma(a, b, c)))
+        << a << " * " << b << " + " << c;
+  }
+  // Exact sums on, just above and just below a float halfway point, and cancellations. With
+  // h = 1 + 2^-12, h·h = 1 + 2^-11 + 2^-24 is a halfway point between two floats; adding 2^-70
+  // puts the exact sum just above it, but rounding the sum to double first lands on the halfway
+  // point and then rounds to even, down: only the round-to-odd step gets it right.
+  const float h = 1.0f + 0x1p-12f;
+  const float one_ulp = 1.0f + 0x1p-23f;
+  const float big = std::numeric_limits<float>::max(),
+              tiny = std::numeric_limits<float>::denorm_min();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const float cases[][3] = {{h, h, 0x1p-70f},
+                            {-h, h, -0x1p-70f},
+                            {h, h, -0x1p-70f},
+                            {h, h, 0.0f},
+                            {one_ulp, one_ulp, -0x1p-24f},
+                            {one_ulp, one_ulp, 0x1p-24f},
+                            {one_ulp, -one_ulp, 0x1p-24f},
+                            {1.0f, 1.0f, 0x1p-24f},
+                            {1.0f, 1.0f, 0x1p-25f},
+                            {1.0f + 0x1p-22f, 1.0f, -0x1p-60f},
+                            {0.0f, -1.0f, 0.0f},
+                            {-0.0f, 1.0f, -0.0f},
+                            {tiny, 0.5f, 0.0f},
+                            {tiny, 1.5f, tiny},
+                            {big, 2.0f, -big},
+                            {big, big, 0.0f},
+                            {inf, 0.0f, 1.0f},
+                            {inf, 1.0f, -inf},
+                            {nan, 1.0f, 1.0f},
+                            {2.0f, 3.0f, inf}};
+  for (const auto& t : cases) {
+    EXPECT_TRUE(same(matmul_detail::fma_exact(t[0], t[1], t[2]), std::fma(t[0], t[1], t[2])))
+        << t[0] << " * " << t[1] << " + " << t[2] << ": "
+        << matmul_detail::fma_exact(t[0], t[1], t[2]) << " vs " << std::fma(t[0], t[1], t[2]);
+    EXPECT_TRUE(
+        same(matmul_detail::fma_exact_attention(t[0], t[1], t[2]), std::fma(t[0], t[1], t[2])))
+        << t[0] << " * " << t[1] << " + " << t[2] << " (attention's)";
+  }
+}
+
+TEST(MatmulKernel, IsaNamesParseAndUnknownOnesAreRefused) {
+  EXPECT_THAT(available_kernel_isas(), HasSubstr("portable"));
+  EXPECT_TRUE(kernel_isa_available(resolve_kernel_isa(KernelIsa::kAuto)));
+  EXPECT_EQ(parse_kernel_isa("x86-64-v3").value(), KernelIsa::kX86_64V3);
+  EXPECT_STREQ(kernel_isa_requirements(KernelIsa::kX86_64V3), "AVX2, FMA and F16C");
+  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kAvx512, KernelIsa::kX86_64V3,
+                        KernelIsa::kPortable, KernelIsa::kNeon}) {
+    EXPECT_EQ(parse_kernel_isa(name_of(isa)).value(), isa);
+  }
+  // A binary holds its architecture's targets only: the others are named but unavailable.
+#if defined(__x86_64__)
+  EXPECT_FALSE(kernel_isa_available(KernelIsa::kNeon));
+  EXPECT_THAT(available_kernel_isas(), ::testing::Not(HasSubstr("neon")));
+#elif defined(__aarch64__)
+  EXPECT_TRUE(kernel_isa_available(KernelIsa::kNeon));
+  EXPECT_FALSE(kernel_isa_available(KernelIsa::kAvx512));
+#endif
+  auto bad = parse_kernel_isa("sse9");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("'sse9'"));
+  EXPECT_NE(resolve_kernel_isa(KernelIsa::kAuto), KernelIsa::kAuto);
+}
+
+TEST(EmbeddingKernel, WidensBf16AndF16TablesExactly) {
+  for (DataType dt : {DataType::kBFloat16, DataType::kFloat16}) {
+    TestWeights table = make_weights(dt, 5 * 7, 31);
+    std::vector<int32_t> ids = {4, 0, 4};
+    std::vector<float> out(3 * 7, NAN);
+    ASSERT_TRUE(run_blocks(&embedding_kernel,
+                           embedding_args(view(ids, {3}), table.tensor(5, 7), view(out, {3, 7})), 2)
+                    .ok());
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < 7; ++i) {
+        ASSERT_EQ(out[r * 7 + i], static_cast<float>(table.values[ids[r] * 7 + i]));
+      }
+    }
+  }
+}
+
+TEST(MatmulKernel, AccTagsOutputInOut) {
+  std::vector<float> x(4), w(4), y(4);
+  TaskArgs a = matmul_acc_args(view(x, {2, 2}), view(w, {2, 2}), view(y, {2, 2}));
+  EXPECT_EQ(a[2].direction, task::ArgDirection::kInOut);
+  TaskArgs m = matmul_args(view(x, {2, 2}), view(w, {2, 2}), view(y, {2, 2}));
+  EXPECT_EQ(m[2].direction, task::ArgDirection::kOut);
+}
+
+TEST(MatmulKernel, ShapeAndDtypeErrorsNameTheArgument) {
+  std::vector<float> x(6), y(4);
+  std::vector<float> w(6);
+  absl::Status s =
+      run_blocks(&matmul_kernel, matmul_args(view(x, {2, 3}), view(w, {3, 2}), view(y, {2, 2})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("matmul: argument 1 (W) must be a contiguous f32[*,3]"));
+  std::vector<int32_t> wi(6);
+  s = run_blocks(&matmul_kernel, matmul_args(view(x, {2, 3}), view(wi, {2, 3}), view(y, {2, 2})),
+                 1);
+  EXPECT_THAT(s.message(), HasSubstr("argument 1 (W)"));
+  EXPECT_THAT(s.message(), HasSubstr("got i32[2,3]"));
+  TaskArgs two;
+  two.add_tensor(view(x, {2, 3}), task::ArgDirection::kIn);
+  s = run_blocks(&matmul_kernel, two, 1);
+  EXPECT_THAT(s.message(), HasSubstr("matmul: expects 3 arguments, got 1"));
+}
+
+TEST(RopeKernel, MatchesRotateHalfReferenceAtSeveralPositions) {
+  const int64_t B = 4, heads = 3, d = 8;
+  const float theta = 10000.0f;
+  std::vector<float> x0 = random_floats(B * heads * d, 7);
+  std::vector<int32_t> pos = {0, 1, 17, 1000};
+  std::vector<double> want(x0.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* v = &x0[(b * heads + h) * d];
+      double* o = &want[(b * heads + h) * d];
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double a = pos[b] * std::pow(double(theta), -2.0 * i / d);
+        o[i] = v[i] * std::cos(a) - v[i + d / 2] * std::sin(a);
+        o[i + d / 2] = v[i + d / 2] * std::cos(a) + v[i] * std::sin(a);
+      }
+    }
+  }
+  for (int32_t bd : {1, 3}) {
+    std::vector<float> x = x0;
+    ASSERT_TRUE(
+        run_blocks(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), bd)
+            .ok());
+    expect_close(x, want, 1e-6);
+  }
+  // Position 0 is the identity.
+  std::vector<float> x = x0;
+  ASSERT_TRUE(
+      run_blocks(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), 1).ok());
+  for (int64_t i = 0; i < heads * d; ++i) EXPECT_EQ(x[i], x0[i]);
+}
+
+TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
+  const int64_t pages = 5, ps = 4, nkv = 2, d = 6, B = 3;
+  const int64_t row = nkv * d;
+  std::vector<float> k = random_floats(B * row, 8), v = random_floats(B * row, 9);
+  std::vector<int32_t> slots = {7, -1, 13};
+  std::vector<float> kp0 = random_floats(pages * ps * row, 10),
+                     vp0 = random_floats(pages * ps * row, 11);
+  std::vector<float> kp = kp0, vp = vp0;
+  TaskArgs args = kv_write_args(view(k, {B, nkv, d}), view(v, {B, nkv, d}), view(slots, {B}),
+                                view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}));
+  EXPECT_EQ(args[3].direction, task::ArgDirection::kInOut);
+  EXPECT_EQ(args[4].direction, task::ArgDirection::kInOut);
+  ASSERT_TRUE(run_blocks(&kv_write_kernel, args, 2).ok());
+  for (int64_t s = 0; s < pages * ps; ++s) {
+    const int64_t src = s == 7 ? 0 : s == 13 ? 2 : -1;
+    for (int64_t i = 0; i < row; ++i) {
+      EXPECT_EQ(kp[s * row + i], src >= 0 ? k[src * row + i] : kp0[s * row + i]) << s;
+      EXPECT_EQ(vp[s * row + i], src >= 0 ? v[src * row + i] : vp0[s * row + i]) << s;
+    }
+  }
+  slots = {7, 20, 0};
+  absl::Status bad = run_blocks(&kv_write_kernel, args, 1);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(),
+              HasSubstr("kv_write: slot 20 at row 1 is outside the pool of 5 pages x 4 slots"));
+}
+
+// Naive paged attention in double.
+std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& kp,
+                                        const std::vector<float>& vp,
+                                        const std::vector<int32_t>& tables,
+                                        const std::vector<int32_t>& lens, int64_t B, int64_t nh,
+                                        int64_t nkv, int64_t d, int64_t ps, int64_t max_blocks) {
+  std::vector<double> out(B * nh * d, 0.0);
+  const double scale = 1.0 / std::sqrt(double(d));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t g = h / (nh / nkv);
+      std::vector<double> scores(lens[b]);
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < lens[b]; ++t) {
+        const int64_t slot = tables[b * max_blocks + t / ps] * ps + t % ps;
+        double s = 0;
+        for (int64_t i = 0; i < d; ++i)
+          s += double(q[(b * nh + h) * d + i]) * kp[(slot * nkv + g) * d + i];
+        scores[t] = s * scale;
+        mx = std::max(mx, scores[t]);
+      }
+      double sum = 0;
+      for (double& s : scores) sum += (s = std::exp(s - mx));
+      for (int64_t t = 0; t < lens[b]; ++t) {
+        const int64_t slot = tables[b * max_blocks + t / ps] * ps + t % ps;
+        for (int64_t i = 0; i < d; ++i) {
+          out[(b * nh + h) * d + i] += scores[t] / sum * vp[(slot * nkv + g) * d + i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
+  const int64_t B = 4, nh = 4, nkv = 2, d = 8, pages = 8, ps = 4, max_blocks = 3;
+  std::vector<float> q = random_floats(B * nh * d, 12, -2.0f, 2.0f);
+  std::vector<float> kp = random_floats(pages * ps * nkv * d, 13, -2.0f, 2.0f);
+  std::vector<float> vp = random_floats(pages * ps * nkv * d, 14);
+  std::vector<int32_t> tables = {5,  2,  7,    // crosses two page boundaries
+                                 0,  -1, -1,   // one token
+                                 3,  6,  1,    // full table
+                                 -1, -1, -1};  // padding row
+  std::vector<int32_t> lens = {9, 1, 12, 0};
+  const std::vector<double> want =
+      reference_attention(q, kp, vp, tables, lens, B, nh, nkv, d, ps, max_blocks);
+  for (int32_t bd : {1, 3, 5, 8, 11}) {
+    std::vector<float> out(B * nh * d, NAN);
+    TaskArgs args = paged_attention_args(
+        view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}),
+        view(tables, {B, max_blocks}), view(lens, {B}), view(out, {B, nh * d}),
+        static_cast<float>(1.0 / std::sqrt(double(d))));
+    EXPECT_EQ(args[1].direction, task::ArgDirection::kIn);
+    EXPECT_EQ(args[2].direction, task::ArgDirection::kIn);
+    ASSERT_TRUE(run_blocks(&paged_attention_kernel, args, bd).ok());
+    expect_close(out, want, 1e-5);
+    for (int64_t i = 3 * nh * d; i < B * nh * d; ++i) EXPECT_EQ(out[i], 0.0f);
+  }
+}
+
+void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alone);
+
+// A prefill chunk's rows (one request: one block table, consecutive positions) are attended in
+// tiles that read each cached K and V row once. A row's result is bitwise the same whether it
+// is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
+// any block split; and close to the float64 reference. On every ISA target this CPU has, each
+// giving bitwise the same results.
+TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
+  // Head dims 64 and 128 take the AVX-512 kernel's own tiles where the CPU has AVX-512; 40 the
+  // generic one.
+  for (const int64_t d : {40, 64, 128}) {
+    std::vector<std::pair<KernelIsa, std::vector<float>>> results;
+    for (KernelIsa isa :
+         {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+      if (!kernel_isa_available(isa)) continue;
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " on " << name_of(isa));
+      std::vector<float> alone;
+      chunk_rows_are_tiled(d, llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn,
+                           &alone);
+      if (HasFatalFailure()) return;
+      results.emplace_back(isa, std::move(alone));
+    }
+    for (size_t a = 1; a < results.size(); ++a) {  // every target against the portable one
+      for (size_t i = 0; i < results[a].second.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(results[0].second[i]),
+                  std::bit_cast<uint32_t>(results[a].second[i]))
+            << name_of(results[0].first) << " and " << name_of(results[a].first)
+            << " differ at element " << i << ", head dim " << d;
+      }
+    }
+  }
+}
+
+void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alone_out) {
+  const int64_t nh = 4, nkv = 2, pages = 12, ps = 4, max_blocks = 6;
+  std::vector<float> kp = random_floats(pages * ps * nkv * d, 23, -2.0f, 2.0f);
+  std::vector<float> vp = random_floats(pages * ps * nkv * d, 24);
+  const std::vector<int32_t> chunk_table = {7, 2, 9, 0, 11, 4};    // request A: 19 positions
+  const std::vector<int32_t> other_table = {5, 8, 1, -1, -1, -1};  // request B: 10 positions
+  // Rows: one of B, A's 19 chunk rows (contexts 4..22), a padding row, B again.
+  std::vector<int32_t> tables, lens;
+  auto add_row = [&](const std::vector<int32_t>& t, int32_t len) {
+    tables.insert(tables.end(), t.begin(), t.end());
+    lens.push_back(len);
+  };
+  add_row(other_table, 10);
+  for (int32_t len = 4; len <= 22; ++len) add_row(chunk_table, len);
+  add_row({-1, -1, -1, -1, -1, -1}, 0);
+  add_row(other_table, 9);
+  const int64_t B = static_cast<int64_t>(lens.size());
+  std::vector<float> q = random_floats(B * nh * d, 25, -2.0f, 2.0f);
+  const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
+  const std::vector<double> want =
+      reference_attention(q, kp, vp, tables, lens, B, nh, nkv, d, ps, max_blocks);
+  // Each row alone (a one-row step).
+  std::vector<float> alone(B * nh * d);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<float> q1(q.begin() + b * nh * d, q.begin() + (b + 1) * nh * d), out1(nh * d);
+    std::vector<int32_t> t1(tables.begin() + b * max_blocks, tables.begin() + (b + 1) * max_blocks);
+    std::vector<int32_t> l1 = {lens[b]};
+    ASSERT_TRUE(
+        run_blocks(fn,
+                   paged_attention_args(view(q1, {1, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                        view(vp, {pages, ps, nkv, d}), view(t1, {1, max_blocks}),
+                                        view(l1, {1}), view(out1, {1, nh * d}), scale),
+                   1)
+            .ok());
+    std::copy(out1.begin(), out1.end(), alone.begin() + b * nh * d);
+  }
+  expect_close(alone, want, 1e-5);
+  for (int32_t bd : {1, 2, 3, 7, 64}) {
+    std::vector<float> out(B * nh * d, NAN);
+    ASSERT_TRUE(run_blocks(fn,
+                           paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                                view(vp, {pages, ps, nkv, d}),
+                                                view(tables, {B, max_blocks}), view(lens, {B}),
+                                                view(out, {B, nh * d}), scale),
+                           bd)
+                    .ok());
+    for (int64_t i = 0; i < B * nh * d; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(alone[i]))
+          << "row " << i / (nh * d) << " with " << bd << " blocks";
+    }
+  }
+  *alone_out = std::move(alone);
+}
+
+TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
+  const int64_t B = 1, nh = 2, nkv = 1, d = 4, pages = 2, ps = 2, max_blocks = 2;
+  std::vector<float> q(B * nh * d, 1.0f), kp(pages * ps * nkv * d), vp(kp.size()), out(B * nh * d);
+  std::vector<int32_t> tables = {1, 2};
+  std::vector<int32_t> lens = {5};
+  TaskArgs args = paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                       view(vp, {pages, ps, nkv, d}), view(tables, {B, max_blocks}),
+                                       view(lens, {B}), view(out, {B, nh * d}), 0.5f);
+  absl::Status s = run_blocks(&paged_attention_kernel, args, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("paged_attention: context length 5 at row 0 is outside [0, 4]"));
+  lens = {3};
+  s = run_blocks(&paged_attention_kernel, args, 1);
+  EXPECT_THAT(s.message(), HasSubstr("page id 2 at row 0 block 1 is outside the pool of 2 pages"));
+  lens = {2};  // only page 1 is read: fine
+  EXPECT_TRUE(run_blocks(&paged_attention_kernel, args, 1).ok());
+}
+
+TEST(SiluMulKernel, MatchesReference) {
+  const int64_t B = 3, I = 7;
+  std::vector<float> g = random_floats(B * I, 15, -6.0f, 6.0f), u = random_floats(B * I, 16);
+  std::vector<double> want(B * I);
+  for (int64_t i = 0; i < B * I; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  std::vector<float> out(B * I, NAN);
+  ASSERT_TRUE(run_blocks(&silu_mul_kernel,
+                         silu_mul_args(view(g, {B, I}), view(u, {B, I}), view(out, {B, I})), 3)
+                  .ok());
+  expect_close(out, want, 1e-6);
+}
+
+TEST(AddKernel, AddsElementwiseAndRejectsShapeMismatch) {
+  std::vector<float> a = random_floats(12, 17), b = random_floats(12, 18), out(12, NAN);
+  ASSERT_TRUE(
+      run_blocks(&add_kernel, add_args(view(a, {3, 4}), view(b, {3, 4}), view(out, {3, 4})), 5)
+          .ok());
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(out[i], a[i] + b[i]);
+  absl::Status s =
+      run_blocks(&add_kernel, add_args(view(a, {3, 4}), view(b, {4, 3}), view(out, {3, 4})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("add: argument 1 (b) must be a contiguous f32[3,4], got f32[4,3]"));
+}
+
+TEST(GatherRowsKernel, GathersAndRejectsOutOfRangeRows) {
+  const int64_t B = 3, H = 4;
+  std::vector<float> x = random_floats(B * H, 19);
+  std::vector<int32_t> rows = {2, 0, 2};
+  std::vector<float> out(3 * H, NAN);
+  ASSERT_TRUE(run_blocks(&gather_rows_kernel,
+                         gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 2)
+                  .ok());
+  for (int64_t j = 0; j < 3; ++j) {
+    for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[j * H + i], x[rows[j] * H + i]);
+  }
+  rows = {0, 3, 1};
+  absl::Status s =
+      run_blocks(&gather_rows_kernel,
+                 gather_rows_args(view(x, {B, H}), view(rows, {3}), view(out, {3, H})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("gather_rows: row 3 at index 1 is outside the batch [0, 3)"));
+}
+
+TEST(ArgmaxKernel, LowestIndexWinsTiesAndNanNeverWins) {
+  const int64_t V = 9;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits = {
+      0,    1,    2,    5,     1,    0,    2,    5,    5,     // tie at 3, 7, 8 -> 3
+      NAN,  -1,   -2,   -0.5f, NAN,  -3,   -4,   -5,   -6,    // NaN ignored -> 3
+      -inf, -inf, -inf, -inf,  -inf, -inf, -inf, -inf, -inf,  // -> 0
+      1,    1,    1,    1,     1,    1,    1,    1,    1,     // all tie -> 0
+      0,    0,    0,    0,     0,    0,    0,    0,    7,     // last -> 8
+  };
+  for (int32_t bd : {1, 2, 7}) {
+    std::vector<int32_t> ids(5, -7);
+    ASSERT_TRUE(
+        run_blocks(&argmax_kernel, argmax_args(view(logits, {5, V}), view(ids, {5})), bd).ok());
+    EXPECT_THAT(ids, ::testing::ElementsAre(3, 3, 0, 0, 8));
+  }
+}
+
+}  // namespace
+}  // namespace simpler::llm

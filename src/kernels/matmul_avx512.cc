@@ -1,0 +1,62 @@
+// The AVX-512 path of matmul_impl.h: matmul_tile.h on 16-lane zmm registers, one part per 16
+// lanes, tails by masked loads. This file alone is built with -mavx512f -mavx512bw -mavx512vl
+// -mavx512dq: it includes no header with inline functions other than intrinsics,
+// matmul_avx512_common.h and matmul_tile.h (internal linkage), and everything but its entry
+// points has internal linkage, so no AVX-512 code can be picked by the linker for another file's
+// inline function.
+#include <cstdint>
+
+#include "kernels/matmul_avx512_common.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/matmul_tile.h"
+
+namespace simpler::llm::matmul_detail {
+namespace {
+
+struct Avx512 {
+  using P = __m512;
+  static constexpr int kParts = 1;
+  static constexpr int kPartLanes = 16;
+  // 24 accumulators of the 32 zmm registers; one x row streams 8 W rows at a time.
+  static constexpr int kMaxRows = 6;
+  static constexpr int kMaxCols = 4;
+  static constexpr int kDecodeCols = 8;
+
+  static P zero() { return _mm512_setzero_ps(); }
+  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1); }
+  static P load(const float* p) { return _mm512_loadu_ps(p); }
+  static P load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  static P widen_bf16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  template <WeightType WT>
+  static P load_w(const WeightT<WT>* p) {
+    if constexpr (WT == WeightType::kF32) {
+      return _mm512_loadu_ps(p);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      if constexpr (WT == WeightType::kBF16) return widen_bf16(h);
+      return _mm512_cvtph_ps(h);
+    }
+  }
+  template <WeightType WT>
+  static P load_w_tail(const WeightT<WT>* p, int n) {
+    if constexpr (WT == WeightType::kF32) {
+      return _mm512_maskz_loadu_ps(mask(n), p);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(mask(n), p);
+      if constexpr (WT == WeightType::kBF16) return widen_bf16(h);
+      return _mm512_cvtph_ps(h);
+    }
+  }
+  static P fmadd(P a, P b, P c) { return _mm512_fmadd_ps(a, b, c); }
+  static float reduce(const P* parts) { return matmul_detail::reduce(parts[0]); }
+};
+
+}  // namespace
+
+void run_avx512(const Problem& p) { run_on<Avx512>(p); }
+
+float fma_probe_avx512(int64_t iters, float seed) { return fma_probe<Avx512>(iters, seed); }
+
+}  // namespace simpler::llm::matmul_detail

@@ -1,0 +1,111 @@
+// The matmul inner loops per ISA target (matmul_impl.h), outside the runtime:
+//   Decode/<target>/threads:T — one x row against W [131072, 1024] bf16 (256 MiB, far past the last
+//     level cache), the rows split between T threads: weight bytes/s (bytes_per_second), to hold
+//     against the read-bandwidth probe of `simpler bench decode`;
+//   Prefill/<target> — 64 x rows against W [3072, 1024] bf16 (Qwen3-0.6B's gate projection),
+//     one thread: GFLOP/s (the counter), to hold against the FMA peak of `simpler bench prefill`.
+// Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
+// lacks are skipped with a message.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/matmul_impl.h"
+#include "simpler/kernels/kernels.h"
+
+namespace simpler::llm {
+namespace {
+
+using matmul_detail::Problem;
+using matmul_detail::WeightType;
+
+using RunFn = void (*)(const Problem&);
+
+RunFn run_of(KernelIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case KernelIsa::kAvx512:
+      return &matmul_detail::run_avx512;
+    case KernelIsa::kX86_64V3:
+      return &matmul_detail::run_x86_64_v3;
+#elif defined(__aarch64__)
+    case KernelIsa::kNeon:
+      return &matmul_detail::run_neon;
+#endif
+    default:
+      return &matmul_detail::run_portable;
+  }
+}
+
+std::vector<uint16_t> bf16_weights(int64_t n, int64_t k) {
+  std::vector<uint16_t> w(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(0x3f80 + i % 61);
+  return w;
+}
+
+void Decode(benchmark::State& state, KernelIsa isa) {
+  if (!kernel_isa_available(isa)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  constexpr int64_t kN = 131072, kK = 1024;
+  static const std::vector<uint16_t> w = bf16_weights(kN, kK);
+  std::vector<float> x(kK, 0.5f), y(kN);
+  const int64_t begin = kN * state.thread_index() / state.threads();
+  const int64_t end = kN * (state.thread_index() + 1) / state.threads();
+  Problem p;
+  p.x = x.data();
+  p.rows = 1;
+  p.k = kK;
+  p.w = w.data() + begin * kK;
+  p.wt = WeightType::kBF16;
+  p.n = end - begin;
+  p.y = y.data() + begin;
+  p.ldy = kN;
+  const RunFn run = run_of(isa);
+  for (auto _ : state) {
+    run(p);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * p.n * kK * 2);
+}
+
+void Prefill(benchmark::State& state, KernelIsa isa) {
+  if (!kernel_isa_available(isa)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  constexpr int64_t kRows = 64, kN = 3072, kK = 1024;
+  const std::vector<uint16_t> w = bf16_weights(kN, kK);
+  std::vector<float> x(kRows * kK, 0.25f), y(kRows * kN);
+  Problem p;
+  p.x = x.data();
+  p.rows = kRows;
+  p.k = kK;
+  p.w = w.data();
+  p.wt = WeightType::kBF16;
+  p.n = kN;
+  p.y = y.data();
+  p.ldy = kN;
+  const RunFn run = run_of(isa);
+  for (auto _ : state) {
+    run(p);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2 * kRows * kN * kK / 1e9,
+                         benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK_CAPTURE(Decode, neon, KernelIsa::kNeon)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK_CAPTURE(Decode, portable, KernelIsa::kPortable)->Threads(1)->UseRealTime();
+BENCHMARK_CAPTURE(Prefill, avx512, KernelIsa::kAvx512)->UseRealTime();
+BENCHMARK_CAPTURE(Prefill, x86_64_v3, KernelIsa::kX86_64V3)->UseRealTime();
+BENCHMARK_CAPTURE(Prefill, neon, KernelIsa::kNeon)->UseRealTime();
+BENCHMARK_CAPTURE(Prefill, portable, KernelIsa::kPortable)->UseRealTime();
+
+}  // namespace
+}  // namespace simpler::llm

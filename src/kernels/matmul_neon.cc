@@ -1,0 +1,77 @@
+// The aarch64 NEON path of matmul_impl.h (ASIMD with FMA, every aarch64 CPU): matmul_tile.h
+// with each 16-lane chunk as four 4-lane float32x4_t parts, so the results are bitwise those of
+// the other paths. Built only for aarch64, where ASIMD is part of the baseline: no target flags,
+// and no code here can run on a CPU that lacks it.
+#include <arm_neon.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/matmul_impl.h"
+#include "kernels/matmul_tile.h"
+
+namespace simpler::llm::matmul_detail {
+namespace {
+
+struct Neon {
+  using P = float32x4_t;
+  static constexpr int kParts = 4;
+  static constexpr int kPartLanes = 4;
+  // 32 vector registers: a 2 x 3 tile holds 24 accumulators, its 3 W parts and an x part; one x
+  // row streams 6 W rows at a time (24 accumulators, 6 W parts, x).
+  static constexpr int kMaxRows = 2;
+  static constexpr int kMaxCols = 3;
+  static constexpr int kDecodeCols = 6;
+
+  static P zero() { return vdupq_n_f32(0.0f); }
+  static P load(const float* p) { return vld1q_f32(p); }
+  static P load_tail(const float* p, int n) {
+    float part[kPartLanes] = {};
+    std::memcpy(part, p, static_cast<size_t>(n) * sizeof(float));
+    return vld1q_f32(part);
+  }
+  template <WeightType WT>
+  static P widen(uint16x4_t h) {
+    if constexpr (WT == WeightType::kBF16) {
+      return vreinterpretq_f32_u32(vshll_n_u16(h, 16));  // bf16: the high half of an f32
+    } else {
+      return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    }
+  }
+  template <WeightType WT>
+  static P load_w(const WeightT<WT>* p) {
+    if constexpr (WT == WeightType::kF32) {
+      return vld1q_f32(p);
+    } else {
+      return widen<WT>(vld1_u16(p));
+    }
+  }
+  template <WeightType WT>
+  static P load_w_tail(const WeightT<WT>* p, int n) {
+    if constexpr (WT == WeightType::kF32) {
+      return load_tail(p, n);
+    } else {
+      uint16_t part[kPartLanes] = {};
+      std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
+      return widen<WT>(vld1_u16(part));
+    }
+  }
+  static P fmadd(P a, P b, P c) { return vfmaq_f32(c, a, b); }
+  // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
+  // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].
+  static float reduce(const P* parts) {
+    const P s4 = vaddq_f32(vaddq_f32(parts[0], parts[2]), vaddq_f32(parts[1], parts[3]));
+    return (vgetq_lane_f32(s4, 0) + vgetq_lane_f32(s4, 2)) +
+           (vgetq_lane_f32(s4, 1) + vgetq_lane_f32(s4, 3));
+  }
+};
+
+}  // namespace
+
+bool neon_available() { return true; }  // ASIMD is part of the aarch64 baseline
+
+void run_neon(const Problem& p) { run_on<Neon>(p); }
+
+float fma_probe_neon(int64_t iters, float seed) { return fma_probe<Neon>(iters, seed); }
+
+}  // namespace simpler::llm::matmul_detail

@@ -1,0 +1,219 @@
+// Internal to the matmul paths (matmul_portable.cc, matmul_x86_64_v3.cc, matmul_avx512.cc,
+// matmul_neon.cc): the one source of the exact inner loops of matmul_impl.h, instantiated once
+// per ISA target on a small traits type. Include it only after the traits of the including
+// file's target; everything here has internal linkage (an anonymous namespace), so no code built
+// for one target can be picked by the linker for another file's copy of an inline function.
+//
+// A traits type `V` describes the target's 16 lanes as kParts parts of kPartLanes f32 lanes each
+// (AVX-512: 1 x 16, AVX2: 2 x 8, NEON and the portable path: 4 x 4); lane l of the numerics
+// contract is lane l % kPartLanes of part l / kPartLanes. It provides:
+//   using P;                                   one part
+//   static constexpr int kParts, kPartLanes;   kParts · kPartLanes == 16
+//   static constexpr int kMaxRows, kMaxCols;   the register tile for several x rows
+//   static constexpr int kDecodeCols;          W rows per tile for one x row (decode)
+//   static P zero();
+//   static P load(const float* p);             kPartLanes floats
+//   static P load_tail(const float* p, int n); the first n (0 <= n < kPartLanes) floats, then 0
+//   template <WeightType WT> static P load_w(const WeightT<WT>* p);            widened to f32
+//   template <WeightType WT> static P load_w_tail(const WeightT<WT>* p, int n);  likewise, then 0
+//   static P fmadd(P a, P b, P c);             a·b + c per lane, one rounding (fused)
+//   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/matmul_impl.h"
+
+namespace simpler::llm::matmul_detail {
+namespace {
+
+template <WeightType WT>
+struct WeightStorage {
+  using T = uint16_t;  // bf16 and f16 bits
+};
+template <>
+struct WeightStorage<WeightType::kF32> {
+  using T = float;
+};
+template <WeightType WT>
+using WeightT = typename WeightStorage<WT>::T;
+
+// One R x C register tile: rows [0, R) of x against W rows [0, C), k in chunks of 16 lanes.
+template <class V, WeightType WT, int R, int C>
+void tile(const float* x, int64_t k, const WeightT<WT>* w, float* y, int64_t ldy, bool accumulate) {
+  using P = typename V::P;
+  constexpr int kL = V::kPartLanes;
+  P acc[R][C][V::kParts];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 4
+      for (int q = 0; q < V::kParts; ++q) acc[r][c][q] = V::zero();
+    }
+  }
+  int64_t kk = 0;
+  for (; kk + 16 <= k; kk += 16) {
+    if constexpr (R == 1) {
+      // One x row streams W: prefetch (into L2, locality 1) the next tile's rows, which follow
+      // these C rows, at the same k while this tile's are in flight. C interleaved rows of a few
+      // KB are too short for the hardware prefetcher to follow in time: one thread streaming
+      // qwen3-0.6b's bf16 LM head went 12.5 -> 19-21 GB/s (avx512) and 8.4 -> 22-25 GB/s
+      // (x86-64-v3) on Zen 4; locality 0 or 3, or two tiles ahead, did less.
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) __builtin_prefetch(w + (C + c) * k + kk, 0, 1);
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < V::kParts; ++q) {
+      P wv[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) wv[c] = V::template load_w<WT>(w + c * k + kk + q * kL);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const P xv = V::load(x + r * k + kk + q * kL);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[r][c][q] = V::fmadd(xv, wv[c], acc[r][c][q]);
+      }
+    }
+  }
+  if (kk < k) {
+    // The last chunk: lanes past k add 0·0.
+#pragma GCC unroll 4
+    for (int q = 0; q < V::kParts; ++q) {
+      const int64_t left = k - kk - q * kL;
+      if (left <= 0) break;
+      P wv[C];
+      if (left >= kL) {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) wv[c] = V::template load_w<WT>(w + c * k + kk + q * kL);
+      } else {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          wv[c] = V::template load_w_tail<WT>(w + c * k + kk + q * kL, static_cast<int>(left));
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float* xp = x + r * k + kk + q * kL;
+        const P xv = left >= kL ? V::load(xp) : V::load_tail(xp, static_cast<int>(left));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[r][c][q] = V::fmadd(xv, wv[c], acc[r][c][q]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const float s = V::reduce(acc[r][c]);
+      float* out = y + r * ldy + c;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
+template <WeightType WT>
+using TileFn = void (*)(const float*, int64_t, const WeightT<WT>*, float*, int64_t, bool);
+
+// The tiles of R rows against 1 ... kCols W rows, indexed by cols - 1.
+template <class V, WeightType WT, int R, int... Cs>
+constexpr auto tile_row(std::integer_sequence<int, Cs...>) {
+  return std::array<TileFn<WT>, sizeof...(Cs)>{&tile<V, WT, R, Cs + 1>...};
+}
+// tile_table[rows - 1][cols - 1]: every tile up to kMaxRows x kMaxCols.
+template <class V, WeightType WT, int... Rs>
+constexpr auto tile_table(std::integer_sequence<int, Rs...>) {
+  return std::array<std::array<TileFn<WT>, V::kMaxCols>, sizeof...(Rs)>{
+      tile_row<V, WT, Rs + 1>(std::make_integer_sequence<int, V::kMaxCols>{})...};
+}
+
+// W rows per chunk: as many as fit kChunkBytes (kept in L2 while every row group of x uses them),
+// a multiple of `multiple`, at least `multiple`.
+inline int64_t chunk_rows(int64_t row_bytes, int64_t multiple) {
+  constexpr int64_t kChunkBytes = 256 * 1024;
+  const int64_t chunk = kChunkBytes / (row_bytes > 0 ? row_bytes : 1);
+  return chunk < multiple ? multiple : chunk - chunk % multiple;
+}
+
+// p on target V: W in chunks of rows that stay in cache; one x row streams W through
+// 1 x kDecodeCols tiles, several rows go through kMaxRows x kMaxCols tiles.
+template <class V, WeightType WT>
+void run_tiles(const Problem& p) {
+  static constexpr auto kTiles = tile_table<V, WT>(std::make_integer_sequence<int, V::kMaxRows>{});
+  using T = WeightT<WT>;
+  const T* w = static_cast<const T*>(p.w);
+  const int64_t chunk = chunk_rows(p.k * static_cast<int64_t>(sizeof(T)), 8);
+  for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
+    const int64_t jn = p.n - j0 < chunk ? p.n - j0 : chunk;
+    if (p.rows == 1) {
+      int64_t j = 0;
+      for (; j + V::kDecodeCols <= jn; j += V::kDecodeCols) {
+        tile<V, WT, 1, V::kDecodeCols>(p.x, p.k, w + (j0 + j) * p.k, p.y + j0 + j, p.ldy,
+                                       p.accumulate);
+      }
+      for (; j < jn; j += V::kMaxCols) {
+        const int cols = static_cast<int>(jn - j < V::kMaxCols ? jn - j : V::kMaxCols);
+        kTiles[0][cols - 1](p.x, p.k, w + (j0 + j) * p.k, p.y + j0 + j, p.ldy, p.accumulate);
+      }
+      continue;
+    }
+    for (int64_t r0 = 0; r0 < p.rows; r0 += V::kMaxRows) {
+      const int rows = static_cast<int>(p.rows - r0 < V::kMaxRows ? p.rows - r0 : V::kMaxRows);
+      const float* x = p.x + r0 * p.k;
+      float* y = p.y + r0 * p.ldy + j0;
+      for (int64_t j = 0; j < jn; j += V::kMaxCols) {
+        const int cols = static_cast<int>(jn - j < V::kMaxCols ? jn - j : V::kMaxCols);
+        kTiles[rows - 1][cols - 1](x, p.k, w + (j0 + j) * p.k, y + j, p.ldy, p.accumulate);
+      }
+    }
+  }
+}
+
+// Problem p on target V, whatever its weight type.
+template <class V>
+void run_on(const Problem& p) {
+  switch (p.wt) {
+    case WeightType::kF32:
+      return run_tiles<V, WeightType::kF32>(p);
+    case WeightType::kBF16:
+      return run_tiles<V, WeightType::kBF16>(p);
+    case WeightType::kF16:
+      return run_tiles<V, WeightType::kF16>(p);
+  }
+}
+
+// `iters` rounds of 12 · 16 lane FMAs on target V (matmul_impl.h's probes): 12 independent
+// chains of one part each, every chain advanced kParts times per round (enough chains in flight
+// for two FMA ports of latency 4-6 in the target's registers, none spilled).
+template <class V>
+float fma_probe(int64_t iters, float seed) {
+  using P = typename V::P;
+  P acc[12];
+  float init[16], av[16], bv[16];
+  for (int l = 0; l < 16; ++l) {
+    av[l] = 0.999999f;
+    bv[l] = 1e-7f;
+  }
+  for (int i = 0; i < 12; ++i) {
+    for (float& f : init) f = seed + static_cast<float>(i);
+    acc[i] = V::load(init);
+  }
+  const P a = V::load(av), b = V::load(bv);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 4
+    for (int q = 0; q < V::kParts; ++q) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) acc[i] = V::fmadd(acc[i], a, b);
+    }
+  }
+  P parts[V::kParts];
+  for (int q = 0; q < V::kParts; ++q) parts[q] = acc[q];
+  for (int i = V::kParts; i < 12; ++i)
+    parts[i % V::kParts] = V::fmadd(acc[i], a, parts[i % V::kParts]);
+  return V::reduce(parts);
+}
+
+}  // namespace
+}  // namespace simpler::llm::matmul_detail

@@ -1,0 +1,339 @@
+#include "simpler/model/gguf_export.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/file.h"
+#include "simpler/model/model_config.h"
+#include "simpler/model/safetensors.h"
+#include "simpler/task/data_type.h"
+
+namespace simpler::llm {
+namespace {
+
+constexpr uint32_t kGgufVersion = 3;
+constexpr uint64_t kAlignment = 32;
+
+// gguf_type of a key-value (ggml/include/gguf.h).
+enum GgufValueType : uint32_t {
+  kU32 = 4,
+  kI32 = 5,
+  kF32v = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+};
+// ggml_type of a tensor (ggml/include/ggml.h).
+constexpr uint32_t kGgmlF32 = 0;
+constexpr uint32_t kGgmlBf16 = 30;
+// llama_ftype (llama.h): LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_BF16.
+constexpr uint32_t kFtypeF32 = 0;
+constexpr uint32_t kFtypeBf16 = 32;
+// llama_token_type (llama.h).
+constexpr int32_t kTokenNormal = 1;
+constexpr int32_t kTokenControl = 3;
+constexpr int32_t kTokenUserDefined = 4;
+constexpr int32_t kTokenUnused = 5;
+
+// The header being built: key-values and tensor infos, little-endian.
+class Header {
+ public:
+  void u32(uint32_t v) { raw(&v, 4); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void str(std::string_view s) {
+    u64(s.size());
+    raw(s.data(), s.size());
+  }
+  void kv_u32(std::string_view key, uint32_t v) {
+    begin(key, kU32);
+    u32(v);
+  }
+  void kv_f32(std::string_view key, float v) {
+    begin(key, kF32v);
+    raw(&v, 4);
+  }
+  void kv_bool(std::string_view key, bool v) {
+    begin(key, kBool);
+    const uint8_t b = v ? 1 : 0;
+    raw(&b, 1);
+  }
+  void kv_str(std::string_view key, std::string_view v) {
+    begin(key, kString);
+    str(v);
+  }
+  void kv_strings(std::string_view key, const std::vector<std::string>& v) {
+    begin(key, kArray);
+    u32(kString);
+    u64(v.size());
+    for (const std::string& s : v) str(s);
+  }
+  void kv_i32s(std::string_view key, const std::vector<int32_t>& v) {
+    begin(key, kArray);
+    u32(kI32);
+    u64(v.size());
+    raw(v.data(), v.size() * sizeof(int32_t));
+  }
+  int64_t kv_count() const { return kv_count_; }
+  const std::string& bytes() const { return bytes_; }
+  void raw(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
+
+ private:
+  void begin(std::string_view key, uint32_t type) {
+    str(key);
+    u32(type);
+    ++kv_count_;
+  }
+  std::string bytes_;
+  int64_t kv_count_ = 0;
+};
+
+// One tensor of the file: where it comes from and how it is written.
+struct OutTensor {
+  std::string name;            // llama.cpp's name
+  std::string source;          // the checkpoint's name
+  std::vector<int64_t> shape;  // row-major, as in the checkpoint
+  uint32_t ggml_type = kGgmlF32;
+  uint64_t bytes = 0;
+  uint64_t offset = 0;  // from the start of the data section
+};
+
+uint64_t align_up(uint64_t v) { return (v + kAlignment - 1) / kAlignment * kAlignment; }
+
+// HF name -> llama.cpp name; empty for a tensor llama.cpp does not know.
+std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string, std::less<>> kLayer = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (hf.rfind(kPrefix, 0) != 0) return "";
+  const size_t dot = hf.find('.', kPrefix.size());
+  if (dot == std::string::npos) return "";
+  const std::string layer = hf.substr(kPrefix.size(), dot - kPrefix.size());
+  auto it = kLayer.find(std::string_view(hf).substr(dot + 1));
+  return it == kLayer.end() ? "" : absl::StrCat("blk.", layer, ".", it->second);
+}
+
+struct Vocabulary {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+};
+
+// tokenizer.json's BPE vocabulary, added tokens and merges, padded to `vocab_size` ids.
+absl::StatusOr<Vocabulary> read_vocabulary(const std::string& dir, int64_t vocab_size) {
+  const std::string path = dir + "/tokenizer.json";
+  absl::StatusOr<std::string> text = base::read_regular_file(path);
+  if (!text.ok()) return text.status();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  auto bad = [&path](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  const nlohmann::json* model = j.contains("model") ? &j["model"] : nullptr;
+  if (model == nullptr || !model->is_object() || model->value("type", "") != "BPE") {
+    return bad("'model' is not a BPE model");
+  }
+  if (!model->contains("vocab") || !(*model)["vocab"].is_object()) {
+    return bad("'model.vocab' is not an object");
+  }
+  Vocabulary v;
+  v.tokens.resize(static_cast<size_t>(vocab_size));
+  v.types.assign(static_cast<size_t>(vocab_size), kTokenUnused);
+  std::vector<bool> named(static_cast<size_t>(vocab_size), false);
+  auto put = [&](int64_t id, const std::string& text, int32_t type) -> absl::Status {
+    if (id < 0 || id >= vocab_size) {
+      return bad(absl::StrCat("token id ", id, " ('", text,
+                              "') is outside the model's vocabulary of ", vocab_size));
+    }
+    v.tokens[id] = text;
+    v.types[id] = type;
+    named[id] = true;
+    return absl::OkStatus();
+  };
+  for (const auto& [text, id] : (*model)["vocab"].items()) {
+    if (!id.is_number_integer())
+      return bad(absl::StrCat("vocab entry '", text, "' has no integer id"));
+    if (absl::Status s = put(id.get<int64_t>(), text, kTokenNormal); !s.ok()) return s;
+  }
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const nlohmann::json& t : j["added_tokens"]) {
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+          !t.contains("content") || !t["content"].is_string()) {
+        return bad("an added_tokens entry lacks an integer 'id' or a string 'content'");
+      }
+      const bool special = t.value("special", false);
+      absl::Status s = put(t["id"].get<int64_t>(), t["content"].get<std::string>(),
+                           special ? kTokenControl : kTokenUserDefined);
+      if (!s.ok()) return s;
+    }
+  }
+  for (int64_t id = 0; id < vocab_size; ++id) {
+    if (!named[id]) v.tokens[id] = absl::StrCat("[PAD", id, "]");
+  }
+  if (!model->contains("merges") || !(*model)["merges"].is_array()) {
+    return bad("'model.merges' is not an array");
+  }
+  for (const nlohmann::json& m : (*model)["merges"]) {
+    if (m.is_string()) {
+      v.merges.push_back(m.get<std::string>());
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      v.merges.push_back(absl::StrCat(m[0].get<std::string>(), " ", m[1].get<std::string>()));
+    } else {
+      return bad("a merges entry is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+  }
+  return v;
+}
+
+// Writes `t`'s data (from `view`) as its ggml type.
+absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
+  if (t.ggml_type == kGgmlBf16 && view.dtype == task::DataType::kBFloat16) {
+    out.write(reinterpret_cast<const char*>(view.bytes.data()),
+              static_cast<std::streamsize>(view.bytes.size()));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<float>> f = to_f32(view);
+  if (!f.ok()) return f.status();
+  if (t.ggml_type == kGgmlF32) {
+    out.write(reinterpret_cast<const char*>(f->data()),
+              static_cast<std::streamsize>(f->size() * sizeof(float)));
+    return absl::OkStatus();
+  }
+  std::vector<uint16_t> h(f->size());
+  for (size_t i = 0; i < f->size(); ++i) h[i] = task::f32_to_bf16((*f)[i]);
+  out.write(reinterpret_cast<const char*>(h.data()),
+            static_cast<std::streamsize>(h.size() * sizeof(uint16_t)));
+  return absl::OkStatus();
+}
+
+void write_padding(std::ofstream& out, uint64_t written) {
+  static const char kZeros[kAlignment] = {};
+  out.write(kZeros, static_cast<std::streamsize>(align_up(written) - written));
+}
+
+}  // namespace
+
+absl::Status export_gguf(const GgufExportOptions& options) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::load(options.model_dir);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<ModelWeights> weights = ModelWeights::open(options.model_dir);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<Vocabulary> vocab = read_vocabulary(options.model_dir, config->vocab_size);
+  if (!vocab.ok()) return vocab.status();
+
+  std::vector<OutTensor> tensors;
+  uint64_t offset = 0;
+  for (const WeightSpec& spec : config->tensor_names_and_shapes()) {
+    absl::StatusOr<TensorView> view = weights->get(spec.name, spec.shape);
+    if (!view.ok()) return view.status();
+    OutTensor t;
+    t.name = gguf_name(spec.name);
+    t.source = spec.name;
+    t.shape = spec.shape;
+    t.ggml_type = spec.shape.size() >= 2 && options.type == GgufType::kBf16 ? kGgmlBf16 : kGgmlF32;
+    t.bytes = static_cast<uint64_t>(view->numel()) * (t.ggml_type == kGgmlBf16 ? 2 : 4);
+    t.offset = offset;
+    offset = align_up(offset + t.bytes);
+    tensors.push_back(std::move(t));
+  }
+
+  const ModelConfig& c = *config;
+  Header kv;
+  kv.kv_str("general.architecture", "qwen3");
+  kv.kv_str("general.name", std::filesystem::path(options.model_dir).filename().string());
+  kv.kv_u32("general.alignment", kAlignment);
+  kv.kv_u32("general.file_type", options.type == GgufType::kBf16 ? kFtypeBf16 : kFtypeF32);
+  kv.kv_u32("qwen3.context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  kv.kv_u32("qwen3.embedding_length", static_cast<uint32_t>(c.hidden_size));
+  kv.kv_u32("qwen3.block_count", static_cast<uint32_t>(c.num_hidden_layers));
+  kv.kv_u32("qwen3.feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
+  kv.kv_u32("qwen3.attention.head_count", static_cast<uint32_t>(c.num_attention_heads));
+  kv.kv_u32("qwen3.attention.head_count_kv", static_cast<uint32_t>(c.num_key_value_heads));
+  kv.kv_u32("qwen3.attention.key_length", static_cast<uint32_t>(c.head_dim));
+  kv.kv_u32("qwen3.attention.value_length", static_cast<uint32_t>(c.head_dim));
+  kv.kv_f32("qwen3.rope.freq_base", static_cast<float>(c.rope_theta));
+  kv.kv_f32("qwen3.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
+  kv.kv_str("tokenizer.ggml.model", "gpt2");
+  kv.kv_str("tokenizer.ggml.pre", "qwen2");
+  kv.kv_strings("tokenizer.ggml.tokens", vocab->tokens);
+  kv.kv_i32s("tokenizer.ggml.token_type", vocab->types);
+  kv.kv_strings("tokenizer.ggml.merges", vocab->merges);
+  const int64_t eos = c.eos_token_ids.empty() ? 151645 : c.eos_token_ids.front();
+  const int64_t bos = c.bos_token_id.value_or(151643);
+  kv.kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(eos));
+  kv.kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos));
+  kv.kv_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(bos));
+  kv.kv_bool("tokenizer.ggml.add_bos_token", false);
+
+  Header head;
+  head.raw("GGUF", 4);
+  head.u32(kGgufVersion);
+  head.u64(tensors.size());
+  head.u64(static_cast<uint64_t>(kv.kv_count()));
+  head.raw(kv.bytes().data(), kv.bytes().size());
+  for (const OutTensor& t : tensors) {
+    head.str(t.name);
+    head.u32(static_cast<uint32_t>(t.shape.size()));
+    for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d) head.u64(static_cast<uint64_t>(*d));
+    head.u32(t.ggml_type);
+    head.u64(t.offset);
+  }
+
+  const std::string tmp = options.out_path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  auto os_error = [&](const char* what) {
+    const int err = errno;
+    out.close();
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("export-gguf: ", what, " ", tmp, ": ", std::strerror(err)));
+  };
+  if (!out) return os_error("cannot open");
+  out.write(head.bytes().data(), static_cast<std::streamsize>(head.bytes().size()));
+  write_padding(out, head.bytes().size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const OutTensor& t = tensors[i];
+    absl::StatusOr<TensorView> view = weights->get(t.source);
+    if (!view.ok()) return view.status();
+    if (absl::Status s = write_tensor(out, t, *view); !s.ok()) {
+      out.close();
+      std::remove(tmp.c_str());
+      return s;
+    }
+    release_pages(*view);
+    write_padding(out, t.bytes);
+    if (!out) return os_error("cannot write");
+    if (options.progress) {
+      options.progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(tensors.size()));
+    }
+  }
+  out.close();
+  if (!out) return os_error("cannot write");
+  if (std::rename(tmp.c_str(), options.out_path.c_str()) != 0) return os_error("cannot rename");
+  return absl::OkStatus();
+}
+
+}  // namespace simpler::llm

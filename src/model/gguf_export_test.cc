@@ -1,0 +1,257 @@
+#include "simpler/model/gguf_export.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "simpler/model/make_model.h"
+#include "simpler/model/model_config.h"
+#include "simpler/model/safetensors.h"
+#include "simpler/tokenizer/tokenizer.h"
+
+namespace simpler::llm {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A GGUF file read back by the test's own reader of the format (ggml's docs/gguf.md, v3).
+struct GgufTensor {
+  std::vector<uint64_t> dims;  // innermost first
+  uint32_t type = 0;
+  uint64_t offset = 0;
+};
+struct GgufFile {
+  uint32_t version = 0;
+  std::map<std::string, std::string> strings;
+  std::map<std::string, uint64_t> ints;
+  std::map<std::string, float> floats;
+  std::map<std::string, std::vector<std::string>> string_arrays;
+  std::map<std::string, std::vector<int32_t>> int_arrays;
+  std::vector<std::string> tensor_order;
+  std::map<std::string, GgufTensor> tensors;
+  std::string bytes;
+  uint64_t data_start = 0;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& b) : b_(b) {}
+  template <class T>
+  T get() {
+    T v{};
+    if (at_ + sizeof(T) > b_.size()) throw std::runtime_error("truncated");
+    std::memcpy(&v, b_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  std::string str() {
+    const uint64_t n = get<uint64_t>();
+    if (at_ + n > b_.size()) throw std::runtime_error("truncated string");
+    std::string s = b_.substr(at_, n);
+    at_ += n;
+    return s;
+  }
+  uint64_t at() const { return at_; }
+
+ private:
+  const std::string& b_;
+  uint64_t at_ = 0;
+};
+
+GgufFile read_gguf(const std::string& path) {
+  GgufFile f;
+  std::ifstream in(path, std::ios::binary);
+  f.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  Reader r(f.bytes);
+  EXPECT_EQ(r.get<uint32_t>(), 0x46554747u);  // "GGUF"
+  f.version = r.get<uint32_t>();
+  const uint64_t n_tensors = r.get<uint64_t>(), n_kv = r.get<uint64_t>();
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    const std::string key = r.str();
+    const uint32_t type = r.get<uint32_t>();
+    switch (type) {
+      case 4:
+        f.ints[key] = r.get<uint32_t>();
+        break;
+      case 6:
+        f.floats[key] = r.get<float>();
+        break;
+      case 7:
+        f.ints[key] = r.get<uint8_t>();
+        break;
+      case 8:
+        f.strings[key] = r.str();
+        break;
+      case 9: {
+        const uint32_t elem = r.get<uint32_t>();
+        const uint64_t n = r.get<uint64_t>();
+        for (uint64_t j = 0; j < n; ++j) {
+          if (elem == 8) {
+            f.string_arrays[key].push_back(r.str());
+          } else if (elem == 5) {
+            f.int_arrays[key].push_back(r.get<int32_t>());
+          } else {
+            ADD_FAILURE() << key << ": array of type " << elem;
+            return f;
+          }
+        }
+        break;
+      }
+      default:
+        ADD_FAILURE() << key << ": value type " << type;
+        return f;
+    }
+  }
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    const std::string name = r.str();
+    GgufTensor t;
+    const uint32_t n_dims = r.get<uint32_t>();
+    for (uint32_t d = 0; d < n_dims; ++d) t.dims.push_back(r.get<uint64_t>());
+    t.type = r.get<uint32_t>();
+    t.offset = r.get<uint64_t>();
+    f.tensor_order.push_back(name);
+    f.tensors[name] = t;
+  }
+  const uint64_t align = f.ints.count("general.alignment") ? f.ints["general.alignment"] : 32;
+  f.data_start = (r.at() + align - 1) / align * align;
+  return f;
+}
+
+class GgufExportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("simpler_gguf_test_" + std::to_string(::getpid()));
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 3;
+    o.out_dir = (dir_ / "model").string();
+    o.overrides.num_hidden_layers = 2;
+    o.overrides.tie_word_embeddings = false;  // an output.weight too
+    absl::StatusOr<std::string> tok = default_tokenizer_dir();
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    o.tokenizer_dir = *tok;
+    ASSERT_TRUE(make_model(o).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+};
+
+// The file carries Qwen3's metadata as llama.cpp reads it, the whole tokenizer padded to the
+// model's vocabulary, and every tensor under llama.cpp's name with the checkpoint's bytes (bf16
+// as they are, the norms widened to f32), dims innermost first, each 32-byte aligned.
+TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem) {
+  GgufExportOptions o;
+  o.model_dir = (dir_ / "model").string();
+  o.out_path = (dir_ / "model.gguf").string();
+  int64_t last_progress = 0;
+  o.progress = [&last_progress](int64_t done, int64_t) { last_progress = done; };
+  ASSERT_TRUE(export_gguf(o).ok());
+  EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
+  const GgufFile f = read_gguf(o.out_path);
+  ASSERT_FALSE(HasFailure());
+  absl::StatusOr<ModelConfig> c = ModelConfig::load(o.model_dir);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(f.version, 3u);
+  EXPECT_EQ(f.strings.at("general.architecture"), "qwen3");
+  EXPECT_EQ(f.ints.at("general.file_type"), 32u);  // mostly bf16
+  EXPECT_EQ(f.ints.at("qwen3.block_count"), 2u);
+  EXPECT_EQ(f.ints.at("qwen3.embedding_length"), static_cast<uint64_t>(c->hidden_size));
+  EXPECT_EQ(f.ints.at("qwen3.feed_forward_length"), static_cast<uint64_t>(c->intermediate_size));
+  EXPECT_EQ(f.ints.at("qwen3.attention.head_count"), static_cast<uint64_t>(c->num_attention_heads));
+  EXPECT_EQ(f.ints.at("qwen3.attention.head_count_kv"),
+            static_cast<uint64_t>(c->num_key_value_heads));
+  EXPECT_EQ(f.ints.at("qwen3.attention.key_length"), static_cast<uint64_t>(c->head_dim));
+  EXPECT_EQ(f.ints.at("qwen3.context_length"), static_cast<uint64_t>(c->max_position_embeddings));
+  EXPECT_FLOAT_EQ(f.floats.at("qwen3.rope.freq_base"), static_cast<float>(c->rope_theta));
+  EXPECT_FLOAT_EQ(f.floats.at("qwen3.attention.layer_norm_rms_epsilon"),
+                  static_cast<float>(c->rms_norm_eps));
+  EXPECT_EQ(f.strings.at("tokenizer.ggml.model"), "gpt2");
+  EXPECT_EQ(f.strings.at("tokenizer.ggml.pre"), "qwen2");
+  EXPECT_EQ(f.ints.at("tokenizer.ggml.add_bos_token"), 0u);
+  // Tokens: the vocabulary by id, added tokens typed, padding named; merges as "a b".
+  const std::vector<std::string>& tokens = f.string_arrays.at("tokenizer.ggml.tokens");
+  const std::vector<int32_t>& types = f.int_arrays.at("tokenizer.ggml.token_type");
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(c->vocab_size));
+  ASSERT_EQ(types.size(), tokens.size());
+  EXPECT_EQ(tokens[9707], "Hello");
+  EXPECT_EQ(types[9707], 1);
+  EXPECT_EQ(tokens[151645], "<|im_end|>");
+  EXPECT_EQ(types[151645], 3);  // control
+  EXPECT_EQ(tokens[151935], "[PAD151935]");
+  EXPECT_EQ(types[151935], 5);  // unused
+  EXPECT_EQ(f.ints.at("tokenizer.ggml.eos_token_id"), 151645u);
+  ASSERT_FALSE(f.string_arrays.at("tokenizer.ggml.merges").empty());
+  EXPECT_EQ(f.string_arrays.at("tokenizer.ggml.merges")[0], "Ġ Ġ");
+  // Tensors: names, dims, types, offsets and bytes.
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(o.model_dir);
+  ASSERT_TRUE(w.ok());
+  const std::vector<WeightSpec> specs = c->tensor_names_and_shapes();
+  EXPECT_EQ(last_progress, static_cast<int64_t>(specs.size()));
+  ASSERT_EQ(f.tensors.size(), specs.size());
+  const std::map<std::string, std::string> some = {
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"},
+      {"model.layers.1.self_attn.k_norm.weight", "blk.1.attn_k_norm.weight"},
+      {"model.layers.0.self_attn.o_proj.weight", "blk.0.attn_output.weight"},
+      {"model.layers.1.mlp.down_proj.weight", "blk.1.ffn_down.weight"},
+      {"model.layers.0.post_attention_layernorm.weight", "blk.0.ffn_norm.weight"}};
+  for (const auto& [hf, gg] : some) {
+    ASSERT_TRUE(f.tensors.count(gg)) << gg;
+    const GgufTensor& t = f.tensors.at(gg);
+    absl::StatusOr<TensorView> v = w->get(hf);
+    ASSERT_TRUE(v.ok());
+    std::vector<uint64_t> want_dims(v->shape.rbegin(), v->shape.rend());
+    EXPECT_EQ(t.dims, want_dims) << gg;
+    EXPECT_EQ(t.offset % 32, 0u) << gg;
+    const char* data = f.bytes.data() + f.data_start + t.offset;
+    if (v->shape.size() == 2) {
+      EXPECT_EQ(t.type, 30u) << gg;  // bf16, the checkpoint's bits
+      ASSERT_LE(f.data_start + t.offset + v->bytes.size(), f.bytes.size());
+      EXPECT_EQ(std::memcmp(data, v->bytes.data(), v->bytes.size()), 0) << gg;
+    } else {
+      EXPECT_EQ(t.type, 0u) << gg;  // norms in f32
+      absl::StatusOr<std::vector<float>> want = to_f32(*v);
+      ASSERT_TRUE(want.ok());
+      EXPECT_EQ(std::memcmp(data, want->data(), want->size() * 4), 0) << gg;
+    }
+  }
+}
+
+TEST_F(GgufExportTest, F32ExportWidensEveryTensor) {
+  GgufExportOptions o;
+  o.model_dir = (dir_ / "model").string();
+  o.out_path = (dir_ / "model-f32.gguf").string();
+  o.type = GgufType::kF32;
+  ASSERT_TRUE(export_gguf(o).ok());
+  const GgufFile f = read_gguf(o.out_path);
+  EXPECT_EQ(f.ints.at("general.file_type"), 0u);
+  for (const auto& [name, t] : f.tensors) EXPECT_EQ(t.type, 0u) << name;
+}
+
+TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeavesNoFile) {
+  GgufExportOptions o;
+  o.model_dir = (dir_ / "model").string();
+  o.out_path = (dir_ / "no-such-dir" / "model.gguf").string();
+  absl::Status s = export_gguf(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("no-such-dir/model.gguf.tmp")) << s;
+  std::filesystem::remove(dir_ / "model" / "tokenizer.json");
+  o.out_path = (dir_ / "model.gguf").string();
+  s = export_gguf(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("tokenizer.json")) << s;
+  EXPECT_FALSE(std::filesystem::exists(o.out_path));
+}
+
+}  // namespace
+}  // namespace simpler::llm

@@ -1,0 +1,684 @@
+#include "simpler/model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/file.h"
+#include "simpler/base/json.h"
+#include "simpler/base/status.h"
+
+namespace simpler::llm {
+namespace {
+
+using json = nlohmann::json;
+using task::DataType;
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+std::string str(std::string_view s) { return std::string(s); }
+
+using base::os_error;
+
+// a * b, false on overflow or negative operands.
+bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
+  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) return false;
+  *out = a * b;
+  return true;
+}
+
+bool is_float(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kBFloat16 || dtype == DataType::kFloat16;
+}
+
+struct Entry {
+  DataType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // relative to the byte buffer
+  uint64_t end = 0;
+};
+
+}  // namespace
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_to_string(std::span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ",";
+    out += std::to_string(shape[i]);
+  }
+  out += "]";
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+struct SafetensorsFile::State {
+  std::string path;
+  void* map = nullptr;  // MAP_FAILED never stored
+  size_t map_size = 0;
+  const std::byte* buffer = nullptr;  // start of the byte buffer
+  std::map<std::string, Entry, std::less<>> entries;
+  std::map<std::string, std::string> metadata;
+
+  ~State() {
+    if (map != nullptr) munmap(map, map_size);
+  }
+};
+
+SafetensorsFile::SafetensorsFile(std::unique_ptr<State> state) : state_(std::move(state)) {}
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  auto state = std::make_unique<State>();
+  state->path = path;
+
+  // Never blocks on a FIFO; a directory or device is refused before anything is read.
+  SIMPLER_ASSIGN_OR_RETURN(const base::RegularFile file, base::open_regular_file(path));
+  const int fd = file.fd;
+  const uint64_t file_size = file.size;
+  if (file_size < 8) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": truncated safetensors file: ", file_size,
+                                            " bytes, shorter than the 8-byte header length"));
+  }
+  void* map = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) return os_error(map_err, "cannot map", path);
+  state->map = map;
+  state->map_size = file_size;
+  const auto* base = static_cast<const std::byte*>(map);
+
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_len = (header_len << 8) | static_cast<uint8_t>(base[i]);
+  }
+  if (header_len > kSafetensorsMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_len,
+                                                   " exceeds the limit of ",
+                                                   kSafetensorsMaxHeaderBytes, " bytes"));
+  }
+  if (header_len > file_size - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated safetensors file: header length ",
+                                            header_len, " goes beyond the end of the file (",
+                                            file_size, " bytes)"));
+  }
+  const uint64_t buffer_size = file_size - 8 - header_len;
+  state->buffer = base + 8 + header_len;
+
+  std::string_view header_text(reinterpret_cast<const char*>(base + 8), header_len);
+  // The whole header must be one JSON value; only spaces (the spec's padding) may follow it.
+  SIMPLER_ASSIGN_OR_RETURN(
+      json header,
+      base::parse_json_bounded(header_text, absl::StrCat(path, ": malformed safetensors header")));
+  if (!header.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": malformed safetensors header: not a JSON object"));
+  }
+
+  auto bad = [&](const std::string& name, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": malformed safetensors header: tensor '", name, "': ", what));
+  };
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& value = it.value();
+    if (name == kMetadataKey) {
+      if (!value.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": malformed safetensors header: __metadata__ is not an object"));
+      }
+      for (auto m = value.begin(); m != value.end(); ++m) {
+        if (!m.value().is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": malformed safetensors header: __metadata__ value '", m.key(),
+                           "' is not a string"));
+        }
+        state->metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!value.is_object()) return bad(name, "entry is not an object");
+    auto dtype_it = value.find("dtype");
+    auto shape_it = value.find("shape");
+    auto offsets_it = value.find("data_offsets");
+    if (dtype_it == value.end() || !dtype_it->is_string()) {
+      return bad(name, "missing or non-string 'dtype'");
+    }
+    if (shape_it == value.end() || !shape_it->is_array()) {
+      return bad(name, "missing or non-array 'shape'");
+    }
+    if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
+      return bad(name, "'data_offsets' is not a [begin, end] pair");
+    }
+    Entry entry;
+    const std::string dtype_text = dtype_it->get<std::string>();
+    // Only the safetensors spellings are accepted in a file (not "bf16").
+    bool known = false;
+    for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
+                       DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
+      if (dtype_text == task::safetensors_name(t)) entry.dtype = t, known = true;
+    }
+    if (!known) {
+      return bad(name, absl::StrCat("unsupported dtype '", dtype_text,
+                                    "' (supported: F32, BF16, F16, I32, I64, U8)"));
+    }
+    uint64_t numel = 1;
+    for (const json& d : *shape_it) {
+      if (!d.is_number_unsigned()) {
+        return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it),
+                                      " has an element that is not a non-negative integer"));
+      }
+      uint64_t dim = d.get<uint64_t>();
+      // Every partial product must fit int64 (TensorView::numel and the
+      // kernels multiply in int64), even when a later 0 makes the total 0.
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          !checked_mul(numel, dim, &numel) ||
+          numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it), " overflows"));
+      }
+      entry.shape.push_back(static_cast<int64_t>(dim));
+    }
+    for (const json& o : *offsets_it) {
+      if (!o.is_number_unsigned()) {
+        return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
+                                      " are not non-negative integers"));
+      }
+    }
+    entry.begin = (*offsets_it)[0].get<uint64_t>();
+    entry.end = (*offsets_it)[1].get<uint64_t>();
+    if (entry.end < entry.begin) {
+      return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
+                                    " end before begin"));
+    }
+    uint64_t expected = 0;
+    if (!checked_mul(numel, task::size_of(entry.dtype), &expected) ||
+        entry.end - entry.begin != expected) {
+      return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it), " span ",
+                                    entry.end - entry.begin, " bytes, but shape ",
+                                    shape_to_string(entry.shape), " of ", dtype_text, " needs ",
+                                    expected));
+    }
+    state->entries.emplace(name, std::move(entry));
+  }
+
+  // The tensors must tile the byte buffer: sorted by begin, each starting where the previous
+  // ended, the last ending at the end of the file.
+  std::vector<std::pair<const std::string*, const Entry*>> order;
+  order.reserve(state->entries.size());
+  for (const auto& [name, entry] : state->entries) order.emplace_back(&name, &entry);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    if (a.second->begin != b.second->begin) return a.second->begin < b.second->begin;
+    return a.second->end < b.second->end;
+  });
+  uint64_t cursor = 0;
+  const std::string* previous = nullptr;
+  for (const auto& [name, entry] : order) {
+    if (entry->begin < cursor) {
+      return bad(*name,
+                 absl::StrCat("data_offsets [", entry->begin, ",", entry->end, "] overlap tensor '",
+                              *previous, "' (ending at ", cursor, ")"));
+    }
+    if (entry->begin > cursor) {
+      return bad(*name, absl::StrCat("data_offsets [", entry->begin, ",", entry->end,
+                                     "] leave a hole in the byte buffer at [", cursor, ",",
+                                     entry->begin, ")"));
+    }
+    if (entry->end > buffer_size) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": truncated safetensors file: tensor '", *name, "' data_offsets [", entry->begin,
+          ",", entry->end, "] go beyond the byte buffer (", buffer_size, " bytes)"));
+    }
+    cursor = entry->end;
+    previous = name;
+  }
+  if (cursor != buffer_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": malformed safetensors file: ", buffer_size - cursor,
+                     " trailing bytes after the last tensor's data"));
+  }
+  return SafetensorsFile(std::move(state));
+}
+
+const std::string& SafetensorsFile::path() const { return state_->path; }
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(state_->entries.size());
+  for (const auto& [name, entry] : state_->entries) out.push_back(name);
+  return out;
+}
+
+size_t SafetensorsFile::size() const { return state_->entries.size(); }
+
+bool SafetensorsFile::contains(std::string_view name) const {
+  return state_->entries.find(name) != state_->entries.end();
+}
+
+absl::StatusOr<TensorView> SafetensorsFile::tensor(std::string_view name) const {
+  auto it = state_->entries.find(name);
+  if (it == state_->entries.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", str(name), "' not found in ", state_->path));
+  }
+  const Entry& e = it->second;
+  TensorView view;
+  view.name = it->first;
+  view.file = state_->path;
+  view.dtype = e.dtype;
+  view.shape = e.shape;
+  view.bytes = std::span<const std::byte>(state_->buffer + e.begin, e.end - e.begin);
+  return view;
+}
+
+const std::map<std::string, std::string>& SafetensorsFile::metadata() const {
+  return state_->metadata;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ModelWeights
+
+struct ModelWeights::State {
+  std::string dir;
+  std::vector<SafetensorsFile> files;
+  // name -> index into files
+  std::map<std::string, size_t, std::less<>> where;
+};
+
+ModelWeights::ModelWeights(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ModelWeights::ModelWeights(ModelWeights&&) noexcept = default;
+ModelWeights& ModelWeights::operator=(ModelWeights&&) noexcept = default;
+ModelWeights::~ModelWeights() = default;
+
+absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
+  namespace fs = std::filesystem;
+  auto state = std::make_unique<State>();
+  state->dir = dir;
+  const fs::path root(dir);
+  const fs::path index_path = root / "model.safetensors.index.json";
+  const fs::path single_path = root / "model.safetensors";
+  std::error_code ec;
+
+  if (fs::exists(index_path, ec)) {
+    const std::string index_name = index_path.string();
+    SIMPLER_ASSIGN_OR_RETURN(std::string text,
+                             base::read_regular_file(index_name, kSafetensorsMaxHeaderBytes));
+    // A tensor listed twice in the weight_map is a duplicate key: refused by the parser.
+    SIMPLER_ASSIGN_OR_RETURN(
+        json index, base::parse_json_bounded(text, absl::StrCat(index_name, ": malformed index")));
+    if (!index.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_name, ": malformed index: not a JSON object"));
+    }
+    auto map_it = index.find("weight_map");
+    if (map_it == index.end() || !map_it->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_name, ": malformed index: missing object 'weight_map'"));
+    }
+    std::map<std::string, size_t> shard_index;  // shard file name -> files index
+    for (auto it = map_it->begin(); it != map_it->end(); ++it) {
+      const std::string& name = it.key();
+      if (!it.value().is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_name, ": malformed index: weight_map entry for tensor '", name,
+                         "' is not a string"));
+      }
+      const std::string shard = it.value().get<std::string>();
+      if (shard.empty() || fs::path(shard).has_parent_path() || shard == "." || shard == "..") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            index_name, ": tensor '", name, "' maps to invalid shard name '", shard, "'"));
+      }
+      auto found = shard_index.find(shard);
+      if (found == shard_index.end()) {
+        const std::string shard_path = (root / shard).string();
+        absl::StatusOr<SafetensorsFile> file = SafetensorsFile::open(shard_path);
+        if (!file.ok()) {
+          if (absl::IsNotFound(file.status())) {
+            return absl::NotFoundError(absl::StrCat("shard ", shard, " (holding ", name,
+                                                    ") listed in ", index_name,
+                                                    " not found: ", file.status().message()));
+          }
+          return file.status();
+        }
+        state->files.push_back(*std::move(file));
+        found = shard_index.emplace(shard, state->files.size() - 1).first;
+      }
+      if (!state->files[found->second].contains(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(index_name, ": tensor '", name,
+                                                       "' is mapped to ", shard,
+                                                       ", which has no such tensor"));
+      }
+      state->where.emplace(name, found->second);
+    }
+    // Every tensor of every shard must be the one the weight_map names: a tensor the index does
+    // not list, or lists in another shard, would be silently ignored.
+    for (const SafetensorsFile& file : state->files) {
+      const std::string shard = fs::path(file.path()).filename().string();
+      for (const std::string& name : file.names()) {
+        auto it = state->where.find(name);
+        if (it == state->where.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              index_name, ": tensor '", name, "' in ", shard, " is not listed in the weight_map"));
+        }
+        if (&state->files[it->second] != &file) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(index_name, ": tensor '", name, "' is in both ", shard, " and ",
+                           fs::path(state->files[it->second].path()).filename().string(),
+                           " (the weight_map maps it to the latter)"));
+        }
+      }
+    }
+    return ModelWeights(std::move(state));
+  }
+
+  if (fs::exists(single_path, ec)) {
+    SIMPLER_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(single_path.string()));
+    for (const std::string& name : file.names()) state->where.emplace(name, 0);
+    state->files.push_back(std::move(file));
+    return ModelWeights(std::move(state));
+  }
+  return absl::NotFoundError(absl::StrCat("no weights in ", dir,
+                                          ": neither model.safetensors nor "
+                                          "model.safetensors.index.json exists"));
+}
+
+const std::string& ModelWeights::dir() const { return state_->dir; }
+
+absl::Status ModelWeights::check_tensor_set(const std::set<std::string, std::less<>>& expected,
+                                            std::string_view config_summary,
+                                            bool allow_unused) const {
+  if (allow_unused) return absl::OkStatus();
+  for (const auto& [name, index] : state_->where) {
+    if (expected.count(name) != 0) continue;
+    const std::string file = std::filesystem::path(state_->files[index].path()).filename().string();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", state_->dir, " (", file, ") is not used by ",
+        str(config_summary),
+        "; a checkpoint must hold exactly the model's weights (--allow-unused-tensors ignores "
+        "extra ones)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ModelWeights::names() const {
+  std::vector<std::string> out;
+  out.reserve(state_->where.size());
+  for (const auto& [name, index] : state_->where) out.push_back(name);
+  return out;
+}
+
+bool ModelWeights::contains(std::string_view name) const {
+  return state_->where.find(name) != state_->where.end();
+}
+
+size_t ModelWeights::num_files() const { return state_->files.size(); }
+
+absl::StatusOr<TensorView> ModelWeights::get(std::string_view name) const {
+  auto it = state_->where.find(name);
+  if (it == state_->where.end()) {
+    std::string files;
+    for (size_t i = 0; i < state_->files.size() && i < 4; ++i) {
+      if (i > 0) files += ", ";
+      files += std::filesystem::path(state_->files[i].path()).filename().string();
+    }
+    if (state_->files.size() > 4) files += ", ...";
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", str(name), "' not found in ", state_->dir, " (", files, ")"));
+  }
+  return state_->files[it->second].tensor(name);
+}
+
+absl::StatusOr<TensorView> ModelWeights::get(std::string_view name,
+                                             const std::vector<int64_t>& expected_shape,
+                                             const std::vector<DataType>& allowed) const {
+  SIMPLER_ASSIGN_OR_RETURN(TensorView view, get(name));
+  const std::string file = std::filesystem::path(std::string(view.file)).filename().string();
+  if (!std::equal(view.shape.begin(), view.shape.end(), expected_shape.begin(),
+                  expected_shape.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(str(name), " in ", file, ": shape ",
+                                                   shape_to_string(view.shape), ", expected ",
+                                                   shape_to_string(expected_shape)));
+  }
+  if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), view.dtype) == allowed.end()) {
+    std::string names;
+    for (DataType t : allowed) {
+      if (!names.empty()) names += "/";
+      names += str(task::safetensors_name(t));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(str(name), " in ", file, ": dtype ",
+                                                   str(task::safetensors_name(view.dtype)),
+                                                   ", expected ", names));
+  }
+  return view;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion
+
+absl::Status to_f32(const TensorView& view, std::span<float> out) {
+  if (!is_float(view.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(str(view.name), " in ", str(view.file), ": cannot convert dtype ",
+                     str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16)"));
+  }
+  const int64_t n = view.numel();
+  if (static_cast<int64_t>(out.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(str(view.name), " in ", str(view.file),
+                                                   ": destination holds ", out.size(),
+                                                   " floats, tensor has ", n));
+  }
+  const std::byte* src = view.bytes.data();
+  switch (view.dtype) {
+    case DataType::kFloat32:
+      if (n > 0) std::memcpy(out.data(), src, static_cast<size_t>(n) * 4);
+      break;
+    case DataType::kBFloat16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&out[i], &bits, 4);
+      }
+      break;
+    case DataType::kFloat16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = task::f16_to_f32(h);
+      }
+      break;
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// madvise over the pages of `view`: every page it touches (`outer`), or only the pages wholly
+// inside it (not `outer`: a neighbouring tensor may share the edge pages).
+void advise_pages(const TensorView& view, bool outer, int advice) {
+  if (view.bytes.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(view.bytes.data());
+  const uintptr_t end = begin + view.bytes.size();
+  const uintptr_t first = outer ? begin / page * page : (begin + page - 1) / page * page;
+  const uintptr_t last = outer ? (end + page - 1) / page * page : end / page * page;
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, advice);
+}
+
+}  // namespace
+
+void populate_pages(const TensorView& view) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (uapi/asm-generic/mman-common.h)
+#endif
+  advise_pages(view, /*outer=*/true, MADV_POPULATE_READ);
+}
+
+void release_pages(const TensorView& view) { advise_pages(view, /*outer=*/false, MADV_DONTNEED); }
+
+absl::StatusOr<std::vector<float>> to_f32(const TensorView& view) {
+  std::vector<float> out(is_float(view.dtype) ? static_cast<size_t>(view.numel()) : 0);
+  SIMPLER_RETURN_IF_ERROR(to_f32(view, std::span<float>(out)));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+namespace {
+
+// Writes all of `data` to `fd`.
+absl::Status write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return os_error(errno, "cannot write", path);
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Closes the file and removes it unless committed.
+class TempFile {
+ public:
+  TempFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(path_.c_str());
+  }
+  int fd() const { return fd_; }
+  absl::Status commit(const std::string& final_path) {
+    int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) return os_error(errno, "cannot close", path_);
+    if (::rename(path_.c_str(), final_path.c_str()) != 0) {
+      return os_error(errno, "cannot rename to", final_path);
+    }
+    committed_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+absl::Status write_safetensors(const std::string& path, std::span<const TensorSource> tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) {
+    json meta = json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header[std::string(kMetadataKey)] = meta;
+  }
+  std::vector<uint64_t> sizes;
+  sizes.reserve(tensors.size());
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const TensorSource& t : tensors) {
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write ", path, ": tensor '", t.name, "': ", what));
+    };
+    if (t.name.empty()) return bad("empty name");
+    if (t.name == kMetadataKey) return bad("reserved name");
+    if (!seen.insert(t.name).second) return bad("duplicate name");
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return bad(absl::StrCat("negative dimension in shape ", shape_to_string(t.shape)));
+      if (!checked_mul(numel, static_cast<uint64_t>(d), &numel)) return bad("shape overflows");
+    }
+    uint64_t size = 0;
+    if (!checked_mul(numel, task::size_of(t.dtype), &size)) return bad("shape overflows");
+    if (t.produce) {
+      if (t.bytes.data() != nullptr || !t.bytes.empty()) {
+        return bad("give exactly one of bytes and produce, not both");
+      }
+    } else if (t.bytes.size() != size) {
+      return bad(absl::StrCat(t.bytes.size(), " bytes given, shape ", shape_to_string(t.shape),
+                              " of ", str(task::safetensors_name(t.dtype)), " needs ", size));
+    }
+    header[t.name] = {{"dtype", str(task::safetensors_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + size}}};
+    offset += size;
+    sizes.push_back(size);
+  }
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const json::type_error&) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot write ", path, ": a tensor name or metadata string is not valid UTF-8"));
+  }
+  while (header_text.size() % 8 != 0) header_text.push_back(' ');
+
+  const std::string tmp_path = path + ".tmp";
+  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return os_error(errno, "cannot create", tmp_path);
+  TempFile file(fd, tmp_path);
+
+  uint8_t len_bytes[8];
+  uint64_t len = header_text.size();
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(len >> (8 * i));
+  SIMPLER_RETURN_IF_ERROR(write_all(fd, len_bytes, 8, tmp_path));
+  SIMPLER_RETURN_IF_ERROR(write_all(fd, header_text.data(), header_text.size(), tmp_path));
+
+  constexpr size_t kChunk = 4 << 20;
+  std::vector<std::byte> chunk;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSource& t = tensors[i];
+    if (!t.produce) {
+      if (sizes[i] > 0) SIMPLER_RETURN_IF_ERROR(write_all(fd, t.bytes.data(), sizes[i], tmp_path));
+      continue;
+    }
+    if (chunk.empty()) chunk.resize(kChunk);
+    // Chunks hold whole elements.
+    const size_t step = kChunk - kChunk % task::size_of(t.dtype);
+    for (uint64_t done = 0; done < sizes[i];) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(step, sizes[i] - done));
+      std::span<std::byte> part(chunk.data(), n);
+      absl::Status produced = t.produce(part);
+      if (!produced.ok()) {
+        return base::annotate(produced,
+                              absl::StrCat("writing tensor '", t.name, "' to ", path, ": "));
+      }
+      SIMPLER_RETURN_IF_ERROR(write_all(fd, part.data(), n, tmp_path));
+      done += n;
+    }
+  }
+  return file.commit(path);
+}
+
+}  // namespace simpler::llm
