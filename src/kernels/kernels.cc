@@ -674,10 +674,13 @@ struct ExactFma {
 
 // exp(x) for x <= 0 (x below -87 is taken as -87: exp gives 1.6e-38 instead of a smaller
 // number), to about 2 ulp: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
-// (Cephes expf). Branch-free, so loops over it vectorize.
+// (Cephes expf). NaN gives NaN (a NaN score, from NaN weights or activations, spreads as the
+// vector targets' arithmetic spreads it; the float-to-int conversion below never sees it).
+// Branch-free, so loops over it vectorize.
 template <class F>
 __attribute__((always_inline)) inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
+  const bool nan = x != x;
+  x = nan ? 0.0f : (x < -87.0f ? -87.0f : x);
   // floor(v) for v in [-125, 0.5] without a libm call (baseline x86-64 has no rounding
   // instruction): truncation toward zero, one less where that rounded up.
   const float v = F::fma(x, 1.44269504088896341f, 0.5f);
@@ -693,7 +696,7 @@ __attribute__((always_inline)) inline float exp_nonpositive(float x) {
   p = F::fma(p, r, 5.0000001201e-1f);
   p = F::fma(p * r, r, r) + 1.0f;
   const int32_t e = static_cast<int32_t>(n) + 127;
-  return p * std::bit_cast<float>(e << 23);
+  return nan ? std::numeric_limits<float>::quiet_NaN() : p * std::bit_cast<float>(e << 23);
 }
 
 // a += p·v over n elements (restrict parameters: the vectorizer may assume no overlap).

@@ -713,6 +713,36 @@ void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alon
   *alone_out = std::move(alone);
 }
 
+// A NaN in a cached key (NaN weights or activations upstream) makes that row's scores, and so
+// its output, NaN on every target, without undefined behaviour in the softmax's exp (the
+// sanitizer build checks the float-to-int conversion there); the other rows are untouched.
+TEST(PagedAttentionKernel, ANanKeySpreadsToItsRowOnly) {
+  for (const int64_t d : {40, 64}) {
+    const int64_t B = 2, nh = 2, nkv = 1, pages = 2, ps = 4, max_blocks = 1;
+    std::vector<float> q = random_floats(B * nh * d, 31, -2.0f, 2.0f);
+    std::vector<float> kp = random_floats(pages * ps * nkv * d, 32, -2.0f, 2.0f);
+    std::vector<float> vp = random_floats(pages * ps * nkv * d, 33);
+    kp[1 * d + 3] = NAN;  // page 0, position 1: read by row 0 only
+    std::vector<int32_t> tables = {0, 1};
+    std::vector<int32_t> lens = {3, 4};
+    for (KernelIsa isa :
+         {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+      if (!kernel_isa_available(isa)) continue;
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " on " << name_of(isa));
+      std::vector<float> out(B * nh * d, 0.0f);
+      ASSERT_TRUE(run_blocks(llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn,
+                             paged_attention_args(
+                                 view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
+                                 view(vp, {pages, ps, nkv, d}), view(tables, {B, max_blocks}),
+                                 view(lens, {B}), view(out, {B, nh * d}), 0.125f),
+                             1)
+                      .ok());
+      for (int64_t i = 0; i < nh * d; ++i) EXPECT_TRUE(std::isnan(out[i])) << i;
+      for (int64_t i = nh * d; i < B * nh * d; ++i) EXPECT_TRUE(std::isfinite(out[i])) << i;
+    }
+  }
+}
+
 TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
   const int64_t B = 1, nh = 2, nkv = 1, d = 4, pages = 2, ps = 2, max_blocks = 2;
   std::vector<float> q(B * nh * d, 1.0f), kp(pages * ps * nkv * d), vp(kp.size()), out(B * nh * d);
