@@ -12,9 +12,9 @@
 
 #include "base/test_wait.h"
 #include "gtest/gtest.h"
+#include "hierarchy/endpoint.h"
 #include "llm/engine_test_util.h"
 #include "simpler/device/fault_plan.h"
-#include "simpler/hierarchy/endpoint.h"
 #include "simpler/hierarchy/l3_worker.h"
 #include "simpler/llm/llm_engine.h"
 #include "simpler/llm/make_model.h"
