@@ -5,7 +5,10 @@
 #      directories on the path (c++ -std=c++20 -fsyntax-only -Iinclude -x c++ HEADER).
 # Prints one line per offence naming the header and the offending include; exits 1 on any.
 # Usage: scripts/check_public_headers.sh [HEADER...]   (default: every header under include/)
-# Environment: CXX (default c++), SIMPLER_CHECK_JOBS (default: the CPU count).
+# Environment: CXX (default c++), SIMPLER_CHECK_JOBS (default: the CPU count),
+# SIMPLER_CHECK_CACHE_DIR (default build/check_public_headers; empty = no cache). A header that
+# compiled is not compiled again while it and every file it included (its dependency list, kept
+# in the cache) have the same size and modification time, with the same compiler and flags.
 # Registered as the ctest test `check_public_headers` (label unit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,17 +65,42 @@ done
 
 # 2. Each header on its own, in parallel; a failure prints the compiler's first error lines
 # (they name the include it could not find or the declaration it lacks).
-export cxx
+cache="${SIMPLER_CHECK_CACHE_DIR-build/check_public_headers}"
+[[ -n "$cache" ]] && mkdir -p "$cache"
+export cxx cache
 export extra_flags_joined="${extra_flags[*]:-}"
+export compiler_id
+compiler_id="$("$cxx" --version 2>/dev/null | head -n 1) $(command -v "$cxx") $extra_flags_joined"
+# The key of a header's last pass: the compiler and flags, and the size and mtime of every file
+# its dependency list names (itself first).
+deps_key() {
+  local depfile="$1"
+  { echo "$compiler_id"
+    sed -e 's/^[^:]*://' -e 's/\\$//' "$depfile" | tr -s ' ' '\n' | sed '/^$/d' |
+      xargs -r stat -c '%n %s %Y' 2>&1
+  } | sha256sum | cut -d' ' -f1
+}
+export -f deps_key
 compile_one() {
-  local hdr="$1" out
+  local hdr="$1" out stem
+  stem="${cache:+$cache/$(tr '/' '_' <<<"$hdr")}"
+  if [[ -n "$stem" && -f "$stem.d" && -f "$stem.ok" ]] &&
+    [[ "$(deps_key "$stem.d")" == "$(cat "$stem.ok")" ]]; then
+    return 0
+  fi
+  local dep_flags=()
+  [[ -n "$stem" ]] && dep_flags=(-MD -MF "$stem.d")
   # shellcheck disable=SC2086  # the pkg-config flags split on spaces
-  if ! out="$("$cxx" -std=c++20 -fsyntax-only -Iinclude $extra_flags_joined -x c++ "$hdr" 2>&1)"; then
-    echo "check_public_headers: $hdr does not compile on its own with only include/ and system" \
-      "headers:" >&2
-    grep -m 5 -E 'error|fatal' <<<"$out" | sed 's/^/    /' >&2
+  if ! out="$("$cxx" -std=c++20 -fsyntax-only -Iinclude $extra_flags_joined "${dep_flags[@]}" \
+    -x c++ "$hdr" 2>&1)"; then
+    [[ -n "$stem" ]] && rm -f "$stem.d" "$stem.ok"
+    # One write, so that the messages of parallel compiles do not interleave.
+    printf '%s\n%s\n' \
+      "check_public_headers: $hdr does not compile on its own with only include/ and system headers:" \
+      "$(grep -m 5 -E 'error|fatal' <<<"$out" | sed 's/^/    /')" >&2
     return 1
   fi
+  if [[ -n "$stem" ]]; then deps_key "$stem.d" >"$stem.ok"; fi
 }
 export -f compile_one
 if ! printf '%s\0' "${headers[@]}" | xargs -0 -n 1 -P "$jobs" bash -c 'compile_one "$1"' _; then
