@@ -1,4 +1,4 @@
-#include "simpler/base/poll.h"
+#include "base/poll.h"
 
 #include <atomic>
 #include <thread>

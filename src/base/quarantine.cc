@@ -1,4 +1,4 @@
-#include "simpler/base/quarantine.h"
+#include "base/quarantine.h"
 
 #include <atomic>
 

@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
+#include "base/quarantine.h"
 #include "gtest/gtest.h"
-#include "simpler/base/quarantine.h"
 
 namespace simpler::base {
 namespace {

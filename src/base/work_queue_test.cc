@@ -1,4 +1,4 @@
-#include "simpler/base/work_queue.h"
+#include "base/work_queue.h"
 
 #include <atomic>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "simpler/chip/chip_runtime.h"
+#include "chip/chip_runtime.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "chip/tensor_map.h"
 #include "simpler/base/status.h"
-#include "simpler/chip/tensor_map.h"
 
 namespace simpler::chip {
 

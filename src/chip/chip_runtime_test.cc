@@ -1,4 +1,4 @@
-#include "simpler/chip/chip_runtime.h"
+#include "chip/chip_runtime.h"
 
 #include <algorithm>
 #include <atomic>

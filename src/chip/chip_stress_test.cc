@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "base/test_wait.h"
+#include "chip/chip_runtime.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
-#include "simpler/chip/chip_runtime.h"
 
 namespace simpler::chip {
 namespace {

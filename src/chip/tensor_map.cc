@@ -1,4 +1,4 @@
-#include "simpler/chip/tensor_map.h"
+#include "chip/tensor_map.h"
 
 #include <algorithm>
 

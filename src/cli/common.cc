@@ -5,7 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
-#include "simpler/worker/run_resource_arena.h"
+#include "simpler/worker/worker_stats.h"
 
 namespace simpler::cli {
 

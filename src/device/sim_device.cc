@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/poll.h"
+#include "base/quarantine.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/event.h"
 #include "simpler/base/log.h"
-#include "simpler/base/poll.h"
-#include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"

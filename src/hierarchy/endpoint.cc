@@ -1,4 +1,4 @@
-#include "simpler/hierarchy/endpoint.h"
+#include "hierarchy/endpoint.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -18,13 +18,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/poll.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/log.h"
-#include "simpler/base/poll.h"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread.h"
+#include "worker/run_shared.h"
 
 namespace simpler::hierarchy {
 
@@ -718,7 +719,7 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
   // While this thread polls the doorbell anyway, it also reaps its runs (Worker's polled
   // completion): a short run then finishes without waking the worker's lane thread, which on a
   // machine with few CPUs is one more runnable thread between the device and the terminal state
-  // (docs/benchmarks.md, issue 14). For one poll window from a request's arrival, while that
+  // (docs/benchmarks.md). For one poll window from a request's arrival, while that
   // pays off (base::AdaptivePoll: runs longer than the window are left to the lane thread).
   base::AdaptivePoll completion_poll(kDoorbellSpinNs);
   bool polling = false;

@@ -13,9 +13,9 @@
 
 #include "gtest/gtest.h"
 #include "hierarchy/close_race_test_util.h"
+#include "hierarchy/endpoint.h"
 #include "simpler/base/clock.h"
 #include "simpler/device/fault_plan.h"
-#include "simpler/hierarchy/endpoint.h"
 #include "worker/worker_test_util.h"
 
 namespace simpler::hierarchy {

@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "hierarchy/close_race_test_util.h"
+#include "hierarchy/endpoint.h"
 #include "simpler/base/clock.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/hierarchy/tp_mlp.h"

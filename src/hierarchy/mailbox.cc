@@ -1,4 +1,4 @@
-#include "simpler/hierarchy/mailbox.h"
+#include "hierarchy/mailbox.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -33,7 +33,7 @@ absl::Status errno_status(const char* call) {
 void wait_doorbell(Doorbell& d, uint32_t seen, int64_t timeout_ns, base::AdaptivePoll* poll) {
   // Polls yielding the CPU, while polling pays off: on a machine with few CPUs the thread the
   // ring is waiting for may need this one (measured: a cpu_relax spin there costs the other
-  // side's hop more than the wake-up it saves; docs/benchmarks.md, issue 14).
+  // side's hop more than the wake-up it saves; docs/benchmarks.md).
   const auto moved = [&] { return d.value.load(std::memory_order_acquire) != seen; };
   if (poll != nullptr ? poll->poll(moved, timeout_ns) : moved()) return;
   d.sleepers.fetch_add(1, std::memory_order_seq_cst);

@@ -22,9 +22,9 @@
 #include <cstring>
 
 #include "base/fuzz_check.h"
-#include "simpler/hierarchy/endpoint.h"
-#include "simpler/hierarchy/mailbox.h"
-#include "simpler/hierarchy/run_request.h"
+#include "hierarchy/endpoint.h"
+#include "hierarchy/mailbox.h"
+#include "hierarchy/run_request.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "simpler/hierarchy/mailbox.h"
+#include "hierarchy/mailbox.h"
 
 #include <fcntl.h>
 #include <signal.h>

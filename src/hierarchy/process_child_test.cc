@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "hierarchy/endpoint.h"
 #include "simpler/device/fault_plan.h"
-#include "simpler/hierarchy/endpoint.h"
 #include "worker/worker_test_util.h"
 
 namespace simpler::hierarchy {

@@ -1,4 +1,4 @@
-#include "simpler/hierarchy/run_request.h"
+#include "hierarchy/run_request.h"
 
 #include <cstring>
 

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "base/quarantine.h"
 #include "gtest/gtest.h"
-#include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 #include "simpler/worker/program_library.h"
 #include "worker/worker_test_util.h"

@@ -1,4 +1,4 @@
-#include "simpler/worker/chip_run_lane.h"
+#include "worker/chip_run_lane.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/poll.h"
 #include "simpler/base/log.h"
-#include "simpler/base/poll.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
 
@@ -674,7 +674,7 @@ bool ChipRunLane::await_record(device::LaunchRecord& rec, int64_t expected_end,
     device_polls_.fetch_add(1, std::memory_order_relaxed);
     // Polled yielding the CPU: on a machine with few CPUs the device thread that signals the
     // record may share this thread's CPU, and a pause-spin would hold it off for the whole
-    // spin (docs/benchmarks.md, issue 14: 100 µs per run when the scheduler packed both there).
+    // spin (docs/benchmarks.md: 100 µs per run when the scheduler packed both there).
     if (base::poll_yielding([&rec] { return rec.done.is_signaled(); }, kReapSpinNs)) return true;
     // Woke too early (the timer fired earlier than its usual lateness) or the
     // run overran its prediction: one more timed look, just after the

@@ -6,8 +6,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/quarantine.h"
 #include "simpler/base/clock.h"
-#include "simpler/base/quarantine.h"
 #include "simpler/base/status.h"
 
 namespace simpler::worker {

@@ -4,8 +4,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/poll.h"
 #include "simpler/base/clock.h"
-#include "simpler/base/poll.h"
+#include "worker/run_shared.h"
 
 namespace simpler::worker {
 
@@ -66,6 +67,18 @@ void poll_progress(RunShared& shared, const base::Deadline& deadline) {
 }
 
 }  // namespace
+
+RunHandle::RunHandle(std::shared_ptr<RunShared> shared) : shared_(std::move(shared)) {}
+
+base::RunId RunHandle::id() const { return shared_ ? shared_->id : base::RunId{}; }
+
+bool RunHandle::done() const { return !shared_ || shared_->finalized.is_signaled(); }
+
+RunState RunHandle::state() const {
+  if (!shared_) return RunState::kCancelled;
+  if (shared_->finalized.is_signaled()) return RunState::kRetired;
+  return shared_->state.load(std::memory_order_acquire);
+}
 
 absl::Status RunHandle::wait(double timeout_s) const {
   if (!shared_) return absl::FailedPreconditionError("wait on an empty RunHandle");

@@ -1,4 +1,4 @@
-#include "simpler/worker/run_resource_arena.h"
+#include "worker/run_resource_arena.h"
 
 #include <thread>
 

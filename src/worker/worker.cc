@@ -1,10 +1,15 @@
 #include "simpler/worker/worker.h"
 
+#include <atomic>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
-#include "simpler/base/quarantine.h"
+#include "base/quarantine.h"
 #include "simpler/base/status.h"
+#include "simpler/base/sync.h"
+#include "simpler/base/thread_annotations.h"
+#include "worker/chip_worker.h"
 
 namespace simpler::worker {
 
@@ -78,7 +83,7 @@ absl::Status poison_cause(const absl::Status& refusal,
   return own.ok() ? refusal : own;
 }
 
-// --- ChipWorker ---
+// --- ChipWorker (chip_worker.h) ---
 
 ChipWorker::~ChipWorker() { (void)close(); }
 
@@ -131,56 +136,69 @@ absl::Status ChipWorker::close(const base::Deadline& deadline) {
 
 // --- Worker ---
 
-Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+struct Worker::Impl {
+  explicit Impl(WorkerOptions o) : options(std::move(o)) {}
+
+  absl::Status check_ready() const {
+    if (!initialized) return absl::FailedPreconditionError("Worker used before init()");
+    if (closed) return absl::FailedPreconditionError("Worker used after close()");
+    return absl::OkStatus();
+  }
+
+  const WorkerOptions options;
+  std::vector<std::shared_ptr<const task::ChipCallable>> callables;
+  std::unique_ptr<ChipWorker> chip;
+  // Written by init()/close(), read by every call (acquire/release).
+  std::atomic<bool> initialized{false};
+  std::atomic<bool> closed{false};
+  mutable base::Mutex buffers_mu;
+  std::map<uint64_t, uint64_t> buffers SIMPLER_GUARDED_BY(buffers_mu);  // base -> bytes
+};
+
+Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 Worker::~Worker() { (void)close(); }
 
 absl::StatusOr<CallableHandle> Worker::register_callable(task::ChipCallable callable) {
-  if (initialized_) {
+  if (impl_->initialized) {
     return absl::FailedPreconditionError(
         absl::StrCat("register_callable('", callable.name, "') after init()"));
   }
   SIMPLER_RETURN_IF_ERROR(callable.validate());
-  for (const auto& c : callables_) {
+  for (const auto& c : impl_->callables) {
     if (c->name == callable.name) {
       return absl::InvalidArgumentError(
           absl::StrCat("a callable named '", callable.name, "' is already registered"));
     }
   }
-  callables_.push_back(std::make_shared<const task::ChipCallable>(std::move(callable)));
-  return CallableHandle{static_cast<uint32_t>(callables_.size() - 1)};
+  impl_->callables.push_back(std::make_shared<const task::ChipCallable>(std::move(callable)));
+  return CallableHandle{static_cast<uint32_t>(impl_->callables.size() - 1)};
 }
 
 absl::Status Worker::init() {
-  if (initialized_) return absl::FailedPreconditionError("Worker::init called twice");
-  SIMPLER_RETURN_IF_ERROR(options_.validate());
-  auto chip = std::make_unique<ChipWorker>(options_);
-  SIMPLER_RETURN_IF_ERROR(chip->init(&callables_));
-  chip_ = std::move(chip);
-  initialized_.store(true, std::memory_order_release);  // publishes chip_
-  return absl::OkStatus();
-}
-
-absl::Status Worker::check_ready() const {
-  if (!initialized_) return absl::FailedPreconditionError("Worker used before init()");
-  if (closed_) return absl::FailedPreconditionError("Worker used after close()");
+  if (impl_->initialized) return absl::FailedPreconditionError("Worker::init called twice");
+  SIMPLER_RETURN_IF_ERROR(impl_->options.validate());
+  auto chip = std::make_unique<ChipWorker>(impl_->options);
+  SIMPLER_RETURN_IF_ERROR(chip->init(&impl_->callables));
+  impl_->chip = std::move(chip);
+  impl_->initialized.store(true, std::memory_order_release);  // publishes impl_->chip
   return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceBuffer> Worker::malloc(uint64_t bytes) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
-  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, chip_->device().malloc(bytes));
-  base::MutexLock lock(buffers_mu_);
-  buffers_[addr] = bytes;
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, impl_->chip->device().malloc(bytes));
+  base::MutexLock lock(impl_->buffers_mu);
+  impl_->buffers[addr] = bytes;
   return DeviceBuffer{addr, bytes};
 }
 
 absl::Status Worker::free(const DeviceBuffer& buffer) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
   {
-    base::MutexLock lock(buffers_mu_);
-    auto it = buffers_.find(buffer.address);
-    if (it == buffers_.end()) {
+    base::MutexLock lock(impl_->buffers_mu);
+    auto it = impl_->buffers.find(buffer.address);
+    if (it == impl_->buffers.end()) {
       return absl::NotFoundError(absl::StrCat("free of 0x", absl::Hex(buffer.address),
                                               ": not a live buffer of this Worker"));
     }
@@ -188,59 +206,59 @@ absl::Status Worker::free(const DeviceBuffer& buffer) {
     // register these bytes in between (a run registered after it re-checks
     // its tensors at prepare and is refused).
     const uint64_t address = it->first;
-    SIMPLER_RETURN_IF_ERROR(chip_->lane().release_if_unused(
-        address, it->second, [&] { return chip_->device().free(address); }));
-    buffers_.erase(it);
+    SIMPLER_RETURN_IF_ERROR(impl_->chip->lane().release_if_unused(
+        address, it->second, [&] { return impl_->chip->device().free(address); }));
+    impl_->buffers.erase(it);
   }
   return absl::OkStatus();
 }
 
 absl::Status Worker::copy_to(const DeviceBuffer& dst, const void* src, uint64_t bytes,
                              uint64_t offset) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
   if (offset > dst.bytes || bytes > dst.bytes - offset) {
     return absl::InvalidArgumentError(absl::StrCat("copy_to of ", bytes, " bytes at offset ",
                                                    offset, " exceeds the ", dst.bytes,
                                                    "-byte buffer"));
   }
-  chip_->lane().wait_idle();
-  return chip_->device().copy_to_device(dst.address + offset, src, bytes);
+  impl_->chip->lane().wait_idle();
+  return impl_->chip->device().copy_to_device(dst.address + offset, src, bytes);
 }
 
 absl::Status Worker::copy_from(void* dst, const DeviceBuffer& src, uint64_t bytes,
                                uint64_t offset) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
   if (offset > src.bytes || bytes > src.bytes - offset) {
     return absl::InvalidArgumentError(absl::StrCat("copy_from of ", bytes, " bytes at offset ",
                                                    offset, " exceeds the ", src.bytes,
                                                    "-byte buffer"));
   }
-  chip_->lane().wait_idle();
-  return chip_->device().copy_from_device(dst, src.address + offset, bytes);
+  impl_->chip->lane().wait_idle();
+  return impl_->chip->device().copy_from_device(dst, src.address + offset, bytes);
 }
 
 absl::StatusOr<RunHandle> Worker::submit(CallableHandle callable, const task::TaskArgs& args,
                                          const task::CallConfig& config, double admission_timeout_s,
                                          std::function<void(const RunResult&)> on_finalized) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
-  if (callable.index >= callables_.size()) {
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
+  if (callable.index >= impl_->callables.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown callable handle ", callable.index, " (",
-                                                   callables_.size(), " registered)"));
+                                                   impl_->callables.size(), " registered)"));
   }
-  base::Env& env = options_.env != nullptr ? *options_.env : base::Env::real();
+  base::Env& env = impl_->options.env != nullptr ? *impl_->options.env : base::Env::real();
   SIMPLER_ASSIGN_OR_RETURN(base::Deadline admission, env.deadline_after(admission_timeout_s));
-  return chip_->lane().submit(callables_[callable.index].get(), args, config, admission,
-                              std::move(on_finalized));
+  return impl_->chip->lane().submit(impl_->callables[callable.index].get(), args, config, admission,
+                                    std::move(on_finalized));
 }
 
 void Worker::set_completion_polling(bool on) {
-  if (!check_ready().ok()) return;
-  chip_->lane().set_completion_polling(on);
+  if (!impl_->check_ready().ok()) return;
+  impl_->chip->lane().set_completion_polling(on);
 }
 
 int32_t Worker::poll_completions() {
-  if (!check_ready().ok()) return 0;
-  return chip_->lane().poll_completions();
+  if (!impl_->check_ready().ok()) return 0;
+  return impl_->chip->lane().poll_completions();
 }
 
 absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,
@@ -252,44 +270,46 @@ absl::Status Worker::run(CallableHandle callable, const task::TaskArgs& args,
 absl::Status Worker::close() { return close(base::Deadline::forever()); }
 
 absl::Status Worker::close(const base::Deadline& deadline) {
-  if (!initialized_.load(std::memory_order_acquire)) return absl::OkStatus();
-  if (closed_.exchange(true, std::memory_order_acq_rel)) return absl::OkStatus();
-  return chip_->close(deadline);
+  if (!impl_->initialized.load(std::memory_order_acquire)) return absl::OkStatus();
+  if (impl_->closed.exchange(true, std::memory_order_acq_rel)) return absl::OkStatus();
+  return impl_->chip->close(deadline);
 }
 
 absl::Status Worker::bind(CallableHandle callable, const DeviceBuffer& buffer) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
-  if (callable.index >= callables_.size()) {
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
+  if (callable.index >= impl_->callables.size()) {
     return absl::InvalidArgumentError(absl::StrCat("bind: unknown callable handle ", callable.index,
-                                                   " (", callables_.size(), " registered)"));
+                                                   " (", impl_->callables.size(), " registered)"));
   }
-  base::MutexLock lock(buffers_mu_);  // the buffer stays live while it is bound
-  auto it = buffers_.find(buffer.address);
-  if (it == buffers_.end() || it->second != buffer.bytes) {
-    return absl::NotFoundError(
-        absl::StrCat("bind of 0x", absl::Hex(buffer.address), " (", buffer.bytes, " bytes) to '",
-                     callables_[callable.index]->name, "': not a live buffer of this Worker"));
+  base::MutexLock lock(impl_->buffers_mu);  // the buffer stays live while it is bound
+  auto it = impl_->buffers.find(buffer.address);
+  if (it == impl_->buffers.end() || it->second != buffer.bytes) {
+    return absl::NotFoundError(absl::StrCat(
+        "bind of 0x", absl::Hex(buffer.address), " (", buffer.bytes, " bytes) to '",
+        impl_->callables[callable.index]->name, "': not a live buffer of this Worker"));
   }
-  return chip_->lane().bind(callables_[callable.index].get(), buffer.address, buffer.bytes);
+  return impl_->chip->lane().bind(impl_->callables[callable.index].get(), buffer.address,
+                                  buffer.bytes);
 }
 
 absl::Status Worker::unbind(CallableHandle callable, const DeviceBuffer& buffer) {
-  SIMPLER_RETURN_IF_ERROR(check_ready());
-  if (callable.index >= callables_.size()) {
+  SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
+  if (callable.index >= impl_->callables.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unbind: unknown callable handle ",
-                                                   callable.index, " (", callables_.size(),
+                                                   callable.index, " (", impl_->callables.size(),
                                                    " registered)"));
   }
-  return chip_->lane().unbind(callables_[callable.index].get(), buffer.address);
+  return impl_->chip->lane().unbind(impl_->callables[callable.index].get(), buffer.address);
 }
 
 int32_t Worker::abandoned_threads() const {
-  return chip_ != nullptr ? chip_->abandoned_threads() : 0;
+  return impl_->chip != nullptr ? impl_->chip->abandoned_threads() : 0;
 }
 
-const device::DeviceCaps& Worker::caps() const { return chip_->device().caps(); }
-ArenaCounts Worker::resources() const { return chip_->arena().counts(); }
-LaneStats Worker::lane_stats() const { return chip_->lane().stats(); }
-device::Device& Worker::device() { return chip_->device(); }
+const device::DeviceCaps& Worker::caps() const { return impl_->chip->device().caps(); }
+ArenaCounts Worker::resources() const { return impl_->chip->arena().counts(); }
+LaneStats Worker::lane_stats() const { return impl_->chip->lane().stats(); }
+device::Device& Worker::device() { return impl_->chip->device(); }
+const WorkerOptions& Worker::options() const { return impl_->options; }
 
 }  // namespace simpler::worker

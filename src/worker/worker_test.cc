@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "worker/run_shared.h"
 #include "worker/worker_test_util.h"
 
 namespace simpler::worker {

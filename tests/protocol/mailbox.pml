@@ -1,4 +1,4 @@
-/* The mailbox's frame / entry hand-off (include/simpler/hierarchy/mailbox.h), as SPIN checks it.
+/* The mailbox's frame / entry hand-off (src/hierarchy/mailbox.h), as SPIN checks it.
  *
  * One parent publishes N runs through K = 2 request frames into M = grant + K run-state entries
  * (grant 1 here); one child takes them in cyclic frame order, ACKs each frame, and later writes

@@ -1,4 +1,4 @@
-/* Grant changes of a live mailbox (MailboxParent::regrant, include/simpler/hierarchy/mailbox.h),
+/* Grant changes of a live mailbox (MailboxParent::regrant, src/hierarchy/mailbox.h),
  * as SPIN checks them.
  *
  * A publisher publishes N runs through K = 2 request frames while, concurrently, a regranter

@@ -1,4 +1,4 @@
-/* The mailbox's completion wake-up (include/simpler/hierarchy/mailbox.h, "Waiting"), as SPIN
+/* The mailbox's completion wake-up (src/hierarchy/mailbox.h, "Waiting"), as SPIN
  * checks it.
  *
  * The child writes N terminal states; after each it rings the completion doorbell: it bumps the

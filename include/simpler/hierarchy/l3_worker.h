@@ -4,7 +4,7 @@
 // chip callable on one child (submit_next_level) — and host sub-tasks (submit_sub); a host
 // TensorMap infers the dependencies between them from their tagged tensors (IN / OUT / INOUT;
 // read-after-write, write-after-read, write-after-write, byte-exact), and a scheduler dispatches
-// each task once its inputs are ready: next-level tasks to their child's endpoint (endpoint.h),
+// each task once its inputs are ready: next-level tasks to their child's endpoint (its transport),
 // sub-tasks to a pool of host threads.
 //
 // L3 runs have the L2 run semantics: submit() returns a live RunHandle without waiting for the
@@ -26,10 +26,10 @@
 // news — submit() on the caller's thread, a child's completion on its endpoint's thread or on a
 // thread waiting for a run, a sub-task's end on its pool thread — so no hand-off sits on a run's
 // path. A thread in wait() / result() on an L3 run first collects the children's finished tasks
-// itself (Endpoint::poll), polling up to 50 µs while that pays off for the run's program
-// (worker::RunProgress, base::AdaptivePoll), then sleeps until the endpoints' threads finish the
-// run; while any waiter polls, those threads are not woken for finished runs
-// (Endpoint::set_waiter_polling; the last waiter to stop collects once). Its handle may outlive
+// itself, polling up to 50 µs while that pays off for the run's program
+// (it stops polling for a program whose runs outlast that window), then sleeps until the endpoints'
+// threads finish the run; while any waiter polls, those threads are not woken for finished runs
+// (the last waiter to stop collects once). Its handle may outlive
 // the worker (close() detaches the polling). An orchestration
 // therefore runs on one of those threads with the worker's lock held: it must be quick, must
 // not block, and must not call this worker's methods (they refuse with FAILED_PRECONDITION);
@@ -43,12 +43,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "simpler/hierarchy/endpoint.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/task_args.h"

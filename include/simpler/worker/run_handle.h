@@ -1,17 +1,14 @@
 // RunHandle: the caller's live view of one submitted run.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "simpler/base/event.h"
 #include "simpler/base/ids.h"
-#include "simpler/chip/chip_runtime.h"
+#include "simpler/chip/run_report.h"
 
 namespace simpler::worker {
 
@@ -65,49 +62,8 @@ struct RunResult {
   int32_t effective_depth = 0;
 };
 
-// What wait() and result() do while they poll a run before sleeping (RunShared::progress): they
-// call poll() between looks, yielding the CPU, for poll_window_ns() (at most the wait's timeout),
-// between begin_window() and end_window(), then sleep on the run's event; a poll-once wait, or
-// a window of 0, calls poll() once and opens no window. Implementations are thread-safe; poll()
-// never blocks; end_window() may wait briefly for a collection in progress on another thread,
-// and whatever the run's completion sets off (an L3 scheduler's next dispatch) may run on the
-// waiter's thread inside these calls, before wait() returns.
-class RunProgress {
- public:
-  virtual ~RunProgress() = default;
-  // Moves the run toward completion on the calling thread and returns at once.
-  virtual void poll() = 0;
-  // A waiter's poll window opens / closes on the calling thread (windows of several waiters may
-  // overlap). While one is open, whatever would otherwise be woken to finish the run may stay
-  // asleep (an L3 child endpoint's collector thread); end_window() makes sure nothing that
-  // finished meanwhile is left for a thread that was not woken (it may collect, briefly waiting
-  // for a collection in progress). Called once each per window, end_window() also when the run
-  // finished within it.
-  virtual void begin_window() = 0;
-  virtual void end_window() = 0;
-  // How long this wait polls before sleeping, in ns (0: sleep at once; at most ~50 µs —
-  // ARCHITECTURE.md invariant 9, no waiter spins without bound).
-  virtual int64_t poll_window_ns() = 0;
-  // How a full poll window ended: whether the run finished within it.
-  virtual void polled(bool finished) = 0;
-};
-
-// State shared by a run's lane entry and its handles. Internal.
-struct RunShared {
-  base::RunId id;
-  // Progress while not done: ACCEPTED, PREPARED or LAUNCHED (release by the
-  // lane, acquire by state()). Never a later state: done-ness is `finalized`.
-  std::atomic<RunState> state{RunState::kAccepted};
-  // Signalled at finalize (release); `result` is written before it and is
-  // immutable after.
-  base::Event finalized;
-  RunResult result;
-  std::atomic<bool> delivered{false};
-  // Optional: how a waiter moves this run toward completion on its own thread (an L3 run's
-  // waiter collects its children's finished tasks, so the run's end reaches it without two thread
-  // hand-offs: hierarchy/l3_worker.h). Set before the first handle exists; never changed.
-  std::shared_ptr<RunProgress> progress;
-};
+// State shared by a run's lane entry and its handles; defined by the runtime (private).
+struct RunShared;
 
 // A live handle to one run. Copyable; all copies view the same run. The run
 // finalizes whether or not anyone waits (dropping every handle is fine; close()
@@ -115,16 +71,17 @@ struct RunShared {
 class RunHandle {
  public:
   RunHandle() = default;
-  explicit RunHandle(std::shared_ptr<RunShared> shared) : shared_(std::move(shared)) {}
+  // A handle on `shared` (the runtime makes these; RunShared is private to it).
+  explicit RunHandle(std::shared_ptr<RunShared> shared);
 
   // False for a default-constructed (empty) handle. On an empty handle every
   // call is still defined: id() is RunId{0}, done() is true (there is nothing
   // to wait for), state() is CANCELLED, wait() and result().status are
   // FAILED_PRECONDITION ("... empty RunHandle").
   bool valid() const { return shared_ != nullptr; }
-  base::RunId id() const { return shared_ ? shared_->id : base::RunId{}; }
+  base::RunId id() const;
   // True once the run is finalized and retired (its result is available).
-  bool done() const { return !shared_ || shared_->finalized.is_signaled(); }
+  bool done() const;
   // The run's progress: ACCEPTED, PREPARED or LAUNCHED while not done();
   // RETIRED once done() (how it ended: result().terminal_state). One
   // publication order makes the two agree for every observer: the lane
@@ -133,11 +90,7 @@ class RunHandle {
   // thread that reads RETIRED then calls done() gets true, and done() never
   // turns false again. (A state read first may still be LAUNCHED while a
   // done() read after it is already true: the run finished in between.)
-  RunState state() const {
-    if (!shared_) return RunState::kCancelled;
-    if (shared_->finalized.is_signaled()) return RunState::kRetired;
-    return shared_->state.load(std::memory_order_acquire);
-  }
+  RunState state() const;
 
   // Waits for the run to finalize and returns its status, delivering it (an
   // error delivered here is not reported again by Worker::close()).
@@ -157,12 +110,5 @@ class RunHandle {
  private:
   std::shared_ptr<RunShared> shared_;
 };
-
-// close()'s report (ARCHITECTURE.md invariant 4): of the failed runs in `failed` (in run
-// order), those whose error no wait() / result() delivered are marked delivered, and the first
-// one's status is returned with the count of the others in its message ("... (and 2 more
-// undelivered run errors)"), payloads kept; OK when every error was delivered. Clears `failed`.
-// Not thread-safe with respect to `failed`; the delivered flags are atomic.
-absl::Status report_undelivered(std::vector<std::shared_ptr<RunShared>>* failed);
 
 }  // namespace simpler::worker

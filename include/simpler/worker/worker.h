@@ -1,13 +1,11 @@
-// Worker: the public face of simpler. At level 2 it owns one ChipWorker
-// (one device, one run lane, its run resources).
+// Worker: the public face of simpler. At level 2 it owns one chip: one device, one run lane and
+// its run resources (the runtime's ChipWorker, behind Worker::Impl).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,14 +13,17 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "simpler/base/clock.h"
+#include "simpler/base/env.h"
 #include "simpler/base/trace.h"
-#include "simpler/chip/chip_runtime.h"
+#include "simpler/chip/chip_options.h"
 #include "simpler/device/device.h"
+#include "simpler/device/fault_plan.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
-#include "simpler/worker/chip_run_lane.h"
+#include "simpler/task/task_args.h"
 #include "simpler/worker/run_handle.h"
-#include "simpler/worker/run_resource_arena.h"
+#include "simpler/worker/worker_stats.h"
 
 namespace simpler::worker {
 
@@ -89,35 +90,6 @@ struct DeviceBuffer {
 absl::Status poison_cause(const absl::Status& refusal,
                           absl::FunctionRef<std::optional<RunHandle>(uint64_t run)> find);
 
-// One chip: device, stream, run lane and run resources. Owned by a level-2
-// Worker. Thread-safe after init().
-class ChipWorker {
- public:
-  explicit ChipWorker(WorkerOptions options) : options_(std::move(options)) {}
-  ~ChipWorker();
-  // `callables` must outlive the ChipWorker (or be kept, see close()).
-  absl::Status init(const std::vector<std::shared_ptr<const task::ChipCallable>>* callables);
-  device::Device& device() { return *device_; }
-  ChipRunLane& lane() { return *lane_; }
-  RunResourceArena& arena() { return *arena_; }
-  // Drains the lane (bounded by `deadline`, see ChipRunLane::close) and closes
-  // the device. When the device had to abandon threads stuck in kernels, the
-  // device, the arena (the run records those threads read) and the callables
-  // are kept until the process exits (base::keep_until_exit).
-  absl::Status close(const base::Deadline& deadline = base::Deadline::forever());
-  int32_t abandoned_threads() const { return abandoned_; }
-
- private:
-  WorkerOptions options_;
-  const std::vector<std::shared_ptr<const task::ChipCallable>>* callables_ = nullptr;
-  int32_t abandoned_ = 0;
-  std::shared_ptr<device::Device> device_;
-  device::Stream* stream_ = nullptr;
-  std::shared_ptr<RunResourceArena> arena_;
-  std::unique_ptr<ChipRunLane> lane_;
-  bool closed_ = false;
-};
-
 // The public Worker. Typical use:
 //   Worker w(opts); auto h = w.register_callable(prog); w.init();
 //   auto buf = w.malloc(n); w.copy_to(buf, host, n);
@@ -156,22 +128,30 @@ class Worker {
                        uint64_t offset = 0);
   absl::Status copy_from(void* dst, const DeviceBuffer& src, uint64_t bytes, uint64_t offset = 0);
 
-  // Submits a run and returns its live handle at once (see ChipRunLane::submit
-  // for every error). HOST tensors in `args` are staged: their host memory
-  // must stay valid until the run finalizes. `admission_timeout_s` bounds the
+  // Submits a run and returns its live handle at once. HOST tensors in `args` are staged: their
+  // host memory must stay valid until the run finalizes. Errors found here are returned here:
+  // INVALID_ARGUMENT (unknown callable handle, bad args or config, a tensor outside any live
+  // allocation, a null HOST pointer), FAILED_PRECONDITION (before init / after close; "lane
+  // poisoned by run N: ...", carrying base::poisoned_by; a bound buffer of the callable that is no
+  // longer a live allocation, naming it), DEADLINE_EXCEEDED (no resource set by the admission
+  // timeout), INTERNAL ("run N prepare: ... threw <type>: <what>" when a host-built orchestration
+  // throws; recoverable), device allocation errors while staging, and the device stream's refusal
+  // of this run's launch when it launched in this call ("run N launch: ..."; it poisons the lane).
+  // Later errors are the run's own, delivered by its handle. `admission_timeout_s` bounds the
   // wait for a free resource set (same timeout rules as RunHandle::wait).
   // `on_finalized`, when set, is called with the run's result once its handle is done, on the
   // worker's lane thread (or the completion poller's that reaped it: set_completion_polling),
-  // in run order (ChipRunLane::submit: brief, and never a submit to this
-  // worker or a wait for its runs). A waiter may see the handle done before the call ran; close()
-  // returns only after every call finished (it joins the lane thread). It is called for every
-  // run this returns a handle for; for a run refused here it may or may not be. Being called
-  // delivers nothing: an error only it saw still counts as undelivered at close().
+  // in run order, with no lock held; it must be brief, and never submit to this worker or wait
+  // for its runs (the thread that retires them is the one running it). A waiter may see the handle
+  // done before the call ran; close() returns only after every call finished (it joins the lane
+  // thread). It is called for every run this returns a handle for; for a run refused here it may or
+  // may not be. Being called delivers nothing: an error only it saw still counts as undelivered at
+  // close().
   absl::StatusOr<RunHandle> submit(
       CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
       double admission_timeout_s = std::numeric_limits<double>::infinity(),
       std::function<void(const RunResult&)> on_finalized = {});
-  // Polled completion (ChipRunLane::set_completion_polling / poll_completions): while a caller
+  // Polled completion (as io_uring's IOPOLL, where the submitter reaps by polling): while a caller
   // has it on, the worker's lane thread is not woken for runs and does not reap them; the caller
   // reaps finished runs (in run order, their on_finalized called on its thread) with
   // poll_completions(), which never blocks and returns how many runs retired. Each `true` must be
@@ -197,7 +177,7 @@ class Worker {
   // close(), bounded by `deadline` (the fatal path: an error is known and
   // nothing in flight is wanted any more). Runs still in flight when it
   // passes fail CANCELLED naming the first error's cause and the lane is
-  // poisoned (ChipRunLane::close(deadline)). `deadline` is on
+  // poisoned; launched ones are quarantined (their device use is unproven). `deadline` is on
   // WorkerOptions::env's clock. Returns within about the
   // deadline plus the device's close grace even when a kernel never returns:
   // such a device thread is abandoned (abandoned_threads()).
@@ -207,7 +187,7 @@ class Worker {
   // buffer although it is not among their arguments (a model's weights and
   // KV pool, captured by its orchestration). A bound buffer cannot be freed
   // (free() is FAILED_PRECONDITION naming the callable) until unbind(); each
-  // run of the callable protects it until the run retires (ChipRunLane::bind).
+  // run of the callable protects it like an argument until the run retires.
   // After init(), before close(); thread-safe. Errors: INVALID_ARGUMENT
   // (unknown callable handle), NOT_FOUND (not a live buffer of this Worker,
   // or `buffer.bytes` differs from the allocation), ALREADY_EXISTS (already
@@ -226,20 +206,14 @@ class Worker {
   // Device threads close() had to abandon inside kernels that never returned
   // (see Device::close); 0 normally.
   int32_t abandoned_threads() const;
-  const WorkerOptions& options() const { return options_; }
+  const WorkerOptions& options() const;
   // The device, for layers above that need raw access (tests, benchmarks).
   device::Device& device();
 
  private:
-  absl::Status check_ready() const;
-  WorkerOptions options_;
-  std::vector<std::shared_ptr<const task::ChipCallable>> callables_;
-  std::unique_ptr<ChipWorker> chip_;
-  // Written by init()/close(), read by every call (acquire/release).
-  std::atomic<bool> initialized_{false};
-  std::atomic<bool> closed_{false};
-  mutable base::Mutex buffers_mu_;
-  std::map<uint64_t, uint64_t> buffers_ SIMPLER_GUARDED_BY(buffers_mu_);  // base -> bytes
+  // The chip, the registered callables and the buffer table (worker.cc).
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace simpler::worker

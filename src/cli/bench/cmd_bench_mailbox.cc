@@ -15,12 +15,12 @@
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_stats.h"
 #include "cli/commands.h"
+#include "hierarchy/mailbox.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/hierarchy/l3_worker.h"
-#include "simpler/hierarchy/mailbox.h"
 
 namespace simpler::cli {
 

@@ -9,7 +9,7 @@
 #include "cli/bench/bench_runtime.h"
 #include "cli/commands.h"
 #include "simpler/base/json.h"
-#include "simpler/worker/run_resource_arena.h"
+#include "simpler/worker/worker_stats.h"
 
 namespace simpler::cli {
 

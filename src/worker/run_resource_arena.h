@@ -1,4 +1,4 @@
-// RunResourceArena: the grant-sized pool of run resource sets.
+// RunResourceArena: the grant-sized pool of run resource sets. Private to the runtime.
 #pragma once
 
 #include <array>
@@ -7,19 +7,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "chip/chip_runtime.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/env.h"
 #include "simpler/base/ids.h"
 #include "simpler/base/sync.h"
-#include "simpler/chip/chip_runtime.h"
 #include "simpler/device/device.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/task_args.h"
+#include "simpler/worker/worker_stats.h"
 
 namespace simpler::worker {
-
-// Largest run_grant a Worker accepts.
-inline constexpr int32_t kMaxRunGrant = 1024;
 
 // A device buffer owned by a resource set and reused by the runs that hold the set.
 struct StagingBuffer {
@@ -49,16 +47,6 @@ struct RunRecords {
   chip::RunReport report;
   // Clears everything for the set's next run; vectors keep their capacity.
   void reset();
-};
-
-// Counts of an arena's sets; free + live + quarantined == grant always
-// (ARCHITECTURE.md invariant 3).
-struct ArenaCounts {
-  int32_t free = 0;
-  int32_t live = 0;
-  int32_t quarantined = 0;
-  int32_t grant = 0;
-  int32_t waiting = 0;  // acquire() calls blocked for a free set (backpressure); not a set
 };
 
 // `run_grant` resource sets. A set holds what one run owns while the device

@@ -1,6 +1,7 @@
-// Executes one run on one device: orchestration context, TensorMap
-// dependency inference, a bounded task ring with backpressure, dispatch of
-// ready task blocks to the device's cores, and per-task error attribution.
+// Executes one run on one device: orchestration context, TensorMap dependency
+// inference, a bounded task ring with backpressure, dispatch of ready task
+// blocks to the device's cores, and per-task error attribution. Private to the
+// runtime; its public types are chip_options.h and run_report.h.
 #pragma once
 
 #include <cstdint>
@@ -10,49 +11,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "simpler/chip/chip_options.h"
+#include "simpler/chip/run_report.h"
 #include "simpler/device/device.h"
 #include "simpler/task/callable.h"
 
 namespace simpler::chip {
-
-// Limits of the task ring.
-struct ChipOptions {
-  // Tasks that may be submitted but not yet retired. When the ring is full,
-  // orchestration waits for the oldest tasks to finish (backpressure).
-  uint32_t ring_capacity = 4096;
-  // Arguments one ring slot holds. A task with more can never fit: its run
-  // fails at once with RESOURCE_EXHAUSTED.
-  uint32_t max_task_args = 32;
-  // Largest block_dim of one task.
-  int32_t max_block_dim = 65536;
-  // Tasks a host-built graph image holds. A run that submits more can never
-  // fit its image: it fails at once with RESOURCE_EXHAUSTED.
-  uint32_t max_graph_tasks = 1u << 20;
-
-  // INVALID_ARGUMENT naming the field when a limit is 0.
-  absl::Status validate() const;
-};
-
-// Device timestamps of one task (steady-clock ns; first block start, last
-// block end) and the core that ran its block 0.
-struct TaskTiming {
-  uint32_t task = 0;
-  uint32_t kernel = 0;
-  int32_t core = 0;
-  int32_t block_dim = 1;
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-};
-
-// What one executed run reports besides its status. Written by the device
-// thread executing the run; read by the host after the launch record's event.
-struct RunReport {
-  uint64_t tasks_submitted = 0;
-  uint64_t tasks_completed = 0;    // finished successfully (every block OK)
-  uint64_t tasks_failed = 0;       // finished with an error in some block
-  int64_t first_failed_task = -1;  // the first task that finished failed; -1 = none
-  std::vector<TaskTiming> tasks;   // filled when `record_task_timing`
-};
 
 // Executes `callable` with `args` (already resolved to device tensors) on the
 // device behind `ctx`: runs the orchestration function, which submits tasks

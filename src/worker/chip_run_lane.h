@@ -1,4 +1,5 @@
-// ChipRunLane: the one owner of a lane's runs.
+// ChipRunLane: the one owner of a lane's runs. Private to the runtime (the public Worker owns
+// one through its ChipWorker).
 #pragma once
 
 #include <atomic>
@@ -13,16 +14,18 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "chip/chip_runtime.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/env.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/trace.h"
-#include "simpler/chip/chip_runtime.h"
 #include "simpler/device/device.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
 #include "simpler/worker/run_handle.h"
-#include "simpler/worker/run_resource_arena.h"
+#include "simpler/worker/worker_stats.h"
+#include "worker/run_resource_arena.h"
+#include "worker/run_shared.h"
 
 namespace simpler::worker {
 
@@ -43,15 +46,6 @@ struct LaneOptions {
   // deadline are measured on (not owned; must outlive the lane); null = the
   // real one. Tests pass a base::FakeEnv.
   base::Env* env = nullptr;
-};
-
-// Lane statistics, for tests and benchmarks.
-struct LaneStats {
-  uint64_t submitted = 0;
-  uint64_t retired = 0;
-  uint64_t device_polls = 0;  // completion queries of device launch records
-  int32_t in_flight = 0;      // admitted, not retired
-  int32_t launched = 0;       // launched, completion not yet observed
 };
 
 // One run's lane-side state: identity, state, resource set, staged tensors,
@@ -132,7 +126,7 @@ class ChipRunLane {
   // launched runs alone; the callers reap them with poll_completions(). This takes a thread
   // hand-off (and on a machine with few CPUs a polling lane thread competing for the CPU) out of
   // a short run's path when a thread polls anyway (an L3 child's mailbox server;
-  // docs/benchmarks.md, issue 14). Calls nest (counted); every set_completion_polling(true) must
+  // docs/benchmarks.md). Calls nest (counted); every set_completion_polling(true) must
   // be matched by a false, which wakes the lane thread when runs are left. The lane thread still
   // reaps while the lane closes and while a submit waits for a resource set, so a poller that
   // blocks in submit or stops polling cannot stall the lane; a run that never finishes is

@@ -48,7 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "simpler/base/poll.h"
+#include "base/poll.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread_annotations.h"
 

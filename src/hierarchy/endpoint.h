@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "hierarchy/mailbox.h"
+#include "hierarchy/run_request.h"
 #include "simpler/base/clock.h"
-#include "simpler/hierarchy/mailbox.h"
-#include "simpler/hierarchy/run_request.h"
 #include "simpler/task/callable.h"
 #include "simpler/worker/run_handle.h"
 #include "simpler/worker/worker.h"
@@ -84,7 +84,7 @@ class Endpoint {
   virtual void poll() {}
   // Whether a thread of the parent polls this endpoint (poll()) until told otherwise. While set,
   // the endpoint's own thread is not woken for finished runs — the poller collects them — so it
-  // does not compete with the poller for a CPU (docs/benchmarks.md, issue 14). The owner must
+  // does not compete with the poller for a CPU (docs/benchmarks.md). The owner must
   // keep polling while it is set (a finished run then waits for the owner's next poll; the
   // endpoint's thread still looks by itself about once a second) and must clear it before
   // close(). Clearing it collects once on the calling thread, waiting for a collection in

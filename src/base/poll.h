@@ -13,7 +13,7 @@ namespace simpler::base {
 // Polls `ready()` for up to `poll_ns` nanoseconds, yielding the CPU (sched_yield) between looks;
 // returns ready(). For a bounded wait on an event another thread produces, before sleeping:
 // unlike a cpu_relax spin it hands this CPU to a runnable thread at each look, and on a machine
-// with few CPUs the producer is often that thread (measured in docs/benchmarks.md, issue 14: a
+// with few CPUs the producer is often that thread (measured in docs/benchmarks.md: a
 // pause-spin held the producer off its CPU for the whole spin). Thread-safe (as ready() is).
 template <typename F>
 bool poll_yielding(F&& ready, int64_t poll_ns) {
@@ -48,7 +48,7 @@ bool poll_window(F&& ready, int64_t window_ns, int64_t max_ns, R&& record) {
 // Why it matters: a polling thread stays runnable, and one that shares its CPU with a thread that
 // computes (on the sim device, a kernel) waits behind it for that thread's whole time slice —
 // with nothing to wake it early, since it is not asleep — where a sleeping waiter is woken onto an
-// idle CPU (docs/benchmarks.md, issue 14: L3 runs of 200 µs kernels lost a whole run each second
+// idle CPU (docs/benchmarks.md: L3 runs of 200 µs kernels lost a whole run each second
 // time while the parent's pollers sat behind the kernel). Thread-safe (relaxed atomics: a lost
 // update only shifts one decision).
 class AdaptivePoll {
