@@ -100,9 +100,14 @@ leg() {
 leg "install dependencies"
 scripts/install_deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
 
-leg "format check, function lengths"
+leg "format check, function lengths, no issue references"
 git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror || failed+=("format")
 scripts/check_function_length.py || failed+=("function-length")
+# Docs and comments say what they mean, not which tracker issue asked for it.
+if git grep -nIiE '\bissues? #?[0-9]+' -- . ':!scripts/test.sh'; then
+  echo "test.sh: the lines above name tracker issues; say what is meant instead" >&2
+  failed+=("issue-references")
+fi
 
 leg "llama.cpp peer (npm's node-llama-cpp, for the exported-GGUF test)"
 scripts/build_llamacpp_peer.sh || failed+=("llamacpp-peer")

@@ -122,7 +122,8 @@ class SimDevice final : public Device {
     caps_.platform = "sim";
     caps_.device_id = o.device_id;
     int32_t n = o.num_cores;
-    // Default: one core per hardware thread. Measured on 2 vCPUs (docs/benchmarks.md, issue 12):
+    // Default: one core per hardware thread. Measured on 2 vCPUs (docs/benchmarks-history.md,
+    // "decode, prefill and load at the machine's limits"):
     // against hardware threads - 1, batch-16 decode 145 -> 101 ms, a 512-token prefill
     // 3.2 -> 1.9 s, batch-1 decode and dispatch unchanged; the stream scheduler thread sleeps
     // after a short spin, so it costs the cores little.
@@ -726,9 +727,9 @@ class SimStream final : public Stream {
     while (true) {
       // Between runs the next launch comes from a host thread, which on a machine with few CPUs
       // may be waiting for this very CPU (a child's mailbox server that this thread's wake-up
-      // preempted, say): poll yielding, not pausing (docs/benchmarks.md, issue 14: a pause-spin
-      // here held the submitting thread off its CPU for the whole spin, 20 µs of every L3 run in
-      // process mode). Within a run the core threads pause-spin (device-only hand-offs).
+      // preempted, say): poll yielding, not pausing (docs/benchmarks-history.md, the L3 hierarchy:
+      // a pause-spin here held the submitting thread off its CPU for the whole spin, 20 µs of every
+      // L3 run in process mode). Within a run the core threads pause-spin (device-only hand-offs).
       base::poll_yielding([this] { return ready_.load(std::memory_order_acquire) > 0; },
                           device_->spin_ns());
       Item item;

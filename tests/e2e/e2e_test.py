@@ -48,7 +48,7 @@ Scenarios (`--list` prints them):
                         failing step's own error every time; a request that can never fit the
                         KV pool is refused while the others are served; a known error is
                         reported without waiting out a hung step's timeout
-  bad_input             issue 10: malformed, huge, deep, non-UTF-8 and inconsistent input is an
+  bad_input             malformed, huge, deep, non-UTF-8 and inconsistent input is an
                         error exit naming the file / flag / field, never a crash, hang or silent
                         acceptance
 
@@ -648,7 +648,7 @@ def sse_stream(port, body, headers=None, leave_after=None, timeout=120):
 
 
 def scenario_serve(ctx):
-    """Issue 13 through a real HTTP client and curl: 32 distinct prompts sent concurrently equal
+    """The OpenAI server through a real HTTP client and curl: 32 distinct prompts sent concurrently equal
     their float64 reference tokens; a seeded sampled completion is the same alone and under
     load; 64 concurrent streams with a third of the clients leaving mid-stream (the rest end with
     [DONE], nothing stays running, every page comes back); a corpus of bad requests (curl) each
@@ -768,7 +768,7 @@ def scenario_serve(ctx):
 
 
 def scenario_continuous_batching(ctx):
-    """Issue 11 against the float64 reference: 32 distinct prompts of 1-300 tokens through the
+    """Continuous batching against the float64 reference: 32 distinct prompts of 1-300 tokens through the
     continuous-batching engine at token budgets 1, 7 and 64 and launch depths 1 and 2, and with a KV
     pool small enough to force preemption by recompute: every request's tokens equal the
     reference's, no page is held by two live requests at once; a hang in a step fails the
@@ -1625,7 +1625,7 @@ def scenario_bench_prefill_load(ctx):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad input (issue 10): never a crash, a hang or a silent acceptance
+# Bad input: never a crash, a hang or a silent acceptance
 
 
 def read_st(path):
@@ -1945,7 +1945,7 @@ def scenario_bad_input(ctx):
 
 
 def scenario_bench_mailbox(ctx):
-    """The --json contract of `simpler bench mailbox` (issue 14's keys; numbers are recorded in
+    """The --json contract of `simpler bench mailbox` (the L3 hierarchy's keys; numbers are recorded in
     docs/benchmarks.md, not asserted, except the mailbox sizes, which are arithmetic)."""
     pb = ctx.problems
     p, _ = ctx.run_ok([ctx.simpler, "bench", "mailbox", "--json", "--runs", "40"],
@@ -1998,7 +1998,7 @@ def check_children_gone(pb, stderr, count, label):
 
 
 def scenario_l3_example(ctx):
-    """`simpler l3-example` (issue 14): the tensor-parallel MLP across two sim chips in thread and
+    """`simpler l3-example`: the tensor-parallel MLP across two sim chips in thread and
     process mode — every run within tolerance of the float64 reference and identical results in
     both modes; with SIMPLER_SIM_FAULTS=...process_kill a child SIGKILLs itself: the command fails
     promptly naming the child and the signal, exits non-zero and leaves no process behind."""
@@ -2037,7 +2037,7 @@ def scenario_l3_example(ctx):
 
 
 def scenario_generate_chips(ctx):
-    """`simpler generate --chips N` (issue 14): data parallel over an L3 worker's children —
+    """`simpler generate --chips N`: data parallel over an L3 worker's children —
     distinct requests dealt out across two or three sim chips, each child loading the model
     itself, in process and thread mode — gives every request the tokens (and logits) of the
     single-chip run. With SIMPLER_SIM_FAULTS=...process_kill a child SIGKILLs itself: the command

@@ -178,7 +178,7 @@ class Device {
 struct SimDeviceOptions {
   int32_t device_id = 0;
   // Core threads; 0 = one per hardware thread (chosen by measurement on 2 vCPUs:
-  // docs/benchmarks.md, "Issue 12").
+  // docs/benchmarks-history.md, "decode, prefill and load at the machine's limits").
   int32_t num_cores = 0;
   // Heap capacity in bytes; 0 = limited only by host memory.
   uint64_t memory_bytes = 0;
