@@ -18,6 +18,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,7 +28,9 @@
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/status.h"
 #include "simpler/base/thread.h"
+#include "simpler/task/arg_check.h"
 
 namespace simpler::llm {
 namespace {
@@ -44,96 +47,23 @@ using StridedRowMap = Eigen::Map<RowMatrix, Eigen::Unaligned, Eigen::OuterStride
 using ConstVecMap = Eigen::Map<const Eigen::VectorXf>;
 using VecMap = Eigen::Map<Eigen::VectorXf>;
 
-std::string shape_string(const Tensor& t) {
-  std::vector<int64_t> s(t.shape.begin(), t.shape.begin() + t.rank);
-  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
-}
-
-// Checks a kernel's argument list and names what is wrong.
-class ArgCheck {
- public:
-  ArgCheck(const KernelContext& ctx, const char* kernel) : ctx_(ctx), kernel_(kernel) {}
-
-  absl::Status error(const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(kernel_, ": ", what));
-  }
-
-  absl::Status count(uint32_t n) const {
-    if (ctx_.args == nullptr && ctx_.num_args > 0) return error("argument list is null");
-    if (ctx_.num_args != n) {
-      return error(absl::StrCat("expects ", n, " arguments, got ", ctx_.num_args));
-    }
-    if (ctx_.block_dim < 1 || ctx_.block_idx < 0 || ctx_.block_idx >= ctx_.block_dim) {
-      return error(absl::StrCat("block ", ctx_.block_idx, " outside block_dim ", ctx_.block_dim));
-    }
-    return absl::OkStatus();
-  }
-
-  // Argument `i` (called `name`) must be a contiguous tensor of `dtype`, rank
-  // `rank`; dims in `dims` equal to -1 are free.
-  absl::Status tensor(uint32_t i, const char* name, DataType dtype,
-                      std::initializer_list<int64_t> dims) const {
-    const task::Arg& a = ctx_.args[i];
-    if (a.direction == ArgDirection::kScalar) {
-      return error(absl::StrCat("argument ", i, " (", name, ") must be a tensor, got a scalar"));
-    }
-    const Tensor& t = a.tensor;
-    const int rank = static_cast<int>(dims.size());
-    bool ok = t.dtype == dtype && t.rank == rank && t.is_contiguous();
-    if (ok) {
-      int d = 0;
-      for (int64_t want : dims) {
-        if (want >= 0 && t.shape[d] != want) ok = false;
-        ++d;
-      }
-    }
-    if (ok && t.numel() > 0 && t.address == 0) {
-      return error(absl::StrCat("argument ", i, " (", name, ") has a null address"));
-    }
-    if (!ok) {
-      std::vector<std::string> want;
-      for (int64_t w : dims) want.push_back(w < 0 ? std::string("*") : absl::StrCat(w));
-      return error(absl::StrCat("argument ", i, " (", name, ") must be a contiguous ",
-                                std::string(task::name_of(dtype)), "[", absl::StrJoin(want, ","),
-                                "], got ", std::string(task::name_of(t.dtype)), shape_string(t),
-                                t.is_contiguous() ? "" : " (strided)"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status scalar(uint32_t i, const char* name) const {
-    if (ctx_.args[i].direction != ArgDirection::kScalar) {
-      return error(absl::StrCat("argument ", i, " (", name, ") must be a scalar"));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const KernelContext& ctx_;
-  const char* kernel_;
-};
-
-#define SIMPLER_KERNEL_CHECK(expr)                   \
-  do {                                               \
-    ::absl::Status kernel_status_ = (expr);          \
-    if (!kernel_status_.ok()) return kernel_status_; \
-  } while (0)
+using ArgCheck = task::ArgChecker;
 
 absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
                          bool bf16 = false) {
   ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
-  SIMPLER_KERNEL_CHECK(c.count(3));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
   const Tensor& x = ctx.tensor(0);
   const int64_t rows = x.shape[0];
   const int64_t in = x.shape[1];
   const DataType wt = ctx.args[1].tensor.dtype;
   const DataType w_dtype =
       wt == DataType::kBFloat16 || wt == DataType::kFloat16 ? wt : DataType::kFloat32;
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "W", w_dtype, {-1, in}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "W", w_dtype, {-1, in}));
   const Tensor& w = ctx.tensor(1);
   const int64_t out = w.shape[0];
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
   const Tensor& y = ctx.tensor(2);
   isa = resolve_kernel_isa(isa);
   if (!kernel_isa_available(isa)) {
@@ -440,16 +370,16 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
 
 absl::Status embedding_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "embedding");
-  SIMPLER_KERNEL_CHECK(c.count(3));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "ids", DataType::kInt32, {-1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "ids", DataType::kInt32, {-1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const DataType tt = ctx.args[1].tensor.dtype;
   const DataType table_dtype =
       tt == DataType::kBFloat16 || tt == DataType::kFloat16 ? tt : DataType::kFloat32;
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "table", table_dtype, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "table", table_dtype, {-1, -1}));
   const int64_t vocab = ctx.tensor(1).shape[0];
   const int64_t hidden = ctx.tensor(1).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
   const int32_t* ids = ctx.tensor(0).data<const int32_t>();
   float* out = ctx.tensor(2).data<float>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
@@ -485,13 +415,13 @@ TaskArgs embedding_args(const Tensor& ids, const Tensor& table, const Tensor& ou
 
 absl::Status rms_norm_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "rms_norm");
-  SIMPLER_KERNEL_CHECK(c.count(4));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(4));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const int64_t dim = ctx.tensor(0).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "w", DataType::kFloat32, {dim}));
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, dim}));
-  SIMPLER_KERNEL_CHECK(c.scalar(3, "eps"));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "w", DataType::kFloat32, {dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {rows, dim}));
+  SIMPLER_RETURN_IF_ERROR(c.scalar(3, "eps"));
   const double eps = ctx.scalar_f32(3);
   const float* x = ctx.tensor(0).data<const float>();
   const float* w = ctx.tensor(1).data<const float>();
@@ -546,14 +476,14 @@ TaskArgs matmul_acc_args(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 absl::Status rope_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "rope");
-  SIMPLER_KERNEL_CHECK(c.count(3));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1, -1}));
   const Tensor& x = ctx.tensor(0);
   const int64_t rows = x.shape[0];
   const int64_t heads = x.shape[1];
   const int64_t dim = x.shape[2];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "positions", DataType::kInt32, {rows}));
-  SIMPLER_KERNEL_CHECK(c.scalar(2, "theta"));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "positions", DataType::kInt32, {rows}));
+  SIMPLER_RETURN_IF_ERROR(c.scalar(2, "theta"));
   if (dim % 2 != 0) return c.error(absl::StrCat("head_dim ", dim, " must be even"));
   const double theta = ctx.scalar_f32(2);
   if (!(theta > 0.0)) return c.error(absl::StrCat("theta ", theta, " must be positive"));
@@ -600,17 +530,17 @@ TaskArgs rope_args(const Tensor& x, const Tensor& positions, float theta) {
 
 absl::Status kv_write_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "kv_write");
-  SIMPLER_KERNEL_CHECK(c.count(5));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "k", DataType::kFloat32, {-1, -1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(5));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "k", DataType::kFloat32, {-1, -1, -1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const int64_t n_kv = ctx.tensor(0).shape[1];
   const int64_t dim = ctx.tensor(0).shape[2];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "v", DataType::kFloat32, {rows, n_kv, dim}));
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "slot_mapping", DataType::kInt32, {rows}));
-  SIMPLER_KERNEL_CHECK(c.tensor(3, "k_pool", DataType::kFloat32, {-1, -1, n_kv, dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "v", DataType::kFloat32, {rows, n_kv, dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "slot_mapping", DataType::kInt32, {rows}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(3, "k_pool", DataType::kFloat32, {-1, -1, n_kv, dim}));
   const int64_t pages = ctx.tensor(3).shape[0];
   const int64_t page_size = ctx.tensor(3).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(4, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(4, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
   const int64_t slots = pages * page_size;
   const int64_t row_elems = n_kv * dim;
   const float* k = ctx.tensor(0).data<const float>();
@@ -947,11 +877,11 @@ __attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, flo
   return reduce_lanes(l);
 }
 
+// attend_tile_avx512_dim's scores: scale·q·k for every query of the tile and cached key.
 template <int C>
-__attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile& s,
-                                                               const float* k_pool,
-                                                               const float* v_pool, float* scores,
-                                                               float* acc) {
+__attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTile& s,
+                                                                 const float* k_pool,
+                                                                 float* scores) {
   constexpr int64_t dim = C * kLanes;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
   alignas(64) static const float zeros[dim] = {};
@@ -992,8 +922,15 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
       _mm512_mask_storeu_ps(scores + qi * len + t0, m, sc);
     }
   }
-  float* inv = acc + heads * dim;
-  softmax_weights<true>(s, scores, inv);
+}
+
+// attend_tile_avx512_dim's weighted sums of V (softmax weights in `scores`) into `acc`.
+template <int C>
+__attribute__((target("avx512f"))) void attend_values_avx512_dim(const AttendTile& s,
+                                                                 const float* v_pool,
+                                                                 const float* scores, float* acc) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
   // Weighted sum of V: per query, C accumulators in registers over increasing t, in spans of
   // 32 keys so the span's V rows stay in L1 across the tile's queries.
   constexpr int64_t kSpan = 32;
@@ -1026,6 +963,14 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * kLanes, a[c]);
     }
   }
+}
+
+// The tile's outputs: each query's sum times its inverse softmax total (0 for empty rows).
+template <int C>
+__attribute__((target("avx512f"))) void attend_out_avx512_dim(const AttendTile& s, const float* acc,
+                                                              const float* inv) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t group = s.group, heads = s.rows * group;
   for (int64_t qi = 0; qi < heads; ++qi) {
     float* o = s.out[qi / group] + (qi % group) * dim;
     const float* a = acc + qi * dim;
@@ -1035,6 +980,20 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
     }
     for (int64_t e = 0; e < dim; ++e) o[e] = a[e] * inv[qi];
   }
+}
+
+template <int C>
+__attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile& s,
+                                                               const float* k_pool,
+                                                               const float* v_pool, float* scores,
+                                                               float* acc) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t heads = s.rows * s.group;
+  attend_scores_avx512_dim<C>(s, k_pool, scores);
+  float* inv = acc + heads * dim;
+  softmax_weights<true>(s, scores, inv);
+  attend_values_avx512_dim<C>(s, v_pool, scores, acc);
+  attend_out_avx512_dim<C>(s, acc, inv);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -1066,104 +1025,135 @@ void attend_tile(KernelIsa isa, const AttendTile& s, const float* k_pool, const 
   attend_tile_baseline(s, k_pool, v_pool, scores, acc);
 }
 
+// paged_attention's arguments, checked, and its shape.
+struct PagedAttention {
+  int64_t rows = 0, heads = 0, dim = 0, pages = 0, page_size = 0, n_kv = 0, max_blocks = 0;
+  int64_t group = 0;
+  float scale = 0;
+  const float* q = nullptr;
+  const float* k_pool = nullptr;
+  const float* v_pool = nullptr;
+  const int32_t* block_tables = nullptr;
+  const int32_t* context_lens = nullptr;
+  float* out = nullptr;
+};
+
+absl::StatusOr<PagedAttention> check_paged_attention(const ArgCheck& c, const KernelContext& ctx) {
+  PagedAttention a;
+  SIMPLER_RETURN_IF_ERROR(c.count(7));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "q", DataType::kFloat32, {-1, -1, -1}));
+  a.rows = ctx.tensor(0).shape[0];
+  a.heads = ctx.tensor(0).shape[1];
+  a.dim = ctx.tensor(0).shape[2];
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "k_pool", DataType::kFloat32, {-1, -1, -1, a.dim}));
+  a.pages = ctx.tensor(1).shape[0];
+  a.page_size = ctx.tensor(1).shape[1];
+  a.n_kv = ctx.tensor(1).shape[2];
+  SIMPLER_RETURN_IF_ERROR(
+      c.tensor(2, "v_pool", DataType::kFloat32, {a.pages, a.page_size, a.n_kv, a.dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(3, "block_tables", DataType::kInt32, {a.rows, -1}));
+  a.max_blocks = ctx.tensor(3).shape[1];
+  SIMPLER_RETURN_IF_ERROR(c.tensor(4, "context_lens", DataType::kInt32, {a.rows}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(5, "out", DataType::kFloat32, {a.rows, a.heads * a.dim}));
+  SIMPLER_RETURN_IF_ERROR(c.scalar(6, "scale"));
+  if (a.n_kv <= 0 || a.heads % a.n_kv != 0) {
+    return c.error(
+        absl::StrCat("query heads ", a.heads, " are not a multiple of kv heads ", a.n_kv));
+  }
+  a.scale = ctx.scalar_f32(6);
+  a.group = a.heads / a.n_kv;
+  a.q = ctx.tensor(0).data<const float>();
+  a.k_pool = ctx.tensor(1).data<const float>();
+  a.v_pool = ctx.tensor(2).data<const float>();
+  a.block_tables = ctx.tensor(3).data<const int32_t>();
+  a.context_lens = ctx.tensor(4).data<const int32_t>();
+  a.out = ctx.tensor(5).data<float>();
+  return a;
+}
+
+// Row b's context length and the number of table blocks it uses, checked.
+absl::Status row_context(const ArgCheck& c, const PagedAttention& a, int64_t b, int64_t* len,
+                         int64_t* used) {
+  *len = a.context_lens[b];
+  if (*len < 0 || *len > a.max_blocks * a.page_size) {
+    return c.error(absl::StrCat("context length ", *len, " at row ", b, " is outside [0, ",
+                                a.max_blocks * a.page_size, "] (", a.max_blocks,
+                                " blocks x page size ", a.page_size, ")"));
+  }
+  *used = (*len + a.page_size - 1) / a.page_size;
+  const int32_t* table = a.block_tables + b * a.max_blocks;
+  for (int64_t blk = 0; blk < *used; ++blk) {
+    if (table[blk] < 0 || table[blk] >= a.pages) {
+      return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
+                                  " is outside the pool of ", a.pages, " pages"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tile of kv head g starting at row b0: the consecutive rows (of pairs before `end`) that
+// share their cached positions, up to kMaxTileRows; fills lens, qs and outs.
+absl::StatusOr<AttendTile> next_tile(const ArgCheck& c, const PagedAttention& a, int64_t g,
+                                     int64_t b0, int64_t end, int64_t* lens, const float** qs,
+                                     float** outs) {
+  AttendTile tile{.group = a.group,
+                  .dim = a.dim,
+                  .page_size = a.page_size,
+                  .n_kv = a.n_kv,
+                  .g = g,
+                  .scale = a.scale,
+                  .lens = lens,
+                  .q = qs,
+                  .out = outs};
+  const int64_t rows = a.rows, max_blocks = a.max_blocks;
+  int64_t ref = -1, ref_used = 0;  // the tile's row with the longest context
+  for (int64_t b = b0; tile.rows < kMaxTileRows && b < rows && g * rows + b < end; ++b) {
+    int64_t len = 0, used = 0;
+    SIMPLER_RETURN_IF_ERROR(row_context(c, a, b, &len, &used));
+    const int32_t* table = a.block_tables + b * max_blocks;
+    if (ref >= 0 &&
+        !std::equal(table, table + std::min(used, ref_used), a.block_tables + ref * max_blocks)) {
+      break;  // other cached positions: the next tile starts here
+    }
+    if (ref < 0 || used > ref_used) {
+      ref = b;
+      ref_used = used;
+    }
+    tile.max_len = std::max(tile.max_len, len);
+    lens[tile.rows] = len;
+    qs[tile.rows] = a.q + (b * a.heads + g * a.group) * a.dim;
+    outs[tile.rows] = a.out + b * a.heads * a.dim + g * a.group * a.dim;
+    ++tile.rows;
+  }
+  tile.table = a.block_tables + ref * max_blocks;
+  return tile;
+}
+
 absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "paged_attention");
-  SIMPLER_KERNEL_CHECK(c.count(7));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "q", DataType::kFloat32, {-1, -1, -1}));
-  const int64_t rows = ctx.tensor(0).shape[0];
-  const int64_t heads = ctx.tensor(0).shape[1];
-  const int64_t dim = ctx.tensor(0).shape[2];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "k_pool", DataType::kFloat32, {-1, -1, -1, dim}));
-  const int64_t pages = ctx.tensor(1).shape[0];
-  const int64_t page_size = ctx.tensor(1).shape[1];
-  const int64_t n_kv = ctx.tensor(1).shape[2];
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
-  SIMPLER_KERNEL_CHECK(c.tensor(3, "block_tables", DataType::kInt32, {rows, -1}));
-  const int64_t max_blocks = ctx.tensor(3).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(4, "context_lens", DataType::kInt32, {rows}));
-  SIMPLER_KERNEL_CHECK(c.tensor(5, "out", DataType::kFloat32, {rows, heads * dim}));
-  SIMPLER_KERNEL_CHECK(c.scalar(6, "scale"));
-  if (n_kv <= 0 || heads % n_kv != 0) {
-    return c.error(absl::StrCat("query heads ", heads, " are not a multiple of kv heads ", n_kv));
-  }
+  SIMPLER_ASSIGN_OR_RETURN(const PagedAttention a, check_paged_attention(c, ctx));
   isa = resolve_kernel_isa(isa);
   if (!kernel_isa_available(isa)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "paged_attention: the ", name_of(isa), " path needs ", kernel_isa_requirements(isa),
         ", which this CPU lacks (it has ", available_kernel_isas(), ")"));
   }
-  const float scale = ctx.scalar_f32(6);
-  const int64_t group = heads / n_kv;
-  const float* q = ctx.tensor(0).data<const float>();
-  const float* k_pool = ctx.tensor(1).data<const float>();
-  const float* v_pool = ctx.tensor(2).data<const float>();
-  const int32_t* block_tables = ctx.tensor(3).data<const int32_t>();
-  const int32_t* context_lens = ctx.tensor(4).data<const int32_t>();
-  float* out = ctx.tensor(5).data<float>();
-
   // Work items are (kv head, row) pairs, kv-head-major, split evenly across the blocks; a
   // block's consecutive rows of one kv head that share their cached positions form tiles.
-  const BlockRange r = block_range(rows * n_kv, ctx.block_idx, ctx.block_dim);
+  const BlockRange r = block_range(a.rows * a.n_kv, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
-  // Row b's context length and the number of table blocks it uses, checked.
-  auto row_context = [&](int64_t b, int64_t* len, int64_t* used) -> absl::Status {
-    *len = context_lens[b];
-    if (*len < 0 || *len > max_blocks * page_size) {
-      return c.error(absl::StrCat("context length ", *len, " at row ", b, " is outside [0, ",
-                                  max_blocks * page_size, "] (", max_blocks, " blocks x page size ",
-                                  page_size, ")"));
-    }
-    *used = (*len + page_size - 1) / page_size;
-    const int32_t* table = block_tables + b * max_blocks;
-    for (int64_t blk = 0; blk < *used; ++blk) {
-      if (table[blk] < 0 || table[blk] >= pages) {
-        return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
-                                    " is outside the pool of ", pages, " pages"));
-      }
-    }
-    return absl::OkStatus();
-  };
   std::vector<float> scores, acc;
   int64_t lens[kMaxTileRows];
   const float* qs[kMaxTileRows];
   float* outs[kMaxTileRows];
   for (int64_t pair = r.begin; pair < r.end;) {
-    const int64_t g = pair / rows;
-    const int64_t b0 = pair % rows;
-    AttendTile tile{.group = group,
-                    .dim = dim,
-                    .page_size = page_size,
-                    .n_kv = n_kv,
-                    .g = g,
-                    .scale = scale,
-                    .lens = lens,
-                    .q = qs,
-                    .out = outs};
-    int64_t ref = -1, ref_used = 0;  // the tile's row with the longest context
-    for (int64_t b = b0; tile.rows < kMaxTileRows && b < rows && g * rows + b < r.end; ++b) {
-      int64_t len = 0, used = 0;
-      SIMPLER_KERNEL_CHECK(row_context(b, &len, &used));
-      const int32_t* table = block_tables + b * max_blocks;
-      if (ref >= 0 &&
-          !std::equal(table, table + std::min(used, ref_used), block_tables + ref * max_blocks)) {
-        break;  // other cached positions: the next tile starts here
-      }
-      if (ref < 0 || used > ref_used) {
-        ref = b;
-        ref_used = used;
-      }
-      tile.max_len = std::max(tile.max_len, len);
-      lens[tile.rows] = len;
-      qs[tile.rows] = q + (b * heads + g * group) * dim;
-      outs[tile.rows] = out + b * heads * dim + g * group * dim;
-      ++tile.rows;
-    }
-    tile.table = block_tables + ref * max_blocks;
-    const size_t want_scores = static_cast<size_t>(tile.rows * group * tile.max_len);
+    SIMPLER_ASSIGN_OR_RETURN(const AttendTile tile,
+                             next_tile(c, a, pair / a.rows, pair % a.rows, r.end, lens, qs, outs));
+    const size_t want_scores = static_cast<size_t>(tile.rows * a.group * tile.max_len);
     if (scores.size() < want_scores) scores.resize(want_scores);
-    const size_t want_acc = static_cast<size_t>(tile.rows * group * (dim + 1));
+    const size_t want_acc = static_cast<size_t>(tile.rows * a.group * (a.dim + 1));
     if (acc.size() < want_acc) acc.resize(want_acc);
-    attend_tile(isa, tile, k_pool, v_pool, scores.data(), acc.data());
+    attend_tile(isa, tile, a.k_pool, a.v_pool, scores.data(), acc.data());
     pair += tile.rows;
   }
   return absl::OkStatus();
@@ -1193,12 +1183,12 @@ TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tenso
 
 absl::Status silu_mul_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "silu_mul");
-  SIMPLER_KERNEL_CHECK(c.count(3));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "gate", DataType::kFloat32, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "gate", DataType::kFloat32, {-1, -1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const int64_t cols = ctx.tensor(0).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "up", DataType::kFloat32, {rows, cols}));
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {rows, cols}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "up", DataType::kFloat32, {rows, cols}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {rows, cols}));
   const float* gate = ctx.tensor(0).data<const float>();
   const float* up = ctx.tensor(1).data<const float>();
   float* out = ctx.tensor(2).data<float>();
@@ -1222,29 +1212,14 @@ TaskArgs silu_mul_args(const Tensor& gate, const Tensor& up, const Tensor& out) 
 
 absl::Status add_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "add");
-  SIMPLER_KERNEL_CHECK(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
   const Tensor& a = ctx.tensor(0);
-  if (ctx.args[0].direction == ArgDirection::kScalar) {
-    return c.error("argument 0 (a) must be a tensor, got a scalar");
-  }
-  std::vector<int64_t> dims(a.shape.begin(), a.shape.begin() + a.rank);
-  // Same shape check for all three, built from a's dims.
-  auto same_shape = [&](uint32_t i, const char* name) -> absl::Status {
-    const task::Arg& arg = ctx.args[i];
-    const Tensor& t = arg.tensor;
-    bool ok = arg.direction != ArgDirection::kScalar && t.dtype == DataType::kFloat32 &&
-              t.rank == a.rank && t.is_contiguous() && (t.numel() == 0 || t.address != 0);
-    for (int d = 0; ok && d < a.rank; ++d) ok = t.shape[d] == a.shape[d];
-    if (!ok) {
-      return c.error(absl::StrCat("argument ", i, " (", name, ") must be a contiguous f32",
-                                  shape_string(a), ", got ", std::string(task::name_of(t.dtype)),
-                                  shape_string(t)));
-    }
-    return absl::OkStatus();
-  };
-  SIMPLER_KERNEL_CHECK(same_shape(0, "a"));
-  SIMPLER_KERNEL_CHECK(same_shape(1, "b"));
-  SIMPLER_KERNEL_CHECK(same_shape(2, "out"));
+  // All three are f32 of a's shape.
+  const std::span<const int64_t> dims(a.shape.data(),
+                                      static_cast<size_t>(std::clamp(a.rank, 0, task::kMaxRank)));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "a", DataType::kFloat32, dims));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "b", DataType::kFloat32, dims));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, dims));
   const float* x = a.data<const float>();
   const float* y = ctx.tensor(1).data<const float>();
   float* out = ctx.tensor(2).data<float>();
@@ -1265,13 +1240,13 @@ TaskArgs add_args(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 absl::Status gather_rows_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "gather_rows");
-  SIMPLER_KERNEL_CHECK(c.count(3));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const int64_t cols = ctx.tensor(0).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "rows", DataType::kInt32, {-1}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "rows", DataType::kInt32, {-1}));
   const int64_t n = ctx.tensor(1).shape[0];
-  SIMPLER_KERNEL_CHECK(c.tensor(2, "out", DataType::kFloat32, {n, cols}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {n, cols}));
   const float* x = ctx.tensor(0).data<const float>();
   const int32_t* index = ctx.tensor(1).data<const int32_t>();
   float* out = ctx.tensor(2).data<float>();
@@ -1299,11 +1274,11 @@ TaskArgs gather_rows_args(const Tensor& x, const Tensor& rows, const Tensor& out
 
 absl::Status argmax_kernel(const KernelContext& ctx) {
   ArgCheck c(ctx, "argmax");
-  SIMPLER_KERNEL_CHECK(c.count(2));
-  SIMPLER_KERNEL_CHECK(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.count(2));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
   const int64_t n = ctx.tensor(0).shape[0];
   const int64_t vocab = ctx.tensor(0).shape[1];
-  SIMPLER_KERNEL_CHECK(c.tensor(1, "ids", DataType::kInt32, {n}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "ids", DataType::kInt32, {n}));
   if (vocab < 1) return c.error("logits have an empty vocabulary dimension");
   if (vocab > std::numeric_limits<int32_t>::max()) {
     return c.error(absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/status.h"
 #include "simpler/kernels/kernels.h"
+#include "simpler/task/arg_check.h"
 
 namespace simpler::llm {
 namespace {
@@ -21,54 +23,6 @@ using task::TaskArgs;
 using task::Tensor;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-absl::Status kernel_error(const char* kernel, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(kernel, ": ", what));
-}
-
-// Argument `i` must be a contiguous tensor of `dtype` with rank dims.size(); -1 dims are free.
-absl::Status check_tensor(const KernelContext& ctx, const char* kernel, uint32_t i,
-                          const char* name, DataType dtype, std::initializer_list<int64_t> dims) {
-  const task::Arg& a = ctx.args[i];
-  if (a.direction == ArgDirection::kScalar) {
-    return kernel_error(kernel, absl::StrCat("argument ", i, " (", name, ") must be a tensor"));
-  }
-  const Tensor& t = a.tensor;
-  bool ok = t.dtype == dtype && t.rank == static_cast<int>(dims.size()) && t.is_contiguous();
-  int d = 0;
-  for (int64_t want : dims) {
-    if (ok && want >= 0 && t.shape[d] != want) ok = false;
-    ++d;
-  }
-  if (!ok) {
-    return kernel_error(
-        kernel, absl::StrCat("argument ", i, " (", name, ") must be a contiguous ",
-                             std::string(task::name_of(dtype)), " tensor of rank ", dims.size(),
-                             " and the documented shape, got ", t.debug_string()));
-  }
-  if (t.numel() > 0 && t.address == 0) {
-    return kernel_error(kernel, absl::StrCat("argument ", i, " (", name, ") has a null address"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status check_count(const KernelContext& ctx, const char* kernel, uint32_t n) {
-  if (ctx.args == nullptr && ctx.num_args > 0) return kernel_error(kernel, "argument list is null");
-  if (ctx.num_args != n) {
-    return kernel_error(kernel, absl::StrCat("expects ", n, " arguments, got ", ctx.num_args));
-  }
-  if (ctx.block_dim < 1 || ctx.block_idx < 0 || ctx.block_idx >= ctx.block_dim) {
-    return kernel_error(
-        kernel, absl::StrCat("block ", ctx.block_idx, " outside block_dim ", ctx.block_dim));
-  }
-  return absl::OkStatus();
-}
-
-#define SIMPLER_SAMPLING_CHECK(expr)               \
-  do {                                             \
-    ::absl::Status check_status_ = (expr);         \
-    if (!check_status_.ok()) return check_status_; \
-  } while (0)
 
 inline uint32_t mulhi(uint32_t a, uint32_t b) {
   return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
@@ -195,7 +149,19 @@ void apply_penalties(const SamplingParams& p, const int32_t* counts, int64_t num
   }
 }
 
-void sampling_weights(const SamplingParams& p, const float* penalized, int64_t vocab, double* w) {
+namespace {
+
+// "Weight descending, ties by lower index first" (so ascending order puts the higher index
+// first, as a stable ascending sort of the reversed order would).
+struct WeightOrder {
+  const double* w;
+  bool operator()(int64_t a, int64_t b) const { return w[a] != w[b] ? w[a] > w[b] : a < b; }
+};
+
+// Unnormalized probabilities exp(l/T − max), then the min_p cut. False (every weight 0) when
+// no logit is finite.
+bool temperature_weights(const SamplingParams& p, const float* penalized, int64_t vocab,
+                         double* w) {
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
   double max_l = -std::numeric_limits<double>::infinity();
   for (int64_t t = 0; t < vocab; ++t) {
@@ -204,7 +170,7 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
   }
   if (!std::isfinite(max_l)) {  // nothing finite: every weight 0 (the caller picks greedily)
     std::fill(w, w + vocab, 0.0);
-    return;
+    return false;
   }
   // Unnormalized probabilities exp(l − max); max weight is 1.
   for (int64_t t = 0; t < vocab; ++t) {
@@ -218,27 +184,25 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
       if (w[t] < thr) w[t] = 0.0;
     }
   }
-  const bool top_k_on = p.top_k > 0 && p.top_k < vocab;
-  const bool top_p_on = p.top_p < 1.0f;
-  if (!top_k_on && !top_p_on) return;
-  // Survivors in the order "weight descending, ties by lower index first" (so ascending order
-  // puts the higher index first, as a stable ascending sort of the reversed order would).
-  auto before = [&](int64_t a, int64_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; };
-  std::vector<int64_t> order;
-  order.reserve(static_cast<size_t>(vocab));
-  for (int64_t t = 0; t < vocab; ++t) {
-    if (w[t] > 0.0) order.push_back(t);
-  }
-  if (top_k_on && static_cast<int64_t>(order.size()) > p.top_k) {
-    // The k-th largest weight (exp is monotone: the k-th largest logit); ties with it stay.
-    std::nth_element(order.begin(), order.begin() + (p.top_k - 1), order.end(), before);
-    const double kth = w[order[p.top_k - 1]];
-    auto kept_end =
-        std::partition(order.begin(), order.end(), [&](int64_t t) { return w[t] >= kth; });
-    for (auto it = kept_end; it != order.end(); ++it) w[*it] = 0.0;
-    order.erase(kept_end, order.end());
-  }
-  if (!top_p_on || order.empty()) return;
+  return true;
+}
+
+// top_k over the survivors in `order`: zeroes and drops those below the k-th largest weight.
+void cut_top_k(const SamplingParams& p, double* w, std::vector<int64_t>& order) {
+  if (static_cast<int64_t>(order.size()) <= p.top_k) return;
+  // The k-th largest weight (exp is monotone: the k-th largest logit); ties with it stay.
+  std::nth_element(order.begin(), order.begin() + (p.top_k - 1), order.end(), WeightOrder{w});
+  const double kth = w[order[p.top_k - 1]];
+  auto kept_end =
+      std::partition(order.begin(), order.end(), [&](int64_t t) { return w[t] >= kth; });
+  for (auto it = kept_end; it != order.end(); ++it) w[*it] = 0.0;
+  order.erase(kept_end, order.end());
+}
+
+// top_p over the (non-empty) survivors in `order`: zeroes the smallest tokens while their
+// ascending inclusive cumulative probability is ≤ 1 − top_p.
+void cut_top_p(const SamplingParams& p, double* w, std::vector<int64_t>& order) {
+  const WeightOrder before{w};
   double total = 0.0;
   for (int64_t t : order) total += w[t];
   // Ascending inclusive cumulative sum from the smallest; drop while it is ≤ 1 − top_p.
@@ -281,43 +245,25 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
   }
 }
 
-SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const float* logits,
-                        const int32_t* counts, int64_t vocab) {
-  SampleResult r;
-  std::fill(std::begin(r.top_logprobs), std::end(r.top_logprobs), kNegInf);
-  // 1. Raw logprobs: log_softmax in f64 (not computed at all for logprobs = -1).
-  double lse = 0.0;
-  if (p.logprobs >= 0) {
-    double max_raw = -std::numeric_limits<double>::infinity();
+// log Σ exp(logits) in f64 over the non-NaN logits (the max itself when none is finite).
+double log_sum_exp(const float* logits, int64_t vocab) {
+  double max_raw = -std::numeric_limits<double>::infinity();
+  for (int64_t t = 0; t < vocab; ++t) {
+    max_raw = std::max(max_raw, static_cast<double>(logits[t]));
+  }
+  double sum = 0.0;
+  if (std::isfinite(max_raw)) {
     for (int64_t t = 0; t < vocab; ++t) {
-      max_raw = std::max(max_raw, static_cast<double>(logits[t]));
+      if (!std::isnan(logits[t])) sum += std::exp(static_cast<double>(logits[t]) - max_raw);
     }
-    double sum = 0.0;
-    if (std::isfinite(max_raw)) {
-      for (int64_t t = 0; t < vocab; ++t) {
-        if (!std::isnan(logits[t])) sum += std::exp(static_cast<double>(logits[t]) - max_raw);
-      }
-    }
-    lse = std::isfinite(max_raw) ? max_raw + std::log(sum) : max_raw;
   }
-  auto raw_logprob = [&](int64_t t) {
-    return static_cast<float>(static_cast<double>(logits[t]) - lse);
-  };
+  return std::isfinite(max_raw) ? max_raw + std::log(sum) : max_raw;
+}
 
-  // 2–3. Penalties on a copy, when any applies (otherwise the raw logits are read as they are).
-  const bool mask_stops = row.num_generated < p.min_tokens;
-  const bool penalize =
-      counts != nullptr &&
-      (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
-  std::vector<float> pen_copy;
-  const float* pen = logits;
-  if (mask_stops || penalize) {
-    pen_copy.assign(logits, logits + vocab);
-    apply_penalties(p, counts, row.num_generated, pen_copy.data(), vocab);
-    pen = pen_copy.data();
-  }
-
-  int64_t chosen = -1;
+// The sampled token of the penalized logits `pen`: a weighted draw at temperature, else (or
+// when no finite logit survived) the first largest.
+int64_t choose_token(const SamplingParams& p, const SampleRowInfo& row, const float* pen,
+                     int64_t vocab) {
   if (p.temperature >= kGreedyTemperature) {
     std::vector<double> w(static_cast<size_t>(vocab));
     sampling_weights(p, pen, vocab, w.data());
@@ -334,35 +280,78 @@ SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const
         last = t;
         if (cum > target) break;
       }
-      chosen = last;  // rounding can leave cum ≤ target at the end: the last survivor
+      return last;  // rounding can leave cum ≤ target at the end: the last survivor
     }
   }
-  if (chosen < 0) {  // greedy, or no finite logit survived
-    float best = kNegInf;
-    chosen = 0;
-    for (int64_t t = 0; t < vocab; ++t) {
-      if (pen[t] > best) {
-        best = pen[t];
-        chosen = t;
-      }
+  // greedy, or no finite logit survived
+  float best = kNegInf;
+  int64_t chosen = 0;
+  for (int64_t t = 0; t < vocab; ++t) {
+    if (pen[t] > best) {
+      best = pen[t];
+      chosen = t;
     }
   }
-  r.id = static_cast<int32_t>(chosen);
-  r.logprob = p.logprobs >= 0 ? raw_logprob(chosen) : 0.0f;
+  return chosen;
+}
 
-  if (p.logprobs > 0) {
-    const int n = std::min<int64_t>(p.logprobs, vocab);
-    std::vector<int64_t> idx(static_cast<size_t>(vocab));
-    std::iota(idx.begin(), idx.end(), int64_t{0});
-    auto key = [&](int64_t t) { return std::isnan(logits[t]) ? kNegInf : logits[t]; };
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int64_t a, int64_t b) {
-      return key(a) != key(b) ? key(a) > key(b) : a < b;
-    });
-    for (int j = 0; j < n; ++j) {
-      r.top_ids[j] = static_cast<int32_t>(idx[j]);
-      r.top_logprobs[j] = raw_logprob(idx[j]);
-    }
+// The top p.logprobs raw logits (NaN lowest, ties by lower index) with their logprobs.
+void fill_top_logprobs(const SamplingParams& p, const float* logits, int64_t vocab, double lse,
+                       SampleResult& r) {
+  const int n = std::min<int64_t>(p.logprobs, vocab);
+  std::vector<int64_t> idx(static_cast<size_t>(vocab));
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  auto key = [&](int64_t t) { return std::isnan(logits[t]) ? kNegInf : logits[t]; };
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int64_t a, int64_t b) {
+    return key(a) != key(b) ? key(a) > key(b) : a < b;
+  });
+  for (int j = 0; j < n; ++j) {
+    r.top_ids[j] = static_cast<int32_t>(idx[j]);
+    r.top_logprobs[j] = static_cast<float>(static_cast<double>(logits[idx[j]]) - lse);
   }
+}
+
+}  // namespace
+
+void sampling_weights(const SamplingParams& p, const float* penalized, int64_t vocab, double* w) {
+  if (!temperature_weights(p, penalized, vocab, w)) return;
+  const bool top_k_on = p.top_k > 0 && p.top_k < vocab;
+  const bool top_p_on = p.top_p < 1.0f;
+  if (!top_k_on && !top_p_on) return;
+  // Survivors, in index order.
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(vocab));
+  for (int64_t t = 0; t < vocab; ++t) {
+    if (w[t] > 0.0) order.push_back(t);
+  }
+  if (top_k_on) cut_top_k(p, w, order);
+  if (!top_p_on || order.empty()) return;
+  cut_top_p(p, w, order);
+}
+
+SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const float* logits,
+                        const int32_t* counts, int64_t vocab) {
+  SampleResult r;
+  std::fill(std::begin(r.top_logprobs), std::end(r.top_logprobs), kNegInf);
+  // 1. Raw logprobs: log_softmax in f64 (not computed at all for logprobs = -1).
+  const double lse = p.logprobs >= 0 ? log_sum_exp(logits, vocab) : 0.0;
+  // 2–3. Penalties on a copy, when any applies (otherwise the raw logits are read as they are).
+  const bool mask_stops = row.num_generated < p.min_tokens;
+  const bool penalize =
+      counts != nullptr &&
+      (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+  std::vector<float> pen_copy;
+  const float* pen = logits;
+  if (mask_stops || penalize) {
+    pen_copy.assign(logits, logits + vocab);
+    apply_penalties(p, counts, row.num_generated, pen_copy.data(), vocab);
+    pen = pen_copy.data();
+  }
+  const int64_t chosen = choose_token(p, row, pen, vocab);
+  r.id = static_cast<int32_t>(chosen);
+  r.logprob =
+      p.logprobs >= 0 ? static_cast<float>(static_cast<double>(logits[chosen]) - lse) : 0.0f;
+  if (p.logprobs > 0) fill_top_logprobs(p, logits, vocab, lse, r);
   return r;
 }
 
@@ -374,22 +363,21 @@ std::vector<task::Kernel> sampling_kernels() {
 
 absl::Status token_counts_kernel(const KernelContext& ctx) {
   constexpr const char* kName = "token_counts";
-  SIMPLER_SAMPLING_CHECK(check_count(ctx, kName, 4));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 0, "ids", DataType::kInt32, {-1}));
+  const task::ArgChecker c(ctx, kName);
+  SIMPLER_RETURN_IF_ERROR(c.count(4));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "ids", DataType::kInt32, {-1}));
   const int64_t n = ctx.tensor(0).shape[0];
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 1, "slots", DataType::kInt32, {n}));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 2, "counts", DataType::kInt32, {-1, -1}));
-  if (ctx.args[3].direction != ArgDirection::kScalar) {
-    return kernel_error(kName, "argument 3 (mode) must be a scalar");
-  }
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "slots", DataType::kInt32, {n}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "counts", DataType::kInt32, {-1, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.scalar(3, "mode"));
   if (ctx.block_dim != 1) {
-    return kernel_error(kName, absl::StrCat("needs block_dim 1, got ", ctx.block_dim));
+    return c.error(absl::StrCat("needs block_dim 1, got ", ctx.block_dim));
   }
   const int64_t slots_n = ctx.tensor(2).shape[0];
   const int64_t vocab = ctx.tensor(2).shape[1];
   const uint64_t mode = ctx.scalar(3);
   if (mode > static_cast<uint64_t>(TokenCountsMode::kGenerated)) {
-    return kernel_error(kName, absl::StrCat("unknown mode ", mode));
+    return c.error(absl::StrCat("unknown mode ", mode));
   }
   const int32_t* ids = ctx.tensor(0).data<const int32_t>();
   const int32_t* slots = ctx.tensor(1).data<const int32_t>();
@@ -398,8 +386,7 @@ absl::Status token_counts_kernel(const KernelContext& ctx) {
     const int64_t s = slots[j];
     if (s < 0) continue;
     if (s >= slots_n) {
-      return kernel_error(
-          kName, absl::StrCat("entry ", j, ": slot ", s, " is outside [0, ", slots_n, ")"));
+      return c.error(absl::StrCat("entry ", j, ": slot ", s, " is outside [0, ", slots_n, ")"));
     }
     int32_t* row = counts + s * vocab;
     if (mode == static_cast<uint64_t>(TokenCountsMode::kClear)) {
@@ -408,15 +395,15 @@ absl::Status token_counts_kernel(const KernelContext& ctx) {
     }
     const int64_t id = ids[j];
     if (id < 0 || id >= vocab) {
-      return kernel_error(kName, absl::StrCat("entry ", j, ": token id ", id,
-                                              " is outside the vocabulary [0, ", vocab, ")"));
+      return c.error(absl::StrCat("entry ", j, ": token id ", id, " is outside the vocabulary [0, ",
+                                  vocab, ")"));
     }
     if (mode == static_cast<uint64_t>(TokenCountsMode::kPrompt)) {
       row[id] |= 1;
     } else {
       if (row[id] > std::numeric_limits<int32_t>::max() - 2) {
-        return kernel_error(kName, absl::StrCat("entry ", j, ": count of token ", id, " in slot ",
-                                                s, " would overflow"));
+        return c.error(
+            absl::StrCat("entry ", j, ": count of token ", id, " in slot ", s, " would overflow"));
       }
       row[id] += 2;
     }
@@ -438,24 +425,22 @@ TaskArgs token_counts_args(const Tensor& ids, const Tensor& slots, const Tensor&
 
 absl::Status sample_kernel(const KernelContext& ctx) {
   constexpr const char* kName = "sample";
-  SIMPLER_SAMPLING_CHECK(check_count(ctx, kName, 8));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 0, "logits", DataType::kFloat32, {-1, -1}));
+  const task::ArgChecker c(ctx, kName);
+  SIMPLER_RETURN_IF_ERROR(c.count(8));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const int64_t vocab = ctx.tensor(0).shape[1];
   constexpr int64_t kParamBytes = sizeof(SamplingParams);
-  SIMPLER_SAMPLING_CHECK(
-      check_tensor(ctx, kName, 1, "params", DataType::kUInt8, {rows, kParamBytes}));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 2, "rows", DataType::kInt32, {rows, 4}));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 3, "counts", DataType::kInt32, {-1, vocab}));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 4, "out_ids", DataType::kInt32, {rows}));
-  SIMPLER_SAMPLING_CHECK(check_tensor(ctx, kName, 5, "out_logprobs", DataType::kFloat32, {rows}));
-  SIMPLER_SAMPLING_CHECK(
-      check_tensor(ctx, kName, 6, "top_ids", DataType::kInt32, {rows, kMaxLogprobs}));
-  SIMPLER_SAMPLING_CHECK(
-      check_tensor(ctx, kName, 7, "top_logprobs", DataType::kFloat32, {rows, kMaxLogprobs}));
-  if (vocab < 1) return kernel_error(kName, "logits have an empty vocabulary dimension");
+  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "params", DataType::kUInt8, {rows, kParamBytes}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "rows", DataType::kInt32, {rows, 4}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(3, "counts", DataType::kInt32, {-1, vocab}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(4, "out_ids", DataType::kInt32, {rows}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(5, "out_logprobs", DataType::kFloat32, {rows}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(6, "top_ids", DataType::kInt32, {rows, kMaxLogprobs}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(7, "top_logprobs", DataType::kFloat32, {rows, kMaxLogprobs}));
+  if (vocab < 1) return c.error("logits have an empty vocabulary dimension");
   if (vocab > std::numeric_limits<int32_t>::max()) {
-    return kernel_error(kName, absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));
+    return c.error(absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));
   }
   const int64_t slots_n = ctx.tensor(3).shape[0];
   const float* logits = ctx.tensor(0).data<const float>();
@@ -471,17 +456,16 @@ absl::Status sample_kernel(const KernelContext& ctx) {
     SamplingParams p;
     std::memcpy(&p, params + r * kParamBytes, sizeof(p));  // the tensor is only byte-aligned
     if (absl::Status s = p.validate(vocab); !s.ok()) {
-      return kernel_error(kName, absl::StrCat("row ", r, ": ", s.message()));
+      return c.error(absl::StrCat("row ", r, ": ", s.message()));
     }
     SampleRowInfo ri{info[r * 4], info[r * 4 + 1], info[r * 4 + 2], info[r * 4 + 3]};
     if (ri.slot < -1 || ri.slot >= slots_n) {
-      return kernel_error(
-          kName, absl::StrCat("row ", r, ": slot ", ri.slot, " is outside [-1, ", slots_n, ")"));
+      return c.error(
+          absl::StrCat("row ", r, ": slot ", ri.slot, " is outside [-1, ", slots_n, ")"));
     }
     if (ri.position < 0 || ri.choice < 0 || ri.num_generated < 0) {
-      return kernel_error(
-          kName, absl::StrCat("row ", r, ": position ", ri.position, ", choice ", ri.choice,
-                              " and num_generated ", ri.num_generated, " must be >= 0"));
+      return c.error(absl::StrCat("row ", r, ": position ", ri.position, ", choice ", ri.choice,
+                                  " and num_generated ", ri.num_generated, " must be >= 0"));
     }
     const SampleResult res = sample_row(p, ri, logits + r * vocab,
                                         ri.slot >= 0 ? counts + ri.slot * vocab : nullptr, vocab);

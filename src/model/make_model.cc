@@ -94,29 +94,32 @@ std::string shard_name(int index, int count) {
 }  // namespace
 
 absl::StatusOr<ModelConfig> preset_config(std::string_view preset, const ModelConfigOverrides& o) {
-  ModelConfig c;
-  if (preset == "tiny") {
-    c.hidden_size = 128;
-    c.intermediate_size = 384;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 64;
-    c.vocab_size = 151936;
-    c.max_position_embeddings = 4096;
-  } else if (preset == "qwen3-0.6b") {
-    c.hidden_size = 1024;
-    c.intermediate_size = 3072;
-    c.num_hidden_layers = 28;
-    c.num_attention_heads = 16;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-    c.vocab_size = 151936;
-    c.max_position_embeddings = 40960;
-  } else {
+  // name, hidden, intermediate, layers, heads, kv heads, head_dim, vocab, max positions.
+  struct Preset {
+    std::string_view name;
+    int64_t hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_positions;
+  };
+  static constexpr Preset kPresets[] = {
+      {"tiny", 128, 384, 2, 4, 2, 64, 151936, 4096},
+      {"qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, 40960},
+  };
+  const Preset* found = nullptr;
+  for (const Preset& p : kPresets) {
+    if (p.name == preset) found = &p;
+  }
+  if (found == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", std::string(preset),
                                                    "' (expected tiny or qwen3-0.6b)"));
   }
+  ModelConfig c;
+  c.hidden_size = found->hidden;
+  c.intermediate_size = found->intermediate;
+  c.num_hidden_layers = found->layers;
+  c.num_attention_heads = found->heads;
+  c.num_key_value_heads = found->kv_heads;
+  c.head_dim = found->head_dim;
+  c.vocab_size = found->vocab;
+  c.max_position_embeddings = found->max_positions;
   c.rope_theta = 1e6;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = true;
@@ -145,6 +148,126 @@ absl::StatusOr<ModelConfig> preset_config(std::string_view preset, const ModelCo
   return c;
 }
 
+namespace {
+
+// tokenizer.json and tokenizer_config.json of options.tokenizer_dir (none when it is empty).
+absl::StatusOr<std::vector<fs::path>> find_tokenizer_files(const MakeModelOptions& options) {
+  std::vector<fs::path> tokenizer_files;
+  if (options.tokenizer_dir.empty()) return tokenizer_files;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::path p = fs::path(options.tokenizer_dir) / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec)) {
+      return absl::NotFoundError(absl::StrCat(
+          "tokenizer file ", p.string(), " not found (tokenizer_dir ", options.tokenizer_dir, ")"));
+    }
+    tokenizer_files.push_back(p);
+  }
+  return tokenizer_files;
+}
+
+// Creates `out` and removes weights of an earlier model so it holds exactly one checkpoint.
+absl::Status prepare_out_dir(const fs::path& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create ", out.string(), ": ", ec.message()));
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(out, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.starts_with("model-") && name.ends_with(".safetensors");
+    if (shard || name == "model.safetensors" || name == "model.safetensors.index.json") {
+      fs::remove(entry.path(), ec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each tensor's shard: contiguous runs of about total/shards bytes, none empty.
+std::vector<int> assign_shards(const std::vector<uint64_t>& bytes, uint64_t total, int shards) {
+  const uint64_t target = (total + shards - 1) / shards;
+  std::vector<int> shard_of(bytes.size());
+  int shard = 0;
+  uint64_t in_shard = 0;
+  size_t count = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const size_t remaining = bytes.size() - i;
+    const int later_shards = shards - 1 - shard;
+    if (count > 0 && later_shards > 0 &&
+        (in_shard + bytes[i] > target || remaining <= static_cast<size_t>(later_shards))) {
+      ++shard;
+      in_shard = 0;
+      count = 0;
+    }
+    shard_of[i] = shard;
+    in_shard += bytes[i];
+    ++count;
+  }
+  return shard_of;
+}
+
+// Tensor `index` of `specs`, `size` bytes of seeded random values, logged when written.
+TensorSource random_source(const MakeModelOptions& options, const std::vector<WeightSpec>& specs,
+                           size_t index, uint64_t size) {
+  const WeightSpec& spec = specs[index];
+  TensorSource src;
+  src.name = spec.name;
+  src.dtype = options.dtype;
+  src.shape = spec.shape;
+  auto fill = std::make_shared<RandomFill>(options.seed, index, init_for(spec), options.dtype);
+  const std::string name = spec.name;
+  const size_t count = specs.size();
+  auto produced = std::make_shared<uint64_t>(0);
+  src.produce = [fill, produced, name, index, count, size](std::span<std::byte> chunk) {
+    SIMPLER_RETURN_IF_ERROR((*fill)(chunk));
+    *produced += chunk.size();
+    if (*produced == size) {
+      SIMPLER_LOG_INFO("make-model: [{}/{}] {} ({:.1f} MB)", index + 1, count, name,
+                       static_cast<double>(size) / 1e6);
+    }
+    return absl::OkStatus();
+  };
+  return src;
+}
+
+// The weights in `shards` files (and their index when more than one).
+absl::Status write_weights(const MakeModelOptions& options, const std::vector<WeightSpec>& specs,
+                           const fs::path& out) {
+  const size_t elem = task::size_of(options.dtype);
+  std::vector<uint64_t> bytes(specs.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    uint64_t n = 1;
+    for (int64_t d : specs[i].shape) n *= static_cast<uint64_t>(d);
+    bytes[i] = n * elem;
+    total += bytes[i];
+  }
+  const int shards = options.shards;
+  const std::vector<int> shard_of = assign_shards(bytes, total, shards);
+  SIMPLER_LOG_INFO("make-model: writing {} ({} tensors, {:.1f} MB, {} shard(s)) to {}",
+                   options.preset, specs.size(), static_cast<double>(total) / 1e6, shards,
+                   out.string());
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  json weight_map = json::object();
+  size_t next = 0;
+  for (int s = 0; s < shards; ++s) {
+    const std::string file = shards == 1 ? "model.safetensors" : shard_name(s, shards);
+    std::vector<TensorSource> sources;
+    for (; next < specs.size() && shard_of[next] == s; ++next) {
+      sources.push_back(random_source(options, specs, next, bytes[next]));
+      weight_map[specs[next].name] = file;
+    }
+    SIMPLER_RETURN_IF_ERROR(write_safetensors((out / file).string(), sources, metadata));
+  }
+  if (shards > 1) {
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    SIMPLER_RETURN_IF_ERROR(write_text(out / "model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status make_model(const MakeModelOptions& options) {
   SIMPLER_ASSIGN_OR_RETURN(ModelConfig config, preset_config(options.preset, options.overrides));
   if (options.dtype != DataType::kBFloat16 && options.dtype != DataType::kFloat32) {
@@ -162,110 +285,14 @@ absl::Status make_model(const MakeModelOptions& options) {
     return absl::InvalidArgumentError("empty output directory");
   }
   const fs::path out(options.out_dir);
-  std::vector<fs::path> tokenizer_files;
-  if (!options.tokenizer_dir.empty()) {
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
-      fs::path p = fs::path(options.tokenizer_dir) / name;
-      std::error_code ec;
-      if (!fs::is_regular_file(p, ec)) {
-        return absl::NotFoundError(absl::StrCat("tokenizer file ", p.string(),
-                                                " not found (tokenizer_dir ", options.tokenizer_dir,
-                                                ")"));
-      }
-      tokenizer_files.push_back(p);
-    }
-  }
-
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot create ", out.string(), ": ", ec.message()));
-  }
-  // Remove weights of an earlier model so the directory holds exactly one checkpoint.
-  for (const fs::directory_entry& entry : fs::directory_iterator(out, ec)) {
-    const std::string name = entry.path().filename().string();
-    const bool shard = name.starts_with("model-") && name.ends_with(".safetensors");
-    if (shard || name == "model.safetensors" || name == "model.safetensors.index.json") {
-      fs::remove(entry.path(), ec);
-    }
-  }
-
+  SIMPLER_ASSIGN_OR_RETURN(const std::vector<fs::path> tokenizer_files,
+                           find_tokenizer_files(options));
+  SIMPLER_RETURN_IF_ERROR(prepare_out_dir(out));
   SIMPLER_RETURN_IF_ERROR(write_text(out / "config.json", config.to_config_json()));
   SIMPLER_RETURN_IF_ERROR(
       write_text(out / "generation_config.json", config.to_generation_config_json()));
-
-  // Assign tensors to shards: contiguous runs of about total/shards bytes, none empty.
-  const size_t elem = task::size_of(options.dtype);
-  std::vector<uint64_t> bytes(specs.size());
-  uint64_t total = 0;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    uint64_t n = 1;
-    for (int64_t d : specs[i].shape) n *= static_cast<uint64_t>(d);
-    bytes[i] = n * elem;
-    total += bytes[i];
-  }
-  const int shards = options.shards;
-  const uint64_t target = (total + shards - 1) / shards;
-  std::vector<int> shard_of(specs.size());
-  {
-    int shard = 0;
-    uint64_t in_shard = 0;
-    size_t count = 0;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const size_t remaining = specs.size() - i;
-      const int later_shards = shards - 1 - shard;
-      if (count > 0 && later_shards > 0 &&
-          (in_shard + bytes[i] > target || remaining <= static_cast<size_t>(later_shards))) {
-        ++shard;
-        in_shard = 0;
-        count = 0;
-      }
-      shard_of[i] = shard;
-      in_shard += bytes[i];
-      ++count;
-    }
-  }
-
-  SIMPLER_LOG_INFO("make-model: writing {} ({} tensors, {:.1f} MB, {} shard(s)) to {}",
-                   options.preset, specs.size(), static_cast<double>(total) / 1e6, shards,
-                   out.string());
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  json weight_map = json::object();
-  size_t next = 0;
-  for (int s = 0; s < shards; ++s) {
-    const std::string file = shards == 1 ? "model.safetensors" : shard_name(s, shards);
-    std::vector<TensorSource> sources;
-    for (; next < specs.size() && shard_of[next] == s; ++next) {
-      const WeightSpec& spec = specs[next];
-      TensorSource src;
-      src.name = spec.name;
-      src.dtype = options.dtype;
-      src.shape = spec.shape;
-      auto fill = std::make_shared<RandomFill>(options.seed, next, init_for(spec), options.dtype);
-      const std::string name = spec.name;
-      const size_t index = next;
-      const size_t count = specs.size();
-      const uint64_t size = bytes[next];
-      auto produced = std::make_shared<uint64_t>(0);
-      src.produce = [fill, produced, name, index, count, size](std::span<std::byte> chunk) {
-        SIMPLER_RETURN_IF_ERROR((*fill)(chunk));
-        *produced += chunk.size();
-        if (*produced == size) {
-          SIMPLER_LOG_INFO("make-model: [{}/{}] {} ({:.1f} MB)", index + 1, count, name,
-                           static_cast<double>(size) / 1e6);
-        }
-        return absl::OkStatus();
-      };
-      sources.push_back(std::move(src));
-      weight_map[spec.name] = file;
-    }
-    SIMPLER_RETURN_IF_ERROR(write_safetensors((out / file).string(), sources, metadata));
-  }
-  if (shards > 1) {
-    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    SIMPLER_RETURN_IF_ERROR(write_text(out / "model.safetensors.index.json", index.dump(2) + "\n"));
-  }
-
+  SIMPLER_RETURN_IF_ERROR(write_weights(options, specs, out));
+  std::error_code ec;
   for (const fs::path& p : tokenizer_files) {
     fs::copy_file(p, out / p.filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) {

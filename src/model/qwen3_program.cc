@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "simpler/base/status.h"
 #include "simpler/kernels/kernels.h"
+#include "simpler/task/arg_check.h"
 
 namespace simpler::llm {
 namespace {
@@ -23,13 +25,6 @@ using task::DataType;
 using task::MemoryKind;
 using task::TaskArgs;
 using task::Tensor;
-
-std::string dims_string(const int64_t* dims, int rank) {
-  std::vector<std::string> s;
-  for (int i = 0; i < rank; ++i)
-    s.push_back(dims[i] < 0 ? std::string("*") : absl::StrCat(dims[i]));
-  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
-}
 
 // A row-major contiguous view (shapes here are never negative).
 Tensor view(uint64_t address, std::initializer_list<int64_t> shape, DataType dtype,
@@ -57,16 +52,11 @@ Tensor rows_of(const Tensor& t, std::initializer_list<int64_t> shape) {
 // (-1 = any) with a non-null address.
 absl::Status check_tensor(const std::string& what, const Tensor& t, DataType dtype,
                           std::initializer_list<int64_t> dims) {
-  const int rank = static_cast<int>(dims.size());
-  bool ok = t.dtype == dtype && t.rank == rank && t.is_contiguous();
-  for (int i = 0; ok && i < rank; ++i) {
-    if (dims.begin()[i] >= 0 && t.shape[i] != dims.begin()[i]) ok = false;
-  }
-  if (!ok) {
+  if (!task::tensor_matches(t, dtype, dims)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " must be a contiguous ", std::string(task::name_of(dtype)),
-                     dims_string(dims.begin(), rank), " tensor, got ", t.debug_string(),
-                     t.is_contiguous() ? "" : " (strided)"));
+                     task::dims_string(std::span<const int64_t>(dims.begin(), dims.size())),
+                     " tensor, got ", t.debug_string(), t.is_contiguous() ? "" : " (strided)"));
   }
   if (t.memory != MemoryKind::kDevice) {
     return absl::InvalidArgumentError(
@@ -151,212 +141,238 @@ struct Program {
 
 constexpr task::KernelIndex k(KernelId id) { return static_cast<task::KernelIndex>(id); }
 
-// Run argument `i` must be a tensor of `dtype` / `dims`, tagged IN (or INOUT)
-// for inputs and OUT (or INOUT) for outputs. Run tensors may be HOST or DEVICE.
-absl::Status check_run_tensor(const TaskArgs& args, uint32_t i, const char* name, DataType dtype,
-                              std::initializer_list<int64_t> dims, bool output) {
-  const std::string what = absl::StrCat("qwen3 decode run argument ", i, " (", name, ")");
-  const task::Arg& a = args[i];
-  if (a.direction == ArgDirection::kScalar) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " must be a tensor, got a scalar"));
-  }
-  const bool dir_ok = a.direction == ArgDirection::kInOut ||
-                      a.direction == (output ? ArgDirection::kOut : ArgDirection::kIn);
-  if (!dir_ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be tagged ", output ? "OUT or INOUT" : "IN or INOUT", ", got ",
-                     std::string(task::name_of(a.direction))));
-  }
-  const Tensor& t = a.tensor;
-  const int rank = static_cast<int>(dims.size());
-  bool ok = t.dtype == dtype && t.rank == rank && t.is_contiguous();
-  for (int d = 0; ok && d < rank; ++d) {
-    if (dims.begin()[d] >= 0 && t.shape[d] != dims.begin()[d]) ok = false;
-  }
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be a contiguous ", std::string(task::name_of(dtype)),
-                     dims_string(dims.begin(), rank), " tensor, got ", t.debug_string()));
-  }
-  return absl::OkStatus();
-}
-
 int32_t clamp_blocks(int64_t want, int32_t cores) {
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(cores, want)));
 }
 
-absl::Status orchestrate(const Program& p, task::OrchestrationContext& ctx, const TaskArgs& args) {
-  const Qwen3Dims& d = p.dims;
-  const Qwen3ProgramOptions& o = p.options;
-  // ---- run arguments ----
-  if (args.size() < 7) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("qwen3 decode run expects at least 7 arguments, got ", args.size()));
-  }
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3InputIds, "input_ids", DataType::kInt32, {-1}, false));
-  const int64_t B = args[kQwen3InputIds].tensor.shape[0];
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3Positions, "positions", DataType::kInt32, {B}, false));
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3SlotMapping, "slot_mapping", DataType::kInt32, {B}, false));
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3BlockTables, "block_tables", DataType::kInt32, {B, -1}, false));
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3ContextLens, "context_lens", DataType::kInt32, {B}, false));
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3LogitRows, "logit_rows", DataType::kInt32, {-1}, false));
-  const int64_t n = args[kQwen3LogitRows].tensor.shape[0];
-  SIMPLER_RETURN_IF_ERROR(
-      check_run_tensor(args, kQwen3OutIds, "out_ids", DataType::kInt32, {n}, true));
-  uint32_t next = 7;
+// A decode run's arguments, checked: the tensors, B (batch rows) and n (logit rows).
+struct RunArgs {
+  Tensor input_ids, positions, slot_mapping, block_tables, context_lens, logit_rows, out_ids;
   std::optional<Tensor> out_logits;
+  int64_t B = 0;
+  int64_t n = 0;
+};
+
+// The run tensors: IN tensors, then OUT out_ids and, when present, OUT
+// out_logits. Returns the index after the last tensor.
+absl::StatusOr<uint32_t> check_run_tensors(const Qwen3Dims& d, const task::ArgChecker& c,
+                                           const TaskArgs& args, RunArgs& r) {
+  SIMPLER_RETURN_IF_ERROR(c.at_least(7));
+  SIMPLER_RETURN_IF_ERROR(c.input(kQwen3InputIds, "input_ids", DataType::kInt32, {-1}));
+  r.B = args[kQwen3InputIds].tensor.shape[0];
+  const int64_t B = r.B;
+  SIMPLER_RETURN_IF_ERROR(c.input(kQwen3Positions, "positions", DataType::kInt32, {B}));
+  SIMPLER_RETURN_IF_ERROR(c.input(kQwen3SlotMapping, "slot_mapping", DataType::kInt32, {B}));
+  SIMPLER_RETURN_IF_ERROR(c.input(kQwen3BlockTables, "block_tables", DataType::kInt32, {B, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.input(kQwen3ContextLens, "context_lens", DataType::kInt32, {B}));
+  SIMPLER_RETURN_IF_ERROR(c.input(kQwen3LogitRows, "logit_rows", DataType::kInt32, {-1}));
+  r.n = args[kQwen3LogitRows].tensor.shape[0];
+  SIMPLER_RETURN_IF_ERROR(c.output(kQwen3OutIds, "out_ids", DataType::kInt32, {r.n}));
+  r.input_ids = args[kQwen3InputIds].tensor;
+  r.positions = args[kQwen3Positions].tensor;
+  r.slot_mapping = args[kQwen3SlotMapping].tensor;
+  r.block_tables = args[kQwen3BlockTables].tensor;
+  r.context_lens = args[kQwen3ContextLens].tensor;
+  r.logit_rows = args[kQwen3LogitRows].tensor;
+  r.out_ids = args[kQwen3OutIds].tensor;
+  uint32_t next = 7;
   if (args.size() > next && args[next].direction != ArgDirection::kScalar) {
-    SIMPLER_RETURN_IF_ERROR(
-        check_run_tensor(args, next, "out_logits", DataType::kFloat32, {n, d.vocab_size}, true));
-    out_logits = args[next].tensor;
+    SIMPLER_RETURN_IF_ERROR(c.output(next, "out_logits", DataType::kFloat32, {r.n, d.vocab_size}));
+    r.out_logits = args[next].tensor;
     ++next;
   }
-  const int64_t scalars[2] = {B, n};
+  return next;
+}
+
+// The optional scalars B and n after the tensors must agree with the tensor shapes.
+absl::Status check_run_scalars(const task::ArgChecker& c, const TaskArgs& args, uint32_t next,
+                               const RunArgs& r) {
+  const int64_t scalars[2] = {r.B, r.n};
   const char* scalar_names[2] = {"B", "n"};
   for (int s = 0; s < 2 && next < args.size(); ++s, ++next) {
-    if (args[next].direction != ArgDirection::kScalar) {
-      return absl::InvalidArgumentError(absl::StrCat("qwen3 decode run argument ", next, " (",
-                                                     scalar_names[s],
-                                                     ") must be a scalar, got a tensor"));
-    }
+    SIMPLER_RETURN_IF_ERROR(c.scalar(next, scalar_names[s]));
     if (args[next].scalar != static_cast<uint64_t>(scalars[s])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "qwen3 decode run argument ", next, " (", scalar_names[s], " = ",
-          static_cast<int64_t>(args[next].scalar), ") disagrees with the tensor shapes (",
-          scalar_names[s], " = ", scalars[s], ")"));
+      return c.error(absl::StrCat(
+          "argument ", next, " (", scalar_names[s], " = ", static_cast<int64_t>(args[next].scalar),
+          ") disagrees with the tensor shapes (", scalar_names[s], " = ", scalars[s], ")"));
     }
   }
   if (next != args.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("qwen3 decode run has ", args.size(),
-                                                   " arguments, at most ", next, " expected"));
+    return c.error(absl::StrCat("has ", args.size(), " arguments, at most ", next, " expected"));
   }
-  if (B < 1 || B > p.scratch.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "qwen3 decode batch of ", B, " rows is outside [1, max_batch ", p.scratch.max_batch, "]"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunArgs> check_run_args(const Program& p, const TaskArgs& args) {
+  const task::ArgChecker c(args, "qwen3 decode run ");
+  RunArgs r;
+  SIMPLER_ASSIGN_OR_RETURN(const uint32_t next, check_run_tensors(p.dims, c, args, r));
+  SIMPLER_RETURN_IF_ERROR(check_run_scalars(c, args, next, r));
+  if (r.B < 1 || r.B > p.scratch.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("qwen3 decode batch of ", r.B,
+                                                   " rows is outside [1, max_batch ",
+                                                   p.scratch.max_batch, "]"));
   }
-  if (n > p.scratch.max_logit_rows) {
-    return absl::InvalidArgumentError(absl::StrCat("qwen3 decode asks logits for ", n,
+  if (r.n > p.scratch.max_logit_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("qwen3 decode asks logits for ", r.n,
                                                    " rows, more than max_logit_rows ",
                                                    p.scratch.max_logit_rows));
   }
-  const Tensor& input_ids = args[kQwen3InputIds].tensor;
-  const Tensor& positions = args[kQwen3Positions].tensor;
-  const Tensor& slot_mapping = args[kQwen3SlotMapping].tensor;
-  const Tensor& block_tables = args[kQwen3BlockTables].tensor;
-  const Tensor& context_lens = args[kQwen3ContextLens].tensor;
-  const Tensor& logit_rows = args[kQwen3LogitRows].tensor;
-  const Tensor& out_ids = args[kQwen3OutIds].tensor;
+  return r;
+}
 
-  const int32_t cores = std::max<int32_t>(1, ctx.num_cores());
+// Views of the first B rows of the scratch buffers, shaped for each kernel.
+struct ScratchViews {
+  Tensor hidden, normed, q_proj, q_proj_heads, k_proj, k_proj_heads, v, v3, q_heads, q3, k_heads,
+      k3, attn_out, gate, up, act;
+};
+
+ScratchViews scratch_views(const Qwen3Dims& d, const Qwen3Scratch& s, int64_t B) {
   const int64_t H = d.hidden_size, I = d.intermediate_size, hd = d.head_dim;
   const int64_t nh = d.num_attention_heads, nkv = d.num_key_value_heads;
+  ScratchViews v;
+  v.hidden = rows_of(s.hidden, {B, H});
+  v.normed = rows_of(s.normed, {B, H});
+  v.q_proj = rows_of(s.q_proj, {B, nh * hd});
+  v.q_proj_heads = rows_of(s.q_proj, {B * nh, hd});
+  v.k_proj = rows_of(s.k_proj, {B, nkv * hd});
+  v.k_proj_heads = rows_of(s.k_proj, {B * nkv, hd});
+  v.v = rows_of(s.v, {B, nkv * hd});
+  v.v3 = rows_of(s.v, {B, nkv, hd});
+  v.q_heads = rows_of(s.q, {B * nh, hd});
+  v.q3 = rows_of(s.q, {B, nh, hd});
+  v.k_heads = rows_of(s.k, {B * nkv, hd});
+  v.k3 = rows_of(s.k, {B, nkv, hd});
+  v.attn_out = rows_of(s.attn_out, {B, nh * hd});
+  v.gate = rows_of(s.gate, {B, I});
+  v.up = rows_of(s.up, {B, I});
+  v.act = rows_of(s.act, {B, I});
+  return v;
+}
 
-  auto submit = [&](KernelId id, const TaskArgs& a, int32_t block_dim, const char* what,
-                    int64_t layer) -> absl::Status {
-    absl::Status s = ctx.submit(k(id), a, block_dim);
+// Submits one decode run's tasks; lives for one orchestrate() call.
+class DecodeSubmitter {
+ public:
+  DecodeSubmitter(const Program& p, task::OrchestrationContext& ctx, const RunArgs& r)
+      : p_(p), ctx_(ctx), r_(r), cores_(std::max<int32_t>(1, ctx.num_cores())) {}
+
+  // The embedding, every layer, then the logits head.
+  absl::Status submit_all() {
+    const ScratchViews v = scratch_views(p_.dims, p_.scratch, r_.B);
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kEmbedding,
+                                   embedding_args(r_.input_ids, p_.weights.embed_tokens, v.hidden),
+                                   1, "embedding", -1));
+    for (int64_t l = 0; l < p_.dims.num_hidden_layers; ++l) {
+      SIMPLER_RETURN_IF_ERROR(submit_attention(v, l));
+      SIMPLER_RETURN_IF_ERROR(submit_mlp(v, l));
+    }
+    return submit_head(v.hidden);
+  }
+
+ private:
+  absl::Status submit(KernelId id, const TaskArgs& a, int32_t block_dim, const char* what,
+                      int64_t layer) {
+    absl::Status s = ctx_.submit(k(id), a, block_dim);
     if (s.ok()) return s;
     return base::annotate(s, layer >= 0
                                  ? absl::StrCat("qwen3 decode layer ", layer, " ", what, ": ")
                                  : absl::StrCat("qwen3 decode ", what, ": "));
-  };
-  auto matmul_blocks = [&](int64_t rows, int64_t out, int64_t in) {
+  }
+  int32_t matmul_blocks(int64_t rows, int64_t out, int64_t in) const {
+    const Qwen3ProgramOptions& o = p_.options;
     return clamp_blocks(std::min(out / std::max<int64_t>(1, o.min_rows_per_block),
                                  rows * out * in / std::max<int64_t>(1, o.min_macs_per_block)),
-                        cores);
-  };
-  auto row_blocks = [&](int64_t rows, int64_t cols) {
-    return clamp_blocks(std::min(rows, rows * cols / std::max<int64_t>(1, o.min_elems_per_block)),
-                        cores);
-  };
+                        cores_);
+  }
+  int32_t row_blocks(int64_t rows, int64_t cols) const {
+    return clamp_blocks(
+        std::min(rows, rows * cols / std::max<int64_t>(1, p_.options.min_elems_per_block)), cores_);
+  }
 
-  // Views of the first B rows of the scratch buffers.
-  const Qwen3Scratch& s = p.scratch;
-  const Tensor hidden = rows_of(s.hidden, {B, H});
-  const Tensor normed = rows_of(s.normed, {B, H});
-  const Tensor q_proj = rows_of(s.q_proj, {B, nh * hd});
-  const Tensor q_proj_heads = rows_of(s.q_proj, {B * nh, hd});
-  const Tensor k_proj = rows_of(s.k_proj, {B, nkv * hd});
-  const Tensor k_proj_heads = rows_of(s.k_proj, {B * nkv, hd});
-  const Tensor v = rows_of(s.v, {B, nkv * hd});
-  const Tensor v3 = rows_of(s.v, {B, nkv, hd});
-  const Tensor q_heads = rows_of(s.q, {B * nh, hd});
-  const Tensor q3 = rows_of(s.q, {B, nh, hd});
-  const Tensor k_heads = rows_of(s.k, {B * nkv, hd});
-  const Tensor k3 = rows_of(s.k, {B, nkv, hd});
-  const Tensor attn_out = rows_of(s.attn_out, {B, nh * hd});
-  const Tensor gate = rows_of(s.gate, {B, I});
-  const Tensor up = rows_of(s.up, {B, I});
-  const Tensor act = rows_of(s.act, {B, I});
-
-  SIMPLER_RETURN_IF_ERROR(submit(KernelId::kEmbedding,
-                                 embedding_args(input_ids, p.weights.embed_tokens, hidden), 1,
-                                 "embedding", -1));
-  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
-    const Qwen3LayerWeights& w = p.weights.layers[l];
-    const Qwen3KvLayerPool& pool = p.pools.layers[l];
+  // input_layernorm through o_proj (added into hidden) of layer `l`.
+  absl::Status submit_attention(const ScratchViews& v, int64_t l) {
+    const Qwen3Dims& d = p_.dims;
+    const int64_t B = r_.B, H = d.hidden_size, hd = d.head_dim;
+    const int64_t nh = d.num_attention_heads, nkv = d.num_key_value_heads;
+    const Qwen3LayerWeights& w = p_.weights.layers[l];
+    const Qwen3KvLayerPool& pool = p_.pools.layers[l];
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                   rms_norm_args(hidden, w.input_layernorm, normed, p.eps),
+                                   rms_norm_args(v.hidden, w.input_layernorm, v.normed, p_.eps),
                                    row_blocks(B, H), "input_layernorm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(normed, w.q_proj, q_proj),
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.q_proj, v.q_proj),
                                    matmul_blocks(B, nh * hd, H), "q_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(normed, w.k_proj, k_proj),
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.k_proj, v.k_proj),
                                    matmul_blocks(B, nkv * hd, H), "k_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(normed, w.v_proj, v),
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.v_proj, v.v),
                                    matmul_blocks(B, nkv * hd, H), "v_proj", l));
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                   rms_norm_args(q_proj_heads, w.q_norm, q_heads, p.eps),
+                                   rms_norm_args(v.q_proj_heads, w.q_norm, v.q_heads, p_.eps),
                                    row_blocks(B * nh, hd), "q_norm", l));
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                   rms_norm_args(k_proj_heads, w.k_norm, k_heads, p.eps),
+                                   rms_norm_args(v.k_proj_heads, w.k_norm, v.k_heads, p_.eps),
                                    row_blocks(B * nkv, hd), "k_norm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(q3, positions, p.theta),
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(v.q3, r_.positions, p_.theta),
                                    row_blocks(B, nh * hd), "q rope", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(k3, positions, p.theta),
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(v.k3, r_.positions, p_.theta),
                                    row_blocks(B, nkv * hd), "k rope", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kKvWrite,
-                                   kv_write_args(k3, v3, slot_mapping, pool.k_pool, pool.v_pool), 1,
-                                   "kv_write", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kPagedAttention,
-                                   paged_attention_args(q3, pool.k_pool, pool.v_pool, block_tables,
-                                                        context_lens, attn_out, p.scale),
-                                   clamp_blocks(B * nkv, cores), "paged_attention", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmulAcc,
-                                   matmul_acc_args(attn_out, w.o_proj, hidden),
-                                   matmul_blocks(B, H, nh * hd), "o_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                   rms_norm_args(hidden, w.post_attention_layernorm, normed, p.eps),
-                                   row_blocks(B, H), "post_attention_layernorm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(normed, w.gate_proj, gate),
-                                   matmul_blocks(B, I, H), "gate_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(normed, w.up_proj, up),
-                                   matmul_blocks(B, I, H), "up_proj", l));
+    SIMPLER_RETURN_IF_ERROR(submit(
+        KernelId::kKvWrite, kv_write_args(v.k3, v.v3, r_.slot_mapping, pool.k_pool, pool.v_pool), 1,
+        "kv_write", l));
     SIMPLER_RETURN_IF_ERROR(
-        submit(KernelId::kSiluMul, silu_mul_args(gate, up, act), row_blocks(B, I), "silu_mul", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmulAcc, matmul_acc_args(act, w.down_proj, hidden),
-                                   matmul_blocks(B, H, I), "down_proj", l));
+        submit(KernelId::kPagedAttention,
+               paged_attention_args(v.q3, pool.k_pool, pool.v_pool, r_.block_tables,
+                                    r_.context_lens, v.attn_out, p_.scale),
+               clamp_blocks(B * nkv, cores_), "paged_attention", l));
+    return submit(KernelId::kMatmulAcc, matmul_acc_args(v.attn_out, w.o_proj, v.hidden),
+                  matmul_blocks(B, H, nh * hd), "o_proj", l);
   }
-  if (n == 0) return absl::OkStatus();
 
-  const Tensor sel = rows_of(s.sel, {n, H});
-  const Tensor sel_normed = rows_of(s.sel_normed, {n, H});
-  const Tensor logits = out_logits ? *out_logits : rows_of(s.logits, {n, d.vocab_size});
-  SIMPLER_RETURN_IF_ERROR(submit(KernelId::kGatherRows, gather_rows_args(hidden, logit_rows, sel),
-                                 1, "gather_rows", -1));
-  SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                 rms_norm_args(sel, p.weights.norm, sel_normed, p.eps),
-                                 row_blocks(n, H), "final norm", -1));
-  SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(sel_normed, p.lm_head, logits),
-                                 matmul_blocks(n, d.vocab_size, H), "lm_head", -1));
-  if (!p.options.argmax) return absl::OkStatus();
-  SIMPLER_RETURN_IF_ERROR(submit(KernelId::kArgmax, argmax_args(logits, out_ids),
-                                 clamp_blocks(n, cores), "argmax", -1));
-  return absl::OkStatus();
+  // post_attention_layernorm through down_proj (added into hidden) of layer `l`.
+  absl::Status submit_mlp(const ScratchViews& v, int64_t l) {
+    const int64_t B = r_.B, H = p_.dims.hidden_size, I = p_.dims.intermediate_size;
+    const Qwen3LayerWeights& w = p_.weights.layers[l];
+    SIMPLER_RETURN_IF_ERROR(submit(
+        KernelId::kRmsNorm, rms_norm_args(v.hidden, w.post_attention_layernorm, v.normed, p_.eps),
+        row_blocks(B, H), "post_attention_layernorm", l));
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.gate_proj, v.gate),
+                                   matmul_blocks(B, I, H), "gate_proj", l));
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.up_proj, v.up),
+                                   matmul_blocks(B, I, H), "up_proj", l));
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kSiluMul, silu_mul_args(v.gate, v.up, v.act),
+                                   row_blocks(B, I), "silu_mul", l));
+    return submit(KernelId::kMatmulAcc, matmul_acc_args(v.act, w.down_proj, v.hidden),
+                  matmul_blocks(B, H, I), "down_proj", l);
+  }
+
+  // The logit rows: gather, final norm, lm_head and (when on) argmax.
+  absl::Status submit_head(const Tensor& hidden) {
+    const int64_t n = r_.n, H = p_.dims.hidden_size, V = p_.dims.vocab_size;
+    if (n == 0) return absl::OkStatus();
+    const Qwen3Scratch& s = p_.scratch;
+    const Tensor sel = rows_of(s.sel, {n, H});
+    const Tensor sel_normed = rows_of(s.sel_normed, {n, H});
+    const Tensor logits = r_.out_logits ? *r_.out_logits : rows_of(s.logits, {n, V});
+    SIMPLER_RETURN_IF_ERROR(submit(
+        KernelId::kGatherRows, gather_rows_args(hidden, r_.logit_rows, sel), 1, "gather_rows", -1));
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
+                                   rms_norm_args(sel, p_.weights.norm, sel_normed, p_.eps),
+                                   row_blocks(n, H), "final norm", -1));
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(sel_normed, p_.lm_head, logits),
+                                   matmul_blocks(n, V, H), "lm_head", -1));
+    if (!p_.options.argmax) return absl::OkStatus();
+    return submit(KernelId::kArgmax, argmax_args(logits, r_.out_ids), clamp_blocks(n, cores_),
+                  "argmax", -1);
+  }
+
+  const Program& p_;
+  task::OrchestrationContext& ctx_;
+  const RunArgs& r_;
+  const int32_t cores_;
+};
+
+absl::Status orchestrate(const Program& p, task::OrchestrationContext& ctx, const TaskArgs& args) {
+  SIMPLER_ASSIGN_OR_RETURN(const RunArgs r, check_run_args(p, args));
+  return DecodeSubmitter(p, ctx, r).submit_all();
 }
 
 }  // namespace

@@ -90,10 +90,15 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
 SafetensorsFile::~SafetensorsFile() = default;
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  auto state = std::make_unique<State>();
-  state->path = path;
+namespace {
 
+absl::Status bad_entry(const std::string& path, const std::string& name, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": malformed safetensors header: tensor '", name, "': ", what));
+}
+
+// Maps the file into `state` and reads the little-endian header length.
+absl::StatusOr<uint64_t> map_safetensors(const std::string& path, void** map, size_t* map_size) {
   // Never blocks on a FIFO; a directory or device is refused before anything is read.
   SIMPLER_ASSIGN_OR_RETURN(const base::RegularFile file, base::open_regular_file(path));
   const int fd = file.fd;
@@ -103,14 +108,13 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": truncated safetensors file: ", file_size,
                                             " bytes, shorter than the 8-byte header length"));
   }
-  void* map = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* m = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_err = errno;
   ::close(fd);
-  if (map == MAP_FAILED) return os_error(map_err, "cannot map", path);
-  state->map = map;
-  state->map_size = file_size;
-  const auto* base = static_cast<const std::byte*>(map);
-
+  if (m == MAP_FAILED) return os_error(map_err, "cannot map", path);
+  *map = m;
+  *map_size = file_size;
+  const auto* base = static_cast<const std::byte*>(m);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) {
     header_len = (header_len << 8) | static_cast<uint8_t>(base[i]);
@@ -125,111 +129,113 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
                                             header_len, " goes beyond the end of the file (",
                                             file_size, " bytes)"));
   }
-  const uint64_t buffer_size = file_size - 8 - header_len;
-  state->buffer = base + 8 + header_len;
+  return header_len;
+}
 
-  std::string_view header_text(reinterpret_cast<const char*>(base + 8), header_len);
-  // The whole header must be one JSON value; only spaces (the spec's padding) may follow it.
-  SIMPLER_ASSIGN_OR_RETURN(
-      json header,
-      base::parse_json_bounded(header_text, absl::StrCat(path, ": malformed safetensors header")));
-  if (!header.is_object()) {
+absl::Status read_metadata(const std::string& path, const json& value,
+                           std::map<std::string, std::string>& metadata) {
+  if (!value.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": malformed safetensors header: not a JSON object"));
+        absl::StrCat(path, ": malformed safetensors header: __metadata__ is not an object"));
   }
+  for (auto m = value.begin(); m != value.end(); ++m) {
+    if (!m.value().is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": malformed safetensors header: __metadata__ value '", m.key(),
+                       "' is not a string"));
+    }
+    metadata[m.key()] = m.value().get<std::string>();
+  }
+  return absl::OkStatus();
+}
 
+// The entry's shape into entry.shape; its element count, every partial product within int64.
+absl::StatusOr<uint64_t> read_shape(const std::string& path, const std::string& name,
+                                    const json& shape_json, Entry& entry) {
+  auto bad = [&](const std::string& what) { return bad_entry(path, name, what); };
+  const json* shape_it = &shape_json;
+  uint64_t numel = 1;
+  for (const json& d : *shape_it) {
+    if (!d.is_number_unsigned()) {
+      return bad(absl::StrCat("shape ", base::quote_json_prefix(*shape_it),
+                              " has an element that is not a non-negative integer"));
+    }
+    uint64_t dim = d.get<uint64_t>();
+    // Every partial product must fit int64 (TensorView::numel and the
+    // kernels multiply in int64), even when a later 0 makes the total 0.
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        !checked_mul(numel, dim, &numel) ||
+        numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return bad(absl::StrCat("shape ", base::quote_json_prefix(*shape_it), " overflows"));
+    }
+    entry.shape.push_back(static_cast<int64_t>(dim));
+  }
+  return numel;
+}
+
+absl::StatusOr<Entry> read_entry(const std::string& path, const std::string& name,
+                                 const json& value) {
+  auto bad = [&](const std::string& what) { return bad_entry(path, name, what); };
+  if (!value.is_object()) return bad("entry is not an object");
+  auto dtype_it = value.find("dtype");
+  auto shape_it = value.find("shape");
+  auto offsets_it = value.find("data_offsets");
+  if (dtype_it == value.end() || !dtype_it->is_string()) {
+    return bad("missing or non-string 'dtype'");
+  }
+  if (shape_it == value.end() || !shape_it->is_array()) {
+    return bad("missing or non-array 'shape'");
+  }
+  if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
+    return bad("'data_offsets' is not a [begin, end] pair");
+  }
+  Entry entry;
+  const std::string dtype_text = dtype_it->get<std::string>();
+  // Only the safetensors spellings are accepted in a file (not "bf16").
+  bool known = false;
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16, DataType::kInt32,
+                     DataType::kInt64, DataType::kUInt8}) {
+    if (dtype_text == task::safetensors_name(t)) entry.dtype = t, known = true;
+  }
+  if (!known) {
+    return bad(absl::StrCat("unsupported dtype '", dtype_text,
+                            "' (supported: F32, BF16, F16, I32, I64, U8)"));
+  }
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t numel, read_shape(path, name, *shape_it, entry));
+  for (const json& o : *offsets_it) {
+    if (!o.is_number_unsigned()) {
+      return bad(absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
+                              " are not non-negative integers"));
+    }
+  }
+  entry.begin = (*offsets_it)[0].get<uint64_t>();
+  entry.end = (*offsets_it)[1].get<uint64_t>();
+  if (entry.end < entry.begin) {
+    return bad(
+        absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it), " end before begin"));
+  }
+  uint64_t expected = 0;
+  if (!checked_mul(numel, task::size_of(entry.dtype), &expected) ||
+      entry.end - entry.begin != expected) {
+    return bad(absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it), " span ",
+                            entry.end - entry.begin, " bytes, but shape ",
+                            shape_to_string(entry.shape), " of ", dtype_text, " needs ", expected));
+  }
+  return entry;
+}
+
+// The tensors must tile the byte buffer: sorted by begin, each starting where the previous
+// ended, the last ending at the end of the file.
+absl::Status check_tiling(const std::string& path,
+                          const std::map<std::string, Entry, std::less<>>& entries,
+                          uint64_t buffer_size) {
   auto bad = [&](const std::string& name, const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": malformed safetensors header: tensor '", name, "': ", what));
+    return bad_entry(path, name, what);
   };
-
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& value = it.value();
-    if (name == kMetadataKey) {
-      if (!value.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": malformed safetensors header: __metadata__ is not an object"));
-      }
-      for (auto m = value.begin(); m != value.end(); ++m) {
-        if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": malformed safetensors header: __metadata__ value '", m.key(),
-                           "' is not a string"));
-        }
-        state->metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!value.is_object()) return bad(name, "entry is not an object");
-    auto dtype_it = value.find("dtype");
-    auto shape_it = value.find("shape");
-    auto offsets_it = value.find("data_offsets");
-    if (dtype_it == value.end() || !dtype_it->is_string()) {
-      return bad(name, "missing or non-string 'dtype'");
-    }
-    if (shape_it == value.end() || !shape_it->is_array()) {
-      return bad(name, "missing or non-array 'shape'");
-    }
-    if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
-      return bad(name, "'data_offsets' is not a [begin, end] pair");
-    }
-    Entry entry;
-    const std::string dtype_text = dtype_it->get<std::string>();
-    // Only the safetensors spellings are accepted in a file (not "bf16").
-    bool known = false;
-    for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
-                       DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
-      if (dtype_text == task::safetensors_name(t)) entry.dtype = t, known = true;
-    }
-    if (!known) {
-      return bad(name, absl::StrCat("unsupported dtype '", dtype_text,
-                                    "' (supported: F32, BF16, F16, I32, I64, U8)"));
-    }
-    uint64_t numel = 1;
-    for (const json& d : *shape_it) {
-      if (!d.is_number_unsigned()) {
-        return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it),
-                                      " has an element that is not a non-negative integer"));
-      }
-      uint64_t dim = d.get<uint64_t>();
-      // Every partial product must fit int64 (TensorView::numel and the
-      // kernels multiply in int64), even when a later 0 makes the total 0.
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          !checked_mul(numel, dim, &numel) ||
-          numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return bad(name, absl::StrCat("shape ", base::quote_json_prefix(*shape_it), " overflows"));
-      }
-      entry.shape.push_back(static_cast<int64_t>(dim));
-    }
-    for (const json& o : *offsets_it) {
-      if (!o.is_number_unsigned()) {
-        return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
-                                      " are not non-negative integers"));
-      }
-    }
-    entry.begin = (*offsets_it)[0].get<uint64_t>();
-    entry.end = (*offsets_it)[1].get<uint64_t>();
-    if (entry.end < entry.begin) {
-      return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it),
-                                    " end before begin"));
-    }
-    uint64_t expected = 0;
-    if (!checked_mul(numel, task::size_of(entry.dtype), &expected) ||
-        entry.end - entry.begin != expected) {
-      return bad(name, absl::StrCat("data_offsets ", base::quote_json_prefix(*offsets_it), " span ",
-                                    entry.end - entry.begin, " bytes, but shape ",
-                                    shape_to_string(entry.shape), " of ", dtype_text, " needs ",
-                                    expected));
-    }
-    state->entries.emplace(name, std::move(entry));
-  }
-
-  // The tensors must tile the byte buffer: sorted by begin, each starting where the previous
   // ended, the last ending at the end of the file.
   std::vector<std::pair<const std::string*, const Entry*>> order;
-  order.reserve(state->entries.size());
-  for (const auto& [name, entry] : state->entries) order.emplace_back(&name, &entry);
+  order.reserve(entries.size());
+  for (const auto& [name, entry] : entries) order.emplace_back(&name, &entry);
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     if (a.second->begin != b.second->begin) return a.second->begin < b.second->begin;
     return a.second->end < b.second->end;
@@ -260,6 +266,39 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
         absl::StrCat(path, ": malformed safetensors file: ", buffer_size - cursor,
                      " trailing bytes after the last tensor's data"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  auto state = std::make_unique<State>();
+  state->path = path;
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t header_len,
+                           map_safetensors(path, &state->map, &state->map_size));
+  const uint64_t file_size = state->map_size;
+  const auto* base = static_cast<const std::byte*>(state->map);
+  const uint64_t buffer_size = file_size - 8 - header_len;
+  state->buffer = base + 8 + header_len;
+
+  std::string_view header_text(reinterpret_cast<const char*>(base + 8), header_len);
+  // The whole header must be one JSON value; only spaces (the spec's padding) may follow it.
+  SIMPLER_ASSIGN_OR_RETURN(
+      json header,
+      base::parse_json_bounded(header_text, absl::StrCat(path, ": malformed safetensors header")));
+  if (!header.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": malformed safetensors header: not a JSON object"));
+  }
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == kMetadataKey) {
+      SIMPLER_RETURN_IF_ERROR(read_metadata(path, it.value(), state->metadata));
+      continue;
+    }
+    SIMPLER_ASSIGN_OR_RETURN(Entry entry, read_entry(path, it.key(), it.value()));
+    state->entries.emplace(it.key(), std::move(entry));
+  }
+  SIMPLER_RETURN_IF_ERROR(check_tiling(path, state->entries, buffer_size));
   return SafetensorsFile(std::move(state));
 }
 
@@ -313,87 +352,110 @@ ModelWeights::ModelWeights(ModelWeights&&) noexcept = default;
 ModelWeights& ModelWeights::operator=(ModelWeights&&) noexcept = default;
 ModelWeights::~ModelWeights() = default;
 
+namespace {
+
+namespace fs = std::filesystem;
+using WeightWhere = std::map<std::string, size_t, std::less<>>;
+
+// One weight_map entry: tensor `name` in shard `value`, opened (once) into `files`.
+absl::Status add_indexed_tensor(const fs::path& root, const std::string& index_name,
+                                const std::string& name, const json& value,
+                                std::map<std::string, size_t>& shard_index,
+                                std::vector<SafetensorsFile>& files, WeightWhere& where) {
+  if (!value.is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        index_name, ": malformed index: weight_map entry for tensor '", name, "' is not a string"));
+  }
+  const std::string shard = value.get<std::string>();
+  if (shard.empty() || fs::path(shard).has_parent_path() || shard == "." || shard == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_name, ": tensor '", name, "' maps to invalid shard name '", shard, "'"));
+  }
+  auto found = shard_index.find(shard);
+  if (found == shard_index.end()) {
+    const std::string shard_path = (root / shard).string();
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::open(shard_path);
+    if (!file.ok()) {
+      if (absl::IsNotFound(file.status())) {
+        return absl::NotFoundError(absl::StrCat("shard ", shard, " (holding ", name, ") listed in ",
+                                                index_name,
+                                                " not found: ", file.status().message()));
+      }
+      return file.status();
+    }
+    files.push_back(*std::move(file));
+    found = shard_index.emplace(shard, files.size() - 1).first;
+  }
+  if (!files[found->second].contains(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        index_name, ": tensor '", name, "' is mapped to ", shard, ", which has no such tensor"));
+  }
+  where.emplace(name, found->second);
+  return absl::OkStatus();
+}
+
+// Every tensor of every shard must be the one the weight_map names: a tensor the index does
+// not list, or lists in another shard, would be silently ignored.
+absl::Status check_shards_listed(const std::string& index_name,
+                                 const std::vector<SafetensorsFile>& files,
+                                 const WeightWhere& where) {
+  // not list, or lists in another shard, would be silently ignored.
+  for (const SafetensorsFile& file : files) {
+    const std::string shard = fs::path(file.path()).filename().string();
+    for (const std::string& name : file.names()) {
+      auto it = where.find(name);
+      if (it == where.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(index_name, ": tensor '", name, "' in ",
+                                                       shard, " is not listed in the weight_map"));
+      }
+      if (&files[it->second] != &file) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_name, ": tensor '", name, "' is in both ", shard, " and ",
+                         fs::path(files[it->second].path()).filename().string(),
+                         " (the weight_map maps it to the latter)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status open_indexed(const fs::path& root, const std::string& index_name,
+                          std::vector<SafetensorsFile>& files, WeightWhere& where) {
+  SIMPLER_ASSIGN_OR_RETURN(std::string text,
+                           base::read_regular_file(index_name, kSafetensorsMaxHeaderBytes));
+  // A tensor listed twice in the weight_map is a duplicate key: refused by the parser.
+  SIMPLER_ASSIGN_OR_RETURN(
+      json index, base::parse_json_bounded(text, absl::StrCat(index_name, ": malformed index")));
+  if (!index.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_name, ": malformed index: not a JSON object"));
+  }
+  auto map_it = index.find("weight_map");
+  if (map_it == index.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_name, ": malformed index: missing object 'weight_map'"));
+  }
+  std::map<std::string, size_t> shard_index;  // shard file name -> files index
+  for (auto it = map_it->begin(); it != map_it->end(); ++it) {
+    SIMPLER_RETURN_IF_ERROR(
+        add_indexed_tensor(root, index_name, it.key(), it.value(), shard_index, files, where));
+  }
+  return check_shards_listed(index_name, files, where);
+}
+
+}  // namespace
+
 absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
-  namespace fs = std::filesystem;
   auto state = std::make_unique<State>();
   state->dir = dir;
   const fs::path root(dir);
   const fs::path index_path = root / "model.safetensors.index.json";
   const fs::path single_path = root / "model.safetensors";
   std::error_code ec;
-
   if (fs::exists(index_path, ec)) {
-    const std::string index_name = index_path.string();
-    SIMPLER_ASSIGN_OR_RETURN(std::string text,
-                             base::read_regular_file(index_name, kSafetensorsMaxHeaderBytes));
-    // A tensor listed twice in the weight_map is a duplicate key: refused by the parser.
-    SIMPLER_ASSIGN_OR_RETURN(
-        json index, base::parse_json_bounded(text, absl::StrCat(index_name, ": malformed index")));
-    if (!index.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_name, ": malformed index: not a JSON object"));
-    }
-    auto map_it = index.find("weight_map");
-    if (map_it == index.end() || !map_it->is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_name, ": malformed index: missing object 'weight_map'"));
-    }
-    std::map<std::string, size_t> shard_index;  // shard file name -> files index
-    for (auto it = map_it->begin(); it != map_it->end(); ++it) {
-      const std::string& name = it.key();
-      if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_name, ": malformed index: weight_map entry for tensor '", name,
-                         "' is not a string"));
-      }
-      const std::string shard = it.value().get<std::string>();
-      if (shard.empty() || fs::path(shard).has_parent_path() || shard == "." || shard == "..") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_name, ": tensor '", name, "' maps to invalid shard name '", shard, "'"));
-      }
-      auto found = shard_index.find(shard);
-      if (found == shard_index.end()) {
-        const std::string shard_path = (root / shard).string();
-        absl::StatusOr<SafetensorsFile> file = SafetensorsFile::open(shard_path);
-        if (!file.ok()) {
-          if (absl::IsNotFound(file.status())) {
-            return absl::NotFoundError(absl::StrCat("shard ", shard, " (holding ", name,
-                                                    ") listed in ", index_name,
-                                                    " not found: ", file.status().message()));
-          }
-          return file.status();
-        }
-        state->files.push_back(*std::move(file));
-        found = shard_index.emplace(shard, state->files.size() - 1).first;
-      }
-      if (!state->files[found->second].contains(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(index_name, ": tensor '", name,
-                                                       "' is mapped to ", shard,
-                                                       ", which has no such tensor"));
-      }
-      state->where.emplace(name, found->second);
-    }
-    // Every tensor of every shard must be the one the weight_map names: a tensor the index does
-    // not list, or lists in another shard, would be silently ignored.
-    for (const SafetensorsFile& file : state->files) {
-      const std::string shard = fs::path(file.path()).filename().string();
-      for (const std::string& name : file.names()) {
-        auto it = state->where.find(name);
-        if (it == state->where.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              index_name, ": tensor '", name, "' in ", shard, " is not listed in the weight_map"));
-        }
-        if (&state->files[it->second] != &file) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(index_name, ": tensor '", name, "' is in both ", shard, " and ",
-                           fs::path(state->files[it->second].path()).filename().string(),
-                           " (the weight_map maps it to the latter)"));
-        }
-      }
-    }
+    SIMPLER_RETURN_IF_ERROR(open_indexed(root, index_path.string(), state->files, state->where));
     return ModelWeights(std::move(state));
   }
-
   if (fs::exists(single_path, ec)) {
     SIMPLER_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(single_path.string()));
     for (const std::string& name : file.names()) state->where.emplace(name, 0);
@@ -594,41 +656,52 @@ class TempFile {
 
 }  // namespace
 
-absl::Status write_safetensors(const std::string& path, std::span<const TensorSource> tensors,
-                               const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// Tensor `t`'s byte size after checking its name (against `seen`), shape and bytes.
+absl::StatusOr<uint64_t> checked_source_size(const std::string& path, const TensorSource& t,
+                                             std::set<std::string>& seen) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", path, ": tensor '", t.name, "': ", what));
+  };
+  if (t.name.empty()) return bad("empty name");
+  if (t.name == kMetadataKey) return bad("reserved name");
+  if (!seen.insert(t.name).second) return bad("duplicate name");
+  uint64_t numel = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) return bad(absl::StrCat("negative dimension in shape ", shape_to_string(t.shape)));
+    if (!checked_mul(numel, static_cast<uint64_t>(d), &numel)) return bad("shape overflows");
+  }
+  uint64_t size = 0;
+  if (!checked_mul(numel, task::size_of(t.dtype), &size)) return bad("shape overflows");
+  if (t.produce) {
+    if (t.bytes.data() != nullptr || !t.bytes.empty()) {
+      return bad("give exactly one of bytes and produce, not both");
+    }
+  } else if (t.bytes.size() != size) {
+    return bad(absl::StrCat(t.bytes.size(), " bytes given, shape ", shape_to_string(t.shape),
+                            " of ", str(task::safetensors_name(t.dtype)), " needs ", size));
+  }
+  return size;
+}
+
+// The header text, padded with spaces to a multiple of 8 bytes; each tensor's size into `sizes`.
+absl::StatusOr<std::string> safetensors_header(const std::string& path,
+                                               std::span<const TensorSource> tensors,
+                                               const std::map<std::string, std::string>& metadata,
+                                               std::vector<uint64_t>& sizes) {
   json header = json::object();
   if (!metadata.empty()) {
     json meta = json::object();
     for (const auto& [k, v] : metadata) meta[k] = v;
     header[std::string(kMetadataKey)] = meta;
   }
-  std::vector<uint64_t> sizes;
   sizes.reserve(tensors.size());
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const TensorSource& t : tensors) {
-    auto bad = [&](const std::string& what) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot write ", path, ": tensor '", t.name, "': ", what));
-    };
-    if (t.name.empty()) return bad("empty name");
-    if (t.name == kMetadataKey) return bad("reserved name");
-    if (!seen.insert(t.name).second) return bad("duplicate name");
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0) return bad(absl::StrCat("negative dimension in shape ", shape_to_string(t.shape)));
-      if (!checked_mul(numel, static_cast<uint64_t>(d), &numel)) return bad("shape overflows");
-    }
-    uint64_t size = 0;
-    if (!checked_mul(numel, task::size_of(t.dtype), &size)) return bad("shape overflows");
-    if (t.produce) {
-      if (t.bytes.data() != nullptr || !t.bytes.empty()) {
-        return bad("give exactly one of bytes and produce, not both");
-      }
-    } else if (t.bytes.size() != size) {
-      return bad(absl::StrCat(t.bytes.size(), " bytes given, shape ", shape_to_string(t.shape),
-                              " of ", str(task::safetensors_name(t.dtype)), " needs ", size));
-    }
+    SIMPLER_ASSIGN_OR_RETURN(const uint64_t size, checked_source_size(path, t, seen));
     header[t.name] = {{"dtype", str(task::safetensors_name(t.dtype))},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + size}}};
@@ -643,7 +716,41 @@ absl::Status write_safetensors(const std::string& path, std::span<const TensorSo
         "cannot write ", path, ": a tensor name or metadata string is not valid UTF-8"));
   }
   while (header_text.size() % 8 != 0) header_text.push_back(' ');
+  return header_text;
+}
 
+// Tensor t's `size` bytes, from t.bytes or produced in whole-element chunks of `chunk`.
+absl::Status write_source(int fd, const std::string& path, const std::string& tmp_path,
+                          const TensorSource& t, uint64_t size, std::vector<std::byte>& chunk) {
+  if (!t.produce) {
+    if (size > 0) SIMPLER_RETURN_IF_ERROR(write_all(fd, t.bytes.data(), size, tmp_path));
+    return absl::OkStatus();
+  }
+  constexpr size_t kChunk = 4 << 20;
+  if (chunk.empty()) chunk.resize(kChunk);
+  // Chunks hold whole elements.
+  const size_t step = kChunk - kChunk % task::size_of(t.dtype);
+  for (uint64_t done = 0; done < size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(step, size - done));
+    std::span<std::byte> part(chunk.data(), n);
+    absl::Status produced = t.produce(part);
+    if (!produced.ok()) {
+      return base::annotate(produced,
+                            absl::StrCat("writing tensor '", t.name, "' to ", path, ": "));
+    }
+    SIMPLER_RETURN_IF_ERROR(write_all(fd, part.data(), n, tmp_path));
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status write_safetensors(const std::string& path, std::span<const TensorSource> tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  std::vector<uint64_t> sizes;
+  SIMPLER_ASSIGN_OR_RETURN(const std::string header_text,
+                           safetensors_header(path, tensors, metadata, sizes));
   const std::string tmp_path = path + ".tmp";
   int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return os_error(errno, "cannot create", tmp_path);
@@ -654,29 +761,9 @@ absl::Status write_safetensors(const std::string& path, std::span<const TensorSo
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(len >> (8 * i));
   SIMPLER_RETURN_IF_ERROR(write_all(fd, len_bytes, 8, tmp_path));
   SIMPLER_RETURN_IF_ERROR(write_all(fd, header_text.data(), header_text.size(), tmp_path));
-
-  constexpr size_t kChunk = 4 << 20;
   std::vector<std::byte> chunk;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorSource& t = tensors[i];
-    if (!t.produce) {
-      if (sizes[i] > 0) SIMPLER_RETURN_IF_ERROR(write_all(fd, t.bytes.data(), sizes[i], tmp_path));
-      continue;
-    }
-    if (chunk.empty()) chunk.resize(kChunk);
-    // Chunks hold whole elements.
-    const size_t step = kChunk - kChunk % task::size_of(t.dtype);
-    for (uint64_t done = 0; done < sizes[i];) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(step, sizes[i] - done));
-      std::span<std::byte> part(chunk.data(), n);
-      absl::Status produced = t.produce(part);
-      if (!produced.ok()) {
-        return base::annotate(produced,
-                              absl::StrCat("writing tensor '", t.name, "' to ", path, ": "));
-      }
-      SIMPLER_RETURN_IF_ERROR(write_all(fd, part.data(), n, tmp_path));
-      done += n;
-    }
+    SIMPLER_RETURN_IF_ERROR(write_source(fd, path, tmp_path, tensors[i], sizes[i], chunk));
   }
   return file.commit(path);
 }
