@@ -228,9 +228,7 @@ RequestSpec seeded(std::vector<int32_t> prompt, int64_t max_tokens, uint64_t see
 class LlmEngineStressTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((std::filesystem::temp_directory_path() /
-                            ("simpler_llm_engine_stress_" + std::to_string(::getpid())))
-                               .string());
+    dir_ = new std::string(test_model_dir("simpler_llm_engine_stress_"));
     ASSERT_TRUE(make_model(small_test_model_options(*dir_, 5)).ok());
     prompts_ = new std::vector<std::vector<int32_t>>(random_prompts(12, 24, 21));
     solo_ = new std::vector<std::vector<int32_t>>();
@@ -1394,15 +1392,8 @@ TEST_F(LlmEngineStressTest, ShutdownWithAHungStepReturnsInBoundedTime) {
 class LlmEngineStressTextTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((std::filesystem::temp_directory_path() /
-                            ("simpler_llm_engine_stress_text_" + std::to_string(::getpid())))
-                               .string());
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 8;
-    o.out_dir = *dir_;
-    o.tokenizer_dir = default_tokenizer_dir().value();
-    ASSERT_TRUE(make_model(o).ok());
+    dir_ = new std::string(test_model_dir("simpler_llm_engine_stress_text_"));
+    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
     tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
   }
   static void TearDownTestSuite() {

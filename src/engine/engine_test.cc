@@ -4,8 +4,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -41,9 +43,7 @@ bool contains(const absl::Status& s, const std::string& needle) {
 class LlmEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((std::filesystem::temp_directory_path() /
-                            ("simpler_llm_engine_test_" + std::to_string(::getpid())))
-                               .string());
+    dir_ = new std::string(test_model_dir("simpler_llm_engine_test_"));
     ASSERT_TRUE(make_model(small_test_model_options(*dir_, 3)).ok());
   }
   static void TearDownTestSuite() {
@@ -678,6 +678,32 @@ TEST_F(LlmEngineTest, ABf16CheckpointIsHeldInBf16WithoutAnF32Copy) {
   std::filesystem::remove_all(bf16_dir);
 }
 
+TEST_F(LlmEngineTest, MaxTokensForDefaultsLikeVllmAndRefusesWithTheNumbers) {
+  auto e = engine(options(1, 8, 16, 4));  // a pool of 8 pages of 4 tokens: 32 tokens
+  const int64_t context = e->config().max_position_embeddings;
+  auto refused = [&](int64_t plen, std::optional<int64_t> mt, const std::string& needle) {
+    auto r = e->max_tokens_for(plen, mt);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_TRUE(contains(r.status(), needle)) << r.status() << " lacks " << needle;
+  };
+  EXPECT_EQ(e->max_tokens_for(3, std::nullopt).value(), 30);  // pool tokens - prompt + 1
+  EXPECT_EQ(e->max_tokens_for(32, std::nullopt).value(), 1);
+  EXPECT_EQ(e->max_tokens_for(3, 29).value(), 29);
+  refused(0, std::nullopt, "the prompt is empty");
+  refused(33, std::nullopt,
+          "the prompt has 33 tokens; the model's context holds " + std::to_string(context) +
+              " and the KV cache 32: no room");
+  refused(3, 0, "max_tokens must be >= 1, got 0");
+  refused(3, context,
+          "this model's maximum context length is " + std::to_string(context) +
+              " tokens; the prompt has 3 tokens and max_tokens is " + std::to_string(context));
+  refused(3, std::numeric_limits<int64_t>::max(), "which exceeds max_position_embeddings");
+  refused(3, 31, "needs 9 pages of 4 tokens, and the pool holds 8 pages");
+  EXPECT_EQ(e->metrics().requests_refused, 0);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
 TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndNumbers) {
   EngineOptions eo = options(1, 8, 16, 4);
   eo.max_waiting = 3;
@@ -689,7 +715,7 @@ TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndNumbers) {
     EXPECT_TRUE(contains(r.status(), needle)) << r.status() << " lacks " << needle;
   };
   using C = absl::StatusCode;
-  refused(greedy({}, 4), C::kInvalidArgument, "prompt_ids is empty");
+  refused(greedy({}, 4), C::kInvalidArgument, "the prompt is empty");
   refused(greedy({1, 512}, 4), C::kInvalidArgument,
           "prompt_ids[1] = 512 is outside the vocabulary");
   refused(greedy({1}, 0), C::kInvalidArgument, "max_tokens must be >= 1, got 0");
@@ -980,15 +1006,8 @@ TEST(Histogram, BucketsAreLessOrEqualBoundsWithAnInfBucket) {
 class LlmEngineTextTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((std::filesystem::temp_directory_path() /
-                            ("simpler_llm_engine_text_" + std::to_string(::getpid())))
-                               .string());
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 8;
-    o.out_dir = *dir_;
-    o.tokenizer_dir = default_tokenizer_dir().value();
-    ASSERT_TRUE(make_model(o).ok());
+    dir_ = new std::string(test_model_dir("simpler_llm_engine_text_"));
+    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
     tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
   }
   static void TearDownTestSuite() {

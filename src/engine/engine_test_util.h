@@ -1,9 +1,13 @@
 // Shared by the engine test binaries: the small Qwen3-shaped checkpoint they run on.
 #pragma once
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 
 #include "simpler/model/make_model.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::llm {
 
@@ -21,6 +25,22 @@ inline MakeModelOptions small_test_model_options(const std::string& out_dir, uin
   o.overrides.head_dim = 32;
   o.overrides.num_attention_heads = 4;
   o.overrides.num_key_value_heads = 1;
+  return o;
+}
+
+// A per-process folder under the temporary directory: <tmp>/<prefix><pid>.
+inline std::string test_model_dir(const std::string& prefix) {
+  return (std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()))).string();
+}
+
+// Options for make_model: the tiny preset with the real Qwen3 vocabulary and tokenizer (seed 8),
+// for the tests of text and stop strings.
+inline MakeModelOptions tiny_text_model_options(const std::string& out_dir) {
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 8;
+  o.out_dir = out_dir;
+  o.tokenizer_dir = default_tokenizer_dir().value();
   return o;
 }
 

@@ -208,12 +208,41 @@ struct LlmEngine::Impl {
   };
   std::unordered_map<uint64_t, OutChoice> out_choices;  // output thread only
 
+  // add_request's checks: the SamplingParams of a valid request, or why it is refused.
+  absl::StatusOr<SamplingParams> check_request(const RequestSpec& spec) const;
+  absl::StatusOr<SamplingParams> sampling_params(const RequestSampling& rs) const;
+  // Queues a checked request (seeds it); refuses while unhealthy, draining or full.
+  absl::StatusOr<RequestId> enqueue(RequestSpec spec, SamplingParams p);
+  // Queues a command for the loop and wakes it.
+  void post_locked(Command c) SIMPLER_REQUIRES(mu) {
+    inbox.push_back(std::move(c));
+    inbox_cv.notify_one();
+  }
+  void post(Command c) {
+    base::MutexLock l(mu);
+    post_locked(std::move(c));
+  }
   void loop();
   void output_loop();
   void fail_all_live(const absl::Status& cause);
   void apply(Command& c);
   bool submit_one();
   void retire_front();
+  // retire_front's parts, in order. The step's status (its submit's, its run's or collect's)
+  // and, when OK, its samples.
+  absl::Status wait_step(const InFlight& f, std::vector<RowSample>& samples);
+  // The K/V a request's hooks asked for, read from the step's slots into its event.
+  void dump_kv(const InFlight& f, std::unordered_map<uint64_t, LoopEvent>& events);
+  // The scheduler's verdict on the step's samples (stop ids checked per row).
+  std::vector<AcceptedSample> retire_rows(const InFlight& f, const std::vector<RowSample>& samples);
+  // One accepted token (and its logprobs and logits from `s`, when it has one) into `ev`.
+  static void accept(const Choice& ch, const AcceptedSample& a, const RowSample* s, LoopEvent& ev);
+  void accept_samples(const InFlight& f, const std::vector<RowSample>& samples, int64_t now,
+                      std::unordered_map<uint64_t, LoopEvent>& events);
+  // A failed step: its rows fail; an unrecoverable error makes the engine unhealthy.
+  void fail_step(const InFlight& f, const absl::Status& status);
+  // The step's histograms and, with record_steps, its StepRecord.
+  void record_step(const InFlight& f, int64_t now) SIMPLER_REQUIRES(mu);
   void publish_finished(int64_t now);
   void refresh_gauges();
   void emit(LoopEvent ev) {
@@ -225,6 +254,17 @@ struct LlmEngine::Impl {
   // Finish counters (metrics): +delta for `finish`. Requires mu.
   void count_finish(OutputFinish finish, int64_t delta) SIMPLER_REQUIRES(mu);
   void handle_event(LoopEvent& ev);
+  void register_choice(const LoopEvent& ev);
+  // Appends `delta` to out.text through the choice's stop strings, if any; true when one
+  // matched (the choice then keeps its tokens so far).
+  bool push_text(OutChoice& oc, const std::string& delta, RequestOutput& out);
+  // The event's tokens, logprobs and text into `out` (up to a matched stop string); returns
+  // the event's test hooks (RequestSpec::hooks), or null.
+  std::shared_ptr<OutputHooks> fold_tokens(OutChoice& oc, LoopEvent& ev, RequestOutput& out);
+  // A final event's finish reason, error, usage, timing and hooks (the event's `hooks` plus
+  // the pages) into `out`.
+  void finish_output(OutChoice& oc, LoopEvent& ev, RequestOutput& out,
+                     std::shared_ptr<OutputHooks> hooks);
 };
 
 namespace {
@@ -320,53 +360,81 @@ LlmEngine::~LlmEngine() {
   if (impl_) (void)shutdown(base::Deadline::poll());
 }
 
-absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
-  Impl& im = *impl_;
-  const Qwen3Dims& d = dims_;
-  auto refuse = [&](absl::Status s) -> absl::Status {
-    base::MutexLock l(im.mu);
-    ++im.metrics.requests_refused;
-    return s;
-  };
-  if (spec.prompt_ids.empty()) return refuse(absl::InvalidArgumentError("prompt_ids is empty"));
-  for (size_t i = 0; i < spec.prompt_ids.size(); ++i) {
-    const int32_t id = spec.prompt_ids[i];
-    if (id < 0 || id >= d.vocab_size) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "prompt_ids[", i, "] = ", id, " is outside the vocabulary [0, ", d.vocab_size, ")")));
-    }
-  }
-  const int64_t plen = static_cast<int64_t>(spec.prompt_ids.size());
-  if (spec.max_tokens < 1) {
-    return refuse(
-        absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", spec.max_tokens)));
-  }
-  if (spec.max_tokens > im.max_model_len - plen) {  // plen + max_tokens could overflow
-    const bool sum_fits = spec.max_tokens <= std::numeric_limits<int64_t>::max() - plen;
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("prompt of ", plen, " tokens + max_tokens ", spec.max_tokens,
-                     (sum_fits ? absl::StrCat(" = ", plen + spec.max_tokens) : std::string()),
-                     " exceeds max_position_embeddings ", im.max_model_len)));
-  }
+absl::StatusOr<int64_t> LlmEngine::max_tokens_for(int64_t prompt_tokens,
+                                                  std::optional<int64_t> max_tokens) const {
+  const int64_t plen = prompt_tokens;
+  if (plen < 1) return absl::InvalidArgumentError("the prompt is empty");
+  const int64_t context = config_.max_position_embeddings;
   const RunnerOptions& ro = options_.runner;
-  const int64_t need = pages_needed(plen + spec.max_tokens - 1, ro.page_size);
+  const int64_t pool_tokens = static_cast<int64_t>(ro.num_pages) * ro.page_size;
+  if (!max_tokens.has_value()) {
+    const int64_t room = std::min(context - plen, pool_tokens - plen + 1);
+    if (room < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the prompt has ", plen, " tokens; the model's context holds ", context,
+                       " and the KV cache ", pool_tokens, ": no room for one new token"));
+    }
+    return room;
+  }
+  const int64_t mt = *max_tokens;
+  if (mt < 1) return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", mt));
+  if (mt > context - plen) {  // plen + mt could overflow
+    const bool sum_fits = mt <= std::numeric_limits<int64_t>::max() - plen;
+    return absl::InvalidArgumentError(
+        absl::StrCat("this model's maximum context length is ", context, " tokens; the prompt has ",
+                     plen, " tokens and max_tokens is ", mt,
+                     (sum_fits ? absl::StrCat(" (", plen + mt, " in all)") : std::string()),
+                     ", which exceeds max_position_embeddings"));
+  }
+  const int64_t need = pages_needed(plen + mt - 1, ro.page_size);
   if (need > ro.num_pages) {
-    return refuse(absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(
         absl::StrCat("the request can never fit the KV cache: prompt of ", plen,
-                     " tokens + max_tokens ", spec.max_tokens, " needs ", need, " pages of ",
-                     ro.page_size, " tokens, and the pool holds ", ro.num_pages, " pages")));
+                     " tokens + max_tokens ", mt, " needs ", need, " pages of ", ro.page_size,
+                     " tokens, and the pool holds ", ro.num_pages, " pages"));
   }
-  if (spec.n < 1 || spec.n > ro.max_num_seqs) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("n must be in [1, max_num_seqs ", ro.max_num_seqs, "], got ", spec.n)));
+  return mt;
+}
+
+namespace {
+
+// The model's EOS ids and the request's stop ids into `p` (ignore_eos masks only the EOS ids).
+// INVALID_ARGUMENT for an id outside the vocabulary or more than kMaxSamplingStopIds in all.
+absl::Status set_stop_ids(const std::vector<int32_t>& eos_ids,
+                          const std::vector<int32_t>& stop_token_ids, int32_t vocab_size,
+                          SamplingParams& p) {
+  std::vector<std::pair<int32_t, bool>> stop_ids;  // (id, is_eos)
+  for (int32_t id : eos_ids) stop_ids.emplace_back(id, true);
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop_token_ids entry ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    bool dup = false;
+    for (auto& [sid, eos] : stop_ids) {
+      if (sid == id) {
+        eos = false;  // the request's own stop id: ignore_eos does not disable it
+        dup = true;
+      }
+    }
+    if (!dup) stop_ids.emplace_back(id, false);
   }
-  if (spec.n > options_.max_waiting) {
-    // Its choices wait together: it would never fit an empty waiting queue.
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("n ", spec.n, " exceeds max_waiting ", options_.max_waiting,
-                     ": the request's choices could never wait in the queue at once")));
+  if (stop_ids.size() > static_cast<size_t>(kMaxSamplingStopIds)) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", stop_ids.size(),
+                                                   " stop ids with the model's ", eos_ids.size(),
+                                                   " EOS ids, at most ", kMaxSamplingStopIds));
   }
-  const RequestSampling& rs = spec.sampling;
+  for (size_t i = 0; i < stop_ids.size(); ++i) {
+    p.stop_ids[i] = stop_ids[i].first;
+    if (stop_ids[i].second) p.eos_mask |= static_cast<uint8_t>(1u << i);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SamplingParams> LlmEngine::Impl::sampling_params(const RequestSampling& rs) const {
+  const int32_t vocab_size = engine->dims().vocab_size;
   SamplingParams p;
   p.temperature = rs.temperature;
   p.top_p = rs.top_p;
@@ -377,46 +445,49 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
   p.repetition_penalty = rs.repetition_penalty;
   p.logprobs = rs.logprobs.has_value() ? *rs.logprobs : -1;
   if (rs.logprobs.has_value() && (*rs.logprobs < 0 || *rs.logprobs > kMaxLogprobs)) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs,
-                                                          "] (or absent), got ", *rs.logprobs)));
+    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs,
+                                                   "] (or absent), got ", *rs.logprobs));
   }
   p.min_tokens = rs.min_tokens;
   p.ignore_eos = rs.ignore_eos ? 1 : 0;
-  {
-    std::vector<std::pair<int32_t, bool>> stop_ids;  // (id, is_eos)
-    for (int32_t id : im.eos_ids) stop_ids.emplace_back(id, true);
-    for (int32_t id : rs.stop_token_ids) {
-      if (id < 0 || id >= d.vocab_size) {
-        return refuse(absl::InvalidArgumentError(absl::StrCat(
-            "stop_token_ids entry ", id, " is outside the vocabulary [0, ", d.vocab_size, ")")));
-      }
-      bool dup = false;
-      for (auto& [sid, eos] : stop_ids) {
-        if (sid == id) {
-          eos = false;  // the request's own stop id: ignore_eos does not disable it
-          dup = true;
-        }
-      }
-      if (!dup) stop_ids.emplace_back(id, false);
-    }
-    if (stop_ids.size() > static_cast<size_t>(kMaxSamplingStopIds)) {
-      return refuse(absl::InvalidArgumentError(
-          absl::StrCat("stop_token_ids: ", stop_ids.size(), " stop ids with the model's ",
-                       im.eos_ids.size(), " EOS ids, at most ", kMaxSamplingStopIds)));
-    }
-    for (size_t i = 0; i < stop_ids.size(); ++i) {
-      p.stop_ids[i] = stop_ids[i].first;
-      if (stop_ids[i].second) p.eos_mask |= static_cast<uint8_t>(1u << i);
-    }
-  }
-  if (absl::Status s = p.validate(d.vocab_size); !s.ok()) return refuse(s);
+  SIMPLER_RETURN_IF_ERROR(set_stop_ids(eos_ids, rs.stop_token_ids, vocab_size, p));
+  SIMPLER_RETURN_IF_ERROR(p.validate(vocab_size));
   if (!rs.stop.empty()) {
-    if (options_.tokenizer == nullptr) {
-      return refuse(absl::InvalidArgumentError(
-          "stop strings need a tokenizer; the engine was created without one"));
+    if (options.tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "stop strings need a tokenizer; the engine was created without one");
     }
-    if (auto m = StopStringMatcher::create(rs.stop); !m.ok()) return refuse(m.status());
+    SIMPLER_RETURN_IF_ERROR(StopStringMatcher::create(rs.stop).status());
   }
+  return p;
+}
+
+absl::StatusOr<SamplingParams> LlmEngine::Impl::check_request(const RequestSpec& spec) const {
+  const int32_t vocab_size = engine->dims().vocab_size;
+  for (size_t i = 0; i < spec.prompt_ids.size(); ++i) {
+    const int32_t id = spec.prompt_ids[i];
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_ids[", i, "] = ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  const int64_t plen = static_cast<int64_t>(spec.prompt_ids.size());
+  SIMPLER_RETURN_IF_ERROR(engine->max_tokens_for(plen, spec.max_tokens).status());
+  const int32_t max_num_seqs = options.runner.max_num_seqs;
+  if (spec.n < 1 || spec.n > max_num_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n must be in [1, max_num_seqs ", max_num_seqs, "], got ", spec.n));
+  }
+  if (spec.n > options.max_waiting) {
+    // Its choices wait together: it would never fit an empty waiting queue.
+    return absl::InvalidArgumentError(
+        absl::StrCat("n ", spec.n, " exceeds max_waiting ", options.max_waiting,
+                     ": the request's choices could never wait in the queue at once"));
+  }
+  return sampling_params(spec.sampling);
+}
+
+absl::StatusOr<RequestId> LlmEngine::Impl::enqueue(RequestSpec spec, SamplingParams p) {
   auto delivery = std::make_shared<Delivery>();
   delivery->callback = spec.on_output;
   delivery->caller_id = spec.caller_id;
@@ -426,37 +497,47 @@ absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
     delivery->unread_finals = spec.n;
   }
   const int32_t n = spec.n;
+  const std::optional<uint64_t> seed = spec.sampling.seed;
   auto shared = std::make_shared<const RequestSpec>(std::move(spec));
-  base::MutexLock l(im.mu);
-  if (!im.unhealthy.ok()) {
-    ++im.metrics.requests_refused;
-    return base::annotate(im.unhealthy, "the engine is unhealthy: ");
+  base::MutexLock l(mu);
+  absl::Status refusal;
+  if (!unhealthy.ok()) {
+    refusal = base::annotate(unhealthy, "the engine is unhealthy: ");
+  } else if (draining) {
+    refusal = absl::FailedPreconditionError("the engine is shutting down");
+  } else if (waiting_choices + n > options.max_waiting) {
+    refusal = absl::ResourceExhaustedError(
+        absl::StrCat("the waiting queue is full: ", waiting_choices, " requests wait, max_waiting ",
+                     options.max_waiting, (n > 1 ? absl::StrCat(" (this one adds ", n, ")") : "")));
   }
-  if (im.draining) {
-    ++im.metrics.requests_refused;
-    return absl::FailedPreconditionError("the engine is shutting down");
+  if (!refusal.ok()) {
+    ++metrics.requests_refused;
+    return refusal;
   }
-  if (im.waiting_choices + n > options_.max_waiting) {
-    ++im.metrics.requests_refused;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the waiting queue is full: ", im.waiting_choices, " requests wait, max_waiting ",
-        options_.max_waiting, (n > 1 ? absl::StrCat(" (this one adds ", n, ")") : "")));
-  }
-  const uint64_t seed = rs.seed.has_value() ? *rs.seed : im.seeds.next();
-  p.seed = seed;
-  Impl::Command c;
-  c.kind = Impl::Command::kAdd;
-  c.rid = im.next_rid++;
+  p.seed = seed.has_value() ? *seed : seeds.next();
+  Command c;
+  c.kind = Command::kAdd;
+  c.rid = next_rid++;
   c.spec = shared;
   c.delivery = delivery;
   c.arrival_ns = base::now_ns();
-  for (int32_t i = 0; i < n; ++i) c.choices.push_back({im.next_sid++, i, p});
-  im.waiting_choices += n;
-  im.deliveries.emplace(c.rid, delivery);
+  for (int32_t i = 0; i < n; ++i) c.choices.push_back({next_sid++, i, p});
+  waiting_choices += n;
+  deliveries.emplace(c.rid, delivery);
   const RequestId rid = c.rid;
-  im.inbox.push_back(std::move(c));
-  im.inbox_cv.notify_one();
+  post_locked(std::move(c));
   return rid;
+}
+
+absl::StatusOr<RequestId> LlmEngine::add_request(RequestSpec spec) {
+  Impl& im = *impl_;
+  absl::StatusOr<SamplingParams> params = im.check_request(spec);
+  if (!params.ok()) {
+    base::MutexLock l(im.mu);
+    ++im.metrics.requests_refused;
+    return params.status();
+  }
+  return im.enqueue(std::move(spec), *params);
 }
 
 absl::Status LlmEngine::abort(RequestId id) {
@@ -475,8 +556,7 @@ absl::Status LlmEngine::abort(RequestId id) {
   Impl::Command c;
   c.kind = Impl::Command::kAbort;
   c.rid = id;
-  im.inbox.push_back(std::move(c));
-  im.inbox_cv.notify_one();
+  im.post_locked(std::move(c));
   return absl::OkStatus();
 }
 
@@ -697,129 +777,150 @@ bool LlmEngine::Impl::submit_one() {
   return true;
 }
 
+absl::Status LlmEngine::Impl::wait_step(const InFlight& f, std::vector<RowSample>& samples) {
+  if (!f.step) return f.submit_error;
+  SIMPLER_RETURN_IF_ERROR(f.step->handle().wait());
+  SIMPLER_ASSIGN_OR_RETURN(samples, runner->collect(*f.step));
+  return absl::OkStatus();
+}
+
+void LlmEngine::Impl::dump_kv(const InFlight& f, std::unordered_map<uint64_t, LoopEvent>& events) {
+  for (const StepRow& row : f.plan.rows) {
+    auto it = choices.find(row.request_id);
+    if (it == choices.end() || it->second.spec->hooks == nullptr) continue;
+    const std::set<int64_t>& positions = it->second.spec->hooks->kv_positions;
+    if (positions.empty()) continue;
+    for (int64_t k = 0; k < row.len; ++k) {
+      const int64_t pos = row.start + k;
+      if (positions.count(pos) == 0) continue;
+      auto kv = runner->read_kv(row.slots[k]);
+      if (kv.ok()) events[row.request_id].kv[pos] = *std::move(kv);
+    }
+  }
+}
+
+std::vector<AcceptedSample> LlmEngine::Impl::retire_rows(const InFlight& f,
+                                                         const std::vector<RowSample>& samples) {
+  std::vector<RowResult> results(f.plan.rows.size());
+  for (const RowSample& s : samples) {
+    const StepRow& row = f.plan.rows[s.row];
+    const auto it = choices.find(row.request_id);
+    results[s.row].token = s.sample.id;
+    if (it != choices.end()) {
+      const int64_t generated = row.start + row.len - it->second.prompt_len + 1;
+      results[s.row].stop = stops_on(it->second.params, s.sample.id, generated);
+    }
+  }
+  absl::StatusOr<std::vector<AcceptedSample>> accepted =
+      scheduler->on_step_retired(f.step_id, results);
+  if (!accepted.ok()) {
+    SIMPLER_LOG_ERROR("engine: retiring step {}: {}", f.step_id, accepted.status().ToString());
+    std::abort();  // the loop's own bookkeeping is broken
+  }
+  return *std::move(accepted);
+}
+
+void LlmEngine::Impl::accept(const Choice& ch, const AcceptedSample& a, const RowSample* s,
+                             LoopEvent& ev) {
+  ev.tokens.push_back(a.token);
+  if (s == nullptr) return;
+  if (ch.params.logprobs >= 0) {
+    TokenLogprob lp;
+    lp.logprob = s->sample.logprob;
+    for (int k = 0; k < ch.params.logprobs; ++k) {
+      if (s->sample.top_ids[k] >= 0) {
+        lp.top.emplace_back(s->sample.top_ids[k], s->sample.top_logprobs[k]);
+      }
+    }
+    ev.logprobs.push_back(std::move(lp));
+  }
+  if (!s->logits.empty()) ev.logits[a.index] = s->logits;
+}
+
+void LlmEngine::Impl::accept_samples(const InFlight& f, const std::vector<RowSample>& samples,
+                                     int64_t now, std::unordered_map<uint64_t, LoopEvent>& events) {
+  // Samples in row order; `samples` is in logit-row order, which is row order too.
+  size_t si = 0;
+  for (const AcceptedSample& a : retire_rows(f, samples)) {
+    while (si < samples.size() && samples[si].row != a.row) ++si;
+    Choice& ch = choices.at(a.request_id);
+    ch.tokens.push_back(a.token);
+    LoopEvent& ev = events[a.request_id];
+    ev.times.push_back(now);
+    accept(ch, a, si < samples.size() ? &samples[si] : nullptr, ev);
+    base::MutexLock l(mu);
+    ++metrics.generation_tokens_total;
+    if (ch.first_token_ns == 0) {
+      ch.first_token_ns = now;
+      metrics.time_to_first_token_s.observe((now - ch.arrival_ns) / 1e9);
+    } else {
+      metrics.inter_token_latency_s.observe((now - ch.last_token_ns) / 1e9);
+    }
+    ch.last_token_ns = now;
+  }
+}
+
+void LlmEngine::Impl::fail_step(const InFlight& f, const absl::Status& status) {
+  const bool fatal = base::is_unrecoverable(status);
+  absl::Status s = scheduler->on_step_failed(
+      f.step_id, fatal ? StepFailure::kUnrecoverable : StepFailure::kRecoverable, status);
+  if (!s.ok()) {
+    SIMPLER_LOG_ERROR("engine: failing step {}: {}", f.step_id, s.ToString());
+    std::abort();
+  }
+  if (fatal && !closing) {
+    base::MutexLock l(mu);
+    if (unhealthy.ok()) {
+      unhealthy = status;
+      SIMPLER_LOG_ERROR("engine: unrecoverable failure, the engine is unhealthy: {}",
+                        status.ToString());
+    }
+  }
+}
+
+void LlmEngine::Impl::record_step(const InFlight& f, int64_t now) {
+  metrics.step_time_s.observe(f.step ? (now - f.step->submit_ns()) / 1e9 : 0);
+  metrics.rows_per_step.observe(static_cast<double>(f.plan.rows.size()));
+  metrics.tokens_per_step.observe(static_cast<double>(f.plan.num_tokens()));
+  if (!options.record_steps) return;
+  StepRecord r;
+  r.step_id = f.step_id;
+  r.rows = static_cast<int64_t>(f.plan.rows.size());
+  r.tokens = f.plan.num_tokens();
+  for (const StepRow& row : f.plan.rows) r.logit_rows += row.logits ? 1 : 0;
+  r.retire_ns = now;
+  r.in_flight_at_submit = f.in_flight_at_submit;
+  if (f.step) {
+    r.submit_ns = f.step->submit_ns();
+    if (f.step->handle().done()) {
+      const worker::RunResult& rr = f.step->handle().result();
+      r.device_start_ns = rr.timing.device_start_ns;
+      r.device_end_ns = rr.timing.device_end_ns;
+      r.effective_depth = rr.effective_depth;
+    }
+  }
+  step_records.push_back(r);
+}
+
 void LlmEngine::Impl::retire_front() {
   InFlight f = std::move(in_flight.front());
   in_flight.pop_front();
   const int64_t now = base::now_ns();
-  absl::Status status = f.submit_error;
-  if (f.step) status = f.step->handle().wait();
   std::vector<RowSample> samples;
-  if (status.ok()) {
-    absl::StatusOr<std::vector<RowSample>> c = runner->collect(*f.step);
-    if (c.ok()) {
-      samples = *std::move(c);
-    } else {
-      status = c.status();
-    }
-  }
+  const absl::Status status = wait_step(f, samples);
   std::unordered_map<uint64_t, LoopEvent> events;
   if (status.ok()) {
-    // K/V dumps first: the rows' pages are still held or fenced behind this step.
-    for (const StepRow& row : f.plan.rows) {
-      auto it = choices.find(row.request_id);
-      if (it == choices.end() || it->second.spec->hooks == nullptr) continue;
-      const std::set<int64_t>& positions = it->second.spec->hooks->kv_positions;
-      if (positions.empty()) continue;
-      for (int64_t k = 0; k < row.len; ++k) {
-        const int64_t pos = row.start + k;
-        if (positions.count(pos) == 0) continue;
-        auto kv = runner->read_kv(row.slots[k]);
-        if (kv.ok()) events[row.request_id].kv[pos] = *std::move(kv);
-      }
-    }
-    std::vector<RowResult> results(f.plan.rows.size());
-    for (const RowSample& s : samples) {
-      const StepRow& row = f.plan.rows[s.row];
-      const auto it = choices.find(row.request_id);
-      results[s.row].token = s.sample.id;
-      if (it != choices.end()) {
-        const int64_t generated = row.start + row.len - it->second.prompt_len + 1;
-        results[s.row].stop = stops_on(it->second.params, s.sample.id, generated);
-      }
-    }
-    absl::StatusOr<std::vector<AcceptedSample>> accepted =
-        scheduler->on_step_retired(f.step_id, results);
-    if (!accepted.ok()) {
-      SIMPLER_LOG_ERROR("engine: retiring step {}: {}", f.step_id, accepted.status().ToString());
-      std::abort();  // the loop's own bookkeeping is broken
-    }
-    // Samples in row order; `samples` is in logit-row order, which is row order too.
-    size_t si = 0;
-    for (const AcceptedSample& a : *accepted) {
-      while (si < samples.size() && samples[si].row != a.row) ++si;
-      Choice& ch = choices.at(a.request_id);
-      ch.tokens.push_back(a.token);
-      LoopEvent& ev = events[a.request_id];
-      ev.tokens.push_back(a.token);
-      ev.times.push_back(now);
-      if (si < samples.size()) {
-        const RowSample& s = samples[si];
-        if (ch.params.logprobs >= 0) {
-          TokenLogprob lp;
-          lp.logprob = s.sample.logprob;
-          for (int k = 0; k < ch.params.logprobs; ++k) {
-            if (s.sample.top_ids[k] >= 0) {
-              lp.top.emplace_back(s.sample.top_ids[k], s.sample.top_logprobs[k]);
-            }
-          }
-          ev.logprobs.push_back(std::move(lp));
-        }
-        if (!s.logits.empty()) ev.logits[a.index] = s.logits;
-      }
-      base::MutexLock l(mu);
-      ++metrics.generation_tokens_total;
-      if (ch.first_token_ns == 0) {
-        ch.first_token_ns = now;
-        metrics.time_to_first_token_s.observe((now - ch.arrival_ns) / 1e9);
-      } else {
-        metrics.inter_token_latency_s.observe((now - ch.last_token_ns) / 1e9);
-      }
-      ch.last_token_ns = now;
-    }
+    dump_kv(f, events);  // first: the rows' pages are still held or fenced behind this step
+    accept_samples(f, samples, now, events);
   } else {
-    const bool fatal = base::is_unrecoverable(status);
-    absl::Status s = scheduler->on_step_failed(
-        f.step_id, fatal ? StepFailure::kUnrecoverable : StepFailure::kRecoverable, status);
-    if (!s.ok()) {
-      SIMPLER_LOG_ERROR("engine: failing step {}: {}", f.step_id, s.ToString());
-      std::abort();
-    }
-    if (fatal && !closing) {
-      base::MutexLock l(mu);
-      if (unhealthy.ok()) {
-        unhealthy = status;
-        SIMPLER_LOG_ERROR("engine: unrecoverable failure, the engine is unhealthy: {}",
-                          status.ToString());
-      }
-    }
+    fail_step(f, status);
   }
   for (auto& [sid, ev] : events) {
     ev.sid = sid;
     emit(std::move(ev));
   }
   base::MutexLock l(mu);
-  metrics.step_time_s.observe(f.step ? (now - f.step->submit_ns()) / 1e9 : 0);
-  metrics.rows_per_step.observe(static_cast<double>(f.plan.rows.size()));
-  metrics.tokens_per_step.observe(static_cast<double>(f.plan.num_tokens()));
-  if (options.record_steps) {
-    StepRecord r;
-    r.step_id = f.step_id;
-    r.rows = static_cast<int64_t>(f.plan.rows.size());
-    r.tokens = f.plan.num_tokens();
-    for (const StepRow& row : f.plan.rows) r.logit_rows += row.logits ? 1 : 0;
-    r.retire_ns = now;
-    r.in_flight_at_submit = f.in_flight_at_submit;
-    if (f.step) {
-      r.submit_ns = f.step->submit_ns();
-      if (f.step->handle().done()) {
-        const worker::RunResult& rr = f.step->handle().result();
-        r.device_start_ns = rr.timing.device_start_ns;
-        r.device_end_ns = rr.timing.device_end_ns;
-        r.effective_depth = rr.effective_depth;
-      }
-    }
-    step_records.push_back(r);
-  }
+  record_step(f, now);
 }
 
 // Final events of the choices the scheduler finished, sent after the gauges
@@ -993,9 +1094,7 @@ void LlmEngine::Impl::deliver(OutChoice& oc, RequestOutput out) {
     Command c;
     c.kind = Command::kAbortChoice;
     c.sid = oc.sid;
-    base::MutexLock l(mu);
-    inbox.push_back(std::move(c));
-    inbox_cv.notify_one();
+    post(std::move(c));
   }
 }
 
@@ -1018,121 +1117,119 @@ void LlmEngine::Impl::count_finish(OutputFinish finish, int64_t delta) {
   }
 }
 
-void LlmEngine::Impl::handle_event(LoopEvent& ev) {
-  auto it = out_choices.find(ev.sid);
-  if (ev.init.has_value()) {
-    // Registration: the first event of every choice (see apply()).
-    OutChoice oc;
-    oc.sid = ev.sid;
-    oc.rid = ev.init->rid;
-    oc.index = ev.init->index;
-    oc.arrival_ns = ev.init->arrival_ns;
-    oc.delivery = ev.init->delivery;
-    oc.spec = ev.init->spec;
-    if (options.tokenizer != nullptr) {
-      oc.detok.emplace(options.tokenizer);
-      if (!oc.spec->sampling.stop.empty()) {
-        auto m = StopStringMatcher::create(oc.spec->sampling.stop);
-        if (m.ok()) oc.stops.emplace(*std::move(m));  // checked at add_request
-      }
+// Registration: the first event of every choice (see apply()).
+void LlmEngine::Impl::register_choice(const LoopEvent& ev) {
+  OutChoice oc;
+  oc.sid = ev.sid;
+  oc.rid = ev.init->rid;
+  oc.index = ev.init->index;
+  oc.arrival_ns = ev.init->arrival_ns;
+  oc.delivery = ev.init->delivery;
+  oc.spec = ev.init->spec;
+  if (options.tokenizer != nullptr) {
+    oc.detok.emplace(options.tokenizer);
+    if (!oc.spec->sampling.stop.empty()) {
+      auto m = StopStringMatcher::create(oc.spec->sampling.stop);
+      if (m.ok()) oc.stops.emplace(*std::move(m));  // checked at add_request
     }
-    out_choices.emplace(ev.sid, std::move(oc));
-    return;
   }
+  out_choices.emplace(ev.sid, std::move(oc));
+}
+
+bool LlmEngine::Impl::push_text(OutChoice& oc, const std::string& delta, RequestOutput& out) {
+  if (!oc.stops) {
+    out.text += delta;
+    return false;
+  }
+  const int64_t min_tokens = oc.spec->sampling.min_tokens;
+  StopStringMatcher::Result r = oc.stops->push(delta, oc.generated >= min_tokens);
+  out.text += r.text;
+  if (!r.stopped) return false;
+  oc.stop_matched = true;
+  oc.keep = oc.generated;
+  return true;
+}
+
+std::shared_ptr<OutputHooks> LlmEngine::Impl::fold_tokens(OutChoice& oc, LoopEvent& ev,
+                                                          RequestOutput& out) {
+  if (oc.stop_matched || oc.overflowed) return nullptr;
+  for (size_t k = 0; k < ev.tokens.size(); ++k) {
+    ++oc.generated;
+    out.token_ids.push_back(ev.tokens[k]);
+    if (k < ev.logprobs.size()) out.logprobs.push_back(ev.logprobs[k]);
+    if (k < ev.times.size()) out.token_times_ns.push_back(ev.times[k]);
+    if (oc.detok &&
+        push_text(oc, oc.detok->push(std::span<const int32_t>(&ev.tokens[k], 1)), out)) {
+      Command c;
+      c.kind = Command::kStop;
+      c.sid = ev.sid;
+      c.keep = oc.keep;
+      post(std::move(c));
+      break;
+    }
+  }
+  if (oc.spec->hooks == nullptr || (ev.logits.empty() && ev.kv.empty())) return nullptr;
+  auto hooks = std::make_shared<OutputHooks>();
+  hooks->logits = std::move(ev.logits);
+  hooks->kv = std::move(ev.kv);
+  return hooks;
+}
+
+void LlmEngine::Impl::finish_output(OutChoice& oc, LoopEvent& ev, RequestOutput& out,
+                                    std::shared_ptr<OutputHooks> hooks) {
+  if (oc.overflowed) {
+    // An event of this choice was dropped: whatever ended it in the loop
+    // (the abort the overflow asked for, or its own end reached first), its
+    // consumer lacks tokens. It ends as that abort, counting the tokens it
+    // delivered.
+    out.finish = OutputFinish::kAbort;
+    out.error = absl::ResourceExhaustedError(absl::StrCat(
+        "request ", oc.rid, " choice ", oc.index, " aborted: its consumer fell behind by ",
+        options.max_buffered_outputs, " undelivered outputs (max_buffered_outputs)"));
+    out.completion_tokens = oc.delivered_tokens;
+  } else {
+    if (oc.detok && !oc.stop_matched) {
+      if (!push_text(oc, oc.detok->finish(), out) && oc.stops) out.text += oc.stops->finish();
+    }
+    // A matched stop string decides, whatever the loop ended the choice
+    // with meanwhile (its tokens past the stop were dropped).
+    out.finish = oc.stop_matched ? OutputFinish::kStop : ev.finish;
+    out.error = oc.stop_matched ? absl::OkStatus() : ev.error;
+    out.completion_tokens = oc.stop_matched ? oc.keep : ev.completion_tokens;
+  }
+  out.prompt_tokens = static_cast<int64_t>(oc.spec->prompt_ids.size());
+  out.arrival_ns = oc.arrival_ns;
+  out.scheduled_ns = ev.scheduled_ns;
+  out.first_token_ns = ev.first_token_ns;
+  out.finished_ns = ev.finished_ns;
+  if (oc.spec->hooks != nullptr) {
+    if (hooks == nullptr) hooks = std::make_shared<OutputHooks>();
+    hooks->pages = std::move(ev.pages);
+    hooks->page_steps = std::move(ev.page_steps);
+    hooks->last_step = ev.last_step;
+  }
+  out.hooks = std::move(hooks);
+  if (out.finish != ev.finish) {
+    // The loop counted its own reason; the event's decides (before the
+    // consumer can see it).
+    base::MutexLock l(mu);
+    count_finish(ev.finish, -1);
+    count_finish(out.finish, 1);
+  }
+}
+
+void LlmEngine::Impl::handle_event(LoopEvent& ev) {
+  if (ev.init.has_value()) return register_choice(ev);
+  auto it = out_choices.find(ev.sid);
   if (it == out_choices.end()) return;  // a choice already finalized
   OutChoice& oc = it->second;
   RequestOutput out;
   out.id = oc.rid;
   out.index = oc.index;
   out.caller_id = oc.delivery->caller_id;
-  const int64_t min_tokens = oc.spec->sampling.min_tokens;
-  std::shared_ptr<OutputHooks> hooks;  // this event's (RequestSpec::hooks)
-  if (!oc.stop_matched && !oc.overflowed) {
-    for (size_t k = 0; k < ev.tokens.size(); ++k) {
-      ++oc.generated;
-      out.token_ids.push_back(ev.tokens[k]);
-      if (k < ev.logprobs.size()) out.logprobs.push_back(ev.logprobs[k]);
-      if (k < ev.times.size()) out.token_times_ns.push_back(ev.times[k]);
-      if (oc.detok) {
-        std::string delta = oc.detok->push(std::span<const int32_t>(&ev.tokens[k], 1));
-        if (oc.stops) {
-          StopStringMatcher::Result r = oc.stops->push(delta, oc.generated >= min_tokens);
-          out.text += r.text;
-          if (r.stopped) {
-            oc.stop_matched = true;
-            oc.keep = oc.generated;
-            Command c;
-            c.kind = Command::kStop;
-            c.sid = ev.sid;
-            c.keep = oc.keep;
-            base::MutexLock l(mu);
-            inbox.push_back(std::move(c));
-            inbox_cv.notify_one();
-            break;
-          }
-        } else {
-          out.text += delta;
-        }
-      }
-    }
-    if (oc.spec->hooks != nullptr && (!ev.logits.empty() || !ev.kv.empty())) {
-      hooks = std::make_shared<OutputHooks>();
-      hooks->logits = std::move(ev.logits);
-      hooks->kv = std::move(ev.kv);
-    }
-  }
+  std::shared_ptr<OutputHooks> hooks = fold_tokens(oc, ev, out);  // RequestSpec::hooks
   if (ev.final) {
-    if (oc.overflowed) {
-      // An event of this choice was dropped: whatever ended it in the loop
-      // (the abort the overflow asked for, or its own end reached first), its
-      // consumer lacks tokens. It ends as that abort, counting the tokens it
-      // delivered.
-      out.finish = OutputFinish::kAbort;
-      out.error = absl::ResourceExhaustedError(absl::StrCat(
-          "request ", oc.rid, " choice ", oc.index, " aborted: its consumer fell behind by ",
-          options.max_buffered_outputs, " undelivered outputs (max_buffered_outputs)"));
-      out.completion_tokens = oc.delivered_tokens;
-    } else {
-      if (oc.detok && !oc.stop_matched) {
-        std::string tail = oc.detok->finish();
-        if (oc.stops) {
-          StopStringMatcher::Result r = oc.stops->push(tail, oc.generated >= min_tokens);
-          out.text += r.text;
-          if (r.stopped) {
-            oc.stop_matched = true;
-            oc.keep = oc.generated;
-          } else {
-            out.text += oc.stops->finish();
-          }
-        } else {
-          out.text += tail;
-        }
-      }
-      // A matched stop string decides, whatever the loop ended the choice
-      // with meanwhile (its tokens past the stop were dropped).
-      out.finish = oc.stop_matched ? OutputFinish::kStop : ev.finish;
-      out.error = oc.stop_matched ? absl::OkStatus() : ev.error;
-      out.completion_tokens = oc.stop_matched ? oc.keep : ev.completion_tokens;
-    }
-    out.prompt_tokens = static_cast<int64_t>(oc.spec->prompt_ids.size());
-    out.arrival_ns = oc.arrival_ns;
-    out.scheduled_ns = ev.scheduled_ns;
-    out.first_token_ns = ev.first_token_ns;
-    out.finished_ns = ev.finished_ns;
-    if (oc.spec->hooks != nullptr) {
-      if (hooks == nullptr) hooks = std::make_shared<OutputHooks>();
-      hooks->pages = std::move(ev.pages);
-      hooks->page_steps = std::move(ev.page_steps);
-      hooks->last_step = ev.last_step;
-    }
-    out.hooks = std::move(hooks);
-    if (out.finish != ev.finish) {
-      // The loop counted its own reason; the event's decides (before the
-      // consumer can see it).
-      base::MutexLock l(mu);
-      count_finish(ev.finish, -1);
-      count_finish(out.finish, 1);
-    }
+    finish_output(oc, ev, out, std::move(hooks));
     deliver(oc, std::move(out));
     out_choices.erase(it);
     return;

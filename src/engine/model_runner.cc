@@ -501,144 +501,146 @@ std::vector<worker::DeviceBuffer> Qwen3ModelRunner::bound_buffers() const {
   return holder_->chips[0].all_buffers();
 }
 
-absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
-    const StepPlan& plan, std::span<const RowInput> inputs) {
-  if (inputs.size() != plan.rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " has ", plan.rows.size(),
-                                                   " rows but ", inputs.size(), " row inputs"));
+// One host tensor of a step's run, in argument order (see StepArg).
+struct Qwen3ModelRunner::HostArg {
+  void* data;
+  uint64_t bytes;
+  std::vector<int64_t> shape;
+  DataType dtype;
+  ArgDirection direction;
+};
+
+absl::Status Qwen3ModelRunner::check_host_step_collected() {
+  if (!options_.host_sampling || !host_step_pending_) return absl::OkStatus();
+  // A step whose run failed is never collected; it no longer holds the
+  // host-side sampling state.
+  if (host_pending_run_.done() && !host_pending_run_.result().status.ok()) {
+    host_step_pending_ = false;
+    host_pending_run_ = worker::RunHandle();
+    return absl::OkStatus();
   }
-  const bool host = options_.host_sampling;
-  if (host && host_step_pending_) {
-    // A step whose run failed is never collected; it no longer holds the
-    // host-side sampling state.
-    if (host_pending_run_.done() && !host_pending_run_.result().status.ok()) {
-      host_step_pending_ = false;
-      host_pending_run_ = worker::RunHandle();
+  return absl::FailedPreconditionError(
+      "host sampling: the previous step must be collected before the next is submitted");
+}
+
+absl::Status Qwen3ModelRunner::check_row(const StepPlan& plan, size_t i, const RowInput& in) const {
+  const StepRow& row = plan.rows[i];
+  if (in.tokens == nullptr || (row.logits && in.params == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", plan.step_id, " row ", i, ": no tokens or sampling parameters"));
+  }
+  const int64_t known = static_cast<int64_t>(in.tokens->size());
+  if (row.len < 1 || row.start < 0 || static_cast<int64_t>(row.slots.size()) != row.len ||
+      (row.prefill && row.start + row.len > known) || row.state_slot < 0 ||
+      row.state_slot >= options_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", plan.step_id, " row ", i, " (request ", row.request_id, ", positions [", row.start,
+        ", ", row.start + row.len, "), state slot ", row.state_slot, ") does not fit its ", known,
+        " known tokens or the runner's limits"));
+  }
+  return absl::OkStatus();
+}
+
+void Qwen3ModelRunner::add_fresh_state(StepInFlight& st, const StepRow& row, const RowInput& in) {
+  const int64_t known = static_cast<int64_t>(in.tokens->size());
+  st.clear_slots.push_back(row.state_slot);
+  for (int64_t p = 0; p < known; ++p) {
+    if (p < in.prompt_len) {
+      st.prompt_ids.push_back((*in.tokens)[p]);
+      st.prompt_slots.push_back(row.state_slot);
     } else {
-      return absl::FailedPreconditionError(
-          "host sampling: the previous step must be collected before the next is submitted");
+      st.gen_ids.push_back((*in.tokens)[p]);
+      st.gen_slots.push_back(row.state_slot);
     }
   }
-  const Qwen3Dims& d = dims_;
-  const int64_t V = d.vocab_size;
-  std::unique_ptr<StepInFlight> st(new StepInFlight());
-  st->step_id_ = plan.step_id;
-  st->host_logits_ = host;
-  int64_t max_blocks = 1;
-  for (const StepRow& row : plan.rows) {
-    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(row.block_table.size()));
+  if (!options_.host_sampling) return;
+  std::vector<int32_t>& c = host_counts_[row.state_slot];
+  c.assign(dims_.vocab_size, 0);
+  for (int64_t p = 0; p < known; ++p) {
+    apply_count(c, (*in.tokens)[p],
+                p < in.prompt_len ? TokenCountsMode::kPrompt : TokenCountsMode::kGenerated);
   }
-  bool any_logits_wanted = host;
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const StepRow& row = plan.rows[i];
-    const RowInput& in = inputs[i];
-    if (in.tokens == nullptr || (row.logits && in.params == nullptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step ", plan.step_id, " row ", i, ": no tokens or sampling parameters"));
+}
+
+void Qwen3ModelRunner::add_positions(StepInFlight& st, const StepRow& row, const RowInput& in,
+                                     int64_t max_blocks) const {
+  for (int64_t k = 0; k < row.len; ++k) {
+    const int64_t pos = row.start + k;
+    if (row.prefill) {
+      st.host_ids.push_back((*in.tokens)[pos]);
+      st.src_slots.push_back(-1);
+    } else if (options_.host_sampling) {
+      st.host_ids.push_back(host_last_ids_[row.state_slot]);
+      st.src_slots.push_back(-1);
+    } else {
+      st.host_ids.push_back(0);
+      st.src_slots.push_back(row.state_slot);
     }
-    const int64_t known = static_cast<int64_t>(in.tokens->size());
-    if (row.len < 1 || row.start < 0 || static_cast<int64_t>(row.slots.size()) != row.len ||
-        (row.prefill && row.start + row.len > known) || row.state_slot < 0 ||
-        row.state_slot >= options_.max_num_seqs) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", plan.step_id, " row ", i, " (request ", row.request_id, ", positions [",
-          row.start, ", ", row.start + row.len, "), state slot ", row.state_slot,
-          ") does not fit its ", known, " known tokens or the runner's limits"));
-    }
-    if (row.fresh_state) {
-      st->clear_slots.push_back(row.state_slot);
-      for (int64_t p = 0; p < known; ++p) {
-        if (p < in.prompt_len) {
-          st->prompt_ids.push_back((*in.tokens)[p]);
-          st->prompt_slots.push_back(row.state_slot);
-        } else {
-          st->gen_ids.push_back((*in.tokens)[p]);
-          st->gen_slots.push_back(row.state_slot);
-        }
-      }
-      if (host) {
-        std::vector<int32_t>& c = host_counts_[row.state_slot];
-        c.assign(V, 0);
-        for (int64_t p = 0; p < known; ++p) {
-          apply_count(c, (*in.tokens)[p],
-                      p < in.prompt_len ? TokenCountsMode::kPrompt : TokenCountsMode::kGenerated);
-        }
-      }
-    }
-    for (int64_t k = 0; k < row.len; ++k) {
-      const int64_t pos = row.start + k;
-      if (row.prefill) {
-        st->host_ids.push_back((*in.tokens)[pos]);
-        st->src_slots.push_back(-1);
-      } else if (host) {
-        st->host_ids.push_back(host_last_ids_[row.state_slot]);
-        st->src_slots.push_back(-1);
-      } else {
-        st->host_ids.push_back(0);
-        st->src_slots.push_back(row.state_slot);
-      }
-      st->positions.push_back(static_cast<int32_t>(pos));
-      st->slot_mapping.push_back(row.slots[k]);
-      st->context_lens.push_back(static_cast<int32_t>(pos + 1));
-      for (int64_t b = 0; b < max_blocks; ++b) {
-        st->block_tables.push_back(
-            b < static_cast<int64_t>(row.block_table.size()) ? row.block_table[b] : 0);
-      }
-    }
-    if (row.logits) {
-      const int64_t pos = row.start + row.len;  // the position of the token sampled
-      st->logit_rows.push_back(static_cast<int32_t>(st->positions.size() - 1));
-      st->row_of_logit_.push_back(i);
-      st->want_logits_.push_back(in.want_logits ? 1 : 0);
-      st->logit_state_slot_.push_back(row.state_slot);
-      any_logits_wanted = any_logits_wanted || in.want_logits;
-      SamplingParams params = *in.params;
-      st->params.push_back(params);
-      SampleRowInfo info;
-      info.slot = row.state_slot;
-      info.position = static_cast<int32_t>(pos);
-      info.choice = in.choice;
-      info.num_generated = static_cast<int32_t>(pos - in.prompt_len);
-      st->rows.push_back(info);
-      st->sample_slots.push_back(row.state_slot);
+    st.positions.push_back(static_cast<int32_t>(pos));
+    st.slot_mapping.push_back(row.slots[k]);
+    st.context_lens.push_back(static_cast<int32_t>(pos + 1));
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      st.block_tables.push_back(
+          b < static_cast<int64_t>(row.block_table.size()) ? row.block_table[b] : 0);
     }
   }
-  const int64_t B = static_cast<int64_t>(st->positions.size());
-  const int64_t n = static_cast<int64_t>(st->logit_rows.size());
+}
+
+void Qwen3ModelRunner::add_logit_row(StepInFlight& st, size_t i, const StepRow& row,
+                                     const RowInput& in) {
+  const int64_t pos = row.start + row.len;  // the position of the token sampled
+  st.logit_rows.push_back(static_cast<int32_t>(st.positions.size() - 1));
+  st.row_of_logit_.push_back(i);
+  st.want_logits_.push_back(in.want_logits ? 1 : 0);
+  st.logit_state_slot_.push_back(row.state_slot);
+  st.params.push_back(*in.params);
+  SampleRowInfo info;
+  info.slot = row.state_slot;
+  info.position = static_cast<int32_t>(pos);
+  info.choice = in.choice;
+  info.num_generated = static_cast<int32_t>(pos - in.prompt_len);
+  st.rows.push_back(info);
+  st.sample_slots.push_back(row.state_slot);
+}
+
+absl::Status Qwen3ModelRunner::size_outputs(StepInFlight& st, bool any_logits_wanted) const {
+  const int64_t B = static_cast<int64_t>(st.positions.size());
+  const int64_t n = static_cast<int64_t>(st.logit_rows.size());
   if (B > options_.max_num_batched_tokens || n > options_.max_num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step ", plan.step_id, " has ", B, " positions and ", n, " logit rows; the runner holds ",
+        "step ", st.step_id_, " has ", B, " positions and ", n, " logit rows; the runner holds ",
         options_.max_num_batched_tokens, " and ", options_.max_num_seqs));
   }
+  const bool host = options_.host_sampling;
   const int64_t ns = host ? 0 : n;  // rows sampled on the device
-  st->out_ids.assign(ns, -1);
-  st->out_logprobs.assign(ns, 0.0f);
-  st->top_ids.assign(ns * kMaxLogprobs, -1);
-  st->top_logprobs.assign(ns * kMaxLogprobs, 0.0f);
-  if (any_logits_wanted) st->logits.assign(n * V, 0.0f);
+  st.out_ids.assign(ns, -1);
+  st.out_logprobs.assign(ns, 0.0f);
+  st.top_ids.assign(ns * kMaxLogprobs, -1);
+  st.top_logprobs.assign(ns * kMaxLogprobs, 0.0f);
+  if (any_logits_wanted) st.logits.assign(n * dims_.vocab_size, 0.0f);
   if (host) {
-    st->host_params_ = std::move(st->params);
-    st->host_rows_ = std::move(st->rows);
-    st->params.clear();
-    st->rows.clear();
+    st.host_params_ = std::move(st.params);
+    st.host_rows_ = std::move(st.rows);
+    st.params.clear();
+    st.rows.clear();
   }
-  const int64_t c0 = static_cast<int64_t>(st->clear_slots.size());
-  const int64_t c1 = static_cast<int64_t>(st->prompt_ids.size());
-  const int64_t c2 = static_cast<int64_t>(st->gen_ids.size());
-  StepInFlight& s = *st;
-  // The run's host tensors, in argument order (see StepArg).
-  struct HostArg {
-    void* data;
-    uint64_t bytes;
-    std::vector<int64_t> shape;
-    DataType dtype;
-    ArgDirection direction;
-  };
-  std::vector<HostArg> host_args;
-  auto add = [&host_args]<typename T>(std::vector<T>& v, std::vector<int64_t> shape, DataType dtype,
-                                      ArgDirection dir) {
+  return absl::OkStatus();
+}
+
+std::vector<Qwen3ModelRunner::HostArg> Qwen3ModelRunner::host_args(StepInFlight& s,
+                                                                   int64_t max_blocks,
+                                                                   int64_t vocab_size) {
+  const int64_t B = static_cast<int64_t>(s.positions.size());
+  const int64_t n = static_cast<int64_t>(s.logit_rows.size());
+  const int64_t ns = static_cast<int64_t>(s.out_ids.size());
+  const int64_t c0 = static_cast<int64_t>(s.clear_slots.size());
+  const int64_t c1 = static_cast<int64_t>(s.prompt_ids.size());
+  const int64_t c2 = static_cast<int64_t>(s.gen_ids.size());
+  std::vector<HostArg> args;
+  auto add = [&args]<typename T>(std::vector<T>& v, std::vector<int64_t> shape, DataType dtype,
+                                 ArgDirection dir) {
     if (v.capacity() == 0) v.reserve(1);  // a valid address even for an empty tensor
-    host_args.push_back({v.data(), v.size() * sizeof(T), std::move(shape), dtype, dir});
+    args.push_back({v.data(), v.size() * sizeof(T), std::move(shape), dtype, dir});
   };
   const int64_t sp = static_cast<int64_t>(sizeof(SamplingParams));
   add(s.host_ids, {B}, DataType::kInt32, ArgDirection::kIn);
@@ -663,33 +665,36 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   if (s.logits.empty()) {
     add(s.logits, {0}, DataType::kFloat32, ArgDirection::kOut);  // the chip's scratch
   } else {
-    add(s.logits, {n, V}, DataType::kFloat32, ArgDirection::kOut);
+    add(s.logits, {n, vocab_size}, DataType::kFloat32, ArgDirection::kOut);
   }
-  // A runner on an L3 child stages them in one shared-heap buffer (the only host memory the
-  // child sees), 64-byte aligned each; its own worker reads the vectors where they are.
-  uint64_t staging_base = 0;
-  if (l3_ != nullptr) {
-    constexpr uint64_t kAlign = 64;
-    uint64_t total = 0;
-    for (const HostArg& h : host_args) total += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
-    SIMPLER_ASSIGN_OR_RETURN(hierarchy::HostBuffer buf, l3_->create_buffer(total));
-    hierarchy::L3Worker* l3 = l3_;
-    s.release_staging_ = [l3, buf] { (void)l3->free_buffer(buf); };
-    staging_base = buf.address;
-    uint64_t off = 0;
-    for (HostArg& h : host_args) {
-      void* dst = reinterpret_cast<void*>(static_cast<uintptr_t>(staging_base + off));
-      if (h.direction == ArgDirection::kIn) {
-        if (h.bytes > 0) std::memcpy(dst, h.data, h.bytes);
-      } else if (h.bytes > 0) {
-        s.copy_back_.push_back({h.data, dst, h.bytes});
-      }
-      h.data = dst;
-      off += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
+  return args;
+}
+
+absl::Status Qwen3ModelRunner::stage_on_l3(StepInFlight& s, std::vector<HostArg>& args) {
+  constexpr uint64_t kAlign = 64;
+  uint64_t total = 0;
+  for (const HostArg& h : args) total += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
+  SIMPLER_ASSIGN_OR_RETURN(hierarchy::HostBuffer buf, l3_->create_buffer(total));
+  hierarchy::L3Worker* l3 = l3_;
+  s.release_staging_ = [l3, buf] { (void)l3->free_buffer(buf); };
+  const uint64_t staging_base = buf.address;
+  uint64_t off = 0;
+  for (HostArg& h : args) {
+    void* dst = reinterpret_cast<void*>(static_cast<uintptr_t>(staging_base + off));
+    if (h.direction == ArgDirection::kIn) {
+      if (h.bytes > 0) std::memcpy(dst, h.data, h.bytes);
+    } else if (h.bytes > 0) {
+      s.copy_back_.push_back({h.data, dst, h.bytes});
     }
+    h.data = dst;
+    off += (h.bytes + kAlign - 1) / kAlign * kAlign + kAlign;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Qwen3ModelRunner::launch(StepInFlight& s, const std::vector<HostArg>& args) {
   task::TaskArgs a;
-  for (const HostArg& h : host_args) {
+  for (const HostArg& h : args) {
     SIMPLER_ASSIGN_OR_RETURN(
         Tensor t,
         Tensor::contiguous(reinterpret_cast<uintptr_t>(h.data), h.shape.data(),
@@ -703,10 +708,44 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   } else {
     SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
   }
-  if (host) {
+  if (options_.host_sampling) {
     host_step_pending_ = true;
     host_pending_run_ = s.handle_;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
+    const StepPlan& plan, std::span<const RowInput> inputs) {
+  if (inputs.size() != plan.rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " has ", plan.rows.size(),
+                                                   " rows but ", inputs.size(), " row inputs"));
+  }
+  SIMPLER_RETURN_IF_ERROR(check_host_step_collected());
+  std::unique_ptr<StepInFlight> st(new StepInFlight());
+  st->step_id_ = plan.step_id;
+  st->host_logits_ = options_.host_sampling;
+  int64_t max_blocks = 1;
+  for (const StepRow& row : plan.rows) {
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(row.block_table.size()));
+  }
+  bool any_logits_wanted = options_.host_sampling;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& row = plan.rows[i];
+    SIMPLER_RETURN_IF_ERROR(check_row(plan, i, inputs[i]));
+    if (row.fresh_state) add_fresh_state(*st, row, inputs[i]);
+    add_positions(*st, row, inputs[i], max_blocks);
+    if (row.logits) {
+      add_logit_row(*st, i, row, inputs[i]);
+      any_logits_wanted = any_logits_wanted || inputs[i].want_logits;
+    }
+  }
+  SIMPLER_RETURN_IF_ERROR(size_outputs(*st, any_logits_wanted));
+  std::vector<HostArg> args = host_args(*st, max_blocks, dims_.vocab_size);
+  // A runner on an L3 child stages them in one shared-heap buffer (the only host memory the
+  // child sees), 64-byte aligned each; its own worker reads the vectors where they are.
+  if (l3_ != nullptr) SIMPLER_RETURN_IF_ERROR(stage_on_l3(*st, args));
+  SIMPLER_RETURN_IF_ERROR(launch(*st, args));
   return st;
 }
 

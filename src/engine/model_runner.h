@@ -189,6 +189,26 @@ class Qwen3ModelRunner {
   // Config, dims and the checkpoint's tensor set checked against them; weight bytes per step.
   absl::Status load_model_info(const std::string& model_dir);
   void init_host_sampling();
+  // submit()'s steps, in order.
+  struct HostArg;
+  // FAILED_PRECONDITION while a host-sampling step is neither collected nor failed.
+  absl::Status check_host_step_collected();
+  // INVALID_ARGUMENT naming the step and row when row i does not fit its input or the limits.
+  absl::Status check_row(const StepPlan& plan, size_t i, const RowInput& in) const;
+  // A row that took its state slot: the slot's reset and its known tokens' counts.
+  void add_fresh_state(StepInFlight& st, const StepRow& row, const RowInput& in);
+  // The row's positions: input ids, slots, context lengths and block tables.
+  void add_positions(StepInFlight& st, const StepRow& row, const RowInput& in,
+                     int64_t max_blocks) const;
+  // The row that samples: its logit row, sampling parameters and row info.
+  static void add_logit_row(StepInFlight& st, size_t i, const StepRow& row, const RowInput& in);
+  // The limits on positions and logit rows; the output vectors sized.
+  absl::Status size_outputs(StepInFlight& st, bool any_logits_wanted) const;
+  // The run's host tensors, in argument order (see StepArg).
+  static std::vector<HostArg> host_args(StepInFlight& s, int64_t max_blocks, int64_t vocab_size);
+  // Copies the inputs into one L3 shared-heap buffer and points `args` at it.
+  absl::Status stage_on_l3(StepInFlight& s, std::vector<HostArg>& args);
+  absl::Status launch(StepInFlight& s, const std::vector<HostArg>& args);
   ModelConfig config_;
   Qwen3Dims dims_;
   RunnerOptions options_;

@@ -225,114 +225,95 @@ void Scheduler::add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_
   plan.rows.push_back(std::move(row));
 }
 
-std::optional<StepPlan> Scheduler::schedule() {
-  if (requests_.empty()) return std::nullopt;
-  const int64_t page_size = options_.page_size;
-  StepPlan decodes, prefills;
-  decodes.step_id = prefills.step_id = next_step_id_;
-  InFlightStep decode_rec, prefill_rec;
-  int64_t budget = options_.max_num_batched_tokens;
-  int64_t rows_left = options_.max_num_seqs;
-  // Decode rows of requests not yet visited; prefill chunks leave them their
-  // token and row, so decodes come first whatever the admission order.
-  int64_t later_decodes = 0;
-  for (uint64_t id : running_) later_decodes += decode_ready(requests_.at(id)) ? 1 : 0;
+int64_t Scheduler::available_pages() const { return pool_.num_free() + pool_.num_fenced(); }
 
-  bool preempted = false;  // a step that preempted admits nothing (vLLM v1 does the same)
-  size_t i = 0;
-  while (i < running_.size() && rows_left > 0 && budget > 0) {
-    const uint64_t id = running_[i];
-    Request& r = requests_.at(id);
-    const bool decode = decode_ready(r);
-    if (decode) --later_decodes;
-    if (!has_work(r)) {
-      ++i;
-      continue;
+int64_t Scheduler::free_room(const Request& r) const {
+  return (static_cast<int64_t>(r.table.pages().size()) + pool_.num_free()) * options_.page_size -
+         r.table.context_len();
+}
+
+// The victim is the most recently admitted request behind running_[i] that still has work
+// left: one whose every token is sampled or in flight finishes at the next retire anyway, and
+// preempting it would only discard its last sample and recompute it.
+std::optional<uint64_t> Scheduler::victim_behind(size_t i) const {
+  for (size_t j = running_.size(); j-- > i + 1;) {
+    const Request& v = requests_.at(running_[j]);
+    if (static_cast<int64_t>(v.outputs.size()) + v.pending < v.spec.max_tokens) {
+      return running_[j];
     }
-    int64_t len = 1;
-    if (!decode) {
-      if (rows_left <= later_decodes || budget <= later_decodes) {
-        ++i;
-        continue;
-      }
-      len = std::min(known_tokens(r) - r.table.context_len(), budget - later_decodes);
-    }
-    int64_t need = r.table.pages_for_append(len, page_size);
-    if (!decode && need > pool_.num_free() + pool_.num_fenced()) {
-      // A prefill chunk first shrinks to what the free pages hold: preempting
-      // (and recomputing) someone is worth it only when not one more token fits.
-      const int64_t room =
-          (static_cast<int64_t>(r.table.pages().size()) + pool_.num_free()) * page_size -
-          r.table.context_len();
-      if (room >= 1) {
-        len = std::min(len, room);
-        need = r.table.pages_for_append(len, page_size);
-      }
-    }
-    // Preempt only while the pages coming free behind the fence do not cover
-    // the need: preempting more would not make this step any faster.
-    // The victim is the most recently admitted request behind `id` that still
-    // has work left: one whose every token is sampled or in flight finishes at
-    // the next retire anyway, and preempting it would only discard its last
-    // sample and recompute it.
-    auto victim_behind = [&]() -> std::optional<uint64_t> {
-      for (size_t j = running_.size(); j-- > i + 1;) {
-        const Request& v = requests_.at(running_[j]);
-        if (static_cast<int64_t>(v.outputs.size()) + v.pending < v.spec.max_tokens) {
-          return running_[j];
-        }
-      }
-      return std::nullopt;
-    };
-    while (need > pool_.num_free() + pool_.num_fenced()) {
-      const std::optional<uint64_t> victim = victim_behind();
-      if (!victim.has_value()) break;
-      if (decode_ready(requests_.at(*victim))) --later_decodes;
-      preempt(*victim);
-      preempted = true;
-    }
-    if (need > pool_.num_free() + pool_.num_fenced() && running_.back() != id) {
-      // Only requests with no work left are behind `id`: their samples are in
-      // flight, so their pages come back (fenced, then free) at the next retires.
-      ++i;
-      continue;
-    }
-    if (need > pool_.num_free() + pool_.num_fenced()) {
-      // `id` is the most recently admitted request now (running_.back()).
-      if (max_pages(r) > pool_.num_pages() - pool_.num_quarantined()) {
-        finish(id, FinishReason::kError, quarantine_error(r));  // the pool shrank below it
-      } else {
-        preempt(id);
-        preempted = true;
-      }
-      continue;
-    }
-    if (need > pool_.num_free()) {
-      // Wait for the fence; a prefill chunk takes what the free pages hold.
-      const int64_t room =
-          (static_cast<int64_t>(r.table.pages().size()) + pool_.num_free()) * page_size -
-          r.table.context_len();
-      if (decode || room < 1) {
-        ++i;
-        continue;
-      }
-      len = std::min(len, room);
-    }
-    if (decode) {
-      add_row(decodes, decode_rec, r, len);
-    } else {
-      add_row(prefills, prefill_rec, r, len);
-    }
-    budget -= len;
-    --rows_left;
-    ++i;
   }
+  return std::nullopt;
+}
 
-  // FCFS admission: the head of the waiting queue blocks the ones behind it.
-  // Running requests are capped by max_num_seqs as well (vLLM's
-  // max_num_running_reqs): per-request device state is sized by it, and a
-  // request waiting for its last sample or for fenced pages takes no row.
-  while (!preempted && !waiting_.empty() && rows_left > 0 && budget > 0 &&
+// Preempt only while the pages coming free behind the fence do not cover the need: preempting
+// more would not make this step any faster.
+void Scheduler::preempt_behind(StepBuild& b, size_t i, int64_t need) {
+  while (need > available_pages()) {
+    const std::optional<uint64_t> victim = victim_behind(i);
+    if (!victim.has_value()) break;
+    if (decode_ready(requests_.at(*victim))) --b.later_decodes;
+    preempt(*victim);
+    b.preempted = true;
+  }
+}
+
+bool Scheduler::schedule_running(StepBuild& b, size_t i) {
+  const uint64_t id = running_[i];
+  Request& r = requests_.at(id);
+  const bool decode = decode_ready(r);
+  if (decode) --b.later_decodes;
+  if (!has_work(r)) return true;
+  int64_t len = 1;
+  if (!decode) {
+    if (b.rows_left <= b.later_decodes || b.budget <= b.later_decodes) return true;
+    len = std::min(known_tokens(r) - r.table.context_len(), b.budget - b.later_decodes);
+  }
+  int64_t need = r.table.pages_for_append(len, options_.page_size);
+  if (!decode && need > available_pages()) {
+    // A prefill chunk first shrinks to what the free pages hold: preempting
+    // (and recomputing) someone is worth it only when not one more token fits.
+    const int64_t room = free_room(r);
+    if (room >= 1) {
+      len = std::min(len, room);
+      need = r.table.pages_for_append(len, options_.page_size);
+    }
+  }
+  preempt_behind(b, i, need);
+  if (need > available_pages()) {
+    // Only requests with no work left are behind `id`: their samples are in
+    // flight, so their pages come back (fenced, then free) at the next retires.
+    if (running_.back() != id) return true;
+    // `id` is the most recently admitted request now (running_.back()).
+    if (max_pages(r) > pool_.num_pages() - pool_.num_quarantined()) {
+      finish(id, FinishReason::kError, quarantine_error(r));  // the pool shrank below it
+    } else {
+      preempt(id);
+      b.preempted = true;
+    }
+    return false;
+  }
+  if (need > pool_.num_free()) {
+    // Wait for the fence; a prefill chunk takes what the free pages hold.
+    const int64_t room = free_room(r);
+    if (decode || room < 1) return true;
+    len = std::min(len, room);
+  }
+  if (decode) {
+    add_row(b.decodes, b.decode_rec, r, len);
+  } else {
+    add_row(b.prefills, b.prefill_rec, r, len);
+  }
+  b.budget -= len;
+  --b.rows_left;
+  return true;
+}
+
+// FCFS admission: the head of the waiting queue blocks the ones behind it.
+// Running requests are capped by max_num_seqs as well (vLLM's
+// max_num_running_reqs): per-request device state is sized by it, and a
+// request waiting for its last sample or for fenced pages takes no row.
+void Scheduler::admit_waiting(StepBuild& b) {
+  while (!b.preempted && !waiting_.empty() && b.rows_left > 0 && b.budget > 0 &&
          static_cast<int64_t>(running_.size()) < options_.max_num_seqs &&
          !free_state_slots_.empty()) {
     const uint64_t id = waiting_.front();
@@ -341,8 +322,8 @@ std::optional<StepPlan> Scheduler::schedule() {
       finish(id, FinishReason::kError, quarantine_error(r));
       continue;
     }
-    const int64_t len = std::min(known_tokens(r), budget);
-    if (pages_needed(len, page_size) > pool_.num_free()) break;
+    const int64_t len = std::min(known_tokens(r), b.budget);
+    if (pages_needed(len, options_.page_size) > pool_.num_free()) break;
     waiting_.pop_front();
     r.running = true;
     r.admitted_seq = next_admitted_seq_++;
@@ -350,17 +331,30 @@ std::optional<StepPlan> Scheduler::schedule() {
     free_state_slots_.pop_back();
     r.fresh_state = true;
     running_.push_back(id);
-    add_row(prefills, prefill_rec, r, len);
-    budget -= len;
-    --rows_left;
+    add_row(b.prefills, b.prefill_rec, r, len);
+    b.budget -= len;
+    --b.rows_left;
   }
+}
 
-  if (decodes.rows.empty() && prefills.rows.empty()) return std::nullopt;
-  for (StepRow& row : prefills.rows) decodes.rows.push_back(std::move(row));
-  for (RowRecord& rec : prefill_rec.rows) decode_rec.rows.push_back(std::move(rec));
-  decode_rec.step_id = next_step_id_++;
-  in_flight_.push_back(std::move(decode_rec));
-  return decodes;
+std::optional<StepPlan> Scheduler::schedule() {
+  if (requests_.empty()) return std::nullopt;
+  StepBuild b;
+  b.decodes.step_id = b.prefills.step_id = next_step_id_;
+  b.budget = options_.max_num_batched_tokens;
+  b.rows_left = options_.max_num_seqs;
+  for (uint64_t id : running_) b.later_decodes += decode_ready(requests_.at(id)) ? 1 : 0;
+  size_t i = 0;
+  while (i < running_.size() && b.rows_left > 0 && b.budget > 0) {
+    if (schedule_running(b, i)) ++i;
+  }
+  admit_waiting(b);
+  if (b.decodes.rows.empty() && b.prefills.rows.empty()) return std::nullopt;
+  for (StepRow& row : b.prefills.rows) b.decodes.rows.push_back(std::move(row));
+  for (RowRecord& rec : b.prefill_rec.rows) b.decode_rec.rows.push_back(std::move(rec));
+  b.decode_rec.step_id = next_step_id_++;
+  in_flight_.push_back(std::move(b.decode_rec));
+  return std::move(b.decodes);
 }
 
 absl::Status Scheduler::check_front(int64_t step_id) const {

@@ -256,6 +256,26 @@ class Scheduler {
   void finish(uint64_t id, FinishReason reason, absl::Status error = absl::OkStatus());
   absl::Status quarantine_error(const Request& r) const;
   void add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len);
+  // One schedule() call's step under construction: decode rows first, then prefill chunks.
+  struct StepBuild {
+    StepPlan decodes, prefills;
+    InFlightStep decode_rec, prefill_rec;
+    int64_t budget = 0;     // tokens left (max_num_batched_tokens)
+    int64_t rows_left = 0;  // rows left (max_num_seqs)
+    // Decode rows of running requests not yet visited; prefill chunks leave them their
+    // token and row, so decodes come first whatever the admission order.
+    int64_t later_decodes = 0;
+    bool preempted = false;  // a step that preempted admits nothing (vLLM v1 does the same)
+  };
+  // schedule()'s parts. A row for running_[i], if it gets one; false when running_[i] left
+  // the running list (preempted or finished), so that index is visited again.
+  bool schedule_running(StepBuild& b, size_t i);
+  void admit_waiting(StepBuild& b);
+  void preempt_behind(StepBuild& b, size_t i, int64_t need);
+  std::optional<uint64_t> victim_behind(size_t i) const;
+  int64_t available_pages() const;  // free + fenced
+  // Tokens r's pages and the free ones hold beyond its context.
+  int64_t free_room(const Request& r) const;
   // Gives back r's state slot: free at once when its last step retired,
   // fenced behind that step otherwise.
   void release_state_slot(Request& r);

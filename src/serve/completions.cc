@@ -282,35 +282,15 @@ std::variant<Prompt, ApiError> tokenize_prompt(const ServerContext& ctx, const P
   return out;
 }
 
-// The request limits: a prompt of `plen` tokens (>= 1) and its max_tokens within the model's
-// context; without max_tokens, as vLLM: up to the context length minus the prompt, bounded by
-// what the KV pool holds. Returns the max_tokens to run with.
+// The request limits (LlmEngine::max_tokens_for): the max_tokens to run with, or 400 naming
+// the prompt ("messages" for chat).
 std::variant<int64_t, ApiError> check_request_limits(const ServerContext& ctx,
                                                      const ParsedRequest& p, int64_t plen) {
-  const char* param = p.chat ? "messages" : "prompt";
-  if (plen == 0) return bad_request("the prompt is empty", param);
-  const int64_t context = ctx.engine->config().max_position_embeddings;
-  const llm::RunnerOptions& ro = ctx.engine->options().runner;
-  const int64_t pool_tokens = static_cast<int64_t>(ro.num_pages) * ro.page_size;
-  if (p.max_tokens.has_value()) {
-    const int64_t max_tokens = *p.max_tokens;
-    if (plen + max_tokens > context) {
-      return bad_request(
-          absl::StrCat("this model's maximum context length is ", context,
-                       " tokens; the prompt has ", plen, " tokens and max_tokens is ", max_tokens,
-                       " (", plen + max_tokens, " in all)"),
-          param);
-    }
-    return max_tokens;
+  absl::StatusOr<int64_t> max_tokens = ctx.engine->max_tokens_for(plen, p.max_tokens);
+  if (!max_tokens.ok()) {
+    return bad_request(std::string(max_tokens.status().message()), p.chat ? "messages" : "prompt");
   }
-  const int64_t max_tokens = std::min(context - plen, pool_tokens - plen + 1);
-  if (max_tokens < 1) {
-    return bad_request(
-        absl::StrCat("the prompt has ", plen, " tokens; the model's context holds ", context,
-                     " and the KV cache ", pool_tokens, ": no room for one new token"),
-        param);
-  }
-  return max_tokens;
+  return *max_tokens;
 }
 
 std::shared_ptr<Exchange> new_exchange(const ServerContext& ctx, const httplib::Request& req,

@@ -153,15 +153,33 @@ class LlmEngine {
   // One engine per child of an L3 worker: LlmDataParallel (data_parallel.h).
   ~LlmEngine();  // shutdown(0) if not shut down
 
+  // The request limits, in tokens: the max_tokens a request whose prompt has `prompt_tokens`
+  // tokens runs with. With `max_tokens`, that value once it fits; without, vLLM's default:
+  // min(max_position_embeddings - prompt_tokens, pool tokens - prompt_tokens + 1), where the
+  // pool holds num_pages * page_size tokens (the last new token needs no KV slot). Errors, all
+  // INVALID_ARGUMENT:
+  //   * "the prompt is empty" (prompt_tokens < 1);
+  //   * "max_tokens must be >= 1, got M";
+  //   * "this model's maximum context length is C tokens; the prompt has P tokens and
+  //     max_tokens is M (P+M in all), which exceeds max_position_embeddings" (the OpenAI
+  //     wording clients parse; the sum is left out when it overflows int64);
+  //   * "the request can never fit the KV cache: prompt of P tokens + max_tokens M needs N
+  //     pages of T tokens, and the pool holds K pages";
+  //   * without max_tokens, "the prompt has P tokens; the model's context holds C and the KV
+  //     cache T: no room for one new token".
+  // add_request applies the same checks. Thread-safe (reads only the immutable config and
+  // options); does not count a refusal in metrics().
+  absl::StatusOr<int64_t> max_tokens_for(int64_t prompt_tokens,
+                                         std::optional<int64_t> max_tokens) const;
+
   // Checks and queues a request. INVALID_ARGUMENT naming the field and the
-  // numbers (empty prompt, id outside the vocabulary, max_tokens < 1, prompt +
-  // max_tokens beyond max_position_embeddings, a request that can never fit
-  // the KV pool — both page counts —, n outside [1, max_num_seqs], a sampling
+  // numbers (max_tokens_for's errors for the prompt's length and max_tokens,
+  // an id outside the vocabulary, n outside [1, max_num_seqs], a sampling
   // parameter out of range, stop strings without a tokenizer, too many stop
   // ids, n > max_waiting); RESOURCE_EXHAUSTED when max_waiting requests
-  // wait; the engine's
-  // unhealthy cause (its code) after an unrecoverable failure;
-  // FAILED_PRECONDITION after shutdown began. Thread-safe.
+  // wait; the engine's unhealthy cause (its code) after an unrecoverable
+  // failure; FAILED_PRECONDITION after shutdown began. Each refusal counts in
+  // metrics().requests_refused. Thread-safe.
   absl::StatusOr<RequestId> add_request(RequestSpec spec);
 
   // Aborts every choice of a request: queued ones never run, running ones
