@@ -40,7 +40,7 @@ thread_local bool tl_overloaded = false;
 // client there stalls accepting; see openai_server.h).
 class BoundedPool : public httplib::TaskQueue {
  public:
-  BoundedPool(size_t threads, size_t max_queued) : max_queued_(max_queued) {
+  BoundedPool(size_t threads, size_t max_queued) : threads_(threads), max_queued_(max_queued) {
     for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(jobs_, false); });
     workers_.emplace_back([this] { work(refusals_, true); });
   }
@@ -50,7 +50,10 @@ class BoundedPool : public httplib::TaskQueue {
     {
       std::unique_lock<std::mutex> l(mu_);
       // Idle workers take a connection at once: only the ones beyond them wait in the queue.
-      if (jobs_.size() < max_queued_ + idle_) {
+      // Counted as connections held (queued or being answered) against the pool's room, so a
+      // burst that arrives before the workers first wait (a server just started) is queued for
+      // them, not refused.
+      if (jobs_.size() + busy_ < max_queued_ + threads_) {
         jobs_.push_back(std::move(fn));
         cv_.notify_all();
         return;
@@ -82,22 +85,26 @@ class BoundedPool : public httplib::TaskQueue {
       std::function<void()> fn;
       {
         std::unique_lock<std::mutex> l(mu_);
-        if (!refusal) ++idle_;
         cv_.wait(l, [&] { return !q.empty() || shutdown_; });
-        if (!refusal) --idle_;
         if (q.empty()) return;
         fn = std::move(q.front());
         q.pop_front();
+        if (!refusal) ++busy_;
       }
       fn();
+      if (!refusal) {
+        std::unique_lock<std::mutex> l(mu_);
+        --busy_;
+      }
     }
   }
 
+  const size_t threads_;
   const size_t max_queued_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_, refusals_;
-  size_t idle_ = 0;  // workers waiting for a connection
+  size_t busy_ = 0;  // workers answering a connection
   bool shutdown_ = false;
   std::vector<std::thread> workers_;
 };
