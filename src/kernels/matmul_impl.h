@@ -62,8 +62,9 @@ void run_avx512_bf16(const Problem& p);
 
 // Batched rows of the bf16 path: at and above this many x rows, matmul with precision bf16 runs
 // run_dnnl_bf16 (a GEMM); below it, run_avx512_bf16 (the weights streamed once per call).
-// Chosen by measurement (docs/benchmarks-history.md, "oneDNN for bf16 batched rows"): one thread, one block's W slice of
-// [1536, 1024] and [512, 3072]: ours is faster up to 12 rows, even at 12-16, oneDNN ahead above.
+// Chosen by measurement (docs/benchmarks-history.md, "oneDNN for bf16 batched rows"): one thread,
+// one block's W slice of [1536, 1024] and [512, 3072]: ours is faster up to 12 rows, even at 12-16,
+// oneDNN ahead above.
 constexpr int64_t kDnnlMinRows = 16;
 // The bf16 path through oneDNN (matmul_dnnl.cc): x rounded to bf16 (round to nearest even),
 // oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else AVX512_BF16) with f32

@@ -15,11 +15,11 @@
 #include "absl/status/statusor.h"
 #include "serve/http_errors.h"
 #include "serve/transport.h"
-#include "simpler/tokenizer/chat_template.h"
 #include "simpler/engine/llm_engine.h"
-#include "simpler/tokenizer/tokenizer.h"
 #include "simpler/serve/openai_protocol.h"
 #include "simpler/serve/openai_server.h"
+#include "simpler/tokenizer/chat_template.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::serve {
 

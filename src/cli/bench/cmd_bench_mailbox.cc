@@ -39,9 +39,9 @@ absl::Status noop_kernel(const task::KernelContext&) { return absl::OkStatus(); 
 // Stands for scalar(0) µs of device time. It yields its CPU while it waits the time out: a
 // device's kernel takes no host CPU, and a spinning one here held the parent's and the child's
 // host threads that the kernel placed on its CPU off it for the whole run, so run k+2 was staged
-// only after run k+1 ended (docs/benchmarks-history.md, the L3 hierarchy entries: perf sched showed the parent's
-// runnable thread queued behind the sim stream for 400 µs while the other CPU idled). The L2
-// lane's gap is measured with the same kernel.
+// only after run k+1 ended (docs/benchmarks-history.md, the L3 hierarchy entries: perf sched showed
+// the parent's runnable thread queued behind the sim stream for 400 µs while the other CPU idled).
+// The L2 lane's gap is measured with the same kernel.
 absl::Status busy_kernel(const task::KernelContext& ctx) {
   const int64_t until = base::now_ns() + ctx.scalar_i64(0) * 1000;
   while (base::now_ns() < until) std::this_thread::yield();
