@@ -672,50 +672,105 @@ ControlReply serve_control_command(const ControlCommand& c, worker::Worker& w,
   return reply;
 }
 
+namespace {
+
+// serve_mailbox's terminal states go out in acceptance order, each as soon as its run finished:
+// written by the thread that retires the run — the worker's lane thread, or serve_mailbox's
+// while it polls completions — in Worker::submit's on_finalized (no thread of our own in
+// between), or by serve_mailbox for a request refused before it ran. Shared with the
+// notifications, which may come after a refusal already ended a slot.
+struct ResultSlot {
+  Ticket ticket;
+  bool done = false;
+  absl::Status status;
+  int64_t start_ns = 0, end_ns = 0;
+  worker::RunHandle handle;  // set once submit() returned, when still pending
+};
+struct ResultOrder {
+  base::Mutex mu;
+  base::CondVar cv;
+  std::deque<std::shared_ptr<ResultSlot>> slots SIMPLER_GUARDED_BY(mu);
+};
+
+// Ends a slot (a refusal and a notification: the first one counts) and writes the terminal
+// states of the done slots at the head of `order` to the mailbox, in order. Copied into each
+// run's notification; `out` is used only while a slot is pending (serve_mailbox waits for them).
+struct FinishSlot {
+  std::shared_ptr<ResultOrder> order;
+  MailboxChild* out;
+  void operator()(const std::shared_ptr<ResultSlot>& slot, const absl::Status& status,
+                  int64_t start_ns, int64_t end_ns) const;
+};
+
+void FinishSlot::operator()(const std::shared_ptr<ResultSlot>& slot, const absl::Status& status,
+                            int64_t start_ns, int64_t end_ns) const {
+  base::MutexLock lock(order->mu);
+  if (slot->done) return;  // a refusal and a notification: the first one counts
+  slot->done = true;
+  slot->status = status;
+  slot->start_ns = start_ns;
+  slot->end_ns = end_ns;
+  while (!order->slots.empty() && order->slots.front()->done) {
+    const ResultSlot& s = *order->slots.front();
+    if (!s.status.ok() && s.status.message().size() >= kErrorTextBytes) {
+      SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", s.ticket.run_id,
+                        s.status.ToString());
+    }
+    (void)out->complete(s.ticket, s.status, s.start_ns, s.end_ns);
+    // The parent receives the error: delivered here, so the worker's close() does not report it.
+    if (s.handle.valid()) (void)s.handle.wait();
+    order->slots.pop_front();
+  }
+  order->cv.notify_all();
+}
+
+// Queues a slot for `req` (before the submit: its notification may come first), decodes and
+// submits it; a request refused finishes its slot here.
+void accept_request(const Request& req, worker::Worker& w,
+                    const std::map<std::string, worker::CallableHandle>& handles,
+                    const std::shared_ptr<ResultOrder>& order, const FinishSlot& finish) {
+  auto slot = std::make_shared<ResultSlot>();
+  slot->ticket = req.ticket;
+  {
+    base::MutexLock lock(order->mu);
+    order->slots.push_back(slot);  // before the submit: its notification may come first
+  }
+  absl::Status refused;
+  absl::StatusOr<RunRequest> decoded = decode_run_request(req.payload);
+  if (!decoded.ok()) {
+    refused = decoded.status();
+  } else if (auto it = handles.find(decoded->callable); it == handles.end()) {
+    refused = absl::NotFoundError(
+        absl::StrCat("no callable named '", decoded->callable, "' is registered"));
+  } else {
+    absl::StatusOr<worker::RunHandle> run = w.submit(
+        it->second, decoded->args, decoded->config, std::numeric_limits<double>::infinity(),
+        [finish, slot](const worker::RunResult& r) {
+          finish(slot, r.status, r.timing.device_start_ns, r.timing.device_end_ns);
+        });
+    if (!run.ok()) {
+      refused = run.status();
+    } else {
+      base::MutexLock lock(order->mu);
+      if (slot->done) {
+        (void)run->wait();  // already written to the mailbox: done, delivered here
+      } else {
+        slot->handle = *run;
+      }
+    }
+  }
+  if (!refused.ok()) finish(slot, refused, 0, 0);
+}
+
+}  // namespace
+
 void serve_mailbox(MailboxRegion& region, worker::Worker& w,
                    const std::map<std::string, worker::CallableHandle>& handles,
                    const std::vector<std::pair<uint64_t, uint64_t>>& host_ranges) {
   MailboxChild child(&region);
-  // Terminal states go out in acceptance order, each as soon as its run finished: written by the
-  // thread that retires the run — the worker's lane thread, or this one while it polls
-  // completions (below) — in Worker::submit's on_finalized (no thread of our own in between), or
-  // here for a request refused before it ran. Shared with the
-  // notifications, which may come after a refusal already ended a slot.
-  struct Slot {
-    Ticket ticket;
-    bool done = false;
-    absl::Status status;
-    int64_t start_ns = 0, end_ns = 0;
-    worker::RunHandle handle;  // set once submit() returned, when still pending
-  };
-  struct Order {
-    base::Mutex mu;
-    base::CondVar cv;
-    std::deque<std::shared_ptr<Slot>> slots SIMPLER_GUARDED_BY(mu);
-  };
-  auto order = std::make_shared<Order>();
-  MailboxChild* out = &child;  // used only while a slot is pending: serve_mailbox waits for them
-  const auto finish = [order, out](const std::shared_ptr<Slot>& slot, const absl::Status& status,
-                                   int64_t start_ns, int64_t end_ns) {
-    base::MutexLock lock(order->mu);
-    if (slot->done) return;  // a refusal and a notification: the first one counts
-    slot->done = true;
-    slot->status = status;
-    slot->start_ns = start_ns;
-    slot->end_ns = end_ns;
-    while (!order->slots.empty() && order->slots.front()->done) {
-      const Slot& s = *order->slots.front();
-      if (!s.status.ok() && s.status.message().size() >= kErrorTextBytes) {
-        SIMPLER_LOG_ERROR("run {} (its error is truncated in the mailbox): {}", s.ticket.run_id,
-                          s.status.ToString());
-      }
-      (void)out->complete(s.ticket, s.status, s.start_ns, s.end_ns);
-      // The parent receives the error: delivered here, so the worker's close() does not report it.
-      if (s.handle.valid()) (void)s.handle.wait();
-      order->slots.pop_front();
-    }
-    order->cv.notify_all();
-  };
+  // Terminal states go out in acceptance order (ResultOrder, FinishSlot).
+  auto order = std::make_shared<ResultOrder>();
+  const FinishSlot finish{order, &child};
   // While this thread polls the doorbell anyway, it also reaps its runs (Worker's polled
   // completion): a short run then finishes without waking the worker's lane thread, which on a
   // machine with few CPUs is one more runnable thread between the device and the terminal state
@@ -768,38 +823,7 @@ void serve_mailbox(MailboxRegion& region, worker::Worker& w,
         poll_until = base::now_ns() + window;
       }
     }
-    Request& req = **taken;
-    auto slot = std::make_shared<Slot>();
-    slot->ticket = req.ticket;
-    {
-      base::MutexLock lock(order->mu);
-      order->slots.push_back(slot);  // before the submit: its notification may come first
-    }
-    absl::Status refused;
-    absl::StatusOr<RunRequest> decoded = decode_run_request(req.payload);
-    if (!decoded.ok()) {
-      refused = decoded.status();
-    } else if (auto it = handles.find(decoded->callable); it == handles.end()) {
-      refused = absl::NotFoundError(
-          absl::StrCat("no callable named '", decoded->callable, "' is registered"));
-    } else {
-      absl::StatusOr<worker::RunHandle> run = w.submit(
-          it->second, decoded->args, decoded->config, std::numeric_limits<double>::infinity(),
-          [finish, slot](const worker::RunResult& r) {
-            finish(slot, r.status, r.timing.device_start_ns, r.timing.device_end_ns);
-          });
-      if (!run.ok()) {
-        refused = run.status();
-      } else {
-        base::MutexLock lock(order->mu);
-        if (slot->done) {
-          (void)run->wait();  // already written to the mailbox: done, delivered here
-        } else {
-          slot->handle = *run;
-        }
-      }
-    }
-    if (!refused.ok()) finish(slot, refused, 0, 0);
+    accept_request(**taken, w, handles, order, finish);
   }
   // Stopped: the runs accepted still finish (reaped by the lane thread), and their terminal
   // states are written, in order.

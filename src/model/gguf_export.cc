@@ -234,20 +234,14 @@ void write_padding(std::ofstream& out, uint64_t written) {
   out.write(kZeros, static_cast<std::streamsize>(align_up(written) - written));
 }
 
-}  // namespace
-
-absl::Status export_gguf(const GgufExportOptions& options) {
-  absl::StatusOr<ModelConfig> config = ModelConfig::load(options.model_dir);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<ModelWeights> weights = ModelWeights::open(options.model_dir);
-  if (!weights.ok()) return weights.status();
-  absl::StatusOr<Vocabulary> vocab = read_vocabulary(options.model_dir, config->vocab_size);
-  if (!vocab.ok()) return vocab.status();
-
+// The output tensors of the model's weights, in order: GGUF names, types and data offsets.
+absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
+                                                    const ModelWeights& weights,
+                                                    const GgufExportOptions& options) {
   std::vector<OutTensor> tensors;
   uint64_t offset = 0;
-  for (const WeightSpec& spec : config->tensor_names_and_shapes()) {
-    absl::StatusOr<TensorView> view = weights->get(spec.name, spec.shape);
+  for (const WeightSpec& spec : config.tensor_names_and_shapes()) {
+    absl::StatusOr<TensorView> view = weights.get(spec.name, spec.shape);
     if (!view.ok()) return view.status();
     OutTensor t;
     t.name = gguf_name(spec.name);
@@ -259,8 +253,11 @@ absl::Status export_gguf(const GgufExportOptions& options) {
     offset = align_up(offset + t.bytes);
     tensors.push_back(std::move(t));
   }
+  return tensors;
+}
 
-  const ModelConfig& c = *config;
+// The key-value metadata: the architecture's hyper-parameters and the tokenizer.
+Header metadata(const ModelConfig& c, const Vocabulary& vocab, const GgufExportOptions& options) {
   Header kv;
   kv.kv_str("general.architecture", "qwen3");
   kv.kv_str("general.name", std::filesystem::path(options.model_dir).filename().string());
@@ -278,16 +275,20 @@ absl::Status export_gguf(const GgufExportOptions& options) {
   kv.kv_f32("qwen3.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   kv.kv_str("tokenizer.ggml.model", "gpt2");
   kv.kv_str("tokenizer.ggml.pre", "qwen2");
-  kv.kv_strings("tokenizer.ggml.tokens", vocab->tokens);
-  kv.kv_i32s("tokenizer.ggml.token_type", vocab->types);
-  kv.kv_strings("tokenizer.ggml.merges", vocab->merges);
+  kv.kv_strings("tokenizer.ggml.tokens", vocab.tokens);
+  kv.kv_i32s("tokenizer.ggml.token_type", vocab.types);
+  kv.kv_strings("tokenizer.ggml.merges", vocab.merges);
   const int64_t eos = c.eos_token_ids.empty() ? 151645 : c.eos_token_ids.front();
   const int64_t bos = c.bos_token_id.value_or(151643);
   kv.kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(eos));
   kv.kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos));
   kv.kv_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(bos));
   kv.kv_bool("tokenizer.ggml.add_bos_token", false);
+  return kv;
+}
 
+// The file's header: magic, version, counts, the metadata `kv` and the tensor infos.
+Header file_header(const Header& kv, const std::vector<OutTensor>& tensors) {
   Header head;
   head.raw("GGUF", 4);
   head.u32(kGgufVersion);
@@ -301,6 +302,22 @@ absl::Status export_gguf(const GgufExportOptions& options) {
     head.u32(t.ggml_type);
     head.u64(t.offset);
   }
+  return head;
+}
+
+}  // namespace
+
+absl::Status export_gguf(const GgufExportOptions& options) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::load(options.model_dir);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<ModelWeights> weights = ModelWeights::open(options.model_dir);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<Vocabulary> vocab = read_vocabulary(options.model_dir, config->vocab_size);
+  if (!vocab.ok()) return vocab.status();
+  absl::StatusOr<std::vector<OutTensor>> planned = plan_tensors(*config, *weights, options);
+  if (!planned.ok()) return planned.status();
+  const std::vector<OutTensor>& tensors = *planned;
+  const Header head = file_header(metadata(*config, *vocab, options), tensors);
 
   const std::string tmp = options.out_path + ".tmp";
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

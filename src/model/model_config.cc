@@ -57,39 +57,36 @@ absl::Status read_int(const json& j, std::string_view source, const char* field,
   return absl::OkStatus();
 }
 
-absl::Status read_double(const json& j, std::string_view source, const char* field, double* out) {
+// A field that `is_kind` accepts, read as T ("must be <expected>, got ..." otherwise); absent
+// or null leaves *out as it is.
+template <typename T, typename IsKind>
+absl::Status read_scalar(const json& j, std::string_view source, const char* field, IsKind is_kind,
+                         const char* expected, T* out) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) {
-    return field_error(source, field,
-                       absl::StrCat("must be a number, got ", type_name(*it), " ", quote(*it)));
+  if (!is_kind(*it)) {
+    return field_error(
+        source, field,
+        absl::StrCat("must be ", expected, ", got ", type_name(*it), " ", quote(*it)));
   }
-  *out = it->get<double>();
+  *out = it->get<T>();
   return absl::OkStatus();
 }
 
+absl::Status read_double(const json& j, std::string_view source, const char* field, double* out) {
+  return read_scalar(
+      j, source, field, [](const json& v) { return v.is_number(); }, "a number", out);
+}
+
 absl::Status read_bool(const json& j, std::string_view source, const char* field, bool* out) {
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_boolean()) {
-    return field_error(
-        source, field,
-        absl::StrCat("must be true or false, got ", type_name(*it), " ", quote(*it)));
-  }
-  *out = it->get<bool>();
-  return absl::OkStatus();
+  return read_scalar(
+      j, source, field, [](const json& v) { return v.is_boolean(); }, "true or false", out);
 }
 
 absl::Status read_string(const json& j, std::string_view source, const char* field,
                          std::string* out) {
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_string()) {
-    return field_error(source, field,
-                       absl::StrCat("must be a string, got ", type_name(*it), " ", quote(*it)));
-  }
-  *out = it->get<std::string>();
-  return absl::OkStatus();
+  return read_scalar(
+      j, source, field, [](const json& v) { return v.is_string(); }, "a string", out);
 }
 
 // eos_token_id: an integer or a list of integers (or absent/null).
@@ -142,19 +139,10 @@ absl::StatusOr<std::string> read_file(const std::string& path) {
   return base::read_regular_file(path, uint64_t{64} << 20);
 }
 
-}  // namespace
+// ModelConfig::parse's steps, in order.
 
-absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
-                                               std::string_view generation_config_json,
-                                               std::string_view config_name,
-                                               std::string_view generation_name) {
-  SIMPLER_ASSIGN_OR_RETURN(json j, parse_object(config_json, config_name));
-  const std::string_view src = config_name;
-  ModelConfig c;
-  c.architectures.clear();
-  c.model_type.clear();
-
-  // Architecture first: a file for another model fails with that, not a missing field.
+// architectures and model_type, which must name Qwen3.
+absl::Status read_architecture(const json& j, std::string_view src, ModelConfig& c) {
   if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) {
       return field_error(src, "architectures", "must be a list of strings");
@@ -176,7 +164,11 @@ absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
         str(src), ": unknown architecture [", names, "] (model_type '", c.model_type,
         "'): expected architectures containing \"Qwen3ForCausalLM\" or model_type \"qwen3\""));
   }
+  return absl::OkStatus();
+}
 
+// The sizes, head_dim (from them when absent), the numerics and the special token ids.
+absl::Status read_dimensions(const json& j, std::string_view src, ModelConfig& c) {
   SIMPLER_RETURN_IF_ERROR(read_int(j, src, "hidden_size", &c.hidden_size, true));
   SIMPLER_RETURN_IF_ERROR(read_int(j, src, "intermediate_size", &c.intermediate_size, true));
   SIMPLER_RETURN_IF_ERROR(read_int(j, src, "num_hidden_layers", &c.num_hidden_layers, true));
@@ -207,7 +199,12 @@ absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
     c.bos_token_id = bos;
   }
   SIMPLER_RETURN_IF_ERROR(read_string(j, src, "torch_dtype", &c.torch_dtype));
+  return absl::OkStatus();
+}
 
+// What the engine does not implement: another activation, attention biases, sliding-window
+// attention, rope scaling.
+absl::Status check_unsupported(const json& j, std::string_view src) {
   std::string hidden_act = "silu";
   SIMPLER_RETURN_IF_ERROR(read_string(j, src, "hidden_act", &hidden_act));
   if (hidden_act != "silu") {
@@ -223,7 +220,12 @@ absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
     return field_error(src, "rope_scaling",
                        absl::StrCat("unsupported: only null, got ", quote(*it)));
   }
+  return absl::OkStatus();
+}
 
+// generation_config.json's eos_token_id, each inside the vocabulary.
+absl::Status read_generation_config(std::string_view generation_config_json,
+                                    std::string_view generation_name, ModelConfig& c) {
   if (!generation_config_json.empty()) {
     SIMPLER_ASSIGN_OR_RETURN(json g, parse_object(generation_config_json, generation_name));
     SIMPLER_RETURN_IF_ERROR(
@@ -236,54 +238,97 @@ absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// ModelConfig::validate's checks.
+
+absl::Status check_positive(std::string_view source, const char* field, int64_t v) {
+  if (v <= 0) return field_error(source, field, absl::StrCat("must be positive, got ", v));
+  return absl::OkStatus();
+}
+
+struct Factor {
+  const char* name;
+  int64_t value;
+};
+
+// Weight sizes in f32 bytes (the engine's device copy) must fit 64 bits: the products are
+// checked before any code multiplies them.
+absl::Status check_f32_bytes_fit(std::string_view source, const char* tensor,
+                                 std::initializer_list<Factor> factors) {
+  int64_t bytes = 4;
+  std::string spelled;
+  for (const Factor& f : factors) {
+    absl::StrAppend(&spelled, spelled.empty() ? "" : " x ", f.name, " ", f.value);
+  }
+  for (const Factor& f : factors) {
+    if (__builtin_mul_overflow(bytes, f.value, &bytes)) {
+      return field_error(
+          source, factors.begin()[factors.size() - 1].name,
+          absl::StrCat(tensor, " of ", spelled, " f32 elements overflows 64-bit byte sizes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The kernels compute in float32: the values must be positive, finite and normal there.
+absl::Status check_float32_normal(std::string_view source, const char* field, double v) {
+  const float f = static_cast<float>(v);
+  if (!(v > 0.0) || !std::isfinite(v) || !std::isnormal(f)) {
+    return field_error(
+        source, field,
+        absl::StrCat("must be positive and within float32's normal range [",
+                     std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(),
+                     "] (the kernels compute in float32), got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
+                                               std::string_view generation_config_json,
+                                               std::string_view config_name,
+                                               std::string_view generation_name) {
+  SIMPLER_ASSIGN_OR_RETURN(json j, parse_object(config_json, config_name));
+  const std::string_view src = config_name;
+  ModelConfig c;
+  c.architectures.clear();
+  c.model_type.clear();
+
+  // Architecture first: a file for another model fails with that, not a missing field.
+  SIMPLER_RETURN_IF_ERROR(read_architecture(j, src, c));
+  SIMPLER_RETURN_IF_ERROR(read_dimensions(j, src, c));
+  SIMPLER_RETURN_IF_ERROR(check_unsupported(j, src));
+  SIMPLER_RETURN_IF_ERROR(read_generation_config(generation_config_json, generation_name, c));
   SIMPLER_RETURN_IF_ERROR(c.validate(src));
   return c;
 }
 
 absl::Status ModelConfig::validate(std::string_view source) const {
-  auto positive = [&](const char* field, int64_t v) -> absl::Status {
-    if (v <= 0) return field_error(source, field, absl::StrCat("must be positive, got ", v));
-    return absl::OkStatus();
-  };
-  SIMPLER_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
-  SIMPLER_RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
-  SIMPLER_RETURN_IF_ERROR(positive("num_hidden_layers", num_hidden_layers));
-  SIMPLER_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
-  SIMPLER_RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
-  SIMPLER_RETURN_IF_ERROR(positive("head_dim", head_dim));
-  SIMPLER_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
-  SIMPLER_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
-  // Weight sizes in f32 bytes (the engine's device copy) must fit 64 bits: the products are
-  // checked before any code multiplies them.
-  struct Factor {
-    const char* name;
-    int64_t value;
-  };
-  auto fits = [&](const char* tensor, std::initializer_list<Factor> factors) -> absl::Status {
-    int64_t bytes = 4;
-    std::string spelled;
-    for (const Factor& f : factors) {
-      absl::StrAppend(&spelled, spelled.empty() ? "" : " x ", f.name, " ", f.value);
-    }
-    for (const Factor& f : factors) {
-      if (__builtin_mul_overflow(bytes, f.value, &bytes)) {
-        return field_error(
-            source, factors.begin()[factors.size() - 1].name,
-            absl::StrCat(tensor, " of ", spelled, " f32 elements overflows 64-bit byte sizes"));
-      }
-    }
-    return absl::OkStatus();
-  };
-  SIMPLER_RETURN_IF_ERROR(fits("q_proj", {{"hidden_size", hidden_size},
-                                          {"num_attention_heads", num_attention_heads},
-                                          {"head_dim", head_dim}}));
-  SIMPLER_RETURN_IF_ERROR(fits("k_proj", {{"hidden_size", hidden_size},
-                                          {"num_key_value_heads", num_key_value_heads},
-                                          {"head_dim", head_dim}}));
-  SIMPLER_RETURN_IF_ERROR(fits(
-      "mlp.gate_proj", {{"hidden_size", hidden_size}, {"intermediate_size", intermediate_size}}));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "hidden_size", hidden_size));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "intermediate_size", intermediate_size));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "num_hidden_layers", num_hidden_layers));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "num_attention_heads", num_attention_heads));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "num_key_value_heads", num_key_value_heads));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "head_dim", head_dim));
+  SIMPLER_RETURN_IF_ERROR(check_positive(source, "vocab_size", vocab_size));
   SIMPLER_RETURN_IF_ERROR(
-      fits("embed_tokens", {{"hidden_size", hidden_size}, {"vocab_size", vocab_size}}));
+      check_positive(source, "max_position_embeddings", max_position_embeddings));
+  SIMPLER_RETURN_IF_ERROR(check_f32_bytes_fit(source, "q_proj",
+                                              {{"hidden_size", hidden_size},
+                                               {"num_attention_heads", num_attention_heads},
+                                               {"head_dim", head_dim}}));
+  SIMPLER_RETURN_IF_ERROR(check_f32_bytes_fit(source, "k_proj",
+                                              {{"hidden_size", hidden_size},
+                                               {"num_key_value_heads", num_key_value_heads},
+                                               {"head_dim", head_dim}}));
+  SIMPLER_RETURN_IF_ERROR(check_f32_bytes_fit(
+      source, "mlp.gate_proj",
+      {{"hidden_size", hidden_size}, {"intermediate_size", intermediate_size}}));
+  SIMPLER_RETURN_IF_ERROR(check_f32_bytes_fit(
+      source, "embed_tokens", {{"hidden_size", hidden_size}, {"vocab_size", vocab_size}}));
   if (num_attention_heads % num_key_value_heads != 0) {
     return field_error(source, "num_key_value_heads",
                        absl::StrCat(num_key_value_heads, " does not divide num_attention_heads ",
@@ -293,20 +338,8 @@ absl::Status ModelConfig::validate(std::string_view source) const {
     return field_error(source, "head_dim",
                        absl::StrCat("must be even for rotary embeddings, got ", head_dim));
   }
-  // The kernels compute in float32: the values must be positive, finite and normal there.
-  auto positive_float = [&](const char* field, double v) -> absl::Status {
-    const float f = static_cast<float>(v);
-    if (!(v > 0.0) || !std::isfinite(v) || !std::isnormal(f)) {
-      return field_error(
-          source, field,
-          absl::StrCat("must be positive and within float32's normal range [",
-                       std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(),
-                       "] (the kernels compute in float32), got ", v));
-    }
-    return absl::OkStatus();
-  };
-  SIMPLER_RETURN_IF_ERROR(positive_float("rms_norm_eps", rms_norm_eps));
-  SIMPLER_RETURN_IF_ERROR(positive_float("rope_theta", rope_theta));
+  SIMPLER_RETURN_IF_ERROR(check_float32_normal(source, "rms_norm_eps", rms_norm_eps));
+  SIMPLER_RETURN_IF_ERROR(check_float32_normal(source, "rope_theta", rope_theta));
   for (int64_t id : eos_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return field_error(

@@ -516,8 +516,10 @@ absl::Status TokenizerImpl::encode_section(
 
 namespace {
 
-absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerImpl& impl) {
-  SIMPLER_ASSIGN_OR_RETURN(const Json* model, reader.member(root, "", "model"));
+// load_model's steps, in order.
+
+// The model's kind and options: BPE without dropout, byte fallback or affixes.
+absl::Status load_model_options(const FieldReader& reader, const Json* model, TokenizerImpl& impl) {
   // The reference accepts a BPE model without "type"; so do we when it has merges.
   std::string type = "BPE";
   if (model->is_object() && model->contains("type")) {
@@ -542,7 +544,12 @@ absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerIm
   }
   SIMPLER_ASSIGN_OR_RETURN(impl.ignore_merges,
                            reader.optional_bool(*model, "model", "ignore_merges", false));
+  return absl::OkStatus();
+}
 
+// model.vocab into impl.vocab; returns the largest id.
+absl::StatusOr<int32_t> load_vocab(const FieldReader& reader, const Json* model,
+                                   TokenizerImpl& impl) {
   SIMPLER_ASSIGN_OR_RETURN(const Json* vocab, reader.member(*model, "model", "vocab"));
   if (!vocab->is_object()) return reader.error("model.vocab", "expected an object");
   impl.vocab.reserve(vocab->size());
@@ -557,7 +564,12 @@ absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerIm
     impl.vocab[it.key()] = id;
     max_id = std::max(max_id, id);
   }
+  return max_id;
+}
 
+// added_tokens into impl; raises `max_id` to the largest id among them.
+absl::Status load_added_tokens(const FieldReader& reader, const Json& root, TokenizerImpl& impl,
+                               int32_t& max_id) {
   SIMPLER_ASSIGN_OR_RETURN(const Json* added, reader.member(root, "", "added_tokens"));
   if (!added->is_array()) return reader.error("added_tokens", "expected an array");
   for (size_t i = 0; i < added->size(); ++i) {
@@ -579,8 +591,11 @@ absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerIm
     impl.added_first_byte[static_cast<uint8_t>(token.content[0])] = true;
     impl.added_tokens.push_back(std::move(token));
   }
+  return absl::OkStatus();
+}
 
-  // Id tables.
+// The id tables (0..max_id) from the vocabulary and the added tokens, and the byte-level ids.
+absl::Status build_id_tables(const FieldReader& reader, int32_t max_id, TokenizerImpl& impl) {
   const auto table_size = static_cast<size_t>(max_id + 1);
   impl.id_to_token.assign(table_size, {});
   impl.id_to_bytes.assign(table_size, {});
@@ -621,8 +636,11 @@ absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerIm
     }
     impl.byte_to_id[b] = it->second;
   }
+  return absl::OkStatus();
+}
 
-  // Merges: later duplicates win, as in the reference.
+// model.merges into impl.merges: later duplicates win, as in the reference.
+absl::Status load_merges(const FieldReader& reader, const Json* model, TokenizerImpl& impl) {
   SIMPLER_ASSIGN_OR_RETURN(const Json* merges, reader.member(*model, "model", "merges"));
   if (!merges->is_array()) return reader.error("model.merges", "expected an array");
   impl.merges.reserve(merges->size());
@@ -654,6 +672,15 @@ absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerIm
     impl.merges[pair_key(l->second, r->second)] = {static_cast<int32_t>(i), m->second};
   }
   return absl::OkStatus();
+}
+
+absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerImpl& impl) {
+  SIMPLER_ASSIGN_OR_RETURN(const Json* model, reader.member(root, "", "model"));
+  SIMPLER_RETURN_IF_ERROR(load_model_options(reader, model, impl));
+  SIMPLER_ASSIGN_OR_RETURN(int32_t max_id, load_vocab(reader, model, impl));
+  SIMPLER_RETURN_IF_ERROR(load_added_tokens(reader, root, impl, max_id));
+  SIMPLER_RETURN_IF_ERROR(build_id_tables(reader, max_id, impl));
+  return load_merges(reader, model, impl);
 }
 
 absl::Status load_normalizer(const FieldReader& reader, const Json& normalizer,

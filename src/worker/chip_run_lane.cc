@@ -142,6 +142,31 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     if (closing_) return absl::FailedPreconditionError("submit after close(): the lane is closed");
     if (!poison_.ok()) return poison_;
   }
+  absl::StatusOr<base::SlotRef> set = acquire_set(admission);
+  if (!set.ok()) return set.status();
+  run->set = *set;
+
+  // Admission: identity and FIFO position.
+  run->shared = std::make_shared<RunShared>();
+  SIMPLER_RETURN_IF_ERROR(fill_records(*run, callable, args, config));
+  run->config = config;
+  run->on_finalized = std::move(on_finalized);
+  run->timing.submit_ns = submit_ns;
+  ChipRun* r = run.get();
+  {
+    base::MutexLock lock(mu_);
+    SIMPLER_RETURN_IF_ERROR(admit_locked(run, callable));
+  }
+
+  absl::Status prepared = prepare_timed(*r);
+  RunHandle handle(r->shared);
+  prepared = launch_prepared(*r, std::move(prepared));
+  span("submit", submit_ns, base::now_ns(), handle.id().value, 0);
+  if (!prepared.ok()) return prepared;
+  return handle;
+}
+
+absl::StatusOr<base::SlotRef> ChipRunLane::acquire_set(const base::Deadline& admission) {
   // A submit that must wait for a resource set has the lane thread reap even while completion
   // pollers are on: the poller may be this very thread.
   absl::StatusOr<base::SlotRef> set = arena_->acquire(base::Deadline::poll());
@@ -155,16 +180,16 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     base::MutexLock lock(mu_);
     --admission_waiters_;
   }
-  if (!set.ok()) return set.status();
-  run->set = *set;
+  return set;
+}
 
-  // Admission: identity and FIFO position.
-  run->shared = std::make_shared<RunShared>();
+absl::Status ChipRunLane::fill_records(ChipRun& run, const task::ChipCallable* callable,
+                                       const task::TaskArgs& args, const task::CallConfig& config) {
   // The run's records live in its set: reused from the set's previous run
   // (retired, so the device is done with them), capacity included.
-  absl::StatusOr<RunRecords*> records = arena_->records(run->set);
+  absl::StatusOr<RunRecords*> records = arena_->records(run.set);
   if (!records.ok()) {
-    (void)arena_->release(run->set);
+    (void)arena_->release(run.set);
     return records.status();
   }
   RunRecords& rec = **records;
@@ -174,79 +199,81 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   rec.max_cores = config.max_cores;
   rec.task_timing = config.task_timing;
   rec.chip = options_.chip;
-  run->records = &rec;
+  run.records = &rec;
   task::GraphPlacement placement = config.placement;
   if (placement == task::GraphPlacement::kDefault) placement = callable->placement;
   if (placement == task::GraphPlacement::kDefault) placement = options_.placement;
   rec.host_built = placement == task::GraphPlacement::kHost;
-  run->config = config;
-  run->on_finalized = std::move(on_finalized);
-  run->timing.submit_ns = submit_ns;
-  ChipRun* r = run.get();
-  {
-    base::MutexLock lock(mu_);
-    absl::Status refuse;
-    if (closing_)
-      refuse = absl::FailedPreconditionError("submit after close(): the lane is closed");
-    if (!poison_.ok()) refuse = poison_;
-    if (refuse.ok()) {
-      // The buffers the callable binds: checked live, and protected from
-      // free until this run retires, like its argument tensors.
-      if (auto it = bindings_.find(callable); it != bindings_.end()) {
-        for (const auto& [address, bytes] : it->second) {
-          if (absl::Status live = device_->check_range(address, bytes); !live.ok()) {
-            refuse = absl::FailedPreconditionError(absl::StrCat(
-                "submit of '", callable->name, "': its bound device buffer 0x", absl::Hex(address),
-                " (", bytes,
-                " bytes) is no longer a live allocation: ", std::string(live.message())));
-            break;
-          }
-          run->device_ranges.emplace_back(address, address + bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ChipRunLane::admit_locked(std::unique_ptr<ChipRun>& run,
+                                       const task::ChipCallable* callable) {
+  absl::Status refuse;
+  if (closing_) refuse = absl::FailedPreconditionError("submit after close(): the lane is closed");
+  if (!poison_.ok()) refuse = poison_;
+  if (refuse.ok()) {
+    // The buffers the callable binds: checked live, and protected from
+    // free until this run retires, like its argument tensors.
+    if (auto it = bindings_.find(callable); it != bindings_.end()) {
+      for (const auto& [address, bytes] : it->second) {
+        if (absl::Status live = device_->check_range(address, bytes); !live.ok()) {
+          refuse = absl::FailedPreconditionError(absl::StrCat(
+              "submit of '", callable->name, "': its bound device buffer 0x", absl::Hex(address),
+              " (", bytes,
+              " bytes) is no longer a live allocation: ", std::string(live.message())));
+          break;
         }
+        run->device_ranges.emplace_back(address, address + bytes);
       }
     }
-    if (!refuse.ok()) {
-      (void)arena_->release(run->set);
-      return refuse;
-    }
-    run->shared->id = base::RunId{next_id_++};
-    run->shared->result.requested_depth = options_.launch_depth;
-    runs_.push_back(std::move(run));
   }
+  if (!refuse.ok()) {
+    (void)arena_->release(run->set);
+    return refuse;
+  }
+  run->shared->id = base::RunId{next_id_++};
+  run->shared->result.requested_depth = options_.launch_depth;
+  runs_.push_back(std::move(run));
+  return absl::OkStatus();
+}
 
+absl::Status ChipRunLane::prepare_timed(ChipRun& r) {
   // Prepare outside the lane lock: the set is this run's alone.
-  r->timing.prepare_start_ns = base::now_ns();
+  r.timing.prepare_start_ns = base::now_ns();
   absl::Status prepared;
   try {
-    prepared = prepare(*r);
+    prepared = prepare(r);
   } catch (...) {
     // A host-built graph's orchestration (or anything else prepare calls)
     // threw: the run's error, returned by this submit; the lane goes on.
     prepared = base::status_from_current_exception("prepare");
   }
-  r->timing.prepare_end_ns = base::now_ns();
-  span("prepare", r->timing.prepare_start_ns, r->timing.prepare_end_ns, r->id(), 0);
+  r.timing.prepare_end_ns = base::now_ns();
+  span("prepare", r.timing.prepare_start_ns, r.timing.prepare_end_ns, r.id(), 0);
+  return prepared;
+}
 
-  RunHandle handle(r->shared);
+absl::Status ChipRunLane::launch_prepared(ChipRun& r, absl::Status prepared) {
   bool wake_lane = true;
   {
     base::MutexLock lock(mu_);
     if (!prepared.ok() || !poison_.ok()) {
       // Returned by submit: delivered here, retired in order by the lane thread.
-      set_state_locked(*r, RunState::kCancelled,
+      set_state_locked(r, RunState::kCancelled,
                        !prepared.ok()
-                           ? base::annotate(prepared, absl::StrCat("run ", r->id(), " prepare: "))
+                           ? base::annotate(prepared, absl::StrCat("run ", r.id(), " prepare: "))
                            : poison_);  // the lane was poisoned while this run was preparing
-      r->shared->delivered.store(true, std::memory_order_relaxed);
-      prepared = r->status;
+      r.shared->delivered.store(true, std::memory_order_relaxed);
+      prepared = r.status;
     } else {
-      set_state_locked(*r, RunState::kPrepared);
+      set_state_locked(r, RunState::kPrepared);
     }
     launch_ready_locked();
-    if (prepared.ok() && r->state == RunState::kFailed) {
+    if (prepared.ok() && r.state == RunState::kFailed) {
       // Its own launch, attempted in this call, was refused: returned here.
-      r->shared->delivered.store(true, std::memory_order_relaxed);
-      prepared = r->status;
+      r.shared->delivered.store(true, std::memory_order_relaxed);
+      prepared = r.status;
     }
     // Completion pollers reap, launch and retire it (poll_completions): the lane thread is not
     // woken for it (its wake-up would cost this thread a system call and put one more runnable
@@ -254,9 +281,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
     wake_lane = !left_to_pollers_locked();
   }
   if (wake_lane) lane_cv_.notify_all();
-  span("submit", submit_ns, base::now_ns(), handle.id().value, 0);
-  if (!prepared.ok()) return prepared;
-  return handle;
+  return prepared;
 }
 
 absl::Status ChipRunLane::prepare(ChipRun& run) {

@@ -216,6 +216,21 @@ class ChipRunLane {
   // The CANCELLED status of run `run` when close()'s deadline passed.
   absl::Status cancel_status_locked(uint64_t run) const SIMPLER_REQUIRES(mu_);
   std::string cancel_cause_locked() const SIMPLER_REQUIRES(mu_);
+  // submit's steps, in order. acquire_set: a resource set by `admission` (the lane thread
+  // reaps meanwhile, pollers or not). fill_records: the run's records in its set, for this
+  // call (gives the set back on error). admit_locked: refused (giving the set back) when the
+  // lane is closed or poisoned or a bound buffer of `callable` is not live; else assigns the
+  // RunId and moves `run` into runs_. prepare_timed: prepare() outside mu_, an exception
+  // turned into its error, timed and traced. launch_prepared: the run's state after
+  // `prepared`, a launch attempt, and a wake of the lane thread unless pollers reap; returns
+  // what submit returns for the run.
+  absl::StatusOr<base::SlotRef> acquire_set(const base::Deadline& admission);
+  absl::Status fill_records(ChipRun& run, const task::ChipCallable* callable,
+                            const task::TaskArgs& args, const task::CallConfig& config);
+  absl::Status admit_locked(std::unique_ptr<ChipRun>& run, const task::ChipCallable* callable)
+      SIMPLER_REQUIRES(mu_);
+  absl::Status prepare_timed(ChipRun& run);
+  absl::Status launch_prepared(ChipRun& run, absl::Status prepared);
   absl::Status prepare(ChipRun& run);
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
 

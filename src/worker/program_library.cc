@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "base/quarantine.h"
 #include "simpler/base/clock.h"
@@ -113,18 +114,103 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
   return lib;
 }
 
+namespace {
+
+// One submitted run of a self-check.
+struct PendingCheck {
+  const task::SelfCheck* check;
+  std::vector<std::vector<float>> outputs;  // host staging per output arg
+  RunHandle handle;
+};
+
+// The run arguments of `chk`: its inputs as HOST tensors over its data, its outputs as HOST
+// tensors over staging buffers appended to p.outputs (reserved by the caller). A value count
+// that does not match its shape is returned through `fail`.
+absl::StatusOr<task::TaskArgs> self_check_args(const task::SelfCheck& chk, PendingCheck& p,
+                                               absl::FunctionRef<absl::Status(absl::Status)> fail) {
+  task::TaskArgs args;
+  for (size_t i = 0; i < chk.args.size(); ++i) {
+    const auto& a = chk.args[i];
+    if (a.kind == task::SelfCheckArg::Kind::kScalar) {
+      args.add_scalar(a.scalar);
+      continue;
+    }
+    int64_t numel = 1;
+    for (int64_t d : a.shape) numel *= d;
+    if (static_cast<int64_t>(a.data.size()) != numel) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("self-check '", chk.name, "' argument ", i, ": ", a.data.size(),
+                       " values for a shape of ", numel, " elements")));
+    }
+    if (a.kind == task::SelfCheckArg::Kind::kInput) {
+      // A HOST tensor: the run stages it into its resource set at prepare,
+      // so no copy waits for earlier runs and the checks pipeline.
+      SIMPLER_ASSIGN_OR_RETURN(
+          task::Tensor t,
+          task::Tensor::contiguous(reinterpret_cast<uintptr_t>(a.data.data()), a.shape.data(),
+                                   static_cast<int32_t>(a.shape.size()), task::DataType::kFloat32,
+                                   task::MemoryKind::kHost));
+      args.add_tensor(t, task::ArgDirection::kIn);
+    } else {
+      p.outputs.emplace_back(numel, 0.0f);
+      SIMPLER_ASSIGN_OR_RETURN(
+          task::Tensor t,
+          task::Tensor::contiguous(reinterpret_cast<uintptr_t>(p.outputs.back().data()),
+                                   a.shape.data(), static_cast<int32_t>(a.shape.size()),
+                                   task::DataType::kFloat32, task::MemoryKind::kHost));
+      args.add_tensor(t, task::ArgDirection::kOut);
+    }
+  }
+  return args;
+}
+
+// The error of a submit of `chk` refused with `refused`: when an earlier run poisoned the lane,
+// that run's own error (e.g. its refused launch), naming its check.
+absl::Status refused_check_error(const absl::Status& refused, const task::SelfCheck& chk,
+                                 const std::vector<PendingCheck>& pending) {
+  const PendingCheck* culprit = nullptr;
+  absl::Status cause = poison_cause(refused, [&](uint64_t run) -> std::optional<RunHandle> {
+    for (const auto& q : pending) {
+      if (q.handle.id().value == run) {
+        culprit = &q;
+        return q.handle;
+      }
+    }
+    return std::nullopt;
+  });
+  const std::string& name =
+      cause != refused && culprit != nullptr ? culprit->check->name : chk.name;
+  return base::annotate(cause, absl::StrCat("self-check '", name, "': "));
+}
+
+// The result of a finished run: its outputs against the expected values.
+SelfCheckResult score_check(const PendingCheck& p) {
+  SelfCheckResult r;
+  r.name = p.check->name;
+  r.tolerance = p.check->tolerance;
+  r.run = p.handle.result();
+  size_t out = 0;
+  for (const auto& a : p.check->args) {
+    if (a.kind != task::SelfCheckArg::Kind::kOutput) continue;
+    const auto& got = p.outputs[out++];
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double e = std::fabs(static_cast<double>(got[i]) - a.data[i]);
+      if (std::isnan(e) || e > r.max_abs_error) r.max_abs_error = std::isnan(e) ? INFINITY : e;
+    }
+  }
+  r.passed = r.max_abs_error <= r.tolerance;
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrary& lib,
                                                              const WorkerOptions& options,
                                                              int repeats) {
-  struct Pending {
-    const task::SelfCheck* check;
-    std::vector<std::vector<float>> outputs;  // host staging per output arg
-    RunHandle handle;
-  };
   // Declared before the Worker, so it is destroyed after it: the Worker's
   // close drains every run (whose finalize copies into these host buffers)
   // on every way out, error paths included.
-  std::vector<Pending> pending;
+  std::vector<PendingCheck> pending;
   Worker worker(options);
   // On an error while runs are in flight, the error is known: close at once
   // (bounded) instead of waiting out each run, then return the error.
@@ -141,60 +227,12 @@ absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrar
   pending.reserve(lib.self_checks().size() * std::max(1, repeats));
   for (int rep = 0; rep < std::max(1, repeats); ++rep) {
     for (const auto& chk : lib.self_checks()) {
-      Pending p{&chk, {}, {}};
+      PendingCheck p{&chk, {}, {}};
       p.outputs.reserve(chk.args.size());
-      task::TaskArgs args;
-      for (size_t i = 0; i < chk.args.size(); ++i) {
-        const auto& a = chk.args[i];
-        if (a.kind == task::SelfCheckArg::Kind::kScalar) {
-          args.add_scalar(a.scalar);
-          continue;
-        }
-        int64_t numel = 1;
-        for (int64_t d : a.shape) numel *= d;
-        if (static_cast<int64_t>(a.data.size()) != numel) {
-          return fail(absl::InvalidArgumentError(
-              absl::StrCat("self-check '", chk.name, "' argument ", i, ": ", a.data.size(),
-                           " values for a shape of ", numel, " elements")));
-        }
-        if (a.kind == task::SelfCheckArg::Kind::kInput) {
-          // A HOST tensor: the run stages it into its resource set at prepare,
-          // so no copy waits for earlier runs and the checks pipeline.
-          SIMPLER_ASSIGN_OR_RETURN(
-              task::Tensor t,
-              task::Tensor::contiguous(reinterpret_cast<uintptr_t>(a.data.data()), a.shape.data(),
-                                       static_cast<int32_t>(a.shape.size()),
-                                       task::DataType::kFloat32, task::MemoryKind::kHost));
-          args.add_tensor(t, task::ArgDirection::kIn);
-        } else {
-          p.outputs.emplace_back(numel, 0.0f);
-          SIMPLER_ASSIGN_OR_RETURN(
-              task::Tensor t,
-              task::Tensor::contiguous(reinterpret_cast<uintptr_t>(p.outputs.back().data()),
-                                       a.shape.data(), static_cast<int32_t>(a.shape.size()),
-                                       task::DataType::kFloat32, task::MemoryKind::kHost));
-          args.add_tensor(t, task::ArgDirection::kOut);
-        }
-      }
-      absl::StatusOr<RunHandle> h = worker.submit(handles[chk.callable], args);
-      if (!h.ok()) {
-        // Refused because an earlier run poisoned the lane: report that run's
-        // own error (e.g. its refused launch), naming its check.
-        const Pending* culprit = nullptr;
-        absl::Status cause =
-            poison_cause(h.status(), [&](uint64_t run) -> std::optional<RunHandle> {
-              for (const auto& q : pending) {
-                if (q.handle.id().value == run) {
-                  culprit = &q;
-                  return q.handle;
-                }
-              }
-              return std::nullopt;
-            });
-        const std::string& name =
-            cause != h.status() && culprit != nullptr ? culprit->check->name : chk.name;
-        return fail(base::annotate(cause, absl::StrCat("self-check '", name, "': ")));
-      }
+      absl::StatusOr<task::TaskArgs> args = self_check_args(chk, p, fail);
+      if (!args.ok()) return args.status();
+      absl::StatusOr<RunHandle> h = worker.submit(handles[chk.callable], *args);
+      if (!h.ok()) return fail(refused_check_error(h.status(), chk, pending));
       p.handle = *std::move(h);
       pending.push_back(std::move(p));
     }
@@ -208,23 +246,7 @@ absl::StatusOr<std::vector<SelfCheckResult>> run_self_checks(const ProgramLibrar
     }
   }
   std::vector<SelfCheckResult> results;
-  for (auto& p : pending) {
-    SelfCheckResult r;
-    r.name = p.check->name;
-    r.tolerance = p.check->tolerance;
-    r.run = p.handle.result();
-    size_t out = 0;
-    for (const auto& a : p.check->args) {
-      if (a.kind != task::SelfCheckArg::Kind::kOutput) continue;
-      const auto& got = p.outputs[out++];
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double e = std::fabs(static_cast<double>(got[i]) - a.data[i]);
-        if (std::isnan(e) || e > r.max_abs_error) r.max_abs_error = std::isnan(e) ? INFINITY : e;
-      }
-    }
-    r.passed = r.max_abs_error <= r.tolerance;
-    results.push_back(std::move(r));
-  }
+  for (auto& p : pending) results.push_back(score_check(p));
   SIMPLER_RETURN_IF_ERROR(worker.close());
   return results;
 }
