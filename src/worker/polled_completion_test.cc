@@ -242,10 +242,11 @@ TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOr
   std::mutex mu;
   std::vector<uint64_t> order;
   std::atomic<bool> stop{false};
-  std::atomic<int> by_pollers{0}, polling{0};
+  // in_call: pollers inside poll_completions whose count is not yet in by_pollers.
+  std::atomic<int> by_pollers{0}, polling{0}, in_call{0};
   std::vector<std::thread> pollers;
   for (int p = 0; p < 2; ++p) {
-    pollers.emplace_back([&w, &stop, &by_pollers, &polling, p] {
+    pollers.emplace_back([&w, &stop, &by_pollers, &polling, &in_call, p] {
       bool first = true;
       while (!stop.load(std::memory_order_acquire)) {
         w.set_completion_polling(true);
@@ -254,7 +255,9 @@ TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOr
         const auto until =
             std::chrono::steady_clock::now() + std::chrono::microseconds(200 + 150 * p);
         while (std::chrono::steady_clock::now() < until) {
-          by_pollers.fetch_add(w.poll_completions(), std::memory_order_relaxed);
+          in_call.fetch_add(1);
+          by_pollers.fetch_add(w.poll_completions());
+          in_call.fetch_sub(1);
           std::this_thread::yield();
         }
         w.set_completion_polling(false);
@@ -281,6 +284,10 @@ TEST(PolledCompletion, PollersTogglingAgainstTheLaneThreadRetireEveryRunOnceInOr
     }
     for (const RunHandle& h : hs) EXPECT_TRUE(h.wait(30.0).ok());
     submitted += kPerRound;
+    // Every run of the round is done; a poller that reaped some may not have added its count
+    // yet (the runs finish inside its call). Once no call is in flight the count is exact: a
+    // call started after the waits above finds nothing left to reap.
+    while (in_call.load() != 0) std::this_thread::yield();
     const int polled = by_pollers.load();
     if (polled > 0 && polled < submitted) break;  // both kinds reaped some
   }
