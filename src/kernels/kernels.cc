@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/task_names.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
@@ -34,12 +35,6 @@
 
 namespace simpler::llm {
 namespace {
-
-using task::ArgDirection;
-using task::DataType;
-using task::KernelContext;
-using task::TaskArgs;
-using task::Tensor;
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstRowMap = Eigen::Map<const RowMatrix>;

@@ -9,18 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/task_names.h"
 #include "simpler/base/status.h"
 #include "simpler/kernels/kernels.h"
 #include "simpler/task/arg_check.h"
 
 namespace simpler::llm {
 namespace {
-
-using task::ArgDirection;
-using task::DataType;
-using task::KernelContext;
-using task::TaskArgs;
-using task::Tensor;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
