@@ -53,21 +53,11 @@ class LlmEngineTest : public ::testing::Test {
 
   static EngineOptions options(int depth, int pages = 256, int budget = 64, int seqs = 16,
                                int page_size = 4) {
-    EngineOptions eo;
-    eo.runner.worker.num_cores = 2;
-    eo.runner.worker.launch_depth = depth;
-    eo.runner.worker.faults.emplace();
-    eo.runner.page_size = page_size;
-    eo.runner.num_pages = pages;
-    eo.runner.max_num_batched_tokens = budget;
-    eo.runner.max_num_seqs = seqs;
-    return eo;
+    return small_engine_options(depth, pages, budget, seqs, page_size);
   }
 
   static std::unique_ptr<LlmEngine> engine(const EngineOptions& eo) {
-    auto e = LlmEngine::create(*dir_, eo);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(e).value() : nullptr;
+    return create_test_engine(*dir_, eo);
   }
 
   struct Done {
@@ -1016,17 +1006,9 @@ class LlmEngineTextTest : public ::testing::Test {
     delete dir_;
   }
   static std::unique_ptr<LlmEngine> engine(int depth) {
-    EngineOptions eo;
-    eo.runner.worker.num_cores = 2;
-    eo.runner.worker.launch_depth = depth;
-    eo.runner.worker.faults.emplace();
-    eo.runner.num_pages = 64;
-    eo.runner.max_num_seqs = 4;
-    eo.runner.max_num_batched_tokens = 64;
+    EngineOptions eo = small_engine_options(depth, 64, 64, 4, 16);
     eo.tokenizer = tokenizer_;
-    auto e = LlmEngine::create(*dir_, eo);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(e).value();
+    return create_test_engine(*dir_, eo);
   }
   struct Text {
     std::vector<int32_t> tokens;

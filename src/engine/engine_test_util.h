@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
+#include "gtest/gtest.h"
+#include "simpler/engine/llm_engine.h"
 #include "simpler/model/make_model.h"
 #include "simpler/tokenizer/tokenizer.h"
 
@@ -42,6 +45,30 @@ inline MakeModelOptions tiny_text_model_options(const std::string& out_dir) {
   o.out_dir = out_dir;
   o.tokenizer_dir = default_tokenizer_dir().value();
   return o;
+}
+
+// Engine options for the test models on the sim device: 2 cores at launch depth `depth` with an
+// empty fault plan, `pages` KV pages of `page_size` tokens, steps of at most `budget` tokens over
+// at most `seqs` sequences.
+inline EngineOptions small_engine_options(int depth, int pages = 256, int budget = 64,
+                                          int seqs = 16, int page_size = 4) {
+  EngineOptions eo;
+  eo.runner.worker.num_cores = 2;
+  eo.runner.worker.launch_depth = depth;
+  eo.runner.worker.faults.emplace();
+  eo.runner.page_size = page_size;
+  eo.runner.num_pages = pages;
+  eo.runner.max_num_batched_tokens = budget;
+  eo.runner.max_num_seqs = seqs;
+  return eo;
+}
+
+// An engine on the checkpoint in `dir`; a test failure and null when it cannot be created.
+inline std::unique_ptr<LlmEngine> create_test_engine(const std::string& dir,
+                                                     const EngineOptions& eo) {
+  auto e = LlmEngine::create(dir, eo);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(e).value() : nullptr;
 }
 
 }  // namespace simpler::llm
