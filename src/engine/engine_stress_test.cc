@@ -1379,29 +1379,18 @@ TEST_F(LlmEngineStressTest, ShutdownWithAHungStepReturnsInBoundedTime) {
 
 // ---- stop strings (the real tokenizer) -------------------------------------------------------
 
-class LlmEngineStressTextTest : public ::testing::Test {
+class LlmEngineStressTextTest : public TinyTextModelTest<LlmEngineStressTextTest> {
+ public:
+  static constexpr const char* kDirPrefix = "simpler_llm_engine_stress_text_";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(test_model_dir("simpler_llm_engine_stress_text_"));
-    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
-    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete tokenizer_;
-    delete dir_;
-  }
   static std::unique_ptr<LlmEngine> engine(int depth, int32_t max_buffered = 4096) {
     EngineOptions eo = small_engine_options(depth, 64, 64, 4, 16);
     eo.max_buffered_outputs = max_buffered;
     eo.tokenizer = tokenizer_;
     return create_test_engine(*dir_, eo);
   }
-  static std::string* dir_;
-  static Tokenizer* tokenizer_;
 };
-std::string* LlmEngineStressTextTest::dir_ = nullptr;
-Tokenizer* LlmEngineStressTextTest::tokenizer_ = nullptr;
 
 // What a stop string does to `tokens` (each token's text delta from an
 // IncrementalDetokenizer) with min_tokens: no match may end inside the text

@@ -993,18 +993,11 @@ TEST(Histogram, BucketsAreLessOrEqualBoundsWithAnInfBucket) {
 }
 
 // Text: the tiny preset (the real Qwen3 vocabulary and tokenizer).
-class LlmEngineTextTest : public ::testing::Test {
+class LlmEngineTextTest : public TinyTextModelTest<LlmEngineTextTest> {
+ public:
+  static constexpr const char* kDirPrefix = "simpler_llm_engine_text_";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(test_model_dir("simpler_llm_engine_text_"));
-    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
-    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete tokenizer_;
-    delete dir_;
-  }
   static std::unique_ptr<LlmEngine> engine(int depth) {
     EngineOptions eo = small_engine_options(depth, 64, 64, 4, 16);
     eo.tokenizer = tokenizer_;
@@ -1058,11 +1051,7 @@ class LlmEngineTextTest : public ::testing::Test {
     const unsigned char c = static_cast<unsigned char>(s[at]);
     return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
   }
-  static std::string* dir_;
-  static Tokenizer* tokenizer_;
 };
-std::string* LlmEngineTextTest::dir_ = nullptr;
-Tokenizer* LlmEngineTextTest::tokenizer_ = nullptr;
 
 // Deltas never split a UTF-8 character and add up to decode(all ids); a stop
 // string spanning a token boundary cuts the text right before it, and no

@@ -71,4 +71,24 @@ inline std::unique_ptr<LlmEngine> create_test_engine(const std::string& dir,
   return e.ok() ? std::move(e).value() : nullptr;
 }
 
+// A test suite on the tiny text model (tiny_text_model_options), made once per suite in
+// test_model_dir(Suite::kDirPrefix), with its tokenizer: `Suite` derives from it and names the
+// folder's prefix in a public `static constexpr const char* kDirPrefix`.
+template <class Suite>
+class TinyTextModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(test_model_dir(Suite::kDirPrefix));
+    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
+    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete tokenizer_;
+    delete dir_;
+  }
+  static inline std::string* dir_ = nullptr;
+  static inline Tokenizer* tokenizer_ = nullptr;
+};
+
 }  // namespace simpler::llm
