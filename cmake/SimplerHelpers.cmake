@@ -66,10 +66,8 @@ function(simpler_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()
-  add_executable(${name} ${ARG_SRCS})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  simpler_executable(${name} SRCS ${ARG_SRCS}
+    DEPS ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
   # `concurrency_tests` builds just what the ThreadSanitizer leg runs.
@@ -81,7 +79,9 @@ function(simpler_test name)
   endif()
 endfunction()
 
-# simpler_executable(NAME SRCS ... DEPS ...) — skipped in test-only (sanitizer) builds.
+# simpler_executable(NAME SRCS ... DEPS ...) — an executable with the project's include folders
+# and warnings; the tests, benchmarks and fuzzers are built on it. The CLI's caller skips it in
+# test-only (sanitizer) builds.
 function(simpler_executable name)
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
@@ -97,10 +97,8 @@ function(simpler_benchmark name)
     return()
   endif()
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
-  add_executable(${name} ${ARG_SRCS})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark benchmark::benchmark_main)
+  simpler_executable(${name} SRCS ${ARG_SRCS}
+    DEPS ${ARG_DEPS} benchmark::benchmark benchmark::benchmark_main)
 endfunction()
 
 # simpler_fuzzer(NAME SRCS ... DEPS ...) — a libFuzzer target, built only with
@@ -111,10 +109,7 @@ function(simpler_fuzzer name)
     return()
   endif()
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
-  add_executable(${name} ${ARG_SRCS})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  simpler_executable(${name} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS})
   target_link_options(${name} PRIVATE -fsanitize=fuzzer)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzz)
   if(NOT TARGET fuzzers)

@@ -251,15 +251,7 @@ class LlmEngineStressTest : public ::testing::Test {
 
   static EngineOptions options(int depth, int pages = 256, int budget = 64, int seqs = 16,
                                int page_size = 4) {
-    EngineOptions eo;
-    eo.runner.worker.num_cores = 2;
-    eo.runner.worker.launch_depth = depth;
-    eo.runner.worker.faults.emplace();
-    eo.runner.page_size = page_size;
-    eo.runner.num_pages = pages;
-    eo.runner.max_num_batched_tokens = budget;
-    eo.runner.max_num_seqs = seqs;
-    return eo;
+    return small_engine_options(depth, pages, budget, seqs, page_size);
   }
   static EngineOptions with_faults(EngineOptions eo, const std::string& plan) {
     eo.runner.worker.faults = device::FaultPlan::parse(plan).value();
@@ -267,9 +259,7 @@ class LlmEngineStressTest : public ::testing::Test {
   }
 
   static std::unique_ptr<LlmEngine> engine(const EngineOptions& eo) {
-    auto e = LlmEngine::create(*dir_, eo);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(e).value() : nullptr;
+    return create_test_engine(*dir_, eo);
   }
 
   static const std::vector<int32_t>& prompt(size_t i) { return (*prompts_)[i % prompts_->size()]; }
@@ -1389,37 +1379,18 @@ TEST_F(LlmEngineStressTest, ShutdownWithAHungStepReturnsInBoundedTime) {
 
 // ---- stop strings (the real tokenizer) -------------------------------------------------------
 
-class LlmEngineStressTextTest : public ::testing::Test {
+class LlmEngineStressTextTest : public TinyTextModelTest<LlmEngineStressTextTest> {
+ public:
+  static constexpr const char* kDirPrefix = "simpler_llm_engine_stress_text_";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(test_model_dir("simpler_llm_engine_stress_text_"));
-    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
-    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete tokenizer_;
-    delete dir_;
-  }
   static std::unique_ptr<LlmEngine> engine(int depth, int32_t max_buffered = 4096) {
-    EngineOptions eo;
-    eo.runner.worker.num_cores = 2;
-    eo.runner.worker.launch_depth = depth;
-    eo.runner.worker.faults.emplace();
-    eo.runner.num_pages = 64;
-    eo.runner.max_num_seqs = 4;
-    eo.runner.max_num_batched_tokens = 64;
+    EngineOptions eo = small_engine_options(depth, 64, 64, 4, 16);
     eo.max_buffered_outputs = max_buffered;
     eo.tokenizer = tokenizer_;
-    auto e = LlmEngine::create(*dir_, eo);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(e).value();
+    return create_test_engine(*dir_, eo);
   }
-  static std::string* dir_;
-  static Tokenizer* tokenizer_;
 };
-std::string* LlmEngineStressTextTest::dir_ = nullptr;
-Tokenizer* LlmEngineStressTextTest::tokenizer_ = nullptr;
 
 // What a stop string does to `tokens` (each token's text delta from an
 // IncrementalDetokenizer) with min_tokens: no match may end inside the text

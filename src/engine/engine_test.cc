@@ -53,21 +53,11 @@ class LlmEngineTest : public ::testing::Test {
 
   static EngineOptions options(int depth, int pages = 256, int budget = 64, int seqs = 16,
                                int page_size = 4) {
-    EngineOptions eo;
-    eo.runner.worker.num_cores = 2;
-    eo.runner.worker.launch_depth = depth;
-    eo.runner.worker.faults.emplace();
-    eo.runner.page_size = page_size;
-    eo.runner.num_pages = pages;
-    eo.runner.max_num_batched_tokens = budget;
-    eo.runner.max_num_seqs = seqs;
-    return eo;
+    return small_engine_options(depth, pages, budget, seqs, page_size);
   }
 
   static std::unique_ptr<LlmEngine> engine(const EngineOptions& eo) {
-    auto e = LlmEngine::create(*dir_, eo);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(e).value() : nullptr;
+    return create_test_engine(*dir_, eo);
   }
 
   struct Done {
@@ -1003,30 +993,15 @@ TEST(Histogram, BucketsAreLessOrEqualBoundsWithAnInfBucket) {
 }
 
 // Text: the tiny preset (the real Qwen3 vocabulary and tokenizer).
-class LlmEngineTextTest : public ::testing::Test {
+class LlmEngineTextTest : public TinyTextModelTest<LlmEngineTextTest> {
+ public:
+  static constexpr const char* kDirPrefix = "simpler_llm_engine_text_";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(test_model_dir("simpler_llm_engine_text_"));
-    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
-    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete tokenizer_;
-    delete dir_;
-  }
   static std::unique_ptr<LlmEngine> engine(int depth) {
-    EngineOptions eo;
-    eo.runner.worker.num_cores = 2;
-    eo.runner.worker.launch_depth = depth;
-    eo.runner.worker.faults.emplace();
-    eo.runner.num_pages = 64;
-    eo.runner.max_num_seqs = 4;
-    eo.runner.max_num_batched_tokens = 64;
+    EngineOptions eo = small_engine_options(depth, 64, 64, 4, 16);
     eo.tokenizer = tokenizer_;
-    auto e = LlmEngine::create(*dir_, eo);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(e).value();
+    return create_test_engine(*dir_, eo);
   }
   struct Text {
     std::vector<int32_t> tokens;
@@ -1076,11 +1051,7 @@ class LlmEngineTextTest : public ::testing::Test {
     const unsigned char c = static_cast<unsigned char>(s[at]);
     return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
   }
-  static std::string* dir_;
-  static Tokenizer* tokenizer_;
 };
-std::string* LlmEngineTextTest::dir_ = nullptr;
-Tokenizer* LlmEngineTextTest::tokenizer_ = nullptr;
 
 // Deltas never split a UTF-8 character and add up to decode(all ids); a stop
 // string spanning a token boundary cuts the text right before it, and no

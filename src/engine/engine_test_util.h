@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
+#include "gtest/gtest.h"
+#include "simpler/engine/llm_engine.h"
 #include "simpler/model/make_model.h"
 #include "simpler/tokenizer/tokenizer.h"
 
@@ -43,5 +46,49 @@ inline MakeModelOptions tiny_text_model_options(const std::string& out_dir) {
   o.tokenizer_dir = default_tokenizer_dir().value();
   return o;
 }
+
+// Engine options for the test models on the sim device: 2 cores at launch depth `depth` with an
+// empty fault plan, `pages` KV pages of `page_size` tokens, steps of at most `budget` tokens over
+// at most `seqs` sequences.
+inline EngineOptions small_engine_options(int depth, int pages = 256, int budget = 64,
+                                          int seqs = 16, int page_size = 4) {
+  EngineOptions eo;
+  eo.runner.worker.num_cores = 2;
+  eo.runner.worker.launch_depth = depth;
+  eo.runner.worker.faults.emplace();
+  eo.runner.page_size = page_size;
+  eo.runner.num_pages = pages;
+  eo.runner.max_num_batched_tokens = budget;
+  eo.runner.max_num_seqs = seqs;
+  return eo;
+}
+
+// An engine on the checkpoint in `dir`; a test failure and null when it cannot be created.
+inline std::unique_ptr<LlmEngine> create_test_engine(const std::string& dir,
+                                                     const EngineOptions& eo) {
+  auto e = LlmEngine::create(dir, eo);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// A test suite on the tiny text model (tiny_text_model_options), made once per suite in
+// test_model_dir(Suite::kDirPrefix), with its tokenizer: `Suite` derives from it and names the
+// folder's prefix in a public `static constexpr const char* kDirPrefix`.
+template <class Suite>
+class TinyTextModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(test_model_dir(Suite::kDirPrefix));
+    ASSERT_TRUE(make_model(tiny_text_model_options(*dir_)).ok());
+    tokenizer_ = new Tokenizer(Tokenizer::load(*dir_).value());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete tokenizer_;
+    delete dir_;
+  }
+  static inline std::string* dir_ = nullptr;
+  static inline Tokenizer* tokenizer_ = nullptr;
+};
 
 }  // namespace simpler::llm

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/task_names.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/task_args.h"
 #include "simpler/task/tensor.h"

@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/task_names.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
@@ -34,12 +35,6 @@
 
 namespace simpler::llm {
 namespace {
-
-using task::ArgDirection;
-using task::DataType;
-using task::KernelContext;
-using task::TaskArgs;
-using task::Tensor;
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstRowMap = Eigen::Map<const RowMatrix>;
@@ -405,9 +400,7 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
 
 TaskArgs embedding_args(const Tensor& ids, const Tensor& table, const Tensor& out) {
   TaskArgs a;
-  a.add_tensor(ids, ArgDirection::kIn)
-      .add_tensor(table, ArgDirection::kIn)
-      .add_tensor(out, ArgDirection::kOut);
+  a.add_tensors({ids, table}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
   return a;
 }
 
@@ -440,10 +433,7 @@ absl::Status rms_norm_kernel(const KernelContext& ctx) {
 
 TaskArgs rms_norm_args(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
   TaskArgs a;
-  a.add_tensor(x, ArgDirection::kIn)
-      .add_tensor(w, ArgDirection::kIn)
-      .add_tensor(out, ArgDirection::kOut)
-      .add_scalar_f32(eps);
+  a.add_tensors({x, w}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut).add_scalar_f32(eps);
   return a;
 }
 
@@ -458,17 +448,13 @@ absl::Status matmul_acc_kernel(const KernelContext& ctx) {
 
 TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
   TaskArgs a;
-  a.add_tensor(x, ArgDirection::kIn)
-      .add_tensor(w, ArgDirection::kIn)
-      .add_tensor(y, ArgDirection::kOut);
+  a.add_tensors({x, w}, ArgDirection::kIn).add_tensor(y, ArgDirection::kOut);
   return a;
 }
 
 TaskArgs matmul_acc_args(const Tensor& x, const Tensor& w, const Tensor& y) {
   TaskArgs a;
-  a.add_tensor(x, ArgDirection::kIn)
-      .add_tensor(w, ArgDirection::kIn)
-      .add_tensor(y, ArgDirection::kInOut);
+  a.add_tensors({x, w}, ArgDirection::kIn).add_tensor(y, ArgDirection::kInOut);
   return a;
 }
 
@@ -565,11 +551,8 @@ absl::Status kv_write_kernel(const KernelContext& ctx) {
 TaskArgs kv_write_args(const Tensor& k, const Tensor& v, const Tensor& slot_mapping,
                        const Tensor& k_pool, const Tensor& v_pool) {
   TaskArgs a;
-  a.add_tensor(k, ArgDirection::kIn)
-      .add_tensor(v, ArgDirection::kIn)
-      .add_tensor(slot_mapping, ArgDirection::kIn)
-      .add_tensor(k_pool, ArgDirection::kInOut)
-      .add_tensor(v_pool, ArgDirection::kInOut);
+  a.add_tensors({k, v, slot_mapping}, ArgDirection::kIn)
+      .add_tensors({k_pool, v_pool}, ArgDirection::kInOut);
   return a;
 }
 
@@ -1169,11 +1152,7 @@ TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tenso
                               const Tensor& block_tables, const Tensor& context_lens,
                               const Tensor& out, float scale) {
   TaskArgs a;
-  a.add_tensor(q, ArgDirection::kIn)
-      .add_tensor(k_pool, ArgDirection::kIn)
-      .add_tensor(v_pool, ArgDirection::kIn)
-      .add_tensor(block_tables, ArgDirection::kIn)
-      .add_tensor(context_lens, ArgDirection::kIn)
+  a.add_tensors({q, k_pool, v_pool, block_tables, context_lens}, ArgDirection::kIn)
       .add_tensor(out, ArgDirection::kOut)
       .add_scalar_f32(scale);
   return a;
@@ -1202,9 +1181,7 @@ absl::Status silu_mul_kernel(const KernelContext& ctx) {
 
 TaskArgs silu_mul_args(const Tensor& gate, const Tensor& up, const Tensor& out) {
   TaskArgs a;
-  a.add_tensor(gate, ArgDirection::kIn)
-      .add_tensor(up, ArgDirection::kIn)
-      .add_tensor(out, ArgDirection::kOut);
+  a.add_tensors({gate, up}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
   return a;
 }
 
@@ -1230,9 +1207,7 @@ absl::Status add_kernel(const KernelContext& ctx) {
 
 TaskArgs add_args(const Tensor& a, const Tensor& b, const Tensor& out) {
   TaskArgs args;
-  args.add_tensor(a, ArgDirection::kIn)
-      .add_tensor(b, ArgDirection::kIn)
-      .add_tensor(out, ArgDirection::kOut);
+  args.add_tensors({a, b}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
   return args;
 }
 
@@ -1264,9 +1239,7 @@ absl::Status gather_rows_kernel(const KernelContext& ctx) {
 
 TaskArgs gather_rows_args(const Tensor& x, const Tensor& rows, const Tensor& out) {
   TaskArgs a;
-  a.add_tensor(x, ArgDirection::kIn)
-      .add_tensor(rows, ArgDirection::kIn)
-      .add_tensor(out, ArgDirection::kOut);
+  a.add_tensors({x, rows}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
   return a;
 }
 

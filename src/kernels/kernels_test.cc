@@ -16,10 +16,6 @@
 namespace simpler::llm {
 namespace {
 
-using task::DataType;
-using task::KernelContext;
-using task::TaskArgs;
-using task::Tensor;
 using ::testing::HasSubstr;
 
 using testing::run_blocks;

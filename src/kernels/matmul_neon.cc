@@ -13,7 +13,7 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct Neon {
+struct Neon : HalfWidthWeights<Neon> {
   using P = float32x4_t;
   static constexpr int kParts = 4;
   static constexpr int kPartLanes = 4;
@@ -30,30 +30,13 @@ struct Neon {
     std::memcpy(part, p, static_cast<size_t>(n) * sizeof(float));
     return vld1q_f32(part);
   }
+  static uint16x4_t load_h(const uint16_t* p) { return vld1_u16(p); }
   template <WeightType WT>
   static P widen(uint16x4_t h) {
     if constexpr (WT == WeightType::kBF16) {
       return vreinterpretq_f32_u32(vshll_n_u16(h, 16));  // bf16: the high half of an f32
     } else {
       return vcvt_f32_f16(vreinterpret_f16_u16(h));
-    }
-  }
-  template <WeightType WT>
-  static P load_w(const WeightT<WT>* p) {
-    if constexpr (WT == WeightType::kF32) {
-      return vld1q_f32(p);
-    } else {
-      return widen<WT>(vld1_u16(p));
-    }
-  }
-  template <WeightType WT>
-  static P load_w_tail(const WeightT<WT>* p, int n) {
-    if constexpr (WT == WeightType::kF32) {
-      return load_tail(p, n);
-    } else {
-      uint16_t part[kPartLanes] = {};
-      std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
-      return widen<WT>(vld1_u16(part));
     }
   }
   static P fmadd(P a, P b, P c) { return vfmaq_f32(c, a, b); }

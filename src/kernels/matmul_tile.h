@@ -16,12 +16,14 @@
 //   static P load_tail(const float* p, int n); the first n (0 <= n < kPartLanes) floats, then 0
 //   template <WeightType WT> static P load_w(const WeightT<WT>* p);            widened to f32
 //   template <WeightType WT> static P load_w_tail(const WeightT<WT>* p, int n);  likewise, then 0
+//                                              (both from HalfWidthWeights<V> where they fit)
 //   static P fmadd(P a, P b, P c);             a·b + c per lane, one rounding (fused)
 //   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "kernels/matmul_impl.h"
@@ -39,6 +41,31 @@ struct WeightStorage<WeightType::kF32> {
 };
 template <WeightType WT>
 using WeightT = typename WeightStorage<WT>::T;
+
+// load_w and load_w_tail for a traits type `V` (derived from this) whose kPartLanes 16-bit
+// weights load as one half-width vector (`static H load_h(const uint16_t* p)`) that
+// `template <WeightType WT> static P widen(H h)` widens to a part; f32 weights load as x does.
+template <class V>
+struct HalfWidthWeights {
+  template <WeightType WT>
+  static auto load_w(const WeightT<WT>* p) {
+    if constexpr (WT == WeightType::kF32) {
+      return V::load(p);
+    } else {
+      return V::template widen<WT>(V::load_h(p));
+    }
+  }
+  template <WeightType WT>
+  static auto load_w_tail(const WeightT<WT>* p, int n) {
+    if constexpr (WT == WeightType::kF32) {
+      return V::load_tail(p, n);
+    } else {
+      uint16_t part[V::kPartLanes] = {};
+      std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
+      return V::template widen<WT>(V::load_h(part));
+    }
+  }
+};
 
 // One R x C register tile: rows [0, R) of x against W rows [0, C), k in chunks of 16 lanes.
 template <class V, WeightType WT, int R, int C>

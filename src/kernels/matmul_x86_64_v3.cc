@@ -8,7 +8,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_tile.h"
@@ -16,7 +15,7 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct X86_64V3 {
+struct X86_64V3 : HalfWidthWeights<X86_64V3> {
   using P = __m256;
   static constexpr int kParts = 2;
   static constexpr int kPartLanes = 8;
@@ -33,30 +32,15 @@ struct X86_64V3 {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
   }
+  static __m128i load_h(const uint16_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  }
   template <WeightType WT>
   static P widen(__m128i h) {
     if constexpr (WT == WeightType::kBF16) {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
       return _mm256_cvtph_ps(h);
-    }
-  }
-  template <WeightType WT>
-  static P load_w(const WeightT<WT>* p) {
-    if constexpr (WT == WeightType::kF32) {
-      return _mm256_loadu_ps(p);
-    } else {
-      return widen<WT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    }
-  }
-  template <WeightType WT>
-  static P load_w_tail(const WeightT<WT>* p, int n) {
-    if constexpr (WT == WeightType::kF32) {
-      return load_tail(p, n);
-    } else {
-      uint16_t part[kPartLanes] = {};
-      std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
-      return widen<WT>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(part)));
     }
   }
   static P fmadd(P a, P b, P c) { return _mm256_fmadd_ps(a, b, c); }

@@ -9,18 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/task_names.h"
 #include "simpler/base/status.h"
 #include "simpler/kernels/kernels.h"
 #include "simpler/task/arg_check.h"
 
 namespace simpler::llm {
 namespace {
-
-using task::ArgDirection;
-using task::DataType;
-using task::KernelContext;
-using task::TaskArgs;
-using task::Tensor;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -414,8 +409,7 @@ absl::Status token_counts_kernel(const KernelContext& ctx) {
 TaskArgs token_counts_args(const Tensor& ids, const Tensor& slots, const Tensor& counts,
                            TokenCountsMode mode) {
   TaskArgs a;
-  a.add_tensor(ids, ArgDirection::kIn)
-      .add_tensor(slots, ArgDirection::kIn)
+  a.add_tensors({ids, slots}, ArgDirection::kIn)
       .add_tensor(counts, ArgDirection::kInOut)
       .add_scalar(static_cast<uint64_t>(mode));
   return a;
@@ -481,14 +475,8 @@ TaskArgs sample_args(const Tensor& logits, const Tensor& params, const Tensor& r
                      const Tensor& counts, const Tensor& out_ids, const Tensor& out_logprobs,
                      const Tensor& top_ids, const Tensor& top_logprobs) {
   TaskArgs a;
-  a.add_tensor(logits, ArgDirection::kIn)
-      .add_tensor(params, ArgDirection::kIn)
-      .add_tensor(rows, ArgDirection::kIn)
-      .add_tensor(counts, ArgDirection::kIn)
-      .add_tensor(out_ids, ArgDirection::kOut)
-      .add_tensor(out_logprobs, ArgDirection::kOut)
-      .add_tensor(top_ids, ArgDirection::kOut)
-      .add_tensor(top_logprobs, ArgDirection::kOut);
+  a.add_tensors({logits, params, rows, counts}, ArgDirection::kIn)
+      .add_tensors({out_ids, out_logprobs, top_ids, top_logprobs}, ArgDirection::kOut);
   return a;
 }
 

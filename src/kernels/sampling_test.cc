@@ -19,11 +19,6 @@
 namespace simpler::llm {
 namespace {
 
-using task::DataType;
-using task::KernelContext;
-using task::TaskArgs;
-using task::Tensor;
-
 using testing::run_blocks;
 using testing::view;
 

@@ -635,12 +635,8 @@ absl::StatusOr<Qwen3KvPools> layout_kv_pools(const Qwen3Dims& dims, int64_t num_
 
 TaskArgs Qwen3DecodeRunArgs::to_task_args() const {
   TaskArgs a;
-  a.add_tensor(input_ids, ArgDirection::kIn)
-      .add_tensor(positions, ArgDirection::kIn)
-      .add_tensor(slot_mapping, ArgDirection::kIn)
-      .add_tensor(block_tables, ArgDirection::kIn)
-      .add_tensor(context_lens, ArgDirection::kIn)
-      .add_tensor(logit_rows, ArgDirection::kIn)
+  a.add_tensors({input_ids, positions, slot_mapping, block_tables, context_lens, logit_rows},
+                ArgDirection::kIn)
       .add_tensor(out_ids, ArgDirection::kOut);
   if (out_logits) a.add_tensor(*out_logits, ArgDirection::kOut);
   a.add_scalar_i64(input_ids.rank == 1 ? input_ids.shape[0] : 0)

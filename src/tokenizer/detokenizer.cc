@@ -8,8 +8,6 @@
 
 namespace simpler::llm {
 
-namespace {
-
 bool valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
   utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(s.size());
@@ -22,8 +20,6 @@ bool valid_utf8(std::string_view s) {
   }
   return true;
 }
-
-}  // namespace
 
 namespace {
 

@@ -1,7 +1,5 @@
 #include "simpler/tokenizer/detokenizer.h"
 
-#include <utf8proc.h>
-
 #include <random>
 #include <string>
 #include <vector>
@@ -11,19 +9,6 @@
 
 namespace simpler::llm {
 namespace {
-
-bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
-  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(s.size());
-  while (left > 0) {
-    utf8proc_int32_t cp;
-    const utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
-    if (n <= 0 || cp < 0) return false;
-    p += n;
-    left -= n;
-  }
-  return true;
-}
 
 // The real Qwen3 tokenizer, loaded once for the suite.
 class DetokenizerTest : public testing::Qwen3TokenizerFixture {

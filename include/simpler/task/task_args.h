@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,12 @@ class TaskArgs {
  public:
   // `dir` must be kIn, kOut or kInOut (kScalar is refused by validate()).
   TaskArgs& add_tensor(const Tensor& tensor, ArgDirection dir);
+  // add_tensor of each of `tensors` in order, all with direction `dir`.
+  TaskArgs& add_tensors(std::initializer_list<std::reference_wrapper<const Tensor>> tensors,
+                        ArgDirection dir) {
+    for (const Tensor& t : tensors) add_tensor(t, dir);
+    return *this;
+  }
   TaskArgs& add_scalar(uint64_t bits);
   // Appends an argument as is.
   TaskArgs& add(const Arg& arg) {

@@ -38,6 +38,10 @@
 
 namespace simpler::llm {
 
+// Whether `s` is well-formed UTF-8, as utf8proc decodes it (no overlong forms, surrogates or
+// code points past U+10FFFF).
+bool valid_utf8(std::string_view s);
+
 // One request's detokenization state. Holds a pointer to `tokenizer`, which
 // must outlive it. Thread-compatible (one output-processor thread per request
 // at a time); the Tokenizer itself is shared and thread-safe.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +140,30 @@ absl::StatusOr<double> LlamaCppPeer::prefill_tokens_per_s(int prompt_len, int th
         absl::StrCat("llama-bench printed no result: ", out.substr(0, 2000)));
   }
   return j[0]["avg_ts"].get<double>();
+}
+
+absl::StatusOr<std::optional<LlamaCppPeer>> prepare_peer_if_compared(const std::string& compare,
+                                                                     const std::string& model,
+                                                                     llm::KernelIsa isa) {
+  if (compare != "llama.cpp") return std::nullopt;
+  SIMPLER_ASSIGN_OR_RETURN(LlamaCppPeer peer, LlamaCppPeer::prepare(model, isa));
+  return std::optional<LlamaCppPeer>(std::move(peer));
+}
+
+void add_llamacpp_figures(const LlamaCppPeer& peer, double theirs, double ours,
+                          nlohmann::json* out) {
+  (*out)["llamacpp_tokens_per_s"] = theirs;
+  (*out)["over_llamacpp"] = ours / theirs;
+  (*out)["llamacpp_cpu_variant"] = peer.cpu_variant();
+}
+
+void print_llamacpp_line(const LlamaCppPeer* peer, int threads, const nlohmann::json& out) {
+  if (peer == nullptr) return;
+  std::printf(
+      "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
+      "llama.cpp = %.2f\n",
+      peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
+      out["over_llamacpp"].get<double>());
 }
 
 }  // namespace simpler::cli

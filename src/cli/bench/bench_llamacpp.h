@@ -3,9 +3,12 @@
 // node-llama-cpp source and prebuilt libraries, run on our checkpoint exported as GGUF.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "simpler/kernels/kernels.h"
 
 namespace simpler::cli {
@@ -41,5 +44,20 @@ class LlamaCppPeer {
   std::string gguf_;
   std::string cpu_variant_;
 };
+
+// The llama.cpp peer of a `bench decode|prefill` run: prepared (LlamaCppPeer::prepare) when
+// `compare` is "llama.cpp", none otherwise.
+absl::StatusOr<std::optional<LlamaCppPeer>> prepare_peer_if_compared(const std::string& compare,
+                                                                     const std::string& model,
+                                                                     llm::KernelIsa isa);
+
+// Adds a row's llama.cpp figures to `out`: the peer's tokens/s (`theirs`), ours over theirs and
+// the peer's ggml CPU variant.
+void add_llamacpp_figures(const LlamaCppPeer& peer, double theirs, double ours,
+                          nlohmann::json* out);
+
+// Prints a row's llama.cpp line from the figures add_llamacpp_figures put in `out`, when `peer`
+// is set; `threads` are the peer's.
+void print_llamacpp_line(const LlamaCppPeer* peer, int threads, const nlohmann::json& out);
 
 }  // namespace simpler::cli

@@ -152,9 +152,7 @@ absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, Llama
     SIMPLER_ASSIGN_OR_RETURN(
         double theirs,
         peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps), threads));
-    (*out)["llamacpp_tokens_per_s"] = theirs;
-    (*out)["over_llamacpp"] = row.tokens_per_s / theirs;
-    (*out)["llamacpp_cpu_variant"] = peer->cpu_variant();
+    add_llamacpp_figures(*peer, theirs, row.tokens_per_s, out);
   }
   return absl::OkStatus();
 }
@@ -179,13 +177,7 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_b
                 base::hardware_threads(), out["torch_step_ms"].get<double>(),
                 out["speedup_vs_torch"].get<double>());
   }
-  if (peer != nullptr) {
-    std::printf(
-        "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
-        "llama.cpp = %.2f\n",
-        peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
-        out["over_llamacpp"].get<double>());
-  }
+  print_llamacpp_line(peer, threads, out);
 }
 
 int run_bench_decode(const DecodeFlags& st) {
@@ -200,12 +192,9 @@ int run_bench_decode(const DecodeFlags& st) {
   }
   // The peer's threads are ours (the sim device's cores: --cores, 0 = every hardware thread).
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
-  std::optional<LlamaCppPeer> peer;
-  if (st.compare == "llama.cpp") {
-    absl::StatusOr<LlamaCppPeer> p = LlamaCppPeer::prepare(st.model, common.kernel_isa());
-    if (!p.ok()) return fail(kCommand, p.status());
-    peer.emplace(std::move(*p));
-  }
+  absl::StatusOr<std::optional<LlamaCppPeer>> peer =
+      prepare_peer_if_compared(st.compare, st.model, common.kernel_isa());
+  if (!peer.ok()) return fail(kCommand, peer.status());
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : st.batches) {
     if (read_bw == 0) {
@@ -215,7 +204,7 @@ int run_bench_decode(const DecodeFlags& st) {
     absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
     if (!row.ok()) return fail_with_trace(kCommand, row.status(), trace, common.trace_path);
     nlohmann::json out = decode_row_json(st, *row, read_bw);
-    LlamaCppPeer* peer_ptr = peer ? &*peer : nullptr;
+    LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
     if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
       return fail(kCommand, s);
     }

@@ -143,9 +143,7 @@ absl::Status add_reference_figures(const PrefillFlags& st, const llm::ModelConfi
   }
   if (peer != nullptr) {
     SIMPLER_ASSIGN_OR_RETURN(double theirs, peer->prefill_tokens_per_s(len, threads));
-    (*out)["llamacpp_tokens_per_s"] = theirs;
-    (*out)["over_llamacpp"] = len / (best_ms / 1e3) / theirs;
-    (*out)["llamacpp_cpu_variant"] = peer->cpu_variant();
+    add_llamacpp_figures(*peer, theirs, len / (best_ms / 1e3), out);
   }
   return absl::OkStatus();
 }
@@ -176,13 +174,7 @@ void print_prefill_row(const PrefillFlags& st, const ComputePeak& peak, int len,
                 base::hardware_threads(), out["torch_ttft_ms"].get<double>(),
                 out["speedup_vs_torch"].get<double>());
   }
-  if (peer != nullptr) {
-    std::printf(
-        "  llama.cpp (ggml CPU variant %s, %d threads): %.1f tokens/s; simpler / "
-        "llama.cpp = %.2f\n",
-        peer->cpu_variant().c_str(), threads, out["llamacpp_tokens_per_s"].get<double>(),
-        out["over_llamacpp"].get<double>());
-  }
+  print_llamacpp_line(peer, threads, out);
 }
 
 int run_bench_prefill(const PrefillFlags& st) {
@@ -197,12 +189,9 @@ int run_bench_prefill(const PrefillFlags& st) {
   }
   const ComputePeak peak = measure_compute_peak(common);
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
-  std::optional<LlamaCppPeer> peer;
-  if (st.compare == "llama.cpp") {
-    absl::StatusOr<LlamaCppPeer> p = LlamaCppPeer::prepare(st.model, common.kernel_isa());
-    if (!p.ok()) return fail(kCommand, p.status());
-    peer.emplace(std::move(*p));
-  }
+  absl::StatusOr<std::optional<LlamaCppPeer>> peer =
+      prepare_peer_if_compared(st.compare, st.model, common.kernel_isa());
+  if (!peer.ok()) return fail(kCommand, peer.status());
   if (peak.below_half_paper) {
     std::fprintf(stderr,
                  "bench prefill: the measured f32 FMA peak %.1f GFLOP/s is below half the "
@@ -212,7 +201,7 @@ int run_bench_prefill(const PrefillFlags& st) {
   }
   const int64_t lm_macs = config->vocab_size * config->hidden_size;
   const int64_t layer_macs = matrix_macs_per_row(*config) - lm_macs;
-  LlamaCppPeer* peer_ptr = peer ? &*peer : nullptr;
+  LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
   for (int len : st.prompt_lens) {
     absl::StatusOr<double> best_ms = best_ttft_ms(st, *config, len, &trace);
     if (!best_ms.ok()) return fail_with_trace(kCommand, best_ms.status(), trace, common.trace_path);
