@@ -6,7 +6,9 @@
 #   asan: clang, test targets and the libFuzzer targets (build/asan/fuzz/*_fuzz; `--target
 #         fuzzers` builds only them), -O1 -g1, AddressSanitizer + UBSan, the libraries
 #         instrumented for libFuzzer's coverage; clang's thread-safety analysis is an error
-#   tsan: clang, test targets only, -O1 -g1, ThreadSanitizer, thread-safety analysis an error
+#   tsan: clang, test targets only, -O1 -g (full debug info: with line tables only an inlined
+#         frame is named without its scope, and tsan.supp's patterns, e.g. absl::*Status::Unref*,
+#         would no longer match it), ThreadSanitizer, thread-safety analysis an error
 # Further arguments go to `cmake --build` (e.g. --target worker_test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +20,7 @@ case "$flavour" in
   asan) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DSIMPLER_ENABLE_ASAN=ON
                -DSIMPLER_ENABLE_FUZZING=ON -DSIMPLER_TESTS_ONLY=ON
                -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++) ;;
-  tsan) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DSIMPLER_ENABLE_TSAN=ON
+  tsan) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DSIMPLER_ENABLE_TSAN=ON
                -DSIMPLER_TESTS_ONLY=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++) ;;
   *) echo "build.sh: unknown flavour '$flavour' (release|asan|tsan)" >&2; exit 2 ;;
 esac

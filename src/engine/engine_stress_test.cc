@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/sanitizers.h"
 #include "base/test_wait.h"
 #include "engine/engine_test_hooks.h"
 #include "engine/engine_test_util.h"
@@ -37,11 +38,7 @@ namespace {
 using namespace std::chrono_literals;
 
 // Sanitizer builds run 5-20x slower: the heaviest loops shrink there.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = SIMPLER_SANITIZED;
 
 constexpr int64_t kSoloTokens = 48;  // tokens of every reference run
 

@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "base/sanitizers.h"
 #include "base/test_wait.h"
 #include "engine/engine_test_hooks.h"
 #include "engine/engine_test_util.h"
@@ -29,11 +30,7 @@ namespace simpler::llm {
 namespace {
 
 // Sanitizer builds run 5-20x slower: the heaviest tests shrink there.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = SIMPLER_SANITIZED;
 
 bool contains(const absl::Status& s, const std::string& needle) {
   return std::string(s.message()).find(needle) != std::string::npos;
@@ -311,7 +308,7 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
 
 // Only ThreadSanitizer's runtime runs a thread of its own in this binary; elsewhere the process
 // children must run.
-#if defined(__SANITIZE_THREAD__)
+#if SIMPLER_TSAN
 #define ADD_FAILURE_IF_NOT_TSAN() (void)0
 #else
 #define ADD_FAILURE_IF_NOT_TSAN() \
