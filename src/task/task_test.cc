@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "simpler/task/arg_check.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/data_type.h"
@@ -92,6 +93,45 @@ TEST(KernelRegistry, RegistersByNameAndRefusesConflicts) {
   auto all = r.find_all({"noop"});
   ASSERT_TRUE(all.ok());
   EXPECT_EQ((*all)[0].fn, &noop);
+}
+
+// The one argument checker: each check's error names the argument and what was wanted and got,
+// after the caller's prefix; a matching list passes every check.
+TEST(ArgChecker, EachCheckNamesTheArgumentWhatWasWantedAndWhatCame) {
+  TaskArgs a;
+  a.add_tensor(*Tensor::contiguous(0x1000, {4, 3}, DataType::kFloat32), ArgDirection::kIn);
+  a.add_tensor(*Tensor::contiguous(0x2000, {4}, DataType::kInt32), ArgDirection::kOut);
+  a.add_scalar(7);
+  const ArgChecker c(a, "k: ");
+  EXPECT_TRUE(c.count(3).ok());
+  EXPECT_TRUE(c.at_least(2).ok());
+  EXPECT_TRUE(c.tensor(0, "W", DataType::kFloat32, {-1, 3}).ok());
+  EXPECT_TRUE(c.input(0, "W", DataType::kFloat32, {4, 3}).ok());
+  EXPECT_TRUE(c.output(1, "ids", DataType::kInt32, {4}).ok());
+  EXPECT_TRUE(c.scalar(2, "n").ok());
+  EXPECT_TRUE(c.block().ok());
+
+  auto message = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message(c.count(2)), "k: expects 2 arguments, got 3");
+  EXPECT_EQ(message(c.at_least(4)), "k: expects at least 4 arguments, got 3");
+  EXPECT_EQ(message(c.tensor(0, "W", DataType::kFloat32, {-1, 4})),
+            "k: argument 0 (W) must be a contiguous f32[*,4], got f32[4,3]");
+  EXPECT_EQ(message(c.tensor(2, "n", DataType::kInt32, {1})),
+            "k: argument 2 (n) must be a tensor, got a scalar");
+  EXPECT_EQ(message(c.input(1, "ids", DataType::kInt32, {4})),
+            "k: argument 1 (ids) must be tagged IN or INOUT, got OUT");
+  EXPECT_EQ(message(c.output(0, "W", DataType::kFloat32, {4, 3})),
+            "k: argument 0 (W) must be tagged OUT or INOUT, got IN");
+  EXPECT_EQ(message(c.scalar(0, "W")), "k: argument 0 (W) must be a scalar, got a tensor");
+
+  TaskArgs null_address;
+  null_address.add_tensor(*Tensor::contiguous(0, {2}, DataType::kFloat32), ArgDirection::kIn);
+  EXPECT_EQ(message(ArgChecker(null_address, "k: ").tensor(0, "x", DataType::kFloat32, {2})),
+            "k: argument 0 (x) has a null address");
+  EXPECT_EQ(message(ArgChecker(nullptr, 2, "k: ").count(2)), "k: argument list is null");
 }
 
 }  // namespace
