@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "simpler/base/status.h"
@@ -64,19 +66,38 @@ absl::Status fails(const task::KernelContext&) {
   return absl::InvalidArgumentError("bad tile shape");
 }
 
+// One task of kernel 0 of `kernels` with `t` as its OUT argument.
+task::ChipCallable one_out_task(std::string name, Tensor t, std::vector<task::Kernel> kernels) {
+  return {std::move(name),
+          [t](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+            task::TaskArgs a;
+            a.add_tensor(t, ArgDirection::kOut);
+            return ctx.submit(0, a);
+          },
+          std::move(kernels)};
+}
+
+// `steps` rounds of one inc task per buffer of `bufs`, each buffer in -> out on itself: a chain
+// of RAW dependencies per buffer, the chains independent.
+task::ChipCallable inc_chains(std::string name, std::vector<Tensor> bufs, int steps,
+                              std::vector<task::Kernel> kernels = {{"inc", inc}}) {
+  return {std::move(name),
+          [bufs = std::move(bufs), steps](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+            for (int step = 0; step < steps; ++step) {
+              for (const Tensor& b : bufs) {
+                task::TaskArgs a;
+                a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+                SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+              }
+            }
+            return absl::OkStatus();
+          },
+          std::move(kernels)};
+}
+
 TEST_F(ChipRuntimeTest, ChainOfRawDependenciesRunsInOrder) {
   Tensor b = buffer(1);
-  task::ChipCallable c{"chain",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         for (int i = 0; i < 200; ++i) {
-                           task::TaskArgs a;
-                           a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
-                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-                         }
-                         return absl::OkStatus();
-                       },
-                       {{"inc", inc}}};
-  ASSERT_TRUE(run(c).ok());
+  ASSERT_TRUE(run(inc_chains("chain", {b}, 200)).ok());
   EXPECT_EQ(b.data<int32_t>()[0], 200);
   EXPECT_EQ(report_.tasks_completed, 200u);
   ASSERT_EQ(report_.tasks.size(), 200u);
@@ -122,19 +143,7 @@ TEST_F(ChipRuntimeTest, RingBackpressureKeepsResultsExact) {
   for (int i = 0; i < 16; ++i) bufs.push_back(buffer(1));
   ChipOptions opt;
   opt.ring_capacity = 4;
-  task::ChipCallable c{"ring",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         for (int step = 0; step < 64; ++step) {
-                           for (auto& b : bufs) {
-                             task::TaskArgs a;
-                             a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
-                             SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-                           }
-                         }
-                         return absl::OkStatus();
-                       },
-                       {{"inc", inc}}};
-  ASSERT_TRUE(run(c, 0, opt).ok());
+  ASSERT_TRUE(run(inc_chains("ring", bufs, 64), 0, opt).ok());
   for (auto& b : bufs) EXPECT_EQ(b.data<int32_t>()[0], 64);
 }
 
@@ -143,20 +152,8 @@ TEST_F(ChipRuntimeTest, RunsOnOneStreamEachStartFromAFreshGraph) {
   // that grew the ring, a failed run, a run with a smaller ring capacity and a
   // plain chain, one after another on the same stream, each give exact results
   // and number their tasks from 0.
-  auto chains = [&](std::vector<Tensor>& bufs, int steps) {
-    return task::ChipCallable{
-        "chains",
-        [&bufs, steps](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-          for (int step = 0; step < steps; ++step) {
-            for (auto& b : bufs) {
-              task::TaskArgs a;
-              a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
-              SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-            }
-          }
-          return absl::OkStatus();
-        },
-        {{"inc", inc}, {"fails", fails}}};
+  auto chains = [](const std::vector<Tensor>& bufs, int steps) {
+    return inc_chains("chains", bufs, steps, {{"inc", inc}, {"fails", fails}});
   };
   auto expect_fresh_numbering = [&](uint64_t tasks) {
     ASSERT_EQ(report_.tasks.size(), tasks);
@@ -231,14 +228,7 @@ TEST_F(ChipRuntimeTest, TensorOutsideLiveAllocationIsRefusedAtSubmit) {
   Tensor b = buffer(4);
   Tensor bad = b;
   bad.shape[0] = 5;
-  task::ChipCallable c{"oob",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         task::TaskArgs a;
-                         a.add_tensor(bad, ArgDirection::kOut);
-                         return ctx.submit(0, a);
-                       },
-                       {{"fill", spmd_fill}}};
-  absl::Status s = run(c, 2);
+  absl::Status s = run(one_out_task("oob", bad, {{"fill", spmd_fill}}), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("run 2 task 0 (kernel 'fill') argument 0"), std::string_view::npos)
       << s.message();
@@ -272,17 +262,7 @@ TEST_F(ChipRuntimeTest, KernelErrorNamesRunTaskAndKernel) {
 
 TEST_F(ChipRuntimeTest, InjectedDeviceFaultIsUnrecoverableAndAttributed) {
   make_device(2, *device::FaultPlan::parse("run=3:task=2:kind=device_fault:code=507018"));
-  Tensor b = buffer(1);
-  task::ChipCallable c{"fault",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         for (int i = 0; i < 5; ++i) {
-                           task::TaskArgs a;
-                           a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
-                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-                         }
-                         return absl::OkStatus();
-                       },
-                       {{"inc", inc}}};
+  const task::ChipCallable c = inc_chains("fault", {buffer(1)}, 5);
   EXPECT_TRUE(run(c, 2).ok());
   absl::Status s = run(c, 3);
   EXPECT_TRUE(base::is_unrecoverable(s));
@@ -335,18 +315,7 @@ class HostBuiltGraphTest : public ChipRuntimeTest {
     (*rec)->done.wait(base::Deadline::forever());
     return (*rec)->done.status();
   }
-  task::ChipCallable chain(Tensor b, int n) {
-    return {"chain",
-            [b, n](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-              for (int i = 0; i < n; ++i) {
-                task::TaskArgs a;
-                a.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
-                SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-              }
-              return absl::OkStatus();
-            },
-            {{"inc", inc}}};
-  }
+  task::ChipCallable chain(Tensor b, int n) { return inc_chains("chain", {b}, n); }
 };
 
 TEST_F(HostBuiltGraphTest, ImageExecutesWithTheSameDependencies) {
@@ -432,14 +401,7 @@ TEST_F(HostBuiltGraphTest, SubmitTimeErrorsAreFoundOnTheHost) {
   Tensor b = buffer(1);
   Tensor bad = b;
   bad.shape[0] = 2;
-  task::ChipCallable c{"oob",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         task::TaskArgs a;
-                         a.add_tensor(bad, ArgDirection::kOut);
-                         return ctx.submit(0, a);
-                       },
-                       {{"inc", inc}}};
-  auto image = build(c, 4);
+  auto image = build(one_out_task("oob", bad, {{"inc", inc}}), 4);
   ASSERT_FALSE(image.ok());
   EXPECT_NE(std::string(image.status().message()).find("run 4 task 0 (kernel 'inc') argument 0"),
             std::string::npos)

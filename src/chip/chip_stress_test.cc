@@ -12,6 +12,7 @@
 
 #include "base/test_wait.h"
 #include "chip/chip_runtime.h"
+#include "device/sim_device_test_util.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
@@ -82,12 +83,8 @@ struct TwoCoreDevice {
 
 // Each stress runs with the scheduler only scheduling and with it standing in for core 0.
 class ChipStressTest : public ::testing::TestWithParam<SchedulerCore> {};
-INSTANTIATE_TEST_SUITE_P(SchedulerCore, ChipStressTest,
-                         ::testing::Values(SchedulerCore::kOff, SchedulerCore::kOn),
-                         [](const auto& info) {
-                           return info.param == SchedulerCore::kOn ? "SchedulerIsCore0"
-                                                                   : "ThreadPerCore";
-                         });
+INSTANTIATE_TEST_SUITE_P(SchedulerCore, ChipStressTest, device::testing::scheduler_core_modes(),
+                         device::testing::scheduler_core_test_name);
 
 // Random graphs of 1-12 tasks (1, 2 or 16 blocks, kernels of 0 to ~100 µs) over
 // four buffers, at most two runs queued, with host pauses so device threads

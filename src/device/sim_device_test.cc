@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/test_wait.h"
+#include "device/sim_device_test_util.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
@@ -135,12 +136,26 @@ TEST(SimDeviceStream, ItemsRunInEnqueueOrderOneAtATime) {
   for (size_t i = 1; i < recs.size(); ++i) EXPECT_LE(recs[i - 1]->end_ns, recs[i]->start_ns);
 }
 
-absl::Status run_one(Device& d, uint64_t run_id, std::vector<CoreCompletion>* out) {
-  Stream* s = *d.create_stream();
-  uint64_t buf = *d.malloc(16);
+// A stream of a device and a 4-int buffer of that device: the launches of add_one blocks over the
+// buffer that the fault tests make. Outlives its launches.
+struct BlockLaunches {
+  explicit BlockLaunches(Device& d) : stream(*d.create_stream()) {
+    arg.tensor = *task::Tensor::contiguous(*d.malloc(16), {4}, task::DataType::kInt32);
+  }
+  // Launches run `run_id`: `blocks` add_one blocks over the buffer, their completions into `out`.
+  absl::StatusOr<std::shared_ptr<LaunchRecord>> launch(uint64_t run_id, int blocks,
+                                                       std::vector<CoreCompletion>* out) {
+    return stream->launch(run_id, [this, blocks, out](ExecContext& ctx) {
+      return run_blocks(ctx, &arg, blocks, out);
+    });
+  }
+  Stream* stream;
   task::Arg arg;
-  arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
-  auto rec = s->launch(run_id, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 2, out); });
+};
+
+absl::Status run_one(Device& d, uint64_t run_id, std::vector<CoreCompletion>* out) {
+  BlockLaunches blocks(d);
+  auto rec = blocks.launch(run_id, 2, out);
   (*rec)->done.wait(base::Deadline::forever());
   return (*rec)->done.status();
 }
@@ -224,22 +239,16 @@ int core_threads() {
 }
 
 class SimDeviceSchedulerCore : public ::testing::TestWithParam<SchedulerCore> {};
-INSTANTIATE_TEST_SUITE_P(Modes, SimDeviceSchedulerCore,
-                         ::testing::Values(SchedulerCore::kOff, SchedulerCore::kOn),
-                         [](const auto& info) {
-                           return info.param == SchedulerCore::kOn ? "SchedulerIsCore0"
-                                                                   : "ThreadPerCore";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, SimDeviceSchedulerCore, testing::scheduler_core_modes(),
+                         testing::scheduler_core_test_name);
 
 // A hung block on core 0 (the scheduler thread itself when it is core 0) ends on abort.
 TEST_P(SimDeviceSchedulerCore, HangEndsOnAbortAndCloseJoinsEveryThread) {
   auto d = make_with(2, GetParam(), *FaultPlan::parse("run=0:task=0:kind=hang"));
-  Stream* s = *d->create_stream();
-  uint64_t buf = *d->malloc(16);
-  task::Arg arg;
-  arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
+  BlockLaunches blocks(*d);
+  Stream* s = blocks.stream;
   std::vector<CoreCompletion> c;
-  auto rec = *s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 2, &c); });
+  auto rec = *blocks.launch(0, 2, &c);
   auto queued = *s->launch(1, [](ExecContext&) { return absl::OkStatus(); });
   EXPECT_FALSE(rec->done.wait(base::Deadline::after(std::chrono::milliseconds(50))));
   d->abort(absl::DeadlineExceededError("operation timeout"));
@@ -255,12 +264,9 @@ TEST_P(SimDeviceSchedulerCore, HangEndsOnAbortAndCloseJoinsEveryThread) {
 
 TEST(SimDeviceFaults, CloseWithAHungTaskReturns) {
   auto d = make(1, *FaultPlan::parse("run=0:task=0:kind=hang"));
-  Stream* s = *d->create_stream();
-  uint64_t buf = *d->malloc(16);
-  task::Arg arg;
-  arg.tensor = *task::Tensor::contiguous(buf, {4}, task::DataType::kInt32);
+  BlockLaunches blocks(*d);
   std::vector<CoreCompletion> c;
-  auto rec = *s->launch(0, [&](ExecContext& ctx) { return run_blocks(ctx, &arg, 1, &c); });
+  auto rec = *blocks.launch(0, 1, &c);
   ASSERT_TRUE(simpler::testing::eventually([&] { return !d->executing().empty(); }));  // it hangs
   d->close();
   EXPECT_TRUE(rec->done.is_signaled());

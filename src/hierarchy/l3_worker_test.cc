@@ -34,6 +34,21 @@ task::ChipCallable noop_program() {
           {{"noop", noop_kernel}}};
 }
 
+// Registers "on_child" on `w` (not started yet): one noop task on the child its args name
+// (on_child).
+ProgramHandle register_on_child_program(L3Worker& w) {
+  ChildCallable noop = *w.register_callable(noop_program());
+  return *w.register_program(
+      {"on_child", [noop](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
+         return ctx.submit_next_level(noop, {}, static_cast<int32_t>(a.scalar_i64(0))).status();
+       }});
+}
+task::TaskArgs on_child(int64_t child) {
+  task::TaskArgs a;
+  a.add_scalar_i64(child);
+  return a;
+}
+
 L3Options options(ChildMode mode, const std::string& faults = "") {
   L3Options o;
   o.device_ids = {0, 1};
@@ -407,7 +422,8 @@ absl::Status open_gate(const task::TaskArgs& args) {
 // Each run: one gated next-level task on child 0 over its own two cells; run 0's task also
 // waits for a host sub-task (a dependency) when `sub_first` is set.
 struct Staging {
-  Staging(L3Worker& w) {
+  // Registers the program on `w`, which is not started yet.
+  explicit Staging(L3Worker& w) : w(w) {
     gate = *w.register_callable(gate_program());
     opener = *w.register_sub("open_gate", open_gate);
     program = *w.register_program(
@@ -436,11 +452,19 @@ struct Staging {
   std::atomic<int64_t>* cell(int slot, int i) {
     return reinterpret_cast<std::atomic<int64_t>*>(heap.address + 16 * slot + 8 * i);
   }
-  task::TaskArgs args(int64_t slot, bool sub_first) {
+  // Starts the worker and makes the heap the runs' cells live in.
+  absl::Status start() {
+    SIMPLER_RETURN_IF_ERROR(w.init());
+    SIMPLER_ASSIGN_OR_RETURN(heap, w.create_buffer(2048));
+    return absl::OkStatus();
+  }
+  // Submits the run of `slot` (its task gated on cell(slot, 0)).
+  RunHandle submit(int64_t slot, bool sub_first) {
     task::TaskArgs a;
     a.add_scalar_i64(slot).add_scalar_i64(sub_first ? 1 : 0);
-    return a;
+    return *w.submit(program, a);
   }
+  L3Worker& w;
   ChildCallable gate;
   SubHandle opener;
   ProgramHandle program;
@@ -452,13 +476,11 @@ bool eventually(const std::function<bool()>& cond) {
 }
 
 TEST_P(L3, WhileARunExecutesTheNextRunsTaskIsStagedOnItsChild) {
-  L3Options o = options(GetParam());
-  L3Worker w(o);
+  L3Worker w(options(GetParam()));
   Staging st(w);
-  ASSERT_TRUE(w.init().ok());
-  st.heap = *w.create_buffer(2048);
-  RunHandle r0 = *w.submit(st.program, st.args(0, false));
-  RunHandle r1 = *w.submit(st.program, st.args(1, false));
+  ASSERT_TRUE(st.start().ok());
+  RunHandle r0 = st.submit(0, false);
+  RunHandle r1 = st.submit(1, false);
   // Run 0 holds child 0 (its gate is closed); run 1's task goes out anyway.
   EXPECT_TRUE(eventually([&] { return w.next_level_dispatched() == 2; }));
   EXPECT_FALSE(r0.done());
@@ -505,10 +527,9 @@ TEST_P(L3, AtDepthOneTheNextRunWaitsForTheCurrentOne) {
   o.launch_depth = 1;
   L3Worker w(o);
   Staging st(w);
-  ASSERT_TRUE(w.init().ok());
-  st.heap = *w.create_buffer(2048);
-  RunHandle r0 = *w.submit(st.program, st.args(0, false));
-  RunHandle r1 = *w.submit(st.program, st.args(1, false));
+  ASSERT_TRUE(st.start().ok());
+  RunHandle r0 = st.submit(0, false);
+  RunHandle r1 = st.submit(1, false);
   EXPECT_TRUE(eventually([&] { return w.next_level_dispatched() == 1; }));
   // Run 1 is not orchestrated while run 0 runs: 30 ms in which a second dispatch would show (a
   // bounded wait that must time out).
@@ -527,11 +548,10 @@ TEST_P(L3, AtDepthOneTheNextRunWaitsForTheCurrentOne) {
 TEST_P(L3, AStagedTaskNeverOvertakesAnEarlierRunsTaskOnItsChild) {
   L3Worker w(options(GetParam()));
   Staging st(w);
-  ASSERT_TRUE(w.init().ok());
-  st.heap = *w.create_buffer(2048);
-  st.cell(1, 0)->store(1);                                 // run 1's gate is open from the start
-  RunHandle r0 = *w.submit(st.program, st.args(0, true));  // its sub opens its gate
-  RunHandle r1 = *w.submit(st.program, st.args(1, false));
+  ASSERT_TRUE(st.start().ok());
+  st.cell(1, 0)->store(1);            // run 1's gate is open from the start
+  RunHandle r0 = st.submit(0, true);  // its sub opens its gate
+  RunHandle r1 = st.submit(1, false);
   EXPECT_TRUE(r0.wait().ok());
   EXPECT_TRUE(r1.wait().ok());
   EXPECT_EQ(st.cell(0, 1)->load(), 1) << "run 1's task reached child 0 before run 0's";
@@ -612,19 +632,11 @@ namespace {
 TEST_P(L3, WaitersRacingCloseGetEveryRunAndHandlesOutliveTheWorker) {
   for (int round = 0; round < 4; ++round) {
     auto w = std::make_unique<L3Worker>(options(GetParam()));
-    ChildCallable noop_h = *w->register_callable(noop_program());
-    ProgramHandle p = *w->register_program(
-        {"one_task", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
-           return ctx.submit_next_level(noop_h, {}, static_cast<int32_t>(a.scalar_i64(0))).status();
-         }});
+    ProgramHandle p = register_on_child_program(*w);
     ASSERT_TRUE(w->init().ok());
     constexpr int kRuns = 40;
     std::vector<RunHandle> hs;
-    for (int i = 0; i < kRuns; ++i) {
-      task::TaskArgs a;
-      a.add_scalar_i64(i % 2);
-      hs.push_back(*w->submit(p, a));
-    }
+    for (int i = 0; i < kRuns; ++i) hs.push_back(*w->submit(p, on_child(i % 2)));
     std::vector<std::thread> waiters;
     std::atomic<int> ok{0};
     for (int k = 0; k < 2; ++k) {
@@ -660,15 +672,9 @@ TEST_P(L3, AWaiterOnAKilledChildsRunGetsItsDeathAndTheOtherChildGoesOn) {
   if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "a thread child shares this process";
   // Each child kills itself in its run 1 (only child 0 gets a second run here).
   L3Worker w(options(GetParam(), "run=1:task=0:kind=process_kill"));
-  ChildCallable noop_h = *w.register_callable(noop_program());
-  ProgramHandle p = *w.register_program(
-      {"on_child", [&](L3Context& ctx, const task::TaskArgs& a) -> absl::Status {
-         return ctx.submit_next_level(noop_h, {}, static_cast<int32_t>(a.scalar_i64(0))).status();
-       }});
+  ProgramHandle p = register_on_child_program(w);
   ASSERT_TRUE(w.init().ok());
-  task::TaskArgs on0, on1;
-  on0.add_scalar_i64(0);
-  on1.add_scalar_i64(1);
+  const task::TaskArgs on0 = on_child(0), on1 = on_child(1);
   ASSERT_TRUE(w.run(p, on0).ok());  // child 0's run 0
   const auto t0 = std::chrono::steady_clock::now();
   RunHandle killed = *w.submit(p, on0);  // child 0's run 1: the child SIGKILLs itself

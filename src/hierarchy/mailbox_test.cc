@@ -520,54 +520,62 @@ class RegrantServer {
 
 constexpr int64_t kRegrantTimeoutNs = 10'000'000'000;
 
+// The parent's half over a region of `grant` and, as the child's half, a RegrantServer over its
+// own mapping (a Pair whose child answers grant changes).
+struct ServedPair {
+  explicit ServedPair(uint32_t grant)
+      : region(*MailboxRegion::create(grant)), parent(&region), server(region) {}
+  MailboxRegion region;
+  MailboxParent parent;
+  RegrantServer server;
+};
+
 TEST(MailboxRegrant, GrowsWhileRunsAreHeldAndShrinksOnlyOnceTheEntriesAboveAreCollected) {
-  MailboxRegion region = *MailboxRegion::create(1);
-  MailboxParent parent(&region);
-  RegrantServer server(region);
-  ASSERT_TRUE(parent.publish(100, bytes_of("held across the regrant")).ok());
-  Request held = take_one(server.child());
-  ASSERT_TRUE(parent.regrant(8, kRegrantTimeoutNs).ok());
-  EXPECT_EQ(parent.grant(), 8u);
-  EXPECT_EQ(region.header().grant, 8u);
-  EXPECT_EQ(region.header().region_bytes, *mailbox_bytes(8));
-  EXPECT_EQ(region.entry_count(), 10u);
-  EXPECT_EQ(server.region().entry_count(), 10u);  // the child adopted the same table
+  ServedPair p(1);
+  ASSERT_TRUE(p.parent.publish(100, bytes_of("held across the regrant")).ok());
+  Request held = take_one(p.server.child());
+  ASSERT_TRUE(p.parent.regrant(8, kRegrantTimeoutNs).ok());
+  EXPECT_EQ(p.parent.grant(), 8u);
+  EXPECT_EQ(p.region.header().grant, 8u);
+  EXPECT_EQ(p.region.header().region_bytes, *mailbox_bytes(8));
+  EXPECT_EQ(p.region.entry_count(), 10u);
+  EXPECT_EQ(p.server.region().entry_count(), 10u);  // the child adopted the same table
   // Nine more runs: ten held at once, each in its own entry, then backpressure.
   std::vector<Request> taken{held};
   for (uint64_t run = 0; run < 9; ++run) {
-    ASSERT_TRUE(parent.can_dispatch()) << run;
-    ASSERT_TRUE(parent.publish(run, bytes_of("r")).ok());
-    taken.push_back(take_one(server.child()));
+    ASSERT_TRUE(p.parent.can_dispatch()) << run;
+    ASSERT_TRUE(p.parent.publish(run, bytes_of("r")).ok());
+    taken.push_back(take_one(p.server.child()));
   }
-  EXPECT_FALSE(parent.can_dispatch());
+  EXPECT_FALSE(p.parent.can_dispatch());
   EXPECT_EQ(taken.back().ticket.entry, 9u);
   // Entries 0..2 finish; 3..9 still hold runs: the table cannot shrink below them.
   for (size_t i = 0; i < 3; ++i) {
-    ASSERT_TRUE(server.child().complete(taken[i].ticket, absl::OkStatus()).ok());
+    ASSERT_TRUE(p.server.child().complete(taken[i].ticket, absl::OkStatus()).ok());
   }
-  EXPECT_EQ(parent.collect().size(), 3u);
-  absl::Status shrink = parent.regrant(1, kRegrantTimeoutNs);
+  EXPECT_EQ(p.parent.collect().size(), 3u);
+  absl::Status shrink = p.parent.regrant(1, kRegrantTimeoutNs);
   EXPECT_EQ(shrink.code(), absl::StatusCode::kFailedPrecondition) << shrink;
   EXPECT_TRUE(contains(shrink, "would drop run-state entry 3, which run 2 holds")) << shrink;
-  EXPECT_EQ(parent.grant(), 8u);  // unchanged, and still usable
-  ASSERT_TRUE(parent.publish(50, bytes_of("after the refusal")).ok());
-  taken.push_back(take_one(server.child()));
+  EXPECT_EQ(p.parent.grant(), 8u);  // unchanged, and still usable
+  ASSERT_TRUE(p.parent.publish(50, bytes_of("after the refusal")).ok());
+  taken.push_back(take_one(p.server.child()));
   for (size_t i = 3; i < taken.size(); ++i) {
-    ASSERT_TRUE(server.child().complete(taken[i].ticket, absl::OkStatus()).ok());
+    ASSERT_TRUE(p.server.child().complete(taken[i].ticket, absl::OkStatus()).ok());
   }
-  std::vector<Completion> rest = parent.collect();
+  std::vector<Completion> rest = p.parent.collect();
   EXPECT_EQ(rest.size(), taken.size() - 3);  // each run collected once
-  ASSERT_TRUE(parent.regrant(1, kRegrantTimeoutNs).ok());
-  EXPECT_EQ(region.entry_count(), 3u);
-  EXPECT_EQ(server.region().entry_count(), 3u);
+  ASSERT_TRUE(p.parent.regrant(1, kRegrantTimeoutNs).ok());
+  EXPECT_EQ(p.region.entry_count(), 3u);
+  EXPECT_EQ(p.server.region().entry_count(), 3u);
   for (uint64_t run = 200; run < 203; ++run) {
-    ASSERT_TRUE(parent.publish(run, bytes_of("r")).ok());
-    Request r = take_one(server.child());
+    ASSERT_TRUE(p.parent.publish(run, bytes_of("r")).ok());
+    Request r = take_one(p.server.child());
     EXPECT_LT(r.ticket.entry, 3u);
   }
-  EXPECT_FALSE(parent.can_dispatch());  // three entries at grant 1
-  EXPECT_EQ(parent.regrant(0, kRegrantTimeoutNs).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(parent.regrant(1025, kRegrantTimeoutNs).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(p.parent.can_dispatch());  // three entries at grant 1
+  EXPECT_EQ(p.parent.regrant(0, kRegrantTimeoutNs).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.parent.regrant(1025, kRegrantTimeoutNs).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The region's bytes, the doorbells' words left out (a waiting thread moves their sleeper
@@ -584,61 +592,57 @@ std::vector<uint8_t> snapshot(const MailboxRegion& r) {
 }
 
 TEST(MailboxRegrant, AFailedSizingLeavesThePreviousGrantAndEveryByteIntact) {
-  MailboxRegion region = *MailboxRegion::create(2);
-  MailboxParent parent(&region);
-  RegrantServer server(region);
-  ASSERT_TRUE(parent.publish(7, bytes_of("in flight")).ok());
-  Request held = take_one(server.child());
-  const std::vector<uint8_t> before = snapshot(region);
+  ServedPair p(2);
+  ASSERT_TRUE(p.parent.publish(7, bytes_of("in flight")).ok());
+  Request held = take_one(p.server.child());
+  const std::vector<uint8_t> before = snapshot(p.region);
   // The sizing fails: the file may not grow (RLIMIT_FSIZE makes ftruncate fail with EFBIG).
   struct rlimit old {};
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
   struct rlimit capped = old;
-  capped.rlim_cur = region.bytes();
+  capped.rlim_cur = p.region.bytes();
   void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &capped), 0);
-  absl::Status failed = parent.regrant(64, kRegrantTimeoutNs);
+  absl::Status failed = p.parent.regrant(64, kRegrantTimeoutNs);
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
   signal(SIGXFSZ, old_handler);
   EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
   EXPECT_TRUE(contains(failed, "ftruncate")) << failed;
-  EXPECT_EQ(parent.grant(), 2u);
-  EXPECT_EQ(region.entry_count(), 4u);
-  EXPECT_EQ(server.region().entry_count(), 4u);
-  EXPECT_EQ(snapshot(region), before);  // header, frames and entries byte for byte
+  EXPECT_EQ(p.parent.grant(), 2u);
+  EXPECT_EQ(p.region.entry_count(), 4u);
+  EXPECT_EQ(p.server.region().entry_count(), 4u);
+  EXPECT_EQ(snapshot(p.region), before);  // header, frames and entries byte for byte
   // The run in flight completes and is collected as if nothing happened.
-  ASSERT_TRUE(server.child().complete(held.ticket, absl::OkStatus()).ok());
-  std::vector<Completion> done = parent.collect();
+  ASSERT_TRUE(p.server.child().complete(held.ticket, absl::OkStatus()).ok());
+  std::vector<Completion> done = p.parent.collect();
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].ticket.run_id, 7u);
 }
 
 TEST(MailboxRegrant, ConcurrentGrantChangesTakeTurnsAndBothSidesAgree) {
-  MailboxRegion region = *MailboxRegion::create(4);
-  MailboxParent parent(&region);
-  RegrantServer server(region);
+  ServedPair p(4);
   for (int round = 0; round < 20; ++round) {
     absl::Status grow, shrink;
-    std::thread a([&] { grow = parent.regrant(8, kRegrantTimeoutNs); });
-    std::thread b([&] { shrink = parent.regrant(2, kRegrantTimeoutNs); });
+    std::thread a([&] { grow = p.parent.regrant(8, kRegrantTimeoutNs); });
+    std::thread b([&] { shrink = p.parent.regrant(2, kRegrantTimeoutNs); });
     a.join();
     b.join();
     ASSERT_TRUE(grow.ok()) << grow;
     ASSERT_TRUE(shrink.ok()) << shrink;
-    const uint32_t g = parent.grant();
+    const uint32_t g = p.parent.grant();
     ASSERT_TRUE(g == 8 || g == 2) << g;
-    EXPECT_EQ(region.entry_count(), g + kRequestFrames);
-    EXPECT_EQ(server.region().entry_count(), g + kRequestFrames);  // the child took the same
-    EXPECT_EQ(region.header().grant, g);
+    EXPECT_EQ(p.region.entry_count(), g + kRequestFrames);
+    EXPECT_EQ(p.server.region().entry_count(), g + kRequestFrames);  // the child took the same
+    EXPECT_EQ(p.region.header().grant, g);
   }
   // Every entry the table holds can carry a run, and no more.
-  const uint32_t g = parent.grant();
+  const uint32_t g = p.parent.grant();
   for (uint64_t run = 0; run < g + kRequestFrames; ++run) {
-    ASSERT_TRUE(parent.can_dispatch()) << run;
-    ASSERT_TRUE(parent.publish(run, bytes_of("r")).ok());
-    (void)take_one(server.child());
+    ASSERT_TRUE(p.parent.can_dispatch()) << run;
+    ASSERT_TRUE(p.parent.publish(run, bytes_of("r")).ok());
+    (void)take_one(p.server.child());
   }
-  EXPECT_FALSE(parent.can_dispatch());
+  EXPECT_FALSE(p.parent.can_dispatch());
 }
 
 TEST(MailboxControl, ACommandTheChildNeverAnswersStopsTheEndpoint) {

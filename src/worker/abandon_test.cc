@@ -10,10 +10,8 @@
 #include "simpler/worker/program_library.h"
 #include "worker/worker_test_util.h"
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
-
-using testing::contains;
 
 // The run fails at its timeout naming run, task and kernel; close is bounded
 // although the thread executing the kernel can never be joined: it is
@@ -22,13 +20,8 @@ using testing::contains;
 TEST(AbandonedKernel, ARunWhoseKernelNeverReturnsFailsAtItsTimeoutAndCloseIsBounded) {
   auto lib = ProgramLibrary::load(SIMPLER_TEST_SPIN_LIB);
   ASSERT_TRUE(lib.ok()) << lib.status();
-  WorkerOptions o;
-  o.num_cores = 2;
-  o.launch_depth = 2;
-  o.operation_timeout_s = 1.0;
-  o.faults.emplace();
   const auto t0 = std::chrono::steady_clock::now();
-  auto results = run_self_checks(*lib, o, 3);
+  auto results = run_self_checks(*lib, test_options(2, 0, 1.0), 3);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(results.ok());
   EXPECT_EQ(results.status().code(), absl::StatusCode::kDeadlineExceeded) << results.status();
@@ -59,26 +52,14 @@ TEST(AbandonedKernel, ARunWhoseKernelNeverReturnsFailsAtItsTimeoutAndCloseIsBoun
 TEST(AbandonedKernel, ABoundedCloseReturnsPromptlyWhileAKernelNeverReturns) {
   static testing::Gate never;          // never opened: the kernel waits for ever
   static std::atomic<int> entered{0};  // kernels that reached the gate
-  WorkerOptions o;
-  o.num_cores = 2;
-  o.launch_depth = 2;
-  o.operation_timeout_s = 60;
-  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error");
-  Worker w(o);
+  Worker w(faulty_options("run=0:task=0:kind=kernel_error", 2, 0, 60));
   auto h = w.register_callable(
-      task::ChipCallable{"gate",
-                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                           task::TaskArgs a;
-                           a.add_scalar_i64(args.scalar_i64(0));
-                           return ctx.submit(0, a);
-                         },
-                         {{"gate", [](const task::KernelContext& ctx) -> absl::Status {
-                             entered.fetch_add(1);
-                             return testing::gate_kernel(ctx);
-                           }}}});
+      scalar_program("gate", [](const task::KernelContext& ctx) -> absl::Status {
+        entered.fetch_add(1);
+        return gate_kernel(ctx);
+      }));
   ASSERT_TRUE(w.init().ok());
-  task::TaskArgs args;
-  args.add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&never)));
+  const task::TaskArgs args = gate_args(never);
   RunHandle r0 = *w.submit(*h, args);  // fails: injected kernel_error
   RunHandle r1 = *w.submit(*h, args);  // its gate never opens
   EXPECT_EQ(r0.wait(5.0).code(), absl::StatusCode::kInternal);
@@ -100,4 +81,4 @@ TEST(AbandonedKernel, ABoundedCloseReturnsPromptlyWhileAKernelNeverReturns) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing

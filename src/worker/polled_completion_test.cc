@@ -16,14 +16,19 @@
 #include "simpler/worker/worker.h"
 #include "worker/worker_test_util.h"
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
 
-using testing::affine_args;
-using testing::affine_program;
-using testing::contains;
-
 constexpr double kForever = std::numeric_limits<double>::infinity();
+
+// Registers affine_program on `w` (not started yet), starts `w` and turns its completion polling
+// on: the set-up of most tests here. The callable's handle, or the first error.
+absl::StatusOr<CallableHandle> start_polling(Worker& w) {
+  SIMPLER_ASSIGN_OR_RETURN(CallableHandle h, w.register_callable(affine_program()));
+  SIMPLER_RETURN_IF_ERROR(w.init());
+  w.set_completion_polling(true);
+  return h;
+}
 
 // Calls poll_completions() until `h` is done or 10 s passed; returns how many runs it retired.
 int32_t poll_until_done(Worker& w, const RunHandle& h) {
@@ -38,9 +43,8 @@ int32_t poll_until_done(Worker& w, const RunHandle& h) {
 
 TEST(PolledCompletion, ThePollerReapsOnItsOwnThreadAndTheLaneThreadLeavesTheRunAlone) {
   Worker w(testing::test_options(1));
-  auto prog = w.register_callable(affine_program());
-  ASSERT_TRUE(w.init().ok());
-  w.set_completion_polling(true);
+  auto prog = start_polling(w);
+  ASSERT_TRUE(prog.ok()) << prog.status();
   int64_t in = 4, out = 0;
   std::thread::id notified_on;
   auto h = w.submit(*prog, affine_args(&in, &out, 1), {}, kForever,
@@ -65,9 +69,8 @@ TEST(PolledCompletion, ThePollerReapsOnItsOwnThreadAndTheLaneThreadLeavesTheRunA
 
 TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
   Worker w(testing::test_options(2, 3));
-  auto prog = w.register_callable(affine_program());
-  ASSERT_TRUE(w.init().ok());
-  w.set_completion_polling(true);
+  auto prog = start_polling(w);
+  ASSERT_TRUE(prog.ok()) << prog.status();
   w.set_completion_polling(true);  // nested: counted
   std::mutex mu;
   std::vector<uint64_t> order;
@@ -112,9 +115,8 @@ TEST(PolledCompletion, StoppingHandsTheRunsLeftToTheLaneThreadInOrder) {
 // the lane thread reaps that run meanwhile, so the submit goes through.
 TEST(PolledCompletion, ASubmitWaitingForAResourceSetIsNotStalledByThePoller) {
   Worker w(testing::test_options(1, 1));
-  auto prog = w.register_callable(affine_program());
-  ASSERT_TRUE(w.init().ok());
-  w.set_completion_polling(true);
+  auto prog = start_polling(w);
+  ASSERT_TRUE(prog.ok()) << prog.status();
   int64_t in[2] = {1, 2}, out[2] = {};
   auto first = w.submit(*prog, affine_args(&in[0], &out[0], 0));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -137,9 +139,8 @@ TEST(PolledCompletion, ASubmitWaitingForAResourceSetIsNotStalledByThePoller) {
 
 TEST(PolledCompletion, CloseDrainsRunsLeftToAPollerThatStoppedPolling) {
   Worker w(testing::test_options(2, 3));
-  auto prog = w.register_callable(affine_program());
-  ASSERT_TRUE(w.init().ok());
-  w.set_completion_polling(true);  // and never turned off, never polled
+  auto prog = start_polling(w);  // and never turned off, never polled
+  ASSERT_TRUE(prog.ok()) << prog.status();
   int64_t in[3] = {1, 2, 3}, out[3] = {};
   std::vector<RunHandle> hs;
   for (int i = 0; i < 3; ++i) hs.push_back(*w.submit(*prog, affine_args(&in[i], &out[i], 1)));
@@ -152,46 +153,48 @@ TEST(PolledCompletion, CloseDrainsRunsLeftToAPollerThatStoppedPolling) {
   EXPECT_EQ(w.poll_completions(), 0);
 }
 
+// Two affine runs (in 1 and 2, k 0) on a worker whose completions the test polls.
+struct TwoPolledRuns {
+  // Submits both runs to `prog` on `w`, then polls on this thread until the second is done: how
+  // many runs the polls retired.
+  int32_t submit_and_poll(Worker& w, CallableHandle prog) {
+    first = *w.submit(prog, affine_args(&in[0], &out[0], 0));
+    second = *w.submit(prog, affine_args(&in[1], &out[1], 0));
+    return poll_until_done(w, second);
+  }
+  int64_t in[2] = {1, 2}, out[2] = {};
+  RunHandle first, second;
+};
+
 // Errors reaped on the poller's thread: a kernel error fails its run only; a device fault
 // poisons the lane, fails the runs behind it with the poison and aborts the device.
 TEST(PolledCompletion, RunErrorsAndPoisonAreTheSameWhenThePollerReaps) {
   {
-    WorkerOptions o = testing::test_options(2);
-    o.faults = *device::FaultPlan::parse("run=0:task=0:kind=kernel_error:code=7");
-    Worker w(o);
-    auto prog = w.register_callable(affine_program());
-    ASSERT_TRUE(w.init().ok());
-    w.set_completion_polling(true);
-    int64_t in[2] = {1, 2}, out[2] = {};
-    RunHandle bad = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
-    RunHandle good = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
-    EXPECT_EQ(poll_until_done(w, good), 2);  // both reaped here
-    absl::Status s = bad.wait(0.0);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-    EXPECT_TRUE(contains(s, "code 7")) << s;
-    EXPECT_TRUE(good.wait(0.0).ok());
-    EXPECT_EQ(out[1], 6);
+    Worker w(faulty_options("run=0:task=0:kind=kernel_error:code=7", 2));
+    auto prog = start_polling(w);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    TwoPolledRuns bad_then_good;
+    EXPECT_EQ(bad_then_good.submit_and_poll(w, *prog), 2);  // both reaped here
+    EXPECT_TRUE(fails_with(bad_then_good.first.wait(0.0), absl::StatusCode::kInternal, "code 7"));
+    EXPECT_TRUE(bad_then_good.second.wait(0.0).ok());
+    EXPECT_EQ(bad_then_good.out[1], 6);
     EXPECT_TRUE(w.lane_stats().in_flight == 0);
     w.set_completion_polling(false);
     EXPECT_TRUE(w.close().ok());  // delivered
   }
   {
-    WorkerOptions o = testing::test_options(1, 2);
-    o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault:code=507018");
-    Worker w(o);
-    auto prog = w.register_callable(affine_program());
-    ASSERT_TRUE(w.init().ok());
-    w.set_completion_polling(true);
-    int64_t in[2] = {1, 2}, out[2] = {};
-    RunHandle faulted = *w.submit(*prog, affine_args(&in[0], &out[0], 0));
-    RunHandle behind = *w.submit(*prog, affine_args(&in[1], &out[1], 0));
-    EXPECT_EQ(poll_until_done(w, behind), 2);  // both reaped here
-    absl::Status s = faulted.wait(0.0);
+    Worker w(faulty_options("run=0:task=0:kind=device_fault:code=507018", 1, 2));
+    auto prog = start_polling(w);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    TwoPolledRuns faulted_then_behind;
+    EXPECT_EQ(faulted_then_behind.submit_and_poll(w, *prog), 2);  // both reaped here
+    absl::Status s = faulted_then_behind.first.wait(0.0);
     EXPECT_TRUE(base::is_unrecoverable(s)) << s;
     EXPECT_TRUE(contains(s, "507018")) << s;
-    absl::Status later = behind.wait(0.0);
+    absl::Status later = faulted_then_behind.second.wait(0.0);
     EXPECT_TRUE(contains(later, "lane poisoned by run 0: ")) << later;
-    auto refused = w.submit(*prog, affine_args(&in[0], &out[0], 0));
+    int64_t in = 1, out = 0;
+    auto refused = w.submit(*prog, affine_args(&in, &out, 0));
     EXPECT_TRUE(contains(refused.status(), "lane poisoned by run 0: ")) << refused.status();
     EXPECT_EQ(w.resources().quarantined, 1);
     w.set_completion_polling(false);
@@ -203,9 +206,8 @@ TEST(PolledCompletion, RunErrorsAndPoisonAreTheSameWhenThePollerReaps) {
 // the head released, so later runs still finish (here by the lane thread).
 TEST(PolledCompletion, ANotificationThatThrowsOnThePollerReleasesTheHead) {
   Worker w(testing::test_options(1, 2));
-  auto prog = w.register_callable(affine_program());
-  ASSERT_TRUE(w.init().ok());
-  w.set_completion_polling(true);
+  auto prog = start_polling(w);
+  ASSERT_TRUE(prog.ok()) << prog.status();
   int64_t in[2] = {1, 2}, out[2] = {};
   RunHandle first = *w.submit(*prog, affine_args(&in[0], &out[0], 0), {}, kForever,
                               [](const RunResult&) { throw std::runtime_error("notify failed"); });
@@ -408,4 +410,4 @@ TEST(PolledCompletion, AHungRunTimesOutOncePollingStops) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing

@@ -8,10 +8,8 @@
 #include "simpler/base/status.h"
 #include "worker/worker_test_util.h"
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
-
-using testing::contains;
 
 WorkerOptions opts(int depth) { return testing::test_options(depth, 0, 60); }
 
@@ -34,25 +32,19 @@ TEST(ProgramLibrary, LoadsTheExampleAndItsSelfChecksPass) {
 }
 
 TEST(ProgramLibrary, VersionMismatchIsAClearError) {
-  auto lib = ProgramLibrary::load(SIMPLER_TEST_BAD_ABI_LIB);
-  ASSERT_FALSE(lib.ok());
-  EXPECT_EQ(lib.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(contains(lib.status(), "built for program ABI 7; this simpler is ABI 1"))
-      << lib.status();
+  EXPECT_TRUE(fails_with(ProgramLibrary::load(SIMPLER_TEST_BAD_ABI_LIB).status(),
+                         absl::StatusCode::kFailedPrecondition,
+                         "built for program ABI 7; this simpler is ABI 1"));
 }
 
 TEST(ProgramLibrary, MissingEntrySymbolIsAClearError) {
-  auto lib = ProgramLibrary::load(SIMPLER_TEST_NO_ENTRY_LIB);
-  ASSERT_FALSE(lib.ok());
-  EXPECT_EQ(lib.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(contains(lib.status(), "does not export 'simpler_program_entry'")) << lib.status();
+  EXPECT_TRUE(fails_with(ProgramLibrary::load(SIMPLER_TEST_NO_ENTRY_LIB).status(),
+                         absl::StatusCode::kNotFound, "does not export 'simpler_program_entry'"));
 }
 
 TEST(ProgramLibrary, MissingFileIsAClearError) {
-  auto lib = ProgramLibrary::load("/nonexistent/libnothing.so");
-  ASSERT_FALSE(lib.ok());
-  EXPECT_EQ(lib.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(contains(lib.status(), "/nonexistent/libnothing.so")) << lib.status();
+  EXPECT_TRUE(fails_with(ProgramLibrary::load("/nonexistent/libnothing.so").status(),
+                         absl::StatusCode::kNotFound, "/nonexistent/libnothing.so"));
 }
 
 // A library's throwing orchestration or kernel fails only its run, with the
@@ -73,18 +65,14 @@ TEST(ProgramLibrary, ALibrarysThrowingOrchestrationOrKernelFailsOnlyItsRun) {
     absl::StatusOr<RunHandle> r1 = w.submit(h["throw_kernel"], args);
     absl::StatusOr<RunHandle> r2 = w.submit(h["add_one"], args);
     ASSERT_TRUE(r0.ok() && r1.ok() && r2.ok());
-    absl::Status e0 = r0->wait(5.0);
-    EXPECT_EQ(e0.code(), absl::StatusCode::kInternal) << e0;
-    EXPECT_TRUE(contains(e0,
-                         "run 0 orchestration of 'throw_orchestration' threw "
-                         "std::runtime_error: orchestration exploded"))
-        << e0;
-    absl::Status e1 = r1->wait(5.0);
-    EXPECT_EQ(e1.code(), absl::StatusCode::kInternal) << e1;
-    EXPECT_TRUE(contains(e1,
-                         "run 1 task 0 (kernel 'throwing_kernel') block 0: kernel threw "
-                         "std::logic_error: kernel exploded"))
-        << e1;
+    const absl::Status e0 = r0->wait(5.0);
+    EXPECT_TRUE(fails_with(e0, absl::StatusCode::kInternal,
+                           "run 0 orchestration of 'throw_orchestration' threw "
+                           "std::runtime_error: orchestration exploded"));
+    const absl::Status e1 = r1->wait(5.0);
+    EXPECT_TRUE(fails_with(e1, absl::StatusCode::kInternal,
+                           "run 1 task 0 (kernel 'throwing_kernel') block 0: kernel threw "
+                           "std::logic_error: kernel exploded"));
     EXPECT_FALSE(base::is_unrecoverable(e0) || base::is_unrecoverable(e1));
     ASSERT_TRUE(r2->wait(5.0).ok());
     float out[4];
@@ -102,13 +90,9 @@ TEST(ProgramLibrary, ARefusedLaunchIsReportedAfterEveryInFlightRunIsDrained) {
   auto lib = ProgramLibrary::load(SIMPLER_EXAMPLE_MATMUL_LIB);
   ASSERT_TRUE(lib.ok()) << lib.status();
   for (int depth : {1, 2}) {
-    WorkerOptions o = opts(depth);
-    o.faults = *device::FaultPlan::parse("run=1:task=0:kind=launch_refused");
-    auto results = run_self_checks(*lib, o, 4);
-    ASSERT_FALSE(results.ok());
-    EXPECT_EQ(results.status().code(), absl::StatusCode::kUnavailable) << results.status();
-    EXPECT_TRUE(contains(results.status(), "stream refused the launch of run 1"))
-        << results.status();
+    const WorkerOptions o = faulty_options("run=1:task=0:kind=launch_refused", depth, 0, 60);
+    EXPECT_TRUE(fails_with(run_self_checks(*lib, o, 4).status(), absl::StatusCode::kUnavailable,
+                           "stream refused the launch of run 1"));
   }
 }
 
@@ -124,4 +108,4 @@ TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing

@@ -10,13 +10,8 @@
 #include "simpler/worker/worker.h"
 #include "worker/worker_test_util.h"
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
-
-using testing::affine_args;
-using testing::affine_program;
-using testing::counts_consistent;
-using testing::sleep_program;
 
 WorkerOptions opts(int depth, int grant = 0) { return testing::test_options(depth, grant, 20); }
 
@@ -147,27 +142,34 @@ TEST(Pipeline, WaitOnARunReturnsWhileLaterRunsAreQueued) {
   EXPECT_TRUE(c.wait().ok());
 }
 
+// The results of two sleep runs submitted back to back at `depth` and `grant`, the first
+// `first_us` long and the second 1 ms: whether the second launched before the first ended.
+struct BackToBack {
+  RunResult first, second;
+};
+absl::StatusOr<BackToBack> back_to_back(int depth, int grant, int64_t first_us) {
+  Worker w(opts(depth, grant));
+  SIMPLER_ASSIGN_OR_RETURN(CallableHandle h, w.register_callable(sleep_program()));
+  SIMPLER_RETURN_IF_ERROR(w.init());
+  SIMPLER_ASSIGN_OR_RETURN(RunHandle a, w.submit(h, sleep_args(first_us)));
+  SIMPLER_ASSIGN_OR_RETURN(RunHandle b, w.submit(h, sleep_args(1'000)));
+  SIMPLER_RETURN_IF_ERROR(b.wait());
+  return BackToBack{a.result(), b.result()};
+}
+
 TEST(Pipeline, DepthTwoEnqueuesTheSuccessorBehindTheRunningRun) {
-  Worker w(opts(2));
-  auto h = w.register_callable(sleep_program());
-  ASSERT_TRUE(w.init().ok());
-  RunHandle a = *w.submit(*h, sleep_args(100'000));
-  RunHandle b = *w.submit(*h, sleep_args(1'000));
-  ASSERT_TRUE(b.wait().ok());
-  EXPECT_EQ(b.result().effective_depth, 2);
+  absl::StatusOr<BackToBack> runs = back_to_back(2, 0, 100'000);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  EXPECT_EQ(runs->second.effective_depth, 2);
   // Launched while run 0 was executing: before run 0 finished on the device.
-  EXPECT_LT(b.result().timing.launch_ns, a.result().timing.device_end_ns);
+  EXPECT_LT(runs->second.timing.launch_ns, runs->first.timing.device_end_ns);
 }
 
 TEST(Pipeline, DepthOneLaunchesTheSuccessorOnlyAfterCompletion) {
-  Worker w(opts(1, 3));
-  auto h = w.register_callable(sleep_program());
-  ASSERT_TRUE(w.init().ok());
-  RunHandle a = *w.submit(*h, sleep_args(50'000));
-  RunHandle b = *w.submit(*h, sleep_args(1'000));
-  ASSERT_TRUE(b.wait().ok());
-  EXPECT_EQ(b.result().effective_depth, 1);
-  EXPECT_GE(b.result().timing.launch_ns, a.result().timing.device_end_ns);
+  absl::StatusOr<BackToBack> runs = back_to_back(1, 3, 50'000);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  EXPECT_EQ(runs->second.effective_depth, 1);
+  EXPECT_GE(runs->second.timing.launch_ns, runs->first.timing.device_end_ns);
 }
 
 TEST(Pipeline, SubmittingFromOneThreadAtDepthTwoNeverNeedsAWait) {
@@ -434,4 +436,4 @@ TEST(Pipeline, TraceHasHostAndDeviceSpansCarryingTheRunId) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing

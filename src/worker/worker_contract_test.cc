@@ -12,18 +12,8 @@
 #include "simpler/worker/worker.h"
 #include "worker/worker_test_util.h"
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
-
-using testing::affine_args;
-using testing::affine_program;
-using testing::counts_consistent;
-using testing::gate_args;
-using testing::gate_program;
-
-using testing::contains;
-
-WorkerOptions opts(int depth = 1, int grant = 0) { return testing::test_options(depth, grant); }
 
 // An affine_program whose orchestration submits its task, then throws.
 task::ChipCallable throwing_orchestration(task::GraphPlacement placement) {
@@ -58,7 +48,7 @@ class WorkerExceptions : public ::testing::TestWithParam<task::GraphPlacement> {
 // once; the lane goes on and close() returns. Host-built: submit returns it.
 TEST_P(WorkerExceptions, AThrowingOrchestrationFailsOnlyItsRun) {
   const task::GraphPlacement placement = GetParam();
-  Worker w(opts(2));
+  Worker w(test_options(2));
   auto bad = w.register_callable(throwing_orchestration(placement));
   auto good = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
@@ -93,19 +83,17 @@ TEST_P(WorkerExceptions, AThrowingOrchestrationFailsOnlyItsRun) {
 // A throwing kernel fails its task (INTERNAL, recoverable, naming run, task and
 // kernel); nothing aborts and the lane goes on.
 TEST_P(WorkerExceptions, AThrowingKernelFailsOnlyItsRunNamingTheTask) {
-  Worker w(opts(2));
+  Worker w(test_options(2));
   auto bad = w.register_callable(throwing_kernel_program(GetParam()));
   auto good = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   int64_t in = 5, out = 0, out2 = 0;
   absl::StatusOr<RunHandle> r = w.submit(*bad, affine_args(&in, &out, 1));
   ASSERT_TRUE(r.ok()) << r.status();
-  absl::Status err = r->wait(5.0);
-  EXPECT_EQ(err.code(), absl::StatusCode::kInternal) << err;
-  EXPECT_TRUE(contains(err,
-                       "run 0 task 0 (kernel 'boom_kernel') block 0: kernel threw "
-                       "std::logic_error: kernel exploded"))
-      << err;
+  const absl::Status err = r->wait(5.0);
+  EXPECT_TRUE(fails_with(err, absl::StatusCode::kInternal,
+                         "run 0 task 0 (kernel 'boom_kernel') block 0: kernel threw "
+                         "std::logic_error: kernel exploded"));
   EXPECT_FALSE(base::is_unrecoverable(err));
   EXPECT_EQ(r->result().report.tasks_failed, 1u);
   EXPECT_TRUE(w.submit(*good, affine_args(&in, &out2, 1))->wait(5.0).ok());
@@ -140,7 +128,7 @@ task::ChipCallable captured_reader(std::shared_ptr<const std::atomic<uint64_t>> 
 
 TEST(WorkerBind, ABoundBufferCannotBeFreedWhileARunReadsItNorUnboundUntilTheRunRetires) {
   auto address = std::make_shared<std::atomic<uint64_t>>(0);
-  Worker w(opts(2));
+  Worker w(test_options(2));
   auto h = w.register_callable(captured_reader(address));
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer weights = *w.malloc(64);
@@ -170,7 +158,7 @@ TEST(WorkerBind, ABoundBufferCannotBeFreedWhileARunReadsItNorUnboundUntilTheRunR
 
 TEST(WorkerBind, ASubmitWhoseBoundBufferIsGoneIsRefusedNamingTheBuffer) {
   auto address = std::make_shared<std::atomic<uint64_t>>(0);
-  Worker w(opts());
+  Worker w(test_options());
   auto h = w.register_callable(captured_reader(address));
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer weights = *w.malloc(64);
@@ -189,7 +177,7 @@ TEST(WorkerBind, ASubmitWhoseBoundBufferIsGoneIsRefusedNamingTheBuffer) {
 }
 
 TEST(WorkerBind, BindAndUnbindRefuseWhatTheyCannotDo) {
-  Worker w(opts());
+  Worker w(test_options());
   auto h = w.register_callable(gate_program());
   DeviceBuffer never{0x1000, 64};
   EXPECT_EQ(w.bind(*h, never).code(), absl::StatusCode::kFailedPrecondition);  // before init
@@ -213,7 +201,7 @@ TEST(WorkerBind, BindAndUnbindRefuseWhatTheyCannotDo) {
 // state() and done() are published in one order: no observer sees RETIRED (or
 // any state past LAUNCHED) while done() is false.
 TEST(RunHandleState, NoObserverSeesATerminalStateWhileDoneIsFalse) {
-  Worker w(opts(2));
+  Worker w(test_options(2));
   auto h = w.register_callable(testing::count_program(1));
   ASSERT_TRUE(w.init().ok());
   std::atomic<int> counter{0};
@@ -255,9 +243,7 @@ TEST(RunHandleState, NoObserverSeesATerminalStateWhileDoneIsFalse) {
 // tasks_completed counts tasks that completed successfully; the failed task
 // is named separately.
 TEST(RunReport, TheFailedTaskIsNotCountedAsCompleted) {
-  WorkerOptions o = opts();
-  o.faults = *device::FaultPlan::parse("run=0:task=1:kind=kernel_error");
-  Worker w(o);
+  Worker w(faulty_options("run=0:task=1:kind=kernel_error"));
   auto h = w.register_callable(affine_program(3));
   ASSERT_TRUE(w.init().ok());
   int64_t in = 1, out = 0;
@@ -274,9 +260,7 @@ TEST(RunReport, TheFailedTaskIsNotCountedAsCompleted) {
 // A real overrun (a kernel still running, not an injected hang) is named in
 // the timeout: run, task, kernel, limit; one sentence.
 TEST(WorkerTimeout, AnOverrunNamesTheTaskStillExecutingAndItsKernel) {
-  WorkerOptions o = opts();
-  o.operation_timeout_s = 0.3;
-  Worker w(o);
+  Worker w(test_options(1, 0, 0.3));
   auto h = w.register_callable(gate_program());
   ASSERT_TRUE(w.init().ok());
   testing::Gate gate;
@@ -298,10 +282,7 @@ TEST(WorkerTimeout, AnOverrunNamesTheTaskStillExecutingAndItsKernel) {
 // promptly although a later run hangs (it would otherwise take the 60 s
 // operation timeout).
 TEST(WorkerClose, ABoundedCloseCancelsWhatIsInFlightNamingTheFirstError) {
-  WorkerOptions o = opts(4);
-  o.operation_timeout_s = 60;
-  o.faults = *device::FaultPlan::parse("run=2:task=0:kind=kernel_error,run=3:task=0:kind=hang");
-  Worker w(o);
+  Worker w(faulty_options("run=2:task=0:kind=kernel_error,run=3:task=0:kind=hang", 4, 0, 60));
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   int64_t in = 1, out[6] = {};
@@ -339,7 +320,7 @@ TEST(WorkerClose, ABoundedCloseCancelsWhatIsInFlightNamingTheFirstError) {
 }
 
 TEST(WorkerClose, ABoundedCloseWithNothingInFlightIsAnOrdinaryClose) {
-  Worker w(opts(2));
+  Worker w(test_options(2));
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   int64_t in = 1, out = 0;
@@ -351,4 +332,4 @@ TEST(WorkerClose, ABoundedCloseWithNothingInFlightIsAnOrdinaryClose) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing

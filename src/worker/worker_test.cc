@@ -14,19 +14,8 @@
 #include "worker/run_shared.h"
 #include "worker/worker_test_util.h"
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
-
-using testing::affine_args;
-using testing::affine_program;
-using testing::counts_consistent;
-using testing::gate_args;
-using testing::gate_program;
-using testing::sleep_program;
-
-using testing::contains;
-
-WorkerOptions opts(int depth = 1, int grant = 0) { return testing::test_options(depth, grant); }
 
 // Fires the operation timeout the lane is waiting on: waits until a wait
 // bounded by a deadline is in progress on `env` (the lane computed the
@@ -38,59 +27,59 @@ void pass_timeout(base::FakeEnv& env, double timeout_s) {
 
 TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
   {
-    Worker w(opts(2, 1));
+    Worker w(test_options(2, 1));
     absl::Status s = w.init();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(contains(s, "run_grant 1 is below launch_depth 2")) << s;
   }
   {
-    WorkerOptions o = opts();
+    WorkerOptions o = test_options();
     o.launch_depth = 0;
     EXPECT_TRUE(contains(Worker(o).init(), "launch_depth 0"));
   }
   {
-    WorkerOptions o = opts();
+    WorkerOptions o = test_options();
     o.run_grant = kMaxRunGrant + 1;
     EXPECT_TRUE(contains(Worker(o).init(), "run_grant"));
   }
   {
-    WorkerOptions o = opts();  // the default grant: the depth is what is out of range
+    WorkerOptions o = test_options();  // the default grant: the depth is what is out of range
     o.launch_depth = kMaxRunGrant + 1;
     absl::Status s = Worker(o).init();
     EXPECT_TRUE(contains(s, "launch_depth 1025 above 1024")) << s;
   }
   {
-    WorkerOptions o = opts();  // at the cap the default grant is the cap
+    WorkerOptions o = test_options();  // at the cap the default grant is the cap
     o.launch_depth = kMaxRunGrant;
     EXPECT_EQ(o.effective_grant(), kMaxRunGrant);
     EXPECT_TRUE(o.validate().ok());
   }
   {
-    WorkerOptions o = opts();
+    WorkerOptions o = test_options();
     o.operation_timeout_s = std::nan("");
     EXPECT_TRUE(contains(Worker(o).init(), "operation_timeout_s"));
   }
   {
-    WorkerOptions o = opts();
+    WorkerOptions o = test_options();
     o.platform = "cuda";
     EXPECT_TRUE(contains(Worker(o).init(), "platform 'cuda'"));
   }
   {
-    WorkerOptions o = opts();
+    WorkerOptions o = test_options();
     o.level = 3;
     EXPECT_TRUE(contains(Worker(o).init(), "level 3"));
   }
 }
 
 TEST(WorkerInit, DefaultGrantIsDepthPlusOne) {
-  Worker w(opts(3));
+  Worker w(test_options(3));
   ASSERT_TRUE(w.init().ok());
   EXPECT_EQ(w.resources().grant, 4);
   EXPECT_EQ(w.resources().free, 4);
 }
 
 TEST(WorkerInit, MalformedSimFaultsEnvironmentIsRefusedAtStartUp) {
-  WorkerOptions o = opts();
+  WorkerOptions o = test_options();
   o.faults.reset();  // read the environment
   ::setenv("SIMPLER_SIM_FAULTS", "run=1:task=0:kind=meltdown", 1);
   Worker w(o);
@@ -102,7 +91,7 @@ TEST(WorkerInit, MalformedSimFaultsEnvironmentIsRefusedAtStartUp) {
 }
 
 TEST(WorkerInit, SimFaultsEnvironmentIsApplied) {
-  WorkerOptions o = opts();
+  WorkerOptions o = test_options();
   o.faults.reset();
   ::setenv("SIMPLER_SIM_FAULTS", "run=0:task=0:kind=kernel_error", 1);
   Worker w(o);
@@ -114,7 +103,7 @@ TEST(WorkerInit, SimFaultsEnvironmentIsApplied) {
 }
 
 TEST(WorkerRegistration, OnlyBeforeInitAndUniqueNames) {
-  Worker w(opts());
+  Worker w(test_options());
   ASSERT_TRUE(w.register_callable(affine_program()).ok());
   auto dup = w.register_callable(affine_program());
   EXPECT_TRUE(contains(dup.status(), "already registered"));
@@ -127,7 +116,7 @@ TEST(WorkerRegistration, OnlyBeforeInitAndUniqueNames) {
 }
 
 TEST(WorkerMemory, MallocCopyFreeWithBoundsChecks) {
-  Worker w(opts());
+  Worker w(test_options());
   EXPECT_EQ(w.malloc(8).status().code(), absl::StatusCode::kFailedPrecondition);  // before init
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(32);
@@ -162,7 +151,7 @@ task::ChipCallable touch_program() {
 }
 
 TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
-  Worker w(opts());
+  Worker w(test_options());
   auto h = w.register_callable(touch_program());
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(4);
@@ -186,7 +175,7 @@ TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
 // the buffer was freed, is refused when its run registers (not executed on
 // freed memory); the free itself succeeds, as no registered run named it.
 TEST(WorkerMemory, FreeWhileASubmitWaitsForASetRefusesThatSubmit) {
-  Worker w(opts(1, 1));
+  Worker w(test_options(1, 1));
   auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(touch_program());
   ASSERT_TRUE(w.init().ok());
@@ -213,7 +202,7 @@ TEST(WorkerMemory, FreeWhileASubmitWaitsForASetRefusesThatSubmit) {
 }
 
 TEST(WorkerSubmit, DeviceTensorOutsideAnyAllocationIsRefusedAtSubmit) {
-  Worker w(opts());
+  Worker w(test_options());
   auto h = w.register_callable(touch_program());
   ASSERT_TRUE(w.init().ok());
   DeviceBuffer b = *w.malloc(4);
@@ -233,7 +222,7 @@ TEST(WorkerSubmit, DeviceTensorOutsideAnyAllocationIsRefusedAtSubmit) {
 }
 
 TEST(RunHandleWait, TimeoutTable) {
-  Worker w(opts());
+  Worker w(test_options());
   auto h = w.register_callable(gate_program());
   ASSERT_TRUE(w.init().ok());
   testing::Gate gate;  // the run is not finished until the table's unfinished rows are checked
@@ -271,19 +260,9 @@ TEST(RunHandleWait, AnEmptyHandleAnswersEveryCallWithoutARun) {
 }
 
 TEST(RunHandleWait, TimedOutWaitIsNotADelivery) {
-  WorkerOptions o = opts();
-  o.faults = *device::FaultPlan::parse("run=0:task=1:kind=kernel_error");
-  Worker w(o);
+  Worker w(faulty_options("run=0:task=1:kind=kernel_error"));
   // Both tasks wait at the gate; task 1 fails.
-  auto h = w.register_callable(
-      task::ChipCallable{"slow_fail",
-                         [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                           task::TaskArgs a;
-                           a.add_scalar_i64(args.scalar_i64(0));
-                           SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
-                           return ctx.submit(0, a);
-                         },
-                         {{"gate", testing::gate_kernel}}});
+  auto h = w.register_callable(testing::scalar_program("gate", testing::gate_kernel, 2));
   ASSERT_TRUE(w.init().ok());
   testing::Gate gate;
   RunHandle r = *w.submit(*h, gate_args(gate));
@@ -443,9 +422,7 @@ TEST(RunHandleProgress, ThePollIsBoundedThenTheWaiterSleeps) {
 // on_finalized: once per run, in run order, with the run's own final result (what an L3 child's
 // mailbox relies on to write terminal states in order).
 TEST(WorkerNotify, OnFinalizedComesOncePerRunInRunOrderWithItsResult) {
-  WorkerOptions o = opts(2);
-  o.faults = *device::FaultPlan::parse("run=2:task=0:kind=kernel_error");
-  Worker w(o);
+  Worker w(faulty_options("run=2:task=0:kind=kernel_error", 2));
   auto h = w.register_callable(affine_program(2));
   ASSERT_TRUE(w.init().ok());
   struct Seen {
@@ -478,9 +455,7 @@ TEST(WorkerNotify, OnFinalizedComesOncePerRunInRunOrderWithItsResult) {
 }
 
 TEST(WorkerFaults, KernelErrorFailsOnlyItsRunAndCountersReturnToBaseline) {
-  WorkerOptions o = opts(2);
-  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=kernel_error:code=7");
-  Worker w(o);
+  Worker w(faulty_options("run=1:task=0:kind=kernel_error:code=7", 2));
   auto h = w.register_callable(affine_program(3));
   ASSERT_TRUE(w.init().ok());
   int64_t in[4] = {1, 2, 3, 4}, out[4] = {};
@@ -511,9 +486,8 @@ class WorkerFaultsPlacement : public ::testing::TestWithParam<task::GraphPlaceme
 // Run 0 holds the device (gated) while runs 1-3 are launched behind it at
 // depth 4; run 1's second task raises a device fault once the gate opens.
 TEST_P(WorkerFaultsPlacement, DeviceFaultPoisonsTheLane) {
-  WorkerOptions o = opts(4, 5);
+  WorkerOptions o = faulty_options("run=1:task=1:kind=device_fault:code=507018", 4, 5);
   o.placement = GetParam();
-  o.faults = *device::FaultPlan::parse("run=1:task=1:kind=device_fault:code=507018");
   Worker w(o);
   auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(testing::count_program(3));
@@ -565,9 +539,8 @@ INSTANTIATE_TEST_SUITE_P(BothPlacements, WorkerFaultsPlacement,
 
 // A kernel error fails its run only, in either placement.
 TEST_P(WorkerFaultsPlacement, KernelErrorFailsOnlyItsRun) {
-  WorkerOptions o = opts(2);
+  WorkerOptions o = faulty_options("run=1:task=0:kind=kernel_error:code=3", 2);
   o.placement = GetParam();
-  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=kernel_error:code=3");
   Worker w(o);
   auto h = w.register_callable(affine_program(2));
   ASSERT_TRUE(w.init().ok());
@@ -590,9 +563,7 @@ TEST_P(WorkerFaultsPlacement, KernelErrorFailsOnlyItsRun) {
 // submits are refused with the poison, and run 0 — launched before — still
 // finishes with its own result.
 TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
-  WorkerOptions o = opts(4, 5);
-  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=launch_refused");
-  Worker w(o);
+  Worker w(faulty_options("run=1:task=0:kind=launch_refused", 4, 5));
   auto gate = w.register_callable(gate_program());
   auto h = w.register_callable(testing::count_program(1));
   ASSERT_TRUE(w.init().ok());
@@ -621,9 +592,8 @@ TEST(WorkerFaults, RefusedLaunchPoisonsOnlyRunsBehindIt) {
 // and only run 0's set is quarantined.
 TEST(WorkerFaults, TimeoutBeforeARefusedLaunchNamesThePoison) {
   base::FakeEnv env;
-  WorkerOptions o = opts(3, 4);
-  o.env = &env;
-  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=hang,run=2:task=0:kind=launch_refused");
+  const WorkerOptions o = on_fake_clock(
+      env, faulty_options("run=0:task=0:kind=hang,run=2:task=0:kind=launch_refused", 3, 4));
   Worker w(o);
   auto h = w.register_callable(testing::count_program(1));
   ASSERT_TRUE(w.init().ok());
@@ -648,10 +618,7 @@ TEST(WorkerFaults, TimeoutBeforeARefusedLaunchNamesThePoison) {
 
 TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
   base::FakeEnv env;
-  WorkerOptions o = opts(2);
-  o.env = &env;
-  o.operation_timeout_s = 30;
-  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=hang");
+  const WorkerOptions o = on_fake_clock(env, faulty_options("run=1:task=0:kind=hang", 2, 0, 30));
   Worker w(o);
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
@@ -689,11 +656,10 @@ TEST(WorkerFaults, HangTimesOutQuarantinesAndCloseStillReturns) {
 }
 
 TEST(WorkerClose, ReturnsTheFirstUndeliveredErrorCountingTheOthers) {
-  WorkerOptions o = opts(1, 4);
-  o.faults = *device::FaultPlan::parse(
+  Worker w(faulty_options(
       "run=1:task=0:kind=kernel_error,run=2:task=0:kind=kernel_error,run=4:task=0:kind=kernel_"
-      "error");
-  Worker w(o);
+      "error",
+      1, 4));
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   int64_t in = 1, out[6] = {};
@@ -711,7 +677,7 @@ TEST(WorkerClose, ReturnsTheFirstUndeliveredErrorCountingTheOthers) {
 }
 
 TEST(WorkerRun, RunIsSubmitThenWait) {
-  Worker w(opts());
+  Worker w(test_options());
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   int64_t in = 5, out = 0;
@@ -743,8 +709,7 @@ task::ChipCallable gated_write_program(const testing::Gate* gate) {
 
 TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
   base::FakeEnv env;
-  WorkerOptions o = opts(1);
-  o.env = &env;
+  const WorkerOptions o = on_fake_clock(env, test_options(1));
   Worker w(o);
   testing::Gate gate;  // the kernel runs on until the test opens it
   auto h = w.register_callable(gated_write_program(&gate));
@@ -767,8 +732,7 @@ TEST(WorkerFaults, BuffersOfATimedOutRunStayInUseUntilClose) {
 
 TEST(WorkerFaults, PerRunTimeoutFromCallConfigIsHonoured) {
   base::FakeEnv env;
-  WorkerOptions o = opts(1);
-  o.env = &env;
+  WorkerOptions o = on_fake_clock(env, test_options(1));
   o.operation_timeout_s = 3600;
   testing::Gate gate;  // outlives the worker: its kernel waits here until the end of the test
   Worker w(o);
@@ -786,9 +750,7 @@ TEST(WorkerFaults, PerRunTimeoutFromCallConfigIsHonoured) {
 
 TEST(WorkerFaults, RunsBehindAHangFailWithThePoisonCauseQuickly) {
   base::FakeEnv env;
-  WorkerOptions o = opts(4, 4);
-  o.env = &env;
-  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=hang");
+  const WorkerOptions o = on_fake_clock(env, faulty_options("run=0:task=0:kind=hang", 4, 4));
   Worker w(o);
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
@@ -807,9 +769,7 @@ TEST(WorkerFaults, RunsBehindAHangFailWithThePoisonCauseQuickly) {
 }
 
 TEST(WorkerFaults, PoisonWhileARunIsPreparingIsReturnedBySubmit) {
-  WorkerOptions o = opts(1);
-  o.faults = *device::FaultPlan::parse("run=0:task=0:kind=device_fault");
-  Worker w(o);
+  Worker w(faulty_options("run=0:task=0:kind=device_fault"));
   // Run 0: device-built, its only task faults after the kernel starts.
   auto fault = w.register_callable(gated_write_program(nullptr));
   // Run 1: host-built; its orchestration (prepare) goes on only once run 0 has failed.
@@ -838,9 +798,9 @@ TEST(WorkerFaults, PoisonWhileARunIsPreparingIsReturnedBySubmit) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing
 
-namespace simpler::worker {
+namespace simpler::worker::testing {
 namespace {
 
 // close(deadline) on the injected clock: a run that hangs is left alone for as long as the
@@ -848,11 +808,7 @@ namespace {
 // moment the test moves the clock past it.
 TEST(WorkerClose, ACloseDeadlineIsMeasuredOnTheInjectedClock) {
   base::FakeEnv env;
-  WorkerOptions o = opts(2);
-  o.env = &env;
-  o.operation_timeout_s = 7200;
-  o.faults = *device::FaultPlan::parse("run=1:task=0:kind=hang");
-  Worker w(o);
+  Worker w(on_fake_clock(env, faulty_options("run=1:task=0:kind=hang", 2, 0, 7200)));
   auto h = w.register_callable(affine_program());
   ASSERT_TRUE(w.init().ok());
   int64_t in = 1, out[2] = {};
@@ -882,4 +838,4 @@ TEST(WorkerClose, ACloseDeadlineIsMeasuredOnTheInjectedClock) {
 }
 
 }  // namespace
-}  // namespace simpler::worker
+}  // namespace simpler::worker::testing

@@ -1,13 +1,17 @@
-// Shared helpers of the worker tests.
+// Shared helpers of the worker tests, which live beside them in simpler::worker::testing.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "base/test_wait.h"
+#include "gtest/gtest.h"
+#include "simpler/base/env.h"
 #include "simpler/base/status.h"
+#include "simpler/device/fault_plan.h"
 #include "simpler/worker/worker.h"
 
 namespace simpler::worker::testing {
@@ -19,6 +23,15 @@ inline bool contains(const absl::Status& s, const std::string& needle) {
   return std::string(s.message()).find(needle) != std::string::npos;
 }
 
+// Whether `s` is an error of `code` whose message contains `needle`; a failure shows `s`:
+//   EXPECT_TRUE(fails_with(s, absl::StatusCode::kNotFound, "no such file"));
+inline ::testing::AssertionResult fails_with(const absl::Status& s, absl::StatusCode code,
+                                             const std::string& needle) {
+  if (s.code() == code && contains(s, needle)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected " << absl::StatusCodeToString(code)
+                                       << " containing \"" << needle << "\", got " << s;
+}
+
 // Options of the worker tests: 2 cores, no injected faults (whatever the
 // environment says), the given depth, grant and operation timeout.
 inline WorkerOptions test_options(int depth = 1, int grant = 0, double timeout_s = 10) {
@@ -28,6 +41,21 @@ inline WorkerOptions test_options(int depth = 1, int grant = 0, double timeout_s
   o.run_grant = grant;
   o.faults.emplace();
   o.operation_timeout_s = timeout_s;
+  return o;
+}
+
+// test_options(depth, grant, timeout_s) with the fault plan `plan` injected (FaultPlan::parse's
+// syntax, e.g. "run=1:task=0:kind=hang").
+inline WorkerOptions faulty_options(std::string_view plan, int depth = 1, int grant = 0,
+                                    double timeout_s = 10) {
+  WorkerOptions o = test_options(depth, grant, timeout_s);
+  o.faults = device::FaultPlan::parse(plan).value();
+  return o;
+}
+
+// `o` with its operation timeouts measured on `env`'s clock, which only the test moves.
+inline WorkerOptions on_fake_clock(base::FakeEnv& env, WorkerOptions o) {
+  o.env = &env;
   return o;
 }
 
