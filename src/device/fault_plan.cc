@@ -2,30 +2,29 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <optional>
 #include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/log.h"
 
 namespace simpler::device {
 
-std::string_view name_of(FaultKind kind) {
-  switch (kind) {
-    case FaultKind::kKernelError:
-      return "kernel_error";
-    case FaultKind::kDeviceFault:
-      return "device_fault";
-    case FaultKind::kHang:
-      return "hang";
-    case FaultKind::kLaunchRefused:
-      return "launch_refused";
-    case FaultKind::kProcessKill:
-      return "process_kill";
-  }
-  return "?";
-}
+namespace {
+
+constexpr base::EnumNames<FaultKind> kFaultKindNames = {
+    {FaultKind::kKernelError, "kernel_error"},
+    {FaultKind::kDeviceFault, "device_fault"},
+    {FaultKind::kHang, "hang"},
+    {FaultKind::kLaunchRefused, "launch_refused"},
+    {FaultKind::kProcessKill, "process_kill"}};
+
+}  // namespace
+
+std::string_view name_of(FaultKind kind) { return kFaultKindNames.name(kind, "?"); }
 
 namespace {
 
@@ -84,22 +83,14 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
           has_code = true;
         }
       } else if (key == "kind") {
-        if (value == "kernel_error") {
-          spec.kind = FaultKind::kKernelError;
-        } else if (value == "device_fault") {
-          spec.kind = FaultKind::kDeviceFault;
-        } else if (value == "hang") {
-          spec.kind = FaultKind::kHang;
-        } else if (value == "launch_refused") {
-          spec.kind = FaultKind::kLaunchRefused;
-        } else if (value == "process_kill") {
-          spec.kind = FaultKind::kProcessKill;
-        } else {
+        std::optional<FaultKind> kind = kFaultKindNames.parse(value);
+        if (!kind.has_value()) {
           return bad(index, fault,
                      absl::StrCat("unknown kind '", std::string(value),
                                   "' (expected kernel_error, device_fault, hang, "
                                   "launch_refused or process_kill)"));
         }
+        spec.kind = *kind;
         has_kind = true;
       } else {
         return bad(index, fault,

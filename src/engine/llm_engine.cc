@@ -17,6 +17,7 @@
 #include "engine/kv_cache.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/log.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
@@ -25,21 +26,17 @@
 
 namespace simpler::llm {
 
-const char* finish_reason_name(OutputFinish reason) {
-  switch (reason) {
-    case OutputFinish::kNone:
-      return "";
-    case OutputFinish::kStop:
-      return "stop";
-    case OutputFinish::kLength:
-      return "length";
-    case OutputFinish::kAbort:
-      return "abort";
-    case OutputFinish::kError:
-      return "error";
-  }
-  return "";
-}
+namespace {
+
+constexpr base::EnumNames<OutputFinish> kFinishNames = {{OutputFinish::kNone, ""},
+                                                        {OutputFinish::kStop, "stop"},
+                                                        {OutputFinish::kLength, "length"},
+                                                        {OutputFinish::kAbort, "abort"},
+                                                        {OutputFinish::kError, "error"}};
+
+}  // namespace
+
+const char* finish_reason_name(OutputFinish reason) { return kFinishNames.c_name(reason, ""); }
 
 namespace {
 

@@ -15,6 +15,7 @@
 #include "hierarchy/close_race_test_util.h"
 #include "hierarchy/endpoint.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/device/fault_plan.h"
 #include "worker/worker_test_util.h"
 
@@ -28,17 +29,10 @@ using worker::testing::sleep_kernel;
 
 enum class Kind { kLane, kThread, kProcess };
 
-std::string kind_name(Kind k) {
-  switch (k) {
-    case Kind::kLane:
-      return "lane";
-    case Kind::kThread:
-      return "thread";
-    case Kind::kProcess:
-      return "process";
-  }
-  return "?";
-}
+constexpr base::EnumNames<Kind> kKindNames = {
+    {Kind::kLane, "lane"}, {Kind::kThread, "thread"}, {Kind::kProcess, "process"}};
+
+std::string kind_name(Kind k) { return std::string(kKindNames.name(k, "?")); }
 
 // Host memory every kind of child sees at the same address: a shared mapping
 // made before any child is forked.

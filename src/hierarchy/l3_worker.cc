@@ -2,22 +2,28 @@
 // Impl (hierarchy/l3_worker_impl.h).
 #include "simpler/hierarchy/l3_worker.h"
 
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "hierarchy/l3_worker_impl.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/status.h"
 
 namespace simpler::hierarchy {
 
-std::string_view name_of(ChildMode mode) {
-  return mode == ChildMode::kThread ? "thread" : "process";
-}
+namespace {
+
+constexpr base::EnumNames<ChildMode> kChildModeNames = {{ChildMode::kThread, "thread"},
+                                                        {ChildMode::kProcess, "process"}};
+
+}  // namespace
+
+std::string_view name_of(ChildMode mode) { return kChildModeNames.name(mode, "process"); }
 
 absl::StatusOr<ChildMode> parse_child_mode(std::string_view text) {
-  if (text == "thread") return ChildMode::kThread;
-  if (text == "process") return ChildMode::kProcess;
+  if (std::optional<ChildMode> mode = kChildModeNames.parse(text)) return *mode;
   return absl::InvalidArgumentError(
       absl::StrCat("child mode '", std::string(text), "': expected thread or process"));
 }

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "kernels/matmul_impl.h"
 #include "kernels/task_names.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
 #include "simpler/task/arg_check.h"
@@ -169,27 +171,20 @@ BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim) {
   return {n * block_idx / block_dim, n * (block_idx + 1) / block_dim};
 }
 
-const char* name_of(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kAuto:
-      return "auto";
-    case KernelIsa::kPortable:
-      return "portable";
-    case KernelIsa::kX86_64V3:
-      return "x86-64-v3";
-    case KernelIsa::kAvx512:
-      return "avx512";
-    case KernelIsa::kNeon:
-      return "neon";
-  }
-  return "?";
-}
+namespace {
+
+constexpr base::EnumNames<KernelIsa> kIsaNames = {{KernelIsa::kAuto, "auto"},
+                                                  {KernelIsa::kPortable, "portable"},
+                                                  {KernelIsa::kX86_64V3, "x86-64-v3"},
+                                                  {KernelIsa::kAvx512, "avx512"},
+                                                  {KernelIsa::kNeon, "neon"}};
+
+}  // namespace
+
+const char* name_of(KernelIsa isa) { return kIsaNames.c_name(isa, "?"); }
 
 absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name) {
-  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kX86_64V3,
-                        KernelIsa::kAvx512, KernelIsa::kNeon}) {
-    if (name == name_of(isa)) return isa;
-  }
+  if (std::optional<KernelIsa> isa = kIsaNames.parse(name)) return *isa;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown kernel ISA '", std::string(name),
                    "' (expected auto, portable, x86-64-v3, avx512 or neon)"));
@@ -291,14 +286,17 @@ double measure_f32_fma_peak(KernelIsa isa, int threads, double seconds) {
   return best;
 }
 
-const char* name_of(Precision precision) {
-  return precision == Precision::kBf16 ? "bf16" : "exact";
-}
+namespace {
+
+constexpr base::EnumNames<Precision> kPrecisionNames = {{Precision::kExact, "exact"},
+                                                        {Precision::kBf16, "bf16"}};
+
+}  // namespace
+
+const char* name_of(Precision precision) { return kPrecisionNames.c_name(precision, "exact"); }
 
 absl::StatusOr<Precision> parse_precision(std::string_view name) {
-  for (Precision p : {Precision::kExact, Precision::kBf16}) {
-    if (name == name_of(p)) return p;
-  }
+  if (std::optional<Precision> p = kPrecisionNames.parse(name)) return *p;
   return absl::InvalidArgumentError(
       absl::StrCat("precision '", std::string(name), "': expected exact or bf16"));
 }

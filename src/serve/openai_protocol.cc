@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/json.h"
 #include "simpler/kernels/sampling.h"
 
@@ -30,22 +31,14 @@ ApiError bad_request(std::string message, std::string param) {
 
 namespace {
 
-const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::object:
-      return "an object";
-    default:
-      return "a number";
-  }
-}
+// The other types (the three number types, binary, discarded) are named "a number".
+constexpr base::EnumNames<json::value_t> kTypeNames = {{json::value_t::null, "null"},
+                                                       {json::value_t::boolean, "a boolean"},
+                                                       {json::value_t::string, "a string"},
+                                                       {json::value_t::array, "an array"},
+                                                       {json::value_t::object, "an object"}};
+
+const char* type_name(const json& v) { return kTypeNames.c_name(v.type(), "a number"); }
 
 // Typed field readers: each returns an ApiError naming the field on a wrong type.
 struct Reader {

@@ -1,10 +1,12 @@
 #include "simpler/task/data_type.h"
 
 #include <cstring>
+#include <optional>
 
 #include "Eigen/Core"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "simpler/base/enum_names.h"
 
 namespace simpler::task {
 
@@ -24,47 +26,26 @@ size_t size_of(DataType dtype) {
   return 0;
 }
 
-std::string_view name_of(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return "f32";
-    case DataType::kBFloat16:
-      return "bf16";
-    case DataType::kFloat16:
-      return "f16";
-    case DataType::kInt32:
-      return "i32";
-    case DataType::kInt64:
-      return "i64";
-    case DataType::kUInt8:
-      return "u8";
-  }
-  return "?";
-}
+namespace {
 
-std::string_view safetensors_name(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return "F32";
-    case DataType::kBFloat16:
-      return "BF16";
-    case DataType::kFloat16:
-      return "F16";
-    case DataType::kInt32:
-      return "I32";
-    case DataType::kInt64:
-      return "I64";
-    case DataType::kUInt8:
-      return "U8";
-  }
-  return "?";
-}
+constexpr base::EnumNames<DataType> kShortNames = {
+    {DataType::kFloat32, "f32"}, {DataType::kBFloat16, "bf16"}, {DataType::kFloat16, "f16"},
+    {DataType::kInt32, "i32"},   {DataType::kInt64, "i64"},     {DataType::kUInt8, "u8"}};
+
+// safetensors spec, huggingface/safetensors README.
+constexpr base::EnumNames<DataType> kSafetensorsNames = {
+    {DataType::kFloat32, "F32"}, {DataType::kBFloat16, "BF16"}, {DataType::kFloat16, "F16"},
+    {DataType::kInt32, "I32"},   {DataType::kInt64, "I64"},     {DataType::kUInt8, "U8"}};
+
+}  // namespace
+
+std::string_view name_of(DataType dtype) { return kShortNames.name(dtype, "?"); }
+
+std::string_view safetensors_name(DataType dtype) { return kSafetensorsNames.name(dtype, "?"); }
 
 absl::StatusOr<DataType> parse_data_type(std::string_view text) {
-  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16, DataType::kInt32,
-                     DataType::kInt64, DataType::kUInt8}) {
-    if (text == name_of(t) || text == safetensors_name(t)) return t;
-  }
+  if (std::optional<DataType> t = kShortNames.parse(text)) return *t;
+  if (std::optional<DataType> t = kSafetensorsNames.parse(text)) return *t;
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", std::string(text),
                                                  "' (expected f32/bf16/f16/i32/i64/u8 or "
                                                  "F32/BF16/F16/I32/I64/U8)"));

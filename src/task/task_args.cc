@@ -4,25 +4,23 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/status.h"
 #include "simpler/task/call_config.h"
 #include "simpler/task/callable.h"
 
 namespace simpler::task {
 
-std::string_view name_of(ArgDirection dir) {
-  switch (dir) {
-    case ArgDirection::kScalar:
-      return "SCALAR";
-    case ArgDirection::kIn:
-      return "IN";
-    case ArgDirection::kOut:
-      return "OUT";
-    case ArgDirection::kInOut:
-      return "INOUT";
-  }
-  return "?";
-}
+namespace {
+
+constexpr base::EnumNames<ArgDirection> kDirectionNames = {{ArgDirection::kScalar, "SCALAR"},
+                                                           {ArgDirection::kIn, "IN"},
+                                                           {ArgDirection::kOut, "OUT"},
+                                                           {ArgDirection::kInOut, "INOUT"}};
+
+}  // namespace
+
+std::string_view name_of(ArgDirection dir) { return kDirectionNames.name(dir, "?"); }
 
 TaskArgs& TaskArgs::add_tensor(const Tensor& tensor, ArgDirection dir) {
   Arg a;

@@ -6,31 +6,22 @@
 #include "absl/strings/str_cat.h"
 #include "base/poll.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/enum_names.h"
 #include "worker/run_shared.h"
 
 namespace simpler::worker {
 
-std::string_view name_of(RunState state) {
-  switch (state) {
-    case RunState::kAccepted:
-      return "ACCEPTED";
-    case RunState::kPrepared:
-      return "PREPARED";
-    case RunState::kLaunched:
-      return "LAUNCHED";
-    case RunState::kCompleted:
-      return "COMPLETED";
-    case RunState::kFailed:
-      return "FAILED";
-    case RunState::kCancelled:
-      return "CANCELLED";
-    case RunState::kFinalized:
-      return "FINALIZED";
-    case RunState::kRetired:
-      return "RETIRED";
-  }
-  return "?";
-}
+namespace {
+
+constexpr base::EnumNames<RunState> kRunStateNames = {
+    {RunState::kAccepted, "ACCEPTED"},   {RunState::kPrepared, "PREPARED"},
+    {RunState::kLaunched, "LAUNCHED"},   {RunState::kCompleted, "COMPLETED"},
+    {RunState::kFailed, "FAILED"},       {RunState::kCancelled, "CANCELLED"},
+    {RunState::kFinalized, "FINALIZED"}, {RunState::kRetired, "RETIRED"}};
+
+}  // namespace
+
+std::string_view name_of(RunState state) { return kRunStateNames.name(state, "?"); }
 
 namespace {
 

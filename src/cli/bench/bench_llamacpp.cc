@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
 #include "simpler/model/gguf_export.h"
@@ -27,15 +28,12 @@ std::string peer_root() {
              : std::string(SIMPLER_SOURCE_DIR) + "/build/peers/llama.cpp";
 }
 
+// The llama.cpp build of each ISA that has its own; the others use "bin".
+constexpr base::EnumNames<llm::KernelIsa> kBinFolders = {
+    {llm::KernelIsa::kX86_64V3, "bin-x86-64-v3"}, {llm::KernelIsa::kPortable, "bin-portable"}};
+
 const char* bin_folder(llm::KernelIsa isa) {
-  switch (llm::resolve_kernel_isa(isa)) {
-    case llm::KernelIsa::kX86_64V3:
-      return "bin-x86-64-v3";
-    case llm::KernelIsa::kPortable:
-      return "bin-portable";
-    default:
-      return "bin";
-  }
+  return kBinFolders.c_name(llm::resolve_kernel_isa(isa), "bin");
 }
 
 // The first JSON value of `out` that starts a line with `open` ('{' or '[').
