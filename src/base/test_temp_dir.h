@@ -1,11 +1,13 @@
 // Test helper: a scratch directory per test, under a per-process root that is
 // removed when the test binary exits (so concurrent test runs never share one,
-// and nothing is left in the temp directory).
+// and nothing is left in the temp directory), and reading back what a test wrote there.
 #pragma once
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
 
@@ -30,6 +32,14 @@ inline std::filesystem::path test_dir(const std::string& prefix) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
+}
+
+// The bytes of the file at `path`; empty when it cannot be read.
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
 }
 
 }  // namespace simpler::testing

@@ -185,38 +185,13 @@ class Sink {
   int foreign_threads_ = 0;  // callbacks seen on more than one thread
 };
 
-// Random prompts of lengths [1, max_len] over the vocabulary's low ids.
-std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; i < count; ++i) {
-    std::vector<int32_t> p(std::uniform_int_distribution<int>(1, max_len)(rng));
-    for (int32_t& t : p) t = std::uniform_int_distribution<int32_t>(0, 500)(rng);
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
-RequestSpec greedy(std::vector<int32_t> prompt, int64_t max_tokens, int n = 1) {
-  RequestSpec s;
-  s.prompt_ids = std::move(prompt);
-  s.max_tokens = max_tokens;
-  s.n = n;
-  s.sampling.temperature = 0;
-  s.sampling.ignore_eos = true;
-  return s;
-}
-
+// greedy()'s request, sampled instead (temperature 0.8, top_k 40) with RNG seed `seed`.
 RequestSpec seeded(std::vector<int32_t> prompt, int64_t max_tokens, uint64_t seed, int n = 1) {
-  RequestSpec s;
-  s.prompt_ids = std::move(prompt);
-  s.max_tokens = max_tokens;
-  s.n = n;
+  RequestSpec s = greedy(std::move(prompt), max_tokens, n);
   s.sampling.temperature = 0.8f;
   s.sampling.top_k = 40;
   s.sampling.presence_penalty = 0.4f;
   s.sampling.seed = seed;
-  s.sampling.ignore_eos = true;
   return s;
 }
 
@@ -227,7 +202,7 @@ class LlmEngineStressTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new std::string(test_model_dir("simpler_llm_engine_stress_"));
     ASSERT_TRUE(make_model(small_test_model_options(*dir_, 5)).ok());
-    prompts_ = new std::vector<std::vector<int32_t>>(random_prompts(12, 24, 21));
+    prompts_ = new std::vector<std::vector<int32_t>>(random_prompts(12, 24, 21, /*max_id=*/500));
     solo_ = new std::vector<std::vector<int32_t>>();
     auto e = LlmEngine::create(*dir_, options(1, 256, 64, 1));
     ASSERT_TRUE(e.ok()) << e.status();
@@ -287,6 +262,15 @@ class LlmEngineStressTest : public ::testing::Test {
     EXPECT_EQ(m.requests_finished_stop + m.requests_finished_length + m.requests_finished_abort +
                   m.requests_finished_error,
               choices);
+  }
+
+  // The engine's invariants hold, it shuts down cleanly, and all `choices` choices finished
+  // without leaking a page.
+  static void expect_invariants_then_clean_shutdown(LlmEngine& e, int64_t choices) {
+    const absl::Status violation = EngineTestAccess::invariant_violation(e);
+    EXPECT_TRUE(violation.ok()) << violation;
+    EXPECT_TRUE(e.shutdown().ok());
+    expect_clean_after_shutdown(e, choices);
   }
 
   static std::string* dir_;
@@ -355,10 +339,7 @@ TEST_F(LlmEngineStressTest, AbortRightAfterAddEndsEveryChoiceOnceAtEveryDepth) {
       EXPECT_EQ(e->next_output(ids[i].first, base::Deadline::poll()).status().code(),
                 absl::StatusCode::kNotFound);
     }
-    EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
-        << EngineTestAccess::invariant_violation(*e);
-    EXPECT_TRUE(e->shutdown().ok());
-    expect_clean_after_shutdown(*e, choices);
+    expect_invariants_then_clean_shutdown(*e, choices);
     EXPECT_EQ(e->metrics().requests_finished_abort, choices);
   }
 }
@@ -463,10 +444,7 @@ TEST_F(LlmEngineStressTest, AbortsFromSeveralThreadsAtRandomMomentsWhileStepsRun
       }
     }
     EXPECT_GT(aborted, 0);
-    EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
-        << EngineTestAccess::invariant_violation(*e);
-    EXPECT_TRUE(e->shutdown().ok());
-    expect_clean_after_shutdown(*e, choices);
+    expect_invariants_then_clean_shutdown(*e, choices);
     EXPECT_EQ(e->metrics().requests_finished_abort, aborted);
   }
 }
@@ -610,10 +588,7 @@ TEST_F(LlmEngineStressTest, PreemptionStormsKeepTokensAndPagesAtDepth2And4) {
       }
     }
     EXPECT_GT(e->metrics().preemptions_total, 0);
-    EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
-        << EngineTestAccess::invariant_violation(*e);
-    EXPECT_TRUE(e->shutdown().ok());
-    expect_clean_after_shutdown(*e, choices);
+    expect_invariants_then_clean_shutdown(*e, choices);
   }
 }
 

@@ -57,6 +57,18 @@ class LlmEngineTest : public ::testing::Test {
     return create_test_engine(*dir_, eo);
   }
 
+  // Writes a bf16 variant of the test model (seed `seed`; hidden and intermediate sizes as
+  // given, the test model's when 0) beside it in `<dir>_<suffix>`, and returns that folder.
+  static void make_bf16_model(const std::string& suffix, uint64_t seed, std::string* out,
+                              int64_t hidden = 0, int64_t intermediate = 0) {
+    *out = *dir_ + "_" + suffix;
+    MakeModelOptions mo = small_test_model_options(*out, seed);
+    mo.dtype = task::DataType::kBFloat16;
+    if (hidden != 0) mo.overrides.hidden_size = hidden;
+    if (intermediate != 0) mo.overrides.intermediate_size = intermediate;
+    ASSERT_TRUE(make_model(mo).ok());
+  }
+
   struct Done {
     std::vector<int32_t> tokens;
     OutputFinish finish = OutputFinish::kNone;
@@ -93,15 +105,6 @@ class LlmEngineTest : public ::testing::Test {
     auto hooks = std::make_shared<RequestHooks>();
     hooks->logits_tokens = std::move(tokens);
     s.hooks = std::move(hooks);
-  }
-
-  static RequestSpec greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-    RequestSpec s;
-    s.prompt_ids = std::move(prompt);
-    s.max_tokens = max_tokens;
-    s.sampling.temperature = 0;
-    s.sampling.ignore_eos = true;
-    return s;
   }
 
   static std::vector<std::vector<int32_t>> prompts() {
@@ -152,18 +155,6 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
     }
     EXPECT_TRUE(e->shutdown().ok());
   }
-}
-
-// Random prompts of lengths [1, max_len] over the vocabulary's low ids.
-std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; i < count; ++i) {
-    std::vector<int32_t> p(std::uniform_int_distribution<int>(1, max_len)(rng));
-    for (int32_t& t : p) t = std::uniform_int_distribution<int32_t>(0, 511)(rng);
-    out.push_back(std::move(p));
-  }
-  return out;
 }
 
 // 32 distinct prompts of 1-300 tokens arriving at random moments while steps
@@ -262,16 +253,15 @@ TEST_F(LlmEngineTest, AbortOfAQueuedRequestEndsItWithoutRunning) {
   EXPECT_TRUE(e->shutdown().ok());
 }
 
+// greedy()'s request of 12 tokens, sampled instead (temperature 0.9, top_k 50, top_p 0.95) with
+// RNG seed `seed`.
 RequestSpec seeded(std::vector<int32_t> prompt, uint64_t seed) {
-  RequestSpec s;
-  s.prompt_ids = std::move(prompt);
-  s.max_tokens = 12;
+  RequestSpec s = greedy(std::move(prompt), 12);
   s.sampling.temperature = 0.9f;
   s.sampling.top_k = 50;
   s.sampling.top_p = 0.95f;
   s.sampling.frequency_penalty = 0.3f;
   s.sampling.seed = seed;
-  s.sampling.ignore_eos = true;
   return s;
 }
 
@@ -486,10 +476,8 @@ TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
 // A request's logits are bitwise the same alone and in steps of 3, 16 and 17 rows, on a bf16
 // and an f32 checkpoint, with either matmul ISA: nothing it computes depends on its batch.
 TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16And17) {
-  const std::string bf16_dir = *dir_ + "_bf16";
-  MakeModelOptions mo = small_test_model_options(bf16_dir, 3);
-  mo.dtype = task::DataType::kBFloat16;
-  ASSERT_TRUE(make_model(mo).ok());
+  std::string bf16_dir;
+  ASSERT_NO_FATAL_FAILURE(make_bf16_model("bf16", 3, &bf16_dir));
   for (const std::string& model : {*dir_, bf16_dir}) {
     std::vector<float> want;
     for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kPortable}) {
@@ -553,12 +541,8 @@ TEST_F(LlmEngineTest, Bf16PrecisionLogitsStayWithinItsToleranceOfTheExactPath) {
   if (!bf16_precision_available()) {
     GTEST_SKIP() << "this CPU has no AVX512_BF16: precision bf16 runs the exact path here";
   }
-  const std::string bf16_dir = *dir_ + "_bf16_precision";
-  MakeModelOptions mo = small_test_model_options(bf16_dir, 6);
-  mo.dtype = task::DataType::kBFloat16;
-  mo.overrides.hidden_size = 128;
-  mo.overrides.intermediate_size = 384;
-  ASSERT_TRUE(make_model(mo).ok());
+  std::string bf16_dir;
+  ASSERT_NO_FATAL_FAILURE(make_bf16_model("bf16_precision", 6, &bf16_dir, 128, 384));
   const auto ps = random_prompts(6, 40, 99);
   constexpr int64_t kTokens = 8;
   std::vector<Done> runs[2];
@@ -632,12 +616,8 @@ TEST_F(LlmEngineTest, Bf16PrecisionFallsBackToExactWhereItCannotRun) {
 }
 
 TEST_F(LlmEngineTest, ABf16CheckpointIsHeldInBf16WithoutAnF32Copy) {
-  const std::string bf16_dir = *dir_ + "_bf16_memory";
-  MakeModelOptions mo = small_test_model_options(bf16_dir, 4);
-  mo.dtype = task::DataType::kBFloat16;
-  mo.overrides.hidden_size = 256;
-  mo.overrides.intermediate_size = 768;
-  ASSERT_TRUE(make_model(mo).ok());
+  std::string bf16_dir;
+  ASSERT_NO_FATAL_FAILURE(make_bf16_model("bf16_memory", 4, &bf16_dir, 256, 768));
   RunnerOptions ro;
   ro.worker.num_cores = 1;
   ro.num_pages = 32;

@@ -5,7 +5,9 @@
 
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "simpler/engine/llm_engine.h"
@@ -29,6 +31,31 @@ inline MakeModelOptions small_test_model_options(const std::string& out_dir, uin
   o.overrides.num_attention_heads = 4;
   o.overrides.num_key_value_heads = 1;
   return o;
+}
+
+// `count` random prompts of lengths [1, max_len] of ids in [0, max_id] (by default the whole
+// vocabulary of small_test_model_options).
+inline std::vector<std::vector<int32_t>> random_prompts(int count, int max_len, uint32_t seed,
+                                                        int32_t max_id = 511) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> p(std::uniform_int_distribution<int>(1, max_len)(rng));
+    for (int32_t& t : p) t = std::uniform_int_distribution<int32_t>(0, max_id)(rng);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// A greedy request of `n` choices that ignores EOS: it always makes `max_tokens` tokens.
+inline RequestSpec greedy(std::vector<int32_t> prompt, int64_t max_tokens, int n = 1) {
+  RequestSpec s;
+  s.prompt_ids = std::move(prompt);
+  s.max_tokens = max_tokens;
+  s.n = n;
+  s.sampling.temperature = 0;
+  s.sampling.ignore_eos = true;
+  return s;
 }
 
 // A per-process folder under the temporary directory: <tmp>/<prefix><pid>.

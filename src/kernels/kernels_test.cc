@@ -6,8 +6,10 @@
 #include <iostream>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kernel_test_util.h"
@@ -215,6 +217,27 @@ std::pair<double, double> f64_entry(const std::vector<float>& x, const TestWeigh
   return {want, mag};
 }
 
+// The args of y += x · Wᵀ (matmul_acc) when `acc`, else y = x · Wᵀ (matmul): x [rows, in],
+// y [rows, out].
+TaskArgs matmul_args_for(bool acc, std::vector<float>& x, TestWeights& w, std::vector<float>& y,
+                         int64_t rows, int64_t in, int64_t out) {
+  const Tensor xt = view(x, {rows, in}), yt = view(y, {rows, out});
+  return acc ? matmul_acc_args(xt, w.tensor(out, in), yt) : matmul_args(xt, w.tensor(out, in), yt);
+}
+
+// Every y[r, o] within 1e-6 (relative to its terms' magnitude) of the f64 product of `x` and
+// `w` (plus y0 when accumulating); `what` names the case in a failure.
+void expect_f64_product(const std::vector<float>& y, const std::vector<float>& x,
+                        const TestWeights& w, int64_t rows, int64_t in, int64_t out,
+                        const std::vector<float>* y0, const std::string& what) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      const auto [want, mag] = f64_entry(x, w, in, out, r, o, y0);
+      ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag)) << what;
+    }
+  }
+}
+
 std::vector<std::pair<KernelIsa, task::KernelFn>> isa_paths(bool acc) {
   std::vector<std::pair<KernelIsa, task::KernelFn>> out;
   for (KernelIsa isa :
@@ -252,19 +275,12 @@ TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
             for (auto [isa, fn] : isa_paths(acc)) {
               isas.push_back(isa);
               std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
-              TaskArgs a =
-                  acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in),
-                                        view(y, {rows, out}))
-                      : matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}));
-              ASSERT_TRUE(run_blocks(fn, a, 2).ok());
-              for (int64_t r = 0; r < rows; ++r) {
-                for (int64_t o = 0; o < out; ++o) {
-                  const auto [want, mag] = f64_entry(x, w, in, out, r, o, acc ? &y0 : nullptr);
-                  ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
-                      << name_of(isa) << " " << task::name_of(dt) << " rows " << rows << " in "
-                      << in << " out " << out << " acc " << acc;
-                }
-              }
+              ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
+              ASSERT_NO_FATAL_FAILURE(expect_f64_product(
+                  y, x, w, rows, in, out, acc ? &y0 : nullptr,
+                  (::testing::Message() << name_of(isa) << " " << task::name_of(dt) << " rows "
+                                        << rows << " in " << in << " out " << out << " acc " << acc)
+                      .GetString()));
               results.push_back(std::move(y));
             }
             for (size_t p = 1; p < results.size(); ++p) {
@@ -306,27 +322,19 @@ TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputs) {
           TestWeights w = make_weights(DataType::kBFloat16, out * in, 32 + out);
           std::vector<float> y0 = random_floats(rows * out, 33);
           std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
-          TaskArgs a =
-              acc ? matmul_acc_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}))
-                  : matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y, {rows, out}));
-          ASSERT_TRUE(run_blocks(fn, a, 2).ok());
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t o = 0; o < out; ++o) {
-              const auto [want, mag] = f64_entry(xb, w, in, out, r, o, acc ? &y0 : nullptr);
-              ASSERT_NEAR(y[r * out + o], want, 1e-6 * (1 + mag))
-                  << "rows " << rows << " in " << in << " out " << out << " acc " << acc;
-            }
-          }
+          ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
+          ASSERT_NO_FATAL_FAILURE(
+              expect_f64_product(y, xb, w, rows, in, out, acc ? &y0 : nullptr,
+                                 (::testing::Message() << "rows " << rows << " in " << in << " out "
+                                                       << out << " acc " << acc)
+                                     .GetString()));
           if (rows >= matmul_detail::kDnnlMinRows) continue;
           // Row r alone gives the same bits as row r in the batch.
           const int64_t r = rows - 1;
           std::vector<float> x1(x.begin() + r * in, x.begin() + (r + 1) * in);
           std::vector<float> y1(y0.begin() + r * out, y0.begin() + (r + 1) * out);
           if (!acc) y1.assign(out, NAN);
-          TaskArgs a1 =
-              acc ? matmul_acc_args(view(x1, {1, in}), w.tensor(out, in), view(y1, {1, out}))
-                  : matmul_args(view(x1, {1, in}), w.tensor(out, in), view(y1, {1, out}));
-          ASSERT_TRUE(run_blocks(fn, a1, 1).ok());
+          ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x1, w, y1, 1, in, out), 1).ok());
           for (int64_t o = 0; o < out; ++o) {
             ASSERT_EQ(std::bit_cast<uint32_t>(y1[o]), std::bit_cast<uint32_t>(y[r * out + o]))
                 << "row " << r << " alone and in a batch of " << rows << " differ";

@@ -5,12 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/model_test_util.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/safetensors.h"
 
@@ -21,15 +21,13 @@ namespace fs = std::filesystem;
 using task::DataType;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::qwen3_06b_config;
+using testing::shape_fields;
+using testing::shape_of;
 
 fs::path test_dir() { return simpler::testing::test_dir("simpler_make_model_test"); }
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using simpler::testing::read_file;
 
 // A small variant of tiny: small vocabulary, untied, head_dim != hidden/heads.
 MakeModelOptions small(const fs::path& out) {
@@ -75,21 +73,14 @@ void expect_loadable(const fs::path& dir, DataType dtype, const ModelConfig& exp
 TEST(MakeModel, TinyPresetMatchesTheSpecifiedShape) {
   auto c = preset_config("tiny");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->hidden_size, 128);
-  EXPECT_EQ(c->intermediate_size, 384);
-  EXPECT_EQ(c->num_hidden_layers, 2);
-  EXPECT_EQ(c->num_attention_heads, 4);
-  EXPECT_EQ(c->num_key_value_heads, 2);
-  EXPECT_EQ(c->head_dim, 64);
-  EXPECT_EQ(c->vocab_size, 151936);
-  EXPECT_EQ(c->max_position_embeddings, 4096);
+  EXPECT_EQ(shape_of(*c), nlohmann::json::parse(R"({"hidden_size": 128, "intermediate_size": 384,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+      "vocab_size": 151936, "max_position_embeddings": 4096})"));
   EXPECT_TRUE(c->tie_word_embeddings);
   EXPECT_THAT(c->stop_ids(), ElementsAre(151645, 151643));
   auto big = preset_config("qwen3-0.6b");
   ASSERT_TRUE(big.ok());
-  EXPECT_EQ(big->num_hidden_layers, 28);
-  EXPECT_EQ(big->head_dim, 128);
-  EXPECT_EQ(big->max_position_embeddings, 40960);
+  EXPECT_EQ(shape_of(*big), shape_fields(qwen3_06b_config()));
 }
 
 TEST(MakeModel, UnknownPresetAndBadOptionsAreRefused) {
@@ -178,10 +169,10 @@ TEST(MakeModel, DeterministicInSeed) {
   o.out_dir = (root / "c").string();
   o.seed = 8;
   ASSERT_TRUE(make_model(o).ok());
-  const std::string a = read(root / "a" / "model.safetensors");
-  EXPECT_EQ(a, read(root / "b" / "model.safetensors"));
-  EXPECT_NE(a, read(root / "c" / "model.safetensors"));
-  EXPECT_EQ(a.size(), read(root / "c" / "model.safetensors").size());
+  const std::string a = read_file(root / "a" / "model.safetensors");
+  EXPECT_EQ(a, read_file(root / "b" / "model.safetensors"));
+  EXPECT_NE(a, read_file(root / "c" / "model.safetensors"));
+  EXPECT_EQ(a.size(), read_file(root / "c" / "model.safetensors").size());
 }
 
 TEST(MakeModel, RewritingReplacesAnEarlierCheckpoint) {
@@ -212,8 +203,8 @@ TEST(MakeModel, CopiesTokenizerFilesAndNamesAMissingOne) {
 
   std::ofstream(tok / "tokenizer_config.json") << R"({"eos_token": "<|im_end|>"})";
   ASSERT_TRUE(make_model(o).ok());
-  EXPECT_EQ(read(root / "m" / "tokenizer.json"), R"({"model": {}})");
-  EXPECT_EQ(read(root / "m" / "tokenizer_config.json"), R"({"eos_token": "<|im_end|>"})");
+  EXPECT_EQ(read_file(root / "m" / "tokenizer.json"), R"({"model": {}})");
+  EXPECT_EQ(read_file(root / "m" / "tokenizer_config.json"), R"({"eos_token": "<|im_end|>"})");
 }
 
 }  // namespace

@@ -12,21 +12,15 @@
 #include <string_view>
 
 #include "base/fuzz_check.h"
+#include "base/fuzz_input.h"
 #include "simpler/model/model_config.h"
 
-namespace {
-
-using simpler::fuzz::check;
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using simpler::fuzz::check;
   using simpler::llm::ModelConfig;
-  const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t split = input.find('\x01');
-  const std::string_view config = input.substr(0, split);
-  const std::string_view generation =
-      split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
+  const simpler::fuzz::TwoTexts input = simpler::fuzz::split_at_0x01(data, size);
+  const std::string_view config = input.first;
+  const std::string_view generation = input.second.value_or(std::string_view());
   auto parsed = ModelConfig::parse(config, generation);
   if (!parsed.ok()) return 0;
   check(config.find('\0') == std::string_view::npos,

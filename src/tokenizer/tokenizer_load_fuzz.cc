@@ -15,29 +15,22 @@
 
 #include "absl/status/status.h"
 #include "base/fuzz_check.h"
+#include "base/fuzz_input.h"
 #include "base/fuzz_temp_file.h"
 #include "simpler/tokenizer/tokenizer.h"
 
-namespace {
-
-using simpler::fuzz::check;
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using simpler::fuzz::check;
   using simpler::llm::Tokenizer;
-  const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t split = input.find('\x01');
-  const std::string json_path =
-      simpler::fuzz::write_scratch_file("tokenizer.json", input.substr(0, split));
+  const simpler::fuzz::TwoTexts input = simpler::fuzz::split_at_0x01(data, size);
+  const std::string json_path = simpler::fuzz::write_scratch_file("tokenizer.json", input.first);
   std::string config_path;
-  if (split != std::string_view::npos) {
-    config_path =
-        simpler::fuzz::write_scratch_file("tokenizer_config.json", input.substr(split + 1));
+  if (input.second.has_value()) {
+    config_path = simpler::fuzz::write_scratch_file("tokenizer_config.json", *input.second);
   }
   auto tokenizer = Tokenizer::load_files(json_path, config_path);
   if (!tokenizer.ok()) return 0;
-  check(input.find('\0') == std::string_view::npos,
+  check(input.free_of_nul(),
         "a file with a NUL byte accepted (bytes after the JSON value are ignored)");
   const int32_t vocab = tokenizer->vocab_size();
   check(vocab > 0, "a loaded tokenizer has an empty vocabulary");

@@ -273,6 +273,18 @@ class TokenDiagnosis:
                 f"reference logit {got_logit:.6f} ({lg[t1] - got_logit:.3e} below the top)")
 
 
+def both_have(pb, got, ref, section, key, what):
+    """(simpler's, the reference's) entry `key` of `section`, or None, recorded as a problem
+    naming `what`, when either lacks it."""
+    g = (got.get(section) or {}).get(str(key))
+    r = (ref.get(section) or {}).get(str(key))
+    if not pb.check(g is not None and r is not None,
+                    f"{what} missing (simpler {'has' if g is not None else 'lacks'} them, "
+                    f"reference {'has' if r is not None else 'lacks'} them)"):
+        return None
+    return g, r
+
+
 def compare_request(pb, label, got, ref, *, max_new, logits_steps, kv_positions, diag):
     """One simpler request against one reference request."""
     plen = len(ref["prompt_ids"])
@@ -294,26 +306,21 @@ def compare_request(pb, label, got, ref, *, max_new, logits_steps, kv_positions,
                f"(prompt length {plen}): simpler {toks[max(0, i - 2):i + 4]} vs reference "
                f"{rtoks[max(0, i - 2):i + 4]} (steps {max(0, i - 2)}..); {why}")
     for s in logits_steps:
-        g = (got.get("logits") or {}).get(str(s))
-        r = (ref.get("logits") or {}).get(str(s))
-        if not pb.check(g is not None and r is not None,
-                        f"{label}: logits at step {s} missing "
-                        f"(simpler {'has' if g is not None else 'lacks'} them, reference "
-                        f"{'has' if r is not None else 'lacks'} them)"):
+        pair = both_have(pb, got, ref, "logits", s, f"{label}: logits at step {s}")
+        if pair is None:
             continue
+        g, r = pair
         e = rel_l2(g, r)
         pb.check(e is not None and e <= LOGITS_RTOL,
                  f"{label}: logits at step {s}: relative L2 {e} > {LOGITS_RTOL} "
                  f"(len {len(g)} vs {len(r)})")
     processed = plen + len(rtoks) - 1
     for pos in kv_positions:
-        g = (got.get("kv") or {}).get(str(pos))
-        r = (ref.get("kv") or {}).get(str(pos))
-        if not pb.check(g is not None and r is not None,
-                        f"{label}: K/V at position {pos} (processed {processed}) missing "
-                        f"(simpler {'has' if g is not None else 'lacks'} them, reference "
-                        f"{'has' if r is not None else 'lacks'} them)"):
+        pair = both_have(pb, got, ref, "kv", pos,
+                         f"{label}: K/V at position {pos} (processed {processed})")
+        if pair is None:
             continue
+        g, r = pair
         for which in ("k", "v"):
             ga = np.asarray(g[which], dtype=np.float64)
             ra = np.asarray(r[which], dtype=np.float64)  # [layers][kv_heads][head_dim]

@@ -9,8 +9,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,19 +29,14 @@ using ::testing::ElementsAreArray;
 
 fs::path test_dir() { return simpler::testing::test_dir("simpler_reference_interop_test"); }
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using simpler::testing::read_file;
 
 // Runs qwen3_ref.py with `args`; fails the test with its stderr when it exits non-zero.
 bool run_reference(const std::string& args, const fs::path& log) {
   const std::string command = std::string("'") + SIMPLER_PYTHON3 + "' '" + SIMPLER_QWEN3_REF +
                               "' " + args + " > '" + log.string() + "' 2>&1";
   const int rc = std::system(command.c_str());
-  EXPECT_EQ(rc, 0) << command << "\n" << read(log);
+  EXPECT_EQ(rc, 0) << command << "\n" << read_file(log);
   return rc == 0;
 }
 
@@ -66,7 +59,7 @@ void expect_cpp_matches_reference(const fs::path& dir, const fs::path& work) {
   ASSERT_TRUE(
       run_reference("inspect --model '" + dir.string() + "' --out '" + inspect.string() + "'",
                     work / "inspect.log"));
-  const json ref = json::parse(read(inspect));
+  const json ref = json::parse(read_file(inspect));
   EXPECT_TRUE(ref["missing"].empty()) << ref["missing"].dump();
 
   auto config = ModelConfig::load(dir.string());
@@ -186,7 +179,7 @@ TEST(ReferenceInterop, MakeModelCheckpointsLoadAndDecodeInReference) {
                                 " --dump-logits-steps 0 --dump-kv-positions 0,2 --out '" +
                                 out.string() + "'",
                             work / "generate.log"));
-  const json result = json::parse(read(out));
+  const json result = json::parse(read_file(out));
   ASSERT_EQ(result["requests"].size(), 2u);
   for (const json& r : result["requests"]) {
     const auto tokens = r["tokens"].get<std::vector<int64_t>>();

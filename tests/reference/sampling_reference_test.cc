@@ -7,7 +7,6 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,12 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using simpler::testing::read_file;
 
 struct Case {
   std::vector<float> logits;
@@ -117,8 +111,8 @@ TEST(SamplingReference, PenaltiesLogprobsAndDistributionsMatchTheNumpyReference)
   const std::string command = std::string("'") + SIMPLER_PYTHON3 + "' '" + SIMPLER_QWEN3_REF +
                               "' sample --cases '" + cases_path.string() + "' --out '" +
                               out_path.string() + "' > '" + log.string() + "' 2>&1";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command << "\n" << read(log);
-  const json out = json::parse(read(out_path));
+  ASSERT_EQ(std::system(command.c_str()), 0) << command << "\n" << read_file(log);
+  const json out = json::parse(read_file(out_path));
   ASSERT_EQ(out["results"].size(), cases.size());
 
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -16,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "simpler/base/process.h"
 #include "simpler/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_test_util.h"
 
 namespace simpler::llm {
 namespace {
@@ -41,9 +42,11 @@ std::string describe_ids(const std::vector<int32_t>& ids, size_t at) {
   return out.str();
 }
 
-class TokenizerReferenceTest : public ::testing::Test {
+// The real tokenizer (Qwen3TokenizerFixture) and the reference's output for the same directory.
+class TokenizerReferenceTest : public testing::Qwen3TokenizerFixture {
  protected:
   static void SetUpTestSuite() {
+    Qwen3TokenizerFixture::SetUpTestSuite();
     auto dir = default_tokenizer_dir();
     if (!dir.ok()) {
       setup_error_ = dir.status().ToString();
@@ -85,27 +88,15 @@ class TokenizerReferenceTest : public ::testing::Test {
       c.has_added_token = entry["has_added_token"].get<bool>();
       cases_->push_back(std::move(c));
     }
-    auto tokenizer = Tokenizer::load(*dir);
-    if (!tokenizer.ok()) {
-      setup_error_ = tokenizer.status().ToString();
-      return;
-    }
-    tokenizer_ = new Tokenizer(*std::move(tokenizer));
-  }
-
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    tokenizer_ = nullptr;
   }
 
   void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(Qwen3TokenizerFixture::SetUp());
     ASSERT_EQ(setup_error_, "") << "cannot run the reference comparison";
-    ASSERT_NE(tokenizer_, nullptr);
   }
 
   static inline std::string setup_error_;
   static inline std::vector<Case>* cases_ = new std::vector<Case>();
-  static inline Tokenizer* tokenizer_ = nullptr;
 };
 
 TEST_F(TokenizerReferenceTest, CorpusHasRealFilesAndEdgeCases) {
@@ -133,7 +124,7 @@ TEST_F(TokenizerReferenceTest, IdsMatchReference) {
     ADD_FAILURE() << c.name << ": ids differ at index " << at
                   << "\n  ours:      " << describe_ids(ids, at)
                   << "\n  reference: " << describe_ids(c.ids, at)
-                  << "\n  text: " << testing::PrintToString(c.text.substr(0, 200));
+                  << "\n  text: " << ::testing::PrintToString(c.text.substr(0, 200));
   }
   EXPECT_EQ(mismatches, 0) << "of " << cases_->size() << " cases";
   std::printf("compared %zu cases, %zu tokens\n", cases_->size(), tokens);
