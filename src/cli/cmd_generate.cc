@@ -107,7 +107,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> read_prompts_file(
   return prompts;
 }
 
-constexpr const char* kCommand = "generate";
+constexpr const char* kGenerateCommand = "generate";
 
 // The values of `generate`'s flags. Owned by the command's runner; thread-compatible.
 struct GenerateFlags {
@@ -271,8 +271,8 @@ int start_chip_engines(const GenerateFlags& st, const llm::EngineOptions& eo, co
                                    : 0);
   out->l3 = std::make_unique<hierarchy::L3Worker>(lo);
   auto dp = llm::LlmDataParallel::prepare(*out->l3, st.model, eo.runner);
-  if (!dp.ok()) return fail(kCommand, dp.status());
-  if (absl::Status s = out->l3->init(); !s.ok()) return fail(kCommand, s);
+  if (!dp.ok()) return fail(kGenerateCommand, dp.status());
+  if (absl::Status s = out->l3->init(); !s.ok()) return fail(kGenerateCommand, s);
   std::string children;
   for (const std::string& c : out->l3->describe_children()) {
     absl::StrAppend(&children, children.empty() ? "" : ", ", c);
@@ -283,7 +283,7 @@ int start_chip_engines(const GenerateFlags& st, const llm::EngineOptions& eo, co
     if (!engine.ok()) {
       out->engines.clear();
       (void)out->l3->close();
-      return fail_with_trace(kCommand, engine.status(), trace, st.engine.common.trace_path);
+      return fail_with_trace(kGenerateCommand, engine.status(), trace, st.engine.common.trace_path);
     }
     out->engines.push_back(std::move(*engine));
   }
@@ -297,7 +297,7 @@ int start_engines(const GenerateFlags& st, const llm::EngineOptions& eo, const R
   if (st.chips > 1) return start_chip_engines(st, eo, req, trace, out);
   auto engine = llm::LlmEngine::create(st.model, eo);
   if (!engine.ok()) {
-    return fail_with_trace(kCommand, engine.status(), trace, st.engine.common.trace_path);
+    return fail_with_trace(kGenerateCommand, engine.status(), trace, st.engine.common.trace_path);
   }
   out->engines.push_back(std::move(*engine));
   return 0;
@@ -498,7 +498,7 @@ int exit_code(const GenerateFlags& st, const Report& rep, const base::TraceRecor
   int failed = 0;
   for (const Report::Item& it : rep.items) failed += it.c->error.ok() ? 0 : 1;
   if (!rep.totals.closed.ok() && failed == 0) {
-    return fail_with_trace(kCommand, rep.totals.closed, trace, st.engine.common.trace_path);
+    return fail_with_trace(kGenerateCommand, rep.totals.closed, trace, st.engine.common.trace_path);
   }
   if (!write_trace(trace, st.engine.common.trace_path)) return 1;
   for (size_t i = 0; i < rep.items.size(); ++i) {
@@ -510,15 +510,15 @@ int exit_code(const GenerateFlags& st, const Report& rep, const base::TraceRecor
 
 int run_generate(const GenerateFlags& st) {
   if (!st.has_prompt && !st.has_prompt_ids && !st.has_prompts_file) {
-    return fail(kCommand, absl::InvalidArgumentError(
+    return fail(kGenerateCommand, absl::InvalidArgumentError(
                               "one of --prompt, --prompt-ids or --prompts-file is required"));
   }
   const MaybeTokenizer tok = load_tokenizer(st.model);
   absl::StatusOr<Requests> req = read_requests(st, tok);
-  if (!req.ok()) return fail(kCommand, req.status());
+  if (!req.ok()) return fail(kGenerateCommand, req.status());
   base::TraceRecorder trace;
   absl::StatusOr<llm::EngineOptions> eo = generate_engine_options(st, *req, tok, &trace);
-  if (!eo.ok()) return fail(kCommand, eo.status());
+  if (!eo.ok()) return fail(kGenerateCommand, eo.status());
   if (st.engine.host_sampling && st.engine.common.launch_depth > 1) {
     std::cerr << "simpler generate: host sampling needs each step's logits on the host first; "
                  "falling back to serial launch (effective depth 1, requested "
@@ -534,7 +534,7 @@ int run_generate(const GenerateFlags& st) {
   std::vector<llm::RequestSpec> specs = request_specs(st, *req, &prompts);
   std::vector<llm::LlmEngine*> engine_ptrs;
   for (auto& e : engines.engines) engine_ptrs.push_back(e.get());
-  RequestRun run = run_requests(engine_ptrs, std::move(specs), kCommand, true);
+  RequestRun run = run_requests(engine_ptrs, std::move(specs), kGenerateCommand, true);
   EngineTotals totals = close_engines(&engines);
   const Report rep =
       make_report(run, prompts, st.chips, std::move(totals), load_s, tok.tok.has_value());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "base/sanitizers.h"
+#include "base/test_status.h"
 #include "base/test_wait.h"
 #include "engine/engine_test_hooks.h"
 #include "engine/engine_test_util.h"
@@ -32,9 +33,7 @@ namespace {
 // Sanitizer builds run 5-20x slower: the heaviest tests shrink there.
 constexpr bool kSanitized = SIMPLER_SANITIZED;
 
-bool contains(const absl::Status& s, const std::string& needle) {
-  return std::string(s.message()).find(needle) != std::string::npos;
-}
+using simpler::testing::contains;
 
 // A small model (vocab 512) written once per test binary.
 class LlmEngineTest : public ::testing::Test {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/test_status.h"
 #include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "simpler/base/clock.h"
@@ -22,9 +23,7 @@
 namespace simpler::hierarchy {
 namespace {
 
-bool contains(const absl::Status& s, std::string_view what) {
-  return std::string(s.message()).find(what) != std::string::npos;
-}
+using simpler::testing::contains;
 
 std::vector<uint8_t> bytes_of(std::string_view s) { return {s.begin(), s.end()}; }
 std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }

@@ -2,14 +2,13 @@
 
 #include <cstring>
 
+#include "base/test_status.h"
 #include "gtest/gtest.h"
 
 namespace simpler::hierarchy {
 namespace {
 
-bool contains(const absl::Status& s, std::string_view what) {
-  return std::string(s.message()).find(what) != std::string::npos;
-}
+using simpler::testing::contains;
 
 RunRequest sample() {
   RunRequest r;

@@ -25,7 +25,7 @@ using testing::qwen3_06b_config;
 using testing::shape_fields;
 using testing::shape_of;
 
-fs::path test_dir() { return simpler::testing::test_dir("simpler_make_model_test"); }
+fs::path make_model_dir() { return simpler::testing::test_dir("simpler_make_model_test"); }
 
 using simpler::testing::read_file;
 
@@ -88,7 +88,7 @@ TEST(MakeModel, UnknownPresetAndBadOptionsAreRefused) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("unknown model preset 'qwen9'"));
 
-  const fs::path dir = test_dir();
+  const fs::path dir = make_model_dir();
   MakeModelOptions o = small(dir / "m");
   o.overrides.num_key_value_heads = 3;
   absl::Status s = make_model(o);
@@ -113,7 +113,7 @@ TEST(MakeModel, SmallVocabKeepsTokenIdsInsideIt) {
 }
 
 TEST(MakeModel, WritesLoadableSingleFileModelBf16) {
-  const fs::path dir = test_dir() / "m";
+  const fs::path dir = make_model_dir() / "m";
   MakeModelOptions o = small(dir);
   ASSERT_TRUE(make_model(o).ok());
   EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
@@ -128,7 +128,7 @@ TEST(MakeModel, WritesLoadableSingleFileModelBf16) {
 }
 
 TEST(MakeModel, WritesLoadableShardedModelF32WithSameValuesAsUnsharded) {
-  const fs::path root = test_dir();
+  const fs::path root = make_model_dir();
   MakeModelOptions o = small(root / "sharded");
   o.dtype = DataType::kFloat32;
   o.shards = 3;
@@ -161,7 +161,7 @@ TEST(MakeModel, WritesLoadableShardedModelF32WithSameValuesAsUnsharded) {
 }
 
 TEST(MakeModel, DeterministicInSeed) {
-  const fs::path root = test_dir();
+  const fs::path root = make_model_dir();
   MakeModelOptions o = small(root / "a");
   ASSERT_TRUE(make_model(o).ok());
   o.out_dir = (root / "b").string();
@@ -176,7 +176,7 @@ TEST(MakeModel, DeterministicInSeed) {
 }
 
 TEST(MakeModel, RewritingReplacesAnEarlierCheckpoint) {
-  const fs::path dir = test_dir() / "m";
+  const fs::path dir = make_model_dir() / "m";
   MakeModelOptions o = small(dir);
   o.shards = 2;
   ASSERT_TRUE(make_model(o).ok());
@@ -190,7 +190,7 @@ TEST(MakeModel, RewritingReplacesAnEarlierCheckpoint) {
 }
 
 TEST(MakeModel, CopiesTokenizerFilesAndNamesAMissingOne) {
-  const fs::path root = test_dir();
+  const fs::path root = make_model_dir();
   const fs::path tok = root / "tok";
   fs::create_directories(tok);
   std::ofstream(tok / "tokenizer.json") << R"({"model": {}})";

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "model/str.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/file.h"
 #include "simpler/base/json.h"
@@ -19,8 +20,6 @@ namespace simpler::llm {
 namespace {
 
 using json = nlohmann::json;
-
-std::string str(std::string_view s) { return std::string(s); }
 
 const char* type_name(const json& v) { return v.type_name(); }
 

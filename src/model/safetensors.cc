@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/str.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/file.h"
 #include "simpler/base/json.h"
@@ -28,8 +29,6 @@ using json = nlohmann::json;
 using task::DataType;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
-
-std::string str(std::string_view s) { return std::string(s); }
 
 using base::os_error;
 

@@ -23,7 +23,7 @@ using task::DataType;
 using ::testing::HasSubstr;
 
 // A fresh directory per test.
-fs::path test_dir() { return simpler::testing::test_dir("simpler_safetensors_test"); }
+fs::path safetensors_dir() { return simpler::testing::test_dir("simpler_safetensors_test"); }
 
 // Writes 8-byte length + header + buffer, with `length` overriding the real header length.
 void write_raw(const fs::path& path, const std::string& header, const std::string& buffer,
@@ -42,7 +42,7 @@ std::span<const std::byte> as_bytes(const std::vector<T>& v) {
 using testing::msg;
 
 TEST(SafetensorsRoundTrip, EveryDtypeReadsBackBytesShapesAndMetadata) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::vector<float> f32 = {1.0f, -2.5f, 3.25f, 0.0f, 1e-3f, 7.0f};
   std::vector<uint16_t> bf16, f16;
   for (float v : f32) bf16.push_back(task::f32_to_bf16(v)), f16.push_back(task::f32_to_f16(v));
@@ -91,7 +91,7 @@ TEST(SafetensorsRoundTrip, EveryDtypeReadsBackBytesShapesAndMetadata) {
 }
 
 TEST(SafetensorsRoundTrip, ProducerIsCalledWithConsecutiveChunks) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const int64_t n = 3 << 20;  // 12 MB of f32: several chunks
   int64_t next = 0;
   TensorSource t;
@@ -118,7 +118,7 @@ TEST(SafetensorsRoundTrip, ProducerIsCalledWithConsecutiveChunks) {
 }
 
 TEST(SafetensorsWriter, ProducerErrorAbortsAndLeavesNoFile) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   TensorSource t{"x", DataType::kFloat32, {4}, {}, [](std::span<std::byte>) {
                    return absl::InternalError("boom");
                  }};
@@ -132,7 +132,7 @@ TEST(SafetensorsWriter, ProducerErrorAbortsAndLeavesNoFile) {
 }
 
 TEST(SafetensorsWriter, RefusesWrongByteCountAndDuplicateNames) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::vector<float> v = {1, 2, 3};
   std::vector<TensorSource> wrong = {{"w", DataType::kFloat32, {4}, as_bytes(v), nullptr}};
   absl::Status s = write_safetensors((dir / "a.safetensors").string(), wrong);
@@ -147,7 +147,7 @@ TEST(SafetensorsWriter, RefusesWrongByteCountAndDuplicateNames) {
 }
 
 TEST(SafetensorsWriter, RefusesANameThatIsNotUtf8InsteadOfThrowing) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::vector<float> v = {1};
   std::vector<TensorSource> t = {{"w\xff", DataType::kFloat32, {1}, as_bytes(v), nullptr}};
   const std::string path = (dir / "a.safetensors").string();
@@ -158,14 +158,14 @@ TEST(SafetensorsWriter, RefusesANameThatIsNotUtf8InsteadOfThrowing) {
 }
 
 TEST(SafetensorsOpen, MissingFileIsNotFound) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   auto file = SafetensorsFile::open((dir / "nope.safetensors").string());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(file.status()), HasSubstr("nope.safetensors"));
 }
 
 TEST(SafetensorsOpen, FileShorterThanLengthPrefixIsDataLoss) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const fs::path path = dir / "short.safetensors";
   std::ofstream(path, std::ios::binary) << "abc";
   auto file = SafetensorsFile::open(path.string());
@@ -175,7 +175,7 @@ TEST(SafetensorsOpen, FileShorterThanLengthPrefixIsDataLoss) {
 }
 
 TEST(SafetensorsOpen, TruncatedDataIsDataLossNamingTensor) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::vector<float> v(16, 1.0f);
   std::vector<TensorSource> t = {{"first", DataType::kFloat32, {4}, {}, nullptr},
                                  {"second", DataType::kFloat32, {12}, {}, nullptr}};
@@ -205,7 +205,7 @@ class SafetensorsMalformedFileTest : public ::testing::TestWithParam<MalformedFi
 
 TEST_P(SafetensorsMalformedFileTest, IsRefusedNamingFileAndFault) {
   const MalformedFile& c = GetParam();
-  const fs::path path = test_dir() / (std::string(c.name) + ".safetensors");
+  const fs::path path = safetensors_dir() / (std::string(c.name) + ".safetensors");
   write_raw(path, c.header, c.buffer, c.length);
   auto file = SafetensorsFile::open(path.string());
   ASSERT_FALSE(file.ok());
@@ -273,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<MalformedFile>& info) { return info.param.name; });
 
 TEST(SafetensorsOpen, MissingTensorIsNotFoundNamingFile) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::vector<float> v = {1, 2};
   std::vector<TensorSource> t = {{"present", DataType::kFloat32, {2}, as_bytes(v), nullptr}};
   const std::string path = (dir / "m.safetensors").string();
@@ -286,7 +286,7 @@ TEST(SafetensorsOpen, MissingTensorIsNotFoundNamingFile) {
 }
 
 TEST(ToF32, RefusesIntegerDtypeAndWrongDestinationSize) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::vector<int32_t> i = {1, 2};
   const std::vector<float> f = {1, 2};
   std::vector<TensorSource> t = {{"ints", DataType::kInt32, {2}, as_bytes(i), nullptr},
@@ -324,7 +324,7 @@ void write_index(const fs::path& dir, const std::string& weight_map_json) {
 }
 
 TEST(ModelWeights, ShardedLookupFindsEachTensorInItsShard) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model-00001-of-00002.safetensors", {{"a.weight", 128}});
   write_shard(dir / "model-00002-of-00002.safetensors", {{"b.weight", 64}});
   write_index(dir, R"({"a.weight": "model-00001-of-00002.safetensors",
@@ -339,7 +339,7 @@ TEST(ModelWeights, ShardedLookupFindsEachTensorInItsShard) {
 }
 
 TEST(ModelWeights, WrongShapeNamesTensorFileAndBothShapes) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const std::string name = "model.layers.3.self_attn.q_proj.weight";
   write_shard(dir / "model-00001-of-00002.safetensors", {{"x", 1}});
   write_shard(dir / "model-00002-of-00002.safetensors", {{name, 64}});
@@ -355,7 +355,7 @@ TEST(ModelWeights, WrongShapeNamesTensorFileAndBothShapes) {
 }
 
 TEST(ModelWeights, WrongDtypeNamesTensorFileAndAllowedDtypes) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model.safetensors", {{"model.norm.weight", 2}});
   auto weights = ModelWeights::open(dir.string());
   ASSERT_TRUE(weights.ok()) << weights.status();
@@ -365,7 +365,7 @@ TEST(ModelWeights, WrongDtypeNamesTensorFileAndAllowedDtypes) {
 }
 
 TEST(ModelWeights, MissingTensorNamesDirectoryAndFile) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model.safetensors", {{"a", 1}});
   auto weights = ModelWeights::open(dir.string());
   ASSERT_TRUE(weights.ok());
@@ -376,7 +376,7 @@ TEST(ModelWeights, MissingTensorNamesDirectoryAndFile) {
 }
 
 TEST(ModelWeights, MissingShardIsNotFoundNamingShardAndIndex) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model-00001-of-00002.safetensors", {{"a", 1}});
   write_index(dir, R"({"a": "model-00001-of-00002.safetensors",
                        "model.norm.weight": "model-00002-of-00002.safetensors"})");
@@ -388,7 +388,7 @@ TEST(ModelWeights, MissingShardIsNotFoundNamingShardAndIndex) {
 }
 
 TEST(ModelWeights, IndexNamingTensorAbsentFromShardIsInvalid) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model-00001-of-00001.safetensors", {{"a", 1}});
   write_index(dir, R"({"ghost": "model-00001-of-00001.safetensors"})");
   auto weights = ModelWeights::open(dir.string());
@@ -398,7 +398,7 @@ TEST(ModelWeights, IndexNamingTensorAbsentFromShardIsInvalid) {
 }
 
 TEST(ModelWeights, MalformedIndexIsInvalid) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   std::ofstream(dir / "model.safetensors.index.json") << "{\"weight_map\": [";
   auto weights = ModelWeights::open(dir.string());
   EXPECT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
@@ -406,7 +406,7 @@ TEST(ModelWeights, MalformedIndexIsInvalid) {
 }
 
 TEST(ModelWeights, EmptyDirectoryIsNotFound) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   auto weights = ModelWeights::open(dir.string());
   EXPECT_EQ(weights.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(weights.status()), HasSubstr(dir.string()));
@@ -426,7 +426,7 @@ std::string refusal(const fs::path& path, const std::string& header, const std::
 }
 
 TEST(SafetensorsBadInput, DeeplyNestedShapeOrOffsetsAreRefusedWithoutCrashing) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const fs::path path = dir / "deep.safetensors";
   EXPECT_EQ(refusal(path,
                     R"({"x": {"dtype": "F32", "shape": )" + deep(100000) +
@@ -443,7 +443,7 @@ TEST(SafetensorsBadInput, DeeplyNestedShapeOrOffsetsAreRefusedWithoutCrashing) {
 }
 
 TEST(SafetensorsBadInput, ANestedShapeWithinTheDepthBoundIsQuotedShort) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const fs::path path = dir / "nested.safetensors";
   const std::string refused = refusal(
       path, R"({"x": {"dtype": "F32", "shape": )" + deep(50) + R"(, "data_offsets": [0, 4]}})",
@@ -453,7 +453,7 @@ TEST(SafetensorsBadInput, ANestedShapeWithinTheDepthBoundIsQuotedShort) {
 }
 
 TEST(SafetensorsBadInput, HeaderFollowedByNulAndGarbageIsRefused) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const fs::path path = dir / "trailing.safetensors";
   const std::string json = R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
   EXPECT_EQ(refusal(path, json + std::string("\0garbage", 8), std::string(4, '\0')),
@@ -467,7 +467,7 @@ TEST(SafetensorsBadInput, HeaderFollowedByNulAndGarbageIsRefused) {
 }
 
 TEST(SafetensorsBadInput, AFifoIsRefusedWithoutBlocking) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   const fs::path path = dir / "model.safetensors";
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
   auto file = SafetensorsFile::open(path.string());
@@ -478,7 +478,7 @@ TEST(SafetensorsBadInput, AFifoIsRefusedWithoutBlocking) {
 }
 
 TEST(SafetensorsBadInput, AnIndexListingATensorTwiceIsRefused) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model-00001-of-00002.safetensors", {{"a", 1}});
   write_shard(dir / "model-00002-of-00002.safetensors", {{"b", 1}});
   write_index(dir, R"({"a": "model-00001-of-00002.safetensors",
@@ -492,7 +492,7 @@ TEST(SafetensorsBadInput, AnIndexListingATensorTwiceIsRefused) {
 }
 
 TEST(SafetensorsBadInput, AShardTensorTheIndexDoesNotListOrListsElsewhereIsRefused) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model-00001-of-00002.safetensors", {{"a", 1}, {"extra", 1}});
   write_shard(dir / "model-00002-of-00002.safetensors", {{"b", 1}});
   write_index(dir, R"({"a": "model-00001-of-00002.safetensors",
@@ -513,7 +513,7 @@ TEST(SafetensorsBadInput, AShardTensorTheIndexDoesNotListOrListsElsewhereIsRefus
 }
 
 TEST(SafetensorsBadInput, ATensorOutsideTheExpectedSetIsRefusedUnlessAllowed) {
-  const fs::path dir = test_dir();
+  const fs::path dir = safetensors_dir();
   write_shard(dir / "model.safetensors", {{"a", 1}, {"lm_head.weight", 1}});
   auto weights = ModelWeights::open(dir.string());
   ASSERT_TRUE(weights.ok()) << weights.status();

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <thread>
 
+#include "base/test_status.h"
 #include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "simpler/base/env.h"
@@ -18,10 +19,7 @@ namespace simpler::worker::testing {
 
 using simpler::testing::eventually;
 
-// Whether `s`'s message contains `needle`.
-inline bool contains(const absl::Status& s, const std::string& needle) {
-  return std::string(s.message()).find(needle) != std::string::npos;
-}
+using simpler::testing::contains;
 
 // Whether `s` is an error of `code` whose message contains `needle`; a failure shows `s`:
 //   EXPECT_TRUE(fails_with(s, absl::StatusCode::kNotFound, "no such file"));

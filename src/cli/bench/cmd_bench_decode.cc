@@ -27,7 +27,7 @@ namespace simpler::cli {
 
 namespace {
 
-constexpr const char* kCommand = "bench decode";
+constexpr const char* kBenchDecodeCommand = "bench decode";
 
 struct DecodeFlags {
   std::string model;
@@ -83,7 +83,7 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   spec.sampling.ignore_eos = true;
   std::vector<llm::RequestSpec> specs;
   specs.push_back(std::move(spec));
-  RequestRun run = run_requests({engine.get()}, std::move(specs), kCommand, false);
+  RequestRun run = run_requests({engine.get()}, std::move(specs), kBenchDecodeCommand, false);
   const std::vector<llm::StepRecord> records = engine->step_records();
   DecodeRow row;
   row.batch = batch;
@@ -185,16 +185,16 @@ int run_bench_decode(const DecodeFlags& st) {
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
   auto config = llm::ModelConfig::load(st.model);
-  if (!config.ok()) return fail(kCommand, config.status());
+  if (!config.ok()) return fail(kBenchDecodeCommand, config.status());
   const std::vector<int64_t> prompt = {1};
   if (absl::Status s = config->check_request(prompt, st.steps); !s.ok()) {
-    return fail(kCommand, base::annotate(s, "--steps: "));
+    return fail(kBenchDecodeCommand, base::annotate(s, "--steps: "));
   }
   // The peer's threads are ours (the sim device's cores: --cores, 0 = every hardware thread).
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
   absl::StatusOr<std::optional<LlamaCppPeer>> peer =
       prepare_peer_if_compared(st.compare, st.model, common.kernel_isa());
-  if (!peer.ok()) return fail(kCommand, peer.status());
+  if (!peer.ok()) return fail(kBenchDecodeCommand, peer.status());
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : st.batches) {
     if (read_bw == 0) {
@@ -202,11 +202,11 @@ int run_bench_decode(const DecodeFlags& st) {
           read_bandwidth_bytes_per_s(std::max<uint64_t>(checkpoint_bytes(st.model), 64ull << 20));
     }
     absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
-    if (!row.ok()) return fail_with_trace(kCommand, row.status(), trace, common.trace_path);
+    if (!row.ok()) return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
     nlohmann::json out = decode_row_json(st, *row, read_bw);
     LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
     if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
-      return fail(kCommand, s);
+      return fail(kBenchDecodeCommand, s);
     }
     print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
   }

@@ -22,7 +22,7 @@ namespace simpler::cli {
 
 namespace {
 
-constexpr const char* kCommand = "bench load";
+constexpr const char* kBenchLoadCommand = "bench load";
 
 struct LoadFlags {
   std::string model;
@@ -59,7 +59,7 @@ int run_bench_load(const LoadFlags& st) {
     }
   }
   if (files.empty()) {
-    return fail(kCommand, absl::NotFoundError(absl::StrCat("no .safetensors file in ", st.model)));
+    return fail(kBenchLoadCommand, absl::NotFoundError(absl::StrCat("no .safetensors file in ", st.model)));
   }
   const double read_s = best_read_s(files);
   // Loading: the engine created (weights in device memory, scratch and a small KV pool), best
@@ -69,13 +69,13 @@ int run_bench_load(const LoadFlags& st) {
   load_flags.max_num_batched_tokens = 16;
   load_flags.num_pages = 16;
   absl::StatusOr<llm::EngineOptions> eo = engine_options(load_flags, {}, &trace);
-  if (!eo.ok()) return fail(kCommand, eo.status());
+  if (!eo.ok()) return fail(kBenchLoadCommand, eo.status());
   double load_s = 1e30;
   for (int pass = 0; pass < 3; ++pass) {
     const int64_t t0 = base::now_ns();
     auto engine = llm::LlmEngine::create(st.model, *eo);
     const double s = (base::now_ns() - t0) / 1e9;
-    if (!engine.ok()) return fail_with_trace(kCommand, engine.status(), trace, common.trace_path);
+    if (!engine.ok()) return fail_with_trace(kBenchLoadCommand, engine.status(), trace, common.trace_path);
     load_s = std::min(load_s, s);
     (void)(*engine)->shutdown(base::Deadline::poll());
   }

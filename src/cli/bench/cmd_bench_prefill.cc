@@ -29,7 +29,7 @@ namespace simpler::cli {
 
 namespace {
 
-constexpr const char* kCommand = "bench prefill";
+constexpr const char* kBenchPrefillCommand = "bench prefill";
 
 struct PrefillFlags {
   std::string model;
@@ -81,7 +81,7 @@ absl::StatusOr<double> best_ttft_ms(const PrefillFlags& st, const llm::ModelConf
     spec.sampling.ignore_eos = true;
     std::vector<llm::RequestSpec> specs;
     specs.push_back(std::move(spec));
-    RequestRun run = run_requests({engine.get()}, std::move(specs), kCommand, false);
+    RequestRun run = run_requests({engine.get()}, std::move(specs), kBenchPrefillCommand, false);
     for (const ChoiceResult& c : run.results[0]) {
       if (!c.error.ok()) return c.error;
     }
@@ -181,17 +181,17 @@ int run_bench_prefill(const PrefillFlags& st) {
   const CommonOptions& common = st.engine.common;
   base::TraceRecorder trace;
   auto config = llm::ModelConfig::load(st.model);
-  if (!config.ok()) return fail(kCommand, config.status());
+  if (!config.ok()) return fail(kBenchPrefillCommand, config.status());
   for (int len : st.prompt_lens) {
     if (absl::Status s = config->check_request(std::vector<int64_t>(len, 0), 1); !s.ok()) {
-      return fail(kCommand, base::annotate(s, "--prompt-lens: "));
+      return fail(kBenchPrefillCommand, base::annotate(s, "--prompt-lens: "));
     }
   }
   const ComputePeak peak = measure_compute_peak(common);
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
   absl::StatusOr<std::optional<LlamaCppPeer>> peer =
       prepare_peer_if_compared(st.compare, st.model, common.kernel_isa());
-  if (!peer.ok()) return fail(kCommand, peer.status());
+  if (!peer.ok()) return fail(kBenchPrefillCommand, peer.status());
   if (peak.below_half_paper) {
     std::fprintf(stderr,
                  "bench prefill: the measured f32 FMA peak %.1f GFLOP/s is below half the "
@@ -204,7 +204,7 @@ int run_bench_prefill(const PrefillFlags& st) {
   LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
   for (int len : st.prompt_lens) {
     absl::StatusOr<double> best_ms = best_ttft_ms(st, *config, len, &trace);
-    if (!best_ms.ok()) return fail_with_trace(kCommand, best_ms.status(), trace, common.trace_path);
+    if (!best_ms.ok()) return fail_with_trace(kBenchPrefillCommand, best_ms.status(), trace, common.trace_path);
     // Every prompt position goes through the layers; the LM head runs for the last one only.
     const double flop = 2.0 * (static_cast<double>(len) * layer_macs + lm_macs);
     const double gflops = flop / (*best_ms / 1e3) / 1e9;
@@ -212,7 +212,7 @@ int run_bench_prefill(const PrefillFlags& st) {
     if (absl::Status s =
             add_reference_figures(st, *config, len, *best_ms, gflops, peer_ptr, threads, &out);
         !s.ok()) {
-      return fail(kCommand, s);
+      return fail(kBenchPrefillCommand, s);
     }
     print_prefill_row(st, peak, len, *best_ms, gflops, peer_ptr, threads, out);
   }

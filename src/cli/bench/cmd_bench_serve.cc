@@ -32,9 +32,9 @@ namespace {
 using namespace bench;  // NOLINT: the shared workload helpers
 using json = nlohmann::json;
 
-constexpr const char* kCommand = "bench serve";
+constexpr const char* kBenchServeCommand = "bench serve";
 
-struct State {
+struct ServeState {
   std::string model, url;
   int64_t num_prompts = 200;
   std::string input_len_range = "16:512";
@@ -132,7 +132,7 @@ struct Server {
 
 // Starts the server in this process (the engine of `eo` with the model's tokenizer), or parses
 // --url (http://HOST:PORT; port 80 without one).
-absl::Status start_server(const State& st, const llm::EngineOptions& eo, Server* s) {
+absl::Status start_server(const ServeState& st, const llm::EngineOptions& eo, Server* s) {
   if (!st.url.empty()) {
     const std::string u = st.url;
     const size_t scheme = u.find("://");
@@ -179,7 +179,7 @@ struct ClientRun {
 };
 
 // The client: at most max_concurrency requests open, each sent at its arrival time.
-ClientRun run_clients(const State& st, const Workload& w, const std::string& host, int port) {
+ClientRun run_clients(const ServeState& st, const Workload& w, const std::string& host, int port) {
   ClientRun run;
   const size_t n = w.prompts.size();
   run.concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts;
@@ -213,7 +213,7 @@ ClientRun run_clients(const State& st, const Workload& w, const std::string& hos
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (base::now_ns() - last_report > 1'000'000'000) {
       last_report = base::now_ns();
-      std::cerr << "simpler " << kCommand << ": " << finished.load() << "/" << n
+      std::cerr << "simpler " << kBenchServeCommand << ": " << finished.load() << "/" << n
                 << " requests finished\n";
     }
   }
@@ -254,7 +254,7 @@ ServedStats served_stats(const ClientRun& run) {
   return out;
 }
 
-json served_json(const State& st, const ClientRun& clients, const ServedStats& served,
+json served_json(const ServeState& st, const ClientRun& clients, const ServedStats& served,
                  const RunStats& o, double ratio, int64_t preemptions) {
   const double rate = *parse_rate(st.request_rate);
   const size_t n = clients.results.size();
@@ -300,34 +300,34 @@ void print_text(const ClientRun& clients, const ServedStats& served, const RunSt
       o.output_tokens_per_s, percentile(o.ttft_ms, 0.5), ratio);
 }
 
-int run_bench_serve(const State& st) {
+int run_bench_serve(const ServeState& st) {
   const LenRange in = *parse_len_range(st.input_len_range);
   const LenRange out = *parse_len_range(st.output_len_range);
   const double rate = *parse_rate(st.request_rate);
   auto config = llm::ModelConfig::load(st.model);
-  if (!config.ok()) return fail(kCommand, config.status());
+  if (!config.ok()) return fail(kBenchServeCommand, config.status());
   auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
-  if (!workload.ok()) return fail(kCommand, workload.status());
+  if (!workload.ok()) return fail(kBenchServeCommand, workload.status());
   const Workload& w = *workload;
 
   base::TraceRecorder trace;
   auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
-  if (!options.ok()) return fail(kCommand, options.status());
+  if (!options.ok()) return fail(kBenchServeCommand, options.status());
   llm::EngineOptions eo = *std::move(options);
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
   eo.record_steps = false;
 
   Server server;
-  if (absl::Status s = start_server(st, eo, &server); !s.ok()) return fail(kCommand, s);
+  if (absl::Status s = start_server(st, eo, &server); !s.ok()) return fail(kBenchServeCommand, s);
   const ClientRun clients = run_clients(st, w, server.host, server.port);
   const int64_t preemptions = stop_server(&server);
   const ServedStats served = served_stats(clients);
 
   // Offline: the same workload through a fresh engine in this process.
-  std::cerr << "simpler " << kCommand << ": served run " << served.wall_s
+  std::cerr << "simpler " << kBenchServeCommand << ": served run " << served.wall_s
             << " s; now the same workload offline\n";
-  auto offline = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
-  if (!offline.ok()) return fail(kCommand, offline.status());
+  auto offline = run_workload(st.model, eo, w, /*static_batches=*/false, kBenchServeCommand);
+  if (!offline.ok()) return fail(kBenchServeCommand, offline.status());
   const RunStats o = run_stats(*offline, w);
   const double ratio = o.output_tokens_per_s > 0 ? served.tokens_per_s / o.output_tokens_per_s : 0;
   const json j = served_json(st, clients, served, o, ratio, preemptions);
@@ -337,7 +337,7 @@ int run_bench_serve(const State& st) {
     print_text(clients, served, o, ratio, j);
   }
   if (served.errors > 0) {
-    std::cerr << "simpler " << kCommand << ": " << served.errors
+    std::cerr << "simpler " << kBenchServeCommand << ": " << served.errors
               << " request(s) failed; the first: " << served.first_error << "\n";
     return 1;
   }
@@ -347,7 +347,7 @@ int run_bench_serve(const State& st) {
 }  // namespace
 
 Runner add_bench_serve_command(CLI::App* bench_cmd) {
-  auto st = std::make_shared<State>();
+  auto st = std::make_shared<ServeState>();
   auto* cmd = bench_cmd->add_subcommand(
       "serve", "the OpenAI-compatible server under load, against the engine offline");
   cmd->add_option("--model", st->model, "model directory (with its tokenizer)")->required();

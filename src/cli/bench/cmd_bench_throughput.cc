@@ -49,9 +49,9 @@ namespace {
 
 using namespace bench;  // NOLINT: the shared workload helpers
 
-constexpr const char* kCommand = "bench throughput";
+constexpr const char* kBenchThroughputCommand = "bench throughput";
 
-struct State {
+struct ThroughputState {
   std::string model;
   int64_t num_prompts = 200;
   std::string input_len_range = "16:512";
@@ -74,7 +74,7 @@ struct TtftProbe {
 
 // The idle-engine TTFT probe of --ttft-probe-len (0 = none: `*probe` stays empty). 0 when it ran
 // or was skipped, else the exit code after printing the error.
-int run_ttft_probe(const State& st, const llm::ModelConfig& config, const llm::EngineOptions& eo,
+int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config, const llm::EngineOptions& eo,
                    const base::TraceRecorder& trace, std::optional<TtftProbe>* probe) {
   if (st.ttft_probe_len == 0) return 0;
   Workload one;
@@ -82,7 +82,7 @@ int run_ttft_probe(const State& st, const llm::ModelConfig& config, const llm::E
   std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len));
   for (int64_t& id : prompt) id = ids.uniform(0, config.vocab_size - 1);
   if (absl::Status ck = config.check_request(prompt, 1); !ck.ok()) {
-    return fail(kCommand, base::annotate(ck, "--ttft-probe-len: "));
+    return fail(kBenchThroughputCommand, base::annotate(ck, "--ttft-probe-len: "));
   }
   one.prompts.emplace_back(prompt.begin(), prompt.end());
   one.output_lens.push_back(1);
@@ -93,10 +93,10 @@ int run_ttft_probe(const State& st, const llm::ModelConfig& config, const llm::E
   llm::EngineOptions po = eo;
   po.runner.num_pages = static_cast<int32_t>(
       std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, eo.runner.page_size)));
-  auto run = run_workload(st.model, po, one, /*static_batches=*/false, kCommand);
-  if (!run.ok()) return fail_with_trace(kCommand, run.status(), trace, st.engine.common.trace_path);
+  auto run = run_workload(st.model, po, one, /*static_batches=*/false, kBenchThroughputCommand);
+  if (!run.ok()) return fail_with_trace(kBenchThroughputCommand, run.status(), trace, st.engine.common.trace_path);
   if (run->requests.empty() || run->requests[0].first_token_ns == 0) {
-    return fail(kCommand, absl::InternalError("the TTFT probe's request produced no token"));
+    return fail(kBenchThroughputCommand, absl::InternalError("the TTFT probe's request produced no token"));
   }
   TtftProbe p;
   p.ttft_ms = (run->requests[0].first_token_ns - run->requests[0].arrival_ns) / 1e6;
@@ -123,7 +123,7 @@ struct Report {
   std::optional<TtftProbe> probe;
 };
 
-void print_json(const State& st, const Report& r) {
+void print_json(const ThroughputState& st, const Report& r) {
   nlohmann::json j = {
       {"model", st.model},
       {"num_prompts", st.num_prompts},
@@ -174,7 +174,7 @@ void print_json(const State& st, const Report& r) {
   std::printf("%s\n", base::dump_replacing(j).c_str());
 }
 
-void print_text(const State& st, const Report& r) {
+void print_text(const ThroughputState& st, const Report& r) {
   std::printf(
       "workload: %lld prompts, input %lld..%lld, output %lld..%lld tokens (seed %llu): %lld "
       "input + %lld output tokens; request rate %s/s\n",
@@ -211,21 +211,21 @@ void print_text(const State& st, const Report& r) {
 
 // The numbers are printed first; a request that failed, or an engine that did not close cleanly,
 // makes the call fail.
-int exit_code(const State& st, const Report& r, const base::TraceRecorder& trace) {
+int exit_code(const ThroughputState& st, const Report& r, const base::TraceRecorder& trace) {
   int rc = write_trace(trace, st.engine.common.trace_path) ? 0 : 1;
   if (r.c.short_outputs + r.s.short_outputs > 0) {
-    std::cerr << "simpler " << kCommand << ": " << r.c.short_outputs << " continuous and "
+    std::cerr << "simpler " << kBenchThroughputCommand << ": " << r.c.short_outputs << " continuous and "
               << r.s.short_outputs
               << " static request(s) finished with fewer tokens than their output length\n";
   }
   auto check = [&rc](const char* name, const RunStats& stats, const RunResult& run) {
     if (stats.errors > 0) {
-      std::cerr << "simpler " << kCommand << ": " << name << " run: " << stats.errors
+      std::cerr << "simpler " << kBenchThroughputCommand << ": " << name << " run: " << stats.errors
                 << " request(s) failed; the first: " << stats.first_error << "\n";
       rc = 1;
     }
     if (!run.closed.ok()) {
-      std::cerr << "simpler " << kCommand << ": " << name << " run: engine shutdown: " << run.closed
+      std::cerr << "simpler " << kBenchThroughputCommand << ": " << name << " run: engine shutdown: " << run.closed
                 << "\n";
       rc = 1;
     }
@@ -235,22 +235,22 @@ int exit_code(const State& st, const Report& r, const base::TraceRecorder& trace
   return rc;
 }
 
-int run_bench_throughput(const State& st) {
+int run_bench_throughput(const ThroughputState& st) {
   Report r;
   // The flag checks accepted these already; they cannot fail here.
   r.in = *parse_len_range(st.input_len_range);
   r.out = *parse_len_range(st.output_len_range);
   r.rate = *parse_rate(st.request_rate);
   auto config = llm::ModelConfig::load(st.model);
-  if (!config.ok()) return fail(kCommand, config.status());
+  if (!config.ok()) return fail(kBenchThroughputCommand, config.status());
   auto workload = make_workload(*config, st.num_prompts, r.in, r.out, r.rate, st.seed);
-  if (!workload.ok()) return fail(kCommand, workload.status());
+  if (!workload.ok()) return fail(kBenchThroughputCommand, workload.status());
   const Workload& w = *workload;
   r.w = &w;
 
   base::TraceRecorder trace;
   auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
-  if (!options.ok()) return fail(kCommand, options.status());
+  if (!options.ok()) return fail(kBenchThroughputCommand, options.status());
   llm::EngineOptions eo = *std::move(options);
   r.seqs = eo.runner.max_num_seqs;
   r.batched = eo.runner.max_num_batched_tokens;
@@ -259,28 +259,28 @@ int run_bench_throughput(const State& st) {
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
   eo.record_steps = true;
 
-  std::cerr << "simpler " << kCommand << ": " << st.num_prompts << " prompts (input " << r.in.lo
+  std::cerr << "simpler " << kBenchThroughputCommand << ": " << st.num_prompts << " prompts (input " << r.in.lo
             << ".." << r.in.hi << ", output " << r.out.lo << ".." << r.out.hi << " tokens, seed "
             << st.seed << "): " << w.input_tokens << " input + " << w.output_tokens
             << " output tokens; request rate " << st.request_rate << "/s, max_num_seqs " << r.seqs
             << ", max_num_batched_tokens " << r.batched << ", " << r.pages << " KV pages of "
             << r.page_size << " tokens\n";
 
-  auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false, kCommand);
+  auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false, kBenchThroughputCommand);
   if (!continuous.ok()) {
-    return fail_with_trace(kCommand, continuous.status(), trace, st.engine.common.trace_path);
+    return fail_with_trace(kBenchThroughputCommand, continuous.status(), trace, st.engine.common.trace_path);
   }
   r.continuous = &*continuous;
   r.c = run_stats(*continuous, w);
-  std::cerr << "simpler " << kCommand << ": continuous run: " << r.c.wall_s
+  std::cerr << "simpler " << kBenchThroughputCommand << ": continuous run: " << r.c.wall_s
             << " s (engine loaded in " << continuous->load_s << " s)\n";
-  auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true, kCommand);
+  auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true, kBenchThroughputCommand);
   if (!fixed.ok()) {
-    return fail_with_trace(kCommand, fixed.status(), trace, st.engine.common.trace_path);
+    return fail_with_trace(kBenchThroughputCommand, fixed.status(), trace, st.engine.common.trace_path);
   }
   r.fixed = &*fixed;
   r.s = run_stats(*fixed, w);
-  std::cerr << "simpler " << kCommand << ": static run: " << r.s.wall_s << " s\n";
+  std::cerr << "simpler " << kBenchThroughputCommand << ": static run: " << r.s.wall_s << " s\n";
 
   r.ratio = r.s.output_tokens_per_s > 0 ? r.c.output_tokens_per_s / r.s.output_tokens_per_s : 0;
   if (int rc = run_ttft_probe(st, *config, eo, trace, &r.probe); rc != 0) return rc;
@@ -300,7 +300,7 @@ int run_bench_throughput(const State& st) {
 }  // namespace
 
 Runner add_bench_throughput_command(CLI::App* bench) {
-  auto st = std::make_shared<State>();
+  auto st = std::make_shared<ThroughputState>();
   auto* cmd = bench->add_subcommand(
       "throughput",
       "serving throughput on a random workload: continuous batching vs static batches");
