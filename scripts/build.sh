@@ -9,6 +9,9 @@
 #   tsan: clang, test targets only, -O1 -g (full debug info: with line tables only an inlined
 #         frame is named without its scope, and tsan.supp's patterns, e.g. absl::*Status::Unref*,
 #         would no longer match it), ThreadSanitizer, thread-safety analysis an error
+# Every flavour is a unity build (CMake UNITY_BUILD, 8 sources a batch: half the CPU time of a
+# build from empty); SIMPLER_UNITY_BUILD=OFF in the environment compiles each file alone (the
+# build folder is reconfigured either way).
 # Further arguments go to `cmake --build` (e.g. --target worker_test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,5 +38,6 @@ if [ -f "$cache" ] && [[ " ${flags[*]} " == *" -DCMAKE_CXX_COMPILER=clang++ "* ]
   echo "build.sh: build/$flavour was configured with another compiler; rebuilding it afresh" >&2
   rm -rf "build/$flavour"
 fi
+flags+=(-DSIMPLER_UNITY_BUILD="${SIMPLER_UNITY_BUILD:-ON}")
 cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "build/$flavour" -j "$jobs" "$@"
