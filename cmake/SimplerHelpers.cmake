@@ -79,6 +79,20 @@ function(simpler_test name)
   endif()
 endfunction()
 
+# simpler_qwen3_ref_test(NAME SRCS ... DEPS ... [TIMEOUT seconds]) — a unit test against
+# tests/reference/qwen3_ref.py, which it runs with SIMPLER_PYTHON3 (the macros SIMPLER_PYTHON3 and
+# SIMPLER_QWEN3_REF); only where that python3 has numpy (SIMPLER_PYTHON3_NUMPY).
+function(simpler_qwen3_ref_test name)
+  if(NOT SIMPLER_PYTHON3_NUMPY)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS" ${ARGN})
+  simpler_test(${name} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS} LABELS "unit" TIMEOUT ${ARG_TIMEOUT})
+  target_compile_definitions(${name} PRIVATE
+    SIMPLER_PYTHON3="${SIMPLER_PYTHON3}"
+    SIMPLER_QWEN3_REF="${PROJECT_SOURCE_DIR}/tests/reference/qwen3_ref.py")
+endfunction()
+
 # simpler_executable(NAME SRCS ... DEPS ...) — an executable with the project's include folders
 # and warnings; the tests, benchmarks and fuzzers are built on it. The CLI's caller skips it in
 # test-only (sanitizer) builds.

@@ -16,6 +16,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -46,29 +47,48 @@ using VecMap = Eigen::Map<Eigen::VectorXf>;
 
 using ArgCheck = task::ArgChecker;
 
+// A kernel's arguments: the tensors it reads, then `out`, which it writes (kOut) or updates
+// (kInOut).
+TaskArgs reads_then(std::initializer_list<std::reference_wrapper<const Tensor>> ins,
+                    const Tensor& out, ArgDirection out_dir = ArgDirection::kOut) {
+  TaskArgs a;
+  a.add_tensors(ins, ArgDirection::kIn).add_tensor(out, out_dir);
+  return a;
+}
+
+// `isa` resolved (kAuto: the best target this CPU has), or FAILED_PRECONDITION naming `kernel`
+// and what the target needs when this CPU lacks it.
+absl::StatusOr<KernelIsa> available_isa(const char* kernel, KernelIsa isa) {
+  isa = resolve_kernel_isa(isa);
+  if (kernel_isa_available(isa)) return isa;
+  return absl::FailedPreconditionError(
+      absl::StrCat(kernel, ": the ", name_of(isa), " path needs ", kernel_isa_requirements(isa),
+                   ", which this CPU lacks (it has ", available_kernel_isas(), ")"));
+}
+
+// The dtype argument i (weights kept in the checkpoint's dtype) is checked against: its own when
+// bf16 or f16, else f32.
+DataType weight_dtype(const KernelContext& ctx, size_t i) {
+  const DataType t = ctx.args[i].tensor.dtype;
+  return t == DataType::kBFloat16 || t == DataType::kFloat16 ? t : DataType::kFloat32;
+}
+
 absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
                          bool bf16 = false) {
-  ArgCheck c(ctx, accumulate ? "matmul_acc" : "matmul");
+  const char* kernel = accumulate ? "matmul_acc" : "matmul";
+  ArgCheck c(ctx, kernel);
   SIMPLER_RETURN_IF_ERROR(c.count(3));
   SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
   const Tensor& x = ctx.tensor(0);
   const int64_t rows = x.shape[0];
   const int64_t in = x.shape[1];
-  const DataType wt = ctx.args[1].tensor.dtype;
-  const DataType w_dtype =
-      wt == DataType::kBFloat16 || wt == DataType::kFloat16 ? wt : DataType::kFloat32;
+  const DataType w_dtype = weight_dtype(ctx, 1);
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "W", w_dtype, {-1, in}));
   const Tensor& w = ctx.tensor(1);
   const int64_t out = w.shape[0];
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
   const Tensor& y = ctx.tensor(2);
-  isa = resolve_kernel_isa(isa);
-  if (!kernel_isa_available(isa)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(accumulate ? "matmul_acc" : "matmul", ": the ", name_of(isa), " path needs ",
-                     kernel_isa_requirements(isa), ", which this CPU lacks (it has ",
-                     available_kernel_isas(), ")"));
-  }
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa(kernel, isa));
   const BlockRange r = block_range(out, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end || rows == 0) return absl::OkStatus();
   matmul_detail::Problem p;
@@ -366,9 +386,7 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
   SIMPLER_RETURN_IF_ERROR(c.count(3));
   SIMPLER_RETURN_IF_ERROR(c.tensor(0, "ids", DataType::kInt32, {-1}));
   const int64_t rows = ctx.tensor(0).shape[0];
-  const DataType tt = ctx.args[1].tensor.dtype;
-  const DataType table_dtype =
-      tt == DataType::kBFloat16 || tt == DataType::kFloat16 ? tt : DataType::kFloat32;
+  const DataType table_dtype = weight_dtype(ctx, 1);
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "table", table_dtype, {-1, -1}));
   const int64_t vocab = ctx.tensor(1).shape[0];
   const int64_t hidden = ctx.tensor(1).shape[1];
@@ -397,9 +415,7 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
 }
 
 TaskArgs embedding_args(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  TaskArgs a;
-  a.add_tensors({ids, table}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
-  return a;
+  return reads_then({ids, table}, out);
 }
 
 // ---- rms_norm -------------------------------------------------------------------
@@ -430,8 +446,8 @@ absl::Status rms_norm_kernel(const KernelContext& ctx) {
 }
 
 TaskArgs rms_norm_args(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
-  TaskArgs a;
-  a.add_tensors({x, w}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut).add_scalar_f32(eps);
+  TaskArgs a = reads_then({x, w}, out);
+  a.add_scalar_f32(eps);
   return a;
 }
 
@@ -445,15 +461,11 @@ absl::Status matmul_acc_kernel(const KernelContext& ctx) {
 }
 
 TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
-  TaskArgs a;
-  a.add_tensors({x, w}, ArgDirection::kIn).add_tensor(y, ArgDirection::kOut);
-  return a;
+  return reads_then({x, w}, y);
 }
 
 TaskArgs matmul_acc_args(const Tensor& x, const Tensor& w, const Tensor& y) {
-  TaskArgs a;
-  a.add_tensors({x, w}, ArgDirection::kIn).add_tensor(y, ArgDirection::kInOut);
-  return a;
+  return reads_then({x, w}, y, ArgDirection::kInOut);
 }
 
 // ---- rope -------------------------------------------------------------------------
@@ -1113,12 +1125,7 @@ absl::StatusOr<AttendTile> next_tile(const ArgCheck& c, const PagedAttention& a,
 absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "paged_attention");
   SIMPLER_ASSIGN_OR_RETURN(const PagedAttention a, check_paged_attention(c, ctx));
-  isa = resolve_kernel_isa(isa);
-  if (!kernel_isa_available(isa)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "paged_attention: the ", name_of(isa), " path needs ", kernel_isa_requirements(isa),
-        ", which this CPU lacks (it has ", available_kernel_isas(), ")"));
-  }
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("paged_attention", isa));
   // Work items are (kv head, row) pairs, kv-head-major, split evenly across the blocks; a
   // block's consecutive rows of one kv head that share their cached positions form tiles.
   const BlockRange r = block_range(a.rows * a.n_kv, ctx.block_idx, ctx.block_dim);
@@ -1149,10 +1156,8 @@ absl::Status paged_attention_kernel(const KernelContext& ctx) {
 TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                               const Tensor& block_tables, const Tensor& context_lens,
                               const Tensor& out, float scale) {
-  TaskArgs a;
-  a.add_tensors({q, k_pool, v_pool, block_tables, context_lens}, ArgDirection::kIn)
-      .add_tensor(out, ArgDirection::kOut)
-      .add_scalar_f32(scale);
+  TaskArgs a = reads_then({q, k_pool, v_pool, block_tables, context_lens}, out);
+  a.add_scalar_f32(scale);
   return a;
 }
 
@@ -1178,9 +1183,7 @@ absl::Status silu_mul_kernel(const KernelContext& ctx) {
 }
 
 TaskArgs silu_mul_args(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  TaskArgs a;
-  a.add_tensors({gate, up}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
-  return a;
+  return reads_then({gate, up}, out);
 }
 
 // ---- add ------------------------------------------------------------------------------------
@@ -1204,9 +1207,7 @@ absl::Status add_kernel(const KernelContext& ctx) {
 }
 
 TaskArgs add_args(const Tensor& a, const Tensor& b, const Tensor& out) {
-  TaskArgs args;
-  args.add_tensors({a, b}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
-  return args;
+  return reads_then({a, b}, out);
 }
 
 // ---- gather_rows ------------------------------------------------------------------------------
@@ -1236,9 +1237,7 @@ absl::Status gather_rows_kernel(const KernelContext& ctx) {
 }
 
 TaskArgs gather_rows_args(const Tensor& x, const Tensor& rows, const Tensor& out) {
-  TaskArgs a;
-  a.add_tensors({x, rows}, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
-  return a;
+  return reads_then({x, rows}, out);
 }
 
 // ---- argmax -------------------------------------------------------------------------------------
@@ -1272,10 +1271,6 @@ absl::Status argmax_kernel(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-TaskArgs argmax_args(const Tensor& logits, const Tensor& ids) {
-  TaskArgs a;
-  a.add_tensor(logits, ArgDirection::kIn).add_tensor(ids, ArgDirection::kOut);
-  return a;
-}
+TaskArgs argmax_args(const Tensor& logits, const Tensor& ids) { return reads_then({logits}, ids); }
 
 }  // namespace simpler::llm

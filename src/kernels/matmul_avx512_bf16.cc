@@ -123,7 +123,7 @@ void run_avx512_bf16(const Problem& p) {
   xb.resize(static_cast<size_t>(p.rows * kp));
   for (int64_t r = 0; r < p.rows; ++r) to_bf16(p.x + r * p.k, p.k, kp, xb.data() + r * kp);
   const auto* w = static_cast<const uint16_t*>(p.w);
-  const int64_t chunk = chunk_rows(p.k * 2);  // W rows kept in L2 across the row groups
+  const int64_t chunk = chunk_rows(p.k * 2, 8);  // W rows kept in L2 across the row groups
   for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
     const int64_t jn = p.n - j0 < chunk ? p.n - j0 : chunk;
     for (int64_t r0 = 0; r0 < p.rows; r0 += kRowsPerTile) {

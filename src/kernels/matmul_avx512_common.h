@@ -12,8 +12,6 @@
 #endif
 #include <immintrin.h>
 
-#include <cstdint>
-
 namespace simpler::llm::matmul_detail {
 namespace {
 
@@ -24,14 +22,6 @@ inline float reduce(__m512 v) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
-}
-
-// W rows per chunk: as many as fit kChunkBytes (kept in L2 while every row group of x uses
-// them), a multiple of 8, at least 8.
-inline int64_t chunk_rows(int64_t row_bytes) {
-  constexpr int64_t kChunkBytes = 256 * 1024;
-  int64_t chunk = kChunkBytes / (row_bytes > 0 ? row_bytes : 1);
-  return chunk < 8 ? 8 : chunk - chunk % 8;
 }
 
 }  // namespace

@@ -31,6 +31,11 @@ struct Problem {
   bool accumulate = false;
 };
 
+// W rows per chunk of a matmul path: as many rows of `row_bytes` as fit 256 KiB (kept in L2 while
+// every row group of x uses them), a multiple of `multiple`, at least `multiple`. Built with the
+// baseline flags (matmul_portable.cc), called once per call by every path.
+int64_t chunk_rows(int64_t row_bytes, int64_t multiple);
+
 // Vector extensions of the compiler on the baseline target; runs on any CPU. Without a hardware
 // FMA in the baseline (x86-64) the fused multiply-adds are computed exactly by fma_exact's
 // method, never by a libm call.

@@ -168,6 +168,12 @@ float fma_exact(float a, float b, float c) {
 
 float fma_exact_attention(float a, float b, float c) { return fma_exact_scalar(a, b, c); }
 
+int64_t chunk_rows(int64_t row_bytes, int64_t multiple) {
+  constexpr int64_t kChunkBytes = 256 * 1024;
+  const int64_t chunk = kChunkBytes / (row_bytes > 0 ? row_bytes : 1);
+  return chunk < multiple ? multiple : chunk - chunk % multiple;
+}
+
 void run_portable(const Problem& p) { run_on<Portable>(p); }
 
 float fma_probe_portable(int64_t iters, float seed) { return fma_probe<Portable>(iters, seed); }

@@ -156,14 +156,6 @@ constexpr auto tile_table(std::integer_sequence<int, Rs...>) {
       tile_row<V, WT, Rs + 1>(std::make_integer_sequence<int, V::kMaxCols>{})...};
 }
 
-// W rows per chunk: as many as fit kChunkBytes (kept in L2 while every row group of x uses them),
-// a multiple of `multiple`, at least `multiple`.
-inline int64_t chunk_rows(int64_t row_bytes, int64_t multiple) {
-  constexpr int64_t kChunkBytes = 256 * 1024;
-  const int64_t chunk = kChunkBytes / (row_bytes > 0 ? row_bytes : 1);
-  return chunk < multiple ? multiple : chunk - chunk % multiple;
-}
-
 // p on target V: W in chunks of rows that stay in cache; one x row streams W through
 // 1 x kDecodeCols tiles, several rows go through kMaxRows x kMaxCols tiles.
 template <class V, WeightType WT>
