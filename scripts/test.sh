@@ -33,6 +33,16 @@ leg_build() {
     tsan) scripts/build.sh tsan --target concurrency_tests ;;
   esac
 }
+# Builds a leg's flavour, then runs its tests; records "<leg>-build" or "<leg>" in `failed`.
+# Returns non-zero only when the build failed.
+leg_build_and_test() {
+  if ! leg_build "$1"; then
+    failed+=("$1-build")
+    return 1
+  fi
+  # shellcheck disable=SC2046
+  ctest $(leg_ctest_args "$1") --output-on-failure -j 2 || failed+=("$1")
+}
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tsan.supp"
 
@@ -113,24 +123,13 @@ leg "llama.cpp peer (npm's node-llama-cpp, for the exported-GGUF test)"
 scripts/build_llamacpp_peer.sh || failed+=("llamacpp-peer")
 
 leg "release build + all tests"
-if leg_build release; then
-  # shellcheck disable=SC2046
-  ctest $(leg_ctest_args release) --output-on-failure -j 2 || failed+=("release")
-else
-  failed+=("release-build")
-fi
+leg_build_and_test release
 
 # One clang build serves the unit tests under ASan + UBSan and the libFuzzer targets, and checks
 # the thread-safety annotations of everything it compiles (-Werror=thread-safety).
 leg "AddressSanitizer + UBSan: unit tests (and the fuzz targets' build)"
 asan_built=0
-if leg_build asan; then
-  asan_built=1
-  # shellcheck disable=SC2046
-  ctest $(leg_ctest_args asan) --output-on-failure -j 2 || failed+=("asan")
-else
-  failed+=("asan-build")
-fi
+leg_build_and_test asan && asan_built=1
 
 leg "clang thread-safety analysis (GUARDED_BY / REQUIRES) of what the clang builds leave out"
 if [ -f build/release/compile_commands.json ]; then
@@ -139,12 +138,7 @@ if [ -f build/release/compile_commands.json ]; then
 fi
 
 leg "ThreadSanitizer: concurrency tests"
-if leg_build tsan; then
-  # shellcheck disable=SC2046
-  ctest $(leg_ctest_args tsan) --output-on-failure -j 2 || failed+=("tsan")
-else
-  failed+=("tsan-build")
-fi
+leg_build_and_test tsan
 
 leg "aarch64 NEON kernels: cross-built, run under qemu-user"
 if [ "$(uname -m)" = x86_64 ]; then

@@ -107,11 +107,6 @@ int register_program(simpler::task::ProgramRegistry* registry) {
   return 0;
 }
 
-const SimplerProgramAbi kAbi{simpler::task::kProgramAbiVersion, 0, "example_matmul",
-                             register_program};
-
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const SimplerProgramAbi* simpler_program_entry() {
-  return &kAbi;
-}
+SIMPLER_PROGRAM_ENTRY("example_matmul", register_program)

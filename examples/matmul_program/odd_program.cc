@@ -56,10 +56,6 @@ int register_program(simpler::task::ProgramRegistry* registry) {
   return 0;
 }
 
-const SimplerProgramAbi kAbi{simpler::task::kProgramAbiVersion, 0, "odd\xfd", register_program};
-
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const SimplerProgramAbi* simpler_program_entry() {
-  return &kAbi;
-}
+SIMPLER_PROGRAM_ENTRY("odd\xfd", register_program)

@@ -46,10 +46,6 @@ int register_program(simpler::task::ProgramRegistry* registry) {
   return 0;
 }
 
-const SimplerProgramAbi kAbi{simpler::task::kProgramAbiVersion, 0, "test_throw", register_program};
-
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const SimplerProgramAbi* simpler_program_entry() {
-  return &kAbi;
-}
+SIMPLER_PROGRAM_ENTRY("test_throw", register_program)

@@ -64,6 +64,19 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
   return absl::OkStatus();
 }
 
+// Records task `seq`'s tensor arguments in `map` (IN reads, OUT and INOUT writes) and sets
+// `*deps` to the earlier tasks it must wait for (unsorted, may repeat; see TensorMap::access).
+void record_accesses(TensorMap* map, uint64_t seq, const task::TaskArgs& args,
+                     const TensorMap::IsDone& is_done, std::vector<uint64_t>* deps) {
+  deps->clear();
+  for (const task::Arg& a : args.args()) {
+    if (a.direction == task::ArgDirection::kScalar) continue;
+    const bool write = a.direction != task::ArgDirection::kIn;
+    map->access(a.tensor.address, a.tensor.address + a.tensor.span_bytes(), write, seq, is_done,
+                deps);
+  }
+}
+
 constexpr uint32_t kInitialRingSlots = 64;
 
 // One ring slot. Reused for task seq, seq + capacity, ...
@@ -173,13 +186,7 @@ class GraphExecutor final : public task::OrchestrationContext {
         !v.ok()) {
       return fail_submit(v);
     }
-    deps_.clear();
-    for (const task::Arg& a : args.args()) {
-      if (a.direction == task::ArgDirection::kScalar) continue;
-      const uint64_t span = a.tensor.span_bytes();
-      const bool write = a.direction != task::ArgDirection::kIn;
-      tensor_map_.access(a.tensor.address, a.tensor.address + span, write, seq, is_done_, &deps_);
-    }
+    record_accesses(&tensor_map_, seq, args, is_done_, &deps_);
     return admit(kernel, args.args().data(), args.size(), block_dim, deps_);
   }
 
@@ -439,13 +446,7 @@ class GraphRecorder final : public task::OrchestrationContext {
         !v.ok()) {
       return fail(v);
     }
-    deps_.clear();
-    for (const task::Arg& a : args.args()) {
-      if (a.direction == task::ArgDirection::kScalar) continue;
-      const uint64_t span = a.tensor.span_bytes();
-      map_.access(a.tensor.address, a.tensor.address + span, a.direction != task::ArgDirection::kIn,
-                  seq, never_done_, &deps_);
-    }
+    record_accesses(&map_, seq, args, never_done_, &deps_);
     std::sort(deps_.begin(), deps_.end());
     deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
     GraphImageTask t;

@@ -138,10 +138,7 @@ Runner add_serve_command(CLI::App& app) {
                     .max_waiting = true,
                     .allow_unused_tensors = true,
                     .json = false});
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_serve(*st);
-  };
+  return run_if_parsed(cmd, st, run_serve);
 }
 
 }  // namespace simpler::cli

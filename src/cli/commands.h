@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 #include "simpler/base/trace.h"
@@ -56,6 +57,13 @@ struct CommonOptions {
 };
 
 using Runner = std::function<int()>;
+
+// The Runner of a command whose whole work is `run(*flags)` once its flags are parsed: -1 unless
+// `cmd` was the subcommand parsed, else `run`'s exit code.
+template <typename Flags>
+Runner run_if_parsed(const CLI::App* cmd, std::shared_ptr<Flags> flags, int (*run)(const Flags&)) {
+  return [cmd, flags = std::move(flags), run]() -> int { return cmd->parsed() ? run(*flags) : -1; };
+}
 
 Runner add_run_command(CLI::App& app);
 Runner add_bench_commands(CLI::App& app);

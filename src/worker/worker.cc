@@ -213,14 +213,24 @@ absl::Status Worker::free(const DeviceBuffer& buffer) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// INVALID_ARGUMENT naming `op` unless [offset, offset + bytes) lies inside `buffer`.
+absl::Status check_copy_range(const char* op, const DeviceBuffer& buffer, uint64_t bytes,
+                              uint64_t offset) {
+  if (offset > buffer.bytes || bytes > buffer.bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " of ", bytes, " bytes at offset ", offset,
+                                                   " exceeds the ", buffer.bytes, "-byte buffer"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Worker::copy_to(const DeviceBuffer& dst, const void* src, uint64_t bytes,
                              uint64_t offset) {
   SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
-  if (offset > dst.bytes || bytes > dst.bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("copy_to of ", bytes, " bytes at offset ",
-                                                   offset, " exceeds the ", dst.bytes,
-                                                   "-byte buffer"));
-  }
+  SIMPLER_RETURN_IF_ERROR(check_copy_range("copy_to", dst, bytes, offset));
   impl_->chip->lane().wait_idle();
   return impl_->chip->device().copy_to_device(dst.address + offset, src, bytes);
 }
@@ -228,11 +238,7 @@ absl::Status Worker::copy_to(const DeviceBuffer& dst, const void* src, uint64_t 
 absl::Status Worker::copy_from(void* dst, const DeviceBuffer& src, uint64_t bytes,
                                uint64_t offset) {
   SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
-  if (offset > src.bytes || bytes > src.bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("copy_from of ", bytes, " bytes at offset ",
-                                                   offset, " exceeds the ", src.bytes,
-                                                   "-byte buffer"));
-  }
+  SIMPLER_RETURN_IF_ERROR(check_copy_range("copy_from", src, bytes, offset));
   impl_->chip->lane().wait_idle();
   return impl_->chip->device().copy_from_device(dst, src.address + offset, bytes);
 }

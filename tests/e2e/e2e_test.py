@@ -1062,22 +1062,17 @@ def scenario_cli_errors(ctx):
         expect_error(ctx, gen(d, "--prompt-ids", "1,2"), f"{name} ({size} of {st_size} bytes)",
                      [path])
 
-    # A malformed --prompts-file line names file:line (blank lines count).
-    pf = ctx.path("bad_prompts.jsonl")
-    with open(pf, "w") as f:
-        f.write('{"prompt_ids": [1, 2, 3]}\n\n{"prompt_ids": [1, 2\n')
-    expect_error(ctx, gen(sharded, "--prompts-file", pf), "malformed prompts-file line",
-                 [f"{pf}:3"])
-    pf2 = ctx.path("bad_prompts2.jsonl")
-    with open(pf2, "w") as f:
-        f.write('{"prompt_ids": [1, 2]}\n{"prompt_ids": [1, "x"]}\n')
-    expect_error(ctx, gen(sharded, "--prompts-file", pf2), "prompts-file non-integer id",
-                 [f"{pf2}:2"])
-    pf3 = ctx.path("bad_prompts3.jsonl")
-    with open(pf3, "w") as f:
-        f.write('{"ids": [1, 2]}\n')
-    expect_error(ctx, gen(sharded, "--prompts-file", pf3), "prompts-file line without a prompt",
-                 [f"{pf3}:1"])
+    # A bad --prompts-file line names file:line (blank lines count).
+    for name, text, bad_line, label in (
+            ("bad_prompts.jsonl", '{"prompt_ids": [1, 2, 3]}\n\n{"prompt_ids": [1, 2\n', 3,
+             "malformed prompts-file line"),
+            ("bad_prompts2.jsonl", '{"prompt_ids": [1, 2]}\n{"prompt_ids": [1, "x"]}\n', 2,
+             "prompts-file non-integer id"),
+            ("bad_prompts3.jsonl", '{"ids": [1, 2]}\n', 1, "prompts-file line without a prompt")):
+        pf = ctx.path(name)
+        with open(pf, "w") as f:
+            f.write(text)
+        expect_error(ctx, gen(sharded, "--prompts-file", pf), label, [f"{pf}:{bad_line}"])
 
     # A prompts file of token ids needs no tokenizer (as --prompt-ids does not).
     pf5 = ctx.path("ids_only.jsonl")

@@ -61,3 +61,13 @@ struct SimplerProgramAbi {
 };
 typedef const SimplerProgramAbi* (*SimplerProgramEntryFn)(void);
 }
+
+// Defines `simpler_program_entry` for the current ABI version: the library named `name` (a
+// string literal) whose `register_fn` adds its callables and self-checks. Use it once, at global
+// scope, in one source file of the library.
+#define SIMPLER_PROGRAM_ENTRY(name, register_fn)                                                 \
+  extern "C" __attribute__((visibility("default"))) const SimplerProgramAbi*                     \
+  simpler_program_entry() {                                                                      \
+    static const SimplerProgramAbi abi{simpler::task::kProgramAbiVersion, 0, name, register_fn}; \
+    return &abi;                                                                                 \
+  }

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -52,6 +53,18 @@ class SplitMix64 {
   uint64_t state_;
 };
 
+// A CLI11 check that refuses what `parse` refuses, with its message; `type_name` is the value's
+// placeholder in --help.
+template <typename T>
+CLI::Validator parse_check(absl::StatusOr<T> (*parse)(const std::string&), std::string type_name) {
+  return CLI::Validator(
+      [parse](std::string& text) -> std::string {
+        absl::StatusOr<T> r = parse(text);
+        return r.ok() ? std::string() : std::string(r.status().message());
+      },
+      std::move(type_name));
+}
+
 // An inclusive length range A:B with 1 <= A <= B <= int32 max.
 struct LenRange {
   int64_t lo = 0, hi = 0;
@@ -82,14 +95,7 @@ inline absl::StatusOr<LenRange> parse_len_range(const std::string& text) {
   return r;
 }
 
-inline CLI::Validator len_range_check() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        auto r = parse_len_range(text);
-        return r.ok() ? std::string() : std::string(r.status().message());
-      },
-      "A:B");
-}
+inline CLI::Validator len_range_check() { return parse_check(parse_len_range, "A:B"); }
 
 // "inf" (all requests at once) or a finite rate > 0, requests per second.
 inline absl::StatusOr<double> parse_rate(const std::string& text) {
@@ -102,14 +108,7 @@ inline absl::StatusOr<double> parse_rate(const std::string& text) {
   return v;
 }
 
-inline CLI::Validator rate_check() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        auto r = parse_rate(text);
-        return r.ok() ? std::string() : std::string(r.status().message());
-      },
-      "RATE");
-}
+inline CLI::Validator rate_check() { return parse_check(parse_rate, "RATE"); }
 
 struct Workload {
   std::vector<std::vector<int32_t>> prompts;

@@ -202,7 +202,8 @@ int run_bench_decode(const DecodeFlags& st) {
           read_bandwidth_bytes_per_s(std::max<uint64_t>(checkpoint_bytes(st.model), 64ull << 20));
     }
     absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
-    if (!row.ok()) return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
+    if (!row.ok())
+      return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
     nlohmann::json out = decode_row_json(st, *row, read_bw);
     LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
     if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
@@ -233,10 +234,7 @@ Runner add_bench_decode_command(CLI::App* bench) {
                   "scripts/install_deps.sh --bench); prints both and their ratio")
       ->check(CLI::IsMember({"torch", "llama.cpp"}));
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_bench_decode(*st);
-  };
+  return run_if_parsed(cmd, st, run_bench_decode);
 }
 
 }  // namespace simpler::cli

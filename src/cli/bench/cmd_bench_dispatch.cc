@@ -82,10 +82,7 @@ Runner add_bench_dispatch_command(CLI::App* bench) {
                   "device closed, with the same CPU count, and print both")
       ->check(CLI::IsMember({"starpu"}));
   st->common.add_to(cmd);
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_bench_dispatch(*st);
-  };
+  return run_if_parsed(cmd, st, run_bench_dispatch);
 }
 
 }  // namespace simpler::cli

@@ -59,7 +59,8 @@ int run_bench_load(const LoadFlags& st) {
     }
   }
   if (files.empty()) {
-    return fail(kBenchLoadCommand, absl::NotFoundError(absl::StrCat("no .safetensors file in ", st.model)));
+    return fail(kBenchLoadCommand,
+                absl::NotFoundError(absl::StrCat("no .safetensors file in ", st.model)));
   }
   const double read_s = best_read_s(files);
   // Loading: the engine created (weights in device memory, scratch and a small KV pool), best
@@ -75,7 +76,8 @@ int run_bench_load(const LoadFlags& st) {
     const int64_t t0 = base::now_ns();
     auto engine = llm::LlmEngine::create(st.model, *eo);
     const double s = (base::now_ns() - t0) / 1e9;
-    if (!engine.ok()) return fail_with_trace(kBenchLoadCommand, engine.status(), trace, common.trace_path);
+    if (!engine.ok())
+      return fail_with_trace(kBenchLoadCommand, engine.status(), trace, common.trace_path);
     load_s = std::min(load_s, s);
     (void)(*engine)->shutdown(base::Deadline::poll());
   }
@@ -103,10 +105,7 @@ Runner add_bench_load_command(CLI::App* bench) {
       "load", "checkpoint load time against reading the files; peak resident memory");
   cmd->add_option("--model", st->model, "model directory")->required();
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true, .kernel_isa = false});
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_bench_load(*st);
-  };
+  return run_if_parsed(cmd, st, run_bench_load);
 }
 
 }  // namespace simpler::cli

@@ -204,7 +204,8 @@ int run_bench_prefill(const PrefillFlags& st) {
   LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
   for (int len : st.prompt_lens) {
     absl::StatusOr<double> best_ms = best_ttft_ms(st, *config, len, &trace);
-    if (!best_ms.ok()) return fail_with_trace(kBenchPrefillCommand, best_ms.status(), trace, common.trace_path);
+    if (!best_ms.ok())
+      return fail_with_trace(kBenchPrefillCommand, best_ms.status(), trace, common.trace_path);
     // Every prompt position goes through the layers; the LM head runs for the last one only.
     const double flop = 2.0 * (static_cast<double>(len) * layer_macs + lm_macs);
     const double gflops = flop / (*best_ms / 1e3) / 1e9;
@@ -236,10 +237,7 @@ Runner add_bench_prefill_command(CLI::App* bench) {
                   "matching --kernel-isa; scripts/install_deps.sh --bench); prints both")
       ->check(CLI::IsMember({"torch", "llama.cpp"}));
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_bench_prefill(*st);
-  };
+  return run_if_parsed(cmd, st, run_bench_prefill);
 }
 
 }  // namespace simpler::cli

@@ -372,10 +372,7 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
   cmd->add_option("--seed", st->seed, "workload seed")->capture_default_str();
   add_engine_flags(cmd, &st->engine,
                    {.max_num_seqs = "the engine's running requests", .page_size = true});
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_bench_serve(*st);
-  };
+  return run_if_parsed(cmd, st, run_bench_serve);
 }
 
 }  // namespace simpler::cli

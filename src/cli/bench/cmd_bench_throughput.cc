@@ -74,8 +74,9 @@ struct TtftProbe {
 
 // The idle-engine TTFT probe of --ttft-probe-len (0 = none: `*probe` stays empty). 0 when it ran
 // or was skipped, else the exit code after printing the error.
-int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config, const llm::EngineOptions& eo,
-                   const base::TraceRecorder& trace, std::optional<TtftProbe>* probe) {
+int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config,
+                   const llm::EngineOptions& eo, const base::TraceRecorder& trace,
+                   std::optional<TtftProbe>* probe) {
   if (st.ttft_probe_len == 0) return 0;
   Workload one;
   SplitMix64 ids(st.seed ^ 0x9e3779b97f4a7c15ull);
@@ -94,9 +95,12 @@ int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config, co
   po.runner.num_pages = static_cast<int32_t>(
       std::max<int64_t>(eo.runner.num_pages, llm::pages_needed(one.longest, eo.runner.page_size)));
   auto run = run_workload(st.model, po, one, /*static_batches=*/false, kBenchThroughputCommand);
-  if (!run.ok()) return fail_with_trace(kBenchThroughputCommand, run.status(), trace, st.engine.common.trace_path);
+  if (!run.ok())
+    return fail_with_trace(kBenchThroughputCommand, run.status(), trace,
+                           st.engine.common.trace_path);
   if (run->requests.empty() || run->requests[0].first_token_ns == 0) {
-    return fail(kBenchThroughputCommand, absl::InternalError("the TTFT probe's request produced no token"));
+    return fail(kBenchThroughputCommand,
+                absl::InternalError("the TTFT probe's request produced no token"));
   }
   TtftProbe p;
   p.ttft_ms = (run->requests[0].first_token_ns - run->requests[0].arrival_ns) / 1e6;
@@ -214,8 +218,8 @@ void print_text(const ThroughputState& st, const Report& r) {
 int exit_code(const ThroughputState& st, const Report& r, const base::TraceRecorder& trace) {
   int rc = write_trace(trace, st.engine.common.trace_path) ? 0 : 1;
   if (r.c.short_outputs + r.s.short_outputs > 0) {
-    std::cerr << "simpler " << kBenchThroughputCommand << ": " << r.c.short_outputs << " continuous and "
-              << r.s.short_outputs
+    std::cerr << "simpler " << kBenchThroughputCommand << ": " << r.c.short_outputs
+              << " continuous and " << r.s.short_outputs
               << " static request(s) finished with fewer tokens than their output length\n";
   }
   auto check = [&rc](const char* name, const RunStats& stats, const RunResult& run) {
@@ -225,8 +229,8 @@ int exit_code(const ThroughputState& st, const Report& r, const base::TraceRecor
       rc = 1;
     }
     if (!run.closed.ok()) {
-      std::cerr << "simpler " << kBenchThroughputCommand << ": " << name << " run: engine shutdown: " << run.closed
-                << "\n";
+      std::cerr << "simpler " << kBenchThroughputCommand << ": " << name
+                << " run: engine shutdown: " << run.closed << "\n";
       rc = 1;
     }
   };
@@ -259,16 +263,18 @@ int run_bench_throughput(const ThroughputState& st) {
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
   eo.record_steps = true;
 
-  std::cerr << "simpler " << kBenchThroughputCommand << ": " << st.num_prompts << " prompts (input " << r.in.lo
-            << ".." << r.in.hi << ", output " << r.out.lo << ".." << r.out.hi << " tokens, seed "
-            << st.seed << "): " << w.input_tokens << " input + " << w.output_tokens
-            << " output tokens; request rate " << st.request_rate << "/s, max_num_seqs " << r.seqs
-            << ", max_num_batched_tokens " << r.batched << ", " << r.pages << " KV pages of "
-            << r.page_size << " tokens\n";
+  std::cerr << "simpler " << kBenchThroughputCommand << ": " << st.num_prompts << " prompts (input "
+            << r.in.lo << ".." << r.in.hi << ", output " << r.out.lo << ".." << r.out.hi
+            << " tokens, seed " << st.seed << "): " << w.input_tokens << " input + "
+            << w.output_tokens << " output tokens; request rate " << st.request_rate
+            << "/s, max_num_seqs " << r.seqs << ", max_num_batched_tokens " << r.batched << ", "
+            << r.pages << " KV pages of " << r.page_size << " tokens\n";
 
-  auto continuous = run_workload(st.model, eo, w, /*static_batches=*/false, kBenchThroughputCommand);
+  auto continuous =
+      run_workload(st.model, eo, w, /*static_batches=*/false, kBenchThroughputCommand);
   if (!continuous.ok()) {
-    return fail_with_trace(kBenchThroughputCommand, continuous.status(), trace, st.engine.common.trace_path);
+    return fail_with_trace(kBenchThroughputCommand, continuous.status(), trace,
+                           st.engine.common.trace_path);
   }
   r.continuous = &*continuous;
   r.c = run_stats(*continuous, w);
@@ -276,7 +282,8 @@ int run_bench_throughput(const ThroughputState& st) {
             << " s (engine loaded in " << continuous->load_s << " s)\n";
   auto fixed = run_workload(st.model, eo, w, /*static_batches=*/true, kBenchThroughputCommand);
   if (!fixed.ok()) {
-    return fail_with_trace(kBenchThroughputCommand, fixed.status(), trace, st.engine.common.trace_path);
+    return fail_with_trace(kBenchThroughputCommand, fixed.status(), trace,
+                           st.engine.common.trace_path);
   }
   r.fixed = &*fixed;
   r.s = run_stats(*fixed, w);
@@ -335,10 +342,7 @@ Runner add_bench_throughput_command(CLI::App* bench) {
                     .num_pages = "KV cache pages (0 = max-num-seqs requests of the workload's "
                                  "longest input + output at once)",
                     .allow_unused_tensors = true});
-  return [cmd, st]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_bench_throughput(*st);
-  };
+  return run_if_parsed(cmd, st, run_bench_throughput);
 }
 
 }  // namespace simpler::cli
