@@ -510,8 +510,9 @@ int exit_code(const GenerateFlags& st, const Report& rep, const base::TraceRecor
 
 int run_generate(const GenerateFlags& st) {
   if (!st.has_prompt && !st.has_prompt_ids && !st.has_prompts_file) {
-    return fail(kGenerateCommand, absl::InvalidArgumentError(
-                              "one of --prompt, --prompt-ids or --prompts-file is required"));
+    return fail(
+        kGenerateCommand,
+        absl::InvalidArgumentError("one of --prompt, --prompt-ids or --prompts-file is required"));
   }
   const MaybeTokenizer tok = load_tokenizer(st.model);
   absl::StatusOr<Requests> req = read_requests(st, tok);
