@@ -4,6 +4,12 @@ set(SIMPLER_WARNINGS -Wall -Wextra -Wno-unused-parameter)
 if(SIMPLER_ENABLE_WERROR)
   list(APPEND SIMPLER_WARNINGS -Werror)
 endif()
+# In a unity batch g++ takes each source for a header and warns when one of its classes has a
+# member of a type from the file's anonymous namespace (-Wsubobject-linkage). The warning is
+# meant for headers shared by several files; a batch's sources are not, so it is off there.
+if(SIMPLER_UNITY_BUILD AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  list(APPEND SIMPLER_WARNINGS -Wno-subobject-linkage)
+endif()
 # Clang checks the GUARDED_BY / REQUIRES annotations (g++ ignores them): every clang build
 # (the sanitizer flavours) fails on a thread-safety diagnostic.
 if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
