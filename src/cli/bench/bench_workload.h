@@ -53,8 +53,8 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-// A CLI11 check that refuses what `parse` refuses, with its message; `type_name` is the value's
-// placeholder in --help.
+// A CLI11 check that refuses what `parse` refuses, with its message; `type_name` is how --help
+// names the option's value (e.g. "A:B").
 template <typename T>
 CLI::Validator parse_check(absl::StatusOr<T> (*parse)(const std::string&), std::string type_name) {
   return CLI::Validator(
