@@ -368,6 +368,53 @@ TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputs) {
   EXPECT_EQ(parse_precision("fp8").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// y[r, o] by the numerics contract of matmul_impl.h itself, in scalar code: 16 lane sums, lane l
+// taking x[r, k]·W[o, k] for k ≡ l (mod 16) in increasing k with a fused multiply-add, reduced by
+// the fixed tree (then added to y0[r, o] when accumulating).
+float contract_entry(const std::vector<float>& x, const TestWeights& w, int64_t in, int64_t out,
+                     int64_t r, int64_t o, const std::vector<float>* y0) {
+  float l[16] = {};
+  for (int64_t i = 0; i < in; ++i) {
+    l[i % 16] = std::fma(x[r * in + i], static_cast<float>(w.values[o * in + i]), l[i % 16]);
+  }
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  const float s = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  return y0 != nullptr ? (*y0)[r * out + o] + s : s;
+}
+
+// Long K, past the blocks of k that several x rows take (k split evenly into blocks that keep
+// x in L1, the lane sums carried between them; the last block ends inside a 16-lane chunk and
+// inside a part): every path this CPU has gives the contract's bits exactly, for every dtype.
+TEST(MatmulKernel, LongKAcrossBlocksGivesTheContractsBitsOnEveryPath) {
+  for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+    for (int64_t rows : {1, 2, 5, 17}) {
+      for (int64_t in : {1100, 2503, 4100}) {
+        const int64_t out = 7;
+        std::vector<float> x = random_floats(rows * in, 21 + rows + in);
+        TestWeights w = make_weights(dt, out * in, 22 + in);
+        std::vector<float> y0 = random_floats(rows * out, 23);
+        for (bool acc : {false, true}) {
+          for (auto [isa, fn] : isa_paths(acc)) {
+            std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
+            ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t o = 0; o < out; ++o) {
+                const float want = contract_entry(x, w, in, out, r, o, acc ? &y0 : nullptr);
+                ASSERT_EQ(std::bit_cast<uint32_t>(y[r * out + o]), std::bit_cast<uint32_t>(want))
+                    << name_of(isa) << " " << task::name_of(dt) << " rows " << rows << " in " << in
+                    << " acc " << acc << " at " << r << ", " << o << ": " << y[r * out + o]
+                    << " against " << want;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The portable path alone, on every machine: the f64 reference on odd shapes and bf16 weights.
 TEST(MatmulKernel, PortablePathMatchesTheF64Reference) {
   const auto kernels = llm_kernels(KernelIsa::kPortable);

@@ -17,10 +17,10 @@ struct Neon : HalfWidthWeights<Neon> {
   using P = float32x4_t;
   static constexpr int kParts = 4;
   static constexpr int kPartLanes = 4;
-  // 32 vector registers: a 2 x 3 tile holds 24 accumulators, its 3 W parts and an x part; one x
-  // row streams 6 W rows at a time (24 accumulators, 6 W parts, x).
-  static constexpr int kMaxRows = 2;
-  static constexpr int kMaxCols = 3;
+  // 32 vector registers: a 4 x 4 tile holds 16 accumulators (one part at a time, tile_rows), its 4
+  // W parts and an x part; one x row streams 6 W rows at a time (24 accumulators, 6 W parts, x).
+  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxCols = 4;
   static constexpr int kDecodeCols = 6;
 
   static P zero() { return vdupq_n_f32(0.0f); }

@@ -21,10 +21,12 @@
 //   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kernels/matmul_impl.h"
 
@@ -141,50 +143,166 @@ void tile(const float* x, int64_t k, const WeightT<WT>* w, float* y, int64_t ldy
   }
 }
 
+// The same R x C tile for several x rows, over one block [k0, k1) of k (k0 a multiple of 16),
+// the 16 lane sums of each output carried between blocks in `sums` ([R][C][16] floats, zeroed
+// here when k0 == 0; reduced into y when y is not null, after the last block). In the block, part
+// q's lanes accumulate before part q + 1 starts (each lane still takes its k in increasing order,
+// so the bits are tile()'s). Only R x C accumulators are live at a time, not R x C x kParts: a
+// target whose 16 lanes are several parts fits a tile kParts times larger in its registers (more
+// fused multiply-adds per W and x load: AVX2's 4 x 3 tile against 3 x 2), and the block's x and W
+// lines stay in L1 from one part to the next.
+template <class V, WeightType WT, int R, int C>
+void tile_rows(const float* x, int64_t k, int64_t k0, int64_t k1, const WeightT<WT>* w, float* sums,
+               float* y, int64_t ldy, bool accumulate) {
+  using P = typename V::P;
+  constexpr int kL = V::kPartLanes;
+  constexpr int kQ = V::kParts;
+  static_assert(kQ * kL == 16);
+#pragma GCC unroll 4
+  for (int q = 0; q < kQ; ++q) {
+    P acc[R][C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        acc[r][c] = k0 == 0 ? V::zero() : V::load(sums + (r * C + c) * 16 + q * kL);
+      }
+    }
+    const int64_t off = q * kL;
+    int64_t kk = k0;
+    for (; kk + 16 <= k1; kk += 16) {
+      P wv[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) wv[c] = V::template load_w<WT>(w + c * k + kk + off);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const P xv = V::load(x + r * k + kk + off);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(xv, wv[c], acc[r][c]);
+      }
+    }
+    const int64_t left = k1 - kk - off;  // the last chunk's lanes of this part; past k, 0·0
+    if (left > 0) {
+      P wv[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const WeightT<WT>* wp = w + c * k + kk + off;
+        wv[c] = left >= kL ? V::template load_w<WT>(wp)
+                           : V::template load_w_tail<WT>(wp, static_cast<int>(left));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float* xp = x + r * k + kk + off;
+        const P xv = left >= kL ? V::load(xp) : V::load_tail(xp, static_cast<int>(left));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(xv, wv[c], acc[r][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        std::memcpy(sums + (r * C + c) * 16 + q * kL, &acc[r][c], sizeof(P));
+    }
+  }
+  if (y == nullptr) return;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      P parts[kQ];
+#pragma GCC unroll 4
+      for (int q = 0; q < kQ; ++q) parts[q] = V::load(sums + (r * C + c) * 16 + q * kL);
+      const float s = V::reduce(parts);
+      float* out = y + r * ldy + c;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
 template <WeightType WT>
 using TileFn = void (*)(const float*, int64_t, const WeightT<WT>*, float*, int64_t, bool);
+template <WeightType WT>
+using RowsTileFn = void (*)(const float*, int64_t, int64_t, int64_t, const WeightT<WT>*, float*,
+                            float*, int64_t, bool);
 
-// The tiles of R rows against 1 ... kCols W rows, indexed by cols - 1.
+// The tiles of one x row against 1 ... kMaxCols W rows, indexed by cols - 1.
+template <class V, WeightType WT, int... Cs>
+constexpr auto decode_tiles(std::integer_sequence<int, Cs...>) {
+  return std::array<TileFn<WT>, sizeof...(Cs)>{&tile<V, WT, 1, Cs + 1>...};
+}
+// The tiles of R rows against 1 ... kMaxCols W rows, indexed by cols - 1.
 template <class V, WeightType WT, int R, int... Cs>
-constexpr auto tile_row(std::integer_sequence<int, Cs...>) {
-  return std::array<TileFn<WT>, sizeof...(Cs)>{&tile<V, WT, R, Cs + 1>...};
+constexpr auto rows_tile_row(std::integer_sequence<int, Cs...>) {
+  return std::array<RowsTileFn<WT>, sizeof...(Cs)>{&tile_rows<V, WT, R, Cs + 1>...};
 }
-// tile_table[rows - 1][cols - 1]: every tile up to kMaxRows x kMaxCols.
+// rows_tiles[rows - 1][cols - 1]: every tile up to kMaxRows x kMaxCols.
 template <class V, WeightType WT, int... Rs>
-constexpr auto tile_table(std::integer_sequence<int, Rs...>) {
-  return std::array<std::array<TileFn<WT>, V::kMaxCols>, sizeof...(Rs)>{
-      tile_row<V, WT, Rs + 1>(std::make_integer_sequence<int, V::kMaxCols>{})...};
+constexpr auto rows_tiles(std::integer_sequence<int, Rs...>) {
+  return std::array<std::array<RowsTileFn<WT>, V::kMaxCols>, sizeof...(Rs)>{
+      rows_tile_row<V, WT, Rs + 1>(std::make_integer_sequence<int, V::kMaxCols>{})...};
 }
 
-// p on target V: W in chunks of rows that stay in cache; one x row streams W through
-// 1 x kDecodeCols tiles, several rows go through kMaxRows x kMaxCols tiles.
+// Lanes of k per block of several x rows: k split evenly (a multiple of 16 each) into the fewest
+// blocks whose x rows (kMaxRows f32) and W rows (kMaxCols weights) fit 24 KiB, so a block's x stays
+// in L1 while the chunk's W tiles pass. One block when k fits.
 template <class V, WeightType WT>
-void run_tiles(const Problem& p) {
-  static constexpr auto kTiles = tile_table<V, WT>(std::make_integer_sequence<int, V::kMaxRows>{});
+int64_t k_block(int64_t k) {
+  constexpr int64_t kPerLane = V::kMaxRows * 4 + V::kMaxCols * sizeof(WeightT<WT>);
+  constexpr int64_t kMaxLanes = 24 * 1024 / kPerLane;
+  const int64_t blocks = (k + kMaxLanes - 1) / kMaxLanes;
+  const int64_t lanes = (k + blocks - 1) / blocks;
+  return (lanes + 15) / 16 * 16;
+}
+
+// One x row: W streams through 1 x kDecodeCols tiles.
+template <class V, WeightType WT>
+void run_decode(const Problem& p) {
+  static constexpr auto kTiles =
+      decode_tiles<V, WT>(std::make_integer_sequence<int, V::kMaxCols>{});
   using T = WeightT<WT>;
   const T* w = static_cast<const T*>(p.w);
-  const int64_t chunk = chunk_rows(p.k * static_cast<int64_t>(sizeof(T)), 8);
+  int64_t j = 0;
+  for (; j + V::kDecodeCols <= p.n; j += V::kDecodeCols) {
+    tile<V, WT, 1, V::kDecodeCols>(p.x, p.k, w + j * p.k, p.y + j, p.ldy, p.accumulate);
+  }
+  for (; j < p.n; j += V::kMaxCols) {
+    const int cols = static_cast<int>(p.n - j < V::kMaxCols ? p.n - j : V::kMaxCols);
+    kTiles[cols - 1](p.x, p.k, w + j * p.k, p.y + j, p.ldy, p.accumulate);
+  }
+}
+
+// p on target V: one x row streams W (run_decode); several rows take W in chunks of rows that
+// stay in L2 while every row group of x passes, and k in blocks (k_block) whose x rows stay in L1
+// while the chunk's kMaxRows x kMaxCols tiles pass; each tile's lane sums wait in `sums` between
+// blocks.
+template <class V, WeightType WT>
+void run_tiles(const Problem& p) {
+  if (p.rows == 1) return run_decode<V, WT>(p);
+  using T = WeightT<WT>;
+  static constexpr auto kTiles = rows_tiles<V, WT>(std::make_integer_sequence<int, V::kMaxRows>{});
+  const int64_t kb = k_block<V, WT>(p.k);
+  constexpr int64_t kTileSums = V::kMaxRows * V::kMaxCols * 16;
+  const T* w = static_cast<const T*>(p.w);
+  const int64_t chunk = chunk_rows(p.k * static_cast<int64_t>(sizeof(T)), V::kMaxCols);
+  const int64_t tiles_per_chunk = (std::min(chunk, p.n) + V::kMaxCols - 1) / V::kMaxCols;
+  // One tile's sums when k is one block (each tile finishes in one call); else every tile's of
+  // the chunk.
+  std::vector<float> sums(static_cast<size_t>(kTileSums * (p.k > kb ? tiles_per_chunk : 1)));
   for (int64_t j0 = 0; j0 < p.n; j0 += chunk) {
     const int64_t jn = p.n - j0 < chunk ? p.n - j0 : chunk;
-    if (p.rows == 1) {
-      int64_t j = 0;
-      for (; j + V::kDecodeCols <= jn; j += V::kDecodeCols) {
-        tile<V, WT, 1, V::kDecodeCols>(p.x, p.k, w + (j0 + j) * p.k, p.y + j0 + j, p.ldy,
-                                       p.accumulate);
-      }
-      for (; j < jn; j += V::kMaxCols) {
-        const int cols = static_cast<int>(jn - j < V::kMaxCols ? jn - j : V::kMaxCols);
-        kTiles[0][cols - 1](p.x, p.k, w + (j0 + j) * p.k, p.y + j0 + j, p.ldy, p.accumulate);
-      }
-      continue;
-    }
     for (int64_t r0 = 0; r0 < p.rows; r0 += V::kMaxRows) {
       const int rows = static_cast<int>(p.rows - r0 < V::kMaxRows ? p.rows - r0 : V::kMaxRows);
       const float* x = p.x + r0 * p.k;
       float* y = p.y + r0 * p.ldy + j0;
-      for (int64_t j = 0; j < jn; j += V::kMaxCols) {
-        const int cols = static_cast<int>(jn - j < V::kMaxCols ? jn - j : V::kMaxCols);
-        kTiles[rows - 1][cols - 1](x, p.k, w + (j0 + j) * p.k, y + j, p.ldy, p.accumulate);
+      for (int64_t k0 = 0; k0 < p.k; k0 += kb) {
+        const int64_t k1 = p.k - k0 < kb ? p.k : k0 + kb;
+        for (int64_t j = 0; j < jn; j += V::kMaxCols) {
+          const int cols = static_cast<int>(jn - j < V::kMaxCols ? jn - j : V::kMaxCols);
+          float* tile_sums = sums.data() + (p.k > kb ? j / V::kMaxCols * kTileSums : 0);
+          kTiles[rows - 1][cols - 1](x, p.k, k0, k1, w + (j0 + j) * p.k, tile_sums,
+                                     k1 == p.k ? y + j : nullptr, p.ldy, p.accumulate);
+        }
       }
     }
   }
