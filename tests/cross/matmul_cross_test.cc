@@ -60,7 +60,7 @@ void check_shapes() {
   int cases = 0;
   for (md::WeightType wt : {md::WeightType::kF32, md::WeightType::kBF16, md::WeightType::kF16}) {
     for (int64_t rows : {1, 2, 3, 5, 16, 17}) {
-      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 100}) {
+      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 100, 1100, 2503}) {  // and past k blocks
         for (int64_t n : {1, 5, 6, 7, 37}) {
           std::vector<float> x(rows * k), y0(rows * n);
           for (float& v : x) v = u(gen);
