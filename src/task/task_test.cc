@@ -46,6 +46,32 @@ TEST(Tensor, ContiguousSpanAndStrides) {
   EXPECT_FALSE(Tensor::contiguous(0, {-1}, DataType::kUInt8).ok());
 }
 
+TEST(Tensor, AViewInABufferStartsAtTheOffsetAndMustFitWhatIsLeft) {
+  const int64_t shape[] = {4, 3};
+  auto t = Tensor::in_buffer(0x1000, 64, 16, shape, 2, DataType::kFloat32, MemoryKind::kHost);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->address, 0x1010u);
+  EXPECT_EQ(t->memory, MemoryKind::kHost);
+  EXPECT_EQ(t->span_bytes(), 48u);
+  EXPECT_EQ(t->strides[0], 3);
+
+  const int64_t sixteen[] = {16};
+  auto over =
+      Tensor::in_buffer(0x1000, 64, 16, sixteen, 1, DataType::kFloat32, MemoryKind::kDevice);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.status().message(),
+            "tensor f32[16]@0x1010 of 64 bytes at offset 16 exceeds the 64-byte device buffer");
+  const int64_t empty[] = {0};
+  auto past = Tensor::in_buffer(0x1000, 64, 65, empty, 1, DataType::kUInt8, MemoryKind::kHost);
+  EXPECT_EQ(past.status().message(),
+            "tensor u8[0]@0x1041 (host) of 0 bytes at offset 65 exceeds the 64-byte host buffer");
+  const int64_t negative[] = {-1};
+  EXPECT_EQ(Tensor::in_buffer(0x1000, 64, 0, negative, 1, DataType::kUInt8, MemoryKind::kHost)
+                .status()
+                .message(),
+            "tensor dimension 0 is negative (-1)");
+}
+
 TEST(TaskArgs, ValidateNamesTheBadArgument) {
   TaskArgs a;
   a.add_tensor(*Tensor::contiguous(0x10, {4}, DataType::kInt32), ArgDirection::kIn);
