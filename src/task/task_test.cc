@@ -110,6 +110,46 @@ TEST(Callable, ValidateAndKernelLookup) {
   EXPECT_NE(c.validate().message().find("appears twice"), std::string_view::npos);
 }
 
+// Records what the orchestration submits.
+class RecordingContext : public OrchestrationContext {
+ public:
+  absl::Status submit(KernelIndex kernel, const TaskArgs& args, int32_t block_dim) override {
+    submitted.push_back({kernel, args.size(), block_dim});
+    last_args = args;
+    return absl::OkStatus();
+  }
+  int32_t num_cores() const override { return 1; }
+  uint64_t run_id() const override { return 0; }
+
+  struct Submit {
+    KernelIndex kernel;
+    size_t num_args;
+    int32_t block_dim;
+    bool operator==(const Submit&) const = default;
+  };
+  std::vector<Submit> submitted;
+  TaskArgs last_args;
+};
+
+TEST(Callable, AOneKernelCallableSubmitsItsKernelOnceOverTheRunsArguments) {
+  const ChipCallable c = one_kernel_callable("single", noop);
+  EXPECT_TRUE(c.validate().ok());
+  EXPECT_EQ(c.name, "single");
+  ASSERT_EQ(c.kernels.size(), 1u);
+  EXPECT_EQ(c.kernels[0].name, "single");
+  EXPECT_EQ(c.kernels[0].fn, &noop);
+  TaskArgs run;
+  run.add_tensor(*Tensor::contiguous(0x40, {2}, DataType::kInt64), ArgDirection::kInOut)
+      .add_scalar_i64(7);
+  RecordingContext ctx;
+  ASSERT_TRUE(c.orchestration(ctx, run).ok());
+  EXPECT_EQ(ctx.submitted, (std::vector<RecordingContext::Submit>{{0, 2, 1}}));
+  EXPECT_EQ(ctx.last_args[0].tensor.address, 0x40u);
+  EXPECT_EQ(ctx.last_args.scalar_i64(1), 7);
+  EXPECT_EQ(one_kernel_callable("null", nullptr).validate().message(),
+            "callable 'null': kernel 'null' has no function");
+}
+
 TEST(KernelRegistry, RegistersByNameAndRefusesConflicts) {
   KernelRegistry r;
   EXPECT_TRUE(r.add("noop", noop).ok());

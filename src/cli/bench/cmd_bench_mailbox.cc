@@ -21,6 +21,7 @@
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/hierarchy/l3_worker.h"
+#include "simpler/task/callable.h"
 
 namespace simpler::cli {
 
@@ -48,13 +49,7 @@ absl::Status busy_kernel(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-task::ChipCallable busy_program() {
-  return {"busy",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            return ctx.submit(0, args);
-          },
-          {{"busy", busy_kernel}}};
-}
+task::ChipCallable busy_program() { return task::one_kernel_callable("busy", busy_kernel); }
 
 constexpr int64_t kBusyUs = 200;  // device time of one run in the gap measurements
 
@@ -67,13 +62,8 @@ double gap_p50(const std::vector<std::pair<int64_t, int64_t>>& spans) {
   return percentiles(gaps).p50;
 }
 
-task::ChipCallable noop_program() {
-  return {"noop",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-            return ctx.submit(0, task::TaskArgs{});
-          },
-          {{"noop", noop_kernel}}};
-}
+// Its runs have no arguments.
+task::ChipCallable noop_program() { return task::one_kernel_callable("noop", noop_kernel); }
 
 // The bare round trip: a forked child that completes every request as soon as it takes it.
 absl::StatusOr<Percentiles> bare_rtt(int iterations) {
