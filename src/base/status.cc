@@ -76,4 +76,13 @@ absl::Status status_from_current_exception(absl::string_view what) {
   }
 }
 
+absl::Status require_positive(std::initializer_list<PositiveField> fields) {
+  for (const PositiveField& f : fields) {
+    if (f.value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(f.name, " ", f.value, " must be positive"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace simpler::base

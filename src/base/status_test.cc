@@ -62,6 +62,15 @@ TEST(Status, ThePoisoningRunSurvivesAnnotate) {
   EXPECT_TRUE(mark_poisoned_by(absl::OkStatus(), 1).ok());
 }
 
+TEST(Status, RequirePositiveNamesTheFirstFieldNotAboveZero) {
+  EXPECT_TRUE(require_positive({}).ok());
+  EXPECT_TRUE(require_positive({{"a", 1}, {"b", INT64_MAX}}).ok());
+  const absl::Status s = require_positive({{"a", 1}, {"b", 0}, {"c", -3}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "b 0 must be positive");
+  EXPECT_EQ(require_positive({{"c", -3}}).message(), "c -3 must be positive");
+}
+
 TEST(Quarantine, KeptObjectsStayAliveAndAbandonedThreadsAreCounted) {
   auto kept = std::make_shared<int>(5);
   std::weak_ptr<int> watch = kept;

@@ -10,17 +10,16 @@
 namespace simpler::cli {
 
 Runner add_export_gguf_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "export-gguf",
-      "write a model directory as a GGUF file that llama.cpp loads (Qwen3 metadata, "
-      "tokenizer and tensors under llama.cpp's names)");
   struct State {
     std::string model;
     std::string out;
     std::string type = "bf16";
   };
   auto st = std::make_shared<State>();
-  cmd->add_option("--model", st->model, "model directory (Hugging Face layout)")->required();
+  auto* cmd = add_model_command(&app, "export-gguf",
+                                "write a model directory as a GGUF file that llama.cpp loads "
+                                "(Qwen3 metadata, tokenizer and tensors under llama.cpp's names)",
+                                &st->model, "model directory (Hugging Face layout)");
   cmd->add_option("--out", st->out, "the GGUF file to write")->required();
   cmd->add_option("--type", st->type,
                   "type of the 2-D tensors: bf16 (a bf16 checkpoint's bits as they are) or f32")

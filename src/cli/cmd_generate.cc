@@ -551,11 +551,11 @@ int run_generate(const GenerateFlags& st) {
 }  // namespace
 
 Runner add_generate_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "generate", "generate from prompts with a Qwen3 model (continuous batching, LlmEngine)");
   auto st = std::make_shared<GenerateFlags>();
   st->engine.max_num_seqs = 0;  // all requests
-  cmd->add_option("--model", st->model, "model directory (Hugging Face layout)")->required();
+  auto* cmd = add_model_command(
+      &app, "generate", "generate from prompts with a Qwen3 model (continuous batching, LlmEngine)",
+      &st->model, "model directory (Hugging Face layout)");
   cmd->add_option("--chips", st->chips,
                   "data parallel over this many sim chips: every chip loads the model, requests "
                   "are dealt out in turn, one engine per chip (an L3 worker's children)")

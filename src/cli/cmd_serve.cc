@@ -102,10 +102,10 @@ int run_serve(const ServeFlags& st) {
 }  // namespace
 
 Runner add_serve_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API");
   auto st = std::make_shared<ServeFlags>();
-  cmd->add_option("--model", st->model, "model directory (Hugging Face layout, with tokenizer)")
-      ->required();
+  auto* cmd =
+      add_model_command(&app, "serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API",
+                        &st->model, "model directory (Hugging Face layout, with tokenizer)");
   cmd->add_option("--host", st->host, "address to bind (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", st->port, "port (0 = any free port)")

@@ -34,6 +34,12 @@ CLI::Validator int_in(int64_t lo, int64_t hi);
 // A CLI11 check for finite numbers in [lo, hi], or in (lo, hi] when `lo_open`.
 CLI::Validator number_in(double lo, double hi, bool lo_open = false);
 
+// Adds the subcommand `name` (`help` in --help) of `parent` for a command that reads a model
+// directory, with its required --model flag (`model_help`) writing into `*model`, which must
+// outlive the parse. The subcommand is owned by `parent`.
+CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std::string& help,
+                            std::string* model, const std::string& model_help = "model directory");
+
 // Options shared by every command that creates a Worker.
 struct CommonOptions {
   int32_t cores = 0;

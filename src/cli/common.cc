@@ -42,6 +42,13 @@ CLI::Validator number_in(double lo, double hi, bool lo_open) {
       absl::StrCat("NUMBER in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
 }
 
+CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std::string& help,
+                            std::string* model, const std::string& model_help) {
+  CLI::App* cmd = parent->add_subcommand(name, help);
+  cmd->add_option("--model", *model, model_help)->required();
+  return cmd;
+}
+
 void CommonOptions::add_to(CLI::App* app, bool with_json) {
   app->add_option("--cores", cores, "sim device cores (0 = one per hardware thread)")
       ->check(int_in(0, kMaxCores));

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/status.h"
 
 namespace simpler::llm {
 
@@ -22,13 +23,8 @@ int64_t pages_needed(int64_t tokens, int64_t page_size) {
 absl::StatusOr<int32_t> default_num_pages(int64_t prompt_len, int64_t max_new_tokens,
                                           int64_t num_requests, int64_t page_size,
                                           int64_t max_position_embeddings) {
-  if (page_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " must be positive"));
-  }
-  if (max_position_embeddings <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_position_embeddings ", max_position_embeddings, " must be positive"));
-  }
+  SIMPLER_RETURN_IF_ERROR(base::require_positive(
+      {{"page_size", page_size}, {"max_position_embeddings", max_position_embeddings}}));
   if (prompt_len < 0 || max_new_tokens < 0 || num_requests < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt_len (", prompt_len, "), max_new_tokens (", max_new_tokens,

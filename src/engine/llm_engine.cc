@@ -267,15 +267,8 @@ struct LlmEngine::Impl {
 namespace {
 
 absl::Status check_engine_options(const EngineOptions& options) {
-  if (options.max_waiting <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_waiting must be > 0, got ", options.max_waiting));
-  }
-  if (options.max_buffered_outputs <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_buffered_outputs must be > 0, got ", options.max_buffered_outputs));
-  }
-  return absl::OkStatus();
+  return base::require_positive({{"max_waiting", options.max_waiting},
+                                 {"max_buffered_outputs", options.max_buffered_outputs}});
 }
 
 }  // namespace

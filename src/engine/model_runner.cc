@@ -239,17 +239,12 @@ void apply_count(std::vector<int32_t>& counts, int32_t id, TokenCountsMode mode)
 namespace {
 
 absl::Status validate_runner_options(const RunnerOptions& options) {
-  const std::pair<const char*, int64_t> positive[] = {
+  SIMPLER_RETURN_IF_ERROR(base::require_positive({
       {"page_size", options.page_size},
       {"num_pages", options.num_pages},
       {"max_num_seqs", options.max_num_seqs},
       {"max_num_batched_tokens", options.max_num_batched_tokens},
-  };
-  for (const auto& [name, value] : positive) {
-    if (value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must be > 0, got ", value));
-    }
-  }
+  }));
   if (options.max_num_batched_tokens < options.max_num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_num_batched_tokens ", options.max_num_batched_tokens, " is below max_num_seqs ",

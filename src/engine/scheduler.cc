@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "simpler/base/status.h"
 
 namespace simpler::llm {
 namespace {
@@ -27,18 +28,13 @@ int64_t StepPlan::num_tokens() const {
 }
 
 absl::StatusOr<Scheduler> Scheduler::create(const SchedulerOptions& options) {
-  const std::pair<const char*, int64_t> positive[] = {
+  SIMPLER_RETURN_IF_ERROR(base::require_positive({
       {"max_num_batched_tokens", options.max_num_batched_tokens},
       {"max_num_seqs", options.max_num_seqs},
       {"max_waiting", options.max_waiting},
       {"page_size", options.page_size},
       {"max_model_len", options.max_model_len},
-  };
-  for (const auto& [name, value] : positive) {
-    if (value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " ", value, " must be positive"));
-    }
-  }
+  }));
   auto pool = PagePool::create(options.num_pages, options.page_size);
   if (!pool.ok()) return pool.status();
   Scheduler s(options, *std::move(pool));

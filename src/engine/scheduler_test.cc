@@ -29,6 +29,17 @@ SchedulerOptions options(int32_t budget, int32_t max_seqs, int32_t page_size, in
   return o;
 }
 
+// A scheduler with `o` and `requests` added in order (each must be accepted).
+Scheduler scheduler_with(const SchedulerOptions& o,
+                         std::initializer_list<SchedulerRequest> requests) {
+  Scheduler s = Scheduler::create(o).value();
+  for (const SchedulerRequest& r : requests) {
+    const absl::Status added = s.add(r);
+    EXPECT_TRUE(added.ok()) << "request " << r.id << ": " << added;
+  }
+  return s;
+}
+
 int32_t token_for(const StepRow& row) {
   return static_cast<int32_t>((row.request_id * 31 + row.start + row.len) % 1000);
 }
@@ -176,9 +187,7 @@ TEST(Scheduler, PrefillChunksLeaveRoomForLaterDecodes) {
   // Request 1 is admitted first with a long prompt; requests 2 and 3 decode.
   // Each step still gives the decodes their rows before request 1's chunk.
   const SchedulerOptions o = options(/*budget=*/10, /*max_seqs=*/3, 4, 64);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 2, 8}).ok());
-  ASSERT_TRUE(s.add({2, 2, 8}).ok());
+  Scheduler s = scheduler_with(o, {{1, 2, 8}, {2, 2, 8}});
   FakeRunner runner(s, o, 1);
   ASSERT_TRUE(runner.step());  // prefill 1 and 2
   ASSERT_TRUE(s.add({3, 100, 2}).ok());
@@ -214,8 +223,7 @@ TEST(Scheduler, RowCapRunsTheOldestRequestsFirstAndEveryoneFinishes) {
 TEST(Scheduler, A2000TokenPromptTakesCeilOfPromptOverBudgetPrefillSteps) {
   for (int32_t budget : {256, 512, 700, 2000, 4096}) {
     const SchedulerOptions o = options(budget, 8, 16, 256);
-    Scheduler s = Scheduler::create(o).value();
-    ASSERT_TRUE(s.add({42, 2000, 3}).ok());
+    Scheduler s = scheduler_with(o, {{42, 2000, 3}});
     FakeRunner runner(s, o, 1);
     runner.run_to_idle(100);
     int64_t prefill_steps = 0, covered = 0;
@@ -240,10 +248,7 @@ TEST(Scheduler, AdmissionIsFirstComeFirstServed) {
   // 6 pages of 4 tokens. Request 1 holds 4 pages, request 2 needs 4 for its
   // prompt and must wait; request 3 (1 page) arrived later and waits behind it.
   const SchedulerOptions o = options(64, 8, 4, 6);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 16, 2}).ok());
-  ASSERT_TRUE(s.add({2, 16, 2}).ok());
-  ASSERT_TRUE(s.add({3, 2, 2}).ok());
+  Scheduler s = scheduler_with(o, {{1, 16, 2}, {2, 16, 2}, {3, 2, 2}});
   FakeRunner runner(s, o, 1);
   ASSERT_TRUE(runner.step());
   ASSERT_EQ(runner.plans[0].rows.size(), 1u);
@@ -292,9 +297,7 @@ TEST(Scheduler, PagesOfAFinishedRequestAreFreedOnlyAfterTheFenceStepRetired) {
 
 TEST(Scheduler, AbortFencesPagesBehindTheLastSubmittedStep) {
   const SchedulerOptions o = options(64, 8, 4, 4);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 8}).ok());
-  ASSERT_TRUE(s.add({2, 4, 8}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 8}, {2, 4, 8}});
   std::optional<StepPlan> step1 = s.schedule();
   ASSERT_TRUE(step1.has_value());
   ASSERT_TRUE(s.abort(1).ok());
@@ -356,8 +359,7 @@ TEST(Scheduler, TimedOutStepQuarantinesItsPagesWhichStayCountedAndUnused) {
 
 TEST(Scheduler, AnIdIsReusableOnlyAfterItsStepsRetiredAndRunningRequestsAreCapped) {
   SchedulerOptions o = options(64, 2, 4, 16);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 8}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 8}});
   std::optional<StepPlan> step1 = s.schedule();
   ASSERT_TRUE(step1.has_value());
   ASSERT_TRUE(s.abort(1).ok());
@@ -393,9 +395,7 @@ TEST(Scheduler, AnIdIsReusableOnlyAfterItsStepsRetiredAndRunningRequestsAreCappe
 // once preempted B and re-admitted it from position 0 in almost every step.
 TEST(Scheduler, APrefillShrinksToTheFreePagesInsteadOfThrashing) {
   const SchedulerOptions o = options(8, 4, 4, 6);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 20}).ok());
-  ASSERT_TRUE(s.add({2, 16, 8}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 20}, {2, 16, 8}});
   FakeRunner runner(s, o, /*depth=*/1);
   runner.run_to_idle(500);
   const SchedulerSnapshot snap = s.snapshot();
@@ -411,9 +411,7 @@ TEST(Scheduler, APrefillShrinksToTheFreePagesInsteadOfThrashing) {
 // processor finishes the request as kStop with its output cut.
 TEST(Scheduler, AcceptedSamplesAreReportedAndAStopStringFinishesWithTheOutputCut) {
   const SchedulerOptions o = options(64, 4, 4, 16);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 2, 10}).ok());
-  ASSERT_TRUE(s.add({2, 2, 10}).ok());
+  Scheduler s = scheduler_with(o, {{1, 2, 10}, {2, 2, 10}});
   std::optional<StepPlan> a = s.schedule();  // both prefill and sample
   std::optional<StepPlan> b = s.schedule();  // both decode, in flight behind a
   ASSERT_TRUE(a.has_value() && b.has_value());
@@ -444,9 +442,7 @@ TEST(Scheduler, AcceptedSamplesAreReportedAndAStopStringFinishesWithTheOutputCut
 // that used it retired, and marked fresh on a request's first row with it.
 TEST(Scheduler, AStateSlotIsReusedOnlyAfterTheFenceAndIsFreshForItsNewRequest) {
   const SchedulerOptions o = options(64, 1, 4, 16);  // one state slot
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 3, 10}).ok());
-  ASSERT_TRUE(s.add({2, 3, 10}).ok());
+  Scheduler s = scheduler_with(o, {{1, 3, 10}, {2, 3, 10}});
   std::optional<StepPlan> a = s.schedule();
   ASSERT_TRUE(a.has_value());
   ASSERT_EQ(a->rows.size(), 1u);
@@ -472,8 +468,7 @@ TEST(Scheduler, AStateSlotIsReusedOnlyAfterTheFenceAndIsFreshForItsNewRequest) {
 
 TEST(Scheduler, RecoverableStepFailureFreesItsPagesBehindTheFence) {
   const SchedulerOptions o = options(64, 8, 4, 4);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 4}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 4}});
   std::optional<StepPlan> step1 = s.schedule();
   std::optional<StepPlan> step2 = s.schedule();
   ASSERT_TRUE(step1.has_value() && step2.has_value());
@@ -506,9 +501,7 @@ TEST(Scheduler, StepReportsOutOfOrderOrWithWrongRowCountsAreRefused) {
 TEST(Scheduler, PreemptionPicksTheMostRecentlyAdmittedKeepsItsTokensAndRecomputes) {
   // 4 pages of 4 tokens; requests 1 and 2 each may need 3 pages.
   const SchedulerOptions o = options(64, 8, 4, 4);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 8}).ok());
-  ASSERT_TRUE(s.add({2, 4, 8}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 8}, {2, 4, 8}});
   FakeRunner runner(s, o, 1);
   ASSERT_TRUE(runner.step());          // both prefill, one page each
   ASSERT_TRUE(s.add({3, 4, 1}).ok());  // waits: no page free after the next step
@@ -565,10 +558,7 @@ TEST(Scheduler, RunningRequestsWaitForFencedPagesInsteadOfPreemptingOthers) {
   // 3 pages of 4 tokens: requests 1, 2 and 3 take one page each for their
   // prompts; 3 is aborted while step 1 still writes its page.
   const SchedulerOptions o = options(64, 8, 4, 3);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 8}).ok());
-  ASSERT_TRUE(s.add({2, 4, 8}).ok());
-  ASSERT_TRUE(s.add({3, 4, 8}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 8}, {2, 4, 8}, {3, 4, 8}});
   std::optional<StepPlan> step1 = s.schedule();
   ASSERT_TRUE(step1.has_value());
   ASSERT_EQ(step1->rows.size(), 3u);
@@ -617,9 +607,7 @@ TEST(Scheduler, NeverFittingRequestIsRefusedAtAddWithBothNumbers) {
 
 TEST(Scheduler, FullWaitingQueueIsResourceExhausted) {
   const SchedulerOptions o = options(64, 8, 16, 10, 2048, /*max_waiting=*/2);
-  Scheduler s = Scheduler::create(o).value();
-  ASSERT_TRUE(s.add({1, 4, 4}).ok());
-  ASSERT_TRUE(s.add({2, 4, 4}).ok());
+  Scheduler s = scheduler_with(o, {{1, 4, 4}, {2, 4, 4}});
   absl::Status full = s.add({3, 4, 4});
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(full.message(), HasSubstr("request 3 refused: 2 requests wait, max_waiting 2"));

@@ -57,17 +57,9 @@ absl::Status L3Options::validate() const {
 
 absl::StatusOr<task::Tensor> HostBuffer::tensor(std::initializer_list<int64_t> shape,
                                                 task::DataType dtype, uint64_t offset) const {
-  const std::vector<int64_t> dims(shape);
-  SIMPLER_ASSIGN_OR_RETURN(task::Tensor t,
-                           task::Tensor::contiguous(address + offset, dims.data(),
-                                                    static_cast<int32_t>(dims.size()), dtype));
-  if (offset > bytes || t.span_bytes() > bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.debug_string(), " of ",
-                                                   t.span_bytes(), " bytes at offset ", offset,
-                                                   " exceeds the ", bytes, "-byte host buffer"));
-  }
-  t.memory = task::MemoryKind::kHost;
-  return t;
+  return task::Tensor::in_buffer(address, bytes, offset, shape.begin(),
+                                 static_cast<int32_t>(shape.size()), dtype,
+                                 task::MemoryKind::kHost);
 }
 
 L3Worker::L3Worker(L3Options options)

@@ -242,11 +242,7 @@ TEST_P(L3, AChildSetupRunsOnTheChildsSideBeforeItServes) {
                }).ok());
   EXPECT_EQ(w.register_child_setup(nullptr).code(), absl::StatusCode::kInvalidArgument);
   ChildCallable read =
-      *w.register_callable({"read_setup",
-                            [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                              return ctx.submit(0, args);
-                            },
-                            {{"read_setup", read_setup_value}}});
+      *w.register_callable(task::one_kernel_callable("read_setup", read_setup_value));
   HostBuffer out;
   ProgramHandle both = *w.register_program(
       {"both", [&](L3Context& ctx, const task::TaskArgs&) -> absl::Status {
@@ -406,13 +402,7 @@ absl::Status gate_then_stamp(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-task::ChipCallable gate_program() {
-  return {"gate",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            return ctx.submit(0, args);
-          },
-          {{"gate", gate_then_stamp}}};
-}
+task::ChipCallable gate_program() { return task::one_kernel_callable("gate", gate_then_stamp); }
 
 absl::Status open_gate(const task::TaskArgs& args) {
   reinterpret_cast<std::atomic<int64_t>*>(static_cast<uintptr_t>(args.scalar(1)))->store(1);

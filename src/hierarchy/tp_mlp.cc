@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/status.h"
+#include "simpler/task/callable.h"
 
 namespace simpler::hierarchy {
 
@@ -61,12 +62,7 @@ absl::StatusOr<std::unique_ptr<TpMlp>> TpMlp::register_on(L3Worker& w, TpMlpShap
   std::unique_ptr<TpMlp> m(new TpMlp(w, shape));
   m->children_ = children;
   SIMPLER_ASSIGN_OR_RETURN(
-      m->shard_,
-      w.register_callable({"mlp_shard",
-                           [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                             return ctx.submit(0, args);
-                           },
-                           {{"mlp_shard", mlp_shard_kernel}}}));
+      m->shard_, w.register_callable(task::one_kernel_callable("mlp_shard", mlp_shard_kernel)));
   SIMPLER_ASSIGN_OR_RETURN(m->sum_, w.register_sub("sum_partials", sum_partials));
   TpMlp* self = m.get();
   SIMPLER_ASSIGN_OR_RETURN(

@@ -35,6 +35,13 @@ absl::Status ChipCallable::validate() const {
   return absl::OkStatus();
 }
 
+ChipCallable one_kernel_callable(std::string name, KernelFn kernel) {
+  std::string kernel_name = name;
+  return {std::move(name),
+          [](OrchestrationContext& ctx, const TaskArgs& args) { return ctx.submit(0, args); },
+          {{std::move(kernel_name), kernel}}};
+}
+
 absl::Status KernelRegistry::add(std::string kernel_name, KernelFn fn) {
   if (kernel_name.empty() || fn == nullptr) {
     return absl::InvalidArgumentError("kernel registration needs a name and a function");

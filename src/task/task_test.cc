@@ -46,6 +46,32 @@ TEST(Tensor, ContiguousSpanAndStrides) {
   EXPECT_FALSE(Tensor::contiguous(0, {-1}, DataType::kUInt8).ok());
 }
 
+TEST(Tensor, AViewInABufferStartsAtTheOffsetAndMustFitWhatIsLeft) {
+  const int64_t shape[] = {4, 3};
+  auto t = Tensor::in_buffer(0x1000, 64, 16, shape, 2, DataType::kFloat32, MemoryKind::kHost);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->address, 0x1010u);
+  EXPECT_EQ(t->memory, MemoryKind::kHost);
+  EXPECT_EQ(t->span_bytes(), 48u);
+  EXPECT_EQ(t->strides[0], 3);
+
+  const int64_t sixteen[] = {16};
+  auto over =
+      Tensor::in_buffer(0x1000, 64, 16, sixteen, 1, DataType::kFloat32, MemoryKind::kDevice);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.status().message(),
+            "tensor f32[16]@0x1010 of 64 bytes at offset 16 exceeds the 64-byte device buffer");
+  const int64_t empty[] = {0};
+  auto past = Tensor::in_buffer(0x1000, 64, 65, empty, 1, DataType::kUInt8, MemoryKind::kHost);
+  EXPECT_EQ(past.status().message(),
+            "tensor u8[0]@0x1041 (host) of 0 bytes at offset 65 exceeds the 64-byte host buffer");
+  const int64_t negative[] = {-1};
+  EXPECT_EQ(Tensor::in_buffer(0x1000, 64, 0, negative, 1, DataType::kUInt8, MemoryKind::kHost)
+                .status()
+                .message(),
+            "tensor dimension 0 is negative (-1)");
+}
+
 TEST(TaskArgs, ValidateNamesTheBadArgument) {
   TaskArgs a;
   a.add_tensor(*Tensor::contiguous(0x10, {4}, DataType::kInt32), ArgDirection::kIn);
@@ -82,6 +108,46 @@ TEST(Callable, ValidateAndKernelLookup) {
   EXPECT_EQ(c.kernel_index("z").status().code(), absl::StatusCode::kNotFound);
   c.kernels.push_back({"a", other});
   EXPECT_NE(c.validate().message().find("appears twice"), std::string_view::npos);
+}
+
+// Records what the orchestration submits.
+class RecordingContext : public OrchestrationContext {
+ public:
+  absl::Status submit(KernelIndex kernel, const TaskArgs& args, int32_t block_dim) override {
+    submitted.push_back({kernel, args.size(), block_dim});
+    last_args = args;
+    return absl::OkStatus();
+  }
+  int32_t num_cores() const override { return 1; }
+  uint64_t run_id() const override { return 0; }
+
+  struct Submit {
+    KernelIndex kernel;
+    size_t num_args;
+    int32_t block_dim;
+    bool operator==(const Submit&) const = default;
+  };
+  std::vector<Submit> submitted;
+  TaskArgs last_args;
+};
+
+TEST(Callable, AOneKernelCallableSubmitsItsKernelOnceOverTheRunsArguments) {
+  const ChipCallable c = one_kernel_callable("single", noop);
+  EXPECT_TRUE(c.validate().ok());
+  EXPECT_EQ(c.name, "single");
+  ASSERT_EQ(c.kernels.size(), 1u);
+  EXPECT_EQ(c.kernels[0].name, "single");
+  EXPECT_EQ(c.kernels[0].fn, &noop);
+  TaskArgs run;
+  run.add_tensor(*Tensor::contiguous(0x40, {2}, DataType::kInt64), ArgDirection::kInOut)
+      .add_scalar_i64(7);
+  RecordingContext ctx;
+  ASSERT_TRUE(c.orchestration(ctx, run).ok());
+  EXPECT_EQ(ctx.submitted, (std::vector<RecordingContext::Submit>{{0, 2, 1}}));
+  EXPECT_EQ(ctx.last_args[0].tensor.address, 0x40u);
+  EXPECT_EQ(ctx.last_args.scalar_i64(1), 7);
+  EXPECT_EQ(one_kernel_callable("null", nullptr).validate().message(),
+            "callable 'null': kernel 'null' has no function");
 }
 
 TEST(KernelRegistry, RegistersByNameAndRefusesConflicts) {

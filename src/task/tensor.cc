@@ -35,6 +35,20 @@ absl::StatusOr<Tensor> Tensor::contiguous(uint64_t address, const int64_t* shape
   return t;
 }
 
+absl::StatusOr<Tensor> Tensor::in_buffer(uint64_t buffer_address, uint64_t buffer_bytes,
+                                         uint64_t offset, const int64_t* shape, int32_t rank,
+                                         DataType dtype, MemoryKind memory) {
+  absl::StatusOr<Tensor> t = contiguous(buffer_address + offset, shape, rank, dtype, memory);
+  if (!t.ok()) return t;
+  if (offset > buffer_bytes || t->span_bytes() > buffer_bytes - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", t->debug_string(), " of ", t->span_bytes(), " bytes at offset ",
+                     offset, " exceeds the ", buffer_bytes, "-byte ",
+                     memory == MemoryKind::kHost ? "host" : "device", " buffer"));
+  }
+  return t;
+}
+
 int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int i = 0; i < rank; ++i) n *= shape[i];

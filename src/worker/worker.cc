@@ -62,15 +62,9 @@ absl::StatusOr<task::Tensor> DeviceBuffer::tensor(std::initializer_list<int64_t>
 
 absl::StatusOr<task::Tensor> DeviceBuffer::tensor(const std::vector<int64_t>& shape,
                                                   task::DataType dtype, uint64_t offset) const {
-  SIMPLER_ASSIGN_OR_RETURN(task::Tensor t,
-                           task::Tensor::contiguous(address + offset, shape.data(),
-                                                    static_cast<int32_t>(shape.size()), dtype));
-  if (offset > bytes || t.span_bytes() > bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.debug_string(), " of ",
-                                                   t.span_bytes(), " bytes at offset ", offset,
-                                                   " exceeds the ", bytes, "-byte buffer"));
-  }
-  return t;
+  return task::Tensor::in_buffer(address, bytes, offset, shape.data(),
+                                 static_cast<int32_t>(shape.size()), dtype,
+                                 task::MemoryKind::kDevice);
 }
 
 absl::Status poison_cause(const absl::Status& refusal,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -65,5 +66,15 @@ std::optional<uint64_t> poisoned_by(const absl::Status& status);
 // functions, kernels) become the run's error here, so none crosses a thread
 // or layer boundary.
 absl::Status status_from_current_exception(absl::string_view what);
+
+// An integer field that must be above 0, under the name its error message gives it.
+struct PositiveField {
+  absl::string_view name;
+  int64_t value = 0;
+};
+
+// OK when every field's value is above 0; otherwise INVALID_ARGUMENT for the first that is not:
+// "<name> <value> must be positive". For the size and count fields of an options struct.
+absl::Status require_positive(std::initializer_list<PositiveField> fields);
 
 }  // namespace simpler::base

@@ -123,7 +123,8 @@ struct L3Program {
 struct HostBuffer {
   uint64_t address = 0;
   uint64_t bytes = 0;
-  // A contiguous HOST tensor view at `offset` bytes; INVALID_ARGUMENT when it does not fit.
+  // A contiguous HOST tensor view at `offset` bytes; INVALID_ARGUMENT when it does not fit
+  // (task::Tensor::in_buffer).
   absl::StatusOr<task::Tensor> tensor(std::initializer_list<int64_t> shape, task::DataType dtype,
                                       uint64_t offset = 0) const;
   template <typename T>

@@ -83,4 +83,10 @@ struct ChipCallable {
   absl::Status validate() const;
 };
 
+// The callable of a program that is one kernel call: named `name`, with the one kernel `kernel`
+// (also named `name`), whose orchestration submits that kernel once (block_dim 1) over the run's
+// arguments as they are. Invalid (see ChipCallable::validate) when `name` is empty or `kernel`
+// is null.
+ChipCallable one_kernel_callable(std::string name, KernelFn kernel);
+
 }  // namespace simpler::task

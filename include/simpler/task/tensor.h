@@ -36,6 +36,13 @@ struct Tensor {
                                            DataType dtype, MemoryKind memory = MemoryKind::kDevice);
   static absl::StatusOr<Tensor> contiguous(uint64_t address, const int64_t* shape, int32_t rank,
                                            DataType dtype, MemoryKind memory = MemoryKind::kDevice);
+  // Row-major contiguous view of `memory` kind at `offset` bytes into the buffer
+  // [buffer_address, buffer_address + buffer_bytes). INVALID_ARGUMENT for what `contiguous`
+  // refuses, and when the view does not fit the buffer ("tensor f32[16]@0x1010 of 64 bytes at
+  // offset 16 exceeds the 64-byte device buffer"; "host buffer" for kHost).
+  static absl::StatusOr<Tensor> in_buffer(uint64_t buffer_address, uint64_t buffer_bytes,
+                                          uint64_t offset, const int64_t* shape, int32_t rank,
+                                          DataType dtype, MemoryKind memory);
 
   int64_t numel() const;
   // Bytes from `address` to one past the last addressed element (0 when empty).

@@ -73,7 +73,7 @@ struct DeviceBuffer {
   uint64_t address = 0;
   uint64_t bytes = 0;
   // A contiguous tensor view at `offset` bytes; INVALID_ARGUMENT when it does
-  // not fit the buffer.
+  // not fit the buffer (task::Tensor::in_buffer).
   absl::StatusOr<task::Tensor> tensor(std::initializer_list<int64_t> shape, task::DataType dtype,
                                       uint64_t offset = 0) const;
   absl::StatusOr<task::Tensor> tensor(const std::vector<int64_t>& shape, task::DataType dtype,

@@ -10,6 +10,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
+#include "simpler/task/callable.h"
 
 namespace simpler::cli {
 
@@ -112,14 +113,8 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
     for (int depth : depths) {
       options.launch_depth = depth;  // run_grant and num_cores: as the caller set them
       worker::Worker w(options);
-      auto prog = w.register_callable(
-          task::ChipCallable{"spin",
-                             [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-                               task::TaskArgs a;
-                               a.add_scalar_i64(args.scalar_i64(0));
-                               return ctx.submit(0, a);
-                             },
-                             {{"spin", spin_kernel}}});
+      // Run args: scalar 0 = the spin in ns.
+      auto prog = w.register_callable(task::one_kernel_callable("spin", spin_kernel));
       SIMPLER_RETURN_IF_ERROR(prog.status());
       SIMPLER_RETURN_IF_ERROR(w.init());
       task::TaskArgs args;

@@ -218,8 +218,8 @@ int run_bench_decode(const DecodeFlags& st) {
 
 Runner add_bench_decode_command(CLI::App* bench) {
   auto st = std::make_shared<DecodeFlags>();
-  auto* cmd = bench->add_subcommand("decode", "decode step time and weight bandwidth");
-  cmd->add_option("--model", st->model, "model directory")->required();
+  auto* cmd =
+      add_model_command(bench, "decode", "decode step time and weight bandwidth", &st->model);
   // The first step feeds the prompt; the timed decode phase is the steps after it.
   cmd->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
       ->check(int_in(2, kMaxRepeats));

@@ -101,9 +101,9 @@ int run_bench_load(const LoadFlags& st) {
 
 Runner add_bench_load_command(CLI::App* bench) {
   auto st = std::make_shared<LoadFlags>();
-  auto* cmd = bench->add_subcommand(
-      "load", "checkpoint load time against reading the files; peak resident memory");
-  cmd->add_option("--model", st->model, "model directory")->required();
+  auto* cmd = add_model_command(
+      bench, "load", "checkpoint load time against reading the files; peak resident memory",
+      &st->model);
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true, .kernel_isa = false});
   return run_if_parsed(cmd, st, run_bench_load);
 }

@@ -10,8 +10,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <optional>
 #include <thread>
+#include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_stats.h"
 #include "cli/commands.h"
@@ -21,6 +24,7 @@
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/hierarchy/l3_worker.h"
+#include "simpler/task/callable.h"
 
 namespace simpler::cli {
 
@@ -48,13 +52,7 @@ absl::Status busy_kernel(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-task::ChipCallable busy_program() {
-  return {"busy",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-            return ctx.submit(0, args);
-          },
-          {{"busy", busy_kernel}}};
-}
+task::ChipCallable busy_program() { return task::one_kernel_callable("busy", busy_kernel); }
 
 constexpr int64_t kBusyUs = 200;  // device time of one run in the gap measurements
 
@@ -67,13 +65,8 @@ double gap_p50(const std::vector<std::pair<int64_t, int64_t>>& spans) {
   return percentiles(gaps).p50;
 }
 
-task::ChipCallable noop_program() {
-  return {"noop",
-          [](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-            return ctx.submit(0, task::TaskArgs{});
-          },
-          {{"noop", noop_kernel}}};
-}
+// Its runs have no arguments.
+task::ChipCallable noop_program() { return task::one_kernel_callable("noop", noop_kernel); }
 
 // The bare round trip: a forked child that completes every request as soon as it takes it.
 absl::StatusOr<Percentiles> bare_rtt(int iterations) {
@@ -134,6 +127,61 @@ Split split_of(const std::vector<std::array<int64_t, 4>>& stamps) {
   return {percentile(to, 0.5), percentile(on, 0.5), percentile(back, 0.5)};
 }
 
+// Starts one run and returns its handle.
+using SubmitFn = absl::FunctionRef<absl::StatusOr<worker::RunHandle>()>;
+// The device span (start ns, end ns) of a finished run's task; nullopt when it reports none.
+using SpanFn = absl::FunctionRef<std::optional<std::pair<int64_t, int64_t>>(worker::RunHandle&)>;
+
+struct RoundTrips {
+  Percentiles us;
+  Split split;  // of the runs that reported a span
+};
+
+// `runs` runs started by `submit`, each waited for before the next starts, after a warm-up
+// tenth that is not counted.
+absl::StatusOr<RoundTrips> round_trips(int runs, SubmitFn submit, SpanFn span) {
+  std::vector<double> us;
+  std::vector<std::array<int64_t, 4>> stamps;
+  for (int i = 0; i < runs + runs / 10; ++i) {
+    const int64_t t0 = base::now_ns();
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, submit());
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    const int64_t t1 = base::now_ns();
+    if (i < runs / 10) continue;
+    us.push_back((t1 - t0) / 1e3);
+    if (auto s = span(h)) stamps.push_back({t0, s->first, s->second, t1});
+  }
+  return RoundTrips{percentiles(us), split_of(stamps)};
+}
+
+// p50 of the device gaps between consecutive runs of `runs` runs started by `submit` back to
+// back (each queues behind the one before). INTERNAL when a run reports no span.
+absl::StatusOr<double> back_to_back_gap_p50(int runs, SubmitFn submit, SpanFn span) {
+  std::vector<worker::RunHandle> hs;
+  for (int i = 0; i < runs; ++i) {
+    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, submit());
+    hs.push_back(h);
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (worker::RunHandle& h : hs) {
+    SIMPLER_RETURN_IF_ERROR(h.wait());
+    std::optional<std::pair<int64_t, int64_t>> s = span(h);
+    if (!s.has_value()) return absl::InternalError("bench mailbox: a run reported no task span");
+    spans.push_back(*s);
+  }
+  return gap_p50(spans);
+}
+
+// An L3 run's span: its first task's on the child's device.
+std::optional<std::pair<int64_t, int64_t>> first_task_span(worker::RunHandle& h) {
+  const auto& tasks = h.result().report.tasks;
+  if (tasks.empty()) return std::nullopt;
+  return std::make_pair(tasks[0].start_ns, tasks[0].end_ns);
+}
+
+// How many back-to-back runs the gap measurements take.
+int gap_runs(int runs) { return std::max(20, std::min(runs, 400)); }
+
 struct L3Numbers {
   Percentiles one_task;
   Split split;
@@ -173,20 +221,10 @@ absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
   }
   SIMPLER_RETURN_IF_ERROR(w.init());
   L3Numbers out;
-  std::vector<double> us;
-  std::vector<std::array<int64_t, 4>> stamps;
-  for (int i = 0; i < runs + runs / 10; ++i) {
-    const int64_t t0 = base::now_ns();
-    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(fan[1], {}));
-    SIMPLER_RETURN_IF_ERROR(h.wait());
-    const int64_t t1 = base::now_ns();
-    if (i < runs / 10) continue;  // after a warm-up tenth
-    us.push_back((t1 - t0) / 1e3);
-    const auto& tasks = h.result().report.tasks;
-    if (!tasks.empty()) stamps.push_back({t0, tasks[0].start_ns, tasks[0].end_ns, t1});
-  }
-  out.one_task = percentiles(us);
-  out.split = split_of(stamps);
+  auto one_task_run = [&] { return w.submit(fan[1], {}); };
+  SIMPLER_ASSIGN_OR_RETURN(RoundTrips one_task, round_trips(runs, one_task_run, first_task_span));
+  out.one_task = one_task.us;
+  out.split = one_task.split;
   std::map<int, double> median_run_us;
   for (int n : {1, 16, 256}) {
     const int reps = std::max(5, runs / n);
@@ -206,20 +244,9 @@ absl::StatusOr<L3Numbers> l3_numbers(hierarchy::ChildMode mode, int runs,
   }
   // Back-to-back runs of one task on child 0: with staging, run k+1's task waits on the
   // child's lane while run k executes.
-  std::vector<worker::RunHandle> hs;
-  const int gap_runs = std::max(20, std::min(runs, 400));
-  for (int i = 0; i < gap_runs; ++i) {
-    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(busy_run, {}));
-    hs.push_back(h);
-  }
-  std::vector<std::pair<int64_t, int64_t>> spans;
-  for (worker::RunHandle& h : hs) {
-    SIMPLER_RETURN_IF_ERROR(h.wait());
-    const auto& tasks = h.result().report.tasks;
-    if (tasks.empty()) return absl::InternalError("bench mailbox: an L3 run reported no task span");
-    spans.emplace_back(tasks[0].start_ns, tasks[0].end_ns);
-  }
-  out.staged_gap_us_p50 = gap_p50(spans);
+  auto staged_run = [&] { return w.submit(busy_run, {}); };
+  SIMPLER_ASSIGN_OR_RETURN(out.staged_gap_us_p50,
+                           back_to_back_gap_p50(gap_runs(runs), staged_run, first_task_span));
   SIMPLER_RETURN_IF_ERROR(w.close());
   return out;
 }
@@ -230,40 +257,27 @@ struct L2Numbers {
   double gap_us_p50 = 0;  // the lane's own device gap between consecutive runs
 };
 
+// An L2 run's span on the device.
+std::optional<std::pair<int64_t, int64_t>> run_span(worker::RunHandle& h) {
+  const worker::RunTiming& t = h.result().timing;
+  return std::make_pair(t.device_start_ns, t.device_end_ns);
+}
+
 absl::StatusOr<L2Numbers> l2_numbers(int runs, const worker::WorkerOptions& options) {
   worker::Worker w(options);
   SIMPLER_ASSIGN_OR_RETURN(worker::CallableHandle noop, w.register_callable(noop_program()));
   SIMPLER_ASSIGN_OR_RETURN(worker::CallableHandle busy, w.register_callable(busy_program()));
   SIMPLER_RETURN_IF_ERROR(w.init());
   L2Numbers out;
-  std::vector<double> us;
-  std::vector<std::array<int64_t, 4>> stamps;
-  for (int i = 0; i < runs + runs / 10; ++i) {
-    const int64_t t0 = base::now_ns();
-    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(noop, {}));
-    SIMPLER_RETURN_IF_ERROR(h.wait());
-    const int64_t t1 = base::now_ns();
-    if (i < runs / 10) continue;
-    us.push_back((t1 - t0) / 1e3);
-    const worker::RunTiming& t = h.result().timing;
-    stamps.push_back({t0, t.device_start_ns, t.device_end_ns, t1});
-  }
-  out.run = percentiles(us);
-  out.split = split_of(stamps);
-  std::vector<worker::RunHandle> hs;
-  const int gap_runs = std::max(20, std::min(runs, 400));
+  auto noop_run = [&] { return w.submit(noop, {}); };
+  SIMPLER_ASSIGN_OR_RETURN(RoundTrips run, round_trips(runs, noop_run, run_span));
+  out.run = run.us;
+  out.split = run.split;
   task::TaskArgs a;
   a.add_scalar_i64(kBusyUs);
-  for (int i = 0; i < gap_runs; ++i) {
-    SIMPLER_ASSIGN_OR_RETURN(worker::RunHandle h, w.submit(busy, a));
-    hs.push_back(h);
-  }
-  std::vector<std::pair<int64_t, int64_t>> spans;
-  for (worker::RunHandle& h : hs) {
-    SIMPLER_RETURN_IF_ERROR(h.wait());
-    spans.emplace_back(h.result().timing.device_start_ns, h.result().timing.device_end_ns);
-  }
-  out.gap_us_p50 = gap_p50(spans);
+  auto busy_run = [&] { return w.submit(busy, a); };
+  SIMPLER_ASSIGN_OR_RETURN(out.gap_us_p50,
+                           back_to_back_gap_p50(gap_runs(runs), busy_run, run_span));
   SIMPLER_RETURN_IF_ERROR(w.close());
   return out;
 }

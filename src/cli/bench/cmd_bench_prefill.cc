@@ -224,9 +224,9 @@ int run_bench_prefill(const PrefillFlags& st) {
 
 Runner add_bench_prefill_command(CLI::App* bench) {
   auto st = std::make_shared<PrefillFlags>();
-  auto* cmd = bench->add_subcommand(
-      "prefill", "time to first token of long prompts, against the measured f32 FMA peak");
-  cmd->add_option("--model", st->model, "model directory")->required();
+  auto* cmd = add_model_command(
+      bench, "prefill", "time to first token of long prompts, against the measured f32 FMA peak",
+      &st->model);
   cmd->add_option("--prompt-lens", st->prompt_lens, "prompt lengths in tokens, one row each")
       ->delimiter(',')
       ->check(int_in(1, 1 << 16));

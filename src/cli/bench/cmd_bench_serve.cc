@@ -348,9 +348,9 @@ int run_bench_serve(const ServeState& st) {
 
 Runner add_bench_serve_command(CLI::App* bench_cmd) {
   auto st = std::make_shared<ServeState>();
-  auto* cmd = bench_cmd->add_subcommand(
-      "serve", "the OpenAI-compatible server under load, against the engine offline");
-  cmd->add_option("--model", st->model, "model directory (with its tokenizer)")->required();
+  auto* cmd = add_model_command(
+      bench_cmd, "serve", "the OpenAI-compatible server under load, against the engine offline",
+      &st->model, "model directory (with its tokenizer)");
   cmd->add_option("--url", st->url,
                   "drive a running server (http://HOST:PORT) instead of one started here");
   cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")

@@ -308,10 +308,9 @@ int run_bench_throughput(const ThroughputState& st) {
 
 Runner add_bench_throughput_command(CLI::App* bench) {
   auto st = std::make_shared<ThroughputState>();
-  auto* cmd = bench->add_subcommand(
-      "throughput",
-      "serving throughput on a random workload: continuous batching vs static batches");
-  cmd->add_option("--model", st->model, "model directory")->required();
+  auto* cmd = add_model_command(
+      bench, "throughput",
+      "serving throughput on a random workload: continuous batching vs static batches", &st->model);
   cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")
       ->check(int_in(1, kMaxRequests))
       ->capture_default_str();
