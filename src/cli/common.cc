@@ -90,7 +90,11 @@ void CommonOptions::add_kernel_isa_to(CLI::App* app) {
   app->add_option("--kernel-isa", kernel_isa_name,
                   "the hot kernels' ISA target: auto (the best this CPU has: " +
                       std::string(llm::name_of(llm::resolve_kernel_isa(llm::KernelIsa::kAuto))) +
-                      "), " + std::string(kBuiltTargets) + "; matmul results are bitwise the same")
+                      "), " + std::string(kBuiltTargets) + "; matmul results are bitwise the same" +
+                      (llm::kernel_isa_fused(llm::KernelIsa::kPortable)
+                           ? ""
+                           : " (but portable's here: it multiplies, then adds, without an FMA "
+                             "instruction)"))
       ->check(CLI::Validator(
           [](std::string& name) -> std::string {
             absl::StatusOr<llm::KernelIsa> isa = llm::parse_kernel_isa(name);

@@ -210,6 +210,10 @@ absl::StatusOr<KernelIsa> parse_kernel_isa(std::string_view name) {
                    "' (expected auto, portable, x86-64-v3, avx512 or neon)"));
 }
 
+bool kernel_isa_fused(KernelIsa isa) {
+  return resolve_kernel_isa(isa) != KernelIsa::kPortable || matmul_detail::portable_fused();
+}
+
 bool kernel_isa_available(KernelIsa isa) {
   switch (isa) {
     case KernelIsa::kAvx512:

@@ -6,8 +6,15 @@
 // multiply-add (lanes past K add 0·0), reduced by the fixed tree
 // s8[i] = l[i] + l[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], s = s2[0] + s2[1];
 // then y = s, or y = y + s when accumulating. So a row's result depends on nothing but its own
-// x and W (batch-invariant), and every path (portable, x86-64-v3, AVX-512) gives the same bits:
-// they are one source (matmul_tile.h) on per-target traits.
+// x and W (batch-invariant), and every path (portable, x86-64-v3, AVX-512, NEON) gives the same
+// bits: they are one source (matmul_tile.h) on per-target traits.
+//
+// One exception: the portable path built for a baseline without an FMA instruction (x86-64;
+// portable_fused() false) rounds each lane's product, then its sum. It keeps the lanes, their
+// order and the tree (so it stays batch-invariant), and its error is within the standard bound
+// of such a sum (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., §3.1):
+// |y - Σ x·w| <= γ(⌈K/16⌉ + 5) · Σ|x·w|, γ(n) = n·u / (1 - n·u), u = 2^-24; the fused paths'
+// bound is γ(⌈K/16⌉ + 4). The two can differ by the sum of both.
 #pragma once
 
 #include <cstdint>
@@ -36,13 +43,14 @@ struct Problem {
 // baseline flags (matmul_portable.cc), called once per call by every path.
 int64_t chunk_rows(int64_t row_bytes, int64_t multiple);
 
-// Vector extensions of the compiler on the baseline target; runs on any CPU. Without a hardware
-// FMA in the baseline (x86-64) the fused multiply-adds are computed exactly by fma_exact's
-// method, never by a libm call.
+// Vector extensions of the compiler on the baseline target; runs on any CPU. Never a libm call.
 void run_portable(const Problem& p);
-// a·b + c rounded once, as std::fma, with the portable path's code: the matmul's 4-lane one and
-// the attention tile's scalar one (fma_exact.h), exposed for their tests.
-float fma_exact(float a, float b, float c);
+// Whether run_portable's lane steps are fused (the baseline has an FMA instruction: aarch64, or
+// x86-64 built for FMA), so its results are bitwise the other paths'; else see the exception
+// above.
+bool portable_fused();
+// a·b + c rounded once, as std::fma, with the attention tile's portable code (fma_exact.h),
+// exposed for its test.
 float fma_exact_attention(float a, float b, float c);
 // Whether this CPU has AVX2, FMA and F16C (what run_x86_64_v3 uses).
 bool x86_64_v3_available();

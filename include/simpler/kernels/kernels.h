@@ -56,8 +56,8 @@ enum class KernelId : uint32_t {
 // The ISA target the hot kernels run on (matmul over f32 / bf16 / f16 weights, the paged
 // attention tile and its exp), picked at run time from what the CPU has:
 //   kPortable  "portable"   the compiler's vector extensions on the baseline target, any CPU; no
-//                           libm call per element (fused multiply-adds computed exactly in
-//                           double where the baseline has no FMA instruction);
+//                           libm call per element (where the baseline has no FMA instruction,
+//                           x86-64, matmul multiplies then adds: see kernel_isa_fused);
 //   kX86_64V3  "x86-64-v3"  AVX2 + FMA + F16C (x86 since Haswell / Zen);
 //   kAvx512    "avx512"     AVX-512 F, BW, VL and DQ (and AVX512_BF16 for precision bf16);
 //   kNeon      "neon"       aarch64 Advanced SIMD with FMA (every aarch64 CPU).
@@ -65,8 +65,8 @@ enum class KernelId : uint32_t {
 // (portable on every one); a target the binary does not hold is unavailable, like one the CPU
 // lacks.
 // kAuto picks the best one the CPU has. Matmul and the attention tile give bitwise the same
-// results on every target (the 16-lane contract of matmul_impl.h; every multiply-add fused), so
-// the choice changes speed only.
+// results on every fused target (kernel_isa_fused: the 16-lane contract of matmul_impl.h, every
+// multiply-add fused), so among them the choice changes speed only.
 enum class KernelIsa : uint8_t { kAuto, kPortable, kX86_64V3, kAvx512, kNeon };
 const char* name_of(KernelIsa isa);  // "auto", "portable", "x86-64-v3", "avx512", "neon"
 // INVALID_ARGUMENT naming the value and the accepted names.
@@ -79,15 +79,23 @@ std::string available_kernel_isas();
 const char* kernel_isa_requirements(KernelIsa isa);
 // kAuto resolved for this CPU (the best target it has); other values unchanged.
 KernelIsa resolve_kernel_isa(KernelIsa isa);
+// Whether `isa`'s matmul fuses every lane's multiply-add (kAuto resolved first), so its results
+// are bitwise those of every other fused target: true for every target but kPortable in a binary
+// whose baseline has no FMA instruction (x86-64). There matmul rounds each product and then its
+// sum, in the same lanes, order and tree: still batch-invariant, and within the standard bound of
+// such a sum, |y - Σ x·w| <= γ(⌈K/16⌉ + 5) · Σ|x·w| with γ(n) = n·2^-24 / (1 - n·2^-24)
+// (Higham, "Accuracy and Stability of Numerical Algorithms", §3.1); a fused target's bound is
+// γ(⌈K/16⌉ + 4). The attention tile is fused on every target. Thread-safe.
+bool kernel_isa_fused(KernelIsa isa);
 
 // The numerics of matmul / matmul_acc. kExact: f32 activations and accumulation (weights widened
-// in registers), identical on every ISA path and batch. kBf16 (opt in, `--precision bf16`):
-// over bf16 weights, activations are rounded to bf16 (round to nearest even) and multiplied as
-// bf16 with f32 accumulation — fewer than 16 rows by our AVX512_BF16 streaming kernel, 16 rows
-// and more by oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else AVX512_BF16) —
-// faster, with its own tolerance (logits relative L2 against the exact path measured and stated
-// in docs/benchmarks.md; tokens may differ); f32 and f16 weights stay exact. Not batch-invariant:
-// a row's result can change with the number of rows it is batched with.
+// in registers), identical on every fused ISA path (kernel_isa_fused) and batch. kBf16 (opt in,
+// `--precision bf16`): over bf16 weights, activations are rounded to bf16 (round to nearest even)
+// and multiplied as bf16 with f32 accumulation — fewer than 16 rows by our AVX512_BF16 streaming
+// kernel, 16 rows and more by oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else
+// AVX512_BF16) — faster, with its own tolerance (logits relative L2 against the exact path measured
+// and stated in docs/benchmarks.md; tokens may differ); f32 and f16 weights stay exact. Not
+// batch-invariant: a row's result can change with the number of rows it is batched with.
 enum class Precision : uint8_t { kExact, kBf16 };
 const char* name_of(Precision precision);  // "exact", "bf16"
 // INVALID_ARGUMENT naming the value and the accepted names.
