@@ -157,13 +157,20 @@ absl::Status paged_attention_kernel_on(const KernelContext& ctx) {
   return paged_attention_impl(ctx, kIsa);
 }
 
+absl::Status silu_mul_impl(const KernelContext& ctx, KernelIsa isa);
+template <KernelIsa kIsa>
+absl::Status silu_mul_kernel_on(const KernelContext& ctx) {
+  return silu_mul_impl(ctx, kIsa);
+}
+
 // The kernels whose inner loops have a path per target, for `isa` (resolved).
 struct IsaKernels {
-  task::KernelFn matmul, matmul_acc, paged_attention;
+  task::KernelFn matmul, matmul_acc, paged_attention, silu_mul;
 };
 template <KernelIsa kIsa>
 constexpr IsaKernels isa_kernels() {
-  return {&matmul_kernel_on<kIsa>, &matmul_acc_kernel_on<kIsa>, &paged_attention_kernel_on<kIsa>};
+  return {&matmul_kernel_on<kIsa>, &matmul_acc_kernel_on<kIsa>, &paged_attention_kernel_on<kIsa>,
+          &silu_mul_kernel_on<kIsa>};
 }
 IsaKernels isa_kernels(KernelIsa isa) {
   switch (isa) {
@@ -376,7 +383,7 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
       {"rope", &rope_kernel},
       {"kv_write", &kv_write_kernel},
       {"paged_attention", on.paged_attention},
-      {"silu_mul", &silu_mul_kernel},
+      {"silu_mul", on.silu_mul},
       {"add", &add_kernel},
       {"gather_rows", &gather_rows_kernel},
       {"argmax", &argmax_kernel},
@@ -1167,7 +1174,47 @@ TaskArgs paged_attention_args(const Tensor& q, const Tensor& k_pool, const Tenso
 
 // ---- silu_mul ---------------------------------------------------------------------------
 
-absl::Status silu_mul_kernel(const KernelContext& ctx) {
+namespace {
+
+// out = g·σ(g)·up, σ(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g) below it, so the exp's
+// argument, -|g|, is never positive (exp_nonpositive: no overflow, no libm call), and 0 below
+// g = -87 (see below). The same operations, fused multiply-adds written out, on every target,
+// so the same bits on each. NaN gives NaN.
+template <class F>
+__attribute__((always_inline)) inline void silu_mul_body(const float* __restrict gate,
+                                                         const float* __restrict up,
+                                                         float* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float e = exp_nonpositive<F>(g < 0.0f ? g : -g);
+    // Below -87 exp_nonpositive clamps (its e^-87 would then be far too large for a huge |g|):
+    // there g·σ(g) is under 87·e^-87 = 1.4e-36 in magnitude, taken as 0.
+    const float sigma = g < -87.0f ? 0.0f : (g < 0.0f ? e : 1.0f) / (1.0f + e);
+    out[i] = g * sigma * up[i];
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void silu_mul_avx512(const float* gate, const float* up,
+                                                        float* out, int64_t n) {
+  silu_mul_body<HwFma>(gate, up, out, n);
+}
+__attribute__((target("avx2,fma,f16c"))) void silu_mul_x86_64_v3(const float* gate, const float* up,
+                                                                 float* out, int64_t n) {
+  silu_mul_body<HwFma>(gate, up, out, n);
+}
+#endif
+#if defined(__aarch64__)
+void silu_mul_neon(const float* gate, const float* up, float* out, int64_t n) {
+  silu_mul_body<HwFma>(gate, up, out, n);
+}
+#endif
+// The baseline: its fused multiply-adds computed exactly without an FMA instruction.
+void silu_mul_baseline(const float* gate, const float* up, float* out, int64_t n) {
+  silu_mul_body<ExactFma>(gate, up, out, n);
+}
+
+absl::Status silu_mul_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "silu_mul");
   SIMPLER_RETURN_IF_ERROR(c.count(3));
   SIMPLER_RETURN_IF_ERROR(c.tensor(0, "gate", DataType::kFloat32, {-1, -1}));
@@ -1175,15 +1222,26 @@ absl::Status silu_mul_kernel(const KernelContext& ctx) {
   const int64_t cols = ctx.tensor(0).shape[1];
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "up", DataType::kFloat32, {rows, cols}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {rows, cols}));
-  const float* gate = ctx.tensor(0).data<const float>();
-  const float* up = ctx.tensor(1).data<const float>();
-  float* out = ctx.tensor(2).data<float>();
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("silu_mul", isa));
   const BlockRange r = block_range(rows * cols, ctx.block_idx, ctx.block_dim);
-  for (int64_t i = r.begin; i < r.end; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  const float* gate = ctx.tensor(0).data<const float>() + r.begin;
+  const float* up = ctx.tensor(1).data<const float>() + r.begin;
+  float* out = ctx.tensor(2).data<float>() + r.begin;
+  const int64_t n = r.end - r.begin;
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx512) return silu_mul_avx512(gate, up, out, n), absl::OkStatus();
+  if (isa == KernelIsa::kX86_64V3) return silu_mul_x86_64_v3(gate, up, out, n), absl::OkStatus();
+#elif defined(__aarch64__)
+  if (isa == KernelIsa::kNeon) return silu_mul_neon(gate, up, out, n), absl::OkStatus();
+#endif
+  silu_mul_baseline(gate, up, out, n);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status silu_mul_kernel(const KernelContext& ctx) {
+  return silu_mul_impl(ctx, KernelIsa::kAuto);
 }
 
 TaskArgs silu_mul_args(const Tensor& gate, const Tensor& up, const Tensor& out) {

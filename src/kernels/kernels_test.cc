@@ -817,16 +817,41 @@ TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
   EXPECT_TRUE(run_blocks(&paged_attention_kernel, args, 1).ok());
 }
 
-TEST(SiluMulKernel, MatchesReference) {
-  const int64_t B = 3, I = 7;
+// On every target this CPU has: close to the f64 reference over the whole range of gate values
+// (where e^-g would overflow too), bitwise the same on each target, and NaN in, NaN out.
+TEST(SiluMulKernel, MatchesTheReferenceBitwiseOnEveryTarget) {
+  const int64_t B = 3, I = 67;
   std::vector<float> g = random_floats(B * I, 15, -6.0f, 6.0f), u = random_floats(B * I, 16);
+  const float extremes[] = {0.0f,  -0.0f,  1e-30f, -1e-30f, 20.0f, -20.0f,
+                            88.0f, -88.0f, 100.0f, -100.0f, 3e38f, -3e38f};
+  for (size_t i = 0; i < std::size(extremes); ++i) g[i * 5] = extremes[i];
   std::vector<double> want(B * I);
   for (int64_t i = 0; i < B * I; ++i) want[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
-  std::vector<float> out(B * I, NAN);
-  ASSERT_TRUE(run_blocks(&silu_mul_kernel,
-                         silu_mul_args(view(g, {B, I}), view(u, {B, I}), view(out, {B, I})), 3)
-                  .ok());
-  expect_close(out, want, 1e-6);
+  std::vector<float> first;
+  for (KernelIsa isa :
+       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+    if (!kernel_isa_available(isa)) continue;
+    SCOPED_TRACE(name_of(isa));
+    const task::KernelFn fn = llm_kernels(isa)[static_cast<size_t>(KernelId::kSiluMul)].fn;
+    std::vector<float> out(B * I, NAN);
+    ASSERT_TRUE(
+        run_blocks(fn, silu_mul_args(view(g, {B, I}), view(u, {B, I}), view(out, {B, I})), 3).ok());
+    expect_close(out, want, 1e-6);
+    if (first.empty()) {
+      first = out;
+    } else {
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(first[i]))
+            << "portable and " << name_of(isa) << " differ at " << i << ": g " << g[i];
+      }
+    }
+    std::vector<float> nan_gate(B * I, NAN), nan_out(B * I, 0.0f);
+    ASSERT_TRUE(
+        run_blocks(fn,
+                   silu_mul_args(view(nan_gate, {B, I}), view(u, {B, I}), view(nan_out, {B, I})), 2)
+            .ok());
+    for (float v : nan_out) ASSERT_TRUE(std::isnan(v));
+  }
 }
 
 TEST(AddKernel, AddsElementwiseAndRejectsShapeMismatch) {
