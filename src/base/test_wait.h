@@ -11,12 +11,14 @@ namespace simpler::testing {
 // Looks at `ready()` until it returns true or `timeout` (real time) passes; returns the last
 // look. A test asserts on the result (ASSERT_TRUE(eventually(...)) << "what never happened"), so
 // a state that is never reached fails the test at the deadline, however fast or slow the machine.
+// The default deadline is a hang detector, not a speed limit: a minute, since ThreadSanitizer on
+// a 2-vCPU machine shared with other builds took over 10 s to decode 64 tokens of the tiny model.
 // The first looks only yield the CPU; later ones are 200 µs apart, so a long wait does not take a
 // CPU from the threads it waits for (the machines tests run on may have only two). Thread-safe
 // as ready() is.
 template <typename F>
 [[nodiscard]] bool eventually(F&& ready,
-                              std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+                              std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   const auto until = std::chrono::steady_clock::now() + timeout;
   for (int looks = 0; !ready(); ++looks) {
     if (std::chrono::steady_clock::now() >= until) return ready();
