@@ -25,14 +25,14 @@ if [ "$(uname -m)" = x86_64 ]; then PACKAGES+=(g++-aarch64-linux-gnu qemu-user);
 # --bench: instead, the peers the benchmarks compare against (not needed to build or test):
 # Debian's PyTorch for `bench decode|prefill --compare torch`, OpenBLAS as the system BLAS
 # (Debian's python3-torch runs its matmuls through it; the reference BLAS it otherwise falls
-# back to is several times slower and single-threaded), and StarPU for `bench dispatch
-# --compare starpu` (rebuild after installing it); then llama.cpp's llama-bench and
-# llama-batched-bench for `bench decode|prefill --compare llama.cpp`
+# back to is several times slower and single-threaded), StarPU for `bench dispatch --compare
+# starpu` (rebuild after installing it) and Highway for benchmarks/highway_tile.sh; then
+# llama.cpp's llama-bench and llama-batched-bench for `bench decode|prefill --compare llama.cpp`
 # (scripts/build_llamacpp_peer.sh: npm's node-llama-cpp and its prebuilt libraries).
 BENCH=0
 if [ "${1:-}" = "--bench" ]; then
   BENCH=1
-  PACKAGES=(python3-torch libopenblas0-pthread libstarpu-dev)
+  PACKAGES=(python3-torch libopenblas0-pthread libstarpu-dev libhwy-dev)
 fi
 
 SUDO=""
