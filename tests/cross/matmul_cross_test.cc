@@ -2,8 +2,9 @@
 // (kernels only: the rest of simpler needs the target's libraries, which a cross build lacks).
 // On aarch64: the NEON path against the portable one bitwise (the 16-lane contract of
 // matmul_impl.h), both against the f64 product of the same widened values, on odd shapes (rows
-// 1-17, K around the 4- and 16-lane widths) and every weight type; the FMA probe; and the
-// portable path's fused multiply-add against the hardware one. A plain main (the target's
+// 1-17, K around the 4- and 16-lane widths and past the blocks of k) and every weight type (the
+// portable path is fused on aarch64: portable_fused()); the FMA probe; and the portable attention
+// tile's exact fused multiply-add against the hardware one. A plain main (the target's
 // GoogleTest is not installed): it prints the first mismatches and exits 1.
 #include <bit>
 #include <cmath>
@@ -110,8 +111,10 @@ void check_fma() {
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   for (int i = 0; i < 200000; ++i) {
     const float a = std::ldexp(u(gen), i % 40 - 20), b = u(gen), c = i % 3 ? u(gen) : -a * b;
-    const float got = md::fma_exact(a, b, c), want = std::fma(a, b, c);
-    if (std::bit_cast<uint32_t>(got) != std::bit_cast<uint32_t>(want)) fail("fma_exact", got, want);
+    const float got = md::fma_exact_attention(a, b, c), want = std::fma(a, b, c);
+    if (std::bit_cast<uint32_t>(got) != std::bit_cast<uint32_t>(want)) {
+      fail("fma_exact_attention", got, want);
+    }
   }
   const float probe = md::fma_probe_neon(1000, 1.0f);
   if (!std::isfinite(probe)) fail("fma_probe_neon is not finite", probe, 0);
@@ -123,6 +126,10 @@ void check_fma() {
 int main() {
   if (!md::neon_available()) {
     std::printf("FAIL neon_available() is false on aarch64\n");
+    return 1;
+  }
+  if (!md::portable_fused()) {  // the bitwise comparison below rests on it
+    std::printf("FAIL portable_fused() is false on aarch64\n");
     return 1;
   }
   check_shapes();
