@@ -97,7 +97,7 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
       {R"({"prompt":"x","stream":1})", false, "stream", "must be a boolean"},
       {R"({"prompt":"x","stop":[1]})", false, "stop", "must be a string"},
       {R"({"prompt":"x","stop":""})", false, "stop", "1 to 256 bytes"},
-      {R"({"prompt":"x","logprobs":6})", false, "logprobs", "outside [0, 5]"},
+      {R"({"prompt":"x","logprobs":21})", false, "logprobs", "outside [0, 20]"},
       {R"({"prompt":"x","frobnicate":1})", false, "frobnicate", "unrecognized request argument"},
       {R"({"prompt":[-1]})", false, "prompt", "token id"},
       {R"({"prompt":[1, 4294967296]})", false, "prompt", "token id"},
