@@ -53,8 +53,28 @@ TEST(ParseRequest, CompletionFieldsAndVllmExtensions) {
   EXPECT_EQ(std::get<std::string>(ok(R"({"prompt":["one"]})", false).prompt), "one");
   EXPECT_EQ(ok(R"({"prompt":"x","stop":"s"})", false).sampling.stop,
             (std::vector<std::string>{"s"}));
-  EXPECT_FALSE(ok(R"({"prompt":"x"})", false).max_tokens.has_value());
   EXPECT_FALSE(ok(R"({"prompt":"x"})", false).logprobs.has_value());
+}
+
+TEST(ParseRequest, CompletionsWithoutMaxTokensGetSixteenAndChatGetsNone) {
+  EXPECT_EQ(ok(R"({"prompt":"x"})", false).max_tokens, 16);
+  EXPECT_EQ(ok(R"({"prompt":"x","max_tokens":100})", false).max_tokens, 100);
+  EXPECT_FALSE(ok(R"({"messages":[{"role":"user","content":"x"}]})", true).max_tokens.has_value());
+}
+
+TEST(ParseRequest, UpToTwentyTopLogprobsAreAccepted) {
+  EXPECT_EQ(ok(R"({"prompt":"x","logprobs":20})", false).logprobs, 20);
+  EXPECT_EQ(
+      ok(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})", true)
+          .logprobs,
+      20);
+  const ApiError completion = bad(R"({"prompt":"x","logprobs":21})", false);
+  EXPECT_EQ(completion.param, "logprobs");
+  EXPECT_NE(completion.message.find("outside [0, 20]"), std::string::npos) << completion.message;
+  const ApiError chat = bad(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", true);
+  EXPECT_EQ(chat.param, "top_logprobs");
+  EXPECT_NE(chat.message.find("outside [0, 20]"), std::string::npos) << chat.message;
 }
 
 TEST(ParseRequest, ChatMessagesTemplateKwargsAndLogprobs) {
