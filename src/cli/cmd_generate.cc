@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -36,16 +37,25 @@ namespace simpler::cli {
 namespace {
 
 // Comma-separated integers (token ids, steps, positions), kept 64-bit: callers range-check
-// them before narrowing.
+// them before narrowing. An empty (or all-blank) `text` is no integers; an empty item between
+// commas ("1,,2", "1,2,") is refused.
 absl::StatusOr<std::vector<int64_t>> parse_ids(const std::string& text, const std::string& what) {
   std::vector<int64_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  if (absl::StripAsciiWhitespace(text).empty()) return ids;
+  int64_t index = 0;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const absl::string_view item = absl::StripAsciiWhitespace(part);
+    if (item.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": item ", index, " of '", text.substr(0, 60), "' is empty (expected an integer)"));
+    }
     int64_t v;
-    if (!absl::SimpleAtoi(part, &v)) {
+    if (!absl::SimpleAtoi(item, &v)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": '", std::string(part.substr(0, 40)), "' is not a 64-bit integer"));
+          absl::StrCat(what, ": '", std::string(item.substr(0, 40)), "' is not a 64-bit integer"));
     }
     ids.push_back(v);
+    ++index;
   }
   return ids;
 }
@@ -66,10 +76,12 @@ absl::StatusOr<std::vector<int32_t>> narrow(const std::vector<int64_t>& ids,
 }
 
 // The prompts of a --prompts-file: one JSON object per non-blank line, {"prompt": "text"} (given
-// to `encode`) or {"prompt_ids": [ids]}. Errors name file:line; ids stay 64-bit.
+// to `encode`) or {"prompt_ids": [ids]}, each with its "file:line" in `where`. Errors name
+// file:line; ids stay 64-bit.
 absl::StatusOr<std::vector<std::vector<int64_t>>> read_prompts_file(
     const std::string& path,
-    const std::function<absl::StatusOr<std::vector<int64_t>>(const std::string&)>& encode) {
+    const std::function<absl::StatusOr<std::vector<int64_t>>(const std::string&)>& encode,
+    std::vector<std::string>* where_of) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -93,6 +105,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> read_prompts_file(
     SIMPLER_ASSIGN_OR_RETURN(std::optional<llm::PromptSpec> spec,
                              llm::parse_prompts_line(line, where));
     if (!spec.has_value()) continue;
+    where_of->push_back(where);
     if (const auto* text = std::get_if<std::string>(&*spec)) {
       auto encoded = encode(*text);
       if (!encoded.ok()) return base::annotate(encoded.status(), where + ": ");
@@ -145,13 +158,17 @@ MaybeTokenizer load_tokenizer(const std::string& model) {
 }
 
 // The requests of one call, checked against the model: the distinct prompts (each with `clones`
-// choices) and the positions to dump.
+// choices) and the positions to dump. A prompts-file request the model refuses is kept with its
+// refusal: it is reported failed and not run.
 struct Requests {
   llm::ModelConfig config;
   std::vector<std::vector<int64_t>> unique;  // 64-bit until checked against the model
+  std::vector<std::string> where;            // per prompt: its "file:line", or empty
+  std::vector<absl::Status> refused;         // per prompt: OK, or why the model refuses it
   int32_t clones = 1;
   std::vector<int32_t> logit_steps, kv_positions;
   int64_t total_choices() const { return static_cast<int64_t>(unique.size()) * clones; }
+  bool runs(size_t r) const { return refused[r].ok(); }
 };
 
 // The distinct prompts of --prompt, --prompt-ids or --prompts-file, into `req`.
@@ -171,8 +188,9 @@ absl::Status read_prompts(const GenerateFlags& st, const MaybeTokenizer& tok, Re
     req->unique.push_back(std::move(ids));
     req->clones = st.requests;
   } else {
-    SIMPLER_ASSIGN_OR_RETURN(req->unique, read_prompts_file(st.prompts_file, encode));
+    SIMPLER_ASSIGN_OR_RETURN(req->unique, read_prompts_file(st.prompts_file, encode, &req->where));
   }
+  req->where.resize(req->unique.size());
   return absl::OkStatus();
 }
 
@@ -198,10 +216,19 @@ absl::StatusOr<Requests> read_requests(const GenerateFlags& st, const MaybeToken
   Requests req;
   SIMPLER_RETURN_IF_ERROR(read_prompts(st, tok, &req));
   SIMPLER_ASSIGN_OR_RETURN(req.config, llm::ModelConfig::load(st.model));
+  // A refused --prompt / --prompt-ids fails the call; a refused prompts-file line fails its
+  // request only (unless it refuses them all).
+  int64_t running = 0;
   for (size_t r = 0; r < req.unique.size(); ++r) {
     absl::Status s = req.config.check_request(req.unique[r], st.max_new_tokens);
-    if (!s.ok()) return base::annotate(s, absl::StrCat("request ", r, ": "));
+    if (!s.ok() && req.where[r].empty()) {
+      return base::annotate(s, absl::StrCat("request ", r, ": "));
+    }
+    req.refused.push_back(
+        s.ok() ? s : base::annotate(s, absl::StrCat(req.where[r], ": request ", r, ": ")));
+    running += s.ok() ? 1 : 0;
   }
+  if (running == 0) return req.refused.front();
   if (!st.stop.empty() && !tok.tok) {
     return base::annotate(tok.status, "--stop needs the model's tokenizer: ");
   }
@@ -225,12 +252,14 @@ absl::StatusOr<llm::EngineOptions> generate_engine_options(const GenerateFlags& 
                                                            const MaybeTokenizer& tok,
                                                            base::TraceRecorder* trace) {
   std::vector<int64_t> chip_choices(st.chips, 0), chip_pages(st.chips, 0);
+  int64_t k = 0;  // the index among the requests that run
   for (size_t r = 0; r < req.unique.size(); ++r) {
-    chip_choices[r % st.chips] += req.clones;
-    chip_pages[r % st.chips] +=
-        req.clones *
-        llm::pages_needed(static_cast<int64_t>(req.unique[r].size()) + st.max_new_tokens,
-                          st.engine.page_size);
+    if (!req.runs(r)) continue;
+    const int64_t chip = k++ % st.chips;
+    chip_choices[chip] += req.clones;
+    chip_pages[chip] += req.clones * llm::pages_needed(static_cast<int64_t>(req.unique[r].size()) +
+                                                           st.max_new_tokens,
+                                                       st.engine.page_size);
   }
   EngineLoad load;
   load.requests = *std::max_element(chip_choices.begin(), chip_choices.end());
@@ -318,14 +347,14 @@ void print_started(const GenerateFlags& st, const llm::EngineOptions& eo, const 
             << eo.runner.max_num_batched_tokens << "\n";
 }
 
-// One spec per distinct prompt; its ids (int32) go to `prompts` in the same order.
-std::vector<llm::RequestSpec> request_specs(const GenerateFlags& st, const Requests& req,
-                                            std::vector<std::vector<int32_t>>* prompts) {
+// One spec per distinct prompt that runs, in order.
+std::vector<llm::RequestSpec> request_specs(const GenerateFlags& st, const Requests& req) {
   std::vector<llm::RequestSpec> specs;
-  for (const auto& ids : req.unique) {
+  for (size_t r = 0; r < req.unique.size(); ++r) {
+    if (!req.runs(r)) continue;
+    const std::vector<int64_t>& ids = req.unique[r];
     llm::RequestSpec spec;
     spec.prompt_ids.assign(ids.begin(), ids.end());  // in [0, vocab_size): checked above
-    prompts->push_back(spec.prompt_ids);
     spec.max_tokens = st.max_new_tokens;
     spec.n = req.clones;
     spec.sampling.temperature = st.temperature;
@@ -343,6 +372,22 @@ std::vector<llm::RequestSpec> request_specs(const GenerateFlags& st, const Reque
     specs.push_back(std::move(spec));
   }
   return specs;
+}
+
+// The results of the requests that did not run: every choice failed with its refusal (empty for
+// a request that ran).
+std::vector<std::vector<ChoiceResult>> refused_results(const Requests& req) {
+  std::vector<std::vector<ChoiceResult>> out(req.unique.size());
+  for (size_t r = 0; r < req.unique.size(); ++r) {
+    if (req.runs(r)) continue;
+    out[r].resize(req.clones);
+    for (ChoiceResult& c : out[r]) {
+      c.finish_reason = "error";
+      c.error = req.refused[r];
+      c.done = true;
+    }
+  }
+  return out;
 }
 
 // What the engines did, read before they shut down, and how the shutdown went.
@@ -378,9 +423,9 @@ EngineTotals close_engines(Engines* e) {
 // Everything `generate` prints: per choice in request order, and the call's totals.
 struct Report {
   struct Item {
-    const std::vector<int32_t>* prompt;
+    const std::vector<int64_t>* prompt;
     const ChoiceResult* c;
-    int32_t chip;
+    int32_t chip;  // -1: a refused request, run on none
   };
   std::vector<Item> items;
   EngineTotals totals;
@@ -389,13 +434,18 @@ struct Report {
   bool has_text = false;  // a tokenizer decoded the tokens
 };
 
-Report make_report(const RequestRun& run, const std::vector<std::vector<int32_t>>& prompts,
-                   int32_t chips, EngineTotals totals, double load_s, bool has_text) {
+// `run` holds the results of the requests that ran; `refused` those of the others, one per
+// choice, in request order.
+Report make_report(const RequestRun& run, const std::vector<std::vector<ChoiceResult>>& refused,
+                   const Requests& req, int32_t chips, EngineTotals totals, double load_s,
+                   bool has_text) {
   Report rep;
-  for (size_t r = 0; r < run.results.size(); ++r) {
-    for (const ChoiceResult& c : run.results[r]) {
-      rep.items.push_back({&prompts[r], &c, static_cast<int32_t>(r % chips)});
-    }
+  size_t ran = 0;
+  for (size_t r = 0; r < req.unique.size(); ++r) {
+    const std::vector<ChoiceResult>& choices = req.runs(r) ? run.results[ran] : refused[r];
+    const int32_t chip = req.runs(r) ? static_cast<int32_t>(ran % chips) : -1;
+    ran += req.runs(r) ? 1 : 0;
+    for (const ChoiceResult& c : choices) rep.items.push_back({&req.unique[r], &c, chip});
   }
   rep.totals = std::move(totals);
   rep.load_s = load_s;
@@ -404,7 +454,7 @@ Report make_report(const RequestRun& run, const std::vector<std::vector<int32_t>
   rep.decode_ms = (run.end_ns - run.all_first_token_ns) / 1e6;
   rep.tokens_per_s = rep.total_ms > 0 ? rep.totals.generated / (rep.total_ms / 1e3) : 0;
   for (const Report::Item& it : rep.items) {
-    rep.prompt_tokens += static_cast<int64_t>(it.prompt->size());
+    if (it.chip >= 0) rep.prompt_tokens += static_cast<int64_t>(it.prompt->size());
   }
   rep.has_text = has_text;
   return rep;
@@ -428,7 +478,7 @@ nlohmann::json choice_json(const Report::Item& it, bool has_text) {
                       {"finish_reason", r.finish_reason}, {"pages", r.pages},
                       {"page_steps", r.page_steps},       {"last_step", r.last_step}};
   j["text"] = has_text ? nlohmann::json(r.text) : nlohmann::json(nullptr);
-  j["chip"] = it.chip;
+  j["chip"] = it.chip >= 0 ? nlohmann::json(it.chip) : nlohmann::json(nullptr);
   if (!r.error.ok()) j["error"] = std::string(r.error.message());
   if (!r.logits.empty()) {
     nlohmann::json lg = nlohmann::json::object();
@@ -531,14 +581,13 @@ int run_generate(const GenerateFlags& st) {
   const double load_s = (base::now_ns() - t0) / 1e9;
   print_started(st, *eo, *req, load_s);
 
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<llm::RequestSpec> specs = request_specs(st, *req, &prompts);
   std::vector<llm::LlmEngine*> engine_ptrs;
   for (auto& e : engines.engines) engine_ptrs.push_back(e.get());
-  RequestRun run = run_requests(engine_ptrs, std::move(specs), kGenerateCommand, true);
+  RequestRun run = run_requests(engine_ptrs, request_specs(st, *req), kGenerateCommand, true);
   EngineTotals totals = close_engines(&engines);
+  const std::vector<std::vector<ChoiceResult>> refused = refused_results(*req);
   const Report rep =
-      make_report(run, prompts, st.chips, std::move(totals), load_s, tok.tok.has_value());
+      make_report(run, refused, *req, st.chips, std::move(totals), load_s, tok.tok.has_value());
   print_summary(st, rep);
   if (st.engine.common.json) {
     print_json(st, *eo, rep);
@@ -546,6 +595,27 @@ int run_generate(const GenerateFlags& st) {
     print_text(rep);
   }
   return exit_code(st, rep, trace);
+}
+
+// The sampling flags, each bounded by the flag parser as SamplingParams::validate bounds it, so
+// that a bad value is refused before the model loads.
+void add_sampling_flags(CLI::App* cmd, GenerateFlags* st) {
+  cmd->add_option("--temperature", st->temperature, "sampling temperature (0 = greedy)")
+      ->check(number_in(0, 100))
+      ->capture_default_str();
+  cmd->add_option("--top-p", st->top_p, "nucleus sampling mass (1 = off)")
+      ->check(number_in(0, 1, /*lo_open=*/true))
+      ->capture_default_str();
+  cmd->add_option("--top-k", st->top_k, "keep the k most likely tokens (0 and -1 = off)")
+      ->check(int_in(-1, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
+  cmd->add_option("--min-p", st->min_p,
+                  "drop tokens below min-p times the top probability (0 = off)")
+      ->check(number_in(0, 1))
+      ->capture_default_str();
+  cmd->add_option("--seed", st->seed,
+                  "sampling seed for every request (default: a distinct one each)")
+      ->check(uint64_in());
 }
 
 }  // namespace
@@ -573,18 +643,13 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_flag("--chat", st->chat, "wrap text prompts in the Qwen3 chat template");
   cmd->add_option("--max-new-tokens", st->max_new_tokens,
                   "tokens to generate per request (prompt + this <= max_position_embeddings)")
-      ->check(int_in(1, std::numeric_limits<int32_t>::max()));
+      ->check(int_in(1, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
   cmd->add_option("--requests,-n", st->requests,
                   "choices of the one prompt (OpenAI n: clone requests, each its own RNG stream)")
-      ->check(int_in(1, kMaxRequests));
-  cmd->add_option("--temperature", st->temperature, "sampling temperature (0 = greedy)")
-      ->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-p", st->top_p, "nucleus sampling mass in (0, 1]");
-  cmd->add_option("--top-k", st->top_k, "keep the k most likely tokens (0 = off)")
-      ->check(int_in(-1, std::numeric_limits<int32_t>::max()));
-  cmd->add_option("--min-p", st->min_p, "drop tokens below min-p times the top probability");
-  auto* seed_opt = cmd->add_option(
-      "--seed", st->seed, "sampling seed for every request (default: a distinct one each)");
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  add_sampling_flags(cmd, st.get());
   cmd->add_option("--stop", st->stop, "stop string (repeatable; not part of the output)");
   cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at the model's EOS ids");
   cmd->add_option("--dump-logits-steps", st->dump_logits_steps,
@@ -600,6 +665,7 @@ Runner add_generate_command(CLI::App& app) {
        .num_pages = "KV cache pages (0 = sized from the requests)",
        .allow_unused_tensors = true,
        .host_sampling = true});
+  const CLI::Option* seed_opt = cmd->get_option("--seed");
   return [cmd, st, p1, p2, p3, seed_opt]() -> int {
     if (!cmd->parsed()) return -1;
     st->has_prompt = p1->count() > 0;

@@ -27,7 +27,7 @@ Runner add_make_model_command(CLI::App& app) {
   auto st = std::make_shared<State>();
   cmd->add_option("--preset", st->preset, "tiny | qwen3-0.6b")
       ->check(CLI::IsMember({"tiny", "qwen3-0.6b"}));
-  cmd->add_option("--seed", st->seed, "random seed");
+  cmd->add_option("--seed", st->seed, "random seed")->check(uint64_in());
   cmd->add_option("--dtype", st->dtype, "bf16 | f32")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_option("--out", st->out, "output directory")->required();
   cmd->add_option("--tokenizer-dir", st->tokenizer_dir,

@@ -84,8 +84,9 @@ int run_serve(const ServeFlags& st) {
     (void)server.shutdown(
         base::Deadline::after(std::chrono::nanoseconds(static_cast<int64_t>(drain * 1e9))));
   });
-  std::printf("simpler serve: ready on http://%s:%d/v1 (model '%s', loaded in %.2f s)\n",
-              st.host.c_str(), *port, so.served_model_name.c_str(), (base::now_ns() - t0) / 1e9);
+  std::printf("simpler serve: ready on %s (model '%s', loaded in %.2f s)\n",
+              serve::base_url(st.host, *port).c_str(), so.served_model_name.c_str(),
+              (base::now_ns() - t0) / 1e9);
   std::fflush(stdout);
   absl::Status served = server.serve();
   // serve() returns once the listener stopped: after a signal's shutdown, or on its own

@@ -31,6 +31,9 @@ inline constexpr int64_t kMaxHiddenSize = 1 << 20;     // make-model --hidden-si
 // A CLI11 check for integers in [lo, hi]. Its message states the value and the bound ("2000 is
 // above the maximum of 1024"); CLI11 puts the flag's name in front.
 CLI::Validator int_in(int64_t lo, int64_t hi);
+// A CLI11 check for unsigned 64-bit integers (seeds): "-1" and values past 2^64 - 1 are refused,
+// not wrapped or saturated.
+CLI::Validator uint64_in();
 // A CLI11 check for finite numbers in [lo, hi], or in (lo, hi] when `lo_open`.
 CLI::Validator number_in(double lo, double hi, bool lo_open = false);
 

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,20 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         return std::string();
       },
       absl::StrCat("INT in [", lo, ", ", hi, "]"));
+}
+
+CLI::Validator uint64_in() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        // SimpleAtoi takes a leading '-' for unsigned types too ("-1" would wrap around).
+        if (text.find('-') != std::string::npos || !absl::SimpleAtoi(text, &v)) {
+          return absl::StrCat("'", text.substr(0, 40), "' is not an integer in [0, ",
+                              std::numeric_limits<uint64_t>::max(), "]");
+        }
+        return std::string();
+      },
+      absl::StrCat("INT in [0, ", std::numeric_limits<uint64_t>::max(), "]"));
 }
 
 CLI::Validator number_in(double lo, double hi, bool lo_open) {

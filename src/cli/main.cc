@@ -2,12 +2,15 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"simpler: run programs on accelerator devices (sim device embedded)"};
+  // "simpler <version>" on stdout, exit 0; the version is the CMake project's.
+  app.set_version_flag("--version", std::string("simpler ") + SIMPLER_VERSION);
   app.require_subcommand(1);
   std::vector<simpler::cli::Runner> runners;
   runners.push_back(simpler::cli::add_run_command(app));

@@ -20,8 +20,19 @@ absl::StatusOr<std::optional<PromptSpec>> parse_prompts_line(std::string_view li
     return absl::InvalidArgumentError(absl::StrCat(
         at, ": expected a JSON object, got ", j.type_name(), " ", base::quote_json_prefix(j, 60)));
   }
+  for (const auto& [key, value] : j.items()) {
+    if (key != "prompt" && key != "prompt_ids") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ": unknown key \"", key.substr(0, 40),
+                       "\" (a line holds \"prompt\" or \"prompt_ids\" and nothing else)"));
+    }
+  }
   auto text = j.find("prompt");
   auto ids = j.find("prompt_ids");
+  if (text != j.end() && ids != j.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, ": give one of \"prompt\" and \"prompt_ids\", not both"));
+  }
   if (text != j.end() && text->is_string()) return PromptSpec(text->get<std::string>());
   if (ids != j.end() && ids->is_array()) {
     std::vector<int64_t> out;

@@ -23,7 +23,8 @@ using PromptSpec = std::variant<std::string, std::vector<int64_t>>;
 // message prefixed with `where` and ": " (e.g. "prompts.jsonl:3: "): the JSON parser's reason
 // (malformed, too deep, trailing bytes, not UTF-8), "expected a JSON object, got <type> <value>",
 // "prompt_ids[i] is not an integer: <value>", "prompt_ids[i] = <n> is not a token id" (above
-// the int64 range), or "needs \"prompt\" (string) or \"prompt_ids\" (array)".
+// the int64 range), "unknown key \"<key>\" ..." (any key but the two), "give one of \"prompt\" and
+// \"prompt_ids\", not both", or "needs \"prompt\" (string) or \"prompt_ids\" (array)".
 // Thread-safe (pure).
 absl::StatusOr<std::optional<PromptSpec>> parse_prompts_line(std::string_view line,
                                                              std::string_view where = "line");

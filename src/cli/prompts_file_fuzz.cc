@@ -1,8 +1,8 @@
 // libFuzzer target: one line of a prompts file through parse_prompts_line.
-// Checks: no crash/UB; blank lines are skipped and only they; an accepted line holds no NUL byte
-// (JSON cannot: nothing may follow the value but whitespace); an accepted line's prompt is the
-// JSON's "prompt" string, or its "prompt_ids" with every id equal to the JSON integer (ids stay
-// 64-bit; a value that does not fit int64 must be refused, not wrapped).
+// Checks: no crash/UB; blank lines are skipped and only they; an accepted line holds one key and
+// no NUL byte (JSON cannot: nothing may follow the value but whitespace); an accepted line's
+// prompt is the JSON's "prompt" string, or its "prompt_ids" with every id equal to the JSON
+// integer (ids stay 64-bit; a value that does not fit int64 must be refused, not wrapped).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         "a line with a NUL byte accepted (bytes after the JSON value are ignored)");
   const auto j = nlohmann::json::parse(line, nullptr, false);
   check(!j.is_discarded() && j.is_object(), "accepted a line that is not a JSON object");
+  check(j.size() == 1, "accepted a line with a key besides its one prompt");
   if (const auto* text = std::get_if<std::string>(&**spec)) {
     check(
         j.contains("prompt") && j["prompt"].is_string() && j["prompt"].get<std::string>() == *text,

@@ -53,5 +53,15 @@ TEST(PromptsFileTest, MalformedLinesAreRefusedWithTheirReason) {
   EXPECT_FALSE(parse_prompts_line(std::string("{\"prompt\": \"a\"}\0xyz", 17)).ok());
 }
 
+TEST(PromptsFileTest, UnknownKeysAndBothPromptsAreRefusedNamingTheKey) {
+  EXPECT_EQ(
+      parse_prompts_line(R"({"prompt":"A","max_tokens":5,"temperature":9})", "p.jsonl:4").status(),
+      absl::InvalidArgumentError("p.jsonl:4: unknown key \"max_tokens\" (a line holds "
+                                 "\"prompt\" or \"prompt_ids\" and nothing else)"));
+  EXPECT_EQ(
+      parse_prompts_line(R"({"prompt":"A","prompt_ids":[1]})", "p.jsonl:5").status(),
+      absl::InvalidArgumentError("p.jsonl:5: give one of \"prompt\" and \"prompt_ids\", not both"));
+}
+
 }  // namespace
 }  // namespace simpler::llm

@@ -1,9 +1,11 @@
 // LlmEngine and Qwen3ModelRunner on the sim device with a small generated model.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -435,11 +437,15 @@ TEST_F(LlmEngineTest, ChoicesOfOneRequestAreDistinctStreamsUnlessGreedy) {
   EXPECT_TRUE(e->shutdown().ok());
 }
 
-// Logprobs are of the raw logits: log_softmax of the logits the step computed.
-TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
+// Logprobs are of the raw logits: log_softmax of the logits the step computed, with up to 20
+// top alternatives (OpenAI's and vLLM's bound); 21 is refused.
+TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogitsWithUpToTwentyAlternatives) {
   auto e = engine(options(2));
   RequestSpec s = seeded({5, 6, 7}, 9);
-  s.sampling.logprobs = 5;
+  s.sampling.logprobs = 21;
+  EXPECT_EQ(e->add_request(s).status(),
+            absl::InvalidArgumentError("logprobs must be in [0, 20] (or absent), got 21"));
+  s.sampling.logprobs = 20;
   s.sampling.repetition_penalty = 1.3f;
   s.max_tokens = 3;
   ask_logits(s, {0, 1, 2});
@@ -464,10 +470,13 @@ TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
     for (float v : l) sum += std::exp(static_cast<double>(v) - mx);
     const double lse = mx + std::log(sum);
     EXPECT_NEAR(lps[k].logprob, l[toks[k]] - lse, 1e-4) << "token " << k;
-    ASSERT_EQ(lps[k].top.size(), 5u);
-    const int32_t best = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    EXPECT_EQ(lps[k].top[0].first, best);
-    EXPECT_NEAR(lps[k].top[0].second, l[best] - lse, 1e-4);
+    ASSERT_EQ(lps[k].top.size(), 20u);
+    std::vector<float> sorted = l;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    for (size_t j = 0; j < 20; ++j) {
+      EXPECT_EQ(l[lps[k].top[j].first], sorted[j]) << "token " << k << ", alternative " << j;
+      EXPECT_NEAR(lps[k].top[j].second, sorted[j] - lse, 1e-4);
+    }
   }
   EXPECT_TRUE(e->shutdown().ok());
 }

@@ -60,8 +60,8 @@ namespace {
 //   9 sample_slots  i32 [ns]    IN     state slot of each logit row
 //  10 out_ids       i32 [ns]    OUT    sampled ids
 //  11 out_logprobs  f32 [ns]    OUT
-//  12 top_ids       i32 [ns, 5] OUT
-//  13 top_logprobs  f32 [ns, 5] OUT
+//  12 top_ids       i32 [ns, kMaxLogprobs] OUT
+//  13 top_logprobs  f32 [ns, kMaxLogprobs] OUT
 //  14 positions     i32 [B]     IN     the decode program's (qwen3_program.h) ...
 //  15 slot_mapping  i32 [B]     IN
 //  16 block_tables  i32 [B, max_blocks] IN

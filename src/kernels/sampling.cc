@@ -89,7 +89,9 @@ absl::Status SamplingParams::validate(int64_t vocab_size) const {
   if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f)) {
     return bad("repetition_penalty", repetition_penalty, "finite and > 0 (1 is off)");
   }
-  if (logprobs < -1 || logprobs > kMaxLogprobs) return bad("logprobs", logprobs, "in [-1, 5]");
+  if (logprobs < -1 || logprobs > kMaxLogprobs) {
+    return bad("logprobs", logprobs, absl::StrCat("in [-1, ", kMaxLogprobs, "]").c_str());
+  }
   if (min_tokens < 0) return bad("min_tokens", min_tokens, ">= 0");
   for (int i = 0; i < kMaxSamplingStopIds; ++i) {
     if (stop_ids[i] < -1 || (stop_ids[i] >= 0 && stop_ids[i] >= vocab_size)) {
@@ -327,7 +329,6 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
 SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const float* logits,
                         const int32_t* counts, int64_t vocab) {
   SampleResult r;
-  std::fill(std::begin(r.top_logprobs), std::end(r.top_logprobs), kNegInf);
   // 1. Raw logprobs: log_softmax in f64 (not computed at all for logprobs = -1).
   const double lse = p.logprobs >= 0 ? log_sum_exp(logits, vocab) : 0.0;
   // 2–3. Penalties on a copy, when any applies (otherwise the raw logits are read as they are).

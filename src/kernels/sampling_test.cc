@@ -268,10 +268,10 @@ TEST(SamplingParams, ValidateNamesTheFieldAndValue) {
        "sampling params: frequency_penalty must be in [-2, 2] (0 is off), got -3"},
       {[](SamplingParams& p) { p.repetition_penalty = 0.0f; },
        "sampling params: repetition_penalty must be finite and > 0 (1 is off), got 0"},
-      {[](SamplingParams& p) { p.logprobs = 6; },
-       "sampling params: logprobs must be in [-1, 5], got 6"},
+      {[](SamplingParams& p) { p.logprobs = 21; },
+       "sampling params: logprobs must be in [-1, 20], got 21"},
       {[](SamplingParams& p) { p.logprobs = -2; },
-       "sampling params: logprobs must be in [-1, 5], got -2"},
+       "sampling params: logprobs must be in [-1, 20], got -2"},
       {[](SamplingParams& p) { p.min_tokens = -1; },
        "sampling params: min_tokens must be >= 0, got -1"},
       {[](SamplingParams& p) { p.stop_ids[2] = 10; },
@@ -516,10 +516,25 @@ TEST(SampleRow, LogprobsAreOfTheRawLogitsWithTopAlternatives) {
   lse = std::log(lse);
   EXPECT_EQ(r.id, 2);
   EXPECT_NEAR(r.logprob, 3.0 - lse, 1e-6);
-  EXPECT_THAT(r.top_ids, ::testing::ElementsAre(1, 2, 5, -1, -1));
+  EXPECT_THAT(std::vector<int32_t>(std::begin(r.top_ids), std::begin(r.top_ids) + 5),
+              ::testing::ElementsAre(1, 2, 5, -1, -1));
   EXPECT_NEAR(r.top_logprobs[0], 3.0 - lse, 1e-6);
   EXPECT_NEAR(r.top_logprobs[2], 2.0 - lse, 1e-6);
   EXPECT_EQ(r.top_logprobs[3], -std::numeric_limits<float>::infinity());
+}
+
+TEST(SampleRow, TwentyTopAlternativesComeInOrder) {
+  std::vector<float> logits(30);
+  for (int t = 0; t < 30; ++t) logits[t] = static_cast<float>((t * 7) % 30);  // a permutation
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = 20;
+  ASSERT_TRUE(p.validate(30).ok());
+  const SampleResult r = sample_row(p, SampleRowInfo{-1, 0, 0, 0}, logits.data(), nullptr, 30);
+  for (int k = 0; k < 20; ++k) {
+    ASSERT_GE(r.top_ids[k], 0) << k;
+    EXPECT_EQ(logits[r.top_ids[k]], 29.0f - k) << "alternative " << k;
+  }
 }
 
 // logprobs = -1 skips the log-sum-exp: the same token, no logprob, no alternatives; with

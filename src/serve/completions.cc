@@ -43,7 +43,10 @@ struct Exchange {
   std::vector<int64_t> completion_tokens;
   std::vector<std::string> finish;
   std::vector<json> logprob_content;  // chat: list; completions: {tokens, token_logprobs, ...}
-  std::vector<bool> started;          // chat stream: the role chunk went out
+  // Completions' logprobs: the text_offset of the choice's next token, in characters (Unicode
+  // code points) into the choice's returned text (the echoed prompt first).
+  std::vector<int64_t> text_offset;
+  std::vector<bool> started;  // stream: the role chunk (chat) or the echoed prompt went out
   int32_t open = 0;
   std::deque<llm::RequestOutput> pending;  // events read before the provider ran
   bool done_written = false;
@@ -112,6 +115,12 @@ json usage(const Exchange& x) {
 
 // ---- Folding events ----
 
+// The characters (Unicode code points) of UTF-8 text: its bytes that start one.
+int64_t utf8_chars(const std::string& s) {
+  return std::count_if(s.begin(), s.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
 json logprob_entry_chat(const Exchange& x, int32_t id, const llm::TokenLogprob& lp) {
   auto bytes = [](const std::string& s) {
     json b = json::array();
@@ -143,10 +152,12 @@ json fold_logprobs(Exchange& x, const llm::RequestOutput& out) {
   for (size_t k = 0; k < count; ++k) {
     json top = json::object();
     for (const auto& [tid, l] : out.logprobs[k].top) top[x.token_text(tid)] = l;
-    d["tokens"].push_back(x.token_text(out.token_ids[k]));
+    const std::string token = x.token_text(out.token_ids[k]);
+    d["tokens"].push_back(token);
     d["token_logprobs"].push_back(out.logprobs[k].logprob);
     d["top_logprobs"].push_back(top);
-    d["text_offset"].push_back(0);
+    d["text_offset"].push_back(x.text_offset[out.index]);
+    x.text_offset[out.index] += utf8_chars(token);
   }
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
     for (const json& v : d[key]) all[key].push_back(v);
@@ -172,6 +183,9 @@ std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
   if (x.chat && !x.started[i]) {
     x.started[i] = true;
     chunks += stream_chunk(x, i, {{"role", "assistant"}, {"content", ""}}, "", nullptr, nullptr);
+  } else if (x.echo && !x.started[i]) {
+    x.started[i] = true;  // the echoed prompt goes first, in a chunk of its own
+    chunks += stream_chunk(x, i, nullptr, x.prompt_text, nullptr, nullptr);
   }
   if (!out.text.empty() || !lp_delta.is_null()) {
     chunks += stream_chunk(x, i, {{"content", out.text}}, out.text, lp_delta, nullptr);
@@ -242,13 +256,7 @@ std::variant<ParsedRequest, ApiError> admit(const ServerContext& ctx, const http
   }
   auto parsed = parse_request(req.body, chat_endpoint, ctx.options.limits);
   if (auto* p = std::get_if<ParsedRequest>(&parsed)) {
-    if (!p->model.empty() && p->model != ctx.options.served_model_name) {
-      return api_error(404,
-                       absl::StrCat("the model '", p->model.substr(0, 100),
-                                    "' does not exist; this server serves '",
-                                    ctx.options.served_model_name, "'"),
-                       "invalid_request_error", "model_not_found");
-    }
+    if (std::optional<ApiError> e = unknown_model(ctx, p->model)) return *std::move(e);
   }
   return parsed;
 }
@@ -315,6 +323,7 @@ std::shared_ptr<Exchange> new_exchange(const ServerContext& ctx, const httplib::
   x->completion_tokens.assign(p.n, 0);
   x->finish.assign(p.n, "");
   x->logprob_content.assign(p.n, empty_logprobs(p.chat));
+  x->text_offset.assign(p.n, x->echo ? utf8_chars(x->prompt_text) : 0);
   x->started.assign(p.n, false);
   x->open = p.n;
   x->start_ns = start_ns;

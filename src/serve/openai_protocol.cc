@@ -354,6 +354,7 @@ std::optional<ApiError> read_completion(Reader& r, const RequestLimits& limits, 
         "prompt");
   }
   p.max_tokens = r.integer("max_tokens", 1, INT32_MAX);
+  if (!p.max_tokens) p.max_tokens = kDefaultCompletionMaxTokens;
   if (auto lp = r.integer("logprobs", 0, llm::kMaxLogprobs)) p.logprobs = static_cast<int32_t>(*lp);
   if (auto e = r.boolean("echo")) p.echo = *e;
   (void)r.integer("best_of", 1, 1);  // only the default: no server-side best-of
@@ -471,7 +472,7 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
   const json& j = std::get<json>(obj);
   Reader r{j, std::nullopt};
   TokenizeRequest t;
-  (void)r.string("model");
+  if (auto m = r.string("model")) t.model = *m;
   if (j.contains("prompt") == j.contains("messages")) {
     return bad_request("give exactly one of 'prompt' and 'messages'");
   }

@@ -1,9 +1,10 @@
 // libFuzzer target: an HTTP request body through parse_request (completions or chat, chosen by
 // the first byte), parse_tokenize and parse_detokenize.
 // Checks: no crash/UB/exception; an accepted body is a JSON object; an accepted request keeps
-// every bound (n in [1, 256], max_tokens >= 1, logprobs in [0, 5], 1-256-byte stop strings, at
-// most 8 stop ids, chat: a non-empty conversation of system / user / assistant turns); a
-// refusal is a 400 whose error object is valid JSON naming a message.
+// every bound (n in [1, 256], max_tokens >= 1 and set on every completion, logprobs in
+// [0, kMaxLogprobs], 1-256-byte stop strings, at most 8 stop ids, chat: a non-empty
+// conversation of system / user / assistant turns); a refusal is a 400 whose error object is
+// valid JSON naming a message.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -41,8 +42,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(!j.is_discarded() && j.is_object(), "accepted a body that is not a JSON object");
     check(p.n >= 1 && p.n <= 256, "n outside [1, 256] accepted");
     check(!p.max_tokens.has_value() || *p.max_tokens >= 1, "max_tokens < 1 accepted");
-    check(!p.logprobs.has_value() || (*p.logprobs >= 0 && *p.logprobs <= 5),
-          "logprobs outside [0, 5] accepted");
+    check(p.chat || p.max_tokens.has_value(), "a completion without max_tokens (16 by default)");
+    check(
+        !p.logprobs.has_value() || (*p.logprobs >= 0 && *p.logprobs <= simpler::llm::kMaxLogprobs),
+        "logprobs outside [0, kMaxLogprobs] accepted");
     for (const auto& s : p.sampling.stop) {
       check(!s.empty() && s.size() <= 256, "a stop string outside 1-256 bytes accepted");
     }

@@ -53,8 +53,28 @@ TEST(ParseRequest, CompletionFieldsAndVllmExtensions) {
   EXPECT_EQ(std::get<std::string>(ok(R"({"prompt":["one"]})", false).prompt), "one");
   EXPECT_EQ(ok(R"({"prompt":"x","stop":"s"})", false).sampling.stop,
             (std::vector<std::string>{"s"}));
-  EXPECT_FALSE(ok(R"({"prompt":"x"})", false).max_tokens.has_value());
   EXPECT_FALSE(ok(R"({"prompt":"x"})", false).logprobs.has_value());
+}
+
+TEST(ParseRequest, CompletionsWithoutMaxTokensGetSixteenAndChatGetsNone) {
+  EXPECT_EQ(ok(R"({"prompt":"x"})", false).max_tokens, 16);
+  EXPECT_EQ(ok(R"({"prompt":"x","max_tokens":100})", false).max_tokens, 100);
+  EXPECT_FALSE(ok(R"({"messages":[{"role":"user","content":"x"}]})", true).max_tokens.has_value());
+}
+
+TEST(ParseRequest, UpToTwentyTopLogprobsAreAccepted) {
+  EXPECT_EQ(ok(R"({"prompt":"x","logprobs":20})", false).logprobs, 20);
+  EXPECT_EQ(
+      ok(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})", true)
+          .logprobs,
+      20);
+  const ApiError completion = bad(R"({"prompt":"x","logprobs":21})", false);
+  EXPECT_EQ(completion.param, "logprobs");
+  EXPECT_NE(completion.message.find("outside [0, 20]"), std::string::npos) << completion.message;
+  const ApiError chat = bad(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", true);
+  EXPECT_EQ(chat.param, "top_logprobs");
+  EXPECT_NE(chat.message.find("outside [0, 20]"), std::string::npos) << chat.message;
 }
 
 TEST(ParseRequest, ChatMessagesTemplateKwargsAndLogprobs) {
@@ -97,7 +117,7 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
       {R"({"prompt":"x","stream":1})", false, "stream", "must be a boolean"},
       {R"({"prompt":"x","stop":[1]})", false, "stop", "must be a string"},
       {R"({"prompt":"x","stop":""})", false, "stop", "1 to 256 bytes"},
-      {R"({"prompt":"x","logprobs":6})", false, "logprobs", "outside [0, 5]"},
+      {R"({"prompt":"x","logprobs":21})", false, "logprobs", "outside [0, 20]"},
       {R"({"prompt":"x","frobnicate":1})", false, "frobnicate", "unrecognized request argument"},
       {R"({"prompt":[-1]})", false, "prompt", "token id"},
       {R"({"prompt":[1, 4294967296]})", false, "prompt", "token id"},

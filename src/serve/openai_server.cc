@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "serve/routes.h"
 #include "serve/server_context.h"
 #include "serve/transport.h"
@@ -60,6 +61,11 @@ absl::Status OpenAiServer::shutdown(base::Deadline drain) {
     im.transport.stop();
   });
   return im.shutdown_status;
+}
+
+std::string base_url(const std::string& host, int port) {
+  const bool bracket = host.find(':') != std::string::npos && host.front() != '[';
+  return absl::StrCat("http://", bracket ? "[" : "", host, bracket ? "]" : "", ":", port, "/v1");
 }
 
 }  // namespace simpler::serve

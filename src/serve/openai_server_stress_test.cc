@@ -637,13 +637,25 @@ TEST_F(StressTest, MalformedHttpGets4xxAndDoesNotDisturbOthers) {
       {"chunked body",
        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
            absl::StrCat(absl::Hex(ok_body.size())) + "\r\n" + ok_body + "\r\n0\r\n\r\n",
-       411},
+       200},
       {"no content-length", "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n" + ok_body, 411},
       {"bad chunk size",
        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
        "chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
-       411},
-      {"chunked body past the limit", big_chunked, 411},
+       400},
+      {"chunked body past the limit", big_chunked, 413},
+      {"chunked and content-length",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+       "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+       400},
+      {"gzip transfer encoding",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
+      {"chunked body to no route",
+       "POST /v1/nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0"
+       "\r\n\r\n",
+       404},
+      {"POST without a body on a GET route", "POST /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 405},
+      {"DELETE without a body on no route", "DELETE /nope HTTP/1.1\r\nHost: x\r\n\r\n", 404},
       {"header without a colon",
        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nNoColonHere\r\nContent-Length: 2\r\n\r\n{}", 0},
       {"HTTP/0.9", "GET /health\r\n\r\n", 0},

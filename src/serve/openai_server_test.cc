@@ -25,6 +25,13 @@ class ServerTest : public ServerFixture {
   static void SetUpTestSuite() { make_checkpoint("simpler_serve_test"); }
 };
 
+TEST(BaseUrlTest, NamesIpv6AddressesInBrackets) {
+  EXPECT_EQ(base_url("127.0.0.1", 8000), "http://127.0.0.1:8000/v1");
+  EXPECT_EQ(base_url("localhost", 80), "http://localhost:80/v1");
+  EXPECT_EQ(base_url("::1", 8013), "http://[::1]:8013/v1");
+  EXPECT_EQ(base_url("[::1]", 8013), "http://[::1]:8013/v1");
+}
+
 TEST_F(ServerTest, CompletionStreamedAndNotGiveTheSameTextWithCorrectFraming) {
   start();
   const std::string body = R"({"model":"tiny","prompt":"The quick brown fox","max_tokens":12,
@@ -120,6 +127,106 @@ TEST_F(ServerTest, ChatStreamsARoleChunkThenDeltasPerChoice) {
                                "end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
 }
 
+// The characters (Unicode code points) of UTF-8 text.
+int64_t chars_of(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+// Each token's text_offset is where its text starts in the returned text: the previous token's
+// offset plus that token's length in characters, the first at `first`.
+void expect_text_offsets(const json& logprobs, int64_t first) {
+  const json& tokens = logprobs["tokens"];
+  const json& offsets = logprobs["text_offset"];
+  ASSERT_EQ(offsets.size(), tokens.size()) << logprobs;
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(offsets[0], first) << logprobs;
+  for (size_t k = 1; k < tokens.size(); ++k) {
+    EXPECT_EQ(offsets[k].get<int64_t>(),
+              offsets[k - 1].get<int64_t>() + chars_of(tokens[k - 1].get<std::string>()))
+        << "token " << k << ": " << logprobs;
+  }
+}
+
+TEST_F(ServerTest, TextOffsetsAreCharacterOffsetsIntoTheReturnedText) {
+  start();
+  const std::string prompt = "The quick brown fox";
+  const json body = {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", 6},
+                     {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}};
+  auto res = post("/v1/completions", body.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json lp = json::parse(res->body)["choices"][0]["logprobs"];
+  expect_text_offsets(lp, 0);
+  EXPECT_GT(lp["text_offset"].back().get<int64_t>(), 0) << "the tokens before the last are empty";
+  // Echoed: the offsets count the prompt in front.
+  json echoed = body;
+  echoed["echo"] = true;
+  res = post("/v1/completions", echoed.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  expect_text_offsets(json::parse(res->body)["choices"][0]["logprobs"], chars_of(prompt));
+  // Streamed: the same offsets, continued across chunks.
+  json streamed = body;
+  streamed["stream"] = true;
+  json offsets = json::array();
+  for (const std::string& ev : events(stream("/v1/completions", streamed.dump()))) {
+    if (ev == "[DONE]") break;
+    const json c = json::parse(ev)["choices"][0];
+    if (c["logprobs"].is_null()) continue;
+    for (const json& o : c["logprobs"]["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(offsets, lp["text_offset"]);
+}
+
+TEST_F(ServerTest, StreamedEchoSendsThePromptFirst) {
+  start();
+  const json body = {{"prompt", "The quick brown fox"},
+                     {"max_tokens", 4},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"echo", true}};
+  auto res = post("/v1/completions", body.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::string whole = json::parse(res->body)["choices"][0]["text"];
+  ASSERT_EQ(whole.rfind("The quick brown fox", 0), 0u) << whole;
+  json streamed = body;
+  streamed["stream"] = true;
+  const auto evs = events(stream("/v1/completions", streamed.dump()));
+  ASSERT_GE(evs.size(), 2u);
+  EXPECT_EQ(json::parse(evs[0])["choices"][0]["text"], "The quick brown fox");
+  std::string text;
+  for (const std::string& ev : evs) {
+    if (ev != "[DONE]") text += json::parse(ev)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, whole);
+}
+
+TEST_F(ServerTest, CompletionsWithoutMaxTokensGenerateSixteenTokens) {
+  start();
+  auto res = post("/v1/completions",
+                  R"({"prompt":"The quick brown fox","temperature":0,"ignore_eos":true})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 16);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(ServerTest, ChatGivesUpToTwentyTopLogprobsPerToken) {
+  start();
+  auto res = post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,
+                      "temperature":0,"ignore_eos":true,"logprobs":true,"top_logprobs":20})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json content = json::parse(res->body)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u) << content;
+  for (const json& entry : content) EXPECT_EQ(entry["top_logprobs"].size(), 20u) << entry;
+}
+
 TEST_F(ServerTest, ErrorsAreOpenAiErrorObjectsWithTheirStatus) {
   ServerOptions so;
   so.api_key = "sekrit";
@@ -148,6 +255,10 @@ TEST_F(ServerTest, ErrorsAreOpenAiErrorObjectsWithTheirStatus) {
   r = post("/v1/completions", R"({"prompt":"x","model":"other"})", auth);
   EXPECT_EQ(code(r), 404);
   EXPECT_EQ(error_of(r)["code"], "model_not_found");
+  r = post("/tokenize", R"({"prompt":"x","model":"other"})", auth);
+  EXPECT_EQ(code(r), 404) << (r ? r->body : "no response");
+  EXPECT_EQ(error_of(r)["code"], "model_not_found");
+  EXPECT_EQ(code(post("/tokenize", R"({"prompt":"x","model":"tiny"})", auth)), 200);
   r = post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 5000}}.dump(), auth);
   EXPECT_EQ(code(r), 400);
   EXPECT_NE(error_of(r)["message"].get<std::string>().find("maximum context length is 4096"),
@@ -167,6 +278,33 @@ TEST_F(ServerTest, ErrorsAreOpenAiErrorObjectsWithTheirStatus) {
   // A good request still works next to all that.
   r = post("/v1/completions", R"({"prompt":"x","max_tokens":2})", auth);
   EXPECT_EQ(code(r), 200) << r->body;
+}
+
+TEST_F(ServerTest, AChunkedBodyIsReadUpToTheBodyLimit) {
+  ServerOptions so;
+  so.max_body_bytes = 4096;
+  start(so);
+  auto chunked = [&](const std::string& body) {
+    auto c = client();
+    return c.Post(
+        "/v1/completions",
+        [body](size_t, httplib::DataSink& sink) {
+          for (size_t at = 0; at < body.size(); at += 1000) {
+            sink.write(body.data() + at, std::min<size_t>(1000, body.size() - at));
+          }
+          sink.done();
+          return true;
+        },
+        "application/json");
+  };
+  auto r = chunked(R"({"prompt":"The quick brown fox","max_tokens":2,"temperature":0})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 2);
+  r = chunked(R"({"prompt":")" + std::string(5000, 'a') + R"("})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "payload_too_large");
 }
 
 TEST_F(ServerTest, AFullWaitingQueueIs429) {

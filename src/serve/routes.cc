@@ -63,6 +63,7 @@ void handle_tokenize(ServerContext& ctx, const httplib::Request& req, httplib::R
   auto parsed = parse_tokenize(req.body, ctx.options.limits);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
+  if (std::optional<ApiError> e = unknown_model(ctx, t.model)) return send_error(res, *e);
   std::string text;
   if (t.prompt.has_value()) {
     text = *t.prompt;
@@ -144,15 +145,22 @@ void handle_exception(const httplib::Request&, httplib::Response& res, std::exce
 
 void install_routes(httplib::Server& http, ServerContext& ctx, Transport& transport) {
   for (const Route& r : kRoutes) {
-    httplib::Server::Handler h =
-        transport.watched([&ctx, f = r.handler](const httplib::Request& req,
-                                                httplib::Response& res) { f(ctx, req, res); });
+    httplib::Server::Handler h = [&ctx, f = r.handler](const httplib::Request& req,
+                                                       httplib::Response& res) {
+      f(ctx, req, res);
+    };
     if (std::string(r.method) == "GET") {
-      http.Get(r.path, std::move(h));
+      http.Get(r.path, transport.watched(std::move(h)));
     } else {
-      http.Post(r.path, std::move(h));
+      http.Post(r.path, transport.read_body(std::move(h)));
     }
   }
+  transport.set_routes([](const std::string& method, const std::string& path) {
+    for (const Route& r : kRoutes) {
+      if (method == r.method && path == r.path) return true;
+    }
+    return false;
+  });
   http.set_error_handler(handle_http_error);
   http.set_exception_handler(handle_exception);
 }

@@ -38,6 +38,15 @@ int64_t unix_seconds() {
       .count();
 }
 
+std::optional<ApiError> unknown_model(const ServerContext& ctx, const std::string& model) {
+  if (model.empty() || model == ctx.options.served_model_name) return std::nullopt;
+  return api_error(
+      404,
+      absl::StrCat("the model '", model.substr(0, 100), "' does not exist; this server serves '",
+                   ctx.options.served_model_name, "'"),
+      "invalid_request_error", "model_not_found");
+}
+
 std::variant<std::string, ApiError> render_chat(const ServerContext& ctx,
                                                 const std::vector<llm::ChatMessage>& messages,
                                                 const llm::ChatRenderOptions& options) {

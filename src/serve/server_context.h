@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -46,6 +47,10 @@ struct ServerContext {
 // A unique id: `prefix`-<16 random hex digits><4 hex digits of a process-wide counter>.
 std::string random_id(const char* prefix);
 int64_t unix_seconds();
+
+// 404 model_not_found when a request names a `model` (non-empty) other than the served one;
+// nullopt when it names none or the served one.
+std::optional<ApiError> unknown_model(const ServerContext& ctx, const std::string& model);
 
 // The chat template applied to `messages`: 400 when the model has no template or it refuses
 // them (param "messages").

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "serve/http_errors.h"
 #include "simpler/base/clock.h"
@@ -212,33 +213,82 @@ void discard_pending_input(int fd) {
   }
 }
 
-// cpp-httplib 0.11 bounds only a Content-Length body by the payload limit, and only after
-// reading (and discarding) all of it: a chunked body, or one without a length (read to the
-// end of the connection), would be read whole into memory. Both are refused before their body
-// is read: 411 without a Content-Length (or with a Transfer-Encoding), 413 with one past the
-// limit, 400 with one that is not a decimal number.
-std::optional<ApiError> body_refusal(const httplib::Request& req, size_t max_body_bytes) {
-  const bool has_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
-                        req.method == "DELETE" || req.method == "PRI";
-  if (!has_body) return std::nullopt;
-  if (!req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
-    return api_error(411,
-                     "send the request body with a Content-Length (chunked transfer "
-                     "encoding is not accepted)",
-                     "invalid_request_error", "length_required");
+ApiError too_large(const std::string& bytes, size_t max_body_bytes) {
+  return api_error(413,
+                   absl::StrCat("the request body is too large: ", bytes, " bytes, the limit is ",
+                                max_body_bytes),
+                   "invalid_request_error", "payload_too_large");
+}
+
+// How a request is answered before routing. Plain value.
+struct BodyRefusal {
+  int status = 0;                 // 404: nothing is routed there (the error handler answers)
+  std::optional<ApiError> error;  // else this answer
+  bool unread_body = false;       // body bytes may follow: close the connection after answering
+};
+
+// cpp-httplib 0.11 reads a request's body before routing when the method may carry one (POST,
+// PUT, PATCH, DELETE, PRI): one without a length to the end of the connection, a chunked one
+// whole into memory, and one with a Content-Length only after discarding it. So the headers are
+// judged first, and a request is answered here unless a route reads its body (the POST routes
+// read a Content-Length or chunked body bounded by max_body_bytes, Transport::read_body):
+//   * neither Content-Length nor Transfer-Encoding: no body (RFC 9112 6.3); 404 / 405 when
+//     nothing is routed there, else 411 (every POST route takes a JSON body);
+//   * both: 400 (RFC 9112 6.1: a request smuggling vector); a Transfer-Encoding other than
+//     chunked: 501;
+//   * chunked: 404 / 405 when nothing is routed there, else the route reads it;
+//   * Content-Length: 400 when it is not a decimal number, 413 past max_body_bytes;
+//   * a multipart/form-data body on a route: 415.
+std::optional<BodyRefusal> body_refusal(const httplib::Request& req, size_t max_body_bytes,
+                                        bool routed) {
+  const bool may_have_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                             req.method == "DELETE" || req.method == "PRI";
+  if (!may_have_body) return std::nullopt;
+  const bool sized = req.has_header("Content-Length");
+  const bool encoded = req.has_header("Transfer-Encoding");
+  if (routed && req.is_multipart_form_data()) {  // the body reader takes a plain body only
+    return BodyRefusal{.error = api_error(415, "the request body must be JSON, not multipart",
+                                          "invalid_request_error"),
+                       .unread_body = true};
+  }
+  if (sized && encoded) {
+    return BodyRefusal{.error = api_error(400,
+                                          "send either a Content-Length or a Transfer-Encoding, "
+                                          "not both",
+                                          "invalid_request_error"),
+                       .unread_body = true};
+  }
+  if (encoded) {
+    const std::string te = absl::AsciiStrToLower(req.get_header_value("Transfer-Encoding"));
+    if (absl::StripAsciiWhitespace(te) != "chunked") {
+      return BodyRefusal{.error = api_error(501,
+                                            absl::StrCat("Transfer-Encoding '", te.substr(0, 40),
+                                                         "' is not supported (chunked is)"),
+                                            "invalid_request_error"),
+                         .unread_body = true};
+    }
+    if (!routed) return BodyRefusal{.status = 404, .error = std::nullopt, .unread_body = true};
+    return std::nullopt;
+  }
+  if (!sized) {
+    if (!routed) return BodyRefusal{.status = 404, .error = std::nullopt, .unread_body = false};
+    return BodyRefusal{.error = api_error(411,
+                                          "this endpoint takes a JSON body: send it with a "
+                                          "Content-Length or chunked",
+                                          "invalid_request_error", "length_required"),
+                       .unread_body = true};
   }
   const std::string len = req.get_header_value("Content-Length");
   const bool parsed =
       !len.empty() && len.size() <= 19 && len.find_first_not_of("0123456789") == std::string::npos;
   if (!parsed) {
-    return api_error(400, absl::StrCat("invalid Content-Length '", len.substr(0, 40), "'"),
-                     "invalid_request_error");
+    return BodyRefusal{
+        .error = api_error(400, absl::StrCat("invalid Content-Length '", len.substr(0, 40), "'"),
+                           "invalid_request_error"),
+        .unread_body = true};
   }
   if (std::stoull(len) <= max_body_bytes) return std::nullopt;
-  return api_error(
-      413,
-      absl::StrCat("the request body is too large: ", len, " bytes, the limit is ", max_body_bytes),
-      "invalid_request_error", "payload_too_large");
+  return BodyRefusal{.error = too_large(len, max_body_bytes), .unread_body = true};
 }
 
 }  // namespace
@@ -368,11 +418,18 @@ void Transport::install() {
   // A refused body is answered before it is read, and the client is told to close the
   // connection (what is left of the body would be read as the next request).
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    std::optional<ApiError> refusal = body_refusal(req, options_->max_body_bytes);
+    const bool routed = routed_ && routed_(req.method, req.path);
+    std::optional<BodyRefusal> refusal = body_refusal(req, options_->max_body_bytes, routed);
     if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, *refusal);
-    res.set_header("Connection", "close");
-    discard_pending_input(find_connection(bound_port_, req.remote_addr, req.remote_port));
+    if (refusal->error) {
+      send_error(res, *refusal->error);
+    } else {
+      res.status = refusal->status;  // the error handler writes its object
+    }
+    if (refusal->unread_body) {
+      res.set_header("Connection", "close");
+      discard_pending_input(find_connection(bound_port_, req.remote_addr, req.remote_port));
+    }
     return httplib::Server::HandlerResponse::Handled;
   });
   // The read guard learns which connections have a handler running: from the handler's start
@@ -386,6 +443,36 @@ void Transport::install() {
   const size_t threads = static_cast<size_t>(options_->max_concurrent_requests) + 8;
   const size_t queued = static_cast<size_t>(options_->max_queued_connections);
   http_->new_task_queue = [threads, queued] { return new BoundedPool(threads, queued); };
+}
+
+void Transport::set_routes(std::function<bool(const std::string&, const std::string&)> routed) {
+  routed_ = std::move(routed);
+}
+
+httplib::Server::HandlerWithContentReader Transport::read_body(httplib::Server::Handler h) {
+  return [this, h = watched(std::move(h))](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& reader) {
+    const size_t limit = options_->max_body_bytes;
+    std::string body;
+    bool over = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      over = body.size() + n > limit;
+      if (!over) body.append(data, n);
+      return !over;
+    });
+    if (!read) {
+      // What is left of the body would be read as the next request.
+      res.set_header("Connection", "close");
+      discard_pending_input(find_connection(bound_port_, req.remote_addr, req.remote_port));
+      send_error(res, over ? too_large(absl::StrCat("more than ", limit), limit)
+                           : api_error(400, "the request body could not be read (malformed chunks)",
+                                       "invalid_request_error"));
+      return;
+    }
+    httplib::Request with_body = req;
+    with_body.body = std::move(body);
+    h(with_body, res);
+  };
 }
 
 httplib::Server::Handler Transport::watched(httplib::Server::Handler h) {

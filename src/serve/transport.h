@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -55,6 +56,14 @@ class Transport {
   void install();
   // `h`, telling the read guard that its connection has a handler running.
   httplib::Server::Handler watched(httplib::Server::Handler h);
+  // `h` as a POST route that reads its body first, sent with a Content-Length or chunked, at
+  // most max_body_bytes (413 past it, 400 for malformed chunks; both close the connection),
+  // and then runs watched(h) on the request with its body. The read guard limits the time the
+  // body takes to arrive.
+  httplib::Server::HandlerWithContentReader read_body(httplib::Server::Handler h);
+  // Which method and path have a route (the check before routing answers 404 / 405 for the
+  // others without reading a body). Called once, before bind().
+  void set_routes(std::function<bool(const std::string& method, const std::string& path)> routed);
   // Checks the transport options (INVALID_ARGUMENT naming them), binds host:port (UNAVAILABLE
   // naming the address) and raises the listen backlog. Returns the bound port.
   absl::StatusOr<int> bind();
@@ -71,6 +80,7 @@ class Transport {
   httplib::Server* const http_;
   const ServerOptions* const options_;
   std::unique_ptr<ReadGuard> guard_;
+  std::function<bool(const std::string&, const std::string&)> routed_;  // set before bind()
   int listen_fd_ = -1;                // the listening socket (set while binding)
   int bound_port_ = 0;                // set by bind()
   std::atomic<bool> serving_{false};  // listen() is running (set before it checks shutting_down)

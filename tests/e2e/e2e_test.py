@@ -74,6 +74,8 @@ import math
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -1144,14 +1146,117 @@ def scenario_cli_errors(ctx):
     pf4 = ctx.path("oov_prompts.jsonl")
     with open(pf4, "w") as f:
         f.write('{"prompt_ids": [1, 2]}\n{"prompt_ids": [3, 600]}\n')
-    expect_error(ctx, gen(sharded, "--prompts-file", pf4), "prompts-file id outside the vocab",
-                 ["600", "request 1", "vocab"])
+    expect_request_failure(ctx, gen(sharded, "--prompts-file", pf4),
+                           "prompts-file id outside the vocab", [f"{pf4}:2", "600", "vocab"])
 
     # Launch depth and run grant out of bounds name the field and its value.
     expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2", "--run-grant", "1"),
                  "generate --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
     expect_refused_by_parser(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2000"),
                              "generate --launch-depth 2000", ["--launch-depth", "2000", "1024"])
+
+
+def ipv6_loopback_available():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def scenario_cli_input(ctx):
+    """What the flag parser and the prompts file refuse, and what the CLI tells a new user:
+    sampling flags and seeds out of range are refused before the model loads, empty ids and
+    unknown prompts-file keys are errors naming where, a refused prompts-file line fails only
+    its request, --version and the defaults in --help, and the IPv6 URL `serve` prints."""
+    pb = ctx.problems
+    model = ctx.make_model(ctx.path("tiny"), "--preset", "tiny", "--seed", "5",
+                           "--tokenizer-dir", ctx.tokenizer_dir)
+    gen = lambda *extra: [ctx.simpler, "generate", "--model", model, "--max-new-tokens", "4",
+                          *extra]
+
+    # --version, and the defaults in generate --help.
+    p, _ = ctx.run([ctx.simpler, "--version"], label="--version")
+    pb.check(p.returncode == 0 and re.fullmatch(r"simpler \d+\.\d+\.\d+", p.stdout.strip()),
+             f"--version: exit {p.returncode}, stdout {p.stdout!r}, stderr {tail(p.stderr, 300)!r}")
+    p, _ = ctx.run([ctx.simpler, "generate", "--help"], label="generate --help")
+    for flag, default in (("--max-new-tokens", "32"), ("--temperature", "0"), ("--top-p", "1")):
+        pb.check(re.search(rf"{flag}\b[^\n]*={default}\b", p.stdout),
+                 f"generate --help does not show {flag}'s default {default}: {p.stdout!r}")
+
+    # Sampling flags out of range, refused by the parser (before the model loads).
+    for argv, label, names in (
+            (["--top-p", "2"], "--top-p 2", ["--top-p", "2", "maximum of 1"]),
+            (["--top-p", "0"], "--top-p 0", ["--top-p", "not above the minimum of 0"]),
+            (["--min-p", "1.5"], "--min-p 1.5", ["--min-p", "1.5", "maximum of 1"]),
+            (["--temperature", "101"], "--temperature 101", ["--temperature", "101"]),
+            (["--seed=-1"], "--seed -1", ["--seed", "'-1' is not an integer"]),
+            (["--seed", "18446744073709551616"], "--seed 2^64",
+             ["--seed", "18446744073709551616", "18446744073709551615"])):
+        expect_refused_by_parser(ctx, gen("--prompt", "Hi", *argv), label, names)
+    expect_refused_by_parser(ctx, [ctx.simpler, "make-model", "--preset", "tiny", "--out",
+                                   ctx.path("never"), "--seed=-1"], "make-model --seed -1",
+                             ["--seed", "'-1'"])
+    # The largest seed runs.
+    out, _, _ = ctx.generate(model, ["--prompt", "Hi", "--max-new-tokens", "2", "--ignore-eos",
+                                     "--temperature", "1", "--seed", "18446744073709551615"],
+                             "--seed 2^64-1")
+    pb.check(len(out["requests"][0]["tokens"]) == 2, f"--seed 2^64-1: {out['requests']}")
+
+    # Empty ids in --prompt-ids.
+    for ids in ("9707,,11", "9707,11,", ",9707"):
+        expect_error(ctx, gen("--prompt-ids", ids), f"--prompt-ids {ids}",
+                     ["--prompt-ids", "is empty"])
+
+    # Prompts-file lines with unknown keys, or both prompts: refused naming file:line and the key.
+    pf = ctx.path("keys.jsonl")
+    with open(pf, "w") as f:
+        f.write('{"prompt": "A"}\n{"prompt":"A","max_tokens":5,"temperature":9}\n')
+    expect_error(ctx, gen("--prompts-file", pf), "prompts-file unknown key",
+                 [f"{pf}:2", '"max_tokens"'])
+    with open(pf, "w") as f:
+        f.write('{"prompt": "A", "prompt_ids": [9707]}\n')
+    expect_error(ctx, gen("--prompts-file", pf), "prompts-file prompt and prompt_ids",
+                 [f"{pf}:1", "not both"])
+
+    # A line the model refuses fails its request only; the others run.
+    pf = ctx.path("one_bad.jsonl")
+    with open(pf, "w") as f:
+        f.write('{"prompt": "Hello"}\n\n{"prompt": ""}\n{"prompt_ids": [9707, 11]}\n')
+    p = expect_request_failure(ctx, gen("--prompts-file", pf, "--ignore-eos", "--json"),
+                               "prompts-file with an empty prompt", [f"{pf}:3", "empty prompt"])
+    try:
+        reqs = parse_one_json_object(p.stdout, "prompts-file with an empty prompt")["requests"]
+        pb.check([r["finish_reason"] for r in reqs] == ["length", "error", "length"]
+                 and len(reqs[0]["tokens"]) == 4 and len(reqs[2]["tokens"]) == 4
+                 and reqs[1]["chip"] is None,
+                 f"prompts-file with an empty prompt: {reqs}")
+    except Failure as e:
+        pb.add(str(e))
+    p = expect_request_failure(ctx, gen("--prompts-file", pf, "--ignore-eos"),
+                               "prompts-file with an empty prompt, text", [f"{pf}:3"])
+    pb.check(p.stdout.count("--- request") == 3, f"text output: {p.stdout!r}")
+
+    # serve on an IPv6 address prints its URL with the address in brackets.
+    if not ipv6_loopback_available():
+        log("no IPv6 loopback here: the serve --host ::1 check is skipped")
+        return
+    argv = [ctx.simpler, "serve", "--model", model, "--port", "0", "--host", "::1"]
+    log(f"$ {' '.join(argv)} &")
+    srv = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=ctx.env)
+    try:
+        line = srv.stdout.readline()
+        pb.check(re.search(r"ready on http://\[::1\]:\d+/v1 ", line),
+                 f"serve --host ::1 printed {line!r}")
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            srv.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
 
 
 def matmul_argv(ctx, *extra):
@@ -2122,6 +2227,7 @@ SCENARIOS = {
     "run_defects": scenario_run_defects,
     "generate_faults": scenario_generate_faults,
     "bad_input": scenario_bad_input,
+    "cli_input": scenario_cli_input,
 }
 
 

@@ -46,8 +46,10 @@
 // EOS for min_tokens even with ignore_eos).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <type_traits>
@@ -96,8 +98,8 @@ class SeedAllocator {
 // ---- parameters ------------------------------------------------------------------------------
 
 inline constexpr uint32_t kSamplingParamsVersion = 2;  // 2: eos_mask
-inline constexpr int kMaxLogprobs = 5;                 // top alternatives per row
-inline constexpr int kMaxSamplingStopIds = 8;          // stop ids a row can mask for min_tokens
+inline constexpr int kMaxLogprobs = 20;        // top alternatives per row (vLLM's and OpenAI's 20)
+inline constexpr int kMaxSamplingStopIds = 8;  // stop ids a row can mask for min_tokens
 // vLLM's _SAMPLING_EPS: a temperature below it is greedy.
 inline constexpr float kGreedyTemperature = 1e-5f;
 
@@ -179,16 +181,21 @@ static_assert(std::is_trivially_copyable_v<SampleRowInfo>);
 
 // One row's result.
 struct SampleResult {
+  SampleResult() {
+    std::fill(std::begin(top_ids), std::end(top_ids), -1);
+    std::fill(std::begin(top_logprobs), std::end(top_logprobs),
+              -std::numeric_limits<float>::infinity());
+  }
   int32_t id = -1;
   float logprob = 0.0f;  // log_softmax(raw logits)[id]; 0 when params.logprobs is -1
   // The params.logprobs highest raw logprobs (ties: lower id first); unused entries -1 / -inf.
-  int32_t top_ids[kMaxLogprobs] = {-1, -1, -1, -1, -1};
+  int32_t top_ids[kMaxLogprobs];
   float top_logprobs[kMaxLogprobs];
 };
 
 // Args: 0 logits f32 [R, V] IN, 1 params u8 [R, sizeof(SamplingParams)] IN, 2 rows i32 [R, 4]
 // IN (SampleRowInfo), 3 counts i32 [S, V] IN, 4 out_ids i32 [R] OUT, 5 out_logprobs f32 [R] OUT,
-// 6 top_ids i32 [R, 5] OUT, 7 top_logprobs f32 [R, 5] OUT.
+// 6 top_ids i32 [R, kMaxLogprobs] OUT, 7 top_logprobs f32 [R, kMaxLogprobs] OUT.
 // Row r is sample_row(logits[r], params[r], rows[r], counts[rows[r].slot] or none). SPMD over
 // rows by block_range. INVALID_ARGUMENT naming the kernel, the row and the field for invalid
 // params (SamplingParams::validate), a slot ≥ S, a negative position / choice / num_generated,

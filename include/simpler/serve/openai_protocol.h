@@ -43,6 +43,9 @@ struct RequestLimits {
   int32_t max_json_depth = 16;
 };
 
+// The max_tokens of a /v1/completions body that gives none: OpenAI's default.
+inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
+
 // A validated /v1/completions or /v1/chat/completions body. Values are type-checked and
 // structurally checked here; ranges the engine knows (temperature, top_p, penalties, the
 // prompt against the context and the KV pool) are checked by LlmEngine::add_request, whose
@@ -55,7 +58,10 @@ struct ParsedRequest {
   // Chat: the conversation and the template options (chat_template_kwargs).
   std::vector<llm::ChatMessage> messages;
   llm::ChatRenderOptions chat_options;
-  std::optional<int64_t> max_tokens;  // max_tokens, or chat's max_completion_tokens
+  // max_tokens, or chat's max_completion_tokens. Completions without it get
+  // kDefaultCompletionMaxTokens (OpenAI's default); chat without it has none here, and the
+  // server runs it to the room left in the context (LlmEngine::max_tokens_for), as vLLM does.
+  std::optional<int64_t> max_tokens;
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -74,6 +80,7 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
 
 // /tokenize and /detokenize bodies (vLLM's shapes).
 struct TokenizeRequest {
+  std::string model;  // empty when the body names none (the server answers 404 for another)
   std::optional<std::string> prompt;
   std::vector<llm::ChatMessage> messages;  // when `messages` is given
   llm::ChatRenderOptions chat_options;

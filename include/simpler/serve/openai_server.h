@@ -6,11 +6,15 @@
 // Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or
 // not), GET /v1/models, GET /health (200 while the engine is healthy, 503 with the cause), GET
 // /metrics (Prometheus text), POST /tokenize, POST /detokenize. Errors are OpenAI's error
-// object with 400 / 401 / 404 / 405 / 411 / 413 / 429 / 500 / 503 (openai_protocol.h). A body is
-// judged by its headers before any of it is read (cpp-httplib 0.11 would read a chunked or
-// unsized body whole, past max_body_bytes, and an oversized one whole before refusing it): 411
-// for a POST without Content-Length or with a Transfer-Encoding, 413 for a Content-Length past
-// max_body_bytes, 400 for one that is not a decimal number; each closes the connection.
+// object with 400 / 401 / 404 / 405 / 411 / 413 / 415 / 429 / 500 / 501 / 503 (openai_protocol.h).
+// A body is judged by its headers before any of it is read (cpp-httplib 0.11 would read a chunked
+// or unsized body whole, past max_body_bytes, and an oversized one whole before refusing it): a
+// request without a body (neither Content-Length nor Transfer-Encoding) gets 404 / 405 where
+// nothing is routed and 411 on a POST route; a body sent with a Content-Length or chunked is
+// read by its POST route up to max_body_bytes (413 past it, 400 for malformed chunks or a
+// Content-Length that is not a decimal number, 400 for both headers at once, 501 for a
+// Transfer-Encoding other than chunked, 415 for a multipart body); each refusal of a body closes
+// the connection.
 //
 // Threads: cpp-httplib's pool has max_concurrent_requests + 8 threads (an idle keep-alive
 // connection holds one) behind a queue of at most max_queued_connections beyond the idle
@@ -89,5 +93,10 @@ class OpenAiServer {
   struct Impl;  // openai_server.cc
   std::unique_ptr<Impl> impl_;
 };
+
+// The base URL clients use for a server bound to `host` and `port`: "http://HOST:PORT/v1", an
+// IPv6 address in brackets ("http://[::1]:8000/v1", RFC 3986); a host already in brackets is
+// kept as it is. Thread-safe (pure).
+std::string base_url(const std::string& host, int port);
 
 }  // namespace simpler::serve

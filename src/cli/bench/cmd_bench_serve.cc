@@ -369,7 +369,7 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
                   "requests open at once (0 = all of them)")
       ->check(int_in(0, kMaxRequests))
       ->capture_default_str();
-  cmd->add_option("--seed", st->seed, "workload seed")->capture_default_str();
+  cmd->add_option("--seed", st->seed, "workload seed")->check(uint64_in())->capture_default_str();
   add_engine_flags(cmd, &st->engine,
                    {.max_num_seqs = "the engine's running requests", .page_size = true});
   return run_if_parsed(cmd, st, run_bench_serve);

@@ -328,6 +328,7 @@ Runner add_bench_throughput_command(CLI::App* bench) {
       ->check(rate_check())
       ->capture_default_str();
   cmd->add_option("--seed", st->seed, "workload seed: lengths, token ids and arrivals")
+      ->check(uint64_in())
       ->capture_default_str();
   cmd->add_option("--ttft-probe-len", st->ttft_probe_len,
                   "then one prompt of this many tokens on an idle engine: its time to first token "
