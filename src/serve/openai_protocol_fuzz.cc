@@ -12,6 +12,7 @@
 
 #include "base/fuzz_check.h"
 #include "nlohmann/json.hpp"
+#include "simpler/kernels/sampling.h"
 #include "simpler/serve/openai_protocol.h"
 
 namespace {
