@@ -1,11 +1,12 @@
 // Internal to the llm kernels: a·b + c rounded once (what std::fma returns), computed without an
-// FMA instruction and without libm, for the portable paths on targets that lack one (baseline
-// x86-64). In double, a·b is exact (24 + 24 significand bits); the sum is rounded to odd (round to
-// nearest, then, when inexact and even, one ulp toward the exact value, which the TwoSum error
-// term locates); rounding a round-to-odd double (53 bits, at least 24 + 2) to float gives the
-// correctly rounded result (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums:
-// proved algorithms using rounding to odd", IEEE Transactions on Computers 57(4), 2008).
-// Infinities and NaN pass through as std::fma's do. Branch-free, so loops over it vectorize.
+// FMA instruction and without libm, for the portable attention tile and SiLU on targets that
+// lack one (baseline x86-64; the portable matmul there multiplies, then adds: kernel_isa_fused). In
+// double, a·b is exact (24 + 24 significand bits); the sum is rounded to odd (round to nearest,
+// then, when inexact and even, one ulp toward the exact value, which the TwoSum error term
+// locates); rounding a round-to-odd double (53 bits, at least 24 + 2) to float gives the correctly
+// rounded result (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
+// algorithms using rounding to odd", IEEE Transactions on Computers 57(4), 2008). Infinities and
+// NaN pass through as std::fma's do. Branch-free, so loops over it vectorize.
 #pragma once
 
 #include <bit>

@@ -288,6 +288,32 @@ void expect_contract_bits(const std::vector<float>& y, const std::vector<float>&
   }
 }
 
+// x [rows, in] · W [out, in]ᵀ of dtype `dt` on every ISA path this CPU has, with and without
+// accumulating into y: each result bitwise its contract's (expect_contract_bits), and, when
+// `near_f64`, within 1e-6 · (1 + Σ|terms|) of the f64 product.
+void expect_every_path(DataType dt, int64_t rows, int64_t in, int64_t out, uint32_t seed,
+                       bool near_f64) {
+  std::vector<float> x = random_floats(rows * in, seed + rows + in);
+  TestWeights w = make_weights(dt, out * in, seed + 1 + out + in);
+  std::vector<float> y0 = random_floats(rows * out, seed + 2);
+  for (bool acc : {false, true}) {
+    for (auto [isa, fn] : isa_paths(acc)) {
+      std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
+      ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
+      const std::string what =
+          (::testing::Message() << name_of(isa) << " " << task::name_of(dt) << " rows " << rows
+                                << " in " << in << " out " << out << " acc " << acc)
+              .GetString();
+      if (near_f64) {
+        ASSERT_NO_FATAL_FAILURE(
+            expect_f64_product(y, x, w, rows, in, out, acc ? &y0 : nullptr, what));
+      }
+      ASSERT_NO_FATAL_FAILURE(
+          expect_contract_bits(y, x, w, rows, in, out, acc ? &y0 : nullptr, isa, what));
+    }
+  }
+}
+
 // Every ISA path this CPU has (portable always), on odd shapes (rows 1, 3, 16, 17; K below, at
 // and past the 16-lane width and its 8- and 4-lane parts) and every weight dtype: close to the
 // f64 product of the same (widened) values, and bitwise the contract's (contract_entry: fused
@@ -305,23 +331,7 @@ TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
     for (int64_t rows : {1, 3, 16, 17}) {
       for (int64_t in : {1, 3, 7, 9, 15, 16, 17, 100}) {
         for (int64_t out : {1, 5, 9, 37}) {
-          std::vector<float> x = random_floats(rows * in, 11 + rows + in);
-          TestWeights w = make_weights(dt, out * in, 12 + out);
-          std::vector<float> y0 = random_floats(rows * out, 13);
-          for (bool acc : {false, true}) {
-            for (auto [isa, fn] : isa_paths(acc)) {
-              std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
-              ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
-              const std::string what =
-                  (::testing::Message() << name_of(isa) << " " << task::name_of(dt) << " rows "
-                                        << rows << " in " << in << " out " << out << " acc " << acc)
-                      .GetString();
-              ASSERT_NO_FATAL_FAILURE(
-                  expect_f64_product(y, x, w, rows, in, out, acc ? &y0 : nullptr, what));
-              ASSERT_NO_FATAL_FAILURE(
-                  expect_contract_bits(y, x, w, rows, in, out, acc ? &y0 : nullptr, isa, what));
-            }
-          }
+          ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, out, 11, true));
         }
       }
     }
@@ -404,21 +414,7 @@ TEST(MatmulKernel, LongKAcrossBlocksGivesTheContractsBitsOnEveryPath) {
   for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
     for (int64_t rows : {1, 2, 5, 17}) {
       for (int64_t in : {1100, 2503, 4100}) {
-        const int64_t out = 7;
-        std::vector<float> x = random_floats(rows * in, 21 + rows + in);
-        TestWeights w = make_weights(dt, out * in, 22 + in);
-        std::vector<float> y0 = random_floats(rows * out, 23);
-        for (bool acc : {false, true}) {
-          for (auto [isa, fn] : isa_paths(acc)) {
-            std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
-            ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
-            ASSERT_NO_FATAL_FAILURE(expect_contract_bits(
-                y, x, w, rows, in, out, acc ? &y0 : nullptr, isa,
-                (::testing::Message() << name_of(isa) << " " << task::name_of(dt) << " rows "
-                                      << rows << " in " << in << " acc " << acc)
-                    .GetString()));
-          }
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, 7, 21, false));
       }
     }
   }
