@@ -162,7 +162,9 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
 // run: every request's tokens equal its solo run, at depth 1 and 2 and budgets
 // 1, 7 and 64 (the solo runs match the float64 reference: e2e writer_* scenarios).
 TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
-  const auto ps = kSanitized ? random_prompts(10, 100, 7) : random_prompts(32, 300, 7);
+  // At budget 1 every prompt token is a step of its own: 16 prompts of up to 160 tokens are
+  // ~1,300 steps per depth, enough for arrivals to land in every phase of a step.
+  const auto ps = kSanitized ? random_prompts(10, 100, 7) : random_prompts(16, 160, 7);
   const auto solo = solo_tokens(ps, 6);
   for (int depth : {1, 2}) {
     for (int budget : {1, 7, 64}) {

@@ -16,7 +16,7 @@ class DetokenizerTest : public testing::Qwen3TokenizerFixture {
   // Streams `ids` one token at a time; checks every delta is whole UTF-8 and
   // that the deltas add up to decode(ids). Returns the deltas.
   static std::vector<std::string> stream(const std::vector<int32_t>& ids, bool skip = false) {
-    IncrementalDetokenizer d(tokenizer_, skip);
+    IncrementalDetokenizer d(tokenizer_.get(), skip);
     std::vector<std::string> deltas;
     for (int32_t id : ids) {
       deltas.push_back(d.push(std::span<const int32_t>(&id, 1)));
@@ -71,7 +71,7 @@ TEST_F(DetokenizerTest, AnIncompleteCharacterAtTheEndIsReleasedByFinish) {
     ids.clear();
   }
   ASSERT_FALSE(ids.empty()) << "no candidate character spans several tokens";
-  IncrementalDetokenizer d(tokenizer_);
+  IncrementalDetokenizer d(tokenizer_.get());
   EXPECT_EQ(d.push(std::span<const int32_t>(ids.data(), 1)), "");
   EXPECT_EQ(d.finish(), tokenizer_->decode(std::vector<int32_t>{ids[0]}));
 }
@@ -90,7 +90,7 @@ TEST_F(DetokenizerTest, InvalidBytesAreReleasedAtOnceAndOnlyAnIncompleteCharacte
   const int32_t b8 = byte_token(*tokenizer_, "\xB8");
   const int32_t ad = byte_token(*tokenizer_, "\xAD");
   ASSERT_TRUE(cont >= 0 && e4 >= 0 && b8 >= 0 && ad >= 0);
-  IncrementalDetokenizer d(tokenizer_);
+  IncrementalDetokenizer d(tokenizer_.get());
   // A model emitting invalid bytes forever: each is U+FFFD at once, nothing accumulates
   // (a push costs its own bytes, not the history's).
   for (int i = 0; i < 20000; ++i) {
