@@ -41,9 +41,14 @@ size_t undecided_suffix(std::string_view s, std::string_view tag, bool with_spac
 
 }  // namespace
 
+// Where text read now goes: after the piece's calls when it has some.
+std::string& text_of(ToolCallPiece& out) { return out.calls.empty() ? out.content : out.after; }
+
 void ToolCallPiece::append(ToolCallPiece more) {
-  content += more.content;
+  std::string& text = calls.empty() && after.empty() ? content : after;
+  text += more.content;
   for (ParsedToolCall& c : more.calls) calls.push_back(std::move(c));
+  after += more.after;
 }
 
 std::optional<ParsedToolCall> parse_one_call(std::string_view text, const ToolCallPolicy& policy) {
@@ -68,10 +73,11 @@ void ToolCallParser::end_call(std::string_view body, bool closed, ToolCallPiece&
     state_ = policy_->parallel ? State::kBetweenCalls : State::kDone;
     return;
   }
-  out.content += space_before_call_;
-  out.content += kToolCallOpen;
-  out.content += body;
-  if (closed) out.content += kToolCallClose;
+  std::string& text = text_of(out);
+  text += space_before_call_;
+  text += kToolCallOpen;
+  text += body;
+  if (closed) text += kToolCallClose;
   state_ = State::kPlain;
 }
 
@@ -108,7 +114,7 @@ bool ToolCallParser::step(ToolCallPiece& out) {
       return true;
     }
     case State::kPlain:
-      out.content += buffer_;
+      text_of(out) += buffer_;
       buffer_.clear();
       return false;
     case State::kDone:
@@ -129,7 +135,7 @@ ToolCallPiece ToolCallParser::feed(std::string_view text) {
 ToolCallPiece ToolCallParser::finish() {
   ToolCallPiece out;
   if (state_ == State::kContent || state_ == State::kPlain) {
-    out.content = std::move(buffer_);
+    out.content = std::move(buffer_);  // a new piece: no calls
   } else if (state_ == State::kInCall) {
     end_call(buffer_, /*closed=*/false, out);
   }
@@ -146,8 +152,9 @@ ToolCallPiece parse_tool_calls(std::string_view text, const ToolCallPolicy& poli
 }
 
 json chat_message_json(const ToolCallPiece& whole, const ToolCallIds& ids) {
+  const std::string content = whole.text();
   json message = {{"role", "assistant"},
-                  {"content", whole.content.empty() ? json(nullptr) : json(whole.content)}};
+                  {"content", content.empty() ? json(nullptr) : json(content)}};
   if (whole.calls.empty()) return message;
   json calls = json::array();
   for (const ParsedToolCall& c : whole.calls) {

@@ -38,11 +38,16 @@ struct ParsedToolCall {
   std::string arguments;  // JSON text of an object
 };
 
-// What may be sent for the text read so far: content, then the calls completed.
+// What may be sent for the text read so far, in the order generated: content, the calls
+// completed, then content after them (only after a call that was not valid).
 struct ToolCallPiece {
   std::string content;
   std::vector<ParsedToolCall> calls;
+  std::string after;
+  // `more` read after this piece, added in order.
   void append(ToolCallPiece more);
+  // All of the content, as one message holds it.
+  std::string text() const { return content + after; }
 };
 
 // Reads one choice's generated text as it arrives. Text that may still turn out to open a call
@@ -83,9 +88,9 @@ std::optional<ParsedToolCall> parse_one_call(std::string_view text, const ToolCa
 // Makes a tool call id ("call_..."), unique in the process.
 using ToolCallIds = std::function<std::string()>;
 
-// A non-streamed chat choice's "message": {"role": "assistant", "content": C or null (when
-// empty), "tool_calls": [{"id", "type": "function", "function": {"name", "arguments"}}] (only
-// when there are calls)}.
+// A non-streamed chat choice's "message": {"role": "assistant", "content": the piece's text
+// or null (when empty), "tool_calls": [{"id", "type": "function", "function": {"name",
+// "arguments"}}] (only when there are calls)}.
 nlohmann::json chat_message_json(const ToolCallPiece& whole, const ToolCallIds& ids);
 
 // The stream deltas of `calls`, the first numbered `first_index` in the choice: per call one

@@ -42,6 +42,7 @@ ToolCallPiece fed_in_pieces(const std::string& text, const std::vector<size_t>& 
 
 void expect_same(const ToolCallPiece& got, const ToolCallPiece& want, const std::string& what) {
   EXPECT_EQ(got.content, want.content) << what;
+  EXPECT_EQ(got.after, want.after) << what;
   ASSERT_EQ(got.calls.size(), want.calls.size()) << what;
   for (size_t k = 0; k < got.calls.size(); ++k) {
     EXPECT_EQ(got.calls[k].name, want.calls[k].name) << what;
@@ -98,7 +99,15 @@ TEST(ToolCalls, AMalformedCallIsPlainContentNeverAToolCall) {
       call(kParis) + "\n" + call("{oops}") + "\n" + call(kNow) + " tail", policy());
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].name, "get_weather");
-  EXPECT_EQ(r.content, call("{oops}") + "\n" + call(kNow) + " tail");
+  EXPECT_EQ(r.content, "");
+  EXPECT_EQ(r.after, call("{oops}") + "\n" + call(kNow) + " tail");
+  // Content, a valid call, then a malformed one after whitespace: in the order generated.
+  const ToolCallPiece ordered =
+      parse_tool_calls("A " + call(kNow) + " " + call("{oops}") + " B", policy());
+  EXPECT_EQ(ordered.content, "A");
+  EXPECT_EQ(ordered.calls.size(), 1u);
+  EXPECT_EQ(ordered.after, call("{oops}") + " B");
+  EXPECT_EQ(ordered.text(), "A" + call("{oops}") + " B");
 }
 
 TEST(ToolCalls, ACallLeftOpenCountsOnlyWhenItIsComplete) {
@@ -128,7 +137,7 @@ TEST(ToolCalls, PolicyDecidesWhichCallsAreValid) {
   const ToolCallPiece named_ok =
       parse_tool_calls(call(kNow) + call(kParis), policy(ToolChoice::kFunction, "now"));
   ASSERT_EQ(named_ok.calls.size(), 1u);
-  EXPECT_EQ(named_ok.content, call(kParis));
+  EXPECT_EQ(named_ok.text(), call(kParis));
   // "required" reads calls as "auto" does; without one the text is content.
   EXPECT_EQ(parse_tool_calls(text, policy(ToolChoice::kRequired)).calls.size(), 2u);
   EXPECT_EQ(parse_tool_calls("no call", policy(ToolChoice::kRequired)).content, "no call");
