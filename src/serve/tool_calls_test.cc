@@ -1,11 +1,14 @@
 // Qwen3's tool calls read from generated text, whole and streamed, and their response shapes.
 #include "serve/tool_calls.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "simpler/tokenizer/detokenizer.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::serve {
 namespace {
@@ -200,6 +203,42 @@ TEST(ToolCallParser, EverySplitOfTheTextGivesTheWholeTextsReading) {
       expect_same(fed_in_pieces(text, cuts, p), whole, "random cuts: " + text);
     }
   }
+}
+
+TEST(ToolCallParser, QwenTokensFedOneAtATimeThroughTheDetokenizerGiveTheWholeReading) {
+  const llm::Tokenizer tokenizer =
+      llm::Tokenizer::load(llm::default_tokenizer_dir().value()).value();
+  const std::string text = "<think>\nThe user wants weather.\n</think>\n\nI'll check both.\n" +
+                           call(R"({"name": "get_weather", "arguments": {"city": "Zürich"}})") +
+                           "\n" + call(kNow) + "<|im_end|>";
+  const std::vector<int32_t> ids = tokenizer.encode(text);
+  // The tags are single tokens of Qwen3's vocabulary (added tokens, not special).
+  const std::vector<int32_t> open = tokenizer.encode("<tool_call>");
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_FALSE(tokenizer.is_special(open[0]));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), open[0]), 2);
+  const ToolCallPolicy p = policy();
+  ToolCallParser parser(&p);
+  llm::IncrementalDetokenizer detok(&tokenizer);
+  ToolCallPiece streamed;
+  std::vector<size_t> calls_after;  // calls known after each token
+  for (int32_t id : ids) {
+    streamed.append(parser.feed(detok.push(std::vector<int32_t>{id})));
+    calls_after.push_back(static_cast<size_t>(parser.calls()));
+  }
+  streamed.append(parser.feed(detok.finish()));
+  streamed.append(parser.finish());
+  const ToolCallPiece whole = parse_tool_calls(tokenizer.decode(ids), p);
+  expect_same(streamed, whole, text);
+  EXPECT_EQ(whole.content, "<think>\nThe user wants weather.\n</think>\n\nI'll check both.");
+  ASSERT_EQ(whole.calls.size(), 2u);
+  EXPECT_EQ(whole.calls[0].arguments, R"({"city": "Zürich"})");
+  // Each call is known as soon as its closing tag's token is read.
+  const std::vector<int32_t> close = tokenizer.encode("</tool_call>");
+  ASSERT_EQ(close.size(), 1u);
+  const size_t first_close = std::find(ids.begin(), ids.end(), close[0]) - ids.begin();
+  EXPECT_EQ(calls_after[first_close - 1], 0u);
+  EXPECT_EQ(calls_after[first_close], 1u);
 }
 
 TEST(ToolCallResponses, MessageDeltasAndFinishReasonHaveOpenAisShapes) {
