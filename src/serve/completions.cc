@@ -170,27 +170,18 @@ json fold_logprobs(Exchange& x, const llm::RequestOutput& out) {
   return d;
 }
 
-// A streamed chat choice read for tool calls: the event's content (what may still open a call
-// held back), then its calls' deltas (each sent whole once its closing tag is read), then
-// content after them; the finish reason "tool_calls" once it made a call.
+// A streamed chat choice read for tool calls: the event's deltas (tool_stream_deltas), its
+// logprobs on the first; the finish reason "tool_calls" once it made a call.
 std::string tool_call_chunks(Exchange& x, const llm::RequestOutput& out, json lp_delta) {
   const int32_t i = out.index;
   ToolCallParser& parser = x.tool_parsers[i];
-  const int64_t first_index = parser.calls();
-  ToolCallPiece piece = parser.feed(out.text);
-  if (out.finished()) {
-    piece.append(parser.finish());
-    x.finish[i] = tool_finish_reason(parser.calls() > 0, x.finish[i]);
-  }
+  std::vector<json> deltas =
+      tool_stream_deltas(parser, out.text, out.finished(), !lp_delta.is_null(), tool_call_id);
+  if (out.finished()) x.finish[i] = tool_finish_reason(parser.calls() > 0, x.finish[i]);
   std::string chunks;
-  if (!piece.content.empty() || !lp_delta.is_null()) {
-    chunks += stream_chunk(x, i, {{"content", piece.content}}, "", std::move(lp_delta), nullptr);
-  }
-  for (json& delta : tool_call_deltas(piece.calls, first_index, tool_call_id)) {
-    chunks += stream_chunk(x, i, std::move(delta), "", nullptr, nullptr);
-  }
-  if (!piece.after.empty()) {
-    chunks += stream_chunk(x, i, {{"content", piece.after}}, "", nullptr, nullptr);
+  for (size_t k = 0; k < deltas.size(); ++k) {
+    chunks +=
+        stream_chunk(x, i, std::move(deltas[k]), "", k == 0 ? lp_delta : json(nullptr), nullptr);
   }
   return chunks;
 }

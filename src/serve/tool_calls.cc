@@ -182,6 +182,18 @@ std::vector<json> tool_call_deltas(const std::vector<ParsedToolCall>& calls, int
   return deltas;
 }
 
+std::vector<json> tool_stream_deltas(ToolCallParser& parser, std::string_view text, bool finished,
+                                     bool content_delta, const ToolCallIds& ids) {
+  const int64_t first_index = parser.calls();
+  ToolCallPiece piece = parser.feed(text);
+  if (finished) piece.append(parser.finish());
+  std::vector<json> deltas;
+  if (!piece.content.empty() || content_delta) deltas.push_back({{"content", piece.content}});
+  for (json& d : tool_call_deltas(piece.calls, first_index, ids)) deltas.push_back(std::move(d));
+  if (!piece.after.empty()) deltas.push_back({{"content", piece.after}});
+  return deltas;
+}
+
 std::string tool_finish_reason(bool called, const std::string& engine_reason) {
   return called && (engine_reason == "stop" || engine_reason == "length") ? "tool_calls"
                                                                           : engine_reason;

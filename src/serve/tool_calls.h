@@ -100,6 +100,15 @@ nlohmann::json chat_message_json(const ToolCallPiece& whole, const ToolCallIds& 
 std::vector<nlohmann::json> tool_call_deltas(const std::vector<ParsedToolCall>& calls,
                                              int64_t first_index, const ToolCallIds& ids);
 
+// The deltas of one streamed event of a chat choice read for tool calls, in order: a content
+// delta ({"content": ...}) when the event decided some content or `content_delta` asks for one
+// (to carry the event's logprobs), the deltas of the calls it completed (tool_call_deltas,
+// numbered on from the parser's earlier calls), then a content delta of the text after them.
+// `finished`: the generation's last event (the parser is finished with it).
+std::vector<nlohmann::json> tool_stream_deltas(ToolCallParser& parser, std::string_view text,
+                                               bool finished, bool content_delta,
+                                               const ToolCallIds& ids);
+
 // A chat choice's finish_reason: "tool_calls" when it made a call and ended by a stop or its
 // length, else the engine's reason.
 std::string tool_finish_reason(bool called, const std::string& engine_reason);

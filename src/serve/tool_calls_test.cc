@@ -241,6 +241,71 @@ TEST(ToolCallParser, QwenTokensFedOneAtATimeThroughTheDetokenizerGiveTheWholeRea
   EXPECT_EQ(calls_after[first_close], 1u);
 }
 
+// What an OpenAI client makes of a choice's stream deltas: the message, its tool calls
+// accumulated by index (the SDK's way: id, type and name from the first delta of an index,
+// arguments appended).
+json accumulate(const std::vector<json>& deltas) {
+  json message = {{"role", "assistant"}, {"content", ""}};
+  for (const json& d : deltas) {
+    if (d.contains("content"))
+      message["content"] = message["content"].get<std::string>() + d["content"].get<std::string>();
+    if (!d.contains("tool_calls")) continue;
+    for (const json& t : d["tool_calls"]) {
+      const size_t index = t["index"];
+      json& calls = message["tool_calls"];
+      if (calls.size() <= index) {
+        EXPECT_EQ(calls.size(), index) << "tool call indices go up by one";
+        EXPECT_TRUE(t.contains("id") && t.contains("type") && t["function"].contains("name")) << t;
+        calls.push_back({{"id", t["id"]},
+                         {"type", t["type"]},
+                         {"function", {{"name", t["function"]["name"]}, {"arguments", ""}}}});
+      }
+      calls[index]["function"]["arguments"] =
+          calls[index]["function"]["arguments"].get<std::string>() +
+          t["function"]["arguments"].get<std::string>();
+    }
+  }
+  if (message["content"] == "") message["content"] = nullptr;
+  return message;
+}
+
+TEST(ToolCallResponses, StreamDeltasAddUpToTheWholeMessageAtEverySplit) {
+  const std::vector<std::string> texts = {
+      "Checking.\n" + call(kParis) + "\n" + call(kNow),
+      call(kNow) + " " + call("{oops}") + " B",
+      "no calls at all <tool_",
+  };
+  const ToolCallPolicy p = policy();
+  for (const std::string& text : texts) {
+    int whole_ids = 0;
+    const json whole = chat_message_json(parse_tool_calls(text, p),
+                                         [&] { return "call_" + std::to_string(whole_ids++); });
+    for (size_t step : {size_t{1}, size_t{3}, size_t{7}, text.size()}) {
+      ToolCallParser parser(&p);
+      int ids = 0;
+      const ToolCallIds next = [&] { return "call_" + std::to_string(ids++); };
+      std::vector<json> deltas;
+      for (size_t at = 0; at < text.size(); at += step) {
+        const bool last = at + step >= text.size();
+        for (json& d : tool_stream_deltas(parser, std::string_view(text).substr(at, step), last,
+                                          false, next)) {
+          EXPECT_FALSE(d.contains("content") && d["content"] == "") << "an empty content delta";
+          deltas.push_back(std::move(d));
+        }
+      }
+      EXPECT_EQ(accumulate(deltas), whole) << text << " in steps of " << step;
+    }
+  }
+  // Asked for (to carry logprobs), a content delta comes first even when the event has none.
+  const ToolCallPolicy q = policy();
+  ToolCallParser parser(&q);
+  const std::vector<json> held =
+      tool_stream_deltas(parser, "<tool_", false, true, [] { return "x"; });
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0], json({{"content", ""}}));
+  EXPECT_TRUE(tool_stream_deltas(parser, "call>", false, false, [] { return "x"; }).empty());
+}
+
 TEST(ToolCallResponses, MessageDeltasAndFinishReasonHaveOpenAisShapes) {
   int next = 0;
   const ToolCallIds ids = [&] { return "call_" + std::to_string(next++); };
