@@ -38,7 +38,8 @@ std::string path_of(const std::vector<Frame>& frames, size_t count) {
 uint64_t hash_of(const std::string& key) { return std::hash<std::string>{}(key); }
 
 // The key of `object` seen twice, given the hashes of every key seen (more than object.size()).
-std::string duplicate_key(const json& object, std::vector<uint64_t> hashes) {
+template <typename Json>
+std::string duplicate_key(const Json& object, std::vector<uint64_t> hashes) {
   std::sort(hashes.begin(), hashes.end());
   auto twice = std::adjacent_find(hashes.begin(), hashes.end());
   if (twice != hashes.end()) {
@@ -70,30 +71,29 @@ std::string reason_of(const json::exception& e) {
   return std::string(what);
 }
 
-}  // namespace
-
-absl::StatusOr<json> parse_json_bounded(std::string_view text, std::string_view what,
-                                        int max_depth) {
+// parse_json_bounded for either of nlohmann's object layouts (sorted or insertion-ordered).
+template <typename Json>
+absl::StatusOr<Json> parse_bounded(std::string_view text, std::string_view what, int max_depth) {
   const std::string source(what);
   if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": malformed JSON: NUL byte at offset ", nul));
   }
   std::vector<Frame> frames;
-  json::parser_callback_t callback = [&](int depth, json::parse_event_t event,
-                                         json& parsed) -> bool {
+  typename Json::parser_callback_t callback = [&](int depth, typename Json::parse_event_t event,
+                                                  Json& parsed) -> bool {
     switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
         if (depth + 1 > max_depth) {
           throw StopParse{absl::InvalidArgumentError(
               absl::StrCat(source, ": JSON nested deeper than ", max_depth, " levels at ",
                            cut_utf8(path_of(frames, frames.size()), 200)))};
         }
-        frames.push_back(Frame{event == json::parse_event_t::object_start, {}, {}});
+        frames.push_back(Frame{event == Json::parse_event_t::object_start, {}, {}});
         break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
         if (frames.empty()) break;
         // nlohmann keeps the last of two equal keys: fewer members than keys seen means a
         // duplicate.
@@ -106,27 +106,40 @@ absl::StatusOr<json> parse_json_bounded(std::string_view text, std::string_view 
         }
         frames.pop_back();
         break;
-      case json::parse_event_t::key: {
+      case Json::parse_event_t::key: {
         if (frames.empty() || !parsed.is_string()) break;
         Frame& top = frames.back();
-        const std::string& key = parsed.get_ref<const std::string&>();
+        const std::string& key = parsed.template get_ref<const std::string&>();
         top.hashes.push_back(hash_of(key));
         top.key.assign(key);
         break;
       }
-      case json::parse_event_t::value:
+      case Json::parse_event_t::value:
         break;
     }
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
+    return Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
   } catch (const StopParse& stop) {
     return stop.status;
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": malformed JSON: ", cut_utf8(reason_of(e), kJsonMaxErrorChars)));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<json> parse_json_bounded(std::string_view text, std::string_view what,
+                                        int max_depth) {
+  return parse_bounded<json>(text, what, max_depth);
+}
+
+absl::StatusOr<nlohmann::ordered_json> parse_ordered_json_bounded(std::string_view text,
+                                                                  std::string_view what,
+                                                                  int max_depth) {
+  return parse_bounded<nlohmann::ordered_json>(text, what, max_depth);
 }
 
 std::string quote_json_prefix(const json& value, size_t max_chars) {

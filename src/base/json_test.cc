@@ -68,6 +68,16 @@ TEST(ParseJsonBounded, RefusesADuplicateKeyNamingItAndItsObject) {
   EXPECT_TRUE(parse_json_bounded(R"({"a": {"a": 1}, "b": {"a": 2}})", "x").ok());
 }
 
+TEST(ParseOrderedJsonBounded, KeepsKeyOrderAndAppliesTheSameBounds) {
+  auto j = parse_ordered_json_bounded(R"({"z": 1, "a": {"y": 2, "b": 3}})", "body");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->dump(), R"({"z":1,"a":{"y":2,"b":3}})");
+  EXPECT_EQ(parse_ordered_json_bounded(nested("", 5, ""), "x", 4).status().message(),
+            "x: JSON nested deeper than 4 levels at /");
+  EXPECT_EQ(parse_ordered_json_bounded(R"({"t": {"k": 1, "k": 2}})", "body").status().message(),
+            "body: duplicate key 'k' in the object at /t");
+}
+
 TEST(ParseJsonBounded, RefusesInvalidUtf8AndALoneSurrogate) {
   auto bad = parse_json_bounded("{\"prompt\": \"\xff\"}", "p:1");
   ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "serve/http_errors.h"
+#include "serve/tool_calls.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/base/log.h"
@@ -47,6 +48,10 @@ struct Exchange {
   // code points) into the choice's returned text (the echoed prompt first).
   std::vector<int64_t> text_offset;
   std::vector<bool> started;  // stream: the role chunk (chat) or the echoed prompt went out
+  // Chat with tools to call (ToolCallPolicy::parses): what the output may call and, streamed,
+  // each choice's parser (borrowing `tool_calls`; the Exchange never moves).
+  ToolCallPolicy tool_calls;
+  std::vector<ToolCallParser> tool_parsers;
   int32_t open = 0;
   std::deque<llm::RequestOutput> pending;  // events read before the provider ran
   bool done_written = false;
@@ -165,6 +170,22 @@ json fold_logprobs(Exchange& x, const llm::RequestOutput& out) {
   return d;
 }
 
+// A streamed chat choice read for tool calls: the event's deltas (tool_stream_deltas), its
+// logprobs on the first; the finish reason "tool_calls" once it made a call.
+std::string tool_call_chunks(Exchange& x, const llm::RequestOutput& out, json lp_delta) {
+  const int32_t i = out.index;
+  ToolCallParser& parser = x.tool_parsers[i];
+  std::vector<json> deltas =
+      tool_stream_deltas(parser, out.text, out.finished(), !lp_delta.is_null(), tool_call_id);
+  if (out.finished()) x.finish[i] = tool_finish_reason(parser.calls() > 0, x.finish[i]);
+  std::string chunks;
+  for (size_t k = 0; k < deltas.size(); ++k) {
+    chunks +=
+        stream_chunk(x, i, std::move(deltas[k]), "", k == 0 ? lp_delta : json(nullptr), nullptr);
+  }
+  return chunks;
+}
+
 // Folds an event into the choice's state; returns the stream chunk(s) for it ("" when not
 // streaming or nothing to send).
 std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
@@ -187,7 +208,9 @@ std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
     x.started[i] = true;  // the echoed prompt goes first, in a chunk of its own
     chunks += stream_chunk(x, i, nullptr, x.prompt_text, nullptr, nullptr);
   }
-  if (!out.text.empty() || !lp_delta.is_null()) {
+  if (!x.tool_parsers.empty()) {
+    chunks += tool_call_chunks(x, out, std::move(lp_delta));
+  } else if (!out.text.empty() || !lp_delta.is_null()) {
     chunks += stream_chunk(x, i, {{"content", out.text}}, out.text, lp_delta, nullptr);
   }
   if (out.finished()) {
@@ -214,7 +237,11 @@ std::string final_text(const Exchange& x) {
   json choices = json::array();
   for (int32_t i = 0; i < x.n; ++i) {
     json lp = x.logprobs.has_value() ? x.logprob_content[i] : json(nullptr);
-    if (x.chat) {
+    if (x.chat && x.tool_calls.parses()) {
+      const ToolCallPiece whole = parse_tool_calls(x.text[i], x.tool_calls);
+      choices.push_back(choice(i, "message", chat_message_json(whole, tool_call_id), lp,
+                               tool_finish_reason(!whole.calls.empty(), x.finish[i])));
+    } else if (x.chat) {
       choices.push_back(
           choice(i, "message", {{"role", "assistant"}, {"content", x.text[i]}}, lp, x.finish[i]));
     } else {
@@ -325,6 +352,10 @@ std::shared_ptr<Exchange> new_exchange(const ServerContext& ctx, const httplib::
   x->logprob_content.assign(p.n, empty_logprobs(p.chat));
   x->text_offset.assign(p.n, x->echo ? utf8_chars(x->prompt_text) : 0);
   x->started.assign(p.n, false);
+  x->tool_calls = p.tool_calls;
+  if (p.chat && p.stream && x->tool_calls.parses()) {
+    x->tool_parsers.assign(p.n, ToolCallParser(&x->tool_calls));
+  }
   x->open = p.n;
   x->start_ns = start_ns;
   x->client = ctx.transport->watch(req);

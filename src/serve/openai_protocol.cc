@@ -1,9 +1,12 @@
 #include "simpler/serve/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "simpler/base/enum_names.h"
 #include "simpler/base/json.h"
@@ -12,6 +15,13 @@
 namespace simpler::serve {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+bool ToolCallPolicy::allows(std::string_view name) const {
+  if (choice == ToolChoice::kNone) return false;
+  if (choice == ToolChoice::kFunction) return name == function;
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 
 std::string ApiError::to_json() const {
   json e = {{"message", message},
@@ -180,19 +190,103 @@ bool message_content(Reader& r, const json& m, const std::string& where, llm::Ch
   return true;
 }
 
-// One message of `messages` (`where` names it): role, content, name and reasoning_content.
-std::optional<llm::ChatMessage> chat_message(Reader& r, const json& m, const std::string& where) {
+// Each key of `o` is one of `known`; otherwise fails naming `where` and the first other key.
+template <typename Json>
+bool only_keys(Reader& r, const Json& o, std::initializer_list<std::string_view> known,
+               const std::string& where, const char* param) {
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) == known.end()) {
+      r.fail(absl::StrCat(where, ": unrecognized field '", it.key().substr(0, 64), "'"), param);
+      return false;
+    }
+  }
+  return true;
+}
+
+// A tool call's arguments as the template gets them: "" as {}, JSON text as its value (keys in
+// the text's order), anything else as the string itself.
+ojson call_arguments(const std::string& text, const RequestLimits& limits) {
+  if (text.empty()) return ojson::object();
+  absl::StatusOr<ojson> parsed =
+      base::parse_ordered_json_bounded(text, "arguments", limits.max_json_depth);
+  return parsed.ok() ? *std::move(parsed) : ojson(text);
+}
+
+// An assistant message's `tool_calls`: [{"id", "type": "function", "function": {"name",
+// "arguments"}}].
+bool assistant_tool_calls(Reader& r, const json& m, const std::string& where,
+                          const RequestLimits& limits, llm::ChatMessage& cm) {
+  if (!m.contains("tool_calls") || m["tool_calls"].is_null()) return true;
+  const json& calls = m["tool_calls"];
+  if (!calls.is_array()) {
+    r.fail(absl::StrCat(where, ".tool_calls must be an array"), "messages");
+    return false;
+  }
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string w = absl::StrCat(where, ".tool_calls[", k, "]");
+    const json& c = calls[k];
+    if (!c.is_object() || !only_keys(r, c, {"id", "type", "function"}, w, "messages")) {
+      r.fail(absl::StrCat(w, " must be an object"), "messages");
+      return false;
+    }
+    const bool shape = c.contains("id") && c["id"].is_string() &&
+                       (!c.contains("type") || c["type"] == "function") && c.contains("function") &&
+                       c["function"].is_object();
+    const json& f = shape ? c["function"] : c;
+    if (!shape || !only_keys(r, f, {"name", "arguments"}, w + ".function", "messages") ||
+        !f.contains("name") || !f["name"].is_string() || !f.contains("arguments") ||
+        !f["arguments"].is_string()) {
+      r.fail(absl::StrCat(w,
+                          " must be {\"id\": string, \"type\": \"function\", \"function\": "
+                          "{\"name\": string, \"arguments\": string}}"),
+             "messages");
+      return false;
+    }
+    cm.tool_calls.push_back(llm::ChatToolCall{
+        f["name"].get<std::string>(), call_arguments(f["arguments"].get<std::string>(), limits)});
+  }
+  return true;
+}
+
+// The fields only one role has: an assistant's reasoning_content and tool_calls, a tool
+// message's tool_call_id.
+bool role_fields(Reader& r, const json& m, const std::string& where, const RequestLimits& limits,
+                 llm::ChatMessage& cm) {
+  const auto given = [&](const char* key) { return m.contains(key) && !m[key].is_null(); };
+  if (given("reasoning_content")) {
+    if (!m["reasoning_content"].is_string() || cm.role != "assistant") {
+      r.fail(absl::StrCat(where, ".reasoning_content must be a string on an assistant message"),
+             "messages");
+      return false;
+    }
+    cm.reasoning_content = m["reasoning_content"].get<std::string>();
+  }
+  if (given("tool_calls") && cm.role != "assistant") {
+    r.fail(absl::StrCat(where, ".tool_calls is only allowed on assistant messages"), "messages");
+    return false;
+  }
+  if (cm.role == "tool" && !(m.contains("tool_call_id") && m["tool_call_id"].is_string())) {
+    r.fail(absl::StrCat(where, ".tool_call_id must be a string on a tool message"), "messages");
+    return false;
+  }
+  if (given("tool_call_id") && cm.role != "tool") {
+    r.fail(absl::StrCat(where, ".tool_call_id is only allowed on tool messages"), "messages");
+    return false;
+  }
+  return assistant_tool_calls(r, m, where, limits, cm);
+}
+
+// One message of `messages` (`where` names it): role, content, name and the role's own fields.
+std::optional<llm::ChatMessage> chat_message(Reader& r, const json& m, const std::string& where,
+                                             const RequestLimits& limits) {
   if (!m.is_object()) {
     r.fail(absl::StrCat(where, " must be an object"), "messages");
     return std::nullopt;
   }
-  for (const auto& [k, v] : m.items()) {
-    if (k != "role" && k != "content" && k != "name" && k != "reasoning_content") {
-      r.fail(absl::StrCat(where, ": unrecognized field '", k.substr(0, 64),
-                          "' (tool calls are not supported)"),
-             "messages");
-      return std::nullopt;
-    }
+  if (!only_keys(r, m,
+                 {"role", "content", "name", "reasoning_content", "tool_calls", "tool_call_id"},
+                 where, "messages")) {
+    return std::nullopt;
   }
   llm::ChatMessage cm;
   if (!m.contains("role") || !m["role"].is_string()) {
@@ -200,21 +294,18 @@ std::optional<llm::ChatMessage> chat_message(Reader& r, const json& m, const std
     return std::nullopt;
   }
   cm.role = m["role"].get<std::string>();
-  if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
+  if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
     r.fail(absl::StrCat(where, ".role '", cm.role.substr(0, 40),
-                        "' is not supported (system, user or assistant)"),
+                        "' is not supported (system, user, assistant or tool)"),
            "messages");
     return std::nullopt;
   }
-  if (!message_content(r, m, where, cm)) return std::nullopt;
-  if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
-    if (!m["reasoning_content"].is_string() || cm.role != "assistant") {
-      r.fail(absl::StrCat(where, ".reasoning_content must be a string on an assistant message"),
-             "messages");
-      return std::nullopt;
-    }
-    cm.reasoning_content = m["reasoning_content"].get<std::string>();
+  // An assistant's content may be null (a turn of tool calls only): the template gets "".
+  const bool no_content = !m.contains("content") || m["content"].is_null();
+  if (!(cm.role == "assistant" && no_content) && !message_content(r, m, where, cm)) {
+    return std::nullopt;
   }
+  if (!role_fields(r, m, where, limits, cm)) return std::nullopt;
   if (m.contains("name") && !m["name"].is_null() && !m["name"].is_string()) {
     r.fail(absl::StrCat(where, ".name must be a string"), "messages");
     return std::nullopt;
@@ -240,7 +331,8 @@ std::optional<std::vector<llm::ChatMessage>> chat_messages(Reader& r, const Requ
   }
   std::vector<llm::ChatMessage> out;
   for (size_t i = 0; i < ms.size(); ++i) {
-    std::optional<llm::ChatMessage> cm = chat_message(r, ms[i], absl::StrCat("messages[", i, "]"));
+    std::optional<llm::ChatMessage> cm =
+        chat_message(r, ms[i], absl::StrCat("messages[", i, "]"), limits);
     if (!cm) return std::nullopt;
     out.push_back(*std::move(cm));
   }
@@ -268,6 +360,114 @@ std::optional<bool> enable_thinking(Reader& r) {
     return v.get<bool>();
   }
   return std::nullopt;
+}
+
+// A function name as OpenAI allows it: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'.
+bool function_name_ok(const ojson& name) {
+  if (!name.is_string()) return false;
+  const std::string& s = name.get_ref<const std::string&>();
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+// tools[i] (`where`): {"type": "function", "function": {"name", "description"?, "parameters"?,
+// "strict"?}}. Returns the function's name.
+std::optional<std::string> tool_function_name(Reader& r, const ojson& t, const std::string& where) {
+  if (!t.is_object()) {
+    r.fail(absl::StrCat(where, " must be an object"), "tools");
+    return std::nullopt;
+  }
+  if (!only_keys(r, t, {"type", "function"}, where, "tools")) return std::nullopt;
+  const auto type = t.find("type");
+  const auto f = t.find("function");
+  if (type == t.end() || *type != "function" || f == t.end() || !f->is_object()) {
+    r.fail(absl::StrCat(where, " must be {\"type\": \"function\", \"function\": {...}}"), "tools");
+    return std::nullopt;
+  }
+  const std::string fw = where + ".function";
+  if (!only_keys(r, *f, {"name", "description", "parameters", "strict"}, fw, "tools")) {
+    return std::nullopt;
+  }
+  const auto name = f->find("name");
+  if (name == f->end() || !function_name_ok(*name)) {
+    r.fail(absl::StrCat(fw, ".name must be 1 to 64 letters, digits, '_' or '-'"), "tools");
+    return std::nullopt;
+  }
+  const auto wrong = [&](const char* key, bool (ojson::*is)() const noexcept) {
+    const auto v = f->find(key);
+    return v != f->end() && !v->is_null() && !((*v).*is)();
+  };
+  if (wrong("description", &ojson::is_string) || wrong("parameters", &ojson::is_object) ||
+      wrong("strict", &ojson::is_boolean)) {
+    r.fail(absl::StrCat(fw,
+                        ": description must be a string, parameters an object (a JSON Schema), "
+                        "strict a boolean"),
+           "tools");
+    return std::nullopt;
+  }
+  return name->get<std::string>();
+}
+
+// `tools`, from the body parsed again keeping its keys in order (the template renders each
+// tool as sent): into the render options, their names into `names`.
+void read_tools(Reader& r, std::string_view body, const RequestLimits& limits,
+                llm::ChatRenderOptions& options, std::vector<std::string>& names) {
+  if (!r.has("tools")) return;
+  const json& tools = r.body["tools"];
+  if (!tools.is_array() || static_cast<int64_t>(tools.size()) > limits.max_tools) {
+    r.fail(absl::StrCat("'tools' must be an array of at most ", limits.max_tools, " tools"),
+           "tools");
+    return;
+  }
+  // The same text parse_object accepted: within the same bounds.
+  absl::StatusOr<ojson> ordered =
+      base::parse_ordered_json_bounded(body, "request body", limits.max_json_depth);
+  if (!ordered.ok()) return r.fail(std::string(ordered.status().message()), "tools");
+  const ojson& list = (*ordered)["tools"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::optional<std::string> name =
+        tool_function_name(r, list[i], absl::StrCat("tools[", i, "]"));
+    if (!name) return;
+    if (std::find(names.begin(), names.end(), *name) != names.end()) {
+      return r.fail(absl::StrCat("tools[", i, "].function.name '", *name, "' is given twice"),
+                    "tools");
+    }
+    names.push_back(*std::move(name));
+    options.tools.push_back(list[i]);
+  }
+}
+
+// `tool_choice` ("auto" by default with tools, "none" without) and `parallel_tool_calls`.
+void read_tool_choice(Reader& r, ToolCallPolicy& t) {
+  t.choice = t.names.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (auto v = r.boolean("parallel_tool_calls")) t.parallel = *v;
+  if (!r.has("tool_choice")) return;
+  const json& c = r.body["tool_choice"];
+  const bool named = c.is_object() && c.size() == 2 && c.contains("type") &&
+                     c["type"] == "function" && c.contains("function") &&
+                     c["function"].is_object() && c["function"].size() == 1 &&
+                     c["function"].contains("name") && c["function"]["name"].is_string();
+  if (named) {
+    t.choice = ToolChoice::kFunction;
+    t.function = c["function"]["name"].get<std::string>();
+  } else if (c == "none" || c == "auto" || c == "required") {
+    t.choice =
+        c == "none" ? ToolChoice::kNone : (c == "auto" ? ToolChoice::kAuto : ToolChoice::kRequired);
+  } else {
+    return r.fail(
+        "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+        "\"function\": {\"name\": ...}}",
+        "tool_choice");
+  }
+  if (t.choice != ToolChoice::kNone && t.names.empty()) {
+    return r.fail("'tool_choice' other than \"none\" needs 'tools'", "tool_choice");
+  }
+  if (named && std::find(t.names.begin(), t.names.end(), t.function) == t.names.end()) {
+    r.fail(absl::StrCat("'tool_choice' names the function '", t.function.substr(0, 64),
+                        "', which is not in 'tools'"),
+           "tool_choice");
+  }
 }
 
 // The fields both endpoints accept, with the endpoint's own.
@@ -307,14 +507,9 @@ const std::set<std::string>& chat_fields() {
 }
 
 // Chat's own fields. Returns the error of a refused feature at once; others go to `r`.
-std::optional<ApiError> read_chat(Reader& r, const RequestLimits& limits, ParsedRequest& p) {
+std::optional<ApiError> read_chat(Reader& r, std::string_view body, const RequestLimits& limits,
+                                  ParsedRequest& p) {
   const json& j = r.body;
-  if (r.has("tools") && !(j["tools"].is_array() && j["tools"].empty())) {
-    return bad_request("'tools' is not supported by this server", "tools");
-  }
-  if (r.has("tool_choice") && j["tool_choice"] != "none") {
-    return bad_request("'tool_choice' is not supported by this server", "tool_choice");
-  }
   if (r.has("response_format")) {
     const json& f = j["response_format"];
     if (!f.is_object() || !f.contains("type") || f["type"] != "text") {
@@ -323,6 +518,8 @@ std::optional<ApiError> read_chat(Reader& r, const RequestLimits& limits, Parsed
     }
   }
   if (auto m = chat_messages(r, limits)) p.messages = std::move(*m);
+  read_tools(r, body, limits, p.chat_options, p.tool_calls.names);
+  read_tool_choice(r, p.tool_calls);
   p.chat_options.add_generation_prompt = true;
   p.chat_options.enable_thinking = enable_thinking(r);
   p.max_tokens = r.integer("max_completion_tokens", 1, INT32_MAX);
@@ -446,7 +643,7 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
   ParsedRequest p;
   p.chat = chat;
   if (auto m = r.string("model")) p.model = *m;
-  if (auto e = chat ? read_chat(r, limits, p) : read_completion(r, limits, p)) return *e;
+  if (auto e = chat ? read_chat(r, body, limits, p) : read_completion(r, limits, p)) return *e;
   if (r.has("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
     return bad_request("'logit_bias' is not supported", "logit_bias");
   }
@@ -466,7 +663,8 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
                                                 "messages",
                                                 "add_special_tokens",
                                                 "add_generation_prompt",
-                                                "chat_template_kwargs"};
+                                                "chat_template_kwargs",
+                                                "tools"};
   auto obj = parse_object(body, limits, kFields);
   if (auto* e = std::get_if<ApiError>(&obj)) return *e;
   const json& j = std::get<json>(obj);
@@ -479,8 +677,11 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
   if (j.contains("prompt")) {
     t.prompt = r.string("prompt");
     if (!t.prompt && !r.error) r.fail("'prompt' must be a string", "prompt");
+    if (r.has("tools")) r.fail("'tools' needs 'messages'", "tools");
   } else if (auto m = chat_messages(r, limits)) {
     t.messages = std::move(*m);
+    std::vector<std::string> names;
+    read_tools(r, body, limits, t.chat_options, names);
   }
   if (auto v = r.boolean("add_special_tokens")) t.add_special_tokens = *v;
   if (auto v = r.boolean("add_generation_prompt")) t.chat_options.add_generation_prompt = *v;

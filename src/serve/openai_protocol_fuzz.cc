@@ -1,10 +1,16 @@
 // libFuzzer target: an HTTP request body through parse_request (completions or chat, chosen by
-// the first byte), parse_tokenize and parse_detokenize.
+// the first byte), parse_tokenize and parse_detokenize; the same bytes as a chat choice's
+// generated text through the tool-call reader, whole and fed in two pieces (cut where the
+// second byte says).
 // Checks: no crash/UB/exception; an accepted body is a JSON object; an accepted request keeps
 // every bound (n in [1, 256], max_tokens >= 1 and set on every completion, logprobs in
 // [0, kMaxLogprobs], 1-256-byte stop strings, at most 8 stop ids, chat: a non-empty
-// conversation of system / user / assistant turns); a refusal is a 400 whose error object is
-// valid JSON naming a message.
+// conversation of system / user / assistant / tool turns, tool calls on assistant turns only,
+// at most 128 tools with distinct names, a named tool_choice one of them); a refusal is a 400
+// whose error object is valid JSON naming a message; the tool-call reader's calls name an
+// allowed function with arguments that are a JSON object, and the two-piece reading equals the
+// whole one.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -12,6 +18,7 @@
 
 #include "base/fuzz_check.h"
 #include "nlohmann/json.hpp"
+#include "serve/tool_calls.h"
 #include "simpler/kernels/sampling.h"
 #include "simpler/serve/openai_protocol.h"
 
@@ -19,6 +26,46 @@ namespace {
 
 using simpler::fuzz::check;
 using simpler::serve::ApiError;
+
+void check_tools(const simpler::serve::ParsedRequest& p) {
+  const simpler::serve::ToolCallPolicy& t = p.tool_calls;
+  check(t.names.size() == p.chat_options.tools.size() && t.names.size() <= 128,
+        "tools and their names disagree, or more than 128 tools");
+  for (size_t i = 0; i < t.names.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) check(t.names[k] != t.names[i], "a tool name given twice");
+  }
+  check(t.choice == simpler::serve::ToolChoice::kNone || !t.names.empty(),
+        "a tool_choice other than none without tools");
+  check(t.choice != simpler::serve::ToolChoice::kFunction || t.allows(t.function),
+        "a named tool_choice that is not one of the tools");
+  for (const auto& m : p.messages) {
+    check(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool",
+          "an unsupported role accepted");
+    check(m.tool_calls.empty() || m.role == "assistant", "tool calls on a non-assistant turn");
+  }
+}
+
+// The bytes as generated text: calls name allowed functions with object arguments, and a
+// reading in two pieces (cut at `cut`) is the whole one.
+void check_tool_call_reading(std::string_view text, size_t cut) {
+  simpler::serve::ToolCallPolicy policy;
+  policy.choice = simpler::serve::ToolChoice::kAuto;
+  policy.names = {"f", "get_weather"};
+  const simpler::serve::ToolCallPiece whole = simpler::serve::parse_tool_calls(text, policy);
+  for (const auto& c : whole.calls) {
+    check(policy.allows(c.name), "a call of a function that is not allowed");
+    const auto args = nlohmann::json::parse(c.arguments, nullptr, false);
+    check(!args.is_discarded() && args.is_object(), "call arguments that are not an object");
+  }
+  simpler::serve::ToolCallParser parser(&policy);
+  cut = std::min(cut, text.size());
+  simpler::serve::ToolCallPiece pieces = parser.feed(text.substr(0, cut));
+  pieces.append(parser.feed(text.substr(cut)));
+  pieces.append(parser.finish());
+  check(pieces.content == whole.content && pieces.after == whole.after &&
+            pieces.calls.size() == whole.calls.size(),
+        "the tool-call reading in two pieces differs from the whole one");
+}
 
 void check_error(const ApiError& e) {
   check(e.http_status == 400, "a body was refused with a status other than 400");
@@ -53,12 +100,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(p.sampling.stop_token_ids.size() <= 8, "more than 8 stop ids accepted");
     if (chat) {
       check(!p.messages.empty(), "an empty conversation accepted");
-      for (const auto& m : p.messages) {
-        check(m.role == "system" || m.role == "user" || m.role == "assistant",
-              "an unsupported role accepted");
-      }
+      check_tools(p);
     }
   }
+  check_tool_call_reading(body, size > 1 ? data[1] : 0);
   auto t = simpler::serve::parse_tokenize(body);
   if (const auto* e = std::get_if<ApiError>(&t)) check_error(*e);
   auto d = simpler::serve::parse_detokenize(body);

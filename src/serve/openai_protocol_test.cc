@@ -127,14 +127,14 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
       {R"({"prompt":"x","suffix":"y"})", false, "suffix", "not supported"},
       {R"({"prompt":"x","stream_options":{"x":1}})", false, "stream_options", "include_usage"},
       {R"({"messages":[]})", true, "messages", "non-empty array"},
-      {R"({"messages":[{"role":"tool","content":"x"}]})", true, "messages", "not supported"},
+      {R"({"messages":[{"role":"function","content":"x"}]})", true, "messages", "not supported"},
       {R"({"messages":[{"role":"user"}]})", true, "messages", "content must be a string"},
       {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", true, "messages",
-       "tool calls are not supported"},
+       "messages[0].tool_calls is only allowed on assistant messages"},
       {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, "messages",
        "text part"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", true,
-       "tools", "not supported"},
+       "tools", "tools[0] must be {\"type\": \"function\", \"function\": {...}}"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        true, "response_format", "not supported"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs",
@@ -156,6 +156,148 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
   EXPECT_EQ(bad(deep, false).http_status, 400);
 }
 
+constexpr const char* kTwoTools =
+    R"("tools":[{"type":"function","function":{"parameters":{"type":"object","properties":
+        {"unit":{"enum":["c","f"]},"city":{"type":"string"}}},"name":"get_weather",
+        "description":"Weather"}},{"function":{"name":"now"},"type":"function"}])";
+
+std::string chat_with(const std::string& rest) {
+  return std::string(R"({"messages":[{"role":"user","content":"x"}],)") + rest + "}";
+}
+
+TEST(ParseRequest, ToolsKeepTheirKeyOrderAndToolChoiceIsAutoByDefault) {
+  ParsedRequest p = ok(chat_with(kTwoTools), true);
+  ASSERT_EQ(p.chat_options.tools.size(), 2u);
+  EXPECT_EQ(p.chat_options.tools[0].dump(),
+            R"({"type":"function","function":{"parameters":{"type":"object","properties":)"
+            R"({"unit":{"enum":["c","f"]},"city":{"type":"string"}}},"name":"get_weather",)"
+            R"("description":"Weather"}})");
+  EXPECT_EQ(p.chat_options.tools[1].dump(), R"({"function":{"name":"now"},"type":"function"})");
+  EXPECT_EQ(p.tool_calls.names, (std::vector<std::string>{"get_weather", "now"}));
+  EXPECT_EQ(p.tool_calls.choice, ToolChoice::kAuto);
+  EXPECT_TRUE(p.tool_calls.parallel);
+  EXPECT_TRUE(p.tool_calls.parses());
+  EXPECT_TRUE(p.tool_calls.allows("now"));
+  EXPECT_FALSE(p.tool_calls.allows("get_time"));
+  // "none": the tools are still rendered (vLLM's default), the output is not parsed.
+  ParsedRequest none = ok(chat_with(std::string(kTwoTools) + R"(,"tool_choice":"none")"), true);
+  EXPECT_EQ(none.tool_calls.choice, ToolChoice::kNone);
+  EXPECT_EQ(none.chat_options.tools.size(), 2u);
+  EXPECT_FALSE(none.tool_calls.parses());
+  EXPECT_FALSE(none.tool_calls.allows("now"));
+  ParsedRequest required = ok(chat_with(std::string(kTwoTools) +
+                                        R"(,"tool_choice":"required","parallel_tool_calls":false)"),
+                              true);
+  EXPECT_EQ(required.tool_calls.choice, ToolChoice::kRequired);
+  EXPECT_FALSE(required.tool_calls.parallel);
+  ParsedRequest named =
+      ok(chat_with(std::string(kTwoTools) +
+                   R"(,"tool_choice":{"type":"function","function":{"name":"now"}})"),
+         true);
+  EXPECT_EQ(named.tool_calls.choice, ToolChoice::kFunction);
+  EXPECT_EQ(named.tool_calls.function, "now");
+  EXPECT_TRUE(named.tool_calls.allows("now"));
+  EXPECT_FALSE(named.tool_calls.allows("get_weather"));
+  // No tools: nothing to parse; "none" is allowed without tools, an empty list is no tools.
+  EXPECT_FALSE(ok(chat_with(R"("tool_choice":"none")"), true).tool_calls.parses());
+  EXPECT_EQ(ok(chat_with(R"("tools":[])"), true).tool_calls.choice, ToolChoice::kNone);
+}
+
+TEST(ParseRequest, ToolMessagesAndAssistantToolCalls) {
+  ParsedRequest p = ok(
+      R"({"messages":[{"role":"user","content":"Paris?"},
+          {"role":"assistant","content":null,"tool_calls":[
+            {"id":"call_1","type":"function","function":{"name":"get_weather",
+             "arguments":"{\"z\": 1, \"city\": \"Paris\"}"}},
+            {"id":"call_2","function":{"name":"now","arguments":""}},
+            {"id":"call_3","type":"function","function":{"name":"now","arguments":"not json"}}]},
+          {"role":"tool","tool_call_id":"call_1","content":"21"},
+          {"role":"tool","tool_call_id":"call_2","content":[{"type":"text","text":"12:00"}]},
+          {"role":"assistant","tool_calls":[]}]})",
+      true);
+  ASSERT_EQ(p.messages.size(), 5u);
+  const llm::ChatMessage& a = p.messages[1];
+  EXPECT_EQ(a.content, "");
+  ASSERT_EQ(a.tool_calls.size(), 3u);
+  EXPECT_EQ(a.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(a.tool_calls[0].arguments.dump(), R"({"z":1,"city":"Paris"})");  // parsed, in order
+  EXPECT_EQ(a.tool_calls[1].arguments.dump(), "{}");
+  EXPECT_EQ(a.tool_calls[2].arguments, "not json");  // kept as the string
+  EXPECT_EQ(p.messages[2].role, "tool");
+  EXPECT_EQ(p.messages[2].content, "21");
+  EXPECT_EQ(p.messages[3].content, "12:00");
+  EXPECT_TRUE(p.messages[4].tool_calls.empty());
+}
+
+TEST(ParseRequest, BadToolShapesGet400NamingTheField) {
+  struct Case {
+    std::string rest;
+    const char* param;
+    const char* message;
+  };
+  const std::string tools = kTwoTools;
+  const Case cases[] = {
+      {R"("tools":{})", "tools", "'tools' must be an array of at most 128 tools"},
+      {R"("tools":[1])", "tools", "tools[0] must be an object"},
+      {R"("tools":[{"type":"function","function":{"name":"f"},"x":1}])", "tools",
+       "tools[0]: unrecognized field 'x'"},
+      {R"("tools":[{"type":"code","function":{"name":"f"}}])", "tools",
+       R"(tools[0] must be {"type": "function", "function": {...}})"},
+      {R"("tools":[{"type":"function","function":{"name":"f","examples":[]}}])", "tools",
+       "tools[0].function: unrecognized field 'examples'"},
+      {R"("tools":[{"type":"function","function":{"name":"has space"}}])", "tools",
+       "tools[0].function.name must be 1 to 64 letters, digits, '_' or '-'"},
+      {R"("tools":[{"type":"function","function":{"description":"no name"}}])", "tools",
+       "tools[0].function.name must be 1 to 64 letters, digits, '_' or '-'"},
+      {R"("tools":[{"type":"function","function":{"name":")" + std::string(65, 'a') + R"("}}])",
+       "tools", "tools[0].function.name must be 1 to 64 letters, digits, '_' or '-'"},
+      {R"("tools":[{"type":"function","function":{"name":"f","parameters":[]}}])", "tools",
+       "tools[0].function: description must be a string, parameters an object (a JSON Schema), "
+       "strict a boolean"},
+      {R"("tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}])",
+       "tools", "tools[1].function.name 'f' is given twice"},
+      {tools + R"(,"tool_choice":"any")", "tool_choice",
+       R"('tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}})"},
+      {tools + R"(,"tool_choice":{"type":"function","function":{"name":"nope"}})", "tool_choice",
+       "'tool_choice' names the function 'nope', which is not in 'tools'"},
+      {tools + R"(,"tool_choice":{"type":"function","name":"now"})", "tool_choice",
+       R"('tool_choice' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}})"},
+      {R"("tool_choice":"auto")", "tool_choice", "'tool_choice' other than \"none\" needs 'tools'"},
+      {R"("tools":[],"tool_choice":"required")", "tool_choice",
+       "'tool_choice' other than \"none\" needs 'tools'"},
+      {tools + R"(,"parallel_tool_calls":"yes")", "parallel_tool_calls",
+       "'parallel_tool_calls' must be a boolean, got a string"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = bad(chat_with(c.rest), true);
+    EXPECT_EQ(e.http_status, 400) << c.rest;
+    EXPECT_EQ(e.param, c.param) << c.rest << " -> " << e.to_json();
+    EXPECT_EQ(e.message, c.message) << c.rest;
+  }
+  const std::pair<const char*, const char*> messages[] = {
+      {R"([{"role":"tool","content":"x"}])",
+       "messages[0].tool_call_id must be a string on a tool message"},
+      {R"([{"role":"user","content":"x","tool_call_id":"c"}])",
+       "messages[0].tool_call_id is only allowed on tool messages"},
+      {R"([{"role":"tool","tool_call_id":"c"}])",
+       "messages[0].content must be a string or an array of text parts, got null"},
+      {R"([{"role":"assistant","tool_calls":{}}])", "messages[0].tool_calls must be an array"},
+      {R"([{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{}}}]}])",
+       R"(messages[0].tool_calls[0] must be {"id": string, "type": "function", "function": {"name": string, "arguments": string}})"},
+      {R"([{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":""}}]}])",
+       R"(messages[0].tool_calls[0] must be {"id": string, "type": "function", "function": {"name": string, "arguments": string}})"},
+      {R"([{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"","x":1}}]}])",
+       "messages[0].tool_calls[0].function: unrecognized field 'x'"},
+      {R"([{"role":"assistant","tool_calls":[7]}])", "messages[0].tool_calls[0] must be an object"},
+      {R"([{"role":"user","content":"x","extra":1}])", "messages[0]: unrecognized field 'extra'"},
+  };
+  for (const auto& [m, message] : messages) {
+    const ApiError e = bad(std::string(R"({"messages":)") + m + "}", true);
+    EXPECT_EQ(e.param, "messages") << m;
+    EXPECT_EQ(e.message, message) << m;
+  }
+}
+
 TEST(ApiError, IsOpenAisErrorObject) {
   ApiError e = bad_request("m", "p");
   EXPECT_EQ(e.to_json(),
@@ -172,6 +314,15 @@ TEST(TokenizeBodies, PromptOrMessagesAndTokenIds) {
   EXPECT_FALSE(std::get<TokenizeRequest>(m).chat_options.add_generation_prompt);
   EXPECT_TRUE(std::holds_alternative<ApiError>(parse_tokenize(R"({"prompt":"a","messages":[]})")));
   EXPECT_TRUE(std::holds_alternative<ApiError>(parse_tokenize(R"({"prompt":3})")));
+  auto tools = parse_tokenize(chat_with(kTwoTools));
+  ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(tools));
+  EXPECT_EQ(std::get<TokenizeRequest>(tools).chat_options.tools.size(), 2u);
+  auto bad_tools = parse_tokenize(R"({"messages":[{"role":"user","content":"x"}],"tools":[1]})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad_tools));
+  EXPECT_EQ(std::get<ApiError>(bad_tools).message, "tools[0] must be an object");
+  auto prompt_tools = parse_tokenize(R"({"prompt":"x","tools":[]})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(prompt_tools));
+  EXPECT_EQ(std::get<ApiError>(prompt_tools).message, "'tools' needs 'messages'");
   auto d = parse_detokenize(R"({"tokens":[5,6]})");
   ASSERT_TRUE(std::holds_alternative<std::vector<int64_t>>(d));
   EXPECT_EQ(std::get<std::vector<int64_t>>(d), (std::vector<int64_t>{5, 6}));

@@ -127,6 +127,100 @@ TEST_F(ServerTest, ChatStreamsARoleChunkThenDeltasPerChoice) {
                                "end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
 }
 
+// A chat body with a tool, a finished round of tool calls and a new question.
+json tool_chat_body() {
+  return json::parse(R"({"model": "tiny", "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+      "n": 2, "chat_template_kwargs": {"enable_thinking": false},
+      "tools": [{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+      "messages": [{"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+          "type": "function", "function": {"name": "get_weather",
+          "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+        {"role": "user", "content": "And Rome?"}]})");
+}
+
+TEST_F(ServerTest, ChatWithToolsRendersThemAndStreamsWhatItReturnsWhole) {
+  start();
+  const json body = tool_chat_body();
+  auto res = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  // The prompt is the template's rendering with the tool and the tool round.
+  llm::ChatRenderOptions options;
+  options.enable_thinking = false;
+  options.tools.push_back(nlohmann::ordered_json::parse(body["tools"][0].dump()));
+  std::vector<llm::ChatMessage> messages(4);
+  messages[0] = {"user", "Paris?", std::nullopt, {}};
+  messages[1] = {"assistant",
+                 "",
+                 std::nullopt,
+                 {llm::ChatToolCall{"get_weather", nlohmann::ordered_json{{"city", "Paris"}}}}};
+  messages[2] = {"tool", "21 C", std::nullopt, {}};
+  messages[3] = {"user", "And Rome?", std::nullopt, {}};
+  const std::string prompt = llm::ChatTemplate::load(*dir_)->render(messages, options).value();
+  // The body's keys went out sorted (nlohmann::json): the tool is rendered in that order.
+  EXPECT_NE(prompt.find("<tools>\n{\"function\": {\"description\": \"Weather\", \"name\": "
+                        "\"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": "
+                        "\"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}, \"type\": "
+                        "\"function\"}\n</tools>"),
+            std::string::npos)
+      << prompt;
+  EXPECT_NE(prompt.find("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"),
+            std::string::npos)
+      << prompt;
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tokenizer_->encode(prompt).size());
+  // The random model makes no valid call: plain content, its own finish reason.
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (const json& c : j["choices"]) {
+    EXPECT_EQ(c["finish_reason"], "length");
+    EXPECT_FALSE(c["message"].contains("tool_calls")) << c;
+  }
+  // Streamed: each choice's content deltas add up to its whole content.
+  json streamed = body;
+  streamed["stream"] = true;
+  std::map<int, std::string> text;
+  std::map<int, std::string> finish;
+  for (const std::string& ev : events(stream("/v1/chat/completions", streamed.dump()))) {
+    if (ev == "[DONE]") break;
+    const json c = json::parse(ev)["choices"][0];
+    EXPECT_FALSE(c["delta"].contains("tool_calls")) << c;
+    if (c["delta"].contains("content")) text[c["index"]] += c["delta"]["content"];
+    if (!c["finish_reason"].is_null()) finish[c["index"]] = c["finish_reason"];
+  }
+  for (int i = 0; i < 2; ++i) {
+    const json& content = j["choices"][i]["message"]["content"];
+    ASSERT_TRUE(content.is_string()) << j;
+    EXPECT_FALSE(content.get<std::string>().empty());
+    EXPECT_EQ(text[i], content.get<std::string>()) << "choice " << i;
+    EXPECT_EQ(finish[i], "length");
+  }
+}
+
+TEST_F(ServerTest, ToolChoiceNoneRequiredAndNamedAreAcceptedAndAnUnknownNameIs400) {
+  start();
+  json body = tool_chat_body();
+  body["n"] = 1;
+  for (const json& choice :
+       {json("none"), json("required"),
+        json::parse(R"({"type":"function","function":{"name":"get_weather"}})")}) {
+    body["tool_choice"] = choice;
+    auto res = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << choice << ": " << res->body;
+  }
+  body["tool_choice"] = json::parse(R"({"type":"function","function":{"name":"get_time"}})");
+  auto res = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["param"], "tool_choice");
+  EXPECT_EQ(e["message"], "'tool_choice' names the function 'get_time', which is not in 'tools'");
+}
+
 // The characters (Unicode code points) of UTF-8 text.
 int64_t chars_of(const std::string& s) {
   int64_t n = 0;

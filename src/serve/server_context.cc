@@ -25,12 +25,21 @@ bool ServerContext::authorized(const httplib::Request& req, httplib::Response& r
   return ok;
 }
 
-std::string random_id(const char* prefix) {
+namespace {
+
+// 16 random hex digits and 4 of a process-wide counter.
+std::string unique_hex() {
   static std::atomic<uint64_t> counter{0};
   thread_local std::mt19937_64 rng(std::random_device{}());
-  return absl::StrCat(prefix, "-", absl::Hex(rng(), absl::kZeroPad16),
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16),
                       absl::Hex(counter.fetch_add(1), absl::kZeroPad4));
 }
+
+}  // namespace
+
+std::string random_id(const char* prefix) { return absl::StrCat(prefix, "-", unique_hex()); }
+
+std::string tool_call_id() { return "call_" + unique_hex(); }
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(

@@ -46,6 +46,8 @@ struct ServerContext {
 
 // A unique id: `prefix`-<16 random hex digits><4 hex digits of a process-wide counter>.
 std::string random_id(const char* prefix);
+// A tool call's id: "call_" and the same 20 hex digits (OpenAI's "call_..." shape).
+std::string tool_call_id();
 int64_t unix_seconds();
 
 // 404 model_not_found when a request names a `model` (non-empty) other than the served one;

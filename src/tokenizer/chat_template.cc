@@ -2,6 +2,9 @@
 
 #include <openssl/evp.h>
 
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -35,52 +38,180 @@ std::string_view after_last(std::string_view s, std::string_view sep) {
   return at == std::string_view::npos ? s : s.substr(at + sep.size());
 }
 
-// Qwen3's template (tokenizer_config.json of Qwen/Qwen3-*), the branch without tools, step for
-// step: the Jinja source is in the comments.
+// Python's repr of a finite double: the shortest digits that round-trip, in exponent form
+// (at least two exponent digits, as 1e-05 and 1.5e+16) when the decimal exponent is below -4
+// or at least 16, otherwise positional with at least one fraction digit (1.0, 0.0001).
+std::string python_float_repr(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  char buf[64];
+  const std::to_chars_result r =
+      std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
+  std::string_view sci(buf, static_cast<size_t>(r.ptr - buf));  // "-1.25e+17", "1e-05"
+  std::string out;
+  if (sci.front() == '-') {
+    out += '-';
+    sci.remove_prefix(1);
+  }
+  const size_t e = sci.find('e');
+  std::string digits(1, sci[0]);
+  if (e > 1) digits.append(sci.substr(2, e - 2));
+  int exponent = 0;
+  std::from_chars(sci.data() + e + 1 + (sci[e + 1] == '+'), sci.data() + sci.size(), exponent);
+  const int n = static_cast<int>(digits.size());
+  if (exponent < -4 || exponent >= 16) {
+    absl::StrAppend(&out, digits.substr(0, 1), n > 1 ? "." : "", digits.substr(1), "e",
+                    exponent < 0 ? "-" : "+", absl::Dec(std::abs(exponent), absl::kZeroPad2));
+  } else if (exponent < 0) {
+    absl::StrAppend(&out, "0.", std::string(-exponent - 1, '0'), digits);
+  } else if (n <= exponent + 1) {
+    absl::StrAppend(&out, digits, std::string(exponent + 1 - n, '0'), ".0");
+  } else {
+    absl::StrAppend(&out, digits.substr(0, exponent + 1), ".", digits.substr(exponent + 1));
+  }
+  return out;
+}
+
+void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
+  using value_t = nlohmann::ordered_json::value_t;
+  switch (v.type()) {
+    case value_t::object: {
+      out += '{';
+      bool first = true;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (!first) out += ", ";
+        first = false;
+        append_python_json(nlohmann::ordered_json(it.key()), out);
+        out += ": ";
+        append_python_json(it.value(), out);
+      }
+      out += '}';
+      return;
+    }
+    case value_t::array: {
+      out += '[';
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) out += ", ";
+        append_python_json(v[i], out);
+      }
+      out += ']';
+      return;
+    }
+    case value_t::number_float:
+      out += python_float_repr(v.get<double>());
+      return;
+    default:  // null, booleans, integers and strings print as Python prints them
+      out +=
+          v.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
+      return;
+  }
+}
+
+// Qwen3's template (tokenizer_config.json of Qwen/Qwen3-*), step for step: the Jinja source is
+// in the comments.
+
+// The leading system turn: with tools, '<|im_start|>system\n' + (messages[0].content + '\n\n'
+// when it is a system message) + the tools header, each tool's tojson on its own line, the
+// footer; without, the leading system message alone.
+void render_system(const std::vector<ChatMessage>& messages, const ChatRenderOptions& options,
+                   std::string& out) {
+  if (options.tools.empty()) {
+    if (messages[0].role == "system") {
+      absl::StrAppend(&out, "<|im_start|>system\n", messages[0].content, "<|im_end|>\n");
+    }
+    return;
+  }
+  out += "<|im_start|>system\n";
+  if (messages[0].role == "system") absl::StrAppend(&out, messages[0].content, "\n\n");
+  out +=
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+      "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const nlohmann::ordered_json& tool : options.tools) {
+    out += "\n";
+    append_python_json(tool, out);
+  }
+  out +=
+      "\n</tools>\n\nFor each function call, return a json object with function name and "
+      "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+      "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+}
+
+// ns.last_query_index: the last user message that is not a tool response wrapper.
+int64_t last_query_index(const std::vector<ChatMessage>& messages) {
+  const int64_t n = static_cast<int64_t>(messages.size());
+  for (int64_t index = n - 1; index >= 0; --index) {
+    const ChatMessage& m = messages[index];
+    if (m.role == "user" && !(absl::StartsWith(m.content, "<tool_response>") &&
+                              absl::EndsWith(m.content, "</tool_response>"))) {
+      return index;
+    }
+  }
+  return n - 1;
+}
+
+// {%- for tool_call in message.tool_calls %}: a newline before each but a first one that
+// follows empty content, then <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>.
+void render_tool_calls(const std::vector<ChatToolCall>& calls, std::string_view content,
+                       std::string& out) {
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (k > 0 || !content.empty()) out += "\n";
+    absl::StrAppend(&out, "<tool_call>\n{\"name\": \"", calls[k].name, "\", \"arguments\": ");
+    if (calls[k].arguments.is_string()) {
+      out += calls[k].arguments.get_ref<const std::string&>();
+    } else {
+      append_python_json(calls[k].arguments, out);
+    }
+    out += "}\n</tool_call>";
+  }
+}
+
+// An assistant turn: its think block kept only after the last query (and then only for the
+// last message or a non-empty reasoning), its content, its tool calls.
+void render_assistant(const ChatMessage& m, bool after_last_query, bool last, std::string& out) {
+  std::string_view content = m.content;
+  std::string_view reasoning;
+  if (m.reasoning_content.has_value()) {
+    reasoning = *m.reasoning_content;
+  } else if (absl::StrContains(m.content, "</think>")) {
+    content = lstrip(after_last(m.content, "</think>"), '\n');
+    reasoning =
+        lstrip(after_last(rstrip(before_first(m.content, "</think>"), '\n'), "<think>"), '\n');
+  }
+  if (after_last_query && (last || !reasoning.empty())) {
+    out += "<|im_start|>" + m.role + "\n<think>\n";
+    out += strip(reasoning, '\n');
+    out += "\n</think>\n\n";
+    out += lstrip(content, '\n');
+  } else {
+    out += "<|im_start|>" + m.role + "\n";
+    out += content;
+  }
+  render_tool_calls(m.tool_calls, content, out);
+  out += "<|im_end|>\n";
+}
+
+// A tool message: a <tool_response> block, the first of a run of tool messages opening a user
+// turn and the last closing it.
+void render_tool(const std::vector<ChatMessage>& messages, size_t i, std::string& out) {
+  if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+  absl::StrAppend(&out, "\n<tool_response>\n", messages[i].content, "\n</tool_response>");
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+}
+
 std::string render_qwen3(const std::vector<ChatMessage>& messages,
                          const ChatRenderOptions& options) {
   std::string out;
+  render_system(messages, options, out);
   const int64_t n = static_cast<int64_t>(messages.size());
-  // {%- if messages[0].role == 'system' %} '<|im_start|>system\n' + content + '<|im_end|>\n'
-  if (messages[0].role == "system") {
-    absl::StrAppend(&out, "<|im_start|>system\n", messages[0].content, "<|im_end|>\n");
-  }
-  // ns.last_query_index: the last user message that is not a tool response wrapper.
-  bool multi_step_tool = true;
-  int64_t last_query_index = n - 1;
-  for (int64_t index = n - 1; index >= 0; --index) {
-    const ChatMessage& m = messages[index];
-    if (multi_step_tool && m.role == "user" &&
-        !(absl::StartsWith(m.content, "<tool_response>") &&
-          absl::EndsWith(m.content, "</tool_response>"))) {
-      multi_step_tool = false;
-      last_query_index = index;
-    }
-  }
+  const int64_t last_query = last_query_index(messages);
   for (int64_t i = 0; i < n; ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || (m.role == "system" && i != 0)) {
       absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
     } else if (m.role == "assistant") {
-      std::string_view content = m.content;
-      std::string_view reasoning;
-      if (m.reasoning_content.has_value()) {
-        reasoning = *m.reasoning_content;
-      } else if (absl::StrContains(m.content, "</think>")) {
-        content = lstrip(after_last(m.content, "</think>"), '\n');
-        reasoning =
-            lstrip(after_last(rstrip(before_first(m.content, "</think>"), '\n'), "<think>"), '\n');
-      }
-      if (i > last_query_index && (i == n - 1 || !reasoning.empty())) {
-        out += "<|im_start|>" + m.role + "\n<think>\n";
-        out += strip(reasoning, '\n');
-        out += "\n</think>\n\n";
-        out += lstrip(content, '\n');
-      } else {
-        out += "<|im_start|>" + m.role + "\n";
-        out += content;
-      }
-      out += "<|im_end|>\n";
+      render_assistant(m, i > last_query, i == n - 1, out);
+    } else if (m.role == "tool") {
+      render_tool(messages, static_cast<size_t>(i), out);
     }
   }
   if (options.add_generation_prompt) {
@@ -93,6 +224,12 @@ std::string render_qwen3(const std::vector<ChatMessage>& messages,
 }
 
 }  // namespace
+
+std::string python_json_dumps(const nlohmann::ordered_json& value) {
+  std::string out;
+  append_python_json(value, out);
+  return out;
+}
 
 std::string sha256_hex(std::string_view bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -139,14 +276,18 @@ absl::StatusOr<std::string> ChatTemplate::render(const std::vector<ChatMessage>&
   if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
       return absl::InvalidArgumentError(
           absl::StrCat("messages[", i, "].role '", m.role.substr(0, 40),
-                       "' is not supported (system, user or assistant)"));
+                       "' is not supported (system, user, assistant or tool)"));
     }
     if (m.reasoning_content.has_value() && m.role != "assistant") {
       return absl::InvalidArgumentError(absl::StrCat(
           "messages[", i, "].reasoning_content is only allowed on assistant messages"));
+    }
+    if (!m.tool_calls.empty() && m.role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].tool_calls is only allowed on assistant messages"));
     }
   }
   return render_qwen3(messages, options);

@@ -2,6 +2,7 @@
 // (tests/chat/render_reference.py: python3-jinja2 in transformers' environment), byte for byte.
 #include "simpler/tokenizer/chat_template.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 std::string read(const fs::path& p) {
   return base::read_regular_file(p.string()).value_or("(unreadable: " + p.string() + ")");
@@ -29,13 +31,19 @@ struct Case {
 };
 
 ChatMessage msg(std::string role, std::string content) {
-  return ChatMessage{std::move(role), std::move(content), std::nullopt};
+  return ChatMessage{std::move(role), std::move(content), std::nullopt, {}};
+}
+
+ChatMessage calls(std::string content, std::vector<ChatToolCall> tool_calls) {
+  ChatMessage m = msg("assistant", std::move(content));
+  m.tool_calls = std::move(tool_calls);
+  return m;
 }
 
 std::vector<Case> cases() {
   std::vector<Case> c;
   auto add = [&](std::vector<ChatMessage> m, bool gen = true, std::optional<bool> think = {}) {
-    c.push_back(Case{std::move(m), ChatRenderOptions{gen, think}});
+    c.push_back(Case{std::move(m), ChatRenderOptions{gen, think, {}}});
   };
   add({msg("user", "Hello")});
   add({msg("user", "Hello")}, true, false);
@@ -84,22 +92,38 @@ std::vector<Case> cases() {
   return c;
 }
 
-TEST(ChatTemplate, Qwen3RenderingIsByteIdenticalToTransformers) {
-  const fs::path dir = simpler::testing::test_dir("simpler_chat_template_test");
-  const std::vector<Case> all = cases();
-  ASSERT_GE(all.size(), 20u);
-  json in = json::array();
-  for (const Case& c : all) {
-    json messages = json::array();
-    for (const ChatMessage& m : c.messages) {
-      json jm = {{"role", m.role}, {"content", m.content}};
-      if (m.reasoning_content) jm["reasoning_content"] = *m.reasoning_content;
-      messages.push_back(jm);
+// A conversation as the reference renders it: OpenAI's message shapes (tool calls with an id
+// and type "function" around name and arguments, tool messages with a tool_call_id).
+ojson case_json(const Case& c) {
+  ojson messages = ojson::array();
+  for (const ChatMessage& m : c.messages) {
+    ojson jm = {{"role", m.role}, {"content", m.content}};
+    if (m.reasoning_content) jm["reasoning_content"] = *m.reasoning_content;
+    if (m.role == "tool") jm["tool_call_id"] = "call_0";
+    if (!m.tool_calls.empty()) {
+      ojson tc = ojson::array();
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        tc.push_back(
+            {{"id", "call_" + std::to_string(k)},
+             {"type", "function"},
+             {"function",
+              {{"name", m.tool_calls[k].name}, {"arguments", m.tool_calls[k].arguments}}}});
+      }
+      jm["tool_calls"] = tc;
     }
-    json jc = {{"messages", messages}, {"add_generation_prompt", c.options.add_generation_prompt}};
-    if (c.options.enable_thinking) jc["enable_thinking"] = *c.options.enable_thinking;
-    in.push_back(jc);
+    messages.push_back(jm);
   }
+  ojson jc = {{"messages", messages}, {"add_generation_prompt", c.options.add_generation_prompt}};
+  if (c.options.enable_thinking) jc["enable_thinking"] = *c.options.enable_thinking;
+  if (!c.options.tools.empty()) jc["tools"] = c.options.tools;
+  return jc;
+}
+
+// Renders every case natively and with the reference; expects them byte for byte equal.
+void expect_rendered_as_transformers_does(const std::vector<Case>& all, const char* dir_name) {
+  const fs::path dir = simpler::testing::test_dir(dir_name);
+  ojson in = ojson::array();
+  for (const Case& c : all) in.push_back(case_json(c));
   const fs::path cases_path = dir / "cases.json", out_path = dir / "out.json",
                  log = dir / "render.log";
   std::ofstream(cases_path) << in.dump();
@@ -120,6 +144,108 @@ TEST(ChatTemplate, Qwen3RenderingIsByteIdenticalToTransformers) {
   }
 }
 
+TEST(ChatTemplate, Qwen3RenderingIsByteIdenticalToTransformers) {
+  const std::vector<Case> all = cases();
+  ASSERT_GE(all.size(), 20u);
+  expect_rendered_as_transformers_does(all, "simpler_chat_template_test");
+}
+
+ojson weather_tool() {
+  return ojson::parse(R"({"type": "function", "function": {"name": "get_weather",
+      "description": "The weather in a city", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}, "unit": {"type": "string",
+      "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}})");
+}
+
+// Keys out of alphabetical order, floats at Python's repr boundaries, integers past int64,
+// non-ASCII text, quotes, backslashes and control characters.
+ojson odd_tool() {
+  return ojson::parse(R"({"function": {"parameters": {"type": "object", "properties": {
+      "z": {"type": "number", "minimum": 0.5, "maximum": 1e15, "multipleOf": 1e-05,
+            "default": 1e16, "exclusiveMinimum": 0.0001, "examples": [1e-4, 123456789.125,
+            1.5e-7, -0.0, 100.0, 2.5e300, 0.1, 1e22]},
+      "a": {"type": "integer", "enum": [-1, 0, 18446744073709551615, 9223372036854775807,
+            -9223372036854775808]},
+      "m": {"type": "array", "items": {}, "default": [], "x": null, "b": true, "c": false}},
+      "required": ["z", "a"]}, "name": "odd_one",
+      "description": "Ünïcode 日本語 🦊 \"quoted\" \\ back\n\t\u0001 ctrl \u007f \/ slash"},
+      "type": "function"})");
+}
+
+ChatToolCall call(std::string name, const char* arguments) {
+  return ChatToolCall{std::move(name), ojson::parse(arguments)};
+}
+
+std::vector<Case> tool_cases() {
+  std::vector<Case> c;
+  auto add = [&](std::vector<ChatMessage> m, std::vector<ojson> tools, bool gen = true,
+                 std::optional<bool> think = {}) {
+    c.push_back(Case{std::move(m), ChatRenderOptions{gen, think, std::move(tools)}});
+  };
+  const ojson w = weather_tool(), odd = odd_tool();
+  const ojson bare = ojson::parse(R"({"type": "function", "function": {"name": "now"}})");
+  add({msg("user", "Weather in Paris?")}, {w});
+  add({msg("system", "You are terse."), msg("user", "Weather in Paris?")}, {w, bare}, true, false);
+  add({msg("user", "x")}, {odd, w, bare});
+  // A call with empty content, its response, the next generation.
+  add({msg("system", "S"), msg("user", "Paris?"),
+       calls("", {call("get_weather", R"({"city": "Paris", "unit": "celsius"})")}),
+       msg("tool", "{\"temp\": 21}")},
+      {w});
+  // Content before two calls, two responses merged into one user turn, the final answer.
+  add({msg("user", "Paris and Rome?"),
+       calls("Let me check.", {call("get_weather", R"({"city": "Paris"})"),
+                               call("get_weather", R"({"unit": "fahrenheit", "city": "Rome"})")}),
+       msg("tool", "21"), msg("tool", "25"), msg("assistant", "Paris 21, Rome 25.")},
+      {w}, false);
+  // Arguments given as a JSON string are copied as they are; nested values, non-ASCII.
+  add({msg("user", "q"),
+       calls("", {ChatToolCall{"get_weather", ojson("{\"city\":\"Zürich\" }")},
+                  ChatToolCall{"get_weather", ojson("not json at all")},
+                  call("odd_one", R"({"a": [1, 2.5, {"k": null}], "z": 1e16, "s": "日本 \"q\""})"),
+                  call("now", "{}")})},
+      {w, odd, bare}, false);
+  // Think blocks around calls in a multi-step turn (tool responses are not queries).
+  add({msg("user", "q1"),
+       calls("<think>\nneed weather\n</think>\n\n", {call("get_weather", R"({"city": "Oslo"})")}),
+       msg("tool", "-3"), calls("<think>ok</think>It is -3.", {})},
+      {w}, false);
+  {
+    ChatMessage r = calls("", {call("now", "{}")});
+    r.reasoning_content = "\nthinking\n";
+    add({msg("user", "time?"), r, msg("tool", "12:00")}, {bare}, true, false);
+    ChatMessage nl = calls("\n", {call("now", "{}")});
+    add({msg("user", "time?"), nl, msg("tool", "12:00")}, {bare});
+  }
+  // A tool message first, a later system message, a user turn that is a response wrapper.
+  add({msg("tool", "orphan"), msg("user", "u"), msg("system", "later"),
+       msg("user", "<tool_response>\nx\n</tool_response>")},
+      {w});
+  // Tool messages and calls without tools in the request (the template's branch without tools).
+  add({msg("user", "q"), calls("c", {call("f", R"({"x": 1})")}), msg("tool", "r")}, {});
+  add({msg("system", "Réponds en français."), msg("user", "Ça va ? 🦊")}, {w}, true, true);
+  return c;
+}
+
+TEST(ChatTemplate, Qwen3ToolRenderingIsByteIdenticalToTransformers) {
+  const std::vector<Case> all = tool_cases();
+  ASSERT_GE(all.size(), 12u);
+  expect_rendered_as_transformers_does(all, "simpler_chat_template_tools_test");
+}
+
+TEST(ChatTemplate, PythonJsonDumpsMatchesPythonsJsonModule) {
+  // Values from Python 3's json.dumps(v, ensure_ascii=False).
+  EXPECT_EQ(python_json_dumps(ojson::parse(R"({"b": 1, "a": [true, null, "x"]})")),
+            R"({"b": 1, "a": [true, null, "x"]})");
+  EXPECT_EQ(python_json_dumps(ojson::parse("[1e15, 1e16, 1e-4, 1e-5, 0.1, 100.0, -0.0, 1.5e300]")),
+            "[1000000000000000.0, 1e+16, 0.0001, 1e-05, 0.1, 100.0, -0.0, 1.5e+300]");
+  EXPECT_EQ(python_json_dumps(ojson::parse(R"(["\u0001\n\"\\ é"])")), R"(["\u0001\n\"\\ é"])");
+  EXPECT_EQ(python_json_dumps(ojson(std::nan(""))), "NaN");
+  EXPECT_EQ(python_json_dumps(ojson(-HUGE_VAL)), "-Infinity");
+  EXPECT_EQ(python_json_dumps(ojson::object()), "{}");
+  EXPECT_EQ(python_json_dumps(ojson::array()), "[]");
+}
+
 TEST(ChatTemplate, AnUnknownTemplateIsRefusedNamingItsHash) {
   auto t = ChatTemplate::from_text("{{ messages[0].content }}");
   ASSERT_FALSE(t.ok());
@@ -138,10 +264,16 @@ TEST(ChatTemplate, BadConversationsAreRefusedNamingTheMessage) {
   auto q = ChatTemplate::load(SIMPLER_TOKENIZER_DIR);
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->render({}).status().code(), absl::StatusCode::kInvalidArgument);
-  auto tool = q->render({msg("user", "a"), msg("tool", "b")});
-  EXPECT_EQ(tool.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(tool.status().message()).find("messages[1].role 'tool'"), std::string::npos)
-      << tool.status();
+  auto bad_role = q->render({msg("user", "a"), msg("function", "b")});
+  EXPECT_EQ(bad_role.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad_role.status().message()).find("messages[1].role 'function'"),
+            std::string::npos)
+      << bad_role.status();
+  ChatMessage user_calls = msg("user", "a");
+  user_calls.tool_calls.push_back(ChatToolCall{"f", ojson::object()});
+  auto calls_on_user = q->render({user_calls});
+  EXPECT_EQ(calls_on_user.status().message(),
+            "messages[0].tool_calls is only allowed on assistant messages");
   ChatMessage u = msg("user", "a");
   u.reasoning_content = "r";
   auto r = q->render({u});

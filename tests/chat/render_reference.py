@@ -6,7 +6,9 @@ extension, a `tojson` filter that keeps non-ASCII (ensure_ascii=False) and `rais
 
 Usage: render_reference.py TOKENIZER_CONFIG CASES_JSON
 CASES_JSON is a list of {"messages": [...], "add_generation_prompt": bool,
-"enable_thinking": bool (optional)}; prints a JSON list of rendered strings."""
+"enable_thinking": bool (optional), "tools": [...] (optional)}; prints a JSON list of rendered
+strings. Objects keep the key order of CASES_JSON, as transformers keeps that of the dicts it
+is given."""
 import json
 import sys
 
@@ -40,6 +42,8 @@ def main():
                   "add_generation_prompt": case.get("add_generation_prompt", True)}
         if "enable_thinking" in case:
             kwargs["enable_thinking"] = case["enable_thinking"]
+        if "tools" in case:
+            kwargs["tools"] = case["tools"]
         out.append(compiled.render(**kwargs))
     json.dump(out, sys.stdout, ensure_ascii=False)
 

@@ -1,6 +1,6 @@
 // The official OpenAI Node SDK (npm `openai`, 4.x, pinned in package-lock.json) against
 // `simpler serve` on a free loopback port: completions and chat completions, streamed and not,
-// n > 1, stop strings, logprobs, errors, and a SIGTERM that drains and exits 0.
+// n > 1, stop strings, logprobs, tools, errors, and a SIGTERM that drains and exits 0.
 //
 // Usage: node openai_sdk_test.mjs SIMPLER_BINARY WORK_DIR TOKENIZER_DIR
 import { spawn, execFileSync } from "node:child_process";
@@ -146,8 +146,44 @@ await check("errors arrive as the SDK's typed errors", async () => {
       (e) => e instanceof OpenAI.NotFoundError && e.code === "model_not_found");
   await assert.rejects(
       client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x" }],
-                                       tools: [{ type: "function", function: { name: "f" } }] }),
-      (e) => e instanceof OpenAI.BadRequestError && /not supported/.test(e.message));
+                                       tools: [{ type: "function", function: { name: "f" } }],
+                                       tool_choice: { type: "function", function: { name: "g" } } }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "tool_choice" &&
+             /'g', which is not in 'tools'/.test(e.message));
+});
+
+await check("tools: a tool round trip under every tool_choice, streamed and not", async () => {
+  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather",
+                   parameters: { type: "object", properties: { city: { type: "string" } },
+                                 required: ["city"] } } }];
+  const messages = [
+    { role: "user", content: "Weather in Paris?" },
+    { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function",
+      function: { name: "get_weather", arguments: JSON.stringify({ city: "Paris" }) } }] },
+    { role: "tool", tool_call_id: "call_1", content: "21 C" }];
+  const choices = ["auto", "none", "required",
+                   { type: "function", function: { name: "get_weather" } }];
+  for (const tool_choice of choices) {
+    const args = { model: "tiny", messages, tools, tool_choice, max_tokens: 6, temperature: 0,
+                   ignore_eos: true };
+    const full = await client.chat.completions.create(args);
+    const c = full.choices[0];
+    // The random model makes no valid call: its text comes back as content.
+    assert.equal(c.finish_reason, "length", JSON.stringify(tool_choice));
+    assert.equal(c.message.tool_calls, undefined);
+    assert.ok(c.message.content.length > 0);
+    let text = "";
+    let finish = null;
+    for await (const chunk of await client.chat.completions.create({ ...args, stream: true })) {
+      for (const d of chunk.choices) {
+        assert.equal(d.delta.tool_calls, undefined);
+        if (d.delta.content) text += d.delta.content;
+        if (d.finish_reason) finish = d.finish_reason;
+      }
+    }
+    assert.equal(text, c.message.content);
+    assert.equal(finish, "length");
+  }
 });
 
 await check("SIGTERM with a stream in flight: the stream ends cleanly, exit 0", async () => {

@@ -41,6 +41,10 @@ inline constexpr size_t kJsonMaxErrorChars = 200;
 // Every exception of nlohmann's family is caught; none leaves this function.
 absl::StatusOr<nlohmann::json> parse_json_bounded(std::string_view text, std::string_view what,
                                                   int max_depth = kJsonDefaultMaxDepth);
+// The same, objects keeping their keys in the text's order (nlohmann::ordered_json), for values
+// rendered back as they were written (a chat request's tools, a tool call's arguments).
+absl::StatusOr<nlohmann::ordered_json> parse_ordered_json_bounded(
+    std::string_view text, std::string_view what, int max_depth = kJsonDefaultMaxDepth);
 
 // A compact JSON rendering of `value` cut to at most `max_chars` characters plus "..." when cut
 // (never inside a UTF-8 sequence). Iterative: safe on a value of any depth, and it stops walking

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP API's request and response shapes (OpenAI's API reference for
-// /v1/completions and /v1/chat/completions, with vLLM's extensions top_k, min_p,
-// repetition_penalty, stop_token_ids, ignore_eos, min_tokens and chat_template_kwargs), as
+// /v1/completions and /v1/chat/completions, tools and tool calls included, with vLLM's
+// extensions top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, min_tokens and
+// chat_template_kwargs), as
 // pure functions: a request body becomes a ParsedRequest or an ApiError, never an exception;
 // responses, stream chunks, errors and Prometheus metrics are rendered to text. No I/O and no
 // engine: the server (openai_server.h) and the libFuzzer target
@@ -40,7 +41,27 @@ struct RequestLimits {
   int64_t max_stop_string_bytes = 256;
   int64_t max_prompt_ids = 1 << 20;  // token ids in an array prompt
   int64_t max_messages = 1024;
+  int64_t max_tools = 128;  // `tools` entries
   int32_t max_json_depth = 16;
+};
+
+// A chat request's `tool_choice`: which tool calls its output may hold. kNone: the tools are
+// still rendered into the prompt (vLLM's default) and the output is plain content. kAuto (the
+// default when there are tools): calls of any of the tools. kRequired: the same, meant to hold
+// at least one; kFunction: calls of that one function only. Decoding is not constrained yet:
+// under kRequired or kFunction an output without a valid call is returned as plain content.
+enum class ToolChoice : uint8_t { kNone, kAuto, kRequired, kFunction };
+
+// What a chat request's output may call. Plain value; thread-compatible.
+struct ToolCallPolicy {
+  ToolChoice choice = ToolChoice::kNone;
+  std::string function;            // kFunction: its name (one of `names`)
+  std::vector<std::string> names;  // the tools' function names, in request order
+  bool parallel = true;            // parallel_tool_calls: false keeps the first call only
+  // Whether the output is parsed for tool calls at all.
+  bool parses() const { return choice != ToolChoice::kNone && !names.empty(); }
+  // Whether a call of `name` is a valid call under this policy.
+  bool allows(std::string_view name) const;
 };
 
 // The max_tokens of a /v1/completions body that gives none: OpenAI's default.
@@ -55,9 +76,11 @@ struct ParsedRequest {
   std::string model;
   // Completions: the prompt as text or as token ids.
   std::variant<std::string, std::vector<int64_t>> prompt;
-  // Chat: the conversation and the template options (chat_template_kwargs).
+  // Chat: the conversation and the template options (chat_template_kwargs, and `tools`: each
+  // tool as the client sent it, keys in its order, rendered with the template's tojson).
   std::vector<llm::ChatMessage> messages;
   llm::ChatRenderOptions chat_options;
+  ToolCallPolicy tool_calls;  // chat: tool_choice, the tools' names and parallel_tool_calls
   // max_tokens, or chat's max_completion_tokens. Completions without it get
   // kDefaultCompletionMaxTokens (OpenAI's default); chat without it has none here, and the
   // server runs it to the room left in the context (LlmEngine::max_tokens_for), as vLLM does.
@@ -73,8 +96,19 @@ struct ParsedRequest {
 
 // Parses and validates a body. `chat` selects the endpoint's shape. Errors: 400 with the field
 // in `param` (invalid JSON or UTF-8, too deep, wrong types, unknown fields — OpenAI refuses
-// "unrecognized request arguments" —, tools / response_format other than text, n < 1, negative
-// or non-integer counts, max_tokens < 1).
+// "unrecognized request arguments" —, response_format other than text, n < 1, negative or
+// non-integer counts, max_tokens < 1).
+//
+// Chat with tools: `tools` is an array of {"type": "function", "function": {"name",
+// "description"?, "parameters"? (an object: a JSON Schema), "strict"?}}, names OpenAI's
+// (1 to 64 of a-z A-Z 0-9 _ -) and distinct; `tool_choice` is "none", "auto", "required" or
+// {"type": "function", "function": {"name": N}} with N one of the tools (400 naming it
+// otherwise; anything but "none" needs tools); `parallel_tool_calls` a boolean. Messages may
+// have the role "tool" (content and a string tool_call_id) and assistant messages
+// `tool_calls` ([{"id", "type": "function", "function": {"name", "arguments"}}], arguments a
+// string) with a null or absent content (rendered as ""). Arguments that parse as JSON are
+// rendered with tojson (vLLM parses them too); others, and "" as {}, as they are. Errors in
+// messages name "messages", in tools "tools", in tool_choice "tool_choice".
 std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool chat,
                                                     const RequestLimits& limits = {});
 
@@ -83,8 +117,8 @@ struct TokenizeRequest {
   std::string model;  // empty when the body names none (the server answers 404 for another)
   std::optional<std::string> prompt;
   std::vector<llm::ChatMessage> messages;  // when `messages` is given
-  llm::ChatRenderOptions chat_options;
-  bool add_special_tokens = true;  // accepted; Qwen3 adds none
+  llm::ChatRenderOptions chat_options;     // with `tools`, checked as parse_request does
+  bool add_special_tokens = true;          // accepted; Qwen3 adds none
 };
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
                                                        const RequestLimits& limits = {});

