@@ -27,7 +27,7 @@ struct GgufTensor {
   uint32_t type = 0;
   uint64_t offset = 0;
 };
-struct GgufFile {
+struct ExportedGguf {
   uint32_t version = 0;
   std::map<std::string, std::string> strings;
   std::map<std::string, uint64_t> ints;
@@ -65,8 +65,8 @@ class Reader {
   uint64_t at_ = 0;
 };
 
-GgufFile read_gguf(const std::string& path) {
-  GgufFile f;
+ExportedGguf read_gguf(const std::string& path) {
+  ExportedGguf f;
   std::ifstream in(path, std::ios::binary);
   f.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   Reader r(f.bytes);
@@ -156,7 +156,7 @@ TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem
   o.progress = [&last_progress](int64_t done, int64_t) { last_progress = done; };
   ASSERT_TRUE(export_gguf(o).ok());
   EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
-  const GgufFile f = read_gguf(o.out_path);
+  const ExportedGguf f = read_gguf(o.out_path);
   ASSERT_FALSE(HasFailure());
   absl::StatusOr<ModelConfig> c = ModelConfig::load(o.model_dir);
   ASSERT_TRUE(c.ok());
@@ -233,7 +233,7 @@ TEST_F(GgufExportTest, F32ExportWidensEveryTensor) {
   o.out_path = (dir_ / "model-f32.gguf").string();
   o.type = GgufType::kF32;
   ASSERT_TRUE(export_gguf(o).ok());
-  const GgufFile f = read_gguf(o.out_path);
+  const ExportedGguf f = read_gguf(o.out_path);
   EXPECT_EQ(f.ints.at("general.file_type"), 0u);
   for (const auto& [name, t] : f.tensors) EXPECT_EQ(t.type, 0u) << name;
 }
