@@ -28,6 +28,7 @@
 #include "simpler/engine/data_parallel.h"
 #include "simpler/engine/kv_pages.h"
 #include "simpler/engine/llm_engine.h"
+#include "simpler/engine/model_files.h"
 #include "simpler/hierarchy/l3_worker.h"
 #include "simpler/model/model_config.h"
 #include "simpler/tokenizer/tokenizer.h"
@@ -148,7 +149,7 @@ struct MaybeTokenizer {
 
 MaybeTokenizer load_tokenizer(const std::string& model) {
   MaybeTokenizer t;
-  auto loaded = llm::Tokenizer::load(model);
+  auto loaded = llm::load_model_tokenizer(model);
   if (loaded.ok()) {
     t.tok.emplace(std::move(*loaded));
   } else {
