@@ -346,13 +346,21 @@ absl::StatusOr<uint64_t> read_dims(Cursor& c, const std::string& path, GgufTenso
                                       kGgufMaxDims, " allowed)"));
   }
   std::vector<uint64_t> dims(n_dims);
-  uint64_t numel = 1;
-  bool overflow = false;
+  // The product of the non-zero dimensions must fit int64: then every partial product does, in
+  // the file's order and in the reversed order TensorView::numel multiplies in, even when a 0
+  // makes the element count 0.
+  uint64_t nonzero = 1;
+  bool overflow = false, empty = false;
   for (uint32_t d = 0; d < n_dims; ++d) {
     SIMPLER_ASSIGN_OR_RETURN(dims[d], c.read<uint64_t>(absl::StrCat("tensor '", t.name, "' dims")));
-    if (dims[d] > kInt64Max || (dims[d] != 0 && numel > kInt64Max / dims[d])) overflow = true;
-    if (!overflow) numel *= dims[d];
+    if (dims[d] == 0) {
+      empty = true;
+      continue;
+    }
+    if (dims[d] > kInt64Max || nonzero > kInt64Max / dims[d]) overflow = true;
+    if (!overflow) nonzero *= dims[d];
   }
+  const uint64_t numel = empty ? 0 : nonzero;
   std::string shown = "[";
   for (uint32_t d = 0; d < n_dims; ++d) absl::StrAppend(&shown, d ? "," : "", dims[d]);
   shown += "]";

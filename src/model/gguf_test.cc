@@ -179,6 +179,12 @@ TEST_F(GgufParserTest, DimensionsWhoseProductOverflowsAreRefused) {
   GgufBuilder huge;
   huge.tensor("huge", {uint64_t{1} << 63}, kF32, "");
   EXPECT_THAT(msg(open_bytes(huge.build()).status()), HasSubstr("overflow"));
+  // A 0 makes the element count 0, but the other dimensions' product still overflows int64
+  // (TensorView::numel multiplies the row-major shape, the file's dims reversed).
+  GgufBuilder zero;
+  zero.tensor("zero", {uint64_t{1} << 40, uint64_t{1} << 40, 0}, kF32, "");
+  EXPECT_THAT(msg(open_bytes(zero.build()).status()),
+              HasSubstr("tensor 'zero' dims [0,1099511627776,1099511627776] overflow"));
   // The element count fits, its bytes do not.
   GgufBuilder bytes;
   bytes.tensor("wide", {uint64_t{1} << 62}, kF32, "");
