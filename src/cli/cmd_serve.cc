@@ -105,9 +105,9 @@ int run_serve(const ServeFlags& st) {
 
 Runner add_serve_command(CLI::App& app) {
   auto st = std::make_shared<ServeFlags>();
-  auto* cmd =
-      add_model_command(&app, "serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API",
-                        &st->model, "model directory (Hugging Face layout, with tokenizer)");
+  auto* cmd = add_model_command(
+      &app, "serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API", &st->model,
+      "model directory (Hugging Face layout, with tokenizer) or .gguf file");
   cmd->add_option("--host", st->host, "address to bind (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", st->port, "port (0 = any free port)")

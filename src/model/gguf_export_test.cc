@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "simpler/model/make_model.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/safetensors.h"
@@ -177,6 +178,13 @@ TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem
   EXPECT_EQ(f.strings.at("tokenizer.ggml.model"), "gpt2");
   EXPECT_EQ(f.strings.at("tokenizer.ggml.pre"), "qwen2");
   EXPECT_EQ(f.ints.at("tokenizer.ggml.add_bos_token"), 0u);
+  // tokenizer_config.json's chat template, byte for byte.
+  {
+    std::ifstream in(o.model_dir + "/tokenizer_config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    EXPECT_EQ(f.strings.at("tokenizer.chat_template"),
+              config.at("chat_template").get<std::string>());
+  }
   // Tokens: the vocabulary by id, added tokens typed, padding named; merges as "a b".
   const std::vector<std::string>& tokens = f.string_arrays.at("tokenizer.ggml.tokens");
   const std::vector<int32_t>& types = f.int_arrays.at("tokenizer.ggml.token_type");

@@ -351,7 +351,7 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
   auto st = std::make_shared<ServeState>();
   auto* cmd = add_model_command(
       bench_cmd, "serve", "the OpenAI-compatible server under load, against the engine offline",
-      &st->model, "model directory (with its tokenizer)");
+      &st->model, "model directory (with its tokenizer) or .gguf file");
   cmd->add_option("--url", st->url,
                   "drive a running server (http://HOST:PORT) instead of one started here");
   cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")
