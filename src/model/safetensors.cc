@@ -533,8 +533,10 @@ absl::StatusOr<TensorView> ModelWeights::get(std::string_view name) const {
   if (state_->gguf) {
     auto found = state_->gguf_views.find(name);
     if (found == state_->gguf_views.end()) {
-      return absl::NotFoundError(absl::StrCat("tensor '", str(name), "' not found in ", state_->dir,
-                                              " (GGUF name '", gguf_tensor_name(name), "')"));
+      const std::string gguf_name = gguf_tensor_name(name);
+      return absl::NotFoundError(
+          absl::StrCat("tensor '", str(name), "' not found in ", state_->dir,
+                       gguf_name.empty() ? "" : absl::StrCat(" (GGUF name '", gguf_name, "')")));
     }
     return found->second;
   }
