@@ -506,7 +506,9 @@ absl::StatusOr<const GgufValue*> typed(const GgufFile& f, std::string_view key,
       absl::StrAppend(&got, " of ", gguf_value_type_name(v->element_type));
     }
     return absl::InvalidArgumentError(
-        absl::StrCat(f.path(), ": key '", str(key), "' is a ", got, ", expected ", str(expected)));
+        absl::StrCat(f.path(), ": key '", str(key), "' is ",
+                     std::string_view("aeif").find(got[0]) == std::string_view::npos ? "a " : "an ",
+                     got, ", expected ", str(expected)));
   }
   return v;
 }
@@ -535,7 +537,7 @@ absl::StatusOr<uint64_t> GgufFile::get_uint(std::string_view key) const {
 
 absl::StatusOr<double> GgufFile::get_float(std::string_view key) const {
   SIMPLER_ASSIGN_OR_RETURN(
-      const GgufValue* v, typed(*this, key, "a f32 or f64", [](const GgufValue& v) {
+      const GgufValue* v, typed(*this, key, "an f32 or f64", [](const GgufValue& v) {
         return v.type == GgufValueType::kFloat32 || v.type == GgufValueType::kFloat64;
       }));
   if (v->type == GgufValueType::kFloat32) {

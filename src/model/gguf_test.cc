@@ -104,7 +104,7 @@ TEST_F(GgufParserTest, TypedReadsNameTheKeyAndTheTypeFound) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(msg(wrong), HasSubstr("key 'test.count' is a u32, expected a string"));
   EXPECT_THAT(msg(f->get_int_array("test.names").status()),
-              HasSubstr("is a array of string, expected an array of integers"));
+              HasSubstr("is an array of string, expected an array of integers"));
 }
 
 TEST_F(GgufParserTest, EveryTruncationIsAnErrorAndTheHeaderOnesSayTruncated) {

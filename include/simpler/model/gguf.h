@@ -18,15 +18,16 @@
 // but refused by `tensor` (no quantized kernels yet). Any other ggml type is refused at open.
 //
 // Validation at open, each failure a status whose message starts with the path:
-//   DATA_LOSS          the file ends early: inside the header, a key-value, a string, an array,
-//                      a tensor info, before the data section, or inside a tensor's data
+//   DATA_LOSS          the file ends early: inside the header, a key-value, a string (a length
+//                      past the end of the file), an array, a tensor info, before the data
+//                      section, or inside a tensor's data
 //   INVALID_ARGUMENT   not a GGUF file (magic), a version other than 2 and 3 (a big-endian file
 //                      is named as such), a count larger than the bytes left could hold (tensor
-//                      count, key-value count, array length, string length), an unknown value
-//                      type, a nested array, a bool that is not 0 or 1, a duplicate key, a
+//                      count, key-value count, array length), an unknown value type, a nested
+//                      array, a bool that is not 0 or 1, a duplicate key, a
 //                      `general.alignment` that is not a u32 power of two, a duplicate or empty
-//                      tensor name, n_dims 0 or above 4, a dimension above 2^63-1 or dimensions
-//                      whose product (or byte size) overflows 63 bits, an unknown ggml type, a
+//                      tensor name, n_dims 0 or above 4, non-zero dimensions whose product (or
+//                      the tensor's byte size) passes 2^63-1, an unknown ggml type, a
 //                      quantized tensor whose innermost dimension is not a whole number of
 //                      blocks, a misaligned offset, tensors that overlap
 //   UNIMPLEMENTED      a ggml type that is known but not read here (Q5_K, IQ2_XXS, ...), naming
@@ -153,7 +154,7 @@ class GgufFile {
   // The value of `key`; nullptr when absent.
   const GgufValue* find(std::string_view key) const;
   // Typed reads of a key. NOT_FOUND "<path>: key 'k' not found"; INVALID_ARGUMENT
-  // "<path>: key 'k' is a f32, expected a string" for another type.
+  // "<path>: key 'k' is an f32, expected a string" for another type.
   absl::StatusOr<std::string_view> get_string(std::string_view key) const;
   // Any integer type (not bool) with a value in [0, 2^63-1]; INVALID_ARGUMENT for a negative one.
   absl::StatusOr<uint64_t> get_uint(std::string_view key) const;
