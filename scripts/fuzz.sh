@@ -31,6 +31,7 @@ declare -A RUNS=(
   [model_config_fuzz]=100000
   [safetensors_fuzz]=80000
   [model_weights_index_fuzz]=50000
+  [gguf_fuzz]=60000
   [tokenizer_load_fuzz]=8000
   [tokenizer_encode_fuzz]=5000
   [openai_protocol_fuzz]=60000

@@ -19,6 +19,7 @@ ROOT = {
     "safetensors_fuzz": MODEL,
     "model_weights_index_fuzz": MODEL,
     "model_config_fuzz": MODEL,
+    "gguf_fuzz": MODEL,
     "tokenizer_load_fuzz": TOKENIZER,
     "tokenizer_encode_fuzz": TOKENIZER,
     "prompts_file_fuzz": CLI,
@@ -103,6 +104,113 @@ write(wi, "empty_map", json.dumps({"metadata": {}, "weight_map": {}}))
 write(wi, "missing_shard", json.dumps({"weight_map": {"a": "model-00003-of-00003.safetensors"}}))
 write(wi, "wrong_shard", json.dumps({"weight_map": {"c": A}}))
 write(wi, "parent_path", json.dumps({"weight_map": {"a": "../" + A}}))
+
+# --- GGUF (ggml's docs/gguf.md, version 3) ----------------------------------------------------
+GGUF_SCALARS = {"u8": (0, "<B"), "i8": (1, "<b"), "u16": (2, "<H"), "i16": (3, "<h"),
+                "u32": (4, "<I"), "i32": (5, "<i"), "f32": (6, "<f"), "bool": (7, "<B"),
+                "u64": (10, "<Q"), "i64": (11, "<q"), "f64": (12, "<d")}
+# ggml type: (block elements, block bytes)
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 8: (32, 34), 12: (256, 144),
+               14: (256, 210)}
+
+
+def gguf_str(text):
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_value(kind, value):
+    """(type id, encoded value) of ("u32", 7), ("string", "x") or ("array", (kind, [values]))."""
+    if kind == "string":
+        return 8, gguf_str(value)
+    if kind == "array":
+        element, items = value
+        etype = 8 if element == "string" else GGUF_SCALARS[element][0]
+        body = b"".join(gguf_value(element, v)[1] for v in items)
+        return 9, struct.pack("<IQ", etype, len(items)) + body
+    tid, fmt = GGUF_SCALARS[kind]
+    return tid, struct.pack(fmt, value)
+
+
+def gguf(kvs, tensors, alignment=32, version=3):
+    """A GGUF file: kvs [(key, kind, value)], tensors [(name, row-major shape, ggml type)] with
+    deterministic data, each aligned to `alignment`."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, kind, value in kvs:
+        tid, body = gguf_value(kind, value)
+        out += gguf_str(key) + struct.pack("<I", tid) + body
+    offset, blobs = 0, []
+    for name, shape, ggml_type in tensors:
+        elements, block_bytes = GGML_BLOCKS[ggml_type]
+        numel = 1
+        for d in shape:
+            numel *= d
+        size = numel // elements * block_bytes
+        out += gguf_str(name) + struct.pack("<I", len(shape))
+        out += b"".join(struct.pack("<Q", d) for d in reversed(shape))
+        out += struct.pack("<IQ", ggml_type, offset)
+        blobs.append((offset, bytes((i * 7 + 3) % 256 for i in range(size))))
+        offset = (offset + size + alignment - 1) // alignment * alignment
+    out += b"\0" * (-len(out) % alignment)
+    data = bytearray(offset if blobs else 0)
+    for at, blob in blobs:
+        data[at:at + len(blob)] = blob
+    return out + bytes(data[:blobs[-1][0] + len(blobs[-1][1])] if blobs else b"")
+
+
+def qwen3_gguf(tied=True, vocab_tokens=True):
+    """A one-layer Qwen3 GGUF: hidden 4, 2 heads of 2, 1 KV head, vocab 6, f32 tensors."""
+    kvs = [("general.architecture", "string", "qwen3"), ("general.alignment", "u32", 32),
+           ("qwen3.block_count", "u32", 1), ("qwen3.context_length", "u32", 64),
+           ("qwen3.embedding_length", "u32", 4), ("qwen3.feed_forward_length", "u32", 8),
+           ("qwen3.attention.head_count", "u32", 2), ("qwen3.attention.head_count_kv", "u32", 1),
+           ("qwen3.attention.key_length", "u32", 2), ("qwen3.attention.value_length", "u32", 2),
+           ("qwen3.attention.layer_norm_rms_epsilon", "f32", 1e-6),
+           ("qwen3.rope.freq_base", "f32", 1e6), ("tokenizer.ggml.eos_token_id", "u32", 5),
+           ("tokenizer.ggml.bos_token_id", "u32", 4)]
+    if vocab_tokens:
+        kvs += [("tokenizer.ggml.model", "string", "gpt2"),
+                ("tokenizer.ggml.pre", "string", "qwen2"),
+                ("tokenizer.ggml.tokens", "array", ("string", ["a", "b", "ab", "\u0120", "<|endoftext|>", "<|im_end|>"])),
+                ("tokenizer.ggml.token_type", "array", ("i32", [1, 1, 1, 1, 3, 3])),
+                ("tokenizer.ggml.merges", "array", ("string", ["a b"])),
+                ("tokenizer.chat_template", "string", "{{ messages }}")]
+    t = [("token_embd.weight", [6, 4], 0)]
+    for part, shape in (("attn_norm", [4]), ("attn_q", [4, 4]), ("attn_k", [2, 4]),
+                        ("attn_v", [2, 4]), ("attn_output", [4, 4]), ("attn_q_norm", [2]),
+                        ("attn_k_norm", [2]), ("ffn_norm", [4]), ("ffn_gate", [8, 4]),
+                        ("ffn_up", [8, 4]), ("ffn_down", [4, 8])):
+        t.append((f"blk.0.{part}.weight", shape, 0))
+    t.append(("output_norm.weight", [4], 0))
+    if not tied:
+        t.append(("output.weight", [6, 4], 30))
+    return gguf(kvs, t)
+
+
+gg = "gguf_fuzz"
+write(gg, "header_only", gguf([], []))
+write(gg, "f32_bf16_f16", gguf([("general.name", "string", "x")],
+                               [("a", [2, 3], 0), ("b", [4], 30), ("c", [3], 1)]))
+write(gg, "every_value_type", gguf(
+    [(f"t.{k}", k, 1) for k in GGUF_SCALARS] +
+    [("t.string", "string", "text"), ("t.strings", "array", ("string", ["x", "", "yz"])),
+     ("t.u8s", "array", ("u8", [1, 2, 3])), ("t.f64s", "array", ("f64", [0.5, -1.0])),
+     ("t.bools", "array", ("bool", [0, 1]))], []))
+write(gg, "alignment_64", gguf([("general.alignment", "u32", 64)],
+                               [("a", [3], 0), ("b", [5], 0)], alignment=64))
+write(gg, "quantized", gguf([], [("q8", [2, 32], 8), ("q4", [1, 64], 2), ("q4k", [1, 256], 12),
+                                 ("q6k", [2, 256], 14)]))
+write(gg, "qwen3_tied", qwen3_gguf())
+write(gg, "qwen3_untied_no_vocab", qwen3_gguf(tied=False, vocab_tokens=False))
+write(gg, "version_2", gguf([("k", "u32", 1)], [("a", [2], 0)], version=2))
+write(gg, "truncated", gguf([], [("a", [2, 3], 0)])[:-5])
+# Near-valid: dims whose product passes 2^64 (2^32 x 2^32 x 2^8), and an array of 2^61 u64
+# elements whose byte size overflows 64 bits unless the count is bounded by the bytes left.
+big = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + gguf_str("w") + struct.pack("<I", 3)
+big += struct.pack("<QQQ", 1 << 32, 1 << 32, 1 << 8) + struct.pack("<IQ", 0, 0)
+write(gg, "dims_product_overflows", big + b"\0" * (-len(big) % 32))
+write(gg, "array_count_overflows", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gguf_str("k") +
+      struct.pack("<IIQ", 9, 10, 1 << 61))
 
 # --- config.json + generation_config.json ----------------------------------------------------
 mc = "model_config_fuzz"

@@ -28,6 +28,7 @@
 #include "simpler/engine/data_parallel.h"
 #include "simpler/engine/kv_pages.h"
 #include "simpler/engine/llm_engine.h"
+#include "simpler/engine/model_files.h"
 #include "simpler/hierarchy/l3_worker.h"
 #include "simpler/model/model_config.h"
 #include "simpler/tokenizer/tokenizer.h"
@@ -140,7 +141,8 @@ struct GenerateFlags {
   bool has_prompt = false, has_prompt_ids = false, has_prompts_file = false, has_seed = false;
 };
 
-// The model's tokenizer where its directory has one (text prompts and stop strings need it).
+// The model's tokenizer where its directory or GGUF file has one (text prompts and stop strings
+// need it).
 struct MaybeTokenizer {
   std::optional<llm::Tokenizer> tok;
   absl::Status status;  // why there is none
@@ -148,7 +150,7 @@ struct MaybeTokenizer {
 
 MaybeTokenizer load_tokenizer(const std::string& model) {
   MaybeTokenizer t;
-  auto loaded = llm::Tokenizer::load(model);
+  auto loaded = llm::load_model_tokenizer(model);
   if (loaded.ok()) {
     t.tok.emplace(std::move(*loaded));
   } else {
@@ -625,7 +627,7 @@ Runner add_generate_command(CLI::App& app) {
   st->engine.max_num_seqs = 0;  // all requests
   auto* cmd = add_model_command(
       &app, "generate", "generate from prompts with a Qwen3 model (continuous batching, LlmEngine)",
-      &st->model, "model directory (Hugging Face layout)");
+      &st->model, "model directory (Hugging Face layout) or .gguf file");
   cmd->add_option("--chips", st->chips,
                   "data parallel over this many sim chips: every chip loads the model, requests "
                   "are dealt out in turn, one engine per chip (an L3 worker's children)")

@@ -13,6 +13,7 @@
 #include "cli/engine_flags.h"
 #include "simpler/base/clock.h"
 #include "simpler/engine/llm_engine.h"
+#include "simpler/engine/model_files.h"
 #include "simpler/serve/openai_server.h"
 #include "simpler/tokenizer/chat_template.h"
 #include "simpler/tokenizer/tokenizer.h"
@@ -41,9 +42,9 @@ int run_serve(const ServeFlags& st) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto tokenizer = llm::Tokenizer::load(st.model);
+  auto tokenizer = llm::load_model_tokenizer(st.model);
   if (!tokenizer.ok()) return fail("serve", tokenizer.status());
-  absl::StatusOr<llm::ChatTemplate> chat = llm::ChatTemplate::load(st.model);
+  absl::StatusOr<llm::ChatTemplate> chat = llm::load_model_chat_template(st.model);
   if (!chat.ok()) {
     std::cerr << "simpler serve: chat completions unavailable: " << chat.status().message() << "\n";
   }
@@ -104,9 +105,9 @@ int run_serve(const ServeFlags& st) {
 
 Runner add_serve_command(CLI::App& app) {
   auto st = std::make_shared<ServeFlags>();
-  auto* cmd =
-      add_model_command(&app, "serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API",
-                        &st->model, "model directory (Hugging Face layout, with tokenizer)");
+  auto* cmd = add_model_command(
+      &app, "serve", "serve a Qwen3 model over an OpenAI-compatible HTTP API", &st->model,
+      "model directory (Hugging Face layout, with tokenizer) or .gguf file");
   cmd->add_option("--host", st->host, "address to bind (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", st->port, "port (0 = any free port)")

@@ -41,7 +41,8 @@ CLI::Validator number_in(double lo, double hi, bool lo_open = false);
 // directory, with its required --model flag (`model_help`) writing into `*model`, which must
 // outlive the parse. The subcommand is owned by `parent`.
 CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std::string& help,
-                            std::string* model, const std::string& model_help = "model directory");
+                            std::string* model,
+                            const std::string& model_help = "model directory or .gguf file");
 
 // Options shared by every command that creates a Worker.
 struct CommonOptions {

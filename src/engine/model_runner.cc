@@ -9,6 +9,7 @@
 #include "simpler/base/log.h"
 #include "simpler/base/status.h"
 #include "simpler/kernels/kernels.h"
+#include "simpler/model/gguf.h"
 #include "simpler/model/safetensors.h"
 
 namespace simpler::llm {
@@ -376,14 +377,15 @@ StepInFlight::~StepInFlight() {
 absl::Status Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
   SIMPLER_ASSIGN_OR_RETURN(config_, ModelConfig::load(model_dir));
   dims_ = Qwen3Dims::from_config(config_);
-  SIMPLER_RETURN_IF_ERROR(
-      base::annotate(dims_.validate(), absl::StrCat(model_dir, "/config.json: ")));
+  // Where the configuration came from, for messages: the GGUF file or the directory's config.json.
+  const std::string source = is_gguf_path(model_dir) ? model_dir : model_dir + "/config.json";
+  SIMPLER_RETURN_IF_ERROR(base::annotate(dims_.validate(), absl::StrCat(source, ": ")));
   SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
   std::set<std::string, std::less<>> expected;
   for (const WeightSpec& spec : config_.tensor_names_and_shapes()) expected.insert(spec.name);
   SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
       expected,
-      absl::StrCat(model_dir, "/config.json (num_hidden_layers ", config_.num_hidden_layers,
+      absl::StrCat(source, " (num_hidden_layers ", config_.num_hidden_layers,
                    ", tie_word_embeddings ", config_.tie_word_embeddings ? "true" : "false", ")"),
       options_.allow_unused_tensors));
   // Bytes a step streams: every weight as it sits in device memory (kept_in_checkpoint_dtype),

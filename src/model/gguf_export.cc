@@ -12,8 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "model/gguf_names.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/file.h"
+#include "simpler/base/json.h"
+#include "simpler/base/status.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/safetensors.h"
 #include "simpler/task/data_type.h"
@@ -109,33 +112,6 @@ struct OutTensor {
 
 uint64_t align_up(uint64_t v) { return (v + kAlignment - 1) / kAlignment * kAlignment; }
 
-// HF name -> llama.cpp name; empty for a tensor llama.cpp does not know.
-std::string gguf_name(const std::string& hf) {
-  static const std::map<std::string, std::string, std::less<>> kLayer = {
-      {"input_layernorm.weight", "attn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},
-      {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},
-      {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"},
-  };
-  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
-  if (hf == "model.norm.weight") return "output_norm.weight";
-  if (hf == "lm_head.weight") return "output.weight";
-  constexpr std::string_view kPrefix = "model.layers.";
-  if (hf.rfind(kPrefix, 0) != 0) return "";
-  const size_t dot = hf.find('.', kPrefix.size());
-  if (dot == std::string::npos) return "";
-  const std::string layer = hf.substr(kPrefix.size(), dot - kPrefix.size());
-  auto it = kLayer.find(std::string_view(hf).substr(dot + 1));
-  return it == kLayer.end() ? "" : absl::StrCat("blk.", layer, ".", it->second);
-}
-
 struct Vocabulary {
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
@@ -208,6 +184,25 @@ absl::StatusOr<Vocabulary> read_vocabulary(const std::string& dir, int64_t vocab
   return v;
 }
 
+// tokenizer_config.json's "chat_template" (a string), or "" when the file or the key is absent.
+absl::StatusOr<std::string> read_chat_template(const std::string& dir) {
+  const std::string path = dir + "/tokenizer_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::string();
+  SIMPLER_ASSIGN_OR_RETURN(std::string text, base::read_regular_file(path));
+  SIMPLER_ASSIGN_OR_RETURN(nlohmann::json j, base::parse_json_bounded(text, path));
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  auto it = j.find("chat_template");
+  if (it == j.end() || it->is_null()) return std::string();
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": 'chat_template' is not a string (a list of named templates is not "
+                     "written to GGUF)"));
+  }
+  return it->get<std::string>();
+}
+
 // Writes `t`'s data (from `view`) as its ggml type.
 absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
   if (t.ggml_type == kGgmlBf16 && view.dtype == task::DataType::kBFloat16) {
@@ -244,7 +239,7 @@ absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
     absl::StatusOr<TensorView> view = weights.get(spec.name, spec.shape);
     if (!view.ok()) return view.status();
     OutTensor t;
-    t.name = gguf_name(spec.name);
+    t.name = gguf_tensor_name(spec.name);
     t.source = spec.name;
     t.shape = spec.shape;
     t.ggml_type = spec.shape.size() >= 2 && options.type == GgufType::kBf16 ? kGgmlBf16 : kGgmlF32;
@@ -257,7 +252,8 @@ absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
 }
 
 // The key-value metadata: the architecture's hyper-parameters and the tokenizer.
-Header metadata(const ModelConfig& c, const Vocabulary& vocab, const GgufExportOptions& options) {
+Header metadata(const ModelConfig& c, const Vocabulary& vocab, const std::string& chat_template,
+                const GgufExportOptions& options) {
   Header kv;
   kv.kv_str("general.architecture", "qwen3");
   kv.kv_str("general.name", std::filesystem::path(options.model_dir).filename().string());
@@ -284,6 +280,7 @@ Header metadata(const ModelConfig& c, const Vocabulary& vocab, const GgufExportO
   kv.kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos));
   kv.kv_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(bos));
   kv.kv_bool("tokenizer.ggml.add_bos_token", false);
+  if (!chat_template.empty()) kv.kv_str("tokenizer.chat_template", chat_template);
   return kv;
 }
 
@@ -314,10 +311,11 @@ absl::Status export_gguf(const GgufExportOptions& options) {
   if (!weights.ok()) return weights.status();
   absl::StatusOr<Vocabulary> vocab = read_vocabulary(options.model_dir, config->vocab_size);
   if (!vocab.ok()) return vocab.status();
+  SIMPLER_ASSIGN_OR_RETURN(const std::string chat_template, read_chat_template(options.model_dir));
   absl::StatusOr<std::vector<OutTensor>> planned = plan_tensors(*config, *weights, options);
   if (!planned.ok()) return planned.status();
   const std::vector<OutTensor>& tensors = *planned;
-  const Header head = file_header(metadata(*config, *vocab, options), tensors);
+  const Header head = file_header(metadata(*config, *vocab, chat_template, options), tensors);
 
   const std::string tmp = options.out_path + ".tmp";
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "simpler/model/make_model.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/safetensors.h"
@@ -27,7 +28,7 @@ struct GgufTensor {
   uint32_t type = 0;
   uint64_t offset = 0;
 };
-struct GgufFile {
+struct ExportedGguf {
   uint32_t version = 0;
   std::map<std::string, std::string> strings;
   std::map<std::string, uint64_t> ints;
@@ -65,8 +66,8 @@ class Reader {
   uint64_t at_ = 0;
 };
 
-GgufFile read_gguf(const std::string& path) {
-  GgufFile f;
+ExportedGguf read_gguf(const std::string& path) {
+  ExportedGguf f;
   std::ifstream in(path, std::ios::binary);
   f.bytes.resize(std::filesystem::file_size(path));  // one read: a byte iterator was most of
   in.read(f.bytes.data(), static_cast<std::streamsize>(f.bytes.size()));  // the ASan run
@@ -169,7 +170,7 @@ TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem
   o.progress = [&last_progress](int64_t done, int64_t) { last_progress = done; };
   ASSERT_TRUE(export_gguf(o).ok());
   EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
-  const GgufFile f = read_gguf(o.out_path);
+  const ExportedGguf f = read_gguf(o.out_path);
   ASSERT_FALSE(HasFailure());
   absl::StatusOr<ModelConfig> c = ModelConfig::load(o.model_dir);
   ASSERT_TRUE(c.ok());
@@ -190,6 +191,13 @@ TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem
   EXPECT_EQ(f.strings.at("tokenizer.ggml.model"), "gpt2");
   EXPECT_EQ(f.strings.at("tokenizer.ggml.pre"), "qwen2");
   EXPECT_EQ(f.ints.at("tokenizer.ggml.add_bos_token"), 0u);
+  // tokenizer_config.json's chat template, byte for byte.
+  {
+    std::ifstream in(o.model_dir + "/tokenizer_config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    EXPECT_EQ(f.strings.at("tokenizer.chat_template"),
+              config.at("chat_template").get<std::string>());
+  }
   // Tokens: the vocabulary by id, added tokens typed, padding named; merges as "a b".
   const std::vector<std::string>& tokens = f.string_arrays.at("tokenizer.ggml.tokens");
   const std::vector<int32_t>& types = f.int_arrays.at("tokenizer.ggml.token_type");
@@ -246,7 +254,7 @@ TEST_F(GgufExportTest, F32ExportWidensEveryTensor) {
   o.out_path = (dir_ / "model-f32.gguf").string();
   o.type = GgufType::kF32;
   ASSERT_TRUE(export_gguf(o).ok());
-  const GgufFile f = read_gguf(o.out_path);
+  const ExportedGguf f = read_gguf(o.out_path);
   EXPECT_EQ(f.ints.at("general.file_type"), 0u);
   for (const auto& [name, t] : f.tensors) EXPECT_EQ(t.type, 0u) << name;
 }

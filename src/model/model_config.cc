@@ -15,6 +15,7 @@
 #include "simpler/base/file.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
+#include "simpler/model/gguf.h"
 
 namespace simpler::llm {
 namespace {
@@ -356,6 +357,10 @@ absl::Status ModelConfig::validate(std::string_view source) const {
 
 absl::StatusOr<ModelConfig> ModelConfig::load(const std::string& dir) {
   namespace fs = std::filesystem;
+  if (is_gguf_path(dir)) {
+    SIMPLER_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::open(dir));
+    return from_gguf(file);
+  }
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     return absl::InvalidArgumentError(

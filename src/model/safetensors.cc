@@ -11,16 +11,20 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/gguf_names.h"
+#include "model/mapped_file.h"
 #include "model/str.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/file.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
+#include "simpler/model/gguf.h"
 
 namespace simpler::llm {
 namespace {
@@ -73,15 +77,10 @@ std::string shape_to_string(std::span<const int64_t> shape) {
 
 struct SafetensorsFile::State {
   std::string path;
-  void* map = nullptr;  // MAP_FAILED never stored
-  size_t map_size = 0;
+  MappedFile map;
   const std::byte* buffer = nullptr;  // start of the byte buffer
   std::map<std::string, Entry, std::less<>> entries;
   std::map<std::string, std::string> metadata;
-
-  ~State() {
-    if (map != nullptr) munmap(map, map_size);
-  }
 };
 
 SafetensorsFile::SafetensorsFile(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -96,24 +95,15 @@ absl::Status bad_entry(const std::string& path, const std::string& name, const s
       absl::StrCat(path, ": malformed safetensors header: tensor '", name, "': ", what));
 }
 
-// Maps the file into `state` and reads the little-endian header length.
-absl::StatusOr<uint64_t> map_safetensors(const std::string& path, void** map, size_t* map_size) {
-  // Never blocks on a FIFO; a directory or device is refused before anything is read.
-  SIMPLER_ASSIGN_OR_RETURN(const base::RegularFile file, base::open_regular_file(path));
-  const int fd = file.fd;
-  const uint64_t file_size = file.size;
+// Maps the file into `map` and reads the little-endian header length.
+absl::StatusOr<uint64_t> map_safetensors(const std::string& path, MappedFile* map) {
+  SIMPLER_ASSIGN_OR_RETURN(*map, MappedFile::open(path));
+  const uint64_t file_size = map->bytes().size();
   if (file_size < 8) {
-    ::close(fd);
     return absl::DataLossError(absl::StrCat(path, ": truncated safetensors file: ", file_size,
                                             " bytes, shorter than the 8-byte header length"));
   }
-  void* m = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int map_err = errno;
-  ::close(fd);
-  if (m == MAP_FAILED) return os_error(map_err, "cannot map", path);
-  *map = m;
-  *map_size = file_size;
-  const auto* base = static_cast<const std::byte*>(m);
+  const std::byte* base = map->bytes().data();
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) {
     header_len = (header_len << 8) | static_cast<uint8_t>(base[i]);
@@ -273,10 +263,9 @@ absl::Status check_tiling(const std::string& path,
 absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   auto state = std::make_unique<State>();
   state->path = path;
-  SIMPLER_ASSIGN_OR_RETURN(const uint64_t header_len,
-                           map_safetensors(path, &state->map, &state->map_size));
-  const uint64_t file_size = state->map_size;
-  const auto* base = static_cast<const std::byte*>(state->map);
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t header_len, map_safetensors(path, &state->map));
+  const uint64_t file_size = state->map.bytes().size();
+  const std::byte* base = state->map.bytes().data();
   const uint64_t buffer_size = file_size - 8 - header_len;
   state->buffer = base + 8 + header_len;
 
@@ -344,6 +333,10 @@ struct ModelWeights::State {
   std::vector<SafetensorsFile> files;
   // name -> index into files
   std::map<std::string, size_t, std::less<>> where;
+  // A GGUF checkpoint instead of files: the view of each tensor under the model's name
+  // (hf_tensor_name, or the GGUF name where it has none); the views borrow from `gguf`.
+  std::optional<GgufFile> gguf;
+  std::map<std::string, TensorView, std::less<>> gguf_views;
 };
 
 ModelWeights::ModelWeights(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -444,9 +437,36 @@ absl::Status open_indexed(const fs::path& root, const std::string& index_name,
 
 }  // namespace
 
+namespace {
+
+// Every tensor of the GGUF file at `path` as an F32 / F16 / BF16 view under its model name.
+absl::Status open_gguf(const std::string& path, std::optional<GgufFile>& gguf,
+                       std::map<std::string, TensorView, std::less<>>& views) {
+  SIMPLER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  for (const GgufTensorInfo& info : file.tensors()) {
+    std::string name = hf_tensor_name(info.name);
+    if (name.empty()) name = info.name;
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, file.tensor(info.name));
+    auto [it, inserted] = views.emplace(name, view);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensors '", str(it->second.name),
+                                                     "' and '", info.name,
+                                                     "' both name the model's '", name, "'"));
+    }
+  }
+  gguf.emplace(std::move(file));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
   auto state = std::make_unique<State>();
   state->dir = dir;
+  if (is_gguf_path(dir)) {
+    SIMPLER_RETURN_IF_ERROR(open_gguf(dir, state->gguf, state->gguf_views));
+    return ModelWeights(std::move(state));
+  }
   const fs::path root(dir);
   const fs::path index_path = root / "model.safetensors.index.json";
   const fs::path single_path = root / "model.safetensors";
@@ -472,6 +492,14 @@ absl::Status ModelWeights::check_tensor_set(const std::set<std::string, std::les
                                             std::string_view config_summary,
                                             bool allow_unused) const {
   if (allow_unused) return absl::OkStatus();
+  for (const auto& [name, view] : state_->gguf_views) {
+    if (expected.count(name) != 0) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", state_->dir, " (GGUF tensor '", str(view.name),
+        "') is not used by ", str(config_summary),
+        "; a checkpoint must hold exactly the model's weights (--allow-unused-tensors ignores "
+        "extra ones)"));
+  }
   for (const auto& [name, index] : state_->where) {
     if (expected.count(name) != 0) continue;
     const std::string file = std::filesystem::path(state_->files[index].path()).filename().string();
@@ -486,18 +514,32 @@ absl::Status ModelWeights::check_tensor_set(const std::set<std::string, std::les
 
 std::vector<std::string> ModelWeights::names() const {
   std::vector<std::string> out;
-  out.reserve(state_->where.size());
+  out.reserve(state_->where.size() + state_->gguf_views.size());
   for (const auto& [name, index] : state_->where) out.push_back(name);
+  for (const auto& [name, view] : state_->gguf_views) out.push_back(name);
   return out;
 }
 
 bool ModelWeights::contains(std::string_view name) const {
-  return state_->where.find(name) != state_->where.end();
+  return state_->where.find(name) != state_->where.end() ||
+         state_->gguf_views.find(name) != state_->gguf_views.end();
 }
 
-size_t ModelWeights::num_files() const { return state_->files.size(); }
+size_t ModelWeights::num_files() const { return state_->gguf ? 1 : state_->files.size(); }
+
+bool ModelWeights::is_gguf() const { return state_->gguf.has_value(); }
 
 absl::StatusOr<TensorView> ModelWeights::get(std::string_view name) const {
+  if (state_->gguf) {
+    auto found = state_->gguf_views.find(name);
+    if (found == state_->gguf_views.end()) {
+      const std::string gguf_name = gguf_tensor_name(name);
+      return absl::NotFoundError(
+          absl::StrCat("tensor '", str(name), "' not found in ", state_->dir,
+                       gguf_name.empty() ? "" : absl::StrCat(" (GGUF name '", gguf_name, "')")));
+    }
+    return found->second;
+  }
   auto it = state_->where.find(name);
   if (it == state_->where.end()) {
     std::string files;

@@ -844,20 +844,132 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& dir) {
                     std::filesystem::exists(config, ec) ? config : std::string());
 }
 
+namespace {
+
+// A tokenizer.json document (parsed) into `impl`.
+absl::Status load_root(const FieldReader& reader, const Json& root, TokenizerImpl& impl) {
+  if (!root.is_object()) return reader.error("", "expected a JSON object at the top level");
+  SIMPLER_RETURN_IF_ERROR(load_model(reader, root, impl));
+  if (auto it = root.find("normalizer"); it != root.end()) {
+    SIMPLER_RETURN_IF_ERROR(load_normalizer(reader, *it, "normalizer", impl));
+  }
+  SIMPLER_RETURN_IF_ERROR(load_pre_tokenizer(reader, root, impl));
+  return load_decoder(reader, root);
+}
+
+// llama.cpp's token types (llama_token_type).
+constexpr int64_t kGgufTokenNormal = 1;
+constexpr int64_t kGgufTokenControl = 3;
+constexpr int64_t kGgufTokenUserDefined = 4;
+constexpr int64_t kGgufTokenUnused = 5;
+
+// Qwen2's pre-tokenizer (tokenizer.json of Qwen2 and Qwen3; llama.cpp's pre "qwen2"): NFC, the
+// regex split, byte-level.
+constexpr const char* kQwen2SplitRegex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// The checks of a GGUF vocabulary that its tokenizer.json form cannot express.
+absl::Status check_gguf_vocabulary(const GgufVocabulary& v) {
+  auto bad = [&v](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(v.source, ": ", what));
+  };
+  if (v.model != "gpt2") {
+    return absl::UnimplementedError(
+        absl::StrCat(v.source, ": tokenizer.ggml.model '", v.model,
+                     "' is not supported (only 'gpt2', byte-level BPE)"));
+  }
+  if (v.pre != "qwen2") {
+    return absl::UnimplementedError(absl::StrCat(v.source, ": tokenizer.ggml.pre '", v.pre,
+                                                 "' is not supported (only 'qwen2')"));
+  }
+  if (v.token_types.size() != v.tokens.size()) {
+    return bad(absl::StrCat("tokenizer.ggml.token_type holds ", v.token_types.size(), " types for ",
+                            v.tokens.size(), " tokens"));
+  }
+  if (v.tokens.size() > static_cast<size_t>(kMaxTokenId) + 1) {
+    return bad(absl::StrCat("tokenizer.ggml.tokens holds ", v.tokens.size(),
+                            " tokens, above the limit of 2^24 + 1"));
+  }
+  for (size_t id = 0; id < v.token_types.size(); ++id) {
+    const int64_t t = v.token_types[id];
+    if (t != kGgufTokenNormal && t != kGgufTokenControl && t != kGgufTokenUserDefined &&
+        t != kGgufTokenUnused) {
+      return absl::UnimplementedError(absl::StrCat(v.source, ": token ", id,
+                                                   " has tokenizer.ggml.token_type ", t,
+                                                   ", which a gpt2 vocabulary does not use (1 "
+                                                   "normal, 3 control, 4 user defined, 5 unused)"));
+    }
+    if (t != kGgufTokenUnused && v.tokens[id].empty()) {
+      return bad(absl::StrCat("token ", id, " is empty"));
+    }
+  }
+  const std::pair<const char*, std::optional<int64_t>> ids[] = {
+      {"bos", v.bos_token_id}, {"eos", v.eos_token_id}, {"padding", v.pad_token_id}};
+  for (const auto& [name, id] : ids) {
+    if (!id) continue;
+    if (*id < 0 || static_cast<size_t>(*id) >= v.tokens.size() ||
+        v.token_types[*id] == kGgufTokenUnused) {
+      return bad(absl::StrCat("tokenizer.ggml.", name, "_token_id ", *id,
+                              " is not a token of the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tokenizer.json document a GGUF vocabulary stands for (Qwen2's pipeline).
+absl::StatusOr<Json> gguf_tokenizer_json(const GgufVocabulary& v) {
+  Json vocab = Json::object();
+  Json added = Json::array();
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    const int64_t t = v.token_types[id];
+    const std::string text(v.tokens[id]);
+    if (t == kGgufTokenNormal) {
+      if (vocab.contains(text)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(v.source, ": token ", id, " ", base::quote_json_prefix(Json(text), 80),
+                         " is also token ", vocab[text].get<int64_t>()));
+      }
+      vocab[text] = static_cast<int64_t>(id);
+    } else if (t == kGgufTokenControl || t == kGgufTokenUserDefined) {
+      added.push_back({{"id", id}, {"content", text}, {"special", t == kGgufTokenControl}});
+    }
+  }
+  Json merges = Json::array();
+  for (std::string_view m : v.merges) merges.push_back(std::string(m));
+  Json root = {
+      {"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}}},
+      {"added_tokens", std::move(added)},
+      {"normalizer", {{"type", "NFC"}}},
+      {"decoder", {{"type", "ByteLevel"}}}};
+  root["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", kQwen2SplitRegex}}}, {"behavior", "Isolated"}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  return root;
+}
+
+}  // namespace
+
+absl::StatusOr<Tokenizer> Tokenizer::from_gguf_vocabulary(const GgufVocabulary& vocabulary) {
+  SIMPLER_RETURN_IF_ERROR(check_gguf_vocabulary(vocabulary));
+  SIMPLER_ASSIGN_OR_RETURN(const Json root, gguf_tokenizer_json(vocabulary));
+  auto impl = std::make_unique<TokenizerImpl>();
+  SIMPLER_RETURN_IF_ERROR(
+      load_root(FieldReader(absl::StrCat(vocabulary.source, " (tokenizer.ggml.*)")), root, *impl));
+  if (vocabulary.eos_token_id) impl->eos_token_id = static_cast<int32_t>(*vocabulary.eos_token_id);
+  if (vocabulary.pad_token_id) impl->pad_token_id = static_cast<int32_t>(*vocabulary.pad_token_id);
+  return Tokenizer(std::move(impl));
+}
+
 absl::StatusOr<Tokenizer> Tokenizer::load_files(const std::string& tokenizer_json_path,
                                                 const std::string& tokenizer_config_path) {
   auto impl = std::make_unique<TokenizerImpl>();
   {
     SIMPLER_ASSIGN_OR_RETURN(std::string text, read_file(tokenizer_json_path));
     SIMPLER_ASSIGN_OR_RETURN(Json root, parse_json(tokenizer_json_path, text));
-    const FieldReader reader(tokenizer_json_path);
-    if (!root.is_object()) return reader.error("", "expected a JSON object at the top level");
-    SIMPLER_RETURN_IF_ERROR(load_model(reader, root, *impl));
-    if (auto it = root.find("normalizer"); it != root.end()) {
-      SIMPLER_RETURN_IF_ERROR(load_normalizer(reader, *it, "normalizer", *impl));
-    }
-    SIMPLER_RETURN_IF_ERROR(load_pre_tokenizer(reader, root, *impl));
-    SIMPLER_RETURN_IF_ERROR(load_decoder(reader, root));
+    SIMPLER_RETURN_IF_ERROR(load_root(FieldReader(tokenizer_json_path), root, *impl));
   }
   Tokenizer tokenizer(std::move(impl));
   if (!tokenizer_config_path.empty()) {

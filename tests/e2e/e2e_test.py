@@ -2205,6 +2205,79 @@ def scenario_generate_chips(ctx):
     check_children_gone(pb, p.stderr, 2, "process_kill")
 
 
+def scenario_gguf(ctx):
+    """`--model FILE.gguf`: the tiny preset exported by `simpler export-gguf` gives, through
+    generate (text prompts, ids, --chat, a stop string, --chips 2), serve (a chat completion and
+    a completion) and bench load, what the model directory gives: the same tokens, text and
+    first-step logits; a truncated file is refused naming it."""
+    pb = ctx.problems
+    model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "16",
+                           "--dtype", "bf16")
+    gguf = ctx.path("model.gguf")
+    ctx.run_ok([ctx.simpler, "export-gguf", "--model", model, "--out", gguf], label="export-gguf")
+    path = ctx.path("prompts.jsonl")
+    with open(path, "w") as f:
+        for line in ({"prompt": "The quick brown fox"}, {"prompt": "Qwen3 \u8bf4\u4e2d\u6587"},
+                     {"prompt_ids": [9707, 11, 1879]}, {"prompt": "<|im_start|>user\nHi"}):
+            f.write(json.dumps(line) + "\n")
+    runs = [("prompts file", ["--prompts-file", path, "--max-new-tokens", "8", "--ignore-eos",
+                              "--dump-logits-steps", "0"]),
+            ("chat", ["--prompt", "Hello!", "--chat", "--max-new-tokens", "6"]),
+            ("stop string", ["--prompt", "Once upon a time", "--max-new-tokens", "12",
+                             "--stop", "e"])]
+    wanted = []
+    for label, extra in runs:
+        want, _, _ = ctx.generate(model, extra, f"generate {label} (directory)")
+        wanted.append(want)
+        got, _, _ = ctx.generate(gguf, extra, f"generate {label} (GGUF)")
+        w, g = want.get("requests", []), got.get("requests", [])
+        if not pb.check(len(g) == len(w) and w, f"{label}: {len(g)} requests, {len(w)} wanted"):
+            continue
+        for i, (a, b) in enumerate(zip(g, w)):
+            for key in ("prompt_ids", "tokens", "text", "finish_reason", "logits"):
+                pb.check(a.get(key) == b.get(key),
+                         f"{label} request {i}: {key} {str(a.get(key))[:200]} != directory's "
+                         f"{str(b.get(key))[:200]}")
+    single = wanted[0]
+    chips, _, _ = ctx.generate(gguf, runs[0][1] + ["--chips", "2"], "generate --chips 2 (GGUF)")
+    pb.check([r.get("tokens") for r in chips.get("requests", [])] ==
+             [r.get("tokens") for r in single.get("requests", [])],
+             "--chips 2 on the GGUF file: tokens differ from one chip on the directory")
+    answers = {}
+    for name, m in (("directory", model), ("GGUF", gguf)):
+        proc, _, port = start_server(ctx, m, "--served-model-name", "tiny")
+        try:
+            chat = {"model": "tiny", "max_tokens": 8, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            comp = {"model": "tiny", "max_tokens": 8, "temperature": 0,
+                    "prompt": "The quick brown fox"}
+            answers[name] = [http(port, "POST", "/v1/chat/completions", json.dumps(chat))[:2],
+                             http(port, "POST", "/v1/completions", json.dumps(comp))[:2]]
+        finally:
+            proc.send_signal(15)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    for i, what in enumerate(("chat completion", "completion")):
+        a, b = answers["GGUF"][i], answers["directory"][i]
+        text = lambda body, k: [c.get(k) for c in json.loads(body).get("choices", [])]
+        key = "message" if i == 0 else "text"
+        pb.check(a[0] == 200 and b[0] == 200 and text(a[1], key) == text(b[1], key),
+                 f"serve {what}: GGUF {a[0]} {a[1][:300]!r} != directory {b[0]} {b[1][:300]!r}")
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", gguf, "--json"],
+                      label="bench load (GGUF)")
+    row = parse_one_json_object(p.stdout, "bench load")
+    pb.check(row.get("checkpoint_bytes") == os.path.getsize(gguf),
+             f"bench load: checkpoint_bytes {row.get('checkpoint_bytes')} != the file's "
+             f"{os.path.getsize(gguf)}")
+    cut = ctx.path("cut.gguf")
+    with open(gguf, "rb") as f, open(cut, "wb") as out:
+        out.write(f.read()[:os.path.getsize(gguf) - 100])
+    expect_error(ctx, [ctx.simpler, "generate", "--model", cut, "--prompt-ids", "1"],
+                 "truncated GGUF", [cut, "truncated GGUF file", "goes past the end"])
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -2228,6 +2301,7 @@ SCENARIOS = {
     "generate_faults": scenario_generate_faults,
     "bad_input": scenario_bad_input,
     "cli_input": scenario_cli_input,
+    "gguf": scenario_gguf,
 }
 
 

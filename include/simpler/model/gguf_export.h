@@ -16,7 +16,9 @@
 //   to vocab_size: tokenizer.json's vocabulary and added tokens, "[PAD<id>]" for ids neither
 //   names), tokenizer.ggml.token_type (1 normal, 3 control = special added tokens, 4 user
 //   defined = other added tokens, 5 unused = padding), tokenizer.ggml.merges ("a b"),
-//   tokenizer.ggml.{bos,eos,padding}_token_id, tokenizer.ggml.add_bos_token false;
+//   tokenizer.ggml.{bos,eos,padding}_token_id, tokenizer.ggml.add_bos_token false,
+//   tokenizer.chat_template (tokenizer_config.json's "chat_template", byte for byte, when it has
+//   one);
 //   tensors named as llama.cpp names them (token_embd, output_norm, output unless tied,
 //   blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm,
 //   ffn_gate, ffn_up, ffn_down}), the data unchanged (Qwen3's RoPE is llama.cpp's NEOX rotation,

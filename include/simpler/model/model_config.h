@@ -17,6 +17,8 @@
 
 namespace simpler::llm {
 
+class GgufFile;
+
 // One expected weight tensor: its name in the checkpoint and its shape ([out, in] for linear
 // layers).
 struct WeightSpec {
@@ -71,8 +73,28 @@ struct ModelConfig {
   std::string model_type = "qwen3";
   std::vector<std::string> architectures = {"Qwen3ForCausalLM"};
 
-  // Reads `dir`/config.json and, when present, `dir`/generation_config.json.
+  // Reads `dir`/config.json and, when present, `dir`/generation_config.json; or, when `dir` is a
+  // GGUF file (is_gguf_path: a path ending in ".gguf"), from_gguf of that file (with
+  // GgufFile::open's errors).
   static absl::StatusOr<ModelConfig> load(const std::string& dir);
+
+  // The configuration of a Qwen3 GGUF file (llama.cpp's keys; `general.architecture` must be
+  // "qwen3", anything else is INVALID_ARGUMENT naming it):
+  //   required   qwen3.block_count, context_length, embedding_length, feed_forward_length,
+  //              attention.head_count, attention.layer_norm_rms_epsilon; the tensor
+  //              token_embd.weight [vocab, embedding_length], whose rows are vocab_size
+  //   optional   qwen3.attention.head_count_kv (default head_count), attention.key_length
+  //              (head_dim; default embedding_length / head_count), attention.value_length and
+  //              rope.dimension_count (must equal head_dim), rope.freq_base (rope_theta,
+  //              default 10000), rope.scaling.type (must be "none"); tokenizer.ggml.tokens (its
+  //              length must be vocab_size), bos_token_id, eos_token_id (eos_token_ids)
+  // tie_word_embeddings is true when the tensor output.weight is absent. The stop ids beyond
+  // eos (generation_eos_token_ids) are llama.cpp's end-of-generation set: eot_token_id,
+  // eom_token_id and the control tokens (token_type 3) spelled <|im_end|>, <|endoftext|>,
+  // <|eot_id|>, <|end|>, <end_of_turn>, <|eom_id|>, <EOT>, _<EOT>, <|end▁of▁sentence|>.
+  // Values then pass `validate`, with the file's path as the source. Errors: INVALID_ARGUMENT
+  // naming the path and the key.
+  static absl::StatusOr<ModelConfig> from_gguf(const GgufFile& file);
 
   // Parses the text of a config.json and (unless empty) a generation_config.json. The names are
   // used in error messages.

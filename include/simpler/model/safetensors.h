@@ -97,6 +97,14 @@ class SafetensorsFile {
 // index wins when both exist). Every file is opened and validated by `open`; every tensor the
 // weight_map lists must exist in its shard, be listed once, and every tensor of a shard must be
 // listed in the weight_map as held by that shard. Move-only; const methods are thread-safe.
+//
+// A GGUF file (a path `is_gguf_path` accepts, see gguf.h) instead of a directory: every tensor is
+// named by the model's name (gguf.h's mapping of llama.cpp's names: token_embd.weight is
+// model.embed_tokens.weight, blk.N.attn_q.weight is model.layers.N.self_attn.q_proj.weight, ...;
+// a tensor without a model name keeps its GGUF name) with its row-major shape, in its file type
+// F32, F16 or BF16 and borrowed from the mapping like a safetensors tensor. A quantized tensor
+// (Q8_0, Q4_0, Q4_K, Q6_K) is refused by `open` with UNIMPLEMENTED naming the tensor and the type
+// (no quantized kernels yet); the errors of GgufFile::open.
 class ModelWeights {
  public:
   // Errors: NOT_FOUND when the directory holds neither file, or a listed shard is missing
@@ -118,8 +126,10 @@ class ModelWeights {
   // Every tensor name, sorted.
   std::vector<std::string> names() const;
   bool contains(std::string_view name) const;
-  // The number of safetensors files (1 when not sharded).
+  // The number of safetensors files (1 when not sharded, 1 for a GGUF file).
   size_t num_files() const;
+  // True when the weights come from a GGUF file.
+  bool is_gguf() const;
 
   // The view of `name`. NOT_FOUND "tensor 'x' not found in <dir> (model.safetensors)".
   absl::StatusOr<TensorView> get(std::string_view name) const;

@@ -26,6 +26,23 @@ namespace simpler::llm {
 
 struct TokenizerImpl;  // tables and compiled regex; defined in tokenizer.cc
 
+// The tokenizer keys of a GGUF file (llama.cpp's `tokenizer.ggml.*`), read by the caller (this
+// layer does not read GGUF files). The views are borrowed for the call only.
+struct GgufVocabulary {
+  std::string source;                    // names the file in messages
+  std::string model;                     // tokenizer.ggml.model: must be "gpt2" (byte-level BPE)
+  std::string pre;                       // tokenizer.ggml.pre: must be "qwen2"
+  std::vector<std::string_view> tokens;  // tokenizer.ggml.tokens, by id, byte-level spelling
+  // tokenizer.ggml.token_type per token: 1 normal (the BPE vocabulary), 3 control (an added
+  // special token), 4 user defined (an added token, not special), 5 unused (no entry: padding
+  // ids such as "[PAD151669]").
+  std::vector<int64_t> token_types;
+  std::vector<std::string_view> merges;  // tokenizer.ggml.merges, "left right", rank order
+  std::optional<int64_t> bos_token_id;   // checked, not kept
+  std::optional<int64_t> eos_token_id;
+  std::optional<int64_t> pad_token_id;  // tokenizer.ggml.padding_token_id
+};
+
 // A loaded tokenizer. Immutable after `load`: `encode`, `decode` and every
 // accessor are const and thread-safe. Movable, not copyable; owns its tables.
 //
@@ -56,6 +73,17 @@ class Tokenizer {
   // Same, from explicit paths; an empty `tokenizer_config_path` is skipped.
   static absl::StatusOr<Tokenizer> load_files(const std::string& tokenizer_json_path,
                                               const std::string& tokenizer_config_path);
+
+  // The tokenizer a GGUF vocabulary stands for: pre "qwen2" is Qwen2's tokenizer.json pipeline
+  // (NFC, the Split regex of Qwen2 / Qwen3, byte-level) over the tokens and merges, control and
+  // user-defined tokens as added tokens (special when control), eos / pad ids as
+  // tokenizer_config.json's eos_token / pad_token. It encodes as `load` does on the
+  // tokenizer.json the vocabulary was converted from. Errors name `source`: UNIMPLEMENTED for
+  // another model or pre, or a token type other than 1, 3, 4, 5; INVALID_ARGUMENT when
+  // token_type and tokens differ in length, a token is empty or spelled like an earlier one, a
+  // special id is outside the vocabulary or unused, and the errors of tokenizer.json's model
+  // fields (a merge of tokens the vocabulary lacks, a missing byte-level token).
+  static absl::StatusOr<Tokenizer> from_gguf_vocabulary(const GgufVocabulary& vocabulary);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -15,6 +15,7 @@
 #include "simpler/base/enum_names.h"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
+#include "simpler/model/gguf.h"
 #include "simpler/model/gguf_export.h"
 #include "simpler/model/safetensors.h"
 
@@ -50,16 +51,17 @@ nlohmann::json first_json(const std::string& out, char open) {
 
 }  // namespace
 
-LlamaCppPeer::LlamaCppPeer(std::string bin_dir, std::string gguf)
-    : bin_dir_(std::move(bin_dir)), gguf_(std::move(gguf)) {}
+LlamaCppPeer::LlamaCppPeer(std::string bin_dir, std::string gguf, bool owned)
+    : bin_dir_(std::move(bin_dir)), gguf_(std::move(gguf)), owned_(owned) {}
 
 LlamaCppPeer::LlamaCppPeer(LlamaCppPeer&& other) noexcept
     : bin_dir_(std::move(other.bin_dir_)),
       gguf_(std::exchange(other.gguf_, std::string())),
+      owned_(other.owned_),
       cpu_variant_(std::move(other.cpu_variant_)) {}
 
 LlamaCppPeer::~LlamaCppPeer() {
-  if (!gguf_.empty()) std::remove(gguf_.c_str());
+  if (owned_ && !gguf_.empty()) std::remove(gguf_.c_str());
 }
 
 absl::StatusOr<LlamaCppPeer> LlamaCppPeer::prepare(const std::string& model, llm::KernelIsa isa) {
@@ -71,6 +73,7 @@ absl::StatusOr<LlamaCppPeer> LlamaCppPeer::prepare(const std::string& model, llm
         "--compare llama.cpp needs llama.cpp's llama-bench and llama-batched-bench in ", bin,
         ": run scripts/install_deps.sh --bench (or set SIMPLER_LLAMACPP_DIR)"));
   }
+  if (llm::is_gguf_path(model)) return LlamaCppPeer(bin, model, /*owned=*/false);
   llm::GgufExportOptions o;
   o.model_dir = model;
   o.out_path = (std::filesystem::temp_directory_path() /
@@ -82,7 +85,7 @@ absl::StatusOr<LlamaCppPeer> LlamaCppPeer::prepare(const std::string& model, llm
   o.type = embed.ok() && embed->dtype == task::DataType::kFloat32 ? llm::GgufType::kF32
                                                                   : llm::GgufType::kBf16;
   SIMPLER_RETURN_IF_ERROR(llm::export_gguf(o));
-  return LlamaCppPeer(bin, o.out_path);
+  return LlamaCppPeer(bin, o.out_path, /*owned=*/true);
 }
 
 absl::StatusOr<std::string> LlamaCppPeer::run(const std::string& tool,

@@ -20,8 +20,9 @@ namespace simpler::cli {
 class LlamaCppPeer {
  public:
   // Finds the tools (SIMPLER_LLAMACPP_DIR, else build/peers/llama.cpp in the source tree) and
-  // exports `model` (bf16, or f32 for an f32 checkpoint). FAILED_PRECONDITION naming
-  // `scripts/install_deps.sh --bench` when the tools are not built; the export's errors.
+  // exports `model` (bf16, or f32 for an f32 checkpoint; a GGUF file is used as it is, and kept).
+  // FAILED_PRECONDITION naming `scripts/install_deps.sh --bench` when the tools are not built; the
+  // export's errors.
   static absl::StatusOr<LlamaCppPeer> prepare(const std::string& model, llm::KernelIsa isa);
 
   LlamaCppPeer(LlamaCppPeer&& other) noexcept;
@@ -37,11 +38,12 @@ class LlamaCppPeer {
   const std::string& cpu_variant() const { return cpu_variant_; }
 
  private:
-  LlamaCppPeer(std::string bin_dir, std::string gguf);
+  LlamaCppPeer(std::string bin_dir, std::string gguf, bool owned);
   absl::StatusOr<std::string> run(const std::string& tool, const std::vector<std::string>& args);
 
   std::string bin_dir_;
   std::string gguf_;
+  bool owned_ = false;  // gguf_ is our export, removed with the object
   std::string cpu_variant_;
 };
 

@@ -21,6 +21,7 @@
 #include "simpler/base/thread.h"
 #include "simpler/engine/kv_pages.h"
 #include "simpler/engine/llm_engine.h"
+#include "simpler/engine/model_files.h"
 #include "simpler/model/model_config.h"
 
 namespace simpler::cli {
@@ -56,8 +57,8 @@ struct DecodeRow {
 uint64_t checkpoint_bytes(const std::string& model) {
   uint64_t bytes = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(model, ec)) {
-    if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+  for (const std::string& f : llm::model_checkpoint_files(model)) {
+    bytes += std::filesystem::file_size(f, ec);
   }
   return bytes;
 }

@@ -17,6 +17,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 #include "simpler/engine/llm_engine.h"
+#include "simpler/engine/model_files.h"
 
 namespace simpler::cli {
 
@@ -49,15 +50,10 @@ double best_read_s(const std::vector<std::string>& files) {
 int run_bench_load(const LoadFlags& st) {
   const CommonOptions& common = st.engine.common;
   base::TraceRecorder trace;
-  std::vector<std::string> files;
+  const std::vector<std::string> files = llm::model_checkpoint_files(st.model);
   uint64_t checkpoint_bytes = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(st.model, ec)) {
-    if (e.path().extension() == ".safetensors") {
-      files.push_back(e.path().string());
-      checkpoint_bytes += e.file_size(ec);
-    }
-  }
+  for (const std::string& f : files) checkpoint_bytes += std::filesystem::file_size(f, ec);
   if (files.empty()) {
     return fail(kBenchLoadCommand,
                 absl::NotFoundError(absl::StrCat("no .safetensors file in ", st.model)));

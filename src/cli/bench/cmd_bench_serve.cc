@@ -21,6 +21,7 @@
 #include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/json.h"
+#include "simpler/engine/model_files.h"
 #include "simpler/serve/openai_server.h"
 #include "simpler/tokenizer/chat_template.h"
 #include "simpler/tokenizer/tokenizer.h"
@@ -142,7 +143,7 @@ absl::Status start_server(const ServeState& st, const llm::EngineOptions& eo, Se
     s->port = colon == std::string::npos ? 80 : std::atoi(rest.c_str() + colon + 1);
     return absl::OkStatus();
   }
-  SIMPLER_ASSIGN_OR_RETURN(llm::Tokenizer tok, llm::Tokenizer::load(st.model));
+  SIMPLER_ASSIGN_OR_RETURN(llm::Tokenizer tok, llm::load_model_tokenizer(st.model));
   s->tokenizer = std::make_unique<llm::Tokenizer>(std::move(tok));
   llm::EngineOptions so_engine = eo;
   so_engine.tokenizer = s->tokenizer.get();
@@ -153,7 +154,7 @@ absl::Status start_server(const ServeState& st, const llm::EngineOptions& eo, Se
   so.max_concurrent_requests = static_cast<int32_t>(
       std::min<int64_t>(st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts, 4096));
   s->server = std::make_unique<serve::OpenAiServer>(s->engine.get(), s->tokenizer.get(),
-                                                    llm::ChatTemplate::load(st.model), so);
+                                                    llm::load_model_chat_template(st.model), so);
   SIMPLER_ASSIGN_OR_RETURN(s->port, s->server->bind());
   s->serving = std::thread([server = s->server.get()] { (void)server->serve(); });
   return absl::OkStatus();
@@ -350,7 +351,7 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
   auto st = std::make_shared<ServeState>();
   auto* cmd = add_model_command(
       bench_cmd, "serve", "the OpenAI-compatible server under load, against the engine offline",
-      &st->model, "model directory (with its tokenizer)");
+      &st->model, "model directory (with its tokenizer) or .gguf file");
   cmd->add_option("--url", st->url,
                   "drive a running server (http://HOST:PORT) instead of one started here");
   cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")

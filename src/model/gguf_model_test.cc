@@ -1,0 +1,251 @@
+// A Qwen3 checkpoint as a GGUF file: the config and the weights ModelConfig::load and
+// ModelWeights::open read from it, against the model directory it was exported from and
+// against small files built key by key.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/gguf_test_util.h"
+#include "model/model_test_util.h"
+#include "simpler/model/gguf.h"
+#include "simpler/model/gguf_export.h"
+#include "simpler/model/make_model.h"
+#include "simpler/model/model_config.h"
+#include "simpler/model/safetensors.h"
+#include "simpler/tokenizer/tokenizer.h"
+
+namespace simpler::llm {
+namespace gguf_model_test {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::GgufBuilder;
+using ::testing::HasSubstr;
+using testing::msg;
+
+constexpr uint32_t kF32 = 0, kQ8_0 = 8;
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The tiny preset (bf16, Qwen3's tokenizer) and its GGUF export, made once for the suite.
+class GgufModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(scratch("gguf_model_test"));
+    absl::StatusOr<std::string> tok = default_tokenizer_dir();
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 5;
+    o.out_dir = (*root_ / "tiny").string();
+    o.tokenizer_dir = *tok;
+    ASSERT_TRUE(make_model(o).ok());
+    GgufExportOptions e;
+    e.model_dir = o.out_dir;
+    e.out_path = (*root_ / "tiny.gguf").string();
+    absl::Status exported = export_gguf(e);
+    ASSERT_TRUE(exported.ok()) << exported;
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string dir() { return (*root_ / "tiny").string(); }
+  static std::string gguf() { return (*root_ / "tiny.gguf").string(); }
+
+  static fs::path* root_;
+};
+fs::path* GgufModelTest::root_ = nullptr;
+
+TEST_F(GgufModelTest, TheExportedFileLoadsWithTheDirectorysConfig) {
+  absl::StatusOr<ModelConfig> from_dir = ModelConfig::load(dir());
+  absl::StatusOr<ModelConfig> from_gguf = ModelConfig::load(gguf());
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status();
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status();
+  EXPECT_EQ(testing::shape_of(*from_gguf), testing::shape_of(*from_dir));
+  // GGUF stores both as f32, the precision the kernels compute in.
+  EXPECT_EQ(static_cast<float>(from_gguf->rms_norm_eps),
+            static_cast<float>(from_dir->rms_norm_eps));
+  EXPECT_EQ(static_cast<float>(from_gguf->rope_theta), static_cast<float>(from_dir->rope_theta));
+  EXPECT_EQ(from_gguf->tie_word_embeddings, from_dir->tie_word_embeddings);
+  EXPECT_EQ(from_gguf->eos_token_ids, from_dir->eos_token_ids);
+  EXPECT_EQ(from_gguf->bos_token_id, from_dir->bos_token_id);
+  const std::vector<int64_t> a = from_gguf->stop_ids(), b = from_dir->stop_ids();
+  EXPECT_EQ(std::set<int64_t>(a.begin(), a.end()), std::set<int64_t>(b.begin(), b.end()));
+  EXPECT_EQ(from_gguf->tensor_names_and_shapes().size(),
+            from_dir->tensor_names_and_shapes().size());
+}
+
+TEST_F(GgufModelTest, TheExportedWeightsAreBitwiseTheDirectorysUnderTheirModelNames) {
+  absl::StatusOr<ModelWeights> d = ModelWeights::open(dir());
+  absl::StatusOr<ModelWeights> g = ModelWeights::open(gguf());
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->is_gguf());
+  EXPECT_FALSE(d->is_gguf());
+  EXPECT_EQ(g->names(), d->names());
+  const ModelConfig config = ModelConfig::load(dir()).value();
+  for (const WeightSpec& spec : config.tensor_names_and_shapes()) {
+    SCOPED_TRACE(spec.name);
+    absl::StatusOr<TensorView> dv = d->get(spec.name, spec.shape);
+    absl::StatusOr<TensorView> gv = g->get(spec.name, spec.shape);
+    ASSERT_TRUE(dv.ok()) << dv.status();
+    ASSERT_TRUE(gv.ok()) << gv.status();
+    if (spec.shape.size() == 2) {  // matrices keep their bf16 bytes; norm vectors widen to f32
+      EXPECT_EQ(gv->dtype, dv->dtype);
+      ASSERT_EQ(gv->bytes.size(), dv->bytes.size());
+      EXPECT_EQ(std::memcmp(gv->bytes.data(), dv->bytes.data(), dv->bytes.size()), 0);
+    }
+    const std::vector<float> df = to_f32(*dv).value(), gf = to_f32(*gv).value();
+    ASSERT_EQ(gf.size(), df.size());
+    EXPECT_EQ(std::memcmp(gf.data(), df.data(), df.size() * 4), 0);
+  }
+  std::set<std::string, std::less<>> expected;
+  for (const WeightSpec& spec : config.tensor_names_and_shapes()) expected.insert(spec.name);
+  EXPECT_TRUE(g->check_tensor_set(expected, "the tiny preset", false).ok());
+  expected.erase("model.norm.weight");
+  absl::Status extra = g->check_tensor_set(expected, "the tiny preset", false);
+  EXPECT_EQ(extra.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(extra), HasSubstr("tensor 'model.norm.weight' in " + gguf() +
+                                    " (GGUF tensor 'output_norm.weight') is not used by the "
+                                    "tiny preset"));
+  absl::Status missing = g->get("model.layers.9.mlp.up_proj.weight").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(msg(missing), HasSubstr("(GGUF name 'blk.9.ffn_up.weight')"));
+}
+
+// A one-layer Qwen3 GGUF of f32 tensors: hidden 4, 2 heads of dim 2, 1 KV head, vocab 6.
+GgufBuilder small_qwen3(bool untied, uint32_t embd_type = kF32) {
+  GgufBuilder b;
+  b.string("general.architecture", "qwen3");
+  b.u32("qwen3.block_count", 1);
+  b.u32("qwen3.context_length", 64);
+  b.u32("qwen3.embedding_length", 4);
+  b.u32("qwen3.feed_forward_length", 8);
+  b.u32("qwen3.attention.head_count", 2);
+  b.u32("qwen3.attention.head_count_kv", 1);
+  b.u32("qwen3.attention.key_length", 2);
+  b.f32("qwen3.attention.layer_norm_rms_epsilon", 1e-5f);
+  b.f32("qwen3.rope.freq_base", 5e5f);
+  b.u32("tokenizer.ggml.eos_token_id", 5);
+  auto f32 = [&](const char* name, std::vector<uint64_t> shape) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    b.tensor(name, shape, kF32, std::string(n * 4, '\0'));
+  };
+  if (embd_type == kQ8_0) {
+    b.tensor("token_embd.weight", {6, 32}, kQ8_0, std::string(6 * 34, '\0'));
+  } else {
+    f32("token_embd.weight", {6, 4});
+  }
+  f32("blk.0.attn_norm.weight", {4});
+  f32("blk.0.attn_q.weight", {4, 4});
+  f32("blk.0.attn_k.weight", {2, 4});
+  f32("blk.0.attn_v.weight", {2, 4});
+  f32("blk.0.attn_output.weight", {4, 4});
+  f32("blk.0.attn_q_norm.weight", {2});
+  f32("blk.0.attn_k_norm.weight", {2});
+  f32("blk.0.ffn_norm.weight", {4});
+  f32("blk.0.ffn_gate.weight", {8, 4});
+  f32("blk.0.ffn_up.weight", {8, 4});
+  f32("blk.0.ffn_down.weight", {4, 8});
+  f32("output_norm.weight", {4});
+  if (untied) f32("output.weight", {6, 4});
+  return b;
+}
+
+class GgufQwen3KeysTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch(std::string("gguf_keys_test_") +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(GgufBuilder b, const std::string& name = "m.gguf") {
+    const std::string path = (dir_ / name).string();
+    testing::write_file(path, b.build());
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST_F(GgufQwen3KeysTest, TheQwen3KeysGiveTheConfigAndOutputWeightUntiesTheHead) {
+  const std::string tied = write(small_qwen3(false), "tied.gguf");
+  absl::StatusOr<ModelConfig> c = ModelConfig::load(tied);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(testing::shape_of(*c), (nlohmann::json{{"hidden_size", 4},
+                                                   {"intermediate_size", 8},
+                                                   {"num_hidden_layers", 1},
+                                                   {"num_attention_heads", 2},
+                                                   {"num_key_value_heads", 1},
+                                                   {"head_dim", 2},
+                                                   {"vocab_size", 6},
+                                                   {"max_position_embeddings", 64}}));
+  EXPECT_EQ(static_cast<float>(c->rms_norm_eps), 1e-5f);
+  EXPECT_EQ(c->rope_theta, 5e5);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{5}));
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(tied);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_FALSE(w->contains("lm_head.weight"));
+  EXPECT_EQ(w->get("model.layers.0.mlp.down_proj.weight")->shape, (std::vector<int64_t>{4, 8}));
+  const std::string untied = write(small_qwen3(true), "untied.gguf");
+  EXPECT_FALSE(ModelConfig::load(untied)->tie_word_embeddings);
+  EXPECT_TRUE(ModelWeights::open(untied)->contains("lm_head.weight"));
+}
+
+TEST_F(GgufQwen3KeysTest, AnotherArchitectureOrAMissingKeyIsRefusedNamingIt) {
+  GgufBuilder llama;
+  llama.string("general.architecture", "llama");
+  absl::Status s = ModelConfig::load(write(llama)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(s), HasSubstr("general.architecture is 'llama'; only 'qwen3' is supported"));
+  GgufBuilder bare;
+  bare.string("general.architecture", "qwen3");
+  s = ModelConfig::load(write(bare)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(s), HasSubstr("key 'qwen3.block_count' not found (a Qwen3 GGUF file needs it)"));
+  GgufBuilder none;
+  EXPECT_THAT(msg(ModelConfig::load(write(none)).status()), HasSubstr("general.architecture: "));
+  GgufBuilder partial = small_qwen3(false);
+  partial.u32("qwen3.rope.dimension_count", 1);
+  EXPECT_THAT(msg(ModelConfig::load(write(partial)).status()),
+              HasSubstr("key 'qwen3.rope.dimension_count' is 1, but the head dimension "
+                        "(key_length) is 2"));
+  GgufBuilder vocab = small_qwen3(false);
+  vocab.strings("tokenizer.ggml.tokens", {"a", "b"});
+  EXPECT_THAT(msg(ModelConfig::load(write(vocab)).status()),
+              HasSubstr("tokenizer.ggml.tokens holds 2 tokens, but token_embd.weight has 6 rows"));
+}
+
+TEST_F(GgufQwen3KeysTest, AQuantizedTensorIsRefusedAtOpenNamingTheTensorAndTheType) {
+  absl::Status s = ModelWeights::open(write(small_qwen3(false, kQ8_0))).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(msg(s), HasSubstr("tensor 'token_embd.weight' is Q8_0: quantized kernels are not "
+                                "built yet"));
+}
+
+TEST_F(GgufQwen3KeysTest, AMissingFileIsNotFoundAndADirectoryNamedGgufIsAModelDirectory) {
+  EXPECT_EQ(ModelConfig::load((dir_ / "none.gguf").string()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ModelWeights::open((dir_ / "none.gguf").string()).status().code(),
+            absl::StatusCode::kNotFound);
+  fs::create_directories(dir_ / "d.gguf");
+  absl::Status s = ModelConfig::load((dir_ / "d.gguf").string()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(msg(s), HasSubstr("config.json"));
+}
+
+}  // namespace
+}  // namespace gguf_model_test
+}  // namespace simpler::llm
