@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -68,7 +69,10 @@ int run_serve(const ServeFlags& st) {
           : st.served_model_name;
   if (so.served_model_name.empty()) so.served_model_name = st.model;
   so.api_key = st.api_key;
-  so.allowed_origins = st.allowed_origins;
+  for (const std::string& o : st.allowed_origins) {  // "a, b" names "a" and "b"
+    const absl::string_view origin = absl::StripAsciiWhitespace(o);
+    if (!origin.empty()) so.allowed_origins.emplace_back(std::string(origin));
+  }
   if (!st.no_access_log) so.access_log = serve::stderr_access_log();
   so.max_body_bytes = static_cast<size_t>(st.max_body_bytes);
   so.max_concurrent_requests = st.max_concurrent_requests;

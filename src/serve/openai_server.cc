@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -43,12 +45,9 @@ OpenAiServer::~OpenAiServer() { (void)shutdown(base::Deadline::poll()); }
 
 absl::StatusOr<int> OpenAiServer::bind() {
   absl::StatusOr<int> port = impl_->transport.bind();
-  const ServerOptions& o = impl_->ctx.options;
-  if (port.ok() && o.api_key.empty() && !is_loopback_host(o.host)) {
-    SIMPLER_LOG_WARN(
-        "serving on {} without an API key: anyone who can reach it can use the model (set "
-        "--api-key or SIMPLER_API_KEY)",
-        base_url(o.host, *port));
+  if (!port.ok()) return port;
+  if (std::optional<std::string> w = exposure_warning(impl_->ctx.options, *port)) {
+    SIMPLER_LOG_WARN("{}", *w);
   }
   return port;
 }

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "serve/access_log.h"
+#include "serve/server_context.h"
 #include "serve/server_test_fixture.h"
 #include "simpler/model/make_model.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
@@ -415,6 +416,21 @@ TEST(LoopbackHostTest, NamesOnlyThisMachine) {
                         "example.com", "", "::ffff:10.0.0.1"}) {
     EXPECT_FALSE(is_loopback_host(h)) << h;
   }
+}
+
+TEST(ExposureWarningTest, WarnsOfANonLoopbackHostWithoutAnApiKeyOnly) {
+  ServerOptions o;
+  o.host = "0.0.0.0";
+  EXPECT_EQ(exposure_warning(o, 8000).value_or(""),
+            "serving on http://0.0.0.0:8000/v1 without an API key: anyone who can reach it can "
+            "use the model (set --api-key or SIMPLER_API_KEY)");
+  o.host = "::";
+  EXPECT_NE(exposure_warning(o, 1).value_or("").find("http://[::]:1/v1"), std::string::npos);
+  o.api_key = "k";
+  EXPECT_FALSE(exposure_warning(o, 8000).has_value());
+  o.api_key.clear();
+  o.host = "127.0.0.1";
+  EXPECT_FALSE(exposure_warning(o, 8000).has_value());
 }
 
 TEST(RequestIdTest, APrintableBoundedIdIsKeptAndAnyOtherReplaced) {
