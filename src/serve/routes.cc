@@ -52,8 +52,8 @@ void handle_models(ServerContext& ctx, const httplib::Request& req, httplib::Res
 void handle_model(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   if (!ctx.authorized(req, res)) return;
   const std::string id = req.matches.size() > 1 ? std::string(req.matches[1]) : std::string();
-  if (id != ctx.options.served_model_name) {
-    return send_error(res, *unknown_model(ctx, id.empty() ? std::string("(none)") : id));
+  if (id != ctx.options.served_model_name) {  // the pattern makes it non-empty
+    return send_error(res, unknown_model(ctx, id).value());
   }
   set_json(res, model_object(ctx));
 }
