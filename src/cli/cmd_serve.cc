@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <iostream>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -25,6 +27,8 @@ namespace {
 // The values of `serve`'s flags. Owned by the command's runner; thread-compatible.
 struct ServeFlags {
   std::string model, host = "127.0.0.1", served_model_name, api_key;
+  std::vector<std::string> allowed_origins;
+  bool no_access_log = false;
   int32_t port = 8000;
   int64_t max_body_bytes = 1 << 20;
   int32_t max_concurrent_requests = 64;
@@ -65,6 +69,11 @@ int run_serve(const ServeFlags& st) {
           : st.served_model_name;
   if (so.served_model_name.empty()) so.served_model_name = st.model;
   so.api_key = st.api_key;
+  for (const std::string& o : st.allowed_origins) {  // "a, b" names "a" and "b"
+    const absl::string_view origin = absl::StripAsciiWhitespace(o);
+    if (!origin.empty()) so.allowed_origins.emplace_back(std::string(origin));
+  }
+  if (!st.no_access_log) so.access_log = serve::stderr_access_log();
   so.max_body_bytes = static_cast<size_t>(st.max_body_bytes);
   so.max_concurrent_requests = st.max_concurrent_requests;
   so.request_read_timeout_s = st.request_read_timeout_s;
@@ -115,7 +124,15 @@ Runner add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--served-model-name", st->served_model_name,
                   "the model name clients send (default: the model directory's name)");
-  cmd->add_option("--api-key", st->api_key, "require 'Authorization: Bearer KEY'");
+  cmd->add_option("--api-key", st->api_key,
+                  "require 'Authorization: Bearer KEY' (or set SIMPLER_API_KEY, which keeps the "
+                  "key out of the process list; the flag wins)")
+      ->envname("SIMPLER_API_KEY");
+  cmd->add_option("--allowed-origins", st->allowed_origins,
+                  "CORS: origins browsers may call from, comma-separated ('*': any; default: "
+                  "none, no CORS headers)")
+      ->delimiter(',');
+  cmd->add_flag("--no-access-log", st->no_access_log, "do not log one line per request on stderr");
   cmd->add_option("--max-body-bytes", st->max_body_bytes, "largest request body (413 past it)")
       ->check(int_in(1024, int64_t{1} << 30))
       ->capture_default_str();

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "serve/access_log.h"
 #include "serve/http_errors.h"
 #include "serve/tool_calls.h"
 #include "simpler/base/clock.h"
@@ -262,13 +263,6 @@ void drain_outputs(llm::LlmEngine* engine, llm::RequestId id) {
 
 // ---- The steps of handle_generate ----
 
-// The caller's X-Request-Id (up to 128 bytes), or a new one.
-std::string request_id_of(const httplib::Request& req) {
-  std::string request_id = req.get_header_value("X-Request-Id");
-  if (request_id.empty() || request_id.size() > 128) request_id = random_id("req");
-  return request_id;
-}
-
 // Admission: 503 while shutting down or on a connection past the pool (which then closes), the
 // body parsed and validated, 404 for a model this server does not serve.
 std::variant<ParsedRequest, ApiError> admit(const ServerContext& ctx, const httplib::Request& req,
@@ -459,7 +453,12 @@ void start_response(ServerContext& ctx, httplib::Response& res, std::shared_ptr<
   res.set_header("Cache-Control", "no-cache");
   const char* type = x->stream ? "text/event-stream" : "application/json";
   res.set_chunked_content_provider(
-      type, [x](size_t /*offset*/, httplib::DataSink& sink) { return write_response(*x, sink); },
+      type,
+      [x](size_t /*offset*/, httplib::DataSink& sink) {
+        const bool ok = write_response(*x, sink);
+        AccessRecord::note_tokens(x->prompt_tokens, completion_tokens(*x));
+        return ok;
+      },
       [&ctx, x](bool success) { release_response(ctx, *x, success); });
 }
 
@@ -468,8 +467,7 @@ void start_response(ServerContext& ctx, httplib::Response& res, std::shared_ptr<
 void handle_generate(ServerContext& ctx, const httplib::Request& req, httplib::Response& res,
                      bool chat_endpoint) {
   const int64_t start_ns = base::now_ns();
-  const std::string request_id = request_id_of(req);
-  res.set_header("X-Request-Id", request_id);
+  const std::string request_id = res.get_header_value("X-Request-Id");  // set before routing
   auto fail = [&](const ApiError& e) {
     send_error(res, e);
     SIMPLER_LOG_INFO("request {}: {} {} ({})", request_id, e.http_status, req.path,
@@ -482,6 +480,7 @@ void handle_generate(ServerContext& ctx, const httplib::Request& req, httplib::R
   auto prompt = tokenize_prompt(ctx, p);
   if (auto* e = std::get_if<ApiError>(&prompt)) return fail(*e);
   Prompt& pr = std::get<Prompt>(prompt);
+  AccessRecord::note_tokens(static_cast<int64_t>(pr.ids.size()), 0);
   auto max_tokens = check_request_limits(ctx, p, static_cast<int64_t>(pr.ids.size()));
   if (auto* e = std::get_if<ApiError>(&max_tokens)) return fail(*e);
   std::shared_ptr<Exchange> x = new_exchange(ctx, req, p, pr, request_id, start_ns);

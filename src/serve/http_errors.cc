@@ -1,9 +1,16 @@
 #include "serve/http_errors.h"
 
+#include <string>
+
+#include "simpler/serve/openai_server.h"
+
 namespace simpler::serve {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
+  if (e.http_status == 429 && !res.has_header("Retry-After")) {
+    res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  }
   res.set_content(e.to_json(), "application/json");
 }
 

@@ -10,7 +10,8 @@
 
 namespace simpler::serve {
 
-// The error object as the response: its status and JSON body.
+// The error object as the response: its status and JSON body, and for a 429 Retry-After
+// (kRetryAfterSeconds).
 void send_error(httplib::Response& res, const ApiError& e);
 ApiError api_error(int status, std::string message, std::string type, std::string code = {});
 // An engine refusal or failure as an HTTP error: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429

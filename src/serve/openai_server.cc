@@ -1,13 +1,21 @@
 #include "simpler/serve/openai_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <chrono>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "serve/routes.h"
 #include "serve/server_context.h"
 #include "serve/transport.h"
+#include "simpler/base/log.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace simpler::serve {
 
@@ -35,7 +43,14 @@ OpenAiServer::OpenAiServer(llm::LlmEngine* engine, const llm::Tokenizer* tokeniz
 
 OpenAiServer::~OpenAiServer() { (void)shutdown(base::Deadline::poll()); }
 
-absl::StatusOr<int> OpenAiServer::bind() { return impl_->transport.bind(); }
+absl::StatusOr<int> OpenAiServer::bind() {
+  absl::StatusOr<int> port = impl_->transport.bind();
+  if (!port.ok()) return port;
+  if (std::optional<std::string> w = exposure_warning(impl_->ctx.options, *port)) {
+    SIMPLER_LOG_WARN("{}", *w);
+  }
+  return port;
+}
 
 absl::Status OpenAiServer::serve() {
   Impl& im = *impl_;
@@ -61,6 +76,28 @@ absl::Status OpenAiServer::shutdown(base::Deadline drain) {
     im.transport.stop();
   });
   return im.shutdown_status;
+}
+
+bool is_loopback_host(const std::string& host) {
+  if (absl::AsciiStrToLower(host) == "localhost") return true;
+  std::string h = host;
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, h.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}
+
+std::shared_ptr<spdlog::logger> stderr_access_log() {
+  static std::shared_ptr<spdlog::logger> instance = [] {
+    auto l = spdlog::stderr_color_mt("simpler.access");
+    l->set_level(spdlog::level::info);
+    l->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+    return l;
+  }();
+  return instance;
 }
 
 std::string base_url(const std::string& host, int port) {

@@ -7,13 +7,19 @@
 #include <atomic>
 #include <filesystem>
 #include <random>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include "base/test_wait.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "serve/access_log.h"
+#include "serve/server_context.h"
 #include "serve/server_test_fixture.h"
 #include "simpler/model/make_model.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace simpler::serve {
 namespace {
@@ -401,6 +407,254 @@ TEST_F(ServerTest, AChunkedBodyIsReadUpToTheBodyLimit) {
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "payload_too_large");
 }
 
+TEST(LoopbackHostTest, NamesOnlyThisMachine) {
+  for (const char* h :
+       {"127.0.0.1", "127.1.2.3", "localhost", "LocalHost", "::1", "[::1]", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(is_loopback_host(h)) << h;
+  }
+  for (const char* h : {"0.0.0.0", "::", "[::]", "192.168.1.10", "10.0.0.1", "128.0.0.1",
+                        "example.com", "", "::ffff:10.0.0.1"}) {
+    EXPECT_FALSE(is_loopback_host(h)) << h;
+  }
+}
+
+TEST(ExposureWarningTest, WarnsOfANonLoopbackHostWithoutAnApiKeyOnly) {
+  ServerOptions o;
+  o.host = "0.0.0.0";
+  EXPECT_EQ(exposure_warning(o, 8000).value_or(""),
+            "serving on http://0.0.0.0:8000/v1 without an API key: anyone who can reach it can "
+            "use the model (set --api-key or SIMPLER_API_KEY)");
+  o.host = "::";
+  EXPECT_NE(exposure_warning(o, 1).value_or("").find("http://[::]:1/v1"), std::string::npos);
+  o.api_key = "k";
+  EXPECT_FALSE(exposure_warning(o, 8000).has_value());
+  o.api_key.clear();
+  o.host = "127.0.0.1";
+  EXPECT_FALSE(exposure_warning(o, 8000).has_value());
+}
+
+TEST(RequestIdTest, APrintableBoundedIdIsKeptAndAnyOtherReplaced) {
+  EXPECT_EQ(request_id_for("my-id_1.2:3"), "my-id_1.2:3");
+  EXPECT_EQ(request_id_for(std::string(128, 'a')), std::string(128, 'a'));
+  const std::regex generated("req-[0-9a-f]{20}");
+  for (const std::string bad :
+       {std::string(), std::string(129, 'a'), std::string("a b"), std::string("tab\there"),
+        std::string("\x01x"), std::string("caf\xc3\xa9")}) {
+    EXPECT_TRUE(std::regex_match(request_id_for(bad), generated)) << bad;
+  }
+  EXPECT_NE(request_id_for(""), request_id_for(""));
+}
+
+TEST(AccessLineTest, NamesMethodPathStatusTokensTimeAndId) {
+  AccessRecord r{.begun = true, .start_ns = 1'000'000, .prompt_tokens = 5, .completion_tokens = 16};
+  EXPECT_EQ(access_line("POST", "/v1/completions", 200, r, 13'345'678, "req-1"),
+            "POST /v1/completions 200 prompt_tokens=5 completion_tokens=16 ms=12.3 "
+            "request_id=req-1");
+  // Unknown counts are '-'; a line stays one line and bounded whatever the path holds.
+  EXPECT_EQ(access_line("GET", "/a b\r\nc", 404, AccessRecord{}, 99, "x"),
+            "GET /a?b??c 404 prompt_tokens=- completion_tokens=- ms=0.0 request_id=x");
+  EXPECT_EQ(access_line("GET", std::string(300, 'p'), 404, AccessRecord{}, 0, "x"),
+            "GET " + std::string(100, 'p') +
+                " 404 prompt_tokens=- completion_tokens=- ms=0.0 request_id=x");
+}
+
+TEST_F(ServerTest, ModelByIdIsTheListEntryAndAnotherIdIs404) {
+  ServerOptions so;
+  so.served_model_name = "org/tiny";  // an id with a slash (Hugging Face names)
+  start(so);
+  auto c = client();
+  auto list = c.Get("/v1/models");
+  auto one = c.Get("/v1/models/org/tiny");
+  ASSERT_TRUE(list && one);
+  ASSERT_EQ(one->status, 200) << one->body;
+  json entry = json::parse(list->body)["data"][0], got = json::parse(one->body);
+  entry.erase("created");
+  ASSERT_TRUE(got.contains("created"));
+  got.erase("created");
+  EXPECT_EQ(got, entry);
+  for (const char* path : {"/v1/models/tiny", "/v1/models/org/tiny/x", "/v1/models/org%2Fother"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 404) << path;
+    const json e = json::parse(r->body)["error"];
+    EXPECT_EQ(e["code"], "model_not_found") << path;
+    EXPECT_EQ(e["type"], "invalid_request_error") << path;
+  }
+  auto post = c.Post("/v1/models/org/tiny", "{}", "application/json");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405) << post->body;
+}
+
+TEST_F(ServerTest, EveryResponseCarriesTheRequestIdSentOrANewOne) {
+  ServerOptions so;
+  so.api_key = "k";
+  start(so);
+  const httplib::Headers auth = {{"Authorization", "Bearer k"}};
+  const std::regex generated("req-[0-9a-f]{20}");
+  auto c = client();
+  auto with = [&](httplib::Headers h, const std::string& id) {
+    h.emplace("X-Request-Id", id);
+    return h;
+  };
+  const std::string body = R"({"prompt":"x","max_tokens":2})";
+  // Kept: a plain response, an error before routing (411), a handler's errors (401, 400), 404.
+  auto ok = c.Post("/v1/completions", with(auth, "id-ok"), body, "application/json");
+  auto unauth = c.Post("/v1/completions", with({}, "id-401"), body, "application/json");
+  auto bad = c.Post("/v1/completions", with(auth, "id-400"), "{", "application/json");
+  auto nope = c.Get("/nope", with({}, "id-404"));
+  ASSERT_TRUE(ok && unauth && bad && nope);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->get_header_value("X-Request-Id"), "id-ok");
+  EXPECT_EQ(unauth->status, 401);
+  EXPECT_EQ(unauth->get_header_value("X-Request-Id"), "id-401");
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(bad->get_header_value("X-Request-Id"), "id-400");
+  EXPECT_EQ(nope->status, 404);
+  EXPECT_EQ(nope->get_header_value("X-Request-Id"), "id-404");
+  // A stream carries it too.
+  httplib::Request sreq =
+      json_post("/v1/completions", R"({"prompt":"x","max_tokens":3,"stream":true})");
+  sreq.headers.emplace("Authorization", "Bearer k");
+  sreq.headers.emplace("X-Request-Id", "id-stream");
+  std::string raw;
+  sreq.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    return true;
+  };
+  auto streamed = c.send(sreq);
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_EQ(streamed->get_header_value("X-Request-Id"), "id-stream");
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos);
+  // Replaced: none, too long, not printable ASCII; each new one differs.
+  std::set<std::string> ids;
+  for (const std::string sent : {std::string(), std::string(129, 'a'), std::string("a b c")}) {
+    auto r = sent.empty() ? c.Get("/v1/models", auth) : c.Get("/v1/models", with(auth, sent));
+    ASSERT_TRUE(r);
+    const std::string id = r->get_header_value("X-Request-Id");
+    EXPECT_TRUE(std::regex_match(id, generated)) << sent << " -> " << id;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 3u);
+}
+
+TEST_F(ServerTest, CorsAnswersAllowedOriginsOnlyAndTheirPreflights) {
+  ServerOptions so;
+  so.api_key = "k";
+  so.allowed_origins = {"http://a.example", "http://b.example:8080"};
+  start(so);
+  auto c = client();
+  const httplib::Headers auth = {{"Authorization", "Bearer k"}};
+  auto get = [&](const std::string& origin, bool with_key) {
+    httplib::Headers h = with_key ? auth : httplib::Headers{};
+    if (!origin.empty()) h.emplace("Origin", origin);
+    return c.Get("/v1/models", h);
+  };
+  for (bool with_key : {true, false}) {  // an error (401) carries them too
+    auto r = get("http://b.example:8080", with_key);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, with_key ? 200 : 401);
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://b.example:8080");
+    EXPECT_EQ(r->get_header_value("Vary"), "Origin");
+    EXPECT_EQ(r->get_header_value("Access-Control-Expose-Headers"), "X-Request-Id, Retry-After");
+  }
+  for (const std::string origin : {"http://evil.example", "http://a.example:81", ""}) {
+    auto r = get(origin, true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin")) << origin;
+  }
+  auto preflight = [&](const std::string& origin) {
+    return c.Options("/v1/chat/completions",
+                     {{"Origin", origin},
+                      {"Access-Control-Request-Method", "POST"},
+                      {"Access-Control-Request-Headers", "authorization, content-type"}});
+  };
+  auto yes = preflight("http://a.example");  // no API key needed
+  ASSERT_TRUE(yes);
+  EXPECT_EQ(yes->status, 204);
+  EXPECT_EQ(yes->get_header_value("Access-Control-Allow-Origin"), "http://a.example");
+  EXPECT_EQ(yes->get_header_value("Access-Control-Allow-Methods"), "GET, POST, OPTIONS");
+  EXPECT_EQ(yes->get_header_value("Access-Control-Allow-Headers"),
+            "Authorization, Content-Type, X-Request-Id");
+  EXPECT_EQ(yes->get_header_value("Access-Control-Max-Age"), "600");
+  auto no = preflight("http://evil.example");
+  ASSERT_TRUE(no);
+  EXPECT_EQ(no->status, 403);
+  EXPECT_EQ(json::parse(no->body)["error"]["code"], "cors_origin_not_allowed");
+  EXPECT_FALSE(no->has_header("Access-Control-Allow-Origin"));
+  EXPECT_FALSE(no->has_header("Access-Control-Allow-Methods"));
+  // OPTIONS that is not a preflight is not a method of the route.
+  auto plain = c.Options("/v1/models");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->status, 405);
+}
+
+TEST_F(ServerTest, CorsWithAWildcardAllowsAnyOriginAndWithoutOriginsNone) {
+  ServerOptions so;
+  so.allowed_origins = {"*"};
+  start(so);
+  auto r = client().Get("/v1/models", {{"Origin", "http://anything.example"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_FALSE(r->has_header("Vary"));
+  TearDown();
+  start({});  // the default: no CORS at all
+  auto c = client();
+  auto plain = c.Get("/v1/models", {{"Origin", "http://anything.example"}});
+  auto pre = c.Options("/v1/models", {{"Origin", "http://anything.example"},
+                                      {"Access-Control-Request-Method", "GET"}});
+  ASSERT_TRUE(plain && pre);
+  EXPECT_FALSE(plain->has_header("Access-Control-Allow-Origin"));
+  EXPECT_EQ(pre->status, 403);
+  EXPECT_FALSE(pre->has_header("Access-Control-Allow-Origin"));
+}
+
+TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  sink->set_pattern("%v");
+  ServerOptions so;
+  so.access_log = std::make_shared<spdlog::logger>("access_test", sink);
+  start(so);
+  auto c = client();
+  auto done = c.Post("/v1/completions", {{"X-Request-Id", "log-1"}},
+                     R"({"prompt":"x","max_tokens":4,"ignore_eos":true})", "application/json");
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, 200);
+  const int64_t prompt = json::parse(done->body)["usage"]["prompt_tokens"].get<int64_t>();
+  const std::string streamed = stream(
+      "/v1/chat/completions",
+      R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"ignore_eos":true,"stream":true})");
+  EXPECT_NE(streamed.find("[DONE]"), std::string::npos);
+  auto missing = c.Get("/v1/models/other", {{"X-Request-Id", "log-3"}});
+  ASSERT_TRUE(missing);
+  // The logger runs once a response is written, after the client may have read it.
+  std::vector<std::string> lines;
+  ASSERT_TRUE(simpler::testing::eventually(
+      [&] {
+        lines = sink->last_formatted();
+        for (std::string& l : lines) {
+          while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+        }
+        return lines.size() >= 3;
+      },
+      std::chrono::seconds(10)));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(
+      lines[0].substr(0, lines[0].find(" ms=")),
+      "POST /v1/completions 200 prompt_tokens=" + std::to_string(prompt) + " completion_tokens=4");
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex(".* ms=[0-9]+\\.[0-9] request_id=log-1")))
+      << lines[0];
+  EXPECT_TRUE(std::regex_match(
+      lines[1], std::regex("POST /v1/chat/completions 200 prompt_tokens=[1-9][0-9]* "
+                           "completion_tokens=3 ms=[0-9]+\\.[0-9] request_id=req-[0-9a-f]{20}")))
+      << lines[1];
+  EXPECT_TRUE(std::regex_match(
+      lines[2], std::regex("GET /v1/models/other 404 prompt_tokens=- completion_tokens=- "
+                           "ms=[0-9]+\\.[0-9] request_id=log-3")))
+      << lines[2];
+}
+
 TEST_F(ServerTest, AFullWaitingQueueIs429) {
   start({}, /*max_waiting=*/1, /*seqs=*/1);
   // One running, one waiting: the third is refused. 100 tokens each hold the engine far longer
@@ -427,6 +681,8 @@ TEST_F(ServerTest, AFullWaitingQueueIs429) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 429) << r->body;
   EXPECT_EQ(json::parse(r->body)["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(r->get_header_value("Retry-After"), std::to_string(kRetryAfterSeconds));
+  EXPECT_EQ(kRetryAfterSeconds, 1);
   for (auto& t : clients) t.join();
   EXPECT_EQ(ok.load(), 2);
 }

@@ -2,13 +2,17 @@
 
 #include <exception>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "serve/access_log.h"
 #include "serve/completions.h"
+#include "serve/cors.h"
 #include "serve/http_errors.h"
+#include "simpler/base/clock.h"
 #include "simpler/base/json.h"
 
 namespace simpler::serve {
@@ -30,14 +34,28 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req,
   handle_generate(ctx, req, res, /*chat_endpoint=*/true);
 }
 
+// The served model's object (an entry of /v1/models).
+json model_object(const ServerContext& ctx) {
+  return {{"id", ctx.options.served_model_name},
+          {"object", "model"},
+          {"created", unix_seconds()},
+          {"owned_by", "simpler"},
+          {"max_model_len", ctx.engine->config().max_position_embeddings}};
+}
+
 void handle_models(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   if (!ctx.authorized(req, res)) return;
-  json m = {{"id", ctx.options.served_model_name},
-            {"object", "model"},
-            {"created", unix_seconds()},
-            {"owned_by", "simpler"},
-            {"max_model_len", ctx.engine->config().max_position_embeddings}};
-  set_json(res, json{{"object", "list"}, {"data", json::array({m})}});
+  set_json(res, json{{"object", "list"}, {"data", json::array({model_object(ctx)})}});
+}
+
+// GET /v1/models/{id}: the id is the rest of the path (it may hold slashes).
+void handle_model(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (!ctx.authorized(req, res)) return;
+  const std::string id = req.matches.size() > 1 ? std::string(req.matches[1]) : std::string();
+  if (id != ctx.options.served_model_name) {  // the pattern makes it non-empty
+    return send_error(res, unknown_model(ctx, id).value());
+  }
+  set_json(res, model_object(ctx));
 }
 
 void handle_health(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
@@ -92,14 +110,22 @@ using RouteHandler = void (*)(ServerContext&, const httplib::Request&, httplib::
 
 struct Route {
   const char* method;  // "GET" or "POST"
-  const char* path;
+  const char* path;    // with `prefix`, what the path starts with (a non-empty rest follows)
   RouteHandler handler;
+  bool prefix = false;
 };
+
+bool path_matches(const Route& r, const std::string& path) {
+  if (!r.prefix) return path == r.path;
+  const std::string_view p(r.path);
+  return path.size() > p.size() && std::string_view(path).substr(0, p.size()) == p;
+}
 
 constexpr Route kRoutes[] = {
     {"POST", "/v1/completions", handle_completions},
     {"POST", "/v1/chat/completions", handle_chat_completions},
     {"GET", "/v1/models", handle_models},
+    {"GET", "/v1/models/", handle_model, /*prefix=*/true},
     {"GET", "/health", handle_health},
     {"GET", "/metrics", handle_metrics},
     {"POST", "/tokenize", handle_tokenize},
@@ -110,9 +136,11 @@ constexpr Route kRoutes[] = {
 // cpp-httplib set itself (413 for a body past the payload limit, ...) gets one too. A handler's
 // own error object is left alone.
 void handle_http_error(const httplib::Request& req, httplib::Response& res) {
+  // A request refused before routing (a malformed request line) has no id yet.
+  if (!res.has_header("X-Request-Id")) res.set_header("X-Request-Id", random_id("req"));
   if (!res.body.empty()) return;
   bool known = false;
-  for (const Route& r : kRoutes) known = known || req.path == r.path;
+  for (const Route& r : kRoutes) known = known || path_matches(r, req.path);
   if (res.status == 404 && known) res.status = 405;
   if (res.status == 413) {
     send_error(res, api_error(413, "the request body is too large", "invalid_request_error"));
@@ -149,18 +177,32 @@ void install_routes(httplib::Server& http, ServerContext& ctx, Transport& transp
                                                        httplib::Response& res) {
       f(ctx, req, res);
     };
+    const std::string pattern = r.prefix ? absl::StrCat(r.path, "(.+)") : std::string(r.path);
     if (std::string(r.method) == "GET") {
-      http.Get(r.path, transport.watched(std::move(h)));
+      http.Get(pattern, transport.watched(std::move(h)));
     } else {
-      http.Post(r.path, transport.read_body(std::move(h)));
+      http.Post(pattern, transport.read_body(std::move(h)));
     }
   }
   transport.set_routes([](const std::string& method, const std::string& path) {
     for (const Route& r : kRoutes) {
-      if (method == r.method && path == r.path) return true;
+      if (method == r.method && path_matches(r, path)) return true;
     }
     return false;
   });
+  transport.set_request_hooks(
+      [&ctx](const httplib::Request& req, httplib::Response& res) {
+        AccessRecord::begin();
+        res.set_header("X-Request-Id", request_id_for(req.get_header_value("X-Request-Id")));
+        return apply_cors(ctx.options.allowed_origins, req, res);
+      },
+      [&ctx](const httplib::Request& req, const httplib::Response& res) {
+        const AccessRecord record = AccessRecord::take();
+        if (ctx.options.access_log == nullptr) return;
+        ctx.options.access_log->info(access_line(req.method, req.path, res.status, record,
+                                                 base::now_ns(),
+                                                 res.get_header_value("X-Request-Id")));
+      });
   http.set_error_handler(handle_http_error);
   http.set_exception_handler(handle_exception);
 }

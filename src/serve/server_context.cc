@@ -37,6 +37,13 @@ std::string unique_hex() {
 
 }  // namespace
 
+std::optional<std::string> exposure_warning(const ServerOptions& options, int port) {
+  if (!options.api_key.empty() || is_loopback_host(options.host)) return std::nullopt;
+  return absl::StrCat("serving on ", base_url(options.host, port),
+                      " without an API key: anyone who can reach it can use the model (set "
+                      "--api-key or SIMPLER_API_KEY)");
+}
+
 std::string random_id(const char* prefix) { return absl::StrCat(prefix, "-", unique_hex()); }
 
 std::string tool_call_id() { return "call_" + unique_hex(); }

@@ -44,6 +44,10 @@ struct ServerContext {
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
 };
 
+// The warning bind() logs for a server that anyone who can reach it may use: a host that is not
+// a loopback address (is_loopback_host) and no API key; nullopt otherwise.
+std::optional<std::string> exposure_warning(const ServerOptions& options, int port);
+
 // A unique id: `prefix`-<16 random hex digits><4 hex digits of a process-wide counter>.
 std::string random_id(const char* prefix);
 // A tool call's id: "call_" and the same 20 hex digits (OpenAI's "call_..." shape).

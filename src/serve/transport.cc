@@ -418,6 +418,7 @@ void Transport::install() {
   // A refused body is answered before it is read, and the client is told to close the
   // connection (what is left of the body would be read as the next request).
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (before_ && before_(req, res)) return httplib::Server::HandlerResponse::Handled;
     const bool routed = routed_ && routed_(req.method, req.path);
     std::optional<BodyRefusal> refusal = body_refusal(req, options_->max_body_bytes, routed);
     if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
@@ -435,8 +436,9 @@ void Transport::install() {
   // The read guard learns which connections have a handler running: from the handler's start
   // (watched(): the request's headers and body are in) to the end of its response (the logger
   // runs once the response is written, or failed to be).
-  http_->set_logger([this](const httplib::Request& req, const httplib::Response&) {
+  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     guard_->mark_busy(peer_key(req), false);
+    if (after_) after_(req, res);
   });
   http_->set_keep_alive_max_count(1000);
   http_->set_keep_alive_timeout(5);
@@ -447,6 +449,13 @@ void Transport::install() {
 
 void Transport::set_routes(std::function<bool(const std::string&, const std::string&)> routed) {
   routed_ = std::move(routed);
+}
+
+void Transport::set_request_hooks(
+    std::function<bool(const httplib::Request&, httplib::Response&)> before,
+    std::function<void(const httplib::Request&, const httplib::Response&)> after) {
+  before_ = std::move(before);
+  after_ = std::move(after);
 }
 
 httplib::Server::HandlerWithContentReader Transport::read_body(httplib::Server::Handler h) {

@@ -64,6 +64,13 @@ class Transport {
   // Which method and path have a route (the check before routing answers 404 / 405 for the
   // others without reading a body). Called once, before bind().
   void set_routes(std::function<bool(const std::string& method, const std::string& path)> routed);
+  // What every request goes through: `before` first in the pre-routing handler (it answers the
+  // request when it returns true: nothing is routed then), `after` in cpp-httplib's logger,
+  // once the response is written (or failed to be). Both run on the request's thread. Called
+  // once, before bind().
+  void set_request_hooks(
+      std::function<bool(const httplib::Request&, httplib::Response&)> before,
+      std::function<void(const httplib::Request&, const httplib::Response&)> after);
   // Checks the transport options (INVALID_ARGUMENT naming them), binds host:port (UNAVAILABLE
   // naming the address) and raises the listen backlog. Returns the bound port.
   absl::StatusOr<int> bind();
@@ -80,7 +87,9 @@ class Transport {
   httplib::Server* const http_;
   const ServerOptions* const options_;
   std::unique_ptr<ReadGuard> guard_;
-  std::function<bool(const std::string&, const std::string&)> routed_;  // set before bind()
+  std::function<bool(const std::string&, const std::string&)> routed_;       // set before bind()
+  std::function<bool(const httplib::Request&, httplib::Response&)> before_;  // likewise
+  std::function<void(const httplib::Request&, const httplib::Response&)> after_;  // likewise
   int listen_fd_ = -1;                // the listening socket (set while binding)
   int bound_port_ = 0;                // set by bind()
   std::atomic<bool> serving_{false};  // listen() is running (set before it checks shutting_down)

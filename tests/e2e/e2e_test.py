@@ -590,13 +590,19 @@ def scenario_long_prompt(ctx):
                              f"chunked-prefill steps + 7 decode steps)")
 
 
-def start_server(ctx, model, *extra):
+def start_server(ctx, model, *extra, env=None):
     """`simpler serve --port 0` in the background; returns (process, base URL). The caller stops
-    it (SIGTERM) and reads its exit status."""
+    it (SIGTERM) and reads its exit status; server_stderr(process) is what it logged (read by a
+    thread as it comes: the access log would fill a pipe nobody reads)."""
+    import threading
     argv = [ctx.simpler, "serve", "--model", model, "--port", "0"] + list(extra)
     log(f"$ {' '.join(argv)} &")
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=ctx.env)
+                         env=env or ctx.env)
+    p.stderr_lines = []
+    p.stderr_thread = threading.Thread(target=lambda: p.stderr_lines.extend(p.stderr),
+                                       daemon=True)
+    p.stderr_thread.start()
     deadline = time.monotonic() + 60
     line = ""
     while time.monotonic() < deadline:
@@ -607,7 +613,14 @@ def start_server(ctx, model, *extra):
         if p.poll() is not None:
             break
     p.kill()
-    raise Failure(f"serve did not print its ready line: {line!r} {p.stderr.read()[-2000:]}")
+    raise Failure(f"serve did not print its ready line: {line!r} {server_stderr(p)[-2000:]}")
+
+
+def server_stderr(p):
+    """What a start_server process wrote on stderr (all of it once the process has exited)."""
+    if p.poll() is not None:
+        p.stderr_thread.join(timeout=10)
+    return "".join(p.stderr_lines)
 
 
 def http(port, method, path, body=None, headers=None, timeout=120):
@@ -667,10 +680,19 @@ def scenario_serve(ctx):
     model = ctx.write_model(ctx.path("model"), "--vocab", "4096", "--seed", "29")
     key = "e2e-key"
     auth = {"Authorization": f"Bearer {key}"}
+    # --api-key wins over SIMPLER_API_KEY.
     proc, url, port = start_server(ctx, model, "--api-key", key, "--served-model-name", "m",
                                    "--max-num-seqs", "8", "--max-body-bytes", "65536",
-                                   "--drain-timeout", "5")
+                                   "--drain-timeout", "5",
+                                   env=dict(ctx.env, SIMPLER_API_KEY="not-the-key"))
     try:
+        st, body, hdrs = http(port, "GET", "/v1/models/m",
+                              headers=dict(auth, **{"X-Request-Id": "e2e-request-1"}))
+        pb.check(st == 200 and json.loads(body).get("id") == "m" and
+                 hdrs.get("X-Request-Id") == "e2e-request-1",
+                 f"/v1/models/m: HTTP {st} {body[:200]}, X-Request-Id {hdrs.get('X-Request-Id')}")
+        st, _, _ = http(port, "GET", "/v1/models", headers={"Authorization": "Bearer not-the-key"})
+        pb.check(st == 401, f"SIMPLER_API_KEY beside --api-key: HTTP {st} (401: the flag wins)")
         rng = np.random.default_rng(31)
         prompts = [random_prompt(rng, int(n), 4096) for n in [1, 300] + list(rng.integers(1, 301, size=30))]
         ref, _ = ctx.reference_generate(model, prompts, 8, [], [], ctx.path("ref.json"))
@@ -773,7 +795,43 @@ def scenario_serve(ctx):
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = None
-        pb.check(rc == 0, f"serve after SIGTERM: exit {rc}; stderr {proc.stderr.read()[-500:]}")
+        pb.check(rc == 0, f"serve after SIGTERM: exit {rc}; stderr {server_stderr(proc)[-500:]}")
+    check_access_log(pb, server_stderr(proc))
+    check_env_api_key(ctx, model)
+
+
+def check_access_log(pb, stderr):
+    """scenario_serve's access log: a line per request, tokens where known, its request id."""
+    lines = [l for l in stderr.splitlines() if "request_id=" in l]
+    done = [l for l in lines if re.search(r"\] POST /v1/completions 200 prompt_tokens=\d+ "
+                                          r"completion_tokens=8 ms=\d+\.\d request_id=\S+$", l)]
+    pb.check(len(done) >= 64, f"access log: {len(done)} lines of 8-token completions (64 or more "
+                              f"expected) among {len(lines)}: {lines[:3]}")
+    pb.check(any(re.search(r"\] POST /v1/completions 413 .* request_id=req-[0-9a-f]{20}$", l)
+                 for l in lines), f"access log: no 413 line: {lines[-12:]}")
+    pb.check(any("request_id=e2e-request-1" in l for l in lines),
+             "access log: the client's X-Request-Id is not in it")
+
+
+def check_env_api_key(ctx, model):
+    """The API key from SIMPLER_API_KEY (no --api-key) and --no-access-log."""
+    pb = ctx.problems
+    env = dict(ctx.env, SIMPLER_API_KEY="env-key")
+    proc, _, port = start_server(ctx, model, "--no-access-log", env=env)
+    try:
+        without, _, _ = http(port, "GET", "/v1/models")
+        with_key, _, _ = http(port, "GET", "/v1/models", headers={"Authorization": "Bearer env-key"})
+        pb.check(without == 401 and with_key == 200,
+                 f"SIMPLER_API_KEY: HTTP {without} without the key (401 expected), {with_key} "
+                 f"with it (200 expected)")
+    finally:
+        proc.send_signal(15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    pb.check("request_id=" not in server_stderr(proc),
+             f"--no-access-log: access lines logged: {server_stderr(proc)[-300:]}")
 
 
 def scenario_continuous_batching(ctx):

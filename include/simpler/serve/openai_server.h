@@ -7,8 +7,27 @@
 // not; with tools, Qwen3's <tool_call> blocks in the output come back as message.tool_calls, or
 // as tool_calls deltas, and finish_reason "tool_calls"), GET /v1/models, GET /health (200 while
 // the engine is healthy, 503 with the cause), GET /metrics (Prometheus text), POST /tokenize,
-// POST /detokenize. Errors are OpenAI's error
-// object with 400 / 401 / 404 / 405 / 411 / 413 / 415 / 429 / 500 / 501 / 503 (openai_protocol.h).
+// POST /detokenize, GET /v1/models/{id} (the served model's object, 404 model_not_found for
+// another id). Errors are OpenAI's error object with 400 / 401 / 403 / 404 / 405 / 411 / 413 /
+// 415 / 429 / 500 / 501 / 503 (openai_protocol.h); a 429 (the waiting queue is full) carries
+// `Retry-After: 1` (see kRetryAfterSeconds).
+//
+// Every response carries X-Request-Id: the client's own when it sent one of 1 to 128 printable
+// ASCII characters (0x21-0x7E), else a new "req-" and 20 hex digits (also the engine's caller id
+// and the access log's). CORS (allowed_origins): a request whose Origin is allowed gets
+// Access-Control-Allow-Origin (the origin itself and `Vary: Origin`, or `*` when any origin is
+// allowed) and Access-Control-Expose-Headers (X-Request-Id, Retry-After); a preflight (OPTIONS with
+// Origin and Access-Control-Request-Method, on any path, no API key needed) from an allowed
+// origin is answered 204 with Access-Control-Allow-Methods (GET, POST, OPTIONS),
+// Access-Control-Allow-Headers (Authorization, Content-Type, X-Request-Id) and
+// Access-Control-Max-Age (600); a preflight from another origin (or with no allowed origins)
+// gets 403 (an error object, code "cors_origin_not_allowed") and no CORS headers; a request from
+// another origin gets no CORS headers (the browser withholds the response). Access log
+// (access_log): one info line per response once it is written (a stream at its end):
+//   METHOD PATH STATUS prompt_tokens=P completion_tokens=C ms=T request_id=ID
+// with `-` for counts that are not known (every endpoint but the completions), T the
+// milliseconds from the request's headers to the response's end, and the method and path
+// (at most 100 bytes) with other than printable ASCII as '?'.
 // A body is judged by its headers before any of it is read (cpp-httplib 0.11 would read a chunked
 // or unsized body whole, past max_body_bytes, and an oversized one whole before refusing it): a
 // request without a body (neither Content-Length nor Transfer-Encoding) gets 404 / 405 where
@@ -44,6 +63,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,14 +72,27 @@
 #include "simpler/serve/openai_protocol.h"
 #include "simpler/tokenizer/chat_template.h"
 #include "simpler/tokenizer/tokenizer.h"
+#include "spdlog/logger.h"
 
 namespace simpler::serve {
 
+// The Retry-After of a 429 (the engine's waiting queue is full): one second, the shortest
+// whole wait the header can say. A full queue empties as fast as requests finish (each
+// generates for well under a second to seconds), so the shortest wait is the one most likely to
+// find room; clients (the OpenAI SDKs) back off further on repeated 429s.
+inline constexpr int kRetryAfterSeconds = 1;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                  // 0: any free port (bind() returns it)
-  std::string served_model_name;    // the `model` requests name and /v1/models lists
-  std::string api_key;              // empty: no authentication
+  int port = 8000;                // 0: any free port (bind() returns it)
+  std::string served_model_name;  // the `model` requests name and /v1/models lists
+  std::string api_key;            // empty: no authentication
+  // CORS: the origins allowed ("scheme://host[:port]", compared exactly), or "*" among them
+  // for any. Empty: no CORS headers on any response.
+  std::vector<std::string> allowed_origins;
+  // Where the access log goes (one info line per response, see the header comment); null:
+  // none. stderr_access_log() is the one `simpler serve` uses.
+  std::shared_ptr<spdlog::logger> access_log;
   size_t max_body_bytes = 1 << 20;  // 413 past it
   int32_t max_concurrent_requests = 64;
   int32_t max_queued_connections = 64;
@@ -84,7 +117,9 @@ class OpenAiServer {
   OpenAiServer& operator=(const OpenAiServer&) = delete;
 
   // Binds host:port. INVALID_ARGUMENT for an option out of range (naming it); UNAVAILABLE
-  // naming the address when it cannot bind. Returns the bound port.
+  // naming the address when it cannot bind. Returns the bound port. Logs a warning (the
+  // process's logger, simpler/base/log.h) when the host is not a loopback address and there is
+  // no API key: anyone who can reach the address can use the model.
   absl::StatusOr<int> bind();
   // Serves until shutdown(); returns OK then (INTERNAL when the listener failed).
   absl::Status serve();
@@ -100,5 +135,13 @@ class OpenAiServer {
 // IPv6 address in brackets ("http://[::1]:8000/v1", RFC 3986); a host already in brackets is
 // kept as it is. Thread-safe (pure).
 std::string base_url(const std::string& host, int port);
+
+// Whether `host` names only this machine: "localhost", an IPv4 address in 127.0.0.0/8, "::1"
+// (bracketed or not) or an IPv4-mapped loopback address. Thread-safe (pure).
+bool is_loopback_host(const std::string& host);
+
+// The process-wide access logger `simpler serve` uses: "simpler.access", info level, on stderr
+// with the process logger's pattern. Thread-safe.
+std::shared_ptr<spdlog::logger> stderr_access_log();
 
 }  // namespace simpler::serve
