@@ -437,7 +437,7 @@ TEST(RequestIdTest, APrintableBoundedIdIsKeptAndAnyOtherReplaced) {
   EXPECT_EQ(request_id_for("my-id_1.2:3"), "my-id_1.2:3");
   EXPECT_EQ(request_id_for(std::string(128, 'a')), std::string(128, 'a'));
   const std::regex generated("req-[0-9a-f]{20}");
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string(), std::string(129, 'a'), std::string("a b"), std::string("tab\there"),
         std::string("\x01x"), std::string("caf\xc3\xa9")}) {
     EXPECT_TRUE(std::regex_match(request_id_for(bad), generated)) << bad;
@@ -528,7 +528,7 @@ TEST_F(ServerTest, EveryResponseCarriesTheRequestIdSentOrANewOne) {
   EXPECT_NE(raw.find("data: [DONE]"), std::string::npos);
   // Replaced: none, too long, not printable ASCII; each new one differs.
   std::set<std::string> ids;
-  for (const std::string sent : {std::string(), std::string(129, 'a'), std::string("a b c")}) {
+  for (const std::string& sent : {std::string(), std::string(129, 'a'), std::string("a b c")}) {
     auto r = sent.empty() ? c.Get("/v1/models", auth) : c.Get("/v1/models", with(auth, sent));
     ASSERT_TRUE(r);
     const std::string id = r->get_header_value("X-Request-Id");
