@@ -623,6 +623,17 @@ def server_stderr(p):
     return "".join(p.stderr_lines)
 
 
+def stop_server(p):
+    """SIGTERM to a start_server process; its exit status, or None when it had to be killed
+    after 30 s."""
+    p.send_signal(15)
+    try:
+        return p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return None
+
+
 def http(port, method, path, body=None, headers=None, timeout=120):
     """One request on its own connection: (status, body text, headers)."""
     import http.client
@@ -789,12 +800,7 @@ def scenario_serve(ctx):
         pb.check(status == 200 and done and len(events) >= 2,
                  f"the good stream beside the bad requests: HTTP {status}, done {done}")
     finally:
-        proc.send_signal(15)
-        try:
-            rc = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = None
+        rc = stop_server(proc)
         pb.check(rc == 0, f"serve after SIGTERM: exit {rc}; stderr {server_stderr(proc)[-500:]}")
     check_access_log(pb, server_stderr(proc))
     check_env_api_key(ctx, model)
@@ -825,11 +831,7 @@ def check_env_api_key(ctx, model):
                  f"SIMPLER_API_KEY: HTTP {without} without the key (401 expected), {with_key} "
                  f"with it (200 expected)")
     finally:
-        proc.send_signal(15)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     pb.check("request_id=" not in server_stderr(proc),
              f"--no-access-log: access lines logged: {server_stderr(proc)[-300:]}")
 
@@ -2312,11 +2314,7 @@ def scenario_gguf(ctx):
             answers[name] = [http(port, "POST", "/v1/chat/completions", json.dumps(chat))[:2],
                              http(port, "POST", "/v1/completions", json.dumps(comp))[:2]]
         finally:
-            proc.send_signal(15)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
     for i, what in enumerate(("chat completion", "completion")):
         a, b = answers["GGUF"][i], answers["directory"][i]
         text = lambda body, k: [c.get(k) for c in json.loads(body).get("choices", [])]
