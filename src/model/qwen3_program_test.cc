@@ -567,6 +567,43 @@ struct ScenarioParam {
   int32_t cores;
 };
 
+// The harness's own check: a kernel that writes one float past its OUT tensor is reported
+// (naming the task and the byte), the byte gets its value back, and a kernel that keeps to its
+// OUT range is not reported.
+absl::Status copy_four(const task::KernelContext& ctx) {
+  const float* in = reinterpret_cast<const float*>(ctx.args[0].tensor.address);
+  float* out = reinterpret_cast<float*>(ctx.args[1].tensor.address);
+  for (int i = 0; i < 4; ++i) out[i] = in[i];
+  return absl::OkStatus();
+}
+absl::Status copy_four_and_one_past(const task::KernelContext& ctx) {
+  (void)copy_four(ctx);
+  reinterpret_cast<float*>(ctx.args[1].tensor.address)[4] = 7.0f;
+  return absl::OkStatus();
+}
+
+TEST(SequentialHarness, AWriteOutsideTheOutRangeIsReportedAndUndone) {
+  for (const bool stray : {false, true}) {
+    Arena arena(1024);
+    const Tensor in = arena.tensor({4}, DataType::kFloat32);
+    const Tensor out = arena.tensor({4}, DataType::kFloat32);
+    uint8_t* past = arena.data() + (out.address - arena.base()) + 4 * sizeof(float);
+    *past = 0x5A;  // the byte the stray kernel overwrites
+    task::ChipCallable callable =
+        task::one_kernel_callable("copy", stray ? copy_four_and_one_past : copy_four);
+    TaskArgs args;
+    args.add_tensor(in, ArgDirection::kIn).add_tensor(out, ArgDirection::kOut);
+    SequentialContext ctx(callable, 1, &arena, /*strict=*/true);
+    ASSERT_TRUE(ctx.submit(0, args, 1).ok());
+    if (stray) {
+      EXPECT_THAT(ctx.stray_writes, ::testing::HasSubstr("task 0 (copy) wrote arena byte "));
+    } else {
+      EXPECT_EQ(ctx.stray_writes, "");
+    }
+    EXPECT_EQ(*past, 0x5A);
+  }
+}
+
 class Qwen3DecodeScenario : public ::testing::TestWithParam<ScenarioParam> {};
 
 // Three requests of different prompt lengths decode greedily through the
