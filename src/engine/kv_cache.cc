@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "simpler/base/status.h"
 
@@ -59,21 +60,42 @@ absl::StatusOr<PagePool> PagePool::create(int32_t num_pages, int32_t page_size) 
 PagePool::PagePool(int32_t num_pages, int32_t page_size)
     : page_size_(page_size),
       owner_(num_pages, 0),
+      refs_(num_pages, 0),
+      generation_(num_pages, 0),
       state_(num_pages, PageState::kFree),
-      fence_step_(num_pages, 0) {
+      fence_step_(num_pages, 0),
+      key_(num_pages),
+      shared_(num_pages, false),
+      evictable_at_(num_pages) {
   free_.reserve(num_pages);
   for (int32_t p = num_pages - 1; p >= 0; --p) free_.push_back(p);
 }
 
+// A plain free page if there is one, else the least recently freed cached one (evicted).
+int32_t PagePool::take_free_page() {
+  if (!free_.empty()) {
+    const int32_t page = free_.back();
+    free_.pop_back();
+    return page;
+  }
+  const int32_t page = evictable_.front();
+  evictable_.pop_front();
+  uncache(page);
+  return page;
+}
+
 absl::StatusOr<int32_t> PagePool::allocate(uint64_t request_id) {
-  if (free_.empty()) {
+  if (num_free() == 0) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache exhausted: request ", request_id,
                                                      " needs 1 page, 0 of ", num_pages(),
                                                      " pages free"));
   }
-  const int32_t page = free_.back();
-  free_.pop_back();
+  const int32_t page = take_free_page();
   owner_[page] = request_id;
+  refs_[page] = 1;
+  ++generation_[page];
+  fence_step_[page] = 0;
+  shared_[page] = false;
   state_[page] = PageState::kUsed;
   ++num_used_;
   return page;
@@ -104,7 +126,7 @@ absl::Status PagePool::check_owned(uint64_t request_id, int32_t page, const char
     return absl::FailedPreconditionError(
         absl::StrCat("request ", request_id, " ", verb, " page ", page, ", which is already free"));
   }
-  if (owner_[page] != request_id) {
+  if (!shared_[page] && owner_[page] != request_id) {
     return absl::FailedPreconditionError(absl::StrCat("request ", request_id, " ", verb, " page ",
                                                       page, ", which request ", owner_[page],
                                                       " owns"));
@@ -117,29 +139,142 @@ absl::Status PagePool::check_owned(uint64_t request_id, int32_t page, const char
   return absl::OkStatus();
 }
 
+bool PagePool::drop_holder(int32_t page) {
+  if (--refs_[page] > 0) return false;
+  --num_used_;
+  return true;
+}
+
 void PagePool::make_free(int32_t page) {
   state_[page] = PageState::kFree;
-  free_.push_back(page);
+  if (key_[page].has_value()) {
+    evictable_.push_back(page);
+    evictable_at_[page] = std::prev(evictable_.end());
+  } else {
+    free_.push_back(page);
+  }
 }
 
 absl::Status PagePool::free(uint64_t request_id, int32_t page) {
   if (absl::Status s = check_owned(request_id, page, "freed"); !s.ok()) return s;
-  --num_used_;
+  if (!drop_holder(page)) return absl::OkStatus();
+  if (fence_step_[page] > retired_through_) {  // another holder fenced it behind a step
+    state_[page] = PageState::kFenced;
+    fenced_.push_back(page);
+    return absl::OkStatus();
+  }
   make_free(page);
   return absl::OkStatus();
 }
 
 absl::Status PagePool::fence(uint64_t request_id, int32_t page, int64_t step_id) {
   if (absl::Status s = check_owned(request_id, page, "fenced"); !s.ok()) return s;
-  --num_used_;
-  if (step_id <= retired_through_) {
+  fence_step_[page] = std::max(fence_step_[page], step_id);
+  if (!drop_holder(page)) return absl::OkStatus();
+  if (fence_step_[page] <= retired_through_) {
     make_free(page);
     return absl::OkStatus();
   }
   state_[page] = PageState::kFenced;
-  fence_step_[page] = step_id;
   fenced_.push_back(page);
   return absl::OkStatus();
+}
+
+uint64_t PagePool::key_hash(int32_t parent, uint64_t parent_generation,
+                            absl::Span<const int32_t> tokens) const {
+  return absl::HashOf(parent, parent_generation, tokens);
+}
+
+absl::StatusOr<bool> PagePool::cache(int32_t page, int32_t parent,
+                                     absl::Span<const int32_t> tokens) {
+  if (page < 0 || page >= num_pages() || parent < -1 || parent >= num_pages()) {
+    return absl::InvalidArgumentError(absl::StrCat("caching page ", page, " after page ", parent,
+                                                   ": outside the pool of ", num_pages(),
+                                                   " pages"));
+  }
+  if (static_cast<int64_t>(tokens.size()) != page_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("caching page ", page, " with ", tokens.size(),
+                                                   " tokens; a cached page is full (", page_size_,
+                                                   " tokens)"));
+  }
+  if (state_[page] != PageState::kUsed || (parent >= 0 && state_[parent] == PageState::kFree)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "caching page ", page, " after page ", parent, ": a cached page must be used (it is ",
+        state_[page] == PageState::kFree ? "free" : "not used", ") and its parent allocated"));
+  }
+  if (key_[page].has_value()) return false;
+  const uint64_t parent_generation = parent >= 0 ? generation_[parent] : 0;
+  const uint64_t hash = key_hash(parent, parent_generation, tokens);
+  if (!index_.emplace(hash, page).second) return false;
+  key_[page] =
+      CacheKey{parent, parent_generation, std::vector<int32_t>(tokens.begin(), tokens.end())};
+  shared_[page] = true;
+  return true;
+}
+
+std::optional<int32_t> PagePool::lookup(int32_t parent, absl::Span<const int32_t> tokens) const {
+  if (parent < -1 || parent >= num_pages()) return std::nullopt;
+  const uint64_t parent_generation = parent >= 0 ? generation_[parent] : 0;
+  auto it = index_.find(key_hash(parent, parent_generation, tokens));
+  if (it == index_.end()) return std::nullopt;
+  const CacheKey& key = *key_[it->second];
+  if (key.parent != parent || key.parent_generation != parent_generation ||
+      !std::equal(key.tokens.begin(), key.tokens.end(), tokens.begin(), tokens.end())) {
+    return std::nullopt;  // a hash collision
+  }
+  return it->second;
+}
+
+absl::Status PagePool::share(uint64_t request_id, int32_t page) {
+  if (page < 0 || page >= num_pages()) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request_id, " shares page ", page,
+                                              " outside the pool of ", num_pages(), " pages"));
+  }
+  if (!key_[page].has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", request_id, " shares page ", page,
+                                                      ", which is not in the prefix cache"));
+  }
+  switch (state_[page]) {
+    case PageState::kUsed:
+      ++refs_[page];
+      return absl::OkStatus();
+    case PageState::kFree:
+      evictable_.erase(evictable_at_[page]);
+      break;
+    case PageState::kFenced:
+      fenced_.erase(std::find(fenced_.begin(), fenced_.end(), page));
+      break;
+    case PageState::kQuarantined:
+      break;  // never in the index
+  }
+  state_[page] = PageState::kUsed;
+  refs_[page] = 1;
+  ++num_used_;
+  return absl::OkStatus();
+}
+
+void PagePool::uncache(int32_t page) {
+  if (!key_[page].has_value()) return;
+  const CacheKey& key = *key_[page];
+  index_.erase(key_hash(key.parent, key.parent_generation, key.tokens));
+  key_[page].reset();
+}
+
+int32_t PagePool::reset_cache() {
+  const int32_t dropped = num_cached();
+  for (int32_t page : evictable_) free_.push_back(page);
+  evictable_.clear();
+  index_.clear();
+  for (auto& key : key_) key.reset();
+  return dropped;
+}
+
+int32_t PagePool::refs(int32_t page) const {
+  return (page >= 0 && page < num_pages() && state_[page] == PageState::kUsed) ? refs_[page] : 0;
+}
+
+bool PagePool::is_cached(int32_t page) const {
+  return page >= 0 && page < num_pages() && key_[page].has_value();
 }
 
 int32_t PagePool::retire_through(int64_t step_id) {
@@ -172,11 +307,13 @@ absl::Status PagePool::quarantine(int32_t page) {
       return absl::OkStatus();
     case PageState::kUsed:
       --num_used_;
+      refs_[page] = 0;
       break;
     case PageState::kFenced:
       fenced_.erase(std::find(fenced_.begin(), fenced_.end(), page));
       break;
   }
+  uncache(page);
   state_[page] = PageState::kQuarantined;
   ++num_quarantined_;
   return absl::OkStatus();
@@ -210,10 +347,12 @@ absl::Status PagePool::check_invariants() const {
     }
   }
   for (int32_t p : free_) {
-    if (state_[p] != PageState::kFree) {
-      return absl::InternalError(absl::StrCat("page ", p, " is on the free list but not free"));
+    if (state_[p] != PageState::kFree || key_[p].has_value()) {
+      return absl::InternalError(
+          absl::StrCat("page ", p, " is on the free list but not a plain free page"));
     }
   }
+  if (absl::Status s = check_cache_invariants(); !s.ok()) return s;
   for (int32_t p : fenced_) {
     if (state_[p] != PageState::kFenced) {
       return absl::InternalError(absl::StrCat("page ", p, " is on the fenced list but not fenced"));
@@ -226,6 +365,41 @@ absl::Status PagePool::check_invariants() const {
         "page counts free ", k.free, " used ", k.used, " fenced ", k.fenced, " quarantined ",
         k.quarantined, " disagree with the page states (", c.free, ", ", c.used, ", ", c.fenced,
         ", ", c.quarantined, ") or the pool of ", num_pages()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagePool::check_cache_invariants() const {
+  for (int32_t p : evictable_) {
+    if (state_[p] != PageState::kFree || !key_[p].has_value()) {
+      return absl::InternalError(
+          absl::StrCat("page ", p, " is on the evictable list but not a cached free page"));
+    }
+  }
+  if (static_cast<size_t>(num_free()) + num_used_ + fenced_.size() + num_quarantined_ !=
+      static_cast<size_t>(num_pages())) {
+    return absl::InternalError(
+        "the free, evictable, used, fenced and quarantined pages do not "
+        "sum to the pool");
+  }
+  int32_t keyed = 0;
+  for (int32_t p = 0; p < num_pages(); ++p) {
+    if ((state_[p] == PageState::kUsed) != (refs_[p] > 0)) {
+      return absl::InternalError(absl::StrCat("page ", p, " has ", refs_[p], " holders but is ",
+                                              state_[p] == PageState::kUsed ? "" : "not ", "used"));
+    }
+    if (!key_[p].has_value()) continue;
+    ++keyed;
+    const CacheKey& k = *key_[p];
+    auto it = index_.find(key_hash(k.parent, k.parent_generation, k.tokens));
+    if (it == index_.end() || it->second != p || state_[p] == PageState::kQuarantined) {
+      return absl::InternalError(
+          absl::StrCat("cached page ", p, " is not indexed under its key", " or is quarantined"));
+    }
+  }
+  if (keyed != num_cached()) {
+    return absl::InternalError(
+        absl::StrCat(num_cached(), " index entries, but ", keyed, " pages carry a key"));
   }
   return absl::OkStatus();
 }
@@ -303,10 +477,20 @@ absl::Status BlockTable::append_tokens(PagePool& pool, int64_t count) {
   return absl::OkStatus();
 }
 
+absl::Status BlockTable::adopt_cached(absl::Span<const int32_t> pages, int32_t page_size) {
+  if (!pages_.empty() || context_len_ != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request ", request_id_, " adopts cached pages into a table that is not empty"));
+  }
+  pages_.assign(pages.begin(), pages.end());
+  context_len_ = static_cast<int64_t>(pages.size()) * page_size;
+  return absl::OkStatus();
+}
+
 absl::Status BlockTable::fence(PagePool& pool, int64_t step_id) {
   absl::Status first;
   for (int32_t page : pages_) {
-    if (pool.state(page) == PageState::kQuarantined && pool.owner(page) == request_id_) continue;
+    if (pool.state(page) == PageState::kQuarantined) continue;
     absl::Status s = pool.fence(request_id_, page, step_id);
     if (!s.ok() && first.ok()) first = s;
   }

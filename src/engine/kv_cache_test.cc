@@ -231,5 +231,171 @@ TEST(BlockTable, ExhaustionLeavesTheTableUnchanged) {
   EXPECT_EQ(table.pages().size(), 1u);
 }
 
+// ---- the prefix cache (docs/design/prefix_cache.md) ----
+
+std::vector<int32_t> page_tokens(int32_t first, int32_t page_size) {
+  std::vector<int32_t> t(page_size);
+  for (int32_t i = 0; i < page_size; ++i) t[i] = first + i;
+  return t;
+}
+
+TEST(PrefixCache, ACachedPageIsFoundOnlyUnderItsWholeKey) {
+  PagePool pool = PagePool::create(4, 4).value();
+  const int32_t a = pool.allocate(1).value();
+  const int32_t b = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, page_tokens(10, 4)).value());
+  ASSERT_TRUE(pool.cache(b, a, page_tokens(20, 4)).value());
+  EXPECT_EQ(pool.num_cached(), 2);
+  EXPECT_EQ(pool.lookup(-1, page_tokens(10, 4)), a);
+  EXPECT_EQ(pool.lookup(a, page_tokens(20, 4)), b);
+  EXPECT_EQ(pool.lookup(-1, page_tokens(20, 4)), std::nullopt);  // the same tokens, no parent
+  EXPECT_EQ(pool.lookup(b, page_tokens(20, 4)), std::nullopt);   // another parent
+  EXPECT_EQ(pool.lookup(-1, page_tokens(11, 4)), std::nullopt);  // other tokens
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PrefixCache, CacheRefusesPartialFreeAndDuplicatePages) {
+  PagePool pool = PagePool::create(4, 4).value();
+  const int32_t a = pool.allocate(1).value();
+  auto partial = pool.cache(a, -1, {1, 2, 3});
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(partial.status().message(), HasSubstr("a cached page is full (4 tokens)"));
+  auto free_page = pool.cache(3, -1, page_tokens(0, 4));
+  EXPECT_EQ(free_page.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool.cache(7, -1, page_tokens(0, 4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(pool.cache(a, -1, page_tokens(0, 4)).value());
+  EXPECT_FALSE(pool.cache(a, -1, page_tokens(0, 4)).value());  // already cached
+  const int32_t twin = pool.allocate(2).value();
+  EXPECT_FALSE(pool.cache(twin, -1, page_tokens(0, 4)).value());  // the key is taken
+  EXPECT_FALSE(pool.is_cached(twin));
+  EXPECT_EQ(pool.lookup(-1, page_tokens(0, 4)), a);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PrefixCache, SharedPagesStayUsedUntilTheirLastHolderLetsGo) {
+  PagePool pool = PagePool::create(3, 4).value();
+  const int32_t a = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, page_tokens(0, 4)).value());
+  ASSERT_TRUE(pool.share(2, a).ok());
+  EXPECT_EQ(pool.refs(a), 2);
+  ASSERT_TRUE(pool.fence(1, a, 5).ok());  // the allocating request lets go behind step 5
+  EXPECT_EQ(pool.state(a), PageState::kUsed);
+  ASSERT_TRUE(pool.fence(2, a, 3).ok());  // the last holder's fence is older: 5 still holds
+  EXPECT_EQ(pool.state(a), PageState::kFenced);
+  EXPECT_EQ(pool.retire_through(4), 0);
+  EXPECT_EQ(pool.retire_through(5), 1);
+  EXPECT_EQ(pool.state(a), PageState::kFree);
+  EXPECT_EQ(pool.num_evictable(), 1);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PrefixCache, HitsReviveFencedAndEvictablePages) {
+  PagePool pool = PagePool::create(2, 4).value();
+  const int32_t a = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, page_tokens(0, 4)).value());
+  ASSERT_TRUE(pool.fence(1, a, 7).ok());
+  ASSERT_EQ(pool.state(a), PageState::kFenced);
+  ASSERT_TRUE(pool.share(2, a).ok());  // a hit on a fenced page: used again, no longer fenced
+  EXPECT_EQ(pool.state(a), PageState::kUsed);
+  EXPECT_EQ(pool.num_fenced(), 0);
+  EXPECT_EQ(pool.retire_through(9), 0);
+  ASSERT_TRUE(pool.free(2, a).ok());
+  EXPECT_EQ(pool.state(a), PageState::kFree);
+  ASSERT_TRUE(pool.share(3, a).ok());  // a hit on an evictable page
+  EXPECT_EQ(pool.num_free(), 1);
+  EXPECT_EQ(pool.num_evictable(), 0);
+  const int32_t other = pool.allocate(4).value();
+  EXPECT_TRUE(pool.check_invariants().ok());
+  auto not_cached = pool.share(5, other);
+  EXPECT_EQ(not_cached.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(not_cached.message(), HasSubstr("not in the prefix cache"));
+  EXPECT_EQ(pool.share(5, 9).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(PrefixCache, PlainFreePagesGoFirstThenTheLeastRecentlyFreedCachedPage) {
+  PagePool pool = PagePool::create(3, 4).value();
+  const int32_t a = pool.allocate(1).value();
+  const int32_t b = pool.allocate(1).value();
+  const int32_t c = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, page_tokens(0, 4)).value());
+  ASSERT_TRUE(pool.cache(b, -1, page_tokens(4, 4)).value());
+  ASSERT_TRUE(pool.free(1, b).ok());  // b is freed before a: evicted first
+  ASSERT_TRUE(pool.free(1, a).ok());
+  ASSERT_TRUE(pool.free(1, c).ok());
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_EQ(pool.allocate(2).value(), c);  // the plain free page
+  EXPECT_EQ(pool.allocate(2).value(), b);  // evicts b
+  EXPECT_EQ(pool.lookup(-1, page_tokens(4, 4)), std::nullopt);
+  EXPECT_EQ(pool.lookup(-1, page_tokens(0, 4)), a);
+  EXPECT_EQ(pool.num_cached(), 1);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PrefixCache, AReusedParentLeavesItsOldChildrenUnreachable) {
+  PagePool pool = PagePool::create(2, 2).value();
+  const int32_t a = pool.allocate(1).value();
+  const int32_t b = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
+  ASSERT_TRUE(pool.cache(b, a, {3, 4}).value());
+  ASSERT_TRUE(pool.free(1, a).ok());
+  // a is evicted and reallocated (a new generation) for other tokens: b, still held and
+  // cached, no longer matches a chain through a.
+  EXPECT_EQ(pool.allocate(2).value(), a);
+  EXPECT_EQ(pool.lookup(-1, {1, 2}), std::nullopt);
+  EXPECT_EQ(pool.lookup(a, {3, 4}), std::nullopt);
+  EXPECT_TRUE(pool.is_cached(b));
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PrefixCache, QuarantineDropsAPageFromTheCacheForEveryHolder) {
+  PagePool pool = PagePool::create(2, 2).value();
+  const int32_t a = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
+  ASSERT_TRUE(pool.share(2, a).ok());
+  ASSERT_TRUE(pool.quarantine(a).ok());
+  EXPECT_EQ(pool.lookup(-1, {1, 2}), std::nullopt);
+  EXPECT_EQ(pool.num_quarantined(), 1);
+  EXPECT_EQ(pool.num_used(), 0);
+  BlockTable t1(1), t2(2);
+  ASSERT_TRUE(t1.adopt_cached(std::vector<int32_t>{a}, 2).ok());
+  ASSERT_TRUE(t2.adopt_cached(std::vector<int32_t>{a}, 2).ok());
+  EXPECT_TRUE(t1.fence(pool, 3).ok());  // both holders skip the quarantined page
+  EXPECT_TRUE(t2.fence(pool, 3).ok());
+  EXPECT_EQ(pool.state(a), PageState::kQuarantined);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(PrefixCache, ResetKeepsHeldPagesAndFreesCachedOnes) {
+  PagePool pool = PagePool::create(2, 2).value();
+  const int32_t a = pool.allocate(1).value();
+  const int32_t b = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
+  ASSERT_TRUE(pool.cache(b, a, {3, 4}).value());
+  ASSERT_TRUE(pool.free(1, b).ok());
+  EXPECT_EQ(pool.reset_cache(), 2);
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_EQ(pool.num_evictable(), 0);
+  EXPECT_EQ(pool.num_free(), 1);
+  EXPECT_EQ(pool.state(a), PageState::kUsed);
+  EXPECT_EQ(pool.lookup(-1, {1, 2}), std::nullopt);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
+TEST(BlockTable, AdoptCachedStartsAtTheCachedPositionsAndAppendsAfterThem) {
+  PagePool pool = PagePool::create(3, 2).value();
+  const int32_t a = pool.allocate(1).value();
+  ASSERT_TRUE(pool.cache(a, -1, {5, 6}).value());
+  ASSERT_TRUE(pool.share(2, a).ok());
+  BlockTable t(2);
+  ASSERT_TRUE(t.adopt_cached(std::vector<int32_t>{a}, 2).ok());
+  EXPECT_EQ(t.context_len(), 2);
+  EXPECT_EQ(t.append_token(pool).value(), 2 * 1);  // page 1, offset 0
+  EXPECT_THAT(t.pages(), ElementsAre(a, 1));
+  EXPECT_EQ(t.adopt_cached(std::vector<int32_t>{a}, 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(pool.check_invariants().ok());
+}
+
 }  // namespace
 }  // namespace simpler::llm
