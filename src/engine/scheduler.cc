@@ -84,6 +84,11 @@ absl::Status Scheduler::add(const SchedulerRequest& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", spec.id, ": max_tokens ", spec.max_tokens, " must be positive"));
   }
+  if (!spec.prompt.empty() && static_cast<int64_t>(spec.prompt.size()) != spec.prompt_len) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", spec.id, ": ", spec.prompt.size(),
+                                                   " prompt tokens given for prompt_len ",
+                                                   spec.prompt_len));
+  }
   if (spec.prompt_len > options_.max_model_len ||
       spec.max_tokens > options_.max_model_len - spec.prompt_len) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -177,7 +182,8 @@ void Scheduler::finish(uint64_t id, FinishReason reason, absl::Status error) {
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
-  finished_.push_back(FinishedRequest{id, reason, std::move(r.outputs), std::move(error)});
+  finished_.push_back(FinishedRequest{id, reason, std::move(r.outputs), std::move(error),
+                                      std::max<int64_t>(r.cached_tokens, 0)});
   ++finished_count_[static_cast<int>(reason)];
   requests_.erase(it);
 }
@@ -187,6 +193,8 @@ void Scheduler::preempt(uint64_t id) {
   check_or_die(r.table.fence(pool_, r.last_step), "fencing a preempted request's pages");
   release_state_slot(r);
   r.table = BlockTable(id);
+  r.registered = 0;
+  r.registering = true;
   r.pending = 0;
   r.prefilled = false;
   ++r.incarnation;
@@ -217,7 +225,8 @@ void Scheduler::add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_
   r.fresh_state = false;
   if (row.logits) ++r.pending;
   r.last_step = plan.step_id;
-  record.rows.push_back(RowRecord{r.spec.id, r.incarnation, row.logits, row.block_table});
+  record.rows.push_back(
+      RowRecord{r.spec.id, r.incarnation, row.logits, row.start + len, row.block_table});
   plan.rows.push_back(std::move(row));
 }
 
@@ -318,19 +327,124 @@ void Scheduler::admit_waiting(StepBuild& b) {
       finish(id, FinishReason::kError, quarantine_error(r));
       continue;
     }
-    const int64_t len = std::min(known_tokens(r), b.budget);
-    if (pages_needed(len, options_.page_size) > pool_.num_free()) break;
-    waiting_.pop_front();
-    r.running = true;
-    r.admitted_seq = next_admitted_seq_++;
-    r.state_slot = free_state_slots_.back();
-    free_state_slots_.pop_back();
-    r.fresh_state = true;
-    running_.push_back(id);
-    add_row(b.prefills, b.prefill_rec, r, len);
-    b.budget -= len;
-    --b.rows_left;
+    if (!admit_front(b)) break;
   }
+}
+
+bool Scheduler::admit_front(StepBuild& b) {
+  const uint64_t id = waiting_.front();
+  Request& r = requests_.at(id);
+  const std::vector<int32_t> hits = cached_prefix(r);
+  // Another request's step in flight computes r's next page: take it from the cache once that
+  // step retired instead of computing it again (n choices of one prompt).
+  if (prefix_in_flight(r, hits)) return false;
+  const int64_t cached = static_cast<int64_t>(hits.size()) * options_.page_size;
+  const int64_t len = std::min(known_tokens(r) - cached, b.budget);
+  // Hit pages that are free (evictable) leave the free list when shared.
+  const int64_t free_hits = std::count_if(
+      hits.begin(), hits.end(), [&](int32_t p) { return pool_.state(p) == PageState::kFree; });
+  const int64_t need = pages_needed(cached + len, options_.page_size) -
+                       static_cast<int64_t>(hits.size()) + free_hits;
+  if (need > pool_.num_free()) return false;
+  waiting_.pop_front();
+  for (int32_t page : hits) check_or_die(pool_.share(id, page), "sharing a cached page");
+  check_or_die(r.table.adopt_cached(hits, options_.page_size), "adopting cached pages");
+  r.registered = static_cast<int64_t>(hits.size());
+  r.registering = true;
+  if (caches(r)) {
+    prefix_cache_queries_ += known_tokens(r);
+    prefix_cache_hits_ += cached;
+  }
+  if (r.cached_tokens < 0) r.cached_tokens = cached;
+  r.running = true;
+  r.admitted_seq = next_admitted_seq_++;
+  r.state_slot = free_state_slots_.back();
+  free_state_slots_.pop_back();
+  r.fresh_state = true;
+  running_.push_back(id);
+  add_row(b.prefills, b.prefill_rec, r, len);
+  b.budget -= len;
+  --b.rows_left;
+  return true;
+}
+
+// ---- prefix caching (docs/design/prefix_cache.md) ------------------------------------------
+
+bool Scheduler::caches(const Request& r) const {
+  return options_.enable_prefix_caching && !r.spec.prompt.empty();
+}
+
+int32_t Scheduler::token_at(const Request& r, int64_t position) const {
+  return position < r.spec.prompt_len ? r.spec.prompt[position]
+                                      : r.outputs[position - r.spec.prompt_len];
+}
+
+std::vector<int32_t> Scheduler::page_tokens(const Request& r, int64_t page) const {
+  std::vector<int32_t> tokens(options_.page_size);
+  for (int64_t i = 0; i < options_.page_size; ++i) {
+    tokens[i] = token_at(r, page * options_.page_size + i);
+  }
+  return tokens;
+}
+
+// The longest chain of cached pages that starts r's known tokens, leaving at least its last
+// token to compute (for its logits).
+std::vector<int32_t> Scheduler::cached_prefix(const Request& r) const {
+  std::vector<int32_t> pages;
+  if (!caches(r)) return pages;
+  const int64_t max_hits = (known_tokens(r) - 1) / options_.page_size;
+  int32_t parent = -1;
+  for (int64_t j = 0; j < max_hits; ++j) {
+    const std::optional<int32_t> page = pool_.lookup(parent, page_tokens(r, j));
+    if (!page.has_value()) break;
+    pages.push_back(*page);
+    parent = *page;
+  }
+  return pages;
+}
+
+// Whether a running request writes r's next page (after `hits`) in a step in flight, with the
+// same tokens after the same cached chain, and will enter it in the cache when that step
+// retires.
+bool Scheduler::prefix_in_flight(const Request& r, const std::vector<int32_t>& hits) const {
+  const int64_t h = static_cast<int64_t>(hits.size());
+  const int64_t ps = options_.page_size;
+  if (!caches(r) || (known_tokens(r) - 1) / ps <= h) return false;
+  std::optional<std::vector<int32_t>> tokens;
+  for (uint64_t wid : running_) {
+    const Request& w = requests_.at(wid);
+    if (!caches(w) || !w.registering || w.registered != h || w.table.context_len() <= h * ps ||
+        known_tokens(w) < (h + 1) * ps) {
+      continue;
+    }
+    if (h > 0 && w.table.pages()[h - 1] != hits[h - 1]) continue;
+    if (!tokens.has_value()) tokens = page_tokens(r, h);
+    if (page_tokens(w, h) == *tokens) return true;
+  }
+  return false;
+}
+
+// Enters r's pages that positions [0, written) fill, in order, each after the one before it.
+void Scheduler::register_full_pages(Request& r, int64_t written) {
+  if (!caches(r) || !r.registering) return;
+  const std::vector<int32_t>& pages = r.table.pages();
+  const int64_t full =
+      std::min<int64_t>(written / options_.page_size, static_cast<int64_t>(pages.size()));
+  for (; r.registered < full; ++r.registered) {
+    const int64_t j = r.registered;
+    absl::StatusOr<bool> entered =
+        pool_.cache(pages[j], j == 0 ? -1 : pages[j - 1], page_tokens(r, j));
+    check_or_die(entered.status(), "caching a full page");
+    if (!*entered) {  // another page holds these tokens after the same chain
+      r.registering = false;
+      return;
+    }
+  }
+}
+
+int32_t Scheduler::reset_prefix_cache() {
+  for (auto& [id, r] : requests_) r.registering = false;  // admission turns it on again
+  return pool_.reset_cache();
 }
 
 std::optional<StepPlan> Scheduler::schedule() {
@@ -378,10 +492,11 @@ absl::StatusOr<std::vector<AcceptedSample>> Scheduler::on_step_retired(
   std::vector<AcceptedSample> accepted;
   for (size_t k = 0; k < step.rows.size(); ++k) {
     const RowRecord& row = step.rows[k];
-    if (!row.logits) continue;
     auto it = requests_.find(row.id);
     if (it == requests_.end() || it->second.incarnation != row.incarnation) continue;
     Request& r = it->second;
+    register_full_pages(r, row.end);  // their content is proven now
+    if (!row.logits) continue;
     --r.pending;
     accepted.push_back(
         AcceptedSample{k, row.id, results[k].token, static_cast<int64_t>(r.outputs.size())});
@@ -392,12 +507,7 @@ absl::StatusOr<std::vector<AcceptedSample>> Scheduler::on_step_retired(
       finish(row.id, FinishReason::kLength);
     }
   }
-  pool_.retire_through(step_id);
-  std::erase_if(fenced_state_slots_, [&](const std::pair<int32_t, int64_t>& f) {
-    if (f.second > step_id) return false;
-    free_state_slots_.push_back(f.first);
-    return true;
-  });
+  free_fenced_state_slots(step_id);
   return accepted;
 }
 
@@ -413,19 +523,35 @@ absl::Status Scheduler::on_step_failed(int64_t step_id, StepFailure failure,
       for (int32_t page : row.pages) check_or_die(pool_.quarantine(page), "quarantining a page");
     }
   }
+  const absl::Status error =
+      cause.ok() ? absl::UnknownError(absl::StrCat("step ", step_id, " failed")) : cause;
   for (const RowRecord& row : step.rows) {
     auto it = requests_.find(row.id);
     if (it == requests_.end() || it->second.incarnation != row.incarnation) continue;
-    finish(row.id, FinishReason::kError,
-           cause.ok() ? absl::UnknownError(absl::StrCat("step ", step_id, " failed")) : cause);
+    finish(row.id, FinishReason::kError, error);
   }
+  if (failure == StepFailure::kUnrecoverable) {
+    // A cached page the step read may be held by requests without a row in it: their KV is
+    // unproven now as well.
+    for (uint64_t id : std::vector<uint64_t>(running_)) {
+      const std::vector<int32_t>& pages = requests_.at(id).table.pages();
+      if (std::any_of(pages.begin(), pages.end(),
+                      [&](int32_t page) { return pool_.state(page) == PageState::kQuarantined; })) {
+        finish(id, FinishReason::kError, error);
+      }
+    }
+  }
+  free_fenced_state_slots(step_id);
+  return absl::OkStatus();
+}
+
+void Scheduler::free_fenced_state_slots(int64_t step_id) {
   pool_.retire_through(step_id);
   std::erase_if(fenced_state_slots_, [&](const std::pair<int32_t, int64_t>& f) {
     if (f.second > step_id) return false;
     free_state_slots_.push_back(f.first);
     return true;
   });
-  return absl::OkStatus();
 }
 
 std::vector<FinishedRequest> Scheduler::take_finished() {
@@ -444,6 +570,9 @@ SchedulerSnapshot Scheduler::snapshot() const {
   s.pages = pool_.counts();
   s.state_slots_free = static_cast<int64_t>(free_state_slots_.size());
   s.state_slots_fenced = static_cast<int64_t>(fenced_state_slots_.size());
+  s.prefix_cache_queries = prefix_cache_queries_;
+  s.prefix_cache_hits = prefix_cache_hits_;
+  s.cached_pages = pool_.num_cached();
   return s;
 }
 
@@ -461,7 +590,41 @@ std::optional<RequestInfo> Scheduler::find(uint64_t id) const {
   info.prefilled = r.prefilled;
   info.output_tokens = r.outputs;
   info.pages = r.table.pages();
+  info.cached_tokens = std::max<int64_t>(r.cached_tokens, 0);
   return info;
+}
+
+// Every held page is used with one holder per live table holding it (or quarantined), and the
+// used pages are exactly the held ones.
+absl::Status Scheduler::check_page_holders() const {
+  std::unordered_map<int32_t, int32_t> holders;
+  for (const auto& [id, r] : requests_) {
+    if (!r.running && !r.table.pages().empty()) {
+      return absl::InternalError(absl::StrCat("waiting request ", id, " holds pages"));
+    }
+    for (int32_t page : r.table.pages()) {
+      if (pool_.state(page) != PageState::kUsed && pool_.state(page) != PageState::kQuarantined) {
+        return absl::InternalError(
+            absl::StrCat("request ", id, " holds page ", page, ", which is not used"));
+      }
+      ++holders[page];
+    }
+  }
+  int64_t used = 0;
+  for (const auto& [page, count] : holders) {
+    if (pool_.state(page) != PageState::kUsed) continue;
+    ++used;
+    if (pool_.refs(page) != count) {
+      return absl::InternalError(absl::StrCat("page ", page, " is held by ", count,
+                                              " live requests but counts ", pool_.refs(page),
+                                              " holders"));
+    }
+  }
+  if (used != pool_.num_used()) {
+    return absl::InternalError(
+        absl::StrCat(used, " pages held by live requests, but ", pool_.num_used(), " used"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::check_invariants() const {
@@ -470,31 +633,7 @@ absl::Status Scheduler::check_invariants() const {
     return absl::InternalError(absl::StrCat(running_.size(), " running + ", waiting_.size(),
                                             " waiting requests, but ", requests_.size(), " live"));
   }
-  std::vector<uint64_t> holder(pool_.num_pages(), 0);
-  std::vector<bool> held(pool_.num_pages(), false);
-  int64_t live_pages = 0;
-  for (const auto& [id, r] : requests_) {
-    if (!r.running && !r.table.pages().empty()) {
-      return absl::InternalError(absl::StrCat("waiting request ", id, " holds pages"));
-    }
-    for (int32_t page : r.table.pages()) {
-      if (held[page]) {
-        return absl::InternalError(
-            absl::StrCat("page ", page, " is held by requests ", holder[page], " and ", id));
-      }
-      held[page] = true;
-      holder[page] = id;
-      ++live_pages;
-      if (pool_.state(page) != PageState::kUsed || pool_.owner(page) != id) {
-        return absl::InternalError(
-            absl::StrCat("request ", id, " holds page ", page, ", which is not used by it"));
-      }
-    }
-  }
-  if (live_pages != pool_.num_used()) {
-    return absl::InternalError(
-        absl::StrCat(live_pages, " pages held by live requests, but ", pool_.num_used(), " used"));
-  }
+  if (absl::Status s = check_page_holders(); !s.ok()) return s;
   // State slots: free, fenced and held by running requests partition [0, max_num_seqs).
   std::vector<int> seen(options_.max_num_seqs, 0);
   for (int32_t slot : free_state_slots_) ++seen[slot];

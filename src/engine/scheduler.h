@@ -27,12 +27,20 @@
 // preempts the most recently admitted running requests only while free plus
 // fenced pages do not cover its need, and otherwise waits for the fence, so
 // preemption never cascades without making progress.
+//
+// Prefix caching (docs/design/prefix_cache.md; SchedulerOptions::
+// enable_prefix_caching, for requests that carry their prompt's tokens): a
+// request's full pages enter the pool's prefix cache as the steps that wrote
+// them retire, and admission maps the longest cached chain that starts a
+// request's known tokens into its block table, so only the rest is
+// prefilled.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,15 +57,28 @@ struct SchedulerOptions {
   int32_t page_size = 16;                 // tokens per KV page
   int32_t num_pages = 0;                  // pages in the KV pool
   int64_t max_model_len = 0;              // max_position_embeddings
+  bool enable_prefix_caching = false;     // share proven full pages (prefix_cache.md)
 };
 
 // One request as the engine hands it over. Requests are admitted in the order
 // of their add() calls (arrival order).
 struct SchedulerRequest {
+  SchedulerRequest() = default;
+  SchedulerRequest(uint64_t id, int64_t prompt_len, int64_t max_tokens, uint64_t sampling_id = 0,
+                   std::vector<int32_t> prompt = {})
+      : id(id),
+        prompt_len(prompt_len),
+        max_tokens(max_tokens),
+        sampling_id(sampling_id),
+        prompt(std::move(prompt)) {}
+
   uint64_t id = 0;
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;    // output tokens at most
   uint64_t sampling_id = 0;  // opaque handle of the sampling parameters
+  // The prompt's token ids (prompt_len of them), or empty: such a request
+  // neither uses nor fills the prefix cache.
+  std::vector<int32_t> prompt;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kAbort, kError };
@@ -113,6 +134,9 @@ struct FinishedRequest {
   // RESOURCE_EXHAUSTED with the numbers when quarantine left the pool too
   // small for the request).
   absl::Status error;
+  // Prompt tokens its first admission found in the prefix cache (0 when it
+  // was never admitted, or without prefix caching).
+  int64_t cached_tokens = 0;
 };
 
 // A sample on_step_retired accepted: row `row` of the step gave request
@@ -136,6 +160,11 @@ struct SchedulerSnapshot {
   PageCounts pages;
   int64_t state_slots_free = 0;    // of max_num_seqs
   int64_t state_slots_fenced = 0;  // released, waiting for their last step to retire
+  // Prefix caching, in tokens (vLLM's prefix_cache_queries / _hits): every
+  // admission queries its known tokens and hits its cached ones.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
+  int64_t cached_pages = 0;  // pages in the cache's index
 };
 
 // A live request as the scheduler sees it (for the engine and tests).
@@ -149,6 +178,7 @@ struct RequestInfo {
   bool prefilled = false;              // prompt (and kept tokens) all scheduled
   std::vector<int32_t> output_tokens;  // retired tokens (kept across preemption)
   std::vector<int32_t> pages;
+  int64_t cached_tokens = 0;  // as FinishedRequest::cached_tokens
 };
 
 // Owns the page pool, every live request's block table and the waiting and
@@ -199,8 +229,9 @@ class Scheduler {
 
   // The oldest step in flight failed with `cause` (the run's error). Its live
   // requests finish with kError carrying `cause`; kUnrecoverable quarantines
-  // every page its rows touch. FAILED_PRECONDITION when step_id is not the
-  // oldest step in flight.
+  // every page its rows touch and fails every other running request that
+  // holds one of them (a shared cached page) as well. FAILED_PRECONDITION
+  // when step_id is not the oldest step in flight.
   absl::Status on_step_failed(int64_t step_id, StepFailure failure,
                               const absl::Status& cause = absl::UnknownError("step failed"));
 
@@ -211,11 +242,16 @@ class Scheduler {
   std::optional<RequestInfo> find(uint64_t id) const;
   // Ids of the live requests (waiting and running), in no particular order.
   std::vector<uint64_t> live_ids() const;
+  // Drops every entry of the prefix cache (PagePool::reset_cache); running
+  // requests stop filling it until they are admitted again. Returns the
+  // number of pages dropped.
+  int32_t reset_prefix_cache();
   const PagePool& pool() const { return pool_; }
 
   // INTERNAL when the page states disagree with the live requests' block
-  // tables: a used page not held by exactly one live request, a live page not
-  // used, or counts that do not sum to the pool. Linear; for tests and debug.
+  // tables: a used page whose holder count is not the number of live tables
+  // holding it, a held page neither used nor quarantined, or counts that do
+  // not sum to the pool. Linear; for tests and debug.
   absl::Status check_invariants() const;
 
  private:
@@ -230,14 +266,21 @@ class Scheduler {
     uint32_t incarnation = 0;  // bumped on preemption
     int64_t num_preemptions = 0;
     bool running = false;
-    bool prefilled = false;    // the row sampling after the known tokens is scheduled
-    int32_t state_slot = -1;   // while running
-    bool fresh_state = false;  // no row since it took state_slot
+    bool prefilled = false;      // the row sampling after the known tokens is scheduled
+    int32_t state_slot = -1;     // while running
+    bool fresh_state = false;    // no row since it took state_slot
+    int64_t cached_tokens = -1;  // at the first admission; -1 before it
+    // Prefix caching: the table's leading pages that are in the cache (hits,
+    // then pages this request entered), and whether it still enters more
+    // (false once a page's key was taken by another page, or after a reset).
+    int64_t registered = 0;
+    bool registering = true;
   };
   struct RowRecord {
     uint64_t id = 0;
     uint32_t incarnation = 0;
     bool logits = false;
+    int64_t end = 0;  // positions [0, end) of the request are written once the row ran
     std::vector<int32_t> pages;
   };
   struct InFlightStep {
@@ -280,6 +323,17 @@ class Scheduler {
   // fenced behind that step otherwise.
   void release_state_slot(Request& r);
   absl::Status check_front(int64_t step_id) const;
+  // Prefix caching (prefix_cache.md).
+  bool caches(const Request& r) const;
+  int32_t token_at(const Request& r, int64_t position) const;
+  std::vector<int32_t> page_tokens(const Request& r, int64_t page) const;
+  std::vector<int32_t> cached_prefix(const Request& r) const;
+  bool prefix_in_flight(const Request& r, const std::vector<int32_t>& hits) const;
+  void register_full_pages(Request& r, int64_t written);
+  // Admits waiting_.front() with its cached prefix if its first chunk's pages are free.
+  bool admit_front(StepBuild& b);
+  void free_fenced_state_slots(int64_t step_id);
+  absl::Status check_page_holders() const;
 
   SchedulerOptions options_;
   PagePool pool_;
@@ -291,6 +345,8 @@ class Scheduler {
   int64_t next_step_id_ = 1;
   uint64_t next_admitted_seq_ = 1;
   int64_t preempted_total_ = 0;
+  int64_t prefix_cache_queries_ = 0;
+  int64_t prefix_cache_hits_ = 0;
   int64_t finished_count_[kNumFinishReasons] = {};
   std::vector<int32_t> free_state_slots_;                        // stack
   std::vector<std::pair<int32_t, int64_t>> fenced_state_slots_;  // (slot, fence step)

@@ -45,8 +45,10 @@ int32_t token_for(const StepRow& row) {
 }
 
 // Checks what every plan must satisfy: budget, row cap, decodes first, slots
-// inside the row's block table, no slot or page shared between rows.
-void expect_well_formed(const StepPlan& plan, const SchedulerOptions& o) {
+// inside the row's block table, no slot shared between rows, and no page
+// shared between rows unless it is in the prefix cache (read-only).
+void expect_well_formed(const StepPlan& plan, const SchedulerOptions& o,
+                        const PagePool* pool = nullptr) {
   EXPECT_LE(plan.num_tokens(), o.max_num_batched_tokens) << "step " << plan.step_id;
   EXPECT_LE(static_cast<int64_t>(plan.rows.size()), o.max_num_seqs) << "step " << plan.step_id;
   bool seen_prefill = false;
@@ -69,7 +71,8 @@ void expect_well_formed(const StepPlan& plan, const SchedulerOptions& o) {
       EXPECT_TRUE(slots.insert(slot).second) << "slot " << slot << " twice in a step";
     }
     for (int32_t page : row.block_table) {
-      EXPECT_TRUE(pages.insert(page).second) << "page " << page << " in two rows";
+      const bool shareable = pool != nullptr && pool->is_cached(page);
+      EXPECT_TRUE(pages.insert(page).second || shareable) << "page " << page << " in two rows";
     }
   }
 }
@@ -85,6 +88,10 @@ class FakeRunner {
   std::function<std::optional<StepFailure>(int64_t)> fail = [](int64_t) {
     return std::optional<StepFailure>();
   };
+  // When set, a fake KV cache: each row writes token_of(request, position) into its slots and
+  // must read exactly its own tokens at every earlier position of its block table; a row never
+  // writes a page of the prefix cache, and a failed step's slots turn to garbage.
+  std::function<int32_t(uint64_t, int64_t)> token_of;
 
   // One iteration: schedule a step when one is ready, then retire the oldest
   // step when the launch depth is reached or nothing could be scheduled.
@@ -92,7 +99,8 @@ class FakeRunner {
   bool step() {
     std::optional<StepPlan> plan = s_.schedule();
     if (plan) {
-      expect_well_formed(*plan, o_);
+      expect_well_formed(*plan, o_, &s_.pool());
+      if (token_of) run_on_fake_kv(*plan);
       on_plan(*plan);
       plans.push_back(*plan);
       flight_.push_back(*std::move(plan));
@@ -109,6 +117,9 @@ class FakeRunner {
   void retire_oldest() {
     const StepPlan& front = flight_.front();
     if (std::optional<StepFailure> failure = fail(front.step_id)) {
+      for (const StepRow& row : front.rows) {
+        for (int32_t slot : row.slots) kv_[slot] = kGarbage;
+      }
       EXPECT_TRUE(s_.on_step_failed(front.step_id, *failure).ok());
       flight_.pop_front();
       return;
@@ -134,6 +145,27 @@ class FakeRunner {
   std::vector<StepPlan> plans;
 
  private:
+  static constexpr int32_t kGarbage = -2;
+
+  void run_on_fake_kv(const StepPlan& plan) {
+    kv_.resize(static_cast<size_t>(o_.num_pages) * o_.page_size, -1);
+    for (const StepRow& row : plan.rows) {
+      for (int64_t p = 0; p < row.start; ++p) {
+        const int32_t slot = row.block_table[p / o_.page_size] * o_.page_size + p % o_.page_size;
+        ASSERT_EQ(kv_[slot], token_of(row.request_id, p))
+            << "step " << plan.step_id << " request " << row.request_id << " reads position " << p
+            << " from slot " << slot;
+      }
+      for (int64_t k = 0; k < row.len; ++k) {
+        const int32_t page = row.block_table[(row.start + k) / o_.page_size];
+        EXPECT_FALSE(s_.pool().is_cached(page))
+            << "request " << row.request_id << " writes cached page " << page;
+        kv_[row.slots[k]] = token_of(row.request_id, row.start + k);
+      }
+    }
+  }
+
+  std::vector<int32_t> kv_;
   Scheduler& s_;
   SchedulerOptions o_;
   int depth_;
@@ -637,6 +669,17 @@ struct RandomRunResult {
   SchedulerSnapshot snapshot;
 };
 
+// A prompt of `len` tokens that starts with one of three shared prefixes (so that prefix
+// caching finds hits), then random tokens.
+std::vector<int32_t> random_prompt(std::mt19937_64& rng, int64_t len) {
+  const int32_t prefix = static_cast<int32_t>(rng() % 3);
+  std::vector<int32_t> t(len);
+  for (int64_t p = 0; p < len; ++p) {
+    t[p] = p < 12 ? prefix * 100 + static_cast<int32_t>(p) : static_cast<int32_t>(rng() % 50);
+  }
+  return t;
+}
+
 RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t seed,
                                std::function<std::optional<StepFailure>(int64_t)> fail) {
   RandomRunResult result;
@@ -646,12 +689,14 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
   runner.fail = std::move(fail);
   runner.stop = [&](const StepRow&) { return rng() % 20 == 0; };
   // Every page a plan hands out is used by its row's request: never a fenced
-  // or quarantined one.
+  // or quarantined one; a page another request allocated only from the cache.
   runner.on_plan = [&](const StepPlan& plan) {
     for (const StepRow& row : plan.rows) {
       for (int32_t page : row.block_table) {
         EXPECT_EQ(s.pool().state(page), PageState::kUsed) << "page " << page;
-        EXPECT_EQ(s.pool().owner(page), row.request_id) << "page " << page;
+        if (s.pool().owner(page) != row.request_id) {
+          EXPECT_TRUE(s.pool().is_cached(page)) << "page " << page;
+        }
       }
     }
   };
@@ -659,6 +704,10 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
   int64_t added = 0, finished = 0, steps = 0, aborts = 0;
   std::vector<int64_t> seen_finish(2001, 0);
   std::vector<int64_t> prompt_of(2001, 0);
+  std::vector<std::vector<int32_t>> prompts(2001);
+  runner.token_of = [&](uint64_t id, int64_t p) {
+    return p < prompt_of[id] ? prompts[id][p] : static_cast<int32_t>((id * 31 + p) % 1000);
+  };
   constexpr int64_t kRequests = 2000;
   // The fake runner's token for a sampling row depends only on the request
   // and how many tokens it knows, so output k of request id is
@@ -681,7 +730,8 @@ RandomRunResult run_randomized(const SchedulerOptions& o, int depth, uint64_t se
       const uint64_t id = static_cast<uint64_t>(added + 1);
       const int64_t prompt = 1 + static_cast<int64_t>(rng() % 32);
       const int64_t out = 1 + static_cast<int64_t>(rng() % 16);
-      absl::Status st = s.add({id, prompt, out});
+      prompts[id] = random_prompt(rng, prompt);
+      absl::Status st = s.add({id, prompt, out, 0, prompts[id]});
       if (st.code() == absl::StatusCode::kResourceExhausted) break;
       EXPECT_TRUE(st.ok()) << st;
       if (!st.ok()) return result;
@@ -787,6 +837,176 @@ TEST(Scheduler, RandomizedRequestsWithFailingStepsQuarantineButNeverLeak) {
   EXPECT_GT(r.snapshot.pages.quarantined, 0);
   EXPECT_EQ(r.snapshot.pages.free + r.snapshot.pages.quarantined, o.num_pages) << "pages leaked";
   EXPECT_GT(r.snapshot.finished[static_cast<int>(FinishReason::kError)], 0);
+}
+
+// The two randomized runs with prefix caching on: the fake KV cache checks that every row reads
+// its own tokens at every earlier position, shared pages included, and that no row ever writes a
+// cached page; pages still never leak.
+TEST(SchedulerPrefixCache, RandomizedRequestsShareProvenPagesWithoutLeaksOrWrongReads) {
+  SchedulerOptions o = options(/*budget=*/48, /*max_seqs=*/16, /*page_size=*/4,
+                               /*num_pages=*/24, 4096, /*max_waiting=*/64);
+  o.enable_prefix_caching = true;
+  for (uint64_t seed : {20261205u, 11u}) {
+    const RandomRunResult r =
+        run_randomized(o, /*depth=*/2, seed, [](int64_t) { return std::optional<StepFailure>(); });
+    EXPECT_GT(r.snapshot.preempted_total, 0) << "the pool should force preemption";
+    EXPECT_GT(r.snapshot.prefix_cache_hits, 0);
+    EXPECT_LT(r.snapshot.prefix_cache_hits, r.snapshot.prefix_cache_queries);
+    EXPECT_EQ(r.snapshot.pages.free, o.num_pages) << "pages leaked";
+    EXPECT_EQ(r.snapshot.finished[static_cast<int>(FinishReason::kError)], 0);
+  }
+}
+
+TEST(SchedulerPrefixCache, RandomizedFailingStepsNeverLeakGarbageIntoTheCache) {
+  SchedulerOptions o = options(/*budget=*/48, /*max_seqs=*/16, /*page_size=*/4,
+                               /*num_pages=*/96, 4096, /*max_waiting=*/64);
+  o.enable_prefix_caching = true;
+  for (int depth : {1, 2, 4}) {
+    const RandomRunResult r = run_randomized(o, depth, 5 + depth, [](int64_t step_id) {
+      if (step_id == 500) return std::optional(StepFailure::kUnrecoverable);
+      if (step_id % 37 == 0) return std::optional(StepFailure::kRecoverable);
+      return std::optional<StepFailure>();
+    });
+    EXPECT_GT(r.snapshot.prefix_cache_hits, 0) << "depth " << depth;
+    EXPECT_GT(r.snapshot.pages.quarantined, 0) << "depth " << depth;
+    EXPECT_EQ(r.snapshot.pages.free + r.snapshot.pages.quarantined, o.num_pages)
+        << "pages leaked at depth " << depth;
+  }
+}
+
+SchedulerOptions caching_options(int32_t budget = 64, int32_t num_pages = 16) {
+  SchedulerOptions o = options(budget, /*max_seqs=*/8, /*page_size=*/4, num_pages);
+  o.enable_prefix_caching = true;
+  return o;
+}
+
+std::vector<int32_t> iota_tokens(int64_t len, int32_t first = 100) {
+  std::vector<int32_t> t(len);
+  for (int64_t i = 0; i < len; ++i) t[i] = first + static_cast<int32_t>(i);
+  return t;
+}
+
+// Runs request `id` alone to its end (one output token).
+void run_alone(Scheduler& s, const SchedulerOptions& o, uint64_t id, std::vector<int32_t> prompt) {
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  ASSERT_TRUE(s.add({id, len, 1, 0, std::move(prompt)}).ok());
+  FakeRunner runner(s, o, 1);
+  runner.run_to_idle(100);
+  ASSERT_EQ(s.take_finished().size(), 1u);
+}
+
+TEST(SchedulerPrefixCache, ALaterPromptPrefillsOnlyWhatFollowsItsCachedFullPages) {
+  const SchedulerOptions o = caching_options();
+  Scheduler s = Scheduler::create(o).value();
+  run_alone(s, o, 1, iota_tokens(10));  // pages [0, 4) and [4, 8) are full and cached
+  EXPECT_EQ(s.snapshot().cached_pages, 2);
+  std::vector<int32_t> turn2 = iota_tokens(8);
+  for (int32_t t : {7, 7, 7, 7, 7}) turn2.push_back(t);  // 13 tokens: 8 cached, then 5 new
+  ASSERT_TRUE(s.add({2, 13, 3, 0, turn2}).ok());
+  std::optional<StepPlan> plan = s.schedule();
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_EQ(plan->rows.size(), 1u);
+  EXPECT_EQ(plan->rows[0].start, 8);
+  EXPECT_EQ(plan->rows[0].len, 5);
+  EXPECT_TRUE(plan->rows[0].logits);
+  EXPECT_EQ(s.find(2)->cached_tokens, 8);
+  const SchedulerSnapshot snap = s.snapshot();
+  EXPECT_EQ(snap.prefix_cache_queries, 10 + 13);
+  EXPECT_EQ(snap.prefix_cache_hits, 8);
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
+TEST(SchedulerPrefixCache, AWhollyCachedPromptStillComputesItsLastPositionInItsOwnPage) {
+  const SchedulerOptions o = caching_options();
+  Scheduler s = Scheduler::create(o).value();
+  run_alone(s, o, 1, iota_tokens(8));
+  ASSERT_TRUE(s.add({2, 8, 2, 0, iota_tokens(8)}).ok());
+  std::optional<StepPlan> plan = s.schedule();
+  ASSERT_TRUE(plan.has_value());
+  const StepRow& row = plan->rows.at(0);
+  EXPECT_EQ(row.start, 4);  // one page hit: the last page is computed again, privately
+  EXPECT_EQ(row.len, 4);
+  EXPECT_FALSE(s.pool().is_cached(row.block_table[1]));
+  EXPECT_TRUE(s.pool().is_cached(row.block_table[0]));
+  EXPECT_EQ(s.find(2)->cached_tokens, 4);
+}
+
+TEST(SchedulerPrefixCache, ClonesOfOnePromptWaitForTheFirstsPagesInsteadOfComputingThem) {
+  const SchedulerOptions o = caching_options();
+  Scheduler s = Scheduler::create(o).value();
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add({id, 10, 4, 0, iota_tokens(10)}).ok());
+  std::optional<StepPlan> first = s.schedule();
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->rows.size(), 1u) << "the clones wait for the first one's prompt pages";
+  ASSERT_TRUE(s.on_step_retired(first->step_id, {RowResult{5, false}}).ok());
+  std::optional<StepPlan> second = s.schedule();
+  ASSERT_TRUE(second.has_value());
+  ASSERT_EQ(second->rows.size(), 3u);
+  EXPECT_EQ(second->rows[0].request_id, 1u);  // its decode
+  for (size_t k = 1; k < 3; ++k) {
+    EXPECT_EQ(second->rows[k].start, 8);
+    EXPECT_EQ(second->rows[k].len, 2);
+    EXPECT_EQ(second->rows[k].block_table[0], first->rows[0].block_table[0]);
+    EXPECT_EQ(second->rows[k].block_table[1], first->rows[0].block_table[1]);
+  }
+  EXPECT_EQ(s.pool().refs(first->rows[0].block_table[0]), 3);
+  expect_well_formed(*second, o, &s.pool());
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
+TEST(SchedulerPrefixCache, PagesOfAFailedStepAreNeverCached) {
+  const SchedulerOptions o = caching_options();
+  Scheduler s = Scheduler::create(o).value();
+  ASSERT_TRUE(s.add({1, 10, 4, 0, iota_tokens(10)}).ok());
+  std::optional<StepPlan> plan = s.schedule();
+  ASSERT_TRUE(s.on_step_failed(plan->step_id, StepFailure::kRecoverable).ok());
+  EXPECT_EQ(s.snapshot().cached_pages, 0);
+  ASSERT_TRUE(s.add({2, 10, 4, 0, iota_tokens(10)}).ok());
+  std::optional<StepPlan> again = s.schedule();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->rows.at(0).start, 0);
+  EXPECT_EQ(s.find(2)->cached_tokens, 0);
+}
+
+TEST(SchedulerPrefixCache, ATimedOutStepQuarantinesSharedPagesAndTheyLeaveTheCache) {
+  const SchedulerOptions o = caching_options();
+  Scheduler s = Scheduler::create(o).value();
+  run_alone(s, o, 1, iota_tokens(9));
+  ASSERT_EQ(s.snapshot().cached_pages, 2);
+  ASSERT_TRUE(s.add({2, 9, 4, 0, iota_tokens(9)}).ok());
+  std::optional<StepPlan> plan = s.schedule();
+  ASSERT_EQ(plan->rows.at(0).start, 8);
+  ASSERT_TRUE(s.on_step_failed(plan->step_id, StepFailure::kUnrecoverable).ok());
+  EXPECT_EQ(s.snapshot().cached_pages, 0);
+  EXPECT_EQ(s.snapshot().pages.quarantined, 3);
+  ASSERT_TRUE(s.add({3, 9, 4, 0, iota_tokens(9)}).ok());
+  EXPECT_EQ(s.schedule()->rows.at(0).start, 0);
+  EXPECT_TRUE(s.check_invariants().ok());
+}
+
+TEST(SchedulerPrefixCache, ResetDropsEveryEntryAndCachingOffNeverShares) {
+  const SchedulerOptions o = caching_options();
+  Scheduler s = Scheduler::create(o).value();
+  run_alone(s, o, 1, iota_tokens(9));
+  EXPECT_EQ(s.reset_prefix_cache(), 2);
+  ASSERT_TRUE(s.add({2, 9, 4, 0, iota_tokens(9)}).ok());
+  EXPECT_EQ(s.schedule()->rows.at(0).start, 0);
+
+  SchedulerOptions off = o;
+  off.enable_prefix_caching = false;
+  Scheduler t = Scheduler::create(off).value();
+  run_alone(t, off, 1, iota_tokens(9));
+  EXPECT_EQ(t.snapshot().cached_pages, 0);
+  ASSERT_TRUE(t.add({2, 9, 4, 0, iota_tokens(9)}).ok());
+  EXPECT_EQ(t.schedule()->rows.at(0).start, 0);
+  EXPECT_EQ(t.snapshot().prefix_cache_queries, 0);
+}
+
+TEST(SchedulerPrefixCache, PromptTokensMustMatchPromptLen) {
+  Scheduler s = Scheduler::create(caching_options()).value();
+  const absl::Status st = s.add({1, 5, 4, 0, iota_tokens(4)});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("request 1: 4 prompt tokens given for prompt_len 5"));
 }
 
 }  // namespace
