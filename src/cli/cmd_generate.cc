@@ -433,7 +433,8 @@ struct Report {
   EngineTotals totals;
   double load_s = 0, total_ms = 0, prefill_ms = 0, decode_ms = 0, tokens_per_s = 0;
   int64_t prompt_tokens = 0;
-  bool has_text = false;  // a tokenizer decoded the tokens
+  int64_t cached_tokens = 0;  // of prompt_tokens, served by the prefix cache
+  bool has_text = false;      // a tokenizer decoded the tokens
 };
 
 // `run` holds the results of the requests that ran; `refused` those of the others, one per
@@ -457,6 +458,7 @@ Report make_report(const RequestRun& run, const std::vector<std::vector<ChoiceRe
   rep.tokens_per_s = rep.total_ms > 0 ? rep.totals.generated / (rep.total_ms / 1e3) : 0;
   for (const Report::Item& it : rep.items) {
     if (it.chip >= 0) rep.prompt_tokens += static_cast<int64_t>(it.prompt->size());
+    if (it.chip >= 0) rep.cached_tokens += it.c->cached_tokens;
   }
   rep.has_text = has_text;
   return rep;
@@ -478,7 +480,8 @@ nlohmann::json choice_json(const Report::Item& it, bool has_text) {
   const ChoiceResult& r = *it.c;
   nlohmann::json j = {{"prompt_ids", *it.prompt},         {"tokens", r.tokens},
                       {"finish_reason", r.finish_reason}, {"pages", r.pages},
-                      {"page_steps", r.page_steps},       {"last_step", r.last_step}};
+                      {"page_steps", r.page_steps},       {"last_step", r.last_step},
+                      {"cached_tokens", r.cached_tokens}};
   j["text"] = has_text ? nlohmann::json(r.text) : nlohmann::json(nullptr);
   j["chip"] = it.chip >= 0 ? nlohmann::json(it.chip) : nlohmann::json(nullptr);
   if (!r.error.ok()) j["error"] = std::string(r.error.message());
@@ -510,6 +513,7 @@ void print_json(const GenerateFlags& st, const llm::EngineOptions& eo, const Rep
         {"decode_ms", rep.decode_ms},
         {"steps", rep.totals.depth.steps},
         {"prompt_tokens", rep.prompt_tokens},
+        {"cached_prompt_tokens", rep.cached_tokens},
         {"generated_tokens", rep.totals.generated},
         {"generated_tokens_per_s", rep.tokens_per_s}}},
       {"launch_depth", common.launch_depth},
@@ -518,6 +522,7 @@ void print_json(const GenerateFlags& st, const llm::EngineOptions& eo, const Rep
       {"serial_launch", host_sampling},
       {"host_sampling", host_sampling},
       {"preemptions", rep.totals.preemptions},
+      {"prefix_caching", st.engine.enable_prefix_caching},
       {"chips", st.chips},
       {"child_mode", st.chips > 1 ? nlohmann::json(st.child_mode) : nlohmann::json(nullptr)},
       {"max_num_seqs", eo.runner.max_num_seqs},
@@ -666,7 +671,8 @@ Runner add_generate_command(CLI::App& app) {
        .page_size = true,
        .num_pages = "KV cache pages (0 = sized from the requests)",
        .allow_unused_tensors = true,
-       .host_sampling = true});
+       .host_sampling = true,
+       .prefix_caching = true});
   const CLI::Option* seed_opt = cmd->get_option("--seed");
   return [cmd, st, p1, p2, p3, seed_opt]() -> int {
     if (!cmd->parsed()) return -1;

@@ -156,6 +156,7 @@ Runner add_serve_command(CLI::App& app) {
                     .num_pages = "KV cache pages (0 = max-num-seqs requests of 2048 tokens)",
                     .max_waiting = true,
                     .allow_unused_tensors = true,
+                    .prefix_caching = true,
                     .json = false});
   return run_if_parsed(cmd, st, run_serve);
 }

@@ -59,6 +59,13 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* flags, const EngineFlagSet& se
                   "sample on the host from logits read back every step (falls back to serial "
                   "launch: the next step needs the host's token first)");
   }
+  if (set.prefix_caching) {
+    cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",
+                  flags->enable_prefix_caching,
+                  "reuse the KV pages of earlier requests whose tokens start the same way "
+                  "(docs/design/prefix_cache.md); the tokens are the same either way")
+        ->capture_default_str();
+  }
   flags->common.add_to(cmd, set.json);
   if (set.kernel_isa) flags->common.add_kernel_isa_to(cmd);
 }
@@ -93,6 +100,7 @@ absl::StatusOr<llm::EngineOptions> engine_options(const EngineFlags& flags, cons
         ro.max_num_seqs * llm::pages_needed(load.request_tokens, ro.page_size), kInt32Max));
   }
   eo.max_waiting = flags.max_waiting;
+  eo.enable_prefix_caching = flags.enable_prefix_caching;
   return eo;
 }
 

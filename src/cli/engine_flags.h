@@ -28,6 +28,8 @@ struct EngineFlags {
   int32_t max_waiting = 1024;          // --max-waiting: the engine's waiting-queue capacity
   bool allow_unused_tensors = false;   // --allow-unused-tensors
   bool host_sampling = false;          // --host-sampling
+  // --enable-prefix-caching / --no-enable-prefix-caching (EngineOptions::enable_prefix_caching).
+  bool enable_prefix_caching = true;
 };
 
 // Which engine flags a command offers. A flag whose 0 means something that depends on the
@@ -40,14 +42,15 @@ struct EngineFlagSet {
   bool max_waiting = false;
   bool allow_unused_tensors = false;
   bool host_sampling = false;
-  bool json = true;        // --json (CommonOptions::add_to)
-  bool kernel_isa = true;  // --kernel-isa and --precision (CommonOptions::add_kernel_isa_to)
+  bool prefix_caching = false;  // --enable-prefix-caching / --no-enable-prefix-caching
+  bool json = true;             // --json (CommonOptions::add_to)
+  bool kernel_isa = true;       // --kernel-isa and --precision (CommonOptions::add_kernel_isa_to)
 };
 
 // Adds the flags of `set` to `cmd`, writing into `*flags` (which must outlive `cmd`'s parse), in
-// this order: the sizing flags, --max-waiting, --allow-unused-tensors, --host-sampling, then the
-// device flags (CommonOptions). A default other than 0 is shown in the help; a 0 is explained
-// by the flag's help instead.
+// this order: the sizing flags, --max-waiting, --allow-unused-tensors, --host-sampling,
+// --enable-prefix-caching, then the device flags (CommonOptions). A default other than 0 is shown
+// in the help; a 0 is explained by the flag's help instead.
 void add_engine_flags(CLI::App* cmd, EngineFlags* flags, const EngineFlagSet& set);
 
 // What a command knows about its load, for the sizing flags left at 0.

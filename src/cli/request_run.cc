@@ -46,6 +46,7 @@ RequestRun run_requests(const std::vector<llm::LlmEngine*>& engines,
         c.arrival_ns = out.arrival_ns;
         c.first_token_ns = out.first_token_ns;
         c.finished_ns = out.finished_ns;
+        c.cached_tokens = out.cached_tokens;
         c.done = true;
         --shared->open;
         shared->cv.notify_all();

@@ -27,6 +27,7 @@ struct ChoiceResult {
   std::map<int64_t, std::vector<float>> logits;
   std::map<int64_t, llm::Qwen3ModelRunner::Kv> kv;
   int64_t arrival_ns = 0, first_token_ns = 0, finished_ns = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served by the prefix cache
   std::vector<int64_t> token_times_ns;
   bool done = false;
 };

@@ -39,7 +39,7 @@ using simpler::testing::contains;
 
 // A small model (vocab 512) written once per test binary.
 class LlmEngineTest : public ::testing::Test {
- protected:
+ public:  // the helpers below serve free functions of this file too
   static void SetUpTestSuite() {
     dir_ = new std::string(test_model_dir("simpler_llm_engine_test_"));
     ASSERT_TRUE(make_model(small_test_model_options(*dir_, 3)).ok());
@@ -75,6 +75,7 @@ class LlmEngineTest : public ::testing::Test {
     OutputFinish finish = OutputFinish::kNone;
     absl::Status error;
     int64_t completion_tokens = 0;
+    int64_t cached_tokens = 0;
     std::vector<int32_t> pages;
     std::map<int64_t, std::vector<float>> logits;  // RequestHooks::logits_tokens hits
   };
@@ -95,6 +96,7 @@ class LlmEngineTest : public ::testing::Test {
         d.finish = out->finish;
         d.error = out->error;
         d.completion_tokens = out->completion_tokens;
+        d.cached_tokens = out->cached_tokens;
         d.pages = hooks_of(*out).pages;
         return d;
       }
@@ -297,6 +299,159 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
       EXPECT_TRUE(e->shutdown().ok());
     }
   }
+}
+
+// ---- prefix caching (docs/design/prefix_cache.md) ----
+
+struct Conversations {
+  std::vector<std::vector<int32_t>> tokens;  // per (conversation, turn), in that order
+  std::vector<int64_t> cached;               // cached_tokens of each
+  EngineMetrics metrics;
+};
+
+// Three conversations of three turns that start with one shared 9-token system prompt; each
+// turn's prompt is the previous turn's prompt and answer plus 3 new tokens. Conversation 2
+// samples with a seed, the others greedily. The turns of the three conversations run together.
+Conversations run_conversations(LlmEngine& e) {
+  Conversations c;
+  const std::vector<int32_t> system = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  std::vector<std::vector<int32_t>> prompt(3, system);
+  for (int turn = 0; turn < 3; ++turn) {
+    std::vector<RequestId> ids;
+    for (int conv = 0; conv < 3; ++conv) {
+      for (int k = 0; k < 3; ++k) prompt[conv].push_back(100 + 10 * conv + turn * 3 + k);
+      RequestSpec spec = conv == 2 ? seeded(prompt[conv], 77) : greedy(prompt[conv], 6);
+      spec.max_tokens = 6;
+      ids.push_back(e.add_request(spec).value());
+    }
+    for (int conv = 0; conv < 3; ++conv) {
+      LlmEngineTest::Done d = LlmEngineTest::drain(e, ids[conv]);
+      EXPECT_EQ(d.finish, OutputFinish::kLength) << "conversation " << conv << " turn " << turn;
+      prompt[conv].insert(prompt[conv].end(), d.tokens.begin(), d.tokens.end());
+      c.tokens.push_back(d.tokens);
+      c.cached.push_back(d.cached_tokens);
+    }
+  }
+  c.metrics = e.metrics();
+  return c;
+}
+
+// Every token is the cache-off run's, greedy and seeded, at launch depth 1, 2 and 4, and with a
+// pool small enough to preempt; later turns take their prefix from the cache.
+TEST_F(LlmEngineTest, PrefixCachingLeavesMultiTurnTokensUnchangedAtEveryDepth) {
+  Conversations off;
+  {
+    EngineOptions eo = options(1);
+    eo.enable_prefix_caching = false;
+    auto e = engine(eo);
+    off = run_conversations(*e);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  for (int64_t cached : off.cached) EXPECT_EQ(cached, 0);
+  EXPECT_EQ(off.metrics.prefix_cache_queries_total, 0);
+  struct Config {
+    int depth, pages;
+  };
+  for (const Config cfg : {Config{1, 256}, Config{2, 256}, Config{4, 256}, Config{2, 24}}) {
+    SCOPED_TRACE(::testing::Message() << "depth " << cfg.depth << " pages " << cfg.pages);
+    auto e = engine(options(cfg.depth, cfg.pages, 16, 4));
+    EngineTestAccess::set_check_invariants(*e, true);
+    const Conversations on = run_conversations(*e);
+    EXPECT_EQ(on.tokens, off.tokens);
+    // Turn 1 of conversations 1 and 2 finds at least the system prompt's 2 full pages; every
+    // later turn at least its previous prompt's full pages.
+    EXPECT_GE(on.cached[1], 8);
+    EXPECT_GE(on.cached[2], 8);
+    for (size_t i = 3; i < on.cached.size(); ++i) EXPECT_GE(on.cached[i], 12) << "turn " << i / 3;
+    EXPECT_GT(on.metrics.prefix_cache_hits_total, 0);
+    EXPECT_LT(on.metrics.prefix_cache_hits_total, on.metrics.prefix_cache_queries_total);
+    EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
+        << EngineTestAccess::invariant_violation(*e);
+    EXPECT_TRUE(e->shutdown().ok());
+    const EngineMetrics after = e->metrics();
+    EXPECT_EQ(after.kv_pages.free, after.kv_pages_total) << "pages leaked";
+    EXPECT_GT(after.kv_pages_cached, 0);
+  }
+}
+
+// n seeded choices of one prompt: the choices after the first map its full prompt pages
+// (3 pages of 4 of the 13-token prompt each) and keep their own tokens.
+TEST_F(LlmEngineTest, ChoicesOfOnePromptShareItsFullPagesAndKeepTheirTokens) {
+  const std::vector<int32_t> prompt = {9, 8, 7, 6, 5, 4, 3, 2, 1, 2, 3, 4, 5};
+  auto run = [&](bool caching) {
+    EngineOptions eo = options(2);
+    eo.enable_prefix_caching = caching;
+    auto e = engine(eo);
+    RequestSpec s = seeded(prompt, 5);
+    s.n = 4;
+    const RequestId id = e->add_request(s).value();
+    std::vector<std::vector<int32_t>> tokens(4);
+    std::vector<int64_t> cached(4);
+    int finals = 0;
+    while (finals < 4) {
+      auto out = e->next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+      if (!out.ok()) {
+        ADD_FAILURE() << out.status();
+        break;
+      }
+      tokens[out->index].insert(tokens[out->index].end(), out->token_ids.begin(),
+                                out->token_ids.end());
+      if (out->finished()) cached[out->index] = out->cached_tokens;
+      finals += out->finished() ? 1 : 0;
+    }
+    const EngineMetrics m = e->metrics();
+    EXPECT_TRUE(e->shutdown().ok());
+    return std::make_tuple(tokens, cached, m.prefix_cache_hits_total);
+  };
+  const auto [off_tokens, off_cached, off_hits] = run(false);
+  const auto [on_tokens, on_cached, on_hits] = run(true);
+  EXPECT_EQ(on_tokens, off_tokens);
+  EXPECT_EQ(off_hits, 0);
+  EXPECT_EQ(on_hits, 3 * 12);
+  EXPECT_EQ(std::count(on_cached.begin(), on_cached.end(), 12), 3);
+}
+
+// A kernel error mid-prefill (a recoverable failure): the failed step's pages never serve a later
+// request, which computes its prompt again and gets the tokens of a cache-off run.
+TEST_F(LlmEngineTest, AFailedStepsPagesNeverServeALaterRequest) {
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  std::vector<int32_t> want;
+  {
+    EngineOptions eo = options(1);
+    eo.enable_prefix_caching = false;
+    auto e = engine(eo);
+    want = drain(*e, e->add_request(greedy(prompt, 5)).value()).tokens;
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  EngineOptions eo = options(2, 256, 4, 4);  // budget 4: the prompt's prefill takes 3 steps
+  eo.runner.worker.faults = device::FaultPlan::parse("run=1:task=2:kind=kernel_error").value();
+  auto e = engine(eo);
+  const Done failed = drain(*e, e->add_request(greedy(prompt, 5)).value());
+  EXPECT_EQ(failed.finish, OutputFinish::kError);
+  const Done again = drain(*e, e->add_request(greedy(prompt, 5)).value());
+  EXPECT_EQ(again.finish, OutputFinish::kLength);
+  EXPECT_EQ(again.tokens, want);
+  EXPECT_LE(again.cached_tokens, 4) << "only run 0's page was proven";
+  EXPECT_TRUE(e->shutdown().ok());
+  EXPECT_EQ(e->metrics().kv_pages.free, e->metrics().kv_pages_total);
+}
+
+// reset_prefix_cache drops the cache: the next identical prompt is computed in full.
+TEST_F(LlmEngineTest, ResetPrefixCacheMakesTheNextPromptComputeInFull) {
+  auto e = engine(options(1));
+  const std::vector<int32_t> prompt = {4, 4, 4, 4, 5, 5, 5, 5, 6};
+  const Done first = drain(*e, e->add_request(greedy(prompt, 3)).value());
+  const Done second = drain(*e, e->add_request(greedy(prompt, 3)).value());
+  EXPECT_EQ(second.cached_tokens, 8);
+  EXPECT_EQ(second.tokens, first.tokens);
+  ASSERT_TRUE(e->reset_prefix_cache().ok());
+  const Done third = drain(*e, e->add_request(greedy(prompt, 3)).value());
+  EXPECT_EQ(third.cached_tokens, 0);
+  EXPECT_EQ(third.tokens, first.tokens);
+  EXPECT_TRUE(e->shutdown().ok());
+  const absl::Status late = e->reset_prefix_cache();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(late, "after shutdown began")) << late;
 }
 
 // Only ThreadSanitizer's runtime runs a thread of its own in this binary; elsewhere the process

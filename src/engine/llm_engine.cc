@@ -96,6 +96,7 @@ struct LoopEvent {
   absl::Status error;
   int64_t completion_tokens = 0;
   int64_t scheduled_ns = 0, first_token_ns = 0, finished_ns = 0, num_preemptions = 0;
+  int64_t cached_tokens = 0;
   std::vector<int32_t> pages;
   std::vector<int64_t> page_steps;
   int64_t last_step = 0;
@@ -114,7 +115,7 @@ struct LlmEngine::Impl {
 
   // ---- the inbox: callers and the output thread -> loop ----
   struct Command {
-    enum Kind { kAdd, kAbort, kStop, kAbortChoice } kind;
+    enum Kind { kAdd, kAbort, kStop, kAbortChoice, kResetPrefixCache } kind;
     RequestId rid = 0;
     uint64_t sid = 0;
     int64_t keep = 0;
@@ -315,6 +316,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(
   so.page_size = options.runner.page_size;
   so.num_pages = options.runner.num_pages;
   so.max_model_len = impl->max_model_len;
+  so.enable_prefix_caching = options.enable_prefix_caching;
   SIMPLER_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(so));
   impl->scheduler.emplace(std::move(sched));
   {
@@ -550,6 +552,18 @@ absl::Status LlmEngine::abort(RequestId id) {
   return absl::OkStatus();
 }
 
+absl::Status LlmEngine::reset_prefix_cache() {
+  Impl& im = *impl_;
+  base::MutexLock l(im.mu);
+  if (im.draining) {
+    return absl::FailedPreconditionError("reset_prefix_cache after shutdown began");
+  }
+  Impl::Command c;
+  c.kind = Impl::Command::kResetPrefixCache;
+  im.post_locked(std::move(c));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RequestOutput> LlmEngine::next_output(RequestId id, base::Deadline deadline) {
   Impl& im = *impl_;
   std::shared_ptr<Delivery> d;
@@ -667,6 +681,7 @@ void LlmEngine::Impl::apply(Command& c) {
         sr.prompt_len = ch.prompt_len;
         sr.max_tokens = c.spec->max_tokens;
         sr.sampling_id = nc.sid;
+        sr.prompt = ch.tokens;
         absl::Status s;
         {
           base::MutexLock l(mu);
@@ -709,6 +724,9 @@ void LlmEngine::Impl::apply(Command& c) {
       break;
     case Command::kAbortChoice:
       (void)scheduler->abort(c.sid);
+      break;
+    case Command::kResetPrefixCache:
+      scheduler->reset_prefix_cache();
       break;
   }
 }
@@ -928,6 +946,7 @@ void LlmEngine::Impl::publish_finished(int64_t now) {
     ev.finish = to_output(fr.reason);
     ev.error = fr.error;
     ev.completion_tokens = static_cast<int64_t>(fr.output_tokens.size());
+    ev.cached_tokens = fr.cached_tokens;
     ev.scheduled_ns = ch.scheduled_ns;
     ev.first_token_ns = ch.first_token_ns;
     ev.finished_ns = now;
@@ -958,6 +977,9 @@ void LlmEngine::Impl::refresh_gauges() {
   metrics.requests_running = snap.running;
   metrics.preemptions_total = snap.preempted_total;
   metrics.kv_pages = snap.pages;
+  metrics.prefix_cache_queries_total = snap.prefix_cache_queries;
+  metrics.prefix_cache_hits_total = snap.prefix_cache_hits;
+  metrics.kv_pages_cached = snap.cached_pages;
   int64_t never_scheduled = 0;
   for (const auto& [sid, ch] : choices) never_scheduled += ch.scheduled_ns == 0 ? 1 : 0;
   int64_t inbox_adds = 0;
@@ -1188,6 +1210,7 @@ void LlmEngine::Impl::finish_output(OutChoice& oc, LoopEvent& ev, RequestOutput&
     out.completion_tokens = oc.stop_matched ? oc.keep : ev.completion_tokens;
   }
   out.prompt_tokens = static_cast<int64_t>(oc.spec->prompt_ids.size());
+  out.cached_tokens = ev.cached_tokens;
   out.arrival_ns = oc.arrival_ns;
   out.scheduled_ns = ev.scheduled_ns;
   out.first_token_ns = ev.first_token_ns;

@@ -39,6 +39,7 @@ struct Exchange {
   std::string response_id, model, prompt_text, request_id;
   int64_t created = 0;
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // choice 0's prompt tokens served by the prefix cache
   int32_t n = 1;
   // Per choice.
   std::vector<std::string> text;
@@ -116,7 +117,8 @@ json usage(const Exchange& x) {
   const int64_t completion = completion_tokens(x);
   return {{"prompt_tokens", x.prompt_tokens},
           {"completion_tokens", completion},
-          {"total_tokens", x.prompt_tokens + completion}};
+          {"total_tokens", x.prompt_tokens + completion},
+          {"prompt_tokens_details", {{"cached_tokens", x.cached_tokens}}}};
 }
 
 // ---- Folding events ----
@@ -197,6 +199,7 @@ std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
   if (x.logprobs.has_value() && !out.logprobs.empty()) lp_delta = fold_logprobs(x, out);
   if (out.finished()) {
     x.completion_tokens[i] = out.completion_tokens;
+    if (i == 0) x.cached_tokens = out.cached_tokens;
     x.finish[i] = llm::finish_reason_name(out.finish);
     --x.open;
   }

@@ -768,6 +768,12 @@ std::string prometheus_text(const llm::EngineMetrics& m, const std::string& mode
       m.kv_pages_total > 0 ? 1.0 - static_cast<double>(m.kv_pages.free) / m.kv_pages_total : 0.0);
   single("simpler:prompt_tokens_total", "counter", "Prompt positions computed",
          m.prompt_tokens_total);
+  single("simpler:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache at admission", m.prefix_cache_queries_total);
+  single("simpler:prefix_cache_hits_total", "counter",
+         "Prompt tokens found in the prefix cache at admission", m.prefix_cache_hits_total);
+  single("simpler:kv_cache_pages_cached", "gauge", "KV pages in the prefix cache",
+         m.kv_pages_cached);
   single("simpler:generation_tokens_total", "counter", "Output tokens", m.generation_tokens_total);
   single("simpler:steps_total", "counter", "Engine steps submitted", m.steps_total);
   histogram(out, "simpler:time_to_first_token_seconds", "Time to first token",

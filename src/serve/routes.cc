@@ -76,6 +76,17 @@ void handle_metrics(ServerContext& ctx, const httplib::Request&, httplib::Respon
                   "text/plain; version=0.0.4");
 }
 
+// POST /reset_prefix_cache (vLLM's): drops the engine's prefix cache; 200 with an empty body.
+void handle_reset_prefix_cache(ServerContext& ctx, const httplib::Request& req,
+                               httplib::Response& res) {
+  if (!ctx.authorized(req, res)) return;
+  if (absl::Status s = ctx.engine->reset_prefix_cache(); !s.ok()) {
+    return send_error(res, api_error(503, std::string(s.message()), "service_unavailable"));
+  }
+  res.status = 200;
+  res.set_content("", "text/plain");
+}
+
 void handle_tokenize(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   if (!ctx.authorized(req, res)) return;
   auto parsed = parse_tokenize(req.body, ctx.options.limits);
@@ -130,6 +141,7 @@ constexpr Route kRoutes[] = {
     {"GET", "/metrics", handle_metrics},
     {"POST", "/tokenize", handle_tokenize},
     {"POST", "/detokenize", handle_detokenize},
+    {"POST", "/reset_prefix_cache", handle_reset_prefix_cache},
 };
 
 // Unknown routes (404) and known routes with another method (405), as error objects; a status

@@ -69,6 +69,10 @@ struct EngineOptions {
   const Tokenizer* tokenizer = nullptr;
   // Keep a StepRecord per step (benchmarks; grows by one per step).
   bool record_steps = false;
+  // Prefix caching (docs/design/prefix_cache.md): full KV pages whose steps retired are kept,
+  // keyed by their tokens, and a later request that starts with the same tokens maps them into
+  // its block table and prefills only the rest. Tokens are the same with it on and off.
+  bool enable_prefix_caching = true;
 };
 
 // The sampling and stopping part of a request (OpenAI / vLLM names and defaults).
@@ -128,6 +132,9 @@ struct RequestOutput {
   // Final event only: usage and timing (steady-clock ns; 0 = did not happen).
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Prompt tokens whose KV came from the prefix cache at the choice's first admission
+  // (OpenAI's usage.prompt_tokens_details.cached_tokens); 0 without prefix caching.
+  int64_t cached_tokens = 0;
   int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, finished_ns = 0;
   int64_t num_preemptions = 0;
   // Set only for a request with RequestSpec::hooks: what they asked for (engine_test_hooks.h).
@@ -189,6 +196,12 @@ class LlmEngine {
   // finish reason. NOT_FOUND when the id is unknown or every choice's final
   // event was already delivered (then nothing changes).
   absl::Status abort(RequestId id);
+
+  // Drops every entry of the prefix cache once the engine loop applies it (before it schedules
+  // its next step): later requests prefill their prompts in full until their pages are cached
+  // again; pages held by running requests stay with them. OK means queued;
+  // FAILED_PRECONDITION after shutdown began. Thread-safe.
+  absl::Status reset_prefix_cache();
 
   // The next event of a request without on_output (any choice, in order per
   // choice). DEADLINE_EXCEEDED when none came by the deadline; NOT_FOUND for

@@ -46,6 +46,11 @@ struct EngineMetrics {
   int64_t requests_refused = 0;  // add_request errors
   PageCounts kv_pages;           // free / used / fenced / quarantined, summing to the pool
   int64_t kv_pages_total = 0;
+  int64_t kv_pages_cached = 0;  // pages in the prefix cache (any state)
+  // Prefix caching, in tokens (vLLM's prefix_cache_queries / prefix_cache_hits): each admission
+  // queries the tokens it knows and hits those found in the cache.
+  int64_t prefix_cache_queries_total = 0;
+  int64_t prefix_cache_hits_total = 0;
   int64_t prompt_tokens_total = 0;      // prompt positions computed (recompute included)
   int64_t generation_tokens_total = 0;  // output tokens accepted
   int64_t steps_total = 0;

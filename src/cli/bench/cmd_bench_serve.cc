@@ -371,8 +371,9 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
       ->check(int_in(0, kMaxRequests))
       ->capture_default_str();
   cmd->add_option("--seed", st->seed, "workload seed")->check(uint64_in())->capture_default_str();
-  add_engine_flags(cmd, &st->engine,
-                   {.max_num_seqs = "the engine's running requests", .page_size = true});
+  add_engine_flags(
+      cmd, &st->engine,
+      {.max_num_seqs = "the engine's running requests", .page_size = true, .prefix_caching = true});
   return run_if_parsed(cmd, st, run_bench_serve);
 }
 

@@ -341,7 +341,8 @@ Runner add_bench_throughput_command(CLI::App* bench) {
                     .page_size = true,
                     .num_pages = "KV cache pages (0 = max-num-seqs requests of the workload's "
                                  "longest input + output at once)",
-                    .allow_unused_tensors = true});
+                    .allow_unused_tensors = true,
+                    .prefix_caching = true});
   return run_if_parsed(cmd, st, run_bench_throughput);
 }
 
