@@ -15,6 +15,11 @@
 //     the previous one finished (each batch waits for its longest member).
 // Reported: output tokens/s of both and their ratio, requests/s, TTFT, inter-token latency and
 // TPOT percentiles, preemptions and errors of the continuous run.
+//
+// --workload multi-turn instead: --num-prompts conversations of --turns turns sharing one
+// --system-prompt-len system prompt (bench_multi_turn.h), run twice on fresh engines, with
+// prefix caching off and on; reported per turn: TTFT p50 / p99 and the prompt tokens served from
+// the cache, and the output tokens/s of both runs.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/bench/bench_commands.h"
+#include "cli/bench/bench_multi_turn.h"
 #include "cli/bench/bench_workload.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -59,8 +65,124 @@ struct ThroughputState {
   std::string request_rate = "inf";
   uint64_t seed = 0;
   int64_t ttft_probe_len = 512;
+  std::string workload = "random";
+  int64_t turns = 4;
+  int64_t system_prompt_len = 256;
   EngineFlags engine;
 };
+
+// One run of the multi-turn workload, summarized per turn.
+struct MultiTurnSummary {
+  double wall_s = 0, output_tokens_per_s = 0;
+  int64_t failed_turns = 0;
+  std::vector<double> ttft50_ms, ttft99_ms;    // per turn
+  std::vector<int64_t> prompt_tokens, cached;  // per turn, summed over conversations
+  std::string first_error;
+};
+
+MultiTurnSummary summarize(const MultiTurnRun& run, int64_t turns) {
+  MultiTurnSummary s;
+  s.wall_s = (run.end_ns - run.start_ns) / 1e9;
+  s.output_tokens_per_s = s.wall_s > 0 ? run.output_tokens / s.wall_s : 0;
+  for (int64_t t = 0; t < turns; ++t) {
+    std::vector<double> ttft;
+    int64_t prompt = 0, cached = 0;
+    for (const auto& conv : run.turns) {
+      const TurnResult& r = conv[t];
+      if (!r.ok) {
+        if (!r.error.ok() && s.failed_turns == 0) s.first_error = r.error.ToString();
+        s.failed_turns += r.error.ok() ? 0 : 1;
+        continue;
+      }
+      ttft.push_back(r.ttft_ns / 1e6);
+      prompt += r.prompt_tokens;
+      cached += r.cached_tokens;
+    }
+    s.ttft50_ms.push_back(percentile(ttft, 0.5));
+    s.ttft99_ms.push_back(percentile(ttft, 0.99));
+    s.prompt_tokens.push_back(prompt);
+    s.cached.push_back(cached);
+  }
+  return s;
+}
+
+nlohmann::json multi_turn_json(const MultiTurnSummary& s) {
+  nlohmann::json turns = nlohmann::json::array();
+  for (size_t t = 0; t < s.ttft50_ms.size(); ++t) {
+    turns.push_back({{"turn", t},
+                     {"ttft_p50_ms", s.ttft50_ms[t]},
+                     {"ttft_p99_ms", s.ttft99_ms[t]},
+                     {"prompt_tokens", s.prompt_tokens[t]},
+                     {"cached_tokens", s.cached[t]}});
+  }
+  return {{"wall_s", s.wall_s},
+          {"output_tokens_per_s", s.output_tokens_per_s},
+          {"failed_turns", s.failed_turns},
+          {"turns", turns}};
+}
+
+void print_multi_turn(const ThroughputState& st, const MultiTurnSummary& off,
+                      const MultiTurnSummary& on) {
+  if (st.engine.common.json) {
+    nlohmann::json out = {
+        {"benchmark", "throughput"},
+        {"workload", "multi-turn"},
+        {"conversations", st.num_prompts},
+        {"turns", st.turns},
+        {"system_prompt_len", st.system_prompt_len},
+        {"seed", st.seed},
+        {"prefix_caching_off", multi_turn_json(off)},
+        {"prefix_caching_on", multi_turn_json(on)},
+        {"output_tokens_per_s_on_over_off",
+         off.output_tokens_per_s > 0 ? on.output_tokens_per_s / off.output_tokens_per_s : 0.0}};
+    std::printf("%s\n", base::dump_replacing(out).c_str());
+    return;
+  }
+  std::printf("multi-turn: %lld conversations x %lld turns, system prompt %lld tokens\n",
+              static_cast<long long>(st.num_prompts), static_cast<long long>(st.turns),
+              static_cast<long long>(st.system_prompt_len));
+  std::printf("turn | TTFT p50 / p99 ms, cache off | cache on | prompt tokens cached (on)\n");
+  for (size_t t = 0; t < on.ttft50_ms.size(); ++t) {
+    std::printf("%4zu | %8.1f / %8.1f | %8.1f / %8.1f | %lld of %lld\n", t, off.ttft50_ms[t],
+                off.ttft99_ms[t], on.ttft50_ms[t], on.ttft99_ms[t],
+                static_cast<long long>(on.cached[t]), static_cast<long long>(on.prompt_tokens[t]));
+  }
+  std::printf("output tokens/s: cache off %.1f, cache on %.1f (%.2fx)\n", off.output_tokens_per_s,
+              on.output_tokens_per_s,
+              off.output_tokens_per_s > 0 ? on.output_tokens_per_s / off.output_tokens_per_s : 0);
+}
+
+// --workload multi-turn: the same conversations with prefix caching off, then on.
+int run_multi_turn_bench(const ThroughputState& st) {
+  auto config = llm::ModelConfig::load(st.model);
+  if (!config.ok()) return fail(kBenchThroughputCommand, config.status());
+  auto workload = make_multi_turn_workload(*config, st.num_prompts, st.turns, st.system_prompt_len,
+                                           *parse_len_range(st.input_len_range),
+                                           *parse_len_range(st.output_len_range), st.seed);
+  if (!workload.ok()) return fail(kBenchThroughputCommand, workload.status());
+  base::TraceRecorder trace;
+  auto options = engine_options(st.engine, {.request_tokens = workload->longest}, &trace);
+  if (!options.ok()) return fail(kBenchThroughputCommand, options.status());
+  llm::EngineOptions eo = *std::move(options);
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  MultiTurnSummary summary[2];
+  for (bool caching : {false, true}) {
+    eo.enable_prefix_caching = caching;
+    std::cerr << "simpler " << kBenchThroughputCommand << ": multi-turn, prefix caching "
+              << (caching ? "on" : "off") << "\n";
+    auto run = run_multi_turn(st.model, eo, *workload);
+    if (!run.ok()) return fail(kBenchThroughputCommand, run.status());
+    summary[caching] = summarize(*run, st.turns);
+    if (summary[caching].failed_turns > 0) {
+      return fail(kBenchThroughputCommand,
+                  absl::InternalError(
+                      absl::StrCat(summary[caching].failed_turns,
+                                   " turns failed; the first: ", summary[caching].first_error)));
+    }
+  }
+  print_multi_turn(st, summary[0], summary[1]);
+  return 0;
+}
 
 // The idle-engine TTFT probe: one prompt of `len` tokens (seeded ids), one output token, on a
 // fresh engine. Its TTFT against the device time of the steps that prefilled it (every step of
@@ -240,6 +362,7 @@ int exit_code(const ThroughputState& st, const Report& r, const base::TraceRecor
 }
 
 int run_bench_throughput(const ThroughputState& st) {
+  if (st.workload == "multi-turn") return run_multi_turn_bench(st);
   Report r;
   // The flag checks accepted these already; they cannot fail here.
   r.in = *parse_len_range(st.input_len_range);
@@ -311,15 +434,30 @@ Runner add_bench_throughput_command(CLI::App* bench) {
   auto* cmd = add_model_command(
       bench, "throughput",
       "serving throughput on a random workload: continuous batching vs static batches", &st->model);
-  cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")
+  cmd->add_option("--workload", st->workload,
+                  "random: independent requests (continuous vs static batches); multi-turn: "
+                  "conversations sharing a system prompt, prefix caching off vs on")
+      ->check(CLI::IsMember({"random", "multi-turn"}))
+      ->capture_default_str();
+  cmd->add_option("--turns", st->turns, "multi-turn: turns per conversation")
+      ->check(int_in(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--system-prompt-len", st->system_prompt_len,
+                  "multi-turn: tokens of the system prompt every conversation starts with")
+      ->check(int_in(1, std::numeric_limits<int32_t>::max()))
+      ->capture_default_str();
+  cmd->add_option("--num-prompts", st->num_prompts,
+                  "requests in the workload (multi-turn: conversations)")
       ->check(int_in(1, kMaxRequests))
       ->capture_default_str();
   cmd->add_option("--input-len-range", st->input_len_range,
-                  "prompt tokens per request, uniform in [A, B] (A:A for uniform requests)")
+                  "prompt tokens per request, uniform in [A, B] (A:A for uniform requests; "
+                  "multi-turn: each user message)")
       ->check(len_range_check())
       ->capture_default_str();
   cmd->add_option("--output-len-range", st->output_len_range,
-                  "output tokens per request (ignore_eos, exactly this many), uniform in [A, B]")
+                  "output tokens per request (ignore_eos, exactly this many), uniform in [A, B] "
+                  "(multi-turn: each answer)")
       ->check(len_range_check())
       ->capture_default_str();
   cmd->add_option("--request-rate", st->request_rate,
