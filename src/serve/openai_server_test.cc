@@ -315,6 +315,43 @@ TEST_F(ServerTest, CompletionsWithoutMaxTokensGenerateSixteenTokens) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
 }
 
+// Prefix caching: a repeated prompt's usage names the prompt tokens its full KV pages served,
+// /metrics counts the queries and hits, and POST /reset_prefix_cache drops the cache.
+TEST_F(ServerTest, ARepeatedPromptReportsCachedTokensUntilTheCacheIsReset) {
+  start();
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += "The quick brown fox jumps over the lazy dog. ";
+  const std::string body = json{{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}}.dump();
+  auto cached_tokens = [&]() -> int64_t {
+    auto res = post("/v1/completions", body);
+    if (!res || res->status != 200) {
+      ADD_FAILURE() << (res ? res->body : "no response");
+      return -1;
+    }
+    const json usage = json::parse(res->body)["usage"];
+    EXPECT_GT(usage["prompt_tokens"].get<int64_t>(), 32) << usage;
+    return usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  };
+  EXPECT_EQ(cached_tokens(), 0);
+  const int64_t hit = cached_tokens();
+  EXPECT_GE(hit, 32);
+  EXPECT_EQ(hit % 16, 0) << "whole pages of 16 tokens";
+  auto metrics = client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("simpler:prefix_cache_hits_total{model_name=\"tiny\"} " +
+                               std::to_string(hit)),
+            std::string::npos)
+      << metrics->body.substr(0, 4000);
+  EXPECT_NE(metrics->body.find("simpler:prefix_cache_queries_total"), std::string::npos);
+  auto reset = post("/reset_prefix_cache", "");
+  ASSERT_TRUE(reset);
+  EXPECT_EQ(reset->status, 200) << reset->body;
+  EXPECT_EQ(cached_tokens(), 0);
+  auto get = client().Get("/reset_prefix_cache");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+}
+
 TEST_F(ServerTest, ChatGivesUpToTwentyTopLogprobsPerToken) {
   start();
   auto res = post("/v1/chat/completions",
