@@ -37,6 +37,12 @@ def write(target, name, data):
         f.write(data)
 
 
+def write_all(target, inputs):
+    """Writes each named input of `inputs` (a dict name -> str or bytes) to `target`'s corpus."""
+    for name, data in inputs.items():
+        write(target, name, data)
+
+
 # --- safetensors ---------------------------------------------------------------------------
 SIZES = {"F32": 4, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "U8": 1}
 
@@ -318,7 +324,7 @@ write(tl, "bad_model_type", tokenizer_json().replace('"type": "BPE"', '"type": "
 
 # --- text for the real Qwen3 tokenizer ---------------------------------------------------------
 te = "tokenizer_encode_fuzz"
-texts = {
+write_all(te, {
     "english": "The quick brown fox jumps over the lazy dog. It's 2024; we'll see!",
     "chat": "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     "special_adjacent": "<|endoftext|><|im_end|>x<|im_start|",
@@ -331,13 +337,11 @@ texts = {
     "contractions": "I'M HE'LL SHE'D THEY'RE WE'VE it's 'S 'sss",
     "mixed_scripts": "Ελληνικά Русский العربية עברית हिन्दी 日本語 한국어 ไทย",
     "long_run": "a" * 300 + " " * 300 + "1" * 100 + "!" * 100 + "\n" * 50,
-}
-for name, text in texts.items():
-    write(te, name, text)
+})
 
 # --- prompts file lines -----------------------------------------------------------------------
 pf = "prompts_file_fuzz"
-lines = {
+write_all(pf, {
     "prompt": '{"prompt": "The quick brown fox"}',
     "prompt_ids": '{"prompt_ids": [9707, 11, 1879]}',
     "prompt_unicode": '{"prompt": "caf\\u00e9 \\ud83d\\ude00 \\n"}',
@@ -348,13 +352,11 @@ lines = {
     "non_integer_id": '{"prompt_ids": [1, 2.5]}',
     "big_id": '{"prompt_ids": [2147483647, 0]}',
     "crlf": '{"prompt": "x"}\r',
-}
-for name, line in lines.items():
-    write(pf, name, line)
+})
 
 # --- SIMPLER_SIM_FAULTS ------------------------------------------------------------------------
 fp = "fault_plan_fuzz"
-plans = {
+write_all(fp, {
     "readme_example": "run=3:task=7:kind=device_fault:code=507018,run=5:task=0:kind=hang",
     "kernel_error": "run=0:task=0:kind=kernel_error",
     "launch_refused": "run=2:task=0:kind=launch_refused",
@@ -362,6 +364,4 @@ plans = {
     "many": ",".join(f"run={i}:task={i % 3}:kind=kernel_error" for i in range(8)),
     "duplicate": "run=1:task=1:kind=hang,run=1:task=1:kind=kernel_error",
     "empty": "",
-}
-for name, plan in plans.items():
-    write(fp, name, plan)
+})

@@ -75,7 +75,8 @@ if [ "${1:-}" = "--repeat" ]; then
     ctest $args -j 2 --output-on-failure >"$log" 2>&1
     rc=$?
     # ctest lists each failed test as "  <number> - <name> (Failed|Timeout|...)".
-    bad=$(sed -n '/The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \(.*$/\1/p')
+    bad=$(sed -n '/The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \(.*$/\1/p' |
+      tr '\n' ' ' | sed 's/ $//')
     for t in $bad; do fails[$t]=$(( ${fails[$t]:-0} + 1 )); done
     if [ $rc -ne 0 ] && [ -z "$bad" ]; then fails["(ctest-exit-$rc)"]=$(( ${fails["(ctest-exit-$rc)"]:-0} + 1 )); fi
     if [ -n "$bad" ]; then cp "$log" "build/repeat-$which_leg-$i.log"; fi

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include "simpler/base/json.h"
 #include "simpler/worker/program_library.h"
 
 namespace simpler::cli {
@@ -61,7 +60,7 @@ Runner add_run_command(CLI::App& app) {
                             {"checks", checks},
                             {"max_abs_error", max_err},
                             {"passed", all}};
-      std::printf("%s\n", base::dump_replacing(out).c_str());
+      print_json_line(out);
     } else {
       std::printf("%s: max error %.3e over %zu runs: %s\n", lib->name().c_str(), max_err,
                   results->size(), all ? "PASSED" : "FAILED");

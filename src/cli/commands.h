@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "nlohmann/json_fwd.hpp"
 #include "simpler/base/trace.h"
 #include "simpler/kernels/kernels.h"
 #include "simpler/worker/worker.h"
@@ -82,6 +83,10 @@ Runner add_export_gguf_command(CLI::App& app);
 Runner add_generate_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
 Runner add_l3_example_command(CLI::App& app);
+
+// Prints `j` as one line on stdout (base::dump_replacing: invalid UTF-8 replaced): the output of
+// a command's --json.
+void print_json_line(const nlohmann::json& j);
 
 // Writes the trace when a path was given; prints the error and returns false on failure.
 bool write_trace(const base::TraceRecorder& trace, const std::string& path);

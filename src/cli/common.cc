@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -6,6 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "simpler/base/json.h"
 #include "simpler/worker/worker_stats.h"
 
 namespace simpler::cli {
@@ -144,6 +147,10 @@ worker::WorkerOptions CommonOptions::worker_options(base::TraceRecorder* trace) 
   o.trace = trace_path.empty() ? nullptr : trace;
   o.placement = placement == "host" ? task::GraphPlacement::kHost : task::GraphPlacement::kDevice;
   return o;
+}
+
+void print_json_line(const nlohmann::json& j) {
+  std::printf("%s\n", base::dump_replacing(j).c_str());
 }
 
 bool write_trace(const base::TraceRecorder& trace, const std::string& path) {

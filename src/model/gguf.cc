@@ -75,42 +75,23 @@ bool is_integer(GgufValueType type) {
          type != GgufValueType::kFloat64 && scalar_size(type) != 0;
 }
 
-// An integer element of `type` at `p`, widened; false when it does not fit int64.
+// An integer element of `type` at `p`, widened; false when it does not fit int64 or `type` is not
+// an integer type. The element's bytes are little-endian, as are the hosts the reader runs on.
 bool read_integer(GgufValueType type, const std::byte* p, int64_t* out) {
-  auto load = [p](auto v) {
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  };
-  switch (type) {
-    case GgufValueType::kUint8:
-      *out = load(uint8_t{});
-      return true;
-    case GgufValueType::kInt8:
-      *out = load(int8_t{});
-      return true;
-    case GgufValueType::kUint16:
-      *out = load(uint16_t{});
-      return true;
-    case GgufValueType::kInt16:
-      *out = load(int16_t{});
-      return true;
-    case GgufValueType::kUint32:
-      *out = load(uint32_t{});
-      return true;
-    case GgufValueType::kInt32:
-      *out = load(int32_t{});
-      return true;
-    case GgufValueType::kInt64:
-      *out = load(int64_t{});
-      return true;
-    case GgufValueType::kUint64: {
-      const uint64_t v = load(uint64_t{});
-      *out = static_cast<int64_t>(v);
-      return v <= kInt64Max;
-    }
-    default:
-      return false;
+  if (!is_integer(type)) return false;
+  const uint64_t size = scalar_size(type);
+  uint64_t bits = 0;
+  std::memcpy(&bits, p, size);
+  const bool is_signed = type == GgufValueType::kInt8 || type == GgufValueType::kInt16 ||
+                         type == GgufValueType::kInt32 || type == GgufValueType::kInt64;
+  if (is_signed) {
+    // Sign-extends the element's top bit (the shift right is arithmetic).
+    const uint64_t unused = 64 - 8 * size;
+    *out = static_cast<int64_t>(bits << unused) >> unused;
+    return true;
   }
+  *out = static_cast<int64_t>(bits);
+  return bits <= kInt64Max;
 }
 
 // Bounds-checked little-endian reads over the mapped file.

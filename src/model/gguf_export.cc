@@ -17,6 +17,7 @@
 #include "simpler/base/file.h"
 #include "simpler/base/json.h"
 #include "simpler/base/status.h"
+#include "simpler/model/gguf.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/safetensors.h"
 #include "simpler/task/data_type.h"
@@ -25,20 +26,8 @@ namespace simpler::llm {
 namespace {
 
 constexpr uint32_t kGgufVersion = 3;
-constexpr uint64_t kAlignment = 32;
-
-// gguf_type of a key-value (ggml/include/gguf.h).
-enum GgufValueType : uint32_t {
-  kU32 = 4,
-  kI32 = 5,
-  kF32v = 6,
-  kBool = 7,
-  kString = 8,
-  kArray = 9,
-};
-// ggml_type of a tensor (ggml/include/ggml.h).
-constexpr uint32_t kGgmlF32 = 0;
-constexpr uint32_t kGgmlBf16 = 30;
+// The file states it as general.alignment too.
+constexpr uint64_t kAlignment = kGgufDefaultAlignment;
 // llama_ftype (llama.h): LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_BF16.
 constexpr uint32_t kFtypeF32 = 0;
 constexpr uint32_t kFtypeBf16 = 32;
@@ -58,31 +47,31 @@ class Header {
     raw(s.data(), s.size());
   }
   void kv_u32(std::string_view key, uint32_t v) {
-    begin(key, kU32);
+    begin(key, GgufValueType::kUint32);
     u32(v);
   }
   void kv_f32(std::string_view key, float v) {
-    begin(key, kF32v);
+    begin(key, GgufValueType::kFloat32);
     raw(&v, 4);
   }
   void kv_bool(std::string_view key, bool v) {
-    begin(key, kBool);
+    begin(key, GgufValueType::kBool);
     const uint8_t b = v ? 1 : 0;
     raw(&b, 1);
   }
   void kv_str(std::string_view key, std::string_view v) {
-    begin(key, kString);
+    begin(key, GgufValueType::kString);
     str(v);
   }
   void kv_strings(std::string_view key, const std::vector<std::string>& v) {
-    begin(key, kArray);
-    u32(kString);
+    begin(key, GgufValueType::kArray);
+    type(GgufValueType::kString);
     u64(v.size());
     for (const std::string& s : v) str(s);
   }
   void kv_i32s(std::string_view key, const std::vector<int32_t>& v) {
-    begin(key, kArray);
-    u32(kI32);
+    begin(key, GgufValueType::kArray);
+    type(GgufValueType::kInt32);
     u64(v.size());
     raw(v.data(), v.size() * sizeof(int32_t));
   }
@@ -91,9 +80,10 @@ class Header {
   void raw(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
 
  private:
-  void begin(std::string_view key, uint32_t type) {
+  void type(GgufValueType t) { u32(static_cast<uint32_t>(t)); }
+  void begin(std::string_view key, GgufValueType t) {
     str(key);
-    u32(type);
+    type(t);
     ++kv_count_;
   }
   std::string bytes_;
@@ -105,7 +95,7 @@ struct OutTensor {
   std::string name;            // llama.cpp's name
   std::string source;          // the checkpoint's name
   std::vector<int64_t> shape;  // row-major, as in the checkpoint
-  uint32_t ggml_type = kGgmlF32;
+  GgmlType ggml_type = GgmlType::kF32;
   uint64_t bytes = 0;
   uint64_t offset = 0;  // from the start of the data section
 };
@@ -205,14 +195,14 @@ absl::StatusOr<std::string> read_chat_template(const std::string& dir) {
 
 // Writes `t`'s data (from `view`) as its ggml type.
 absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
-  if (t.ggml_type == kGgmlBf16 && view.dtype == task::DataType::kBFloat16) {
+  if (t.ggml_type == GgmlType::kBF16 && view.dtype == task::DataType::kBFloat16) {
     out.write(reinterpret_cast<const char*>(view.bytes.data()),
               static_cast<std::streamsize>(view.bytes.size()));
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<float>> f = to_f32(view);
   if (!f.ok()) return f.status();
-  if (t.ggml_type == kGgmlF32) {
+  if (t.ggml_type == GgmlType::kF32) {
     out.write(reinterpret_cast<const char*>(f->data()),
               static_cast<std::streamsize>(f->size() * sizeof(float)));
     return absl::OkStatus();
@@ -242,8 +232,9 @@ absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
     t.name = gguf_tensor_name(spec.name);
     t.source = spec.name;
     t.shape = spec.shape;
-    t.ggml_type = spec.shape.size() >= 2 && options.type == GgufType::kBf16 ? kGgmlBf16 : kGgmlF32;
-    t.bytes = static_cast<uint64_t>(view->numel()) * (t.ggml_type == kGgmlBf16 ? 2 : 4);
+    t.ggml_type = spec.shape.size() >= 2 && options.type == GgufType::kBf16 ? GgmlType::kBF16
+                                                                            : GgmlType::kF32;
+    t.bytes = static_cast<uint64_t>(view->numel()) * (t.ggml_type == GgmlType::kBF16 ? 2 : 4);
     t.offset = offset;
     offset = align_up(offset + t.bytes);
     tensors.push_back(std::move(t));
@@ -296,7 +287,7 @@ Header file_header(const Header& kv, const std::vector<OutTensor>& tensors) {
     head.str(t.name);
     head.u32(static_cast<uint32_t>(t.shape.size()));
     for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d) head.u64(static_cast<uint64_t>(*d));
-    head.u32(t.ggml_type);
+    head.u32(static_cast<uint32_t>(t.ggml_type));
     head.u64(t.offset);
   }
   return head;

@@ -1,7 +1,8 @@
 #include "model/gguf_names.h"
 
 #include <array>
-#include <utility>
+#include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "model/str.h"
@@ -9,8 +10,15 @@
 namespace simpler::llm {
 namespace {
 
+// The two naming schemes; a NamePair holds one name in each, indexed by its scheme.
+enum Scheme { kHf = 0, kGguf = 1 };
+using NamePair = std::array<std::string_view, 2>;
+
+// The prefix of a layer's tensor names, <prefix><layer>.<part>, in each scheme.
+constexpr NamePair kLayerPrefix = {"model.layers.", "blk."};
+
 // (Hugging Face part, llama.cpp part) of one layer's tensors.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 11> kLayerParts = {{
+constexpr std::array<NamePair, 11> kLayerParts = {{
     {"input_layernorm.weight", "attn_norm.weight"},
     {"self_attn.q_proj.weight", "attn_q.weight"},
     {"self_attn.k_proj.weight", "attn_k.weight"},
@@ -24,7 +32,7 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 11> kLayerPa
     {"mlp.down_proj.weight", "ffn_down.weight"},
 }};
 
-constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobal = {{
+constexpr std::array<NamePair, 3> kGlobal = {{
     {"model.embed_tokens.weight", "token_embd.weight"},
     {"model.norm.weight", "output_norm.weight"},
     {"lm_head.weight", "output.weight"},
@@ -45,30 +53,26 @@ bool split_layer(std::string_view name, std::string_view prefix, std::string_vie
   return true;
 }
 
+// `name`, a tensor name in scheme `from`, in the other scheme; "" when it names no known tensor.
+std::string rename(std::string_view name, Scheme from) {
+  const Scheme to = from == kHf ? kGguf : kHf;
+  for (const NamePair& global : kGlobal) {
+    if (name == global[from]) return str(global[to]);
+  }
+  std::string_view layer, part;
+  if (!split_layer(name, kLayerPrefix[from], &layer, &part)) return "";
+  for (const NamePair& parts : kLayerParts) {
+    if (part == parts[from]) {
+      return absl::StrCat(str(kLayerPrefix[to]), str(layer), ".", str(parts[to]));
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
-std::string gguf_tensor_name(std::string_view hf_name) {
-  for (const auto& [hf, gguf] : kGlobal) {
-    if (hf_name == hf) return str(gguf);
-  }
-  std::string_view layer, part;
-  if (!split_layer(hf_name, "model.layers.", &layer, &part)) return "";
-  for (const auto& [hf, gguf] : kLayerParts) {
-    if (part == hf) return absl::StrCat("blk.", str(layer), ".", str(gguf));
-  }
-  return "";
-}
+std::string gguf_tensor_name(std::string_view hf_name) { return rename(hf_name, kHf); }
 
-std::string hf_tensor_name(std::string_view gguf_name) {
-  for (const auto& [hf, gguf] : kGlobal) {
-    if (gguf_name == gguf) return str(hf);
-  }
-  std::string_view layer, part;
-  if (!split_layer(gguf_name, "blk.", &layer, &part)) return "";
-  for (const auto& [hf, gguf] : kLayerParts) {
-    if (part == gguf) return absl::StrCat("model.layers.", str(layer), ".", str(hf));
-  }
-  return "";
-}
+std::string hf_tensor_name(std::string_view gguf_name) { return rename(gguf_name, kGguf); }
 
 }  // namespace simpler::llm

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -55,6 +56,20 @@ class GgufParserTest : public ::testing::Test {
     const std::string path = (dir_ / "model.gguf").string();
     testing::write_file(path, bytes);
     return GgufFile::open(path);
+  }
+
+  // The status of opening `bytes` with the sizeof(T) bytes at `at` overwritten by `v`.
+  template <class T>
+  absl::Status open_poked(const std::string& bytes, uint64_t at, T v) {
+    std::string edited = bytes;
+    poke<T>(edited, at, v);
+    return open_bytes(edited).status();
+  }
+
+  // Expects `s` to carry `code` and a message containing `part`.
+  static void expect_refused(const absl::Status& s, absl::StatusCode code, std::string_view part) {
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_THAT(msg(s), HasSubstr(std::string(part)));
   }
 
   std::filesystem::path dir_;
@@ -126,25 +141,48 @@ TEST_F(GgufParserTest, EveryTruncationIsAnErrorAndTheHeaderOnesSayTruncated) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
 }
 
+TEST_F(GgufParserTest, IntegersOfEveryWidthAreWidenedKeepingTheirSign) {
+  GgufBuilder b;
+  b.ints<uint8_t>("t.u8", 0, {0, 255});
+  b.ints<int8_t>("t.i8", 1, {-128, 127});
+  b.ints<uint16_t>("t.u16", 2, {65535});
+  b.ints<int16_t>("t.i16", 3, {-32768, -1});
+  b.ints<uint32_t>("t.u32", 4, {4294967295u});
+  b.ints<int32_t>("t.i32", 5, {std::numeric_limits<int32_t>::min(), 7});
+  b.ints<int64_t>("t.i64", 11, {std::numeric_limits<int64_t>::min(), -1});
+  b.ints<uint64_t>("t.u64", 10, {1, (uint64_t{1} << 63) - 1, uint64_t{1} << 63});
+  b.i32("t.negative", -1);
+  b.u64("t.top", (uint64_t{1} << 63) - 1);
+  absl::StatusOr<GgufFile> f = open_bytes(b.build());
+  ASSERT_TRUE(f.ok()) << f.status();
+  using Ints = std::vector<int64_t>;
+  EXPECT_EQ(f->get_int_array("t.u8").value(), (Ints{0, 255}));
+  EXPECT_EQ(f->get_int_array("t.i8").value(), (Ints{-128, 127}));
+  EXPECT_EQ(f->get_int_array("t.u16").value(), (Ints{65535}));
+  EXPECT_EQ(f->get_int_array("t.i16").value(), (Ints{-32768, -1}));
+  EXPECT_EQ(f->get_int_array("t.u32").value(), (Ints{4294967295}));
+  EXPECT_EQ(f->get_int_array("t.i32").value(), (Ints{-2147483648, 7}));
+  EXPECT_EQ(f->get_int_array("t.i64").value(), (Ints{std::numeric_limits<int64_t>::min(), -1}));
+  expect_refused(f->get_int_array("t.u64").status(), absl::StatusCode::kInvalidArgument,
+                 "key 't.u64' element 2 is above 2^63-1");
+  expect_refused(f->get_uint("t.negative").status(), absl::StatusCode::kInvalidArgument,
+                 "key 't.negative' is outside [0, 2^63-1]");
+  EXPECT_EQ(f->get_uint("t.top").value(), (uint64_t{1} << 63) - 1);
+}
+
 TEST_F(GgufParserTest, HugeCountsAreRefusedBeforeAnythingIsAllocated) {
   GgufBuilder b = good();
-  std::string bytes = b.build();
-  std::string edited = bytes;
-  poke<uint64_t>(edited, b.layout.tensor_count_at, uint64_t{1} << 62);
-  absl::Status s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), HasSubstr("tensor count 4611686018427387904 is more than the"));
-  edited = bytes;
-  poke<uint64_t>(edited, b.layout.kv_count_at, ~uint64_t{0});
-  EXPECT_THAT(msg(open_bytes(edited).status()),
-              HasSubstr("key-value count 18446744073709551615 is more than the"));
+  const std::string bytes = b.build();
+  expect_refused(open_poked(bytes, b.layout.tensor_count_at, uint64_t{1} << 62),
+                 absl::StatusCode::kInvalidArgument,
+                 "tensor count 4611686018427387904 is more than the");
+  expect_refused(open_poked(bytes, b.layout.kv_count_at, ~uint64_t{0}),
+                 absl::StatusCode::kInvalidArgument,
+                 "key-value count 18446744073709551615 is more than the");
   // test.names: the array's length follows its value type (4) and element type (4).
-  edited = bytes;
-  poke<uint64_t>(edited, b.layout.value_type_at["test.names"] + 8, uint64_t{1} << 40);
-  s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), HasSubstr("key 'test.names': array length 1099511627776 of string is "
-                                "more than the"));
+  expect_refused(open_poked(bytes, b.layout.value_type_at["test.names"] + 8, uint64_t{1} << 40),
+                 absl::StatusCode::kInvalidArgument,
+                 "key 'test.names': array length 1099511627776 of string is more than the");
 }
 
 TEST_F(GgufParserTest, AStringLengthPastTheEndOfTheFileIsRefused) {
@@ -161,12 +199,9 @@ TEST_F(GgufParserTest, DimensionCountsOutsideOneToFourAreRefused) {
   GgufBuilder b = good();
   const std::string bytes = b.build();
   for (uint32_t n : {0u, 5u}) {
-    std::string edited = bytes;
-    poke<uint32_t>(edited, b.layout.n_dims_at["a"], n);
-    absl::Status s = open_bytes(edited).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(msg(s),
-                HasSubstr("tensor 'a' has " + std::to_string(n) + " dimensions (1 to 4 allowed)"));
+    expect_refused(open_poked(bytes, b.layout.n_dims_at["a"], n),
+                   absl::StatusCode::kInvalidArgument,
+                   "tensor 'a' has " + std::to_string(n) + " dimensions (1 to 4 allowed)");
   }
 }
 
@@ -195,56 +230,37 @@ TEST_F(GgufParserTest, DimensionsWhoseProductOverflowsAreRefused) {
 TEST_F(GgufParserTest, MisalignedOverlappingAndOutOfFileTensorsAreRefused) {
   GgufBuilder b = good();
   const std::string bytes = b.build();
-  std::string edited = bytes;
-  poke<uint64_t>(edited, b.layout.offset_at["b"], 4);
-  absl::Status s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'b' offset 4 is not a multiple of the alignment 32"));
-  edited = bytes;
-  poke<uint64_t>(edited, b.layout.offset_at["b"], 0);
-  s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), HasSubstr("overlaps tensor"));
-  edited = bytes;
-  poke<uint64_t>(edited, b.layout.offset_at["b"], uint64_t{1} << 40);
-  s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'b' data [1099511627776, +8) goes past the end"));
+  const uint64_t b_offset_at = b.layout.offset_at["b"];
+  expect_refused(open_poked(bytes, b_offset_at, uint64_t{4}), absl::StatusCode::kInvalidArgument,
+                 "tensor 'b' offset 4 is not a multiple of the alignment 32");
+  expect_refused(open_poked(bytes, b_offset_at, uint64_t{0}), absl::StatusCode::kInvalidArgument,
+                 "overlaps tensor");
+  expect_refused(open_poked(bytes, b_offset_at, uint64_t{1} << 40), absl::StatusCode::kDataLoss,
+                 "tensor 'b' data [1099511627776, +8) goes past the end");
 }
 
 TEST_F(GgufParserTest, UnknownValueTypesNestedArraysAndBadBoolsAreRefused) {
   GgufBuilder b = good();
   const std::string bytes = b.build();
-  std::string edited = bytes;
-  poke<uint32_t>(edited, b.layout.value_type_at["test.count"], 13);
-  absl::Status s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), HasSubstr("key 'test.count' has unknown value type 13"));
-  edited = bytes;
-  poke<uint32_t>(edited, b.layout.value_type_at["test.names"] + 4, 9);
-  EXPECT_THAT(msg(open_bytes(edited).status()),
-              HasSubstr("key 'test.names': nested arrays are not supported"));
+  expect_refused(open_poked(bytes, b.layout.value_type_at["test.count"], uint32_t{13}),
+                 absl::StatusCode::kInvalidArgument, "key 'test.count' has unknown value type 13");
+  expect_refused(open_poked(bytes, b.layout.value_type_at["test.names"] + 4, uint32_t{9}),
+                 absl::StatusCode::kInvalidArgument,
+                 "key 'test.names': nested arrays are not supported");
   GgufBuilder flag;
   flag.boolean("test.flag", true);
-  std::string with_bool = flag.build();
-  poke<uint8_t>(with_bool, flag.layout.value_type_at["test.flag"] + 4, 2);
-  EXPECT_THAT(msg(open_bytes(with_bool).status()),
-              HasSubstr("key 'test.flag' is bool 2, not 0 or 1"));
+  const std::string with_bool = flag.build();  // before its layout is read
+  expect_refused(open_poked(with_bool, flag.layout.value_type_at["test.flag"] + 4, uint8_t{2}),
+                 absl::StatusCode::kInvalidArgument, "key 'test.flag' is bool 2, not 0 or 1");
 }
 
 TEST_F(GgufParserTest, UnknownAndUnsupportedTensorTypesNameTheTensorAndTheType) {
   GgufBuilder b = good();
   const std::string bytes = b.build();
-  std::string edited = bytes;
-  poke<uint32_t>(edited, b.layout.type_at["b"], 77);
-  absl::Status s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'b' has unknown ggml type 77"));
-  edited = bytes;
-  poke<uint32_t>(edited, b.layout.type_at["b"], kQ5_K);
-  s = open_bytes(edited).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'b' has type Q5_K (13), which is not read here"));
+  expect_refused(open_poked(bytes, b.layout.type_at["b"], uint32_t{77}),
+                 absl::StatusCode::kInvalidArgument, "tensor 'b' has unknown ggml type 77");
+  expect_refused(open_poked(bytes, b.layout.type_at["b"], kQ5_K), absl::StatusCode::kUnimplemented,
+                 "tensor 'b' has type Q5_K (13), which is not read here");
 }
 
 TEST_F(GgufParserTest, DuplicateKeysAndTensorNamesAreRefused) {

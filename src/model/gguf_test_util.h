@@ -45,12 +45,15 @@ class GgufBuilder {
     put(kv_, uint64_t{v.size()});
     for (const std::string& s : v) put_string(kv_, s);
   }
-  void i32s(std::string_view key, const std::vector<int32_t>& v) {
+  // An array of integers of gguf_type `type`, T its C++ type (uint8_t for 0, int8_t for 1, ...).
+  template <class T>
+  void ints(std::string_view key, uint32_t type, const std::vector<T>& v) {
     begin(key, 9);
-    put(kv_, uint32_t{5});
+    put(kv_, type);
     put(kv_, uint64_t{v.size()});
-    kv_.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    kv_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
+  void i32s(std::string_view key, const std::vector<int32_t>& v) { ints(key, 5, v); }
 
   // A tensor: `shape` row-major (written reversed, innermost first), `data` its bytes. Offsets
   // follow one another, each aligned to the file's alignment.

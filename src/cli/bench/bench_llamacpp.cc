@@ -151,6 +151,19 @@ absl::StatusOr<std::optional<LlamaCppPeer>> prepare_peer_if_compared(const std::
   return std::optional<LlamaCppPeer>(std::move(peer));
 }
 
+void add_compare_flag(CLI::App* cmd, std::string* compare, const std::string& what,
+                      const std::string& llama_tools, const std::string& same) {
+  cmd->add_option(
+         "--compare", *compare,
+         absl::StrCat("torch: also run ", what,
+                      " in PyTorch eager (Debian python3-torch, f32, every hardware "
+                      "thread); llama.cpp: in llama.cpp's ",
+                      llama_tools, " (the checkpoint exported as GGUF, the same threads and ", same,
+                      ", its CPU variant matching --kernel-isa; built by "
+                      "scripts/install_deps.sh --bench); prints both and their ratio"))
+      ->check(CLI::IsMember({"torch", "llama.cpp"}));
+}
+
 void add_llamacpp_figures(const LlamaCppPeer& peer, double theirs, double ours,
                           nlohmann::json* out) {
   (*out)["llamacpp_tokens_per_s"] = theirs;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "simpler/kernels/kernels.h"
@@ -46,6 +47,12 @@ class LlamaCppPeer {
   bool owned_ = false;  // gguf_ is our export, removed with the object
   std::string cpu_variant_;
 };
+
+// Adds --compare (torch or llama.cpp) to a `bench decode|prefill` command `cmd`, parsed into
+// `*compare` (which must outlive the parse). Its help says the peers run `what` (e.g. "the
+// prompts") with llama.cpp's `llama_tools` on the same threads and `same` (e.g. "prompt length").
+void add_compare_flag(CLI::App* cmd, std::string* compare, const std::string& what,
+                      const std::string& llama_tools, const std::string& same);
 
 // The llama.cpp peer of a `bench decode|prefill` run: prepared (LlamaCppPeer::prepare) when
 // `compare` is "llama.cpp", none otherwise.

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -221,6 +222,39 @@ absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model,
         absl::StrCat(script, " printed no JSON object: ", out.substr(0, 2000)));
   }
   return j;
+}
+
+absl::Status add_torch_figures(const std::string& model, const std::vector<std::string>& args,
+                               const std::string& their_key, const std::string& out_key,
+                               double ours_ms, nlohmann::json* out) {
+  SIMPLER_ASSIGN_OR_RETURN(nlohmann::json torch,
+                           run_torch_peer(model, args, base::hardware_threads()));
+  const auto it = torch.find(their_key);
+  if (it == torch.end() || !it->is_number()) {
+    return absl::InternalError(absl::StrCat("the PyTorch peer's JSON has no number '", their_key,
+                                            "': ", torch.dump().substr(0, 2000)));
+  }
+  const double torch_ms = it->get<double>();
+  (*out)[out_key] = torch_ms;
+  (*out)["speedup_vs_torch"] = torch_ms / ours_ms;
+  return absl::OkStatus();
+}
+
+void print_torch_line(const nlohmann::json& out, const std::string& out_key, int decimals,
+                      const char* what) {
+  std::printf("  PyTorch eager (f32, %d threads): %.*f ms%s; simpler is %.2fx faster\n",
+              base::hardware_threads(), decimals, out[out_key].get<double>(), what,
+              out["speedup_vs_torch"].get<double>());
+}
+
+uint64_t files_bytes(const std::vector<std::string>& files) {
+  uint64_t bytes = 0;
+  for (const std::string& f : files) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(f, ec);
+    if (!ec) bytes += size;
+  }
+  return bytes;
 }
 
 uint64_t peak_resident_bytes() {

@@ -58,6 +58,23 @@ absl::StatusOr<double> bf16_gemm_library_flops(int64_t rows, const std::vector<G
 absl::StatusOr<nlohmann::json> run_torch_peer(const std::string& model,
                                               const std::vector<std::string>& args, int threads);
 
+// Adds a row's PyTorch figures to `out` (`bench decode|prefill --compare torch`): the peer's
+// milliseconds (its JSON field `their_key`, of run_torch_peer with `args` on every hardware
+// thread) as `out_key`, and "speedup_vs_torch", theirs over `ours_ms`. run_torch_peer's errors,
+// INTERNAL when its JSON has no number `their_key`.
+absl::Status add_torch_figures(const std::string& model, const std::vector<std::string>& args,
+                               const std::string& their_key, const std::string& out_key,
+                               double ours_ms, nlohmann::json* out);
+
+// Prints a row's PyTorch line from the figures add_torch_figures put in `out` under `out_key`:
+// the milliseconds with `decimals` digits and `what` after "ms" (e.g. " per step").
+void print_torch_line(const nlohmann::json& out, const std::string& out_key, int decimals,
+                      const char* what);
+
+// The summed sizes of `files` (a checkpoint's, llm::model_checkpoint_files), bytes; a file that
+// cannot be read counts 0.
+uint64_t files_bytes(const std::vector<std::string>& files);
+
 // The process's peak resident set (VmHWM of /proc/self/status), bytes; 0 when unreadable.
 uint64_t peak_resident_bytes();
 

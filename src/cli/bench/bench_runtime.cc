@@ -184,26 +184,4 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
   return rows;
 }
 
-nlohmann::json to_json(const DispatchRow& r) {
-  return {{"pattern", r.pattern},
-          {"tasks", r.tasks},
-          {"ns_per_task", r.ns_per_task},
-          {"wall_ms", r.wall_ms}};
-}
-
-nlohmann::json to_json(const PipelineRow& r) {
-  return {{"depth", r.depth},
-          {"host_us", r.host_us},
-          {"device_us", r.device_us},
-          {"runs", r.runs},
-          {"runs_per_s", r.runs_per_s},
-          {"device_busy", r.device_busy},
-          {"gap_us_p50", r.gap_us_p50},
-          {"gap_us_p99", r.gap_us_p99},
-          {"host_cpu_us_per_run", r.host_cpu_us_per_run},
-          {"pinned", r.pinned},
-          {"gaps_over_20us", r.gaps_over_20us},
-          {"late_launches", r.late_launches}};
-}
-
 }  // namespace simpler::cli

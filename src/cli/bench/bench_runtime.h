@@ -69,7 +69,10 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
                                                         const std::vector<double>& host_us,
                                                         int runs, PinMode pin);
 
-nlohmann::json to_json(const DispatchRow& r);
-nlohmann::json to_json(const PipelineRow& r);
+// The rows as JSON objects (nlohmann::json j = row), keyed by their field names.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DispatchRow, pattern, tasks, ns_per_task, wall_ms)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PipelineRow, depth, host_us, device_us, runs, runs_per_s,
+                                   device_busy, gap_us_p50, gap_us_p99, host_cpu_us_per_run, pinned,
+                                   gaps_over_20us, late_launches)
 
 }  // namespace simpler::cli

@@ -110,6 +110,70 @@ inline absl::StatusOr<double> parse_rate(const std::string& text) {
 
 inline CLI::Validator rate_check() { return parse_check(parse_rate, "RATE"); }
 
+// The workload flags of `bench throughput` and `bench serve` as given, with vLLM's names and
+// defaults. Plain value; thread-compatible.
+struct WorkloadFlags {
+  int64_t num_prompts = 200;
+  std::string input_len_range = "16:512";
+  std::string output_len_range = "16:256";
+  std::string request_rate = "inf";
+  uint64_t seed = 0;
+  // --workload multi-turn (bench_multi_turn.h): --num-prompts conversations of --turns turns that
+  // start with one --system-prompt-len system prompt; the length ranges are each user message's
+  // and each answer's.
+  std::string kind = "random";
+  int64_t turns = 4;
+  int64_t system_prompt_len = 256;
+
+  // The parsed ranges and rate; the flags' checks (add_workload_flags) refused what does not
+  // parse, so these hold values only.
+  LenRange input_lens() const { return *parse_len_range(input_len_range); }
+  LenRange output_lens() const { return *parse_len_range(output_len_range); }
+  double rate() const { return *parse_rate(request_rate); }
+};
+
+// Adds --num-prompts, --input-len-range, --output-len-range, --request-rate and --seed to `cmd`,
+// parsed into `*flags` (which must outlive the parse); `rate_note`, when not empty, ends the help
+// of --request-rate (how the command uses the arrivals). With `multi_turn`, also --workload,
+// --turns and --system-prompt-len.
+inline void add_workload_flags(CLI::App* cmd, WorkloadFlags* flags, const std::string& rate_note,
+                               bool multi_turn = false) {
+  if (multi_turn) {
+    cmd->add_option("--workload", flags->kind,
+                    "random: independent requests; multi-turn: conversations sharing a system "
+                    "prompt, run with prefix caching off and on (--num-prompts conversations; the "
+                    "length ranges are each user message's and each answer's)")
+        ->check(CLI::IsMember({"random", "multi-turn"}))
+        ->capture_default_str();
+    cmd->add_option("--turns", flags->turns, "multi-turn: turns per conversation")
+        ->check(int_in(1, 1000))
+        ->capture_default_str();
+    cmd->add_option("--system-prompt-len", flags->system_prompt_len,
+                    "multi-turn: tokens of the system prompt every conversation starts with")
+        ->check(int_in(1, std::numeric_limits<int32_t>::max()))
+        ->capture_default_str();
+  }
+  cmd->add_option("--num-prompts", flags->num_prompts, "requests in the workload")
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
+  cmd->add_option("--input-len-range", flags->input_len_range,
+                  "prompt tokens per request, uniform in [A, B] (A:A for uniform requests)")
+      ->check(len_range_check())
+      ->capture_default_str();
+  cmd->add_option("--output-len-range", flags->output_len_range,
+                  "output tokens per request (ignore_eos, exactly this many), uniform in [A, B]")
+      ->check(len_range_check())
+      ->capture_default_str();
+  cmd->add_option("--request-rate", flags->request_rate,
+                  "arrivals, requests/s: inf = all at once, else Poisson (seeded from --seed)" +
+                      (rate_note.empty() ? "" : "; " + rate_note))
+      ->check(rate_check())
+      ->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "workload seed: lengths, token ids and arrivals")
+      ->check(uint64_in())
+      ->capture_default_str();
+}
+
 struct Workload {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> output_lens;
@@ -150,6 +214,13 @@ inline absl::StatusOr<Workload> make_workload(const llm::ModelConfig& config, in
     w.longest = std::max(w.longest, in_len + out_len);
   }
   return w;
+}
+
+// The workload `flags` ask for, each request checked against the model's positions.
+inline absl::StatusOr<Workload> make_workload(const llm::ModelConfig& config,
+                                              const WorkloadFlags& flags) {
+  return make_workload(config, flags.num_prompts, flags.input_lens(), flags.output_lens(),
+                       flags.rate(), flags.seed);
 }
 
 // What one request returned.

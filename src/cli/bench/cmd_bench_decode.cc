@@ -2,7 +2,6 @@
 // the read-bandwidth probe (and PyTorch or llama.cpp with --compare).
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,7 +15,6 @@
 #include "cli/engine_flags.h"
 #include "cli/request_run.h"
 #include "nlohmann/json.hpp"
-#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
 #include "simpler/engine/kv_pages.h"
@@ -52,16 +50,6 @@ struct DecodeRow {
   double gflops = 0;
   DepthStats depth;
 };
-
-// The weights' size in the checkpoint's dtype: what a step reads.
-uint64_t checkpoint_bytes(const std::string& model) {
-  uint64_t bytes = 0;
-  std::error_code ec;
-  for (const std::string& f : llm::model_checkpoint_files(model)) {
-    bytes += std::filesystem::file_size(f, ec);
-  }
-  return bytes;
-}
 
 // Runs `batch` greedy requests of a one-token prompt for --steps steps on a fresh engine.
 absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::ModelConfig& config,
@@ -140,14 +128,9 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row, doub
 absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, LlamaCppPeer* peer,
                               int threads, nlohmann::json* out) {
   if (st.compare == "torch") {
-    SIMPLER_ASSIGN_OR_RETURN(nlohmann::json torch,
-                             run_torch_peer(st.model,
-                                            {"--batch", std::to_string(row.batch), "--steps",
-                                             std::to_string(st.steps - 1)},
-                                            base::hardware_threads()));
-    const double torch_ms = torch["decode_step_ms"].get<double>();
-    (*out)["torch_step_ms"] = torch_ms;
-    (*out)["speedup_vs_torch"] = torch_ms / row.step_ms;
+    SIMPLER_RETURN_IF_ERROR(add_torch_figures(
+        st.model, {"--batch", std::to_string(row.batch), "--steps", std::to_string(st.steps - 1)},
+        "decode_step_ms", "torch_step_ms", row.step_ms, out));
   }
   if (peer != nullptr) {
     SIMPLER_ASSIGN_OR_RETURN(
@@ -161,10 +144,7 @@ absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, Llama
 void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_bw,
                       const LlamaCppPeer* peer, int threads, const nlohmann::json& out) {
   const CommonOptions& common = st.engine.common;
-  if (common.json) {
-    std::printf("%s\n", base::dump_replacing(out).c_str());
-    return;
-  }
+  if (common.json) return print_json_line(out);
   std::printf(
       "decode: batch %d on %s, depth %d (effective %.2f): step %.3f ms (device %.3f ms), "
       "%.1f tokens/s, %.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the "
@@ -173,11 +153,7 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_b
       row.depth.effective_depth, row.step_ms, row.device_ms, row.tokens_per_s, row.gflops,
       row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9, 100 * row.weight_bytes_per_s / read_bw,
       read_bw / 1e9);
-  if (st.compare == "torch") {
-    std::printf("  PyTorch eager (f32, %d threads): %.3f ms per step; simpler is %.2fx faster\n",
-                base::hardware_threads(), out["torch_step_ms"].get<double>(),
-                out["speedup_vs_torch"].get<double>());
-  }
+  if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
 }
 
@@ -185,12 +161,8 @@ int run_bench_decode(const DecodeFlags& st) {
   const CommonOptions& common = st.engine.common;
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
-  auto config = llm::ModelConfig::load(st.model);
+  auto config = load_config_for(st.model, /*prompt_lens=*/{1}, st.steps, "--steps");
   if (!config.ok()) return fail(kBenchDecodeCommand, config.status());
-  const std::vector<int64_t> prompt = {1};
-  if (absl::Status s = config->check_request(prompt, st.steps); !s.ok()) {
-    return fail(kBenchDecodeCommand, base::annotate(s, "--steps: "));
-  }
   // The peer's threads are ours (the sim device's cores: --cores, 0 = every hardware thread).
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
   absl::StatusOr<std::optional<LlamaCppPeer>> peer =
@@ -199,8 +171,9 @@ int run_bench_decode(const DecodeFlags& st) {
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : st.batches) {
     if (read_bw == 0) {
-      read_bw =
-          read_bandwidth_bytes_per_s(std::max<uint64_t>(checkpoint_bytes(st.model), 64ull << 20));
+      // The weights' size in the checkpoint's dtype: what a step reads.
+      const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
+      read_bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
     }
     absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
     if (!row.ok())
@@ -227,13 +200,8 @@ Runner add_bench_decode_command(CLI::App* bench) {
   cmd->add_option("--batch", st->batches, "requests per step; a comma list runs one row each")
       ->delimiter(',')
       ->check(int_in(1, kMaxRequests));
-  cmd->add_option("--compare", st->compare,
-                  "torch: also run the checkpoint in PyTorch eager (Debian python3-torch, f32, "
-                  "every hardware thread); llama.cpp: in llama.cpp (llama-bench / "
-                  "llama-batched-bench on the checkpoint exported as GGUF, the same threads, "
-                  "batch and steps, its CPU variant matching --kernel-isa; built by "
-                  "scripts/install_deps.sh --bench); prints both and their ratio")
-      ->check(CLI::IsMember({"torch", "llama.cpp"}));
+  add_compare_flag(cmd, &st->compare, "the checkpoint", "llama-bench / llama-batched-bench",
+                   "batch and steps");
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
   return run_if_parsed(cmd, st, run_bench_decode);
 }

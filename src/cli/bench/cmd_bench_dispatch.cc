@@ -9,7 +9,6 @@
 #include "cli/bench/bench_starpu.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include "simpler/base/json.h"
 #include "simpler/base/thread.h"
 
 namespace simpler::cli {
@@ -39,14 +38,14 @@ int run_bench_dispatch(const DispatchFlags& st) {
   if (st.common.json) {
     nlohmann::json out = nlohmann::json::array();
     for (size_t i = 0; i < rows->size(); ++i) {
-      nlohmann::json j = to_json((*rows)[i]);
+      nlohmann::json j = (*rows)[i];
       if (i < starpu_rows.size()) {
         j["starpu_ns_per_task"] = starpu_rows[i].ns_per_task;
         j["starpu_over_simpler"] = starpu_rows[i].ns_per_task / (*rows)[i].ns_per_task;
       }
       out.push_back(j);
     }
-    std::printf("%s\n", base::dump_replacing(nlohmann::json{{"dispatch", out}}).c_str());
+    print_json_line(nlohmann::json{{"dispatch", out}});
   } else {
     std::printf("%-12s %10s %12s %10s", "pattern", "tasks", "ns/task", "wall ms");
     if (!starpu_rows.empty()) std::printf(" %16s %8s", "StarPU ns/task", "ratio");

@@ -2,7 +2,6 @@
 // memory.
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -15,7 +14,6 @@
 #include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
-#include "simpler/base/json.h"
 #include "simpler/engine/llm_engine.h"
 #include "simpler/engine/model_files.h"
 
@@ -51,9 +49,7 @@ int run_bench_load(const LoadFlags& st) {
   const CommonOptions& common = st.engine.common;
   base::TraceRecorder trace;
   const std::vector<std::string> files = llm::model_checkpoint_files(st.model);
-  uint64_t checkpoint_bytes = 0;
-  std::error_code ec;
-  for (const std::string& f : files) checkpoint_bytes += std::filesystem::file_size(f, ec);
+  const uint64_t checkpoint_bytes = files_bytes(files);
   if (files.empty()) {
     return fail(kBenchLoadCommand,
                 absl::NotFoundError(absl::StrCat("no .safetensors file in ", st.model)));
@@ -82,7 +78,7 @@ int run_bench_load(const LoadFlags& st) {
       {"model", st.model}, {"checkpoint_bytes", checkpoint_bytes}, {"load_s", load_s},
       {"read_s", read_s},  {"load_over_read", load_s / read_s},    {"vm_hwm_bytes", hwm}};
   if (common.json) {
-    std::printf("%s\n", base::dump_replacing(out).c_str());
+    print_json_line(out);
   } else {
     std::printf(
         "load: %.1f MB checkpoint loaded in %.3f s = %.2fx the %.3f s it takes to read the "

@@ -21,7 +21,6 @@
 #include "hierarchy/mailbox.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
-#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/hierarchy/l3_worker.h"
 #include "simpler/task/callable.h"
@@ -341,7 +340,7 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
       j["run_split"] = {{"l3_process", split_json(process->split)},
                         {"l3_thread", split_json(thread->split)},
                         {"l2", split_json(l2n->split)}};
-      std::printf("%s\n", base::dump_replacing(j).c_str());
+      print_json_line(j);
       return 0;
     }
     std::printf("bare shared-memory round trip      p50 %8.1f us   p99 %8.1f us\n", rtt->p50,

@@ -8,7 +8,6 @@
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_runtime.h"
 #include "cli/commands.h"
-#include "simpler/base/json.h"
 #include "simpler/worker/worker_stats.h"
 
 namespace simpler::cli {
@@ -41,7 +40,7 @@ int run_bench_pipeline(const PipelineFlags& st, const CLI::App& cmd) {
     return fail_with_trace("bench pipeline", rows.status(), trace, st.common.trace_path);
   }
   if (st.common.json) {
-    for (const auto& r : *rows) std::printf("%s\n", base::dump_replacing(to_json(r)).c_str());
+    for (const auto& r : *rows) print_json_line(nlohmann::json(r));
   } else {
     if (!rows->empty()) {
       std::printf("host and device threads %s\n",

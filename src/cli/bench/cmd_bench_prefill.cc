@@ -17,7 +17,6 @@
 #include "cli/engine_flags.h"
 #include "cli/request_run.h"
 #include "nlohmann/json.hpp"
-#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
 #include "simpler/engine/kv_pages.h"
@@ -134,12 +133,8 @@ absl::Status add_reference_figures(const PrefillFlags& st, const llm::ModelConfi
     (*out)["fraction_of_library"] = gflops * 1e9 / lib;
   }
   if (st.compare == "torch") {
-    SIMPLER_ASSIGN_OR_RETURN(
-        nlohmann::json torch,
-        run_torch_peer(st.model, {"--prompt-len", std::to_string(len)}, base::hardware_threads()));
-    const double torch_ms = torch["ttft_ms"].get<double>();
-    (*out)["torch_ttft_ms"] = torch_ms;
-    (*out)["speedup_vs_torch"] = torch_ms / best_ms;
+    SIMPLER_RETURN_IF_ERROR(add_torch_figures(st.model, {"--prompt-len", std::to_string(len)},
+                                              "ttft_ms", "torch_ttft_ms", best_ms, out));
   }
   if (peer != nullptr) {
     SIMPLER_ASSIGN_OR_RETURN(double theirs, peer->prefill_tokens_per_s(len, threads));
@@ -151,10 +146,7 @@ absl::Status add_reference_figures(const PrefillFlags& st, const llm::ModelConfi
 void print_prefill_row(const PrefillFlags& st, const ComputePeak& peak, int len, double best_ms,
                        double gflops, const LlamaCppPeer* peer, int threads,
                        const nlohmann::json& out) {
-  if (st.engine.common.json) {
-    std::printf("%s\n", base::dump_replacing(out).c_str());
-    return;
-  }
+  if (st.engine.common.json) return print_json_line(out);
   std::printf(
       "prefill: %d-token prompt on %s: time to first token %.1f ms (%.1f tokens/s), %.1f "
       "GFLOP/s = %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware "
@@ -169,24 +161,15 @@ void print_prefill_row(const PrefillFlags& st, const ComputePeak& peak, int len,
         100 * out["fraction_of_library"].get<double>(), out["library"].get<std::string>().c_str(),
         out["library_gflop_per_s"].get<double>());
   }
-  if (st.compare == "torch") {
-    std::printf("  PyTorch eager (f32, %d threads): %.1f ms; simpler is %.2fx faster\n",
-                base::hardware_threads(), out["torch_ttft_ms"].get<double>(),
-                out["speedup_vs_torch"].get<double>());
-  }
+  if (st.compare == "torch") print_torch_line(out, "torch_ttft_ms", 1, "");
   print_llamacpp_line(peer, threads, out);
 }
 
 int run_bench_prefill(const PrefillFlags& st) {
   const CommonOptions& common = st.engine.common;
   base::TraceRecorder trace;
-  auto config = llm::ModelConfig::load(st.model);
+  auto config = load_config_for(st.model, st.prompt_lens, 1, "--prompt-lens");
   if (!config.ok()) return fail(kBenchPrefillCommand, config.status());
-  for (int len : st.prompt_lens) {
-    if (absl::Status s = config->check_request(std::vector<int64_t>(len, 0), 1); !s.ok()) {
-      return fail(kBenchPrefillCommand, base::annotate(s, "--prompt-lens: "));
-    }
-  }
   const ComputePeak peak = measure_compute_peak(common);
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
   absl::StatusOr<std::optional<LlamaCppPeer>> peer =
@@ -230,12 +213,7 @@ Runner add_bench_prefill_command(CLI::App* bench) {
   cmd->add_option("--prompt-lens", st->prompt_lens, "prompt lengths in tokens, one row each")
       ->delimiter(',')
       ->check(int_in(1, 1 << 16));
-  cmd->add_option("--compare", st->compare,
-                  "torch: also run the prompts in PyTorch eager (Debian python3-torch, f32, "
-                  "every hardware thread); llama.cpp: in llama.cpp's llama-bench (the checkpoint "
-                  "exported as GGUF, the same threads and prompt length, its CPU variant "
-                  "matching --kernel-isa; scripts/install_deps.sh --bench); prints both")
-      ->check(CLI::IsMember({"torch", "llama.cpp"}));
+  add_compare_flag(cmd, &st->compare, "the prompts", "llama-bench", "prompt length");
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
   return run_if_parsed(cmd, st, run_bench_prefill);
 }

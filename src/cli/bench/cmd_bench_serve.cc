@@ -20,7 +20,6 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
-#include "simpler/base/json.h"
 #include "simpler/engine/model_files.h"
 #include "simpler/serve/openai_server.h"
 #include "simpler/tokenizer/chat_template.h"
@@ -37,12 +36,8 @@ constexpr const char* kBenchServeCommand = "bench serve";
 
 struct ServeState {
   std::string model, url;
-  int64_t num_prompts = 200;
-  std::string input_len_range = "16:512";
-  std::string output_len_range = "16:256";
-  std::string request_rate = "inf";
+  WorkloadFlags workload;
   int32_t max_concurrency = 0;  // 0: num_prompts
-  uint64_t seed = 0;
   EngineFlags engine;
 };
 
@@ -151,8 +146,8 @@ absl::Status start_server(const ServeState& st, const llm::EngineOptions& eo, Se
   serve::ServerOptions so;
   so.port = 0;
   so.served_model_name = "bench";
-  so.max_concurrent_requests = static_cast<int32_t>(
-      std::min<int64_t>(st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts, 4096));
+  so.max_concurrent_requests = static_cast<int32_t>(std::min<int64_t>(
+      st.max_concurrency > 0 ? st.max_concurrency : st.workload.num_prompts, 4096));
   s->server = std::make_unique<serve::OpenAiServer>(s->engine.get(), s->tokenizer.get(),
                                                     llm::load_model_chat_template(st.model), so);
   SIMPLER_ASSIGN_OR_RETURN(s->port, s->server->bind());
@@ -183,7 +178,7 @@ struct ClientRun {
 ClientRun run_clients(const ServeState& st, const Workload& w, const std::string& host, int port) {
   ClientRun run;
   const size_t n = w.prompts.size();
-  run.concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.num_prompts;
+  run.concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.workload.num_prompts;
   const int64_t concurrency = run.concurrency;
   std::vector<ClientResult>& results = run.results;
   results.resize(n);
@@ -257,14 +252,14 @@ ServedStats served_stats(const ClientRun& run) {
 
 json served_json(const ServeState& st, const ClientRun& clients, const ServedStats& served,
                  const RunStats& o, double ratio, int64_t preemptions) {
-  const double rate = *parse_rate(st.request_rate);
+  const double rate = st.workload.rate();
   const size_t n = clients.results.size();
   const std::vector<double>&ttft = served.ttft, &itl = served.itl, &tpot = served.tpot;
   const double wall_s = served.wall_s;
   const int64_t errors = served.errors;
   return {{"model", st.model},
           {"url", st.url.empty() ? json(nullptr) : json(st.url)},
-          {"num_prompts", st.num_prompts},
+          {"num_prompts", st.workload.num_prompts},
           {"request_rate", std::isfinite(rate) ? json(rate) : json(nullptr)},
           {"max_concurrency", clients.concurrency},
           {"max_num_seqs", st.engine.max_num_seqs},
@@ -302,12 +297,9 @@ void print_text(const ClientRun& clients, const ServedStats& served, const RunSt
 }
 
 int run_bench_serve(const ServeState& st) {
-  const LenRange in = *parse_len_range(st.input_len_range);
-  const LenRange out = *parse_len_range(st.output_len_range);
-  const double rate = *parse_rate(st.request_rate);
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchServeCommand, config.status());
-  auto workload = make_workload(*config, st.num_prompts, in, out, rate, st.seed);
+  auto workload = make_workload(*config, st.workload);
   if (!workload.ok()) return fail(kBenchServeCommand, workload.status());
   const Workload& w = *workload;
 
@@ -315,7 +307,7 @@ int run_bench_serve(const ServeState& st) {
   auto options = engine_options(st.engine, {.request_tokens = w.longest}, &trace);
   if (!options.ok()) return fail(kBenchServeCommand, options.status());
   llm::EngineOptions eo = *std::move(options);
-  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.workload.num_prompts, 1));
   eo.record_steps = false;
 
   Server server;
@@ -333,7 +325,7 @@ int run_bench_serve(const ServeState& st) {
   const double ratio = o.output_tokens_per_s > 0 ? served.tokens_per_s / o.output_tokens_per_s : 0;
   const json j = served_json(st, clients, served, o, ratio, preemptions);
   if (st.engine.common.json) {
-    std::printf("%s\n", base::dump_replacing(j).c_str());
+    print_json_line(j);
   } else {
     print_text(clients, served, o, ratio, j);
   }
@@ -354,23 +346,11 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
       &st->model, "model directory (with its tokenizer) or .gguf file");
   cmd->add_option("--url", st->url,
                   "drive a running server (http://HOST:PORT) instead of one started here");
-  cmd->add_option("--num-prompts", st->num_prompts, "requests in the workload")
-      ->check(int_in(1, kMaxRequests))
-      ->capture_default_str();
-  cmd->add_option("--input-len-range", st->input_len_range, "prompt tokens, uniform in [A, B]")
-      ->check(len_range_check())
-      ->capture_default_str();
-  cmd->add_option("--output-len-range", st->output_len_range, "output tokens, uniform in [A, B]")
-      ->check(len_range_check())
-      ->capture_default_str();
-  cmd->add_option("--request-rate", st->request_rate, "requests/s: inf = all at once, else Poisson")
-      ->check(rate_check())
-      ->capture_default_str();
+  add_workload_flags(cmd, &st->workload, "");
   cmd->add_option("--max-concurrency", st->max_concurrency,
                   "requests open at once (0 = all of them)")
       ->check(int_in(0, kMaxRequests))
       ->capture_default_str();
-  cmd->add_option("--seed", st->seed, "workload seed")->check(uint64_in())->capture_default_str();
   add_engine_flags(
       cmd, &st->engine,
       {.max_num_seqs = "the engine's running requests", .page_size = true, .prefix_caching = true});

@@ -41,7 +41,6 @@
 #include "cli/engine_flags.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/clock.h"
-#include "simpler/base/json.h"
 #include "simpler/base/status.h"
 #include "simpler/base/sync.h"
 #include "simpler/base/thread_annotations.h"
@@ -59,15 +58,8 @@ constexpr const char* kBenchThroughputCommand = "bench throughput";
 
 struct ThroughputState {
   std::string model;
-  int64_t num_prompts = 200;
-  std::string input_len_range = "16:512";
-  std::string output_len_range = "16:256";
-  std::string request_rate = "inf";
-  uint64_t seed = 0;
+  WorkloadFlags workload;
   int64_t ttft_probe_len = 512;
-  std::string workload = "random";
-  int64_t turns = 4;
-  int64_t system_prompt_len = 256;
   EngineFlags engine;
 };
 
@@ -127,20 +119,21 @@ void print_multi_turn(const ThroughputState& st, const MultiTurnSummary& off,
     nlohmann::json out = {
         {"benchmark", "throughput"},
         {"workload", "multi-turn"},
-        {"conversations", st.num_prompts},
-        {"turns", st.turns},
-        {"system_prompt_len", st.system_prompt_len},
-        {"seed", st.seed},
+        {"conversations", st.workload.num_prompts},
+        {"turns", st.workload.turns},
+        {"system_prompt_len", st.workload.system_prompt_len},
+        {"seed", st.workload.seed},
         {"prefix_caching_off", multi_turn_json(off)},
         {"prefix_caching_on", multi_turn_json(on)},
         {"output_tokens_per_s_on_over_off",
          off.output_tokens_per_s > 0 ? on.output_tokens_per_s / off.output_tokens_per_s : 0.0}};
-    std::printf("%s\n", base::dump_replacing(out).c_str());
+    print_json_line(out);
     return;
   }
   std::printf("multi-turn: %lld conversations x %lld turns, system prompt %lld tokens\n",
-              static_cast<long long>(st.num_prompts), static_cast<long long>(st.turns),
-              static_cast<long long>(st.system_prompt_len));
+              static_cast<long long>(st.workload.num_prompts),
+              static_cast<long long>(st.workload.turns),
+              static_cast<long long>(st.workload.system_prompt_len));
   std::printf("turn | TTFT p50 / p99 ms, cache off | cache on | prompt tokens cached (on)\n");
   for (size_t t = 0; t < on.ttft50_ms.size(); ++t) {
     std::printf("%4zu | %8.1f / %8.1f | %8.1f / %8.1f | %lld of %lld\n", t, off.ttft50_ms[t],
@@ -156,15 +149,15 @@ void print_multi_turn(const ThroughputState& st, const MultiTurnSummary& off,
 int run_multi_turn_bench(const ThroughputState& st) {
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchThroughputCommand, config.status());
-  auto workload = make_multi_turn_workload(*config, st.num_prompts, st.turns, st.system_prompt_len,
-                                           *parse_len_range(st.input_len_range),
-                                           *parse_len_range(st.output_len_range), st.seed);
+  const WorkloadFlags& wf = st.workload;
+  auto workload = make_multi_turn_workload(*config, wf.num_prompts, wf.turns, wf.system_prompt_len,
+                                           wf.input_lens(), wf.output_lens(), wf.seed);
   if (!workload.ok()) return fail(kBenchThroughputCommand, workload.status());
   base::TraceRecorder trace;
   auto options = engine_options(st.engine, {.request_tokens = workload->longest}, &trace);
   if (!options.ok()) return fail(kBenchThroughputCommand, options.status());
   llm::EngineOptions eo = *std::move(options);
-  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(wf.num_prompts, 1));
   MultiTurnSummary summary[2];
   for (bool caching : {false, true}) {
     eo.enable_prefix_caching = caching;
@@ -172,7 +165,7 @@ int run_multi_turn_bench(const ThroughputState& st) {
               << (caching ? "on" : "off") << "\n";
     auto run = run_multi_turn(st.model, eo, *workload);
     if (!run.ok()) return fail(kBenchThroughputCommand, run.status());
-    summary[caching] = summarize(*run, st.turns);
+    summary[caching] = summarize(*run, st.workload.turns);
     if (summary[caching].failed_turns > 0) {
       return fail(kBenchThroughputCommand,
                   absl::InternalError(
@@ -201,7 +194,7 @@ int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config,
                    std::optional<TtftProbe>* probe) {
   if (st.ttft_probe_len == 0) return 0;
   Workload one;
-  SplitMix64 ids(st.seed ^ 0x9e3779b97f4a7c15ull);
+  SplitMix64 ids(st.workload.seed ^ 0x9e3779b97f4a7c15ull);
   std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len));
   for (int64_t& id : prompt) id = ids.uniform(0, config.vocab_size - 1);
   if (absl::Status ck = config.check_request(prompt, 1); !ck.ok()) {
@@ -252,11 +245,11 @@ struct Report {
 void print_json(const ThroughputState& st, const Report& r) {
   nlohmann::json j = {
       {"model", st.model},
-      {"num_prompts", st.num_prompts},
+      {"num_prompts", st.workload.num_prompts},
       {"input_len_range", {r.in.lo, r.in.hi}},
       {"output_len_range", {r.out.lo, r.out.hi}},
       {"request_rate", std::isfinite(r.rate) ? nlohmann::json(r.rate) : nlohmann::json(nullptr)},
-      {"seed", st.seed},
+      {"seed", st.workload.seed},
       {"max_num_seqs", r.seqs},
       {"max_num_batched_tokens", r.batched},
       {"page_size", r.page_size},
@@ -297,18 +290,18 @@ void print_json(const ThroughputState& st, const Report& r) {
     j["ttft_probe_steps"] = r.probe->steps;
     j["ttft_probe_over_prefill_device"] = r.probe->ratio();
   }
-  std::printf("%s\n", base::dump_replacing(j).c_str());
+  print_json_line(j);
 }
 
 void print_text(const ThroughputState& st, const Report& r) {
   std::printf(
       "workload: %lld prompts, input %lld..%lld, output %lld..%lld tokens (seed %llu): %lld "
       "input + %lld output tokens; request rate %s/s\n",
-      static_cast<long long>(st.num_prompts), static_cast<long long>(r.in.lo),
+      static_cast<long long>(st.workload.num_prompts), static_cast<long long>(r.in.lo),
       static_cast<long long>(r.in.hi), static_cast<long long>(r.out.lo),
-      static_cast<long long>(r.out.hi), static_cast<unsigned long long>(st.seed),
+      static_cast<long long>(r.out.hi), static_cast<unsigned long long>(st.workload.seed),
       static_cast<long long>(r.w->input_tokens), static_cast<long long>(r.w->output_tokens),
-      st.request_rate.c_str());
+      st.workload.request_rate.c_str());
   std::printf(
       "continuous: %lld output tokens in %.2f s = %.1f output tokens/s, %.2f requests/s; %lld "
       "steps (%.1f rows each), %lld preemptions, %lld errors\n",
@@ -362,15 +355,14 @@ int exit_code(const ThroughputState& st, const Report& r, const base::TraceRecor
 }
 
 int run_bench_throughput(const ThroughputState& st) {
-  if (st.workload == "multi-turn") return run_multi_turn_bench(st);
+  if (st.workload.kind == "multi-turn") return run_multi_turn_bench(st);
   Report r;
-  // The flag checks accepted these already; they cannot fail here.
-  r.in = *parse_len_range(st.input_len_range);
-  r.out = *parse_len_range(st.output_len_range);
-  r.rate = *parse_rate(st.request_rate);
+  r.in = st.workload.input_lens();
+  r.out = st.workload.output_lens();
+  r.rate = st.workload.rate();
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchThroughputCommand, config.status());
-  auto workload = make_workload(*config, st.num_prompts, r.in, r.out, r.rate, st.seed);
+  auto workload = make_workload(*config, st.workload);
   if (!workload.ok()) return fail(kBenchThroughputCommand, workload.status());
   const Workload& w = *workload;
   r.w = &w;
@@ -383,15 +375,16 @@ int run_bench_throughput(const ThroughputState& st) {
   r.batched = eo.runner.max_num_batched_tokens;
   r.pages = eo.runner.num_pages;
   r.page_size = eo.runner.page_size;
-  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.num_prompts, 1));
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.workload.num_prompts, 1));
   eo.record_steps = true;
 
-  std::cerr << "simpler " << kBenchThroughputCommand << ": " << st.num_prompts << " prompts (input "
-            << r.in.lo << ".." << r.in.hi << ", output " << r.out.lo << ".." << r.out.hi
-            << " tokens, seed " << st.seed << "): " << w.input_tokens << " input + "
-            << w.output_tokens << " output tokens; request rate " << st.request_rate
-            << "/s, max_num_seqs " << r.seqs << ", max_num_batched_tokens " << r.batched << ", "
-            << r.pages << " KV pages of " << r.page_size << " tokens\n";
+  std::cerr << "simpler " << kBenchThroughputCommand << ": " << st.workload.num_prompts
+            << " prompts (input " << r.in.lo << ".." << r.in.hi << ", output " << r.out.lo << ".."
+            << r.out.hi << " tokens, seed " << st.workload.seed << "): " << w.input_tokens
+            << " input + " << w.output_tokens << " output tokens; request rate "
+            << st.workload.request_rate << "/s, max_num_seqs " << r.seqs
+            << ", max_num_batched_tokens " << r.batched << ", " << r.pages << " KV pages of "
+            << r.page_size << " tokens\n";
 
   auto continuous =
       run_workload(st.model, eo, w, /*static_batches=*/false, kBenchThroughputCommand);
@@ -434,40 +427,7 @@ Runner add_bench_throughput_command(CLI::App* bench) {
   auto* cmd = add_model_command(
       bench, "throughput",
       "serving throughput on a random workload: continuous batching vs static batches", &st->model);
-  cmd->add_option("--workload", st->workload,
-                  "random: independent requests (continuous vs static batches); multi-turn: "
-                  "conversations sharing a system prompt, prefix caching off vs on")
-      ->check(CLI::IsMember({"random", "multi-turn"}))
-      ->capture_default_str();
-  cmd->add_option("--turns", st->turns, "multi-turn: turns per conversation")
-      ->check(int_in(1, 1000))
-      ->capture_default_str();
-  cmd->add_option("--system-prompt-len", st->system_prompt_len,
-                  "multi-turn: tokens of the system prompt every conversation starts with")
-      ->check(int_in(1, std::numeric_limits<int32_t>::max()))
-      ->capture_default_str();
-  cmd->add_option("--num-prompts", st->num_prompts,
-                  "requests in the workload (multi-turn: conversations)")
-      ->check(int_in(1, kMaxRequests))
-      ->capture_default_str();
-  cmd->add_option("--input-len-range", st->input_len_range,
-                  "prompt tokens per request, uniform in [A, B] (A:A for uniform requests; "
-                  "multi-turn: each user message)")
-      ->check(len_range_check())
-      ->capture_default_str();
-  cmd->add_option("--output-len-range", st->output_len_range,
-                  "output tokens per request (ignore_eos, exactly this many), uniform in [A, B] "
-                  "(multi-turn: each answer)")
-      ->check(len_range_check())
-      ->capture_default_str();
-  cmd->add_option("--request-rate", st->request_rate,
-                  "continuous run's arrivals, requests/s: inf = all at once, else Poisson "
-                  "(seeded from --seed); the static run ignores it")
-      ->check(rate_check())
-      ->capture_default_str();
-  cmd->add_option("--seed", st->seed, "workload seed: lengths, token ids and arrivals")
-      ->check(uint64_in())
-      ->capture_default_str();
+  add_workload_flags(cmd, &st->workload, "the static run ignores it", /*multi_turn=*/true);
   cmd->add_option("--ttft-probe-len", st->ttft_probe_len,
                   "then one prompt of this many tokens on an idle engine: its time to first token "
                   "against the device time of its prefill steps (0 = skip)")

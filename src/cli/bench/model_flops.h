@@ -1,11 +1,32 @@
-// FLOP counts of a model's steps, the numerators of the LLM benchmarks' GFLOP/s figures.
+// The model of an LLM benchmark: its config, checked against the benchmark's requests, and the
+// FLOP counts of its steps, the numerators of the GFLOP/s figures.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "simpler/base/status.h"
 #include "simpler/model/model_config.h"
 
 namespace simpler::cli {
+
+// `model`'s config (ModelConfig::load's errors), checked to hold a request of each of
+// `prompt_lens` tokens followed by `max_tokens` more: ModelConfig::check_request's error with
+// `flag` (the benchmark's flag that asked for it) before its message.
+inline absl::StatusOr<llm::ModelConfig> load_config_for(const std::string& model,
+                                                        const std::vector<int>& prompt_lens,
+                                                        int64_t max_tokens,
+                                                        const std::string& flag) {
+  SIMPLER_ASSIGN_OR_RETURN(llm::ModelConfig config, llm::ModelConfig::load(model));
+  for (int len : prompt_lens) {
+    if (absl::Status s = config.check_request(std::vector<int64_t>(len, 0), max_tokens); !s.ok()) {
+      return base::annotate(s, flag + ": ");
+    }
+  }
+  return config;
+}
 
 // Multiply-accumulates of the weight matrices per decode row (the projections and the LM head;
 // the attention over a short context is negligible): a step of B rows is 2·B·this FLOPs.
