@@ -138,6 +138,16 @@ absl::StatusOr<MultiTurnRun> run_multi_turn(const std::string& model, const llm:
                                             const MultiTurnWorkload& w) {
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<llm::LlmEngine> engine,
                            llm::LlmEngine::create(model, eo));
+  // One warm-up request first (a one-token prompt no conversation starts with), so the runs
+  // compared do not differ by the first steps' one-time costs.
+  llm::RequestSpec warm;
+  warm.prompt_ids = {w.system.empty() || w.system[0] != 0 ? 0 : 1};
+  warm.max_tokens = 1;
+  SIMPLER_ASSIGN_OR_RETURN(llm::RequestId warm_id, engine->add_request(std::move(warm)));
+  for (bool done = false; !done;) {
+    SIMPLER_ASSIGN_OR_RETURN(llm::RequestOutput out, engine->next_output(warm_id));
+    done = out.finished();
+  }
   MultiTurnRun run;
   auto conversations = std::make_shared<Conversations>(engine.get(), w);
   run.start_ns = base::now_ns();

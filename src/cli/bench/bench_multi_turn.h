@@ -42,8 +42,9 @@ struct TurnResult {
   absl::Status error;
 };
 
-// One run of the workload on a fresh engine: every conversation starts at once; a turn is
-// submitted (from the engine's output callback) as soon as the previous turn's final event came.
+// One run of the workload on a fresh engine, after one warm-up request: every conversation
+// starts at once; a turn is submitted (from the engine's output callback) as soon as the previous
+// turn's final event came.
 struct MultiTurnRun {
   std::vector<std::vector<TurnResult>> turns;  // [conversation][turn]
   int64_t start_ns = 0, end_ns = 0;
@@ -52,8 +53,8 @@ struct MultiTurnRun {
   absl::Status closed;  // the engine's shutdown
 };
 
-// Errors: the engine's creation. A refused or failed turn ends its conversation and is recorded
-// in its TurnResult.
+// Errors: the engine's creation, and the warm-up request's. A refused or failed turn ends its
+// conversation and is recorded in its TurnResult.
 absl::StatusOr<MultiTurnRun> run_multi_turn(const std::string& model, const llm::EngineOptions& eo,
                                             const MultiTurnWorkload& w);
 
