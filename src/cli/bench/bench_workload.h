@@ -149,7 +149,8 @@ inline void add_workload_flags(CLI::App* cmd, WorkloadFlags* flags, const std::s
         ->check(int_in(1, 1000))
         ->capture_default_str();
     cmd->add_option("--system-prompt-len", flags->system_prompt_len,
-                    "multi-turn: tokens of the system prompt every conversation starts with")
+                    "multi-turn: tokens of the system prompt every conversation starts with "
+                    "(bench serve: words of about one token each)")
         ->check(int_in(1, std::numeric_limits<int32_t>::max()))
         ->capture_default_str();
   }

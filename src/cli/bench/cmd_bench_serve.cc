@@ -48,6 +48,8 @@ struct ClientResult {
   int64_t sent_ns = 0, first_ns = 0, done_ns = 0;
   std::vector<int64_t> chunk_ns;  // arrival of each content chunk
   int64_t completion_tokens = 0;  // from the usage chunk
+  int64_t cached_tokens = 0;      // usage.prompt_tokens_details.cached_tokens
+  std::string text;               // the completion's text
 };
 
 double thread_cpu_s() {
@@ -56,8 +58,8 @@ double thread_cpu_s() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
-ClientResult send_one(const std::string& host, int port, const std::vector<int32_t>& prompt,
-                      int64_t max_tokens) {
+// One streamed /v1/completions of `prompt` (token ids or text).
+ClientResult send_one(const std::string& host, int port, const json& prompt, int64_t max_tokens) {
   ClientResult r;
   httplib::Client c(host, port);
   c.set_read_timeout(600, 0);
@@ -91,12 +93,17 @@ ClientResult send_one(const std::string& host, int port, const std::vector<int32
         continue;
       }
       if (j.contains("usage") && j["usage"].is_object()) {
-        r.completion_tokens = j["usage"].value("completion_tokens", int64_t{0});
+        const json& u = j["usage"];
+        r.completion_tokens = u.value("completion_tokens", int64_t{0});
+        if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+          r.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", int64_t{0});
+        }
       }
       if (j.contains("choices") && !j["choices"].empty() &&
           !j["choices"][0].value("text", std::string()).empty()) {
         if (r.first_ns == 0) r.first_ns = now;
         r.chunk_ns.push_back(now);
+        r.text += j["choices"][0]["text"].get<std::string>();
       }
     }
     return true;
@@ -196,7 +203,7 @@ ClientRun run_clients(const ServeState& st, const Workload& w, const std::string
         while (base::now_ns() < at) {
           std::this_thread::sleep_for(std::chrono::nanoseconds(at - base::now_ns()));
         }
-        results[i] = send_one(host, port, w.prompts[i], w.output_lens[i]);
+        results[i] = send_one(host, port, json(w.prompts[i]), w.output_lens[i]);
         finished.fetch_add(1);
       }
       const double cpu = thread_cpu_s();
@@ -296,7 +303,154 @@ void print_text(const ClientRun& clients, const ServedStats& served, const RunSt
       o.output_tokens_per_s, percentile(o.ttft_ms, 0.5), ratio);
 }
 
+// ---- --workload multi-turn ----------------------------------------------------------------
+
+// Conversations as text: a shared system prompt and user messages of common English words (about
+// one token each with Qwen3's tokenizer), seeded; each turn sends the conversation so far (every
+// earlier message and answer) as a text prompt, as a completions client does.
+struct TextConversations {
+  std::string system;
+  std::vector<std::vector<std::string>> user;     // [conversation][turn]
+  std::vector<std::vector<int64_t>> output_lens;  // [conversation][turn]
+};
+
+TextConversations make_text_conversations(const WorkloadFlags& wf) {
+  static constexpr const char* kWords[] = {
+      "time",   "year",   "people",  "way",      "day",     "thing",   "life",  "world",
+      "school", "state",  "family",  "group",    "country", "problem", "hand",  "place",
+      "week",   "system", "program", "question", "work",    "number",  "night", "point",
+      "home",   "water",  "room",    "area",     "money",   "story",   "month", "book"};
+  SplitMix64 rng(wf.seed);
+  auto words = [&](int64_t n) {
+    std::string t;
+    for (int64_t i = 0; i < n; ++i) {
+      t += ' ';
+      t += kWords[rng.uniform(0, std::size(kWords) - 1)];
+    }
+    return t;
+  };
+  TextConversations c;
+  c.system = words(wf.system_prompt_len);
+  const LenRange in = wf.input_lens(), out = wf.output_lens();
+  c.user.resize(wf.num_prompts);
+  c.output_lens.resize(wf.num_prompts);
+  for (int64_t k = 0; k < wf.num_prompts; ++k) {
+    for (int64_t t = 0; t < wf.turns; ++t) {
+      c.user[k].push_back(words(rng.uniform(in.lo, in.hi)));
+      c.output_lens[k].push_back(rng.uniform(out.lo, out.hi));
+    }
+  }
+  return c;
+}
+
+// Every conversation on a client thread of its own, its turns one after another.
+std::vector<std::vector<ClientResult>> run_conversations(const TextConversations& c,
+                                                         const std::string& host, int port) {
+  std::vector<std::vector<ClientResult>> results(c.user.size());
+  std::vector<std::thread> clients;
+  for (size_t k = 0; k < c.user.size(); ++k) {
+    clients.emplace_back([&, k] {
+      std::string prompt = c.system;
+      for (size_t t = 0; t < c.user[k].size(); ++t) {
+        prompt += c.user[k][t];
+        results[k].push_back(send_one(host, port, json(prompt), c.output_lens[k][t]));
+        if (!results[k].back().ok) return;
+        prompt += results[k].back().text;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  return results;
+}
+
+// Per turn: TTFT p50 / p99 (ms), prompt tokens the cache served; and the output tokens/s.
+json multi_turn_served_json(const std::vector<std::vector<ClientResult>>& results, int64_t turns,
+                            double wall_s, std::string* first_error) {
+  json per_turn = json::array();
+  int64_t tokens = 0;
+  for (int64_t t = 0; t < turns; ++t) {
+    std::vector<double> ttft;
+    int64_t cached = 0;
+    for (const auto& conv : results) {
+      if (t >= static_cast<int64_t>(conv.size())) continue;
+      const ClientResult& r = conv[t];
+      if (!r.ok && first_error->empty()) *first_error = r.error;
+      if (!r.ok) continue;
+      if (r.first_ns) ttft.push_back((r.first_ns - r.sent_ns) / 1e6);
+      cached += r.cached_tokens;
+      tokens += r.completion_tokens;
+    }
+    per_turn.push_back({{"turn", t},
+                        {"ttft_p50_ms", percentile(ttft, 0.5)},
+                        {"ttft_p99_ms", percentile(ttft, 0.99)},
+                        {"cached_tokens", cached}});
+  }
+  return {{"turns", per_turn},
+          {"wall_s", wall_s},
+          {"output_tokens_per_s", wall_s > 0 ? tokens / wall_s : 0.0}};
+}
+
+// The conversations through a server started here with prefix caching off, then on.
+int run_bench_serve_multi_turn(const ServeState& st) {
+  if (!st.url.empty()) {
+    return fail(kBenchServeCommand,
+                absl::InvalidArgumentError("--workload multi-turn starts its own servers (prefix "
+                                           "caching off, then on); --url is not supported"));
+  }
+  const TextConversations c = make_text_conversations(st.workload);
+  const int64_t longest =
+      st.workload.system_prompt_len +
+      st.workload.turns * (st.workload.input_lens().hi + st.workload.output_lens().hi);
+  base::TraceRecorder trace;
+  auto options = engine_options(st.engine, {.request_tokens = longest}, &trace);
+  if (!options.ok()) return fail(kBenchServeCommand, options.status());
+  llm::EngineOptions eo = *std::move(options);
+  eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.workload.num_prompts, 1));
+  json out = {{"workload", "multi-turn"},
+              {"conversations", st.workload.num_prompts},
+              {"turns", st.workload.turns},
+              {"system_prompt_words", st.workload.system_prompt_len}};
+  for (bool caching : {false, true}) {
+    eo.enable_prefix_caching = caching;
+    Server server;
+    if (absl::Status s = start_server(st, eo, &server); !s.ok()) return fail(kBenchServeCommand, s);
+    // A warm-up request first, so the two servers do not differ by their first steps' costs.
+    (void)send_one(server.host, server.port, json("warm up"), 1);
+    const int64_t t0 = base::now_ns();
+    const auto results = run_conversations(c, server.host, server.port);
+    const double wall_s = (base::now_ns() - t0) / 1e9;
+    stop_server(&server);
+    std::string first_error;
+    out[caching ? "prefix_caching_on" : "prefix_caching_off"] =
+        multi_turn_served_json(results, st.workload.turns, wall_s, &first_error);
+    if (!first_error.empty()) {
+      return fail(kBenchServeCommand, absl::InternalError("a turn failed: " + first_error));
+    }
+  }
+  if (st.engine.common.json) {
+    print_json_line(out);
+    return 0;
+  }
+  std::printf("multi-turn over HTTP: %lld conversations x %lld turns, system prompt %lld words\n",
+              static_cast<long long>(st.workload.num_prompts),
+              static_cast<long long>(st.workload.turns),
+              static_cast<long long>(st.workload.system_prompt_len));
+  std::printf("turn | TTFT p50 / p99 ms, cache off | cache on | prompt tokens cached (on)\n");
+  const json &off = out["prefix_caching_off"], &on = out["prefix_caching_on"];
+  for (int64_t t = 0; t < st.workload.turns; ++t) {
+    std::printf(
+        "%4lld | %8.1f / %8.1f | %8.1f / %8.1f | %lld\n", static_cast<long long>(t),
+        off["turns"][t]["ttft_p50_ms"].get<double>(), off["turns"][t]["ttft_p99_ms"].get<double>(),
+        on["turns"][t]["ttft_p50_ms"].get<double>(), on["turns"][t]["ttft_p99_ms"].get<double>(),
+        static_cast<long long>(on["turns"][t]["cached_tokens"].get<int64_t>()));
+  }
+  std::printf("output tokens/s: cache off %.1f, cache on %.1f\n",
+              off["output_tokens_per_s"].get<double>(), on["output_tokens_per_s"].get<double>());
+  return 0;
+}
+
 int run_bench_serve(const ServeState& st) {
+  if (st.workload.kind == "multi-turn") return run_bench_serve_multi_turn(st);
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchServeCommand, config.status());
   auto workload = make_workload(*config, st.workload);
@@ -346,7 +500,7 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
       &st->model, "model directory (with its tokenizer) or .gguf file");
   cmd->add_option("--url", st->url,
                   "drive a running server (http://HOST:PORT) instead of one started here");
-  add_workload_flags(cmd, &st->workload, "");
+  add_workload_flags(cmd, &st->workload, "", /*multi_turn=*/true);
   cmd->add_option("--max-concurrency", st->max_concurrency,
                   "requests open at once (0 = all of them)")
       ->check(int_in(0, kMaxRequests))
