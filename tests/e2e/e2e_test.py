@@ -880,6 +880,7 @@ def scenario_continuous_batching(ctx):
         if preempts:
             pb.check((out.get("preemptions") or 0) > 0,
                      f"{label}: {out.get('preemptions')} preemptions, expected some")
+    check_prefix_caching(ctx, model, rng, diag, max_new)
     # A hang in step 3 with a 1 s operation timeout: every request fails with the timeout (the
     # engine is unhealthy), the call prints every result and exits 1 within seconds.
     env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=2:task=1:kind=hang")
@@ -890,6 +891,46 @@ def scenario_continuous_batching(ctx):
                            "hang in step 3", ["run 2"], env=env)
     wall = time.monotonic() - t0
     pb.check(wall < 30, f"hang in step 3: the call took {wall:.1f} s")
+
+
+def check_prefix_caching(ctx, model, rng, diag, max_new):
+    """Prefix caching against the float64 reference: six prompts that share a 100-token prefix
+    (one of them twice: clones), at depth 2 with a budget that chunks the prefill, with the cache
+    on (the default) and off: every request's tokens equal the reference's both times, the cache
+    served prompt tokens when on (whole pages of the shared prefix) and none when off."""
+    pb = ctx.problems
+    prefix = random_prompt(rng, 100, 4096)
+    prompts = [prefix + random_prompt(rng, n, 4096) for n in (1, 17, 33, 40, 5)]
+    prompts.append(list(prompts[2]))
+    path = ctx.path("prefix_prompts.jsonl")
+    with open(path, "w") as f:
+        for pr in prompts:
+            f.write(json.dumps({"prompt_ids": pr}) + "\n")
+    ref, _ = ctx.reference_generate(model, prompts, max_new, [], [], ctx.path("prefix_ref.json"),
+                                    label="reference (shared prefixes)")
+    common = ["--prompts-file", path, "--max-new-tokens", str(max_new), "--ignore-eos",
+              "--page-size", str(PAGE_SIZE), "--max-num-batched-tokens", "48",
+              "--max-num-seqs", "4", "--launch-depth", "2"]
+    for label, extra in (("prefix caching on", []),
+                         ("prefix caching off", ["--no-enable-prefix-caching"])):
+        out, _, _ = ctx.generate(model, common + extra, f"generate {label}")
+        reqs = out.get("requests", [])
+        if not pb.check(len(reqs) == len(prompts), f"{label}: {len(reqs)} requests"):
+            continue
+        for i, (got, want) in enumerate(zip(reqs, ref["requests"])):
+            compare_request(pb, f"{label} request {i}", got, want, max_new=max_new,
+                            logits_steps=(), kv_positions=(), diag=diag)
+        cached = out.get("timing", {}).get("cached_prompt_tokens")
+        per_request = [r.get("cached_tokens") for r in reqs]
+        if extra:
+            pb.check(cached == 0 and out.get("prefix_caching") is False,
+                     f"{label}: {cached} cached prompt tokens, prefix_caching "
+                     f"{out.get('prefix_caching')!r}")
+        else:
+            whole = all(isinstance(c, int) and c % PAGE_SIZE == 0 for c in per_request)
+            pb.check(isinstance(cached, int) and cached >= 4 * 96 and whole,
+                     f"{label}: cached prompt tokens {cached} (per request {per_request}); "
+                     f"expected whole pages, at least 96 of the shared prefix for 4 requests")
 
 
 def expect_error(ctx, argv, label, must_contain, *, env=None):
