@@ -21,7 +21,8 @@ namespace simpler::llm {
 
 struct RequestHooks {
   // Raw logits of these output tokens (0 = first), K/V of these positions (read back when the
-  // step writing them retires).
+  // step writing them retires; a request with kv_positions takes nothing from the prefix cache,
+  // so every position is written by a step of its own).
   std::set<int64_t> logits_tokens;
   std::set<int64_t> kv_positions;
 };

@@ -681,7 +681,10 @@ void LlmEngine::Impl::apply(Command& c) {
         sr.prompt_len = ch.prompt_len;
         sr.max_tokens = c.spec->max_tokens;
         sr.sampling_id = nc.sid;
-        sr.prompt = ch.tokens;
+        // A request that dumps K/V reads it from the rows that compute it: none of its
+        // positions may come from the prefix cache.
+        const bool dumps_kv = c.spec->hooks != nullptr && !c.spec->hooks->kv_positions.empty();
+        if (!dumps_kv) sr.prompt = ch.tokens;
         absl::Status s;
         {
           base::MutexLock l(mu);
