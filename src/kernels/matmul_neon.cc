@@ -39,6 +39,17 @@ struct Neon : HalfWidthWeights<Neon> {
       return vcvt_f32_f16(vreinterpret_f16_u16(h));
     }
   }
+  // Q8_0: 4 int8 widened to i32, converted (exact), times the block's scale (exact: 8-bit q
+  // times an 11-bit f16 significand fits f32's 24). Reads exactly the 4 bytes.
+  static P load_q8_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    uint32_t q_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    std::memcpy(&q_bits, block + 2 + first, sizeof(q_bits));
+    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d_bits)));
+    const int16x8_t q16 = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(q_bits)));
+    return vmulq_f32(d, vcvtq_f32_s32(vmovl_s16(vget_low_s16(q16))));
+  }
   static P fmadd(P a, P b, P c) { return vfmaq_f32(c, a, b); }
   // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
   // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].

@@ -29,7 +29,7 @@ using testing::GgufBuilder;
 using ::testing::HasSubstr;
 using testing::msg;
 
-constexpr uint32_t kF32 = 0, kQ8_0 = 8;
+constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8;
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
@@ -228,11 +228,41 @@ TEST_F(GgufQwen3KeysTest, AnotherArchitectureOrAMissingKeyIsRefusedNamingIt) {
               HasSubstr("tokenizer.ggml.tokens holds 2 tokens, but token_embd.weight has 6 rows"));
 }
 
-TEST_F(GgufQwen3KeysTest, AQuantizedTensorIsRefusedAtOpenNamingTheTensorAndTheType) {
-  absl::Status s = ModelWeights::open(write(small_qwen3(false, kQ8_0))).status();
+// Q8_0 tensors load as q8_0 views of the file's blocks (the model's shape checks apply to them
+// as to any tensor); a 1-D Q8_0 tensor (a norm) dequantizes through to_f32, as the loader widens
+// norms; the other quantized types are refused at open, naming the tensor and the type.
+TEST_F(GgufQwen3KeysTest, Q8_0TensorsLoadInPlaceAndOtherQuantizedTypesAreRefusedNamingThem) {
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(write(small_qwen3(false, kQ8_0)));
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<TensorView> embd = w->get("model.embed_tokens.weight", {6, 32});
+  ASSERT_TRUE(embd.ok()) << embd.status();
+  EXPECT_EQ(embd->dtype, task::DataType::kQ8_0);
+  EXPECT_EQ(embd->bytes.size(), 6u * 34);
+  absl::Status shape = w->get("model.embed_tokens.weight", {6, 4}).status();
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(shape), HasSubstr("model.embed_tokens.weight in m.gguf: shape [6,32], expected "
+                                    "[6,4]"));
+  EXPECT_THAT(
+      msg(w->get("model.embed_tokens.weight", {6, 32}, {task::DataType::kBFloat16}).status()),
+      HasSubstr("dtype Q8_0, expected BF16"));
+  // A Q8_0 norm: one block, d = 0.5 (f16 0x3800), q = -3, 0, 1, 2, ... dequantizes to d·q.
+  GgufBuilder norm = small_qwen3(false);
+  std::string block = std::string("\x00\x38", 2);
+  for (int i = 0; i < 32; ++i) block.push_back(static_cast<char>(i == 0 ? -3 : i - 1));
+  norm.tensor("blk.0.extra_norm.weight", {32}, kQ8_0, block);
+  absl::StatusOr<ModelWeights> n = ModelWeights::open(write(norm, "norm.gguf"));
+  ASSERT_TRUE(n.ok()) << n.status();
+  const std::vector<float> values = to_f32(n->get("blk.0.extra_norm.weight").value()).value();
+  ASSERT_EQ(values.size(), 32u);
+  EXPECT_EQ(values[0], -1.5f);
+  EXPECT_EQ(values[1], 0.0f);
+  EXPECT_EQ(values[31], 15.0f);
+  GgufBuilder q4 = small_qwen3(false);
+  q4.tensor("blk.0.extra.weight", {2, 32}, kQ4_0, std::string(2 * 18, '\0'));
+  absl::Status s = ModelWeights::open(write(q4, "q4.gguf")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'token_embd.weight' is Q8_0: quantized kernels are not "
-                                "built yet"));
+  EXPECT_THAT(msg(s), HasSubstr("tensor 'blk.0.extra.weight' is Q4_0: its quantized kernels are "
+                                "not built yet (F32, F16, BF16 and Q8_0 tensors load)"));
 }
 
 TEST_F(GgufQwen3KeysTest, AMissingFileIsNotFoundAndADirectoryNamedGgufIsAModelDirectory) {
