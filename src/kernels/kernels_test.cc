@@ -182,11 +182,12 @@ struct TestWeights {
   std::vector<float> f32;
   std::vector<uint16_t> half;
   std::vector<double> values;
-  std::vector<uint8_t> blocks;  // q8_0
+  std::vector<uint8_t> blocks;  // q8_0, q4_0
   Tensor tensor(int64_t out, int64_t in) {
     const uintptr_t a = dtype == DataType::kFloat32 ? reinterpret_cast<uintptr_t>(f32.data())
-                        : dtype == DataType::kQ8_0  ? reinterpret_cast<uintptr_t>(blocks.data())
-                                                    : reinterpret_cast<uintptr_t>(half.data());
+                        : task::block_elements(dtype) > 1
+                            ? reinterpret_cast<uintptr_t>(blocks.data())
+                            : reinterpret_cast<uintptr_t>(half.data());
     return Tensor::contiguous(a, {out, in}, dtype).value();
   }
 };
@@ -214,8 +215,29 @@ TestWeights make_q8_0_weights(size_t n, uint32_t seed) {
   return w;
 }
 
+// n / 32 q4_0 blocks of random bytes (every nibble value) with q8_0's scales; `values` holds
+// d·(nibble - 8) in f64, low nibbles first.
+TestWeights make_q4_0_weights(size_t n, uint32_t seed) {
+  TestWeights w = make_q8_0_weights(n, seed);  // its scales, its bytes' randomness
+  w.dtype = DataType::kQ4_0;
+  std::vector<uint8_t> blocks;
+  w.values.clear();
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* q8 = w.blocks.data() + b * 34;
+    blocks.insert(blocks.end(), q8, q8 + 18);  // d and 16 random bytes
+    const double d = task::f16_to_f32(static_cast<uint16_t>(q8[0] | q8[1] << 8));
+    for (int i = 0; i < 32; ++i) {
+      const uint8_t byte = q8[2 + i % 16];
+      w.values.push_back(d * ((i < 16 ? byte & 15 : byte >> 4) - 8));
+    }
+  }
+  w.blocks = std::move(blocks);
+  return w;
+}
+
 TestWeights make_weights(DataType dtype, size_t n, uint32_t seed) {
   if (dtype == DataType::kQ8_0) return make_q8_0_weights(n, seed);
+  if (dtype == DataType::kQ4_0) return make_q4_0_weights(n, seed);
   TestWeights w{dtype, random_floats(n, seed), {}, {}, {}};
   if (dtype != DataType::kFloat32) {
     for (float v : w.f32) {
@@ -445,10 +467,12 @@ TEST(MatmulKernel, LongKAcrossBlocksGivesTheContractsBitsOnEveryPath) {
       }
     }
   }
-  // q8_0 rows are whole blocks of 32: K past the blocks of k, not a multiple of 256.
-  for (int64_t rows : {1, 2, 5, 17}) {
-    for (int64_t in : {1120, 2528, 4128}) {
-      ASSERT_NO_FATAL_FAILURE(expect_every_path(DataType::kQ8_0, rows, in, 7, 23, false));
+  // q8_0 and q4_0 rows are whole blocks of 32: K past the blocks of k, not a multiple of 256.
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0}) {
+    for (int64_t rows : {1, 2, 5, 17}) {
+      for (int64_t in : {1120, 2528, 4128}) {
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, 7, 23, false));
+      }
     }
   }
 }
@@ -464,6 +488,17 @@ TEST(MatmulKernel, Q8_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
     for (int64_t in : {32, 64, 96, 160, 288}) {
       for (int64_t out : {1, 5, 9, 37}) {
         ASSERT_NO_FATAL_FAILURE(expect_every_path(DataType::kQ8_0, rows, in, out, 13, true));
+      }
+    }
+  }
+}
+
+// The same for q4_0 weights (d·(nibble - 8), low nibbles first in a block: exact in f32).
+TEST(MatmulKernel, Q4_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
+  for (int64_t rows = 1; rows <= 17; ++rows) {
+    for (int64_t in : {32, 64, 96, 160, 288}) {
+      for (int64_t out : {1, 5, 9, 37}) {
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(DataType::kQ4_0, rows, in, out, 17, true));
       }
     }
   }
@@ -628,21 +663,23 @@ TEST(EmbeddingKernel, WidensBf16AndF16TablesExactly) {
   }
 }
 
-// A q8_0 table's gathered rows are dequantized exactly (d·q of each block of the row).
-TEST(EmbeddingKernel, DequantizesQ8_0RowsExactly) {
-  const int64_t vocab = 5, hidden = 96;
-  TestWeights table = make_weights(DataType::kQ8_0, vocab * hidden, 33);
-  std::vector<int32_t> ids = {4, 0, 2, 4};
-  std::vector<float> out(4 * hidden, NAN);
-  ASSERT_TRUE(
-      run_blocks(
-          &embedding_kernel,
-          embedding_args(view(ids, {4}), table.tensor(vocab, hidden), view(out, {4, hidden})), 3)
-          .ok());
-  for (int64_t r = 0; r < 4; ++r) {
-    for (int64_t i = 0; i < hidden; ++i) {
-      ASSERT_EQ(out[r * hidden + i], static_cast<float>(table.values[ids[r] * hidden + i]))
-          << "row " << r << " element " << i;
+// A q8_0 or q4_0 table's gathered rows are dequantized exactly (d·q of each block of the row).
+TEST(EmbeddingKernel, DequantizesQ8_0AndQ4_0RowsExactly) {
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0}) {
+    const int64_t vocab = 5, hidden = 96;
+    TestWeights table = make_weights(dt, vocab * hidden, 33);
+    std::vector<int32_t> ids = {4, 0, 2, 4};
+    std::vector<float> out(4 * hidden, NAN);
+    ASSERT_TRUE(
+        run_blocks(
+            &embedding_kernel,
+            embedding_args(view(ids, {4}), table.tensor(vocab, hidden), view(out, {4, hidden})), 3)
+            .ok());
+    for (int64_t r = 0; r < 4; ++r) {
+      for (int64_t i = 0; i < hidden; ++i) {
+        ASSERT_EQ(out[r * hidden + i], static_cast<float>(table.values[ids[r] * hidden + i]))
+            << task::name_of(dt) << " row " << r << " element " << i;
+      }
     }
   }
 }

@@ -19,6 +19,7 @@
 //                                              (both from HalfWidthWeights<V> where they fit)
 //   static P load_q8_0(const uint8_t* block, int first);  weights [first, first + kPartLanes) of
 //                                              one Q8_0 block dequantized: d·q, exact in f32
+//   static P load_q4_0(const uint8_t* block, int first);  likewise for a Q4_0 block
 //   static P fmadd(P a, P b, P c);             a·b + c per lane, one rounding (fused)
 //   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
 #pragma once
@@ -47,25 +48,35 @@ template <>
 struct WeightStorage<WeightType::kQ8_0> {
   using T = uint8_t;  // the bytes of whole blocks
 };
+template <>
+struct WeightStorage<WeightType::kQ4_0> {
+  using T = uint8_t;
+};
+
+// Whether WT is a block type (32 weights a block), and its block's bytes.
+template <WeightType WT>
+constexpr bool kBlockType = WT == WeightType::kQ8_0 || WT == WeightType::kQ4_0;
+template <WeightType WT>
+constexpr int64_t kBlockBytes = WT == WeightType::kQ8_0 ? kQ8_0BlockBytes : kQ4_0BlockBytes;
 template <WeightType WT>
 using WeightT = typename WeightStorage<WT>::T;
 
 // Storage units (WeightT) of one W row of k weights: k, or k / 32 blocks of 34 bytes for Q8_0
-// (whose k is a multiple of 32: matmul_impl.h).
+// (18 for Q4_0; k a multiple of 32: matmul_impl.h).
 template <WeightType WT>
 constexpr int64_t row_units(int64_t k) {
-  if constexpr (WT == WeightType::kQ8_0) {
-    return k / kQ8_0BlockWeights * kQ8_0BlockBytes;
+  if constexpr (kBlockType<WT>) {
+    return k / kQ8_0BlockWeights * kBlockBytes<WT>;
   } else {
     return k;
   }
 }
 
-// The storage unit of a row that holds weight i (for Q8_0, the start of i's block).
+// The storage unit of a row that holds weight i (for a block type, the start of i's block).
 template <WeightType WT>
 constexpr int64_t unit_of(int64_t i) {
-  if constexpr (WT == WeightType::kQ8_0) {
-    return i / kQ8_0BlockWeights * kQ8_0BlockBytes;
+  if constexpr (kBlockType<WT>) {
+    return i / kQ8_0BlockWeights * kBlockBytes<WT>;
   } else {
     return i;
   }
@@ -102,22 +113,35 @@ template <class V, WeightType WT>
 inline auto load_part(const WeightT<WT>* row, int64_t i) {
   if constexpr (WT == WeightType::kQ8_0) {
     return V::load_q8_0(row + unit_of<WT>(i), static_cast<int>(i % kQ8_0BlockWeights));
+  } else if constexpr (WT == WeightType::kQ4_0) {
+    return V::load_q4_0(row + unit_of<WT>(i), static_cast<int>(i % kQ8_0BlockWeights));
   } else {
     return V::template load_w<WT>(row + i);
   }
 }
-// The first n (0 <= n < kPartLanes) of those weights, then 0. A Q8_0 row is whole blocks of 32, so
-// its k is a multiple of 16 and no chunk is partial; the Q8_0 branch is still exact, lane by lane.
+// The integer of weight j (< 32) of a Q8_0 or Q4_0 block: q, or the nibble less 8.
+template <WeightType WT>
+inline int block_int(const uint8_t* block, int64_t j) {
+  if constexpr (WT == WeightType::kQ8_0) {
+    return static_cast<int8_t>(block[2 + j]);
+  } else {
+    return (j < 16 ? block[2 + j] & 15 : block[2 + j - 16] >> 4) - 8;
+  }
+}
+
+// The first n (0 <= n < kPartLanes) of those weights, then 0. A block type's row is whole blocks
+// of 32, so its k is a multiple of 16 and no chunk is partial; that branch is still exact, lane
+// by lane.
 template <class V, WeightType WT>
 inline auto load_part_tail(const WeightT<WT>* row, int64_t i, int n) {
-  if constexpr (WT == WeightType::kQ8_0) {
+  if constexpr (kBlockType<WT>) {
     const uint8_t* block = row + unit_of<WT>(i);
     uint16_t d_bits;
     std::memcpy(&d_bits, block, sizeof(d_bits));
     const float d = half_to_float(d_bits);
     float part[V::kPartLanes] = {};
     for (int l = 0; l < n; ++l) {
-      part[l] = d * static_cast<float>(static_cast<int8_t>(block[2 + i % kQ8_0BlockWeights + l]));
+      part[l] = d * static_cast<float>(block_int<WT>(block, i % kQ8_0BlockWeights + l));
     }
     return V::load(part);
   } else {
@@ -331,7 +355,7 @@ constexpr auto rows_tiles(std::integer_sequence<int, Rs...>) {
 // in L1 while the chunk's W tiles pass. One block when k fits.
 template <class V, WeightType WT>
 int64_t k_block(int64_t k) {
-  // A Q8_0 weight takes 34/32 bytes: counted as 2.
+  // A Q8_0 weight takes 34/32 bytes: counted as 2; a Q4_0 one 18/32: counted as 1.
   constexpr int64_t kWeightBytes = WT == WeightType::kQ8_0 ? 2 : sizeof(WeightT<WT>);
   constexpr int64_t kPerLane = V::kMaxRows * 4 + V::kMaxCols * kWeightBytes;
   constexpr int64_t kMaxLanes = 24 * 1024 / kPerLane;
@@ -407,6 +431,8 @@ void run_on(const Problem& p) {
       return run_tiles<V, WeightType::kF16>(p);
     case WeightType::kQ8_0:
       return run_tiles<V, WeightType::kQ8_0>(p);
+    case WeightType::kQ4_0:
+      return run_tiles<V, WeightType::kQ4_0>(p);
   }
 }
 

@@ -41,14 +41,17 @@ enum GgufValueType : uint32_t {
 // ggml_type of a tensor (ggml/include/ggml.h).
 constexpr uint32_t kGgmlF32 = 0;
 constexpr uint32_t kGgmlF16 = 1;
+constexpr uint32_t kGgmlQ4_0 = 2;
 constexpr uint32_t kGgmlQ8_0 = 8;
 constexpr uint32_t kGgmlBf16 = 30;
 // llama_ftype (llama.h): LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0, LLAMA_FTYPE_MOSTLY_BF16.
 constexpr uint32_t kFtypeF32 = 0;
 constexpr uint32_t kFtypeQ8_0 = 7;
+constexpr uint32_t kFtypeQ4_0 = 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
 constexpr uint32_t kFtypeBf16 = 32;
 constexpr int64_t kQ8_0Block = 32;
 constexpr int64_t kQ8_0BlockBytes = 34;
+constexpr int64_t kQ4_0BlockBytes = 18;
 // llama_token_type (llama.h).
 constexpr int32_t kTokenNormal = 1;
 constexpr int32_t kTokenControl = 3;
@@ -213,7 +216,8 @@ absl::StatusOr<std::string> read_chat_template(const std::string& dir) {
 // Writes `t`'s data (from `view`) as its ggml type.
 absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
   if ((t.ggml_type == kGgmlBf16 && view.dtype == task::DataType::kBFloat16) ||
-      (t.ggml_type == kGgmlQ8_0 && view.dtype == task::DataType::kQ8_0)) {
+      (t.ggml_type == kGgmlQ8_0 && view.dtype == task::DataType::kQ8_0) ||
+      (t.ggml_type == kGgmlQ4_0 && view.dtype == task::DataType::kQ4_0)) {
     out.write(reinterpret_cast<const char*>(view.bytes.data()),
               static_cast<std::streamsize>(view.bytes.size()));
     return absl::OkStatus();
@@ -225,9 +229,10 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
               static_cast<std::streamsize>(f->size() * sizeof(float)));
     return absl::OkStatus();
   }
-  if (t.ggml_type == kGgmlQ8_0) {
-    std::vector<uint8_t> q(f->size() / kQ8_0Block * kQ8_0BlockBytes);
-    SIMPLER_RETURN_IF_ERROR(quantize_row_q8_0(*f, q));
+  if (t.ggml_type == kGgmlQ8_0 || t.ggml_type == kGgmlQ4_0) {
+    const bool q8 = t.ggml_type == kGgmlQ8_0;
+    std::vector<uint8_t> q(f->size() / kQ8_0Block * (q8 ? kQ8_0BlockBytes : kQ4_0BlockBytes));
+    SIMPLER_RETURN_IF_ERROR(q8 ? quantize_row_q8_0(*f, q) : quantize_row_q4_0(*f, q));
     out.write(reinterpret_cast<const char*>(q.data()), static_cast<std::streamsize>(q.size()));
     return absl::OkStatus();
   }
@@ -240,12 +245,14 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
   return absl::OkStatus();
 }
 
-// The ggml type of a tensor of `shape` in a file of `type` (gguf_export.h: 1-D tensors f32; Q8_0
-// rows that are not whole blocks f16).
-uint32_t ggml_type_for(const std::vector<int64_t>& shape, GgufType type) {
+// The ggml type of tensor `name` (llama.cpp's) of `shape` in a file of `type`, the LM head when
+// `head` (gguf_export.h: 1-D tensors f32; quantized rows that are not whole blocks f16; a Q4_0
+// file's head Q8_0).
+uint32_t ggml_type_for(const std::vector<int64_t>& shape, GgufType type, bool head) {
   if (shape.size() < 2 || type == GgufType::kF32) return kGgmlF32;
   if (type == GgufType::kBf16) return kGgmlBf16;
-  return shape.back() % kQ8_0Block == 0 ? kGgmlQ8_0 : kGgmlF16;
+  if (shape.back() % kQ8_0Block != 0) return kGgmlF16;
+  return type == GgufType::kQ4_0 && !head ? kGgmlQ4_0 : kGgmlQ8_0;
 }
 
 // Bytes of `numel` elements of a ggml type written here.
@@ -253,6 +260,8 @@ uint64_t ggml_bytes(uint32_t ggml_type, uint64_t numel) {
   switch (ggml_type) {
     case kGgmlQ8_0:
       return numel / kQ8_0Block * kQ8_0BlockBytes;
+    case kGgmlQ4_0:
+      return numel / kQ8_0Block * kQ4_0BlockBytes;
     case kGgmlF16:
     case kGgmlBf16:
       return numel * 2;
@@ -279,7 +288,10 @@ absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
     t.name = gguf_tensor_name(spec.name);
     t.source = spec.name;
     t.shape = spec.shape;
-    t.ggml_type = ggml_type_for(spec.shape, options.type);
+    // The LM head: output.weight, or token_embd.weight when the embeddings are tied.
+    const bool head =
+        t.name == "output.weight" || (t.name == "token_embd.weight" && config.tie_word_embeddings);
+    t.ggml_type = ggml_type_for(spec.shape, options.type, head);
     t.bytes = ggml_bytes(t.ggml_type, static_cast<uint64_t>(view->numel()));
     t.offset = offset;
     offset = align_up(offset + t.bytes);
@@ -297,6 +309,7 @@ Header metadata(const ModelConfig& c, const Vocabulary& vocab, const std::string
   kv.kv_u32("general.alignment", kAlignment);
   kv.kv_u32("general.file_type", options.type == GgufType::kBf16   ? kFtypeBf16
                                  : options.type == GgufType::kQ8_0 ? kFtypeQ8_0
+                                 : options.type == GgufType::kQ4_0 ? kFtypeQ4_0
                                                                    : kFtypeF32);
   kv.kv_u32("qwen3.context_length", static_cast<uint32_t>(c.max_position_embeddings));
   kv.kv_u32("qwen3.embedding_length", static_cast<uint32_t>(c.hidden_size));
@@ -371,6 +384,45 @@ absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out)
     for (int64_t i = 0; i < kQ8_0Block; ++i) {
       const float scaled = v[i] * id;
       block[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(scaled)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status quantize_row_q4_0(std::span<const float> x, std::span<uint8_t> out) {
+  if (x.size() % kQ8_0Block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize_row_q4_0: ", x.size(), " values are not whole blocks of 32"));
+  }
+  if (out.size() != x.size() / kQ8_0Block * kQ4_0BlockBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize_row_q4_0: the output holds ",
+                                                   out.size(), " bytes, ", x.size() / kQ8_0Block,
+                                                   " blocks need ", x.size() / kQ8_0Block * 18));
+  }
+  for (size_t b = 0; b < x.size() / kQ8_0Block; ++b) {
+    const float* v = x.data() + b * kQ8_0Block;
+    uint8_t* block = out.data() + b * kQ4_0BlockBytes;
+    float amax = 0.0f, max = 0.0f;
+    for (int64_t i = 0; i < kQ8_0Block; ++i) {
+      if (!std::isfinite(v[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "quantize_row_q4_0: value ", b * kQ8_0Block + i, " is ", v[i], ", not finite"));
+      }
+      if (amax < std::fabs(v[i])) {
+        amax = std::fabs(v[i]);
+        max = v[i];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t d_bits = task::f32_to_f16(d);
+    std::memcpy(block, &d_bits, sizeof(d_bits));  // little-endian hosts only (x86-64, aarch64)
+    auto xi = [id](float value) {
+      const float scaled = value * id + 8.5f;  // two roundings where nothing contracts them
+      return std::min(15, static_cast<int>(static_cast<int8_t>(scaled)));
+    };
+    for (int64_t j = 0; j < kQ8_0Block / 2; ++j) {
+      block[2 + j] = static_cast<uint8_t>(xi(v[j]) | xi(v[j + 16]) << 4);
     }
   }
   return absl::OkStatus();

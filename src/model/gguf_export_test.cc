@@ -342,6 +342,62 @@ TEST(QuantizeRowQ8_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
   EXPECT_EQ(s.message(), "quantize_row_q8_0: value 40 is nan, not finite");
 }
 
+// Q4_0 (llama-quantize's Q4_0 file type, but a Q8_0 LM head where llama.cpp writes Q6_K): the
+// projections and token_embd Q4_0 with quantize_row_q4_0's bytes, output Q8_0, norms f32.
+TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0) {
+  GgufExportOptions o;
+  o.model_dir = (dir_ / "model").string();
+  o.out_path = (dir_ / "model-q4_0.gguf").string();
+  o.type = GgufType::kQ4_0;
+  ASSERT_TRUE(export_gguf(o).ok());
+  const ExportedGguf f = read_gguf(o.out_path);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(f.ints.at("general.file_type"), 2u);
+  for (const auto& [gg, t] : f.tensors) {
+    SCOPED_TRACE(gg);
+    EXPECT_EQ(t.type, t.dims.size() != 2 ? 0u : gg == "output.weight" ? 8u : 2u);
+  }
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(o.model_dir);
+  absl::StatusOr<ModelWeights> back = ModelWeights::open(o.out_path);
+  ASSERT_TRUE(w.ok() && back.ok()) << back.status();
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  const std::vector<float> values = to_f32(w->get(name).value()).value();
+  const TensorView q = back->get(name).value();
+  EXPECT_EQ(q.dtype, task::DataType::kQ4_0);
+  std::vector<uint8_t> want(values.size() / 32 * 18);
+  ASSERT_TRUE(quantize_row_q4_0(values, want).ok());
+  ASSERT_EQ(q.bytes.size(), want.size());
+  EXPECT_EQ(std::memcmp(q.bytes.data(), want.data(), want.size()), 0);
+}
+
+// quantize_row_q4_0 against ggml's definition worked by hand: the value of largest magnitude is
+// -16 (its sign kept), so d = -16 / -8 = 2 (f16 0x4000) and id = 0.5; each nibble is
+// min(15, trunc(x · 0.5 + 8.5)): -16 -> 0, 14 -> 15 (15.5), 3 -> 10 (10), 1 -> 9 (9), -1 -> 8
+// (8.0), -3 -> 7 (7.0), 0 -> 8; x[j] in the low nibble, x[j + 16] in the high one. A block of
+// zeros has d = 0 / -8 = -0 (f16 0x8000, as ggml writes it) and every nibble 8.
+TEST(QuantizeRowQ4_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
+  std::vector<float> x(64, 0.0f);
+  const float first[] = {-16.0f, 14.0f, 3.0f, 1.0f, -1.0f, -3.0f};
+  std::copy(std::begin(first), std::end(first), x.begin());
+  x[16] = 14.0f;
+  x[17] = -16.0f;
+  std::vector<uint8_t> q(2 * 18);
+  ASSERT_TRUE(quantize_row_q4_0(x, q).ok());
+  EXPECT_EQ(q[0] | q[1] << 8, 0x4000);  // 2.0
+  auto nib = [&](int b, int i) {
+    return i < 16 ? q[b * 18 + 2 + i] & 15 : q[b * 18 + 2 + i - 16] >> 4;
+  };
+  const int want[] = {0, 15, 10, 9, 8, 7, 8};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(nib(0, i), want[i]) << i;
+  EXPECT_EQ(nib(0, 16), 15);
+  EXPECT_EQ(nib(0, 17), 0);
+  EXPECT_EQ(q[18] | q[19] << 8, 0x8000);  // -0: 0 / -8
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(nib(1, i), 8) << i;
+  std::vector<uint8_t> small(3);
+  EXPECT_EQ(quantize_row_q4_0(x, small).message(),
+            "quantize_row_q4_0: the output holds 3 bytes, 2 blocks need 36");
+}
+
 TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeavesNoFile) {
   GgufExportOptions o;
   o.model_dir = (dir_ / "model").string();

@@ -29,7 +29,7 @@ using testing::GgufBuilder;
 using ::testing::HasSubstr;
 using testing::msg;
 
-constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8;
+constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12;
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
@@ -231,7 +231,7 @@ TEST_F(GgufQwen3KeysTest, AnotherArchitectureOrAMissingKeyIsRefusedNamingIt) {
 // Q8_0 tensors load as q8_0 views of the file's blocks (the model's shape checks apply to them
 // as to any tensor); a 1-D Q8_0 tensor (a norm) dequantizes through to_f32, as the loader widens
 // norms; the other quantized types are refused at open, naming the tensor and the type.
-TEST_F(GgufQwen3KeysTest, Q8_0TensorsLoadInPlaceAndOtherQuantizedTypesAreRefusedNamingThem) {
+TEST_F(GgufQwen3KeysTest, Q8_0AndQ4_0TensorsLoadInPlaceAndOtherQuantizedTypesAreRefused) {
   absl::StatusOr<ModelWeights> w = ModelWeights::open(write(small_qwen3(false, kQ8_0)));
   ASSERT_TRUE(w.ok()) << w.status();
   absl::StatusOr<TensorView> embd = w->get("model.embed_tokens.weight", {6, 32});
@@ -257,12 +257,25 @@ TEST_F(GgufQwen3KeysTest, Q8_0TensorsLoadInPlaceAndOtherQuantizedTypesAreRefused
   EXPECT_EQ(values[0], -1.5f);
   EXPECT_EQ(values[1], 0.0f);
   EXPECT_EQ(values[31], 15.0f);
+  // A Q4_0 one likewise: d = 0.5, bytes 0x80, 0x0f, ...: low nibbles first, each less 8.
   GgufBuilder q4 = small_qwen3(false);
-  q4.tensor("blk.0.extra.weight", {2, 32}, kQ4_0, std::string(2 * 18, '\0'));
-  absl::Status s = ModelWeights::open(write(q4, "q4.gguf")).status();
+  std::string q4_block = std::string("\x00\x38", 2);
+  for (int i = 0; i < 16; ++i) q4_block.push_back(static_cast<char>(i == 0 ? 0x80 : 0x0f));
+  q4.tensor("blk.0.q4_norm.weight", {32}, kQ4_0, q4_block);
+  absl::StatusOr<ModelWeights> q4w = ModelWeights::open(write(q4, "q4.gguf"));
+  ASSERT_TRUE(q4w.ok()) << q4w.status();
+  const std::vector<float> q4v = to_f32(q4w->get("blk.0.q4_norm.weight").value()).value();
+  ASSERT_EQ(q4v.size(), 32u);
+  EXPECT_EQ(q4v[0], -4.0f);   // 0x80 & 15 = 0: (0 - 8) · 0.5
+  EXPECT_EQ(q4v[1], 3.5f);    // 15 - 8
+  EXPECT_EQ(q4v[16], 0.0f);   // 0x80 >> 4 = 8
+  EXPECT_EQ(q4v[17], -4.0f);  // 0
+  GgufBuilder q4k = small_qwen3(false);
+  q4k.tensor("blk.0.extra.weight", {2, 256}, kQ4_K, std::string(2 * 144, '\0'));
+  absl::Status s = ModelWeights::open(write(q4k, "q4k.gguf")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'blk.0.extra.weight' is Q4_0: its quantized kernels are "
-                                "not built yet (F32, F16, BF16 and Q8_0 tensors load)"));
+  EXPECT_THAT(msg(s), HasSubstr("tensor 'blk.0.extra.weight' is Q4_K: its quantized kernels are "
+                                "not built yet (F32, F16, BF16, Q8_0 and Q4_0 tensors load)"));
 }
 
 TEST_F(GgufQwen3KeysTest, AMissingFileIsNotFoundAndADirectoryNamedGgufIsAModelDirectory) {

@@ -313,19 +313,19 @@ TEST_F(GgufParserTest, QuantizedTensorsAreSizedByTheirBlocksAndOnlyQ8_0IsAView) 
     ASSERT_TRUE(f.ok()) << c.name << ": " << f.status();
     EXPECT_EQ(f->tensors()[0].data.size(), c.bytes) << c.name;
     absl::StatusOr<TensorView> view = f->tensor("q");
-    if (c.type == kQ8_0) {
-      // Q8_0 is read in place: its blocks, the row-major shape, dtype q8_0.
+    if (c.type == kQ8_0 || c.type == kQ4_0) {
+      // Q8_0 and Q4_0 are read in place: their blocks, the row-major shape, their dtype.
       ASSERT_TRUE(view.ok()) << view.status();
-      EXPECT_EQ(view->dtype, task::DataType::kQ8_0);
-      EXPECT_EQ(view->shape, (std::vector<int64_t>{2, 32}));
+      EXPECT_EQ(view->dtype, c.type == kQ8_0 ? task::DataType::kQ8_0 : task::DataType::kQ4_0);
+      EXPECT_EQ(view->shape, (std::vector<int64_t>{2, static_cast<int64_t>(c.cols)}));
       EXPECT_EQ(view->bytes.data(), f->tensors()[0].data.data());
       EXPECT_EQ(view->bytes.size(), c.bytes);
     } else {
       EXPECT_EQ(view.status().code(), absl::StatusCode::kUnimplemented);
       EXPECT_THAT(msg(view.status()),
                   HasSubstr(std::string("tensor 'q' is ") + c.name +
-                            ": its quantized kernels are not built yet (F32, F16, BF16 and Q8_0 "
-                            "tensors load)"));
+                            ": its quantized kernels are not built yet (F32, F16, BF16, Q8_0 and "
+                            "Q4_0 tensors load)"));
     }
     // One byte short of the blocks.
     GgufBuilder short_file;

@@ -46,7 +46,7 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
 // The dtypes to_f32 converts.
 bool is_float(DataType dtype) {
   return dtype == DataType::kFloat32 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat16 || dtype == DataType::kQ8_0;
+         dtype == DataType::kFloat16 || dtype == DataType::kQ8_0 || dtype == DataType::kQ4_0;
 }
 
 struct Entry {
@@ -596,13 +596,13 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
   if (!is_float(view.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         str(view.name), " in ", str(view.file), ": cannot convert dtype ",
-        str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16, Q8_0)"));
+        str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16, Q8_0, Q4_0)"));
   }
   const int64_t n = view.numel();
-  if (view.dtype == DataType::kQ8_0 && n % 32 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(str(view.name), " in ", str(view.file),
-                                                   ": Q8_0 tensor of ", n,
-                                                   " elements is not whole blocks of 32"));
+  if (task::block_elements(view.dtype) > 1 && n % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        str(view.name), " in ", str(view.file), ": ", str(task::safetensors_name(view.dtype)),
+        " tensor of ", n, " elements is not whole blocks of 32"));
   }
   if (static_cast<int64_t>(out.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(str(view.name), " in ", str(view.file),
@@ -636,6 +636,18 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
         const float d = task::f16_to_f32(h);
         for (int64_t i = 0; i < 32; ++i) {
           out[32 * b + i] = d * static_cast<float>(static_cast<int8_t>(src[34 * b + 2 + i]));
+        }
+      }
+      break;
+    case DataType::kQ4_0:  // blocks of 18 bytes: f16 d, 16 bytes of two nibbles; d·(q - 8)
+      for (int64_t b = 0; b < n / 32; ++b) {
+        uint16_t h;
+        std::memcpy(&h, src + 18 * b, 2);
+        const float d = task::f16_to_f32(h);
+        for (int64_t i = 0; i < 16; ++i) {
+          const auto q = static_cast<uint8_t>(src[18 * b + 2 + i]);
+          out[32 * b + i] = d * static_cast<float>((q & 15) - 8);
+          out[32 * b + 16 + i] = d * static_cast<float>((q >> 4) - 8);
         }
       }
       break;

@@ -35,6 +35,10 @@ TEST(DataType, Q8_0IsSizedByItsBlocks) {
   EXPECT_EQ(bytes_of(DataType::kQ8_0, 33), 2u * 34);  // rounded up to whole blocks
   EXPECT_EQ(bytes_of(DataType::kFloat32, 5), 20u);
   EXPECT_EQ(name_of(DataType::kQ8_0), "q8_0");
+  EXPECT_EQ(block_elements(DataType::kQ4_0), 32);
+  EXPECT_EQ(block_bytes(DataType::kQ4_0), 18u);
+  EXPECT_EQ(bytes_of(DataType::kQ4_0, 64), 36u);
+  EXPECT_EQ(*parse_data_type("Q4_0"), DataType::kQ4_0);
   EXPECT_EQ(*parse_data_type("q8_0"), DataType::kQ8_0);
   auto t = Tensor::contiguous(0x1000, {3, 64}, DataType::kQ8_0);
   ASSERT_TRUE(t.ok());

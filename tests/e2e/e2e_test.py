@@ -2347,9 +2347,10 @@ GGUF_TO_HF = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 
 
 def read_gguf_dequantized(path):
-    """{checkpoint name: f32 array} of a GGUF file of F32 and Q8_0 tensors, read by this test's
-    own reader (ggml's docs/gguf.md) and dequantized as ggml defines Q8_0 (blocks of 32: an f16
-    scale d, 32 int8 q, value d·q); also the ggml type of each tensor by its GGUF name."""
+    """{checkpoint name: f32 array} of a GGUF file of F32, Q8_0 and Q4_0 tensors, read by this
+    test's own reader (ggml's docs/gguf.md) and dequantized as ggml defines them (blocks of 32: an
+    f16 scale d, then 32 int8 q, value d·q, or 16 bytes whose low then high nibbles n give
+    d·(n - 8)); also the ggml type of each tensor by its GGUF name."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     at = 0
 
@@ -2405,8 +2406,16 @@ def read_gguf_dequantized(path):
             d = blocks[:, :2].copy().view("<f2").astype(np.float32)
             q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
             arr = (d * q).reshape(-1)
+        elif ggml_type == 2:
+            blocks = np.frombuffer(data, dtype=np.uint8, count=n // 32 * 18,
+                                   offset=start + offset).reshape(-1, 18)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+            qs = blocks[:, 2:]
+            q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.float32) - 8
+            arr = (d * q).reshape(-1)
         else:
-            raise Failure(f"{path}: tensor {name} has ggml type {ggml_type}, not F32 or Q8_0")
+            raise Failure(f"{path}: tensor {name} has ggml type {ggml_type}, not F32, Q8_0 or "
+                          f"Q4_0")
         types[name] = ggml_type
         base, _, _ = name.rpartition(".")
         parts = base.split(".")
@@ -2418,31 +2427,36 @@ def read_gguf_dequantized(path):
     return out, types
 
 
-def scenario_gguf_q8_0(ctx):
-    """`simpler export-gguf --type q8_0`: every 2-D tensor Q8_0 (token_embd and output, tied
-    or not), the norms F32; decoding the file gives bitwise the tokens and logits of the f32
-    checkpoint of its dequantized weights (d·q is exact in f32, so the numerics contract holds
-    for them), and the float64 reference on that checkpoint agrees within the usual tolerance."""
+def scenario_gguf_quantized(ctx):
+    """`simpler export-gguf --type q8_0|q4_0`: q8_0 makes every 2-D tensor Q8_0 (token_embd and
+    output, tied or not), q4_0 every one Q4_0 but the LM head (Q8_0), the norms F32; decoding
+    the file gives bitwise the tokens and logits of the f32 checkpoint of its dequantized weights
+    (d·q is exact in f32, so the numerics contract holds for them), and the float64 reference on
+    that checkpoint agrees within the usual tolerance."""
     pb = ctx.problems
     sys.path.insert(0, os.path.dirname(ctx.reference_py))
     import qwen3_ref  # noqa: E402  (the reference's own safetensors writer)
     max_new, steps = 24, (0, 1, 23)
-    for label, extra in (("tied", ()), ("untied", ("--untied",))):
-        model = ctx.write_model(ctx.path(f"model_{label}"), "--seed", "31", "--dtype", "bf16",
-                                "--layers", "2", *extra)
-        gguf = ctx.path(f"model_{label}.gguf")
+    for qtype, tie in (("q8_0", "tied"), ("q8_0", "untied"), ("q4_0", "tied")):
+        label = f"{qtype} {tie}"
+        model = ctx.path(f"model_{tie}")
+        if not os.path.exists(model):
+            ctx.write_model(model, "--seed", "31", "--dtype", "bf16", "--layers", "2",
+                            *(("--untied",) if tie == "untied" else ()))
+        gguf = ctx.path(f"model_{qtype}_{tie}.gguf")
         ctx.run_ok([ctx.simpler, "export-gguf", "--model", model, "--out", gguf, "--type",
-                    "q8_0"], label=f"export-gguf q8_0 ({label})")
+                    qtype], label=f"export-gguf ({label})")
         weights, types = read_gguf_dequantized(gguf)
+        head = "output.weight" if tie == "untied" else "token_embd.weight"
         for name, t in types.items():
-            want = 8 if name.endswith(("_proj.weight", "attn_q.weight", "attn_k.weight",
-                                       "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
-                                       "ffn_up.weight", "ffn_down.weight", "token_embd.weight",
-                                       "output.weight")) else 0
+            matrix = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                    "ffn_down.weight", "token_embd.weight", "output.weight"))
+            want = 0 if not matrix else 8 if qtype == "q8_0" or name == head else 2
             pb.check(t == want, f"{label}: {name} has ggml type {t}, expected {want}")
-        pb.check(("output.weight" in types) == (label == "untied"),
+        pb.check(("output.weight" in types) == (tie == "untied"),
                  f"{label}: output.weight {'present' if 'output.weight' in types else 'absent'}")
-        deq = ctx.path(f"dequantized_{label}")
+        deq = ctx.path(f"dequantized_{qtype}_{tie}")
         shutil.copytree(model, deq)
         os.remove(os.path.join(deq, "model.safetensors"))
         qwen3_ref.write_safetensors(os.path.join(deq, "model.safetensors"),
@@ -2454,7 +2468,7 @@ def scenario_gguf_q8_0(ctx):
             json.dump(cfg, f)
         rng = np.random.default_rng(7)
         prompts = [random_prompt(rng, n, cfg["vocab_size"]) for n in (1, 9, 40)]
-        pfile = ctx.path(f"prompts_{label}.jsonl")
+        pfile = ctx.path(f"prompts_{qtype}_{tie}.jsonl")
         with open(pfile, "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt_ids": p}) + "\n")
@@ -2472,18 +2486,18 @@ def scenario_gguf_q8_0(ctx):
                          f"dequantized f32 checkpoint's: {str(a.get(key))[:200]} vs "
                          f"{str(b.get(key))[:200]}")
         ref, _ = ctx.reference_generate(deq, prompts, max_new, steps, [],
-                                        ctx.path(f"reference_{label}.json"))
+                                        ctx.path(f"reference_{qtype}_{tie}.json"))
         diag = TokenDiagnosis(ctx, deq)
         for i, r in enumerate(g):
-            compare_request(pb, f"{label} q8_0 request {i}", r, ref["requests"][i],
+            compare_request(pb, f"{label} request {i}", r, ref["requests"][i],
                             max_new=max_new, logits_steps=steps, kv_positions=[], diag=diag)
     # The type mix: bench load and /v1/models count the last file's tensors by type.
     mix = {}
     for t in types.values():
-        name = {0: "f32", 8: "q8_0"}[t]
+        name = {0: "f32", 2: "q4_0", 8: "q8_0"}[t]
         mix[name] = mix.get(name, 0) + 1
     p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", gguf, "--json"],
-                      label="bench load (q8_0)")
+                      label="bench load (q4_0)")
     row = parse_one_json_object(p.stdout, "bench load")
     pb.check(row.get("weight_types") == mix,
              f"bench load: weight_types {row.get('weight_types')} != the file's {mix}")
@@ -2522,7 +2536,7 @@ SCENARIOS = {
     "bad_input": scenario_bad_input,
     "cli_input": scenario_cli_input,
     "gguf": scenario_gguf,
-    "gguf_q8_0": scenario_gguf_q8_0,
+    "gguf_quantized": scenario_gguf_quantized,
 }
 
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine_test_hooks.h"
 #include "ggml-backend.h"
 #include "gtest/gtest.h"
@@ -108,39 +109,40 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
   mo.tokenizer_dir = *tok;
   ASSERT_TRUE(make_model(mo).ok());
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
-  // bf16: ours on the directory (the file's bytes); Q8_0: ours on the file itself.
+  // bf16: ours on the directory (the file's bytes); Q8_0 and Q4_0: ours on the file itself.
   std::vector<float> ours_bf16, theirs_bf16;
-  for (GgufType type : {GgufType::kBf16, GgufType::kQ8_0}) {
-    const bool q8_0 = type == GgufType::kQ8_0;
-    SCOPED_TRACE(q8_0 ? "q8_0" : "bf16");
+  for (GgufType type : {GgufType::kBf16, GgufType::kQ8_0, GgufType::kQ4_0}) {
+    const bool quantized = type != GgufType::kBf16;
+    const char* name = type == GgufType::kBf16 ? "bf16" : type == GgufType::kQ8_0 ? "q8_0" : "q4_0";
+    SCOPED_TRACE(name);
     GgufExportOptions go;
     go.model_dir = mo.out_dir;
-    go.out_path = (dir / (q8_0 ? "model-q8_0.gguf" : "model.gguf")).string();
+    go.out_path = (dir / absl::StrCat("model-", name, ".gguf")).string();
     go.type = type;
     ASSERT_TRUE(export_gguf(go).ok());
-    const std::vector<float> ours = our_logits(q8_0 ? go.out_path : mo.out_dir, prompt);
+    const std::vector<float> ours = our_logits(quantized ? go.out_path : mo.out_dir, prompt);
     const std::vector<float> theirs = llamacpp_logits(go.out_path, prompt);
     ASSERT_EQ(ours.size(), theirs.size());
     ASSERT_FALSE(ours.empty());
     const double rel = relative_l2(ours, theirs);
     std::printf("llama.cpp vs simpler first-step logits (%s): relative L2 %.3g over %zu logits\n",
-                q8_0 ? "q8_0" : "bf16", rel, ours.size());
-    if (!q8_0) {
+                name, rel, ours.size());
+    if (!quantized) {
       EXPECT_LE(rel, 1e-2);
       ours_bf16 = ours;
       theirs_bf16 = theirs;
       continue;
     }
-    // llama.cpp's Q8_0 matmul rounds the activations to int8 blocks too, and on this random
-    // checkpoint rounding to 8 bits moves the logits about 2% (ours: the weights alone, against
-    // the bf16 file), so its logits sit 1.5-2% from ours: more than 1e-2, less than 3e-2, and
-    // nearer to ours on the same Q8_0 file than to the bf16 model's (it reads our blocks as we
+    // llama.cpp's Q8_0 and Q4_0 matmuls round the activations to int8 blocks too, and on this
+    // random checkpoint rounding to 8 bits moves the logits about 2% (ours: Q8_0 weights alone,
+    // against the bf16 file), so its logits sit 1.5-2% from ours: more than 1e-2, less than 3e-2,
+    // and nearer to ours on the same file than to the bf16 model's (it reads our blocks as we
     // do: a layout error would put it near 1).
     const double to_bf16 = relative_l2(theirs, ours_bf16);
     std::printf(
-        "q8_0: ours against our bf16 %.3g; llama.cpp's against its bf16 %.3g and our bf16 "
+        "%s: ours against our bf16 %.3g; llama.cpp's against its bf16 %.3g and our bf16 "
         "%.3g\n",
-        relative_l2(ours, ours_bf16), relative_l2(theirs, theirs_bf16), to_bf16);
+        name, relative_l2(ours, ours_bf16), relative_l2(theirs, theirs_bf16), to_bf16);
     EXPECT_LE(rel, 3e-2);
     EXPECT_LT(rel, to_bf16);
   }
