@@ -16,6 +16,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/engine/llm_engine.h"
 #include "simpler/engine/model_files.h"
+#include "simpler/model/safetensors.h"
 #include "simpler/serve/openai_server.h"
 #include "simpler/tokenizer/chat_template.h"
 #include "simpler/tokenizer/tokenizer.h"
@@ -68,6 +69,9 @@ int run_serve(const ServeFlags& st) {
           ? std::filesystem::path(st.model).lexically_normal().filename().string()
           : st.served_model_name;
   if (so.served_model_name.empty()) so.served_model_name = st.model;
+  if (auto weights = llm::ModelWeights::open(st.model); weights.ok()) {
+    so.weight_types = weights->dtype_counts();
+  }
   so.api_key = st.api_key;
   for (const std::string& o : st.allowed_origins) {  // "a, b" names "a" and "b"
     const absl::string_view origin = absl::StripAsciiWhitespace(o);

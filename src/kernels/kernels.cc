@@ -67,10 +67,58 @@ absl::StatusOr<KernelIsa> available_isa(const char* kernel, KernelIsa isa) {
 }
 
 // The dtype argument i (weights kept in the checkpoint's dtype) is checked against: its own when
-// bf16 or f16, else f32.
+// bf16, f16, q8_0 or q4_0, else f32.
 DataType weight_dtype(const KernelContext& ctx, size_t i) {
   const DataType t = ctx.args[i].tensor.dtype;
-  return t == DataType::kBFloat16 || t == DataType::kFloat16 ? t : DataType::kFloat32;
+  return t == DataType::kBFloat16 || t == DataType::kFloat16 || t == DataType::kQ8_0 ||
+                 t == DataType::kQ4_0
+             ? t
+             : DataType::kFloat32;
+}
+
+// A block dtype's rows (q8_0, q4_0) must be whole blocks of 32: INVALID_ARGUMENT naming the
+// argument otherwise.
+absl::Status check_block_row(const ArgCheck& c, size_t i, const char* name, DataType dtype,
+                             int64_t cols) {
+  if (task::block_elements(dtype) == 1 || cols % matmul_detail::kQ8_0BlockWeights == 0) {
+    return absl::OkStatus();
+  }
+  return c.error(absl::StrCat("argument ", i, " (", name, ") is ",
+                              std::string(task::name_of(dtype)), " with rows of ", cols,
+                              " weights, not a whole number of blocks of 32"));
+}
+
+// One q8_0 or q4_0 row of `cols` weights (cols / 32 blocks) as f32: d·q, exact.
+void dequantize_block_row(DataType dtype, const uint8_t* row, int64_t cols, float* out) {
+  const int64_t bytes = static_cast<int64_t>(task::block_bytes(dtype));
+  for (int64_t b = 0; b < cols / matmul_detail::kQ8_0BlockWeights; ++b) {
+    const uint8_t* block = row + b * bytes;
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    const float d = task::f16_to_f32(d_bits);
+    float* o = out + b * matmul_detail::kQ8_0BlockWeights;
+    for (int64_t i = 0; i < matmul_detail::kQ8_0BlockWeights; ++i) {
+      const int q = dtype == DataType::kQ8_0 ? static_cast<int8_t>(block[2 + i])
+                    : i < 16                 ? (block[2 + i] & 15) - 8
+                                             : (block[2 + i - 16] >> 4) - 8;
+      o[i] = d * static_cast<float>(q);
+    }
+  }
+}
+
+matmul_detail::WeightType weight_type(DataType dtype) {
+  switch (dtype) {
+    case DataType::kBFloat16:
+      return matmul_detail::WeightType::kBF16;
+    case DataType::kFloat16:
+      return matmul_detail::WeightType::kF16;
+    case DataType::kQ8_0:
+      return matmul_detail::WeightType::kQ8_0;
+    case DataType::kQ4_0:
+      return matmul_detail::WeightType::kQ4_0;
+    default:
+      return matmul_detail::WeightType::kF32;
+  }
 }
 
 absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
@@ -84,6 +132,7 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   const int64_t in = x.shape[1];
   const DataType w_dtype = weight_dtype(ctx, 1);
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "W", w_dtype, {-1, in}));
+  SIMPLER_RETURN_IF_ERROR(check_block_row(c, 1, "W", w_dtype, in));
   const Tensor& w = ctx.tensor(1);
   const int64_t out = w.shape[0];
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
@@ -95,10 +144,9 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   p.x = x.data<const float>();
   p.rows = rows;
   p.k = in;
-  p.wt = w_dtype == DataType::kBFloat16  ? matmul_detail::WeightType::kBF16
-         : w_dtype == DataType::kFloat16 ? matmul_detail::WeightType::kF16
-                                         : matmul_detail::WeightType::kF32;
-  p.w = static_cast<const uint8_t*>(w.data<const void>()) + r.begin * in * task::size_of(w_dtype);
+  p.wt = weight_type(w_dtype);
+  p.w = static_cast<const uint8_t*>(w.data<const void>()) +
+        r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(in));
   p.n = r.end - r.begin;
   p.y = y.data<float>() + r.begin;
   p.ldy = out;
@@ -401,6 +449,7 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "table", table_dtype, {-1, -1}));
   const int64_t vocab = ctx.tensor(1).shape[0];
   const int64_t hidden = ctx.tensor(1).shape[1];
+  SIMPLER_RETURN_IF_ERROR(check_block_row(c, 1, "table", table_dtype, hidden));
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
   const int32_t* ids = ctx.tensor(0).data<const int32_t>();
   float* out = ctx.tensor(2).data<float>();
@@ -412,7 +461,12 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
                                   vocab, ")"));
     }
     float* o = out + b * hidden;
-    if (table_dtype == DataType::kFloat32) {
+    if (task::block_elements(table_dtype) > 1) {
+      dequantize_block_row(table_dtype,
+                           ctx.tensor(1).data<const uint8_t>() +
+                               id * task::bytes_of(table_dtype, static_cast<uint64_t>(hidden)),
+                           hidden, o);
+    } else if (table_dtype == DataType::kFloat32) {
       std::memcpy(o, ctx.tensor(1).data<const float>() + id * hidden, sizeof(float) * hidden);
     } else {
       const uint16_t* t = ctx.tensor(1).data<const uint16_t>() + id * hidden;

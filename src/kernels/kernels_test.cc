@@ -175,21 +175,70 @@ TEST(MatmulKernel, ARowsResultIsBitwiseIndependentOfTheBatchAndSplit) {
   }
 }
 
-// Weights of one dtype for the ISA tests: the raw bits and the values they hold (widened).
+// Weights of one dtype for the ISA tests: the raw bits and the values they hold (widened, or
+// dequantized for q8_0).
 struct TestWeights {
   DataType dtype;
   std::vector<float> f32;
   std::vector<uint16_t> half;
   std::vector<double> values;
+  std::vector<uint8_t> blocks;  // q8_0, q4_0
   Tensor tensor(int64_t out, int64_t in) {
     const uintptr_t a = dtype == DataType::kFloat32 ? reinterpret_cast<uintptr_t>(f32.data())
-                                                    : reinterpret_cast<uintptr_t>(half.data());
+                        : task::block_elements(dtype) > 1
+                            ? reinterpret_cast<uintptr_t>(blocks.data())
+                            : reinterpret_cast<uintptr_t>(half.data());
     return Tensor::contiguous(a, {out, in}, dtype).value();
   }
 };
 
+// n / 32 q8_0 blocks of random bytes: any int8 q (-128 included, which ggml's quantizer never
+// writes but a file may hold) and a random f16 scale of either sign, every 7th block a scale that
+// is subnormal in f16 and every 11th a zero scale; `values` holds d·q in f64.
+TestWeights make_q8_0_weights(size_t n, uint32_t seed) {
+  TestWeights w{DataType::kQ8_0, {}, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> q(-128, 127);
+  std::uniform_real_distribution<float> d(-0.05f, 0.05f);
+  for (size_t b = 0; b < n / 32; ++b) {
+    uint16_t d_bits = task::f32_to_f16(d(rng));
+    if (b % 7 == 3) d_bits = static_cast<uint16_t>(1 + b % 1000);  // f16 subnormal
+    if (b % 11 == 5) d_bits = 0;
+    w.blocks.push_back(static_cast<uint8_t>(d_bits & 0xff));
+    w.blocks.push_back(static_cast<uint8_t>(d_bits >> 8));
+    for (int i = 0; i < 32; ++i) {
+      const int v = q(rng);
+      w.blocks.push_back(static_cast<uint8_t>(static_cast<int8_t>(v)));
+      w.values.push_back(double(task::f16_to_f32(d_bits)) * v);
+    }
+  }
+  return w;
+}
+
+// n / 32 q4_0 blocks of random bytes (every nibble value) with q8_0's scales; `values` holds
+// d·(nibble - 8) in f64, low nibbles first.
+TestWeights make_q4_0_weights(size_t n, uint32_t seed) {
+  TestWeights w = make_q8_0_weights(n, seed);  // its scales, its bytes' randomness
+  w.dtype = DataType::kQ4_0;
+  std::vector<uint8_t> blocks;
+  w.values.clear();
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* q8 = w.blocks.data() + b * 34;
+    blocks.insert(blocks.end(), q8, q8 + 18);  // d and 16 random bytes
+    const double d = task::f16_to_f32(static_cast<uint16_t>(q8[0] | q8[1] << 8));
+    for (int i = 0; i < 32; ++i) {
+      const uint8_t byte = q8[2 + i % 16];
+      w.values.push_back(d * ((i < 16 ? byte & 15 : byte >> 4) - 8));
+    }
+  }
+  w.blocks = std::move(blocks);
+  return w;
+}
+
 TestWeights make_weights(DataType dtype, size_t n, uint32_t seed) {
-  TestWeights w{dtype, random_floats(n, seed), {}, {}};
+  if (dtype == DataType::kQ8_0) return make_q8_0_weights(n, seed);
+  if (dtype == DataType::kQ4_0) return make_q4_0_weights(n, seed);
+  TestWeights w{dtype, random_floats(n, seed), {}, {}, {}};
   if (dtype != DataType::kFloat32) {
     for (float v : w.f32) {
       w.half.push_back(dtype == DataType::kBFloat16 ? task::f32_to_bf16(v) : task::f32_to_f16(v));
@@ -418,6 +467,87 @@ TEST(MatmulKernel, LongKAcrossBlocksGivesTheContractsBitsOnEveryPath) {
       }
     }
   }
+  // q8_0 and q4_0 rows are whole blocks of 32: K past the blocks of k, not a multiple of 256.
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0}) {
+    for (int64_t rows : {1, 2, 5, 17}) {
+      for (int64_t in : {1120, 2528, 4128}) {
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, 7, 23, false));
+      }
+    }
+  }
+}
+
+// q8_0 weights (dequantized in registers) on every ISA path this CPU has, on odd shapes: rows 1 to
+// 17, K a multiple of the block of 32 but not of 256 (and at, below and past the 16-lane chunks
+// that split a block), outputs past the register tiles. Each result is within 1e-6 · (1 + Σ|terms|)
+// of the f64 product of x and the dequantized weights d·q, and bitwise the contract's on those
+// weights (d·q is exact in f32, so quantized weights change nothing in the numerics contract).
+TEST(MatmulKernel, Q8_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
+  ASSERT_GE(isa_paths(false).size(), 1u);
+  for (int64_t rows = 1; rows <= 17; ++rows) {
+    for (int64_t in : {32, 64, 96, 160, 288}) {
+      for (int64_t out : {1, 5, 9, 37}) {
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(DataType::kQ8_0, rows, in, out, 13, true));
+      }
+    }
+  }
+}
+
+// The same for q4_0 weights (d·(nibble - 8), low nibbles first in a block: exact in f32).
+TEST(MatmulKernel, Q4_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
+  for (int64_t rows = 1; rows <= 17; ++rows) {
+    for (int64_t in : {32, 64, 96, 160, 288}) {
+      for (int64_t out : {1, 5, 9, 37}) {
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(DataType::kQ4_0, rows, in, out, 17, true));
+      }
+    }
+  }
+}
+
+// A q8_0 row of a whole number of blocks is a row's result whatever the batch and block split.
+TEST(MatmulKernel, Q8_0RowsAreBatchInvariantOnEveryPath) {
+  const int64_t in = 96, out = 37;
+  TestWeights w = make_weights(DataType::kQ8_0, out * in, 51);
+  std::vector<float> x = random_floats(17 * in, 52);
+  for (auto [isa, fn] : isa_paths(false)) {
+    std::vector<float> alone(out);
+    std::vector<float> x1(x.end() - in, x.end());
+    ASSERT_TRUE(run_blocks(fn, matmul_args_for(false, x1, w, alone, 1, in, out), 1).ok());
+    for (int64_t rows : {2, 6, 17}) {
+      std::vector<float> xb(x.end() - rows * in, x.end());
+      for (int32_t bd : {1, 3}) {
+        std::vector<float> y(rows * out, NAN);
+        ASSERT_TRUE(run_blocks(fn, matmul_args_for(false, xb, w, y, rows, in, out), bd).ok());
+        for (int64_t o = 0; o < out; ++o) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[(rows - 1) * out + o]),
+                    std::bit_cast<uint32_t>(alone[o]))
+              << name_of(isa) << " rows " << rows << " blocks " << bd << " output " << o;
+        }
+      }
+    }
+  }
+}
+
+// q8_0 weights whose rows are not whole blocks are refused, naming the argument (matmul and the
+// embedding table alike).
+TEST(MatmulKernel, Q8_0RowsThatAreNotWholeBlocksAreInvalidArgument) {
+  std::vector<float> x(2 * 48), y(2 * 3);
+  std::vector<uint8_t> w(3 * 51);  // a byte count that would hold 1.5 blocks a row
+  const Tensor wt =
+      Tensor::contiguous(reinterpret_cast<uintptr_t>(w.data()), {3, 48}, DataType::kQ8_0).value();
+  absl::Status s =
+      run_blocks(&matmul_kernel, matmul_args(view(x, {2, 48}), wt, view(y, {2, 3})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "matmul: argument 1 (W) is q8_0 with rows of 48 weights, not a whole number of blocks "
+            "of 32");
+  std::vector<int32_t> ids = {0};
+  std::vector<float> out(48);
+  s = run_blocks(&embedding_kernel, embedding_args(view(ids, {1}), wt, view(out, {1, 48})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "embedding: argument 1 (table) is q8_0 with rows of 48 weights, not a whole number of "
+            "blocks of 32");
 }
 
 // The portable path alone, on every machine: the f64 reference on odd shapes and bf16 weights.
@@ -528,6 +658,27 @@ TEST(EmbeddingKernel, WidensBf16AndF16TablesExactly) {
     for (int64_t r = 0; r < 3; ++r) {
       for (int64_t i = 0; i < 7; ++i) {
         ASSERT_EQ(out[r * 7 + i], static_cast<float>(table.values[ids[r] * 7 + i]));
+      }
+    }
+  }
+}
+
+// A q8_0 or q4_0 table's gathered rows are dequantized exactly (d·q of each block of the row).
+TEST(EmbeddingKernel, DequantizesQ8_0AndQ4_0RowsExactly) {
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0}) {
+    const int64_t vocab = 5, hidden = 96;
+    TestWeights table = make_weights(dt, vocab * hidden, 33);
+    std::vector<int32_t> ids = {4, 0, 2, 4};
+    std::vector<float> out(4 * hidden, NAN);
+    ASSERT_TRUE(
+        run_blocks(
+            &embedding_kernel,
+            embedding_args(view(ids, {4}), table.tensor(vocab, hidden), view(out, {4, hidden})), 3)
+            .ok());
+    for (int64_t r = 0; r < 4; ++r) {
+      for (int64_t i = 0; i < hidden; ++i) {
+        ASSERT_EQ(out[r * hidden + i], static_cast<float>(table.values[ids[r] * hidden + i]))
+            << task::name_of(dt) << " row " << r << " element " << i;
       }
     }
   }

@@ -5,6 +5,7 @@
 // points has internal linkage, so no AVX-512 code can be picked by the linker for another file's
 // inline function.
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/matmul_avx512_common.h"
 #include "kernels/matmul_impl.h"
@@ -48,6 +49,26 @@ struct Avx512 {
       if constexpr (WT == WeightType::kBF16) return widen_bf16(h);
       return _mm512_cvtph_ps(h);
     }
+  }
+  // Q8_0: 16 int8 sign-extended to i32, converted (exact), times the block's scale (exact).
+  static P load_q8_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + first));
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(d_bits)));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+  }
+  // Q4_0: 16 nibbles (the low ones of qs for first 0, the high ones for 16) zero-extended to i32,
+  // less 8, converted and scaled (all exact).
+  static P load_q4_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    if (first >= 16) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(15));
+    const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(d_bits)));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
   }
   static P fmadd(P a, P b, P c) { return _mm512_fmadd_ps(a, b, c); }
   static float reduce(const P* parts) { return matmul_detail::reduce(parts[0]); }

@@ -39,6 +39,31 @@ struct Neon : HalfWidthWeights<Neon> {
       return vcvt_f32_f16(vreinterpret_f16_u16(h));
     }
   }
+  // Q8_0: 4 int8 widened to i32, converted (exact), times the block's scale (exact: 8-bit q
+  // times an 11-bit f16 significand fits f32's 24). Reads exactly the 4 bytes.
+  static P load_q8_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    uint32_t q_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    std::memcpy(&q_bits, block + 2 + first, sizeof(q_bits));
+    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d_bits)));
+    const int16x8_t q16 = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(q_bits)));
+    return vmulq_f32(d, vcvtq_f32_s32(vmovl_s16(vget_low_s16(q16))));
+  }
+  // Q4_0: 4 nibbles (low ones of qs[first..] for first < 16, else high ones of qs[first - 16..])
+  // widened to i32, less 8, converted and scaled (all exact). Reads exactly the 4 bytes.
+  static P load_q4_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    uint32_t q_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    std::memcpy(&q_bits, block + 2 + first % 16, sizeof(q_bits));
+    if (first >= 16) q_bits >>= 4;
+    q_bits &= 0x0f0f0f0fu;
+    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d_bits)));
+    const uint16x8_t q16 = vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(q_bits)));
+    const int32x4_t q32 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(q16)));
+    return vmulq_f32(d, vcvtq_f32_s32(vsubq_s32(q32, vdupq_n_s32(8))));
+  }
   static P fmadd(P a, P b, P c) { return vfmaq_f32(c, a, b); }
   // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
   // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].

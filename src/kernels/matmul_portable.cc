@@ -96,6 +96,28 @@ struct Portable {
       return widen<WT>(p, n);
     }
   }
+  // Q8_0: the block's scale widened exactly (half_to_float), times each int8 (exact in f32).
+  static P load_q8_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    const float d = half_to_float(d_bits);
+    P v;
+    for (int l = 0; l < kPartLanes; ++l) {
+      v[l] = d * static_cast<float>(static_cast<int8_t>(block[2 + first + l]));
+    }
+    return v;
+  }
+  // Q4_0: the scale widened exactly, times each nibble less 8 (exact in f32).
+  static P load_q4_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    const float d = half_to_float(d_bits);
+    P v;
+    for (int l = 0; l < kPartLanes; ++l) {
+      v[l] = d * static_cast<float>(block_int<WeightType::kQ4_0>(block, first + l));
+    }
+    return v;
+  }
   static P fmadd(P a, P b, P c) { return fmadd4(a, b, c); }
   // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
   // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].

@@ -17,6 +17,9 @@
 //   template <WeightType WT> static P load_w(const WeightT<WT>* p);            widened to f32
 //   template <WeightType WT> static P load_w_tail(const WeightT<WT>* p, int n);  likewise, then 0
 //                                              (both from HalfWidthWeights<V> where they fit)
+//   static P load_q8_0(const uint8_t* block, int first);  weights [first, first + kPartLanes) of
+//                                              one Q8_0 block dequantized: d·q, exact in f32
+//   static P load_q4_0(const uint8_t* block, int first);  likewise for a Q4_0 block
 //   static P fmadd(P a, P b, P c);             a·b + c per lane, one rounding (fused)
 //   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
 #pragma once
@@ -41,8 +44,110 @@ template <>
 struct WeightStorage<WeightType::kF32> {
   using T = float;
 };
+template <>
+struct WeightStorage<WeightType::kQ8_0> {
+  using T = uint8_t;  // the bytes of whole blocks
+};
+template <>
+struct WeightStorage<WeightType::kQ4_0> {
+  using T = uint8_t;
+};
+
+// Whether WT is a block type (32 weights a block), and its block's bytes.
+template <WeightType WT>
+constexpr bool kBlockType = WT == WeightType::kQ8_0 || WT == WeightType::kQ4_0;
+template <WeightType WT>
+constexpr int64_t kBlockBytes = WT == WeightType::kQ8_0 ? kQ8_0BlockBytes : kQ4_0BlockBytes;
 template <WeightType WT>
 using WeightT = typename WeightStorage<WT>::T;
+
+// Storage units (WeightT) of one W row of k weights: k, or k / 32 blocks of 34 bytes for Q8_0
+// (18 for Q4_0; k a multiple of 32: matmul_impl.h).
+template <WeightType WT>
+constexpr int64_t row_units(int64_t k) {
+  if constexpr (kBlockType<WT>) {
+    return k / kQ8_0BlockWeights * kBlockBytes<WT>;
+  } else {
+    return k;
+  }
+}
+
+// The storage unit of a row that holds weight i (for a block type, the start of i's block).
+template <WeightType WT>
+constexpr int64_t unit_of(int64_t i) {
+  if constexpr (kBlockType<WT>) {
+    return i / kQ8_0BlockWeights * kBlockBytes<WT>;
+  } else {
+    return i;
+  }
+}
+
+// An IEEE binary16 as f32, exactly (bit manipulation: the portable path's scalar widening of a
+// Q8_0 scale and of the tail helper below; the other targets widen with their instruction).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);  // inf, NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;  // ±0
+  } else {
+    exp = 113;  // subnormal: normalize
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Weights [i, i + kPartLanes) of `row` (i a multiple of kPartLanes), widened or dequantized to f32:
+// one part.
+template <class V, WeightType WT>
+inline auto load_part(const WeightT<WT>* row, int64_t i) {
+  if constexpr (WT == WeightType::kQ8_0) {
+    return V::load_q8_0(row + unit_of<WT>(i), static_cast<int>(i % kQ8_0BlockWeights));
+  } else if constexpr (WT == WeightType::kQ4_0) {
+    return V::load_q4_0(row + unit_of<WT>(i), static_cast<int>(i % kQ8_0BlockWeights));
+  } else {
+    return V::template load_w<WT>(row + i);
+  }
+}
+// The integer of weight j (< 32) of a Q8_0 or Q4_0 block: q, or the nibble less 8.
+template <WeightType WT>
+inline int block_int(const uint8_t* block, int64_t j) {
+  if constexpr (WT == WeightType::kQ8_0) {
+    return static_cast<int8_t>(block[2 + j]);
+  } else {
+    return (j < 16 ? block[2 + j] & 15 : block[2 + j - 16] >> 4) - 8;
+  }
+}
+
+// The first n (0 <= n < kPartLanes) of those weights, then 0. A block type's row is whole blocks
+// of 32, so its k is a multiple of 16 and no chunk is partial; that branch is still exact, lane
+// by lane.
+template <class V, WeightType WT>
+inline auto load_part_tail(const WeightT<WT>* row, int64_t i, int n) {
+  if constexpr (kBlockType<WT>) {
+    const uint8_t* block = row + unit_of<WT>(i);
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    const float d = half_to_float(d_bits);
+    float part[V::kPartLanes] = {};
+    for (int l = 0; l < n; ++l) {
+      part[l] = d * static_cast<float>(block_int<WT>(block, i % kQ8_0BlockWeights + l));
+    }
+    return V::load(part);
+  } else {
+    return V::template load_w_tail<WT>(row + i, n);
+  }
+}
 
 // load_w and load_w_tail for a traits type `V` (derived from this) whose kPartLanes 16-bit
 // weights load as one half-width vector (`static H load_h(const uint16_t* p)`) that
@@ -74,6 +179,7 @@ template <class V, WeightType WT, int R, int C>
 void tile(const float* x, int64_t k, const WeightT<WT>* w, float* y, int64_t ldy, bool accumulate) {
   using P = typename V::P;
   constexpr int kL = V::kPartLanes;
+  const int64_t ru = row_units<WT>(k);
   P acc[R][C][V::kParts];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -92,13 +198,13 @@ void tile(const float* x, int64_t k, const WeightT<WT>* w, float* y, int64_t ldy
       // qwen3-0.6b's bf16 LM head went 12.5 -> 19-21 GB/s (avx512) and 8.4 -> 22-25 GB/s
       // (x86-64-v3) on Zen 4; locality 0 or 3, or two tiles ahead, did less.
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) __builtin_prefetch(w + (C + c) * k + kk, 0, 1);
+      for (int c = 0; c < C; ++c) __builtin_prefetch(w + (C + c) * ru + unit_of<WT>(kk), 0, 1);
     }
 #pragma GCC unroll 4
     for (int q = 0; q < V::kParts; ++q) {
       P wv[C];
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) wv[c] = V::template load_w<WT>(w + c * k + kk + q * kL);
+      for (int c = 0; c < C; ++c) wv[c] = load_part<V, WT>(w + c * ru, kk + q * kL);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const P xv = V::load(x + r * k + kk + q * kL);
@@ -116,11 +222,11 @@ void tile(const float* x, int64_t k, const WeightT<WT>* w, float* y, int64_t ldy
       P wv[C];
       if (left >= kL) {
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) wv[c] = V::template load_w<WT>(w + c * k + kk + q * kL);
+        for (int c = 0; c < C; ++c) wv[c] = load_part<V, WT>(w + c * ru, kk + q * kL);
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-          wv[c] = V::template load_w_tail<WT>(w + c * k + kk + q * kL, static_cast<int>(left));
+          wv[c] = load_part_tail<V, WT>(w + c * ru, kk + q * kL, static_cast<int>(left));
         }
       }
 #pragma GCC unroll 8
@@ -158,6 +264,7 @@ void tile_rows(const float* x, int64_t k, int64_t k0, int64_t k1, const WeightT<
   constexpr int kL = V::kPartLanes;
   constexpr int kQ = V::kParts;
   static_assert(kQ * kL == 16);
+  const int64_t ru = row_units<WT>(k);
 #pragma GCC unroll 4
   for (int q = 0; q < kQ; ++q) {
     P acc[R][C];
@@ -173,7 +280,7 @@ void tile_rows(const float* x, int64_t k, int64_t k0, int64_t k1, const WeightT<
     for (; kk + 16 <= k1; kk += 16) {
       P wv[C];
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) wv[c] = V::template load_w<WT>(w + c * k + kk + off);
+      for (int c = 0; c < C; ++c) wv[c] = load_part<V, WT>(w + c * ru, kk + off);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const P xv = V::load(x + r * k + kk + off);
@@ -186,9 +293,9 @@ void tile_rows(const float* x, int64_t k, int64_t k0, int64_t k1, const WeightT<
       P wv[C];
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
-        const WeightT<WT>* wp = w + c * k + kk + off;
-        wv[c] = left >= kL ? V::template load_w<WT>(wp)
-                           : V::template load_w_tail<WT>(wp, static_cast<int>(left));
+        const WeightT<WT>* row = w + c * ru;
+        wv[c] = left >= kL ? load_part<V, WT>(row, kk + off)
+                           : load_part_tail<V, WT>(row, kk + off, static_cast<int>(left));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -248,7 +355,9 @@ constexpr auto rows_tiles(std::integer_sequence<int, Rs...>) {
 // in L1 while the chunk's W tiles pass. One block when k fits.
 template <class V, WeightType WT>
 int64_t k_block(int64_t k) {
-  constexpr int64_t kPerLane = V::kMaxRows * 4 + V::kMaxCols * sizeof(WeightT<WT>);
+  // A Q8_0 weight takes 34/32 bytes: counted as 2; a Q4_0 one 18/32: counted as 1.
+  constexpr int64_t kWeightBytes = WT == WeightType::kQ8_0 ? 2 : sizeof(WeightT<WT>);
+  constexpr int64_t kPerLane = V::kMaxRows * 4 + V::kMaxCols * kWeightBytes;
   constexpr int64_t kMaxLanes = 24 * 1024 / kPerLane;
   const int64_t blocks = (k + kMaxLanes - 1) / kMaxLanes;
   const int64_t lanes = (k + blocks - 1) / blocks;
@@ -262,13 +371,14 @@ void run_decode(const Problem& p) {
       decode_tiles<V, WT>(std::make_integer_sequence<int, V::kMaxCols>{});
   using T = WeightT<WT>;
   const T* w = static_cast<const T*>(p.w);
+  const int64_t ru = row_units<WT>(p.k);
   int64_t j = 0;
   for (; j + V::kDecodeCols <= p.n; j += V::kDecodeCols) {
-    tile<V, WT, 1, V::kDecodeCols>(p.x, p.k, w + j * p.k, p.y + j, p.ldy, p.accumulate);
+    tile<V, WT, 1, V::kDecodeCols>(p.x, p.k, w + j * ru, p.y + j, p.ldy, p.accumulate);
   }
   for (; j < p.n; j += V::kMaxCols) {
     const int cols = static_cast<int>(p.n - j < V::kMaxCols ? p.n - j : V::kMaxCols);
-    kTiles[cols - 1](p.x, p.k, w + j * p.k, p.y + j, p.ldy, p.accumulate);
+    kTiles[cols - 1](p.x, p.k, w + j * ru, p.y + j, p.ldy, p.accumulate);
   }
 }
 
@@ -284,7 +394,8 @@ void run_tiles(const Problem& p) {
   const int64_t kb = k_block<V, WT>(p.k);
   constexpr int64_t kTileSums = V::kMaxRows * V::kMaxCols * 16;
   const T* w = static_cast<const T*>(p.w);
-  const int64_t chunk = chunk_rows(p.k * static_cast<int64_t>(sizeof(T)), V::kMaxCols);
+  const int64_t ru = row_units<WT>(p.k);
+  const int64_t chunk = chunk_rows(ru * static_cast<int64_t>(sizeof(T)), V::kMaxCols);
   const int64_t tiles_per_chunk = (std::min(chunk, p.n) + V::kMaxCols - 1) / V::kMaxCols;
   // One tile's sums when k is one block (each tile finishes in one call); else every tile's of
   // the chunk.
@@ -300,7 +411,7 @@ void run_tiles(const Problem& p) {
         for (int64_t j = 0; j < jn; j += V::kMaxCols) {
           const int cols = static_cast<int>(jn - j < V::kMaxCols ? jn - j : V::kMaxCols);
           float* tile_sums = sums.data() + (p.k > kb ? j / V::kMaxCols * kTileSums : 0);
-          kTiles[rows - 1][cols - 1](x, p.k, k0, k1, w + (j0 + j) * p.k, tile_sums,
+          kTiles[rows - 1][cols - 1](x, p.k, k0, k1, w + (j0 + j) * ru, tile_sums,
                                      k1 == p.k ? y + j : nullptr, p.ldy, p.accumulate);
         }
       }
@@ -318,6 +429,10 @@ void run_on(const Problem& p) {
       return run_tiles<V, WeightType::kBF16>(p);
     case WeightType::kF16:
       return run_tiles<V, WeightType::kF16>(p);
+    case WeightType::kQ8_0:
+      return run_tiles<V, WeightType::kQ8_0>(p);
+    case WeightType::kQ4_0:
+      return run_tiles<V, WeightType::kQ4_0>(p);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_tile.h"
@@ -44,6 +45,26 @@ struct X86_64V3 : HalfWidthWeights<X86_64V3> {
     } else {
       return _mm256_cvtph_ps(h);
     }
+  }
+  // Q8_0: 8 int8 sign-extended to i32, converted (exact), times the block's scale (exact: 8-bit q
+  // times an 11-bit f16 significand fits f32's 24).
+  static P load_q8_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + first));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)),
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+  }
+  // Q4_0: 8 nibbles (the low ones of qs[first..] for first < 16, else the high ones of
+  // qs[first - 16..]) zero-extended to i32, less 8, converted and scaled (all exact).
+  static P load_q4_0(const uint8_t* block, int first) {
+    uint16_t d_bits;
+    std::memcpy(&d_bits, block, sizeof(d_bits));
+    __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + first % 16));
+    if (first >= 16) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(15));
+    const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)), _mm256_cvtepi32_ps(v));
   }
   static P fmadd(P a, P b, P c) { return _mm256_fmadd_ps(a, b, c); }
   // s8 = lanes 0-7 + lanes 8-15, s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].

@@ -573,10 +573,17 @@ absl::StatusOr<TensorView> GgufFile::tensor(std::string_view name) const {
     case GgmlType::kBF16:
       view.dtype = task::DataType::kBFloat16;
       break;
+    case GgmlType::kQ8_0:
+      view.dtype = task::DataType::kQ8_0;
+      break;
+    case GgmlType::kQ4_0:
+      view.dtype = task::DataType::kQ4_0;
+      break;
     default:
-      return absl::UnimplementedError(
-          absl::StrCat(path(), ": tensor '", t->name, "' is ", str(traits->name),
-                       ": quantized kernels are not built yet (F32, F16 and BF16 tensors load)"));
+      return absl::UnimplementedError(absl::StrCat(path(), ": tensor '", t->name, "' is ",
+                                                   str(traits->name),
+                                                   ": its quantized kernels are not built yet "
+                                                   "(F32, F16, BF16, Q8_0 and Q4_0 tensors load)"));
   }
   view.name = t->name;
   view.file = path();

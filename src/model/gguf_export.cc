@@ -1,6 +1,8 @@
 #include "simpler/model/gguf_export.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -28,9 +30,14 @@ namespace {
 constexpr uint32_t kGgufVersion = 3;
 // The file states it as general.alignment too.
 constexpr uint64_t kAlignment = kGgufDefaultAlignment;
-// llama_ftype (llama.h): LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_BF16.
+// llama_ftype (llama.h): LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0, LLAMA_FTYPE_MOSTLY_BF16.
 constexpr uint32_t kFtypeF32 = 0;
+constexpr uint32_t kFtypeQ8_0 = 7;
+constexpr uint32_t kFtypeQ4_0 = 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
 constexpr uint32_t kFtypeBf16 = 32;
+constexpr int64_t kQ8_0Block = 32;
+constexpr int64_t kQ8_0BlockBytes = 34;
+constexpr int64_t kQ4_0BlockBytes = 18;
 // llama_token_type (llama.h).
 constexpr int32_t kTokenNormal = 1;
 constexpr int32_t kTokenControl = 3;
@@ -195,7 +202,9 @@ absl::StatusOr<std::string> read_chat_template(const std::string& dir) {
 
 // Writes `t`'s data (from `view`) as its ggml type.
 absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
-  if (t.ggml_type == GgmlType::kBF16 && view.dtype == task::DataType::kBFloat16) {
+  if ((t.ggml_type == GgmlType::kBF16 && view.dtype == task::DataType::kBFloat16) ||
+      (t.ggml_type == GgmlType::kQ8_0 && view.dtype == task::DataType::kQ8_0) ||
+      (t.ggml_type == GgmlType::kQ4_0 && view.dtype == task::DataType::kQ4_0)) {
     out.write(reinterpret_cast<const char*>(view.bytes.data()),
               static_cast<std::streamsize>(view.bytes.size()));
     return absl::OkStatus();
@@ -207,11 +216,45 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
               static_cast<std::streamsize>(f->size() * sizeof(float)));
     return absl::OkStatus();
   }
+  if (t.ggml_type == GgmlType::kQ8_0 || t.ggml_type == GgmlType::kQ4_0) {
+    const bool q8 = t.ggml_type == GgmlType::kQ8_0;
+    std::vector<uint8_t> q(f->size() / kQ8_0Block * (q8 ? kQ8_0BlockBytes : kQ4_0BlockBytes));
+    SIMPLER_RETURN_IF_ERROR(q8 ? quantize_row_q8_0(*f, q) : quantize_row_q4_0(*f, q));
+    out.write(reinterpret_cast<const char*>(q.data()), static_cast<std::streamsize>(q.size()));
+    return absl::OkStatus();
+  }
   std::vector<uint16_t> h(f->size());
-  for (size_t i = 0; i < f->size(); ++i) h[i] = task::f32_to_bf16((*f)[i]);
+  for (size_t i = 0; i < f->size(); ++i) {
+    h[i] = t.ggml_type == GgmlType::kF16 ? task::f32_to_f16((*f)[i]) : task::f32_to_bf16((*f)[i]);
+  }
   out.write(reinterpret_cast<const char*>(h.data()),
             static_cast<std::streamsize>(h.size() * sizeof(uint16_t)));
   return absl::OkStatus();
+}
+
+// The ggml type of tensor `name` (llama.cpp's) of `shape` in a file of `type`, the LM head when
+// `head` (gguf_export.h: 1-D tensors f32; quantized rows that are not whole blocks f16; a Q4_0
+// file's head Q8_0).
+GgmlType ggml_type_for(const std::vector<int64_t>& shape, GgufType type, bool head) {
+  if (shape.size() < 2 || type == GgufType::kF32) return GgmlType::kF32;
+  if (type == GgufType::kBf16) return GgmlType::kBF16;
+  if (shape.back() % kQ8_0Block != 0) return GgmlType::kF16;
+  return type == GgufType::kQ4_0 && !head ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
+}
+
+// Bytes of `numel` elements of a ggml type written here.
+uint64_t ggml_bytes(GgmlType ggml_type, uint64_t numel) {
+  switch (ggml_type) {
+    case GgmlType::kQ8_0:
+      return numel / kQ8_0Block * kQ8_0BlockBytes;
+    case GgmlType::kQ4_0:
+      return numel / kQ8_0Block * kQ4_0BlockBytes;
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      return numel * 2;
+    default:
+      return numel * 4;
+  }
 }
 
 void write_padding(std::ofstream& out, uint64_t written) {
@@ -232,9 +275,11 @@ absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
     t.name = gguf_tensor_name(spec.name);
     t.source = spec.name;
     t.shape = spec.shape;
-    t.ggml_type = spec.shape.size() >= 2 && options.type == GgufType::kBf16 ? GgmlType::kBF16
-                                                                            : GgmlType::kF32;
-    t.bytes = static_cast<uint64_t>(view->numel()) * (t.ggml_type == GgmlType::kBF16 ? 2 : 4);
+    // The LM head: output.weight, or token_embd.weight when the embeddings are tied.
+    const bool head =
+        t.name == "output.weight" || (t.name == "token_embd.weight" && config.tie_word_embeddings);
+    t.ggml_type = ggml_type_for(spec.shape, options.type, head);
+    t.bytes = ggml_bytes(t.ggml_type, static_cast<uint64_t>(view->numel()));
     t.offset = offset;
     offset = align_up(offset + t.bytes);
     tensors.push_back(std::move(t));
@@ -249,7 +294,10 @@ Header metadata(const ModelConfig& c, const Vocabulary& vocab, const std::string
   kv.kv_str("general.architecture", "qwen3");
   kv.kv_str("general.name", std::filesystem::path(options.model_dir).filename().string());
   kv.kv_u32("general.alignment", kAlignment);
-  kv.kv_u32("general.file_type", options.type == GgufType::kBf16 ? kFtypeBf16 : kFtypeF32);
+  kv.kv_u32("general.file_type", options.type == GgufType::kBf16   ? kFtypeBf16
+                                 : options.type == GgufType::kQ8_0 ? kFtypeQ8_0
+                                 : options.type == GgufType::kQ4_0 ? kFtypeQ4_0
+                                                                   : kFtypeF32);
   kv.kv_u32("qwen3.context_length", static_cast<uint32_t>(c.max_position_embeddings));
   kv.kv_u32("qwen3.embedding_length", static_cast<uint32_t>(c.hidden_size));
   kv.kv_u32("qwen3.block_count", static_cast<uint32_t>(c.num_hidden_layers));
@@ -294,6 +342,78 @@ Header file_header(const Header& kv, const std::vector<OutTensor>& tensors) {
 }
 
 }  // namespace
+
+absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out) {
+  if (x.size() % kQ8_0Block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize_row_q8_0: ", x.size(), " values are not whole blocks of 32"));
+  }
+  if (out.size() != x.size() / kQ8_0Block * kQ8_0BlockBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize_row_q8_0: the output holds ",
+                                                   out.size(), " bytes, ", x.size() / kQ8_0Block,
+                                                   " blocks need ", x.size() / kQ8_0Block * 34));
+  }
+  for (size_t b = 0; b < x.size() / kQ8_0Block; ++b) {
+    const float* v = x.data() + b * kQ8_0Block;
+    uint8_t* block = out.data() + b * kQ8_0BlockBytes;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < kQ8_0Block; ++i) {
+      if (!std::isfinite(v[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "quantize_row_q8_0: value ", b * kQ8_0Block + i, " is ", v[i], ", not finite"));
+      }
+      amax = std::max(amax, std::fabs(v[i]));
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t d_bits = task::f32_to_f16(d);
+    std::memcpy(block, &d_bits, sizeof(d_bits));  // little-endian hosts only (x86-64, aarch64)
+    for (int64_t i = 0; i < kQ8_0Block; ++i) {
+      const float scaled = v[i] * id;
+      block[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(scaled)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status quantize_row_q4_0(std::span<const float> x, std::span<uint8_t> out) {
+  if (x.size() % kQ8_0Block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize_row_q4_0: ", x.size(), " values are not whole blocks of 32"));
+  }
+  if (out.size() != x.size() / kQ8_0Block * kQ4_0BlockBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize_row_q4_0: the output holds ",
+                                                   out.size(), " bytes, ", x.size() / kQ8_0Block,
+                                                   " blocks need ", x.size() / kQ8_0Block * 18));
+  }
+  for (size_t b = 0; b < x.size() / kQ8_0Block; ++b) {
+    const float* v = x.data() + b * kQ8_0Block;
+    uint8_t* block = out.data() + b * kQ4_0BlockBytes;
+    float amax = 0.0f, max = 0.0f;
+    for (int64_t i = 0; i < kQ8_0Block; ++i) {
+      if (!std::isfinite(v[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "quantize_row_q4_0: value ", b * kQ8_0Block + i, " is ", v[i], ", not finite"));
+      }
+      if (amax < std::fabs(v[i])) {
+        amax = std::fabs(v[i]);
+        max = v[i];
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t d_bits = task::f32_to_f16(d);
+    std::memcpy(block, &d_bits, sizeof(d_bits));  // little-endian hosts only (x86-64, aarch64)
+    auto xi = [id](float value) {
+      const float scaled = value * id + 8.5f;  // two roundings where nothing contracts them
+      return std::min(15, static_cast<int>(static_cast<int8_t>(scaled)));
+    };
+    for (int64_t j = 0; j < kQ8_0Block / 2; ++j) {
+      block[2 + j] = static_cast<uint8_t>(xi(v[j]) | xi(v[j + 16]) << 4);
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status export_gguf(const GgufExportOptions& options) {
   absl::StatusOr<ModelConfig> config = ModelConfig::load(options.model_dir);

@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -257,6 +261,141 @@ TEST_F(GgufExportTest, F32ExportWidensEveryTensor) {
   const ExportedGguf f = read_gguf(o.out_path);
   EXPECT_EQ(f.ints.at("general.file_type"), 0u);
   for (const auto& [name, t] : f.tensors) EXPECT_EQ(t.type, 0u) << name;
+}
+
+// Q8_0 (llama.cpp's Q8_0 defaults): every 2-D tensor, the LM head included, is Q8_0 with the
+// bytes quantize_row_q8_0 makes of the checkpoint's values; the norms stay f32; the file type is
+// llama.cpp's MOSTLY_Q8_0. Loaded back, the matrices are q8_0 views of the file's blocks.
+TEST_F(GgufExportTest, Q8_0ExportQuantizesEveryMatrixAndKeepsTheNormsF32) {
+  GgufExportOptions o;
+  o.model_dir = (dir_ / "model").string();
+  o.out_path = (dir_ / "model-q8_0.gguf").string();
+  o.type = GgufType::kQ8_0;
+  ASSERT_TRUE(export_gguf(o).ok());
+  const ExportedGguf f = read_gguf(o.out_path);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(f.ints.at("general.file_type"), 7u);
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(o.model_dir);
+  absl::StatusOr<ModelWeights> back = ModelWeights::open(o.out_path);
+  ASSERT_TRUE(w.ok() && back.ok()) << back.status();
+  const ModelConfig c = ModelConfig::load(o.model_dir).value();
+  int matrices = 0;
+  ASSERT_EQ(f.tensors.at("output.weight").type, 8u);
+  ASSERT_EQ(f.tensors.at("token_embd.weight").type, 8u);
+  for (const auto& [gg, t] : f.tensors) {
+    SCOPED_TRACE(gg);
+    EXPECT_EQ(t.type, t.dims.size() == 2 ? 8u : 0u);
+  }
+  for (const WeightSpec& spec : c.tensor_names_and_shapes()) {
+    SCOPED_TRACE(spec.name);
+    const TensorView v = w->get(spec.name).value();
+    const std::vector<float> values = to_f32(v).value();
+    const TensorView q = back->get(spec.name).value();
+    if (spec.shape.size() != 2) {
+      EXPECT_EQ(q.dtype, task::DataType::kFloat32);
+      continue;
+    }
+    ++matrices;
+    EXPECT_EQ(q.dtype, task::DataType::kQ8_0);
+    std::vector<uint8_t> want(values.size() / 32 * 34);
+    ASSERT_TRUE(quantize_row_q8_0(values, want).ok());
+    ASSERT_EQ(q.bytes.size(), want.size());
+    EXPECT_EQ(std::memcmp(q.bytes.data(), want.data(), want.size()), 0);
+  }
+  EXPECT_EQ(matrices, 2 + 2 * 7);  // token_embd, output and 7 per layer
+}
+
+// quantize_row_q8_0 against ggml's definition worked by hand: amax 127 gives d = 1 (f16 0x3c00)
+// and id = 1, so q = roundf(x): halves round away from zero (2.5 -> 3, -0.5 -> -1), which
+// nearest-even would not; a block of zeros has d = 0 and q = 0; a block with amax 0.5 has
+// d = 0.5/127 (f16-rounded in the file, not in id), q = roundf(x · 254).
+TEST(QuantizeRowQ8_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
+  std::vector<float> x(96, 0.0f);
+  const float first[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 1.49f, -126.6f, 3.0f};
+  std::copy(std::begin(first), std::end(first), x.begin());
+  x[32] = 0.5f;
+  x[33] = -0.2f;
+  x[34] = 0.001f;
+  std::vector<uint8_t> q(3 * 34);
+  ASSERT_TRUE(quantize_row_q8_0(x, q).ok());
+  auto d_bits = [&](int b) { return static_cast<uint16_t>(q[b * 34] | q[b * 34 + 1] << 8); };
+  auto qv = [&](int b, int i) { return static_cast<int>(static_cast<int8_t>(q[b * 34 + 2 + i])); };
+  EXPECT_EQ(d_bits(0), 0x3c00);  // 1.0
+  const int want0[] = {127, 3, -3, 1, -1, 1, -127, 3};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(qv(0, i), want0[i]) << i;
+  for (int i = 8; i < 32; ++i) EXPECT_EQ(qv(0, i), 0) << i;
+  EXPECT_EQ(d_bits(1), task::f32_to_f16(0.5f / 127.0f));
+  EXPECT_EQ(qv(1, 0), 127);
+  EXPECT_EQ(qv(1, 1), -51);  // -0.2 · 254 = -50.8 -> -51
+  EXPECT_EQ(qv(1, 2), 0);    // 0.254 -> 0
+  EXPECT_EQ(d_bits(2), 0);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(qv(2, i), 0) << i;
+  // Bad input names what is wrong.
+  std::vector<uint8_t> small(33);
+  absl::Status s = quantize_row_q8_0(std::span<const float>(x.data(), 31), small);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "quantize_row_q8_0: 31 values are not whole blocks of 32");
+  s = quantize_row_q8_0(x, small);
+  EXPECT_EQ(s.message(), "quantize_row_q8_0: the output holds 33 bytes, 3 blocks need 102");
+  x[40] = std::numeric_limits<float>::quiet_NaN();
+  s = quantize_row_q8_0(x, q);
+  EXPECT_EQ(s.message(), "quantize_row_q8_0: value 40 is nan, not finite");
+}
+
+// Q4_0 (llama-quantize's Q4_0 file type, but a Q8_0 LM head where llama.cpp writes Q6_K): the
+// projections and token_embd Q4_0 with quantize_row_q4_0's bytes, output Q8_0, norms f32.
+TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0) {
+  GgufExportOptions o;
+  o.model_dir = (dir_ / "model").string();
+  o.out_path = (dir_ / "model-q4_0.gguf").string();
+  o.type = GgufType::kQ4_0;
+  ASSERT_TRUE(export_gguf(o).ok());
+  const ExportedGguf f = read_gguf(o.out_path);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(f.ints.at("general.file_type"), 2u);
+  for (const auto& [gg, t] : f.tensors) {
+    SCOPED_TRACE(gg);
+    EXPECT_EQ(t.type, t.dims.size() != 2 ? 0u : gg == "output.weight" ? 8u : 2u);
+  }
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(o.model_dir);
+  absl::StatusOr<ModelWeights> back = ModelWeights::open(o.out_path);
+  ASSERT_TRUE(w.ok() && back.ok()) << back.status();
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  const std::vector<float> values = to_f32(w->get(name).value()).value();
+  const TensorView q = back->get(name).value();
+  EXPECT_EQ(q.dtype, task::DataType::kQ4_0);
+  std::vector<uint8_t> want(values.size() / 32 * 18);
+  ASSERT_TRUE(quantize_row_q4_0(values, want).ok());
+  ASSERT_EQ(q.bytes.size(), want.size());
+  EXPECT_EQ(std::memcmp(q.bytes.data(), want.data(), want.size()), 0);
+}
+
+// quantize_row_q4_0 against ggml's definition worked by hand: the value of largest magnitude is
+// -16 (its sign kept), so d = -16 / -8 = 2 (f16 0x4000) and id = 0.5; each nibble is
+// min(15, trunc(x · 0.5 + 8.5)): -16 -> 0, 14 -> 15 (15.5), 3 -> 10 (10), 1 -> 9 (9), -1 -> 8
+// (8.0), -3 -> 7 (7.0), 0 -> 8; x[j] in the low nibble, x[j + 16] in the high one. A block of
+// zeros has d = 0 / -8 = -0 (f16 0x8000, as ggml writes it) and every nibble 8.
+TEST(QuantizeRowQ4_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
+  std::vector<float> x(64, 0.0f);
+  const float first[] = {-16.0f, 14.0f, 3.0f, 1.0f, -1.0f, -3.0f};
+  std::copy(std::begin(first), std::end(first), x.begin());
+  x[16] = 14.0f;
+  x[17] = -16.0f;
+  std::vector<uint8_t> q(2 * 18);
+  ASSERT_TRUE(quantize_row_q4_0(x, q).ok());
+  EXPECT_EQ(q[0] | q[1] << 8, 0x4000);  // 2.0
+  auto nib = [&](int b, int i) {
+    return i < 16 ? q[b * 18 + 2 + i] & 15 : q[b * 18 + 2 + i - 16] >> 4;
+  };
+  const int want[] = {0, 15, 10, 9, 8, 7, 8};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(nib(0, i), want[i]) << i;
+  EXPECT_EQ(nib(0, 16), 15);
+  EXPECT_EQ(nib(0, 17), 0);
+  EXPECT_EQ(q[18] | q[19] << 8, 0x8000);  // -0: 0 / -8
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(nib(1, i), 8) << i;
+  std::vector<uint8_t> small(3);
+  EXPECT_EQ(quantize_row_q4_0(x, small).message(),
+            "quantize_row_q4_0: the output holds 3 bytes, 2 blocks need 36");
 }
 
 TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeavesNoFile) {

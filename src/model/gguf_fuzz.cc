@@ -56,8 +56,8 @@ void check_tensors(const GgufFile& file, const uint8_t* data, size_t size) {
     if (!view.ok()) continue;
     const int64_t numel = view->numel();
     check(numel >= 0, "negative numel");
-    check(static_cast<uint64_t>(numel) * simpler::task::size_of(view->dtype) == view->bytes.size(),
-          "view size differs from numel * dtype size");
+    check(simpler::task::bytes_of(view->dtype, static_cast<uint64_t>(numel)) == view->bytes.size(),
+          "view size differs from the bytes of numel elements of its dtype");
     if (numel <= (1 << 16)) (void)to_f32(*view);
   }
   std::sort(spans.begin(), spans.end());

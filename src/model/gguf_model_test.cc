@@ -29,7 +29,7 @@ using testing::GgufBuilder;
 using ::testing::HasSubstr;
 using testing::msg;
 
-constexpr uint32_t kF32 = 0, kQ8_0 = 8;
+constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12;
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
@@ -228,11 +228,54 @@ TEST_F(GgufQwen3KeysTest, AnotherArchitectureOrAMissingKeyIsRefusedNamingIt) {
               HasSubstr("tokenizer.ggml.tokens holds 2 tokens, but token_embd.weight has 6 rows"));
 }
 
-TEST_F(GgufQwen3KeysTest, AQuantizedTensorIsRefusedAtOpenNamingTheTensorAndTheType) {
-  absl::Status s = ModelWeights::open(write(small_qwen3(false, kQ8_0))).status();
+// Q8_0 tensors load as q8_0 views of the file's blocks (the model's shape checks apply to them
+// as to any tensor); a 1-D Q8_0 tensor (a norm) dequantizes through to_f32, as the loader widens
+// norms; the other quantized types are refused at open, naming the tensor and the type.
+TEST_F(GgufQwen3KeysTest, Q8_0AndQ4_0TensorsLoadInPlaceAndOtherQuantizedTypesAreRefused) {
+  absl::StatusOr<ModelWeights> w = ModelWeights::open(write(small_qwen3(false, kQ8_0)));
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<TensorView> embd = w->get("model.embed_tokens.weight", {6, 32});
+  ASSERT_TRUE(embd.ok()) << embd.status();
+  EXPECT_EQ(embd->dtype, task::DataType::kQ8_0);
+  EXPECT_EQ(embd->bytes.size(), 6u * 34);
+  absl::Status shape = w->get("model.embed_tokens.weight", {6, 4}).status();
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(shape), HasSubstr("model.embed_tokens.weight in m.gguf: shape [6,32], expected "
+                                    "[6,4]"));
+  EXPECT_THAT(
+      msg(w->get("model.embed_tokens.weight", {6, 32}, {task::DataType::kBFloat16}).status()),
+      HasSubstr("dtype Q8_0, expected BF16"));
+  // A Q8_0 norm: one block, d = 0.5 (f16 0x3800), q = -3, 0, 1, 2, ... dequantizes to d·q.
+  GgufBuilder norm = small_qwen3(false);
+  std::string block = std::string("\x00\x38", 2);
+  for (int i = 0; i < 32; ++i) block.push_back(static_cast<char>(i == 0 ? -3 : i - 1));
+  norm.tensor("blk.0.extra_norm.weight", {32}, kQ8_0, block);
+  absl::StatusOr<ModelWeights> n = ModelWeights::open(write(norm, "norm.gguf"));
+  ASSERT_TRUE(n.ok()) << n.status();
+  const std::vector<float> values = to_f32(n->get("blk.0.extra_norm.weight").value()).value();
+  ASSERT_EQ(values.size(), 32u);
+  EXPECT_EQ(values[0], -1.5f);
+  EXPECT_EQ(values[1], 0.0f);
+  EXPECT_EQ(values[31], 15.0f);
+  // A Q4_0 one likewise: d = 0.5, bytes 0x80, 0x0f, ...: low nibbles first, each less 8.
+  GgufBuilder q4 = small_qwen3(false);
+  std::string q4_block = std::string("\x00\x38", 2);
+  for (int i = 0; i < 16; ++i) q4_block.push_back(static_cast<char>(i == 0 ? 0x80 : 0x0f));
+  q4.tensor("blk.0.q4_norm.weight", {32}, kQ4_0, q4_block);
+  absl::StatusOr<ModelWeights> q4w = ModelWeights::open(write(q4, "q4.gguf"));
+  ASSERT_TRUE(q4w.ok()) << q4w.status();
+  const std::vector<float> q4v = to_f32(q4w->get("blk.0.q4_norm.weight").value()).value();
+  ASSERT_EQ(q4v.size(), 32u);
+  EXPECT_EQ(q4v[0], -4.0f);   // 0x80 & 15 = 0: (0 - 8) · 0.5
+  EXPECT_EQ(q4v[1], 3.5f);    // 15 - 8
+  EXPECT_EQ(q4v[16], 0.0f);   // 0x80 >> 4 = 8
+  EXPECT_EQ(q4v[17], -4.0f);  // 0
+  GgufBuilder q4k = small_qwen3(false);
+  q4k.tensor("blk.0.extra.weight", {2, 256}, kQ4_K, std::string(2 * 144, '\0'));
+  absl::Status s = ModelWeights::open(write(q4k, "q4k.gguf")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'token_embd.weight' is Q8_0: quantized kernels are not "
-                                "built yet"));
+  EXPECT_THAT(msg(s), HasSubstr("tensor 'blk.0.extra.weight' is Q4_K: its quantized kernels are "
+                                "not built yet (F32, F16, BF16, Q8_0 and Q4_0 tensors load)"));
 }
 
 TEST_F(GgufQwen3KeysTest, AMissingFileIsNotFoundAndADirectoryNamedGgufIsAModelDirectory) {

@@ -43,8 +43,10 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
   return true;
 }
 
+// The dtypes to_f32 converts.
 bool is_float(DataType dtype) {
-  return dtype == DataType::kFloat32 || dtype == DataType::kBFloat16 || dtype == DataType::kFloat16;
+  return dtype == DataType::kFloat32 || dtype == DataType::kBFloat16 ||
+         dtype == DataType::kFloat16 || dtype == DataType::kQ8_0 || dtype == DataType::kQ4_0;
 }
 
 struct Entry {
@@ -529,6 +531,15 @@ size_t ModelWeights::num_files() const { return state_->gguf ? 1 : state_->files
 
 bool ModelWeights::is_gguf() const { return state_->gguf.has_value(); }
 
+std::map<std::string, int64_t> ModelWeights::dtype_counts() const {
+  std::map<std::string, int64_t> counts;
+  for (const std::string& name : names()) {
+    absl::StatusOr<TensorView> view = get(name);
+    if (view.ok()) ++counts[std::string(task::name_of(view->dtype))];
+  }
+  return counts;
+}
+
 absl::StatusOr<TensorView> ModelWeights::get(std::string_view name) const {
   if (state_->gguf) {
     auto found = state_->gguf_views.find(name);
@@ -583,11 +594,16 @@ absl::StatusOr<TensorView> ModelWeights::get(std::string_view name,
 
 absl::Status to_f32(const TensorView& view, std::span<float> out) {
   if (!is_float(view.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(str(view.name), " in ", str(view.file), ": cannot convert dtype ",
-                     str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        str(view.name), " in ", str(view.file), ": cannot convert dtype ",
+        str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16, Q8_0, Q4_0)"));
   }
   const int64_t n = view.numel();
+  if (task::block_elements(view.dtype) > 1 && n % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        str(view.name), " in ", str(view.file), ": ", str(task::safetensors_name(view.dtype)),
+        " tensor of ", n, " elements is not whole blocks of 32"));
+  }
   if (static_cast<int64_t>(out.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(str(view.name), " in ", str(view.file),
                                                    ": destination holds ", out.size(),
@@ -611,6 +627,28 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
         uint16_t h;
         std::memcpy(&h, src + 2 * i, 2);
         out[i] = task::f16_to_f32(h);
+      }
+      break;
+    case DataType::kQ8_0:  // blocks of 34 bytes: f16 d, 32 int8 q; d·q is exact in f32
+      for (int64_t b = 0; b < n / 32; ++b) {
+        uint16_t h;
+        std::memcpy(&h, src + 34 * b, 2);
+        const float d = task::f16_to_f32(h);
+        for (int64_t i = 0; i < 32; ++i) {
+          out[32 * b + i] = d * static_cast<float>(static_cast<int8_t>(src[34 * b + 2 + i]));
+        }
+      }
+      break;
+    case DataType::kQ4_0:  // blocks of 18 bytes: f16 d, 16 bytes of two nibbles; d·(q - 8)
+      for (int64_t b = 0; b < n / 32; ++b) {
+        uint16_t h;
+        std::memcpy(&h, src + 18 * b, 2);
+        const float d = task::f16_to_f32(h);
+        for (int64_t i = 0; i < 16; ++i) {
+          const auto q = static_cast<uint8_t>(src[18 * b + 2 + i]);
+          out[32 * b + i] = d * static_cast<float>((q & 15) - 8);
+          out[32 * b + 16 + i] = d * static_cast<float>((q >> 4) - 8);
+        }
       }
       break;
     default:

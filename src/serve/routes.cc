@@ -36,11 +36,13 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req,
 
 // The served model's object (an entry of /v1/models).
 json model_object(const ServerContext& ctx) {
-  return {{"id", ctx.options.served_model_name},
-          {"object", "model"},
-          {"created", unix_seconds()},
-          {"owned_by", "simpler"},
-          {"max_model_len", ctx.engine->config().max_position_embeddings}};
+  json model = {{"id", ctx.options.served_model_name},
+                {"object", "model"},
+                {"created", unix_seconds()},
+                {"owned_by", "simpler"},
+                {"max_model_len", ctx.engine->config().max_position_embeddings}};
+  if (!ctx.options.weight_types.empty()) model["weight_types"] = ctx.options.weight_types;
+  return model;
 }
 
 void handle_models(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {

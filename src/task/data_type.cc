@@ -22,20 +22,38 @@ size_t size_of(DataType dtype) {
       return 8;
     case DataType::kUInt8:
       return 1;
+    case DataType::kQ8_0:
+    case DataType::kQ4_0:
+      return 0;
   }
   return 0;
+}
+
+int64_t block_elements(DataType dtype) {
+  return dtype == DataType::kQ8_0 || dtype == DataType::kQ4_0 ? 32 : 1;
+}
+
+size_t block_bytes(DataType dtype) {
+  return dtype == DataType::kQ8_0 ? 34 : dtype == DataType::kQ4_0 ? 18 : size_of(dtype);
+}
+
+uint64_t bytes_of(DataType dtype, uint64_t numel) {
+  const uint64_t per = static_cast<uint64_t>(block_elements(dtype));
+  return (numel + per - 1) / per * block_bytes(dtype);
 }
 
 namespace {
 
 constexpr base::EnumNames<DataType> kShortNames = {
     {DataType::kFloat32, "f32"}, {DataType::kBFloat16, "bf16"}, {DataType::kFloat16, "f16"},
-    {DataType::kInt32, "i32"},   {DataType::kInt64, "i64"},     {DataType::kUInt8, "u8"}};
+    {DataType::kInt32, "i32"},   {DataType::kInt64, "i64"},     {DataType::kUInt8, "u8"},
+    {DataType::kQ8_0, "q8_0"},   {DataType::kQ4_0, "q4_0"}};
 
 // safetensors spec, huggingface/safetensors README.
 constexpr base::EnumNames<DataType> kSafetensorsNames = {
     {DataType::kFloat32, "F32"}, {DataType::kBFloat16, "BF16"}, {DataType::kFloat16, "F16"},
-    {DataType::kInt32, "I32"},   {DataType::kInt64, "I64"},     {DataType::kUInt8, "U8"}};
+    {DataType::kInt32, "I32"},   {DataType::kInt64, "I64"},     {DataType::kUInt8, "U8"},
+    {DataType::kQ8_0, "Q8_0"},   {DataType::kQ4_0, "Q4_0"}};  // ggml's names: not safetensors'
 
 }  // namespace
 
@@ -47,7 +65,7 @@ absl::StatusOr<DataType> parse_data_type(std::string_view text) {
   if (std::optional<DataType> t = kShortNames.parse(text)) return *t;
   if (std::optional<DataType> t = kSafetensorsNames.parse(text)) return *t;
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", std::string(text),
-                                                 "' (expected f32/bf16/f16/i32/i64/u8 or "
+                                                 "' (expected f32/bf16/f16/i32/i64/u8/q8_0/q4_0 or "
                                                  "F32/BF16/F16/I32/I64/U8)"));
 }
 

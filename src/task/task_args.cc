@@ -74,7 +74,7 @@ absl::Status validate_arg(const Arg& a, size_t i) {
     return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has tensor rank ",
                                                    a.tensor.rank, " outside [0, ", kMaxRank, "]"));
   }
-  if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kUInt8)) {
+  if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kQ4_0)) {
     return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown dtype"));
   }
   if (static_cast<uint8_t>(a.tensor.memory) > static_cast<uint8_t>(MemoryKind::kHost)) {
@@ -95,7 +95,9 @@ absl::Status validate_arg(const Arg& a, size_t i) {
               static_cast<unsigned __int128>(a.tensor.strides[r]);
     }
   }
-  const unsigned __int128 span = empty ? 0 : (last + 1) * size_of(a.tensor.dtype);
+  // A block dtype's span is its whole blocks (bytes_of's rounding, in 128 bits).
+  const unsigned __int128 per = static_cast<unsigned __int128>(block_elements(a.tensor.dtype));
+  const unsigned __int128 span = empty ? 0 : (last + per) / per * block_bytes(a.tensor.dtype);
   if (span >= (static_cast<unsigned __int128>(1) << 62) ||
       span + a.tensor.address > (static_cast<unsigned __int128>(1) << 64)) {
     return absl::InvalidArgumentError(absl::StrCat(

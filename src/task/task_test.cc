@@ -24,6 +24,39 @@ TEST(DataType, SizesNamesAndSafetensorsStrings) {
   EXPECT_NE(bad.status().message().find("F8_E4M3"), std::string_view::npos);
 }
 
+// q8_0 is a block dtype: 32 elements in 34 bytes. A [3, 64] tensor spans 6 blocks; the task
+// argument check and the buffer check count whole blocks.
+TEST(DataType, Q8_0IsSizedByItsBlocks) {
+  EXPECT_EQ(block_elements(DataType::kQ8_0), 32);
+  EXPECT_EQ(block_bytes(DataType::kQ8_0), 34u);
+  EXPECT_EQ(block_elements(DataType::kBFloat16), 1);
+  EXPECT_EQ(block_bytes(DataType::kBFloat16), 2u);
+  EXPECT_EQ(bytes_of(DataType::kQ8_0, 192), 6u * 34);
+  EXPECT_EQ(bytes_of(DataType::kQ8_0, 33), 2u * 34);  // rounded up to whole blocks
+  EXPECT_EQ(bytes_of(DataType::kFloat32, 5), 20u);
+  EXPECT_EQ(name_of(DataType::kQ8_0), "q8_0");
+  EXPECT_EQ(block_elements(DataType::kQ4_0), 32);
+  EXPECT_EQ(block_bytes(DataType::kQ4_0), 18u);
+  EXPECT_EQ(bytes_of(DataType::kQ4_0, 64), 36u);
+  EXPECT_EQ(*parse_data_type("Q4_0"), DataType::kQ4_0);
+  EXPECT_EQ(*parse_data_type("q8_0"), DataType::kQ8_0);
+  auto t = Tensor::contiguous(0x1000, {3, 64}, DataType::kQ8_0);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->span_bytes(), 6u * 34);
+  TaskArgs args;
+  args.add_tensor(*t, ArgDirection::kIn);
+  EXPECT_TRUE(args.validate().ok());
+  const int64_t shape[] = {3, 64};
+  EXPECT_TRUE(
+      Tensor::in_buffer(0x1000, 204, 0, shape, 2, DataType::kQ8_0, MemoryKind::kDevice).ok());
+  absl::Status s =
+      Tensor::in_buffer(0x1000, 203, 0, shape, 2, DataType::kQ8_0, MemoryKind::kDevice).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("of 204 bytes at offset 0 exceeds the 203-byte"),
+            std::string_view::npos)
+      << s;
+}
+
 TEST(DataType, HalfConversionsRoundTrip) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.5f)), 1.5f);
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);

@@ -59,7 +59,7 @@ uint64_t Tensor::span_bytes() const {
   if (numel() == 0) return 0;
   int64_t last = 0;
   for (int i = 0; i < rank; ++i) last += (shape[i] - 1) * strides[i];
-  return static_cast<uint64_t>(last + 1) * size_of(dtype);
+  return bytes_of(dtype, static_cast<uint64_t>(last + 1));
 }
 
 bool Tensor::is_contiguous() const {

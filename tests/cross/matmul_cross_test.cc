@@ -2,7 +2,8 @@
 // (kernels only: the rest of simpler needs the target's libraries, which a cross build lacks).
 // On aarch64: the NEON path against the portable one bitwise (the 16-lane contract of
 // matmul_impl.h), both against the f64 product of the same widened values, on odd shapes (rows
-// 1-17, K around the 4- and 16-lane widths and past the blocks of k) and every weight type (the
+// 1-17, K around the 4- and 16-lane widths and past the blocks of k) and every weight type, Q8_0
+// and Q4_0 included (the
 // portable path is fused on aarch64: portable_fused()); the FMA probe; and the portable attention
 // tile's exact fused multiply-add against the hardware one. A plain main (the target's
 // GoogleTest is not installed): it prints the first mismatches and exits 1.
@@ -32,7 +33,46 @@ struct Weights {
   std::vector<double> values;  // the widened values
 };
 
+// n / 32 Q8_0 blocks: a random f16 scale (every 5th block an f16 subnormal), any int8 q.
+Weights make_q8_0_weights(size_t n, std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  std::uniform_int_distribution<int> q(-128, 127);
+  Weights w;
+  for (size_t b = 0; b < n / 32; ++b) {
+    uint16_t d = Eigen::numext::bit_cast<uint16_t>(Eigen::half(u(gen)));
+    if (b % 5 == 2) d = static_cast<uint16_t>(1 + b % 900);
+    w.bytes.push_back(static_cast<uint8_t>(d & 0xff));
+    w.bytes.push_back(static_cast<uint8_t>(d >> 8));
+    const double scale = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(d));
+    for (int i = 0; i < 32; ++i) {
+      const int v = q(gen);
+      w.bytes.push_back(static_cast<uint8_t>(static_cast<int8_t>(v)));
+      w.values.push_back(scale * v);
+    }
+  }
+  return w;
+}
+
+// n / 32 Q4_0 blocks: Q8_0's scales and the first 16 of its random bytes as nibble pairs.
+Weights make_q4_0_weights(size_t n, std::mt19937& gen) {
+  const Weights q8 = make_q8_0_weights(n, gen);
+  Weights w;
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* block = q8.bytes.data() + b * 34;
+    w.bytes.insert(w.bytes.end(), block, block + 18);
+    const uint16_t d = static_cast<uint16_t>(block[0] | block[1] << 8);
+    const double scale = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(d));
+    for (int i = 0; i < 32; ++i) {
+      const uint8_t byte = block[2 + i % 16];
+      w.values.push_back(scale * ((i < 16 ? byte & 15 : byte >> 4) - 8));
+    }
+  }
+  return w;
+}
+
 Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
+  if (wt == md::WeightType::kQ8_0) return make_q8_0_weights(n, gen);
+  if (wt == md::WeightType::kQ4_0) return make_q4_0_weights(n, gen);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   Weights w;
   w.values.resize(n);
@@ -59,9 +99,12 @@ void check_shapes() {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int cases = 0;
-  for (md::WeightType wt : {md::WeightType::kF32, md::WeightType::kBF16, md::WeightType::kF16}) {
+  for (md::WeightType wt : {md::WeightType::kF32, md::WeightType::kBF16, md::WeightType::kF16,
+                            md::WeightType::kQ8_0, md::WeightType::kQ4_0}) {
     for (int64_t rows : {1, 2, 3, 5, 16, 17}) {
-      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 100, 1100, 2503}) {  // and past k blocks
+      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 32, 96, 100, 1100, 1120, 2503}) {  // past k blocks
+        const bool blocks = wt == md::WeightType::kQ8_0 || wt == md::WeightType::kQ4_0;
+        if (blocks && k % 32 != 0) continue;  // rows of whole blocks
         for (int64_t n : {1, 5, 6, 7, 37}) {
           std::vector<float> x(rows * k), y0(rows * n);
           for (float& v : x) v = u(gen);

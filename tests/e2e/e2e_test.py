@@ -76,6 +76,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -2375,6 +2376,183 @@ def scenario_gguf(ctx):
                  "truncated GGUF", [cut, "truncated GGUF file", "goes past the end"])
 
 
+
+# ggml tensor names -> the checkpoint's (llama.cpp's convert_hf_to_gguf.py mapping for Qwen3).
+GGUF_TO_HF = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head", "attn_norm": "input_layernorm",
+              "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+              "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+              "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+              "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def read_gguf_dequantized(path):
+    """{checkpoint name: f32 array} of a GGUF file of F32, Q8_0 and Q4_0 tensors, read by this
+    test's own reader (ggml's docs/gguf.md) and dequantized as ggml defines them (blocks of 32: an
+    f16 scale d, then 32 int8 q, value d·q, or 16 bytes whose low then high nibbles n give
+    d·(n - 8)); also the ggml type of each tensor by its GGUF name."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    at = 0
+
+    def take(fmt):
+        nonlocal at
+        v = struct.unpack_from("<" + fmt, data, at)
+        at += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string():
+        nonlocal at
+        n = take("Q")
+        at += n
+        return bytes(data[at - n:at]).decode("utf-8")
+
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q",
+             12: "d"}
+
+    def skip_value(t):
+        if t == 8:
+            string()
+        elif t == 9:
+            et, n = take("I"), take("Q")
+            for _ in range(n):
+                skip_value(et)
+        else:
+            take(sizes[t])
+
+    assert bytes(data[:4]) == b"GGUF", path
+    at = 8
+    n_tensors, n_kv = take("Q"), take("Q")
+    alignment = 32
+    for _ in range(n_kv):
+        key, t = string(), take("I")
+        if key == "general.alignment":
+            alignment = take("I")
+        else:
+            skip_value(t)
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        infos.append((name, dims[::-1], take("I"), take("Q")))
+    start = (at + alignment - 1) // alignment * alignment
+    out, types = {}, {}
+    for name, shape, ggml_type, offset in infos:
+        n = int(np.prod(shape))
+        if ggml_type == 0:
+            arr = np.frombuffer(data, dtype="<f4", count=n, offset=start + offset)
+        elif ggml_type == 8:
+            blocks = np.frombuffer(data, dtype=np.uint8, count=n // 32 * 34,
+                                   offset=start + offset).reshape(-1, 34)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+            q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
+            arr = (d * q).reshape(-1)
+        elif ggml_type == 2:
+            blocks = np.frombuffer(data, dtype=np.uint8, count=n // 32 * 18,
+                                   offset=start + offset).reshape(-1, 18)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+            qs = blocks[:, 2:]
+            q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.float32) - 8
+            arr = (d * q).reshape(-1)
+        else:
+            raise Failure(f"{path}: tensor {name} has ggml type {ggml_type}, not F32, Q8_0 or "
+                          f"Q4_0")
+        types[name] = ggml_type
+        base, _, _ = name.rpartition(".")
+        parts = base.split(".")
+        if parts[0] == "blk":
+            hf = f"model.layers.{parts[1]}.{GGUF_TO_HF[parts[2]]}.weight"
+        else:
+            hf = GGUF_TO_HF[parts[0]] + ".weight"
+        out[hf] = np.asarray(arr, dtype=np.float32).reshape(shape)
+    return out, types
+
+
+def scenario_gguf_quantized(ctx):
+    """`simpler export-gguf --type q8_0|q4_0`: q8_0 makes every 2-D tensor Q8_0 (token_embd and
+    output, tied or not), q4_0 every one Q4_0 but the LM head (Q8_0), the norms F32; decoding
+    the file gives bitwise the tokens and logits of the f32 checkpoint of its dequantized weights
+    (d·q is exact in f32, so the numerics contract holds for them), and the float64 reference on
+    that checkpoint agrees within the usual tolerance."""
+    pb = ctx.problems
+    sys.path.insert(0, os.path.dirname(ctx.reference_py))
+    import qwen3_ref  # noqa: E402  (the reference's own safetensors writer)
+    max_new, steps = 24, (0, 1, 23)
+    for qtype, tie in (("q8_0", "tied"), ("q8_0", "untied"), ("q4_0", "tied")):
+        label = f"{qtype} {tie}"
+        model = ctx.path(f"model_{tie}")
+        if not os.path.exists(model):
+            ctx.write_model(model, "--seed", "31", "--dtype", "bf16", "--layers", "2",
+                            *(("--untied",) if tie == "untied" else ()))
+        gguf = ctx.path(f"model_{qtype}_{tie}.gguf")
+        ctx.run_ok([ctx.simpler, "export-gguf", "--model", model, "--out", gguf, "--type",
+                    qtype], label=f"export-gguf ({label})")
+        weights, types = read_gguf_dequantized(gguf)
+        head = "output.weight" if tie == "untied" else "token_embd.weight"
+        for name, t in types.items():
+            matrix = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                    "ffn_down.weight", "token_embd.weight", "output.weight"))
+            want = 0 if not matrix else 8 if qtype == "q8_0" or name == head else 2
+            pb.check(t == want, f"{label}: {name} has ggml type {t}, expected {want}")
+        pb.check(("output.weight" in types) == (tie == "untied"),
+                 f"{label}: output.weight {'present' if 'output.weight' in types else 'absent'}")
+        deq = ctx.path(f"dequantized_{qtype}_{tie}")
+        shutil.copytree(model, deq)
+        os.remove(os.path.join(deq, "model.safetensors"))
+        qwen3_ref.write_safetensors(os.path.join(deq, "model.safetensors"),
+                                    [(n, "F32", a) for n, a in sorted(weights.items())])
+        with open(os.path.join(deq, "config.json")) as f:
+            cfg = json.load(f)
+        cfg["torch_dtype"] = "float32"
+        with open(os.path.join(deq, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        rng = np.random.default_rng(7)
+        prompts = [random_prompt(rng, n, cfg["vocab_size"]) for n in (1, 9, 40)]
+        pfile = ctx.path(f"prompts_{qtype}_{tie}.jsonl")
+        with open(pfile, "w") as f:
+            for p in prompts:
+                f.write(json.dumps({"prompt_ids": p}) + "\n")
+        args = ["--prompts-file", pfile, "--max-new-tokens", str(max_new), "--ignore-eos",
+                "--dump-logits-steps", csv(steps)]
+        got, _, _ = ctx.generate(gguf, args, f"generate q8_0 GGUF ({label})")
+        want, _, _ = ctx.generate(deq, args, f"generate dequantized f32 ({label})")
+        g, w = got.get("requests", []), want.get("requests", [])
+        if not pb.check(len(g) == len(w) == len(prompts), f"{label}: {len(g)} requests"):
+            continue
+        for i, (a, b) in enumerate(zip(g, w)):
+            for key in ("tokens", "logits"):
+                pb.check(a.get(key) == b.get(key),
+                         f"{label} request {i}: {key} of the q8_0 file differ from the "
+                         f"dequantized f32 checkpoint's: {str(a.get(key))[:200]} vs "
+                         f"{str(b.get(key))[:200]}")
+        ref, _ = ctx.reference_generate(deq, prompts, max_new, steps, [],
+                                        ctx.path(f"reference_{qtype}_{tie}.json"))
+        diag = TokenDiagnosis(ctx, deq)
+        for i, r in enumerate(g):
+            compare_request(pb, f"{label} request {i}", r, ref["requests"][i],
+                            max_new=max_new, logits_steps=steps, kv_positions=[], diag=diag)
+    # The type mix: bench load and /v1/models count the last file's tensors by type.
+    mix = {}
+    for t in types.values():
+        name = {0: "f32", 2: "q4_0", 8: "q8_0"}[t]
+        mix[name] = mix.get(name, 0) + 1
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", gguf, "--json"],
+                      label="bench load (q4_0)")
+    row = parse_one_json_object(p.stdout, "bench load")
+    pb.check(row.get("weight_types") == mix,
+             f"bench load: weight_types {row.get('weight_types')} != the file's {mix}")
+    proc, _, port = start_server(ctx, gguf, "--served-model-name", "q8")
+    try:
+        status, body = http(port, "GET", "/v1/models")[:2]
+    finally:
+        stop_server(proc)
+    got_mix = None
+    if status == 200:
+        got_mix = (json.loads(body).get("data") or [{}])[0].get("weight_types")
+    pb.check(got_mix == mix, f"/v1/models: weight_types {got_mix} != the file's {mix} ({status})")
+
+
 SCENARIOS = {
     "writer_headdim_kv1": scenario_writer_headdim_kv1,
     "writer_untied_f32": scenario_writer_untied_f32,
@@ -2399,6 +2577,7 @@ SCENARIOS = {
     "bad_input": scenario_bad_input,
     "cli_input": scenario_cli_input,
     "gguf": scenario_gguf,
+    "gguf_quantized": scenario_gguf_quantized,
 }
 
 

@@ -1,7 +1,9 @@
-// llama.cpp loads the checkpoint `simpler export-gguf` writes, and its first-step logits on a
-// fixed prompt, read through libllama's C API, agree with ours: relative L2 <= 1e-2 on the tiny
-// preset (bf16 weights; llama.cpp's own kernels and f16/bf16 intermediates make them differ a
-// little, not a lot). Built where scripts/build_llamacpp_peer.sh has built the peer.
+// llama.cpp loads the checkpoint `simpler export-gguf` writes, bf16 and Q8_0, and its first-step
+// logits on a fixed prompt, read through libllama's C API, agree with ours on the same file:
+// relative L2 <= 1e-2 on the tiny preset for bf16 (llama.cpp's own kernels and f16/bf16
+// intermediates make them differ a little, not a lot); for Q8_0, whose matmul in llama.cpp also
+// rounds the activations to int8, <= 3e-2 and nearer to ours than to the bf16 model (see the
+// test). Built where scripts/build_llamacpp_peer.sh has built the peer.
 #include <unistd.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine_test_hooks.h"
 #include "ggml-backend.h"
 #include "gtest/gtest.h"
@@ -84,6 +87,16 @@ std::vector<float> llamacpp_logits(const std::string& gguf, const std::vector<in
   return logits;
 }
 
+// Relative L2 distance of `ours` from `theirs`.
+double relative_l2(const std::vector<float>& ours, const std::vector<float>& theirs) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    diff += (double(ours[i]) - theirs[i]) * (double(ours[i]) - theirs[i]);
+    norm += double(theirs[i]) * theirs[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
 TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("simpler_llamacpp_test_" + std::to_string(::getpid()));
@@ -95,24 +108,44 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
   ASSERT_TRUE(tok.ok()) << tok.status();
   mo.tokenizer_dir = *tok;
   ASSERT_TRUE(make_model(mo).ok());
-  GgufExportOptions go;
-  go.model_dir = mo.out_dir;
-  go.out_path = (dir / "model.gguf").string();
-  ASSERT_TRUE(export_gguf(go).ok());
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
-  const std::vector<float> ours = our_logits(mo.out_dir, prompt);
-  const std::vector<float> theirs = llamacpp_logits(go.out_path, prompt);
-  ASSERT_EQ(ours.size(), theirs.size());
-  ASSERT_FALSE(ours.empty());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    diff += (double(ours[i]) - theirs[i]) * (double(ours[i]) - theirs[i]);
-    norm += double(theirs[i]) * theirs[i];
+  // bf16: ours on the directory (the file's bytes); Q8_0 and Q4_0: ours on the file itself.
+  std::vector<float> ours_bf16, theirs_bf16;
+  for (GgufType type : {GgufType::kBf16, GgufType::kQ8_0, GgufType::kQ4_0}) {
+    const bool quantized = type != GgufType::kBf16;
+    const char* name = type == GgufType::kBf16 ? "bf16" : type == GgufType::kQ8_0 ? "q8_0" : "q4_0";
+    SCOPED_TRACE(name);
+    GgufExportOptions go;
+    go.model_dir = mo.out_dir;
+    go.out_path = (dir / absl::StrCat("model-", name, ".gguf")).string();
+    go.type = type;
+    ASSERT_TRUE(export_gguf(go).ok());
+    const std::vector<float> ours = our_logits(quantized ? go.out_path : mo.out_dir, prompt);
+    const std::vector<float> theirs = llamacpp_logits(go.out_path, prompt);
+    ASSERT_EQ(ours.size(), theirs.size());
+    ASSERT_FALSE(ours.empty());
+    const double rel = relative_l2(ours, theirs);
+    std::printf("llama.cpp vs simpler first-step logits (%s): relative L2 %.3g over %zu logits\n",
+                name, rel, ours.size());
+    if (!quantized) {
+      EXPECT_LE(rel, 1e-2);
+      ours_bf16 = ours;
+      theirs_bf16 = theirs;
+      continue;
+    }
+    // llama.cpp's Q8_0 and Q4_0 matmuls round the activations to int8 blocks too, and on this
+    // random checkpoint rounding to 8 bits moves the logits about 2% (ours: Q8_0 weights alone,
+    // against the bf16 file), so its logits sit 1.5-2% from ours: more than 1e-2, less than 3e-2,
+    // and nearer to ours on the same file than to the bf16 model's (it reads our blocks as we
+    // do: a layout error would put it near 1).
+    const double to_bf16 = relative_l2(theirs, ours_bf16);
+    std::printf(
+        "%s: ours against our bf16 %.3g; llama.cpp's against its bf16 %.3g and our bf16 "
+        "%.3g\n",
+        name, relative_l2(ours, ours_bf16), relative_l2(theirs, theirs_bf16), to_bf16);
+    EXPECT_LE(rel, 3e-2);
+    EXPECT_LT(rel, to_bf16);
   }
-  const double rel = std::sqrt(diff / norm);
-  std::printf("llama.cpp vs simpler first-step logits: relative L2 %.3g over %zu logits\n", rel,
-              ours.size());
-  EXPECT_LE(rel, 1e-2);
   std::filesystem::remove_all(dir);
 }
 

@@ -53,8 +53,8 @@ enum class KernelId : uint32_t {
   kCount,
 };
 
-// The ISA target the hot kernels run on (matmul over f32 / bf16 / f16 weights, the paged
-// attention tile and its exp), picked at run time from what the CPU has:
+// The ISA target the hot kernels run on (matmul over f32 / bf16 / f16 / q8_0 / q4_0 weights, the
+// paged attention tile and its exp), picked at run time from what the CPU has:
 //   kPortable  "portable"   the compiler's vector extensions on the baseline target, any CPU; no
 //                           libm call per element (where the baseline has no FMA instruction,
 //                           x86-64, matmul multiplies then adds: see kernel_isa_fused);
@@ -140,9 +140,11 @@ struct BlockRange {
 BlockRange block_range(int64_t n, int32_t block_idx, int32_t block_dim);
 
 // ---- embedding --------------------------------------------------------------
-// Args: 0 ids i32 [B] IN, 1 table f32 / bf16 / f16 [V, H] IN, 2 out f32 [B, H] OUT.
-// out[b, :] = table[ids[b], :] (widened to f32, exactly). SPMD over rows of out. An id outside
-// [0, V) is INVALID_ARGUMENT naming the row and the id.
+// Args: 0 ids i32 [B] IN, 1 table f32 / bf16 / f16 / q8_0 / q4_0 [V, H] IN, 2 out f32 [B, H]
+// OUT. out[b, :] = table[ids[b], :] (widened to f32, or for q8_0 / q4_0 dequantized, d·q per
+// element: both exact). SPMD over rows of out. An id outside [0, V) is INVALID_ARGUMENT naming
+// the row and the id; a q8_0 / q4_0 table whose H is not a multiple of 32 is INVALID_ARGUMENT
+// naming the argument.
 absl::Status embedding_kernel(const task::KernelContext& ctx);
 task::TaskArgs embedding_args(const task::Tensor& ids, const task::Tensor& table,
                               const task::Tensor& out);
@@ -157,17 +159,21 @@ task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const
                              float eps);
 
 // ---- matmul / matmul_acc ----------------------------------------------------
-// Args: 0 x f32 [B, in] IN, 1 W f32 / bf16 / f16 [out, in] IN, 2 y f32 [B, out] OUT (matmul)
-// or INOUT (matmul_acc).
+// Args: 0 x f32 [B, in] IN, 1 W f32 / bf16 / f16 / q8_0 / q4_0 [out, in] IN, 2 y f32 [B, out] OUT
+// (matmul) or INOUT (matmul_acc).
 // matmul: y = x·Wᵀ; matmul_acc: y += x·Wᵀ (residual add fused into the projection that feeds
-// the residual stream). W stays in its dtype in memory and is widened to f32 in registers;
-// products and sums are f32 (fused multiply-adds over 16 lanes, then a fixed reduction tree:
-// src/kernels/matmul_impl.h). SPMD over output features: block b computes y[:, r) for its
-// block_range of the `out` rows of W, in register tiles of up to 6 rows of x by 4 rows of W
-// over 256 KiB chunks of W (a streaming matrix-vector product, 8 W rows at a time, for B = 1).
-// Batch-invariant: every element of y is the same sequence of f32 operations whatever the
-// number of rows, the tile, the chunk, the block split or the ISA, so a row's result never
-// depends on the other rows of its batch. `y` must not overlap `x` or `W`.
+// the residual stream). W stays in its dtype in memory and is widened to f32 in registers (q8_0 and
+// q4_0, ggml's block_q8_0 / block_q4_0 as task::DataType describes them: each weight dequantized
+// to d·q, exact in f32, so everything below holds for the dequantized weights; `in` must be a
+// multiple of 32,
+// else INVALID_ARGUMENT naming W; docs/design/quantized_matmul.md); products and sums are f32
+// (fused multiply-adds over 16 lanes, then a fixed reduction tree: src/kernels/matmul_impl.h). SPMD
+// over output features: block b computes y[:, r) for its block_range of the `out` rows of W, in
+// register tiles of up to 6 rows of x by 4 rows of W over 256 KiB chunks of W (a streaming
+// matrix-vector product, 8 W rows at a time, for B = 1). Batch-invariant: every element of y is the
+// same sequence of f32 operations whatever the number of rows, the tile, the chunk, the block split
+// or the ISA, so a row's result never depends on the other rows of its batch. `y` must not overlap
+// `x` or `W`.
 absl::Status matmul_kernel(const task::KernelContext& ctx);
 absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
 task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);

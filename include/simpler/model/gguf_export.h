@@ -8,25 +8,33 @@
 //
 // What is written, as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 checkpoint:
 //   general.architecture "qwen3", general.name, general.alignment 32, general.file_type
-//   (0 all f32, 32 mostly bf16); qwen3.{context_length, embedding_length, block_count,
-//   feed_forward_length, attention.head_count, attention.head_count_kv, attention.key_length,
-//   attention.value_length} (u32), qwen3.rope.freq_base, qwen3.attention.layer_norm_rms_epsilon
-//   (f32);
-//   tokenizer.ggml.model "gpt2", tokenizer.ggml.pre "qwen2", tokenizer.ggml.tokens (every id up
-//   to vocab_size: tokenizer.json's vocabulary and added tokens, "[PAD<id>]" for ids neither
-//   names), tokenizer.ggml.token_type (1 normal, 3 control = special added tokens, 4 user
-//   defined = other added tokens, 5 unused = padding), tokenizer.ggml.merges ("a b"),
+//   (0 all f32, 32 mostly bf16, 7 mostly Q8_0, 2 mostly Q4_0); qwen3.{context_length,
+//   embedding_length, block_count, feed_forward_length, attention.head_count,
+//   attention.head_count_kv, attention.key_length, attention.value_length} (u32),
+//   qwen3.rope.freq_base, qwen3.attention.layer_norm_rms_epsilon (f32); tokenizer.ggml.model
+//   "gpt2", tokenizer.ggml.pre "qwen2", tokenizer.ggml.tokens (every id up to vocab_size:
+//   tokenizer.json's vocabulary and added tokens, "[PAD<id>]" for ids neither names),
+//   tokenizer.ggml.token_type (1 normal, 3 control = special added tokens, 4 user defined = other
+//   added tokens, 5 unused = padding), tokenizer.ggml.merges ("a b"),
 //   tokenizer.ggml.{bos,eos,padding}_token_id, tokenizer.ggml.add_bos_token false,
 //   tokenizer.chat_template (tokenizer_config.json's "chat_template", byte for byte, when it has
-//   one);
-//   tensors named as llama.cpp names them (token_embd, output_norm, output unless tied,
+//   one); tensors named as llama.cpp names them (token_embd, output_norm, output unless tied,
 //   blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm,
-//   ffn_gate, ffn_up, ffn_down}), the data unchanged (Qwen3's RoPE is llama.cpp's NEOX rotation,
-//   no permutation), 1-D tensors (the norms) in f32.
+//   ffn_gate, ffn_up, ffn_down}), the data unchanged (Qwen3's RoPE is llama.cpp's NEOX rotation, no
+//   permutation), 1-D tensors (the norms) in f32.
+//
+// Q8_0 follows llama.cpp's defaults for a Qwen3 checkpoint (convert_hf_to_gguf.py --outtype q8_0,
+// and llama-quantize to Q8_0): every 2-D tensor (the projections, token_embd and output, tied or
+// not) is Q8_0 by ggml's reference quantizer (quantize_row_q8_0 below); a 2-D tensor whose rows
+// are not whole blocks of 32 falls back to F16, as the converter does; 1-D tensors stay F32.
+// Q4_0 follows llama-quantize's Q4_0 file type: every 2-D tensor Q4_0 (quantize_row_q4_0) but
+// the LM head (output.weight, or token_embd.weight when tied), which llama.cpp writes Q6_K and we
+// write Q8_0 (no Q6_K kernels here; llama.cpp's own fallback for such a head); 1-D tensors F32.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,8 +42,26 @@
 namespace simpler::llm {
 
 // The type of the 2-D tensors in the file: kBf16 copies bf16 checkpoints as they are (f32 / f16
-// ones rounded to bf16, nearest even); kF32 widens everything to f32 (exact).
-enum class GgufType : uint8_t { kBf16, kF32 };
+// ones rounded to bf16, nearest even); kF32 widens everything to f32 (exact); kQ8_0 quantizes
+// them (quantize_row_q8_0).
+// kQ4_0 quantizes them with quantize_row_q4_0, the LM head with quantize_row_q8_0.
+enum class GgufType : uint8_t { kBf16, kF32, kQ8_0, kQ4_0 };
+
+// ggml's reference Q8_0 quantizer (quantize_row_q8_0_ref in ggml-quants.c), written here from its
+// definition: `x` in blocks of 32; for each block amax = max |x|, d = amax / 127 (f32),
+// id = 1 / d (0 when d is 0), the block's scale stored as d rounded to IEEE binary16 (nearest
+// even), and q[i] = x[i]·id (f32) rounded half away from zero (roundf). `out` receives
+// x.size() / 32 blocks of 34 bytes (d little-endian, then the 32 q). INVALID_ARGUMENT when
+// x.size() is not a multiple of 32, out.size() is not x.size() / 32 · 34, or a value is NaN or
+// infinite (naming its index). Thread-safe.
+absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out);
+
+// ggml's reference Q4_0 quantizer (quantize_row_q4_0_ref), written from its definition: per
+// block of 32, max = the value of largest magnitude (the first such, with its sign),
+// d = max / -8 (f32), id = 1 / d (0 when d is 0), the scale stored as d rounded to binary16, and
+// for j < 16 the byte qs[j] = xi(x[j]) | xi(x[j + 16]) << 4 with xi(v) = min(15, trunc(v·id +
+// 8.5)). `out` receives x.size() / 32 blocks of 18 bytes. Errors as quantize_row_q8_0's.
+absl::Status quantize_row_q4_0(std::span<const float> x, std::span<uint8_t> out);
 
 struct GgufExportOptions {
   std::string model_dir;  // config.json, tokenizer.json, model.safetensors (or shards)

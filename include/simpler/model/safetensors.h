@@ -102,9 +102,10 @@ class SafetensorsFile {
 // named by the model's name (gguf.h's mapping of llama.cpp's names: token_embd.weight is
 // model.embed_tokens.weight, blk.N.attn_q.weight is model.layers.N.self_attn.q_proj.weight, ...;
 // a tensor without a model name keeps its GGUF name) with its row-major shape, in its file type
-// F32, F16 or BF16 and borrowed from the mapping like a safetensors tensor. A quantized tensor
-// (Q8_0, Q4_0, Q4_K, Q6_K) is refused by `open` with UNIMPLEMENTED naming the tensor and the type
-// (no quantized kernels yet); the errors of GgufFile::open.
+// F32, F16, BF16, Q8_0 or Q4_0 (its blocks, task::DataType::kQ8_0 / kQ4_0) and borrowed from the
+// mapping like a safetensors tensor. A tensor of another quantized type (Q4_K, Q6_K) is refused by
+// `open` with UNIMPLEMENTED naming the tensor and the type (no kernels for it yet); the errors of
+// GgufFile::open.
 class ModelWeights {
  public:
   // Errors: NOT_FOUND when the directory holds neither file, or a listed shard is missing
@@ -130,17 +131,22 @@ class ModelWeights {
   size_t num_files() const;
   // True when the weights come from a GGUF file.
   bool is_gguf() const;
+  // How many tensors the checkpoint holds of each dtype, by short name (task::name_of: "f32",
+  // "bf16", "f16", "q8_0", ...), as stored in the file: the type mix `bench load` and
+  // /v1/models report.
+  std::map<std::string, int64_t> dtype_counts() const;
 
   // The view of `name`. NOT_FOUND "tensor 'x' not found in <dir> (model.safetensors)".
   absl::StatusOr<TensorView> get(std::string_view name) const;
   // The view of `name`, checked: INVALID_ARGUMENT when the shape differs
   // ("model.layers.3.self_attn.q_proj.weight in model-00002-of-00002.safetensors: shape [64,128],
-  // expected [128,128]") or the dtype is not one of `allowed` (default: the float dtypes F32,
-  // BF16, F16; empty = any dtype).
+  // expected [128,128]") or the dtype is not one of `allowed` (default: the dtypes the model's
+  // kernels take, F32, BF16, F16 and, from a GGUF file, Q8_0 and Q4_0; empty = any dtype).
   absl::StatusOr<TensorView> get(std::string_view name, const std::vector<int64_t>& expected_shape,
                                  const std::vector<task::DataType>& allowed = {
                                      task::DataType::kFloat32, task::DataType::kBFloat16,
-                                     task::DataType::kFloat16}) const;
+                                     task::DataType::kFloat16, task::DataType::kQ8_0,
+                                     task::DataType::kQ4_0}) const;
 
  private:
   struct State;
@@ -148,8 +154,10 @@ class ModelWeights {
   std::unique_ptr<State> state_;
 };
 
-// Converts a BF16/F16/F32 view to f32 values (exact for all three). INVALID_ARGUMENT for any
-// other dtype, or when `out.size() != view.numel()`. Thread-safe.
+// Converts a BF16/F16/F32 view to f32 values, or dequantizes a Q8_0 or Q4_0 one (d·q per element;
+// exact for all five). INVALID_ARGUMENT for any other dtype, a quantized view that is not whole
+// blocks of 32,
+// or when `out.size() != view.numel()`. Thread-safe.
 absl::Status to_f32(const TensorView& view, std::span<float> out);
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view);
 

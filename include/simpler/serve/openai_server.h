@@ -60,6 +60,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,7 +87,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                // 0: any free port (bind() returns it)
   std::string served_model_name;  // the `model` requests name and /v1/models lists
-  std::string api_key;            // empty: no authentication
+  // The checkpoint's tensor count per dtype (ModelWeights::dtype_counts, e.g. {"q8_0": 196,
+  // "f32": 113}): /v1/models' "weight_types" for the model; omitted when empty.
+  std::map<std::string, int64_t> weight_types;
+  std::string api_key;  // empty: no authentication
   // CORS: the origins allowed ("scheme://host[:port]", compared exactly), or "*" among them
   // for any. Empty: no CORS headers on any response.
   std::vector<std::string> allowed_origins;

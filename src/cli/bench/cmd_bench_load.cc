@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/engine/llm_engine.h"
 #include "simpler/engine/model_files.h"
+#include "simpler/model/safetensors.h"
 
 namespace simpler::cli {
 
@@ -74,16 +76,25 @@ int run_bench_load(const LoadFlags& st) {
     (void)(*engine)->shutdown(base::Deadline::poll());
   }
   const uint64_t hwm = peak_resident_bytes();
+  absl::StatusOr<llm::ModelWeights> weights = llm::ModelWeights::open(st.model);
+  if (!weights.ok()) return fail(kBenchLoadCommand, weights.status());
+  const std::map<std::string, int64_t> types = weights->dtype_counts();
   nlohmann::json out = {
-      {"model", st.model}, {"checkpoint_bytes", checkpoint_bytes}, {"load_s", load_s},
-      {"read_s", read_s},  {"load_over_read", load_s / read_s},    {"vm_hwm_bytes", hwm}};
+      {"model", st.model},    {"checkpoint_bytes", checkpoint_bytes}, {"load_s", load_s},
+      {"read_s", read_s},     {"load_over_read", load_s / read_s},    {"vm_hwm_bytes", hwm},
+      {"weight_types", types}};
   if (common.json) {
     print_json_line(out);
   } else {
+    std::string mix;
+    for (const auto& [name, count] : types) {
+      absl::StrAppend(&mix, mix.empty() ? "" : ", ", count, " ", name);
+    }
     std::printf(
-        "load: %.1f MB checkpoint loaded in %.3f s = %.2fx the %.3f s it takes to read the "
-        "files (page cache warm, best of 3); peak resident %.1f MB = %.2fx the checkpoint\n",
-        checkpoint_bytes / 1e6, load_s, load_s / read_s, read_s, hwm / 1e6,
+        "load: %.1f MB checkpoint (%s tensors) loaded in %.3f s = %.2fx the %.3f s it takes to "
+        "read the files (page cache warm, best of 3); peak resident %.1f MB = %.2fx the "
+        "checkpoint\n",
+        checkpoint_bytes / 1e6, mix.c_str(), load_s, load_s / read_s, read_s, hwm / 1e6,
         static_cast<double>(hwm) / checkpoint_bytes);
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
