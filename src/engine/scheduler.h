@@ -58,6 +58,10 @@ struct SchedulerRequest {
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;    // output tokens at most
   uint64_t sampling_id = 0;  // opaque handle of the sampling parameters
+  // The host must see each sampled token before the next row is planned (a grammar's mask
+  // follows from it): no decode row while a sample of this request is in flight, so only this
+  // request waits for its step to retire (serial launch for it, early enqueue for the others).
+  bool host_feedback = false;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kAbort, kError };

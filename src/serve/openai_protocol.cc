@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "simpler/base/enum_names.h"
 #include "simpler/base/json.h"
+#include "simpler/grammar/json_schema.h"
 #include "simpler/kernels/sampling.h"
 
 namespace simpler::serve {
@@ -491,7 +492,10 @@ std::set<std::string> fields_with(std::initializer_list<const char*> own) {
                              "stop_token_ids",
                              "ignore_eos",
                              "min_tokens",
-                             "logit_bias"};
+                             "logit_bias",
+                             "response_format",
+                             "guided_json",
+                             "guided_choice"};
   k.insert(own.begin(), own.end());
   return k;
 }
@@ -502,21 +506,13 @@ const std::set<std::string>& completion_fields() {
 const std::set<std::string>& chat_fields() {
   static const std::set<std::string> k =
       fields_with({"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-                   "tools", "tool_choice", "response_format", "parallel_tool_calls"});
+                   "tools", "tool_choice", "parallel_tool_calls"});
   return k;
 }
 
 // Chat's own fields. Returns the error of a refused feature at once; others go to `r`.
 std::optional<ApiError> read_chat(Reader& r, std::string_view body, const RequestLimits& limits,
                                   ParsedRequest& p) {
-  const json& j = r.body;
-  if (r.has("response_format")) {
-    const json& f = j["response_format"];
-    if (!f.is_object() || !f.contains("type") || f["type"] != "text") {
-      return bad_request("'response_format' other than {\"type\": \"text\"} is not supported",
-                         "response_format");
-    }
-  }
   if (auto m = chat_messages(r, limits)) p.messages = std::move(*m);
   read_tools(r, body, limits, p.chat_options, p.tool_calls.names);
   read_tool_choice(r, p.tool_calls);
@@ -607,6 +603,102 @@ void read_stop(Reader& r, const RequestLimits& limits, llm::RequestSampling& s) 
   }
 }
 
+// A JSON Schema compiled to the request's grammar; a refusal names `param`.
+void compile_schema(Reader& r, const nlohmann::ordered_json& schema, const char* param,
+                    llm::RequestSampling& s) {
+  if (!schema.is_object() && !schema.is_boolean()) {
+    r.fail(absl::StrCat("'", param, "' must hold a JSON Schema (an object)"), param);
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g =
+      grammar::compile_json_schema(schema.dump());
+  if (!g.ok()) {
+    r.fail(absl::StrCat("'", param, "': ", g.status().message()), param);
+    return;
+  }
+  s.grammar = *std::move(g);
+}
+
+// response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
+// "description"?}}; `ordered` is the body with its keys in order (properties keep theirs).
+void read_json_schema_format(Reader& r, const nlohmann::ordered_json& ordered,
+                             llm::RequestSampling& s) {
+  const json& f = r.body["response_format"];
+  const json& js = f.contains("json_schema") ? f["json_schema"] : json();
+  if (!js.is_object() || !js.contains("name") || !js["name"].is_string()) {
+    r.fail(
+        "'response_format' of type json_schema needs 'json_schema': {\"name\": ..., "
+        "\"schema\": {...}}",
+        "response_format");
+    return;
+  }
+  for (const auto& [k, v] : js.items()) {
+    if (k != "name" && k != "schema" && k != "strict" && k != "description") {
+      r.fail(absl::StrCat("'response_format.json_schema' has an unknown field '", k, "'"),
+             "response_format");
+      return;
+    }
+  }
+  if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null()) {
+    r.fail("'response_format.json_schema.strict' must be a boolean", "response_format");
+    return;
+  }
+  const auto& schema = ordered["response_format"]["json_schema"];
+  compile_schema(r, schema.contains("schema") ? schema["schema"] : nlohmann::ordered_json::object(),
+                 "response_format", s);
+}
+
+// Structured outputs: `response_format` (OpenAI: text, json_object, json_schema), vLLM's
+// `guided_json` (a schema) and `guided_choice` (strings); at most one of them.
+void read_structured(Reader& r, std::string_view body, ParsedRequest& p) {
+  const int given = (r.has("response_format") ? 1 : 0) + (r.has("guided_json") ? 1 : 0) +
+                    (r.has("guided_choice") ? 1 : 0);
+  if (given == 0 || r.error) return;
+  if (given > 1) {
+    r.fail("give at most one of 'response_format', 'guided_json' and 'guided_choice'",
+           r.has("guided_json") ? "guided_json" : "guided_choice");
+    return;
+  }
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body, nullptr, false);
+  if (r.has("guided_json")) {
+    const auto& g = ordered["guided_json"];
+    compile_schema(
+        r, g.is_string() ? nlohmann::ordered_json::parse(g.get<std::string>(), nullptr, false) : g,
+        "guided_json", p.sampling);
+    return;
+  }
+  if (r.has("guided_choice")) {
+    const json& c = r.body["guided_choice"];
+    std::vector<std::string> choices;
+    for (const json& e : c.is_array() ? c : json::array({json()})) {
+      if (!e.is_string()) {
+        r.fail("'guided_choice' must be an array of strings", "guided_choice");
+        return;
+      }
+      choices.push_back(e.get<std::string>());
+    }
+    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::choice_grammar(choices);
+    if (!g.ok()) return r.fail(std::string(g.status().message()), "guided_choice");
+    p.sampling.grammar = *std::move(g);
+    return;
+  }
+  const json& f = r.body["response_format"];
+  const std::string type = f.is_object() && f.contains("type") && f["type"].is_string()
+                               ? f["type"].get<std::string>()
+                               : std::string();
+  if (type == "text") return;
+  if (type == "json_object") {
+    p.sampling.grammar = grammar::json_object_grammar();
+  } else if (type == "json_schema") {
+    read_json_schema_format(r, ordered, p.sampling);
+  } else {
+    r.fail(
+        "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+        "{\"type\": \"json_schema\", \"json_schema\": {...}}",
+        "response_format");
+  }
+}
+
 // The sampling parameters, `stop` and `stop_token_ids` (the engine checks their ranges).
 void read_sampling(Reader& r, const RequestLimits& limits, ParsedRequest& p) {
   llm::RequestSampling& s = p.sampling;
@@ -652,6 +744,7 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
   read_stream_options(r, p);
   (void)r.string("user");
   read_sampling(r, limits, p);
+  read_structured(r, body, p);
   if (r.error) return *r.error;
   return p;
 }

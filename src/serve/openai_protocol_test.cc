@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "simpler/grammar/json_schema.h"
 
 namespace simpler::serve {
 namespace {
@@ -135,8 +136,28 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
        "text part"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", true,
        "tools", "tools[0] must be {\"type\": \"function\", \"function\": {...}}"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       true, "response_format", "not supported"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", true,
+       "response_format", "'response_format' must be {\"type\": \"text\"}"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a",
+          "schema":{"type":"string","pattern":"^a+$"}}}})",
+       false, "response_format",
+       "'response_format': unsupported JSON Schema keyword 'pattern' at #"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{}}}})",
+       false, "response_format", "needs 'json_schema': {\"name\""},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a",
+          "schema":{},"extra":1}}})",
+       false, "response_format", "unknown field 'extra'"},
+      {R"({"prompt":"x","guided_json":{"type":"object","properties":{"a":{"minLength":1}}}})",
+       false, "guided_json",
+       "'guided_json': unsupported JSON Schema keyword 'minLength' at #/properties/a"},
+      {R"({"prompt":"x","guided_json":{"type":"array","minItems":2,"maxItems":1}})", false,
+       "guided_json", "language is empty"},
+      {R"({"prompt":"x","guided_choice":["a",1]})", false, "guided_choice", "array of strings"},
+      {R"({"prompt":"x","guided_choice":[]})", false, "guided_choice", "at least one choice"},
+      {R"({"prompt":"x","guided_choice":["a"],"guided_json":{}})", false, "guided_json",
+       "at most one of"},
+      {R"({"prompt":"x","guided_regex":"a+"})", false, "guided_regex",
+       "unrecognized request argument"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs",
        "needs 'logprobs': true"},
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":1}})",
@@ -163,6 +184,29 @@ constexpr const char* kTwoTools =
 
 std::string chat_with(const std::string& rest) {
   return std::string(R"({"messages":[{"role":"user","content":"x"}],)") + rest + "}";
+}
+
+TEST(ParseRequest, StructuredOutputsCompileToTheRequestsGrammar) {
+  EXPECT_EQ(ok(chat_with(R"("response_format":{"type":"text"})"), true).sampling.grammar, nullptr);
+  EXPECT_EQ(ok(chat_with(R"("response_format":{"type":"json_object"})"), true).sampling.grammar,
+            grammar::json_object_grammar());
+  const ParsedRequest p = ok(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n",
+          "strict":true,"schema":{"type":"object","properties":{"b":{"type":"integer"},
+          "a":{"type":"boolean"}},"required":["b","a"],"additionalProperties":false}}}})",
+      false);
+  ASSERT_NE(p.sampling.grammar, nullptr);
+  grammar::GrammarMatcher m(p.sampling.grammar);
+  EXPECT_TRUE(m.advance(R"({"b":1,"a":true})")) << "properties keep the schema's order";
+  EXPECT_TRUE(m.complete());
+  const ParsedRequest c = ok(R"({"prompt":"x","guided_choice":["yes","no"]})", false);
+  ASSERT_NE(c.sampling.grammar, nullptr);
+  grammar::GrammarMatcher cm(c.sampling.grammar);
+  EXPECT_TRUE(cm.advance("no") && cm.complete());
+  const ParsedRequest j = ok(R"({"prompt":"x","guided_json":"{\"type\":\"null\"}"})", false);
+  ASSERT_NE(j.sampling.grammar, nullptr);
+  grammar::GrammarMatcher jm(j.sampling.grammar);
+  EXPECT_TRUE(jm.advance("null") && jm.complete());
 }
 
 TEST(ParseRequest, ToolsKeepTheirKeyOrderAndToolChoiceIsAutoByDefault) {
