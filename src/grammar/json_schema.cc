@@ -166,13 +166,11 @@ bool has_type(const json& v, std::string_view type) {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const json& doc) : doc_(doc), j_(b_) {}
+  // Compiles `doc` into rules of `b` (sharing the JSON building blocks `j`).
+  SchemaCompiler(const json& doc, GrammarBuilder& b, JsonRules& j) : doc_(doc), b_(b), j_(j) {}
 
-  absl::StatusOr<std::shared_ptr<const Grammar>> run() {
-    absl::StatusOr<uint32_t> root = ref_rule("#", "");
-    if (!root.ok()) return root.status();
-    return std::move(b_).build(*root);
-  }
+  // The rule of the whole document.
+  absl::StatusOr<uint32_t> root() { return ref_rule("#", ""); }
 
  private:
   // The rule of the schema a $ref (or the root, "#") names, made once per target.
@@ -325,8 +323,8 @@ class SchemaCompiler {
   absl::StatusOr<int64_t> bound(const json& s, const char* key, const std::string& at);
 
   const json& doc_;
-  GrammarBuilder b_;
-  JsonRules j_;
+  GrammarBuilder& b_;
+  JsonRules& j_;
   std::map<std::string, uint32_t> refs_;
 };
 
@@ -473,7 +471,54 @@ absl::StatusOr<std::shared_ptr<const Grammar>> compile_json_schema(std::string_v
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("the schema is not valid JSON: ", e.what()));
   }
-  return SchemaCompiler(doc).run();
+  GrammarBuilder b;
+  JsonRules j(b);
+  absl::StatusOr<uint32_t> root = SchemaCompiler(doc, b, j).root();
+  if (!root.ok()) return root.status();
+  return std::move(b).build(*root);
+}
+
+namespace {
+
+// tool_call_grammar's rules; `any_arguments`: every tool's arguments any JSON object.
+absl::StatusOr<std::shared_ptr<const Grammar>> tool_calls(const std::vector<ToolSchema>& tools,
+                                                          const ToolCallFormat& f,
+                                                          bool any_arguments) {
+  GrammarBuilder b;
+  JsonRules j(b);
+  const uint32_t call = b.add_rule("tool-call");
+  for (const ToolSchema& t : tools) {
+    uint32_t args = j.object();
+    json doc = json::parse(t.parameters_json, nullptr, false);
+    if (!any_arguments && !t.parameters_json.empty() && !doc.is_discarded()) {
+      absl::StatusOr<uint32_t> r = SchemaCompiler(doc, b, j).root();
+      if (r.ok()) args = *r;
+    }
+    GrammarBuilder::Sequence seq = b.literal(f.open);
+    b.append_literal("{\"name\":" + json(t.name).dump() + ",\"arguments\":", seq);
+    seq.push_back(GrammarBuilder::ref(args));
+    b.append_literal("}" + f.close, seq);
+    b.add_alternative(call, seq);
+  }
+  uint32_t root = call;
+  if (f.parallel) {
+    GrammarBuilder::Sequence more = b.literal(f.separator);
+    more.push_back(GrammarBuilder::ref(call));
+    const uint32_t rest = b.star(more, "more-tool-calls");
+    root = b.add_rule("tool-calls");
+    b.add_alternative(root, {GrammarBuilder::ref(call), GrammarBuilder::ref(rest)});
+  }
+  return std::move(b).build(root);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Grammar>> tool_call_grammar(
+    const std::vector<ToolSchema>& tools, const ToolCallFormat& format) {
+  if (tools.empty()) return absl::InvalidArgumentError("a tool-call grammar needs a tool");
+  absl::StatusOr<std::shared_ptr<const Grammar>> g = tool_calls(tools, format, false);
+  if (g.ok()) return g;
+  return tool_calls(tools, format, true);  // a parameters schema the builder refused
 }
 
 std::shared_ptr<const Grammar> json_object_grammar() {

@@ -604,8 +604,7 @@ void read_stop(Reader& r, const RequestLimits& limits, llm::RequestSampling& s) 
 }
 
 // A JSON Schema compiled to the request's grammar; a refusal names `param`.
-void compile_schema(Reader& r, const nlohmann::ordered_json& schema, const char* param,
-                    llm::RequestSampling& s) {
+void compile_schema(Reader& r, const ojson& schema, const char* param, llm::RequestSampling& s) {
   if (!schema.is_object() && !schema.is_boolean()) {
     r.fail(absl::StrCat("'", param, "' must hold a JSON Schema (an object)"), param);
     return;
@@ -621,8 +620,7 @@ void compile_schema(Reader& r, const nlohmann::ordered_json& schema, const char*
 
 // response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
 // "description"?}}; `ordered` is the body with its keys in order (properties keep theirs).
-void read_json_schema_format(Reader& r, const nlohmann::ordered_json& ordered,
-                             llm::RequestSampling& s) {
+void read_json_schema_format(Reader& r, const ojson& ordered, llm::RequestSampling& s) {
   const json& f = r.body["response_format"];
   const json& js = f.contains("json_schema") ? f["json_schema"] : json();
   if (!js.is_object() || !js.contains("name") || !js["name"].is_string()) {
@@ -644,13 +642,14 @@ void read_json_schema_format(Reader& r, const nlohmann::ordered_json& ordered,
     return;
   }
   const auto& schema = ordered["response_format"]["json_schema"];
-  compile_schema(r, schema.contains("schema") ? schema["schema"] : nlohmann::ordered_json::object(),
+  compile_schema(r, schema.contains("schema") ? schema["schema"] : ojson::object(),
                  "response_format", s);
 }
 
 // Structured outputs: `response_format` (OpenAI: text, json_object, json_schema), vLLM's
 // `guided_json` (a schema) and `guided_choice` (strings); at most one of them.
-void read_structured(Reader& r, std::string_view body, ParsedRequest& p) {
+void read_structured(Reader& r, std::string_view body, const RequestLimits& limits,
+                     ParsedRequest& p) {
   const int given = (r.has("response_format") ? 1 : 0) + (r.has("guided_json") ? 1 : 0) +
                     (r.has("guided_choice") ? 1 : 0);
   if (given == 0 || r.error) return;
@@ -659,12 +658,15 @@ void read_structured(Reader& r, std::string_view body, ParsedRequest& p) {
            r.has("guided_json") ? "guided_json" : "guided_choice");
     return;
   }
-  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body, nullptr, false);
+  // The same text parse_object accepted: within the same bounds.
+  absl::StatusOr<ojson> parsed =
+      base::parse_ordered_json_bounded(body, "request body", limits.max_json_depth);
+  if (!parsed.ok()) return r.fail(std::string(parsed.status().message()), "response_format");
+  const ojson& ordered = *parsed;
   if (r.has("guided_json")) {
     const auto& g = ordered["guided_json"];
-    compile_schema(
-        r, g.is_string() ? nlohmann::ordered_json::parse(g.get<std::string>(), nullptr, false) : g,
-        "guided_json", p.sampling);
+    compile_schema(r, g.is_string() ? ojson::parse(g.get<std::string>(), nullptr, false) : g,
+                   "guided_json", p.sampling);
     return;
   }
   if (r.has("guided_choice")) {
@@ -697,6 +699,32 @@ void read_structured(Reader& r, std::string_view body, ParsedRequest& p) {
         "{\"type\": \"json_schema\", \"json_schema\": {...}}",
         "response_format");
   }
+}
+
+// tool_choice "required" or a named function: the output is constrained to Qwen3's tool-call
+// blocks (chat_template.cc) of the allowed functions, arguments matching their parameters.
+void constrain_tool_calls(Reader& r, ParsedRequest& p) {
+  const ToolCallPolicy& t = p.tool_calls;
+  if (r.error || (t.choice != ToolChoice::kRequired && t.choice != ToolChoice::kFunction)) return;
+  if (p.sampling.grammar != nullptr) {
+    return r.fail(
+        "'tool_choice' \"required\" or a named function constrains the output; it cannot be "
+        "combined with 'response_format', 'guided_json' or 'guided_choice'",
+        "tool_choice");
+  }
+  std::vector<grammar::ToolSchema> tools;
+  for (const ojson& tool : p.chat_options.tools) {
+    const ojson& fn = tool["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (t.choice == ToolChoice::kFunction && name != t.function) continue;
+    const auto params = fn.find("parameters");
+    tools.push_back({name, params != fn.end() && !params->is_null() ? params->dump() : ""});
+  }
+  grammar::ToolCallFormat f{"<tool_call>\n", "\n</tool_call>", "\n",
+                            t.choice == ToolChoice::kRequired && t.parallel};
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::tool_call_grammar(tools, f);
+  if (!g.ok()) return r.fail(std::string(g.status().message()), "tool_choice");
+  p.sampling.grammar = *std::move(g);
 }
 
 // The sampling parameters, `stop` and `stop_token_ids` (the engine checks their ranges).
@@ -744,7 +772,8 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
   read_stream_options(r, p);
   (void)r.string("user");
   read_sampling(r, limits, p);
-  read_structured(r, body, p);
+  read_structured(r, body, limits, p);
+  constrain_tool_calls(r, p);
   if (r.error) return *r.error;
   return p;
 }

@@ -209,6 +209,49 @@ TEST(ParseRequest, StructuredOutputsCompileToTheRequestsGrammar) {
   EXPECT_TRUE(jm.advance("null") && jm.complete());
 }
 
+TEST(ParseRequest, RequiredAndNamedToolChoicesConstrainTheOutputToValidCalls) {
+  const ParsedRequest named =
+      ok(chat_with(std::string(kTwoTools) +
+                   R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"),
+         true);
+  ASSERT_NE(named.sampling.grammar, nullptr);
+  auto accepts = [](const ParsedRequest& p, const std::string& text) {
+    grammar::GrammarMatcher m(p.sampling.grammar);
+    return m.advance(text) && m.complete();
+  };
+  const std::string weather =
+      "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"unit\":\"c\",\"city\":\"Oslo\"}}"
+      "\n</tool_call>";
+  const std::string now = "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>";
+  EXPECT_TRUE(accepts(named, weather));
+  EXPECT_FALSE(accepts(named, now)) << "only the named function";
+  EXPECT_FALSE(accepts(named,
+                       "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"unit\":\"k\"}}"
+                       "\n</tool_call>"))
+      << "arguments follow the parameters schema";
+  EXPECT_FALSE(accepts(named, weather + "\n" + weather)) << "one call for a named function";
+  const ParsedRequest required =
+      ok(chat_with(std::string(kTwoTools) + R"(,"tool_choice":"required")"), true);
+  ASSERT_NE(required.sampling.grammar, nullptr);
+  EXPECT_TRUE(accepts(required, now));
+  EXPECT_TRUE(accepts(required, weather + "\n" + now)) << "parallel calls";
+  EXPECT_FALSE(accepts(required, "plain text"));
+  const ParsedRequest single =
+      ok(chat_with(std::string(kTwoTools) +
+                   R"(,"tool_choice":"required","parallel_tool_calls":false)"),
+         true);
+  EXPECT_FALSE(accepts(single, weather + "\n" + now));
+  EXPECT_EQ(
+      ok(chat_with(std::string(kTwoTools) + R"(,"tool_choice":"auto")"), true).sampling.grammar,
+      nullptr);
+  const ApiError both =
+      bad(chat_with(std::string(kTwoTools) +
+                    R"(,"tool_choice":"required","response_format":{"type":"json_object"})"),
+          true);
+  EXPECT_EQ(both.param, "tool_choice");
+  EXPECT_NE(both.message.find("cannot be combined"), std::string::npos) << both.message;
+}
+
 TEST(ParseRequest, ToolsKeepTheirKeyOrderAndToolChoiceIsAutoByDefault) {
   ParsedRequest p = ok(chat_with(kTwoTools), true);
   ASSERT_EQ(p.chat_options.tools.size(), 2u);

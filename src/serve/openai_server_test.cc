@@ -266,6 +266,39 @@ TEST_F(ServerTest, ResponseFormatJsonSchemaGivesContentThatParsesOnBothRoutes) {
   EXPECT_TRUE(w["color"] == "red" || w["color"] == "blue") << w;
 }
 
+// tool_choice named or "required" (one call): decoding is constrained, so even this model's
+// random weights give a valid call of an allowed function, whose arguments match its schema.
+TEST_F(ServerTest, RequiredAndNamedToolChoicesAlwaysGiveAValidCall) {
+  start();
+  json body = {{"messages", {{{"role", "user"}, {"content", "Pick"}}}},
+               {"max_tokens", 60},
+               {"temperature", 0},
+               {"parallel_tool_calls", false},
+               {"tools", json::parse(R"([{"type":"function","function":{"name":"pick",
+                   "parameters":{"type":"object","properties":{"unit":{"enum":["c","f"]}},
+                   "required":["unit"]}}},{"type":"function","function":{"name":"toss",
+                   "parameters":{"type":"object","properties":{"heads":{"type":"boolean"}},
+                   "required":["heads"]}}}])")}};
+  for (const json& choice :
+       {json("required"), json::parse(R"({"type":"function","function":{"name":"toss"}})")}) {
+    body["tool_choice"] = choice;
+    auto res = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json c = json::parse(res->body)["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << c;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+    const json fn = c["message"]["tool_calls"][0]["function"];
+    const json args = json::parse(fn["arguments"].get<std::string>());
+    if (choice.is_object()) EXPECT_EQ(fn["name"], "toss") << c;
+    if (fn["name"] == "pick") {
+      EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args;
+    } else {
+      EXPECT_TRUE(args["heads"].is_boolean()) << args;
+    }
+  }
+}
+
 TEST_F(ServerTest, AnUnsupportedSchemaKeywordIs400NamingIt) {
   start();
   auto res = post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],

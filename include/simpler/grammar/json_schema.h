@@ -49,6 +49,23 @@ absl::StatusOr<std::shared_ptr<const Grammar>> compile_json_schema(std::string_v
 // Any JSON object (OpenAI's response_format {"type": "json_object"}).
 std::shared_ptr<const Grammar> json_object_grammar();
 
+// Tool calls as text blocks: `open` {"name":N,"arguments":A} `close`, N one of the tools' names
+// (as a JSON string) and A a JSON object matching that tool's parameters schema (compiled as
+// above; any JSON object when it has none or it falls outside the subset, so a client's
+// richer schema never makes the request fail). With `parallel`, one or more blocks separated
+// by `separator`; otherwise exactly one.
+struct ToolSchema {
+  std::string name;
+  std::string parameters_json;  // a JSON Schema's text; empty: any object
+};
+struct ToolCallFormat {
+  std::string open, close, separator;
+  bool parallel = false;
+};
+// INVALID_ARGUMENT "a tool-call grammar needs a tool" for an empty list.
+absl::StatusOr<std::shared_ptr<const Grammar>> tool_call_grammar(
+    const std::vector<ToolSchema>& tools, const ToolCallFormat& format);
+
 // Exactly one of `choices` (vLLM's guided_choice), as raw text. INVALID_ARGUMENT for an empty
 // list ("guided_choice must hold at least one choice") or an empty string.
 absl::StatusOr<std::shared_ptr<const Grammar>> choice_grammar(
