@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "engine/engine_test_hooks.h"
 #include "engine/kv_cache.h"
@@ -177,6 +178,15 @@ struct LlmEngine::Impl {
   std::unordered_map<uint64_t, Choice> choices;  // live and not yet reported final
   std::vector<std::string> token_bytes;          // per id, for grammars (empty: special)
   std::optional<grammar::TokenIndex> token_trie;
+  // Token masks by (grammar, parser state): states repeat within a request (every character of
+  // a JSON string leads back to the same state) and across requests of one schema. The cache
+  // holds a reference to each grammar it has masks of, so no address is reused while cached;
+  // emptied when it holds kMaskCacheEntries masks (each mask_words(V) words: 19 KiB for Qwen3).
+  static constexpr size_t kMaskCacheEntries = 1024;
+  std::map<const grammar::Grammar*, std::shared_ptr<const grammar::Grammar>> mask_grammars;
+  absl::flat_hash_map<std::pair<const grammar::Grammar*, grammar::GrammarMatcher::Stacks>,
+                      std::vector<uint32_t>>
+      mask_cache;
   struct InFlight {
     int64_t step_id = 0;
     StepPlan plan;
@@ -338,7 +348,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(
     m.rows_per_step = Histogram::with_bounds(build_1_2_5_buckets(options.runner.max_num_seqs));
     m.tokens_per_step =
         Histogram::with_bounds(build_1_2_5_buckets(options.runner.max_num_batched_tokens));
-    m.grammar_mask_time_s = Histogram::with_bounds(inter_token_buckets_s());
+    m.grammar_mask_time_s = Histogram::with_bounds(
+        {1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0});
     m.kv_pages_total = options.runner.num_pages;
     m.kv_pages.free = options.runner.num_pages;
   }
@@ -808,8 +819,20 @@ const grammar::TokenIndex& LlmEngine::Impl::token_index() {
 void LlmEngine::Impl::fill_grammar_mask(Choice& ch) {
   const grammar::TokenIndex& index = token_index();  // built once, not counted as mask time
   const int64_t t0 = base::now_ns();
-  ch.mask.assign(static_cast<size_t>(index.mask_words()), 0);
-  index.fill_mask(*ch.matcher, ch.mask.data());
+  const grammar::Grammar* g = ch.spec->sampling.grammar.get();
+  auto key = std::make_pair(g, ch.matcher->stacks());
+  if (auto it = mask_cache.find(key); it != mask_cache.end()) {
+    ch.mask = it->second;
+  } else {
+    ch.mask.assign(static_cast<size_t>(index.mask_words()), 0);
+    index.fill_mask(*ch.matcher, ch.mask.data());
+    if (mask_cache.size() >= kMaskCacheEntries) {
+      mask_cache.clear();
+      mask_grammars.clear();
+    }
+    mask_grammars.emplace(g, ch.spec->sampling.grammar);
+    mask_cache.emplace(std::move(key), ch.mask);
+  }
   if (ch.matcher->complete()) {
     for (int32_t id : ch.params.stop_ids) {
       if (id >= 0) ch.mask[id >> 5] |= uint32_t{1} << (id & 31);

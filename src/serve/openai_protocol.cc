@@ -904,6 +904,8 @@ std::string prometheus_text(const llm::EngineMetrics& m, const std::string& mode
             l);
   histogram(out, "simpler:rows_per_step", "Requests per engine step", m.rows_per_step, l);
   histogram(out, "simpler:tokens_per_step", "Positions per engine step", m.tokens_per_step, l);
+  histogram(out, "simpler:grammar_mask_seconds",
+            "Host time of one structured-output row's token mask", m.grammar_mask_time_s, l);
   return out;
 }
 
