@@ -138,6 +138,24 @@ TEST_F(StructuredOutputTest, SeededConstrainedTokensAreBatchInvariantAndNeighbou
                                                 std::max<int64_t>(1, m.grammar_mask_time_s.count)));
 }
 
+// Host sampling (RunnerOptions::host_sampling) applies the same mask with the same math: the
+// same seeded constrained tokens as the device sampler.
+TEST_F(StructuredOutputTest, HostSamplingGivesTheDeviceSamplersConstrainedTokens) {
+  const auto g = grammar::json_object_grammar();
+  std::vector<int32_t> device;
+  {
+    auto e = engine(2);
+    device = drain(*e, e->add_request(spec(g, 21, 20)).value()).tokens;
+  }
+  EngineOptions eo = small_engine_options(1, 256, 64, 8, 16);
+  eo.runner.host_sampling = true;
+  eo.tokenizer = tokenizer_;
+  auto e = create_test_engine(*dir_, eo);
+  const Out host = drain(*e, e->add_request(spec(g, 21, 20)).value());
+  EXPECT_EQ(host.tokens, device);
+  check_tokens(g, host);
+}
+
 TEST_F(StructuredOutputTest, AGrammarNeedsATokenizer) {
   auto e = engine(1, /*with_tokenizer=*/false);
   auto id = e->add_request(spec(grammar::json_object_grammar(), std::nullopt, 4));

@@ -290,7 +290,9 @@ TEST_F(ServerTest, RequiredAndNamedToolChoicesAlwaysGiveAValidCall) {
     ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
     const json fn = c["message"]["tool_calls"][0]["function"];
     const json args = json::parse(fn["arguments"].get<std::string>());
-    if (choice.is_object()) EXPECT_EQ(fn["name"], "toss") << c;
+    if (choice.is_object()) {
+      EXPECT_EQ(fn["name"], "toss") << c;
+    }
     if (fn["name"] == "pick") {
       EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args;
     } else {
