@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "engine/engine_test_hooks.h"
 #include "engine/kv_cache.h"
@@ -168,12 +169,25 @@ struct LlmEngine::Impl {
     std::vector<int32_t> tokens;  // prompt, then accepted outputs
     int64_t prompt_len = 0;
     int64_t arrival_ns = 0, scheduled_ns = 0, first_token_ns = 0, last_token_ns = 0;
-    std::vector<int32_t> pages;       // its block table after its latest step
-    std::vector<int64_t> page_steps;  // the step that allocated each of `pages`
-    int64_t last_step = 0;            // its latest step
+    std::vector<int32_t> pages;                      // its block table after its latest step
+    std::vector<int64_t> page_steps;                 // the step that allocated each of `pages`
+    int64_t last_step = 0;                           // its latest step
+    std::optional<grammar::GrammarMatcher> matcher;  // with a grammar: the output's parse state
+    std::vector<uint32_t> mask;                      // the mask of its latest logit row
   };
   std::optional<Scheduler> scheduler;
   std::unordered_map<uint64_t, Choice> choices;  // live and not yet reported final
+  std::vector<std::string> token_bytes;          // per id, for grammars (empty: special)
+  std::optional<grammar::TokenIndex> token_trie;
+  // Token masks by (grammar, parser state): states repeat within a request (every character of
+  // a JSON string leads back to the same state) and across requests of one schema. The cache
+  // holds a reference to each grammar it has masks of, so no address is reused while cached;
+  // emptied when it holds kMaskCacheEntries masks (each mask_words(V) words: 19 KiB for Qwen3).
+  static constexpr size_t kMaskCacheEntries = 1024;
+  std::map<const grammar::Grammar*, std::shared_ptr<const grammar::Grammar>> mask_grammars;
+  absl::flat_hash_map<std::pair<const grammar::Grammar*, grammar::GrammarMatcher::Stacks>,
+                      std::vector<uint32_t>>
+      mask_cache;
   struct InFlight {
     int64_t step_id = 0;
     StepPlan plan;
@@ -225,6 +239,12 @@ struct LlmEngine::Impl {
   void fail_all_live(const absl::Status& cause);
   void apply(Command& c);
   bool submit_one();
+  // Structured outputs: the vocabulary's trie (built on the first constrained request), the
+  // choice's token mask for its next row, and its grammar advanced by an accepted token (the
+  // choice fails when the grammar refuses it and stops when its output is complete and final).
+  const grammar::TokenIndex& token_index();
+  void fill_grammar_mask(Choice& ch);
+  void advance_grammar(uint64_t sid, Choice& ch, int32_t token);
   void retire_front();
   // retire_front's parts, in order. The step's status (its submit's, its run's or collect's)
   // and, when OK, its samples.
@@ -330,6 +350,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::create(
     m.rows_per_step = Histogram::with_bounds(build_1_2_5_buckets(options.runner.max_num_seqs));
     m.tokens_per_step =
         Histogram::with_bounds(build_1_2_5_buckets(options.runner.max_num_batched_tokens));
+    m.grammar_mask_time_s = Histogram::with_bounds(
+        {1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0});
     m.kv_pages_total = options.runner.num_pages;
     m.kv_pages.free = options.runner.num_pages;
   }
@@ -443,6 +465,13 @@ absl::StatusOr<SamplingParams> LlmEngine::Impl::sampling_params(const RequestSam
   p.min_tokens = rs.min_tokens;
   p.ignore_eos = rs.ignore_eos ? 1 : 0;
   SIMPLER_RETURN_IF_ERROR(set_stop_ids(eos_ids, rs.stop_token_ids, vocab_size, p));
+  if (rs.grammar != nullptr) {
+    if (options.tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "a grammar (structured output) needs a tokenizer; the engine was created without one");
+    }
+    p.masked = 1;
+  }
   SIMPLER_RETURN_IF_ERROR(p.validate(vocab_size));
   if (!rs.stop.empty()) {
     if (options.tokenizer == nullptr) {
@@ -685,6 +714,10 @@ void LlmEngine::Impl::apply(Command& c) {
         // positions may come from the prefix cache.
         const bool dumps_kv = c.spec->hooks != nullptr && !c.spec->hooks->kv_positions.empty();
         if (!dumps_kv) sr.prompt = ch.tokens;
+        if (c.spec->sampling.grammar != nullptr) {
+          ch.matcher.emplace(c.spec->sampling.grammar);
+          sr.host_feedback = true;
+        }
         absl::Status s;
         {
           base::MutexLock l(mu);
@@ -761,6 +794,10 @@ bool LlmEngine::Impl::submit_one() {
     in.prompt_len = ch.prompt_len;
     in.params = &ch.params;
     in.choice = ch.index;
+    if (row.logits && ch.matcher.has_value()) {
+      fill_grammar_mask(ch);
+      in.mask = &ch.mask;
+    }
     if (row.logits) {
       const int64_t out_index = row.start + row.len - ch.prompt_len;
       in.want_logits =
@@ -786,6 +823,61 @@ bool LlmEngine::Impl::submit_one() {
   }
   in_flight.push_back(std::move(f));
   return true;
+}
+
+const grammar::TokenIndex& LlmEngine::Impl::token_index() {
+  if (!token_trie.has_value()) {
+    const int32_t vocab = engine->dims().vocab_size;
+    token_bytes.resize(vocab);
+    for (int32_t id = 0; id < vocab; ++id) {
+      token_bytes[id] = options.tokenizer->decode_bytes(std::span<const int32_t>(&id, 1), true);
+    }
+    token_trie.emplace(token_bytes);
+  }
+  return *token_trie;
+}
+
+void LlmEngine::Impl::fill_grammar_mask(Choice& ch) {
+  const grammar::TokenIndex& index = token_index();  // built once, not counted as mask time
+  const int64_t t0 = base::now_ns();
+  const grammar::Grammar* g = ch.spec->sampling.grammar.get();
+  auto key = std::make_pair(g, ch.matcher->stacks());
+  if (auto it = mask_cache.find(key); it != mask_cache.end()) {
+    ch.mask = it->second;
+  } else {
+    ch.mask.assign(static_cast<size_t>(index.mask_words()), 0);
+    index.fill_mask(*ch.matcher, ch.mask.data());
+    if (mask_cache.size() >= kMaskCacheEntries) {
+      mask_cache.clear();
+      mask_grammars.clear();
+    }
+    mask_grammars.emplace(g, ch.spec->sampling.grammar);
+    mask_cache.emplace(std::move(key), ch.mask);
+  }
+  if (ch.matcher->complete()) {
+    for (int32_t id : ch.params.stop_ids) {
+      if (id >= 0) ch.mask[id >> 5] |= uint32_t{1} << (id & 31);
+    }
+  }
+  base::MutexLock l(mu);
+  metrics.grammar_mask_time_s.observe((base::now_ns() - t0) / 1e9);
+}
+
+void LlmEngine::Impl::advance_grammar(uint64_t sid, Choice& ch, int32_t token) {
+  const bool stop_id = std::find(std::begin(ch.params.stop_ids), std::end(ch.params.stop_ids),
+                                 token) != std::end(ch.params.stop_ids);
+  if (stop_id && ch.matcher->complete()) return;  // the end of a complete output
+  const std::string& bytes = token_bytes[token];
+  if (bytes.empty() || !ch.matcher->advance(bytes)) {
+    // The mask allowed only tokens the grammar accepts: a sampler that ignored it.
+    (void)scheduler->fail(sid, absl::InternalError(absl::StrCat(
+                                   "the sampled token ", token,
+                                   " is outside the grammar's mask (structured output)")));
+    return;
+  }
+  if (ch.matcher->complete() && !ch.matcher->can_continue()) {
+    (void)scheduler->stop(sid, static_cast<int64_t>(ch.tokens.size()) - ch.prompt_len);
+  }
 }
 
 absl::Status LlmEngine::Impl::wait_step(const InFlight& f, std::vector<RowSample>& samples) {
@@ -856,6 +948,7 @@ void LlmEngine::Impl::accept_samples(const InFlight& f, const std::vector<RowSam
     while (si < samples.size() && samples[si].row != a.row) ++si;
     Choice& ch = choices.at(a.request_id);
     ch.tokens.push_back(a.token);
+    if (ch.matcher.has_value()) advance_grammar(a.request_id, ch, a.token);
     LoopEvent& ev = events[a.request_id];
     ev.times.push_back(now);
     accept(ch, a, si < samples.size() ? &samples[si] : nullptr, ev);

@@ -69,7 +69,9 @@ namespace {
 //  17 context_lens  i32 [B]     IN
 //  18 logit_rows    i32 [n]     IN
 //  19 out_logits    f32 [n, V]  OUT    read back; [0] when not (the chip's scratch then)
-//  20 chip          scalar             the chip state's index (the L3 child)
+//  20 mask          i32 [nm, W]  IN    token masks (W = mask_words(V)); nm = ns when a logit row
+//                                      is masked (SamplingParams::masked), else 0
+//  21 chip          scalar             the chip state's index (the L3 child)
 // The chip's state supplies the rest: last_ids and counts (INOUT), the decode program's
 // input_ids (token_feedback's output) and out_ids, and its logits scratch.
 enum StepArg : size_t {
@@ -93,6 +95,7 @@ enum StepArg : size_t {
   kContextLens,
   kLogitRows,
   kOutLogits,
+  kMask,
   kChip,
   kNumStepArgs,
 };
@@ -141,6 +144,20 @@ std::vector<task::Kernel> step_kernels(KernelIsa isa, Precision precision) {
   k.push_back({"token_feedback", token_feedback_kernel});
   k.push_back({"token_scatter", token_scatter_kernel});
   return k;
+}
+
+// The sample task's arguments: with the mask argument when the step carries masks.
+task::TaskArgs sample_task_args(const task::TaskArgs& program, const task::TaskArgs& args,
+                                const Tensor& counts) {
+  const Tensor& logits = program.tensor(kQwen3OutLogits);
+  if (args.tensor(kMask).numel() > 0) {
+    return sample_args(logits, args.tensor(kParams), args.tensor(kSampleRows), counts,
+                       args.tensor(kOutIds), args.tensor(kOutLogprobs), args.tensor(kTopIds),
+                       args.tensor(kTopLogprobs), args.tensor(kMask));
+  }
+  return sample_args(logits, args.tensor(kParams), args.tensor(kSampleRows), counts,
+                     args.tensor(kOutIds), args.tensor(kOutLogprobs), args.tensor(kTopIds),
+                     args.tensor(kTopLogprobs));
 }
 
 absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
@@ -205,11 +222,7 @@ absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
   if (ns == 0) return absl::OkStatus();  // no logit rows, or host sampling
   const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(ns, 1, 64));
   SIMPLER_RETURN_IF_ERROR(
-      ctx.submit(base + kSample,
-                 sample_args(program.tensor(kQwen3OutLogits), args.tensor(kParams),
-                             args.tensor(kSampleRows), counts, out_ids, args.tensor(kOutLogprobs),
-                             args.tensor(kTopIds), args.tensor(kTopLogprobs)),
-                 blocks));
+      ctx.submit(base + kSample, sample_task_args(program, args, counts), blocks));
   SIMPLER_RETURN_IF_ERROR(ctx.submit(
       base + kTokenCounts,
       token_counts_args(out_ids, args.tensor(kSampleSlots), counts, TokenCountsMode::kGenerated)));
@@ -537,6 +550,13 @@ absl::Status Qwen3ModelRunner::check_row(const StepPlan& plan, size_t i, const R
         ", ", row.start + row.len, "), state slot ", row.state_slot, ") does not fit its ", known,
         " known tokens or the runner's limits"));
   }
+  if (row.logits && in.params->masked != 0 &&
+      (in.mask == nullptr ||
+       static_cast<int64_t>(in.mask->size()) != mask_words(dims_.vocab_size))) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, " row ", i,
+                                                   ": masked, but its token mask does not have ",
+                                                   mask_words(dims_.vocab_size), " words"));
+  }
   return absl::OkStatus();
 }
 
@@ -593,6 +613,7 @@ void Qwen3ModelRunner::add_logit_row(StepInFlight& st, size_t i, const StepRow& 
   st.want_logits_.push_back(in.want_logits ? 1 : 0);
   st.logit_state_slot_.push_back(row.state_slot);
   st.params.push_back(*in.params);
+  st.mask_src_.push_back(in.params->masked != 0 ? in.mask : nullptr);
   SampleRowInfo info;
   info.slot = row.state_slot;
   info.position = static_cast<int32_t>(pos);
@@ -617,6 +638,22 @@ absl::Status Qwen3ModelRunner::size_outputs(StepInFlight& st, bool any_logits_wa
   st.top_ids.assign(ns * kMaxLogprobs, -1);
   st.top_logprobs.assign(ns * kMaxLogprobs, 0.0f);
   if (any_logits_wanted) st.logits.assign(n * dims_.vocab_size, 0.0f);
+  const int64_t W = mask_words(dims_.vocab_size);
+  const bool any_mask = std::any_of(st.mask_src_.begin(), st.mask_src_.end(),
+                                    [](const std::vector<uint32_t>* m) { return m != nullptr; });
+  if (any_mask && host) {
+    for (const std::vector<uint32_t>* m : st.mask_src_) {
+      st.host_masks_.push_back(m != nullptr ? *m : std::vector<uint32_t>());
+    }
+  } else if (any_mask) {
+    st.masks.assign(ns * W, 0);
+    for (int64_t j = 0; j < ns; ++j) {
+      if (st.mask_src_[j] != nullptr) {
+        std::memcpy(st.masks.data() + j * W, st.mask_src_[j]->data(), W * sizeof(uint32_t));
+      }
+    }
+  }
+  st.mask_src_.clear();
   if (host) {
     st.host_params_ = std::move(st.params);
     st.host_rows_ = std::move(st.rows);
@@ -666,6 +703,8 @@ std::vector<Qwen3ModelRunner::HostArg> Qwen3ModelRunner::host_args(StepInFlight&
   } else {
     add(s.logits, {n, vocab_size}, DataType::kFloat32, ArgDirection::kOut);
   }
+  const int64_t nm = s.masks.empty() ? 0 : ns;
+  add(s.masks, {nm, mask_words(vocab_size)}, DataType::kInt32, ArgDirection::kIn);
   return args;
 }
 
@@ -767,7 +806,16 @@ absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& s
       // Host sampling: the kernel's math on the host, with the host's counts.
       const int32_t slot = step.logit_state_slot_[j];
       std::vector<int32_t>& counts = host_counts_[slot];
-      rs.sample = sample_row(step.host_params_[j], step.host_rows_[j], logits, counts.data(), V);
+      const uint32_t* mask = step.host_masks_.empty() || step.host_masks_[j].empty()
+                                 ? nullptr
+                                 : step.host_masks_[j].data();
+      if (mask != nullptr && !mask_allows_any(mask, V)) {
+        return absl::InvalidArgumentError(absl::StrCat("step run ", step.handle_.id().value,
+                                                       ": the token mask of row ", rs.row,
+                                                       " allows no token"));
+      }
+      rs.sample =
+          sample_row(step.host_params_[j], step.host_rows_[j], logits, counts.data(), V, mask);
       if (rs.sample.id >= 0 && rs.sample.id < V) {
         apply_count(counts, rs.sample.id, TokenCountsMode::kGenerated);
         host_last_ids_[slot] = rs.sample.id;

@@ -82,6 +82,9 @@ struct RowInput {
   const SamplingParams* params = nullptr;  // logit rows; validated by the engine
   int32_t choice = 0;                      // clone index (OpenAI `n`), Philox stream
   bool want_logits = false;                // logit row: read its raw logits back (tests, dumps)
+  // Logit rows with params->masked: the token mask (mask_words(V) words, sampling.h), read
+  // until submit() returns.
+  const std::vector<uint32_t>* mask = nullptr;
 };
 
 // One logit row's outcome, in the order of the plan's logit rows.
@@ -133,6 +136,11 @@ class StepInFlight {
   std::vector<int32_t> logit_state_slot_;    // per logit row (host sampling)
   std::vector<SamplingParams> host_params_;  // host sampling: per logit row
   std::vector<SampleRowInfo> host_rows_;
+  // Token masks: [ns, W] i32 words for the device sampler when a logit row is masked (empty
+  // otherwise); per logit row for host sampling (empty: unmasked).
+  std::vector<int32_t> masks;
+  std::vector<const std::vector<uint32_t>*> mask_src_;
+  std::vector<std::vector<uint32_t>> host_masks_;
   bool host_logits_ = false;
 };
 

@@ -56,7 +56,8 @@ int64_t Scheduler::max_pages(const Request& r) const {
 // Once prefilled, context_len() == known_tokens() + pending - 1: the one
 // position not yet written holds the token the latest step samples.
 bool Scheduler::decode_ready(const Request& r) const {
-  return r.prefilled && static_cast<int64_t>(r.outputs.size()) + r.pending < r.spec.max_tokens;
+  return r.prefilled && static_cast<int64_t>(r.outputs.size()) + r.pending < r.spec.max_tokens &&
+         !(r.spec.host_feedback && r.pending > 0);
 }
 
 bool Scheduler::has_work(const Request& r) const { return !r.prefilled || decode_ready(r); }

@@ -79,6 +79,10 @@ struct SchedulerRequest {
   // The prompt's token ids (prompt_len of them), or empty: such a request
   // neither uses nor fills the prefix cache.
   std::vector<int32_t> prompt;
+  // The host must see each sampled token before the next row is planned (a grammar's mask
+  // follows from it): no decode row while a sample of this request is in flight, so only this
+  // request waits for its step to retire (serial launch for it, early enqueue for the others).
+  bool host_feedback = false;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kAbort, kError };

@@ -100,6 +100,7 @@ absl::Status SamplingParams::validate(int64_t vocab_size) const {
     }
   }
   if (ignore_eos > 1) return bad("ignore_eos", static_cast<int>(ignore_eos), "0 or 1");
+  if (masked > 1) return bad("masked", static_cast<int>(masked), "0 or 1");
   for (int i = 0; i < kMaxSamplingStopIds; ++i) {
     if (((eos_mask >> i) & 1) != 0 && stop_ids[i] < 0) {
       return bad("eos_mask", static_cast<int>(eos_mask),
@@ -326,9 +327,27 @@ void sampling_weights(const SamplingParams& p, const float* penalized, int64_t v
   cut_top_p(p, w, order);
 }
 
+bool mask_allows_any(const uint32_t* mask, int64_t vocab) {
+  for (int64_t w = 0; w < mask_words(vocab); ++w) {
+    const int64_t bits = std::min<int64_t>(32, vocab - w * 32);
+    const uint32_t live = bits == 32 ? ~uint32_t{0} : (uint32_t{1} << bits) - 1;
+    if ((mask[w] & live) != 0) return true;
+  }
+  return false;
+}
+
 SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const float* logits,
-                        const int32_t* counts, int64_t vocab) {
+                        const int32_t* counts, int64_t vocab, const uint32_t* mask) {
   SampleResult r;
+  // 0. The token mask: refused tokens' logits are -inf from here on.
+  std::vector<float> masked_copy;
+  if (p.masked != 0 && mask != nullptr) {
+    masked_copy.assign(logits, logits + vocab);
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (((mask[t >> 5] >> (t & 31)) & 1) == 0) masked_copy[t] = kNegInf;
+    }
+    logits = masked_copy.data();
+  }
   // 1. Raw logprobs: log_softmax in f64 (not computed at all for logprobs = -1).
   const double lse = p.logprobs >= 0 ? log_sum_exp(logits, vocab) : 0.0;
   // 2–3. Penalties on a copy, when any applies (otherwise the raw logits are read as they are).
@@ -421,7 +440,8 @@ TaskArgs token_counts_args(const Tensor& ids, const Tensor& slots, const Tensor&
 absl::Status sample_kernel(const KernelContext& ctx) {
   constexpr const char* kName = "sample";
   const task::ArgChecker c(ctx, kName);
-  SIMPLER_RETURN_IF_ERROR(c.count(8));
+  const bool has_mask = ctx.num_args == 9;
+  SIMPLER_RETURN_IF_ERROR(c.count(has_mask ? 9 : 8));
   SIMPLER_RETURN_IF_ERROR(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
   const int64_t rows = ctx.tensor(0).shape[0];
   const int64_t vocab = ctx.tensor(0).shape[1];
@@ -433,6 +453,9 @@ absl::Status sample_kernel(const KernelContext& ctx) {
   SIMPLER_RETURN_IF_ERROR(c.tensor(5, "out_logprobs", DataType::kFloat32, {rows}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(6, "top_ids", DataType::kInt32, {rows, kMaxLogprobs}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(7, "top_logprobs", DataType::kFloat32, {rows, kMaxLogprobs}));
+  if (has_mask) {
+    SIMPLER_RETURN_IF_ERROR(c.tensor(8, "mask", DataType::kInt32, {rows, mask_words(vocab)}));
+  }
   if (vocab < 1) return c.error("logits have an empty vocabulary dimension");
   if (vocab > std::numeric_limits<int32_t>::max()) {
     return c.error(absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));
@@ -462,8 +485,17 @@ absl::Status sample_kernel(const KernelContext& ctx) {
       return c.error(absl::StrCat("row ", r, ": position ", ri.position, ", choice ", ri.choice,
                                   " and num_generated ", ri.num_generated, " must be >= 0"));
     }
-    const SampleResult res = sample_row(p, ri, logits + r * vocab,
-                                        ri.slot >= 0 ? counts + ri.slot * vocab : nullptr, vocab);
+    const uint32_t* mask = nullptr;
+    if (p.masked != 0) {
+      if (!has_mask) return c.error(absl::StrCat("row ", r, ": masked, but no mask argument"));
+      mask = reinterpret_cast<const uint32_t*>(ctx.tensor(8).data<const int32_t>()) +
+             r * mask_words(vocab);
+      if (!mask_allows_any(mask, vocab)) {
+        return c.error(absl::StrCat("row ", r, ": the token mask allows no token"));
+      }
+    }
+    const SampleResult res = sample_row(
+        p, ri, logits + r * vocab, ri.slot >= 0 ? counts + ri.slot * vocab : nullptr, vocab, mask);
     out_ids[r] = res.id;
     out_lp[r] = res.logprob;
     std::copy(std::begin(res.top_ids), std::end(res.top_ids), top_ids + r * kMaxLogprobs);
@@ -478,6 +510,15 @@ TaskArgs sample_args(const Tensor& logits, const Tensor& params, const Tensor& r
   TaskArgs a;
   a.add_tensors({logits, params, rows, counts}, ArgDirection::kIn)
       .add_tensors({out_ids, out_logprobs, top_ids, top_logprobs}, ArgDirection::kOut);
+  return a;
+}
+
+TaskArgs sample_args(const Tensor& logits, const Tensor& params, const Tensor& rows,
+                     const Tensor& counts, const Tensor& out_ids, const Tensor& out_logprobs,
+                     const Tensor& top_ids, const Tensor& top_logprobs, const Tensor& mask) {
+  TaskArgs a =
+      sample_args(logits, params, rows, counts, out_ids, out_logprobs, top_ids, top_logprobs);
+  a.add_tensor(mask, ArgDirection::kIn);
   return a;
 }
 

@@ -278,7 +278,7 @@ TEST(SamplingParams, ValidateNamesTheFieldAndValue) {
        "sampling params: stop_ids[2] must be -1 (unused) or in [0, 10), got 10"},
       {[](SamplingParams& p) { p.ignore_eos = 2; },
        "sampling params: ignore_eos must be 0 or 1, got 2"},
-      {[](SamplingParams& p) { p.version = 9; }, "sampling params: version must be 2, got 9"},
+      {[](SamplingParams& p) { p.version = 9; }, "sampling params: version must be 3, got 9"},
       {[](SamplingParams& p) { p.eos_mask = 4; },
        "sampling params: eos_mask must be bits only for used stop_ids (stop_ids[2] is -1), got 4"},
   };
@@ -665,6 +665,82 @@ TEST(SampleKernel, RefusesInvalidRowsNamingTheRowAndField) {
   b.set_row(1, std::vector<float>(kV, 0.0f), ok, SampleRowInfo{0, -3, 0, 0});
   s = run_blocks(&sample_kernel, b.args(), 1);
   EXPECT_EQ(s.message(), "sample: row 1: position -3, choice 0 and num_generated 0 must be >= 0");
+}
+
+TEST(SampleRow, AMaskedRowNeverDrawsARefusedTokenAndKeepsTheSeededStream) {
+  constexpr int64_t kV = 70;  // three mask words, the last one partial
+  std::vector<float> logits(kV);
+  for (int64_t t = 0; t < kV; ++t) logits[t] = static_cast<float>((t * 37) % 11) * 0.5f;
+  std::vector<uint32_t> mask(mask_words(kV), 0);
+  const std::vector<int32_t> allowed_ids = {3, 31, 32, 50, 69};
+  for (int32_t t : allowed_ids) mask[t / 32] |= uint32_t{1} << (t % 32);
+  SamplingParams p;
+  p.temperature = 1.5f;
+  p.top_k = 3;
+  p.logprobs = 2;
+  p.masked = 1;
+  std::set<int32_t> seen;
+  for (int pos = 0; pos < 2000; ++pos) {
+    const SampleResult r =
+        sample_row(p, SampleRowInfo{-1, pos, 0, 0}, logits.data(), nullptr, kV, mask.data());
+    ASSERT_THAT(allowed_ids, ::testing::Contains(r.id)) << "position " << pos;
+    seen.insert(r.id);
+    // The same draw again (seed, choice, position): the mask keeps the stream deterministic.
+    ASSERT_EQ(
+        sample_row(p, SampleRowInfo{-1, pos, 0, 0}, logits.data(), nullptr, kV, mask.data()).id,
+        r.id);
+  }
+  EXPECT_EQ(seen.size(), 3u) << "top_k 3 applies among the allowed tokens";
+  // Greedy takes the best allowed token; logprobs are those of the masked logits.
+  SamplingParams greedy = p;
+  greedy.temperature = 0.0f;
+  const SampleResult g =
+      sample_row(greedy, SampleRowInfo{-1, 0, 0, 0}, logits.data(), nullptr, kV, mask.data());
+  int32_t best = allowed_ids[0];
+  for (int32_t t : allowed_ids) best = logits[t] > logits[best] ? t : best;
+  EXPECT_EQ(g.id, best);
+  double total = 0.0;
+  for (int32_t t : allowed_ids) total += std::exp(static_cast<double>(logits[t] - logits[best]));
+  EXPECT_NEAR(g.logprob, -std::log(total), 1e-5);
+  // Without `masked` the mask is not read.
+  p.masked = 0;
+  bool outside = false;
+  for (int pos = 0; pos < 200 && !outside; ++pos) {
+    const int32_t id =
+        sample_row(p, SampleRowInfo{-1, pos, 0, 0}, logits.data(), nullptr, kV, mask.data()).id;
+    outside = std::find(allowed_ids.begin(), allowed_ids.end(), id) == allowed_ids.end();
+  }
+  EXPECT_TRUE(outside);
+}
+
+TEST(SampleKernel, MasksRowsThatAskAndRefusesAMaskThatAllowsNothing) {
+  constexpr int64_t kV = 40;
+  Batch b(2, kV, 1);
+  std::vector<float> l(kV, 0.0f);
+  l[0] = 9.0f;  // the unmasked favourite
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SamplingParams masked = greedy;
+  masked.masked = 1;
+  b.set_row(0, l, greedy, SampleRowInfo{-1, 0, 0, 0});
+  b.set_row(1, l, masked, SampleRowInfo{-1, 0, 0, 0});
+  std::vector<int32_t> mask(2 * mask_words(kV), 0);
+  mask[mask_words(kV) + 1] = 1 << 3;  // row 1 allows only token 35
+  auto args = [&] {
+    return sample_args(view(b.logits, {2, kV}),
+                       view(b.params, {2, static_cast<int64_t>(sizeof(SamplingParams))}),
+                       view(b.info, {2, 4}), view(b.counts, {1, kV}), view(b.ids, {2}),
+                       view(b.lp, {2}), view(b.top_ids, {2, kMaxLogprobs}),
+                       view(b.top_lp, {2, kMaxLogprobs}), view(mask, {2, mask_words(kV)}));
+  };
+  ASSERT_TRUE(run_blocks(&sample_kernel, args(), 1).ok());
+  EXPECT_THAT(b.ids, ::testing::ElementsAre(0, 35));
+  mask[mask_words(kV) + 1] = 0;
+  absl::Status s = run_blocks(&sample_kernel, args(), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "sample: row 1: the token mask allows no token");
+  s = run_blocks(&sample_kernel, b.args(), 1);  // no mask argument
+  EXPECT_EQ(s.message(), "sample: row 1: masked, but no mask argument");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "simpler/base/enum_names.h"
 #include "simpler/base/json.h"
+#include "simpler/grammar/json_schema.h"
 #include "simpler/kernels/sampling.h"
 
 namespace simpler::serve {
@@ -491,7 +492,10 @@ std::set<std::string> fields_with(std::initializer_list<const char*> own) {
                              "stop_token_ids",
                              "ignore_eos",
                              "min_tokens",
-                             "logit_bias"};
+                             "logit_bias",
+                             "response_format",
+                             "guided_json",
+                             "guided_choice"};
   k.insert(own.begin(), own.end());
   return k;
 }
@@ -502,21 +506,13 @@ const std::set<std::string>& completion_fields() {
 const std::set<std::string>& chat_fields() {
   static const std::set<std::string> k =
       fields_with({"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-                   "tools", "tool_choice", "response_format", "parallel_tool_calls"});
+                   "tools", "tool_choice", "parallel_tool_calls"});
   return k;
 }
 
 // Chat's own fields. Returns the error of a refused feature at once; others go to `r`.
 std::optional<ApiError> read_chat(Reader& r, std::string_view body, const RequestLimits& limits,
                                   ParsedRequest& p) {
-  const json& j = r.body;
-  if (r.has("response_format")) {
-    const json& f = j["response_format"];
-    if (!f.is_object() || !f.contains("type") || f["type"] != "text") {
-      return bad_request("'response_format' other than {\"type\": \"text\"} is not supported",
-                         "response_format");
-    }
-  }
   if (auto m = chat_messages(r, limits)) p.messages = std::move(*m);
   read_tools(r, body, limits, p.chat_options, p.tool_calls.names);
   read_tool_choice(r, p.tool_calls);
@@ -607,6 +603,130 @@ void read_stop(Reader& r, const RequestLimits& limits, llm::RequestSampling& s) 
   }
 }
 
+// A JSON Schema compiled to the request's grammar; a refusal names `param`.
+void compile_schema(Reader& r, const ojson& schema, const char* param, llm::RequestSampling& s) {
+  if (!schema.is_object() && !schema.is_boolean()) {
+    r.fail(absl::StrCat("'", param, "' must hold a JSON Schema (an object)"), param);
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g =
+      grammar::compile_json_schema(schema.dump());
+  if (!g.ok()) {
+    r.fail(absl::StrCat("'", param, "': ", g.status().message()), param);
+    return;
+  }
+  s.grammar = *std::move(g);
+}
+
+// response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
+// "description"?}}; `ordered` is the body with its keys in order (properties keep theirs).
+void read_json_schema_format(Reader& r, const ojson& ordered, llm::RequestSampling& s) {
+  const json& f = r.body["response_format"];
+  const json& js = f.contains("json_schema") ? f["json_schema"] : json();
+  if (!js.is_object() || !js.contains("name") || !js["name"].is_string()) {
+    r.fail(
+        "'response_format' of type json_schema needs 'json_schema': {\"name\": ..., "
+        "\"schema\": {...}}",
+        "response_format");
+    return;
+  }
+  for (const auto& [k, v] : js.items()) {
+    if (k != "name" && k != "schema" && k != "strict" && k != "description") {
+      r.fail(absl::StrCat("'response_format.json_schema' has an unknown field '", k, "'"),
+             "response_format");
+      return;
+    }
+  }
+  if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null()) {
+    r.fail("'response_format.json_schema.strict' must be a boolean", "response_format");
+    return;
+  }
+  const auto& schema = ordered["response_format"]["json_schema"];
+  compile_schema(r, schema.contains("schema") ? schema["schema"] : ojson::object(),
+                 "response_format", s);
+}
+
+// Structured outputs: `response_format` (OpenAI: text, json_object, json_schema), vLLM's
+// `guided_json` (a schema) and `guided_choice` (strings); at most one of them.
+void read_structured(Reader& r, std::string_view body, const RequestLimits& limits,
+                     ParsedRequest& p) {
+  const int given = (r.has("response_format") ? 1 : 0) + (r.has("guided_json") ? 1 : 0) +
+                    (r.has("guided_choice") ? 1 : 0);
+  if (given == 0 || r.error) return;
+  if (given > 1) {
+    r.fail("give at most one of 'response_format', 'guided_json' and 'guided_choice'",
+           r.has("guided_json") ? "guided_json" : "guided_choice");
+    return;
+  }
+  // The same text parse_object accepted: within the same bounds.
+  absl::StatusOr<ojson> parsed =
+      base::parse_ordered_json_bounded(body, "request body", limits.max_json_depth);
+  if (!parsed.ok()) return r.fail(std::string(parsed.status().message()), "response_format");
+  const ojson& ordered = *parsed;
+  if (r.has("guided_json")) {
+    const auto& g = ordered["guided_json"];
+    compile_schema(r, g.is_string() ? ojson::parse(g.get<std::string>(), nullptr, false) : g,
+                   "guided_json", p.sampling);
+    return;
+  }
+  if (r.has("guided_choice")) {
+    const json& c = r.body["guided_choice"];
+    std::vector<std::string> choices;
+    for (const json& e : c.is_array() ? c : json::array({json()})) {
+      if (!e.is_string()) {
+        r.fail("'guided_choice' must be an array of strings", "guided_choice");
+        return;
+      }
+      choices.push_back(e.get<std::string>());
+    }
+    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::choice_grammar(choices);
+    if (!g.ok()) return r.fail(std::string(g.status().message()), "guided_choice");
+    p.sampling.grammar = *std::move(g);
+    return;
+  }
+  const json& f = r.body["response_format"];
+  const std::string type = f.is_object() && f.contains("type") && f["type"].is_string()
+                               ? f["type"].get<std::string>()
+                               : std::string();
+  if (type == "text") return;
+  if (type == "json_object") {
+    p.sampling.grammar = grammar::json_object_grammar();
+  } else if (type == "json_schema") {
+    read_json_schema_format(r, ordered, p.sampling);
+  } else {
+    r.fail(
+        "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+        "{\"type\": \"json_schema\", \"json_schema\": {...}}",
+        "response_format");
+  }
+}
+
+// tool_choice "required" or a named function: the output is constrained to Qwen3's tool-call
+// blocks (chat_template.cc) of the allowed functions, arguments matching their parameters.
+void constrain_tool_calls(Reader& r, ParsedRequest& p) {
+  const ToolCallPolicy& t = p.tool_calls;
+  if (r.error || (t.choice != ToolChoice::kRequired && t.choice != ToolChoice::kFunction)) return;
+  if (p.sampling.grammar != nullptr) {
+    return r.fail(
+        "'tool_choice' \"required\" or a named function constrains the output; it cannot be "
+        "combined with 'response_format', 'guided_json' or 'guided_choice'",
+        "tool_choice");
+  }
+  std::vector<grammar::ToolSchema> tools;
+  for (const ojson& tool : p.chat_options.tools) {
+    const ojson& fn = tool["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (t.choice == ToolChoice::kFunction && name != t.function) continue;
+    const auto params = fn.find("parameters");
+    tools.push_back({name, params != fn.end() && !params->is_null() ? params->dump() : ""});
+  }
+  grammar::ToolCallFormat f{"<tool_call>\n", "\n</tool_call>", "\n",
+                            t.choice == ToolChoice::kRequired && t.parallel};
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::tool_call_grammar(tools, f);
+  if (!g.ok()) return r.fail(std::string(g.status().message()), "tool_choice");
+  p.sampling.grammar = *std::move(g);
+}
+
 // The sampling parameters, `stop` and `stop_token_ids` (the engine checks their ranges).
 void read_sampling(Reader& r, const RequestLimits& limits, ParsedRequest& p) {
   llm::RequestSampling& s = p.sampling;
@@ -652,6 +772,8 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, bool 
   read_stream_options(r, p);
   (void)r.string("user");
   read_sampling(r, limits, p);
+  read_structured(r, body, limits, p);
+  constrain_tool_calls(r, p);
   if (r.error) return *r.error;
   return p;
 }
@@ -788,6 +910,8 @@ std::string prometheus_text(const llm::EngineMetrics& m, const std::string& mode
             l);
   histogram(out, "simpler:rows_per_step", "Requests per engine step", m.rows_per_step, l);
   histogram(out, "simpler:tokens_per_step", "Positions per engine step", m.tokens_per_step, l);
+  histogram(out, "simpler:grammar_mask_seconds",
+            "Host time of one structured-output row's token mask", m.grammar_mask_time_s, l);
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "simpler/grammar/json_schema.h"
 
 namespace simpler::serve {
 namespace {
@@ -135,8 +136,28 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
        "text part"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", true,
        "tools", "tools[0] must be {\"type\": \"function\", \"function\": {...}}"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       true, "response_format", "not supported"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", true,
+       "response_format", "'response_format' must be {\"type\": \"text\"}"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a",
+          "schema":{"type":"string","pattern":"^a+$"}}}})",
+       false, "response_format",
+       "'response_format': unsupported JSON Schema keyword 'pattern' at #"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{}}}})",
+       false, "response_format", "needs 'json_schema': {\"name\""},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a",
+          "schema":{},"extra":1}}})",
+       false, "response_format", "unknown field 'extra'"},
+      {R"({"prompt":"x","guided_json":{"type":"object","properties":{"a":{"minLength":1}}}})",
+       false, "guided_json",
+       "'guided_json': unsupported JSON Schema keyword 'minLength' at #/properties/a"},
+      {R"({"prompt":"x","guided_json":{"type":"array","minItems":2,"maxItems":1}})", false,
+       "guided_json", "language is empty"},
+      {R"({"prompt":"x","guided_choice":["a",1]})", false, "guided_choice", "array of strings"},
+      {R"({"prompt":"x","guided_choice":[]})", false, "guided_choice", "at least one choice"},
+      {R"({"prompt":"x","guided_choice":["a"],"guided_json":{}})", false, "guided_json",
+       "at most one of"},
+      {R"({"prompt":"x","guided_regex":"a+"})", false, "guided_regex",
+       "unrecognized request argument"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs",
        "needs 'logprobs': true"},
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":1}})",
@@ -163,6 +184,72 @@ constexpr const char* kTwoTools =
 
 std::string chat_with(const std::string& rest) {
   return std::string(R"({"messages":[{"role":"user","content":"x"}],)") + rest + "}";
+}
+
+TEST(ParseRequest, StructuredOutputsCompileToTheRequestsGrammar) {
+  EXPECT_EQ(ok(chat_with(R"("response_format":{"type":"text"})"), true).sampling.grammar, nullptr);
+  EXPECT_EQ(ok(chat_with(R"("response_format":{"type":"json_object"})"), true).sampling.grammar,
+            grammar::json_object_grammar());
+  const ParsedRequest p = ok(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n",
+          "strict":true,"schema":{"type":"object","properties":{"b":{"type":"integer"},
+          "a":{"type":"boolean"}},"required":["b","a"],"additionalProperties":false}}}})",
+      false);
+  ASSERT_NE(p.sampling.grammar, nullptr);
+  grammar::GrammarMatcher m(p.sampling.grammar);
+  EXPECT_TRUE(m.advance(R"({"b":1,"a":true})")) << "properties keep the schema's order";
+  EXPECT_TRUE(m.complete());
+  const ParsedRequest c = ok(R"({"prompt":"x","guided_choice":["yes","no"]})", false);
+  ASSERT_NE(c.sampling.grammar, nullptr);
+  grammar::GrammarMatcher cm(c.sampling.grammar);
+  EXPECT_TRUE(cm.advance("no") && cm.complete());
+  const ParsedRequest j = ok(R"({"prompt":"x","guided_json":"{\"type\":\"null\"}"})", false);
+  ASSERT_NE(j.sampling.grammar, nullptr);
+  grammar::GrammarMatcher jm(j.sampling.grammar);
+  EXPECT_TRUE(jm.advance("null") && jm.complete());
+}
+
+TEST(ParseRequest, RequiredAndNamedToolChoicesConstrainTheOutputToValidCalls) {
+  const ParsedRequest named =
+      ok(chat_with(std::string(kTwoTools) +
+                   R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"),
+         true);
+  ASSERT_NE(named.sampling.grammar, nullptr);
+  auto accepts = [](const ParsedRequest& p, const std::string& text) {
+    grammar::GrammarMatcher m(p.sampling.grammar);
+    return m.advance(text) && m.complete();
+  };
+  const std::string weather =
+      "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"unit\":\"c\",\"city\":\"Oslo\"}}"
+      "\n</tool_call>";
+  const std::string now = "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>";
+  EXPECT_TRUE(accepts(named, weather));
+  EXPECT_FALSE(accepts(named, now)) << "only the named function";
+  EXPECT_FALSE(accepts(named,
+                       "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"unit\":\"k\"}}"
+                       "\n</tool_call>"))
+      << "arguments follow the parameters schema";
+  EXPECT_FALSE(accepts(named, weather + "\n" + weather)) << "one call for a named function";
+  const ParsedRequest required =
+      ok(chat_with(std::string(kTwoTools) + R"(,"tool_choice":"required")"), true);
+  ASSERT_NE(required.sampling.grammar, nullptr);
+  EXPECT_TRUE(accepts(required, now));
+  EXPECT_TRUE(accepts(required, weather + "\n" + now)) << "parallel calls";
+  EXPECT_FALSE(accepts(required, "plain text"));
+  const ParsedRequest single =
+      ok(chat_with(std::string(kTwoTools) +
+                   R"(,"tool_choice":"required","parallel_tool_calls":false)"),
+         true);
+  EXPECT_FALSE(accepts(single, weather + "\n" + now));
+  EXPECT_EQ(
+      ok(chat_with(std::string(kTwoTools) + R"(,"tool_choice":"auto")"), true).sampling.grammar,
+      nullptr);
+  const ApiError both =
+      bad(chat_with(std::string(kTwoTools) +
+                    R"(,"tool_choice":"required","response_format":{"type":"json_object"})"),
+          true);
+  EXPECT_EQ(both.param, "tool_choice");
+  EXPECT_NE(both.message.find("cannot be combined"), std::string::npos) << both.message;
 }
 
 TEST(ParseRequest, ToolsKeepTheirKeyOrderAndToolChoiceIsAutoByDefault) {

@@ -227,6 +227,93 @@ TEST_F(ServerTest, ToolChoiceNoneRequiredAndNamedAreAcceptedAndAnUnknownNameIs40
   EXPECT_EQ(e["message"], "'tool_choice' names the function 'get_time', which is not in 'tools'");
 }
 
+// response_format json_schema on both routes: the content parses and has the schema's shape
+// (random weights: gibberish values, but valid ones; a finite language, so it ends); streamed
+// deltas add up to the same text.
+TEST_F(ServerTest, ResponseFormatJsonSchemaGivesContentThatParsesOnBothRoutes) {
+  start();
+  const json format = json::parse(R"({"type":"json_schema","json_schema":{"name":"pick",
+      "strict":true,"schema":{"type":"object","properties":{"color":{"enum":["red","blue"]},
+      "n":{"type":"boolean"}},"required":["color"],"additionalProperties":false}}})");
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Pick a color"}}}},
+               {"max_tokens", 40},
+               {"temperature", 0},
+               {"response_format", format}};
+  auto res = post("/v1/chat/completions", chat.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json c = json::parse(res->body)["choices"][0];
+  ASSERT_EQ(c["finish_reason"], "stop") << c;  // a finite language: ends well within 40 tokens
+  const json v = json::parse(c["message"]["content"].get<std::string>());
+  EXPECT_TRUE(v["color"] == "red" || v["color"] == "blue") << v;
+  for (const auto& [k, val] : v.items()) EXPECT_TRUE(k == "color" || k == "n") << v;
+  chat["stream"] = true;
+  std::string streamed;
+  for (const std::string& ev : events(stream("/v1/chat/completions", chat.dump()))) {
+    if (ev == "[DONE]") continue;
+    const json d = json::parse(ev)["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, c["message"]["content"].get<std::string>());
+  json completion = {
+      {"prompt", "Pick a color:"}, {"max_tokens", 40}, {"seed", 4}, {"response_format", format}};
+  res = post("/v1/completions", completion.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json cc = json::parse(res->body)["choices"][0];
+  ASSERT_EQ(cc["finish_reason"], "stop") << cc;
+  const json w = json::parse(cc["text"].get<std::string>());
+  EXPECT_TRUE(w["color"] == "red" || w["color"] == "blue") << w;
+}
+
+// tool_choice named or "required" (one call): decoding is constrained, so even this model's
+// random weights give a valid call of an allowed function, whose arguments match its schema.
+TEST_F(ServerTest, RequiredAndNamedToolChoicesAlwaysGiveAValidCall) {
+  start();
+  json body = {{"messages", {{{"role", "user"}, {"content", "Pick"}}}},
+               {"max_tokens", 60},
+               {"temperature", 0},
+               {"parallel_tool_calls", false},
+               {"tools", json::parse(R"([{"type":"function","function":{"name":"pick",
+                   "parameters":{"type":"object","properties":{"unit":{"enum":["c","f"]}},
+                   "required":["unit"]}}},{"type":"function","function":{"name":"toss",
+                   "parameters":{"type":"object","properties":{"heads":{"type":"boolean"}},
+                   "required":["heads"]}}}])")}};
+  for (const json& choice :
+       {json("required"), json::parse(R"({"type":"function","function":{"name":"toss"}})")}) {
+    body["tool_choice"] = choice;
+    auto res = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json c = json::parse(res->body)["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << c;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+    const json fn = c["message"]["tool_calls"][0]["function"];
+    const json args = json::parse(fn["arguments"].get<std::string>());
+    if (choice.is_object()) {
+      EXPECT_EQ(fn["name"], "toss") << c;
+    }
+    if (fn["name"] == "pick") {
+      EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args;
+    } else {
+      EXPECT_TRUE(args["heads"].is_boolean()) << args;
+    }
+  }
+}
+
+TEST_F(ServerTest, AnUnsupportedSchemaKeywordIs400NamingIt) {
+  start();
+  auto res = post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],
+      "response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{
+      "type":"object","properties":{"s":{"type":"string","format":"date"}}}}}})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["param"], "response_format");
+  EXPECT_EQ(e["message"],
+            "'response_format': unsupported JSON Schema keyword 'format' at #/properties/s");
+}
+
 // The characters (Unicode code points) of UTF-8 text.
 int64_t chars_of(const std::string& s) {
   int64_t n = 0;

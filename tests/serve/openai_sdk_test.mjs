@@ -168,7 +168,8 @@ await check("tools: a tool round trip under every tool_choice, streamed and not"
                    ignore_eos: true };
     const full = await client.chat.completions.create(args);
     const c = full.choices[0];
-    // The random model makes no valid call: its text comes back as content.
+    // Six tokens end every output before a call is complete (under "required" and a named
+    // function, inside the constrained call): its text comes back as content.
     assert.equal(c.finish_reason, "length", JSON.stringify(tool_choice));
     assert.equal(c.message.tool_calls, undefined);
     assert.ok(c.message.content.length > 0);
@@ -184,6 +185,56 @@ await check("tools: a tool round trip under every tool_choice, streamed and not"
     assert.equal(text, c.message.content);
     assert.equal(finish, "length");
   }
+});
+
+await check("tools: constrained decoding makes every required or named call valid", async () => {
+  const tools = [{ type: "function", function: { name: "toss", parameters: { type: "object",
+                   properties: { heads: { type: "boolean" } }, required: ["heads"],
+                   additionalProperties: false } } }];
+  for (const tool_choice of ["required", { type: "function", function: { name: "toss" } }]) {
+    const args = { model: "tiny", messages: [{ role: "user", content: "Toss" }], tools,
+                   tool_choice, parallel_tool_calls: false, max_tokens: 60, temperature: 0 };
+    const full = await client.chat.completions.create(args);
+    const c = full.choices[0];
+    assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c));
+    assert.equal(c.message.tool_calls.length, 1);
+    assert.equal(c.message.tool_calls[0].function.name, "toss");
+    assert.equal(typeof JSON.parse(c.message.tool_calls[0].function.arguments).heads, "boolean");
+    let name = "", argsText = "", finish = null;
+    for await (const chunk of await client.chat.completions.create({ ...args, stream: true })) {
+      for (const d of chunk.choices) {
+        for (const t of d.delta.tool_calls ?? []) {
+          if (t.function?.name) name += t.function.name;
+          if (t.function?.arguments) argsText += t.function.arguments;
+        }
+        if (d.finish_reason) finish = d.finish_reason;
+      }
+    }
+    assert.equal(name, "toss");
+    assert.equal(argsText, c.message.tool_calls[0].function.arguments);
+    assert.equal(finish, "tool_calls");
+  }
+});
+
+await check("response_format json_schema: the content parses and matches the schema", async () => {
+  const r = await client.chat.completions.create({
+    model: "tiny", messages: [{ role: "user", content: "Color?" }], max_tokens: 40,
+    temperature: 0.7, seed: 5,
+    response_format: { type: "json_schema", json_schema: { name: "c", strict: true, schema: {
+      type: "object", properties: { color: { enum: ["red", "blue"] }, ok: { type: "boolean" } },
+      required: ["color", "ok"], additionalProperties: false } } } });
+  const c = r.choices[0];
+  assert.equal(c.finish_reason, "stop", JSON.stringify(c));
+  const v = JSON.parse(c.message.content);
+  assert.deepEqual(Object.keys(v), ["color", "ok"]);
+  assert.ok(["red", "blue"].includes(v.color));
+  assert.equal(typeof v.ok, "boolean");
+  await assert.rejects(
+      client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x" }],
+        response_format: { type: "json_schema", json_schema: { name: "c",
+          schema: { type: "string", pattern: "^a" } } } }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format" &&
+             /unsupported JSON Schema keyword 'pattern'/.test(e.message));
 });
 
 await check("SIGTERM with a stream in flight: the stream ends cleanly, exit 0", async () => {

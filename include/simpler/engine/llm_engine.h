@@ -42,6 +42,7 @@
 #include "simpler/base/clock.h"
 #include "simpler/engine/metrics.h"
 #include "simpler/engine/runner_options.h"
+#include "simpler/grammar/grammar.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/qwen3_program.h"
 #include "simpler/tokenizer/tokenizer.h"
@@ -92,6 +93,13 @@ struct RequestSampling {
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   std::vector<std::string> stop;        // stop strings (need a tokenizer)
+  // Structured outputs (docs/design/structured_outputs.md): every output token keeps the
+  // output's bytes a valid prefix of this grammar's language (a mask on the logits before
+  // every other transform), and a stop id is allowed only where the output is a complete
+  // sentence; a choice whose output is complete and cannot continue finishes with kStop. Needs
+  // the tokenizer (EngineOptions::tokenizer). A constrained choice runs serially: its next row
+  // is scheduled only after its previous token retired (other requests keep early enqueue).
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 struct RequestSpec {
@@ -183,10 +191,10 @@ class LlmEngine {
   // numbers (max_tokens_for's errors for the prompt's length and max_tokens,
   // an id outside the vocabulary, n outside [1, max_num_seqs], a sampling
   // parameter out of range, stop strings without a tokenizer, too many stop
-  // ids, n > max_waiting); RESOURCE_EXHAUSTED when max_waiting requests
-  // wait; the engine's unhealthy cause (its code) after an unrecoverable
-  // failure; FAILED_PRECONDITION after shutdown began. Each refusal counts in
-  // metrics().requests_refused. Thread-safe.
+  // ids, n > max_waiting, a grammar without a tokenizer); RESOURCE_EXHAUSTED when max_waiting
+  // requests wait; the engine's unhealthy cause (its code) after an unrecoverable failure;
+  // FAILED_PRECONDITION after shutdown began. Each refusal counts in metrics().requests_refused.
+  // Thread-safe.
   absl::StatusOr<RequestId> add_request(RequestSpec spec);
 
   // Aborts every choice of a request: queued ones never run, running ones

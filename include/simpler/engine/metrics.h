@@ -61,6 +61,8 @@ struct EngineMetrics {
   Histogram step_time_s;      // submit to retire of each step
   Histogram rows_per_step;    // rows (requests) per step
   Histogram tokens_per_step;  // positions per step
+  // Host time of one constrained row's token mask (buckets 0.1 ms to 1 s, 1-2-5).
+  Histogram grammar_mask_time_s;
 };
 
 }  // namespace simpler::llm

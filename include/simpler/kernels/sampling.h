@@ -3,6 +3,10 @@
 //
 // Semantics follow vLLM's v1 sampler (vllm/v1/sample/sampler.py, ops/penalties.py,
 // ops/topk_topp_sampler.py, logits processors min_p / min_tokens), in its order:
+//   0. token mask (structured outputs; `masked` rows only): every token whose bit is clear in
+//      the row's mask gets logit -inf before anything else reads the logits, as vLLM applies its
+//      grammar bitmask to the logits before its sampler (docs/design/structured_outputs.md);
+//      the raw logprobs below are then those of the masked logits;
 //   1. logprobs of the RAW logits: log_softmax(logits) (vLLM's default "raw_logprobs");
 //   2. min_tokens: while fewer than `min_tokens` tokens are generated, every stop id's logit
 //      is -inf (vLLM MinTokensLogitsProcessor);
@@ -97,7 +101,7 @@ class SeedAllocator {
 
 // ---- parameters ------------------------------------------------------------------------------
 
-inline constexpr uint32_t kSamplingParamsVersion = 2;  // 2: eos_mask
+inline constexpr uint32_t kSamplingParamsVersion = 3;  // 2: eos_mask, 3: masked
 inline constexpr int kMaxLogprobs = 20;        // top alternatives per row (vLLM's and OpenAI's 20)
 inline constexpr int kMaxSamplingStopIds = 8;  // stop ids a row can mask for min_tokens
 // vLLM's _SAMPLING_EPS: a temperature below it is greedy.
@@ -126,7 +130,9 @@ struct SamplingParams {
   // Bit i set: stop_ids[i] is one of the model's EOS ids (ignore_eos disables it); clear: a
   // stop_token_id of the request's own.
   uint8_t eos_mask = 0;
-  uint8_t reserved[6] = {};
+  // 0 / 1: the row reads a token mask (the sample kernel's `mask` argument; step 0 above).
+  uint8_t masked = 0;
+  uint8_t reserved[5] = {};
 
   // OK, or INVALID_ARGUMENT naming the field and its value (e.g. "top_p must be in (0, 1],
   // got 0"). `vocab_size` bounds the stop ids (each -1 or in [0, vocab_size)).
@@ -195,16 +201,29 @@ struct SampleResult {
 
 // Args: 0 logits f32 [R, V] IN, 1 params u8 [R, sizeof(SamplingParams)] IN, 2 rows i32 [R, 4]
 // IN (SampleRowInfo), 3 counts i32 [S, V] IN, 4 out_ids i32 [R] OUT, 5 out_logprobs f32 [R] OUT,
-// 6 top_ids i32 [R, kMaxLogprobs] OUT, 7 top_logprobs f32 [R, kMaxLogprobs] OUT.
-// Row r is sample_row(logits[r], params[r], rows[r], counts[rows[r].slot] or none). SPMD over
-// rows by block_range. INVALID_ARGUMENT naming the kernel, the row and the field for invalid
-// params (SamplingParams::validate), a slot ≥ S, a negative position / choice / num_generated,
-// or V < 1 / V > INT32_MAX.
+// 6 top_ids i32 [R, kMaxLogprobs] OUT, 7 top_logprobs f32 [R, kMaxLogprobs] OUT, and optionally
+// 8 mask i32 [R, mask_words(V)] IN (bit t % 32 of word t / 32 set: token t allowed; read only
+// for rows with params.masked).
+// Row r is sample_row(logits[r], params[r], rows[r], counts[rows[r].slot] or none, mask[r] or
+// none). SPMD over rows by block_range. INVALID_ARGUMENT naming the kernel, the row and the field
+// for invalid params (SamplingParams::validate), a slot ≥ S, a negative position / choice /
+// num_generated, a masked row without the mask argument, a mask that allows no token ("row r:
+// the token mask allows no token"), or V < 1 / V > INT32_MAX.
 absl::Status sample_kernel(const task::KernelContext& ctx);
 task::TaskArgs sample_args(const task::Tensor& logits, const task::Tensor& params,
                            const task::Tensor& rows, const task::Tensor& counts,
                            const task::Tensor& out_ids, const task::Tensor& out_logprobs,
                            const task::Tensor& top_ids, const task::Tensor& top_logprobs);
+// The same with the mask argument (8).
+task::TaskArgs sample_args(const task::Tensor& logits, const task::Tensor& params,
+                           const task::Tensor& rows, const task::Tensor& counts,
+                           const task::Tensor& out_ids, const task::Tensor& out_logprobs,
+                           const task::Tensor& top_ids, const task::Tensor& top_logprobs,
+                           const task::Tensor& mask);
+// Words of one row's token mask: (vocab + 31) / 32.
+inline int64_t mask_words(int64_t vocab) { return (vocab + 31) / 32; }
+// True when `mask` (mask_words(vocab) words) allows at least one token below `vocab`.
+bool mask_allows_any(const uint32_t* mask, int64_t vocab);
 
 // The two kernels above as {"token_counts", "sample"}, for a program's kernel list (a fresh copy;
 // they are not in llm_kernels(), so the decode program's KernelId order is unchanged).
@@ -219,12 +238,13 @@ void apply_penalties(const SamplingParams& params, const int32_t* counts, int64_
 // normalized) from penalized logits; requires temperature ≥ kGreedyTemperature.
 void sampling_weights(const SamplingParams& params, const float* penalized, int64_t vocab,
                       double* weights);
-// All steps for one row. `params` must be valid (validate()); vocab ≥ 1. Thread-safe. Cost:
+// All steps for one row. `params` must be valid (validate()); vocab ≥ 1; `mask` (read when
+// params.masked) must allow some token (mask_allows_any). Thread-safe. Cost:
 // O(V), plus for top-p a sort of the smallest window of largest tokens holding top_p of the
 // mass (docs/design/sampling.md); scratch of about
 // 12·V bytes (f32 penalized copy, f64 weights) per call, plus 8·S for the filters and 8·V when
 // logprobs > 0.
 SampleResult sample_row(const SamplingParams& params, const SampleRowInfo& row, const float* logits,
-                        const int32_t* counts, int64_t vocab);
+                        const int32_t* counts, int64_t vocab, const uint32_t* mask = nullptr);
 
 }  // namespace simpler::llm

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -38,6 +39,9 @@ struct ServeState {
   std::string model, url;
   WorkloadFlags workload;
   int32_t max_concurrency = 0;  // 0: num_prompts
+  // --structured json-schema FILE: every second request asks for this schema's output.
+  std::vector<std::string> structured;
+  json schema;  // loaded from the file
   EngineFlags engine;
 };
 
@@ -50,6 +54,7 @@ struct ClientResult {
   int64_t completion_tokens = 0;  // from the usage chunk
   int64_t cached_tokens = 0;      // usage.prompt_tokens_details.cached_tokens
   std::string text;               // the completion's text
+  bool constrained = false;       // sent with the --structured schema
 };
 
 double thread_cpu_s() {
@@ -58,18 +63,25 @@ double thread_cpu_s() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
-// One streamed /v1/completions of `prompt` (token ids or text).
-ClientResult send_one(const std::string& host, int port, const json& prompt, int64_t max_tokens) {
+// One streamed /v1/completions of `prompt` (token ids or text), with `schema` (when not null) as
+// its response_format.
+ClientResult send_one(const std::string& host, int port, const json& prompt, int64_t max_tokens,
+                      const json* schema = nullptr) {
   ClientResult r;
+  r.constrained = schema != nullptr;
   httplib::Client c(host, port);
   c.set_read_timeout(600, 0);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
-  req.body = json{{"prompt", prompt}, {"max_tokens", max_tokens},
-                  {"temperature", 0}, {"ignore_eos", true},
-                  {"stream", true},   {"stream_options", {{"include_usage", true}}}}
-                 .dump();
+  json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
+               {"temperature", 0}, {"ignore_eos", true},
+               {"stream", true},   {"stream_options", {{"include_usage", true}}}};
+  if (schema != nullptr) {
+    body["response_format"] = {{"type", "json_schema"},
+                               {"json_schema", {{"name", "bench"}, {"schema", *schema}}}};
+  }
+  req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   std::string buf;
   bool done = false;
@@ -182,7 +194,8 @@ struct ClientRun {
 };
 
 // The client: at most max_concurrency requests open, each sent at its arrival time.
-ClientRun run_clients(const ServeState& st, const Workload& w, const std::string& host, int port) {
+ClientRun run_clients(const ServeState& st, const Workload& w, const std::string& host, int port,
+                      bool structured) {
   ClientRun run;
   const size_t n = w.prompts.size();
   run.concurrency = st.max_concurrency > 0 ? st.max_concurrency : st.workload.num_prompts;
@@ -203,7 +216,8 @@ ClientRun run_clients(const ServeState& st, const Workload& w, const std::string
         while (base::now_ns() < at) {
           std::this_thread::sleep_for(std::chrono::nanoseconds(at - base::now_ns()));
         }
-        results[i] = send_one(host, port, json(w.prompts[i]), w.output_lens[i]);
+        const json* schema = structured && i % 2 == 0 ? &st.schema : nullptr;
+        results[i] = send_one(host, port, json(w.prompts[i]), w.output_lens[i], schema);
         finished.fetch_add(1);
       }
       const double cpu = thread_cpu_s();
@@ -287,6 +301,62 @@ json served_json(const ServeState& st, const ClientRun& clients, const ServedSta
           {"preemptions", preemptions},
           {"errors", errors},
           {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(st.engine.common.kernel_isa()))}};
+}
+
+// --structured: output tokens/s and inter-token latency of the constrained and unconstrained
+// requests of the mixed run, the unconstrained latency of a run without the schema, and the
+// engine's mask time per constrained row (bucket bounds: the histogram's 1-2-5 buckets).
+json structured_json(const ClientRun& mixed, const llm::EngineMetrics& m, const ClientRun& plain) {
+  std::vector<double> itl[2], plain_itl;
+  int64_t tokens[2] = {0, 0};
+  for (const ClientResult& r : mixed.results) {
+    if (!r.ok) continue;
+    tokens[r.constrained] += r.completion_tokens;
+    for (size_t k = 1; k < r.chunk_ns.size(); ++k) {
+      itl[r.constrained].push_back((r.chunk_ns[k] - r.chunk_ns[k - 1]) / 1e6);
+    }
+  }
+  int64_t plain_tokens = 0;
+  for (const ClientResult& r : plain.results) {
+    plain_tokens += r.ok ? r.completion_tokens : 0;
+    for (size_t k = 1; k < r.chunk_ns.size(); ++k) {
+      plain_itl.push_back((r.chunk_ns[k] - r.chunk_ns[k - 1]) / 1e6);
+    }
+  }
+  const double wall_s = (mixed.end_ns - mixed.start_ns) / 1e9;
+  const double plain_wall_s = (plain.end_ns - plain.start_ns) / 1e9;
+  const llm::Histogram& h = m.grammar_mask_time_s;
+  return {
+      {"constrained_output_tokens_per_s", wall_s > 0 ? tokens[1] / wall_s : 0},
+      {"unconstrained_output_tokens_per_s", wall_s > 0 ? tokens[0] / wall_s : 0},
+      {"constrained_itl_ms_p50", percentile(itl[1], 0.5)},
+      {"constrained_itl_ms_p99", percentile(itl[1], 0.99)},
+      {"unconstrained_itl_ms_p50", percentile(itl[0], 0.5)},
+      {"unconstrained_itl_ms_p99", percentile(itl[0], 0.99)},
+      {"without_schema_output_tokens_per_s", plain_wall_s > 0 ? plain_tokens / plain_wall_s : 0},
+      {"without_schema_itl_ms_p50", percentile(plain_itl, 0.5)},
+      {"without_schema_itl_ms_p99", percentile(plain_itl, 0.99)},
+      {"mask_rows", h.count},
+      {"mask_ms_mean", h.count > 0 ? 1e3 * h.sum / h.count : 0},
+      {"mask_ms_p50_bucket", 1e3 * h.quantile_bound(0.5)},
+      {"mask_ms_p99_bucket", 1e3 * h.quantile_bound(0.99)},
+      {"step_ms_p50_bucket", 1e3 * m.step_time_s.quantile_bound(0.5)}};
+}
+
+// The served run with the schema on every second request (engine metrics kept), then the same
+// workload without it on a fresh server: the "structured" part of the report.
+absl::StatusOr<json> run_structured(const ServeState& st, const llm::EngineOptions& eo,
+                                    const Workload& w, ClientRun* mixed) {
+  Server server;
+  SIMPLER_RETURN_IF_ERROR(start_server(st, eo, &server));
+  *mixed = run_clients(st, w, server.host, server.port, /*structured=*/true);
+  const llm::EngineMetrics m = server.engine ? server.engine->metrics() : llm::EngineMetrics();
+  (void)stop_server(&server);
+  Server again;
+  SIMPLER_RETURN_IF_ERROR(start_server(st, eo, &again));
+  const ClientRun plain = run_clients(st, w, again.host, again.port, /*structured=*/false);
+  (void)stop_server(&again);
+  return structured_json(*mixed, m, plain);
 }
 
 void print_text(const ClientRun& clients, const ServedStats& served, const RunStats& o,
@@ -449,8 +519,27 @@ int run_bench_serve_multi_turn(const ServeState& st) {
   return 0;
 }
 
-int run_bench_serve(const ServeState& st) {
-  if (st.workload.kind == "multi-turn") return run_bench_serve_multi_turn(st);
+// --structured json-schema FILE: the schema, read into st->schema.
+absl::Status load_structured(ServeState* st) {
+  if (st->structured.empty()) return absl::OkStatus();
+  if (st->structured.size() != 2 || st->structured[0] != "json-schema") {
+    return absl::InvalidArgumentError("--structured takes 'json-schema FILE'");
+  }
+  std::ifstream in(st->structured[1]);
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("--structured: cannot read ", st->structured[1]));
+  st->schema = json::parse(in, nullptr, false);
+  if (st->schema.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--structured: ", st->structured[1], " is not valid JSON"));
+  }
+  return absl::OkStatus();
+}
+
+int run_bench_serve(const ServeState& flags) {
+  if (flags.workload.kind == "multi-turn") return run_bench_serve_multi_turn(flags);
+  ServeState st = flags;
+  if (absl::Status s = load_structured(&st); !s.ok()) return fail(kBenchServeCommand, s);
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchServeCommand, config.status());
   auto workload = make_workload(*config, st.workload);
@@ -464,10 +553,21 @@ int run_bench_serve(const ServeState& st) {
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(st.workload.num_prompts, 1));
   eo.record_steps = false;
 
-  Server server;
-  if (absl::Status s = start_server(st, eo, &server); !s.ok()) return fail(kBenchServeCommand, s);
-  const ClientRun clients = run_clients(st, w, server.host, server.port);
-  const int64_t preemptions = stop_server(&server);
+  json structured;
+  ClientRun clients;
+  int64_t preemptions = 0;
+  if (!st.structured.empty()) {
+    absl::StatusOr<json> s = run_structured(st, eo, w, &clients);
+    if (!s.ok()) return fail(kBenchServeCommand, s.status());
+    structured = *std::move(s);
+  } else {
+    Server server;
+    if (absl::Status s = start_server(st, eo, &server); !s.ok()) {
+      return fail(kBenchServeCommand, s);
+    }
+    clients = run_clients(st, w, server.host, server.port, /*structured=*/false);
+    preemptions = stop_server(&server);
+  }
   const ServedStats served = served_stats(clients);
 
   // Offline: the same workload through a fresh engine in this process.
@@ -477,11 +577,13 @@ int run_bench_serve(const ServeState& st) {
   if (!offline.ok()) return fail(kBenchServeCommand, offline.status());
   const RunStats o = run_stats(*offline, w);
   const double ratio = o.output_tokens_per_s > 0 ? served.tokens_per_s / o.output_tokens_per_s : 0;
-  const json j = served_json(st, clients, served, o, ratio, preemptions);
+  json j = served_json(st, clients, served, o, ratio, preemptions);
+  if (!structured.is_null()) j["structured"] = structured;
   if (st.engine.common.json) {
     print_json_line(j);
   } else {
     print_text(clients, served, o, ratio, j);
+    if (!structured.is_null()) std::printf("structured: %s\n", structured.dump().c_str());
   }
   if (served.errors > 0) {
     std::cerr << "simpler " << kBenchServeCommand << ": " << served.errors
@@ -505,6 +607,11 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
                   "requests open at once (0 = all of them)")
       ->check(int_in(0, kMaxRequests))
       ->capture_default_str();
+  cmd->add_option("--structured", st->structured,
+                  "json-schema FILE: every second request asks for this JSON Schema's output "
+                  "(response_format); reports both kinds' tokens/s and latency, the mask time, "
+                  "and a second run without the schema")
+      ->expected(2);
   add_engine_flags(
       cmd, &st->engine,
       {.max_num_seqs = "the engine's running requests", .page_size = true, .prefix_caching = true});
