@@ -1790,8 +1790,15 @@ def scenario_bench_prefill_load(ctx):
     p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", model, "--json"],
                       label="bench load")
     out = parse_one_json_object(p.stdout, "bench load")
-    keys = {"model", "checkpoint_bytes", "load_s", "read_s", "load_over_read", "vm_hwm_bytes"}
+    keys = {"model", "checkpoint_bytes", "load_s", "read_s", "load_over_read", "vm_hwm_bytes",
+            "weight_types"}
     if pb.check(set(out) == keys, f"bench load: keys {sorted(out)}, expected {sorted(keys)}"):
+        # The tiny bf16 preset stores every tensor in bf16, the norms too: the embedding, the
+        # final norm, 11 a layer, and the LM head when untied.
+        layers, tied = cfg["num_hidden_layers"], cfg.get("tie_word_embeddings", True)
+        want = {"bf16": 2 + 11 * layers + (0 if tied else 1)}
+        pb.check(out["weight_types"] == want,
+                 f"bench load: weight_types {out['weight_types']}, expected {want}")
         size = os.path.getsize(os.path.join(model, "model.safetensors"))
         pb.check(out["checkpoint_bytes"] == size,
                  f"bench load: checkpoint_bytes {out['checkpoint_bytes']}, the file has {size}")
