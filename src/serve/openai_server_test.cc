@@ -740,29 +740,35 @@ TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
   ServerOptions so;
   so.access_log = std::make_shared<spdlog::logger>("access_test", sink);
   start(so);
+  // The logger runs once a response is written, after the client may have read it: each line is
+  // awaited before the next request, whose line would otherwise come first.
+  std::vector<std::string> lines;
+  auto logged = [&](size_t n) {
+    return simpler::testing::eventually(
+        [&] {
+          lines = sink->last_formatted();
+          for (std::string& l : lines) {
+            while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+          }
+          return lines.size() >= n;
+        },
+        std::chrono::seconds(10));
+  };
   auto c = client();
   auto done = c.Post("/v1/completions", {{"X-Request-Id", "log-1"}},
                      R"({"prompt":"x","max_tokens":4,"ignore_eos":true})", "application/json");
   ASSERT_TRUE(done);
   EXPECT_EQ(done->status, 200);
   const int64_t prompt = json::parse(done->body)["usage"]["prompt_tokens"].get<int64_t>();
+  ASSERT_TRUE(logged(1));
   const std::string streamed = stream(
       "/v1/chat/completions",
       R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"ignore_eos":true,"stream":true})");
   EXPECT_NE(streamed.find("[DONE]"), std::string::npos);
+  ASSERT_TRUE(logged(2));
   auto missing = c.Get("/v1/models/other", {{"X-Request-Id", "log-3"}});
   ASSERT_TRUE(missing);
-  // The logger runs once a response is written, after the client may have read it.
-  std::vector<std::string> lines;
-  ASSERT_TRUE(simpler::testing::eventually(
-      [&] {
-        lines = sink->last_formatted();
-        for (std::string& l : lines) {
-          while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
-        }
-        return lines.size() >= 3;
-      },
-      std::chrono::seconds(10)));
+  ASSERT_TRUE(logged(3));
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(
       lines[0].substr(0, lines[0].find(" ms=")),
