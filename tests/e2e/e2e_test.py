@@ -2296,6 +2296,7 @@ def scenario_generate_chips(ctx):
                      f"{w.get('tokens')}")
             pb.check(g.get("logits") == w.get("logits"),
                      f"{label} request {i}: logits differ from the single-chip run")
+    check_prefix_caching_chips(ctx, model, rng)
     p, _ = ctx.run([ctx.simpler, "generate", "--model", model, "--prompts-file", path,
                     "--chips", "2", "--dump-kv-positions", "0"], label="kv dump on 2 chips")
     pb.check(0 < p.returncode < 128 and "lives in a child's device memory" in p.stderr,
@@ -2312,6 +2313,36 @@ def scenario_generate_chips(ctx):
              f"{tail(p.stderr, 600)!r}")
     pb.check(took < 30, f"process_kill: took {took:.1f} s")
     check_children_gone(pb, p.stderr, 2, "process_kill")
+
+
+def check_prefix_caching_chips(ctx, model, rng):
+    """Prefix caching on 2 chips: each chip has its own cache. Six prompts share a 64-token
+    prefix (4 pages of 16) and are dealt out in turn: each chip's first request computes the
+    prefix (nothing crosses between chips), the later ones take it from their chip's cache, and
+    every request's tokens equal the single-chip run's."""
+    pb = ctx.problems
+    prefix = random_prompt(rng, 64, 4096)
+    prompts = [prefix + random_prompt(rng, n, 4096) for n in (3, 9, 14, 20, 26, 31)]
+    path = ctx.path("prefix_prompts.jsonl")
+    with open(path, "w") as f:
+        for pr in prompts:
+            f.write(json.dumps({"prompt_ids": pr}) + "\n")
+    common = ["--prompts-file", path, "--max-new-tokens", "6", "--ignore-eos", "--page-size", "16"]
+    single, _, _ = ctx.generate(model, common, "generate shared prefixes, 1 chip")
+    two, _, _ = ctx.generate(model, common + ["--chips", "2", "--child-mode", "process"],
+                             "generate shared prefixes, 2 chips")
+    want, got = single.get("requests", []), two.get("requests", [])
+    if not pb.check(len(want) == len(got) == len(prompts),
+                    f"shared prefixes: {len(want)} and {len(got)} requests"):
+        return
+    cached = [g.get("cached_tokens") for g in got]
+    for i, (g, w) in enumerate(zip(got, want)):
+        pb.check(g.get("tokens") == w.get("tokens"),
+                 f"shared prefixes, 2 chips, request {i}: tokens {g.get('tokens')} != single chip "
+                 f"{w.get('tokens')}")
+    pb.check(cached[0] == 0 and cached[1] == 0 and all(c >= 64 for c in cached[2:]),
+             f"shared prefixes, 2 chips: cached tokens {cached}; expected 0 for each chip's first "
+             f"request and at least the 64-token prefix for the others")
 
 
 def scenario_gguf(ctx):
