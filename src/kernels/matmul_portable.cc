@@ -96,27 +96,22 @@ struct Portable {
       return widen<WT>(p, n);
     }
   }
-  // Q8_0: the block's scale widened exactly (half_to_float), times each int8 (exact in f32).
-  static P load_q8_0(const uint8_t* block, int first) {
-    uint16_t d_bits;
-    std::memcpy(&d_bits, block, sizeof(d_bits));
-    const float d = half_to_float(d_bits);
+  // Q8_0 / Q4_0: the block's scale widened exactly, times each weight's integer (q, or the
+  // nibble less 8): exact in f32.
+  template <WeightType WT>
+  static P load_block(const uint8_t* block, int first) {
+    const float d = block_scale(block);
     P v;
     for (int l = 0; l < kPartLanes; ++l) {
-      v[l] = d * static_cast<float>(static_cast<int8_t>(block[2 + first + l]));
+      v[l] = d * static_cast<float>(block_int<WT>(block, first + l));
     }
     return v;
   }
-  // Q4_0: the scale widened exactly, times each nibble less 8 (exact in f32).
+  static P load_q8_0(const uint8_t* block, int first) {
+    return load_block<WeightType::kQ8_0>(block, first);
+  }
   static P load_q4_0(const uint8_t* block, int first) {
-    uint16_t d_bits;
-    std::memcpy(&d_bits, block, sizeof(d_bits));
-    const float d = half_to_float(d_bits);
-    P v;
-    for (int l = 0; l < kPartLanes; ++l) {
-      v[l] = d * static_cast<float>(block_int<WeightType::kQ4_0>(block, first + l));
-    }
-    return v;
+    return load_block<WeightType::kQ4_0>(block, first);
   }
   static P fmadd(P a, P b, P c) { return fmadd4(a, b, c); }
   // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,

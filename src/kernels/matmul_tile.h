@@ -61,18 +61,8 @@ constexpr int64_t kBlockBytes = WT == WeightType::kQ8_0 ? kQ8_0BlockBytes : kQ4_
 template <WeightType WT>
 using WeightT = typename WeightStorage<WT>::T;
 
-// Storage units (WeightT) of one W row of k weights: k, or k / 32 blocks of 34 bytes for Q8_0
-// (18 for Q4_0; k a multiple of 32: matmul_impl.h).
-template <WeightType WT>
-constexpr int64_t row_units(int64_t k) {
-  if constexpr (kBlockType<WT>) {
-    return k / kQ8_0BlockWeights * kBlockBytes<WT>;
-  } else {
-    return k;
-  }
-}
-
-// The storage unit of a row that holds weight i (for a block type, the start of i's block).
+// The storage unit (WeightT) of a row that holds weight i (for a block type, the start of i's
+// block of 32 weights: 34 bytes for Q8_0, 18 for Q4_0).
 template <WeightType WT>
 constexpr int64_t unit_of(int64_t i) {
   if constexpr (kBlockType<WT>) {
@@ -80,6 +70,12 @@ constexpr int64_t unit_of(int64_t i) {
   } else {
     return i;
   }
+}
+
+// Storage units of one W row of k weights (k a multiple of 32 for a block type: matmul_impl.h).
+template <WeightType WT>
+constexpr int64_t row_units(int64_t k) {
+  return unit_of<WT>(k);
 }
 
 // An IEEE binary16 as f32, exactly (bit manipulation: the portable path's scalar widening of a
@@ -119,6 +115,13 @@ inline auto load_part(const WeightT<WT>* row, int64_t i) {
     return V::template load_w<WT>(row + i);
   }
 }
+// The scale d of a Q8_0 or Q4_0 block (its first two bytes, f16), widened exactly.
+inline float block_scale(const uint8_t* block) {
+  uint16_t d_bits;
+  std::memcpy(&d_bits, block, sizeof(d_bits));
+  return half_to_float(d_bits);
+}
+
 // The integer of weight j (< 32) of a Q8_0 or Q4_0 block: q, or the nibble less 8.
 template <WeightType WT>
 inline int block_int(const uint8_t* block, int64_t j) {
@@ -136,9 +139,7 @@ template <class V, WeightType WT>
 inline auto load_part_tail(const WeightT<WT>* row, int64_t i, int n) {
   if constexpr (kBlockType<WT>) {
     const uint8_t* block = row + unit_of<WT>(i);
-    uint16_t d_bits;
-    std::memcpy(&d_bits, block, sizeof(d_bits));
-    const float d = half_to_float(d_bits);
+    const float d = block_scale(block);
     float part[V::kPartLanes] = {};
     for (int l = 0; l < n; ++l) {
       part[l] = d * static_cast<float>(block_int<WT>(block, i % kQ8_0BlockWeights + l));

@@ -872,11 +872,8 @@ def scenario_continuous_batching(ctx):
         log(f"{label}: {wall:.1f} s, {out.get('timing', {}).get('steps')} steps, "
             f"{out.get('preemptions')} preemptions")
         reqs = out.get("requests", [])
-        if not pb.check(len(reqs) == len(prompts), f"{label}: {len(reqs)} requests"):
+        if not compare_tokens(pb, label, reqs, ref, len(prompts), max_new, diag):
             continue
-        for i, (got, want) in enumerate(zip(reqs, ref["requests"])):
-            compare_request(pb, f"{label} request {i}", got, want, max_new=max_new,
-                            logits_steps=(), kv_positions=(), diag=diag)
         check_pages(pb, label, reqs, PAGE_SIZE, kv_pool_pages(err)[0])
         if preempts:
             pb.check((out.get("preemptions") or 0) > 0,
@@ -892,6 +889,17 @@ def scenario_continuous_batching(ctx):
                            "hang in step 3", ["run 2"], env=env)
     wall = time.monotonic() - t0
     pb.check(wall < 30, f"hang in step 3: the call took {wall:.1f} s")
+
+
+def compare_tokens(pb, label, reqs, ref, count, max_new, diag):
+    """`count` requests of a `generate --json` run, each against the reference's; False when the
+    count is wrong (nothing compared)."""
+    if not pb.check(len(reqs) == count, f"{label}: {len(reqs)} requests"):
+        return False
+    for i, (got, want) in enumerate(zip(reqs, ref["requests"])):
+        compare_request(pb, f"{label} request {i}", got, want, max_new=max_new,
+                        logits_steps=(), kv_positions=(), diag=diag)
+    return True
 
 
 def check_prefix_caching(ctx, model, rng, diag, max_new):
@@ -916,11 +924,8 @@ def check_prefix_caching(ctx, model, rng, diag, max_new):
                          ("prefix caching off", ["--no-enable-prefix-caching"])):
         out, _, _ = ctx.generate(model, common + extra, f"generate {label}")
         reqs = out.get("requests", [])
-        if not pb.check(len(reqs) == len(prompts), f"{label}: {len(reqs)} requests"):
+        if not compare_tokens(pb, label, reqs, ref, len(prompts), max_new, diag):
             continue
-        for i, (got, want) in enumerate(zip(reqs, ref["requests"])):
-            compare_request(pb, f"{label} request {i}", got, want, max_new=max_new,
-                            logits_steps=(), kv_positions=(), diag=diag)
         cached = out.get("timing", {}).get("cached_prompt_tokens")
         per_request = [r.get("cached_tokens") for r in reqs]
         if extra:
