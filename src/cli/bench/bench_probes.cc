@@ -1,6 +1,7 @@
 #include "cli/bench/bench_probes.h"
 
 #include <omp.h>
+#include <sys/mman.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -29,17 +32,23 @@
 namespace simpler::cli {
 namespace {
 
-// Sums 64-bit words with 8 independent chains (no loop-carried latency): bound by the loads.
-// Inlined into one function per target below, so the widest loads the CPU has do the reading.
+// Sums 64-bit words, 64 bytes a load, 4 independent chains, prefetching (into L2, as the matmul
+// tiles do: matmul_tile.h) kPrefetchBytes ahead: the hardware prefetchers stop at 4 KiB page
+// boundaries, which a stream of 30-50 GB/s crosses every ~100 ns. Inlined into one function per
+// target below, so the widest loads the CPU has do the reading. n is a multiple of 32.
+constexpr size_t kPrefetchBytes = 4096;
 __attribute__((always_inline)) inline uint64_t sum_words_body(const uint64_t* p, size_t n) {
-  uint64_t a[8] = {};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) a[j] += p[i + j];
+  uint64_t a[4][8] = {};
+  for (size_t i = 0; i < n; i += 32) {
+    for (int c = 0; c < 4; ++c) {
+      __builtin_prefetch(reinterpret_cast<const char*>(p + i + c * 8) + kPrefetchBytes, 0, 1);
+      for (int j = 0; j < 8; ++j) a[c][j] += p[i + c * 8 + j];
+    }
   }
-  for (; i < n; ++i) a[0] += p[i];
   uint64_t s = 0;
-  for (uint64_t v : a) s += v;
+  for (const auto& chain : a) {
+    for (uint64_t v : chain) s += v;
+  }
   return s;
 }
 #if defined(__x86_64__)
@@ -78,13 +87,92 @@ double cpuinfo_ghz() {
   return 0;
 }
 
+#if defined(__x86_64__) || defined(__aarch64__)
+constexpr bool kHasAddChain = true;
+// `rounds` x 64 dependent integer adds: 64 cycles a round on every x86-64 and aarch64 core (a
+// register add has a latency of one cycle; the loop's counter is a chain of its own, in parallel).
+__attribute__((noinline)) uint64_t add_chain(int64_t rounds) {
+  uint64_t x = 0;
+  for (int64_t i = 0; i < rounds; ++i) {
+#if defined(__x86_64__)
+    asm volatile(".rept 64\n\taddq $1, %0\n\t.endr" : "+r"(x));
+#else
+    asm volatile(".rept 64\n\tadd %0, %0, #1\n\t.endr" : "+r"(x));
+#endif
+  }
+  return x;
+}
+#else
+constexpr bool kHasAddChain = false;
+uint64_t add_chain(int64_t) { return 0; }
+#endif
+
+// The clock every hardware thread runs at while all of them are busy, GHz: each thread warms up
+// on add_chain (2^18 rounds, ~4 ms at 4 GHz, out of any idle state), then times 500 runs of 2^10
+// rounds (~16 µs each, shorter than a scheduler's time slice, so on a loaded machine some run
+// unpreempted) and keeps the fastest; all threads at once, the mean over the threads. The CPU's
+// clock, not the share of it a loaded machine leaves the benchmark. 0 where the target has no add
+// chain.
+double measured_ghz() {
+  if (!kHasAddChain) return 0;
+  constexpr int64_t kRounds = int64_t{1} << 10;
+  const int threads = base::hardware_threads();
+  std::vector<double> ghz(static_cast<size_t>(threads));
+  std::atomic<int> ready{0};
+  std::atomic<uint64_t> sink{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (ready.load() < threads) {
+      }
+      sink.fetch_add(add_chain(int64_t{1} << 18), std::memory_order_relaxed);
+      int64_t best_ns = INT64_MAX;
+      for (int run = 0; run < 500; ++run) {
+        const int64_t t0 = base::now_ns();
+        sink.fetch_add(add_chain(kRounds), std::memory_order_relaxed);
+        best_ns = std::min(best_ns, base::now_ns() - t0);
+      }
+      ghz[static_cast<size_t>(t)] =
+          static_cast<double>(kRounds) * 64 / std::max<int64_t>(best_ns, 1);
+    });
+  }
+  for (std::thread& th : ts) th.join();
+  double sum = 0;
+  for (double g : ghz) sum += g;
+  return sum / threads;
+}
+
 }  // namespace
 
 double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   if (threads <= 0) threads = base::hardware_threads();
-  const size_t words = std::max<size_t>(bytes / 8, 1024);
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
-  for (size_t i = 0; i < words; ++i) buf[i] = i;
+  // Whole 2 MiB pages (the unit of a transparent huge page), so each thread's slice is a whole
+  // number of 256-byte steps.
+  constexpr size_t kPage = size_t{2} << 20;
+  const size_t mapped = std::max<size_t>((bytes + kPage - 1) / kPage, 1) * kPage;
+  // Laid out as the sim device lays out the weights (sim_device.cc): an anonymous mapping advised
+  // to use transparent huge pages, so the probe has the TLB reach the kernels have. A 4 KiB-page
+  // buffer read 15-20% below what the kernels stream from device memory.
+  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) return 0;
+  (void)::madvise(map, mapped, MADV_HUGEPAGE);
+  uint64_t* buf = static_cast<uint64_t*>(map);
+  const size_t words = mapped / 8;
+  auto slice = [&](int t) {
+    const size_t steps = words / 32;
+    return std::pair<size_t, size_t>{steps * t / threads * 32, steps * (t + 1) / threads * 32};
+  };
+  {  // Each thread writes its own slice first (the page faults, outside the timing).
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        const auto [begin, end] = slice(t);
+        for (size_t i = begin; i < end; ++i) buf[i] = i;
+      });
+    }
+    for (std::thread& th : ts) th.join();
+  }
   double best_s = 1e30;
   std::atomic<uint64_t> sink{0};
   for (int pass = 0; pass < passes; ++pass) {
@@ -93,11 +181,11 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
-        const size_t begin = words * t / threads, end = words * (t + 1) / threads;
+        const auto [begin, end] = slice(t);
         ready.fetch_add(1);
         while (!go.load(std::memory_order_acquire)) {
         }
-        sink.fetch_add(sum_words(buf.get() + begin, end - begin), std::memory_order_relaxed);
+        sink.fetch_add(sum_words(buf + begin, end - begin), std::memory_order_relaxed);
       });
     }
     while (ready.load() < threads) std::this_thread::yield();
@@ -106,21 +194,27 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
     for (std::thread& th : ts) th.join();
     best_s = std::min(best_s, (base::now_ns() - t0) / 1e9);
   }
+  ::munmap(map, mapped);
   if (sink.load() == 42) std::fprintf(stderr, " ");  // keeps the sums
-  return static_cast<double>(words * 8) / best_s;
+  return static_cast<double>(mapped) / best_s;
 }
 
 TheoreticalPeak theoretical_f32_fma_peak() {
   TheoreticalPeak t;
   t.cores = base::hardware_threads();
-  t.ghz = cpuinfo_ghz();
+  t.ghz = measured_ghz();
+  t.clock = "measured: dependent integer adds, every hardware thread";
+  if (t.ghz <= 0) {
+    t.ghz = cpuinfo_ghz();
+    t.clock = "/proc/cpuinfo's cpu MHz";
+  }
   t.lanes = 4;
   t.fma_ports = 2;
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) {
     t.lanes = 16;
     // Zen 4 (AMD family 19h with AVX-512) runs a 512-bit FMA as two 256-bit halves on its two
-    // FMA pipes: one 16-lane FMA per cycle.
+    // FMA pipes: one 16-lane FMA per cycle. Zen 5 (family 1Ah) has two full 512-bit FMA pipes.
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid(0, &a, &b, &c, &d) != 0 && b == signature_AMD_ebx &&
         __get_cpuid(1, &a, &b, &c, &d) != 0 && ((a >> 8) & 0xf) + ((a >> 20) & 0xff) == 0x19) {
@@ -131,8 +225,8 @@ TheoreticalPeak theoretical_f32_fma_peak() {
   }
 #endif
   t.flop_per_s = t.cores * t.ghz * 1e9 * t.lanes * t.fma_ports * 2;
-  t.formula = absl::StrCat(t.cores, " cores x ", absl::SixDigits(t.ghz), " GHz x ", t.lanes,
-                           " f32 lanes x ", t.fma_ports, " FMA ports x 2");
+  t.formula = absl::StrCat(t.cores, " cores x ", absl::SixDigits(t.ghz), " GHz (", t.clock, ") x ",
+                           t.lanes, " f32 lanes x ", t.fma_ports, " FMA ports x 2");
   return t;
 }
 

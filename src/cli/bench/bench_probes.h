@@ -19,20 +19,25 @@ namespace simpler::cli {
 // each timed from the first thread's start to the last one's end. Sized like the data the
 // workload reads, it sees the same level of the memory hierarchy (a buffer larger than the last
 // level cache measures DRAM).
-double read_bandwidth_bytes_per_s(size_t bytes, int threads = 0, int passes = 3);
+double read_bandwidth_bytes_per_s(size_t bytes, int threads = 0, int passes = 5);
 
-// The f32 FMA peak this CPU should reach on paper: hardware threads x clock (the first "cpu MHz"
-// of /proc/cpuinfo: the current or nominal clock, not the turbo one) x f32 lanes of its widest
-// FMA (16 with AVX-512, 8 with AVX2 + FMA, else 4) x FMA ports (2; 1 for AMD Zen 4's 512-bit
-// FMAs) x 2 FLOPs. An estimate to hold the measured peak against: a measured peak below half of
-// it is said so by the benchmarks. ghz is 0 (and so flop_per_s) where /proc/cpuinfo has no clock.
+// The f32 FMA peak this CPU should reach on paper: hardware threads x clock x f32 lanes of its
+// widest FMA (16 with AVX-512, 8 with AVX2 + FMA, else 4) x FMA ports (2; 1 for AMD Zen 4's
+// 512-bit FMAs) x 2 FLOPs. The clock is measured: every hardware thread at once times short
+// chains of dependent integer adds (one cycle each on x86-64 and aarch64 cores) and keeps its
+// fastest, so it is the clock the cores run at while all are busy (turbo included, as under the
+// FMA probe), not /proc/cpuinfo's nominal one, nor the share of it a loaded machine leaves;
+// /proc/cpuinfo's first "cpu MHz" only on other targets. An estimate to hold the
+// measured peak against: a measured peak below half of it is said so by the benchmarks. ghz is 0
+// (and so flop_per_s) where neither is known. Takes ~10 ms (the clock's measurement).
 struct TheoreticalPeak {
   int cores = 0;
   double ghz = 0;
+  std::string clock;  // where ghz comes from: "measured: ..." or "/proc/cpuinfo's cpu MHz"
   int lanes = 0;
   int fma_ports = 0;
   double flop_per_s = 0;
-  std::string formula;  // "2 cores x 2.6 GHz x 16 f32 lanes x 1 FMA ports x 2"
+  std::string formula;  // "2 cores x 3.95 GHz (measured: ...) x 16 f32 lanes x 2 FMA ports x 2"
 };
 TheoreticalPeak theoretical_f32_fma_peak();
 

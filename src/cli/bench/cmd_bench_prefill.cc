@@ -107,7 +107,9 @@ nlohmann::json prefill_row_json(const PrefillFlags& st, const ComputePeak& peak,
           {"theoretical_peak_gflop_per_s", peak.paper.flop_per_s / 1e9},
           {"theoretical_peak", peak.paper.formula},
           {"peak_below_half_theoretical", peak.below_half_paper},
-          {"fraction_of_peak", gflops * 1e9 / peak.flop_per_s}};
+          {"fraction_of_peak", gflops * 1e9 / peak.flop_per_s},
+          {"fraction_of_theoretical_peak",
+           peak.paper.flop_per_s > 0 ? gflops * 1e9 / peak.paper.flop_per_s : 0.0}};
 }
 
 bool is_bf16(const CommonOptions& common) {
@@ -150,10 +152,11 @@ void print_prefill_row(const PrefillFlags& st, const ComputePeak& peak, int len,
   std::printf(
       "prefill: %d-token prompt on %s: time to first token %.1f ms (%.1f tokens/s), %.1f "
       "GFLOP/s = %.1f%% of the measured f32 FMA peak %.1f GFLOP/s (%s, every hardware "
-      "thread; on paper %.1f GFLOP/s = %s)\n",
+      "thread; on paper %.1f GFLOP/s = %s: %.1f%% of it)\n",
       len, llm::name_of(peak.isa), best_ms, len / (best_ms / 1e3), gflops,
       100 * gflops * 1e9 / peak.flop_per_s, peak.flop_per_s / 1e9, llm::name_of(peak.peak_isa),
-      peak.paper.flop_per_s / 1e9, peak.paper.formula.c_str());
+      peak.paper.flop_per_s / 1e9, peak.paper.formula.c_str(),
+      100 * out["fraction_of_theoretical_peak"].get<double>());
   if (is_bf16(st.engine.common)) {
     std::printf(
         "  precision bf16: %.1f%% of the bf16 GEMM library on the same shapes (%s, every "
