@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,18 @@ nlohmann::json first_json(const std::string& out, char open) {
   return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
+// The ggml CPU variant named by a tool's "load_backend: loaded CPU backend from
+// .../libggml-cpu-VARIANT.so" line in `output`; empty when none. llama-bench prints the line;
+// llama-batched-bench's log filter drops it.
+std::string loaded_cpu_variant(const std::string& output) {
+  constexpr std::string_view kLoaded = "libggml-cpu-";
+  const size_t at = output.find(kLoaded);
+  if (at == std::string::npos) return "";
+  const size_t end = output.find(".so", at);
+  if (end == std::string::npos) return "";
+  return output.substr(at + kLoaded.size(), end - at - kLoaded.size());
+}
+
 }  // namespace
 
 LlamaCppPeer::LlamaCppPeer(std::string bin_dir, std::string gguf, bool owned)
@@ -73,7 +86,16 @@ absl::StatusOr<LlamaCppPeer> LlamaCppPeer::prepare(const std::string& model, llm
         "--compare llama.cpp needs llama.cpp's llama-bench and llama-batched-bench in ", bin,
         ": run scripts/install_deps.sh --bench (or set SIMPLER_LLAMACPP_DIR)"));
   }
-  if (llm::is_gguf_path(model)) return LlamaCppPeer(bin, model, /*owned=*/false);
+  // The variant ggml loads from this folder, asked of llama-bench without a model: a run of
+  // llama-batched-bench alone (a `--batch 16` row) does not name it.
+  SIMPLER_ASSIGN_OR_RETURN(base::ProcessResult devices,
+                           base::run_process({bin + "/llama-bench", "--list-devices"}));
+  std::string variant = loaded_cpu_variant(devices.output);
+  if (llm::is_gguf_path(model)) {
+    LlamaCppPeer peer(bin, model, /*owned=*/false);
+    peer.cpu_variant_ = std::move(variant);
+    return peer;
+  }
   llm::GgufExportOptions o;
   o.model_dir = model;
   o.out_path = (std::filesystem::temp_directory_path() /
@@ -85,7 +107,9 @@ absl::StatusOr<LlamaCppPeer> LlamaCppPeer::prepare(const std::string& model, llm
   o.type = embed.ok() && embed->dtype == task::DataType::kFloat32 ? llm::GgufType::kF32
                                                                   : llm::GgufType::kBf16;
   SIMPLER_RETURN_IF_ERROR(llm::export_gguf(o));
-  return LlamaCppPeer(bin, o.out_path, /*owned=*/true);
+  LlamaCppPeer peer(bin, o.out_path, /*owned=*/true);
+  peer.cpu_variant_ = std::move(variant);
+  return peer;
 }
 
 absl::StatusOr<std::string> LlamaCppPeer::run(const std::string& tool,
@@ -97,11 +121,8 @@ absl::StatusOr<std::string> LlamaCppPeer::run(const std::string& tool,
     return absl::InternalError(
         absl::StrCat(tool, " failed (", r.describe(), "): ", r.output.substr(0, 2000)));
   }
-  constexpr std::string_view kLoaded = "libggml-cpu-";
-  const size_t at = r.output.find(kLoaded);
-  if (at != std::string::npos) {
-    const size_t end = r.output.find(".so", at);
-    cpu_variant_ = r.output.substr(at + kLoaded.size(), end - at - kLoaded.size());
+  if (std::string variant = loaded_cpu_variant(r.output); !variant.empty()) {
+    cpu_variant_ = std::move(variant);
   }
   return r.output;
 }

@@ -35,7 +35,9 @@ class LlamaCppPeer {
   absl::StatusOr<double> decode_tokens_per_s(int batch, int steps, int threads);
   // Prompt-processing tokens/s of a `prompt_len`-token prompt (llama-bench -p, best of 3).
   absl::StatusOr<double> prefill_tokens_per_s(int prompt_len, int threads);
-  // The ggml CPU variant the last run loaded (e.g. "zen4", "haswell", "x64").
+  // The ggml CPU variant ggml loads from the tools' folder (e.g. "zen4", "haswell", "x64"), as
+  // `llama-bench --list-devices` names it at prepare() and each run of llama-bench since; empty
+  // when no tool named one.
   const std::string& cpu_variant() const { return cpu_variant_; }
 
  private:
