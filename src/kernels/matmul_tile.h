@@ -279,6 +279,13 @@ void tile_rows(const float* x, int64_t k, int64_t k0, int64_t k1, const WeightT<
     const int64_t off = q * kL;
     int64_t kk = k0;
     for (; kk + 16 <= k1; kk += 16) {
+      if (q == 0) {
+        // The next tile's W rows (these C rows' successors) at this k, into L1: W comes from
+        // L2 in short runs (one block of k of C rows), too short for the L1 prefetcher to
+        // follow; the first part's pass fetches them for every part.
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) __builtin_prefetch(w + (C + c) * ru + unit_of<WT>(kk), 0, 3);
+      }
       P wv[C];
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) wv[c] = load_part<V, WT>(w + c * ru, kk + off);
