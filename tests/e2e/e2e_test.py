@@ -1735,9 +1735,11 @@ def scenario_bench_prefill_load(ctx):
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
     keys = {"model", "prompt_len", "kernel_isa", "precision", "ttft_ms", "tokens_per_s",
             "gflop_per_s", "peak_gflop_per_s", "fraction_of_peak", "peak_isa",
-            "theoretical_peak_gflop_per_s", "theoretical_peak", "peak_below_half_theoretical"}
+            "theoretical_peak_gflop_per_s", "theoretical_peak", "peak_below_half_theoretical",
+            "fraction_of_theoretical_peak"}
     words = {"model", "kernel_isa", "precision", "peak_isa", "theoretical_peak",
-             "peak_below_half_theoretical", "theoretical_peak_gflop_per_s"}
+             "peak_below_half_theoretical", "theoretical_peak_gflop_per_s",
+             "fraction_of_theoretical_peak"}
     pb.check([r.get("prompt_len") for r in rows] == [16, 48],
              f"bench prefill: prompt_len rows {[r.get('prompt_len') for r in rows]}, expected "
              f"[16, 48]")
@@ -1751,13 +1753,17 @@ def scenario_bench_prefill_load(ctx):
                      for k in keys - words),
                  f"{label}: not positive finite numbers: {r}")
         # The peak is measured on the fastest target whatever target the kernels ran, and held
-        # against the figure on paper (0 where /proc/cpuinfo has no clock).
+        # against the figure on paper (at the measured clock; 0 where no clock is known).
         pb.check(r["peak_isa"] == r["kernel_isa"] and r["kernel_isa"] != "auto",
                  f"{label}: kernel_isa {r['kernel_isa']!r}, peak_isa {r['peak_isa']!r}")
         paper = r["theoretical_peak_gflop_per_s"]
         pb.check(paper >= 0 and r["peak_below_half_theoretical"] ==
                  (paper > 0 and r["peak_gflop_per_s"] < paper / 2),
                  f"{label}: peak_below_half_theoretical disagrees with the figures: {r}")
+        pb.check(close(r["fraction_of_theoretical_peak"],
+                       r["gflop_per_s"] / paper if paper > 0 else 0.0),
+                 f"{label}: fraction_of_theoretical_peak is not gflop_per_s / "
+                 f"theoretical_peak_gflop_per_s: {r}")
         flop = 2 * (n * (matrices - lm) + lm)
         pb.check(close(r["gflop_per_s"], flop / (r["ttft_ms"] / 1e3) / 1e9),
                  f"{label}: gflop_per_s {r['gflop_per_s']} is not {flop} FLOPs / ttft")
