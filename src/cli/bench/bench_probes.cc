@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -145,7 +146,7 @@ double measured_ghz() {
 
 }  // namespace
 
-double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
+absl::StatusOr<double> read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   if (threads <= 0) threads = base::hardware_threads();
   // Whole 2 MiB pages (the unit of a transparent huge page), so each thread's slice is a whole
   // number of 256-byte steps.
@@ -155,7 +156,10 @@ double read_bandwidth_bytes_per_s(size_t bytes, int threads, int passes) {
   // to use transparent huge pages, so the probe has the TLB reach the kernels have. A 4 KiB-page
   // buffer read 15-20% below what the kernels stream from device memory.
   void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (map == MAP_FAILED) return 0;
+  if (map == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("read-bandwidth probe: cannot map a ", mapped,
+                                                     "-byte buffer: ", std::strerror(errno)));
+  }
   (void)::madvise(map, mapped, MADV_HUGEPAGE);
   uint64_t* buf = static_cast<uint64_t*>(map);
   const size_t words = mapped / 8;

@@ -13,13 +13,16 @@
 namespace simpler::cli {
 
 // Read bandwidth in bytes/s: `threads` threads (0 = every hardware thread) each sum their slice
-// of one `bytes`-byte buffer (touched first, outside the timing) with the widest vector loads the
-// CPU has (AVX-512, AVX2 or the baseline's), whatever kernel target the benchmark runs; the
-// best of `passes` passes,
-// each timed from the first thread's start to the last one's end. Sized like the data the
-// workload reads, it sees the same level of the memory hierarchy (a buffer larger than the last
-// level cache measures DRAM).
-double read_bandwidth_bytes_per_s(size_t bytes, int threads = 0, int passes = 5);
+// of one buffer of `bytes` rounded up to whole 2 MiB pages, laid out as the sim device lays out
+// the weights (an anonymous mapping advised to use transparent huge pages; each slice first
+// written by its own thread, outside the timing), with the widest vector loads the CPU has
+// (AVX-512, AVX2 or the baseline's) whatever kernel target the benchmark runs: 64-byte loads in
+// 4 independent chains, each line prefetched 4 KiB ahead (the hardware prefetchers stop at 4 KiB
+// pages; the matmul tiles prefetch too). The best of `passes` passes, each timed from the first
+// thread's start to the last one's end. Sized like the data the workload reads, it sees the same
+// level of the memory hierarchy (a buffer larger than the last level cache measures DRAM).
+// RESOURCE_EXHAUSTED naming the size when the buffer cannot be mapped.
+absl::StatusOr<double> read_bandwidth_bytes_per_s(size_t bytes, int threads = 0, int passes = 5);
 
 // The f32 FMA peak this CPU should reach on paper: hardware threads x clock x f32 lanes of its
 // widest FMA (16 with AVX-512, 8 with AVX2 + FMA, else 4) x FMA ports (2; 1 for AMD Zen 4's

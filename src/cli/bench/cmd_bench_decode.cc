@@ -173,7 +173,10 @@ int run_bench_decode(const DecodeFlags& st) {
     if (read_bw == 0) {
       // The weights' size in the checkpoint's dtype: what a step reads.
       const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
-      read_bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
+      absl::StatusOr<double> bw =
+          read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
+      if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
+      read_bw = *bw;
     }
     absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
     if (!row.ok())
