@@ -141,12 +141,14 @@ class ModelWeights {
   // The view of `name`, checked: INVALID_ARGUMENT when the shape differs
   // ("model.layers.3.self_attn.q_proj.weight in model-00002-of-00002.safetensors: shape [64,128],
   // expected [128,128]") or the dtype is not one of `allowed` (default: the dtypes the model's
-  // kernels take, F32, BF16, F16 and, from a GGUF file, Q8_0 and Q4_0; empty = any dtype).
+  // kernels take, F32, BF16, F16 and, from a GGUF file, Q8_0, Q4_0, Q4_K and Q6_K; empty = any
+  // dtype).
   absl::StatusOr<TensorView> get(std::string_view name, const std::vector<int64_t>& expected_shape,
                                  const std::vector<task::DataType>& allowed = {
                                      task::DataType::kFloat32, task::DataType::kBFloat16,
                                      task::DataType::kFloat16, task::DataType::kQ8_0,
-                                     task::DataType::kQ4_0}) const;
+                                     task::DataType::kQ4_0, task::DataType::kQ4_K,
+                                     task::DataType::kQ6_K}) const;
 
  private:
   struct State;
