@@ -21,10 +21,12 @@ Runner add_export_gguf_command(CLI::App& app) {
                                 "(Qwen3 metadata, tokenizer and tensors under llama.cpp's names)",
                                 &st->model, "model directory (Hugging Face layout)");
   cmd->add_option("--out", st->out, "the GGUF file to write")->required();
-  cmd->add_option("--type", st->type,
-                  "type of the 2-D tensors: bf16 (a bf16 checkpoint's bits as they are), f32, or "
-                  "q8_0, q4_0 or q4_k_m (llama.cpp's reference quantizers; norms stay f32, a "
-                  "q4_0 file's LM head is q8_0; q4_k_m is llama-quantize's Q4_K/Q6_K mix)")
+  cmd->add_option(
+         "--type", st->type,
+         "type of the 2-D tensors: bf16 (a bf16 checkpoint's bits as they are), f32, or "
+         "q8_0, q4_0 or q4_k_m (llama.cpp's reference quantizers; norms stay f32, a "
+         "q4_0 file's LM head is q6_k, or q8_0 for rows that are not whole 256-blocks; q4_k_m "
+         "is llama-quantize's Q4_K/Q6_K mix)")
       ->check(CLI::IsMember({"bf16", "f32", "q8_0", "q4_0", "q4_k_m"}))
       ->capture_default_str();
   return [cmd, st]() -> int {

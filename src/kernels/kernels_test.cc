@@ -644,9 +644,9 @@ void expect_batch_invariant(DataType dt, int64_t in) {
   }
 }
 
-// q8_0 weights whose rows are not whole blocks are refused, naming the argument (matmul and the
-// embedding table alike).
-TEST(MatmulKernel, Q8_0RowsThatAreNotWholeBlocksAreInvalidArgument) {
+// q8_0 and q4_k weights whose rows are not whole blocks (of 32, of 256) are refused, naming the
+// argument (matmul and the embedding table alike).
+TEST(MatmulKernel, QuantizedRowsThatAreNotWholeBlocksAreInvalidArgument) {
   std::vector<float> x(2 * 48), y(2 * 3);
   std::vector<uint8_t> w(3 * 51);  // a byte count that would hold 1.5 blocks a row
   const Tensor wt =

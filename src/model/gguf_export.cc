@@ -281,14 +281,18 @@ GgmlType q4_k_m_type(const std::string& name, int64_t cols, bool head, int64_t l
 
 // The ggml type of tensor `name` (llama.cpp's) of `shape` in a file of `type`, the LM head when
 // `head` (gguf_export.h: 1-D tensors f32; quantized rows that are not whole blocks f16; a Q4_0
-// file's head Q8_0; a Q4_K_M file's mix by q4_k_m_type).
+// file's head Q6_K, or Q8_0 when its rows are not whole super-blocks; a Q4_K_M file's mix by
+// q4_k_m_type).
 GgmlType ggml_type_for(const std::string& name, const std::vector<int64_t>& shape, GgufType type,
                        bool head, int64_t layers) {
   if (shape.size() < 2 || type == GgufType::kF32) return GgmlType::kF32;
   if (type == GgufType::kBf16) return GgmlType::kBF16;
   if (shape.back() % kQ8_0Block != 0) return GgmlType::kF16;
   if (type == GgufType::kQ4_K_M) return q4_k_m_type(name, shape.back(), head, layers);
-  return type == GgufType::kQ4_0 && !head ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
+  if (type == GgufType::kQ4_0 && head) {
+    return shape.back() % kSuperBlock == 0 ? GgmlType::kQ6_K : GgmlType::kQ8_0;
+  }
+  return type == GgufType::kQ4_0 ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
 }
 
 // Bytes of `numel` elements of a ggml type written here.

@@ -343,9 +343,10 @@ TEST(QuantizeRowQ8_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
   EXPECT_EQ(s.message(), "quantize_row_q8_0: value 40 is nan, not finite");
 }
 
-// Q4_0 (llama-quantize's Q4_0 file type, but a Q8_0 LM head where llama.cpp writes Q6_K): the
-// projections and token_embd Q4_0 with quantize_row_q4_0's bytes, output Q8_0, norms f32.
-TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0) {
+// Q4_0 (llama-quantize's Q4_0 file type): the projections and token_embd Q4_0 with
+// quantize_row_q4_0's bytes, output Q8_0 (its rows of 128 are not whole super-blocks, so not the
+// Q6_K llama.cpp writes for a head of rows of 256s), norms f32.
+TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0ForRowsOf128) {
   GgufExportOptions o;
   o.model_dir = (dir_ / "model").string();
   o.out_path = (dir_ / "model-q4_0.gguf").string();

@@ -28,8 +28,8 @@
 // not) is Q8_0 by ggml's reference quantizer (quantize_row_q8_0 below); a 2-D tensor whose rows
 // are not whole blocks of 32 falls back to F16, as the converter does; 1-D tensors stay F32.
 // Q4_0 follows llama-quantize's Q4_0 file type: every 2-D tensor Q4_0 (quantize_row_q4_0) but
-// the LM head (output.weight, or token_embd.weight when tied), which llama.cpp writes Q6_K and we
-// write Q8_0 (llama.cpp's own fallback for such a head); 1-D tensors F32.
+// the LM head (output.weight, or token_embd.weight when tied), which is Q6_K (quantize_row_q6_k),
+// or Q8_0 when its rows are not whole super-blocks of 256 (llama.cpp's fallback); 1-D tensors F32.
 // Q4_K_M follows llama-quantize's Q4_K_M file type for a dense model without an importance matrix
 // (llama_tensor_get_type in llama-quant.cpp): Q4_K (quantize_row_q4_k) for every 2-D tensor but
 // the LM head (output.weight, or token_embd.weight when tied: Q6_K) and attn_v / ffn_down of the
@@ -52,8 +52,8 @@ namespace simpler::llm {
 // The type of the 2-D tensors in the file: kBf16 copies bf16 checkpoints as they are (f32 / f16
 // ones rounded to bf16, nearest even); kF32 widens everything to f32 (exact); kQ8_0 quantizes
 // them (quantize_row_q8_0).
-// kQ4_0 quantizes them with quantize_row_q4_0, the LM head with quantize_row_q8_0; kQ4_K_M writes
-// llama.cpp's Q4_K_M mix (above).
+// kQ4_0 quantizes them with quantize_row_q4_0, the LM head with quantize_row_q6_k (or
+// quantize_row_q8_0, above); kQ4_K_M writes llama.cpp's Q4_K_M mix (above).
 enum class GgufType : uint8_t { kBf16, kF32, kQ8_0, kQ4_0, kQ4_K_M };
 
 // ggml's reference Q8_0 quantizer (quantize_row_q8_0_ref in ggml-quants.c), written here from its
