@@ -102,10 +102,8 @@ class SafetensorsFile {
 // named by the model's name (gguf.h's mapping of llama.cpp's names: token_embd.weight is
 // model.embed_tokens.weight, blk.N.attn_q.weight is model.layers.N.self_attn.q_proj.weight, ...;
 // a tensor without a model name keeps its GGUF name) with its row-major shape, in its file type
-// F32, F16, BF16, Q8_0 or Q4_0 (its blocks, task::DataType::kQ8_0 / kQ4_0) and borrowed from the
-// mapping like a safetensors tensor. A tensor of another quantized type (Q4_K, Q6_K) is refused by
-// `open` with UNIMPLEMENTED naming the tensor and the type (no kernels for it yet); the errors of
-// GgufFile::open.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K (its blocks, task::DataType::kQ8_0 / kQ4_0 / kQ4_K /
+// kQ6_K) and borrowed from the mapping like a safetensors tensor; the errors of GgufFile::open.
 class ModelWeights {
  public:
   // Errors: NOT_FOUND when the directory holds neither file, or a listed shard is missing
