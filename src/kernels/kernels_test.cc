@@ -597,11 +597,12 @@ TEST(MatmulKernel, Q4_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
 void expect_batch_invariant(DataType dt, int64_t in);
 
 // The same for q4_k (one rounding of (d·sc)·q - dmin·m, the same on every path) and q6_k
-// (d·sc·(q - 32), exact) weights: rows 1 to 17, K one to three super-blocks, outputs past the
-// tiles; scales of both signs, subnormal and zero, and every packed scale, min and 6-bit value.
+// (d·sc·(q - 32), exact) weights: rows 1 to 7 (every remainder of the 2-, 4- and 6-row tiles), 12
+// and 17, K one to three super-blocks, outputs past the tiles; scales of both signs, subnormal and
+// zero, and every packed scale, min and 6-bit value.
 TEST(MatmulKernel, Q4_KAndQ6_KPathsMatchTheDequantizedF64ReferenceOnOddShapes) {
   for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
-    for (int64_t rows = 1; rows <= 17; ++rows) {
+    for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 12, 17}) {
       for (int64_t in : {256, 512, 768}) {
         for (int64_t out : {1, 5, 9, 37}) {
           ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, out, 19, true));
