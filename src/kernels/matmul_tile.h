@@ -25,9 +25,9 @@
 //                                              a·q - m (a·q exact, then one rounding)
 //   static P load_q6_k(const uint8_t* ql, bool high, const uint8_t* qh, int shift, float s);
 //                                              kPartLanes Q6_K weights: q = (the low or high
-//                                              nibbles of ql[0, kPartLanes) | ((qh[l] >> shift) &
-//                                              3)
-//                                              << 4) - 32, s·q (exact)
+//                                              nibble of ql[l], l < kPartLanes, or'ed with
+//                                              bits shift, shift + 1 of qh[l] as bits 4-5) - 32,
+//                                              s·q (exact)
 //   static P fmadd(P a, P b, P c);             a·b + c per lane, one rounding (fused)
 //   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
 #pragma once
