@@ -377,7 +377,8 @@ TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0ForRowsOf12
 // use_more_bits (0, 3, 6 and 7 of 8), Q4_K in the others; token_embd (the head) Q6_K and every
 // other matrix Q4_K, norms f32; general.file_type 15; each tensor's bytes are our quantizer's of
 // the checkpoint's values. On the suite's tiny model (rows of 128 and 384, untied) every matrix
-// falls back to Q8_0 but attn_output (rows of 256): Q4_K.
+// falls back to Q8_0 but attn_output (rows of 256): Q4_K. A Q4_0 file of the wide model has a
+// Q6_K head.
 TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
   MakeModelOptions mo;
   mo.preset = "tiny";
@@ -436,6 +437,25 @@ TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
       EXPECT_EQ(std::memcmp(q.bytes.data(), want.data(), want.size()), 0);
     }
   }
+  // A Q4_0 file of the same model: its head, rows of 256, is Q6_K as llama.cpp writes it.
+  GgufExportOptions o;
+  o.model_dir = mo.out_dir;
+  o.out_path = (dir_ / "wide-q4_0.gguf").string();
+  o.type = GgufType::kQ4_0;
+  ASSERT_TRUE(export_gguf(o).ok());
+  const ExportedGguf f = read_gguf(o.out_path);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(f.tensors.at("token_embd.weight").type, 14u);
+  EXPECT_EQ(f.tensors.at("blk.0.attn_v.weight").type, 2u);
+  const std::vector<float> embd =
+      to_f32(ModelWeights::open(mo.out_dir)->get("model.embed_tokens.weight").value()).value();
+  std::vector<uint8_t> want(embd.size() / 256 * 210);
+  ASSERT_TRUE(quantize_row_q6_k(embd, want).ok());
+  const absl::StatusOr<ModelWeights> q4 = ModelWeights::open(o.out_path);  // owns the mapping
+  ASSERT_TRUE(q4.ok()) << q4.status();
+  const TensorView head = q4->get("model.embed_tokens.weight").value();
+  ASSERT_EQ(head.bytes.size(), want.size());
+  EXPECT_EQ(std::memcmp(head.bytes.data(), want.data(), want.size()), 0);
 }
 
 // quantize_row_q4_k and quantize_row_q6_k refuse what is not whole super-blocks, an output of the
