@@ -287,13 +287,12 @@ RunnerOptions effective_options(const RunnerOptions& options) {
 }
 
 // How a weight sits in device memory: 2-D weights (projections, embeddings) in their checkpoint
-// dtype (f32, bf16, f16, q8_0 or q4_0: blocks as in the file), the rest (norm vectors) widened to
-// f32.
+// dtype (f32, bf16, f16, or a block dtype, q8_0, q4_0, q4_k, q6_k: blocks as in the file), the
+// rest (norm vectors) widened to f32.
 bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>& shape) {
   return shape.size() == 2 &&
          (view.dtype == DataType::kFloat32 || view.dtype == DataType::kBFloat16 ||
-          view.dtype == DataType::kFloat16 || view.dtype == DataType::kQ8_0 ||
-          view.dtype == DataType::kQ4_0);
+          view.dtype == DataType::kFloat16 || task::block_elements(view.dtype) > 1);
 }
 
 // Loads the model onto a chip: weights (projections and embeddings in their checkpoint dtype,

@@ -67,43 +67,28 @@ absl::StatusOr<KernelIsa> available_isa(const char* kernel, KernelIsa isa) {
 }
 
 // The dtype argument i (weights kept in the checkpoint's dtype) is checked against: its own when
-// bf16, f16, q8_0 or q4_0, else f32.
+// bf16, f16 or a block dtype (q8_0, q4_0, q4_k, q6_k), else f32.
 DataType weight_dtype(const KernelContext& ctx, size_t i) {
   const DataType t = ctx.args[i].tensor.dtype;
-  return t == DataType::kBFloat16 || t == DataType::kFloat16 || t == DataType::kQ8_0 ||
-                 t == DataType::kQ4_0
+  return t == DataType::kBFloat16 || t == DataType::kFloat16 || task::block_elements(t) > 1
              ? t
              : DataType::kFloat32;
 }
 
-// A block dtype's rows (q8_0, q4_0) must be whole blocks of 32: INVALID_ARGUMENT naming the
-// argument otherwise.
+// A block dtype's rows must be whole blocks (of 32 for q8_0 and q4_0, of 256 for q4_k and q6_k):
+// INVALID_ARGUMENT naming the argument otherwise.
 absl::Status check_block_row(const ArgCheck& c, size_t i, const char* name, DataType dtype,
                              int64_t cols) {
-  if (task::block_elements(dtype) == 1 || cols % matmul_detail::kQ8_0BlockWeights == 0) {
-    return absl::OkStatus();
-  }
+  const int64_t per = task::block_elements(dtype);
+  if (per == 1 || cols % per == 0) return absl::OkStatus();
   return c.error(absl::StrCat("argument ", i, " (", name, ") is ",
                               std::string(task::name_of(dtype)), " with rows of ", cols,
-                              " weights, not a whole number of blocks of 32"));
+                              " weights, not a whole number of blocks of ", per));
 }
 
-// One q8_0 or q4_0 row of `cols` weights (cols / 32 blocks) as f32: d·q, exact.
+// One block-dtype row of `cols` weights as f32 (task::dequantize_blocks: the matmul's values).
 void dequantize_block_row(DataType dtype, const uint8_t* row, int64_t cols, float* out) {
-  const int64_t bytes = static_cast<int64_t>(task::block_bytes(dtype));
-  for (int64_t b = 0; b < cols / matmul_detail::kQ8_0BlockWeights; ++b) {
-    const uint8_t* block = row + b * bytes;
-    uint16_t d_bits;
-    std::memcpy(&d_bits, block, sizeof(d_bits));
-    const float d = task::f16_to_f32(d_bits);
-    float* o = out + b * matmul_detail::kQ8_0BlockWeights;
-    for (int64_t i = 0; i < matmul_detail::kQ8_0BlockWeights; ++i) {
-      const int q = dtype == DataType::kQ8_0 ? static_cast<int8_t>(block[2 + i])
-                    : i < 16                 ? (block[2 + i] & 15) - 8
-                                             : (block[2 + i - 16] >> 4) - 8;
-      o[i] = d * static_cast<float>(q);
-    }
-  }
+  task::dequantize_blocks(dtype, row, cols, out);
 }
 
 matmul_detail::WeightType weight_type(DataType dtype) {
@@ -116,6 +101,10 @@ matmul_detail::WeightType weight_type(DataType dtype) {
       return matmul_detail::WeightType::kQ8_0;
     case DataType::kQ4_0:
       return matmul_detail::WeightType::kQ4_0;
+    case DataType::kQ4_K:
+      return matmul_detail::WeightType::kQ4_K;
+    case DataType::kQ6_K:
+      return matmul_detail::WeightType::kQ6_K;
     default:
       return matmul_detail::WeightType::kF32;
   }

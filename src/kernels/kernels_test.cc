@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -235,9 +236,90 @@ TestWeights make_q4_0_weights(size_t n, uint32_t seed) {
   return w;
 }
 
+// A random f16 scale of either sign for super-block b: every 7th subnormal in f16, every 11th
+// zero.
+uint16_t random_f16_scale(std::mt19937& rng, size_t b) {
+  std::uniform_real_distribution<float> d(-0.05f, 0.05f);
+  uint16_t bits = task::f32_to_f16(d(rng));
+  if (b % 7 == 3) bits = static_cast<uint16_t>(1 + b % 1000);
+  if (b % 11 == 5) bits = 0;
+  return bits;
+}
+
+// n / 256 q4_k super-blocks: random d and dmin (random_f16_scale), random packed scale bytes and
+// nibbles. `values` follows ggml's dequantize_row_q4_K loop (64 weights at a time: sub-block 2c's
+// low nibbles of qs[32c..], then sub-block 2c + 1's high ones) in f64: (d·sc)·q - dmin·m is exact
+// there, then rounded once to f32, the value the kernels use.
+TestWeights make_q4_k_weights(size_t n, uint32_t seed) {
+  TestWeights w{DataType::kQ4_K, {}, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (size_t b = 0; b < n / 256; ++b) {
+    const uint16_t d = random_f16_scale(rng, b), dmin = random_f16_scale(rng, b + 5);
+    uint8_t block[144];
+    std::memcpy(block, &d, 2);
+    std::memcpy(block + 2, &dmin, 2);
+    for (int i = 4; i < 144; ++i) block[i] = static_cast<uint8_t>(byte(rng));
+    const uint8_t* sc = block + 4;
+    for (int c = 0; c < 4; ++c) {
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * c + half;
+        const int scale = j < 4 ? sc[j] & 0x3f : (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
+        const int min = j < 4 ? sc[j + 4] & 0x3f : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t q = block[16 + 32 * c + l];
+          const double v = double(task::f16_to_f32(d)) * scale * (half == 0 ? q & 15 : q >> 4) -
+                           double(task::f16_to_f32(dmin)) * min;
+          w.values.push_back(static_cast<float>(v));
+        }
+      }
+    }
+    w.blocks.insert(w.blocks.end(), block, block + 144);
+  }
+  return w;
+}
+
+// n / 256 q6_k super-blocks: random ql, qh and int8 scales (-128 included), d by
+// random_f16_scale. `values` follows ggml's dequantize_row_q6_K loop (each half of 128: l < 32
+// gives weights l, l + 32, l + 64, l + 96) in f64, d·sc·(q - 32), exact in f32.
+TestWeights make_q6_k_weights(size_t n, uint32_t seed) {
+  TestWeights w{DataType::kQ6_K, {}, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (size_t b = 0; b < n / 256; ++b) {
+    uint8_t block[210];
+    for (int i = 0; i < 208; ++i) block[i] = static_cast<uint8_t>(byte(rng));
+    const uint16_t d_bits = random_f16_scale(rng, b);
+    std::memcpy(block + 208, &d_bits, 2);
+    const double d = task::f16_to_f32(d_bits);
+    std::vector<double> v(256);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = block + 64 * h;
+      const uint8_t* qh = block + 128 + 32 * h;
+      const auto* sc = reinterpret_cast<const int8_t*>(block + 192 + 8 * h);
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        v[128 * h + l] = d * sc[is] * q1;
+        v[128 * h + l + 32] = d * sc[is + 2] * q2;
+        v[128 * h + l + 64] = d * sc[is + 4] * q3;
+        v[128 * h + l + 96] = d * sc[is + 6] * q4;
+      }
+    }
+    w.values.insert(w.values.end(), v.begin(), v.end());
+    w.blocks.insert(w.blocks.end(), block, block + 210);
+  }
+  return w;
+}
+
 TestWeights make_weights(DataType dtype, size_t n, uint32_t seed) {
   if (dtype == DataType::kQ8_0) return make_q8_0_weights(n, seed);
   if (dtype == DataType::kQ4_0) return make_q4_0_weights(n, seed);
+  if (dtype == DataType::kQ4_K) return make_q4_k_weights(n, seed);
+  if (dtype == DataType::kQ6_K) return make_q6_k_weights(n, seed);
   TestWeights w{dtype, random_floats(n, seed), {}, {}, {}};
   if (dtype != DataType::kFloat32) {
     for (float v : w.f32) {
@@ -475,6 +557,14 @@ TEST(MatmulKernel, LongKAcrossBlocksGivesTheContractsBitsOnEveryPath) {
       }
     }
   }
+  // q4_k and q6_k rows are whole super-blocks of 256.
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+    for (int64_t rows : {1, 2, 5, 17}) {
+      for (int64_t in : {1280, 2560, 4352}) {
+        ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, 7, 25, false));
+      }
+    }
+  }
 }
 
 // q8_0 weights (dequantized in registers) on every ISA path this CPU has, on odd shapes: rows 1 to
@@ -504,10 +594,37 @@ TEST(MatmulKernel, Q4_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
   }
 }
 
-// A q8_0 row of a whole number of blocks is a row's result whatever the batch and block split.
-TEST(MatmulKernel, Q8_0RowsAreBatchInvariantOnEveryPath) {
-  const int64_t in = 96, out = 37;
-  TestWeights w = make_weights(DataType::kQ8_0, out * in, 51);
+void expect_batch_invariant(DataType dt, int64_t in);
+
+// The same for q4_k (one rounding of (d·sc)·q - dmin·m, the same on every path) and q6_k
+// (d·sc·(q - 32), exact) weights: rows 1 to 7 (every remainder of the 2-, 4- and 6-row tiles), 12
+// and 17, K one to three super-blocks, outputs past the tiles; scales of both signs, subnormal and
+// zero, and every packed scale, min and 6-bit value.
+TEST(MatmulKernel, Q4_KAndQ6_KPathsMatchTheDequantizedF64ReferenceOnOddShapes) {
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+    for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 12, 17}) {
+      for (int64_t in : {256, 512, 768}) {
+        for (int64_t out : {1, 5, 9, 37}) {
+          ASSERT_NO_FATAL_FAILURE(expect_every_path(dt, rows, in, out, 19, true));
+        }
+      }
+    }
+  }
+}
+
+// A q8_0, q4_k or q6_k row of whole blocks is a row's result whatever the batch and block split.
+TEST(MatmulKernel, QuantizedRowsAreBatchInvariantOnEveryPath) {
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_K, DataType::kQ6_K}) {
+    SCOPED_TRACE(task::name_of(dt));
+    ASSERT_NO_FATAL_FAILURE(expect_batch_invariant(dt, dt == DataType::kQ8_0 ? 96 : 512));
+  }
+}
+
+// Row 16 of x, alone and in batches of 2, 6 and 17 rows split into 1 or 3 blocks, gives the same
+// bits on every path.
+void expect_batch_invariant(DataType dt, int64_t in) {
+  const int64_t out = 37;
+  TestWeights w = make_weights(dt, out * in, 51);
   std::vector<float> x = random_floats(17 * in, 52);
   for (auto [isa, fn] : isa_paths(false)) {
     std::vector<float> alone(out);
@@ -528,9 +645,9 @@ TEST(MatmulKernel, Q8_0RowsAreBatchInvariantOnEveryPath) {
   }
 }
 
-// q8_0 weights whose rows are not whole blocks are refused, naming the argument (matmul and the
-// embedding table alike).
-TEST(MatmulKernel, Q8_0RowsThatAreNotWholeBlocksAreInvalidArgument) {
+// q8_0 and q4_k weights whose rows are not whole blocks (of 32, of 256) are refused, naming the
+// argument (matmul and the embedding table alike).
+TEST(MatmulKernel, QuantizedRowsThatAreNotWholeBlocksAreInvalidArgument) {
   std::vector<float> x(2 * 48), y(2 * 3);
   std::vector<uint8_t> w(3 * 51);  // a byte count that would hold 1.5 blocks a row
   const Tensor wt =
@@ -548,6 +665,16 @@ TEST(MatmulKernel, Q8_0RowsThatAreNotWholeBlocksAreInvalidArgument) {
   EXPECT_EQ(s.message(),
             "embedding: argument 1 (table) is q8_0 with rows of 48 weights, not a whole number of "
             "blocks of 32");
+  // q4_k rows are whole super-blocks of 256.
+  std::vector<uint8_t> k(3 * 144);
+  std::vector<float> xk(2 * 128), yk(2 * 3);
+  const Tensor kt =
+      Tensor::contiguous(reinterpret_cast<uintptr_t>(k.data()), {3, 128}, DataType::kQ4_K).value();
+  s = run_blocks(&matmul_kernel, matmul_args(view(xk, {2, 128}), kt, view(yk, {2, 3})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "matmul: argument 1 (W) is q4_k with rows of 128 weights, not a whole number of blocks "
+            "of 256");
 }
 
 // The portable path alone, on every machine: the f64 reference on odd shapes and bf16 weights.
@@ -663,10 +790,11 @@ TEST(EmbeddingKernel, WidensBf16AndF16TablesExactly) {
   }
 }
 
-// A q8_0 or q4_0 table's gathered rows are dequantized exactly (d·q of each block of the row).
-TEST(EmbeddingKernel, DequantizesQ8_0AndQ4_0RowsExactly) {
-  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0}) {
-    const int64_t vocab = 5, hidden = 96;
+// A q8_0, q4_0, q4_k or q6_k table's gathered rows are dequantized to the values the matmul uses
+// (exact but for q4_k's one rounding).
+TEST(EmbeddingKernel, DequantizesQuantizedRowsExactly) {
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0, DataType::kQ4_K, DataType::kQ6_K}) {
+    const int64_t vocab = 5, hidden = task::block_elements(dt) == 256 ? 512 : 96;
     TestWeights table = make_weights(dt, vocab * hidden, 33);
     std::vector<int32_t> ids = {4, 0, 2, 4};
     std::vector<float> out(4 * hidden, NAN);

@@ -70,6 +70,25 @@ struct Avx512 {
     const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(d_bits)));
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
   }
+  // Q4_K: 16 nibbles zero-extended to i32 and converted, times a (exact), less m (one rounding).
+  static P load_q4_k(const uint8_t* qs, bool high, float a, float m) {
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    if (high) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(15));
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(a), f), _mm512_set1_ps(m));
+  }
+  // Q6_K: 16 low nibbles or'ed with 2 high bits each, less 32, converted and scaled (exact).
+  static P load_q6_k(const uint8_t* ql, bool high, const uint8_t* qh, int shift, float s) {
+    __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql));
+    if (high) lo = _mm_srli_epi16(lo, 4);
+    lo = _mm_and_si128(lo, _mm_set1_epi8(15));
+    __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh));
+    hi = _mm_and_si128(_mm_srl_epi16(hi, _mm_cvtsi32_si128(shift)), _mm_set1_epi8(3));
+    const __m128i q = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+    const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(32));
+    return _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(v));
+  }
   static P fmadd(P a, P b, P c) { return _mm512_fmadd_ps(a, b, c); }
   static float reduce(const P* parts) { return matmul_detail::reduce(parts[0]); }
 };

@@ -1,7 +1,7 @@
 // Internal to the llm kernels: the matmul inner loops, y[r, j] (+)= Σ_k x[r, k]·W[j, k], with f32
-// activations and accumulation over f32, bf16 or f16 weights (widened to f32 in registers) or Q8_0
-// or Q4_0 weights (dequantized to f32 in registers: W[j, k] = d·q, exact in f32, so the contract
-// below holds for the dequantized values; docs/design/quantized_matmul.md).
+// activations and accumulation over f32, bf16 or f16 weights (widened to f32 in registers) or Q8_0,
+// Q4_0, Q4_K or Q6_K weights (dequantized to f32 in registers, the same f32 value on every path,
+// so the contract below holds for the dequantized values; docs/design/quantized_matmul.md).
 //
 // Numerics, the same in every path and for every blocking: each y element is 16 lane sums,
 // lane l accumulating x[r, k]·W[j, k] for k ≡ l (mod 16) in increasing k with a fused
@@ -26,7 +26,7 @@
 
 namespace simpler::llm::matmul_detail {
 
-enum class WeightType : uint8_t { kF32, kBF16, kF16, kQ8_0, kQ4_0 };
+enum class WeightType : uint8_t { kF32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K };
 
 // ggml's block_q8_0: 32 weights in 34 bytes, the scale d (IEEE binary16, little-endian) then 32
 // int8 q; weight i of the block is d·q[i]. A Q8_0 W row is k / 32 blocks (k a multiple of 32).
@@ -35,12 +35,19 @@ inline constexpr int64_t kQ8_0BlockBytes = 34;
 // ggml's block_q4_0: 32 weights in 18 bytes, the scale d then 16 bytes qs; weight i < 16 is
 // d·((qs[i] & 15) - 8), weight i + 16 is d·((qs[i] >> 4) - 8). Rows as Q8_0.
 inline constexpr int64_t kQ4_0BlockBytes = 18;
+// ggml's block_q4_K and block_q6_K (task::DataType::kQ4_K / kQ6_K: the layouts and formulas):
+// super-blocks of 256 weights in 144 and 210 bytes. A row of them is k / 256 super-blocks (k a
+// multiple of 256). The dequantized weight is exact for Q6_K and one rounding of an exact
+// difference for Q4_K, the same on every path (docs/design/quantized_matmul.md).
+inline constexpr int64_t kSuperBlockWeights = 256;
+inline constexpr int64_t kQ4_KBlockBytes = 144;
+inline constexpr int64_t kQ6_KBlockBytes = 210;
 
 struct Problem {
   const float* x = nullptr;  // [rows, k], row stride k
   int64_t rows = 0;
   int64_t k = 0;
-  const void* w = nullptr;  // [n, k] of `wt`, row stride k (Q8_0: k / 32 blocks of 34 bytes)
+  const void* w = nullptr;  // [n, k] of `wt`, row stride k (Q8_0: k / 32 blocks of 34 bytes, ...)
   WeightType wt = WeightType::kF32;
   int64_t n = 0;
   float* y = nullptr;  // [rows, ldy]: columns [0, n) written

@@ -64,6 +64,30 @@ struct Neon : HalfWidthWeights<Neon> {
     const int32x4_t q32 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(q16)));
     return vmulq_f32(d, vcvtq_f32_s32(vsubq_s32(q32, vdupq_n_s32(8))));
   }
+  // Four bytes widened to i32 lanes.
+  static int32x4_t widen4(uint32_t bytes) {
+    const uint16x8_t q16 = vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(bytes)));
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(q16)));
+  }
+  // Q4_K: 4 nibbles widened and converted, times a (exact), less m (one rounding). Reads exactly
+  // the 4 bytes.
+  static P load_q4_k(const uint8_t* qs, bool high, float a, float m) {
+    uint32_t q_bits;
+    std::memcpy(&q_bits, qs, sizeof(q_bits));
+    if (high) q_bits >>= 4;
+    const float32x4_t f = vcvtq_f32_s32(widen4(q_bits & 0x0f0f0f0fu));
+    return vsubq_f32(vmulq_f32(vdupq_n_f32(a), f), vdupq_n_f32(m));
+  }
+  // Q6_K: 4 low nibbles or'ed with 2 high bits each, less 32, converted and scaled (exact).
+  static P load_q6_k(const uint8_t* ql, bool high, const uint8_t* qh, int shift, float s) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, ql, sizeof(lo));
+    std::memcpy(&hi, qh, sizeof(hi));
+    if (high) lo >>= 4;
+    const uint32_t q = (lo & 0x0f0f0f0fu) | ((hi >> shift) & 0x03030303u) << 4;
+    const int32x4_t v = vsubq_s32(widen4(q), vdupq_n_s32(32));
+    return vmulq_f32(vdupq_n_f32(s), vcvtq_f32_s32(v));
+  }
   static P fmadd(P a, P b, P c) { return vfmaq_f32(c, a, b); }
   // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
   // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].

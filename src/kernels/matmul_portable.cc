@@ -113,6 +113,24 @@ struct Portable {
   static P load_q4_0(const uint8_t* block, int first) {
     return load_block<WeightType::kQ4_0>(block, first);
   }
+  // Q4_K: a·q exact, less m (one rounding: the same value fused or not).
+  static P load_q4_k(const uint8_t* qs, bool high, float a, float m) {
+    P v;
+    for (int l = 0; l < kPartLanes; ++l) {
+      const float aq = a * static_cast<float>(high ? qs[l] >> 4 : qs[l] & 15);
+      v[l] = aq - m;
+    }
+    return v;
+  }
+  // Q6_K: the 6-bit q less 32 times the sub-block's scale s (exact).
+  static P load_q6_k(const uint8_t* ql, bool high, const uint8_t* qh, int shift, float s) {
+    P v;
+    for (int l = 0; l < kPartLanes; ++l) {
+      const int q = ((high ? ql[l] >> 4 : ql[l] & 15) | ((qh[l] >> shift) & 3) << 4) - 32;
+      v[l] = s * static_cast<float>(q);
+    }
+    return v;
+  }
   static P fmadd(P a, P b, P c) { return fmadd4(a, b, c); }
   // Lane l is lane l % 4 of part l / 4: s8 = (parts 0 + 2, parts 1 + 3), s4 = s8's halves added,
   // s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].

@@ -20,6 +20,14 @@
 //   static P load_q8_0(const uint8_t* block, int first);  weights [first, first + kPartLanes) of
 //                                              one Q8_0 block dequantized: d·q, exact in f32
 //   static P load_q4_0(const uint8_t* block, int first);  likewise for a Q4_0 block
+//   static P load_q4_k(const uint8_t* qs, bool high, float a, float m);  kPartLanes Q4_K weights:
+//                                              the low (or high) nibbles q of qs[0, kPartLanes),
+//                                              a·q - m (a·q exact, then one rounding)
+//   static P load_q6_k(const uint8_t* ql, bool high, const uint8_t* qh, int shift, float s);
+//                                              kPartLanes Q6_K weights: q = (the low or high
+//                                              nibble of ql[l], l < kPartLanes, or'ed with
+//                                              bits shift, shift + 1 of qh[l] as bits 4-5) - 32,
+//                                              s·q (exact)
 //   static P fmadd(P a, P b, P c);             a·b + c per lane, one rounding (fused)
 //   static float reduce(const P* parts);       the fixed tree of matmul_impl.h over the 16 lanes
 #pragma once
@@ -52,27 +60,44 @@ template <>
 struct WeightStorage<WeightType::kQ4_0> {
   using T = uint8_t;
 };
+template <>
+struct WeightStorage<WeightType::kQ4_K> {
+  using T = uint8_t;
+};
+template <>
+struct WeightStorage<WeightType::kQ6_K> {
+  using T = uint8_t;
+};
 
-// Whether WT is a block type (32 weights a block), and its block's bytes.
+// Whether WT is a super-block type (256 weights a block).
 template <WeightType WT>
-constexpr bool kBlockType = WT == WeightType::kQ8_0 || WT == WeightType::kQ4_0;
+constexpr bool kSuperBlockType = WT == WeightType::kQ4_K || WT == WeightType::kQ6_K;
+// Whether WT is a block type, its block's weights and bytes.
 template <WeightType WT>
-constexpr int64_t kBlockBytes = WT == WeightType::kQ8_0 ? kQ8_0BlockBytes : kQ4_0BlockBytes;
+constexpr bool kBlockType =
+    WT == WeightType::kQ8_0 || WT == WeightType::kQ4_0 || kSuperBlockType<WT>;
+template <WeightType WT>
+constexpr int64_t kBlockWeights = kSuperBlockType<WT> ? kSuperBlockWeights : kQ8_0BlockWeights;
+template <WeightType WT>
+constexpr int64_t kBlockBytes = WT == WeightType::kQ8_0   ? kQ8_0BlockBytes
+                                : WT == WeightType::kQ4_0 ? kQ4_0BlockBytes
+                                : WT == WeightType::kQ4_K ? kQ4_KBlockBytes
+                                                          : kQ6_KBlockBytes;
 template <WeightType WT>
 using WeightT = typename WeightStorage<WT>::T;
 
 // The storage unit (WeightT) of a row that holds weight i (for a block type, the start of i's
-// block of 32 weights: 34 bytes for Q8_0, 18 for Q4_0).
+// block: 34 bytes for Q8_0, 18 for Q4_0, 144 for Q4_K, 210 for Q6_K).
 template <WeightType WT>
 constexpr int64_t unit_of(int64_t i) {
   if constexpr (kBlockType<WT>) {
-    return i / kQ8_0BlockWeights * kBlockBytes<WT>;
+    return i / kBlockWeights<WT> * kBlockBytes<WT>;
   } else {
     return i;
   }
 }
 
-// Storage units of one W row of k weights (k a multiple of 32 for a block type: matmul_impl.h).
+// Storage units of one W row of k weights (k whole blocks for a block type: matmul_impl.h).
 template <WeightType WT>
 constexpr int64_t row_units(int64_t k) {
   return unit_of<WT>(k);
@@ -103,6 +128,47 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
+// A Q4_K sub-block's (j < 8) a = d·sc and m = dmin·min (both exact in f32: 11-bit significands
+// times 6-bit integers), from the super-block's d, dmin and packed scales (ggml's
+// get_scale_min_k4).
+struct Q4KScales {
+  float a, m;
+};
+inline Q4KScales q4_k_scales(const uint8_t* block, int j) {
+  uint16_t bits[2];
+  std::memcpy(bits, block, sizeof(bits));
+  const uint8_t* s = block + 4;
+  const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+  const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  return {half_to_float(bits[0]) * static_cast<float>(sc),
+          half_to_float(bits[1]) * static_cast<float>(mn)};
+}
+
+// A Q6_K super-block's scale of weight `first` (< 256): d·scales[8h + 2c + l / 16], exact.
+inline float q6_k_scale(const uint8_t* block, int first) {
+  uint16_t d_bits;
+  std::memcpy(&d_bits, block + 208, sizeof(d_bits));
+  const int h = first / 128, c = first % 128 / 32, l = first % 32;
+  return half_to_float(d_bits) *
+         static_cast<float>(static_cast<int8_t>(block[192 + 8 * h + 2 * c + l / 16]));
+}
+
+// Weights [first, first + kPartLanes) of a Q4_K or Q6_K super-block (first a multiple of
+// kPartLanes, so the part lies in one sub-block of 32 and, for Q6_K, one scale group of 16).
+template <class V, WeightType WT>
+inline auto load_super_part(const uint8_t* block, int first) {
+  const int l = first % 32;
+  if constexpr (WT == WeightType::kQ4_K) {
+    const int j = first / 32;
+    const Q4KScales s = q4_k_scales(block, j);
+    return V::load_q4_k(block + 16 + 32 * (j / 2) + l, j % 2 != 0, s.a, s.m);
+  } else {
+    const int h = first / 128, c = first % 128 / 32;
+    return V::load_q6_k(block + 64 * h + 32 * (c & 1) + l, c >= 2, block + 128 + 32 * h + l, 2 * c,
+                        q6_k_scale(block, first));
+  }
+}
+
 // Weights [i, i + kPartLanes) of `row` (i a multiple of kPartLanes), widened or dequantized to f32:
 // one part.
 template <class V, WeightType WT>
@@ -111,6 +177,8 @@ inline auto load_part(const WeightT<WT>* row, int64_t i) {
     return V::load_q8_0(row + unit_of<WT>(i), static_cast<int>(i % kQ8_0BlockWeights));
   } else if constexpr (WT == WeightType::kQ4_0) {
     return V::load_q4_0(row + unit_of<WT>(i), static_cast<int>(i % kQ8_0BlockWeights));
+  } else if constexpr (kSuperBlockType<WT>) {
+    return load_super_part<V, WT>(row + unit_of<WT>(i), static_cast<int>(i % kSuperBlockWeights));
   } else {
     return V::template load_w<WT>(row + i);
   }
@@ -132,12 +200,37 @@ inline int block_int(const uint8_t* block, int64_t j) {
   }
 }
 
+// Weight i (< 256) of a Q4_K or Q6_K super-block, by the formulas of load_super_part.
+template <WeightType WT>
+inline float super_weight(const uint8_t* block, int i) {
+  const int l = i % 32;
+  if constexpr (WT == WeightType::kQ4_K) {
+    const int j = i / 32;
+    const Q4KScales s = q4_k_scales(block, j);
+    const uint8_t byte = block[16 + 32 * (j / 2) + l];
+    const float aq = s.a * static_cast<float>(j % 2 != 0 ? byte >> 4 : byte & 15);  // exact
+    return aq - s.m;
+  } else {
+    const int h = i / 128, c = i % 128 / 32;
+    const uint8_t lo = block[64 * h + 32 * (c & 1) + l];
+    const int hi = (block[128 + 32 * h + l] >> (2 * c)) & 3;
+    return q6_k_scale(block, i) * static_cast<float>(((c >= 2 ? lo >> 4 : lo & 15) | hi << 4) - 32);
+  }
+}
+
 // The first n (0 <= n < kPartLanes) of those weights, then 0. A block type's row is whole blocks
-// of 32, so its k is a multiple of 16 and no chunk is partial; that branch is still exact, lane
-// by lane.
+// of 32 or 256, so its k is a multiple of 16 and no chunk is partial; that branch is still exact,
+// lane by lane.
 template <class V, WeightType WT>
 inline auto load_part_tail(const WeightT<WT>* row, int64_t i, int n) {
-  if constexpr (kBlockType<WT>) {
+  if constexpr (kSuperBlockType<WT>) {
+    const uint8_t* block = row + unit_of<WT>(i);
+    float part[V::kPartLanes] = {};
+    for (int l = 0; l < n; ++l) {
+      part[l] = super_weight<WT>(block, static_cast<int>(i % kSuperBlockWeights) + l);
+    }
+    return V::load(part);
+  } else if constexpr (kBlockType<WT>) {
     const uint8_t* block = row + unit_of<WT>(i);
     const float d = block_scale(block);
     float part[V::kPartLanes] = {};
@@ -363,7 +456,8 @@ constexpr auto rows_tiles(std::integer_sequence<int, Rs...>) {
 // in L1 while the chunk's W tiles pass. One block when k fits.
 template <class V, WeightType WT>
 int64_t k_block(int64_t k) {
-  // A Q8_0 weight takes 34/32 bytes: counted as 2; a Q4_0 one 18/32: counted as 1.
+  // A Q8_0 weight takes 34/32 bytes: counted as 2; a Q4_0, Q4_K or Q6_K one (18/32, 144/256,
+  // 210/256): counted as 1.
   constexpr int64_t kWeightBytes = WT == WeightType::kQ8_0 ? 2 : sizeof(WeightT<WT>);
   constexpr int64_t kPerLane = V::kMaxRows * 4 + V::kMaxCols * kWeightBytes;
   constexpr int64_t kMaxLanes = 24 * 1024 / kPerLane;
@@ -441,6 +535,10 @@ void run_on(const Problem& p) {
       return run_tiles<V, WeightType::kQ8_0>(p);
     case WeightType::kQ4_0:
       return run_tiles<V, WeightType::kQ4_0>(p);
+    case WeightType::kQ4_K:
+      return run_tiles<V, WeightType::kQ4_K>(p);
+    case WeightType::kQ6_K:
+      return run_tiles<V, WeightType::kQ6_K>(p);
   }
 }
 

@@ -66,6 +66,26 @@ struct X86_64V3 : HalfWidthWeights<X86_64V3> {
     const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
     return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d_bits)), _mm256_cvtepi32_ps(v));
   }
+  // Q4_K: 8 nibbles zero-extended to i32 and converted, times a (exact), less m (one rounding).
+  static P load_q4_k(const uint8_t* qs, bool high, float a, float m) {
+    __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs));
+    if (high) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(15));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+    return _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(a), f), _mm256_set1_ps(m));
+  }
+  // Q6_K: 8 low nibbles or'ed with 2 high bits each (bytes, so the 16-bit shifts never carry a
+  // set bit across a byte after the masks), less 32, converted and scaled (exact).
+  static P load_q6_k(const uint8_t* ql, bool high, const uint8_t* qh, int shift, float s) {
+    __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ql));
+    if (high) lo = _mm_srli_epi16(lo, 4);
+    lo = _mm_and_si128(lo, _mm_set1_epi8(15));
+    __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh));
+    hi = _mm_and_si128(_mm_srl_epi16(hi, _mm_cvtsi32_si128(shift)), _mm_set1_epi8(3));
+    const __m128i q = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+    const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(v));
+  }
   static P fmadd(P a, P b, P c) { return _mm256_fmadd_ps(a, b, c); }
   // s8 = lanes 0-7 + lanes 8-15, s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], s2[0] + s2[1].
   static float reduce(const P* parts) {

@@ -579,11 +579,12 @@ absl::StatusOr<TensorView> GgufFile::tensor(std::string_view name) const {
     case GgmlType::kQ4_0:
       view.dtype = task::DataType::kQ4_0;
       break;
-    default:
-      return absl::UnimplementedError(absl::StrCat(path(), ": tensor '", t->name, "' is ",
-                                                   str(traits->name),
-                                                   ": its quantized kernels are not built yet "
-                                                   "(F32, F16, BF16, Q8_0 and Q4_0 tensors load)"));
+    case GgmlType::kQ4_K:
+      view.dtype = task::DataType::kQ4_K;
+      break;
+    case GgmlType::kQ6_K:
+      view.dtype = task::DataType::kQ6_K;
+      break;
   }
   view.name = t->name;
   view.file = path();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -33,11 +34,17 @@ constexpr uint64_t kAlignment = kGgufDefaultAlignment;
 // llama_ftype (llama.h): LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0, LLAMA_FTYPE_MOSTLY_BF16.
 constexpr uint32_t kFtypeF32 = 0;
 constexpr uint32_t kFtypeQ8_0 = 7;
-constexpr uint32_t kFtypeQ4_0 = 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
+constexpr uint32_t kFtypeQ4_0 = 2;     // LLAMA_FTYPE_MOSTLY_Q4_0
+constexpr uint32_t kFtypeQ4_K_M = 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
 constexpr uint32_t kFtypeBf16 = 32;
 constexpr int64_t kQ8_0Block = 32;
 constexpr int64_t kQ8_0BlockBytes = 34;
 constexpr int64_t kQ4_0BlockBytes = 18;
+constexpr int64_t kSuperBlock = 256;
+constexpr int64_t kQ4_KBlockBytes = 144;
+constexpr int64_t kQ6_KBlockBytes = 210;
+// ggml-quants.c's GROUP_MAX_EPS: a group whose largest magnitude is below it is all zero.
+constexpr float kGroupMaxEps = 1e-15f;
 // llama_token_type (llama.h).
 constexpr int32_t kTokenNormal = 1;
 constexpr int32_t kTokenControl = 3;
@@ -200,6 +207,8 @@ absl::StatusOr<std::string> read_chat_template(const std::string& dir) {
   return it->get<std::string>();
 }
 
+uint64_t ggml_bytes(GgmlType ggml_type, uint64_t numel);
+
 // Writes `t`'s data (from `view`) as its ggml type.
 absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
   if ((t.ggml_type == GgmlType::kBF16 && view.dtype == task::DataType::kBFloat16) ||
@@ -216,10 +225,23 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
               static_cast<std::streamsize>(f->size() * sizeof(float)));
     return absl::OkStatus();
   }
-  if (t.ggml_type == GgmlType::kQ8_0 || t.ggml_type == GgmlType::kQ4_0) {
-    const bool q8 = t.ggml_type == GgmlType::kQ8_0;
-    std::vector<uint8_t> q(f->size() / kQ8_0Block * (q8 ? kQ8_0BlockBytes : kQ4_0BlockBytes));
-    SIMPLER_RETURN_IF_ERROR(q8 ? quantize_row_q8_0(*f, q) : quantize_row_q4_0(*f, q));
+  if (t.ggml_type == GgmlType::kQ8_0 || t.ggml_type == GgmlType::kQ4_0 ||
+      t.ggml_type == GgmlType::kQ4_K || t.ggml_type == GgmlType::kQ6_K) {
+    std::vector<uint8_t> q(ggml_bytes(t.ggml_type, f->size()));
+    switch (t.ggml_type) {
+      case GgmlType::kQ8_0:
+        SIMPLER_RETURN_IF_ERROR(quantize_row_q8_0(*f, q));
+        break;
+      case GgmlType::kQ4_0:
+        SIMPLER_RETURN_IF_ERROR(quantize_row_q4_0(*f, q));
+        break;
+      case GgmlType::kQ4_K:
+        SIMPLER_RETURN_IF_ERROR(quantize_row_q4_k(*f, q));
+        break;
+      default:
+        SIMPLER_RETURN_IF_ERROR(quantize_row_q6_k(*f, q));
+        break;
+    }
     out.write(reinterpret_cast<const char*>(q.data()), static_cast<std::streamsize>(q.size()));
     return absl::OkStatus();
   }
@@ -232,14 +254,45 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
   return absl::OkStatus();
 }
 
+// llama.cpp's use_more_bits (llama-quant.cpp): the first and last eighth of the layers and every
+// third one between them.
+bool use_more_bits(int64_t layer, int64_t layers) {
+  return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
+}
+
+// The layer N of a "blk.N." tensor name, else -1.
+int64_t layer_of(const std::string& name) {
+  int64_t layer = -1;
+  if (std::sscanf(name.c_str(), "blk.%" SCNd64 ".", &layer) != 1) return -1;
+  return layer;
+}
+
+// A Q4_K_M file's type for 2-D tensor `name` (gguf_export.h): llama-quantize's choice for a dense
+// model without an importance matrix, then its fallback for rows that are not whole super-blocks
+// (Q6_K to Q8_0 as llama.cpp; Q4_K to Q8_0 where llama.cpp writes Q5_0, which has no kernels here).
+GgmlType q4_k_m_type(const std::string& name, int64_t cols, bool head, int64_t layers) {
+  GgmlType type = GgmlType::kQ4_K;
+  const bool v = name.find("attn_v.weight") != std::string::npos;
+  const bool down = name.find("ffn_down") != std::string::npos;
+  if (head || ((v || down) && use_more_bits(layer_of(name), layers))) type = GgmlType::kQ6_K;
+  if (cols % kSuperBlock != 0) type = GgmlType::kQ8_0;
+  return type;
+}
+
 // The ggml type of tensor `name` (llama.cpp's) of `shape` in a file of `type`, the LM head when
 // `head` (gguf_export.h: 1-D tensors f32; quantized rows that are not whole blocks f16; a Q4_0
-// file's head Q8_0).
-GgmlType ggml_type_for(const std::vector<int64_t>& shape, GgufType type, bool head) {
+// file's head Q6_K, or Q8_0 when its rows are not whole super-blocks; a Q4_K_M file's mix by
+// q4_k_m_type).
+GgmlType ggml_type_for(const std::string& name, const std::vector<int64_t>& shape, GgufType type,
+                       bool head, int64_t layers) {
   if (shape.size() < 2 || type == GgufType::kF32) return GgmlType::kF32;
   if (type == GgufType::kBf16) return GgmlType::kBF16;
   if (shape.back() % kQ8_0Block != 0) return GgmlType::kF16;
-  return type == GgufType::kQ4_0 && !head ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
+  if (type == GgufType::kQ4_K_M) return q4_k_m_type(name, shape.back(), head, layers);
+  if (type == GgufType::kQ4_0 && head) {
+    return shape.back() % kSuperBlock == 0 ? GgmlType::kQ6_K : GgmlType::kQ8_0;
+  }
+  return type == GgufType::kQ4_0 ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
 }
 
 // Bytes of `numel` elements of a ggml type written here.
@@ -249,6 +302,10 @@ uint64_t ggml_bytes(GgmlType ggml_type, uint64_t numel) {
       return numel / kQ8_0Block * kQ8_0BlockBytes;
     case GgmlType::kQ4_0:
       return numel / kQ8_0Block * kQ4_0BlockBytes;
+    case GgmlType::kQ4_K:
+      return numel / kSuperBlock * kQ4_KBlockBytes;
+    case GgmlType::kQ6_K:
+      return numel / kSuperBlock * kQ6_KBlockBytes;
     case GgmlType::kF16:
     case GgmlType::kBF16:
       return numel * 2;
@@ -278,7 +335,7 @@ absl::StatusOr<std::vector<OutTensor>> plan_tensors(const ModelConfig& config,
     // The LM head: output.weight, or token_embd.weight when the embeddings are tied.
     const bool head =
         t.name == "output.weight" || (t.name == "token_embd.weight" && config.tie_word_embeddings);
-    t.ggml_type = ggml_type_for(spec.shape, options.type, head);
+    t.ggml_type = ggml_type_for(t.name, spec.shape, options.type, head, config.num_hidden_layers);
     t.bytes = ggml_bytes(t.ggml_type, static_cast<uint64_t>(view->numel()));
     t.offset = offset;
     offset = align_up(offset + t.bytes);
@@ -294,10 +351,11 @@ Header metadata(const ModelConfig& c, const Vocabulary& vocab, const std::string
   kv.kv_str("general.architecture", "qwen3");
   kv.kv_str("general.name", std::filesystem::path(options.model_dir).filename().string());
   kv.kv_u32("general.alignment", kAlignment);
-  kv.kv_u32("general.file_type", options.type == GgufType::kBf16   ? kFtypeBf16
-                                 : options.type == GgufType::kQ8_0 ? kFtypeQ8_0
-                                 : options.type == GgufType::kQ4_0 ? kFtypeQ4_0
-                                                                   : kFtypeF32);
+  kv.kv_u32("general.file_type", options.type == GgufType::kBf16     ? kFtypeBf16
+                                 : options.type == GgufType::kQ8_0   ? kFtypeQ8_0
+                                 : options.type == GgufType::kQ4_0   ? kFtypeQ4_0
+                                 : options.type == GgufType::kQ4_K_M ? kFtypeQ4_K_M
+                                                                     : kFtypeF32);
   kv.kv_u32("qwen3.context_length", static_cast<uint32_t>(c.max_position_embeddings));
   kv.kv_u32("qwen3.embedding_length", static_cast<uint32_t>(c.hidden_size));
   kv.kv_u32("qwen3.block_count", static_cast<uint32_t>(c.num_hidden_layers));
@@ -341,7 +399,278 @@ Header file_header(const Header& kv, const std::vector<OutTensor>& tensors) {
   return head;
 }
 
+// ggml's nearest_int: x rounded to the nearest integer, ties to even, by adding 1.5·2^23 (exact
+// for |x| < 2^22, which every caller's value is: scaled weights are at most 64 in magnitude, or
+// a scale at most 63 times larger than the largest).
+int nearest_int(float x) {
+  const float v = x + 12582912.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return static_cast<int>(bits & 0x007fffffu) - 0x00400000;
+}
+
+// Every value of `x` finite, else INVALID_ARGUMENT naming `what` and the index.
+absl::Status check_finite(const char* what, std::span<const float> x) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": value ", i, " is ", x[i], ", not finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// x.size() whole super-blocks of 256 and out.size() their bytes, else INVALID_ARGUMENT.
+absl::Status check_super_blocks(const char* what, std::span<const float> x, size_t out_bytes,
+                                int64_t block_bytes) {
+  if (x.size() % kSuperBlock != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", x.size(), " values are not whole super-blocks of 256"));
+  }
+  const size_t want = x.size() / kSuperBlock * static_cast<size_t>(block_bytes);
+  if (out_bytes != want) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the output holds ", out_bytes,
+                                                   " bytes, ", x.size() / kSuperBlock,
+                                                   " super-blocks need ", want));
+  }
+  return check_finite(what, x);
+}
+
+// The weighted sums of make_qkx2_quants for levels `l` of `x`.
+struct LevelSums {
+  float l = 0, l2 = 0, xl = 0;
+};
+
+// ggml's make_qkx2_quants for n = 32, nmax = 15, rmin = -1, rdelta = 0.1, nstep = 20, squared
+// error (what quantize_row_q4_K_ref calls): an affine scale and min for the 32 values `x` with
+// weights `w`, the levels L (0-15) that go with them, found by trying 21 scales around
+// nmax / (max - min) and a weighted least-squares fit for each. Returns the scale; *the_min is
+// the negated min (>= 0). Same float operations in the same order as the reference.
+float make_qkx2_quants(const float* x, const float* w, uint8_t* L, float* the_min) {
+  constexpr int kN = 32, kNmax = 15, kSteps = 20;
+  constexpr float kRmin = -1.0f, kRdelta = 0.1f;
+  float min = x[0], max = x[0];
+  float sum_w = w[0];
+  float sum_x = sum_w * x[0];
+  for (int i = 1; i < kN; ++i) {
+    if (x[i] < min) min = x[i];
+    if (x[i] > max) max = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (min > 0) min = 0;
+  if (max == min) {
+    std::fill(L, L + kN, 0);
+    *the_min = -min;
+    return 0.0f;
+  }
+  float iscale = kNmax / (max - min);
+  float scale = 1 / iscale;
+  float best_error = 0;
+  for (int i = 0; i < kN; ++i) {
+    L[i] = static_cast<uint8_t>(std::clamp(nearest_int(iscale * (x[i] - min)), 0, kNmax));
+    const float diff = scale * L[i] + min - x[i];
+    best_error += w[i] * (diff * diff);
+  }
+  uint8_t aux[kN];
+  for (int is = 0; is <= kSteps; ++is) {
+    iscale = (kRmin + kRdelta * is + kNmax) / (max - min);
+    LevelSums s;
+    for (int i = 0; i < kN; ++i) {
+      const int l = std::clamp(nearest_int(iscale * (x[i] - min)), 0, kNmax);
+      aux[i] = static_cast<uint8_t>(l);
+      s.l += w[i] * l;
+      s.l2 += w[i] * l * l;
+      s.xl += w[i] * l * x[i];
+    }
+    const float D = sum_w * s.l2 - s.l * s.l;
+    if (!(D > 0)) continue;
+    float this_scale = (sum_w * s.xl - sum_x * s.l) / D;
+    float this_min = (s.l2 * sum_x - s.l * s.xl) / D;
+    if (this_min > 0) {
+      this_min = 0;
+      this_scale = s.xl / s.l2;
+    }
+    float cur_error = 0;
+    for (int i = 0; i < kN; ++i) {
+      const float diff = this_scale * aux[i] + this_min - x[i];
+      cur_error += w[i] * (diff * diff);
+    }
+    if (cur_error < best_error) {
+      std::copy(aux, aux + kN, L);
+      best_error = cur_error;
+      scale = this_scale;
+      min = this_min;
+    }
+  }
+  *the_min = -min;
+  return scale;
+}
+
+// One Q4_K super-block of x[0, 256) into `block` (quantize_row_q4_K_ref).
+void quantize_q4_k_block(const float* x, uint8_t* block) {
+  uint8_t L[kSuperBlock];
+  float scales[8], mins[8];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    const float* xj = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += xj[l] * xj[l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    float weights[32];
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xj[l]);
+    scales[j] = make_qkx2_quants(xj, weights, L + 32 * j, &mins[j]);
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+  uint8_t* sc = block + 4;
+  std::fill(sc, sc + 12, 0);
+  for (int j = 0; j < 8; ++j) {
+    const auto ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+    const auto lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+    if (j < 4) {
+      sc[j] = ls;
+      sc[j + 4] = lm;
+    } else {  // get_scale_min_k4's packing: low 4 bits in sc[j + 4], high 2 on top of sc[j - 4],
+              // sc[j]
+      sc[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+      sc[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+      sc[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+    }
+  }
+  const uint16_t d_bits = task::f32_to_f16(max_scale / 63.f);
+  const uint16_t dmin_bits = task::f32_to_f16(max_min / 63.f);
+  std::memcpy(block, &d_bits, 2);  // little-endian hosts only (x86-64, aarch64)
+  std::memcpy(block + 2, &dmin_bits, 2);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+    const int lm = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    const float d = task::f16_to_f32(d_bits) * ls;
+    if (d == 0) continue;  // the levels of make_qkx2_quants stay, as in the reference
+    const float dm = task::f16_to_f32(dmin_bits) * lm;
+    for (int i = 0; i < 32; ++i) {
+      L[32 * j + i] =
+          static_cast<uint8_t>(std::clamp(nearest_int((x[32 * j + i] + dm) / d), 0, 15));
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      block[16 + 32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+    }
+  }
+}
+
+// ggml's make_qx_quants for n = 16, nmax = 32, rmse_type 1 (weights x²), no importance weights
+// (what quantize_row_q6_K_ref calls): a symmetric scale for the 16 values `x` and levels L
+// (0-63, the signed level plus 32), the best of 19 scales around -32 / max by weighted least
+// squares. Same float operations in the same order as the reference.
+float make_qx_quants(const float* x, int8_t* L) {
+  constexpr int kN = 16, kNmax = 32;
+  float max = 0, amax = 0;
+  for (int i = 0; i < kN; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < kGroupMaxEps) {
+    std::fill(L, L + kN, 0);
+    return 0.f;
+  }
+  auto sums = [&](float iscale, float* sumlx, float* suml2) {
+    *sumlx = *suml2 = 0;
+    for (int i = 0; i < kN; ++i) {
+      const int l = std::clamp(nearest_int(iscale * x[i]), -kNmax, kNmax - 1);
+      const float w = x[i] * x[i];
+      *sumlx += w * x[i] * l;
+      *suml2 += w * l * l;
+    }
+  };
+  auto levels = [&](float iscale) {
+    for (int i = 0; i < kN; ++i) {
+      L[i] = static_cast<int8_t>(kNmax + std::clamp(nearest_int(iscale * x[i]), -kNmax, kNmax - 1));
+    }
+  };
+  float iscale = -kNmax / max;
+  float sumlx = 0, suml2 = 0;
+  sums(iscale, &sumlx, &suml2);
+  levels(iscale);
+  float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = -(kNmax + 0.1f * is) / max;
+    sums(iscale, &sumlx, &suml2);
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      levels(iscale);
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+// One Q6_K super-block of x[0, 256) into `block` (quantize_row_q6_K_ref).
+void quantize_q6_k_block(const float* x, uint8_t* block) {
+  int8_t L[kSuperBlock];
+  float scales[16];
+  float max_scale = 0, max_abs_scale = 0;
+  for (int ib = 0; ib < 16; ++ib) {
+    scales[ib] = make_qx_quants(x + 16 * ib, L + 16 * ib);
+    if (std::fabs(scales[ib]) > max_abs_scale) {
+      max_abs_scale = std::fabs(scales[ib]);
+      max_scale = scales[ib];
+    }
+  }
+  std::fill(block, block + kQ6_KBlockBytes, 0);
+  if (max_abs_scale < kGroupMaxEps) return;  // all zero, d = +0 as well
+  const float iscale = -128.f / max_scale;
+  const uint16_t d_bits = task::f32_to_f16(1 / iscale);
+  std::memcpy(block + 208, &d_bits, 2);  // little-endian hosts only (x86-64, aarch64)
+  auto* sc = reinterpret_cast<int8_t*>(block + 192);
+  for (int ib = 0; ib < 16; ++ib) {
+    sc[ib] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[ib])));
+  }
+  for (int j = 0; j < 16; ++j) {
+    const float d = task::f16_to_f32(d_bits) * sc[j];
+    if (d == 0) continue;  // make_qx_quants' levels stay, as in the reference
+    for (int i = 0; i < 16; ++i) {
+      L[16 * j + i] = static_cast<int8_t>(std::clamp(nearest_int(x[16 * j + i] / d), -32, 31) + 32);
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int8_t* Lh = L + 128 * h;
+    uint8_t* ql = block + 64 * h;
+    uint8_t* qh = block + 128 + 32 * h;
+    for (int l = 0; l < 32; ++l) {
+      ql[l] = static_cast<uint8_t>((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
+      ql[l + 32] = static_cast<uint8_t>((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+      qh[l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) |
+                                   ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+    }
+  }
+}
+
 }  // namespace
+
+absl::Status quantize_row_q4_k(std::span<const float> x, std::span<uint8_t> out) {
+  SIMPLER_RETURN_IF_ERROR(check_super_blocks("quantize_row_q4_k", x, out.size(), kQ4_KBlockBytes));
+  for (size_t b = 0; b < x.size() / kSuperBlock; ++b) {
+    quantize_q4_k_block(x.data() + b * kSuperBlock, out.data() + b * kQ4_KBlockBytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out) {
+  SIMPLER_RETURN_IF_ERROR(check_super_blocks("quantize_row_q6_k", x, out.size(), kQ6_KBlockBytes));
+  for (size_t b = 0; b < x.size() / kSuperBlock; ++b) {
+    quantize_q6_k_block(x.data() + b * kSuperBlock, out.data() + b * kQ6_KBlockBytes);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out) {
   if (x.size() % kQ8_0Block != 0) {

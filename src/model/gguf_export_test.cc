@@ -19,6 +19,7 @@
 #include "simpler/model/make_model.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/safetensors.h"
+#include "simpler/task/data_type.h"
 #include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::llm {
@@ -342,9 +343,10 @@ TEST(QuantizeRowQ8_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
   EXPECT_EQ(s.message(), "quantize_row_q8_0: value 40 is nan, not finite");
 }
 
-// Q4_0 (llama-quantize's Q4_0 file type, but a Q8_0 LM head where llama.cpp writes Q6_K): the
-// projections and token_embd Q4_0 with quantize_row_q4_0's bytes, output Q8_0, norms f32.
-TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0) {
+// Q4_0 (llama-quantize's Q4_0 file type): the projections and token_embd Q4_0 with
+// quantize_row_q4_0's bytes, output Q8_0 (its rows of 128 are not whole super-blocks, so not the
+// Q6_K llama.cpp writes for a head of rows of 256s), norms f32.
+TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0ForRowsOf128) {
   GgufExportOptions o;
   o.model_dir = (dir_ / "model").string();
   o.out_path = (dir_ / "model-q4_0.gguf").string();
@@ -368,6 +370,116 @@ TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0) {
   ASSERT_TRUE(quantize_row_q4_0(values, want).ok());
   ASSERT_EQ(q.bytes.size(), want.size());
   EXPECT_EQ(std::memcmp(q.bytes.data(), want.data(), want.size()), 0);
+}
+
+// Q4_K_M (llama-quantize's mix) on a model whose rows are whole super-blocks (hidden 256,
+// intermediate 512, 8 layers, tied head): attn_v and ffn_down Q6_K in the layers of
+// use_more_bits (0, 3, 6 and 7 of 8), Q4_K in the others; token_embd (the head) Q6_K and every
+// other matrix Q4_K, norms f32; general.file_type 15; each tensor's bytes are our quantizer's of
+// the checkpoint's values. On the suite's tiny model (rows of 128 and 384, untied) every matrix
+// falls back to Q8_0 but attn_output (rows of 256): Q4_K. A Q4_0 file of the wide model has a
+// Q6_K head.
+TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.seed = 5;
+  mo.out_dir = (dir_ / "wide").string();
+  mo.overrides.hidden_size = 256;
+  mo.overrides.intermediate_size = 512;
+  mo.overrides.num_hidden_layers = 8;
+  mo.tokenizer_dir = default_tokenizer_dir().value();
+  ASSERT_TRUE(make_model(mo).ok());
+  for (const bool wide : {true, false}) {
+    SCOPED_TRACE(wide ? "hidden 256" : "tiny");
+    GgufExportOptions o;
+    o.model_dir = wide ? mo.out_dir : (dir_ / "model").string();
+    o.out_path = (dir_ / (wide ? "wide-q4_k_m.gguf" : "tiny-q4_k_m.gguf")).string();
+    o.type = GgufType::kQ4_K_M;
+    ASSERT_TRUE(export_gguf(o).ok());
+    const ExportedGguf f = read_gguf(o.out_path);
+    ASSERT_FALSE(HasFailure());
+    EXPECT_EQ(f.ints.at("general.file_type"), 15u);
+    constexpr uint32_t kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+    for (const auto& [gg, t] : f.tensors) {
+      SCOPED_TRACE(gg);
+      uint32_t want = kQ4_K;
+      for (const char* layer : {"blk.0.", "blk.3.", "blk.6.", "blk.7."}) {
+        if (gg.starts_with(layer) &&
+            (gg.ends_with("attn_v.weight") || gg.ends_with("ffn_down.weight"))) {
+          want = kQ6_K;
+        }
+      }
+      if (gg == "token_embd.weight" && wide) want = kQ6_K;
+      if (!wide && gg.find("attn_output") == std::string::npos) want = kQ8_0;
+      EXPECT_EQ(t.type, t.dims.size() != 2 ? 0u : want);
+    }
+    absl::StatusOr<ModelWeights> w = ModelWeights::open(o.model_dir);
+    absl::StatusOr<ModelWeights> back = ModelWeights::open(o.out_path);
+    ASSERT_TRUE(w.ok() && back.ok()) << back.status();
+    for (const WeightSpec& spec : ModelConfig::load(o.model_dir)->tensor_names_and_shapes()) {
+      if (spec.shape.size() != 2) continue;
+      SCOPED_TRACE(spec.name);
+      const std::vector<float> values = to_f32(w->get(spec.name).value()).value();
+      const TensorView q = back->get(spec.name).value();
+      std::vector<uint8_t> want(task::bytes_of(q.dtype, values.size()));
+      switch (q.dtype) {
+        case task::DataType::kQ4_K:
+          ASSERT_TRUE(quantize_row_q4_k(values, want).ok());
+          break;
+        case task::DataType::kQ6_K:
+          ASSERT_TRUE(quantize_row_q6_k(values, want).ok());
+          break;
+        default:
+          ASSERT_EQ(q.dtype, task::DataType::kQ8_0);
+          ASSERT_TRUE(quantize_row_q8_0(values, want).ok());
+      }
+      ASSERT_EQ(q.bytes.size(), want.size());
+      EXPECT_EQ(std::memcmp(q.bytes.data(), want.data(), want.size()), 0);
+    }
+  }
+  // A Q4_0 file of the same model: its head, rows of 256, is Q6_K as llama.cpp writes it.
+  GgufExportOptions o;
+  o.model_dir = mo.out_dir;
+  o.out_path = (dir_ / "wide-q4_0.gguf").string();
+  o.type = GgufType::kQ4_0;
+  ASSERT_TRUE(export_gguf(o).ok());
+  const ExportedGguf f = read_gguf(o.out_path);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(f.tensors.at("token_embd.weight").type, 14u);
+  EXPECT_EQ(f.tensors.at("blk.0.attn_v.weight").type, 2u);
+  const std::vector<float> embd =
+      to_f32(ModelWeights::open(mo.out_dir)->get("model.embed_tokens.weight").value()).value();
+  std::vector<uint8_t> want(embd.size() / 256 * 210);
+  ASSERT_TRUE(quantize_row_q6_k(embd, want).ok());
+  const absl::StatusOr<ModelWeights> q4 = ModelWeights::open(o.out_path);  // owns the mapping
+  ASSERT_TRUE(q4.ok()) << q4.status();
+  const TensorView head = q4->get("model.embed_tokens.weight").value();
+  ASSERT_EQ(head.bytes.size(), want.size());
+  EXPECT_EQ(std::memcmp(head.bytes.data(), want.data(), want.size()), 0);
+}
+
+// quantize_row_q4_k and quantize_row_q6_k refuse what is not whole super-blocks, an output of the
+// wrong size, and values that are not finite, naming each; a block of zeros is all zero bytes
+// (Q6_K: d = +0) or zero levels against a zero scale (Q4_K). Their bytes against llama.cpp's:
+// tests/llamacpp/llamacpp_quantize_test.cc.
+TEST(QuantizeRowQ4_KAndQ6_K, RefuseBadInputNamingItAndQuantizeZerosToZero) {
+  std::vector<float> x(512, 0.0f);
+  std::vector<uint8_t> q4(2 * 144, 0xff), q6(2 * 210, 0xff);
+  ASSERT_TRUE(quantize_row_q4_k(x, q4).ok());
+  ASSERT_TRUE(quantize_row_q6_k(x, q6).ok());
+  for (uint8_t b : q6) ASSERT_EQ(b, 0);
+  for (uint8_t b : q4) ASSERT_EQ(b, 0);
+  absl::Status s = quantize_row_q4_k(std::span<const float>(x.data(), 300), q4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "quantize_row_q4_k: 300 values are not whole super-blocks of 256");
+  std::vector<uint8_t> small(10);
+  EXPECT_EQ(quantize_row_q6_k(x, small).message(),
+            "quantize_row_q6_k: the output holds 10 bytes, 2 super-blocks need 420");
+  EXPECT_EQ(quantize_row_q4_k(x, small).message(),
+            "quantize_row_q4_k: the output holds 10 bytes, 2 super-blocks need 288");
+  x[300] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(quantize_row_q6_k(x, q6).message(), "quantize_row_q6_k: value 300 is inf, not finite");
+  EXPECT_EQ(quantize_row_q4_k(x, q4).message(), "quantize_row_q4_k: value 300 is inf, not finite");
 }
 
 // quantize_row_q4_0 against ggml's definition worked by hand: the value of largest magnitude is

@@ -29,7 +29,7 @@ using testing::GgufBuilder;
 using ::testing::HasSubstr;
 using testing::msg;
 
-constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12;
+constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
@@ -230,8 +230,8 @@ TEST_F(GgufQwen3KeysTest, AnotherArchitectureOrAMissingKeyIsRefusedNamingIt) {
 
 // Q8_0 tensors load as q8_0 views of the file's blocks (the model's shape checks apply to them
 // as to any tensor); a 1-D Q8_0 tensor (a norm) dequantizes through to_f32, as the loader widens
-// norms; the other quantized types are refused at open, naming the tensor and the type.
-TEST_F(GgufQwen3KeysTest, Q8_0AndQ4_0TensorsLoadInPlaceAndOtherQuantizedTypesAreRefused) {
+// norms; Q4_0, Q4_K and Q6_K ones likewise, each worked by hand.
+TEST_F(GgufQwen3KeysTest, QuantizedTensorsLoadInPlaceAndDequantizeByTheirBlockFormulas) {
   absl::StatusOr<ModelWeights> w = ModelWeights::open(write(small_qwen3(false, kQ8_0)));
   ASSERT_TRUE(w.ok()) << w.status();
   absl::StatusOr<TensorView> embd = w->get("model.embed_tokens.weight", {6, 32});
@@ -270,12 +270,36 @@ TEST_F(GgufQwen3KeysTest, Q8_0AndQ4_0TensorsLoadInPlaceAndOtherQuantizedTypesAre
   EXPECT_EQ(q4v[1], 3.5f);    // 15 - 8
   EXPECT_EQ(q4v[16], 0.0f);   // 0x80 >> 4 = 8
   EXPECT_EQ(q4v[17], -4.0f);  // 0
+  // A Q4_K one, worked by hand: d = 0.5, dmin = 0.25; sub-block 0 scale 3, min 5; sub-block 1
+  // scale 2, min 4; sub-block 4 (packed: low bits in scales[8], high bits in the top two bits of
+  // scales[0] and scales[4]) scale 17, min 2.
   GgufBuilder q4k = small_qwen3(false);
-  q4k.tensor("blk.0.extra.weight", {2, 256}, kQ4_K, std::string(2 * 144, '\0'));
-  absl::Status s = ModelWeights::open(write(q4k, "q4k.gguf")).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(msg(s), HasSubstr("tensor 'blk.0.extra.weight' is Q4_K: its quantized kernels are "
-                                "not built yet (F32, F16, BF16, Q8_0 and Q4_0 tensors load)"));
+  std::string k4(144, '\0');
+  k4[0] = 0x00, k4[1] = 0x38, k4[2] = 0x00, k4[3] = 0x34;
+  k4[4 + 0] = 0x43, k4[4 + 1] = 2, k4[4 + 4] = 5, k4[4 + 5] = 4, k4[4 + 8] = 0x21;
+  k4[16 + 0] = 0x7a;   // weight 0: 10 (low nibble), weight 32: 7 (high nibble)
+  k4[16 + 64] = 0x03;  // weight 128 (sub-block 4): 3
+  q4k.tensor("blk.0.q4k_norm.weight", {256}, kQ4_K, k4);
+  // A Q6_K one: d = 0.5 (the last two bytes), scales[0] = -2, scales[4] = 1; weight 0 is ql[0]'s
+  // low nibble 5 with qh[0]'s bits 0-1 (2) above it: 37 - 32 = 5; weight 64 is ql[0]'s high
+  // nibble 0 with qh[0]'s bits 4-5 (0): -32.
+  std::string k6(210, '\0');
+  k6[0] = 0x05, k6[128] = 0x02, k6[192] = static_cast<char>(-2), k6[196] = 1;
+  k6[208] = 0x00, k6[209] = 0x38;
+  q4k.tensor("blk.0.q6k_norm.weight", {256}, kQ6_K, k6);
+  absl::StatusOr<ModelWeights> kw = ModelWeights::open(write(q4k, "q4k.gguf"));
+  ASSERT_TRUE(kw.ok()) << kw.status();
+  const std::vector<float> k4v = to_f32(kw->get("blk.0.q4k_norm.weight").value()).value();
+  ASSERT_EQ(k4v.size(), 256u);
+  EXPECT_EQ(k4v[0], 13.75f);   // 0.5·3·10 - 0.25·5
+  EXPECT_EQ(k4v[1], -1.25f);   // q 0
+  EXPECT_EQ(k4v[32], 6.0f);    // 0.5·2·7 - 0.25·4
+  EXPECT_EQ(k4v[128], 25.0f);  // 0.5·17·3 - 0.25·2
+  const std::vector<float> k6v = to_f32(kw->get("blk.0.q6k_norm.weight").value()).value();
+  ASSERT_EQ(k6v.size(), 256u);
+  EXPECT_EQ(k6v[0], -5.0f);    // 0.5·-2·5
+  EXPECT_EQ(k6v[64], -16.0f);  // 0.5·1·-32
+  EXPECT_EQ(k6v[1], 32.0f);    // 0.5·-2·-32
 }
 
 TEST_F(GgufQwen3KeysTest, AMissingFileIsNotFoundAndADirectoryNamedGgufIsAModelDirectory) {

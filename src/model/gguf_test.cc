@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/gguf_test_util.h"
@@ -312,7 +313,7 @@ TEST_F(GgufParserTest, GeneralAlignmentMovesTheDataAndMustBeAPowerOfTwo) {
               HasSubstr("general.alignment must be a u32 power of two, got u64"));
 }
 
-TEST_F(GgufParserTest, QuantizedTensorsAreSizedByTheirBlocksAndOnlyQ8_0IsAView) {
+TEST_F(GgufParserTest, QuantizedTensorsAreSizedByTheirBlocksAndReadAsViews) {
   struct Case {
     uint32_t type;
     const char* name;
@@ -329,20 +330,12 @@ TEST_F(GgufParserTest, QuantizedTensorsAreSizedByTheirBlocksAndOnlyQ8_0IsAView) 
     ASSERT_TRUE(f.ok()) << c.name << ": " << f.status();
     EXPECT_EQ(f->tensors()[0].data.size(), c.bytes) << c.name;
     absl::StatusOr<TensorView> view = f->tensor("q");
-    if (c.type == kQ8_0 || c.type == kQ4_0) {
-      // Q8_0 and Q4_0 are read in place: their blocks, the row-major shape, their dtype.
-      ASSERT_TRUE(view.ok()) << view.status();
-      EXPECT_EQ(view->dtype, c.type == kQ8_0 ? task::DataType::kQ8_0 : task::DataType::kQ4_0);
-      EXPECT_EQ(view->shape, (std::vector<int64_t>{2, static_cast<int64_t>(c.cols)}));
-      EXPECT_EQ(view->bytes.data(), f->tensors()[0].data.data());
-      EXPECT_EQ(view->bytes.size(), c.bytes);
-    } else {
-      EXPECT_EQ(view.status().code(), absl::StatusCode::kUnimplemented);
-      EXPECT_THAT(msg(view.status()),
-                  HasSubstr(std::string("tensor 'q' is ") + c.name +
-                            ": its quantized kernels are not built yet (F32, F16, BF16, Q8_0 and "
-                            "Q4_0 tensors load)"));
-    }
+    // Every one is read in place: its blocks, the row-major shape, its dtype.
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->dtype, task::parse_data_type(c.name).value()) << c.name;
+    EXPECT_EQ(view->shape, (std::vector<int64_t>{2, static_cast<int64_t>(c.cols)}));
+    EXPECT_EQ(view->bytes.data(), f->tensors()[0].data.data());
+    EXPECT_EQ(view->bytes.size(), c.bytes);
     // One byte short of the blocks.
     GgufBuilder short_file;
     short_file.tensor("q", {2, c.cols}, c.type, std::string(c.bytes - 1, '\x01'));
@@ -354,6 +347,16 @@ TEST_F(GgufParserTest, QuantizedTensorsAreSizedByTheirBlocksAndOnlyQ8_0IsAView) 
   EXPECT_THAT(msg(open_bytes(ragged.build()).status()),
               HasSubstr("tensor 'q' of type Q8_0 has an innermost dimension of 48, not a "
                         "multiple of its block size 32"));
+  // A K type's rows are whole super-blocks of 256.
+  for (const auto& [type, name] : {std::pair{kQ4_K, "Q4_K"}, std::pair{kQ6_K, "Q6_K"}}) {
+    GgufBuilder ragged_k;
+    ragged_k.tensor("blk.0.ffn_down.weight", {2, 384}, type, std::string(3 * 210, '\0'));
+    absl::Status s = open_bytes(ragged_k.build()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(msg(s), HasSubstr(absl::StrCat("tensor 'blk.0.ffn_down.weight' of type ", name,
+                                               " has an innermost dimension of 384, not a "
+                                               "multiple of its block size 256")));
+  }
 }
 
 TEST(GgmlTypeTest, NamesEveryGgmlTypeAndKnowsTheBlockSizesOfTheOnesReadHere) {

@@ -46,7 +46,7 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
 // The dtypes to_f32 converts.
 bool is_float(DataType dtype) {
   return dtype == DataType::kFloat32 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat16 || dtype == DataType::kQ8_0 || dtype == DataType::kQ4_0;
+         dtype == DataType::kFloat16 || task::block_elements(dtype) > 1;
 }
 
 struct Entry {
@@ -599,10 +599,11 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
         str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16, Q8_0, Q4_0)"));
   }
   const int64_t n = view.numel();
-  if (task::block_elements(view.dtype) > 1 && n % 32 != 0) {
+  const int64_t per = task::block_elements(view.dtype);
+  if (per > 1 && n % per != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         str(view.name), " in ", str(view.file), ": ", str(task::safetensors_name(view.dtype)),
-        " tensor of ", n, " elements is not whole blocks of 32"));
+        " tensor of ", n, " elements is not whole blocks of ", per));
   }
   if (static_cast<int64_t>(out.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(str(view.name), " in ", str(view.file),
@@ -629,27 +630,11 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
         out[i] = task::f16_to_f32(h);
       }
       break;
-    case DataType::kQ8_0:  // blocks of 34 bytes: f16 d, 32 int8 q; d·q is exact in f32
-      for (int64_t b = 0; b < n / 32; ++b) {
-        uint16_t h;
-        std::memcpy(&h, src + 34 * b, 2);
-        const float d = task::f16_to_f32(h);
-        for (int64_t i = 0; i < 32; ++i) {
-          out[32 * b + i] = d * static_cast<float>(static_cast<int8_t>(src[34 * b + 2 + i]));
-        }
-      }
-      break;
-    case DataType::kQ4_0:  // blocks of 18 bytes: f16 d, 16 bytes of two nibbles; d·(q - 8)
-      for (int64_t b = 0; b < n / 32; ++b) {
-        uint16_t h;
-        std::memcpy(&h, src + 18 * b, 2);
-        const float d = task::f16_to_f32(h);
-        for (int64_t i = 0; i < 16; ++i) {
-          const auto q = static_cast<uint8_t>(src[18 * b + 2 + i]);
-          out[32 * b + i] = d * static_cast<float>((q & 15) - 8);
-          out[32 * b + 16 + i] = d * static_cast<float>((q >> 4) - 8);
-        }
-      }
+    case DataType::kQ8_0:  // ggml's blocks, as data_type.h says; every value exact but Q4_K's
+    case DataType::kQ4_0:  // (one rounding, the kernels' too)
+    case DataType::kQ4_K:
+    case DataType::kQ6_K:
+      task::dequantize_blocks(view.dtype, reinterpret_cast<const uint8_t*>(src), n, out.data());
       break;
     default:
       break;

@@ -39,6 +39,17 @@ TEST(DataType, Q8_0IsSizedByItsBlocks) {
   EXPECT_EQ(block_bytes(DataType::kQ4_0), 18u);
   EXPECT_EQ(bytes_of(DataType::kQ4_0, 64), 36u);
   EXPECT_EQ(*parse_data_type("Q4_0"), DataType::kQ4_0);
+  // q4_k and q6_k: super-blocks of 256 elements in 144 and 210 bytes (ggml's block_q4_K and
+  // block_q6_K).
+  EXPECT_EQ(block_elements(DataType::kQ4_K), 256);
+  EXPECT_EQ(block_bytes(DataType::kQ4_K), 144u);
+  EXPECT_EQ(block_elements(DataType::kQ6_K), 256);
+  EXPECT_EQ(block_bytes(DataType::kQ6_K), 210u);
+  EXPECT_EQ(bytes_of(DataType::kQ6_K, 512), 420u);
+  EXPECT_EQ(size_of(DataType::kQ4_K), 0u);
+  EXPECT_EQ(*parse_data_type("Q4_K"), DataType::kQ4_K);
+  EXPECT_EQ(*parse_data_type("q6_k"), DataType::kQ6_K);
+  EXPECT_EQ(safetensors_name(DataType::kQ6_K), "Q6_K");
   EXPECT_EQ(*parse_data_type("q8_0"), DataType::kQ8_0);
   auto t = Tensor::contiguous(0x1000, {3, 64}, DataType::kQ8_0);
   ASSERT_TRUE(t.ok());

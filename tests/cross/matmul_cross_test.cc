@@ -2,8 +2,8 @@
 // (kernels only: the rest of simpler needs the target's libraries, which a cross build lacks).
 // On aarch64: the NEON path against the portable one bitwise (the 16-lane contract of
 // matmul_impl.h), both against the f64 product of the same widened values, on odd shapes (rows
-// 1-17, K around the 4- and 16-lane widths and past the blocks of k) and every weight type, Q8_0
-// and Q4_0 included (the
+// 1-17, K around the 4- and 16-lane widths and past the blocks of k) and every weight type, Q8_0,
+// Q4_0, Q4_K and Q6_K included (the
 // portable path is fused on aarch64: portable_fused()); the FMA probe; and the portable attention
 // tile's exact fused multiply-add against the hardware one. A plain main (the target's
 // GoogleTest is not installed): it prints the first mismatches and exits 1.
@@ -70,9 +70,64 @@ Weights make_q4_0_weights(size_t n, std::mt19937& gen) {
   return w;
 }
 
+// A random f16 scale (every 5th an f16 subnormal), as a double.
+uint16_t random_scale(size_t b, std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  uint16_t d = Eigen::numext::bit_cast<uint16_t>(Eigen::half(u(gen)));
+  if (b % 5 == 2) d = static_cast<uint16_t>(1 + b % 900);
+  return d;
+}
+double half(uint16_t h) { return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(h)); }
+
+// n / 256 Q4_K super-blocks (random d, dmin and bytes; values by ggml's dequantize_row_q4_K
+// loop, (d·sc)·q - dmin·m exact in f64, rounded once to f32) or Q6_K ones (random bytes and d;
+// d·sc·(q - 32), exact).
+Weights make_k_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  Weights w;
+  const bool q4 = wt == md::WeightType::kQ4_K;
+  for (size_t b = 0; b < n / 256; ++b) {
+    uint8_t k[210];
+    for (uint8_t& v : k) v = static_cast<uint8_t>(byte(gen));
+    const uint16_t d = random_scale(b, gen), dmin = random_scale(b + 1, gen);
+    std::memcpy(k + (q4 ? 0 : 208), &d, 2);
+    if (q4) std::memcpy(k + 2, &dmin, 2);
+    std::vector<double> v(256);
+    for (int c = 0; c < 4 && q4; ++c) {
+      for (int j = 2 * c; j < 2 * c + 2; ++j) {
+        const uint8_t* sc = k + 4;
+        const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+        const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t q = k[16 + 32 * c + l];
+          v[32 * j + l] =
+              static_cast<float>(half(d) * s * (j == 2 * c ? q & 15 : q >> 4) - half(dmin) * m);
+        }
+      }
+    }
+    for (int h = 0; h < 2 && !q4; ++h) {
+      const uint8_t *ql = k + 64 * h, *qh = k + 128 + 32 * h;
+      const auto* sc = reinterpret_cast<const int8_t*>(k + 192 + 8 * h);
+      for (int l = 0; l < 32; ++l) {
+        v[128 * h + l] = half(d) * sc[l / 16] * (((ql[l] & 15) | (qh[l] & 3) << 4) - 32);
+        v[128 * h + l + 32] =
+            half(d) * sc[l / 16 + 2] * (((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+        v[128 * h + l + 64] =
+            half(d) * sc[l / 16 + 4] * (((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+        v[128 * h + l + 96] =
+            half(d) * sc[l / 16 + 6] * (((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+      }
+    }
+    w.bytes.insert(w.bytes.end(), k, k + (q4 ? 144 : 210));
+    w.values.insert(w.values.end(), v.begin(), v.end());
+  }
+  return w;
+}
+
 Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
   if (wt == md::WeightType::kQ8_0) return make_q8_0_weights(n, gen);
   if (wt == md::WeightType::kQ4_0) return make_q4_0_weights(n, gen);
+  if (wt == md::WeightType::kQ4_K || wt == md::WeightType::kQ6_K) return make_k_weights(wt, n, gen);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   Weights w;
   w.values.resize(n);
@@ -99,12 +154,14 @@ void check_shapes() {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int cases = 0;
-  for (md::WeightType wt : {md::WeightType::kF32, md::WeightType::kBF16, md::WeightType::kF16,
-                            md::WeightType::kQ8_0, md::WeightType::kQ4_0}) {
+  for (md::WeightType wt :
+       {md::WeightType::kF32, md::WeightType::kBF16, md::WeightType::kF16, md::WeightType::kQ8_0,
+        md::WeightType::kQ4_0, md::WeightType::kQ4_K, md::WeightType::kQ6_K}) {
     for (int64_t rows : {1, 2, 3, 5, 16, 17}) {
-      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 32, 96, 100, 1100, 1120, 2503}) {  // past k blocks
+      for (int64_t k : {1, 3, 4, 5, 15, 16, 17, 32, 96, 100, 256, 512, 1100, 1120, 2503, 2560}) {
         const bool blocks = wt == md::WeightType::kQ8_0 || wt == md::WeightType::kQ4_0;
-        if (blocks && k % 32 != 0) continue;  // rows of whole blocks
+        const bool super = wt == md::WeightType::kQ4_K || wt == md::WeightType::kQ6_K;
+        if ((blocks && k % 32 != 0) || (super && k % 256 != 0)) continue;  // whole blocks
         for (int64_t n : {1, 5, 6, 7, 37}) {
           std::vector<float> x(rows * k), y0(rows * n);
           for (float& v : x) v = u(gen);

@@ -2436,11 +2436,58 @@ GGUF_TO_HF = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
+def dequantize_q4_k(raw):
+    """ggml's dequantize_row_q4_K on super-blocks of 144 bytes: d, dmin (f16), 12 bytes of 6-bit
+    scales and mins (get_scale_min_k4), 128 bytes qs whose low then high nibbles of each 32 bytes
+    are two sub-blocks of 32; value (d·sc)·q - dmin·m, in float32 as ggml computes it."""
+    blocks = raw.reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view("<f2").astype(np.float32)
+    sc = blocks[:, 4:16].astype(np.int32)
+    qs = blocks[:, 16:144].reshape(-1, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
+    scale = np.empty((len(blocks), 8), dtype=np.int32)
+    mins = np.empty((len(blocks), 8), dtype=np.int32)
+    for j in range(8):
+        if j < 4:
+            scale[:, j], mins[:, j] = sc[:, j] & 63, sc[:, j + 4] & 63
+        else:
+            scale[:, j] = (sc[:, j + 4] & 15) | ((sc[:, j - 4] >> 6) << 4)
+            mins[:, j] = (sc[:, j + 4] >> 4) | ((sc[:, j] >> 6) << 4)
+    a = (d * scale.astype(np.float32))[:, :, None]
+    m = (dmin * mins.astype(np.float32))[:, :, None]
+    return (a * q - m).astype(np.float32).reshape(-1)
+
+
+def dequantize_q6_k(raw):
+    """ggml's dequantize_row_q6_K on super-blocks of 210 bytes: ql[128], qh[64], 16 int8
+    scales, d (f16); each half of 128 takes 64 bytes of ql and 32 of qh, weight 32c + l
+    (c < 4) the low (c < 2) or high nibble of ql[32·(c % 2) + l] with bits 2c of qh[l] above
+    it, less 32, times d·scales[8h + 2c + l / 16]."""
+    blocks = raw.reshape(-1, 210)
+    d = blocks[:, 208:210].copy().view("<f2").astype(np.float32)
+    sc = blocks[:, 192:208].copy().view(np.int8).astype(np.float32)
+    out = np.empty((len(blocks), 256), dtype=np.float32)
+    for h in range(2):
+        ql = blocks[:, 64 * h:64 * h + 64].astype(np.int32)
+        qh = blocks[:, 128 + 32 * h:160 + 32 * h].astype(np.int32)
+        for c in range(4):
+            lo = ql[:, 32 * (c % 2):32 * (c % 2) + 32]
+            lo = lo & 15 if c < 2 else lo >> 4
+            q = (lo | (((qh >> (2 * c)) & 3) << 4)) - 32
+            for g in range(2):
+                s = (d[:, 0] * sc[:, 8 * h + 2 * c + g])[:, None]
+                out[:, 128 * h + 32 * c + 16 * g:128 * h + 32 * c + 16 * g + 16] = \
+                    s * q[:, 16 * g:16 * g + 16].astype(np.float32)
+    return out.reshape(-1)
+
+
 def read_gguf_dequantized(path):
-    """{checkpoint name: f32 array} of a GGUF file of F32, Q8_0 and Q4_0 tensors, read by this
-    test's own reader (ggml's docs/gguf.md) and dequantized as ggml defines them (blocks of 32: an
-    f16 scale d, then 32 int8 q, value d·q, or 16 bytes whose low then high nibbles n give
-    d·(n - 8)); also the ggml type of each tensor by its GGUF name."""
+    """{checkpoint name: f32 array} of a GGUF file of F32, Q8_0, Q4_0, Q4_K and Q6_K tensors, read
+    by this test's own reader (ggml's docs/gguf.md) and dequantized as ggml defines them (blocks of
+    32: an f16 scale d, then 32 int8 q, value d·q, or 16 bytes whose low then high nibbles n give
+    d·(n - 8); super-blocks of 256: dequantize_q4_k, dequantize_q6_k); also the ggml type of each
+    tensor by its GGUF name."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     at = 0
 
@@ -2503,9 +2550,13 @@ def read_gguf_dequantized(path):
             qs = blocks[:, 2:]
             q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.float32) - 8
             arr = (d * q).reshape(-1)
+        elif ggml_type in (12, 14):
+            size = 144 if ggml_type == 12 else 210
+            raw = np.frombuffer(data, dtype=np.uint8, count=n // 256 * size, offset=start + offset)
+            arr = dequantize_q4_k(raw) if ggml_type == 12 else dequantize_q6_k(raw)
         else:
-            raise Failure(f"{path}: tensor {name} has ggml type {ggml_type}, not F32, Q8_0 or "
-                          f"Q4_0")
+            raise Failure(f"{path}: tensor {name} has ggml type {ggml_type}, not F32, Q8_0, "
+                          f"Q4_0, Q4_K or Q6_K")
         types[name] = ggml_type
         base, _, _ = name.rpartition(".")
         parts = base.split(".")
@@ -2517,19 +2568,41 @@ def read_gguf_dequantized(path):
     return out, types
 
 
+def expected_gguf_type(qtype, name, head):
+    """The ggml type export-gguf writes for GGUF tensor `name` of the scenario's models: 0 for
+    the norms; q8_0 every matrix Q8_0; q4_0 Q4_0 but the LM head (Q8_0); q4_k_m (the model of 4
+    layers, rows of 256 and 512) Q6_K for the head and for attn_v / ffn_down of layers 2 and 3
+    (llama.cpp's use_more_bits for 4 layers), Q4_K for the rest."""
+    matrix = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                            "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                            "ffn_down.weight", "token_embd.weight", "output.weight"))
+    if not matrix:
+        return 0
+    if qtype == "q4_k_m":
+        more_bits = name.startswith(("blk.2.", "blk.3.")) and \
+            name.endswith(("attn_v.weight", "ffn_down.weight"))
+        return 14 if name == head or more_bits else 12
+    return 8 if qtype == "q8_0" or name == head else 2
+
+
 def scenario_gguf_quantized(ctx):
-    """`simpler export-gguf --type q8_0|q4_0`: q8_0 makes every 2-D tensor Q8_0 (token_embd and
-    output, tied or not), q4_0 every one Q4_0 but the LM head (Q8_0), the norms F32; decoding
-    the file gives bitwise the tokens and logits of the f32 checkpoint of its dequantized weights
-    (d·q is exact in f32, so the numerics contract holds for them), and the float64 reference on
-    that checkpoint agrees within the usual tolerance."""
+    """`simpler export-gguf --type q8_0|q4_0|q4_k_m`: q8_0 makes every 2-D tensor Q8_0 (token_embd
+    and output, tied or not), q4_0 every one Q4_0 but the LM head (Q8_0), q4_k_m llama.cpp's
+    Q4_K / Q6_K mix (on a model whose rows are whole super-blocks), the norms F32; decoding the
+    file gives bitwise the tokens and logits of the f32 checkpoint of its dequantized weights
+    (the dequantized value is the same f32 on every path, so the numerics contract holds for
+    them), and the float64 reference on that checkpoint agrees within the usual tolerance."""
     pb = ctx.problems
     sys.path.insert(0, os.path.dirname(ctx.reference_py))
     import qwen3_ref  # noqa: E402  (the reference's own safetensors writer)
     max_new, steps = 24, (0, 1, 23)
-    for qtype, tie in (("q8_0", "tied"), ("q8_0", "untied"), ("q4_0", "tied")):
+    for qtype, tie in (("q8_0", "tied"), ("q8_0", "untied"), ("q4_0", "tied"),
+                       ("q4_k_m", "wide")):
         label = f"{qtype} {tie}"
         model = ctx.path(f"model_{tie}")
+        if tie == "wide" and not os.path.exists(model):  # rows of 256 and 512, tied
+            ctx.write_model(model, "--seed", "33", "--dtype", "bf16", "--layers", "4",
+                            "--hidden", "256", "--intermediate", "512")
         if not os.path.exists(model):
             ctx.write_model(model, "--seed", "31", "--dtype", "bf16", "--layers", "2",
                             *(("--untied",) if tie == "untied" else ()))
@@ -2539,10 +2612,7 @@ def scenario_gguf_quantized(ctx):
         weights, types = read_gguf_dequantized(gguf)
         head = "output.weight" if tie == "untied" else "token_embd.weight"
         for name, t in types.items():
-            matrix = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
-                                    "ffn_down.weight", "token_embd.weight", "output.weight"))
-            want = 0 if not matrix else 8 if qtype == "q8_0" or name == head else 2
+            want = expected_gguf_type(qtype, name, head)
             pb.check(t == want, f"{label}: {name} has ggml type {t}, expected {want}")
         pb.check(("output.weight" in types) == (tie == "untied"),
                  f"{label}: output.weight {'present' if 'output.weight' in types else 'absent'}")
@@ -2564,7 +2634,7 @@ def scenario_gguf_quantized(ctx):
                 f.write(json.dumps({"prompt_ids": p}) + "\n")
         args = ["--prompts-file", pfile, "--max-new-tokens", str(max_new), "--ignore-eos",
                 "--dump-logits-steps", csv(steps)]
-        got, _, _ = ctx.generate(gguf, args, f"generate q8_0 GGUF ({label})")
+        got, _, _ = ctx.generate(gguf, args, f"generate {qtype} GGUF ({label})")
         want, _, _ = ctx.generate(deq, args, f"generate dequantized f32 ({label})")
         g, w = got.get("requests", []), want.get("requests", [])
         if not pb.check(len(g) == len(w) == len(prompts), f"{label}: {len(g)} requests"):
@@ -2572,7 +2642,7 @@ def scenario_gguf_quantized(ctx):
         for i, (a, b) in enumerate(zip(g, w)):
             for key in ("tokens", "logits"):
                 pb.check(a.get(key) == b.get(key),
-                         f"{label} request {i}: {key} of the q8_0 file differ from the "
+                         f"{label} request {i}: {key} of the {qtype} file differ from the "
                          f"dequantized f32 checkpoint's: {str(a.get(key))[:200]} vs "
                          f"{str(b.get(key))[:200]}")
         ref, _ = ctx.reference_generate(deq, prompts, max_new, steps, [],
@@ -2584,10 +2654,10 @@ def scenario_gguf_quantized(ctx):
     # The type mix: bench load and /v1/models count the last file's tensors by type.
     mix = {}
     for t in types.values():
-        name = {0: "f32", 2: "q4_0", 8: "q8_0"}[t]
+        name = {0: "f32", 2: "q4_0", 8: "q8_0", 12: "q4_k", 14: "q6_k"}[t]
         mix[name] = mix.get(name, 0) + 1
     p, _ = ctx.run_ok([ctx.simpler, "bench", "load", "--model", gguf, "--json"],
-                      label="bench load (q4_0)")
+                      label="bench load (q4_k_m)")
     row = parse_one_json_object(p.stdout, "bench load")
     pb.check(row.get("weight_types") == mix,
              f"bench load: weight_types {row.get('weight_types')} != the file's {mix}")

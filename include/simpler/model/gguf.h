@@ -13,10 +13,9 @@
 // element type, u64 element count, the elements.
 //
 // Tensor types read here, with their ggml block sizes (elements and bytes per block): F32 (1, 4),
-// F16 (1, 2), BF16 (1, 2), Q4_0 (32, 18), Q8_0 (32, 34), Q4_K (256, 144), Q6_K (256, 210). F32,
-// F16, BF16, Q8_0 and Q4_0 tensors give a TensorView (Q8_0 / Q4_0 as task::DataType::kQ8_0 /
-// kQ4_0, their blocks in place); Q4_K and Q6_K are parsed and bounds-checked but refused by
-// `tensor` (no kernels for them yet). Any other ggml type is refused at open.
+// F16 (1, 2), BF16 (1, 2), Q4_0 (32, 18), Q8_0 (32, 34), Q4_K (256, 144), Q6_K (256, 210). Each
+// gives a TensorView (the quantized ones as task::DataType::kQ8_0 / kQ4_0 / kQ4_K / kQ6_K, their
+// blocks in place). Any other ggml type is refused at open.
 //
 // Validation at open, each failure a status whose message starts with the path:
 //   DATA_LOSS          the file ends early: inside the header, a key-value, a string (a length
@@ -171,11 +170,8 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const;
   // The info of `name`; nullptr when absent.
   const GgufTensorInfo* find_tensor(std::string_view name) const;
-  // The view of an F32, F16, BF16, Q8_0 or Q4_0 tensor (dtype, row-major shape, its bytes in the
-  // mapping; a quantized one's are its blocks, unchanged). NOT_FOUND "tensor 'x' not found in
-  // <path>"; UNIMPLEMENTED
-  // for another quantized tensor: "<path>: tensor 'x' is Q4_K: its quantized kernels are not built
-  // yet (F32, F16, BF16, Q8_0 and Q4_0 tensors load)".
+  // The view of a tensor (dtype, row-major shape, its bytes in the mapping; a quantized one's are
+  // its blocks, unchanged). NOT_FOUND "tensor 'x' not found in <path>".
   absl::StatusOr<TensorView> tensor(std::string_view name) const;
 
  private:

@@ -8,10 +8,10 @@
 //
 // What is written, as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 checkpoint:
 //   general.architecture "qwen3", general.name, general.alignment 32, general.file_type
-//   (0 all f32, 32 mostly bf16, 7 mostly Q8_0, 2 mostly Q4_0); qwen3.{context_length,
-//   embedding_length, block_count, feed_forward_length, attention.head_count,
-//   attention.head_count_kv, attention.key_length, attention.value_length} (u32),
-//   qwen3.rope.freq_base, qwen3.attention.layer_norm_rms_epsilon (f32); tokenizer.ggml.model
+//   (0 all f32, 32 mostly bf16, 7 mostly Q8_0, 2 mostly Q4_0, 15 mostly Q4_K_M);
+//   qwen3.{context_length, embedding_length, block_count, feed_forward_length,
+//   attention.head_count, attention.head_count_kv, attention.key_length, attention.value_length}
+//   (u32), qwen3.rope.freq_base, qwen3.attention.layer_norm_rms_epsilon (f32); tokenizer.ggml.model
 //   "gpt2", tokenizer.ggml.pre "qwen2", tokenizer.ggml.tokens (every id up to vocab_size:
 //   tokenizer.json's vocabulary and added tokens, "[PAD<id>]" for ids neither names),
 //   tokenizer.ggml.token_type (1 normal, 3 control = special added tokens, 4 user defined = other
@@ -28,8 +28,16 @@
 // not) is Q8_0 by ggml's reference quantizer (quantize_row_q8_0 below); a 2-D tensor whose rows
 // are not whole blocks of 32 falls back to F16, as the converter does; 1-D tensors stay F32.
 // Q4_0 follows llama-quantize's Q4_0 file type: every 2-D tensor Q4_0 (quantize_row_q4_0) but
-// the LM head (output.weight, or token_embd.weight when tied), which llama.cpp writes Q6_K and we
-// write Q8_0 (no Q6_K kernels here; llama.cpp's own fallback for such a head); 1-D tensors F32.
+// the LM head (output.weight, or token_embd.weight when tied), which is Q6_K (quantize_row_q6_k),
+// or Q8_0 when its rows are not whole super-blocks of 256 (llama.cpp's fallback); 1-D tensors F32.
+// Q4_K_M follows llama-quantize's Q4_K_M file type for a dense model without an importance matrix
+// (llama_tensor_get_type in llama-quant.cpp): Q4_K (quantize_row_q4_k) for every 2-D tensor but
+// the LM head (output.weight, or token_embd.weight when tied: Q6_K) and attn_v / ffn_down of the
+// layers where use_more_bits(layer, layers) holds (layer < layers/8, layer >= 7·layers/8, or
+// (layer - layers/8) % 3 == 2: Q6_K, quantize_row_q6_k); an untied token_embd is Q4_K. A tensor
+// whose rows are not whole super-blocks of 256 falls back as llama.cpp's tensor_type_fallback
+// does, Q6_K to Q8_0, except Q4_K, which llama.cpp writes Q5_0 and we write Q8_0 (no Q5_0 kernels
+// here). 1-D tensors F32.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +52,9 @@ namespace simpler::llm {
 // The type of the 2-D tensors in the file: kBf16 copies bf16 checkpoints as they are (f32 / f16
 // ones rounded to bf16, nearest even); kF32 widens everything to f32 (exact); kQ8_0 quantizes
 // them (quantize_row_q8_0).
-// kQ4_0 quantizes them with quantize_row_q4_0, the LM head with quantize_row_q8_0.
-enum class GgufType : uint8_t { kBf16, kF32, kQ8_0, kQ4_0 };
+// kQ4_0 quantizes them with quantize_row_q4_0, the LM head with quantize_row_q6_k (or
+// quantize_row_q8_0, above); kQ4_K_M writes llama.cpp's Q4_K_M mix (above).
+enum class GgufType : uint8_t { kBf16, kF32, kQ8_0, kQ4_0, kQ4_K_M };
 
 // ggml's reference Q8_0 quantizer (quantize_row_q8_0_ref in ggml-quants.c), written here from its
 // definition: `x` in blocks of 32; for each block amax = max |x|, d = amax / 127 (f32),
@@ -62,6 +71,28 @@ absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out)
 // for j < 16 the byte qs[j] = xi(x[j]) | xi(x[j + 16]) << 4 with xi(v) = min(15, trunc(v·id +
 // 8.5)). `out` receives x.size() / 32 blocks of 18 bytes. Errors as quantize_row_q8_0's.
 absl::Status quantize_row_q4_0(std::span<const float> x, std::span<uint8_t> out);
+
+// ggml's reference Q4_K quantizer (quantize_row_q4_K_ref, with make_qkx2_quants and
+// get_scale_min_k4's packing), written from its definition: per super-block of 256, each
+// sub-block of 32 gets an affine scale and min by make_qkx2_quants (weights av + |x|, av the
+// sub-block's root mean square; 21 trial scales nmax = 15 - 1 + 0.1·i over max - min, each
+// refined by weighted least squares, the least weighted squared error kept); the eight scales and
+// mins are quantized to 6 bits against d = max scale / 63 and dmin = max min / 63 (stored as
+// binary16), and each value's level is nearest_int((x + dmin·m) / (d·sc)) clamped to [0, 15].
+// nearest_int rounds half to even. The same float operations in the same order as the
+// reference, so the bytes are llama.cpp's where neither build contracts multiply-adds (x86-64
+// baseline; tests/llamacpp checks them). `out` receives x.size() / 256 blocks of 144 bytes
+// (task::DataType::kQ4_K). INVALID_ARGUMENT when x.size() is not a multiple of 256, out.size()
+// is not x.size() / 256 · 144, or a value is NaN or infinite (naming its index). Thread-safe.
+absl::Status quantize_row_q4_k(std::span<const float> x, std::span<uint8_t> out);
+
+// ggml's reference Q6_K quantizer (quantize_row_q6_K_ref, with make_qx_quants, rmse_type 1):
+// per group of 16 a symmetric scale by make_qx_quants (19 trial scales -(32 + 0.1·i) / max, the
+// best by the x²-weighted least squares), the sixteen scales quantized to int8 against
+// d = -max scale / 128 (binary16; all-zero blocks store zeros), each level
+// nearest_int(x / (d·sc)) clamped to [-32, 31] plus 32, packed as task::DataType::kQ6_K. `out`
+// receives x.size() / 256 blocks of 210 bytes. Errors as quantize_row_q4_k's (210 for 144).
+absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out);
 
 struct GgufExportOptions {
   std::string model_dir;  // config.json, tokenizer.json, model.safetensors (or shards)

@@ -102,10 +102,8 @@ class SafetensorsFile {
 // named by the model's name (gguf.h's mapping of llama.cpp's names: token_embd.weight is
 // model.embed_tokens.weight, blk.N.attn_q.weight is model.layers.N.self_attn.q_proj.weight, ...;
 // a tensor without a model name keeps its GGUF name) with its row-major shape, in its file type
-// F32, F16, BF16, Q8_0 or Q4_0 (its blocks, task::DataType::kQ8_0 / kQ4_0) and borrowed from the
-// mapping like a safetensors tensor. A tensor of another quantized type (Q4_K, Q6_K) is refused by
-// `open` with UNIMPLEMENTED naming the tensor and the type (no kernels for it yet); the errors of
-// GgufFile::open.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K (its blocks, task::DataType::kQ8_0 / kQ4_0 / kQ4_K /
+// kQ6_K) and borrowed from the mapping like a safetensors tensor; the errors of GgufFile::open.
 class ModelWeights {
  public:
   // Errors: NOT_FOUND when the directory holds neither file, or a listed shard is missing
@@ -141,12 +139,14 @@ class ModelWeights {
   // The view of `name`, checked: INVALID_ARGUMENT when the shape differs
   // ("model.layers.3.self_attn.q_proj.weight in model-00002-of-00002.safetensors: shape [64,128],
   // expected [128,128]") or the dtype is not one of `allowed` (default: the dtypes the model's
-  // kernels take, F32, BF16, F16 and, from a GGUF file, Q8_0 and Q4_0; empty = any dtype).
+  // kernels take, F32, BF16, F16 and, from a GGUF file, Q8_0, Q4_0, Q4_K and Q6_K; empty = any
+  // dtype).
   absl::StatusOr<TensorView> get(std::string_view name, const std::vector<int64_t>& expected_shape,
                                  const std::vector<task::DataType>& allowed = {
                                      task::DataType::kFloat32, task::DataType::kBFloat16,
                                      task::DataType::kFloat16, task::DataType::kQ8_0,
-                                     task::DataType::kQ4_0}) const;
+                                     task::DataType::kQ4_0, task::DataType::kQ4_K,
+                                     task::DataType::kQ6_K}) const;
 
  private:
   struct State;

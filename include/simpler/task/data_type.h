@@ -27,29 +27,51 @@ enum class DataType : uint8_t {
   // block is d·((qs[i] & 15) - 8), element i + 16 is d·((qs[i] >> 4) - 8) (exact in f32). Rows
   // as kQ8_0.
   kQ4_0 = 7,
+  // ggml's block_q4_K (ggml-common.h): super-blocks of 256 consecutive elements along the
+  // innermost dimension, each 144 bytes: d and dmin (IEEE binary16, little-endian), 12 bytes of
+  // eight packed 6-bit scales and mins (ggml's get_scale_min_k4: sub-block j < 4 takes
+  // scales[j] & 63 and scales[j + 4] & 63; j >= 4 takes (scales[j + 4] & 15) | (scales[j - 4] >> 6)
+  // << 4 and (scales[j + 4] >> 4) | (scales[j] >> 6) << 4), then 128 bytes qs. Element 64c + l
+  // (l < 32) is the low nibble of qs[32c + l], element 64c + 32 + l its high nibble; element i of
+  // sub-block j = i / 32 is (d·sc_j)·q - dmin·m_j, both products exact in f32, the difference
+  // rounded once. A tensor of it is [..., n] with n a multiple of 256.
+  kQ4_K = 8,
+  // ggml's block_q6_K: super-blocks of 256 elements in 210 bytes: ql[128] (low 4 bits), qh[64]
+  // (high 2 bits), 16 int8 scales, then d (binary16). In half h (128 elements) element
+  // 128h + 32c + l (c < 4, l < 32) has low bits from ql[64h + 32(c & 1) + l] (low nibble for c < 2,
+  // high for c >= 2) and high bits (qh[32h + l] >> 2c) & 3; q is those 6 bits less 32, and the
+  // element is d·scales[8h + 2c + l / 16]·q, exact in f32. Rows as kQ4_K.
+  kQ6_K = 9,
 };
 
-// Elements per block: 32 for kQ8_0 and kQ4_0, 1 for every other dtype.
+// Elements per block: 32 for kQ8_0 and kQ4_0, 256 for kQ4_K and kQ6_K, 1 for every other dtype.
 int64_t block_elements(DataType dtype);
-// Bytes per block: 34 for kQ8_0, 18 for kQ4_0, size_of for every other dtype.
+// Bytes per block: 34 for kQ8_0, 18 for kQ4_0, 144 for kQ4_K, 210 for kQ6_K, size_of for every
+// other dtype.
 size_t block_bytes(DataType dtype);
 // Bytes of `numel` consecutive elements (rounded up to whole blocks for a block dtype).
 uint64_t bytes_of(DataType dtype, uint64_t numel);
-// Bytes per element; 0 for a block dtype (kQ8_0, kQ4_0), whose bytes are block_bytes per
-// block_elements elements (bytes_of).
+// Bytes per element; 0 for a block dtype (kQ8_0, kQ4_0, kQ4_K, kQ6_K), whose bytes are block_bytes
+// per block_elements elements (bytes_of).
 size_t size_of(DataType dtype);
 
-// Short name: "f32", "bf16", "f16", "i32", "i64", "u8", "q8_0", "q4_0".
+// Short name: "f32", "bf16", "f16", "i32", "i64", "u8", "q8_0", "q4_0", "q4_k", "q6_k".
 std::string_view name_of(DataType dtype);
 
-// Parses a short name ("f32", ..., "q8_0", "q4_0") or a safetensors dtype string ("F32", "BF16",
+// Parses a short name ("f32", ..., "q4_k", "q6_k") or a safetensors dtype string ("F32", "BF16",
 // "F16", "I32", "I64", "U8"; safetensors spec, huggingface/safetensors README).
 // INVALID_ARGUMENT names the unknown string.
 absl::StatusOr<DataType> parse_data_type(std::string_view text);
 
-// The safetensors dtype string of `dtype` (for kQ8_0 and kQ4_0, which safetensors lacks, ggml's
-// "Q8_0" and "Q4_0").
+// The safetensors dtype string of `dtype` (for the block dtypes, which safetensors lacks, ggml's
+// "Q8_0", "Q4_0", "Q4_K" and "Q6_K").
 std::string_view safetensors_name(DataType dtype);
+
+// The `numel` elements (a multiple of block_elements(dtype)) of a block dtype stored at `src`
+// (numel / block_elements whole blocks) as f32, by the formulas above, into out[0, numel). The
+// same values, bit for bit, as the matmul kernels' dequantization in registers. A dtype with
+// block_elements 1 writes nothing.
+void dequantize_blocks(DataType dtype, const uint8_t* src, int64_t numel, float* out);
 
 // Scalar conversions (IEEE 754 binary16; bfloat16 = top 16 bits of binary32,
 // round-to-nearest-even on the way down, NaN kept quiet).
