@@ -145,8 +145,19 @@ bool decode_utf8(std::string_view text, size_t& i, uint32_t& cp) {
   return true;
 }
 
+namespace {
+
+uint32_t depth_of(const std::vector<ExprPtr>& items) {
+  uint32_t d = 0;
+  for (const ExprPtr& x : items) d = std::max(d, x->depth);
+  return d + 1;
+}
+
+}  // namespace
+
 ExprPtr seq(std::vector<ExprPtr> items) {
   auto e = std::make_shared<Expr>();
+  e->depth = depth_of(items);
   e->kind = Expr::Kind::kSeq;
   e->items = std::move(items);
   return e;
@@ -155,6 +166,7 @@ ExprPtr seq(std::vector<ExprPtr> items) {
 ExprPtr alt(std::vector<ExprPtr> items, std::string name) {
   auto e = std::make_shared<Expr>();
   e->kind = Expr::Kind::kAlt;
+  e->depth = depth_of(items);
   e->items = std::move(items);
   e->name = std::move(name);
   return e;
@@ -177,6 +189,7 @@ ExprPtr repeat(ExprPtr item, uint32_t min, uint32_t max, std::string name) {
   if (max == 0) return seq({});
   auto e = std::make_shared<Expr>();
   e->kind = Expr::Kind::kRepeat;
+  e->depth = item->depth + 1;
   e->items = {std::move(item)};
   e->min = min;
   e->max = max;

@@ -62,7 +62,11 @@ struct Expr {
   uint32_t min = 0, max = 0;   // kRepeat: max may be kUnbounded
   uint32_t rule = 0;           // kRule: a rule id of the builder
   std::string name;            // the name of the rule it lowers to (for error messages)
+  uint32_t depth = 1;          // 1 + the deepest part's depth
 };
+
+// The deepest expression tree the front ends build: the tree functions below recurse on it.
+inline constexpr uint32_t kMaxExprDepth = 1000;
 
 ExprPtr seq(std::vector<ExprPtr> items);
 ExprPtr alt(std::vector<ExprPtr> items, std::string name);

@@ -45,6 +45,8 @@ class GbnfParser {
 
  private:
   static constexpr size_t kNever = SIZE_MAX;
+  // Parentheses and stacked quantifiers, below the trees' own bound (non_empty adds levels).
+  static constexpr uint32_t kMaxNesting = internal::kMaxExprDepth / 4;
   struct Rule {
     uint32_t id = 0;
     size_t defined_at = kNever, used_at = kNever;
@@ -61,6 +63,9 @@ class GbnfParser {
       }
     }
     return absl::StrCat(line, ":", col);
+  }
+  absl::Status too_deep(size_t at) const {
+    return error(absl::StrCat("groups and repetitions nested deeper than ", kMaxNesting), at);
   }
   absl::Status error(std::string_view what, size_t at) const {
     return absl::InvalidArgumentError(absl::StrCat(std::string(what), " at ", where(at)));
@@ -152,12 +157,14 @@ class GbnfParser {
         if (r.used_at == kNever) r.used_at = at;
         e = internal::rule_ref(r.id);
       } else if (c == '(') {
+        if (++open_groups_ > kMaxNesting) return too_deep(at);
         ++i_;
         space(true);
         std::vector<ExprPtr> alts;
         if (absl::Status s = alternates(rule, true, alts); !s.ok()) return s;
         if (cur() != ')') return error("expected )", i_);
         ++i_;
+        --open_groups_;
         e = alts.size() == 1
                 ? alts[0]
                 : internal::alt(std::move(alts), absl::StrCat(rule, " (group at ", where(at), ")"));
@@ -165,6 +172,7 @@ class GbnfParser {
         if (items.empty()) return error("repetition without a preceding item", at);
         absl::Status s = quantifier(rule, items.back());
         if (!s.ok()) return s;
+        if (items.back()->depth > kMaxNesting) return too_deep(at);
         space(nested);
         continue;
       } else if (c == '<' || c == '!') {
@@ -174,6 +182,7 @@ class GbnfParser {
       }
       if (!e.ok()) return e;
       items.push_back(*std::move(e));
+      if (items.back()->depth > kMaxNesting) return too_deep(at);
       space(nested);
     }
     return items.size() == 1 ? items[0] : internal::seq(std::move(items));
@@ -311,6 +320,7 @@ class GbnfParser {
   GrammarBuilder& b_;
   internal::Lowerer lower_;
   absl::flat_hash_map<std::string, Rule> rules_;
+  uint32_t open_groups_ = 0;
 };
 
 }  // namespace

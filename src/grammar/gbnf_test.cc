@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace simpler::grammar::gbnf_test {
@@ -132,10 +133,15 @@ TEST(GbnfTest, LeftRecursionAndEmptyLanguagesAreRefusedNamingTheRule) {
 }
 
 TEST(GbnfTest, DeepNestingAndTheMaskAgreeWithAdvancingEachToken) {
-  std::string deep = "root ::= " + std::string(2000, '(') + "\"x\"" + std::string(2000, ')');
-  const auto g = compile(deep);
+  const auto nest = [](int n) {
+    return "root ::= " + std::string(n, '(') + "\"x\"" + std::string(n, ')');
+  };
+  const auto g = compile(nest(250));
   ASSERT_NE(g, nullptr);
   EXPECT_TRUE(accepts(g, "x"));
+  EXPECT_EQ(error_of(nest(100000)), "groups and repetitions nested deeper than 250 at 1:260");
+  EXPECT_THAT(error_of("root ::= \"a\"" + std::string(100000, '?')),
+              ::testing::HasSubstr("groups and repetitions nested deeper than 250 at 1:"));
   const auto json = compile(read_testdata("json.gbnf"));
   const std::vector<std::string> vocab = {"{",   "{\"", "\"",   "a", ":",    " ",  "\n",
                                           "}",   "[",   "1",    "-", "true", "tr", "\\",
