@@ -35,6 +35,7 @@ declare -A RUNS=(
   [tokenizer_load_fuzz]=8000
   [tokenizer_encode_fuzz]=5000
   [openai_protocol_fuzz]=60000
+  [grammar_fuzz]=2500
   [mailbox_frame_fuzz]=100000000
   [mailbox_entry_fuzz]=100000000
   [mailbox_control_fuzz]=200000

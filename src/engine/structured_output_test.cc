@@ -1,5 +1,8 @@
 // Grammar-constrained sampling through LlmEngine on the tiny preset (random weights, the real
 // Qwen3 vocabulary): outputs are gibberish but must parse and validate against their schema.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include <random>
 #include <string>
 #include <vector>
@@ -10,7 +13,9 @@
 #include "grammar/json_schema_test_util.h"
 #include "gtest/gtest.h"
 #include "simpler/engine/llm_engine.h"
+#include "simpler/grammar/gbnf.h"
 #include "simpler/grammar/json_schema.h"
+#include "simpler/grammar/regex.h"
 
 namespace simpler::llm {
 namespace {
@@ -174,6 +179,69 @@ TEST_F(StructuredOutputTest, AFinishedChoiceStopsAtOnce) {
   EXPECT_EQ(o.finish, OutputFinish::kStop);
   const std::string text = check_tokens(g, o);
   EXPECT_THAT(text, ::testing::AnyOf("yes", "no"));
+}
+
+// PCRE2's verdict on `text` matching `pattern` in full.
+bool pcre2_full_match(const std::string& pattern, const std::string& text) {
+  int code = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* re =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                    PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_DOLLAR_ENDONLY, &code,
+                    &offset, nullptr);
+  EXPECT_NE(re, nullptr) << pattern;
+  if (re == nullptr) return false;
+  pcre2_match_data* md = pcre2_match_data_create(4, nullptr);
+  const int rc =
+      pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0, 0, md, nullptr);
+  pcre2_match_data_free(md);
+  pcre2_code_free(re);
+  return rc >= 0;
+}
+
+// Regex-constrained outputs (greedy and seeded) keep a valid prefix at every token, and every
+// finished one matches its pattern in full by PCRE2; a pattern whose sentence cannot continue
+// stops there, one that can continue ends at EOS only when complete.
+TEST_F(StructuredOutputTest, RegexOutputsMatchTheirPatternByPcre2) {
+  auto e = engine(2);
+  const std::vector<std::string> patterns = {R"(\w+@\w+\.com)",
+                                             R"(\(\d{3}\) \d{3}-\d{4})",
+                                             "(yes|no)[.!]",
+                                             "[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8}){0,2}",
+                                             "-?(0|[1-9]\\d{0,5})(\\.\\d{1,3})?",
+                                             "\u00e9t\u00e9|caf\u00e9|\u4e2d+"};
+  int finished = 0;
+  for (const std::string& p : patterns) {
+    const auto g = grammar::compile_regex(p).value();
+    for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(3)}) {
+      const Out o = drain(*e, e->add_request(spec(g, seed, 24)).value());
+      ASSERT_TRUE(o.finish == OutputFinish::kStop || o.finish == OutputFinish::kLength) << o.error;
+      const std::string bytes = check_tokens(g, o);
+      if (o.finish != OutputFinish::kStop) continue;
+      ++finished;
+      EXPECT_TRUE(pcre2_full_match(p, bytes)) << "/" << p << "/ -> '" << bytes << "'";
+    }
+  }
+  EXPECT_GE(finished, 6);
+}
+
+// A GBNF grammar (llama.cpp's notation) constrains the output the same way.
+TEST_F(StructuredOutputTest, GbnfOutputsAreSentencesOfTheirGrammar) {
+  auto e = engine(2);
+  const auto g = grammar::compile_gbnf(
+                     "root ::= \"(\" pair (\", \" pair){0,2} \")\"\n"
+                     "pair ::= [a-z]{1,4} \"=\" [0-9]{1,3}\n")
+                     .value();
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(9)}) {
+    const Out o = drain(*e, e->add_request(spec(g, seed, 40)).value());
+    ASSERT_TRUE(o.finish == OutputFinish::kStop || o.finish == OutputFinish::kLength) << o.error;
+    const std::string bytes = check_tokens(g, o);
+    if (o.finish == OutputFinish::kStop) {
+      EXPECT_TRUE(
+          pcre2_full_match(R"(\([a-z]{1,4}=[0-9]{1,3}(, [a-z]{1,4}=[0-9]{1,3}){0,2}\))", bytes))
+          << bytes;
+    }
+  }
 }
 
 // Random schemas x seeds: every output that finished validates against its schema, every token

@@ -34,11 +34,9 @@ void GrammarBuilder::add_alternative(uint32_t rule, const Sequence& sequence) {
 }
 
 Symbol GrammarBuilder::bytes(const ByteClass& c) {
-  for (size_t i = 0; i < classes_.size(); ++i) {
-    if (classes_[i] == c) return Symbol{Symbol::Kind::kBytes, static_cast<uint32_t>(i)};
-  }
-  classes_.push_back(c);
-  return Symbol{Symbol::Kind::kBytes, static_cast<uint32_t>(classes_.size() - 1)};
+  const auto [it, inserted] = class_index_.try_emplace(c, static_cast<uint32_t>(classes_.size()));
+  if (inserted) classes_.push_back(c);
+  return Symbol{Symbol::Kind::kBytes, it->second};
 }
 
 void GrammarBuilder::append_literal(std::string_view text, Sequence& out) {

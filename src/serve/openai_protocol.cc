@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "simpler/base/enum_names.h"
 #include "simpler/base/json.h"
+#include "simpler/grammar/gbnf.h"
 #include "simpler/grammar/json_schema.h"
+#include "simpler/grammar/regex.h"
 #include "simpler/kernels/sampling.h"
 
 namespace simpler::serve {
@@ -495,7 +497,10 @@ std::set<std::string> fields_with(std::initializer_list<const char*> own) {
                              "logit_bias",
                              "response_format",
                              "guided_json",
-                             "guided_choice"};
+                             "guided_choice",
+                             "guided_regex",
+                             "guided_grammar",
+                             "grammar"};
   k.insert(own.begin(), own.end());
   return k;
 }
@@ -646,42 +651,65 @@ void read_json_schema_format(Reader& r, const ojson& ordered, llm::RequestSampli
                  "response_format", s);
 }
 
+// The structured-output fields; a request gives at most one of them.
+constexpr const char* kStructuredFields[] = {"response_format", "guided_json",    "guided_choice",
+                                             "guided_regex",    "guided_grammar", "grammar"};
+
+// A grammar from the text field `param` (a regex or GBNF); a refusal names `param`.
+void compile_text(
+    Reader& r, const char* param, llm::RequestSampling& s,
+    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> (*compile)(std::string_view)) {
+  const json& v = r.body[param];
+  if (!v.is_string()) return r.fail(absl::StrCat("'", param, "' must be a string"), param);
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = compile(v.get<std::string>());
+  if (!g.ok()) return r.fail(absl::StrCat("'", param, "': ", g.status().message()), param);
+  s.grammar = *std::move(g);
+}
+
+void read_choice(Reader& r, llm::RequestSampling& s) {
+  const json& c = r.body["guided_choice"];
+  std::vector<std::string> choices;
+  for (const json& e : c.is_array() ? c : json::array({json()})) {
+    if (!e.is_string())
+      return r.fail("'guided_choice' must be an array of strings", "guided_choice");
+    choices.push_back(e.get<std::string>());
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::choice_grammar(choices);
+  if (!g.ok()) return r.fail(std::string(g.status().message()), "guided_choice");
+  s.grammar = *std::move(g);
+}
+
 // Structured outputs: `response_format` (OpenAI: text, json_object, json_schema), vLLM's
-// `guided_json` (a schema) and `guided_choice` (strings); at most one of them.
+// `guided_json` (a schema), `guided_choice` (strings), `guided_regex` (a regular expression) and
+// `guided_grammar`, and llama-server's `grammar` (both GBNF); at most one of them.
 void read_structured(Reader& r, std::string_view body, const RequestLimits& limits,
                      ParsedRequest& p) {
-  const int given = (r.has("response_format") ? 1 : 0) + (r.has("guided_json") ? 1 : 0) +
-                    (r.has("guided_choice") ? 1 : 0);
-  if (given == 0 || r.error) return;
-  if (given > 1) {
-    r.fail("give at most one of 'response_format', 'guided_json' and 'guided_choice'",
-           r.has("guided_json") ? "guided_json" : "guided_choice");
-    return;
+  std::vector<const char*> given;
+  for (const char* f : kStructuredFields) {
+    if (r.has(f)) given.push_back(f);
+  }
+  if (given.empty() || r.error) return;
+  if (given.size() > 1) {
+    return r.fail(
+        "give at most one of 'response_format', 'guided_json', 'guided_choice', "
+        "'guided_regex', 'guided_grammar' and 'grammar'",
+        std::string_view(given[0]) == "response_format" ? given[1] : given[0]);
+  }
+  const std::string_view field = given[0];
+  if (field == "guided_choice") return read_choice(r, p.sampling);
+  if (field == "guided_regex") return compile_text(r, given[0], p.sampling, grammar::compile_regex);
+  if (field != "response_format" && field != "guided_json") {
+    return compile_text(r, given[0], p.sampling, grammar::compile_gbnf);
   }
   // The same text parse_object accepted: within the same bounds.
   absl::StatusOr<ojson> parsed =
       base::parse_ordered_json_bounded(body, "request body", limits.max_json_depth);
-  if (!parsed.ok()) return r.fail(std::string(parsed.status().message()), "response_format");
+  if (!parsed.ok()) return r.fail(std::string(parsed.status().message()), given[0]);
   const ojson& ordered = *parsed;
-  if (r.has("guided_json")) {
+  if (field == "guided_json") {
     const auto& g = ordered["guided_json"];
     compile_schema(r, g.is_string() ? ojson::parse(g.get<std::string>(), nullptr, false) : g,
                    "guided_json", p.sampling);
-    return;
-  }
-  if (r.has("guided_choice")) {
-    const json& c = r.body["guided_choice"];
-    std::vector<std::string> choices;
-    for (const json& e : c.is_array() ? c : json::array({json()})) {
-      if (!e.is_string()) {
-        r.fail("'guided_choice' must be an array of strings", "guided_choice");
-        return;
-      }
-      choices.push_back(e.get<std::string>());
-    }
-    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::choice_grammar(choices);
-    if (!g.ok()) return r.fail(std::string(g.status().message()), "guided_choice");
-    p.sampling.grammar = *std::move(g);
     return;
   }
   const json& f = r.body["response_format"];
@@ -709,7 +737,8 @@ void constrain_tool_calls(Reader& r, ParsedRequest& p) {
   if (p.sampling.grammar != nullptr) {
     return r.fail(
         "'tool_choice' \"required\" or a named function constrains the output; it cannot be "
-        "combined with 'response_format', 'guided_json' or 'guided_choice'",
+        "combined with 'response_format', 'guided_json', 'guided_choice', 'guided_regex', "
+        "'guided_grammar' or 'grammar'",
         "tool_choice");
   }
   std::vector<grammar::ToolSchema> tools;

@@ -156,8 +156,19 @@ TEST(ParseRequest, BadBodiesGet400NamingTheField) {
       {R"({"prompt":"x","guided_choice":[]})", false, "guided_choice", "at least one choice"},
       {R"({"prompt":"x","guided_choice":["a"],"guided_json":{}})", false, "guided_json",
        "at most one of"},
-      {R"({"prompt":"x","guided_regex":"a+"})", false, "guided_regex",
-       "unrecognized request argument"},
+      {R"({"prompt":"x","guided_regex":"a(b"})", false, "guided_regex",
+       "'guided_regex': invalid regular expression: missing closing parenthesis at byte offset 3"},
+      {R"({"prompt":"x","guided_regex":"(a)\\1"})", false, "guided_regex",
+       "'guided_regex': unsupported regular expression construct: backreference \\1 at byte "
+       "offset 3"},
+      {R"({"prompt":"x","guided_regex":["a"]})", false, "guided_regex",
+       "'guided_regex' must be a string"},
+      {R"({"prompt":"x","guided_grammar":"root ::= foo"})", false, "guided_grammar",
+       "'guided_grammar': rule 'foo' is used at 1:10 but never defined"},
+      {R"({"prompt":"x","grammar":"root ::= \"a"})", false, "grammar",
+       "'grammar': unterminated string literal at 1:10"},
+      {R"({"prompt":"x","grammar":"root ::= \"a\"","guided_regex":"a"})", false, "guided_regex",
+       "at most one of"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, "top_logprobs",
        "needs 'logprobs': true"},
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":1}})",
@@ -203,6 +214,17 @@ TEST(ParseRequest, StructuredOutputsCompileToTheRequestsGrammar) {
   ASSERT_NE(c.sampling.grammar, nullptr);
   grammar::GrammarMatcher cm(c.sampling.grammar);
   EXPECT_TRUE(cm.advance("no") && cm.complete());
+  const ParsedRequest re = ok(R"({"prompt":"x","guided_regex":"\\d{3}-[a-z]+"})", false);
+  ASSERT_NE(re.sampling.grammar, nullptr);
+  grammar::GrammarMatcher rm(re.sampling.grammar);
+  EXPECT_TRUE(rm.advance("123-abc") && rm.complete());
+  for (const char* field : {"guided_grammar", "grammar"}) {
+    const ParsedRequest gb = ok(
+        chat_with(std::string("\"") + field + R"(":"root ::= (\"yes\" | \"no\") [.!]?\n")"), true);
+    ASSERT_NE(gb.sampling.grammar, nullptr) << field;
+    grammar::GrammarMatcher gm(gb.sampling.grammar);
+    EXPECT_TRUE(gm.advance("no!") && gm.complete()) << field;
+  }
   const ParsedRequest j = ok(R"({"prompt":"x","guided_json":"{\"type\":\"null\"}"})", false);
   ASSERT_NE(j.sampling.grammar, nullptr);
   grammar::GrammarMatcher jm(j.sampling.grammar);

@@ -237,6 +237,30 @@ await check("response_format json_schema: the content parses and matches the sch
              /unsupported JSON Schema keyword 'pattern'/.test(e.message));
 });
 
+await check("guided_regex and GBNF grammar (vLLM / llama-server fields): outputs match", async () => {
+  const r = await client.chat.completions.create({
+    model: "tiny", messages: [{ role: "user", content: "Phone?" }], max_tokens: 30, seed: 2,
+    temperature: 0.8, guided_regex: String.raw`\(\d{3}\) \d{3}-\d{4}` });
+  assert.equal(r.choices[0].finish_reason, "stop", JSON.stringify(r.choices[0]));
+  assert.match(r.choices[0].message.content, /^\(\d{3}\) \d{3}-\d{4}$/);
+  for (const field of ["guided_grammar", "grammar"]) {
+    const c = await client.completions.create({
+      model: "tiny", prompt: "Answer:", max_tokens: 20, temperature: 0,
+      [field]: 'root ::= ("yes" | "no") [.!]\n' });
+    assert.equal(c.choices[0].finish_reason, "stop", field);
+    assert.match(c.choices[0].text, /^(yes|no)[.!]$/, field);
+  }
+  await assert.rejects(
+      client.completions.create({ model: "tiny", prompt: "x", guided_regex: "(a)\\1" }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "guided_regex" &&
+             /unsupported regular expression construct: backreference \\1 at byte offset 3/
+                 .test(e.message));
+  await assert.rejects(
+      client.completions.create({ model: "tiny", prompt: "x", grammar: "root ::= (\"a\"\n" }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "grammar" &&
+             /expected \) at 2:1/.test(e.message));
+});
+
 await check("SIGTERM with a stream in flight: the stream ends cleanly, exit 0", async () => {
   const stream = await client.completions.create({ model: "tiny", prompt: "long", max_tokens: 3000,
                                                    ignore_eos: true, stream: true });

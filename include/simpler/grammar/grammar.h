@@ -17,8 +17,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 
 namespace simpler::grammar {
@@ -32,6 +34,10 @@ struct ByteClass {
   bool has(uint8_t b) const { return (bits[b >> 6] >> (b & 63)) & 1; }
   bool empty() const { return (bits[0] | bits[1] | bits[2] | bits[3]) == 0; }
   bool operator==(const ByteClass&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ByteClass& c) {
+    return H::combine(std::move(h), c.bits);
+  }
 };
 
 // One symbol of an alternative.
@@ -91,6 +97,7 @@ class GrammarBuilder {
   std::vector<std::vector<Sequence>> rules_;
   std::vector<std::string> names_;
   std::vector<ByteClass> classes_;
+  absl::flat_hash_map<ByteClass, uint32_t> class_index_;  // classes_[i] -> i
 };
 
 // The incremental parser: which byte strings keep the input a prefix of a sentence.

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -39,9 +40,10 @@ struct ServeState {
   std::string model, url;
   WorkloadFlags workload;
   int32_t max_concurrency = 0;  // 0: num_prompts
-  // --structured json-schema FILE: every second request asks for this schema's output.
+  // --structured KIND FILE: every second request asks for this schema's, regex's or GBNF
+  // grammar's output.
   std::vector<std::string> structured;
-  json schema;  // loaded from the file
+  json constraint;  // the request fields that ask for it, made from the file
   EngineFlags engine;
 };
 
@@ -54,7 +56,7 @@ struct ClientResult {
   int64_t completion_tokens = 0;  // from the usage chunk
   int64_t cached_tokens = 0;      // usage.prompt_tokens_details.cached_tokens
   std::string text;               // the completion's text
-  bool constrained = false;       // sent with the --structured schema
+  bool constrained = false;       // sent with the --structured constraint
 };
 
 double thread_cpu_s() {
@@ -63,12 +65,12 @@ double thread_cpu_s() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
-// One streamed /v1/completions of `prompt` (token ids or text), with `schema` (when not null) as
-// its response_format.
+// One streamed /v1/completions of `prompt` (token ids or text), with the fields of `constraint`
+// (when not null) added to its body.
 ClientResult send_one(const std::string& host, int port, const json& prompt, int64_t max_tokens,
-                      const json* schema = nullptr) {
+                      const json* constraint = nullptr) {
   ClientResult r;
-  r.constrained = schema != nullptr;
+  r.constrained = constraint != nullptr;
   httplib::Client c(host, port);
   c.set_read_timeout(600, 0);
   httplib::Request req;
@@ -77,10 +79,7 @@ ClientResult send_one(const std::string& host, int port, const json& prompt, int
   json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
                {"temperature", 0}, {"ignore_eos", true},
                {"stream", true},   {"stream_options", {{"include_usage", true}}}};
-  if (schema != nullptr) {
-    body["response_format"] = {{"type", "json_schema"},
-                               {"json_schema", {{"name", "bench"}, {"schema", *schema}}}};
-  }
+  if (constraint != nullptr) body.update(*constraint);
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   std::string buf;
@@ -216,8 +215,8 @@ ClientRun run_clients(const ServeState& st, const Workload& w, const std::string
         while (base::now_ns() < at) {
           std::this_thread::sleep_for(std::chrono::nanoseconds(at - base::now_ns()));
         }
-        const json* schema = structured && i % 2 == 0 ? &st.schema : nullptr;
-        results[i] = send_one(host, port, json(w.prompts[i]), w.output_lens[i], schema);
+        const json* constraint = structured && i % 2 == 0 ? &st.constraint : nullptr;
+        results[i] = send_one(host, port, json(w.prompts[i]), w.output_lens[i], constraint);
         finished.fetch_add(1);
       }
       const double cpu = thread_cpu_s();
@@ -519,20 +518,38 @@ int run_bench_serve_multi_turn(const ServeState& st) {
   return 0;
 }
 
-// --structured json-schema FILE: the schema, read into st->schema.
+// --structured KIND FILE: the request fields, into st->constraint: json-schema (response_format
+// json_schema), regex (guided_regex: the file's text without its final newline) or gbnf
+// (guided_grammar).
 absl::Status load_structured(ServeState* st) {
   if (st->structured.empty()) return absl::OkStatus();
-  if (st->structured.size() != 2 || st->structured[0] != "json-schema") {
-    return absl::InvalidArgumentError("--structured takes 'json-schema FILE'");
+  const std::string& kind = st->structured[0];
+  if (st->structured.size() != 2 || (kind != "json-schema" && kind != "regex" && kind != "gbnf")) {
+    return absl::InvalidArgumentError(
+        "--structured takes 'json-schema FILE', 'regex FILE' or "
+        "'gbnf FILE'");
   }
   std::ifstream in(st->structured[1]);
   if (!in)
     return absl::NotFoundError(absl::StrCat("--structured: cannot read ", st->structured[1]));
-  st->schema = json::parse(in, nullptr, false);
-  if (st->schema.is_discarded()) {
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (kind == "regex") {
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    st->constraint = {{"guided_regex", text}};
+    return absl::OkStatus();
+  }
+  if (kind == "gbnf") {
+    st->constraint = {{"guided_grammar", text}};
+    return absl::OkStatus();
+  }
+  const json schema = json::parse(text, nullptr, false);
+  if (schema.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--structured: ", st->structured[1], " is not valid JSON"));
   }
+  st->constraint = {
+      {"response_format",
+       {{"type", "json_schema"}, {"json_schema", {{"name", "bench"}, {"schema", schema}}}}}};
   return absl::OkStatus();
 }
 
@@ -608,9 +625,10 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
       ->check(int_in(0, kMaxRequests))
       ->capture_default_str();
   cmd->add_option("--structured", st->structured,
-                  "json-schema FILE: every second request asks for this JSON Schema's output "
-                  "(response_format); reports both kinds' tokens/s and latency, the mask time, "
-                  "and a second run without the schema")
+                  "json-schema FILE | regex FILE | gbnf FILE: every second request asks for this "
+                  "JSON Schema's (response_format), regex's (guided_regex) or GBNF grammar's "
+                  "(guided_grammar) output; reports both kinds' tokens/s and latency, the mask "
+                  "time, and a second run without the constraint")
       ->expected(2);
   add_engine_flags(
       cmd, &st->engine,

@@ -1,0 +1,166 @@
+#include "simpler/grammar/gbnf.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace simpler::grammar::gbnf_test {
+namespace {
+
+std::string read_testdata(const std::string& name) {
+  std::ifstream in(std::string(SIMPLER_GRAMMAR_TESTDATA) + "/" + name);
+  EXPECT_TRUE(in.good()) << name;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::shared_ptr<const Grammar> compile(std::string_view text) {
+  absl::StatusOr<std::shared_ptr<const Grammar>> g = compile_gbnf(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : nullptr;
+}
+
+bool accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
+  GrammarMatcher m(g);
+  return m.advance(text) && m.complete();
+}
+
+std::string error_of(std::string_view text) {
+  absl::StatusOr<std::shared_ptr<const Grammar>> g = compile_gbnf(text);
+  EXPECT_FALSE(g.ok()) << text;
+  if (!g.ok()) {
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  return g.ok() ? "" : std::string(g.status().message());
+}
+
+TEST(GbnfTest, LlamaCppsJsonGrammarAcceptsJsonObjectsOnly) {
+  const auto g = compile(read_testdata("json.gbnf"));
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(accepts(g, R"({"a": [1, 2.5, -3e4, "x\n\u00e9"], "b": {"c": true, "d": null}})"));
+  EXPECT_TRUE(accepts(g, "{\n  \"k\": \"\xE4\xB8\xAD\"\n}"));
+  EXPECT_TRUE(accepts(g, "{}"));
+  for (const char* bad : {"[1]", R"({"a":})", R"({"a": 01})", "{\"a\": \"\x01\"}", R"({'a': 1})"}) {
+    EXPECT_FALSE(accepts(g, bad)) << bad;
+  }
+  GrammarMatcher m(g);
+  EXPECT_TRUE(m.advance(R"({"a": [tr)"));
+  EXPECT_FALSE(m.complete());
+}
+
+TEST(GbnfTest, LlamaCppsArithmeticAndListGrammars) {
+  const auto arithmetic = compile(read_testdata("arithmetic.gbnf"));
+  ASSERT_NE(arithmetic, nullptr);
+  EXPECT_TRUE(accepts(arithmetic, "x+1=y\n"));
+  EXPECT_TRUE(accepts(arithmetic, "(a*2 )/b_1= 3\nc=d\n"));
+  for (const char* bad : {"=1\n", "x+=1\n", "X=1\n", "x=1"}) {
+    EXPECT_FALSE(accepts(arithmetic, bad)) << bad;
+  }
+  const auto list = compile(read_testdata("list.gbnf"));
+  ASSERT_NE(list, nullptr);
+  EXPECT_TRUE(accepts(list,
+                      "- milk\n- \xC3\xA9"
+                      "clair\n"));
+  EXPECT_FALSE(accepts(list, "- \n"));
+  EXPECT_FALSE(accepts(list, "- a\xE2\x80\xA8z\n"));  // U+2028 is excluded
+  EXPECT_FALSE(accepts(list, "- a\xC2\x85z\n"));      // so is U+0085
+}
+
+TEST(GbnfTest, RulesCanBeUsedBeforeTheyAreDefinedAndContinueAfterAlternationOrInGroups) {
+  const auto g = compile(
+      "# greeting\n"
+      "root ::= greeting (\n"
+      "  \" \" name   # a comment inside a group\n"
+      ")? |\n"
+      "  \"bye\"\n"
+      "\n"
+      "greeting ::= (\"hi\" | \"hello\") [!.]{0,2}\n"
+      "name ::= [A-Z] [a-z]* \"\\u00e9\"?\n");
+  ASSERT_NE(g, nullptr);
+  for (const char* ok : {"hi", "hello!!", "hi. Bob", "hi Zo\xC3\xA9", "bye"}) {
+    EXPECT_TRUE(accepts(g, ok)) << ok;
+  }
+  for (const char* bad : {"hello!!!", "hi bob", "bye ", "hibye"}) {
+    EXPECT_FALSE(accepts(g, bad)) << bad;
+  }
+}
+
+TEST(GbnfTest, RepetitionCountsAndNullableItems) {
+  const auto g = compile("root ::= (\"a\"?)* \"b\" [0-9]{2} \"c\"{1,} \"d\"{2,3}\n");
+  ASSERT_NE(g, nullptr);  // ("a"?)* is read as ("a")*: no left-recursive rule
+  EXPECT_TRUE(accepts(g, "b12cdd"));
+  EXPECT_TRUE(accepts(g, "aab12cccddd"));
+  EXPECT_FALSE(accepts(g, "b1cdd"));
+  EXPECT_FALSE(accepts(g, "b12dd"));
+  EXPECT_FALSE(accepts(g, "b12cdddd"));
+}
+
+TEST(GbnfTest, ParseErrorsNameTheLineAndColumn) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"root ::= foo\n", "rule 'foo' is used at 1:10 but never defined"},
+      {"root ::= \"abc\n", "unterminated string literal at 1:10"},
+      {"root ::= [a-", "unterminated character class at 1:10"},
+      {"root = \"a\"", "expected ::= after the rule name at 1:6"},
+      {"root ::= (\"a\"\n", "expected ) at 2:1"},
+      {"root ::= \"a\"\n\n  ::= \"b\"", "expected a rule name at 3:3"},
+      {"root ::= \"\\q\"", "unknown escape \\q at 1:11"},
+      {"root ::= \"\\x4\"", "expected 2 hex digits after \\x at 1:11"},
+      {"root ::= * \"a\"", "repetition without a preceding item at 1:10"},
+      {"root ::= \"a\" ) \"b\"", "expected a newline or the end after the rule at 1:14"},
+      {"root ::= [z-a]", "a range in a character class ends below its start at 1:11"},
+      {"root ::= \"a\"{3,2}", "a repetition's maximum is below its minimum at 1:13"},
+      {"root ::= <think> \"a\"", "token references (<...>, !<...>) are not supported at 1:10"},
+      {"root ::= \"a\"{10001}", "repetition count 10001 at 1:14 is above 10000"},
+      {"root ::= \"a\"\nroot ::= \"b\"", "rule 'root' is defined twice (at 1:1 and 2:1)"},
+      {"item ::= \"a\"\n", "the grammar has no 'root' rule"},
+  };
+  for (const auto& [text, message] : cases) EXPECT_EQ(error_of(text), message) << text;
+}
+
+TEST(GbnfTest, LeftRecursionAndEmptyLanguagesAreRefusedNamingTheRule) {
+  EXPECT_EQ(error_of("root ::= root \"a\" | \"b\""), "rule 'root' is left-recursive");
+  EXPECT_EQ(error_of("root ::= ws* \"b\"\nws ::= \" \"?"),
+            "rule 'root (repetition at 1:12)' is left-recursive");
+  EXPECT_EQ(error_of("root ::= \"a\" root"),
+            "the grammar's language is empty: rule 'root' derives no finite string");
+  EXPECT_EQ(error_of("root ::= [^\\x00-\\U0010FFFF]"),
+            "the grammar's language is empty: rule 'root' derives no finite string");
+}
+
+TEST(GbnfTest, DeepNestingAndTheMaskAgreeWithAdvancingEachToken) {
+  const auto nest = [](int n) {
+    return "root ::= " + std::string(n, '(') + "\"x\"" + std::string(n, ')');
+  };
+  const auto g = compile(nest(250));
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(accepts(g, "x"));
+  EXPECT_EQ(error_of(nest(100000)), "groups and repetitions nested deeper than 250 at 1:260");
+  EXPECT_THAT(error_of("root ::= \"a\"" + std::string(100000, '?')),
+              ::testing::HasSubstr("groups and repetitions nested deeper than 250 at 1:"));
+  const auto json = compile(read_testdata("json.gbnf"));
+  const std::vector<std::string> vocab = {"{",   "{\"", "\"",   "a", ":",    " ",  "\n",
+                                          "}",   "[",   "1",    "-", "true", "tr", "\\",
+                                          "\\u", "é",   "\x01", "",  ",",    "]"};
+  const TokenIndex index(vocab);
+  GrammarMatcher m(json);
+  for (const char* step : {"", "{", "\"a", "\":", " [", "1", ",tr", "ue]", "}"}) {
+    ASSERT_TRUE(m.advance(step)) << step;
+    std::vector<uint32_t> mask(static_cast<size_t>(index.mask_words()));
+    index.fill_mask(m, mask.data());
+    for (size_t t = 0; t < vocab.size(); ++t) {
+      GrammarMatcher copy = m;
+      const bool want = !vocab[t].empty() && copy.advance(vocab[t]);
+      EXPECT_EQ(((mask[t / 32] >> (t % 32)) & 1) != 0, want)
+          << "after '" << step << "': " << vocab[t];
+    }
+  }
+  EXPECT_TRUE(m.complete());
+}
+
+}  // namespace
+}  // namespace simpler::grammar::gbnf_test
