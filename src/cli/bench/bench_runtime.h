@@ -24,7 +24,8 @@ struct DispatchRow {
 };
 
 // Runs `tasks` empty kernels per pattern, dependencies inferred by the TensorMap; then
-// captures the pattern's graph and replays it: two rows per pattern (uncaptured, replayed).
+// captures the pattern's graph, replays it once to warm up and replays it again: two rows per
+// pattern (uncaptured, replayed).
 absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOptions& options,
                                                         int64_t tasks);
 
