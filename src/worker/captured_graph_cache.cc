@@ -27,6 +27,18 @@ void CapturedGraphCache::erase(const task::ChipCallable* callable, uint64_t key)
   if (it != index_.end()) drop(it->second);
 }
 
+void CapturedGraphCache::erase_using(uint64_t address, uint64_t bytes) {
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    const auto& fixed = it->graph->fixed();
+    const bool uses = std::any_of(fixed.begin(), fixed.end(), [&](const auto& r) {
+      return r.begin < address + bytes && address < r.end;
+    });
+    auto next = std::next(it);
+    if (uses) drop(it);
+    it = next;
+  }
+}
+
 void CapturedGraphCache::drop(std::list<Entry>::iterator it) {
   std::erase_if(dropped_, [](const auto& w) { return w.expired(); });
   dropped_.push_back(it->graph);

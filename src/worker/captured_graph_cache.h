@@ -30,6 +30,9 @@ class CapturedGraphCache {
   void insert(const task::ChipCallable* callable, std::shared_ptr<const chip::CapturedGraph> graph);
   // Drops the graph of (`callable`, `key`), if any.
   void erase(const task::ChipCallable* callable, uint64_t key);
+  // Drops every graph that uses device memory overlapping [address, address + bytes) at a fixed
+  // address (the memory is being freed: a later allocation there must not be mistaken for it).
+  void erase_using(uint64_t address, uint64_t bytes);
   void count_replay() { ++replays_; }
   CaptureStats stats() const;
 

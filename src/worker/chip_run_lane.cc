@@ -972,7 +972,9 @@ absl::Status ChipRunLane::release_if_unused(uint64_t address, uint64_t bytes,
       }
     }
   }
-  return release();
+  SIMPLER_RETURN_IF_ERROR(release());
+  graphs_.erase_using(address, bytes);
+  return absl::OkStatus();
 }
 
 void ChipRunLane::wait_idle() {

@@ -104,8 +104,9 @@ class ChipRunLane {
   // overlaps [address, address + bytes), naming the run when a run that is
   // not retired names a tensor inside the range in its arguments or its
   // callable's bindings, or a quarantined run did (then until close); otherwise returns
-  // `release()`, called under the lane's lock. A submit that checked its
-  // tensors before the free and registers its run after it re-checks them at
+  // `release()`, called under the lane's lock, and once it succeeded drops every captured graph
+  // that uses the range at a fixed address (the next submit under its key captures again). A submit
+  // that checked its tensors before the free and registers its run after it re-checks them at
   // prepare and is refused, so no run ever executes on freed memory.
   absl::Status release_if_unused(uint64_t address, uint64_t bytes,
                                  absl::FunctionRef<absl::Status()> release);

@@ -121,8 +121,10 @@ class Worker {
   // (bind(); unbind it first), naming the run when a run that has not retired
   // names the buffer in its arguments or its callable's bindings, or when a
   // quarantined run did (then until close(): its device use was never proven
-  // finished); NOT_FOUND for an unknown buffer. Atomic with respect to submit: a run admitted after
-  // the free is refused at submit (its tensor is no longer a live allocation).
+  // finished); NOT_FOUND for an unknown buffer. A successful free drops every captured graph
+  // that uses the buffer at a fixed address (docs/design/capture_replay.md). Atomic with respect to
+  // submit: a run admitted after the free is refused at submit (its tensor is no longer a live
+  // allocation).
   absl::Status free(const DeviceBuffer& buffer);
   // Copies between host memory and a buffer (bytes at `offset`). Ordered after
   // every run submitted before: waits for them to finish on the device first.
