@@ -116,12 +116,13 @@ class GraphExecutor final : public task::OrchestrationContext {
  public:
   GraphExecutor(device::ExecContext& ctx, const task::ChipCallable& callable,
                 const ChipOptions& options, int32_t max_cores, bool record_timing,
-                RunReport* report)
+                RunReport* report, GraphRecording* capture = nullptr)
       : ctx_(ctx),
         callable_(callable),
         options_(options),
         record_timing_(record_timing),
         report_(report),
+        capture_(capture),
         st_(claim_storage()),
         ready_(st_ != nullptr ? st_->ready : own_ready_.emplace()) {
     // Take the kept containers (moves: O(1), capacity comes along); they go
@@ -181,19 +182,32 @@ class GraphExecutor final : public task::OrchestrationContext {
                       int32_t block_dim) override {
     if (!failure_.ok()) return failure_;
     const uint64_t seq = next_seq_;
+    if (capture_ != nullptr && seq >= options_.max_graph_tasks) {
+      return fail_submit(absl::ResourceExhaustedError(absl::StrCat(
+          "task ", seq, ": the run needs more than ", options_.max_graph_tasks,
+          " tasks; a captured graph holds ", options_.max_graph_tasks, " — it can never fit")));
+    }
     if (absl::Status v = validate_task(seq, callable_, kernel, args.args().data(), args.size(),
                                        block_dim, options_, check_range_);
         !v.ok()) {
       return fail_submit(v);
     }
-    record_accesses(&tensor_map_, seq, args, is_done_, &deps_);
+    if (capture_ == nullptr) {
+      record_accesses(&tensor_map_, seq, args, is_done_, &deps_);
+    } else {
+      // Capturing: the predecessors of the whole run, finished ones included.
+      record_accesses(&tensor_map_, seq, args, never_done_, &deps_);
+      std::sort(deps_.begin(), deps_.end());
+      deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
+      capture_->add(kernel, block_dim, args.args().data(), args.size(), deps_);
+    }
     return admit(kernel, args.args().data(), args.size(), block_dim, deps_);
   }
 
-  // Executes a validated graph image's tasks.
-  absl::Status run_image(const GraphImageHeader& h, const GraphImageTask* tasks,
-                         const task::Arg* args, const uint32_t* preds) {
-    for (uint32_t i = 0; i < h.num_tasks && failure_.ok(); ++i) {
+  // Executes `num_tasks` validated tasks behind their recorded predecessors.
+  absl::Status run_tasks(uint32_t num_tasks, const GraphImageTask* tasks, const task::Arg* args,
+                         const uint32_t* preds) {
+    for (uint32_t i = 0; i < num_tasks && failure_.ok(); ++i) {
       const GraphImageTask& t = tasks[i];
       deps_.assign(preds + t.preds_begin, preds + t.preds_begin + t.num_preds);
       (void)admit(t.kernel, args + t.args_begin, t.num_args, t.block_dim, deps_);
@@ -386,7 +400,8 @@ class GraphExecutor final : public task::OrchestrationContext {
   const ChipOptions& options_;
   bool record_timing_;
   RunReport* report_;
-  ExecutorStorage* st_;  // where the containers go back to; may be null
+  GraphRecording* capture_;  // null unless the run is captured
+  ExecutorStorage* st_;      // where the containers go back to; may be null
   // A default std::deque allocates, so the ready list stays in the storage
   // (own_ready_ only when there is none) instead of moving in and out.
   std::optional<std::deque<uint64_t>> own_ready_;
@@ -400,6 +415,7 @@ class GraphExecutor final : public task::OrchestrationContext {
   std::vector<int32_t> idle_;
   TensorMap tensor_map_;
   TensorMap::IsDone is_done_;
+  TensorMap::IsDone never_done_ = [](uint64_t) { return false; };
   std::vector<uint64_t> deps_;
   RangeCheck check_range_;
   absl::Status failure_;
@@ -409,10 +425,62 @@ class GraphExecutor final : public task::OrchestrationContext {
 
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
                          const task::TaskArgs& args, const ChipOptions& options, int32_t max_cores,
-                         bool record_task_timing, RunReport* report) {
+                         bool record_task_timing, RunReport* report, GraphRecording* capture) {
+  SIMPLER_RETURN_IF_ERROR(options.validate());
+  if (capture != nullptr) capture->clear();
+  GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report, capture);
+  return exec.run(args);
+}
+
+absl::Status execute_recorded(device::ExecContext& ctx, const task::ChipCallable& callable,
+                              const GraphRecording& recording, const task::Arg* args,
+                              const ChipOptions& options, int32_t max_cores,
+                              bool record_task_timing, RunReport* report) {
   SIMPLER_RETURN_IF_ERROR(options.validate());
   GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report);
-  return exec.run(args);
+  return exec.run_tasks(static_cast<uint32_t>(recording.tasks.size()), recording.tasks.data(), args,
+                        recording.preds.data());
+}
+
+void GraphRecording::add(task::KernelIndex kernel, int32_t block_dim, const task::Arg* task_args,
+                         size_t num_args, const std::vector<uint64_t>& deps) {
+  GraphImageTask t;
+  t.kernel = kernel;
+  t.block_dim = block_dim;
+  t.args_begin = static_cast<uint32_t>(args.size());
+  t.num_args = static_cast<uint32_t>(num_args);
+  t.preds_begin = static_cast<uint32_t>(preds.size());
+  t.num_preds = static_cast<uint32_t>(deps.size());
+  tasks.push_back(t);
+  args.insert(args.end(), task_args, task_args + num_args);
+  for (uint64_t d : deps) preds.push_back(static_cast<uint32_t>(d));
+}
+
+std::vector<uint8_t> graph_image(const GraphRecording& recording, const task::Arg* args,
+                                 uint32_t num_kernels, uint64_t run_id) {
+  GraphImageHeader h;
+  h.num_tasks = static_cast<uint32_t>(recording.tasks.size());
+  h.num_args = static_cast<uint32_t>(recording.args.size());
+  h.num_preds = static_cast<uint32_t>(recording.preds.size());
+  h.num_kernels = num_kernels;
+  h.run_id = run_id;
+  auto align = [](uint64_t x) { return (x + 63) / 64 * 64; };
+  h.tasks_offset = align(sizeof(GraphImageHeader));
+  h.args_offset = align(h.tasks_offset + h.num_tasks * sizeof(GraphImageTask));
+  h.preds_offset = align(h.args_offset + h.num_args * sizeof(task::Arg));
+  h.total_bytes = h.preds_offset + h.num_preds * sizeof(uint32_t);
+  std::vector<uint8_t> out(h.total_bytes, 0);
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (h.num_tasks > 0) {
+    std::memcpy(out.data() + h.tasks_offset, recording.tasks.data(),
+                h.num_tasks * sizeof(GraphImageTask));
+  }
+  if (h.num_args > 0) std::memcpy(out.data() + h.args_offset, args, h.num_args * sizeof(task::Arg));
+  if (h.num_preds > 0) {
+    std::memcpy(out.data() + h.preds_offset, recording.preds.data(),
+                h.num_preds * sizeof(uint32_t));
+  }
+  return out;
 }
 
 namespace {
@@ -435,7 +503,7 @@ class GraphRecorder final : public task::OrchestrationContext {
   absl::Status submit(task::KernelIndex kernel, const task::TaskArgs& args,
                       int32_t block_dim) override {
     if (!failure_.ok()) return failure_;
-    const uint64_t seq = tasks_.size();
+    const uint64_t seq = recording_.tasks.size();
     if (seq >= options_.max_graph_tasks) {
       return fail(absl::ResourceExhaustedError(absl::StrCat(
           "task ", seq, ": the run needs more than ", options_.max_graph_tasks,
@@ -449,46 +517,11 @@ class GraphRecorder final : public task::OrchestrationContext {
     record_accesses(&map_, seq, args, never_done_, &deps_);
     std::sort(deps_.begin(), deps_.end());
     deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
-    GraphImageTask t;
-    t.kernel = kernel;
-    t.block_dim = block_dim;
-    t.args_begin = static_cast<uint32_t>(args_.size());
-    t.num_args = static_cast<uint32_t>(args.size());
-    t.preds_begin = static_cast<uint32_t>(preds_.size());
-    t.num_preds = static_cast<uint32_t>(deps_.size());
-    tasks_.push_back(t);
-    args_.insert(args_.end(), args.args().begin(), args.args().end());
-    for (uint64_t d : deps_) preds_.push_back(static_cast<uint32_t>(d));
+    recording_.add(kernel, block_dim, args.args().data(), args.size(), deps_);
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::vector<uint8_t>> image() const {
-    GraphImageHeader h;
-    h.num_tasks = static_cast<uint32_t>(tasks_.size());
-    h.num_args = static_cast<uint32_t>(args_.size());
-    h.num_preds = static_cast<uint32_t>(preds_.size());
-    h.num_kernels = static_cast<uint32_t>(callable_.kernels.size());
-    h.run_id = run_id_;
-    auto align = [](uint64_t x) { return (x + 63) / 64 * 64; };
-    h.tasks_offset = align(sizeof(GraphImageHeader));
-    h.args_offset = align(h.tasks_offset + tasks_.size() * sizeof(GraphImageTask));
-    h.preds_offset = align(h.args_offset + args_.size() * sizeof(task::Arg));
-    h.total_bytes = h.preds_offset + preds_.size() * sizeof(uint32_t);
-    std::vector<uint8_t> out(h.total_bytes, 0);
-    std::memcpy(out.data(), &h, sizeof(h));
-    if (!tasks_.empty()) {
-      std::memcpy(out.data() + h.tasks_offset, tasks_.data(),
-                  tasks_.size() * sizeof(GraphImageTask));
-    }
-    if (!args_.empty()) {
-      std::memcpy(out.data() + h.args_offset, args_.data(), args_.size() * sizeof(task::Arg));
-    }
-    if (!preds_.empty()) {
-      std::memcpy(out.data() + h.preds_offset, preds_.data(), preds_.size() * sizeof(uint32_t));
-    }
-    return out;
-  }
-
+  GraphRecording take() { return std::move(recording_); }
   const absl::Status& failure() const { return failure_; }
 
  private:
@@ -505,9 +538,7 @@ class GraphRecorder final : public task::OrchestrationContext {
   TensorMap map_;
   TensorMap::IsDone never_done_ = [](uint64_t) { return false; };
   std::vector<uint64_t> deps_;
-  std::vector<GraphImageTask> tasks_;
-  std::vector<task::Arg> args_;
-  std::vector<uint32_t> preds_;
+  GraphRecording recording_;
   absl::Status failure_;
 };
 
@@ -523,6 +554,15 @@ absl::StatusOr<std::vector<uint8_t>> build_graph_image(const task::ChipCallable&
                                                        const ChipOptions& options,
                                                        int32_t num_cores, uint64_t run_id,
                                                        const RangeCheck& check_range) {
+  SIMPLER_ASSIGN_OR_RETURN(GraphRecording rec,
+                           record_graph(callable, args, options, num_cores, run_id, check_range));
+  return graph_image(rec, rec.args.data(), static_cast<uint32_t>(callable.kernels.size()), run_id);
+}
+
+absl::StatusOr<GraphRecording> record_graph(const task::ChipCallable& callable,
+                                            const task::TaskArgs& args, const ChipOptions& options,
+                                            int32_t num_cores, uint64_t run_id,
+                                            const RangeCheck& check_range) {
   SIMPLER_RETURN_IF_ERROR(options.validate());
   GraphRecorder rec(callable, options, num_cores, run_id, check_range);
   absl::Status orch;
@@ -538,7 +578,7 @@ absl::StatusOr<std::vector<uint8_t>> build_graph_image(const task::ChipCallable&
     return base::annotate(
         orch, absl::StrCat("run ", run_id, " orchestration of '", callable.name, "': "));
   }
-  return rec.image();
+  return rec.take();
 }
 
 absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCallable& callable,
@@ -603,7 +643,7 @@ absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCalla
     }
   }
   GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report);
-  return exec.run_image(h, tasks, args, preds);
+  return exec.run_tasks(h.num_tasks, tasks, args, preds);
 }
 
 }  // namespace simpler::chip

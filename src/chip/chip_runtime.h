@@ -18,6 +18,8 @@
 
 namespace simpler::chip {
 
+struct GraphRecording;
+
 // Executes `callable` with `args` (already resolved to device tensors) on the
 // device behind `ctx`: runs the orchestration function, which submits tasks
 // (device-built graph), and dispatches them until all finished or one failed.
@@ -31,9 +33,15 @@ namespace simpler::chip {
 // the orchestration or a kernel is that function's error (INTERNAL,
 // recoverable: "run R orchestration of 'C' threw <type>: <what>", "run R task
 // T (kernel 'K') block B: kernel threw <type>: <what>").
+//
+// `capture`, when set, receives the run's graph (GraphRecording): every task the run admitted,
+// with its full predecessor list (the TensorMap forgets no finished task meanwhile); a run that
+// submits more than options.max_graph_tasks tasks then fails with RESOURCE_EXHAUSTED. Complete
+// only when the run returned OK.
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
                          const task::TaskArgs& args, const ChipOptions& options, int32_t max_cores,
-                         bool record_task_timing, RunReport* report);
+                         bool record_task_timing, RunReport* report,
+                         GraphRecording* capture = nullptr);
 
 // ---- Host-built graphs ----------------------------------------------------
 //
@@ -83,6 +91,38 @@ static_assert(sizeof(GraphImageTask) == 24);
 // Checks a device range; the Device's check_range on the host.
 using RangeCheck = std::function<absl::Status(uint64_t address, uint64_t bytes)>;
 
+// What one run's orchestration submitted, with every dependency resolved: task i's arguments
+// are args[args_begin, + num_args) and its predecessors preds[preds_begin, + num_preds) —
+// sorted, unique, every earlier task it overlaps (RAW, WAR, WAW), finished or not, as a
+// TensorMap that forgets nothing infers them. The host-built image and a captured graph are
+// made from it. Value type, thread-compatible.
+struct GraphRecording {
+  std::vector<GraphImageTask> tasks;
+  std::vector<task::Arg> args;
+  std::vector<uint32_t> preds;
+  // Appends a task; `deps` must be sorted and unique, every element below tasks.size().
+  void add(task::KernelIndex kernel, int32_t block_dim, const task::Arg* task_args, size_t num_args,
+           const std::vector<uint64_t>& deps);
+  void clear() {
+    tasks.clear();
+    args.clear();
+    preds.clear();
+  }
+};
+
+// The graph image of `recording` (layout above) for run `run_id` of a callable of
+// `num_kernels` kernels, with `args` (recording.args.size() entries) as its argument table.
+std::vector<uint8_t> graph_image(const GraphRecording& recording, const task::Arg* args,
+                                 uint32_t num_kernels, uint64_t run_id);
+
+// Runs `callable`'s orchestration on the calling (host) thread against a recording context
+// and returns what it submitted. `num_cores` is what the orchestration sees as
+// ctx.num_cores(). Errors as for build_graph_image.
+absl::StatusOr<GraphRecording> record_graph(const task::ChipCallable& callable,
+                                            const task::TaskArgs& args, const ChipOptions& options,
+                                            int32_t num_cores, uint64_t run_id,
+                                            const RangeCheck& check_range);
+
 // Runs `callable`'s orchestration on the calling (host) thread against a
 // recording context and returns the graph image. `num_cores` is what the
 // orchestration sees as ctx.num_cores(). Errors as for execute_run's
@@ -102,5 +142,14 @@ absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCalla
                                  uint64_t image_address, uint64_t image_bytes,
                                  const ChipOptions& options, int32_t max_cores,
                                  bool record_task_timing, RunReport* report);
+
+// Executes a recorded graph without orchestration, validation or dependency inference: task i
+// is `recording.tasks[i]` over `args` (recording.args.size() arguments, already checked by the
+// caller: a captured graph's bound arguments) behind its recorded predecessors. Errors and
+// their attribution as execute_run's task errors (task i keeps index i).
+absl::Status execute_recorded(device::ExecContext& ctx, const task::ChipCallable& callable,
+                              const GraphRecording& recording, const task::Arg* args,
+                              const ChipOptions& options, int32_t max_cores,
+                              bool record_task_timing, RunReport* report);
 
 }  // namespace simpler::chip

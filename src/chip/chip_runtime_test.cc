@@ -408,5 +408,55 @@ TEST_F(HostBuiltGraphTest, SubmitTimeErrorsAreFoundOnTheHost) {
       << image.status();
 }
 
+absl::Status touch(const task::KernelContext&) { return absl::OkStatus(); }
+
+// 400 tasks reading or writing pseudo-random, partially overlapping ranges of one buffer: the
+// dependency patterns RAW, WAR, WAW and partial overlap, most tasks finished before later ones
+// are submitted.
+task::ChipCallable overlapping_ranges(Tensor buf) {
+  return {"ranges",
+          [buf](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+            uint64_t x = 12345;
+            for (int i = 0; i < 400; ++i) {
+              x = x * 6364136223846793005ull + 1442695040888963407ull;
+              const int64_t from = static_cast<int64_t>((x >> 33) % 60);
+              const int64_t count = 1 + static_cast<int64_t>((x >> 13) % 8);
+              Tensor t = *Tensor::contiguous(buf.address + from * 4, {count}, DataType::kInt32);
+              task::TaskArgs a;
+              a.add_tensor(t, (x >> 7) % 3 == 0 ? ArgDirection::kIn : ArgDirection::kInOut);
+              SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+            }
+            return absl::OkStatus();
+          },
+          {{"touch", touch}}};
+}
+
+// A capture on the device records what the host recorder infers, finished predecessors
+// included: the TensorMap forgets nothing while it captures.
+TEST_F(ChipRuntimeTest, ADeviceCaptureRecordsEveryPredecessorTheHostRecorderInfers) {
+  const task::ChipCallable c = overlapping_ranges(buffer(68));
+  task::TaskArgs none;
+  GraphRecording captured;
+  auto rec = stream_->launch(0, [&](device::ExecContext& ctx) {
+    return execute_run(ctx, c, none, ChipOptions{}, 0, false, &report_, &captured);
+  });
+  ASSERT_TRUE(rec.ok());
+  (*rec)->done.wait(base::Deadline::forever());
+  ASSERT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
+  absl::StatusOr<GraphRecording> host =
+      record_graph(c, none, ChipOptions{}, 4, 0,
+                   [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_EQ(captured.tasks.size(), 400u);
+  EXPECT_EQ(captured.preds, host->preds);
+  size_t with_preds = 0;
+  for (size_t i = 0; i < captured.tasks.size(); ++i) {
+    EXPECT_EQ(captured.tasks[i].preds_begin, host->tasks[i].preds_begin) << "task " << i;
+    EXPECT_EQ(captured.tasks[i].num_preds, host->tasks[i].num_preds) << "task " << i;
+    with_preds += captured.tasks[i].num_preds > 0;
+  }
+  EXPECT_GT(with_preds, 300u);
+}
+
 }  // namespace
 }  // namespace simpler::chip

@@ -127,6 +127,10 @@ absl::Status CallConfig::validate() const {
         absl::StrCat("CallConfig.placement ", static_cast<int>(placement),
                      " is not a GraphPlacement (0 default, 1 device, 2 host)"));
   }
+  if (capture_scalar_params != 0 && capture_key == 0) {
+    return absl::InvalidArgumentError(
+        "CallConfig.capture_scalar_params is set without a capture_key");
+  }
   return absl::OkStatus();
 }
 

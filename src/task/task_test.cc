@@ -140,6 +140,15 @@ TEST(CallConfig, ValidateRefusesNanAndNegative) {
   EXPECT_NE(c.validate().message().find("max_cores"), std::string_view::npos);
 }
 
+TEST(CallConfig, ScalarParametersWithoutACaptureKeyAreRefused) {
+  CallConfig c;
+  c.capture_scalar_params = 1;
+  EXPECT_EQ(c.validate(), absl::InvalidArgumentError(
+                              "CallConfig.capture_scalar_params is set without a capture_key"));
+  c.capture_key = 7;
+  EXPECT_TRUE(c.validate().ok());
+}
+
 absl::Status noop(const KernelContext&) { return absl::OkStatus(); }
 absl::Status other(const KernelContext&) { return absl::OkStatus(); }
 

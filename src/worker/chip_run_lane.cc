@@ -72,6 +72,22 @@ std::string describe_executing(const std::vector<device::ExecutingJob>& jobs, ui
   return out;
 }
 
+// Every bit of config.capture_scalar_params names a scalar argument of `args`.
+absl::Status check_scalar_params(const task::CallConfig& config, const task::TaskArgs& args) {
+  for (size_t i = 0; i < 64; ++i) {
+    if ((config.capture_scalar_params >> i & 1) == 0) continue;
+    if (i >= args.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("CallConfig.capture_scalar_params bit ", i,
+                                                     ": the run has ", args.size(), " arguments"));
+    }
+    if (args[i].direction != task::ArgDirection::kScalar) {
+      return absl::InvalidArgumentError(absl::StrCat("CallConfig.capture_scalar_params bit ", i,
+                                                     ": argument ", i, " is not a scalar"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct ChipRun {
@@ -95,6 +111,10 @@ struct ChipRun {
   RunTiming timing;
   int32_t effective_depth = 0;
   std::function<void(const RunResult&)> on_finalized;  // run by the lane thread after retire
+  // A capturing run: its arguments as submitted, and (host-built at prepare, device-built at
+  // finalize) its graph, cached when the run retires OK.
+  task::TaskArgs submitted;
+  std::shared_ptr<const chip::CapturedGraph> captured;
   uint64_t id() const { return shared->id.value; }
 };
 
@@ -104,7 +124,8 @@ ChipRunLane::ChipRunLane(device::Device* device, device::Stream* stream, RunReso
       stream_(stream),
       arena_(arena),
       options_(std::move(options)),
-      env_(options_.env != nullptr ? *options_.env : base::Env::real()) {
+      env_(options_.env != nullptr ? *options_.env : base::Env::real()),
+      graphs_(options_.max_captured_graphs) {
   thread_ = std::thread([this] {
     // The lane thread is bookkeeping behind the device: SCHED_BATCH keeps its
     // wake-ups from preempting the device's scheduler thread at a run boundary
@@ -135,6 +156,7 @@ absl::StatusOr<RunHandle> ChipRunLane::submit(const task::ChipCallable* callable
   if (callable == nullptr) return absl::InvalidArgumentError("submit: no callable");
   SIMPLER_RETURN_IF_ERROR(config.validate());
   SIMPLER_RETURN_IF_ERROR(args.validate());
+  SIMPLER_RETURN_IF_ERROR(check_scalar_params(config, args));
   auto run = std::make_unique<ChipRun>();
   SIMPLER_RETURN_IF_ERROR(check_tensor_args(*device_, args, &run->device_ranges));
   {
@@ -228,6 +250,7 @@ absl::Status ChipRunLane::admit_locked(std::unique_ptr<ChipRun>& run,
       }
     }
   }
+  if (refuse.ok() && run->config.capture_key != 0) refuse = admit_capture_locked(*run, callable);
   if (!refuse.ok()) {
     (void)arena_->release(run->set);
     return refuse;
@@ -311,21 +334,97 @@ absl::Status ChipRunLane::prepare(ChipRun& run) {
     a.tensor.address = buf.address;
     a.tensor.memory = task::MemoryKind::kDevice;
   }
+  if (run.records->graph != nullptr) return prepare_replay(run, staged);
   if (run.records->host_built) {
     // Host-built graph: orchestrate here and place the image in a run-owned buffer.
-    int32_t cores = device_->caps().num_cores;
-    if (run.records->max_cores > 0) cores = std::min(cores, run.records->max_cores);
     SIMPLER_ASSIGN_OR_RETURN(
-        std::vector<uint8_t> image,
-        chip::build_graph_image(
-            *run.records->callable, args, run.records->chip, cores, run.id(),
-            [this](uint64_t a, uint64_t b) { return device_->check_range(a, b); }));
-    SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged, image.size()));
-    SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address, image.data(), image.size()));
-    run.records->image_address = buf.address;
-    run.records->image_bytes = image.size();
+        chip::GraphRecording recording,
+        chip::record_graph(*run.records->callable, args, run.records->chip,
+                           cores_for(run.records->max_cores), run.id(),
+                           [this](uint64_t a, uint64_t b) { return device_->check_range(a, b); }));
+    const std::vector<uint8_t> image =
+        chip::graph_image(recording, recording.args.data(),
+                          static_cast<uint32_t>(run.records->callable->kernels.size()), run.id());
+    SIMPLER_RETURN_IF_ERROR(place_image(run, staged, image));
+    if (run.records->capturing) {
+      SIMPLER_ASSIGN_OR_RETURN(run.captured, build_capture(run, std::move(recording)));
+    }
   }
   return absl::OkStatus();
+}
+
+int32_t ChipRunLane::cores_for(int32_t max_cores) const {
+  int32_t cores = device_->caps().num_cores;
+  if (max_cores > 0) cores = std::min(cores, max_cores);
+  return cores;
+}
+
+absl::Status ChipRunLane::place_image(ChipRun& run, size_t index,
+                                      const std::vector<uint8_t>& image) {
+  SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, index, image.size()));
+  SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address, image.data(), image.size()));
+  run.records->image_address = buf.address;
+  run.records->image_bytes = image.size();
+  return absl::OkStatus();
+}
+
+absl::Status ChipRunLane::admit_capture_locked(ChipRun& run, const task::ChipCallable* callable) {
+  const uint64_t key = run.config.capture_key;
+  RunRecords& rec = *run.records;
+  std::shared_ptr<const chip::CapturedGraph> graph = graphs_.find(callable, key);
+  if (graph == nullptr) {
+    rec.capturing = true;
+    run.submitted = rec.args;
+    return absl::OkStatus();
+  }
+  SIMPLER_RETURN_IF_ERROR(
+      graph->check_bind(rec.args, cores_for(rec.max_cores), run.config.capture_scalar_params));
+  for (const chip::CapturedGraph::FixedRange& f : graph->fixed()) {
+    if (absl::Status live = device_->check_range(f.begin, f.end - f.begin); !live.ok()) {
+      graphs_.erase(callable, key);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "submit of '", callable->name, "': the graph captured under capture key ", key,
+          " uses device memory 0x", absl::Hex(f.begin), " (task ", f.task, " argument ", f.arg,
+          ") at a fixed address that is no longer a live allocation (", live.message(),
+          "); the graph was dropped and the next submit under the key captures again"));
+    }
+  }
+  // Protected from free like the run's arguments until it retires.
+  for (const chip::CapturedGraph::FixedRange& f : graph->fixed()) {
+    run.device_ranges.emplace_back(f.begin, f.end);
+  }
+  rec.graph = std::move(graph);
+  graphs_.count_replay();
+  return absl::OkStatus();
+}
+
+absl::Status ChipRunLane::prepare_replay(ChipRun& run, size_t staged) {
+  RunRecords& rec = *run.records;
+  rec.graph->bind(rec.args, &rec.bound);
+  if (!rec.host_built) return absl::OkStatus();
+  const std::vector<uint8_t> image =
+      chip::graph_image(rec.graph->recording(), rec.bound.data(),
+                        static_cast<uint32_t>(rec.callable->kernels.size()), run.id());
+  return place_image(run, staged, image);
+}
+
+absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> ChipRunLane::build_capture(
+    ChipRun& run, chip::GraphRecording recording) {
+  const RunRecords& rec = *run.records;
+  chip::CaptureInput in;
+  in.callable = rec.callable;
+  in.key = run.config.capture_key;
+  in.submitted = &run.submitted;
+  in.staged = &rec.args;
+  in.num_cores = cores_for(rec.max_cores);
+  in.scalar_params = run.config.capture_scalar_params;
+  in.run_id = run.id();
+  const chip::Rerecord rerecord = [&](const task::TaskArgs& args) {
+    return chip::record_graph(
+        *rec.callable, args, rec.chip, in.num_cores, run.id(),
+        [this](uint64_t a, uint64_t b) { return device_->check_range(a, b); });
+  };
+  return chip::CapturedGraph::build(in, std::move(recording), rerecord);
 }
 
 // The one place a run's state changes. A terminal state records the run's
@@ -374,8 +473,12 @@ void ChipRunLane::launch_ready_locked() {
         return chip::execute_graph_image(ctx, *r.callable, r.image_address, r.image_bytes, r.chip,
                                          r.max_cores, r.task_timing, &records->report);
       }
+      if (r.graph != nullptr) {
+        return chip::execute_recorded(ctx, *r.callable, r.graph->recording(), r.bound.data(),
+                                      r.chip, r.max_cores, r.task_timing, &records->report);
+      }
       return chip::execute_run(ctx, *r.callable, r.args, r.chip, r.max_cores, r.task_timing,
-                               &records->report);
+                               &records->report, r.capturing ? &records->capture : nullptr);
     });
     if (!rec.ok()) {
       if (device_->aborted()) {  // raced with an abort: as above
@@ -634,6 +737,12 @@ void ChipRunLane::retire_head_locked() {
   // Retire: the set goes back, or into quarantine when device use is unproven
   // (its buffers then stay in use until the device closes).
   const int64_t retire_start = base::now_ns();
+  if (owned->status.ok() && owned->captured != nullptr) {
+    graphs_.insert(owned->records->callable, std::move(owned->captured));
+  }
+  // A replay's graph goes with the run; a quarantined set keeps it (the device may still read
+  // it) until the Worker closes.
+  if (!owned->quarantine) owned->records->graph.reset();
   absl::Status back =
       owned->quarantine ? arena_->quarantine(owned->set) : arena_->release(owned->set);
   if (!back.ok()) SIMPLER_LOG_ERROR("run {} retire: {}", owned->id(), back.ToString());
@@ -789,6 +898,16 @@ std::string ChipRunLane::cancel_cause_locked() const {
 void ChipRunLane::finalize(ChipRun& run) {
   const int64_t start = base::now_ns();
   RunResult& res = run.shared->result;
+  if (run.status.ok() && run.records->capturing && run.captured == nullptr) {
+    // Device-built capture: the graph from what the device recorded.
+    absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> graph =
+        build_capture(run, std::move(run.records->capture));
+    if (graph.ok()) {
+      run.captured = *std::move(graph);
+    } else {
+      run.status = graph.status();
+    }
+  }
   if (run.status.ok()) {
     for (const auto& s : run.staged) {
       if (s.direction == task::ArgDirection::kIn) continue;
@@ -853,7 +972,9 @@ absl::Status ChipRunLane::release_if_unused(uint64_t address, uint64_t bytes,
       }
     }
   }
-  return release();
+  SIMPLER_RETURN_IF_ERROR(release());
+  graphs_.erase_using(address, bytes);
+  return absl::OkStatus();
 }
 
 void ChipRunLane::wait_idle() {
@@ -950,6 +1071,11 @@ LaneStats ChipRunLane::stats() const {
   s.in_flight = static_cast<int32_t>(runs_.size());
   s.launched = launched_;
   return s;
+}
+
+CaptureStats ChipRunLane::capture_stats() const {
+  base::MutexLock lock(mu_);
+  return graphs_.stats();
 }
 
 absl::Status ChipRunLane::poison() const {

@@ -24,6 +24,7 @@
 #include "simpler/task/callable.h"
 #include "simpler/worker/run_handle.h"
 #include "simpler/worker/worker_stats.h"
+#include "worker/captured_graph_cache.h"
 #include "worker/run_resource_arena.h"
 #include "worker/run_shared.h"
 
@@ -46,6 +47,8 @@ struct LaneOptions {
   // deadline are measured on (not owned; must outlive the lane); null = the
   // real one. Tests pass a base::FakeEnv.
   base::Env* env = nullptr;
+  // Captured graphs kept (CallConfig::capture_key; LRU beyond it); >= 1.
+  int32_t max_captured_graphs = 64;
 };
 
 // One run's lane-side state: identity, state, resource set, staged tensors,
@@ -101,8 +104,9 @@ class ChipRunLane {
   // overlaps [address, address + bytes), naming the run when a run that is
   // not retired names a tensor inside the range in its arguments or its
   // callable's bindings, or a quarantined run did (then until close); otherwise returns
-  // `release()`, called under the lane's lock. A submit that checked its
-  // tensors before the free and registers its run after it re-checks them at
+  // `release()`, called under the lane's lock, and once it succeeded drops every captured graph
+  // that uses the range at a fixed address (the next submit under its key captures again). A submit
+  // that checked its tensors before the free and registers its run after it re-checks them at
   // prepare and is refused, so no run ever executes on freed memory.
   absl::Status release_if_unused(uint64_t address, uint64_t bytes,
                                  absl::FunctionRef<absl::Status()> release);
@@ -166,6 +170,7 @@ class ChipRunLane {
   absl::Status close(const base::Deadline& deadline);
 
   LaneStats stats() const;
+  CaptureStats capture_stats() const;
   // The poison cause, OK when the lane is healthy.
   absl::Status poison() const;
   int32_t launch_depth() const { return options_.launch_depth; }
@@ -232,6 +237,19 @@ class ChipRunLane {
   absl::Status prepare_timed(ChipRun& run);
   absl::Status launch_prepared(ChipRun& run, absl::Status prepared);
   absl::Status prepare(ChipRun& run);
+  // Capture and replay (docs/design/capture_replay.md). admit_capture_locked: a run with a
+  // capture key replays its cached graph (binding checked, fixed ranges checked live and
+  // protected) or is marked capturing. prepare_replay: binds the graph and, host-built, places
+  // its image. build_capture: the capturing run's graph from its recording (probing declared
+  // scalar parameters). place_image: a graph image into the run's staging slot `index`.
+  absl::Status admit_capture_locked(ChipRun& run, const task::ChipCallable* callable)
+      SIMPLER_REQUIRES(mu_);
+  absl::Status prepare_replay(ChipRun& run, size_t staged);
+  absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> build_capture(
+      ChipRun& run, chip::GraphRecording recording);
+  absl::Status place_image(ChipRun& run, size_t index, const std::vector<uint8_t>& image);
+  // The cores a run with `max_cores` may use (what its orchestration sees).
+  int32_t cores_for(int32_t max_cores) const;
   void span(const char* name, int64_t start, int64_t end, uint64_t run, int32_t tid) const;
 
   device::Device* device_;
@@ -278,6 +296,7 @@ class ChipRunLane {
   std::unordered_map<const task::ChipCallable*, std::vector<std::pair<uint64_t, uint64_t>>>
       bindings_ SIMPLER_GUARDED_BY(mu_);
   bool closed_ SIMPLER_GUARDED_BY(mu_) = false;
+  CapturedGraphCache graphs_ SIMPLER_GUARDED_BY(mu_);
   uint64_t retired_ SIMPLER_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
   // [begin, end) device ranges named by retired-but-quarantined runs, with the run id.

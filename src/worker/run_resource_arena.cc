@@ -120,6 +120,10 @@ void RunRecords::reset() {
   host_built = false;
   image_address = 0;
   image_bytes = 0;
+  graph.reset();
+  bound.clear();
+  capturing = false;
+  capture.clear();
   report.tasks_submitted = 0;
   report.tasks_completed = 0;
   report.tasks_failed = 0;

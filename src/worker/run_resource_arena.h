@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "chip/captured_graph.h"
 #include "chip/chip_runtime.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/env.h"
@@ -44,6 +45,13 @@ struct RunRecords {
   bool host_built = false;
   uint64_t image_address = 0;  // host-built: the graph image in a staging buffer
   uint64_t image_bytes = 0;
+  // A replay (docs/design/capture_replay.md): the graph, held until the run retires (or, once
+  // quarantined, as long as the set), and its task arguments bound to `args`.
+  std::shared_ptr<const chip::CapturedGraph> graph;
+  std::vector<task::Arg> bound;
+  // A capture in the device-built placement: what the device recorded.
+  bool capturing = false;
+  chip::GraphRecording capture;
   chip::RunReport report;
   // Clears everything for the set's next run; vectors keep their capacity.
   void reset();

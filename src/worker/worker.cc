@@ -52,6 +52,10 @@ absl::Status WorkerOptions::validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "WorkerOptions.operation_timeout_s must be finite and > 0, got ", operation_timeout_s));
   }
+  if (max_captured_graphs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkerOptions.max_captured_graphs ", max_captured_graphs, " < 1"));
+  }
   return chip.validate();
 }
 
@@ -102,6 +106,7 @@ absl::Status ChipWorker::init(
   lane.launch_depth = options_.launch_depth;
   lane.operation_timeout_s = options_.operation_timeout_s;
   lane.chip = options_.chip;
+  lane.max_captured_graphs = options_.max_captured_graphs;
   lane.trace = options_.trace;
   lane.placement = options_.placement;
   lane.env = options_.env;
@@ -309,6 +314,7 @@ int32_t Worker::abandoned_threads() const {
 const device::DeviceCaps& Worker::caps() const { return impl_->chip->device().caps(); }
 ArenaCounts Worker::resources() const { return impl_->chip->arena().counts(); }
 LaneStats Worker::lane_stats() const { return impl_->chip->lane().stats(); }
+CaptureStats Worker::capture_stats() const { return impl_->chip->lane().capture_stats(); }
 device::Device& Worker::device() { return impl_->chip->device(); }
 const WorkerOptions& Worker::options() const { return impl_->options; }
 

@@ -1823,7 +1823,9 @@ def scenario_bench_prefill_load(ctx):
                     "--json"], label="bench dispatch --compare starpu")
     if p.returncode == 0:
         rows = parse_one_json_object(p.stdout, "bench dispatch --compare starpu")["dispatch"]
-        pb.check([r["pattern"] for r in rows] == ["independent", "chain", "8_chains"]
+        pb.check([(r["pattern"], r["mode"]) for r in rows]
+                 == [(p, m) for p in ("independent", "chain", "8_chains")
+                     for m in ("uncaptured", "replayed")]
                  and all(r["starpu_ns_per_task"] > 0 and close(
                      r["starpu_over_simpler"], r["starpu_ns_per_task"] / r["ns_per_task"])
                      for r in rows),

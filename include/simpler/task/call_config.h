@@ -21,8 +21,21 @@ struct CallConfig {
   GraphPlacement placement = GraphPlacement::kDefault;
   // Record per-task device timestamps (run start/end are always recorded).
   bool task_timing = true;
+  // The caller's shape key (docs/design/capture_replay.md); 0 = neither capture nor replay.
+  // The first run of a callable under a key is captured into a graph; later runs under it
+  // replay that graph with their own arguments bound, when they keep its signature (every
+  // argument's direction, memory kind, dtype, shape and strides; every scalar that is not a
+  // parameter; the cores; how the device tensors overlap), and are refused at submit naming
+  // the argument when they do not. The orchestration must decide its tasks from that signature
+  // alone.
+  uint64_t capture_key = 0;
+  // Bit i: run argument i (< 64) is a scalar parameter — forwarded to kernels unchanged, free
+  // to change between replays. Each is checked once, when the graph is captured. Only with a
+  // capture_key; every bit must name a scalar argument (checked at submit).
+  uint64_t capture_scalar_params = 0;
 
-  // INVALID_ARGUMENT naming the field when a value is out of range or NaN.
+  // INVALID_ARGUMENT naming the field when a value is out of range or NaN, or
+  // capture_scalar_params is set without a capture_key.
   absl::Status validate() const;
 };
 

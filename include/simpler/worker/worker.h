@@ -51,11 +51,14 @@ struct WorkerOptions {
   // measured on (not owned; must outlive the Worker); null = the real one.
   // Tests pass a base::FakeEnv to fire a timeout when they choose.
   base::Env* env = nullptr;
+  // Captured graphs kept (CallConfig::capture_key; docs/design/capture_replay.md): beyond it
+  // the least recently used is dropped (never under a run that replays it).
+  int32_t max_captured_graphs = 64;
 
   // INVALID_ARGUMENT naming the field: level != 2, unknown platform, negative
   // ids or cores, depth < 1 or above kMaxRunGrant, grant below the depth
   // ("run_grant 1 is below launch_depth 2") or above kMaxRunGrant,
-  // NaN/non-positive/infinite timeout.
+  // NaN/non-positive/infinite timeout, max_captured_graphs < 1.
   absl::Status validate() const;
   int32_t effective_grant() const {
     if (run_grant != 0) return run_grant;
@@ -118,8 +121,10 @@ class Worker {
   // (bind(); unbind it first), naming the run when a run that has not retired
   // names the buffer in its arguments or its callable's bindings, or when a
   // quarantined run did (then until close(): its device use was never proven
-  // finished); NOT_FOUND for an unknown buffer. Atomic with respect to submit: a run admitted after
-  // the free is refused at submit (its tensor is no longer a live allocation).
+  // finished); NOT_FOUND for an unknown buffer. A successful free drops every captured graph
+  // that uses the buffer at a fixed address (docs/design/capture_replay.md). Atomic with respect to
+  // submit: a run admitted after the free is refused at submit (its tensor is no longer a live
+  // allocation).
   absl::Status free(const DeviceBuffer& buffer);
   // Copies between host memory and a buffer (bytes at `offset`). Ordered after
   // every run submitted before: waits for them to finish on the device first.
@@ -203,6 +208,8 @@ class Worker {
   const device::DeviceCaps& caps() const;
   ArenaCounts resources() const;
   LaneStats lane_stats() const;
+  // The counts of captured graphs (CallConfig::capture_key).
+  CaptureStats capture_stats() const;
   // Device threads close() had to abandon inside kernels that never returned
   // (see Device::close); 0 normally.
   int32_t abandoned_threads() const;

@@ -28,4 +28,13 @@ struct LaneStats {
   int32_t launched = 0;       // launched, completion not yet observed
 };
 
+// Captured graphs of a lane (docs/design/capture_replay.md), for tests and benchmarks.
+struct CaptureStats {
+  int32_t graphs = 0;          // in the cache now
+  uint64_t captures = 0;       // graphs that entered the cache
+  uint64_t replays = 0;        // runs admitted as replays
+  uint64_t evictions = 0;      // graphs dropped: the LRU bound, or a fixed range freed
+  int32_t evicted_in_use = 0;  // dropped graphs still held by runs that have not retired
+};
+
 }  // namespace simpler::worker

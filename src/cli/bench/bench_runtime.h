@@ -14,12 +14,18 @@ namespace simpler::cli {
 // (device end - device start) / tasks, and host wall time of the whole run.
 struct DispatchRow {
   std::string pattern;  // "independent", "chain", "8_chains"
+  // "uncaptured" (orchestrated, dependencies inferred), or "replayed" (the pattern's captured
+  // graph replayed: CallConfig::capture_key). StarPU's rows are "uncaptured".
+  std::string mode = "uncaptured";
   int64_t tasks = 0;
-  double ns_per_task = 0;
+  double ns_per_task = 0;  // device time of the run per task
+  double prepare_us = 0;   // host prepare of the run
   double wall_ms = 0;
 };
 
-// Runs `tasks` empty kernels per pattern, dependencies inferred by the TensorMap.
+// Runs `tasks` empty kernels per pattern, dependencies inferred by the TensorMap; then
+// captures the pattern's graph, replays it once to warm up and replays it again: two rows per
+// pattern (uncaptured, replayed).
 absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOptions& options,
                                                         int64_t tasks);
 
@@ -70,7 +76,8 @@ absl::StatusOr<std::vector<PipelineRow>> bench_pipeline(worker::WorkerOptions op
                                                         int runs, PinMode pin);
 
 // The rows as JSON objects (nlohmann::json j = row), keyed by their field names.
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DispatchRow, pattern, tasks, ns_per_task, wall_ms)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DispatchRow, pattern, mode, tasks, ns_per_task, prepare_us,
+                                   wall_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PipelineRow, depth, host_us, device_us, runs, runs_per_s,
                                    device_busy, gap_us_p50, gap_us_p99, host_cpu_us_per_run, pinned,
                                    gaps_over_20us, late_launches)

@@ -1,5 +1,5 @@
-// `simpler bench dispatch`: ns per task for empty kernels, per dependency pattern (and StarPU's
-// with --compare starpu).
+// `simpler bench dispatch`: ns per task for empty kernels, per dependency pattern, orchestrated
+// and replayed from a captured graph (and StarPU's with --compare starpu).
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -35,35 +35,42 @@ int run_bench_dispatch(const DispatchFlags& st) {
     if (!peer.ok()) return fail("bench dispatch", peer.status());
     starpu_rows = std::move(*peer);
   }
+  // StarPU's row of a pattern (its rows are one per pattern, uncaptured).
+  auto peer_of = [&](const DispatchRow& r) -> const DispatchRow* {
+    for (const DispatchRow& p : starpu_rows) {
+      if (p.pattern == r.pattern) return &p;
+    }
+    return nullptr;
+  };
   if (st.common.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (size_t i = 0; i < rows->size(); ++i) {
-      nlohmann::json j = (*rows)[i];
-      if (i < starpu_rows.size()) {
-        j["starpu_ns_per_task"] = starpu_rows[i].ns_per_task;
-        j["starpu_over_simpler"] = starpu_rows[i].ns_per_task / (*rows)[i].ns_per_task;
+    for (const DispatchRow& r : *rows) {
+      nlohmann::json j = r;
+      if (const DispatchRow* p = peer_of(r)) {
+        j["starpu_ns_per_task"] = p->ns_per_task;
+        j["starpu_over_simpler"] = p->ns_per_task / r.ns_per_task;
       }
       out.push_back(j);
     }
     print_json_line(nlohmann::json{{"dispatch", out}});
   } else {
-    std::printf("%-12s %10s %12s %10s", "pattern", "tasks", "ns/task", "wall ms");
+    std::printf("%-12s %-10s %10s %12s %12s %10s", "pattern", "mode", "tasks", "ns/task",
+                "prepare us", "wall ms");
     if (!starpu_rows.empty()) std::printf(" %16s %8s", "StarPU ns/task", "ratio");
     std::printf("\n");
-    for (size_t i = 0; i < rows->size(); ++i) {
-      const auto& r = (*rows)[i];
-      std::printf("%-12s %10lld %12.1f %10.1f", r.pattern.c_str(), static_cast<long long>(r.tasks),
-                  r.ns_per_task, r.wall_ms);
-      if (i < starpu_rows.size()) {
-        std::printf(" %16.1f %7.1fx", starpu_rows[i].ns_per_task,
-                    starpu_rows[i].ns_per_task / r.ns_per_task);
+    for (const DispatchRow& r : *rows) {
+      std::printf("%-12s %-10s %10lld %12.1f %12.1f %10.1f", r.pattern.c_str(), r.mode.c_str(),
+                  static_cast<long long>(r.tasks), r.ns_per_task, r.prepare_us, r.wall_ms);
+      if (const DispatchRow* p = peer_of(r)) {
+        std::printf(" %16.1f %7.1fx", p->ns_per_task, p->ns_per_task / r.ns_per_task);
       }
       std::printf("\n");
     }
     if (!starpu_rows.empty()) {
       std::printf(
           "StarPU %s: %d CPU workers, STARPU_SCHED=eager, inferred (STARPU_RW) "
-          "dependencies; ratio = StarPU ns / simpler ns\n",
+          "dependencies; ratio = StarPU ns / simpler ns; replayed = the pattern's graph "
+          "captured once (CallConfig::capture_key) and replayed\n",
           starpu_version().c_str(), ncpu);
     }
   }

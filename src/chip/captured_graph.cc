@@ -1,0 +1,275 @@
+#include "chip/captured_graph.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "simpler/base/status.h"
+
+namespace simpler::chip {
+
+namespace {
+
+bool is_tensor(const task::Arg& a) { return a.direction != task::ArgDirection::kScalar; }
+
+// A device tensor argument of a run that takes part in the overlap relation.
+bool is_device_range(const task::Arg& a) {
+  return is_tensor(a) && a.tensor.memory == task::MemoryKind::kDevice && a.tensor.span_bytes() > 0;
+}
+
+bool overlaps(uint64_t b1, uint64_t e1, uint64_t b2, uint64_t e2) { return b1 < e2 && b2 < e1; }
+
+bool overlaps(const task::Tensor& a, const task::Tensor& b) {
+  return overlaps(a.address, a.address + a.span_bytes(), b.address, b.address + b.span_bytes());
+}
+
+std::string dims(const task::Tensor& t, const std::array<int64_t, task::kMaxRank>& d) {
+  return absl::StrCat("[", absl::StrJoin(d.begin(), d.begin() + t.rank, ", "), "]");
+}
+
+bool same_layout(const task::Tensor& a, const task::Tensor& b) {
+  return a.rank == b.rank && a.dtype == b.dtype && a.memory == b.memory &&
+         std::equal(a.shape.begin(), a.shape.begin() + a.rank, b.shape.begin()) &&
+         std::equal(a.strides.begin(), a.strides.begin() + a.rank, b.strides.begin());
+}
+
+// How the tensor of run argument `i` as submitted differs from `captured`; empty when it does
+// not.
+std::string layout_difference(size_t i, const task::Tensor& t, const task::Tensor& captured) {
+  const std::string arg = absl::StrCat("argument ", i, ": ");
+  if (t.memory != captured.memory) {
+    auto kind = [](task::MemoryKind m) { return m == task::MemoryKind::kHost ? "HOST" : "DEVICE"; };
+    return absl::StrCat(arg, "memory ", kind(t.memory), " differs from ", kind(captured.memory));
+  }
+  if (t.dtype != captured.dtype) {
+    return absl::StrCat(arg, "dtype ", std::string(task::name_of(t.dtype)), " differs from ",
+                        std::string(task::name_of(captured.dtype)));
+  }
+  if (t.rank != captured.rank ||
+      !std::equal(t.shape.begin(), t.shape.begin() + t.rank, captured.shape.begin())) {
+    return absl::StrCat(arg, "shape ", dims(t, t.shape), " differs from ",
+                        dims(captured, captured.shape));
+  }
+  if (!std::equal(t.strides.begin(), t.strides.begin() + t.rank, captured.strides.begin())) {
+    return absl::StrCat(arg, "strides ", dims(t, t.strides), " differ from ",
+                        dims(captured, captured.strides));
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string CapturedGraph::where() const {
+  return absl::StrCat("capture key ", key_, " of '", callable_name_, "'");
+}
+
+absl::StatusOr<std::shared_ptr<const CapturedGraph>> CapturedGraph::build(
+    const CaptureInput& in, GraphRecording recording, const Rerecord& rerecord) {
+  std::shared_ptr<CapturedGraph> g(new CapturedGraph());
+  g->recording_ = std::move(recording);
+  g->key_ = in.key;
+  g->callable_name_ = in.callable->name;
+  g->num_cores_ = in.num_cores;
+  g->scalar_params_ = in.scalar_params;
+  g->signature_ = in.submitted->args();
+  const size_t n = g->signature_.size();
+  g->overlap_.assign(n * n, 0);
+  g->delta_.assign(n * n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_device_range(g->signature_[i])) continue;
+    for (size_t j = i + 1; j < n; ++j) {
+      if (!is_device_range(g->signature_[j])) continue;
+      const task::Tensor& a = g->signature_[i].tensor;
+      const task::Tensor& b = g->signature_[j].tensor;
+      if (!overlaps(a, b)) continue;
+      g->overlap_[i * n + j] = 1;
+      g->delta_[i * n + j] = static_cast<int64_t>(b.address - a.address);
+    }
+  }
+  auto prefix = [&] {
+    return absl::StrCat("run ", in.run_id, " capture under ", g->where(), ": ");
+  };
+  if (absl::Status s = g->resolve_slots(in); !s.ok()) return base::annotate(s, prefix());
+  for (size_t i = 0; i < n && i < 64; ++i) {
+    if ((in.scalar_params >> i & 1) == 0) continue;
+    if (absl::Status s = g->probe_parameter(in, i, rerecord); !s.ok()) {
+      return base::annotate(s, prefix());
+    }
+  }
+  return std::shared_ptr<const CapturedGraph>(std::move(g));
+}
+
+absl::Status CapturedGraph::resolve_slots(const CaptureInput& in) {
+  const task::TaskArgs& run = *in.staged;
+  for (uint32_t t = 0; t < recording_.tasks.size(); ++t) {
+    const GraphImageTask& task = recording_.tasks[t];
+    for (uint32_t k = 0; k < task.num_args; ++k) {
+      const uint32_t index = task.args_begin + k;
+      const task::Arg& a = recording_.args[index];
+      if (!is_tensor(a) || a.tensor.span_bytes() == 0) continue;
+      const uint64_t b = a.tensor.address;
+      const uint64_t e = b + a.tensor.span_bytes();
+      bool placed = false;
+      for (uint32_t i = 0; i < run.size() && !placed; ++i) {
+        if (!is_tensor(run[i]) || run[i].tensor.span_bytes() == 0) continue;
+        const uint64_t rb = run[i].tensor.address;
+        const uint64_t re = rb + run[i].tensor.span_bytes();
+        if (rb <= b && e <= re) {
+          bound_.push_back({index, i, b - rb});
+          placed = true;
+        } else if (overlaps(b, e, rb, re)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "task ", t, " argument ", k, " ", a.tensor.debug_string(), " overlaps run argument ",
+              i, " ", run[i].tensor.debug_string(), " without lying inside it"));
+        }
+      }
+      if (!placed) fixed_.push_back({b, e, t, k});
+    }
+  }
+  std::sort(fixed_.begin(), fixed_.end(),
+            [](const FixedRange& x, const FixedRange& y) { return x.begin < y.begin; });
+  std::vector<FixedRange> merged;
+  for (const FixedRange& r : fixed_) {
+    if (!merged.empty() && r.begin < merged.back().end) {
+      merged.back().end = std::max(merged.back().end, r.end);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  fixed_ = std::move(merged);
+  return absl::OkStatus();
+}
+
+absl::Status CapturedGraph::probe_parameter(const CaptureInput& in, size_t index,
+                                            const Rerecord& rerecord) {
+  const task::TaskArgs& run = *in.staged;
+  auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "argument ", index,
+        " is declared a scalar parameter (CallConfig.capture_scalar_params) but ", why));
+  };
+  if (index >= run.size() || is_tensor(run[index])) return refuse("it is not a scalar");
+  task::TaskArgs probe = run;
+  const uint64_t value = run[index].scalar;
+  probe[index].scalar = value + 1;
+  SIMPLER_ASSIGN_OR_RETURN(GraphRecording other, rerecord(probe));
+  const GraphRecording& mine = recording_;
+  if (other.tasks.size() != mine.tasks.size()) {
+    return refuse(absl::StrCat("the orchestration submits ", other.tasks.size(),
+                               " tasks with it plus one and ", mine.tasks.size(),
+                               " without: it decides the task list"));
+  }
+  for (uint32_t t = 0; t < mine.tasks.size(); ++t) {
+    const GraphImageTask& x = mine.tasks[t];
+    const GraphImageTask& y = other.tasks[t];
+    if (x.kernel != y.kernel || x.block_dim != y.block_dim || x.num_args != y.num_args ||
+        x.num_preds != y.num_preds ||
+        !std::equal(mine.preds.begin() + x.preds_begin,
+                    mine.preds.begin() + x.preds_begin + x.num_preds,
+                    other.preds.begin() + y.preds_begin)) {
+      return refuse(absl::StrCat("task ", t, " changes with it: it decides the task list"));
+    }
+    for (uint32_t k = 0; k < x.num_args; ++k) {
+      const task::Arg& a = mine.args[x.args_begin + k];
+      const task::Arg& b = other.args[y.args_begin + k];
+      const std::string at = absl::StrCat("task ", t, " argument ", k);
+      if (a.direction != b.direction) return refuse(at + " changes kind with it");
+      if (is_tensor(a)) {
+        if (a.tensor.address != b.tensor.address || !same_layout(a.tensor, b.tensor)) {
+          return refuse(at + "'s tensor changes with it");
+        }
+        continue;
+      }
+      if (a.scalar == b.scalar) continue;
+      if (a.scalar != value || b.scalar != value + 1) {
+        return refuse(at + " changes with it without being equal to it");
+      }
+      const uint32_t arg = x.args_begin + k;
+      const bool taken = std::any_of(bound_.begin(), bound_.end(),
+                                     [arg](const Bound& bd) { return bd.arg == arg; });
+      if (taken) return refuse(at + " also changes with another parameter");
+      bound_.push_back({arg, static_cast<uint32_t>(index), 0});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CapturedGraph::check_bind(const task::TaskArgs& submitted, int32_t num_cores,
+                                       uint64_t scalar_params) const {
+  const std::string captured = absl::StrCat(" captured under ", where());
+  auto refuse = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(what, captured));
+  };
+  const size_t n = signature_.size();
+  if (submitted.size() != n) {
+    return refuse(absl::StrCat("the run has ", submitted.size(), " arguments; the graph has ", n));
+  }
+  if (scalar_params != scalar_params_) {
+    return refuse(absl::StrCat("CallConfig.capture_scalar_params 0x", absl::Hex(scalar_params),
+                               " differs from 0x", absl::Hex(scalar_params_)));
+  }
+  if (num_cores != num_cores_) {
+    return refuse(absl::StrCat("the run may use ", num_cores, " cores, not the ", num_cores_));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const task::Arg& a = submitted[i];
+    const task::Arg& s = signature_[i];
+    if (a.direction != s.direction) {
+      return refuse(absl::StrCat("argument ", i, ": direction ",
+                                 std::string(task::name_of(a.direction)), " differs from ",
+                                 std::string(task::name_of(s.direction))));
+    }
+    if (!is_tensor(a)) {
+      if ((scalar_params >> i & 1) == 0 && a.scalar != s.scalar) {
+        return refuse(absl::StrCat("argument ", i, ": scalar ", a.scalar, " differs from ",
+                                   s.scalar, " (a scalar that is not a parameter is shape)"));
+      }
+      continue;
+    }
+    if (std::string d = layout_difference(i, a.tensor, s.tensor); !d.empty()) return refuse(d);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_device_range(submitted[i])) continue;
+    const task::Tensor& a = submitted[i].tensor;
+    for (size_t j = i + 1; j < n; ++j) {
+      if (!is_device_range(submitted[j])) continue;
+      const task::Tensor& b = submitted[j].tensor;
+      const bool now = overlaps(a, b);
+      const int64_t delta = static_cast<int64_t>(b.address - a.address);
+      if (now != (overlap_[i * n + j] != 0) || (now && delta != delta_[i * n + j])) {
+        return refuse(absl::StrCat(
+            "argument ", j, " ", b.debug_string(), " overlaps argument ", i, " ", a.debug_string(),
+            now ? " at byte offset " : " nowhere", now ? absl::StrCat(delta) : "", ", but ",
+            overlap_[i * n + j] != 0 ? absl::StrCat("at byte offset ", delta_[i * n + j])
+                                     : std::string("nowhere"),
+            " when captured (the dependencies were inferred from that)"));
+      }
+    }
+    const uint64_t e = a.address + a.span_bytes();
+    auto it = std::upper_bound(fixed_.begin(), fixed_.end(), a.address,
+                               [](uint64_t x, const FixedRange& r) { return x < r.begin; });
+    if (it != fixed_.begin() && std::prev(it)->end > a.address) --it;
+    if (it != fixed_.end() && overlaps(a.address, e, it->begin, it->end)) {
+      return refuse(absl::StrCat(
+          "argument ", i, " ", a.debug_string(), " overlaps device memory that task ", it->task,
+          " argument ", it->arg, " of the graph uses at a fixed address 0x", absl::Hex(it->begin)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CapturedGraph::bind(const task::TaskArgs& staged, std::vector<task::Arg>* out) const {
+  out->assign(recording_.args.begin(), recording_.args.end());
+  for (const Bound& b : bound_) {
+    task::Arg& o = (*out)[b.arg];
+    const task::Arg& s = staged[b.slot];
+    if (is_tensor(o)) {
+      o.tensor.address = s.tensor.address + b.offset;
+      o.tensor.memory = task::MemoryKind::kDevice;
+    } else {
+      o.scalar = s.scalar;
+    }
+  }
+}
+
+}  // namespace simpler::chip

@@ -1,0 +1,465 @@
+// Capture and replay (docs/design/capture_replay.md): each test states one part of the contract
+// and the attempt to break it that the contract refuses.
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "simpler/base/status.h"
+#include "simpler/worker/worker.h"
+#include "worker/worker_test_util.h"
+
+namespace simpler::worker::testing {
+namespace {
+
+using task::ArgDirection;
+using task::DataType;
+using task::GraphPlacement;
+
+int64_t* cells(const task::Tensor& t) { return t.data<int64_t>(); }
+
+// OK, or a failure that shows the status.
+::testing::AssertionResult ok(const absl::Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << s;
+}
+
+// Waits at the Gate whose address is scalar(2), then out = in.
+absl::Status gated_copy_kernel(const task::KernelContext& ctx) {
+  reinterpret_cast<const Gate*>(static_cast<uintptr_t>(ctx.scalar_i64(2)))->wait();
+  for (int64_t i = 0; i < ctx.tensor(0).numel(); ++i)
+    cells(ctx.tensor(1))[i] = cells(ctx.tensor(0))[i];
+  return absl::OkStatus();
+}
+// out = in * scalar(2).
+absl::Status mul_kernel(const task::KernelContext& ctx) {
+  for (int64_t i = 0; i < ctx.tensor(0).numel(); ++i) {
+    cells(ctx.tensor(1))[i] = cells(ctx.tensor(0))[i] * ctx.scalar_i64(2);
+  }
+  return absl::OkStatus();
+}
+// inout += in.
+absl::Status add_kernel(const task::KernelContext& ctx) {
+  for (int64_t i = 0; i < ctx.tensor(0).numel(); ++i)
+    cells(ctx.tensor(1))[i] += cells(ctx.tensor(0))[i];
+  return absl::OkStatus();
+}
+// inout = 2 * inout + 1.
+absl::Status twice_kernel(const task::KernelContext& ctx) {
+  for (int64_t i = 0; i < ctx.tensor(0).numel(); ++i) {
+    cells(ctx.tensor(0))[i] = 2 * cells(ctx.tensor(0))[i] + 1;
+  }
+  return absl::OkStatus();
+}
+
+constexpr int64_t kN = 8;
+
+// The chain program over run arguments x (IN), y (OUT), tmp (INOUT), scalar scale, scalar gate
+// address, and a bias buffer its orchestration captured (`bias` holds its address: memory the
+// graph uses at a fixed address). Its tasks read and write through RAW, WAR, WAW and partially
+// overlapping views, so a missing dependency changes the result.
+struct Chain {
+  std::shared_ptr<std::atomic<uint64_t>> bias = std::make_shared<std::atomic<uint64_t>>(0);
+
+  task::ChipCallable callable(std::string name = "chain") const {
+    auto bias_address = bias;
+    auto orchestration = [bias_address](task::OrchestrationContext& ctx,
+                                        const task::TaskArgs& args) -> absl::Status {
+      const task::Tensor x = args.tensor(0), y = args.tensor(1), tmp = args.tensor(2);
+      const int64_t scale = args.scalar_i64(3), gate = args.scalar_i64(4);
+      const task::Tensor bias =
+          *task::Tensor::contiguous(bias_address->load(), {kN}, DataType::kInt64);
+      auto view = [&](int64_t from, int64_t count) {
+        return *task::Tensor::contiguous(y.address + from * 8, {count}, DataType::kInt64);
+      };
+      task::TaskArgs t0, t1, t2, t3, t4, t5, t6;
+      t0.add_tensor(x, ArgDirection::kIn).add_tensor(tmp, ArgDirection::kOut).add_scalar_i64(gate);
+      t1.add_tensor(tmp, ArgDirection::kIn).add_tensor(y, ArgDirection::kOut).add_scalar_i64(scale);
+      t2.add_tensor(bias, ArgDirection::kIn).add_tensor(tmp, ArgDirection::kInOut);
+      t3.add_tensor(tmp, ArgDirection::kIn).add_tensor(y, ArgDirection::kInOut);
+      t4.add_tensor(view(0, kN / 2), ArgDirection::kInOut);
+      t5.add_tensor(view(kN / 4, kN / 2), ArgDirection::kInOut);
+      t6.add_tensor(y, ArgDirection::kIn).add_tensor(tmp, ArgDirection::kOut).add_scalar_i64(scale);
+      SIMPLER_RETURN_IF_ERROR(ctx.submit(0, t0));
+      SIMPLER_RETURN_IF_ERROR(ctx.submit(1, t1));
+      SIMPLER_RETURN_IF_ERROR(ctx.submit(2, t2));
+      SIMPLER_RETURN_IF_ERROR(ctx.submit(2, t3));
+      SIMPLER_RETURN_IF_ERROR(ctx.submit(3, t4));
+      SIMPLER_RETURN_IF_ERROR(ctx.submit(3, t5));
+      return ctx.submit(1, t6);
+    };
+    return task::ChipCallable{name,
+                              orchestration,
+                              {{"gated_copy", gated_copy_kernel},
+                               {"mul", mul_kernel},
+                               {"add", add_kernel},
+                               {"twice", twice_kernel}}};
+  }
+};
+
+// What the chain computes: y and tmp.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> chain_reference(
+    const std::vector<int64_t>& x, const std::vector<int64_t>& bias, int64_t scale) {
+  std::vector<int64_t> y(kN), tmp(kN);
+  for (int64_t i = 0; i < kN; ++i) y[i] = x[i] * scale + x[i] + bias[i];
+  for (int64_t i = 0; i < kN / 2; ++i) y[i] = 2 * y[i] + 1;
+  for (int64_t i = kN / 4; i < kN / 4 + kN / 2; ++i) y[i] = 2 * y[i] + 1;
+  for (int64_t i = 0; i < kN; ++i) tmp[i] = y[i] * scale;
+  return {y, tmp};
+}
+
+// One run's buffers, x filled from `first`.
+struct Buffers {
+  DeviceBuffer x, y, tmp;
+  std::vector<int64_t> x_host;
+};
+
+Buffers make_buffers(Worker& w, int64_t first) {
+  Buffers b;
+  b.x = *w.malloc(kN * 8);
+  b.y = *w.malloc(kN * 8);
+  b.tmp = *w.malloc(kN * 8);
+  for (int64_t i = 0; i < kN; ++i) b.x_host.push_back(first + 3 * i);
+  EXPECT_TRUE(w.copy_to(b.x, b.x_host.data(), kN * 8).ok());
+  return b;
+}
+
+task::TaskArgs chain_args(const Buffers& b, int64_t scale, const Gate& gate) {
+  task::TaskArgs a;
+  a.add_tensor(*b.x.tensor({kN}, DataType::kInt64), ArgDirection::kIn)
+      .add_tensor(*b.y.tensor({kN}, DataType::kInt64), ArgDirection::kOut)
+      .add_tensor(*b.tmp.tensor({kN}, DataType::kInt64), ArgDirection::kInOut)
+      .add_scalar_i64(scale)
+      .add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&gate)));
+  return a;
+}
+
+std::vector<int64_t> read(Worker& w, const DeviceBuffer& b) {
+  std::vector<int64_t> v(kN);
+  EXPECT_TRUE(w.copy_from(v.data(), b, kN * 8).ok());
+  return v;
+}
+
+// Scale (argument 3) and the gate's address (argument 4) are scalar parameters.
+constexpr uint64_t kChainParams = (1u << 3) | (1u << 4);
+
+task::CallConfig capture(uint64_t key, GraphPlacement placement, uint64_t params = kChainParams) {
+  task::CallConfig c;
+  c.placement = placement;
+  c.capture_key = key;
+  c.capture_scalar_params = params;
+  return c;
+}
+
+// A worker with the chain registered and its bias allocated (bias[i] = 100 + i).
+struct ChainWorker {
+  explicit ChainWorker(WorkerOptions o = test_options(2)) : w(std::move(o)) {
+    handle = *w.register_callable(chain.callable());
+    EXPECT_TRUE(w.init().ok());
+    bias_buffer = *w.malloc(kN * 8);
+    for (int64_t i = 0; i < kN; ++i) bias.push_back(100 + i);
+    EXPECT_TRUE(w.copy_to(bias_buffer, bias.data(), kN * 8).ok());
+    chain.bias->store(bias_buffer.address);
+  }
+  Chain chain;
+  Worker w;
+  CallableHandle handle;
+  DeviceBuffer bias_buffer;
+  std::vector<int64_t> bias;
+  Gate open_gate{true};
+};
+
+class Capture : public ::testing::TestWithParam<GraphPlacement> {};
+
+TEST_P(Capture, ReplayComputesWhatAnUncapturedRunComputes) {
+  ChainWorker c;
+  task::CallConfig plain;
+  plain.placement = GetParam();
+  Buffers a = make_buffers(c.w, 1), b = make_buffers(c.w, 50), d = make_buffers(c.w, -7);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(b, 5, c.open_gate), capture(1, GetParam()))));
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(d, 5, c.open_gate), plain)));
+  const auto [y, tmp] = chain_reference(b.x_host, c.bias, 5);
+  EXPECT_EQ(read(c.w, a.y), chain_reference(a.x_host, c.bias, 3).first);
+  EXPECT_EQ(read(c.w, b.y), y);
+  EXPECT_EQ(read(c.w, b.tmp), tmp);
+  EXPECT_EQ(read(c.w, d.y), chain_reference(d.x_host, c.bias, 5).first);
+  const CaptureStats s = c.w.capture_stats();
+  EXPECT_EQ(s.graphs, 1);
+  EXPECT_EQ(s.captures, 1u);
+  EXPECT_EQ(s.replays, 1u);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, HostInputsAreStagedAfreshForEveryReplay) {
+  Worker w(test_options());
+  auto affine = w.register_callable(affine_program(3));
+  ASSERT_TRUE(ok(w.init()));
+  task::CallConfig config = capture(9, GetParam(), /*params=*/1u << 2);
+  int64_t in = 5, out = 0;
+  ASSERT_TRUE(ok(w.run(*affine, affine_args(&in, &out, 1), config)));
+  EXPECT_EQ(out, 16);
+  in = 7;
+  ASSERT_TRUE(ok(w.run(*affine, affine_args(&in, &out, 2), config)));
+  EXPECT_EQ(out, 23);
+  EXPECT_EQ(w.capture_stats().replays, 1u);
+  EXPECT_TRUE(ok(w.close()));
+}
+
+TEST_P(Capture, ABindOfAnotherShapeOrDtypeIsRefusedNamingTheArgument) {
+  ChainWorker c;
+  Buffers a = make_buffers(c.w, 1);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  task::TaskArgs shorter = chain_args(a, 3, c.open_gate);
+  shorter[0].tensor = *a.x.tensor({kN / 2}, DataType::kInt64);
+  EXPECT_TRUE(fails_with(c.w.submit(c.handle, shorter, capture(1, GetParam())).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "argument 0: shape [4] differs from [8] captured under capture key 1 "
+                         "of 'chain'"));
+  task::TaskArgs other_dtype = chain_args(a, 3, c.open_gate);
+  other_dtype[1].tensor = *a.y.tensor({kN}, DataType::kInt32);
+  EXPECT_TRUE(fails_with(c.w.submit(c.handle, other_dtype, capture(1, GetParam())).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "argument 1: dtype i32 differs from i64 captured under capture key 1"));
+  // The graph stays: a run that keeps the contract replays it.
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 4, c.open_gate), capture(1, GetParam()))));
+  EXPECT_EQ(read(c.w, a.y), chain_reference(a.x_host, c.bias, 4).first);
+  EXPECT_EQ(c.w.capture_stats().captures, 1u);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, ShapeKeyCollisionsAreRefusedAndKeysArePerCallable) {
+  Chain chain;
+  Worker w(test_options());
+  auto first = *w.register_callable(chain.callable("first"));
+  auto second = *w.register_callable(chain.callable("second"));
+  ASSERT_TRUE(ok(w.init()));
+  DeviceBuffer bias = *w.malloc(kN * 8);
+  chain.bias->store(bias.address);
+  Gate open{true};
+  Buffers a = make_buffers(w, 1);
+  // Scale is not declared a parameter here: it is part of the shape.
+  const uint64_t gate_only = 1u << 4;
+  ASSERT_TRUE(ok(w.run(first, chain_args(a, 3, open), capture(5, GetParam(), gate_only))));
+  EXPECT_TRUE(fails_with(
+      w.submit(first, chain_args(a, 4, open), capture(5, GetParam(), gate_only)).status(),
+      absl::StatusCode::kInvalidArgument,
+      "argument 3: scalar 4 differs from 3 (a scalar that is not a parameter "
+      "is shape) captured under capture key 5 of 'first'"));
+  EXPECT_TRUE(fails_with(w.submit(first, chain_args(a, 3, open), capture(5, GetParam())).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "CallConfig.capture_scalar_params 0x18 differs from 0x10"));
+  // The same key of another callable is another graph.
+  ASSERT_TRUE(ok(w.run(second, chain_args(a, 4, open), capture(5, GetParam(), gate_only))));
+  EXPECT_EQ(w.capture_stats().captures, 2u);
+  EXPECT_EQ(w.capture_stats().replays, 0u);
+  EXPECT_TRUE(ok(w.close()));
+}
+
+TEST_P(Capture, ChangingHowTheArgumentsOverlapIsRefused) {
+  ChainWorker c;
+  Buffers a = make_buffers(c.w, 1);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  // tmp aliasing y: the captured graph has no dependency for that.
+  task::TaskArgs aliased = chain_args(a, 3, c.open_gate);
+  aliased[2].tensor = aliased[1].tensor;
+  aliased[2].direction = ArgDirection::kInOut;
+  EXPECT_TRUE(fails_with(c.w.submit(c.handle, aliased, capture(1, GetParam())).status(),
+                         absl::StatusCode::kInvalidArgument, "overlaps argument 1 i64[8]"));
+  // Nor may an argument overlap memory the graph uses at a fixed address (the bias).
+  task::TaskArgs onto_bias = chain_args(a, 3, c.open_gate);
+  onto_bias[1].tensor = *c.bias_buffer.tensor({kN}, DataType::kInt64);
+  EXPECT_TRUE(fails_with(c.w.submit(c.handle, onto_bias, capture(1, GetParam())).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "overlaps device memory that task 2 argument 0 of the graph uses at a "
+                         "fixed address"));
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, ADeclaredParameterThatDecidesTheTaskListIsRefusedAtCapture) {
+  Worker w(test_options());
+  std::atomic<int> counter{0};
+  // count_program's scalar is the counter's address, forwarded: a true parameter. A program
+  // whose scalar is its task count is not.
+  auto counted = *w.register_callable(count_program(2));
+  auto looping = *w.register_callable(task::ChipCallable{
+      "looping",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
+        for (int64_t i = 0; i < args.scalar_i64(1); ++i) {
+          task::TaskArgs a;
+          a.add_scalar_i64(args.scalar_i64(0));
+          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+        }
+        return absl::OkStatus();
+      },
+      {{"count", count_kernel}}});
+  ASSERT_TRUE(ok(w.init()));
+  ASSERT_TRUE(ok(w.run(counted, count_args(counter), capture(1, GetParam(), 1u))));
+  ASSERT_TRUE(ok(w.run(counted, count_args(counter), capture(1, GetParam(), 1u))));
+  EXPECT_EQ(counter.load(), 4);
+  task::TaskArgs args = count_args(counter);
+  args.add_scalar_i64(2);
+  const absl::Status s = [&] {
+    absl::StatusOr<RunHandle> r = w.submit(looping, args, capture(2, GetParam(), 0b11));
+    return r.ok() ? r->wait() : r.status();
+  }();
+  EXPECT_TRUE(fails_with(s, absl::StatusCode::kInvalidArgument,
+                         "capture under capture key 2 of 'looping': argument 1 is declared a "
+                         "scalar parameter (CallConfig.capture_scalar_params) but the "
+                         "orchestration submits 3 tasks with it plus one and 2 without"));
+  EXPECT_EQ(w.capture_stats().captures, 1u);
+  (void)w.close();
+}
+
+TEST_P(Capture, AFaultInAReplayedRunNamesTheSameTaskAndRunAsUncaptured) {
+  for (const char* plan : {"run=2:task=3:kind=kernel_error", "run=2:task=5:kind=device_fault"}) {
+    SCOPED_TRACE(plan);
+    absl::Status uncaptured, replayed;
+    for (bool capturing : {false, true}) {
+      ChainWorker c(faulty_options(plan, 2));
+      Buffers a = make_buffers(c.w, 1);
+      task::CallConfig config =
+          capture(capturing ? 3 : 0, GetParam(), capturing ? kChainParams : 0);
+      ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), config)));
+      ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 4, c.open_gate), config)));
+      absl::StatusOr<RunHandle> r = c.w.submit(c.handle, chain_args(a, 5, c.open_gate), config);
+      ASSERT_TRUE(ok(r.status()));
+      (capturing ? replayed : uncaptured) = r->wait();
+      EXPECT_EQ(c.w.capture_stats().replays, capturing ? 2u : 0u);
+      (void)c.w.close();
+    }
+    EXPECT_FALSE(replayed.ok());
+    EXPECT_EQ(replayed.code(), uncaptured.code());
+    EXPECT_EQ(replayed.message(), uncaptured.message());
+    EXPECT_EQ(base::is_unrecoverable(replayed), base::is_unrecoverable(uncaptured));
+    EXPECT_TRUE(contains(replayed, "run 2 task ")) << replayed;
+  }
+}
+
+TEST_P(Capture, FreeingABufferBoundIntoAnInFlightReplayIsRefusedNamingTheRun) {
+  ChainWorker c;
+  Buffers a = make_buffers(c.w, 1), b = make_buffers(c.w, 2);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  Gate gate;
+  RunHandle r = *c.w.submit(c.handle, chain_args(b, 3, gate), capture(1, GetParam()));
+  // A slot-bound argument and the graph's fixed memory are both protected until it retires.
+  EXPECT_TRUE(
+      fails_with(c.w.free(b.x), absl::StatusCode::kFailedPrecondition, "is in use by run 1"));
+  EXPECT_TRUE(fails_with(c.w.free(c.bias_buffer), absl::StatusCode::kFailedPrecondition,
+                         "is in use by run 1"));
+  gate.open();
+  ASSERT_TRUE(ok(r.wait()));
+  EXPECT_EQ(read(c.w, b.y), chain_reference(b.x_host, c.bias, 3).first);
+  // The graph keeps no claim on what was bound into it.
+  EXPECT_TRUE(ok(c.w.free(b.x)));
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, FreeingFixedMemoryOfACachedGraphDropsItAndTheNextSubmitCapturesAgain) {
+  ChainWorker c;
+  Buffers a = make_buffers(c.w, 1);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  DeviceBuffer new_bias = *c.w.malloc(kN * 8);
+  std::vector<int64_t> values(kN, 1000);
+  ASSERT_TRUE(ok(c.w.copy_to(new_bias, values.data(), kN * 8)));
+  c.chain.bias->store(new_bias.address);
+  // No run uses the old bias: the free succeeds and drops the graph that names it, so memory
+  // allocated there later is never mistaken for it.
+  ASSERT_TRUE(ok(c.w.free(c.bias_buffer)));
+  EXPECT_EQ(c.w.capture_stats().graphs, 0);
+  EXPECT_EQ(c.w.capture_stats().evictions, 1u);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  EXPECT_EQ(read(c.w, a.y), chain_reference(a.x_host, values, 3).first);
+  EXPECT_EQ(c.w.capture_stats().captures, 2u);
+  // Freed behind the Worker (through the device): the next replay finds it dead and is refused.
+  ASSERT_TRUE(ok(c.w.device().free(new_bias.address)));
+  EXPECT_TRUE(fails_with(
+      c.w.submit(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam())).status(),
+      absl::StatusCode::kFailedPrecondition,
+      "(task 2 argument 0) at a fixed address that is no longer a live allocation"));
+  EXPECT_EQ(c.w.capture_stats().graphs, 0);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, EvictionWhileAReplayIsInFlightNeverFreesItsGraph) {
+  WorkerOptions o = test_options(2, 3);
+  o.max_captured_graphs = 1;
+  ChainWorker c(o);
+  Buffers a = make_buffers(c.w, 1), b = make_buffers(c.w, 2), d = make_buffers(c.w, 3);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  Gate capture_gate, replay_gate;
+  RunHandle capturing =
+      *c.w.submit(c.handle, chain_args(b, 4, capture_gate), capture(2, GetParam()));
+  RunHandle replay = *c.w.submit(c.handle, chain_args(d, 5, replay_gate), capture(1, GetParam()));
+  capture_gate.open();
+  ASSERT_TRUE(ok(capturing.wait()));  // key 2 enters the cache and evicts key 1 under the replay
+  CaptureStats s = c.w.capture_stats();
+  EXPECT_EQ(s.graphs, 1);
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_EQ(s.evicted_in_use, 1);
+  replay_gate.open();
+  ASSERT_TRUE(ok(replay.wait()));
+  EXPECT_EQ(read(c.w, d.y), chain_reference(d.x_host, c.bias, 5).first);
+  EXPECT_EQ(c.w.capture_stats().evicted_in_use, 0);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, ConcurrentReplaysFromTwoThreadsComputeTheirOwnResults) {
+  ChainWorker c(test_options(2, 4));
+  Buffers first = make_buffers(c.w, 0);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(first, 1, c.open_gate), capture(1, GetParam()))));
+  std::vector<Buffers> bufs = {make_buffers(c.w, 10), make_buffers(c.w, 20)};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        EXPECT_TRUE(
+            ok(c.w.run(c.handle, chain_args(bufs[t], i, c.open_gate), capture(1, GetParam()))));
+        EXPECT_EQ(read(c.w, bufs[t].y), chain_reference(bufs[t].x_host, c.bias, i).first);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(c.w.capture_stats().replays, 40u);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, Capture,
+                         ::testing::Values(GraphPlacement::kDevice, GraphPlacement::kHost),
+                         [](const auto& info) {
+                           return info.param == GraphPlacement::kHost ? "HostBuilt" : "DeviceBuilt";
+                         });
+
+TEST(CaptureConfig, ScalarParametersMustNameScalarsOfARunWithACaptureKey) {
+  Worker w(test_options());
+  auto affine = w.register_callable(affine_program());
+  ASSERT_TRUE(ok(w.init()));
+  int64_t in = 1, out = 0;
+  task::CallConfig c;
+  c.capture_scalar_params = 1u << 2;
+  EXPECT_TRUE(fails_with(w.submit(*affine, affine_args(&in, &out, 1), c).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "CallConfig.capture_scalar_params is set without a capture_key"));
+  c.capture_key = 1;
+  c.capture_scalar_params = 1u;
+  EXPECT_TRUE(fails_with(w.submit(*affine, affine_args(&in, &out, 1), c).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "CallConfig.capture_scalar_params bit 0: argument 0 is not a scalar"));
+  c.capture_scalar_params = 1u << 5;
+  EXPECT_TRUE(fails_with(w.submit(*affine, affine_args(&in, &out, 1), c).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "CallConfig.capture_scalar_params bit 5: the run has 3 arguments"));
+  EXPECT_TRUE(ok(w.close()));
+}
+
+TEST(CaptureConfig, AWorkerKeepsAtLeastOneCapturedGraph) {
+  WorkerOptions o = test_options();
+  o.max_captured_graphs = 0;
+  Worker w(o);
+  EXPECT_TRUE(fails_with(w.init(), absl::StatusCode::kInvalidArgument,
+                         "WorkerOptions.max_captured_graphs 0 < 1"));
+}
+
+}  // namespace
+}  // namespace simpler::worker::testing
