@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: formatting; llama.cpp's tools (the peer the exported
-# GGUF is checked against); the release build's full suite; clang's thread-safety analysis of
-# every source file; the unit tests under AddressSanitizer + UBSan; the concurrency tests under
-# ThreadSanitizer; the aarch64 NEON kernels cross-built and run under qemu-user; and the
-# libFuzzer targets replaying their seed corpora and saved crashes plus a short deterministic
-# run each (scripts/fuzz.sh replay).
+# Installs, builds and runs every test: formatting, function lengths and copied code (jscpd);
+# llama.cpp's tools (the peer the exported GGUF is checked against); the release build's full
+# suite; clang's thread-safety analysis of every source file; the unit tests under
+# AddressSanitizer + UBSan; the concurrency tests under ThreadSanitizer; the aarch64 NEON kernels
+# cross-built and run under qemu-user; and the libFuzzer targets replaying their seed corpora and
+# saved crashes plus a short deterministic run each (scripts/fuzz.sh replay).
 # Every test has a time limit (ctest TIMEOUT).
 # Every leg runs even when an earlier one failed; the exit status is non-zero
 # when any leg failed, and the last line names them.
@@ -111,9 +111,12 @@ leg() {
 leg "install dependencies"
 scripts/install_deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
 
-leg "format check, function lengths, no issue references"
+leg "format check, function lengths, no copies, no issue references"
 git ls-files '*.h' '*.cc' | xargs clang-format --dry-run -Werror || failed+=("format")
 scripts/check_function_length.py || failed+=("function-length")
+# No code is copied letter for letter outside the tests: jscpd (npm, package.json) lists each run
+# of 6 or more identical lines of src/ and include/ (.jscpd.json says what it reads).
+node_modules/.bin/jscpd --config .jscpd.json || failed+=("copies")
 # Docs and comments say what they mean, not which tracker issue asked for it.
 if git grep -nIiE '\bissues? #?[0-9]+' -- . ':!scripts/test.sh'; then
   echo "test.sh: the lines above name tracker issues; say what is meant instead" >&2

@@ -160,12 +160,16 @@ task::TaskArgs sample_task_args(const task::TaskArgs& program, const task::TaskA
                      args.tensor(kTopLogprobs));
 }
 
+// The step program's arguments are the kNumStepArgs of StepArg, on a chip and through L3 alike.
+absl::Status check_step_arg_count(const task::TaskArgs& args) {
+  if (args.size() == kNumStepArgs) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
+}
+
 absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
                               task::OrchestrationContext& ctx, const task::TaskArgs& args) {
-  if (args.size() != kNumStepArgs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
-  }
+  SIMPLER_RETURN_IF_ERROR(check_step_arg_count(args));
   const int64_t chip = args.scalar(kChip);
   if (chip < 0 || chip >= static_cast<int64_t>(holder.chips.size()) || !holder.chips[chip].ready) {
     return absl::FailedPreconditionError(
@@ -465,10 +469,7 @@ absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
       l3.register_program(hierarchy::L3Program{
           "qwen3_step",
           [step](hierarchy::L3Context& ctx, const task::TaskArgs& args) -> absl::Status {
-            if (args.size() != kNumStepArgs) {
-              return absl::InvalidArgumentError(
-                  absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
-            }
+            SIMPLER_RETURN_IF_ERROR(check_step_arg_count(args));
             const int64_t chip = args.scalar(kChip);
             if (chip < 0 || chip >= ctx.num_children()) {
               return absl::InvalidArgumentError(absl::StrCat(

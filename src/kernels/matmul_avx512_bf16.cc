@@ -57,20 +57,8 @@ void tile(const uint16_t* xb, int64_t kp, const uint16_t* w, int64_t k, float* y
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   }
-  int64_t kk = 0;
-  for (; kk + 32 <= k; kk += 32) {
-    __m512bh wv[C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) wv[c] = load_bh(w + c * k + kk);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv = load_bh(xb + r * kp + kk);
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
-    }
-  }
-  if (kk < k) {  // W rows end at k: masked; x is zero-padded to kp
-    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (k - kk)) - 1);
+  // One 32-wide step of k from kk; the last one masks the W rows' end (x is zero-padded to kp).
+  auto step = [&](int64_t kk, __mmask32 m) __attribute__((always_inline)) {
     __m512bh wv[C];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) wv[c] = load_bh(w + c * k + kk, m);
@@ -80,7 +68,10 @@ void tile(const uint16_t* xb, int64_t kp, const uint16_t* w, int64_t k, float* y
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
     }
-  }
+  };
+  int64_t kk = 0;
+  for (; kk + 32 <= k; kk += 32) step(kk, ~__mmask32{0});
+  if (kk < k) step(kk, static_cast<__mmask32>((uint64_t{1} << (k - kk)) - 1));
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4

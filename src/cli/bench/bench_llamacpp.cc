@@ -62,6 +62,16 @@ std::string loaded_cpu_variant(const std::string& output) {
   return output.substr(at + kLoaded.size(), end - at - kLoaded.size());
 }
 
+// The average tokens/s of llama-bench's JSON output (`-o json`: an array of one result each).
+absl::StatusOr<double> llama_bench_tokens_per_s(const std::string& out) {
+  const nlohmann::json j = first_json(out, '[');
+  if (!j.is_array() || j.empty() || !j[0].contains("avg_ts")) {
+    return absl::InternalError(
+        absl::StrCat("llama-bench printed no result: ", out.substr(0, 2000)));
+  }
+  return j[0]["avg_ts"].get<double>();
+}
+
 }  // namespace
 
 LlamaCppPeer::LlamaCppPeer(std::string bin_dir, std::string gguf, bool owned)
@@ -132,12 +142,7 @@ absl::StatusOr<double> LlamaCppPeer::decode_tokens_per_s(int batch, int steps, i
   if (batch == 1) {
     SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-bench", {"-t", t, "-p", "0", "-n", n, "-r",
                                                                   "3", "-o", "json"}));
-    const nlohmann::json j = first_json(out, '[');
-    if (!j.is_array() || j.empty() || !j[0].contains("avg_ts")) {
-      return absl::InternalError(
-          absl::StrCat("llama-bench printed no result: ", out.substr(0, 2000)));
-    }
-    return j[0]["avg_ts"].get<double>();
+    return llama_bench_tokens_per_s(out);
   }
   const std::string ctx = std::to_string(batch * (steps + 2) + 64);
   SIMPLER_ASSIGN_OR_RETURN(
@@ -156,12 +161,7 @@ absl::StatusOr<double> LlamaCppPeer::prefill_tokens_per_s(int prompt_len, int th
   SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-bench", {"-t", std::to_string(threads), "-p",
                                                                 std::to_string(prompt_len), "-n",
                                                                 "0", "-r", "3", "-o", "json"}));
-  const nlohmann::json j = first_json(out, '[');
-  if (!j.is_array() || j.empty() || !j[0].contains("avg_ts")) {
-    return absl::InternalError(
-        absl::StrCat("llama-bench printed no result: ", out.substr(0, 2000)));
-  }
-  return j[0]["avg_ts"].get<double>();
+  return llama_bench_tokens_per_s(out);
 }
 
 absl::StatusOr<std::optional<LlamaCppPeer>> prepare_peer_if_compared(const std::string& compare,
