@@ -227,7 +227,16 @@ ExprPtr non_empty(const ExprPtr& e) {
   }
   std::vector<ExprPtr> alts;
   switch (e->kind) {
-    case Expr::Kind::kSeq:  // every part nullable: the first non-empty part is part i
+    case Expr::Kind::kSeq: {  // every part nullable: the first non-empty part is part i
+      // Alternative i copies the n - i parts after it: n²/2 in all, refused before it is built
+      // when that is more than a grammar may hold (a 200 KB regex of nullable parts would
+      // otherwise take gigabytes here).
+      const auto n = static_cast<int64_t>(e->items.size());
+      if (n * (n + 1) / 2 > Lowerer::kMaxSymbols) {
+        auto big = std::make_shared<Expr>(*e);
+        big->too_large = true;
+        return big;
+      }
       for (size_t i = 0; i < e->items.size(); ++i) {
         ExprPtr first = non_empty(e->items[i]);
         if (first == nullptr) continue;
@@ -237,6 +246,7 @@ ExprPtr non_empty(const ExprPtr& e) {
         alts.push_back(seq(std::move(rest)));
       }
       break;
+    }
     case Expr::Kind::kAlt:
       for (const ExprPtr& x : e->items) {
         if (ExprPtr n = non_empty(x)) alts.push_back(std::move(n));
@@ -274,6 +284,7 @@ absl::Status Lowerer::add_alternative(uint32_t rule, const ExprPtr& e) {
 }
 
 absl::Status Lowerer::lower(const ExprPtr& e, GrammarBuilder::Sequence& out) {
+  if (e->too_large) return too_large();
   if (const auto it = memo_.find(e.get()); it != memo_.end()) {
     out.push_back(it->second);
     return absl::OkStatus();

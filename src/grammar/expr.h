@@ -63,6 +63,9 @@ struct Expr {
   uint32_t rule = 0;           // kRule: a rule id of the builder
   std::string name;            // the name of the rule it lowers to (for error messages)
   uint32_t depth = 1;          // 1 + the deepest part's depth
+  // Set by non_empty() in place of a rewrite that would copy more parts than a grammar may
+  // hold (kMaxSymbols): the Lowerer refuses it as too large without building it.
+  bool too_large = false;
 };
 
 // The deepest expression tree the front ends build: the tree functions below recurse on it.

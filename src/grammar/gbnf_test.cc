@@ -39,6 +39,32 @@ std::string error_of(std::string_view text) {
   return g.ok() ? "" : std::string(g.status().message());
 }
 
+// `r1 ::= r2 r2`, ..., `r30 ::= "a" | ""`: the first byte can come from 2^30 places, each its
+// own parser stack. Listing them is bounded (GrammarMatcher::kExpansionBudget): at the start the
+// grammar is refused; after a prefix the step is a dead end, in bounded time.
+std::string doubling_rules(int levels) {
+  std::string text;
+  for (int i = 1; i < levels; ++i) {
+    text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + " r" +
+            std::to_string(i + 1) + "\n";
+  }
+  return text + "r" + std::to_string(levels) + " ::= \"a\" | \"\"\n";
+}
+
+TEST(GbnfTest, AGrammarWhosePlacesForABytesAreExponentialIsBoundedNotStalled) {
+  EXPECT_THAT(error_of("root ::= r1 r1\n" + doubling_rules(30)),
+              ::testing::StartsWith("the grammar is too ambiguous: the places its first byte can "
+                                    "come from take more than 262144 steps to list"));
+  const auto late = compile("root ::= \"x\" r1 r1 \"y\"\n" + doubling_rules(30));
+  ASSERT_NE(late, nullptr);
+  GrammarMatcher m(late);
+  EXPECT_FALSE(m.advance("x"));  // past the budget: refused, as a byte no stack takes
+  // A few levels stay well inside the budget and parse as before.
+  const auto small = compile("root ::= r1 r1 \"y\"\n" + doubling_rules(6));
+  EXPECT_TRUE(accepts(small, "aaay"));
+  EXPECT_TRUE(accepts(small, "y"));
+}
+
 TEST(GbnfTest, LlamaCppsJsonGrammarAcceptsJsonObjectsOnly) {
   const auto g = compile(read_testdata("json.gbnf"));
   ASSERT_NE(g, nullptr);

@@ -183,6 +183,12 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::build(uint32_t ro
       g->symbols_.push_back(Symbol{});
     }
   }
+  GrammarMatcher::Stacks first;
+  if (!GrammarMatcher::start(*g, first)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the grammar is too ambiguous: the places its first byte can come from take more than ",
+        GrammarMatcher::kExpansionBudget, " steps to list (rule '", g->names_[root], "')"));
+  }
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 
@@ -190,38 +196,54 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::build(uint32_t ro
 
 namespace {
 
-// Expands `s` until its top is a byte class (or it is empty) and adds the results to `out`.
-// Terminates: the grammar has no left recursion.
-void expand(const Grammar& g, GrammarMatcher::Stack s, GrammarMatcher::Stacks& out) {
+// Expands `s` until each top is a byte class (or the stack is empty) and adds the results to
+// `out`. Terminates: the grammar has no left recursion. Iterative, with a work list, and bounded:
+// each symbol it visits costs one unit of `budget` (the expansion of a state is
+// GrammarMatcher::kExpansionBudget in all); false when the budget ran out. A grammar can make
+// the stacks of one position exponential in its size (`r1 ::= r2 r2`, ..., `r30 ::= "a" | ""`
+// has 2^30 places the first byte can come from): the budget keeps that from stalling the thread
+// that steps it.
+bool expand(const Grammar& g, GrammarMatcher::Stack s, GrammarMatcher::Stacks& out,
+            int64_t& budget) {
   const std::vector<Symbol>& sym = g.symbols();
-  while (true) {
-    if (s.empty()) {
-      out.push_back(std::move(s));
-      return;
-    }
-    const uint32_t pos = s.back();
-    switch (sym[pos].kind) {
-      case Symbol::Kind::kEnd:
-        s.pop_back();
-        continue;
-      case Symbol::Kind::kBytes:
-        out.push_back(std::move(s));
-        return;
-      case Symbol::Kind::kRule: {
-        s.pop_back();
-        // Tail position: the caller's continuation is not kept (right recursion stays flat).
-        if (sym[pos + 1].kind != Symbol::Kind::kEnd) s.push_back(pos + 1);
-        const std::vector<uint32_t>& alts = g.alternatives(sym[pos].arg);
-        for (size_t i = 0; i + 1 < alts.size(); ++i) {
-          GrammarMatcher::Stack c = s;
-          c.push_back(alts[i]);
-          expand(g, std::move(c), out);
+  std::vector<GrammarMatcher::Stack> work;
+  work.push_back(std::move(s));
+  while (!work.empty()) {
+    GrammarMatcher::Stack cur = std::move(work.back());
+    work.pop_back();
+    bool expanding = true;
+    while (expanding) {
+      if (--budget < 0) return false;
+      if (cur.empty()) {
+        out.push_back(std::move(cur));
+        break;
+      }
+      const uint32_t pos = cur.back();
+      switch (sym[pos].kind) {
+        case Symbol::Kind::kEnd:
+          cur.pop_back();
+          break;
+        case Symbol::Kind::kBytes:
+          out.push_back(std::move(cur));
+          expanding = false;
+          break;
+        case Symbol::Kind::kRule: {
+          cur.pop_back();
+          // Tail position: the caller's continuation is not kept (right recursion stays flat).
+          if (sym[pos + 1].kind != Symbol::Kind::kEnd) cur.push_back(pos + 1);
+          const std::vector<uint32_t>& alts = g.alternatives(sym[pos].arg);
+          for (size_t i = 0; i + 1 < alts.size(); ++i) {
+            GrammarMatcher::Stack c = cur;
+            c.push_back(alts[i]);
+            work.push_back(std::move(c));
+          }
+          cur.push_back(alts.back());
+          break;
         }
-        s.push_back(alts.back());
-        continue;
       }
     }
   }
+  return true;
 }
 
 void normalize(GrammarMatcher::Stacks& stacks) {
@@ -231,21 +253,38 @@ void normalize(GrammarMatcher::Stacks& stacks) {
 
 }  // namespace
 
+bool GrammarMatcher::start(const Grammar& g, Stacks& out) {
+  out.clear();
+  int64_t budget = kExpansionBudget;
+  for (uint32_t alt : g.alternatives(g.root())) {
+    if (!expand(g, {alt}, out, budget)) {
+      out.clear();
+      return false;
+    }
+  }
+  normalize(out);
+  return true;
+}
+
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar)
     : grammar_(std::move(grammar)) {
-  for (uint32_t alt : grammar_->alternatives(grammar_->root())) expand(*grammar_, {alt}, stacks_);
-  normalize(stacks_);
+  // Grammars past the budget at their start are refused when built (GrammarBuilder::build).
+  (void)start(*grammar_, stacks_);
 }
 
 void GrammarMatcher::step(const Grammar& g, const Stacks& in, uint8_t byte, Stacks& out) {
   out.clear();
+  int64_t budget = kExpansionBudget;
   for (const Stack& s : in) {
     if (s.empty()) continue;
     const Symbol& top = g.symbols()[s.back()];
     if (!g.classes()[top.arg].has(byte)) continue;
     Stack c = s;
     c.back() += 1;
-    expand(g, std::move(c), out);
+    if (!expand(g, std::move(c), out, budget)) {
+      out.clear();  // past the budget: a dead end, as if no stack took the byte
+      return;
+    }
   }
   if (out.size() > 1) normalize(out);
 }

@@ -202,6 +202,20 @@ TEST(RegexTest, HugeRepetitionCountsAreBoundedAndTheGrammarSizeIsCapped) {
   EXPECT_EQ(error_of(wide), "the grammar is too large: more than 2097152 symbols");
 }
 
+// A repeated group of n nullable parts is rewritten as n alternatives of n - i parts each: past
+// the symbol cap it is refused before any of them is built (n = 100000, a 200 KB pattern, would
+// otherwise copy 5e9 parts).
+TEST(RegexTest, ARepeatedGroupOfManyNullablePartsIsRefusedBeforeItIsBuilt) {
+  std::string many = "(?:";
+  for (int i = 0; i < 100000; ++i) many += "a?";
+  many += ")*";
+  EXPECT_EQ(error_of(many), "the grammar is too large: more than 2097152 symbols");
+  std::string few = "(?:";
+  for (int i = 0; i < 20; ++i) few += "a?";
+  few += ")*b";
+  EXPECT_TRUE(accepts(compile(few), "aaab"));
+}
+
 TEST(RegexTest, EmptyLanguagesAndTheEmptyPattern) {
   EXPECT_EQ(error_of("[^\\x00-\\x{10FFFF}]"),
             "the grammar's language is empty: rule 'pattern' derives no finite string");

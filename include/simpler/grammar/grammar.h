@@ -89,8 +89,9 @@ class GrammarBuilder {
   // alternatives that use a rule deriving no finite byte string are dropped, so every prefix
   // the parser accepts extends to a sentence. INVALID_ARGUMENT naming the rule for: a root
   // outside the rules, a reference to an undefined rule, an empty byte class, left recursion
-  // ("rule 'R' is left-recursive"), and a root that derives no finite byte string ("the
-  // grammar's language is empty: rule 'R' derives no finite string").
+  // ("rule 'R' is left-recursive"), a root that derives no finite byte string ("the
+  // grammar's language is empty: rule 'R' derives no finite string"), and a start whose
+  // expansion passes GrammarMatcher::kExpansionBudget ("the grammar is too ambiguous: ...").
   absl::StatusOr<std::shared_ptr<const Grammar>> build(uint32_t root) &&;
 
  private:
@@ -117,9 +118,17 @@ class GrammarMatcher {
   const Stacks& stacks() const { return stacks_; }
   const Grammar& grammar() const { return *grammar_; }
 
-  // `in` advanced by one byte into `out` (empty: refused). Pure; thread-safe for a shared
-  // grammar.
+  // The symbols one state's expansion may visit (the stacks it lists, and the rules it passes
+  // through to reach them). A grammar can make the stacks of one position exponential in its
+  // size; a step past this is a dead end (as a refused byte), and a grammar past it at its start
+  // is refused by GrammarBuilder::build.
+  static constexpr int64_t kExpansionBudget = int64_t{1} << 18;
+
+  // `in` advanced by one byte into `out` (empty: refused, or past kExpansionBudget). Pure;
+  // thread-safe for a shared grammar.
   static void step(const Grammar& g, const Stacks& in, uint8_t byte, Stacks& out);
+  // The stacks before any input into `out`; false (and `out` empty) past kExpansionBudget.
+  static bool start(const Grammar& g, Stacks& out);
 
  private:
   std::shared_ptr<const Grammar> grammar_;
