@@ -30,7 +30,12 @@ struct CallConfig {
   // alone.
   uint64_t capture_key = 0;
   // Bit i: run argument i (< 64) is a scalar parameter — forwarded to kernels unchanged, free
-  // to change between replays. Each is checked once, when the graph is captured. Only with a
+  // to change between replays. Keeping that promise is the caller's obligation: at capture each
+  // is probed once, by running the orchestration again with the value plus one and refusing the
+  // capture unless only the task scalars equal to it moved with it; a use the probe cannot see
+  // (e.g. max(p, 1), or a branch on p past that value) makes replays wrong without an error. So
+  // a capture runs the orchestration 1 + popcount(capture_scalar_params) times on the host (for
+  // a device-built run, at its finalize, on the thread that retires it). Only with a
   // capture_key; every bit must name a scalar argument (checked at submit).
   uint64_t capture_scalar_params = 0;
 
