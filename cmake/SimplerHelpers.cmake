@@ -28,9 +28,14 @@ if(SIMPLER_ENABLE_FUZZING)
   if(SIMPLER_ENABLE_TSAN)
     message(FATAL_ERROR "SIMPLER_ENABLE_FUZZING runs under ASan + UBSan; turn TSAN off")
   endif()
-  # Every library is instrumented for coverage; only the fuzz targets link libFuzzer's main.
-  # With ASAN on too (the asan flavour), the unit tests and the fuzz targets share one build.
-  add_compile_options(-fsanitize=fuzzer-no-link)
+  # libFuzzer's coverage (SanitizerCoverage: edge counters, and a callback at every comparison)
+  # is compiled only into the code a fuzz target feeds its input to: the libraries marked FUZZED
+  # (simpler_library) and the fuzz targets' own sources. The rest (kernels, runtime, engine,
+  # server) would only be slower to compile and to test: the coverage callbacks took the
+  # AVX-512 matmul file from X to Y CPU-s under ASan. Only the fuzz targets link libFuzzer's
+  # main. With ASAN on too (the asan flavour), the unit tests and the fuzz targets share one
+  # build.
+  set(SIMPLER_FUZZ_COVERAGE -fsanitize=fuzzer-no-link)
   if(NOT SIMPLER_ENABLE_ASAN)
     add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
                         -fno-sanitize-recover=undefined)
@@ -86,14 +91,21 @@ function(simpler_use_pch name kind)
   endif()
 endfunction()
 
-# simpler_library(NAME SRCS ... DEPS ...)
+# simpler_library(NAME SRCS ... DEPS ... [FUZZED])
+# FUZZED: a fuzz target feeds its input to this library's code (a parser, a decoder): with
+# SIMPLER_ENABLE_FUZZING it is compiled with libFuzzer's coverage (see SIMPLER_FUZZ_COVERAGE).
 function(simpler_library name)
-  cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "FUZZED" "" "SRCS;DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SRCS})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_compile_options(${name} PRIVATE ${SIMPLER_WARNINGS})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
-  simpler_use_pch(${name} lib)
+  if(SIMPLER_ENABLE_FUZZING AND ARG_FUZZED)
+    target_compile_options(${name} PRIVATE ${SIMPLER_FUZZ_COVERAGE})
+    simpler_use_pch(${name} libfuzz)
+  else()
+    simpler_use_pch(${name} lib)
+  endif()
 endfunction()
 
 # A test's own sources are mostly the glue around the libraries it tests (GoogleTest's macros and
@@ -111,8 +123,14 @@ endif()
 # The precompiled headers of each kind (SIMPLER_PCH, above).
 if(SIMPLER_PCH)
   # kind: lib (static libraries: -fPIC, the flavour's -O), exe (the CLI, examples' hosts,
-  # benchmarks, fuzzers: -fPIE) or test (-fPIE at SIMPLER_TEST_OPT).
-  foreach(kind lib exe test)
+  # benchmarks: -fPIE) or test (-fPIE at SIMPLER_TEST_OPT); with SIMPLER_ENABLE_FUZZING also
+  # libfuzz and fuzz, lib and exe with libFuzzer's coverage (clang refuses a precompiled header
+  # built with other -fsanitize flags).
+  set(pch_kinds lib exe test)
+  if(SIMPLER_ENABLE_FUZZING)
+    list(APPEND pch_kinds libfuzz fuzz)
+  endif()
+  foreach(kind IN LISTS pch_kinds)
     add_library(simpler_pch_${kind} OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cc)
     target_link_libraries(simpler_pch_${kind} PRIVATE absl::status absl::statusor absl::strings
       absl::str_format spdlog::spdlog fmt::fmt nlohmann_json::nlohmann_json)
@@ -122,7 +140,10 @@ if(SIMPLER_PCH)
       target_compile_options(simpler_pch_${kind} PRIVATE ${SIMPLER_TEST_OPT})
       list(APPEND headers <gtest/gtest.h> <gmock/gmock.h>)
     endif()
-    if(NOT kind STREQUAL "lib")
+    if(kind MATCHES "fuzz")
+      target_compile_options(simpler_pch_${kind} PRIVATE ${SIMPLER_FUZZ_COVERAGE})
+    endif()
+    if(NOT kind MATCHES "^lib")
       set_target_properties(simpler_pch_${kind} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
       target_compile_options(simpler_pch_${kind} PRIVATE -fPIE)
     endif()
@@ -227,7 +248,8 @@ function(simpler_fuzzer name)
     return()
   endif()
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
-  simpler_executable(${name} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS})
+  simpler_executable(${name} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS} PCH fuzz)
+  target_compile_options(${name} PRIVATE ${SIMPLER_FUZZ_COVERAGE})
   target_link_options(${name} PRIVATE -fsanitize=fuzzer)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzz)
   if(NOT TARGET fuzzers)

@@ -5,8 +5,10 @@
 // model-0000i-of-0000N.safetensors + model.safetensors.index.json when shards > 1) and, when a
 // tokenizer directory is given, copies of its tokenizer.json and tokenizer_config.json.
 //
-// Weights (deterministic in the seed: each tensor draws from its own std::mt19937_64 seeded from
-// the seed and the tensor's index, so the same options give byte-identical files):
+// Weights (deterministic in the seed: each tensor draws from its own splitmix64 sequence seeded
+// from the seed and the tensor's index, N(0, 1) by Box–Muller in double, rounded once to the
+// dtype — every step specified in make_model.cc, so the same options give byte-identical files
+// with any compiler and standard library):
 //   linear [out, in], model.embed_tokens and lm_head [vocab, hidden]
 //                                  N(0, 1) / sqrt(in): activations stay at unit scale, and the
 //                                  logits of a unit-RMS hidden state have std ~1 (the tied
