@@ -504,35 +504,54 @@ TEST_P(Capture, FixedMemoryFreedBehindTheWorkerAndAllocatedAgainAtItsAddressIsFo
 }
 
 TEST_P(Capture, FixedMemoryFreedWhileItsGraphIsCapturedKeepsTheGraphOutOfTheCache) {
-  ChainWorker c;
-  DeviceBuffer bias = *c.w.malloc(kMappedBytes);
-  ASSERT_TRUE(ok(c.w.copy_to(bias, c.bias.data(), kN * 8)));
-  c.chain.bias->store(bias.address);
-  Buffers a = make_buffers(c.w, 1);
-  Gate gate;  // task 0 waits here; the task reading the bias runs after it
-  RunHandle capturing = *c.w.submit(c.handle, chain_args(a, 3, gate), capture(1, GetParam()));
+  Chain chain;
+  Worker w(test_options(2));
+  CallableHandle handle = *w.register_callable(chain.callable());
+  CallableHandle gate_handle = *w.register_callable(gate_program());
+  ASSERT_TRUE(ok(w.init()));
+  std::vector<int64_t> values(kN);
+  for (int64_t i = 0; i < kN; ++i) values[i] = 100 + i;
+  DeviceBuffer bias = *w.malloc(kMappedBytes);
+  ASSERT_TRUE(ok(w.copy_to(bias, values.data(), kN * 8)));
+  chain.bias->store(bias.address);
+  Buffers a = make_buffers(w, 1);
+  Gate held_gate, open{true};
+  // Opened however the test ends, so no kernel is left waiting on the device.
+  struct OpenAtExit {
+    Gate& gate;
+    ~OpenAtExit() { gate.open(); }
+  } open_at_exit{held_gate};
+  // The capturing run executes behind a run held at its gate (the stream runs one item at a
+  // time). Host-built, its graph was built at submit over the first bias allocation;
+  // device-built, its orchestration runs after the free, over the second one, which was
+  // allocated after the run was submitted.
+  RunHandle held = *w.submit(gate_handle, gate_args(held_gate));
+  RunHandle capturing = *w.submit(handle, chain_args(a, 3, open), capture(1, GetParam()));
   // The capturing run does not hold the memory its orchestration captured: the free succeeds,
-  // and the buffer allocated in its place is not what the graph was captured over.
-  ASSERT_TRUE(ok(c.w.free(bias)));
+  // and the buffer allocated in its place is not what the graph may be kept over.
+  ASSERT_TRUE(ok(w.free(bias)));
   std::vector<uint64_t> misses;
   ASSERT_EQ(allocate_at(
-                bias.address, [&] { return c.w.malloc(kMappedBytes)->address; }, &misses),
+                bias.address, [&] { return w.malloc(kMappedBytes)->address; }, &misses),
             bias.address);
-  const std::vector<int64_t> values(kN, 9);
-  ASSERT_TRUE(ok(c.w.device().copy_to_device(bias.address, values.data(), kN * 8)));
-  gate.open();
+  for (int64_t i = 0; i < kN; ++i) values[i] = 9;
+  // Through the device: Worker::copy_to would wait for the held run.
+  ASSERT_TRUE(ok(w.device().copy_to_device(bias.address, values.data(), kN * 8)));
+  held_gate.open();
+  ASSERT_TRUE(ok(held.wait()));
   ASSERT_TRUE(ok(capturing.wait()));
-  CaptureStats s = c.w.capture_stats();
+  EXPECT_EQ(read(w, a.y), chain_reference(a.x_host, values, 3).first);
+  CaptureStats s = w.capture_stats();
   EXPECT_EQ(s.graphs, 0);
   EXPECT_EQ(s.captures, 0u);
   EXPECT_EQ(s.stale_captures, 1u);
   // The next run under the key captures again rather than replaying a stale graph.
-  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 4, c.open_gate), capture(1, GetParam()))));
-  EXPECT_EQ(read(c.w, a.y), chain_reference(a.x_host, values, 4).first);
-  s = c.w.capture_stats();
+  ASSERT_TRUE(ok(w.run(handle, chain_args(a, 4, open), capture(1, GetParam()))));
+  EXPECT_EQ(read(w, a.y), chain_reference(a.x_host, values, 4).first);
+  s = w.capture_stats();
   EXPECT_EQ(s.captures, 1u);
   EXPECT_EQ(s.replays, 0u);
-  EXPECT_TRUE(ok(c.w.close()));
+  EXPECT_TRUE(ok(w.close()));
 }
 
 TEST_P(Capture, EvictionWhileAReplayIsInFlightNeverFreesItsGraph) {
