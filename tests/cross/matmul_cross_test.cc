@@ -152,7 +152,7 @@ Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
   return w;
 }
 
-void check_shapes() {
+[[maybe_unused]] void check_shapes() {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int cases = 0;
@@ -248,7 +248,7 @@ void check_int8() {
   std::printf("int8: %d cases, neon bitwise equal to portable\n", cases);
 }
 
-void check_fma() {
+[[maybe_unused]] void check_fma() {
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   for (int i = 0; i < 200000; ++i) {
