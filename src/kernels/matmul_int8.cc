@@ -206,13 +206,10 @@ float row_dot(const Int8Dots& dots, const uint8_t* w, const QuantizedX& qx, int6
   if constexpr (WT == WeightType::kQ8_0 || WT == WeightType::kQ4_0) {
     const int64_t blocks = k / kQ8_0BlockWeights;
     const float* xd = qx.d.data() + r * blocks;
-    if constexpr (WT == WeightType::kQ8_0) {
-      dots.q8_0(w, xq, blocks, sums);
-      return combine_blocks(w, kQ8_0BlockBytes, blocks, sums, xd);
-    } else {
-      dots.q4_0(w, xq, blocks, sums);
-      return combine_blocks(w, kQ4_0BlockBytes, blocks, sums, xd);
-    }
+    constexpr int64_t kBytes = WT == WeightType::kQ8_0 ? kQ8_0BlockBytes : kQ4_0BlockBytes;
+    (WT == WeightType::kQ8_0 ? dots.q8_0 : dots.q4_0)(w, xq, blocks, sums);
+    return dots.combine_blocks != nullptr ? dots.combine_blocks(w, kBytes, blocks, sums, xd)
+                                          : combine_blocks(w, kBytes, blocks, sums, xd);
   } else {
     const int64_t supers = k / kSuperBlockWeights;
     const float* xd = qx.d.data() + r * supers;

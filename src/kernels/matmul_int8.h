@@ -45,6 +45,11 @@ struct Int8Dots {
   void (*q4_k)(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums);
   // Q6_K W row: sums[16s + g] = Σ_{i<16} (q[256s + 16g + i] - 32)·xq[...], q the 6-bit value.
   void (*q6_k)(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums);
+  // Optional (null: the shared one): the Q8_0 / Q4_0 combine above for a row of `blocks` blocks
+  // of `block_bytes`, in the target's vectors, bitwise the shared one's (the same roundings in
+  // the same lanes; built without contraction).
+  float (*combine_blocks)(const uint8_t* w, int64_t block_bytes, int64_t blocks,
+                          const int32_t* sums, const float* xd) = nullptr;
 };
 
 // The targets' dot products. The portable one runs anywhere (matmul_int8.cc, baseline flags); the

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_int8.h"
@@ -121,9 +122,37 @@ void dots_q6_k(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums
   }
 }
 
+// matmul_int8.h's Q8_0 / Q4_0 combine with lane l = b mod 8 as ymm lane l: dw·dx, times f32(S),
+// added (vcvtph2ps and vcvtdq2ps round as the scalar conversions do); a last partial group of 8
+// adds +0 to the lanes past the row (a lane sum is never -0, so that changes nothing); the
+// tree as tree8. Built with -ffp-contract=off: no multiply and add fused.
+inline float combine_blocks_x86(const uint8_t* w, int64_t block_bytes, int64_t blocks,
+                                const int32_t* sums, const float* xd) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; b += 8) {
+    const int n = blocks - b < 8 ? static_cast<int>(blocks - b) : 8;
+    alignas(16) uint16_t h[8] = {};
+    alignas(32) float x[8] = {};
+    alignas(32) int32_t s[8] = {};
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(&h[i], w + (b + i) * block_bytes, sizeof(uint16_t));
+      x[i] = xd[b + i];
+      s[i] = sums[b + i];
+    }
+    const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<__m128i*>(h))),
+                                    _mm256_load_ps(x));
+    const __m256 t =
+        _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(s))));
+    acc = _mm256_add_ps(acc, t);
+  }
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
 template <class Dot>
 Int8Dots x86_dots() {
-  return {&dots_q8_0<Dot>, &dots_q4_0<Dot>, &dots_q4_k<Dot>, &dots_q6_k<Dot>};
+  return {&dots_q8_0<Dot>, &dots_q4_0<Dot>, &dots_q4_k<Dot>, &dots_q6_k<Dot>, &combine_blocks_x86};
 }
 
 }  // namespace
