@@ -184,7 +184,8 @@ task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const
 // matrix-vector product, 8 W rows at a time, for B = 1). Batch-invariant: every element of y is the
 // same sequence of f32 operations whatever the number of rows, the tile, the chunk, the block split
 // or the ISA, so a row's result never depends on the other rows of its batch. `y` must not overlap
-// `x` or `W`.
+// `x` or `W`. These two are precision kExact; llm_kernels(isa, Precision::kInt8) (the default)
+// returns matmuls that quantize x per block over q8_0 / q4_0 / q4_k / q6_k weights (Precision).
 absl::Status matmul_kernel(const task::KernelContext& ctx);
 absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
 task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);
