@@ -1684,7 +1684,7 @@ def scenario_bench_decode(ctx):
                  f"{model!r}")
         pb.check(out["kernel_isa"] in ("avx512", "x86-64-v3", "neon", "portable"),
                  f"{label}: kernel_isa {out['kernel_isa']!r}: not a target auto resolves to")
-        pb.check(out["precision"] == "exact", f"{label}: precision {out['precision']!r}")
+        pb.check(out["precision"] == "int8", f"{label}: precision {out['precision']!r}")
         pb.check(out["capture"] == "off", f"{label}: capture {out['capture']!r}, default off")
         bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa", "precision", "capture"})
                if not (isinstance(out[k], (int, float)) and not isinstance(out[k], bool)
@@ -1766,7 +1766,7 @@ def scenario_bench_prefill_load(ctx):
         if not pb.check(set(r) == keys, f"{label}: keys {sorted(r)}, expected {sorted(keys)}"):
             continue
         n = r["prompt_len"]
-        pb.check(r["precision"] == "exact", f"{label}: precision {r['precision']!r}")
+        pb.check(r["precision"] == "int8", f"{label}: precision {r['precision']!r}")
         pb.check(all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0
                      for k in keys - words),
                  f"{label}: not positive finite numbers: {r}")
@@ -1794,7 +1794,7 @@ def scenario_bench_prefill_load(ctx):
                        "--max-new-tokens", "2", "--kernel-isa", "portable", "--json"],
                       label="generate --kernel-isa portable")
     g = parse_one_json_object(p.stdout, "generate --kernel-isa portable --json")
-    pb.check(g.get("kernel_isa") == "portable" and g.get("precision") == "exact",
+    pb.check(g.get("kernel_isa") == "portable" and g.get("precision") == "int8",
              f"generate --json: kernel_isa {g.get('kernel_isa')!r}, precision {g.get('precision')!r}")
     p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "16",
                        "--kernel-isa", "portable", "--json"], label="bench prefill portable")
@@ -2652,8 +2652,10 @@ def scenario_gguf_quantized(ctx):
         with open(pfile, "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt_ids": p}) + "\n")
+        # Precision exact: f32 activations, so the quantized file decodes to the bits of the f32
+        # checkpoint of its dequantized weights (the default, int8, quantizes the activations).
         args = ["--prompts-file", pfile, "--max-new-tokens", str(max_new), "--ignore-eos",
-                "--dump-logits-steps", csv(steps)]
+                "--dump-logits-steps", csv(steps), "--precision", "exact"]
         got, _, _ = ctx.generate(gguf, args, f"generate {qtype} GGUF ({label})")
         want, _, _ = ctx.generate(deq, args, f"generate dequantized f32 ({label})")
         g, w = got.get("requests", []), want.get("requests", [])
