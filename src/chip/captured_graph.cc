@@ -1,6 +1,7 @@
 #include "chip/captured_graph.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,10 +19,6 @@ bool is_device_range(const task::Arg& a) {
 }
 
 bool overlaps(uint64_t b1, uint64_t e1, uint64_t b2, uint64_t e2) { return b1 < e2 && b2 < e1; }
-
-bool overlaps(const task::Tensor& a, const task::Tensor& b) {
-  return overlaps(a.address, a.address + a.span_bytes(), b.address, b.address + b.span_bytes());
-}
 
 std::string dims(const task::Tensor& t, const std::array<int64_t, task::kMaxRank>& d) {
   return absl::StrCat("[", absl::StrJoin(d.begin(), d.begin() + t.rank, ", "), "]");
@@ -57,6 +54,47 @@ std::string layout_difference(size_t i, const task::Tensor& t, const task::Tenso
   return {};
 }
 
+// The overlapping pairs among the device tensor arguments of `args`, sorted by (i, j): a sweep
+// over the arguments sorted by address, so O(n log n + pairs). Stops once it has found more
+// than `limit` pairs (then *truncated is set and the pairs are some of them).
+std::vector<ArgOverlap> overlapping_pairs(const std::vector<task::Arg>& args, size_t limit,
+                                          bool* truncated) {
+  struct Interval {
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    uint32_t arg = 0;
+  };
+  std::vector<Interval> by_begin;
+  for (uint32_t i = 0; i < args.size(); ++i) {
+    if (!is_device_range(args[i])) continue;
+    const task::Tensor& t = args[i].tensor;
+    by_begin.push_back({t.address, t.address + t.span_bytes(), i});
+  }
+  std::sort(by_begin.begin(), by_begin.end(), [](const Interval& x, const Interval& y) {
+    return x.begin != y.begin ? x.begin < y.begin : x.arg < y.arg;
+  });
+  std::vector<ArgOverlap> pairs;
+  *truncated = false;
+  for (size_t k = 0; k < by_begin.size() && !*truncated; ++k) {
+    // Every later interval that begins before this one ends overlaps it (spans are not empty).
+    for (size_t m = k + 1; m < by_begin.size() && by_begin[m].begin < by_begin[k].end; ++m) {
+      if (pairs.size() == limit) {
+        *truncated = true;
+        break;
+      }
+      const Interval& x = by_begin[k];
+      const Interval& y = by_begin[m];
+      const Interval& a = x.arg < y.arg ? x : y;
+      const Interval& b = x.arg < y.arg ? y : x;
+      pairs.push_back({a.arg, b.arg, static_cast<int64_t>(b.begin - a.begin)});
+    }
+  }
+  std::sort(pairs.begin(), pairs.end(), [](const ArgOverlap& x, const ArgOverlap& y) {
+    return x.i != y.i ? x.i < y.i : x.j < y.j;
+  });
+  return pairs;
+}
+
 }  // namespace
 
 std::string CapturedGraph::where() const {
@@ -73,19 +111,8 @@ absl::StatusOr<std::shared_ptr<const CapturedGraph>> CapturedGraph::build(
   g->scalar_params_ = in.scalar_params;
   g->signature_ = in.submitted->args();
   const size_t n = g->signature_.size();
-  g->overlap_.assign(n * n, 0);
-  g->delta_.assign(n * n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (!is_device_range(g->signature_[i])) continue;
-    for (size_t j = i + 1; j < n; ++j) {
-      if (!is_device_range(g->signature_[j])) continue;
-      const task::Tensor& a = g->signature_[i].tensor;
-      const task::Tensor& b = g->signature_[j].tensor;
-      if (!overlaps(a, b)) continue;
-      g->overlap_[i * n + j] = 1;
-      g->delta_[i * n + j] = static_cast<int64_t>(b.address - a.address);
-    }
-  }
+  bool truncated = false;
+  g->overlaps_ = overlapping_pairs(g->signature_, std::numeric_limits<size_t>::max(), &truncated);
   auto prefix = [&] {
     return absl::StrCat("run ", in.run_id, " capture under ", g->where(), ": ");
   };
@@ -137,6 +164,11 @@ absl::Status CapturedGraph::resolve_slots(const CaptureInput& in) {
     }
   }
   fixed_ = std::move(merged);
+  for (FixedRange& r : fixed_) {
+    absl::StatusOr<uint64_t> id =
+        in.allocation_id ? in.allocation_id(r.begin, r.end - r.begin) : absl::StatusOr<uint64_t>(0);
+    r.allocation = id.ok() ? *id : 0;  // 0: freed already; the lane never keeps such a graph
+  }
   return absl::OkStatus();
 }
 
@@ -228,23 +260,10 @@ absl::Status CapturedGraph::check_bind(const task::TaskArgs& submitted, int32_t 
     }
     if (std::string d = layout_difference(i, a.tensor, s.tensor); !d.empty()) return refuse(d);
   }
+  SIMPLER_RETURN_IF_ERROR(check_overlaps(submitted));
   for (size_t i = 0; i < n; ++i) {
     if (!is_device_range(submitted[i])) continue;
     const task::Tensor& a = submitted[i].tensor;
-    for (size_t j = i + 1; j < n; ++j) {
-      if (!is_device_range(submitted[j])) continue;
-      const task::Tensor& b = submitted[j].tensor;
-      const bool now = overlaps(a, b);
-      const int64_t delta = static_cast<int64_t>(b.address - a.address);
-      if (now != (overlap_[i * n + j] != 0) || (now && delta != delta_[i * n + j])) {
-        return refuse(absl::StrCat(
-            "argument ", j, " ", b.debug_string(), " overlaps argument ", i, " ", a.debug_string(),
-            now ? " at byte offset " : " nowhere", now ? absl::StrCat(delta) : "", ", but ",
-            overlap_[i * n + j] != 0 ? absl::StrCat("at byte offset ", delta_[i * n + j])
-                                     : std::string("nowhere"),
-            " when captured (the dependencies were inferred from that)"));
-      }
-    }
     const uint64_t e = a.address + a.span_bytes();
     auto it = std::upper_bound(fixed_.begin(), fixed_.end(), a.address,
                                [](uint64_t x, const FixedRange& r) { return x < r.begin; });
@@ -256,6 +275,57 @@ absl::Status CapturedGraph::check_bind(const task::TaskArgs& submitted, int32_t 
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CapturedGraph::check_overlaps(const task::TaskArgs& submitted) const {
+  // One pair more than captured is enough to know the relation differs.
+  bool truncated = false;
+  const std::vector<ArgOverlap> now =
+      overlapping_pairs(submitted.args(), overlaps_.size() + 1, &truncated);
+  auto by_pair = [](const ArgOverlap& x, const ArgOverlap& y) {
+    return x.i != y.i ? x.i < y.i : x.j < y.j;
+  };
+  // The first pair (in (i, j) order) that overlaps now and not then, then and not now, or at
+  // another offset; when truncated, the first found now that was not captured.
+  const ArgOverlap* extra = nullptr;
+  const ArgOverlap* missing = nullptr;
+  const ArgOverlap* moved = nullptr;
+  const ArgOverlap* was = nullptr;
+  auto it = overlaps_.begin();
+  for (const ArgOverlap& p : now) {
+    it = std::lower_bound(it, overlaps_.end(), p, by_pair);
+    if (it == overlaps_.end() || !it->same_pair(p)) {
+      extra = &p;
+      break;
+    }
+    if (it->delta != p.delta) {
+      moved = &p;
+      was = &*it;
+      break;
+    }
+  }
+  if (extra == nullptr && moved == nullptr && !truncated && now.size() != overlaps_.size()) {
+    // Every pair of now was captured at its offset, and some captured pair is gone.
+    for (size_t k = 0; k < overlaps_.size(); ++k) {
+      if (k >= now.size() || !now[k].same_pair(overlaps_[k])) {
+        missing = &overlaps_[k];
+        break;
+      }
+    }
+  }
+  if (extra == nullptr && moved == nullptr && missing == nullptr) return absl::OkStatus();
+  const ArgOverlap& p = extra != nullptr ? *extra : moved != nullptr ? *moved : *missing;
+  const task::Tensor& a = submitted[p.i].tensor;
+  const task::Tensor& b = submitted[p.j].tensor;
+  const std::string then = extra != nullptr
+                               ? std::string("nowhere")
+                               : absl::StrCat("at byte offset ", (was != nullptr ? *was : p).delta);
+  const std::string sooner =
+      missing != nullptr ? std::string("nowhere") : absl::StrCat("at byte offset ", p.delta);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "argument ", p.j, " ", b.debug_string(), " overlaps argument ", p.i, " ", a.debug_string(),
+      " ", sooner, ", but ", then,
+      " when captured (the dependencies were inferred from that) captured under ", where()));
 }
 
 void CapturedGraph::bind(const task::TaskArgs& staged, std::vector<task::Arg>* out) const {

@@ -24,6 +24,17 @@ struct CaptureInput {
   int32_t num_cores = 0;                      // what the orchestration saw as ctx.num_cores()
   uint64_t scalar_params = 0;                 // bit i: run argument i is a scalar parameter
   uint64_t run_id = 0;                        // the capturing run, for messages
+  // Device::allocation_id of a fixed range: recorded with the range, so that memory freed and
+  // allocated again at the same address is told apart from what the capture saw.
+  std::function<absl::StatusOr<uint64_t>(uint64_t address, uint64_t bytes)> allocation_id;
+};
+
+// Two device tensor arguments i < j of a run that overlap, j's address at `delta` bytes from i's.
+struct ArgOverlap {
+  uint32_t i = 0;
+  uint32_t j = 0;
+  int64_t delta = 0;
+  bool same_pair(const ArgOverlap& o) const { return i == o.i && j == o.j; }
 };
 
 // Records the orchestration again over other arguments (a scalar parameter's probe).
@@ -38,12 +49,15 @@ using Rerecord = std::function<absl::StatusOr<GraphRecording>(const task::TaskAr
 // replaying it; thread-safe.
 class CapturedGraph {
  public:
-  // A fixed device range some task uses, with the first task and argument naming it.
+  // A fixed device range some task uses, with the first task and argument naming it, and the
+  // id of the allocation that held it when the graph was built (Device::allocation_id; 0 when
+  // the range was no longer live by then).
   struct FixedRange {
     uint64_t begin = 0;
     uint64_t end = 0;
     uint32_t task = 0;
     uint32_t arg = 0;
+    uint64_t allocation = 0;
   };
 
   // Builds the graph of `in` from `recording`, the capturing run's record (over in.staged).
@@ -59,7 +73,8 @@ class CapturedGraph {
   // Whether a run with `submitted` arguments, `num_cores` cores and `scalar_params` may replay
   // this graph (the binding contract). INVALID_ARGUMENT naming the argument and both values
   // ("argument 1: shape [8] differs from [4] captured under capture key 7 of 'chain'"), the
-  // cores, or the parameter set, when not.
+  // cores, or the parameter set, when not. O(n log n + overlapping pairs) in the run's n
+  // arguments (and log of the fixed ranges per argument): it runs under the lane's lock.
   absl::Status check_bind(const task::TaskArgs& submitted, int32_t num_cores,
                           uint64_t scalar_params) const;
   // The tasks' arguments bound to `staged` (a run's arguments after staging, which passed
@@ -68,7 +83,7 @@ class CapturedGraph {
 
   // Tasks and predecessors; recording().args holds the arguments as captured.
   const GraphRecording& recording() const { return recording_; }
-  // The fixed ranges, sorted by begin, disjoint (merged).
+  // The fixed ranges, sorted by begin, disjoint (merged); each lies in one allocation.
   const std::vector<FixedRange>& fixed() const { return fixed_; }
   uint64_t key() const { return key_; }
   const std::string& callable_name() const { return callable_name_; }
@@ -78,6 +93,8 @@ class CapturedGraph {
   CapturedGraph() = default;
   // Resolves every task argument to a slot or a fixed range.
   absl::Status resolve_slots(const CaptureInput& in);
+  // The overlap relation of `submitted`'s device tensor arguments against overlaps_.
+  absl::Status check_overlaps(const task::TaskArgs& submitted) const;
   absl::Status probe_parameter(const CaptureInput& in, size_t index, const Rerecord& rerecord);
   std::string where() const;  // "capture key K of 'C'"
 
@@ -92,10 +109,8 @@ class CapturedGraph {
   std::vector<Bound> bound_;
   std::vector<FixedRange> fixed_;
   std::vector<task::Arg> signature_;  // the run's arguments as submitted
-  // For device tensor run arguments i < j: overlap_[i * n + j] = whether they overlap,
-  // delta_[i * n + j] = address j - address i when they do.
-  std::vector<uint8_t> overlap_;
-  std::vector<int64_t> delta_;
+  // The overlapping pairs of the run's device tensor arguments at capture, sorted by (i, j).
+  std::vector<ArgOverlap> overlaps_;
   int32_t num_cores_ = 0;
   uint64_t scalar_params_ = 0;
   uint64_t key_ = 0;

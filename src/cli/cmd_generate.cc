@@ -672,7 +672,8 @@ Runner add_generate_command(CLI::App& app) {
        .num_pages = "KV cache pages (0 = sized from the requests)",
        .allow_unused_tensors = true,
        .host_sampling = true,
-       .prefix_caching = true});
+       .prefix_caching = true,
+       .capture = true});
   const CLI::Option* seed_opt = cmd->get_option("--seed");
   return [cmd, st, p1, p2, p3, seed_opt]() -> int {
     if (!cmd->parsed()) return -1;

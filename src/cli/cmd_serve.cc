@@ -161,6 +161,7 @@ Runner add_serve_command(CLI::App& app) {
                     .max_waiting = true,
                     .allow_unused_tensors = true,
                     .prefix_caching = true,
+                    .capture = true,
                     .json = false});
   return run_if_parsed(cmd, st, run_serve);
 }

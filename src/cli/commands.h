@@ -55,7 +55,7 @@ struct CommonOptions {
   std::string placement = "device";
   bool json = false;
   std::string kernel_isa_name = "auto";  // LLM commands only (add_kernel_isa_to)
-  std::string precision_name = "exact";  // LLM commands only (add_kernel_isa_to)
+  std::string precision_name = "int8";   // LLM commands only (add_kernel_isa_to)
 
   void add_to(CLI::App* app, bool with_json = true);
   // --kernel-isa auto|avx512|x86-64-v3|portable: the LLM kernels' ISA target (refused when the

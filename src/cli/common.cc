@@ -124,14 +124,17 @@ void CommonOptions::add_kernel_isa_to(CLI::App* app) {
           "ISA"))
       ->capture_default_str();
   app->add_option("--precision", precision_name,
-                  "matmul numerics: exact (f32 activations, the default) or bf16 (activations "
-                  "rounded to bf16 over bf16 weights, AVX-512 BF16; faster, with its own "
-                  "tolerance; falls back to exact where the CPU lacks it)")
-      ->check(CLI::IsMember({"exact", "bf16"}));
+                  "matmul numerics: int8 (the default: over q8_0/q4_0/q4_k/q6_k weights, "
+                  "activations quantized per block to int8 and dotted in integers, as llama.cpp; "
+                  "other weights exact), exact (f32 activations over every weight type) or bf16 "
+                  "(activations rounded to bf16 over bf16 weights, AVX-512 BF16; faster, with its "
+                  "own tolerance; falls back to exact where the CPU lacks it)")
+      ->check(CLI::IsMember({"int8", "exact", "bf16"}))
+      ->capture_default_str();
 }
 
 llm::Precision CommonOptions::precision() const {
-  return llm::parse_precision(precision_name).value_or(llm::Precision::kExact);
+  return llm::parse_precision(precision_name).value_or(llm::Precision::kInt8);
 }
 
 llm::KernelIsa CommonOptions::kernel_isa() const {

@@ -66,6 +66,18 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* flags, const EngineFlagSet& se
                   "(docs/design/prefix_cache.md); the tokens are the same either way")
         ->capture_default_str();
   }
+  if (set.capture) {
+    cmd->add_option_function<std::string>(
+           "--capture", [flags](const std::string& v) { flags->capture = v == "on"; },
+           "capture the step program once per step shape and replay it (default off: it is not "
+           "shown to win yet; docs/design/capture_replay.md); the tokens are the same either way")
+        ->check(CLI::IsMember({"on", "off"}))
+        ->default_str("off");
+    show_nonzero_default(cmd->add_option("--max-captured-graphs", flags->max_captured_graphs,
+                                         "captured step graphs kept (least recently used go)")
+                             ->check(int_in(1, 1 << 16)),
+                         flags->max_captured_graphs);
+  }
   flags->common.add_to(cmd, set.json);
   if (set.kernel_isa) flags->common.add_kernel_isa_to(cmd);
 }
@@ -81,6 +93,8 @@ absl::StatusOr<llm::EngineOptions> engine_options(const EngineFlags& flags, cons
   ro.page_size = flags.page_size;
   ro.allow_unused_tensors = flags.allow_unused_tensors;
   ro.host_sampling = flags.host_sampling;
+  ro.capture = flags.capture;
+  ro.worker.max_captured_graphs = flags.max_captured_graphs;
   ro.max_num_seqs = flags.max_num_seqs > 0
                         ? flags.max_num_seqs
                         : static_cast<int32_t>(std::clamp<int64_t>(load.requests, 1, 256));

@@ -30,6 +30,10 @@ struct EngineFlags {
   bool host_sampling = false;          // --host-sampling
   // --enable-prefix-caching / --no-enable-prefix-caching (EngineOptions::enable_prefix_caching).
   bool enable_prefix_caching = true;
+  // --capture on|off (RunnerOptions::capture) and --max-captured-graphs
+  // (WorkerOptions::max_captured_graphs).
+  bool capture = false;
+  int32_t max_captured_graphs = 64;
 };
 
 // Which engine flags a command offers. A flag whose 0 means something that depends on the
@@ -43,13 +47,15 @@ struct EngineFlagSet {
   bool allow_unused_tensors = false;
   bool host_sampling = false;
   bool prefix_caching = false;  // --enable-prefix-caching / --no-enable-prefix-caching
+  bool capture = false;         // --capture on|off and --max-captured-graphs
   bool json = true;             // --json (CommonOptions::add_to)
   bool kernel_isa = true;       // --kernel-isa and --precision (CommonOptions::add_kernel_isa_to)
 };
 
 // Adds the flags of `set` to `cmd`, writing into `*flags` (which must outlive `cmd`'s parse), in
 // this order: the sizing flags, --max-waiting, --allow-unused-tensors, --host-sampling,
-// --enable-prefix-caching, then the device flags (CommonOptions). A default other than 0 is shown
+// --enable-prefix-caching, --capture and --max-captured-graphs, then the device flags
+// (CommonOptions). A default other than 0 is shown
 // in the help; a 0 is explained by the flag's help instead.
 void add_engine_flags(CLI::App* cmd, EngineFlags* flags, const EngineFlagSet& set);
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <thread>
 #include <unordered_map>
@@ -169,7 +170,7 @@ class SimDevice final : public Device {
           "device ", caps_.device_id, ": host memory exhausted allocating ", bytes, " bytes"));
     }
     const auto addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
-    allocs_[addr] = bytes;
+    allocs_[addr] = Allocation{bytes, next_allocation_id_++};
     allocated_ += bytes;
     return addr;
   }
@@ -181,8 +182,8 @@ class SimDevice final : public Device {
       return absl::NotFoundError(absl::StrCat("device free of 0x", absl::Hex(address),
                                               ": not the base of a live allocation"));
     }
-    allocated_ -= it->second;
-    host_free(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), it->second);
+    allocated_ -= it->second.bytes;
+    host_free(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), it->second.bytes);
     allocs_.erase(it);
     return absl::OkStatus();
   }
@@ -192,12 +193,23 @@ class SimDevice final : public Device {
     return check_range_locked(address, bytes);
   }
 
+  absl::StatusOr<uint64_t> allocation_id(uint64_t address, uint64_t bytes) const override {
+    MutexLock lock(mem_mu_);
+    SIMPLER_RETURN_IF_ERROR(check_range_locked(address, bytes));
+    return std::prev(allocs_.upper_bound(address))->second.id;
+  }
+
+  uint64_t next_allocation_id() const override {
+    MutexLock lock(mem_mu_);
+    return next_allocation_id_;
+  }
+
   absl::Status check_range_locked(uint64_t address, uint64_t bytes) const
       SIMPLER_REQUIRES(mem_mu_) {
     auto it = allocs_.upper_bound(address);
     if (it != allocs_.begin()) {
       --it;
-      const uint64_t base = it->first, size = it->second;
+      const uint64_t base = it->first, size = it->second.bytes;
       if (address >= base && address - base <= size && bytes <= size - (address - base)) {
         return absl::OkStatus();
       }
@@ -586,7 +598,12 @@ class SimDevice final : public Device {
   DeviceCaps caps_;
 
   mutable base::Mutex mem_mu_;
-  std::map<uint64_t, uint64_t> allocs_ SIMPLER_GUARDED_BY(mem_mu_);
+  struct Allocation {
+    uint64_t bytes = 0;
+    uint64_t id = 0;  // Device::allocation_id
+  };
+  std::map<uint64_t, Allocation> allocs_ SIMPLER_GUARDED_BY(mem_mu_);  // by base address
+  uint64_t next_allocation_id_ SIMPLER_GUARDED_BY(mem_mu_) = 1;
   uint64_t allocated_ SIMPLER_GUARDED_BY(mem_mu_) = 0;
   bool closed_ SIMPLER_GUARDED_BY(mem_mu_) = false;
 
@@ -865,8 +882,8 @@ void SimDevice::close() {
     }
     MutexLock lock(mem_mu_);
     closed_ = true;
-    for (auto& [addr, size] : allocs_)
-      host_free(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), size);
+    for (auto& [addr, a] : allocs_)
+      host_free(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), a.bytes);
     allocs_.clear();
     allocated_ = 0;
   });

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "base/test_wait.h"
 #include "device/sim_device_test_util.h"
@@ -44,6 +45,32 @@ TEST(SimDeviceMemory, RegistryChecksBoundsAndRefusesDoubleFree) {
   EXPECT_EQ(d->free(*a).code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(d->check_range(*a, 1).ok());
   EXPECT_EQ(d->live_allocations(), 0u);
+}
+
+TEST(SimDeviceMemory, MemoryAllocatedAgainAtTheSameAddressHasAnotherAllocationId) {
+  auto d = make(1);
+  const uint64_t first_id = d->next_allocation_id();
+  // 2 MiB: an anonymous mapping, which the kernel hands out again at the address just unmapped.
+  constexpr uint64_t kBytes = 2u << 20;
+  const uint64_t a = *d->malloc(kBytes);
+  absl::StatusOr<uint64_t> id = d->allocation_id(a + 64, 128);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, first_id);
+  EXPECT_EQ(d->next_allocation_id(), first_id + 1);
+  EXPECT_EQ(d->allocation_id(a + kBytes - 8, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(d->free(a).ok());
+  EXPECT_NE(d->allocation_id(a, 8).status().message().find("not inside a live allocation"),
+            std::string_view::npos);
+  std::vector<uint64_t> others;
+  uint64_t again = 0;
+  for (int i = 0; i < 16 && again != a; ++i) {
+    again = *d->malloc(kBytes);
+    if (again != a) others.push_back(again);
+  }
+  ASSERT_EQ(again, a) << "no allocation landed at the freed address again";
+  EXPECT_EQ(*d->allocation_id(a, 8), first_id + 1 + others.size());
+  EXPECT_GT(*d->allocation_id(a, 8), *id);
 }
 
 TEST(SimDeviceMemory, HeapCapacityIsEnforced) {

@@ -57,6 +57,21 @@ class LlmEngineTest : public ::testing::Test {
   static std::unique_ptr<LlmEngine> engine(const EngineOptions& eo) {
     return create_test_engine(*dir_, eo);
   }
+  // options(), capturing the step program when `capture` (RunnerOptions::capture).
+  static EngineOptions captured(EngineOptions eo, bool capture) {
+    eo.runner.capture = capture;
+    return eo;
+  }
+  // With capture on, steps were replayed (not only captured); with it off, nothing was captured.
+  static void expect_replays(const LlmEngine& e, bool capture) {
+    const worker::CaptureStats s = EngineTestAccess::capture_stats(e);
+    if (capture) {
+      EXPECT_GT(s.captures, 0u);
+      EXPECT_GT(s.replays, 0u);
+    } else {
+      EXPECT_EQ(s.captures + s.replays, 0u);
+    }
+  }
 
   // Writes a bf16 variant of the test model (seed `seed`; hidden and intermediate sizes as
   // given, the test model's when 0) beside it in `<dir>_<suffix>`, and returns that folder.
@@ -141,13 +156,16 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
   struct Config {
     int depth, budget;
     bool host;
+    bool capture = false;
   };
   for (const Config c :
-       {Config{1, 64, false}, Config{2, 7, false}, Config{3, 64, false}, Config{2, 16, true}}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "depth " << c.depth << " budget " << c.budget << " host " << c.host);
+       {Config{1, 64, false}, Config{2, 7, false}, Config{3, 64, false}, Config{2, 16, true},
+        Config{1, 64, false, true}, Config{2, 7, false, true}, Config{2, 16, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "depth " << c.depth << " budget " << c.budget << " host "
+                                      << c.host << " capture " << c.capture);
     EngineOptions eo = options(c.depth, 256, c.budget, std::min(16, c.budget));
     eo.runner.host_sampling = c.host;
+    eo.runner.capture = c.capture;
     auto e = engine(eo);
     std::vector<RequestId> ids;
     for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 8)).value());
@@ -156,6 +174,7 @@ TEST_F(LlmEngineTest, TokensAreIdenticalAtEveryDepthBudgetAndWithHostSampling) {
       EXPECT_EQ(d.finish, OutputFinish::kLength);
       EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
     }
+    expect_replays(*e, c.capture);
     EXPECT_TRUE(e->shutdown().ok());
   }
 }
@@ -170,8 +189,11 @@ TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
   const auto solo = solo_tokens(ps, 6);
   for (int depth : {1, 2}) {
     for (int budget : {1, 7, 64}) {
-      SCOPED_TRACE(::testing::Message() << "depth " << depth << " budget " << budget);
-      auto e = engine(options(depth, 1024, budget, std::min(16, budget)));
+      // Captured at one depth each: a budget's step shapes are the same at both.
+      const bool capture = (depth == 2) == (budget != 7);
+      SCOPED_TRACE(::testing::Message()
+                   << "depth " << depth << " budget " << budget << " capture " << capture);
+      auto e = engine(captured(options(depth, 1024, budget, std::min(16, budget)), capture));
       std::mt19937 rng(depth * 100 + budget);
       std::vector<RequestId> ids;
       for (const auto& p : ps) {
@@ -184,6 +206,7 @@ TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
         EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
         EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i << " of " << ps[i].size() << " tokens";
       }
+      expect_replays(*e, capture);
       EXPECT_TRUE(e->shutdown().ok());
     }
   }
@@ -195,9 +218,10 @@ TEST_F(LlmEngineTest, PreemptionByRecomputeLeavesTokensUnchanged) {
   const auto ps = random_prompts(12, 40, 11);
   const auto solo = solo_tokens(ps, 24);
   for (int depth : {1, 2}) {
-    SCOPED_TRACE(::testing::Message() << "depth " << depth);
+    const bool capture = depth == 2;
+    SCOPED_TRACE(::testing::Message() << "depth " << depth << " capture " << capture);
     // Pages of 4 tokens; a request needs up to 16; 24 pages hold ~2 at a time.
-    auto e = engine(options(depth, 24, 32, 8));
+    auto e = engine(captured(options(depth, 24, 32, 8), capture));
     EngineTestAccess::set_check_invariants(*e, true);
     std::vector<RequestId> ids;
     for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 24)).value());
@@ -208,6 +232,7 @@ TEST_F(LlmEngineTest, PreemptionByRecomputeLeavesTokensUnchanged) {
     }
     const EngineMetrics m = e->metrics();
     EXPECT_GT(m.preemptions_total, 0);
+    expect_replays(*e, capture);
     EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
         << EngineTestAccess::invariant_violation(*e);
     EXPECT_TRUE(e->shutdown().ok());
@@ -219,30 +244,35 @@ TEST_F(LlmEngineTest, PreemptionByRecomputeLeavesTokensUnchanged) {
 TEST_F(LlmEngineTest, RandomAbortsLeaveTheOtherRequestsUnchanged) {
   const auto ps = random_prompts(16, 30, 13);
   const auto solo = solo_tokens(ps, 12);
-  auto e = engine(options(2, 64, 16, 8));
-  std::vector<RequestId> ids;
-  for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 12)).value());
-  std::set<size_t> aborted = {1, 4, 5, 9, 14};
-  for (size_t i : aborted) {
-    simpler::testing::spin_for(std::chrono::milliseconds(1));  // jitter: aborts land mid-decode
-    absl::Status s = e->abort(ids[i]);
-    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
-  }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Done d = drain(*e, ids[i]);
-    if (aborted.count(i)) {
-      // Aborted, or finished before the abort landed: a prefix of its solo tokens either way.
-      EXPECT_TRUE(d.finish == OutputFinish::kAbort || d.finish == OutputFinish::kLength);
-      EXPECT_EQ(d.tokens, std::vector<int32_t>(solo[i].begin(), solo[i].begin() + d.tokens.size()));
-    } else {
-      EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
-      EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+  for (bool capture : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "capture " << capture);
+    auto e = engine(captured(options(2, 64, 16, 8), capture));
+    std::vector<RequestId> ids;
+    for (const auto& p : ps) ids.push_back(e->add_request(greedy(p, 12)).value());
+    std::set<size_t> aborted = {1, 4, 5, 9, 14};
+    for (size_t i : aborted) {
+      simpler::testing::spin_for(std::chrono::milliseconds(1));  // jitter: aborts land mid-decode
+      absl::Status s = e->abort(ids[i]);
+      EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kNotFound) << s;
     }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Done d = drain(*e, ids[i]);
+      if (aborted.count(i)) {
+        // Aborted, or finished before the abort landed: a prefix of its solo tokens either way.
+        EXPECT_TRUE(d.finish == OutputFinish::kAbort || d.finish == OutputFinish::kLength);
+        EXPECT_EQ(d.tokens,
+                  std::vector<int32_t>(solo[i].begin(), solo[i].begin() + d.tokens.size()));
+      } else {
+        EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
+        EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i;
+      }
+    }
+    // After the final event: NOT_FOUND, nothing changes.
+    EXPECT_EQ(e->abort(ids[0]).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(e->abort(987654).code(), absl::StatusCode::kNotFound);
+    expect_replays(*e, capture);
+    EXPECT_TRUE(e->shutdown().ok());
   }
-  // After the final event: NOT_FOUND, nothing changes.
-  EXPECT_EQ(e->abort(ids[0]).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(e->abort(987654).code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(e->shutdown().ok());
 }
 
 TEST_F(LlmEngineTest, AbortOfAQueuedRequestEndsItWithoutRunning) {
@@ -284,8 +314,11 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
   const auto others = random_prompts(15, 20, 17);
   for (int depth : {1, 2, 4}) {
     for (bool small_pool : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "depth " << depth << " small pool " << small_pool);
-      auto e = engine(small_pool ? options(depth, 16, 32, 16) : options(depth));
+      // Captured with the small pool (preemption) at depth 1 and 4, the large one at depth 2.
+      const bool capture = small_pool == (depth != 2);
+      SCOPED_TRACE(::testing::Message()
+                   << "depth " << depth << " small pool " << small_pool << " capture " << capture);
+      auto e = engine(captured(small_pool ? options(depth, 16, 32, 16) : options(depth), capture));
       std::vector<RequestId> ids;
       for (size_t i = 0; i < others.size(); ++i) {
         if (i == 7) ids.insert(ids.begin(), e->add_request(seeded(prompt, 42)).value());
@@ -296,6 +329,7 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
       if (small_pool) {
         EXPECT_GT(e->metrics().preemptions_total, 0);
       }
+      expect_replays(*e, capture);
       EXPECT_TRUE(e->shutdown().ok());
     }
   }

@@ -54,6 +54,9 @@ class EngineTestAccess {
   // LlmEngine over a runner made by the test (LlmEngine::create's runner overload).
   static absl::StatusOr<std::unique_ptr<LlmEngine>> create(std::unique_ptr<Qwen3ModelRunner> runner,
                                                            const EngineOptions& options);
+  // The captured-graph counts of the runner's own Worker (RunnerOptions::capture); zeros for a
+  // runner on an L3 child. Before shutdown().
+  static worker::CaptureStats capture_stats(const LlmEngine& engine);
 };
 
 }  // namespace simpler::llm

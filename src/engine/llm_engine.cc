@@ -665,6 +665,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> EngineTestAccess::create(
   return LlmEngine::create(std::move(runner), options);
 }
 
+worker::CaptureStats EngineTestAccess::capture_stats(const LlmEngine& engine) {
+  worker::Worker* w = engine.impl_->runner->worker();
+  return w != nullptr ? w->capture_stats() : worker::CaptureStats{};
+}
+
 absl::Status LlmEngine::shutdown(base::Deadline drain_deadline) {
   Impl& im = *impl_;
   if (std::this_thread::get_id() == im.output_thread_id ||
@@ -1001,6 +1006,8 @@ void LlmEngine::Impl::record_step(const InFlight& f, int64_t now) {
       r.device_start_ns = rr.timing.device_start_ns;
       r.device_end_ns = rr.timing.device_end_ns;
       r.effective_depth = rr.effective_depth;
+      r.prepare_ns = rr.timing.prepare_end_ns - rr.timing.prepare_start_ns;
+      r.tasks = rr.report.tasks_submitted;
     }
   }
   step_records.push_back(r);

@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -452,6 +453,11 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
 absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
     hierarchy::L3Worker& l3, const std::string& model_dir, const RunnerOptions& options) {
   SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
+  if (options.capture) {
+    return absl::InvalidArgumentError(
+        "RunnerOptions.capture: steps on L3 children are not captured (capture keys do not cross "
+        "the L3 mailbox); run data parallel with capture off");
+  }
   std::unique_ptr<Qwen3DataParallel> dp(new Qwen3DataParallel());
   dp->l3_ = &l3;
   dp->model_dir_ = model_dir;
@@ -740,17 +746,33 @@ absl::Status Qwen3ModelRunner::launch(StepInFlight& s, const std::vector<HostArg
     a.add_tensor(t, h.direction);
   }
   a.add_scalar(chip_);
+  task::CallConfig config;
+  config.capture_key = capture_key(s, args);
   s.submit_ns_ = base::now_ns();
   if (l3_ != nullptr) {
     SIMPLER_ASSIGN_OR_RETURN(s.handle_, l3_->submit(l3_step_, a));
   } else {
-    SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a));
+    SIMPLER_ASSIGN_OR_RETURN(s.handle_, worker_->submit(step_, a, config));
   }
   if (options_.host_sampling) {
     host_step_pending_ = true;
     host_pending_run_ = s.handle_;
   }
   return absl::OkStatus();
+}
+
+uint64_t Qwen3ModelRunner::capture_key(const StepInFlight& s, const std::vector<HostArg>& args) {
+  if (!options_.capture || l3_ != nullptr) return 0;
+  // Token-count commits carry a prompt's length: a key per prompt length would only churn the
+  // cache.
+  if (!s.clear_slots.empty() || !s.prompt_ids.empty() || !s.gen_ids.empty()) return 0;
+  std::vector<int64_t> shapes;
+  for (const HostArg& h : args) {
+    shapes.push_back(static_cast<int64_t>(h.shape.size()));
+    shapes.insert(shapes.end(), h.shape.begin(), h.shape.end());
+  }
+  const auto [it, added] = capture_keys_.emplace(std::move(shapes), capture_keys_.size() + 1);
+  return it->second;
 }
 
 absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
@@ -767,6 +789,9 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   for (const StepRow& row : plan.rows) {
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(row.block_table.size()));
   }
+  // Captured steps: one graph per power of two of block-table width, not one per width (the
+  // entries past a row's table are 0 and never read: its context length says where it ends).
+  if (options_.capture && l3_ == nullptr) max_blocks = std::bit_ceil<uint64_t>(max_blocks);
   bool any_logits_wanted = options_.host_sampling;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& row = plan.rows[i];

@@ -53,6 +53,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -217,6 +218,8 @@ class Qwen3ModelRunner {
   // Copies the inputs into one L3 shared-heap buffer and points `args` at it.
   absl::Status stage_on_l3(StepInFlight& s, std::vector<HostArg>& args);
   absl::Status launch(StepInFlight& s, const std::vector<HostArg>& args);
+  // The capture key of a step with host tensors `args` (0: uncaptured; RunnerOptions::capture).
+  uint64_t capture_key(const StepInFlight& s, const std::vector<HostArg>& args);
   ModelConfig config_;
   Qwen3Dims dims_;
   RunnerOptions options_;
@@ -230,6 +233,8 @@ class Qwen3ModelRunner {
   // Host sampling: token counts and last sampled id per state slot.
   std::vector<std::vector<int32_t>> host_counts_;
   std::vector<int32_t> host_last_ids_;
+  // RunnerOptions::capture: a key (1, 2, ...) per distinct list of step argument shapes.
+  std::map<std::vector<int64_t>, uint64_t> capture_keys_;
   bool host_step_pending_ = false;      // submitted, neither collected nor failed
   worker::RunHandle host_pending_run_;  // its run
 };

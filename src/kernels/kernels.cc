@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/matmul_int8.h"
 #include "kernels/task_names.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/enum_names.h"
@@ -110,8 +111,25 @@ matmul_detail::WeightType weight_type(DataType dtype) {
   }
 }
 
+// The int8-activation target's integer sums for `isa` (resolved and available): the fastest
+// instructions the CPU has within it (the results are the same on every one: matmul_int8.h).
+matmul_detail::Int8Dots int8_dots(KernelIsa isa) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx512 && matmul_detail::avx512vnni_available()) {
+    return matmul_detail::int8_dots_avx512vnni();
+  }
+  if (isa == KernelIsa::kAvx512 || isa == KernelIsa::kX86_64V3) {
+    return matmul_detail::avxvnni_available() ? matmul_detail::int8_dots_avxvnni()
+                                              : matmul_detail::int8_dots_avx2();
+  }
+#elif defined(__aarch64__)
+  if (isa == KernelIsa::kNeon) return matmul_detail::int8_dots_neon();
+#endif
+  return matmul_detail::int8_dots_portable();
+}
+
 absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
-                         bool bf16 = false) {
+                         Precision precision = Precision::kExact) {
   const char* kernel = accumulate ? "matmul_acc" : "matmul";
   ArgCheck c(ctx, kernel);
   SIMPLER_RETURN_IF_ERROR(c.count(3));
@@ -140,6 +158,11 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   p.y = y.data<float>() + r.begin;
   p.ldy = out;
   p.accumulate = accumulate;
+  if (precision == Precision::kInt8 && matmul_detail::int8_weight_type(p.wt)) {
+    matmul_detail::run_int8(p, int8_dots(isa));
+    return absl::OkStatus();
+  }
+  const bool bf16 = precision == Precision::kBf16;
 #if defined(__x86_64__)
   if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
       matmul_detail::avx512_bf16_available()) {
@@ -173,19 +196,19 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
 }
 
 absl::Status matmul_bf16_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, false, KernelIsa::kAuto, true);
+  return matmul_impl(ctx, false, KernelIsa::kAuto, Precision::kBf16);
 }
 absl::Status matmul_acc_bf16_kernel(const KernelContext& ctx) {
-  return matmul_impl(ctx, true, KernelIsa::kAuto, true);
+  return matmul_impl(ctx, true, KernelIsa::kAuto, Precision::kBf16);
 }
 
-template <KernelIsa kIsa>
+template <KernelIsa kIsa, Precision kPrecision = Precision::kExact>
 absl::Status matmul_kernel_on(const KernelContext& ctx) {
-  return matmul_impl(ctx, false, kIsa);
+  return matmul_impl(ctx, false, kIsa, kPrecision);
 }
-template <KernelIsa kIsa>
+template <KernelIsa kIsa, Precision kPrecision = Precision::kExact>
 absl::Status matmul_acc_kernel_on(const KernelContext& ctx) {
-  return matmul_impl(ctx, true, kIsa);
+  return matmul_impl(ctx, true, kIsa, kPrecision);
 }
 
 absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa);
@@ -200,14 +223,19 @@ absl::Status silu_mul_kernel_on(const KernelContext& ctx) {
   return silu_mul_impl(ctx, kIsa);
 }
 
-// The kernels whose inner loops have a path per target, for `isa` (resolved).
+// The kernels whose inner loops have a path per target, for `isa` (resolved); the matmuls of
+// precision int8 too.
 struct IsaKernels {
-  task::KernelFn matmul, matmul_acc, paged_attention, silu_mul;
+  task::KernelFn matmul, matmul_acc, paged_attention, silu_mul, matmul_int8, matmul_acc_int8;
 };
 template <KernelIsa kIsa>
 constexpr IsaKernels isa_kernels() {
-  return {&matmul_kernel_on<kIsa>, &matmul_acc_kernel_on<kIsa>, &paged_attention_kernel_on<kIsa>,
-          &silu_mul_kernel_on<kIsa>};
+  return {&matmul_kernel_on<kIsa>,
+          &matmul_acc_kernel_on<kIsa>,
+          &paged_attention_kernel_on<kIsa>,
+          &silu_mul_kernel_on<kIsa>,
+          &matmul_kernel_on<kIsa, Precision::kInt8>,
+          &matmul_acc_kernel_on<kIsa, Precision::kInt8>};
 }
 IsaKernels isa_kernels(KernelIsa isa) {
   switch (isa) {
@@ -356,8 +384,8 @@ double measure_f32_fma_peak(KernelIsa isa, int threads, double seconds) {
 
 namespace {
 
-constexpr base::EnumNames<Precision> kPrecisionNames = {{Precision::kExact, "exact"},
-                                                        {Precision::kBf16, "bf16"}};
+constexpr base::EnumNames<Precision> kPrecisionNames = {
+    {Precision::kExact, "exact"}, {Precision::kBf16, "bf16"}, {Precision::kInt8, "int8"}};
 
 }  // namespace
 
@@ -366,7 +394,7 @@ const char* name_of(Precision precision) { return kPrecisionNames.c_name(precisi
 absl::StatusOr<Precision> parse_precision(std::string_view name) {
   if (std::optional<Precision> p = kPrecisionNames.parse(name)) return *p;
   return absl::InvalidArgumentError(
-      absl::StrCat("precision '", std::string(name), "': expected exact or bf16"));
+      absl::StrCat("precision '", std::string(name), "': expected exact, bf16 or int8"));
 }
 
 bool bf16_precision_available() {
@@ -411,6 +439,9 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
   if (effective_precision(isa, precision) == Precision::kBf16) {
     matmul = &matmul_bf16_kernel;
     matmul_acc = &matmul_acc_bf16_kernel;
+  } else if (precision == Precision::kInt8) {
+    matmul = on.matmul_int8;
+    matmul_acc = on.matmul_acc_int8;
   }
   return {
       {"embedding", &embedding_kernel},

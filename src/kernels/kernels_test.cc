@@ -55,7 +55,7 @@ TEST(BlockRange, SplitsEvenlyAndCoversEverything) {
 }
 
 TEST(LlmKernels, ListIsInKernelIdOrderWithUniqueNames) {
-  std::vector<task::Kernel> kernels = llm_kernels();
+  std::vector<task::Kernel> kernels = llm_kernels(KernelIsa::kAuto, Precision::kExact);
   ASSERT_EQ(kernels.size(), static_cast<size_t>(KernelId::kCount));
   EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kMatmulAcc)].name, "matmul_acc");
   EXPECT_EQ(kernels[static_cast<size_t>(KernelId::kPagedAttention)].name, "paged_attention");
@@ -374,7 +374,7 @@ std::vector<std::pair<KernelIsa, task::KernelFn>> isa_paths(bool acc) {
   for (KernelIsa isa :
        {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
     if (!kernel_isa_available(isa)) continue;
-    const auto kernels = llm_kernels(isa);
+    const auto kernels = llm_kernels(isa, Precision::kExact);
     out.emplace_back(
         isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
   }
@@ -530,8 +530,10 @@ TEST(MatmulKernel, Bf16PathMatchesTheF64ProductOfBf16RoundedInputs) {
                  matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y_bf16, {rows, out})), 1)
           .ok());
   ASSERT_TRUE(
-      run_blocks(llm_kernels(KernelIsa::kAvx512)[static_cast<size_t>(KernelId::kMatmul)].fn,
-                 matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y_exact, {rows, out})), 1)
+      run_blocks(
+          llm_kernels(KernelIsa::kAvx512, Precision::kExact)[static_cast<size_t>(KernelId::kMatmul)]
+              .fn,
+          matmul_args(view(x, {rows, in}), w.tensor(out, in), view(y_exact, {rows, out})), 1)
           .ok());
   EXPECT_EQ(y_bf16, y_exact);
   EXPECT_EQ(parse_precision("bf16").value(), Precision::kBf16);
@@ -679,7 +681,7 @@ TEST(MatmulKernel, QuantizedRowsThatAreNotWholeBlocksAreInvalidArgument) {
 
 // The portable path alone, on every machine: the f64 reference on odd shapes and bf16 weights.
 TEST(MatmulKernel, PortablePathMatchesTheF64Reference) {
-  const auto kernels = llm_kernels(KernelIsa::kPortable);
+  const auto kernels = llm_kernels(KernelIsa::kPortable, Precision::kExact);
   const task::KernelFn fn = kernels[static_cast<size_t>(KernelId::kMatmul)].fn;
   const int64_t rows = 17, in = 33, out = 9;
   std::vector<float> x = random_floats(rows * in, 21);

@@ -2,10 +2,12 @@
 //   Decode/<target>/threads:T — one x row against W [131072, 1024] bf16 (256 MiB, far past the last
 //     level cache), the rows split between T threads: weight bytes/s (bytes_per_second), to hold
 //     against the read-bandwidth probe of `simpler bench decode`;
-//   Prefill/<target>/R/N — R x rows (64: a prefill tile; 16: a batch-16 decode step) against
-//     W [N, 1024] bf16 (N 3072: Qwen3-0.6B's gate projection, in the last level cache; 131072:
-//     256 MiB, streamed from memory as a decode step streams its weights), one thread: GFLOP/s
-//     (the counter), to hold against the FMA peak of `simpler bench prefill`.
+//   Prefill/<target>/R/N/K — R x rows (64: a prefill tile; 16: a batch-16 decode step; 512: a
+//     512-token prompt) against W [N, K] bf16 (N 3072, K 1024: Qwen3-0.6B's gate projection, in
+//     the last level cache; 1536 x 1024 and 512 x 3072: one of two threads' share of the gate
+//     and down projections at 512 tokens; 131072: 256 MiB, streamed from memory as a decode step
+//     streams its weights), one thread: GFLOP/s (the counter), to hold against the FMA peak of
+//     `simpler bench prefill`.
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
 #include <benchmark/benchmark.h>
@@ -78,8 +80,7 @@ void Prefill(benchmark::State& state, KernelIsa isa) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  const int64_t kRows = state.range(0), kN = state.range(1);
-  constexpr int64_t kK = 1024;
+  const int64_t kRows = state.range(0), kN = state.range(1), kK = state.range(2);
   const std::vector<uint16_t> w = bf16_weights(kN, kK);
   std::vector<float> x(kRows * kK, 0.25f), y(kRows * kN);
   Problem p;
@@ -106,24 +107,32 @@ BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(
 BENCHMARK_CAPTURE(Decode, neon, KernelIsa::kNeon)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, portable, KernelIsa::kPortable)->Threads(1)->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, avx512, KernelIsa::kAvx512)
-    ->Args({64, 3072})
-    ->Args({16, 3072})
-    ->Args({16, 131072})
+    ->Args({64, 3072, 1024})
+    ->Args({16, 3072, 1024})
+    ->Args({16, 131072, 1024})
+    ->Args({512, 1536, 1024})
+    ->Args({512, 512, 3072})
     ->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, x86_64_v3, KernelIsa::kX86_64V3)
-    ->Args({64, 3072})
-    ->Args({16, 3072})
-    ->Args({16, 131072})
+    ->Args({64, 3072, 1024})
+    ->Args({16, 3072, 1024})
+    ->Args({16, 131072, 1024})
+    ->Args({512, 1536, 1024})
+    ->Args({512, 512, 3072})
     ->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, neon, KernelIsa::kNeon)
-    ->Args({64, 3072})
-    ->Args({16, 3072})
-    ->Args({16, 131072})
+    ->Args({64, 3072, 1024})
+    ->Args({16, 3072, 1024})
+    ->Args({16, 131072, 1024})
+    ->Args({512, 1536, 1024})
+    ->Args({512, 512, 3072})
     ->UseRealTime();
 BENCHMARK_CAPTURE(Prefill, portable, KernelIsa::kPortable)
-    ->Args({64, 3072})
-    ->Args({16, 3072})
-    ->Args({16, 131072})
+    ->Args({64, 3072, 1024})
+    ->Args({16, 3072, 1024})
+    ->Args({16, 131072, 1024})
+    ->Args({512, 1536, 1024})
+    ->Args({512, 512, 3072})
     ->UseRealTime();
 
 }  // namespace

@@ -59,6 +59,13 @@ struct Problem {
 // every row group of x uses them), a multiple of `multiple`, at least `multiple`. Built with the
 // baseline flags (matmul_portable.cc), called once per call by every path.
 int64_t chunk_rows(int64_t row_bytes, int64_t multiple);
+// Bytes of L1 data cache that one block of k's x rows and one tile's W rows may fill (several x
+// rows: matmul_tile.h's k_block): two thirds of this CPU's L1d as the C library reports it
+// (sysconf(_SC_LEVEL1_DCACHE_SIZE), read once; counted as at most 64 KiB), and at least 24 KiB:
+// 24 KiB on a 32 KiB L1d (or when none is reported), 32 KiB on a 48 KiB one (Zen 5, Sapphire
+// Rapids), where AVX-512's 6 x 4 tile then takes K = 1024 in one block. Built with the baseline
+// flags (matmul_portable.cc). Thread-safe.
+int64_t l1_block_bytes();
 
 // Vector extensions of the compiler on the baseline target; runs on any CPU. Never a libm call.
 void run_portable(const Problem& p);

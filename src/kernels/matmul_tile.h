@@ -456,16 +456,17 @@ constexpr auto rows_tiles(std::integer_sequence<int, Rs...>) {
 }
 
 // Lanes of k per block of several x rows: k split evenly (a multiple of 16 each) into the fewest
-// blocks whose x rows (kMaxRows f32) and W rows (kMaxCols weights) fit 24 KiB, so a block's x stays
-// in L1 while the chunk's W tiles pass. One block when k fits.
+// blocks whose x rows (kMaxRows f32) and W rows (kMaxCols weights) fit l1_block_bytes() (three
+// quarters of the L1d), so a block's x stays in L1 while the chunk's W tiles pass. One block when
+// k fits.
 template <class V, WeightType WT>
 int64_t k_block(int64_t k) {
   // A Q8_0 weight takes 34/32 bytes: counted as 2; a Q4_0, Q4_K or Q6_K one (18/32, 144/256,
   // 210/256): counted as 1.
   constexpr int64_t kWeightBytes = WT == WeightType::kQ8_0 ? 2 : sizeof(WeightT<WT>);
   constexpr int64_t kPerLane = V::kMaxRows * 4 + V::kMaxCols * kWeightBytes;
-  constexpr int64_t kMaxLanes = 24 * 1024 / kPerLane;
-  const int64_t blocks = (k + kMaxLanes - 1) / kMaxLanes;
+  const int64_t max_lanes = l1_block_bytes() / kPerLane;
+  const int64_t blocks = (k + max_lanes - 1) / max_lanes;
   const int64_t lanes = (k + blocks - 1) / blocks;
   return (lanes + 15) / 16 * 16;
 }

@@ -277,6 +277,81 @@ TEST_P(Capture, ChangingHowTheArgumentsOverlapIsRefused) {
   EXPECT_TRUE(ok(c.w.close()));
 }
 
+TEST_P(Capture, ArgumentsThatOverlappedAtCaptureMustOverlapAtTheSameOffset) {
+  ChainWorker c;
+  DeviceBuffer wide = *c.w.malloc(2 * kN * 8);
+  Buffers a = make_buffers(c.w, 1);
+  auto at = [&](int64_t element) {
+    return *task::Tensor::contiguous(wide.address + element * 8, {kN}, DataType::kInt64);
+  };
+  // x and y are one range at capture (a task tensor must lie inside each run argument it
+  // overlaps, so partly overlapping arguments are not capturable; the same range is).
+  auto args = [&](int64_t y_from) {
+    task::TaskArgs t = chain_args(a, 3, c.open_gate);
+    t[0].tensor = at(0);
+    t[1].tensor = at(y_from);
+    return t;
+  };
+  ASSERT_TRUE(ok(c.w.run(c.handle, args(0), capture(1, GetParam()))));
+  const absl::Status elsewhere = c.w.submit(c.handle, args(2), capture(1, GetParam())).status();
+  EXPECT_TRUE(fails_with(elsewhere, absl::StatusCode::kInvalidArgument,
+                         "at byte offset 16, but at byte offset 0 when captured"));
+  EXPECT_TRUE(contains(elsewhere, "argument 1 i64[8]@")) << elsewhere;
+  EXPECT_TRUE(contains(elsewhere, "overlaps argument 0 i64[8]@")) << elsewhere;
+  task::TaskArgs apart = args(0);
+  apart[0].tensor = *a.x.tensor({kN}, DataType::kInt64);
+  EXPECT_TRUE(fails_with(c.w.submit(c.handle, apart, capture(1, GetParam())).status(),
+                         absl::StatusCode::kInvalidArgument,
+                         "nowhere, but at byte offset 0 when captured"));
+  // The same relation at other addresses replays.
+  DeviceBuffer other = *c.w.malloc(kN * 8);
+  task::TaskArgs moved = args(0);
+  moved[0].tensor = *other.tensor({kN}, DataType::kInt64);
+  moved[1].tensor = *other.tensor({kN}, DataType::kInt64);
+  ASSERT_TRUE(ok(c.w.run(c.handle, moved, capture(1, GetParam()))));
+  EXPECT_EQ(c.w.capture_stats().replays, 1u);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, ARunOfManyArgumentsCapturesAndReplaysWithItsOverlapsChecked) {
+  // 4,096 device tensor arguments, every second one a view of the one before: a check over all
+  // pairs would look at 8 million of them; the sweep sees 2,048 overlaps.
+  constexpr int kArgs = 4096;
+  Worker w(test_options());
+  auto sum = *w.register_callable(task::ChipCallable{
+      "sum",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
+        task::TaskArgs t;
+        t.add_tensor(args.tensor(0), ArgDirection::kIn)
+            .add_tensor(args.tensor(args.size() - 1), ArgDirection::kInOut);
+        return ctx.submit(0, t);
+      },
+      {{"add", add_kernel}}});
+  ASSERT_TRUE(ok(w.init()));
+  std::vector<DeviceBuffer> bufs;
+  for (int b = 0; b < 2; ++b) bufs.push_back(*w.malloc(kArgs / 2 * kN * 8));
+  auto args = [&](const DeviceBuffer& buf) {
+    task::TaskArgs t;
+    for (int i = 0; i < kArgs; ++i) {
+      const uint64_t address = buf.address + (i / 2) * kN * 8;
+      t.add_tensor(*task::Tensor::contiguous(address, {kN}, DataType::kInt64),
+                   i % 2 == 0 ? ArgDirection::kIn : ArgDirection::kInOut);
+    }
+    return t;
+  };
+  ASSERT_TRUE(ok(w.run(sum, args(bufs[0]), capture(1, GetParam(), 0))));
+  ASSERT_TRUE(ok(w.run(sum, args(bufs[1]), capture(1, GetParam(), 0))));
+  EXPECT_EQ(w.capture_stats().replays, 1u);
+  task::TaskArgs shifted = args(bufs[1]);
+  shifted[kArgs - 1].tensor = shifted[kArgs - 3].tensor;  // now overlaps two arguments
+  const absl::Status refused = w.submit(sum, shifted, capture(1, GetParam(), 0)).status();
+  EXPECT_TRUE(fails_with(refused, absl::StatusCode::kInvalidArgument,
+                         "at byte offset 0, but nowhere when captured"));
+  EXPECT_TRUE(contains(refused, "argument 4095 i64[8]@")) << refused;
+  EXPECT_TRUE(contains(refused, "overlaps argument 4092 i64[8]@")) << refused;
+  EXPECT_TRUE(ok(w.close()));
+}
+
 TEST_P(Capture, ADeclaredParameterThatDecidesTheTaskListIsRefusedAtCapture) {
   Worker w(test_options());
   std::atomic<int> counter{0};
@@ -382,6 +457,103 @@ TEST_P(Capture, FreeingFixedMemoryOfACachedGraphDropsItAndTheNextSubmitCapturesA
   EXPECT_TRUE(ok(c.w.close()));
 }
 
+// 2 MiB: the sim device maps allocations this large, and the kernel hands the address just
+// unmapped out again, so a test can allocate memory at a freed address.
+constexpr uint64_t kMappedBytes = 2u << 20;
+
+// Allocates kMappedBytes through `malloc` until one lands at `address` (at most 16 tries, the
+// misses kept in `misses`); `address` on success, else the last address allocated.
+template <typename Malloc>
+uint64_t allocate_at(uint64_t address, Malloc malloc, std::vector<uint64_t>* misses) {
+  for (int i = 0; i < 16; ++i) {
+    const uint64_t got = malloc();
+    if (got == address) return got;
+    misses->push_back(got);
+  }
+  return misses->empty() ? 0 : misses->back();
+}
+
+TEST_P(Capture, FixedMemoryFreedBehindTheWorkerAndAllocatedAgainAtItsAddressIsFoundAtReplay) {
+  ChainWorker c;
+  device::Device& d = c.w.device();
+  const uint64_t bias = *d.malloc(kMappedBytes);
+  ASSERT_TRUE(ok(d.copy_to_device(bias, c.bias.data(), kN * 8)));
+  c.chain.bias->store(bias);
+  Buffers a = make_buffers(c.w, 1);
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  // Freed and allocated again at the same address: a live allocation, but not the one captured.
+  ASSERT_TRUE(ok(d.free(bias)));
+  std::vector<uint64_t> misses;
+  ASSERT_EQ(allocate_at(
+                bias, [&] { return *d.malloc(kMappedBytes); }, &misses),
+            bias);
+  EXPECT_TRUE(fails_with(
+      c.w.submit(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam())).status(),
+      absl::StatusCode::kFailedPrecondition,
+      "(task 2 argument 0) at a fixed address whose allocation was freed and allocated again "
+      "since the capture"));
+  EXPECT_EQ(c.w.capture_stats().graphs, 0);
+  // The next submit under the key captures again, over what is there now.
+  const std::vector<int64_t> values(kN, 7);
+  ASSERT_TRUE(ok(d.copy_to_device(bias, values.data(), kN * 8)));
+  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  EXPECT_EQ(read(c.w, a.y), chain_reference(a.x_host, values, 3).first);
+  EXPECT_EQ(c.w.capture_stats().captures, 2u);
+  EXPECT_EQ(c.w.capture_stats().replays, 0u);
+  EXPECT_TRUE(ok(c.w.close()));
+}
+
+TEST_P(Capture, FixedMemoryFreedWhileItsGraphIsCapturedKeepsTheGraphOutOfTheCache) {
+  Chain chain;
+  Worker w(test_options(2));
+  CallableHandle handle = *w.register_callable(chain.callable());
+  CallableHandle gate_handle = *w.register_callable(gate_program());
+  ASSERT_TRUE(ok(w.init()));
+  std::vector<int64_t> values(kN);
+  for (int64_t i = 0; i < kN; ++i) values[i] = 100 + i;
+  DeviceBuffer bias = *w.malloc(kMappedBytes);
+  ASSERT_TRUE(ok(w.copy_to(bias, values.data(), kN * 8)));
+  chain.bias->store(bias.address);
+  Buffers a = make_buffers(w, 1);
+  Gate held_gate, open{true};
+  // Opened however the test ends, so no kernel is left waiting on the device.
+  struct OpenAtExit {
+    Gate& gate;
+    ~OpenAtExit() { gate.open(); }
+  } open_at_exit{held_gate};
+  // The capturing run executes behind a run held at its gate (the stream runs one item at a
+  // time). Host-built, its graph was built at submit over the first bias allocation;
+  // device-built, its orchestration runs after the free, over the second one, which was
+  // allocated after the run was submitted.
+  RunHandle held = *w.submit(gate_handle, gate_args(held_gate));
+  RunHandle capturing = *w.submit(handle, chain_args(a, 3, open), capture(1, GetParam()));
+  // The capturing run does not hold the memory its orchestration captured: the free succeeds,
+  // and the buffer allocated in its place is not what the graph may be kept over.
+  ASSERT_TRUE(ok(w.free(bias)));
+  std::vector<uint64_t> misses;
+  ASSERT_EQ(allocate_at(
+                bias.address, [&] { return w.malloc(kMappedBytes)->address; }, &misses),
+            bias.address);
+  for (int64_t i = 0; i < kN; ++i) values[i] = 9;
+  // Through the device: Worker::copy_to would wait for the held run.
+  ASSERT_TRUE(ok(w.device().copy_to_device(bias.address, values.data(), kN * 8)));
+  held_gate.open();
+  ASSERT_TRUE(ok(held.wait()));
+  ASSERT_TRUE(ok(capturing.wait()));
+  EXPECT_EQ(read(w, a.y), chain_reference(a.x_host, values, 3).first);
+  CaptureStats s = w.capture_stats();
+  EXPECT_EQ(s.graphs, 0);
+  EXPECT_EQ(s.captures, 0u);
+  EXPECT_EQ(s.stale_captures, 1u);
+  // The next run under the key captures again rather than replaying a stale graph.
+  ASSERT_TRUE(ok(w.run(handle, chain_args(a, 4, open), capture(1, GetParam()))));
+  EXPECT_EQ(read(w, a.y), chain_reference(a.x_host, values, 4).first);
+  s = w.capture_stats();
+  EXPECT_EQ(s.captures, 1u);
+  EXPECT_EQ(s.replays, 0u);
+  EXPECT_TRUE(ok(w.close()));
+}
+
 TEST_P(Capture, EvictionWhileAReplayIsInFlightNeverFreesItsGraph) {
   WorkerOptions o = test_options(2, 3);
   o.max_captured_graphs = 1;
@@ -430,6 +602,35 @@ INSTANTIATE_TEST_SUITE_P(Placements, Capture,
                          [](const auto& info) {
                            return info.param == GraphPlacement::kHost ? "HostBuilt" : "DeviceBuilt";
                          });
+
+TEST(CaptureDeviceBuilt, ACaptureThatFailsAfterTheRunCopiesBackItsHostOutputsAndFailsTheRun) {
+  Worker w(test_options());
+  // Its scalar is declared a parameter but the orchestration doubles it: the probe, run when the
+  // device-built capture is built after the run, refuses the graph.
+  auto doubling = *w.register_callable(task::ChipCallable{
+      "doubling",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
+        task::TaskArgs a;
+        a.add_tensor(args.tensor(0), ArgDirection::kIn)
+            .add_tensor(args.tensor(1), ArgDirection::kOut)
+            .add_scalar_i64(2 * args.scalar_i64(2));
+        return ctx.submit(0, a);
+      },
+      {{"affine", affine_kernel}}});
+  ASSERT_TRUE(ok(w.init()));
+  int64_t in = 5, out = 0;
+  RunHandle r =
+      *w.submit(doubling, affine_args(&in, &out, 4), capture(1, GraphPlacement::kDevice, 1u << 2));
+  const RunResult& res = r.result();
+  EXPECT_TRUE(fails_with(res.status, absl::StatusCode::kInvalidArgument,
+                         "run 0 capture under capture key 1 of 'doubling': argument 2 is declared "
+                         "a scalar parameter (CallConfig.capture_scalar_params) but task 0 "
+                         "argument 2 changes with it without being equal to it"));
+  EXPECT_EQ(res.terminal_state, RunState::kFailed);
+  EXPECT_EQ(out, 3 * 5 + 2 * 4);  // the run computed it; only its capture failed
+  EXPECT_EQ(w.capture_stats().graphs, 0);
+  (void)w.close();
+}
 
 TEST(CaptureConfig, ScalarParametersMustNameScalarsOfARunWithACaptureKey) {
   Worker w(test_options());

@@ -53,6 +53,7 @@ CaptureStats CapturedGraphCache::stats() const {
   s.captures = captures_;
   s.replays = replays_;
   s.evictions = evictions_;
+  s.stale_captures = stale_captures_;
   s.evicted_in_use = static_cast<int32_t>(
       std::count_if(dropped_.begin(), dropped_.end(), [](const auto& w) { return !w.expired(); }));
   return s;

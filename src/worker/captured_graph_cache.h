@@ -34,6 +34,7 @@ class CapturedGraphCache {
   // address (the memory is being freed: a later allocation there must not be mistaken for it).
   void erase_using(uint64_t address, uint64_t bytes);
   void count_replay() { ++replays_; }
+  void count_stale_capture() { ++stale_captures_; }
   CaptureStats stats() const;
 
  private:
@@ -52,6 +53,7 @@ class CapturedGraphCache {
   uint64_t captures_ = 0;
   uint64_t replays_ = 0;
   uint64_t evictions_ = 0;
+  uint64_t stale_captures_ = 0;
 };
 
 }  // namespace simpler::worker

@@ -115,6 +115,10 @@ struct ChipRun {
   // finalize) its graph, cached when the run retires OK.
   task::TaskArgs submitted;
   std::shared_ptr<const chip::CapturedGraph> captured;
+  // Device::next_allocation_id() when the capturing run was admitted: fixed memory its graph
+  // names must be older (allocated later, it may have taken the place of what the orchestration
+  // saw, freed during the run).
+  uint64_t allocation_epoch = 0;
   uint64_t id() const { return shared->id.value; }
 };
 
@@ -375,19 +379,17 @@ absl::Status ChipRunLane::admit_capture_locked(ChipRun& run, const task::ChipCal
   if (graph == nullptr) {
     rec.capturing = true;
     run.submitted = rec.args;
+    run.allocation_epoch = device_->next_allocation_id();
     return absl::OkStatus();
   }
   SIMPLER_RETURN_IF_ERROR(
       graph->check_bind(rec.args, cores_for(rec.max_cores), run.config.capture_scalar_params));
-  for (const chip::CapturedGraph::FixedRange& f : graph->fixed()) {
-    if (absl::Status live = device_->check_range(f.begin, f.end - f.begin); !live.ok()) {
-      graphs_.erase(callable, key);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "submit of '", callable->name, "': the graph captured under capture key ", key,
-          " uses device memory 0x", absl::Hex(f.begin), " (task ", f.task, " argument ", f.arg,
-          ") at a fixed address that is no longer a live allocation (", live.message(),
-          "); the graph was dropped and the next submit under the key captures again"));
-    }
+  if (absl::Status stale = stale_fixed_memory(*graph, 0); !stale.ok()) {
+    graphs_.erase(callable, key);
+    return absl::FailedPreconditionError(
+        absl::StrCat("submit of '", callable->name, "': the graph captured under capture key ", key,
+                     " uses ", stale.message(),
+                     "; the graph was dropped and the next submit under the key captures again"));
   }
   // Protected from free like the run's arguments until it retires.
   for (const chip::CapturedGraph::FixedRange& f : graph->fixed()) {
@@ -395,6 +397,26 @@ absl::Status ChipRunLane::admit_capture_locked(ChipRun& run, const task::ChipCal
   }
   rec.graph = std::move(graph);
   graphs_.count_replay();
+  return absl::OkStatus();
+}
+
+absl::Status ChipRunLane::stale_fixed_memory(const chip::CapturedGraph& graph,
+                                             uint64_t epoch) const {
+  for (const chip::CapturedGraph::FixedRange& f : graph.fixed()) {
+    const std::string what = absl::StrCat("device memory 0x", absl::Hex(f.begin), " (task ", f.task,
+                                          " argument ", f.arg, ") at a fixed address");
+    absl::StatusOr<uint64_t> id = device_->allocation_id(f.begin, f.end - f.begin);
+    if (!id.ok() || f.allocation == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " that is no longer a live allocation (",
+          id.ok() ? "freed while the graph was captured" : id.status().message(), ")"));
+    }
+    if (*id != f.allocation || (epoch != 0 && f.allocation >= epoch)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " whose allocation was freed and allocated again since the capture (allocation ",
+          f.allocation, " then, ", *id, " now)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -419,6 +441,7 @@ absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> ChipRunLane::build_ca
   in.num_cores = cores_for(rec.max_cores);
   in.scalar_params = run.config.capture_scalar_params;
   in.run_id = run.id();
+  in.allocation_id = [this](uint64_t a, uint64_t b) { return device_->allocation_id(a, b); };
   const chip::Rerecord rerecord = [&](const task::TaskArgs& args) {
     return chip::record_graph(
         *rec.callable, args, rec.chip, in.num_cores, run.id(),
@@ -579,6 +602,7 @@ void ChipRunLane::retire_claimed_head_locked() {
   mu_.unlock();
   finalize(head);
   mu_.lock();
+  head.state = head.shared->result.terminal_state;  // FAILED when finalize's own step failed
   std::function<void(const RunResult&)> notify = std::move(head.on_finalized);
   std::shared_ptr<RunShared> shared = head.shared;
   retire_head_locked();
@@ -738,7 +762,13 @@ void ChipRunLane::retire_head_locked() {
   // (its buffers then stay in use until the device closes).
   const int64_t retire_start = base::now_ns();
   if (owned->status.ok() && owned->captured != nullptr) {
-    graphs_.insert(owned->records->callable, std::move(owned->captured));
+    // Its fixed memory checked here, under the lock Worker::free's erase_using takes: a free
+    // during the run (or behind the Worker, even if allocated again at the address) is seen.
+    if (stale_fixed_memory(*owned->captured, owned->allocation_epoch).ok()) {
+      graphs_.insert(owned->records->callable, std::move(owned->captured));
+    } else {
+      graphs_.count_stale_capture();
+    }
   }
   // A replay's graph goes with the run; a quarantined set keeps it (the device may still read
   // it) until the Worker closes.
@@ -898,16 +928,8 @@ std::string ChipRunLane::cancel_cause_locked() const {
 void ChipRunLane::finalize(ChipRun& run) {
   const int64_t start = base::now_ns();
   RunResult& res = run.shared->result;
-  if (run.status.ok() && run.records->capturing && run.captured == nullptr) {
-    // Device-built capture: the graph from what the device recorded.
-    absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> graph =
-        build_capture(run, std::move(run.records->capture));
-    if (graph.ok()) {
-      run.captured = *std::move(graph);
-    } else {
-      run.status = graph.status();
-    }
-  }
+  // The head is claimed: nothing else writes its state or status now.
+  RunState terminal = run.state;
   if (run.status.ok()) {
     for (const auto& s : run.staged) {
       if (s.direction == task::ArgDirection::kIn) continue;
@@ -919,13 +941,26 @@ void ChipRunLane::finalize(ChipRun& run) {
       }
     }
   }
+  if (run.status.ok() && run.records->capturing && run.captured == nullptr) {
+    // Device-built capture: the graph from what the device recorded, after the HOST outputs
+    // were copied back (the run computed them; only its capture failed).
+    absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> graph =
+        build_capture(run, std::move(run.records->capture));
+    if (graph.ok()) {
+      run.captured = *std::move(graph);
+    } else {
+      run.status = graph.status();
+    }
+  }
+  // A copy-back or capture error fails a run the device completed.
+  if (!run.status.ok() && terminal == RunState::kCompleted) terminal = RunState::kFailed;
   // A copy: the set keeps the report's capacity for its next run, so the
   // device does not allocate for it in steady state.
   if (run.record_done) res.report = run.records->report;
   res.id = run.shared->id;
   res.resource_set = run.set;
   res.status = run.status;
-  res.terminal_state = run.state;
+  res.terminal_state = terminal;
   res.effective_depth = run.effective_depth;
   run.timing.finalize_ns = base::now_ns();
   res.timing = run.timing;

@@ -239,11 +239,15 @@ class ChipRunLane {
   absl::Status prepare(ChipRun& run);
   // Capture and replay (docs/design/capture_replay.md). admit_capture_locked: a run with a
   // capture key replays its cached graph (binding checked, fixed ranges checked live and
-  // protected) or is marked capturing. prepare_replay: binds the graph and, host-built, places
+  // protected) or is marked capturing. stale_fixed_memory: FAILED_PRECONDITION naming the first
+  // fixed range of `graph` that is no longer the allocation the graph recorded (freed, or freed
+  // and allocated again: another Device::allocation_id), or, with an `epoch` (not 0), one
+  // allocated at or after it. prepare_replay: binds the graph and, host-built, places
   // its image. build_capture: the capturing run's graph from its recording (probing declared
   // scalar parameters). place_image: a graph image into the run's staging slot `index`.
   absl::Status admit_capture_locked(ChipRun& run, const task::ChipCallable* callable)
       SIMPLER_REQUIRES(mu_);
+  absl::Status stale_fixed_memory(const chip::CapturedGraph& graph, uint64_t epoch) const;
   absl::Status prepare_replay(ChipRun& run, size_t staged);
   absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> build_capture(
       ChipRun& run, chip::GraphRecording recording);

@@ -5,8 +5,9 @@
 // 1-17, K around the 4- and 16-lane widths and past the blocks of k) and every weight type, Q8_0,
 // Q4_0, Q4_K and Q6_K included (the
 // portable path is fused on aarch64: portable_fused()); the FMA probe; and the portable attention
-// tile's exact fused multiply-add against the hardware one. A plain main (the target's
-// GoogleTest is not installed): it prints the first mismatches and exits 1.
+// tile's exact fused multiply-add against the hardware one; the int8-activation path's NEON
+// integer sums (sdot or widening multiplies) against the portable ones, bitwise. A plain main (the
+// target's GoogleTest is not installed): it prints the first mismatches and exits 1.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +18,7 @@
 
 #include "Eigen/Core"
 #include "kernels/matmul_impl.h"
+#include "kernels/matmul_int8.h"
 
 namespace md = simpler::llm::matmul_detail;
 
@@ -150,7 +152,7 @@ Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
   return w;
 }
 
-void check_shapes() {
+[[maybe_unused]] void check_shapes() {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int cases = 0;
@@ -206,7 +208,47 @@ void check_shapes() {
   std::printf("matmul: %d cases, neon bitwise equal to portable and within 1e-6 of f64\n", cases);
 }
 
-void check_fma() {
+// Precision int8 (matmul_int8.h): the NEON integer sums give bitwise the portable ones' y.
+void check_int8() {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int cases = 0;
+  for (md::WeightType wt : {md::WeightType::kQ8_0, md::WeightType::kQ4_0, md::WeightType::kQ4_K,
+                            md::WeightType::kQ6_K}) {
+    const bool super = wt == md::WeightType::kQ4_K || wt == md::WeightType::kQ6_K;
+    for (int64_t rows : {1, 3, 17}) {
+      for (int64_t k : {32, 96, 256, 1120, 2560}) {
+        if (super && k % 256 != 0) continue;
+        for (int64_t n : {1, 7, 37}) {
+          std::vector<float> x(rows * k), y_portable(rows * n), y_neon(rows * n);
+          for (float& v : x) v = u(gen);
+          const Weights w = make_weights(wt, static_cast<size_t>(n * k), gen);
+          md::Problem p;
+          p.x = x.data();
+          p.rows = rows;
+          p.k = k;
+          p.w = w.bytes.data();
+          p.wt = wt;
+          p.n = n;
+          p.ldy = n;
+          p.y = y_portable.data();
+          md::run_int8(p, md::int8_dots_portable());
+          p.y = y_neon.data();
+          md::run_int8(p, md::int8_dots_neon());
+          ++cases;
+          for (size_t i = 0; i < y_neon.size(); ++i) {
+            if (std::bit_cast<uint32_t>(y_neon[i]) != std::bit_cast<uint32_t>(y_portable[i])) {
+              fail("int8: neon differs from portable", y_neon[i], y_portable[i]);
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("int8: %d cases, neon bitwise equal to portable\n", cases);
+}
+
+[[maybe_unused]] void check_fma() {
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   for (int i = 0; i < 200000; ++i) {
@@ -232,8 +274,13 @@ int main() {
     std::printf("FAIL portable_fused() is false on aarch64\n");
     return 1;
   }
+#if defined(SIMPLER_CROSS_INT8_ONLY)  // the sdot build: only the int8 path differs there
+  check_int8();
+#else
   check_shapes();
+  check_int8();
   check_fma();
+#endif
   std::printf("%s: %d failure(s)\n", failures == 0 ? "ok" : "FAILED", failures);
   return failures == 0 ? 0 : 1;
 }

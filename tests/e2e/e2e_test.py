@@ -37,7 +37,8 @@ Scenarios (`--list` prints them):
                         (run grant below the depth, --launch-depth with --depths)
   trace                 --trace on `run` (depth 2), `generate` (also failing) and `bench
                         pipeline`: every run's spans, launch order within the depth
-  bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2
+  bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2,
+                        and with --capture on,off (a row each)
   bench_prefill_load    `simpler bench prefill --json` and `bench load --json` on the tiny
                         preset: keys, consistent numbers, a prompt past the positions refused
   run_defects           `simpler run` error paths that once crashed or hung: a refused launch
@@ -1651,7 +1652,9 @@ def decode_weight_elements(cfg):
 
 def scenario_bench_decode(ctx):
     """`simpler bench decode --json` at launch depths 1 and 2 on the tiny preset: the keys,
-    positive finite numbers that agree with each other, the depth echoed, a trace."""
+    positive finite numbers that agree with each other, the depth echoed, a trace; and
+    `--capture on,off`: a row each, in that order, with positive finite step time, host
+    prepare and device ns per task."""
     pb = ctx.problems
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "18",
                            "--dtype", "bf16")
@@ -1660,7 +1663,8 @@ def scenario_bench_decode(ctx):
     weight_bytes = 2 * matrices + 4 * vectors  # a bf16 checkpoint
     keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "precision", "step_ms",
             "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
-            "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s"}
+            "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s",
+            "capture", "prepare_us_p50", "ns_per_task_p50"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
     for depth in (1, 2):
         label = f"bench decode --launch-depth {depth}"
@@ -1680,8 +1684,9 @@ def scenario_bench_decode(ctx):
                  f"{model!r}")
         pb.check(out["kernel_isa"] in ("avx512", "x86-64-v3", "neon", "portable"),
                  f"{label}: kernel_isa {out['kernel_isa']!r}: not a target auto resolves to")
-        pb.check(out["precision"] == "exact", f"{label}: precision {out['precision']!r}")
-        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa", "precision"})
+        pb.check(out["precision"] == "int8", f"{label}: precision {out['precision']!r}")
+        pb.check(out["capture"] == "off", f"{label}: capture {out['capture']!r}, default off")
+        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa", "precision", "capture"})
                if not (isinstance(out[k], (int, float)) and not isinstance(out[k], bool)
                        and math.isfinite(out[k]) and out[k] > 0)}
         if not pb.check(not bad, f"{label}: not positive finite numbers: {bad}"):
@@ -1710,6 +1715,19 @@ def scenario_bench_decode(ctx):
         runs = read_trace(ctx, trace, f"{label} trace", p.stderr)
         check_trace_runs(pb, f"{label} trace", runs, range(4))
         check_launch_order(pb, f"{label} trace", runs, depth, expect_early=False)
+    label = "bench decode --capture on,off"
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "6",
+                       "--json", "--capture", "on,off"], label=label)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    log(f"  {rows}")
+    if pb.check([r.get("capture") for r in rows] == ["on", "off"],
+                f"{label}: rows {[r.get('capture') for r in rows]}, expected ['on', 'off']"):
+        for r in rows:
+            pb.check(all(math.isfinite(r[k]) and r[k] > 0
+                         for k in ("step_ms", "prepare_us_p50", "ns_per_task_p50")),
+                     f"{label}: capture {r['capture']}: step_ms {r['step_ms']}, prepare_us_p50 "
+                     f"{r['prepare_us_p50']}, ns_per_task_p50 {r['ns_per_task_p50']}: not "
+                     f"positive finite")
     # One step is only the prompt's: nothing would be timed.
     expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model, "--steps",
                                    "1"], "bench decode --steps 1", ["--steps"])
@@ -1748,7 +1766,7 @@ def scenario_bench_prefill_load(ctx):
         if not pb.check(set(r) == keys, f"{label}: keys {sorted(r)}, expected {sorted(keys)}"):
             continue
         n = r["prompt_len"]
-        pb.check(r["precision"] == "exact", f"{label}: precision {r['precision']!r}")
+        pb.check(r["precision"] == "int8", f"{label}: precision {r['precision']!r}")
         pb.check(all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0
                      for k in keys - words),
                  f"{label}: not positive finite numbers: {r}")
@@ -1776,7 +1794,7 @@ def scenario_bench_prefill_load(ctx):
                        "--max-new-tokens", "2", "--kernel-isa", "portable", "--json"],
                       label="generate --kernel-isa portable")
     g = parse_one_json_object(p.stdout, "generate --kernel-isa portable --json")
-    pb.check(g.get("kernel_isa") == "portable" and g.get("precision") == "exact",
+    pb.check(g.get("kernel_isa") == "portable" and g.get("precision") == "int8",
              f"generate --json: kernel_isa {g.get('kernel_isa')!r}, precision {g.get('precision')!r}")
     p, _ = ctx.run_ok([ctx.simpler, "bench", "prefill", "--model", model, "--prompt-lens", "16",
                        "--kernel-isa", "portable", "--json"], label="bench prefill portable")
@@ -2634,8 +2652,10 @@ def scenario_gguf_quantized(ctx):
         with open(pfile, "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt_ids": p}) + "\n")
+        # Precision exact: f32 activations, so the quantized file decodes to the bits of the f32
+        # checkpoint of its dequantized weights (the default, int8, quantizes the activations).
         args = ["--prompts-file", pfile, "--max-new-tokens", str(max_new), "--ignore-eos",
-                "--dump-logits-steps", csv(steps)]
+                "--dump-logits-steps", csv(steps), "--precision", "exact"]
         got, _, _ = ctx.generate(gguf, args, f"generate {qtype} GGUF ({label})")
         want, _, _ = ctx.generate(deq, args, f"generate dequantized f32 ({label})")
         g, w = got.get("requests", []), want.get("requests", [])

@@ -1,9 +1,10 @@
 // llama.cpp loads the checkpoint `simpler export-gguf` writes, bf16 and Q8_0, and its first-step
 // logits on a fixed prompt, read through libllama's C API, agree with ours on the same file:
 // relative L2 <= 1e-2 on the tiny preset for bf16 (llama.cpp's own kernels and f16/bf16
-// intermediates make them differ a little, not a lot); for Q8_0, whose matmul in llama.cpp also
-// rounds the activations to int8, <= 3e-2 and nearer to ours than to the bf16 model (see the
-// test); Q4_K_M likewise, on a model whose rows are whole super-blocks of 256. Built where
+// intermediates make them differ a little, not a lot); for Q8_0 and Q4_0, where ours run
+// precision int8 (the default: the activations quantized to int8 blocks as llama.cpp's matmuls
+// do), <= 2e-2 and nearer than our exact path's (printed beside it); for Q4_K_M <= 3e-2 (see the
+// tests for the measured figures and what is not yet explained). Built where
 // scripts/build_llamacpp_peer.sh has built the peer.
 #include <unistd.h>
 
@@ -28,9 +29,11 @@ namespace simpler::llm {
 namespace {
 
 // Our logits after the prompt's last position (the first output token's).
-std::vector<float> our_logits(const std::string& model, const std::vector<int32_t>& prompt) {
+std::vector<float> our_logits(const std::string& model, const std::vector<int32_t>& prompt,
+                              Precision precision = Precision::kInt8) {
   EngineOptions eo;
   eo.runner.num_pages = 8;
+  eo.runner.precision = precision;
   auto engine = LlmEngine::create(model, eo);
   if (!engine.ok()) {
     ADD_FAILURE() << engine.status();
@@ -134,17 +137,20 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
       theirs_bf16 = theirs;
       continue;
     }
-    // llama.cpp's Q8_0 and Q4_0 matmuls round the activations to int8 blocks too, and on this
-    // random checkpoint rounding to 8 bits moves the logits about 2% (ours: Q8_0 weights alone,
-    // against the bf16 file), so its logits sit 1.5-2% from ours: more than 1e-2, less than 3e-2,
-    // and nearer to ours on the same file than to the bf16 model's (it reads our blocks as we
-    // do: a layout error would put it near 1).
+    // Ours quantize the activations to int8 blocks as llama.cpp's Q8_0 and Q4_0 matmuls do: on
+    // this random checkpoint that brings llama.cpp's logits from 1.85e-2 (Q8_0; Q4_0 1.74e-2) of
+    // our exact path's (f32 activations) to 1.40e-2 (1.33e-2) of ours (measured 2026-12-05), not
+    // yet the 1e-2 of the bf16 file: some other difference remains, not found. Both nearer to
+    // each other than to the bf16 model's (a block layout error would put them near 1).
     const double to_bf16 = relative_l2(theirs, ours_bf16);
+    const std::vector<float> ours_exact = our_logits(go.out_path, prompt, Precision::kExact);
     std::printf(
         "%s: ours against our bf16 %.3g; llama.cpp's against its bf16 %.3g and our bf16 "
-        "%.3g\n",
-        name, relative_l2(ours, ours_bf16), relative_l2(theirs, theirs_bf16), to_bf16);
-    EXPECT_LE(rel, 3e-2);
+        "%.3g; our exact path against llama.cpp %.3g\n",
+        name, relative_l2(ours, ours_bf16), relative_l2(theirs, theirs_bf16), to_bf16,
+        relative_l2(ours_exact, theirs));
+    EXPECT_LE(rel, 2e-2);
+    EXPECT_LT(rel, relative_l2(ours_exact, theirs));
     EXPECT_LT(rel, to_bf16);
   }
   std::filesystem::remove_all(dir);
@@ -153,9 +159,12 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
 // Q4_K_M on a model whose rows are whole super-blocks of 256 (the tiny preset at hidden 256,
 // intermediate 512, 4 layers, tied: token_embd, the head, Q6_K; attn_v and ffn_down of layers 2
 // and 3 Q6_K; the rest Q4_K): llama.cpp reads our Q4_K and Q6_K blocks as we do. Its K-quant
-// matmuls round the activations to 8-bit blocks (Q8_K), so, as for Q8_0, its logits sit a little
-// apart from ours, within 3e-2 and nearer to ours on the same file than to ours on the bf16
-// checkpoint (4-bit weights move those far more).
+// matmuls round the activations to 8-bit blocks (Q8_K) as ours do under precision int8; its
+// logits sit within 3e-2 of ours, nearer to ours on the same file than to ours on the bf16
+// checkpoint (4-bit weights move those far more). Measured 2026-12-05: 2.56e-2 from ours
+// (int8), 2.54e-2 from our exact path: quantizing our activations as Q8_K did not bring them
+// nearer here, so the gap is something else (not found yet; the kernel test holds our Q8_K path
+// to the quantized f64 reference).
 TEST(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("simpler_llamacpp_q4km_test_" + std::to_string(::getpid()));
@@ -178,16 +187,19 @@ TEST(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
   const std::vector<float> ours_bf16 = our_logits(mo.out_dir, prompt);
   const std::vector<float> ours = our_logits(go.out_path, prompt);
+  const std::vector<float> ours_exact = our_logits(go.out_path, prompt, Precision::kExact);
   const std::vector<float> theirs = llamacpp_logits(go.out_path, prompt);
   ASSERT_EQ(ours.size(), theirs.size());
   ASSERT_EQ(ours.size(), ours_bf16.size());
+  ASSERT_EQ(ours.size(), ours_exact.size());
   ASSERT_FALSE(ours.empty());
   const double rel = relative_l2(ours, theirs);
   const double to_bf16 = relative_l2(theirs, ours_bf16);
   std::printf(
       "llama.cpp vs simpler first-step logits (q4_k_m): relative L2 %.3g over %zu logits; ours "
-      "against our bf16 %.3g; llama.cpp's against our bf16 %.3g\n",
-      rel, ours.size(), relative_l2(ours, ours_bf16), to_bf16);
+      "against our bf16 %.3g; llama.cpp's against our bf16 %.3g; our exact path against "
+      "llama.cpp %.3g\n",
+      rel, ours.size(), relative_l2(ours, ours_bf16), to_bf16, relative_l2(ours_exact, theirs));
   EXPECT_LE(rel, 3e-2);
   EXPECT_LT(rel, to_bf16);
   std::filesystem::remove_all(dir);

@@ -138,6 +138,13 @@ class Device {
   virtual absl::Status free(uint64_t address) = 0;
   // See ExecContext::check_range.
   virtual absl::Status check_range(uint64_t address, uint64_t bytes) const = 0;
+  // The id of the live allocation that holds all of [address, address + bytes): every malloc
+  // gets the next id (1, 2, 3, ...), never reused for the device's life, so memory freed and
+  // allocated again at the same address has another id. INVALID_ARGUMENT as check_range when the
+  // range is not inside one live allocation.
+  virtual absl::StatusOr<uint64_t> allocation_id(uint64_t address, uint64_t bytes) const = 0;
+  // The id the next malloc will get: every live allocation's id is below it.
+  virtual uint64_t next_allocation_id() const = 0;
   // Synchronous copies between host memory and a device range (bounds-checked,
   // not ordered against streams; see Stream::enqueue_host for ordered copies).
   virtual absl::Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) = 0;

@@ -157,6 +157,10 @@ struct StepRecord {
   int64_t device_start_ns = 0, device_end_ns = 0;
   int32_t effective_depth = 0;
   int64_t in_flight_at_submit = 0;  // steps in flight when it was submitted, itself included
+  // The step run's host prepare (worker::RunTiming: staging, and a host-built graph's
+  // orchestration or a replay's binding), and the tasks it ran (chip::RunReport).
+  int64_t prepare_ns = 0;
+  uint64_t tasks = 0;
 };
 
 class LlmEngine {

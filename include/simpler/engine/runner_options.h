@@ -27,9 +27,17 @@ struct RunnerOptions {
   // The matmul inner loops (kernels.h): kAuto picks AVX-512 where the CPU has it; kAvx512 on a
   // CPU without it is refused by create() (FAILED_PRECONDITION). Results are the same either way.
   KernelIsa kernel_isa = KernelIsa::kAuto;
-  // kernels.h Precision. kBf16 on a CPU without AVX512_BF16 falls back to kExact: create()
-  // logs it and options().precision says which ran.
-  Precision precision = Precision::kExact;
+  // kernels.h Precision (kInt8, the default: int8 activations over quantized weights, exact over
+  // the others). kBf16 on a CPU without AVX512_BF16 falls back to kExact: create() logs it and
+  // options().precision says which ran.
+  Precision precision = Precision::kInt8;
+  // Capture the step program once per step shape and replay it (task::CallConfig::capture_key;
+  // docs/design/capture_replay.md): one key per distinct list of the step's argument shapes,
+  // with the block tables' width rounded up to a power of two. Steps that commit token counts
+  // (a request's first step, or its recompute after preemption) run uncaptured. Tokens are the
+  // same either way. The graphs kept: worker.max_captured_graphs. Only a runner with its own
+  // Worker: Qwen3DataParallel refuses it (INVALID_ARGUMENT).
+  bool capture = false;
 };
 
 }  // namespace simpler::llm

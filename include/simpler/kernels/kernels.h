@@ -89,22 +89,32 @@ KernelIsa resolve_kernel_isa(KernelIsa isa);
 bool kernel_isa_fused(KernelIsa isa);
 
 // The numerics of matmul / matmul_acc. kExact: f32 activations and accumulation (weights widened
-// in registers), identical on every fused ISA path (kernel_isa_fused) and batch. kBf16 (opt in,
+// or dequantized in registers), identical on every fused ISA path (kernel_isa_fused) and batch.
+// kInt8 (the default of llm_kernels, the model runner and the CLI, `--precision int8`): over
+// block-quantized weights (q8_0, q4_0, q4_k, q6_k) each x row is quantized per block to int8 as
+// llama.cpp does (ggml's Q8_0 for q8_0 / q4_0 weights: blocks of 32, d = amax / 127 as binary16,
+// round to nearest even; Q8_K for q4_k / q6_k: blocks of 256, d = max / -127 in f32) and dotted in
+// integers (AVX-512 VNNI, AVX-VNNI, AVX2 vpmaddubsw, NEON sdot, portable), the integer sums
+// combined in f32 in one fixed order (src/kernels/matmul_int8.h): bitwise the same on every ISA
+// path and batch-invariant, within the x quantization's error of the exact path
+// (docs/design/quantized_matmul.md); f32, bf16 and f16 weights compute as kExact. kBf16 (opt in,
 // `--precision bf16`): over bf16 weights, activations are rounded to bf16 (round to nearest even)
 // and multiplied as bf16 with f32 accumulation — fewer than 16 rows by our AVX512_BF16 streaming
 // kernel, 16 rows and more by oneDNN's bf16 GEMM (AMX where the CPU and kernel allow it, else
 // AVX512_BF16) — faster, with its own tolerance (logits relative L2 against the exact path measured
-// and stated in docs/benchmarks.md; tokens may differ); f32 and f16 weights stay exact. Not
-// batch-invariant: a row's result can change with the number of rows it is batched with.
-enum class Precision : uint8_t { kExact, kBf16 };
-const char* name_of(Precision precision);  // "exact", "bf16"
+// and stated in docs/benchmarks.md; tokens may differ); f32, f16 and quantized weights compute as
+// kExact. Not batch-invariant: a row's result can change with the number of rows it is batched
+// with.
+enum class Precision : uint8_t { kExact, kBf16, kInt8 };
+const char* name_of(Precision precision);  // "exact", "bf16", "int8"
 // INVALID_ARGUMENT naming the value and the accepted names.
 absl::StatusOr<Precision> parse_precision(std::string_view name);
 // Whether this CPU runs kBf16's instructions (AVX-512 F, BW, VL, DQ and BF16); without them a
 // kBf16 request falls back to kExact (the model runner says so).
 bool bf16_precision_available();
 // The precision that runs for a request of `precision` on `isa` here: kBf16 only where the CPU
-// has the instructions and `isa` is not kPortable; kExact otherwise.
+// has the instructions and `isa` is kAvx512, else kExact; kExact and kInt8 unchanged (every
+// target has both).
 Precision effective_precision(KernelIsa isa, Precision precision);
 
 // What precision kBf16 runs on this machine, in words for the log: our kernel's row range and
@@ -123,12 +133,13 @@ std::string describe_bf16_precision();
 // (bench prefill) is this with kAuto.
 double measure_f32_fma_peak(KernelIsa isa, int threads = 0, double seconds = 0.2);
 
-// All kernels above, in KernelId order, matmul / matmul_acc on `isa` with `precision`. A fresh
-// copy. With a target the CPU lacks, the matmul kernels fail with FAILED_PRECONDITION when they
-// run (naming what the target needs); kBf16 on a CPU without AVX512_BF16, or on a target other
-// than kAvx512, computes exactly.
+// All kernels above, in KernelId order, matmul / matmul_acc on `isa` with `precision` (kInt8:
+// int8 activations over quantized weights, exact over the others). A fresh copy. With a target
+// the CPU lacks, the matmul kernels fail with FAILED_PRECONDITION when they run (naming what the
+// target needs); kBf16 on a CPU without AVX512_BF16, or on a target other than kAvx512, computes
+// exactly.
 std::vector<task::Kernel> llm_kernels(KernelIsa isa = KernelIsa::kAuto,
-                                      Precision precision = Precision::kExact);
+                                      Precision precision = Precision::kInt8);
 
 // The half-open range [begin, end) of `n` items that SPMD block `block_idx` of
 // `block_dim` owns: contiguous, in block order, sizes differing by at most one
@@ -173,7 +184,8 @@ task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const
 // matrix-vector product, 8 W rows at a time, for B = 1). Batch-invariant: every element of y is the
 // same sequence of f32 operations whatever the number of rows, the tile, the chunk, the block split
 // or the ISA, so a row's result never depends on the other rows of its batch. `y` must not overlap
-// `x` or `W`.
+// `x` or `W`. These two are precision kExact; llm_kernels(isa, Precision::kInt8) (the default)
+// returns matmuls that quantize x per block over q8_0 / q4_0 / q4_k / q6_k weights (Precision).
 absl::Status matmul_kernel(const task::KernelContext& ctx);
 absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
 task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);

@@ -184,7 +184,7 @@ struct Qwen3ProgramOptions {
   bool argmax = true;
   // The callable's kernels are llm_kernels(kernel_isa, precision).
   KernelIsa kernel_isa = KernelIsa::kAuto;
-  Precision precision = Precision::kExact;
+  Precision precision = Precision::kInt8;
 };
 
 // Positions of the run arguments of the decode callable. B = shape[0] of

@@ -27,7 +27,10 @@ struct CallConfig {
   // argument's direction, memory kind, dtype, shape and strides; every scalar that is not a
   // parameter; the cores; how the device tensors overlap), and are refused at submit naming
   // the argument when they do not. The orchestration must decide its tasks from that signature
-  // alone.
+  // alone. A device-built capture is built when its run finishes: when that fails the run is
+  // FAILED with the capture's error, its HOST outputs copied back. A capture whose fixed memory
+  // (what the orchestration captured) was freed, or allocated after the capturing run was
+  // submitted, before that run retired is not kept: the next run under the key captures again.
   uint64_t capture_key = 0;
   // Bit i: run argument i (< 64) is a scalar parameter — forwarded to kernels unchanged, free
   // to change between replays. Keeping that promise is the caller's obligation: at capture each

@@ -144,9 +144,11 @@ class Worker {
   // of this run's launch when it launched in this call ("run N launch: ..."; it poisons the lane).
   // With a capture_key (task::CallConfig): INVALID_ARGUMENT naming the argument and both values
   // when a replay's arguments break the captured signature (shape, dtype, strides, a non-parameter
-  // scalar, how device tensors overlap), FAILED_PRECONDITION naming the buffer and task when
-  // memory a captured graph uses at a fixed address is no longer a live allocation (the graph is
-  // dropped; the next run under the key captures again), and RESOURCE_EXHAUSTED when a captured
+  // scalar, how device tensors overlap), FAILED_PRECONDITION naming the buffer, task and argument
+  // when memory a captured graph uses at a fixed address is no longer the allocation the graph
+  // was captured over (freed, or freed and allocated again at that address: another
+  // device::Device::allocation_id; the graph is dropped; the next run under the key captures
+  // again), and RESOURCE_EXHAUSTED when a captured
   // run needs more tasks than the chip's max_graph_tasks (here for a host-built graph; by the
   // handle for a device-built one).
   // Later errors are the run's own, delivered by its handle. `admission_timeout_s` bounds the

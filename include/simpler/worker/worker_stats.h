@@ -35,6 +35,9 @@ struct CaptureStats {
   uint64_t replays = 0;        // runs admitted as replays
   uint64_t evictions = 0;      // graphs dropped: the LRU bound, or a fixed range freed
   int32_t evicted_in_use = 0;  // dropped graphs still held by runs that have not retired
+  // Captures not kept: fixed memory of the graph was freed, or allocated after the capturing run
+  // was submitted, before the run retired (the next run under the key captures again).
+  uint64_t stale_captures = 0;
 };
 
 }  // namespace simpler::worker

@@ -33,6 +33,8 @@ struct DecodeFlags {
   int steps = 32;
   std::vector<int> batches{1};
   std::string compare;
+  // --capture: a row per batch and value, in this order ("on": RunnerOptions::capture).
+  std::vector<std::string> capture{"off"};
   EngineFlags engine;
 };
 
@@ -41,6 +43,7 @@ struct DecodeFlags {
 // >= 2); device time per step as their median.
 struct DecodeRow {
   int batch = 0;
+  bool capture = false;
   int64_t decode_steps = 0;
   double step_ms = 0;
   double device_ms = 0;  // p50
@@ -48,13 +51,38 @@ struct DecodeRow {
   uint64_t weight_bytes = 0;  // per step
   double weight_bytes_per_s = 0;
   double gflops = 0;
+  double prepare_us = 0;   // host prepare per step, p50
+  double ns_per_task = 0;  // device time per task, p50 over the steps
   DepthStats depth;
 };
 
+// The p50 of `v` (0 when empty).
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Host prepare µs and device ns per task of the decode steps (all but the first).
+void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row) {
+  std::vector<double> prepare_us, ns_per_task;
+  for (size_t i = 1; i < records.size(); ++i) {
+    prepare_us.push_back(records[i].prepare_ns / 1e3);
+    if (records[i].tasks > 0) {
+      ns_per_task.push_back(
+          static_cast<double>(records[i].device_end_ns - records[i].device_start_ns) /
+          static_cast<double>(records[i].tasks));
+    }
+  }
+  row->prepare_us = median(std::move(prepare_us));
+  row->ns_per_task = median(std::move(ns_per_task));
+}
+
 // Runs `batch` greedy requests of a one-token prompt for --steps steps on a fresh engine.
 absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::ModelConfig& config,
-                                         int batch, base::TraceRecorder* trace) {
+                                         int batch, bool capture, base::TraceRecorder* trace) {
   EngineFlags row_flags = st.engine;
+  row_flags.capture = capture;
   row_flags.max_num_seqs = batch;
   row_flags.max_num_batched_tokens = std::max(batch, 16);
   row_flags.num_pages =
@@ -76,6 +104,8 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   const std::vector<llm::StepRecord> records = engine->step_records();
   DecodeRow row;
   row.batch = batch;
+  row.capture = capture;
+  add_step_costs(records, &row);
   row.weight_bytes = engine->weight_bytes_per_step();
   absl::Status closed = engine->shutdown(base::Deadline::poll());
   for (const ChoiceResult& c : run.results[0]) {
@@ -107,6 +137,9 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row, doub
   const CommonOptions& common = st.engine.common;
   return {{"model", st.model},
           {"batch", row.batch},
+          {"capture", row.capture ? "on" : "off"},
+          {"prepare_us_p50", row.prepare_us},
+          {"ns_per_task_p50", row.ns_per_task},
           {"steps", st.steps},
           {"launch_depth", common.launch_depth},
           {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(common.kernel_isa()))},
@@ -146,13 +179,13 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_b
   const CommonOptions& common = st.engine.common;
   if (common.json) return print_json_line(out);
   std::printf(
-      "decode: batch %d on %s, depth %d (effective %.2f): step %.3f ms (device %.3f ms), "
-      "%.1f tokens/s, %.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the "
-      "read-bandwidth probe's %.2f GB/s\n",
+      "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (device "
+      "%.3f ms; host prepare %.1f us, %.0f ns per task), %.1f tokens/s, %.1f GFLOP/s; weights "
+      "%.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's %.2f GB/s\n",
       row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
-      row.depth.effective_depth, row.step_ms, row.device_ms, row.tokens_per_s, row.gflops,
-      row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9, 100 * row.weight_bytes_per_s / read_bw,
-      read_bw / 1e9);
+      row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.device_ms,
+      row.prepare_us, row.ns_per_task, row.tokens_per_s, row.gflops, row.weight_bytes / 1e6,
+      row.weight_bytes_per_s / 1e9, 100 * row.weight_bytes_per_s / read_bw, read_bw / 1e9);
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
 }
@@ -170,23 +203,25 @@ int run_bench_decode(const DecodeFlags& st) {
   if (!peer.ok()) return fail(kBenchDecodeCommand, peer.status());
   double read_bw = 0;  // measured once, before the first engine, sized like its weights
   for (int batch : st.batches) {
-    if (read_bw == 0) {
-      // The weights' size in the checkpoint's dtype: what a step reads.
-      const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
-      absl::StatusOr<double> bw =
-          read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
-      if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
-      read_bw = *bw;
+    for (const std::string& capture : st.capture) {
+      if (read_bw == 0) {
+        // The weights' size in the checkpoint's dtype: what a step reads.
+        const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
+        absl::StatusOr<double> bw =
+            read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
+        if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
+        read_bw = *bw;
+      }
+      absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, capture == "on", &trace);
+      if (!row.ok())
+        return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
+      nlohmann::json out = decode_row_json(st, *row, read_bw);
+      LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
+      if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
+        return fail(kBenchDecodeCommand, s);
+      }
+      print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
     }
-    absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, &trace);
-    if (!row.ok())
-      return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
-    nlohmann::json out = decode_row_json(st, *row, read_bw);
-    LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
-    if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
-      return fail(kBenchDecodeCommand, s);
-    }
-    print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
 }
@@ -205,6 +240,16 @@ Runner add_bench_decode_command(CLI::App* bench) {
       ->check(int_in(1, kMaxRequests));
   add_compare_flag(cmd, &st->compare, "the checkpoint", "llama-bench / llama-batched-bench",
                    "batch and steps");
+  cmd->add_option("--capture", st->capture,
+                  "capture the step program per step shape and replay it (on|off; a comma list "
+                  "runs one row each, e.g. on,off)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--max-captured-graphs", st->engine.max_captured_graphs,
+                  "captured step graphs kept (least recently used go)")
+      ->check(int_in(1, 1 << 16))
+      ->capture_default_str();
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
   return run_if_parsed(cmd, st, run_bench_decode);
 }

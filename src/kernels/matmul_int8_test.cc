@@ -1,0 +1,372 @@
+// The int8-activation matmul (precision int8, matmul_int8.h): the quantizers of x against ggml's
+// formulas restated here, and every ISA path against the f64 product of the dequantized weights
+// and the quantized-then-dequantized x, bitwise equal to each other and batch-invariant.
+#include "kernels/matmul_int8.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/kernel_test_util.h"
+#include "simpler/kernels/kernels.h"
+#include "simpler/task/data_type.h"
+
+namespace simpler::llm {
+namespace {
+
+using task::DataType;
+using testing::run_blocks;
+using testing::view;
+
+uint16_t to_half(float f) {
+  const auto h = static_cast<_Float16>(f);  // round to nearest even
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof(bits));
+  return bits;
+}
+float from_half(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, sizeof(h));
+  return static_cast<float>(h);
+}
+
+// ggml's quantize_row_q8_0 (x86 / NEON: ties to even) for one row: q and the dequantized scales.
+void ref_q8_0(const std::vector<float>& x, std::vector<int8_t>& q, std::vector<float>& d) {
+  const size_t blocks = x.size() / 32;
+  q.assign(x.size(), 0);
+  d.assign(blocks, 0);
+  for (size_t b = 0; b < blocks; ++b) {
+    float amax = 0;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
+    d[b] = from_half(to_half(amax / 127.f));
+    const float id = amax != 0 ? 127.f / amax : 0.f;
+    for (size_t i = 0; i < 32; ++i) {
+      q[32 * b + i] = static_cast<int8_t>(std::nearbyint(x[32 * b + i] * id));
+    }
+  }
+}
+
+// ggml's quantize_row_q8_K_ref for one row.
+void ref_q8_k(const std::vector<float>& x, std::vector<int8_t>& q, std::vector<float>& d,
+              std::vector<int16_t>& bsums) {
+  const size_t supers = x.size() / 256;
+  q.assign(x.size(), 0);
+  d.assign(supers, 0);
+  bsums.assign(x.size() / 16, 0);
+  for (size_t b = 0; b < supers; ++b) {
+    float max = 0, amax = 0;
+    for (size_t i = 0; i < 256; ++i) {
+      if (std::fabs(x[256 * b + i]) > amax) {
+        amax = std::fabs(x[256 * b + i]);
+        max = x[256 * b + i];
+      }
+    }
+    if (amax == 0) continue;
+    const float iscale = -127.f / max;
+    for (size_t i = 0; i < 256; ++i) {
+      const int v = static_cast<int>(std::nearbyint(iscale * x[256 * b + i]));
+      q[256 * b + i] = static_cast<int8_t>(std::min(127, v));
+    }
+    for (size_t g = 0; g < 16; ++g) {
+      int s = 0;
+      for (size_t i = 0; i < 16; ++i) s += q[256 * b + 16 * g + i];
+      bsums[16 * b + g] = static_cast<int16_t>(s);
+    }
+    d[b] = 1 / iscale;
+  }
+}
+
+std::vector<float> random_x(size_t n, uint32_t seed, bool edges = true) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x(n);
+  for (float& v : x) v = g(rng);
+  if (edges && n >= 64) {
+    for (size_t i = 32; i < 64; ++i) x[i] = 0;  // an all-zero block
+    x[3] = 40.f;                                // an outlier
+    x[5] = -0.5f * 40.f / 127.f * 2;            // a value near a tie
+  }
+  return x;
+}
+
+TEST(Int8Quantizers, FollowGgmlsQ8_0AndQ8_KFormulas) {
+  for (int64_t k : {256, 512, 1280}) {
+    const std::vector<float> x = random_x(static_cast<size_t>(k), static_cast<uint32_t>(k));
+    std::vector<int8_t> q(x.size()), rq;
+    std::vector<float> d(x.size() / 32), rd;
+    matmul_detail::quantize_x_q8_0(x.data(), k, q.data(), d.data());
+    ref_q8_0(x, rq, rd);
+    EXPECT_EQ(q, rq) << "q8_0 k " << k;
+    EXPECT_EQ(d, rd) << "q8_0 k " << k;
+    std::vector<float> dk(x.size() / 256);
+    std::vector<int16_t> bs(x.size() / 16), rbs;
+    matmul_detail::quantize_x_q8_k(x.data(), k, q.data(), dk.data(), bs.data());
+    ref_q8_k(x, rq, rd, rbs);
+    EXPECT_EQ(q, rq) << "q8_k k " << k;
+    EXPECT_EQ(dk, rd) << "q8_k k " << k;
+    EXPECT_EQ(bs, rbs) << "q8_k k " << k;
+  }
+}
+
+TEST(Int8Quantizers, RoundTiesToEvenAsGgmlsSimdQuantizer) {
+  // amax 127: id = 1, so x is q exactly; 0.5 and 2.5 are ties (to 0 and 2), 1.5 to 2, -0.5 to -0.
+  std::vector<float> x(32, 0.f);
+  x[0] = 127.f;
+  x[1] = 0.5f;
+  x[2] = 2.5f;
+  x[3] = 1.5f;
+  x[4] = -0.5f;
+  x[5] = -126.5f;
+  std::vector<int8_t> q(32);
+  float d = 0;
+  matmul_detail::quantize_x_q8_0(x.data(), 32, q.data(), &d);
+  EXPECT_EQ(d, from_half(to_half(1.f)));
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], 0);
+  EXPECT_EQ(q[2], 2);
+  EXPECT_EQ(q[3], 2);
+  EXPECT_EQ(q[4], 0);
+  EXPECT_EQ(q[5], -126);
+}
+
+// Random blocks of `dt` with sane scales (any quantized integers; Q8_0's -128 included).
+std::vector<uint8_t> random_weights(DataType dt, int64_t out, int64_t in, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> w(task::bytes_of(dt, static_cast<uint64_t>(out * in)));
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> u(-0.02f, 0.02f);
+  const int64_t per = task::block_elements(dt);
+  const auto block_bytes = static_cast<int64_t>(task::bytes_of(dt, static_cast<uint64_t>(per)));
+  for (int64_t b = 0; b < out * in / per; ++b) {
+    uint8_t* blk = w.data() + b * block_bytes;
+    const uint16_t d = b % 7 == 3 ? 0 : to_half(u(rng));
+    const uint16_t dmin = to_half(u(rng));
+    switch (dt) {
+      case DataType::kQ6_K:
+        std::memcpy(blk + 208, &d, 2);
+        break;
+      case DataType::kQ4_K:
+        std::memcpy(blk, &d, 2);
+        std::memcpy(blk + 2, &dmin, 2);
+        break;
+      default:
+        std::memcpy(blk, &d, 2);
+    }
+  }
+  return w;
+}
+
+// y[r, o] in f64: Σ_k W[o, k]·x̂[r, k], x̂ the quantized-then-dequantized x (as the weights' x
+// block type), W dequantized.
+std::vector<double> reference(DataType dt, const std::vector<uint8_t>& w,
+                              const std::vector<float>& x, int64_t rows, int64_t in, int64_t out,
+                              std::vector<double>* mag) {
+  std::vector<float> wf(static_cast<size_t>(out * in));
+  task::dequantize_blocks(dt, w.data(), out * in, wf.data());
+  const bool super = dt == DataType::kQ4_K || dt == DataType::kQ6_K;
+  std::vector<double> y(static_cast<size_t>(rows * out)), m(y.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in), d;
+    std::vector<int8_t> q;
+    std::vector<int16_t> bs;
+    if (super) {
+      ref_q8_k(xr, q, d, bs);
+    } else {
+      ref_q8_0(xr, q, d);
+    }
+    const int64_t per = super ? 256 : 32;
+    for (int64_t o = 0; o < out; ++o) {
+      double s = 0, a = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        const double t = static_cast<double>(wf[o * in + i]) * d[i / per] * q[i];
+        s += t;
+        a += std::fabs(t);
+      }
+      y[r * out + o] = s;
+      m[r * out + o] = a;
+    }
+  }
+  *mag = m;
+  return y;
+}
+
+std::vector<std::pair<KernelIsa, task::KernelFn>> int8_paths(bool acc) {
+  std::vector<std::pair<KernelIsa, task::KernelFn>> paths;
+  for (KernelIsa isa :
+       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+    if (!kernel_isa_available(isa)) continue;
+    const auto k = llm_kernels(isa, Precision::kInt8);
+    paths.emplace_back(isa,
+                       k[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
+  }
+  return paths;
+}
+
+std::vector<float> run(task::KernelFn fn, bool acc, std::vector<float>& x, std::vector<uint8_t>& w,
+                       DataType dt, int64_t rows, int64_t in, int64_t out, int32_t blocks) {
+  std::vector<float> y(static_cast<size_t>(rows * out), acc ? 0.25f : NAN);
+  const task::Tensor wt =
+      task::Tensor::contiguous(reinterpret_cast<uintptr_t>(w.data()), {out, in}, dt).value();
+  const task::TaskArgs args = acc ? matmul_acc_args(view(x, {rows, in}), wt, view(y, {rows, out}))
+                                  : matmul_args(view(x, {rows, in}), wt, view(y, {rows, out}));
+  EXPECT_TRUE(run_blocks(fn, args, blocks).ok());
+  return y;
+}
+
+// Every integer-sum target this CPU has (the x86 ones whichever KernelIsa picks), through
+// run_int8 directly.
+std::vector<std::pair<std::string, matmul_detail::Int8Dots>> all_dots() {
+  std::vector<std::pair<std::string, matmul_detail::Int8Dots>> d = {
+      {"portable", matmul_detail::int8_dots_portable()}};
+#if defined(__x86_64__)
+  if (kernel_isa_available(KernelIsa::kX86_64V3))
+    d.emplace_back("avx2", matmul_detail::int8_dots_avx2());
+  if (matmul_detail::avxvnni_available())
+    d.emplace_back("avx-vnni", matmul_detail::int8_dots_avxvnni());
+  if (matmul_detail::avx512vnni_available()) {
+    d.emplace_back("avx512-vnni", matmul_detail::int8_dots_avx512vnni());
+  }
+#elif defined(__aarch64__)
+  d.emplace_back("neon", matmul_detail::int8_dots_neon());
+#endif
+  return d;
+}
+
+matmul_detail::WeightType weight_type_of(DataType dt) {
+  switch (dt) {
+    case DataType::kQ8_0:
+      return matmul_detail::WeightType::kQ8_0;
+    case DataType::kQ4_0:
+      return matmul_detail::WeightType::kQ4_0;
+    case DataType::kQ4_K:
+      return matmul_detail::WeightType::kQ4_K;
+    default:
+      return matmul_detail::WeightType::kQ6_K;
+  }
+}
+
+void expect_dots_agree(DataType dt, const std::vector<float>& x, const std::vector<uint8_t>& w,
+                       int64_t rows, int64_t in, int64_t out, const std::vector<float>& want,
+                       const std::string& what) {
+  for (const auto& [name, dots] : all_dots()) {
+    std::vector<float> y(static_cast<size_t>(rows * out), NAN);
+    matmul_detail::Problem p;
+    p.x = x.data();
+    p.rows = rows;
+    p.k = in;
+    p.w = w.data();
+    p.wt = weight_type_of(dt);
+    p.n = out;
+    p.y = y.data();
+    p.ldy = out;
+    matmul_detail::run_int8(p, dots);
+    ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+        << what << ": the " << name << " integer sums differ";
+  }
+}
+
+void expect_paths(DataType dt, int64_t rows, int64_t in, int64_t out) {
+  std::vector<uint8_t> w =
+      random_weights(dt, out, in, static_cast<uint32_t>(rows * 7919 + in + out));
+  std::vector<float> x = random_x(static_cast<size_t>(rows * in), static_cast<uint32_t>(in + rows));
+  std::vector<double> mag;
+  const std::vector<double> ref = reference(dt, w, x, rows, in, out, &mag);
+  const std::string what =
+      absl::StrCat(std::string(task::name_of(dt)), " rows ", rows, " in ", in, " out ", out);
+  for (bool acc : {false, true}) {
+    std::vector<float> first;
+    for (auto [isa, fn] : int8_paths(acc)) {
+      const std::vector<float> y = run(fn, acc, x, w, dt, rows, in, out, 3);
+      for (size_t i = 0; i < y.size(); ++i) {
+        const double want = ref[i] + (acc ? 0.25 : 0.0);
+        // The f32 combine's rounding (matmul_int8.h): far below this bound.
+        ASSERT_LE(std::fabs(y[i] - want), 1e-6 * mag[i] + 1e-7)
+            << what << " acc " << acc << " " << name_of(isa) << " element " << i;
+      }
+      if (first.empty()) {
+        first = y;
+        if (!acc) ASSERT_NO_FATAL_FAILURE(expect_dots_agree(dt, x, w, rows, in, out, y, what));
+      } else {
+        ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+            << what << " acc " << acc << ": " << name_of(isa) << " differs from portable";
+      }
+      // Batch invariance: each row alone, one block, gives its bits in the batch.
+      for (int64_t r = 0; r < rows; r += 3) {
+        std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in);
+        const std::vector<float> yr = run(fn, acc, xr, w, dt, 1, in, out, 1);
+        ASSERT_EQ(0, std::memcmp(yr.data(), y.data() + r * out, yr.size() * sizeof(float)))
+            << what << " " << name_of(isa) << ": row " << r << " alone differs";
+      }
+    }
+  }
+}
+
+TEST(MatmulInt8, Q8_0AndQ4_0PathsMatchTheQuantizedF64ReferenceOnOddShapes) {
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0}) {
+    for (int64_t rows : {1, 2, 5, 17}) {
+      for (int64_t in : {32, 96, 160, 288, 1120}) {
+        for (int64_t out : {1, 5, 37}) ASSERT_NO_FATAL_FAILURE(expect_paths(dt, rows, in, out));
+      }
+    }
+  }
+}
+
+TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+    for (int64_t rows : {1, 2, 5, 17}) {
+      for (int64_t in : {256, 768, 2560}) {
+        for (int64_t out : {1, 5, 37}) ASSERT_NO_FATAL_FAILURE(expect_paths(dt, rows, in, out));
+      }
+    }
+  }
+}
+
+// Precision int8 really quantizes x (it differs from the exact path), within x's 8-bit rounding
+// (relative L2 well under 1e-2 here); f32 weights are computed exactly under it.
+TEST(MatmulInt8, DiffersFromTheExactPathByTheActivationRoundingOnly) {
+  const int64_t rows = 3, in = 512, out = 64;
+  std::vector<float> x = random_x(rows * in, 5, false);
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_K}) {
+    std::vector<uint8_t> w = random_weights(dt, out, in, 9);
+    const auto exact = llm_kernels(KernelIsa::kPortable, Precision::kExact);
+    const auto int8 = llm_kernels(KernelIsa::kPortable, Precision::kInt8);
+    const auto matmul = static_cast<size_t>(KernelId::kMatmul);
+    const std::vector<float> ye = run(exact[matmul].fn, false, x, w, dt, rows, in, out, 1);
+    const std::vector<float> yi = run(int8[matmul].fn, false, x, w, dt, rows, in, out, 1);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ye.size(); ++i) {
+      num += (ye[i] - yi[i]) * (ye[i] - yi[i]);
+      den += ye[i] * ye[i];
+    }
+    EXPECT_GT(num, 0) << task::name_of(dt);
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << task::name_of(dt);
+  }
+  std::vector<float> wf(static_cast<size_t>(out * in), 0.5f);
+  std::vector<float> ye(rows * out), yi(rows * out);
+  const auto matmul = static_cast<size_t>(KernelId::kMatmul);
+  ASSERT_TRUE(
+      run_blocks(llm_kernels(KernelIsa::kPortable, Precision::kExact)[matmul].fn,
+                 matmul_args(view(x, {rows, in}), view(wf, {out, in}), view(ye, {rows, out})), 1)
+          .ok());
+  ASSERT_TRUE(
+      run_blocks(llm_kernels(KernelIsa::kPortable, Precision::kInt8)[matmul].fn,
+                 matmul_args(view(x, {rows, in}), view(wf, {out, in}), view(yi, {rows, out})), 1)
+          .ok());
+  EXPECT_EQ(ye, yi);
+}
+
+TEST(MatmulInt8, PrecisionNamesParse) {
+  EXPECT_EQ(parse_precision("int8").value(), Precision::kInt8);
+  EXPECT_STREQ(name_of(Precision::kInt8), "int8");
+  EXPECT_EQ(parse_precision("int4").status().message(),
+            "precision 'int4': expected exact, bf16 or int8");
+  EXPECT_EQ(effective_precision(KernelIsa::kPortable, Precision::kInt8), Precision::kInt8);
+}
+
+}  // namespace
+}  // namespace simpler::llm
