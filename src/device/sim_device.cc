@@ -178,7 +178,8 @@ struct Core {
   // core's claimed job touches it, and the scheduler reads it in start() before it publishes the
   // next job. Successive owners are ordered: a core gets a new job only after its previous
   // completion was returned (ExecContext::start's "not busy" precondition; the completion passes
-  // through completion_mu_), the new job is published by `posted` (release) and claimed by
+  // through the CompletionRing: published by a seq_cst store of its cell's sequence, taken with an
+  // acquire load), the new job is published by `posted` (seq_cst) and claimed by
   // compare-exchange (acq_rel); schedulers of different streams are ordered by launch_mu_.
   std::unordered_map<uint64_t, int64_t> block_ns_estimate;  // by job_shape_key
 };
