@@ -13,6 +13,7 @@
 #include <deque>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -65,33 +66,101 @@ using base::MutexLock;
 // spin pauses the CPU instead of yielding, since under CFS a yield hands the
 // core to a competing process for a whole slice, which turns a µs hand-off into
 // ms. (The stream's wait for a host launch yields instead: SimStream::loop.)
+//
+// The clock is read once every kPollsPerClockRead looks, not at every look: a steady_clock read
+// costs ~20-40 ns on a VM (more than a look and a pause together), and the profile of
+// `bench dispatch` had spin loops with their clock reads at ~43% of the run. A pause is
+// ~10-140 cycles by CPU, so the spin ends at most a few µs past `spin_ns`.
+constexpr int32_t kPollsPerClockRead = 32;
+
 template <typename F>
 bool spin_until(F&& ready, int64_t spin_ns) {
   if (ready()) return true;
   if (spin_ns <= 0) return false;
   const int64_t until = base::now_ns() + spin_ns;
-  while (base::now_ns() < until) {
-    if (ready()) return true;
-    base::cpu_relax();
-  }
+  do {
+    for (int32_t i = 0; i < kPollsPerClockRead; ++i) {
+      if (ready()) return true;
+      base::cpu_relax();
+    }
+  } while (base::now_ns() < until);
   return ready();
 }
 
+// The completions of the device's cores on their way to the launch that started the jobs: a
+// bounded multi-producer, single-consumer ring (Vyukov's bounded queue with one consumer), no
+// mutex. Producers are the core threads and the scheduler thread (a job it ran inline); the
+// consumer is the scheduler thread of the running launch (launches are serialized by
+// launch_mu_). Each core has at most one job started and not yet returned by next_completion
+// (ExecContext::start's "not busy" precondition), so at most num_cores completions are in the
+// ring: with a capacity of at least num_cores a producer never waits for a cell. FIFO: completions
+// are taken in the order producers claimed their cells. Thread-safe as described.
+class CompletionRing {
+ public:
+  explicit CompletionRing(int32_t min_capacity) {
+    size_t cap = 1;
+    while (cap < static_cast<size_t>(std::max(min_capacity, 1))) cap *= 2;
+    cells_ = std::vector<Cell>(cap);
+    for (size_t i = 0; i < cap; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+    mask_ = cap - 1;
+  }
+
+  // Any thread. Publishes with a seq_cst store, so a consumer that announced it sleeps (seq_cst)
+  // and then found the ring empty is seen by the producer's seq_cst load of that announcement.
+  void push(CoreCompletion c) {
+    const uint64_t pos = tail_.fetch_add(1, std::memory_order_relaxed);
+    Cell& cell = cells_[pos & mask_];
+    // Free once the consumer took the completion a lap earlier; with capacity >= cores it is.
+    while (cell.seq.load(std::memory_order_acquire) != pos) base::cpu_relax();
+    cell.value = std::move(c);
+    cell.seq.store(pos + 1, std::memory_order_seq_cst);
+  }
+
+  // Consumer only. Whether a completion is ready to pop (seq_cst: see push).
+  bool ready() const {
+    return cells_[head_ & mask_].seq.load(std::memory_order_seq_cst) == head_ + 1;
+  }
+
+  // Consumer only. Takes the oldest published completion; false when there is none.
+  bool pop(CoreCompletion* out) {
+    Cell& cell = cells_[head_ & mask_];
+    if (cell.seq.load(std::memory_order_acquire) != head_ + 1) return false;
+    *out = std::move(cell.value);
+    cell.seq.store(head_ + mask_ + 1, std::memory_order_release);
+    ++head_;
+    return true;
+  }
+
+ private:
+  struct alignas(64) Cell {
+    std::atomic<uint64_t> seq{0};
+    CoreCompletion value;
+  };
+  std::vector<Cell> cells_;
+  uint64_t mask_ = 0;
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  alignas(64) uint64_t head_ = 0;  // consumer's
+};
+
 class SimDevice;
 
-// One core thread. The scheduler posts a job (store job, then `posted`
-// release); whoever clears `posted` by compare-exchange (acq_rel) owns the job
+// One core thread. The scheduler posts a job (store job, then `posted`,
+// seq_cst); whoever clears `posted` by compare-exchange (acq_rel) owns the job
 // and runs it: the core thread, or the scheduler itself when it would
 // otherwise sleep on that single job (see SimDevice::try_run_inline).
+// Posting takes no lock: a core thread about to sleep announces it in
+// `sleeping` (seq_cst, under `mu`) and then looks at `posted` again, and the
+// scheduler looks at `sleeping` after it posted; of the two, at least one sees
+// the other's store, and only a poster that sees a sleeper takes `mu` to wake it.
 struct Core {
   int32_t index = 0;
   std::thread thread;
-  base::Mutex mu;
+  base::Mutex mu;  // held by a sleeping core thread around its wait on `cv`
   base::CondVar cv;
   std::atomic<bool> posted{false};
-  bool sleeping SIMPLER_GUARDED_BY(mu) = false;  // waiting on `cv`
-  CoreJob job;          // written by the scheduler before `posted` (release)
-  uint64_t run_id = 0;  // likewise
+  std::atomic<bool> sleeping{false};  // waiting (or about to wait) on `cv`
+  CoreJob job;                        // written by the scheduler before `posted` (release)
+  uint64_t run_id = 0;                // likewise
   // When the running job is expected to end (now_ns() time; 0 = idle or no
   // estimate yet). Written by the core, read by the scheduler (relaxed: a hint).
   std::atomic<int64_t> predicted_end_ns{0};
@@ -110,7 +179,8 @@ struct Core {
   // core's claimed job touches it, and the scheduler reads it in start() before it publishes the
   // next job. Successive owners are ordered: a core gets a new job only after its previous
   // completion was returned (ExecContext::start's "not busy" precondition; the completion passes
-  // through completion_mu_), the new job is published by `posted` (release) and claimed by
+  // through the CompletionRing: published by a seq_cst store of its cell's sequence, taken with an
+  // acquire load), the new job is published by `posted` (seq_cst) and claimed by
   // compare-exchange (acq_rel); schedulers of different streams are ordered by launch_mu_.
   std::unordered_map<uint64_t, int64_t> block_ns_estimate;  // by job_shape_key
 };
@@ -119,7 +189,8 @@ class SimStream;
 
 class SimDevice final : public Device {
  public:
-  explicit SimDevice(const SimDeviceOptions& o) : options_(o) {
+  explicit SimDevice(const SimDeviceOptions& o)
+      : options_(o), completions_(o.num_cores == 0 ? base::hardware_threads() : o.num_cores) {
     caps_.platform = "sim";
     caps_.device_id = o.device_id;
     int32_t n = o.num_cores;
@@ -318,14 +389,10 @@ class SimDevice final : public Device {
     // Read before the job is published: from then on the core's thread may run it and update
     // the estimate.
     const bool for_scheduler = schedulers_core(c) && duration_estimate(c, job) < kLongJobNs;
-    bool sleeping;
-    {
-      MutexLock lock(c.mu);
-      c.job = job;
-      c.run_id = run_id;
-      c.posted.store(true, std::memory_order_release);
-      sleeping = c.sleeping;
-    }
+    c.job = job;
+    c.run_id = run_id;
+    c.posted.store(true, std::memory_order_seq_cst);
+    const bool sleeping = c.sleeping.load(std::memory_order_seq_cst);
     ++jobs_in_flight_;
     if (for_scheduler) {
       flush_deferred_wakes();  // a core thread deferred before: the scheduler runs this one
@@ -338,12 +405,19 @@ class SimDevice final : public Device {
       return;
     }
     flush_deferred_wakes();
-    if (sleeping) c.cv.notify_one();
+    if (sleeping) wake(c);
+  }
+
+  // Wakes core `c`'s thread. Taking `mu` first: a thread that announced it sleeps holds `mu`
+  // until it waits on `cv`, so the notification cannot fall between its look and its wait.
+  static void wake(Core& c) {
+    { MutexLock lock(c.mu); }
+    c.cv.notify_one();
   }
 
   // Wakes the deferred core threads (the scheduler's own job stays its own).
   void flush_deferred_wakes() {
-    for (int32_t i : deferred_) cores_[i]->cv.notify_one();
+    for (int32_t i : deferred_) wake(*cores_[i]);
     deferred_.clear();
   }
 
@@ -391,10 +465,17 @@ class SimDevice final : public Device {
   // without burning a host CPU: it sleeps until shortly before the earliest
   // predicted block end (each core's moving average of the kernel's block
   // durations; none for a kernel's first block on a core), then
-  // spins at most spin_ns, then sleeps until woken.
+  // spins at most spin_ns, then sleeps until woken. A non-blocking call takes
+  // no lock and reads no clock (unless a deferred wake-up is pending).
   bool next_completion(CoreCompletion* out, bool block) {
-    auto ready = [this] { return completions_ready_.load(std::memory_order_acquire) > 0; };
-    if (block && !ready()) {
+    if (!block) {
+      if (!deferred_.empty() && base::now_ns() - deferred_since_ns_ >= options_.spin_ns) {
+        flush_deferred_wakes();
+      }
+      return take_completion(out);
+    }
+    auto ready = [this] { return completions_.ready(); };
+    if (!ready()) {
       CoreCompletion mine;
       if (try_run_inline(&mine)) {
         // Queued behind the completions that core threads posted while it ran, and those
@@ -404,15 +485,11 @@ class SimDevice final : public Device {
         if (jobs_in_flight_ > 1 && a_core_ends_within(options_.spin_ns)) {
           spin_until(ready, options_.spin_ns);
         }
-        MutexLock lock(completion_mu_);
-        completions_.push_back(std::move(mine));
-        completions_ready_.fetch_add(1, std::memory_order_release);
+        completions_.push(std::move(mine));
       }
     }
-    if (!deferred_.empty() && (block || base::now_ns() - deferred_since_ns_ >= options_.spin_ns)) {
-      flush_deferred_wakes();
-    }
-    if (block && !ready()) {
+    if (!deferred_.empty()) flush_deferred_wakes();
+    if (!ready()) {
       int64_t earliest = 0;
       for (const auto& c : cores_) {
         const int64_t p = c->predicted_end_ns.load(std::memory_order_relaxed);
@@ -423,30 +500,14 @@ class SimDevice final : public Device {
       const int64_t lateness = oversleep_ns_.load(std::memory_order_relaxed);
       const int64_t wake_at = earliest - options_.spin_ns * 3 / 4 - lateness;
       if (earliest > 0 && wake_at > base::now_ns() + options_.spin_ns) {
-        const base::SteadyTime deadline = base::steady_time(wake_at);
-        bool timed_out = false;
-        {
-          MutexLock lock(completion_mu_);
-          while (completions_.empty() && std::chrono::steady_clock::now() < deadline) {
-            timed_out = !completion_cv_.wait_until(lock, deadline);
-          }
-        }
-        if (timed_out) {
+        if (!sleep_until_ready(base::steady_time(wake_at))) {
           const int64_t late = std::clamp<int64_t>(base::now_ns() - wake_at, 0, 500'000);
           oversleep_ns_.store(lateness + (late - lateness) / 8, std::memory_order_relaxed);
         }
       }
       spin_until(ready, options_.spin_ns);
     }
-    MutexLock lock(completion_mu_);
-    while (completions_.empty()) {
-      if (!block) return false;
-      completion_cv_.wait(lock);
-    }
-    *out = std::move(completions_.front());
-    completions_.pop_front();
-    completions_ready_.fetch_sub(1, std::memory_order_release);
-    --jobs_in_flight_;
+    while (!take_completion(out)) sleep_until_ready(std::nullopt);
     return true;
   }
 
@@ -465,13 +526,11 @@ class SimDevice final : public Device {
         spin_until([this, c] { return c->posted.load(std::memory_order_acquire) || c_stop(); },
                    options_.spin_ns);
       }
-      {
+      if (!c->posted.load(std::memory_order_acquire) && !c_stop()) {
         MutexLock lock(c->mu);
-        while (!c->posted.load(std::memory_order_acquire) && !c_stop()) {
-          c->sleeping = true;
-          c->cv.wait(lock);
-          c->sleeping = false;
-        }
+        c->sleeping.store(true, std::memory_order_seq_cst);  // see Core
+        while (!c->posted.load(std::memory_order_seq_cst) && !c_stop()) c->cv.wait(lock);
+        c->sleeping.store(false, std::memory_order_relaxed);
       }
       // Claimed here, never re-read: the scheduler may take a posted job
       // (try_run_inline) at any moment without the core's mutex, so a job
@@ -483,13 +542,7 @@ class SimDevice final : public Device {
         ran = false;  // the scheduler took it
         continue;
       }
-      CoreCompletion done = execute(*c, c->job, c->run_id);
-      {
-        MutexLock lock(completion_mu_);
-        completions_.push_back(std::move(done));
-        completions_ready_.fetch_add(1, std::memory_order_release);
-      }
-      completion_cv_.notify_one();
+      post_completion(execute(*c, c->job, c->run_id));
       ran = true;
     }
   }
@@ -519,6 +572,42 @@ class SimDevice final : public Device {
   }
 
   bool c_stop() const { return stop_cores_.load(std::memory_order_acquire); }
+
+  // A core thread's completion: into the ring, then a wake-up only when the scheduler announced
+  // it sleeps (seq_cst on both sides, as for Core::sleeping; the lock orders the notification
+  // after the scheduler's wait began).
+  void post_completion(CoreCompletion c) {
+    completions_.push(std::move(c));
+    if (scheduler_waiting_.load(std::memory_order_seq_cst)) {
+      { MutexLock lock(completion_mu_); }
+      completion_cv_.notify_one();
+    }
+  }
+
+  // The running launch's thread: the oldest completion, if any.
+  bool take_completion(CoreCompletion* out) {
+    if (!completions_.pop(out)) return false;
+    --jobs_in_flight_;
+    return true;
+  }
+
+  // The running launch's thread: sleeps until a completion is ready or `deadline` passed;
+  // false when the deadline passed first.
+  bool sleep_until_ready(std::optional<base::SteadyTime> deadline) {
+    MutexLock lock(completion_mu_);
+    scheduler_waiting_.store(true, std::memory_order_seq_cst);
+    bool in_time = true;
+    while (!completions_.ready()) {
+      if (!deadline.has_value()) {
+        completion_cv_.wait(lock);
+      } else if (!completion_cv_.wait_until(lock, *deadline)) {
+        in_time = completions_.ready();
+        break;
+      }
+    }
+    scheduler_waiting_.store(false, std::memory_order_relaxed);
+    return in_time;
+  }
 
   void abandon(std::string what) {
     SIMPLER_LOG_ERROR("abandoning {}", what);
@@ -612,10 +701,12 @@ class SimDevice final : public Device {
 
   std::atomic<int64_t> oversleep_ns_{0};  // how late timed wake-ups arrive (average)
 
+  // Completions travel through the lock-free ring; the mutex and condition variable only put
+  // the scheduler to sleep and wake it (scheduler_waiting_: it sleeps, or is about to).
+  CompletionRing completions_;
   base::Mutex completion_mu_;
   base::CondVar completion_cv_;
-  std::deque<CoreCompletion> completions_ SIMPLER_GUARDED_BY(completion_mu_);
-  std::atomic<int64_t> completions_ready_{0};
+  std::atomic<bool> scheduler_waiting_{false};
   // Jobs started and not yet returned by next_completion. Touched only by the
   // launch running under launch_mu_.
   int32_t jobs_in_flight_ = 0;

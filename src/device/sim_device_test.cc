@@ -425,6 +425,73 @@ TEST_P(SimDeviceSchedulerCore, JobsStartedTogetherRunConcurrently) {
   }
 }
 
+// Counts the blocks it ran (args[0]: an int64 counter per tag, indexed by task_index).
+absl::Status count_block(const task::KernelContext& ctx) {
+  auto* counts = reinterpret_cast<std::atomic<int64_t>*>(ctx.args[0].tensor.address);
+  counts[ctx.task_index].fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// The completion hand-off takes no lock: a core thread publishes into a ring and wakes the
+// scheduler only when it announced that it sleeps, and a posted job wakes only a core thread
+// that announced it sleeps. With no spinning (spin_ns 0) every wait sleeps, so a lost wake-up
+// would hang here (the test's time limit); with the default spin the hand-offs race the sleeps.
+// Every job comes back exactly once, from the core it was started on, whether it was taken by
+// a blocking or a non-blocking call.
+TEST_P(SimDeviceSchedulerCore, EveryJobComesBackOnceFromItsCoreWithNoLockOnTheHandOff) {
+  for (int64_t spin : {int64_t{0}, int64_t{50'000}}) {
+    SimDeviceOptions o;
+    o.num_cores = 3;
+    o.scheduler_core = GetParam();
+    o.spin_ns = spin;
+    auto d = std::move(create_sim_device(o)).value();
+    Stream* s = *d->create_stream();
+    constexpr int kJobs = 3000;
+    std::vector<std::atomic<int64_t>> counts(kJobs);
+    task::Arg arg;
+    arg.direction = task::ArgDirection::kInOut;
+    arg.tensor.address = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(counts.data()));
+    std::vector<int> returned(kJobs, 0);
+    std::vector<int32_t> core_of(kJobs, -1);
+    auto rec = s->launch(1, [&](ExecContext& ctx) {
+      std::vector<int32_t> idle = {0, 1, 2};
+      int started = 0, done = 0;
+      auto take = [&](const CoreCompletion& c) {
+        EXPECT_TRUE(c.status.ok()) << c.status;
+        EXPECT_EQ(c.core, core_of[c.tag]) << "job " << c.tag;
+        ++returned[c.tag];
+        idle.push_back(c.core);
+        ++done;
+      };
+      while (done < kJobs) {
+        while (!idle.empty() && started < kJobs) {
+          const int32_t core = idle.back();
+          idle.pop_back();
+          core_of[started] = core;
+          ctx.start(core, CoreJob{count_block, &arg, 1, 0, 1, static_cast<uint32_t>(started),
+                                  static_cast<uint64_t>(started), 0});
+          ++started;
+        }
+        CoreCompletion c;
+        // Alternate: drain what is there without waiting, then wait for one.
+        while (ctx.next_completion(&c, /*block=*/false)) take(c);
+        // Blocking with nothing started would wait for ever (every started job completes).
+        if (done < started && ctx.next_completion(&c, /*block=*/true)) take(c);
+      }
+      CoreCompletion extra;
+      EXPECT_FALSE(ctx.next_completion(&extra, /*block=*/false));
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(rec.ok());
+    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+    EXPECT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
+    for (int i = 0; i < kJobs; ++i) {
+      EXPECT_EQ(returned[i], 1) << "job " << i << " with spin_ns " << spin;
+      EXPECT_EQ(counts[i].load(), 1) << "job " << i << " with spin_ns " << spin;
+    }
+  }
+}
+
 TEST(SimDeviceSchedulerCore0, Core0ShortJobsRunOnTheSchedulerThreadTheOthersOnCoreThreads) {
   auto d = make_with(3, SchedulerCore::kOn);
   // A thread of an earlier test's device stays listed in /proc for a moment after it was joined.

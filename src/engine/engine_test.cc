@@ -20,6 +20,7 @@
 #include "engine/engine_test_hooks.h"
 #include "engine/engine_test_util.h"
 #include "engine/model_runner.h"
+#include "engine/reference_model_test_util.h"
 #include "gtest/gtest.h"
 #include "hierarchy/endpoint.h"
 #include "simpler/device/fault_plan.h"
@@ -670,6 +671,167 @@ TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogitsWithUpToTwentyAlternati
     }
   }
   EXPECT_TRUE(e->shutdown().ok());
+}
+
+// Every event of a one-choice request until its final one, in order.
+std::vector<RequestOutput> all_outputs(LlmEngine& e, RequestId id) {
+  std::vector<RequestOutput> outs;
+  while (true) {
+    auto out = e.next_output(id, base::Deadline::after(std::chrono::seconds(60)));
+    if (!out.ok()) {
+      ADD_FAILURE() << "request " << id << ": " << out.status();
+      return outs;
+    }
+    outs.push_back(*std::move(out));
+    if (outs.back().finished()) return outs;
+  }
+}
+
+// The prompt logprobs of a choice's events: on the event with its first token, and only there.
+std::vector<std::optional<TokenLogprob>> prompt_logprobs_of(
+    const std::vector<RequestOutput>& outs) {
+  std::vector<std::optional<TokenLogprob>> got;
+  bool seen_token = false;
+  for (const RequestOutput& o : outs) {
+    if (!o.prompt_logprobs.empty()) {
+      EXPECT_TRUE(got.empty()) << "prompt logprobs sent twice";
+      EXPECT_FALSE(seen_token) << "prompt logprobs after the first token";
+      EXPECT_FALSE(o.token_ids.empty()) << "prompt logprobs without the first token";
+      got = o.prompt_logprobs;
+    }
+    seen_token = seen_token || !o.token_ids.empty();
+  }
+  return got;
+}
+
+// Prompt token p (p >= 1) is scored under the logits of position p - 1: its logprob and its top
+// alternatives match log_softmax of the float64 reference's logits there (the f32 path within
+// 1e-3), whether the prompt is one chunk, chunks of 2 positions with logits beside a neighbour
+// that decodes, or host sampling; the neighbour's tokens are its solo tokens.
+TEST_F(LlmEngineTest, PromptLogprobsAreLogSoftmaxOfTheFloat64ReferenceAtEveryPosition) {
+  auto ref = testing::ReferenceModel::load(*dir_);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 358, 97, 93, 238, 46, 264, 33, 8};
+  const std::vector<std::vector<double>> want = ref->logits(prompt);
+  const std::vector<int32_t> neighbour = prompts()[2];
+  const std::vector<int32_t> neighbour_solo = solo_tokens({neighbour}, 6)[0];
+  struct Config {
+    int depth, budget, seqs;
+    bool host;
+  };
+  for (const Config c : {Config{1, 64, 16, false}, Config{2, 4, 3, false}, Config{3, 64, 3, false},
+                         Config{2, 16, 4, true}}) {
+    SCOPED_TRACE(::testing::Message() << "depth " << c.depth << " budget " << c.budget << " seqs "
+                                      << c.seqs << " host " << c.host);
+    EngineOptions eo = options(c.depth, 256, c.budget, c.seqs);
+    eo.runner.host_sampling = c.host;
+    auto e = engine(eo);
+    const RequestId nb = e->add_request(greedy(neighbour, 6)).value();
+    RequestSpec s = greedy(prompt, 3);
+    s.sampling.logprobs = 0;
+    s.sampling.prompt_logprobs = 5;
+    const RequestId id = e->add_request(s).value();
+    const std::vector<RequestOutput> outs = all_outputs(*e, id);
+    EXPECT_EQ(drain(*e, nb).tokens, neighbour_solo);
+    const std::vector<std::optional<TokenLogprob>> got = prompt_logprobs_of(outs);
+    ASSERT_EQ(got.size(), prompt.size());
+    EXPECT_FALSE(got[0].has_value());
+    for (size_t p = 1; p < prompt.size(); ++p) {
+      ASSERT_TRUE(got[p].has_value()) << "position " << p;
+      const std::vector<double>& l = want[p - 1];
+      EXPECT_NEAR(got[p]->logprob, testing::ReferenceModel::logprob(l, prompt[p]), 1e-3)
+          << "position " << p;
+      std::vector<double> sorted;
+      for (int32_t t = 0; t < static_cast<int32_t>(l.size()); ++t) {
+        sorted.push_back(testing::ReferenceModel::logprob(l, t));
+      }
+      std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+      ASSERT_EQ(got[p]->top.size(), 5u) << "position " << p;
+      for (size_t j = 0; j < 5; ++j) {
+        const auto [tid, lp] = got[p]->top[j];
+        EXPECT_NEAR(lp, testing::ReferenceModel::logprob(l, tid), 1e-3) << p << ", " << j;
+        EXPECT_NEAR(lp, sorted[j], 1e-3) << "position " << p << ", alternative " << j;
+      }
+    }
+    // The first output token's logprob (the sampler's) under the last prompt position's logits.
+    ASSERT_FALSE(outs.empty());
+    ASSERT_FALSE(outs[0].token_ids.empty());
+    EXPECT_NEAR(outs[0].logprobs[0].logprob,
+                testing::ReferenceModel::logprob(want.back(), outs[0].token_ids[0]), 1e-3);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+}
+
+// A pool that holds about two requests at a time preempts them, before and after their first
+// tokens: each still gets its prompt logprobs once, equal to its solo run's. A prompt whose pages
+// are in the prefix cache is computed in full for them (no hit), and requests without prompt
+// logprobs keep their hits.
+TEST_F(LlmEngineTest, PromptLogprobsGoOutOnceThroughPreemptionAndTakeNoPrefixCacheHits) {
+  const auto ps = random_prompts(8, 40, 17);
+  auto with_prompt_logprobs = [](const std::vector<int32_t>& p) {
+    RequestSpec s = greedy(p, 24);
+    s.sampling.prompt_logprobs = 2;
+    return s;
+  };
+  std::vector<std::vector<std::optional<TokenLogprob>>> solo;
+  {
+    auto e = engine(options(1, 256, 64, 16));
+    for (const auto& p : ps) {
+      solo.push_back(
+          prompt_logprobs_of(all_outputs(*e, e->add_request(with_prompt_logprobs(p)).value())));
+    }
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  auto e = engine(options(2, 24, 32, 8));
+  EngineTestAccess::set_check_invariants(*e, true);
+  std::vector<RequestId> ids;
+  for (const auto& p : ps) ids.push_back(e->add_request(with_prompt_logprobs(p)).value());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto got = prompt_logprobs_of(all_outputs(*e, ids[i]));
+    ASSERT_EQ(got.size(), ps[i].size()) << "prompt " << i;
+    for (size_t p = 0; p < got.size(); ++p) {
+      ASSERT_EQ(got[p].has_value(), p > 0) << "prompt " << i << " position " << p;
+      if (p == 0) continue;
+      EXPECT_NEAR(got[p]->logprob, solo[i][p]->logprob, 1e-5) << "prompt " << i << " at " << p;
+      ASSERT_EQ(got[p]->top.size(), 2u);
+      EXPECT_EQ(got[p]->top[0].first, solo[i][p]->top[0].first) << "prompt " << i << " at " << p;
+    }
+  }
+  EXPECT_GT(e->metrics().preemptions_total, 0);
+  EXPECT_TRUE(EngineTestAccess::invariant_violation(*e).ok())
+      << EngineTestAccess::invariant_violation(*e);
+  // The prefix cache: the same 20-token prompt three times, the second with prompt logprobs.
+  std::vector<int32_t> prompt(20);
+  for (int32_t k = 0; k < 20; ++k) prompt[k] = 30 + 7 * k;
+  EXPECT_EQ(drain(*e, e->add_request(greedy(prompt, 2)).value()).finish, OutputFinish::kLength);
+  const RequestId id = e->add_request(with_prompt_logprobs(prompt)).value();
+  const std::vector<RequestOutput> outs = all_outputs(*e, id);
+  ASSERT_FALSE(outs.empty());
+  EXPECT_EQ(outs.back().cached_tokens, 0);
+  const auto got = prompt_logprobs_of(outs);
+  ASSERT_EQ(got.size(), prompt.size());
+  for (size_t p = 1; p < got.size(); ++p) EXPECT_TRUE(got[p].has_value()) << p;
+  EXPECT_GT(drain(*e, e->add_request(greedy(prompt, 2)).value()).cached_tokens, 0);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+TEST_F(LlmEngineTest, PromptLogprobsOutOfRangeOrWithOneSequenceAStepAreRefused) {
+  auto e = engine(options(1));
+  RequestSpec s = greedy({1, 2, 3}, 2);
+  s.sampling.prompt_logprobs = 21;
+  EXPECT_EQ(e->add_request(s).status(),
+            absl::InvalidArgumentError("prompt_logprobs must be in [0, 20] (or absent), got 21"));
+  s.sampling.prompt_logprobs = -1;
+  EXPECT_EQ(e->add_request(s).status(),
+            absl::InvalidArgumentError("prompt_logprobs must be in [0, 20] (or absent), got -1"));
+  EXPECT_TRUE(e->shutdown().ok());
+  auto one = engine(options(1, 256, 64, 1));
+  s.sampling.prompt_logprobs = 0;
+  EXPECT_EQ(one->add_request(s).status(),
+            absl::InvalidArgumentError(
+                "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of "
+                "the step besides its own), got 1"));
+  EXPECT_TRUE(one->shutdown().ok());
 }
 
 // A request's logits are bitwise the same alone and in steps of 3, 16 and 17 rows, on a bf16

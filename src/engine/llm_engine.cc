@@ -89,6 +89,7 @@ struct LoopEvent {
   uint64_t sid = 0;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;  // with the choice's first token
   std::vector<int64_t> times;
   std::map<int64_t, std::vector<float>> logits;
   std::map<int64_t, Qwen3ModelRunner::Kv> kv;
@@ -174,6 +175,12 @@ struct LlmEngine::Impl {
     int64_t last_step = 0;                           // its latest step
     std::optional<grammar::GrammarMatcher> matcher;  // with a grammar: the output's parse state
     std::vector<uint32_t> mask;                      // the mask of its latest logit row
+    // Prompt logprobs (RequestSampling::prompt_logprobs): the alternatives asked (-1: none),
+    // each prompt token's score as its steps retire (the first has none), and whether they went
+    // out (with its first token; a recompute after that asks for none).
+    int32_t prompt_logprobs = -1;
+    std::vector<std::optional<TokenLogprob>> prompt_scores;
+    bool prompt_scores_sent = false;
   };
   std::optional<Scheduler> scheduler;
   std::unordered_map<uint64_t, Choice> choices;  // live and not yet reported final
@@ -257,6 +264,8 @@ struct LlmEngine::Impl {
   static void accept(const Choice& ch, const AcceptedSample& a, const RowSample* s, LoopEvent& ev);
   void accept_samples(const InFlight& f, const std::vector<RowSample>& samples, int64_t now,
                       std::unordered_map<uint64_t, LoopEvent>& events);
+  // The step's prompt logprobs into their choices (those not sent yet).
+  void store_prompt_logprobs(const InFlight& f);
   // A failed step: its rows fail; an unrecoverable error makes the engine unhealthy.
   void fail_step(const InFlight& f, const absl::Status& status);
   // The step's histograms and, with record_steps, its StepRecord.
@@ -461,6 +470,19 @@ absl::StatusOr<SamplingParams> LlmEngine::Impl::sampling_params(const RequestSam
   if (rs.logprobs.has_value() && (*rs.logprobs < 0 || *rs.logprobs > kMaxLogprobs)) {
     return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs,
                                                    "] (or absent), got ", *rs.logprobs));
+  }
+  if (rs.prompt_logprobs.has_value()) {
+    if (*rs.prompt_logprobs < 0 || *rs.prompt_logprobs > kMaxLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
+                                                     kMaxLogprobs, "] (or absent), got ",
+                                                     *rs.prompt_logprobs));
+    }
+    if (options.runner.max_num_seqs < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of the "
+          "step besides its own), got ",
+          options.runner.max_num_seqs));
+    }
   }
   p.min_tokens = rs.min_tokens;
   p.ignore_eos = rs.ignore_eos ? 1 : 0;
@@ -723,6 +745,11 @@ void LlmEngine::Impl::apply(Command& c) {
           ch.matcher.emplace(c.spec->sampling.grammar);
           sr.host_feedback = true;
         }
+        if (c.spec->sampling.prompt_logprobs.has_value()) {
+          ch.prompt_logprobs = *c.spec->sampling.prompt_logprobs;
+          ch.prompt_scores.resize(static_cast<size_t>(ch.prompt_len));
+          sr.prompt_logits = true;
+        }
         absl::Status s;
         {
           base::MutexLock l(mu);
@@ -799,6 +826,7 @@ bool LlmEngine::Impl::submit_one() {
     in.prompt_len = ch.prompt_len;
     in.params = &ch.params;
     in.choice = ch.index;
+    in.prompt_logprobs = std::max(ch.prompt_logprobs, 0);
     if (row.logits && ch.matcher.has_value()) {
       fill_grammar_mask(ch);
       in.mask = &ch.mask;
@@ -957,6 +985,11 @@ void LlmEngine::Impl::accept_samples(const InFlight& f, const std::vector<RowSam
     LoopEvent& ev = events[a.request_id];
     ev.times.push_back(now);
     accept(ch, a, si < samples.size() ? &samples[si] : nullptr, ev);
+    if (a.index == 0 && ch.prompt_logprobs >= 0 && !ch.prompt_scores_sent) {
+      ev.prompt_logprobs = std::move(ch.prompt_scores);
+      ch.prompt_scores = {};
+      ch.prompt_scores_sent = true;
+    }
     base::MutexLock l(mu);
     ++metrics.generation_tokens_total;
     if (ch.first_token_ns == 0) {
@@ -966,6 +999,22 @@ void LlmEngine::Impl::accept_samples(const InFlight& f, const std::vector<RowSam
       metrics.inter_token_latency_s.observe((now - ch.last_token_ns) / 1e9);
     }
     ch.last_token_ns = now;
+  }
+}
+
+void LlmEngine::Impl::store_prompt_logprobs(const InFlight& f) {
+  // Rows of a request preempted since the step was planned score the same tokens against the
+  // same logits (its pages stayed fenced behind the step), so any row's scores are kept.
+  for (const PromptLogprob& p : f.step->prompt_logprobs()) {
+    auto it = choices.find(f.plan.rows[p.row].request_id);
+    if (it == choices.end() || it->second.prompt_scores_sent) continue;
+    Choice& ch = it->second;
+    TokenLogprob lp;
+    lp.logprob = p.score.logprob;
+    for (int k = 0; k < ch.prompt_logprobs; ++k) {
+      if (p.score.top_ids[k] >= 0) lp.top.emplace_back(p.score.top_ids[k], p.score.top_logprobs[k]);
+    }
+    ch.prompt_scores[static_cast<size_t>(p.position + 1)] = std::move(lp);
   }
 }
 
@@ -1022,6 +1071,7 @@ void LlmEngine::Impl::retire_front() {
   std::unordered_map<uint64_t, LoopEvent> events;
   if (status.ok()) {
     dump_kv(f, events);  // first: the rows' pages are still held or fenced behind this step
+    store_prompt_logprobs(f);
     accept_samples(f, samples, now, events);
   } else {
     fail_step(f, status);
@@ -1268,6 +1318,7 @@ bool LlmEngine::Impl::push_text(OutChoice& oc, const std::string& delta, Request
 std::shared_ptr<OutputHooks> LlmEngine::Impl::fold_tokens(OutChoice& oc, LoopEvent& ev,
                                                           RequestOutput& out) {
   if (oc.stop_matched || oc.overflowed) return nullptr;
+  out.prompt_logprobs = std::move(ev.prompt_logprobs);
   for (size_t k = 0; k < ev.tokens.size(); ++k) {
     ++oc.generated;
     out.token_ids.push_back(ev.tokens[k]);

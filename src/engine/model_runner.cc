@@ -72,7 +72,13 @@ namespace {
 //  19 out_logits    f32 [n, V]  OUT    read back; [0] when not (the chip's scratch then)
 //  20 mask          i32 [nm, W]  IN    token masks (W = mask_words(V)); nm = ns when a logit row
 //                                      is masked (SamplingParams::masked), else 0
-//  21 chip          scalar             the chip state's index (the L3 child)
+//  21 score_ids     i32 [np]    IN     prompt positions scored: the token each scores ...
+//  22 score_k       i32 [np]    IN     ... and its top alternatives; their logits are the last
+//                                      np of the n logit rows (StepRow::prompt_logits)
+//  23 score_logprobs     f32 [np] OUT
+//  24 score_top_ids      i32 [np, kMaxLogprobs] OUT
+//  25 score_top_logprobs f32 [np, kMaxLogprobs] OUT
+//  26 chip          scalar             the chip state's index (the L3 child)
 // The chip's state supplies the rest: last_ids and counts (INOUT), the decode program's
 // input_ids (token_feedback's output) and out_ids, and its logits scratch.
 enum StepArg : size_t {
@@ -97,6 +103,11 @@ enum StepArg : size_t {
   kLogitRows,
   kOutLogits,
   kMask,
+  kScoreIds,
+  kScoreK,
+  kScoreLogprobs,
+  kScoreTopIds,
+  kScoreTopLogprobs,
   kChip,
   kNumStepArgs,
 };
@@ -136,21 +147,62 @@ absl::Status token_scatter_kernel(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// Prompt logprobs: row r is score_row(logits[r], V, ids[r], k[r]) (sampling.h). SPMD over rows.
+// args: 0 logits f32 [np, V] IN, 1 ids i32 [np] IN, 2 k i32 [np] IN, 3 logprobs f32 [np] OUT,
+// 4 top_ids i32 [np, kMaxLogprobs] OUT, 5 top_logprobs f32 [np, kMaxLogprobs] OUT.
+absl::Status prompt_logprobs_kernel(const task::KernelContext& ctx) {
+  const Tensor& logits = ctx.tensor(0);
+  const int64_t V = logits.shape[1];
+  const int32_t* ids = ctx.tensor(1).data<int32_t>();
+  const int32_t* k = ctx.tensor(2).data<int32_t>();
+  const BlockRange br = block_range(logits.shape[0], ctx.block_idx, ctx.block_dim);
+  for (int64_t r = br.begin; r < br.end; ++r) {
+    if (ids[r] < 0 || ids[r] >= V || k[r] < 0 || k[r] > kMaxLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs: row ", r, " scores token ",
+                                                     ids[r], " with ", k[r],
+                                                     " alternatives; the vocabulary has ", V));
+    }
+    const SampleResult s = score_row(logits.data<float>() + r * V, V, ids[r], k[r]);
+    ctx.tensor(3).data<float>()[r] = s.logprob;
+    std::copy(std::begin(s.top_ids), std::end(s.top_ids),
+              ctx.tensor(4).data<int32_t>() + r * kMaxLogprobs);
+    std::copy(std::begin(s.top_logprobs), std::end(s.top_logprobs),
+              ctx.tensor(5).data<float>() + r * kMaxLogprobs);
+  }
+  return absl::OkStatus();
+}
+
 // Kernel indices relative to the end of llm_kernels().
-enum ExtraKernel : uint32_t { kTokenCounts = 0, kSample, kTokenFeedback, kTokenScatter };
+enum ExtraKernel : uint32_t {
+  kTokenCounts = 0,
+  kSample,
+  kTokenFeedback,
+  kTokenScatter,
+  kPromptLogprobs
+};
 
 std::vector<task::Kernel> step_kernels(KernelIsa isa, Precision precision) {
   std::vector<task::Kernel> k = llm_kernels(isa, precision);
   for (task::Kernel& s : sampling_kernels()) k.push_back(std::move(s));  // token_counts, sample
   k.push_back({"token_feedback", token_feedback_kernel});
   k.push_back({"token_scatter", token_scatter_kernel});
+  k.push_back({"prompt_logprobs", prompt_logprobs_kernel});
   return k;
 }
 
-// The sample task's arguments: with the mask argument when the step carries masks.
-task::TaskArgs sample_task_args(const task::TaskArgs& program, const task::TaskArgs& args,
-                                const Tensor& counts) {
-  const Tensor& logits = program.tensor(kQwen3OutLogits);
+// Rows [from, from + rows) of the logits [n, V] (a contiguous view).
+absl::StatusOr<Tensor> logit_rows_view(const Tensor& logits, int64_t from, int64_t rows) {
+  const int64_t V = logits.shape[1];
+  return Tensor::contiguous(logits.address + static_cast<uint64_t>(from * V) * sizeof(float),
+                            {rows, V}, DataType::kFloat32, logits.memory);
+}
+
+// The sample task's arguments (the first ns logit rows): with the mask argument when the step
+// carries masks.
+absl::StatusOr<task::TaskArgs> sample_task_args(const task::TaskArgs& program,
+                                                const task::TaskArgs& args, const Tensor& counts) {
+  SIMPLER_ASSIGN_OR_RETURN(const Tensor logits, logit_rows_view(program.tensor(kQwen3OutLogits), 0,
+                                                                args.tensor(kOutIds).numel()));
   if (args.tensor(kMask).numel() > 0) {
     return sample_args(logits, args.tensor(kParams), args.tensor(kSampleRows), counts,
                        args.tensor(kOutIds), args.tensor(kOutLogprobs), args.tensor(kTopIds),
@@ -166,6 +218,24 @@ absl::Status check_step_arg_count(const task::TaskArgs& args) {
   if (args.size() == kNumStepArgs) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("qwen3_step takes ", kNumStepArgs, " arguments, got ", args.size()));
+}
+
+// The prompt_logprobs task over the last np logit rows, when the step scores prompt positions.
+absl::Status submit_prompt_logprobs(task::OrchestrationContext& ctx, task::KernelIndex base,
+                                    const task::TaskArgs& program, const task::TaskArgs& args) {
+  const int64_t np = args.tensor(kScoreIds).numel();
+  if (np == 0) return absl::OkStatus();
+  const Tensor& logits = program.tensor(kQwen3OutLogits);
+  SIMPLER_ASSIGN_OR_RETURN(const Tensor scored, logit_rows_view(logits, logits.shape[0] - np, np));
+  task::TaskArgs a;
+  a.add_tensor(scored, ArgDirection::kIn)
+      .add_tensor(args.tensor(kScoreIds), ArgDirection::kIn)
+      .add_tensor(args.tensor(kScoreK), ArgDirection::kIn)
+      .add_tensor(args.tensor(kScoreLogprobs), ArgDirection::kOut)
+      .add_tensor(args.tensor(kScoreTopIds), ArgDirection::kOut)
+      .add_tensor(args.tensor(kScoreTopLogprobs), ArgDirection::kOut);
+  return ctx.submit(base + kPromptLogprobs, a,
+                    static_cast<int32_t>(std::clamp<int64_t>(np, 1, 64)));
 }
 
 absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
@@ -222,12 +292,13 @@ absl::Status orchestrate_step(const Qwen3ModelRunner::Holder& holder,
       .add_tensor(program.tensor(kQwen3InputIds), ArgDirection::kOut);
   SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kTokenFeedback, fb));
   SIMPLER_RETURN_IF_ERROR(decode.orchestration(ctx, program));
+  SIMPLER_RETURN_IF_ERROR(submit_prompt_logprobs(ctx, base, program, args));
   const Tensor& out_ids = args.tensor(kOutIds);
   const int64_t ns = out_ids.numel();
   if (ns == 0) return absl::OkStatus();  // no logit rows, or host sampling
   const int32_t blocks = static_cast<int32_t>(std::clamp<int64_t>(ns, 1, 64));
-  SIMPLER_RETURN_IF_ERROR(
-      ctx.submit(base + kSample, sample_task_args(program, args, counts), blocks));
+  SIMPLER_ASSIGN_OR_RETURN(task::TaskArgs sample, sample_task_args(program, args, counts));
+  SIMPLER_RETURN_IF_ERROR(ctx.submit(base + kSample, sample, blocks));
   SIMPLER_RETURN_IF_ERROR(ctx.submit(
       base + kTokenCounts,
       token_counts_args(out_ids, args.tensor(kSampleSlots), counts, TokenCountsMode::kGenerated)));
@@ -556,6 +627,16 @@ absl::Status Qwen3ModelRunner::check_row(const StepPlan& plan, size_t i, const R
         ", ", row.start + row.len, "), state slot ", row.state_slot, ") does not fit its ", known,
         " known tokens or the runner's limits"));
   }
+  if (row.prompt_logits != 0 &&
+      (row.prompt_logits < 0 || !row.prefill || row.prompt_logits > row.len ||
+       row.start + row.prompt_logits > in.prompt_len - 1 || in.prompt_logprobs < 0 ||
+       in.prompt_logprobs > kMaxLogprobs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", plan.step_id, " row ", i, " asks logits of ", row.prompt_logits,
+                     " prompt positions from ", row.start, " with ", in.prompt_logprobs,
+                     " alternatives: past the prompt's last position but one (", in.prompt_len - 2,
+                     ") or outside [0, ", kMaxLogprobs, "] alternatives"));
+  }
   if (row.logits && in.params->masked != 0 &&
       (in.mask == nullptr ||
        static_cast<int64_t>(in.mask->size()) != mask_words(dims_.vocab_size))) {
@@ -629,16 +710,32 @@ void Qwen3ModelRunner::add_logit_row(StepInFlight& st, size_t i, const StepRow& 
   st.sample_slots.push_back(row.state_slot);
 }
 
+void Qwen3ModelRunner::add_score_rows(StepInFlight& st, size_t i, const StepRow& row,
+                                      const RowInput& in, int64_t first,
+                                      std::vector<int32_t>& logit_rows) {
+  for (int64_t k = 0; k < row.prompt_logits; ++k) {
+    const int64_t pos = row.start + k;
+    logit_rows.push_back(static_cast<int32_t>(first + k));
+    st.score_ids.push_back((*in.tokens)[pos + 1]);
+    st.score_k.push_back(in.prompt_logprobs);
+    st.score_of_.emplace_back(i, pos);
+  }
+}
+
 absl::Status Qwen3ModelRunner::size_outputs(StepInFlight& st, bool any_logits_wanted) const {
   const int64_t B = static_cast<int64_t>(st.positions.size());
   const int64_t n = static_cast<int64_t>(st.logit_rows.size());
+  const int64_t np = static_cast<int64_t>(st.score_ids.size());
+  st.score_logprobs.assign(np, 0.0f);
+  st.score_top_ids.assign(np * kMaxLogprobs, -1);
+  st.score_top_logprobs.assign(np * kMaxLogprobs, 0.0f);
   if (B > options_.max_num_batched_tokens || n > options_.max_num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", st.step_id_, " has ", B, " positions and ", n, " logit rows; the runner holds ",
         options_.max_num_batched_tokens, " and ", options_.max_num_seqs));
   }
   const bool host = options_.host_sampling;
-  const int64_t ns = host ? 0 : n;  // rows sampled on the device
+  const int64_t ns = host ? 0 : n - np;  // rows sampled on the device
   st.out_ids.assign(ns, -1);
   st.out_logprobs.assign(ns, 0.0f);
   st.top_ids.assign(ns * kMaxLogprobs, -1);
@@ -711,6 +808,12 @@ std::vector<Qwen3ModelRunner::HostArg> Qwen3ModelRunner::host_args(StepInFlight&
   }
   const int64_t nm = s.masks.empty() ? 0 : ns;
   add(s.masks, {nm, mask_words(vocab_size)}, DataType::kInt32, ArgDirection::kIn);
+  const int64_t np = static_cast<int64_t>(s.score_ids.size());
+  add(s.score_ids, {np}, DataType::kInt32, ArgDirection::kIn);
+  add(s.score_k, {np}, DataType::kInt32, ArgDirection::kIn);
+  add(s.score_logprobs, {np}, DataType::kFloat32, ArgDirection::kOut);
+  add(s.score_top_ids, {np, kMaxLogprobs}, DataType::kInt32, ArgDirection::kOut);
+  add(s.score_top_logprobs, {np, kMaxLogprobs}, DataType::kFloat32, ArgDirection::kOut);
   return args;
 }
 
@@ -793,16 +896,20 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
   // entries past a row's table are 0 and never read: its context length says where it ends).
   if (options_.capture && l3_ == nullptr) max_blocks = std::bit_ceil<uint64_t>(max_blocks);
   bool any_logits_wanted = options_.host_sampling;
+  std::vector<int32_t> score_rows;  // logit rows of prompt positions, after the sampled ones
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& row = plan.rows[i];
     SIMPLER_RETURN_IF_ERROR(check_row(plan, i, inputs[i]));
     if (row.fresh_state) add_fresh_state(*st, row, inputs[i]);
+    const int64_t first = static_cast<int64_t>(st->positions.size());
     add_positions(*st, row, inputs[i], max_blocks);
+    add_score_rows(*st, i, row, inputs[i], first, score_rows);
     if (row.logits) {
       add_logit_row(*st, i, row, inputs[i]);
       any_logits_wanted = any_logits_wanted || inputs[i].want_logits;
     }
   }
+  st->logit_rows.insert(st->logit_rows.end(), score_rows.begin(), score_rows.end());
   SIMPLER_RETURN_IF_ERROR(size_outputs(*st, any_logits_wanted));
   std::vector<HostArg> args = host_args(*st, max_blocks, dims_.vocab_size);
   // A runner on an L3 child stages them in one shared-heap buffer (the only host memory the
@@ -860,7 +967,24 @@ absl::StatusOr<std::vector<RowSample>> Qwen3ModelRunner::collect(StepInFlight& s
     }
     if (step.want_logits_[j] && logits != nullptr) rs.logits.assign(logits, logits + V);
   }
+  collect_prompt_logprobs(step);
   return out;
+}
+
+void Qwen3ModelRunner::collect_prompt_logprobs(StepInFlight& step) {
+  step.prompt_results_.clear();
+  for (size_t j = 0; j < step.score_of_.size(); ++j) {
+    PromptLogprob p;
+    p.row = step.score_of_[j].first;
+    p.position = step.score_of_[j].second;
+    p.score.id = step.score_ids[j];
+    p.score.logprob = step.score_logprobs[j];
+    for (int k = 0; k < kMaxLogprobs; ++k) {
+      p.score.top_ids[k] = step.score_top_ids[j * kMaxLogprobs + k];
+      p.score.top_logprobs[k] = step.score_top_logprobs[j * kMaxLogprobs + k];
+    }
+    step.prompt_results_.push_back(std::move(p));
+  }
 }
 
 absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {

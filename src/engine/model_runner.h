@@ -16,7 +16,10 @@
 //   3. the Qwen3 decode program (qwen3_program.h): all rows' K/V written to
 //      their slots, causal paged attention (several positions of one request
 //      in one run attend causally within the chunk), logits of logit rows;
-//   4. sample (sampling.h) for every logit row with its SamplingParams,
+//   4. prompt_logprobs: for the prompt positions rows asked logits of (StepRow::prompt_logits;
+//      their logit rows come after the sampled rows' and no sampler reads them), score_row of
+//      the next prompt token and the row's top alternatives (sampling.h);
+//   5. sample (sampling.h) for every sampled logit row with its SamplingParams,
 //      position, choice and state slot; then token_counts kGenerated of the
 //      sampled ids and token_scatter last_ids[state_slot] = sampled id.
 // Dependencies are inferred from the tagged tensors (counts and last_ids are
@@ -29,11 +32,11 @@
 // one step at a time (documented as serial launch). Tokens are identical.
 //
 // Memory (device): weights (in their checkpoint dtype; norms f32), scratch for
-// max_num_batched_tokens rows (logits for max_num_seqs rows), the KV pool, token counts i32
-// [max_num_seqs, V] and last_ids i32 [max_num_seqs]: the chip's state. The step program finds
-// them there, not in its arguments; a run carries only host tensors and the chip's index. A
-// runner with its own Worker binds them to the step callable (Worker::bind): none can be freed
-// while a step may run.
+// max_num_batched_tokens rows (logits for max_num_seqs rows: sampled and prompt-scored together),
+// the KV pool, token counts i32 [max_num_seqs, V] and last_ids i32 [max_num_seqs]: the chip's
+// state. The step program finds them there, not in its arguments; a run carries only host tensors
+// and the chip's index. A runner with its own Worker binds them to the step callable
+// (Worker::bind): none can be freed while a step may run.
 //
 // Data parallel over an L3 worker's children (Qwen3DataParallel below; vLLM's
 // data_parallel_size): every child loads the whole model into its own device memory in a
@@ -86,6 +89,17 @@ struct RowInput {
   // Logit rows with params->masked: the token mask (mask_words(V) words, sampling.h), read
   // until submit() returns.
   const std::vector<uint32_t>* mask = nullptr;
+  // Rows with StepRow::prompt_logits > 0: the top alternatives each of those positions reports,
+  // in [0, kMaxLogprobs] (its prompt token's logprob is always reported).
+  int32_t prompt_logprobs = 0;
+};
+
+// One prompt position a row asked logits of (StepRow::prompt_logits): the prompt token at
+// position + 1 scored against the raw logits of `position` (score_row, sampling.h).
+struct PromptLogprob {
+  size_t row = 0;  // index into StepPlan::rows
+  int64_t position = 0;
+  SampleResult score;  // id: the token at position + 1; its logprob and top alternatives
 };
 
 // One logit row's outcome, in the order of the plan's logit rows.
@@ -109,6 +123,8 @@ class StepInFlight {
   int64_t submit_ns() const { return submit_ns_; }
   int64_t num_tokens() const { return static_cast<int64_t>(positions.size()); }
   int64_t num_logit_rows() const { return static_cast<int64_t>(row_of_logit_.size()); }
+  // After Qwen3ModelRunner::collect: the prompt positions' logprobs, in row and position order.
+  const std::vector<PromptLogprob>& prompt_logprobs() const { return prompt_results_; }
 
  private:
   friend class Qwen3ModelRunner;
@@ -143,6 +159,12 @@ class StepInFlight {
   std::vector<const std::vector<uint32_t>*> mask_src_;
   std::vector<std::vector<uint32_t>> host_masks_;
   bool host_logits_ = false;
+  // Prompt positions scored (their logit rows follow the sampled ones): the token each scores,
+  // its top alternatives, and the results; (row, position) of each.
+  std::vector<int32_t> score_ids, score_k, score_top_ids;
+  std::vector<float> score_logprobs, score_top_logprobs;
+  std::vector<std::pair<size_t, int64_t>> score_of_;
+  std::vector<PromptLogprob> prompt_results_;
 };
 
 class Qwen3ModelRunner {
@@ -164,8 +186,8 @@ class Qwen3ModelRunner {
   absl::StatusOr<std::unique_ptr<StepInFlight>> submit(const StepPlan& plan,
                                                        std::span<const RowInput> inputs);
 
-  // After step.handle() finished OK: every logit row's sample, in row order.
-  // INTERNAL when a sampled id is outside the vocabulary (names the run).
+  // After step.handle() finished OK: every logit row's sample, in row order, and the step's
+  // prompt_logprobs(). INTERNAL when a sampled id is outside the vocabulary (names the run).
   absl::StatusOr<std::vector<RowSample>> collect(StepInFlight& step);
 
   // K and V of one KV slot read back from the pool: [layers][kv_heads·head_dim] (tests, dumps).
@@ -202,7 +224,9 @@ class Qwen3ModelRunner {
   struct HostArg;
   // FAILED_PRECONDITION while a host-sampling step is neither collected nor failed.
   absl::Status check_host_step_collected();
-  // INVALID_ARGUMENT naming the step and row when row i does not fit its input or the limits.
+  // INVALID_ARGUMENT naming the step and row when row i does not fit its input or the limits
+  // (prompt logits past the prompt's last position but one, prompt_logprobs outside
+  // [0, kMaxLogprobs]).
   absl::Status check_row(const StepPlan& plan, size_t i, const RowInput& in) const;
   // A row that took its state slot: the slot's reset and its known tokens' counts.
   void add_fresh_state(StepInFlight& st, const StepRow& row, const RowInput& in);
@@ -211,6 +235,12 @@ class Qwen3ModelRunner {
                      int64_t max_blocks) const;
   // The row that samples: its logit row, sampling parameters and row info.
   static void add_logit_row(StepInFlight& st, size_t i, const StepRow& row, const RowInput& in);
+  // The row's prompt positions to score (StepRow::prompt_logits) whose positions start at
+  // index `first` of the step's; their logit rows are appended by add_score_rows.
+  static void add_score_rows(StepInFlight& st, size_t i, const StepRow& row, const RowInput& in,
+                             int64_t first, std::vector<int32_t>& logit_rows);
+  // collect()'s prompt logprobs into step.prompt_logprobs().
+  static void collect_prompt_logprobs(StepInFlight& step);
   // The limits on positions and logit rows; the output vectors sized.
   absl::Status size_outputs(StepInFlight& st, bool any_logits_wanted) const;
   // The run's host tensors, in argument order (see StepArg).

@@ -85,6 +85,13 @@ absl::Status Scheduler::add(const SchedulerRequest& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", spec.id, ": max_tokens ", spec.max_tokens, " must be positive"));
   }
+  if (spec.prompt_logits && options_.max_num_seqs < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", spec.id,
+                     ": prompt logits need max_num_seqs >= 2 (a prompt position's logits "
+                     "take a row of the step besides its own), got ",
+                     options_.max_num_seqs));
+  }
   if (!spec.prompt.empty() && static_cast<int64_t>(spec.prompt.size()) != spec.prompt_len) {
     return absl::InvalidArgumentError(absl::StrCat("request ", spec.id, ": ", spec.prompt.size(),
                                                    " prompt tokens given for prompt_len ",
@@ -206,13 +213,26 @@ void Scheduler::preempt(uint64_t id) {
   ++preempted_total_;
 }
 
-void Scheduler::add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len) {
+int64_t Scheduler::logit_room(const Request& r, int64_t len, int64_t rows) const {
+  if (!r.spec.prompt_logits || !r.outputs.empty() || r.prefilled) return len;
+  // Positions below `last` want logits; a chunk reaching `last` needs none for it.
+  const int64_t start = r.table.context_len(), last = r.spec.prompt_len - 1;
+  if (last - start <= rows - 1) return len;
+  return std::min(len, std::max<int64_t>(rows - 1, 0));
+}
+
+int64_t Scheduler::add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len) {
   StepRow row;
   row.request_id = r.spec.id;
   row.sampling_id = r.spec.sampling_id;
   row.start = r.table.context_len();
   row.len = len;
   row.prefill = !r.prefilled;
+  if (row.prefill && r.spec.prompt_logits && r.outputs.empty()) {
+    row.prompt_logits =
+        std::max<int64_t>(std::min(row.start + len, r.spec.prompt_len - 1) - row.start, 0);
+  }
+  const int64_t rows = 1 + row.prompt_logits;
   row.logits = !row.prefill || row.start + len == known_tokens(r);
   if (row.logits) r.prefilled = true;
   check_or_die(r.table.append_tokens(pool_, len), "allocating pages checked free");
@@ -229,6 +249,7 @@ void Scheduler::add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_
   record.rows.push_back(
       RowRecord{r.spec.id, r.incarnation, row.logits, row.start + len, row.block_table});
   plan.rows.push_back(std::move(row));
+  return rows;
 }
 
 int64_t Scheduler::available_pages() const { return pool_.num_free() + pool_.num_fenced(); }
@@ -273,6 +294,8 @@ bool Scheduler::schedule_running(StepBuild& b, size_t i) {
   if (!decode) {
     if (b.rows_left <= b.later_decodes || b.budget <= b.later_decodes) return true;
     len = std::min(known_tokens(r) - r.table.context_len(), b.budget - b.later_decodes);
+    len = logit_room(r, len, b.rows_left - b.later_decodes);
+    if (len < 1) return true;
   }
   int64_t need = r.table.pages_for_append(len, options_.page_size);
   if (!decode && need > available_pages()) {
@@ -304,13 +327,9 @@ bool Scheduler::schedule_running(StepBuild& b, size_t i) {
     if (decode || room < 1) return true;
     len = std::min(len, room);
   }
-  if (decode) {
-    add_row(b.decodes, b.decode_rec, r, len);
-  } else {
-    add_row(b.prefills, b.prefill_rec, r, len);
-  }
+  b.rows_left -= decode ? add_row(b.decodes, b.decode_rec, r, len)
+                        : add_row(b.prefills, b.prefill_rec, r, len);
   b.budget -= len;
-  --b.rows_left;
   return true;
 }
 
@@ -340,7 +359,8 @@ bool Scheduler::admit_front(StepBuild& b) {
   // step retired instead of computing it again (n choices of one prompt).
   if (prefix_in_flight(r, hits)) return false;
   const int64_t cached = static_cast<int64_t>(hits.size()) * options_.page_size;
-  const int64_t len = std::min(known_tokens(r) - cached, b.budget);
+  const int64_t len = logit_room(r, std::min(known_tokens(r) - cached, b.budget), b.rows_left);
+  if (len < 1) return false;
   // Hit pages that are free (evictable) leave the free list when shared.
   const int64_t free_hits = std::count_if(
       hits.begin(), hits.end(), [&](int32_t p) { return pool_.state(p) == PageState::kFree; });
@@ -363,9 +383,8 @@ bool Scheduler::admit_front(StepBuild& b) {
   free_state_slots_.pop_back();
   r.fresh_state = true;
   running_.push_back(id);
-  add_row(b.prefills, b.prefill_rec, r, len);
+  b.rows_left -= add_row(b.prefills, b.prefill_rec, r, len);
   b.budget -= len;
-  --b.rows_left;
   return true;
 }
 
@@ -392,7 +411,7 @@ std::vector<int32_t> Scheduler::page_tokens(const Request& r, int64_t page) cons
 // token to compute (for its logits).
 std::vector<int32_t> Scheduler::cached_prefix(const Request& r) const {
   std::vector<int32_t> pages;
-  if (!caches(r)) return pages;
+  if (!caches(r) || r.spec.prompt_logits) return pages;
   const int64_t max_hits = (known_tokens(r) - 1) / options_.page_size;
   int32_t parent = -1;
   for (int64_t j = 0; j < max_hits; ++j) {
@@ -410,7 +429,7 @@ std::vector<int32_t> Scheduler::cached_prefix(const Request& r) const {
 bool Scheduler::prefix_in_flight(const Request& r, const std::vector<int32_t>& hits) const {
   const int64_t h = static_cast<int64_t>(hits.size());
   const int64_t ps = options_.page_size;
-  if (!caches(r) || (known_tokens(r) - 1) / ps <= h) return false;
+  if (!caches(r) || r.spec.prompt_logits || (known_tokens(r) - 1) / ps <= h) return false;
   std::optional<std::vector<int32_t>> tokens;
   for (uint64_t wid : running_) {
     const Request& w = requests_.at(wid);

@@ -83,6 +83,13 @@ struct SchedulerRequest {
   // follows from it): no decode row while a sample of this request is in flight, so only this
   // request waits for its step to retire (serial launch for it, early enqueue for the others).
   bool host_feedback = false;
+  // Prompt logprobs: until its first output token retired, every prefill row also asks for the
+  // logits of its prompt positions before the last one (StepRow::prompt_logits). Each such
+  // position takes one of the step's max_num_seqs rows (the runner's logit rows bound both), so
+  // its prefill chunks are at most max_num_seqs - 1 positions until they reach the last one.
+  // It never takes pages from the prefix cache (their positions would have no logits), though
+  // it still fills it.
+  bool prompt_logits = false;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kAbort, kError };
@@ -109,6 +116,10 @@ struct StepRow {
   // tokens before sampling).
   int32_t state_slot = -1;
   bool fresh_state = false;
+  // Prompt logprobs (SchedulerRequest::prompt_logits): positions [start, start + prompt_logits)
+  // also produce logits: each one's logits score the prompt token after it. Only prompt
+  // positions before the last one; 0 for other rows.
+  int64_t prompt_logits = 0;
 };
 
 // One step: decode rows first (in admission order), then prefill chunks.
@@ -195,7 +206,8 @@ class Scheduler {
   static absl::StatusOr<Scheduler> create(const SchedulerOptions& options);
 
   // Queues a request. INVALID_ARGUMENT naming the request when prompt_len or
-  // max_tokens is not positive, when prompt_len + max_tokens exceeds
+  // max_tokens is not positive, when it asks for prompt_logits with max_num_seqs < 2 (no step
+  // would hold a prompt position's logits beside its row), when prompt_len + max_tokens exceeds
   // max_model_len, or when the request alone needs more KV pages than the pool
   // holds (both numbers in the message); ALREADY_EXISTS for a live id;
   // RESOURCE_EXHAUSTED when max_waiting requests wait already.
@@ -302,7 +314,12 @@ class Scheduler {
   void preempt(uint64_t id);
   void finish(uint64_t id, FinishReason reason, absl::Status error = absl::OkStatus());
   absl::Status quarantine_error(const Request& r) const;
-  void add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len);
+  // Adds r's row of `len` positions; returns the rows of the step it takes (1 + its
+  // prompt_logits).
+  int64_t add_row(StepPlan& plan, InFlightStep& record, Request& r, int64_t len);
+  // The longest chunk, up to `len`, from r's next position whose prompt logits fit in `rows`
+  // rows besides its own (`len` itself without prompt logits); 0 when none does.
+  int64_t logit_room(const Request& r, int64_t len, int64_t rows) const;
   // One schedule() call's step under construction: decode rows first, then prefill chunks.
   struct StepBuild {
     StepPlan decodes, prefills;

@@ -1011,3 +1011,80 @@ TEST(SchedulerPrefixCache, PromptTokensMustMatchPromptLen) {
 
 }  // namespace
 }  // namespace simpler::llm
+
+namespace simpler::llm {
+namespace {
+
+// One request's prefill rows, step by step.
+struct PromptLogitRows {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // (start, len) of its prefill rows
+  std::vector<int64_t> prompt_logits;               // per prefill row
+};
+
+// A prompt-logits request's prefill chunks fit the rows its positions take (max_num_seqs - 1
+// positions with logits, then the rest up to the last prompt position); every prompt position
+// but the last is marked once, and its decode rows mark none.
+TEST(SchedulerTest, PromptLogitsTakeARowEachAndAreMarkedOnlyUntilTheFirstToken) {
+  const SchedulerOptions o = options(64, 4, 4, 64);
+  SchedulerRequest want(1, 10, 3);
+  want.prompt_logits = true;
+  Scheduler s = scheduler_with(o, {want});
+  PromptLogitRows seen;
+  std::set<int64_t> marked;
+  for (int step = 0; step < 3; ++step) {
+    std::optional<StepPlan> plan = s.schedule();
+    ASSERT_TRUE(plan.has_value());
+    ASSERT_EQ(plan->rows.size(), 1u);
+    const StepRow& row = plan->rows[0];
+    seen.chunks.emplace_back(row.start, row.len);
+    seen.prompt_logits.push_back(row.prompt_logits);
+    for (int64_t k = 0; k < row.prompt_logits; ++k) {
+      EXPECT_TRUE(marked.insert(row.start + k).second) << "position " << row.start + k;
+    }
+    ASSERT_TRUE(s.on_step_retired(plan->step_id, {RowResult{7, false}}).ok());
+  }
+  EXPECT_EQ(seen.chunks, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 3}, {6, 4}}));
+  EXPECT_EQ(seen.prompt_logits, (std::vector<int64_t>{3, 3, 3}));
+  EXPECT_EQ(marked.size(), 9u);
+  // Decoding now: no more prompt logits.
+  std::optional<StepPlan> decode = s.schedule();
+  ASSERT_TRUE(decode.has_value());
+  EXPECT_EQ(decode->rows[0].prompt_logits, 0);
+  EXPECT_FALSE(decode->rows[0].prefill);
+  ASSERT_TRUE(s.on_step_retired(decode->step_id, {RowResult{8, false}}).ok());
+
+  // Refused where no step could hold a prompt position's logits beside its own row.
+  Scheduler one = Scheduler::create(options(64, 1, 4, 64)).value();
+  EXPECT_EQ(one.add(want),
+            absl::InvalidArgumentError(
+                "request 1: prompt logits need max_num_seqs >= 2 (a prompt position's logits take "
+                "a row of the step besides its own), got 1"));
+}
+
+// Beside a decoding request, a prompt-logits chunk takes the rows left: two requests and
+// max_num_seqs 3 leave it 2 rows, one position with logits a step (the last chunk also takes the
+// last prompt position, which needs none).
+TEST(SchedulerTest, PromptLogitsChunksShrinkToTheRowsTheDecodesLeave) {
+  const SchedulerOptions o = options(64, 3, 4, 64);
+  SchedulerRequest want(2, 5, 2);
+  want.prompt_logits = true;
+  Scheduler s = scheduler_with(o, {SchedulerRequest(1, 2, 10), want});
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  for (int step = 0; step < 6 && chunks.size() < 4; ++step) {
+    std::optional<StepPlan> plan = s.schedule();
+    ASSERT_TRUE(plan.has_value());
+    int64_t rows = 0;
+    std::vector<RowResult> results(plan->rows.size(), RowResult{5, false});
+    for (const StepRow& row : plan->rows) {
+      rows += 1 + row.prompt_logits;
+      if (row.request_id == 2 && row.prefill) chunks.emplace_back(row.start, row.prompt_logits);
+    }
+    EXPECT_LE(rows, o.max_num_seqs) << "step " << plan->step_id;
+    ASSERT_TRUE(s.on_step_retired(plan->step_id, results).ok());
+  }
+  // Step 1 admits both (request 1's prefill takes 1 row, leaving 2); then request 1 decodes.
+  EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+}
+
+}  // namespace
+}  // namespace simpler::llm

@@ -265,6 +265,30 @@ ExprPtr non_empty(const ExprPtr& e) {
   return alts.size() == 1 ? alts[0] : alt(std::move(alts), e->name + "-nonempty");
 }
 
+LineIndex::LineIndex(std::string_view text) : size_(text.size()) {
+  starts_.push_back(0);
+  for (size_t k = 0; k < text.size(); ++k) {
+    if (text[k] == '\n') starts_.push_back(k + 1);
+  }
+}
+
+std::string LineIndex::where(size_t at) const {
+  at = std::min(at, size_);
+  // The last line start <= at (binary search, counting its steps).
+  size_t lo = 0, hi = starts_.size();  // starts_[lo] <= at < starts_[hi] (hi may be the end)
+  while (hi - lo > 1) {
+    ++steps_;
+    const size_t mid = lo + (hi - lo) / 2;
+    (starts_[mid] <= at ? lo : hi) = mid;
+  }
+  return absl::StrCat(lo + 1, ":", at - starts_[lo] + 1);
+}
+
+std::string short_rule_name(std::string_view name) {
+  if (name.size() <= kMaxNameInPlace) return std::string(name);
+  return std::string(name.substr(0, kMaxNameInPlace)) + "...";
+}
+
 absl::Status Lowerer::too_large() {
   return absl::InvalidArgumentError(
       absl::StrCat("the grammar is too large: more than ", kMaxSymbols, " symbols"));

@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "simpler/grammar/grammar.h"
 
 namespace simpler::grammar::internal {
@@ -84,6 +86,31 @@ bool nullable(const ExprPtr& e);
 // repetition: x* is lowered as (x without ε)*, so a repeated nullable group does not become a
 // left-recursive rule.
 ExprPtr non_empty(const ExprPtr& e);
+
+// "L:C" places (line and column from 1, the column in bytes) of offsets into one text: the
+// line starts are indexed once, so a place costs O(log lines) however far into the text it is.
+// `steps()` counts the binary-search steps taken so far (the work, for tests).
+class LineIndex {
+ public:
+  explicit LineIndex(std::string_view text);
+  std::string where(size_t at) const;
+  int64_t steps() const { return steps_; }
+
+ private:
+  std::vector<size_t> starts_;  // offset of each line's first byte; starts_[0] = 0
+  size_t size_ = 0;
+  mutable int64_t steps_ = 0;
+};
+
+// The name a generated rule gives for the rule it belongs to: `name` itself up to
+// kMaxNameInPlace bytes, else its first kMaxNameInPlace bytes and "...", so that generated
+// names stay short however long the rule's name is.
+inline constexpr size_t kMaxNameInPlace = 48;
+std::string short_rule_name(std::string_view name);
+
+// compile_gbnf (gbnf.h), also giving the LineIndex steps its places took (the work, for tests).
+absl::StatusOr<std::shared_ptr<const Grammar>> compile_gbnf_counting(std::string_view text,
+                                                                     int64_t& place_steps);
 
 // Lowers expressions into `b`. A lowered expression is a sequence of symbols; alternation,
 // repetition and multi-byte sets become rules. The total number of symbols is bounded:

@@ -24,7 +24,8 @@ bool name_char(char c) {
 // expression trees that the Lowerer adds to the builder rule by rule.
 class GbnfParser {
  public:
-  GbnfParser(std::string_view t, GrammarBuilder& b) : t_(t), b_(b), lower_(b) {}
+  GbnfParser(std::string_view t, GrammarBuilder& b) : t_(t), lines_(t), b_(b), lower_(b) {}
+  const internal::LineIndex& lines() const { return lines_; }
 
   absl::StatusOr<uint32_t> parse() {
     space(true);
@@ -52,18 +53,7 @@ class GbnfParser {
     size_t defined_at = kNever, used_at = kNever;
   };
 
-  std::string where(size_t at) const {
-    size_t line = 1, col = 1;
-    for (size_t k = 0; k < at && k < t_.size(); ++k) {
-      if (t_[k] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    return absl::StrCat(line, ":", col);
-  }
+  std::string where(size_t at) const { return lines_.where(at); }
   absl::Status too_deep(size_t at) const {
     return error(absl::StrCat("groups and repetitions nested deeper than ", kMaxNesting), at);
   }
@@ -115,7 +105,8 @@ class GbnfParser {
     r.defined_at = at;
     const uint32_t id = r.id;
     std::vector<ExprPtr> alts;
-    if (absl::Status s = alternates(n, false, alts); !s.ok()) return s;
+    // Generated rules are named after the rule (shortened) and their place.
+    if (absl::Status s = alternates(internal::short_rule_name(n), false, alts); !s.ok()) return s;
     for (const ExprPtr& a : alts) {
       if (absl::Status s = lower_.add_alternative(id, a); !s.ok()) return s;
     }
@@ -316,6 +307,7 @@ class GbnfParser {
   }
 
   std::string_view t_;
+  internal::LineIndex lines_;
   size_t i_ = 0;
   GrammarBuilder& b_;
   internal::Lowerer lower_;
@@ -325,11 +317,23 @@ class GbnfParser {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Grammar>> compile_gbnf(std::string_view text) {
+namespace internal {
+
+absl::StatusOr<std::shared_ptr<const Grammar>> compile_gbnf_counting(std::string_view text,
+                                                                     int64_t& place_steps) {
   GrammarBuilder b;
-  absl::StatusOr<uint32_t> root = GbnfParser(text, b).parse();
+  GbnfParser parser(text, b);
+  absl::StatusOr<uint32_t> root = parser.parse();
+  place_steps = parser.lines().steps();
   if (!root.ok()) return root.status();
   return std::move(b).build(*root);
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::shared_ptr<const Grammar>> compile_gbnf(std::string_view text) {
+  int64_t place_steps = 0;
+  return internal::compile_gbnf_counting(text, place_steps);
 }
 
 }  // namespace simpler::grammar

@@ -100,6 +100,11 @@ class RegexParser {
   }
 
  private:
+  // Groups and stacked quantifiers, below the trees' own bound (non_empty adds levels), as GBNF.
+  static constexpr uint32_t kMaxNesting = internal::kMaxExprDepth / 4;
+  absl::Status too_deep(size_t at) const {
+    return unsupported(absl::StrCat("groups and repetitions nested deeper than ", kMaxNesting), at);
+  }
   absl::Status unsupported(std::string_view what, size_t at) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported regular expression construct: ", std::string(what), " at byte offset ", at));
@@ -197,6 +202,7 @@ class RegexParser {
       if (!at_end() && p_[i_] == '+') return unsupported("possessive quantifier", i_);
       if (!at_end() && p_[i_] == '?') ++i_;  // lazy: the same language
       e = internal::repeat(std::move(e), min, max, absl::StrCat("repetition at ", start));
+      if (e->depth > kMaxNesting) return too_deep(q);
     }
     return e;
   }
@@ -266,6 +272,7 @@ class RegexParser {
     if (!e.ok()) return e;
     if (at_end() || p_[i_] != ')') return error("missing )");
     ++i_;
+    if ((*e)->depth > kMaxNesting) return too_deep(start);
     return e;
   }
 

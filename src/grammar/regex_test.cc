@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace simpler::grammar::regex_test {
@@ -185,6 +186,33 @@ TEST(RegexTest, ConstructsAGrammarCannotExpressAreRefusedByName) {
     EXPECT_EQ(error_of(pattern), std::string("unsupported regular expression construct: ") + what)
         << pattern;
   }
+}
+
+// Quantified groups each add a level to the expression tree (PCRE2 refuses a quantifier right
+// after another, and groups past 250): past 250 levels the pattern is refused by name, at the
+// offset of the quantifier or group past the bound, before any tree deeper than the lowering's
+// bound is built.
+TEST(RegexTest, DeeplyNestedQuantifiedGroupsAreRefusedByName) {
+  const auto chain = [](int levels) {
+    std::string p;
+    for (int i = 0; i < levels; ++i) p += "(?:";
+    p += "a";
+    for (int i = 0; i < levels; ++i) p += "){1}";
+    return p;
+  };
+  // 'a' is level 1; level j's {1} (at 3 * 250 + 1 + 4 * (j - 1) + 1) makes level j + 1.
+  EXPECT_EQ(error_of(chain(250)),
+            "unsupported regular expression construct: groups and repetitions nested deeper than "
+            "250 at byte offset 1748");
+  const auto g = compile(chain(249));
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(accepts(g, "a"));
+  EXPECT_FALSE(accepts(g, "aa"));
+  std::string stars = std::string(200, '(') + "a*";
+  for (int i = 0; i < 200; ++i) stars += ")*";
+  EXPECT_THAT(error_of(stars),
+              ::testing::StartsWith("unsupported regular expression construct: groups and "
+                                    "repetitions nested deeper than 250 at byte offset "));
 }
 
 TEST(RegexTest, HugeRepetitionCountsAreBoundedAndTheGrammarSizeIsCapped) {

@@ -370,6 +370,17 @@ SampleResult sample_row(const SamplingParams& p, const SampleRowInfo& row, const
   return r;
 }
 
+SampleResult score_row(const float* logits, int64_t vocab, int32_t token, int32_t logprobs) {
+  SampleResult r;
+  const double lse = log_sum_exp(logits, vocab);
+  r.id = token;
+  r.logprob = static_cast<float>(static_cast<double>(logits[token]) - lse);
+  SamplingParams p;
+  p.logprobs = logprobs;
+  if (logprobs > 0) fill_top_logprobs(p, logits, vocab, lse, r);
+  return r;
+}
+
 std::vector<task::Kernel> sampling_kernels() {
   return {{"token_counts", &token_counts_kernel}, {"sample", &sample_kernel}};
 }

@@ -745,3 +745,39 @@ TEST(SampleKernel, MasksRowsThatAskAndRefusesAMaskThatAllowsNothing) {
 
 }  // namespace
 }  // namespace simpler::llm
+
+namespace simpler::llm {
+namespace {
+
+// score_row reports for a given token what sample_row reports for the same token sampled: its
+// raw logprob and the same top alternatives (ties to the lower id), whatever the token's rank.
+TEST(ScoreRow, AGivenTokensLogprobAndAlternativesAreThoseOfTheSampler) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 0.25f, -3.0f, 1.5f};
+  const int64_t V = static_cast<int64_t>(logits.size());
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 3;
+  const SampleResult sampled = sample_row(greedy, SampleRowInfo{}, logits.data(), nullptr, V);
+  ASSERT_EQ(sampled.id, 1);
+  const SampleResult scored = score_row(logits.data(), V, 1, 3);
+  EXPECT_EQ(scored.id, 1);
+  EXPECT_EQ(scored.logprob, sampled.logprob);
+  for (int k = 0; k < kMaxLogprobs; ++k) {
+    EXPECT_EQ(scored.top_ids[k], sampled.top_ids[k]) << k;
+    EXPECT_EQ(scored.top_logprobs[k], sampled.top_logprobs[k]) << k;
+  }
+  EXPECT_EQ(scored.top_ids[0], 1);
+  EXPECT_EQ(scored.top_ids[1], 3);
+  EXPECT_EQ(scored.top_ids[2], 6);
+  EXPECT_EQ(scored.top_ids[3], -1);
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - 2.0);
+  const double lse = 2.0 + std::log(sum);
+  const SampleResult low = score_row(logits.data(), V, 5, 0);
+  EXPECT_EQ(low.id, 5);
+  EXPECT_FLOAT_EQ(low.logprob, static_cast<float>(-3.0 - lse));
+  EXPECT_EQ(low.top_ids[0], -1);
+}
+
+}  // namespace
+}  // namespace simpler::llm

@@ -37,6 +37,7 @@ struct Exchange {
   bool echo = false;
   std::optional<int32_t> logprobs;
   std::string response_id, model, prompt_text, request_id;
+  std::vector<int32_t> prompt_ids;  // echo with logprobs: the tokens its prompt logprobs score
   int64_t created = 0;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // choice 0's prompt tokens served by the prefix cache
@@ -144,6 +145,46 @@ json logprob_entry_chat(const Exchange& x, int32_t id, const llm::TokenLogprob& 
   return {{"token", t}, {"logprob", lp.logprob}, {"bytes", bytes(t)}, {"top_logprobs", top}};
 }
 
+// A completion's logprobs entry for one token: its text, logprob (null: none, as the prompt's
+// first token) and top alternatives, at character offset `offset`; advances `offset` by the
+// token's characters.
+void push_completion_logprob(const Exchange& x, json& d, int32_t id,
+                             const std::optional<llm::TokenLogprob>& lp, int64_t& offset) {
+  const std::string token = x.token_text(id);
+  d["tokens"].push_back(token);
+  if (lp.has_value()) {
+    json top = json::object();
+    for (const auto& [tid, l] : lp->top) top[x.token_text(tid)] = l;
+    d["token_logprobs"].push_back(lp->logprob);
+    d["top_logprobs"].push_back(std::move(top));
+  } else {
+    d["token_logprobs"].push_back(nullptr);
+    d["top_logprobs"].push_back(nullptr);
+  }
+  d["text_offset"].push_back(offset);
+  offset += utf8_chars(token);
+}
+
+void append_completion_logprobs(json& all, const json& d) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const json& v : d[key]) all[key].push_back(v);
+  }
+}
+
+// An echoed prompt's logprobs (vLLM's: the first token null), at offsets from 0 into the echoed
+// prompt, appended to the choice's (before any output token's); returns them as the echo
+// chunk's logprobs.
+json fold_prompt_logprobs(Exchange& x, const llm::RequestOutput& out) {
+  json d = empty_logprobs(false);
+  int64_t offset = 0;
+  const size_t count = std::min(out.prompt_logprobs.size(), x.prompt_ids.size());
+  for (size_t k = 0; k < count; ++k) {
+    push_completion_logprob(x, d, x.prompt_ids[k], out.prompt_logprobs[k], offset);
+  }
+  append_completion_logprobs(x.logprob_content[out.index], d);
+  return d;
+}
+
 // The event's logprobs, appended to its choice's; returns them as the stream's delta.
 json fold_logprobs(Exchange& x, const llm::RequestOutput& out) {
   json& all = x.logprob_content[out.index];
@@ -158,18 +199,9 @@ json fold_logprobs(Exchange& x, const llm::RequestOutput& out) {
   }
   json d = empty_logprobs(false);
   for (size_t k = 0; k < count; ++k) {
-    json top = json::object();
-    for (const auto& [tid, l] : out.logprobs[k].top) top[x.token_text(tid)] = l;
-    const std::string token = x.token_text(out.token_ids[k]);
-    d["tokens"].push_back(token);
-    d["token_logprobs"].push_back(out.logprobs[k].logprob);
-    d["top_logprobs"].push_back(top);
-    d["text_offset"].push_back(x.text_offset[out.index]);
-    x.text_offset[out.index] += utf8_chars(token);
+    push_completion_logprob(x, d, out.token_ids[k], out.logprobs[k], x.text_offset[out.index]);
   }
-  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-    for (const json& v : d[key]) all[key].push_back(v);
-  }
+  append_completion_logprobs(all, d);
   return d;
 }
 
@@ -195,7 +227,10 @@ std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
   const int32_t i = out.index;
   if (x.first_token_ns == 0 && !out.token_ids.empty()) x.first_token_ns = base::now_ns();
   x.text[i] += out.text;
-  json lp_delta = nullptr;
+  json prompt_lp = nullptr, lp_delta = nullptr;
+  if (x.echo && x.logprobs.has_value() && !out.prompt_logprobs.empty()) {
+    prompt_lp = fold_prompt_logprobs(x, out);  // first: the echoed prompt precedes the output
+  }
   if (x.logprobs.has_value() && !out.logprobs.empty()) lp_delta = fold_logprobs(x, out);
   if (out.finished()) {
     x.completion_tokens[i] = out.completion_tokens;
@@ -210,7 +245,7 @@ std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
     chunks += stream_chunk(x, i, {{"role", "assistant"}, {"content", ""}}, "", nullptr, nullptr);
   } else if (x.echo && !x.started[i]) {
     x.started[i] = true;  // the echoed prompt goes first, in a chunk of its own
-    chunks += stream_chunk(x, i, nullptr, x.prompt_text, nullptr, nullptr);
+    chunks += stream_chunk(x, i, nullptr, x.prompt_text, std::move(prompt_lp), nullptr);
   }
   if (!x.tool_parsers.empty()) {
     chunks += tool_call_chunks(x, out, std::move(lp_delta));
@@ -342,6 +377,7 @@ std::shared_ptr<Exchange> new_exchange(const ServerContext& ctx, const httplib::
   x->request_id = request_id;
   x->created = unix_seconds();
   x->prompt_tokens = static_cast<int64_t>(prompt.ids.size());
+  if (x->echo && x->logprobs.has_value()) x->prompt_ids = prompt.ids;
   x->n = p.n;
   x->text.assign(p.n, "");
   x->completion_tokens.assign(p.n, 0);
@@ -366,6 +402,8 @@ llm::RequestSpec request_spec(const ParsedRequest& p, std::vector<int32_t> ids, 
   spec.max_tokens = max_tokens;
   spec.n = p.n;
   spec.sampling = p.sampling;
+  // vLLM's echo with logprobs: the echoed prompt's tokens get logprobs too.
+  if (p.echo && !p.chat && p.logprobs.has_value()) spec.sampling.prompt_logprobs = p.logprobs;
   spec.caller_id = request_id;
   return spec;
 }

@@ -347,13 +347,17 @@ TEST_F(ServerTest, TextOffsetsAreCharacterOffsetsIntoTheReturnedText) {
   const json lp = json::parse(res->body)["choices"][0]["logprobs"];
   expect_text_offsets(lp, 0);
   EXPECT_GT(lp["text_offset"].back().get<int64_t>(), 0) << "the tokens before the last are empty";
-  // Echoed: the offsets count the prompt in front.
+  // Echoed: the prompt's tokens come first, from offset 0, and the output's after them.
   json echoed = body;
   echoed["echo"] = true;
   res = post("/v1/completions", echoed.dump());
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
-  expect_text_offsets(json::parse(res->body)["choices"][0]["logprobs"], chars_of(prompt));
+  const json echoed_lp = json::parse(res->body)["choices"][0]["logprobs"];
+  expect_text_offsets(echoed_lp, 0);
+  const size_t prompt_tokens = tokenizer_->encode(prompt).size();
+  ASSERT_EQ(echoed_lp["text_offset"].size(), prompt_tokens + 6);
+  EXPECT_EQ(echoed_lp["text_offset"][prompt_tokens], chars_of(prompt));
   // Streamed: the same offsets, continued across chunks.
   json streamed = body;
   streamed["stream"] = true;
@@ -389,6 +393,102 @@ TEST_F(ServerTest, StreamedEchoSendsThePromptFirst) {
     if (ev != "[DONE]") text += json::parse(ev)["choices"][0]["text"].get<std::string>();
   }
   EXPECT_EQ(text, whole);
+}
+
+// The logprobs lists of a completion's stream chunks, put together.
+json streamed_logprobs(const std::vector<std::string>& evs) {
+  json all = {{"tokens", json::array()},
+              {"token_logprobs", json::array()},
+              {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  for (const std::string& ev : evs) {
+    if (ev == "[DONE]") break;
+    const json lp = json::parse(ev)["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (const json& v : lp[key]) all[key].push_back(v);
+    }
+  }
+  return all;
+}
+
+// vLLM's echo with logprobs: the prompt's tokens lead the logprobs, the first with a null logprob
+// and null top_logprobs, each other with its logprob and `logprobs` top alternatives (prompted
+// in chunks: the prompt is longer than the 7 positions with logits a step of 8 rows holds);
+// text_offsets run from 0 through the prompt into the output. Streamed, the echo chunk carries
+// the prompt's logprobs, and the chunks' lists put together equal the whole response's.
+TEST_F(ServerTest, EchoWithLogprobsScoresThePromptTokensAsVllmDoes) {
+  start();
+  const std::string prompt = "The quick brown fox jumps over the lazy dog, and then it naps";
+  const std::vector<int32_t> ids = tokenizer_->encode(prompt);
+  ASSERT_GT(ids.size(), 8u);
+  const json body = {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", 4},
+                     {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 2},
+                     {"echo", true}};
+  auto res = post("/v1/completions", body.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json choice = json::parse(res->body)["choices"][0];
+  const json lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 4) << lp;
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size() + 4);
+  ASSERT_EQ(lp["top_logprobs"].size(), ids.size() + 4);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(lp["tokens"][k], tokenizer_->decode(std::vector<int32_t>{ids[k]})) << k;
+  }
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << lp;
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << lp;
+  for (size_t k = 1; k < ids.size() + 4; ++k) {
+    ASSERT_TRUE(lp["token_logprobs"][k].is_number()) << "token " << k << ": " << lp;
+    EXPECT_LE(lp["token_logprobs"][k].get<double>(), 0.0);
+    const json& top = lp["top_logprobs"][k];
+    ASSERT_TRUE(top.is_object()) << "token " << k;
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), 2u);
+    double best = -INFINITY;
+    for (const auto& [text, l] : top.items()) best = std::max(best, l.get<double>());
+    EXPECT_GE(best, lp["token_logprobs"][k].get<double>() - 1e-6) << "token " << k;
+  }
+  expect_text_offsets(lp, 0);
+  EXPECT_EQ(lp["text_offset"][ids.size()], chars_of(prompt));
+  EXPECT_EQ(choice["text"].get<std::string>().rfind(prompt, 0), 0u);
+
+  json streamed = body;
+  streamed["stream"] = true;
+  const auto evs = events(stream("/v1/completions", streamed.dump()));
+  ASSERT_GE(evs.size(), 2u);
+  const json first = json::parse(evs[0])["choices"][0];
+  EXPECT_EQ(first["text"], prompt);
+  ASSERT_TRUE(first["logprobs"].is_object()) << evs[0];
+  EXPECT_EQ(first["logprobs"]["tokens"].size(), ids.size()) << evs[0];
+  EXPECT_EQ(streamed_logprobs(evs), lp);
+
+  // Without echo, the logprobs are the output's only.
+  json plain = body;
+  plain.erase("echo");
+  res = post("/v1/completions", plain.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json plain_lp = json::parse(res->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(plain_lp["tokens"].size(), 4u);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(plain_lp["token_logprobs"][k], lp["token_logprobs"][ids.size() + k]) << k;
+  }
+}
+
+TEST_F(ServerTest, EchoWithLogprobsOnAnEngineOfOneSequenceAStepIs400) {
+  start({}, 256, /*seqs=*/1);
+  const json body = {{"model", "tiny"},
+                     {"prompt", "The quick brown fox"},
+                     {"max_tokens", 2},
+                     {"logprobs", 1},
+                     {"echo", true}};
+  auto res = post("/v1/completions", body.dump());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["message"],
+            "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of the "
+            "step besides its own), got 1");
 }
 
 TEST_F(ServerTest, CompletionsWithoutMaxTokensGenerateSixteenTokens) {

@@ -86,9 +86,16 @@ struct RequestSampling {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;  // none: a distinct seed per request
-  // none: no logprobs; n in [0, 5]: each token's logprob (of the raw logits)
+  // none: no logprobs; n in [0, kMaxLogprobs = 20]: each token's logprob (of the raw logits)
   // and its n most likely alternatives (OpenAI `logprobs`).
   std::optional<int32_t> logprobs;
+  // vLLM's prompt_logprobs: none: none; n in [0, kMaxLogprobs]: each prompt token after the
+  // first gets its logprob under the logits of the position before it (raw, log_softmax in
+  // f64) and the n most likely alternatives there, in RequestOutput::prompt_logprobs. Costs one
+  // LM-head row per prompt position: only such requests compute them, their prefill chunks are
+  // at most max_num_seqs - 1 positions, and they take no pages from the prefix cache. Needs
+  // max_num_seqs >= 2. Every choice (`n`) computes its own.
+  std::optional<int32_t> prompt_logprobs;
   int32_t min_tokens = 0;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
@@ -130,8 +137,12 @@ struct RequestOutput {
   RequestId id = 0;
   int32_t index = 0;  // choice
   std::string caller_id;
-  std::vector<int32_t> token_ids;       // new tokens since the previous event
-  std::vector<TokenLogprob> logprobs;   // parallel to token_ids when logprobs were asked
+  std::vector<int32_t> token_ids;      // new tokens since the previous event
+  std::vector<TokenLogprob> logprobs;  // parallel to token_ids when logprobs were asked
+  // With RequestSampling::prompt_logprobs, on the choice's event carrying its first token (only
+  // there, once, even when the choice is preempted and recomputed): one entry per prompt token,
+  // the first empty (no logits precede it).
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;
   std::vector<int64_t> token_times_ns;  // when each token's step retired (steady clock)
   std::string text;                     // new text (complete UTF-8 characters only)
   OutputFinish finish = OutputFinish::kNone;
@@ -195,7 +206,8 @@ class LlmEngine {
   // numbers (max_tokens_for's errors for the prompt's length and max_tokens,
   // an id outside the vocabulary, n outside [1, max_num_seqs], a sampling
   // parameter out of range, stop strings without a tokenizer, too many stop
-  // ids, n > max_waiting, a grammar without a tokenizer); RESOURCE_EXHAUSTED when max_waiting
+  // ids, n > max_waiting, a grammar without a tokenizer, prompt_logprobs outside [0, 20] or with
+  // max_num_seqs < 2); RESOURCE_EXHAUSTED when max_waiting
   // requests wait; the engine's unhealthy cause (its code) after an unrecoverable failure;
   // FAILED_PRECONDITION after shutdown began. Each refusal counts in metrics().requests_refused.
   // Thread-safe.

@@ -13,6 +13,9 @@
 //   * comments from # to the end of the line.
 // Terminals are Unicode code points; the grammar accepts their UTF-8 bytes.
 //
+// Cost: linear in the text, plus O(log lines) per group and repetition (their places come from
+// an index of the line starts).
+//
 // Thread safety: a pure function (thread-safe).
 #pragma once
 
@@ -39,8 +42,9 @@ inline constexpr uint32_t kMaxGbnfRepeat = 10000;
 //   * "rule 'x' is defined twice (at L:C and L:C)", "rule 'x' is used at L:C but never defined",
 //     "the grammar has no 'root' rule";
 //   * the builder's errors (grammar.h): "rule 'x' is left-recursive" (llama.cpp refuses left
-//     recursion too; a generated rule is named after its place, e.g. "root (repetition at
-//     L:C)"), and "the grammar's language is empty: rule 'root' derives no finite string";
+//     recursion too; a generated rule is named after its rule and place, e.g. "root (repetition
+//     at L:C)", a rule name past 48 bytes shortened to its first 48 and "..."), and "the grammar's
+//     language is empty: rule 'root' derives no finite string";
 //   * "the grammar is too large: more than N symbols".
 absl::StatusOr<std::shared_ptr<const Grammar>> compile_gbnf(std::string_view text);
 

@@ -35,7 +35,10 @@ inline constexpr uint32_t kMaxRegexRepeat = 10000;
 //     (?P=", "lookahead (?=", "negative lookahead (?!", "lookbehind (?<=", "negative lookbehind
 //     (?<!", "atomic group (?>", "possessive quantifier", "inline flags (?i", "conditional (?(",
 //     "recursion (?R", "branch reset (?|", "anchor ^ inside the pattern", "anchor $ inside the
-//     pattern", "word boundary \b", "Unicode property \p", "POSIX class [:", "escape \K", ...;
+//     pattern", "word boundary \b", "Unicode property \p", "POSIX class [:", "escape \K",
+//     "groups and repetitions nested deeper than 250" (stacked quantifiers such as `a{1}{1}...`
+//     or `((a*)*)*` count one level each; N is the offset of the group or quantifier past it),
+//     ...;
 //   * "repetition count C at byte offset N is above kMaxRegexRepeat";
 //   * "the grammar is too large: more than N symbols" (e.g. nested large counts);
 //   * the builder's "the grammar's language is empty: rule 'pattern' derives no finite string"

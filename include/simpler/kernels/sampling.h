@@ -246,5 +246,11 @@ void sampling_weights(const SamplingParams& params, const float* penalized, int6
 // logprobs > 0.
 SampleResult sample_row(const SamplingParams& params, const SampleRowInfo& row, const float* logits,
                         const int32_t* counts, int64_t vocab, const uint32_t* mask = nullptr);
+// A given token scored against raw logits (prompt logprobs, vLLM's prompt_logprobs): id `token`,
+// its log_softmax(logits) and the `logprobs` highest raw logprobs (ties: lower id first; unused
+// entries -1 / -inf): what sample_row reports for an unmasked row that sampled `token` with
+// params.logprobs = `logprobs`. Requires vocab ≥ 1, token in [0, vocab), logprobs in
+// [0, kMaxLogprobs]. Thread-safe; O(V) plus a partial sort for the alternatives.
+SampleResult score_row(const float* logits, int64_t vocab, int32_t token, int32_t logprobs);
 
 }  // namespace simpler::llm

@@ -90,6 +90,8 @@ struct ParsedRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions only
   // Completions: `logprobs` N (top alternatives). Chat: `logprobs` true with `top_logprobs` N.
+  // A completion with `echo` and `logprobs` also asks the engine for the prompt's logprobs
+  // (RequestSampling::prompt_logprobs = N), listed before the output's as vLLM lists them.
   std::optional<int32_t> logprobs;
   llm::RequestSampling sampling;
 };
