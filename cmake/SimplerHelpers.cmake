@@ -30,11 +30,10 @@ if(SIMPLER_ENABLE_FUZZING)
   endif()
   # libFuzzer's coverage (SanitizerCoverage: edge counters, and a callback at every comparison)
   # is compiled only into the code a fuzz target feeds its input to: the libraries marked FUZZED
-  # (simpler_library) and the fuzz targets' own sources. The rest (kernels, runtime, engine,
-  # server) would only be slower to compile and to test: the coverage callbacks took the
-  # AVX-512 matmul file from X to Y CPU-s under ASan. Only the fuzz targets link libFuzzer's
-  # main. With ASAN on too (the asan flavour), the unit tests and the fuzz targets share one
-  # build.
+  # (simpler_library) and the fuzz targets' own sources. In the rest (kernels, runtime, engine,
+  # server) it would only slow the unit tests that share this build: a call at every integer
+  # comparison of the hot loops. Only the fuzz targets link libFuzzer's main. With ASAN on too
+  # (the asan flavour), the unit tests and the fuzz targets share one build.
   set(SIMPLER_FUZZ_COVERAGE -fsanitize=fuzzer-no-link)
   if(NOT SIMPLER_ENABLE_ASAN)
     add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
