@@ -63,12 +63,13 @@ class LlmEngineTest : public ::testing::Test {
     eo.runner.capture = capture;
     return eo;
   }
-  // With capture on, steps were replayed (not only captured); with it off, nothing was captured.
-  static void expect_replays(const LlmEngine& e, bool capture) {
+  // With capture on, steps were captured and (where `shapes_repeat`: the test's steps are sure
+  // to repeat a shape) replayed; with it off, nothing was captured.
+  static void expect_replays(const LlmEngine& e, bool capture, bool shapes_repeat = true) {
     const worker::CaptureStats s = EngineTestAccess::capture_stats(e);
     if (capture) {
       EXPECT_GT(s.captures, 0u);
-      EXPECT_GT(s.replays, 0u);
+      if (shapes_repeat) EXPECT_GT(s.replays, 0u);
     } else {
       EXPECT_EQ(s.captures + s.replays, 0u);
     }
@@ -207,7 +208,9 @@ TEST_F(LlmEngineTest, RequestsArrivingWhileStepsRunGetTheirSoloTokens) {
         EXPECT_EQ(d.finish, OutputFinish::kLength) << "prompt " << i;
         EXPECT_EQ(d.tokens, solo[i]) << "prompt " << i << " of " << ps[i].size() << " tokens";
       }
-      expect_replays(*e, capture);
+      // Arrivals at random moments make budget 7's and 64's chunk lengths, so their step shapes,
+      // a matter of timing: only budget 1's steps (one token of one row) surely repeat.
+      expect_replays(*e, capture, /*shapes_repeat=*/budget == 1);
       EXPECT_TRUE(e->shutdown().ok());
     }
   }
