@@ -873,14 +873,13 @@ bool Qwen3ModelRunner::captured(const StepInFlight& s) const {
 
 namespace {
 
-// The bucket of a step with `rows` rows (positions or sampled rows), at most `cap`: the next of
-// 1, 2, 4, 8, 16, 32, then `cap` itself (a prefill chunk's budget); 0 stays 0, and a count at or
-// above the cap stays as it is (size_outputs refuses what exceeds the runner's limits).
+// The bucket of a step with `rows` rows (positions or sampled rows), at most `cap`: the next power
+// of two (1, 2, 4, ..., 32, 64, ...: never twice the rows or more), or `cap` itself where that
+// power exceeds it (a prefill chunk's budget); 0 stays 0, and a count at or above the cap stays as
+// it is (size_outputs refuses what exceeds the runner's limits).
 int64_t row_bucket(int64_t rows, int64_t cap) {
-  constexpr int64_t kLargestPowerBucket = 32;
   if (rows <= 0 || rows >= cap) return rows;
-  const auto p = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(rows)));
-  return p <= std::min(kLargestPowerBucket, cap) ? p : cap;
+  return std::min(static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(rows))), cap);
 }
 
 }  // namespace

@@ -252,11 +252,12 @@ class Qwen3ModelRunner {
   // Whether the step is captured (RunnerOptions::capture, an own worker, no token-count commits).
   bool captured(const StepInFlight& s) const;
   // A captured step padded to its bucket (rows as vLLM pads them for CUDA graphs): positions up
-  // to 1, 2, 4, ..., 32, then max_num_batched_tokens, each padded one with token 0, position 0,
-  // slot_mapping -1 (no KV written), context length 0 (attention reads no page: a zero row) and
-  // a zero block table `max_blocks` wide; sampled rows likewise up to max_num_seqs - np, each
-  // padded one greedy without logprobs, reading the last position, with state slot -1 (no
-  // token counts or last_ids read or written). collect() reads only the plan's rows.
+  // to the next power of two (1, 2, 4, ..., 32, ...), max_num_batched_tokens at most, each padded
+  // one with token 0, position 0, slot_mapping -1 (no KV written), context length 0 (attention
+  // reads no page: a zero row) and a zero block table `max_blocks` wide; sampled rows likewise up
+  // to max_num_seqs - np, each padded one greedy without logprobs, reading the last position, with
+  // state slot -1 (no token counts or last_ids read or written). collect() reads only the plan's
+  // rows.
   void pad_to_bucket(StepInFlight& st, int64_t max_blocks, int64_t np) const;
   // The capture key of a step with host tensors `args` (0: uncaptured; RunnerOptions::capture).
   uint64_t capture_key(const StepInFlight& s, const std::vector<HostArg>& args);
