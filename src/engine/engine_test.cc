@@ -454,6 +454,68 @@ TEST_F(LlmEngineTest, PaddedRowsOfACapturedStepTouchNoRealRowOrKvPage) {
   }
 }
 
+// A captured prefill chunk of 33 positions runs as 64 (the next power of two) within a budget of
+// 128, and as the budget itself, 48, below that power; its sample and raw logits are the
+// uncaptured chunk's.
+TEST_F(LlmEngineTest, ACapturedPrefillChunkPadsToTheNextPowerOfTwoOrItsBudget) {
+  std::vector<int32_t> tokens(37);  // the prompt
+  for (int32_t k = 0; k < 37; ++k) tokens[k] = (7 * k + 3) % 512;
+  SamplingParams params;
+  params.temperature = 0;
+  struct Case {
+    bool capture;
+    int budget;
+    int64_t run;  // positions the chunk runs
+  };
+  std::vector<int32_t> samples;
+  std::vector<std::vector<float>> logits;
+  for (const Case c : {Case{false, 128, 33}, Case{true, 128, 64}, Case{true, 48, 48}}) {
+    SCOPED_TRACE(::testing::Message() << "capture " << c.capture << " budget " << c.budget);
+    RunnerOptions ro = options(1, 16, c.budget, 4).runner;
+    ro.capture = c.capture;
+    auto runner = Qwen3ModelRunner::create(*dir_, ro);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    // Step 0 prefills [0, 4) (uncaptured: it commits the prompt's counts); step 1 [4, 37).
+    for (int step = 0; step < 2; ++step) {
+      StepPlan plan;
+      plan.step_id = step;
+      StepRow row;
+      row.request_id = 1;
+      row.start = step == 0 ? 0 : 4;
+      row.len = step == 0 ? 4 : 33;
+      row.prefill = true;
+      row.logits = step == 1;
+      for (int32_t b = 0; b < 10; ++b) row.block_table.push_back(b);
+      for (int64_t k = 0; k < row.len; ++k) row.slots.push_back(row.start + k);
+      row.state_slot = 0;
+      row.fresh_state = step == 0;
+      plan.rows.push_back(row);
+      RowInput in;
+      in.tokens = &tokens;
+      in.prompt_len = 37;
+      in.params = &params;
+      in.want_logits = true;
+      auto st = (*runner)->submit(plan, std::span<const RowInput>(&in, 1));
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ((*st)->num_tokens(), step == 0 ? 4 : c.run);
+      const absl::Status ran = (*st)->handle().wait();
+      ASSERT_TRUE(ran.ok()) << ran;
+      auto out = (*runner)->collect(**st);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_EQ(out->size(), step == 0 ? 0u : 1u);
+      if (step == 1) {
+        samples.push_back((*out)[0].sample.id);
+        logits.push_back((*out)[0].logits);
+      }
+    }
+  }
+  ASSERT_EQ(samples.size(), 3u);
+  EXPECT_EQ(samples[1], samples[0]);
+  EXPECT_EQ(samples[2], samples[0]);
+  EXPECT_EQ(logits[1], logits[0]);
+  EXPECT_EQ(logits[2], logits[0]);
+}
+
 // ---- prefix caching (docs/design/prefix_cache.md) ----
 
 struct Conversations {
