@@ -339,6 +339,188 @@ TEST_F(LlmEngineTest, ASeededRequestsTokensDoNotDependOnTheBatchDepthOrPreemptio
   }
 }
 
+// Captured decode steps run padded to their bucket (1, 2, 4, 8, 16, 32 rows): a batch that grows
+// from 1 to 32 requests and shrinks back to 1 captures one graph per bucket, not one per size,
+// and every request's tokens are its solo tokens.
+TEST_F(LlmEngineTest, BatchesOfOneToThirtyTwoRowsCaptureAtMostSixGraphs) {
+  constexpr int kRequests = 32;
+  const int64_t max_tokens = kSanitized ? 72 : 100;
+  std::vector<std::vector<int32_t>> ps;
+  for (int k = 0; k < kRequests; ++k) ps.push_back({static_cast<int32_t>(3 * k + 1)});
+  const auto solo = solo_tokens(ps, max_tokens);
+  // One page per request (128 tokens): the block tables' width stays 1, so only the row count
+  // chooses the graph.
+  auto e = engine(captured(options(1, 40, 64, kRequests, 128), true));
+  std::vector<RequestId> ids;
+  std::vector<std::vector<int32_t>> first(kRequests);
+  for (int k = 0; k < kRequests; ++k) {
+    // Each request arrives once the one before it has its first token: the batch grows one row at
+    // a time, and as they all ask the same number of tokens, it shrinks one row at a time.
+    ids.push_back(e->add_request(greedy(ps[k], max_tokens)).value());
+    auto out = e->next_output(ids.back(), base::Deadline::after(std::chrono::seconds(60)));
+    ASSERT_TRUE(out.ok()) << out.status();
+    first[k] = out->token_ids;
+    ASSERT_FALSE(out->finished());
+  }
+  for (int k = 0; k < kRequests; ++k) {
+    Done d = drain(*e, ids[k]);
+    first[k].insert(first[k].end(), d.tokens.begin(), d.tokens.end());
+    EXPECT_EQ(d.finish, OutputFinish::kLength) << "request " << k;
+    EXPECT_EQ(first[k], solo[k]) << "request " << k;
+  }
+  const worker::CaptureStats s = EngineTestAccess::capture_stats(*e);
+  EXPECT_LE(s.captures, 6u);
+  EXPECT_LE(s.graphs, 6);
+  EXPECT_EQ(s.evictions, 0u);
+  // The last request's steps after its first (no arrival commits counts in them) were captured.
+  EXPECT_GE(s.captures + s.replays, static_cast<uint64_t>(max_tokens - 1));
+  EXPECT_GT(s.replays, 0u);
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
+// The padded rows of a captured step, against the same steps uncaptured: the real rows' samples
+// and raw logits are bit-identical (a padded row's output reaches no real row), and every KV slot
+// of the pool holds the same K and V (a padded row writes no KV page, a real request's or other).
+TEST_F(LlmEngineTest, PaddedRowsOfACapturedStepTouchNoRealRowOrKvPage) {
+  RunnerOptions ro = options(1, 8, 16, 8).runner;  // 8 pages of 4 tokens
+  std::unique_ptr<Qwen3ModelRunner> runners[2];
+  for (bool capture : {false, true}) {
+    ro.capture = capture;
+    auto r = Qwen3ModelRunner::create(*dir_, ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    runners[capture] = std::move(r).value();
+  }
+  constexpr int kRows = 3;
+  std::vector<int32_t> tokens[2][kRows];
+  SamplingParams params[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    params[r].temperature = 0.8f;
+    params[r].seed = 7 + r;
+    for (bool capture : {false, true}) tokens[capture][r] = {10 + r, 20 + r, 30 + r};
+  }
+  // Step 0: each request's prompt (3 positions in page r; uncaptured either way: it commits the
+  // prompt's token counts). Step 1: one decode row each (position 3, page r): 3 rows padded to 4.
+  // Step 2: rows 0 and 1 only (position 4, page 3 + r): 2 rows, no padding.
+  for (int step = 0; step < 3; ++step) {
+    const int rows = step == 2 ? 2 : kRows;
+    std::vector<int32_t> samples[2];
+    std::vector<std::vector<float>> logits[2];
+    for (bool capture : {false, true}) {
+      StepPlan plan;
+      plan.step_id = step;
+      std::vector<RowInput> inputs;
+      for (int r = 0; r < rows; ++r) {
+        StepRow row;
+        row.request_id = r + 1;
+        row.start = step == 0 ? 0 : 2 + step;
+        row.len = step == 0 ? 3 : 1;
+        row.prefill = step == 0;
+        row.logits = true;
+        row.block_table = step < 2 ? std::vector<int32_t>{r} : std::vector<int32_t>{r, 3 + r};
+        for (int64_t k = 0; k < row.len; ++k) {
+          const int64_t pos = row.start + k;
+          row.slots.push_back(row.block_table[pos / 4] * 4 + static_cast<int32_t>(pos % 4));
+        }
+        row.state_slot = r;
+        row.fresh_state = step == 0;
+        plan.rows.push_back(row);
+        RowInput in;
+        in.tokens = &tokens[capture][r];
+        in.prompt_len = 3;
+        in.params = &params[r];
+        in.want_logits = true;
+        inputs.push_back(in);
+      }
+      auto st = runners[capture]->submit(plan, inputs);
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_TRUE((*st)->handle().wait().ok());
+      auto out = runners[capture]->collect(**st);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_EQ(out->size(), static_cast<size_t>(rows)) << "capture " << capture;
+      for (int r = 0; r < rows; ++r) {
+        EXPECT_EQ((*out)[r].row, static_cast<size_t>(r));
+        samples[capture].push_back((*out)[r].sample.id);
+        logits[capture].push_back((*out)[r].logits);
+        tokens[capture][r].push_back((*out)[r].sample.id);
+      }
+    }
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    EXPECT_EQ(samples[1], samples[0]);
+    EXPECT_EQ(logits[1], logits[0]);
+  }
+  const worker::CaptureStats cs = runners[1]->worker()->capture_stats();
+  EXPECT_EQ(cs.captures, 2u);  // steps 1 (4 rows) and 2 (2 rows)
+  EXPECT_EQ(runners[0]->worker()->capture_stats().captures, 0u);
+  for (int32_t slot = 0; slot < 8 * 4; ++slot) {
+    auto a = runners[0]->read_kv(slot), b = runners[1]->read_kv(slot);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(b->k, a->k) << "slot " << slot;
+    EXPECT_EQ(b->v, a->v) << "slot " << slot;
+  }
+}
+
+// A captured prefill chunk of 33 positions runs as 64 (the next power of two) within a budget of
+// 128, and as the budget itself, 48, below that power; its sample and raw logits are the
+// uncaptured chunk's.
+TEST_F(LlmEngineTest, ACapturedPrefillChunkPadsToTheNextPowerOfTwoOrItsBudget) {
+  std::vector<int32_t> tokens(37);  // the prompt
+  for (int32_t k = 0; k < 37; ++k) tokens[k] = (7 * k + 3) % 512;
+  SamplingParams params;
+  params.temperature = 0;
+  struct Case {
+    bool capture;
+    int budget;
+    int64_t run;  // positions the chunk runs
+  };
+  std::vector<int32_t> samples;
+  std::vector<std::vector<float>> logits;
+  for (const Case c : {Case{false, 128, 33}, Case{true, 128, 64}, Case{true, 48, 48}}) {
+    SCOPED_TRACE(::testing::Message() << "capture " << c.capture << " budget " << c.budget);
+    RunnerOptions ro = options(1, 16, c.budget, 4).runner;
+    ro.capture = c.capture;
+    auto runner = Qwen3ModelRunner::create(*dir_, ro);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    // Step 0 prefills [0, 4) (uncaptured: it commits the prompt's counts); step 1 [4, 37).
+    for (int step = 0; step < 2; ++step) {
+      StepPlan plan;
+      plan.step_id = step;
+      StepRow row;
+      row.request_id = 1;
+      row.start = step == 0 ? 0 : 4;
+      row.len = step == 0 ? 4 : 33;
+      row.prefill = true;
+      row.logits = step == 1;
+      for (int32_t b = 0; b < 10; ++b) row.block_table.push_back(b);
+      for (int64_t k = 0; k < row.len; ++k) row.slots.push_back(row.start + k);
+      row.state_slot = 0;
+      row.fresh_state = step == 0;
+      plan.rows.push_back(row);
+      RowInput in;
+      in.tokens = &tokens;
+      in.prompt_len = 37;
+      in.params = &params;
+      in.want_logits = true;
+      auto st = (*runner)->submit(plan, std::span<const RowInput>(&in, 1));
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ((*st)->num_tokens(), step == 0 ? 4 : c.run);
+      const absl::Status ran = (*st)->handle().wait();
+      ASSERT_TRUE(ran.ok()) << ran;
+      auto out = (*runner)->collect(**st);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_EQ(out->size(), step == 0 ? 0u : 1u);
+      if (step == 1) {
+        samples.push_back((*out)[0].sample.id);
+        logits.push_back((*out)[0].logits);
+      }
+    }
+  }
+  ASSERT_EQ(samples.size(), 3u);
+  EXPECT_EQ(samples[1], samples[0]);
+  EXPECT_EQ(samples[2], samples[0]);
+  EXPECT_EQ(logits[1], logits[0]);
+  EXPECT_EQ(logits[2], logits[0]);
+}
+
 // ---- prefix caching (docs/design/prefix_cache.md) ----
 
 struct Conversations {

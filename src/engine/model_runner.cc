@@ -864,11 +864,54 @@ absl::Status Qwen3ModelRunner::launch(StepInFlight& s, const std::vector<HostArg
   return absl::OkStatus();
 }
 
-uint64_t Qwen3ModelRunner::capture_key(const StepInFlight& s, const std::vector<HostArg>& args) {
-  if (!options_.capture || l3_ != nullptr) return 0;
+bool Qwen3ModelRunner::captured(const StepInFlight& s) const {
+  if (!options_.capture || l3_ != nullptr) return false;
   // Token-count commits carry a prompt's length: a key per prompt length would only churn the
   // cache.
-  if (!s.clear_slots.empty() || !s.prompt_ids.empty() || !s.gen_ids.empty()) return 0;
+  return s.clear_slots.empty() && s.prompt_ids.empty() && s.gen_ids.empty();
+}
+
+namespace {
+
+// The bucket of a step with `rows` rows (positions or sampled rows), at most `cap`: the next power
+// of two (1, 2, 4, ..., 32, 64, ...: never twice the rows or more), or `cap` itself where that
+// power exceeds it (a prefill chunk's budget); 0 stays 0, and a count at or above the cap stays as
+// it is (size_outputs refuses what exceeds the runner's limits).
+int64_t row_bucket(int64_t rows, int64_t cap) {
+  if (rows <= 0 || rows >= cap) return rows;
+  return std::min(static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(rows))), cap);
+}
+
+}  // namespace
+
+void Qwen3ModelRunner::pad_to_bucket(StepInFlight& st, int64_t max_blocks, int64_t np) const {
+  const auto B = static_cast<int64_t>(st.positions.size());
+  const int64_t padded_b = row_bucket(B, options_.max_num_batched_tokens);
+  for (int64_t k = B; k < padded_b; ++k) {
+    st.host_ids.push_back(0);
+    st.src_slots.push_back(-1);  // token 0 from the host, not last_ids
+    st.positions.push_back(0);
+    st.slot_mapping.push_back(-1);  // kv_write skips it: no KV slot is written
+    st.context_lens.push_back(0);   // paged attention reads no page: a zero row
+    st.block_tables.insert(st.block_tables.end(), max_blocks, 0);
+  }
+  // Sampled rows so far (the prompt positions' score rows are appended after them).
+  const auto ns = static_cast<int64_t>(st.logit_rows.size());
+  const int64_t padded_ns = row_bucket(ns, options_.max_num_seqs - np);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = -1;  // no log-sum-exp over the vocabulary
+  for (int64_t j = ns; j < padded_ns; ++j) {
+    st.logit_rows.push_back(static_cast<int32_t>(padded_b - 1));
+    st.params.push_back(greedy);
+    st.rows.push_back(SampleRowInfo{});  // slot -1: no token counts read
+    st.sample_slots.push_back(-1);       // token_counts and token_scatter skip it
+    st.mask_src_.push_back(nullptr);
+  }
+}
+
+uint64_t Qwen3ModelRunner::capture_key(const StepInFlight& s, const std::vector<HostArg>& args) {
+  if (!captured(s)) return 0;
   std::vector<int64_t> shapes;
   for (const HostArg& h : args) {
     shapes.push_back(static_cast<int64_t>(h.shape.size()));
@@ -909,6 +952,7 @@ absl::StatusOr<std::unique_ptr<StepInFlight>> Qwen3ModelRunner::submit(
       any_logits_wanted = any_logits_wanted || inputs[i].want_logits;
     }
   }
+  if (captured(*st)) pad_to_bucket(*st, max_blocks, static_cast<int64_t>(score_rows.size()));
   st->logit_rows.insert(st->logit_rows.end(), score_rows.begin(), score_rows.end());
   SIMPLER_RETURN_IF_ERROR(size_outputs(*st, any_logits_wanted));
   std::vector<HostArg> args = host_args(*st, max_blocks, dims_.vocab_size);

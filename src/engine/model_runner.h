@@ -121,6 +121,7 @@ class StepInFlight {
   const worker::RunHandle& handle() const { return handle_; }
   int64_t step_id() const { return step_id_; }
   int64_t submit_ns() const { return submit_ns_; }
+  // Positions run: the plan's, and a captured step's padding (Qwen3ModelRunner::pad_to_bucket).
   int64_t num_tokens() const { return static_cast<int64_t>(positions.size()); }
   int64_t num_logit_rows() const { return static_cast<int64_t>(row_of_logit_.size()); }
   // After Qwen3ModelRunner::collect: the prompt positions' logprobs, in row and position order.
@@ -248,6 +249,16 @@ class Qwen3ModelRunner {
   // Copies the inputs into one L3 shared-heap buffer and points `args` at it.
   absl::Status stage_on_l3(StepInFlight& s, std::vector<HostArg>& args);
   absl::Status launch(StepInFlight& s, const std::vector<HostArg>& args);
+  // Whether the step is captured (RunnerOptions::capture, an own worker, no token-count commits).
+  bool captured(const StepInFlight& s) const;
+  // A captured step padded to its bucket (rows as vLLM pads them for CUDA graphs): positions up
+  // to the next power of two (1, 2, 4, ..., 32, ...), max_num_batched_tokens at most, each padded
+  // one with token 0, position 0, slot_mapping -1 (no KV written), context length 0 (attention
+  // reads no page: a zero row) and a zero block table `max_blocks` wide; sampled rows likewise up
+  // to max_num_seqs - np, each padded one greedy without logprobs, reading the last position, with
+  // state slot -1 (no token counts or last_ids read or written). collect() reads only the plan's
+  // rows.
+  void pad_to_bucket(StepInFlight& st, int64_t max_blocks, int64_t np) const;
   // The capture key of a step with host tensors `args` (0: uncaptured; RunnerOptions::capture).
   uint64_t capture_key(const StepInFlight& s, const std::vector<HostArg>& args);
   ModelConfig config_;

@@ -33,10 +33,14 @@ struct RunnerOptions {
   Precision precision = Precision::kInt8;
   // Capture the step program once per step shape and replay it (task::CallConfig::capture_key;
   // docs/design/capture_replay.md): one key per distinct list of the step's argument shapes,
-  // with the block tables' width rounded up to a power of two. Steps that commit token counts
-  // (a request's first step, or its recompute after preemption) run uncaptured. Tokens are the
-  // same either way. The graphs kept: worker.max_captured_graphs. Only a runner with its own
-  // Worker: Qwen3DataParallel refuses it (INVALID_ARGUMENT).
+  // with the block tables' width rounded up to a power of two, and the positions and sampled
+  // rows padded to a bucket (the next power of two: 1, 2, 4, ..., 32, ..., at most
+  // max_num_batched_tokens or max_num_seqs) as vLLM pads CUDA graphs: a padded row writes no KV
+  // slot, touches no request's sampling state and is not reported, so decode batches of 1 to 32
+  // rows need at most 6 graphs (per block-table width). Steps that commit token counts (a
+  // request's first step, or its recompute after preemption) run uncaptured. Tokens are the same
+  // either way. The graphs kept: worker.max_captured_graphs. Only a runner with its own Worker:
+  // Qwen3DataParallel refuses it (INVALID_ARGUMENT).
   bool capture = false;
 };
 
