@@ -23,8 +23,12 @@ using task::DataType;
 using testing::run_blocks;
 using testing::view;
 
+// binary16 rounding (to nearest even) by the compiler's _Float16 where it has one (g++ 12; clang
+// from 15 on x86), a reference independent of ours; else by task's f32_to_f16 (clang 14, the
+// sanitizer builds' compiler, has no _Float16 on x86).
+#ifdef __FLT16_MAX__
 uint16_t to_half(float f) {
-  const auto h = static_cast<_Float16>(f);  // round to nearest even
+  const auto h = static_cast<_Float16>(f);
   uint16_t bits;
   std::memcpy(&bits, &h, sizeof(bits));
   return bits;
@@ -34,6 +38,10 @@ float from_half(uint16_t bits) {
   std::memcpy(&h, &bits, sizeof(h));
   return static_cast<float>(h);
 }
+#else
+uint16_t to_half(float f) { return task::f32_to_f16(f); }
+float from_half(uint16_t bits) { return task::f16_to_f32(bits); }
+#endif
 
 // ggml's quantize_row_q8_0 (x86 / NEON: ties to even) for one row: q and the dequantized scales.
 void ref_q8_0(const std::vector<float>& x, std::vector<int8_t>& q, std::vector<float>& d) {
