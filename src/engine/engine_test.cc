@@ -69,7 +69,9 @@ class LlmEngineTest : public ::testing::Test {
     const worker::CaptureStats s = EngineTestAccess::capture_stats(e);
     if (capture) {
       EXPECT_GT(s.captures, 0u);
-      if (shapes_repeat) EXPECT_GT(s.replays, 0u);
+      if (shapes_repeat) {
+        EXPECT_GT(s.replays, 0u);
+      }
     } else {
       EXPECT_EQ(s.captures + s.replays, 0u);
     }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/qwen3_reference_test_util.h"
 #include "simpler/kernels/kernels.h"
 #include "simpler/model/make_model.h"
 
@@ -24,6 +25,10 @@ using task::DataType;
 using task::TaskArgs;
 using task::Tensor;
 using ::testing::HasSubstr;
+using testing::HostLayer;
+using testing::HostModel;
+using testing::reference_logits;
+using testing::Vec;
 
 // ---- paged KV stand-in ---------------------------------------------------------------
 
@@ -242,15 +247,6 @@ class SequentialContext : public task::OrchestrationContext {
 
 // ---- random model and the double-precision reference ------------------------------------
 
-struct HostLayer {
-  std::vector<float> ln1, wq, wk, wv, wo, qn, kn, ln2, wg, wu, wd;
-};
-struct HostModel {
-  Qwen3Dims dims;
-  std::vector<float> embed, norm, lm_head;
-  std::vector<HostLayer> layers;
-};
-
 class Rng {
  public:
   explicit Rng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
@@ -328,96 +324,6 @@ Qwen3DeviceWeights upload_model(const HostModel& m, Arena& arena) {
     w.layers.push_back(lw);
   }
   return w;
-}
-
-using Vec = std::vector<double>;
-
-Vec matvec(const std::vector<float>& w, int64_t out, int64_t in, const Vec& x) {
-  Vec y(out, 0.0);
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t i = 0; i < in; ++i) y[o] += static_cast<double>(w[o * in + i]) * x[i];
-  }
-  return y;
-}
-
-Vec rms_norm(const Vec& x, const float* w, double eps) {
-  double ss = 0;
-  for (double v : x) ss += v * v;
-  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
-  Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
-  return y;
-}
-
-// Per-head RMSNorm then rotate-half RoPE at `pos`, in place on [heads·hd].
-void norm_rope_heads(Vec& v, int64_t heads, int64_t hd, const std::vector<float>& w, double eps,
-                     int64_t pos, double theta) {
-  for (int64_t h = 0; h < heads; ++h) {
-    Vec head(v.begin() + h * hd, v.begin() + (h + 1) * hd);
-    head = rms_norm(head, w.data(), eps);
-    for (int64_t i = 0; i < hd / 2; ++i) {
-      const double a = static_cast<double>(pos) * std::pow(theta, -2.0 * i / hd);
-      v[h * hd + i] = head[i] * std::cos(a) - head[i + hd / 2] * std::sin(a);
-      v[h * hd + i + hd / 2] = head[i + hd / 2] * std::cos(a) + head[i] * std::sin(a);
-    }
-  }
-}
-
-// Logits of the last position of `tokens`, recomputing the whole causal
-// forward pass in double (HF modeling_qwen3 semantics).
-Vec reference_logits(const HostModel& m, const std::vector<int32_t>& tokens) {
-  const Qwen3Dims& d = m.dims;
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const int64_t H = d.hidden_size, I = d.intermediate_size, hd = d.head_dim;
-  const int64_t nh = d.num_attention_heads, nkv = d.num_key_value_heads;
-  const double eps = static_cast<float>(d.rms_norm_eps);
-  const double theta = static_cast<float>(d.rope_theta);
-  std::vector<Vec> x(T, Vec(H));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < H; ++i) x[t][i] = m.embed[tokens[t] * H + i];
-  }
-  for (const HostLayer& L : m.layers) {
-    std::vector<Vec> q(T), k(T), v(T);
-    for (int64_t t = 0; t < T; ++t) {
-      Vec h = rms_norm(x[t], L.ln1.data(), eps);
-      q[t] = matvec(L.wq, nh * hd, H, h);
-      k[t] = matvec(L.wk, nkv * hd, H, h);
-      v[t] = matvec(L.wv, nkv * hd, H, h);
-      norm_rope_heads(q[t], nh, hd, L.qn, eps, t, theta);
-      norm_rope_heads(k[t], nkv, hd, L.kn, eps, t, theta);
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      Vec attn(nh * hd, 0.0);
-      for (int64_t h = 0; h < nh; ++h) {
-        const int64_t g = h / (nh / nkv);
-        Vec s(t + 1);
-        double mx = -INFINITY;
-        for (int64_t u = 0; u <= t; ++u) {
-          double dot = 0;
-          for (int64_t i = 0; i < hd; ++i) dot += q[t][h * hd + i] * k[u][g * hd + i];
-          s[u] = dot / std::sqrt(static_cast<double>(hd));
-          mx = std::max(mx, s[u]);
-        }
-        double sum = 0;
-        for (double& e : s) sum += (e = std::exp(e - mx));
-        for (int64_t u = 0; u <= t; ++u) {
-          for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += s[u] / sum * v[u][g * hd + i];
-        }
-      }
-      Vec o = matvec(L.wo, H, nh * hd, attn);
-      for (int64_t i = 0; i < H; ++i) x[t][i] += o[i];
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      Vec h = rms_norm(x[t], L.ln2.data(), eps);
-      Vec g = matvec(L.wg, I, H, h);
-      Vec u = matvec(L.wu, I, H, h);
-      for (int64_t i = 0; i < I; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      Vec dn = matvec(L.wd, H, I, g);
-      for (int64_t i = 0; i < H; ++i) x[t][i] += dn[i];
-    }
-  }
-  Vec h = rms_norm(x[T - 1], m.norm.data(), eps);
-  return matvec(d.tie_word_embeddings ? m.embed : m.lm_head, d.vocab_size, H, h);
 }
 
 double relative_l2(const float* got, const Vec& want) {
