@@ -92,25 +92,6 @@ void dequantize_block_row(DataType dtype, const uint8_t* row, int64_t cols, floa
   task::dequantize_blocks(dtype, row, cols, out);
 }
 
-matmul_detail::WeightType weight_type(DataType dtype) {
-  switch (dtype) {
-    case DataType::kBFloat16:
-      return matmul_detail::WeightType::kBF16;
-    case DataType::kFloat16:
-      return matmul_detail::WeightType::kF16;
-    case DataType::kQ8_0:
-      return matmul_detail::WeightType::kQ8_0;
-    case DataType::kQ4_0:
-      return matmul_detail::WeightType::kQ4_0;
-    case DataType::kQ4_K:
-      return matmul_detail::WeightType::kQ4_K;
-    case DataType::kQ6_K:
-      return matmul_detail::WeightType::kQ6_K;
-    default:
-      return matmul_detail::WeightType::kF32;
-  }
-}
-
 // The int8-activation target's integer sums for `isa` (resolved and available): the fastest
 // instructions the CPU has within it (the results are the same on every one: matmul_int8.h).
 matmul_detail::Int8Dots int8_dots(KernelIsa isa) {
@@ -151,7 +132,7 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   p.x = x.data<const float>();
   p.rows = rows;
   p.k = in;
-  p.wt = weight_type(w_dtype);
+  p.wt = matmul_detail::weight_type_of(w_dtype);
   p.w = static_cast<const uint8_t*>(w.data<const void>()) +
         r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(in));
   p.n = r.end - r.begin;
@@ -1410,3 +1391,26 @@ absl::Status argmax_kernel(const KernelContext& ctx) {
 TaskArgs argmax_args(const Tensor& logits, const Tensor& ids) { return reads_then({logits}, ids); }
 
 }  // namespace simpler::llm
+
+namespace simpler::llm::matmul_detail {
+
+WeightType weight_type_of(task::DataType dtype) {
+  switch (dtype) {
+    case task::DataType::kBFloat16:
+      return WeightType::kBF16;
+    case task::DataType::kFloat16:
+      return WeightType::kF16;
+    case task::DataType::kQ8_0:
+      return WeightType::kQ8_0;
+    case task::DataType::kQ4_0:
+      return WeightType::kQ4_0;
+    case task::DataType::kQ4_K:
+      return WeightType::kQ4_K;
+    case task::DataType::kQ6_K:
+      return WeightType::kQ6_K;
+    default:
+      return WeightType::kF32;
+  }
+}
+
+}  // namespace simpler::llm::matmul_detail

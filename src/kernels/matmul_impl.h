@@ -23,10 +23,14 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "simpler/task/data_type.h"
 
 namespace simpler::llm::matmul_detail {
 
 enum class WeightType : uint8_t { kF32, kBF16, kF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K };
+// The WeightType of a W dtype: kF32 for kFloat32 and every dtype without its own (the callers
+// check W's dtype first).
+WeightType weight_type_of(task::DataType dtype);
 
 // ggml's block_q8_0: 32 weights in 34 bytes, the scale d (IEEE binary16, little-endian) then 32
 // int8 q; weight i of the block is d·q[i]. A Q8_0 W row is k / 32 blocks (k a multiple of 32).

@@ -245,19 +245,6 @@ std::vector<std::pair<std::string, matmul_detail::Int8Dots>> all_dots() {
   return d;
 }
 
-matmul_detail::WeightType weight_type_of(DataType dt) {
-  switch (dt) {
-    case DataType::kQ8_0:
-      return matmul_detail::WeightType::kQ8_0;
-    case DataType::kQ4_0:
-      return matmul_detail::WeightType::kQ4_0;
-    case DataType::kQ4_K:
-      return matmul_detail::WeightType::kQ4_K;
-    default:
-      return matmul_detail::WeightType::kQ6_K;
-  }
-}
-
 void expect_dots_agree(DataType dt, const std::vector<float>& x, const std::vector<uint8_t>& w,
                        int64_t rows, int64_t in, int64_t out, const std::vector<float>& want,
                        const std::string& what) {
@@ -268,7 +255,7 @@ void expect_dots_agree(DataType dt, const std::vector<float>& x, const std::vect
     p.rows = rows;
     p.k = in;
     p.w = w.data();
-    p.wt = weight_type_of(dt);
+    p.wt = matmul_detail::weight_type_of(dt);
     p.n = out;
     p.y = y.data();
     p.ldy = out;
@@ -298,7 +285,9 @@ void expect_paths(DataType dt, int64_t rows, int64_t in, int64_t out) {
       }
       if (first.empty()) {
         first = y;
-        if (!acc) ASSERT_NO_FATAL_FAILURE(expect_dots_agree(dt, x, w, rows, in, out, y, what));
+        if (!acc) {
+          ASSERT_NO_FATAL_FAILURE(expect_dots_agree(dt, x, w, rows, in, out, y, what));
+        }
       } else {
         ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
             << what << " acc " << acc << ": " << name_of(isa) << " differs from portable";
