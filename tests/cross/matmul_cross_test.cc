@@ -152,6 +152,21 @@ Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
   return w;
 }
 
+// y = x·Wᵀ over `rows` rows of x [rows, k] and W [n, k] of type `wt`, y dense [rows, n]; y
+// and accumulate left to the caller.
+md::Problem problem(const std::vector<float>& x, int64_t rows, int64_t k, const Weights& w,
+                    md::WeightType wt, int64_t n) {
+  md::Problem p;
+  p.x = x.data();
+  p.rows = rows;
+  p.k = k;
+  p.w = w.bytes.data();
+  p.wt = wt;
+  p.n = n;
+  p.ldy = n;
+  return p;
+}
+
 [[maybe_unused]] void check_shapes() {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -171,14 +186,7 @@ Weights make_weights(md::WeightType wt, size_t n, std::mt19937& gen) {
           const Weights w = make_weights(wt, static_cast<size_t>(n * k), gen);
           for (bool acc : {false, true}) {
             std::vector<float> y_portable = y0, y_neon = y0;
-            md::Problem p;
-            p.x = x.data();
-            p.rows = rows;
-            p.k = k;
-            p.w = w.bytes.data();
-            p.wt = wt;
-            p.n = n;
-            p.ldy = n;
+            md::Problem p = problem(x, rows, k, w, wt, n);
             p.accumulate = acc;
             p.y = y_portable.data();
             md::run_portable(p);
@@ -223,14 +231,7 @@ void check_int8() {
           std::vector<float> x(rows * k), y_portable(rows * n), y_neon(rows * n);
           for (float& v : x) v = u(gen);
           const Weights w = make_weights(wt, static_cast<size_t>(n * k), gen);
-          md::Problem p;
-          p.x = x.data();
-          p.rows = rows;
-          p.k = k;
-          p.w = w.bytes.data();
-          p.wt = wt;
-          p.n = n;
-          p.ldy = n;
+          md::Problem p = problem(x, rows, k, w, wt, n);
           p.y = y_portable.data();
           md::run_int8(p, md::int8_dots_portable());
           p.y = y_neon.data();
