@@ -147,7 +147,9 @@ json logprob_entry_chat(const Exchange& x, int32_t id, const llm::TokenLogprob& 
 
 // A completion's logprobs entry for one token: its text, logprob (null: none, as the prompt's
 // first token) and top alternatives, at character offset `offset`; advances `offset` by the
-// token's characters.
+// token's characters. The alternatives hold the token itself too, so up to `logprobs` + 1 of
+// them (OpenAI's legacy completions: "the API will always return the logprob of the sampled
+// token"; vLLM does the same for prompt tokens).
 void push_completion_logprob(const Exchange& x, json& d, int32_t id,
                              const std::optional<llm::TokenLogprob>& lp, int64_t& offset) {
   const std::string token = x.token_text(id);
@@ -155,6 +157,7 @@ void push_completion_logprob(const Exchange& x, json& d, int32_t id,
   if (lp.has_value()) {
     json top = json::object();
     for (const auto& [tid, l] : lp->top) top[x.token_text(tid)] = l;
+    if (!top.contains(token)) top[token] = lp->logprob;
     d["token_logprobs"].push_back(lp->logprob);
     d["top_logprobs"].push_back(std::move(top));
   } else {

@@ -413,10 +413,10 @@ json streamed_logprobs(const std::vector<std::string>& evs) {
 }
 
 // vLLM's echo with logprobs: the prompt's tokens lead the logprobs, the first with a null logprob
-// and null top_logprobs, each other with its logprob and `logprobs` top alternatives (prompted
-// in chunks: the prompt is longer than the 7 positions with logits a step of 8 rows holds);
-// text_offsets run from 0 through the prompt into the output. Streamed, the echo chunk carries
-// the prompt's logprobs, and the chunks' lists put together equal the whole response's.
+// and null top_logprobs, each other with its logprob and `logprobs` top alternatives plus itself
+// (prompted in chunks: the prompt is longer than the 7 positions with logits a step of 8 rows
+// holds); text_offsets run from 0 through the prompt into the output. Streamed, the echo chunk
+// carries the prompt's logprobs, and the chunks' lists put together equal the whole response's.
 TEST_F(ServerTest, EchoWithLogprobsScoresThePromptTokensAsVllmDoes) {
   start();
   const std::string prompt = "The quick brown fox jumps over the lazy dog, and then it naps";
@@ -444,7 +444,10 @@ TEST_F(ServerTest, EchoWithLogprobsScoresThePromptTokensAsVllmDoes) {
     const json& top = lp["top_logprobs"][k];
     ASSERT_TRUE(top.is_object()) << "token " << k;
     EXPECT_GE(top.size(), 1u);
-    EXPECT_LE(top.size(), 2u);
+    EXPECT_LE(top.size(), 3u);  // the 2 alternatives asked, and the token itself when not one
+    const std::string token = lp["tokens"][k].get<std::string>();
+    ASSERT_TRUE(top.contains(token)) << "token " << k << ": " << top;
+    EXPECT_EQ(top[token], lp["token_logprobs"][k]) << "token " << k;
     double best = -INFINITY;
     for (const auto& [text, l] : top.items()) best = std::max(best, l.get<double>());
     EXPECT_GE(best, lp["token_logprobs"][k].get<double>() - 1e-6) << "token " << k;
