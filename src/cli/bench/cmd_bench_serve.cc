@@ -43,7 +43,8 @@ struct ServeState {
   // --structured KIND FILE: every second request asks for this schema's, regex's or GBNF
   // grammar's output.
   std::vector<std::string> structured;
-  json constraint;  // the request fields that ask for it, made from the file
+  int32_t structured_pairs = 1;  // --structured-pairs: mixed / constraint-free run pairs
+  json constraint;               // the request fields that ask for it, made from the file
   EngineFlags engine;
 };
 
@@ -342,20 +343,49 @@ json structured_json(const ClientRun& mixed, const llm::EngineMetrics& m, const 
       {"step_ms_p50_bucket", 1e3 * m.step_time_s.quantile_bound(0.5)}};
 }
 
-// The served run with the schema on every second request (engine metrics kept), then the same
-// workload without it on a fresh server: the "structured" part of the report.
-absl::StatusOr<json> run_structured(const ServeState& st, const llm::EngineOptions& eo,
-                                    const Workload& w, ClientRun* mixed) {
+// One run of the workload on a fresh server, with the schema on every second request or
+// without it; `metrics` (when not null) gets the engine's metrics after the run.
+absl::StatusOr<ClientRun> run_on_fresh_server(const ServeState& st, const llm::EngineOptions& eo,
+                                              const Workload& w, bool structured,
+                                              llm::EngineMetrics* metrics = nullptr) {
   Server server;
   SIMPLER_RETURN_IF_ERROR(start_server(st, eo, &server));
-  *mixed = run_clients(st, w, server.host, server.port, /*structured=*/true);
-  const llm::EngineMetrics m = server.engine ? server.engine->metrics() : llm::EngineMetrics();
+  ClientRun run = run_clients(st, w, server.host, server.port, structured);
+  if (metrics != nullptr && server.engine) *metrics = server.engine->metrics();
   (void)stop_server(&server);
-  Server again;
-  SIMPLER_RETURN_IF_ERROR(start_server(st, eo, &again));
-  const ClientRun plain = run_clients(st, w, again.host, again.port, /*structured=*/false);
-  (void)stop_server(&again);
-  return structured_json(*mixed, m, plain);
+  return run;
+}
+
+// The served run with the schema on every second request (engine metrics kept) and the same
+// workload without it, each on a fresh server, --structured-pairs times in alternating order (so
+// a shared machine's drift falls on both sides): the first pair's figures, each pair's ratio of
+// the unconstrained rows' ITL p50 to the constraint-free run's, and the median ratio. `mixed`
+// gets the first mixed run (the report's served figures).
+absl::StatusOr<json> run_structured(const ServeState& st, const llm::EngineOptions& eo,
+                                    const Workload& w, ClientRun* mixed) {
+  json first;
+  std::vector<double> ratios;
+  for (int32_t pair = 0; pair < st.structured_pairs; ++pair) {
+    ClientRun runs[2];  // [0]: without the schema, [1]: mixed
+    llm::EngineMetrics m;
+    for (int k = 0; k < 2; ++k) {
+      const bool structured = (k == 0) == (pair % 2 == 0);  // mixed first in even pairs
+      auto run = run_on_fresh_server(st, eo, w, structured, structured ? &m : nullptr);
+      if (!run.ok()) return run.status();
+      runs[structured] = *std::move(run);
+    }
+    json j = structured_json(runs[1], m, runs[0]);
+    const double plain = j["without_schema_itl_ms_p50"].get<double>();
+    ratios.push_back(plain > 0 ? j["unconstrained_itl_ms_p50"].get<double>() / plain : 0);
+    if (pair == 0) {
+      first = std::move(j);
+      *mixed = std::move(runs[1]);
+    }
+  }
+  first["pairs"] = st.structured_pairs;
+  first["unconstrained_over_without_itl_p50"] = ratios;
+  first["unconstrained_over_without_itl_p50_median"] = percentile(ratios, 0.5);
+  return first;
 }
 
 void print_text(const ClientRun& clients, const ServedStats& served, const RunStats& o,
@@ -630,6 +660,12 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
                   "(guided_grammar) output; reports both kinds' tokens/s and latency, the mask "
                   "time, and a second run without the constraint")
       ->expected(2);
+  cmd->add_option("--structured-pairs", st->structured_pairs,
+                  "with --structured: run the mixed and the constraint-free workloads this many "
+                  "times each, alternating which goes first, and report each pair's ratio of "
+                  "unconstrained ITL p50 and their median")
+      ->check(int_in(1, 100))
+      ->capture_default_str();
   add_engine_flags(
       cmd, &st->engine,
       {.max_num_seqs = "the engine's running requests", .page_size = true, .prefix_caching = true});
