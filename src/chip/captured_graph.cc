@@ -330,6 +330,10 @@ absl::Status CapturedGraph::check_overlaps(const task::TaskArgs& submitted) cons
 
 void CapturedGraph::bind(const task::TaskArgs& staged, std::vector<task::Arg>* out) const {
   out->assign(recording_.args.begin(), recording_.args.end());
+  rebind(staged, out);
+}
+
+void CapturedGraph::rebind(const task::TaskArgs& staged, std::vector<task::Arg>* out) const {
   for (const Bound& b : bound_) {
     task::Arg& o = (*out)[b.arg];
     const task::Arg& s = staged[b.slot];

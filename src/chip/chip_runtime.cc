@@ -456,8 +456,8 @@ void GraphRecording::add(task::KernelIndex kernel, int32_t block_dim, const task
   for (uint64_t d : deps) preds.push_back(static_cast<uint32_t>(d));
 }
 
-std::vector<uint8_t> graph_image(const GraphRecording& recording, const task::Arg* args,
-                                 uint32_t num_kernels, uint64_t run_id) {
+GraphImageHeader graph_image_header(const GraphRecording& recording, uint32_t num_kernels,
+                                    uint64_t run_id) {
   GraphImageHeader h;
   h.num_tasks = static_cast<uint32_t>(recording.tasks.size());
   h.num_args = static_cast<uint32_t>(recording.args.size());
@@ -469,6 +469,12 @@ std::vector<uint8_t> graph_image(const GraphRecording& recording, const task::Ar
   h.args_offset = align(h.tasks_offset + h.num_tasks * sizeof(GraphImageTask));
   h.preds_offset = align(h.args_offset + h.num_args * sizeof(task::Arg));
   h.total_bytes = h.preds_offset + h.num_preds * sizeof(uint32_t);
+  return h;
+}
+
+std::vector<uint8_t> graph_image(const GraphRecording& recording, const task::Arg* args,
+                                 uint32_t num_kernels, uint64_t run_id) {
+  const GraphImageHeader h = graph_image_header(recording, num_kernels, run_id);
   std::vector<uint8_t> out(h.total_bytes, 0);
   std::memcpy(out.data(), &h, sizeof(h));
   if (h.num_tasks > 0) {

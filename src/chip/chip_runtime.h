@@ -110,6 +110,11 @@ struct GraphRecording {
   }
 };
 
+// The header of `recording`'s graph image (layout above) for run `run_id` of a callable of
+// `num_kernels` kernels: its counts, offsets and total_bytes.
+GraphImageHeader graph_image_header(const GraphRecording& recording, uint32_t num_kernels,
+                                    uint64_t run_id);
+
 // The graph image of `recording` (layout above) for run `run_id` of a callable of
 // `num_kernels` kernels, with `args` (recording.args.size() entries) as its argument table.
 std::vector<uint8_t> graph_image(const GraphRecording& recording, const task::Arg* args,

@@ -597,6 +597,72 @@ TEST_P(Capture, ConcurrentReplaysFromTwoThreadsComputeTheirOwnResults) {
   EXPECT_TRUE(ok(c.w.close()));
 }
 
+// A resource set keeps a replay's bound arguments (and host-built image) for its next replay of
+// the same graph, which rewrites only what changes. With one resource set every run below
+// prepares in the same set: a replay that trusted what another program's run or another graph
+// left there would compute that run's result (or fail).
+TEST_P(Capture, ReplaysAmongOtherRunsInOneResourceSetComputeTheirOwnResults) {
+  Chain chain, other;
+  Worker w(test_options(/*depth=*/1, /*grant=*/1));
+  const CallableHandle first = *w.register_callable(chain.callable());
+  const CallableHandle second = *w.register_callable(other.callable("other"));
+  constexpr int kTwiceTasks = 3;
+  const CallableHandle twice = *w.register_callable(task::ChipCallable{
+      "twice",
+      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
+        for (int i = 0; i < kTwiceTasks; ++i) {
+          task::TaskArgs a;
+          a.add_tensor(args.tensor(0), ArgDirection::kInOut);
+          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
+        }
+        return absl::OkStatus();
+      },
+      {{"twice", twice_kernel}}});
+  ASSERT_TRUE(ok(w.init()));
+  std::vector<int64_t> bias_host[2];
+  DeviceBuffer bias[2];
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t i = 0; i < kN; ++i) bias_host[g].push_back(100 * (g + 1) + i);
+    bias[g] = *w.malloc(kN * 8);
+    ASSERT_TRUE(ok(w.copy_to(bias[g], bias_host[g].data(), kN * 8)));
+  }
+  chain.bias->store(bias[0].address);
+  other.bias->store(bias[1].address);
+  Gate open{true};
+  task::CallConfig plain;
+  plain.placement = GetParam();
+  // 'c': the chain under key 1, 'o': the other chain under key 2, 't': twice, uncaptured.
+  const std::string order = "cctcoocto";
+  for (size_t step = 0; step < order.size(); ++step) {
+    const int64_t scale = static_cast<int64_t>(step) + 2;
+    if (order[step] == 't') {
+      DeviceBuffer t = *w.malloc(kN * 8);
+      std::vector<int64_t> v(kN, static_cast<int64_t>(step));
+      ASSERT_TRUE(ok(w.copy_to(t, v.data(), kN * 8)));
+      task::TaskArgs a;
+      a.add_tensor(*t.tensor({kN}, DataType::kInt64), ArgDirection::kInOut);
+      ASSERT_TRUE(ok(w.run(twice, a, plain))) << step;
+      for (int i = 0; i < kTwiceTasks; ++i) {
+        for (int64_t& x : v) x = 2 * x + 1;
+      }
+      EXPECT_EQ(read(w, t), v) << "step " << step;
+      continue;
+    }
+    const int g = order[step] == 'c' ? 0 : 1;
+    Buffers b = make_buffers(w, 10 * static_cast<int64_t>(step) - 5);
+    ASSERT_TRUE(
+        ok(w.run(g == 0 ? first : second, chain_args(b, scale, open), capture(g + 1, GetParam()))))
+        << step;
+    const auto [y, tmp] = chain_reference(b.x_host, bias_host[g], scale);
+    EXPECT_EQ(read(w, b.y), y) << "step " << step;
+    EXPECT_EQ(read(w, b.tmp), tmp) << "step " << step;
+  }
+  const CaptureStats s = w.capture_stats();
+  EXPECT_EQ(s.captures, 2u);
+  EXPECT_EQ(s.replays, 5u);  // 7 chain runs, 2 of them captures
+  EXPECT_TRUE(ok(w.close()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, Capture,
                          ::testing::Values(GraphPlacement::kDevice, GraphPlacement::kHost),
                          [](const auto& info) {

@@ -24,6 +24,13 @@ void track_low(int64_t& estimate, int64_t sample) {
   estimate = sample < estimate ? sample : estimate + (sample - estimate) / 16;
 }
 
+// Whether `cached` names `graph`: the same control block, so never a later graph at a reused
+// address (the weak_ptr keeps the block). False when `graph` is null.
+bool same_graph(const std::weak_ptr<const chip::CapturedGraph>& cached,
+                const std::shared_ptr<const chip::CapturedGraph>& graph) {
+  return graph != nullptr && !cached.owner_before(graph) && !graph.owner_before(cached);
+}
+
 bool is_terminal(RunState s) {
   return s == RunState::kCompleted || s == RunState::kFailed || s == RunState::kCancelled;
 }
@@ -318,6 +325,9 @@ absl::Status ChipRunLane::prepare(ChipRun& run) {
   // submit waited for a resource set) is visible here, and from now on every
   // free of these ranges is refused (release_if_unused).
   SIMPLER_RETURN_IF_ERROR(check_tensor_args(*device_, args, nullptr));
+  // Only a replay of the graph whose image the set's staging holds may keep it (its HOST
+  // tensors take the same staging buffers as last time); anything else may overwrite it.
+  if (!same_graph(run.records->image_for, run.records->graph)) run.records->image_for.reset();
   size_t staged = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     task::Arg& a = args[i];
@@ -422,12 +432,34 @@ absl::Status ChipRunLane::stale_fixed_memory(const chip::CapturedGraph& graph,
 
 absl::Status ChipRunLane::prepare_replay(ChipRun& run, size_t staged) {
   RunRecords& rec = *run.records;
-  rec.graph->bind(rec.args, &rec.bound);
+  const chip::CapturedGraph& graph = *rec.graph;
+  // The set's last replay of this graph left its bound arguments (and, host-built, its image):
+  // only what a replay changes is written again.
+  if (same_graph(rec.bound_for, rec.graph)) {
+    graph.rebind(rec.args, &rec.bound);
+  } else {
+    graph.bind(rec.args, &rec.bound);
+    rec.bound_for = rec.graph;
+  }
   if (!rec.host_built) return absl::OkStatus();
-  const std::vector<uint8_t> image =
-      chip::graph_image(rec.graph->recording(), rec.bound.data(),
-                        static_cast<uint32_t>(rec.callable->kernels.size()), run.id());
-  return place_image(run, staged, image);
+  const uint32_t kernels = static_cast<uint32_t>(rec.callable->kernels.size());
+  const chip::GraphImageHeader h = chip::graph_image_header(graph.recording(), kernels, run.id());
+  SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged, h.total_bytes));
+  if (same_graph(rec.image_for, rec.graph) && rec.image_for_address == buf.address) {
+    // Tasks and predecessors are the graph's and still there: the header (run id) and the
+    // argument table change.
+    SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address, &h, sizeof(h)));
+    SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(buf.address + h.args_offset, rec.bound.data(),
+                                                    rec.bound.size() * sizeof(task::Arg)));
+    rec.image_address = buf.address;
+    rec.image_bytes = h.total_bytes;
+    return absl::OkStatus();
+  }
+  SIMPLER_RETURN_IF_ERROR(place_image(
+      run, staged, chip::graph_image(graph.recording(), rec.bound.data(), kernels, run.id())));
+  rec.image_for = rec.graph;
+  rec.image_for_address = rec.image_address;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const chip::CapturedGraph>> ChipRunLane::build_capture(

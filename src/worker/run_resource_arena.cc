@@ -121,7 +121,6 @@ void RunRecords::reset() {
   image_address = 0;
   image_bytes = 0;
   graph.reset();
-  bound.clear();
   capturing = false;
   capture.clear();
   report.tasks_submitted = 0;

@@ -49,11 +49,20 @@ struct RunRecords {
   // quarantined, as long as the set), and its task arguments bound to `args`.
   std::shared_ptr<const chip::CapturedGraph> graph;
   std::vector<task::Arg> bound;
+  // Kept across runs of the set (reset() leaves them), so that the set's next replay of the
+  // same graph rewrites only what changes: the graph whose bound arguments `bound` holds (only
+  // replays write `bound`), and the graph whose host-built image is at `image_for_address` in
+  // the set's staging (any other run's prepare clears it: its staging may overwrite the image).
+  // weak_ptr: the same control block is the same graph, even once the cache dropped it.
+  std::weak_ptr<const chip::CapturedGraph> bound_for;
+  std::weak_ptr<const chip::CapturedGraph> image_for;
+  uint64_t image_for_address = 0;
   // A capture in the device-built placement: what the device recorded.
   bool capturing = false;
   chip::GraphRecording capture;
   chip::RunReport report;
-  // Clears everything for the set's next run; vectors keep their capacity.
+  // Clears everything for the set's next run but what a replay reuses (above); vectors keep
+  // their capacity.
   void reset();
 };
 
