@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/engine_test_hooks.h"
 #include "ggml-backend.h"
 #include "gtest/gtest.h"
 #include "llama.h"
+#include "llamacpp_peer_util.h"
 #include "simpler/base/clock.h"
 #include "simpler/engine/llm_engine.h"
 #include "simpler/model/gguf_export.h"
@@ -31,74 +31,19 @@ namespace {
 // Our logits after the prompt's last position (the first output token's).
 std::vector<float> our_logits(const std::string& model, const std::vector<int32_t>& prompt,
                               Precision precision = Precision::kInt8) {
-  EngineOptions eo;
-  eo.runner.num_pages = 8;
-  eo.runner.precision = precision;
-  auto engine = LlmEngine::create(model, eo);
-  if (!engine.ok()) {
-    ADD_FAILURE() << engine.status();
-    return {};
-  }
-  RequestSpec spec;
-  spec.prompt_ids = prompt;
-  spec.max_tokens = 1;
-  spec.sampling.temperature = 0;
-  auto hooks = std::make_shared<RequestHooks>();
-  hooks->logits_tokens = {0};
-  spec.hooks = std::move(hooks);
-  auto id = (*engine)->add_request(spec);
-  EXPECT_TRUE(id.ok()) << id.status();
-  std::vector<float> logits;
-  while (id.ok()) {
-    auto out = (*engine)->next_output(*id, base::Deadline::after(std::chrono::seconds(120)));
-    EXPECT_TRUE(out.ok()) << out.status();
-    if (!out.ok()) break;
-    if (hooks_of(*out).logits.count(0)) logits = hooks_of(*out).logits.at(0);
-    if (out->finished()) break;
-  }
-  EXPECT_TRUE((*engine)->shutdown().ok());
-  return logits;
+  absl::StatusOr<std::vector<Logits>> l = our_first_logits(model, {prompt}, precision);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? (*l)[0] : Logits();
 }
 
 // llama.cpp's logits after the prompt's last position.
 std::vector<float> llamacpp_logits(const std::string& gguf, const std::vector<int32_t>& prompt) {
   ggml_backend_load_all_from_path(SIMPLER_LLAMACPP_BIN_DIR);
   llama_backend_init();
-  llama_model_params mp = llama_model_default_params();
-  mp.n_gpu_layers = 0;
-  llama_model* model = llama_model_load_from_file(gguf.c_str(), mp);
-  EXPECT_NE(model, nullptr) << "llama.cpp did not load " << gguf;
-  if (model == nullptr) return {};
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = 64;
-  cp.n_batch = 64;
-  cp.n_threads = 2;
-  cp.n_threads_batch = 2;
-  llama_context* ctx = llama_init_from_model(model, cp);
-  EXPECT_NE(ctx, nullptr);
-  std::vector<float> logits;
-  if (ctx != nullptr) {
-    std::vector<llama_token> tokens(prompt.begin(), prompt.end());
-    llama_batch batch = llama_batch_get_one(tokens.data(), static_cast<int32_t>(tokens.size()));
-    EXPECT_EQ(llama_decode(ctx, batch), 0);
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    const float* l = llama_get_logits_ith(ctx, -1);
-    if (l != nullptr) logits.assign(l, l + n_vocab);
-    llama_free(ctx);
-  }
-  llama_model_free(model);
+  absl::StatusOr<std::vector<Logits>> l = llamacpp_first_logits(gguf, {prompt}, /*threads=*/2);
   llama_backend_free();
-  return logits;
-}
-
-// Relative L2 distance of `ours` from `theirs`.
-double relative_l2(const std::vector<float>& ours, const std::vector<float>& theirs) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    diff += (double(ours[i]) - theirs[i]) * (double(ours[i]) - theirs[i]);
-    norm += double(theirs[i]) * theirs[i];
-  }
-  return std::sqrt(diff / norm);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? (*l)[0] : Logits();
 }
 
 TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
