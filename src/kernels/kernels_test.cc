@@ -112,6 +112,34 @@ TEST(RmsNormKernel, MatchesDoubleReferenceForUnevenSplits) {
   }
 }
 
+// Rows are normalized several at a time (their sums of squares advance together): each row's
+// result is still bitwise the row normalized alone, whatever rows share its group or block.
+TEST(RmsNormKernel, EachRowIsBitwiseItsOneRowResultWhateverTheSplit) {
+  const int64_t R = 11, D = 37;
+  const float eps = 1e-6f;
+  std::vector<float> x = random_floats(R * D, 7, -4.0f, 4.0f);
+  std::vector<float> w = random_floats(D, 8, 0.5f, 1.5f);
+  std::vector<float> alone(R * D, NAN);
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<float> row(x.begin() + r * D, x.begin() + (r + 1) * D), out(D, NAN);
+    ASSERT_TRUE(run_blocks(&rms_norm_kernel,
+                           rms_norm_args(view(row, {1, D}), view(w, {D}), view(out, {1, D}), eps),
+                           1)
+                    .ok());
+    std::copy(out.begin(), out.end(), alone.begin() + r * D);
+  }
+  for (int32_t bd : {1, 2, 3, 5, 11}) {
+    std::vector<float> out(R * D, NAN);
+    ASSERT_TRUE(run_blocks(&rms_norm_kernel,
+                           rms_norm_args(view(x, {R, D}), view(w, {D}), view(out, {R, D}), eps), bd)
+                    .ok());
+    for (int64_t i = 0; i < R * D; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(alone[i]))
+          << "element " << i << " with " << bd << " blocks";
+    }
+  }
+}
+
 TEST(MatmulKernel, MatchesDoubleReferenceForUnevenSplits) {
   const int64_t B = 3, in = 13, out = 10;
   std::vector<float> x = random_floats(B * in, 4);
@@ -1121,6 +1149,25 @@ TEST(SiluMulKernel, MatchesTheReferenceBitwiseOnEveryTarget) {
         ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(first[i]))
             << "portable and " << name_of(isa) << " differ at " << i << ": g " << g[i];
       }
+    }
+    // The vector paths over the exp's whole range (-|g| down to its clamp at -87 and past it):
+    // bitwise the portable path's scalar operations.
+    std::vector<float> wide = random_floats(4099, 17, -100.0f, 100.0f), wide_up(4099, 1.5f);
+    std::vector<float> wide_out(4099, NAN), wide_want(4099, NAN);
+    ASSERT_TRUE(run_blocks(fn,
+                           silu_mul_args(view(wide, {1, 4099}), view(wide_up, {1, 4099}),
+                                         view(wide_out, {1, 4099})),
+                           2)
+                    .ok());
+    ASSERT_TRUE(
+        run_blocks(llm_kernels(KernelIsa::kPortable)[static_cast<size_t>(KernelId::kSiluMul)].fn,
+                   silu_mul_args(view(wide, {1, 4099}), view(wide_up, {1, 4099}),
+                                 view(wide_want, {1, 4099})),
+                   1)
+            .ok());
+    for (size_t i = 0; i < wide.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(wide_out[i]), std::bit_cast<uint32_t>(wide_want[i]))
+          << name_of(isa) << " and portable differ at g " << wide[i];
     }
     std::vector<float> nan_gate(B * I, NAN), nan_out(B * I, 0.0f);
     ASSERT_TRUE(

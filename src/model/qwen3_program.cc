@@ -319,8 +319,8 @@ class DecodeSubmitter {
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(v.k3, r_.positions, p_.theta),
                                    row_blocks(B, nkv * hd), "k rope", l));
     SIMPLER_RETURN_IF_ERROR(submit(
-        KernelId::kKvWrite, kv_write_args(v.k3, v.v3, r_.slot_mapping, pool.k_pool, pool.v_pool), 1,
-        "kv_write", l));
+        KernelId::kKvWrite, kv_write_args(v.k3, v.v3, r_.slot_mapping, pool.k_pool, pool.v_pool),
+        row_blocks(B, 2 * nkv * hd), "kv_write", l));
     SIMPLER_RETURN_IF_ERROR(
         submit(KernelId::kPagedAttention,
                paged_attention_args(v.q3, pool.k_pool, pool.v_pool, r_.block_tables,

@@ -1754,7 +1754,7 @@ def scenario_bench_prefill_load(ctx):
     keys = {"model", "prompt_len", "kernel_isa", "precision", "ttft_ms", "tokens_per_s",
             "gflop_per_s", "peak_gflop_per_s", "fraction_of_peak", "peak_isa",
             "theoretical_peak_gflop_per_s", "theoretical_peak", "peak_below_half_theoretical",
-            "fraction_of_theoretical_peak"}
+            "fraction_of_theoretical_peak", "gflop", "attention_gflop"}
     words = {"model", "kernel_isa", "precision", "peak_isa", "theoretical_peak",
              "peak_below_half_theoretical", "theoretical_peak_gflop_per_s",
              "fraction_of_theoretical_peak"}
@@ -1782,7 +1782,16 @@ def scenario_bench_prefill_load(ctx):
                        r["gflop_per_s"] / paper if paper > 0 else 0.0),
                  f"{label}: fraction_of_theoretical_peak is not gflop_per_s / "
                  f"theoretical_peak_gflop_per_s: {r}")
-        flop = 2 * (n * (matrices - lm) + lm)
+        # The projections of every position, the LM head of the last one, and the causal
+        # attention: per layer and query head, head_dim multiply-adds for the score and for the
+        # weighted V of each (position, attended position) pair.
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        attention = 2 * cfg["num_hidden_layers"] * cfg["num_attention_heads"] * 2 * hd * \
+            (n * (n + 1) // 2)
+        flop = 2 * (n * (matrices - lm) + lm) + attention
+        pb.check(close(r["gflop"], flop / 1e9) and close(r["attention_gflop"], attention / 1e9),
+                 f"{label}: gflop {r['gflop']}, attention_gflop {r['attention_gflop']}, expected "
+                 f"{flop / 1e9} and {attention / 1e9}")
         pb.check(close(r["gflop_per_s"], flop / (r["ttft_ms"] / 1e3) / 1e9),
                  f"{label}: gflop_per_s {r['gflop_per_s']} is not {flop} FLOPs / ttft")
         pb.check(close(r["fraction_of_peak"], r["gflop_per_s"] / r["peak_gflop_per_s"]),

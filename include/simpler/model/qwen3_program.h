@@ -175,7 +175,7 @@ struct Qwen3ProgramOptions {
   // run as one block and the LM head spreads over every core.
   int64_t min_rows_per_block = 16;
   int64_t min_macs_per_block = int64_t{1} << 16;
-  // Row-parallel kernels (rms_norm, silu_mul, rope) split when a block gets
+  // Row-parallel kernels (rms_norm, silu_mul, rope, kv_write) split when a block gets
   // at least this many elements.
   int64_t min_elems_per_block = int64_t{1} << 14;
   task::GraphPlacement placement = task::GraphPlacement::kDefault;

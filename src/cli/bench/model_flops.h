@@ -37,4 +37,12 @@ inline int64_t matrix_macs_per_row(const llm::ModelConfig& c) {
          c.vocab_size * h;
 }
 
+// Multiply-accumulates of the attention of a `len`-token prompt processed from an empty cache
+// (causal: position p attends positions 0 ... p): per layer and query head, the scores q·k and the
+// weighted sums of V, head_dim each per (position, attended position) pair, len·(len + 1) / 2
+// pairs. At 512 tokens of qwen3-0.6b this is 6.7% of the prompt's matrix multiply-accumulates.
+inline int64_t prompt_attention_macs(const llm::ModelConfig& c, int64_t len) {
+  return c.num_hidden_layers * c.num_attention_heads * 2 * c.head_dim * (len * (len + 1) / 2);
+}
+
 }  // namespace simpler::cli
