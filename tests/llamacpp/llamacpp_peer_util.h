@@ -30,6 +30,7 @@ inline absl::StatusOr<std::vector<Logits>> our_first_logits(const std::string& m
                                                             Precision precision) {
   EngineOptions eo;
   eo.runner.precision = precision;
+  eo.runner.worker.operation_timeout_s = 3600;  // a slow path on a loaded machine is not an error
   // Every prompt with its one new token in the pool at once.
   int64_t pages = 0;
   for (const std::vector<int32_t>& p : prompts) {
