@@ -12,7 +12,8 @@
 //     over a block-quantized W [N, K], R x rows (1 against N 131072: W streamed from memory, the
 //     weight bytes/s; 16 against N 3072: a batch-16 step of the gate projection), one thread,
 //     with the target's whole-product kernel (Int8Dots::rows) or the shared loop over its
-//     integer sums: the same bits, the ratio of the two is the kernel's gain.
+//     integer sums: the same bits, the ratio of the two is the kernel's gain;
+//   ExactBlocks/<weight type>/<target>/R/N/K — precision exact over the same W and shapes.
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
 #include <benchmark/benchmark.h>
@@ -160,6 +161,8 @@ bool int8_target_available(const std::string& target) {
   if (target == "avx512vnni") return matmul_detail::avx512vnni_available();
   if (target == "avxvnni") return matmul_detail::avxvnni_available();
   if (target == "avx2") return kernel_isa_available(KernelIsa::kX86_64V3);
+#elif defined(__aarch64__)
+  if (target == "neon") return kernel_isa_available(KernelIsa::kNeon);
 #endif
   return target == "portable";
 }
@@ -195,15 +198,43 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 131072, 1024})->Args({16, 3072, 1024})->UseRealTime();
 }
 
+// Precision exact over the same block-quantized W (dequantized in registers against f32 x): the
+// other side of the per-weight-type default (kernels.h, Precision).
+void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
+  if (!kernel_isa_available(isa)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  const int64_t kRows = state.range(0), kN = state.range(1), kK = state.range(2);
+  const std::vector<uint8_t> w = quantized_weights(wt, kN, kK);
+  std::vector<float> x(kRows * kK), y(kRows * kN);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
+  Problem p;
+  p.x = x.data();
+  p.rows = kRows;
+  p.k = kK;
+  p.w = w.data();
+  p.wt = wt;
+  p.n = kN;
+  p.y = y.data();
+  p.ldy = kN;
+  const RunFn run = run_of(isa);
+  for (auto _ : state) {
+    run(p);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+}
+
 #define SIMPLER_INT8_BENCHMARKS(type, wt)                                                         \
   BENCHMARK_CAPTURE(Int8, type##_avx512vnni_whole, wt, "avx512vnni", true)->Apply(int8_shapes);   \
   BENCHMARK_CAPTURE(Int8, type##_avx512vnni_shared, wt, "avx512vnni", false)->Apply(int8_shapes); \
   BENCHMARK_CAPTURE(Int8, type##_avxvnni_whole, wt, "avxvnni", true)->Apply(int8_shapes);         \
   BENCHMARK_CAPTURE(Int8, type##_avx2_whole, wt, "avx2", true)->Apply(int8_shapes);               \
-  BENCHMARK_CAPTURE(Int8, type##_neon_shared, wt, "neon", false)->Apply(int8_shapes)
-SIMPLER_INT8_BENCHMARKS(q8_0, WeightType::kQ8_0);
-SIMPLER_INT8_BENCHMARKS(q4_k, WeightType::kQ4_K);
-SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
+  BENCHMARK_CAPTURE(Int8, type##_neon_shared, wt, "neon", false)->Apply(int8_shapes);             \
+  BENCHMARK_CAPTURE(ExactBlocks, type##_avx512, wt, KernelIsa::kAvx512)->Apply(int8_shapes);      \
+  BENCHMARK_CAPTURE(ExactBlocks, type##_x86_64_v3, wt, KernelIsa::kX86_64V3)->Apply(int8_shapes); \
+  BENCHMARK_CAPTURE(ExactBlocks, type##_neon, wt, KernelIsa::kNeon)->Apply(int8_shapes)
 
 BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();

@@ -252,81 +252,74 @@ inline __m256i broadcast_i16(__m256i low) {
                              _mm256_set1_epi16(static_cast<int16_t>((2 * J + 1) << 8 | 2 * J)));
 }
 
-// Q4_K super-block against x row (q, bsums): S = Σ_j sc_j·Σ q·x (vpmaddubsw's i16 pair sums
-// are at most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1).
-template <class Dot>
-inline void q4_k_super(const uint8_t* blk, const int8_t* xq, const int16_t* bsums, int32_t* s_out,
-                       int32_t* m_out) {
+// Up to 4 x rows at once against one W row (the super-block kernels below): row i's q at
+// q + i·k, its group sums at bsums + i·(k / 16), its per-super-block integer sums into
+// s[i·stride + b] (and Q4_K's mins sums into m[i·stride + b]).
+struct XTile {
+  const int8_t* q;
+  const int16_t* bsums;
+  int64_t k;
+  int32_t* s;
+  int32_t* m;
+  int64_t stride;
+};
+
+// Q4_K super-block b against R x rows: S = Σ_j sc_j·Σ q·x (vpmaddubsw's i16 pair sums are at
+// most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1). The nibbles and the scales
+// are unpacked once for the R rows.
+template <class Dot, int R>
+inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
   const __m256i sm = q4_k_scales_mins(blk + 4);
   const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);  // sc_0..7 in both halves
   const __m256i m4 = _mm256_set1_epi8(15);
   const uint8_t* qs = blk + 16;
-  __m256i acc = _mm256_setzero_si256();
+  __m256i acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_si256();
   const auto step = [&](auto c) {
     constexpr int kC = decltype(c)::value;
     const __m256i q = load32(qs + 32 * kC);
-    const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), load32(xq + 64 * kC));
-    const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                            load32(xq + 64 * kC + 32));
-    acc = Dot::madd(acc, lo, broadcast_i16<2 * kC>(sc));
-    acc = Dot::madd(acc, hi, broadcast_i16<2 * kC + 1>(sc));
+    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    const __m256i sc_lo = broadcast_i16<2 * kC>(sc), sc_hi = broadcast_i16<2 * kC + 1>(sc);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* xq = t.q + i * t.k + 256 * b + 64 * kC;
+      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(lo, load32(xq)), sc_lo);
+      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(hi, load32(xq + 32)), sc_hi);
+    }
   };
   step(std::integral_constant<int, 0>{});
   step(std::integral_constant<int, 1>{});
   step(std::integral_constant<int, 2>{});
   step(std::integral_constant<int, 3>{});
-  *s_out = hsum8(acc);
-  // The x group sums by sub-block (at most 32·127 in magnitude), against m_0..7.
-  const __m256i pairs = _mm256_hadd_epi16(load32(bsums), _mm256_setzero_si256());
-  const __m128i sub =
-      _mm_unpacklo_epi64(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-  __m128i mm = _mm_madd_epi16(sub, _mm256_extracti128_si256(sm, 1));
-  mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
-  *m_out = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
-}
-
-template <class Dot>
-void rows_q4_k(const Problem& p, const QuantizedX& x) {
-  const int64_t supers = p.k / kSuperBlockWeights, stride = x.d_stride;
-  std::vector<float> d(stride, 0.f), dmin(stride, 0.f);
-  std::vector<int32_t> s(stride, 0), m(stride, 0);
-  const auto* w = static_cast<const uint8_t*>(p.w);
-  for (int64_t j = 0; j < p.n; ++j) {
-    const uint8_t* wr = w + j * supers * kQ4_KBlockBytes;
-    for (int64_t b = 0; b < supers; ++b) {
-      d[b] = half_at(wr + b * kQ4_KBlockBytes);
-      dmin[b] = half_at(wr + b * kQ4_KBlockBytes + 2);
-    }
-    for (int64_t r = 0; r < p.rows; ++r) {
-      const int8_t* xq = x.q.data() + r * p.k;
-      const int16_t* bs = x.bsums.data() + r * (p.k / 16);
-      for (int64_t b = 0; b < supers; ++b) {
-        q4_k_super<Dot>(wr + b * kQ4_KBlockBytes, xq + 256 * b, bs + 16 * b, &s[b], &m[b]);
-      }
-      const float* xd = x.d.data() + r * stride;
-      __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-      for (int64_t g = 0; g < stride; g += 8) {
-        const __m256 dx = _mm256_loadu_ps(xd + g);
-        acc = combine_step(acc, dx, _mm256_loadu_ps(&d[g]), load32(&s[g]));
-        accm = combine_step(accm, dx, _mm256_loadu_ps(&dmin[g]), load32(&m[g]));
-      }
-      store_y(p, r, j, tree8(acc) - tree8(accm));
-    }
+  const __m128i mins = _mm256_extracti128_si256(sm, 1);
+  for (int i = 0; i < R; ++i) {
+    t.s[i * t.stride + b] = hsum8(acc[i]);
+    // The x group sums by sub-block (at most 32·127 in magnitude), against m_0..7.
+    const __m256i pairs =
+        _mm256_hadd_epi16(load32(t.bsums + i * (t.k / 16) + 16 * b), _mm256_setzero_si256());
+    const __m128i sub =
+        _mm_unpacklo_epi64(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+    __m128i mm = _mm_madd_epi16(sub, mins);
+    mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
+    t.m[i * t.stride + b] = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
   }
 }
 
-// Q6_K super-block against x row (q, bsums): S = Σ_g sc_g·Σ q·x - 32·Σ_g sc_g·bsum_g, q the
-// unsigned 6-bit value (vpmaddubsw's pair sums at most 2·63·127, no saturation). Run (h, c), 32
-// weights, is groups 8h + 2c (its first 16) and 8h + 2c + 1: their scales in the two halves.
-template <class Dot>
-inline int32_t q6_k_super(const uint8_t* blk, const int8_t* xq, const int16_t* bsums) {
+// Q6_K super-block b against R x rows: S = Σ_g sc_g·Σ q·x - 32·Σ_g sc_g·bsum_g, q the unsigned
+// 6-bit value (vpmaddubsw's pair sums at most 2·63·127, no saturation). Run (h, c), 32 weights,
+// is groups 8h + 2c (its first 16) and 8h + 2c + 1: their scales in the two halves.
+template <class Dot, int R>
+inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
   const __m256i sc =
       _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
   // As i32 lanes holding (sc_g, sc_g): lo = g 0-3 | 8-11, hi = g 4-7 | 12-15.
   const __m256i lo = _mm256_unpacklo_epi16(sc, sc), hi = _mm256_unpackhi_epi16(sc, sc);
   const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-  __m256i acc = _mm256_slli_epi32(_mm256_madd_epi16(load32(bsums), sc), 5);
-  acc = _mm256_sub_epi32(_mm256_setzero_si256(), acc);
+  __m256i acc[R];
+  for (int i = 0; i < R; ++i) {
+    const __m256i bs = load32(t.bsums + i * (t.k / 16) + 16 * b);
+    acc[i] =
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc), 5));
+  }
   const auto half = [&](auto h) {
     constexpr int kH = decltype(h)::value;
     const __m256i ql0 = load32(blk + 64 * kH), ql1 = load32(blk + 64 * kH + 32);
@@ -347,36 +340,65 @@ inline int32_t q6_k_super(const uint8_t* blk, const int8_t* xq, const int16_t* b
       const __m256i scales = _mm256_permutevar8x32_epi32(
           src, _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1));
       const __m256i q = _mm256_or_si256(low[c], _mm256_slli_epi16(top[c], 4));
-      const __m256i pairs = _mm256_maddubs_epi16(q, load32(xq + 128 * kH + 32 * c));
-      acc = Dot::madd(acc, pairs, scales);
+      for (int i = 0; i < R; ++i) {
+        const int8_t* xq = t.q + i * t.k + 256 * b + 128 * kH + 32 * c;
+        acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(q, load32(xq)), scales);
+      }
     }
   };
   half(std::integral_constant<int, 0>{});
   half(std::integral_constant<int, 1>{});
-  return hsum8(acc);
+  for (int i = 0; i < R; ++i) t.s[i * t.stride + b] = hsum8(acc[i]);
 }
 
-template <class Dot>
-void rows_q6_k(const Problem& p, const QuantizedX& x) {
+// One W row's super-blocks against R x rows from row r0 (each row's sums into t).
+template <class Dot, WeightType WT, int R>
+void super_tile(const uint8_t* wr, int64_t supers, const XTile& t) {
+  constexpr int64_t kBytes = WT == WeightType::kQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  for (int64_t b = 0; b < supers; ++b) {
+    if constexpr (WT == WeightType::kQ4_K) {
+      q4_k_super<Dot, R>(wr + b * kBytes, t, b);
+    } else {
+      q6_k_super<Dot, R>(wr + b * kBytes, t, b);
+    }
+  }
+}
+
+// Q4_K / Q6_K: the W row's f32 scales once (zeros up to the padded count), x rows 4 at a time,
+// then each row's combine.
+template <class Dot, WeightType WT>
+void rows_super(const Problem& p, const QuantizedX& x) {
+  constexpr bool kQ4 = WT == WeightType::kQ4_K;
+  constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
   const int64_t supers = p.k / kSuperBlockWeights, stride = x.d_stride;
-  std::vector<float> d(stride, 0.f);
-  std::vector<int32_t> s(stride, 0);
+  std::vector<float> d(stride, 0.f), dmin(stride, 0.f);
+  std::vector<int32_t> s(static_cast<size_t>(4 * stride), 0), m(s);
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
-    const uint8_t* wr = w + j * supers * kQ6_KBlockBytes;
-    for (int64_t b = 0; b < supers; ++b) d[b] = half_at(wr + b * kQ6_KBlockBytes + 208);
-    for (int64_t r = 0; r < p.rows; ++r) {
-      const int8_t* xq = x.q.data() + r * p.k;
-      const int16_t* bs = x.bsums.data() + r * (p.k / 16);
-      for (int64_t b = 0; b < supers; ++b) {
-        s[b] = q6_k_super<Dot>(wr + b * kQ6_KBlockBytes, xq + 256 * b, bs + 16 * b);
+    const uint8_t* wr = w + j * supers * kBytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      d[b] = half_at(wr + b * kBytes + (kQ4 ? 0 : 208));
+      if (kQ4) dmin[b] = half_at(wr + b * kBytes + 2);
+    }
+    for (int64_t r0 = 0; r0 < p.rows; r0 += 4) {
+      const XTile t{
+          x.q.data() + r0 * p.k, x.bsums.data() + r0 * (p.k / 16), p.k, s.data(), m.data(), stride};
+      const int64_t n = p.rows - r0 < 4 ? p.rows - r0 : 4;
+      if (n == 4) super_tile<Dot, WT, 4>(wr, supers, t);
+      if (n == 3) super_tile<Dot, WT, 3>(wr, supers, t);
+      if (n == 2) super_tile<Dot, WT, 2>(wr, supers, t);
+      if (n == 1) super_tile<Dot, WT, 1>(wr, supers, t);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* xd = x.d.data() + (r0 + i) * stride;
+        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+        for (int64_t g = 0; g < stride; g += 8) {
+          const __m256 dx = _mm256_loadu_ps(xd + g);
+          acc = combine_step(acc, dx, _mm256_loadu_ps(&d[g]), load32(&s[i * stride + g]));
+          if (kQ4)
+            accm = combine_step(accm, dx, _mm256_loadu_ps(&dmin[g]), load32(&m[i * stride + g]));
+        }
+        store_y(p, r0 + i, j, kQ4 ? tree8(acc) - tree8(accm) : tree8(acc));
       }
-      const float* xd = x.d.data() + r * stride;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < stride; g += 8) {
-        acc = combine_step(acc, _mm256_loadu_ps(xd + g), _mm256_loadu_ps(&d[g]), load32(&s[g]));
-      }
-      store_y(p, r, j, tree8(acc));
     }
   }
 }
@@ -389,9 +411,9 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
     case WeightType::kQ4_0:
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
-      return rows_q4_k<Dot>(p, x);
+      return rows_super<Dot, WeightType::kQ4_K>(p, x);
     case WeightType::kQ6_K:
-      return rows_q6_k<Dot>(p, x);
+      return rows_super<Dot, WeightType::kQ6_K>(p, x);
     default:
       return;
   }
