@@ -235,6 +235,9 @@ void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
   BENCHMARK_CAPTURE(ExactBlocks, type##_avx512, wt, KernelIsa::kAvx512)->Apply(int8_shapes);      \
   BENCHMARK_CAPTURE(ExactBlocks, type##_x86_64_v3, wt, KernelIsa::kX86_64V3)->Apply(int8_shapes); \
   BENCHMARK_CAPTURE(ExactBlocks, type##_neon, wt, KernelIsa::kNeon)->Apply(int8_shapes)
+SIMPLER_INT8_BENCHMARKS(q8_0, WeightType::kQ8_0);
+SIMPLER_INT8_BENCHMARKS(q4_k, WeightType::kQ4_K);
+SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
 
 BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();
