@@ -7,16 +7,24 @@
 //     the last level cache; 1536 x 1024 and 512 x 3072: one of two threads' share of the gate
 //     and down projections at 512 tokens; 131072: 256 MiB, streamed from memory as a decode step
 //     streams its weights), one thread: GFLOP/s (the counter), to hold against the FMA peak of
-//     `simpler bench prefill`.
+//     `simpler bench prefill`;
+//   Int8/<weight type>/<integer-sum target>/<whole|shared>/R/N/K — precision int8 (matmul_int8.h)
+//     over a block-quantized W [N, K], R x rows (1 against N 131072: W streamed from memory, the
+//     weight bytes/s; 16 against N 3072: a batch-16 step of the gate projection), one thread,
+//     with the target's whole-product kernel (Int8Dots::rows) or the shared loop over its
+//     integer sums: the same bits, the ratio of the two is the kernel's gain;
+//   ExactBlocks/<weight type>/<target>/R/N/K — precision exact over the same W and shapes.
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
 #include <benchmark/benchmark.h>
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/matmul_impl.h"
+#include "kernels/matmul_int8.h"
 #include "simpler/kernels/kernels.h"
 
 namespace simpler::llm {
@@ -115,6 +123,121 @@ void prefill_shapes(benchmark::internal::Benchmark* b) {
   }
   b->UseRealTime();
 }
+
+// Random block bytes with every scale a small binary16 (no NaN or infinity).
+std::vector<uint8_t> quantized_weights(WeightType wt, int64_t n, int64_t k) {
+  const int64_t block = wt == WeightType::kQ8_0   ? matmul_detail::kQ8_0BlockBytes
+                        : wt == WeightType::kQ4_K ? matmul_detail::kQ4_KBlockBytes
+                                                  : matmul_detail::kQ6_KBlockBytes;
+  const int64_t per = wt == WeightType::kQ8_0 ? 32 : matmul_detail::kSuperBlockWeights;
+  std::vector<uint8_t> w(static_cast<size_t>(n * k / per * block));
+  uint32_t state = 12345;
+  for (uint8_t& b : w) {
+    state = state * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(state >> 24);
+  }
+  const int64_t at = wt == WeightType::kQ6_K ? 208 : 0;
+  for (int64_t b = 0; b < n * k / per; ++b) {
+    w[b * block + at] = 0x00;
+    w[b * block + at + 1] = 0x20;
+    if (wt == WeightType::kQ4_K) w[b * block + 3] = 0x1c;
+  }
+  return w;
+}
+
+matmul_detail::Int8Dots int8_target(const std::string& target) {
+#if defined(__x86_64__)
+  if (target == "avx512vnni") return matmul_detail::int8_dots_avx512vnni();
+  if (target == "avxvnni") return matmul_detail::int8_dots_avxvnni();
+  if (target == "avx2") return matmul_detail::int8_dots_avx2();
+#elif defined(__aarch64__)
+  if (target == "neon") return matmul_detail::int8_dots_neon();
+#endif
+  return matmul_detail::int8_dots_portable();
+}
+
+bool int8_target_available(const std::string& target) {
+#if defined(__x86_64__)
+  if (target == "avx512vnni") return matmul_detail::avx512vnni_available();
+  if (target == "avxvnni") return matmul_detail::avxvnni_available();
+  if (target == "avx2") return kernel_isa_available(KernelIsa::kX86_64V3);
+#elif defined(__aarch64__)
+  if (target == "neon") return kernel_isa_available(KernelIsa::kNeon);
+#endif
+  return target == "portable";
+}
+
+void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole) {
+  if (!int8_target_available(target)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  const int64_t kRows = state.range(0), kN = state.range(1), kK = state.range(2);
+  const std::vector<uint8_t> w = quantized_weights(wt, kN, kK);
+  std::vector<float> x(kRows * kK), y(kRows * kN);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
+  Problem p;
+  p.x = x.data();
+  p.rows = kRows;
+  p.k = kK;
+  p.w = w.data();
+  p.wt = wt;
+  p.n = kN;
+  p.y = y.data();
+  p.ldy = kN;
+  matmul_detail::Int8Dots dots = int8_target(target);
+  if (!whole) dots.rows = nullptr;
+  for (auto _ : state) {
+    matmul_detail::run_int8(p, dots);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+}
+
+void int8_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({1, 131072, 1024})->Args({16, 3072, 1024})->UseRealTime();
+}
+
+// Precision exact over the same block-quantized W (dequantized in registers against f32 x): the
+// other side of the per-weight-type default (kernels.h, Precision).
+void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
+  if (!kernel_isa_available(isa)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  const int64_t kRows = state.range(0), kN = state.range(1), kK = state.range(2);
+  const std::vector<uint8_t> w = quantized_weights(wt, kN, kK);
+  std::vector<float> x(kRows * kK), y(kRows * kN);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
+  Problem p;
+  p.x = x.data();
+  p.rows = kRows;
+  p.k = kK;
+  p.w = w.data();
+  p.wt = wt;
+  p.n = kN;
+  p.y = y.data();
+  p.ldy = kN;
+  const RunFn run = run_of(isa);
+  for (auto _ : state) {
+    run(p);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+}
+
+#define SIMPLER_INT8_BENCHMARKS(type, wt)                                                         \
+  BENCHMARK_CAPTURE(Int8, type##_avx512vnni_whole, wt, "avx512vnni", true)->Apply(int8_shapes);   \
+  BENCHMARK_CAPTURE(Int8, type##_avx512vnni_shared, wt, "avx512vnni", false)->Apply(int8_shapes); \
+  BENCHMARK_CAPTURE(Int8, type##_avxvnni_whole, wt, "avxvnni", true)->Apply(int8_shapes);         \
+  BENCHMARK_CAPTURE(Int8, type##_avx2_whole, wt, "avx2", true)->Apply(int8_shapes);               \
+  BENCHMARK_CAPTURE(Int8, type##_neon_shared, wt, "neon", false)->Apply(int8_shapes);             \
+  BENCHMARK_CAPTURE(ExactBlocks, type##_avx512, wt, KernelIsa::kAvx512)->Apply(int8_shapes);      \
+  BENCHMARK_CAPTURE(ExactBlocks, type##_x86_64_v3, wt, KernelIsa::kX86_64V3)->Apply(int8_shapes); \
+  BENCHMARK_CAPTURE(ExactBlocks, type##_neon, wt, KernelIsa::kNeon)->Apply(int8_shapes)
+SIMPLER_INT8_BENCHMARKS(q8_0, WeightType::kQ8_0);
+SIMPLER_INT8_BENCHMARKS(q4_k, WeightType::kQ4_K);
+SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
 
 BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();

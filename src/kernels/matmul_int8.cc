@@ -173,26 +173,22 @@ void dots_q6_k_portable(const uint8_t* w, const int8_t* xq, int64_t supers, int3
   }
 }
 
-// x quantized once per call: rows of k int8, their scales and (Q8_K) group sums.
-struct QuantizedX {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int16_t> bsums;
-};
-
-QuantizedX quantize_rows(const Problem& p, bool super) {
+QuantizedX quantize_rows(const Problem& p, bool super, const Int8Dots& dots) {
   QuantizedX qx;
   const int64_t per = super ? kSuperBlockWeights : kQ8_0BlockWeights;
+  qx.d_stride = (p.k / per + 7) / 8 * 8;
   qx.q.resize(static_cast<size_t>(p.rows * p.k));
-  qx.d.resize(static_cast<size_t>(p.rows * (p.k / per)));
+  qx.d.assign(static_cast<size_t>(p.rows * qx.d_stride), 0.f);
   if (super) qx.bsums.resize(static_cast<size_t>(p.rows * (p.k / 16)));
   for (int64_t r = 0; r < p.rows; ++r) {
     int8_t* q = qx.q.data() + r * p.k;
-    float* d = qx.d.data() + r * (p.k / per);
+    float* d = qx.d.data() + r * qx.d_stride;
     if (super) {
-      quantize_x_q8_k(p.x + r * p.k, p.k, q, d, qx.bsums.data() + r * (p.k / 16));
+      (dots.quantize_q8_k != nullptr ? dots.quantize_q8_k : quantize_x_q8_k)(
+          p.x + r * p.k, p.k, q, d, qx.bsums.data() + r * (p.k / 16));
     } else {
-      quantize_x_q8_0(p.x + r * p.k, p.k, q, d);
+      (dots.quantize_q8_0 != nullptr ? dots.quantize_q8_0 : quantize_x_q8_0)(p.x + r * p.k, p.k, q,
+                                                                             d);
     }
   }
   return qx;
@@ -205,14 +201,13 @@ float row_dot(const Int8Dots& dots, const uint8_t* w, const QuantizedX& qx, int6
   const int8_t* xq = qx.q.data() + r * k;
   if constexpr (WT == WeightType::kQ8_0 || WT == WeightType::kQ4_0) {
     const int64_t blocks = k / kQ8_0BlockWeights;
-    const float* xd = qx.d.data() + r * blocks;
+    const float* xd = qx.d.data() + r * qx.d_stride;
     constexpr int64_t kBytes = WT == WeightType::kQ8_0 ? kQ8_0BlockBytes : kQ4_0BlockBytes;
     (WT == WeightType::kQ8_0 ? dots.q8_0 : dots.q4_0)(w, xq, blocks, sums);
-    return dots.combine_blocks != nullptr ? dots.combine_blocks(w, kBytes, blocks, sums, xd)
-                                          : combine_blocks(w, kBytes, blocks, sums, xd);
+    return combine_blocks(w, kBytes, blocks, sums, xd);
   } else {
     const int64_t supers = k / kSuperBlockWeights;
-    const float* xd = qx.d.data() + r * supers;
+    const float* xd = qx.d.data() + r * qx.d_stride;
     if constexpr (WT == WeightType::kQ4_K) {
       dots.q4_k(w, xq, supers, sums);
       return combine_q4_k(w, supers, sums, xd, qx.bsums.data() + r * (k / 16));
@@ -227,7 +222,8 @@ float row_dot(const Int8Dots& dots, const uint8_t* w, const QuantizedX& qx, int6
 template <WeightType WT>
 void run_int8_on(const Problem& p, const Int8Dots& dots) {
   constexpr bool kSuper = WT == WeightType::kQ4_K || WT == WeightType::kQ6_K;
-  const QuantizedX qx = quantize_rows(p, kSuper);
+  const QuantizedX qx = quantize_rows(p, kSuper, dots);
+  if (dots.rows != nullptr) return dots.rows(p, qx);
   std::vector<int32_t> sums(static_cast<size_t>(p.k / 16));
   const auto* w = static_cast<const uint8_t*>(p.w);
   const int64_t row_bytes = row_units<WT>(p.k);

@@ -29,10 +29,21 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/matmul_impl.h"
 
 namespace simpler::llm::matmul_detail {
+
+// x quantized per block (above), once per call for every W row: row r's k int8 at q + r·k, its
+// scales at d + r·d_stride (k / 32 or k / 256 of them, then zeros up to d_stride, a multiple of 8,
+// so a target may read the scales 8 at a time), and for Q8_K its group sums at bsums + r·(k / 16).
+struct QuantizedX {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bsums;
+  int64_t d_stride = 0;
+};
 
 // One target's integer dot products of one W row with one quantized x row (`xq`, the row's k
 // int8). Exact: any order of the integer sums gives the same result.
@@ -45,11 +56,16 @@ struct Int8Dots {
   void (*q4_k)(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums);
   // Q6_K W row: sums[16s + g] = Σ_{i<16} (q[256s + 16g + i] - 32)·xq[...], q the 6-bit value.
   void (*q6_k)(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums);
-  // Optional (null: the shared one): the Q8_0 / Q4_0 combine above for a row of `blocks` blocks
-  // of `block_bytes`, in the target's vectors, bitwise the shared one's (the same roundings in
-  // the same lanes; built without contraction).
-  float (*combine_blocks)(const uint8_t* w, int64_t block_bytes, int64_t blocks,
-                          const int32_t* sums, const float* xd) = nullptr;
+  // Optional (null: the shared loop over the functions above and the shared combine): the whole
+  // product p (its weight type one of the four) against x quantized for it, in the target's
+  // vectors, bitwise the shared path's: the same exact integer sums per block or super-block,
+  // then the combine's roundings in the same lanes in the same order (built without
+  // contraction).
+  void (*rows)(const Problem& p, const QuantizedX& x) = nullptr;
+  // Optional (null: the shared ones): quantize_x_q8_0 and quantize_x_q8_k below in the target's
+  // vectors, bitwise theirs.
+  void (*quantize_q8_0)(const float* x, int64_t k, int8_t* q, float* d) = nullptr;
+  void (*quantize_q8_k)(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) = nullptr;
 };
 
 // The targets' dot products. The portable one runs anywhere (matmul_int8.cc, baseline flags); the

@@ -13,6 +13,9 @@ struct Avx2Dot {
     const __m256i pairs = _mm256_maddubs_epi16(u, s);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
+  static __m256i madd(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  }
 };
 
 }  // namespace

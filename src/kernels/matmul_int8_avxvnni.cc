@@ -13,6 +13,9 @@ struct AvxVnniDot {
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
     return _mm256_dpbusd_avx_epi32(acc, u, s);
   }
+  static __m256i madd(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+  }
 };
 
 }  // namespace

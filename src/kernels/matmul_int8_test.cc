@@ -245,6 +245,44 @@ std::vector<std::pair<std::string, matmul_detail::Int8Dots>> all_dots() {
   return d;
 }
 
+// Every target's quantizers of x are bitwise the shared ones, on Gaussian rows and on the edges:
+// zero and tiny blocks (the x86 ones hand blocks below 2^-100 to the shared code), blocks whose
+// largest magnitude comes twice with both signs (Q8_K keeps the first), huge values, ties.
+TEST(Int8Quantizers, EveryTargetsQuantizersAreBitwiseTheShared) {
+  const int64_t k = 2048;
+  std::vector<float> x = random_x(static_cast<size_t>(k), 17);
+  for (int i = 0; i < 32; ++i) {
+    x[64 + i] = 1e-35f * static_cast<float>(i - 16);         // below 2^-100
+    x[96 + i] = 0x1p-100f * static_cast<float>(i % 5 + 1);   // just above it
+    x[128 + i] = 3e30f * static_cast<float>(i % 7) - 1e30f;  // huge
+    x[512 + i] = static_cast<float>(i % 3) - 1.f;            // -1 before +1
+  }
+  const float ties[] = {127.f, 0.5f, 2.5f, -0.5f, -126.5f, 1.5f};  // amax 127: id 1
+  for (size_t i = 0; i < 6; ++i) x[576 + i] = ties[i];
+  x[256 + 40] = -9.f;  // super-block 1: -9 first, then +9
+  x[256 + 200] = 9.f;
+  for (int i = 1024; i < 1280; ++i)  // super-block 4: all tiny
+    x[static_cast<size_t>(i)] = 0x1p-120f * static_cast<float>(i % 9);
+  std::vector<int8_t> q0(x.size()), rq0(x.size()), qk(x.size()), rqk(x.size());
+  std::vector<float> d0(x.size() / 32), rd0(x.size() / 32), dk(x.size() / 256), rdk(x.size() / 256);
+  std::vector<int16_t> bs(x.size() / 16), rbs(x.size() / 16);
+  matmul_detail::quantize_x_q8_0(x.data(), k, rq0.data(), rd0.data());
+  matmul_detail::quantize_x_q8_k(x.data(), k, rqk.data(), rdk.data(), rbs.data());
+  for (const auto& [name, dots] : all_dots()) {
+    if (dots.quantize_q8_0 != nullptr) {
+      dots.quantize_q8_0(x.data(), k, q0.data(), d0.data());
+      EXPECT_EQ(q0, rq0) << name;
+      EXPECT_EQ(0, std::memcmp(d0.data(), rd0.data(), d0.size() * sizeof(float))) << name;
+    }
+    if (dots.quantize_q8_k != nullptr) {
+      dots.quantize_q8_k(x.data(), k, qk.data(), dk.data(), bs.data());
+      EXPECT_EQ(qk, rqk) << name;
+      EXPECT_EQ(0, std::memcmp(dk.data(), rdk.data(), dk.size() * sizeof(float))) << name;
+      EXPECT_EQ(bs, rbs) << name;
+    }
+  }
+}
+
 void expect_dots_agree(DataType dt, const std::vector<float>& x, const std::vector<uint8_t>& w,
                        int64_t rows, int64_t in, int64_t out, const std::vector<float>& want,
                        const std::string& what) {
@@ -315,7 +353,7 @@ TEST(MatmulInt8, Q8_0AndQ4_0PathsMatchTheQuantizedF64ReferenceOnOddShapes) {
 
 TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
-    for (int64_t rows : {1, 2, 5, 17}) {
+    for (int64_t rows : {1, 2, 7, 17}) {  // x86 takes x rows 4 at a time: 7 ends with 3
       for (int64_t in : {256, 768, 2560}) {
         for (int64_t out : {1, 5, 37}) ASSERT_NO_FATAL_FAILURE(expect_paths(dt, rows, in, out));
       }

@@ -3,15 +3,19 @@
 // over a `Dot` type whose `static __m256i dot(__m256i acc, __m256i u, __m256i s)` adds to each
 // i32 lane of acc the four products of its bytes, u unsigned by s signed: vpmaddubsw then
 // vpmaddwd on AVX2 (the i16 pair sums cannot saturate: every u <= 128 and |s| <= 127 here, since
-// the signed side is x's q times a sign, and x's q lies in [-127, 127]), vpdpbusd with VNNI. A
-// signed weight w enters as |w| (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86
-// code. Include it only from those files, after <immintrin.h>; everything has internal linkage.
+// the signed side is x's q times a sign, and x's q lies in [-127, 127]), vpdpbusd with VNNI; and
+// `static __m256i madd(__m256i acc, __m256i a, __m256i b)` adds to each i32 lane of acc the two
+// products of its i16 pairs (vpmaddwd then vpaddd, or vpdpwssd). A signed weight w enters as |w|
+// (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. Include it only from
+// those files, after <immintrin.h>; everything has internal linkage.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_int8.h"
@@ -122,37 +126,380 @@ void dots_q6_k(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums
   }
 }
 
-// matmul_int8.h's Q8_0 / Q4_0 combine with lane l = b mod 8 as ymm lane l: dw·dx, times f32(S),
-// added (vcvtph2ps and vcvtdq2ps round as the scalar conversions do); a last partial group of 8
-// adds +0 to the lanes past the row (a lane sum is never -0, so that changes nothing); the
-// tree as tree8. Built with -ffp-contract=off: no multiply and add fused.
-inline float combine_blocks_x86(const uint8_t* w, int64_t block_bytes, int64_t blocks,
-                                const int32_t* sums, const float* xd) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; b += 8) {
-    const int n = blocks - b < 8 ? static_cast<int>(blocks - b) : 8;
-    alignas(16) uint16_t h[8] = {};
-    alignas(32) float x[8] = {};
-    alignas(32) int32_t s[8] = {};
-    for (int i = 0; i < n; ++i) {
-      std::memcpy(&h[i], w + (b + i) * block_bytes, sizeof(uint16_t));
-      x[i] = xd[b + i];
-      s[i] = sums[b + i];
-    }
-    const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<__m128i*>(h))),
-                                    _mm256_load_ps(x));
-    const __m256 t =
-        _mm256_mul_ps(dd, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(s))));
-    acc = _mm256_add_ps(acc, t);
+// ---- Whole products (Int8Dots::rows): W row by row, each against every x row while it is in L1;
+// per block (Q8_0 / Q4_0) or super-block (Q4_K / Q6_K) the exact integer sum, then
+// matmul_int8.h's combine with lane l = b mod 8 as ymm lane l, 8 blocks a step: dw·dx, times
+// f32(S), added (vcvtph2ps and vcvtdq2ps round as the scalar conversions do). A last partial
+// group of 8 has zero scales and sums past the row: its lanes add (+0·+0)·+0 = +0, and a lane sum
+// is never -0, so that changes nothing. Built with -ffp-contract=off: no multiply and add fused.
+
+// The vectors v[0..7] of 8 i32 each summed, v[i]'s sum in lane i.
+inline __m256i reduce8(const __m256i* v) {
+  __m256i a[4], b[2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // per 128-bit half: [v2i: 0+2, v2i+1: 0+2, v2i: 1+3, v2i+1: 1+3]
+    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                            _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
   }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {  // per half: the 4 sums of that half of v4i .. v4i+3
+    b[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2 * i], a[2 * i + 1]),
+                            _mm256_unpackhi_epi64(a[2 * i], a[2 * i + 1]));
+  }
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b[0], b[1], 0x20),
+                          _mm256_permute2x128_si256(b[0], b[1], 0x31));
+}
+
+// The sum of 8 i32.
+inline int32_t hsum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// matmul_int8.h's tree of the 8 lanes.
+inline float tree8(__m256 acc) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+// acc + (a·b)·f32(s) lane by lane: two roundings, then the add's.
+inline __m256 combine_step(__m256 acc, __m256 a, __m256 b, __m256i s) {
+  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(a, b), _mm256_cvtepi32_ps(s)));
+}
+
+inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
+  float* out = p.y + r * p.ldy + j;
+  *out = p.accumulate ? *out + s : s;
+}
+
+// A binary16 scale at `p` as f32 (exact).
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return _cvtsh_ss(h);
+}
+
+// Blocks [8g, 8g + n) of a Q8_0 / Q4_0 row against x's q: the 8 block sums (zero past n).
+template <class Dot, bool kQ4, bool kFull>
+inline __m256i block_sums8(const uint8_t* w, const int8_t* xq, int n) {
+  constexpr int64_t kBytes = kQ4 ? kQ4_0BlockBytes : kQ8_0BlockBytes;
+  __m256i v[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    if (!kFull && i >= n) {
+      v[i] = _mm256_setzero_si256();
+      continue;
+    }
+    const uint8_t* q = w + i * kBytes + 2;
+    const __m256i wv = kQ4 ? q4_0_weights(q) : load32(q);
+    v[i] = signed_dot<Dot>(wv, load32(xq + 32 * i));
+  }
+  return reduce8(v);
+}
+
+// Q8_0 / Q4_0: dw of a W row once (zeros past the row), then each x row.
+template <class Dot, bool kQ4>
+void rows_blocks(const Problem& p, const QuantizedX& x) {
+  constexpr int64_t kBytes = kQ4 ? kQ4_0BlockBytes : kQ8_0BlockBytes;
+  const int64_t blocks = p.k / kQ8_0BlockWeights, full = blocks / 8;
+  const int tail = static_cast<int>(blocks % 8);
+  std::vector<float> dw(static_cast<size_t>(x.d_stride), 0.f);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j = 0; j < p.n; ++j) {
+    const uint8_t* wr = w + j * blocks * kBytes;
+    for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kBytes);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const int8_t* xq = x.q.data() + r * p.k;
+      const float* xd = x.d.data() + r * x.d_stride;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t g = 0; g < full; ++g) {
+        const __m256i s = block_sums8<Dot, kQ4, true>(wr + 8 * g * kBytes, xq + 256 * g, 8);
+        acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * g]), _mm256_loadu_ps(xd + 8 * g), s);
+      }
+      if (tail != 0) {
+        const __m256i s =
+            block_sums8<Dot, kQ4, false>(wr + 8 * full * kBytes, xq + 256 * full, tail);
+        acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * full]), _mm256_loadu_ps(xd + 8 * full), s);
+      }
+      store_y(p, r, j, tree8(acc));
+    }
+  }
+}
+
+// Q4_K's packed 6-bit scales and mins (get_scale_min_k4) as 16 i16: sc_0..7, then m_0..7. As
+// little-endian words A, B, C of bytes 0-3, 4-7, 8-11: sc_0..3 = A & 63 bytewise, m_0..3 = B & 63,
+// sc_4..7 = (C & 15) | (A >> 6) << 4 and m_4..7 = (C >> 4 & 15) | (B >> 6) << 4.
+inline __m256i q4_k_scales_mins(const uint8_t* s) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
+  const uint32_t sc03 = a & k6, m03 = b & k6;
+  const uint32_t sc47 = (c & k4) | ((a >> 6) & k2) << 4;
+  const uint32_t m47 = ((c >> 4) & k4) | ((b >> 6) & k2) << 4;
+  return _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47),
+                                             static_cast<int>(m03), static_cast<int>(m47)));
+}
+
+// i16 lane j of the low 128 bits of v in all 16 lanes.
+template <int J>
+inline __m256i broadcast_i16(__m256i low) {
+  return _mm256_shuffle_epi8(low,
+                             _mm256_set1_epi16(static_cast<int16_t>((2 * J + 1) << 8 | 2 * J)));
+}
+
+// Up to 4 x rows at once against one W row (the super-block kernels below): row i's q at
+// q + i·k, its group sums at bsums + i·(k / 16), its per-super-block integer sums into
+// s[i·stride + b] (and Q4_K's mins sums into m[i·stride + b]).
+struct XTile {
+  const int8_t* q;
+  const int16_t* bsums;
+  int64_t k;
+  int32_t* s;
+  int32_t* m;
+  int64_t stride;
+};
+
+// Q4_K super-block b against R x rows: S = Σ_j sc_j·Σ q·x (vpmaddubsw's i16 pair sums are at
+// most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1). The nibbles and the scales
+// are unpacked once for the R rows.
+template <class Dot, int R>
+inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
+  const __m256i sm = q4_k_scales_mins(blk + 4);
+  const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);  // sc_0..7 in both halves
+  const __m256i m4 = _mm256_set1_epi8(15);
+  const uint8_t* qs = blk + 16;
+  __m256i acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_si256();
+  const auto step = [&](auto c) {
+    constexpr int kC = decltype(c)::value;
+    const __m256i q = load32(qs + 32 * kC);
+    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    const __m256i sc_lo = broadcast_i16<2 * kC>(sc), sc_hi = broadcast_i16<2 * kC + 1>(sc);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* xq = t.q + i * t.k + 256 * b + 64 * kC;
+      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(lo, load32(xq)), sc_lo);
+      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(hi, load32(xq + 32)), sc_hi);
+    }
+  };
+  step(std::integral_constant<int, 0>{});
+  step(std::integral_constant<int, 1>{});
+  step(std::integral_constant<int, 2>{});
+  step(std::integral_constant<int, 3>{});
+  const __m128i mins = _mm256_extracti128_si256(sm, 1);
+  for (int i = 0; i < R; ++i) {
+    t.s[i * t.stride + b] = hsum8(acc[i]);
+    // The x group sums by sub-block (at most 32·127 in magnitude), against m_0..7.
+    const __m256i pairs =
+        _mm256_hadd_epi16(load32(t.bsums + i * (t.k / 16) + 16 * b), _mm256_setzero_si256());
+    const __m128i sub =
+        _mm_unpacklo_epi64(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+    __m128i mm = _mm_madd_epi16(sub, mins);
+    mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
+    t.m[i * t.stride + b] = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
+  }
+}
+
+// Q6_K super-block b against R x rows: S = Σ_g sc_g·Σ q·x - 32·Σ_g sc_g·bsum_g, q the unsigned
+// 6-bit value (vpmaddubsw's pair sums at most 2·63·127, no saturation). Run (h, c), 32 weights,
+// is groups 8h + 2c (its first 16) and 8h + 2c + 1: their scales in the two halves.
+template <class Dot, int R>
+inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
+  const __m256i sc =
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+  // As i32 lanes holding (sc_g, sc_g): lo = g 0-3 | 8-11, hi = g 4-7 | 12-15.
+  const __m256i lo = _mm256_unpacklo_epi16(sc, sc), hi = _mm256_unpackhi_epi16(sc, sc);
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  __m256i acc[R];
+  for (int i = 0; i < R; ++i) {
+    const __m256i bs = load32(t.bsums + i * (t.k / 16) + 16 * b);
+    acc[i] =
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc), 5));
+  }
+  const auto half = [&](auto h) {
+    constexpr int kH = decltype(h)::value;
+    const __m256i ql0 = load32(blk + 64 * kH), ql1 = load32(blk + 64 * kH + 32);
+    const __m256i qh = load32(blk + 128 + 32 * kH);
+    const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+    const __m256i top[4] = {_mm256_and_si256(qh, m2),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2)};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const int g = 8 * kH + 2 * c;  // groups g, g + 1: lanes (g % 4, g % 4 + 1) of lo or hi,
+                                     // in the half g / 8
+      const __m256i src = g % 8 < 4 ? lo : hi;
+      const int at = (g % 4) + 4 * (g / 8);
+      const __m256i scales = _mm256_permutevar8x32_epi32(
+          src, _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1));
+      const __m256i q = _mm256_or_si256(low[c], _mm256_slli_epi16(top[c], 4));
+      for (int i = 0; i < R; ++i) {
+        const int8_t* xq = t.q + i * t.k + 256 * b + 128 * kH + 32 * c;
+        acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(q, load32(xq)), scales);
+      }
+    }
+  };
+  half(std::integral_constant<int, 0>{});
+  half(std::integral_constant<int, 1>{});
+  for (int i = 0; i < R; ++i) t.s[i * t.stride + b] = hsum8(acc[i]);
+}
+
+// One W row's super-blocks against R x rows from row r0 (each row's sums into t).
+template <class Dot, WeightType WT, int R>
+void super_tile(const uint8_t* wr, int64_t supers, const XTile& t) {
+  constexpr int64_t kBytes = WT == WeightType::kQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  for (int64_t b = 0; b < supers; ++b) {
+    if constexpr (WT == WeightType::kQ4_K) {
+      q4_k_super<Dot, R>(wr + b * kBytes, t, b);
+    } else {
+      q6_k_super<Dot, R>(wr + b * kBytes, t, b);
+    }
+  }
+}
+
+// Q4_K / Q6_K: the W row's f32 scales once (zeros up to the padded count), x rows 4 at a time,
+// then each row's combine.
+template <class Dot, WeightType WT>
+void rows_super(const Problem& p, const QuantizedX& x) {
+  constexpr bool kQ4 = WT == WeightType::kQ4_K;
+  constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  const int64_t supers = p.k / kSuperBlockWeights, stride = x.d_stride;
+  std::vector<float> d(stride, 0.f), dmin(stride, 0.f);
+  std::vector<int32_t> s(static_cast<size_t>(4 * stride), 0), m(s);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j = 0; j < p.n; ++j) {
+    const uint8_t* wr = w + j * supers * kBytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      d[b] = half_at(wr + b * kBytes + (kQ4 ? 0 : 208));
+      if (kQ4) dmin[b] = half_at(wr + b * kBytes + 2);
+    }
+    for (int64_t r0 = 0; r0 < p.rows; r0 += 4) {
+      const XTile t{
+          x.q.data() + r0 * p.k, x.bsums.data() + r0 * (p.k / 16), p.k, s.data(), m.data(), stride};
+      const int64_t n = p.rows - r0 < 4 ? p.rows - r0 : 4;
+      if (n == 4) super_tile<Dot, WT, 4>(wr, supers, t);
+      if (n == 3) super_tile<Dot, WT, 3>(wr, supers, t);
+      if (n == 2) super_tile<Dot, WT, 2>(wr, supers, t);
+      if (n == 1) super_tile<Dot, WT, 1>(wr, supers, t);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* xd = x.d.data() + (r0 + i) * stride;
+        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+        for (int64_t g = 0; g < stride; g += 8) {
+          const __m256 dx = _mm256_loadu_ps(xd + g);
+          acc = combine_step(acc, dx, _mm256_loadu_ps(&d[g]), load32(&s[i * stride + g]));
+          if (kQ4)
+            accm = combine_step(accm, dx, _mm256_loadu_ps(&dmin[g]), load32(&m[i * stride + g]));
+        }
+        store_y(p, r0 + i, j, kQ4 ? tree8(acc) - tree8(accm) : tree8(acc));
+      }
+    }
+  }
+}
+
+template <class Dot>
+void rows_x86(const Problem& p, const QuantizedX& x) {
+  switch (p.wt) {
+    case WeightType::kQ8_0:
+      return rows_blocks<Dot, false>(p, x);
+    case WeightType::kQ4_0:
+      return rows_blocks<Dot, true>(p, x);
+    case WeightType::kQ4_K:
+      return rows_super<Dot, WeightType::kQ4_K>(p, x);
+    case WeightType::kQ6_K:
+      return rows_super<Dot, WeightType::kQ6_K>(p, x);
+    default:
+      return;
+  }
+}
+
+// ---- The quantizers of x (matmul_int8.h), 8 lanes at a time, bitwise the shared ones: max of
+// |x| (exact), vcvtps2ph's round to nearest even (as the shared float_to_half), the same division,
+// x·id rounded once and converted by vcvtps2dq in the default rounding mode (nearest, ties to
+// even, as nearest_q). A block whose largest |x| is below 2^-100 or not finite, where id or x·id
+// could leave the range nearest_q handles alike, takes the shared scalar code.
+
+inline bool vector_safe(float amax) { return amax >= 0x1p-100f && amax <= 0x1p100f; }
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+// 32 floats times `scale`, rounded to nearest even, as 32 int8 (every value within ±127.x here).
+inline void round_store32(const float* x, __m256 scale, int8_t* q) {
+  __m256i v[4];
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), scale));
+  const __m256i p16 =
+      _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p16, order));
+}
+
+void quantize_q8_0_x86(const float* x, int64_t k, int8_t* q, float* d) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < k / kQ8_0BlockWeights; ++b) {
+    const float* xb = x + 32 * b;
+    __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
+    for (int i = 1; i < 4; ++i)
+      m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask));
+    const float amax = hmax8(m);
+    if (!vector_safe(amax)) {
+      quantize_x_q8_0(xb, kQ8_0BlockWeights, q + 32 * b, d + b);
+      continue;
+    }
+    d[b] = _cvtsh_ss(_cvtss_sh(amax / 127.f, _MM_FROUND_TO_NEAREST_INT));
+    round_store32(xb, _mm256_set1_ps(127.f / amax), q + 32 * b);
+  }
+}
+
+void quantize_q8_k_x86(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < k / kSuperBlockWeights; ++b) {
+    const float* xb = x + 256 * b;
+    __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
+    for (int i = 1; i < 32; ++i)
+      m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask));
+    const float amax = hmax8(m);
+    if (!vector_safe(amax)) {
+      quantize_x_q8_k(xb, kSuperBlockWeights, q + 256 * b, d + b, bsums + 16 * b);
+      continue;
+    }
+    const __m256 target = _mm256_set1_ps(amax);
+    float max = 0;  // the first x of largest magnitude, its sign kept
+    for (int i = 0; i < 32; ++i) {
+      const __m256 v = _mm256_loadu_ps(xb + 8 * i);
+      const int hit =
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), target, _CMP_EQ_OQ));
+      if (hit != 0) {
+        max = xb[8 * i + __builtin_ctz(static_cast<unsigned>(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.f / max;
+    int8_t* qb = q + 256 * b;
+    for (int c = 0; c < 8; ++c) round_store32(xb + 32 * c, _mm256_set1_ps(iscale), qb + 32 * c);
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
+      bsums[16 * b + g] = static_cast<int16_t>(s);
+    }
+    d[b] = 1 / iscale;
+  }
+}
+
 template <class Dot>
 Int8Dots x86_dots() {
-  return {&dots_q8_0<Dot>, &dots_q4_0<Dot>, &dots_q4_k<Dot>, &dots_q6_k<Dot>, &combine_blocks_x86};
+  return {&dots_q8_0<Dot>, &dots_q4_0<Dot>,    &dots_q4_k<Dot>,   &dots_q6_k<Dot>,
+          &rows_x86<Dot>,  &quantize_q8_0_x86, &quantize_q8_k_x86};
 }
 
 }  // namespace
