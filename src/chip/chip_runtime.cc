@@ -20,6 +20,15 @@ absl::Status ChipOptions::validate() const {
 
 namespace {
 
+// RESOURCE_EXHAUSTED when task `seq` would not fit a graph built whole (`graph`: a captured graph,
+// a host-built graph image), which holds options.max_graph_tasks tasks.
+absl::Status graph_fits(uint64_t seq, const ChipOptions& options, const char* graph) {
+  if (seq < options.max_graph_tasks) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("task ", seq, ": the run needs more than ", options.max_graph_tasks, " tasks; ",
+                   graph, " holds ", options.max_graph_tasks, " — the run can never fit"));
+}
+
 // Submit-time checks shared by both placements. Messages start with
 // "task T (kernel 'K')"; the caller prefixes the run.
 absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
@@ -182,16 +191,13 @@ class GraphExecutor final : public task::OrchestrationContext {
                       int32_t block_dim) override {
     if (!failure_.ok()) return failure_;
     const uint64_t seq = next_seq_;
-    if (capture_ != nullptr && seq >= options_.max_graph_tasks) {
-      return fail_submit(absl::ResourceExhaustedError(absl::StrCat(
-          "task ", seq, ": the run needs more than ", options_.max_graph_tasks,
-          " tasks; a captured graph holds ", options_.max_graph_tasks, " — it can never fit")));
+    absl::Status v =
+        capture_ == nullptr ? absl::OkStatus() : graph_fits(seq, options_, "a captured graph");
+    if (v.ok()) {
+      v = validate_task(seq, callable_, kernel, args.args().data(), args.size(), block_dim,
+                        options_, check_range_);
     }
-    if (absl::Status v = validate_task(seq, callable_, kernel, args.args().data(), args.size(),
-                                       block_dim, options_, check_range_);
-        !v.ok()) {
-      return fail_submit(v);
-    }
+    if (!v.ok()) return fail_submit(v);
     if (capture_ == nullptr) {
       record_accesses(&tensor_map_, seq, args, is_done_, &deps_);
     } else {
@@ -510,16 +516,12 @@ class GraphRecorder final : public task::OrchestrationContext {
                       int32_t block_dim) override {
     if (!failure_.ok()) return failure_;
     const uint64_t seq = recording_.tasks.size();
-    if (seq >= options_.max_graph_tasks) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat(
-          "task ", seq, ": the run needs more than ", options_.max_graph_tasks,
-          " tasks; a graph image holds ", options_.max_graph_tasks, " — the run can never fit")));
+    absl::Status v = graph_fits(seq, options_, "a graph image");
+    if (v.ok()) {
+      v = validate_task(seq, callable_, kernel, args.args().data(), args.size(), block_dim,
+                        options_, check_range_);
     }
-    if (absl::Status v = validate_task(seq, callable_, kernel, args.args().data(), args.size(),
-                                       block_dim, options_, check_range_);
-        !v.ok()) {
-      return fail(v);
-    }
+    if (!v.ok()) return fail(v);
     record_accesses(&map_, seq, args, never_done_, &deps_);
     std::sort(deps_.begin(), deps_.end());
     deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());

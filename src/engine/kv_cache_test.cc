@@ -273,11 +273,18 @@ TEST(PrefixCache, CacheRefusesPartialFreeAndDuplicatePages) {
   EXPECT_TRUE(pool.check_invariants().ok());
 }
 
+// A page requests 1 and 2 both hold, cached under `tokens` with no parent.
+int32_t shared_cached_page(PagePool& pool, const std::vector<int32_t>& tokens) {
+  const int32_t a = pool.allocate(1).value();
+  EXPECT_TRUE(pool.cache(a, -1, tokens).value());
+  EXPECT_TRUE(pool.share(2, a).ok());
+  return a;
+}
+
 TEST(PrefixCache, SharedPagesStayUsedUntilTheirLastHolderLetsGo) {
   PagePool pool = PagePool::create(3, 4).value();
-  const int32_t a = pool.allocate(1).value();
-  ASSERT_TRUE(pool.cache(a, -1, page_tokens(0, 4)).value());
-  ASSERT_TRUE(pool.share(2, a).ok());
+  const int32_t a = shared_cached_page(pool, page_tokens(0, 4));
+  ASSERT_FALSE(HasFailure());
   EXPECT_EQ(pool.refs(a), 2);
   ASSERT_TRUE(pool.fence(1, a, 5).ok());  // the allocating request lets go behind step 5
   EXPECT_EQ(pool.state(a), PageState::kUsed);
@@ -332,12 +339,21 @@ TEST(PrefixCache, PlainFreePagesGoFirstThenTheLeastRecentlyFreedCachedPage) {
   EXPECT_TRUE(pool.check_invariants().ok());
 }
 
-TEST(PrefixCache, AReusedParentLeavesItsOldChildrenUnreachable) {
+// A pool of two pages of 2 tokens, both held by request 1 and cached as one chain: a holds
+// {1, 2}, b after it {3, 4}.
+class PrefixCacheChain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
+    ASSERT_TRUE(pool.cache(b, a, {3, 4}).value());
+  }
+
   PagePool pool = PagePool::create(2, 2).value();
   const int32_t a = pool.allocate(1).value();
   const int32_t b = pool.allocate(1).value();
-  ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
-  ASSERT_TRUE(pool.cache(b, a, {3, 4}).value());
+};
+
+TEST_F(PrefixCacheChain, AReusedParentLeavesItsOldChildrenUnreachable) {
   ASSERT_TRUE(pool.free(1, a).ok());
   // a is evicted and reallocated (a new generation) for other tokens: b, still held and
   // cached, no longer matches a chain through a.
@@ -350,9 +366,8 @@ TEST(PrefixCache, AReusedParentLeavesItsOldChildrenUnreachable) {
 
 TEST(PrefixCache, QuarantineDropsAPageFromTheCacheForEveryHolder) {
   PagePool pool = PagePool::create(2, 2).value();
-  const int32_t a = pool.allocate(1).value();
-  ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
-  ASSERT_TRUE(pool.share(2, a).ok());
+  const int32_t a = shared_cached_page(pool, {1, 2});
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(pool.quarantine(a).ok());
   EXPECT_EQ(pool.lookup(-1, {1, 2}), std::nullopt);
   EXPECT_EQ(pool.num_quarantined(), 1);
@@ -366,12 +381,7 @@ TEST(PrefixCache, QuarantineDropsAPageFromTheCacheForEveryHolder) {
   EXPECT_TRUE(pool.check_invariants().ok());
 }
 
-TEST(PrefixCache, ResetKeepsHeldPagesAndFreesCachedOnes) {
-  PagePool pool = PagePool::create(2, 2).value();
-  const int32_t a = pool.allocate(1).value();
-  const int32_t b = pool.allocate(1).value();
-  ASSERT_TRUE(pool.cache(a, -1, {1, 2}).value());
-  ASSERT_TRUE(pool.cache(b, a, {3, 4}).value());
+TEST_F(PrefixCacheChain, ResetKeepsHeldPagesAndFreesCachedOnes) {
   ASSERT_TRUE(pool.free(1, b).ok());
   EXPECT_EQ(pool.reset_cache(), 2);
   EXPECT_EQ(pool.num_cached(), 0);
@@ -384,9 +394,8 @@ TEST(PrefixCache, ResetKeepsHeldPagesAndFreesCachedOnes) {
 
 TEST(BlockTable, AdoptCachedStartsAtTheCachedPositionsAndAppendsAfterThem) {
   PagePool pool = PagePool::create(3, 2).value();
-  const int32_t a = pool.allocate(1).value();
-  ASSERT_TRUE(pool.cache(a, -1, {5, 6}).value());
-  ASSERT_TRUE(pool.share(2, a).ok());
+  const int32_t a = shared_cached_page(pool, {5, 6});
+  ASSERT_FALSE(HasFailure());
   BlockTable t(2);
   ASSERT_TRUE(t.adopt_cached(std::vector<int32_t>{a}, 2).ok());
   EXPECT_EQ(t.context_len(), 2);

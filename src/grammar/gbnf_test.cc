@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "grammar/expr.h"
+#include "grammar/grammar_test_util.h"
 #include "gtest/gtest.h"
 
 namespace simpler::grammar::gbnf_test {
@@ -20,24 +21,14 @@ std::string read_testdata(const std::string& name) {
   return s.str();
 }
 
-std::shared_ptr<const Grammar> compile(std::string_view text) {
-  absl::StatusOr<std::shared_ptr<const Grammar>> g = compile_gbnf(text);
-  EXPECT_TRUE(g.ok()) << g.status();
-  return g.ok() ? *g : nullptr;
-}
+using testing::accepts;
 
-bool accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
-  GrammarMatcher m(g);
-  return m.advance(text) && m.complete();
+std::shared_ptr<const Grammar> compile(std::string_view text) {
+  return testing::compiled_or_fail(compile_gbnf(text), text);
 }
 
 std::string error_of(std::string_view text) {
-  absl::StatusOr<std::shared_ptr<const Grammar>> g = compile_gbnf(text);
-  EXPECT_FALSE(g.ok()) << text;
-  if (!g.ok()) {
-    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
-  }
-  return g.ok() ? "" : std::string(g.status().message());
+  return testing::refusal_of(compile_gbnf(text), text);
 }
 
 // `r1 ::= r2 r2`, ..., `r30 ::= "a" | ""`: the first byte can come from 2^30 places, each its

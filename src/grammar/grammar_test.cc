@@ -6,6 +6,7 @@
 
 #include "base/sanitizers.h"
 #include "gmock/gmock.h"
+#include "grammar/grammar_test_util.h"
 #include "gtest/gtest.h"
 #include "simpler/grammar/json_schema.h"
 
@@ -26,10 +27,7 @@ std::shared_ptr<const Grammar> anbn() {
   return *std::move(b).build(s);
 }
 
-bool accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
-  GrammarMatcher m(g);
-  return m.advance(text) && m.complete();
-}
+using testing::accepts;
 
 std::vector<int32_t> allowed(const TokenIndex& index, const GrammarMatcher& m) {
   std::vector<uint32_t> mask(static_cast<size_t>(index.mask_words()));

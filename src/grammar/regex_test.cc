@@ -7,29 +7,20 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "grammar/grammar_test_util.h"
 #include "gtest/gtest.h"
 
 namespace simpler::grammar::regex_test {
 namespace {
 
-std::shared_ptr<const Grammar> compile(std::string_view pattern) {
-  absl::StatusOr<std::shared_ptr<const Grammar>> g = compile_regex(pattern);
-  EXPECT_TRUE(g.ok()) << pattern << ": " << g.status();
-  return g.ok() ? *g : nullptr;
-}
+using testing::accepts;
 
-bool accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
-  GrammarMatcher m(g);
-  return m.advance(text) && m.complete();
+std::shared_ptr<const Grammar> compile(std::string_view pattern) {
+  return testing::compiled_or_fail(compile_regex(pattern), pattern);
 }
 
 std::string error_of(std::string_view pattern) {
-  absl::StatusOr<std::shared_ptr<const Grammar>> g = compile_regex(pattern);
-  EXPECT_FALSE(g.ok()) << pattern;
-  if (!g.ok()) {
-    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
-  }
-  return g.ok() ? "" : std::string(g.status().message());
+  return testing::refusal_of(compile_regex(pattern), pattern);
 }
 
 TEST(RegexTest, TheWholeOutputMatchesThePattern) {

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/task_names.h"
+#include "simpler/kernels/kernels.h"
 #include "simpler/task/callable.h"
 #include "simpler/task/task_args.h"
 #include "simpler/task/tensor.h"
@@ -37,6 +39,20 @@ inline absl::Status run_blocks(task::KernelFn fn, const task::TaskArgs& args, in
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// The matmul kernel (matmul_acc with `acc`) of every ISA path this CPU runs, at `precision`.
+inline std::vector<std::pair<KernelIsa, task::KernelFn>> matmul_paths(Precision precision,
+                                                                      bool acc) {
+  std::vector<std::pair<KernelIsa, task::KernelFn>> paths;
+  for (KernelIsa isa :
+       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
+    if (!kernel_isa_available(isa)) continue;
+    const auto kernels = llm_kernels(isa, precision);
+    paths.emplace_back(
+        isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
+  }
+  return paths;
 }
 
 }  // namespace simpler::llm::testing

@@ -21,6 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
+using testing::matmul_paths;
 using testing::run_blocks;
 using testing::view;
 
@@ -397,18 +398,6 @@ void expect_f64_product(const std::vector<float>& y, const std::vector<float>& x
   }
 }
 
-std::vector<std::pair<KernelIsa, task::KernelFn>> isa_paths(bool acc) {
-  std::vector<std::pair<KernelIsa, task::KernelFn>> out;
-  for (KernelIsa isa :
-       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
-    if (!kernel_isa_available(isa)) continue;
-    const auto kernels = llm_kernels(isa, Precision::kExact);
-    out.emplace_back(
-        isa, kernels[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
-  }
-  return out;
-}
-
 // y[r, o] by the numerics contract of matmul_impl.h itself, in scalar code: 16 lane sums, lane l
 // taking x[r, k]·W[o, k] for k ≡ l (mod 16) in increasing k with a fused multiply-add (`fused`;
 // else a multiply, then an add, as the portable path on a baseline without FMA), reduced by the
@@ -456,7 +445,7 @@ void expect_every_path(DataType dt, int64_t rows, int64_t in, int64_t out, uint3
   TestWeights w = make_weights(dt, out * in, seed + 1 + out + in);
   std::vector<float> y0 = random_floats(rows * out, seed + 2);
   for (bool acc : {false, true}) {
-    for (auto [isa, fn] : isa_paths(acc)) {
+    for (auto [isa, fn] : matmul_paths(Precision::kExact, acc)) {
       std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
       ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
       const std::string what =
@@ -485,7 +474,7 @@ TEST(MatmulKernel, IsaPathsMatchTheF64ReferenceAndEachOtherOnOddShapes) {
                 << name_of(isa) << " path is not tested here\n";
     }
   }
-  ASSERT_GE(isa_paths(false).size(), 1u);
+  ASSERT_GE(matmul_paths(Precision::kExact, false).size(), 1u);
   for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
     for (int64_t rows : {1, 3, 16, 17}) {
       for (int64_t in : {1, 3, 7, 9, 15, 16, 17, 100}) {
@@ -603,7 +592,7 @@ TEST(MatmulKernel, LongKAcrossBlocksGivesTheContractsBitsOnEveryPath) {
 // of the f64 product of x and the dequantized weights d·q, and bitwise the contract's on those
 // weights (d·q is exact in f32, so quantized weights change nothing in the numerics contract).
 TEST(MatmulKernel, Q8_0PathsMatchTheDequantizedF64ReferenceOnOddShapes) {
-  ASSERT_GE(isa_paths(false).size(), 1u);
+  ASSERT_GE(matmul_paths(Precision::kExact, false).size(), 1u);
   for (int64_t rows = 1; rows <= 17; ++rows) {
     for (int64_t in : {32, 64, 96, 160, 288}) {
       for (int64_t out : {1, 5, 9, 37}) {
@@ -656,7 +645,7 @@ void expect_batch_invariant(DataType dt, int64_t in) {
   const int64_t out = 37;
   TestWeights w = make_weights(dt, out * in, 51);
   std::vector<float> x = random_floats(17 * in, 52);
-  for (auto [isa, fn] : isa_paths(false)) {
+  for (auto [isa, fn] : matmul_paths(Precision::kExact, false)) {
     std::vector<float> alone(out);
     std::vector<float> x1(x.end() - in, x.end());
     ASSERT_TRUE(run_blocks(fn, matmul_args_for(false, x1, w, alone, 1, in, out), 1).ok());

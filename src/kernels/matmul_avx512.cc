@@ -14,10 +14,7 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct Avx512 {
-  using P = __m512;
-  static constexpr int kParts = 1;
-  static constexpr int kPartLanes = 16;
+struct Avx512 : PartsOf<__m512> {
   // 24 accumulators of the 32 zmm registers; one x row streams 8 W rows at a time.
   static constexpr int kMaxRows = 6;
   static constexpr int kMaxCols = 4;

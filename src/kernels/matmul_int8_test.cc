@@ -20,6 +20,7 @@ namespace simpler::llm {
 namespace {
 
 using task::DataType;
+using testing::matmul_paths;
 using testing::run_blocks;
 using testing::view;
 
@@ -203,18 +204,6 @@ std::vector<double> reference(DataType dt, const std::vector<uint8_t>& w,
   return y;
 }
 
-std::vector<std::pair<KernelIsa, task::KernelFn>> int8_paths(bool acc) {
-  std::vector<std::pair<KernelIsa, task::KernelFn>> paths;
-  for (KernelIsa isa :
-       {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
-    if (!kernel_isa_available(isa)) continue;
-    const auto k = llm_kernels(isa, Precision::kInt8);
-    paths.emplace_back(isa,
-                       k[static_cast<size_t>(acc ? KernelId::kMatmulAcc : KernelId::kMatmul)].fn);
-  }
-  return paths;
-}
-
 std::vector<float> run(task::KernelFn fn, bool acc, std::vector<float>& x, std::vector<uint8_t>& w,
                        DataType dt, int64_t rows, int64_t in, int64_t out, int32_t blocks) {
   std::vector<float> y(static_cast<size_t>(rows * out), acc ? 0.25f : NAN);
@@ -313,7 +302,7 @@ void expect_paths(DataType dt, int64_t rows, int64_t in, int64_t out) {
       absl::StrCat(std::string(task::name_of(dt)), " rows ", rows, " in ", in, " out ", out);
   for (bool acc : {false, true}) {
     std::vector<float> first;
-    for (auto [isa, fn] : int8_paths(acc)) {
+    for (auto [isa, fn] : matmul_paths(Precision::kInt8, acc)) {
       const std::vector<float> y = run(fn, acc, x, w, dt, rows, in, out, 3);
       for (size_t i = 0; i < y.size(); ++i) {
         const double want = ref[i] + (acc ? 0.25 : 0.0);

@@ -13,10 +13,7 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct Neon : HalfWidthWeights<Neon> {
-  using P = float32x4_t;
-  static constexpr int kParts = 4;
-  static constexpr int kPartLanes = 4;
+struct Neon : PartsOf<float32x4_t>, HalfWidthWeights<Neon> {
   // 32 vector registers: a 4 x 4 tile holds 16 accumulators (one part at a time, tile_rows), its 4
   // W parts and an x part; one x row streams 6 W rows at a time (24 accumulators, 6 W parts, x).
   static constexpr int kMaxRows = 4;

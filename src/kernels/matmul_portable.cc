@@ -44,10 +44,7 @@ __attribute__((always_inline)) inline F4 fmadd4(F4 a, F4 b, F4 c) {
 }
 #endif
 
-struct Portable {
-  using P = F4;
-  static constexpr int kParts = 4;
-  static constexpr int kPartLanes = 4;
+struct Portable : PartsOf<F4> {
   static constexpr int kMaxRows = 2;
   static constexpr int kMaxCols = 2;
   static constexpr int kDecodeCols = 2;

@@ -9,6 +9,7 @@
 // contract is lane l % kPartLanes of part l / kPartLanes. It provides:
 //   using P;                                   one part
 //   static constexpr int kParts, kPartLanes;   kParts · kPartLanes == 16
+//                                              (these three from PartsOf<P>)
 //   static constexpr int kMaxRows, kMaxCols;   the register tile for several x rows
 //   static constexpr int kDecodeCols;          W rows per tile for one x row (decode)
 //   static P zero();
@@ -242,6 +243,16 @@ inline auto load_part_tail(const WeightT<WT>* row, int64_t i, int n) {
     return V::template load_w_tail<WT>(row + i, n);
   }
 }
+
+// P, kPartLanes and kParts for a traits type (derived from this) whose part is one `Part`, a
+// vector of f32 lanes.
+template <class Part>
+struct PartsOf {
+  using P = Part;
+  static constexpr int kPartLanes = static_cast<int>(sizeof(Part) / sizeof(float));
+  static constexpr int kParts = 16 / kPartLanes;
+  static_assert(kParts * kPartLanes == 16, "a part holds 1, 2, 4, 8 or 16 f32 lanes");
+};
 
 // load_w and load_w_tail for a traits type `V` (derived from this) whose kPartLanes 16-bit
 // weights load as one half-width vector (`static H load_h(const uint16_t* p)`) that

@@ -25,13 +25,13 @@ constexpr uint64_t kMinTensorInfoBytes = 32;
 constexpr uint64_t kMinStringBytes = 8;
 
 constexpr std::array<GgmlTypeTraits, 7> kTraits = {{
-    {GgmlType::kF32, "F32", 1, 4, false},
-    {GgmlType::kF16, "F16", 1, 2, false},
-    {GgmlType::kQ4_0, "Q4_0", 32, 18, true},
-    {GgmlType::kQ8_0, "Q8_0", 32, 34, true},
-    {GgmlType::kQ4_K, "Q4_K", 256, 144, true},
-    {GgmlType::kQ6_K, "Q6_K", 256, 210, true},
-    {GgmlType::kBF16, "BF16", 1, 2, false},
+    {GgmlType::kF32, "F32", 1, 4, false, task::DataType::kFloat32},
+    {GgmlType::kF16, "F16", 1, 2, false, task::DataType::kFloat16},
+    {GgmlType::kQ4_0, "Q4_0", 32, 18, true, task::DataType::kQ4_0},
+    {GgmlType::kQ8_0, "Q8_0", 32, 34, true, task::DataType::kQ8_0},
+    {GgmlType::kQ4_K, "Q4_K", 256, 144, true, task::DataType::kQ4_K},
+    {GgmlType::kQ6_K, "Q6_K", 256, 210, true, task::DataType::kQ6_K},
+    {GgmlType::kBF16, "BF16", 1, 2, false, task::DataType::kBFloat16},
 }};
 
 // ggml's type names by value (ggml/include/ggml.h); empty where a value was removed.
@@ -563,29 +563,7 @@ absl::StatusOr<TensorView> GgufFile::tensor(std::string_view name) const {
   }
   const GgmlTypeTraits* traits = ggml_type_traits(t->type);
   TensorView view;
-  switch (traits->type) {
-    case GgmlType::kF32:
-      view.dtype = task::DataType::kFloat32;
-      break;
-    case GgmlType::kF16:
-      view.dtype = task::DataType::kFloat16;
-      break;
-    case GgmlType::kBF16:
-      view.dtype = task::DataType::kBFloat16;
-      break;
-    case GgmlType::kQ8_0:
-      view.dtype = task::DataType::kQ8_0;
-      break;
-    case GgmlType::kQ4_0:
-      view.dtype = task::DataType::kQ4_0;
-      break;
-    case GgmlType::kQ4_K:
-      view.dtype = task::DataType::kQ4_K;
-      break;
-    case GgmlType::kQ6_K:
-      view.dtype = task::DataType::kQ6_K;
-      break;
-  }
+  view.dtype = traits->dtype;
   view.name = t->name;
   view.file = path();
   view.shape = t->shape;

@@ -45,6 +45,12 @@ constexpr int64_t kQ4_KBlockBytes = 144;
 constexpr int64_t kQ6_KBlockBytes = 210;
 // ggml-quants.c's GROUP_MAX_EPS: a group whose largest magnitude is below it is all zero.
 constexpr float kGroupMaxEps = 1e-15f;
+
+// The block quantizers, defined with ggml's reference quantizers below.
+struct BlockQuantizer;
+const BlockQuantizer* quantizer_of(GgmlType type);
+absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x,
+                          std::span<uint8_t> out);
 // llama_token_type (llama.h).
 constexpr int32_t kTokenNormal = 1;
 constexpr int32_t kTokenControl = 3;
@@ -225,23 +231,9 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
               static_cast<std::streamsize>(f->size() * sizeof(float)));
     return absl::OkStatus();
   }
-  if (t.ggml_type == GgmlType::kQ8_0 || t.ggml_type == GgmlType::kQ4_0 ||
-      t.ggml_type == GgmlType::kQ4_K || t.ggml_type == GgmlType::kQ6_K) {
+  if (const BlockQuantizer* quantizer = quantizer_of(t.ggml_type)) {
     std::vector<uint8_t> q(ggml_bytes(t.ggml_type, f->size()));
-    switch (t.ggml_type) {
-      case GgmlType::kQ8_0:
-        SIMPLER_RETURN_IF_ERROR(quantize_row_q8_0(*f, q));
-        break;
-      case GgmlType::kQ4_0:
-        SIMPLER_RETURN_IF_ERROR(quantize_row_q4_0(*f, q));
-        break;
-      case GgmlType::kQ4_K:
-        SIMPLER_RETURN_IF_ERROR(quantize_row_q4_k(*f, q));
-        break;
-      default:
-        SIMPLER_RETURN_IF_ERROR(quantize_row_q6_k(*f, q));
-        break;
-    }
+    SIMPLER_RETURN_IF_ERROR(quantize_row(*quantizer, *f, q));
     out.write(reinterpret_cast<const char*>(q.data()), static_cast<std::streamsize>(q.size()));
     return absl::OkStatus();
   }
@@ -420,18 +412,21 @@ absl::Status check_finite(const char* what, std::span<const float> x) {
   return absl::OkStatus();
 }
 
-// x.size() whole super-blocks of 256 and out.size() their bytes, else INVALID_ARGUMENT.
-absl::Status check_super_blocks(const char* what, std::span<const float> x, size_t out_bytes,
-                                int64_t block_bytes) {
-  if (x.size() % kSuperBlock != 0) {
+// x.size() whole blocks of `block_values`, out.size() their bytes and every value finite, else
+// INVALID_ARGUMENT (ggml's K-quant blocks of 256 are super-blocks in the messages).
+absl::Status check_blocks(const char* what, std::span<const float> x, std::span<uint8_t> out,
+                          int64_t block_values, int64_t block_bytes) {
+  const char* block = block_values == kSuperBlock ? "super-block" : "block";
+  const auto per = static_cast<size_t>(block_values);
+  if (x.size() % per != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", x.size(), " values are not whole super-blocks of 256"));
+        absl::StrCat(what, ": ", x.size(), " values are not whole ", block, "s of ", block_values));
   }
-  const size_t want = x.size() / kSuperBlock * static_cast<size_t>(block_bytes);
-  if (out_bytes != want) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the output holds ", out_bytes,
-                                                   " bytes, ", x.size() / kSuperBlock,
-                                                   " super-blocks need ", want));
+  const size_t want = x.size() / per * static_cast<size_t>(block_bytes);
+  if (out.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the output holds ", out.size(),
+                                                   " bytes, ", x.size() / per, " ", block,
+                                                   "s need ", want));
   }
   return check_finite(what, x);
 }
@@ -654,94 +649,93 @@ void quantize_q6_k_block(const float* x, uint8_t* block) {
   }
 }
 
+// Stores the scale d of a Q8_0 / Q4_0 block at its start (binary16, nearest even); returns 1 / d
+// in f32 (0 when d is 0), by which ggml scales the values.
+float store_block_scale(float d, uint8_t* block) {
+  const uint16_t d_bits = task::f32_to_f16(d);
+  std::memcpy(block, &d_bits, sizeof(d_bits));  // little-endian hosts only (x86-64, aarch64)
+  return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
+void quantize_q8_0_block(const float* x, uint8_t* block) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < kQ8_0Block; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float id = store_block_scale(amax / 127.0f, block);
+  for (int64_t i = 0; i < kQ8_0Block; ++i) {
+    const float scaled = x[i] * id;
+    block[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(scaled)));
+  }
+}
+
+void quantize_q4_0_block(const float* x, uint8_t* block) {
+  float amax = 0.0f, max = 0.0f;
+  for (int64_t i = 0; i < kQ8_0Block; ++i) {
+    if (amax < std::fabs(x[i])) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  const float id = store_block_scale(max / -8.0f, block);
+  auto xi = [id](float value) {
+    const float scaled = value * id + 8.5f;  // two roundings where nothing contracts them
+    return std::min(15, static_cast<int>(static_cast<int8_t>(scaled)));
+  };
+  for (int64_t j = 0; j < kQ8_0Block / 2; ++j) {
+    block[2 + j] = static_cast<uint8_t>(xi(x[j]) | xi(x[j + 16]) << 4);
+  }
+}
+
+// ggml's reference quantizer of a block type: the values and bytes of one block and the function
+// that quantizes one; `name` is its quantize_row_* function's, for messages.
+struct BlockQuantizer {
+  GgmlType type;
+  const char* name;
+  int64_t block_values;
+  int64_t block_bytes;
+  void (*quantize_block)(const float* x, uint8_t* block);
+};
+
+constexpr BlockQuantizer kQuantizers[] = {
+    {GgmlType::kQ8_0, "quantize_row_q8_0", kQ8_0Block, kQ8_0BlockBytes, quantize_q8_0_block},
+    {GgmlType::kQ4_0, "quantize_row_q4_0", kQ8_0Block, kQ4_0BlockBytes, quantize_q4_0_block},
+    {GgmlType::kQ4_K, "quantize_row_q4_k", kSuperBlock, kQ4_KBlockBytes, quantize_q4_k_block},
+    {GgmlType::kQ6_K, "quantize_row_q6_k", kSuperBlock, kQ6_KBlockBytes, quantize_q6_k_block}};
+
+// The quantizer of `type`; nullptr for a type that is not block-quantized here.
+const BlockQuantizer* quantizer_of(GgmlType type) {
+  for (const BlockQuantizer& q : kQuantizers) {
+    if (q.type == type) return &q;
+  }
+  return nullptr;
+}
+
+// check_blocks, then q's block function from each block of `x` into its bytes of `out`.
+absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x,
+                          std::span<uint8_t> out) {
+  SIMPLER_RETURN_IF_ERROR(check_blocks(q.name, x, out, q.block_values, q.block_bytes));
+  const auto blocks = static_cast<int64_t>(x.size()) / q.block_values;
+  for (int64_t b = 0; b < blocks; ++b) {
+    q.quantize_block(x.data() + b * q.block_values, out.data() + b * q.block_bytes);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status quantize_row_q4_k(std::span<const float> x, std::span<uint8_t> out) {
-  SIMPLER_RETURN_IF_ERROR(check_super_blocks("quantize_row_q4_k", x, out.size(), kQ4_KBlockBytes));
-  for (size_t b = 0; b < x.size() / kSuperBlock; ++b) {
-    quantize_q4_k_block(x.data() + b * kSuperBlock, out.data() + b * kQ4_KBlockBytes);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out) {
-  SIMPLER_RETURN_IF_ERROR(check_super_blocks("quantize_row_q6_k", x, out.size(), kQ6_KBlockBytes));
-  for (size_t b = 0; b < x.size() / kSuperBlock; ++b) {
-    quantize_q6_k_block(x.data() + b * kSuperBlock, out.data() + b * kQ6_KBlockBytes);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out) {
-  if (x.size() % kQ8_0Block != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantize_row_q8_0: ", x.size(), " values are not whole blocks of 32"));
-  }
-  if (out.size() != x.size() / kQ8_0Block * kQ8_0BlockBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("quantize_row_q8_0: the output holds ",
-                                                   out.size(), " bytes, ", x.size() / kQ8_0Block,
-                                                   " blocks need ", x.size() / kQ8_0Block * 34));
-  }
-  for (size_t b = 0; b < x.size() / kQ8_0Block; ++b) {
-    const float* v = x.data() + b * kQ8_0Block;
-    uint8_t* block = out.data() + b * kQ8_0BlockBytes;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < kQ8_0Block; ++i) {
-      if (!std::isfinite(v[i])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "quantize_row_q8_0: value ", b * kQ8_0Block + i, " is ", v[i], ", not finite"));
-      }
-      amax = std::max(amax, std::fabs(v[i]));
-    }
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t d_bits = task::f32_to_f16(d);
-    std::memcpy(block, &d_bits, sizeof(d_bits));  // little-endian hosts only (x86-64, aarch64)
-    for (int64_t i = 0; i < kQ8_0Block; ++i) {
-      const float scaled = v[i] * id;
-      block[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(scaled)));
-    }
-  }
-  return absl::OkStatus();
+  return quantize_row(*quantizer_of(GgmlType::kQ8_0), x, out);
 }
 
 absl::Status quantize_row_q4_0(std::span<const float> x, std::span<uint8_t> out) {
-  if (x.size() % kQ8_0Block != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantize_row_q4_0: ", x.size(), " values are not whole blocks of 32"));
-  }
-  if (out.size() != x.size() / kQ8_0Block * kQ4_0BlockBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("quantize_row_q4_0: the output holds ",
-                                                   out.size(), " bytes, ", x.size() / kQ8_0Block,
-                                                   " blocks need ", x.size() / kQ8_0Block * 18));
-  }
-  for (size_t b = 0; b < x.size() / kQ8_0Block; ++b) {
-    const float* v = x.data() + b * kQ8_0Block;
-    uint8_t* block = out.data() + b * kQ4_0BlockBytes;
-    float amax = 0.0f, max = 0.0f;
-    for (int64_t i = 0; i < kQ8_0Block; ++i) {
-      if (!std::isfinite(v[i])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "quantize_row_q4_0: value ", b * kQ8_0Block + i, " is ", v[i], ", not finite"));
-      }
-      if (amax < std::fabs(v[i])) {
-        amax = std::fabs(v[i]);
-        max = v[i];
-      }
-    }
-    const float d = max / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t d_bits = task::f32_to_f16(d);
-    std::memcpy(block, &d_bits, sizeof(d_bits));  // little-endian hosts only (x86-64, aarch64)
-    auto xi = [id](float value) {
-      const float scaled = value * id + 8.5f;  // two roundings where nothing contracts them
-      return std::min(15, static_cast<int>(static_cast<int8_t>(scaled)));
-    };
-    for (int64_t j = 0; j < kQ8_0Block / 2; ++j) {
-      block[2 + j] = static_cast<uint8_t>(xi(v[j]) | xi(v[j + 16]) << 4);
-    }
-  }
-  return absl::OkStatus();
+  return quantize_row(*quantizer_of(GgmlType::kQ4_0), x, out);
+}
+
+absl::Status quantize_row_q4_k(std::span<const float> x, std::span<uint8_t> out) {
+  return quantize_row(*quantizer_of(GgmlType::kQ4_K), x, out);
+}
+
+absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out) {
+  return quantize_row(*quantizer_of(GgmlType::kQ6_K), x, out);
 }
 
 absl::Status export_gguf(const GgufExportOptions& options) {

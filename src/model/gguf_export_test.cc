@@ -15,6 +15,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/model_test_util.h"
 #include "nlohmann/json.hpp"
 #include "simpler/model/make_model.h"
 #include "simpler/model/model_config.h"
@@ -139,15 +140,9 @@ class GgufExportTest : public ::testing::Test {
   static void SetUpTestSuite() {
     suite_dir_ = std::filesystem::temp_directory_path() /
                  ("simpler_gguf_test_" + std::to_string(::getpid()));
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.seed = 3;
-    o.out_dir = (suite_dir_ / "model").string();
+    MakeModelOptions o = testing::tiny_model_options((suite_dir_ / "model").string(), 3);
     o.overrides.num_hidden_layers = 2;
     o.overrides.tie_word_embeddings = false;  // an output.weight too
-    absl::StatusOr<std::string> tok = default_tokenizer_dir();
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    o.tokenizer_dir = *tok;
     absl::Status made = make_model(o);
     ASSERT_TRUE(made.ok()) << made;
   }
@@ -159,6 +154,23 @@ class GgufExportTest : public ::testing::Test {
     std::filesystem::create_directory_symlink(suite_dir_ / "model", dir_ / "model");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Options exporting `model_dir` (the suite's checkpoint when empty) as `type` into dir_/`file`.
+  GgufExportOptions options_for(GgufType type, const std::string& file,
+                                const std::string& model_dir = "") const {
+    GgufExportOptions o;
+    o.model_dir = model_dir.empty() ? (dir_ / "model").string() : model_dir;
+    o.out_path = (dir_ / file).string();
+    o.type = type;
+    return o;
+  }
+
+  // Exports by `o` and reads the file back; a test failure when the export fails.
+  static ExportedGguf exported(const GgufExportOptions& o) {
+    const absl::Status s = export_gguf(o);
+    EXPECT_TRUE(s.ok()) << s;
+    return s.ok() ? read_gguf(o.out_path) : ExportedGguf{};
+  }
 
   static inline std::filesystem::path suite_dir_;
   std::filesystem::path dir_;
@@ -254,12 +266,8 @@ TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem
 }
 
 TEST_F(GgufExportTest, F32ExportWidensEveryTensor) {
-  GgufExportOptions o;
-  o.model_dir = (dir_ / "model").string();
-  o.out_path = (dir_ / "model-f32.gguf").string();
-  o.type = GgufType::kF32;
-  ASSERT_TRUE(export_gguf(o).ok());
-  const ExportedGguf f = read_gguf(o.out_path);
+  const ExportedGguf f = exported(options_for(GgufType::kF32, "model-f32.gguf"));
+  ASSERT_FALSE(HasFailure());
   EXPECT_EQ(f.ints.at("general.file_type"), 0u);
   for (const auto& [name, t] : f.tensors) EXPECT_EQ(t.type, 0u) << name;
 }
@@ -268,12 +276,8 @@ TEST_F(GgufExportTest, F32ExportWidensEveryTensor) {
 // bytes quantize_row_q8_0 makes of the checkpoint's values; the norms stay f32; the file type is
 // llama.cpp's MOSTLY_Q8_0. Loaded back, the matrices are q8_0 views of the file's blocks.
 TEST_F(GgufExportTest, Q8_0ExportQuantizesEveryMatrixAndKeepsTheNormsF32) {
-  GgufExportOptions o;
-  o.model_dir = (dir_ / "model").string();
-  o.out_path = (dir_ / "model-q8_0.gguf").string();
-  o.type = GgufType::kQ8_0;
-  ASSERT_TRUE(export_gguf(o).ok());
-  const ExportedGguf f = read_gguf(o.out_path);
+  const GgufExportOptions o = options_for(GgufType::kQ8_0, "model-q8_0.gguf");
+  const ExportedGguf f = exported(o);
   ASSERT_FALSE(HasFailure());
   EXPECT_EQ(f.ints.at("general.file_type"), 7u);
   absl::StatusOr<ModelWeights> w = ModelWeights::open(o.model_dir);
@@ -347,12 +351,8 @@ TEST(QuantizeRowQ8_0, FollowsGgmlsReferenceQuantizerWorkedByHand) {
 // quantize_row_q4_0's bytes, output Q8_0 (its rows of 128 are not whole super-blocks, so not the
 // Q6_K llama.cpp writes for a head of rows of 256s), norms f32.
 TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0ForRowsOf128) {
-  GgufExportOptions o;
-  o.model_dir = (dir_ / "model").string();
-  o.out_path = (dir_ / "model-q4_0.gguf").string();
-  o.type = GgufType::kQ4_0;
-  ASSERT_TRUE(export_gguf(o).ok());
-  const ExportedGguf f = read_gguf(o.out_path);
+  const GgufExportOptions o = options_for(GgufType::kQ4_0, "model-q4_0.gguf");
+  const ExportedGguf f = exported(o);
   ASSERT_FALSE(HasFailure());
   EXPECT_EQ(f.ints.at("general.file_type"), 2u);
   for (const auto& [gg, t] : f.tensors) {
@@ -400,23 +400,14 @@ void expect_ends_quantized_as(const std::vector<float>& values, std::span<const 
 }
 
 TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
-  MakeModelOptions mo;
-  mo.preset = "tiny";
-  mo.seed = 5;
-  mo.out_dir = (dir_ / "wide").string();
-  mo.overrides.hidden_size = 256;
-  mo.overrides.intermediate_size = 512;
-  mo.overrides.num_hidden_layers = 8;
-  mo.tokenizer_dir = default_tokenizer_dir().value();
+  const MakeModelOptions mo = testing::k_quant_model_options((dir_ / "wide").string(), 5, 8);
   ASSERT_TRUE(make_model(mo).ok());
   for (const bool wide : {true, false}) {
     SCOPED_TRACE(wide ? "hidden 256" : "tiny");
-    GgufExportOptions o;
-    o.model_dir = wide ? mo.out_dir : (dir_ / "model").string();
-    o.out_path = (dir_ / (wide ? "wide-q4_k_m.gguf" : "tiny-q4_k_m.gguf")).string();
-    o.type = GgufType::kQ4_K_M;
-    ASSERT_TRUE(export_gguf(o).ok());
-    const ExportedGguf f = read_gguf(o.out_path);
+    const GgufExportOptions o = wide
+                                    ? options_for(GgufType::kQ4_K_M, "wide-q4_k_m.gguf", mo.out_dir)
+                                    : options_for(GgufType::kQ4_K_M, "tiny-q4_k_m.gguf");
+    const ExportedGguf f = exported(o);
     ASSERT_FALSE(HasFailure());
     EXPECT_EQ(f.ints.at("general.file_type"), 15u);
     constexpr uint32_t kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
@@ -455,12 +446,8 @@ TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
     }
   }
   // A Q4_0 file of the same model: its head, rows of 256, is Q6_K as llama.cpp writes it.
-  GgufExportOptions o;
-  o.model_dir = mo.out_dir;
-  o.out_path = (dir_ / "wide-q4_0.gguf").string();
-  o.type = GgufType::kQ4_0;
-  ASSERT_TRUE(export_gguf(o).ok());
-  const ExportedGguf f = read_gguf(o.out_path);
+  const GgufExportOptions o = options_for(GgufType::kQ4_0, "wide-q4_0.gguf", mo.out_dir);
+  const ExportedGguf f = exported(o);
   ASSERT_FALSE(HasFailure());
   EXPECT_EQ(f.tensors.at("token_embd.weight").type, 14u);
   EXPECT_EQ(f.tensors.at("blk.0.attn_v.weight").type, 2u);

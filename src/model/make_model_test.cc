@@ -35,11 +35,11 @@ MakeModelOptions small(const fs::path& out) {
   o.preset = "tiny";
   o.seed = 7;
   o.out_dir = out.string();
-  o.overrides.vocab_size = 1000;
-  o.overrides.hidden_size = 64;
-  o.overrides.intermediate_size = 96;
-  o.overrides.head_dim = 32;
-  o.overrides.tie_word_embeddings = false;
+  o.overrides = {.hidden_size = 64,
+                 .intermediate_size = 96,
+                 .head_dim = 32,
+                 .vocab_size = 1000,
+                 .tie_word_embeddings = false};
   return o;
 }
 

@@ -1,12 +1,17 @@
 // Shared by the model tests: Qwen3-0.6B's config.json, a configuration's shape as one
-// comparable value, and status text.
+// comparable value, make-model options for the tiny preset, and status text.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "simpler/model/make_model.h"
 #include "simpler/model/model_config.h"
+#include "simpler/tokenizer/tokenizer.h"
 
 namespace simpler::llm::testing {
 
@@ -42,6 +47,30 @@ inline nlohmann::json shape_fields(const nlohmann::json& config) {
   nlohmann::json out = shape_of(ModelConfig{});
   for (auto& [name, value] : out.items()) value = config.at(name);
   return out;
+}
+
+// make-model options for the tiny preset at `seed` into `out_dir`, with Qwen3's tokenizer
+// (default_tokenizer_dir; a test failure, and no tokenizer, when it is not found).
+inline MakeModelOptions tiny_model_options(const std::string& out_dir, uint64_t seed) {
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = seed;
+  o.out_dir = out_dir;
+  absl::StatusOr<std::string> tok = default_tokenizer_dir();
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  if (tok.ok()) o.tokenizer_dir = *tok;
+  return o;
+}
+
+// The same with rows of whole K-quant super-blocks of 256 (hidden 256, intermediate 512: every
+// matrix can be Q4_K or Q6_K) and `layers` layers.
+inline MakeModelOptions k_quant_model_options(const std::string& out_dir, uint64_t seed,
+                                              int64_t layers) {
+  MakeModelOptions o = tiny_model_options(out_dir, seed);
+  o.overrides.hidden_size = 256;
+  o.overrides.intermediate_size = 512;
+  o.overrides.num_hidden_layers = layers;
+  return o;
 }
 
 // A status's message as a std::string, for matchers.

@@ -442,18 +442,16 @@ absl::Status Qwen3Dims::validate() const {
 }
 
 Qwen3Dims Qwen3Dims::from_config(const ModelConfig& c) {
-  Qwen3Dims d;
-  d.hidden_size = c.hidden_size;
-  d.intermediate_size = c.intermediate_size;
-  d.num_hidden_layers = c.num_hidden_layers;
-  d.num_attention_heads = c.num_attention_heads;
-  d.num_key_value_heads = c.num_key_value_heads;
-  d.head_dim = c.head_dim;
-  d.vocab_size = c.vocab_size;
-  d.rms_norm_eps = c.rms_norm_eps;
-  d.rope_theta = c.rope_theta;
-  d.tie_word_embeddings = c.tie_word_embeddings;
-  return d;
+  return {.hidden_size = c.hidden_size,
+          .intermediate_size = c.intermediate_size,
+          .num_hidden_layers = c.num_hidden_layers,
+          .num_attention_heads = c.num_attention_heads,
+          .num_key_value_heads = c.num_key_value_heads,
+          .head_dim = c.head_dim,
+          .vocab_size = c.vocab_size,
+          .rms_norm_eps = c.rms_norm_eps,
+          .rope_theta = c.rope_theta,
+          .tie_word_embeddings = c.tie_word_embeddings};
 }
 
 // ---- weights ----------------------------------------------------------------------

@@ -112,10 +112,8 @@ TEST_F(ServerTest, ChatStreamsARoleChunkThenDeltasPerChoice) {
   // Non-streamed with the same seed: the same two texts.
   std::string plain = body;
   plain.replace(plain.find(R"("stream":true)"), 13, R"("stream":false)");
-  auto res = post("/v1/chat/completions", plain);
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json j = json::parse(res->body);
+  const json j = post_ok("/v1/chat/completions", plain);
+  ASSERT_FALSE(j.is_null());
   ASSERT_EQ(j["choices"].size(), 2u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(j["choices"][i]["message"]["role"], "assistant");
@@ -151,10 +149,8 @@ json tool_chat_body() {
 TEST_F(ServerTest, ChatWithToolsRendersThemAndStreamsWhatItReturnsWhole) {
   start();
   const json body = tool_chat_body();
-  auto res = post("/v1/chat/completions", body.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json j = json::parse(res->body);
+  const json j = post_ok("/v1/chat/completions", body.dump());
+  ASSERT_FALSE(j.is_null());
   // The prompt is the template's rendering with the tool and the tool round.
   llm::ChatRenderOptions options;
   options.enable_thinking = false;
@@ -239,10 +235,9 @@ TEST_F(ServerTest, ResponseFormatJsonSchemaGivesContentThatParsesOnBothRoutes) {
                {"max_tokens", 40},
                {"temperature", 0},
                {"response_format", format}};
-  auto res = post("/v1/chat/completions", chat.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json c = json::parse(res->body)["choices"][0];
+  const json c_response = post_ok("/v1/chat/completions", chat.dump());
+  ASSERT_FALSE(c_response.is_null());
+  const json c = c_response["choices"][0];
   ASSERT_EQ(c["finish_reason"], "stop") << c;  // a finite language: ends well within 40 tokens
   const json v = json::parse(c["message"]["content"].get<std::string>());
   EXPECT_TRUE(v["color"] == "red" || v["color"] == "blue") << v;
@@ -257,10 +252,9 @@ TEST_F(ServerTest, ResponseFormatJsonSchemaGivesContentThatParsesOnBothRoutes) {
   EXPECT_EQ(streamed, c["message"]["content"].get<std::string>());
   json completion = {
       {"prompt", "Pick a color:"}, {"max_tokens", 40}, {"seed", 4}, {"response_format", format}};
-  res = post("/v1/completions", completion.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json cc = json::parse(res->body)["choices"][0];
+  const json cc_response = post_ok("/v1/completions", completion.dump());
+  ASSERT_FALSE(cc_response.is_null());
+  const json cc = cc_response["choices"][0];
   ASSERT_EQ(cc["finish_reason"], "stop") << cc;
   const json w = json::parse(cc["text"].get<std::string>());
   EXPECT_TRUE(w["color"] == "red" || w["color"] == "blue") << w;
@@ -282,10 +276,9 @@ TEST_F(ServerTest, RequiredAndNamedToolChoicesAlwaysGiveAValidCall) {
   for (const json& choice :
        {json("required"), json::parse(R"({"type":"function","function":{"name":"toss"}})")}) {
     body["tool_choice"] = choice;
-    auto res = post("/v1/chat/completions", body.dump());
-    ASSERT_TRUE(res);
-    ASSERT_EQ(res->status, 200) << res->body;
-    const json c = json::parse(res->body)["choices"][0];
+    const json c_response = post_ok("/v1/chat/completions", body.dump());
+    ASSERT_FALSE(c_response.is_null());
+    const json c = c_response["choices"][0];
     EXPECT_EQ(c["finish_reason"], "tool_calls") << c;
     ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
     const json fn = c["message"]["tool_calls"][0]["function"];
@@ -341,19 +334,17 @@ TEST_F(ServerTest, TextOffsetsAreCharacterOffsetsIntoTheReturnedText) {
   const std::string prompt = "The quick brown fox";
   const json body = {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", 6},
                      {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}};
-  auto res = post("/v1/completions", body.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json lp = json::parse(res->body)["choices"][0]["logprobs"];
+  const json lp_response = post_ok("/v1/completions", body.dump());
+  ASSERT_FALSE(lp_response.is_null());
+  const json lp = lp_response["choices"][0]["logprobs"];
   expect_text_offsets(lp, 0);
   EXPECT_GT(lp["text_offset"].back().get<int64_t>(), 0) << "the tokens before the last are empty";
   // Echoed: the prompt's tokens come first, from offset 0, and the output's after them.
   json echoed = body;
   echoed["echo"] = true;
-  res = post("/v1/completions", echoed.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json echoed_lp = json::parse(res->body)["choices"][0]["logprobs"];
+  const json echoed_lp_response = post_ok("/v1/completions", echoed.dump());
+  ASSERT_FALSE(echoed_lp_response.is_null());
+  const json echoed_lp = echoed_lp_response["choices"][0]["logprobs"];
   expect_text_offsets(echoed_lp, 0);
   const size_t prompt_tokens = tokenizer_->encode(prompt).size();
   ASSERT_EQ(echoed_lp["text_offset"].size(), prompt_tokens + 6);
@@ -378,10 +369,9 @@ TEST_F(ServerTest, StreamedEchoSendsThePromptFirst) {
                      {"temperature", 0},
                      {"ignore_eos", true},
                      {"echo", true}};
-  auto res = post("/v1/completions", body.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const std::string whole = json::parse(res->body)["choices"][0]["text"];
+  const json whole_response = post_ok("/v1/completions", body.dump());
+  ASSERT_FALSE(whole_response.is_null());
+  const std::string whole = whole_response["choices"][0]["text"];
   ASSERT_EQ(whole.rfind("The quick brown fox", 0), 0u) << whole;
   json streamed = body;
   streamed["stream"] = true;
@@ -425,10 +415,9 @@ TEST_F(ServerTest, EchoWithLogprobsScoresThePromptTokensAsVllmDoes) {
   const json body = {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", 4},
                      {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 2},
                      {"echo", true}};
-  auto res = post("/v1/completions", body.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json choice = json::parse(res->body)["choices"][0];
+  const json choice_response = post_ok("/v1/completions", body.dump());
+  ASSERT_FALSE(choice_response.is_null());
+  const json choice = choice_response["choices"][0];
   const json lp = choice["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), ids.size() + 4) << lp;
   ASSERT_EQ(lp["token_logprobs"].size(), ids.size() + 4);
@@ -469,10 +458,9 @@ TEST_F(ServerTest, EchoWithLogprobsScoresThePromptTokensAsVllmDoes) {
   // Without echo, the logprobs are the output's only.
   json plain = body;
   plain.erase("echo");
-  res = post("/v1/completions", plain.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json plain_lp = json::parse(res->body)["choices"][0]["logprobs"];
+  const json plain_lp_response = post_ok("/v1/completions", plain.dump());
+  ASSERT_FALSE(plain_lp_response.is_null());
+  const json plain_lp = plain_lp_response["choices"][0]["logprobs"];
   ASSERT_EQ(plain_lp["tokens"].size(), 4u);
   for (size_t k = 0; k < 4; ++k) {
     EXPECT_EQ(plain_lp["token_logprobs"][k], lp["token_logprobs"][ids.size() + k]) << k;
@@ -496,11 +484,9 @@ TEST_F(ServerTest, EchoWithLogprobsOnAnEngineOfOneSequenceAStepIs400) {
 
 TEST_F(ServerTest, CompletionsWithoutMaxTokensGenerateSixteenTokens) {
   start();
-  auto res = post("/v1/completions",
-                  R"({"prompt":"The quick brown fox","temperature":0,"ignore_eos":true})");
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json j = json::parse(res->body);
+  const json j = post_ok("/v1/completions",
+                         R"({"prompt":"The quick brown fox","temperature":0,"ignore_eos":true})");
+  ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["usage"]["completion_tokens"], 16);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
 }
@@ -544,12 +530,12 @@ TEST_F(ServerTest, ARepeatedPromptReportsCachedTokensUntilTheCacheIsReset) {
 
 TEST_F(ServerTest, ChatGivesUpToTwentyTopLogprobsPerToken) {
   start();
-  auto res = post("/v1/chat/completions",
-                  R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,
+  const json content_response =
+      post_ok("/v1/chat/completions",
+              R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,
                       "temperature":0,"ignore_eos":true,"logprobs":true,"top_logprobs":20})");
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json content = json::parse(res->body)["choices"][0]["logprobs"]["content"];
+  ASSERT_FALSE(content_response.is_null());
+  const json content = content_response["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 3u) << content;
   for (const json& entry : content) EXPECT_EQ(entry["top_logprobs"].size(), 20u) << entry;
 }

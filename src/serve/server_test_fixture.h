@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "simpler/model/make_model.h"
 #include "simpler/serve/openai_server.h"
 
@@ -82,6 +83,16 @@ class ServerFixture : public ::testing::Test {
                        httplib::Headers headers = {}) {
     auto c = client();
     return c.Post(path.c_str(), headers, body, "application/json");
+  }
+  // The JSON body of a POST to `path` that must answer 200; null, failing the test, otherwise.
+  nlohmann::json post_ok(const std::string& path, const std::string& body) {
+    auto res = post(path, body);
+    if (!res || res->status != 200) {
+      ADD_FAILURE() << path << ": "
+                    << (res ? std::to_string(res->status) + " " + res->body : "no response");
+      return nullptr;
+    }
+    return nlohmann::json::parse(res->body);
   }
   // A POST of a JSON body, to send with a content receiver.
   static httplib::Request json_post(const std::string& path, std::string body) {

@@ -1,6 +1,7 @@
 #include "simpler/task/data_type.h"
 
 #include <cstring>
+#include <iterator>
 #include <optional>
 
 #include "Eigen/Core"
@@ -10,54 +11,47 @@
 
 namespace simpler::task {
 
-size_t size_of(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-    case DataType::kInt32:
-      return 4;
-    case DataType::kBFloat16:
-    case DataType::kFloat16:
-      return 2;
-    case DataType::kInt64:
-      return 8;
-    case DataType::kUInt8:
-      return 1;
-    case DataType::kQ8_0:
-    case DataType::kQ4_0:
-    case DataType::kQ4_K:
-    case DataType::kQ6_K:
-      return 0;
+namespace {
+
+// How a dtype lays out its elements: bytes of one element (0 for a block dtype), then elements and
+// bytes of one block (1 and the element's bytes for every other dtype). One row per dtype, in the
+// enum's order (checked below); the block sizes are ggml's (the formats in data_type.h).
+struct Layout {
+  DataType dtype;
+  size_t element_bytes;
+  int64_t block_elements;
+  size_t block_bytes;
+};
+
+constexpr Layout kLayouts[] = {{DataType::kFloat32, 4, 1, 4},  {DataType::kBFloat16, 2, 1, 2},
+                               {DataType::kFloat16, 2, 1, 2},  {DataType::kInt32, 4, 1, 4},
+                               {DataType::kInt64, 8, 1, 8},    {DataType::kUInt8, 1, 1, 1},
+                               {DataType::kQ8_0, 0, 32, 34},   {DataType::kQ4_0, 0, 32, 18},
+                               {DataType::kQ4_K, 0, 256, 144}, {DataType::kQ6_K, 0, 256, 210}};
+
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < std::size(kLayouts); ++i) {
+    if (static_cast<size_t>(kLayouts[i].dtype) != i) return false;
   }
-  return 0;
+  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ6_K) + 1;
+}
+static_assert(rows_in_enum_order(), "kLayouts needs one row per DataType, in the enum's order");
+
+// A value outside the enum (a corrupt graph image) has no bytes and blocks of one element.
+constexpr Layout kUnknownLayout = {DataType::kUInt8, 0, 1, 0};
+
+const Layout& layout_of(DataType dtype) {
+  const auto i = static_cast<size_t>(dtype);
+  return i < std::size(kLayouts) ? kLayouts[i] : kUnknownLayout;
 }
 
-int64_t block_elements(DataType dtype) {
-  switch (dtype) {
-    case DataType::kQ8_0:
-    case DataType::kQ4_0:
-      return 32;
-    case DataType::kQ4_K:
-    case DataType::kQ6_K:
-      return 256;
-    default:
-      return 1;
-  }
-}
+}  // namespace
 
-size_t block_bytes(DataType dtype) {
-  switch (dtype) {
-    case DataType::kQ8_0:
-      return 34;
-    case DataType::kQ4_0:
-      return 18;
-    case DataType::kQ4_K:
-      return 144;
-    case DataType::kQ6_K:
-      return 210;
-    default:
-      return size_of(dtype);
-  }
-}
+size_t size_of(DataType dtype) { return layout_of(dtype).element_bytes; }
+
+int64_t block_elements(DataType dtype) { return layout_of(dtype).block_elements; }
+
+size_t block_bytes(DataType dtype) { return layout_of(dtype).block_bytes; }
 
 uint64_t bytes_of(DataType dtype, uint64_t numel) {
   const uint64_t per = static_cast<uint64_t>(block_elements(dtype));

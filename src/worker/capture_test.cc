@@ -2,6 +2,7 @@
 // and the attempt to break it that the contract refuses.
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -172,6 +173,18 @@ struct ChainWorker {
 
 class Capture : public ::testing::TestWithParam<GraphPlacement> {};
 
+// A Capture test on a chain worker that has captured the chain over buffers `a` (scale 3) under
+// capture key 1.
+class CapturedChain : public Capture {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+  }
+
+  ChainWorker c;
+  Buffers a = make_buffers(c.w, 1);
+};
+
 TEST_P(Capture, ReplayComputesWhatAnUncapturedRunComputes) {
   ChainWorker c;
   task::CallConfig plain;
@@ -207,10 +220,7 @@ TEST_P(Capture, HostInputsAreStagedAfreshForEveryReplay) {
   EXPECT_TRUE(ok(w.close()));
 }
 
-TEST_P(Capture, ABindOfAnotherShapeOrDtypeIsRefusedNamingTheArgument) {
-  ChainWorker c;
-  Buffers a = make_buffers(c.w, 1);
-  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+TEST_P(CapturedChain, ABindOfAnotherShapeOrDtypeIsRefusedNamingTheArgument) {
   task::TaskArgs shorter = chain_args(a, 3, c.open_gate);
   shorter[0].tensor = *a.x.tensor({kN / 2}, DataType::kInt64);
   EXPECT_TRUE(fails_with(c.w.submit(c.handle, shorter, capture(1, GetParam())).status(),
@@ -257,10 +267,7 @@ TEST_P(Capture, ShapeKeyCollisionsAreRefusedAndKeysArePerCallable) {
   EXPECT_TRUE(ok(w.close()));
 }
 
-TEST_P(Capture, ChangingHowTheArgumentsOverlapIsRefused) {
-  ChainWorker c;
-  Buffers a = make_buffers(c.w, 1);
-  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+TEST_P(CapturedChain, ChangingHowTheArgumentsOverlapIsRefused) {
   // tmp aliasing y: the captured graph has no dependency for that.
   task::TaskArgs aliased = chain_args(a, 3, c.open_gate);
   aliased[2].tensor = aliased[1].tensor;
@@ -431,10 +438,7 @@ TEST_P(Capture, FreeingABufferBoundIntoAnInFlightReplayIsRefusedNamingTheRun) {
   EXPECT_TRUE(ok(c.w.close()));
 }
 
-TEST_P(Capture, FreeingFixedMemoryOfACachedGraphDropsItAndTheNextSubmitCapturesAgain) {
-  ChainWorker c;
-  Buffers a = make_buffers(c.w, 1);
-  ASSERT_TRUE(ok(c.w.run(c.handle, chain_args(a, 3, c.open_gate), capture(1, GetParam()))));
+TEST_P(CapturedChain, FreeingFixedMemoryOfACachedGraphDropsItAndTheNextSubmitCapturesAgain) {
   DeviceBuffer new_bias = *c.w.malloc(kN * 8);
   std::vector<int64_t> values(kN, 1000);
   ASSERT_TRUE(ok(c.w.copy_to(new_bias, values.data(), kN * 8)));
@@ -663,11 +667,16 @@ TEST_P(Capture, ReplaysAmongOtherRunsInOneResourceSetComputeTheirOwnResults) {
   EXPECT_TRUE(ok(w.close()));
 }
 
+std::string placement_name(const ::testing::TestParamInfo<GraphPlacement>& info) {
+  return info.param == GraphPlacement::kHost ? "HostBuilt" : "DeviceBuilt";
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, Capture,
                          ::testing::Values(GraphPlacement::kDevice, GraphPlacement::kHost),
-                         [](const auto& info) {
-                           return info.param == GraphPlacement::kHost ? "HostBuilt" : "DeviceBuilt";
-                         });
+                         placement_name);
+INSTANTIATE_TEST_SUITE_P(Placements, CapturedChain,
+                         ::testing::Values(GraphPlacement::kDevice, GraphPlacement::kHost),
+                         placement_name);
 
 TEST(CaptureDeviceBuilt, ACaptureThatFailsAfterTheRunCopiesBackItsHostOutputsAndFailsTheRun) {
   Worker w(test_options());

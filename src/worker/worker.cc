@@ -102,14 +102,13 @@ absl::Status ChipWorker::init(
   SIMPLER_ASSIGN_OR_RETURN(stream_, device_->create_stream());
   arena_ =
       std::make_shared<RunResourceArena>(device_.get(), options_.effective_grant(), options_.env);
-  LaneOptions lane;
-  lane.launch_depth = options_.launch_depth;
-  lane.operation_timeout_s = options_.operation_timeout_s;
-  lane.chip = options_.chip;
-  lane.max_captured_graphs = options_.max_captured_graphs;
-  lane.trace = options_.trace;
-  lane.placement = options_.placement;
-  lane.env = options_.env;
+  const LaneOptions lane = {.launch_depth = options_.launch_depth,
+                            .operation_timeout_s = options_.operation_timeout_s,
+                            .chip = options_.chip,
+                            .placement = options_.placement,
+                            .trace = options_.trace,
+                            .env = options_.env,
+                            .max_captured_graphs = options_.max_captured_graphs};
   lane_ = std::make_unique<ChipRunLane>(device_.get(), stream_, arena_.get(), lane);
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "llama.h"
 #include "llamacpp_peer_util.h"
+#include "model/model_test_util.h"
 #include "simpler/base/clock.h"
 #include "simpler/engine/llm_engine.h"
 #include "simpler/model/gguf_export.h"
@@ -49,13 +50,7 @@ std::vector<float> llamacpp_logits(const std::string& gguf, const std::vector<in
 TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("simpler_llamacpp_test_" + std::to_string(::getpid()));
-  MakeModelOptions mo;
-  mo.preset = "tiny";
-  mo.seed = 1;
-  mo.out_dir = (dir / "model").string();
-  absl::StatusOr<std::string> tok = default_tokenizer_dir();
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  mo.tokenizer_dir = *tok;
+  const MakeModelOptions mo = testing::tiny_model_options((dir / "model").string(), 1);
   ASSERT_TRUE(make_model(mo).ok());
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
   // bf16: ours on the directory (the file's bytes); Q8_0 and Q4_0: ours on the file itself.
@@ -116,16 +111,7 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
 TEST(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("simpler_llamacpp_q4km_test_" + std::to_string(::getpid()));
-  MakeModelOptions mo;
-  mo.preset = "tiny";
-  mo.seed = 2;
-  mo.out_dir = (dir / "model").string();
-  mo.overrides.hidden_size = 256;
-  mo.overrides.intermediate_size = 512;
-  mo.overrides.num_hidden_layers = 4;
-  absl::StatusOr<std::string> tok = default_tokenizer_dir();
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  mo.tokenizer_dir = *tok;
+  const MakeModelOptions mo = testing::k_quant_model_options((dir / "model").string(), 2, 4);
   ASSERT_TRUE(make_model(mo).ok());
   GgufExportOptions go;
   go.model_dir = mo.out_dir;

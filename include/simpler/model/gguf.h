@@ -69,13 +69,14 @@ enum class GgmlType : uint32_t {
 };
 
 // Block layout of a tensor type: `block_size` elements take `block_bytes` bytes, blocks run
-// along the innermost dimension.
+// along the innermost dimension; `dtype` is the dtype of its TensorView (the same layout).
 struct GgmlTypeTraits {
   GgmlType type;
   std::string_view name;  // ggml's name: "F32", "Q4_K", ...
   uint64_t block_size;
   uint64_t block_bytes;
   bool quantized;
+  task::DataType dtype;
 };
 
 // The traits of a type read here; nullptr for any other ggml type value. Thread-safe.
