@@ -2517,7 +2517,8 @@ def read_gguf_dequantized(path):
     32: an f16 scale d, then 32 int8 q, value d·q, or 16 bytes whose low then high nibbles n give
     d·(n - 8); super-blocks of 256: dequantize_q4_k, dequantize_q6_k); also the ggml type of each
     tensor by its GGUF name."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    with open(path, "rb") as f:
+        data = f.read()  # bytes: struct and slices on them are fast (a memmap's are not)
     at = 0
 
     def take(fmt):
@@ -2530,18 +2531,22 @@ def read_gguf_dequantized(path):
         nonlocal at
         n = take("Q")
         at += n
-        return bytes(data[at - n:at]).decode("utf-8")
+        return data[at - n:at].decode("utf-8")
 
     sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q",
              12: "d"}
 
     def skip_value(t):
+        nonlocal at
         if t == 8:
             string()
         elif t == 9:
             et, n = take("I"), take("Q")
-            for _ in range(n):
-                skip_value(et)
+            if et in sizes:
+                at += n * struct.calcsize("<" + sizes[et])
+            else:
+                for _ in range(n):
+                    skip_value(et)
         else:
             take(sizes[t])
 

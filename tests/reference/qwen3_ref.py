@@ -343,10 +343,12 @@ class Qwen3:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.c["rms_norm_eps"]) * w
 
     def rope(self, x, pos):
-        # x [heads, head_dim]
-        angle = pos * self.inv_freq
-        cos = np.concatenate([np.cos(angle), np.cos(angle)])
-        sin = np.concatenate([np.sin(angle), np.sin(angle)])
+        # x [heads, head_dim] at position `pos`, or [n, heads, head_dim] with one position per row
+        angle = np.multiply.outer(np.asarray(pos, dtype=np.float64), self.inv_freq)
+        cos = np.concatenate([np.cos(angle), np.cos(angle)], axis=-1)
+        sin = np.concatenate([np.sin(angle), np.sin(angle)], axis=-1)
+        if np.ndim(pos) > 0:
+            cos, sin = cos[:, None, :], sin[:, None, :]
         half = x.shape[-1] // 2
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
@@ -358,65 +360,101 @@ class Qwen3:
 
     def step(self, token, pos, cache):
         """Runs one token at `pos`, appending its K/V to `cache`; returns the logits [V]."""
+        return self.step_rows([token], [pos], [cache], [True])[0]
+
+    def step_rows(self, tokens, positions, caches, want_logits):
+        """Runs one token of each of n requests at once (row r: token tokens[r] at
+        positions[r], its K/V appended to caches[r]; the projections as one [n, in] x [in, out]
+        product, each row's attention over its own cache); returns the logits [m, V] of the m
+        rows where want_logits[r], in row order (the others' LM head is not computed)."""
         c, w = self.c, self.w
         nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         group = nh // nkv
-        x = w["model.embed_tokens.weight"][token].copy()
+        n = len(tokens)
+        x = w["model.embed_tokens.weight"][np.asarray(tokens, dtype=np.int64)]  # a copy, [n, H]
+        pos = np.asarray(positions, dtype=np.int64)
         for i in range(c["num_hidden_layers"]):
             p = f"model.layers.{i}."
             h = self.rms_norm(x, w[p + "input_layernorm.weight"])
-            q = (w[p + "self_attn.q_proj.weight"] @ h).reshape(nh, hd)
-            k = (w[p + "self_attn.k_proj.weight"] @ h).reshape(nkv, hd)
-            v = (w[p + "self_attn.v_proj.weight"] @ h).reshape(nkv, hd)
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, nh, hd)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, nkv, hd)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, nkv, hd)
             q = self.rope(self.rms_norm(q, w[p + "self_attn.q_norm.weight"]), pos)
             k = self.rope(self.rms_norm(k, w[p + "self_attn.k_norm.weight"]), pos)
-            cache["k"][i, pos] = k
-            cache["v"][i, pos] = v
-            keys = cache["k"][i, :pos + 1]    # [T, nkv, hd]
-            values = cache["v"][i, :pos + 1]  # [T, nkv, hd]
-            qg = q.reshape(nkv, group, hd)
-            scores = np.einsum("kgd,tkd->kgt", qg, keys) / math.sqrt(hd)
-            scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
-            probs /= probs.sum(axis=-1, keepdims=True)
-            attn = np.einsum("kgt,tkd->kgd", probs, values).reshape(nh * hd)
-            x = x + w[p + "self_attn.o_proj.weight"] @ attn
+            attn = np.empty((n, nh * hd))
+            for r, cache in enumerate(caches):
+                at = int(pos[r])
+                cache["k"][i, at] = k[r]
+                cache["v"][i, at] = v[r]
+                keys = cache["k"][i, :at + 1]    # [T, nkv, hd]
+                values = cache["v"][i, :at + 1]  # [T, nkv, hd]
+                qg = q[r].reshape(nkv, group, hd)
+                scores = np.einsum("kgd,tkd->kgt", qg, keys) / math.sqrt(hd)
+                scores -= scores.max(axis=-1, keepdims=True)
+                probs = np.exp(scores)
+                probs /= probs.sum(axis=-1, keepdims=True)
+                attn[r] = np.einsum("kgt,tkd->kgd", probs, values).reshape(nh * hd)
+            x = x + attn @ w[p + "self_attn.o_proj.weight"].T
             h = self.rms_norm(x, w[p + "post_attention_layernorm.weight"])
-            gate = w[p + "mlp.gate_proj.weight"] @ h
-            up = w[p + "mlp.up_proj.weight"] @ h
-            x = x + w[p + "mlp.down_proj.weight"] @ (gate / (1.0 + np.exp(-gate)) * up)
-        x = self.rms_norm(x, w["model.norm.weight"])
-        return self.lm_head @ x
+            gate = h @ w[p + "mlp.gate_proj.weight"].T
+            up = h @ w[p + "mlp.up_proj.weight"].T
+            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+        rows = [r for r in range(n) if want_logits[r]]
+        x = self.rms_norm(x[rows], w["model.norm.weight"])
+        return x @ self.lm_head.T
 
     def generate(self, prompt, max_new_tokens, stop_ids, logits_steps=(), kv_positions=()):
-        """Greedy decode. Step s picks generated token s from the logits after the token at
-        position len(prompt) - 1 + s. The last generated token is not run through the model, so
-        K/V exist for positions [0, len(prompt) + len(tokens) - 1)."""
-        if not prompt:
+        """Greedy decode of one prompt (generate_all of it alone)."""
+        return self.generate_all([prompt], max_new_tokens, stop_ids, logits_steps,
+                                 kv_positions)[0]
+
+    def generate_all(self, prompts, max_new_tokens, stop_ids, logits_steps=(), kv_positions=()):
+        """Greedy decode of each prompt on its own, the requests run side by side: each step
+        runs the next token of every unfinished request (step_rows), so the LM head, the largest
+        matrix, is read once a step for all of them. Request r's step s picks its generated
+        token s from the logits after its token at position len(prompt) - 1 + s; the logits of
+        the prompt's earlier positions are not computed (nothing reads them). The last generated
+        token is not run through the model, so K/V exist for positions
+        [0, len(prompt) + len(tokens) - 1). Returns one result per prompt, in order."""
+        if any(not p for p in prompts):
             raise ValueError("empty prompt")
-        cache = self.new_cache(len(prompt) + max_new_tokens)
-        tokens, logits_out = [], {}
-        logits = None
-        for pos, tok in enumerate(prompt):
-            logits = self.step(tok, pos, cache)
-        finish = "length"
-        for s in range(max_new_tokens):
-            if s > 0:
-                logits = self.step(tokens[-1], len(prompt) + s - 1, cache)
-            if s in logits_steps:
-                logits_out[str(s)] = logits.tolist()
-            nxt = int(np.argmax(logits))
-            tokens.append(nxt)
-            if nxt in stop_ids:
-                finish = "stop"
-                break
-        processed = len(prompt) + max(len(tokens) - 1, 0)
-        kv = {}
-        for p in kv_positions:
-            if 0 <= p < processed:
-                kv[str(p)] = {"k": cache["k"][:, p].tolist(), "v": cache["v"][:, p].tolist()}
-        return {"prompt_ids": list(prompt), "tokens": tokens, "finish_reason": finish,
-                "logits": logits_out, "kv": kv}
+        reqs = [{"prompt": list(p), "cache": self.new_cache(len(p) + max_new_tokens),
+                 "tokens": [], "logits": {}, "finish": "length", "pos": 0} for p in prompts]
+        # Live: a request with prompt tokens left to run, or still decoding.
+        live = list(reqs)
+        while live:
+            # Each live request's next token: a prompt token, or its last generated one.
+            toks = [r["prompt"][r["pos"]] if r["pos"] < len(r["prompt"]) else r["tokens"][-1]
+                    for r in live]
+            want = [r["pos"] >= len(r["prompt"]) - 1 and max_new_tokens > 0 for r in live]
+            logits = self.step_rows(toks, [r["pos"] for r in live], [r["cache"] for r in live],
+                                    want)
+            row = 0
+            for r, wanted in zip(live, want):
+                r["pos"] += 1
+                if not wanted:
+                    continue
+                lg, row = logits[row], row + 1
+                s = len(r["tokens"])
+                if s in logits_steps:
+                    r["logits"][str(s)] = lg.tolist()
+                nxt = int(np.argmax(lg))
+                r["tokens"].append(nxt)
+                if nxt in stop_ids:
+                    r["finish"] = "stop"
+            live = [r for r in live if r["pos"] < len(r["prompt"]) or
+                    (r["finish"] == "length" and len(r["tokens"]) < max_new_tokens)]
+        out = []
+        for r in reqs:
+            prompt, tokens, cache = r["prompt"], r["tokens"], r["cache"]
+            processed = len(prompt) + max(len(tokens) - 1, 0)
+            kv = {}
+            for p in kv_positions:
+                if 0 <= p < processed:
+                    kv[str(p)] = {"k": cache["k"][:, p].tolist(), "v": cache["v"][:, p].tolist()}
+            out.append({"prompt_ids": prompt, "tokens": tokens, "finish_reason": r["finish"],
+                        "logits": r["logits"], "kv": kv})
+        return out
 
 
 def _int_list(text):
@@ -429,8 +467,8 @@ def cmd_generate(args):
     stop_ids = [] if args.ignore_eos else model.c["stop_ids"]
     logits_steps = set(_int_list(args.dump_logits_steps or ""))
     kv_positions = _int_list(args.dump_kv_positions or "")
-    requests = [model.generate(_int_list(p), args.max_new_tokens, stop_ids, logits_steps,
-                               kv_positions) for p in args.prompt_ids]
+    requests = model.generate_all([_int_list(p) for p in args.prompt_ids], args.max_new_tokens,
+                                  stop_ids, logits_steps, kv_positions)
     result = {
         "model": os.path.abspath(args.model),
         "config": {k: v for k, v in model.c.items()},

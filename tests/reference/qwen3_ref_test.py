@@ -8,7 +8,9 @@
     head per query head whose K/V weights duplicate the shared heads;
   * safetensors: the writer and reader round-trip every dtype; BF16 encoding rounds to nearest
     even;
-  * generate stops at a stop id and reports K/V only for processed positions.
+  * generate stops at a stop id and reports K/V only for processed positions;
+  * requests decoded side by side (generate_all: prompts of different lengths, one stopping
+    early) each get the whole-sequence forward's logits and the K/V of their run alone.
 
 Run: /usr/bin/python3 tests/reference/qwen3_ref_test.py
 """
@@ -96,6 +98,41 @@ class ReferenceTest(unittest.TestCase):
             np.testing.assert_allclose(res["logits"][str(s)], full[len(prompt) - 1 + s],
                                        rtol=1e-10, atol=1e-10)
             self.assertEqual(res["tokens"][s], int(np.argmax(full[len(prompt) - 1 + s])))
+
+    def test_requests_side_by_side_each_equal_the_full_forward_and_their_run_alone(self):
+        out = os.path.join(self.dir, "m")
+        write_model(out)
+        model = ref.Qwen3(out)
+        prompts = [[5, 17, 200, 3], [9], list(range(40, 52))]
+        alone = [model.generate(p, 6, [], logits_steps=set(range(6)), kv_positions=range(20))
+                 for p in prompts]
+        stop = alone[1]["tokens"][2]  # the second request stops at its third token
+        both = model.generate_all(prompts, 6, [stop], logits_steps=set(range(6)),
+                                  kv_positions=range(20))
+        self.assertEqual(len(both), 3)
+        for got, want, prompt in zip(both, alone, prompts):
+            n = len(got["tokens"])
+            self.assertEqual(got["prompt_ids"], prompt)
+            if stop in want["tokens"]:
+                n_want = want["tokens"].index(stop) + 1
+                self.assertEqual(got["finish_reason"], "stop")
+            else:
+                n_want = 6
+                self.assertEqual(got["finish_reason"], "length")
+            self.assertEqual(got["tokens"], want["tokens"][:n_want])
+            self.assertEqual(sorted(got["logits"], key=int), [str(s) for s in range(n)])
+            full = full_forward(model, prompt + got["tokens"][:-1])
+            for s in range(n):
+                np.testing.assert_allclose(got["logits"][str(s)], full[len(prompt) - 1 + s],
+                                           rtol=1e-10, atol=1e-10)
+            processed = len(prompt) + n - 1
+            self.assertEqual(sorted(got["kv"], key=int), [str(p) for p in range(min(processed,
+                                                                                    20))])
+            for p in got["kv"]:
+                for kv in ("k", "v"):
+                    np.testing.assert_allclose(got["kv"][p][kv], want["kv"][p][kv], rtol=1e-12,
+                                               atol=1e-12)
+        self.assertEqual(both[1]["finish_reason"], "stop")
 
     def test_rope_keeps_norm_and_depends_on_relative_position(self):
         out = os.path.join(self.dir, "m")
