@@ -13,11 +13,15 @@
 # build from empty); SIMPLER_UNITY_BUILD=OFF in the environment compiles each file alone (the
 # build folder is reconfigured either way).
 # Further arguments go to `cmake --build` (e.g. --target worker_test).
+# SIMPLER_BUILD_DIR in the environment builds into that folder instead of build/<flavour>;
+# SIMPLER_BUILD_LAUNCHER runs that command in front of each compiler and linker call, without
+# ccache (scripts/build_cpu.sh times each call with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour="${1:-release}"
 shift || true
 jobs="${SIMPLER_BUILD_JOBS:-$(nproc)}"
+dir="${SIMPLER_BUILD_DIR:-build/$flavour}"
 case "$flavour" in
   release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG") ;;
   asan) flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DSIMPLER_ENABLE_ASAN=ON
@@ -29,15 +33,24 @@ case "$flavour" in
 esac
 # ccache (Debian's; its cache under the user's cache directory) when present: rebuilds of a
 # fresh clone's flavours share the objects they have in common.
-if command -v ccache >/dev/null 2>&1; then flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# Both launchers are set every time, so that a folder once built with SIMPLER_BUILD_LAUNCHER
+# forgets it.
+compile_launcher="" link_launcher=""
+if [ -n "${SIMPLER_BUILD_LAUNCHER:-}" ]; then
+  compile_launcher="$SIMPLER_BUILD_LAUNCHER" link_launcher="$SIMPLER_BUILD_LAUNCHER"
+elif command -v ccache >/dev/null 2>&1; then
+  compile_launcher=ccache
+fi
+flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$compile_launcher"
+        -DCMAKE_CXX_LINKER_LAUNCHER="$link_launcher")
 # A build folder configured with another compiler (the sanitizer flavours were g++ builds until
 # 2026-12-03) cannot be reconfigured in place: start it afresh.
-cache="build/$flavour/CMakeCache.txt"
+cache="$dir/CMakeCache.txt"
 if [ -f "$cache" ] && [[ " ${flags[*]} " == *" -DCMAKE_CXX_COMPILER=clang++ "* ]] &&
   ! grep -q '^CMAKE_CXX_COMPILER:.*clang++' "$cache"; then
-  echo "build.sh: build/$flavour was configured with another compiler; rebuilding it afresh" >&2
-  rm -rf "build/$flavour"
+  echo "build.sh: $dir was configured with another compiler; rebuilding it afresh" >&2
+  rm -rf "$dir"
 fi
 flags+=(-DSIMPLER_UNITY_BUILD="${SIMPLER_UNITY_BUILD:-ON}")
-cmake -S . -B "build/$flavour" -G Ninja "${flags[@]}" >/dev/null
-cmake --build "build/$flavour" -j "$jobs" "$@"
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+cmake --build "$dir" -j "$jobs" "$@"

@@ -15,7 +15,7 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libssl-dev libcpp-httplib-dev
+  libssl-dev libcpp-httplib-dev lld
   python3 python3-numpy python3-jinja2
   spin
 )
