@@ -68,12 +68,20 @@ inline absl::StatusOr<std::vector<Logits>> our_first_logits(const std::string& m
   return logits;
 }
 
+// How llama.cpp's context attends. Its defaults (flash attention where the backend has it,
+// which the CPU's does, over an f16 K/V cache) round K and V to f16 and, on the CPU, accumulate
+// softmax·V in f16; `f32_attention` turns flash attention off and keeps K/V in f32, so its
+// attention is f32 throughout as ours is.
+struct LlamacppAttention {
+  bool f32_attention = false;
+};
+
 // llama.cpp's logits after each prompt's last position, one context over the file, its memory
 // cleared between prompts. The caller has loaded ggml's backends and initialised llama.cpp
 // (ggml_backend_load_all_from_path, llama_backend_init).
-inline absl::StatusOr<std::vector<Logits>> llamacpp_first_logits(const std::string& gguf,
-                                                                 const Prompts& prompts,
-                                                                 int threads) {
+inline absl::StatusOr<std::vector<Logits>> llamacpp_first_logits(
+    const std::string& gguf, const Prompts& prompts, int threads,
+    LlamacppAttention attention = LlamacppAttention()) {
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   std::unique_ptr<llama_model, decltype(&llama_model_free)> model(
@@ -86,6 +94,11 @@ inline absl::StatusOr<std::vector<Logits>> llamacpp_first_logits(const std::stri
   cp.n_batch = cp.n_ctx;
   cp.n_threads = threads;
   cp.n_threads_batch = threads;
+  if (attention.f32_attention) {
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+  }
   std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp),
                                                             &llama_free);
   if (ctx == nullptr) return absl::InternalError("llama.cpp made no context for " + gguf);

@@ -69,6 +69,7 @@ struct Flags {
   int32_t vocab = 151643;  // Qwen3's ordinary tokens
   uint64_t seed = 1;
   bool json = false;
+  bool f32_attention = false;
 };
 
 int run(const Flags& f) {
@@ -84,8 +85,9 @@ int run(const Flags& f) {
       nullptr);
   ggml_backend_load_all_from_path(SIMPLER_LLAMACPP_BIN_DIR);
   llama_backend_init();
-  auto theirs_bf16 = llamacpp_first_logits(f.bf16_gguf, prompts, threads);
-  auto theirs_q = llamacpp_first_logits(f.quantized, prompts, threads);
+  const LlamacppAttention attention{.f32_attention = f.f32_attention};
+  auto theirs_bf16 = llamacpp_first_logits(f.bf16_gguf, prompts, threads, attention);
+  auto theirs_q = llamacpp_first_logits(f.quantized, prompts, threads, attention);
   llama_backend_free();
   for (const auto* r : {&ours_bf16, &ours_int8, &ours_exact, &theirs_bf16, &theirs_q}) {
     if (!r->ok()) {
@@ -140,6 +142,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", f.seed, "the prompts' seed")->capture_default_str();
   app.add_flag("--json", f.json, "one JSON object on stdout");
+  app.add_flag("--llamacpp-f32-attention", f.f32_attention,
+               "llama.cpp without flash attention and with an f32 K/V cache (its default: flash "
+               "attention over f16 K/V)");
   CLI11_PARSE(app, argc, argv);
   return simpler::llm::run(f);
 }
