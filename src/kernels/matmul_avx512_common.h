@@ -4,13 +4,7 @@
 // file's copy of an inline function.
 #pragma once
 
-// GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
-// uninitialized-use warnings then report at every call site (a known false positive).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "kernels/avx512_intrinsics.h"
 
 namespace simpler::llm::matmul_detail {
 namespace {

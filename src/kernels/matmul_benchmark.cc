@@ -167,31 +167,41 @@ bool int8_target_available(const std::string& target) {
   return target == "portable";
 }
 
+// A matmul over `rows` x rows of `k` against block-quantized W [n, k] of type `wt` (seeded
+// weights, x in [-0.5, 0.5)), its Problem pointing into the vectors it owns.
+struct QuantizedProblem {
+  QuantizedProblem(WeightType wt, int64_t rows, int64_t n, int64_t k)
+      : w(quantized_weights(wt, n, k)), x(rows * k), y(rows * n) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
+    p.x = x.data();
+    p.rows = rows;
+    p.k = k;
+    p.w = w.data();
+    p.wt = wt;
+    p.n = n;
+    p.y = y.data();
+    p.ldy = n;
+  }
+  QuantizedProblem(const QuantizedProblem&) = delete;
+  QuantizedProblem& operator=(const QuantizedProblem&) = delete;
+  const std::vector<uint8_t> w;
+  std::vector<float> x, y;
+  Problem p;
+};
+
 void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole) {
   if (!int8_target_available(target)) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  const int64_t kRows = state.range(0), kN = state.range(1), kK = state.range(2);
-  const std::vector<uint8_t> w = quantized_weights(wt, kN, kK);
-  std::vector<float> x(kRows * kK), y(kRows * kN);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
-  Problem p;
-  p.x = x.data();
-  p.rows = kRows;
-  p.k = kK;
-  p.w = w.data();
-  p.wt = wt;
-  p.n = kN;
-  p.y = y.data();
-  p.ldy = kN;
+  QuantizedProblem q(wt, state.range(0), state.range(1), state.range(2));
   matmul_detail::Int8Dots dots = int8_target(target);
   if (!whole) dots.rows = nullptr;
   for (auto _ : state) {
-    matmul_detail::run_int8(p, dots);
-    benchmark::DoNotOptimize(y.data());
+    matmul_detail::run_int8(q.p, dots);
+    benchmark::DoNotOptimize(q.y.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(q.w.size()));
 }
 
 void int8_shapes(benchmark::internal::Benchmark* b) {
@@ -205,25 +215,13 @@ void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  const int64_t kRows = state.range(0), kN = state.range(1), kK = state.range(2);
-  const std::vector<uint8_t> w = quantized_weights(wt, kN, kK);
-  std::vector<float> x(kRows * kK), y(kRows * kN);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
-  Problem p;
-  p.x = x.data();
-  p.rows = kRows;
-  p.k = kK;
-  p.w = w.data();
-  p.wt = wt;
-  p.n = kN;
-  p.y = y.data();
-  p.ldy = kN;
+  QuantizedProblem q(wt, state.range(0), state.range(1), state.range(2));
   const RunFn run = run_of(isa);
   for (auto _ : state) {
-    run(p);
-    benchmark::DoNotOptimize(y.data());
+    run(q.p);
+    benchmark::DoNotOptimize(q.y.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(q.w.size()));
 }
 
 #define SIMPLER_INT8_BENCHMARKS(type, wt)                                                         \

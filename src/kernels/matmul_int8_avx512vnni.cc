@@ -3,19 +3,11 @@
 // (below). Built with -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni; runs only
 // where avx512vnni_available().
 
-// GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
-// uninitialized-use warnings then report at every call site (a known false positive; as in
-// matmul_avx512_common.h).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "kernels/avx512_intrinsics.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/matmul_int8_x86.h"
 

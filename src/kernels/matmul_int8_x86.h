@@ -444,14 +444,19 @@ inline void round_store32(const float* x, __m256 scale, int8_t* q) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p16, order));
 }
 
-void quantize_q8_0_x86(const float* x, int64_t k, int8_t* q, float* d) {
+// max |x| over the `vectors` * 8 floats from `xb` (exact: max is order-free).
+inline float abs_max(const float* xb, int vectors) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
+  for (int i = 1; i < vectors; ++i)
+    m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask));
+  return hmax8(m);
+}
+
+void quantize_q8_0_x86(const float* x, int64_t k, int8_t* q, float* d) {
   for (int64_t b = 0; b < k / kQ8_0BlockWeights; ++b) {
     const float* xb = x + 32 * b;
-    __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
-    for (int i = 1; i < 4; ++i)
-      m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask));
-    const float amax = hmax8(m);
+    const float amax = abs_max(xb, 4);
     if (!vector_safe(amax)) {
       quantize_x_q8_0(xb, kQ8_0BlockWeights, q + 32 * b, d + b);
       continue;
@@ -462,18 +467,15 @@ void quantize_q8_0_x86(const float* x, int64_t k, int8_t* q, float* d) {
 }
 
 void quantize_q8_k_x86(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t b = 0; b < k / kSuperBlockWeights; ++b) {
     const float* xb = x + 256 * b;
-    __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
-    for (int i = 1; i < 32; ++i)
-      m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask));
-    const float amax = hmax8(m);
+    const float amax = abs_max(xb, 32);
     if (!vector_safe(amax)) {
       quantize_x_q8_k(xb, kSuperBlockWeights, q + 256 * b, d + b, bsums + 16 * b);
       continue;
     }
     const __m256 target = _mm256_set1_ps(amax);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     float max = 0;  // the first x of largest magnitude, its sign kept
     for (int i = 0; i < 32; ++i) {
       const __m256 v = _mm256_loadu_ps(xb + 8 * i);

@@ -48,6 +48,19 @@ std::vector<float> llamacpp_logits(const std::string& gguf, const std::vector<in
   return l.ok() ? (*l)[0] : Logits();
 }
 
+// `model_dir` exported as `type` to dir/model-NAME.gguf; its path ("" and a test failure when the
+// export fails).
+std::string exported(const std::string& model_dir, const std::filesystem::path& dir, GgufType type,
+                     const std::string& name) {
+  GgufExportOptions go;
+  go.model_dir = model_dir;
+  go.out_path = (dir / absl::StrCat("model-", name, ".gguf")).string();
+  go.type = type;
+  const absl::Status s = export_gguf(go);
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? go.out_path : "";
+}
+
 TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("simpler_llamacpp_test_" + std::to_string(::getpid()));
@@ -60,13 +73,10 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
     const bool quantized = type != GgufType::kBf16;
     const char* name = type == GgufType::kBf16 ? "bf16" : type == GgufType::kQ8_0 ? "q8_0" : "q4_0";
     SCOPED_TRACE(name);
-    GgufExportOptions go;
-    go.model_dir = mo.out_dir;
-    go.out_path = (dir / absl::StrCat("model-", name, ".gguf")).string();
-    go.type = type;
-    ASSERT_TRUE(export_gguf(go).ok());
-    const std::vector<float> ours = our_logits(quantized ? go.out_path : mo.out_dir, prompt);
-    const std::vector<float> theirs = llamacpp_logits(go.out_path, prompt);
+    const std::string file = exported(mo.out_dir, dir, type, name);
+    ASSERT_FALSE(file.empty());
+    const std::vector<float> ours = our_logits(quantized ? file : mo.out_dir, prompt);
+    const std::vector<float> theirs = llamacpp_logits(file, prompt);
     ASSERT_EQ(ours.size(), theirs.size());
     ASSERT_FALSE(ours.empty());
     const double rel = relative_l2(ours, theirs);
@@ -89,7 +99,7 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
     // both files must be nearer to each other than to the bf16 model's (a block layout error
     // would put them near 1).
     const double to_bf16 = relative_l2(theirs, ours_bf16);
-    const std::vector<float> ours_exact = our_logits(go.out_path, prompt, Precision::kExact);
+    const std::vector<float> ours_exact = our_logits(file, prompt, Precision::kExact);
     std::printf(
         "%s: ours against our bf16 %.3g; llama.cpp's against its bf16 %.3g and our bf16 "
         "%.3g; our exact path against llama.cpp %.3g\n",
@@ -117,35 +127,24 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
 TEST(LlamaCppPeer, WithF32AttentionOurInt8PathReproducesLlamaCppsQ8_0Logits) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("simpler_llamacpp_f32_test_" + std::to_string(::getpid()));
-  MakeModelOptions mo;
-  mo.preset = "tiny";
-  mo.seed = 1;
-  mo.out_dir = (dir / "model").string();
-  absl::StatusOr<std::string> tok = default_tokenizer_dir();
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  mo.tokenizer_dir = *tok;
+  const MakeModelOptions mo = testing::tiny_model_options((dir / "model").string(), 1);
   ASSERT_TRUE(make_model(mo).ok());
-  GgufExportOptions go;
-  go.model_dir = mo.out_dir;
-  go.out_path = (dir / "model-q8_0.gguf").string();
-  go.type = GgufType::kQ8_0;
-  ASSERT_TRUE(export_gguf(go).ok());
+  const std::string file = exported(mo.out_dir, dir, GgufType::kQ8_0, "q8_0");
+  ASSERT_FALSE(file.empty());
   std::mt19937_64 rng(1);
   std::uniform_int_distribution<int32_t> id(0, 151642);
   Prompts prompts(8);
   for (auto& p : prompts) {
     for (int k = 0; k < 16; ++k) p.push_back(id(rng));
   }
-  absl::StatusOr<std::vector<Logits>> ours =
-      our_first_logits(go.out_path, prompts, Precision::kInt8);
+  absl::StatusOr<std::vector<Logits>> ours = our_first_logits(file, prompts, Precision::kInt8);
   ASSERT_TRUE(ours.ok()) << ours.status();
-  absl::StatusOr<std::vector<Logits>> exact =
-      our_first_logits(go.out_path, prompts, Precision::kExact);
+  absl::StatusOr<std::vector<Logits>> exact = our_first_logits(file, prompts, Precision::kExact);
   ASSERT_TRUE(exact.ok()) << exact.status();
   ggml_backend_load_all_from_path(SIMPLER_LLAMACPP_BIN_DIR);
   llama_backend_init();
-  absl::StatusOr<std::vector<Logits>> theirs = llamacpp_first_logits(
-      go.out_path, prompts, /*threads=*/2, LlamacppAttention{.f32_attention = true});
+  absl::StatusOr<std::vector<Logits>> theirs =
+      llamacpp_first_logits(file, prompts, /*threads=*/2, LlamacppAttention{.f32_attention = true});
   llama_backend_free();
   ASSERT_TRUE(theirs.ok()) << theirs.status();
   double int8_mean = 0, exact_mean = 0, int8_min = 1;
@@ -179,16 +178,13 @@ TEST(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
                                     ("simpler_llamacpp_q4km_test_" + std::to_string(::getpid()));
   const MakeModelOptions mo = testing::k_quant_model_options((dir / "model").string(), 2, 4);
   ASSERT_TRUE(make_model(mo).ok());
-  GgufExportOptions go;
-  go.model_dir = mo.out_dir;
-  go.out_path = (dir / "model-q4_k_m.gguf").string();
-  go.type = GgufType::kQ4_K_M;
-  ASSERT_TRUE(export_gguf(go).ok());
+  const std::string file = exported(mo.out_dir, dir, GgufType::kQ4_K_M, "q4_k_m");
+  ASSERT_FALSE(file.empty());
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
   const std::vector<float> ours_bf16 = our_logits(mo.out_dir, prompt);
-  const std::vector<float> ours = our_logits(go.out_path, prompt);
-  const std::vector<float> ours_exact = our_logits(go.out_path, prompt, Precision::kExact);
-  const std::vector<float> theirs = llamacpp_logits(go.out_path, prompt);
+  const std::vector<float> ours = our_logits(file, prompt);
+  const std::vector<float> ours_exact = our_logits(file, prompt, Precision::kExact);
+  const std::vector<float> theirs = llamacpp_logits(file, prompt);
   ASSERT_EQ(ours.size(), theirs.size());
   ASSERT_EQ(ours.size(), ours_bf16.size());
   ASSERT_EQ(ours.size(), ours_exact.size());
