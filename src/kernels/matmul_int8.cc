@@ -263,11 +263,7 @@ void quantize_x_q8_k(const float* x, int64_t k, int8_t* q, float* d, int16_t* bs
     }
     const float iscale = amax != 0 ? -127.f / max : 0.f;
     for (int i = 0; i < 256; ++i) qb[i] = amax != 0 ? nearest_q(iscale * xb[i]) : int8_t{0};
-    for (int g = 0; g < 16; ++g) {
-      int s = 0;
-      for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
-      bsums[16 * b + g] = static_cast<int16_t>(s);
-    }
+    q8_k_bsums(qb, bsums + 16 * b);
     d[b] = amax != 0 ? 1 / iscale : 0.f;
   }
 }

@@ -91,4 +91,13 @@ void run_int8(const Problem& p, const Int8Dots& dots);
 void quantize_x_q8_0(const float* x, int64_t k, int8_t* q, float* d);
 void quantize_x_q8_k(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums);
 
+// A Q8_K super-block's 16 bsums: the sums of its quants `qb[256]` 16 at a time.
+inline void q8_k_bsums(const int8_t* qb, int16_t* bsums) {
+  for (int g = 0; g < 16; ++g) {
+    int s = 0;
+    for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
+    bsums[g] = static_cast<int16_t>(s);
+  }
+}
+
 }  // namespace simpler::llm::matmul_detail

@@ -489,11 +489,7 @@ void quantize_q8_k_x86(const float* x, int64_t k, int8_t* q, float* d, int16_t* 
     const float iscale = -127.f / max;
     int8_t* qb = q + 256 * b;
     for (int c = 0; c < 8; ++c) round_store32(xb + 32 * c, _mm256_set1_ps(iscale), qb + 32 * c);
-    for (int g = 0; g < 16; ++g) {
-      int s = 0;
-      for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
-      bsums[16 * b + g] = static_cast<int16_t>(s);
-    }
+    q8_k_bsums(qb, bsums + 16 * b);
     d[b] = 1 / iscale;
   }
 }
