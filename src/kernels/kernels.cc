@@ -680,6 +680,16 @@ struct ExactFma {
   static float fma(float a, float b, float c) { return matmul_detail::fma_exact_scalar(a, b, c); }
 };
 
+// exp_nonpositive's constants (Cephes' expf: ln 2 split into an exact high part and a low
+// correction, and the polynomial's coefficients, highest first), one
+// table for the scalar and the vector forms so that they stay one function.
+constexpr float kExpLowest = -87.0f;  // exp(-87) is still a normal float
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 // exp(x) for x <= 0 (x below -87 is taken as -87: exp gives 1.6e-38 instead of a smaller
 // number), to about 2 ulp: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
 // (Cephes expf). NaN gives NaN (a NaN score, from NaN weights or activations, spreads as the
@@ -688,20 +698,16 @@ struct ExactFma {
 template <class F>
 __attribute__((always_inline)) inline float exp_nonpositive(float x) {
   const bool nan = x != x;
-  x = nan ? 0.0f : (x < -87.0f ? -87.0f : x);
+  x = nan ? 0.0f : (x < kExpLowest ? kExpLowest : x);
   // floor(v) for v in [-125, 0.5] without a libm call (baseline x86-64 has no rounding
   // instruction): truncation toward zero, one less where that rounded up.
-  const float v = F::fma(x, 1.44269504088896341f, 0.5f);
+  const float v = F::fma(x, kLog2e, 0.5f);
   const float t = static_cast<float>(static_cast<int32_t>(v));
   const float n = t > v ? t - 1.0f : t;
-  float r = F::fma(-n, 0.693359375f, x);
-  r = F::fma(-n, -2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = F::fma(p, r, 1.3981999507e-3f);
-  p = F::fma(p, r, 8.3334519073e-3f);
-  p = F::fma(p, r, 4.1665795894e-2f);
-  p = F::fma(p, r, 1.6666665459e-1f);
-  p = F::fma(p, r, 5.0000001201e-1f);
+  float r = F::fma(-n, kLn2Hi, x);
+  r = F::fma(-n, kLn2Lo, r);
+  float p = kExpPoly[0];
+  for (int k = 1; k < 6; ++k) p = F::fma(p, r, kExpPoly[k]);
   p = F::fma(p * r, r, r) + 1.0f;
   const int32_t e = static_cast<int32_t>(n) + 127;
   return nan ? std::numeric_limits<float>::quiet_NaN() : p * std::bit_cast<float>(e << 23);
@@ -917,18 +923,14 @@ __attribute__((target("avx512f"))) inline __m512 reduce16(const __m512* a) {
 // exp_nonpositive on 16 lanes: the scalar function's operations, each multiply-add a fused one
 // as written there.
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // x < -87 ? -87 : x (NaN stays x)
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_max_ps(_mm512_set1_ps(kExpLowest), x);  // x < lowest ? lowest : x (NaN stays x)
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
+                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int k = 1; k < 6; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[k]));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
   return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
@@ -1294,18 +1296,13 @@ __attribute__((target("avx512f"))) void silu_mul_avx512(const float* gate, const
 
 // exp_nonpositive on 8 lanes (AVX2 + FMA): exp_nonpositive16's operations.
 __attribute__((target("avx2,fma,f16c"))) inline __m256 exp_nonpositive8(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // x < -87 ? -87 : x (NaN stays x)
-  const __m256 n = _mm256_round_ps(
-      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  x = _mm256_max_ps(_mm256_set1_ps(kExpLowest), x);  // x < lowest ? lowest : x (NaN stays x)
+  const __m256 n = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int k = 1; k < 6; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[k]));
   p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
   return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
