@@ -32,7 +32,8 @@ case "$flavour" in
   *) echo "build.sh: unknown flavour '$flavour' (release|asan|tsan)" >&2; exit 2 ;;
 esac
 # ccache (Debian's; its cache under the user's cache directory) when present: rebuilds of a
-# fresh clone's flavours share the objects they have in common.
+# fresh clone's flavours share the objects they have in common, with this clone's and other
+# clones' earlier builds.
 # Both launchers are set every time, so that a folder once built with SIMPLER_BUILD_LAUNCHER
 # forgets it.
 compile_launcher="" link_launcher=""
@@ -40,6 +41,10 @@ if [ -n "${SIMPLER_BUILD_LAUNCHER:-}" ]; then
   compile_launcher="$SIMPLER_BUILD_LAUNCHER" link_launcher="$SIMPLER_BUILD_LAUNCHER"
 elif command -v ccache >/dev/null 2>&1; then
   compile_launcher=ccache
+  # Objects are shared between clones at other paths (a fresh clone, a git worktree): ccache
+  # hashes paths under the clone relative to the build folder and leaves out the working
+  # directory. (The clang flavours' precompiled headers still tie their objects to one path.)
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 fi
 flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$compile_launcher"
         -DCMAKE_CXX_LINKER_LAUNCHER="$link_launcher")
