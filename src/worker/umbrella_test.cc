@@ -11,9 +11,9 @@ absl::Status add_one(const simpler::task::KernelContext& ctx) {
 
 TEST(Umbrella, AProgramRunsThroughTheUmbrellaHeaderAlone) {
   using namespace simpler;
-  worker::WorkerOptions o;
+  worker::WorkerOptions o{};
   o.num_cores = 1;
-  o.faults.emplace();  // no injected faults, whatever the environment says
+  o.faults = device::FaultPlan{};  // no injected faults, whatever the environment says
   worker::Worker w(o);
   auto h = w.register_callable(
       task::ChipCallable{"add_one",
