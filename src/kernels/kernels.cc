@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/argmax_row.h"
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_int8.h"
@@ -204,10 +205,17 @@ absl::Status silu_mul_kernel_on(const KernelContext& ctx) {
   return silu_mul_impl(ctx, kIsa);
 }
 
+absl::Status argmax_impl(const KernelContext& ctx, KernelIsa isa);
+template <KernelIsa kIsa>
+absl::Status argmax_kernel_on(const KernelContext& ctx) {
+  return argmax_impl(ctx, kIsa);
+}
+
 // The kernels whose inner loops have a path per target, for `isa` (resolved); the matmuls of
 // precision int8 too.
 struct IsaKernels {
-  task::KernelFn matmul, matmul_acc, paged_attention, silu_mul, matmul_int8, matmul_acc_int8;
+  task::KernelFn matmul, matmul_acc, paged_attention, silu_mul, argmax, matmul_int8,
+      matmul_acc_int8;
 };
 template <KernelIsa kIsa>
 constexpr IsaKernels isa_kernels() {
@@ -215,6 +223,7 @@ constexpr IsaKernels isa_kernels() {
           &matmul_acc_kernel_on<kIsa>,
           &paged_attention_kernel_on<kIsa>,
           &silu_mul_kernel_on<kIsa>,
+          &argmax_kernel_on<kIsa>,
           &matmul_kernel_on<kIsa, Precision::kInt8>,
           &matmul_acc_kernel_on<kIsa, Precision::kInt8>};
 }
@@ -435,7 +444,7 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
       {"silu_mul", on.silu_mul},
       {"add", &add_kernel},
       {"gather_rows", &gather_rows_kernel},
-      {"argmax", &argmax_kernel},
+      {"argmax", on.argmax},
   };
 }
 
@@ -1426,7 +1435,75 @@ TaskArgs gather_rows_args(const Tensor& x, const Tensor& rows, const Tensor& out
 
 // ---- argmax -------------------------------------------------------------------------------------
 
-absl::Status argmax_kernel(const KernelContext& ctx) {
+namespace {
+
+// The lowest index of the largest value of row[0, n), NaN never chosen, 0 when no value is above
+// -inf. Every target returns the same index: the vector paths take the row's maximum (a max
+// that keeps its accumulator where x is NaN) and then the first index holding it.
+int64_t argmax_row_baseline(const float* row, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_i = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] > best) {  // strict: the lowest index wins ties; NaN never wins
+      best = row[i];
+      best_i = i;
+    }
+  }
+  return best_i;
+}
+
+#if defined(__x86_64__)
+// argmax_row_baseline on 16 lanes. Each lane keeps `x > m ? x : m`, so a NaN x leaves m (the
+// AVX2 path's vmaxps(x, m) is the same; GCC 12 warns of an undefined lane in _mm512_max_ps); the
+// first index whose value equals the maximum is where the scalar loop's strict `>` stops moving.
+__attribute__((target("avx512f"))) int64_t argmax_row_avx512(const float* row, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  __m512 m = _mm512_set1_ps(lowest);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 x = _mm512_loadu_ps(row + i);
+    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(x, m, _CMP_GT_OQ), x);  // x > m ? x : m
+  }
+  alignas(64) float lanes[kLanes];  // (GCC 12's _mm512_reduce_max_ps warns of an undefined lane)
+  _mm512_store_ps(lanes, m);
+  float best = lowest;
+  for (float v : lanes) best = v > best ? v : best;
+  for (; i < n; ++i) best = row[i] > best ? row[i] : best;
+  if (!(best > lowest)) return 0;
+  const __m512 b = _mm512_set1_ps(best);
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), b, _CMP_EQ_OQ);
+    if (eq != 0) return i + std::countr_zero(static_cast<uint32_t>(eq));
+  }
+  for (; row[i] != best; ++i) {
+  }
+  return i;
+}
+
+// argmax_row_avx512 on 8 lanes.
+__attribute__((target("avx2,fma,f16c"))) int64_t argmax_row_x86_64_v3(const float* row, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  __m256 m = _mm256_set1_ps(lowest);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(row + i), m);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float best = lowest;
+  for (float v : lanes) best = v > best ? v : best;
+  for (; i < n; ++i) best = row[i] > best ? row[i] : best;
+  if (!(best > lowest)) return 0;
+  const __m256 b = _mm256_set1_ps(best);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), b, _CMP_EQ_OQ));
+    if (eq != 0) return i + std::countr_zero(static_cast<uint32_t>(eq));
+  }
+  for (; row[i] != best; ++i) {
+  }
+  return i;
+}
+#endif
+
+absl::Status argmax_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "argmax");
   SIMPLER_RETURN_IF_ERROR(c.count(2));
   SIMPLER_RETURN_IF_ERROR(c.tensor(0, "logits", DataType::kFloat32, {-1, -1}));
@@ -1437,23 +1514,30 @@ absl::Status argmax_kernel(const KernelContext& ctx) {
   if (vocab > std::numeric_limits<int32_t>::max()) {
     return c.error(absl::StrCat("vocabulary ", vocab, " does not fit i32 ids"));
   }
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("argmax", isa));
   const float* logits = ctx.tensor(0).data<const float>();
   int32_t* ids = ctx.tensor(1).data<int32_t>();
   const BlockRange r = block_range(n, ctx.block_idx, ctx.block_dim);
   for (int64_t j = r.begin; j < r.end; ++j) {
-    const float* row = logits + j * vocab;
-    float best = -std::numeric_limits<float>::infinity();
-    int64_t best_i = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (row[i] > best) {  // strict: the lowest index wins ties; NaN never wins
-        best = row[i];
-        best_i = i;
-      }
-    }
-    ids[j] = static_cast<int32_t>(best_i);
+    ids[j] = static_cast<int32_t>(argmax_row(logits + j * vocab, vocab, isa));
   }
   return absl::OkStatus();
 }
+
+}  // namespace
+
+int64_t argmax_row(const float* row, int64_t n, KernelIsa isa) {
+  if (isa == KernelIsa::kAuto) isa = resolve_kernel_isa(isa);
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx512 && kernel_isa_available(isa)) return argmax_row_avx512(row, n);
+  if (isa == KernelIsa::kX86_64V3 && kernel_isa_available(isa)) {
+    return argmax_row_x86_64_v3(row, n);
+  }
+#endif
+  return argmax_row_baseline(row, n);
+}
+
+absl::Status argmax_kernel(const KernelContext& ctx) { return argmax_impl(ctx, KernelIsa::kAuto); }
 
 TaskArgs argmax_args(const Tensor& logits, const Tensor& ids) { return reads_then({logits}, ids); }
 

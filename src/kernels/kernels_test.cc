@@ -1217,5 +1217,47 @@ TEST(ArgmaxKernel, LowestIndexWinsTiesAndNanNeverWins) {
   }
 }
 
+// Each target's argmax against the scalar loop (the portable entry) on rows of every length
+// around the vector widths and a vocabulary-sized one, with ties, NaN, infinities and signed
+// zeros placed at random: the same ids, bit for bit.
+TEST(ArgmaxKernel, EveryTargetPicksTheScalarLoopsIndex) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {NAN, inf, -inf, 0.0f, -0.0f, 3.0f};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  const auto portable =
+      llm_kernels(KernelIsa::kPortable)[static_cast<size_t>(KernelId::kArgmax)].fn;
+  for (KernelIsa isa : {KernelIsa::kAvx512, KernelIsa::kX86_64V3, KernelIsa::kNeon}) {
+    if (!kernel_isa_available(isa)) continue;
+    const auto fn = llm_kernels(isa)[static_cast<size_t>(KernelId::kArgmax)].fn;
+    for (int64_t V : {1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 151936}) {
+      const int64_t n = 12;
+      std::vector<float> logits(static_cast<size_t>(n * V));
+      for (int64_t j = 0; j < n; ++j) {
+        float* row = logits.data() + j * V;
+        // Rows 0-3 ordinary values; 4-7 with specials sprinkled; 8 all NaN; 9 all -inf;
+        // 10 one value repeated (every index ties); 11 the maximum only in the last element.
+        for (int64_t i = 0; i < V; ++i) row[i] = j < 8 ? std::round(value(rng) * 2) : -inf;
+        if (j >= 4 && j < 8) {
+          for (int k = 0; k < 1 + V / 8; ++k) {
+            row[rng() % V] = specials[rng() % std::size(specials)];
+          }
+        }
+        if (j == 8) std::fill(row, row + V, NAN);
+        if (j == 10) std::fill(row, row + V, 2.5f);
+        if (j == 11) row[V - 1] = 1.0f;
+      }
+      std::vector<int32_t> want(n, -1), got(n, -2);
+      ASSERT_TRUE(run_blocks(portable, argmax_args(view(logits, {n, V}), view(want, {n})), 3).ok());
+      ASSERT_TRUE(run_blocks(fn, argmax_args(view(logits, {n, V}), view(got, {n})), 3).ok());
+      EXPECT_EQ(got, want) << name_of(isa) << " V=" << V;
+      EXPECT_EQ(want[8], 0);
+      EXPECT_EQ(want[9], 0);
+      EXPECT_EQ(want[10], 0);
+      EXPECT_EQ(want[11], V - 1);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace simpler::llm

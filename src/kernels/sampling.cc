@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/argmax_row.h"
 #include "kernels/task_names.h"
 #include "simpler/base/status.h"
 #include "simpler/kernels/kernels.h"
@@ -281,16 +282,8 @@ int64_t choose_token(const SamplingParams& p, const SampleRowInfo& row, const fl
       return last;  // rounding can leave cum ≤ target at the end: the last survivor
     }
   }
-  // greedy, or no finite logit survived
-  float best = kNegInf;
-  int64_t chosen = 0;
-  for (int64_t t = 0; t < vocab; ++t) {
-    if (pen[t] > best) {
-      best = pen[t];
-      chosen = t;
-    }
-  }
-  return chosen;
+  // greedy, or no finite logit survived: the lowest index of the largest logit (NaN never)
+  return argmax_row(pen, vocab, KernelIsa::kAuto);
 }
 
 // The top p.logprobs raw logits (NaN lowest, ties by lower index) with their logprobs.
