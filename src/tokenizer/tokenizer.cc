@@ -837,8 +837,10 @@ absl::Status build_id_tables(const FieldReader& reader, int32_t max_id, Tokenize
   impl.id_to_bytes.assign(table_size, {});
   impl.id_flags.assign(table_size, 0);
   impl.byte_to_cp = byte_to_code_point();
-  absl::flat_hash_map<uint32_t, uint8_t> cp_to_byte;
-  for (uint32_t b = 0; b < 256; ++b) cp_to_byte[impl.byte_to_cp[b]] = static_cast<uint8_t>(b);
+  // The byte alphabet's code points (below U+0144) back to their bytes; -1 outside it.
+  std::vector<int16_t> cp_to_byte(
+      *std::max_element(impl.byte_to_cp.begin(), impl.byte_to_cp.end()) + 1, -1);
+  for (uint32_t b = 0; b < 256; ++b) cp_to_byte[impl.byte_to_cp[b]] = static_cast<int16_t>(b);
   for (const auto& [token, id] : impl.vocab) {
     impl.id_to_token[id] = token;
     impl.id_flags[id] = TokenizerImpl::kHasEntry;
@@ -847,9 +849,9 @@ absl::Status build_id_tables(const FieldReader& reader, int32_t max_id, Tokenize
     while (i < token.size()) {
       int32_t cp;
       const size_t n = decode_utf8(token, i, &cp);
-      auto it = cp < 0 ? cp_to_byte.end() : cp_to_byte.find(static_cast<uint32_t>(cp));
-      if (it != cp_to_byte.end()) {
-        bytes.push_back(static_cast<char>(it->second));
+      const int byte = cp >= 0 && static_cast<size_t>(cp) < cp_to_byte.size() ? cp_to_byte[cp] : -1;
+      if (byte >= 0) {
+        bytes.push_back(static_cast<char>(byte));
       } else {
         bytes.append(token, i, n);  // outside the byte alphabet: kept as is
       }
