@@ -76,8 +76,7 @@ template <typename Json>
 absl::StatusOr<Json> parse_bounded(std::string_view text, std::string_view what, int max_depth) {
   const std::string source(what);
   if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": malformed JSON: NUL byte at offset ", nul));
+    return json_nul_byte_error(source, nul);
   }
   std::vector<Frame> frames;
   typename Json::parser_callback_t callback = [&](int depth, typename Json::parse_event_t event,
@@ -86,9 +85,7 @@ absl::StatusOr<Json> parse_bounded(std::string_view text, std::string_view what,
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
         if (depth + 1 > max_depth) {
-          throw StopParse{absl::InvalidArgumentError(
-              absl::StrCat(source, ": JSON nested deeper than ", max_depth, " levels at ",
-                           cut_utf8(path_of(frames, frames.size()), 200)))};
+          throw StopParse{json_too_deep_error(source, max_depth, path_of(frames, frames.size()))};
         }
         frames.push_back(Frame{event == Json::parse_event_t::object_start, {}, {}});
         break;
@@ -99,10 +96,9 @@ absl::StatusOr<Json> parse_bounded(std::string_view text, std::string_view what,
         // duplicate.
         if (frames.back().object && parsed.is_object() &&
             frames.back().hashes.size() != parsed.size()) {
-          throw StopParse{absl::InvalidArgumentError(absl::StrCat(
-              source, ": duplicate key '",
-              cut_utf8(duplicate_key(parsed, std::move(frames.back().hashes)), 80),
-              "' in the object at ", cut_utf8(path_of(frames, frames.size() - 1), 200)))};
+          throw StopParse{json_duplicate_key_error(
+              source, duplicate_key(parsed, std::move(frames.back().hashes)),
+              path_of(frames, frames.size() - 1))};
         }
         frames.pop_back();
         break;
@@ -124,12 +120,34 @@ absl::StatusOr<Json> parse_bounded(std::string_view text, std::string_view what,
   } catch (const StopParse& stop) {
     return stop.status;
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": malformed JSON: ", cut_utf8(reason_of(e), kJsonMaxErrorChars)));
+    return json_malformed_error(source, e);
   }
 }
 
 }  // namespace
+
+absl::Status json_malformed_error(std::string_view what, const nlohmann::json::exception& e) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(what), ": malformed JSON: ", cut_utf8(reason_of(e), kJsonMaxErrorChars)));
+}
+
+absl::Status json_nul_byte_error(std::string_view what, size_t offset) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), ": malformed JSON: NUL byte at offset ", offset));
+}
+
+absl::Status json_too_deep_error(std::string_view what, int max_depth, std::string_view path) {
+  return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": JSON nested deeper than ",
+                                                 max_depth, " levels at ",
+                                                 cut_utf8(std::string(path), 200)));
+}
+
+absl::Status json_duplicate_key_error(std::string_view what, std::string_view key,
+                                      std::string_view path) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), ": duplicate key '", cut_utf8(std::string(key), 80),
+                   "' in the object at ", cut_utf8(std::string(path), 200)));
+}
 
 absl::StatusOr<json> parse_json_bounded(std::string_view text, std::string_view what,
                                         int max_depth) {

@@ -379,21 +379,28 @@ TEST_F(GgufExportTest, Q4_0ExportQuantizesTheMatricesAndTheHeadAsQ8_0ForRowsOf12
 // the checkpoint's values. On the suite's tiny model (rows of 128 and 384, untied) every matrix
 // falls back to Q8_0 but attn_output (rows of 256): Q4_K. A Q4_0 file of the wide model has a
 // Q6_K head.
-// `q` holds the bytes `quantize` makes of `values`: checked on the first and the last 64
+// `q` holds the bytes `quantize` makes of `source`'s values: checked on the first and the last 64
 // blocks of 256 values (quantizing whole 151936 x 256 heads again took most of this suite's time
 // under the sanitizers; the file's rows in between are the same writer's loop).
 template <typename Quantize>
-void expect_ends_quantized_as(const std::vector<float>& values, std::span<const std::byte> q,
+void expect_ends_quantized_as(const TensorView& source, std::span<const std::byte> q,
                               task::DataType dtype, Quantize quantize) {
   constexpr size_t kEndValues = 64 * 256;
   const auto block = static_cast<size_t>(task::block_elements(dtype));
-  ASSERT_EQ(q.size(), task::bytes_of(dtype, values.size()));
-  ASSERT_EQ(values.size() % block, 0u);
-  const size_t n = std::min(values.size(), kEndValues) / block * block;
-  for (const size_t first : {size_t{0}, values.size() - n}) {
-    const std::vector<float> part(values.begin() + first, values.begin() + first + n);
+  const auto numel = static_cast<size_t>(source.numel());
+  ASSERT_EQ(q.size(), task::bytes_of(dtype, numel));
+  ASSERT_EQ(numel % block, 0u);
+  const size_t n = std::min(numel, kEndValues) / block * block;
+  for (const size_t first : {size_t{0}, numel - n}) {
+    // Only the end's values are widened (the whole 151936 x 256 head was 156 MB of floats).
+    TensorView part = source;
+    part.shape = {static_cast<int64_t>(n)};
+    part.bytes =
+        source.bytes.subspan(task::bytes_of(source.dtype, first), task::bytes_of(source.dtype, n));
+    const absl::StatusOr<std::vector<float>> values = to_f32(part);
+    ASSERT_TRUE(values.ok()) << values.status();
     std::vector<uint8_t> want(task::bytes_of(dtype, n));
-    ASSERT_TRUE(quantize(part, want).ok());
+    ASSERT_TRUE(quantize(*values, want).ok());
     const size_t at = task::bytes_of(dtype, first);
     EXPECT_EQ(std::memcmp(q.data() + at, want.data(), want.size()), 0) << "at value " << first;
   }
@@ -430,18 +437,18 @@ TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
     for (const WeightSpec& spec : ModelConfig::load(o.model_dir)->tensor_names_and_shapes()) {
       if (spec.shape.size() != 2) continue;
       SCOPED_TRACE(spec.name);
-      const std::vector<float> values = to_f32(w->get(spec.name).value()).value();
+      const TensorView source = w->get(spec.name).value();
       const TensorView q = back->get(spec.name).value();
       switch (q.dtype) {
         case task::DataType::kQ4_K:
-          expect_ends_quantized_as(values, q.bytes, q.dtype, quantize_row_q4_k);
+          expect_ends_quantized_as(source, q.bytes, q.dtype, quantize_row_q4_k);
           break;
         case task::DataType::kQ6_K:
-          expect_ends_quantized_as(values, q.bytes, q.dtype, quantize_row_q6_k);
+          expect_ends_quantized_as(source, q.bytes, q.dtype, quantize_row_q6_k);
           break;
         default:
           ASSERT_EQ(q.dtype, task::DataType::kQ8_0);
-          expect_ends_quantized_as(values, q.bytes, q.dtype, quantize_row_q8_0);
+          expect_ends_quantized_as(source, q.bytes, q.dtype, quantize_row_q8_0);
       }
     }
   }
@@ -451,8 +458,9 @@ TEST_F(GgufExportTest, Q4_K_MExportWritesLlamaQuantizesMix) {
   ASSERT_FALSE(HasFailure());
   EXPECT_EQ(f.tensors.at("token_embd.weight").type, 14u);
   EXPECT_EQ(f.tensors.at("blk.0.attn_v.weight").type, 2u);
-  const std::vector<float> embd =
-      to_f32(ModelWeights::open(mo.out_dir)->get("model.embed_tokens.weight").value()).value();
+  const absl::StatusOr<ModelWeights> wide = ModelWeights::open(mo.out_dir);  // owns the mapping
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  const TensorView embd = wide->get("model.embed_tokens.weight").value();
   const absl::StatusOr<ModelWeights> q4 = ModelWeights::open(o.out_path);  // owns the mapping
   ASSERT_TRUE(q4.ok()) << q4.status();
   const TensorView head = q4->get("model.embed_tokens.weight").value();

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <queue>
-#include <sstream>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -200,12 +200,17 @@ absl::StatusOr<std::string> read_file(const std::string& path) {
   if (!std::filesystem::is_regular_file(path, ec)) {
     return absl::NotFoundError(absl::StrCat(path, ": no such file"));
   }
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open for reading"));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return std::move(buffer).str();
+  // Sized once: streaming an 11 MB tokenizer.json through a growing buffer copied it repeatedly.
+  const std::streamoff size = in.tellg();
+  std::string text(size > 0 ? static_cast<size_t>(size) : 0, '\0');
+  in.seekg(0);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad() || size < 0 || in.gcount() != static_cast<std::streamsize>(text.size())) {
+    return absl::DataLossError(absl::StrCat(path, ": read error"));
+  }
+  return text;
 }
 
 // Bounded depth, whole buffer, every nlohmann exception (1e400 is out_of_range) as a status.
@@ -258,6 +263,242 @@ class FieldReader {
  private:
   std::string path_;
 };
+
+// tokenizer.json's two big tables, model.vocab (151,936 keys in Qwen3's) and model.merges, as
+// read straight from the text by TokenizerJsonReader (or built from a GGUF vocabulary), without a
+// JSON DOM: a DOM's std::map of the vocabulary took most of a load's time. load_root checks them
+// after the parse, in the order (and with the errors) of the DOM's checks.
+struct BigTables {
+  // model.vocab was an object and is here; -1 stands for an entry whose value is not an id.
+  bool has_vocab = false;
+  absl::flat_hash_map<std::string, int32_t> vocab;
+  std::optional<std::string> bad_vocab_key;  // the smallest key whose value is not an id
+  int32_t max_id = -1;                       // the largest id in `vocab`
+  // model.merges was an array; its entries up to the first malformed one are here.
+  bool has_merges = false;
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::optional<std::string> bad_merge;  // the first malformed entry's error detail
+
+  void add_vocab_value(int32_t* slot, const std::string& key, std::optional<int64_t> id) {
+    if (id && *id >= 0 && *id <= kMaxTokenId) {
+      *slot = static_cast<int32_t>(*id);
+      max_id = std::max(max_id, *slot);
+    } else if (!bad_vocab_key || key < *bad_vocab_key) {
+      bad_vocab_key = key;
+    }
+  }
+  // A merge entry: `pair` a ["left", "right"] entry's strings, `text` a "left right" entry's,
+  // both null an entry of another shape.
+  void add_merge(std::vector<std::string>* pair, const std::string* text) {
+    if (bad_merge) return;
+    if (pair != nullptr && pair->size() == 2) {
+      merges.emplace_back(std::move((*pair)[0]), std::move((*pair)[1]));
+    } else if (text != nullptr) {
+      const size_t space = text->find(' ');
+      if (space == std::string::npos) {
+        bad_merge = "expected \"left right\"";
+      } else {
+        merges.emplace_back(text->substr(0, space), text->substr(space + 1));
+      }
+    } else {
+      bad_merge = "expected [\"left\", \"right\"] or \"left right\"";
+    }
+  }
+};
+
+// A SAX handler (nlohmann::json::sax_parse) reading tokenizer.json: model.vocab and model.merges
+// into BigTables, everything else into a DOM (`root`), under parse_json_bounded's bounds and
+// errors (depth, duplicate keys, malformed text). Not thread-safe (one parse).
+class TokenizerJsonReader {
+ public:
+  TokenizerJsonReader(std::string what, Json& root, BigTables& tables)
+      : what_(std::move(what)), root_(root), tables_(tables) {}
+
+  // Parses `text`; on success `root` holds the document (model.vocab and model.merges null when
+  // in `tables`).
+  absl::Status parse(std::string_view text) {
+    if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
+      return base::json_nul_byte_error(what_, nul);
+    }
+    if (!Json::sax_parse(text, this) && status_.ok()) {
+      return absl::InternalError(absl::StrCat(what_, ": the JSON parser stopped unexplained"));
+    }
+    return status_;
+  }
+
+  bool null() { return scalar(Json(nullptr)); }
+  bool boolean(bool value) { return scalar(Json(value)); }
+  bool number_integer(Json::number_integer_t value) { return integer(value, Json(value)); }
+  bool number_unsigned(Json::number_unsigned_t value) {
+    return integer(
+        value <= static_cast<uint64_t>(kMaxTokenId) ? std::optional<int64_t>(value) : std::nullopt,
+        Json(value));
+  }
+  bool number_float(Json::number_float_t value, const Json::string_t&) {
+    return scalar(Json(value));
+  }
+  bool string(Json::string_t& value);
+  bool binary(Json::binary_t& value) { return scalar(Json(std::move(value))); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool key(Json::string_t& key);
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) {
+    status_ = base::json_malformed_error(what_, e);
+    return false;
+  }
+
+ private:
+  enum class Kind { kObject, kArray, kVocab, kMerges, kMergePair };
+  struct Frame {
+    explicit Frame(Kind k, Json* n = nullptr) : kind(k), node(n) {}
+    Kind kind;
+    Json* node = nullptr;                    // kObject, kArray: the container being built
+    std::string key;                         // kObject: the last key
+    const std::string* vocab_key = nullptr;  // kVocab: the last key (in BigTables::vocab)
+    Json* slot = nullptr;                    // kObject: where the last key's value goes
+    int32_t* id = nullptr;                   // kVocab: where the last key's id goes
+    std::vector<std::string> items;          // kMergePair: its strings
+    bool bad = false;                        // kMergePair: holds something else
+  };
+
+  bool fail(absl::Status status) {
+    status_ = std::move(status);
+    return false;
+  }
+  std::string path(size_t count) const {
+    std::string out;
+    for (size_t i = 0; i < count; ++i) {
+      if (frames_[i].kind == Kind::kObject) absl::StrAppend(&out, "/", frames_[i].key);
+      if (frames_[i].kind == Kind::kVocab) {
+        absl::StrAppend(&out, "/", frames_[i].vocab_key ? *frames_[i].vocab_key : "");
+      }
+    }
+    return out.empty() ? "/" : out;
+  }
+  // Where the next value goes in a DOM: the root, a DOM container's new member, or (a value that
+  // is no table entry) a scratch value, after noting the malformed entry.
+  Json* slot();
+  bool scalar(Json value) {
+    Json* target = slot();
+    *target = std::move(value);
+    return true;
+  }
+  bool integer(std::optional<int64_t> id, Json value);
+  bool open(bool object);
+  bool close();
+
+  std::string what_;
+  Json& root_;
+  BigTables& tables_;
+  Json scratch_;  // malformed table entries, parsed for their bounds only
+  std::vector<Frame> frames_;
+  absl::Status status_;
+};
+
+Json* TokenizerJsonReader::slot() {
+  if (frames_.empty()) return &root_;
+  Frame& top = frames_.back();
+  switch (top.kind) {
+    case Kind::kObject:
+      return top.slot;
+    case Kind::kArray:
+      return &top.node->emplace_back();
+    case Kind::kVocab:
+      tables_.add_vocab_value(top.id, *top.vocab_key, std::nullopt);
+      break;
+    case Kind::kMerges:
+      tables_.add_merge(nullptr, nullptr);
+      break;
+    case Kind::kMergePair:
+      top.bad = true;
+      break;
+  }
+  scratch_ = Json();
+  return &scratch_;
+}
+
+bool TokenizerJsonReader::integer(std::optional<int64_t> id, Json value) {
+  if (!frames_.empty() && frames_.back().kind == Kind::kVocab) {
+    Frame& top = frames_.back();
+    tables_.add_vocab_value(top.id, *top.vocab_key, id);
+    return true;
+  }
+  return scalar(std::move(value));
+}
+
+bool TokenizerJsonReader::string(Json::string_t& value) {
+  if (!frames_.empty() && frames_.back().kind == Kind::kMerges) {
+    tables_.add_merge(nullptr, &value);
+    return true;
+  }
+  if (!frames_.empty() && frames_.back().kind == Kind::kMergePair && !frames_.back().bad) {
+    frames_.back().items.push_back(std::move(value));
+    return true;
+  }
+  return scalar(Json(std::move(value)));
+}
+
+bool TokenizerJsonReader::key(Json::string_t& key) {
+  Frame& top = frames_.back();
+  if (top.kind == Kind::kVocab) {
+    // The key moves into the table; the frame points at it until the next key (the value's
+    // checks and messages use it, and nothing is inserted into the table before).
+    auto [it, inserted] = tables_.vocab.try_emplace(std::move(key), -1);
+    if (!inserted) {
+      return fail(base::json_duplicate_key_error(what_, it->first, path(frames_.size() - 1)));
+    }
+    top.vocab_key = &it->first;
+    top.id = &it->second;
+    return true;
+  }
+  auto [it, inserted] = top.node->get_ref<Json::object_t&>().try_emplace(key);
+  if (!inserted) return fail(base::json_duplicate_key_error(what_, key, path(frames_.size() - 1)));
+  top.slot = &it->second;
+  top.key = std::move(key);
+  return true;
+}
+
+bool TokenizerJsonReader::open(bool object) {
+  if (frames_.size() + 1 > static_cast<size_t>(base::kJsonDefaultMaxDepth)) {
+    return fail(base::json_too_deep_error(what_, base::kJsonDefaultMaxDepth, path(frames_.size())));
+  }
+  const Kind parent = frames_.empty() ? Kind::kArray : frames_.back().kind;
+  // model.vocab and model.merges: the value of key "vocab" or "merges" of the object that is the
+  // value of key "model" of the top-level object.
+  const bool in_model = frames_.size() == 2 && frames_[0].kind == Kind::kObject &&
+                        frames_[0].key == "model" && parent == Kind::kObject;
+  if (in_model && object && frames_[1].key == "vocab") {
+    tables_.has_vocab = true;
+    frames_.emplace_back(Kind::kVocab);
+    return true;
+  }
+  if (in_model && !object && frames_[1].key == "merges") {
+    tables_.has_merges = true;
+    // A BPE has about as many merges as tokens: one allocation when the vocabulary came first.
+    tables_.merges.reserve(tables_.vocab.size());
+    frames_.emplace_back(Kind::kMerges);
+    return true;
+  }
+  if (!object && parent == Kind::kMerges) {
+    frames_.emplace_back(Kind::kMergePair);
+    return true;
+  }
+  Json* target = slot();
+  *target = object ? Json::object() : Json::array();
+  frames_.emplace_back(object ? Kind::kObject : Kind::kArray, target);
+  return true;
+}
+
+bool TokenizerJsonReader::close() {
+  Frame& top = frames_.back();
+  if (top.kind == Kind::kMergePair) {
+    tables_.add_merge(top.bad ? nullptr : &top.items, nullptr);
+  }
+  frames_.pop_back();
+  return true;
+}
 
 std::string json_type_name(const Json& j) { return base::quote_json_prefix(j, 80); }
 
@@ -548,23 +789,18 @@ absl::Status load_model_options(const FieldReader& reader, const Json* model, To
 }
 
 // model.vocab into impl.vocab; returns the largest id.
-absl::StatusOr<int32_t> load_vocab(const FieldReader& reader, const Json* model,
+absl::StatusOr<int32_t> load_vocab(const FieldReader& reader, const Json* model, BigTables& tables,
                                    TokenizerImpl& impl) {
-  SIMPLER_ASSIGN_OR_RETURN(const Json* vocab, reader.member(*model, "model", "vocab"));
-  if (!vocab->is_object()) return reader.error("model.vocab", "expected an object");
-  impl.vocab.reserve(vocab->size());
-  int32_t max_id = -1;
-  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > kMaxTokenId) {
-      return reader.error(absl::StrCat("model.vocab[\"", it.key(), "\"]"),
-                          "expected an integer id in [0, 2^24]");
-    }
-    const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    impl.vocab[it.key()] = id;
-    max_id = std::max(max_id, id);
+  if (!tables.has_vocab) {
+    SIMPLER_RETURN_IF_ERROR(reader.member(*model, "model", "vocab").status());
+    return reader.error("model.vocab", "expected an object");
   }
-  return max_id;
+  if (tables.bad_vocab_key) {
+    return reader.error(absl::StrCat("model.vocab[\"", *tables.bad_vocab_key, "\"]"),
+                        "expected an integer id in [0, 2^24]");
+  }
+  impl.vocab = std::move(tables.vocab);
+  return tables.max_id;
 }
 
 // added_tokens into impl; raises `max_id` to the largest id among them.
@@ -601,8 +837,10 @@ absl::Status build_id_tables(const FieldReader& reader, int32_t max_id, Tokenize
   impl.id_to_bytes.assign(table_size, {});
   impl.id_flags.assign(table_size, 0);
   impl.byte_to_cp = byte_to_code_point();
-  absl::flat_hash_map<uint32_t, uint8_t> cp_to_byte;
-  for (uint32_t b = 0; b < 256; ++b) cp_to_byte[impl.byte_to_cp[b]] = static_cast<uint8_t>(b);
+  // The byte alphabet's code points (below U+0144) back to their bytes; -1 outside it.
+  std::vector<int16_t> cp_to_byte(
+      *std::max_element(impl.byte_to_cp.begin(), impl.byte_to_cp.end()) + 1, -1);
+  for (uint32_t b = 0; b < 256; ++b) cp_to_byte[impl.byte_to_cp[b]] = static_cast<int16_t>(b);
   for (const auto& [token, id] : impl.vocab) {
     impl.id_to_token[id] = token;
     impl.id_flags[id] = TokenizerImpl::kHasEntry;
@@ -611,9 +849,9 @@ absl::Status build_id_tables(const FieldReader& reader, int32_t max_id, Tokenize
     while (i < token.size()) {
       int32_t cp;
       const size_t n = decode_utf8(token, i, &cp);
-      auto it = cp < 0 ? cp_to_byte.end() : cp_to_byte.find(static_cast<uint32_t>(cp));
-      if (it != cp_to_byte.end()) {
-        bytes.push_back(static_cast<char>(it->second));
+      const int byte = cp >= 0 && static_cast<size_t>(cp) < cp_to_byte.size() ? cp_to_byte[cp] : -1;
+      if (byte >= 0) {
+        bytes.push_back(static_cast<char>(byte));
       } else {
         bytes.append(token, i, n);  // outside the byte alphabet: kept as is
       }
@@ -640,47 +878,44 @@ absl::Status build_id_tables(const FieldReader& reader, int32_t max_id, Tokenize
 }
 
 // model.merges into impl.merges: later duplicates win, as in the reference.
-absl::Status load_merges(const FieldReader& reader, const Json* model, TokenizerImpl& impl) {
-  SIMPLER_ASSIGN_OR_RETURN(const Json* merges, reader.member(*model, "model", "merges"));
-  if (!merges->is_array()) return reader.error("model.merges", "expected an array");
-  impl.merges.reserve(merges->size());
-  for (size_t i = 0; i < merges->size(); ++i) {
-    const Json& entry = (*merges)[i];
-    const std::string field = absl::StrCat("model.merges[", i, "]");
-    std::string left, right;
-    if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
-      left = entry[0].get<std::string>();
-      right = entry[1].get<std::string>();
-    } else if (entry.is_string()) {
-      const std::string text = entry.get<std::string>();
-      const size_t space = text.find(' ');
-      if (space == std::string::npos) return reader.error(field, "expected \"left right\"");
-      left = text.substr(0, space);
-      right = text.substr(space + 1);
-    } else {
-      return reader.error(field, "expected [\"left\", \"right\"] or \"left right\"");
-    }
+absl::Status load_merges(const FieldReader& reader, const Json* model, const BigTables& tables,
+                         TokenizerImpl& impl) {
+  if (!tables.has_merges) {
+    SIMPLER_RETURN_IF_ERROR(reader.member(*model, "model", "merges").status());
+    return reader.error("model.merges", "expected an array");
+  }
+  impl.merges.reserve(tables.merges.size());
+  std::string joined;
+  for (size_t i = 0; i < tables.merges.size(); ++i) {
+    const auto& [left, right] = tables.merges[i];
+    joined.assign(left).append(right);
     auto l = impl.vocab.find(left);
     auto r = impl.vocab.find(right);
-    auto m = impl.vocab.find(left + right);
+    auto m = impl.vocab.find(joined);
     if (l == impl.vocab.end() || r == impl.vocab.end() || m == impl.vocab.end()) {
       const std::string& missing = l == impl.vocab.end()   ? left
                                    : r == impl.vocab.end() ? right
-                                                           : left + right;
-      return reader.error(field, absl::StrCat("token \"", missing, "\" is not in model.vocab"));
+                                                           : joined;
+      return reader.error(absl::StrCat("model.merges[", i, "]"),
+                          absl::StrCat("token \"", missing, "\" is not in model.vocab"));
     }
     impl.merges[pair_key(l->second, r->second)] = {static_cast<int32_t>(i), m->second};
+  }
+  if (tables.bad_merge) {
+    return reader.error(absl::StrCat("model.merges[", tables.merges.size(), "]"),
+                        *tables.bad_merge);
   }
   return absl::OkStatus();
 }
 
-absl::Status load_model(const FieldReader& reader, const Json& root, TokenizerImpl& impl) {
+absl::Status load_model(const FieldReader& reader, const Json& root, BigTables& tables,
+                        TokenizerImpl& impl) {
   SIMPLER_ASSIGN_OR_RETURN(const Json* model, reader.member(root, "", "model"));
   SIMPLER_RETURN_IF_ERROR(load_model_options(reader, model, impl));
-  SIMPLER_ASSIGN_OR_RETURN(int32_t max_id, load_vocab(reader, model, impl));
+  SIMPLER_ASSIGN_OR_RETURN(int32_t max_id, load_vocab(reader, model, tables, impl));
   SIMPLER_RETURN_IF_ERROR(load_added_tokens(reader, root, impl, max_id));
   SIMPLER_RETURN_IF_ERROR(build_id_tables(reader, max_id, impl));
-  return load_merges(reader, model, impl);
+  return load_merges(reader, model, tables, impl);
 }
 
 absl::Status load_normalizer(const FieldReader& reader, const Json& normalizer,
@@ -846,10 +1081,11 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& dir) {
 
 namespace {
 
-// A tokenizer.json document (parsed) into `impl`.
-absl::Status load_root(const FieldReader& reader, const Json& root, TokenizerImpl& impl) {
+// A tokenizer.json document (parsed: `root` without the tables in `tables`) into `impl`.
+absl::Status load_root(const FieldReader& reader, const Json& root, BigTables& tables,
+                       TokenizerImpl& impl) {
   if (!root.is_object()) return reader.error("", "expected a JSON object at the top level");
-  SIMPLER_RETURN_IF_ERROR(load_model(reader, root, impl));
+  SIMPLER_RETURN_IF_ERROR(load_model(reader, root, tables, impl));
   if (auto it = root.find("normalizer"); it != root.end()) {
     SIMPLER_RETURN_IF_ERROR(load_normalizer(reader, *it, "normalizer", impl));
   }
@@ -917,31 +1153,37 @@ absl::Status check_gguf_vocabulary(const GgufVocabulary& v) {
   return absl::OkStatus();
 }
 
-// The tokenizer.json document a GGUF vocabulary stands for (Qwen2's pipeline).
-absl::StatusOr<Json> gguf_tokenizer_json(const GgufVocabulary& v) {
-  Json vocab = Json::object();
+// The tokenizer.json document a GGUF vocabulary stands for (Qwen2's pipeline): its vocabulary and
+// merges into `tables`, the rest returned.
+absl::StatusOr<Json> gguf_tokenizer_json(const GgufVocabulary& v, BigTables& tables) {
+  tables.has_vocab = true;
+  tables.has_merges = true;
   Json added = Json::array();
   for (size_t id = 0; id < v.tokens.size(); ++id) {
     const int64_t t = v.token_types[id];
-    const std::string text(v.tokens[id]);
+    std::string text(v.tokens[id]);
     if (t == kGgufTokenNormal) {
-      if (vocab.contains(text)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(v.source, ": token ", id, " ", base::quote_json_prefix(Json(text), 80),
-                         " is also token ", vocab[text].get<int64_t>()));
+      auto [it, inserted] = tables.vocab.try_emplace(text, static_cast<int32_t>(id));
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(v.source, ": token ", id, " ",
+                                                       base::quote_json_prefix(Json(text), 80),
+                                                       " is also token ", it->second));
       }
-      vocab[text] = static_cast<int64_t>(id);
+      tables.max_id = std::max(tables.max_id, static_cast<int32_t>(id));
     } else if (t == kGgufTokenControl || t == kGgufTokenUserDefined) {
-      added.push_back({{"id", id}, {"content", text}, {"special", t == kGgufTokenControl}});
+      added.push_back(
+          {{"id", id}, {"content", std::move(text)}, {"special", t == kGgufTokenControl}});
     }
   }
-  Json merges = Json::array();
-  for (std::string_view m : v.merges) merges.push_back(std::string(m));
-  Json root = {
-      {"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}}},
-      {"added_tokens", std::move(added)},
-      {"normalizer", {{"type", "NFC"}}},
-      {"decoder", {{"type", "ByteLevel"}}}};
+  tables.merges.reserve(v.merges.size());
+  for (std::string_view m : v.merges) {
+    const std::string text(m);
+    tables.add_merge(nullptr, &text);
+  }
+  Json root = {{"model", {{"type", "BPE"}}},
+               {"added_tokens", std::move(added)},
+               {"normalizer", {{"type", "NFC"}}},
+               {"decoder", {{"type", "ByteLevel"}}}};
   root["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
@@ -954,10 +1196,11 @@ absl::StatusOr<Json> gguf_tokenizer_json(const GgufVocabulary& v) {
 
 absl::StatusOr<Tokenizer> Tokenizer::from_gguf_vocabulary(const GgufVocabulary& vocabulary) {
   SIMPLER_RETURN_IF_ERROR(check_gguf_vocabulary(vocabulary));
-  SIMPLER_ASSIGN_OR_RETURN(const Json root, gguf_tokenizer_json(vocabulary));
+  BigTables tables;
+  SIMPLER_ASSIGN_OR_RETURN(const Json root, gguf_tokenizer_json(vocabulary, tables));
   auto impl = std::make_unique<TokenizerImpl>();
-  SIMPLER_RETURN_IF_ERROR(
-      load_root(FieldReader(absl::StrCat(vocabulary.source, " (tokenizer.ggml.*)")), root, *impl));
+  SIMPLER_RETURN_IF_ERROR(load_root(
+      FieldReader(absl::StrCat(vocabulary.source, " (tokenizer.ggml.*)")), root, tables, *impl));
   if (vocabulary.eos_token_id) impl->eos_token_id = static_cast<int32_t>(*vocabulary.eos_token_id);
   if (vocabulary.pad_token_id) impl->pad_token_id = static_cast<int32_t>(*vocabulary.pad_token_id);
   return Tokenizer(std::move(impl));
@@ -968,8 +1211,10 @@ absl::StatusOr<Tokenizer> Tokenizer::load_files(const std::string& tokenizer_jso
   auto impl = std::make_unique<TokenizerImpl>();
   {
     SIMPLER_ASSIGN_OR_RETURN(std::string text, read_file(tokenizer_json_path));
-    SIMPLER_ASSIGN_OR_RETURN(Json root, parse_json(tokenizer_json_path, text));
-    SIMPLER_RETURN_IF_ERROR(load_root(FieldReader(tokenizer_json_path), root, *impl));
+    Json root;
+    BigTables tables;
+    SIMPLER_RETURN_IF_ERROR(TokenizerJsonReader(tokenizer_json_path, root, tables).parse(text));
+    SIMPLER_RETURN_IF_ERROR(load_root(FieldReader(tokenizer_json_path), root, tables, *impl));
   }
   Tokenizer tokenizer(std::move(impl));
   if (!tokenizer_config_path.empty()) {

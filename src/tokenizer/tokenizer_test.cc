@@ -360,6 +360,80 @@ TEST_F(TokenizerFileTest, MissingOrMistypedFieldsAreNamed) {
   }
 }
 
+// model.vocab and model.merges, the big tables, are read straight from the text: each error of
+// their entries names the entry (the smallest bad key of the vocabulary, the first bad merge in
+// order), and the text's bounds (depth, duplicate keys, NUL bytes) hold inside them as elsewhere.
+TEST_F(TokenizerFileTest, BadVocabularyAndMergeEntriesAreNamedAndTheJsonBoundsHoldInside) {
+  using namespace std::string_literals;
+  const std::string path = (dir_ / "tokenizer.json").string();
+  const auto message = [&](const nlohmann::json& json) {
+    return std::string(load(json).status().message());
+  };
+  const auto field = [&](const std::string& name, const std::string& detail) {
+    return path + ": field '" + name + "': " + detail;
+  };
+  nlohmann::json json = minimal({{"a", "b"}});
+  json["model"]["vocab"]["zz"] = -1;
+  json["model"]["vocab"]["yy"] = {{"id", 1}};
+  json["model"]["vocab"]["xx"] = int64_t{1} << 25;
+  EXPECT_EQ(message(json), field("model.vocab[\"xx\"]", "expected an integer id in [0, 2^24]"));
+  json = minimal({{"a", "b"}});
+  json["model"]["vocab"] = nlohmann::json::array({1});
+  EXPECT_EQ(message(json), field("model.vocab", "expected an object"));
+  json = minimal({{"a", "b"}});
+  json["model"]["merges"] = "a b";
+  EXPECT_EQ(message(json), field("model.merges", "expected an array"));
+  json["model"].erase("merges");
+  EXPECT_EQ(message(json), field("model.merges", "missing"));
+  const std::string pair_or_string = "expected [\"left\", \"right\"] or \"left right\"";
+  const auto array = [](std::initializer_list<nlohmann::json> items) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const nlohmann::json& item : items) out.push_back(item);
+    return out;
+  };
+  const std::pair<nlohmann::json, std::string> merges[] = {
+      {array({array({"a", "b"}), "ab"}), field("model.merges[1]", "expected \"left right\"")},
+      {array({"a b", array({"a"})}), field("model.merges[1]", pair_or_string)},
+      {array({array({"a", array({"b"})})}), field("model.merges[0]", pair_or_string)},
+      {array({array({"a", "b", "c"})}), field("model.merges[0]", pair_or_string)},
+      {array({7}), field("model.merges[0]", pair_or_string)},
+      {array({"a zz", 7}), field("model.merges[0]", "token \"zz\" is not in model.vocab")}};
+  for (const auto& [list, want] : merges) {
+    json["model"]["merges"] = list;
+    EXPECT_EQ(message(json), want) << list.dump();
+  }
+  json["model"]["merges"] = array({"a b"});  // the "left right" form
+  auto loaded = load(json);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_THAT(loaded->encode("ab"), ElementsAre(*loaded->token_to_id("ab")));
+
+  const std::string text = minimal({{"a", "b"}}).dump();
+  const auto load_text = [&](const std::string& edited) {
+    return std::string(
+        Tokenizer::load_files(write("tokenizer.json", edited), "").status().message());
+  };
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return std::string(text).replace(at, from.size(), to);
+  };
+  EXPECT_EQ(load_text(replaced("\"a\":97,", "\"a\":97,\"a\":98,")),
+            path + ": duplicate key 'a' in the object at /model/vocab");
+  EXPECT_EQ(load_text(replaced("\"version\"", "\"version\":1,\"version\"")),
+            path + ": duplicate key 'version' in the object at /");
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  EXPECT_EQ(load_text(replaced("\"a\":97,", "\"a\":" + deep + ",")),
+            path + ": JSON nested deeper than 64 levels at /model/vocab/a");
+  EXPECT_EQ(load_text(replaced("\"merges\":[", "\"merges\":[" + deep + ",")),
+            path + ": JSON nested deeper than 64 levels at /model/merges");
+  EXPECT_EQ(
+      load_text(replaced("\"a\":97,", "\"a\":97,\"\0\":1,"s)),
+      path + ": malformed JSON: NUL byte at offset " + std::to_string(text.find("\"a\":97,") + 8));
+  EXPECT_THAT(load_text(text + "]"), HasSubstr(path + ": malformed JSON: "));
+  EXPECT_THAT(load_text(replaced("\"merges\":[[", "\"merges\":[[,")),
+              HasSubstr(path + ": malformed JSON: "));
+}
+
 TEST_F(TokenizerFileTest, ConfigTokensMustExist) {
   const std::string json = write("tokenizer.json", minimal({}).dump());
   const std::string config = write("tokenizer_config.json", R"({"eos_token": "</missing>"})");

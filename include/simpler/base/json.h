@@ -46,6 +46,23 @@ absl::StatusOr<nlohmann::json> parse_json_bounded(std::string_view text, std::st
 absl::StatusOr<nlohmann::ordered_json> parse_ordered_json_bounded(
     std::string_view text, std::string_view what, int max_depth = kJsonDefaultMaxDepth);
 
+// parse_json_bounded's errors, for readers that parse untrusted JSON with nlohmann's SAX interface
+// (nlohmann::json::sax_parse) under the same bounds and must report them in the same words (all
+// INVALID_ARGUMENT, starting with `what`):
+//   json_malformed_error: "<what>: malformed JSON: <e's reason>" (nlohmann's exception, as
+//     passed to a SAX handler's parse_error, its "[json.exception...] " prefix dropped, cut to
+//     kJsonMaxErrorChars characters);
+//   json_nul_byte_error: "<what>: malformed JSON: NUL byte at offset N";
+//   json_too_deep_error: "<what>: JSON nested deeper than N levels at <path>";
+//   json_duplicate_key_error: "<what>: duplicate key '<key>' in the object at <path>".
+// `path` is the object keys from the top to the place ("/a/b"; "/" at the top), array indices left
+// out. Keys and paths are cut to a few hundred characters.
+absl::Status json_malformed_error(std::string_view what, const nlohmann::json::exception& e);
+absl::Status json_nul_byte_error(std::string_view what, size_t offset);
+absl::Status json_too_deep_error(std::string_view what, int max_depth, std::string_view path);
+absl::Status json_duplicate_key_error(std::string_view what, std::string_view key,
+                                      std::string_view path);
+
 // A compact JSON rendering of `value` cut to at most `max_chars` characters plus "..." when cut
 // (never inside a UTF-8 sequence). Iterative: safe on a value of any depth, and it stops walking
 // once the bound is reached, so the cost is O(max_chars) whatever the value's size. Bytes that
