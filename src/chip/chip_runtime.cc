@@ -159,7 +159,12 @@ class GraphExecutor final : public task::OrchestrationContext {
     int32_t cores = ctx.num_cores();
     if (max_cores > 0) cores = std::min(cores, max_cores);
     num_cores_ = cores;
-    for (int32_t c = cores - 1; c >= 0; --c) idle_.push_back(c);
+    // A credit per job a core may hold (ExecContext::core_queue_depth), dealt round by round so
+    // that every core gets a job before any gets a second.
+    const int32_t depth = std::max(1, ctx.core_queue_depth());
+    for (int32_t round = 0; round < depth; ++round) {
+      for (int32_t c = cores - 1; c >= 0; --c) idle_.push_back(c);
+    }
     is_done_ = [this](uint64_t seq) { return done(seq); };
     check_range_ = [this](uint64_t a, uint64_t b) { return ctx_.check_range(a, b); };
   }
@@ -427,6 +432,179 @@ class GraphExecutor final : public task::OrchestrationContext {
   absl::Status failure_;
 };
 
+// One task of a replay: its state for the whole run (a replay's tasks are all known up front).
+struct ReplayTask {
+  int32_t pending = 0;  // unfinished predecessors
+  int32_t blocks_started = 0;
+  int32_t blocks_done = 0;
+  bool failed = false;
+  TaskTiming timing;
+};
+
+// What a ReplayExecutor keeps between runs on one thread, as ExecutorStorage: the task states,
+// the ready queue and the idle credits keep their capacity. Owner-thread only (thread_local).
+struct ReplayStorage {
+  std::vector<ReplayTask> tasks;
+  std::vector<uint32_t> ready;
+  std::vector<int32_t> idle;
+  bool in_use = false;
+};
+
+// Executes a recorded graph with linked successor lists (GraphRecording::link_successors): every
+// task is admitted at once with its predecessor count, the tasks without predecessors are ready,
+// and a finished task releases its recorded successors. No task ring, no argument copies (a
+// job points into the bound arguments, which outlive the run), no linking at admission. Errors,
+// their attribution and the drain as GraphExecutor's. Owner-thread only.
+class ReplayExecutor {
+ public:
+  ReplayExecutor(device::ExecContext& ctx, const task::ChipCallable& callable,
+                 const GraphRecording& graph, const task::Arg* args, int32_t max_cores,
+                 bool record_timing, RunReport* report)
+      : ctx_(ctx),
+        callable_(callable),
+        graph_(graph),
+        args_(args),
+        record_timing_(record_timing),
+        report_(report),
+        st_(claim_storage()) {
+    if (st_ != nullptr) {
+      tasks_ = std::move(st_->tasks);
+      ready_ = std::move(st_->ready);
+      idle_ = std::move(st_->idle);
+    }
+    int32_t cores = ctx.num_cores();
+    if (max_cores > 0) cores = std::min(cores, max_cores);
+    idle_.clear();
+    const int32_t depth = std::max(1, ctx.core_queue_depth());
+    for (int32_t round = 0; round < depth; ++round) {
+      for (int32_t c = cores - 1; c >= 0; --c) idle_.push_back(c);
+    }
+  }
+  ~ReplayExecutor() {
+    if (st_ == nullptr) return;
+    st_->tasks = std::move(tasks_);
+    st_->ready = std::move(ready_);
+    st_->idle = std::move(idle_);
+    st_->in_use = false;
+  }
+
+  absl::Status run() {
+    const auto n = static_cast<uint32_t>(graph_.tasks.size());
+    tasks_.resize(n);
+    ready_.resize(n);  // every task enters the queue once
+    for (uint32_t i = 0; i < n; ++i) {
+      const GraphImageTask& t = graph_.tasks[i];
+      ReplayTask& r = tasks_[i];
+      r.pending = static_cast<int32_t>(t.num_preds);
+      r.blocks_started = 0;
+      r.blocks_done = 0;
+      r.failed = false;
+      r.timing = TaskTiming{i, t.kernel, -1, t.block_dim, 0, 0};
+      if (r.pending == 0) ready_[ready_end_++] = i;
+    }
+    report_->tasks_submitted = n;
+    while (failure_.ok() && completed_ < n) {
+      dispatch();
+      if (running_ == 0) {
+        failure_ = absl::InternalError(
+            absl::StrCat("run ", ctx_.run_id(), ": ", n - completed_,
+                         " tasks can never become ready (internal dependency error)"));
+        break;
+      }
+      complete_one();
+    }
+    while (running_ > 0) complete_one();  // nothing touches run memory after return
+    report_->tasks_completed = completed_ - report_->tasks_failed;
+    return failure_;
+  }
+
+ private:
+  void dispatch() {
+    if (!failure_.ok()) return;
+    if (ctx_.aborted()) {
+      failure_ = base::mark_unrecoverable(absl::AbortedError(
+          absl::StrCat("run ", ctx_.run_id(), ": device aborted; no further task dispatched")));
+      return;
+    }
+    while (!idle_.empty() && ready_begin_ < ready_end_) {
+      const uint32_t i = ready_[ready_begin_];
+      const GraphImageTask& t = graph_.tasks[i];
+      ReplayTask& r = tasks_[i];
+      const int32_t core = idle_.back();
+      idle_.pop_back();
+      device::CoreJob job;
+      job.fn = callable_.kernels[t.kernel].fn;
+      job.args = args_ + t.args_begin;
+      job.num_args = t.num_args;
+      job.block_idx = r.blocks_started;
+      job.block_dim = t.block_dim;
+      job.task_index = i;
+      job.kernel = t.kernel;
+      job.tag = i;
+      if (r.blocks_started == 0) r.timing.core = core;
+      ++r.blocks_started;
+      ++running_;
+      if (r.blocks_started == t.block_dim) ++ready_begin_;
+      ctx_.start(core, job);
+    }
+  }
+
+  // Waits for one completion and handles it.
+  void complete_one() {
+    device::CoreCompletion c;
+    ctx_.next_completion(&c, /*block=*/true);
+    --running_;
+    idle_.push_back(c.core);
+    const auto i = static_cast<uint32_t>(c.tag);
+    const GraphImageTask& t = graph_.tasks[i];
+    ReplayTask& r = tasks_[i];
+    if (r.blocks_done == 0 || c.start_ns < r.timing.start_ns) r.timing.start_ns = c.start_ns;
+    r.timing.end_ns = std::max(r.timing.end_ns, c.end_ns);
+    ++r.blocks_done;
+    if (!c.status.ok()) {
+      r.failed = true;
+      if (failure_.ok()) {
+        failure_ =
+            base::annotate(c.status, absl::StrCat("run ", ctx_.run_id(), " task ", i, " (kernel '",
+                                                  callable_.kernels[t.kernel].name, "') block ",
+                                                  c.block_idx, ": "));
+      }
+    }
+    if (r.blocks_done < t.block_dim) return;
+    ++completed_;
+    if (r.failed && report_->tasks_failed++ == 0) report_->first_failed_task = i;
+    if (record_timing_) report_->tasks.push_back(r.timing);
+    if (!failure_.ok()) return;
+    for (uint32_t k = graph_.succ_begin[i]; k < graph_.succ_begin[i + 1]; ++k) {
+      const uint32_t s = graph_.succs[k];
+      if (--tasks_[s].pending == 0) ready_[ready_end_++] = s;
+    }
+  }
+
+  static ReplayStorage* claim_storage() {
+    thread_local ReplayStorage storage;
+    if (storage.in_use) return nullptr;
+    storage.in_use = true;
+    return &storage;
+  }
+
+  device::ExecContext& ctx_;
+  const task::ChipCallable& callable_;
+  const GraphRecording& graph_;
+  const task::Arg* args_;
+  bool record_timing_;
+  RunReport* report_;
+  ReplayStorage* st_;  // where the containers go back to; may be null
+  std::vector<ReplayTask> tasks_;
+  std::vector<uint32_t> ready_;  // FIFO in [ready_begin_, ready_end_)
+  uint32_t ready_begin_ = 0;
+  uint32_t ready_end_ = 0;
+  std::vector<int32_t> idle_;
+  uint64_t completed_ = 0;
+  int32_t running_ = 0;
+  absl::Status failure_;
+};
+
 }  // namespace
 
 absl::Status execute_run(device::ExecContext& ctx, const task::ChipCallable& callable,
@@ -443,9 +621,27 @@ absl::Status execute_recorded(device::ExecContext& ctx, const task::ChipCallable
                               const ChipOptions& options, int32_t max_cores,
                               bool record_task_timing, RunReport* report) {
   SIMPLER_RETURN_IF_ERROR(options.validate());
+  if (recording.linked()) {
+    ReplayExecutor exec(ctx, callable, recording, args, max_cores, record_task_timing, report);
+    return exec.run();
+  }
   GraphExecutor exec(ctx, callable, options, max_cores, record_task_timing, report);
   return exec.run_tasks(static_cast<uint32_t>(recording.tasks.size()), recording.tasks.data(), args,
                         recording.preds.data());
+}
+
+void GraphRecording::link_successors() {
+  const size_t n = tasks.size();
+  succ_begin.assign(n + 1, 0);
+  for (uint32_t p : preds) ++succ_begin[p + 1];
+  for (size_t i = 0; i < n; ++i) succ_begin[i + 1] += succ_begin[i];
+  succs.resize(preds.size());
+  std::vector<uint32_t> fill(succ_begin.begin(), succ_begin.end() - 1);
+  // Tasks in order: each successor list comes out sorted.
+  for (uint32_t i = 0; i < n; ++i) {
+    const GraphImageTask& t = tasks[i];
+    for (uint32_t k = 0; k < t.num_preds; ++k) succs[fill[preds[t.preds_begin + k]]++] = i;
+  }
 }
 
 void GraphRecording::add(task::KernelIndex kernel, int32_t block_dim, const task::Arg* task_args,

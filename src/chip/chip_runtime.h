@@ -100,6 +100,16 @@ struct GraphRecording {
   std::vector<GraphImageTask> tasks;
   std::vector<task::Arg> args;
   std::vector<uint32_t> preds;
+  // The successor lists (empty until link_successors): task i's successors are
+  // succs[succ_begin[i], succ_begin[i + 1]), sorted; succ_begin has tasks.size() + 1 entries.
+  std::vector<uint32_t> succ_begin;
+  std::vector<uint32_t> succs;
+  // Computes succ_begin and succs from the predecessors (the inverse relation). O(tasks + preds).
+  void link_successors();
+  // Whether the successor lists belong to the current tasks.
+  bool linked() const {
+    return succ_begin.size() == tasks.size() + 1 && succs.size() == preds.size();
+  }
   // Appends a task; `deps` must be sorted and unique, every element below tasks.size().
   void add(task::KernelIndex kernel, int32_t block_dim, const task::Arg* task_args, size_t num_args,
            const std::vector<uint64_t>& deps);
@@ -107,6 +117,8 @@ struct GraphRecording {
     tasks.clear();
     args.clear();
     preds.clear();
+    succ_begin.clear();
+    succs.clear();
   }
 };
 
@@ -150,8 +162,12 @@ absl::Status execute_graph_image(device::ExecContext& ctx, const task::ChipCalla
 
 // Executes a recorded graph without orchestration, validation or dependency inference: task i
 // is `recording.tasks[i]` over `args` (recording.args.size() arguments, already checked by the
-// caller: a captured graph's bound arguments) behind its recorded predecessors. Errors and
-// their attribution as execute_run's task errors (task i keeps index i).
+// caller: a captured graph's bound arguments, which must stay valid until it returns) behind its
+// recorded predecessors. Errors and their attribution as execute_run's task errors (task i keeps
+// index i). A linked recording (link_successors) is admitted whole: no task ring, each task
+// starts with its predecessor count and a finished one releases its successor lists, and
+// RunReport::tasks_submitted is its task count even when a task fails; an unlinked one is
+// admitted task by task through the ring as execute_run's tasks are.
 absl::Status execute_recorded(device::ExecContext& ctx, const task::ChipCallable& callable,
                               const GraphRecording& recording, const task::Arg* args,
                               const ChipOptions& options, int32_t max_cores,

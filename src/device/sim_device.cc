@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -91,10 +92,10 @@ bool spin_until(F&& ready, int64_t spin_ns) {
 // bounded multi-producer, single-consumer ring (Vyukov's bounded queue with one consumer), no
 // mutex. Producers are the core threads and the scheduler thread (a job it ran inline); the
 // consumer is the scheduler thread of the running launch (launches are serialized by
-// launch_mu_). Each core has at most one job started and not yet returned by next_completion
-// (ExecContext::start's "not busy" precondition), so at most num_cores completions are in the
-// ring: with a capacity of at least num_cores a producer never waits for a cell. FIFO: completions
-// are taken in the order producers claimed their cells. Thread-safe as described.
+// launch_mu_). Each core has at most core_queue_depth jobs started and not yet returned by
+// next_completion (ExecContext::start's precondition), so at most num_cores * core_queue_depth
+// completions are in the ring: with that capacity a producer never waits for a cell. FIFO:
+// completions are taken in the order producers claimed their cells. Thread-safe as described.
 class CompletionRing {
  public:
   explicit CompletionRing(int32_t min_capacity) {
@@ -144,25 +145,70 @@ class CompletionRing {
 
 class SimDevice;
 
-// One core thread. The scheduler posts a job (store job, then `posted`,
-// seq_cst); whoever clears `posted` by compare-exchange (acq_rel) owns the job
-// and runs it: the core thread, or the scheduler itself when it would
-// otherwise sleep on that single job (see SimDevice::try_run_inline).
-// Posting takes no lock: a core thread about to sleep announces it in
-// `sleeping` (seq_cst, under `mu`) and then looks at `posted` again, and the
-// scheduler looks at `sleeping` after it posted; of the two, at least one sees
-// the other's store, and only a poster that sees a sleeper takes `mu` to wake it.
+constexpr int32_t kMaxCoreQueueDepth = 64;
+
+// A core's moving averages of block durations by job shape (SimDevice::job_shape_key), in ns: a
+// direct-mapped table of atomics, so the scheduler can read an estimate (a hint: start() and the
+// predicted ends) while the core's current owner updates it. A reader may see one entry's key with
+// another's duration after a collision or a concurrent update; that only blends two estimates.
+// Written only by the thread that holds its core's claim (Core::claimed). Thread-safe as described.
+class DurationEstimates {
+ public:
+  int64_t get(uint64_t key) const {
+    const Entry& e = entries_[index(key)];
+    return e.key.load(std::memory_order_relaxed) == key ? e.ns.load(std::memory_order_relaxed) : 0;
+  }
+  // Blends `ns` into the key's average (1/8 weight); a new key takes the entry over.
+  void record(uint64_t key, int64_t ns) {
+    Entry& e = entries_[index(key)];
+    if (e.key.load(std::memory_order_relaxed) == key) {
+      const int64_t old = e.ns.load(std::memory_order_relaxed);
+      e.ns.store(old + (ns - old) / 8, std::memory_order_relaxed);
+      return;
+    }
+    e.key.store(key, std::memory_order_relaxed);
+    e.ns.store(ns, std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr size_t kEntries = 256;
+  static size_t index(uint64_t key) { return (key ^ (key >> 29) ^ (key >> 47)) % kEntries; }
+  struct Entry {
+    std::atomic<uint64_t> key{0};
+    std::atomic<int64_t> ns{0};
+  };
+  std::array<Entry, kEntries> entries_;
+};
+
+// One core: its thread and its job queue. The scheduler (the running launch's thread, the only
+// producer) writes a job into the next cell of `queue` and publishes it by advancing `tail`
+// (seq_cst). Jobs are taken from `head` by whoever holds the core's claim (`claimed`, taken by
+// exchange with acquire, given back with release): the core thread, which drains every queued
+// job per claim, or the scheduler itself when it runs a job inline instead of waking a sleeping
+// core thread (SimDevice::try_run_inline). So a core's jobs run one at a time, in order, and the
+// claim orders successive owners' reads of `head` and writes of `estimates`. A queued cell is
+// written again only after its job's completion came back through the CompletionRing (the
+// executor holds at most core_queue_depth jobs per core), so it is never written while read.
+// No lock on the hand-off: a core thread about to sleep announces it in `sleeping` (seq_cst,
+// under `mu`) and then looks at `tail` again, and the scheduler looks at `sleeping` after it
+// advanced `tail`; of the two, at least one sees the other's store, and only a poster that sees
+// a sleeper takes `mu` to wake it.
 struct Core {
+  struct QueuedJob {
+    CoreJob job;
+    uint64_t run_id = 0;
+  };
   int32_t index = 0;
   std::thread thread;
   base::Mutex mu;  // held by a sleeping core thread around its wait on `cv`
   base::CondVar cv;
-  std::atomic<bool> posted{false};
+  std::vector<QueuedJob> queue;       // core_queue_depth cells, job i in cell i % size
+  std::atomic<uint64_t> tail{0};      // jobs posted (the scheduler's)
+  std::atomic<uint64_t> head{0};      // jobs taken (the claim holder's)
+  std::atomic<bool> claimed{false};   // a thread is taking and running this core's jobs
   std::atomic<bool> sleeping{false};  // waiting (or about to wait) on `cv`
-  CoreJob job;                        // written by the scheduler before `posted` (release)
-  uint64_t run_id = 0;                // likewise
   // When the running job is expected to end (now_ns() time; 0 = idle or no
-  // estimate yet). Written by the core, read by the scheduler (relaxed: a hint).
+  // estimate yet). Written by the claim holder, read by the scheduler (relaxed: a hint).
   std::atomic<int64_t> predicted_end_ns{0};
   // What the core executes now, for Device::executing(): written by the
   // thread running the job before and after it (relaxed: a diagnostic
@@ -174,15 +220,32 @@ struct Core {
   std::atomic<int32_t> exec_block{0};
   // Signalled as the core thread exits (close() joins only exited threads).
   base::Event exited;
-  // Moving average (1/8 weight) of the block duration of each job shape
-  // (job_shape_key: kernel, blocks, tensor bytes) on this core, in ns. Only the thread running this
-  // core's claimed job touches it, and the scheduler reads it in start() before it publishes the
-  // next job. Successive owners are ordered: a core gets a new job only after its previous
-  // completion was returned (ExecContext::start's "not busy" precondition; the completion passes
-  // through the CompletionRing: published by a seq_cst store of its cell's sequence, taken with an
-  // acquire load), the new job is published by `posted` (seq_cst) and claimed by
-  // compare-exchange (acq_rel); schedulers of different streams are ordered by launch_mu_.
-  std::unordered_map<uint64_t, int64_t> block_ns_estimate;  // by job_shape_key
+  DurationEstimates estimates;
+
+  // Whether a posted job waits to be taken (seq_cst: see above).
+  bool has_job() const {
+    return head.load(std::memory_order_acquire) != tail.load(std::memory_order_seq_cst);
+  }
+  // Takes the claim; false when another thread holds it.
+  bool try_claim() {
+    return !claimed.load(std::memory_order_relaxed) &&
+           !claimed.exchange(true, std::memory_order_acquire);
+  }
+  void release() { claimed.store(false, std::memory_order_release); }
+  // Claim holder only: takes the oldest queued job; false when there is none.
+  bool pop(QueuedJob* out) {
+    const uint64_t h = head.load(std::memory_order_relaxed);
+    if (h == tail.load(std::memory_order_acquire)) return false;
+    *out = queue[h % queue.size()];
+    head.store(h + 1, std::memory_order_release);
+    return true;
+  }
+  // The scheduler only: queues `job` (the queue has room: see above).
+  void push(const CoreJob& job, uint64_t run_id) {
+    const uint64_t t = tail.load(std::memory_order_relaxed);
+    queue[t % queue.size()] = QueuedJob{job, run_id};
+    tail.store(t + 1, std::memory_order_seq_cst);
+  }
 };
 
 class SimStream;
@@ -190,7 +253,9 @@ class SimStream;
 class SimDevice final : public Device {
  public:
   explicit SimDevice(const SimDeviceOptions& o)
-      : options_(o), completions_(o.num_cores == 0 ? base::hardware_threads() : o.num_cores) {
+      : options_(o),
+        completions_((o.num_cores == 0 ? base::hardware_threads() : o.num_cores) *
+                     o.core_queue_depth) {
     caps_.platform = "sim";
     caps_.device_id = o.device_id;
     int32_t n = o.num_cores;
@@ -212,6 +277,7 @@ class SimDevice final : public Device {
     for (int32_t i = 0; i < n; ++i) {
       cores_.push_back(std::make_unique<Core>());
       cores_.back()->index = i;
+      cores_.back()->queue.resize(o.core_queue_depth);
     }
     for (auto& c : cores_) {
       c->thread = std::thread([this, core = c.get()] {
@@ -364,6 +430,7 @@ class SimDevice final : public Device {
   // --- used by streams and the exec context ---
   int32_t num_cores() const { return caps_.num_cores; }
   int64_t spin_ns() const { return options_.spin_ns; }
+  int32_t core_queue_depth() const { return options_.core_queue_depth; }
   // Pins the calling device thread to options_.cpus (validated at creation).
   void pin() const {
     if (options_.cpus.empty()) return;
@@ -373,8 +440,8 @@ class SimDevice final : public Device {
     }
   }
 
-  // Posts `job` to core `core_index`. A core thread that is awake (running or
-  // spinning) sees it at once. A sleeping one is woken — except that one job
+  // Queues `job` to core `core_index`. A core thread that is awake (running its
+  // queue or spinning) takes it without a wake-up. A sleeping one is woken — except that one job
   // at a time may be deferred, the scheduler running it itself when it next
   // waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and
   // the woken thread tens of µs more. The deferred job is a short job of the
@@ -383,15 +450,14 @@ class SimDevice final : public Device {
   // job posted to a sleeping core while the device held no other. A deferred
   // core thread is woken as soon as a second job starts, when the scheduler
   // sleeps instead, or when the job has waited spin_ns; the scheduler's own
-  // job (scheduler_job_) waits for the scheduler.
+  // jobs (scheduler_job_) wait for the scheduler, until a long one is queued behind them (its
+  // core thread, woken for it, runs them all in order).
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
-    // Read before the job is published: from then on the core's thread may run it and update
-    // the estimate.
+    // Read before the job is published (the estimates are atomics: a core thread running an
+    // earlier job of its queue may update them meanwhile).
     const bool for_scheduler = schedulers_core(c) && duration_estimate(c, job) < kLongJobNs;
-    c.job = job;
-    c.run_id = run_id;
-    c.posted.store(true, std::memory_order_seq_cst);
+    c.push(job, run_id);
     const bool sleeping = c.sleeping.load(std::memory_order_seq_cst);
     ++jobs_in_flight_;
     if (for_scheduler) {
@@ -399,6 +465,7 @@ class SimDevice final : public Device {
       scheduler_job_ = true;
       return;
     }
+    if (schedulers_core(c)) scheduler_job_ = false;  // a long job: the core's thread runs them
     if (sleeping && options_.run_jobs_inline && jobs_in_flight_ == 1) {
       deferred_since_ns_ = base::now_ns();
       deferred_.push_back(core_index);
@@ -426,16 +493,21 @@ class SimDevice final : public Device {
   // returns the completion. False when there is none, or its core thread woke
   // and took it.
   bool try_run_inline(CoreCompletion* out) {
+    // Claims the core (its thread may be running its queue: then it runs this job too) and runs
+    // its oldest queued job.
     auto run_if_unclaimed = [this, out](Core& c) {
-      bool expected = true;
-      if (!c.posted.load(std::memory_order_relaxed) ||
-          !c.posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
-        return false;
-      }
-      *out = execute(c, c.job, c.run_id);
-      return true;
+      if (!c.has_job() || !c.try_claim()) return false;
+      Core::QueuedJob q;
+      const bool got = c.pop(&q);
+      if (got) *out = execute(c, q.job, q.run_id);
+      c.release();
+      return got;
     };
-    if (std::exchange(scheduler_job_, false) && run_if_unclaimed(*cores_[0])) return true;
+    // The scheduler's core: its short jobs stay queued for the scheduler until none is left.
+    if (scheduler_job_) {
+      if (run_if_unclaimed(*cores_[0])) return true;
+      scheduler_job_ = cores_[0]->has_job();
+    }
     while (!deferred_.empty()) {
       Core& c = *cores_[deferred_.back()];
       deferred_.pop_back();
@@ -518,35 +590,43 @@ class SimDevice final : public Device {
   void core_loop(Core* c) {
     bool ran = false;
     while (true) {
-      // After a job, spin briefly for the next one; after a wake-up whose job
+      // After its jobs, spin briefly for the next one; after a wake-up whose job
       // the scheduler ran inline, go straight back to sleep. The scheduler's
       // core never spins: its next short job runs on the scheduler thread, and
-      // a spinning thread would take the CPU the others need.
+      // a spinning thread would take the CPU the others need. Nor does a core spin on once the
+      // scheduler announced it sleeps: its next job can only come from the scheduler, which on a
+      // loaded machine may need this CPU to wake up (the decode trace had the next task of a core
+      // start ~55 µs late, one spin_ns, after its previous one ended, ~10-15 times a step).
       if (ran && !schedulers_core(*c)) {
-        spin_until([this, c] { return c->posted.load(std::memory_order_acquire) || c_stop(); },
-                   options_.spin_ns);
+        spin_until(
+            [c, this] {
+              return c->has_job() || c_stop() || scheduler_waiting_.load(std::memory_order_relaxed);
+            },
+            options_.spin_ns);
       }
-      if (!c->posted.load(std::memory_order_acquire) && !c_stop()) {
+      if (!c->has_job() && !c_stop()) {
         MutexLock lock(c->mu);
         c->sleeping.store(true, std::memory_order_seq_cst);  // see Core
-        while (!c->posted.load(std::memory_order_seq_cst) && !c_stop()) c->cv.wait(lock);
+        while (!c->has_job() && !c_stop()) c->cv.wait(lock);
         c->sleeping.store(false, std::memory_order_relaxed);
       }
-      // Claimed here, never re-read: the scheduler may take a posted job
-      // (try_run_inline) at any moment without the core's mutex, so a job
-      // seen above can be gone now. Only a stop with no job posted ends the
-      // thread (a job posted before the stop still runs).
-      bool expected = true;
-      if (!c->posted.compare_exchange_strong(expected, false, std::memory_order_acq_rel)) {
+      // Only a stop with no job queued ends the thread (a job posted before the stop still runs).
+      if (!c->has_job()) {
         if (c_stop()) return;
         ran = false;  // the scheduler took it
         continue;
       }
-      post_completion(execute(*c, c->job, c->run_id));
+      if (!c->try_claim()) {  // the scheduler runs one of its jobs inline: it gives it back soon
+        base::cpu_relax();
+        ran = true;
+        continue;
+      }
+      Core::QueuedJob q;
+      while (c->pop(&q)) post_completion(execute(*c, q.job, q.run_id));
+      c->release();
       ran = true;
     }
   }
-
   // Runs one claimed job as core `c` and returns its completion.
   CoreCompletion execute(Core& c, CoreJob job, uint64_t run_id) {
     CoreCompletion done;
@@ -630,14 +710,12 @@ class SimDevice final : public Device {
   }
 
   // This core's moving average (1/8 weight) of the block duration of jobs of
-  // `job`'s shape, in ns; 0 = unknown. No lock: see Core::block_ns_estimate.
+  // `job`'s shape, in ns; 0 = unknown. No lock: see DurationEstimates.
   static int64_t duration_estimate(const Core& c, const CoreJob& job) {
-    auto it = c.block_ns_estimate.find(job_shape_key(job));
-    return it == c.block_ns_estimate.end() ? 0 : it->second;
+    return c.estimates.get(job_shape_key(job));
   }
   static void record_duration(Core& c, const CoreJob& job, int64_t ns) {
-    auto [it, inserted] = c.block_ns_estimate.emplace(job_shape_key(job), ns);
-    if (!inserted) it->second += (ns - it->second) / 8;
+    c.estimates.record(job_shape_key(job), ns);
   }
 
   absl::Status run_job(const CoreJob& job, uint64_t run_id, int32_t core) {
@@ -731,6 +809,7 @@ class SimExecContext final : public ExecContext {
   SimExecContext(SimDevice* d, uint64_t run_id) : device_(d), run_id_(run_id) {}
   int32_t num_cores() const override { return device_->num_cores(); }
   uint64_t run_id() const override { return run_id_; }
+  int32_t core_queue_depth() const override { return device_->core_queue_depth(); }
   void start(int32_t core, const CoreJob& job) override { device_->start(core, job, run_id_); }
   bool next_completion(CoreCompletion* out, bool block) override {
     return device_->next_completion(out, block);
@@ -990,6 +1069,11 @@ absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions
   if (options.spin_ns < 0 || options.spin_ns > 50'000) {
     return absl::InvalidArgumentError(
         absl::StrCat("sim device: spin_ns must be in [0, 50000], got ", options.spin_ns));
+  }
+  if (options.core_queue_depth < 1 || options.core_queue_depth > kMaxCoreQueueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("sim device: core_queue_depth must be in [1, ",
+                                                   kMaxCoreQueueDepth, "], got ",
+                                                   options.core_queue_depth));
   }
   if (!(options.close_grace_s >= 0) || std::isinf(options.close_grace_s)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/test_wait.h"
 #include "device/sim_device_test_util.h"
 #include "gtest/gtest.h"
@@ -492,6 +493,84 @@ TEST_P(SimDeviceSchedulerCore, EveryJobComesBackOnceFromItsCoreWithNoLockOnTheHa
   }
 }
 
+// What QueuedJobsOfACoreRunOneAtATimeInOrder's kernel checks, per core: whether a job of the
+// core is running, and the tag of its last job.
+struct CoreOrder {
+  std::atomic<int32_t> running[3];
+  std::atomic<int64_t> last[3];
+  std::atomic<int64_t> overlaps{0};
+  std::atomic<int64_t> out_of_order{0};
+};
+
+// Flags a job that starts while another job of its core runs, or after a later job of its core.
+absl::Status check_core_order(const task::KernelContext& ctx) {
+  auto* o = reinterpret_cast<CoreOrder*>(ctx.args[0].tensor.address);
+  if (o->running[ctx.core].exchange(1, std::memory_order_acq_rel) != 0) o->overlaps.fetch_add(1);
+  if (o->last[ctx.core].exchange(ctx.task_index, std::memory_order_relaxed) >= ctx.task_index) {
+    o->out_of_order.fetch_add(1);
+  }
+  o->running[ctx.core].store(0, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+// A core holds up to core_queue_depth jobs; whoever runs them (its thread draining the queue, or
+// the scheduler running one inline) claims the core first, so a core's jobs never overlap and run
+// in the order they were started, and each comes back once from its core. With spin_ns 0 every
+// wait sleeps (a lost wake-up hangs into the time limit); the started jobs are kept at the full
+// depth of every core.
+TEST_P(SimDeviceSchedulerCore, QueuedJobsOfACoreRunOneAtATimeInOrderAndComeBackOnce) {
+  for (int64_t spin : {int64_t{0}, int64_t{50'000}}) {
+    SimDeviceOptions o;
+    o.num_cores = 3;
+    o.core_queue_depth = 4;
+    o.scheduler_core = GetParam();
+    o.spin_ns = spin;
+    auto d = std::move(create_sim_device(o)).value();
+    Stream* s = *d->create_stream();
+    CoreOrder order;
+    for (int c = 0; c < 3; ++c) {
+      order.running[c].store(0);
+      order.last[c].store(-1);
+    }
+    task::Arg arg;
+    arg.direction = task::ArgDirection::kInOut;
+    arg.tensor.address = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&order));
+    constexpr int kJobs = 3000;
+    std::vector<int> returned(kJobs, 0);
+    std::vector<int32_t> core_of(kJobs, -1);
+    auto rec = s->launch(1, [&](ExecContext& ctx) {
+      EXPECT_EQ(ctx.core_queue_depth(), 4);
+      int32_t held[3] = {0, 0, 0};
+      int started = 0, done = 0;
+      while (done < kJobs) {
+        for (int32_t core = 0; core < 3; ++core) {
+          while (held[core] < 4 && started < kJobs) {
+            core_of[started] = core;
+            ++held[core];
+            ctx.start(core, CoreJob{check_core_order, &arg, 1, 0, 1, static_cast<uint32_t>(started),
+                                    static_cast<uint64_t>(started), 0});
+            ++started;
+          }
+        }
+        CoreCompletion c;
+        EXPECT_TRUE(ctx.next_completion(&c, /*block=*/true));
+        EXPECT_TRUE(c.status.ok()) << c.status;
+        EXPECT_EQ(c.core, core_of[c.tag]) << "job " << c.tag;
+        ++returned[c.tag];
+        --held[c.core];
+        ++done;
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(rec.ok());
+    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+    EXPECT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
+    EXPECT_EQ(order.overlaps.load(), 0) << "spin_ns " << spin;
+    EXPECT_EQ(order.out_of_order.load(), 0) << "spin_ns " << spin;
+    for (int i = 0; i < kJobs; ++i) EXPECT_EQ(returned[i], 1) << "job " << i;
+  }
+}
+
 TEST(SimDeviceSchedulerCore0, Core0ShortJobsRunOnTheSchedulerThreadTheOthersOnCoreThreads) {
   auto d = make_with(3, SchedulerCore::kOn);
   // A thread of an earlier test's device stays listed in /proc for a moment after it was joined.
@@ -624,6 +703,14 @@ TEST(SimDevice, OptionsAreValidated) {
   absl::Status bad_cpu = create_sim_device(o).status();
   EXPECT_EQ(bad_cpu.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad_cpu.message().find("does not exist"), std::string_view::npos);
+  o.cpus.clear();
+  for (int32_t depth : {0, 65}) {
+    o.core_queue_depth = depth;
+    absl::Status bad_depth = create_sim_device(o).status();
+    EXPECT_EQ(bad_depth.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(bad_depth.message(),
+              absl::StrCat("sim device: core_queue_depth must be in [1, 64], got ", depth));
+  }
 }
 
 }  // namespace

@@ -20,6 +20,8 @@ struct TaskTiming {
 // What one executed run reports besides its status. Written by the device
 // thread executing the run; read by the host after the launch record's event.
 struct RunReport {
+  // Tasks admitted: the orchestration's submits up to a failure; a device-built replay of a
+  // captured graph admits the whole graph at once, so there it is the graph's task count.
   uint64_t tasks_submitted = 0;
   uint64_t tasks_completed = 0;    // finished successfully (every block OK)
   uint64_t tasks_failed = 0;       // finished with an error in some block
