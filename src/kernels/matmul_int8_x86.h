@@ -276,7 +276,8 @@ inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
     const __m256i q = load32(qs + 32 * kC);
     const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     const __m256i sc_lo = broadcast_i16<2 * kC>(sc), sc_hi = broadcast_i16<2 * kC + 1>(sc);
-    for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
       const int8_t* xq = t.q + i * t.k + 256 * b + 64 * kC;
       acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(lo, load32(xq)), sc_lo);
       acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(hi, load32(xq + 32)), sc_hi);
@@ -333,7 +334,8 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
       const __m256i scales = _mm256_permutevar8x32_epi32(
           src, _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1));
       const __m256i q = _mm256_or_si256(low[c], _mm256_slli_epi16(top[c], 4));
-      for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
         const int8_t* xq = t.q + i * t.k + 256 * b + 128 * kH + 32 * c;
         acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(q, load32(xq)), scales);
       }
