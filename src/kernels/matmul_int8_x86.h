@@ -162,6 +162,19 @@ inline __m256 combine_step(__m256 acc, __m256 a, __m256 b, __m256i s) {
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(a, b), _mm256_cvtepi32_ps(s)));
 }
 
+// W (`w`, `size` bytes) is read row after row: before the row at byte `at` (`row_bytes` long)
+// the bytes one row long that lie kPrefetchBytes further on (up to W's end) are prefetched, so
+// that many bytes of W are in flight ahead of the kernel (the scalar scale loads at a row's start
+// otherwise wait for memory).
+constexpr int64_t kPrefetchBytes = 4096;
+inline void prefetch_ahead(const uint8_t* w, int64_t at, int64_t row_bytes, int64_t size) {
+  const int64_t to =
+      at + kPrefetchBytes + row_bytes < size ? at + kPrefetchBytes + row_bytes : size;
+  for (int64_t i = at + kPrefetchBytes; i < to; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + i), _MM_HINT_T0);
+  }
+}
+
 inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
   float* out = p.y + r * p.ldy + j;
   *out = p.accumulate ? *out + s : s;
@@ -202,6 +215,7 @@ void rows_blocks(const Problem& p, const QuantizedX& x) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * blocks * kBytes;
+    prefetch_ahead(w, j * blocks * kBytes, blocks * kBytes, p.n * blocks * kBytes);
     for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kBytes);
     for (int64_t r = 0; r < p.rows; ++r) {
       const int8_t* xq = x.q.data() + r * p.k;
@@ -415,6 +429,7 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * supers * kBytes;
+    prefetch_ahead(w, j * supers * kBytes, supers * kBytes, p.n * supers * kBytes);
     for (int64_t b = 0; b < supers; ++b) {
       d[b] = half_at(wr + b * kBytes + (kQ4 ? 0 : 208));
       if (kQ4) dmin[b] = half_at(wr + b * kBytes + 2);
