@@ -94,8 +94,131 @@ void rows_q8_0_wide(const Problem& p, const QuantizedX& x) {
   }
 }
 
+// ---- Q4_K and Q6_K on 512-bit vectors (SuperKernels512 below): a super-block's 256 weights as 4
+// zmm of 64 unsigned bytes, each against 64 bytes of x by vpmaddubsw (i16 pair sums: no
+// saturation, as matmul_int8_x86.h's) and vpdpwssd with the scales of its i16 lanes, so per x row
+// 4 of each where the 256-bit kernels take 8. The integer sums are the same exact values.
+
+// 32 i16: a in lanes 0-15, b in lanes 16-31 (lane l of a super-block's 512-bit vector v holds
+// the pair sum of its weights 64v + 2l and 64v + 2l + 1).
+inline __m512i i16_index(int a, int b) {
+  return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16(static_cast<int16_t>(a)),
+                                 _mm512_set1_epi16(static_cast<int16_t>(b)));
+}
+
+// Q6_K's vector v: lane l is in group 4v + l / 8.
+inline __m512i q6_k_scale_index(int v) {
+  __m512i idx = _mm512_set1_epi16(static_cast<int16_t>(4 * v));
+  for (int g = 1; g < 4; ++g) {
+    idx = _mm512_mask_blend_epi16(0xffu << (8 * g), idx,
+                                  _mm512_set1_epi16(static_cast<int16_t>(4 * v + g)));
+  }
+  return idx;
+}
+
+// A zmm's two 256-bit halves added: 8 i32 lanes whose total is the zmm's.
+inline __m256i fold(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// x's q for SuperKernels512::q4_k: per super-block its 32-byte chunks (sub-blocks) in the order
+// 0, 2, 1, 3, 4, 6, 5, 7, the sub-blocks of the low nibbles of qs[0, 64), of their high nibbles,
+// then likewise for qs[64, 128).
+std::vector<int8_t> permute_for_q4_k(const QuantizedX& x, int64_t rows, int64_t k) {
+  std::vector<int8_t> out(static_cast<size_t>(rows * k));
+  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int64_t at = 0; at < rows * k; at += kSuperBlockWeights) {
+    for (int c = 0; c < 8; ++c) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&out[at + 32 * c]),
+                          load32(x.q.data() + at + 32 * kOrder[c]));
+    }
+  }
+  return out;
+}
+
+struct SuperKernels512 {
+  // Q4_K: vector v = the low (v even) or high (v odd) nibbles of qs[64·(v / 2), +64), sub-blocks
+  // 4·(v / 2) + (v % 2) and that + 2, against x permuted (permute_for_q4_k); the mins as the
+  // 256-bit kernel's.
+  template <int R>
+  static void q4_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                   __m256i (*mv)[8]) {
+    const __m256i sm = q4_k_scales_mins(blk + 4);
+    const __m512i smz = _mm512_castsi256_si512(sm);
+    const __m512i scales[4] = {_mm512_permutexvar_epi16(i16_index(0, 2), smz),
+                               _mm512_permutexvar_epi16(i16_index(1, 3), smz),
+                               _mm512_permutexvar_epi16(i16_index(4, 6), smz),
+                               _mm512_permutexvar_epi16(i16_index(5, 7), smz)};
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
+    const __m512i w[4] = {_mm512_and_si512(q0, m4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                          _mm512_and_si512(q1, m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+    const __m256i mins = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
+    const __m256i mins2 = _mm256_or_si256(mins, _mm256_slli_epi32(mins, 16));
+    for (int i = 0; i < R; ++i) {
+      const int8_t* xq = t.q + i * t.k + 256 * b;
+      __m512i acc = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w[v], _mm512_loadu_si512(xq + 64 * v)),
+                                  scales[v]);
+      }
+      sv[i][b % 8] = fold(acc);
+      mv[i][b % 8] = _mm256_dpwssd_epi32(_mm256_setzero_si256(),
+                                         load32(t.bsums + i * (t.k / 16) + 16 * b), mins2);
+    }
+  }
+
+  // Q6_K: vector 2h = the low nibbles of ql[64h, +64) (runs c = 0, 1 of half h) with bits 0-1 and
+  // 2-3 of qh[32h, +32) above them, vector 2h + 1 the high nibbles (runs 2, 3) with bits 4-5 and
+  // 6-7: weights 64v to 64v + 63, groups 4v to 4v + 3, against x as it is; the - 32 as the
+  // 256-bit kernel's.
+  template <int R>
+  static void q6_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                   __m256i (*)[8]) {
+    const __m256i sc =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    const __m512i scz = _mm512_castsi256_si512(sc);
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+    const __m512i shift_lo = i16_index(0, 2), shift_hi = i16_index(4, 6);
+    __m512i w[4], scales[4];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(load32(blk + 128 + 32 * h));
+      const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
+      const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
+      w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(top_lo, 4));
+      w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                     _mm512_slli_epi16(top_hi, 4));
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      scales[v] = _mm512_permutexvar_epi16(q6_k_scale_index(v), scz);
+    }
+    for (int i = 0; i < R; ++i) {
+      const int8_t* xq = t.q + i * t.k + 256 * b;
+      __m512i acc = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w[v], _mm512_loadu_si512(xq + 64 * v)),
+                                  scales[v]);
+      }
+      const __m256i bs = load32(t.bsums + i * (t.k / 16) + 16 * b);
+      sv[i][b % 8] = _mm256_sub_epi32(fold(acc), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc), 5));
+    }
+  }
+};
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
+  if (p.wt == WeightType::kQ4_K) {
+    const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
+    return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
+  }
+  if (p.wt == WeightType::kQ6_K) {
+    return rows_super<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
+  }
   rows_x86<Avx512VnniDot>(p, x);
 }
 

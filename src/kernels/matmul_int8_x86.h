@@ -150,14 +150,6 @@ inline __m256i reduce8(const __m256i* v) {
                           _mm256_permute2x128_si256(b[0], b[1], 0x31));
 }
 
-// The sum of 8 i32.
-inline int32_t hsum8(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-  return _mm_cvtsi128_si32(s);
-}
-
 // matmul_int8.h's tree of the 8 lanes.
 inline float tree8(__m256 acc) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -168,6 +160,19 @@ inline float tree8(__m256 acc) {
 // acc + (a·b)·f32(s) lane by lane: two roundings, then the add's.
 inline __m256 combine_step(__m256 acc, __m256 a, __m256 b, __m256i s) {
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(a, b), _mm256_cvtepi32_ps(s)));
+}
+
+// W (`w`, `size` bytes) is read row after row: before the row at byte `at` (`row_bytes` long)
+// the bytes one row long that lie kPrefetchBytes further on (up to W's end) are prefetched, so
+// that many bytes of W are in flight ahead of the kernel (the scalar scale loads at a row's start
+// otherwise wait for memory).
+constexpr int64_t kPrefetchBytes = 4096;
+inline void prefetch_ahead(const uint8_t* w, int64_t at, int64_t row_bytes, int64_t size) {
+  const int64_t to =
+      at + kPrefetchBytes + row_bytes < size ? at + kPrefetchBytes + row_bytes : size;
+  for (int64_t i = at + kPrefetchBytes; i < to; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + i), _MM_HINT_T0);
+  }
 }
 
 inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
@@ -210,6 +215,7 @@ void rows_blocks(const Problem& p, const QuantizedX& x) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * blocks * kBytes;
+    prefetch_ahead(w, j * blocks * kBytes, blocks * kBytes, p.n * blocks * kBytes);
     for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kBytes);
     for (int64_t r = 0; r < p.rows; ++r) {
       const int8_t* xq = x.q.data() + r * p.k;
@@ -253,8 +259,10 @@ inline __m256i broadcast_i16(__m256i low) {
 }
 
 // Up to 4 x rows at once against one W row (the super-block kernels below): row i's q at
-// q + i·k, its group sums at bsums + i·(k / 16), its per-super-block integer sums into
-// s[i·stride + b] (and Q4_K's mins sums into m[i·stride + b]).
+// q + i·k, its group sums at bsums + i·(k / 16). A super-block's integer sum for row i is left as
+// a vector of 8 i32 whose total is the sum, in slot sv[i][b mod 8] (Q4_K's mins sum in
+// mv[i][b mod 8]); every 8 super-blocks the 8 slots of a row are reduced at once (reduce8) into
+// its sums s[i·stride + b] (and m[i·stride + b]), one horizontal pass per 8 super-blocks.
 struct XTile {
   const int8_t* q;
   const int16_t* bsums;
@@ -265,10 +273,12 @@ struct XTile {
 };
 
 // Q4_K super-block b against R x rows: S = Σ_j sc_j·Σ q·x (vpmaddubsw's i16 pair sums are at
-// most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1). The nibbles and the scales
-// are unpacked once for the R rows.
+// most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1) (lane j: m_j against the
+// pair of group sums, each at most 16·127). The nibbles and the scales are unpacked once for the
+// R rows.
 template <class Dot, int R>
-inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
+inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                       __m256i (*mv)[8]) {
   const __m256i sm = q4_k_scales_mins(blk + 4);
   const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);  // sc_0..7 in both halves
   const __m256i m4 = _mm256_set1_epi8(15);
@@ -280,7 +290,8 @@ inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
     const __m256i q = load32(qs + 32 * kC);
     const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     const __m256i sc_lo = broadcast_i16<2 * kC>(sc), sc_hi = broadcast_i16<2 * kC + 1>(sc);
-    for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
       const int8_t* xq = t.q + i * t.k + 256 * b + 64 * kC;
       acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(lo, load32(xq)), sc_lo);
       acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(hi, load32(xq + 32)), sc_hi);
@@ -290,17 +301,13 @@ inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
   step(std::integral_constant<int, 1>{});
   step(std::integral_constant<int, 2>{});
   step(std::integral_constant<int, 3>{});
-  const __m128i mins = _mm256_extracti128_si256(sm, 1);
+  // m_0..7 as i32 lanes holding (m_j, m_j), against the group sums' pairs.
+  const __m256i mins = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
+  const __m256i mins2 = _mm256_or_si256(mins, _mm256_slli_epi32(mins, 16));
   for (int i = 0; i < R; ++i) {
-    t.s[i * t.stride + b] = hsum8(acc[i]);
-    // The x group sums by sub-block (at most 32·127 in magnitude), against m_0..7.
-    const __m256i pairs =
-        _mm256_hadd_epi16(load32(t.bsums + i * (t.k / 16) + 16 * b), _mm256_setzero_si256());
-    const __m128i sub =
-        _mm_unpacklo_epi64(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-    __m128i mm = _mm_madd_epi16(sub, mins);
-    mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
-    t.m[i * t.stride + b] = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
+    sv[i][b % 8] = acc[i];
+    mv[i][b % 8] =
+        Dot::madd(_mm256_setzero_si256(), load32(t.bsums + i * (t.k / 16) + 16 * b), mins2);
   }
 }
 
@@ -308,7 +315,8 @@ inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
 // 6-bit value (vpmaddubsw's pair sums at most 2·63·127, no saturation). Run (h, c), 32 weights,
 // is groups 8h + 2c (its first 16) and 8h + 2c + 1: their scales in the two halves.
 template <class Dot, int R>
-inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
+inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                       __m256i (*)[8]) {
   const __m256i sc =
       _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
   // As i32 lanes holding (sc_g, sc_g): lo = g 0-3 | 8-11, hi = g 4-7 | 12-15.
@@ -340,7 +348,8 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
       const __m256i scales = _mm256_permutevar8x32_epi32(
           src, _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1));
       const __m256i q = _mm256_or_si256(low[c], _mm256_slli_epi16(top[c], 4));
-      for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
         const int8_t* xq = t.q + i * t.k + 256 * b + 128 * kH + 32 * c;
         acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(q, load32(xq)), scales);
       }
@@ -348,26 +357,70 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b) {
   };
   half(std::integral_constant<int, 0>{});
   half(std::integral_constant<int, 1>{});
-  for (int i = 0; i < R; ++i) t.s[i * t.stride + b] = hsum8(acc[i]);
+  for (int i = 0; i < R; ++i) sv[i][b % 8] = acc[i];
 }
 
-// One W row's super-blocks against R x rows from row r0 (each row's sums into t).
-template <class Dot, WeightType WT, int R>
+// The 256-bit super-block kernels above as a kernel class of rows_super: static members
+// q4_k<R> and q6_k<R> with q4_k_super's signature, over x's q as it is (a 512-bit class may
+// take it permuted: rows_super's `xq`).
+template <class Dot>
+struct SuperKernels256 {
+  template <int R>
+  static void q4_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                   __m256i (*mv)[8]) {
+    q4_k_super<Dot, R>(blk, t, b, sv, mv);
+  }
+  template <int R>
+  static void q6_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                   __m256i (*mv)[8]) {
+    q6_k_super<Dot, R>(blk, t, b, sv, mv);
+  }
+};
+
+// One W row's super-blocks against R x rows (each row's sums into t), 8 super-blocks a group:
+// the slots of a last partial group past the row are zero.
+template <class K, WeightType WT, int R>
 void super_tile(const uint8_t* wr, int64_t supers, const XTile& t) {
-  constexpr int64_t kBytes = WT == WeightType::kQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
-  for (int64_t b = 0; b < supers; ++b) {
-    if constexpr (WT == WeightType::kQ4_K) {
-      q4_k_super<Dot, R>(wr + b * kBytes, t, b);
-    } else {
-      q6_k_super<Dot, R>(wr + b * kBytes, t, b);
+  constexpr bool kQ4 = WT == WeightType::kQ4_K;
+  constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  __m256i sv[R][8], mv[R][8];
+  for (int64_t g0 = 0; g0 < supers; g0 += 8) {
+    const int64_t end = supers - g0 < 8 ? supers : g0 + 8;
+    for (int64_t b = g0; b < end; ++b) {
+      if constexpr (kQ4) {
+        K::template q4_k<R>(wr + b * kBytes, t, b, sv, mv);
+      } else {
+        K::template q6_k<R>(wr + b * kBytes, t, b, sv, mv);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      for (int64_t b = end; b < g0 + 8; ++b) sv[i][b % 8] = mv[i][b % 8] = _mm256_setzero_si256();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.s + i * t.stride + g0), reduce8(sv[i]));
+      if constexpr (kQ4) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.m + i * t.stride + g0), reduce8(mv[i]));
+      }
     }
   }
 }
 
-// Q4_K / Q6_K: the W row's f32 scales once (zeros up to the padded count), x rows 4 at a time,
-// then each row's combine.
-template <class Dot, WeightType WT>
-void rows_super(const Problem& p, const QuantizedX& x) {
+// Row i's combine (matmul_int8.h) of its sums s[i·stride..], m[i·stride..] with the W row's
+// scales d, dmin (zeros past the row) and x's dx.
+template <bool kQ4>
+inline float combine_super(const float* dx, const float* d, const float* dmin, const int32_t* s,
+                           const int32_t* m, int64_t stride) {
+  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  for (int64_t g = 0; g < stride; g += 8) {
+    const __m256 x = _mm256_loadu_ps(dx + g);
+    acc = combine_step(acc, x, _mm256_loadu_ps(d + g), load32(s + g));
+    if (kQ4) accm = combine_step(accm, x, _mm256_loadu_ps(dmin + g), load32(m + g));
+  }
+  return kQ4 ? tree8(acc) - tree8(accm) : tree8(acc);
+}
+
+// Q4_K / Q6_K with kernel class K: the W row's f32 scales once (zeros up to the padded count),
+// x rows 4 at a time (their q from xq, x.q or its permutation for K), then each row's combine.
+template <class K, WeightType WT>
+void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   constexpr bool kQ4 = WT == WeightType::kQ4_K;
   constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
   const int64_t supers = p.k / kSuperBlockWeights, stride = x.d_stride;
@@ -376,28 +429,23 @@ void rows_super(const Problem& p, const QuantizedX& x) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * supers * kBytes;
+    prefetch_ahead(w, j * supers * kBytes, supers * kBytes, p.n * supers * kBytes);
     for (int64_t b = 0; b < supers; ++b) {
       d[b] = half_at(wr + b * kBytes + (kQ4 ? 0 : 208));
       if (kQ4) dmin[b] = half_at(wr + b * kBytes + 2);
     }
     for (int64_t r0 = 0; r0 < p.rows; r0 += 4) {
-      const XTile t{
-          x.q.data() + r0 * p.k, x.bsums.data() + r0 * (p.k / 16), p.k, s.data(), m.data(), stride};
+      const XTile t{xq + r0 * p.k, x.bsums.data() + r0 * (p.k / 16), p.k, s.data(), m.data(),
+                    stride};
       const int64_t n = p.rows - r0 < 4 ? p.rows - r0 : 4;
-      if (n == 4) super_tile<Dot, WT, 4>(wr, supers, t);
-      if (n == 3) super_tile<Dot, WT, 3>(wr, supers, t);
-      if (n == 2) super_tile<Dot, WT, 2>(wr, supers, t);
-      if (n == 1) super_tile<Dot, WT, 1>(wr, supers, t);
+      if (n == 4) super_tile<K, WT, 4>(wr, supers, t);
+      if (n == 3) super_tile<K, WT, 3>(wr, supers, t);
+      if (n == 2) super_tile<K, WT, 2>(wr, supers, t);
+      if (n == 1) super_tile<K, WT, 1>(wr, supers, t);
       for (int64_t i = 0; i < n; ++i) {
-        const float* xd = x.d.data() + (r0 + i) * stride;
-        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-        for (int64_t g = 0; g < stride; g += 8) {
-          const __m256 dx = _mm256_loadu_ps(xd + g);
-          acc = combine_step(acc, dx, _mm256_loadu_ps(&d[g]), load32(&s[i * stride + g]));
-          if (kQ4)
-            accm = combine_step(accm, dx, _mm256_loadu_ps(&dmin[g]), load32(&m[i * stride + g]));
-        }
-        store_y(p, r0 + i, j, kQ4 ? tree8(acc) - tree8(accm) : tree8(acc));
+        const float y = combine_super<kQ4>(x.d.data() + (r0 + i) * stride, d.data(), dmin.data(),
+                                           &s[i * stride], &m[i * stride], stride);
+        store_y(p, r0 + i, j, y);
       }
     }
   }
@@ -411,9 +459,9 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
     case WeightType::kQ4_0:
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
-      return rows_super<Dot, WeightType::kQ4_K>(p, x);
+      return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
-      return rows_super<Dot, WeightType::kQ6_K>(p, x);
+      return rows_super<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
     default:
       return;
   }
