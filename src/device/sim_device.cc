@@ -593,16 +593,9 @@ class SimDevice final : public Device {
       // After its jobs, spin briefly for the next one; after a wake-up whose job
       // the scheduler ran inline, go straight back to sleep. The scheduler's
       // core never spins: its next short job runs on the scheduler thread, and
-      // a spinning thread would take the CPU the others need. Nor does a core spin on once the
-      // scheduler announced it sleeps: its next job can only come from the scheduler, which on a
-      // loaded machine may need this CPU to wake up (the decode trace had the next task of a core
-      // start ~55 µs late, one spin_ns, after its previous one ended, ~10-15 times a step).
+      // a spinning thread would take the CPU the others need.
       if (ran && !schedulers_core(*c)) {
-        spin_until(
-            [c, this] {
-              return c->has_job() || c_stop() || scheduler_waiting_.load(std::memory_order_relaxed);
-            },
-            options_.spin_ns);
+        spin_until([c, this] { return c->has_job() || c_stop(); }, options_.spin_ns);
       }
       if (!c->has_job() && !c_stop()) {
         MutexLock lock(c->mu);
