@@ -118,6 +118,42 @@ struct ExecutorStorage {
   bool in_use = false;
 };
 
+// Whether the device was aborted (timeout, close); then `*failure` says so and the run starts
+// nothing more (blocks on cores are still drained before it returns).
+bool stopped_by_abort(device::ExecContext& ctx, absl::Status* failure) {
+  if (!ctx.aborted()) return false;
+  *failure = base::mark_unrecoverable(absl::AbortedError(
+      absl::StrCat("run ", ctx.run_id(), ": device aborted; no further task dispatched")));
+  return true;
+}
+
+// Folds completion `c` of task `task` (kernel `kernel`) into its record (TaskSlot, ReplayTask):
+// its start and end, its finished blocks and, on an error, its failure; the run's first error
+// becomes `*failure`, naming the run, the task, the kernel and the block.
+template <typename Task>
+void fold_completion(const device::CoreCompletion& c, uint64_t run_id, uint64_t task,
+                     const std::string& kernel, Task& t, absl::Status* failure) {
+  if (t.blocks_done == 0 || c.start_ns < t.timing.start_ns) t.timing.start_ns = c.start_ns;
+  t.timing.end_ns = std::max(t.timing.end_ns, c.end_ns);
+  ++t.blocks_done;
+  if (c.status.ok()) return;
+  t.failed = true;
+  if (failure->ok()) {
+    *failure = base::annotate(c.status, absl::StrCat("run ", run_id, " task ", task, " (kernel '",
+                                                     kernel, "') block ", c.block_idx, ": "));
+  }
+}
+
+// This thread's `Storage` (ExecutorStorage, ReplayStorage), marked in use; null (the caller
+// uses fresh containers) should a run ever execute inside another on the same thread.
+template <typename Storage>
+Storage* claim_thread_storage() {
+  thread_local Storage storage;
+  if (storage.in_use) return nullptr;
+  storage.in_use = true;
+  return &storage;
+}
+
 // The graph builder and dispatcher of one run (device-built placement): it is
 // the OrchestrationContext the orchestration function submits through, and it
 // dispatches ready blocks to cores as tasks arrive. Owner-thread only.
@@ -132,7 +168,7 @@ class GraphExecutor final : public task::OrchestrationContext {
         record_timing_(record_timing),
         report_(report),
         capture_(capture),
-        st_(claim_storage()),
+        st_(claim_thread_storage<ExecutorStorage>()),
         ready_(st_ != nullptr ? st_->ready : own_ready_.emplace()) {
     // Take the kept containers (moves: O(1), capacity comes along); they go
     // back when the run ends. Members, not references, on the hot path.
@@ -330,14 +366,7 @@ class GraphExecutor final : public task::OrchestrationContext {
   }
 
   void dispatch() {
-    if (!failure_.ok()) return;
-    if (ctx_.aborted()) {
-      // The device was aborted (timeout, close): start nothing more; blocks on
-      // cores are still drained before the run returns.
-      failure_ = base::mark_unrecoverable(absl::AbortedError(
-          absl::StrCat("run ", ctx_.run_id(), ": device aborted; no further task dispatched")));
-      return;
-    }
+    if (!failure_.ok() || stopped_by_abort(ctx_, &failure_)) return;
     while (!idle_.empty() && !ready_.empty()) {
       TaskSlot& s = slot(ready_.front());
       const int32_t core = idle_.back();
@@ -367,18 +396,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     --running_;
     idle_.push_back(c.core);
     TaskSlot& s = slot(c.tag);
-    if (s.blocks_done == 0 || c.start_ns < s.timing.start_ns) s.timing.start_ns = c.start_ns;
-    s.timing.end_ns = std::max(s.timing.end_ns, c.end_ns);
-    ++s.blocks_done;
-    if (!c.status.ok()) {
-      s.failed = true;
-      if (failure_.ok()) {
-        failure_ =
-            base::annotate(c.status, absl::StrCat("run ", ctx_.run_id(), " task ", s.seq,
-                                                  " (kernel '", callable_.kernels[s.kernel].name,
-                                                  "') block ", c.block_idx, ": "));
-      }
-    }
+    fold_completion(c, ctx_.run_id(), s.seq, callable_.kernels[s.kernel].name, s, &failure_);
     if (s.blocks_done == s.block_dim) {
       s.completed = true;  // finished: no block of it runs any more
       ++completed_;
@@ -395,15 +413,6 @@ class GraphExecutor final : public task::OrchestrationContext {
     }
     dispatch();
     return true;
-  }
-
-  // This thread's storage; null (fresh containers) should a run ever
-  // execute inside another on the same thread.
-  static ExecutorStorage* claim_storage() {
-    thread_local ExecutorStorage storage;
-    if (storage.in_use) return nullptr;
-    storage.in_use = true;
-    return &storage;
   }
 
   device::ExecContext& ctx_;
@@ -466,7 +475,7 @@ class ReplayExecutor {
         args_(args),
         record_timing_(record_timing),
         report_(report),
-        st_(claim_storage()) {
+        st_(claim_thread_storage<ReplayStorage>()) {
     if (st_ != nullptr) {
       tasks_ = std::move(st_->tasks);
       ready_ = std::move(st_->ready);
@@ -520,12 +529,7 @@ class ReplayExecutor {
 
  private:
   void dispatch() {
-    if (!failure_.ok()) return;
-    if (ctx_.aborted()) {
-      failure_ = base::mark_unrecoverable(absl::AbortedError(
-          absl::StrCat("run ", ctx_.run_id(), ": device aborted; no further task dispatched")));
-      return;
-    }
+    if (!failure_.ok() || stopped_by_abort(ctx_, &failure_)) return;
     while (!idle_.empty() && ready_begin_ < ready_end_) {
       const uint32_t i = ready_[ready_begin_];
       const GraphImageTask& t = graph_.tasks[i];
@@ -558,18 +562,7 @@ class ReplayExecutor {
     const auto i = static_cast<uint32_t>(c.tag);
     const GraphImageTask& t = graph_.tasks[i];
     ReplayTask& r = tasks_[i];
-    if (r.blocks_done == 0 || c.start_ns < r.timing.start_ns) r.timing.start_ns = c.start_ns;
-    r.timing.end_ns = std::max(r.timing.end_ns, c.end_ns);
-    ++r.blocks_done;
-    if (!c.status.ok()) {
-      r.failed = true;
-      if (failure_.ok()) {
-        failure_ =
-            base::annotate(c.status, absl::StrCat("run ", ctx_.run_id(), " task ", i, " (kernel '",
-                                                  callable_.kernels[t.kernel].name, "') block ",
-                                                  c.block_idx, ": "));
-      }
-    }
+    fold_completion(c, ctx_.run_id(), i, callable_.kernels[t.kernel].name, r, &failure_);
     if (r.blocks_done < t.block_dim) return;
     ++completed_;
     if (r.failed && report_->tasks_failed++ == 0) report_->first_failed_task = i;
@@ -579,13 +572,6 @@ class ReplayExecutor {
       const uint32_t s = graph_.succs[k];
       if (--tasks_[s].pending == 0) ready_[ready_end_++] = s;
     }
-  }
-
-  static ReplayStorage* claim_storage() {
-    thread_local ReplayStorage storage;
-    if (storage.in_use) return nullptr;
-    storage.in_use = true;
-    return &storage;
   }
 
   device::ExecContext& ctx_;

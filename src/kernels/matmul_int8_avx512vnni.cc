@@ -137,6 +137,20 @@ std::vector<int8_t> permute_for_q4_k(const QuantizedX& x, int64_t rows, int64_t 
 }
 
 struct SuperKernels512 {
+  // One x row's 256 int8 against a super-block's 4 vectors of unsigned weights: per 16-bit pair,
+  // (w·x summed by vpmaddubsw) times its scale, summed into 16 int32 lanes by vpdpwssd.
+  __attribute__((always_inline)) static __m512i superblock_dot(const __m512i (&w)[4],
+                                                               const __m512i (&scales)[4],
+                                                               const int8_t* xq) {
+    __m512i acc = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w[v], _mm512_loadu_si512(xq + 64 * v)),
+                                scales[v]);
+    }
+    return acc;
+  }
+
   // Q4_K: vector v = the low (v even) or high (v odd) nibbles of qs[64·(v / 2), +64), sub-blocks
   // 4·(v / 2) + (v % 2) and that + 2, against x permuted (permute_for_q4_k); the mins as the
   // 256-bit kernel's.
@@ -156,13 +170,7 @@ struct SuperKernels512 {
     const __m256i mins = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
     const __m256i mins2 = _mm256_or_si256(mins, _mm256_slli_epi32(mins, 16));
     for (int i = 0; i < R; ++i) {
-      const int8_t* xq = t.q + i * t.k + 256 * b;
-      __m512i acc = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w[v], _mm512_loadu_si512(xq + 64 * v)),
-                                  scales[v]);
-      }
+      const __m512i acc = superblock_dot(w, scales, t.q + i * t.k + 256 * b);
       sv[i][b % 8] = fold(acc);
       mv[i][b % 8] = _mm256_dpwssd_epi32(_mm256_setzero_si256(),
                                          load32(t.bsums + i * (t.k / 16) + 16 * b), mins2);
@@ -197,13 +205,7 @@ struct SuperKernels512 {
       scales[v] = _mm512_permutexvar_epi16(q6_k_scale_index(v), scz);
     }
     for (int i = 0; i < R; ++i) {
-      const int8_t* xq = t.q + i * t.k + 256 * b;
-      __m512i acc = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w[v], _mm512_loadu_si512(xq + 64 * v)),
-                                  scales[v]);
-      }
+      const __m512i acc = superblock_dot(w, scales, t.q + i * t.k + 256 * b);
       const __m256i bs = load32(t.bsums + i * (t.k / 16) + 16 * b);
       sv[i][b % 8] = _mm256_sub_epi32(fold(acc), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc), 5));
     }
