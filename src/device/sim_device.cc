@@ -35,16 +35,55 @@ namespace simpler::device {
 namespace {
 
 // Device memory is host memory, 64-byte aligned and zeroed. Allocations of 2 MiB and more are
-// anonymous mappings (zero pages from the kernel, no memset) advised to use transparent huge
-// pages: loading a checkpoint then takes one page fault per 2 MiB instead of per 4 KiB.
+// anonymous mappings (zero pages from the kernel, no memset) that start on a 2 MiB boundary and
+// are advised to use transparent huge pages: loading a checkpoint then takes one page fault per
+// 2 MiB instead of per 4 KiB, also for tensors whose size is not a multiple of 2 MiB (a mapping
+// at an unaligned address holds no huge page: a Q8_0 file of qwen3-0.6b, whose 3.2 MiB tensors
+// were mapped that way, took 253,000 page faults to load, 22,500 aligned). The mapping is no
+// longer than the allocation (rounded to 4 KiB): its last partial 2 MiB takes small pages, so
+// nothing beyond the allocation becomes resident.
 constexpr uint64_t kMappedAllocBytes = 2u << 20;
+constexpr uint64_t kSmallPage = 4u << 10;
+
+// Before a large copy into device memory: its pages made present and writable in one call
+// (MADV_POPULATE_WRITE, Linux 5.14) rather than one page fault each while the copy runs (each
+// fault is a trap, costly on a VM); pages already present are left as they are. Best effort: an
+// older kernel refuses the advice and the copy faults the pages in.
+void populate_for_write(uint64_t dst, uint64_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (bytes < kMappedAllocBytes / 2) return;
+  const uint64_t first = (dst + kSmallPage - 1) / kSmallPage * kSmallPage;
+  const uint64_t last = (dst + bytes) / kSmallPage * kSmallPage;
+  if (last > first) {
+    (void)::madvise(reinterpret_cast<void*>(static_cast<uintptr_t>(first)), last - first,
+                    MADV_POPULATE_WRITE);
+  }
+#else
+  (void)dst;
+  (void)bytes;
+#endif
+}
+
+uint64_t mapped_length(uint64_t bytes) {
+  return (bytes + kSmallPage - 1) / kSmallPage * kSmallPage;
+}
 
 void* host_alloc_zeroed(uint64_t bytes) {
   if (bytes >= kMappedAllocBytes) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // Reserve 2 MiB more than needed, then give back the head before the first 2 MiB boundary and
+    // the tail past the allocation.
+    const uint64_t length = mapped_length(bytes);
+    const uint64_t reserved = length + kMappedAllocBytes;
+    void* p = ::mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return nullptr;
-    (void)::madvise(p, bytes, MADV_HUGEPAGE);
-    return p;
+    const auto base = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t start = (base + kMappedAllocBytes - 1) / kMappedAllocBytes * kMappedAllocBytes;
+    if (start > base) (void)::munmap(p, start - base);
+    if (base + reserved > start + length) {
+      (void)::munmap(reinterpret_cast<void*>(start + length), base + reserved - (start + length));
+    }
+    (void)::madvise(reinterpret_cast<void*>(start), length, MADV_HUGEPAGE);
+    return reinterpret_cast<void*>(start);
   }
   const uint64_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
@@ -54,7 +93,7 @@ void* host_alloc_zeroed(uint64_t bytes) {
 
 void host_free(void* p, uint64_t bytes) {
   if (bytes >= kMappedAllocBytes) {
-    (void)::munmap(p, bytes);
+    (void)::munmap(p, mapped_length(bytes));
   } else {
     std::free(p);
   }
@@ -363,6 +402,7 @@ class SimDevice final : public Device {
   absl::Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
     SIMPLER_RETURN_IF_ERROR(check_range(dst, bytes));
+    populate_for_write(dst, bytes);
     std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), src, bytes);
     return absl::OkStatus();
   }

@@ -1,5 +1,6 @@
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,31 @@ TEST(SimDeviceMemory, RegistryChecksBoundsAndRefusesDoubleFree) {
   ASSERT_TRUE(d->free(*a).ok());
   EXPECT_EQ(d->free(*a).code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(d->check_range(*a, 1).ok());
+  EXPECT_EQ(d->live_allocations(), 0u);
+}
+
+// Large allocations are mappings that start on a 2 MiB boundary (huge pages) and end at the
+// allocation: sizes around the boundary are zeroed, hold every byte copied in, and free cleanly
+// (a wrong head or tail unmapped would fault here, or under ASan).
+TEST(SimDeviceMemory, LargeAllocationsAreAlignedZeroedAndHoldEveryByte) {
+  auto d = make(1);
+  constexpr uint64_t kMiB = 1u << 20;
+  for (uint64_t bytes :
+       {2 * kMiB - 64, 2 * kMiB, 2 * kMiB + 1, 3 * kMiB + 196608, 6 * kMiB + 4095}) {
+    const uint64_t a = *d->malloc(bytes);
+    EXPECT_EQ(a % 64, 0u) << bytes;
+    if (bytes >= 2 * kMiB) EXPECT_EQ(a % (2 * kMiB), 0u) << bytes;
+    std::vector<uint8_t> back(bytes, 0xEE);
+    ASSERT_TRUE(d->copy_from_device(back.data(), a, bytes).ok());
+    EXPECT_EQ(std::count(back.begin(), back.end(), 0), static_cast<std::ptrdiff_t>(bytes)) << bytes;
+    std::vector<uint8_t> data(bytes);
+    for (uint64_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(i * 131 + bytes);
+    ASSERT_TRUE(d->copy_to_device(a, data.data(), bytes).ok());
+    ASSERT_TRUE(d->copy_from_device(back.data(), a, bytes).ok());
+    EXPECT_EQ(back, data) << bytes;
+    ASSERT_TRUE(d->free(a).ok());
+  }
+  EXPECT_EQ(d->allocated_bytes(), 0u);
   EXPECT_EQ(d->live_allocations(), 0u);
 }
 
