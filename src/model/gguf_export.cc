@@ -133,11 +133,11 @@ absl::StatusOr<Vocabulary> read_vocabulary(const std::string& dir, int64_t vocab
   const std::string path = dir + "/tokenizer.json";
   absl::StatusOr<std::string> text = base::read_regular_file(path);
   if (!text.ok()) return text.status();
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  SIMPLER_ASSIGN_OR_RETURN(const nlohmann::json j, base::parse_json_bounded(*text, path));
   auto bad = [&path](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
   };
-  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  if (!j.is_object()) return bad("not a JSON object");
   const nlohmann::json* model = j.contains("model") ? &j["model"] : nullptr;
   if (model == nullptr || !model->is_object() || model->value("type", "") != "BPE") {
     return bad("'model' is not a BPE model");

@@ -537,6 +537,21 @@ TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeaves
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(s.message(), HasSubstr("tokenizer.json")) << s;
   EXPECT_FALSE(std::filesystem::exists(o.out_path));
+  // A tokenizer.json that is not the JSON object it should be: refused naming the file and the
+  // fault, nested text bounded in depth, and no file left.
+  const std::pair<std::string, std::string> bad_tokenizers[] = {
+      {R"({"model": {"type": "BPE", "vocab": {)", "malformed JSON"},
+      {std::string(100000, '[') + std::string(100000, ']'), "JSON nested deeper than 64 levels"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0, "a": 1}}})", "duplicate key 'a'"},
+      {"[1, 2]", "not a JSON object"}};
+  for (const auto& [text, want] : bad_tokenizers) {
+    std::ofstream(dir_ / "model" / "tokenizer.json", std::ios::binary | std::ios::trunc) << text;
+    s = export_gguf(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("tokenizer.json")) << s;
+    EXPECT_THAT(s.message(), HasSubstr(want)) << s;
+    EXPECT_FALSE(std::filesystem::exists(o.out_path));
+  }
 }
 
 }  // namespace
