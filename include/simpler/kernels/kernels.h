@@ -266,7 +266,7 @@ task::TaskArgs gather_rows_args(const task::Tensor& x, const task::Tensor& rows,
 // ids[j] = the lowest index of the largest value of logits[j, :] (greedy
 // sampling; NaN is never selected, an all-NaN or all -inf row gives 0). V must
 // be >= 1. SPMD over rows by block_range. Every target gives the same ids (llm_kernels(isa)'s
-// entry; the AVX-512 and AVX2 paths find the row's maximum, then its first index); this one
+// entry; the x86 targets find the row's maximum in AVX2 vectors, then its first index); this one
 // runs on the best target of this CPU (KernelIsa::kAuto).
 absl::Status argmax_kernel(const task::KernelContext& ctx);
 task::TaskArgs argmax_args(const task::Tensor& logits, const task::Tensor& ids);
