@@ -2539,11 +2539,15 @@ def read_gguf_dequantized(path):
     def skip_value(t):
         nonlocal at
         if t == 8:
-            string()
+            at += 8 + struct.unpack_from("<Q", data, at)[0]  # skipped without decoding
         elif t == 9:
             et, n = take("I"), take("Q")
             if et in sizes:
                 at += n * struct.calcsize("<" + sizes[et])
+            elif et == 8:  # the vocabulary and merges: 150k strings and more
+                length = struct.Struct("<Q").unpack_from
+                for _ in range(n):
+                    at += 8 + length(data, at)[0]
             else:
                 for _ in range(n):
                     skip_value(et)
