@@ -212,8 +212,224 @@ struct SuperKernels512 {
   }
 };
 
+// ---- Q4_K over several x rows (rows_q4_k_tiles): W taken 16 rows at a time, repacked once per
+// call into a buffer that stays in L2 so that zmm lane r is W row r. A sub-block's 32 weights then
+// meet x by 8 vpdpbusd (the 4 nibbles of dword t of each of the 16 rows against x's dword t,
+// broadcast), whose lanes hold that sub-block's whole integer sum for each row, and its scale is
+// applied once per sub-block by one vpmulld: one instruction per 64 products where
+// SuperKernels512 takes two (vpmaddubsw, vpdpwssd with per-pair scales). The integer sums are the
+// same exact values (a lane's sub-block sum is at most 32·15·127, Σ_j sc_j·S_j at most
+// 8·63·60960), and the combine runs on 16 W rows' lanes in the shared order (matmul_int8.h), so
+// the results are bitwise the shared path's.
+
+constexpr int kTileRows = 16;
+
+// One super-block of a tile of 16 W rows, lane r row r: w[j][t] the weights 4t..4t+3 of sub-block
+// j as unsigned bytes, sc[j] the sub-block scales as i32, mins[q] the mins (m_2q, m_2q+1) as i16
+// pairs, d and dmin as f32.
+struct Q4KTile {
+  __m512i w[8][8];
+  __m512i sc[8];
+  __m512i mins[4];
+  __m512 d, dmin;
+};
+
+// Bytes i..i+3 of every lane's i32 as a value 0..255, i = 8·byte.
+inline __m512i byte_of(__m512i v, int shift) {
+  return _mm512_and_si512(_mm512_srli_epi32(v, static_cast<unsigned>(shift)),
+                          _mm512_set1_epi32(255));
+}
+
+// A tile's scales, mins, d and dmin of super-block `blk` (lanes reading rows at `idx`): the
+// packed 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
+inline void repack_q4_k_scales(const uint8_t* blk, __m512i idx, Q4KTile& o) {
+  const __m512i dd = _mm512_i32gather_epi32(idx, blk, 1);  // d | dmin << 16
+  o.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+  o.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+  const __m512i a = _mm512_i32gather_epi32(idx, blk + 4, 1);
+  const __m512i b = _mm512_i32gather_epi32(idx, blk + 8, 1);
+  const __m512i c = _mm512_i32gather_epi32(idx, blk + 12, 1);
+  const __m512i k6 = _mm512_set1_epi8(0x3f), k4 = _mm512_set1_epi8(15), k2 = _mm512_set1_epi8(3);
+  const __m512i sc03 = _mm512_and_si512(a, k6), m03 = _mm512_and_si512(b, k6);
+  const __m512i sc47 = _mm512_or_si512(
+      _mm512_and_si512(c, k4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), k2), 4));
+  const __m512i m47 =
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), k4),
+                      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 6), k2), 4));
+  for (int j = 0; j < 4; ++j) {
+    o.sc[j] = byte_of(sc03, 8 * j);
+    o.sc[j + 4] = byte_of(sc47, 8 * j);
+  }
+  for (int q = 0; q < 2; ++q) {
+    o.mins[q] =
+        _mm512_or_si512(byte_of(m03, 16 * q), _mm512_slli_epi32(byte_of(m03, 16 * q + 8), 16));
+    o.mins[q + 2] =
+        _mm512_or_si512(byte_of(m47, 16 * q), _mm512_slli_epi32(byte_of(m47, 16 * q + 8), 16));
+  }
+}
+
+// The W rows [0, rows) (rows <= 16, `row_bytes` apart) repacked, one Q4KTile per super-block; a
+// short tile's last lanes repeat its last row (their results are not stored).
+void repack_q4_k_tile(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t supers,
+                      Q4KTile* out) {
+  alignas(64) int32_t at[kTileRows];
+  for (int r = 0; r < kTileRows; ++r)
+    at[r] = static_cast<int32_t>((r < rows ? r : rows - 1) * row_bytes);
+  const __m512i idx = _mm512_load_si512(at);
+  const __m512i k4 = _mm512_set1_epi8(15);
+  for (int64_t b = 0; b < supers; ++b) {
+    const uint8_t* blk = w + b * kQ4_KBlockBytes;
+    Q4KTile& o = out[b];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        const __m512i g = _mm512_i32gather_epi32(idx, blk + 16 + 32 * c + 4 * t, 1);
+        o.w[2 * c][t] = _mm512_and_si512(g, k4);
+        o.w[2 * c + 1][t] = _mm512_and_si512(_mm512_srli_epi32(g, 4), k4);
+      }
+    }
+    repack_q4_k_scales(blk, idx, o);
+  }
+}
+
+inline __m512i broadcast_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// R x rows (row i's q at xq + i·k, its bsum pairs at pairs + i·4·supers) against a repacked tile:
+// row i's S and M of super-block b, 16 W rows' lanes, at s and m + 16·(i·supers + b).
+template <int R>
+void q4_k_tile_dots(const Q4KTile* tile, int64_t supers, const int8_t* xq, int64_t k,
+                    const int32_t* pairs, int32_t* s, int32_t* m) {
+  for (int64_t b = 0; b < supers; ++b) {
+    const Q4KTile& o = tile[b];
+    const int8_t* xb = xq + 256 * b;
+    __m512i sum[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) sum[i] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i a[R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) a[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        const __m512i wv = _mm512_load_si512(&o.w[j][t]);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          a[i] = _mm512_dpbusd_epi32(a[i], wv, broadcast_i32(xb + i * k + 32 * j + 4 * t));
+        }
+      }
+      const __m512i sc = _mm512_load_si512(&o.sc[j]);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(a[i], sc));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const int32_t* pr = pairs + (i * supers + b) * 4;
+      __m512i mm = _mm512_dpwssd_epi32(_mm512_setzero_si512(), o.mins[0], broadcast_i32(pr));
+#pragma GCC unroll 3
+      for (int q = 1; q < 4; ++q) mm = _mm512_dpwssd_epi32(mm, o.mins[q], broadcast_i32(pr + q));
+      _mm512_storeu_si512(s + 16 * (i * supers + b), sum[i]);
+      _mm512_storeu_si512(m + 16 * (i * supers + b), mm);
+    }
+  }
+}
+
+// matmul_int8.h's tree of 8 lanes, for 16 W rows at once.
+inline __m512 tree8_rows(const __m512* l) {
+  __m512 s4[4];
+  for (int i = 0; i < 4; ++i) s4[i] = _mm512_add_ps(l[i], l[i + 4]);
+  return _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
+}
+
+// One x row's combine (matmul_int8.h) over a tile: the `lanes` W rows' y stored at `y`.
+void combine_q4_k_tile(const Q4KTile* tile, int64_t supers, const float* dx, const int32_t* s,
+                       const int32_t* m, float* y, int64_t lanes, bool accumulate) {
+  __m512 acc[8], accm[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < supers; b0 += 8) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {  // lane l: super-block b0 + l
+      const int64_t b = b0 + l;
+      if (b >= supers) break;
+      const __m512 x = _mm512_set1_ps(dx[b]);
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(x, tile[b].d),
+                                     _mm512_cvtepi32_ps(_mm512_loadu_si512(s + 16 * b)));
+      const __m512 u = _mm512_mul_ps(_mm512_mul_ps(x, tile[b].dmin),
+                                     _mm512_cvtepi32_ps(_mm512_loadu_si512(m + 16 * b)));
+      acc[l] = _mm512_add_ps(acc[l], t);
+      accm[l] = _mm512_add_ps(accm[l], u);
+    }
+  }
+  __m512 out = _mm512_sub_ps(tree8_rows(acc), tree8_rows(accm));
+  const auto mask = static_cast<__mmask16>((1u << lanes) - 1);
+  if (accumulate) out = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), out);
+  _mm512_mask_storeu_ps(y, mask, out);
+}
+
+// x's Q8_K group sums as the pairs the mins meet: per row and super-block 4 i32, q holding
+// (bsum_4q + bsum_4q+1) | (bsum_4q+2 + bsum_4q+3) << 16, each at most 32·127.
+std::vector<int32_t> q4_k_bsum_pairs(const QuantizedX& x, int64_t rows, int64_t supers) {
+  std::vector<int32_t> out(static_cast<size_t>(rows * supers * 4));
+  for (int64_t g = 0; g < rows * supers * 4; ++g) {
+    const int16_t* bs = x.bsums.data() + 4 * g;
+    const auto lo = static_cast<uint16_t>(bs[0] + bs[1]), hi = static_cast<uint16_t>(bs[2] + bs[3]);
+    out[g] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+  }
+  return out;
+}
+
+// R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
+template <int R>
+void q4_k_tile_rows(const Problem& p, const QuantizedX& x, const Q4KTile* tile,
+                    const int32_t* pairs, int64_t r0, int64_t j0, int64_t lanes, int32_t* s,
+                    int32_t* m) {
+  const int64_t supers = p.k / kSuperBlockWeights;
+  q4_k_tile_dots<R>(tile, supers, x.q.data() + r0 * p.k, p.k, pairs + r0 * supers * 4, s, m);
+  for (int64_t i = 0; i < R; ++i) {
+    combine_q4_k_tile(tile, supers, x.d.data() + (r0 + i) * x.d_stride, s + 16 * i * supers,
+                      m + 16 * i * supers, p.y + (r0 + i) * p.ldy + j0, lanes, p.accumulate);
+  }
+}
+
+void rows_q4_k_tiles(const Problem& p, const QuantizedX& x) {
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
+  const std::vector<int32_t> pairs = q4_k_bsum_pairs(x, p.rows, supers);
+  std::vector<Q4KTile> tile(static_cast<size_t>(supers));
+  std::vector<int32_t> s(static_cast<size_t>(8 * 16 * supers)), m(s.size());
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += kTileRows) {
+    const int64_t lanes = p.n - j0 < kTileRows ? p.n - j0 : kTileRows;
+    repack_q4_k_tile(w + j0 * row_bytes, row_bytes, lanes, supers, tile.data());
+    for (int64_t r0 = 0; r0 < p.rows;) {
+      const int64_t left = p.rows - r0;
+      if (left >= 8) {
+        q4_k_tile_rows<8>(p, x, tile.data(), pairs.data(), r0, j0, lanes, s.data(), m.data());
+        r0 += 8;
+      } else if (left >= 4) {
+        q4_k_tile_rows<4>(p, x, tile.data(), pairs.data(), r0, j0, lanes, s.data(), m.data());
+        r0 += 4;
+      } else if (left >= 2) {
+        q4_k_tile_rows<2>(p, x, tile.data(), pairs.data(), r0, j0, lanes, s.data(), m.data());
+        r0 += 2;
+      } else {
+        q4_k_tile_rows<1>(p, x, tile.data(), pairs.data(), r0, j0, lanes, s.data(), m.data());
+        r0 += 1;
+      }
+    }
+  }
+}
+
+// At and above this many x rows Q4_K takes the repacked tiles (rows_q4_k_tiles).
+constexpr int64_t kQ4KTileMinRows = 4;
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
+  if (p.wt == WeightType::kQ4_K && p.rows >= kQ4KTileMinRows) return rows_q4_k_tiles(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
