@@ -212,324 +212,45 @@ struct SuperKernels512 {
   }
 };
 
-// ---- Q4_K and Q6_K over several x rows (rows_tiles): W taken 16 rows at a time, repacked once
-// per call into a buffer that stays in L2 so that zmm lane r is W row r. A sub-block's 32 weights
-// (Q4_K) or a group's 16 (Q6_K) then meet x by 8 or 4 vpdpbusd (the unsigned 4 or 6-bit values
-// of dword t of each of the 16 rows against x's dword t, broadcast), whose lanes hold that
-// sub-block's or group's whole integer sum for each row, and its scale is applied once by one
-// vpmulld: one instruction per 64 products where SuperKernels512 takes two (vpmaddubsw, then
-// vpdpwssd with per-pair scales). The integer sums are the same exact values (a lane's sub-block
-// sum is at most 32·15·127 and Σ_j sc_j·S_j at most 8·63·60960; a group's at most 16·63·127 and
-// Σ_g sc_g·S_g at most 16·128·128016), and the combine runs on 16 W rows' lanes in the shared
-// order (matmul_int8.h), so the results are bitwise the shared path's.
-
-constexpr int kTileRows = 16;
-
-// At and above this many x rows Q4_K and Q6_K take the repacked tiles (rows_tiles).
-constexpr int64_t kTileMinRows = 4;
-
-inline __m512i broadcast_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm512_set1_epi32(v);
-}
-
-// Bits [shift, shift + 8) of every i32 lane, as a value 0..255.
-inline __m512i byte_of(__m512i v, int shift) {
-  return _mm512_and_si512(_mm512_srli_epi32(v, static_cast<unsigned>(shift)),
-                          _mm512_set1_epi32(255));
-}
-
-// i16 pairs (a | b << 16) of two vectors of values that fit i16.
-inline __m512i i16_pairs(__m512i a, __m512i b) {
-  return _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(b, 16));
-}
-
-// Lane r: the offset of W row min(r, rows - 1) (`row_bytes` apart): a short tile's last lanes
-// repeat its last row, whose results are not stored.
-inline __m512i tile_rows(int64_t row_bytes, int64_t rows) {
-  alignas(64) int32_t at[kTileRows];
-  for (int r = 0; r < kTileRows; ++r) {
-    at[r] = static_cast<int32_t>((r < rows ? r : rows - 1) * row_bytes);
-  }
-  return _mm512_load_si512(at);
-}
-
-inline __m512i gather(__m512i rows, const uint8_t* at) {
-  return _mm512_i32gather_epi32(rows, at, 1);
-}
-
-// One Q4_K super-block of a tile of 16 W rows, lane r row r: w[4j + t] the weights 4t..4t+3 of
-// sub-block j as unsigned bytes, sc[j] the sub-block scales as i32, mins[q] the mins
-// (m_2q, m_2q+1) as i16 pairs, d and dmin as f32. aux: per x row and super-block 4 i32, x's group
-// sums as the pairs the mins meet (q4_k_aux).
-struct Q4KTile {
-  static constexpr bool kMins = true;
-  static constexpr int64_t kBytes = kQ4_KBlockBytes;
-  static constexpr int kAux = 4;
-  __m512i w[64];
-  __m512i sc[8];
-  __m512i mins[4];
-  __m512 d, dmin;
-
-  // The packed 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
-  void repack_scales(const uint8_t* blk, __m512i rows) {
-    const __m512i dd = gather(rows, blk);  // d | dmin << 16
-    d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-    dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
-    const __m512i a = gather(rows, blk + 4), b = gather(rows, blk + 8), c = gather(rows, blk + 12);
-    const __m512i k6 = _mm512_set1_epi8(0x3f), k4 = _mm512_set1_epi8(15), k2 = _mm512_set1_epi8(3);
-    const __m512i sc03 = _mm512_and_si512(a, k6), m03 = _mm512_and_si512(b, k6);
-    const __m512i sc47 =
-        _mm512_or_si512(_mm512_and_si512(c, k4),
-                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), k2), 4));
-    const __m512i m47 =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), k4),
-                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 6), k2), 4));
-    for (int j = 0; j < 4; ++j) {
-      sc[j] = byte_of(sc03, 8 * j);
-      sc[j + 4] = byte_of(sc47, 8 * j);
-    }
-    for (int q = 0; q < 2; ++q) {
-      mins[q] = i16_pairs(byte_of(m03, 16 * q), byte_of(m03, 16 * q + 8));
-      mins[q + 2] = i16_pairs(byte_of(m47, 16 * q), byte_of(m47, 16 * q + 8));
-    }
-  }
-
-  void repack(const uint8_t* blk, __m512i rows) {
-    const __m512i k4 = _mm512_set1_epi8(15);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
-#pragma GCC unroll 8
-      for (int t = 0; t < 8; ++t) {
-        const __m512i g = gather(rows, blk + 16 + 32 * c + 4 * t);
-        w[16 * c + t] = _mm512_and_si512(g, k4);
-        w[16 * c + 8 + t] = _mm512_and_si512(_mm512_srli_epi32(g, 4), k4);
-      }
-    }
-    repack_scales(blk, rows);
-  }
-
-  // M for one x row: Σ_j m_j·(its group sums 2j, 2j + 1).
-  __m512i mins_sum(const int32_t* aux) const {
-    __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mins[0], broadcast_i32(aux));
-#pragma GCC unroll 3
-    for (int q = 1; q < 4; ++q) m = _mm512_dpwssd_epi32(m, mins[q], broadcast_i32(aux + q));
-    return m;
+// 512-bit vectors for rows_tiles (matmul_int8_x86.h): 16 W rows a tile.
+struct Zmm {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static I zero() { return _mm512_setzero_si512(); }
+  static I load(const void* p) { return _mm512_loadu_si512(p); }
+  static void store(void* p, I v) { _mm512_storeu_si512(p, v); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I srli(I a, int n) { return _mm512_srli_epi32(a, static_cast<unsigned>(n)); }
+  static I slli(I a, int n) { return _mm512_slli_epi32(a, static_cast<unsigned>(n)); }
+  static I srai(I a, int n) { return _mm512_srai_epi32(a, static_cast<unsigned>(n)); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I madd(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  static I gather(I rows, const uint8_t* at) { return _mm512_i32gather_epi32(rows, at, 1); }
+  static F half_lo(I v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F fset1(float v) { return _mm512_set1_ps(v); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  // y[0, lanes) = v (or y + v).
+  static void store_rows(float* y, F v, int64_t lanes, bool accumulate) {
+    const auto mask = static_cast<__mmask16>((1u << lanes) - 1);
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), v);
+    _mm512_mask_storeu_ps(y, mask, v);
   }
 };
-
-// One Q6_K super-block of a tile: w[v] the unsigned 6-bit values of weights 4v..4v+3, sc[g] the
-// group scales as i32, pairs[p] (sc_2p, sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
-// (i16) per x row and super-block.
-struct Q6KTile {
-  static constexpr bool kMins = false;
-  static constexpr int64_t kBytes = kQ6_KBlockBytes;
-  static constexpr int kAux = 8;
-  __m512i w[64];
-  __m512i sc[16];
-  __m512i pairs[8];
-  __m512 d, dmin;
-
-  // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
-  // 2c, 2c + 1 of qh[32h + l] above it.
-  void repack(const uint8_t* blk, __m512i rows) {
-    const __m512i k4 = _mm512_set1_epi8(15), k2 = _mm512_set1_epi8(3);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-#pragma GCC unroll 8
-      for (int t = 0; t < 8; ++t) {
-        const __m512i qh = gather(rows, blk + 128 + 32 * h + 4 * t);
-#pragma GCC unroll 2
-        for (int c = 0; c < 2; ++c) {
-          const __m512i ql = gather(rows, blk + 64 * h + 32 * c + 4 * t);
-          const __m512i lo = _mm512_and_si512(ql, k4);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(ql, 4), k4);
-          const __m512i top_lo = _mm512_and_si512(_mm512_srli_epi32(qh, 2 * c), k2);
-          const __m512i top_hi = _mm512_and_si512(_mm512_srli_epi32(qh, 2 * c + 4), k2);
-          w[32 * h + 8 * c + t] = _mm512_or_si512(lo, _mm512_slli_epi32(top_lo, 4));
-          w[32 * h + 8 * c + 16 + t] = _mm512_or_si512(hi, _mm512_slli_epi32(top_hi, 4));
-        }
-      }
-    }
-    for (int q = 0; q < 4; ++q) {
-      const __m512i s4 = gather(rows, blk + 192 + 4 * q);
-      for (int i = 0; i < 4; ++i) {  // the int8 scale in byte i, sign-extended
-        sc[4 * q + i] = _mm512_srai_epi32(_mm512_slli_epi32(s4, 24 - 8 * i), 24);
-      }
-      pairs[2 * q] = i16_pairs(sc[4 * q], sc[4 * q + 1]);
-      pairs[2 * q + 1] = i16_pairs(sc[4 * q + 2], sc[4 * q + 3]);
-    }
-    // d in bytes 208-209: the dword at 206 (a row's last bytes are d's)
-    d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gather(rows, blk + 206), 16)));
-    dmin = _mm512_setzero_ps();
-  }
-
-  // The - 32 of every q: 32·Σ_g sc_g·(x's group sum g), to subtract.
-  __m512i offset(const int32_t* aux) const {
-    __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), pairs[0], broadcast_i32(aux));
-#pragma GCC unroll 7
-    for (int q = 1; q < 8; ++q) m = _mm512_dpwssd_epi32(m, pairs[q], broadcast_i32(aux + q));
-    return _mm512_slli_epi32(m, 5);
-  }
-};
-
-// R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
-// i's S (and Q4_K's M) of super-block b, 16 W rows' lanes, at s (m) + 16·(i·supers + b). A run
-// of kRun weights (a sub-block or group) is kRun / 4 dwords, its scale sc[run].
-template <class Tile, int R>
-void tile_dots(const Tile* tile, int64_t supers, const int8_t* xq, int64_t k, const int32_t* aux,
-               int32_t* s, int32_t* m) {
-  constexpr int kRuns = sizeof(Tile::sc) / sizeof(__m512i), kDwords = 64 / kRuns;
-  for (int64_t b = 0; b < supers; ++b) {
-    const Tile& o = tile[b];
-    const int8_t* xb = xq + 256 * b;
-    __m512i sum[R];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) sum[i] = _mm512_setzero_si512();
-    for (int run = 0; run < kRuns; ++run) {
-      __m512i a[R];
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) a[i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int t = 0; t < kDwords; ++t) {
-        const __m512i wv = _mm512_load_si512(&o.w[kDwords * run + t]);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          a[i] = _mm512_dpbusd_epi32(a[i], wv, broadcast_i32(xb + i * k + 4 * (kDwords * run + t)));
-        }
-      }
-      const __m512i sc = _mm512_load_si512(&o.sc[run]);
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(a[i], sc));
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const int32_t* ai = aux + (i * supers + b) * Tile::kAux;
-      if constexpr (Tile::kMins) {
-        _mm512_storeu_si512(m + 16 * (i * supers + b), o.mins_sum(ai));
-      } else {
-        sum[i] = _mm512_sub_epi32(sum[i], o.offset(ai));
-      }
-      _mm512_storeu_si512(s + 16 * (i * supers + b), sum[i]);
-    }
-  }
-}
-
-// matmul_int8.h's tree of 8 lanes, for 16 W rows at once.
-inline __m512 tree8_rows(const __m512* l) {
-  __m512 s4[4];
-  for (int i = 0; i < 4; ++i) s4[i] = _mm512_add_ps(l[i], l[i + 4]);
-  return _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
-}
-
-// One x row's combine (matmul_int8.h) over a tile: the `lanes` W rows' y stored at `y`.
-template <class Tile>
-void combine_tile(const Tile* tile, int64_t supers, const float* dx, const int32_t* s,
-                  const int32_t* m, float* y, int64_t lanes, bool accumulate) {
-  __m512 acc[8], accm[8];
-#pragma GCC unroll 8
-  for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm512_setzero_ps();
-  for (int64_t b0 = 0; b0 < supers; b0 += 8) {
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) {  // lane l: super-block b0 + l
-      const int64_t b = b0 + l;
-      if (b >= supers) break;
-      const __m512 x = _mm512_set1_ps(dx[b]);
-      acc[l] =
-          _mm512_add_ps(acc[l], _mm512_mul_ps(_mm512_mul_ps(x, tile[b].d),
-                                              _mm512_cvtepi32_ps(_mm512_loadu_si512(s + 16 * b))));
-      if constexpr (Tile::kMins) {
-        const __m512 u = _mm512_mul_ps(_mm512_mul_ps(x, tile[b].dmin),
-                                       _mm512_cvtepi32_ps(_mm512_loadu_si512(m + 16 * b)));
-        accm[l] = _mm512_add_ps(accm[l], u);
-      }
-    }
-  }
-  __m512 out = tree8_rows(acc);
-  if constexpr (Tile::kMins) out = _mm512_sub_ps(out, tree8_rows(accm));
-  const auto mask = static_cast<__mmask16>((1u << lanes) - 1);
-  if (accumulate) out = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), out);
-  _mm512_mask_storeu_ps(y, mask, out);
-}
-
-// x's Q8_K group sums per row and super-block, as Tile's aux: Q6_K's 16 i16 as they are; Q4_K's
-// 4 i32, q holding (bsum_4q + bsum_4q+1) | (bsum_4q+2 + bsum_4q+3) << 16 (each at most 32·127).
-template <class Tile>
-std::vector<int32_t> tile_aux(const QuantizedX& x, int64_t rows, int64_t supers) {
-  std::vector<int32_t> out(static_cast<size_t>(rows * supers * Tile::kAux));
-  if constexpr (Tile::kMins) {
-    for (size_t g = 0; g < out.size(); ++g) {
-      const int16_t* bs = x.bsums.data() + 4 * g;
-      const auto lo = static_cast<uint16_t>(bs[0] + bs[1]);
-      const auto hi = static_cast<uint16_t>(bs[2] + bs[3]);
-      out[g] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
-    }
-  } else {
-    std::memcpy(out.data(), x.bsums.data(), out.size() * sizeof(int32_t));
-  }
-  return out;
-}
-
-// A tile's scratch for one call: the repacked super-blocks, x's aux, the sums of 8 x rows.
-template <class Tile>
-struct TileScratch {
-  std::vector<Tile> tile;
-  std::vector<int32_t> aux, s, m;
-};
-
-// R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
-template <class Tile, int R>
-void tile_rows(const Problem& p, const QuantizedX& x, TileScratch<Tile>& t, int64_t r0, int64_t j0,
-               int64_t lanes) {
-  const int64_t supers = p.k / kSuperBlockWeights;
-  tile_dots<Tile, R>(t.tile.data(), supers, x.q.data() + r0 * p.k, p.k,
-                     t.aux.data() + r0 * supers * Tile::kAux, t.s.data(), t.m.data());
-  for (int64_t i = 0; i < R; ++i) {
-    combine_tile(t.tile.data(), supers, x.d.data() + (r0 + i) * x.d_stride,
-                 t.s.data() + 16 * i * supers, t.m.data() + 16 * i * supers,
-                 p.y + (r0 + i) * p.ldy + j0, lanes, p.accumulate);
-  }
-}
-
-template <class Tile>
-void rows_tiles(const Problem& p, const QuantizedX& x) {
-  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * Tile::kBytes;
-  TileScratch<Tile> t{std::vector<Tile>(static_cast<size_t>(supers)),
-                      tile_aux<Tile>(x, p.rows, supers),
-                      std::vector<int32_t>(static_cast<size_t>(8 * 16 * supers)),
-                      std::vector<int32_t>(static_cast<size_t>(8 * 16 * supers))};
-  const auto* w = static_cast<const uint8_t*>(p.w);
-  for (int64_t j0 = 0; j0 < p.n; j0 += kTileRows) {
-    const int64_t lanes = p.n - j0 < kTileRows ? p.n - j0 : kTileRows;
-    const __m512i rows = tile_rows(row_bytes, lanes);
-    // the next tile's rows arrive while this one meets the x rows
-    const int64_t next = (j0 + kTileRows) * row_bytes, end = p.n * row_bytes;
-    for (int64_t at = next; at < next + kTileRows * row_bytes && at < end; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
-    }
-    for (int64_t b = 0; b < supers; ++b)
-      t.tile[b].repack(w + j0 * row_bytes + b * Tile::kBytes, rows);
-    for (int64_t r0 = 0; r0 < p.rows;) {
-      const int64_t left = p.rows - r0;
-      if (left >= 8) {
-        tile_rows<Tile, 8>(p, x, t, r0, j0, lanes);
-      } else if (left >= 4) {
-        tile_rows<Tile, 4>(p, x, t, r0, j0, lanes);
-      } else if (left >= 2) {
-        tile_rows<Tile, 2>(p, x, t, r0, j0, lanes);
-      } else {
-        tile_rows<Tile, 1>(p, x, t, r0, j0, lanes);
-      }
-      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    }
-  }
-}
 
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
-  if (p.wt == WeightType::kQ4_K && p.rows >= kTileMinRows) return rows_tiles<Q4KTile>(p, x);
-  if (p.wt == WeightType::kQ6_K && p.rows >= kTileMinRows) return rows_tiles<Q6KTile>(p, x);
+  if (p.wt == WeightType::kQ4_K && p.rows >= kTileMinRows) return rows_tiles<Zmm, Q4KTile>(p, x);
+  if (p.wt == WeightType::kQ6_K && p.rows >= kTileMinRows) return rows_tiles<Zmm, Q6KTile>(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
