@@ -206,6 +206,7 @@ void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole
 
 void int8_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 131072, 1024})
+      ->Args({8, 3072, 1024})
       ->Args({16, 3072, 1024})
       ->Args({64, 3072, 1024})
       ->Args({16, 32768, 1024})

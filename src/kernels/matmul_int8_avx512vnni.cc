@@ -217,6 +217,7 @@ struct Zmm {
   using I = __m512i;
   using F = __m512;
   static constexpr int kLanes = 16;
+  static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8;
   static I zero() { return _mm512_setzero_si512(); }
   static I load(const void* p) { return _mm512_loadu_si512(p); }
   static void store(void* p, I v) { _mm512_storeu_si512(p, v); }
@@ -249,8 +250,10 @@ struct Zmm {
 
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
-  if (p.wt == WeightType::kQ4_K && p.rows >= kTileMinRows) return rows_tiles<Zmm, Q4KTile>(p, x);
-  if (p.wt == WeightType::kQ6_K && p.rows >= kTileMinRows) return rows_tiles<Zmm, Q6KTile>(p, x);
+  if (p.wt == WeightType::kQ4_K && p.rows >= Zmm::kMinRowsQ4K)
+    return rows_tiles<Zmm, Q4KTile>(p, x);
+  if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
+    return rows_tiles<Zmm, Q6KTile>(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());

@@ -462,10 +462,10 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
 // most 8·63·60960; a group's at most 16·63·127 and Σ_g sc_g·S_g at most 16·128·128016), and the
 // combine runs on the W rows' lanes in the shared order (matmul_int8.h), so the results are
 // bitwise the shared path's. V: the vector class (Ymm<Dot> below, or the AVX-512 target's Zmm):
-// integer vector I, float vector F, kLanes, and the operations the code below names.
-
-// At and above this many x rows Q4_K and Q6_K take the repacked tiles (rows_tiles).
-constexpr int64_t kTileMinRows = 4;
+// integer vector I, float vector F, kLanes, the operations the code below names, and kMinRowsQ4K,
+// kMinRowsQ6K: from how many x rows on each type takes the tiles (the repack costs a few x rows'
+// dots; below those counts the per-row kernels measured as fast or faster: matmul_benchmark at 4,
+// 8 and 16 rows, docs/design/quantized_matmul.md).
 
 // 256-bit vectors over a Dot of this header.
 template <class Dot>
@@ -473,6 +473,7 @@ struct Ymm {
   using I = __m256i;
   using F = __m256;
   static constexpr int kLanes = 8;
+  static constexpr int64_t kMinRowsQ4K = 16, kMinRowsQ6K = 16;
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
@@ -812,10 +813,10 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
     case WeightType::kQ4_0:
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
-      if (p.rows >= kTileMinRows) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
+      if (p.rows >= Ymm<Dot>::kMinRowsQ4K) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
       return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
-      if (p.rows >= kTileMinRows) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
+      if (p.rows >= Ymm<Dot>::kMinRowsQ6K) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
       return rows_super<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
     default:
       return;
