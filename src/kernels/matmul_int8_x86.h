@@ -6,8 +6,10 @@
 // the signed side is x's q times a sign, and x's q lies in [-127, 127]), vpdpbusd with VNNI; and
 // `static __m256i madd(__m256i acc, __m256i a, __m256i b)` adds to each i32 lane of acc the two
 // products of its i16 pairs (vpmaddwd then vpaddd, or vpdpwssd). A signed weight w enters as |w|
-// (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. Include it only from
-// those files, after <immintrin.h>; everything has internal linkage.
+// (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. The repacked Q4_K /
+// Q6_K tiles (rows_tiles) are one source over a vector class: Ymm<Dot> here, 512-bit vectors in
+// matmul_int8_avx512vnni.cc. Include it only from those files, after <immintrin.h>; everything
+// has internal linkage.
 #pragma once
 
 #include <immintrin.h>
