@@ -205,7 +205,12 @@ void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole
 }
 
 void int8_shapes(benchmark::internal::Benchmark* b) {
-  b->Args({1, 131072, 1024})->Args({16, 3072, 1024})->UseRealTime();
+  b->Args({1, 131072, 1024})
+      ->Args({8, 3072, 1024})
+      ->Args({16, 3072, 1024})
+      ->Args({64, 3072, 1024})
+      ->Args({16, 32768, 1024})
+      ->UseRealTime();
 }
 
 // Precision exact over the same block-quantized W (dequantized in registers against f32 x): the

@@ -212,8 +212,48 @@ struct SuperKernels512 {
   }
 };
 
+// 512-bit vectors for rows_tiles (matmul_int8_x86.h): 16 W rows a tile.
+struct Zmm {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8;
+  static I zero() { return _mm512_setzero_si512(); }
+  static I load(const void* p) { return _mm512_loadu_si512(p); }
+  static void store(void* p, I v) { _mm512_storeu_si512(p, v); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I srli(I a, int n) { return _mm512_srli_epi32(a, static_cast<unsigned>(n)); }
+  static I slli(I a, int n) { return _mm512_slli_epi32(a, static_cast<unsigned>(n)); }
+  static I srai(I a, int n) { return _mm512_srai_epi32(a, static_cast<unsigned>(n)); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I madd(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  static I gather(I rows, const uint8_t* at) { return _mm512_i32gather_epi32(rows, at, 1); }
+  static F half_lo(I v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F fset1(float v) { return _mm512_set1_ps(v); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  // y[0, lanes) = v (or y + v).
+  static void store_rows(float* y, F v, int64_t lanes, bool accumulate) {
+    const auto mask = static_cast<__mmask16>((1u << lanes) - 1);
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), v);
+    _mm512_mask_storeu_ps(y, mask, v);
+  }
+};
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
+  if (p.wt == WeightType::kQ4_K && p.rows >= Zmm::kMinRowsQ4K)
+    return rows_tiles<Zmm, Q4KTile>(p, x);
+  if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
+    return rows_tiles<Zmm, Q6KTile>(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());

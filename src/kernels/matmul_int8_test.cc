@@ -342,7 +342,9 @@ TEST(MatmulInt8, Q8_0AndQ4_0PathsMatchTheQuantizedF64ReferenceOnOddShapes) {
 
 TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
-    for (int64_t rows : {1, 2, 7, 17}) {  // x86 takes x rows 4 at a time: 7 ends with 3
+    // x86 takes x rows 4 at a time (7 ends with 3), or from 4 to 16 rows on in the repacked
+    // tiles, 8, 4, 2 and 1 at a time (31 takes each)
+    for (int64_t rows : {1, 2, 7, 17, 31}) {
       for (int64_t in : {256, 768, 2560}) {
         for (int64_t out : {1, 5, 37}) ASSERT_NO_FATAL_FAILURE(expect_paths(dt, rows, in, out));
       }

@@ -6,8 +6,10 @@
 // the signed side is x's q times a sign, and x's q lies in [-127, 127]), vpdpbusd with VNNI; and
 // `static __m256i madd(__m256i acc, __m256i a, __m256i b)` adds to each i32 lane of acc the two
 // products of its i16 pairs (vpmaddwd then vpaddd, or vpdpwssd). A signed weight w enters as |w|
-// (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. Include it only from
-// those files, after <immintrin.h>; everything has internal linkage.
+// (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. The repacked Q4_K /
+// Q6_K tiles (rows_tiles) are one source over a vector class: Ymm<Dot> here, 512-bit vectors in
+// matmul_int8_avx512vnni.cc. Include it only from those files, after <immintrin.h>; everything
+// has internal linkage.
 #pragma once
 
 #include <immintrin.h>
@@ -451,6 +453,360 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   }
 }
 
+// ---- Q4_K and Q6_K over several x rows (rows_tiles): W taken V::kLanes rows at a time (8 on
+// ymm, 16 on zmm), repacked once per call into a buffer that stays in L2 so that vector lane r is
+// W row r. A sub-block's 32 weights (Q4_K) or a group's 16 (Q6_K) then meet x by 8 or 4 V::dot
+// (the unsigned 4 or 6-bit values of dword t of each W row against x's dword t, broadcast), whose
+// lanes hold that sub-block's or group's whole integer sum for each row, and its scale is applied
+// once by one vpmulld: with vpdpbusd one instruction per 4 products a lane, where the per-row
+// super-block kernels take two (vpmaddubsw, then a multiply-add with per-pair scales). The integer
+// sums are the same exact values (a lane's sub-block sum is at most 32·15·127 and Σ_j sc_j·S_j at
+// most 8·63·60960; a group's at most 16·63·127 and Σ_g sc_g·S_g at most 16·128·128016), and the
+// combine runs on the W rows' lanes in the shared order (matmul_int8.h), so the results are
+// bitwise the shared path's. V: the vector class (Ymm<Dot> below, or the AVX-512 target's Zmm):
+// integer vector I, float vector F, kLanes, the operations the code below names, and kMinRowsQ4K,
+// kMinRowsQ6K: from how many x rows on each type takes the tiles (the repack costs a few x rows'
+// dots; below those counts the per-row kernels measured as fast or faster: matmul_benchmark at 4,
+// 8 and 16 rows, docs/design/quantized_matmul.md).
+
+// 256-bit vectors over a Dot of this header.
+template <class Dot>
+struct Ymm {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static constexpr int64_t kMinRowsQ4K = 16, kMinRowsQ6K = 16;
+  static I zero() { return _mm256_setzero_si256(); }
+  static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I srli(I a, int n) { return _mm256_srli_epi32(a, n); }
+  static I slli(I a, int n) { return _mm256_slli_epi32(a, n); }
+  static I srai(I a, int n) { return _mm256_srai_epi32(a, n); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I dot(I acc, I u, I s) { return Dot::dot(acc, u, s); }
+  static I madd(I acc, I a, I b) { return Dot::madd(acc, a, b); }
+  static I gather(I rows, const uint8_t* at) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(at), rows, 1);
+  }
+  // The binary16 in each lane's low 16 bits as f32.
+  static F half_lo(I v) {
+    const I m = and_(v, set1(0xffff));
+    return _mm256_cvtph_ps(
+        _mm_packus_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1)));
+  }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F fset1(float v) { return _mm256_set1_ps(v); }
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  // y[0, lanes) = v (or y + v).
+  static void store_rows(float* y, F v, int64_t lanes, bool accumulate) {
+    const I mask = _mm256_cmpgt_epi32(set1(static_cast<int32_t>(lanes)),
+                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(y, mask), v);
+    _mm256_maskstore_ps(y, mask, v);
+  }
+};
+
+template <class V>
+inline typename V::I broadcast_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return V::set1(v);
+}
+
+// Bits [shift, shift + 8) of every i32 lane, as a value 0..255.
+template <class V>
+inline typename V::I byte_of(typename V::I v, int shift) {
+  return V::and_(V::srli(v, shift), V::set1(255));
+}
+
+// i16 pairs (a | b << 16) of two vectors of values that fit i16.
+template <class V>
+inline typename V::I i16_pairs(typename V::I a, typename V::I b) {
+  return V::or_(V::and_(a, V::set1(0xffff)), V::slli(b, 16));
+}
+
+// Lane r: the offset of W row min(r, rows - 1) (`row_bytes` apart): a short tile's last lanes
+// repeat its last row, whose results are not stored.
+template <class V>
+inline typename V::I tile_rows(int64_t row_bytes, int64_t rows) {
+  alignas(64) int32_t at[V::kLanes];
+  for (int r = 0; r < V::kLanes; ++r) {
+    at[r] = static_cast<int32_t>((r < rows ? r : rows - 1) * row_bytes);
+  }
+  return V::load(at);
+}
+
+// One Q4_K super-block of a tile, lane r W row r: w[8j + t] the weights 4t..4t+3 of sub-block j
+// as unsigned bytes, sc[j] the sub-block scales as i32, mins[q] the mins (m_2q, m_2q+1) as i16
+// pairs, d and dmin as f32. aux: per x row and super-block 4 i32, x's group sums as the pairs the
+// mins meet (tile_aux).
+template <class V>
+struct Q4KTile {
+  using I = typename V::I;
+  static constexpr bool kMins = true;
+  static constexpr int64_t kBytes = kQ4_KBlockBytes;
+  static constexpr int kRuns = 8, kAux = 4;
+  I w[64];
+  I sc[8];
+  I mins[4];
+  typename V::F d, dmin;
+
+  // The packed 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
+  void repack_scales(const uint8_t* blk, I rows) {
+    const I dd = V::gather(rows, blk);  // d | dmin << 16
+    d = V::half_lo(dd);
+    dmin = V::half_lo(V::srli(dd, 16));
+    const I a = V::gather(rows, blk + 4), b = V::gather(rows, blk + 8),
+            c = V::gather(rows, blk + 12);
+    const I k6 = V::set1(0x3f3f3f3f), k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
+    const I sc03 = V::and_(a, k6), m03 = V::and_(b, k6);
+    const I sc47 = V::or_(V::and_(c, k4), V::slli(V::and_(V::srli(a, 6), k2), 4));
+    const I m47 = V::or_(V::and_(V::srli(c, 4), k4), V::slli(V::and_(V::srli(b, 6), k2), 4));
+    for (int j = 0; j < 4; ++j) {
+      sc[j] = byte_of<V>(sc03, 8 * j);
+      sc[j + 4] = byte_of<V>(sc47, 8 * j);
+    }
+    for (int q = 0; q < 2; ++q) {
+      mins[q] = i16_pairs<V>(byte_of<V>(m03, 16 * q), byte_of<V>(m03, 16 * q + 8));
+      mins[q + 2] = i16_pairs<V>(byte_of<V>(m47, 16 * q), byte_of<V>(m47, 16 * q + 8));
+    }
+  }
+
+  void repack(const uint8_t* blk, I rows) {
+    const I k4 = V::set1(0x0f0f0f0f);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        const I g = V::gather(rows, blk + 16 + 32 * c + 4 * t);
+        w[16 * c + t] = V::and_(g, k4);
+        w[16 * c + 8 + t] = V::and_(V::srli(g, 4), k4);
+      }
+    }
+    repack_scales(blk, rows);
+  }
+
+  // M of one x row: Σ_j m_j·(its group sums 2j, 2j + 1).
+  I mins_sum(const int32_t* aux) const {
+    I m = V::madd(V::zero(), mins[0], broadcast_i32<V>(aux));
+#pragma GCC unroll 3
+    for (int q = 1; q < 4; ++q) m = V::madd(m, mins[q], broadcast_i32<V>(aux + q));
+    return m;
+  }
+};
+
+// One Q6_K super-block of a tile: w[v] the unsigned 6-bit values of weights 4v..4v+3, sc[g] the
+// group scales as i32, pairs[p] (sc_2p, sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
+// (i16) per x row and super-block.
+template <class V>
+struct Q6KTile {
+  using I = typename V::I;
+  static constexpr bool kMins = false;
+  static constexpr int64_t kBytes = kQ6_KBlockBytes;
+  static constexpr int kRuns = 16, kAux = 8;
+  I w[64];
+  I sc[16];
+  I pairs[8];
+  typename V::F d, dmin;
+
+  // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
+  // 2c, 2c + 1 of qh[32h + l] above it.
+  void repack(const uint8_t* blk, I rows) {
+    const I k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        const I qh = V::gather(rows, blk + 128 + 32 * h + 4 * t);
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; ++c) {
+          const I ql = V::gather(rows, blk + 64 * h + 32 * c + 4 * t);
+          const I top_lo = V::and_(V::srli(qh, 2 * c), k2);
+          const I top_hi = V::and_(V::srli(qh, 2 * c + 4), k2);
+          w[32 * h + 8 * c + t] = V::or_(V::and_(ql, k4), V::slli(top_lo, 4));
+          w[32 * h + 8 * c + 16 + t] = V::or_(V::and_(V::srli(ql, 4), k4), V::slli(top_hi, 4));
+        }
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const I s4 = V::gather(rows, blk + 192 + 4 * q);
+      for (int i = 0; i < 4; ++i) sc[4 * q + i] = V::srai(V::slli(s4, 24 - 8 * i), 24);
+      pairs[2 * q] = i16_pairs<V>(sc[4 * q], sc[4 * q + 1]);
+      pairs[2 * q + 1] = i16_pairs<V>(sc[4 * q + 2], sc[4 * q + 3]);
+    }
+    d = V::half_lo(V::srli(V::gather(rows, blk + 206), 16));  // bytes 208-209: a row's last
+    dmin = V::fzero();
+  }
+
+  // The - 32 of every q: 32·Σ_g sc_g·(x's group sum g), to subtract.
+  I offset(const int32_t* aux) const {
+    I m = V::madd(V::zero(), pairs[0], broadcast_i32<V>(aux));
+#pragma GCC unroll 7
+    for (int q = 1; q < 8; ++q) m = V::madd(m, pairs[q], broadcast_i32<V>(aux + q));
+    return V::slli(m, 5);
+  }
+};
+
+// R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
+// i's S (and Q4_K's M) of super-block b, one lane per W row, at s (m) + kLanes·(i·supers + b). A
+// run (a sub-block or group) is 64 / kRuns dwords, its scale sc[run].
+template <class V, class Tile, int R>
+void tile_dots(const Tile* tile, int64_t supers, const int8_t* xq, int64_t k, const int32_t* aux,
+               int32_t* s, int32_t* m) {
+  using I = typename V::I;
+  constexpr int kDwords = 64 / Tile::kRuns;
+  for (int64_t b = 0; b < supers; ++b) {
+    const Tile& o = tile[b];
+    const int8_t* xb = xq + 256 * b;
+    I sum[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) sum[i] = V::zero();
+    for (int run = 0; run < Tile::kRuns; ++run) {
+      I a[R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) a[i] = V::zero();
+#pragma GCC unroll 8
+      for (int t = 0; t < kDwords; ++t) {
+        const I wv = o.w[kDwords * run + t];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * (kDwords * run + t)));
+        }
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) sum[i] = V::add(sum[i], V::mullo(a[i], o.sc[run]));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const int32_t* ai = aux + (i * supers + b) * Tile::kAux;
+      if constexpr (Tile::kMins) {
+        V::store(m + V::kLanes * (i * supers + b), o.mins_sum(ai));
+      } else {
+        sum[i] = V::sub(sum[i], o.offset(ai));
+      }
+      V::store(s + V::kLanes * (i * supers + b), sum[i]);
+    }
+  }
+}
+
+// matmul_int8.h's tree of 8 lanes, for kLanes W rows at once.
+template <class V>
+inline typename V::F tree8_rows(const typename V::F* l) {
+  typename V::F s4[4];
+  for (int i = 0; i < 4; ++i) s4[i] = V::fadd(l[i], l[i + 4]);
+  return V::fadd(V::fadd(s4[0], s4[2]), V::fadd(s4[1], s4[3]));
+}
+
+// One x row's combine (matmul_int8.h) over a tile: the `lanes` W rows' y stored at `y`.
+template <class V, class Tile>
+void combine_tile(const Tile* tile, int64_t supers, const float* dx, const int32_t* s,
+                  const int32_t* m, float* y, int64_t lanes, bool accumulate) {
+  using F = typename V::F;
+  F acc[8], accm[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) acc[l] = accm[l] = V::fzero();
+  for (int64_t b0 = 0; b0 < supers; b0 += 8) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {  // lane l: super-block b0 + l
+      const int64_t b = b0 + l;
+      if (b >= supers) break;
+      const F x = V::fset1(dx[b]);
+      const F t = V::fmul(V::fmul(x, tile[b].d), V::cvt(V::load(s + V::kLanes * b)));
+      acc[l] = V::fadd(acc[l], t);
+      if constexpr (Tile::kMins) {
+        const F u = V::fmul(V::fmul(x, tile[b].dmin), V::cvt(V::load(m + V::kLanes * b)));
+        accm[l] = V::fadd(accm[l], u);
+      }
+    }
+  }
+  F out = tree8_rows<V>(acc);
+  if constexpr (Tile::kMins) out = V::fsub(out, tree8_rows<V>(accm));
+  V::store_rows(y, out, lanes, accumulate);
+}
+
+// x's Q8_K group sums per row and super-block, as Tile's aux: Q6_K's 16 i16 as they are; Q4_K's
+// 4 i32, q holding (bsum_4q + bsum_4q+1) | (bsum_4q+2 + bsum_4q+3) << 16 (each at most 32·127).
+template <class Tile>
+std::vector<int32_t> tile_aux(const QuantizedX& x, int64_t rows, int64_t supers) {
+  std::vector<int32_t> out(static_cast<size_t>(rows * supers * Tile::kAux));
+  if constexpr (Tile::kMins) {
+    for (size_t g = 0; g < out.size(); ++g) {
+      const int16_t* bs = x.bsums.data() + 4 * g;
+      const auto lo = static_cast<uint16_t>(bs[0] + bs[1]);
+      const auto hi = static_cast<uint16_t>(bs[2] + bs[3]);
+      out[g] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+    }
+  } else {
+    std::memcpy(out.data(), x.bsums.data(), out.size() * sizeof(int32_t));
+  }
+  return out;
+}
+
+// A tile's scratch for one call: the repacked super-blocks, x's aux, the sums of 8 x rows.
+template <class Tile>
+struct TileScratch {
+  std::vector<Tile> tile;
+  std::vector<int32_t> aux, s, m;
+};
+
+// R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
+template <class V, class Tile, int R>
+void tile_rows_of(const Problem& p, const QuantizedX& x, TileScratch<Tile>& t, int64_t r0,
+                  int64_t j0, int64_t lanes) {
+  const int64_t supers = p.k / kSuperBlockWeights;
+  tile_dots<V, Tile, R>(t.tile.data(), supers, x.q.data() + r0 * p.k, p.k,
+                        t.aux.data() + r0 * supers * Tile::kAux, t.s.data(), t.m.data());
+  for (int64_t i = 0; i < R; ++i) {
+    combine_tile<V>(t.tile.data(), supers, x.d.data() + (r0 + i) * x.d_stride,
+                    t.s.data() + V::kLanes * i * supers, t.m.data() + V::kLanes * i * supers,
+                    p.y + (r0 + i) * p.ldy + j0, lanes, p.accumulate);
+  }
+}
+
+template <class V, template <class> class TileOf>
+void rows_tiles(const Problem& p, const QuantizedX& x) {
+  using Tile = TileOf<V>;
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * Tile::kBytes;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const auto sums = static_cast<size_t>(8 * V::kLanes * supers);
+  TileScratch<Tile> t{std::vector<Tile>(static_cast<size_t>(supers)),
+                      tile_aux<Tile>(x, p.rows, supers), std::vector<int32_t>(sums),
+                      std::vector<int32_t>(sums)};
+  for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
+    const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
+    const typename V::I rows = tile_rows<V>(row_bytes, lanes);
+    // the next tile's rows arrive while this one meets the x rows
+    const int64_t next = (j0 + V::kLanes) * row_bytes, end = p.n * row_bytes;
+    for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
+    }
+    for (int64_t b = 0; b < supers; ++b) {
+      t.tile[b].repack(w + j0 * row_bytes + b * Tile::kBytes, rows);
+    }
+    for (int64_t r0 = 0; r0 < p.rows;) {
+      const int64_t left = p.rows - r0;
+      if (left >= 8) {
+        tile_rows_of<V, Tile, 8>(p, x, t, r0, j0, lanes);
+      } else if (left >= 4) {
+        tile_rows_of<V, Tile, 4>(p, x, t, r0, j0, lanes);
+      } else if (left >= 2) {
+        tile_rows_of<V, Tile, 2>(p, x, t, r0, j0, lanes);
+      } else {
+        tile_rows_of<V, Tile, 1>(p, x, t, r0, j0, lanes);
+      }
+      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    }
+  }
+}
+
 template <class Dot>
 void rows_x86(const Problem& p, const QuantizedX& x) {
   switch (p.wt) {
@@ -459,8 +815,10 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
     case WeightType::kQ4_0:
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
+      if (p.rows >= Ymm<Dot>::kMinRowsQ4K) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
       return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
+      if (p.rows >= Ymm<Dot>::kMinRowsQ6K) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
       return rows_super<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
     default:
       return;
