@@ -551,21 +551,7 @@ class SimDevice final : public Device {
       c.release();
       return got;
     };
-    // Short single-block jobs of any core, in the order they were started (kept_by_scheduler).
-    if (short_jobs_begin_ < short_jobs_.size()) {
-      const ShortJob j = short_jobs_[short_jobs_begin_];
-      if (++short_jobs_begin_ == short_jobs_.size()) {
-        short_jobs_.clear();
-        short_jobs_begin_ = 0;
-      }
-      // The core's thread holds no job (a depth of 1), but may not have given its claim back
-      // after posting its last completion yet.
-      Core& c = *cores_[j.core];
-      while (!c.try_claim()) base::cpu_relax();
-      *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape});
-      c.release();
-      return true;
-    }
+    if (run_short_job(out)) return true;
     // The scheduler's core: its short jobs stay queued for the scheduler until none is left.
     if (scheduler_job_) {
       if (run_if_unclaimed(*cores_[0])) return true;
@@ -595,6 +581,24 @@ class SimDevice final : public Device {
   }
   static constexpr int64_t kShortJobNs = 10'000;
 
+  // Runs the oldest kept short job (kept_by_scheduler) on the scheduler thread, attributed to its
+  // core, and returns its completion; false when none is kept.
+  bool run_short_job(CoreCompletion* out) {
+    if (short_jobs_begin_ == short_jobs_.size()) return false;
+    const ShortJob j = short_jobs_[short_jobs_begin_];
+    if (++short_jobs_begin_ == short_jobs_.size()) {
+      short_jobs_.clear();
+      short_jobs_begin_ = 0;
+    }
+    // The core's thread holds no job (a depth of 1), but may not have given its claim back after
+    // posting its last completion yet.
+    Core& c = *cores_[j.core];
+    while (!c.try_claim()) base::cpu_relax();
+    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape});
+    c.release();
+    return true;
+  }
+
   // Whether a core running a job is predicted to finish it within `ns` from now.
   bool a_core_ends_within(int64_t ns) const {
     int64_t earliest = 0;
@@ -623,7 +627,12 @@ class SimDevice final : public Device {
       if (!deferred_.empty() && base::now_ns() - deferred_since_ns_ >= options_.spin_ns) {
         flush_deferred_wakes();
       }
-      return take_completion(out);
+      if (take_completion(out)) return true;
+      // A kept short job runs now: its cores have no thread that would run it meanwhile, and an
+      // orchestration polling between submits thereby overlaps its tasks' execution.
+      if (!run_short_job(out)) return false;
+      --jobs_in_flight_;
+      return true;
     }
     auto ready = [this] { return completions_.ready(); };
     if (!ready()) {
