@@ -686,6 +686,39 @@ TEST(SimDeviceSchedulerCore0, TimedShortJobsOfEveryCoreRunOnTheSchedulerThread) 
   EXPECT_GE(core1_on_scheduler, 1);
 }
 
+absl::Status ok_kernel(const task::KernelContext&) { return absl::OkStatus(); }
+
+// A fault planned for a job that the scheduler keeps (its core timed it short in the runs
+// before) fails that job with the plan's error, attributed to its run, task and core, as when
+// the core's thread runs it.
+TEST(SimDeviceSchedulerCore0, AFaultOnAJobTheSchedulerKeptNamesItsRunTaskAndCore) {
+  auto d =
+      make_with(2, SchedulerCore::kOn, *FaultPlan::parse("run=9:task=3:kind=kernel_error:code=5"));
+  Stream* s = *d->create_stream();
+  for (uint64_t r = 0; r < 10; ++r) {
+    std::vector<CoreCompletion> c;
+    auto rec = s->launch(r, [&](ExecContext& ctx) {
+      ctx.start(1, CoreJob{ok_kernel, nullptr, 0, 0, 1, 3, 7});
+      CoreCompletion done;
+      EXPECT_TRUE(ctx.next_completion(&done, true));
+      c.push_back(done);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].core, 1);
+    EXPECT_EQ(c[0].task_index, 3u);
+    EXPECT_EQ(c[0].tag, 7u);
+    if (r < 9) {
+      EXPECT_TRUE(c[0].status.ok()) << c[0].status;
+    } else {
+      EXPECT_EQ(c[0].status.code(), absl::StatusCode::kInternal);
+      EXPECT_NE(c[0].status.message().find("injected kernel_error, code 5"), std::string::npos)
+          << c[0].status;
+    }
+  }
+}
+
 TEST(SimDeviceSchedulerCore0, OffRunsEveryJobOfSeveralOnACoreThread) {
   auto d = make_with(2, SchedulerCore::kOff);
   std::vector<CoreCompletion> c;
