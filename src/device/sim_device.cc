@@ -500,7 +500,8 @@ class SimDevice final : public Device {
     const uint64_t shape = job_shape_key(job);
     const int64_t estimate = c.estimates.get(shape);
     if (kept_by_scheduler(job, estimate)) {
-      short_jobs_.push_back(ShortJob{core_index, job, run_id, shape});
+      short_jobs_.push_back(ShortJob{core_index, job, run_id, shape, estimate});
+      kept_ns_ += estimate;
       ++jobs_in_flight_;
       return;
     }
@@ -567,8 +568,10 @@ class SimDevice final : public Device {
 
   // Whether the scheduler keeps `job`, expected to take `estimate` ns on its core, and runs it
   // itself when it next waits (try_run_inline), whichever core it was started on, instead of
-  // queueing it for the core's thread. Where the cores are at least the CPUs (scheduler_core), a
-  // hand-off to another thread costs more than such a job: a wake-up (60-120 µs on a 2-vCPU VM), or
+  // queueing it for the core's thread: while the jobs it keeps add up to at most kShortJobNs, so
+  // that short independent tasks still spread over the cores once the scheduler has that much
+  // to run. Where the cores are at least the CPUs (scheduler_core), a hand-off to another thread
+  // costs more than such a job: a wake-up (60-120 µs on a 2-vCPU VM), or
   // a spinning core thread that holds the CPU the scheduler needs. A job of unknown duration goes
   // to its core, which measures it. Only at a queue depth of 1, where the executor starts a job
   // on a core only after the core's previous one came back, so the core has no other job and
@@ -577,7 +580,7 @@ class SimDevice final : public Device {
   // partner blocks), as before.
   bool kept_by_scheduler(const CoreJob& job, int64_t estimate) const {
     return scheduler_core_ && job.block_dim == 1 && options_.core_queue_depth == 1 &&
-           estimate > 0 && estimate < kShortJobNs;
+           estimate > 0 && kept_ns_ + estimate <= kShortJobNs;
   }
   static constexpr int64_t kShortJobNs = 10'000;
 
@@ -586,6 +589,7 @@ class SimDevice final : public Device {
   bool run_short_job(CoreCompletion* out) {
     if (short_jobs_begin_ == short_jobs_.size()) return false;
     const ShortJob j = short_jobs_[short_jobs_begin_];
+    kept_ns_ -= j.estimate;
     if (++short_jobs_begin_ == short_jobs_.size()) {
       short_jobs_.clear();
       short_jobs_begin_ = 0;
@@ -878,9 +882,11 @@ class SimDevice final : public Device {
     int32_t core = 0;
     CoreJob job;
     uint64_t run_id = 0;
-    uint64_t shape = 0;  // job_shape_key(job)
+    uint64_t shape = 0;    // job_shape_key(job)
+    int64_t estimate = 0;  // its core's estimate at start, in ns
   };
   std::vector<ShortJob> short_jobs_;
+  int64_t kept_ns_ = 0;  // the estimates of the kept jobs not yet run, summed
   size_t short_jobs_begin_ = 0;
 
   mutable base::Mutex abort_mu_;
