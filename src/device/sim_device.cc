@@ -236,6 +236,7 @@ struct Core {
   struct QueuedJob {
     CoreJob job;
     uint64_t run_id = 0;
+    uint64_t shape = 0;  // SimDevice::job_shape_key(job)
   };
   int32_t index = 0;
   std::thread thread;
@@ -280,9 +281,9 @@ struct Core {
     return true;
   }
   // The scheduler only: queues `job` (the queue has room: see above).
-  void push(const CoreJob& job, uint64_t run_id) {
+  void push(const CoreJob& job, uint64_t run_id, uint64_t shape) {
     const uint64_t t = tail.load(std::memory_order_relaxed);
-    queue[t % queue.size()] = QueuedJob{job, run_id};
+    queue[t % queue.size()] = QueuedJob{job, run_id, shape};
     tail.store(t + 1, std::memory_order_seq_cst);
   }
 };
@@ -480,24 +481,32 @@ class SimDevice final : public Device {
     }
   }
 
-  // Queues `job` to core `core_index`. A core thread that is awake (running its
-  // queue or spinning) takes it without a wake-up. A sleeping one is woken — except that one job
-  // at a time may be deferred, the scheduler running it itself when it next
-  // waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and
-  // the woken thread tens of µs more. The deferred job is a short job of the
-  // scheduler's core when there is one (scheduler_core: core 0's expected
-  // block time for a job of this shape under kLongJobNs, or unknown), else a
-  // job posted to a sleeping core while the device held no other. A deferred
-  // core thread is woken as soon as a second job starts, when the scheduler
-  // sleeps instead, or when the job has waited spin_ns; the scheduler's own
-  // jobs (scheduler_job_) wait for the scheduler, until a long one is queued behind them (its
-  // core thread, woken for it, runs them all in order).
+  // Starts `job` on core `core_index`. A job its core timed short stays with the scheduler,
+  // which runs it when it next waits (kept_by_scheduler); any other is queued to the core. A
+  // core thread that is awake (running its queue or spinning) takes it without a wake-up. A
+  // sleeping one is woken — except that one job at a time may be deferred, the scheduler running it
+  // itself when it next waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and the
+  // woken thread tens of µs more. The deferred job is a short job of the scheduler's core when
+  // there is one (scheduler_core: core 0's expected block time for a job of this shape under
+  // kLongJobNs, or unknown), else a job posted to a sleeping core while the device held no other. A
+  // deferred core thread is woken as soon as a second job starts, when the scheduler sleeps
+  // instead, or when the job has waited spin_ns; the scheduler's own jobs (scheduler_job_) wait for
+  // the scheduler, until a long one is queued behind them (its core thread, woken for it, runs them
+  // all in order).
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
     // Read before the job is published (the estimates are atomics: a core thread running an
     // earlier job of its queue may update them meanwhile).
-    const bool for_scheduler = schedulers_core(c) && duration_estimate(c, job) < kLongJobNs;
-    c.push(job, run_id);
+    const uint64_t shape = job_shape_key(job);
+    const int64_t estimate = c.estimates.get(shape);
+    if (kept_by_scheduler(job, estimate)) {
+      short_jobs_.push_back(ShortJob{core_index, job, run_id, shape, estimate});
+      kept_ns_ += estimate;
+      ++jobs_in_flight_;
+      return;
+    }
+    const bool for_scheduler = schedulers_core(c) && estimate < kLongJobNs;
+    c.push(job, run_id, shape);
     const bool sleeping = c.sleeping.load(std::memory_order_seq_cst);
     ++jobs_in_flight_;
     if (for_scheduler) {
@@ -539,10 +548,11 @@ class SimDevice final : public Device {
       if (!c.has_job() || !c.try_claim()) return false;
       Core::QueuedJob q;
       const bool got = c.pop(&q);
-      if (got) *out = execute(c, q.job, q.run_id);
+      if (got) *out = execute(c, q);
       c.release();
       return got;
     };
+    if (run_short_job(out)) return true;
     // The scheduler's core: its short jobs stay queued for the scheduler until none is left.
     if (scheduler_job_) {
       if (run_if_unclaimed(*cores_[0])) return true;
@@ -556,14 +566,51 @@ class SimDevice final : public Device {
     return false;
   }
 
+  // Whether the scheduler keeps `job`, expected to take `estimate` ns on its core, and runs it
+  // itself when it next waits (try_run_inline), whichever core it was started on, instead of
+  // queueing it for the core's thread: while the jobs it keeps add up to at most kShortJobNs, so
+  // that short independent tasks still spread over the cores once the scheduler has that much
+  // to run. Where the cores are at least the CPUs (scheduler_core), a hand-off to another thread
+  // costs more than such a job: a wake-up (60-120 µs on a 2-vCPU VM), or
+  // a spinning core thread that holds the CPU the scheduler needs. A job of unknown duration goes
+  // to its core, which measures it. Only at a queue depth of 1, where the executor starts a job
+  // on a core only after the core's previous one came back, so the core has no other job and
+  // its jobs still run one at a time and in order. Only a task's single block: the blocks of an
+  // SPMD task started together run at the same time on their cores (a kernel may wait for its
+  // partner blocks), as before.
+  bool kept_by_scheduler(const CoreJob& job, int64_t estimate) const {
+    return scheduler_core_ && job.block_dim == 1 && options_.core_queue_depth == 1 &&
+           estimate > 0 && kept_ns_ + estimate <= kShortJobNs;
+  }
+  static constexpr int64_t kShortJobNs = 10'000;
+
+  // Runs the oldest kept short job (kept_by_scheduler) on the scheduler thread, attributed to its
+  // core, and returns its completion; false when none is kept.
+  bool run_short_job(CoreCompletion* out) {
+    if (short_jobs_begin_ == short_jobs_.size()) return false;
+    const ShortJob j = short_jobs_[short_jobs_begin_];
+    kept_ns_ -= j.estimate;
+    if (++short_jobs_begin_ == short_jobs_.size()) {
+      short_jobs_.clear();
+      short_jobs_begin_ = 0;
+    }
+    // The core's thread holds no job (a depth of 1), but may not have given its claim back after
+    // posting its last completion yet.
+    Core& c = *cores_[j.core];
+    while (!c.try_claim()) base::cpu_relax();
+    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape});
+    c.release();
+    return true;
+  }
+
   // Whether a core running a job is predicted to finish it within `ns` from now.
   bool a_core_ends_within(int64_t ns) const {
-    const int64_t limit = base::now_ns() + ns;
+    int64_t earliest = 0;
     for (const auto& c : cores_) {
       const int64_t p = c->predicted_end_ns.load(std::memory_order_relaxed);
-      if (p > 0 && p <= limit) return true;
+      if (p > 0 && (earliest == 0 || p < earliest)) earliest = p;
     }
-    return false;
+    return earliest > 0 && earliest <= base::now_ns() + ns;  // the clock only when one runs
   }
 
   // Whether `c` is the core the scheduler thread stands in for (scheduler_core).
@@ -584,7 +631,12 @@ class SimDevice final : public Device {
       if (!deferred_.empty() && base::now_ns() - deferred_since_ns_ >= options_.spin_ns) {
         flush_deferred_wakes();
       }
-      return take_completion(out);
+      if (take_completion(out)) return true;
+      // A kept short job runs now: its cores have no thread that would run it meanwhile, and an
+      // orchestration polling between submits thereby overlaps its tasks' execution.
+      if (!run_short_job(out)) return false;
+      --jobs_in_flight_;
+      return true;
     }
     auto ready = [this] { return completions_.ready(); };
     if (!ready()) {
@@ -596,6 +648,12 @@ class SimDevice final : public Device {
         // first, instead of this thread taking the next block while they sit idle behind it.
         if (jobs_in_flight_ > 1 && a_core_ends_within(options_.spin_ns)) {
           spin_until(ready, options_.spin_ns);
+        }
+        if (!ready()) {  // nothing came meanwhile: no trip through the ring
+          --jobs_in_flight_;
+          *out = std::move(mine);
+          if (!deferred_.empty()) flush_deferred_wakes();
+          return true;
         }
         completions_.push(std::move(mine));
       }
@@ -655,20 +713,22 @@ class SimDevice final : public Device {
         continue;
       }
       Core::QueuedJob q;
-      while (c->pop(&q)) post_completion(execute(*c, q.job, q.run_id));
+      while (c->pop(&q)) post_completion(execute(*c, q));
       c->release();
       ran = true;
     }
   }
   // Runs one claimed job as core `c` and returns its completion.
-  CoreCompletion execute(Core& c, CoreJob job, uint64_t run_id) {
+  CoreCompletion execute(Core& c, const Core::QueuedJob& q) {
+    const CoreJob& job = q.job;
+    const uint64_t run_id = q.run_id;
     CoreCompletion done;
     done.core = c.index;
     done.tag = job.tag;
     done.task_index = job.task_index;
     done.block_idx = job.block_idx;
     done.start_ns = base::now_ns();
-    const int64_t estimate = duration_estimate(c, job);
+    const int64_t estimate = c.estimates.get(q.shape);
     c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
                              std::memory_order_relaxed);
     c.exec_run.store(run_id, std::memory_order_relaxed);
@@ -680,7 +740,7 @@ class SimDevice final : public Device {
     done.end_ns = base::now_ns();
     c.exec_start_ns.store(0, std::memory_order_relaxed);
     c.predicted_end_ns.store(0, std::memory_order_relaxed);
-    record_duration(c, job, done.end_ns - done.start_ns);
+    c.estimates.record(q.shape, done.end_ns - done.start_ns);
     return done;
   }
 
@@ -740,15 +800,6 @@ class SimDevice final : public Device {
     const auto fn = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(job.fn));
     // A collision only blends two estimates.
     return fn ^ (bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(job.block_dim) << 48);
-  }
-
-  // This core's moving average (1/8 weight) of the block duration of jobs of
-  // `job`'s shape, in ns; 0 = unknown. No lock: see DurationEstimates.
-  static int64_t duration_estimate(const Core& c, const CoreJob& job) {
-    return c.estimates.get(job_shape_key(job));
-  }
-  static void record_duration(Core& c, const CoreJob& job, int64_t ns) {
-    c.estimates.record(job_shape_key(job), ns);
   }
 
   absl::Status run_job(const CoreJob& job, uint64_t run_id, int32_t core) {
@@ -825,6 +876,18 @@ class SimDevice final : public Device {
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
   bool scheduler_job_ = false;     // core 0's short job waits for the scheduler (see start)
   int64_t deferred_since_ns_ = 0;
+  // Short single-block jobs of any core that the scheduler runs itself (kept_by_scheduler), FIFO
+  // from short_jobs_begin_.
+  struct ShortJob {
+    int32_t core = 0;
+    CoreJob job;
+    uint64_t run_id = 0;
+    uint64_t shape = 0;    // job_shape_key(job)
+    int64_t estimate = 0;  // its core's estimate at start, in ns
+  };
+  std::vector<ShortJob> short_jobs_;
+  int64_t kept_ns_ = 0;  // the estimates of the kept jobs not yet run, summed
+  size_t short_jobs_begin_ = 0;
 
   mutable base::Mutex abort_mu_;
   base::CondVar abort_cv_;

@@ -80,8 +80,10 @@ class ExecContext {
   // most ~50 µs of spinning) until one is available — every started job
   // completes, an injected hang when the device is aborted. Without `block`,
   // returns false when none is available. The sim device may run the job
-  // inside a blocking call itself (SimDeviceOptions::run_jobs_inline); the
-  // completion is the same as if its core had run it.
+  // inside a blocking call itself (SimDeviceOptions::run_jobs_inline), and a
+  // single-block job its core timed short inside a non-blocking call too
+  // (SimDeviceOptions::scheduler_core); the completion is the same as if its
+  // core had run it.
   virtual bool next_completion(CoreCompletion* out, bool block) = 0;
   // True once the device was aborted; the launch should stop and return.
   virtual bool aborted() const = 0;
@@ -211,7 +213,11 @@ struct SimDeviceOptions {
   // expected block time for jobs of that kernel, block count and tensor bytes under 300 µs, or
   // unknown) run on the scheduler thread
   // when it next waits for a completion, after the completions already there are handled, and
-  // core 0's thread takes only long ones and never spins. A core thread per CPU plus a
+  // core 0's thread takes only long ones and never spins. Besides, at a core_queue_depth of 1, a
+  // single-block job of any core that its core timed short runs on the scheduler thread
+  // (attributed to that core), in a blocking or non-blocking next_completion, while the jobs the
+  // scheduler holds so add up to at most 10 µs: handing such a job to another thread would cost
+  // more than running it. A core thread per CPU plus a
   // spinning scheduler oversubscribe the CPUs: three threads spinning on two CPUs turn each
   // hand-off between dependent short tasks into a wait for a CPU (~30 µs on a 2-vCPU VM;
   // docs/benchmarks.md). Where CPUs are to spare the scheduler is better left to schedule.
