@@ -441,10 +441,10 @@ absl::Status open_indexed(const fs::path& root, const std::string& index_name,
 
 namespace {
 
-// Every tensor of the GGUF file at `path` as an F32 / F16 / BF16 view under its model name.
-absl::Status open_gguf(const std::string& path, std::optional<GgufFile>& gguf,
+// Every tensor of `file` as a view under its model name; `gguf` then holds the file.
+absl::Status open_gguf(GgufFile file, std::optional<GgufFile>& gguf,
                        std::map<std::string, TensorView, std::less<>>& views) {
-  SIMPLER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  const std::string& path = file.path();
   for (const GgufTensorInfo& info : file.tensors()) {
     std::string name = hf_tensor_name(info.name);
     if (name.empty()) name = info.name;
@@ -466,8 +466,8 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
   auto state = std::make_unique<State>();
   state->dir = dir;
   if (is_gguf_path(dir)) {
-    SIMPLER_RETURN_IF_ERROR(open_gguf(dir, state->gguf, state->gguf_views));
-    return ModelWeights(std::move(state));
+    SIMPLER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(dir));
+    return from_gguf(std::move(file));
   }
   const fs::path root(dir);
   const fs::path index_path = root / "model.safetensors.index.json";
@@ -486,6 +486,13 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
   return absl::NotFoundError(absl::StrCat("no weights in ", dir,
                                           ": neither model.safetensors nor "
                                           "model.safetensors.index.json exists"));
+}
+
+absl::StatusOr<ModelWeights> ModelWeights::from_gguf(GgufFile file) {
+  auto state = std::make_unique<State>();
+  state->dir = file.path();
+  SIMPLER_RETURN_IF_ERROR(open_gguf(std::move(file), state->gguf, state->gguf_views));
+  return ModelWeights(std::move(state));
 }
 
 const std::string& ModelWeights::dir() const { return state_->dir; }
@@ -530,6 +537,8 @@ bool ModelWeights::contains(std::string_view name) const {
 size_t ModelWeights::num_files() const { return state_->gguf ? 1 : state_->files.size(); }
 
 bool ModelWeights::is_gguf() const { return state_->gguf.has_value(); }
+
+const GgufFile* ModelWeights::gguf() const { return state_->gguf ? &*state_->gguf : nullptr; }
 
 std::map<std::string, int64_t> ModelWeights::dtype_counts() const {
   std::map<std::string, int64_t> counts;

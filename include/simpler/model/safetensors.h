@@ -60,6 +60,8 @@ struct TensorView {
   int64_t numel() const;
 };
 
+class GgufFile;  // gguf.h
+
 // "[64,128]".
 std::string shape_to_string(std::span<const int64_t> shape);
 
@@ -111,6 +113,10 @@ class ModelWeights {
   // <dir>/model.safetensors.index.json: ... not found"); INVALID_ARGUMENT for a malformed index
   // or a tensor the index maps to a shard that lacks it; the file errors of SafetensorsFile::open.
   static absl::StatusOr<ModelWeights> open(const std::string& dir);
+  // The weights of a GGUF file already opened (its metadata parsed once for the config and the
+  // weights: ModelConfig::from_gguf of the same file); dir() is the file's path. Errors: those
+  // open gives for a GGUF file after GgufFile::open.
+  static absl::StatusOr<ModelWeights> from_gguf(GgufFile file);
 
   ModelWeights(ModelWeights&&) noexcept;
   ModelWeights& operator=(ModelWeights&&) noexcept;
@@ -129,6 +135,9 @@ class ModelWeights {
   size_t num_files() const;
   // True when the weights come from a GGUF file.
   bool is_gguf() const;
+  // The GGUF file the weights come from (its metadata, e.g. for ModelConfig::from_gguf); nullptr
+  // for safetensors. Lives as long as this object.
+  const GgufFile* gguf() const;
   // How many tensors the checkpoint holds of each dtype, by short name (task::name_of: "f32",
   // "bf16", "f16", "q8_0", ...), as stored in the file: the type mix `bench load` and
   // /v1/models report.
