@@ -442,19 +442,28 @@ absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights
   return slots;
 }
 
+// Bytes of the host buffer a raw weight passes through on its way from the file into device
+// memory: small enough to stay in the core's L2 cache between the read that fills it and the
+// copy that empties it, large enough that the sim device populates each copy's destination
+// pages in one call (copies of 1 MiB and more).
+constexpr uint64_t kStagingBytes = 1u << 20;
+
 // Copies the weights of `slots` into one device buffer (kept in c->buffers) and points their
-// targets at it: a raw weight straight from the mapped file (its pages mapped in one call before
-// and dropped from this process after, so the checkpoint is resident once, in device memory), a
-// widened one through a host f32 copy.
+// targets at it: a raw weight read from its file (read_bytes: pread, not through the mapping,
+// so no page of the checkpoint is mapped in and it is resident once, in device memory) through
+// one reused host buffer, a widened one through a host f32 copy.
 absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& slots, uint64_t total,
                             ChipState* c) {
   SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(total));
   c->buffers.push_back(buf);
+  std::vector<std::byte> staging(kStagingBytes);
   for (const WeightSlot& s : slots) {
     if (s.raw) {
-      populate_pages(s.view);
-      SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, s.view.bytes.data(), s.bytes, s.offset));
-      release_pages(s.view);
+      for (uint64_t at = 0; at < s.bytes; at += kStagingBytes) {
+        const std::span<std::byte> chunk(staging.data(), std::min(kStagingBytes, s.bytes - at));
+        SIMPLER_RETURN_IF_ERROR(read_bytes(s.view, at, chunk));
+        SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, chunk.data(), chunk.size(), s.offset + at));
+      }
     } else {
       SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(s.view));
       SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), s.bytes, s.offset));
@@ -466,9 +475,9 @@ absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& sl
 }
 
 // Loads the model onto a chip: the weights of `weights` (projections and embeddings in their
-// checkpoint dtype, copied from the mapped file straight into one device buffer; norm vectors
-// widened to f32), scratch, the KV pool, token counts and last ids, and the decode program over
-// them. Runs where the chip's worker is (an L3 child's setup runs it in the child).
+// checkpoint dtype, read from the file into one device buffer; norm vectors widened to f32),
+// scratch, the KV pool, token counts and last ids, and the decode program over them. Runs where the
+// chip's worker is (an L3 child's setup runs it in the child).
 absl::Status load_chip_state(worker::Worker& w, const ModelWeights& weights,
                              const RunnerOptions& options, const Qwen3Dims& d, ChipState* c) {
   if (options.precision == Precision::kBf16) {

@@ -320,6 +320,7 @@ absl::StatusOr<TensorView> SafetensorsFile::tensor(std::string_view name) const 
   view.dtype = e.dtype;
   view.shape = e.shape;
   view.bytes = std::span<const std::byte>(state_->buffer + e.begin, e.end - e.begin);
+  view.mapping = &state_->map;
   return view;
 }
 
@@ -672,6 +673,18 @@ void populate_pages(const TensorView& view) {
   constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (uapi/asm-generic/mman-common.h)
 #endif
   advise_pages(view, /*outer=*/true, MADV_POPULATE_READ);
+}
+
+absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte> out) {
+  if (at > view.bytes.size() || out.size() > view.bytes.size() - at) {
+    return absl::InvalidArgumentError(absl::StrCat("read of ", out.size(), " bytes at ", at,
+                                                   " of tensor '", str(view.name), "' (",
+                                                   view.bytes.size(), " bytes)"));
+  }
+  if (out.empty()) return absl::OkStatus();
+  if (view.mapping != nullptr) return view.mapping->read(view.bytes.data() + at, out);
+  std::memcpy(out.data(), view.bytes.data() + at, out.size());
+  return absl::OkStatus();
 }
 
 void release_pages(const TensorView& view) { advise_pages(view, /*outer=*/false, MADV_DONTNEED); }

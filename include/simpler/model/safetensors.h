@@ -46,15 +46,21 @@ namespace simpler::llm {
 // Largest header accepted by the reader (the limit of the reference implementation).
 inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
-// A read-only view of one tensor inside a mapped file. It borrows: `name`, `file` and `bytes`
-// stay valid while the SafetensorsFile (or ModelWeights) that produced it is alive.
-// `bytes.data()` has no alignment guarantee beyond 1; read through memcpy or to_f32.
+class MappedFile;  // the readers' mapped file (private)
+
+// A read-only view of one tensor inside a mapped file. It borrows: `name`, `file`, `bytes` and
+// `mapping` stay valid while the SafetensorsFile (or ModelWeights, GgufFile) that produced it is
+// alive. `bytes.data()` has no alignment guarantee beyond 1; read through memcpy or to_f32, or
+// copy ranges of it with read_bytes.
 struct TensorView {
   std::string_view name;  // tensor name in the file
   std::string_view file;  // path of the file holding the tensor
   task::DataType dtype = task::DataType::kFloat32;
   std::vector<int64_t> shape;
   std::span<const std::byte> bytes;
+  // The mapped file `bytes` lie in (set by the readers; read_bytes reads through it); nullptr
+  // for a view over other memory.
+  const MappedFile* mapping = nullptr;
 
   // Product of the dimensions (1 for a scalar, shape []).
   int64_t numel() const;
@@ -169,6 +175,15 @@ class ModelWeights {
 // or when `out.size() != view.numel()`. Thread-safe.
 absl::Status to_f32(const TensorView& view, std::span<float> out);
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view);
+
+// Copies bytes [at, at + out.size()) of `view` to `out`. A view from a reader (`mapping` set)
+// is read from its file with pread, never through the mapping: no page of the mapping is faulted
+// in or becomes resident (a loader copying a checkpoint into device memory reads it this way
+// through a small reused buffer: on a VM, where every page-table update is costly, several times
+// faster than copying from the mapping). Other views are copied from `bytes`. INVALID_ARGUMENT
+// when the range is not inside the view; the file's read errors (naming it: the OS error, or
+// DATA_LOSS when it shrank after it was opened). Thread-safe.
+absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte> out);
 
 // Drops the whole memory pages inside `view` from this process's resident set
 // (madvise MADV_DONTNEED on the read-only private file mapping): a loader that has copied a
