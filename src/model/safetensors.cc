@@ -652,29 +652,6 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// madvise over the pages of `view`: every page it touches (`outer`), or only the pages wholly
-// inside it (not `outer`: a neighbouring tensor may share the edge pages).
-void advise_pages(const TensorView& view, bool outer, int advice) {
-  if (view.bytes.empty()) return;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(view.bytes.data());
-  const uintptr_t end = begin + view.bytes.size();
-  const uintptr_t first = outer ? begin / page * page : (begin + page - 1) / page * page;
-  const uintptr_t last = outer ? (end + page - 1) / page * page : end / page * page;
-  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, advice);
-}
-
-}  // namespace
-
-void populate_pages(const TensorView& view) {
-#ifndef MADV_POPULATE_READ
-  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (uapi/asm-generic/mman-common.h)
-#endif
-  advise_pages(view, /*outer=*/true, MADV_POPULATE_READ);
-}
-
 absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte> out) {
   if (at > view.bytes.size() || out.size() > view.bytes.size() - at) {
     return absl::InvalidArgumentError(absl::StrCat("read of ", out.size(), " bytes at ", at,
@@ -687,7 +664,15 @@ absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte
   return absl::OkStatus();
 }
 
-void release_pages(const TensorView& view) { advise_pages(view, /*outer=*/false, MADV_DONTNEED); }
+void release_pages(const TensorView& view) {
+  // Only the pages wholly inside the view: a neighbouring tensor may share the edge pages.
+  if (view.bytes.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(view.bytes.data());
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + view.bytes.size()) / page * page;
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
 
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view) {
   std::vector<float> out(is_float(view.dtype) ? static_cast<size_t>(view.numel()) : 0);

@@ -190,9 +190,6 @@ absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte
 // tensor elsewhere calls it so that the checkpoint is not resident twice. The pages stay in the
 // page cache, and the view stays valid (a later read maps them in again). Thread-safe.
 void release_pages(const TensorView& view);
-// Maps the pages of `view` into this process in one call before they are read (madvise
-// MADV_POPULATE_READ, Linux 5.14+; a no-op where the kernel lacks it). Thread-safe.
-void populate_pages(const TensorView& view);
 
 // One tensor for write_safetensors. Give either `bytes` (borrowed; exactly numel * dtype-size
 // bytes, row-major little-endian) or `produce`, which is called with consecutive chunks of the
