@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache.h"
@@ -371,61 +374,123 @@ bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>
           view.dtype == DataType::kFloat16 || task::block_elements(view.dtype) > 1);
 }
 
-// Loads the model onto a chip: weights (projections and embeddings in their checkpoint dtype,
-// copied from the mapped file straight into device memory; norm vectors widened to f32),
-// scratch, the KV pool, token counts and last ids, and the decode program over them. Runs
-// where the chip's worker is (an L3 child's setup runs it in the child).
-absl::Status load_chip_state(worker::Worker& w, const std::string& model_dir,
+// Byte alignment of each weight in the chip's weights buffer (a cache line; the buffer itself is
+// 2 MiB-aligned by the sim device).
+constexpr uint64_t kWeightAlignment = 64;
+
+// One weight of the decode program on its way into device memory: its checkpoint view, the
+// tensor it becomes and its place in the chip's one weights buffer.
+struct WeightSlot {
+  Tensor* target = nullptr;
+  std::vector<int64_t> shape;
+  TensorView view;
+  bool raw = false;     // kept_in_checkpoint_dtype: the file's bytes as they are; else f32
+  uint64_t offset = 0;  // in the weights buffer
+  uint64_t bytes = 0;   // in device memory
+};
+
+// Every weight of the decode program (shapes and dtypes checked by ModelWeights::get), its
+// target in `wt` (whose layers are sized here), in the order of its bytes in the checkpoint
+// (the copy then reads the files front to back), each at a kWeightAlignment-aligned offset of
+// one buffer; `total` is that buffer's size.
+absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights,
+                                                     const Qwen3Dims& d, Qwen3DeviceWeights& wt,
+                                                     uint64_t* total) {
+  const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
+  std::vector<WeightSlot> slots;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape,
+                 Tensor* target) -> absl::Status {
+    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
+    WeightSlot s{target, std::move(shape), view};
+    s.raw = kept_in_checkpoint_dtype(view, s.shape);
+    s.bytes = s.raw ? view.bytes.size() : static_cast<uint64_t>(view.numel()) * 4;
+    slots.push_back(std::move(s));
+    return absl::OkStatus();
+  };
+  wt.layers.resize(d.num_hidden_layers);
+  SIMPLER_RETURN_IF_ERROR(add("model.embed_tokens.weight", {V, H}, &wt.embed_tokens));
+  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    Qwen3LayerWeights& lw = wt.layers[l];
+    for (auto [name, shape, target] :
+         std::initializer_list<std::tuple<const char*, std::vector<int64_t>, Tensor*>>{
+             {"input_layernorm.weight", {H}, &lw.input_layernorm},
+             {"self_attn.q_proj.weight", {d.q_size(), H}, &lw.q_proj},
+             {"self_attn.k_proj.weight", {d.kv_size(), H}, &lw.k_proj},
+             {"self_attn.v_proj.weight", {d.kv_size(), H}, &lw.v_proj},
+             {"self_attn.o_proj.weight", {H, d.q_size()}, &lw.o_proj},
+             {"self_attn.q_norm.weight", {d.head_dim}, &lw.q_norm},
+             {"self_attn.k_norm.weight", {d.head_dim}, &lw.k_norm},
+             {"post_attention_layernorm.weight", {H}, &lw.post_attention_layernorm},
+             {"mlp.gate_proj.weight", {I, H}, &lw.gate_proj},
+             {"mlp.up_proj.weight", {I, H}, &lw.up_proj},
+             {"mlp.down_proj.weight", {H, I}, &lw.down_proj}}) {
+      SIMPLER_RETURN_IF_ERROR(add(p + name, std::move(shape), target));
+    }
+  }
+  SIMPLER_RETURN_IF_ERROR(add("model.norm.weight", {H}, &wt.norm));
+  if (!d.tie_word_embeddings) SIMPLER_RETURN_IF_ERROR(add("lm_head.weight", {V, H}, &wt.lm_head));
+  std::stable_sort(slots.begin(), slots.end(), [](const WeightSlot& a, const WeightSlot& b) {
+    return std::less<const std::byte*>()(a.view.bytes.data(), b.view.bytes.data());
+  });
+  uint64_t offset = 0;
+  for (WeightSlot& s : slots) {
+    s.offset = (offset + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment;
+    offset = s.offset + s.bytes;
+  }
+  *total = std::max<uint64_t>(offset, 1);
+  return slots;
+}
+
+// Bytes of the host buffer a raw weight passes through on its way from the file into device
+// memory: small enough to stay in the core's L2 cache between the read that fills it and the
+// copy that empties it, large enough that the sim device populates each copy's destination
+// pages in one call (copies of 1 MiB and more).
+constexpr uint64_t kStagingBytes = 1u << 20;
+
+// Copies the weights of `slots` into one device buffer (kept in c->buffers) and points their
+// targets at it: a raw weight read from its file (read_bytes: pread, not through the mapping,
+// so no page of the checkpoint is mapped in and it is resident once, in device memory) through
+// one reused host buffer, a widened one through a host f32 copy.
+absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& slots, uint64_t total,
+                            ChipState* c) {
+  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(total));
+  c->buffers.push_back(buf);
+  std::vector<std::byte> staging(kStagingBytes);
+  for (const WeightSlot& s : slots) {
+    if (s.raw) {
+      for (uint64_t at = 0; at < s.bytes; at += kStagingBytes) {
+        const std::span<std::byte> chunk(staging.data(), std::min(kStagingBytes, s.bytes - at));
+        SIMPLER_RETURN_IF_ERROR(read_bytes(s.view, at, chunk));
+        SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, chunk.data(), chunk.size(), s.offset + at));
+      }
+    } else {
+      SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(s.view));
+      SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), s.bytes, s.offset));
+    }
+    SIMPLER_ASSIGN_OR_RETURN(
+        *s.target, buf.tensor(s.shape, s.raw ? s.view.dtype : DataType::kFloat32, s.offset));
+  }
+  return absl::OkStatus();
+}
+
+// Loads the model onto a chip: the weights of `weights` (projections and embeddings in their
+// checkpoint dtype, read from the file into one device buffer; norm vectors widened to f32),
+// scratch, the KV pool, token counts and last ids, and the decode program over them. Runs where the
+// chip's worker is (an L3 child's setup runs it in the child).
+absl::Status load_chip_state(worker::Worker& w, const ModelWeights& weights,
                              const RunnerOptions& options, const Qwen3Dims& d, ChipState* c) {
   if (options.precision == Precision::kBf16) {
     // Also sets up oneDNN here, before the device threads run the first bf16 step.
     SIMPLER_LOG_INFO("precision bf16: {}", describe_bf16_precision());
   }
-  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
-  auto upload_raw = [&](const TensorView& view, const std::vector<int64_t>& shape,
-                        DataType dtype) -> absl::StatusOr<Tensor> {
-    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(view.bytes.size()));
-    c->buffers.push_back(buf);
-    populate_pages(view);  // one call maps the tensor's pages instead of a fault per page
-    SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, view.bytes.data(), view.bytes.size()));
-    release_pages(view);  // the checkpoint is resident once, in device memory
-    return buf.tensor(shape, dtype);
-  };
-  auto upload = [&](const std::string& name,
-                    const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
-    SIMPLER_ASSIGN_OR_RETURN(TensorView view, weights.get(name, shape));
-    if (kept_in_checkpoint_dtype(view, shape)) return upload_raw(view, shape, view.dtype);
-    SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(view));
-    SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(f32.size() * 4));
-    c->buffers.push_back(buf);
-    SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), f32.size() * 4));
-    return buf.tensor(shape, DataType::kFloat32);
-  };
-  const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
+  const int64_t V = d.vocab_size;
   Qwen3DeviceWeights wt;
-  SIMPLER_LOG_INFO("loading {} layers from {}", d.num_hidden_layers, model_dir);
-  SIMPLER_ASSIGN_OR_RETURN(wt.embed_tokens, upload("model.embed_tokens.weight", {V, H}));
-  for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    Qwen3LayerWeights lw;
-    SIMPLER_ASSIGN_OR_RETURN(lw.input_layernorm, upload(p + "input_layernorm.weight", {H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.q_proj, upload(p + "self_attn.q_proj.weight", {d.q_size(), H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.k_proj, upload(p + "self_attn.k_proj.weight", {d.kv_size(), H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.v_proj, upload(p + "self_attn.v_proj.weight", {d.kv_size(), H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.o_proj, upload(p + "self_attn.o_proj.weight", {H, d.q_size()}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.q_norm, upload(p + "self_attn.q_norm.weight", {d.head_dim}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.k_norm, upload(p + "self_attn.k_norm.weight", {d.head_dim}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.post_attention_layernorm,
-                             upload(p + "post_attention_layernorm.weight", {H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.gate_proj, upload(p + "mlp.gate_proj.weight", {I, H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.up_proj, upload(p + "mlp.up_proj.weight", {I, H}));
-    SIMPLER_ASSIGN_OR_RETURN(lw.down_proj, upload(p + "mlp.down_proj.weight", {H, I}));
-    wt.layers.push_back(lw);
-  }
-  SIMPLER_ASSIGN_OR_RETURN(wt.norm, upload("model.norm.weight", {H}));
-  if (!d.tie_word_embeddings) {
-    SIMPLER_ASSIGN_OR_RETURN(wt.lm_head, upload("lm_head.weight", {V, H}));
-  }
+  SIMPLER_LOG_INFO("loading {} layers from {}", d.num_hidden_layers, weights.dir());
+  uint64_t weight_bytes = 0;
+  SIMPLER_ASSIGN_OR_RETURN(const std::vector<WeightSlot> slots,
+                           plan_weights(weights, d, wt, &weight_bytes));
+  SIMPLER_RETURN_IF_ERROR(upload_weights(w, slots, weight_bytes, c));
   const int64_t max_rows = options.max_num_batched_tokens;
   const int64_t seqs = options.max_num_seqs;
   SIMPLER_ASSIGN_OR_RETURN(uint64_t scratch_bytes, qwen3_scratch_bytes(d, max_rows, seqs));
@@ -464,13 +529,21 @@ StepInFlight::~StepInFlight() {
   if (release_staging_) release_staging_();
 }
 
-absl::Status Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
-  SIMPLER_ASSIGN_OR_RETURN(config_, ModelConfig::load(model_dir));
+absl::StatusOr<ModelWeights> Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
+  // A GGUF file is parsed once, for the config and the weights.
+  std::optional<GgufFile> gguf;
+  if (is_gguf_path(model_dir)) {
+    SIMPLER_ASSIGN_OR_RETURN(gguf, GgufFile::open(model_dir));
+    SIMPLER_ASSIGN_OR_RETURN(config_, ModelConfig::from_gguf(*gguf));
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(config_, ModelConfig::load(model_dir));
+  }
   dims_ = Qwen3Dims::from_config(config_);
   // Where the configuration came from, for messages: the GGUF file or the directory's config.json.
-  const std::string source = is_gguf_path(model_dir) ? model_dir : model_dir + "/config.json";
+  const std::string source = gguf ? model_dir : model_dir + "/config.json";
   SIMPLER_RETURN_IF_ERROR(base::annotate(dims_.validate(), absl::StrCat(source, ": ")));
-  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::open(model_dir));
+  SIMPLER_ASSIGN_OR_RETURN(ModelWeights weights, gguf ? ModelWeights::from_gguf(std::move(*gguf))
+                                                      : ModelWeights::open(model_dir));
   std::set<std::string, std::less<>> expected;
   for (const WeightSpec& spec : config_.tensor_names_and_shapes()) expected.insert(spec.name);
   SIMPLER_RETURN_IF_ERROR(weights.check_tensor_set(
@@ -490,7 +563,7 @@ absl::Status Qwen3ModelRunner::load_model_info(const std::string& model_dir) {
     streamed += kept_in_checkpoint_dtype(view, spec.shape) ? view.bytes.size() : numel * 4;
   }
   weight_bytes_per_step_ = streamed;
-  return absl::OkStatus();
+  return weights;
 }
 
 void Qwen3ModelRunner::init_host_sampling() {
@@ -504,7 +577,7 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
   SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
   std::unique_ptr<Qwen3ModelRunner> r(new Qwen3ModelRunner());
   r->options_ = effective_options(options);
-  SIMPLER_RETURN_IF_ERROR(r->load_model_info(model_dir));
+  SIMPLER_ASSIGN_OR_RETURN(const ModelWeights weights, r->load_model_info(model_dir));
   r->worker_ = std::make_unique<worker::Worker>(options.worker);
   r->holder_ = std::make_shared<Holder>();
   r->holder_->chips.resize(1);
@@ -513,7 +586,7 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
                     step_callable(r->holder_, r->options_.kernel_isa, r->options_.precision)));
   SIMPLER_RETURN_IF_ERROR(r->worker_->init());
   SIMPLER_RETURN_IF_ERROR(
-      load_chip_state(*r->worker_, model_dir, r->options_, r->dims_, &r->holder_->chips[0]));
+      load_chip_state(*r->worker_, weights, r->options_, r->dims_, &r->holder_->chips[0]));
   for (const worker::DeviceBuffer& b : r->bound_buffers()) {
     SIMPLER_RETURN_IF_ERROR(r->worker_->bind(r->step_, b));
   }
@@ -535,7 +608,8 @@ absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
   dp->options_ = effective_options(options);
   dp->info_.reset(new Qwen3ModelRunner());
   dp->info_->options_ = dp->options_;
-  SIMPLER_RETURN_IF_ERROR(dp->info_->load_model_info(model_dir));
+  // The children open the checkpoint themselves (a process child in its own address space).
+  SIMPLER_RETURN_IF_ERROR(dp->info_->load_model_info(model_dir).status());
   dp->holder_ = std::make_shared<Qwen3ModelRunner::Holder>();
   dp->holder_->chips.resize(l3.num_children());
   SIMPLER_ASSIGN_OR_RETURN(hierarchy::ChildCallable step,
@@ -559,7 +633,8 @@ absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
   SIMPLER_RETURN_IF_ERROR(
       l3.register_child_setup([holder, model_dir, options = dp->options_, dims](
                                   int32_t child, worker::Worker& w) -> absl::Status {
-        return load_chip_state(w, model_dir, options, dims, &holder->chips[child]);
+        SIMPLER_ASSIGN_OR_RETURN(const ModelWeights weights, ModelWeights::open(model_dir));
+        return load_chip_state(w, weights, options, dims, &holder->chips[child]);
       }));
   return dp;
 }

@@ -71,6 +71,7 @@
 #include "simpler/kernels/sampling.h"
 #include "simpler/model/model_config.h"
 #include "simpler/model/qwen3_program.h"
+#include "simpler/model/safetensors.h"
 #include "simpler/worker/worker.h"
 
 namespace simpler::llm {
@@ -219,7 +220,8 @@ class Qwen3ModelRunner {
   friend class Qwen3DataParallel;
   Qwen3ModelRunner() = default;
   // Config, dims and the checkpoint's tensor set checked against them; weight bytes per step.
-  absl::Status load_model_info(const std::string& model_dir);
+  // Returns the checkpoint's weights, opened once for all of that and the upload.
+  absl::StatusOr<ModelWeights> load_model_info(const std::string& model_dir);
   void init_host_sampling();
   // submit()'s steps, in order.
   struct HostArg;

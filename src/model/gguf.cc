@@ -568,6 +568,7 @@ absl::StatusOr<TensorView> GgufFile::tensor(std::string_view name) const {
   view.file = path();
   view.shape = t->shape;
   view.bytes = t->data;
+  view.mapping = &state_->map;
   return view;
 }
 

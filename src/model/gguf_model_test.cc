@@ -86,6 +86,21 @@ TEST_F(GgufModelTest, TheExportedFileLoadsWithTheDirectorysConfig) {
             from_dir->tensor_names_and_shapes().size());
 }
 
+TEST_F(GgufModelTest, AnOpenedFileGivesTheConfigAndTheWeightsWithoutASecondParse) {
+  absl::StatusOr<GgufFile> file = GgufFile::open(gguf());
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<ModelConfig> config = ModelConfig::from_gguf(*file);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const size_t tensors = file->tensors().size();
+  absl::StatusOr<ModelWeights> weights = ModelWeights::from_gguf(std::move(*file));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->dir(), gguf());
+  ASSERT_NE(weights->gguf(), nullptr);
+  EXPECT_EQ(weights->gguf()->tensors().size(), tensors);
+  EXPECT_EQ(weights->names(), ModelWeights::open(gguf()).value().names());
+  EXPECT_EQ(ModelWeights::open(dir()).value().gguf(), nullptr);
+}
+
 TEST_F(GgufModelTest, TheExportedWeightsAreBitwiseTheDirectorysUnderTheirModelNames) {
   absl::StatusOr<ModelWeights> d = ModelWeights::open(dir());
   absl::StatusOr<ModelWeights> g = ModelWeights::open(gguf());
@@ -105,6 +120,10 @@ TEST_F(GgufModelTest, TheExportedWeightsAreBitwiseTheDirectorysUnderTheirModelNa
       EXPECT_EQ(gv->dtype, dv->dtype);
       ASSERT_EQ(gv->bytes.size(), dv->bytes.size());
       EXPECT_EQ(std::memcmp(gv->bytes.data(), dv->bytes.data(), dv->bytes.size()), 0);
+      // What a loader reads from the file (pread, not the mapping) is the same bytes.
+      std::vector<std::byte> read(gv->bytes.size());
+      ASSERT_TRUE(read_bytes(*gv, 0, read).ok());
+      EXPECT_EQ(std::memcmp(read.data(), dv->bytes.data(), read.size()), 0);
     }
     const std::vector<float> df = to_f32(*dv).value(), gf = to_f32(*gv).value();
     ASSERT_EQ(gf.size(), df.size());

@@ -320,6 +320,7 @@ absl::StatusOr<TensorView> SafetensorsFile::tensor(std::string_view name) const 
   view.dtype = e.dtype;
   view.shape = e.shape;
   view.bytes = std::span<const std::byte>(state_->buffer + e.begin, e.end - e.begin);
+  view.mapping = &state_->map;
   return view;
 }
 
@@ -441,10 +442,10 @@ absl::Status open_indexed(const fs::path& root, const std::string& index_name,
 
 namespace {
 
-// Every tensor of the GGUF file at `path` as an F32 / F16 / BF16 view under its model name.
-absl::Status open_gguf(const std::string& path, std::optional<GgufFile>& gguf,
+// Every tensor of `file` as a view under its model name; `gguf` then holds the file.
+absl::Status open_gguf(GgufFile file, std::optional<GgufFile>& gguf,
                        std::map<std::string, TensorView, std::less<>>& views) {
-  SIMPLER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  const std::string& path = file.path();
   for (const GgufTensorInfo& info : file.tensors()) {
     std::string name = hf_tensor_name(info.name);
     if (name.empty()) name = info.name;
@@ -466,8 +467,8 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
   auto state = std::make_unique<State>();
   state->dir = dir;
   if (is_gguf_path(dir)) {
-    SIMPLER_RETURN_IF_ERROR(open_gguf(dir, state->gguf, state->gguf_views));
-    return ModelWeights(std::move(state));
+    SIMPLER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(dir));
+    return from_gguf(std::move(file));
   }
   const fs::path root(dir);
   const fs::path index_path = root / "model.safetensors.index.json";
@@ -486,6 +487,13 @@ absl::StatusOr<ModelWeights> ModelWeights::open(const std::string& dir) {
   return absl::NotFoundError(absl::StrCat("no weights in ", dir,
                                           ": neither model.safetensors nor "
                                           "model.safetensors.index.json exists"));
+}
+
+absl::StatusOr<ModelWeights> ModelWeights::from_gguf(GgufFile file) {
+  auto state = std::make_unique<State>();
+  state->dir = file.path();
+  SIMPLER_RETURN_IF_ERROR(open_gguf(std::move(file), state->gguf, state->gguf_views));
+  return ModelWeights(std::move(state));
 }
 
 const std::string& ModelWeights::dir() const { return state_->dir; }
@@ -530,6 +538,8 @@ bool ModelWeights::contains(std::string_view name) const {
 size_t ModelWeights::num_files() const { return state_->gguf ? 1 : state_->files.size(); }
 
 bool ModelWeights::is_gguf() const { return state_->gguf.has_value(); }
+
+const GgufFile* ModelWeights::gguf() const { return state_->gguf ? &*state_->gguf : nullptr; }
 
 std::map<std::string, int64_t> ModelWeights::dtype_counts() const {
   std::map<std::string, int64_t> counts;
@@ -642,30 +652,27 @@ absl::Status to_f32(const TensorView& view, std::span<float> out) {
   return absl::OkStatus();
 }
 
-namespace {
+absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte> out) {
+  if (at > view.bytes.size() || out.size() > view.bytes.size() - at) {
+    return absl::InvalidArgumentError(absl::StrCat("read of ", out.size(), " bytes at ", at,
+                                                   " of tensor '", str(view.name), "' (",
+                                                   view.bytes.size(), " bytes)"));
+  }
+  if (out.empty()) return absl::OkStatus();
+  if (view.mapping != nullptr) return view.mapping->read(view.bytes.data() + at, out);
+  std::memcpy(out.data(), view.bytes.data() + at, out.size());
+  return absl::OkStatus();
+}
 
-// madvise over the pages of `view`: every page it touches (`outer`), or only the pages wholly
-// inside it (not `outer`: a neighbouring tensor may share the edge pages).
-void advise_pages(const TensorView& view, bool outer, int advice) {
+void release_pages(const TensorView& view) {
+  // Only the pages wholly inside the view: a neighbouring tensor may share the edge pages.
   if (view.bytes.empty()) return;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<uintptr_t>(view.bytes.data());
-  const uintptr_t end = begin + view.bytes.size();
-  const uintptr_t first = outer ? begin / page * page : (begin + page - 1) / page * page;
-  const uintptr_t last = outer ? (end + page - 1) / page * page : end / page * page;
-  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, advice);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + view.bytes.size()) / page * page;
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
-
-}  // namespace
-
-void populate_pages(const TensorView& view) {
-#ifndef MADV_POPULATE_READ
-  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (uapi/asm-generic/mman-common.h)
-#endif
-  advise_pages(view, /*outer=*/true, MADV_POPULATE_READ);
-}
-
-void release_pages(const TensorView& view) { advise_pages(view, /*outer=*/false, MADV_DONTNEED); }
 
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view) {
   std::vector<float> out(is_float(view.dtype) ? static_cast<size_t>(view.numel()) : 0);

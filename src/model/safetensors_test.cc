@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -283,6 +284,58 @@ TEST(SafetensorsOpen, MissingTensorIsNotFoundNamingFile) {
   auto view = file->tensor("absent");
   EXPECT_EQ(view.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(msg(view.status()), "tensor 'absent' not found in " + path);
+}
+
+TEST(ReadBytes, ReadsRangesOfATensorFromItsFileAndRefusesRangesOutsideIt) {
+  const fs::path dir = safetensors_dir();
+  std::vector<uint8_t> data(5000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+  const std::vector<uint8_t> other = {1, 2, 3};
+  std::vector<TensorSource> t = {{"a", DataType::kUInt8, {3}, as_bytes(other), nullptr},
+                                 {"b", DataType::kUInt8, {5000}, as_bytes(data), nullptr}};
+  const std::string path = (dir / "r.safetensors").string();
+  ASSERT_TRUE(write_safetensors(path, t).ok());
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const TensorView view = file->tensor("b").value();
+  ASSERT_NE(view.mapping, nullptr);
+  std::vector<std::byte> out(data.size());
+  ASSERT_TRUE(read_bytes(view, 0, out).ok());
+  EXPECT_EQ(std::memcmp(out.data(), data.data(), data.size()), 0);
+  std::vector<std::byte> part(100);
+  ASSERT_TRUE(read_bytes(view, 4900, part).ok());
+  EXPECT_EQ(std::memcmp(part.data(), data.data() + 4900, part.size()), 0);
+  EXPECT_TRUE(read_bytes(view, 5000, std::span<std::byte>()).ok());
+  absl::Status past = read_bytes(view, 4901, part);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(msg(past), "read of 100 bytes at 4901 of tensor 'b' (5000 bytes)");
+  // A view over plain memory is copied from its bytes.
+  TensorView plain = view;
+  plain.mapping = nullptr;
+  plain.bytes = as_bytes(other);
+  std::vector<std::byte> two(2);
+  ASSERT_TRUE(read_bytes(plain, 1, two).ok());
+  EXPECT_EQ(static_cast<uint8_t>(two[0]), 2);
+  EXPECT_EQ(static_cast<uint8_t>(two[1]), 3);
+}
+
+TEST(ReadBytes, AFileThatShrankAfterItWasOpenedIsDataLossNamingIt) {
+  const fs::path dir = safetensors_dir();
+  const std::vector<uint8_t> data(64, 9);
+  std::vector<TensorSource> t = {{"a", DataType::kUInt8, {64}, as_bytes(data), nullptr}};
+  const std::string path = (dir / "s.safetensors").string();
+  ASSERT_TRUE(write_safetensors(path, t).ok());
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const TensorView view = file->tensor("a").value();
+  const uint64_t end = fs::file_size(path);
+  fs::resize_file(path, end - 16);
+  std::vector<std::byte> out(64);
+  absl::Status shrank = read_bytes(view, 0, out);
+  EXPECT_EQ(shrank.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(msg(shrank), absl::StrCat(path, ": the file ends at byte ", end - 16,
+                                      ", before the 16 bytes still to read (it shrank after it "
+                                      "was opened)"));
 }
 
 TEST(ToF32, RefusesIntegerDtypeAndWrongDestinationSize) {

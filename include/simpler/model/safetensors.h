@@ -46,19 +46,27 @@ namespace simpler::llm {
 // Largest header accepted by the reader (the limit of the reference implementation).
 inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
-// A read-only view of one tensor inside a mapped file. It borrows: `name`, `file` and `bytes`
-// stay valid while the SafetensorsFile (or ModelWeights) that produced it is alive.
-// `bytes.data()` has no alignment guarantee beyond 1; read through memcpy or to_f32.
+class MappedFile;  // the readers' mapped file (private)
+
+// A read-only view of one tensor inside a mapped file. It borrows: `name`, `file`, `bytes` and
+// `mapping` stay valid while the SafetensorsFile (or ModelWeights, GgufFile) that produced it is
+// alive. `bytes.data()` has no alignment guarantee beyond 1; read through memcpy or to_f32, or
+// copy ranges of it with read_bytes.
 struct TensorView {
   std::string_view name;  // tensor name in the file
   std::string_view file;  // path of the file holding the tensor
   task::DataType dtype = task::DataType::kFloat32;
   std::vector<int64_t> shape;
   std::span<const std::byte> bytes;
+  // The mapped file `bytes` lie in (set by the readers; read_bytes reads through it); nullptr
+  // for a view over other memory.
+  const MappedFile* mapping = nullptr;
 
   // Product of the dimensions (1 for a scalar, shape []).
   int64_t numel() const;
 };
+
+class GgufFile;  // gguf.h
 
 // "[64,128]".
 std::string shape_to_string(std::span<const int64_t> shape);
@@ -111,6 +119,10 @@ class ModelWeights {
   // <dir>/model.safetensors.index.json: ... not found"); INVALID_ARGUMENT for a malformed index
   // or a tensor the index maps to a shard that lacks it; the file errors of SafetensorsFile::open.
   static absl::StatusOr<ModelWeights> open(const std::string& dir);
+  // The weights of a GGUF file already opened (its metadata parsed once for the config and the
+  // weights: ModelConfig::from_gguf of the same file); dir() is the file's path. Errors: those
+  // open gives for a GGUF file after GgufFile::open.
+  static absl::StatusOr<ModelWeights> from_gguf(GgufFile file);
 
   ModelWeights(ModelWeights&&) noexcept;
   ModelWeights& operator=(ModelWeights&&) noexcept;
@@ -129,6 +141,9 @@ class ModelWeights {
   size_t num_files() const;
   // True when the weights come from a GGUF file.
   bool is_gguf() const;
+  // The GGUF file the weights come from (its metadata, e.g. for ModelConfig::from_gguf); nullptr
+  // for safetensors. Lives as long as this object.
+  const GgufFile* gguf() const;
   // How many tensors the checkpoint holds of each dtype, by short name (task::name_of: "f32",
   // "bf16", "f16", "q8_0", ...), as stored in the file: the type mix `bench load` and
   // /v1/models report.
@@ -161,14 +176,20 @@ class ModelWeights {
 absl::Status to_f32(const TensorView& view, std::span<float> out);
 absl::StatusOr<std::vector<float>> to_f32(const TensorView& view);
 
+// Copies bytes [at, at + out.size()) of `view` to `out`. A view from a reader (`mapping` set)
+// is read from its file with pread, never through the mapping: no page of the mapping is faulted
+// in or becomes resident (a loader copying a checkpoint into device memory reads it this way
+// through a small reused buffer: on a VM, where every page-table update is costly, several times
+// faster than copying from the mapping). Other views are copied from `bytes`. INVALID_ARGUMENT
+// when the range is not inside the view; the file's read errors (naming it: the OS error, or
+// DATA_LOSS when it shrank after it was opened). Thread-safe.
+absl::Status read_bytes(const TensorView& view, uint64_t at, std::span<std::byte> out);
+
 // Drops the whole memory pages inside `view` from this process's resident set
 // (madvise MADV_DONTNEED on the read-only private file mapping): a loader that has copied a
 // tensor elsewhere calls it so that the checkpoint is not resident twice. The pages stay in the
 // page cache, and the view stays valid (a later read maps them in again). Thread-safe.
 void release_pages(const TensorView& view);
-// Maps the pages of `view` into this process in one call before they are read (madvise
-// MADV_POPULATE_READ, Linux 5.14+; a no-op where the kernel lacks it). Thread-safe.
-void populate_pages(const TensorView& view);
 
 // One tensor for write_safetensors. Give either `bytes` (borrowed; exactly numel * dtype-size
 // bytes, row-major little-endian) or `produce`, which is called with consecutive chunks of the
