@@ -544,20 +544,31 @@ inline typename V::I tile_rows(int64_t row_bytes, int64_t rows) {
   return V::load(at);
 }
 
+// What every super-block of a repacked tile holds (Q4KTile, Q6KTile), vector lane r W row r: w[v]
+// the weights 4v..4v+3 as unsigned bytes, sc[run] each run's scale (a Q4_K sub-block's, a Q6_K
+// group's) as i32, d (and Q4_K's dmin) as f32; kAux i32 of x per row and super-block (tile_aux),
+// kMins whether the tile has mins (M) to subtract.
+template <class V, int64_t Bytes, int Runs, int Aux, bool Mins>
+struct TileBlock {
+  using I = typename V::I;
+  static constexpr bool kMins = Mins;
+  static constexpr int64_t kBytes = Bytes;
+  static constexpr int kRuns = Runs, kAux = Aux;
+  I w[64];
+  I sc[Runs];
+  typename V::F d, dmin;
+};
+
 // One Q4_K super-block of a tile, lane r W row r: w[8j + t] the weights 4t..4t+3 of sub-block j
 // as unsigned bytes, sc[j] the sub-block scales as i32, mins[q] the mins (m_2q, m_2q+1) as i16
 // pairs, d and dmin as f32. aux: per x row and super-block 4 i32, x's group sums as the pairs the
 // mins meet (tile_aux).
 template <class V>
-struct Q4KTile {
+struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
   using I = typename V::I;
-  static constexpr bool kMins = true;
-  static constexpr int64_t kBytes = kQ4_KBlockBytes;
-  static constexpr int kRuns = 8, kAux = 4;
-  I w[64];
-  I sc[8];
+  using Base = TileBlock<V, kQ4_KBlockBytes, 8, 4, true>;
+  using Base::w, Base::sc, Base::d, Base::dmin;
   I mins[4];
-  typename V::F d, dmin;
 
   // The packed 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
   void repack_scales(const uint8_t* blk, I rows) {
@@ -607,15 +618,11 @@ struct Q4KTile {
 // group scales as i32, pairs[p] (sc_2p, sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
 // (i16) per x row and super-block.
 template <class V>
-struct Q6KTile {
+struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   using I = typename V::I;
-  static constexpr bool kMins = false;
-  static constexpr int64_t kBytes = kQ6_KBlockBytes;
-  static constexpr int kRuns = 16, kAux = 8;
-  I w[64];
-  I sc[16];
+  using Base = TileBlock<V, kQ6_KBlockBytes, 16, 8, false>;
+  using Base::w, Base::sc, Base::d, Base::dmin;
   I pairs[8];
-  typename V::F d, dmin;
 
   // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
   // 2c, 2c + 1 of qh[32h + l] above it.
