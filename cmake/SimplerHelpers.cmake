@@ -163,6 +163,9 @@ if(SIMPLER_PCH)
       set_target_properties(simpler_pch_${kind} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
       target_compile_options(simpler_pch_${kind} PRIVATE -fPIE)
     endif()
+    # No timestamp in the precompiled header, so that ccache can cache what uses it (its manual,
+    # "Precompiled headers"; scripts/build.sh sets the sloppiness it also asks for).
+    target_compile_options(simpler_pch_${kind} PRIVATE "SHELL:-Xclang -fno-pch-timestamp")
     target_precompile_headers(simpler_pch_${kind} PRIVATE ${headers})
   endforeach()
 endif()

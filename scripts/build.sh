@@ -45,6 +45,9 @@ elif command -v ccache >/dev/null 2>&1; then
   # hashes paths under the clone relative to the build folder and leaves out the working
   # directory. (The clang flavours' precompiled headers still tie their objects to one path.)
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+  # The clang flavours' precompiled headers: ccache caches the objects built with them only with
+  # this sloppiness (its manual, "Precompiled headers").
+  export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 fi
 flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$compile_launcher"
         -DCMAKE_CXX_LINKER_LAUNCHER="$link_launcher")
