@@ -74,9 +74,12 @@ class ServerFixture : public ::testing::Test {
     engine_.reset();
   }
 
+  // A client whose reads wait up to 300 s: a queued stream's first bytes can take over a minute
+  // on a starved 2-vCPU machine under TSan (30 streams, one sim core), and a hang is the test's
+  // ctest TIMEOUT to catch, not a read that gives up and aborts the request.
   httplib::Client client() {
     httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
+    c.set_read_timeout(300, 0);
     return c;
   }
   httplib::Result post(const std::string& path, const std::string& body,
