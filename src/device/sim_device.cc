@@ -641,7 +641,7 @@ class SimDevice final : public Device {
     // posting its last completion yet.
     Core& c = *cores_[j.core];
     while (!c.try_claim()) base::cpu_relax();
-    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape});
+    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape}, /*predict=*/false);
     c.release();
     return true;
   }
@@ -762,7 +762,9 @@ class SimDevice final : public Device {
     }
   }
   // Runs one claimed job as core `c` and returns its completion.
-  CoreCompletion execute(Core& c, const Core::QueuedJob& q) {
+  // `predict`: publish the block's predicted end (Core::predicted_end_ns) while it runs; the
+  // scheduler is the only reader, so a job it runs itself need not (run_short_job).
+  CoreCompletion execute(Core& c, const Core::QueuedJob& q, bool predict = true) {
     const CoreJob& job = q.job;
     const uint64_t run_id = q.run_id;
     CoreCompletion done;
@@ -771,9 +773,11 @@ class SimDevice final : public Device {
     done.task_index = job.task_index;
     done.block_idx = job.block_idx;
     done.start_ns = base::now_ns();
-    const int64_t estimate = c.estimates.get(q.shape);
-    c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
-                             std::memory_order_relaxed);
+    if (predict) {
+      const int64_t estimate = c.estimates.get(q.shape);
+      c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
+                               std::memory_order_relaxed);
+    }
     c.exec_run.store(run_id, std::memory_order_relaxed);
     c.exec_task.store(job.task_index, std::memory_order_relaxed);
     c.exec_kernel.store(job.kernel, std::memory_order_relaxed);
@@ -782,7 +786,7 @@ class SimDevice final : public Device {
     done.status = run_job(job, run_id, c.index);
     done.end_ns = base::now_ns();
     c.exec_start_ns.store(0, std::memory_order_relaxed);
-    c.predicted_end_ns.store(0, std::memory_order_relaxed);
+    if (predict) c.predicted_end_ns.store(0, std::memory_order_relaxed);
     c.estimates.record(q.shape, done.end_ns - done.start_ns);
     return done;
   }
