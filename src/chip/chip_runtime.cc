@@ -143,9 +143,11 @@ struct TaskSlot {
 
 // What a GraphExecutor keeps between runs on one thread: a stream's scheduler
 // thread executes one run at a time, so the ring, the idle and ready lists,
-// the TensorMap and the dependency scratch keep their capacity from run to run
-// and a run boundary allocates nothing for them. Holds up to ring_capacity
-// slots (and their argument capacity) per executing thread until it exits.
+// the TensorMap (with its node pool) and the dependency scratch keep their
+// capacity from run to run; a run boundary allocates only the empty node pool
+// of the executor's own TensorMap, which it swaps with the kept one. Holds up
+// to ring_capacity slots (and their argument capacity) per executing thread
+// until it exits.
 // Owner-thread only (thread_local).
 struct ExecutorStorage {
   std::vector<TaskSlot> ring;
