@@ -2,8 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
-#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "chip/tensor_map.h"
@@ -88,6 +87,45 @@ void record_accesses(TensorMap* map, uint64_t seq, const task::TaskArgs& args,
 
 constexpr uint32_t kInitialRingSlots = 64;
 
+// The ready list: a FIFO of task sequence numbers in a ring of a power of two that doubles when
+// full and keeps its capacity through clear() (a run boundary allocates nothing).
+// Owner-thread only.
+class ReadyQueue {
+ public:
+  ReadyQueue() = default;
+  // A move leaves `other` empty, with no capacity.
+  ReadyQueue(ReadyQueue&& other) noexcept { *this = std::move(other); }
+  ReadyQueue& operator=(ReadyQueue&& other) noexcept {
+    buf_ = std::exchange(other.buf_, {});
+    mask_ = std::exchange(other.mask_, 0);
+    head_ = std::exchange(other.head_, 0);
+    tail_ = std::exchange(other.tail_, 0);
+    return *this;
+  }
+
+  bool empty() const { return head_ == tail_; }
+  uint64_t front() const { return buf_[head_ & mask_]; }
+  void pop_front() { ++head_; }
+  void push_back(uint64_t seq) {
+    if (tail_ - head_ == buf_.size()) grow();
+    buf_[tail_++ & mask_] = seq;
+  }
+  void clear() { head_ = tail_ = 0; }
+
+ private:
+  void grow() {
+    std::vector<uint64_t> bigger(std::max<size_t>(64, buf_.size() * 2));
+    const uint64_t mask = bigger.size() - 1;
+    for (uint64_t i = head_; i < tail_; ++i) bigger[i & mask] = buf_[i & mask_];
+    buf_ = std::move(bigger);
+    mask_ = mask;
+  }
+  std::vector<uint64_t> buf_;
+  uint64_t mask_ = 0;
+  uint64_t head_ = 0;  // positions, not indices: the entry at position p is buf_[p & mask_]
+  uint64_t tail_ = 0;
+};
+
 // One ring slot. Reused for task seq, seq + capacity, ...
 struct TaskSlot {
   uint64_t seq = 0;
@@ -105,14 +143,16 @@ struct TaskSlot {
 
 // What a GraphExecutor keeps between runs on one thread: a stream's scheduler
 // thread executes one run at a time, so the ring, the idle and ready lists,
-// the TensorMap and the dependency scratch keep their capacity from run to run
-// and a run boundary allocates nothing for them. Holds up to ring_capacity
-// slots (and their argument capacity) per executing thread until it exits.
+// the TensorMap (with its node pool) and the dependency scratch keep their
+// capacity from run to run; a run boundary allocates only the empty node pool
+// of the executor's own TensorMap, which it swaps with the kept one. Holds up
+// to ring_capacity slots (and their argument capacity) per executing thread
+// until it exits.
 // Owner-thread only (thread_local).
 struct ExecutorStorage {
   std::vector<TaskSlot> ring;
   std::vector<int32_t> idle;
-  std::deque<uint64_t> ready;
+  ReadyQueue ready;
   std::vector<uint64_t> deps;
   TensorMap tensor_map;
   bool in_use = false;
@@ -168,13 +208,12 @@ class GraphExecutor final : public task::OrchestrationContext {
         record_timing_(record_timing),
         report_(report),
         capture_(capture),
-        st_(claim_thread_storage<ExecutorStorage>()),
-        ready_(st_ != nullptr ? st_->ready : own_ready_.emplace()) {
+        st_(claim_thread_storage<ExecutorStorage>()) {
     // Take the kept containers (moves: O(1), capacity comes along); they go
     // back when the run ends. Members, not references, on the hot path.
-    // Member order matters: st_, own_ready_ and ready_ are initialized first.
     if (st_ != nullptr) {
       ring_ = std::move(st_->ring);
+      ready_ = std::move(st_->ready);
       idle_ = std::move(st_->idle);
       tensor_map_ = std::move(st_->tensor_map);
       deps_ = std::move(st_->deps);
@@ -218,6 +257,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     }
     if (st_ != nullptr) {
       st_->ring = std::move(ring_);
+      st_->ready = std::move(ready_);
       st_->idle = std::move(idle_);
       st_->tensor_map = std::move(tensor_map_);
       st_->deps = std::move(deps_);
@@ -422,10 +462,7 @@ class GraphExecutor final : public task::OrchestrationContext {
   RunReport* report_;
   GraphRecording* capture_;  // null unless the run is captured
   ExecutorStorage* st_;      // where the containers go back to; may be null
-  // A default std::deque allocates, so the ready list stays in the storage
-  // (own_ready_ only when there is none) instead of moving in and out.
-  std::optional<std::deque<uint64_t>> own_ready_;
-  std::deque<uint64_t>& ready_;
+  ReadyQueue ready_;
   std::vector<TaskSlot> ring_;
   uint64_t head_seq_ = 0;  // oldest task not retired
   uint64_t next_seq_ = 0;

@@ -1,8 +1,29 @@
 #include "chip/tensor_map.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace simpler::chip {
+
+void* TensorMap::NodePool::allocate(size_t bytes) {
+  if (node_bytes_ == 0) {
+    constexpr size_t kAlign = alignof(std::max_align_t);
+    node_bytes_ = bytes;
+    block_bytes_ = (std::max(bytes, sizeof(FreeBlock)) + kAlign - 1) / kAlign * kAlign;
+  }
+  if (bytes != node_bytes_) return nullptr;
+  if (free_ != nullptr) {
+    FreeBlock* b = free_;
+    free_ = b->next;
+    return b;
+  }
+  if (chunk_left_ == 0) {
+    // operator new[] aligns for any fundamental type (max_align_t).
+    chunks_.emplace_back(new std::byte[block_bytes_ * kBlocksPerChunk]);
+    chunk_left_ = kBlocksPerChunk;
+  }
+  return chunks_.back().get() + block_bytes_ * (kBlocksPerChunk - chunk_left_--);
+}
 
 void TensorMap::split(uint64_t at) {
   auto it = entries_.upper_bound(at);
@@ -14,10 +35,19 @@ void TensorMap::split(uint64_t at) {
   entries_.emplace(at, std::move(tail));
 }
 
+void TensorMap::add_reader(Entry& e, uint64_t task, const IsDone& is_done) {
+  if (e.readers.size() >= 8) {
+    e.readers.erase(std::remove_if(e.readers.begin(), e.readers.end(), std::ref(is_done)),
+                    e.readers.end());
+  }
+  if (e.readers.empty() || e.readers.back() != task) e.readers.push_back(task);
+}
+
 void TensorMap::sweep(const IsDone& is_done) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
-    std::erase_if(e.readers, std::ref(is_done));
+    e.readers.erase(std::remove_if(e.readers.begin(), e.readers.end(), std::ref(is_done)),
+                    e.readers.end());
     if (e.readers.empty() && (e.writer == kNoWriter || is_done(e.writer))) {
       it = entries_.erase(it);
     } else {
@@ -33,12 +63,40 @@ void TensorMap::access(uint64_t begin, uint64_t end, bool write, uint64_t task,
   // Before this access adds entries: a range a finished task left behind
   // creates no dependency, so dropping it changes no answer.
   if (entries_.size() >= sweep_at_) sweep(is_done);
-  split(begin);
-  split(end);
   auto add_dep = [&](uint64_t t) {
     if (t != kNoWriter && t != task && !is_done(t)) deps->push_back(t);
   };
+  // Two cases take one lookup and no split (ranges are disjoint, so nothing else overlaps):
+  // [begin, end) is exactly one tracked range (a buffer written and read whole, again), or it
+  // overlaps none (a range touched for the first time).
   auto it = entries_.lower_bound(begin);
+  if (it != entries_.end() && it->first == begin && it->second.end == end) {
+    Entry& cur = it->second;
+    add_dep(cur.writer);
+    if (write) {
+      for (uint64_t r : cur.readers) add_dep(r);
+      cur.writer = task;
+      cur.readers.clear();
+      return;
+    }
+    add_reader(cur, task, is_done);
+    return;
+  }
+  if ((it == entries_.end() || it->first >= end) &&
+      (it == entries_.begin() || std::prev(it)->second.end <= begin)) {
+    Entry e;
+    e.end = end;
+    if (write) {
+      e.writer = task;
+    } else {
+      e.readers.push_back(task);
+    }
+    entries_.emplace_hint(it, begin, std::move(e));
+    return;
+  }
+  split(begin);
+  split(end);
+  it = entries_.lower_bound(begin);
   uint64_t cursor = begin;
   if (write) {
     // Collect WAW and WAR, then replace [begin, end) by one entry written by `task`.
@@ -70,11 +128,7 @@ void TensorMap::access(uint64_t begin, uint64_t end, bool write, uint64_t task,
     }
     Entry& cur = it->second;
     add_dep(cur.writer);
-    if (cur.readers.size() >= 8) {
-      cur.readers.erase(std::remove_if(cur.readers.begin(), cur.readers.end(), std::ref(is_done)),
-                        cur.readers.end());
-    }
-    if (cur.readers.empty() || cur.readers.back() != task) cur.readers.push_back(task);
+    add_reader(cur, task, is_done);
     cursor = cur.end;
     ++it;
   }

@@ -1,8 +1,10 @@
 #include "chip/tensor_map.h"
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -107,48 +109,89 @@ TEST_F(TensorMapTest, RangesOfUnfinishedTasksAreAllKept) {
     EXPECT_EQ(access(t * 64, t * 64 + 1, false, 5000 + t), V{t});
 }
 
-TEST_F(TensorMapTest, MatchesAByteByByteModelThroughSweeps) {
-  // Random overlapping reads and writes over 8 KiB, tasks finishing in random
-  // order: every answer equals a brute-force model that tracks each byte's
-  // last writer and readers since, with enough ranges alive that sweeps run.
-  constexpr uint64_t kBytes = 8192, kNoTask = ~uint64_t{0};
-  std::vector<uint64_t> writer(kBytes, kNoTask);
-  std::vector<std::vector<uint64_t>> readers(kBytes);
-  std::mt19937_64 rng(7);
-  std::vector<uint64_t> unfinished;
-  size_t largest = 0;
-  for (uint64_t task = 0; task < 20000; ++task) {
-    // Finish a random earlier task now and then (monotone is_done).
-    if (!unfinished.empty() && rng() % 3 != 0) {
-      const size_t i = rng() % unfinished.size();
-      done_.insert(unfinished[i]);
-      unfinished[i] = unfinished.back();
-      unfinished.pop_back();
+// A brute-force model that tracks each byte's last writer and readers since; `run` feeds it and
+// the map `tasks` random accesses from `next_range` (tasks finishing in random order) and checks
+// every answer. Returns the largest number of ranges the map held.
+class TensorMapModelTest : public TensorMapTest {
+ protected:
+  static constexpr uint64_t kBytes = 8192;
+  using NextRange = std::function<std::pair<uint64_t, uint64_t>(std::mt19937_64&)>;
+
+  size_t run(uint64_t tasks, const NextRange& next_range) {
+    constexpr uint64_t kNoTask = ~uint64_t{0};
+    std::vector<uint64_t> writer(kBytes, kNoTask);
+    std::vector<std::vector<uint64_t>> readers(kBytes);
+    std::mt19937_64 rng(7);
+    std::vector<uint64_t> unfinished;
+    size_t largest = 0;
+    for (uint64_t task = 0; task < tasks; ++task) {
+      // Finish a random earlier task now and then (monotone is_done).
+      if (!unfinished.empty() && rng() % 3 != 0) {
+        const size_t i = rng() % unfinished.size();
+        done_.insert(unfinished[i]);
+        unfinished[i] = unfinished.back();
+        unfinished.pop_back();
+      }
+      const auto [b, e] = next_range(rng);
+      const bool write = rng() % 2 == 0;
+      std::set<uint64_t> want;
+      auto add = [&](uint64_t t) {
+        if (t != kNoTask && t != task && done_.count(t) == 0) want.insert(t);
+      };
+      for (uint64_t x = b; x < e; ++x) {
+        add(writer[x]);
+        if (write) {
+          for (uint64_t r : readers[x]) add(r);
+          writer[x] = task;
+          readers[x].clear();
+        } else {
+          std::erase_if(readers[x], [&](uint64_t r) { return done_.count(r) > 0; });
+          readers[x].push_back(task);
+        }
+      }
+      EXPECT_EQ(access(b, e, write, task), V(want.begin(), want.end()))
+          << "task " << task << (write ? " writes [" : " reads [") << b << ", " << e << ")";
+      if (HasFailure()) return largest;
+      unfinished.push_back(task);
+      largest = std::max(largest, map_.size());
     }
+    return largest;
+  }
+};
+
+TEST_F(TensorMapModelTest, MatchesAByteByByteModelThroughSweeps) {
+  // Random overlapping reads and writes over 8 KiB, with enough ranges alive that sweeps run.
+  const size_t largest = run(20000, [](std::mt19937_64& rng) {
     const uint64_t b = rng() % kBytes;
-    const uint64_t e = std::min(kBytes, b + 1 + rng() % 48);
-    const bool write = rng() % 2 == 0;
-    std::set<uint64_t> want;
-    auto add = [&](uint64_t t) {
-      if (t != kNoTask && t != task && done_.count(t) == 0) want.insert(t);
-    };
-    for (uint64_t x = b; x < e; ++x) {
-      add(writer[x]);
-      if (write) {
-        for (uint64_t r : readers[x]) add(r);
-        writer[x] = task;
-        readers[x].clear();
-      } else {
-        std::erase_if(readers[x], [&](uint64_t r) { return done_.count(r) > 0; });
-        readers[x].push_back(task);
+    return std::pair{b, std::min(kBytes, b + 1 + rng() % 48)};
+  });
+  EXPECT_GT(largest, TensorMap::kMinSweepEntries) << "no sweep was exercised";
+}
+
+TEST_F(TensorMapModelTest, WholeBufferRepeatsAndFirstTouchesMatchTheModel) {
+  // The one-lookup cases: the same 64-byte buffers read and written whole again and again, and
+  // buffers touched for the first time (ascending, as an orchestration walks its outputs),
+  // mixed with ranges that straddle or cut into them.
+  uint64_t fresh = 4096;
+  const size_t largest = run(20000, [&fresh](std::mt19937_64& rng) {
+    switch (rng() % 4) {
+      case 0:
+      case 1: {
+        const uint64_t b = rng() % 32 * 64;
+        return std::pair{b, b + 64};
+      }
+      case 2: {
+        const uint64_t b = fresh;
+        fresh = fresh + 8 >= kBytes ? 4096 : fresh + 8;
+        return std::pair{b, b + 8};
+      }
+      default: {
+        const uint64_t b = rng() % 2048;
+        return std::pair{b, b + 1 + rng() % 100};
       }
     }
-    ASSERT_EQ(access(b, e, write, task), V(want.begin(), want.end()))
-        << "task " << task << (write ? " writes [" : " reads [") << b << ", " << e << ")";
-    unfinished.push_back(task);
-    largest = std::max(largest, map_.size());
-  }
-  EXPECT_GT(largest, TensorMap::kMinSweepEntries) << "no sweep was exercised";
+  });
+  EXPECT_GT(largest, 32u);
 }
 
 }  // namespace

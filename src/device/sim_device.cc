@@ -359,6 +359,9 @@ class SimDevice final : public Device {
       return absl::NotFoundError(absl::StrCat("device free of 0x", absl::Hex(address),
                                               ": not the base of a live allocation"));
     }
+    // Before the memory goes: a cached range check that still sees the old count ran before
+    // this free (RangeCache).
+    frees_.fetch_add(1, std::memory_order_release);
     allocated_ -= it->second.bytes;
     host_free(reinterpret_cast<void*>(static_cast<uintptr_t>(address)), it->second.bytes);
     allocs_.erase(it);
@@ -368,6 +371,46 @@ class SimDevice final : public Device {
   absl::Status check_range(uint64_t address, uint64_t bytes) const override {
     MutexLock lock(mem_mu_);
     return check_range_locked(address, bytes);
+  }
+
+  // The allocations a run's tasks were last checked against (ExecContext::check_range, once per
+  // tensor argument of every task): a range inside one of them while no allocation has been
+  // freed since is inside a live allocation, with no lock and no map lookup. A few entries,
+  // replaced round-robin. Owner-thread only (the run's scheduler thread).
+  struct RangeCache {
+    static constexpr size_t kEntries = 8;
+    struct Entry {
+      uint64_t begin = 0;
+      uint64_t end = 0;  // begin == end: empty
+    };
+    std::array<Entry, kEntries> entries{};
+    uint64_t frees = 0;  // frees_ when the entries were filled
+    size_t next = 0;     // the entry replaced next
+  };
+
+  // check_range through `cache`: the same answers.
+  absl::Status check_range_cached(uint64_t address, uint64_t bytes, RangeCache* cache) const {
+    // Acquire: pairs with free's increment, made before it releases the memory.
+    const uint64_t frees = frees_.load(std::memory_order_acquire);
+    if (frees == cache->frees) {
+      for (const RangeCache::Entry& e : cache->entries) {
+        if (address >= e.begin && address < e.end && bytes <= e.end - address) {
+          return absl::OkStatus();
+        }
+      }
+    } else {
+      cache->entries = {};
+      cache->frees = frees;
+    }
+    MutexLock lock(mem_mu_);
+    SIMPLER_RETURN_IF_ERROR(check_range_locked(address, bytes));
+    // Entered only when no free came between the count read above and this check.
+    if (frees_.load(std::memory_order_relaxed) == cache->frees) {
+      const auto& [base, a] = *std::prev(allocs_.upper_bound(address));
+      cache->entries[cache->next] = RangeCache::Entry{base, base + a.bytes};
+      cache->next = (cache->next + 1) % RangeCache::kEntries;
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<uint64_t> allocation_id(uint64_t address, uint64_t bytes) const override {
@@ -598,7 +641,7 @@ class SimDevice final : public Device {
     // posting its last completion yet.
     Core& c = *cores_[j.core];
     while (!c.try_claim()) base::cpu_relax();
-    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape});
+    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape}, /*predict=*/false);
     c.release();
     return true;
   }
@@ -719,7 +762,9 @@ class SimDevice final : public Device {
     }
   }
   // Runs one claimed job as core `c` and returns its completion.
-  CoreCompletion execute(Core& c, const Core::QueuedJob& q) {
+  // `predict`: publish the block's predicted end (Core::predicted_end_ns) while it runs; the
+  // scheduler is the only reader, so a job it runs itself need not (run_short_job).
+  CoreCompletion execute(Core& c, const Core::QueuedJob& q, bool predict = true) {
     const CoreJob& job = q.job;
     const uint64_t run_id = q.run_id;
     CoreCompletion done;
@@ -728,9 +773,11 @@ class SimDevice final : public Device {
     done.task_index = job.task_index;
     done.block_idx = job.block_idx;
     done.start_ns = base::now_ns();
-    const int64_t estimate = c.estimates.get(q.shape);
-    c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
-                             std::memory_order_relaxed);
+    if (predict) {
+      const int64_t estimate = c.estimates.get(q.shape);
+      c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
+                               std::memory_order_relaxed);
+    }
     c.exec_run.store(run_id, std::memory_order_relaxed);
     c.exec_task.store(job.task_index, std::memory_order_relaxed);
     c.exec_kernel.store(job.kernel, std::memory_order_relaxed);
@@ -739,7 +786,7 @@ class SimDevice final : public Device {
     done.status = run_job(job, run_id, c.index);
     done.end_ns = base::now_ns();
     c.exec_start_ns.store(0, std::memory_order_relaxed);
-    c.predicted_end_ns.store(0, std::memory_order_relaxed);
+    if (predict) c.predicted_end_ns.store(0, std::memory_order_relaxed);
     c.estimates.record(q.shape, done.end_ns - done.start_ns);
     return done;
   }
@@ -856,6 +903,8 @@ class SimDevice final : public Device {
   std::map<uint64_t, Allocation> allocs_ SIMPLER_GUARDED_BY(mem_mu_);  // by base address
   uint64_t next_allocation_id_ SIMPLER_GUARDED_BY(mem_mu_) = 1;
   uint64_t allocated_ SIMPLER_GUARDED_BY(mem_mu_) = 0;
+  // Allocations freed so far (written under mem_mu_; read without it by check_range_cached).
+  std::atomic<uint64_t> frees_{0};
   bool closed_ SIMPLER_GUARDED_BY(mem_mu_) = false;
 
   std::vector<std::unique_ptr<Core>> cores_;
@@ -912,12 +961,13 @@ class SimExecContext final : public ExecContext {
   }
   bool aborted() const override { return device_->aborted(); }
   absl::Status check_range(uint64_t address, uint64_t bytes) const override {
-    return device_->check_range(address, bytes);
+    return device_->check_range_cached(address, bytes, &ranges_);
   }
 
  private:
   SimDevice* device_;
   uint64_t run_id_;
+  mutable SimDevice::RangeCache ranges_;  // the run's thread only, as the context
 };
 
 // In-order stream: one scheduler thread takes the next item only after the
@@ -1148,6 +1198,7 @@ void SimDevice::close() {
     }
     MutexLock lock(mem_mu_);
     closed_ = true;
+    frees_.fetch_add(1, std::memory_order_release);
     for (auto& [addr, a] : allocs_)
       host_free(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), a.bytes);
     allocs_.clear();

@@ -49,6 +49,33 @@ TEST(SimDeviceMemory, RegistryChecksBoundsAndRefusesDoubleFree) {
   EXPECT_EQ(d->live_allocations(), 0u);
 }
 
+// A run checks its tasks' ranges through a cache of the allocations it checked before: the answers
+// stay the registry's when an allocation is freed, or freed and allocated again, during the run.
+TEST(SimDeviceMemory, ARunsCachedRangeChecksSeeFreesDuringTheRun) {
+  auto d = make(1);
+  Stream* s = *d->create_stream();
+  const uint64_t a = *d->malloc(256);
+  const uint64_t b = *d->malloc(64);
+  auto rec = s->launch(0, [&](ExecContext& ctx) -> absl::Status {
+    EXPECT_TRUE(ctx.check_range(a, 256).ok());
+    EXPECT_TRUE(ctx.check_range(a + 64, 64).ok());  // from the cache
+    EXPECT_TRUE(ctx.check_range(b, 64).ok());
+    EXPECT_EQ(ctx.check_range(a + 200, 57).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(d->free(a).ok());
+    absl::Status gone = ctx.check_range(a + 64, 64);
+    EXPECT_NE(gone.message().find("not inside a live allocation"), std::string_view::npos) << gone;
+    EXPECT_TRUE(ctx.check_range(b, 64).ok());
+    // Allocated again (possibly at a's address), smaller: a's old extent is not taken for it.
+    const uint64_t c = *d->malloc(32);
+    EXPECT_TRUE(ctx.check_range(c, 32).ok());
+    EXPECT_EQ(ctx.check_range(c, 64).code(), absl::StatusCode::kInvalidArgument);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(rec.ok());
+  ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+  EXPECT_TRUE((*rec)->done.status().ok());
+}
+
 // Large allocations are mappings that start on a 2 MiB boundary (huge pages) and end at the
 // allocation: sizes around the boundary are zeroed, hold every byte copied in, and free cleanly
 // (a wrong head or tail unmapped would fault here, or under ASan).

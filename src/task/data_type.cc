@@ -54,8 +54,11 @@ int64_t block_elements(DataType dtype) { return layout_of(dtype).block_elements;
 size_t block_bytes(DataType dtype) { return layout_of(dtype).block_bytes; }
 
 uint64_t bytes_of(DataType dtype, uint64_t numel) {
-  const uint64_t per = static_cast<uint64_t>(block_elements(dtype));
-  return (numel + per - 1) / per * block_bytes(dtype);
+  const Layout& l = layout_of(dtype);
+  // Every task argument's span comes here: no division for the one-element blocks.
+  if (l.block_elements == 1) return numel * l.block_bytes;
+  const auto per = static_cast<uint64_t>(l.block_elements);
+  return (numel + per - 1) / per * l.block_bytes;
 }
 
 namespace {

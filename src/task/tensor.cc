@@ -56,9 +56,11 @@ int64_t Tensor::numel() const {
 }
 
 uint64_t Tensor::span_bytes() const {
-  if (numel() == 0) return 0;
   int64_t last = 0;
-  for (int i = 0; i < rank; ++i) last += (shape[i] - 1) * strides[i];
+  for (int i = 0; i < rank; ++i) {
+    if (shape[i] == 0) return 0;  // no element (numel() == 0)
+    last += (shape[i] - 1) * strides[i];
+  }
   return bytes_of(dtype, static_cast<uint64_t>(last + 1));
 }
 

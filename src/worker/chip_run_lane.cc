@@ -413,9 +413,13 @@ absl::Status ChipRunLane::admit_capture_locked(ChipRun& run, const task::ChipCal
 absl::Status ChipRunLane::stale_fixed_memory(const chip::CapturedGraph& graph,
                                              uint64_t epoch) const {
   for (const chip::CapturedGraph::FixedRange& f : graph.fixed()) {
+    absl::StatusOr<uint64_t> id = device_->allocation_id(f.begin, f.end - f.begin);
+    if (id.ok() && f.allocation != 0 && *id == f.allocation &&
+        (epoch == 0 || f.allocation < epoch)) {
+      continue;  // every replay's admission comes here once per fixed range: no message built
+    }
     const std::string what = absl::StrCat("device memory 0x", absl::Hex(f.begin), " (task ", f.task,
                                           " argument ", f.arg, ") at a fixed address");
-    absl::StatusOr<uint64_t> id = device_->allocation_id(f.begin, f.end - f.begin);
     if (!id.ok() || f.allocation == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           what, " that is no longer a live allocation (",

@@ -51,12 +51,15 @@ absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOpti
                            const task::Tensor& slots = args.tensor(0);
                            const int64_t n = slots.shape[0];
                            const int64_t pattern = args.scalar_i64(1);
+                           // One argument list for every task (clear keeps its capacity): the
+                           // runtime copies what it keeps at submit.
+                           task::TaskArgs a;
                            for (int64_t i = 0; i < n; ++i) {
                              const int64_t slot = pattern == 0 ? i : (pattern == 1 ? 0 : i % 8);
                              task::Tensor t = slots;
                              t.address = slots.address + slot * 8;
                              t.shape[0] = 1;
-                             task::TaskArgs a;
+                             a.clear();
                              a.add_tensor(t, task::ArgDirection::kInOut);
                              SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a));
                            }
