@@ -99,22 +99,29 @@ void rows_q8_0_wide(const Problem& p, const QuantizedX& x) {
 // saturation, as matmul_int8_x86.h's) and vpdpwssd with the scales of its i16 lanes, so per x row
 // 4 of each where the 256-bit kernels take 8. The integer sums are the same exact values.
 
-// 32 i16: a in lanes 0-15, b in lanes 16-31 (lane l of a super-block's 512-bit vector v holds
-// the pair sum of its weights 64v + 2l and 64v + 2l + 1).
-inline __m512i i16_index(int a, int b) {
-  return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16(static_cast<int16_t>(a)),
-                                 _mm512_set1_epi16(static_cast<int16_t>(b)));
-}
-
-// Q6_K's vector v: lane l is in group 4v + l / 8.
-inline __m512i q6_k_scale_index(int v) {
-  __m512i idx = _mm512_set1_epi16(static_cast<int16_t>(4 * v));
-  for (int g = 1; g < 4; ++g) {
-    idx = _mm512_mask_blend_epi16(0xffu << (8 * g), idx,
-                                  _mm512_set1_epi16(static_cast<int16_t>(4 * v + g)));
+// The i16 index vectors of the kernels below, as constants (built in registers per super-block,
+// their mask blends cost as much as a super-block's dot): i16_index(a, b), 32 i16, a in lanes
+// 0-15 and b in lanes 16-31 (lane l of a super-block's 512-bit vector v holds the pair sum of its
+// weights 64v + 2l and 64v + 2l + 1); q6_k_scale_index(v), Q6_K's vector v: lane l is in group
+// 4v + l / 8.
+struct I16Indexes {
+  alignas(64) int16_t pairs[8][8][32];  // [a][b]
+  alignas(64) int16_t q6_k[4][32];
+  constexpr I16Indexes() : pairs(), q6_k() {
+    for (int a = 0; a < 8; ++a) {
+      for (int b = 0; b < 8; ++b) {
+        for (int l = 0; l < 32; ++l) pairs[a][b][l] = static_cast<int16_t>(l < 16 ? a : b);
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      for (int l = 0; l < 32; ++l) q6_k[v][l] = static_cast<int16_t>(4 * v + l / 8);
+    }
   }
-  return idx;
-}
+};
+constexpr I16Indexes kI16Indexes;
+
+inline __m512i i16_index(int a, int b) { return _mm512_load_si512(kI16Indexes.pairs[a][b]); }
+inline __m512i q6_k_scale_index(int v) { return _mm512_load_si512(kI16Indexes.q6_k[v]); }
 
 // A zmm's two 256-bit halves added: 8 i32 lanes whose total is the zmm's.
 inline __m256i fold(__m512i v) {
@@ -256,9 +263,11 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_tiles<Zmm, Q6KTile>(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
+    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
   }
   if (p.wt == WeightType::kQ6_K) {
+    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
     return rows_super<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
   }
   rows_x86<Avx512VnniDot>(p, x);

@@ -135,13 +135,13 @@ void dots_q6_k(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums
 // group of 8 has zero scales and sums past the row: its lanes add (+0·+0)·+0 = +0, and a lane sum
 // is never -0, so that changes nothing. Built with -ffp-contract=off: no multiply and add fused.
 
-// The vectors v[0..7] of 8 i32 each summed, v[i]'s sum in lane i.
-inline __m256i reduce8(const __m256i* v) {
+// The vectors v[0], v[stride], .., v[7·stride] of 8 i32 each summed, v[i·stride]'s sum in lane i.
+inline __m256i reduce8(const __m256i* v, int64_t stride = 1) {
   __m256i a[4], b[2];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {  // per 128-bit half: [v2i: 0+2, v2i+1: 0+2, v2i: 1+3, v2i+1: 1+3]
-    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                            _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    const __m256i e = v[2 * i * stride], o = v[(2 * i + 1) * stride];
+    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(e, o), _mm256_unpackhi_epi32(e, o));
   }
 #pragma GCC unroll 2
   for (int i = 0; i < 2; ++i) {  // per half: the 4 sums of that half of v4i .. v4i+3
@@ -162,6 +162,21 @@ inline float tree8(__m256 acc) {
 // acc + (a·b)·f32(s) lane by lane: two roundings, then the add's.
 inline __m256 combine_step(__m256 acc, __m256 a, __m256 b, __m256i s) {
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(a, b), _mm256_cvtepi32_ps(s)));
+}
+
+// matmul_int8.h's tree of 8 lanes l[0..7], for the 8 vector lanes (W rows) at once.
+inline __m256 tree8_lanes(const __m256* l) {
+  __m256 s4[4];
+  for (int i = 0; i < 4; ++i) s4[i] = _mm256_add_ps(l[i], l[i + 4]);
+  return _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+}
+
+// y[0, lanes) = v (or y + v).
+inline void store_lanes(float* y, __m256 v, int64_t lanes, bool accumulate) {
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lanes)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(y, mask), v);
+  _mm256_maskstore_ps(y, mask, v);
 }
 
 // W (`w`, `size` bytes) is read row after row: before the row at byte `at` (`row_bytes` long)
@@ -450,6 +465,76 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
         store_y(p, r0 + i, j, y);
       }
     }
+  }
+}
+
+// ---- Q4_K / Q6_K against one x row (a decode step of batch 1): W rows 8 at a time, vector lane r
+// W row r in the sums and in the combine. Each W row's super-blocks go through K's kernel as in
+// rows_super, super-block b's vector (8 i32 whose total is S_b) into the row's slot b; then the 8
+// rows' slots of each super-block are reduced together (reduce8 across the rows), so lane r holds
+// row r's S_b (and M_b), and the combine runs on the 8 rows at once: lane l = b mod 8 of every row
+// in acc[l], t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree (combine_tile's
+// order, matmul_int8.h's roundings). So a W row costs its super-blocks' kernel alone: no reduce8
+// of a half-filled group of 8 (K 1024 is 4 super-blocks), no combine, tree and scalar store of
+// its own, which made K 1024 cost twice K 3072 per byte.
+struct Slots8 {
+  __m256i v[8];
+};
+
+template <class K, WeightType WT>
+void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
+  constexpr bool kQ4 = WT == WeightType::kQ4_K;
+  constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kBytes;
+  const int64_t groups = (supers + 7) / 8, size = p.n * row_bytes;
+  const XTile t{xq, x.bsums.data(), p.k, nullptr, nullptr, 0};
+  // the slots: row r's super-block b in group r·groups + b / 8, slot b mod 8 (so row r's are the
+  // vectors [r·8·groups, +supers)); the scales [super-block][row]
+  std::vector<Slots8> sg(static_cast<size_t>(8 * groups)), mg(sg.size());
+  const __m256i* sv = sg.data()->v;
+  const __m256i* mv = mg.data()->v;
+  std::vector<float> d(static_cast<size_t>(8 * supers)), dmin(d.size());
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
+    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
+    for (int64_t r = 0; r < 8; ++r) {
+      Slots8* sr = &sg[r * groups];
+      Slots8* mr = &mg[r * groups];
+      if (r >= lanes) {  // a short last group: its rows past n are zero
+        for (int64_t b = 0; b < supers; ++b) {
+          sr[b / 8].v[b % 8] = mr[b / 8].v[b % 8] = _mm256_setzero_si256();
+          d[8 * b + r] = dmin[8 * b + r] = 0.f;
+        }
+        continue;
+      }
+      const int64_t at = (j0 + r) * row_bytes;
+      prefetch_ahead(w, at, row_bytes, size);
+      for (int64_t b = 0; b < supers; ++b) {
+        const uint8_t* blk = w + at + b * kBytes;
+        d[8 * b + r] = half_at(blk + (kQ4 ? 0 : 208));
+        if (kQ4) dmin[8 * b + r] = half_at(blk + 2);
+        if constexpr (kQ4) {  // writes slot b mod 8 of its group
+          K::template q4_k<1>(blk, t, b, &sr[b / 8].v, &mr[b / 8].v);
+        } else {
+          K::template q6_k<1>(blk, t, b, &sr[b / 8].v, &mr[b / 8].v);
+        }
+      }
+    }
+    __m256 acc[8], accm[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const __m256 dx = _mm256_set1_ps(x.d[b]);
+      acc[b % 8] =
+          combine_step(acc[b % 8], dx, _mm256_loadu_ps(&d[8 * b]), reduce8(sv + b, 8 * groups));
+      if (kQ4) {
+        accm[b % 8] = combine_step(accm[b % 8], dx, _mm256_loadu_ps(&dmin[8 * b]),
+                                   reduce8(mv + b, 8 * groups));
+      }
+    }
+    __m256 out = tree8_lanes(acc);
+    if (kQ4) out = _mm256_sub_ps(out, tree8_lanes(accm));
+    store_lanes(p.y + j0, out, lanes, p.accumulate);
   }
 }
 
@@ -823,9 +908,13 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ4K) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
+      if (p.rows == 1)
+        return rows_super_one<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
       return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ6K) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
+      if (p.rows == 1)
+        return rows_super_one<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
       return rows_super<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
     default:
       return;
