@@ -94,6 +94,47 @@ void rows_q8_0_wide(const Problem& p, const QuantizedX& x) {
   }
 }
 
+// Q8_0 against one x row: 8 blocks a step as 4 zmm of two blocks each, |w| (vpabsb: -128 is 128
+// unsigned) against x's q negated where w is negative (AVX-512 has no vpsignb on zmm; where w is 0
+// so is |w|), the 8 block sums by reduce_pairs, then rows_blocks' combine; a last partial group
+// of 8 as rows_blocks takes it. The same exact block sums, so the same bits.
+void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
+  const int64_t blocks = p.k / kQ8_0BlockWeights, full = blocks / 8;
+  const int tail = static_cast<int>(blocks % 8);
+  const int64_t row_bytes = blocks * kQ8_0BlockBytes;
+  std::vector<float> dw(static_cast<size_t>(x.d_stride), 0.f);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const int8_t* xq = x.q.data();
+  const float* xd = x.d.data();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t j = 0; j < p.n; ++j) {
+    const uint8_t* wr = w + j * row_bytes;
+    prefetch_ahead(w, j * row_bytes, row_bytes, p.n * row_bytes);
+    for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kQ8_0BlockBytes);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      __m512i v[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* q = wr + (8 * g + 2 * i) * kQ8_0BlockBytes + 2;
+        const __m512i wv =
+            _mm512_inserti64x4(_mm512_castsi256_si512(load32(q)), load32(q + kQ8_0BlockBytes), 1);
+        const __m512i xv = _mm512_loadu_si512(xq + 256 * g + 64 * i);
+        const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
+        v[i] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), xs);
+      }
+      acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * g]), _mm256_loadu_ps(xd + 8 * g),
+                         reduce_pairs(v));
+    }
+    if (tail != 0) {
+      const __m256i s = block_sums8<Avx512VnniDot, false, false>(wr + 8 * full * kQ8_0BlockBytes,
+                                                                 xq + 256 * full, tail);
+      acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * full]), _mm256_loadu_ps(xd + 8 * full), s);
+    }
+    store_y(p, 0, j, tree8(acc));
+  }
+}
+
 // ---- Q4_K and Q6_K on 512-bit vectors (SuperKernels512 below): a super-block's 256 weights as 4
 // zmm of 64 unsigned bytes, each against 64 bytes of x by vpmaddubsw (i16 pair sums: no
 // saturation, as matmul_int8_x86.h's) and vpdpwssd with the scales of its i16 lanes, so per x row
@@ -257,6 +298,7 @@ struct Zmm {
 
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
+  if (p.wt == WeightType::kQ8_0) return rows_q8_0_one(p, x);
   if (p.wt == WeightType::kQ4_K && p.rows >= Zmm::kMinRowsQ4K)
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
