@@ -255,17 +255,21 @@ void rows_blocks(const Problem& p, const QuantizedX& x) {
 // Q4_K's packed 6-bit scales and mins (get_scale_min_k4) as 16 i16: sc_0..7, then m_0..7. As
 // little-endian words A, B, C of bytes 0-3, 4-7, 8-11: sc_0..3 = A & 63 bytewise, m_0..3 = B & 63,
 // sc_4..7 = (C & 15) | (A >> 6) << 4 and m_4..7 = (C >> 4 & 15) | (B >> 6) << 4.
+// In vectors (a third of the scalar version's instructions): the 16 bytes from s (the 12 scale
+// bytes, then 4 of qs, unused) as dwords A, B, C, _;
+// [A, C, B, C] shifted right by [0, 0, 0, 4] and masked by [63, 15, 63, 15] bytewise, or'ed with
+// [A, A, B, B] >> 6, masked by [0, 3, 0, 3] and shifted left by 4: [sc_0..3, sc_4..7, m_0..3,
+// m_4..7], widened.
 inline __m256i q4_k_scales_mins(const uint8_t* s) {
-  uint32_t a, b, c;
-  std::memcpy(&a, s, 4);
-  std::memcpy(&b, s + 4, 4);
-  std::memcpy(&c, s + 8, 4);
-  const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
-  const uint32_t sc03 = a & k6, m03 = b & k6;
-  const uint32_t sc47 = (c & k4) | ((a >> 6) & k2) << 4;
-  const uint32_t m47 = ((c >> 4) & k4) | ((b >> 6) & k2) << 4;
-  return _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47),
-                                             static_cast<int>(m03), static_cast<int>(m47)));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i k6 = _mm_set1_epi8(63), k4 = _mm_set1_epi8(15), k2 = _mm_set1_epi8(3);
+  const __m128i x =
+      _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4));
+  const __m128i lo = _mm_and_si128(x, _mm_unpacklo_epi32(k6, k4));
+  const __m128i y = _mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 6);
+  const __m128i hi =
+      _mm_slli_epi32(_mm_and_si128(y, _mm_unpacklo_epi32(_mm_setzero_si128(), k2)), 4);
+  return _mm256_cvtepu8_epi16(_mm_or_si128(lo, hi));
 }
 
 // i16 lane j of the low 128 bits of v in all 16 lanes.
