@@ -296,6 +296,91 @@ struct Zmm {
   }
 };
 
+// in[r] (16 vectors of 16 dwords) transposed: out[t] lane r = dword t of in[r]. Two levels of
+// unpacks within 128-bit lanes (per group of 4 rows, the dwords 4L + c of its 4 rows in lane L of
+// vector c), then two of 128-bit lane shuffles.
+inline void transpose16(const __m512i* in, __m512i* out) {
+  __m512i a[16], g4[4][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const __m512i* t = a + 4 * g;
+    g4[g][0] = _mm512_unpacklo_epi64(t[0], t[2]);
+    g4[g][1] = _mm512_unpackhi_epi64(t[0], t[2]);
+    g4[g][2] = _mm512_unpacklo_epi64(t[1], t[3]);
+    g4[g][3] = _mm512_unpackhi_epi64(t[1], t[3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {  // lanes [dword c, 4 + c, 8 + c, 12 + c] of each group of rows
+    const __m512i t0 = _mm512_shuffle_i32x4(g4[0][c], g4[1][c], 0x88);
+    const __m512i t1 = _mm512_shuffle_i32x4(g4[0][c], g4[1][c], 0xdd);
+    const __m512i t2 = _mm512_shuffle_i32x4(g4[2][c], g4[3][c], 0x88);
+    const __m512i t3 = _mm512_shuffle_i32x4(g4[2][c], g4[3][c], 0xdd);
+    out[c] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+    out[8 + c] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
+    out[4 + c] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
+  }
+}
+
+// Q6_K's tile on zmm without the 48 gathers of its weights: each of the 16 rows' super-block
+// decoded as SuperKernels512::q6_k decodes it (4 zmm, weights 64v..64v + 63 as unsigned 6-bit
+// values), then vector v of the 16 rows transposed into the tile's w[16v, +16) (lane r W row r,
+// dword t of it weights 4t..4t + 3: the gathers' layout); the scales and d still by gathers.
+void repack_tile(Q6KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+  const __m512i shift_lo = i16_index(0, 2), shift_hi = i16_index(4, 6);
+  __m512i v[4][16];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
+      const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
+      const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
+      v[2 * h][r] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(top_lo, 4));
+      v[2 * h + 1][r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                        _mm512_slli_epi16(top_hi, 4));
+    }
+  }
+  for (int q = 0; q < 4; ++q) transpose16(v[q], t.w + 16 * q);
+  t.repack_scales(blk, rows);
+}
+
+// Q4_K's tile on zmm without the 32 gathers of its weights: each row's qs[64h, +64) as one zmm,
+// its low and high nibbles transposed over the 16 rows: dword 8c' + t of half h's nibbles is
+// dword t of qs[32c, +32), c = 2h + c', that is w[16c + t] (low) and w[16c + 8 + t] (high).
+void repack_tile(Q4KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m512i m4 = _mm512_set1_epi8(15);
+  __m512i lo[2][16], hi[2][16];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes + 16;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_loadu_si512(b + 64 * h);
+      lo[h][r] = _mm512_and_si512(q, m4);
+      hi[h][r] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    }
+  }
+  __m512i out[16];
+  for (int h = 0; h < 2; ++h) {
+    for (int nib = 0; nib < 2; ++nib) {
+      transpose16(nib == 0 ? lo[h] : hi[h], out);
+      for (int i = 0; i < 16; ++i) {  // c = 2h + i / 8, t = i % 8
+        t.w[16 * (2 * h + i / 8) + 8 * nib + i % 8] = out[i];
+      }
+    }
+  }
+  t.repack_scales(blk, rows);
+}
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
   if (p.wt == WeightType::kQ8_0) return rows_q8_0_one(p, x);

@@ -716,6 +716,11 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
   // 2c, 2c + 1 of qh[32h + l] above it.
   void repack(const uint8_t* blk, I rows) {
+    repack_weights(blk, rows);
+    repack_scales(blk, rows);
+  }
+
+  void repack_weights(const uint8_t* blk, I rows) {
     const I k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
@@ -732,6 +737,9 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
         }
       }
     }
+  }
+
+  void repack_scales(const uint8_t* blk, I rows) {
     for (int q = 0; q < 4; ++q) {
       const I s4 = V::gather(rows, blk + 192 + 4 * q);
       for (int i = 0; i < 4; ++i) sc[4 * q + i] = V::srai(V::slli(s4, 24 - 8 * i), 24);
@@ -750,6 +758,15 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
     return V::slli(m, 5);
   }
 };
+
+// A tile's super-block from W's super-block at blk of the tile's first row (the tile's rows
+// row_bytes apart, its lanes past `lanes` repeating the last): by the tile's gathers; a target may
+// overload it for a tile type (matmul_int8_avx512vnni.cc: Q6_K on zmm by transposes).
+template <class Tile, class I>
+inline void repack_tile(Tile& t, const uint8_t* blk, I rows, int64_t /*row_bytes*/,
+                        int64_t /*lanes*/) {
+  t.repack(blk, rows);
+}
 
 // R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
 // i's S (and Q4_K's M) of super-block b, one lane per W row, at s (m) + kLanes·(i·supers + b). A
@@ -885,7 +902,7 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
       _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
     }
     for (int64_t b = 0; b < supers; ++b) {
-      t.tile[b].repack(w + j0 * row_bytes + b * Tile::kBytes, rows);
+      repack_tile(t.tile[b], w + j0 * row_bytes + b * Tile::kBytes, rows, row_bytes, lanes);
     }
     for (int64_t r0 = 0; r0 < p.rows;) {
       const int64_t left = p.rows - r0;
