@@ -768,6 +768,75 @@ inline void repack_tile(Tile& t, const uint8_t* blk, I rows, int64_t /*row_bytes
   t.repack(blk, rows);
 }
 
+// in[r] (8 vectors of 8 dwords) transposed: out[t] lane r = dword t of in[r]. Two levels of
+// unpacks within 128-bit lanes, then one of lane swaps.
+inline void transpose8(const __m256i* in, __m256i* out) {
+  __m256i a[8], b[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    a[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {  // b[4g + c]: dwords 4L + c of rows 4g..4g + 3 in lane L
+    const __m256i* t = a + 4 * g;
+    b[4 * g] = _mm256_unpacklo_epi64(t[0], t[2]);
+    b[4 * g + 1] = _mm256_unpackhi_epi64(t[0], t[2]);
+    b[4 * g + 2] = _mm256_unpacklo_epi64(t[1], t[3]);
+    b[4 * g + 3] = _mm256_unpackhi_epi64(t[1], t[3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    out[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
+    out[4 + c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
+  }
+}
+
+// The tiles on ymm without the gathers of their weights: each of the 8 rows' super-block decoded
+// in vectors (Q4_K: qs[32c, +32), sub-blocks 2c and 2c + 1; Q6_K: weights 32u..32u + 31 as
+// dots_q6_k decodes them), then transposed over the rows into the gathers' layout (lane r W row
+// r); the scales and d still by gathers.
+template <class Dot>
+void repack_tile(Q4KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int c = 0; c < 4; ++c) {
+    __m256i lo[8], hi[8];
+    for (int r = 0; r < 8; ++r) {
+      const __m256i q = load32(blk + (r < lanes ? r : lanes - 1) * row_bytes + 16 + 32 * c);
+      lo[r] = _mm256_and_si256(q, m4);
+      hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    transpose8(lo, t.w + 16 * c);
+    transpose8(hi, t.w + 16 * c + 8);
+  }
+  t.repack_scales(blk, rows);
+}
+
+template <class Dot>
+void repack_tile(Q6KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    __m256i v[4][8];
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes;
+      const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32);
+      const __m256i qh = load32(b + 128 + 32 * h);
+      const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                              _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m2);
+        v[c][r] = _mm256_or_si256(low[c], _mm256_slli_epi16(top, 4));
+      }
+    }
+    for (int c = 0; c < 4; ++c) transpose8(v[c], t.w + 8 * (4 * h + c));
+  }
+  t.repack_scales(blk, rows);
+}
+
 // R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
 // i's S (and Q4_K's M) of super-block b, one lane per W row, at s (m) + kLanes·(i·supers + b). A
 // run (a sub-block or group) is 64 / kRuns dwords, its scale sc[run].
