@@ -10,7 +10,8 @@
 //     `simpler bench prefill`;
 //   Int8/<weight type>/<integer-sum target>/<whole|shared>/R/N/K — precision int8 (matmul_int8.h)
 //     over a block-quantized W [N, K], R x rows (1 against N 131072: W streamed from memory, the
-//     weight bytes/s; 16 against N 3072: a batch-16 step of the gate projection), one thread,
+//     weight bytes/s; 1 against N 512: a decode step's half of k_proj, in L2, the kernel's own
+//     pace; 16 against N 3072: a batch-16 step of the gate projection), one thread,
 //     with the target's whole-product kernel (Int8Dots::rows) or the shared loop over its
 //     integer sums: the same bits, the ratio of the two is the kernel's gain;
 //   ExactBlocks/<weight type>/<target>/R/N/K — precision exact over the same W and shapes.
@@ -206,6 +207,8 @@ void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole
 
 void int8_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 131072, 1024})
+      ->Args({1, 512, 1024})
+      ->Args({1, 256, 3072})
       ->Args({8, 3072, 1024})
       ->Args({16, 3072, 1024})
       ->Args({64, 3072, 1024})

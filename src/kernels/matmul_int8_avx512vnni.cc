@@ -94,27 +94,75 @@ void rows_q8_0_wide(const Problem& p, const QuantizedX& x) {
   }
 }
 
+// Q8_0 against one x row: 8 blocks a step as 4 zmm of two blocks each, |w| (vpabsb: -128 is 128
+// unsigned) against x's q negated where w is negative (AVX-512 has no vpsignb on zmm; where w is 0
+// so is |w|), the 8 block sums by reduce_pairs, then rows_blocks' combine; a last partial group
+// of 8 as rows_blocks takes it. The same exact block sums, so the same bits.
+void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
+  const int64_t blocks = p.k / kQ8_0BlockWeights, full = blocks / 8;
+  const int tail = static_cast<int>(blocks % 8);
+  const int64_t row_bytes = blocks * kQ8_0BlockBytes;
+  std::vector<float> dw(static_cast<size_t>(x.d_stride), 0.f);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const int8_t* xq = x.q.data();
+  const float* xd = x.d.data();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t j = 0; j < p.n; ++j) {
+    const uint8_t* wr = w + j * row_bytes;
+    prefetch_ahead(w, j * row_bytes, row_bytes, p.n * row_bytes);
+    for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kQ8_0BlockBytes);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+      __m512i v[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* q = wr + (8 * g + 2 * i) * kQ8_0BlockBytes + 2;
+        const __m512i wv =
+            _mm512_inserti64x4(_mm512_castsi256_si512(load32(q)), load32(q + kQ8_0BlockBytes), 1);
+        const __m512i xv = _mm512_loadu_si512(xq + 256 * g + 64 * i);
+        const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
+        v[i] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), xs);
+      }
+      acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * g]), _mm256_loadu_ps(xd + 8 * g),
+                         reduce_pairs(v));
+    }
+    if (tail != 0) {
+      const __m256i s = block_sums8<Avx512VnniDot, false, false>(wr + 8 * full * kQ8_0BlockBytes,
+                                                                 xq + 256 * full, tail);
+      acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * full]), _mm256_loadu_ps(xd + 8 * full), s);
+    }
+    store_y(p, 0, j, tree8(acc));
+  }
+}
+
 // ---- Q4_K and Q6_K on 512-bit vectors (SuperKernels512 below): a super-block's 256 weights as 4
 // zmm of 64 unsigned bytes, each against 64 bytes of x by vpmaddubsw (i16 pair sums: no
 // saturation, as matmul_int8_x86.h's) and vpdpwssd with the scales of its i16 lanes, so per x row
 // 4 of each where the 256-bit kernels take 8. The integer sums are the same exact values.
 
-// 32 i16: a in lanes 0-15, b in lanes 16-31 (lane l of a super-block's 512-bit vector v holds
-// the pair sum of its weights 64v + 2l and 64v + 2l + 1).
-inline __m512i i16_index(int a, int b) {
-  return _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16(static_cast<int16_t>(a)),
-                                 _mm512_set1_epi16(static_cast<int16_t>(b)));
-}
-
-// Q6_K's vector v: lane l is in group 4v + l / 8.
-inline __m512i q6_k_scale_index(int v) {
-  __m512i idx = _mm512_set1_epi16(static_cast<int16_t>(4 * v));
-  for (int g = 1; g < 4; ++g) {
-    idx = _mm512_mask_blend_epi16(0xffu << (8 * g), idx,
-                                  _mm512_set1_epi16(static_cast<int16_t>(4 * v + g)));
+// The i16 index vectors of the kernels below, as constants (built in registers per super-block,
+// their mask blends cost as much as a super-block's dot): i16_index(a, b), 32 i16, a in lanes
+// 0-15 and b in lanes 16-31 (lane l of a super-block's 512-bit vector v holds the pair sum of its
+// weights 64v + 2l and 64v + 2l + 1); q6_k_scale_index(v), Q6_K's vector v: lane l is in group
+// 4v + l / 8.
+struct I16Indexes {
+  alignas(64) int16_t pairs[8][8][32];  // [a][b]
+  alignas(64) int16_t q6_k[4][32];
+  constexpr I16Indexes() : pairs(), q6_k() {
+    for (int a = 0; a < 8; ++a) {
+      for (int b = 0; b < 8; ++b) {
+        for (int l = 0; l < 32; ++l) pairs[a][b][l] = static_cast<int16_t>(l < 16 ? a : b);
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      for (int l = 0; l < 32; ++l) q6_k[v][l] = static_cast<int16_t>(4 * v + l / 8);
+    }
   }
-  return idx;
-}
+};
+constexpr I16Indexes kI16Indexes;
+
+inline __m512i i16_index(int a, int b) { return _mm512_load_si512(kI16Indexes.pairs[a][b]); }
+inline __m512i q6_k_scale_index(int v) { return _mm512_load_si512(kI16Indexes.q6_k[v]); }
 
 // A zmm's two 256-bit halves added: 8 i32 lanes whose total is the zmm's.
 inline __m256i fold(__m512i v) {
@@ -248,17 +296,105 @@ struct Zmm {
   }
 };
 
+// in[r] (16 vectors of 16 dwords) transposed: out[t] lane r = dword t of in[r]. Two levels of
+// unpacks within 128-bit lanes (per group of 4 rows, the dwords 4L + c of its 4 rows in lane L of
+// vector c), then two of 128-bit lane shuffles.
+inline void transpose16(const __m512i* in, __m512i* out) {
+  __m512i a[16], g4[4][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const __m512i* t = a + 4 * g;
+    g4[g][0] = _mm512_unpacklo_epi64(t[0], t[2]);
+    g4[g][1] = _mm512_unpackhi_epi64(t[0], t[2]);
+    g4[g][2] = _mm512_unpacklo_epi64(t[1], t[3]);
+    g4[g][3] = _mm512_unpackhi_epi64(t[1], t[3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {  // lanes [dword c, 4 + c, 8 + c, 12 + c] of each group of rows
+    const __m512i t0 = _mm512_shuffle_i32x4(g4[0][c], g4[1][c], 0x88);
+    const __m512i t1 = _mm512_shuffle_i32x4(g4[0][c], g4[1][c], 0xdd);
+    const __m512i t2 = _mm512_shuffle_i32x4(g4[2][c], g4[3][c], 0x88);
+    const __m512i t3 = _mm512_shuffle_i32x4(g4[2][c], g4[3][c], 0xdd);
+    out[c] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+    out[8 + c] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
+    out[4 + c] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
+  }
+}
+
+// Q6_K's tile on zmm without the 48 gathers of its weights: each of the 16 rows' super-block
+// decoded as SuperKernels512::q6_k decodes it (4 zmm, weights 64v..64v + 63 as unsigned 6-bit
+// values), then vector v of the 16 rows transposed into the tile's w[16v, +16) (lane r W row r,
+// dword t of it weights 4t..4t + 3: the gathers' layout); the scales and d still by gathers.
+void repack_tile(Q6KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+  const __m512i shift_lo = i16_index(0, 2), shift_hi = i16_index(4, 6);
+  __m512i v[4][16];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
+      const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
+      const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
+      v[2 * h][r] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(top_lo, 4));
+      v[2 * h + 1][r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                        _mm512_slli_epi16(top_hi, 4));
+    }
+  }
+  for (int q = 0; q < 4; ++q) transpose16(v[q], t.w + 16 * q);
+  t.repack_scales(blk, rows);
+}
+
+// Q4_K's tile on zmm without the 32 gathers of its weights: each row's qs[64h, +64) as one zmm,
+// its low and high nibbles transposed over the 16 rows: dword 8c' + t of half h's nibbles is
+// dword t of qs[32c, +32), c = 2h + c', that is w[16c + t] (low) and w[16c + 8 + t] (high).
+void repack_tile(Q4KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m512i m4 = _mm512_set1_epi8(15);
+  __m512i lo[2][16], hi[2][16];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes + 16;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_loadu_si512(b + 64 * h);
+      lo[h][r] = _mm512_and_si512(q, m4);
+      hi[h][r] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    }
+  }
+  __m512i out[16];
+  for (int h = 0; h < 2; ++h) {
+    for (int nib = 0; nib < 2; ++nib) {
+      transpose16(nib == 0 ? lo[h] : hi[h], out);
+      for (int i = 0; i < 16; ++i) {  // c = 2h + i / 8, t = i % 8
+        t.w[16 * (2 * h + i / 8) + 8 * nib + i % 8] = out[i];
+      }
+    }
+  }
+  t.repack_scales(blk, rows);
+}
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
+  if (p.wt == WeightType::kQ8_0) return rows_q8_0_one(p, x);
   if (p.wt == WeightType::kQ4_K && p.rows >= Zmm::kMinRowsQ4K)
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
     return rows_tiles<Zmm, Q6KTile>(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
+    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
   }
   if (p.wt == WeightType::kQ6_K) {
+    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
     return rows_super<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
   }
   rows_x86<Avx512VnniDot>(p, x);

@@ -135,13 +135,13 @@ void dots_q6_k(const uint8_t* w, const int8_t* xq, int64_t supers, int32_t* sums
 // group of 8 has zero scales and sums past the row: its lanes add (+0·+0)·+0 = +0, and a lane sum
 // is never -0, so that changes nothing. Built with -ffp-contract=off: no multiply and add fused.
 
-// The vectors v[0..7] of 8 i32 each summed, v[i]'s sum in lane i.
-inline __m256i reduce8(const __m256i* v) {
+// The vectors v[0], v[stride], .., v[7·stride] of 8 i32 each summed, v[i·stride]'s sum in lane i.
+inline __m256i reduce8(const __m256i* v, int64_t stride = 1) {
   __m256i a[4], b[2];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {  // per 128-bit half: [v2i: 0+2, v2i+1: 0+2, v2i: 1+3, v2i+1: 1+3]
-    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                            _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    const __m256i e = v[2 * i * stride], o = v[(2 * i + 1) * stride];
+    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(e, o), _mm256_unpackhi_epi32(e, o));
   }
 #pragma GCC unroll 2
   for (int i = 0; i < 2; ++i) {  // per half: the 4 sums of that half of v4i .. v4i+3
@@ -162,6 +162,21 @@ inline float tree8(__m256 acc) {
 // acc + (a·b)·f32(s) lane by lane: two roundings, then the add's.
 inline __m256 combine_step(__m256 acc, __m256 a, __m256 b, __m256i s) {
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(a, b), _mm256_cvtepi32_ps(s)));
+}
+
+// matmul_int8.h's tree of 8 lanes l[0..7], for the 8 vector lanes (W rows) at once.
+inline __m256 tree8_lanes(const __m256* l) {
+  __m256 s4[4];
+  for (int i = 0; i < 4; ++i) s4[i] = _mm256_add_ps(l[i], l[i + 4]);
+  return _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+}
+
+// y[0, lanes) = v (or y + v).
+inline void store_lanes(float* y, __m256 v, int64_t lanes, bool accumulate) {
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lanes)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  if (accumulate) v = _mm256_add_ps(_mm256_maskload_ps(y, mask), v);
+  _mm256_maskstore_ps(y, mask, v);
 }
 
 // W (`w`, `size` bytes) is read row after row: before the row at byte `at` (`row_bytes` long)
@@ -240,17 +255,21 @@ void rows_blocks(const Problem& p, const QuantizedX& x) {
 // Q4_K's packed 6-bit scales and mins (get_scale_min_k4) as 16 i16: sc_0..7, then m_0..7. As
 // little-endian words A, B, C of bytes 0-3, 4-7, 8-11: sc_0..3 = A & 63 bytewise, m_0..3 = B & 63,
 // sc_4..7 = (C & 15) | (A >> 6) << 4 and m_4..7 = (C >> 4 & 15) | (B >> 6) << 4.
+// In vectors (a third of the scalar version's instructions): the 16 bytes from s (the 12 scale
+// bytes, then 4 of qs, unused) as dwords A, B, C, _;
+// [A, C, B, C] shifted right by [0, 0, 0, 4] and masked by [63, 15, 63, 15] bytewise, or'ed with
+// [A, A, B, B] >> 6, masked by [0, 3, 0, 3] and shifted left by 4: [sc_0..3, sc_4..7, m_0..3,
+// m_4..7], widened.
 inline __m256i q4_k_scales_mins(const uint8_t* s) {
-  uint32_t a, b, c;
-  std::memcpy(&a, s, 4);
-  std::memcpy(&b, s + 4, 4);
-  std::memcpy(&c, s + 8, 4);
-  const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
-  const uint32_t sc03 = a & k6, m03 = b & k6;
-  const uint32_t sc47 = (c & k4) | ((a >> 6) & k2) << 4;
-  const uint32_t m47 = ((c >> 4) & k4) | ((b >> 6) & k2) << 4;
-  return _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47),
-                                             static_cast<int>(m03), static_cast<int>(m47)));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i k6 = _mm_set1_epi8(63), k4 = _mm_set1_epi8(15), k2 = _mm_set1_epi8(3);
+  const __m128i x =
+      _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4));
+  const __m128i lo = _mm_and_si128(x, _mm_unpacklo_epi32(k6, k4));
+  const __m128i y = _mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 6);
+  const __m128i hi =
+      _mm_slli_epi32(_mm_and_si128(y, _mm_unpacklo_epi32(_mm_setzero_si128(), k2)), 4);
+  return _mm256_cvtepu8_epi16(_mm_or_si128(lo, hi));
 }
 
 // i16 lane j of the low 128 bits of v in all 16 lanes.
@@ -453,6 +472,76 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   }
 }
 
+// ---- Q4_K / Q6_K against one x row (a decode step of batch 1): W rows 8 at a time, vector lane r
+// W row r in the sums and in the combine. Each W row's super-blocks go through K's kernel as in
+// rows_super, super-block b's vector (8 i32 whose total is S_b) into the row's slot b; then the 8
+// rows' slots of each super-block are reduced together (reduce8 across the rows), so lane r holds
+// row r's S_b (and M_b), and the combine runs on the 8 rows at once: lane l = b mod 8 of every row
+// in acc[l], t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree (combine_tile's
+// order, matmul_int8.h's roundings). So a W row costs its super-blocks' kernel alone: no reduce8
+// of a half-filled group of 8 (K 1024 is 4 super-blocks), no combine, tree and scalar store of
+// its own, which made K 1024 cost twice K 3072 per byte.
+struct Slots8 {
+  __m256i v[8];
+};
+
+template <class K, WeightType WT>
+void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
+  constexpr bool kQ4 = WT == WeightType::kQ4_K;
+  constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kBytes;
+  const int64_t groups = (supers + 7) / 8, size = p.n * row_bytes;
+  const XTile t{xq, x.bsums.data(), p.k, nullptr, nullptr, 0};
+  // the slots: row r's super-block b in group r·groups + b / 8, slot b mod 8 (so row r's are the
+  // vectors [r·8·groups, +supers)); the scales [super-block][row]
+  std::vector<Slots8> sg(static_cast<size_t>(8 * groups)), mg(sg.size());
+  const __m256i* sv = sg.data()->v;
+  const __m256i* mv = mg.data()->v;
+  std::vector<float> d(static_cast<size_t>(8 * supers)), dmin(d.size());
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
+    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
+    for (int64_t r = 0; r < 8; ++r) {
+      Slots8* sr = &sg[r * groups];
+      Slots8* mr = &mg[r * groups];
+      if (r >= lanes) {  // a short last group: its rows past n are zero
+        for (int64_t b = 0; b < supers; ++b) {
+          sr[b / 8].v[b % 8] = mr[b / 8].v[b % 8] = _mm256_setzero_si256();
+          d[8 * b + r] = dmin[8 * b + r] = 0.f;
+        }
+        continue;
+      }
+      const int64_t at = (j0 + r) * row_bytes;
+      prefetch_ahead(w, at, row_bytes, size);
+      for (int64_t b = 0; b < supers; ++b) {
+        const uint8_t* blk = w + at + b * kBytes;
+        d[8 * b + r] = half_at(blk + (kQ4 ? 0 : 208));
+        if (kQ4) dmin[8 * b + r] = half_at(blk + 2);
+        if constexpr (kQ4) {  // writes slot b mod 8 of its group
+          K::template q4_k<1>(blk, t, b, &sr[b / 8].v, &mr[b / 8].v);
+        } else {
+          K::template q6_k<1>(blk, t, b, &sr[b / 8].v, &mr[b / 8].v);
+        }
+      }
+    }
+    __m256 acc[8], accm[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < supers; ++b) {
+      const __m256 dx = _mm256_set1_ps(x.d[b]);
+      acc[b % 8] =
+          combine_step(acc[b % 8], dx, _mm256_loadu_ps(&d[8 * b]), reduce8(sv + b, 8 * groups));
+      if (kQ4) {
+        accm[b % 8] = combine_step(accm[b % 8], dx, _mm256_loadu_ps(&dmin[8 * b]),
+                                   reduce8(mv + b, 8 * groups));
+      }
+    }
+    __m256 out = tree8_lanes(acc);
+    if (kQ4) out = _mm256_sub_ps(out, tree8_lanes(accm));
+    store_lanes(p.y + j0, out, lanes, p.accumulate);
+  }
+}
+
 // ---- Q4_K and Q6_K over several x rows (rows_tiles): W taken V::kLanes rows at a time (8 on
 // ymm, 16 on zmm), repacked once per call into a buffer that stays in L2 so that vector lane r is
 // W row r. A sub-block's 32 weights (Q4_K) or a group's 16 (Q6_K) then meet x by 8 or 4 V::dot
@@ -627,6 +716,11 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
   // 2c, 2c + 1 of qh[32h + l] above it.
   void repack(const uint8_t* blk, I rows) {
+    repack_weights(blk, rows);
+    repack_scales(blk, rows);
+  }
+
+  void repack_weights(const uint8_t* blk, I rows) {
     const I k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
@@ -643,6 +737,9 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
         }
       }
     }
+  }
+
+  void repack_scales(const uint8_t* blk, I rows) {
     for (int q = 0; q < 4; ++q) {
       const I s4 = V::gather(rows, blk + 192 + 4 * q);
       for (int i = 0; i < 4; ++i) sc[4 * q + i] = V::srai(V::slli(s4, 24 - 8 * i), 24);
@@ -661,6 +758,84 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
     return V::slli(m, 5);
   }
 };
+
+// A tile's super-block from W's super-block at blk of the tile's first row (the tile's rows
+// row_bytes apart, its lanes past `lanes` repeating the last): by the tile's gathers; a target may
+// overload it for a tile type (matmul_int8_avx512vnni.cc: Q6_K on zmm by transposes).
+template <class Tile, class I>
+inline void repack_tile(Tile& t, const uint8_t* blk, I rows, int64_t /*row_bytes*/,
+                        int64_t /*lanes*/) {
+  t.repack(blk, rows);
+}
+
+// in[r] (8 vectors of 8 dwords) transposed: out[t] lane r = dword t of in[r]. Two levels of
+// unpacks within 128-bit lanes, then one of lane swaps.
+inline void transpose8(const __m256i* in, __m256i* out) {
+  __m256i a[8], b[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    a[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {  // b[4g + c]: dwords 4L + c of rows 4g..4g + 3 in lane L
+    const __m256i* t = a + 4 * g;
+    b[4 * g] = _mm256_unpacklo_epi64(t[0], t[2]);
+    b[4 * g + 1] = _mm256_unpackhi_epi64(t[0], t[2]);
+    b[4 * g + 2] = _mm256_unpacklo_epi64(t[1], t[3]);
+    b[4 * g + 3] = _mm256_unpackhi_epi64(t[1], t[3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    out[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
+    out[4 + c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
+  }
+}
+
+// The tiles on ymm without the gathers of their weights: each of the 8 rows' super-block decoded
+// in vectors (Q4_K: qs[32c, +32), sub-blocks 2c and 2c + 1; Q6_K: weights 32u..32u + 31 as
+// dots_q6_k decodes them), then transposed over the rows into the gathers' layout (lane r W row
+// r); the scales and d still by gathers.
+template <class Dot>
+void repack_tile(Q4KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int c = 0; c < 4; ++c) {
+    __m256i lo[8], hi[8];
+    for (int r = 0; r < 8; ++r) {
+      const __m256i q = load32(blk + (r < lanes ? r : lanes - 1) * row_bytes + 16 + 32 * c);
+      lo[r] = _mm256_and_si256(q, m4);
+      hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    transpose8(lo, t.w + 16 * c);
+    transpose8(hi, t.w + 16 * c + 8);
+  }
+  t.repack_scales(blk, rows);
+}
+
+template <class Dot>
+void repack_tile(Q6KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t row_bytes,
+                 int64_t lanes) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    __m256i v[4][8];
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes;
+      const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32);
+      const __m256i qh = load32(b + 128 + 32 * h);
+      const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                              _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m2);
+        v[c][r] = _mm256_or_si256(low[c], _mm256_slli_epi16(top, 4));
+      }
+    }
+    for (int c = 0; c < 4; ++c) transpose8(v[c], t.w + 8 * (4 * h + c));
+  }
+  t.repack_scales(blk, rows);
+}
 
 // R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
 // i's S (and Q4_K's M) of super-block b, one lane per W row, at s (m) + kLanes·(i·supers + b). A
@@ -796,7 +971,7 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
       _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
     }
     for (int64_t b = 0; b < supers; ++b) {
-      t.tile[b].repack(w + j0 * row_bytes + b * Tile::kBytes, rows);
+      repack_tile(t.tile[b], w + j0 * row_bytes + b * Tile::kBytes, rows, row_bytes, lanes);
     }
     for (int64_t r0 = 0; r0 < p.rows;) {
       const int64_t left = p.rows - r0;
@@ -823,9 +998,13 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ4K) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
+      if (p.rows == 1)
+        return rows_super_one<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
       return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ6K) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
+      if (p.rows == 1)
+        return rows_super_one<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
       return rows_super<SuperKernels256<Dot>, WeightType::kQ6_K>(p, x, x.q.data());
     default:
       return;
