@@ -68,8 +68,10 @@ done
 
 # 2. Each header on its own, in parallel; a failure prints the compiler's first error lines
 # (they name the include it could not find or the declaration it lacks).
-cache="${SIMPLER_CHECK_CACHE_DIR-${XDG_CACHE_HOME:-$HOME/.cache}/simpler/check_public_headers}"
-[[ -n "$cache" ]] && mkdir -p "$cache"
+user_cache="${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}"
+cache="${SIMPLER_CHECK_CACHE_DIR-${user_cache:+$user_cache/simpler/check_public_headers}}"
+# No cache where there is no user cache directory or it cannot be made: every header compiles.
+if [[ -n "$cache" ]] && ! mkdir -p "$cache" 2>/dev/null; then cache=""; fi
 export cxx cache
 export extra_flags_joined="${extra_flags[*]:-}"
 export compiler_id
