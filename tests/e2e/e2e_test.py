@@ -1893,11 +1893,32 @@ def read_st(path):
 
 
 def write_st(path, header, buffer):
-    """A safetensors file with the header bytes given as they are (no validation)."""
+    """A safetensors file with the header bytes given as they are (no validation), written
+    afresh: a hard link at `path` is replaced, the file it shared left as it was."""
     if isinstance(header, str):
         header = header.encode()
-    with open(path, "wb") as f:
-        f.write(len(header).to_bytes(8, "little") + header + buffer)
+    rewrite(path, len(header).to_bytes(8, "little") + header + buffer)
+
+
+def rewrite(path, data):
+    """Writes `data` (str or bytes) to a new file at `path`, removing what was there first (a
+    hard link to a file that must stay as it is, see link_large)."""
+    if os.path.lexists(path):
+        os.remove(path)
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+
+
+# The files of a checkpoint too large to copy once per broken variant (the tiny preset's).
+LARGE_FILES = ("model.safetensors", "tokenizer.json")
+
+
+def link_large(src, dst):
+    """shutil.copytree's copy_function: a hard link for LARGE_FILES, a copy for the rest."""
+    if os.path.basename(src) in LARGE_FILES:
+        os.link(src, dst)
+        return dst
+    return shutil.copy2(src, dst)
 
 
 def edit_json(path, **changes):
@@ -1920,11 +1941,17 @@ def scenario_bad_input(ctx):
     base = ctx.make_model(ctx.path("tiny"), "--preset", "tiny", "--seed", "3",
                           "--tokenizer-dir", ctx.tokenizer_dir)
     n = [0]
+    stamp = lambda: [(os.stat(os.path.join(base, f)).st_size,
+                      os.stat(os.path.join(base, f)).st_mtime_ns) for f in LARGE_FILES]
+    base_stamp = stamp()
 
     def copy(tag):
+        """A copy of the base checkpoint to break. Its two large files (the weights, 39 MB, and
+        the tokenizer, 11 MB) are hard links to the base's: every edit below writes a file
+        afresh (write_st and `rewrite` remove it first), so that the base is never changed."""
         n[0] += 1
         d = ctx.path(f"m{n[0]}_{tag}")
-        shutil.copytree(base, d)
+        shutil.copytree(base, d, copy_function=link_large)
         return d
 
     def gen(model, *extra):
@@ -1985,8 +2012,7 @@ def scenario_bad_input(ctx):
             with open(path) as f:
                 text = f.read().rstrip()
             text = text[:-1] + ', "simpler_test": 1e400}'
-        with open(path, "w") as f:
-            f.write(text)
+        rewrite(path, text)
         p, _ = ctx.run(gen(d, "--prompt-ids", "1,2"), label=f"2. {name} 1e400 --prompt-ids")
         pb.check(p.returncode == 0, f"2. {name} 1e400 with --prompt-ids: exit {p.returncode}: "
                                     f"{tail(p.stderr, 400)!r}")
@@ -2198,6 +2224,9 @@ def scenario_bad_input(ctx):
     p = expect_error(ctx, [ctx.simpler, "make-model", "--out", "/proc/simpler/none",
                            "--tokenizer-dir", ctx.tokenizer_dir], "messages: make-model prefix",
                      ["simpler make-model: cannot create /proc/simpler/none"])
+    # The copies' hard links left the base's large files as they were (sizes, times).
+    pb.check(stamp() == base_stamp, f"the base checkpoint's {LARGE_FILES} changed: "
+                                    f"{base_stamp} -> {stamp()}")
 
 
 def scenario_bench_mailbox(ctx):
@@ -2654,9 +2683,10 @@ def scenario_gguf_quantized(ctx):
             pb.check(t == want, f"{label}: {name} has ggml type {t}, expected {want}")
         pb.check(("output.weight" in types) == (tie == "untied"),
                  f"{label}: output.weight {'present' if 'output.weight' in types else 'absent'}")
+        # The checkpoint's other files, the tokenizer hard-linked; the weights written anew.
         deq = ctx.path(f"dequantized_{qtype}_{tie}")
-        shutil.copytree(model, deq)
-        os.remove(os.path.join(deq, "model.safetensors"))
+        shutil.copytree(model, deq, copy_function=link_large,
+                        ignore=shutil.ignore_patterns("model.safetensors"))
         qwen3_ref.write_safetensors(os.path.join(deq, "model.safetensors"),
                                     [(n, "F32", a) for n, a in sorted(weights.items())])
         with open(os.path.join(deq, "config.json")) as f:
