@@ -170,6 +170,15 @@ if(SIMPLER_PCH)
   endforeach()
 endif()
 
+# simpler_add_to_group(GROUP NAME) — makes the custom target GROUP (created on first use) build
+# NAME: `concurrency_tests`, `fuzzers`.
+function(simpler_add_to_group group name)
+  if(NOT TARGET ${group})
+    add_custom_target(${group})
+  endif()
+  add_dependencies(${group} ${name})
+endfunction()
+
 # simpler_test(NAME SRCS ... DEPS ... LABELS ... [TIMEOUT seconds] [RELEASE_LEG] [TSAN_SKIP ...])
 # Every test has a time limit so a hang fails fast.
 # Each flavour runs the tests that only it can check. The sanitizer flavours (SIMPLER_TESTS_ONLY)
@@ -207,10 +216,7 @@ function(simpler_test name)
     LABELS "${ARG_LABELS}")
   # `concurrency_tests` builds just what the ThreadSanitizer leg runs.
   if("concurrency" IN_LIST ARG_LABELS)
-    if(NOT TARGET concurrency_tests)
-      add_custom_target(concurrency_tests)
-    endif()
-    add_dependencies(concurrency_tests ${name})
+    simpler_add_to_group(concurrency_tests ${name})
   endif()
 endfunction()
 
@@ -273,8 +279,5 @@ function(simpler_fuzzer name)
   target_compile_options(${name} PRIVATE ${SIMPLER_FUZZ_COVERAGE} -fPIC)
   target_link_options(${name} PRIVATE -fsanitize=fuzzer)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzz)
-  if(NOT TARGET fuzzers)
-    add_custom_target(fuzzers)
-  endif()
-  add_dependencies(fuzzers ${name})
+  simpler_add_to_group(fuzzers ${name})
 endfunction()

@@ -162,6 +162,25 @@ struct I16Indexes {
 constexpr I16Indexes kI16Indexes;
 
 inline __m512i i16_index(int a, int b) { return _mm512_load_si512(kI16Indexes.pairs[a][b]); }
+
+// A Q6_K super-block's 256 6-bit values (0..63, ggml's block_q6_K) in 4 zmm: vector 2h the low
+// nibbles of ql[64h, +64) with bits 0-1 and 2-3 of qh[32h, +32) above them, vector 2h + 1 the
+// high nibbles with bits 4-5 and 6-7 (weights 64v to 64v + 63). The super-block kernel dots
+// them; the repacked tile transposes them over its rows.
+inline void q6_k_values(const uint8_t* blk, __m512i w[4]) {
+  const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+  const __m512i shift_lo = i16_index(0, 2), shift_hi = i16_index(4, 6);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+    const __m512i qh = _mm512_broadcast_i64x4(load32(blk + 128 + 32 * h));
+    const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
+    const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
+    w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(top_lo, 4));
+    w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                   _mm512_slli_epi16(top_hi, 4));
+  }
+}
 inline __m512i q6_k_scale_index(int v) { return _mm512_load_si512(kI16Indexes.q6_k[v]); }
 
 // A zmm's two 256-bit halves added: 8 i32 lanes whose total is the zmm's.
@@ -225,29 +244,16 @@ struct SuperKernels512 {
     }
   }
 
-  // Q6_K: vector 2h = the low nibbles of ql[64h, +64) (runs c = 0, 1 of half h) with bits 0-1 and
-  // 2-3 of qh[32h, +32) above them, vector 2h + 1 the high nibbles (runs 2, 3) with bits 4-5 and
-  // 6-7: weights 64v to 64v + 63, groups 4v to 4v + 3, against x as it is; the - 32 as the
-  // 256-bit kernel's.
+  // Q6_K: the super-block's values as q6_k_values decodes them (vector v: weights 64v to 64v + 63,
+  // groups 4v to 4v + 3) against x as it is; the - 32 as the 256-bit kernel's.
   template <int R>
   static void q6_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
                    __m256i (*)[8]) {
     const __m256i sc =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
     const __m512i scz = _mm512_castsi256_si512(sc);
-    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
-    const __m512i shift_lo = i16_index(0, 2), shift_hi = i16_index(4, 6);
     __m512i w[4], scales[4];
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-      const __m512i qh = _mm512_broadcast_i64x4(load32(blk + 128 + 32 * h));
-      const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
-      const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
-      w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(top_lo, 4));
-      w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                     _mm512_slli_epi16(top_hi, 4));
-    }
+    q6_k_values(blk, w);
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       scales[v] = _mm512_permutexvar_epi16(q6_k_scale_index(v), scz);
@@ -333,21 +339,11 @@ inline void transpose16(const __m512i* in, __m512i* out) {
 // dword t of it weights 4t..4t + 3: the gathers' layout); the scales and d still by gathers.
 void repack_tile(Q6KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_bytes,
                  int64_t lanes) {
-  const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
-  const __m512i shift_lo = i16_index(0, 2), shift_hi = i16_index(4, 6);
   __m512i v[4][16];
   for (int r = 0; r < 16; ++r) {
-    const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes;
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m512i ql = _mm512_loadu_si512(b + 64 * h);
-      const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
-      const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
-      const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
-      v[2 * h][r] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(top_lo, 4));
-      v[2 * h + 1][r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                        _mm512_slli_epi16(top_hi, 4));
-    }
+    __m512i w[4];
+    q6_k_values(blk + (r < lanes ? r : lanes - 1) * row_bytes, w);
+    for (int q = 0; q < 4; ++q) v[q][r] = w[q];
   }
   for (int q = 0; q < 4; ++q) transpose16(v[q], t.w + 16 * q);
   t.repack_scales(blk, rows);
