@@ -105,7 +105,8 @@ absl::StatusOr<std::shared_ptr<const CapturedGraph>> CapturedGraph::build(
     const CaptureInput& in, GraphRecording recording, const Rerecord& rerecord) {
   std::shared_ptr<CapturedGraph> g(new CapturedGraph());
   g->recording_ = std::move(recording);
-  g->recording_.link_successors();  // a replay releases successors from these lists
+  g->recording_.link_successors();                 // a replay releases successors from these lists
+  g->recording_.compute_job_shapes(*in.callable);  // and starts its jobs with these keys
   g->key_ = in.key;
   g->callable_name_ = in.callable->name;
   g->num_cores_ = in.num_cores;

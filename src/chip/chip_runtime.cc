@@ -511,6 +511,7 @@ class ReplayExecutor {
         graph_(graph),
         args_(args),
         record_timing_(record_timing),
+        has_shapes_(graph.job_shapes.size() == graph.tasks.size()),
         report_(report),
         st_(claim_thread_storage<ReplayStorage>()) {
     if (st_ != nullptr) {
@@ -582,6 +583,7 @@ class ReplayExecutor {
       job.task_index = i;
       job.kernel = t.kernel;
       job.tag = i;
+      if (has_shapes_) job.shape = graph_.job_shapes[i];
       if (r.blocks_started == 0) r.timing.core = core;
       ++r.blocks_started;
       ++running_;
@@ -616,6 +618,7 @@ class ReplayExecutor {
   const GraphRecording& graph_;
   const task::Arg* args_;
   bool record_timing_;
+  bool has_shapes_;  // the graph carries its jobs' shape keys (compute_job_shapes)
   RunReport* report_;
   ReplayStorage* st_;  // where the containers go back to; may be null
   std::vector<ReplayTask> tasks_;
@@ -664,6 +667,15 @@ void GraphRecording::link_successors() {
   for (uint32_t i = 0; i < n; ++i) {
     const GraphImageTask& t = tasks[i];
     for (uint32_t k = 0; k < t.num_preds; ++k) succs[fill[preds[t.preds_begin + k]]++] = i;
+  }
+}
+
+void GraphRecording::compute_job_shapes(const task::ChipCallable& callable) {
+  job_shapes.resize(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const GraphImageTask& t = tasks[i];
+    job_shapes[i] = device::job_shape_key(callable.kernels[t.kernel].fn, args.data() + t.args_begin,
+                                          t.num_args, t.block_dim);
   }
 }
 

@@ -104,8 +104,15 @@ struct GraphRecording {
   // succs[succ_begin[i], succ_begin[i + 1]), sorted; succ_begin has tasks.size() + 1 entries.
   std::vector<uint32_t> succ_begin;
   std::vector<uint32_t> succs;
+  // Task i's device::job_shape_key (empty until compute_job_shapes): fixed by the graph, since a
+  // replay binds arguments of the captured shapes to the same kernels, so a replayed job carries
+  // it (CoreJob::shape) and the device need not compute it again.
+  std::vector<uint64_t> job_shapes;
   // Computes succ_begin and succs from the predecessors (the inverse relation). O(tasks + preds).
   void link_successors();
+  // Computes job_shapes from the tasks, their recorded arguments and `callable`'s kernels (the
+  // callable the graph was recorded from). O(tasks + args).
+  void compute_job_shapes(const task::ChipCallable& callable);
   // Whether the successor lists belong to the current tasks.
   bool linked() const {
     return succ_begin.size() == tasks.size() + 1 && succs.size() == preds.size();
@@ -119,6 +126,7 @@ struct GraphRecording {
     preds.clear();
     succ_begin.clear();
     succs.clear();
+    job_shapes.clear();
   }
 };
 

@@ -495,5 +495,76 @@ TEST_F(ChipRuntimeTest, ALinkedRecordingReplaysBehindItsSuccessorLists) {
   EXPECT_EQ(report_.tasks.size(), 150u);
 }
 
+// Forwards to a device's context and records the shape key each started job carries beside the
+// one the device would compute for it.
+class ShapeRecordingContext final : public device::ExecContext {
+ public:
+  explicit ShapeRecordingContext(device::ExecContext& inner) : inner_(inner) {}
+  int32_t num_cores() const override { return inner_.num_cores(); }
+  uint64_t run_id() const override { return inner_.run_id(); }
+  int32_t core_queue_depth() const override { return inner_.core_queue_depth(); }
+  void start(int32_t core, const device::CoreJob& job) override {
+    carried.push_back(job.shape);
+    computed.push_back(device::job_shape_key(job.fn, job.args, job.num_args, job.block_dim));
+    inner_.start(core, job);
+  }
+  bool next_completion(device::CoreCompletion* out, bool block) override {
+    return inner_.next_completion(out, block);
+  }
+  bool aborted() const override { return inner_.aborted(); }
+  absl::Status check_range(uint64_t address, uint64_t bytes) const override {
+    return inner_.check_range(address, bytes);
+  }
+  std::vector<uint64_t> carried;
+  std::vector<uint64_t> computed;
+
+ private:
+  device::ExecContext& inner_;
+};
+
+// A linked recording with its shape keys computed starts every job with the key the device would
+// compute (bound to other buffers of the same shapes), and computes the same results; one
+// without them leaves the key to the device (0).
+TEST_F(ChipRuntimeTest, ARecordingsJobsCarryTheShapeKeysTheDeviceWouldCompute) {
+  std::vector<Tensor> bufs = {buffer(1), buffer(3)};
+  const task::ChipCallable c = inc_chains("chains", bufs, 4);
+  task::TaskArgs none;
+  absl::StatusOr<GraphRecording> g =
+      record_graph(c, none, ChipOptions{}, 4, 0,
+                   [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
+  ASSERT_TRUE(g.ok()) << g.status();
+  g->link_successors();
+  for (bool with_shapes : {false, true}) {
+    SCOPED_TRACE(with_shapes ? "with shape keys" : "without");
+    if (with_shapes) g->compute_job_shapes(c);
+    EXPECT_EQ(g->job_shapes.size(), with_shapes ? g->tasks.size() : 0u);
+    // The same graph over two other buffers of the recorded shapes.
+    std::vector<Tensor> other = {buffer(1), buffer(3)};
+    std::vector<task::Arg> bound = g->args;
+    for (task::Arg& a : bound)
+      a.tensor.address = other[a.tensor.address == bufs[0].address ? 0 : 1].address;
+    std::vector<uint64_t> carried, computed;
+    auto rec = stream_->launch(3, [&](device::ExecContext& ctx) {
+      ShapeRecordingContext shapes(ctx);
+      absl::Status s =
+          execute_recorded(shapes, c, *g, bound.data(), ChipOptions{}, 0, false, &report_);
+      carried = shapes.carried;
+      computed = shapes.computed;
+      return s;
+    });
+    ASSERT_TRUE(rec.ok());
+    (*rec)->done.wait(base::Deadline::forever());
+    ASSERT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
+    EXPECT_EQ(other[0].data<int32_t>()[0], 4);
+    EXPECT_EQ(other[1].data<int32_t>()[0], 4);
+    ASSERT_EQ(carried.size(), 8u);
+    EXPECT_NE(computed[0], computed[1]);  // the buffers' spans differ
+    for (size_t i = 0; i < carried.size(); ++i) {
+      EXPECT_NE(computed[i], 0u);
+      EXPECT_EQ(carried[i], with_shapes ? computed[i] : 0u) << "job " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace simpler::chip

@@ -835,18 +835,10 @@ class SimDevice final : public Device {
     abandoned_.fetch_add(1, std::memory_order_acq_rel);
   }
 
-  // What a block's duration depends on: the kernel, the block count and the bytes its tensor
-  // arguments span (a decode step's q projection and its LM head share a kernel but differ
-  // 75-fold in time; successive steps repeat the same keys).
+  // The job's shape key (device::job_shape_key): precomputed by the caller, or computed here.
   static uint64_t job_shape_key(const CoreJob& job) {
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < job.num_args; ++i) {
-      if (job.args[i].direction != task::ArgDirection::kScalar)
-        bytes += job.args[i].tensor.span_bytes();
-    }
-    const auto fn = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(job.fn));
-    // A collision only blends two estimates.
-    return fn ^ (bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(job.block_dim) << 48);
+    if (job.shape != 0) return job.shape;
+    return device::job_shape_key(job.fn, job.args, job.num_args, job.block_dim);
   }
 
   absl::Status run_job(const CoreJob& job, uint64_t run_id, int32_t core) {

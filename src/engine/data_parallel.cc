@@ -24,6 +24,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmDataParallel::create_engine(
 
 int32_t LlmDataParallel::num_children() const { return dp_->num_children(); }
 
+const std::string& LlmDataParallel::capture_off_reason() const { return dp_->capture_off_reason(); }
+
 LlmDataParallel::~LlmDataParallel() = default;
 
 }  // namespace simpler::llm

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "hierarchy/endpoint.h"
 #include "simpler/device/fault_plan.h"
+#include "simpler/engine/data_parallel.h"
 #include "simpler/engine/llm_engine.h"
 #include "simpler/hierarchy/l3_worker.h"
 #include "simpler/model/make_model.h"
@@ -745,6 +746,46 @@ TEST_F(LlmEngineTest, DataParallelOverTwoL3ChildrenGivesEveryRequestItsSingleChi
     EXPECT_GE(l3.next_level_dispatched(), 2u);
     EXPECT_TRUE(l3.close().ok());
   }
+}
+
+// Capture on where it cannot run (runners on L3 children) falls back to uncaptured steps instead
+// of failing: prepare succeeds and says why, the runners' options say capture is off, and the
+// tokens are a single chip's uncaptured tokens.
+TEST_F(LlmEngineTest, CaptureOnOverL3ChildrenRunsUncapturedAndSaysWhy) {
+  const std::vector<RequestSpec> specs = {greedy(prompts()[0], 6), seeded(prompts()[1], 77)};
+  const EngineOptions eo = captured(options(2, 128, 32, 8), true);
+  std::vector<std::vector<int32_t>> single;
+  {
+    auto e = engine(captured(eo, false));
+    for (const RequestSpec& s : specs)
+      single.push_back(drain(*e, e->add_request(s).value()).tokens);
+    EXPECT_TRUE(e->shutdown().ok());
+  }
+  hierarchy::L3Options lo;
+  lo.device_ids = {0};
+  lo.child_mode = hierarchy::ChildMode::kThread;
+  lo.child = eo.runner.worker;
+  lo.host_heap_bytes = 16 << 20;
+  hierarchy::L3Worker l3(lo);
+  auto dp = LlmDataParallel::prepare(l3, *dir_, eo.runner);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  EXPECT_NE((*dp)->capture_off_reason().find("L3 mailbox"), std::string::npos)
+      << (*dp)->capture_off_reason();
+  ASSERT_TRUE(l3.init().ok());
+  auto e = (*dp)->create_engine(0, eo);
+  ASSERT_TRUE(e.ok()) << e.status();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Done d = drain(**e, (*e)->add_request(specs[i]).value());
+    EXPECT_TRUE(d.error.ok()) << d.error;
+    EXPECT_EQ(d.tokens, single[i]) << "request " << i;
+  }
+  EXPECT_TRUE((*e)->shutdown().ok());
+  EXPECT_TRUE(l3.close().ok());
+  // Without capture asked for there is nothing to say.
+  hierarchy::L3Worker plain(lo);
+  auto off = LlmDataParallel::prepare(plain, *dir_, captured(eo, false).runner);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE((*off)->capture_off_reason().empty());
 }
 
 // A child that cannot load the model (here: the checkpoint vanished after the parent checked

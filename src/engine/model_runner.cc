@@ -597,15 +597,18 @@ absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> Qwen3ModelRunner::create(
 absl::StatusOr<std::unique_ptr<Qwen3DataParallel>> Qwen3DataParallel::prepare(
     hierarchy::L3Worker& l3, const std::string& model_dir, const RunnerOptions& options) {
   SIMPLER_RETURN_IF_ERROR(validate_runner_options(options));
-  if (options.capture) {
-    return absl::InvalidArgumentError(
-        "RunnerOptions.capture: steps on L3 children are not captured (capture keys do not cross "
-        "the L3 mailbox); run data parallel with capture off");
-  }
   std::unique_ptr<Qwen3DataParallel> dp(new Qwen3DataParallel());
   dp->l3_ = &l3;
   dp->model_dir_ = model_dir;
   dp->options_ = effective_options(options);
+  if (dp->options_.capture) {
+    dp->options_.capture = false;
+    dp->capture_off_reason_ =
+        "steps on L3 children are not captured (capture keys do not cross "
+        "the L3 mailbox)";
+    SIMPLER_LOG_WARN("--capture on: {}; data parallel steps run uncaptured",
+                     dp->capture_off_reason_);
+  }
   dp->info_.reset(new Qwen3ModelRunner());
   dp->info_->options_ = dp->options_;
   // The children open the checkpoint themselves (a process child in its own address space).

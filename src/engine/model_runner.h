@@ -304,12 +304,16 @@ class Qwen3DataParallel {
   // (a process child) fails each step naming the child and the error.
   absl::StatusOr<std::unique_ptr<Qwen3ModelRunner>> runner(int32_t child);
   int32_t num_children() const { return l3_->num_children(); }
+  // Why RunnerOptions::capture was turned off (its runners run every step uncaptured, and their
+  // options().capture is false), empty when it was not asked for. prepare logs it once.
+  const std::string& capture_off_reason() const { return capture_off_reason_; }
 
  private:
   Qwen3DataParallel() = default;
   hierarchy::L3Worker* l3_ = nullptr;
   std::string model_dir_;
   RunnerOptions options_;
+  std::string capture_off_reason_;
   std::shared_ptr<Qwen3ModelRunner::Holder> holder_;
   hierarchy::ProgramHandle program_;
   std::unique_ptr<Qwen3ModelRunner> info_;  // config, dims, weight bytes (checked in prepare)

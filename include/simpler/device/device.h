@@ -39,7 +39,27 @@ struct CoreJob {
   uint32_t task_index = 0;  // index of the task inside its run
   uint64_t tag = 0;         // opaque to the device, returned in the completion
   uint32_t kernel = 0;      // index of the kernel in the run's callable (diagnostics)
+  // What the block's duration depends on (job_shape_key of this job), when the caller has it
+  // precomputed (a captured graph's task: fixed by the graph); 0 = not given, the device computes
+  // it. A hint: a wrong value only blends duration estimates, never changes what runs.
+  uint64_t shape = 0;
 };
+
+// What a block's duration depends on, by which a device keeps its duration estimates: the
+// kernel, the block count and the bytes the tensor arguments span (a decode step's q projection
+// and its LM head share a kernel but differ 75-fold in time; successive steps repeat the same
+// keys). Never 0. A collision only blends two estimates. Thread-safe (pure).
+inline uint64_t job_shape_key(task::KernelFn fn, const task::Arg* args, uint32_t num_args,
+                              int32_t block_dim) {
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < num_args; ++i) {
+    if (args[i].direction != task::ArgDirection::kScalar) bytes += args[i].tensor.span_bytes();
+  }
+  const auto f = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(fn));
+  const uint64_t key =
+      f ^ (bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(block_dim) << 48);
+  return key != 0 ? key : 1;
+}
 
 // A job a core is executing, for diagnostics (Device::executing()).
 struct ExecutingJob {

@@ -40,6 +40,10 @@ class LlmDataParallel {
   absl::StatusOr<std::unique_ptr<LlmEngine>> create_engine(int32_t child,
                                                            const EngineOptions& options);
   int32_t num_children() const;
+  // Why options.capture was turned off (steps on L3 children run uncaptured: capture keys do not
+  // cross the L3 mailbox), empty when it was not asked for. prepare logs it once; capture on is
+  // never an error here.
+  const std::string& capture_off_reason() const;
   ~LlmDataParallel();
 
  private:

@@ -39,8 +39,9 @@ struct RunnerOptions {
   // slot, touches no request's sampling state and is not reported, so decode batches of 1 to 32
   // rows need at most 6 graphs (per block-table width). Steps that commit token counts (a
   // request's first step, or its recompute after preemption) run uncaptured. Tokens are the same
-  // either way. The graphs kept: worker.max_captured_graphs. Only a runner with its own Worker:
-  // Qwen3DataParallel refuses it (INVALID_ARGUMENT).
+  // either way. The graphs kept: worker.max_captured_graphs. Only a runner with its own Worker
+  // captures: Qwen3DataParallel (runners on L3 children, whose capture keys do not cross the L3
+  // mailbox) turns it off with one log line saying why, and runs every step uncaptured.
   bool capture = false;
 };
 
