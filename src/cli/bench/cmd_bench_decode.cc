@@ -201,17 +201,22 @@ int run_bench_decode(const DecodeFlags& st) {
   absl::StatusOr<std::optional<LlamaCppPeer>> peer =
       prepare_peer_if_compared(st.compare, st.model, common.kernel_isa());
   if (!peer.ok()) return fail(kBenchDecodeCommand, peer.status());
-  double read_bw = 0;  // measured once, before the first engine, sized like its weights
+  // The read bandwidth, measured once before the first engine, sized like the weights in the
+  // checkpoint's dtype (what a step reads).
+  const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
+  absl::StatusOr<double> bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
+  if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
+  const double read_bw = *bw;
+  // A warm-up row, not reported: the first engine of a process ran its steps about 3x slower
+  // than the rows after it, in either capture mode (docs/design/capture_replay.md).
+  base::TraceRecorder warmup_trace;
+  if (absl::StatusOr<DecodeRow> warm = run_decode_row(st, *config, st.batches.front(),
+                                                      st.capture.front() == "on", &warmup_trace);
+      !warm.ok()) {
+    return fail(kBenchDecodeCommand, warm.status());
+  }
   for (int batch : st.batches) {
     for (const std::string& capture : st.capture) {
-      if (read_bw == 0) {
-        // The weights' size in the checkpoint's dtype: what a step reads.
-        const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
-        absl::StatusOr<double> bw =
-            read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
-        if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
-        read_bw = *bw;
-      }
       absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, capture == "on", &trace);
       if (!row.ok())
         return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
