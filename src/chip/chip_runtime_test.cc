@@ -42,6 +42,11 @@ class ChipRuntimeTest : public ::testing::Test {
     uint64_t a = *dev_->malloc(n * 4);
     return *Tensor::contiguous(a, {n}, DataType::kInt32);
   }
+  // `c` recorded on the host (no arguments, 4 cores), its ranges checked by the device.
+  absl::StatusOr<GraphRecording> record_on_host(const task::ChipCallable& c) {
+    return record_graph(c, task::TaskArgs{}, ChipOptions{}, 4, 0,
+                        [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
+  }
   std::unique_ptr<device::Device> dev_;
   device::Stream* stream_ = nullptr;
   RunReport report_;
@@ -443,9 +448,7 @@ TEST_F(ChipRuntimeTest, ADeviceCaptureRecordsEveryPredecessorTheHostRecorderInfe
   ASSERT_TRUE(rec.ok());
   (*rec)->done.wait(base::Deadline::forever());
   ASSERT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
-  absl::StatusOr<GraphRecording> host =
-      record_graph(c, none, ChipOptions{}, 4, 0,
-                   [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
+  absl::StatusOr<GraphRecording> host = record_on_host(c);
   ASSERT_TRUE(host.ok()) << host.status();
   ASSERT_EQ(captured.tasks.size(), 400u);
   EXPECT_EQ(captured.preds, host->preds);
@@ -463,10 +466,7 @@ TEST_F(ChipRuntimeTest, ADeviceCaptureRecordsEveryPredecessorTheHostRecorderInfe
 TEST_F(ChipRuntimeTest, ALinkedRecordingReplaysBehindItsSuccessorLists) {
   std::vector<Tensor> bufs = {buffer(1), buffer(1), buffer(1)};
   const task::ChipCallable c = inc_chains("chains", bufs, 50);
-  task::TaskArgs none;
-  absl::StatusOr<GraphRecording> g =
-      record_graph(c, none, ChipOptions{}, 4, 0,
-                   [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
+  absl::StatusOr<GraphRecording> g = record_on_host(c);
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_FALSE(g->linked());
   g->link_successors();
@@ -528,10 +528,7 @@ class ShapeRecordingContext final : public device::ExecContext {
 TEST_F(ChipRuntimeTest, ARecordingsJobsCarryTheShapeKeysTheDeviceWouldCompute) {
   std::vector<Tensor> bufs = {buffer(1), buffer(3)};
   const task::ChipCallable c = inc_chains("chains", bufs, 4);
-  task::TaskArgs none;
-  absl::StatusOr<GraphRecording> g =
-      record_graph(c, none, ChipOptions{}, 4, 0,
-                   [this](uint64_t a, uint64_t b) { return dev_->check_range(a, b); });
+  absl::StatusOr<GraphRecording> g = record_on_host(c);
   ASSERT_TRUE(g.ok()) << g.status();
   g->link_successors();
   for (bool with_shapes : {false, true}) {

@@ -41,8 +41,9 @@ class LlmDataParallel {
                                                            const EngineOptions& options);
   int32_t num_children() const;
   // Why options.capture was turned off (steps on L3 children run uncaptured: capture keys do not
-  // cross the L3 mailbox), empty when it was not asked for. prepare logs it once; capture on is
-  // never an error here.
+  // cross the L3 mailbox), empty when it was not asked for. prepare sets it and logs it once;
+  // capture on is never an error here. The reference lives as long as this object; read it after
+  // prepare, not while another thread runs prepare.
   const std::string& capture_off_reason() const;
   ~LlmDataParallel();
 
