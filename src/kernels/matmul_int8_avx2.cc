@@ -16,6 +16,7 @@ struct Avx2Dot {
   static __m256i madd(__m256i acc, __m256i a, __m256i b) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
   }
+  static constexpr bool kUnsignedFullRange = false;
 };
 
 }  // namespace

@@ -17,6 +17,7 @@ namespace {
 struct Avx512VnniDot {
   static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
   static __m256i madd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
+  static constexpr bool kUnsignedFullRange = true;
 };
 
 // v[0..3] of 16 i32 (v[i]: block 2i in lanes 0-7, block 2i + 1 in lanes 8-15) summed per block,
@@ -271,7 +272,7 @@ struct Zmm {
   using I = __m512i;
   using F = __m512;
   static constexpr int kLanes = 16;
-  static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8;
+  static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8, kMinRowsQ8_0 = 4;
   static I zero() { return _mm512_setzero_si512(); }
   static I load(const void* p) { return _mm512_loadu_si512(p); }
   static void store(void* p, I v) { _mm512_storeu_si512(p, v); }
@@ -377,7 +378,34 @@ void repack_tile(Q4KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_
   t.repack_scales(blk, rows);
 }
 
+// Q8_0's tile on zmm (rows_q8_0_tiles): blocks b and b + 1 of each of the 16 rows as one zmm
+// (zeros past the last block), the sign bits flipped, transposed over the rows: dword t < 8 is
+// block b's w[t], dword 8 + t block b + 1's; the scales by one gather a block.
+void repack_q8_0(Q80Tile<Zmm>* tile, const uint8_t* w, int64_t row_bytes, int64_t lanes,
+                 int64_t blocks) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i rows = tile_rows<Zmm>(row_bytes, lanes);
+  for (int64_t b = 0; b < blocks; b += 2) {
+    const bool pair = b + 1 < blocks;
+    __m512i in[16], out[16];
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* q = w + (r < lanes ? r : lanes - 1) * row_bytes + b * kQ8_0BlockBytes + 2;
+      const __m256i hi = pair ? load32(q + kQ8_0BlockBytes) : _mm256_setzero_si256();
+      in[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(load32(q)), hi, 1), flip);
+    }
+    transpose16(in, out);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) tile[b].w[t] = out[t];
+    tile[b].d = Zmm::half_lo(Zmm::gather(rows, w + b * kQ8_0BlockBytes));
+    if (!pair) break;
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) tile[b + 1].w[t] = out[8 + t];
+    tile[b + 1].d = Zmm::half_lo(Zmm::gather(rows, w + (b + 1) * kQ8_0BlockBytes));
+  }
+}
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
+  if (p.wt == WeightType::kQ8_0 && p.rows >= Zmm::kMinRowsQ8_0) return rows_q8_0_tiles<Zmm>(p, x);
   if (p.wt == WeightType::kQ8_0 && p.rows >= 2) return rows_q8_0_wide(p, x);
   if (p.wt == WeightType::kQ8_0) return rows_q8_0_one(p, x);
   if (p.wt == WeightType::kQ4_K && p.rows >= Zmm::kMinRowsQ4K)

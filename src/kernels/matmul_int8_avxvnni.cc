@@ -16,6 +16,7 @@ struct AvxVnniDot {
   static __m256i madd(__m256i acc, __m256i a, __m256i b) {
     return _mm256_dpwssd_avx_epi32(acc, a, b);
   }
+  static constexpr bool kUnsignedFullRange = true;
 };
 
 }  // namespace

@@ -340,6 +340,38 @@ TEST(MatmulInt8, Q8_0AndQ4_0PathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   }
 }
 
+// Q8_0 over several x rows takes repacked tiles on AVX-VNNI (8 W rows a tile, from 8 x rows) and
+// AVX-512 VNNI (16, from 4 x rows), x rows 8, 4, 2 and 1 at a time: bitwise the portable path on
+// every count of x rows around those (23 takes each group), short tiles of W rows (outputs 1, 5,
+// 15, 17, 37), an odd number of blocks and partial groups of 8 (K 32, 96, 288, 1120), weights
+// with -128 and zero scales.
+TEST(MatmulInt8, Q8_0TilesAreBitwiseThePortablePathOnOddShapes) {
+  for (int64_t rows : {3, 4, 7, 8, 9, 16, 23}) {
+    for (int64_t in : {32, 96, 288, 1120}) {
+      for (int64_t out : {1, 5, 15, 16, 17, 37}) {
+        const std::vector<uint8_t> w = random_weights(
+            DataType::kQ8_0, out, in, static_cast<uint32_t>(rows * 131 + in * 7 + out));
+        const std::vector<float> x =
+            random_x(static_cast<size_t>(rows * in), static_cast<uint32_t>(rows + in + out));
+        std::vector<float> want(static_cast<size_t>(rows * out), NAN);
+        matmul_detail::Problem p;
+        p.x = x.data();
+        p.rows = rows;
+        p.k = in;
+        p.w = w.data();
+        p.wt = matmul_detail::WeightType::kQ8_0;
+        p.n = out;
+        p.y = want.data();
+        p.ldy = out;
+        matmul_detail::run_int8(p, matmul_detail::int8_dots_portable());
+        ASSERT_NO_FATAL_FAILURE(
+            expect_dots_agree(DataType::kQ8_0, x, w, rows, in, out, want,
+                              absl::StrCat("q8_0 rows ", rows, " in ", in, " out ", out)));
+      }
+    }
+  }
+}
+
 TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
     // x86 takes x rows 4 at a time (7 ends with 3), or from 4 to 16 rows on in the repacked

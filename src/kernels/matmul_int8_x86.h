@@ -5,7 +5,9 @@
 // vpmaddwd on AVX2 (the i16 pair sums cannot saturate: every u <= 128 and |s| <= 127 here, since
 // the signed side is x's q times a sign, and x's q lies in [-127, 127]), vpdpbusd with VNNI; and
 // `static __m256i madd(__m256i acc, __m256i a, __m256i b)` adds to each i32 lane of acc the two
-// products of its i16 pairs (vpmaddwd then vpaddd, or vpdpwssd). A signed weight w enters as |w|
+// products of its i16 pairs (vpmaddwd then vpaddd, or vpdpwssd); `kUnsignedFullRange`: whether
+// dot takes u over all of 0..255 against any signed s without saturating (vpdpbusd: true;
+// vpmaddubsw's i16 pair sums: false). A signed weight w enters as |w|
 // (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. The repacked Q4_K /
 // Q6_K tiles (rows_tiles) are one source over a vector class: Ymm<Dot> here, 512-bit vectors in
 // matmul_int8_avx512vnni.cc. Include it only from those files, after <immintrin.h>; everything
@@ -564,7 +566,7 @@ struct Ymm {
   using I = __m256i;
   using F = __m256;
   static constexpr int kLanes = 8;
-  static constexpr int64_t kMinRowsQ4K = 16, kMinRowsQ6K = 16;
+  static constexpr int64_t kMinRowsQ4K = 16, kMinRowsQ6K = 16, kMinRowsQ8_0 = 8;
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
@@ -989,10 +991,144 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
   }
 }
 
+// ---- Q8_0 over several x rows: repacked tiles (rows_q8_0_tiles), as rows_tiles: W taken
+// V::kLanes rows at a time and repacked once per call into a buffer that stays in L2, vector lane
+// r W row r: per block, w[t] dword t (weights 4t..4t + 3) of every row's block as unsigned bytes
+// (q + 128: the sign bit flipped) and d the rows' scales as f32. An x row's dword t (its signed q)
+// is broadcast against w[t] by one V::dot, so after a block's 8 each lane holds Σ (w + 128)·x for
+// its row, and the block's -128·Σx (one i32 per x row and block, the same for every lane, once per
+// call) as the accumulator's start leaves the exact block sum S_b: one instruction per 4 products
+// a lane, x rows 8 at a time sharing each loaded W vector. V::dot must take its unsigned side over
+// all of 0..255 without saturating (vpdpbusd; not AVX2's vpmaddubsw, whose i16 pair sums would
+// reach 2·255·127), so the AVX2 target keeps rows_blocks. The combine runs on the W rows' lanes in
+// the shared order (matmul_int8.h): lane l = b mod 8 of every row in acc[l], adding
+// (dw_b·dx_b)·f32(S_b) in increasing b, then the tree across the 8: bitwise rows_blocks' y.
+template <class V>
+struct Q80Tile {
+  typename V::I w[8];
+  typename V::F d;
+};
+
+// The tile's blocks from W at `w` (its first row; rows row_bytes apart, lanes past `lanes`
+// repeating the last row) on ymm: each block's 32 bytes of the 8 rows, transposed (transpose8);
+// the scales by one gather a block. The AVX-512 target overloads it for Zmm.
+template <class Dot>
+void repack_q8_0(Q80Tile<Ymm<Dot>>* tile, const uint8_t* w, int64_t row_bytes, int64_t lanes,
+                 int64_t blocks) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i rows = tile_rows<Ymm<Dot>>(row_bytes, lanes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i in[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* q = w + (r < lanes ? r : lanes - 1) * row_bytes + b * kQ8_0BlockBytes + 2;
+      in[r] = _mm256_xor_si256(load32(q), flip);
+    }
+    transpose8(in, tile[b].w);
+    tile[b].d = Ymm<Dot>::half_lo(Ymm<Dot>::gather(rows, w + b * kQ8_0BlockBytes));
+  }
+}
+
+// R x rows (row i's q at xq + i·k, its blocks' -128·Σx at xc + i·blocks) against a repacked tile:
+// row i's S_b, one lane per W row, at s + kLanes·(i·blocks + b).
+template <class V, int R>
+void q8_0_tile_dots(const Q80Tile<V>* tile, int64_t blocks, const int8_t* xq, int64_t k,
+                    const int32_t* xc, int32_t* s) {
+  using I = typename V::I;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Q80Tile<V>& o = tile[b];
+    const int8_t* xb = xq + 32 * b;
+    I a[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+      const I wv = o.w[t];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * t));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) V::store(s + V::kLanes * (i * blocks + b), a[i]);
+  }
+}
+
+// One x row's combine over a Q8_0 tile: the `lanes` W rows' y stored at `y`.
+template <class V>
+void q8_0_combine_tile(const Q80Tile<V>* tile, int64_t blocks, const float* dx, const int32_t* s,
+                       float* y, int64_t lanes, bool accumulate) {
+  using F = typename V::F;
+  F acc[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) acc[l] = V::fzero();
+  for (int64_t b0 = 0; b0 < blocks; b0 += 8) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {  // lane l: block b0 + l
+      const int64_t b = b0 + l;
+      if (b >= blocks) break;
+      const F t = V::fmul(V::fmul(tile[b].d, V::fset1(dx[b])), V::cvt(V::load(s + V::kLanes * b)));
+      acc[l] = V::fadd(acc[l], t);
+    }
+  }
+  V::store_rows(y, tree8_rows<V>(acc), lanes, accumulate);
+}
+
+// R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
+template <class V, int R>
+void q8_0_tile_rows_of(const Problem& p, const QuantizedX& x, const Q80Tile<V>* tile,
+                       const std::vector<int32_t>& xc, int32_t* s, int64_t r0, int64_t j0,
+                       int64_t lanes) {
+  const int64_t blocks = p.k / kQ8_0BlockWeights;
+  q8_0_tile_dots<V, R>(tile, blocks, x.q.data() + r0 * p.k, p.k, xc.data() + r0 * blocks, s);
+  for (int64_t i = 0; i < R; ++i) {
+    q8_0_combine_tile<V>(tile, blocks, x.d.data() + (r0 + i) * x.d_stride,
+                         s + V::kLanes * i * blocks, p.y + (r0 + i) * p.ldy + j0, lanes,
+                         p.accumulate);
+  }
+}
+
+template <class V>
+void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
+  const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  std::vector<Q80Tile<V>> tile(static_cast<size_t>(blocks));
+  std::vector<int32_t> s(static_cast<size_t>(8 * V::kLanes * blocks));
+  std::vector<int32_t> xc(static_cast<size_t>(p.rows * blocks));  // -128·Σ q per x block
+  for (size_t i = 0; i < xc.size(); ++i) {
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) sum += x.q[32 * i + static_cast<size_t>(j)];
+    xc[i] = -128 * sum;
+  }
+  for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
+    const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
+    // the next tile's rows arrive while this one meets the x rows
+    const int64_t next = (j0 + V::kLanes) * row_bytes, end = p.n * row_bytes;
+    for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
+    }
+    repack_q8_0(tile.data(), w + j0 * row_bytes, row_bytes, lanes, blocks);
+    for (int64_t r0 = 0; r0 < p.rows;) {
+      const int64_t left = p.rows - r0;
+      if (left >= 8) {
+        q8_0_tile_rows_of<V, 8>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+      } else if (left >= 4) {
+        q8_0_tile_rows_of<V, 4>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+      } else if (left >= 2) {
+        q8_0_tile_rows_of<V, 2>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+      } else {
+        q8_0_tile_rows_of<V, 1>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+      }
+      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    }
+  }
+}
+
 template <class Dot>
 void rows_x86(const Problem& p, const QuantizedX& x) {
   switch (p.wt) {
     case WeightType::kQ8_0:
+      if constexpr (Dot::kUnsignedFullRange) {
+        if (p.rows >= Ymm<Dot>::kMinRowsQ8_0) return rows_q8_0_tiles<Ymm<Dot>>(p, x);
+      }
       return rows_blocks<Dot, false>(p, x);
     case WeightType::kQ4_0:
       return rows_blocks<Dot, true>(p, x);
