@@ -95,42 +95,59 @@ void rows_q8_0_wide(const Problem& p, const QuantizedX& x) {
   }
 }
 
-// Q8_0 against one x row: 8 blocks a step as 4 zmm of two blocks each, |w| (vpabsb: -128 is 128
-// unsigned) against x's q negated where w is negative (AVX-512 has no vpsignb on zmm; where w is 0
-// so is |w|), the 8 block sums by reduce_pairs, then rows_blocks' combine; a last partial group
-// of 8 as rows_blocks takes it. The same exact block sums, so the same bits.
+// The 8 binary16 scales of 8 Q8_0 blocks from `blk` (272 bytes; the scales at bytes 34i) as f32:
+// the bytes [0, 128) and [136, 264) from blk as 4 zmm, words 0, 17, 34, 51 of each pair picked by
+// one vpermt2w (the scale conversions one at a time were 32 instructions per 8 blocks).
+inline __m256 q8_0_scales8(const uint8_t* blk) {
+  alignas(64) static constexpr int16_t kAt[32] = {0, 17, 34, 51};
+  const __m512i at = _mm512_load_si512(kAt);
+  const __m512i lo =
+      _mm512_permutex2var_epi16(_mm512_loadu_si512(blk), at, _mm512_loadu_si512(blk + 64));
+  const __m512i hi =
+      _mm512_permutex2var_epi16(_mm512_loadu_si512(blk + 136), at, _mm512_loadu_si512(blk + 200));
+  return _mm256_cvtph_ps(
+      _mm_unpacklo_epi64(_mm512_castsi512_si128(lo), _mm512_castsi512_si128(hi)));
+}
+
+// Q8_0 against one x row: 8 blocks a step as 4 zmm of two blocks each, the weights taken unsigned
+// (w + 128: the sign bit flipped) against x's q by vpdpbusd, the 8 block sums by reduce_pairs,
+// less 128·Σx of each block (q8_0_x_starts, once per call), the scales by q8_0_scales8; then
+// rows_blocks' combine; a last partial group of 8 as rows_blocks takes it. The same exact block
+// sums, so the same bits.
 void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, full = blocks / 8;
   const int tail = static_cast<int>(blocks % 8);
   const int64_t row_bytes = blocks * kQ8_0BlockBytes;
-  std::vector<float> dw(static_cast<size_t>(x.d_stride), 0.f);
+  std::vector<float> dw(8, 0.f);
+  std::vector<int32_t> xc(static_cast<size_t>(8 * full));
+  q8_0_x_starts(x.q.data(), 8 * full, xc.data());
   const auto* w = static_cast<const uint8_t*>(p.w);
   const int8_t* xq = x.q.data();
   const float* xd = x.d.data();
-  const __m512i zero = _mm512_setzero_si512();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * row_bytes;
     prefetch_ahead(w, j * row_bytes, row_bytes, p.n * row_bytes);
-    for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kQ8_0BlockBytes);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t g = 0; g < full; ++g) {
+      const uint8_t* blk = wr + 8 * g * kQ8_0BlockBytes;
       __m512i v[4];
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        const uint8_t* q = wr + (8 * g + 2 * i) * kQ8_0BlockBytes + 2;
+        const uint8_t* q = blk + 2 * i * kQ8_0BlockBytes + 2;
         const __m512i wv =
             _mm512_inserti64x4(_mm512_castsi256_si512(load32(q)), load32(q + kQ8_0BlockBytes), 1);
-        const __m512i xv = _mm512_loadu_si512(xq + 256 * g + 64 * i);
-        const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
-        v[i] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), xs);
+        v[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(wv, flip),
+                                   _mm512_loadu_si512(xq + 256 * g + 64 * i));
       }
-      acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * g]), _mm256_loadu_ps(xd + 8 * g),
-                         reduce_pairs(v));
+      const __m256i s = _mm256_add_epi32(reduce_pairs(v), load32(&xc[8 * g]));
+      acc = combine_step(acc, q8_0_scales8(blk), _mm256_loadu_ps(xd + 8 * g), s);
     }
     if (tail != 0) {
-      const __m256i s = block_sums8<Avx512VnniDot, false, false>(wr + 8 * full * kQ8_0BlockBytes,
-                                                                 xq + 256 * full, tail);
-      acc = combine_step(acc, _mm256_loadu_ps(&dw[8 * full]), _mm256_loadu_ps(xd + 8 * full), s);
+      const uint8_t* blk = wr + 8 * full * kQ8_0BlockBytes;
+      for (int b = 0; b < tail; ++b) dw[b] = half_at(blk + b * kQ8_0BlockBytes);
+      const __m256i s = block_sums8<Avx512VnniDot, false, false>(blk, xq + 256 * full, tail);
+      acc = combine_step(acc, _mm256_loadu_ps(dw.data()), _mm256_loadu_ps(xd + 8 * full), s);
     }
     store_y(p, 0, j, tree8(acc));
   }

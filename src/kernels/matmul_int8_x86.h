@@ -1003,6 +1003,19 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
 // reach 2·255·127), so the AVX2 target keeps rows_blocks. The combine runs on the W rows' lanes in
 // the shared order (matmul_int8.h): lane l = b mod 8 of every row in acc[l], adding
 // (dw_b·dx_b)·f32(S_b) in increasing b, then the tree across the 8: bitwise rows_blocks' y.
+// -128·Σ q over each of `blocks` blocks of 32 of x's q: a block sum's start when the weights are
+// taken unsigned (w + 128) against x's q.
+inline void q8_0_x_starts(const int8_t* q, int64_t blocks, int32_t* out) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < blocks; ++b) {  // Σ (q + 128) by vpsadbw, four u64 of 8 bytes each
+    const __m256i s =
+        _mm256_sad_epu8(_mm256_xor_si256(load32(q + 32 * b), flip), _mm256_setzero_si256());
+    const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    const int64_t total = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1);
+    out[b] = -128 * static_cast<int32_t>(total - 32 * 128);
+  }
+}
+
 template <class V>
 struct Q80Tile {
   typename V::I w[8];
@@ -1092,12 +1105,8 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   std::vector<Q80Tile<V>> tile(static_cast<size_t>(blocks));
   std::vector<int32_t> s(static_cast<size_t>(8 * V::kLanes * blocks));
-  std::vector<int32_t> xc(static_cast<size_t>(p.rows * blocks));  // -128·Σ q per x block
-  for (size_t i = 0; i < xc.size(); ++i) {
-    int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) sum += x.q[32 * i + static_cast<size_t>(j)];
-    xc[i] = -128 * sum;
-  }
+  std::vector<int32_t> xc(static_cast<size_t>(p.rows * blocks));
+  q8_0_x_starts(x.q.data(), p.rows * blocks, xc.data());
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     // the next tile's rows arrive while this one meets the x rows
