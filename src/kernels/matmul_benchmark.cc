@@ -209,6 +209,8 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 131072, 1024})
       ->Args({1, 512, 1024})
       ->Args({1, 256, 3072})
+      ->Args({2, 3072, 1024})
+      ->Args({4, 3072, 1024})
       ->Args({8, 3072, 1024})
       ->Args({16, 3072, 1024})
       ->Args({64, 3072, 1024})

@@ -556,9 +556,10 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
 // combine runs on the W rows' lanes in the shared order (matmul_int8.h), so the results are
 // bitwise the shared path's. V: the vector class (Ymm<Dot> below, or the AVX-512 target's Zmm):
 // integer vector I, float vector F, kLanes, the operations the code below names, and kMinRowsQ4K,
-// kMinRowsQ6K: from how many x rows on each type takes the tiles (the repack costs a few x rows'
-// dots; below those counts the per-row kernels measured as fast or faster: matmul_benchmark at 4,
-// 8 and 16 rows, docs/design/quantized_matmul.md).
+// kMinRowsQ6K, kMinRowsQ8_0: from how many x rows on each type takes the tiles (rows_q8_0_tiles
+// for Q8_0; the repack costs one or a few x rows' dots; below those counts the per-row kernels
+// measured as fast or faster: matmul_benchmark at 2, 4, 8 and 16 rows,
+// docs/design/quantized_matmul.md).
 
 // 256-bit vectors over a Dot of this header.
 template <class Dot>
@@ -566,7 +567,7 @@ struct Ymm {
   using I = __m256i;
   using F = __m256;
   static constexpr int kLanes = 8;
-  static constexpr int64_t kMinRowsQ4K = 16, kMinRowsQ6K = 16, kMinRowsQ8_0 = 8;
+  static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8, kMinRowsQ8_0 = 4;
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
