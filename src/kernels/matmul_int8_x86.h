@@ -7,11 +7,11 @@
 // `static __m256i madd(__m256i acc, __m256i a, __m256i b)` adds to each i32 lane of acc the two
 // products of its i16 pairs (vpmaddwd then vpaddd, or vpdpwssd); `kUnsignedFullRange`: whether
 // dot takes u over all of 0..255 against any signed s without saturating (vpdpbusd: true;
-// vpmaddubsw's i16 pair sums: false). A signed weight w enters as |w|
-// (unsigned) against x's q with w's sign (vpsignb), as in ggml's x86 code. The repacked Q4_K /
-// Q6_K tiles (rows_tiles) are one source over a vector class: Ymm<Dot> here, 512-bit vectors in
-// matmul_int8_avx512vnni.cc. Include it only from those files, after <immintrin.h>; everything
-// has internal linkage.
+// vpmaddubsw's i16 pair sums: false). A signed weight w enters as |w| (unsigned) against x's q
+// with w's sign (vpsignb), as in ggml's x86 code. The repacked Q4_K / Q6_K tiles (rows_tiles)
+// and Q8_0 tiles (rows_q8_0_tiles) are one source over a vector class: Ymm<Dot> here, 512-bit
+// vectors in matmul_int8_avx512vnni.cc. Include it only from those files,
+// after <immintrin.h>; everything has internal linkage.
 #pragma once
 
 #include <immintrin.h>
