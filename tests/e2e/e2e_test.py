@@ -84,7 +84,7 @@ import sys
 import time
 
 # One BLAS thread, as the reference (tests/reference/qwen3_ref.py) runs, in-process here too
-# (Ctx.reference_in_process): the tests run two at a time, and a second OpenBLAS thread spins
+# (Ctx.reference_generate): the tests run two at a time, and a second OpenBLAS thread spins
 # while it waits. Set before numpy loads OpenBLAS; a value already in the environment wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -206,7 +206,8 @@ class Ctx:
         t0 = time.monotonic()
         try:
             requests = self.reference().Qwen3(model).generate_all(
-                [list(p) for p in prompts], max_new, [], set(logits_steps), sorted(kv_positions))
+                [[int(t) for t in p] for p in prompts], max_new, [], set(logits_steps),
+                sorted(kv_positions))
         except (OSError, ValueError, KeyError) as e:
             raise Failure(f"{label}: the reference failed on {model}: {e!r}")
         wall = time.monotonic() - t0
