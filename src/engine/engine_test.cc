@@ -12,8 +12,10 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "base/sanitizers.h"
 #include "base/test_status.h"
 #include "base/test_wait.h"
@@ -305,6 +307,15 @@ RequestSpec seeded(std::vector<int32_t> prompt, uint64_t seed) {
   s.sampling.frequency_penalty = 0.3f;
   s.sampling.seed = seed;
   return s;
+}
+
+// The message of add_request's InvalidArgument refusal of `s`; what it answered instead where
+// it did not refuse it so.
+std::string refusal(LlmEngine& e, const RequestSpec& s) {
+  const absl::Status st = e.add_request(s).status();
+  return st.code() == absl::StatusCode::kInvalidArgument
+             ? std::string(st.message())
+             : absl::StrCat("not refused as invalid: ", st.ToString());
 }
 
 // A seeded request's tokens are the same alone, in a batch of 16 distinct
@@ -858,13 +869,11 @@ TEST_F(LlmEngineTest, ChoicesOfOneRequestAreDistinctStreamsUnlessGreedy) {
 }
 
 // Logprobs are of the raw logits: log_softmax of the logits the step computed, with up to 20
-// top alternatives (OpenAI's and vLLM's bound); 21 is refused.
+// top alternatives (OpenAI's and vLLM's bound; more are refused, see
+// LogprobCountsOutOfRangeOrPromptLogprobsWithOneSequenceAStepAreRefused).
 TEST_F(LlmEngineTest, LogprobsAreLogSoftmaxOfTheRawLogitsWithUpToTwentyAlternatives) {
   auto e = engine(options(2));
   RequestSpec s = seeded({5, 6, 7}, 9);
-  s.sampling.logprobs = 21;
-  EXPECT_EQ(e->add_request(s).status(),
-            absl::InvalidArgumentError("logprobs must be in [0, 20] (or absent), got 21"));
   s.sampling.logprobs = 20;
   s.sampling.repetition_penalty = 1.3f;
   s.max_tokens = 3;
@@ -1043,22 +1052,34 @@ TEST_F(LlmEngineTest, PromptLogprobsGoOutOnceThroughPreemptionAndTakeNoPrefixCac
   EXPECT_TRUE(e->shutdown().ok());
 }
 
-TEST_F(LlmEngineTest, PromptLogprobsOutOfRangeOrWithOneSequenceAStepAreRefused) {
+// A count of top alternatives (logprobs, prompt_logprobs) is absent or in [0, 20]; prompt
+// logprobs need a second row in a step.
+TEST_F(LlmEngineTest, LogprobCountsOutOfRangeOrPromptLogprobsWithOneSequenceAStepAreRefused) {
   auto e = engine(options(1));
-  RequestSpec s = greedy({1, 2, 3}, 2);
-  s.sampling.prompt_logprobs = 21;
-  EXPECT_EQ(e->add_request(s).status(),
-            absl::InvalidArgumentError("prompt_logprobs must be in [0, 20] (or absent), got 21"));
-  s.sampling.prompt_logprobs = -1;
-  EXPECT_EQ(e->add_request(s).status(),
-            absl::InvalidArgumentError("prompt_logprobs must be in [0, 20] (or absent), got -1"));
+  const struct {
+    std::optional<int32_t> RequestSampling::*count;
+    int32_t value;
+    const char* message;
+  } cases[] = {
+      {&RequestSampling::logprobs, 21, "logprobs must be in [0, 20] (or absent), got 21"},
+      {&RequestSampling::logprobs, -1, "logprobs must be in [0, 20] (or absent), got -1"},
+      {&RequestSampling::prompt_logprobs, 21,
+       "prompt_logprobs must be in [0, 20] (or absent), got 21"},
+      {&RequestSampling::prompt_logprobs, -1,
+       "prompt_logprobs must be in [0, 20] (or absent), got -1"},
+  };
+  for (const auto& c : cases) {
+    RequestSpec s = greedy({1, 2, 3}, 2);
+    s.sampling.*c.count = c.value;
+    EXPECT_EQ(refusal(*e, s), c.message);
+  }
   EXPECT_TRUE(e->shutdown().ok());
+  RequestSpec s = greedy({1, 2, 3}, 2);
   auto one = engine(options(1, 256, 64, 1));
   s.sampling.prompt_logprobs = 0;
-  EXPECT_EQ(one->add_request(s).status(),
-            absl::InvalidArgumentError(
-                "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of "
-                "the step besides its own), got 1"));
+  EXPECT_EQ(refusal(*one, s),
+            "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of the "
+            "step besides its own), got 1");
   EXPECT_TRUE(one->shutdown().ok());
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -454,6 +455,14 @@ absl::Status set_stop_ids(const std::vector<int32_t>& eos_ids,
   return absl::OkStatus();
 }
 
+// A request's count of top alternatives (`name`: logprobs or prompt_logprobs): absent, or in
+// [0, kMaxLogprobs].
+absl::Status check_logprobs_count(const char* name, std::optional<int32_t> count) {
+  if (!count.has_value() || (*count >= 0 && *count <= kMaxLogprobs)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " must be in [0, ", kMaxLogprobs, "] (or absent), got ", *count));
+}
+
 }  // namespace
 
 absl::StatusOr<SamplingParams> LlmEngine::Impl::sampling_params(const RequestSampling& rs) const {
@@ -467,22 +476,13 @@ absl::StatusOr<SamplingParams> LlmEngine::Impl::sampling_params(const RequestSam
   p.frequency_penalty = rs.frequency_penalty;
   p.repetition_penalty = rs.repetition_penalty;
   p.logprobs = rs.logprobs.has_value() ? *rs.logprobs : -1;
-  if (rs.logprobs.has_value() && (*rs.logprobs < 0 || *rs.logprobs > kMaxLogprobs)) {
-    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs,
-                                                   "] (or absent), got ", *rs.logprobs));
-  }
-  if (rs.prompt_logprobs.has_value()) {
-    if (*rs.prompt_logprobs < 0 || *rs.prompt_logprobs > kMaxLogprobs) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
-                                                     kMaxLogprobs, "] (or absent), got ",
-                                                     *rs.prompt_logprobs));
-    }
-    if (options.runner.max_num_seqs < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of the "
-          "step besides its own), got ",
-          options.runner.max_num_seqs));
-    }
+  SIMPLER_RETURN_IF_ERROR(check_logprobs_count("logprobs", rs.logprobs));
+  SIMPLER_RETURN_IF_ERROR(check_logprobs_count("prompt_logprobs", rs.prompt_logprobs));
+  if (rs.prompt_logprobs.has_value() && options.runner.max_num_seqs < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_logprobs need max_num_seqs >= 2 (a prompt position's logits take a row of the "
+        "step besides its own), got ",
+        options.runner.max_num_seqs));
   }
   p.min_tokens = rs.min_tokens;
   p.ignore_eos = rs.ignore_eos ? 1 : 0;

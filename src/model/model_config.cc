@@ -285,6 +285,15 @@ absl::Status check_float32_normal(std::string_view source, const char* field, do
   return absl::OkStatus();
 }
 
+// Hugging Face's "eos_token_id": one id as a number, several as a list, none left out.
+void set_eos_token_id(json& j, const std::vector<int64_t>& ids) {
+  if (ids.size() == 1) {
+    j["eos_token_id"] = ids[0];
+  } else if (!ids.empty()) {
+    j["eos_token_id"] = ids;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::parse(std::string_view config_json,
@@ -435,49 +444,39 @@ std::vector<WeightSpec> ModelConfig::tensor_names_and_shapes() const {
 }
 
 std::string ModelConfig::to_config_json() const {
-  json j = json::object();
-  j["architectures"] = architectures;
-  j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
+  // The keys of Qwen3's config.json (Hugging Face's Qwen3Config), written sorted.
+  json j = {{"architectures", architectures},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"head_dim", head_dim},
+            {"hidden_act", "silu"},
+            {"hidden_size", hidden_size},
+            {"initializer_range", 0.02},
+            {"intermediate_size", intermediate_size},
+            {"max_position_embeddings", max_position_embeddings},
+            {"max_window_layers", num_hidden_layers},
+            {"model_type", model_type},
+            {"num_attention_heads", num_attention_heads},
+            {"num_hidden_layers", num_hidden_layers},
+            {"num_key_value_heads", num_key_value_heads},
+            {"rms_norm_eps", rms_norm_eps},
+            {"rope_scaling", nullptr},
+            {"rope_theta", rope_theta},
+            {"sliding_window", nullptr},
+            {"tie_word_embeddings", tie_word_embeddings},
+            {"use_cache", true},
+            {"use_sliding_window", false},
+            {"vocab_size", vocab_size}};
   if (bos_token_id.has_value()) j["bos_token_id"] = *bos_token_id;
-  if (eos_token_ids.size() == 1) {
-    j["eos_token_id"] = eos_token_ids[0];
-  } else if (!eos_token_ids.empty()) {
-    j["eos_token_id"] = eos_token_ids;
-  }
-  j["head_dim"] = head_dim;
-  j["hidden_act"] = "silu";
-  j["hidden_size"] = hidden_size;
-  j["initializer_range"] = 0.02;
-  j["intermediate_size"] = intermediate_size;
-  j["max_position_embeddings"] = max_position_embeddings;
-  j["max_window_layers"] = num_hidden_layers;
-  j["model_type"] = model_type;
-  j["num_attention_heads"] = num_attention_heads;
-  j["num_hidden_layers"] = num_hidden_layers;
-  j["num_key_value_heads"] = num_key_value_heads;
-  j["rms_norm_eps"] = rms_norm_eps;
-  j["rope_scaling"] = nullptr;
-  j["rope_theta"] = rope_theta;
-  j["sliding_window"] = nullptr;
-  j["tie_word_embeddings"] = tie_word_embeddings;
+  set_eos_token_id(j, eos_token_ids);
   if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
-  j["use_cache"] = true;
-  j["use_sliding_window"] = false;
-  j["vocab_size"] = vocab_size;
   return base::dump_replacing(j, 2) + "\n";
 }
 
 std::string ModelConfig::to_generation_config_json() const {
   json j = json::object();
   if (bos_token_id.has_value()) j["bos_token_id"] = *bos_token_id;
-  const std::vector<int64_t>& eos =
-      generation_eos_token_ids.empty() ? eos_token_ids : generation_eos_token_ids;
-  if (eos.size() == 1) {
-    j["eos_token_id"] = eos[0];
-  } else if (!eos.empty()) {
-    j["eos_token_id"] = eos;
-  }
+  set_eos_token_id(j, generation_eos_token_ids.empty() ? eos_token_ids : generation_eos_token_ids);
   if (bos_token_id.has_value()) j["pad_token_id"] = *bos_token_id;
   return j.dump(2) + "\n";
 }

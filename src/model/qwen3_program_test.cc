@@ -154,10 +154,9 @@ class SequentialContext : public task::OrchestrationContext {
     }
     records.push_back({k.name, args, block_dim});
     uint8_t* mem = arena_->data();
-    std::vector<uint8_t> snapshot;
     std::vector<Segment> segments;
     if (strict_) {
-      snapshot.assign(mem, mem + arena_->size());
+      snapshot_.assign(mem, mem + arena_->size());  // reuses its buffer from the last task
       segments = segments_of(args);
       for (const Segment& g : segments) {
         if (!g.readable) std::memset(mem + g.begin, 0xFF, g.end - g.begin);
@@ -172,11 +171,11 @@ class SequentialContext : public task::OrchestrationContext {
       ctx.task_index = static_cast<uint32_t>(records.size() - 1);
       absl::Status s = k.fn(ctx);
       if (!s.ok()) {
-        if (strict_) std::memcpy(mem, snapshot.data(), snapshot.size());
+        if (strict_) std::memcpy(mem, snapshot_.data(), snapshot_.size());
         return s;
       }
     }
-    if (strict_) check_and_restore(segments, snapshot, k.name);
+    if (strict_) check_and_restore(segments, k.name);
     return absl::OkStatus();
   }
   int32_t num_cores() const override { return cores_; }
@@ -220,13 +219,12 @@ class SequentialContext : public task::OrchestrationContext {
   }
   // Every byte the task may not write must hold what it held before the task (its snapshot
   // where the task could read it, 0xFF where not); all of them get their snapshot back.
-  void check_and_restore(const std::vector<Segment>& segments, const std::vector<uint8_t>& snapshot,
-                         const std::string& kernel_name) {
+  void check_and_restore(const std::vector<Segment>& segments, const std::string& kernel_name) {
     uint8_t* mem = arena_->data();
-    const std::vector<uint8_t> filler(snapshot.size(), 0xFF);
+    if (filler_.size() != snapshot_.size()) filler_.assign(snapshot_.size(), 0xFF);
     for (const Segment& g : segments) {
       if (g.writable) continue;
-      const uint8_t* want = g.readable ? snapshot.data() + g.begin : filler.data();
+      const uint8_t* want = g.readable ? snapshot_.data() + g.begin : filler_.data();
       const uint64_t n = g.end - g.begin;
       if (stray_writes.empty() && std::memcmp(mem + g.begin, want, n) != 0) {
         uint64_t b = 0;
@@ -235,7 +233,7 @@ class SequentialContext : public task::OrchestrationContext {
             absl::StrCat("task ", records.size() - 1, " (", kernel_name, ") wrote arena byte ",
                          g.begin + b, " outside its OUT/INOUT ranges");
       }
-      std::memcpy(mem + g.begin, snapshot.data() + g.begin, n);
+      std::memcpy(mem + g.begin, snapshot_.data() + g.begin, n);
     }
   }
 
@@ -243,6 +241,11 @@ class SequentialContext : public task::OrchestrationContext {
   int32_t cores_;
   Arena* arena_;
   bool strict_;
+  // Strict mode's copies of the arena's size, kept from task to task: allocated afresh for each
+  // task (a megabyte each, thousands of tasks a test), their page faults and fills were most of
+  // this test's time.
+  std::vector<uint8_t> snapshot_;  // the arena before the task
+  std::vector<uint8_t> filler_;    // 0xFF: what a byte the task may not read holds meanwhile
 };
 
 // ---- random model and the double-precision reference ------------------------------------

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -52,6 +53,17 @@ absl::Status twice_kernel(const task::KernelContext& ctx) {
     cells(ctx.tensor(0))[i] = 2 * cells(ctx.tensor(0))[i] + 1;
   }
   return absl::OkStatus();
+}
+
+// A program of one task of `kernel`, whose arguments `task_args` makes of the run's.
+task::ChipCallable one_task_program(std::string name, task::Kernel kernel,
+                                    task::TaskArgs (*task_args)(const task::TaskArgs&)) {
+  return task::ChipCallable{
+      std::move(name),
+      [task_args](task::OrchestrationContext& ctx, const task::TaskArgs& args) {
+        return ctx.submit(0, task_args(args));
+      },
+      {std::move(kernel)}};
 }
 
 constexpr int64_t kN = 8;
@@ -325,15 +337,13 @@ TEST_P(Capture, ARunOfManyArgumentsCapturesAndReplaysWithItsOverlapsChecked) {
   // pairs would look at 8 million of them; the sweep sees 2,048 overlaps.
   constexpr int kArgs = 4096;
   Worker w(test_options());
-  auto sum = *w.register_callable(task::ChipCallable{
-      "sum",
-      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
-        task::TaskArgs t;
-        t.add_tensor(args.tensor(0), ArgDirection::kIn)
+  // One add task: the first argument into the last.
+  auto sum = *w.register_callable(
+      one_task_program("sum", {"add", add_kernel}, [](const task::TaskArgs& args) {
+        return task::TaskArgs()
+            .add_tensor(args.tensor(0), ArgDirection::kIn)
             .add_tensor(args.tensor(args.size() - 1), ArgDirection::kInOut);
-        return ctx.submit(0, t);
-      },
-      {{"add", add_kernel}}});
+      }));
   ASSERT_TRUE(ok(w.init()));
   std::vector<DeviceBuffer> bufs;
   for (int b = 0; b < 2; ++b) bufs.push_back(*w.malloc(kArgs / 2 * kN * 8));
@@ -682,16 +692,13 @@ TEST(CaptureDeviceBuilt, ACaptureThatFailsAfterTheRunCopiesBackItsHostOutputsAnd
   Worker w(test_options());
   // Its scalar is declared a parameter but the orchestration doubles it: the probe, run when the
   // device-built capture is built after the run, refuses the graph.
-  auto doubling = *w.register_callable(task::ChipCallable{
-      "doubling",
-      [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
-        task::TaskArgs a;
-        a.add_tensor(args.tensor(0), ArgDirection::kIn)
+  auto doubling = *w.register_callable(
+      one_task_program("doubling", {"affine", affine_kernel}, [](const task::TaskArgs& args) {
+        return task::TaskArgs()
+            .add_tensor(args.tensor(0), ArgDirection::kIn)
             .add_tensor(args.tensor(1), ArgDirection::kOut)
             .add_scalar_i64(2 * args.scalar_i64(2));
-        return ctx.submit(0, a);
-      },
-      {{"affine", affine_kernel}}});
+      }));
   ASSERT_TRUE(ok(w.init()));
   int64_t in = 5, out = 0;
   RunHandle r =

@@ -70,6 +70,7 @@ Each reference scenario checks, for its checkpoint:
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -82,7 +83,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+# One BLAS thread, as the reference (tests/reference/qwen3_ref.py) runs, in-process here too
+# (Ctx.reference_generate): the tests run two at a time, and a second OpenBLAS thread spins
+# while it waits. Set before numpy loads OpenBLAS; a value already in the environment wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402  (after the BLAS thread count)
 
 MAX_NEW = 127
 LOGIT_STEPS = (0, 1, 63, 126)
@@ -178,19 +184,35 @@ class Ctx:
         out = parse_one_json_object(p.stdout, label)
         return out, p.stderr, wall
 
-    def reference_generate(self, model, prompts, max_new, logits_steps, kv_positions, out,
+    def reference(self):
+        """tests/reference/qwen3_ref.py as a module (its Qwen3 class and safetensors reader and
+        writer), loaded once."""
+        if "qwen3_ref" not in sys.modules:
+            spec = importlib.util.spec_from_file_location("qwen3_ref", self.reference_py)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["qwen3_ref"] = module
+            spec.loader.exec_module(module)
+        return sys.modules["qwen3_ref"]
+
+    def reference_generate(self, model, prompts, max_new, logits_steps, kv_positions,
                            label="reference"):
-        argv = [self.python, self.reference_py, "generate", "--model", model,
-                "--max-new-tokens", str(max_new), "--ignore-eos", "--out", out]
-        for pr in prompts:
-            argv += ["--prompt-ids", csv(pr)]
-        if logits_steps:
-            argv += ["--dump-logits-steps", csv(sorted(logits_steps))]
-        if kv_positions:
-            argv += ["--dump-kv-positions", csv(sorted(kv_positions))]
-        _, wall = self.run_ok(argv, label=label, timeout=280)
-        with open(out) as f:
-            return json.load(f), wall
+        """Greedy decode of `prompts` by the float64 reference on `model`, what
+        `qwen3_ref.py generate --ignore-eos` computes and writes (the same Qwen3.generate_all),
+        run in this process: the JSON of 151,936-wide logits is neither written nor parsed back,
+        and numpy loads once. Returns ({"requests": [...]}, wall seconds)."""
+        log(f"$ {label} (in-process): qwen3_ref.Qwen3({model}).generate_all({len(prompts)} "
+            f"prompts, {max_new} tokens, logits at {sorted(logits_steps)}, K/V at "
+            f"{sorted(kv_positions)})")
+        t0 = time.monotonic()
+        try:
+            requests = self.reference().Qwen3(model).generate_all(
+                [[int(t) for t in p] for p in prompts], max_new, [], set(logits_steps),
+                sorted(kv_positions))
+        except (OSError, ValueError, KeyError) as e:
+            raise Failure(f"{label}: the reference failed on {model}: {e!r}")
+        wall = time.monotonic() - t0
+        log(f"  -> done in {wall:.2f} s")
+        return {"requests": requests}, wall
 
     def write_model(self, out, *extra, tokenizer=True, label="write-model"):
         """A checkpoint from the reference's writer; with tokenizer=True the Qwen3 tokenizer
@@ -210,14 +232,15 @@ class Ctx:
 
 def parse_one_json_object(stdout, label):
     """stdout must be exactly one JSON object (whitespace around it allowed)."""
-    text = stdout.strip()
-    if not text:
+    # Not stdout.strip(): a copy of tens of MB where logits are dumped; json.loads allows the
+    # whitespace around the object.
+    if stdout.isspace() or not stdout:
         raise Failure(f"{label}: --json printed nothing on stdout")
     try:
-        obj = json.loads(text)  # rejects trailing data ("Extra data")
+        obj = json.loads(stdout)  # rejects trailing data ("Extra data")
     except json.JSONDecodeError as e:
         raise Failure(f"{label}: --json stdout is not exactly one JSON object ({e}); "
-                      f"stdout begins {text[:300]!r}")
+                      f"stdout begins {stdout.lstrip()[:300]!r}")
     if not isinstance(obj, dict):
         raise Failure(f"{label}: --json stdout is a {type(obj).__name__}, not an object")
     return obj
@@ -258,10 +281,9 @@ class TokenDiagnosis:
     def explain(self, prompt, step, got_token):
         key = (tuple(prompt), step)
         if key not in self.cache:
-            out = self.ctx.path(f"diag_{len(self.cache)}.json")
             try:
                 res, _ = self.ctx.reference_generate(self.model, [prompt], step + 1, [step], [],
-                                                     out, label="reference (diagnosis)")
+                                                     label="reference (diagnosis)")
                 lg = np.asarray(res["requests"][0]["logits"][str(step)])
                 order = np.argsort(-lg)
                 self.cache[key] = lg, order
@@ -275,6 +297,18 @@ class TokenDiagnosis:
         return (f"reference logits at step {step}: top1 {t1} ({lg[t1]:.6f}), top2 {t2} "
                 f"({lg[t2]:.6f}), gap {lg[t1] - lg[t2]:.3e}; simpler's token {got_token} has "
                 f"reference logit {got_logit:.6f} ({lg[t1] - got_logit:.3e} below the top)")
+
+
+def check_same_requests(pb, label, got, want, keys, other):
+    """Each of `keys` of every request in `got` equals the same request's in `want` (`other`
+    names where those came from). A mismatch's message shows the start of both values, built
+    only on a mismatch: str() of a request's logits (3 steps of a 151,936 vocabulary) takes
+    0.2 CPU-s."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        for key in keys:
+            if a.get(key) != b.get(key):
+                pb.add(f"{label} request {i}: {key} {str(a.get(key))[:200]} != {other}'s "
+                       f"{str(b.get(key))[:200]}")
 
 
 def both_have(pb, got, ref, section, key, what):
@@ -468,7 +502,7 @@ def check_checkpoint(ctx, model, *, seed, depths=(1,), clone_logits=True, text_p
     # reference: one run of the clone prompt plus each distinct prompt.
     ref_kv = sorted(set(clone_kv) | set(kv_union))
     ref, wall = ctx.reference_generate(model, [clone_prompt] + distinct_prompts, MAX_NEW,
-                                       LOGIT_STEPS, ref_kv, ctx.path("reference.json"))
+                                       LOGIT_STEPS, ref_kv)
     timings["reference"] = wall
     rreqs = ref["requests"]
     diag = TokenDiagnosis(ctx, model)
@@ -708,7 +742,7 @@ def scenario_serve(ctx):
         pb.check(st == 401, f"SIMPLER_API_KEY beside --api-key: HTTP {st} (401: the flag wins)")
         rng = np.random.default_rng(31)
         prompts = [random_prompt(rng, int(n), 4096) for n in [1, 300] + list(rng.integers(1, 301, size=30))]
-        ref, _ = ctx.reference_generate(model, prompts, 8, [], [], ctx.path("ref.json"))
+        ref, _ = ctx.reference_generate(model, prompts, 8, [], [])
 
         def complete(pr, **kw):
             body = {"model": "m", "prompt": pr, "max_tokens": 8, "temperature": 0,
@@ -855,7 +889,7 @@ def scenario_continuous_batching(ctx):
     with open(path, "w") as f:
         for pr in prompts:
             f.write(json.dumps({"prompt_ids": pr}) + "\n")
-    ref, _ = ctx.reference_generate(model, prompts, max_new, [], [], ctx.path("ref.json"))
+    ref, _ = ctx.reference_generate(model, prompts, max_new, [], [])
     diag = TokenDiagnosis(ctx, model)
     common = ["--prompts-file", path, "--max-new-tokens", str(max_new), "--ignore-eos",
               "--page-size", str(PAGE_SIZE)]
@@ -916,7 +950,7 @@ def check_prefix_caching(ctx, model, rng, diag, max_new):
     with open(path, "w") as f:
         for pr in prompts:
             f.write(json.dumps({"prompt_ids": pr}) + "\n")
-    ref, _ = ctx.reference_generate(model, prompts, max_new, [], [], ctx.path("prefix_ref.json"),
+    ref, _ = ctx.reference_generate(model, prompts, max_new, [], [],
                                     label="reference (shared prefixes)")
     common = ["--prompts-file", path, "--max-new-tokens", str(max_new), "--ignore-eos",
               "--page-size", str(PAGE_SIZE), "--max-num-batched-tokens", "48",
@@ -1211,8 +1245,7 @@ def scenario_cli_errors(ctx):
     expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "tensor missing from the index", [gone])
 
     # A single-file checkpoint written without one tensor names the tensor.
-    sys.path.insert(0, os.path.dirname(ctx.reference_py))
-    import qwen3_ref  # noqa: E402  (the reference's own safetensors writer)
+    qwen3_ref = ctx.reference()  # the reference's own safetensors reader and writer
     d = ctx.path("missing_in_file")
     shutil.copytree(single, d)
     st_path = os.path.join(d, "model.safetensors")
@@ -2442,11 +2475,8 @@ def scenario_gguf(ctx):
         w, g = want.get("requests", []), got.get("requests", [])
         if not pb.check(len(g) == len(w) and w, f"{label}: {len(g)} requests, {len(w)} wanted"):
             continue
-        for i, (a, b) in enumerate(zip(g, w)):
-            for key in ("prompt_ids", "tokens", "text", "finish_reason", "logits"):
-                pb.check(a.get(key) == b.get(key),
-                         f"{label} request {i}: {key} {str(a.get(key))[:200]} != directory's "
-                         f"{str(b.get(key))[:200]}")
+        check_same_requests(pb, label, g, w, ("prompt_ids", "tokens", "text", "finish_reason",
+                                              "logits"), "the directory")
     single = wanted[0]
     chips, _, _ = ctx.generate(gguf, runs[0][1] + ["--chips", "2"], "generate --chips 2 (GGUF)")
     pb.check([r.get("tokens") for r in chips.get("requests", [])] ==
@@ -2660,8 +2690,7 @@ def scenario_gguf_quantized(ctx):
     (the dequantized value is the same f32 on every path, so the numerics contract holds for
     them), and the float64 reference on that checkpoint agrees within the usual tolerance."""
     pb = ctx.problems
-    sys.path.insert(0, os.path.dirname(ctx.reference_py))
-    import qwen3_ref  # noqa: E402  (the reference's own safetensors writer)
+    qwen3_ref = ctx.reference()  # the reference's own safetensors reader and writer
     max_new, steps = 24, (0, 1, 23)
     for qtype, tie in (("q8_0", "tied"), ("q8_0", "untied"), ("q4_0", "tied"),
                        ("q4_k_m", "wide")):
@@ -2709,14 +2738,9 @@ def scenario_gguf_quantized(ctx):
         g, w = got.get("requests", []), want.get("requests", [])
         if not pb.check(len(g) == len(w) == len(prompts), f"{label}: {len(g)} requests"):
             continue
-        for i, (a, b) in enumerate(zip(g, w)):
-            for key in ("tokens", "logits"):
-                pb.check(a.get(key) == b.get(key),
-                         f"{label} request {i}: {key} of the {qtype} file differ from the "
-                         f"dequantized f32 checkpoint's: {str(a.get(key))[:200]} vs "
-                         f"{str(b.get(key))[:200]}")
-        ref, _ = ctx.reference_generate(deq, prompts, max_new, steps, [],
-                                        ctx.path(f"reference_{qtype}_{tie}.json"))
+        check_same_requests(pb, f"{label}: the {qtype} file's", g, w, ("tokens", "logits"),
+                            "the dequantized f32 checkpoint")
+        ref, _ = ctx.reference_generate(deq, prompts, max_new, steps, [])
         diag = TokenDiagnosis(ctx, deq)
         for i, r in enumerate(g):
             compare_request(pb, f"{label} request {i}", r, ref["requests"][i],

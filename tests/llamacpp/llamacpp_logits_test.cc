@@ -61,11 +61,30 @@ std::string exported(const std::string& model_dir, const std::filesystem::path& 
   return s.ok() ? go.out_path : "";
 }
 
-TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("simpler_llamacpp_test_" + std::to_string(::getpid()));
-  const MakeModelOptions mo = testing::tiny_model_options((dir / "model").string(), 1);
-  ASSERT_TRUE(make_model(mo).ok());
+// The tiny preset (seed 1) and its Q8_0 file, made once for the suite (each is seconds); each test
+// writes its other files into a folder of its own.
+class LlamaCppPeer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    suite_dir_ = std::filesystem::temp_directory_path() /
+                 ("simpler_llamacpp_test_" + std::to_string(::getpid()));
+    model_dir_ = (suite_dir_ / "model").string();
+    ASSERT_TRUE(make_model(testing::tiny_model_options(model_dir_, 1)).ok());
+    q8_0_file_ = exported(model_dir_, suite_dir_, GgufType::kQ8_0, "q8_0");
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(suite_dir_); }
+  void SetUp() override {
+    ASSERT_FALSE(q8_0_file_.empty());
+    dir_ = suite_dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::create_directories(dir_);
+  }
+
+  static inline std::filesystem::path suite_dir_;
+  static inline std::string model_dir_, q8_0_file_;
+  std::filesystem::path dir_;
+};
+
+TEST_F(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
   // bf16: ours on the directory (the file's bytes); Q8_0 and Q4_0: ours on the file itself.
   std::vector<float> ours_bf16, theirs_bf16;
@@ -73,9 +92,10 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
     const bool quantized = type != GgufType::kBf16;
     const char* name = type == GgufType::kBf16 ? "bf16" : type == GgufType::kQ8_0 ? "q8_0" : "q4_0";
     SCOPED_TRACE(name);
-    const std::string file = exported(mo.out_dir, dir, type, name);
+    const std::string file =
+        type == GgufType::kQ8_0 ? q8_0_file_ : exported(model_dir_, dir_, type, name);
     ASSERT_FALSE(file.empty());
-    const std::vector<float> ours = our_logits(quantized ? file : mo.out_dir, prompt);
+    const std::vector<float> ours = our_logits(quantized ? file : model_dir_, prompt);
     const std::vector<float> theirs = llamacpp_logits(file, prompt);
     ASSERT_EQ(ours.size(), theirs.size());
     ASSERT_FALSE(ours.empty());
@@ -109,7 +129,6 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
     EXPECT_LE(relative_l2(ours_exact, theirs), 2e-2);
     EXPECT_LT(rel, to_bf16);
   }
-  std::filesystem::remove_all(dir);
 }
 
 // Why the quantized files sit 3x farther from llama.cpp than the bf16 file (1.7e-2 against 6e-3
@@ -124,13 +143,8 @@ TEST(LlamaCppPeer, LoadsTheExportedGgufAndItsFirstStepLogitsAgreeWithOurs) {
 // AVX-512 VNNI: prompts 0, 3, 4 and 5 at 7.7e-8, the others 8e-3 to 1.8e-2, int8 mean 6.6e-3,
 // exact 1.7e-2 (each prompt printed). How many prompts escape every flip depends on the CPU's
 // kernels, so the test asks for one.
-TEST(LlamaCppPeer, WithF32AttentionOurInt8PathReproducesLlamaCppsQ8_0Logits) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("simpler_llamacpp_f32_test_" + std::to_string(::getpid()));
-  const MakeModelOptions mo = testing::tiny_model_options((dir / "model").string(), 1);
-  ASSERT_TRUE(make_model(mo).ok());
-  const std::string file = exported(mo.out_dir, dir, GgufType::kQ8_0, "q8_0");
-  ASSERT_FALSE(file.empty());
+TEST_F(LlamaCppPeer, WithF32AttentionOurInt8PathReproducesLlamaCppsQ8_0Logits) {
+  const std::string& file = q8_0_file_;
   std::mt19937_64 rng(1);
   std::uniform_int_distribution<int32_t> id(0, 151642);
   Prompts prompts(8);
@@ -160,7 +174,6 @@ TEST(LlamaCppPeer, WithF32AttentionOurInt8PathReproducesLlamaCppsQ8_0Logits) {
               int8_mean, exact_mean);
   EXPECT_LE(int8_min, 1e-5);  // at least one prompt reproduced to float noise
   EXPECT_LE(int8_mean, 0.75 * exact_mean);
-  std::filesystem::remove_all(dir);
 }
 
 // Q4_K_M on a model whose rows are whole super-blocks of 256 (the tiny preset at hidden 256,
@@ -173,12 +186,10 @@ TEST(LlamaCppPeer, WithF32AttentionOurInt8PathReproducesLlamaCppsQ8_0Logits) {
 // nearer here: the gap is llama.cpp's f16 attention flipping its Q8_K roundings away from ours,
 // as for Q8_0 (with its attention in f32, 5 of 8 random prompts agree to float noise:
 // docs/design/quantized_matmul.md).
-TEST(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("simpler_llamacpp_q4km_test_" + std::to_string(::getpid()));
-  const MakeModelOptions mo = testing::k_quant_model_options((dir / "model").string(), 2, 4);
+TEST_F(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
+  const MakeModelOptions mo = testing::k_quant_model_options((dir_ / "model").string(), 2, 4);
   ASSERT_TRUE(make_model(mo).ok());
-  const std::string file = exported(mo.out_dir, dir, GgufType::kQ4_K_M, "q4_k_m");
+  const std::string file = exported(mo.out_dir, dir_, GgufType::kQ4_K_M, "q4_k_m");
   ASSERT_FALSE(file.empty());
   const std::vector<int32_t> prompt = {9707, 11, 1879, 0, 785};  // "Hello, world!The"
   const std::vector<float> ours_bf16 = our_logits(mo.out_dir, prompt);
@@ -198,7 +209,6 @@ TEST(LlamaCppPeer, ReadsOurQ4_KMFileAsWeDo) {
       rel, ours.size(), relative_l2(ours, ours_bf16), to_bf16, relative_l2(ours_exact, theirs));
   EXPECT_LE(rel, 3e-2);
   EXPECT_LT(rel, to_bf16);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -129,7 +129,8 @@ def write_safetensors(path, tensors, metadata=None):
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for name, dtype, arr in tensors:
-            f.write(np.ascontiguousarray(arr, dtype=_NP_DTYPES[dtype]).tobytes())
+            # The array's own buffer (no copy where it is already contiguous of that type).
+            f.write(np.ascontiguousarray(arr, dtype=_NP_DTYPES[dtype]).data)
     os.replace(tmp, path)
 
 
