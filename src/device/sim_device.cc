@@ -197,12 +197,18 @@ class DurationEstimates {
     const Entry& e = entries_[index(key)];
     return e.key.load(std::memory_order_relaxed) == key ? e.ns.load(std::memory_order_relaxed) : 0;
   }
-  // Blends `ns` into the key's average (1/8 weight); a new key takes the entry over.
+  // Blends `ns` into the key's average (1/8 weight), except that a sample under half the average
+  // replaces it; a new key takes the entry over. A sample runs long by accident (a preemption, or
+  // a cold run: a process's first engine runs each kernel's code and data for the first time, up
+  // to 100x its later time) far more than short, and the average decides hand-offs
+  // (kept_by_scheduler, kLongJobNs): a 3 us job's average held over 10 us by one such sample
+  // blended in at 1/8 would hand it to its core thread for ~25 runs; the next ordinary sample
+  // ends that instead.
   void record(uint64_t key, int64_t ns) {
     Entry& e = entries_[index(key)];
     if (e.key.load(std::memory_order_relaxed) == key) {
       const int64_t old = e.ns.load(std::memory_order_relaxed);
-      e.ns.store(old + (ns - old) / 8, std::memory_order_relaxed);
+      e.ns.store(ns < old / 2 ? ns : old + (ns - old) / 8, std::memory_order_relaxed);
       return;
     }
     e.key.store(key, std::memory_order_relaxed);

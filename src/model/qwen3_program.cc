@@ -287,6 +287,18 @@ class DecodeSubmitter {
                                  rows * out * in / std::max<int64_t>(1, o.min_macs_per_block)),
                         cores_);
   }
+  // paged_attention's blocks: at most one per (row, kv head) pair, and one per
+  // min_attention_macs_per_block of the most its rows can attend (the block tables' width in
+  // tokens: a shape, so a captured graph keeps its split).
+  int32_t attention_blocks(int64_t rows, int64_t page_size) const {
+    const Qwen3Dims& d = p_.dims;
+    const int64_t context = r_.block_tables.shape[1] * page_size;
+    const int64_t macs = 2 * rows * d.num_attention_heads * d.head_dim * context;
+    return clamp_blocks(
+        std::min(rows * d.num_key_value_heads,
+                 macs / std::max<int64_t>(1, p_.options.min_attention_macs_per_block)),
+        cores_);
+  }
   int32_t row_blocks(int64_t rows, int64_t cols) const {
     return clamp_blocks(
         std::min(rows, rows * cols / std::max<int64_t>(1, p_.options.min_elems_per_block)), cores_);
@@ -325,7 +337,7 @@ class DecodeSubmitter {
         submit(KernelId::kPagedAttention,
                paged_attention_args(v.q3, pool.k_pool, pool.v_pool, r_.block_tables,
                                     r_.context_lens, v.attn_out, p_.scale),
-               clamp_blocks(B * nkv, cores_), "paged_attention", l));
+               attention_blocks(B, pool.k_pool.shape[1]), "paged_attention", l));
     return submit(KernelId::kMatmulAcc, matmul_acc_args(v.attn_out, w.o_proj, v.hidden),
                   matmul_blocks(B, H, nh * hd), "o_proj", l);
   }

@@ -527,6 +527,7 @@ TEST_P(Qwen3DecodeScenario, MatchesFullRecomputeReference) {
   options.min_rows_per_block = 1;  // force SPMD splits on this tiny model
   options.min_macs_per_block = 1;
   options.min_elems_per_block = 1;
+  options.min_attention_macs_per_block = 1;
   auto callable =
       make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, options);
   ASSERT_TRUE(callable.ok()) << callable.status();
@@ -693,6 +694,33 @@ TEST(Qwen3ChunkedPrefill, PositionsOfOneRequestInOneRunAttendCausallyWithinTheCh
   // yields the first token), then 2 decode steps each.
   EXPECT_EQ(steps, 5);
   EXPECT_EQ(checked, 6);
+}
+
+// paged_attention runs as one block while the block tables hold too little context for a
+// second block to pay for its hand-off to another core (min_attention_macs_per_block), and
+// spreads over the (row, kv head) pairs, at most one block per core, past it.
+TEST(Qwen3ProgramBlocks, AttentionSplitsOnlyWhenItsContextIsWorthASecondBlock) {
+  const Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
+  ProgramFixture setup(dims, /*max_batch=*/1, /*num_pages=*/4, /*page_size=*/4, /*max_blocks=*/2,
+                       /*seed=*/1, 1 << 20);
+  const TaskArgs args = setup.run_args({{1, 0, 1, 1, {0}}}, {0}, false, false);
+  for (const int64_t macs : {Qwen3ProgramOptions{}.min_attention_macs_per_block, int64_t{1}}) {
+    Qwen3ProgramOptions options;
+    options.min_attention_macs_per_block = macs;
+    auto callable =
+        make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, options);
+    ASSERT_TRUE(callable.ok()) << callable.status();
+    SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/true);
+    ASSERT_TRUE(callable->orchestration(ctx, args).ok());
+    int attention = 0;
+    for (const auto& r : ctx.records) {
+      if (r.kernel != "paged_attention") continue;
+      ++attention;
+      // One row of 2 kv heads: 2 pairs at most.
+      EXPECT_EQ(r.block_dim, macs == 1 ? 2 : 1) << "min_attention_macs_per_block " << macs;
+    }
+    EXPECT_EQ(attention, dims.num_hidden_layers);
+  }
 }
 
 // ---- errors and layouts ---------------------------------------------------------------------

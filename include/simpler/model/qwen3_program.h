@@ -178,6 +178,11 @@ struct Qwen3ProgramOptions {
   // Row-parallel kernels (rms_norm, silu_mul, rope, kv_write) split when a block gets
   // at least this many elements.
   int64_t min_elems_per_block = int64_t{1} << 14;
+  // paged_attention splits over the (row, kv head) pairs when a block gets at least this many
+  // multiply-adds at the longest context the block tables hold (2 · B · heads · head_dim ·
+  // their width in tokens): below it, a second block costs more in its hand-off to another core
+  // (a wake-up, 50-120 us on a 2-vCPU VM) than it saves.
+  int64_t min_attention_macs_per_block = int64_t{1} << 20;
   task::GraphPlacement placement = task::GraphPlacement::kDefault;
   // Submit the argmax task into out_ids. A caller that samples from the
   // logits itself (the model runner) turns it off; out_ids is then untouched.

@@ -35,6 +35,8 @@ struct DecodeFlags {
   std::string compare;
   // --capture: a row per batch and value, in this order ("on": RunnerOptions::capture).
   std::vector<std::string> capture{"off"};
+  // Unreported rows (the first batch and capture) run before the rows printed: 0 or 1.
+  int warm_up_rows = 1;
   EngineFlags engine;
 };
 
@@ -207,13 +209,15 @@ int run_bench_decode(const DecodeFlags& st) {
   absl::StatusOr<double> bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
   if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
   const double read_bw = *bw;
-  // A warm-up row, not reported: the first engine of a process ran its steps about 3x slower
-  // than the rows after it, in either capture mode (docs/design/capture_replay.md).
+  // A warm-up row, not reported (--warm-up-rows): the first engine of a process ran its steps
+  // about 3x slower than the rows after it, in either capture mode (docs/design/capture_replay.md).
   base::TraceRecorder warmup_trace;
-  if (absl::StatusOr<DecodeRow> warm = run_decode_row(st, *config, st.batches.front(),
-                                                      st.capture.front() == "on", &warmup_trace);
-      !warm.ok()) {
-    return fail(kBenchDecodeCommand, warm.status());
+  for (int i = 0; i < st.warm_up_rows; ++i) {
+    if (absl::StatusOr<DecodeRow> warm = run_decode_row(st, *config, st.batches.front(),
+                                                        st.capture.front() == "on", &warmup_trace);
+        !warm.ok()) {
+      return fail(kBenchDecodeCommand, warm.status());
+    }
   }
   for (int batch : st.batches) {
     for (const std::string& capture : st.capture) {
@@ -250,6 +254,10 @@ Runner add_bench_decode_command(CLI::App* bench) {
                   "runs one row each, e.g. on,off)")
       ->delimiter(',')
       ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--warm-up-rows", st->warm_up_rows,
+                  "unreported rows of the first batch and capture mode run first (0 or 1)")
+      ->check(int_in(0, 1))
       ->capture_default_str();
   cmd->add_option("--max-captured-graphs", st->engine.max_captured_graphs,
                   "captured step graphs kept (least recently used go)")
