@@ -444,6 +444,13 @@ TEST(SimDeviceInline, OffRunsEveryJobOnACoreThread) {
   EXPECT_EQ(jobs_on_scheduler_thread(*d, 20, 1, &c), 0);
 }
 
+// A kernel's work that lasts `ns` of real time (its duration is what the scheduler times).
+void spin_for_ns(int64_t ns) {
+  const int64_t until = base::now_ns() + ns;
+  while (base::now_ns() < until) {
+  }
+}
+
 // Each block waits (up to 5 s) until every block of its task has started:
 // possible only when they run at the same time on different threads.
 std::atomic<int> g_arrived{0};
@@ -666,6 +673,50 @@ absl::Status log_core_thread(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// Runs of two one-block jobs, core 1's (`core1_kernel`, task 0) started first and then core
+// 0's (log_core_thread, task 1), until one of core 1's jobs after the first run ran on the
+// scheduler thread, at most `max_runs`. Returns whether one did; `*runs` is the runs made. Core
+// 1's first job (not timed yet) must not have run on the scheduler thread.
+bool runs_until_core1_job_is_kept(Stream* s, CoreThreadLog* log, task::KernelFn core1_kernel,
+                                  int max_runs, int* runs) {
+  bool kept = false;
+  for (*runs = 0; *runs < max_runs && !kept; ++*runs) {
+    auto rec = s->launch(*runs, [&](ExecContext& ctx) {
+      {
+        std::lock_guard<std::mutex> lock(log->mu);
+        log->scheduler = std::this_thread::get_id();
+      }
+      // Core 1's first: the scheduler keeps short jobs up to a budget, core 0's counts too (and a
+      // lone job would run on the scheduler thread timed or not, its core's wake-up deferred).
+      ctx.start(1, CoreJob{core1_kernel, nullptr, 0, 0, 1, 0, 1});
+      ctx.start(0, CoreJob{log_core_thread, nullptr, 0, 0, 1, 1, 0});
+      for (int j = 0; j < 2; ++j) {
+        CoreCompletion c;
+        EXPECT_TRUE(ctx.next_completion(&c, true));
+        EXPECT_EQ(c.core, static_cast<int32_t>(c.tag));
+        EXPECT_TRUE(c.status.ok()) << c.status;
+      }
+      return absl::OkStatus();
+    });
+    if (!rec.ok() || !(*rec)->done.wait(base::Deadline::forever())) {
+      ADD_FAILURE() << "run " << *runs << " did not launch or end";
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(log->mu);
+    EXPECT_EQ(log->jobs.size(), 2u * (*runs + 1));
+    for (size_t i = 2 * *runs; i < log->jobs.size(); ++i) {
+      if (*runs > 0 && log->jobs[i].first == 1 && log->jobs[i].second) kept = true;
+    }
+  }
+  std::lock_guard<std::mutex> lock(log->mu);
+  for (const auto& [core, on_scheduler] : log->jobs) {
+    if (core != 1) continue;
+    EXPECT_FALSE(on_scheduler) << "core 1's first job (not timed yet) ran on the scheduler";
+    break;
+  }
+  return kept;
+}
+
 // Where the cores are at least the CPUs, a job that its core timed short runs on the scheduler
 // thread whichever core it was started on (a hand-off to a core thread would cost more than
 // it), attributed to that core; a job of a shape its core has not timed goes to the core's
@@ -677,41 +728,10 @@ TEST(SimDeviceSchedulerCore0, TimedShortJobsOfEveryCoreRunOnTheSchedulerThread) 
   g_core_log = &log;
   // Core 1's later jobs, once its moving average says short. A job slowed on a loaded machine
   // (or under a sanitizer) is timed long and goes to the core thread, and the average comes down
-  // again over the next jobs: runs until one ran on the scheduler thread, at most kMaxRuns.
-  constexpr int kMaxRuns = 2000;
+  // again over the next jobs: runs until one ran on the scheduler thread, at most 2000.
   int runs = 0;
-  bool kept = false;
-  for (; runs < kMaxRuns && !kept; ++runs) {
-    auto rec = s->launch(runs, [&](ExecContext& ctx) {
-      {
-        std::lock_guard<std::mutex> lock(log.mu);
-        log.scheduler = std::this_thread::get_id();
-      }
-      // Core 1's first: the scheduler keeps short jobs up to a budget, core 0's counts too.
-      for (int j = 1; j >= 0; --j) {
-        ctx.start(j, CoreJob{log_core_thread, nullptr, 0, 0, 1, 0, static_cast<uint64_t>(j)});
-      }
-      for (int j = 0; j < 2; ++j) {
-        CoreCompletion c;
-        EXPECT_TRUE(ctx.next_completion(&c, true));
-        EXPECT_EQ(c.core, static_cast<int32_t>(c.tag));
-        EXPECT_TRUE(c.status.ok());
-      }
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
-    std::lock_guard<std::mutex> lock(log.mu);
-    ASSERT_EQ(log.jobs.size(), 2u * (runs + 1));
-    for (const auto& [core, on_scheduler] : log.jobs) {
-      if (runs > 0 && core == 1 && on_scheduler) kept = true;
-    }
-  }
+  const bool kept = runs_until_core1_job_is_kept(s, &log, log_core_thread, 2000, &runs);
   g_core_log = nullptr;
-  for (const auto& [core, on_scheduler] : log.jobs) {
-    if (core != 1) continue;
-    EXPECT_FALSE(on_scheduler) << "core 1's first job (not timed yet) ran on the scheduler";
-    break;
-  }
   EXPECT_TRUE(kept) << "no job of core 1 ran on the scheduler thread in " << runs << " runs";
 }
 
@@ -719,11 +739,7 @@ TEST(SimDeviceSchedulerCore0, TimedShortJobsOfEveryCoreRunOnTheSchedulerThread) 
 // time), and every later one next to nothing.
 std::atomic<bool> g_slow_once_done{false};
 absl::Status slow_once(const task::KernelContext& ctx) {
-  if (!g_slow_once_done.exchange(true)) {
-    const int64_t until = base::now_ns() + 5'000'000;
-    while (base::now_ns() < until) {
-    }
-  }
+  if (!g_slow_once_done.exchange(true)) spin_for_ns(5'000'000);
   return log_core_thread(ctx);
 }
 
@@ -738,41 +754,10 @@ TEST(SimDeviceSchedulerCore0, OneLongRunOfAShortJobDoesNotKeepItOffTheSchedulerT
   g_core_log = &log;
   g_slow_once_done = false;
   // Run 0 times the job (5 ms); a job slowed on a loaded machine or under a sanitizer is timed
-  // long too, so runs until one ran on the scheduler thread, at most kMaxRuns.
-  constexpr int kMaxRuns = 16;
+  // long too, so runs until one ran on the scheduler thread, at most 16.
   int runs = 0;
-  bool kept = false;
-  for (; runs < kMaxRuns && !kept; ++runs) {
-    auto rec = s->launch(runs, [&](ExecContext& ctx) {
-      {
-        std::lock_guard<std::mutex> lock(log.mu);
-        log.scheduler = std::this_thread::get_id();
-      }
-      // Core 1's first, then core 0's: a lone job would run on the scheduler thread timed or not
-      // (its core thread's wake-up deferred).
-      ctx.start(1, CoreJob{slow_once, nullptr, 0, 0, 1, 0, 1});
-      ctx.start(0, CoreJob{log_core_thread, nullptr, 0, 0, 1, 1, 0});
-      for (int j = 0; j < 2; ++j) {
-        CoreCompletion c;
-        EXPECT_TRUE(ctx.next_completion(&c, true));
-        EXPECT_EQ(c.core, static_cast<int32_t>(c.tag));
-        EXPECT_TRUE(c.status.ok());
-      }
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
-    std::lock_guard<std::mutex> lock(log.mu);
-    ASSERT_EQ(log.jobs.size(), 2u * (runs + 1));
-    for (size_t i = 2 * runs; i < log.jobs.size(); ++i) {
-      if (runs > 0 && log.jobs[i].first == 1 && log.jobs[i].second) kept = true;
-    }
-  }
+  const bool kept = runs_until_core1_job_is_kept(s, &log, slow_once, 16, &runs);
   g_core_log = nullptr;
-  for (const auto& [core, on_scheduler] : log.jobs) {
-    if (core != 1) continue;
-    EXPECT_FALSE(on_scheduler) << "core 1's first job (not timed yet) ran on the scheduler";
-    break;
-  }
   EXPECT_TRUE(kept) << "no job ran on the scheduler thread in " << runs << " runs after a 5 ms one";
 }
 
@@ -819,9 +804,7 @@ TEST(SimDeviceSchedulerCore0, OffRunsEveryJobOfSeveralOnACoreThread) {
 // A kernel whose blocks take 1 ms: past the scheduler core's 300 µs bound once core 0 has
 // timed it, it goes to core 0's thread.
 absl::Status long_block(const task::KernelContext& ctx) {
-  const int64_t until = base::now_ns() + 1'000'000;
-  while (base::now_ns() < until) {
-  }
+  spin_for_ns(1'000'000);
   return log_thread(ctx);
 }
 

@@ -272,21 +272,28 @@ TEST(Int8Quantizers, EveryTargetsQuantizersAreBitwiseTheShared) {
   }
 }
 
+// The problem y [rows, out] = x [rows, in] · W [out, in]ᵀ, all three contiguous, W of type `dt`.
+matmul_detail::Problem problem(const std::vector<float>& x, int64_t rows, int64_t in,
+                               const std::vector<uint8_t>& w, DataType dt, int64_t out,
+                               std::vector<float>* y) {
+  matmul_detail::Problem p;
+  p.x = x.data();
+  p.rows = rows;
+  p.k = in;
+  p.w = w.data();
+  p.wt = matmul_detail::weight_type_of(dt);
+  p.n = out;
+  p.y = y->data();
+  p.ldy = out;
+  return p;
+}
+
 void expect_dots_agree(DataType dt, const std::vector<float>& x, const std::vector<uint8_t>& w,
                        int64_t rows, int64_t in, int64_t out, const std::vector<float>& want,
                        const std::string& what) {
   for (const auto& [name, dots] : all_dots()) {
     std::vector<float> y(static_cast<size_t>(rows * out), NAN);
-    matmul_detail::Problem p;
-    p.x = x.data();
-    p.rows = rows;
-    p.k = in;
-    p.w = w.data();
-    p.wt = matmul_detail::weight_type_of(dt);
-    p.n = out;
-    p.y = y.data();
-    p.ldy = out;
-    matmul_detail::run_int8(p, dots);
+    matmul_detail::run_int8(problem(x, rows, in, w, dt, out, &y), dots);
     ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
         << what << ": the " << name << " integer sums differ";
   }
@@ -354,16 +361,8 @@ TEST(MatmulInt8, Q8_0TilesAreBitwiseThePortablePathOnOddShapes) {
         const std::vector<float> x =
             random_x(static_cast<size_t>(rows * in), static_cast<uint32_t>(rows + in + out));
         std::vector<float> want(static_cast<size_t>(rows * out), NAN);
-        matmul_detail::Problem p;
-        p.x = x.data();
-        p.rows = rows;
-        p.k = in;
-        p.w = w.data();
-        p.wt = matmul_detail::WeightType::kQ8_0;
-        p.n = out;
-        p.y = want.data();
-        p.ldy = out;
-        matmul_detail::run_int8(p, matmul_detail::int8_dots_portable());
+        matmul_detail::run_int8(problem(x, rows, in, w, DataType::kQ8_0, out, &want),
+                                matmul_detail::int8_dots_portable());
         ASSERT_NO_FATAL_FAILURE(
             expect_dots_agree(DataType::kQ8_0, x, w, rows, in, out, want,
                               absl::StrCat("q8_0 rows ", rows, " in ", in, " out ", out)));
