@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/test_wait.h"
 #include "device/sim_device_test_util.h"
@@ -673,12 +674,18 @@ absl::Status log_core_thread(const task::KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// Runs of two one-block jobs, core 1's (`core1_kernel`, task 0) started first and then core
-// 0's (log_core_thread, task 1), until one of core 1's jobs after the first run ran on the
-// scheduler thread, at most `max_runs`. Returns whether one did; `*runs` is the runs made. Core
-// 1's first job (not timed yet) must not have run on the scheduler thread.
-bool runs_until_core1_job_is_kept(Stream* s, CoreThreadLog* log, task::KernelFn core1_kernel,
-                                  int max_runs, int* runs) {
+// On a fresh two-core device with the scheduler core on: runs of two one-block jobs, core 1's
+// (`core1_kernel`, task 0) started first and then core 0's (log_core_thread, task 1), until one of
+// core 1's jobs after the first run ran on the scheduler thread, at most `max_runs`. Returns
+// whether one did; `*runs` is the runs made. Core 1's first job (not timed yet) must not have run
+// on the scheduler thread.
+bool runs_until_core1_job_is_kept(task::KernelFn core1_kernel, int max_runs, int* runs) {
+  auto d = make_with(2, SchedulerCore::kOn);
+  Stream* s = *d->create_stream();
+  CoreThreadLog core_log;
+  CoreThreadLog* log = &core_log;
+  g_core_log = log;
+  absl::Cleanup unset = [] { g_core_log = nullptr; };
   bool kept = false;
   for (*runs = 0; *runs < max_runs && !kept; ++*runs) {
     auto rec = s->launch(*runs, [&](ExecContext& ctx) {
@@ -722,17 +729,12 @@ bool runs_until_core1_job_is_kept(Stream* s, CoreThreadLog* log, task::KernelFn 
 // it), attributed to that core; a job of a shape its core has not timed goes to the core's
 // thread first, which times it.
 TEST(SimDeviceSchedulerCore0, TimedShortJobsOfEveryCoreRunOnTheSchedulerThread) {
-  auto d = make_with(2, SchedulerCore::kOn);
-  Stream* s = *d->create_stream();
-  CoreThreadLog log;
-  g_core_log = &log;
   // Core 1's later jobs, once its moving average says short. A job slowed on a loaded machine
   // (or under a sanitizer) is timed long and goes to the core thread, and the average comes down
   // again over the next jobs: runs until one ran on the scheduler thread, at most 2000.
   int runs = 0;
-  const bool kept = runs_until_core1_job_is_kept(s, &log, log_core_thread, 2000, &runs);
-  g_core_log = nullptr;
-  EXPECT_TRUE(kept) << "no job of core 1 ran on the scheduler thread in " << runs << " runs";
+  EXPECT_TRUE(runs_until_core1_job_is_kept(log_core_thread, 2000, &runs))
+      << "no job of core 1 ran on the scheduler thread in " << runs << " runs";
 }
 
 // A kernel whose first call takes 5 ms (a cold first run: its code and data touched for the first
@@ -748,17 +750,12 @@ absl::Status slow_once(const task::KernelContext& ctx) {
 // soon runs on the scheduler thread again. (Blended in at 1/8, the 5 ms kept the job's average
 // over the 10 us the scheduler keeps for ~45 runs.)
 TEST(SimDeviceSchedulerCore0, OneLongRunOfAShortJobDoesNotKeepItOffTheSchedulerThread) {
-  auto d = make_with(2, SchedulerCore::kOn);
-  Stream* s = *d->create_stream();
-  CoreThreadLog log;
-  g_core_log = &log;
   g_slow_once_done = false;
   // Run 0 times the job (5 ms); a job slowed on a loaded machine or under a sanitizer is timed
   // long too, so runs until one ran on the scheduler thread, at most 16.
   int runs = 0;
-  const bool kept = runs_until_core1_job_is_kept(s, &log, slow_once, 16, &runs);
-  g_core_log = nullptr;
-  EXPECT_TRUE(kept) << "no job ran on the scheduler thread in " << runs << " runs after a 5 ms one";
+  EXPECT_TRUE(runs_until_core1_job_is_kept(slow_once, 16, &runs))
+      << "no job ran on the scheduler thread in " << runs << " runs after a 5 ms one";
 }
 
 absl::Status ok_kernel(const task::KernelContext&) { return absl::OkStatus(); }
