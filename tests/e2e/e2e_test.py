@@ -1748,9 +1748,10 @@ def scenario_bench_decode(ctx):
         runs = read_trace(ctx, trace, f"{label} trace", p.stderr)
         check_trace_runs(pb, f"{label} trace", runs, range(4))
         check_launch_order(pb, f"{label} trace", runs, depth, expect_early=False)
-    label = "bench decode --capture on,off"
+    # Without the warm-up row (the runs above have it): still one printed row per mode.
+    label = "bench decode --capture on,off --warm-up-rows 0"
     p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "6",
-                       "--json", "--capture", "on,off"], label=label)
+                       "--json", "--capture", "on,off", "--warm-up-rows", "0"], label=label)
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
     log(f"  {rows}")
     if pb.check([r.get("capture") for r in rows] == ["on", "off"],
@@ -1764,6 +1765,9 @@ def scenario_bench_decode(ctx):
     # One step is only the prompt's: nothing would be timed.
     expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model, "--steps",
                                    "1"], "bench decode --steps 1", ["--steps"])
+    expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model,
+                                   "--warm-up-rows", "2"], "bench decode --warm-up-rows 2",
+                             ["--warm-up-rows"])
 
 
 
