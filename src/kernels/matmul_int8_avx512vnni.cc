@@ -224,6 +224,172 @@ struct SuperKernels512 {
   }
 };
 
+// ---- Q4_K against one x row (a decode step of batch 1): rows_q4_k_one. W rows 8 at a time,
+// super-block by super-block across the 8 rows, so what rows_super_one did per row and super-block
+// (the scale decoding, the mins sum, two scalar scale conversions, slots in memory and their
+// reduction) is done once for the 8 rows in vectors:
+//   - the 8 rows' 16-byte heads (d, dmin, the 12 packed scale bytes) as 2 zmm of 4 rows, the
+//     6-bit fields decoded for 4 rows at once (q4_k_heads: q4_k_scales_mins' steps per 128-bit
+//     lane), d and dmin of the 8 rows as one vpermt2d and two vcvtph2ps;
+//   - M of the 8 rows at once, lane r row r: Σ_j m_j·P_j, P_j x's group-sum pair (at most
+//     32·127 in magnitude), split P_j = 128·h_j + l_j (h_j in [-32, 31], l_j in [0, 127]) so
+//     that the mins bytes (unsigned, at most 63) meet h and l as int8 by vpdpbusd: 4 of them
+//     and a shift, exact;
+//   - S per row as SuperKernels512::q4_k (vpmaddubsw and vpdpwssd with each pair's scale, vpermw
+//     from the row's decoded scales widened), the 8 rows' zmm reduced together (reduce8_rows).
+// The same exact S and M per row and super-block, and the combine of rows_super_one (lane r row
+// r, acc b mod 8, the shared tree): the same bits.
+
+// x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block, split for vpdpbusd:
+// per super-block 4 dwords, the bytes h_0..3, h_4..7, l_0..3, l_4..7 (P_j = 128·h_j + l_j).
+std::vector<int32_t> q4_k_min_pairs(const QuantizedX& x, int64_t supers) {
+  std::vector<int32_t> out(static_cast<size_t>(4 * supers));
+  for (int64_t b = 0; b < supers; ++b) {
+    uint8_t hl[16];
+    for (int j = 0; j < 8; ++j) {
+      const int p = x.bsums[16 * b + 2 * j] + x.bsums[16 * b + 2 * j + 1];
+      hl[j] = static_cast<uint8_t>(p >> 7);  // floor(p / 128): -32..31
+      hl[8 + j] = static_cast<uint8_t>(p & 127);
+    }
+    std::memcpy(&out[4 * b], hl, sizeof(hl));
+  }
+  return out;
+}
+
+// The 16-byte heads of 4 super-blocks (dwords d | dmin << 16, A, B, C per 128-bit lane) decoded
+// per lane into the bytes sc_0..7, m_0..7 (q4_k_scales_mins before its widening).
+inline __m512i q4_k_heads(__m512i h) {
+  const __m512i k6 = _mm512_set1_epi8(63), k4 = _mm512_set1_epi8(15), k2 = _mm512_set1_epi8(3);
+  const __m512i lane_shift = _mm512_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4);
+  const __m512i x =
+      _mm512_srlv_epi32(_mm512_shuffle_epi32(h, _MM_PERM_DCDB), lane_shift);  // A C B C
+  const __m512i lo = _mm512_and_si512(x, _mm512_unpacklo_epi32(k6, k4));
+  const __m512i y = _mm512_srli_epi32(_mm512_shuffle_epi32(h, _MM_PERM_CCBB), 6);  // A A B B
+  const __m512i hi =
+      _mm512_slli_epi32(_mm512_and_si512(y, _mm512_unpacklo_epi32(_mm512_setzero_si512(), k2)), 4);
+  return _mm512_or_si512(lo, hi);
+}
+
+// Four 16-byte pieces as one zmm, lane i from p[i].
+inline __m512i load4x16(const uint8_t* const* p) {
+  const auto at = [](const uint8_t* q) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  };
+  __m512i v = _mm512_castsi128_si512(at(p[0]));
+  v = _mm512_inserti32x4(v, at(p[1]), 1);
+  v = _mm512_inserti32x4(v, at(p[2]), 2);
+  return _mm512_inserti32x4(v, at(p[3]), 3);
+}
+
+// v[0..7] of 16 i32 each summed, v[i]'s sum in lane i.
+inline __m256i reduce8_rows(const __m512i* v) {
+  __m512i a[4], b[2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: [v2i: 0+2, v2i+1: 0+2, v2i: 1+3, v2i+1: 1+3]
+    a[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                            _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {  // per 128-bit lane: that lane's sums of v4i .. v4i+3
+    b[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2 * i], a[2 * i + 1]),
+                            _mm512_unpackhi_epi64(a[2 * i], a[2 * i + 1]));
+  }
+  // [b0 L0 + L1, b0 L2 + L3, b1 L0 + L1, b1 L2 + L3], then its lanes (0 + 1, 2 + 3)
+  const __m512i u = _mm512_add_epi32(_mm512_shuffle_i32x4(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i t = _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(3, 1, 2, 0));
+  return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+}
+
+// One W row's super-block at blk (its qs from blk + 16) against x's permuted q at xq, the row's
+// decoded scales in the i16 lanes [16·half, +16) of z: S as 16 i32 (SuperKernels512::q4_k's).
+__attribute__((always_inline)) inline __m512i q4_k_row_dot(const uint8_t* blk, __m512i z,
+                                                           const __m512i (&index)[4],
+                                                           const int8_t* xq) {
+  const __m512i m4 = _mm512_set1_epi8(15);
+  const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
+  const __m512i w[4] = {_mm512_and_si512(q0, m4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                        _mm512_and_si512(q1, m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+  const __m512i scales[4] = {
+      _mm512_permutexvar_epi16(index[0], z), _mm512_permutexvar_epi16(index[1], z),
+      _mm512_permutexvar_epi16(index[2], z), _mm512_permutexvar_epi16(index[3], z)};
+  return SuperKernels512::superblock_dot(w, scales, xq);
+}
+
+void rows_q4_k_one(const Problem& p, const QuantizedX& x) {
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
+  const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ4_KBlockBytes;
+  const std::vector<int8_t> xq = permute_for_q4_k(x, 1, p.k);
+  const std::vector<int32_t> pairs = q4_k_min_pairs(x, supers);
+  // vpermw indexes of a row in the low (h 0) or high (h 1) half of a pair's widened scales
+  __m512i index[2][4];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i off = _mm512_set1_epi16(static_cast<int16_t>(16 * h));
+    index[h][0] = _mm512_add_epi16(i16_index(0, 2), off);
+    index[h][1] = _mm512_add_epi16(i16_index(1, 3), off);
+    index[h][2] = _mm512_add_epi16(i16_index(4, 6), off);
+    index[h][3] = _mm512_add_epi16(i16_index(5, 7), off);
+  }
+  const __m512i dword0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i dword2 = _mm512_add_epi32(dword0, _mm512_set1_epi32(2));
+  const __m512i dword3 = _mm512_add_epi32(dword0, _mm512_set1_epi32(3));
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
+    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
+    const uint8_t* row[8];  // a short group's lanes past n repeat its last row (not stored)
+    for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+    __m256 acc[8], accm[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
+    // the group two ahead arrives while this one is read (its rows are contiguous)
+    const int64_t ahead = (j0 + 16) * row_bytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      const int64_t off = b * kQ4_KBlockBytes;
+      if (ahead + (b + 1) * group_bytes <= size) {
+        const uint8_t* pf = w + ahead + b * group_bytes;
+#pragma GCC unroll 18
+        for (int i = 0; i < group_bytes / 64; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
+        }
+      }
+      const uint8_t* blk[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) blk[r] = row[r] + off;
+      const __m512i h0 = load4x16(blk), h1 = load4x16(blk + 4);
+      const __m512i e0 = q4_k_heads(h0), e1 = q4_k_heads(h1);
+      // M of the 8 rows: the mins bytes of each row (dwords 2, 3 of its lane) against h and l
+      const __m256i m03 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(e0, dword2, e1));
+      const __m256i m47 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(e0, dword3, e1));
+      const int32_t* hl = &pairs[4 * b];
+      const __m256i mh = _mm256_dpbusd_epi32(
+          _mm256_dpbusd_epi32(_mm256_setzero_si256(), m03, _mm256_set1_epi32(hl[0])), m47,
+          _mm256_set1_epi32(hl[1]));
+      const __m256i ml = _mm256_dpbusd_epi32(
+          _mm256_dpbusd_epi32(_mm256_setzero_si256(), m03, _mm256_set1_epi32(hl[2])), m47,
+          _mm256_set1_epi32(hl[3]));
+      const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
+      // S of each row
+      __m512i s[8];
+#pragma GCC unroll 4
+      for (int pr = 0; pr < 4; ++pr) {  // rows 2pr, 2pr + 1: a pair's scales widened together
+        const __m512i e = pr < 2 ? e0 : e1;
+        const __m512i z = _mm512_cvtepu8_epi16(pr % 2 == 0 ? _mm512_castsi512_si256(e)
+                                                           : _mm512_extracti64x4_epi64(e, 1));
+        s[2 * pr] = q4_k_row_dot(blk[2 * pr], z, index[0], xq.data() + 256 * b);
+        s[2 * pr + 1] = q4_k_row_dot(blk[2 * pr + 1], z, index[1], xq.data() + 256 * b);
+      }
+      // d and dmin of the 8 rows (dword 0 of each lane)
+      const __m256i dd = _mm512_castsi512_si256(_mm512_permutex2var_epi32(h0, dword0, h1));
+      const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dd));
+      const __m256 dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dd, 16)));
+      const __m256 dx = _mm256_set1_ps(x.d[b]);
+      acc[b % 8] = combine_step(acc[b % 8], dx, d, reduce8_rows(s));
+      accm[b % 8] = combine_step(accm[b % 8], dx, dmin, m);
+    }
+    store_lanes(p.y + j0, _mm256_sub_ps(tree8_lanes(acc), tree8_lanes(accm)), lanes, p.accumulate);
+  }
+}
+
 // 512-bit vectors for rows_tiles (matmul_int8_x86.h): 16 W rows a tile.
 struct Zmm {
   using I = __m512i;
@@ -368,9 +534,9 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
     return rows_tiles<Zmm, Q6KTile>(p, x);
+  if (p.wt == WeightType::kQ4_K && p.rows == 1) return rows_q4_k_one(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
-    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
   }
   if (p.wt == WeightType::kQ6_K) {
