@@ -238,23 +238,8 @@ struct SuperKernels512 {
 //   - S per row as SuperKernels512::q4_k (vpmaddubsw and vpdpwssd with each pair's scale, vpermw
 //     from the row's decoded scales widened), the 8 rows' zmm reduced together (reduce8_rows).
 // The same exact S and M per row and super-block, and the combine of rows_super_one (lane r row
-// r, acc b mod 8, the shared tree): the same bits.
-
-// x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block, split for vpdpbusd:
-// per super-block 4 dwords, the bytes h_0..3, h_4..7, l_0..3, l_4..7 (P_j = 128·h_j + l_j).
-std::vector<int32_t> q4_k_min_pairs(const QuantizedX& x, int64_t supers) {
-  std::vector<int32_t> out(static_cast<size_t>(4 * supers));
-  for (int64_t b = 0; b < supers; ++b) {
-    uint8_t hl[16];
-    for (int j = 0; j < 8; ++j) {
-      const int p = x.bsums[16 * b + 2 * j] + x.bsums[16 * b + 2 * j + 1];
-      hl[j] = static_cast<uint8_t>(p >> 7);  // floor(p / 128): -32..31
-      hl[8 + j] = static_cast<uint8_t>(p & 127);
-    }
-    std::memcpy(&out[4 * b], hl, sizeof(hl));
-  }
-  return out;
-}
+// r, acc b mod 8, the shared tree): the same bits. The 256-bit targets' rows_q4_k_one
+// (matmul_int8_x86.h) is the same loop on ymm.
 
 // The 16-byte heads of 4 super-blocks (dwords d | dmin << 16, A, B, C per 128-bit lane) decoded
 // per lane into the bytes sc_0..7, m_0..7 (q4_k_scales_mins before its widening).
@@ -316,7 +301,7 @@ __attribute__((always_inline)) inline __m512i q4_k_row_dot(const uint8_t* blk, _
   return SuperKernels512::superblock_dot(w, scales, xq);
 }
 
-void rows_q4_k_one(const Problem& p, const QuantizedX& x) {
+void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
   const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ4_KBlockBytes;
   const std::vector<int8_t> xq = permute_for_q4_k(x, 1, p.k);
@@ -534,7 +519,7 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
     return rows_tiles<Zmm, Q6KTile>(p, x);
-  if (p.wt == WeightType::kQ4_K && p.rows == 1) return rows_q4_k_one(p, x);
+  if (p.wt == WeightType::kQ4_K && p.rows == 1) return rows_q4_k_one512(p, x);
   if (p.wt == WeightType::kQ4_K) {
     const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());

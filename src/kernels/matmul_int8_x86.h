@@ -1133,6 +1133,149 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   }
 }
 
+// ---- Q4_K against one x row (a decode step of batch 1) on ymm: rows_q4_k_one. W rows 8 at a
+// time, super-block by super-block across the 8 rows, so the work rows_super_one did per row and
+// super-block (the scale decoding, the mins sum, two scalar scale conversions, slots in memory and
+// their reduction per row) is done once for the 8 rows in vectors:
+//   - the 8 rows' 16-byte heads (d, dmin, the 12 packed scale bytes) as 4 ymm of 2 rows, the 6-bit
+//     fields decoded 2 rows at once (q4_k_heads2: q4_k_scales_mins' steps per 128-bit lane), and
+//     d, dmin and the mins bytes of the 8 rows gathered into lanes by unpacks (rows_dwords);
+//   - M of the 8 rows at once, lane r row r: Σ_j m_j·P_j, P_j x's group-sum pair (at most 32·127
+//     in magnitude), split P_j = 128·h_j + l_j (h_j in [-32, 31], l_j in [0, 127]) so that the
+//     mins bytes (unsigned, at most 63) meet h and l as int8 by Dot::dot (vpmaddubsw's pair sums
+//     at most 2·63·127): 4 of them and a shift, exact;
+//   - S per row as q4_k_super (vpmaddubsw, then the sub-block's scale per pair by Dot::madd), the
+//     scales spread by vpshufb from the row's decoded bytes, the 8 rows' vectors reduced together
+//     (reduce8).
+// The same exact S and M per row and super-block, and rows_super_one's combine (lane r row r, acc
+// b mod 8, the shared tree): the same bits. The AVX-512 target runs the same loop on zmm
+// (rows_q4_k_one512).
+
+// x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block, split for the dot:
+// per super-block 4 dwords, the bytes h_0..3, h_4..7, l_0..3, l_4..7 (P_j = 128·h_j + l_j).
+inline std::vector<int32_t> q4_k_min_pairs(const QuantizedX& x, int64_t supers) {
+  std::vector<int32_t> out(static_cast<size_t>(4 * supers));
+  for (int64_t b = 0; b < supers; ++b) {
+    uint8_t hl[16];
+    for (int j = 0; j < 8; ++j) {
+      const int p = x.bsums[16 * b + 2 * j] + x.bsums[16 * b + 2 * j + 1];
+      hl[j] = static_cast<uint8_t>(p >> 7);  // floor(p / 128): -32..31
+      hl[8 + j] = static_cast<uint8_t>(p & 127);
+    }
+    std::memcpy(&out[4 * b], hl, sizeof(hl));
+  }
+  return out;
+}
+
+// The 16-byte heads of 2 super-blocks (dwords d | dmin << 16, A, B, C per 128-bit lane) decoded
+// per lane into the bytes sc_0..7, m_0..7 (q4_k_scales_mins before its widening).
+inline __m256i q4_k_heads2(__m256i h) {
+  const __m256i k6 = _mm256_set1_epi8(63), k4 = _mm256_set1_epi8(15), k2 = _mm256_set1_epi8(3);
+  const __m256i x = _mm256_srlv_epi32(_mm256_shuffle_epi32(h, _MM_SHUFFLE(3, 2, 3, 1)),
+                                      _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4));  // A C B C
+  const __m256i lo = _mm256_and_si256(x, _mm256_unpacklo_epi32(k6, k4));
+  const __m256i y = _mm256_srli_epi32(_mm256_shuffle_epi32(h, _MM_SHUFFLE(2, 2, 1, 1)), 6);
+  const __m256i hi =
+      _mm256_slli_epi32(_mm256_and_si256(y, _mm256_unpacklo_epi32(_mm256_setzero_si256(), k2)), 4);
+  return _mm256_or_si256(lo, hi);
+}
+
+// v[i] holding rows 2i and 2i + 1 in its 128-bit lanes: dwords k and k + 1 (k 0 or 2) of the 8
+// rows, lane r row r, in out[0] and out[1].
+inline void rows_dwords(const __m256i* v, int k, __m256i* out) {
+  const __m256i t0 = k == 0 ? _mm256_unpacklo_epi32(v[0], v[1]) : _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i t1 = k == 0 ? _mm256_unpacklo_epi32(v[2], v[3]) : _mm256_unpackhi_epi32(v[2], v[3]);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // rows 0 2 4 6 | 1 3 5 7
+  out[0] = _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(t0, t1), order);
+  out[1] = _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(t0, t1), order);
+}
+
+// One W row's super-block at blk against x's q (as it is) at xq, the row's decoded bytes sc_0..7
+// in both 128-bit lanes of e: S as a vector of 8 i32 whose total is S (q4_k_super's sums), each
+// pair's scale an i16 by one vpshufb of e.
+template <class Dot>
+__attribute__((always_inline)) inline __m256i q4_k_row_dot(const uint8_t* blk, __m256i e,
+                                                           const int8_t* xq) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = load32(blk + 16 + 32 * c);
+    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    const __m256i sc_lo =
+        _mm256_shuffle_epi8(e, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | (2 * c))));
+    const __m256i sc_hi =
+        _mm256_shuffle_epi8(e, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | (2 * c + 1))));
+    acc[c % 2] = Dot::madd(acc[c % 2], _mm256_maddubs_epi16(lo, load32(xq + 64 * c)), sc_lo);
+    acc[c % 2] = Dot::madd(acc[c % 2], _mm256_maddubs_epi16(hi, load32(xq + 64 * c + 32)), sc_hi);
+  }
+  return _mm256_add_epi32(acc[0], acc[1]);
+}
+
+inline __m256i load2x16(const uint8_t* a, const uint8_t* b) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+}
+
+template <class Dot>
+void rows_q4_k_one(const Problem& p, const QuantizedX& x) {
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
+  const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ4_KBlockBytes;
+  const std::vector<int32_t> pairs = q4_k_min_pairs(x, supers);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
+    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
+    const uint8_t* row[8];  // a short group's lanes past n repeat its last row (not stored)
+    for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+    __m256 acc[8], accm[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
+    // the group two ahead arrives while this one is read (its rows are contiguous)
+    const int64_t ahead = (j0 + 16) * row_bytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      if (ahead + (b + 1) * group_bytes <= size) {
+        const uint8_t* pf = w + ahead + b * group_bytes;
+#pragma GCC unroll 18
+        for (int i = 0; i < group_bytes / 64; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
+        }
+      }
+      const int64_t off = b * kQ4_KBlockBytes;
+      __m256i h[4], e[4], dd[2], mins[2];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        h[i] = load2x16(row[2 * i] + off, row[2 * i + 1] + off);
+        e[i] = q4_k_heads2(h[i]);
+      }
+      rows_dwords(h, 0, dd);    // d | dmin << 16 (and A, unused)
+      rows_dwords(e, 2, mins);  // m_0..3, m_4..7
+      // M of the 8 rows: the mins bytes against h and l
+      const int32_t* hl = &pairs[4 * b];
+      const __m256i zero = _mm256_setzero_si256();
+      const __m256i mh = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[0])), mins[1],
+                                  _mm256_set1_epi32(hl[1]));
+      const __m256i ml = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[2])), mins[1],
+                                  _mm256_set1_epi32(hl[3]));
+      const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
+      __m256i s[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {  // row r's decoded bytes in both 128-bit lanes
+        const __m256i& pair = e[r / 2];
+        const __m256i er = r % 2 == 0 ? _mm256_permute2x128_si256(pair, pair, 0x00)
+                                      : _mm256_permute2x128_si256(pair, pair, 0x11);
+        s[r] = q4_k_row_dot<Dot>(row[r] + off, er, x.q.data() + 256 * b);
+      }
+      const __m256 d = Ymm<Dot>::half_lo(dd[0]);
+      const __m256 dmin = Ymm<Dot>::half_lo(_mm256_srli_epi32(dd[0], 16));
+      const __m256 dx = _mm256_set1_ps(x.d[b]);
+      acc[b % 8] = combine_step(acc[b % 8], dx, d, reduce8(s));
+      accm[b % 8] = combine_step(accm[b % 8], dx, dmin, m);
+    }
+    store_lanes(p.y + j0, _mm256_sub_ps(tree8_lanes(acc), tree8_lanes(accm)), lanes, p.accumulate);
+  }
+}
+
 template <class Dot>
 void rows_x86(const Problem& p, const QuantizedX& x) {
   switch (p.wt) {
@@ -1145,8 +1288,7 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ4K) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
-      if (p.rows == 1)
-        return rows_super_one<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
+      if (p.rows == 1) return rows_q4_k_one<Dot>(p, x);
       return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ6K) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
