@@ -381,6 +381,7 @@ struct Zmm {
   using F = __m512;
   static constexpr int kLanes = 16;
   static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8, kMinRowsQ8_0 = 2;
+  static constexpr bool kQ8_0Signed = false;
   static I zero() { return _mm512_setzero_si512(); }
   static I load(const void* p) { return _mm512_loadu_si512(p); }
   static void store(void* p, I v) { _mm512_storeu_si512(p, v); }

@@ -569,6 +569,9 @@ struct Ymm {
   using F = __m256;
   static constexpr int kLanes = 8;
   static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8, kMinRowsQ8_0 = 4;
+  // Whether the Q8_0 tiles hold W signed (|w| against x with w's sign: Dot cannot take the
+  // unsigned w + 128 over all of 0..255) rather than w + 128 (rows_q8_0_tiles).
+  static constexpr bool kQ8_0Signed = !Dot::kUnsignedFullRange;
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
@@ -1030,7 +1033,7 @@ struct Q80Tile {
 template <class Dot>
 void repack_q8_0(Q80Tile<Ymm<Dot>>* tile, const uint8_t* w, int64_t row_bytes, int64_t lanes,
                  int64_t blocks) {
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(Ymm<Dot>::kQ8_0Signed ? 0 : 0x80));
   const __m256i rows = tile_rows<Ymm<Dot>>(row_bytes, lanes);
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i in[8];
@@ -1059,8 +1062,16 @@ void q8_0_tile_dots(const Q80Tile<V>* tile, int64_t blocks, const int8_t* xq, in
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
       const I wv = o.w[t];
+      if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
+        const I uw = _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * t));
+        for (int i = 0; i < R; ++i) {
+          a[i] = V::dot(a[i], uw, _mm256_sign_epi8(broadcast_i32<V>(xb + i * k + 4 * t), wv));
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * t));
+      }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) V::store(s + V::kLanes * (i * blocks + b), a[i]);
@@ -1107,8 +1118,8 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   std::vector<Q80Tile<V>> tile(static_cast<size_t>(blocks));
   std::vector<int32_t> s(static_cast<size_t>(8 * V::kLanes * blocks));
-  std::vector<int32_t> xc(static_cast<size_t>(p.rows * blocks));
-  q8_0_x_starts(x.q.data(), p.rows * blocks, xc.data());
+  std::vector<int32_t> xc(static_cast<size_t>(p.rows * blocks), 0);
+  if constexpr (!V::kQ8_0Signed) q8_0_x_starts(x.q.data(), p.rows * blocks, xc.data());
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     // the next tile's rows arrive while this one meets the x rows
@@ -1280,9 +1291,7 @@ template <class Dot>
 void rows_x86(const Problem& p, const QuantizedX& x) {
   switch (p.wt) {
     case WeightType::kQ8_0:
-      if constexpr (Dot::kUnsignedFullRange) {
-        if (p.rows >= Ymm<Dot>::kMinRowsQ8_0) return rows_q8_0_tiles<Ymm<Dot>>(p, x);
-      }
+      if (p.rows >= Ymm<Dot>::kMinRowsQ8_0) return rows_q8_0_tiles<Ymm<Dot>>(p, x);
       return rows_blocks<Dot, false>(p, x);
     case WeightType::kQ4_0:
       return rows_blocks<Dot, true>(p, x);
