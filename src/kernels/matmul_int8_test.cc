@@ -347,11 +347,11 @@ TEST(MatmulInt8, Q8_0AndQ4_0PathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   }
 }
 
-// Q8_0 over several x rows takes repacked tiles on AVX-VNNI (8 W rows a tile, from 4 x rows) and
-// AVX-512 VNNI (16, from 2 x rows), x rows 8, 4, 2 and 1 at a time: bitwise the portable path on
-// every count of x rows around those (23 takes each group), short tiles of W rows (outputs 1, 5,
-// 15, 17, 37), an odd number of blocks and partial groups of 8 (K 32, 96, 288, 1120), weights
-// with -128 and zero scales.
+// Q8_0 over several x rows takes repacked tiles on AVX2 (W signed) and AVX-VNNI (8 W rows a tile,
+// from 4 x rows) and on AVX-512 VNNI (16, from 2 x rows), x rows 8, 4, 2 and 1 at a time: bitwise
+// the portable path on every count of x rows around those (23 takes each group), short tiles of W
+// rows (outputs 1, 5, 15, 17, 37), an odd number of blocks and partial groups of 8 (K 32, 96, 288,
+// 1120), weights with -128 and zero scales.
 TEST(MatmulInt8, Q8_0TilesAreBitwiseThePortablePathOnOddShapes) {
   for (int64_t rows : {2, 3, 4, 7, 8, 9, 16, 23}) {
     for (int64_t in : {32, 96, 288, 1120}) {
@@ -374,7 +374,8 @@ TEST(MatmulInt8, Q8_0TilesAreBitwiseThePortablePathOnOddShapes) {
 TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
     // x86 takes x rows 4 at a time (7 ends with 3), or from 4 (Q4_K) or 8 (Q6_K) rows on the
-    // repacked tiles, 8, 4, 2 and 1 at a time (7 and 31 take each)
+    // repacked tiles, 8, 4, 2 and 1 at a time (7 and 31 take each); one x row takes W rows 8 at a
+    // time (outputs 1 and 5: one short group; 37: four whole and a short one)
     for (int64_t rows : {1, 2, 7, 17, 31}) {
       for (int64_t in : {256, 768, 2560}) {
         for (int64_t out : {1, 5, 37}) ASSERT_NO_FATAL_FAILURE(expect_paths(dt, rows, in, out));
