@@ -375,6 +375,93 @@ void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
   }
 }
 
+// ---- Q6_K against one x row: rows_q6_k_one512, rows_q4_k_one512's loop for Q6_K. Per W row and
+// super-block the 6-bit values (q6_k_values) against x by vpmaddubsw and vpdpwssd with each
+// pair's scale (vpermw from the row's scales, widened with its pair row's: one vpmovsxbw for two
+// rows), and the - 32 of every q as two more vpdpwssd of the widened scales against -16·(x's
+// group sums) (at most 16·2032 in magnitude: an i16), so S stays one vector per row; the 8 rows'
+// vectors reduced together (reduce8_rows), d of the 8 rows by one vpgatherdd. The same exact S
+// and rows_super_one's combine: the same bits.
+
+// -16·(x's Q8_K group sums) of every super-block as 32 i16: in lanes [16h, +16) for a row in half
+// h of a pair (h 0: [0, 16), h 1: [16, 32)), zeros in the other half.
+std::vector<int16_t> q6_k_offsets(const QuantizedX& x, int64_t supers) {
+  std::vector<int16_t> out(static_cast<size_t>(64 * supers), 0);
+  for (int64_t b = 0; b < supers; ++b) {
+    for (int g = 0; g < 16; ++g) {
+      const auto v = static_cast<int16_t>(-16 * x.bsums[16 * b + g]);
+      out[64 * b + g] = v;            // h 0
+      out[64 * b + 32 + 16 + g] = v;  // h 1
+    }
+  }
+  return out;
+}
+
+void rows_q6_k_one512(const Problem& p, const QuantizedX& x) {
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ6_KBlockBytes;
+  const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ6_KBlockBytes;
+  const std::vector<int16_t> offsets = q6_k_offsets(x, supers);
+  __m512i index[2][4];  // vpermw indexes of a row in half h of its pair's widened scales
+  for (int h = 0; h < 2; ++h) {
+    for (int v = 0; v < 4; ++v) {
+      index[h][v] =
+          _mm512_add_epi16(q6_k_scale_index(v), _mm512_set1_epi16(static_cast<int16_t>(16 * h)));
+    }
+  }
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
+    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
+    const uint8_t* row[8];  // a short group's lanes past n repeat its last row (not stored)
+    for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+    alignas(32) int32_t at[8];  // the rows' offsets from row[0], for the gather of d
+    for (int r = 0; r < 8; ++r) at[r] = static_cast<int32_t>(row[r] - row[0]);
+    const __m256i rows = _mm256_load_si256(reinterpret_cast<const __m256i*>(at));
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+    // the group two ahead arrives while this one is read (its rows are contiguous)
+    const int64_t ahead = (j0 + 16) * row_bytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      const int64_t off = b * kQ6_KBlockBytes;
+      if (ahead + (b + 1) * group_bytes <= size) {
+        const uint8_t* pf = w + ahead + b * group_bytes;
+#pragma GCC unroll 27
+        for (int i = 0; i < (group_bytes + 63) / 64; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
+        }
+      }
+      const __m512i o0 = _mm512_loadu_si512(&offsets[64 * b]);
+      const __m512i o1 = _mm512_loadu_si512(&offsets[64 * b + 32]);
+      const int8_t* xb = x.q.data() + 256 * b;
+      __m512i s[8];
+#pragma GCC unroll 4
+      for (int pr = 0; pr < 4; ++pr) {  // rows 2pr, 2pr + 1: their scales widened together
+        const uint8_t* a = row[2 * pr] + off;
+        const uint8_t* c = row[2 * pr + 1] + off;
+        const __m512i z = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 192))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 192)), 1));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          __m512i wv[4], scales[4];
+          q6_k_values(h == 0 ? a : c, wv);
+#pragma GCC unroll 4
+          for (int v = 0; v < 4; ++v) scales[v] = _mm512_permutexvar_epi16(index[h][v], z);
+          const __m512i o = h == 0 ? o0 : o1;
+          s[2 * pr + h] = _mm512_dpwssd_epi32(
+              _mm512_dpwssd_epi32(SuperKernels512::superblock_dot(wv, scales, xb), z, o), z, o);
+        }
+      }
+      // d of the 8 rows: bytes 208-209, the high half of the dword at 206
+      const __m256i dd =
+          _mm256_i32gather_epi32(reinterpret_cast<const int*>(row[0] + off + 206), rows, 1);
+      const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dd, 16)));
+      acc[b % 8] = combine_step(acc[b % 8], _mm256_set1_ps(x.d[b]), d, reduce8_rows(s));
+    }
+    store_lanes(p.y + j0, tree8_lanes(acc), lanes, p.accumulate);
+  }
+}
+
 // 512-bit vectors for rows_tiles (matmul_int8_x86.h): 16 W rows a tile.
 struct Zmm {
   using I = __m512i;
@@ -526,7 +613,7 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
   }
   if (p.wt == WeightType::kQ6_K) {
-    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
+    if (p.rows == 1) return rows_q6_k_one512(p, x);
     return rows_super<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
   }
   rows_x86<Avx512VnniDot>(p, x);
