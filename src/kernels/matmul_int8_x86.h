@@ -345,7 +345,7 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
       _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
   // As i32 lanes holding (sc_g, sc_g): lo = g 0-3 | 8-11, hi = g 4-7 | 12-15.
   const __m256i lo = _mm256_unpacklo_epi16(sc, sc), hi = _mm256_unpackhi_epi16(sc, sc);
-  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
   __m256i acc[R];
   for (int i = 0; i < R; ++i) {
     const __m256i bs = load32(t.bsums + i * (t.k / 16) + 16 * b);
@@ -359,10 +359,12 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
     const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
                             _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
                             _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-    const __m256i top[4] = {_mm256_and_si256(qh, m2),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2)};
+    // bits 2c, 2c + 1 of qh as bits 4-5 of each byte: shifted in 16-bit lanes, masked bytewise
+    // (a bit shifted across a byte never lands on 0x30)
+    const __m256i top[4] = {_mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                            _mm256_and_si256(qh, m30),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)};
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const int g = 8 * kH + 2 * c;  // groups g, g + 1: lanes (g % 4, g % 4 + 1) of lo or hi,
@@ -371,7 +373,7 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
       const int at = (g % 4) + 4 * (g / 8);
       const __m256i scales = _mm256_permutevar8x32_epi32(
           src, _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1));
-      const __m256i q = _mm256_or_si256(low[c], _mm256_slli_epi16(top[c], 4));
+      const __m256i q = _mm256_or_si256(low[c], top[c]);
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
         const int8_t* xq = t.q + i * t.k + 256 * b + 128 * kH + 32 * c;
