@@ -303,7 +303,8 @@ __attribute__((always_inline)) inline __m512i q4_k_row_dot(const uint8_t* blk, _
 
 void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
-  const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ4_KBlockBytes;
+  const int64_t size = p.n * row_bytes;
+  constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
   const std::vector<int8_t> xq = permute_for_q4_k(x, 1, p.k);
   const std::vector<int32_t> pairs = q4_k_min_pairs(x, supers);
   // vpermw indexes of a row in the low (h 0) or high (h 1) half of a pair's widened scales
@@ -320,9 +321,8 @@ void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
   const __m512i dword3 = _mm512_add_epi32(dword0, _mm512_set1_epi32(3));
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
-    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
-    const uint8_t* row[8];  // a short group's lanes past n repeat its last row (not stored)
-    for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+    const uint8_t* row[8];
+    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
     __m256 acc[8], accm[8];
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
@@ -330,13 +330,7 @@ void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
     const int64_t ahead = (j0 + 16) * row_bytes;
     for (int64_t b = 0; b < supers; ++b) {
       const int64_t off = b * kQ4_KBlockBytes;
-      if (ahead + (b + 1) * group_bytes <= size) {
-        const uint8_t* pf = w + ahead + b * group_bytes;
-#pragma GCC unroll 18
-        for (int i = 0; i < group_bytes / 64; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
-        }
-      }
+      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
       const uint8_t* blk[8];
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) blk[r] = row[r] + off;
@@ -399,7 +393,8 @@ std::vector<int16_t> q6_k_offsets(const QuantizedX& x, int64_t supers) {
 
 void rows_q6_k_one512(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ6_KBlockBytes;
-  const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ6_KBlockBytes;
+  const int64_t size = p.n * row_bytes;
+  constexpr int64_t kGroupBytes = 8 * kQ6_KBlockBytes;
   const std::vector<int16_t> offsets = q6_k_offsets(x, supers);
   __m512i index[2][4];  // vpermw indexes of a row in half h of its pair's widened scales
   for (int h = 0; h < 2; ++h) {
@@ -410,9 +405,8 @@ void rows_q6_k_one512(const Problem& p, const QuantizedX& x) {
   }
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
-    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
-    const uint8_t* row[8];  // a short group's lanes past n repeat its last row (not stored)
-    for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+    const uint8_t* row[8];
+    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
     alignas(32) int32_t at[8];  // the rows' offsets from row[0], for the gather of d
     for (int r = 0; r < 8; ++r) at[r] = static_cast<int32_t>(row[r] - row[0]);
     const __m256i rows = _mm256_load_si256(reinterpret_cast<const __m256i*>(at));
@@ -423,13 +417,7 @@ void rows_q6_k_one512(const Problem& p, const QuantizedX& x) {
     const int64_t ahead = (j0 + 16) * row_bytes;
     for (int64_t b = 0; b < supers; ++b) {
       const int64_t off = b * kQ6_KBlockBytes;
-      if (ahead + (b + 1) * group_bytes <= size) {
-        const uint8_t* pf = w + ahead + b * group_bytes;
-#pragma GCC unroll 27
-        for (int i = 0; i < (group_bytes + 63) / 64; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
-        }
-      }
+      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
       const __m512i o0 = _mm512_loadu_si512(&offsets[64 * b]);
       const __m512i o1 = _mm512_loadu_si512(&offsets[64 * b + 32]);
       const int8_t* xb = x.q.data() + 256 * b;

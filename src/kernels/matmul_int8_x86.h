@@ -195,6 +195,28 @@ inline void prefetch_ahead(const uint8_t* w, int64_t at, int64_t row_bytes, int6
   }
 }
 
+// The 8 W rows of the group that starts at row j0, into row[]: a short last group's lanes past n
+// repeat its last row (their results are not stored). Returns the group's rows (at most 8).
+inline int64_t group_of_8(const uint8_t* w, int64_t n, int64_t j0, int64_t row_bytes,
+                          const uint8_t* (&row)[8]) {
+  const int64_t lanes = n - j0 < 8 ? n - j0 : 8;
+  for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+  return lanes;
+}
+
+// The one-row kernels' prefetch: super-block b of the group two ahead (its 8 rows contiguous,
+// `ahead` bytes into W; kGroupBytes = 8 rows' super-block) while this group reads its super-block
+// b, up to W's end (`size` bytes).
+template <int64_t kGroupBytes>
+inline void prefetch_group_ahead(const uint8_t* w, int64_t ahead, int64_t b, int64_t size) {
+  if (ahead + (b + 1) * kGroupBytes > size) return;
+  const uint8_t* pf = w + ahead + b * kGroupBytes;
+#pragma GCC unroll 27
+  for (int i = 0; i < (kGroupBytes + 63) / 64; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
+  }
+}
+
 inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
   float* out = p.y + r * p.ldy + j;
   *out = p.accumulate ? *out + s : s;
@@ -1234,26 +1256,20 @@ inline __m256i load2x16(const uint8_t* a, const uint8_t* b) {
 template <class Dot>
 void rows_q4_k_one(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
-  const int64_t size = p.n * row_bytes, group_bytes = 8 * kQ4_KBlockBytes;
+  const int64_t size = p.n * row_bytes;
+  constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
   const std::vector<int32_t> pairs = q4_k_min_pairs(x, supers);
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
-    const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
-    const uint8_t* row[8];  // a short group's lanes past n repeat its last row (not stored)
-    for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
+    const uint8_t* row[8];
+    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
     __m256 acc[8], accm[8];
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
     // the group two ahead arrives while this one is read (its rows are contiguous)
     const int64_t ahead = (j0 + 16) * row_bytes;
     for (int64_t b = 0; b < supers; ++b) {
-      if (ahead + (b + 1) * group_bytes <= size) {
-        const uint8_t* pf = w + ahead + b * group_bytes;
-#pragma GCC unroll 18
-        for (int i = 0; i < group_bytes / 64; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
-        }
-      }
+      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
       const int64_t off = b * kQ4_KBlockBytes;
       __m256i h[4], e[4], dd[2], mins[2];
 #pragma GCC unroll 4
