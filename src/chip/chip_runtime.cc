@@ -29,11 +29,12 @@ absl::Status graph_fits(uint64_t seq, const ChipOptions& options, const char* gr
 }
 
 // Submit-time checks shared by both placements. Messages start with
-// "task T (kernel 'K')"; the caller prefixes the run.
+// "task T (kernel 'K')"; the caller prefixes the run. `tensor_bytes`, when not null, receives
+// the bytes the task's tensor arguments span together (device::job_shape_key_of).
 absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
                            task::KernelIndex kernel, const task::Arg* args, size_t num_args,
                            int32_t block_dim, const ChipOptions& options,
-                           const RangeCheck& check_range) {
+                           const RangeCheck& check_range, uint64_t* tensor_bytes = nullptr) {
   if (kernel >= callable.kernels.size()) {
     return absl::InvalidArgumentError(absl::StrCat("task ", seq, ": kernel index ", kernel,
                                                    " out of range (callable '", callable.name,
@@ -52,6 +53,7 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
         absl::StrCat(where(), " has ", num_args, " arguments; a task ring slot holds ",
                      options.max_task_args, " — the run can never fit"));
   }
+  uint64_t bytes = 0;
   for (size_t i = 0; i < num_args; ++i) {
     const task::Arg& a = args[i];
     if (absl::Status v = task::validate_arg(a, i); !v.ok()) {
@@ -63,12 +65,14 @@ absl::Status validate_task(uint64_t seq, const task::ChipCallable& callable,
           absl::StrCat(where(), " argument ", i, " is a HOST tensor; tasks take device tensors"));
     }
     const uint64_t span = a.tensor.span_bytes();
+    bytes += span;
     if (span == 0) continue;
     if (absl::Status r = check_range(a.tensor.address, span); !r.ok()) {
       return base::annotate(
           r, absl::StrCat(where(), " argument ", i, " ", a.tensor.debug_string(), ": "));
     }
   }
+  if (tensor_bytes != nullptr) *tensor_bytes = bytes;
   return absl::OkStatus();
 }
 
@@ -131,6 +135,7 @@ struct TaskSlot {
   uint64_t seq = 0;
   task::KernelIndex kernel = 0;
   int32_t block_dim = 1;
+  uint64_t shape = 0;  // device::job_shape_key of its blocks (0: the device computes it)
   int32_t blocks_started = 0;
   int32_t blocks_done = 0;
   int32_t pending = 0;     // unfinished predecessors
@@ -274,9 +279,10 @@ class GraphExecutor final : public task::OrchestrationContext {
     const uint64_t seq = next_seq_;
     absl::Status v =
         capture_ == nullptr ? absl::OkStatus() : graph_fits(seq, options_, "a captured graph");
+    uint64_t bytes = 0;
     if (v.ok()) {
       v = validate_task(seq, callable_, kernel, args.args().data(), args.size(), block_dim,
-                        options_, check_range_);
+                        options_, check_range_, &bytes);
     }
     if (!v.ok()) return fail_submit(v);
     if (capture_ == nullptr) {
@@ -288,7 +294,8 @@ class GraphExecutor final : public task::OrchestrationContext {
       deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
       capture_->add(kernel, block_dim, args.args().data(), args.size(), deps_);
     }
-    return admit(kernel, args.args().data(), args.size(), block_dim, deps_);
+    return admit(kernel, args.args().data(), args.size(), block_dim, deps_,
+                 device::job_shape_key_of(callable_.kernels[kernel].fn, bytes, block_dim));
   }
 
   // Executes `num_tasks` validated tasks behind their recorded predecessors.
@@ -343,8 +350,9 @@ class GraphExecutor final : public task::OrchestrationContext {
 
   // Puts a validated task into the ring (waiting for space: backpressure),
   // links it behind its unfinished predecessors and dispatches ready work.
+  // `shape`: the task's device::job_shape_key, 0 when the caller has not computed it.
   absl::Status admit(task::KernelIndex kernel, const task::Arg* args, size_t num_args,
-                     int32_t block_dim, std::vector<uint64_t>& deps) {
+                     int32_t block_dim, std::vector<uint64_t>& deps, uint64_t shape = 0) {
     if (next_seq_ - head_seq_ >= ring_.size() && ring_.size() < options_.ring_capacity) grow();
     while (next_seq_ - head_seq_ >= ring_.size()) {
       if (!failure_.ok()) return failure_;
@@ -359,6 +367,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     s.seq = seq;
     s.kernel = kernel;
     s.block_dim = block_dim;
+    s.shape = shape;
     s.blocks_started = 0;
     s.blocks_done = 0;
     s.pending = 0;
@@ -383,7 +392,12 @@ class GraphExecutor final : public task::OrchestrationContext {
     return failure_;
   }
 
-  TaskSlot& slot(uint64_t seq) { return ring_[seq % ring_.size()]; }
+  // A ring of a power of two slots (the usual: it starts at 64 and doubles) is indexed by a mask,
+  // not a 64-bit division: this runs several times per task.
+  TaskSlot& slot(uint64_t seq) {
+    const size_t n = ring_.size();
+    return ring_[(n & (n - 1)) == 0 ? seq & (n - 1) : seq % n];
+  }
 
   // The ring starts small (runs are often short) and doubles up to
   // ring_capacity; live slots move to their index in the larger ring.
@@ -420,6 +434,8 @@ class GraphExecutor final : public task::OrchestrationContext {
       job.task_index = static_cast<uint32_t>(s.seq);
       job.kernel = s.kernel;
       job.tag = s.seq;
+      job.shape = s.shape;
+      job.timed = record_timing_;  // the completion's timestamps go only into the task timings
       if (s.blocks_started == 0) s.timing.core = core;
       ++s.blocks_started;
       ++running_;
@@ -583,6 +599,7 @@ class ReplayExecutor {
       job.task_index = i;
       job.kernel = t.kernel;
       job.tag = i;
+      job.timed = record_timing_;
       if (has_shapes_) job.shape = graph_.job_shapes[i];
       if (r.blocks_started == 0) r.timing.core = core;
       ++r.blocks_started;

@@ -44,6 +44,18 @@ void TensorMap::add_reader(Entry& e, uint64_t task, const IsDone& is_done) {
 }
 
 void TensorMap::sweep(const IsDone& is_done) {
+  // Usually every tracked range is finished (independent tasks that ran as they were submitted):
+  // then the map is emptied whole, with no rebalancing erase per node.
+  const bool all_done = std::all_of(entries_.begin(), entries_.end(), [&](const auto& kv) {
+    const Entry& e = kv.second;
+    return (e.writer == kNoWriter || is_done(e.writer)) &&
+           std::all_of(e.readers.begin(), e.readers.end(), std::ref(is_done));
+  });
+  if (all_done) {
+    entries_.clear();
+    sweep_at_ = kMinSweepEntries;
+    return;
+  }
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
     e.readers.erase(std::remove_if(e.readers.begin(), e.readers.end(), std::ref(is_done)),

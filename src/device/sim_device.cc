@@ -560,10 +560,17 @@ class SimDevice final : public Device {
     ++jobs_in_flight_;
     if (for_scheduler) {
       flush_deferred_wakes();  // a core thread deferred before: the scheduler runs this one
+      const bool short_job = estimate <= kShortJobNs;  // 0: not timed yet
+      const bool was_short = !scheduler_job_ || scheduler_job_short_;
+      scheduler_job_short_ = was_short && short_job;
+      if (was_short && !short_job) scheduler_job_since_ns_ = base::now_ns();
       scheduler_job_ = true;
       return;
     }
-    if (schedulers_core(c)) scheduler_job_ = false;  // a long job: the core's thread runs them
+    if (schedulers_core(c)) {  // a long job: the core's thread runs them
+      scheduler_job_ = false;
+      scheduler_job_short_ = false;
+    }
     if (sleeping && options_.run_jobs_inline && jobs_in_flight_ == 1) {
       deferred_since_ns_ = base::now_ns();
       deferred_.push_back(core_index);
@@ -591,27 +598,45 @@ class SimDevice final : public Device {
   // returns the completion. False when there is none, or its core thread woke
   // and took it.
   bool try_run_inline(CoreCompletion* out) {
-    // Claims the core (its thread may be running its queue: then it runs this job too) and runs
-    // its oldest queued job.
-    auto run_if_unclaimed = [this, out](Core& c) {
-      if (!c.has_job() || !c.try_claim()) return false;
-      Core::QueuedJob q;
-      const bool got = c.pop(&q);
-      if (got) *out = execute(c, q);
-      c.release();
-      return got;
-    };
     if (run_short_job(out)) return true;
-    // The scheduler's core: its short jobs stay queued for the scheduler until none is left.
-    if (scheduler_job_) {
-      if (run_if_unclaimed(*cores_[0])) return true;
-      scheduler_job_ = cores_[0]->has_job();
-    }
+    if (run_schedulers_job(out)) return true;
     while (!deferred_.empty()) {
       Core& c = *cores_[deferred_.back()];
       deferred_.pop_back();
-      if (run_if_unclaimed(c)) return true;
+      if (run_if_unclaimed(c, out)) return true;
     }
+    return false;
+  }
+
+  // Claims core `c` (its thread may be running its queue: then it runs this job too) and runs its
+  // oldest queued job into `*out`; false when it has none or another thread holds the claim.
+  bool run_if_unclaimed(Core& c, CoreCompletion* out) {
+    if (!c.has_job() || !c.try_claim()) return false;
+    Core::QueuedJob q;
+    const bool got = c.pop(&q);
+    if (got) *out = execute(c, q);
+    c.release();
+    return got;
+  }
+
+  // Whether a non-blocking poll runs the jobs queued for the scheduler on its core: when every one
+  // is short or not timed yet (scheduler_job_short_), or one longer has waited spin_ns. Before,
+  // only a blocking wait ran them, and an orchestration polls between submits and blocks only
+  // when the executor's ring is full: a core-0 job not timed yet (a process's first of its
+  // shape), or timed long by a cold first run, waited while the run's oldest task held the ring
+  // until it filled (4,096 tasks, milliseconds).
+  bool polled_schedulers_job() const {
+    if (!scheduler_job_) return false;
+    return scheduler_job_short_ || base::now_ns() - scheduler_job_since_ns_ >= options_.spin_ns;
+  }
+
+  // The scheduler's core: its short jobs stay queued for the scheduler until none is left
+  // (scheduler_job_); runs the oldest. False when there is none.
+  bool run_schedulers_job(CoreCompletion* out) {
+    if (!scheduler_job_) return false;
+    if (run_if_unclaimed(*cores_[0], out)) return true;
+    scheduler_job_ = cores_[0]->has_job();
+    if (!scheduler_job_) scheduler_job_short_ = false;
     return false;
   }
 
@@ -639,18 +664,45 @@ class SimDevice final : public Device {
     if (short_jobs_begin_ == short_jobs_.size()) return false;
     const ShortJob j = short_jobs_[short_jobs_begin_];
     kept_ns_ -= j.estimate;
+    // Taken jobs are dropped when none is left, or once they are most of the list: a list that
+    // never empties (a replay keeps a job per core in flight, each started as another is taken)
+    // would otherwise grow by a job per task — reallocations and fresh pages, a 100k-task run's
+    // ~10 MB — while what it holds is at most a job per core.
     if (++short_jobs_begin_ == short_jobs_.size()) {
       short_jobs_.clear();
+      short_jobs_begin_ = 0;
+    } else if (short_jobs_begin_ >= kShortJobsCompactAt &&
+               2 * short_jobs_begin_ >= short_jobs_.size()) {
+      short_jobs_.erase(short_jobs_.begin(),
+                        short_jobs_.begin() + static_cast<ptrdiff_t>(short_jobs_begin_));
       short_jobs_begin_ = 0;
     }
     // The core's thread holds no job (a depth of 1), but may not have given its claim back after
     // posting its last completion yet.
     Core& c = *cores_[j.core];
     while (!c.try_claim()) base::cpu_relax();
-    *out = execute(c, Core::QueuedJob{j.job, j.run_id, j.shape}, /*predict=*/false);
+    const Core::QueuedJob q{j.job, j.run_id, j.shape};
+    if (j.job.timed || time_untimed_run()) {
+      *out = execute(c, q, /*kept=*/true);
+      last_job_clock_ns_ = out->end_ns;
+    } else {
+      *out = execute_untimed(c, q);
+    }
     c.release();
     return true;
   }
+
+  // Whether to time this run of an untimed kept job anyway, for its core's estimates: about one
+  // run in kUntimedSampleEvery, picked by a xorshift sequence rather than a count, so that jobs
+  // kept in a repeating order of any period are each timed now and then.
+  bool time_untimed_run() {
+    untimed_rng_ ^= untimed_rng_ << 13;
+    untimed_rng_ ^= untimed_rng_ >> 7;
+    untimed_rng_ ^= untimed_rng_ << 17;
+    return (untimed_rng_ & (kUntimedSampleEvery - 1)) == 0;
+  }
+  static constexpr uint64_t kUntimedSampleEvery = 16;
+  static constexpr size_t kShortJobsCompactAt = 64;
 
   // Whether a core running a job is predicted to finish it within `ns` from now.
   bool a_core_ends_within(int64_t ns) const {
@@ -682,8 +734,11 @@ class SimDevice final : public Device {
       }
       if (take_completion(out)) return true;
       // A kept short job runs now: its cores have no thread that would run it meanwhile, and an
-      // orchestration polling between submits thereby overlaps its tasks' execution.
-      if (!run_short_job(out)) return false;
+      // orchestration polling between submits thereby overlaps its tasks' execution. So does a
+      // job queued to the scheduler's core for the scheduler (polled_schedulers_job).
+      if (!run_short_job(out) && !(polled_schedulers_job() && run_schedulers_job(out))) {
+        return false;
+      }
       --jobs_in_flight_;
       return true;
     }
@@ -768,32 +823,53 @@ class SimDevice final : public Device {
     }
   }
   // Runs one claimed job as core `c` and returns its completion.
-  // `predict`: publish the block's predicted end (Core::predicted_end_ns) while it runs; the
-  // scheduler is the only reader, so a job it runs itself need not (run_short_job).
-  CoreCompletion execute(Core& c, const Core::QueuedJob& q, bool predict = true) {
+  // `kept`: a job the scheduler kept (run_short_job). It publishes no predicted end
+  // (Core::predicted_end_ns: the scheduler is the only reader), and its duration enters the
+  // core's estimate as at most kKeptSampleCapNs: a kept job is expected within kShortJobNs, so
+  // a longer sample is most likely the scheduler thread preempted mid-job on a loaded machine,
+  // and taken whole it would hand the job's next run to its core thread (a wake-up, 60-120 us)
+  // for a blip. A job that really became long still leaves the scheduler after a few samples
+  // (the blend climbs past kShortJobNs).
+  CoreCompletion execute(Core& c, const Core::QueuedJob& q, bool kept = false) {
+    const bool predict = !kept;
+    const int64_t start_ns = base::now_ns();
+    if (predict) {
+      const int64_t estimate = c.estimates.get(q.shape);
+      c.predicted_end_ns.store(estimate > 0 ? start_ns + estimate : 0, std::memory_order_relaxed);
+    }
+    CoreCompletion done = run_as(c, q, start_ns);
+    done.start_ns = start_ns;
+    done.end_ns = base::now_ns();
+    if (predict) c.predicted_end_ns.store(0, std::memory_order_relaxed);
+    const int64_t ns = done.end_ns - done.start_ns;
+    c.estimates.record(q.shape, kept ? std::min(ns, kKeptSampleCapNs) : ns);
+    return done;
+  }
+  static constexpr int64_t kKeptSampleCapNs = 2 * kShortJobNs;
+
+  // Runs one claimed job untimed (CoreJob::timed false) as core `c`: no clock read, so the
+  // completion's timestamps are 0 and the core's estimates are not updated. For
+  // Device::executing() the job's start is the last time the scheduler timed a kept job.
+  CoreCompletion execute_untimed(Core& c, const Core::QueuedJob& q) {
+    return run_as(c, q, std::max<int64_t>(last_job_clock_ns_, 1));
+  }
+
+  // Runs `q`'s job as core `c`, shown by Device::executing() as started at `start_ns` while it
+  // runs, and returns its completion (no timestamps).
+  CoreCompletion run_as(Core& c, const Core::QueuedJob& q, int64_t start_ns) {
     const CoreJob& job = q.job;
-    const uint64_t run_id = q.run_id;
     CoreCompletion done;
     done.core = c.index;
     done.tag = job.tag;
     done.task_index = job.task_index;
     done.block_idx = job.block_idx;
-    done.start_ns = base::now_ns();
-    if (predict) {
-      const int64_t estimate = c.estimates.get(q.shape);
-      c.predicted_end_ns.store(estimate > 0 ? done.start_ns + estimate : 0,
-                               std::memory_order_relaxed);
-    }
-    c.exec_run.store(run_id, std::memory_order_relaxed);
+    c.exec_run.store(q.run_id, std::memory_order_relaxed);
     c.exec_task.store(job.task_index, std::memory_order_relaxed);
     c.exec_kernel.store(job.kernel, std::memory_order_relaxed);
     c.exec_block.store(job.block_idx, std::memory_order_relaxed);
-    c.exec_start_ns.store(done.start_ns, std::memory_order_relaxed);
-    done.status = run_job(job, run_id, c.index);
-    done.end_ns = base::now_ns();
+    c.exec_start_ns.store(start_ns, std::memory_order_relaxed);
+    done.status = run_job(job, q.run_id, c.index);
     c.exec_start_ns.store(0, std::memory_order_relaxed);
-    if (predict) c.predicted_end_ns.store(0, std::memory_order_relaxed);
-    c.estimates.record(q.shape, done.end_ns - done.start_ns);
     return done;
   }
 
@@ -922,6 +998,10 @@ class SimDevice final : public Device {
   bool scheduler_core_ = false;    // the scheduler stands in for core 0 (scheduler_core)
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
   bool scheduler_job_ = false;     // core 0's short job waits for the scheduler (see start)
+  // Every job waiting for the scheduler on core 0 is expected within kShortJobNs or untimed, so a
+  // non-blocking next_completion runs it.
+  bool scheduler_job_short_ = false;
+  int64_t scheduler_job_since_ns_ = 0;  // when a job of core 0 not short began to wait for it
   int64_t deferred_since_ns_ = 0;
   // Short single-block jobs of any core that the scheduler runs itself (kept_by_scheduler), FIFO
   // from short_jobs_begin_.
@@ -935,6 +1015,8 @@ class SimDevice final : public Device {
   std::vector<ShortJob> short_jobs_;
   int64_t kept_ns_ = 0;  // the estimates of the kept jobs not yet run, summed
   size_t short_jobs_begin_ = 0;
+  uint64_t untimed_rng_ = 0x9E3779B97F4A7C15ull;  // time_untimed_run's xorshift state
+  int64_t last_job_clock_ns_ = 0;  // the clock at the last kept job the scheduler timed
 
   mutable base::Mutex abort_mu_;
   base::CondVar abort_cv_;

@@ -760,6 +760,43 @@ TEST(SimDeviceSchedulerCore0, OneLongRunOfAShortJobDoesNotKeepItOffTheSchedulerT
 
 absl::Status ok_kernel(const task::KernelContext&) { return absl::OkStatus(); }
 
+// A kept job (its core timed it short) that once takes 5 ms, as when the scheduler thread is
+// preempted in it on a loaded machine, is still kept on its next run: the sample enters the
+// estimate capped (blended in whole, 5 ms would put the estimate over the 10 us the scheduler
+// keeps and hand the next run to the core's thread).
+TEST(SimDeviceSchedulerCore0, OneLongRunOfAKeptJobKeepsItWithTheScheduler) {
+  auto d = make_with(2, SchedulerCore::kOn);
+  Stream* s = *d->create_stream();
+  CoreThreadLog core_log;
+  g_core_log = &core_log;
+  absl::Cleanup unset = [] { g_core_log = nullptr; };
+  g_slow_once_done = true;  // slow_once is fast until this is cleared
+  // Runs one core-1 job; returns whether it ran on the scheduler thread.
+  auto run_one = [&](int r) {
+    auto rec = s->launch(r, [&](ExecContext& ctx) {
+      {
+        std::lock_guard<std::mutex> lock(core_log.mu);
+        core_log.scheduler = std::this_thread::get_id();
+      }
+      ctx.start(1, CoreJob{slow_once, nullptr, 0, 0, 1, 0, 1});
+      CoreCompletion c;
+      EXPECT_TRUE(ctx.next_completion(&c, true));
+      EXPECT_TRUE(c.status.ok()) << c.status;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(rec.ok() && (*rec)->done.wait(base::Deadline::forever()));
+    std::lock_guard<std::mutex> lock(core_log.mu);
+    return !core_log.jobs.empty() && core_log.jobs.back().second;
+  };
+  // Until one is kept (a job slowed on a loaded machine is timed long: at most 2000 runs).
+  int r = 0;
+  while (r < 2000 && !run_one(r)) ++r;
+  ASSERT_LT(r, 2000) << "no job of core 1 ran on the scheduler thread";
+  g_slow_once_done = false;  // the next run takes 5 ms
+  EXPECT_TRUE(run_one(++r)) << "the 5 ms run was not kept";
+  EXPECT_TRUE(run_one(++r)) << "the run after a 5 ms one went to the core's thread";
+}
+
 // A fault planned for a job that the scheduler keeps (its core timed it short in the runs
 // before) fails that job with the plan's error, attributed to its run, task and core, as when
 // the core's thread runs it.
@@ -789,6 +826,68 @@ TEST(SimDeviceSchedulerCore0, AFaultOnAJobTheSchedulerKeptNamesItsRunTaskAndCore
           << c[0].status;
     }
   }
+}
+
+// A job queued to the scheduler's core for the scheduler that its core has not timed yet (a
+// process's first of its shape) comes back from a poll that does not block: an orchestration that
+// polls between submits, and blocks only when its ring is full, would otherwise leave it (and
+// every task behind it) waiting for that wait.
+TEST(SimDeviceSchedulerCore0, ANonBlockingPollRunsAnUntimedJobOfTheSchedulersCore) {
+  auto d = make_with(2, SchedulerCore::kOn);
+  Stream* s = *d->create_stream();
+  bool came_back = false;
+  auto rec = s->launch(1, [&](ExecContext& ctx) {
+    ctx.start(0, CoreJob{ok_kernel, nullptr, 0, 0, 1, 0, 5});
+    CoreCompletion c;
+    // Polls only: a job left for the blocking wait would not come back here (a core thread that
+    // took it posts it to the ring, which a poll reads).
+    const int64_t give_up = base::now_ns() + 10'000'000'000;
+    while (!came_back && base::now_ns() < give_up) came_back = ctx.next_completion(&c, false);
+    if (!came_back) {
+      EXPECT_TRUE(ctx.next_completion(&c, true));  // drain before returning
+      return absl::OkStatus();
+    }
+    EXPECT_EQ(c.core, 0);
+    EXPECT_EQ(c.tag, 5u);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+  EXPECT_TRUE(came_back) << "no poll without blocking returned the core-0 job in 10 s";
+}
+
+// A job started untimed (CoreJob::timed false) that the scheduler keeps comes back with both
+// timestamps 0 (no clock read), except the runs the device times for its estimates; a timed job
+// always has both. Runs until an untimed kept job came back, at most 2000 jobs (a job slowed on
+// a loaded machine is timed long and goes to its core thread, which times every job).
+TEST(SimDeviceSchedulerCore0, UntimedJobsTheSchedulerKeepsComeBackWithoutTimestamps) {
+  auto d = make_with(2, SchedulerCore::kOn);
+  Stream* s = *d->create_stream();
+  int untimed = 0;
+  int jobs = 0;
+  auto rec = s->launch(1, [&](ExecContext& ctx) {
+    for (; jobs < 2000 && untimed == 0; ++jobs) {
+      CoreJob job{
+          ok_kernel, nullptr, 0, 0, 1, static_cast<uint32_t>(jobs), static_cast<uint64_t>(jobs)};
+      job.timed = jobs == 0;  // the first is timed (by core 1's thread: a shape not timed yet)
+      ctx.start(1, job);
+      CoreCompletion c;
+      EXPECT_TRUE(ctx.next_completion(&c, true));
+      EXPECT_EQ(c.core, 1);
+      EXPECT_EQ(c.tag, static_cast<uint64_t>(jobs));
+      EXPECT_TRUE(c.status.ok()) << c.status;
+      if (c.start_ns == 0 && c.end_ns == 0) {
+        EXPECT_FALSE(job.timed) << "job " << jobs;
+        ++untimed;
+      } else {
+        EXPECT_GT(c.start_ns, 0) << "job " << jobs;
+        EXPECT_LE(c.start_ns, c.end_ns) << "job " << jobs;
+      }
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE((*rec)->done.wait(base::Deadline::forever()));
+  EXPECT_EQ(untimed, 1) << "no untimed job came back without timestamps in " << jobs << " jobs";
 }
 
 TEST(SimDeviceSchedulerCore0, OffRunsEveryJobOfSeveralOnACoreThread) {

@@ -250,7 +250,10 @@ TEST(RunReport, TheFailedTaskIsNotCountedAsCompleted) {
   RunHandle r = *w.submit(*h, affine_args(&in, &out, 0));
   EXPECT_EQ(r.wait(5.0).code(), absl::StatusCode::kInternal);
   const chip::RunReport& rep = r.result().report;
-  EXPECT_EQ(rep.tasks_submitted, 3u);
+  // Task 2 is submitted, or refused when task 1 already failed: the device may run a task at the
+  // orchestration's poll after its submit, before the next submit.
+  EXPECT_GE(rep.tasks_submitted, 2u);
+  EXPECT_LE(rep.tasks_submitted, 3u);
   EXPECT_EQ(rep.tasks_completed, 1u);  // task 0; task 2 waits on task 1 (WAW) and never runs
   EXPECT_EQ(rep.tasks_failed, 1u);
   EXPECT_EQ(rep.first_failed_task, 1);

@@ -43,22 +43,31 @@ struct CoreJob {
   // precomputed (a captured graph's task: fixed by the graph); 0 = not given, the device computes
   // it. A hint: a wrong value only blends duration estimates, never changes what runs.
   uint64_t shape = 0;
+  // Whether the caller reads the completion's start_ns and end_ns. False lets a device leave
+  // them 0 (it may still time some of the job's runs for its own duration estimates): a clock
+  // read costs 20-100 ns on a VM, as much as dispatching an empty kernel.
+  bool timed = true;
 };
 
 // What a block's duration depends on, by which a device keeps its duration estimates: the
 // kernel, the block count and the bytes the tensor arguments span (a decode step's q projection
 // and its LM head share a kernel but differ 75-fold in time; successive steps repeat the same
 // keys). Never 0. A collision only blends two estimates. Thread-safe (pure).
+// The key of a job of kernel `fn` in `block_dim` blocks whose tensor arguments span
+// `tensor_bytes` bytes together (for a caller that has the spans already).
+inline uint64_t job_shape_key_of(task::KernelFn fn, uint64_t tensor_bytes, int32_t block_dim) {
+  const auto f = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(fn));
+  const uint64_t key =
+      f ^ (tensor_bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(block_dim) << 48);
+  return key != 0 ? key : 1;
+}
 inline uint64_t job_shape_key(task::KernelFn fn, const task::Arg* args, uint32_t num_args,
                               int32_t block_dim) {
   uint64_t bytes = 0;
   for (uint32_t i = 0; i < num_args; ++i) {
     if (args[i].direction != task::ArgDirection::kScalar) bytes += args[i].tensor.span_bytes();
   }
-  const auto f = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(fn));
-  const uint64_t key =
-      f ^ (bytes * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(block_dim) << 48);
-  return key != 0 ? key : 1;
+  return job_shape_key_of(fn, bytes, block_dim);
 }
 
 // A job a core is executing, for diagnostics (Device::executing()).
@@ -71,7 +80,8 @@ struct ExecutingJob {
   int64_t start_ns = 0;  // now_ns() when the block started
 };
 
-// The outcome of one CoreJob. Timestamps are now_ns() on the core thread.
+// The outcome of one CoreJob. Timestamps are now_ns() on the thread that ran it; both 0 when the
+// job was started untimed (CoreJob::timed) and the device did not time this run of it.
 struct CoreCompletion {
   int32_t core = 0;
   uint64_t tag = 0;

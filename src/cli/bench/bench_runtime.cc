@@ -41,8 +41,15 @@ double thread_cpu_us() {
 }  // namespace
 
 absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOptions& options,
-                                                        int64_t tasks) {
+                                                        int64_t tasks,
+                                                        const std::vector<std::string>& patterns) {
   if (tasks <= 0) return absl::InvalidArgumentError("bench dispatch: --tasks must be > 0");
+  for (const std::string& p : patterns) {
+    if (std::find(std::begin(kDispatchPatterns), std::end(kDispatchPatterns), p) ==
+        std::end(kDispatchPatterns)) {
+      return absl::InvalidArgumentError(absl::StrCat("bench dispatch: unknown pattern '", p, "'"));
+    }
+  }
   worker::Worker w(options);
   // Run args: 0 = slots buffer (int64 [tasks] DEVICE), scalar 1 = pattern.
   auto prog = w.register_callable(
@@ -71,8 +78,11 @@ absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOpti
   SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(tasks * 8));
   SIMPLER_ASSIGN_OR_RETURN(task::Tensor slots, buf.tensor({tasks}, task::DataType::kInt64));
   std::vector<DispatchRow> rows;
-  const char* names[] = {"independent", "chain", "8_chains"};
   for (int pattern = 0; pattern < 3; ++pattern) {
+    const std::string name = kDispatchPatterns[pattern];
+    if (!patterns.empty() && std::find(patterns.begin(), patterns.end(), name) == patterns.end()) {
+      continue;
+    }
     task::TaskArgs args;
     args.add_tensor(slots, task::ArgDirection::kInOut).add_scalar_i64(pattern);
     // Uncaptured; then captured under the pattern's key and replayed once (neither measured:
@@ -88,7 +98,7 @@ absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOpti
       if (mode == std::string_view("capture") || mode == std::string_view("warm-up")) continue;
       const auto& r = h.result();
       DispatchRow row;
-      row.pattern = names[pattern];
+      row.pattern = name;
       row.mode = mode;
       row.tasks = tasks;
       row.ns_per_task =

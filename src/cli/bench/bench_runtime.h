@@ -23,11 +23,16 @@ struct DispatchRow {
   double wall_ms = 0;
 };
 
+// The dispatch patterns, in the order bench_dispatch runs them.
+inline constexpr const char* kDispatchPatterns[] = {"independent", "chain", "8_chains"};
+
 // Runs `tasks` empty kernels per pattern, dependencies inferred by the TensorMap; then
 // captures the pattern's graph, replays it once to warm up and replays it again: two rows per
-// pattern (uncaptured, replayed).
-absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(const worker::WorkerOptions& options,
-                                                        int64_t tasks);
+// pattern (uncaptured, replayed). `patterns` names the patterns to run (kDispatchPatterns; empty
+// = all of them); an unknown name is INVALID_ARGUMENT.
+absl::StatusOr<std::vector<DispatchRow>> bench_dispatch(
+    const worker::WorkerOptions& options, int64_t tasks,
+    const std::vector<std::string>& patterns = {});
 
 // One pipeline row. Times in µs.
 struct PipelineRow {

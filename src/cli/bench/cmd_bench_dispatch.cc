@@ -18,12 +18,13 @@ namespace {
 struct DispatchFlags {
   int64_t tasks = 100000;
   std::string compare;
+  std::vector<std::string> patterns;
   CommonOptions common;
 };
 
 int run_bench_dispatch(const DispatchFlags& st) {
   base::TraceRecorder trace;
-  auto rows = bench_dispatch(st.common.worker_options(&trace), st.tasks);
+  auto rows = bench_dispatch(st.common.worker_options(&trace), st.tasks, st.patterns);
   if (!rows.ok()) {
     return fail_with_trace("bench dispatch", rows.status(), trace, st.common.trace_path);
   }
@@ -83,6 +84,10 @@ Runner add_bench_dispatch_command(CLI::App* bench) {
   auto st = std::make_shared<DispatchFlags>();
   auto* cmd = bench->add_subcommand("dispatch", "ns per task for empty kernels");
   cmd->add_option("--tasks", st->tasks, "tasks per pattern")->check(int_in(1, kMaxTasks));
+  cmd->add_option("--patterns", st->patterns,
+                  "the patterns to run (default all; StarPU runs all of its own)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"independent", "chain", "8_chains"}));
   cmd->add_option("--compare", st->compare,
                   "starpu: run the same patterns on StarPU (Debian libstarpu-dev) after the sim "
                   "device closed, with the same CPU count, and print both")
