@@ -285,8 +285,11 @@ TEST_F(LlmEngineTest, RandomAbortsLeaveTheOtherRequestsUnchanged) {
 }
 
 TEST_F(LlmEngineTest, AbortOfAQueuedRequestEndsItWithoutRunning) {
-  auto e = engine(options(1, 64, 8, 1));  // one running request at a time
-  auto a = e->add_request(greedy({1, 2, 3}, 200)).value();
+  // One running request at a time. a needs 3,000 steps (hundreds of ms even on the fastest
+  // kernels), so it still holds the one slot when b's abort arrives and when its own does: with
+  // 200 tokens it sometimes finished first (its abort then NOT_FOUND) once steps got faster.
+  auto e = engine(options(1, 800, 8, 1));
+  auto a = e->add_request(greedy({1, 2, 3}, 3000)).value();
   auto b = e->add_request(greedy({4, 5}, 4)).value();  // waits behind a
   ASSERT_TRUE(e->abort(b).ok());
   Done db = drain(*e, b);
