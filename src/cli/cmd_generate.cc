@@ -212,10 +212,15 @@ absl::Status read_dump_positions(const GenerateFlags& st, Requests* req) {
   return absl::OkStatus();
 }
 
-// The call's requests, every one validated against the model before anything is sized for it.
+// The call's requests, every one validated against the model before anything is sized for it,
+// and the model's tokenizer into `tok`. Text prompts (--prompt, or a prompts file's lines) need
+// the tokenizer first; --prompt-ids are checked against config.json before it loads, so that a
+// refused call does not wait for the tokenizer (11 MB of JSON for Qwen3, most of such a call).
 // Says on stderr when output text is omitted for want of a tokenizer.
-absl::StatusOr<Requests> read_requests(const GenerateFlags& st, const MaybeTokenizer& tok) {
+absl::StatusOr<Requests> read_requests(const GenerateFlags& st, MaybeTokenizer* tok_out) {
   Requests req;
+  MaybeTokenizer& tok = *tok_out;
+  if (!st.has_prompt_ids) tok = load_tokenizer(st.model);
   SIMPLER_RETURN_IF_ERROR(read_prompts(st, tok, &req));
   SIMPLER_ASSIGN_OR_RETURN(req.config, llm::ModelConfig::load(st.model));
   // A refused --prompt / --prompt-ids fails the call; a refused prompts-file line fails its
@@ -231,6 +236,7 @@ absl::StatusOr<Requests> read_requests(const GenerateFlags& st, const MaybeToken
     running += s.ok() ? 1 : 0;
   }
   if (running == 0) return req.refused.front();
+  if (st.has_prompt_ids) tok = load_tokenizer(st.model);
   if (!st.stop.empty() && !tok.tok) {
     return base::annotate(tok.status, "--stop needs the model's tokenizer: ");
   }
@@ -571,8 +577,8 @@ int run_generate(const GenerateFlags& st) {
         kGenerateCommand,
         absl::InvalidArgumentError("one of --prompt, --prompt-ids or --prompts-file is required"));
   }
-  const MaybeTokenizer tok = load_tokenizer(st.model);
-  absl::StatusOr<Requests> req = read_requests(st, tok);
+  MaybeTokenizer tok;
+  absl::StatusOr<Requests> req = read_requests(st, &tok);
   if (!req.ok()) return fail(kGenerateCommand, req.status());
   base::TraceRecorder trace;
   absl::StatusOr<llm::EngineOptions> eo = generate_engine_options(st, *req, tok, &trace);

@@ -1,5 +1,6 @@
 #include "simpler/kernels/kernels.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -369,8 +370,11 @@ std::pair<double, double> f64_entry(const std::vector<float>& x, const TestWeigh
                                     int64_t out, int64_t r, int64_t o,
                                     const std::vector<float>* y0) {
   double want = y0 != nullptr ? (*y0)[r * out + o] : 0.0, mag = std::abs(want);
+  // Through pointers: vector's operator[] is a call per element at the sanitizer builds' -O1.
+  const float* xr = x.data() + r * in;
+  const double* wo = w.values.data() + o * in;
   for (int64_t i = 0; i < in; ++i) {
-    const double t = double(x[r * in + i]) * w.values[o * in + i];
+    const double t = double(xr[i]) * wo[i];
     want += t;
     mag += std::abs(t);
   }
@@ -405,8 +409,10 @@ void expect_f64_product(const std::vector<float>& y, const std::vector<float>& x
 float contract_entry(const std::vector<float>& x, const TestWeights& w, int64_t in, int64_t out,
                      int64_t r, int64_t o, const std::vector<float>* y0, bool fused) {
   float l[16] = {};
+  const float* xr = x.data() + r * in;  // pointers, as in f64_entry
+  const double* wo = w.values.data() + o * in;
   for (int64_t i = 0; i < in; ++i) {
-    const float a = x[r * in + i], b = static_cast<float>(w.values[o * in + i]);
+    const float a = xr[i], b = static_cast<float>(wo[i]);
     if (fused) {
       l[i % 16] = std::fma(a, b, l[i % 16]);
     } else {
@@ -445,9 +451,18 @@ void expect_every_path(DataType dt, int64_t rows, int64_t in, int64_t out, uint3
   TestWeights w = make_weights(dt, out * in, seed + 1 + out + in);
   std::vector<float> y0 = random_floats(rows * out, seed + 2);
   for (bool acc : {false, true}) {
+    // Results that passed both checks, with their numerics (fused or not): a path whose result
+    // is bitwise one of them passes the same checks, so the references are not summed again.
+    std::vector<std::pair<bool, std::vector<float>>> passed;
     for (auto [isa, fn] : matmul_paths(Precision::kExact, acc)) {
       std::vector<float> y = acc ? y0 : std::vector<float>(rows * out, NAN);
       ASSERT_TRUE(run_blocks(fn, matmul_args_for(acc, x, w, y, rows, in, out), 2).ok());
+      const bool fused = kernel_isa_fused(isa);
+      if (std::any_of(passed.begin(), passed.end(), [&](const auto& p) {
+            return p.first == fused && std::memcmp(p.second.data(), y.data(), y.size() * 4) == 0;
+          })) {
+        continue;
+      }
       const std::string what =
           (::testing::Message() << name_of(isa) << " " << task::name_of(dt) << " rows " << rows
                                 << " in " << in << " out " << out << " acc " << acc)
@@ -458,6 +473,7 @@ void expect_every_path(DataType dt, int64_t rows, int64_t in, int64_t out, uint3
       }
       ASSERT_NO_FATAL_FAILURE(
           expect_contract_bits(y, x, w, rows, in, out, acc ? &y0 : nullptr, isa, what));
+      passed.emplace_back(fused, std::move(y));
     }
   }
 }

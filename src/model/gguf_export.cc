@@ -49,8 +49,8 @@ constexpr float kGroupMaxEps = 1e-15f;
 // The block quantizers, defined with ggml's reference quantizers below.
 struct BlockQuantizer;
 const BlockQuantizer* quantizer_of(GgmlType type);
-absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x,
-                          std::span<uint8_t> out);
+absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x, std::span<uint8_t> out,
+                          size_t first_index = 0);
 // llama_token_type (llama.h).
 constexpr int32_t kTokenNormal = 1;
 constexpr int32_t kTokenControl = 3;
@@ -215,7 +215,36 @@ absl::StatusOr<std::string> read_chat_template(const std::string& dir) {
 
 uint64_t ggml_bytes(GgmlType ggml_type, uint64_t numel);
 
-// Writes `t`'s data (from `view`) as its ggml type.
+// Values converted and encoded at a time: whole rows of about 1 Mi values (4 MiB of f32), so that
+// a tensor is never widened in one piece (a 151936 x 1024 head would be 622 MB of f32).
+constexpr int64_t kChunkValues = int64_t{1} << 20;
+
+// Appends `f` (the values from index `first` of tensor `t`) to `out` as t's ggml type.
+absl::Status write_values(std::ofstream& out, const OutTensor& t, std::span<const float> f,
+                          int64_t first) {
+  if (t.ggml_type == GgmlType::kF32) {
+    out.write(reinterpret_cast<const char*>(f.data()),
+              static_cast<std::streamsize>(f.size() * sizeof(float)));
+    return absl::OkStatus();
+  }
+  if (const BlockQuantizer* quantizer = quantizer_of(t.ggml_type)) {
+    std::vector<uint8_t> q(ggml_bytes(t.ggml_type, f.size()));
+    SIMPLER_RETURN_IF_ERROR(quantize_row(*quantizer, f, q, static_cast<size_t>(first)));
+    out.write(reinterpret_cast<const char*>(q.data()), static_cast<std::streamsize>(q.size()));
+    return absl::OkStatus();
+  }
+  std::vector<uint16_t> h(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    h[i] = t.ggml_type == GgmlType::kF16 ? task::f32_to_f16(f[i]) : task::f32_to_bf16(f[i]);
+  }
+  out.write(reinterpret_cast<const char*>(h.data()),
+            static_cast<std::streamsize>(h.size() * sizeof(uint16_t)));
+  return absl::OkStatus();
+}
+
+// Writes `t`'s data (from `view`) as its ggml type: bytes of the same type as they are, else
+// widened to f32 and encoded in chunks of whole rows (kChunkValues), the same bytes as the whole
+// tensor in one piece (every encoding here works block by block within a row).
 absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
   if ((t.ggml_type == GgmlType::kBF16 && view.dtype == task::DataType::kBFloat16) ||
       (t.ggml_type == GgmlType::kQ8_0 && view.dtype == task::DataType::kQ8_0) ||
@@ -224,25 +253,20 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
               static_cast<std::streamsize>(view.bytes.size()));
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<float>> f = to_f32(view);
-  if (!f.ok()) return f.status();
-  if (t.ggml_type == GgmlType::kF32) {
-    out.write(reinterpret_cast<const char*>(f->data()),
-              static_cast<std::streamsize>(f->size() * sizeof(float)));
-    return absl::OkStatus();
+  const int64_t numel = view.numel();
+  const int64_t cols = view.shape.empty() ? 1 : std::max<int64_t>(1, view.shape.back());
+  const int64_t chunk = std::max<int64_t>(1, kChunkValues / cols) * cols;
+  std::vector<float> f;
+  for (int64_t first = 0; first < numel; first += chunk) {
+    const int64_t n = std::min(chunk, numel - first);
+    TensorView part = view;
+    part.shape = {n};
+    part.bytes =
+        view.bytes.subspan(task::bytes_of(view.dtype, first), task::bytes_of(view.dtype, n));
+    f.resize(static_cast<size_t>(n));
+    SIMPLER_RETURN_IF_ERROR(to_f32(part, f));
+    SIMPLER_RETURN_IF_ERROR(write_values(out, t, f, first));
   }
-  if (const BlockQuantizer* quantizer = quantizer_of(t.ggml_type)) {
-    std::vector<uint8_t> q(ggml_bytes(t.ggml_type, f->size()));
-    SIMPLER_RETURN_IF_ERROR(quantize_row(*quantizer, *f, q));
-    out.write(reinterpret_cast<const char*>(q.data()), static_cast<std::streamsize>(q.size()));
-    return absl::OkStatus();
-  }
-  std::vector<uint16_t> h(f->size());
-  for (size_t i = 0; i < f->size(); ++i) {
-    h[i] = t.ggml_type == GgmlType::kF16 ? task::f32_to_f16((*f)[i]) : task::f32_to_bf16((*f)[i]);
-  }
-  out.write(reinterpret_cast<const char*>(h.data()),
-            static_cast<std::streamsize>(h.size() * sizeof(uint16_t)));
   return absl::OkStatus();
 }
 
@@ -401,21 +425,23 @@ int nearest_int(float x) {
   return static_cast<int>(bits & 0x007fffffu) - 0x00400000;
 }
 
-// Every value of `x` finite, else INVALID_ARGUMENT naming `what` and the index.
-absl::Status check_finite(const char* what, std::span<const float> x) {
+// Every value of `x` finite, else INVALID_ARGUMENT naming `what` and the index (plus
+// `first_index`, x's place in a larger tensor).
+absl::Status check_finite(const char* what, std::span<const float> x, size_t first_index) {
   for (size_t i = 0; i < x.size(); ++i) {
     if (!std::isfinite(x[i])) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": value ", i, " is ", x[i], ", not finite"));
+          absl::StrCat(what, ": value ", first_index + i, " is ", x[i], ", not finite"));
     }
   }
   return absl::OkStatus();
 }
 
-// x.size() whole blocks of `block_values`, out.size() their bytes and every value finite, else
-// INVALID_ARGUMENT (ggml's K-quant blocks of 256 are super-blocks in the messages).
+// x.size() whole blocks of `block_values`, out.size() their bytes and every value finite (named
+// as check_finite names it), else INVALID_ARGUMENT (ggml's K-quant blocks of 256 are super-blocks
+// in the messages).
 absl::Status check_blocks(const char* what, std::span<const float> x, std::span<uint8_t> out,
-                          int64_t block_values, int64_t block_bytes) {
+                          int64_t block_values, int64_t block_bytes, size_t first_index) {
   const char* block = block_values == kSuperBlock ? "super-block" : "block";
   const auto per = static_cast<size_t>(block_values);
   if (x.size() % per != 0) {
@@ -428,7 +454,7 @@ absl::Status check_blocks(const char* what, std::span<const float> x, std::span<
                                                    " bytes, ", x.size() / per, " ", block,
                                                    "s need ", want));
   }
-  return check_finite(what, x);
+  return check_finite(what, x, first_index);
 }
 
 // The weighted sums of make_qkx2_quants for levels `l` of `x`.
@@ -716,10 +742,11 @@ const BlockQuantizer* quantizer_of(GgmlType type) {
   return nullptr;
 }
 
-// check_blocks, then q's block function from each block of `x` into its bytes of `out`.
-absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x,
-                          std::span<uint8_t> out) {
-  SIMPLER_RETURN_IF_ERROR(check_blocks(q.name, x, out, q.block_values, q.block_bytes));
+// check_blocks, then q's block function from each block of `x` into its bytes of `out`; a value
+// that is not finite is named by its index plus `first_index` (x's place in a larger tensor).
+absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x, std::span<uint8_t> out,
+                          size_t first_index) {
+  SIMPLER_RETURN_IF_ERROR(check_blocks(q.name, x, out, q.block_values, q.block_bytes, first_index));
   const auto blocks = static_cast<int64_t>(x.size()) / q.block_values;
   for (int64_t b = 0; b < blocks; ++b) {
     q.quantize_block(x.data() + b * q.block_values, out.data() + b * q.block_bytes);

@@ -1,6 +1,7 @@
-// Shared by the server test binaries: a tiny-preset checkpoint (real Qwen3 tokenizer) made
-// once per suite, and an engine plus an OpenAiServer on a free loopback port per test, with
-// cpp-httplib client helpers (plain POST, streamed POST with the raw SSE bytes, SSE framing).
+// Shared by the server test binaries: a tiny-preset checkpoint (real Qwen3 tokenizer, hidden
+// size 64) made once per suite, and an engine plus an OpenAiServer on a free loopback port per
+// test, with cpp-httplib client helpers (plain POST, streamed POST with the raw SSE bytes, SSE
+// framing).
 #pragma once
 
 #include <httplib.h>
@@ -33,6 +34,11 @@ class ServerFixture : public ::testing::Test {
     o.seed = 21;
     o.out_dir = *dir_;
     o.tokenizer_dir = llm::default_tokenizer_dir().value();
+    // Qwen3's vocabulary (the tokenizer's ids) with half the preset's width: the embeddings and
+    // the LM head, 151936 rows, are most of the weights each test's engine uploads and of every
+    // step's work (under the sanitizers, most of these suites' time).
+    o.overrides.hidden_size = 64;
+    o.overrides.head_dim = 32;
     ASSERT_TRUE(llm::make_model(o).ok());
     tokenizer_ = new llm::Tokenizer(llm::Tokenizer::load(*dir_).value());
   }

@@ -107,6 +107,9 @@ struct GgufExportOptions {
 // field when tokenizer.json is not a BPE model with a vocabulary and merges, or an id is outside
 // the model's vocabulary; the OS error naming the path when the file cannot be written (nothing
 // is left at out_path then). Thread-compatible.
+// Memory: the checkpoint is mapped, not read; a tensor written in another type is widened to f32
+// and encoded a chunk of whole rows at a time (about 1 Mi values: 4 MiB of f32 and its encoding),
+// never in one piece, with the same bytes as encoding the whole tensor at once.
 absl::Status export_gguf(const GgufExportOptions& options);
 
 }  // namespace simpler::llm
