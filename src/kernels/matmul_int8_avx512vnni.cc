@@ -302,9 +302,7 @@ __attribute__((always_inline)) inline __m512i q4_k_row_dot(const uint8_t* blk, _
 }
 
 void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
-  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
-  const int64_t size = p.n * row_bytes;
-  constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
+  const int64_t supers = p.k / kSuperBlockWeights;
   const std::vector<int8_t> xq = permute_for_q4_k(x, 1, p.k);
   const std::vector<int32_t> pairs = q4_k_min_pairs(x, supers);
   // vpermw indexes of a row in the low (h 0) or high (h 1) half of a pair's widened scales
@@ -319,54 +317,41 @@ void rows_q4_k_one512(const Problem& p, const QuantizedX& x) {
   const __m512i dword0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i dword2 = _mm512_add_epi32(dword0, _mm512_set1_epi32(2));
   const __m512i dword3 = _mm512_add_epi32(dword0, _mm512_set1_epi32(3));
-  const auto* w = static_cast<const uint8_t*>(p.w);
-  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
-    const uint8_t* row[8];
-    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
-    __m256 acc[8], accm[8];
+  q4_k_one_groups(
+      p, x, [&](const uint8_t* const(&row)[8], int64_t b) __attribute__((always_inline)) {
+        const int64_t off = b * kQ4_KBlockBytes;
+        const uint8_t* blk[8];
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
-    // the group two ahead arrives while this one is read (its rows are contiguous)
-    const int64_t ahead = (j0 + 16) * row_bytes;
-    for (int64_t b = 0; b < supers; ++b) {
-      const int64_t off = b * kQ4_KBlockBytes;
-      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
-      const uint8_t* blk[8];
-#pragma GCC unroll 8
-      for (int r = 0; r < 8; ++r) blk[r] = row[r] + off;
-      const __m512i h0 = load4x16(blk), h1 = load4x16(blk + 4);
-      const __m512i e0 = q4_k_heads(h0), e1 = q4_k_heads(h1);
-      // M of the 8 rows: the mins bytes of each row (dwords 2, 3 of its lane) against h and l
-      const __m256i m03 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(e0, dword2, e1));
-      const __m256i m47 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(e0, dword3, e1));
-      const int32_t* hl = &pairs[4 * b];
-      const __m256i mh = _mm256_dpbusd_epi32(
-          _mm256_dpbusd_epi32(_mm256_setzero_si256(), m03, _mm256_set1_epi32(hl[0])), m47,
-          _mm256_set1_epi32(hl[1]));
-      const __m256i ml = _mm256_dpbusd_epi32(
-          _mm256_dpbusd_epi32(_mm256_setzero_si256(), m03, _mm256_set1_epi32(hl[2])), m47,
-          _mm256_set1_epi32(hl[3]));
-      const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
-      // S of each row
-      __m512i s[8];
+        for (int r = 0; r < 8; ++r) blk[r] = row[r] + off;
+        const __m512i h0 = load4x16(blk), h1 = load4x16(blk + 4);
+        const __m512i e0 = q4_k_heads(h0), e1 = q4_k_heads(h1);
+        // M of the 8 rows: the mins bytes of each row (dwords 2, 3 of its lane) against h and l
+        const __m256i m03 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(e0, dword2, e1));
+        const __m256i m47 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(e0, dword3, e1));
+        const int32_t* hl = &pairs[4 * b];
+        const __m256i mh = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), m03, _mm256_set1_epi32(hl[0])), m47,
+            _mm256_set1_epi32(hl[1]));
+        const __m256i ml = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), m03, _mm256_set1_epi32(hl[2])), m47,
+            _mm256_set1_epi32(hl[3]));
+        const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
+        // S of each row
+        __m512i s[8];
 #pragma GCC unroll 4
-      for (int pr = 0; pr < 4; ++pr) {  // rows 2pr, 2pr + 1: a pair's scales widened together
-        const __m512i e = pr < 2 ? e0 : e1;
-        const __m512i z = _mm512_cvtepu8_epi16(pr % 2 == 0 ? _mm512_castsi512_si256(e)
-                                                           : _mm512_extracti64x4_epi64(e, 1));
-        s[2 * pr] = q4_k_row_dot(blk[2 * pr], z, index[0], xq.data() + 256 * b);
-        s[2 * pr + 1] = q4_k_row_dot(blk[2 * pr + 1], z, index[1], xq.data() + 256 * b);
-      }
-      // d and dmin of the 8 rows (dword 0 of each lane)
-      const __m256i dd = _mm512_castsi512_si256(_mm512_permutex2var_epi32(h0, dword0, h1));
-      const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dd));
-      const __m256 dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dd, 16)));
-      const __m256 dx = _mm256_set1_ps(x.d[b]);
-      acc[b % 8] = combine_step(acc[b % 8], dx, d, reduce8_rows(s));
-      accm[b % 8] = combine_step(accm[b % 8], dx, dmin, m);
-    }
-    store_lanes(p.y + j0, _mm256_sub_ps(tree8_lanes(acc), tree8_lanes(accm)), lanes, p.accumulate);
-  }
+        for (int pr = 0; pr < 4; ++pr) {  // rows 2pr, 2pr + 1: a pair's scales widened together
+          const __m512i e = pr < 2 ? e0 : e1;
+          const __m512i z = _mm512_cvtepu8_epi16(pr % 2 == 0 ? _mm512_castsi512_si256(e)
+                                                             : _mm512_extracti64x4_epi64(e, 1));
+          s[2 * pr] = q4_k_row_dot(blk[2 * pr], z, index[0], xq.data() + 256 * b);
+          s[2 * pr + 1] = q4_k_row_dot(blk[2 * pr + 1], z, index[1], xq.data() + 256 * b);
+        }
+        // d and dmin of the 8 rows (dword 0 of each lane)
+        const __m256i dd = _mm512_castsi512_si256(_mm512_permutex2var_epi32(h0, dword0, h1));
+        const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dd));
+        const __m256 dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dd, 16)));
+        return Q4KRows8{reduce8_rows(s), m, d, dmin};
+      });
 }
 
 // ---- Q6_K against one x row: rows_q6_k_one512, rows_q4_k_one512's loop for Q6_K. Per W row and

@@ -217,6 +217,43 @@ inline void prefetch_group_ahead(const uint8_t* w, int64_t ahead, int64_t b, int
   }
 }
 
+// Super-block b of the 8 W rows of a one-row Q4_K kernel (lane r: row r): S and M as in
+// rows_super, d and dmin.
+struct Q4KRows8 {
+  __m256i s, m;
+  __m256 d, dmin;
+};
+
+// The one-row Q4_K loop of both widths (rows_q4_k_one512, rows_q4_k_one): W rows 8 at a time
+// (group_of_8), super-block by super-block with the group two ahead prefetched; `super(row, b)`
+// gives super-block b of the 8 rows (Q4KRows8), combined as rows_super_one's lanes are (lane
+// l = b mod 8 in acc[l], t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree).
+template <class Super>
+__attribute__((always_inline)) inline void q4_k_one_groups(const Problem& p, const QuantizedX& x,
+                                                           Super&& super) {
+  constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
+  const int64_t size = p.n * row_bytes;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
+    const uint8_t* row[8];
+    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
+    __m256 acc[8], accm[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
+    // the group two ahead arrives while this one is read (its rows are contiguous)
+    const int64_t ahead = (j0 + 16) * row_bytes;
+    for (int64_t b = 0; b < supers; ++b) {
+      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
+      const Q4KRows8 r = super(row, b);
+      const __m256 dx = _mm256_set1_ps(x.d[b]);
+      acc[b % 8] = combine_step(acc[b % 8], dx, r.d, r.s);
+      accm[b % 8] = combine_step(accm[b % 8], dx, r.dmin, r.m);
+    }
+    store_lanes(p.y + j0, _mm256_sub_ps(tree8_lanes(acc), tree8_lanes(accm)), lanes, p.accumulate);
+  }
+}
+
 inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
   float* out = p.y + r * p.ldy + j;
   *out = p.accumulate ? *out + s : s;
@@ -1255,54 +1292,39 @@ inline __m256i load2x16(const uint8_t* a, const uint8_t* b) {
 
 template <class Dot>
 void rows_q4_k_one(const Problem& p, const QuantizedX& x) {
-  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
-  const int64_t size = p.n * row_bytes;
-  constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
-  const std::vector<int32_t> pairs = q4_k_min_pairs(x, supers);
-  const auto* w = static_cast<const uint8_t*>(p.w);
-  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
-    const uint8_t* row[8];
-    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
-    __m256 acc[8], accm[8];
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
-    // the group two ahead arrives while this one is read (its rows are contiguous)
-    const int64_t ahead = (j0 + 16) * row_bytes;
-    for (int64_t b = 0; b < supers; ++b) {
-      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
-      const int64_t off = b * kQ4_KBlockBytes;
-      __m256i h[4], e[4], dd[2], mins[2];
+  const std::vector<int32_t> pair_sums = q4_k_min_pairs(x, p.k / kSuperBlockWeights);
+  const int32_t* pairs = pair_sums.data();
+  const int8_t* xq = x.q.data();
+  q4_k_one_groups(
+      p, x, [=](const uint8_t* const(&row)[8], int64_t b) __attribute__((always_inline)) {
+        const int64_t off = b * kQ4_KBlockBytes;
+        __m256i h[4], e[4], dd[2], mins[2];
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        h[i] = load2x16(row[2 * i] + off, row[2 * i + 1] + off);
-        e[i] = q4_k_heads2(h[i]);
-      }
-      rows_dwords(h, 0, dd);    // d | dmin << 16 (and A, unused)
-      rows_dwords(e, 2, mins);  // m_0..3, m_4..7
-      // M of the 8 rows: the mins bytes against h and l
-      const int32_t* hl = &pairs[4 * b];
-      const __m256i zero = _mm256_setzero_si256();
-      const __m256i mh = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[0])), mins[1],
-                                  _mm256_set1_epi32(hl[1]));
-      const __m256i ml = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[2])), mins[1],
-                                  _mm256_set1_epi32(hl[3]));
-      const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
-      __m256i s[8];
+        for (int i = 0; i < 4; ++i) {
+          h[i] = load2x16(row[2 * i] + off, row[2 * i + 1] + off);
+          e[i] = q4_k_heads2(h[i]);
+        }
+        rows_dwords(h, 0, dd);    // d | dmin << 16 (and A, unused)
+        rows_dwords(e, 2, mins);  // m_0..3, m_4..7
+        // M of the 8 rows: the mins bytes against h and l
+        const int32_t* hl = &pairs[4 * b];
+        const __m256i zero = _mm256_setzero_si256();
+        const __m256i mh = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[0])), mins[1],
+                                    _mm256_set1_epi32(hl[1]));
+        const __m256i ml = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[2])), mins[1],
+                                    _mm256_set1_epi32(hl[3]));
+        const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
+        __m256i s[8];
 #pragma GCC unroll 8
-      for (int r = 0; r < 8; ++r) {  // row r's decoded bytes in both 128-bit lanes
-        const __m256i& pair = e[r / 2];
-        const __m256i er = r % 2 == 0 ? _mm256_permute2x128_si256(pair, pair, 0x00)
-                                      : _mm256_permute2x128_si256(pair, pair, 0x11);
-        s[r] = q4_k_row_dot<Dot>(row[r] + off, er, x.q.data() + 256 * b);
-      }
-      const __m256 d = Ymm<Dot>::half_lo(dd[0]);
-      const __m256 dmin = Ymm<Dot>::half_lo(_mm256_srli_epi32(dd[0], 16));
-      const __m256 dx = _mm256_set1_ps(x.d[b]);
-      acc[b % 8] = combine_step(acc[b % 8], dx, d, reduce8(s));
-      accm[b % 8] = combine_step(accm[b % 8], dx, dmin, m);
-    }
-    store_lanes(p.y + j0, _mm256_sub_ps(tree8_lanes(acc), tree8_lanes(accm)), lanes, p.accumulate);
-  }
+        for (int r = 0; r < 8; ++r) {  // row r's decoded bytes in both 128-bit lanes
+          const __m256i& pair = e[r / 2];
+          const __m256i er = r % 2 == 0 ? _mm256_permute2x128_si256(pair, pair, 0x00)
+                                        : _mm256_permute2x128_si256(pair, pair, 0x11);
+          s[r] = q4_k_row_dot<Dot>(row[r] + off, er, xq + 256 * b);
+        }
+        return Q4KRows8{reduce8(s), m, Ymm<Dot>::half_lo(dd[0]),
+                        Ymm<Dot>::half_lo(_mm256_srli_epi32(dd[0], 16))};
+      });
 }
 
 template <class Dot>
