@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/json.h"
+#include "simpler/model/gguf.h"
 #include "simpler/worker/worker_stats.h"
 
 namespace simpler::cli {
@@ -63,7 +64,22 @@ CLI::Validator number_in(double lo, double hi, bool lo_open) {
 CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std::string& help,
                             std::string* model, const std::string& model_help) {
   CLI::App* cmd = parent->add_subcommand(name, help);
-  cmd->add_option("--model", *model, model_help)->required();
+  // Checked before anything loads, so a mistyped path is named whole rather than as the first
+  // file a loader looks for inside it ("DIR/config.json: no such file").
+  const CLI::Validator model_path(
+      [](std::string& path) -> std::string {
+        std::error_code ec;
+        if (std::filesystem::is_directory(path, ec) || llm::is_gguf_path(path)) {
+          if (std::filesystem::exists(path, ec)) return std::string();
+          return path + ": no such .gguf file";
+        }
+        if (std::filesystem::exists(path, ec)) {
+          return path + " is neither a model directory nor a .gguf file";
+        }
+        return path + ": no such model directory";
+      },
+      "DIR|FILE.gguf");
+  cmd->add_option("--model", *model, model_help)->required()->check(model_path);
   return cmd;
 }
 

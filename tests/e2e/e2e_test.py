@@ -1271,9 +1271,12 @@ def scenario_cli_errors(ctx):
     pb.check("architecture" in p.stderr.lower(),
              f"unknown architecture: stderr does not say 'architecture': {p.stderr!r}")
 
-    # A missing model directory names it.
-    nowhere = ctx.path("no_such_model")
-    expect_error(ctx, gen(nowhere, "--prompt-ids", "1,2"), "missing model directory", [nowhere])
+    # A missing model directory or .gguf file: the flag parser names it whole, before anything
+    # loads (not as the first file a loader looks for inside it, "DIR/config.json: no such file").
+    for nowhere, want in ((ctx.path("no_such_model"), "no such model directory"),
+                          (ctx.path("no_such.gguf"), "no such .gguf file")):
+        expect_refused_by_parser(ctx, gen(nowhere, "--prompt-ids", "1,2"), f"missing model: {want}",
+                                 ["--model", nowhere, want])
 
     # Token ids outside the vocabulary.
     expect_error(ctx, gen(single, "--prompt-ids", "1,512"), "--prompt-ids id == vocab",
@@ -2226,8 +2229,9 @@ def scenario_bad_input(ctx):
     expect_error(ctx, gen(base, "--prompts-file", ctx.work), "13. --prompts-file DIR",
                  [ctx.work, "is a directory"])
 
-    expect_error(ctx, gen(os.path.join(base, "config.json"), "--prompt-ids", "1,2"),
-                 "13. --model FILE", [os.path.join(base, "config.json"), "is a file, not a directory"])
+    expect_refused_by_parser(ctx, gen(os.path.join(base, "config.json"), "--prompt-ids", "1,2"),
+                             "13. --model FILE", ["--model", os.path.join(base, "config.json"),
+                                                  "is neither a model directory nor a .gguf file"])
     expect_refused_by_parser(ctx, gen(base, "--prompt-ids", "1,2", "--trace", ctx.work),
                              "13. --trace DIR", ["--trace", ctx.work, "is a directory"])
 
