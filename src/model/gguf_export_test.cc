@@ -578,5 +578,41 @@ TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeaves
   }
 }
 
+// A value that is not finite past the export's first chunk of rows (the embedding, 151936 x 128,
+// is encoded about 1 Mi values at a time) is named by its index in the whole tensor, and no file
+// is left: the chunked encoding keeps the message the one-piece encoding gave.
+TEST_F(GgufExportTest, ANonFiniteValueInALaterChunkIsNamedByItsIndexInTheTensor) {
+  std::filesystem::remove(dir_ / "model");
+  std::filesystem::create_directory(dir_ / "model");
+  for (const auto& entry : std::filesystem::directory_iterator(suite_dir_ / "model")) {
+    if (entry.path().filename() == "model.safetensors") {
+      std::filesystem::copy_file(entry.path(), dir_ / "model" / "model.safetensors");
+    } else {
+      std::filesystem::create_symlink(entry.path(), dir_ / "model" / entry.path().filename());
+    }
+  }
+  // safetensors: an 8-byte little-endian header length, the JSON header, then the data.
+  const std::string st = (dir_ / "model" / "model.safetensors").string();
+  std::fstream f(st, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), sizeof(header_len));
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  const nlohmann::json index = nlohmann::json::parse(header);
+  const nlohmann::json& t = index.at("model.embed_tokens.weight");
+  ASSERT_EQ(t.at("dtype"), "BF16");
+  constexpr uint64_t kIndex = 1500000;  // in the second chunk of 8192 rows of 128
+  f.seekp(static_cast<std::streamoff>(8 + header_len + t.at("data_offsets")[0].get<uint64_t>() +
+                                      2 * kIndex));
+  const uint16_t bf16_nan = 0x7fc0;
+  f.write(reinterpret_cast<const char*>(&bf16_nan), sizeof(bf16_nan));
+  f.close();
+  const GgufExportOptions o = options_for(GgufType::kQ8_0, "model-q8_0.gguf");
+  const absl::Status s = export_gguf(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("value 1500000 is nan, not finite")) << s;
+  EXPECT_FALSE(std::filesystem::exists(o.out_path));
+}
+
 }  // namespace
 }  // namespace simpler::llm

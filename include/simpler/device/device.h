@@ -52,9 +52,9 @@ struct CoreJob {
 // What a block's duration depends on, by which a device keeps its duration estimates: the
 // kernel, the block count and the bytes the tensor arguments span (a decode step's q projection
 // and its LM head share a kernel but differ 75-fold in time; successive steps repeat the same
-// keys). Never 0. A collision only blends two estimates. Thread-safe (pure).
-// The key of a job of kernel `fn` in `block_dim` blocks whose tensor arguments span
-// `tensor_bytes` bytes together (for a caller that has the spans already).
+// keys). Never 0. A collision only blends two estimates. Thread-safe (pure). Two forms, the same
+// key: job_shape_key_of for a caller that has summed the spans already (`tensor_bytes`: the bytes
+// the tensor arguments span together), job_shape_key from the arguments themselves.
 inline uint64_t job_shape_key_of(task::KernelFn fn, uint64_t tensor_bytes, int32_t block_dim) {
   const auto f = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(fn));
   const uint64_t key =
