@@ -1700,7 +1700,7 @@ def scenario_bench_decode(ctx):
     keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "precision", "step_ms",
             "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
             "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s",
-            "capture", "prepare_us_p50", "ns_per_task_p50"}
+            "capture", "prepare_us_p50", "ns_per_task_p50", "step_ms_p50", "turnaround_us_p50"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
     for depth in (1, 2):
         label = f"bench decode --launch-depth {depth}"
@@ -1765,9 +1765,35 @@ def scenario_bench_decode(ctx):
                      f"{label}: capture {r['capture']}: step_ms {r['step_ms']}, prepare_us_p50 "
                      f"{r['prepare_us_p50']}, ns_per_task_p50 {r['ns_per_task_p50']}: not "
                      f"positive finite")
+    # --repeat 2: the modes alternate in one process (on, off, on, off), then one summary line
+    # whose medians are those of each mode's rows and whose ratios are off / on.
+    label = "bench decode --capture on,off --repeat 2"
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "6",
+                       "--json", "--capture", "on,off", "--repeat", "2", "--warm-up-rows", "0"],
+                      label=label)
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    log(f"  {lines}")
+    rows = [r for r in lines if "summary" not in r]
+    summaries = [r for r in lines if "summary" in r]
+    if pb.check([r.get("capture") for r in rows] == ["on", "off", "on", "off"]
+                and len(summaries) == 1,
+                f"{label}: rows {[r.get('capture') for r in rows]} and {len(summaries)} summary "
+                f"lines, expected ['on', 'off', 'on', 'off'] and 1"):
+        s = summaries[0]
+        for mode in ("on", "off"):
+            mine = sorted(r["step_ms_p50"] for r in rows if r["capture"] == mode)
+            pb.check(s[mode]["rows"] == 2 and s[mode]["step_ms_p50"] == mine[1],
+                     f"{label}: summary {mode} {s[mode]} is not the p50 of its rows {mine}")
+            pb.check(all(r["turnaround_us_p50"] > 0 for r in rows if r["capture"] == mode),
+                     f"{label}: a {mode} row without a host turnaround")
+        pb.check(abs(s["replay_step_speedup"] - s["off"]["step_ms_p50"] / s["on"]["step_ms_p50"])
+                 <= 1e-9 * s["replay_step_speedup"],
+                 f"{label}: replay_step_speedup {s['replay_step_speedup']} is not off / on")
     # One step is only the prompt's: nothing would be timed.
     expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model, "--steps",
                                    "1"], "bench decode --steps 1", ["--steps"])
+    expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model,
+                                   "--repeat", "0"], "bench decode --repeat 0", ["--repeat"])
     expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model,
                                    "--warm-up-rows", "2"], "bench decode --warm-up-rows 2",
                              ["--warm-up-rows"])

@@ -37,6 +37,9 @@ struct DecodeFlags {
   std::vector<std::string> capture{"off"};
   // Unreported rows (the first batch and capture) run before the rows printed: 0 or 1.
   int warm_up_rows = 1;
+  // The --capture list runs this many times per batch, alternated in one process (on,off,on,off,
+  // ...), and a summary line per batch gives each mode's medians over its rows and their ratio.
+  int repeat = 1;
   EngineFlags engine;
 };
 
@@ -55,6 +58,13 @@ struct DecodeRow {
   double gflops = 0;
   double prepare_us = 0;   // host prepare per step, p50
   double ns_per_task = 0;  // device time per task, p50 over the steps
+  // Host turnaround, p50: from a decode step's device end to the next step's device start (the
+  // retire, collect, schedule and submit between them; 0 at depth >= 2 when the next step was
+  // already queued).
+  double turnaround_us = 0;
+  // The p50 of the retire-to-retire intervals of the decode steps: step_ms without the tail of
+  // steps a loaded machine preempted (and without the few steps that captured a graph).
+  double step_p50_ms = 0;
   DepthStats depth;
 };
 
@@ -78,6 +88,17 @@ void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row)
   }
   row->prepare_us = median(std::move(prepare_us));
   row->ns_per_task = median(std::move(ns_per_task));
+  std::vector<double> turnaround_us;
+  for (size_t i = 2; i < records.size(); ++i) {
+    const int64_t gap = records[i].device_start_ns - records[i - 1].device_end_ns;
+    turnaround_us.push_back(static_cast<double>(std::max<int64_t>(gap, 0)) / 1e3);
+  }
+  row->turnaround_us = median(std::move(turnaround_us));
+  std::vector<double> step_ms;
+  for (size_t i = 2; i < records.size(); ++i) {
+    step_ms.push_back(static_cast<double>(records[i].retire_ns - records[i - 1].retire_ns) / 1e6);
+  }
+  row->step_p50_ms = median(std::move(step_ms));
 }
 
 // Runs `batch` greedy requests of a one-token prompt for --steps steps on a fresh engine.
@@ -142,6 +163,8 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row, doub
           {"capture", row.capture ? "on" : "off"},
           {"prepare_us_p50", row.prepare_us},
           {"ns_per_task_p50", row.ns_per_task},
+          {"turnaround_us_p50", row.turnaround_us},
+          {"step_ms_p50", row.step_p50_ms},
           {"steps", st.steps},
           {"launch_depth", common.launch_depth},
           {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(common.kernel_isa()))},
@@ -181,15 +204,67 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_b
   const CommonOptions& common = st.engine.common;
   if (common.json) return print_json_line(out);
   std::printf(
-      "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (device "
-      "%.3f ms; host prepare %.1f us, %.0f ns per task), %.1f tokens/s, %.1f GFLOP/s; weights "
-      "%.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's %.2f GB/s\n",
+      "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (p50 %.3f ms; "
+      "device %.3f ms; host prepare %.1f us, %.0f ns per task; turnaround %.1f us), %.1f tokens/s, "
+      "%.1f "
+      "GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's "
+      "%.2f GB/s\n",
       row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
-      row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.device_ms,
-      row.prepare_us, row.ns_per_task, row.tokens_per_s, row.gflops, row.weight_bytes / 1e6,
-      row.weight_bytes_per_s / 1e9, 100 * row.weight_bytes_per_s / read_bw, read_bw / 1e9);
+      row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.step_p50_ms,
+      row.device_ms, row.prepare_us, row.ns_per_task, row.turnaround_us, row.tokens_per_s,
+      row.gflops, row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9,
+      100 * row.weight_bytes_per_s / read_bw, read_bw / 1e9);
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
+}
+
+// The medians of one capture mode's rows (step p50, device, turnaround), 0s when it has none.
+struct ModeMedians {
+  int rows = 0;
+  double step_ms = 0, device_ms = 0, turnaround_us = 0;
+};
+ModeMedians mode_medians(const std::vector<DecodeRow>& rows, bool capture) {
+  std::vector<double> step, device, turnaround;
+  for (const DecodeRow& r : rows) {
+    if (r.capture != capture) continue;
+    step.push_back(r.step_p50_ms);
+    device.push_back(r.device_ms);
+    turnaround.push_back(r.turnaround_us);
+  }
+  return {static_cast<int>(step.size()), median(std::move(step)), median(std::move(device)),
+          median(std::move(turnaround))};
+}
+
+// --repeat: one line per batch with each mode's medians over its rows and, when both modes ran,
+// how many times faster replay's step and device step are than capture off's (> 1: replay wins).
+void print_repeat_summary(const DecodeFlags& st, int batch, const std::vector<DecodeRow>& rows) {
+  const ModeMedians on = mode_medians(rows, true), off = mode_medians(rows, false);
+  const double step_ratio = on.step_ms > 0 && off.rows > 0 ? off.step_ms / on.step_ms : 0;
+  const double device_ratio = on.device_ms > 0 && off.rows > 0 ? off.device_ms / on.device_ms : 0;
+  if (st.engine.common.json) {
+    return print_json_line({{"summary", "capture"},
+                            {"batch", batch},
+                            {"repeat", st.repeat},
+                            {"on",
+                             {{"rows", on.rows},
+                              {"step_ms_p50", on.step_ms},
+                              {"device_step_ms_p50", on.device_ms},
+                              {"turnaround_us_p50", on.turnaround_us}}},
+                            {"off",
+                             {{"rows", off.rows},
+                              {"step_ms_p50", off.step_ms},
+                              {"device_step_ms_p50", off.device_ms},
+                              {"turnaround_us_p50", off.turnaround_us}}},
+                            {"replay_step_speedup", step_ratio},
+                            {"replay_device_speedup", device_ratio}});
+  }
+  std::printf(
+      "decode summary: batch %d, %d rounds alternated: capture on step p50 %.3f ms (device %.3f "
+      "ms, "
+      "turnaround %.1f us) over %d rows, off %.3f ms (device %.3f ms, turnaround %.1f us) over "
+      "%d rows: replay %.2fx the speed of capture off (device %.2fx)\n",
+      batch, st.repeat, on.step_ms, on.device_ms, on.turnaround_us, on.rows, off.step_ms,
+      off.device_ms, off.turnaround_us, off.rows, step_ratio, device_ratio);
 }
 
 int run_bench_decode(const DecodeFlags& st) {
@@ -220,17 +295,22 @@ int run_bench_decode(const DecodeFlags& st) {
     }
   }
   for (int batch : st.batches) {
-    for (const std::string& capture : st.capture) {
-      absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, capture == "on", &trace);
-      if (!row.ok())
-        return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
-      nlohmann::json out = decode_row_json(st, *row, read_bw);
-      LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
-      if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
-        return fail(kBenchDecodeCommand, s);
+    std::vector<DecodeRow> rows;
+    for (int r = 0; r < st.repeat; ++r) {
+      for (const std::string& capture : st.capture) {
+        absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, capture == "on", &trace);
+        if (!row.ok())
+          return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
+        nlohmann::json out = decode_row_json(st, *row, read_bw);
+        LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
+        if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
+          return fail(kBenchDecodeCommand, s);
+        }
+        print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
+        rows.push_back(*row);
       }
-      print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
     }
+    if (st.repeat > 1) print_repeat_summary(st, batch, rows);
   }
   return write_trace(trace, common.trace_path) ? 0 : 1;
 }
@@ -258,6 +338,11 @@ Runner add_bench_decode_command(CLI::App* bench) {
   cmd->add_option("--warm-up-rows", st->warm_up_rows,
                   "unreported rows of the first batch and capture mode run first (0 or 1)")
       ->check(int_in(0, 1))
+      ->capture_default_str();
+  cmd->add_option("--repeat", st->repeat,
+                  "run the --capture list this many times per batch, alternated in one process, "
+                  "and print each mode's medians over its rows (a summary line per batch)")
+      ->check(int_in(1, 64))
       ->capture_default_str();
   cmd->add_option("--max-captured-graphs", st->engine.max_captured_graphs,
                   "captured step graphs kept (least recently used go)")
