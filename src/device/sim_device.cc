@@ -430,6 +430,9 @@ class SimDevice final : public Device {
     return next_allocation_id_;
   }
 
+  // frees_ counts a free (with release) before the free releases its memory, under mem_mu_.
+  uint64_t free_count() const override { return frees_.load(std::memory_order_acquire); }
+
   absl::Status check_range_locked(uint64_t address, uint64_t bytes) const
       SIMPLER_REQUIRES(mem_mu_) {
     auto it = allocs_.upper_bound(address);

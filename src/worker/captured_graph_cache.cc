@@ -22,6 +22,18 @@ void CapturedGraphCache::insert(const task::ChipCallable* callable,
   while (static_cast<int32_t>(lru_.size()) > capacity_) drop(std::prev(lru_.end()));
 }
 
+bool CapturedGraphCache::fixed_live_at(const task::ChipCallable* callable, uint64_t key,
+                                       uint64_t frees) const {
+  auto it = index_.find({callable, key});
+  return it != index_.end() && it->second->fixed_live_at == frees + 1;
+}
+
+void CapturedGraphCache::set_fixed_live_at(const task::ChipCallable* callable, uint64_t key,
+                                           uint64_t frees) {
+  auto it = index_.find({callable, key});
+  if (it != index_.end()) it->second->fixed_live_at = frees + 1;
+}
+
 void CapturedGraphCache::erase(const task::ChipCallable* callable, uint64_t key) {
   auto it = index_.find({callable, key});
   if (it != index_.end()) drop(it->second);

@@ -33,6 +33,12 @@ class CapturedGraphCache {
   // Drops every graph that uses device memory overlapping [address, address + bytes) at a fixed
   // address (the memory is being freed: a later allocation there must not be mistaken for it).
   void erase_using(uint64_t address, uint64_t bytes);
+  // Whether every fixed range of (`callable`, `key`)'s graph was found live, in the allocation it
+  // recorded, when the device's free count was `frees` (Device::free_count): while the count has
+  // not moved since, they still are, and a replay's admission need not look them up again.
+  // set_fixed_live_at records such a check (no-op when there is no such graph).
+  bool fixed_live_at(const task::ChipCallable* callable, uint64_t key, uint64_t frees) const;
+  void set_fixed_live_at(const task::ChipCallable* callable, uint64_t key, uint64_t frees);
   void count_replay() { ++replays_; }
   void count_stale_capture() { ++stale_captures_; }
   CaptureStats stats() const;
@@ -41,6 +47,7 @@ class CapturedGraphCache {
   struct Entry {
     const task::ChipCallable* callable = nullptr;
     std::shared_ptr<const chip::CapturedGraph> graph;
+    uint64_t fixed_live_at = 0;  // 1 + the free count of the last check that found them live
   };
   using Key = std::pair<const task::ChipCallable*, uint64_t>;
   void drop(std::list<Entry>::iterator it);

@@ -394,12 +394,19 @@ absl::Status ChipRunLane::admit_capture_locked(ChipRun& run, const task::ChipCal
   }
   SIMPLER_RETURN_IF_ERROR(
       graph->check_bind(rec.args, cores_for(rec.max_cores), run.config.capture_scalar_params));
-  if (absl::Status stale = stale_fixed_memory(*graph, 0); !stale.ok()) {
-    graphs_.erase(callable, key);
-    return absl::FailedPreconditionError(
-        absl::StrCat("submit of '", callable->name, "': the graph captured under capture key ", key,
-                     " uses ", stale.message(),
-                     "; the graph was dropped and the next submit under the key captures again"));
+  // Looked up once per free on the device, not once per replay (a qwen3-0.6b step's graph has
+  // hundreds of fixed ranges, each a lookup under the device's memory lock): read before the
+  // lookups, so a free during them moves the count and the next replay looks again.
+  const uint64_t frees = device_->free_count();
+  if (!graphs_.fixed_live_at(callable, key, frees)) {
+    if (absl::Status stale = stale_fixed_memory(*graph, 0); !stale.ok()) {
+      graphs_.erase(callable, key);
+      return absl::FailedPreconditionError(
+          absl::StrCat("submit of '", callable->name, "': the graph captured under capture key ",
+                       key, " uses ", stale.message(),
+                       "; the graph was dropped and the next submit under the key captures again"));
+    }
+    graphs_.set_fixed_live_at(callable, key, frees);
   }
   // Protected from free like the run's arguments until it retires.
   for (const chip::CapturedGraph::FixedRange& f : graph->fixed()) {

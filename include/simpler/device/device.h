@@ -181,6 +181,10 @@ class Device {
   virtual absl::StatusOr<uint64_t> allocation_id(uint64_t address, uint64_t bytes) const = 0;
   // The id the next malloc will get: every live allocation's id is below it.
   virtual uint64_t next_allocation_id() const = 0;
+  // How many frees the device has had (close counts as one): monotonic, and a free counts before
+  // its memory goes, so a caller that read N, then found ranges live (allocation_id), knows they
+  // are still live, in the same allocations, while the count is still N.
+  virtual uint64_t free_count() const = 0;
   // Synchronous copies between host memory and a device range (bounds-checked,
   // not ordered against streams; see Stream::enqueue_host for ordered copies).
   virtual absl::Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) = 0;
