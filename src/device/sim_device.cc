@@ -717,17 +717,18 @@ class SimDevice final : public Device {
     return earliest > 0 && earliest <= base::now_ns() + ns;  // the clock only when one runs
   }
 
-  // How long a blocking wait spins before it sleeps: spin_ns, or, when a core's predicted end
-  // (`earliest`, 0 when none) lies beyond that, through it (a quarter of spin_ns past it), at
-  // most kSpinThroughNs. Sleeping through a completion costs a futex wake-up after it (60-120 us
-  // on the 2-vCPU VM): after the scheduler ran its block of a two-block task inline, core 1's
-  // block, started on its thread, often ends 50-100 us later. With spin_ns 0 nothing spins.
+  // How long a blocking wait that did not sleep towards a predicted end (it was too near) spins
+  // before it sleeps: spin_ns, or, when the core's predicted end (`earliest`, 0 when none) lies
+  // beyond that, through it (a quarter of spin_ns past it), at most kSpinThroughNs. Sleeping
+  // through a completion costs a futex wake-up after it (60-120 us on the 2-vCPU VM): after the
+  // scheduler ran its block of a two-block task inline, core 1's block, started on its thread,
+  // often ends 50-100 us later. With spin_ns 0 nothing spins.
   int64_t spin_through(int64_t earliest) const {
     if (options_.spin_ns <= 0 || earliest <= 0) return options_.spin_ns;
     const int64_t through = earliest + options_.spin_ns / 4 - base::now_ns();
     return std::clamp<int64_t>(through, options_.spin_ns, kSpinThroughNs);
   }
-  static constexpr int64_t kSpinThroughNs = 200'000;
+  static constexpr int64_t kSpinThroughNs = 150'000;
 
   // Whether `c` is the core the scheduler thread stands in for (scheduler_core).
   bool schedulers_core(const Core& c) const { return scheduler_core_ && c.index == 0; }
@@ -788,13 +789,16 @@ class SimDevice final : public Device {
       // it early by how late timed wake-ups have been arriving (moving average).
       const int64_t lateness = oversleep_ns_.load(std::memory_order_relaxed);
       const int64_t wake_at = earliest - options_.spin_ns * 3 / 4 - lateness;
+      int64_t spin = options_.spin_ns;
       if (earliest > 0 && wake_at > base::now_ns() + options_.spin_ns) {
         if (!sleep_until_ready(base::steady_time(wake_at))) {
           const int64_t late = std::clamp<int64_t>(base::now_ns() - wake_at, 0, 500'000);
           oversleep_ns_.store(lateness + (late - lateness) / 8, std::memory_order_relaxed);
         }
+      } else {
+        spin = spin_through(earliest);  // the end is too near to sleep towards
       }
-      spin_until(ready, spin_through(earliest));
+      spin_until(ready, spin);
     }
     while (!take_completion(out)) sleep_until_ready(std::nullopt);
     return true;
