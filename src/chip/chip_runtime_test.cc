@@ -495,6 +495,88 @@ TEST_F(ChipRuntimeTest, ALinkedRecordingReplaysBehindItsSuccessorLists) {
   EXPECT_EQ(report_.tasks.size(), 150u);
 }
 
+// Two cores whose jobs complete only at blocking waits, core 0's before core 1's (then in start
+// order), without running them: the order in which cores come back idle is the test's.
+class CoresInOrderContext final : public device::ExecContext {
+ public:
+  explicit CoresInOrderContext(const device::Device& dev) : dev_(dev) {}
+  int32_t num_cores() const override { return 2; }
+  uint64_t run_id() const override { return 1; }
+  void start(int32_t core, const device::CoreJob& job) override {
+    started.push_back({core, job.task_index});
+    pending_.push_back({core, job.tag, job.task_index, job.block_idx, absl::OkStatus(), 1, 2});
+  }
+  bool next_completion(device::CoreCompletion* out, bool block) override {
+    if (!block || pending_.empty()) return false;
+    auto first = std::min_element(pending_.begin(), pending_.end(),
+                                  [](const auto& a, const auto& b) { return a.core < b.core; });
+    *out = *first;
+    pending_.erase(first);
+    return true;
+  }
+  bool aborted() const override { return false; }
+  absl::Status check_range(uint64_t address, uint64_t bytes) const override {
+    return dev_.check_range(address, bytes);
+  }
+  std::vector<std::pair<int32_t, uint32_t>> started;  // (core, task) in start order
+
+ private:
+  const device::Device& dev_;
+  std::vector<device::CoreCompletion> pending_;
+};
+
+// a += 1 (task 0) beside b += 1 (task 1), then a join (task 2: c = a + 1, reading b) and `chain`
+// incs of c behind it.
+task::ChipCallable join_then_chain(Tensor a, Tensor b, Tensor c, int chain) {
+  return {"join",
+          [a, b, c, chain](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+            task::TaskArgs t;
+            t.add_tensor(a, ArgDirection::kIn).add_tensor(a, ArgDirection::kOut);
+            SIMPLER_RETURN_IF_ERROR(ctx.submit(0, t));
+            t.clear();
+            t.add_tensor(b, ArgDirection::kIn).add_tensor(b, ArgDirection::kOut);
+            SIMPLER_RETURN_IF_ERROR(ctx.submit(0, t));
+            t.clear();
+            t.add_tensor(a, ArgDirection::kIn).add_tensor(c, ArgDirection::kOut);
+            t.add_tensor(b, ArgDirection::kIn);
+            SIMPLER_RETURN_IF_ERROR(ctx.submit(0, t));
+            for (int i = 0; i < chain; ++i) {
+              t.clear();
+              t.add_tensor(c, ArgDirection::kIn).add_tensor(c, ArgDirection::kOut);
+              SIMPLER_RETURN_IF_ERROR(ctx.submit(0, t));
+            }
+            return absl::OkStatus();
+          },
+          {{"inc", inc}}};
+}
+
+// A task that becomes ready when every core is idle runs on core 0 (the core the sim device's
+// scheduler thread stands in for), not on the core that came back last: after two independent
+// tasks on cores 0 and 1, core 1's completing last, the join and the chain behind it run on core
+// 0, orchestrated and replayed alike. (Taking the last freed core kept them on core 1, where the
+// sim device hands each task longer than its scheduler keeps to core 1's thread.)
+TEST_F(ChipRuntimeTest, ATaskReadyWhenEveryCoreIsIdleRunsOnTheSchedulersCore) {
+  Tensor a = buffer(1), b = buffer(1), c = buffer(1);
+  const task::ChipCallable prog = join_then_chain(a, b, c, 3);
+  const std::vector<std::pair<int32_t, uint32_t>> expected = {{0, 0}, {1, 1}, {0, 2},
+                                                              {0, 3}, {0, 4}, {0, 5}};
+  {
+    CoresInOrderContext ctx(*dev_);
+    ASSERT_TRUE(execute_run(ctx, prog, task::TaskArgs{}, ChipOptions{}, 0, false, &report_).ok());
+    EXPECT_EQ(ctx.started, expected) << "orchestrated";
+  }
+  absl::StatusOr<GraphRecording> g =
+      record_graph(prog, task::TaskArgs{}, ChipOptions{}, 2, 0,
+                   [this](uint64_t x, uint64_t n) { return dev_->check_range(x, n); });
+  ASSERT_TRUE(g.ok()) << g.status();
+  g->link_successors();
+  CoresInOrderContext ctx(*dev_);
+  report_ = RunReport{};
+  ASSERT_TRUE(
+      execute_recorded(ctx, prog, *g, g->args.data(), ChipOptions{}, 0, false, &report_).ok());
+  EXPECT_EQ(ctx.started, expected) << "replayed";
+}
+
 // Forwards to a device's context and records the shape key each started job carries beside the
 // one the device would compute for it.
 class ShapeRecordingContext final : public device::ExecContext {
