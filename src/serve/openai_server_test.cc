@@ -663,6 +663,10 @@ TEST(AccessLineTest, NamesMethodPathStatusTokensTimeAndId) {
   EXPECT_EQ(access_line("POST", "/v1/completions", 200, r, 13'345'678, "req-1"),
             "POST /v1/completions 200 prompt_tokens=5 completion_tokens=16 ms=12.3 "
             "request_id=req-1");
+  r.client_disconnected = true;
+  EXPECT_EQ(access_line("POST", "/v1/completions", 200, r, 13'345'678, "req-1"),
+            "POST /v1/completions 200 prompt_tokens=5 completion_tokens=16 ms=12.3 "
+            "request_id=req-1 client_disconnected");
   // Unknown counts are '-'; a line stays one line and bounded whatever the path holds.
   EXPECT_EQ(access_line("GET", "/a b\r\nc", 404, AccessRecord{}, 99, "x"),
             "GET /a?b??c 404 prompt_tokens=- completion_tokens=- ms=0.0 request_id=x");
@@ -872,6 +876,50 @@ TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
       lines[2], std::regex("GET /v1/models/other 404 prompt_tokens=- completion_tokens=- "
                            "ms=[0-9]+\\.[0-9] request_id=log-3")))
       << lines[2];
+}
+
+// A client that leaves a stream mid-way: its access line counts the tokens sent until then (at
+// least those the client read, fewer than asked) and says the client disconnected.
+TEST_F(ServerTest, TheAccessLineOfAStreamCutByItsClientCountsTheTokensSent) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(8);
+  sink->set_pattern("%v");
+  ServerOptions so;
+  so.access_log = std::make_shared<spdlog::logger>("access_cut_test", sink);
+  start(so);
+  // logprobs: every chunk of output lists its tokens, so the client can count what it read.
+  const std::string raw =
+      stream("/v1/chat/completions",
+             R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":400,"ignore_eos":true,)"
+             R"("logprobs":true,"stream":true})",
+             nullptr, /*leave_after=*/4);
+  int64_t read = 0;
+  for (const std::string& ev : events(raw.substr(0, raw.rfind("\n\n") + 2))) {
+    const json chunk = json::parse(ev);
+    const json& lp = chunk["choices"][0]["logprobs"];
+    if (lp.is_object()) read += static_cast<int64_t>(lp["content"].size());
+  }
+  ASSERT_GT(read, 0) << raw;
+  std::string line;
+  ASSERT_TRUE(simpler::testing::eventually(
+      [&] {
+        const std::vector<std::string> lines = sink->last_formatted();
+        if (lines.empty()) return false;
+        line = lines.back();
+        while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+        return true;
+      },
+      std::chrono::seconds(10)))
+      << "no access line";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(
+      line, m,
+      std::regex(
+          "POST /v1/chat/completions 200 prompt_tokens=[1-9][0-9]* completion_tokens=([0-9]+) "
+          "ms=[0-9]+\\.[0-9] request_id=req-[0-9a-f]{20} client_disconnected")))
+      << line;
+  const int64_t sent = std::stoll(m[1].str());
+  EXPECT_GE(sent, read) << line;
+  EXPECT_LT(sent, 400) << line;
 }
 
 TEST_F(ServerTest, AFullWaitingQueueIs429) {
