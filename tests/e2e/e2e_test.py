@@ -40,7 +40,8 @@ Scenarios (`--list` prints them):
   bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2,
                         and with --capture on,off (a row each)
   bench_prefill_load    `simpler bench prefill --json` and `bench load --json` on the tiny
-                        preset: keys, consistent numbers, a prompt past the positions refused
+                        preset: keys, consistent numbers, a prompt past the positions refused;
+                        `bench throughput`'s ratios say what they are ratios of
   run_defects           `simpler run` error paths that once crashed or hung: a refused launch
                         with runs in flight (exits cleanly, reporting it), a hang at depth 1
                         and 2 (one sentence naming run, task, kernel and limit), a kernel that
@@ -1812,15 +1813,53 @@ def scenario_bench_decode(ctx):
 
 
 
+def check_bench_throughput(ctx, model):
+    """`simpler bench throughput` says what each ratio it prints is a ratio of, and its --json
+    keys for them stay (continuous_over_static, ttft_probe_over_prefill_device,
+    output_tokens_per_s_on_over_off), each the quotient of the numbers it names."""
+    pb = ctx.problems
+    close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    argv = [ctx.simpler, "bench", "throughput", "--model", model, "--num-prompts", "4",
+            "--input-len-range", "8:16", "--output-len-range", "4:8", "--ttft-probe-len", "16"]
+    p, _ = ctx.run_ok(argv, label="bench throughput")
+    for want in (r"^output tokens/s, continuous / static: \d+\.\d\dx$",
+                 r"; TTFT / prefill device time: \d+\.\d{3}x$"):
+        pb.check(re.search(want, p.stdout, re.M), f"bench throughput: no line matching {want!r}: "
+                                                  f"{tail(p.stdout, 600)!r}")
+    p, _ = ctx.run_ok(argv + ["--json"], label="bench throughput --json")
+    j = parse_one_json_object(p.stdout, "bench throughput --json")
+    pb.check(close(j.get("continuous_over_static", 0),
+                   j.get("output_tokens_per_s", 0) / max(j.get("static_output_tokens_per_s", 0),
+                                                         1e-300)),
+             f"bench throughput --json: continuous_over_static {j.get('continuous_over_static')}")
+    pb.check(close(j.get("ttft_probe_over_prefill_device", 0),
+                   j.get("ttft_probe_ms", 0) / max(j.get("ttft_probe_prefill_device_ms", 0),
+                                                   1e-300)),
+             f"bench throughput --json: ttft_probe_over_prefill_device "
+             f"{j.get('ttft_probe_over_prefill_device')}")
+    argv = [ctx.simpler, "bench", "throughput", "--model", model, "--workload", "multi-turn",
+            "--num-prompts", "2", "--turns", "2", "--system-prompt-len", "16"]
+    p, _ = ctx.run_ok(argv, label="bench throughput multi-turn")
+    want = r"^output tokens/s: cache off \d+\.\d, cache on \d+\.\d \(on / off: \d+\.\d\dx\)$"
+    pb.check(re.search(want, p.stdout, re.M),
+             f"bench throughput multi-turn: no line matching {want!r}: {tail(p.stdout, 600)!r}")
+    p, _ = ctx.run_ok(argv + ["--json"], label="bench throughput multi-turn --json")
+    j = parse_one_json_object(p.stdout, "bench throughput multi-turn --json")
+    pb.check("output_tokens_per_s_on_over_off" in j,
+             f"bench throughput multi-turn --json: keys {sorted(j)}")
+
+
 def scenario_bench_prefill_load(ctx):
     """`simpler bench prefill --json` and `bench load --json` on the tiny preset: one object per
     prompt length with the issue's keys, numbers that agree with each other (GFLOP/s from the
     prompt's FLOPs and the TTFT, the fraction of the measured peak), and the load row's keys;
     `--compare starpu` / `--compare torch` either run with their keys or are refused naming
-    the Debian package; a prompt past the model's positions refused."""
+    the Debian package; a prompt past the model's positions refused. And `bench throughput`'s
+    labelled ratios (check_bench_throughput)."""
     pb = ctx.problems
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "19",
                            "--dtype", "bf16")
+    check_bench_throughput(ctx, model)
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
     matrices, _ = decode_weight_elements(cfg)
