@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,31 +62,43 @@ std::vector<WeightSlot> slots_of(const SafetensorsFile& file, int n,
   return slots;
 }
 
-worker::WorkerOptions one_core() {
-  worker::WorkerOptions o;
-  o.num_cores = 1;
-  return o;
-}
+// A checkpoint of `n` raw weights written, opened and planned, and a Worker of one core.
+class UploadWeights : public ::testing::Test {
+ protected:
+  void prepare(int n) {
+    w_.reset();
+    file_.reset();
+    path_ = write_checkpoint(simpler::testing::test_dir("simpler_weight_upload_test"), n);
+    auto file = SafetensorsFile::open(path_);
+    ASSERT_TRUE(file.ok()) << file.status();
+    file_.emplace(*std::move(file));
+    worker::WorkerOptions o;
+    o.num_cores = 1;
+    w_ = std::make_unique<worker::Worker>(o);
+    ASSERT_TRUE(w_->init().ok());
+    slots_ = slots_of(*file_, n, &targets_, &total_);
+  }
+  absl::Status upload() { return upload_weights(*w_, slots_, total_, &buffers_); }
 
-TEST(UploadWeights, CopiesEveryWeightIntoOneBufferAndPointsItsTargetAtIt) {
-  const fs::path dir = simpler::testing::test_dir("simpler_weight_upload_test");
-  const std::string path = write_checkpoint(dir, 3);
-  auto file = SafetensorsFile::open(path);
-  ASSERT_TRUE(file.ok()) << file.status();
-  worker::Worker w(one_core());
-  ASSERT_TRUE(w.init().ok());
-  std::vector<task::Tensor> targets;
-  uint64_t total = 0;
-  const std::vector<WeightSlot> slots = slots_of(*file, 3, &targets, &total);
-  std::vector<worker::DeviceBuffer> buffers;
-  ASSERT_TRUE(upload_weights(w, slots, total, &buffers).ok());
-  ASSERT_EQ(buffers.size(), 1u);
-  std::vector<std::byte> back(total), want(kWeightBytes);
-  ASSERT_TRUE(w.copy_from(back.data(), buffers[0], total).ok());
+  std::string path_;
+  std::optional<SafetensorsFile> file_;
+  std::unique_ptr<worker::Worker> w_;
+  std::vector<task::Tensor> targets_;
+  uint64_t total_ = 0;
+  std::vector<WeightSlot> slots_;
+  std::vector<worker::DeviceBuffer> buffers_;
+};
+
+TEST_F(UploadWeights, CopiesEveryWeightIntoOneBufferAndPointsItsTargetAtIt) {
+  prepare(3);
+  ASSERT_TRUE(upload().ok());
+  ASSERT_EQ(buffers_.size(), 1u);
+  std::vector<std::byte> back(total_), want(kWeightBytes);
+  ASSERT_TRUE(w_->copy_from(back.data(), buffers_[0], total_).ok());
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(read_bytes(slots[i].view, 0, want).ok());
+    ASSERT_TRUE(read_bytes(slots_[i].view, 0, want).ok());
     EXPECT_TRUE(std::equal(want.begin(), want.end(), back.begin() + i * kWeightBytes)) << i;
-    EXPECT_EQ(targets[i].dtype, task::DataType::kBFloat16);
+    EXPECT_EQ(targets_[i].dtype, task::DataType::kBFloat16);
   }
 }
 
@@ -92,7 +106,7 @@ TEST(UploadWeights, CopiesEveryWeightIntoOneBufferAndPointsItsTargetAtIt) {
 // chunk when the read fails. With 3 weights the last is the first share's (this thread's); with
 // 4, the second share's (the helper thread's), where the machine has two hardware threads.
 // A cut inside the first weight fails both shares.
-TEST(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherShare) {
+TEST_F(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherShare) {
   struct Case {
     int weights;
     uint64_t cut_at;  // bytes of the tensor data kept
@@ -106,29 +120,20 @@ TEST(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherShar
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.weights, " weights, cut at ", c.cut_at, "; ",
                               base::hardware_threads(), " hardware threads"));
-    const fs::path dir = simpler::testing::test_dir("simpler_weight_upload_test");
-    const std::string path = write_checkpoint(dir, c.weights);
-    auto file = SafetensorsFile::open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    worker::Worker w(one_core());
-    ASSERT_TRUE(w.init().ok());
-    std::vector<task::Tensor> targets;
-    uint64_t total = 0;
-    const std::vector<WeightSlot> slots = slots_of(*file, c.weights, &targets, &total);
-    const uint64_t data_start = fs::file_size(path) - total;
-    fs::resize_file(path, data_start + c.cut_at);
+    prepare(c.weights);
+    fs::resize_file(path_, fs::file_size(path_) - total_ + c.cut_at);
+    buffers_.clear();
     const size_t threads_before = threads_now();
-    std::vector<worker::DeviceBuffer> buffers;
-    const absl::Status s = upload_weights(w, slots, total, &buffers);
+    const absl::Status s = upload();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     bool named = false;
     for (const std::string& t : c.may_name) {
       const std::string prefix =
-          absl::StrCat("tensor '", t, "' of ", path, ": ", path, ": the file ends at byte ");
+          absl::StrCat("tensor '", t, "' of ", path_, ": ", path_, ": the file ends at byte ");
       named |= std::string(s.message()).rfind(prefix, 0) == 0;
     }
     EXPECT_TRUE(named) << s;
-    EXPECT_EQ(buffers.size(), 1u);  // the caller frees it
+    EXPECT_EQ(buffers_.size(), 1u);  // the caller frees it
     // The helper thread was joined: the process is back to its threads before the call (the
     // kernel may list an exited thread a moment longer).
     EXPECT_TRUE(simpler::testing::eventually([&] { return threads_now() == threads_before; }))

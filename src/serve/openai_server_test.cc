@@ -29,6 +29,25 @@ using json = nlohmann::json;
 class ServerTest : public ServerFixture {
  protected:
   static void SetUpTestSuite() { make_checkpoint("simpler_serve_test"); }
+
+  // Starts the server with its access log kept in the last `lines` lines of a ring buffer.
+  void start_with_access_log(size_t lines) {
+    access_sink_ = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(lines);
+    access_sink_->set_pattern("%v");
+    ServerOptions so;
+    so.access_log = std::make_shared<spdlog::logger>("access_test", access_sink_);
+    start(so);
+  }
+  // The access lines logged so far, without their line ends.
+  std::vector<std::string> access_lines() const {
+    std::vector<std::string> lines = access_sink_->last_formatted();
+    for (std::string& l : lines) {
+      while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+    }
+    return lines;
+  }
+
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> access_sink_;
 };
 
 TEST(BaseUrlTest, NamesIpv6AddressesInBrackets) {
@@ -828,21 +847,14 @@ TEST_F(ServerTest, CorsWithAWildcardAllowsAnyOriginAndWithoutOriginsNone) {
 }
 
 TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
-  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
-  sink->set_pattern("%v");
-  ServerOptions so;
-  so.access_log = std::make_shared<spdlog::logger>("access_test", sink);
-  start(so);
+  start_with_access_log(64);
   // The logger runs once a response is written, after the client may have read it: each line is
   // awaited before the next request, whose line would otherwise come first.
   std::vector<std::string> lines;
   auto logged = [&](size_t n) {
     return simpler::testing::eventually(
         [&] {
-          lines = sink->last_formatted();
-          for (std::string& l : lines) {
-            while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
-          }
+          lines = access_lines();
           return lines.size() >= n;
         },
         std::chrono::seconds(10));
@@ -881,11 +893,7 @@ TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
 // A client that leaves a stream mid-way: its access line counts the tokens sent until then (at
 // least those the client read, fewer than asked) and says the client disconnected.
 TEST_F(ServerTest, TheAccessLineOfAStreamCutByItsClientCountsTheTokensSent) {
-  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(8);
-  sink->set_pattern("%v");
-  ServerOptions so;
-  so.access_log = std::make_shared<spdlog::logger>("access_cut_test", sink);
-  start(so);
+  start_with_access_log(8);
   // logprobs: every chunk of output lists its tokens, so the client can count what it read.
   const std::string raw =
       stream("/v1/chat/completions",
@@ -902,11 +910,9 @@ TEST_F(ServerTest, TheAccessLineOfAStreamCutByItsClientCountsTheTokensSent) {
   std::string line;
   ASSERT_TRUE(simpler::testing::eventually(
       [&] {
-        const std::vector<std::string> lines = sink->last_formatted();
-        if (lines.empty()) return false;
-        line = lines.back();
-        while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-        return true;
+        const std::vector<std::string> lines = access_lines();
+        if (!lines.empty()) line = lines.back();
+        return !lines.empty();
       },
       std::chrono::seconds(10)))
       << "no access line";
