@@ -44,8 +44,8 @@ struct Exchange {
   int32_t n = 1;
   // Per choice.
   std::vector<std::string> text;
-  // The tokens folded into the response so far (sent, or being sent); the engine's count once
-  // the choice finished.
+  // The tokens folded into the response so far (streamed: sent, or being sent); the engine's
+  // count once the choice finished.
   std::vector<int64_t> completion_tokens;
   std::vector<std::string> finish;
   std::vector<json> logprob_content;  // chat: list; completions: {tokens, token_logprobs, ...}
