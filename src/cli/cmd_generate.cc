@@ -540,13 +540,14 @@ void print_json(const GenerateFlags& st, const llm::EngineOptions& eo, const Rep
   std::printf("%s\n", dumped.c_str());
 }
 
+// Every request's result; a failed one's error is not repeated here: exit_code prints it, once,
+// on stderr.
 void print_text(const Report& rep) {
   for (size_t i = 0; i < rep.items.size(); ++i) {
     const ChoiceResult& r = *rep.items[i].c;
     if (rep.items.size() > 1) std::printf("--- request %zu (%s)\n", i, r.finish_reason.c_str());
-    if (!r.error.ok()) {
-      std::printf("error: %s\n", std::string(r.error.message()).c_str());
-    } else if (rep.has_text) {
+    if (!r.error.ok()) continue;
+    if (rep.has_text) {
       std::printf("%s\n", r.text.c_str());
     } else {
       for (size_t k = 0; k < r.tokens.size(); ++k) std::printf("%s%d", k ? "," : "", r.tokens[k]);
@@ -556,7 +557,7 @@ void print_text(const Report& rep) {
 }
 
 // Every request's result is printed first; a refused or failed request makes the call fail,
-// its error the last line on stderr.
+// its error printed once, on stderr (the last line: the last failed request's).
 int exit_code(const GenerateFlags& st, const Report& rep, const base::TraceRecorder& trace) {
   int failed = 0;
   for (const Report::Item& it : rep.items) failed += it.c->error.ok() ? 0 : 1;
@@ -566,7 +567,8 @@ int exit_code(const GenerateFlags& st, const Report& rep, const base::TraceRecor
   if (!write_trace(trace, st.engine.common.trace_path)) return 1;
   for (size_t i = 0; i < rep.items.size(); ++i) {
     if (rep.items[i].c->error.ok()) continue;
-    std::cerr << "simpler generate: request " << i << " failed: " << rep.items[i].c->error << "\n";
+    std::cerr << "simpler generate: request " << i << " failed: " << rep.items[i].c->error.message()
+              << "\n";
   }
   return failed > 0 ? 1 : 0;
 }

@@ -5,11 +5,11 @@
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache.h"
+#include "engine/weight_upload.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/log.h"
 #include "simpler/base/status.h"
@@ -380,17 +380,6 @@ bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>
 // 2 MiB-aligned by the sim device).
 constexpr uint64_t kWeightAlignment = 64;
 
-// One weight of the decode program on its way into device memory: its checkpoint view, the
-// tensor it becomes and its place in the chip's one weights buffer.
-struct WeightSlot {
-  Tensor* target = nullptr;
-  std::vector<int64_t> shape;
-  TensorView view;
-  bool raw = false;     // kept_in_checkpoint_dtype: the file's bytes as they are; else f32
-  uint64_t offset = 0;  // in the weights buffer
-  uint64_t bytes = 0;   // in device memory
-};
-
 // Every weight of the decode program (shapes and dtypes checked by ModelWeights::get), its
 // target in `wt` (whose layers are sized here), in the order of its bytes in the checkpoint
 // (the copy then reads the files front to back), each at a kWeightAlignment-aligned offset of
@@ -444,67 +433,6 @@ absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights
   return slots;
 }
 
-// Bytes of the host buffer a raw weight passes through on its way from the file into device
-// memory: small enough to stay in the core's L2 cache between the read that fills it and the
-// copy that empties it, large enough that the sim device populates each copy's destination
-// pages in one call (copies of 1 MiB and more).
-constexpr uint64_t kStagingBytes = 1u << 20;
-
-// Copies the raw weights `share` from their files into `buf` (read_bytes: pread, not through the
-// mapping, so no page of the checkpoint is mapped in and it is resident once, in device memory)
-// through one reused host buffer.
-absl::Status copy_raw_weights(worker::Worker& w, const worker::DeviceBuffer& buf,
-                              const std::vector<const WeightSlot*>& share) {
-  std::vector<std::byte> staging(kStagingBytes);
-  for (const WeightSlot* s : share) {
-    for (uint64_t at = 0; at < s->bytes; at += kStagingBytes) {
-      const std::span<std::byte> chunk(staging.data(), std::min(kStagingBytes, s->bytes - at));
-      SIMPLER_RETURN_IF_ERROR(read_bytes(s->view, at, chunk));
-      SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, chunk.data(), chunk.size(), s->offset + at));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Copies the weights of `slots` into one device buffer (kept in c->buffers) and points their
-// targets at it: the raw weights in two shares of about equal bytes, the second copied by a
-// second thread where the machine has two hardware threads or more (a copy is CPU work on both
-// of its sides: the read out of the page cache, and the kernel zeroing the device pages that the
-// copy makes present; one thread loaded a Q4_K_M file in twice the time of reading it); a
-// widened weight through a host f32 copy.
-absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& slots, uint64_t total,
-                            ChipState* c) {
-  SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(total));
-  c->buffers.push_back(buf);
-  std::vector<const WeightSlot*> share[2];
-  uint64_t share_bytes[2] = {0, 0};
-  const bool two = base::hardware_threads() >= 2;
-  for (const WeightSlot& s : slots) {
-    if (!s.raw) continue;
-    const int i = two && share_bytes[1] < share_bytes[0] ? 1 : 0;
-    share[i].push_back(&s);
-    share_bytes[i] += s.bytes;
-  }
-  absl::Status second;
-  std::thread helper;
-  if (!share[1].empty()) {
-    helper = std::thread([&] { second = copy_raw_weights(w, buf, share[1]); });
-  }
-  const absl::Status first = copy_raw_weights(w, buf, share[0]);
-  if (helper.joinable()) helper.join();
-  SIMPLER_RETURN_IF_ERROR(first);
-  SIMPLER_RETURN_IF_ERROR(second);
-  for (const WeightSlot& s : slots) {
-    if (!s.raw) {
-      SIMPLER_ASSIGN_OR_RETURN(std::vector<float> f32, to_f32(s.view));
-      SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), s.bytes, s.offset));
-    }
-    SIMPLER_ASSIGN_OR_RETURN(
-        *s.target, buf.tensor(s.shape, s.raw ? s.view.dtype : DataType::kFloat32, s.offset));
-  }
-  return absl::OkStatus();
-}
-
 // Loads the model onto a chip: the weights of `weights` (projections and embeddings in their
 // checkpoint dtype, read from the file into one device buffer; norm vectors widened to f32),
 // scratch, the KV pool, token counts and last ids, and the decode program over them. Runs where the
@@ -521,7 +449,7 @@ absl::Status load_chip_state(worker::Worker& w, const ModelWeights& weights,
   uint64_t weight_bytes = 0;
   SIMPLER_ASSIGN_OR_RETURN(const std::vector<WeightSlot> slots,
                            plan_weights(weights, d, wt, &weight_bytes));
-  SIMPLER_RETURN_IF_ERROR(upload_weights(w, slots, weight_bytes, c));
+  SIMPLER_RETURN_IF_ERROR(upload_weights(w, slots, weight_bytes, &c->buffers));
   const int64_t max_rows = options.max_num_batched_tokens;
   const int64_t seqs = options.max_num_seqs;
   SIMPLER_ASSIGN_OR_RETURN(uint64_t scratch_bytes, qwen3_scratch_bytes(d, max_rows, seqs));

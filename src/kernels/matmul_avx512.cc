@@ -14,7 +14,9 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct Avx512 : PartsOf<__m512> {
+struct Avx512 : PartsOf<16> {
+  using P = __m512;
+  static_assert(sizeof(P) == kPartLanes * sizeof(float));
   // 24 accumulators of the 32 zmm registers; one x row streams 8 W rows at a time.
   static constexpr int kMaxRows = 6;
   static constexpr int kMaxCols = 4;

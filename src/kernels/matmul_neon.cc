@@ -13,7 +13,9 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct Neon : PartsOf<float32x4_t>, HalfWidthWeights<Neon> {
+struct Neon : PartsOf<4>, HalfWidthWeights<Neon> {
+  using P = float32x4_t;
+  static_assert(sizeof(P) == kPartLanes * sizeof(float));
   // 32 vector registers: a 4 x 4 tile holds 16 accumulators (one part at a time, tile_rows), its 4
   // W parts and an x part; one x row streams 6 W rows at a time (24 accumulators, 6 W parts, x).
   static constexpr int kMaxRows = 4;

@@ -44,7 +44,9 @@ __attribute__((always_inline)) inline F4 fmadd4(F4 a, F4 b, F4 c) {
 }
 #endif
 
-struct Portable : PartsOf<F4> {
+struct Portable : PartsOf<4> {
+  using P = F4;
+  static_assert(sizeof(P) == kPartLanes * sizeof(float));
   static constexpr int kMaxRows = 2;
   static constexpr int kMaxCols = 2;
   static constexpr int kDecodeCols = 2;

@@ -9,7 +9,7 @@
 // contract is lane l % kPartLanes of part l / kPartLanes. It provides:
 //   using P;                                   one part
 //   static constexpr int kParts, kPartLanes;   kParts · kPartLanes == 16
-//                                              (these three from PartsOf<P>)
+//                                              (the last two from PartsOf<kPartLanes>)
 //   static constexpr int kMaxRows, kMaxCols;   the register tile for several x rows
 //   static constexpr int kDecodeCols;          W rows per tile for one x row (decode)
 //   static P zero();
@@ -244,12 +244,13 @@ inline auto load_part_tail(const WeightT<WT>* row, int64_t i, int n) {
   }
 }
 
-// P, kPartLanes and kParts for a traits type (derived from this) whose part is one `Part`, a
-// vector of f32 lanes.
-template <class Part>
+// kPartLanes and kParts for a traits type (derived from this) whose part is a vector of
+// `PartLanes` f32 lanes. The traits type names its part itself (`using P = __m256;`): a vector
+// type passed as a template argument loses its attributes (__m256's __may_alias__ and
+// __aligned__; g++'s -Wignored-attributes), so the part is never one.
+template <int PartLanes>
 struct PartsOf {
-  using P = Part;
-  static constexpr int kPartLanes = static_cast<int>(sizeof(Part) / sizeof(float));
+  static constexpr int kPartLanes = PartLanes;
   static constexpr int kParts = 16 / kPartLanes;
   static_assert(kParts * kPartLanes == 16, "a part holds 1, 2, 4, 8 or 16 f32 lanes");
 };

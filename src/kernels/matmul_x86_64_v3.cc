@@ -16,7 +16,9 @@
 namespace simpler::llm::matmul_detail {
 namespace {
 
-struct X86_64V3 : PartsOf<__m256>, HalfWidthWeights<X86_64V3> {
+struct X86_64V3 : PartsOf<8>, HalfWidthWeights<X86_64V3> {
+  using P = __m256;
+  static_assert(sizeof(P) == kPartLanes * sizeof(float));
   // 16 ymm registers: a 4 x 3 tile holds 12 accumulators (one part at a time, tile_rows), its 3
   // W parts and an x part (against 3 x 2 with both parts live: 64 rows of qwen3-0.6b's bf16
   // projections on one Zen 3 thread went 35-45 -> 64-70 GFLOP/s, of a 93 GFLOP/s FMA peak). One x

@@ -45,6 +45,8 @@ void AccessRecord::note_tokens(int64_t prompt, int64_t completion) {
   r.completion_tokens = completion;
 }
 
+void AccessRecord::note_client_disconnected() { current().client_disconnected = true; }
+
 AccessRecord AccessRecord::take() {
   AccessRecord r = current();
   current() = AccessRecord{};
@@ -57,7 +59,8 @@ std::string access_line(std::string_view method, std::string_view path, int stat
   return absl::StrCat(loggable(method), " ", loggable(path), " ", status,
                       " prompt_tokens=", count(record.prompt_tokens),
                       " completion_tokens=", count(record.completion_tokens),
-                      " ms=", absl::StrFormat("%.1f", ms), " request_id=", loggable(request_id));
+                      " ms=", absl::StrFormat("%.1f", ms), " request_id=", loggable(request_id),
+                      record.client_disconnected ? " client_disconnected" : "");
 }
 
 }  // namespace simpler::serve

@@ -24,6 +24,7 @@ struct AccessRecord {
   int64_t start_ns = 0;
   int64_t prompt_tokens = -1;  // -1: not known
   int64_t completion_tokens = -1;
+  bool client_disconnected = false;  // the client left before its response was whole
 
   // The calling thread's record.
   static AccessRecord& current();
@@ -31,13 +32,16 @@ struct AccessRecord {
   static void begin();
   // Records the token counts of the calling thread's request.
   static void note_tokens(int64_t prompt, int64_t completion);
+  // Records that the calling thread's request lost its client before its response was whole.
+  static void note_client_disconnected();
   // The calling thread's record, which is reset.
   static AccessRecord take();
 };
 
 // The access log line of a response: "METHOD PATH STATUS prompt_tokens=P completion_tokens=C
-// ms=T request_id=ID" (`-` for counts not known; method and path at most 100 bytes, other than
-// printable ASCII as '?'). Thread-safe (pure).
+// ms=T request_id=ID", then " client_disconnected" when the client left before the response was
+// whole (`-` for counts not known; method and path at most 100 bytes, other than printable ASCII
+// as '?'). Thread-safe (pure).
 std::string access_line(std::string_view method, std::string_view path, int status,
                         const AccessRecord& record, int64_t end_ns, std::string_view request_id);
 

@@ -44,6 +44,8 @@ struct Exchange {
   int32_t n = 1;
   // Per choice.
   std::vector<std::string> text;
+  // The tokens folded into the response so far (streamed: sent, or being sent); the engine's
+  // count once the choice finished.
   std::vector<int64_t> completion_tokens;
   std::vector<std::string> finish;
   std::vector<json> logprob_content;  // chat: list; completions: {tokens, token_logprobs, ...}
@@ -58,6 +60,7 @@ struct Exchange {
   int32_t open = 0;
   std::deque<llm::RequestOutput> pending;  // events read before the provider ran
   bool done_written = false;
+  bool client_left = false;  // the response was cut short by its client (write_response)
   int64_t start_ns = 0, first_token_ns = 0;
   ClientWatch client;  // the request's connection (a client that left aborts the request)
 
@@ -230,6 +233,7 @@ std::string apply_event(Exchange& x, const llm::RequestOutput& out) {
   const int32_t i = out.index;
   if (x.first_token_ns == 0 && !out.token_ids.empty()) x.first_token_ns = base::now_ns();
   x.text[i] += out.text;
+  x.completion_tokens[i] += static_cast<int64_t>(out.token_ids.size());
   json prompt_lp = nullptr, lp_delta = nullptr;
   if (x.echo && x.logprobs.has_value() && !out.prompt_logprobs.empty()) {
     prompt_lp = fold_prompt_logprobs(x, out);  // first: the echoed prompt precedes the output
@@ -425,6 +429,7 @@ std::optional<ApiError> first_event(Exchange& x) {
       return api_error(500, std::string(out.status().message()), "server_error");
     }
     if (x.client.gone()) {
+      AccessRecord::note_client_disconnected();
       (void)x.engine->abort(x.id);
       drain_outputs(x.engine, x.id);
       return api_error(499, "the client closed the connection while queued",
@@ -443,16 +448,23 @@ std::optional<ApiError> first_event(Exchange& x) {
   return std::nullopt;
 }
 
+// Marks the response as cut short by its client; false, for write_response to return.
+bool client_left(Exchange& x) {
+  x.client_left = true;
+  return false;
+}
+
 // The stream writer (the content provider): folds the request's events and writes their chunks
 // (a stream) or, after the last, the body. Returns false when the client went away (a write
-// failed, or it closed the connection): the releaser aborts the request.
+// failed, or it closed the connection: `client_left` is set) or the request's events could not
+// be read: the releaser aborts the request.
 bool write_response(Exchange& x, httplib::DataSink& sink) {
   while (true) {
-    if (!sink.is_writable() || x.client.gone()) return false;
+    if (!sink.is_writable() || x.client.gone()) return client_left(x);
     if (x.pending.empty()) {
       if (x.open == 0) {
         const std::string tail = final_text(x);
-        if (!sink.write(tail.data(), tail.size())) return false;
+        if (!sink.write(tail.data(), tail.size())) return client_left(x);
         x.done_written = true;
         sink.done();
         return true;
@@ -472,7 +484,9 @@ bool write_response(Exchange& x, httplib::DataSink& sink) {
       chunk += apply_event(x, x.pending.front());
       x.pending.pop_front();
     }
-    if (x.stream && !chunk.empty()) return sink.write(chunk.data(), chunk.size());
+    if (x.stream && !chunk.empty()) {
+      return sink.write(chunk.data(), chunk.size()) || client_left(x);
+    }
   }
 }
 
@@ -501,6 +515,7 @@ void start_response(ServerContext& ctx, httplib::Response& res, std::shared_ptr<
       [x](size_t /*offset*/, httplib::DataSink& sink) {
         const bool ok = write_response(*x, sink);
         AccessRecord::note_tokens(x->prompt_tokens, completion_tokens(*x));
+        if (x->client_left) AccessRecord::note_client_disconnected();
         return ok;
       },
       [&ctx, x](bool success) { release_response(ctx, *x, success); });

@@ -29,6 +29,25 @@ using json = nlohmann::json;
 class ServerTest : public ServerFixture {
  protected:
   static void SetUpTestSuite() { make_checkpoint("simpler_serve_test"); }
+
+  // Starts the server with its access log kept in the last `lines` lines of a ring buffer.
+  void start_with_access_log(size_t lines) {
+    access_sink_ = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(lines);
+    access_sink_->set_pattern("%v");
+    ServerOptions so;
+    so.access_log = std::make_shared<spdlog::logger>("access_test", access_sink_);
+    start(so);
+  }
+  // The access lines logged so far, without their line ends.
+  std::vector<std::string> access_lines() const {
+    std::vector<std::string> lines = access_sink_->last_formatted();
+    for (std::string& l : lines) {
+      while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+    }
+    return lines;
+  }
+
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> access_sink_;
 };
 
 TEST(BaseUrlTest, NamesIpv6AddressesInBrackets) {
@@ -663,6 +682,10 @@ TEST(AccessLineTest, NamesMethodPathStatusTokensTimeAndId) {
   EXPECT_EQ(access_line("POST", "/v1/completions", 200, r, 13'345'678, "req-1"),
             "POST /v1/completions 200 prompt_tokens=5 completion_tokens=16 ms=12.3 "
             "request_id=req-1");
+  r.client_disconnected = true;
+  EXPECT_EQ(access_line("POST", "/v1/completions", 200, r, 13'345'678, "req-1"),
+            "POST /v1/completions 200 prompt_tokens=5 completion_tokens=16 ms=12.3 "
+            "request_id=req-1 client_disconnected");
   // Unknown counts are '-'; a line stays one line and bounded whatever the path holds.
   EXPECT_EQ(access_line("GET", "/a b\r\nc", 404, AccessRecord{}, 99, "x"),
             "GET /a?b??c 404 prompt_tokens=- completion_tokens=- ms=0.0 request_id=x");
@@ -824,21 +847,14 @@ TEST_F(ServerTest, CorsWithAWildcardAllowsAnyOriginAndWithoutOriginsNone) {
 }
 
 TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
-  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
-  sink->set_pattern("%v");
-  ServerOptions so;
-  so.access_log = std::make_shared<spdlog::logger>("access_test", sink);
-  start(so);
+  start_with_access_log(64);
   // The logger runs once a response is written, after the client may have read it: each line is
   // awaited before the next request, whose line would otherwise come first.
   std::vector<std::string> lines;
   auto logged = [&](size_t n) {
     return simpler::testing::eventually(
         [&] {
-          lines = sink->last_formatted();
-          for (std::string& l : lines) {
-            while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
-          }
+          lines = access_lines();
           return lines.size() >= n;
         },
         std::chrono::seconds(10));
@@ -872,6 +888,44 @@ TEST_F(ServerTest, TheAccessLogHasOneLinePerResponseWithTokensTimeAndId) {
       lines[2], std::regex("GET /v1/models/other 404 prompt_tokens=- completion_tokens=- "
                            "ms=[0-9]+\\.[0-9] request_id=log-3")))
       << lines[2];
+}
+
+// A client that leaves a stream mid-way: its access line counts the tokens sent until then (at
+// least those the client read, fewer than asked) and says the client disconnected.
+TEST_F(ServerTest, TheAccessLineOfAStreamCutByItsClientCountsTheTokensSent) {
+  start_with_access_log(8);
+  // logprobs: every chunk of output lists its tokens, so the client can count what it read.
+  const std::string raw =
+      stream("/v1/chat/completions",
+             R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":400,"ignore_eos":true,)"
+             R"("logprobs":true,"stream":true})",
+             nullptr, /*leave_after=*/4);
+  int64_t read = 0;
+  for (const std::string& ev : events(raw.substr(0, raw.rfind("\n\n") + 2))) {
+    const json chunk = json::parse(ev);
+    const json& lp = chunk["choices"][0]["logprobs"];
+    if (lp.is_object()) read += static_cast<int64_t>(lp["content"].size());
+  }
+  ASSERT_GT(read, 0) << raw;
+  std::string line;
+  ASSERT_TRUE(simpler::testing::eventually(
+      [&] {
+        const std::vector<std::string> lines = access_lines();
+        if (!lines.empty()) line = lines.back();
+        return !lines.empty();
+      },
+      std::chrono::seconds(10)))
+      << "no access line";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(
+      line, m,
+      std::regex(
+          "POST /v1/chat/completions 200 prompt_tokens=[1-9][0-9]* completion_tokens=([0-9]+) "
+          "ms=[0-9]+\\.[0-9] request_id=req-[0-9a-f]{20} client_disconnected")))
+      << line;
+  const int64_t sent = std::stoll(m[1].str());
+  EXPECT_GE(sent, read) << line;
+  EXPECT_LT(sent, 400) << line;
 }
 
 TEST_F(ServerTest, AFullWaitingQueueIs429) {

@@ -40,7 +40,8 @@ Scenarios (`--list` prints them):
   bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2,
                         and with --capture on,off (a row each)
   bench_prefill_load    `simpler bench prefill --json` and `bench load --json` on the tiny
-                        preset: keys, consistent numbers, a prompt past the positions refused
+                        preset: keys, consistent numbers, a prompt past the positions refused;
+                        `bench throughput`'s ratios say what they are ratios of
   run_defects           `simpler run` error paths that once crashed or hung: a refused launch
                         with runs in flight (exits cleanly, reporting it), a hang at depth 1
                         and 2 (one sentence naming run, task, kernel and limit), a kernel that
@@ -974,10 +975,25 @@ def check_prefix_caching(ctx, model, rng, diag, max_new):
                      f"expected whole pages, at least 96 of the shared prefix for 4 requests")
 
 
+def without_log_records(text):
+    """`text` less its log records ("[08:25:23.448] [error] engine: ...": an unhealthy engine
+    logs its failure as it happens, before the command reports it)."""
+    return "\n".join(ln for ln in text.splitlines()
+                     if not re.match(r"\[\d\d:\d\d:\d\d\.\d+\] \[", ln))
+
+
+def check_printed_once(pb, label, p, message):
+    """The error `message` is printed once: it occurs exactly once in stdout and stderr, leaving
+    out the log records."""
+    n = without_log_records(p.stdout + "\n" + p.stderr).count(message)
+    pb.check(n == 1, f"{label}: the error is printed {n} times, expected once: {message!r}; "
+                     f"stdout {tail(p.stdout, 300)!r}, stderr {tail(p.stderr, 600)!r}")
+
+
 def expect_error(ctx, argv, label, must_contain, *, env=None):
     """argv must exit non-zero (not by a signal), print nothing on stdout, and name every string
     of must_contain (case-sensitive) in the last line of stderr (the error; earlier lines are
-    progress and warnings, which may mention paths too)."""
+    progress and warnings, which may mention paths too), printed once."""
     pb = ctx.problems
     p, _ = ctx.run(argv, env=env, label=label)
     log(f"  stderr: {tail(p.stderr, 600).strip()}")
@@ -994,14 +1010,18 @@ def expect_error(ctx, argv, label, must_contain, *, env=None):
     for s in must_contain:
         pb.check(s in last, f"{label}: the error (last stderr line) does not name {s!r}: "
                             f"{last!r}")
+    if last:
+        check_printed_once(pb, label, p, last.split(": ", 1)[-1])
     return p
 
 
 def expect_request_failure(ctx, argv, label, must_contain, *, env=None):
     """`simpler generate` whose requests fail: it exits 1 (not by a signal) after printing every
     request's result — with --json one JSON object whose failed items carry finish_reason "error"
-    and an "error" naming every string of must_contain, else an "error: ..." line per failed
-    request — and the last line of stderr is a failed request's error, naming them too."""
+    and an "error" naming every string of must_contain, else the results of the others only —
+    and the last line of stderr is a failed request's error, naming them too. Each failed
+    request's error is printed once on stderr ("simpler generate: request N failed: ERROR"),
+    and nowhere else but in its --json item."""
     pb = ctx.problems
     p, _ = ctx.run(argv, env=env, label=label)
     log(f"  stderr: {tail(p.stderr, 600).strip()}")
@@ -1022,18 +1042,27 @@ def expect_request_failure(ctx, argv, label, must_contain, *, env=None):
                      f"{label}: the failed requests' items do not name {must_contain}: {failed}")
         except (Failure, ValueError) as e:
             pb.add(f"{label}: {e}")
+    # The message without a status code's name ("INTERNAL: ") before it.
+    failures = [m.group(1) for m in re.finditer(
+        r"^simpler generate: request \d+ failed: (?:[A-Z_]+: )?(.*)$", p.stderr, re.M)]
+    pb.check(failures, f"{label}: stderr names no failed request: {tail(p.stderr, 400)!r}")
+    if "--json" in argv:
+        for message in set(failures):
+            n = without_log_records(p.stderr).count(message)
+            pb.check(n == failures.count(message),
+                     f"{label}: the error is printed {n} times on stderr, expected "
+                     f"{failures.count(message)}: {message!r}")
     else:
-        errors = [ln for ln in p.stdout.splitlines() if ln.startswith("error: ")]
-        pb.check(errors and all(all(s in ln for s in must_contain) for ln in errors),
-                 f"{label}: stdout has no 'error: ...' line naming {must_contain}: "
-                 f"{tail(p.stdout, 300)!r}")
+        for message in set(failures):
+            if failures.count(message) == 1:
+                check_printed_once(pb, label, p, message)
     return p
 
 
 def expect_refused_by_parser(ctx, argv, label, must_contain):
     """argv must be refused while parsing its flags: an error exit, nothing on stdout, no
     command output on stderr ("simpler <command>: ..."), and stderr names every string of
-    must_contain (CLI11 prints the reason, then a --help hint as its last line)."""
+    must_contain (CLI11 prints the reason, once, then a --help hint as its last line)."""
     pb = ctx.problems
     p, _ = ctx.run(argv, label=label)
     log(f"  stderr: {tail(p.stderr, 600).strip()}")
@@ -1045,6 +1074,9 @@ def expect_refused_by_parser(ctx, argv, label, must_contain):
              f"{tail(p.stderr, 400)!r}")
     for s in must_contain:
         pb.check(s in p.stderr, f"{label}: stderr does not name {s!r}: {tail(p.stderr, 400)!r}")
+    reason = next((ln for ln in p.stderr.splitlines() if ln.strip()), "")
+    if reason:
+        check_printed_once(pb, label, p, reason)
     return p
 
 
@@ -1292,6 +1324,13 @@ def scenario_cli_errors(ctx):
         f.write('{"prompt_ids": [1, 2]}\n{"prompt_ids": [3, 600]}\n')
     expect_request_failure(ctx, gen(sharded, "--prompts-file", pf4),
                            "prompts-file id outside the vocab", [f"{pf4}:2", "600", "vocab"])
+    # Its error printed once in text output too (on stderr; the results on stdout).
+    p = expect_request_failure(ctx, [a for a in gen(sharded, "--prompts-file", pf4)
+                                     if a != "--json"],
+                               "prompts-file id outside the vocab, text",
+                               [f"{pf4}:2", "600", "vocab"])
+    pb.check(p.stdout.count("--- request") == 2 and "--- request 1 (error)" in p.stdout,
+             f"prompts-file id outside the vocab, text: stdout {tail(p.stdout, 300)!r}")
 
     # Launch depth and run grant out of bounds name the field and its value.
     expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2", "--run-grant", "1"),
@@ -1800,15 +1839,53 @@ def scenario_bench_decode(ctx):
 
 
 
+def check_bench_throughput(ctx, model):
+    """`simpler bench throughput` says what each ratio it prints is a ratio of, and its --json
+    keys for them stay (continuous_over_static, ttft_probe_over_prefill_device,
+    output_tokens_per_s_on_over_off), each the quotient of the numbers it names."""
+    pb = ctx.problems
+    close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    argv = [ctx.simpler, "bench", "throughput", "--model", model, "--num-prompts", "4",
+            "--input-len-range", "8:16", "--output-len-range", "4:8", "--ttft-probe-len", "16"]
+    p, _ = ctx.run_ok(argv, label="bench throughput")
+    for want in (r"^output tokens/s, continuous / static: \d+\.\d\dx$",
+                 r"; TTFT / prefill device time: \d+\.\d{3}x$"):
+        pb.check(re.search(want, p.stdout, re.M), f"bench throughput: no line matching {want!r}: "
+                                                  f"{tail(p.stdout, 600)!r}")
+    p, _ = ctx.run_ok(argv + ["--json"], label="bench throughput --json")
+    j = parse_one_json_object(p.stdout, "bench throughput --json")
+    pb.check(close(j.get("continuous_over_static", 0),
+                   j.get("output_tokens_per_s", 0) / max(j.get("static_output_tokens_per_s", 0),
+                                                         1e-300)),
+             f"bench throughput --json: continuous_over_static {j.get('continuous_over_static')}")
+    pb.check(close(j.get("ttft_probe_over_prefill_device", 0),
+                   j.get("ttft_probe_ms", 0) / max(j.get("ttft_probe_prefill_device_ms", 0),
+                                                   1e-300)),
+             f"bench throughput --json: ttft_probe_over_prefill_device "
+             f"{j.get('ttft_probe_over_prefill_device')}")
+    argv = [ctx.simpler, "bench", "throughput", "--model", model, "--workload", "multi-turn",
+            "--num-prompts", "2", "--turns", "2", "--system-prompt-len", "16"]
+    p, _ = ctx.run_ok(argv, label="bench throughput multi-turn")
+    want = r"^output tokens/s: cache off \d+\.\d, cache on \d+\.\d \(on / off: \d+\.\d\dx\)$"
+    pb.check(re.search(want, p.stdout, re.M),
+             f"bench throughput multi-turn: no line matching {want!r}: {tail(p.stdout, 600)!r}")
+    p, _ = ctx.run_ok(argv + ["--json"], label="bench throughput multi-turn --json")
+    j = parse_one_json_object(p.stdout, "bench throughput multi-turn --json")
+    pb.check("output_tokens_per_s_on_over_off" in j,
+             f"bench throughput multi-turn --json: keys {sorted(j)}")
+
+
 def scenario_bench_prefill_load(ctx):
     """`simpler bench prefill --json` and `bench load --json` on the tiny preset: one object per
     prompt length with the issue's keys, numbers that agree with each other (GFLOP/s from the
     prompt's FLOPs and the TTFT, the fraction of the measured peak), and the load row's keys;
     `--compare starpu` / `--compare torch` either run with their keys or are refused naming
-    the Debian package; a prompt past the model's positions refused."""
+    the Debian package; a prompt past the model's positions refused. And `bench throughput`'s
+    labelled ratios (check_bench_throughput)."""
     pb = ctx.problems
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "19",
                            "--dtype", "bf16")
+    check_bench_throughput(ctx, model)
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
     matrices, _ = decode_weight_elements(cfg)

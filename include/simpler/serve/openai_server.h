@@ -27,7 +27,10 @@
 //   METHOD PATH STATUS prompt_tokens=P completion_tokens=C ms=T request_id=ID
 // with `-` for counts that are not known (every endpoint but the completions), T the
 // milliseconds from the request's headers to the response's end, and the method and path
-// (at most 100 bytes) with other than printable ASCII as '?'.
+// (at most 100 bytes) with other than printable ASCII as '?'. A response whose client left
+// before it was whole (a stream cut mid-way, a request still queued: 499) ends the line with
+// " client_disconnected"; its C counts the tokens generated for it until then (streamed: those
+// sent, or being sent, to the client).
 // A body is judged by its headers before any of it is read (cpp-httplib 0.11 would read a chunked
 // or unsized body whole, past max_body_bytes, and an oversized one whole before refusing it): a
 // request without a body (neither Content-Length nor Transfer-Encoding) gets 404 / 405 where

@@ -140,8 +140,8 @@ void print_multi_turn(const ThroughputState& st, const MultiTurnSummary& off,
                 off.ttft99_ms[t], on.ttft50_ms[t], on.ttft99_ms[t],
                 static_cast<long long>(on.cached[t]), static_cast<long long>(on.prompt_tokens[t]));
   }
-  std::printf("output tokens/s: cache off %.1f, cache on %.1f (%.2fx)\n", off.output_tokens_per_s,
-              on.output_tokens_per_s,
+  std::printf("output tokens/s: cache off %.1f, cache on %.1f (on / off: %.2fx)\n",
+              off.output_tokens_per_s, on.output_tokens_per_s,
               off.output_tokens_per_s > 0 ? on.output_tokens_per_s / off.output_tokens_per_s : 0);
 }
 
@@ -318,11 +318,11 @@ void print_text(const ThroughputState& st, const Report& r) {
       r.seqs, static_cast<long long>(r.s.output_tokens), r.s.wall_s, r.s.output_tokens_per_s,
       static_cast<long long>(r.s.steps), r.s.mean_rows_per_step,
       static_cast<long long>(r.s.errors));
-  std::printf("continuous / static: %.2fx\n", r.ratio);
+  std::printf("output tokens/s, continuous / static: %.2fx\n", r.ratio);
   if (r.probe) {
     std::printf(
         "idle engine, one %lld-token prompt: first token after %.2f ms; its %lld prefill "
-        "step(s) took %.2f ms of device time: %.3fx\n",
+        "step(s) took %.2f ms of device time; TTFT / prefill device time: %.3fx\n",
         static_cast<long long>(st.ttft_probe_len), r.probe->ttft_ms,
         static_cast<long long>(r.probe->steps), r.probe->prefill_device_ms, r.probe->ratio());
   }

@@ -1,0 +1,43 @@
+// The weights' way from the checkpoint files into device memory: one device buffer that holds
+// every weight, filled by two threads (model_runner.cc plans the slots; this copies them).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "simpler/model/safetensors.h"
+#include "simpler/task/tensor.h"
+#include "simpler/worker/worker.h"
+
+namespace simpler::llm {
+
+// One weight of the decode program on its way into device memory: its checkpoint view, the
+// tensor it becomes and its place in the chip's one weights buffer.
+struct WeightSlot {
+  task::Tensor* target = nullptr;
+  std::vector<int64_t> shape;
+  TensorView view;
+  bool raw = false;     // kept in the checkpoint dtype: the file's bytes as they are; else f32
+  uint64_t offset = 0;  // in the weights buffer
+  uint64_t bytes = 0;   // in device memory
+};
+
+// Copies the weights of `slots` into one device buffer of `total` bytes (appended to `buffers`
+// as soon as it is allocated, so that its owner frees it also on failure) and points their
+// targets at it: the raw weights in two shares of about equal bytes, the second copied by a
+// second thread where the machine has two hardware threads or more (a copy is CPU work on both
+// of its sides: the read out of the page cache, and the kernel zeroing the device pages that the
+// copy makes present; one thread loaded a Q4_K_M file in twice the time of reading it); a
+// widened weight through a host f32 copy. The raw weights are read with read_bytes (pread, not
+// through the mapping, so no page of the checkpoint is mapped in and it is resident once, in
+// device memory).
+// Errors: the first failure of either share, its message prefixed with the tensor's name and
+// file ("tensor 'NAME' of FILE: ..."), e.g. DATA_LOSS when the file shrank after it was opened,
+// or the Worker's copy error; the other share stops at its next chunk, and the second thread has
+// ended when this returns (it is joined on every path). When the second thread cannot be
+// started, this thread copies both shares. Call from one thread at a time per Worker.
+absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& slots, uint64_t total,
+                            std::vector<worker::DeviceBuffer>* buffers);
+
+}  // namespace simpler::llm

@@ -1,0 +1,145 @@
+// The two-thread weight upload (weight_upload.h) against a checkpoint that shrinks after it was
+// opened: the copy fails naming the tensor and the file, on whichever share reads the cut bytes,
+// with no thread left behind.
+#include "engine/weight_upload.h"
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/test_temp_dir.h"
+#include "base/test_wait.h"
+#include "gtest/gtest.h"
+#include "simpler/base/thread.h"
+
+namespace simpler::llm {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Each weight: bf16 [1024, 1280], 2.5 MiB: three chunks of the copy's 1 MiB staging buffer.
+constexpr int64_t kRows = 1024, kCols = 1280;
+constexpr uint64_t kWeightBytes = kRows * kCols * 2;
+
+// The threads of this process (Linux: /proc/self/task).
+size_t threads_now() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// A checkpoint of `n` raw weights "w0".."w{n-1}", each of its own byte pattern.
+std::string write_checkpoint(const fs::path& dir, int n) {
+  std::vector<std::vector<std::byte>> data(n, std::vector<std::byte>(kWeightBytes));
+  std::vector<TensorSource> sources;
+  for (int i = 0; i < n; ++i) {
+    for (uint64_t k = 0; k < kWeightBytes; ++k) data[i][k] = std::byte((k * 7 + i * 13) & 0xFF);
+    sources.push_back(
+        {absl::StrCat("w", i), task::DataType::kBFloat16, {kRows, kCols}, data[i], nullptr});
+  }
+  const std::string path = (dir / "model.safetensors").string();
+  EXPECT_TRUE(write_safetensors(path, sources).ok());
+  return path;
+}
+
+// The slots of every weight of `file`, in file order, one after the other in the buffer.
+std::vector<WeightSlot> slots_of(const SafetensorsFile& file, int n,
+                                 std::vector<task::Tensor>* targets, uint64_t* total) {
+  targets->assign(n, task::Tensor{});
+  std::vector<WeightSlot> slots;
+  for (int i = 0; i < n; ++i) {
+    WeightSlot s{&(*targets)[i], {kRows, kCols}, file.tensor(absl::StrCat("w", i)).value()};
+    s.raw = true;
+    s.offset = static_cast<uint64_t>(i) * kWeightBytes;
+    s.bytes = kWeightBytes;
+    slots.push_back(std::move(s));
+  }
+  *total = static_cast<uint64_t>(n) * kWeightBytes;
+  return slots;
+}
+
+// A checkpoint of `n` raw weights written, opened and planned, and a Worker of one core.
+class UploadWeights : public ::testing::Test {
+ protected:
+  void prepare(int n) {
+    w_.reset();
+    file_.reset();
+    path_ = write_checkpoint(simpler::testing::test_dir("simpler_weight_upload_test"), n);
+    auto file = SafetensorsFile::open(path_);
+    ASSERT_TRUE(file.ok()) << file.status();
+    file_.emplace(*std::move(file));
+    worker::WorkerOptions o;
+    o.num_cores = 1;
+    w_ = std::make_unique<worker::Worker>(o);
+    ASSERT_TRUE(w_->init().ok());
+    slots_ = slots_of(*file_, n, &targets_, &total_);
+  }
+  absl::Status upload() { return upload_weights(*w_, slots_, total_, &buffers_); }
+
+  std::string path_;
+  std::optional<SafetensorsFile> file_;
+  std::unique_ptr<worker::Worker> w_;
+  std::vector<task::Tensor> targets_;
+  uint64_t total_ = 0;
+  std::vector<WeightSlot> slots_;
+  std::vector<worker::DeviceBuffer> buffers_;
+};
+
+TEST_F(UploadWeights, CopiesEveryWeightIntoOneBufferAndPointsItsTargetAtIt) {
+  prepare(3);
+  ASSERT_TRUE(upload().ok());
+  ASSERT_EQ(buffers_.size(), 1u);
+  std::vector<std::byte> back(total_), want(kWeightBytes);
+  ASSERT_TRUE(w_->copy_from(back.data(), buffers_[0], total_).ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(read_bytes(slots_[i].view, 0, want).ok());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), back.begin() + i * kWeightBytes)) << i;
+    EXPECT_EQ(targets_[i].dtype, task::DataType::kBFloat16);
+  }
+}
+
+// The file is cut inside its last weight's second chunk: the copy has read that weight's first
+// chunk when the read fails. With 3 weights the last is the first share's (this thread's); with
+// 4, the second share's (the helper thread's), where the machine has two hardware threads.
+// A cut inside the first weight fails both shares.
+TEST_F(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherShare) {
+  struct Case {
+    int weights;
+    uint64_t cut_at;  // bytes of the tensor data kept
+    std::vector<std::string> may_name;
+  };
+  const Case cases[] = {
+      {3, 2 * kWeightBytes + kWeightBytes / 2, {"w2"}},
+      {4, 3 * kWeightBytes + kWeightBytes / 2, {"w3"}},
+      {4, kWeightBytes / 2, {"w0", "w1", "w2", "w3"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.weights, " weights, cut at ", c.cut_at, "; ",
+                              base::hardware_threads(), " hardware threads"));
+    prepare(c.weights);
+    fs::resize_file(path_, fs::file_size(path_) - total_ + c.cut_at);
+    buffers_.clear();
+    const size_t threads_before = threads_now();
+    const absl::Status s = upload();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    bool named = false;
+    for (const std::string& t : c.may_name) {
+      const std::string prefix =
+          absl::StrCat("tensor '", t, "' of ", path_, ": ", path_, ": the file ends at byte ");
+      named |= std::string(s.message()).rfind(prefix, 0) == 0;
+    }
+    EXPECT_TRUE(named) << s;
+    EXPECT_EQ(buffers_.size(), 1u);  // the caller frees it
+    // The helper thread was joined: the process is back to its threads before the call (the
+    // kernel may list an exited thread a moment longer).
+    EXPECT_TRUE(simpler::testing::eventually([&] { return threads_now() == threads_before; }))
+        << threads_now() << " threads, " << threads_before << " before";
+  }
+}
+
+}  // namespace
+}  // namespace simpler::llm
