@@ -101,8 +101,9 @@ matmul_detail::Int8Dots int8_dots(KernelIsa isa) {
     return matmul_detail::int8_dots_avx512vnni();
   }
   if (isa == KernelIsa::kAvx512 || isa == KernelIsa::kX86_64V3) {
-    return matmul_detail::avxvnni_available() ? matmul_detail::int8_dots_avxvnni()
-                                              : matmul_detail::int8_dots_avx2();
+    return matmul_detail::avxvnni_available() && !matmul_detail::int8_avx2_forced()
+               ? matmul_detail::int8_dots_avxvnni()
+               : matmul_detail::int8_dots_avx2();
   }
 #elif defined(__aarch64__)
   if (isa == KernelIsa::kNeon) return matmul_detail::int8_dots_neon();

@@ -14,11 +14,14 @@
 //     pace; 16 against N 3072: a batch-16 step of the gate projection), one thread,
 //     with the target's whole-product kernel (Int8Dots::rows) or the shared loop over its
 //     integer sums: the same bits, the ratio of the two is the kernel's gain;
+//   Int8Calls/<weight type>/<target>/S/threads:T — one x row against W [131072 / T, 1024] per
+//     thread walked in calls of S rows, as a decode step's cores call the kernel;
 //   ExactBlocks/<weight type>/<target>/R/N/K — precision exact over the same W and shapes.
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -218,6 +221,36 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
       ->UseRealTime();
 }
 
+// One x row against W [131072 / T, 1024] per thread (T threads, each its own W, streamed from
+// memory), walked in calls of `slice` rows (state.range(0)) as a decode step calls it: 512 rows is
+// one of two cores' share of a 1024-row projection, each call quantizing x and starting cold. The
+// kernels' pace in a decode differs from one long call's (Int8/.../1/131072/1024): a loop that
+// is fast there can be slow here, and this is the case that ranks them as the decode does.
+void Int8Calls(benchmark::State& state, WeightType wt, const char* target) {
+  if (!int8_target_available(target)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  QuantizedProblem q(wt, 1, 131072 / state.threads(), 1024);
+  const matmul_detail::Int8Dots dots = int8_target(target);
+  const int64_t slice = state.range(0), row_bytes = static_cast<int64_t>(q.w.size()) / q.p.n;
+  for (auto _ : state) {
+    for (int64_t j = 0; j < q.p.n; j += slice) {
+      Problem p = q.p;
+      p.w = q.w.data() + j * row_bytes;
+      p.n = std::min(slice, q.p.n - j);
+      p.y = q.y.data() + j;
+      matmul_detail::run_int8(p, dots);
+    }
+    benchmark::DoNotOptimize(q.y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(q.w.size()));
+}
+
+void int8_call_shapes(benchmark::internal::Benchmark* b) {
+  b->Arg(512)->Arg(1536)->Arg(131072)->Threads(1)->Threads(2)->UseRealTime();
+}
+
 // Precision exact over the same block-quantized W (dequantized in registers against f32 x): the
 // other side of the per-weight-type default (kernels.h, Precision).
 void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
@@ -239,6 +272,9 @@ void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
   BENCHMARK_CAPTURE(Int8, type##_avx512vnni_shared, wt, "avx512vnni", false)->Apply(int8_shapes); \
   BENCHMARK_CAPTURE(Int8, type##_avxvnni_whole, wt, "avxvnni", true)->Apply(int8_shapes);         \
   BENCHMARK_CAPTURE(Int8, type##_avx2_whole, wt, "avx2", true)->Apply(int8_shapes);               \
+  BENCHMARK_CAPTURE(Int8Calls, type##_avx512vnni, wt, "avx512vnni")->Apply(int8_call_shapes);     \
+  BENCHMARK_CAPTURE(Int8Calls, type##_avxvnni, wt, "avxvnni")->Apply(int8_call_shapes);           \
+  BENCHMARK_CAPTURE(Int8Calls, type##_avx2, wt, "avx2")->Apply(int8_call_shapes);                 \
   BENCHMARK_CAPTURE(Int8, type##_neon_shared, wt, "neon", false)->Apply(int8_shapes);             \
   BENCHMARK_CAPTURE(ExactBlocks, type##_avx512, wt, KernelIsa::kAvx512)->Apply(int8_shapes);      \
   BENCHMARK_CAPTURE(ExactBlocks, type##_x86_64_v3, wt, KernelIsa::kX86_64V3)->Apply(int8_shapes); \

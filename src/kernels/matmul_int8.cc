@@ -5,7 +5,9 @@
 #include "kernels/matmul_int8.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -299,6 +301,14 @@ bool avxvnni_available() {
 #else
   return false;
 #endif
+}
+
+bool int8_avx2_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("SIMPLER_INT8_AVX2");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return forced;
 }
 
 bool avx512vnni_available() {

@@ -396,14 +396,15 @@ inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
 
 // Q6_K super-block b against R x rows: S = Σ_g sc_g·Σ q·x - 32·Σ_g sc_g·bsum_g, q the unsigned
 // 6-bit value (vpmaddubsw's pair sums at most 2·63·127, no saturation). Run (h, c), 32 weights,
-// is groups 8h + 2c (its first 16) and 8h + 2c + 1: their scales in the two halves.
+// is groups 8h + 2c (its first 16) and 8h + 2c + 1: their scales in the two 128-bit halves, each
+// an i16 spread by one vpshufb of the half's 8 scales (sch[h], in both halves).
 template <class Dot, int R>
-inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
-                       __m256i (*)[8]) {
+__attribute__((always_inline)) inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b,
+                                                      __m256i (*sv)[8], __m256i (*)[8]) {
   const __m256i sc =
       _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
-  // As i32 lanes holding (sc_g, sc_g): lo = g 0-3 | 8-11, hi = g 4-7 | 12-15.
-  const __m256i lo = _mm256_unpacklo_epi16(sc, sc), hi = _mm256_unpackhi_epi16(sc, sc);
+  const __m256i sch[2] = {_mm256_permute2x128_si256(sc, sc, 0x00),
+                          _mm256_permute2x128_si256(sc, sc, 0x11)};
   const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
   __m256i acc[R];
   for (int i = 0; i < R; ++i) {
@@ -426,12 +427,11 @@ inline void q6_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)};
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const int g = 8 * kH + 2 * c;  // groups g, g + 1: lanes (g % 4, g % 4 + 1) of lo or hi,
-                                     // in the half g / 8
-      const __m256i src = g % 8 < 4 ? lo : hi;
-      const int at = (g % 4) + 4 * (g / 8);
-      const __m256i scales = _mm256_permutevar8x32_epi32(
-          src, _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1));
+      // i16 2c of sch[h] in the low half, 2c + 1 in the high half: groups 8h + 2c and + 1
+      const __m256i scales = _mm256_shuffle_epi8(
+          sch[kH],
+          _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))),
+                           _mm_set1_epi16(static_cast<int16_t>((4 * c + 1) << 8 | 4 * c))));
       const __m256i q = _mm256_or_si256(low[c], top[c]);
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
@@ -456,8 +456,8 @@ struct SuperKernels256 {
     q4_k_super<Dot, R>(blk, t, b, sv, mv);
   }
   template <int R>
-  static void q6_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
-                   __m256i (*mv)[8]) {
+  __attribute__((always_inline)) static void q6_k(const uint8_t* blk, const XTile& t, int64_t b,
+                                                  __m256i (*sv)[8], __m256i (*mv)[8]) {
     q6_k_super<Dot, R>(blk, t, b, sv, mv);
   }
 };
