@@ -232,7 +232,7 @@ absl::StatusOr<Requests> read_requests(const GenerateFlags& st, MaybeTokenizer* 
       return base::annotate(s, absl::StrCat("request ", r, ": "));
     }
     req.refused.push_back(
-        s.ok() ? s : base::annotate(s, absl::StrCat(req.where[r], ": request ", r, ": ")));
+        s.ok() ? s : base::annotate(s, absl::StrCat(req.where[r], ": ")));  // file:line names it
     running += s.ok() ? 1 : 0;
   }
   if (running == 0) return req.refused.front();
@@ -248,7 +248,7 @@ absl::StatusOr<Requests> read_requests(const GenerateFlags& st, MaybeTokenizer* 
   if (st.chips > 1 && !req.kv_positions.empty()) {
     return absl::InvalidArgumentError(
         "--dump-kv-positions reads the KV pool back, and with --chips > 1 it lives in a child's "
-        "device memory");
+        "device memory: run it with --chips 1");
   }
   return req;
 }

@@ -85,14 +85,18 @@ CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std
 
 void CommonOptions::add_to(CLI::App* app, bool with_json) {
   app->add_option("--cores", cores, "sim device cores (0 = one per hardware thread)")
-      ->check(int_in(0, kMaxCores));
+      ->check(int_in(0, kMaxCores))
+      ->capture_default_str();
   app->add_option("--launch-depth", launch_depth, "runs launched on the device at once")
-      ->check(int_in(1, worker::kMaxRunGrant));
+      ->check(int_in(1, worker::kMaxRunGrant))
+      ->capture_default_str();
   app->add_option("--run-grant", run_grant,
                   "run resource sets (0 = launch depth + 1; must be >= launch depth)")
-      ->check(int_in(0, worker::kMaxRunGrant));
+      ->check(int_in(0, worker::kMaxRunGrant))
+      ->capture_default_str();
   app->add_option("--timeout", timeout_s, "operation timeout per run, seconds")
-      ->check(number_in(0, kMaxTimeoutS, /*lo_open=*/true));
+      ->check(number_in(0, kMaxTimeoutS, /*lo_open=*/true))
+      ->capture_default_str();
   app->add_option("--graph-placement", placement,
                   "where task graphs are built: device (orchestration on the device) or host "
                   "(built during prepare, executed from a graph image)")

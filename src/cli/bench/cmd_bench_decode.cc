@@ -68,11 +68,12 @@ struct DecodeRow {
   DepthStats depth;
 };
 
-// The p50 of `v` (0 when empty).
+// The median of `v` (0 when empty; the mean of the middle two for an even count).
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
 }
 
 // Host prepare µs and device ns per task of the decode steps (all but the first).
@@ -323,10 +324,12 @@ Runner add_bench_decode_command(CLI::App* bench) {
       add_model_command(bench, "decode", "decode step time and weight bandwidth", &st->model);
   // The first step feeds the prompt; the timed decode phase is the steps after it.
   cmd->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
-      ->check(int_in(2, kMaxRepeats));
+      ->check(int_in(2, kMaxRepeats))
+      ->capture_default_str();
   cmd->add_option("--batch", st->batches, "requests per step; a comma list runs one row each")
       ->delimiter(',')
-      ->check(int_in(1, kMaxRequests));
+      ->check(int_in(1, kMaxRequests))
+      ->capture_default_str();
   add_compare_flag(cmd, &st->compare, "the checkpoint", "llama-bench / llama-batched-bench",
                    "batch and steps");
   cmd->add_option("--capture", st->capture,

@@ -296,6 +296,9 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
   cmd->add_option("--runs", st->runs, "round trips / runs per measurement")
       ->check(int_in(10, kMaxRepeats));
   st->common.add_to(cmd);
+  // The children's defaults (below): one core each, depth 2.
+  cmd->get_option("--cores")->default_str("1");
+  cmd->get_option("--launch-depth")->default_str("2");
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     worker::WorkerOptions child = st->common.worker_options(nullptr);

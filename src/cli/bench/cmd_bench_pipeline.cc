@@ -82,6 +82,7 @@ Runner add_bench_pipeline_command(CLI::App* bench) {
   st->common.add_to(cmd);
   // --launch-depth D is --depths D; --cores defaults to 1 here (one task on one core).
   cmd->get_option("--launch-depth")->excludes(depths_opt);
+  cmd->get_option("--cores")->default_str("1");
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
     return run_bench_pipeline(*st, *cmd);
