@@ -394,7 +394,7 @@ void print_text(const ClientRun& clients, const ServedStats& served, const RunSt
       "served: %lld output tokens in %.2f s = %.1f tokens/s, %.2f requests/s; TTFT ms p50 %.2f "
       "p99 %.2f; ITL ms p50 %.2f p99 %.2f; TPOT ms p50 %.2f; client CPU %.2f s; %lld errors\n"
       "offline (same workload, same process): %.1f tokens/s, TTFT ms p50 %.2f\n"
-      "served / offline: %.3fx\n",
+      "output tokens/s, served / offline: %.3fx\n",
       static_cast<long long>(served.tokens), served.wall_s, served.tokens_per_s,
       j["requests_per_s"].get<double>(), percentile(served.ttft, 0.5),
       percentile(served.ttft, 0.99), percentile(served.itl, 0.5), percentile(served.itl, 0.99),
