@@ -5,7 +5,8 @@ Every markdown link target and every `code` span that names a path in the reposi
 with one of the repository's top-level entries, or is a file name ending in .md) must exist,
 relative to the repository root (the root README) or to the README's own folder (a folder's
 README may name its files by their bare names, and its parent's as "../x"). A path that leaves
-the repository (the root README's "../x") is an error. Placeholders (<...>, *, ~) and build outputs (build/...) are not checked.
+the repository (the root README's "../x") is an error. Template paths (<...>, *, ~) and build
+outputs (build/...) are not checked.
 
 Usage: scripts/check_readme_paths.py [REPO_ROOT]. Exit 1, naming each README, line and path,
 when one is missing.

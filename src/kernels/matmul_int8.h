@@ -78,9 +78,8 @@ bool avxvnni_available();
 Int8Dots int8_dots_avxvnni();
 // Whether the environment variable SIMPLER_INT8_AVX2 is set to 1 (read once): x86-64-v3 (and
 // avx512 without AVX-512 VNNI) then takes AVX2's integer sums (vpmaddubsw + vpmaddwd) where it
-// would take AVX-VNNI's, as a CPU
-// without AVX-VNNI runs them (benchmarks and tests of that path on a CPU that has it; the
-// results are bitwise the same).
+// would take AVX-VNNI's, as a CPU without AVX-VNNI runs them (benchmarks and tests of that path
+// on a CPU that has it; the results are bitwise the same).
 bool int8_avx2_forced();
 bool avx512vnni_available();
 Int8Dots int8_dots_avx512vnni();

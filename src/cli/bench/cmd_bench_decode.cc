@@ -10,6 +10,7 @@
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_llamacpp.h"
 #include "cli/bench/bench_probes.h"
+#include "cli/bench/bench_stats.h"
 #include "cli/bench/model_flops.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -68,14 +69,6 @@ struct DecodeRow {
   DepthStats depth;
 };
 
-// The median of `v` (0 when empty; the mean of the middle two for an even count).
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t mid = v.size() / 2;
-  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
-
 // Host prepare µs and device ns per task of the decode steps (all but the first).
 void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row) {
   std::vector<double> prepare_us, ns_per_task;
@@ -87,19 +80,19 @@ void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row)
           static_cast<double>(records[i].tasks));
     }
   }
-  row->prepare_us = median(std::move(prepare_us));
-  row->ns_per_task = median(std::move(ns_per_task));
+  row->prepare_us = percentile(std::move(prepare_us), 0.5);
+  row->ns_per_task = percentile(std::move(ns_per_task), 0.5);
   std::vector<double> turnaround_us;
   for (size_t i = 2; i < records.size(); ++i) {
     const int64_t gap = records[i].device_start_ns - records[i - 1].device_end_ns;
     turnaround_us.push_back(static_cast<double>(std::max<int64_t>(gap, 0)) / 1e3);
   }
-  row->turnaround_us = median(std::move(turnaround_us));
+  row->turnaround_us = percentile(std::move(turnaround_us), 0.5);
   std::vector<double> step_ms;
   for (size_t i = 2; i < records.size(); ++i) {
     step_ms.push_back(static_cast<double>(records[i].retire_ns - records[i - 1].retire_ns) / 1e6);
   }
-  row->step_p50_ms = median(std::move(step_ms));
+  row->step_p50_ms = percentile(std::move(step_ms), 0.5);
 }
 
 // Runs `batch` greedy requests of a one-token prompt for --steps steps on a fresh engine.
@@ -207,8 +200,7 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_b
   std::printf(
       "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (p50 %.3f ms; "
       "device %.3f ms; host prepare %.1f us, %.0f ns per task; turnaround %.1f us), %.1f tokens/s, "
-      "%.1f "
-      "GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's "
+      "%.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's "
       "%.2f GB/s\n",
       row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
       row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.step_p50_ms,
@@ -232,8 +224,8 @@ ModeMedians mode_medians(const std::vector<DecodeRow>& rows, bool capture) {
     device.push_back(r.device_ms);
     turnaround.push_back(r.turnaround_us);
   }
-  return {static_cast<int>(step.size()), median(std::move(step)), median(std::move(device)),
-          median(std::move(turnaround))};
+  return {static_cast<int>(step.size()), percentile(std::move(step), 0.5),
+          percentile(std::move(device), 0.5), percentile(std::move(turnaround), 0.5)};
 }
 
 // --repeat: one line per batch with each mode's medians over its rows and, when both modes ran,
@@ -261,8 +253,7 @@ void print_repeat_summary(const DecodeFlags& st, int batch, const std::vector<De
   }
   std::printf(
       "decode summary: batch %d, %d rounds alternated: capture on step p50 %.3f ms (device %.3f "
-      "ms, "
-      "turnaround %.1f us) over %d rows, off %.3f ms (device %.3f ms, turnaround %.1f us) over "
+      "ms, turnaround %.1f us) over %d rows, off %.3f ms (device %.3f ms, turnaround %.1f us) over "
       "%d rows: replay %.2fx the speed of capture off (device %.2fx)\n",
       batch, st.repeat, on.step_ms, on.device_ms, on.turnaround_us, on.rows, off.step_ms,
       off.device_ms, off.turnaround_us, off.rows, step_ratio, device_ratio);
