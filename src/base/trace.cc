@@ -36,6 +36,7 @@ std::string TraceRecorder::to_json() const {
     nlohmann::json args = nlohmann::json::object();
     if (s.run_id >= 0) args["run_id"] = s.run_id;
     if (s.task >= 0) args["task"] = s.task;
+    if (s.block >= 0) args["block"] = s.block;
     events.push_back({{"name", s.name},
                       {"cat", s.category},
                       {"ph", "X"},

@@ -195,12 +195,18 @@ bool stopped_by_abort(device::ExecContext& ctx, absl::Status* failure) {
 
 // Folds completion `c` of task `task` (kernel `kernel`) into its record (TaskSlot, ReplayTask):
 // its start and end, its finished blocks and, on an error, its failure; the run's first error
-// becomes `*failure`, naming the run, the task, the kernel and the block.
+// becomes `*failure`, naming the run, the task, the kernel and the block. The block's own timing
+// goes to `*blocks` (null: timings are not recorded).
 template <typename Task>
 void fold_completion(const device::CoreCompletion& c, uint64_t run_id, uint64_t task,
-                     const std::string& kernel, Task& t, absl::Status* failure) {
+                     const std::string& kernel, Task& t, absl::Status* failure,
+                     std::vector<BlockTiming>* blocks) {
   if (t.blocks_done == 0 || c.start_ns < t.timing.start_ns) t.timing.start_ns = c.start_ns;
   t.timing.end_ns = std::max(t.timing.end_ns, c.end_ns);
+  if (blocks != nullptr) {
+    blocks->push_back(BlockTiming{static_cast<uint32_t>(task), t.timing.kernel, c.block_idx,
+                                  t.timing.block_dim, c.core, c.start_ns, c.end_ns});
+  }
   ++t.blocks_done;
   if (c.status.ok()) return;
   t.failed = true;
@@ -472,7 +478,8 @@ class GraphExecutor final : public task::OrchestrationContext {
     --running_;
     idle_.push_back(c.core);
     TaskSlot& s = slot(c.tag);
-    fold_completion(c, ctx_.run_id(), s.seq, callable_.kernels[s.kernel].name, s, &failure_);
+    fold_completion(c, ctx_.run_id(), s.seq, callable_.kernels[s.kernel].name, s, &failure_,
+                    record_timing_ ? &report_->blocks : nullptr);
     if (s.blocks_done == s.block_dim) {
       s.completed = true;  // finished: no block of it runs any more
       ++completed_;
@@ -637,7 +644,8 @@ class ReplayExecutor {
     const auto i = static_cast<uint32_t>(c.tag);
     const GraphImageTask& t = graph_.tasks[i];
     ReplayTask& r = tasks_[i];
-    fold_completion(c, ctx_.run_id(), i, callable_.kernels[t.kernel].name, r, &failure_);
+    fold_completion(c, ctx_.run_id(), i, callable_.kernels[t.kernel].name, r, &failure_,
+                    record_timing_ ? &report_->blocks : nullptr);
     if (r.blocks_done < t.block_dim) return;
     ++completed_;
     if (r.failed && report_->tasks_failed++ == 0) report_->first_failed_task = i;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -140,6 +142,51 @@ TEST_F(ChipRuntimeTest, SpmdTaskRunsEveryBlock) {
                        {{"fill", spmd_fill}}};
   ASSERT_TRUE(run(c).ok());
   for (int i = 0; i < 37; ++i) EXPECT_EQ(b.data<int32_t>()[i], i * 10);
+}
+
+// Each block of an SPMD task is timed on its own core (RunReport::blocks): every block once, its
+// core's blocks one after another, and the task's timing spanning its blocks' first start to
+// their last end.
+TEST_F(ChipRuntimeTest, EveryBlockOfAnSpmdTaskIsTimedOnTheCoreThatRanIt) {
+  Tensor b = buffer(37);
+  task::ChipCallable c{"spmd",
+                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+                         task::TaskArgs a;
+                         a.add_tensor(b, ArgDirection::kOut);
+                         return ctx.submit(0, a, 37);
+                       },
+                       {{"fill", spmd_fill}}};
+  ASSERT_TRUE(run(c).ok());
+  ASSERT_EQ(report_.tasks.size(), 1u);
+  ASSERT_EQ(report_.blocks.size(), 37u);
+  std::vector<int> seen(37, 0);
+  std::map<int32_t, std::vector<BlockTiming>> by_core;
+  int64_t first_start = INT64_MAX, last_end = 0;
+  for (const BlockTiming& t : report_.blocks) {
+    ASSERT_GE(t.block, 0);
+    ASSERT_LT(t.block, 37);
+    ++seen[static_cast<size_t>(t.block)];
+    EXPECT_EQ(t.task, 0u);
+    EXPECT_EQ(t.kernel, 0u);
+    EXPECT_EQ(t.block_dim, 37);
+    EXPECT_GE(t.core, 0);
+    EXPECT_LT(t.core, 4);
+    EXPECT_LE(t.start_ns, t.end_ns);
+    first_start = std::min(first_start, t.start_ns);
+    last_end = std::max(last_end, t.end_ns);
+    by_core[t.core].push_back(t);
+  }
+  EXPECT_EQ(seen, std::vector<int>(37, 1));
+  EXPECT_EQ(report_.tasks[0].start_ns, first_start);
+  EXPECT_EQ(report_.tasks[0].end_ns, last_end);
+  for (auto& [core, blocks] : by_core) {  // a core runs one block at a time
+    std::sort(blocks.begin(), blocks.end(),
+              [](const BlockTiming& x, const BlockTiming& y) { return x.start_ns < y.start_ns; });
+    for (size_t i = 1; i < blocks.size(); ++i) {
+      EXPECT_GE(blocks[i].start_ns, blocks[i - 1].end_ns)
+          << "core " << core << ", blocks " << blocks[i - 1].block << " and " << blocks[i].block;
+    }
+  }
 }
 
 TEST_F(ChipRuntimeTest, RingBackpressureKeepsResultsExact) {
@@ -493,6 +540,7 @@ TEST_F(ChipRuntimeTest, ALinkedRecordingReplaysBehindItsSuccessorLists) {
   EXPECT_EQ(report_.tasks_submitted, 150u);
   EXPECT_EQ(report_.tasks_completed, 150u);
   EXPECT_EQ(report_.tasks.size(), 150u);
+  EXPECT_EQ(report_.blocks.size(), 150u);  // one block each
 }
 
 // Two cores whose jobs complete only at blocking waits, core 0's before core 1's (then in start

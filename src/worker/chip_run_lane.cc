@@ -1013,10 +1013,13 @@ void ChipRunLane::finalize(ChipRun& run) {
     options_.trace->add({"run", "device", run.timing.device_start_ns,
                          run.timing.device_end_ns - run.timing.device_start_ns, 1, 0,
                          static_cast<int64_t>(run.id()), -1});
-    for (const auto& t : res.report.tasks) {
-      options_.trace->add({run.records->callable->kernels[t.kernel].name, "device", t.start_ns,
-                           t.end_ns - t.start_ns, 1, 1 + t.core, static_cast<int64_t>(run.id()),
-                           t.task});
+    // One span per block, on the track of the core that ran it (a task's TaskTiming spans its
+    // first block's start to its last block's end, on block 0's core); the block index only for
+    // tasks of several blocks.
+    for (const auto& b : res.report.blocks) {
+      options_.trace->add({run.records->callable->kernels[b.kernel].name, "device", b.start_ns,
+                           b.end_ns - b.start_ns, 1, 1 + b.core, static_cast<int64_t>(run.id()),
+                           b.task, b.block_dim > 1 ? b.block : -1});
     }
   }
 }

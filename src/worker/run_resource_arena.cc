@@ -128,6 +128,7 @@ void RunRecords::reset() {
   report.tasks_failed = 0;
   report.first_failed_task = -1;
   report.tasks.clear();
+  report.blocks.clear();
 }
 
 absl::StatusOr<RunRecords*> RunResourceArena::records(base::SlotRef ref) {

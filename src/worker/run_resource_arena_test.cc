@@ -59,6 +59,7 @@ TEST_F(ArenaTest, RunRecordsFollowTheSetAndStayWithAQuarantinedOne) {
   RunRecords* rec2 = *a.records(r2);
   EXPECT_NE(rec1, rec2);
   rec1->report.tasks.resize(100);
+  rec1->report.blocks.resize(100);
   ASSERT_TRUE(a.release(r1).ok());
   EXPECT_EQ(a.records(r1).status().code(), absl::StatusCode::kFailedPrecondition);
   auto r3 = *a.acquire(base::Deadline::forever());
@@ -67,6 +68,7 @@ TEST_F(ArenaTest, RunRecordsFollowTheSetAndStayWithAQuarantinedOne) {
   EXPECT_EQ(rec3, rec1);
   rec3->reset();
   EXPECT_TRUE(rec3->report.tasks.empty());
+  EXPECT_TRUE(rec3->report.blocks.empty());
   EXPECT_GE(rec3->report.tasks.capacity(), 100u);  // no allocation for the next run
   ASSERT_TRUE(a.quarantine(r2).ok());
   ASSERT_TRUE(a.release(r3).ok());

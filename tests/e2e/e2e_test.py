@@ -1157,6 +1157,21 @@ def check_trace_run(pb, label, run_id, spans, *, failed_task=None):
                if not (ns["run"][0] <= span_ns(e)[0] and span_ns(e)[1] <= ns["run"][1])]
     pb.check(not outside, f"{where}: task spans {outside[:5]} lie outside the device run span "
                           f"{ns['run']}")
+    # One span per block: a task of several blocks has each of its blocks once (args.block), and
+    # a core's track (tid) shows one block at a time.
+    blocks, cores = {}, {}
+    for e in tasks:
+        blocks.setdefault(e["args"]["task"], []).append(e["args"].get("block"))
+        cores.setdefault(e.get("tid"), []).append(span_ns(e))
+    bad_blocks = [(t, b) for t, b in blocks.items()
+                  if len(b) > 1 and (None in b or sorted(b) != list(range(len(b))))]
+    pb.check(not bad_blocks, f"{where}: tasks whose block spans are not blocks 0..n-1 once each "
+                             f"(task, blocks): {bad_blocks[:5]}")
+    overlaps = [(tid, a, b) for tid, spans_ in cores.items()
+                for a, b in zip(sorted(spans_), sorted(spans_)[1:])
+                if b[0] < a[1] - 1]  # ns rounded from µs: 1 ns of slack
+    pb.check(not overlaps, f"{where}: a core's track shows two blocks at once (tid, span, next "
+                           f"span): {overlaps[:5]}")
     if failed_task is not None:
         pb.check(any(e["args"]["task"] == failed_task for e in tasks),
                  f"{where}: no span of the failed task {failed_task} "
@@ -1670,6 +1685,12 @@ def scenario_trace(ctx):
     runs = read_trace(ctx, trace, "run trace", p.stderr)
     check_trace_runs(pb, "run trace", runs, [c.get("run_id") for c in out.get("checks", [])])
     check_launch_order(pb, "run trace", runs, 2, expect_early=True)
+    if runs and (os.cpu_count() or 1) >= 2:  # the example's tasks take a block per core
+        spmd = [(r, e.get("tid")) for r, spans in runs.items()
+                for e in spans.get("matmul_rows", []) if "block" in e.get("args", {})]
+        pb.check(len({tid for _, tid in spmd}) >= 2,
+                 f"run trace: the example's matmul blocks are not each on their own core's track "
+                 f"(run, tid of its block spans): {spmd[:6]}")
 
     # generate at depth 2: one run per decode step.
     model = ctx.write_model(ctx.path("model"), "--hidden", "32", "--heads", "2", "--kv-heads", "1",

@@ -26,6 +26,7 @@ struct TraceSpan {
   int32_t tid = 0;  // host: 0 = caller, 1 = lane; device: 0 = scheduler, 1 + core index
   int64_t run_id = -1;
   int64_t task = -1;
+  int32_t block = -1;  // an SPMD task's block (device spans of a task with several blocks)
 };
 
 // Collects spans from any thread and writes them as trace JSON.
