@@ -352,7 +352,8 @@ absl::Status L3Worker::Impl::finalize_result_locked(RunCtx& r) {
       const worker::RunTiming& t = k.handle.result().timing;
       if (t.device_start_ns != 0) {
         res.report.tasks.push_back({k.index, k.fn, k.child, 1, t.device_start_ns, t.device_end_ns});
-        res.report.blocks.push_back({k.index, k.fn, 0, 1, k.child, t.device_start_ns, t.device_end_ns});
+        res.report.blocks.push_back(
+            {k.index, k.fn, 0, 1, k.child, t.device_start_ns, t.device_end_ns});
       }
     }
   }
