@@ -1760,7 +1760,8 @@ def scenario_bench_decode(ctx):
     keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "precision", "step_ms",
             "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
             "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s",
-            "capture", "prepare_us_p50", "ns_per_task_p50", "step_ms_p50", "turnaround_us_p50"}
+            "capture", "prepare_us_p50", "ns_per_task_p50", "step_ms_p50", "turnaround_us_p50",
+            "read_gb_per_s_before", "read_gb_per_s_after"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
     for depth in (1, 2):
         label = f"bench decode --launch-depth {depth}"
@@ -1797,6 +1798,12 @@ def scenario_bench_decode(ctx):
         pb.check(close(out["weight_gb_per_s"], wb / (out["device_step_ms_p50"] / 1e3) / 1e9),
                  f"{label}: weight_gb_per_s {out['weight_gb_per_s']} is not weight bytes / "
                  f"device step time ({wb} B / {out['device_step_ms_p50']} ms)")
+        # The row is held against the higher of the probes just before and just after it.
+        pb.check(close(out["read_gb_per_s"],
+                       max(out["read_gb_per_s_before"], out["read_gb_per_s_after"])),
+                 f"{label}: read_gb_per_s {out['read_gb_per_s']} is not the higher of the probes "
+                 f"before ({out['read_gb_per_s_before']}) and after ({out['read_gb_per_s_after']}) "
+                 f"the row")
         pb.check(close(out["fraction_of_read_bandwidth"],
                        out["weight_gb_per_s"] / out["read_gb_per_s"]),
                  f"{label}: fraction_of_read_bandwidth {out['fraction_of_read_bandwidth']} is not "

@@ -150,7 +150,18 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   return row;
 }
 
-nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row, double read_bw) {
+// The read-bandwidth probe just before and just after a row (each the best of its passes): the
+// machine's memory bandwidth moves while a process runs (shared VMs: 17-42 GB/s within minutes
+// on the 2-vCPU Zen 5 VM), so a row is held against the probes beside it, not against one taken
+// at the start. The fraction uses the higher of the two: never in the row's favour.
+struct ReadProbes {
+  double before = 0, after = 0;
+  double bytes_per_s() const { return std::max(before, after); }
+};
+
+nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row,
+                               const ReadProbes& probes) {
+  const double read_bw = probes.bytes_per_s();
   const CommonOptions& common = st.engine.common;
   return {{"model", st.model},
           {"batch", row.batch},
@@ -171,6 +182,8 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row, doub
           {"weight_bytes_per_step", row.weight_bytes},
           {"weight_gb_per_s", row.weight_bytes_per_s / 1e9},
           {"read_gb_per_s", read_bw / 1e9},
+          {"read_gb_per_s_before", probes.before / 1e9},
+          {"read_gb_per_s_after", probes.after / 1e9},
           {"fraction_of_read_bandwidth", row.weight_bytes_per_s / read_bw},
           {"gflop_per_s", row.gflops}};
 }
@@ -193,20 +206,22 @@ absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, Llama
   return absl::OkStatus();
 }
 
-void print_decode_row(const DecodeFlags& st, const DecodeRow& row, double read_bw,
+void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const ReadProbes& probes,
                       const LlamaCppPeer* peer, int threads, const nlohmann::json& out) {
   const CommonOptions& common = st.engine.common;
   if (common.json) return print_json_line(out);
+  const double read_bw = probes.bytes_per_s();
   std::printf(
       "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (p50 %.3f ms; "
       "device %.3f ms; host prepare %.1f us, %.0f ns per task; turnaround %.1f us), %.1f tokens/s, "
       "%.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's "
-      "%.2f GB/s\n",
+      "%.2f GB/s (the higher of %.2f before the row and %.2f after it)\n",
       row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
       row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.step_p50_ms,
       row.device_ms, row.prepare_us, row.ns_per_task, row.turnaround_us, row.tokens_per_s,
       row.gflops, row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9,
-      100 * row.weight_bytes_per_s / read_bw, read_bw / 1e9);
+      100 * row.weight_bytes_per_s / read_bw, read_bw / 1e9, probes.before / 1e9,
+      probes.after / 1e9);
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
 }
@@ -270,12 +285,10 @@ int run_bench_decode(const DecodeFlags& st) {
   absl::StatusOr<std::optional<LlamaCppPeer>> peer =
       prepare_peer_if_compared(st.compare, st.model, common.kernel_isa());
   if (!peer.ok()) return fail(kBenchDecodeCommand, peer.status());
-  // The read bandwidth, measured once before the first engine, sized like the weights in the
-  // checkpoint's dtype (what a step reads).
-  const uint64_t weights = files_bytes(llm::model_checkpoint_files(st.model));
-  absl::StatusOr<double> bw = read_bandwidth_bytes_per_s(std::max<uint64_t>(weights, 64ull << 20));
-  if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
-  const double read_bw = *bw;
+  // The read bandwidth, sized like the weights in the checkpoint's dtype (what a step reads),
+  // measured just before and just after each row (ReadProbes).
+  const uint64_t probe_bytes =
+      std::max<uint64_t>(files_bytes(llm::model_checkpoint_files(st.model)), 64ull << 20);
   // A warm-up row, not reported (--warm-up-rows): the first engine of a process ran its steps
   // about 3x slower than the rows after it, in either capture mode (docs/design/capture_replay.md).
   base::TraceRecorder warmup_trace;
@@ -290,15 +303,22 @@ int run_bench_decode(const DecodeFlags& st) {
     std::vector<DecodeRow> rows;
     for (int r = 0; r < st.repeat; ++r) {
       for (const std::string& capture : st.capture) {
+        ReadProbes probes;
+        absl::StatusOr<double> bw = read_bandwidth_bytes_per_s(probe_bytes);
+        if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
+        probes.before = *bw;
         absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, capture == "on", &trace);
         if (!row.ok())
           return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
-        nlohmann::json out = decode_row_json(st, *row, read_bw);
+        bw = read_bandwidth_bytes_per_s(probe_bytes);
+        if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
+        probes.after = *bw;
+        nlohmann::json out = decode_row_json(st, *row, probes);
         LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
         if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
           return fail(kBenchDecodeCommand, s);
         }
-        print_decode_row(st, *row, read_bw, peer_ptr, threads, out);
+        print_decode_row(st, *row, probes, peer_ptr, threads, out);
         rows.push_back(*row);
       }
     }
