@@ -1185,6 +1185,32 @@ def check_trace_run(pb, label, run_id, spans, *, failed_task=None):
         pb.check(ta <= tb, f"{where}: {a} at {ta} ns is after {b} at {tb} ns")
 
 
+TRACE_OCCUPANCY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                               "trace_occupancy.py")
+
+
+def check_trace_occupancy(ctx, path, label, expect_runs):
+    """scripts/trace_occupancy.py on a trace: a row per device run whose idle, partial and full
+    times add up to its span, and a summary of the medians."""
+    pb = ctx.problems
+    p = subprocess.run([sys.executable, TRACE_OCCUPANCY, path, "--json", "--skip", "0"],
+                       capture_output=True, text=True, timeout=120)
+    if not pb.check(p.returncode == 0, f"{label}: trace_occupancy.py exited {p.returncode}: "
+                                       f"{tail(p.stderr, 400)!r}"):
+        return
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
+    rows, summary = lines[:-1], lines[-1].get("summary") if lines else None
+    pb.check(len(rows) == expect_runs and summary and summary.get("runs") == expect_runs,
+             f"{label}: trace_occupancy.py gave {len(rows)} runs and summary {summary}, "
+             f"expected {expect_runs}")
+    for r in rows:
+        parts = (r["idle_ms"], r["partial_ms"], r["full_ms"])
+        pb.check(min(parts) >= 0 and abs(sum(parts) - r["run_ms"]) <= 1e-6 * max(1, r["run_ms"])
+                 and r["blocks"] > 0 and sum(r["kernel_ms"].values()) > 0,
+                 f"{label}: run {r['run_id']}: idle + partial + full {parts} is not its span "
+                 f"{r['run_ms']} ms, or it has no blocks: {r}")
+
+
 def check_trace_runs(pb, label, runs, expect_ids):
     """Every run of a completed command: exactly the run ids `expect_ids`, each complete."""
     if runs is None:
@@ -1685,6 +1711,7 @@ def scenario_trace(ctx):
     runs = read_trace(ctx, trace, "run trace", p.stderr)
     check_trace_runs(pb, "run trace", runs, [c.get("run_id") for c in out.get("checks", [])])
     check_launch_order(pb, "run trace", runs, 2, expect_early=True)
+    check_trace_occupancy(ctx, trace, "run trace", len(out.get("checks", [])))
     if runs and (os.cpu_count() or 1) >= 2:  # the example's tasks take a block per core
         spmd = [(r, e.get("tid")) for r, spans in runs.items()
                 for e in spans.get("matmul_rows", []) if "block" in e.get("args", {})]
