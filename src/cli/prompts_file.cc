@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
 #include "simpler/base/json.h"
 
@@ -14,7 +15,13 @@ absl::StatusOr<std::optional<PromptSpec>> parse_prompts_line(std::string_view li
   if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
   const std::string at(where);
   absl::StatusOr<nlohmann::json> parsed = base::parse_json_bounded(line, at);
-  if (!parsed.ok()) return parsed.status();
+  if (!parsed.ok()) {
+    // The parser counts lines within the text it was given, always one here: after our
+    // "file:line" its "at line 1, column N" read as a second, wrong line number.
+    std::string message(parsed.status().message());
+    absl::StrReplaceAll({{"parse error at line 1, column ", "parse error at column "}}, &message);
+    return absl::Status(parsed.status().code(), message);
+  }
   const nlohmann::json& j = *parsed;
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -46,6 +46,11 @@ TEST(PromptsFileTest, MalformedLinesAreRefusedWithTheirReason) {
   absl::Status truncated = parse_prompts_line("{\"prompt\": ", "f:2").status();
   EXPECT_EQ(truncated.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(truncated.message()).rfind("f:2", 0), 0u) << truncated;
+  // The parser's own position is the column within the line: no second line number after f:5.
+  EXPECT_EQ(std::string(parse_prompts_line(R"({"prompt": "x", bad})", "f:5").status().message())
+                .rfind("f:5: malformed JSON: parse error at column 17: syntax error", 0),
+            0u)
+      << parse_prompts_line(R"({"prompt": "x", bad})", "f:5").status();
   EXPECT_EQ(parse_prompts_line(R"({"prompt_ids": [1, 2.5]})", "f:3").status(),
             absl::InvalidArgumentError("f:3: prompt_ids[1] is not an integer: 2.5"));
   EXPECT_EQ(parse_prompts_line(R"({"prompt": 3})", "f:4").status(),

@@ -1030,8 +1030,10 @@ void LlmEngine::Impl::fail_step(const InFlight& f, const absl::Status& status) {
     base::MutexLock l(mu);
     if (unhealthy.ok()) {
       unhealthy = status;
-      SIMPLER_LOG_ERROR("engine: unrecoverable failure, the engine is unhealthy: {}",
-                        status.ToString());
+      // The code and message, not ToString(): its payloads ([simpler/unrecoverable='1']) are
+      // the runtime's bookkeeping, not news to whoever reads the log.
+      SIMPLER_LOG_ERROR("engine: unrecoverable failure, the engine is unhealthy: {}: {}",
+                        absl::StatusCodeToString(status.code()), std::string(status.message()));
     }
   }
 }

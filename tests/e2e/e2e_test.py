@@ -36,12 +36,14 @@ Scenarios (`--list` prints them):
                         issue's keys and sane values, pinned and unpinned; bad options refused
                         (run grant below the depth, --launch-depth with --depths)
   trace                 --trace on `run` (depth 2), `generate` (also failing) and `bench
-                        pipeline`: every run's spans, launch order within the depth
+                        pipeline`: every run's spans, launch order within the depth, a span
+                        per task block on its core's track; scripts/trace_occupancy.py's sums
   bench_decode          `simpler bench decode --json` on the tiny preset at depths 1 and 2,
                         and with --capture on,off (a row each)
   bench_prefill_load    `simpler bench prefill --json` and `bench load --json` on the tiny
                         preset: keys, consistent numbers, a prompt past the positions refused;
-                        `bench throughput`'s ratios say what they are ratios of
+                        `bench throughput`'s ratios say what they are ratios of; `bench serve
+                        --structured` in text and JSON, a refused schema's reason named
   run_defects           `simpler run` error paths that once crashed or hung: a refused launch
                         with runs in flight (exits cleanly, reporting it), a hang at depth 1
                         and 2 (one sentence naming run, task, kernel and limit), a kernel that
@@ -1603,6 +1605,11 @@ def scenario_generate_faults(ctx):
         pb.check("lane poisoned" not in last_stderr_line(p),
                  f"device_fault try {i}: a later submit's refusal was reported instead of the "
                  f"step's own error: {last_stderr_line(p)!r}")
+        # The engine's log line says it turned unhealthy and why, without the status's payloads
+        # (the runtime's bookkeeping, e.g. [simpler/unrecoverable='1']).
+        pb.check("the engine is unhealthy: INTERNAL: run 3 task 5" in p.stderr
+                 and "[simpler/" not in p.stderr,
+                 f"device_fault try {i}: the engine's log line: {tail(p.stderr, 600)!r}")
     # A request that can never fit the KV pool is refused before any work, naming its need and
     # the pool's size; the other request is served; the call exits non-zero after printing both.
     prompts = ctx.path("prompts.jsonl")
@@ -1932,17 +1939,60 @@ def check_bench_throughput(ctx, model):
              f"bench throughput multi-turn --json: keys {sorted(j)}")
 
 
+def check_bench_serve_structured(ctx, model):
+    """`simpler bench serve --structured json-schema FILE` on loopback: its text names each
+    figure (the constrained and unconstrained rows, the run without the schema, the mask time
+    over the constrained rows, the per-pair ITL ratios), --json carries them under "structured";
+    a schema the server refuses fails the run naming the server's reason, not a bare status."""
+    pb = ctx.problems
+    schema = ctx.path("bench_serve_schema.json")
+    with open(schema, "w") as f:
+        json.dump({"type": "object", "properties": {"name": {"type": "string"},
+                                                    "n": {"type": "integer"}},
+                   "required": ["name", "n"]}, f)
+    argv = [ctx.simpler, "bench", "serve", "--model", model, "--num-prompts", "4",
+            "--input-len-range", "8:16", "--output-len-range", "4:8",
+            "--structured", "json-schema", schema]
+    p, _ = ctx.run_ok(argv, label="bench serve --structured")
+    for want in (r"^structured \(schema on every second request, first pair\): constrained "
+                 r"\d+\.\d output tokens/s, ITL ms p50 [\d.]+ p99 [\d.]+; unconstrained beside "
+                 r"them \d+\.\d tokens/s, .*; the workload without the schema \d+\.\d tokens/s",
+                 r"^structured: grammar mask [\d.]+ ms mean over [1-9]\d* rows",
+                 r"^structured: unconstrained ITL p50 / without the schema's, per pair: "
+                 r"\d+\.\d\d \(median \d+\.\d\d\)$"):
+        pb.check(re.search(want, p.stdout, re.M), f"bench serve --structured: no line matching "
+                                                  f"{want!r}: {tail(p.stdout, 800)!r}")
+    pb.check("structured: {" not in p.stdout,
+             f"bench serve --structured: raw JSON in the text: {tail(p.stdout, 400)!r}")
+    p, _ = ctx.run_ok(argv + ["--json"], label="bench serve --structured --json")
+    j = parse_one_json_object(p.stdout, "bench serve --structured --json")
+    st = j.get("structured") or {}
+    pb.check(st.get("mask_rows", 0) > 0 and st.get("pairs") == 1
+             and len(st.get("unconstrained_over_without_itl_p50", [])) == 1,
+             f"bench serve --structured --json: structured {st}")
+    with open(schema, "w") as f:
+        json.dump({"type": "object", "properties": {"name": {"type": "string", "maxLength": 4}}},
+                  f)
+    p, _ = ctx.run(argv, label="bench serve with a refused schema")
+    pb.check(p.returncode == 1 and "request(s) failed; the first: HTTP 400: 'response_format': "
+                                   "unsupported JSON Schema keyword 'maxLength'" in p.stderr,
+             f"bench serve with a refused schema: exit {p.returncode}, stderr "
+             f"{tail(p.stderr, 400)!r}")
+
+
 def scenario_bench_prefill_load(ctx):
     """`simpler bench prefill --json` and `bench load --json` on the tiny preset: one object per
     prompt length with the issue's keys, numbers that agree with each other (GFLOP/s from the
     prompt's FLOPs and the TTFT, the fraction of the measured peak), and the load row's keys;
     `--compare starpu` / `--compare torch` either run with their keys or are refused naming
     the Debian package; a prompt past the model's positions refused. And `bench throughput`'s
-    labelled ratios (check_bench_throughput)."""
+    labelled ratios (check_bench_throughput), `bench serve --structured`
+    (check_bench_serve_structured)."""
     pb = ctx.problems
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "19",
                            "--dtype", "bf16")
     check_bench_throughput(ctx, model)
+    check_bench_serve_structured(ctx, model)
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
     matrices, _ = decode_weight_elements(cfg)
@@ -2409,7 +2459,7 @@ def scenario_bad_input(ctx):
         with open(pf, "wb") as f:
             f.write(line.encode("latin-1"))
         expect_error(ctx, gen(base, "--prompts-file", pf), f"messages: prompts-file line {i}",
-                     [f"{pf}:1: malformed JSON: parse error"])
+                     [f"{pf}:1: malformed JSON: parse error at column "])
     d = copy("u64")
     edit_json(os.path.join(d, "config.json"), hidden_size=18446744073709551615)
     expect_error(ctx, gen(d, "--prompt-ids", "1,2"), "messages: hidden_size 2^64-1",

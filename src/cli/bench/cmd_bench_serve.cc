@@ -17,6 +17,8 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_workload.h"
 #include "cli/commands.h"
@@ -126,7 +128,14 @@ ClientResult send_one(const std::string& host, int port, const json& prompt, int
   if (!res) {
     r.error = "no response: " + httplib::to_string(res.error());
   } else if (res->status != 200) {
-    r.error = absl::StrCat("HTTP ", res->status);
+    // A refusal's body is a JSON error object (not an event stream): its message says why.
+    const std::string& raw = buf.empty() ? res->body : buf;
+    const json j = json::parse(raw, nullptr, false);
+    std::string why = raw.substr(0, 300);
+    if (!j.is_discarded() && j.contains("error") && j["error"].is_object()) {
+      why = j["error"].value("message", why);
+    }
+    r.error = absl::StrCat("HTTP ", res->status, why.empty() ? "" : ": ", why);
   } else if (!done) {
     r.error = "the stream ended without [DONE]";
   }
@@ -402,6 +411,30 @@ void print_text(const ClientRun& clients, const ServedStats& served, const RunSt
       o.output_tokens_per_s, percentile(o.ttft_ms, 0.5), ratio);
 }
 
+// --structured's figures (structured_json, run_structured) as text lines.
+void print_structured_text(const json& s) {
+  const auto d = [&s](const char* key) { return s[key].get<double>(); };
+  std::string ratios;
+  for (const json& r : s["unconstrained_over_without_itl_p50"]) {
+    absl::StrAppend(&ratios, ratios.empty() ? "" : ", ", absl::StrFormat("%.2f", r.get<double>()));
+  }
+  std::printf(
+      "structured (schema on every second request, first pair): constrained %.1f output "
+      "tokens/s, ITL ms p50 %.2f p99 %.2f; unconstrained beside them %.1f tokens/s, ITL ms p50 "
+      "%.2f p99 %.2f; the workload without the schema %.1f tokens/s, ITL ms p50 %.2f p99 %.2f\n"
+      "structured: grammar mask %.3f ms mean over %lld rows (p50 <= %.3f ms, p99 <= %.3f ms; step "
+      "p50 <= %.1f ms)\n"
+      "structured: unconstrained ITL p50 / without the schema's, per pair: %s (median %.2f)\n",
+      d("constrained_output_tokens_per_s"), d("constrained_itl_ms_p50"),
+      d("constrained_itl_ms_p99"), d("unconstrained_output_tokens_per_s"),
+      d("unconstrained_itl_ms_p50"), d("unconstrained_itl_ms_p99"),
+      d("without_schema_output_tokens_per_s"), d("without_schema_itl_ms_p50"),
+      d("without_schema_itl_ms_p99"), d("mask_ms_mean"),
+      static_cast<long long>(s["mask_rows"].get<int64_t>()), d("mask_ms_p50_bucket"),
+      d("mask_ms_p99_bucket"), d("step_ms_p50_bucket"), ratios.c_str(),
+      d("unconstrained_over_without_itl_p50_median"));
+}
+
 // ---- --workload multi-turn ----------------------------------------------------------------
 
 // Conversations as text: a shared system prompt and user messages of common English words (about
@@ -630,7 +663,7 @@ int run_bench_serve(const ServeState& flags) {
     print_json_line(j);
   } else {
     print_text(clients, served, o, ratio, j);
-    if (!structured.is_null()) std::printf("structured: %s\n", structured.dump().c_str());
+    if (!structured.is_null()) print_structured_text(structured);
   }
   if (served.errors > 0) {
     std::cerr << "simpler " << kBenchServeCommand << ": " << served.errors
