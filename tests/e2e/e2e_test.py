@@ -1889,6 +1889,12 @@ def scenario_bench_decode(ctx):
                      f"{label}: summary {mode} {s[mode]} is not the median of its rows {mine}")
             pb.check(all(r["turnaround_us_p50"] > 0 for r in rows if r["capture"] == mode),
                      f"{label}: a {mode} row without a host turnaround")
+            frac = sorted(r["fraction_of_read_bandwidth"] for r in rows if r["capture"] == mode)
+            got = s[mode].get("fraction_of_read_bandwidth_p50", -1)
+            pb.check(abs(got - (frac[0] + frac[1]) / 2) <= 1e-6 * frac[1]
+                     and "over_llamacpp_p50" not in s[mode],
+                     f"{label}: summary {mode} {s[mode]}: fraction_of_read_bandwidth_p50 is not "
+                     f"the median of its rows' {frac}, or a llama.cpp ratio without --compare")
         pb.check(abs(s["replay_step_speedup"] - s["off"]["step_ms_p50"] / s["on"]["step_ms_p50"])
                  <= 1e-9 * s["replay_step_speedup"],
                  f"{label}: replay_step_speedup {s['replay_step_speedup']} is not off / on")

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_llamacpp.h"
 #include "cli/bench/bench_probes.h"
@@ -67,6 +68,10 @@ struct DecodeRow {
   // steps a loaded machine preempted (and without the few steps that captured a graph).
   double step_p50_ms = 0;
   DepthStats depth;
+  // Set after the row ran: its weight bandwidth over the probes beside it (ReadProbes), and our
+  // tokens/s over llama.cpp's run just after it (0 without --compare llama.cpp).
+  double fraction_of_read = 0;
+  double over_llamacpp = 0;
 };
 
 // Host prepare µs and device ns per task of the decode steps (all but the first).
@@ -226,21 +231,43 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const ReadPro
   print_llamacpp_line(peer, threads, out);
 }
 
-// The medians of one capture mode's rows (step p50, device, turnaround), 0s when it has none.
+// The medians of one capture mode's rows (step p50, device, turnaround, the fraction of the read
+// probe, the ratio to llama.cpp: 0 where no row has one), 0s when it has none.
 struct ModeMedians {
   int rows = 0;
-  double step_ms = 0, device_ms = 0, turnaround_us = 0;
+  double step_ms = 0, device_ms = 0, turnaround_us = 0, fraction_of_read = 0, over_llamacpp = 0;
 };
 ModeMedians mode_medians(const std::vector<DecodeRow>& rows, bool capture) {
-  std::vector<double> step, device, turnaround;
+  std::vector<double> step, device, turnaround, fraction, over;
   for (const DecodeRow& r : rows) {
     if (r.capture != capture) continue;
     step.push_back(r.step_p50_ms);
     device.push_back(r.device_ms);
     turnaround.push_back(r.turnaround_us);
+    fraction.push_back(r.fraction_of_read);
+    if (r.over_llamacpp > 0) over.push_back(r.over_llamacpp);
   }
-  return {static_cast<int>(step.size()), percentile(std::move(step), 0.5),
-          percentile(std::move(device), 0.5), percentile(std::move(turnaround), 0.5)};
+  return {static_cast<int>(step.size()),        percentile(std::move(step), 0.5),
+          percentile(std::move(device), 0.5),   percentile(std::move(turnaround), 0.5),
+          percentile(std::move(fraction), 0.5), percentile(std::move(over), 0.5)};
+}
+
+// One mode's medians as the summary's JSON.
+nlohmann::json mode_json(const ModeMedians& m) {
+  nlohmann::json j = {{"rows", m.rows},
+                      {"step_ms_p50", m.step_ms},
+                      {"device_step_ms_p50", m.device_ms},
+                      {"turnaround_us_p50", m.turnaround_us},
+                      {"fraction_of_read_bandwidth_p50", m.fraction_of_read}};
+  if (m.over_llamacpp > 0) j["over_llamacpp_p50"] = m.over_llamacpp;
+  return j;
+}
+
+// " a% of the read probe[, b× llama.cpp]" of one mode's medians, for the text summary.
+std::string mode_text(const ModeMedians& m) {
+  std::string t = absl::StrFormat(", %.1f%% of the read probe", 100 * m.fraction_of_read);
+  if (m.over_llamacpp > 0) absl::StrAppendFormat(&t, ", %.2fx llama.cpp", m.over_llamacpp);
+  return t;
 }
 
 // --repeat: one line per batch with each mode's medians over its rows and, when both modes ran,
@@ -253,25 +280,27 @@ void print_repeat_summary(const DecodeFlags& st, int batch, const std::vector<De
     return print_json_line({{"summary", "capture"},
                             {"batch", batch},
                             {"repeat", st.repeat},
-                            {"on",
-                             {{"rows", on.rows},
-                              {"step_ms_p50", on.step_ms},
-                              {"device_step_ms_p50", on.device_ms},
-                              {"turnaround_us_p50", on.turnaround_us}}},
-                            {"off",
-                             {{"rows", off.rows},
-                              {"step_ms_p50", off.step_ms},
-                              {"device_step_ms_p50", off.device_ms},
-                              {"turnaround_us_p50", off.turnaround_us}}},
+                            {"on", mode_json(on)},
+                            {"off", mode_json(off)},
                             {"replay_step_speedup", step_ratio},
                             {"replay_device_speedup", device_ratio}});
   }
-  std::printf(
-      "decode summary: batch %d, %d rounds alternated: capture on step p50 %.3f ms (device %.3f "
-      "ms, turnaround %.1f us) over %d rows, off %.3f ms (device %.3f ms, turnaround %.1f us) over "
-      "%d rows: replay %.2fx the speed of capture off (device %.2fx)\n",
-      batch, st.repeat, on.step_ms, on.device_ms, on.turnaround_us, on.rows, off.step_ms,
-      off.device_ms, off.turnaround_us, off.rows, step_ratio, device_ratio);
+  std::string modes;
+  for (const auto& [name, m] : {std::pair{"on", on}, std::pair{"off", off}}) {
+    if (m.rows == 0) continue;
+    absl::StrAppendFormat(&modes,
+                          "%scapture %s step p50 %.3f ms (device %.3f ms, turnaround %.1f us%s) "
+                          "over %d rows",
+                          modes.empty() ? "" : ", ", name, m.step_ms, m.device_ms, m.turnaround_us,
+                          mode_text(m), m.rows);
+  }
+  std::printf("decode summary: batch %d, %d rounds alternated: %s%s\n", batch, st.repeat,
+              modes.c_str(),
+              on.rows > 0 && off.rows > 0
+                  ? absl::StrFormat(": replay %.2fx the speed of capture off (device %.2fx)",
+                                    step_ratio, device_ratio)
+                        .c_str()
+                  : "");
 }
 
 int run_bench_decode(const DecodeFlags& st) {
@@ -319,6 +348,8 @@ int run_bench_decode(const DecodeFlags& st) {
           return fail(kBenchDecodeCommand, s);
         }
         print_decode_row(st, *row, probes, peer_ptr, threads, out);
+        row->fraction_of_read = out["fraction_of_read_bandwidth"].get<double>();
+        if (out.contains("over_llamacpp")) row->over_llamacpp = out["over_llamacpp"].get<double>();
         rows.push_back(*row);
       }
     }
@@ -355,7 +386,9 @@ Runner add_bench_decode_command(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--repeat", st->repeat,
                   "run the --capture list this many times per batch, alternated in one process, "
-                  "and print each mode's medians over its rows (a summary line per batch)")
+                  "and print each mode's medians over its rows (a summary line per batch: step, "
+                  "device step, turnaround, the fraction of the read probe and, with --compare "
+                  "llama.cpp, run after each row, the ratio to it)")
       ->check(int_in(1, 64))
       ->capture_default_str();
   cmd->add_option("--max-captured-graphs", st->engine.max_captured_graphs,
