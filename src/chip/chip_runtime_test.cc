@@ -73,13 +73,14 @@ absl::Status fails(const task::KernelContext&) {
   return absl::InvalidArgumentError("bad tile shape");
 }
 
-// One task of kernel 0 of `kernels` with `t` as its OUT argument.
-task::ChipCallable one_out_task(std::string name, Tensor t, std::vector<task::Kernel> kernels) {
+// One task of kernel 0 of `kernels` with `t` as its OUT argument, in `block_dim` blocks.
+task::ChipCallable one_out_task(std::string name, Tensor t, std::vector<task::Kernel> kernels,
+                                int32_t block_dim = 1) {
   return {std::move(name),
-          [t](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+          [t, block_dim](task::OrchestrationContext& ctx, const task::TaskArgs&) {
             task::TaskArgs a;
             a.add_tensor(t, ArgDirection::kOut);
-            return ctx.submit(0, a);
+            return ctx.submit(0, a, block_dim);
           },
           std::move(kernels)};
 }
@@ -133,14 +134,7 @@ TEST_F(ChipRuntimeTest, WarIsRespected) {
 
 TEST_F(ChipRuntimeTest, SpmdTaskRunsEveryBlock) {
   Tensor b = buffer(37);
-  task::ChipCallable c{"spmd",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         task::TaskArgs a;
-                         a.add_tensor(b, ArgDirection::kOut);
-                         return ctx.submit(0, a, 37);
-                       },
-                       {{"fill", spmd_fill}}};
-  ASSERT_TRUE(run(c).ok());
+  ASSERT_TRUE(run(one_out_task("spmd", b, {{"fill", spmd_fill}}, 37)).ok());
   for (int i = 0; i < 37; ++i) EXPECT_EQ(b.data<int32_t>()[i], i * 10);
 }
 
@@ -149,14 +143,7 @@ TEST_F(ChipRuntimeTest, SpmdTaskRunsEveryBlock) {
 // their last end.
 TEST_F(ChipRuntimeTest, EveryBlockOfAnSpmdTaskIsTimedOnTheCoreThatRanIt) {
   Tensor b = buffer(37);
-  task::ChipCallable c{"spmd",
-                       [&](task::OrchestrationContext& ctx, const task::TaskArgs&) {
-                         task::TaskArgs a;
-                         a.add_tensor(b, ArgDirection::kOut);
-                         return ctx.submit(0, a, 37);
-                       },
-                       {{"fill", spmd_fill}}};
-  ASSERT_TRUE(run(c).ok());
+  ASSERT_TRUE(run(one_out_task("spmd", b, {{"fill", spmd_fill}}, 37)).ok());
   ASSERT_EQ(report_.tasks.size(), 1u);
   ASSERT_EQ(report_.blocks.size(), 37u);
   std::vector<int> seen(37, 0);
