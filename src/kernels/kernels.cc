@@ -31,6 +31,7 @@
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_int8.h"
+#include "kernels/row_ops.h"
 #include "kernels/task_names.h"
 #include "simpler/base/clock.h"
 #include "simpler/base/enum_names.h"
@@ -446,6 +447,7 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
       {"add", &add_kernel},
       {"gather_rows", &gather_rows_kernel},
       {"argmax", on.argmax},
+      {"qk_norm_rope_kv", &qk_norm_rope_kv_kernel},
   };
 }
 
@@ -510,32 +512,8 @@ absl::Status rms_norm_kernel(const KernelContext& ctx) {
   const float* w = ctx.tensor(1).data<const float>();
   float* out = ctx.tensor(2).data<float>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
-  // Each row's sum of squares is one chain of double additions in increasing i; kRows rows'
-  // chains advance together, so the adds of different rows overlap instead of each waiting on
-  // the one before it (the chain's latency, ~4 cycles an element, was the kernel's whole time).
-  constexpr int64_t kRows = 4;
-  for (int64_t row0 = r.begin; row0 < r.end; row0 += kRows) {
-    const int64_t n = std::min(kRows, r.end - row0);
-    double ss[kRows] = {};
-    const float* xr = x + row0 * dim;
-    if (n == kRows) {
-      for (int64_t i = 0; i < dim; ++i) {
-        for (int64_t j = 0; j < kRows; ++j) {
-          ss[j] += static_cast<double>(xr[j * dim + i]) * xr[j * dim + i];
-        }
-      }
-    } else {
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t i = 0; i < dim; ++i) {
-          ss[j] += static_cast<double>(xr[j * dim + i]) * xr[j * dim + i];
-        }
-      }
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const float inv = static_cast<float>(1.0 / std::sqrt(ss[j] / static_cast<double>(dim) + eps));
-      float* yr = out + (row0 + j) * dim;
-      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[j * dim + i] * inv * w[i];
-    }
+  if (r.begin < r.end) {
+    row_ops::rms_norm_rows(x + r.begin * dim, w, r.end - r.begin, dim, eps, out + r.begin * dim);
   }
   return absl::OkStatus();
 }
@@ -578,33 +556,16 @@ absl::Status rope_kernel(const KernelContext& ctx) {
   if (dim % 2 != 0) return c.error(absl::StrCat("head_dim ", dim, " must be even"));
   const double theta = ctx.scalar_f32(2);
   if (!(theta > 0.0)) return c.error(absl::StrCat("theta ", theta, " must be positive"));
-  const int64_t half = dim / 2;
   const int32_t* positions = ctx.tensor(1).data<const int32_t>();
   float* data = x.data<float>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
-  std::vector<double> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
-  }
-  std::vector<float> cos_a(half), sin_a(half);
+  row_ops::RopeAngles angles(dim, theta);
   for (int64_t b = r.begin; b < r.end; ++b) {
     const int64_t p = positions[b];
     if (p < 0) return c.error(absl::StrCat("position ", p, " at row ", b, " is negative"));
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * inv_freq[i];
-      cos_a[i] = static_cast<float>(std::cos(angle));
-      sin_a[i] = static_cast<float>(std::sin(angle));
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = data + (b * heads + h) * dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float lo = v[i];
-        const float hi = v[i + half];
-        v[i] = lo * cos_a[i] - hi * sin_a[i];
-        v[i + half] = hi * cos_a[i] + lo * sin_a[i];
-      }
-    }
+    angles.at(p);
+    angles.rotate(data + b * heads * dim, heads);
   }
   return absl::OkStatus();
 }

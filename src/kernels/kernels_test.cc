@@ -931,6 +931,92 @@ TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
               HasSubstr("kv_write: slot 20 at row 1 is outside the pool of 5 pages x 4 slots"));
 }
 
+// The fused kernel gives bitwise what q_norm, k_norm (rms_norm over the heads), the two ropes
+// and kv_write give in sequence, for any split over rows (a padding row's slot -1 writes no cache
+// slot), and refuses a negative position and a slot past the pool naming the row.
+TEST(QkNormRopeKvKernel, IsBitwiseTheFiveKernelsInSequenceForAnySplit) {
+  const int64_t B = 5, nh = 4, nkv = 2, d = 16, pages = 4, ps = 4;
+  const float eps = 1e-6f, theta = 1000000.0f;
+  std::vector<float> q = random_floats(B * nh * d, 21, -3, 3), k = random_floats(B * nkv * d, 22),
+                     v = random_floats(B * nkv * d, 23), qn = random_floats(d, 24, 0.5f, 1.5f),
+                     kn = random_floats(d, 25, 0.5f, 1.5f);
+  std::vector<int32_t> pos = {0, 3, 17, 255, 4096}, slots = {5, -1, 0, 15, 9};
+  const std::vector<float> kp0 = random_floats(pages * ps * nkv * d, 26),
+                           vp0 = random_floats(pages * ps * nkv * d, 27);
+  // The five kernels, as the decode program ran them.
+  std::vector<float> want_q(q.size()), want_k(k.size()), want_kp = kp0, want_vp = vp0;
+  ASSERT_TRUE(
+      run_blocks(&rms_norm_kernel,
+                 rms_norm_args(view(q, {B * nh, d}), view(qn, {d}), view(want_q, {B * nh, d}), eps),
+                 1)
+          .ok());
+  ASSERT_TRUE(
+      run_blocks(
+          &rms_norm_kernel,
+          rms_norm_args(view(k, {B * nkv, d}), view(kn, {d}), view(want_k, {B * nkv, d}), eps), 1)
+          .ok());
+  ASSERT_TRUE(
+      run_blocks(&rope_kernel, rope_args(view(want_q, {B, nh, d}), view(pos, {B}), theta), 1).ok());
+  ASSERT_TRUE(
+      run_blocks(&rope_kernel, rope_args(view(want_k, {B, nkv, d}), view(pos, {B}), theta), 1)
+          .ok());
+  ASSERT_TRUE(run_blocks(&kv_write_kernel,
+                         kv_write_args(view(want_k, {B, nkv, d}), view(v, {B, nkv, d}),
+                                       view(slots, {B}), view(want_kp, {pages, ps, nkv, d}),
+                                       view(want_vp, {pages, ps, nkv, d})),
+                         1)
+                  .ok());
+  std::vector<float> q_out(q.size()), k_out(k.size()), kp = kp0, vp = vp0;
+  const QkNormRopeKvTensors t{view(q, {B, nh, d}),
+                              view(k, {B, nkv, d}),
+                              view(v, {B, nkv, d}),
+                              view(qn, {d}),
+                              view(kn, {d}),
+                              view(pos, {B}),
+                              view(slots, {B}),
+                              view(q_out, {B, nh, d}),
+                              view(k_out, {B, nkv, d}),
+                              view(kp, {pages, ps, nkv, d}),
+                              view(vp, {pages, ps, nkv, d})};
+  const TaskArgs args = qk_norm_rope_kv_args(t, eps, theta);
+  EXPECT_EQ(args[7].direction, task::ArgDirection::kOut);
+  EXPECT_EQ(args[9].direction, task::ArgDirection::kInOut);
+  EXPECT_EQ(args[10].direction, task::ArgDirection::kInOut);
+  const auto bits = [](const std::vector<float>& x) {
+    std::vector<uint32_t> b(x.size());
+    std::memcpy(b.data(), x.data(), sizeof(float) * x.size());
+    return b;
+  };
+  for (int32_t bd : {1, 2, 5}) {
+    std::fill(q_out.begin(), q_out.end(), 0.f);
+    std::fill(k_out.begin(), k_out.end(), 0.f);
+    kp = kp0;
+    vp = vp0;
+    ASSERT_TRUE(run_blocks(&qk_norm_rope_kv_kernel, args, bd).ok()) << bd << " blocks";
+    EXPECT_EQ(bits(q_out), bits(want_q)) << bd << " blocks";
+    EXPECT_EQ(bits(k_out), bits(want_k)) << bd << " blocks";
+    EXPECT_EQ(bits(kp), bits(want_kp)) << bd << " blocks";
+    EXPECT_EQ(bits(vp), bits(want_vp)) << bd << " blocks";
+  }
+  pos[2] = -1;
+  absl::Status bad = run_blocks(&qk_norm_rope_kv_kernel, args, 1);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("qk_norm_rope_kv: position -1 at row 2 is negative"));
+  pos[2] = 17;
+  slots[3] = 16;
+  bad = run_blocks(&qk_norm_rope_kv_kernel, args, 1);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("qk_norm_rope_kv: slot 16 at row 3 is outside the pool "
+                                       "of 4 pages x 4 slots"));
+  // A k that is not [B, n_kv, head_dim] beside q is refused naming it.
+  QkNormRopeKvTensors odd = t;
+  odd.k = view(k, {B, nkv * d / 2, 2});
+  bad = run_blocks(&qk_norm_rope_kv_kernel, qk_norm_rope_kv_args(odd, eps, theta), 1);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("qk_norm_rope_kv"));
+  EXPECT_THAT(bad.message(), HasSubstr("k"));
+}
+
 // Naive paged attention in double.
 std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& kp,
                                         const std::vector<float>& vp,

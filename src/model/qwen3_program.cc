@@ -226,8 +226,7 @@ absl::StatusOr<RunArgs> check_run_args(const Program& p, const TaskArgs& args) {
 
 // Views of the first B rows of the scratch buffers, shaped for each kernel.
 struct ScratchViews {
-  Tensor hidden, normed, q_proj, q_proj_heads, k_proj, k_proj_heads, v, v3, q_heads, q3, k_heads,
-      k3, attn_out, gate, up, act;
+  Tensor hidden, normed, q_proj, q_proj3, k_proj, k_proj3, v, v3, q3, k3, attn_out, gate, up, act;
 };
 
 ScratchViews scratch_views(const Qwen3Dims& d, const Qwen3Scratch& s, int64_t B) {
@@ -237,14 +236,12 @@ ScratchViews scratch_views(const Qwen3Dims& d, const Qwen3Scratch& s, int64_t B)
   v.hidden = rows_of(s.hidden, {B, H});
   v.normed = rows_of(s.normed, {B, H});
   v.q_proj = rows_of(s.q_proj, {B, nh * hd});
-  v.q_proj_heads = rows_of(s.q_proj, {B * nh, hd});
+  v.q_proj3 = rows_of(s.q_proj, {B, nh, hd});
   v.k_proj = rows_of(s.k_proj, {B, nkv * hd});
-  v.k_proj_heads = rows_of(s.k_proj, {B * nkv, hd});
+  v.k_proj3 = rows_of(s.k_proj, {B, nkv, hd});
   v.v = rows_of(s.v, {B, nkv * hd});
   v.v3 = rows_of(s.v, {B, nkv, hd});
-  v.q_heads = rows_of(s.q, {B * nh, hd});
   v.q3 = rows_of(s.q, {B, nh, hd});
-  v.k_heads = rows_of(s.k, {B * nkv, hd});
   v.k3 = rows_of(s.k, {B, nkv, hd});
   v.attn_out = rows_of(s.attn_out, {B, nh * hd});
   v.gate = rows_of(s.gate, {B, I});
@@ -320,19 +317,14 @@ class DecodeSubmitter {
                                    matmul_blocks(B, nkv * hd, H), "k_proj", l));
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.v_proj, v.v),
                                    matmul_blocks(B, nkv * hd, H), "v_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                   rms_norm_args(v.q_proj_heads, w.q_norm, v.q_heads, p_.eps),
-                                   row_blocks(B * nh, hd), "q_norm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
-                                   rms_norm_args(v.k_proj_heads, w.k_norm, v.k_heads, p_.eps),
-                                   row_blocks(B * nkv, hd), "k_norm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(v.q3, r_.positions, p_.theta),
-                                   row_blocks(B, nh * hd), "q rope", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRope, rope_args(v.k3, r_.positions, p_.theta),
-                                   row_blocks(B, nkv * hd), "k rope", l));
-    SIMPLER_RETURN_IF_ERROR(submit(
-        KernelId::kKvWrite, kv_write_args(v.k3, v.v3, r_.slot_mapping, pool.k_pool, pool.v_pool),
-        row_blocks(B, 2 * nkv * hd), "kv_write", l));
+    // q and k normalized per head and rotated, k and v cached: one task (five before: two
+    // rms_norm, two rope and kv_write, each a hand-off on the step's critical path).
+    const QkNormRopeKvTensors qk{v.q_proj3,    v.k_proj3,       v.v3, w.q_norm, w.k_norm,
+                                 r_.positions, r_.slot_mapping, v.q3, v.k3,     pool.k_pool,
+                                 pool.v_pool};
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kQkNormRopeKv,
+                                   qk_norm_rope_kv_args(qk, p_.eps, p_.theta),
+                                   row_blocks(B, (nh + 2 * nkv) * hd), "qk_norm_rope_kv", l));
     SIMPLER_RETURN_IF_ERROR(
         submit(KernelId::kPagedAttention,
                paged_attention_args(v.q3, pool.k_pool, pool.v_pool, r_.block_tables,
@@ -658,7 +650,7 @@ TaskArgs Qwen3DecodeRunArgs::to_task_args() const {
 }
 
 int64_t qwen3_decode_task_count(const Qwen3Dims& dims, bool wants_logits) {
-  return 1 + 16 * dims.num_hidden_layers + (wants_logits ? 4 : 0);
+  return 1 + 12 * dims.num_hidden_layers + (wants_logits ? 4 : 0);
 }
 
 absl::StatusOr<task::ChipCallable> make_qwen3_decode_callable(const Qwen3Dims& dims,

@@ -458,7 +458,7 @@ void expect_well_formed(const std::vector<SequentialContext::Record>& records,
             arg.tensor.address < hi && lo < arg.tensor.address + arg.tensor.span_bytes();
       }
       if (!touches_pool) continue;
-      if (r.kernel == "kv_write") {
+      if (r.kernel == "kv_write" || r.kernel == "qk_norm_rope_kv") {
         EXPECT_EQ(arg.direction, ArgDirection::kInOut) << "task " << i << " arg " << a;
       } else if (r.kernel == "paged_attention") {
         EXPECT_EQ(arg.direction, ArgDirection::kIn) << "task " << i << " arg " << a;
@@ -856,7 +856,7 @@ TEST(Qwen3Layout, ScratchAndPoolsAreAlignedDisjointAndFitTheirBytes) {
   EXPECT_EQ(pools.layers[1].v_pool.address + pools.layers[1].v_pool.span_bytes(),
             base + pool_bytes);
   EXPECT_EQ(qwen3_scratch_bytes(d, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(qwen3_decode_task_count(d, true), 1 + 16 * 2 + 4);
+  EXPECT_EQ(qwen3_decode_task_count(d, true), 1 + 12 * 2 + 4);
 }
 
 // ---- timing of the tiny preset ----------------------------------------------------------------

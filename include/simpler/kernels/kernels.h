@@ -50,6 +50,7 @@ enum class KernelId : uint32_t {
   kAdd,             // "add"
   kGatherRows,      // "gather_rows"
   kArgmax,          // "argmax"
+  kQkNormRopeKv,    // "qk_norm_rope_kv"
   kCount,
 };
 
@@ -217,6 +218,27 @@ absl::Status kv_write_kernel(const task::KernelContext& ctx);
 task::TaskArgs kv_write_args(const task::Tensor& k, const task::Tensor& v,
                              const task::Tensor& slot_mapping, const task::Tensor& k_pool,
                              const task::Tensor& v_pool);
+
+// ---- qk_norm_rope_kv -----------------------------------------------------------
+// Qwen3's per-head q and k RMSNorm, RoPE on both and the KV-cache write of one step's tokens,
+// in one task (the decode program's; Qwen3 model card: q_norm / k_norm before the rotation).
+// Args: 0 q f32 [B, n_heads, head_dim] IN, 1 k f32 [B, n_kv, head_dim] IN, 2 v f32
+// [B, n_kv, head_dim] IN (the projections), 3 q_norm f32 [head_dim] IN, 4 k_norm f32
+// [head_dim] IN, 5 positions i32 [B] IN, 6 slot_mapping i32 [B] IN, 7 q_out f32
+// [B, n_heads, head_dim] OUT, 8 k_out f32 [B, n_kv, head_dim] OUT, 9 k_pool f32
+// [num_pages, page_size, n_kv, head_dim] INOUT, 10 v_pool (same shape) INOUT, 11 eps f32 SCALAR,
+// 12 theta f32 SCALAR.
+// Per row b: q_out[b, h] = rope(rms_norm(q[b, h], q_norm), positions[b]) for every head h, k_out
+// likewise with k_norm, then, as kv_write, k_pool and v_pool at slot slot_mapping[b] get
+// k_out[b] and v[b] (a slot < 0 skips the write). The values are bitwise what rms_norm, rope
+// and kv_write give in sequence (one definition of their row arithmetic). SPMD over rows b.
+// INVALID_ARGUMENT for an odd head_dim, theta <= 0, a negative position or a slot >=
+// num_pages·page_size (rows before the bad one are done; the run fails).
+absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx);
+struct QkNormRopeKvTensors {
+  task::Tensor q, k, v, q_norm, k_norm, positions, slot_mapping, q_out, k_out, k_pool, v_pool;
+};
+task::TaskArgs qk_norm_rope_kv_args(const QkNormRopeKvTensors& t, float eps, float theta);
 
 // ---- paged_attention ----------------------------------------------------------
 // Args: 0 q f32 [B, n_heads, head_dim] IN, 1 k_pool f32 [num_pages, page_size,
