@@ -553,18 +553,15 @@ absl::Status rope_kernel(const KernelContext& ctx) {
   const int64_t dim = x.shape[2];
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "positions", DataType::kInt32, {rows}));
   SIMPLER_RETURN_IF_ERROR(c.scalar(2, "theta"));
-  if (dim % 2 != 0) return c.error(absl::StrCat("head_dim ", dim, " must be even"));
   const double theta = ctx.scalar_f32(2);
-  if (!(theta > 0.0)) return c.error(absl::StrCat("theta ", theta, " must be positive"));
+  SIMPLER_RETURN_IF_ERROR(row_ops::check_rope(c, dim, theta));
   const int32_t* positions = ctx.tensor(1).data<const int32_t>();
   float* data = x.data<float>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
   row_ops::RopeAngles angles(dim, theta);
   for (int64_t b = r.begin; b < r.end; ++b) {
-    const int64_t p = positions[b];
-    if (p < 0) return c.error(absl::StrCat("position ", p, " at row ", b, " is negative"));
-    angles.at(p);
+    SIMPLER_RETURN_IF_ERROR(angles.at_row(c, positions, b));
     angles.rotate(data + b * heads * dim, heads);
   }
   return absl::OkStatus();
@@ -593,23 +590,15 @@ absl::Status kv_write_kernel(const KernelContext& ctx) {
   const int64_t pages = ctx.tensor(3).shape[0];
   const int64_t page_size = ctx.tensor(3).shape[1];
   SIMPLER_RETURN_IF_ERROR(c.tensor(4, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
-  const int64_t slots = pages * page_size;
-  const int64_t row_elems = n_kv * dim;
+  const row_ops::KvCache cache{ctx.tensor(3).data<float>(), ctx.tensor(4).data<float>(), pages,
+                               page_size, n_kv * dim};
   const float* k = ctx.tensor(0).data<const float>();
   const float* v = ctx.tensor(1).data<const float>();
   const int32_t* slot_mapping = ctx.tensor(2).data<const int32_t>();
-  float* k_pool = ctx.tensor(3).data<float>();
-  float* v_pool = ctx.tensor(4).data<float>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   for (int64_t b = r.begin; b < r.end; ++b) {
-    const int64_t s = slot_mapping[b];
-    if (s < 0) continue;
-    if (s >= slots) {
-      return c.error(absl::StrCat("slot ", s, " at row ", b, " is outside the pool of ", pages,
-                                  " pages x ", page_size, " slots"));
-    }
-    std::memcpy(k_pool + s * row_elems, k + b * row_elems, sizeof(float) * row_elems);
-    std::memcpy(v_pool + s * row_elems, v + b * row_elems, sizeof(float) * row_elems);
+    SIMPLER_RETURN_IF_ERROR(row_ops::write_kv_row(
+        c, cache, b, slot_mapping[b], k + b * cache.row_elems, v + b * cache.row_elems));
   }
   return absl::OkStatus();
 }

@@ -1,10 +1,7 @@
 // qk_norm_rope_kv (kernels.h): a token's q and k heads normalized and rotated, and its k and v
 // written to the paged KV cache, in one task instead of five (two rms_norm, two rope, kv_write),
-// with row_ops.h's arithmetic: bitwise what the five kernels give.
+// with row_ops.h's row work: bitwise what the five kernels give, refused as they refuse.
 
-#include <cstring>
-
-#include "absl/strings/str_cat.h"
 #include "kernels/row_ops.h"
 #include "simpler/kernels/kernels.h"
 #include "simpler/task/arg_check.h"
@@ -12,7 +9,6 @@
 namespace simpler::llm {
 
 using task::DataType;
-using task::Tensor;
 
 absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx) {
   task::ArgChecker c(ctx, "qk_norm_rope_kv");
@@ -37,10 +33,9 @@ absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx) {
       c.tensor(10, "v_pool", DataType::kFloat32, {pages, page_size, kv_heads, dim}));
   SIMPLER_RETURN_IF_ERROR(c.scalar(11, "eps"));
   SIMPLER_RETURN_IF_ERROR(c.scalar(12, "theta"));
-  if (dim % 2 != 0) return c.error(absl::StrCat("head_dim ", dim, " must be even"));
   const double eps = ctx.scalar_f32(11);
   const double theta = ctx.scalar_f32(12);
-  if (!(theta > 0.0)) return c.error(absl::StrCat("theta ", theta, " must be positive"));
+  SIMPLER_RETURN_IF_ERROR(row_ops::check_rope(c, dim, theta));
   const float* q = ctx.tensor(0).data<const float>();
   const float* k = ctx.tensor(1).data<const float>();
   const float* v = ctx.tensor(2).data<const float>();
@@ -50,30 +45,22 @@ absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx) {
   const int32_t* slot_mapping = ctx.tensor(6).data<const int32_t>();
   float* q_out = ctx.tensor(7).data<float>();
   float* k_out = ctx.tensor(8).data<float>();
-  float* k_pool = ctx.tensor(9).data<float>();
-  float* v_pool = ctx.tensor(10).data<float>();
-  const int64_t slots = pages * page_size, q_elems = heads * dim, kv_elems = kv_heads * dim;
+  const row_ops::KvCache cache{ctx.tensor(9).data<float>(), ctx.tensor(10).data<float>(), pages,
+                               page_size, kv_heads * dim};
+  const int64_t q_elems = heads * dim, kv_elems = cache.row_elems;
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
   row_ops::RopeAngles angles(dim, theta);
   for (int64_t b = r.begin; b < r.end; ++b) {
-    const int64_t p = positions[b];
-    if (p < 0) return c.error(absl::StrCat("position ", p, " at row ", b, " is negative"));
-    const int64_t s = slot_mapping[b];
-    if (s >= slots) {
-      return c.error(absl::StrCat("slot ", s, " at row ", b, " is outside the pool of ", pages,
-                                  " pages x ", page_size, " slots"));
-    }
+    SIMPLER_RETURN_IF_ERROR(angles.at_row(c, positions, b));
     float* qo = q_out + b * q_elems;
     float* ko = k_out + b * kv_elems;
     row_ops::rms_norm_rows(q + b * q_elems, q_norm, heads, dim, eps, qo);
     row_ops::rms_norm_rows(k + b * kv_elems, k_norm, kv_heads, dim, eps, ko);
-    angles.at(p);
     angles.rotate(qo, heads);
     angles.rotate(ko, kv_heads);
-    if (s < 0) continue;  // a padding row: nothing cached
-    std::memcpy(k_pool + s * kv_elems, ko, sizeof(float) * kv_elems);
-    std::memcpy(v_pool + s * kv_elems, v + b * kv_elems, sizeof(float) * kv_elems);
+    SIMPLER_RETURN_IF_ERROR(
+        row_ops::write_kv_row(c, cache, b, slot_mapping[b], ko, v + b * kv_elems));
   }
   return absl::OkStatus();
 }

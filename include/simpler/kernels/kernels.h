@@ -233,8 +233,11 @@ task::TaskArgs kv_write_args(const task::Tensor& k, const task::Tensor& v,
 // k_out[b] and v[b] (a slot < 0 skips the write). The values are bitwise what rms_norm, rope
 // and kv_write give in sequence (one definition of their row arithmetic). SPMD over rows b.
 // INVALID_ARGUMENT for an odd head_dim, theta <= 0, a negative position or a slot >=
-// num_pages·page_size (rows before the bad one are done; the run fails).
+// num_pages·page_size, with rope's and kv_write's messages (the rows before the bad one are
+// done; the run fails).
 absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx);
+// Its tensor arguments 0-10 in order (views into device memory; qk_norm_rope_kv_args copies
+// them into the TaskArgs, as every *_args does).
 struct QkNormRopeKvTensors {
   task::Tensor q, k, v, q_norm, k_norm, positions, slot_mapping, q_out, k_out, k_pool, v_pool;
 };

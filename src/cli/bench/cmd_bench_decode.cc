@@ -45,6 +45,15 @@ struct DecodeFlags {
   EngineFlags engine;
 };
 
+// The read-bandwidth probe just before and just after a row (each the best of its passes): the
+// machine's memory bandwidth moves while a process runs (shared VMs: 17-42 GB/s within minutes
+// on the 2-vCPU Zen 5 VM), so a row is held against the probes beside it, not against one taken
+// at the start. The fraction uses the higher of the two: never in the row's favour.
+struct ReadProbes {
+  double before = 0, after = 0;
+  double bytes_per_s() const { return std::max(before, after); }
+};
+
 // One row: the steady-state decode steps of `batch` requests (every step after the first, which
 // prefilled the one-token prompts). Wall time per step from their span (steps overlap at depth
 // >= 2); device time per step as their median.
@@ -68,10 +77,12 @@ struct DecodeRow {
   // steps a loaded machine preempted (and without the few steps that captured a graph).
   double step_p50_ms = 0;
   DepthStats depth;
-  // Set after the row ran: its weight bandwidth over the probes beside it (ReadProbes), and our
-  // tokens/s over llama.cpp's run just after it (0 without --compare llama.cpp).
-  double fraction_of_read = 0;
+  // Set after the row ran: the probes beside it, and our tokens/s over llama.cpp's run just after
+  // it (0 without --compare llama.cpp).
+  ReadProbes probes;
   double over_llamacpp = 0;
+  // The weights' bandwidth over the probes' (the higher of the two).
+  double fraction_of_read() const { return weight_bytes_per_s / probes.bytes_per_s(); }
 };
 
 // Host prepare µs and device ns per task of the decode steps (all but the first).
@@ -155,18 +166,8 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   return row;
 }
 
-// The read-bandwidth probe just before and just after a row (each the best of its passes): the
-// machine's memory bandwidth moves while a process runs (shared VMs: 17-42 GB/s within minutes
-// on the 2-vCPU Zen 5 VM), so a row is held against the probes beside it, not against one taken
-// at the start. The fraction uses the higher of the two: never in the row's favour.
-struct ReadProbes {
-  double before = 0, after = 0;
-  double bytes_per_s() const { return std::max(before, after); }
-};
-
-nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row,
-                               const ReadProbes& probes) {
-  const double read_bw = probes.bytes_per_s();
+nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row) {
+  const ReadProbes& probes = row.probes;
   const CommonOptions& common = st.engine.common;
   return {{"model", st.model},
           {"batch", row.batch},
@@ -186,10 +187,10 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row,
           {"tokens_per_s", row.tokens_per_s},
           {"weight_bytes_per_step", row.weight_bytes},
           {"weight_gb_per_s", row.weight_bytes_per_s / 1e9},
-          {"read_gb_per_s", read_bw / 1e9},
+          {"read_gb_per_s", probes.bytes_per_s() / 1e9},
           {"read_gb_per_s_before", probes.before / 1e9},
           {"read_gb_per_s_after", probes.after / 1e9},
-          {"fraction_of_read_bandwidth", row.weight_bytes_per_s / read_bw},
+          {"fraction_of_read_bandwidth", row.fraction_of_read()},
           {"gflop_per_s", row.gflops}};
 }
 
@@ -211,11 +212,11 @@ absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, Llama
   return absl::OkStatus();
 }
 
-void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const ReadProbes& probes,
-                      const LlamaCppPeer* peer, int threads, const nlohmann::json& out) {
+void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const LlamaCppPeer* peer,
+                      int threads, const nlohmann::json& out) {
   const CommonOptions& common = st.engine.common;
   if (common.json) return print_json_line(out);
-  const double read_bw = probes.bytes_per_s();
+  const ReadProbes& probes = row.probes;
   std::printf(
       "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (p50 %.3f ms; "
       "device %.3f ms; host prepare %.1f us, %.0f ns per task; turnaround %.1f us), %.1f tokens/s, "
@@ -225,7 +226,7 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const ReadPro
       row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.step_p50_ms,
       row.device_ms, row.prepare_us, row.ns_per_task, row.turnaround_us, row.tokens_per_s,
       row.gflops, row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9,
-      100 * row.weight_bytes_per_s / read_bw, read_bw / 1e9, probes.before / 1e9,
+      100 * row.fraction_of_read(), probes.bytes_per_s() / 1e9, probes.before / 1e9,
       probes.after / 1e9);
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
@@ -244,7 +245,7 @@ ModeMedians mode_medians(const std::vector<DecodeRow>& rows, bool capture) {
     step.push_back(r.step_p50_ms);
     device.push_back(r.device_ms);
     turnaround.push_back(r.turnaround_us);
-    fraction.push_back(r.fraction_of_read);
+    fraction.push_back(r.fraction_of_read());
     if (r.over_llamacpp > 0) over.push_back(r.over_llamacpp);
   }
   return {static_cast<int>(step.size()),        percentile(std::move(step), 0.5),
@@ -294,13 +295,12 @@ void print_repeat_summary(const DecodeFlags& st, int batch, const std::vector<De
                           modes.empty() ? "" : ", ", name, m.step_ms, m.device_ms, m.turnaround_us,
                           mode_text(m), m.rows);
   }
-  std::printf("decode summary: batch %d, %d rounds alternated: %s%s\n", batch, st.repeat,
-              modes.c_str(),
-              on.rows > 0 && off.rows > 0
-                  ? absl::StrFormat(": replay %.2fx the speed of capture off (device %.2fx)",
-                                    step_ratio, device_ratio)
-                        .c_str()
-                  : "");
+  if (on.rows > 0 && off.rows > 0) {
+    absl::StrAppendFormat(&modes, ": replay %.2fx the speed of capture off (device %.2fx)",
+                          step_ratio, device_ratio);
+  }
+  std::printf("decode summary: batch %d, %d rounds alternated: %s\n", batch, st.repeat,
+              modes.c_str());
 }
 
 int run_bench_decode(const DecodeFlags& st) {
@@ -332,23 +332,20 @@ int run_bench_decode(const DecodeFlags& st) {
     std::vector<DecodeRow> rows;
     for (int r = 0; r < st.repeat; ++r) {
       for (const std::string& capture : st.capture) {
-        ReadProbes probes;
-        absl::StatusOr<double> bw = read_bandwidth_bytes_per_s(probe_bytes);
-        if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
-        probes.before = *bw;
+        absl::StatusOr<double> before = read_bandwidth_bytes_per_s(probe_bytes);
+        if (!before.ok()) return fail(kBenchDecodeCommand, before.status());
         absl::StatusOr<DecodeRow> row = run_decode_row(st, *config, batch, capture == "on", &trace);
         if (!row.ok())
           return fail_with_trace(kBenchDecodeCommand, row.status(), trace, common.trace_path);
-        bw = read_bandwidth_bytes_per_s(probe_bytes);
-        if (!bw.ok()) return fail(kBenchDecodeCommand, bw.status());
-        probes.after = *bw;
-        nlohmann::json out = decode_row_json(st, *row, probes);
+        absl::StatusOr<double> after = read_bandwidth_bytes_per_s(probe_bytes);
+        if (!after.ok()) return fail(kBenchDecodeCommand, after.status());
+        row->probes = {*before, *after};
+        nlohmann::json out = decode_row_json(st, *row);
         LlamaCppPeer* peer_ptr = peer->has_value() ? &**peer : nullptr;
         if (absl::Status s = add_peer_figures(st, *row, peer_ptr, threads, &out); !s.ok()) {
           return fail(kBenchDecodeCommand, s);
         }
-        print_decode_row(st, *row, probes, peer_ptr, threads, out);
-        row->fraction_of_read = out["fraction_of_read_bandwidth"].get<double>();
+        print_decode_row(st, *row, peer_ptr, threads, out);
         if (out.contains("over_llamacpp")) row->over_llamacpp = out["over_llamacpp"].get<double>();
         rows.push_back(*row);
       }
