@@ -1017,6 +1017,43 @@ TEST(QkNormRopeKvKernel, IsBitwiseTheFiveKernelsInSequenceForAnySplit) {
   EXPECT_THAT(bad.message(), HasSubstr("k"));
 }
 
+// RoPE's parameters (row_ops::check_rope) are refused by both kernels that rotate: an odd
+// head_dim, a theta of 0 and a NaN theta, each named with the kernel.
+TEST(RopeKernel, OddHeadDimAndNonPositiveThetaAreRefusedByRopeAndTheFusedKernel) {
+  const int64_t B = 1, h = 1;
+  std::vector<float> x(B * h * 4), q(B * h * 4), k(B * h * 4), v(B * h * 4), w(4, 1.f), q_out(4),
+      k_out(4), kp(4 * 4), vp(4 * 4);
+  std::vector<int32_t> pos = {3}, slots = {0};
+  for (const int64_t d : {int64_t{3}, int64_t{4}}) {
+    for (const float theta : {10000.f, 0.f, std::nanf("")}) {
+      const bool bad = d % 2 != 0 || !(theta > 0);
+      if (!bad) continue;
+      const std::string why =
+          d % 2 != 0 ? absl::StrCat("head_dim ", d, " must be even") : "must be positive";
+      absl::Status s =
+          run_blocks(&rope_kernel, rope_args(view(x, {B, h, d}), view(pos, {B}), theta), 1);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << d << " " << theta;
+      EXPECT_THAT(s.message(), HasSubstr("rope")) << s;
+      EXPECT_THAT(s.message(), HasSubstr(why)) << s;
+      const QkNormRopeKvTensors t{view(q, {B, h, d}),
+                                  view(k, {B, h, d}),
+                                  view(v, {B, h, d}),
+                                  view(w, {d}),
+                                  view(w, {d}),
+                                  view(pos, {B}),
+                                  view(slots, {B}),
+                                  view(q_out, {B, h, d}),
+                                  view(k_out, {B, h, d}),
+                                  view(kp, {1, 4 / d, h, d}),
+                                  view(vp, {1, 4 / d, h, d})};
+      s = run_blocks(&qk_norm_rope_kv_kernel, qk_norm_rope_kv_args(t, 1e-6f, theta), 1);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << d << " " << theta;
+      EXPECT_THAT(s.message(), HasSubstr("qk_norm_rope_kv")) << s;
+      EXPECT_THAT(s.message(), HasSubstr(why)) << s;
+    }
+  }
+}
+
 // Naive paged attention in double.
 std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& kp,
                                         const std::vector<float>& vp,
