@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -130,6 +131,50 @@ class ReadyQueue {
   uint64_t tail_ = 0;
 };
 
+// The shared lines of the SPMD tasks that have blocks on cores (CoreJob::task_lines): a task
+// takes an entry when its first block is dispatched and gives it back when its last block
+// completed, so an entry serves one task at a time and a kernel's blocks never see another
+// task's words. Entries keep their lines between tasks and runs (an executor's storage keeps the
+// pool), so a steady state allocates nothing: the entries in use are at most the tasks with
+// blocks in flight. Owner-thread only; the lines themselves are written by the blocks.
+class TaskLinePool {
+ public:
+  // An entry of at least `lines` lines, every word 0 (stored before the job that carries them is
+  // handed to its core, which orders the stores before the block's reads).
+  int32_t acquire(int32_t lines) {
+    int32_t e;
+    if (!free_.empty()) {
+      e = free_.back();
+      free_.pop_back();
+    } else {
+      e = static_cast<int32_t>(entries_.size());
+      entries_.emplace_back();
+    }
+    Entry& entry = entries_[e];
+    if (entry.capacity < lines) {
+      entry.lines = std::make_unique<task::TaskLine[]>(static_cast<size_t>(lines));
+      entry.capacity = lines;
+    }
+    for (int32_t i = 0; i < lines; ++i) entry.lines[i].word.store(0, std::memory_order_relaxed);
+    return e;
+  }
+  task::TaskLine* lines(int32_t entry) const { return entries_[entry].lines.get(); }
+  void release(int32_t entry) { free_.push_back(entry); }
+  // Every entry free (a run starts; the last one's blocks have all completed).
+  void reset() {
+    free_.clear();
+    for (int32_t e = static_cast<int32_t>(entries_.size()); e-- > 0;) free_.push_back(e);
+  }
+
+ private:
+  struct Entry {
+    std::unique_ptr<task::TaskLine[]> lines;
+    int32_t capacity = 0;
+  };
+  std::vector<Entry> entries_;
+  std::vector<int32_t> free_;
+};
+
 // One ring slot. Reused for task seq, seq + capacity, ...
 struct TaskSlot {
   uint64_t seq = 0;
@@ -139,6 +184,7 @@ struct TaskSlot {
   int32_t blocks_started = 0;
   int32_t blocks_done = 0;
   int32_t pending = 0;     // unfinished predecessors
+  int32_t lines = -1;      // its TaskLinePool entry while its blocks run (several blocks only)
   bool completed = false;  // every block finished, successfully or not
   bool failed = false;     // some block returned an error
   std::vector<task::Arg> args;
@@ -160,6 +206,7 @@ struct ExecutorStorage {
   ReadyQueue ready;
   std::vector<uint64_t> deps;
   TensorMap tensor_map;
+  TaskLinePool task_lines;
   bool in_use = false;
 };
 
@@ -249,7 +296,9 @@ class GraphExecutor final : public task::OrchestrationContext {
       idle_ = std::move(st_->idle);
       tensor_map_ = std::move(st_->tensor_map);
       deps_ = std::move(st_->deps);
+      task_lines_ = std::move(st_->task_lines);
     }
+    task_lines_.reset();
     // Start from empty lists and map whatever the last run left (a failed run
     // can leave ready tasks); capacity stays. A ring kept from an earlier run
     // keeps its size (at most ring_capacity); its slots were reset when that
@@ -293,6 +342,7 @@ class GraphExecutor final : public task::OrchestrationContext {
       st_->idle = std::move(idle_);
       st_->tensor_map = std::move(tensor_map_);
       st_->deps = std::move(deps_);
+      st_->task_lines = std::move(task_lines_);
       st_->in_use = false;
     }
   }
@@ -398,6 +448,7 @@ class GraphExecutor final : public task::OrchestrationContext {
     s.blocks_started = 0;
     s.blocks_done = 0;
     s.pending = 0;
+    s.lines = -1;
     s.completed = false;
     s.failed = false;
     s.args.assign(args, args + num_args);
@@ -462,6 +513,10 @@ class GraphExecutor final : public task::OrchestrationContext {
       job.tag = s.seq;
       job.shape = s.shape;
       job.timed = record_timing_;  // the completion's timestamps go only into the task timings
+      if (s.block_dim > 1) {
+        if (s.blocks_started == 0) s.lines = task_lines_.acquire(s.block_dim);
+        job.task_lines = task_lines_.lines(s.lines);
+      }
       if (s.blocks_started == 0) s.timing.core = core;
       ++s.blocks_started;
       ++running_;
@@ -482,6 +537,8 @@ class GraphExecutor final : public task::OrchestrationContext {
                     record_timing_ ? &report_->blocks : nullptr);
     if (s.blocks_done == s.block_dim) {
       s.completed = true;  // finished: no block of it runs any more
+      if (s.lines >= 0) task_lines_.release(s.lines);
+      s.lines = -1;
       ++completed_;
       if (s.failed) {
         if (report_->tasks_failed++ == 0) report_->first_failed_task = static_cast<int64_t>(s.seq);
@@ -513,6 +570,7 @@ class GraphExecutor final : public task::OrchestrationContext {
   int32_t num_cores_ = 0;
   int32_t running_ = 0;
   std::vector<int32_t> idle_;
+  TaskLinePool task_lines_;
   TensorMap tensor_map_;
   TensorMap::IsDone is_done_;
   TensorMap::IsDone never_done_ = [](uint64_t) { return false; };
@@ -526,6 +584,7 @@ struct ReplayTask {
   int32_t pending = 0;  // unfinished predecessors
   int32_t blocks_started = 0;
   int32_t blocks_done = 0;
+  int32_t lines = -1;  // its TaskLinePool entry while its blocks run (several blocks only)
   bool failed = false;
   TaskTiming timing;
 };
@@ -536,6 +595,7 @@ struct ReplayStorage {
   std::vector<ReplayTask> tasks;
   std::vector<uint32_t> ready;
   std::vector<int32_t> idle;
+  TaskLinePool task_lines;
   bool in_use = false;
 };
 
@@ -561,7 +621,9 @@ class ReplayExecutor {
       tasks_ = std::move(st_->tasks);
       ready_ = std::move(st_->ready);
       idle_ = std::move(st_->idle);
+      task_lines_ = std::move(st_->task_lines);
     }
+    task_lines_.reset();
     int32_t cores = ctx.num_cores();
     if (max_cores > 0) cores = std::min(cores, max_cores);
     idle_.clear();
@@ -575,6 +637,7 @@ class ReplayExecutor {
     st_->tasks = std::move(tasks_);
     st_->ready = std::move(ready_);
     st_->idle = std::move(idle_);
+    st_->task_lines = std::move(task_lines_);
     st_->in_use = false;
   }
 
@@ -588,6 +651,7 @@ class ReplayExecutor {
       r.pending = static_cast<int32_t>(t.num_preds);
       r.blocks_started = 0;
       r.blocks_done = 0;
+      r.lines = -1;
       r.failed = false;
       r.timing = TaskTiming{i, t.kernel, -1, t.block_dim, 0, 0};
       if (r.pending == 0) ready_[ready_end_++] = i;
@@ -627,6 +691,10 @@ class ReplayExecutor {
       job.tag = i;
       job.timed = record_timing_;
       if (has_shapes_) job.shape = graph_.job_shapes[i];
+      if (t.block_dim > 1) {
+        if (r.blocks_started == 0) r.lines = task_lines_.acquire(t.block_dim);
+        job.task_lines = task_lines_.lines(r.lines);
+      }
       if (r.blocks_started == 0) r.timing.core = core;
       ++r.blocks_started;
       ++running_;
@@ -647,6 +715,8 @@ class ReplayExecutor {
     fold_completion(c, ctx_.run_id(), i, callable_.kernels[t.kernel].name, r, &failure_,
                     record_timing_ ? &report_->blocks : nullptr);
     if (r.blocks_done < t.block_dim) return;
+    if (r.lines >= 0) task_lines_.release(r.lines);
+    r.lines = -1;
     ++completed_;
     if (r.failed && report_->tasks_failed++ == 0) report_->first_failed_task = i;
     if (record_timing_) report_->tasks.push_back(r.timing);
@@ -670,6 +740,7 @@ class ReplayExecutor {
   uint32_t ready_begin_ = 0;
   uint32_t ready_end_ = 0;
   std::vector<int32_t> idle_;
+  TaskLinePool task_lines_;
   uint64_t completed_ = 0;
   int32_t running_ = 0;
   absl::Status failure_;

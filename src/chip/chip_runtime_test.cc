@@ -138,6 +138,88 @@ TEST_F(ChipRuntimeTest, SpmdTaskRunsEveryBlock) {
   for (int i = 0; i < 37; ++i) EXPECT_EQ(b.data<int32_t>()[i], i * 10);
 }
 
+// Counts its block on its task's shared line 0 (out[block] = the count before it, -1 without
+// lines) and on its own line (out[block_dim + block] = the count before it, which no other block
+// touches): the lines KernelContext::task_lines promises, block_dim of them.
+absl::Status count_on_lines(const task::KernelContext& ctx) {
+  int32_t* out = ctx.tensor(0).data<int32_t>();
+  if (ctx.task_lines == nullptr) {
+    out[ctx.block_idx] = -1;
+    return absl::OkStatus();
+  }
+  volatile int spin = 0;  // long enough that a task's blocks overlap another task's
+  for (int i = 0; i < 5000; ++i) spin = spin + 1;
+  out[ctx.block_idx] = static_cast<int32_t>(ctx.task_lines[0].word.fetch_add(1));
+  if (ctx.block_idx > 0) {
+    out[ctx.block_dim + ctx.block_idx] =
+        static_cast<int32_t>(ctx.task_lines[ctx.block_idx].word.fetch_add(7));
+  }
+  return absl::OkStatus();
+}
+
+// `tasks` independent tasks of count_on_lines, task i writing bufs[i] in block_dim[i] blocks.
+task::ChipCallable line_counting(std::vector<Tensor> bufs, std::vector<int32_t> block_dims) {
+  return {"lines",
+          [bufs, block_dims](task::OrchestrationContext& ctx, const task::TaskArgs&) {
+            for (size_t i = 0; i < bufs.size(); ++i) {
+              task::TaskArgs a;
+              a.add_tensor(bufs[i], ArgDirection::kOut);
+              SIMPLER_RETURN_IF_ERROR(ctx.submit(0, a, block_dims[i]));
+            }
+            return absl::OkStatus();
+          },
+          {{"count_on_lines", count_on_lines}}};
+}
+
+// Every block of a task of several blocks sees the same block_dim lines, zero when its first block
+// starts: the blocks' counts on line 0 are 0..block_dim-1 once each, and each block's own line
+// was 0. Tasks running at once get their own lines and a task after them lines zeroed again
+// (24 tasks on 4 cores reuse them); a one-block task sees none. Orchestrated and replayed.
+TEST_F(ChipRuntimeTest, TheBlocksOfATaskShareTheirOwnZeroedLines) {
+  std::vector<Tensor> bufs;
+  std::vector<int32_t> dims;
+  for (int i = 0; i < 24; ++i) {
+    dims.push_back(i % 6 == 5 ? 1 : 2 + i % 5);
+    bufs.push_back(buffer(2 * dims.back()));
+  }
+  const task::ChipCallable c = line_counting(bufs, dims);
+  auto check = [&](const char* how) {
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      const int32_t* out = bufs[i].data<int32_t>();
+      if (dims[i] == 1) {
+        EXPECT_EQ(out[0], -1) << how << ": task " << i << " of one block has lines";
+        continue;
+      }
+      std::vector<int32_t> counts(out, out + dims[i]);
+      std::sort(counts.begin(), counts.end());
+      for (int32_t b = 0; b < dims[i]; ++b) {
+        EXPECT_EQ(counts[b], b) << how << ": task " << i << ", " << dims[i] << " blocks";
+      }
+      for (int32_t b = 1; b < dims[i]; ++b) {
+        EXPECT_EQ(out[dims[i] + b], 0) << how << ": task " << i << ", block " << b;
+      }
+    }
+  };
+  for (int round = 0; round < 3; ++round) {  // a run after another reuses the kept lines
+    for (const Tensor& b : bufs) std::fill_n(b.data<int32_t>(), b.shape[0], -9);
+    ASSERT_TRUE(run(c).ok());
+    check("orchestrated");
+  }
+  absl::StatusOr<GraphRecording> g = record_on_host(c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  g->link_successors();
+  for (int round = 0; round < 3; ++round) {
+    for (const Tensor& b : bufs) std::fill_n(b.data<int32_t>(), b.shape[0], -9);
+    auto rec = stream_->launch(9, [&](device::ExecContext& ctx) {
+      return execute_recorded(ctx, c, *g, g->args.data(), ChipOptions{}, 0, true, &report_);
+    });
+    ASSERT_TRUE(rec.ok());
+    (*rec)->done.wait(base::Deadline::forever());
+    ASSERT_TRUE((*rec)->done.status().ok()) << (*rec)->done.status();
+    check("replayed");
+  }
+}
+
 // Each block of an SPMD task is timed on its own core (RunReport::blocks): every block once, its
 // core's blocks one after another, and the task's timing spanning its blocks' first start to
 // their last end.

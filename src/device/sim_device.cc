@@ -994,6 +994,7 @@ class SimDevice final : public Device {
     ctx.core = core;
     ctx.run_id = run_id;
     ctx.task_index = job.task_index;
+    ctx.task_lines = job.task_lines;
     try {
       return job.fn(ctx);
     } catch (...) {

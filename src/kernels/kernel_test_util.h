@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -36,6 +37,36 @@ inline absl::Status run_blocks(task::KernelFn fn, const task::TaskArgs& args, in
     ctx.block_idx = b;
     ctx.block_dim = block_dim;
     absl::Status s = fn(ctx);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Runs every block of a task with block_dim shared lines (task::KernelContext::task_lines, zeroed
+// here), as a device does: one after another, last block first (the last then claims every
+// row, its own and the others'), or with `threads` each block on its own thread at once. The
+// first block error is returned.
+inline absl::Status run_blocks_sharing_lines(task::KernelFn fn, const task::TaskArgs& args,
+                                             int32_t block_dim, bool threads) {
+  std::vector<task::TaskLine> lines(static_cast<size_t>(block_dim));
+  std::vector<absl::Status> status(static_cast<size_t>(block_dim));
+  auto block = [&](int32_t b) {
+    task::KernelContext ctx;
+    ctx.args = args.args().data();
+    ctx.num_args = static_cast<uint32_t>(args.size());
+    ctx.block_idx = b;
+    ctx.block_dim = block_dim;
+    ctx.task_lines = lines.data();
+    status[static_cast<size_t>(b)] = fn(ctx);
+  };
+  if (threads) {
+    std::vector<std::thread> running;
+    for (int32_t b = 0; b < block_dim; ++b) running.emplace_back(block, b);
+    for (std::thread& t : running) t.join();
+  } else {
+    for (int32_t b = block_dim - 1; b >= 0; --b) block(b);
+  }
+  for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

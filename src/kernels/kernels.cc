@@ -31,6 +31,7 @@
 #include "kernels/fma_exact.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_int8.h"
+#include "kernels/row_claims.h"
 #include "kernels/row_ops.h"
 #include "kernels/task_names.h"
 #include "simpler/base/clock.h"
@@ -112,6 +113,57 @@ matmul_detail::Int8Dots int8_dots(KernelIsa isa) {
   return matmul_detail::int8_dots_portable();
 }
 
+// The W rows [r.begin, r.end) of `full` (every W row of the task).
+matmul_detail::Problem rows_of(const matmul_detail::Problem& full, BlockRange r, DataType w_dtype) {
+  matmul_detail::Problem p = full;
+  p.w = static_cast<const uint8_t*>(full.w) +
+        r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(full.k));
+  p.n = r.end - r.begin;
+  p.y = full.y + r.begin;
+  return p;
+}
+
+// The fewest W rows a block claims at a time (RowClaims): about 32 KiB of W (~1.5 us at
+// batch 1: Q4_K at K 1024 64 rows, Q6_K at K 3072 16), a multiple of 16 rows (the widest kernels'
+// W tile), 16 to 1024 rows. A claim costs a compare-and-swap on the block's own line and the
+// kernel's start on its rows, a fraction of a microsecond.
+int64_t min_claim_rows(int64_t row_bytes) {
+  const int64_t rows = (32 * 1024 / std::max<int64_t>(row_bytes, 1) + 15) / 16 * 16;
+  return std::clamp<int64_t>(rows, 16, 1024);
+}
+
+// One matmul's rows (p) on `isa` at `precision`, but the int8 path: the exact path of its
+// target, or bf16 (AVX-512 BF16 or oneDNN).
+absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
+  const bool bf16 = precision == Precision::kBf16;
+#if defined(__x86_64__)
+  if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
+      matmul_detail::avx512_bf16_available()) {
+    if (p.rows >= matmul_detail::kDnnlMinRows) return matmul_detail::run_dnnl_bf16(p);
+    matmul_detail::run_avx512_bf16(p);
+    return absl::OkStatus();
+  }
+  if (isa == KernelIsa::kAvx512) {
+    matmul_detail::run_avx512(p);
+    return absl::OkStatus();
+  }
+  if (isa == KernelIsa::kX86_64V3) {
+    matmul_detail::run_x86_64_v3(p);
+    return absl::OkStatus();
+  }
+#elif defined(__aarch64__)
+  (void)bf16;
+  if (isa == KernelIsa::kNeon) {
+    matmul_detail::run_neon(p);
+    return absl::OkStatus();
+  }
+#else
+  (void)bf16;
+#endif
+  matmul_detail::run_portable(p);
+  return absl::OkStatus();
+}
+
 absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
                          Precision precision = Precision::kExact) {
   const char* kernel = accumulate ? "matmul_acc" : "matmul";
@@ -129,53 +181,33 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
   const Tensor& y = ctx.tensor(2);
   SIMPLER_ASSIGN_OR_RETURN(isa, available_isa(kernel, isa));
-  const BlockRange r = block_range(out, ctx.block_idx, ctx.block_dim);
-  if (r.begin >= r.end || rows == 0) return absl::OkStatus();
-  matmul_detail::Problem p;
-  p.x = x.data<const float>();
-  p.rows = rows;
-  p.k = in;
-  p.wt = matmul_detail::weight_type_of(w_dtype);
-  p.w = static_cast<const uint8_t*>(w.data<const void>()) +
-        r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(in));
-  p.n = r.end - r.begin;
-  p.y = y.data<float>() + r.begin;
-  p.ldy = out;
-  p.accumulate = accumulate;
-  if (precision == Precision::kInt8 && matmul_detail::int8_weight_type(p.wt)) {
-    matmul_detail::run_int8(p, int8_dots(isa));
+  if (out == 0 || rows == 0) return absl::OkStatus();
+  matmul_detail::Problem full;
+  full.x = x.data<const float>();
+  full.rows = rows;
+  full.k = in;
+  full.wt = matmul_detail::weight_type_of(w_dtype);
+  full.w = w.data<const void>();
+  full.n = out;
+  full.y = y.data<float>();
+  full.ldy = out;
+  full.accumulate = accumulate;
+  // oneDNN's GEMM takes the block's rows in one call (a call's fixed cost is its primitive's).
+  const bool one_call = precision == Precision::kBf16 && rows >= matmul_detail::kDnnlMinRows;
+  const auto row_bytes = static_cast<int64_t>(task::bytes_of(w_dtype, static_cast<uint64_t>(in)));
+  RowClaims claims(ctx, out, one_call ? out : min_claim_rows(row_bytes));
+  BlockRange r;
+  if (precision == Precision::kInt8 && matmul_detail::int8_weight_type(full.wt)) {
+    const matmul_detail::Int8Dots dots = int8_dots(isa);
+    if (!claims.next(&r)) return absl::OkStatus();
+    const matmul_detail::QuantizedX qx = matmul_detail::quantize_int8(full, dots);
+    do {
+      matmul_detail::run_int8_quantized(rows_of(full, r, w_dtype), qx, dots);
+    } while (claims.next(&r));
     return absl::OkStatus();
   }
-  const bool bf16 = precision == Precision::kBf16;
-#if defined(__x86_64__)
-  if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
-      matmul_detail::avx512_bf16_available()) {
-    if (rows >= matmul_detail::kDnnlMinRows) {
-      return matmul_detail::run_dnnl_bf16(p);
-    }
-    matmul_detail::run_avx512_bf16(p);
-    return absl::OkStatus();
-  }
-  if (isa == KernelIsa::kAvx512) {
-    matmul_detail::run_avx512(p);
-    return absl::OkStatus();
-  }
-  if (isa == KernelIsa::kX86_64V3) {
-    matmul_detail::run_x86_64_v3(p);
-    return absl::OkStatus();
-  }
-#elif defined(__aarch64__)
-  (void)bf16;
-  (void)rows;
-  if (isa == KernelIsa::kNeon) {
-    matmul_detail::run_neon(p);
-    return absl::OkStatus();
-  }
-#else
-  (void)bf16;
-  (void)rows;
-#endif
-  matmul_detail::run_portable(p);
+  while (claims.next(&r))
+    SIMPLER_RETURN_IF_ERROR(matmul_rows(rows_of(full, r, w_dtype), isa, precision));
   return absl::OkStatus();
 }
 

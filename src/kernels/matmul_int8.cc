@@ -222,9 +222,7 @@ float row_dot(const Int8Dots& dots, const uint8_t* w, const QuantizedX& qx, int6
 
 // W rows in order, each against every x row (a W row stays in L1 while the x rows pass).
 template <WeightType WT>
-void run_int8_on(const Problem& p, const Int8Dots& dots) {
-  constexpr bool kSuper = WT == WeightType::kQ4_K || WT == WeightType::kQ6_K;
-  const QuantizedX qx = quantize_rows(p, kSuper, dots);
+void run_int8_on(const Problem& p, const QuantizedX& qx, const Int8Dots& dots) {
   if (dots.rows != nullptr) return dots.rows(p, qx);
   std::vector<int32_t> sums(static_cast<size_t>(p.k / 16));
   const auto* w = static_cast<const uint8_t*>(p.w);
@@ -275,19 +273,30 @@ bool int8_weight_type(WeightType wt) {
          wt == WeightType::kQ6_K;
 }
 
-void run_int8(const Problem& p, const Int8Dots& dots) {
+QuantizedX quantize_int8(const Problem& p, const Int8Dots& dots) {
+  QuantizedX qx = quantize_rows(p, p.wt == WeightType::kQ4_K || p.wt == WeightType::kQ6_K, dots);
+  if (dots.prepare != nullptr && dots.rows != nullptr) dots.prepare(p, qx);
+  return qx;
+}
+
+void run_int8_quantized(const Problem& p, const QuantizedX& qx, const Int8Dots& dots) {
   switch (p.wt) {
     case WeightType::kQ8_0:
-      return run_int8_on<WeightType::kQ8_0>(p, dots);
+      return run_int8_on<WeightType::kQ8_0>(p, qx, dots);
     case WeightType::kQ4_0:
-      return run_int8_on<WeightType::kQ4_0>(p, dots);
+      return run_int8_on<WeightType::kQ4_0>(p, qx, dots);
     case WeightType::kQ4_K:
-      return run_int8_on<WeightType::kQ4_K>(p, dots);
+      return run_int8_on<WeightType::kQ4_K>(p, qx, dots);
     case WeightType::kQ6_K:
-      return run_int8_on<WeightType::kQ6_K>(p, dots);
+      return run_int8_on<WeightType::kQ6_K>(p, qx, dots);
     default:
       return;
   }
+}
+
+void run_int8(const Problem& p, const Int8Dots& dots) {
+  if (!int8_weight_type(p.wt)) return;
+  run_int8_quantized(p, quantize_int8(p, dots), dots);
 }
 
 bool avxvnni_available() {

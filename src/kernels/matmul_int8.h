@@ -38,11 +38,14 @@ namespace simpler::llm::matmul_detail {
 // x quantized per block (above), once per call for every W row: row r's k int8 at q + r·k, its
 // scales at d + r·d_stride (k / 32 or k / 256 of them, then zeros up to d_stride, a multiple of 8,
 // so a target may read the scales 8 at a time), and for Q8_K its group sums at bsums + r·(k / 16).
+// `prepared`: what the target's rows kernel derives from q once for all W rows (Int8Dots::prepare;
+// empty when it derives nothing).
 struct QuantizedX {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int16_t> bsums;
   int64_t d_stride = 0;
+  std::vector<int8_t> prepared;
 };
 
 // One target's integer dot products of one W row with one quantized x row (`xq`, the row's k
@@ -66,6 +69,8 @@ struct Int8Dots {
   // vectors, bitwise theirs.
   void (*quantize_q8_0)(const float* x, int64_t k, int8_t* q, float* d) = nullptr;
   void (*quantize_q8_k)(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) = nullptr;
+  // Optional (null: nothing): fills x.prepared for `rows`, once per x (p's W rows do not matter).
+  void (*prepare)(const Problem& p, QuantizedX& x) = nullptr;
 };
 
 // The targets' dot products. The portable one runs anywhere (matmul_int8.cc, baseline flags); the
@@ -90,6 +95,12 @@ bool int8_weight_type(WeightType wt);
 
 // p (a block weight type: int8_weight_type) with x quantized per block as above and `dots`.
 void run_int8(const Problem& p, const Int8Dots& dots);
+// The same in two steps, so that a block computing its W rows in several pieces quantizes x once:
+// quantize_int8 quantizes p's x for p's weight type (and the target's prepare), run_int8_quantized
+// runs p against it; p's x, rows, k and weight type must be those quantize_int8 saw, its W rows
+// (w, n, y) any of them.
+QuantizedX quantize_int8(const Problem& p, const Int8Dots& dots);
+void run_int8_quantized(const Problem& p, const QuantizedX& x, const Int8Dots& dots);
 
 // The quantizers of x, exposed for the tests: one row of k floats (k a multiple of 32, or of 256
 // for Q8_K) into q[k], d[k / 32] (binary16 values, as f32) or d[k / 256] and bsums[k / 16].

@@ -58,9 +58,9 @@ void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, full = blocks / 8;
   const int tail = static_cast<int>(blocks % 8);
   const int64_t row_bytes = blocks * kQ8_0BlockBytes;
-  std::vector<float> dw(8, 0.f);
-  std::vector<int32_t> xc(static_cast<size_t>(8 * full));
-  q8_0_x_starts(x.q.data(), 8 * full, xc.data());
+  float dw[8] = {};
+  int32_t* xc = thread_scratch<int32_t, 0>(static_cast<size_t>(8 * full));
+  q8_0_x_starts(x.q.data(), 8 * full, xc);
   const auto* w = static_cast<const uint8_t*>(p.w);
   const int8_t* xq = x.q.data();
   const float* xd = x.d.data();
@@ -87,7 +87,7 @@ void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
       const uint8_t* blk = wr + 8 * full * kQ8_0BlockBytes;
       for (int b = 0; b < tail; ++b) dw[b] = half_at(blk + b * kQ8_0BlockBytes);
       const __m256i s = block_sums8<Avx512VnniDot, false, false>(blk, xq + 256 * full, tail);
-      acc = combine_step(acc, _mm256_loadu_ps(dw.data()), _mm256_loadu_ps(xd + 8 * full), s);
+      acc = combine_step(acc, _mm256_loadu_ps(dw), _mm256_loadu_ps(xd + 8 * full), s);
     }
     store_y(p, 0, j, tree8(acc));
   }
@@ -369,10 +369,10 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
     return rows_tiles<Zmm, Q6KTile>(p, x);
-  if (p.wt == WeightType::kQ4_K) {
-    const std::vector<int8_t> xq = permute_for_q4_k(x, p.rows, p.k);
-    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
-    return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq.data());
+  if (p.wt == WeightType::kQ4_K) {  // x permuted by prepare_avx512vnni
+    const int8_t* xq = x.prepared.data();
+    if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq);
+    return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq);
   }
   if (p.wt == WeightType::kQ6_K) {
     if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ6_K>(p, x, x.q.data());
@@ -381,11 +381,19 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   rows_x86<Avx512VnniDot>(p, x);
 }
 
+// What rows_avx512vnni reads besides x: for Q4_K under the tiles' row count, x permuted.
+void prepare_avx512vnni(const Problem& p, QuantizedX& x) {
+  if (p.wt == WeightType::kQ4_K && p.rows < Zmm::kMinRowsQ4K) {
+    x.prepared = permute_for_q4_k(x, p.rows, p.k);
+  }
+}
+
 }  // namespace
 
 Int8Dots int8_dots_avx512vnni() {
   Int8Dots d = x86_dots<Avx512VnniDot>();
   d.rows = &rows_avx512vnni;
+  d.prepare = &prepare_avx512vnni;
   return d;
 }
 

@@ -384,6 +384,44 @@ TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   }
 }
 
+// A matmul whose blocks claim their rows (RowClaims over KernelContext::task_lines) writes bitwise
+// what a fixed split writes, whichever block computes which rows: every weight type, both
+// precisions, every path this CPU runs, one and several x rows, 2 and 3 blocks, the blocks one
+// after another (the last claims every row) and on threads at once. 1000 W rows take 32-row
+// claims, so the threads take each other's rows.
+TEST(MatmulInt8, RowsClaimedByTheBlocksAreBitwiseAFixedSplit) {
+  const int64_t in = 512, out = 1000;
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0, DataType::kQ4_K, DataType::kQ6_K}) {
+    std::vector<uint8_t> w = random_weights(dt, out, in, 17);
+    for (int64_t rows : {1, 3, 16}) {
+      std::vector<float> x = random_x(static_cast<size_t>(rows * in), static_cast<uint32_t>(rows));
+      for (Precision precision : {Precision::kInt8, Precision::kExact}) {
+        for (bool acc : {false, true}) {
+          for (auto [isa, fn] : matmul_paths(precision, acc)) {
+            const std::vector<float> want = run(fn, acc, x, w, dt, rows, in, out, 1);
+            for (int32_t blocks : {2, 3}) {
+              for (bool threads : {false, true}) {
+                std::vector<float> y(want.size(), acc ? 0.25f : NAN);
+                const task::Tensor wt =
+                    task::Tensor::contiguous(reinterpret_cast<uintptr_t>(w.data()), {out, in}, dt)
+                        .value();
+                const task::TaskArgs args =
+                    acc ? matmul_acc_args(view(x, {rows, in}), wt, view(y, {rows, out}))
+                        : matmul_args(view(x, {rows, in}), wt, view(y, {rows, out}));
+                ASSERT_TRUE(testing::run_blocks_sharing_lines(fn, args, blocks, threads).ok());
+                ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                    << task::name_of(dt) << " rows " << rows << " " << name_of(precision) << " acc "
+                    << acc << " " << name_of(isa) << ", " << blocks << " blocks"
+                    << (threads ? " on threads" : " in turn");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Precision int8 really quantizes x (it differs from the exact path), within x's 8-bit rounding
 // (relative L2 well under 1e-2 here); f32 weights are computed exactly under it.
 TEST(MatmulInt8, DiffersFromTheExactPathByTheActivationRoundingOnly) {

@@ -58,23 +58,61 @@ inline absl::Status check_rope(const task::ArgChecker& c, int64_t dim, double th
 }
 
 // Rotate-half RoPE's angles for one head_dim `dim` (even) and base `theta` (> 0): the
-// frequencies f_i = theta^(-2i/dim), i < dim/2, in f64, once per task; then per position p
-// (>= 0) cos and sin of p·f_i (computed in f64, rounded to f32), once per token for all of its
-// heads.
+// frequencies f_i = theta^(-2i/dim), i < dim/2, in f64; per position p (>= 0) cos and sin of
+// p·f_i (computed in f64, rounded to f32), once per token for all of its heads.
+//
+// Computed once per thread for each (dim, theta, position) and kept (RopeTable): a decode step's
+// layers (28 in qwen3-0.6b) rotate at the same positions, and computing them was dim/2 pow, cos
+// and sin in f64 a token, most of a batch-1 qk_norm_rope_kv task (~5 of 9-11 us). The values are
+// the ones computed, so kept or not they are the same bits.
+class RopeTable {
+ public:
+  // cos (then sin) of p·f_i, i < dim/2, as 2·(dim/2) floats: this thread's, valid until its next
+  // call.
+  static const float* angles(int64_t dim, double theta, int64_t p) {
+    thread_local RopeTable table;
+    return table.lookup(dim, theta, p);
+  }
+
+ private:
+  static constexpr int64_t kEntries = 64;  // positions kept: direct-mapped by p mod 64
+  const float* lookup(int64_t dim, double theta, int64_t p) {
+    const int64_t half = dim / 2;
+    if (dim != dim_ || !(theta == theta_)) {  // other frequencies: every entry is stale
+      dim_ = dim;
+      theta_ = theta;
+      inv_freq_.resize(static_cast<size_t>(half));
+      for (int64_t i = 0; i < half; ++i) {
+        inv_freq_[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
+      }
+      values_.assign(static_cast<size_t>(kEntries * 2 * half), 0.f);
+      positions_.assign(kEntries, -1);
+    }
+    const int64_t e = p % kEntries;
+    float* v = values_.data() + e * 2 * half;
+    if (positions_[e] != p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(p) * inv_freq_[i];
+        v[i] = static_cast<float>(std::cos(angle));
+        v[half + i] = static_cast<float>(std::sin(angle));
+      }
+      positions_[e] = p;
+    }
+    return v;
+  }
+  int64_t dim_ = -1;
+  double theta_ = 0;
+  std::vector<double> inv_freq_;
+  std::vector<float> values_;  // entry e's cos then sin at e·2·half
+  std::vector<int64_t> positions_;
+};
+
 class RopeAngles {
  public:
-  RopeAngles(int64_t dim, double theta)
-      : half_(dim / 2), inv_freq_(half_), cos_(half_), sin_(half_) {
-    for (int64_t i = 0; i < half_; ++i) {
-      inv_freq_[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
-    }
-  }
+  RopeAngles(int64_t dim, double theta) : half_(dim / 2), dim_(dim), theta_(theta) {}
   void at(int64_t p) {
-    for (int64_t i = 0; i < half_; ++i) {
-      const double angle = static_cast<double>(p) * inv_freq_[i];
-      cos_[i] = static_cast<float>(std::cos(angle));
-      sin_[i] = static_cast<float>(std::sin(angle));
-    }
+    cos_ = RopeTable::angles(dim_, theta_, p);
+    sin_ = cos_ + half_;
   }
   // at(positions[b]); INVALID_ARGUMENT through `c`, naming row b, for a negative position.
   absl::Status at_row(const task::ArgChecker& c, const int32_t* positions, int64_t b) {
@@ -83,7 +121,8 @@ class RopeAngles {
     at(p);
     return absl::OkStatus();
   }
-  // `heads` heads of dim floats from `v`, rotated in place at the position of the last at().
+  // `heads` heads of dim floats from `v`, rotated in place at the position of the last at() (on
+  // this thread, with no other RopeAngles' at() between).
   void rotate(float* v, int64_t heads) const {
     for (int64_t h = 0; h < heads; ++h) {
       float* x = v + h * 2 * half_;
@@ -97,9 +136,10 @@ class RopeAngles {
   }
 
  private:
-  int64_t half_;
-  std::vector<double> inv_freq_;
-  std::vector<float> cos_, sin_;
+  int64_t half_, dim_;
+  double theta_;
+  const float* cos_ = nullptr;
+  const float* sin_ = nullptr;
 };
 
 // One layer's paged KV cache as kv_write and qk_norm_rope_kv write it: k and v pools of

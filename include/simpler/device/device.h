@@ -47,6 +47,10 @@ struct CoreJob {
   // them 0 (it may still time some of the job's runs for its own duration estimates): a clock
   // read costs 20-100 ns on a VM, as much as dispatching an empty kernel.
   bool timed = true;
+  // The task's shared lines (task::KernelContext::task_lines), block_dim of them, zeroed by the
+  // caller before the task's first block starts and kept until its last block completes; null
+  // for none. The device passes it to the kernel as it is.
+  task::TaskLine* task_lines = nullptr;
 };
 
 // What a block's duration depends on, by which a device keeps its duration estimates: the

@@ -1,6 +1,7 @@
 // Kernels, orchestration functions and callables (programs).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,6 +15,13 @@
 
 namespace simpler::task {
 
+// One cache line of the state an SPMD task's blocks share (KernelContext::task_lines): a word
+// the blocks update atomically, alone on its 64-byte line so that two blocks' words, or two
+// tasks', never share a line.
+struct alignas(64) TaskLine {
+  std::atomic<uint64_t> word{0};
+};
+
 // What a kernel invocation sees: its task's arguments (tensors already
 // resolved to device addresses) and its SPMD block. Valid only during the call.
 struct KernelContext {
@@ -24,6 +32,15 @@ struct KernelContext {
   int32_t core = 0;  // the core running this block
   uint64_t run_id = 0;
   uint32_t task_index = 0;
+  // For a task of several blocks, block_dim lines that its blocks share and nothing else touches
+  // while the task runs, as a GPU kernel's blocks share counters in global memory: every word is
+  // 0 when the task's first block starts, and what a block stores there its partner blocks see
+  // (atomics; the device gives no other ordering between blocks). A kernel uses them to hand its
+  // work out to its blocks as each becomes free, instead of splitting it by block_idx, so that a
+  // block on a slower core takes less (the matmul kernels do; docs/design/scheduler.md). Null for a
+  // one-block task, and from a device or caller that provides none: the kernel then splits its work
+  // by block_idx.
+  TaskLine* task_lines = nullptr;
 
   const Tensor& tensor(uint32_t i) const { return args[i].tensor; }
   uint64_t scalar(uint32_t i) const { return args[i].scalar; }

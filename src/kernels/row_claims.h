@@ -1,0 +1,100 @@
+// Internal to the llm kernels: the rows of an SPMD task handed out to its blocks as each becomes
+// free (task::KernelContext::task_lines), instead of a fixed share per block_idx.
+//
+// Why: the cores of a device do not run at one pace (on a 2-vCPU VM one vCPU streams 10-20%
+// slower than the other for minutes at a time, and a block started later ends later), so with
+// fixed shares the task's first block to finish waits for its last; summed over a decode step of
+// 341 tasks that was 1.3-3.4 ms of a 12-16 ms step (docs/design/quantized_matmul.md).
+//
+// How (work stealing over row ranges, the scheme of a persistent GPU kernel's atomic work
+// counters): block b starts with its block_range rows and takes them from their front, an eighth
+// of what is left of them at a time but at least `min_rows` (guided self-scheduling: few claims
+// while much is left, small ones at the end); once its own are gone it takes rows from the back
+// of the other blocks' (b + 1 first, then around), ceil(left / (2·block_dim)) of them at a time
+// but at least `min_rows`, until none is left anywhere. So the blocks end within about a claim of
+// min_rows of each other. Block b's line holds one word: the rows taken from the
+// front of b's range in its low 32 bits and from its back in its high 32 bits, both 0 when the
+// task starts; a block takes rows by a compare-and-swap on the word, so every row goes to exactly
+// one block. A block's own claims touch only its own line (no line passes between cores until a
+// block runs out and takes from another).
+//
+// Which block computes a row must not change what the kernel writes for it: the kernels that use
+// this compute every output row on its own (the matmuls: each y row from its W row alone), so the
+// results are bitwise those of any fixed split.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "simpler/kernels/kernels.h"
+#include "simpler/task/callable.h"
+
+namespace simpler::llm {
+
+class RowClaims {
+ public:
+  // Rows [0, n) of the task of `ctx`'s block, at least `min_rows` (> 0) a claim but the last.
+  // Without task_lines, with one block, or with n past 2^32 - 1: the block's block_range, once.
+  RowClaims(const task::KernelContext& ctx, int64_t n, int64_t min_rows)
+      : lines_(ctx.task_lines),
+        n_(n),
+        min_rows_(min_rows > 0 ? min_rows : 1),
+        self_(ctx.block_idx),
+        blocks_(ctx.block_dim),
+        victim_(ctx.block_idx) {
+    if (lines_ == nullptr || blocks_ <= 1 || n > kMaxRows) {
+      lines_ = nullptr;
+      whole_ = block_range(n, ctx.block_idx, ctx.block_dim);
+    }
+  }
+
+  // The next rows this block computes, non-empty; false when no row is left to claim.
+  bool next(BlockRange* rows) {
+    if (lines_ == nullptr) {
+      if (done_ || whole_.begin >= whole_.end) return false;
+      done_ = true;
+      *rows = whole_;
+      return true;
+    }
+    while (victim_ < self_ + blocks_) {
+      const int32_t b = victim_ % blocks_;
+      if (take(b, b == self_, rows)) return true;
+      ++victim_;  // b has nothing left: the next block's rows
+    }
+    return false;
+  }
+
+ private:
+  static constexpr int64_t kMaxRows = 0xFFFFFFFFll;
+
+  // Rows from block b's range: from its front (own) or its back; false when it has none left.
+  bool take(int32_t b, bool own, BlockRange* rows) const {
+    const BlockRange r = block_range(n_, b, blocks_);
+    std::atomic<uint64_t>& word = lines_[b].word;
+    uint64_t w = word.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t front = static_cast<int64_t>(w & kMaxRows);
+      const int64_t back = static_cast<int64_t>(w >> 32);
+      const int64_t left = r.end - r.begin - front - back;
+      if (left <= 0) return false;
+      const int64_t share = own ? (left + 7) / 8 : (left + 2 * blocks_ - 1) / (2 * blocks_);
+      const int64_t n = std::min(std::max(min_rows_, share), left);
+      const uint64_t next =
+          own ? w + static_cast<uint64_t>(n) : w + (static_cast<uint64_t>(n) << 32);
+      if (word.compare_exchange_weak(w, next, std::memory_order_relaxed)) {
+        *rows = own ? BlockRange{r.begin + front, r.begin + front + n}
+                    : BlockRange{r.end - back - n, r.end - back};
+        return true;
+      }
+    }
+  }
+
+  task::TaskLine* lines_;
+  int64_t n_, min_rows_;
+  int32_t self_, blocks_, victim_;
+  BlockRange whole_;
+  bool done_ = false;
+};
+
+}  // namespace simpler::llm

@@ -1,0 +1,143 @@
+#include "kernels/row_claims.h"
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace simpler::llm {
+namespace {
+
+task::KernelContext block(int32_t b, int32_t blocks, task::TaskLine* lines) {
+  task::KernelContext ctx;
+  ctx.block_idx = b;
+  ctx.block_dim = blocks;
+  ctx.task_lines = lines;
+  return ctx;
+}
+
+std::vector<BlockRange> drain(RowClaims& claims) {
+  std::vector<BlockRange> got;
+  BlockRange r;
+  while (claims.next(&r)) got.push_back(r);
+  return got;
+}
+
+// Without lines (a device that gives none) or with one block, a block gets its block_range once.
+TEST(RowClaims, WithoutLinesOrForOneBlockABlockGetsItsFixedShareOnce) {
+  RowClaims none(block(1, 3, nullptr), 100, 8);
+  const std::vector<BlockRange> got = drain(none);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].begin, 33);
+  EXPECT_EQ(got[0].end, 66);
+  std::vector<task::TaskLine> lines(1);
+  RowClaims one(block(0, 1, lines.data()), 100, 8);
+  const std::vector<BlockRange> all = drain(one);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].begin, 0);
+  EXPECT_EQ(all[0].end, 100);
+  RowClaims empty(block(0, 3, nullptr), 2, 8);  // a block whose share is empty gets nothing
+  EXPECT_TRUE(drain(empty).empty());
+}
+
+// A block takes its own rows from their front, an eighth of what is left but at least min_rows
+// at a time, then the other blocks' rows from their backs, a share of what is left each time; a
+// block that comes later finds them taken.
+TEST(RowClaims, ABlockTakesItsOwnRowsInChunksThenTheOthersFromTheirBacks) {
+  std::vector<task::TaskLine> lines(2);
+  RowClaims first(block(0, 2, lines.data()), 100, 16);
+  BlockRange r;
+  const std::vector<std::pair<int64_t, int64_t>> own = {{0, 16}, {16, 32}, {32, 48}, {48, 50}};
+  for (const auto& [b, e] : own) {
+    ASSERT_TRUE(first.next(&r));
+    EXPECT_EQ(r.begin, b);
+    EXPECT_EQ(r.end, e);
+  }
+  // block 1's 50 rows from the back: ceil(left / 4) but at least 16, then what is left
+  const std::vector<std::pair<int64_t, int64_t>> stolen = {{84, 100}, {68, 84}, {52, 68}, {50, 52}};
+  for (const auto& [b, e] : stolen) {
+    ASSERT_TRUE(first.next(&r));
+    EXPECT_EQ(r.begin, b);
+    EXPECT_EQ(r.end, e);
+  }
+  EXPECT_FALSE(first.next(&r));
+  RowClaims late(block(1, 2, lines.data()), 100, 16);
+  EXPECT_FALSE(late.next(&r));
+}
+
+// Guided: a block's claims of its own rows shrink as they run out (an eighth of what is left),
+// down to min_rows, then what is left.
+TEST(RowClaims, ABlocksClaimsShrinkAsItsRowsRunOut) {
+  std::vector<task::TaskLine> lines(2);
+  RowClaims claims(block(0, 2, lines.data()), 1000, 16);  // block 0 owns [0, 500)
+  std::vector<int64_t> sizes;
+  BlockRange r;
+  int64_t at = 0;
+  while (claims.next(&r) && r.end <= 500) {
+    EXPECT_EQ(r.begin, at);
+    at = r.end;
+    sizes.push_back(r.end - r.begin);
+  }
+  EXPECT_EQ(at, 500);
+  ASSERT_GE(sizes.size(), 4u);
+  EXPECT_EQ(sizes[0], 63);  // ceil(500 / 8)
+  EXPECT_EQ(sizes[1], 55);  // ceil(437 / 8)
+  EXPECT_EQ(sizes[2], 48);  // ceil(382 / 8)
+  for (size_t i = 1; i < sizes.size(); ++i) EXPECT_LE(sizes[i], sizes[i - 1]);
+  EXPECT_EQ(sizes[sizes.size() - 2], 16);
+  EXPECT_LE(sizes.back(), 16);
+}
+
+// Blocks claiming in turn, one claim each round, cover every row exactly once, whichever order
+// they come in (5 blocks over 1009 rows, claims of at least 7).
+TEST(RowClaims, BlocksClaimingInTurnCoverEveryRowOnce) {
+  const int32_t blocks = 5;
+  const int64_t n = 1009;
+  std::vector<task::TaskLine> lines(blocks);
+  std::vector<RowClaims> claims;
+  for (int32_t b = 0; b < blocks; ++b) claims.emplace_back(block(b, blocks, lines.data()), n, 7);
+  std::vector<int> seen(n, 0);
+  std::vector<bool> done(blocks, false);
+  int finished = 0;
+  for (int turn = 0; finished < blocks; ++turn) {
+    const int32_t b = (turn * 3) % blocks;  // an uneven order
+    if (done[b]) continue;
+    BlockRange r;
+    if (!claims[b].next(&r)) {
+      done[b] = true;
+      ++finished;
+      continue;
+    }
+    ASSERT_LT(r.begin, r.end);
+    for (int64_t i = r.begin; i < r.end; ++i) ++seen[i];
+  }
+  EXPECT_EQ(seen, std::vector<int>(n, 1));
+}
+
+// Blocks on threads at once (each a slower or faster "core"): every row claimed exactly once.
+TEST(RowClaims, BlocksOnThreadsAtOnceClaimEveryRowExactlyOnce) {
+  const int32_t blocks = 4;
+  const int64_t n = 20000;
+  for (int round = 0; round < 20; ++round) {
+    std::vector<task::TaskLine> lines(blocks);
+    std::vector<std::atomic<int>> seen(n);
+    std::vector<std::thread> threads;
+    for (int32_t b = 0; b < blocks; ++b) {
+      threads.emplace_back([&, b] {
+        RowClaims claims(block(b, blocks, lines.data()), n, 16);
+        BlockRange r;
+        while (claims.next(&r)) {
+          for (int64_t i = r.begin; i < r.end; ++i) seen[i].fetch_add(1);
+          if (b == 0) std::this_thread::yield();  // block 0 the slow one
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[i].load(), 1) << "row " << i;
+  }
+}
+
+}  // namespace
+}  // namespace simpler::llm
