@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -902,6 +903,41 @@ TEST(RopeKernel, MatchesRotateHalfReferenceAtSeveralPositions) {
   ASSERT_TRUE(
       run_blocks(&rope_kernel, rope_args(view(x, {B, heads, d}), view(pos, {B}), theta), 1).ok());
   for (int64_t i = 0; i < heads * d; ++i) EXPECT_EQ(x[i], x0[i]);
+}
+
+// RoPE's angles are kept per thread and position (row_ops::RopeTable): a rotation is bitwise the
+// same whether the thread's table held its position, held another position in the same entry
+// (p and p + 64), held other frequencies (another theta or head_dim), or was new (a fresh thread).
+TEST(RopeKernel, KeptAnglesRotateBitwiseAsFreshOnes) {
+  const int64_t heads = 2;
+  const std::vector<int32_t> positions = {5, 69, 5, 133, 5, 0, 64};  // 5, 69, 133 share an entry
+  for (const int64_t d : {int64_t{8}, int64_t{16}}) {
+    for (const float theta : {10000.f, 1000000.f}) {
+      std::vector<float> x0 = random_floats(3 * heads * d, static_cast<uint32_t>(d));
+      std::copy_n(x0.begin(), heads * d, x0.begin() + 2 * heads * d);  // rows 0 and 2 alike
+      auto rotate = [&](std::vector<int32_t> pos) {
+        std::vector<float> x(x0.begin(), x0.begin() + static_cast<int64_t>(pos.size()) * heads * d);
+        const int64_t b = static_cast<int64_t>(pos.size());
+        EXPECT_TRUE(
+            run_blocks(&rope_kernel, rope_args(view(x, {b, heads, d}), view(pos, {b}), theta), 1)
+                .ok());
+        return x;
+      };
+      for (const int32_t p : positions) {
+        const std::vector<float> kept = rotate({p});
+        std::vector<float> fresh;
+        std::thread([&] { fresh = rotate({p}); }).join();
+        EXPECT_EQ(0, std::memcmp(kept.data(), fresh.data(), kept.size() * sizeof(float)))
+            << "position " << p << " d " << d << " theta " << theta;
+      }
+      const std::vector<float> rows = rotate({5, 69, 5});  // colliding rows in one call
+      std::vector<float> fresh;
+      std::thread([&] { fresh = rotate({5, 69, 5}); }).join();
+      EXPECT_EQ(0, std::memcmp(rows.data(), fresh.data(), rows.size() * sizeof(float)));
+      EXPECT_EQ(0,
+                std::memcmp(rows.data(), rows.data() + 2 * heads * d, heads * d * sizeof(float)));
+    }
+  }
 }
 
 TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
