@@ -120,6 +120,7 @@ matmul_detail::Problem rows_of(const matmul_detail::Problem& full, BlockRange r,
         r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(full.k));
   p.n = r.end - r.begin;
   p.y = full.y + r.begin;
+  p.prefetch_n = full.n - r.begin;  // the block's next claim most often follows these rows
   return p;
 }
 

@@ -57,7 +57,16 @@ struct Problem {
   float* y = nullptr;  // [rows, ldy]: columns [0, n) written
   int64_t ldy = 0;
   bool accumulate = false;
+  // W rows from w a kernel may prefetch (read ahead of use, never compute): n, or more when W
+  // goes on past p's rows (a block computing a matrix's rows in several claims: its next claim
+  // is most often the rows right after these, which then start warm). 0 means n.
+  int64_t prefetch_n = 0;
 };
+
+// The bytes of W from w that p's kernel may prefetch (Problem::prefetch_n rows of `row_bytes`).
+inline int64_t prefetch_bytes(const Problem& p, int64_t row_bytes) {
+  return (p.prefetch_n > p.n ? p.prefetch_n : p.n) * row_bytes;
+}
 
 // W rows per chunk of a matmul path: as many rows of `row_bytes` as fit 256 KiB (kept in L2 while
 // every row group of x uses them), a multiple of `multiple`, at least `multiple`. Built with the

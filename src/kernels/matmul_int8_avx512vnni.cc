@@ -67,7 +67,7 @@ void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * row_bytes;
-    prefetch_ahead(w, j * row_bytes, row_bytes, p.n * row_bytes);
+    prefetch_ahead(w, j * row_bytes, row_bytes, prefetch_bytes(p, row_bytes));
     __m256 acc = _mm256_setzero_ps();
     for (int64_t g = 0; g < full; ++g) {
       const uint8_t* blk = wr + 8 * g * kQ8_0BlockBytes;

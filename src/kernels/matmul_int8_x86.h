@@ -244,7 +244,7 @@ __attribute__((always_inline)) inline void q4_k_one_groups(const Problem& p, con
                                                            Super&& super) {
   constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
-  const int64_t size = p.n * row_bytes;
+  const int64_t size = prefetch_bytes(p, row_bytes);
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
     const uint8_t* row[8];
@@ -306,7 +306,7 @@ void rows_blocks(const Problem& p, const QuantizedX& x) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * blocks * kBytes;
-    prefetch_ahead(w, j * blocks * kBytes, blocks * kBytes, p.n * blocks * kBytes);
+    prefetch_ahead(w, j * blocks * kBytes, blocks * kBytes, prefetch_bytes(p, blocks * kBytes));
     for (int64_t b = 0; b < blocks; ++b) dw[b] = half_at(wr + b * kBytes);
     for (int64_t r = 0; r < p.rows; ++r) {
       const int8_t* xq = x.q.data() + r * p.k;
@@ -526,7 +526,7 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
     const uint8_t* wr = w + j * supers * kBytes;
-    prefetch_ahead(w, j * supers * kBytes, supers * kBytes, p.n * supers * kBytes);
+    prefetch_ahead(w, j * supers * kBytes, supers * kBytes, prefetch_bytes(p, supers * kBytes));
     for (int64_t b = 0; b < supers; ++b) {
       d[b] = half_at(wr + b * kBytes + (kQ4 ? 0 : 208));
       if (kQ4) dmin[b] = half_at(wr + b * kBytes + 2);
@@ -566,7 +566,7 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   constexpr bool kQ4 = WT == WeightType::kQ4_K;
   constexpr int64_t kBytes = kQ4 ? kQ4_KBlockBytes : kQ6_KBlockBytes;
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kBytes;
-  const int64_t groups = (supers + 7) / 8, size = p.n * row_bytes;
+  const int64_t groups = (supers + 7) / 8, size = prefetch_bytes(p, row_bytes);
   const XTile t{xq, x.bsums.data(), p.k, nullptr, nullptr, 0};
   // the slots: row r's super-block b in group r·groups + b / 8, slot b mod 8 (so row r's are the
   // vectors [r·8·groups, +supers)); the scales [super-block][row]
@@ -1048,7 +1048,7 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     const typename V::I rows = tile_rows<V>(row_bytes, lanes);
     // the next tile's rows arrive while this one meets the x rows
-    const int64_t next = (j0 + V::kLanes) * row_bytes, end = p.n * row_bytes;
+    const int64_t next = (j0 + V::kLanes) * row_bytes, end = prefetch_bytes(p, row_bytes);
     for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
     }
@@ -1198,7 +1198,7 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     // the next tile's rows arrive while this one meets the x rows
-    const int64_t next = (j0 + V::kLanes) * row_bytes, end = p.n * row_bytes;
+    const int64_t next = (j0 + V::kLanes) * row_bytes, end = prefetch_bytes(p, row_bytes);
     for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
     }

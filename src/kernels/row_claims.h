@@ -8,15 +8,15 @@
 //
 // How (work stealing over row ranges, the scheme of a persistent GPU kernel's atomic work
 // counters): block b starts with its block_range rows and takes them from their front, an eighth
-// of what is left of them at a time but at least `min_rows` (guided self-scheduling: few claims
-// while much is left, small ones at the end); once its own are gone it takes rows from the back
-// of the other blocks' (b + 1 first, then around), ceil(left / (2·block_dim)) of them at a time
-// but at least `min_rows`, until none is left anywhere. So the blocks end within about a claim of
-// min_rows of each other. Block b's line holds one word: the rows taken from the
-// front of b's range in its low 32 bits and from its back in its high 32 bits, both 0 when the
-// task starts; a block takes rows by a compare-and-swap on the word, so every row goes to exactly
-// one block. A block's own claims touch only its own line (no line passes between cores until a
-// block runs out and takes from another).
+// of what is left of them at a time but at least `min_rows`, rounded up to a multiple of 16 rows
+// (guided self-scheduling: few claims while much is left, small ones at the end); once its own are
+// gone it takes rows from the back of the other blocks' (b + 1 first, then around), ceil(left /
+// (2·block_dim)) of them at a time but at least `min_rows`, until none is left anywhere. So the
+// blocks end within about a claim of min_rows of each other. Block b's line holds one word: the
+// rows taken from the front of b's range in its low 32 bits and from its back in its high 32 bits,
+// both 0 when the task starts; a block takes rows by a compare-and-swap on the word, so every row
+// goes to exactly one block. A block's own claims touch only its own line (no line passes between
+// cores until a block runs out and takes from another).
 //
 // Which block computes a row must not change what the kernel writes for it: the kernels that use
 // this compute every output row on its own (the matmuls: each y row from its W row alone), so the
@@ -67,6 +67,9 @@ class RowClaims {
 
  private:
   static constexpr int64_t kMaxRows = 0xFFFFFFFFll;
+  // A claim is a multiple of kAlign rows but the last of a range: the kernels take W rows 8 or
+  // 16 at a time, and a short group costs a whole one.
+  static constexpr int64_t kAlign = 16;
 
   // Rows from block b's range: from its front (own) or its back; false when it has none left.
   bool take(int32_t b, bool own, BlockRange* rows) const {
@@ -79,7 +82,7 @@ class RowClaims {
       const int64_t left = r.end - r.begin - front - back;
       if (left <= 0) return false;
       const int64_t share = own ? (left + 7) / 8 : (left + 2 * blocks_ - 1) / (2 * blocks_);
-      const int64_t n = std::min(std::max(min_rows_, share), left);
+      const int64_t n = std::min((std::max(min_rows_, share) + kAlign - 1) / kAlign * kAlign, left);
       const uint64_t next =
           own ? w + static_cast<uint64_t>(n) : w + (static_cast<uint64_t>(n) << 32);
       if (word.compare_exchange_weak(w, next, std::memory_order_relaxed)) {

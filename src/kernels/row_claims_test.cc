@@ -67,8 +67,8 @@ TEST(RowClaims, ABlockTakesItsOwnRowsInChunksThenTheOthersFromTheirBacks) {
   EXPECT_FALSE(late.next(&r));
 }
 
-// Guided: a block's claims of its own rows shrink as they run out (an eighth of what is left),
-// down to min_rows, then what is left.
+// Guided: a block's claims of its own rows shrink as they run out (an eighth of what is left,
+// rounded up to 16 rows), down to min_rows, then what is left.
 TEST(RowClaims, ABlocksClaimsShrinkAsItsRowsRunOut) {
   std::vector<task::TaskLine> lines(2);
   RowClaims claims(block(0, 2, lines.data()), 1000, 16);  // block 0 owns [0, 500)
@@ -82,10 +82,11 @@ TEST(RowClaims, ABlocksClaimsShrinkAsItsRowsRunOut) {
   }
   EXPECT_EQ(at, 500);
   ASSERT_GE(sizes.size(), 4u);
-  EXPECT_EQ(sizes[0], 63);  // ceil(500 / 8)
-  EXPECT_EQ(sizes[1], 55);  // ceil(437 / 8)
-  EXPECT_EQ(sizes[2], 48);  // ceil(382 / 8)
+  EXPECT_EQ(sizes[0], 64);  // ceil(500 / 8) = 63, a multiple of 16
+  EXPECT_EQ(sizes[1], 64);  // ceil(436 / 8) = 55
+  EXPECT_EQ(sizes[2], 48);  // ceil(372 / 8) = 47
   for (size_t i = 1; i < sizes.size(); ++i) EXPECT_LE(sizes[i], sizes[i - 1]);
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) EXPECT_EQ(sizes[i] % 16, 0) << i;
   EXPECT_EQ(sizes[sizes.size() - 2], 16);
   EXPECT_LE(sizes.back(), 16);
 }
