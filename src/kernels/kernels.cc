@@ -113,15 +113,32 @@ matmul_detail::Int8Dots int8_dots(KernelIsa isa) {
   return matmul_detail::int8_dots_portable();
 }
 
-// The W rows [r.begin, r.end) of `full` (every W row of the task).
-matmul_detail::Problem rows_of(const matmul_detail::Problem& full, BlockRange r, DataType w_dtype) {
+// The W rows [r.begin, r.end) of `full` (every W row of the task), whose kernel may prefetch up
+// to row `ahead` (RowClaims::next: the rows the block most likely claims next).
+matmul_detail::Problem rows_of(const matmul_detail::Problem& full, BlockRange r, int64_t ahead,
+                               DataType w_dtype) {
   matmul_detail::Problem p = full;
   p.w = static_cast<const uint8_t*>(full.w) +
         r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(full.k));
   p.n = r.end - r.begin;
   p.y = full.y + r.begin;
-  p.prefetch_n = full.n - r.begin;  // the block's next claim most often follows these rows
+  p.prefetch_n = ahead - r.begin;
   return p;
+}
+
+// Whether matmul_rows hands p to oneDNN's bf16 GEMM (whose call costs its primitive: a block
+// then takes its rows in one call).
+bool uses_dnnl(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
+#if defined(__x86_64__)
+  return precision == Precision::kBf16 && isa == KernelIsa::kAvx512 &&
+         p.wt == matmul_detail::WeightType::kBF16 && matmul_detail::avx512_bf16_available() &&
+         p.rows >= matmul_detail::kDnnlMinRows;
+#else
+  (void)p;
+  (void)isa;
+  (void)precision;
+  return false;
+#endif
 }
 
 // The fewest W rows a block claims at a time (RowClaims): about 32 KiB of W (~1.5 us at
@@ -138,9 +155,9 @@ int64_t min_claim_rows(int64_t row_bytes) {
 absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
   const bool bf16 = precision == Precision::kBf16;
 #if defined(__x86_64__)
+  if (uses_dnnl(p, isa, precision)) return matmul_detail::run_dnnl_bf16(p);
   if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
       matmul_detail::avx512_bf16_available()) {
-    if (p.rows >= matmul_detail::kDnnlMinRows) return matmul_detail::run_dnnl_bf16(p);
     matmul_detail::run_avx512_bf16(p);
     return absl::OkStatus();
   }
@@ -193,22 +210,22 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   full.y = y.data<float>();
   full.ldy = out;
   full.accumulate = accumulate;
-  // oneDNN's GEMM takes the block's rows in one call (a call's fixed cost is its primitive's).
-  const bool one_call = precision == Precision::kBf16 && rows >= matmul_detail::kDnnlMinRows;
   const auto row_bytes = static_cast<int64_t>(task::bytes_of(w_dtype, static_cast<uint64_t>(in)));
-  RowClaims claims(ctx, out, one_call ? out : min_claim_rows(row_bytes));
+  RowClaims claims(ctx, out, uses_dnnl(full, isa, precision) ? out : min_claim_rows(row_bytes));
   BlockRange r;
+  int64_t ahead = 0;
   if (precision == Precision::kInt8 && matmul_detail::int8_weight_type(full.wt)) {
     const matmul_detail::Int8Dots dots = int8_dots(isa);
-    if (!claims.next(&r)) return absl::OkStatus();
+    if (!claims.next(&r, &ahead)) return absl::OkStatus();
     const matmul_detail::QuantizedX qx = matmul_detail::quantize_int8(full, dots);
     do {
-      matmul_detail::run_int8_quantized(rows_of(full, r, w_dtype), qx, dots);
-    } while (claims.next(&r));
+      matmul_detail::run_int8_quantized(rows_of(full, r, ahead, w_dtype), qx, dots);
+    } while (claims.next(&r, &ahead));
     return absl::OkStatus();
   }
-  while (claims.next(&r))
-    SIMPLER_RETURN_IF_ERROR(matmul_rows(rows_of(full, r, w_dtype), isa, precision));
+  while (claims.next(&r, &ahead)) {
+    SIMPLER_RETURN_IF_ERROR(matmul_rows(rows_of(full, r, ahead, w_dtype), isa, precision));
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // Internal to the llm kernels: the int8-activation matmul over block-quantized weights (precision
 // int8, llama.cpp's way; docs/design/quantized_matmul.md). y[r, j] (+)= x[r]·W[j] where each x row
-// is first quantized per block to int8 with an f32 scale, once per call for all W rows:
+// is first quantized per block to int8 with an f32 scale, once for all W rows (once per call of
+// run_int8, once per block of a matmul task computing its rows in several claims):
 //   - for Q8_0 and Q4_0 weights, as ggml's Q8_0 (quantize_row_q8_0 of ggml-cpu's x86 and NEON
 //     code): blocks of 32, amax = max |x|, d = amax / 127 stored as binary16 (nearest even),
 //     id = 127 / amax (0 when amax is 0), q = x·id rounded to nearest, ties to even;
@@ -35,7 +36,7 @@
 
 namespace simpler::llm::matmul_detail {
 
-// x quantized per block (above), once per call for every W row: row r's k int8 at q + r·k, its
+// x quantized per block (above), once for every W row: row r's k int8 at q + r·k, its
 // scales at d + r·d_stride (k / 32 or k / 256 of them, then zeros up to d_stride, a multiple of 8,
 // so a target may read the scales 8 at a time), and for Q8_K its group sums at bsums + r·(k / 16).
 // `prepared`: what the target's rows kernel derives from q once for all W rows (Int8Dots::prepare;
@@ -69,7 +70,8 @@ struct Int8Dots {
   // vectors, bitwise theirs.
   void (*quantize_q8_0)(const float* x, int64_t k, int8_t* q, float* d) = nullptr;
   void (*quantize_q8_k)(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums) = nullptr;
-  // Optional (null: nothing): fills x.prepared for `rows`, once per x (p's W rows do not matter).
+  // Optional (null: nothing): fills x.prepared for `rows`, once per x (p's W rows do not matter);
+  // quantize_int8 calls it when `rows` is set.
   void (*prepare)(const Problem& p, QuantizedX& x) = nullptr;
 };
 
@@ -97,8 +99,9 @@ bool int8_weight_type(WeightType wt);
 void run_int8(const Problem& p, const Int8Dots& dots);
 // The same in two steps, so that a block computing its W rows in several pieces quantizes x once:
 // quantize_int8 quantizes p's x for p's weight type (and the target's prepare), run_int8_quantized
-// runs p against it; p's x, rows, k and weight type must be those quantize_int8 saw, its W rows
-// (w, n, y) any of them.
+// runs p against it with the same `dots`; p's x, rows, k and weight type must be those
+// quantize_int8 saw, its W rows (w, n, y) any of them. The kernels still derive some small things
+// from x per call (Q8_0's block sums of x, Q4_K's group-sum pairs, the tiles' x sums): per claim.
 QuantizedX quantize_int8(const Problem& p, const Int8Dots& dots);
 void run_int8_quantized(const Problem& p, const QuantizedX& x, const Int8Dots& dots);
 

@@ -59,7 +59,7 @@ void rows_q8_0_one(const Problem& p, const QuantizedX& x) {
   const int tail = static_cast<int>(blocks % 8);
   const int64_t row_bytes = blocks * kQ8_0BlockBytes;
   float dw[8] = {};
-  int32_t* xc = thread_scratch<int32_t, 0>(static_cast<size_t>(8 * full));
+  int32_t* xc = thread_scratch<int32_t, struct Q8_0XStarts>(static_cast<size_t>(8 * full));
   q8_0_x_starts(x.q.data(), 8 * full, xc);
   const auto* w = static_cast<const uint8_t*>(p.w);
   const int8_t* xq = x.q.data();
@@ -362,6 +362,11 @@ void repack_q8_0(Q80Tile<Zmm>* tile, const uint8_t* w, int64_t row_bytes, int64_
   }
 }
 
+// Whether rows_avx512vnni reads x permuted for SuperKernels512::q4_k (prepare_avx512vnni).
+bool reads_permuted_x(const Problem& p) {
+  return p.wt == WeightType::kQ4_K && p.rows < Zmm::kMinRowsQ4K;
+}
+
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
   if (p.wt == WeightType::kQ8_0 && p.rows >= Zmm::kMinRowsQ8_0) return rows_q8_0_tiles<Zmm>(p, x);
   if (p.wt == WeightType::kQ8_0) return rows_q8_0_one(p, x);
@@ -369,8 +374,10 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
     return rows_tiles<Zmm, Q6KTile>(p, x);
-  if (p.wt == WeightType::kQ4_K) {  // x permuted by prepare_avx512vnni
-    const int8_t* xq = x.prepared.data();
+  if (reads_permuted_x(p)) {  // x permuted by prepare_avx512vnni, or here when x came without
+    const std::vector<int8_t> local =
+        x.prepared.empty() ? permute_for_q4_k(x, p.rows, p.k) : std::vector<int8_t>();
+    const int8_t* xq = x.prepared.empty() ? local.data() : x.prepared.data();
     if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq);
   }
@@ -383,9 +390,7 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
 
 // What rows_avx512vnni reads besides x: for Q4_K under the tiles' row count, x permuted.
 void prepare_avx512vnni(const Problem& p, QuantizedX& x) {
-  if (p.wt == WeightType::kQ4_K && p.rows < Zmm::kMinRowsQ4K) {
-    x.prepared = permute_for_q4_k(x, p.rows, p.k);
-  }
+  if (reads_permuted_x(p)) x.prepared = permute_for_q4_k(x, p.rows, p.k);
 }
 
 }  // namespace

@@ -384,18 +384,42 @@ TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   }
 }
 
+// W of `dt` with random values: the block types' random blocks, f32 and bf16 from random floats.
+std::vector<uint8_t> claim_test_weights(DataType dt, int64_t out, int64_t in) {
+  if (dt != DataType::kFloat32 && dt != DataType::kBFloat16) return random_weights(dt, out, in, 17);
+  const std::vector<float> f = random_x(static_cast<size_t>(out * in), 23, false);
+  std::vector<uint8_t> w(task::bytes_of(dt, static_cast<uint64_t>(out * in)));
+  for (size_t i = 0; i < f.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &f[i], 4);
+    if (dt == DataType::kFloat32) std::memcpy(&w[4 * i], &bits, 4);
+    if (dt == DataType::kBFloat16) {
+      const auto top = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(&w[2 * i], &top, 2);
+    }
+  }
+  return w;
+}
+
 // A matmul whose blocks claim their rows (RowClaims over KernelContext::task_lines) writes bitwise
-// what a fixed split writes, whichever block computes which rows: every weight type, both
-// precisions, every path this CPU runs, one and several x rows, 2 and 3 blocks, the blocks one
-// after another (the last claims every row) and on threads at once. 1000 W rows take 32-row
-// claims, so the threads take each other's rows.
+// what a fixed split writes, whichever block computes which rows: the block weight types at
+// precisions int8 and exact, f32 and bf16 W at exact and bf16 (its AVX-512 BF16 kernel below 16 x
+// rows, oneDNN's GEMM from 16, which keeps the fixed split), every path this CPU runs, one and
+// several x rows, 2 and 3 blocks, the blocks one after another (the last claims every row) and on
+// threads at once. 1000 W rows at K 512 take claims of 64-128 rows (~32 KiB of W) and less at the
+// end, so the threads take each other's rows.
 TEST(MatmulInt8, RowsClaimedByTheBlocksAreBitwiseAFixedSplit) {
   const int64_t in = 512, out = 1000;
-  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0, DataType::kQ4_K, DataType::kQ6_K}) {
-    std::vector<uint8_t> w = random_weights(dt, out, in, 17);
+  for (DataType dt : {DataType::kQ8_0, DataType::kQ4_0, DataType::kQ4_K, DataType::kQ6_K,
+                      DataType::kFloat32, DataType::kBFloat16}) {
+    std::vector<uint8_t> w = claim_test_weights(dt, out, in);
+    const bool blocks_type = dt != DataType::kFloat32 && dt != DataType::kBFloat16;
     for (int64_t rows : {1, 3, 16}) {
       std::vector<float> x = random_x(static_cast<size_t>(rows * in), static_cast<uint32_t>(rows));
-      for (Precision precision : {Precision::kInt8, Precision::kExact}) {
+      for (Precision precision : {Precision::kInt8, Precision::kExact, Precision::kBf16}) {
+        if ((precision == Precision::kInt8) != blocks_type && precision != Precision::kExact) {
+          continue;  // int8 for the block types, bf16 for f32 / bf16 W, exact for all
+        }
         for (bool acc : {false, true}) {
           for (auto [isa, fn] : matmul_paths(precision, acc)) {
             const std::vector<float> want = run(fn, acc, x, w, dt, rows, in, out, 1);

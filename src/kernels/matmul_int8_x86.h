@@ -181,11 +181,12 @@ inline void store_lanes(float* y, __m256 v, int64_t lanes, bool accumulate) {
   _mm256_maskstore_ps(y, mask, v);
 }
 
-// A buffer of at least n T's of this thread, kept from call to call (Tag tells a function's
-// buffers apart): a block that computes its rows in several claims (row_claims.h) calls a kernel
-// once per claim, and allocating its scratch each time cost a few percent of a 64-row claim. Its
-// contents are whatever the thread's last call left: a kernel writes what it reads.
-template <class T, int Tag>
+// A buffer of at least n T's of this thread, kept from call to call (Tag, a type named for the
+// buffer's use, tells buffers apart: two live buffers never share a Tag): a block that computes
+// its rows in several claims (row_claims.h) calls a kernel once per claim, and allocating its
+// scratch each time cost a few percent of a 64-row claim. Its contents are whatever the
+// thread's last call left: a kernel writes what it reads.
+template <class T, class Tag>
 T* thread_scratch(size_t n) {
   thread_local std::vector<T> buffer;
   if (buffer.size() < n) buffer.resize(n);
@@ -301,7 +302,7 @@ void rows_blocks(const Problem& p, const QuantizedX& x) {
   constexpr int64_t kBytes = kQ4 ? kQ4_0BlockBytes : kQ8_0BlockBytes;
   const int64_t blocks = p.k / kQ8_0BlockWeights, full = blocks / 8;
   const int tail = static_cast<int>(blocks % 8);
-  float* dw = thread_scratch<float, 0>(static_cast<size_t>(x.d_stride));
+  float* dw = thread_scratch<float, struct RowsBlocksScales>(static_cast<size_t>(x.d_stride));
   std::fill(dw + blocks, dw + x.d_stride, 0.f);  // the padding lanes' scales
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j = 0; j < p.n; ++j) {
@@ -570,11 +571,11 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   const XTile t{xq, x.bsums.data(), p.k, nullptr, nullptr, 0};
   // the slots: row r's super-block b in group r·groups + b / 8, slot b mod 8 (so row r's are the
   // vectors [r·8·groups, +supers)); the scales [super-block][row]
-  Slots8* sg = thread_scratch<Slots8, 0>(static_cast<size_t>(16 * groups));
+  Slots8* sg = thread_scratch<Slots8, struct SuperOneSlots>(static_cast<size_t>(16 * groups));
   Slots8* mg = sg + 8 * groups;
   const __m256i* sv = sg->v;
   const __m256i* mv = mg->v;
-  float* d = thread_scratch<float, 1>(static_cast<size_t>(16 * supers));
+  float* d = thread_scratch<float, struct SuperOneScales>(static_cast<size_t>(16 * supers));
   float* dmin = d + 8 * supers;
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
@@ -1240,7 +1241,7 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 // x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block, split for the dot:
 // per super-block 4 dwords, the bytes h_0..3, h_4..7, l_0..3, l_4..7 (P_j = 128·h_j + l_j).
 inline const int32_t* q4_k_min_pairs(const QuantizedX& x, int64_t supers) {
-  int32_t* out = thread_scratch<int32_t, 2>(static_cast<size_t>(4 * supers));
+  int32_t* out = thread_scratch<int32_t, struct Q4KMinPairs>(static_cast<size_t>(4 * supers));
   for (int64_t b = 0; b < supers; ++b) {
     uint8_t hl[16];
     for (int j = 0; j < 8; ++j) {

@@ -18,6 +18,9 @@
 // goes to exactly one block. A block's own claims touch only its own line (no line passes between
 // cores until a block runs out and takes from another).
 //
+// One claim scheme per task: the words start at 0 once, so a kernel runs one RowClaims loop per
+// block over its task's lines (a second loop would find the rows taken).
+//
 // Which block computes a row must not change what the kernel writes for it: the kernels that use
 // this compute every output row on its own (the matmuls: each y row from its W row alone), so the
 // results are bitwise those of any fixed split.
@@ -49,17 +52,25 @@ class RowClaims {
     }
   }
 
-  // The next rows this block computes, non-empty; false when no row is left to claim.
-  bool next(BlockRange* rows) {
+  // The next rows this block computes, non-empty; false when no row is left to claim. With
+  // `ahead`: where the rows this block most likely computes next end (its own range's end after
+  // a claim of its own rows; the claim's end after one taken from another block's back, whose
+  // following rows are taken already), for a kernel's prefetch.
+  bool next(BlockRange* rows, int64_t* ahead = nullptr) {
     if (lines_ == nullptr) {
       if (done_ || whole_.begin >= whole_.end) return false;
       done_ = true;
       *rows = whole_;
+      if (ahead != nullptr) *ahead = whole_.end;
       return true;
     }
     while (victim_ < self_ + blocks_) {
       const int32_t b = victim_ % blocks_;
-      if (take(b, b == self_, rows)) return true;
+      const bool own = b == self_;
+      if (take(b, own, rows)) {
+        if (ahead != nullptr) *ahead = own ? block_range(n_, b, blocks_).end : rows->end;
+        return true;
+      }
       ++victim_;  // b has nothing left: the next block's rows
     }
     return false;

@@ -50,17 +50,20 @@ TEST(RowClaims, ABlockTakesItsOwnRowsInChunksThenTheOthersFromTheirBacks) {
   RowClaims first(block(0, 2, lines.data()), 100, 16);
   BlockRange r;
   const std::vector<std::pair<int64_t, int64_t>> own = {{0, 16}, {16, 32}, {32, 48}, {48, 50}};
+  int64_t ahead = -1;
   for (const auto& [b, e] : own) {
-    ASSERT_TRUE(first.next(&r));
+    ASSERT_TRUE(first.next(&r, &ahead));
     EXPECT_EQ(r.begin, b);
     EXPECT_EQ(r.end, e);
+    EXPECT_EQ(ahead, 50);  // the rows it claims next: its own, up to its range's end
   }
   // block 1's 50 rows from the back: ceil(left / 4) but at least 16, then what is left
   const std::vector<std::pair<int64_t, int64_t>> stolen = {{84, 100}, {68, 84}, {52, 68}, {50, 52}};
   for (const auto& [b, e] : stolen) {
-    ASSERT_TRUE(first.next(&r));
+    ASSERT_TRUE(first.next(&r, &ahead));
     EXPECT_EQ(r.begin, b);
     EXPECT_EQ(r.end, e);
+    EXPECT_EQ(ahead, e);  // the rows after a stolen claim are taken already
   }
   EXPECT_FALSE(first.next(&r));
   RowClaims late(block(1, 2, lines.data()), 100, 16);

@@ -67,8 +67,9 @@ inline absl::Status check_rope(const task::ArgChecker& c, int64_t dim, double th
 // the ones computed, so kept or not they are the same bits.
 class RopeTable {
  public:
-  // cos (then sin) of p·f_i, i < dim/2, as 2·(dim/2) floats: this thread's, valid until its next
-  // call.
+  // cos (then sin) of p·f_i, i < dim/2, as 2·(dim/2) floats, p >= 0: this thread's, valid until
+  // its next call. A thread alternating two (dim, theta) recomputes every time (one model's RoPE
+  // has one).
   static const float* angles(int64_t dim, double theta, int64_t p) {
     thread_local RopeTable table;
     return table.lookup(dim, theta, p);
@@ -110,19 +111,17 @@ class RopeTable {
 class RopeAngles {
  public:
   RopeAngles(int64_t dim, double theta) : half_(dim / 2), dim_(dim), theta_(theta) {}
-  void at(int64_t p) {
-    cos_ = RopeTable::angles(dim_, theta_, p);
-    sin_ = cos_ + half_;
-  }
-  // at(positions[b]); INVALID_ARGUMENT through `c`, naming row b, for a negative position.
+  // The angles at positions[b]; INVALID_ARGUMENT through `c`, naming row b, for a negative
+  // position.
   absl::Status at_row(const task::ArgChecker& c, const int32_t* positions, int64_t b) {
     const int64_t p = positions[b];
     if (p < 0) return c.error(absl::StrCat("position ", p, " at row ", b, " is negative"));
-    at(p);
+    cos_ = RopeTable::angles(dim_, theta_, p);
+    sin_ = cos_ + half_;
     return absl::OkStatus();
   }
-  // `heads` heads of dim floats from `v`, rotated in place at the position of the last at() (on
-  // this thread, with no other RopeAngles' at() between).
+  // `heads` heads of dim floats from `v`, rotated in place at the position of the last at_row()
+  // (on this thread, with no other RopeAngles' at_row() between).
   void rotate(float* v, int64_t heads) const {
     for (int64_t h = 0; h < heads; ++h) {
       float* x = v + h * 2 * half_;

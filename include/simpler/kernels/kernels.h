@@ -5,8 +5,10 @@
 // block (block_idx in [0, block_dim)), possibly on several core threads at
 // once. A block writes only its own part of the OUT / INOUT tensors, so the
 // blocks of a task, and different tasks, never write the same bytes; a kernel
-// touches no memory outside its tensor arguments and keeps no state between
-// calls (thread-safe).
+// touches no memory outside its tensor arguments but its task's shared lines
+// (KernelContext::task_lines: the matmuls' row claims) and per-thread caches
+// whose contents never change a result (scratch buffers, RoPE's angles), so it
+// is thread-safe.
 //
 // Tensors must be row-major contiguous with the documented dtype and shape;
 // anything else is INVALID_ARGUMENT naming the kernel and the argument. Data
@@ -183,7 +185,9 @@ task::TaskArgs rms_norm_args(const task::Tensor& x, const task::Tensor& w, const
 // multiple of 32,
 // else INVALID_ARGUMENT naming W; docs/design/quantized_matmul.md); products and sums are f32
 // (fused multiply-adds over 16 lanes, then a fixed reduction tree: src/kernels/matmul_impl.h). SPMD
-// over output features: block b computes y[:, r) for its block_range of the `out` rows of W, in
+// over output features: with the task's shared lines the blocks claim the `out` rows of W as each
+// becomes free (a block starts with its block_range and takes over what the others have not
+// reached: docs/design/scheduler.md), without them block b computes y[:, r) for its block_range; in
 // register tiles of up to 6 rows of x by 4 rows of W over 256 KiB chunks of W (a streaming
 // matrix-vector product, 8 W rows at a time, for B = 1). Batch-invariant: every element of y is the
 // same sequence of f32 operations whatever the number of rows, the tile, the chunk, the block split

@@ -39,7 +39,12 @@ struct KernelContext {
   // work out to its blocks as each becomes free, instead of splitting it by block_idx, so that a
   // block on a slower core takes less (the matmul kernels do; docs/design/scheduler.md). Null for a
   // one-block task, and from a device or caller that provides none: the kernel then splits its work
-  // by block_idx.
+  // by block_idx. Rules for a kernel that uses them: one scheme per task (the words start at 0
+  // once, so two claim loops over the same lines would find them used up); never wait for a
+  // partner block (blocks may run one after another on one core, and after a failure or an abort
+  // some never start): a block that finds nothing left is done, and the blocks that run do all
+  // the work between them. Owned by the executor (host memory on the sim device); valid during
+  // the call.
   TaskLine* task_lines = nullptr;
 
   const Tensor& tensor(uint32_t i) const { return args[i].tensor; }
