@@ -166,6 +166,9 @@ class GgufExportTest : public ::testing::Test {
   static void SetUpTestSuite() {
     suite_dir_ = std::filesystem::temp_directory_path() /
                  ("simpler_gguf_test_" + std::to_string(::getpid()));
+    // What an earlier process of the same pid left (killed before TearDownTestSuite) goes first:
+    // a test's folder and its link to the model must be new.
+    std::filesystem::remove_all(suite_dir_);
     MakeModelOptions o = testing::tiny_model_options((suite_dir_ / "model").string(), 3);
     o.overrides.num_hidden_layers = 2;
     o.overrides.tie_word_embeddings = false;  // an output.weight too
@@ -181,6 +184,7 @@ class GgufExportTest : public ::testing::Test {
     ASSERT_TRUE(std::filesystem::exists(suite_dir_ / "model" / "config.json"));
     ASSERT_TRUE(std::filesystem::exists(suite_dir_ / "small" / "config.json"));
     dir_ = suite_dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     std::filesystem::create_directory_symlink(suite_dir_ / "model", dir_ / "model");
   }
