@@ -33,6 +33,7 @@ constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);  // what an earlier process of the same pid left, killed before its teardown
   fs::create_directories(dir);
   return dir;
 }

@@ -38,6 +38,7 @@ class GgufParserTest : public ::testing::Test {
     dir_ = std::filesystem::temp_directory_path() /
            ("gguf_parser_test_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);  // an earlier process of the same pid may have left it
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

@@ -68,6 +68,7 @@ class LlamaCppPeer : public ::testing::Test {
   static void SetUpTestSuite() {
     suite_dir_ = std::filesystem::temp_directory_path() /
                  ("simpler_llamacpp_test_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(suite_dir_);  // an earlier process of the same pid may have left it
     model_dir_ = (suite_dir_ / "model").string();
     ASSERT_TRUE(make_model(testing::tiny_model_options(model_dir_, 1)).ok());
     q8_0_file_ = exported(model_dir_, suite_dir_, GgufType::kQ8_0, "q8_0");
@@ -76,6 +77,7 @@ class LlamaCppPeer : public ::testing::Test {
   void SetUp() override {
     ASSERT_FALSE(q8_0_file_.empty());
     dir_ = suite_dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }
 
