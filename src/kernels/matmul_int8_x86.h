@@ -1000,38 +1000,38 @@ void combine_tile(const Tile* tile, int64_t supers, const float* dx, const int32
 // x's Q8_K group sums per row and super-block, as Tile's aux: Q6_K's 16 i16 as they are; Q4_K's
 // 4 i32, q holding (bsum_4q + bsum_4q+1) | (bsum_4q+2 + bsum_4q+3) << 16 (each at most 32·127).
 template <class Tile>
-std::vector<int32_t> tile_aux(const QuantizedX& x, int64_t rows, int64_t supers) {
-  std::vector<int32_t> out(static_cast<size_t>(rows * supers * Tile::kAux));
+void tile_aux(const QuantizedX& x, int64_t rows, int64_t supers, int32_t* out) {
+  const auto count = static_cast<size_t>(rows * supers * Tile::kAux);
   if constexpr (Tile::kMins) {
-    for (size_t g = 0; g < out.size(); ++g) {
+    for (size_t g = 0; g < count; ++g) {
       const int16_t* bs = x.bsums.data() + 4 * g;
       const auto lo = static_cast<uint16_t>(bs[0] + bs[1]);
       const auto hi = static_cast<uint16_t>(bs[2] + bs[3]);
       out[g] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
     }
   } else {
-    std::memcpy(out.data(), x.bsums.data(), out.size() * sizeof(int32_t));
+    std::memcpy(out, x.bsums.data(), count * sizeof(int32_t));
   }
-  return out;
 }
 
-// A tile's scratch for one call: the repacked super-blocks, x's aux, the sums of 8 x rows.
+// A tile's scratch for one call (thread_scratch: a claim allocates nothing): the repacked
+// super-blocks, x's aux, the sums of 8 x rows. Every part is written before it is read.
 template <class Tile>
 struct TileScratch {
-  std::vector<Tile> tile;
-  std::vector<int32_t> aux, s, m;
+  Tile* tile;
+  int32_t *aux, *s, *m;
 };
 
 // R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
 template <class V, class Tile, int R>
-void tile_rows_of(const Problem& p, const QuantizedX& x, TileScratch<Tile>& t, int64_t r0,
+void tile_rows_of(const Problem& p, const QuantizedX& x, const TileScratch<Tile>& t, int64_t r0,
                   int64_t j0, int64_t lanes) {
   const int64_t supers = p.k / kSuperBlockWeights;
-  tile_dots<V, Tile, R>(t.tile.data(), supers, x.q.data() + r0 * p.k, p.k,
-                        t.aux.data() + r0 * supers * Tile::kAux, t.s.data(), t.m.data());
+  tile_dots<V, Tile, R>(t.tile, supers, x.q.data() + r0 * p.k, p.k,
+                        t.aux + r0 * supers * Tile::kAux, t.s, t.m);
   for (int64_t i = 0; i < R; ++i) {
-    combine_tile<V>(t.tile.data(), supers, x.d.data() + (r0 + i) * x.d_stride,
-                    t.s.data() + V::kLanes * i * supers, t.m.data() + V::kLanes * i * supers,
+    combine_tile<V>(t.tile, supers, x.d.data() + (r0 + i) * x.d_stride,
+                    t.s + V::kLanes * i * supers, t.m + V::kLanes * i * supers,
                     p.y + (r0 + i) * p.ldy + j0, lanes, p.accumulate);
   }
 }
@@ -1042,9 +1042,12 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * Tile::kBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
   const auto sums = static_cast<size_t>(8 * V::kLanes * supers);
-  TileScratch<Tile> t{std::vector<Tile>(static_cast<size_t>(supers)),
-                      tile_aux<Tile>(x, p.rows, supers), std::vector<int32_t>(sums),
-                      std::vector<int32_t>(sums)};
+  int32_t* ints = thread_scratch<int32_t, struct TilesInts>(
+      static_cast<size_t>(p.rows * supers * Tile::kAux) + 2 * sums);
+  const TileScratch<Tile> t{thread_scratch<Tile, struct TilesTiles>(static_cast<size_t>(supers)),
+                            ints, ints + p.rows * supers * Tile::kAux,
+                            ints + p.rows * supers * Tile::kAux + sums};
+  tile_aux<Tile>(x, p.rows, supers, t.aux);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     const typename V::I rows = tile_rows<V>(row_bytes, lanes);
@@ -1177,10 +1180,9 @@ void q8_0_combine_tile(const Q80Tile<V>* tile, int64_t blocks, const float* dx, 
 // R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
 template <class V, int R>
 void q8_0_tile_rows_of(const Problem& p, const QuantizedX& x, const Q80Tile<V>* tile,
-                       const std::vector<int32_t>& xc, int32_t* s, int64_t r0, int64_t j0,
-                       int64_t lanes) {
+                       const int32_t* xc, int32_t* s, int64_t r0, int64_t j0, int64_t lanes) {
   const int64_t blocks = p.k / kQ8_0BlockWeights;
-  q8_0_tile_dots<V, R>(tile, blocks, x.q.data() + r0 * p.k, p.k, xc.data() + r0 * blocks, s);
+  q8_0_tile_dots<V, R>(tile, blocks, x.q.data() + r0 * p.k, p.k, xc + r0 * blocks, s);
   for (int64_t i = 0; i < R; ++i) {
     q8_0_combine_tile<V>(tile, blocks, x.d.data() + (r0 + i) * x.d_stride,
                          s + V::kLanes * i * blocks, p.y + (r0 + i) * p.ldy + j0, lanes,
@@ -1192,10 +1194,12 @@ template <class V>
 void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
-  std::vector<Q80Tile<V>> tile(static_cast<size_t>(blocks));
-  std::vector<int32_t> s(static_cast<size_t>(8 * V::kLanes * blocks));
-  std::vector<int32_t> xc(static_cast<size_t>(p.rows * blocks), 0);
-  if constexpr (!V::kQ8_0Signed) q8_0_x_starts(x.q.data(), p.rows * blocks, xc.data());
+  Q80Tile<V>* tile = thread_scratch<Q80Tile<V>, struct Q8_0Tiles>(static_cast<size_t>(blocks));
+  int32_t* s = thread_scratch<int32_t, struct Q8_0TilesInts>(
+      static_cast<size_t>((8 * V::kLanes + p.rows) * blocks));
+  int32_t* xc = s + 8 * V::kLanes * blocks;
+  if constexpr (!V::kQ8_0Signed) q8_0_x_starts(x.q.data(), p.rows * blocks, xc);
+  if constexpr (V::kQ8_0Signed) std::fill(xc, xc + p.rows * blocks, 0);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     // the next tile's rows arrive while this one meets the x rows
@@ -1203,17 +1207,17 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
     for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
     }
-    repack_q8_0(tile.data(), w + j0 * row_bytes, row_bytes, lanes, blocks);
+    repack_q8_0(tile, w + j0 * row_bytes, row_bytes, lanes, blocks);
     for (int64_t r0 = 0; r0 < p.rows;) {
       const int64_t left = p.rows - r0;
       if (left >= 8) {
-        q8_0_tile_rows_of<V, 8>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+        q8_0_tile_rows_of<V, 8>(p, x, tile, xc, s, r0, j0, lanes);
       } else if (left >= 4) {
-        q8_0_tile_rows_of<V, 4>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+        q8_0_tile_rows_of<V, 4>(p, x, tile, xc, s, r0, j0, lanes);
       } else if (left >= 2) {
-        q8_0_tile_rows_of<V, 2>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+        q8_0_tile_rows_of<V, 2>(p, x, tile, xc, s, r0, j0, lanes);
       } else {
-        q8_0_tile_rows_of<V, 1>(p, x, tile.data(), xc, s.data(), r0, j0, lanes);
+        q8_0_tile_rows_of<V, 1>(p, x, tile, xc, s, r0, j0, lanes);
       }
       r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     }
