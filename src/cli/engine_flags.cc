@@ -63,7 +63,8 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* flags, const EngineFlagSet& se
     cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",
                   flags->enable_prefix_caching,
                   "reuse the KV pages of earlier requests whose tokens start the same way "
-                  "(docs/design/prefix_cache.md); the tokens are the same either way")
+                  "(default on; the {false} shown is --no-enable-prefix-caching's value; "
+                  "docs/design/prefix_cache.md); the tokens are the same either way")
         ->capture_default_str();
   }
   if (set.capture) {
