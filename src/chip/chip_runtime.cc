@@ -139,6 +139,25 @@ class ReadyQueue {
 // blocks in flight. Owner-thread only; the lines themselves are written by the blocks.
 class TaskLinePool {
  public:
+  // The lines of the next block of a task of `block_dim` blocks, `started` of them dispatched
+  // before: its first block takes the task an entry (*entry, -1 until then). Null for one block.
+  task::TaskLine* for_block(int32_t* entry, int32_t block_dim, int32_t started) {
+    if (block_dim <= 1) return nullptr;
+    if (started == 0) *entry = acquire(block_dim);
+    return lines(*entry);
+  }
+  // Every block of the task holding *entry completed: the entry (if any) goes back.
+  void release(int32_t* entry) {
+    if (*entry >= 0) free_.push_back(*entry);
+    *entry = -1;
+  }
+  // Every entry free (a run starts; the last one's blocks have all completed).
+  void reset() {
+    free_.clear();
+    for (int32_t e = static_cast<int32_t>(entries_.size()); e-- > 0;) free_.push_back(e);
+  }
+
+ private:
   // An entry of at least `lines` lines, every word 0 (stored before the job that carries them is
   // handed to its core, which orders the stores before the block's reads).
   int32_t acquire(int32_t lines) {
@@ -159,14 +178,6 @@ class TaskLinePool {
     return e;
   }
   task::TaskLine* lines(int32_t entry) const { return entries_[entry].lines.get(); }
-  void release(int32_t entry) { free_.push_back(entry); }
-  // Every entry free (a run starts; the last one's blocks have all completed).
-  void reset() {
-    free_.clear();
-    for (int32_t e = static_cast<int32_t>(entries_.size()); e-- > 0;) free_.push_back(e);
-  }
-
- private:
   struct Entry {
     std::unique_ptr<task::TaskLine[]> lines;
     int32_t capacity = 0;
@@ -513,10 +524,7 @@ class GraphExecutor final : public task::OrchestrationContext {
       job.tag = s.seq;
       job.shape = s.shape;
       job.timed = record_timing_;  // the completion's timestamps go only into the task timings
-      if (s.block_dim > 1) {
-        if (s.blocks_started == 0) s.lines = task_lines_.acquire(s.block_dim);
-        job.task_lines = task_lines_.lines(s.lines);
-      }
+      job.task_lines = task_lines_.for_block(&s.lines, s.block_dim, s.blocks_started);
       if (s.blocks_started == 0) s.timing.core = core;
       ++s.blocks_started;
       ++running_;
@@ -537,8 +545,7 @@ class GraphExecutor final : public task::OrchestrationContext {
                     record_timing_ ? &report_->blocks : nullptr);
     if (s.blocks_done == s.block_dim) {
       s.completed = true;  // finished: no block of it runs any more
-      if (s.lines >= 0) task_lines_.release(s.lines);
-      s.lines = -1;
+      task_lines_.release(&s.lines);
       ++completed_;
       if (s.failed) {
         if (report_->tasks_failed++ == 0) report_->first_failed_task = static_cast<int64_t>(s.seq);
@@ -691,10 +698,7 @@ class ReplayExecutor {
       job.tag = i;
       job.timed = record_timing_;
       if (has_shapes_) job.shape = graph_.job_shapes[i];
-      if (t.block_dim > 1) {
-        if (r.blocks_started == 0) r.lines = task_lines_.acquire(t.block_dim);
-        job.task_lines = task_lines_.lines(r.lines);
-      }
+      job.task_lines = task_lines_.for_block(&r.lines, t.block_dim, r.blocks_started);
       if (r.blocks_started == 0) r.timing.core = core;
       ++r.blocks_started;
       ++running_;
@@ -715,8 +719,7 @@ class ReplayExecutor {
     fold_completion(c, ctx_.run_id(), i, callable_.kernels[t.kernel].name, r, &failure_,
                     record_timing_ ? &report_->blocks : nullptr);
     if (r.blocks_done < t.block_dim) return;
-    if (r.lines >= 0) task_lines_.release(r.lines);
-    r.lines = -1;
+    task_lines_.release(&r.lines);
     ++completed_;
     if (r.failed && report_->tasks_failed++ == 0) report_->first_failed_task = i;
     if (record_timing_) report_->tasks.push_back(r.timing);

@@ -45,9 +45,10 @@ inline absl::Status run_blocks(task::KernelFn fn, const task::TaskArgs& args, in
 // Runs every block of a task with block_dim shared lines (task::KernelContext::task_lines, zeroed
 // here), as a device does: one after another, last block first (the last then claims every
 // row, its own and the others'), or with `threads` each block on its own thread at once. The
-// first block error is returned.
+// first block error is returned; `words` (optional) gets the lines' words after the blocks ran.
 inline absl::Status run_blocks_sharing_lines(task::KernelFn fn, const task::TaskArgs& args,
-                                             int32_t block_dim, bool threads) {
+                                             int32_t block_dim, bool threads,
+                                             std::vector<uint64_t>* words = nullptr) {
   std::vector<task::TaskLine> lines(static_cast<size_t>(block_dim));
   std::vector<absl::Status> status(static_cast<size_t>(block_dim));
   auto block = [&](int32_t b) {
@@ -65,6 +66,10 @@ inline absl::Status run_blocks_sharing_lines(task::KernelFn fn, const task::Task
     for (std::thread& t : running) t.join();
   } else {
     for (int32_t b = block_dim - 1; b >= 0; --b) block(b);
+  }
+  if (words != nullptr) {
+    words->clear();
+    for (const task::TaskLine& l : lines) words->push_back(l.word.load());
   }
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;

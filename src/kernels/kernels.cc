@@ -113,32 +113,36 @@ matmul_detail::Int8Dots int8_dots(KernelIsa isa) {
   return matmul_detail::int8_dots_portable();
 }
 
-// The W rows [r.begin, r.end) of `full` (every W row of the task), whose kernel may prefetch up
-// to row `ahead` (RowClaims::next: the rows the block most likely claims next).
+// The W rows [r.begin, r.end) of `full` (every W row of the task, `row_bytes` each), whose kernel
+// may prefetch up to row `ahead` (RowClaims::next: the rows the block most likely claims next).
 matmul_detail::Problem rows_of(const matmul_detail::Problem& full, BlockRange r, int64_t ahead,
-                               DataType w_dtype) {
+                               int64_t row_bytes) {
   matmul_detail::Problem p = full;
-  p.w = static_cast<const uint8_t*>(full.w) +
-        r.begin * task::bytes_of(w_dtype, static_cast<uint64_t>(full.k));
+  p.w = static_cast<const uint8_t*>(full.w) + r.begin * row_bytes;
   p.n = r.end - r.begin;
   p.y = full.y + r.begin;
   p.prefetch_n = ahead - r.begin;
   return p;
 }
 
-// Whether matmul_rows hands p to oneDNN's bf16 GEMM (whose call costs its primitive: a block
-// then takes its rows in one call).
-bool uses_dnnl(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
+// Whether matmul_rows takes precision bf16's own path for p: bf16 W on the AVX-512 target of a
+// CPU with AVX-512 BF16 (else the exact path of the target).
+bool bf16_path(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
 #if defined(__x86_64__)
   return precision == Precision::kBf16 && isa == KernelIsa::kAvx512 &&
-         p.wt == matmul_detail::WeightType::kBF16 && matmul_detail::avx512_bf16_available() &&
-         p.rows >= matmul_detail::kDnnlMinRows;
+         p.wt == matmul_detail::WeightType::kBF16 && matmul_detail::avx512_bf16_available();
 #else
   (void)p;
   (void)isa;
   (void)precision;
   return false;
 #endif
+}
+
+// Whether that path hands p to oneDNN's GEMM (whose call costs its primitive: a block then takes
+// its rows in one call).
+bool uses_dnnl(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
+  return bf16_path(p, isa, precision) && p.rows >= matmul_detail::kDnnlMinRows;
 }
 
 // The fewest W rows a block claims at a time (RowClaims): about 32 KiB of W (~1.5 us at
@@ -153,11 +157,9 @@ int64_t min_claim_rows(int64_t row_bytes) {
 // One matmul's rows (p) on `isa` at `precision`, but the int8 path: the exact path of its
 // target, or bf16 (AVX-512 BF16 or oneDNN).
 absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precision precision) {
-  const bool bf16 = precision == Precision::kBf16;
 #if defined(__x86_64__)
   if (uses_dnnl(p, isa, precision)) return matmul_detail::run_dnnl_bf16(p);
-  if (bf16 && isa == KernelIsa::kAvx512 && p.wt == matmul_detail::WeightType::kBF16 &&
-      matmul_detail::avx512_bf16_available()) {
+  if (bf16_path(p, isa, precision)) {
     matmul_detail::run_avx512_bf16(p);
     return absl::OkStatus();
   }
@@ -170,13 +172,10 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
     return absl::OkStatus();
   }
 #elif defined(__aarch64__)
-  (void)bf16;
   if (isa == KernelIsa::kNeon) {
     matmul_detail::run_neon(p);
     return absl::OkStatus();
   }
-#else
-  (void)bf16;
 #endif
   matmul_detail::run_portable(p);
   return absl::OkStatus();
@@ -219,12 +218,12 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
     if (!claims.next(&r, &ahead)) return absl::OkStatus();
     const matmul_detail::QuantizedX qx = matmul_detail::quantize_int8(full, dots);
     do {
-      matmul_detail::run_int8_quantized(rows_of(full, r, ahead, w_dtype), qx, dots);
+      matmul_detail::run_int8_quantized(rows_of(full, r, ahead, row_bytes), qx, dots);
     } while (claims.next(&r, &ahead));
     return absl::OkStatus();
   }
   while (claims.next(&r, &ahead)) {
-    SIMPLER_RETURN_IF_ERROR(matmul_rows(rows_of(full, r, ahead, w_dtype), isa, precision));
+    SIMPLER_RETURN_IF_ERROR(matmul_rows(rows_of(full, r, ahead, row_bytes), isa, precision));
   }
   return absl::OkStatus();
 }

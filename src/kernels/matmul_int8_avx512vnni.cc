@@ -374,10 +374,8 @@ void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
     return rows_tiles<Zmm, Q4KTile>(p, x);
   if (p.wt == WeightType::kQ6_K && p.rows >= Zmm::kMinRowsQ6K)
     return rows_tiles<Zmm, Q6KTile>(p, x);
-  if (reads_permuted_x(p)) {  // x permuted by prepare_avx512vnni, or here when x came without
-    const std::vector<int8_t> local =
-        x.prepared.empty() ? permute_for_q4_k(x, p.rows, p.k) : std::vector<int8_t>();
-    const int8_t* xq = x.prepared.empty() ? local.data() : x.prepared.data();
+  if (reads_permuted_x(p)) {  // x permuted by prepare_avx512vnni (quantize_int8)
+    const int8_t* xq = x.prepared.data();
     if (p.rows == 1) return rows_super_one<SuperKernels512, WeightType::kQ4_K>(p, x, xq);
     return rows_super<SuperKernels512, WeightType::kQ4_K>(p, x, xq);
   }

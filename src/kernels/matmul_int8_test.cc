@@ -401,6 +401,24 @@ std::vector<uint8_t> claim_test_weights(DataType dt, int64_t out, int64_t in) {
   return w;
 }
 
+// The blocks really claimed the rows (row_claims.h's words: the rows taken from the front of
+// block b's share in the low 32 bits, from its back in the high ones): every row once; in turn,
+// the last block, run first, took every other block's share from its back.
+void expect_claimed(const std::vector<uint64_t>& words, int64_t out, int32_t blocks, bool threads,
+                    const std::string& what) {
+  ASSERT_EQ(words.size(), static_cast<size_t>(blocks)) << what;
+  int64_t claimed = 0;
+  for (int32_t b = 0; b < blocks; ++b) {
+    const BlockRange r = block_range(out, b, blocks);
+    const auto front = static_cast<int64_t>(words[b] & 0xFFFFFFFF);
+    const auto back = static_cast<int64_t>(words[b] >> 32);
+    EXPECT_EQ(front + back, r.end - r.begin) << what << ": block " << b << "'s share";
+    if (!threads && b + 1 < blocks) EXPECT_EQ(back, r.end - r.begin) << what << ": block " << b;
+    claimed += front + back;
+  }
+  EXPECT_EQ(claimed, out) << what;
+}
+
 // A matmul whose blocks claim their rows (RowClaims over KernelContext::task_lines) writes bitwise
 // what a fixed split writes, whichever block computes which rows: the block weight types at
 // precisions int8 and exact, f32 and bf16 W at exact and bf16 (its AVX-512 BF16 kernel below 16 x
@@ -432,11 +450,15 @@ TEST(MatmulInt8, RowsClaimedByTheBlocksAreBitwiseAFixedSplit) {
                 const task::TaskArgs args =
                     acc ? matmul_acc_args(view(x, {rows, in}), wt, view(y, {rows, out}))
                         : matmul_args(view(x, {rows, in}), wt, view(y, {rows, out}));
-                ASSERT_TRUE(testing::run_blocks_sharing_lines(fn, args, blocks, threads).ok());
-                ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
-                    << task::name_of(dt) << " rows " << rows << " " << name_of(precision) << " acc "
-                    << acc << " " << name_of(isa) << ", " << blocks << " blocks"
-                    << (threads ? " on threads" : " in turn");
+                std::vector<uint64_t> words;
+                ASSERT_TRUE(
+                    testing::run_blocks_sharing_lines(fn, args, blocks, threads, &words).ok());
+                const std::string what =
+                    absl::StrCat(std::string(task::name_of(dt)), " rows ", rows, " ",
+                                 name_of(precision), " acc ", acc ? 1 : 0, " ", name_of(isa), ", ",
+                                 blocks, " blocks", threads ? " on threads" : " in turn");
+                ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float))) << what;
+                ASSERT_NO_FATAL_FAILURE(expect_claimed(words, out, blocks, threads, what));
               }
             }
           }

@@ -195,8 +195,9 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row) {
 }
 
 // The peers' figures of the row, added to `out`: PyTorch eager (every hardware thread) with
-// --compare torch, llama.cpp on `threads` threads when `peer` is set.
-absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, LlamaCppPeer* peer,
+// --compare torch, llama.cpp on `threads` threads when `peer` is set (and the row's
+// over_llamacpp).
+absl::Status add_peer_figures(const DecodeFlags& st, DecodeRow& row, LlamaCppPeer* peer,
                               int threads, nlohmann::json* out) {
   if (st.compare == "torch") {
     SIMPLER_RETURN_IF_ERROR(add_torch_figures(
@@ -208,6 +209,7 @@ absl::Status add_peer_figures(const DecodeFlags& st, const DecodeRow& row, Llama
         double theirs,
         peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps), threads));
     add_llamacpp_figures(*peer, theirs, row.tokens_per_s, out);
+    row.over_llamacpp = row.tokens_per_s / theirs;
   }
   return absl::OkStatus();
 }
@@ -346,7 +348,6 @@ int run_bench_decode(const DecodeFlags& st) {
           return fail(kBenchDecodeCommand, s);
         }
         print_decode_row(st, *row, peer_ptr, threads, out);
-        if (out.contains("over_llamacpp")) row->over_llamacpp = out["over_llamacpp"].get<double>();
         rows.push_back(*row);
       }
     }
