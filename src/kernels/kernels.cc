@@ -172,10 +172,13 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
     return absl::OkStatus();
   }
 #elif defined(__aarch64__)
+  (void)precision;  // no bf16 path here
   if (isa == KernelIsa::kNeon) {
     matmul_detail::run_neon(p);
     return absl::OkStatus();
   }
+#else
+  (void)precision;
 #endif
   matmul_detail::run_portable(p);
   return absl::OkStatus();
