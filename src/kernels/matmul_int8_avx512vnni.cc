@@ -176,22 +176,43 @@ struct SuperKernels512 {
     return acc;
   }
 
+  // A Q4_K super-block's 4 vectors of unsigned weights: vector v = the low (v even) or high (v
+  // odd) nibbles of qs[64·(v / 2), +64), sub-blocks 4·(v / 2) + (v % 2) and that + 2.
+  __attribute__((always_inline)) static void q4_k_weights(const uint8_t* blk, __m512i (&w)[4]) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
+    w[0] = _mm512_and_si512(q0, m4);
+    w[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+    w[2] = _mm512_and_si512(q1, m4);
+    w[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+  }
+
+  // The i16 scales of q4_k_weights' vectors from q4_k_scales_mins' widened bytes sm.
+  __attribute__((always_inline)) static void q4_k_scales(__m256i sm, __m512i (&scales)[4]) {
+    const __m512i smz = _mm512_castsi256_si512(sm);
+    scales[0] = _mm512_permutexvar_epi16(i16_index(0, 2), smz);
+    scales[1] = _mm512_permutexvar_epi16(i16_index(1, 3), smz);
+    scales[2] = _mm512_permutexvar_epi16(i16_index(4, 6), smz);
+    scales[3] = _mm512_permutexvar_epi16(i16_index(5, 7), smz);
+  }
+
+  // A super-block's weights and scales; returns q4_k_scales_mins' widened scale and mins bytes.
+  __attribute__((always_inline)) static __m256i q4_k_unpack(const uint8_t* blk, __m512i (&w)[4],
+                                                            __m512i (&scales)[4]) {
+    const __m256i sm = q4_k_scales_mins(blk + 4);
+    q4_k_scales(sm, scales);
+    q4_k_weights(blk, w);
+    return sm;
+  }
+
   // Q4_K: vector v = the low (v even) or high (v odd) nibbles of qs[64·(v / 2), +64), sub-blocks
   // 4·(v / 2) + (v % 2) and that + 2, against x permuted (permute_for_q4_k); the mins as the
   // 256-bit kernel's.
   template <int R>
   static void q4_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
                    __m256i (*mv)[8]) {
-    const __m256i sm = q4_k_scales_mins(blk + 4);
-    const __m512i smz = _mm512_castsi256_si512(sm);
-    const __m512i scales[4] = {_mm512_permutexvar_epi16(i16_index(0, 2), smz),
-                               _mm512_permutexvar_epi16(i16_index(1, 3), smz),
-                               _mm512_permutexvar_epi16(i16_index(4, 6), smz),
-                               _mm512_permutexvar_epi16(i16_index(5, 7), smz)};
-    const __m512i m4 = _mm512_set1_epi8(15);
-    const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
-    const __m512i w[4] = {_mm512_and_si512(q0, m4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
-                          _mm512_and_si512(q1, m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+    __m512i w[4], scales[4];
+    const __m256i sm = q4_k_unpack(blk, w, scales);
     const __m256i mins = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
     const __m256i mins2 = _mm256_or_si256(mins, _mm256_slli_epi32(mins, 16));
     for (int i = 0; i < R; ++i) {
@@ -199,6 +220,29 @@ struct SuperKernels512 {
       sv[i][b % 8] = fold(acc);
       mv[i][b % 8] = _mm256_dpwssd_epi32(_mm256_setzero_si256(),
                                          load32(t.bsums + i * (t.k / 16) + 16 * b), mins2);
+    }
+  }
+
+  // Q4_K against one x row (rows_super_one): the super-blocks at blk and blk + 144 (N = 2: their
+  // x q at xq, xq + 256, their pair sums at pairs, pairs + 16; both heads decoded at once) or at
+  // blk alone (N = 1). Per super-block i, S's vector as q4_k's into s[i] and M's as Σ m_j·P_j by
+  // one vpmaddwd of the widened scale and mins bytes against x's pair sums (q4_k_mins_pairs16:
+  // zero against the scales) into m[i]: the same exact S and M with fewer
+  // instructions than q4_k<1>'s mins and rows_super_one's scalar scale conversions (on Intel,
+  // whose 512-bit vector code has two ports, the loop's bound).
+  template <int N>
+  __attribute__((always_inline)) static void q4_k_one(const uint8_t* blk, const int8_t* xq,
+                                                      const int16_t* pairs, __m256i* s,
+                                                      __m256i* m) {
+    __m256i sm[2];
+    q4_k_scales_mins_n<N>(blk, sm);
+#pragma GCC unroll 2
+    for (int i = 0; i < N; ++i) {
+      __m512i w[4], scales[4];
+      q4_k_scales(sm[i], scales);
+      q4_k_weights(blk + i * kQ4_KBlockBytes, w);
+      s[i] = fold(superblock_dot(w, scales, xq + 256 * i));
+      m[i] = _mm256_madd_epi16(sm[i], load32(pairs + 16 * i));
     }
   }
 

@@ -207,65 +207,6 @@ inline void prefetch_ahead(const uint8_t* w, int64_t at, int64_t row_bytes, int6
   }
 }
 
-// The 8 W rows of the group that starts at row j0, into row[]: a short last group's lanes past n
-// repeat its last row (their results are not stored). Returns the group's rows (at most 8).
-inline int64_t group_of_8(const uint8_t* w, int64_t n, int64_t j0, int64_t row_bytes,
-                          const uint8_t* (&row)[8]) {
-  const int64_t lanes = n - j0 < 8 ? n - j0 : 8;
-  for (int r = 0; r < 8; ++r) row[r] = w + (j0 + (r < lanes ? r : lanes - 1)) * row_bytes;
-  return lanes;
-}
-
-// The one-row kernels' prefetch: super-block b of the group two ahead (its 8 rows contiguous,
-// `ahead` bytes into W; kGroupBytes = 8 rows' super-block) while this group reads its super-block
-// b, up to W's end (`size` bytes).
-template <int64_t kGroupBytes>
-inline void prefetch_group_ahead(const uint8_t* w, int64_t ahead, int64_t b, int64_t size) {
-  if (ahead + (b + 1) * kGroupBytes > size) return;
-  const uint8_t* pf = w + ahead + b * kGroupBytes;
-#pragma GCC unroll 27
-  for (int i = 0; i < (kGroupBytes + 63) / 64; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
-  }
-}
-
-// Super-block b of the 8 W rows of a one-row Q4_K kernel (lane r: row r): S and M as in
-// rows_super, d and dmin.
-struct Q4KRows8 {
-  __m256i s, m;
-  __m256 d, dmin;
-};
-
-// The one-row Q4_K loop of both widths (rows_q4_k_one512, rows_q4_k_one): W rows 8 at a time
-// (group_of_8), super-block by super-block with the group two ahead prefetched; `super(row, b)`
-// gives super-block b of the 8 rows (Q4KRows8), combined as rows_super_one's lanes are (lane
-// l = b mod 8 in acc[l], t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree).
-template <class Super>
-__attribute__((always_inline)) inline void q4_k_one_groups(const Problem& p, const QuantizedX& x,
-                                                           Super&& super) {
-  constexpr int64_t kGroupBytes = 8 * kQ4_KBlockBytes;
-  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kQ4_KBlockBytes;
-  const int64_t size = prefetch_bytes(p, row_bytes);
-  const auto* w = static_cast<const uint8_t*>(p.w);
-  for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
-    const uint8_t* row[8];
-    const int64_t lanes = group_of_8(w, p.n, j0, row_bytes, row);
-    __m256 acc[8], accm[8];
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
-    // the group two ahead arrives while this one is read (its rows are contiguous)
-    const int64_t ahead = (j0 + 16) * row_bytes;
-    for (int64_t b = 0; b < supers; ++b) {
-      prefetch_group_ahead<kGroupBytes>(w, ahead, b, size);
-      const Q4KRows8 r = super(row, b);
-      const __m256 dx = _mm256_set1_ps(x.d[b]);
-      acc[b % 8] = combine_step(acc[b % 8], dx, r.d, r.s);
-      accm[b % 8] = combine_step(accm[b % 8], dx, r.dmin, r.m);
-    }
-    store_lanes(p.y + j0, _mm256_sub_ps(tree8_lanes(acc), tree8_lanes(accm)), lanes, p.accumulate);
-  }
-}
-
 inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
   float* out = p.y + r * p.ldy + j;
   *out = p.accumulate ? *out + s : s;
@@ -347,6 +288,39 @@ inline __m256i q4_k_scales_mins(const uint8_t* s) {
   return _mm256_cvtepu8_epi16(_mm_or_si128(lo, hi));
 }
 
+// The 16-byte heads of 2 super-blocks (dwords d | dmin << 16, A, B, C per 128-bit lane) decoded
+// per lane into the bytes sc_0..7, m_0..7 (q4_k_scales_mins before its widening).
+inline __m256i q4_k_heads2(__m256i h) {
+  const __m256i k6 = _mm256_set1_epi8(63), k4 = _mm256_set1_epi8(15), k2 = _mm256_set1_epi8(3);
+  const __m256i x = _mm256_srlv_epi32(_mm256_shuffle_epi32(h, _MM_SHUFFLE(3, 2, 3, 1)),
+                                      _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4));  // A C B C
+  const __m256i lo = _mm256_and_si256(x, _mm256_unpacklo_epi32(k6, k4));
+  const __m256i y = _mm256_srli_epi32(_mm256_shuffle_epi32(h, _MM_SHUFFLE(2, 2, 1, 1)), 6);
+  const __m256i hi =
+      _mm256_slli_epi32(_mm256_and_si256(y, _mm256_unpacklo_epi32(_mm256_setzero_si256(), k2)), 4);
+  return _mm256_or_si256(lo, hi);
+}
+
+inline __m256i load2x16(const uint8_t* a, const uint8_t* b) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+}
+
+// The widened scale and mins bytes (q4_k_scales_mins) of the super-block at blk (N = 1) or of it
+// and the next (N = 2: both heads decoded at once by q4_k_heads2) in sm[0, N).
+template <int N>
+__attribute__((always_inline)) inline void q4_k_scales_mins_n(const uint8_t* blk, __m256i* sm) {
+  static_assert(N == 1 || N == 2);
+  if constexpr (N == 2) {
+    const __m256i e = q4_k_heads2(load2x16(blk, blk + kQ4_KBlockBytes));
+    sm[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(e));
+    sm[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(e, 1));
+  } else {
+    sm[0] = q4_k_scales_mins(blk + 4);
+  }
+}
+
 // i16 lane j of the low 128 bits of v in all 16 lanes.
 template <int J>
 inline __m256i broadcast_i16(__m256i low) {
@@ -372,14 +346,13 @@ struct XTile {
 // most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1) (lane j: m_j against the
 // pair of group sums, each at most 16·127). The nibbles and the scales are unpacked once for the
 // R rows.
+// Q4_K's S of a super-block against R x rows (row i's q at xq + i·k), its scales sc_0..7 in both
+// 128-bit halves of sc: acc[i] a vector of 8 i32 whose total is row i's S.
 template <class Dot, int R>
-inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
-                       __m256i (*mv)[8]) {
-  const __m256i sm = q4_k_scales_mins(blk + 4);
-  const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);  // sc_0..7 in both halves
+__attribute__((always_inline)) inline void q4_k_dots(const uint8_t* blk, __m256i sc,
+                                                     const int8_t* xq, int64_t k, __m256i* acc) {
   const __m256i m4 = _mm256_set1_epi8(15);
   const uint8_t* qs = blk + 16;
-  __m256i acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_si256();
   const auto step = [&](auto c) {
     constexpr int kC = decltype(c)::value;
@@ -388,15 +361,27 @@ inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*
     const __m256i sc_lo = broadcast_i16<2 * kC>(sc), sc_hi = broadcast_i16<2 * kC + 1>(sc);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {  // unrolled: acc stays in registers
-      const int8_t* xq = t.q + i * t.k + 256 * b + 64 * kC;
-      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(lo, load32(xq)), sc_lo);
-      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(hi, load32(xq + 32)), sc_hi);
+      const int8_t* x = xq + i * k + 64 * kC;
+      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(lo, load32(x)), sc_lo);
+      acc[i] = Dot::madd(acc[i], _mm256_maddubs_epi16(hi, load32(x + 32)), sc_hi);
     }
   };
   step(std::integral_constant<int, 0>{});
   step(std::integral_constant<int, 1>{});
   step(std::integral_constant<int, 2>{});
   step(std::integral_constant<int, 3>{});
+}
+
+// Q4_K super-block b against R x rows: S = Σ_j sc_j·Σ q·x (vpmaddubsw's i16 pair sums are at
+// most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1) (lane j: m_j against the
+// pair of group sums, each at most 16·127). The nibbles and the scales are unpacked once for the
+// R rows.
+template <class Dot, int R>
+inline void q4_k_super(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
+                       __m256i (*mv)[8]) {
+  const __m256i sm = q4_k_scales_mins(blk + 4);
+  __m256i acc[R];
+  q4_k_dots<Dot, R>(blk, _mm256_permute2x128_si256(sm, sm, 0x00), t.q + 256 * b, t.k, acc);
   // m_0..7 as i32 lanes holding (m_j, m_j), against the group sums' pairs.
   const __m256i mins = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
   const __m256i mins2 = _mm256_or_si256(mins, _mm256_slli_epi32(mins, 16));
@@ -458,15 +443,30 @@ __attribute__((always_inline)) inline void q6_k_super(const uint8_t* blk, const 
   for (int i = 0; i < R; ++i) sv[i][b % 8] = acc[i];
 }
 
-// The 256-bit super-block kernels above as a kernel class of rows_super: static members
-// q4_k<R> and q6_k<R> with q4_k_super's signature, over x's q as it is (a 512-bit class may
-// take it permuted: rows_super's `xq`).
+// The 256-bit super-block kernels above as a kernel class of rows_super and rows_super_one:
+// static members q4_k<R> and q6_k<R> with q4_k_super's signature, and q4_k_one<N> (one x row, N
+// super-blocks a call), over x's q as it is (a 512-bit class may take it permuted: `xq`).
 template <class Dot>
 struct SuperKernels256 {
   template <int R>
   static void q4_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
                    __m256i (*mv)[8]) {
     q4_k_super<Dot, R>(blk, t, b, sv, mv);
+  }
+  // rows_super_one's Q4_K: the super-blocks at blk and blk + 144 (N = 2) or at blk alone (N = 1),
+  // as SuperKernels512::q4_k_one with q4_k_dots' S.
+  template <int N>
+  __attribute__((always_inline)) static void q4_k_one(const uint8_t* blk, const int8_t* xq,
+                                                      const int16_t* pairs, __m256i* s,
+                                                      __m256i* m) {
+    __m256i sm[2];
+    q4_k_scales_mins_n<N>(blk, sm);
+#pragma GCC unroll 2
+    for (int i = 0; i < N; ++i) {
+      q4_k_dots<Dot, 1>(blk + i * kQ4_KBlockBytes, _mm256_permute2x128_si256(sm[i], sm[i], 0x00),
+                        xq + 256 * i, 0, &s[i]);
+      m[i] = _mm256_madd_epi16(sm[i], load32(pairs + 16 * i));
+    }
   }
   template <int R>
   __attribute__((always_inline)) static void q6_k(const uint8_t* blk, const XTile& t, int64_t b,
@@ -549,18 +549,37 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   }
 }
 
-// ---- Q4_K / Q6_K against one x row (a decode step of batch 1): W rows 8 at a time, vector lane r
-// W row r in the sums and in the combine. Each W row's super-blocks go through K's kernel as in
-// rows_super, super-block b's vector (8 i32 whose total is S_b) into the row's slot b; then the 8
-// rows' slots of each super-block are reduced together (reduce8 across the rows), so lane r holds
-// row r's S_b (and M_b), and the combine runs on the 8 rows at once: lane l = b mod 8 of every row
-// in acc[l], t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree (combine_tile's
-// order, matmul_int8.h's roundings). So a W row costs its super-blocks' kernel alone: no reduce8
-// of a half-filled group of 8 (K 1024 is 4 super-blocks), no combine, tree and scalar store of
-// its own, which made K 1024 cost twice K 3072 per byte.
+// ---- Q4_K / Q6_K against one x row (a decode step of batch 1) on every x86 target: W rows 8 at
+// a time, vector lane r W row r in the sums and in the combine. Each W row is read front to back,
+// its super-blocks through K's kernel (Q4_K: K::q4_k_one, two super-blocks a call; Q6_K: q6_k<1>),
+// super-block b's vector (8 i32 whose total is S_b) into the row's slot b; then the 8 rows' slots
+// of each super-block are reduced together (reduce8 across the rows), so lane r holds row r's S_b
+// (and M_b), and the combine runs on the 8 rows at once: lane l = b mod 8 of every row in acc[l],
+// t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree (combine_tile's order,
+// matmul_int8.h's roundings). The rows' binary16 d (and dmin) are kept as they are and converted
+// 8 rows at once there. So a W row costs its super-blocks' kernel alone: no reduce8 of a
+// half-filled group of 8 (K 1024 is 4 super-blocks), no combine, tree and scalar store of its
+// own, which made K 1024 cost twice K 3072 per byte. A loop over the super-blocks across 8 rows at
+// once (8 streams through W) was faster from L2 but slower from memory on both Zen 5 and Intel
+// (docs/design/quantized_matmul.md), and a decode reads W from memory.
 struct Slots8 {
   __m256i v[8];
 };
+
+// x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block for a Q4_K mins sum by
+// one vpmaddwd against q4_k_scales_mins' widened bytes (K::q4_k_one): per super-block 16 i16, zero
+// in lanes 0-7 (the scales') and P_0..7 in lanes 8-15 (the mins'), each at most 32·127.
+inline const int16_t* q4_k_mins_pairs16(const QuantizedX& x, int64_t supers) {
+  int16_t* out = thread_scratch<int16_t, struct Q4KMinsPairs16>(static_cast<size_t>(16 * supers));
+  for (int64_t b = 0; b < supers; ++b) {
+    for (int j = 0; j < 8; ++j) {
+      out[16 * b + j] = 0;
+      out[16 * b + 8 + j] =
+          static_cast<int16_t>(x.bsums[16 * b + 2 * j] + x.bsums[16 * b + 2 * j + 1]);
+    }
+  }
+  return out;
+}
 
 template <class K, WeightType WT>
 void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
@@ -569,14 +588,16 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
   const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * kBytes;
   const int64_t groups = (supers + 7) / 8, size = prefetch_bytes(p, row_bytes);
   const XTile t{xq, x.bsums.data(), p.k, nullptr, nullptr, 0};
+  const int16_t* pairs = kQ4 ? q4_k_mins_pairs16(x, supers) : nullptr;
   // the slots: row r's super-block b in group r·groups + b / 8, slot b mod 8 (so row r's are the
-  // vectors [r·8·groups, +supers)); the scales [super-block][row]
+  // vectors [r·8·groups, +supers)); the scales [super-block][row] as the binary16 of the W rows,
+  // converted 8 rows at once in the combine
   Slots8* sg = thread_scratch<Slots8, struct SuperOneSlots>(static_cast<size_t>(16 * groups));
   Slots8* mg = sg + 8 * groups;
   const __m256i* sv = sg->v;
   const __m256i* mv = mg->v;
-  float* d = thread_scratch<float, struct SuperOneScales>(static_cast<size_t>(16 * supers));
-  float* dmin = d + 8 * supers;
+  uint16_t* d = thread_scratch<uint16_t, struct SuperOneScales>(static_cast<size_t>(16 * supers));
+  uint16_t* dmin = d + 8 * supers;
   const auto* w = static_cast<const uint8_t*>(p.w);
   for (int64_t j0 = 0; j0 < p.n; j0 += 8) {
     const int64_t lanes = p.n - j0 < 8 ? p.n - j0 : 8;
@@ -586,7 +607,7 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
       if (r >= lanes) {  // a short last group: its rows past n are zero
         for (int64_t b = 0; b < supers; ++b) {
           sr[b / 8].v[b % 8] = mr[b / 8].v[b % 8] = _mm256_setzero_si256();
-          d[8 * b + r] = dmin[8 * b + r] = 0.f;
+          d[8 * b + r] = dmin[8 * b + r] = 0;
         }
         continue;
       }
@@ -594,12 +615,22 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
       prefetch_ahead(w, at, row_bytes, size, kQ4 ? kPrefetchBytes : kPrefetchBytesQ6K);
       for (int64_t b = 0; b < supers; ++b) {
         const uint8_t* blk = w + at + b * kBytes;
-        d[8 * b + r] = half_at(blk + (kQ4 ? 0 : 208));
-        if (kQ4) dmin[8 * b + r] = half_at(blk + 2);
-        if constexpr (kQ4) {  // writes slot b mod 8 of its group
-          K::template q4_k<1>(blk, t, b, &sr[b / 8].v, &mr[b / 8].v);
-        } else {
-          K::template q6_k<1>(blk, t, b, &sr[b / 8].v, &mr[b / 8].v);
+        std::memcpy(&d[8 * b + r], blk + (kQ4 ? 0 : 208), sizeof(uint16_t));
+        if constexpr (kQ4) std::memcpy(&dmin[8 * b + r], blk + 2, sizeof(uint16_t));
+      }
+      if constexpr (kQ4) {  // super-blocks b and b + 1 (in one group: b is even) at once
+        int64_t b = 0;
+        for (; b + 1 < supers; b += 2) {
+          K::template q4_k_one<2>(w + at + b * kBytes, xq + 256 * b, pairs + 16 * b,
+                                  &sr[b / 8].v[b % 8], &mr[b / 8].v[b % 8]);
+        }
+        if (b < supers) {
+          K::template q4_k_one<1>(w + at + b * kBytes, xq + 256 * b, pairs + 16 * b,
+                                  &sr[b / 8].v[b % 8], &mr[b / 8].v[b % 8]);
+        }
+      } else {
+        for (int64_t b = 0; b < supers; ++b) {  // writes slot b mod 8 of its group
+          K::template q6_k<1>(w + at + b * kBytes, t, b, &sr[b / 8].v, &mr[b / 8].v);
         }
       }
     }
@@ -608,11 +639,13 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
     for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
     for (int64_t b = 0; b < supers; ++b) {
       const __m256 dx = _mm256_set1_ps(x.d[b]);
-      acc[b % 8] =
-          combine_step(acc[b % 8], dx, _mm256_loadu_ps(&d[8 * b]), reduce8(sv + b, 8 * groups));
+      const __m256 db =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&d[8 * b])));
+      acc[b % 8] = combine_step(acc[b % 8], dx, db, reduce8(sv + b, 8 * groups));
       if (kQ4) {
-        accm[b % 8] = combine_step(accm[b % 8], dx, _mm256_loadu_ps(&dmin[8 * b]),
-                                   reduce8(mv + b, 8 * groups));
+        const __m256 mb =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&dmin[8 * b])));
+        accm[b % 8] = combine_step(accm[b % 8], dx, mb, reduce8(mv + b, 8 * groups));
       }
     }
     __m256 out = tree8_lanes(acc);
@@ -1224,127 +1257,6 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   }
 }
 
-// ---- Q4_K against one x row (a decode step of batch 1) on ymm: rows_q4_k_one. W rows 8 at a
-// time, super-block by super-block across the 8 rows, so the work rows_super_one did per row and
-// super-block (the scale decoding, the mins sum, two scalar scale conversions, slots in memory and
-// their reduction per row) is done once for the 8 rows in vectors:
-//   - the 8 rows' 16-byte heads (d, dmin, the 12 packed scale bytes) as 4 ymm of 2 rows, the 6-bit
-//     fields decoded 2 rows at once (q4_k_heads2: q4_k_scales_mins' steps per 128-bit lane), and
-//     d, dmin and the mins bytes of the 8 rows gathered into lanes by unpacks (rows_dwords);
-//   - M of the 8 rows at once, lane r row r: Σ_j m_j·P_j, P_j x's group-sum pair (at most 32·127
-//     in magnitude), split P_j = 128·h_j + l_j (h_j in [-32, 31], l_j in [0, 127]) so that the
-//     mins bytes (unsigned, at most 63) meet h and l as int8 by Dot::dot (vpmaddubsw's pair sums
-//     at most 2·63·127): 4 of them and a shift, exact;
-//   - S per row as q4_k_super (vpmaddubsw, then the sub-block's scale per pair by Dot::madd), the
-//     scales spread by vpshufb from the row's decoded bytes, the 8 rows' vectors reduced together
-//     (reduce8).
-// The same exact S and M per row and super-block, and rows_super_one's combine (lane r row r, acc
-// b mod 8, the shared tree): the same bits. The AVX-512 target runs the same loop on zmm
-// (rows_q4_k_one512).
-
-// x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block, split for the dot:
-// per super-block 4 dwords, the bytes h_0..3, h_4..7, l_0..3, l_4..7 (P_j = 128·h_j + l_j).
-inline const int32_t* q4_k_min_pairs(const QuantizedX& x, int64_t supers) {
-  int32_t* out = thread_scratch<int32_t, struct Q4KMinPairs>(static_cast<size_t>(4 * supers));
-  for (int64_t b = 0; b < supers; ++b) {
-    uint8_t hl[16];
-    for (int j = 0; j < 8; ++j) {
-      const int p = x.bsums[16 * b + 2 * j] + x.bsums[16 * b + 2 * j + 1];
-      hl[j] = static_cast<uint8_t>(p >> 7);  // floor(p / 128): -32..31
-      hl[8 + j] = static_cast<uint8_t>(p & 127);
-    }
-    std::memcpy(&out[4 * b], hl, sizeof(hl));
-  }
-  return out;
-}
-
-// The 16-byte heads of 2 super-blocks (dwords d | dmin << 16, A, B, C per 128-bit lane) decoded
-// per lane into the bytes sc_0..7, m_0..7 (q4_k_scales_mins before its widening).
-inline __m256i q4_k_heads2(__m256i h) {
-  const __m256i k6 = _mm256_set1_epi8(63), k4 = _mm256_set1_epi8(15), k2 = _mm256_set1_epi8(3);
-  const __m256i x = _mm256_srlv_epi32(_mm256_shuffle_epi32(h, _MM_SHUFFLE(3, 2, 3, 1)),
-                                      _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4));  // A C B C
-  const __m256i lo = _mm256_and_si256(x, _mm256_unpacklo_epi32(k6, k4));
-  const __m256i y = _mm256_srli_epi32(_mm256_shuffle_epi32(h, _MM_SHUFFLE(2, 2, 1, 1)), 6);
-  const __m256i hi =
-      _mm256_slli_epi32(_mm256_and_si256(y, _mm256_unpacklo_epi32(_mm256_setzero_si256(), k2)), 4);
-  return _mm256_or_si256(lo, hi);
-}
-
-// v[i] holding rows 2i and 2i + 1 in its 128-bit lanes: dwords k and k + 1 (k 0 or 2) of the 8
-// rows, lane r row r, in out[0] and out[1].
-inline void rows_dwords(const __m256i* v, int k, __m256i* out) {
-  const __m256i t0 = k == 0 ? _mm256_unpacklo_epi32(v[0], v[1]) : _mm256_unpackhi_epi32(v[0], v[1]);
-  const __m256i t1 = k == 0 ? _mm256_unpacklo_epi32(v[2], v[3]) : _mm256_unpackhi_epi32(v[2], v[3]);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // rows 0 2 4 6 | 1 3 5 7
-  out[0] = _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(t0, t1), order);
-  out[1] = _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(t0, t1), order);
-}
-
-// One W row's super-block at blk against x's q (as it is) at xq, the row's decoded bytes sc_0..7
-// in both 128-bit lanes of e: S as a vector of 8 i32 whose total is S (q4_k_super's sums), each
-// pair's scale an i16 by one vpshufb of e.
-template <class Dot>
-__attribute__((always_inline)) inline __m256i q4_k_row_dot(const uint8_t* blk, __m256i e,
-                                                           const int8_t* xq) {
-  const __m256i m4 = _mm256_set1_epi8(15);
-  __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    const __m256i q = load32(blk + 16 + 32 * c);
-    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-    const __m256i sc_lo =
-        _mm256_shuffle_epi8(e, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | (2 * c))));
-    const __m256i sc_hi =
-        _mm256_shuffle_epi8(e, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | (2 * c + 1))));
-    acc[c % 2] = Dot::madd(acc[c % 2], _mm256_maddubs_epi16(lo, load32(xq + 64 * c)), sc_lo);
-    acc[c % 2] = Dot::madd(acc[c % 2], _mm256_maddubs_epi16(hi, load32(xq + 64 * c + 32)), sc_hi);
-  }
-  return _mm256_add_epi32(acc[0], acc[1]);
-}
-
-inline __m256i load2x16(const uint8_t* a, const uint8_t* b) {
-  return _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
-}
-
-template <class Dot>
-void rows_q4_k_one(const Problem& p, const QuantizedX& x) {
-  const int32_t* pairs = q4_k_min_pairs(x, p.k / kSuperBlockWeights);
-  const int8_t* xq = x.q.data();
-  q4_k_one_groups(
-      p, x, [=](const uint8_t* const(&row)[8], int64_t b) __attribute__((always_inline)) {
-        const int64_t off = b * kQ4_KBlockBytes;
-        __m256i h[4], e[4], dd[2], mins[2];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          h[i] = load2x16(row[2 * i] + off, row[2 * i + 1] + off);
-          e[i] = q4_k_heads2(h[i]);
-        }
-        rows_dwords(h, 0, dd);    // d | dmin << 16 (and A, unused)
-        rows_dwords(e, 2, mins);  // m_0..3, m_4..7
-        // M of the 8 rows: the mins bytes against h and l
-        const int32_t* hl = &pairs[4 * b];
-        const __m256i zero = _mm256_setzero_si256();
-        const __m256i mh = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[0])), mins[1],
-                                    _mm256_set1_epi32(hl[1]));
-        const __m256i ml = Dot::dot(Dot::dot(zero, mins[0], _mm256_set1_epi32(hl[2])), mins[1],
-                                    _mm256_set1_epi32(hl[3]));
-        const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(mh, 7), ml);
-        __m256i s[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; ++r) {  // row r's decoded bytes in both 128-bit lanes
-          const __m256i& pair = e[r / 2];
-          const __m256i er = r % 2 == 0 ? _mm256_permute2x128_si256(pair, pair, 0x00)
-                                        : _mm256_permute2x128_si256(pair, pair, 0x11);
-          s[r] = q4_k_row_dot<Dot>(row[r] + off, er, xq + 256 * b);
-        }
-        return Q4KRows8{reduce8(s), m, Ymm<Dot>::half_lo(dd[0]),
-                        Ymm<Dot>::half_lo(_mm256_srli_epi32(dd[0], 16))};
-      });
-}
-
 template <class Dot>
 void rows_x86(const Problem& p, const QuantizedX& x) {
   switch (p.wt) {
@@ -1355,7 +1267,8 @@ void rows_x86(const Problem& p, const QuantizedX& x) {
       return rows_blocks<Dot, true>(p, x);
     case WeightType::kQ4_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ4K) return rows_tiles<Ymm<Dot>, Q4KTile>(p, x);
-      if (p.rows == 1) return rows_q4_k_one<Dot>(p, x);
+      if (p.rows == 1)
+        return rows_super_one<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
       return rows_super<SuperKernels256<Dot>, WeightType::kQ4_K>(p, x, x.q.data());
     case WeightType::kQ6_K:
       if (p.rows >= Ymm<Dot>::kMinRowsQ6K) return rows_tiles<Ymm<Dot>, Q6KTile>(p, x);
