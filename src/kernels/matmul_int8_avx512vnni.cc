@@ -227,9 +227,9 @@ struct SuperKernels512 {
   // x q at xq, xq + 256, their pair sums at pairs, pairs + 16; both heads decoded at once) or at
   // blk alone (N = 1). Per super-block i, S's vector as q4_k's into s[i] and M's as Σ m_j·P_j by
   // one vpmaddwd of the widened scale and mins bytes against x's pair sums (q4_k_mins_pairs16:
-  // zero against the scales) into m[i]: the same exact S and M with fewer
-  // instructions than q4_k<1>'s mins and rows_super_one's scalar scale conversions (on Intel,
-  // whose 512-bit vector code has two ports, the loop's bound).
+  // zero against the scales) into m[i]: the same exact S and M with fewer instructions than
+  // q4_k<1> (its mins sum took five; on Intel, whose 512-bit vector code has two ports, the
+  // instruction count is the loop's bound).
   template <int N>
   __attribute__((always_inline)) static void q4_k_one(const uint8_t* blk, const int8_t* xq,
                                                       const int16_t* pairs, __m256i* s,

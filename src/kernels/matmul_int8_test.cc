@@ -345,6 +345,11 @@ TEST(MatmulInt8, Q8_0AndQ4_0PathsMatchTheQuantizedF64ReferenceOnOddShapes) {
       }
     }
   }
+  // One x row's Q4_K takes super-blocks two at a time: an odd count's last one alone at slot 6
+  // of its group of 8 (7), at slot 0 of the second group (9) and at slot 0 of the third (17).
+  for (int64_t in : {1792, 2304, 4352}) {
+    for (int64_t out : {5, 13}) ASSERT_NO_FATAL_FAILURE(expect_paths(DataType::kQ4_K, 1, in, out));
+  }
 }
 
 // Q8_0 over several x rows takes repacked tiles on AVX2 (W signed) and AVX-VNNI (8 W rows a tile,
@@ -382,6 +387,11 @@ TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
       }
     }
   }
+  // One x row's Q4_K takes super-blocks two at a time: an odd count's last one alone at slot 6
+  // of its group of 8 (7), at slot 0 of the second group (9) and at slot 0 of the third (17).
+  for (int64_t in : {1792, 2304, 4352}) {
+    for (int64_t out : {5, 13}) ASSERT_NO_FATAL_FAILURE(expect_paths(DataType::kQ4_K, 1, in, out));
+  }
 }
 
 // W of `dt` with random values: the block types' random blocks, f32 and bf16 from random floats.
@@ -413,7 +423,9 @@ void expect_claimed(const std::vector<uint64_t>& words, int64_t out, int32_t blo
     const auto front = static_cast<int64_t>(words[b] & 0xFFFFFFFF);
     const auto back = static_cast<int64_t>(words[b] >> 32);
     EXPECT_EQ(front + back, r.end - r.begin) << what << ": block " << b << "'s share";
-    if (!threads && b + 1 < blocks) EXPECT_EQ(back, r.end - r.begin) << what << ": block " << b;
+    if (!threads && b + 1 < blocks) {
+      EXPECT_EQ(back, r.end - r.begin) << what << ": block " << b;
+    }
     claimed += front + back;
   }
   EXPECT_EQ(claimed, out) << what;

@@ -342,10 +342,6 @@ struct XTile {
   int64_t stride;
 };
 
-// Q4_K super-block b against R x rows: S = Σ_j sc_j·Σ q·x (vpmaddubsw's i16 pair sums are at
-// most 2·15·127, no saturation) and M = Σ_j m_j·(bsums 2j + 2j + 1) (lane j: m_j against the
-// pair of group sums, each at most 16·127). The nibbles and the scales are unpacked once for the
-// R rows.
 // Q4_K's S of a super-block against R x rows (row i's q at xq + i·k), its scales sc_0..7 in both
 // 128-bit halves of sc: acc[i] a vector of 8 i32 whose total is row i's S.
 template <class Dot, int R>
