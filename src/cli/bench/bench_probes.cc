@@ -93,8 +93,8 @@ constexpr bool kHasAddChain = true;
 // `rounds` x 64 dependent integer adds: 64 cycles a round on every x86-64 and aarch64 core (a
 // register add has a latency of one cycle; the loop's counter is a chain of its own, in parallel).
 // Each adds the register to itself: an add of an immediate is folded at register renaming on
-// Intel's Golden Cove and later cores (a chain of them ran at "17 GHz" on a Sapphire Rapids
-// class Xeon), one of a register's unknown value cannot be.
+// Intel's Golden Cove and later cores (a chain of them ran at "17 GHz" on an Emerald Rapids
+// Xeon), one of a register's unknown value cannot be.
 __attribute__((noinline)) uint64_t add_chain(int64_t rounds) {
   uint64_t x = 1;
   for (int64_t i = 0; i < rounds; ++i) {
