@@ -9,13 +9,15 @@
 //     streams its weights), one thread: GFLOP/s (the counter), to hold against the FMA peak of
 //     `simpler bench prefill`;
 //   Int8/<weight type>/<integer-sum target>/<whole|shared>/R/N/K — precision int8 (matmul_int8.h)
-//     over a block-quantized W [N, K], R x rows (1 against N 131072: W streamed from memory, the
+//     over a block-quantized W [N, K], R x rows (1 against N 131072: W of 75-139 MB, streamed from
+//     memory where the last level cache is smaller (in an Emerald Rapids VM's 260 MB L3), the
 //     weight bytes/s; 1 against N 512: a decode step's half of k_proj, in L2, the kernel's own
 //     pace; 16 against N 3072: a batch-16 step of the gate projection), one thread,
 //     with the target's whole-product kernel (Int8Dots::rows) or the shared loop over its
 //     integer sums: the same bits, the ratio of the two is the kernel's gain;
-//   Int8Calls/<weight type>/<target>/S/threads:T — one x row against W [131072 / T, 1024] per
-//     thread walked in calls of S rows, as a decode step's cores call the kernel;
+//   Int8Calls/<weight type>/<target>/S/threads:T — one x row against W [524288 / T, 1024] per
+//     thread (302-557 MB in all: from memory) walked in calls of S rows, as a decode step's cores
+//     call the kernel;
 //   ExactBlocks/<weight type>/<target>/R/N/K — precision exact over the same W and shapes.
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
@@ -221,8 +223,9 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
       ->UseRealTime();
 }
 
-// One x row against W [131072 / T, 1024] per thread (T threads, each its own W, streamed from
-// memory), walked in calls of `slice` rows (state.range(0)) as a decode step calls it: 512 rows is
+// One x row against W [524288 / T, 1024] per thread (T threads, each its own W; 302 MB in all for
+// Q4_K, 557 for Q8_0: past the 260 MB L3 of an Emerald Rapids VM, so streamed from memory), walked
+// in calls of `slice` rows (state.range(0)) as a decode step calls it: 512 rows is
 // one of two cores' share of a 1024-row projection, each call quantizing x and starting cold. The
 // kernels' pace in a decode differs from one long call's (Int8/.../1/131072/1024): a loop that
 // is fast there can be slow here, and this is the case that ranks them as the decode does.
@@ -231,7 +234,7 @@ void Int8Calls(benchmark::State& state, WeightType wt, const char* target) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  QuantizedProblem q(wt, 1, 131072 / state.threads(), 1024);
+  QuantizedProblem q(wt, 1, 524288 / state.threads(), 1024);
   const matmul_detail::Int8Dots dots = int8_target(target);
   const int64_t slice = state.range(0), row_bytes = static_cast<int64_t>(q.w.size()) / q.p.n;
   for (auto _ : state) {
