@@ -194,25 +194,17 @@ T* thread_scratch(size_t n) {
 }
 
 // W (`w`, `size` bytes) is read row after row: before the row at byte `at` (`row_bytes` long)
-// the bytes one row long that lie `ahead` bytes further on (up to W's end) are prefetched into
-// L1, so that many bytes of W are in flight ahead of the kernel (the scalar scale loads at a row's
-// start otherwise wait for memory), and the row's bytes `2·ahead` further on into L2 only
-// (prefetcht2): on Intel a prefetch into L1 holds one of the core's few L1 fill buffers until its
-// line arrives, so a line already on its way to L2 frees it sooner (from memory, both cores
-// streaming: Q4_K 1.08x, Q6_K and Q8_0 1.0-1.1x, docs/design/quantized_matmul.md).
-// kPrefetchBytesQ6K: Q6_K's one-row kernel, whose rows stream faster than the others' (the kernel
-// alone from memory, 16 KiB against 4 KiB: 0.85x).
+// the bytes one row long that lie `ahead` bytes further on (up to W's end) are prefetched, so
+// that many bytes of W are in flight ahead of the kernel (the scalar scale loads at a row's start
+// otherwise wait for memory). kPrefetchBytesQ6K: Q6_K's one-row kernel, whose rows stream faster
+// than the others' (the kernel alone from memory, 16 KiB against 4 KiB: 0.85x).
 constexpr int64_t kPrefetchBytes = 4096, kPrefetchBytesQ6K = 16384;
 inline void prefetch_ahead(const uint8_t* w, int64_t at, int64_t row_bytes, int64_t size,
                            int64_t ahead = kPrefetchBytes) {
-  const auto range = [&](int64_t from, auto hint) {
-    const int64_t to = from + row_bytes < size ? from + row_bytes : size;
-    for (int64_t i = from; i < to; i += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + i), decltype(hint)::value);
-    }
-  };
-  range(at + ahead, std::integral_constant<_mm_hint, _MM_HINT_T0>{});
-  range(at + 2 * ahead, std::integral_constant<_mm_hint, _MM_HINT_T2>{});
+  const int64_t to = at + ahead + row_bytes < size ? at + ahead + row_bytes : size;
+  for (int64_t i = at + ahead; i < to; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + i), _MM_HINT_T0);
+  }
 }
 
 inline void store_y(const Problem& p, int64_t r, int64_t j, float s) {
