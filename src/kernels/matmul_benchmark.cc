@@ -1,24 +1,31 @@
 // The matmul inner loops per ISA target (matmul_impl.h), outside the runtime:
-//   Decode/<target>/threads:T — one x row against W [131072, 1024] bf16 (256 MiB, far past the last
+//   Decode/<target>/real_time/threads:T — one x row against W [131072, 1024] bf16 (256 MiB, far
+//   past the last
 //     level cache), the rows split between T threads: weight bytes/s (bytes_per_second), to hold
 //     against the read-bandwidth probe of `simpler bench decode`;
-//   Prefill/<target>/R/N/K — R x rows (64: a prefill tile; 16: a batch-16 decode step; 512: a
+//   Prefill/<target>/R/N/K/real_time — R x rows (64: a prefill tile; 16: a batch-16 decode step;
+//   512: a
 //     512-token prompt) against W [N, K] bf16 (N 3072, K 1024: Qwen3-0.6B's gate projection, in
 //     the last level cache; 1536 x 1024 and 512 x 3072: one of two threads' share of the gate
 //     and down projections at 512 tokens; 131072: 256 MiB, streamed from memory as a decode step
 //     streams its weights), one thread: GFLOP/s (the counter), to hold against the FMA peak of
 //     `simpler bench prefill`;
-//   Int8/<weight type>/<integer-sum target>/<whole|shared>/R/N/K — precision int8 (matmul_int8.h)
-//     over a block-quantized W [N, K], R x rows (1 against N 131072: W of 75-139 MB, streamed from
-//     memory where the last level cache is smaller (in an Emerald Rapids VM's 260 MB L3), the
-//     weight bytes/s; 1 against N 512: a decode step's half of k_proj, in L2, the kernel's own
-//     pace; 16 against N 3072: a batch-16 step of the gate projection), one thread,
-//     with the target's whole-product kernel (Int8Dots::rows) or the shared loop over its
-//     integer sums: the same bits, the ratio of the two is the kernel's gain;
-//   Int8Calls/<weight type>/<target>/S/threads:T — one x row against W [524288 / T, 1024] per
-//     thread (302-557 MB in all: from memory) walked in calls of S rows, as a decode step's cores
-//     call the kernel;
-//   ExactBlocks/<weight type>/<target>/R/N/K — precision exact over the same W and shapes.
+//   Int8/<weight type>_<integer-sum target>_<whole|shared>/R/N/K/real_time — precision int8
+//     (matmul_int8.h) over a block-quantized W [N, K], R x rows (1 against N 131072: W of 75.5 MB
+//     (Q4_K) to 142.6 MB (Q8_0), from memory where the last level cache is smaller (in an Emerald
+//     Rapids VM's 260 MB L3); 1 against N 512 or [256, 3072]: a decode step's share of k_proj or
+//     down_proj, in L2, the kernel's own pace; R 2, 4, 8, 16, 64 against N 3072: batched steps of
+//     the gate projection; 16 against N 32768: a larger one), one thread, with the target's
+//     whole-product kernel (Int8Dots::rows) or the shared loop over its integer sums: the same
+//     bits, the ratio of the two is the kernel's gain;
+//   Int8Calls/<weight type>_<target>/S/real_time/threads:T — one x row against W [524288 / T,
+//     1024] per thread (302 MB in all for Q4_K, 570 MB for Q8_0: from memory) walked in calls of S
+//     rows, as a decode step's cores call the kernel;
+//   ExactBlocks/<weight type>_<target>/R/N/K/real_time — precision exact over the same W and
+//     shapes.
+// bytes_per_second ("G/s") is Google Benchmark's GiB/s (x 1.074 for the GB/s of `simpler bench
+// decode` and its read probe). Debian's libbenchmark 1.7 was built without NDEBUG and says
+// "Library was built as DEBUG"; that is the library's own build, not these loops'.
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
 #include <benchmark/benchmark.h>
@@ -224,7 +231,7 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
 }
 
 // One x row against W [524288 / T, 1024] per thread (T threads, each its own W; 302 MB in all for
-// Q4_K, 557 for Q8_0: past the 260 MB L3 of an Emerald Rapids VM, so streamed from memory), walked
+// Q4_K, 570 for Q8_0: past the 260 MB L3 of an Emerald Rapids VM, so streamed from memory), walked
 // in calls of `slice` rows (state.range(0)) as a decode step calls it: 512 rows is
 // one of two cores' share of a 1024-row projection, each call quantizing x and starting cold. The
 // kernels' pace in a decode differs from one long call's (Int8/.../1/131072/1024): a loop that

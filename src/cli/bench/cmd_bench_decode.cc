@@ -221,12 +221,12 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const LlamaCp
   const ReadProbes& probes = row.probes;
   std::printf(
       "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (p50 %.3f ms; "
-      "device %.3f ms; host prepare %.1f us, %.0f ns per task; turnaround %.1f us), %.1f tokens/s, "
+      "device %.3f ms, %.0f ns a task; host prepare %.1f us; turnaround %.1f us), %.1f tokens/s, "
       "%.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's "
       "%.2f GB/s (the higher of %.2f before the row and %.2f after it)\n",
       row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
       row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.step_p50_ms,
-      row.device_ms, row.prepare_us, row.ns_per_task, row.turnaround_us, row.tokens_per_s,
+      row.device_ms, row.ns_per_task, row.prepare_us, row.turnaround_us, row.tokens_per_s,
       row.gflops, row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9,
       100 * row.fraction_of_read(), probes.bytes_per_s() / 1e9, probes.before / 1e9,
       probes.after / 1e9);
