@@ -750,6 +750,20 @@ class SimDevice final : public Device {
     return std::clamp<int64_t>(through, options_.spin_ns, kSpinThroughNs);
   }
   static constexpr int64_t kSpinThroughNs = 150'000;
+  // Whether the next job this thread would run inline is its own core's job that is not short
+  // (scheduler_job_ without scheduler_job_short_, no kept short job ahead of it) while a core
+  // thread's job is predicted to end within kNearEndNs (its end stands until its completion is
+  // posted). next_completion then waits for that completion first, so the executor hands that core
+  // its next job — often the other block of the task whose first block the scheduler is about to
+  // run, started on core 0 alone because core 1 was a few µs from free. Run inline first, that
+  // block took every row the task's blocks claim (task_lines) while core 1 idled through it:
+  // 1.5-2% of a batch-1 decode step's two-block tasks, ~0.45 ms a step; 0.3-0.6%, 0.07-0.18 ms
+  // with the wait. Short jobs (kept, at most kShortJobNs) run without it.
+  bool near_end_first() const {
+    return short_jobs_begin_ == short_jobs_.size() && scheduler_job_ && !scheduler_job_short_ &&
+           jobs_in_flight_ > 1 && a_core_ends_within(kNearEndNs);
+  }
+  static constexpr int64_t kNearEndNs = 10'000;
 
   // Whether `c` is the core the scheduler thread stands in for (scheduler_core).
   bool schedulers_core(const Core& c) const { return scheduler_core_ && c.index == 0; }
@@ -763,13 +777,21 @@ class SimDevice final : public Device {
   // predicted block end (each core's moving average of the kernel's block
   // durations; none for a kernel's first block on a core), then
   // spins at most spin_ns, then sleeps until woken. A non-blocking call takes
-  // no lock and reads no clock (unless a deferred wake-up is pending).
+  // no lock and reads no clock, unless a deferred wake-up is pending or it is
+  // about to run its own core's longer job inline (near_end_first: then it may
+  // wait up to kNearEndNs for another core's completion first).
   bool next_completion(CoreCompletion* out, bool block) {
     if (!block) {
       if (!deferred_.empty() && base::now_ns() - deferred_since_ns_ >= options_.spin_ns) {
         flush_deferred_wakes();
       }
       if (take_completion(out)) return true;
+      // As a blocking wait (below), a core about to finish is waited for before the scheduler's
+      // own longer job runs inline.
+      if (near_end_first()) {
+        spin_until([this] { return completions_.ready(); }, kNearEndNs);
+        if (take_completion(out)) return true;
+      }
       // A kept short job runs now: its cores have no thread that would run it meanwhile, and an
       // orchestration polling between submits thereby overlaps its tasks' execution. So does a
       // job queued to the scheduler's core for the scheduler (polled_schedulers_job).
@@ -780,6 +802,8 @@ class SimDevice final : public Device {
       return true;
     }
     auto ready = [this] { return completions_.ready(); };
+    // near_end_first: a core about to finish is waited for before the scheduler's longer job.
+    if (!ready() && near_end_first()) spin_until(ready, kNearEndNs);
     if (!ready()) {
       CoreCompletion mine;
       if (try_run_inline(&mine)) {
@@ -853,7 +877,12 @@ class SimDevice final : public Device {
         continue;
       }
       Core::QueuedJob q;
-      while (c->pop(&q)) post_completion(execute(*c, q));
+      while (c->pop(&q)) {
+        // The job's end stays its predicted end until its completion is posted, so a scheduler
+        // deciding meanwhile whether to run a job inline waits for it (kNearEndNs).
+        post_completion(execute(*c, q, /*kept=*/false, /*posted_by_caller=*/true));
+        c->predicted_end_ns.store(0, std::memory_order_relaxed);
+      }
       c->release();
       ran = true;
     }
@@ -866,7 +895,10 @@ class SimDevice final : public Device {
   // and taken whole it would hand the job's next run to its core thread (a wake-up, 60-120 us)
   // for a blip. A job that really became long still leaves the scheduler after a few samples
   // (the blend climbs past kShortJobNs).
-  CoreCompletion execute(Core& c, const Core::QueuedJob& q, bool kept = false) {
+  // `posted_by_caller`: the core thread posts the completion, and clears predicted_end_ns after
+  // it; until then the job's actual end stands as its predicted end.
+  CoreCompletion execute(Core& c, const Core::QueuedJob& q, bool kept = false,
+                         bool posted_by_caller = false) {
     const bool predict = !kept;
     const int64_t start_ns = base::now_ns();
     if (predict) {
@@ -876,7 +908,9 @@ class SimDevice final : public Device {
     CoreCompletion done = run_as(c, q, start_ns);
     done.start_ns = start_ns;
     done.end_ns = base::now_ns();
-    if (predict) c.predicted_end_ns.store(0, std::memory_order_relaxed);
+    if (predict) {
+      c.predicted_end_ns.store(posted_by_caller ? done.end_ns : 0, std::memory_order_relaxed);
+    }
     const int64_t ns = done.end_ns - done.start_ns;
     c.estimates.record(q.shape, kept ? std::min(ns, kKeptSampleCapNs) : ns);
     return done;

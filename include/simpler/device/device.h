@@ -117,7 +117,11 @@ class ExecContext {
   // inside a blocking call itself (SimDeviceOptions::run_jobs_inline), and a
   // single-block job its core timed short inside a non-blocking call too
   // (SimDeviceOptions::scheduler_core); the completion is the same as if its
-  // core had run it.
+  // core had run it. Before running one of core 0's jobs longer than 10 µs
+  // inline, the sim device waits up to 10 µs for another core's job predicted
+  // to end by then, blocking or not, and returns that completion first (the
+  // caller can then hand that core its next job instead of leaving it idle
+  // while the scheduler runs its own).
   virtual bool next_completion(CoreCompletion* out, bool block) = 0;
   // True once the device was aborted; the launch should stop and return.
   virtual bool aborted() const = 0;
