@@ -7,10 +7,13 @@ The trace has one span per task block on the track of the core that ran it (tid 
 one "run" span per run on the device (tid 0). For each run this prints how long its device span
 lasted and how much of it had no block running, some cores but not all running one ("partial"),
 or every core running one ("full"), every core the trace shows; the time each kernel's blocks
-took, summed over cores; and the SPMD skew: for each task of several blocks, how much later its
+took, summed over cores; the SPMD skew: for each task of several blocks, how much later its
 last block ended than its first, summed over the run's tasks (a core whose block ended first
-waits that long for the task's partner blocks, unless another task's block is ready). Then the
-medians over the runs after the first `--skip` (default 1: the first run of a process warms up).
+waits that long for the task's partner blocks, unless another task's block is ready); and the
+tasks of several blocks that ran every block on one core ("one-core tasks", with the time from
+their first block's start to their last block's end: while it, another core may have idled).
+Then the medians over the runs after the first `--skip` (default 1: the first run of a process
+warms up).
 
 With --json: one JSON object per run, then {"summary": ...} with the medians.
 Exit status 2 when the file is not a trace with device runs.
@@ -75,14 +78,19 @@ def analyse(runs, blocks, cores):
     for run_id in sorted(runs, key=lambda r: runs[r][0]):
         bs = blocks.get(run_id, [])
         idle, partial, full = occupancy(runs[run_id], bs, max(1, len(cores)))
-        kernels, ends = {}, {}
-        for s, e, _, name, task, _ in bs:
+        kernels, ends, spans = {}, {}, {}
+        for s, e, tid, name, task, _ in bs:
             kernels[name] = kernels.get(name, 0.0) + (e - s)
             ends.setdefault(task, []).append(e)
+            spans.setdefault(task, []).append((s, e, tid))
         skew = sum(max(v) - min(v) for v in ends.values() if len(v) > 1)
+        one_core = [v for v in spans.values() if len(v) > 1 and len({b[2] for b in v}) == 1]
+        one_core_ns = sum(max(b[1] for b in v) - min(b[0] for b in v) for v in one_core)
         rows.append({"run_id": run_id, "run_ms": (runs[run_id][1] - runs[run_id][0]) / 1e6,
                      "idle_ms": idle / 1e6, "partial_ms": partial / 1e6, "full_ms": full / 1e6,
                      "spmd_end_skew_ms": skew / 1e6, "blocks": len(bs),
+                     "multi_block_tasks": sum(1 for v in spans.values() if len(v) > 1),
+                     "one_core_tasks": len(one_core), "one_core_ms": one_core_ns / 1e6,
                      "kernel_ms": {k: v / 1e6 for k, v in sorted(kernels.items())}})
     return rows
 
@@ -102,7 +110,8 @@ def main():
         return 2
     rows = analyse(runs, blocks, cores)
     counted = rows[a.skip:] or rows
-    keys = ("run_ms", "idle_ms", "partial_ms", "full_ms", "spmd_end_skew_ms")
+    keys = ("run_ms", "idle_ms", "partial_ms", "full_ms", "spmd_end_skew_ms", "one_core_tasks",
+            "one_core_ms")
     summary = {"runs": len(counted), "cores": len(cores)}
     summary.update({k: statistics.median(r[k] for r in counted) for k in keys})
     names = sorted({k for r in counted for k in r["kernel_ms"]})
@@ -120,7 +129,8 @@ def main():
     s = summary
     print(f"median of {s['runs']} runs on {s['cores']} cores: run {s['run_ms']:.3f} ms = idle "
           f"{s['idle_ms']:.3f} + partial {s['partial_ms']:.3f} + full {s['full_ms']:.3f}; SPMD "
-          f"end skew {s['spmd_end_skew_ms']:.3f} ms")
+          f"end skew {s['spmd_end_skew_ms']:.3f} ms; one-core tasks {s['one_core_tasks']:g} "
+          f"({s['one_core_ms']:.3f} ms)")
     for k, v in sorted(s["kernel_ms"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:<20} {v:9.3f} ms of block time")
     return 0

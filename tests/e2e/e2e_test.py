@@ -1193,7 +1193,8 @@ TRACE_OCCUPANCY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
 
 def check_trace_occupancy(ctx, path, label, expect_runs):
     """scripts/trace_occupancy.py on a trace: a row per device run whose idle, partial and full
-    times add up to its span, and a summary of the medians."""
+    times add up to its span, whose one-core tasks are some of its tasks of several blocks, and a
+    summary of the medians."""
     pb = ctx.problems
     p = subprocess.run([sys.executable, TRACE_OCCUPANCY, path, "--json", "--skip", "0"],
                        capture_output=True, text=True, timeout=120)
@@ -1211,6 +1212,14 @@ def check_trace_occupancy(ctx, path, label, expect_runs):
                  and r["blocks"] > 0 and sum(r["kernel_ms"].values()) > 0,
                  f"{label}: run {r['run_id']}: idle + partial + full {parts} is not its span "
                  f"{r['run_ms']} ms, or it has no blocks: {r}")
+        # Tasks of several blocks that ran them all on one core: some of those tasks, and the time
+        # from their first block's start to their last one's end within the run.
+        pb.check(0 <= r["one_core_tasks"] <= r["multi_block_tasks"] <= r["blocks"]
+                 and 0 <= r["one_core_ms"] <= r["run_ms"]
+                 and (r["one_core_tasks"] > 0) == (r["one_core_ms"] > 0),
+                 f"{label}: run {r['run_id']}: one-core tasks {r['one_core_tasks']} "
+                 f"({r['one_core_ms']} ms) of {r['multi_block_tasks']} tasks of several blocks: "
+                 f"{r}")
 
 
 def check_trace_runs(pb, label, runs, expect_ids):
