@@ -213,7 +213,9 @@ TEST_F(ChipRuntimeTest, TheBlocksOfATaskShareTheirOwnZeroedLines) {
   const task::ChipCallable fails =
       one_out_task("fails", buffer(1), {{"dirty_lines_then_fail", dirty_lines_then_fail}}, 8);
   for (int round = 0; round < 3; ++round) {  // a run after another reuses the kept lines
-    if (round == 1) ASSERT_FALSE(run(fails).ok());
+    if (round == 1) {
+      ASSERT_FALSE(run(fails).ok());
+    }
     for (const Tensor& b : bufs) std::fill_n(b.data<int32_t>(), b.shape[0], -9);
     ASSERT_TRUE(run(c).ok());
     check("orchestrated");
@@ -230,7 +232,9 @@ TEST_F(ChipRuntimeTest, TheBlocksOfATaskShareTheirOwnZeroedLines) {
     return (*rec)->done.status();
   };
   for (int round = 0; round < 3; ++round) {
-    if (round == 1) ASSERT_FALSE(replay(fails).ok());
+    if (round == 1) {
+      ASSERT_FALSE(replay(fails).ok());
+    }
     for (const Tensor& b : bufs) std::fill_n(b.data<int32_t>(), b.shape[0], -9);
     const absl::Status replayed = replay(c);
     ASSERT_TRUE(replayed.ok()) << replayed;

@@ -87,7 +87,9 @@ TEST(SimDeviceMemory, LargeAllocationsAreAlignedZeroedAndHoldEveryByte) {
        {2 * kMiB - 64, 2 * kMiB, 2 * kMiB + 1, 3 * kMiB + 196608, 6 * kMiB + 4095}) {
     const uint64_t a = *d->malloc(bytes);
     EXPECT_EQ(a % 64, 0u) << bytes;
-    if (bytes >= 2 * kMiB) EXPECT_EQ(a % (2 * kMiB), 0u) << bytes;
+    if (bytes >= 2 * kMiB) {
+      EXPECT_EQ(a % (2 * kMiB), 0u) << bytes;
+    }
     std::vector<uint8_t> back(bytes, 0xEE);
     ASSERT_TRUE(d->copy_from_device(back.data(), a, bytes).ok());
     EXPECT_EQ(std::count(back.begin(), back.end(), 0), static_cast<std::ptrdiff_t>(bytes)) << bytes;
