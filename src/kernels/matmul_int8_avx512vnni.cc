@@ -205,9 +205,8 @@ struct SuperKernels512 {
     return sm;
   }
 
-  // Q4_K: vector v = the low (v even) or high (v odd) nibbles of qs[64·(v / 2), +64), sub-blocks
-  // 4·(v / 2) + (v % 2) and that + 2, against x permuted (permute_for_q4_k); the mins as the
-  // 256-bit kernel's.
+  // Q4_K: q4_k_unpack's vectors against x permuted (permute_for_q4_k); the mins as the 256-bit
+  // kernel's.
   template <int R>
   static void q4_k(const uint8_t* blk, const XTile& t, int64_t b, __m256i (*sv)[8],
                    __m256i (*mv)[8]) {
@@ -223,27 +222,16 @@ struct SuperKernels512 {
     }
   }
 
-  // Q4_K against one x row (rows_super_one): the super-blocks at blk and blk + 144 (N = 2: their
-  // x q at xq, xq + 256, their pair sums at pairs, pairs + 16; both heads decoded at once) or at
-  // blk alone (N = 1). Per super-block i, S's vector as q4_k's into s[i] and M's as Σ m_j·P_j by
-  // one vpmaddwd of the widened scale and mins bytes against x's pair sums (q4_k_mins_pairs16:
-  // zero against the scales) into m[i]: the same exact S and M with fewer instructions than
-  // q4_k<1> (its mins sum took five; on Intel, whose 512-bit vector code has two ports, the
-  // instruction count is the loop's bound).
-  template <int N>
-  __attribute__((always_inline)) static void q4_k_one(const uint8_t* blk, const int8_t* xq,
-                                                      const int16_t* pairs, __m256i* s,
-                                                      __m256i* m) {
-    __m256i sm[2];
-    q4_k_scales_mins_n<N>(blk, sm);
-#pragma GCC unroll 2
-    for (int i = 0; i < N; ++i) {
-      __m512i w[4], scales[4];
-      q4_k_scales(sm[i], scales);
-      q4_k_weights(blk + i * kQ4_KBlockBytes, w);
-      s[i] = fold(superblock_dot(w, scales, xq + 256 * i));
-      m[i] = _mm256_madd_epi16(sm[i], load32(pairs + 16 * i));
-    }
+  // rows_super_one's Q4_K S (q4_k_one_n): the super-block at blk against x's q at xq, sm its
+  // widened scale and mins bytes, as q4_k's. With q4_k_one_n's mins sum, fewer instructions than
+  // q4_k<1> (on Intel, whose 512-bit vector code has two ports, the instruction count is the
+  // loop's bound).
+  __attribute__((always_inline)) static __m256i q4_k_one_s(const uint8_t* blk, __m256i sm,
+                                                           const int8_t* xq) {
+    __m512i w[4], scales[4];
+    q4_k_scales(sm, scales);
+    q4_k_weights(blk, w);
+    return fold(superblock_dot(w, scales, xq));
   }
 
   // Q6_K: the super-block's values as q6_k_values decodes them (vector v: weights 64v to 64v + 63,

@@ -342,6 +342,26 @@ struct XTile {
   int64_t stride;
 };
 
+// rows_super_one's Q4_K (one x row) with a kernel class's S: the super-blocks at blk and
+// blk + 144 (N = 2: their x q at xq, xq + 256, their pair sums at pairs, pairs + 16; both heads
+// decoded at once) or at blk alone (N = 1). Per super-block i, S's vector by
+// `dot(blk_i, sm_i, xq_i)` (K::q4_k_one_s; sm_i: its widened scale and mins bytes) into s[i], and
+// M's as Σ m_j·P_j by one vpmaddwd of sm_i against x's pair sums (q4_k_mins_pairs16: zero against
+// the scales) into m[i]: the same exact M as the group sums' vpmaddwd against the mins spread to
+// pairs, in one instruction where that took five.
+template <int N, class Dot>
+__attribute__((always_inline)) inline void q4_k_one_n(const uint8_t* blk, const int8_t* xq,
+                                                      const int16_t* pairs, __m256i* s, __m256i* m,
+                                                      Dot&& dot) {
+  __m256i sm[2];
+  q4_k_scales_mins_n<N>(blk, sm);
+#pragma GCC unroll 2
+  for (int i = 0; i < N; ++i) {
+    s[i] = dot(blk + i * kQ4_KBlockBytes, sm[i], xq + 256 * i);
+    m[i] = _mm256_madd_epi16(sm[i], load32(pairs + 16 * i));
+  }
+}
+
 // Q4_K's S of a super-block against R x rows (row i's q at xq + i·k), its scales sc_0..7 in both
 // 128-bit halves of sc: acc[i] a vector of 8 i32 whose total is row i's S.
 template <class Dot, int R>
@@ -440,8 +460,9 @@ __attribute__((always_inline)) inline void q6_k_super(const uint8_t* blk, const 
 }
 
 // The 256-bit super-block kernels above as a kernel class of rows_super and rows_super_one:
-// static members q4_k<R> and q6_k<R> with q4_k_super's signature, and q4_k_one<N> (one x row, N
-// super-blocks a call), over x's q as it is (a 512-bit class may take it permuted: `xq`).
+// static members q4_k<R> and q6_k<R> with q4_k_super's signature, and q4_k_one_s (one x row's S
+// of a super-block, for q4_k_one_n), over x's q as it is (a 512-bit class may take it permuted:
+// `xq`).
 template <class Dot>
 struct SuperKernels256 {
   template <int R>
@@ -449,20 +470,12 @@ struct SuperKernels256 {
                    __m256i (*mv)[8]) {
     q4_k_super<Dot, R>(blk, t, b, sv, mv);
   }
-  // rows_super_one's Q4_K: the super-blocks at blk and blk + 144 (N = 2) or at blk alone (N = 1),
-  // as SuperKernels512::q4_k_one with q4_k_dots' S.
-  template <int N>
-  __attribute__((always_inline)) static void q4_k_one(const uint8_t* blk, const int8_t* xq,
-                                                      const int16_t* pairs, __m256i* s,
-                                                      __m256i* m) {
-    __m256i sm[2];
-    q4_k_scales_mins_n<N>(blk, sm);
-#pragma GCC unroll 2
-    for (int i = 0; i < N; ++i) {
-      q4_k_dots<Dot, 1>(blk + i * kQ4_KBlockBytes, _mm256_permute2x128_si256(sm[i], sm[i], 0x00),
-                        xq + 256 * i, 0, &s[i]);
-      m[i] = _mm256_madd_epi16(sm[i], load32(pairs + 16 * i));
-    }
+  // rows_super_one's Q4_K S (q4_k_one_n), by q4_k_dots.
+  __attribute__((always_inline)) static __m256i q4_k_one_s(const uint8_t* blk, __m256i sm,
+                                                           const int8_t* xq) {
+    __m256i acc;
+    q4_k_dots<Dot, 1>(blk, _mm256_permute2x128_si256(sm, sm, 0x00), xq, 0, &acc);
+    return acc;
   }
   template <int R>
   __attribute__((always_inline)) static void q6_k(const uint8_t* blk, const XTile& t, int64_t b,
@@ -547,23 +560,28 @@ void rows_super(const Problem& p, const QuantizedX& x, const int8_t* xq) {
 
 // ---- Q4_K / Q6_K against one x row (a decode step of batch 1) on every x86 target: W rows 8 at
 // a time, vector lane r W row r in the sums and in the combine. Each W row is read front to back,
-// its super-blocks through K's kernel (Q4_K: K::q4_k_one, two super-blocks a call; Q6_K: q6_k<1>),
-// super-block b's vector (8 i32 whose total is S_b) into the row's slot b; then the 8 rows' slots
-// of each super-block are reduced together (reduce8 across the rows), so lane r holds row r's S_b
-// (and M_b), and the combine runs on the 8 rows at once: lane l = b mod 8 of every row in acc[l],
-// t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree (combine_tile's order,
-// matmul_int8.h's roundings). The rows' binary16 d (and dmin) are kept as they are and converted
-// 8 rows at once there. So a W row costs its super-blocks' kernel alone: no reduce8 of a
-// half-filled group of 8 (K 1024 is 4 super-blocks), no combine, tree and scalar store of its
-// own, which made K 1024 cost twice K 3072 per byte. A loop over the super-blocks across 8 rows at
-// once (8 streams through W) was faster from L2 but slower from memory on both Zen 5 and Intel
-// (docs/design/quantized_matmul.md), and a decode reads W from memory.
+// its super-blocks through K's kernel (Q4_K: q4_k_one_n with K::q4_k_one_s, two super-blocks a
+// call; Q6_K: q6_k<1>), super-block b's vector (8 i32 whose total is S_b) into the row's slot b;
+// then the 8 rows' slots of each super-block are reduced together (reduce8 across the rows), so
+// lane r holds row r's S_b (and M_b), and the combine runs on the 8 rows at once: lane l = b mod 8
+// of every row in acc[l], t_b = (dx_b·d_b)·f32(S_b) added in increasing b, the shared tree
+// (combine_tile's order, matmul_int8.h's roundings). The rows' binary16 d (and dmin) are kept as
+// they are and converted 8 rows at once there. So a W row costs its super-blocks' kernel alone: no
+// reduce8 of a half-filled group of 8 (K 1024 is 4 super-blocks), no combine, tree and scalar store
+// of its own, which made K 1024 cost twice K 3072 per byte. A loop over the super-blocks across 8
+// rows at once (8 streams through W) was faster from L2 but slower from memory: its zmm version on
+// Zen 5, its ymm one at half the pace on Intel (docs/design/quantized_matmul.md); a decode reads W
+// from memory. 8 binary16 values at h as f32 (exact).
+inline __m256 halves8(const uint16_t* h) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
 struct Slots8 {
   __m256i v[8];
 };
 
 // x's Q8_K group-sum pairs P_j = bsum_2j + bsum_2j+1 of every super-block for a Q4_K mins sum by
-// one vpmaddwd against q4_k_scales_mins' widened bytes (K::q4_k_one): per super-block 16 i16, zero
+// one vpmaddwd against q4_k_scales_mins' widened bytes (q4_k_one_n): per super-block 16 i16, zero
 // in lanes 0-7 (the scales') and P_0..7 in lanes 8-15 (the mins'), each at most 32·127.
 inline const int16_t* q4_k_mins_pairs16(const QuantizedX& x, int64_t supers) {
   int16_t* out = thread_scratch<int16_t, struct Q4KMinsPairs16>(static_cast<size_t>(16 * supers));
@@ -615,14 +633,15 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
         if constexpr (kQ4) std::memcpy(&dmin[8 * b + r], blk + 2, sizeof(uint16_t));
       }
       if constexpr (kQ4) {  // super-blocks b and b + 1 (in one group: b is even) at once
-        int64_t b = 0;
-        for (; b + 1 < supers; b += 2) {
-          K::template q4_k_one<2>(w + at + b * kBytes, xq + 256 * b, pairs + 16 * b,
-                                  &sr[b / 8].v[b % 8], &mr[b / 8].v[b % 8]);
-        }
-        if (b < supers) {
-          K::template q4_k_one<1>(w + at + b * kBytes, xq + 256 * b, pairs + 16 * b,
-                                  &sr[b / 8].v[b % 8], &mr[b / 8].v[b % 8]);
+        for (int64_t b = 0; b < supers; b += 2) {
+          const uint8_t* blk = w + at + b * kBytes;
+          __m256i* s = &sr[b / 8].v[b % 8];
+          __m256i* m = &mr[b / 8].v[b % 8];
+          if (b + 1 < supers) {
+            q4_k_one_n<2>(blk, xq + 256 * b, pairs + 16 * b, s, m, K::q4_k_one_s);
+          } else {  // an odd count's last
+            q4_k_one_n<1>(blk, xq + 256 * b, pairs + 16 * b, s, m, K::q4_k_one_s);
+          }
         }
       } else {
         for (int64_t b = 0; b < supers; ++b) {  // writes slot b mod 8 of its group
@@ -635,13 +654,10 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
     for (int l = 0; l < 8; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
     for (int64_t b = 0; b < supers; ++b) {
       const __m256 dx = _mm256_set1_ps(x.d[b]);
-      const __m256 db =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&d[8 * b])));
-      acc[b % 8] = combine_step(acc[b % 8], dx, db, reduce8(sv + b, 8 * groups));
+      acc[b % 8] = combine_step(acc[b % 8], dx, halves8(&d[8 * b]), reduce8(sv + b, 8 * groups));
       if (kQ4) {
-        const __m256 mb =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&dmin[8 * b])));
-        accm[b % 8] = combine_step(accm[b % 8], dx, mb, reduce8(mv + b, 8 * groups));
+        accm[b % 8] =
+            combine_step(accm[b % 8], dx, halves8(&dmin[8 * b]), reduce8(mv + b, 8 * groups));
       }
     }
     __m256 out = tree8_lanes(acc);
