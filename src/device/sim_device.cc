@@ -757,8 +757,9 @@ class SimDevice final : public Device {
   // its next job — often the other block of the task whose first block the scheduler is about to
   // run, started on core 0 alone because core 1 was a few µs from free. Run inline first, that
   // block took every row the task's blocks claim (task_lines) while core 1 idled through it:
-  // 1.5-2% of a batch-1 decode step's two-block tasks, ~0.45 ms a step; 0.3-0.6%, 0.07-0.18 ms
-  // with the wait. Short jobs (kept, at most kShortJobNs) run without it.
+  // 1.5-2.1% of a batch-1 decode step's two-block tasks, 0.40-0.50 ms a step; 0.2-0.9%,
+  // 0.06-0.28 ms with the wait (docs/design/scheduler.md). Short jobs (kept, at most kShortJobNs)
+  // run without it.
   bool near_end_first() const {
     return short_jobs_begin_ == short_jobs_.size() && scheduler_job_ && !scheduler_job_short_ &&
            jobs_in_flight_ > 1 && a_core_ends_within(kNearEndNs);
@@ -781,6 +782,7 @@ class SimDevice final : public Device {
   // about to run its own core's longer job inline (near_end_first: then it may
   // wait up to kNearEndNs for another core's completion first).
   bool next_completion(CoreCompletion* out, bool block) {
+    auto ready = [this] { return completions_.ready(); };
     if (!block) {
       if (!deferred_.empty() && base::now_ns() - deferred_since_ns_ >= options_.spin_ns) {
         flush_deferred_wakes();
@@ -789,7 +791,7 @@ class SimDevice final : public Device {
       // As a blocking wait (below), a core about to finish is waited for before the scheduler's
       // own longer job runs inline.
       if (near_end_first()) {
-        spin_until([this] { return completions_.ready(); }, kNearEndNs);
+        spin_until(ready, kNearEndNs);
         if (take_completion(out)) return true;
       }
       // A kept short job runs now: its cores have no thread that would run it meanwhile, and an
@@ -801,7 +803,6 @@ class SimDevice final : public Device {
       --jobs_in_flight_;
       return true;
     }
-    auto ready = [this] { return completions_.ready(); };
     // near_end_first: a core about to finish is waited for before the scheduler's longer job.
     if (!ready() && near_end_first()) spin_until(ready, kNearEndNs);
     if (!ready()) {

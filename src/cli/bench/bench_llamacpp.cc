@@ -73,6 +73,31 @@ absl::StatusOr<double> llama_bench_tokens_per_s(const std::string& out) {
   return j[0]["avg_ts"].get<double>();
 }
 
+// What a ggml x86 CPU variant's build needs beyond x86-64 (ggml/src/CMakeLists.txt's
+// ggml_add_cpu_backend_variant lines, llama.cpp as node-llama-cpp 3.22.1 ships it): ggml names
+// its builds after a CPU with those features, whatever CPU loads them ("zen4" on an Intel Xeon).
+// Empty for a name not listed.
+std::string ggml_variant_features(const std::string& variant) {
+  static const std::map<std::string, std::string> kFeatures = {
+      {"x64", "x86-64"},
+      {"sse42", "SSE4.2"},
+      {"sandybridge", "AVX"},
+      {"ivybridge", "AVX, F16C"},
+      {"piledriver", "AVX, F16C, FMA"},
+      {"haswell", "AVX2, FMA"},
+      {"skylakex", "AVX-512"},
+      {"cannonlake", "AVX-512 VBMI"},
+      {"cascadelake", "AVX-512 VNNI"},
+      {"icelake", "AVX-512 VBMI, VNNI"},
+      {"cooperlake", "AVX-512 VNNI, BF16"},
+      {"zen4", "AVX-512 VBMI, VNNI, BF16"},
+      {"alderlake", "AVX2, AVX-VNNI"},
+      {"sapphirerapids", "AVX-512 VBMI, VNNI, BF16, AMX-INT8"},
+  };
+  const auto it = kFeatures.find(variant);
+  return it == kFeatures.end() ? std::string() : it->second;
+}
+
 }  // namespace
 
 LlamaCppPeer::LlamaCppPeer(std::string bin_dir, std::string gguf, bool owned)
@@ -192,35 +217,6 @@ void add_llamacpp_figures(const LlamaCppPeer& peer, double theirs, double ours,
   (*out)["over_llamacpp"] = ours / theirs;
   (*out)["llamacpp_cpu_variant"] = peer.cpu_variant();
 }
-
-namespace {
-
-// What a ggml x86 CPU variant's build needs beyond x86-64 (ggml/src/CMakeLists.txt's
-// ggml_add_cpu_backend_variant lines, llama.cpp as node-llama-cpp 3.22.1 ships it): ggml names
-// its builds after a CPU with those features, whatever CPU loads them ("zen4" on an Intel Xeon).
-// Empty for a name not listed.
-std::string ggml_variant_features(const std::string& variant) {
-  static const std::map<std::string, std::string> kFeatures = {
-      {"x64", "x86-64"},
-      {"sse42", "SSE4.2"},
-      {"sandybridge", "AVX"},
-      {"ivybridge", "AVX, F16C"},
-      {"piledriver", "AVX, F16C, FMA"},
-      {"haswell", "AVX2, FMA"},
-      {"skylakex", "AVX-512"},
-      {"cannonlake", "AVX-512 VBMI"},
-      {"cascadelake", "AVX-512 VNNI"},
-      {"icelake", "AVX-512 VBMI, VNNI"},
-      {"cooperlake", "AVX-512 VNNI, BF16"},
-      {"zen4", "AVX-512 VBMI, VNNI, BF16"},
-      {"alderlake", "AVX2, AVX-VNNI"},
-      {"sapphirerapids", "AVX-512 VBMI, VNNI, BF16, AMX-INT8"},
-  };
-  const auto it = kFeatures.find(variant);
-  return it == kFeatures.end() ? std::string() : it->second;
-}
-
-}  // namespace
 
 void print_llamacpp_line(const LlamaCppPeer* peer, int threads, const nlohmann::json& out) {
   if (peer == nullptr) return;
