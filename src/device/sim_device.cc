@@ -757,9 +757,9 @@ class SimDevice final : public Device {
   // its next job — often the other block of the task whose first block the scheduler is about to
   // run, started on core 0 alone because core 1 was a few µs from free. Run inline first, that
   // block took every row the task's blocks claim (task_lines) while core 1 idled through it:
-  // 1.5-2.1% of a batch-1 decode step's two-block tasks, 0.40-0.50 ms a step; 0.2-0.9%,
-  // 0.06-0.28 ms with the wait (docs/design/scheduler.md). Short jobs (kept, at most kShortJobNs)
-  // run without it.
+  // 1.5-2.1% of a batch-1 decode step's two-block tasks, 0.32-0.50 ms a step; with the wait
+  // 0.2-0.9% on Q8_0, 0.1-1.5% on Q4_K_M (docs/design/scheduler.md). Short jobs (kept, at most
+  // kShortJobNs) run without it.
   bool near_end_first() const {
     return short_jobs_begin_ == short_jobs_.size() && scheduler_job_ && !scheduler_job_short_ &&
            jobs_in_flight_ > 1 && a_core_ends_within(kNearEndNs);
