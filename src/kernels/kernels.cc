@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -231,6 +232,167 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   return absl::OkStatus();
 }
 
+// silu_mul's elements on `isa` (resolved and available): out[i] = silu(gate[i])·up[i], each
+// element on its own, so the same bits at any offset and length (defined with silu_mul below).
+void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n);
+
+// One weight of a merged matmul (matmul_merged, matmul_silu_mul): its whole problem (every W row
+// against x into y) and the bytes of a W row.
+struct MergedWeight {
+  matmul_detail::Problem full;
+  int64_t row_bytes = 0;
+};
+
+// The weights of one block of a merged matmul task and what they share: x, quantized once per
+// block for each weight type on the int8 path (as matmul_impl quantizes it once per block), so
+// a weight's rows come out bitwise as a matmul task of that weight alone computes them.
+class MergedMatmul {
+ public:
+  MergedMatmul(KernelIsa isa, Precision precision) : isa_(isa), precision_(precision) {}
+
+  // Checks argument `wi` (a weight over x's `in` columns, name `w_name`) and argument `yi` (its
+  // f32 [rows, out] output) and adds them.
+  absl::Status add(const KernelContext& ctx, const ArgCheck& c, uint32_t wi, const char* w_name,
+                   uint32_t yi, const char* y_name) {
+    const Tensor& x = ctx.tensor(0);
+    const int64_t rows = x.shape[0], in = x.shape[1];
+    const DataType w_dtype = weight_dtype(ctx, wi);
+    SIMPLER_RETURN_IF_ERROR(c.tensor(wi, w_name, w_dtype, {-1, in}));
+    SIMPLER_RETURN_IF_ERROR(check_block_row(c, wi, w_name, w_dtype, in));
+    const int64_t out = ctx.tensor(wi).shape[0];
+    SIMPLER_RETURN_IF_ERROR(c.tensor(yi, y_name, DataType::kFloat32, {rows, out}));
+    MergedWeight& m = weights_[n_++];
+    m.full.x = x.data<const float>();
+    m.full.rows = rows;
+    m.full.k = in;
+    m.full.wt = matmul_detail::weight_type_of(w_dtype);
+    m.full.w = ctx.tensor(wi).data<const void>();
+    m.full.n = out;
+    m.full.y = ctx.tensor(yi).data<float>();
+    m.full.ldy = out;
+    m.row_bytes = static_cast<int64_t>(task::bytes_of(w_dtype, static_cast<uint64_t>(in)));
+    return absl::OkStatus();
+  }
+
+  int size() const { return n_; }
+  const MergedWeight& weight(int i) const { return weights_[i]; }
+  // The fewest rows a claim takes (min_claim_rows of the widest row; the whole task where a
+  // weight goes to oneDNN, whose call costs its primitive).
+  int64_t min_claim(int64_t total) const {
+    int64_t widest = 0;
+    for (int i = 0; i < n_; ++i) {
+      if (uses_dnnl(weights_[i].full, isa_, precision_)) return total;
+      widest = std::max(widest, weights_[i].row_bytes);
+    }
+    return min_claim_rows(widest);
+  }
+
+  // Rows [begin, end) of weight i into its y, prefetching up to its row `ahead`.
+  absl::Status run(int i, int64_t begin, int64_t end, int64_t ahead) {
+    const MergedWeight& m = weights_[i];
+    const matmul_detail::Problem p = rows_of(m.full, {begin, end}, ahead, m.row_bytes);
+    if (precision_ != Precision::kInt8 || !matmul_detail::int8_weight_type(m.full.wt)) {
+      return matmul_rows(p, isa_, precision_);
+    }
+    if (!dots_) dots_ = int8_dots(isa_);
+    matmul_detail::run_int8_quantized(p, quantized_for(i), *dots_);
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr int kMax = kMatmulMergedMaxWeights;
+
+  // x quantized for weight i: the first weight of i's type to run quantizes it for the others.
+  const matmul_detail::QuantizedX& quantized_for(int i) {
+    if (!qx_[i]) {
+      for (int j = 0; j < n_; ++j) {
+        if (j != i && qx_[j] && weights_[j].full.wt == weights_[i].full.wt) return *qx_[j];
+      }
+      qx_[i] = matmul_detail::quantize_int8(weights_[i].full, *dots_);
+    }
+    return *qx_[i];
+  }
+
+  KernelIsa isa_;
+  Precision precision_;
+  std::array<MergedWeight, kMax> weights_{};
+  int n_ = 0;
+  std::optional<matmul_detail::Int8Dots> dots_;
+  std::array<std::optional<matmul_detail::QuantizedX>, kMax> qx_;
+};
+
+// matmul_merged: x, then N weights, then their N outputs; the blocks claim rows over the weights'
+// rows laid end to end, a claim that spans two weights running its part of each.
+absl::Status matmul_merged_impl(const KernelContext& ctx, KernelIsa isa, Precision precision) {
+  ArgCheck c(ctx, "matmul_merged");
+  const uint32_t args = ctx.args == nullptr ? 0 : ctx.num_args;
+  if (args < 3 || args % 2 == 0 || args > 1 + 2 * kMatmulMergedMaxWeights) {
+    return c.error(absl::StrCat("expects x, then 1 to ", kMatmulMergedMaxWeights,
+                                " weights, then their outputs (3, 5, 7 or 9 arguments), got ",
+                                args));
+  }
+  SIMPLER_RETURN_IF_ERROR(c.count(args));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("matmul_merged", isa));
+  const uint32_t n = (args - 1) / 2;
+  static constexpr const char* kW[] = {"W0", "W1", "W2", "W3"};
+  static constexpr const char* kY[] = {"y0", "y1", "y2", "y3"};
+  static_assert(std::size(kW) == kMatmulMergedMaxWeights);
+  MergedMatmul m(isa, precision);
+  int64_t total = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 1 + i, kW[i], 1 + n + i, kY[i]));
+    total += m.weight(static_cast<int>(i)).full.n;
+  }
+  if (total == 0 || ctx.tensor(0).shape[0] == 0) return absl::OkStatus();
+  RowClaims claims(ctx, total, m.min_claim(total));
+  BlockRange r;
+  int64_t ahead = 0;
+  while (claims.next(&r, &ahead)) {
+    int64_t first = 0;  // weight i's first row in the task's rows
+    for (int i = 0; i < m.size() && first < r.end; first += m.weight(i++).full.n) {
+      const int64_t rows = m.weight(i).full.n;
+      const int64_t begin = std::max(r.begin, first) - first,
+                    end = std::min(r.end, first + rows) - first;
+      if (begin >= end) continue;
+      SIMPLER_RETURN_IF_ERROR(m.run(i, begin, end, std::min(ahead - first, rows)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// matmul_silu_mul: x, W_gate, W_up, gate, up, act; the blocks claim rows of the intermediate
+// features, each claim computing its gate and up rows, then act's columns of them for every row
+// of x.
+absl::Status matmul_silu_mul_impl(const KernelContext& ctx, KernelIsa isa, Precision precision) {
+  ArgCheck c(ctx, "matmul_silu_mul");
+  SIMPLER_RETURN_IF_ERROR(c.count(6));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("matmul_silu_mul", isa));
+  MergedMatmul m(isa, precision);
+  SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 1, "W_gate", 3, "gate"));
+  SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 2, "W_up", 4, "up"));
+  const int64_t rows = ctx.tensor(0).shape[0], out = m.weight(0).full.n;
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "W_up", weight_dtype(ctx, 2), {out, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(5, "act", DataType::kFloat32, {rows, out}));
+  if (out == 0 || rows == 0) return absl::OkStatus();
+  const float* gate = m.weight(0).full.y;
+  const float* up = m.weight(1).full.y;
+  float* act = ctx.tensor(5).data<float>();
+  RowClaims claims(ctx, out, m.min_claim(out));
+  BlockRange r;
+  int64_t ahead = 0;
+  while (claims.next(&r, &ahead)) {
+    SIMPLER_RETURN_IF_ERROR(m.run(0, r.begin, r.end, ahead));
+    SIMPLER_RETURN_IF_ERROR(m.run(1, r.begin, r.end, ahead));
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t at = b * out + r.begin;
+      silu_mul_span(isa, gate + at, up + at, act + at, r.end - r.begin);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status matmul_bf16_kernel(const KernelContext& ctx) {
   return matmul_impl(ctx, false, KernelIsa::kAuto, Precision::kBf16);
 }
@@ -245,6 +407,15 @@ absl::Status matmul_kernel_on(const KernelContext& ctx) {
 template <KernelIsa kIsa, Precision kPrecision = Precision::kExact>
 absl::Status matmul_acc_kernel_on(const KernelContext& ctx) {
   return matmul_impl(ctx, true, kIsa, kPrecision);
+}
+
+template <KernelIsa kIsa, Precision kPrecision = Precision::kExact>
+absl::Status matmul_merged_kernel_on(const KernelContext& ctx) {
+  return matmul_merged_impl(ctx, kIsa, kPrecision);
+}
+template <KernelIsa kIsa, Precision kPrecision = Precision::kExact>
+absl::Status matmul_silu_mul_kernel_on(const KernelContext& ctx) {
+  return matmul_silu_mul_impl(ctx, kIsa, kPrecision);
 }
 
 absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa);
@@ -269,7 +440,7 @@ absl::Status argmax_kernel_on(const KernelContext& ctx) {
 // precision int8 too.
 struct IsaKernels {
   task::KernelFn matmul, matmul_acc, paged_attention, silu_mul, argmax, matmul_int8,
-      matmul_acc_int8;
+      matmul_acc_int8, matmul_merged, matmul_merged_int8, matmul_silu_mul, matmul_silu_mul_int8;
 };
 template <KernelIsa kIsa>
 constexpr IsaKernels isa_kernels() {
@@ -279,7 +450,11 @@ constexpr IsaKernels isa_kernels() {
           &silu_mul_kernel_on<kIsa>,
           &argmax_kernel_on<kIsa>,
           &matmul_kernel_on<kIsa, Precision::kInt8>,
-          &matmul_acc_kernel_on<kIsa, Precision::kInt8>};
+          &matmul_acc_kernel_on<kIsa, Precision::kInt8>,
+          &matmul_merged_kernel_on<kIsa>,
+          &matmul_merged_kernel_on<kIsa, Precision::kInt8>,
+          &matmul_silu_mul_kernel_on<kIsa>,
+          &matmul_silu_mul_kernel_on<kIsa, Precision::kInt8>};
 }
 IsaKernels isa_kernels(KernelIsa isa) {
   switch (isa) {
@@ -480,12 +655,18 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
   const IsaKernels on = isa_kernels(isa);
   task::KernelFn matmul = on.matmul;
   task::KernelFn matmul_acc = on.matmul_acc;
+  task::KernelFn matmul_merged = on.matmul_merged;
+  task::KernelFn matmul_silu_mul = on.matmul_silu_mul;
   if (effective_precision(isa, precision) == Precision::kBf16) {
     matmul = &matmul_bf16_kernel;
     matmul_acc = &matmul_acc_bf16_kernel;
+    matmul_merged = &matmul_merged_kernel_on<KernelIsa::kAuto, Precision::kBf16>;
+    matmul_silu_mul = &matmul_silu_mul_kernel_on<KernelIsa::kAuto, Precision::kBf16>;
   } else if (precision == Precision::kInt8) {
     matmul = on.matmul_int8;
     matmul_acc = on.matmul_acc_int8;
+    matmul_merged = on.matmul_merged_int8;
+    matmul_silu_mul = on.matmul_silu_mul_int8;
   }
   return {
       {"embedding", &embedding_kernel},
@@ -500,6 +681,8 @@ std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
       {"gather_rows", &gather_rows_kernel},
       {"argmax", on.argmax},
       {"qk_norm_rope_kv", &qk_norm_rope_kv_kernel},
+      {"matmul_merged", matmul_merged},
+      {"matmul_silu_mul", matmul_silu_mul},
   };
 }
 
@@ -591,6 +774,31 @@ TaskArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 TaskArgs matmul_acc_args(const Tensor& x, const Tensor& w, const Tensor& y) {
   return reads_then({x, w}, y, ArgDirection::kInOut);
+}
+
+absl::Status matmul_merged_kernel(const KernelContext& ctx) {
+  return matmul_merged_impl(ctx, KernelIsa::kAuto, Precision::kExact);
+}
+
+TaskArgs matmul_merged_args(const Tensor& x, std::span<const Tensor> ws,
+                            std::span<const Tensor> ys) {
+  TaskArgs a;
+  a.add_tensor(x, ArgDirection::kIn);
+  for (const Tensor& w : ws) a.add_tensor(w, ArgDirection::kIn);
+  for (const Tensor& y : ys) a.add_tensor(y, ArgDirection::kOut);
+  return a;
+}
+
+absl::Status matmul_silu_mul_kernel(const KernelContext& ctx) {
+  return matmul_silu_mul_impl(ctx, KernelIsa::kAuto, Precision::kExact);
+}
+
+TaskArgs matmul_silu_mul_args(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                              const Tensor& gate, const Tensor& up, const Tensor& act) {
+  TaskArgs a;
+  a.add_tensors({x, w_gate, w_up}, ArgDirection::kIn)
+      .add_tensors({gate, up, act}, ArgDirection::kOut);
+  return a;
 }
 
 // ---- rope -------------------------------------------------------------------------
@@ -1348,6 +1556,16 @@ void silu_mul_baseline(const float* gate, const float* up, float* out, int64_t n
   silu_mul_body<ExactFma>(gate, up, out, n);
 }
 
+void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx512) return silu_mul_avx512(gate, up, out, n);
+  if (isa == KernelIsa::kX86_64V3) return silu_mul_x86_64_v3(gate, up, out, n);
+#elif defined(__aarch64__)
+  if (isa == KernelIsa::kNeon) return silu_mul_neon(gate, up, out, n);
+#endif
+  silu_mul_baseline(gate, up, out, n);
+}
+
 absl::Status silu_mul_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "silu_mul");
   SIMPLER_RETURN_IF_ERROR(c.count(3));
@@ -1361,14 +1579,7 @@ absl::Status silu_mul_impl(const KernelContext& ctx, KernelIsa isa) {
   const float* gate = ctx.tensor(0).data<const float>() + r.begin;
   const float* up = ctx.tensor(1).data<const float>() + r.begin;
   float* out = ctx.tensor(2).data<float>() + r.begin;
-  const int64_t n = r.end - r.begin;
-#if defined(__x86_64__)
-  if (isa == KernelIsa::kAvx512) return silu_mul_avx512(gate, up, out, n), absl::OkStatus();
-  if (isa == KernelIsa::kX86_64V3) return silu_mul_x86_64_v3(gate, up, out, n), absl::OkStatus();
-#elif defined(__aarch64__)
-  if (isa == KernelIsa::kNeon) return silu_mul_neon(gate, up, out, n), absl::OkStatus();
-#endif
-  silu_mul_baseline(gate, up, out, n);
+  silu_mul_span(isa, gate, up, out, r.end - r.begin);
   return absl::OkStatus();
 }
 

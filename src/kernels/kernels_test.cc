@@ -848,6 +848,191 @@ TEST(EmbeddingKernel, DequantizesQuantizedRowsExactly) {
   }
 }
 
+// ---- matmul_merged / matmul_silu_mul ----
+
+// The precisions whose merged kernels are tested: exact and int8 everywhere, bf16 where the CPU
+// has its path.
+std::vector<Precision> merged_precisions() {
+  std::vector<Precision> p = {Precision::kExact, Precision::kInt8};
+  if (bf16_precision_available()) p.push_back(Precision::kBf16);
+  return p;
+}
+
+// Bitwise equality of two outputs, naming the case.
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+        << what << ": element " << i << " is " << got[i] << ", its own matmul " << want[i];
+  }
+}
+
+// Every output of a merged task — weights of mixed dtypes (Q4_K_M's Q4_K q/k beside a Q6_K v,
+// among others), 1 to 4 of them, odd row counts — is bitwise the output of a matmul task of its
+// weight alone, on every ISA path and precision, whatever the block split and whether the blocks
+// claim rows one after another or at once on threads (claims that span two weights included).
+TEST(MatmulMergedKernel, EachOutputIsBitwiseItsOwnMatmulOnEveryPathAndPrecision) {
+  const std::vector<std::vector<DataType>> mixes = {
+      {DataType::kQ4_K, DataType::kQ4_K, DataType::kQ6_K},
+      {DataType::kQ8_0, DataType::kQ4_0, DataType::kQ8_0},
+      {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16},
+      {DataType::kQ6_K},
+      {DataType::kQ4_K, DataType::kBFloat16, DataType::kQ8_0, DataType::kQ6_K}};
+  const int64_t in = 512, outs[] = {37, 16, 21, 5};
+  for (const std::vector<DataType>& mix : mixes) {
+    std::vector<TestWeights> ws;
+    for (size_t i = 0; i < mix.size(); ++i) {
+      ws.push_back(make_weights(mix[i], outs[i] * in, 60 + static_cast<uint32_t>(i)));
+    }
+    for (int64_t rows : {1, 3, 17}) {
+      std::vector<float> x = random_floats(rows * in, 70);
+      for (Precision precision : merged_precisions()) {
+        for (auto [isa, matmul] : matmul_paths(precision, false)) {
+          const task::KernelFn merged =
+              llm_kernels(isa, precision)[static_cast<size_t>(KernelId::kMatmulMerged)].fn;
+          std::vector<std::vector<float>> want(mix.size()), got(mix.size());
+          std::vector<Tensor> wt, yt;
+          for (size_t i = 0; i < mix.size(); ++i) {
+            want[i].assign(rows * outs[i], NAN);
+            ASSERT_TRUE(
+                run_blocks(matmul, matmul_args_for(false, x, ws[i], want[i], rows, in, outs[i]), 1)
+                    .ok());
+            wt.push_back(ws[i].tensor(outs[i], in));
+          }
+          for (int32_t blocks : {1, 2, 3}) {
+            for (bool threads : {false, true}) {
+              yt.clear();
+              for (size_t i = 0; i < mix.size(); ++i) {
+                got[i].assign(rows * outs[i], NAN);
+                yt.push_back(view(got[i], {rows, outs[i]}));
+              }
+              ASSERT_TRUE(
+                  testing::run_blocks_sharing_lines(
+                      merged, matmul_merged_args(view(x, {rows, in}), wt, yt), blocks, threads)
+                      .ok());
+              for (size_t i = 0; i < mix.size(); ++i) {
+                ASSERT_NO_FATAL_FAILURE(
+                    expect_same_bits(got[i], want[i],
+                                     absl::StrCat(name_of(isa), " ", name_of(precision), " ",
+                                                  std::string(task::name_of(mix[i])), " weight ", i,
+                                                  " of ", mix.size(), ", rows ", rows, ", blocks ",
+                                                  blocks, threads ? " on threads" : "")));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// gate, up and act of matmul_silu_mul are bitwise two matmul tasks and a silu_mul task, on every
+// path and precision and block split.
+TEST(MatmulSiluMulKernel, IsBitwiseTwoMatmulsThenSiluMulOnEveryPathAndPrecision) {
+  const int64_t in = 256, I = 53;
+  for (auto [gate_dt, up_dt] :
+       {std::pair{DataType::kQ4_K, DataType::kQ6_K}, std::pair{DataType::kQ8_0, DataType::kQ8_0},
+        std::pair{DataType::kBFloat16, DataType::kFloat32}}) {
+    TestWeights wg = make_weights(gate_dt, I * in, 80), wu = make_weights(up_dt, I * in, 81);
+    for (int64_t rows : {1, 5}) {
+      std::vector<float> x = random_floats(rows * in, 82, -3.0f, 3.0f);
+      for (Precision precision : merged_precisions()) {
+        for (auto [isa, matmul] : matmul_paths(precision, false)) {
+          const auto kernels = llm_kernels(isa, precision);
+          std::vector<float> g(rows * I), u(rows * I), act(rows * I);
+          ASSERT_TRUE(run_blocks(matmul, matmul_args_for(false, x, wg, g, rows, in, I), 1).ok());
+          ASSERT_TRUE(run_blocks(matmul, matmul_args_for(false, x, wu, u, rows, in, I), 1).ok());
+          ASSERT_TRUE(
+              run_blocks(
+                  kernels[static_cast<size_t>(KernelId::kSiluMul)].fn,
+                  silu_mul_args(view(g, {rows, I}), view(u, {rows, I}), view(act, {rows, I})), 1)
+                  .ok());
+          for (int32_t blocks : {1, 2, 3}) {
+            std::vector<float> g2(rows * I, NAN), u2(rows * I, NAN), act2(rows * I, NAN);
+            ASSERT_TRUE(testing::run_blocks_sharing_lines(
+                            kernels[static_cast<size_t>(KernelId::kMatmulSiluMul)].fn,
+                            matmul_silu_mul_args(view(x, {rows, in}), wg.tensor(I, in),
+                                                 wu.tensor(I, in), view(g2, {rows, I}),
+                                                 view(u2, {rows, I}), view(act2, {rows, I})),
+                            blocks, blocks == 3)
+                            .ok());
+            const std::string what =
+                absl::StrCat(name_of(isa), " ", std::string(task::name_of(gate_dt)), "/",
+                             std::string(task::name_of(up_dt)), " rows ", rows, " blocks ", blocks);
+            ASSERT_NO_FATAL_FAILURE(expect_same_bits(g2, g, what + " gate"));
+            ASSERT_NO_FATAL_FAILURE(expect_same_bits(u2, u, what + " up"));
+            ASSERT_NO_FATAL_FAILURE(expect_same_bits(act2, act, what + " act"));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Wrong argument counts, shapes and dtypes are INVALID_ARGUMENT naming the argument; the tags are
+// x and the weights IN, the outputs OUT.
+TEST(MatmulMergedKernel, ArgumentErrorsNameTheArgumentAndOutputsAreTaggedOut) {
+  std::vector<float> x(2 * 32), w0(3 * 32), w1(5 * 32), y0(2 * 3), y1(2 * 5), act(2 * 5);
+  const Tensor xt = view(x, {2, 32}), w0t = view(w0, {3, 32}), w1t = view(w1, {5, 32});
+  const Tensor ws[] = {w0t, w1t};
+  const Tensor ys[] = {view(y0, {2, 3}), view(y1, {2, 5})};
+  const TaskArgs ok = matmul_merged_args(xt, ws, ys);
+  ASSERT_EQ(ok.size(), 5u);
+  EXPECT_EQ(ok[0].direction, task::ArgDirection::kIn);
+  EXPECT_EQ(ok[2].direction, task::ArgDirection::kIn);
+  EXPECT_EQ(ok[3].direction, task::ArgDirection::kOut);
+  EXPECT_EQ(ok[4].direction, task::ArgDirection::kOut);
+  EXPECT_TRUE(run_blocks(&matmul_merged_kernel, ok, 2).ok());
+
+  absl::Status s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, ws, {ys, 1}), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "matmul_merged: expects x, then 1 to 4 weights, then their outputs (3, 5, 7 or 9 "
+            "arguments), got 4");
+  const Tensor five_w[] = {w0t, w0t, w0t, w0t, w0t};
+  std::vector<float> y5(5 * 2 * 3);
+  const Tensor five_y[] = {view(y5, {2, 3}), view(y5, {2, 3}), view(y5, {2, 3}), view(y5, {2, 3}),
+                           view(y5, {2, 3})};
+  s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, five_w, five_y), 1);
+  EXPECT_THAT(s.message(), HasSubstr("got 11"));
+  const Tensor swapped[] = {view(y1, {2, 5}), view(y0, {2, 3})};
+  s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, ws, swapped), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("matmul_merged: argument 3 (y0) must be a contiguous f32[2,3]"));
+  const Tensor short_w[] = {w0t, view(w1, {5, 16})};
+  s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, short_w, ys), 1);
+  EXPECT_THAT(s.message(),
+              HasSubstr("matmul_merged: argument 2 (W1) must be a contiguous f32[*,32]"));
+  std::vector<uint8_t> q(5 * 144);
+  const Tensor q4k =
+      Tensor::contiguous(reinterpret_cast<uintptr_t>(q.data()), {5, 32}, DataType::kQ4_K).value();
+  const Tensor q_w[] = {w0t, q4k};
+  s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, q_w, ys), 1);
+  EXPECT_EQ(s.message(),
+            "matmul_merged: argument 2 (W1) is q4_k with rows of 32 weights, not a whole number of "
+            "blocks of 256");
+
+  // matmul_silu_mul: W_up must have W_gate's rows; act gate's shape.
+  s = run_blocks(
+      &matmul_silu_mul_kernel,
+      matmul_silu_mul_args(xt, w0t, w1t, view(y0, {2, 3}), view(y1, {2, 5}), view(act, {2, 5})), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("matmul_silu_mul: argument 2 (W_up) must be a contiguous "
+                                     "f32[3,*]"));
+  s = run_blocks(
+      &matmul_silu_mul_kernel,
+      matmul_silu_mul_args(xt, w0t, w0t, view(y0, {2, 3}), view(y5, {2, 3}), view(act, {2, 5})), 1);
+  EXPECT_THAT(s.message(), HasSubstr("matmul_silu_mul: argument 5 (act) must be a contiguous "
+                                     "f32[2,3]"));
+  const TaskArgs silu =
+      matmul_silu_mul_args(xt, w0t, w0t, view(y0, {2, 3}), view(y5, {2, 3}), view(act, {2, 3}));
+  for (size_t i = 0; i < silu.size(); ++i) {
+    EXPECT_EQ(silu[i].direction, i < 3 ? task::ArgDirection::kIn : task::ArgDirection::kOut) << i;
+  }
+}
+
 TEST(MatmulKernel, AccTagsOutputInOut) {
   std::vector<float> x(4), w(4), y(4);
   TaskArgs a = matmul_acc_args(view(x, {2, 2}), view(w, {2, 2}), view(y, {2, 2}));

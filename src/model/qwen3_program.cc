@@ -311,12 +311,13 @@ class DecodeSubmitter {
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
                                    rms_norm_args(v.hidden, w.input_layernorm, v.normed, p_.eps),
                                    row_blocks(B, H), "input_layernorm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.q_proj, v.q_proj),
-                                   matmul_blocks(B, nh * hd, H), "q_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.k_proj, v.k_proj),
-                                   matmul_blocks(B, nkv * hd, H), "k_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.v_proj, v.v),
-                                   matmul_blocks(B, nkv * hd, H), "v_proj", l));
+    // q, k and v projected as one task (three before: two more hand-offs on the critical path,
+    // and x quantized three times).
+    const Tensor qkv_w[] = {w.q_proj, w.k_proj, w.v_proj};
+    const Tensor qkv_y[] = {v.q_proj, v.k_proj, v.v};
+    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmulMerged,
+                                   matmul_merged_args(v.normed, qkv_w, qkv_y),
+                                   matmul_blocks(B, (nh + 2 * nkv) * hd, H), "qkv_proj", l));
     // q and k normalized per head and rotated, k and v cached: one task (five before: two
     // rms_norm, two rope and kv_write, each a hand-off on the step's critical path).
     const QkNormRopeKvTensors qk{v.q_proj3,    v.k_proj3,       v.v3, w.q_norm, w.k_norm,
@@ -341,12 +342,11 @@ class DecodeSubmitter {
     SIMPLER_RETURN_IF_ERROR(submit(
         KernelId::kRmsNorm, rms_norm_args(v.hidden, w.post_attention_layernorm, v.normed, p_.eps),
         row_blocks(B, H), "post_attention_layernorm", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.gate_proj, v.gate),
-                                   matmul_blocks(B, I, H), "gate_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmul, matmul_args(v.normed, w.up_proj, v.up),
-                                   matmul_blocks(B, I, H), "up_proj", l));
-    SIMPLER_RETURN_IF_ERROR(submit(KernelId::kSiluMul, silu_mul_args(v.gate, v.up, v.act),
-                                   row_blocks(B, I), "silu_mul", l));
+    // gate and up projected and act = silu(gate)·up, as one task (three before).
+    SIMPLER_RETURN_IF_ERROR(
+        submit(KernelId::kMatmulSiluMul,
+               matmul_silu_mul_args(v.normed, w.gate_proj, w.up_proj, v.gate, v.up, v.act),
+               matmul_blocks(B, 2 * I, H), "gate_up_proj", l));
     return submit(KernelId::kMatmulAcc, matmul_acc_args(v.act, w.down_proj, v.hidden),
                   matmul_blocks(B, H, I), "down_proj", l);
   }
@@ -650,7 +650,7 @@ TaskArgs Qwen3DecodeRunArgs::to_task_args() const {
 }
 
 int64_t qwen3_decode_task_count(const Qwen3Dims& dims, bool wants_logits) {
-  return 1 + 12 * dims.num_hidden_layers + (wants_logits ? 4 : 0);
+  return 1 + 8 * dims.num_hidden_layers + (wants_logits ? 4 : 0);
 }
 
 absl::StatusOr<task::ChipCallable> make_qwen3_decode_callable(const Qwen3Dims& dims,

@@ -856,7 +856,7 @@ TEST(Qwen3Layout, ScratchAndPoolsAreAlignedDisjointAndFitTheirBytes) {
   EXPECT_EQ(pools.layers[1].v_pool.address + pools.layers[1].v_pool.span_bytes(),
             base + pool_bytes);
   EXPECT_EQ(qwen3_scratch_bytes(d, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(qwen3_decode_task_count(d, true), 1 + 12 * 2 + 4);
+  EXPECT_EQ(qwen3_decode_task_count(d, true), 1 + 8 * 2 + 4);
 }
 
 // ---- timing of the tiny preset ----------------------------------------------------------------

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -53,6 +54,8 @@ enum class KernelId : uint32_t {
   kGatherRows,      // "gather_rows"
   kArgmax,          // "argmax"
   kQkNormRopeKv,    // "qk_norm_rope_kv"
+  kMatmulMerged,    // "matmul_merged"
+  kMatmulSiluMul,   // "matmul_silu_mul"
   kCount,
 };
 
@@ -198,6 +201,33 @@ absl::Status matmul_kernel(const task::KernelContext& ctx);
 absl::Status matmul_acc_kernel(const task::KernelContext& ctx);
 task::TaskArgs matmul_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);
 task::TaskArgs matmul_acc_args(const task::Tensor& x, const task::Tensor& w, const task::Tensor& y);
+
+// ---- matmul_merged / matmul_silu_mul ------------------------------------------------
+// Several projections of one x as one task (vLLM's QKVParallelLinear and
+// MergedColumnParallelLinear, without concatenating the weights: each keeps its own tensor and
+// dtype, e.g. Q4_K_M's Q4_K q/k beside a Q6_K v), so the step hands off one task instead of one
+// per weight, and each block quantizes x once for all of them.
+//
+// matmul_merged — Args: 0 x f32 [B, in] IN; 1 .. N: W_i (any dtype matmul takes) [out_i, in] IN;
+// N+1 .. 2N: y_i f32 [B, out_i] OUT; N in [1, kMatmulMergedMaxWeights]. y_i = x·W_iᵀ.
+// matmul_silu_mul — Args: 0 x f32 [B, in] IN, 1 W_gate [I, in] IN, 2 W_up [I, in] IN, 3 gate f32
+// [B, I] OUT, 4 up f32 [B, I] OUT, 5 act f32 [B, I] OUT. gate = x·W_gateᵀ, up = x·W_upᵀ,
+// act = silu(gate)·up (silu_mul's formula).
+// Every element of every output is bitwise what matmul (and silu_mul) writes for it in a task of
+// its own, on the same target and precision: batch-invariant as matmul, whatever the block split.
+// SPMD over output features: the blocks claim rows as matmul does (over the weights' rows laid
+// end to end; matmul_silu_mul: rows of I, each claim computing its gate and up rows and then
+// their act columns). A wrong argument count, dtype or shape is INVALID_ARGUMENT naming the
+// argument; outputs must not overlap x, the weights or each other. As for matmul,
+// llm_kernels(isa, precision) picks the precision's path; these two are precision kExact.
+inline constexpr uint32_t kMatmulMergedMaxWeights = 4;
+absl::Status matmul_merged_kernel(const task::KernelContext& ctx);
+task::TaskArgs matmul_merged_args(const task::Tensor& x, std::span<const task::Tensor> ws,
+                                  std::span<const task::Tensor> ys);
+absl::Status matmul_silu_mul_kernel(const task::KernelContext& ctx);
+task::TaskArgs matmul_silu_mul_args(const task::Tensor& x, const task::Tensor& w_gate,
+                                    const task::Tensor& w_up, const task::Tensor& gate,
+                                    const task::Tensor& up, const task::Tensor& act);
 
 // ---- rope -------------------------------------------------------------------
 // Args: 0 x f32 [B, n_heads, head_dim] INOUT, 1 positions i32 [B] IN,

@@ -235,10 +235,11 @@ struct Qwen3DecodeRunArgs {
   task::TaskArgs to_task_args() const;
 };
 
-// Tasks one run submits: 1 + 12 per layer, plus 4 when n > 0.
-// Per layer: rms_norm, q/k/v matmul, qk_norm_rope_kv (q/k rms_norm, q/k rope and the KV
-// write in one task), paged_attention, o_proj matmul_acc (residual fused), rms_norm, gate/up
-// matmul, silu_mul, down matmul_acc (residual fused). After the layers:
+// Tasks one run submits: 1 + 8 per layer, plus 4 when n > 0.
+// Per layer: rms_norm, q/k/v matmul_merged (one task over the three weights),
+// qk_norm_rope_kv (q/k rms_norm, q/k rope and the KV write in one task), paged_attention,
+// o_proj matmul_acc (residual fused), rms_norm, gate/up matmul_silu_mul (both projections and
+// silu·mul in one task), down matmul_acc (residual fused). After the layers:
 // gather_rows, rms_norm, LM head matmul, argmax.
 int64_t qwen3_decode_task_count(const Qwen3Dims& dims, bool wants_logits);
 
