@@ -1405,18 +1405,24 @@ void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alon
     std::copy(out1.begin(), out1.end(), alone.begin() + b * nh * d);
   }
   expect_close(alone, want, 1e-5);
-  for (int32_t bd : {1, 2, 3, 7, 64}) {
-    std::vector<float> out(B * nh * d, NAN);
-    ASSERT_TRUE(run_blocks(fn,
-                           paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
-                                                view(vp, {pages, ps, nkv, d}),
-                                                view(tables, {B, max_blocks}), view(lens, {B}),
-                                                view(out, {B, nh * d}), scale),
-                           bd)
-                    .ok());
-    for (int64_t i = 0; i < B * nh * d; ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(alone[i]))
-          << "row " << i / (nh * d) << " with " << bd << " blocks";
+  // Fixed shares (no task lines), then (kv head, row) pairs claimed by the blocks through shared
+  // lines, one block after another (the last claims the others' pairs) and on threads at once.
+  for (int mode = 0; mode < 3; ++mode) {
+    for (int32_t bd : {1, 2, 3, 7, 64}) {
+      std::vector<float> out(B * nh * d, NAN);
+      const TaskArgs args = paged_attention_args(
+          view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}),
+          view(tables, {B, max_blocks}), view(lens, {B}), view(out, {B, nh * d}), scale);
+      ASSERT_TRUE((mode == 0 ? run_blocks(fn, args, bd)
+                             : testing::run_blocks_sharing_lines(fn, args, bd, mode == 2))
+                      .ok());
+      for (int64_t i = 0; i < B * nh * d; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(alone[i]))
+            << "row " << i / (nh * d) << " with " << bd << " blocks, "
+            << (mode == 0   ? "fixed shares"
+                : mode == 1 ? "claims"
+                            : "claims on threads");
+      }
     }
   }
   *alone_out = std::move(alone);

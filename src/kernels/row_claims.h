@@ -8,9 +8,9 @@
 //
 // How (work stealing over row ranges, the scheme of a persistent GPU kernel's atomic work
 // counters): block b starts with its block_range rows and takes them from their front, an eighth
-// of what is left of them at a time but at least `min_rows`, rounded up to a multiple of 16 rows
-// (guided self-scheduling: few claims while much is left, small ones at the end); once its own are
-// gone it takes rows from the back of the other blocks' (b + 1 first, then around), ceil(left /
+// of what is left of them at a time but at least `min_rows`, rounded up to a multiple of `align`
+// rows (guided self-scheduling: few claims while much is left, small ones at the end); once its own
+// are gone it takes rows from the back of the other blocks' (b + 1 first, then around), ceil(left /
 // (2·block_dim)) of them at a time but at least `min_rows`, until none is left anywhere. So the
 // blocks end within about a claim of min_rows of each other. Block b's line holds one word: the
 // rows taken from the front of b's range in its low 32 bits and from its back in its high 32 bits,
@@ -37,12 +37,20 @@ namespace simpler::llm {
 
 class RowClaims {
  public:
-  // Rows [0, n) of the task of `ctx`'s block, at least `min_rows` (> 0) a claim but the last.
-  // Without task_lines, with one block, or with n past 2^32 - 1: the block's block_range, once.
-  RowClaims(const task::KernelContext& ctx, int64_t n, int64_t min_rows)
+  // The matmuls' claim granularity (rows).
+  static constexpr int64_t kMatmulAlign = 16;
+
+  // Rows [0, n) of the task of `ctx`'s block, at least `min_rows` (> 0) a claim but the last,
+  // each claim a multiple of `align` (> 0) rows but the last of a range (the matmuls take W rows 8
+  // or 16 at a time, and a short group costs a whole one; the attention claims (kv head, row)
+  // pairs one by one). Without task_lines, with one block, or with n past 2^32 - 1: the block's
+  // block_range, once.
+  RowClaims(const task::KernelContext& ctx, int64_t n, int64_t min_rows,
+            int64_t align = kMatmulAlign)
       : lines_(ctx.task_lines),
         n_(n),
         min_rows_(min_rows > 0 ? min_rows : 1),
+        align_(align > 0 ? align : 1),
         self_(ctx.block_idx),
         blocks_(ctx.block_dim),
         victim_(ctx.block_idx) {
@@ -78,9 +86,6 @@ class RowClaims {
 
  private:
   static constexpr int64_t kMaxRows = 0xFFFFFFFFll;
-  // A claim is a multiple of kAlign rows but the last of a range: the kernels take W rows 8 or
-  // 16 at a time, and a short group costs a whole one.
-  static constexpr int64_t kAlign = 16;
 
   // Rows from block b's range: from its front (own) or its back; false when it has none left.
   bool take(int32_t b, bool own, BlockRange* rows) const {
@@ -93,7 +98,7 @@ class RowClaims {
       const int64_t left = r.end - r.begin - front - back;
       if (left <= 0) return false;
       const int64_t share = own ? (left + 7) / 8 : (left + 2 * blocks_ - 1) / (2 * blocks_);
-      const int64_t n = std::min((std::max(min_rows_, share) + kAlign - 1) / kAlign * kAlign, left);
+      const int64_t n = std::min((std::max(min_rows_, share) + align_ - 1) / align_ * align_, left);
       const uint64_t next =
           own ? w + static_cast<uint64_t>(n) : w + (static_cast<uint64_t>(n) << 32);
       if (word.compare_exchange_weak(w, next, std::memory_order_relaxed)) {
@@ -105,7 +110,7 @@ class RowClaims {
   }
 
   task::TaskLine* lines_;
-  int64_t n_, min_rows_;
+  int64_t n_, min_rows_, align_;
   int32_t self_, blocks_, victim_;
   BlockRange whole_;
   bool done_ = false;
