@@ -22,7 +22,10 @@
 //     1024] per thread (302 MB in all for Q4_K, 570 MB for Q8_0: from memory) walked in calls of S
 //     rows, as a decode step's cores call the kernel;
 //   ExactBlocks/<weight type>_<target>/R/N/K/real_time — precision exact over the same W and
-//     shapes.
+//     shapes;
+//   Attention/<target>/C/real_time/threads:T — a batch-1 decode step's paged attention over C
+//     cached positions in Qwen3-0.6B's shape, 28 layers (470 MB of f32 K and V at C 2,048): bytes
+//     of K and V read per second, to hold against the read probe.
 // bytes_per_second ("G/s") is Google Benchmark's GiB/s (x 1.074 for the GB/s of `simpler bench
 // decode` and its read probe). Debian's libbenchmark 1.7 was built without NDEBUG and says
 // "Library was built as DEBUG"; that is the library's own build, not these loops'.
@@ -293,6 +296,67 @@ SIMPLER_INT8_BENCHMARKS(q8_0, WeightType::kQ8_0);
 SIMPLER_INT8_BENCHMARKS(q4_k, WeightType::kQ4_K);
 SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
 
+// One decode step's attention at batch 1 over a context of state.range(0) cached positions, in
+// Qwen3-0.6B's shape (16 query heads, 8 kv heads of 128, 28 layers each with its own K and V pools
+// of pages of 16 positions, the request's pages in order): the paged_attention kernel of `isa`
+// on every layer, the layer's (kv head, row) pairs split between the threads as the blocks of a
+// task with fixed shares. Bytes: the K and V rows read (at 2,048 positions 470 MB a step, past
+// the last level cache).
+void Attention(benchmark::State& state, KernelIsa isa) {
+  if (!kernel_isa_available(isa)) {
+    state.SkipWithError("this CPU lacks the target");
+    return;
+  }
+  constexpr int64_t kHeads = 16, kKv = 8, kDim = 128, kLayers = 28, kPage = 16;
+  const int64_t context = state.range(0), pages = context / kPage;
+  const int64_t pool = pages * kPage * kKv * kDim;
+  static std::vector<float> pools;  // K then V of each layer, shared by the threads
+  if (state.thread_index() == 0) pools.assign(static_cast<size_t>(2 * kLayers * pool), 0.25f);
+  std::vector<float> q(kHeads * kDim, 0.5f), out(kHeads * kDim);
+  std::vector<int32_t> table(static_cast<size_t>(pages)), lens = {static_cast<int32_t>(context)};
+  for (int64_t i = 0; i < pages; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  const task::KernelFn fn = llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn;
+  auto view = [](auto& v, std::initializer_list<int64_t> shape, task::DataType dt) {
+    return task::Tensor::contiguous(reinterpret_cast<uintptr_t>(v.data()), shape, dt).value();
+  };
+  for (auto _ : state) {
+    for (int64_t l = 0; l < kLayers; ++l) {
+      float* k = pools.data() + 2 * l * pool;
+      task::Tensor kt = task::Tensor::contiguous(reinterpret_cast<uintptr_t>(k),
+                                                 {pages, kPage, kKv, kDim}, task::DataType::kFloat32)
+                            .value();
+      task::Tensor vt = kt;
+      vt.address += static_cast<uint64_t>(pool) * sizeof(float);
+      const task::TaskArgs args = paged_attention_args(
+          view(q, {1, kHeads, kDim}, task::DataType::kFloat32), kt, vt,
+          view(table, {1, pages}, task::DataType::kInt32),
+          view(lens, {1}, task::DataType::kInt32),
+          view(out, {1, kHeads * kDim}, task::DataType::kFloat32),
+          1.0f / 11.3137f);
+      task::KernelContext ctx;
+      ctx.args = args.args().data();
+      ctx.num_args = static_cast<uint32_t>(args.size());
+      ctx.block_idx = state.thread_index();
+      ctx.block_dim = state.threads();
+      if (!fn(ctx).ok()) state.SkipWithError("paged_attention failed");
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kLayers * 2 * context * kKv * kDim *
+                          static_cast<int64_t>(sizeof(float)) / state.threads());
+}
+
+BENCHMARK_CAPTURE(Attention, avx512, KernelIsa::kAvx512)
+    ->Arg(512)
+    ->Arg(2048)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(Attention, x86_64_v3, KernelIsa::kX86_64V3)
+    ->Arg(2048)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, neon, KernelIsa::kNeon)->Threads(1)->Threads(2)->UseRealTime();
