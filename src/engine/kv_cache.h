@@ -2,7 +2,7 @@
 // are free, which request owns each page, and each request's block table.
 //
 // The device pool itself is one tensor per layer and K/V,
-// [num_pages, page_size, n_kv_heads, head_dim] (see qwen3_program.h); token t of
+// [num_pages, n_kv_heads, page_size, head_dim] (see qwen3_program.h); token t of
 // a request lives in page pages()[t / page_size] at offset t % page_size, i.e.
 // at slot page · page_size + offset. A page is written only by the request
 // that allocated it. Full pages whose content is proven (the step that wrote

@@ -1079,15 +1079,21 @@ absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV slot ", slot, " outside the pool's [0, ", slots, ")"));
   }
-  const int64_t kv_row = dims_.kv_size();
+  // The pools hold a page kv head by kv head ([pages, n_kv, page_size, head_dim]): the slot's row
+  // is one head_dim run per kv head.
+  const int64_t heads = dims_.num_key_value_heads, hd = dims_.head_dim, ps = options_.page_size;
+  const uint64_t run_bytes = static_cast<uint64_t>(hd) * sizeof(float);
   Kv kv;
   for (int64_t l = 0; l < dims_.num_hidden_layers; ++l) {
-    std::vector<float> k(kv_row), v(kv_row);
-    const uint64_t row_off = static_cast<uint64_t>(slot) * kv_row * 4;
-    const uint64_t k_off = c.kv_pools.layers[l].k_pool.address - c.kv_buffer.address + row_off;
-    const uint64_t v_off = c.kv_pools.layers[l].v_pool.address - c.kv_buffer.address + row_off;
-    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data(), c.kv_buffer, kv_row * 4, k_off));
-    SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data(), c.kv_buffer, kv_row * 4, v_off));
+    std::vector<float> k(heads * hd), v(heads * hd);
+    for (int64_t h = 0; h < heads; ++h) {
+      const uint64_t run_off =
+          static_cast<uint64_t>(((slot / ps * heads + h) * ps + slot % ps) * hd) * sizeof(float);
+      const uint64_t k_off = c.kv_pools.layers[l].k_pool.address - c.kv_buffer.address + run_off;
+      const uint64_t v_off = c.kv_pools.layers[l].v_pool.address - c.kv_buffer.address + run_off;
+      SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data() + h * hd, c.kv_buffer, run_bytes, k_off));
+      SIMPLER_RETURN_IF_ERROR(worker_->copy_from(v.data() + h * hd, c.kv_buffer, run_bytes, v_off));
+    }
     kv.k.push_back(std::move(k));
     kv.v.push_back(std::move(v));
   }

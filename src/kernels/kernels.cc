@@ -846,19 +846,19 @@ absl::Status kv_write_kernel(const KernelContext& ctx) {
   const int64_t dim = ctx.tensor(0).shape[2];
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "v", DataType::kFloat32, {rows, n_kv, dim}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "slot_mapping", DataType::kInt32, {rows}));
-  SIMPLER_RETURN_IF_ERROR(c.tensor(3, "k_pool", DataType::kFloat32, {-1, -1, n_kv, dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(3, "k_pool", DataType::kFloat32, {-1, n_kv, -1, dim}));
   const int64_t pages = ctx.tensor(3).shape[0];
-  const int64_t page_size = ctx.tensor(3).shape[1];
-  SIMPLER_RETURN_IF_ERROR(c.tensor(4, "v_pool", DataType::kFloat32, {pages, page_size, n_kv, dim}));
-  const row_ops::KvCache cache{ctx.tensor(3).data<float>(), ctx.tensor(4).data<float>(), pages,
-                               page_size, n_kv * dim};
+  const int64_t page_size = ctx.tensor(3).shape[2];
+  SIMPLER_RETURN_IF_ERROR(c.tensor(4, "v_pool", DataType::kFloat32, {pages, n_kv, page_size, dim}));
+  const row_ops::KvCache cache{
+      ctx.tensor(3).data<float>(), ctx.tensor(4).data<float>(), pages, page_size, n_kv, dim};
   const float* k = ctx.tensor(0).data<const float>();
   const float* v = ctx.tensor(1).data<const float>();
   const int32_t* slot_mapping = ctx.tensor(2).data<const int32_t>();
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   for (int64_t b = r.begin; b < r.end; ++b) {
-    SIMPLER_RETURN_IF_ERROR(row_ops::write_kv_row(
-        c, cache, b, slot_mapping[b], k + b * cache.row_elems, v + b * cache.row_elems));
+    SIMPLER_RETURN_IF_ERROR(row_ops::write_kv_row(c, cache, b, slot_mapping[b], k + b * n_kv * dim,
+                                                  v + b * n_kv * dim));
   }
   return absl::OkStatus();
 }
@@ -992,10 +992,11 @@ struct AttendTile {
   float* const* out = nullptr;      // [rows] -> group x dim
   const int32_t* table = nullptr;
 
-  // Where cached position t of kv head g starts in the K or V pool, in floats.
+  // Where cached position t of kv head g starts in the K or V pool ([pages, n_kv, page_size,
+  // dim]: a kv head's positions within a page contiguous), in floats.
   int64_t kv_offset(int64_t t) const {
-    const int64_t slot = static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size;
-    return (slot * n_kv + g) * dim;
+    return ((static_cast<int64_t>(table[t / page_size]) * n_kv + g) * page_size + t % page_size) *
+           dim;
   }
 };
 
@@ -1189,18 +1190,10 @@ __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTil
   // Scores, by blocks of 16 cached keys (read once for the tile's queries).
   for (int64_t t0 = 0; t0 < len; t0 += kLanes) {
     const int64_t n = std::min<int64_t>(kLanes, len - t0);
-    // The block's keys, copied next to each other: in the pool they sit n_kv·dim floats apart
-    // (4 KiB for Qwen3), which maps them onto the same few L1 sets.
-    alignas(64) float kbuf[kLanes][dim];
+    // The block's keys, read where they are: a kv head's positions within a page are
+    // contiguous (kv_write's layout), so they map onto L1 sets as a plain array does.
     const float* k[kLanes];
-    for (int64_t j = 0; j < kLanes; ++j) {
-      if (j < n) {
-        std::memcpy(kbuf[j], k_pool + s.kv_offset(t0 + j), sizeof(kbuf[j]));
-        k[j] = kbuf[j];
-      } else {
-        k[j] = zeros;
-      }
-    }
+    for (int64_t j = 0; j < kLanes; ++j) k[j] = j < n ? k_pool + s.kv_offset(t0 + j) : zeros;
     for (int64_t qi = 0; qi < heads; ++qi) {
       const int64_t row_len = s.lens[qi / group];
       if (row_len <= t0) continue;
@@ -1232,16 +1225,13 @@ __attribute__((target("avx512f"))) void attend_values_avx512_dim(const AttendTil
   constexpr int64_t dim = C * kLanes;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
   // Weighted sum of V: per query, C accumulators in registers over increasing t, in spans of
-  // 32 keys so the span's V rows stay in L1 across the tile's queries.
+  // 32 keys so the span's V rows stay in L1 across the tile's queries (read where they are, as
+  // the keys).
   constexpr int64_t kSpan = 32;
-  alignas(64) float vbuf[kSpan][dim];  // the span's V rows, next to each other (as kbuf)
   for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
     const int64_t t1 = std::min(len, t0 + kSpan);
     const float* v[kSpan];
-    for (int64_t t = t0; t < t1; ++t) {
-      std::memcpy(vbuf[t - t0], v_pool + s.kv_offset(t), sizeof(vbuf[0]));
-      v[t - t0] = vbuf[t - t0];
-    }
+    for (int64_t t = t0; t < t1; ++t) v[t - t0] = v_pool + s.kv_offset(t);
     for (int64_t qi = 0; qi < heads; ++qi) {
       const int64_t end = std::min(t1, s.lens[qi / group]);
       if (end <= t0) continue;
@@ -1347,10 +1337,10 @@ absl::StatusOr<PagedAttention> check_paged_attention(const ArgCheck& c, const Ke
   a.dim = ctx.tensor(0).shape[2];
   SIMPLER_RETURN_IF_ERROR(c.tensor(1, "k_pool", DataType::kFloat32, {-1, -1, -1, a.dim}));
   a.pages = ctx.tensor(1).shape[0];
-  a.page_size = ctx.tensor(1).shape[1];
-  a.n_kv = ctx.tensor(1).shape[2];
+  a.n_kv = ctx.tensor(1).shape[1];
+  a.page_size = ctx.tensor(1).shape[2];
   SIMPLER_RETURN_IF_ERROR(
-      c.tensor(2, "v_pool", DataType::kFloat32, {a.pages, a.page_size, a.n_kv, a.dim}));
+      c.tensor(2, "v_pool", DataType::kFloat32, {a.pages, a.n_kv, a.page_size, a.dim}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(3, "block_tables", DataType::kInt32, {a.rows, -1}));
   a.max_blocks = ctx.tensor(3).shape[1];
   SIMPLER_RETURN_IF_ERROR(c.tensor(4, "context_lens", DataType::kInt32, {a.rows}));

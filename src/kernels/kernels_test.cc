@@ -1134,15 +1134,18 @@ TEST(KvWriteKernel, WritesMappedSlotsAndSkipsPadding) {
                      vp0 = random_floats(pages * ps * row, 11);
   std::vector<float> kp = kp0, vp = vp0;
   TaskArgs args = kv_write_args(view(k, {B, nkv, d}), view(v, {B, nkv, d}), view(slots, {B}),
-                                view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}));
+                                view(kp, {pages, nkv, ps, d}), view(vp, {pages, nkv, ps, d}));
   EXPECT_EQ(args[3].direction, task::ArgDirection::kInOut);
   EXPECT_EQ(args[4].direction, task::ArgDirection::kInOut);
   ASSERT_TRUE(run_blocks(&kv_write_kernel, args, 2).ok());
+  // The pools hold a page kv head by kv head: slot s's row of kv head g starts at
+  // ((page · nkv + g) · ps + offset) · d.
   for (int64_t s = 0; s < pages * ps; ++s) {
     const int64_t src = s == 7 ? 0 : s == 13 ? 2 : -1;
     for (int64_t i = 0; i < row; ++i) {
-      EXPECT_EQ(kp[s * row + i], src >= 0 ? k[src * row + i] : kp0[s * row + i]) << s;
-      EXPECT_EQ(vp[s * row + i], src >= 0 ? v[src * row + i] : vp0[s * row + i]) << s;
+      const int64_t g = i / d, at = ((s / ps * nkv + g) * ps + s % ps) * d + i % d;
+      EXPECT_EQ(kp[at], src >= 0 ? k[src * row + i] : kp0[at]) << s;
+      EXPECT_EQ(vp[at], src >= 0 ? v[src * row + i] : vp0[at]) << s;
     }
   }
   slots = {7, 20, 0};
@@ -1183,8 +1186,8 @@ TEST(QkNormRopeKvKernel, IsBitwiseTheFiveKernelsInSequenceForAnySplit) {
           .ok());
   ASSERT_TRUE(run_blocks(&kv_write_kernel,
                          kv_write_args(view(want_k, {B, nkv, d}), view(v, {B, nkv, d}),
-                                       view(slots, {B}), view(want_kp, {pages, ps, nkv, d}),
-                                       view(want_vp, {pages, ps, nkv, d})),
+                                       view(slots, {B}), view(want_kp, {pages, nkv, ps, d}),
+                                       view(want_vp, {pages, nkv, ps, d})),
                          1)
                   .ok());
   std::vector<float> q_out(q.size()), k_out(k.size()), kp = kp0, vp = vp0;
@@ -1197,8 +1200,8 @@ TEST(QkNormRopeKvKernel, IsBitwiseTheFiveKernelsInSequenceForAnySplit) {
                               view(slots, {B}),
                               view(q_out, {B, nh, d}),
                               view(k_out, {B, nkv, d}),
-                              view(kp, {pages, ps, nkv, d}),
-                              view(vp, {pages, ps, nkv, d})};
+                              view(kp, {pages, nkv, ps, d}),
+                              view(vp, {pages, nkv, ps, d})};
   const TaskArgs args = qk_norm_rope_kv_args(t, eps, theta);
   EXPECT_EQ(args[7].direction, task::ArgDirection::kOut);
   EXPECT_EQ(args[9].direction, task::ArgDirection::kInOut);
@@ -1288,20 +1291,21 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
       const int64_t g = h / (nh / nkv);
       std::vector<double> scores(lens[b]);
       double mx = -INFINITY;
+      // Position t of kv head g: page tables[b, t / ps], its run of head g, offset t % ps.
+      const auto at = [&](int64_t t) {
+        return ((tables[b * max_blocks + t / ps] * nkv + g) * ps + t % ps) * d;
+      };
       for (int64_t t = 0; t < lens[b]; ++t) {
-        const int64_t slot = tables[b * max_blocks + t / ps] * ps + t % ps;
         double s = 0;
-        for (int64_t i = 0; i < d; ++i)
-          s += double(q[(b * nh + h) * d + i]) * kp[(slot * nkv + g) * d + i];
+        for (int64_t i = 0; i < d; ++i) s += double(q[(b * nh + h) * d + i]) * kp[at(t) + i];
         scores[t] = s * scale;
         mx = std::max(mx, scores[t]);
       }
       double sum = 0;
       for (double& s : scores) sum += (s = std::exp(s - mx));
       for (int64_t t = 0; t < lens[b]; ++t) {
-        const int64_t slot = tables[b * max_blocks + t / ps] * ps + t % ps;
         for (int64_t i = 0; i < d; ++i) {
-          out[(b * nh + h) * d + i] += scores[t] / sum * vp[(slot * nkv + g) * d + i];
+          out[(b * nh + h) * d + i] += scores[t] / sum * vp[at(t) + i];
         }
       }
     }
@@ -1324,7 +1328,7 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
   for (int32_t bd : {1, 3, 5, 8, 11}) {
     std::vector<float> out(B * nh * d, NAN);
     TaskArgs args = paged_attention_args(
-        view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}),
+        view(q, {B, nh, d}), view(kp, {pages, nkv, ps, d}), view(vp, {pages, nkv, ps, d}),
         view(tables, {B, max_blocks}), view(lens, {B}), view(out, {B, nh * d}),
         static_cast<float>(1.0 / std::sqrt(double(d))));
     EXPECT_EQ(args[1].direction, task::ArgDirection::kIn);
@@ -1397,8 +1401,8 @@ void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alon
     std::vector<int32_t> l1 = {lens[b]};
     ASSERT_TRUE(
         run_blocks(fn,
-                   paged_attention_args(view(q1, {1, nh, d}), view(kp, {pages, ps, nkv, d}),
-                                        view(vp, {pages, ps, nkv, d}), view(t1, {1, max_blocks}),
+                   paged_attention_args(view(q1, {1, nh, d}), view(kp, {pages, nkv, ps, d}),
+                                        view(vp, {pages, nkv, ps, d}), view(t1, {1, max_blocks}),
                                         view(l1, {1}), view(out1, {1, nh * d}), scale),
                    1)
             .ok());
@@ -1411,7 +1415,7 @@ void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alon
     for (int32_t bd : {1, 2, 3, 7, 64}) {
       std::vector<float> out(B * nh * d, NAN);
       const TaskArgs args = paged_attention_args(
-          view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}), view(vp, {pages, ps, nkv, d}),
+          view(q, {B, nh, d}), view(kp, {pages, nkv, ps, d}), view(vp, {pages, nkv, ps, d}),
           view(tables, {B, max_blocks}), view(lens, {B}), view(out, {B, nh * d}), scale);
       ASSERT_TRUE((mode == 0 ? run_blocks(fn, args, bd)
                              : testing::run_blocks_sharing_lines(fn, args, bd, mode == 2))
@@ -1447,8 +1451,8 @@ TEST(PagedAttentionKernel, ANanKeySpreadsToItsRowOnly) {
       std::vector<float> out(B * nh * d, 0.0f);
       ASSERT_TRUE(run_blocks(llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn,
                              paged_attention_args(
-                                 view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
-                                 view(vp, {pages, ps, nkv, d}), view(tables, {B, max_blocks}),
+                                 view(q, {B, nh, d}), view(kp, {pages, nkv, ps, d}),
+                                 view(vp, {pages, nkv, ps, d}), view(tables, {B, max_blocks}),
                                  view(lens, {B}), view(out, {B, nh * d}), 0.125f),
                              1)
                       .ok());
@@ -1463,8 +1467,8 @@ TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
   std::vector<float> q(B * nh * d, 1.0f), kp(pages * ps * nkv * d), vp(kp.size()), out(B * nh * d);
   std::vector<int32_t> tables = {1, 2};
   std::vector<int32_t> lens = {5};
-  TaskArgs args = paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, ps, nkv, d}),
-                                       view(vp, {pages, ps, nkv, d}), view(tables, {B, max_blocks}),
+  TaskArgs args = paged_attention_args(view(q, {B, nh, d}), view(kp, {pages, nkv, ps, d}),
+                                       view(vp, {pages, nkv, ps, d}), view(tables, {B, max_blocks}),
                                        view(lens, {B}), view(out, {B, nh * d}), 0.5f);
   absl::Status s = run_blocks(&paged_attention_kernel, args, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -322,17 +322,16 @@ void Attention(benchmark::State& state, KernelIsa isa) {
   for (auto _ : state) {
     for (int64_t l = 0; l < kLayers; ++l) {
       float* k = pools.data() + 2 * l * pool;
-      task::Tensor kt = task::Tensor::contiguous(reinterpret_cast<uintptr_t>(k),
-                                                 {pages, kPage, kKv, kDim}, task::DataType::kFloat32)
-                            .value();
+      task::Tensor kt =
+          task::Tensor::contiguous(reinterpret_cast<uintptr_t>(k), {pages, kKv, kPage, kDim},
+                                   task::DataType::kFloat32)
+              .value();
       task::Tensor vt = kt;
       vt.address += static_cast<uint64_t>(pool) * sizeof(float);
       const task::TaskArgs args = paged_attention_args(
           view(q, {1, kHeads, kDim}, task::DataType::kFloat32), kt, vt,
-          view(table, {1, pages}, task::DataType::kInt32),
-          view(lens, {1}, task::DataType::kInt32),
-          view(out, {1, kHeads * kDim}, task::DataType::kFloat32),
-          1.0f / 11.3137f);
+          view(table, {1, pages}, task::DataType::kInt32), view(lens, {1}, task::DataType::kInt32),
+          view(out, {1, kHeads * kDim}, task::DataType::kFloat32), 1.0f / 11.3137f);
       task::KernelContext ctx;
       ctx.args = args.args().data();
       ctx.num_args = static_cast<uint32_t>(args.size());

@@ -26,11 +26,11 @@ absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx) {
   SIMPLER_RETURN_IF_ERROR(c.tensor(6, "slot_mapping", DataType::kInt32, {rows}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(7, "q_out", DataType::kFloat32, {rows, heads, dim}));
   SIMPLER_RETURN_IF_ERROR(c.tensor(8, "k_out", DataType::kFloat32, {rows, kv_heads, dim}));
-  SIMPLER_RETURN_IF_ERROR(c.tensor(9, "k_pool", DataType::kFloat32, {-1, -1, kv_heads, dim}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(9, "k_pool", DataType::kFloat32, {-1, kv_heads, -1, dim}));
   const int64_t pages = ctx.tensor(9).shape[0];
-  const int64_t page_size = ctx.tensor(9).shape[1];
+  const int64_t page_size = ctx.tensor(9).shape[2];
   SIMPLER_RETURN_IF_ERROR(
-      c.tensor(10, "v_pool", DataType::kFloat32, {pages, page_size, kv_heads, dim}));
+      c.tensor(10, "v_pool", DataType::kFloat32, {pages, kv_heads, page_size, dim}));
   SIMPLER_RETURN_IF_ERROR(c.scalar(11, "eps"));
   SIMPLER_RETURN_IF_ERROR(c.scalar(12, "theta"));
   const double eps = ctx.scalar_f32(11);
@@ -45,9 +45,9 @@ absl::Status qk_norm_rope_kv_kernel(const task::KernelContext& ctx) {
   const int32_t* slot_mapping = ctx.tensor(6).data<const int32_t>();
   float* q_out = ctx.tensor(7).data<float>();
   float* k_out = ctx.tensor(8).data<float>();
-  const row_ops::KvCache cache{ctx.tensor(9).data<float>(), ctx.tensor(10).data<float>(), pages,
-                               page_size, kv_heads * dim};
-  const int64_t q_elems = heads * dim, kv_elems = cache.row_elems;
+  const row_ops::KvCache cache{
+      ctx.tensor(9).data<float>(), ctx.tensor(10).data<float>(), pages, page_size, kv_heads, dim};
+  const int64_t q_elems = heads * dim, kv_elems = kv_heads * dim;
   const BlockRange r = block_range(rows, ctx.block_idx, ctx.block_dim);
   if (r.begin >= r.end) return absl::OkStatus();
   row_ops::RopeAngles angles(dim, theta);

@@ -141,16 +141,24 @@ class RopeAngles {
   const float* sin_ = nullptr;
 };
 
-// One layer's paged KV cache as kv_write and qk_norm_rope_kv write it: k and v pools of
-// [pages, page_size] slots of `row_elems` floats (n_kv · head_dim) each. Not owned.
+// One layer's paged KV cache as kv_write and qk_norm_rope_kv write it: k and v pools of `pages`
+// pages, each page kv head by kv head (kv_heads runs of page_size slots of head_dim floats:
+// [pages, kv_heads, page_size, head_dim], docs/design/engine.md), so that one kv head's
+// cached positions within a page are contiguous. Not owned.
 struct KvCache {
   float* k = nullptr;
   float* v = nullptr;
-  int64_t pages = 0, page_size = 0, row_elems = 0;
+  int64_t pages = 0, page_size = 0, kv_heads = 0, head_dim = 0;
+
+  // Where slot s's row of kv head h starts in a pool, in floats.
+  int64_t offset(int64_t s, int64_t h) const {
+    return ((s / page_size * kv_heads + h) * page_size + s % page_size) * head_dim;
+  }
 };
 
-// Row b's k and v (row_elems floats each) into slot s of `cache`: a slot < 0 skips the row
-// (padding); one >= pages · page_size is INVALID_ARGUMENT through `c`, naming the row.
+// Row b's k and v (kv_heads · head_dim floats each, head by head) into slot s of `cache`: a slot
+// < 0 skips the row (padding); one >= pages · page_size is INVALID_ARGUMENT through `c`, naming
+// the row.
 inline absl::Status write_kv_row(const task::ArgChecker& c, const KvCache& cache, int64_t b,
                                  int64_t s, const float* k, const float* v) {
   if (s < 0) return absl::OkStatus();
@@ -158,8 +166,11 @@ inline absl::Status write_kv_row(const task::ArgChecker& c, const KvCache& cache
     return c.error(absl::StrCat("slot ", s, " at row ", b, " is outside the pool of ", cache.pages,
                                 " pages x ", cache.page_size, " slots"));
   }
-  std::memcpy(cache.k + s * cache.row_elems, k, sizeof(float) * cache.row_elems);
-  std::memcpy(cache.v + s * cache.row_elems, v, sizeof(float) * cache.row_elems);
+  const size_t bytes = sizeof(float) * static_cast<size_t>(cache.head_dim);
+  for (int64_t h = 0; h < cache.kv_heads; ++h) {
+    std::memcpy(cache.k + cache.offset(s, h), k + h * cache.head_dim, bytes);
+    std::memcpy(cache.v + cache.offset(s, h), v + h * cache.head_dim, bytes);
+  }
   return absl::OkStatus();
 }
 

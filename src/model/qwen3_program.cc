@@ -330,7 +330,7 @@ class DecodeSubmitter {
         submit(KernelId::kPagedAttention,
                paged_attention_args(v.q3, pool.k_pool, pool.v_pool, r_.block_tables,
                                     r_.context_lens, v.attn_out, p_.scale),
-               attention_blocks(B, pool.k_pool.shape[1]), "paged_attention", l));
+               attention_blocks(B, p_.pools.page_size()), "paged_attention", l));
     return submit(KernelId::kMatmulAcc, matmul_acc_args(v.attn_out, w.o_proj, v.hidden),
                   matmul_blocks(B, H, nh * hd), "o_proj", l);
   }
@@ -564,7 +564,7 @@ absl::StatusOr<Qwen3Scratch> layout_scratch(const Qwen3Dims& dims, int64_t max_b
 
 int64_t Qwen3KvPools::num_pages() const { return layers.empty() ? 0 : layers[0].k_pool.shape[0]; }
 
-int64_t Qwen3KvPools::page_size() const { return layers.empty() ? 0 : layers[0].k_pool.shape[1]; }
+int64_t Qwen3KvPools::page_size() const { return layers.empty() ? 0 : layers[0].k_pool.shape[2]; }
 
 absl::Status Qwen3KvPools::validate(const Qwen3Dims& d) const {
   SIMPLER_RETURN_IF_ERROR(d.validate());
@@ -591,7 +591,7 @@ absl::Status Qwen3KvPools::validate(const Qwen3Dims& d) const {
       const std::string name =
           absl::StrCat("Qwen3KvPools.layers[", i, "].", kv == 0 ? "k_pool" : "v_pool");
       SIMPLER_RETURN_IF_ERROR(check_tensor(name, t, DataType::kFloat32,
-                                           {pages, page_size, d.num_key_value_heads, d.head_dim}));
+                                           {pages, d.num_key_value_heads, page_size, d.head_dim}));
       ranges.push_back({name, t.address, t.address + t.span_bytes()});
     }
   }
@@ -624,11 +624,11 @@ absl::StatusOr<Qwen3KvPools> layout_kv_pools(const Qwen3Dims& dims, int64_t num_
   for (int64_t l = 0; l < dims.num_hidden_layers; ++l) {
     Qwen3KvLayerPool layer;
     layer.k_pool =
-        view(base_address + offset, {num_pages, page_size, dims.num_key_value_heads, dims.head_dim},
+        view(base_address + offset, {num_pages, dims.num_key_value_heads, page_size, dims.head_dim},
              DataType::kFloat32);
     offset += pool;
     layer.v_pool =
-        view(base_address + offset, {num_pages, page_size, dims.num_key_value_heads, dims.head_dim},
+        view(base_address + offset, {num_pages, dims.num_key_value_heads, page_size, dims.head_dim},
              DataType::kFloat32);
     offset += pool;
     pools.layers.push_back(layer);

@@ -241,10 +241,12 @@ task::TaskArgs rope_args(const task::Tensor& x, const task::Tensor& positions, f
 
 // ---- kv_write ---------------------------------------------------------------
 // Args: 0 k f32 [B, n_kv, head_dim] IN, 1 v f32 [B, n_kv, head_dim] IN,
-// 2 slot_mapping i32 [B] IN, 3 k_pool f32 [num_pages, page_size, n_kv, head_dim]
-// INOUT, 4 v_pool (same shape) INOUT.
-// For each row b with slot s = slot_mapping[b] >= 0 (s = page·page_size +
-// offset): k_pool[page, offset] = k[b], v_pool[page, offset] = v[b]. A slot < 0
+// 2 slot_mapping i32 [B] IN, 3 k_pool f32 [num_pages, n_kv, page_size, head_dim]
+// INOUT, 4 v_pool (same shape) INOUT. The pools hold each page kv head by kv head, so one kv
+// head's cached positions within a page are contiguous (vLLM's paged-attention layout of a
+// block; docs/design/engine.md, "The KV cache layout").
+// For each row b with slot s = slot_mapping[b] >= 0 (s = page·page_size + offset) and kv head
+// g: k_pool[page, g, offset] = k[b, g], v_pool[page, g, offset] = v[b, g]. A slot < 0
 // skips the row (padding). A slot >= num_pages·page_size is INVALID_ARGUMENT.
 // Single block (block_dim 1) is the intended use; with more blocks each block
 // writes the rows of its block_range. Two rows naming one slot: the later row wins.
@@ -260,7 +262,7 @@ task::TaskArgs kv_write_args(const task::Tensor& k, const task::Tensor& v,
 // [B, n_kv, head_dim] IN (the projections), 3 q_norm f32 [head_dim] IN, 4 k_norm f32
 // [head_dim] IN, 5 positions i32 [B] IN, 6 slot_mapping i32 [B] IN, 7 q_out f32
 // [B, n_heads, head_dim] OUT, 8 k_out f32 [B, n_kv, head_dim] OUT, 9 k_pool f32
-// [num_pages, page_size, n_kv, head_dim] INOUT, 10 v_pool (same shape) INOUT, 11 eps f32 SCALAR,
+// [num_pages, n_kv, page_size, head_dim] INOUT, 10 v_pool (same shape) INOUT, 11 eps f32 SCALAR,
 // 12 theta f32 SCALAR.
 // Per row b: q_out[b, h] = rope(rms_norm(q[b, h], q_norm), positions[b]) for every head h, k_out
 // likewise with k_norm, then, as kv_write, k_pool and v_pool at slot slot_mapping[b] get
@@ -278,8 +280,8 @@ struct QkNormRopeKvTensors {
 task::TaskArgs qk_norm_rope_kv_args(const QkNormRopeKvTensors& t, float eps, float theta);
 
 // ---- paged_attention ----------------------------------------------------------
-// Args: 0 q f32 [B, n_heads, head_dim] IN, 1 k_pool f32 [num_pages, page_size,
-// n_kv, head_dim] IN, 2 v_pool (same shape) IN, 3 block_tables i32
+// Args: 0 q f32 [B, n_heads, head_dim] IN, 1 k_pool f32 [num_pages, n_kv,
+// page_size, head_dim] IN (kv_write's layout), 2 v_pool (same shape) IN, 3 block_tables i32
 // [B, max_blocks] IN, 4 context_lens i32 [B] IN, 5 out f32 [B, n_heads·head_dim]
 // OUT, 6 scale f32 SCALAR (Qwen3: 1/sqrt(head_dim)).
 // Decode attention of one query token per row over its paged KV cache: row b
@@ -288,7 +290,9 @@ task::TaskArgs qk_norm_rope_kv_args(const QkNormRopeKvTensors& t, float eps, flo
 // t % page_size. GQA: query head h reads KV head h / (n_heads / n_kv).
 // out[b, h·d:(h+1)·d] = Σ_t softmax_t(scale·q_h·k_t) v_t, a numerically stable
 // online softmax in f32. A context length of 0 gives zeros (padding rows).
-// SPMD over (row, kv head) pairs, pair = b·n_kv + g, split by block_range.
+// SPMD over (kv head, row) pairs, pair = g·B + b: with the task's shared lines the blocks claim
+// pairs as each becomes free (as matmul's rows), without them block_range splits them; a row's
+// result is the same whoever computes it.
 // INVALID_ARGUMENT for a negative context length, one above
 // max_blocks·page_size, or a page id outside [0, num_pages) among the pages
 // the row reads (entries past the context are never read, so -1 padding is fine).

@@ -138,8 +138,8 @@ absl::StatusOr<Qwen3Scratch> layout_scratch(const Qwen3Dims& dims, int64_t max_b
                                             uint64_t base_address, int64_t max_logit_rows = 0);
 
 // One layer's KV cache pools: f32 device tensors
-// [num_pages, page_size, num_key_value_heads, head_dim]; slot = page·page_size
-// + offset (see kv_cache.h). Memory owned by the caller.
+// [num_pages, num_key_value_heads, page_size, head_dim] (a page kv head by kv head: kv_write in
+// kernels.h); slot = page·page_size + offset (see kv_cache.h). Memory owned by the caller.
 struct Qwen3KvLayerPool {
   task::Tensor k_pool;
   task::Tensor v_pool;
