@@ -1800,11 +1800,15 @@ def scenario_bench_decode(ctx):
     with open(os.path.join(model, "config.json")) as f:
         matrices, vectors = decode_weight_elements(json.load(f))
     weight_bytes = 2 * matrices + 4 * vectors  # a bf16 checkpoint
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4  # a position
     keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "precision", "step_ms",
             "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
             "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s",
             "capture", "prepare_us_p50", "ns_per_task_p50", "step_ms_p50", "turnaround_us_p50",
-            "read_gb_per_s_before", "read_gb_per_s_after"}
+            "read_gb_per_s_before", "read_gb_per_s_after", "context", "kv_bytes_per_step",
+            "read_bytes_gb_per_s"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
     for depth in (1, 2):
         label = f"bench decode --launch-depth {depth}"
@@ -1826,7 +1830,9 @@ def scenario_bench_decode(ctx):
                  f"{label}: kernel_isa {out['kernel_isa']!r}: not a target auto resolves to")
         pb.check(out["precision"] == "int8", f"{label}: precision {out['precision']!r}")
         pb.check(out["capture"] == "off", f"{label}: capture {out['capture']!r}, default off")
-        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa", "precision", "capture"})
+        pb.check(out["context"] == 0, f"{label}: context {out['context']}, default 0")
+        bad = {k: out[k] for k in sorted(keys - {"model", "kernel_isa", "precision", "capture",
+                                                 "context"})
                if not (isinstance(out[k], (int, float)) and not isinstance(out[k], bool)
                        and math.isfinite(out[k]) and out[k] > 0)}
         if not pb.check(not bad, f"{label}: not positive finite numbers: {bad}"):
@@ -1847,10 +1853,18 @@ def scenario_bench_decode(ctx):
                  f"{label}: read_gb_per_s {out['read_gb_per_s']} is not the higher of the probes "
                  f"before ({out['read_gb_per_s_before']}) and after ({out['read_gb_per_s_after']}) "
                  f"the row")
+        # The step reads its weights and its f32 K and V: the one-token prompt, then 3 timed
+        # steps attending 2, 3 and 4 positions, 3 on average.
+        pb.check(out["kv_bytes_per_step"] == kv * 3,
+                 f"{label}: kv_bytes_per_step {out['kv_bytes_per_step']}, expected {kv} x 3")
+        pb.check(close(out["read_bytes_gb_per_s"],
+                       (wb + out["kv_bytes_per_step"]) / (out["device_step_ms_p50"] / 1e3) / 1e9),
+                 f"{label}: read_bytes_gb_per_s {out['read_bytes_gb_per_s']} is not (weights + K "
+                 f"and V) / device step time")
         pb.check(close(out["fraction_of_read_bandwidth"],
-                       out["weight_gb_per_s"] / out["read_gb_per_s"]),
+                       out["read_bytes_gb_per_s"] / out["read_gb_per_s"]),
                  f"{label}: fraction_of_read_bandwidth {out['fraction_of_read_bandwidth']} is not "
-                 f"{out['weight_gb_per_s']} / {out['read_gb_per_s']}")
+                 f"{out['read_bytes_gb_per_s']} / {out['read_gb_per_s']}")
         pb.check(close(out["gflop_per_s"],
                        2 * matrices / (out["device_step_ms_p50"] / 1e3) / 1e9),
                  f"{label}: gflop_per_s {out['gflop_per_s']} is not 2 x {matrices} matrix "
@@ -1907,6 +1921,24 @@ def scenario_bench_decode(ctx):
         pb.check(abs(s["replay_step_speedup"] - s["off"]["step_ms_p50"] / s["on"]["step_ms_p50"])
                  <= 1e-9 * s["replay_step_speedup"],
                  f"{label}: replay_step_speedup {s['replay_step_speedup']} is not off / on")
+    # --context 40: a 40-token prompt prefilled first, untimed; the timed steps are the decode
+    # steps after it (attending 41, 42 and 43 positions), and a context past the
+    # model's positions is refused naming both flags.
+    label = "bench decode --context 40"
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "4",
+                       "--json", "--context", "40", "--warm-up-rows", "0"], label=label)
+    out = parse_one_json_object(p.stdout, label)
+    log(f"  {out}")
+    pb.check(out.get("context") == 40 and out.get("kv_bytes_per_step") == kv * 42
+             and out.get("tokens_per_s", 0) > 0,
+             f"{label}: context {out.get('context')}, kv_bytes_per_step "
+             f"{out.get('kv_bytes_per_step')} (expected {kv} x 42), tokens_per_s "
+             f"{out.get('tokens_per_s')}")
+    p, _ = ctx.run([ctx.simpler, "bench", "decode", "--model", model, "--context", "1000000"],
+                   label="bench decode --context 1000000")
+    pb.check(p.returncode != 0 and "--context and --steps" in p.stderr
+             and "max_position_embeddings" in p.stderr,
+             f"bench decode --context 1000000: exit {p.returncode}, stderr {p.stderr[-300:]!r}")
     # One step is only the prompt's: nothing would be timed.
     expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model, "--steps",
                                    "1"], "bench decode --steps 1", ["--steps"])

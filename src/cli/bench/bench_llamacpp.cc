@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -163,18 +164,21 @@ absl::StatusOr<std::string> LlamaCppPeer::run(const std::string& tool,
   return r.output;
 }
 
-absl::StatusOr<double> LlamaCppPeer::decode_tokens_per_s(int batch, int steps, int threads) {
+absl::StatusOr<double> LlamaCppPeer::decode_tokens_per_s(int batch, int steps, int threads,
+                                                         int context) {
   const std::string t = std::to_string(threads), n = std::to_string(steps);
   if (batch == 1) {
-    SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-bench", {"-t", t, "-p", "0", "-n", n, "-r",
-                                                                  "3", "-o", "json"}));
+    SIMPLER_ASSIGN_OR_RETURN(std::string out,
+                             run("llama-bench", {"-t", t, "-p", "0", "-n", n, "-d",
+                                                 std::to_string(context), "-r", "3", "-o", "json"}));
     return llama_bench_tokens_per_s(out);
   }
-  const std::string ctx = std::to_string(batch * (steps + 2) + 64);
+  const int prompt = std::max(context, 1);
+  const std::string ctx = std::to_string(batch * (prompt + steps + 2) + 64);
   SIMPLER_ASSIGN_OR_RETURN(
       std::string out,
-      run("llama-batched-bench", {"-t", t, "-c", ctx, "-npp", "1", "-ntg", n, "-npl",
-                                  std::to_string(batch), "--output-format", "jsonl"}));
+      run("llama-batched-bench", {"-t", t, "-c", ctx, "-npp", std::to_string(prompt), "-ntg", n,
+                                  "-npl", std::to_string(batch), "--output-format", "jsonl"}));
   const nlohmann::json j = first_json(out, '{');
   if (!j.is_object() || !j.contains("speed_tg")) {
     return absl::InternalError(

@@ -30,9 +30,10 @@ class LlamaCppPeer {
   LlamaCppPeer& operator=(LlamaCppPeer&&) = delete;
   ~LlamaCppPeer();
 
-  // Tokens/s of `batch` sequences generating `steps` tokens each after a one-token prompt, on
-  // `threads` threads (llama-bench -n for one sequence, llama-batched-bench -npl for more).
-  absl::StatusOr<double> decode_tokens_per_s(int batch, int steps, int threads);
+  // Tokens/s of `batch` sequences generating `steps` tokens each after a prompt of `context`
+  // tokens (a one-token prompt when 0), on `threads` threads (llama-bench -n, and -d for the
+  // context, for one sequence; llama-batched-bench -npl, and -npp for the context, for more).
+  absl::StatusOr<double> decode_tokens_per_s(int batch, int steps, int threads, int context = 0);
   // Prompt-processing tokens/s of a `prompt_len`-token prompt (llama-bench -p, best of 3).
   absl::StatusOr<double> prefill_tokens_per_s(int prompt_len, int threads);
   // The ggml CPU variant ggml loads from the tools' folder (e.g. "zen4", "haswell", "x64"), as

@@ -33,6 +33,9 @@ constexpr const char* kBenchDecodeCommand = "bench decode";
 struct DecodeFlags {
   std::string model;
   int steps = 32;
+  // Cached positions each request decodes after: its prompt's length, prefilled before the timed
+  // steps (0: a one-token prompt).
+  int context = 0;
   std::vector<int> batches{1};
   std::string compare;
   // --capture: a row per batch and value, in this order ("on": RunnerOptions::capture).
@@ -54,9 +57,9 @@ struct ReadProbes {
   double bytes_per_s() const { return std::max(before, after); }
 };
 
-// One row: the steady-state decode steps of `batch` requests (every step after the first, which
-// prefilled the one-token prompts). Wall time per step from their span (steps overlap at depth
-// >= 2); device time per step as their median.
+// One row: the steady-state decode steps of `batch` requests (every step after the ones that
+// prefilled the prompts: one token, or --context tokens). Wall time per step from their span
+// (steps overlap at depth >= 2); device time per step as their median.
 struct DecodeRow {
   int batch = 0;
   bool capture = false;
@@ -66,6 +69,9 @@ struct DecodeRow {
   double tokens_per_s = 0;
   uint64_t weight_bytes = 0;  // per step
   double weight_bytes_per_s = 0;
+  // K and V bytes the attention reads a step, at the steps' mean context (f32 pools).
+  uint64_t kv_bytes = 0;
+  double read_bytes_per_s = 0;  // (weights + K and V) per device step
   double gflops = 0;
   double prepare_us = 0;   // host prepare per step, p50
   double ns_per_task = 0;  // device time per task, p50 over the steps
@@ -81,8 +87,8 @@ struct DecodeRow {
   // it (0 without --compare llama.cpp).
   ReadProbes probes;
   double over_llamacpp = 0;
-  // The weights' bandwidth over the probes' (the higher of the two).
-  double fraction_of_read() const { return weight_bytes_per_s / probes.bytes_per_s(); }
+  // The bytes a step reads (weights, K and V) per second over the probes' (the higher of the two).
+  double fraction_of_read() const { return read_bytes_per_s / probes.bytes_per_s(); }
 };
 
 // Host prepare µs and device ns per task of the decode steps (all but the first).
@@ -111,22 +117,43 @@ void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row)
   row->step_p50_ms = percentile(std::move(step_ms), 0.5);
 }
 
-// Runs `batch` greedy requests of a one-token prompt for --steps steps on a fresh engine.
+// The records of the decode steps, after the one that fed the prompts' last tokens (kept first:
+// the base of the first decode step's time): a prompt of --context tokens takes several steps.
+std::vector<llm::StepRecord> decode_records(std::vector<llm::StepRecord> records) {
+  size_t first = 0;
+  while (first < records.size() && records[first].tokens > records[first].rows) ++first;
+  if (first == 0) return records;
+  records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(first - 1));
+  return records;
+}
+
+// K and V bytes a step's attention reads: `batch` rows at a mean context of `positions`.
+uint64_t kv_bytes_per_step(const llm::ModelConfig& c, int batch, double positions) {
+  return static_cast<uint64_t>(2.0 * static_cast<double>(batch) *
+                               static_cast<double>(c.num_hidden_layers) *
+                               static_cast<double>(c.num_key_value_heads * c.head_dim) *
+                               sizeof(float) * positions);
+}
+
+// Runs `batch` greedy requests of a prompt of max(1, --context) tokens for --steps steps on a
+// fresh engine.
 absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::ModelConfig& config,
                                          int batch, bool capture, base::TraceRecorder* trace) {
   EngineFlags row_flags = st.engine;
   row_flags.capture = capture;
   row_flags.max_num_seqs = batch;
-  row_flags.max_num_batched_tokens = std::max(batch, 16);
+  const int prompt = std::max(st.context, 1);
+  row_flags.max_num_batched_tokens = std::max(batch, st.context > 0 ? 512 : 16);
   row_flags.num_pages =
-      static_cast<int32_t>(batch * llm::pages_needed(1 + st.steps, row_flags.page_size));
+      static_cast<int32_t>(batch * llm::pages_needed(prompt + st.steps, row_flags.page_size));
   SIMPLER_ASSIGN_OR_RETURN(llm::EngineOptions eo, engine_options(row_flags, {}, trace));
   eo.record_steps = true;
   eo.max_waiting = batch;
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<llm::LlmEngine> engine,
                            llm::LlmEngine::create(st.model, eo));
   llm::RequestSpec spec;
-  spec.prompt_ids = {1};
+  spec.prompt_ids.resize(static_cast<size_t>(prompt));
+  for (int i = 0; i < prompt; ++i) spec.prompt_ids[static_cast<size_t>(i)] = 1 + (i * 7) % 1000;
   spec.max_tokens = st.steps;
   spec.n = batch;
   spec.sampling.temperature = 0;
@@ -134,7 +161,7 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   std::vector<llm::RequestSpec> specs;
   specs.push_back(std::move(spec));
   RequestRun run = run_requests({engine.get()}, std::move(specs), kBenchDecodeCommand, false);
-  const std::vector<llm::StepRecord> records = engine->step_records();
+  const std::vector<llm::StepRecord> records = decode_records(engine->step_records());
   DecodeRow row;
   row.batch = batch;
   row.capture = capture;
@@ -159,6 +186,11 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   row.device_ms = device_us[device_us.size() / 2] / 1e3;
   row.tokens_per_s = decode_ms > 0 ? batch * row.decode_steps / (decode_ms / 1e3) : 0;
   row.weight_bytes_per_s = row.device_ms > 0 ? row.weight_bytes / (row.device_ms / 1e3) : 0;
+  // Decode step i (from 0) attends prompt + 1 + i positions.
+  row.kv_bytes =
+      kv_bytes_per_step(config, batch, prompt + 1 + (static_cast<double>(row.decode_steps) - 1) / 2);
+  row.read_bytes_per_s =
+      row.device_ms > 0 ? (row.weight_bytes + row.kv_bytes) / (row.device_ms / 1e3) : 0;
   row.gflops = row.device_ms > 0
                    ? 2.0 * batch * matrix_macs_per_row(config) / (row.device_ms / 1e3) / 1e9
                    : 0;
@@ -177,6 +209,7 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row) {
           {"turnaround_us_p50", row.turnaround_us},
           {"step_ms_p50", row.step_p50_ms},
           {"steps", st.steps},
+          {"context", st.context},
           {"launch_depth", common.launch_depth},
           {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(common.kernel_isa()))},
           {"precision",
@@ -187,6 +220,8 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row) {
           {"tokens_per_s", row.tokens_per_s},
           {"weight_bytes_per_step", row.weight_bytes},
           {"weight_gb_per_s", row.weight_bytes_per_s / 1e9},
+          {"kv_bytes_per_step", row.kv_bytes},
+          {"read_bytes_gb_per_s", row.read_bytes_per_s / 1e9},
           {"read_gb_per_s", probes.bytes_per_s() / 1e9},
           {"read_gb_per_s_before", probes.before / 1e9},
           {"read_gb_per_s_after", probes.after / 1e9},
@@ -207,7 +242,8 @@ absl::Status add_peer_figures(const DecodeFlags& st, DecodeRow& row, LlamaCppPee
   if (peer != nullptr) {
     SIMPLER_ASSIGN_OR_RETURN(
         double theirs,
-        peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps), threads));
+        peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps), threads,
+                                  st.context));
     add_llamacpp_figures(*peer, theirs, row.tokens_per_s, out);
     row.over_llamacpp = row.tokens_per_s / theirs;
   }
@@ -220,16 +256,17 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const LlamaCp
   if (common.json) return print_json_line(out);
   const ReadProbes& probes = row.probes;
   std::printf(
-      "decode: batch %d on %s, depth %d (effective %.2f), capture %s: step %.3f ms (p50 %.3f ms; "
-      "device %.3f ms, %.0f ns a task; host prepare %.1f us; turnaround %.1f us), %.1f tokens/s, "
-      "%.1f GFLOP/s; weights %.1f MB/step read at %.2f GB/s = %.1f%% of the read-bandwidth probe's "
-      "%.2f GB/s (the higher of %.2f before the row and %.2f after it)\n",
+      "decode: batch %d on %s, depth %d (effective %.2f), capture %s, context %d: step %.3f ms "
+      "(p50 %.3f ms; device %.3f ms, %.0f ns a task; host prepare %.1f us; turnaround %.1f us), "
+      "%.1f tokens/s, %.1f GFLOP/s; weights %.1f MB + K and V %.1f MB a step read at %.2f GB/s = "
+      "%.1f%% of the read-bandwidth probe's %.2f GB/s (the higher of %.2f before the row and %.2f "
+      "after it)\n",
       row.batch, llm::name_of(llm::resolve_kernel_isa(common.kernel_isa())), common.launch_depth,
-      row.depth.effective_depth, row.capture ? "on" : "off", row.step_ms, row.step_p50_ms,
-      row.device_ms, row.ns_per_task, row.prepare_us, row.turnaround_us, row.tokens_per_s,
-      row.gflops, row.weight_bytes / 1e6, row.weight_bytes_per_s / 1e9,
-      100 * row.fraction_of_read(), probes.bytes_per_s() / 1e9, probes.before / 1e9,
-      probes.after / 1e9);
+      row.depth.effective_depth, row.capture ? "on" : "off", st.context, row.step_ms,
+      row.step_p50_ms, row.device_ms, row.ns_per_task, row.prepare_us, row.turnaround_us,
+      row.tokens_per_s, row.gflops, row.weight_bytes / 1e6, row.kv_bytes / 1e6,
+      row.read_bytes_per_s / 1e9, 100 * row.fraction_of_read(), probes.bytes_per_s() / 1e9,
+      probes.before / 1e9, probes.after / 1e9);
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
 }
@@ -309,7 +346,8 @@ int run_bench_decode(const DecodeFlags& st) {
   const CommonOptions& common = st.engine.common;
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
-  auto config = load_config_for(st.model, /*prompt_lens=*/{1}, st.steps, "--steps");
+  auto config = load_config_for(st.model, /*prompt_lens=*/{std::max(st.context, 1)}, st.steps,
+                                st.context > 0 ? "--context and --steps" : "--steps");
   if (!config.ok()) return fail(kBenchDecodeCommand, config.status());
   // The peer's threads are ours (the sim device's cores: --cores, 0 = every hardware thread).
   const int threads = common.cores > 0 ? common.cores : base::hardware_threads();
@@ -365,6 +403,13 @@ Runner add_bench_decode_command(CLI::App* bench) {
   // The first step feeds the prompt; the timed decode phase is the steps after it.
   cmd->add_option("--steps", st->steps, "steps to run (>= 2; the steps after the first are timed)")
       ->check(int_in(2, kMaxRepeats))
+      ->capture_default_str();
+  cmd->add_option("--context", st->context,
+                  "cached positions each request decodes after: a prompt of that many tokens is "
+                  "prefilled first, untimed (0: a one-token prompt); llama.cpp decodes at the same "
+                  "depth (llama-bench -d, llama-batched-bench -npp), and the step's K and V reads "
+                  "count in its bandwidth")
+      ->check(int_in(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--batch", st->batches, "requests per step; a comma list runs one row each")
       ->delimiter(',')
