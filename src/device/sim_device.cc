@@ -201,7 +201,7 @@ class DurationEstimates {
   // replaces it; a new key takes the entry over. A sample runs long by accident (a preemption, or
   // a cold run: a process's first engine runs each kernel's code and data for the first time, up
   // to 100x its later time) far more than short, and the average decides hand-offs
-  // (kept_by_scheduler, kLongJobNs): a 3 us job's average held over 10 us by one such sample
+  // (kept_by_scheduler): a 3 us job's average held over 10 us by one such sample
   // blended in at 1/8 would hand it to its core thread for ~25 runs; the next ordinary sample
   // ends that instead.
   void record(uint64_t key, int64_t ns) {
@@ -543,13 +543,11 @@ class SimDevice final : public Device {
   // core thread that is awake (running its queue or spinning) takes it without a wake-up. A
   // sleeping one is woken — except that one job at a time may be deferred, the scheduler running it
   // itself when it next waits (try_run_inline): a futex wake costs the waker ~15 µs on a VM and the
-  // woken thread tens of µs more. The deferred job is a short job of the scheduler's core when
-  // there is one (scheduler_core: core 0's expected block time for a job of this shape under
-  // kLongJobNs, or unknown), else a job posted to a sleeping core while the device held no other. A
-  // deferred core thread is woken as soon as a second job starts, when the scheduler sleeps
-  // instead, or when the job has waited spin_ns; the scheduler's own jobs (scheduler_job_) wait for
-  // the scheduler, until a long one is queued behind them (its core thread, woken for it, runs them
-  // all in order).
+  // woken thread tens of µs more. The deferred job is a job of the scheduler's core when there is
+  // one (scheduler_core: every job of core 0 is the scheduler's), else a job posted to a sleeping
+  // core while the device held no other. A deferred core thread is woken as soon as a second job
+  // starts, when the scheduler sleeps instead, or when the job has waited spin_ns; the scheduler's
+  // own jobs (scheduler_job_) wait for the scheduler.
   void start(int32_t core_index, const CoreJob& job, uint64_t run_id) {
     Core& c = *cores_[core_index];
     // Read before the job is published (the estimates are atomics: a core thread running an
@@ -562,7 +560,7 @@ class SimDevice final : public Device {
       ++jobs_in_flight_;
       return;
     }
-    const bool for_scheduler = schedulers_core(c) && estimate < kLongJobNs;
+    const bool for_scheduler = schedulers_core(c);
     c.push(job, run_id, shape);
     const bool sleeping = c.sleeping.load(std::memory_order_seq_cst);
     ++jobs_in_flight_;
@@ -575,10 +573,6 @@ class SimDevice final : public Device {
       if (was_short && !short_job) scheduler_job_since_ns_ = base::now_ns();
       scheduler_job_ = true;
       return;
-    }
-    if (schedulers_core(c)) {  // a long job: the core's thread runs them
-      scheduler_job_ = false;
-      scheduler_job_short_ = false;
     }
     if (sleeping && options_.run_jobs_inline && jobs_in_flight_ == 1) {
       deferred_since_ns_ = base::now_ns();
@@ -766,12 +760,14 @@ class SimDevice final : public Device {
   }
   static constexpr int64_t kNearEndNs = 10'000;
 
-  // Whether `c` is the core the scheduler thread stands in for (scheduler_core).
+  // Whether `c` is the core the scheduler thread stands in for (scheduler_core): every job of that
+  // core runs on the scheduler thread, long ones too. Until 2026-12-06 a block expected to run
+  // 300 µs or longer went to core 0's thread (so the scheduler stayed free to hand the other cores
+  // their next jobs), and where the cores are the CPUs that made three busy threads on two CPUs:
+  // the kernel's scheduler then left one of them waiting for a CPU for up to a time slice
+  // (`perf sched`: the scheduler thread's waits 0.63 ms on average, 7.4 ms at most), 5-9 ms of a
+  // 2,048-token decode step idle between tasks (docs/design/scheduler.md, "Core 0's long jobs").
   bool schedulers_core(const Core& c) const { return scheduler_core_ && c.index == 0; }
-  // A block expected to run this long or longer goes to its core thread even on the
-  // scheduler's core: the 30 µs wake-up is small beside it, and the scheduler stays free to
-  // hand the other cores their next jobs the moment they finish.
-  static constexpr int64_t kLongJobNs = 300'000;
 
   // Blocking waits model a device scheduler that polls for completions
   // without burning a host CPU: it sleeps until shortly before the earliest

@@ -251,11 +251,11 @@ struct SimDeviceOptions {
   // first task after run k's last, start without a cross-thread wake-up.
   // false: every job runs on a core thread (the model's literal shape).
   bool run_jobs_inline = true;
-  // Whether the stream's scheduler thread stands in for core 0: core 0's short jobs (its
-  // expected block time for jobs of that kernel, block count and tensor bytes under 300 µs, or
-  // unknown) run on the scheduler thread
-  // when it next waits for a completion, after the completions already there are handled, and
-  // core 0's thread takes only long ones and never spins. Besides, at a core_queue_depth of 1, a
+  // Whether the stream's scheduler thread stands in for core 0: core 0's jobs, long ones too, run
+  // on the scheduler thread when it next waits for a completion, after the completions already
+  // there are handled (a poll between an orchestration's submits runs one once it has waited
+  // spin_ns, or at once when it is short), and core 0's thread runs none. Besides, at a
+  // core_queue_depth of 1, a
   // single-block job of any core that its core timed short runs on the scheduler thread
   // (attributed to that core), in a blocking or non-blocking next_completion, while the jobs the
   // scheduler holds so add up to at most 10 µs: handing such a job to another thread would cost
