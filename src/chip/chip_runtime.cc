@@ -222,8 +222,8 @@ struct ExecutorStorage {
 };
 
 // Takes an idle core credit for the next ready job: core 0's when it has one, else the last
-// freed. Core 0 is the one the sim device's scheduler thread stands in for (a job under
-// kLongJobNs there runs on that thread, no hand-off), while a job past the 10 us the scheduler
+// freed. Core 0 is the one the sim device's scheduler thread stands in for (a job there runs on
+// that thread, no hand-off), while a job past the 10 us the scheduler
 // keeps for another core goes to that core's thread (a wake-up, 60-120 us on the 2-vCPU VM, ms
 // under load). Taking the last freed core let a chain of dependent tasks that once ran on core 1
 // (a replay readies independent tasks together, so one of them goes there) stay on core 1 for

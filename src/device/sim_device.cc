@@ -611,7 +611,7 @@ class SimDevice final : public Device {
     deferred_.clear();
   }
 
-  // Runs a deferred job (its core thread sleeps, or it is a short job of the
+  // Runs a deferred job (its core thread sleeps, or it is a job of the
   // scheduler's core) on the scheduler thread, attributed to its core, and
   // returns the completion. False when there is none, or its core thread woke
   // and took it.
@@ -648,7 +648,7 @@ class SimDevice final : public Device {
     return scheduler_job_short_ || base::now_ns() - scheduler_job_since_ns_ >= options_.spin_ns;
   }
 
-  // The scheduler's core: its short jobs stay queued for the scheduler until none is left
+  // The scheduler's core: its jobs stay queued for the scheduler until none is left
   // (scheduler_job_); runs the oldest. False when there is none.
   bool run_schedulers_job(CoreCompletion* out) {
     if (!scheduler_job_) return false;
@@ -761,12 +761,9 @@ class SimDevice final : public Device {
   static constexpr int64_t kNearEndNs = 10'000;
 
   // Whether `c` is the core the scheduler thread stands in for (scheduler_core): every job of that
-  // core runs on the scheduler thread, long ones too. Until 2026-12-06 a block expected to run
-  // 300 µs or longer went to core 0's thread (so the scheduler stayed free to hand the other cores
-  // their next jobs), and where the cores are the CPUs that made three busy threads on two CPUs:
-  // the kernel's scheduler then left one of them waiting for a CPU for up to a time slice
-  // (`perf sched`: the scheduler thread's waits 0.63 ms on average, 7.4 ms at most), 5-9 ms of a
-  // 2,048-token decode step idle between tasks (docs/design/scheduler.md, "Core 0's long jobs").
+  // core runs on the scheduler thread, long ones too, and its own thread only waits for the stop
+  // (core_loop): where the cores are the CPUs, a third busy thread leaves one of them waiting for
+  // a CPU for up to a time slice (docs/design/scheduler.md, "Core 0's long jobs").
   bool schedulers_core(const Core& c) const { return scheduler_core_ && c.index == 0; }
 
   // Blocking waits model a device scheduler that polls for completions
@@ -847,13 +844,18 @@ class SimDevice final : public Device {
 
  private:
   void core_loop(Core* c) {
+    if (schedulers_core(*c)) {
+      // The scheduler runs this core's jobs (schedulers_core); its thread waits for the stop, then
+      // runs what is still queued, as every core thread does.
+      MutexLock lock(c->mu);
+      c->sleeping.store(true, std::memory_order_seq_cst);
+      while (!c_stop()) c->cv.wait(lock);
+    }
     bool ran = false;
     while (true) {
       // After its jobs, spin briefly for the next one; after a wake-up whose job
-      // the scheduler ran inline, go straight back to sleep. The scheduler's
-      // core never spins: its next short job runs on the scheduler thread, and
-      // a spinning thread would take the CPU the others need.
-      if (ran && !schedulers_core(*c)) {
+      // the scheduler ran inline, go straight back to sleep.
+      if (ran) {
         spin_until([c, this] { return c->has_job() || c_stop(); }, options_.spin_ns);
       }
       if (!c->has_job() && !c_stop()) {
@@ -1065,9 +1067,9 @@ class SimDevice final : public Device {
   int32_t jobs_in_flight_ = 0;
   bool scheduler_core_ = false;    // the scheduler stands in for core 0 (scheduler_core)
   std::vector<int32_t> deferred_;  // cores whose wake-up is deferred (see start)
-  bool scheduler_job_ = false;     // core 0's short job waits for the scheduler (see start)
+  bool scheduler_job_ = false;     // a job of core 0 waits for the scheduler (see start)
   // Every job waiting for the scheduler on core 0 is expected within kShortJobNs or untimed, so a
-  // non-blocking next_completion runs it.
+  // non-blocking next_completion runs it at once (a longer one after spin_ns).
   bool scheduler_job_short_ = false;
   int64_t scheduler_job_since_ns_ = 0;  // when a job of core 0 not short began to wait for it
   int64_t deferred_since_ns_ = 0;

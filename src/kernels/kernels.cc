@@ -245,7 +245,8 @@ struct MergedWeight {
 
 // The weights of one block of a merged matmul task and what they share: x, quantized once per
 // block for each weight type on the int8 path (as matmul_impl quantizes it once per block), so
-// a weight's rows come out bitwise as a matmul task of that weight alone computes them.
+// a weight's rows come out bitwise as a matmul task of that weight alone computes them. One
+// block's object, on its core's thread.
 class MergedMatmul {
  public:
   MergedMatmul(KernelIsa isa, Precision precision) : isa_(isa), precision_(precision) {}
@@ -337,7 +338,7 @@ absl::Status matmul_merged_impl(const KernelContext& ctx, KernelIsa isa, Precisi
   const uint32_t n = (args - 1) / 2;
   static constexpr const char* kW[] = {"W0", "W1", "W2", "W3"};
   static constexpr const char* kY[] = {"y0", "y1", "y2", "y3"};
-  static_assert(std::size(kW) == kMatmulMergedMaxWeights);
+  static_assert(std::size(kW) == kMatmulMergedMaxWeights && std::size(kY) == std::size(kW));
   MergedMatmul m(isa, precision);
   int64_t total = 0;
   for (uint32_t i = 0; i < n; ++i) {
@@ -371,9 +372,9 @@ absl::Status matmul_silu_mul_impl(const KernelContext& ctx, KernelIsa isa, Preci
   SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("matmul_silu_mul", isa));
   MergedMatmul m(isa, precision);
   SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 1, "W_gate", 3, "gate"));
-  SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 2, "W_up", 4, "up"));
   const int64_t rows = ctx.tensor(0).shape[0], out = m.weight(0).full.n;
-  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "W_up", weight_dtype(ctx, 2), {out, -1}));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "W_up", weight_dtype(ctx, 2), {out, ctx.tensor(0).shape[1]}));
+  SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 2, "W_up", 4, "up"));
   SIMPLER_RETURN_IF_ERROR(c.tensor(5, "act", DataType::kFloat32, {rows, out}));
   if (out == 0 || rows == 0) return absl::OkStatus();
   const float* gate = m.weight(0).full.y;
@@ -784,6 +785,7 @@ TaskArgs matmul_merged_args(const Tensor& x, std::span<const Tensor> ws,
                             std::span<const Tensor> ys) {
   TaskArgs a;
   a.add_tensor(x, ArgDirection::kIn);
+  if (ws.size() != ys.size() || ws.empty() || ws.size() > kMatmulMergedMaxWeights) return a;
   for (const Tensor& w : ws) a.add_tensor(w, ArgDirection::kIn);
   for (const Tensor& y : ys) a.add_tensor(y, ArgDirection::kOut);
   return a;

@@ -985,17 +985,24 @@ TEST(MatmulMergedKernel, ArgumentErrorsNameTheArgumentAndOutputsAreTaggedOut) {
   EXPECT_EQ(ok[4].direction, task::ArgDirection::kOut);
   EXPECT_TRUE(run_blocks(&matmul_merged_kernel, ok, 2).ok());
 
+  // Weights and outputs of different counts, or more than 4: the arguments hold x alone.
   absl::Status s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, ws, {ys, 1}), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "matmul_merged: expects x, then 1 to 4 weights, then their outputs (3, 5, 7 or 9 "
-            "arguments), got 4");
+            "arguments), got 1");
+  TaskArgs six = matmul_merged_args(xt, ws, ys);
+  six.add_tensor(view(y0, {2, 3}), task::ArgDirection::kOut);  // an output too many
+  s = run_blocks(&matmul_merged_kernel, six, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("got 6"));
   const Tensor five_w[] = {w0t, w0t, w0t, w0t, w0t};
   std::vector<float> y5(5 * 2 * 3);
   const Tensor five_y[] = {view(y5, {2, 3}), view(y5, {2, 3}), view(y5, {2, 3}), view(y5, {2, 3}),
                            view(y5, {2, 3})};
   s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, five_w, five_y), 1);
-  EXPECT_THAT(s.message(), HasSubstr("got 11"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("got 1"));
   const Tensor swapped[] = {view(y1, {2, 5}), view(y0, {2, 3})};
   s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, ws, swapped), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -1003,6 +1010,7 @@ TEST(MatmulMergedKernel, ArgumentErrorsNameTheArgumentAndOutputsAreTaggedOut) {
               HasSubstr("matmul_merged: argument 3 (y0) must be a contiguous f32[2,3]"));
   const Tensor short_w[] = {w0t, view(w1, {5, 16})};
   s = run_blocks(&matmul_merged_kernel, matmul_merged_args(xt, short_w, ys), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("matmul_merged: argument 2 (W1) must be a contiguous f32[*,32]"));
   std::vector<uint8_t> q(5 * 144);
@@ -1014,13 +1022,14 @@ TEST(MatmulMergedKernel, ArgumentErrorsNameTheArgumentAndOutputsAreTaggedOut) {
             "matmul_merged: argument 2 (W1) is q4_k with rows of 32 weights, not a whole number of "
             "blocks of 256");
 
-  // matmul_silu_mul: W_up must have W_gate's rows; act gate's shape.
+  // matmul_silu_mul: W_up must have W_gate's rows (named before its output, which matches it
+  // here); act gate's shape.
   s = run_blocks(
       &matmul_silu_mul_kernel,
       matmul_silu_mul_args(xt, w0t, w1t, view(y0, {2, 3}), view(y1, {2, 5}), view(act, {2, 5})), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("matmul_silu_mul: argument 2 (W_up) must be a contiguous "
-                                     "f32[3,*]"));
+                                     "f32[3,32]"));
   s = run_blocks(
       &matmul_silu_mul_kernel,
       matmul_silu_mul_args(xt, w0t, w0t, view(y0, {2, 3}), view(y5, {2, 3}), view(act, {2, 5})), 1);

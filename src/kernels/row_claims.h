@@ -22,7 +22,8 @@
 // block over its task's lines (a second loop would find the rows taken).
 //
 // Which block computes a row must not change what the kernel writes for it: the kernels that use
-// this compute every output row on its own (the matmuls: each y row from its W row alone), so the
+// this compute every output row on its own (the matmuls: each y row from its W row alone; the
+// attention: each (kv head, row) pair's output from its own query and cached positions), so the
 // results are bitwise those of any fixed split.
 #pragma once
 

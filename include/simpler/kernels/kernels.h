@@ -206,7 +206,7 @@ task::TaskArgs matmul_acc_args(const task::Tensor& x, const task::Tensor& w, con
 // Several projections of one x as one task (vLLM's QKVParallelLinear and
 // MergedColumnParallelLinear, without concatenating the weights: each keeps its own tensor and
 // dtype, e.g. Q4_K_M's Q4_K q/k beside a Q6_K v), so the step hands off one task instead of one
-// per weight, and each block quantizes x once for all of them.
+// per weight, and each block quantizes x once for each weight type among them.
 //
 // matmul_merged — Args: 0 x f32 [B, in] IN; 1 .. N: W_i (any dtype matmul takes) [out_i, in] IN;
 // N+1 .. 2N: y_i f32 [B, out_i] OUT; N in [1, kMatmulMergedMaxWeights]. y_i = x·W_iᵀ.
@@ -222,6 +222,8 @@ task::TaskArgs matmul_acc_args(const task::Tensor& x, const task::Tensor& w, con
 // llm_kernels(isa, precision) picks the precision's path; these two are precision kExact.
 inline constexpr uint32_t kMatmulMergedMaxWeights = 4;
 absl::Status matmul_merged_kernel(const task::KernelContext& ctx);
+// ws and ys of one size in [1, kMatmulMergedMaxWeights] (else the TaskArgs hold x alone, which
+// the kernel refuses: INVALID_ARGUMENT naming the count).
 task::TaskArgs matmul_merged_args(const task::Tensor& x, std::span<const task::Tensor> ws,
                                   std::span<const task::Tensor> ys);
 absl::Status matmul_silu_mul_kernel(const task::KernelContext& ctx);

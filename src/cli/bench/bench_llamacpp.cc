@@ -168,17 +168,29 @@ absl::StatusOr<double> LlamaCppPeer::decode_tokens_per_s(int batch, int steps, i
                                                          int context) {
   const std::string t = std::to_string(threads), n = std::to_string(steps);
   if (batch == 1) {
-    SIMPLER_ASSIGN_OR_RETURN(std::string out,
-                             run("llama-bench", {"-t", t, "-p", "0", "-n", n, "-d",
-                                                 std::to_string(context), "-r", "3", "-o", "json"}));
+    std::vector<std::string> args = {"-t", t, "-p", "0", "-n", n, "-r", "3", "-o", "json"};
+    if (context > 0) args.insert(args.end(), {"-d", std::to_string(context)});
+    SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-bench", args));
     return llama_bench_tokens_per_s(out);
   }
+  // With a context, the sequences share its prompt (-pps), as simpler's copies of one request
+  // share its pages.
   const int prompt = std::max(context, 1);
   const std::string ctx = std::to_string(batch * (prompt + steps + 2) + 64);
-  SIMPLER_ASSIGN_OR_RETURN(
-      std::string out,
-      run("llama-batched-bench", {"-t", t, "-c", ctx, "-npp", std::to_string(prompt), "-ntg", n,
-                                  "-npl", std::to_string(batch), "--output-format", "jsonl"}));
+  std::vector<std::string> args = {"-t",
+                                   t,
+                                   "-c",
+                                   ctx,
+                                   "-npp",
+                                   std::to_string(prompt),
+                                   "-ntg",
+                                   n,
+                                   "-npl",
+                                   std::to_string(batch),
+                                   "--output-format",
+                                   "jsonl"};
+  if (context > 0) args.push_back("-pps");
+  SIMPLER_ASSIGN_OR_RETURN(std::string out, run("llama-batched-bench", args));
   const nlohmann::json j = first_json(out, '{');
   if (!j.is_object() || !j.contains("speed_tg")) {
     return absl::InternalError(

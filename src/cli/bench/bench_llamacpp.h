@@ -32,7 +32,8 @@ class LlamaCppPeer {
 
   // Tokens/s of `batch` sequences generating `steps` tokens each after a prompt of `context`
   // tokens (a one-token prompt when 0), on `threads` threads (llama-bench -n, and -d for the
-  // context, for one sequence; llama-batched-bench -npl, and -npp for the context, for more).
+  // context, for one sequence; llama-batched-bench -npl, and -npp with the prompt shared, -pps,
+  // for more).
   absl::StatusOr<double> decode_tokens_per_s(int batch, int steps, int threads, int context = 0);
   // Prompt-processing tokens/s of a `prompt_len`-token prompt (llama-bench -p, best of 3).
   absl::StatusOr<double> prefill_tokens_per_s(int prompt_len, int threads);

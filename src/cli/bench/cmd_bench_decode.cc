@@ -117,20 +117,19 @@ void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row)
   row->step_p50_ms = percentile(std::move(step_ms), 0.5);
 }
 
-// The records of the decode steps, after the one that fed the prompts' last tokens (kept first:
-// the base of the first decode step's time): a prompt of --context tokens takes several steps.
-std::vector<llm::StepRecord> decode_records(std::vector<llm::StepRecord> records) {
-  size_t first = 0;
-  while (first < records.size() && records[first].tokens > records[first].rows) ++first;
-  if (first == 0) return records;
-  records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(first - 1));
+// The records of the decode steps: the last `steps` (every request generates `steps` tokens, the
+// first in the step that fed its prompt's last tokens, which stays first: the base of the first
+// decode step's time); a prompt of --context tokens takes steps of its own before them.
+std::vector<llm::StepRecord> decode_records(std::vector<llm::StepRecord> records, int steps) {
+  if (records.size() > static_cast<size_t>(steps)) {
+    records.erase(records.begin(), records.end() - steps);
+  }
   return records;
 }
 
-// K and V bytes a step's attention reads: `batch` rows at a mean context of `positions`.
-uint64_t kv_bytes_per_step(const llm::ModelConfig& c, int batch, double positions) {
-  return static_cast<uint64_t>(2.0 * static_cast<double>(batch) *
-                               static_cast<double>(c.num_hidden_layers) *
+// K and V bytes a step's attention reads at `positions` cached positions in all (f32 pools).
+uint64_t kv_bytes_per_step(const llm::ModelConfig& c, double positions) {
+  return static_cast<uint64_t>(2.0 * static_cast<double>(c.num_hidden_layers) *
                                static_cast<double>(c.num_key_value_heads * c.head_dim) *
                                sizeof(float) * positions);
 }
@@ -153,7 +152,10 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
                            llm::LlmEngine::create(st.model, eo));
   llm::RequestSpec spec;
   spec.prompt_ids.resize(static_cast<size_t>(prompt));
-  for (int i = 0; i < prompt; ++i) spec.prompt_ids[static_cast<size_t>(i)] = 1 + (i * 7) % 1000;
+  for (int i = 0; i < prompt; ++i) {
+    spec.prompt_ids[static_cast<size_t>(i)] =
+        1 + (i * 7) % std::max<int64_t>(config.vocab_size - 1, 1);
+  }
   spec.max_tokens = st.steps;
   spec.n = batch;
   spec.sampling.temperature = 0;
@@ -161,7 +163,7 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   std::vector<llm::RequestSpec> specs;
   specs.push_back(std::move(spec));
   RequestRun run = run_requests({engine.get()}, std::move(specs), kBenchDecodeCommand, false);
-  const std::vector<llm::StepRecord> records = decode_records(engine->step_records());
+  const std::vector<llm::StepRecord> records = decode_records(engine->step_records(), st.steps);
   DecodeRow row;
   row.batch = batch;
   row.capture = capture;
@@ -186,9 +188,16 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   row.device_ms = device_us[device_us.size() / 2] / 1e3;
   row.tokens_per_s = decode_ms > 0 ? batch * row.decode_steps / (decode_ms / 1e3) : 0;
   row.weight_bytes_per_s = row.device_ms > 0 ? row.weight_bytes / (row.device_ms / 1e3) : 0;
-  // Decode step i (from 0) attends prompt + 1 + i positions.
-  row.kv_bytes =
-      kv_bytes_per_step(config, batch, prompt + 1 + (static_cast<double>(row.decode_steps) - 1) / 2);
+  // Decode step i (from 0) attends prompt + 1 + i positions a row. The rows are copies of one
+  // request (RequestSpec::n): with prefix caching they share the full pages of its prompt
+  // (docs/design/prefix_cache.md), whose K and V are read once for them (rows that share their
+  // cached positions attend as one tile); the rest is read per row.
+  const int page = row_flags.page_size;
+  const double shared =
+      batch > 1 && row_flags.enable_prefix_caching ? static_cast<double>(prompt / page * page) : 0;
+  row.kv_bytes = kv_bytes_per_step(
+      config,
+      shared + batch * (prompt - shared + 1 + (static_cast<double>(row.decode_steps) - 1) / 2));
   row.read_bytes_per_s =
       row.device_ms > 0 ? (row.weight_bytes + row.kv_bytes) / (row.device_ms / 1e3) : 0;
   row.gflops = row.device_ms > 0
@@ -241,9 +250,8 @@ absl::Status add_peer_figures(const DecodeFlags& st, DecodeRow& row, LlamaCppPee
   }
   if (peer != nullptr) {
     SIMPLER_ASSIGN_OR_RETURN(
-        double theirs,
-        peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps), threads,
-                                  st.context));
+        double theirs, peer->decode_tokens_per_s(row.batch, static_cast<int>(row.decode_steps),
+                                                 threads, st.context));
     add_llamacpp_figures(*peer, theirs, row.tokens_per_s, out);
     row.over_llamacpp = row.tokens_per_s / theirs;
   }
