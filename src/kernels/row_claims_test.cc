@@ -43,32 +43,27 @@ TEST(RowClaims, WithoutLinesOrForOneBlockABlockGetsItsFixedShareOnce) {
   EXPECT_TRUE(drain(empty).empty());
 }
 
+// An alignment of 1 (the attention's pairs) takes claims of any size: block 0 of 2 over 8 items
+// with a minimum of 1 claims its 4 own items one at a time, then the other block's from its back;
+// an alignment of 0 or less counts as 1. The matmuls' alignment (16) rounds the same claims up:
+// the block's 4 items at once, then the other block's 4.
+TEST(RowClaims, AClaimAlignmentOfOneClaimsItemsOneByOne) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  auto claimed = [](int64_t align) {
+    std::vector<task::TaskLine> lines(2);
+    RowClaims claims(block(0, 2, lines.data()), 8, 1, align);
+    Ranges ranges;
+    for (const BlockRange& r : drain(claims)) ranges.push_back({r.begin, r.end});
+    return ranges;
+  };
+  const Ranges one_by_one = {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {7, 8}, {6, 7}, {5, 6}, {4, 5}};
+  for (int64_t align : {1, 0, -3}) EXPECT_EQ(claimed(align), one_by_one) << "align " << align;
+  EXPECT_EQ(claimed(RowClaims::kMatmulAlign), (Ranges{{0, 4}, {4, 8}}));
+}
+
 // A block takes its own rows from their front, an eighth of what is left but at least min_rows
 // at a time, then the other blocks' rows from their backs, a share of what is left each time; a
 // block that comes later finds them taken.
-// An alignment of 1 (the attention's pairs) takes claims of any size: block 0 of 2 over 8 items
-// with a minimum of 1 claims its 4 own items one at a time, then the other block's from its back;
-// an alignment of 0 or less counts as 1.
-TEST(RowClaims, AClaimAlignmentOfOneClaimsItemsOneByOne) {
-  for (int64_t align : {1, 0, -3}) {
-    std::vector<task::TaskLine> lines(2);
-    RowClaims claims(block(0, 2, lines.data()), 8, 1, align);
-    const std::vector<BlockRange> got = drain(claims);
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    for (const BlockRange& r : got) ranges.push_back({r.begin, r.end});
-    const std::vector<std::pair<int64_t, int64_t>> want = {{0, 1}, {1, 2}, {2, 3}, {3, 4},
-                                                           {7, 8}, {6, 7}, {5, 6}, {4, 5}};
-    EXPECT_EQ(ranges, want) << "align " << align;
-  }
-  // The matmuls' alignment rounds the same claims up to 16 rows (the last of a range shorter).
-  std::vector<task::TaskLine> lines(2);
-  RowClaims claims(block(0, 2, lines.data()), 8, 1);
-  const std::vector<BlockRange> got = drain(claims);
-  ASSERT_EQ(got.size(), 2u);
-  EXPECT_EQ(got[0].begin, 0);
-  EXPECT_EQ(got[0].end, 4);
-}
-
 TEST(RowClaims, ABlockTakesItsOwnRowsInChunksThenTheOthersFromTheirBacks) {
   std::vector<task::TaskLine> lines(2);
   RowClaims first(block(0, 2, lines.data()), 100, 16);
