@@ -1431,7 +1431,15 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   // matmuls' rows do: with fixed shares one core's block of a 2,048-token decode step ran
   // 1.1-1.25 ms against the other's 0.82-0.87); a claim's consecutive rows of one kv head that
   // share their cached positions form tiles. A row's result does not depend on its tile.
-  RowClaims claims(ctx, a.rows * a.n_kv, std::min(a.rows, kMaxTileRows), /*align=*/1);
+  // Every row's context and pages are checked first, so that a bad row fails every block with the
+  // same error (the lowest bad row's) before any output is written, whoever claims what.
+  for (int64_t b = 0; b < a.rows; ++b) {
+    int64_t len = 0, used = 0;
+    SIMPLER_RETURN_IF_ERROR(row_context(c, a, b, &len, &used));
+  }
+  // Claims of whole tiles where the rows can fill one (a prefill chunk's rows share their pages).
+  const int64_t tile = std::min(a.rows, kMaxTileRows);
+  RowClaims claims(ctx, a.rows * a.n_kv, tile, /*align=*/tile);
   std::vector<float> scores, acc;
   int64_t lens[kMaxTileRows];
   const float* qs[kMaxTileRows];

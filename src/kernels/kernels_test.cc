@@ -1488,6 +1488,19 @@ TEST(PagedAttentionKernel, BadContextOrPageIsInvalidArgument) {
   EXPECT_THAT(s.message(), HasSubstr("page id 2 at row 0 block 1 is outside the pool of 2 pages"));
   lens = {2};  // only page 1 is read: fine
   EXPECT_TRUE(run_blocks(&paged_attention_kernel, args, 1).ok());
+  // Several bad rows, blocks claiming pairs on threads: every block names the lowest bad row and
+  // no output is written.
+  const int64_t rows = 6;
+  std::vector<float> q6(rows * nh * d, 1.0f), out6(rows * nh * d, -7.0f);
+  std::vector<int32_t> tables6(rows * max_blocks, 0), lens6 = {1, 2, 9, 1, 8, 2};
+  const TaskArgs args6 = paged_attention_args(
+      view(q6, {rows, nh, d}), view(kp, {pages, nkv, ps, d}), view(vp, {pages, nkv, ps, d}),
+      view(tables6, {rows, max_blocks}), view(lens6, {rows}), view(out6, {rows, nh * d}), 0.5f);
+  for (int rep = 0; rep < 20; ++rep) {
+    s = testing::run_blocks_sharing_lines(&paged_attention_kernel, args6, 3, /*threads=*/true);
+    EXPECT_THAT(s.message(), HasSubstr("context length 9 at row 2 is outside [0, 4]")) << rep;
+    for (float v : out6) ASSERT_EQ(v, -7.0f) << rep;
+  }
 }
 
 // On every target this CPU has: close to the f64 reference over the whole range of gate values

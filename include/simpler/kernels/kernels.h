@@ -297,7 +297,8 @@ task::TaskArgs qk_norm_rope_kv_args(const QkNormRopeKvTensors& t, float eps, flo
 // result is the same whoever computes it.
 // INVALID_ARGUMENT for a negative context length, one above
 // max_blocks·page_size, or a page id outside [0, num_pages) among the pages
-// the row reads (entries past the context are never read, so -1 padding is fine).
+// the row reads (entries past the context are never read, so -1 padding is fine): every row is
+// checked before any output is written, and the lowest bad row is named.
 absl::Status paged_attention_kernel(const task::KernelContext& ctx);
 task::TaskArgs paged_attention_args(const task::Tensor& q, const task::Tensor& k_pool,
                                     const task::Tensor& v_pool, const task::Tensor& block_tables,
