@@ -1081,7 +1081,7 @@ absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
   }
   // The pools hold a page kv head by kv head ([pages, n_kv, page_size, head_dim]): the slot's row
   // is one head_dim run per kv head.
-  const int64_t heads = dims_.num_key_value_heads, hd = dims_.head_dim, ps = options_.page_size;
+  const int64_t heads = dims_.num_key_value_heads, hd = dims_.head_dim, ps = c.kv_pools.page_size();
   const uint64_t run_bytes = static_cast<uint64_t>(hd) * sizeof(float);
   Kv kv;
   for (int64_t l = 0; l < dims_.num_hidden_layers; ++l) {

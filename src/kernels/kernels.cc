@@ -185,53 +185,6 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
   return absl::OkStatus();
 }
 
-absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
-                         Precision precision = Precision::kExact) {
-  const char* kernel = accumulate ? "matmul_acc" : "matmul";
-  ArgCheck c(ctx, kernel);
-  SIMPLER_RETURN_IF_ERROR(c.count(3));
-  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
-  const Tensor& x = ctx.tensor(0);
-  const int64_t rows = x.shape[0];
-  const int64_t in = x.shape[1];
-  const DataType w_dtype = weight_dtype(ctx, 1);
-  SIMPLER_RETURN_IF_ERROR(c.tensor(1, "W", w_dtype, {-1, in}));
-  SIMPLER_RETURN_IF_ERROR(check_block_row(c, 1, "W", w_dtype, in));
-  const Tensor& w = ctx.tensor(1);
-  const int64_t out = w.shape[0];
-  SIMPLER_RETURN_IF_ERROR(c.tensor(2, "y", DataType::kFloat32, {rows, out}));
-  const Tensor& y = ctx.tensor(2);
-  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa(kernel, isa));
-  if (out == 0 || rows == 0) return absl::OkStatus();
-  matmul_detail::Problem full;
-  full.x = x.data<const float>();
-  full.rows = rows;
-  full.k = in;
-  full.wt = matmul_detail::weight_type_of(w_dtype);
-  full.w = w.data<const void>();
-  full.n = out;
-  full.y = y.data<float>();
-  full.ldy = out;
-  full.accumulate = accumulate;
-  const auto row_bytes = static_cast<int64_t>(task::bytes_of(w_dtype, static_cast<uint64_t>(in)));
-  RowClaims claims(ctx, out, uses_dnnl(full, isa, precision) ? out : min_claim_rows(row_bytes));
-  BlockRange r;
-  int64_t ahead = 0;
-  if (precision == Precision::kInt8 && matmul_detail::int8_weight_type(full.wt)) {
-    const matmul_detail::Int8Dots dots = int8_dots(isa);
-    if (!claims.next(&r, &ahead)) return absl::OkStatus();
-    const matmul_detail::QuantizedX qx = matmul_detail::quantize_int8(full, dots);
-    do {
-      matmul_detail::run_int8_quantized(rows_of(full, r, ahead, row_bytes), qx, dots);
-    } while (claims.next(&r, &ahead));
-    return absl::OkStatus();
-  }
-  while (claims.next(&r, &ahead)) {
-    SIMPLER_RETURN_IF_ERROR(matmul_rows(rows_of(full, r, ahead, row_bytes), isa, precision));
-  }
-  return absl::OkStatus();
-}
-
 // silu_mul's elements on `isa` (resolved and available): out[i] = silu(gate[i])·up[i], each
 // element on its own, so the same bits at any offset and length (defined with silu_mul below).
 void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n);
@@ -243,18 +196,18 @@ struct MergedWeight {
   int64_t row_bytes = 0;
 };
 
-// The weights of one block of a merged matmul task and what they share: x, quantized once per
-// block for each weight type on the int8 path (as matmul_impl quantizes it once per block), so
-// a weight's rows come out bitwise as a matmul task of that weight alone computes them. One
-// block's object, on its core's thread.
+// The weights of one block of a matmul task (matmul: one; matmul_merged and matmul_silu_mul:
+// several) and what they share: x, quantized once per block for each weight type on the int8
+// path, so a weight's rows come out bitwise whichever task computes them. One block's object, on
+// its core's thread.
 class MergedMatmul {
  public:
   MergedMatmul(KernelIsa isa, Precision precision) : isa_(isa), precision_(precision) {}
 
   // Checks argument `wi` (a weight over x's `in` columns, name `w_name`) and argument `yi` (its
-  // f32 [rows, out] output) and adds them.
+  // f32 [rows, out] output, added to with `accumulate`) and adds them.
   absl::Status add(const KernelContext& ctx, const ArgCheck& c, uint32_t wi, const char* w_name,
-                   uint32_t yi, const char* y_name) {
+                   uint32_t yi, const char* y_name, bool accumulate = false) {
     const Tensor& x = ctx.tensor(0);
     const int64_t rows = x.shape[0], in = x.shape[1];
     const DataType w_dtype = weight_dtype(ctx, wi);
@@ -271,6 +224,7 @@ class MergedMatmul {
     m.full.n = out;
     m.full.y = ctx.tensor(yi).data<float>();
     m.full.ldy = out;
+    m.full.accumulate = accumulate;
     m.row_bytes = static_cast<int64_t>(task::bytes_of(w_dtype, static_cast<uint64_t>(in)));
     return absl::OkStatus();
   }
@@ -321,6 +275,24 @@ class MergedMatmul {
   std::optional<matmul_detail::Int8Dots> dots_;
   std::array<std::optional<matmul_detail::QuantizedX>, kMax> qx_;
 };
+
+absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa isa,
+                         Precision precision = Precision::kExact) {
+  const char* kernel = accumulate ? "matmul_acc" : "matmul";
+  ArgCheck c(ctx, kernel);
+  SIMPLER_RETURN_IF_ERROR(c.count(3));
+  SIMPLER_RETURN_IF_ERROR(c.tensor(0, "x", DataType::kFloat32, {-1, -1}));
+  SIMPLER_ASSIGN_OR_RETURN(isa, available_isa(kernel, isa));
+  MergedMatmul m(isa, precision);
+  SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 1, "W", 2, "y", accumulate));
+  const int64_t out = m.weight(0).full.n;
+  if (out == 0 || ctx.tensor(0).shape[0] == 0) return absl::OkStatus();
+  RowClaims claims(ctx, out, m.min_claim(out));
+  BlockRange r;
+  int64_t ahead = 0;
+  while (claims.next(&r, &ahead)) SIMPLER_RETURN_IF_ERROR(m.run(0, r.begin, r.end, ahead));
+  return absl::OkStatus();
+}
 
 // matmul_merged: x, then N weights, then their N outputs; the blocks claim rows over the weights'
 // rows laid end to end, a claim that spans two weights running its part of each.
@@ -1427,10 +1399,9 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   SIMPLER_ASSIGN_OR_RETURN(isa, available_isa("paged_attention", isa));
   // Work items are (kv head, row) pairs, kv-head-major, claimed by the blocks as each becomes
   // free (RowClaims: a block starts with its block_range; a pair at a time where there are few,
-  // so that at batch 1 the 8 kv heads of Qwen3 spread over the cores by their pace, as the
-  // matmuls' rows do: with fixed shares one core's block of a 2,048-token decode step ran
-  // 1.1-1.25 ms against the other's 0.82-0.87); a claim's consecutive rows of one kv head that
-  // share their cached positions form tiles. A row's result does not depend on its tile.
+  // so that at batch 1 Qwen3's 8 kv heads spread over the cores by their pace, as the matmuls'
+  // rows do; docs/design/engine.md); a claim's consecutive rows of one kv head that share their
+  // cached positions form tiles. A row's result does not depend on its tile.
   // Every row's context and pages are checked first, so that a bad row fails every block with the
   // same error (the lowest bad row's) before any output is written, whoever claims what.
   for (int64_t b = 0; b < a.rows; ++b) {

@@ -311,8 +311,7 @@ class DecodeSubmitter {
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kRmsNorm,
                                    rms_norm_args(v.hidden, w.input_layernorm, v.normed, p_.eps),
                                    row_blocks(B, H), "input_layernorm", l));
-    // q, k and v projected as one task (three before: two more hand-offs on the critical path,
-    // and x quantized three times).
+    // q, k and v projected as one task: one hand-off, x quantized once per weight type.
     const Tensor qkv_w[] = {w.q_proj, w.k_proj, w.v_proj};
     const Tensor qkv_y[] = {v.q_proj, v.k_proj, v.v};
     SIMPLER_RETURN_IF_ERROR(submit(KernelId::kMatmulMerged,
@@ -342,7 +341,7 @@ class DecodeSubmitter {
     SIMPLER_RETURN_IF_ERROR(submit(
         KernelId::kRmsNorm, rms_norm_args(v.hidden, w.post_attention_layernorm, v.normed, p_.eps),
         row_blocks(B, H), "post_attention_layernorm", l));
-    // gate and up projected and act = silu(gate)·up, as one task (three before).
+    // gate and up projected and act = silu(gate)·up, as one task.
     SIMPLER_RETURN_IF_ERROR(
         submit(KernelId::kMatmulSiluMul,
                matmul_silu_mul_args(v.normed, w.gate_proj, w.up_proj, v.gate, v.up, v.act),
