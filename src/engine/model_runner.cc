@@ -381,12 +381,13 @@ bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>
 constexpr uint64_t kWeightAlignment = 64;
 
 // Every weight of the decode program (shapes and dtypes checked by ModelWeights::get), its
-// target in `wt` (whose layers are sized here), in the order of its bytes in the checkpoint
-// (the copy then reads the files front to back), each at a kWeightAlignment-aligned offset of
-// one buffer; `total` is that buffer's size.
+// target in `wt` (whose layers are sized here), its device dtype (with `interleave`, Q4_K and Q6_K
+// weights whose row count is a multiple of 16 as kQ4_K_R16 / kQ6_K_R16), in the order of its bytes
+// in the checkpoint (the copy then reads the files front to back), each at a
+// kWeightAlignment-aligned offset of one buffer; `total` is that buffer's size.
 absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights,
                                                      const Qwen3Dims& d, Qwen3DeviceWeights& wt,
-                                                     uint64_t* total) {
+                                                     bool interleave, uint64_t* total) {
   const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
   std::vector<WeightSlot> slots;
   auto add = [&](const std::string& name, std::vector<int64_t> shape,
@@ -395,6 +396,12 @@ absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights
     WeightSlot s{target, std::move(shape), view};
     s.raw = kept_in_checkpoint_dtype(view, s.shape);
     s.bytes = s.raw ? view.bytes.size() : static_cast<uint64_t>(view.numel()) * 4;
+    s.dtype = view.dtype;
+    const task::DataType rows16 = task::interleaved_of(view.dtype);
+    if (s.raw && interleave && rows16 != view.dtype &&
+        s.shape[0] % task::interleaved_rows(rows16) == 0) {
+      s.dtype = rows16;
+    }
     slots.push_back(std::move(s));
     return absl::OkStatus();
   };
@@ -447,8 +454,11 @@ absl::Status load_chip_state(worker::Worker& w, const ModelWeights& weights,
   Qwen3DeviceWeights wt;
   SIMPLER_LOG_INFO("loading {} layers from {}", d.num_hidden_layers, weights.dir());
   uint64_t weight_bytes = 0;
-  SIMPLER_ASSIGN_OR_RETURN(const std::vector<WeightSlot> slots,
-                           plan_weights(weights, d, wt, &weight_bytes));
+  SIMPLER_ASSIGN_OR_RETURN(
+      const std::vector<WeightSlot> slots,
+      plan_weights(weights, d, wt,
+                   prefers_interleaved_weights(options.kernel_isa, options.precision),
+                   &weight_bytes));
   SIMPLER_RETURN_IF_ERROR(upload_weights(w, slots, weight_bytes, &c->buffers));
   const int64_t max_rows = options.max_num_batched_tokens;
   const int64_t seqs = options.max_num_seqs;

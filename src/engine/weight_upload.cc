@@ -29,13 +29,28 @@ constexpr uint64_t kStagingBytes = 1u << 20;
 absl::Status copy_raw_weights(worker::Worker& w, const worker::DeviceBuffer& buf,
                               const std::vector<const WeightSlot*>& share,
                               std::atomic<bool>& stop) {
-  std::vector<std::byte> staging(kStagingBytes);
+  std::vector<std::byte> staging(kStagingBytes), interleaved;
   for (const WeightSlot* s : share) {
-    for (uint64_t at = 0; at < s->bytes; at += kStagingBytes) {
+    // An interleaved weight goes in whole groups of 16 rows (as many as fit the staging buffer),
+    // each interleaved on its way.
+    const int64_t group = task::interleaved_rows(s->dtype);
+    const int64_t cols = s->shape.back();
+    const uint64_t group_bytes = static_cast<uint64_t>(group) * (s->bytes / s->shape.front());
+    const uint64_t step = std::max<uint64_t>(kStagingBytes / group_bytes, 1) * group_bytes;
+    if (staging.size() < step) staging.resize(step);
+    if (group > 1 && interleaved.size() < step) interleaved.resize(step);
+    for (uint64_t at = 0; at < s->bytes; at += step) {
       if (stop.load(std::memory_order_relaxed)) return absl::OkStatus();
-      const std::span<std::byte> chunk(staging.data(), std::min(kStagingBytes, s->bytes - at));
+      const std::span<std::byte> chunk(staging.data(), std::min(step, s->bytes - at));
       absl::Status st = read_bytes(s->view, at, chunk);
-      if (st.ok()) st = w.copy_to(buf, chunk.data(), chunk.size(), s->offset + at);
+      const std::byte* out = chunk.data();
+      if (st.ok() && group > 1) {
+        task::interleave_rows(s->dtype, reinterpret_cast<const uint8_t*>(chunk.data()),
+                              static_cast<int64_t>(chunk.size() / group_bytes) * group, cols,
+                              reinterpret_cast<uint8_t*>(interleaved.data()));
+        out = interleaved.data();
+      }
+      if (st.ok()) st = w.copy_to(buf, out, chunk.size(), s->offset + at);
       if (!st.ok()) {
         stop.store(true, std::memory_order_relaxed);
         return base::annotate(st, absl::StrCat("tensor '", std::string(s->view.name), "' of ",
@@ -81,7 +96,7 @@ absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& sl
       SIMPLER_RETURN_IF_ERROR(w.copy_to(buf, f32.data(), s.bytes, s.offset));
     }
     SIMPLER_ASSIGN_OR_RETURN(
-        *s.target, buf.tensor(s.shape, s.raw ? s.view.dtype : task::DataType::kFloat32, s.offset));
+        *s.target, buf.tensor(s.shape, s.raw ? s.dtype : task::DataType::kFloat32, s.offset));
   }
   return absl::OkStatus();
 }

@@ -18,14 +18,18 @@ struct WeightSlot {
   task::Tensor* target = nullptr;
   std::vector<int64_t> shape;
   TensorView view;
-  bool raw = false;     // kept in the checkpoint dtype: the file's bytes as they are; else f32
+  bool raw = false;  // kept in the checkpoint dtype: the file's bytes as they are; else f32
+  // With raw: the device dtype, the file's or its rows interleaved 16 at a time
+  // (task::interleaved_of: kQ4_K_R16, kQ6_K_R16; prefers_interleaved_weights), copied so.
+  task::DataType dtype = task::DataType::kFloat32;
   uint64_t offset = 0;  // in the weights buffer
   uint64_t bytes = 0;   // in device memory
 };
 
 // Copies the weights of `slots` into one device buffer of `total` bytes (appended to `buffers`
 // as soon as it is allocated, so that its owner frees it also on failure) and points their
-// targets at it: the raw weights in two shares of about equal bytes, the second copied by a
+// targets at it (as s.dtype: interleaved weights interleaved on the way, whole groups of 16 rows
+// at a time): the raw weights in two shares of about equal bytes, the second copied by a
 // second thread where the machine has two hardware threads or more (a copy is CPU work on both
 // of its sides: the read out of the page cache, and the kernel zeroing the device pages that the
 // copy makes present; one thread loaded a Q4_K_M file in twice the time of reading it); a

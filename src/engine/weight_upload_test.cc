@@ -54,6 +54,7 @@ std::vector<WeightSlot> slots_of(const SafetensorsFile& file, int n,
   for (int i = 0; i < n; ++i) {
     WeightSlot s{&(*targets)[i], {kRows, kCols}, file.tensor(absl::StrCat("w", i)).value()};
     s.raw = true;
+    s.dtype = task::DataType::kBFloat16;
     s.offset = static_cast<uint64_t>(i) * kWeightBytes;
     s.bytes = kWeightBytes;
     slots.push_back(std::move(s));
@@ -138,6 +139,66 @@ TEST_F(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherSh
     // kernel may list an exited thread a moment longer).
     EXPECT_TRUE(simpler::testing::eventually([&] { return threads_now() == threads_before; }))
         << threads_now() << " threads, " << threads_before << " before";
+  }
+}
+
+// A weight planned as interleaved (WeightSlot::dtype q4_k_r16 / q6_k_r16) lands in device memory
+// as task::interleave_rows writes the file's rows, its target tensor of that dtype; 300 groups of
+// 16 rows take two chunks of the staging buffer (whole groups each); a plain weight beside it is
+// copied as it is. (The file holds the blocks' bytes as bf16 tensors of the same size: the copy
+// reads bytes, and safetensors has no block dtypes.)
+TEST(UploadWeightsInterleaved, InterleavesWholeGroupsOnTheirWayIn) {
+  constexpr int64_t kQRows = 4800, kQCols = 512;
+  const struct {
+    task::DataType file, device;
+  } kinds[] = {{task::DataType::kQ4_K, task::DataType::kQ4_K_R16},
+               {task::DataType::kQ6_K, task::DataType::kQ6_K_R16},
+               {task::DataType::kQ4_K, task::DataType::kQ4_K}};
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorSource> sources;
+  for (size_t i = 0; i < std::size(kinds); ++i) {
+    data.emplace_back(task::bytes_of(kinds[i].file, kQRows * kQCols));
+    for (size_t k = 0; k < data[i].size(); ++k)
+      data[i][k] = std::byte((k * 31 + k / 251 + i) & 0xFF);
+    const auto halves = static_cast<int64_t>(data[i].size() / 2 / kQRows);
+    sources.push_back(
+        {absl::StrCat("q", i), task::DataType::kBFloat16, {kQRows, halves}, data[i], nullptr});
+  }
+  const std::string path =
+      (simpler::testing::test_dir("simpler_weight_upload_interleaved") / "model.safetensors")
+          .string();
+  ASSERT_TRUE(write_safetensors(path, sources).ok());
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<task::Tensor> targets(std::size(kinds));
+  std::vector<WeightSlot> slots;
+  uint64_t total = 0;
+  for (size_t i = 0; i < std::size(kinds); ++i) {
+    WeightSlot s{&targets[i], {kQRows, kQCols}, file->tensor(absl::StrCat("q", i)).value()};
+    s.raw = true;
+    s.dtype = kinds[i].device;
+    s.offset = total;
+    s.bytes = data[i].size();
+    total += s.bytes;
+    slots.push_back(std::move(s));
+  }
+  worker::WorkerOptions o;
+  o.num_cores = 1;
+  worker::Worker w(o);
+  ASSERT_TRUE(w.init().ok());
+  std::vector<worker::DeviceBuffer> buffers;
+  ASSERT_TRUE(upload_weights(w, slots, total, &buffers).ok());
+  std::vector<std::byte> back(total);
+  ASSERT_TRUE(w.copy_from(back.data(), buffers[0], total).ok());
+  for (size_t i = 0; i < std::size(kinds); ++i) {
+    std::vector<std::byte> want = data[i];
+    if (kinds[i].device != kinds[i].file) {
+      task::interleave_rows(kinds[i].device, reinterpret_cast<const uint8_t*>(data[i].data()),
+                            kQRows, kQCols, reinterpret_cast<uint8_t*>(want.data()));
+    }
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), back.begin() + slots[i].offset))
+        << task::name_of(kinds[i].device);
+    EXPECT_EQ(targets[i].dtype, kinds[i].device);
   }
 }
 

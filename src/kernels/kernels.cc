@@ -189,6 +189,29 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
 // element on its own, so the same bits at any offset and length (defined with silu_mul below).
 void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n);
 
+// A matmul task's RowClaims over its W rows counted in units of `unit` rows (MergedMatmul's
+// claim_unit): the claims' ranges in rows. With unit 16 the claims never split a group of
+// interleaved rows (RowClaims' shares are whole units); with 1 they are RowClaims' own.
+class MatmulClaims {
+ public:
+  MatmulClaims(const KernelContext& ctx, int64_t rows, int64_t min_rows, int64_t unit)
+      : unit_(unit),
+        claims_(ctx, rows / unit, (min_rows + unit - 1) / unit,
+                unit == 1 ? RowClaims::kMatmulAlign : 1) {}
+
+  bool next(BlockRange* r, int64_t* ahead) {
+    if (!claims_.next(r, ahead)) return false;
+    r->begin *= unit_;
+    r->end *= unit_;
+    *ahead *= unit_;
+    return true;
+  }
+
+ private:
+  int64_t unit_;
+  RowClaims claims_;
+};
+
 // One weight of a merged matmul (matmul_merged, matmul_silu_mul): its whole problem (every W row
 // against x into y) and the bytes of a W row.
 struct MergedWeight {
@@ -215,6 +238,12 @@ class MergedMatmul {
     SIMPLER_RETURN_IF_ERROR(check_block_row(c, wi, w_name, w_dtype, in));
     const int64_t out = ctx.tensor(wi).shape[0];
     SIMPLER_RETURN_IF_ERROR(c.tensor(yi, y_name, DataType::kFloat32, {rows, out}));
+    const int64_t group = task::interleaved_rows(w_dtype);
+    if (out % group != 0) {
+      return c.error(absl::StrCat("argument ", wi, " (", w_name, ") is ",
+                                  std::string(task::name_of(w_dtype)), " with ", out,
+                                  " rows, not a whole number of groups of ", group));
+    }
     MergedWeight& m = weights_[n_++];
     m.full.x = x.data<const float>();
     m.full.rows = rows;
@@ -225,6 +254,7 @@ class MergedMatmul {
     m.full.y = ctx.tensor(yi).data<float>();
     m.full.ldy = out;
     m.full.accumulate = accumulate;
+    m.full.interleaved = group > 1;
     m.row_bytes = static_cast<int64_t>(task::bytes_of(w_dtype, static_cast<uint64_t>(in)));
     return absl::OkStatus();
   }
@@ -242,12 +272,39 @@ class MergedMatmul {
     return min_claim_rows(widest);
   }
 
+  // The rows a claim counts in (MatmulClaims): 16 where a weight's rows are interleaved 16 at a
+  // time (so no claim splits a group), else 1. INVALID_ARGUMENT (through `c`) when a weight is
+  // interleaved and another's rows are not a whole number of groups.
+  absl::StatusOr<int64_t> claim_unit(const ArgCheck& c) const {
+    bool interleaved = false, whole = true;
+    for (int i = 0; i < n_; ++i) {
+      interleaved = interleaved || weights_[i].full.interleaved;
+      whole = whole && weights_[i].full.n % 16 == 0;
+    }
+    if (!interleaved) return 1;
+    if (!whole) {
+      return c.error(
+          "a weight's rows are interleaved 16 at a time, so every weight of the task "
+          "needs a multiple of 16 rows");
+    }
+    return 16;
+  }
+
   // Rows [begin, end) of weight i into its y, prefetching up to its row `ahead`.
   absl::Status run(int i, int64_t begin, int64_t end, int64_t ahead) {
     const MergedWeight& m = weights_[i];
     const matmul_detail::Problem p = rows_of(m.full, {begin, end}, ahead, m.row_bytes);
+    if (p.interleaved && (begin % 16 != 0 || end % 16 != 0)) {
+      return absl::InternalError(absl::StrCat("matmul: rows [", begin, ", ", end,
+                                              ") split a group of 16 interleaved rows"));
+    }
     if (precision_ != Precision::kInt8 || !matmul_detail::int8_weight_type(m.full.wt)) {
-      return matmul_rows(p, isa_, precision_);
+      if (!p.interleaved) return matmul_rows(p, isa_, precision_);
+      absl::Status st;
+      matmul_detail::run_deinterleaved(p, m.row_bytes, [&](const matmul_detail::Problem& q) {
+        if (st.ok()) st = matmul_rows(q, isa_, precision_);
+      });
+      return st;
     }
     if (!dots_) dots_ = int8_dots(isa_);
     matmul_detail::run_int8_quantized(p, quantized_for(i), *dots_);
@@ -287,7 +344,8 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   SIMPLER_RETURN_IF_ERROR(m.add(ctx, c, 1, "W", 2, "y", accumulate));
   const int64_t out = m.weight(0).full.n;
   if (out == 0 || ctx.tensor(0).shape[0] == 0) return absl::OkStatus();
-  RowClaims claims(ctx, out, m.min_claim(out));
+  SIMPLER_ASSIGN_OR_RETURN(const int64_t unit, m.claim_unit(c));
+  MatmulClaims claims(ctx, out, m.min_claim(out), unit);
   BlockRange r;
   int64_t ahead = 0;
   while (claims.next(&r, &ahead)) SIMPLER_RETURN_IF_ERROR(m.run(0, r.begin, r.end, ahead));
@@ -318,7 +376,8 @@ absl::Status matmul_merged_impl(const KernelContext& ctx, KernelIsa isa, Precisi
     total += m.weight(static_cast<int>(i)).full.n;
   }
   if (total == 0 || ctx.tensor(0).shape[0] == 0) return absl::OkStatus();
-  RowClaims claims(ctx, total, m.min_claim(total));
+  SIMPLER_ASSIGN_OR_RETURN(const int64_t unit, m.claim_unit(c));
+  MatmulClaims claims(ctx, total, m.min_claim(total), unit);
   BlockRange r;
   int64_t ahead = 0;
   while (claims.next(&r, &ahead)) {
@@ -352,7 +411,8 @@ absl::Status matmul_silu_mul_impl(const KernelContext& ctx, KernelIsa isa, Preci
   const float* gate = m.weight(0).full.y;
   const float* up = m.weight(1).full.y;
   float* act = ctx.tensor(5).data<float>();
-  RowClaims claims(ctx, out, m.min_claim(out));
+  SIMPLER_ASSIGN_OR_RETURN(const int64_t unit, m.claim_unit(c));
+  MatmulClaims claims(ctx, out, m.min_claim(out), unit);
   BlockRange r;
   int64_t ahead = 0;
   while (claims.next(&r, &ahead)) {
@@ -624,6 +684,17 @@ Precision effective_precision(KernelIsa isa, Precision precision) {
   return precision;
 }
 
+bool prefers_interleaved_weights(KernelIsa isa, Precision precision) {
+#if defined(__x86_64__)
+  return precision == Precision::kInt8 && resolve_kernel_isa(isa) == KernelIsa::kAvx512 &&
+         kernel_isa_available(KernelIsa::kAvx512) && matmul_detail::avx512vnni_available();
+#else
+  (void)isa;
+  (void)precision;
+  return false;
+#endif
+}
+
 std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {
   const IsaKernels on = isa_kernels(isa);
   task::KernelFn matmul = on.matmul;
@@ -682,7 +753,13 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
                                   vocab, ")"));
     }
     float* o = out + b * hidden;
-    if (task::block_elements(table_dtype) > 1) {
+    if (task::interleaved_rows(table_dtype) > 1) {
+      thread_local std::vector<uint8_t> row;
+      row.resize(task::bytes_of(table_dtype, static_cast<uint64_t>(hidden)));
+      task::deinterleave_row(table_dtype, ctx.tensor(1).data<const uint8_t>(), id, hidden,
+                             row.data());
+      dequantize_block_row(task::plain_of(table_dtype), row.data(), hidden, o);
+    } else if (task::block_elements(table_dtype) > 1) {
       dequantize_block_row(table_dtype,
                            ctx.tensor(1).data<const uint8_t>() +
                                id * task::bytes_of(table_dtype, static_cast<uint64_t>(hidden)),
@@ -1722,8 +1799,10 @@ WeightType weight_type_of(task::DataType dtype) {
     case task::DataType::kQ4_0:
       return WeightType::kQ4_0;
     case task::DataType::kQ4_K:
+    case task::DataType::kQ4_K_R16:
       return WeightType::kQ4_K;
     case task::DataType::kQ6_K:
+    case task::DataType::kQ6_K_R16:
       return WeightType::kQ6_K;
     default:
       return WeightType::kF32;

@@ -970,6 +970,135 @@ TEST(MatmulSiluMulKernel, IsBitwiseTwoMatmulsThenSiluMulOnEveryPathAndPrecision)
   }
 }
 
+// w (q4_k or q6_k, [out, in]) with its rows interleaved 16 at a time (q4_k_r16, q6_k_r16).
+TestWeights interleaved(const TestWeights& w, int64_t out, int64_t in) {
+  TestWeights r = w;
+  r.dtype = task::interleaved_of(w.dtype);
+  task::interleave_rows(r.dtype, w.blocks.data(), out, in, r.blocks.data());
+  return r;
+}
+
+// Weights whose rows are interleaved 16 at a time give bitwise their plain form's outputs in
+// every kernel that reads weights — matmul (int8 and exact, every path, one to three blocks whose
+// claims then come in whole groups, in turn and on threads), matmul_merged beside a plain weight,
+// matmul_silu_mul, and the embedding's gathered rows.
+TEST(InterleavedWeights, GiveThePlainWeightsBitsInEveryKernelThatReadsWeights) {
+  const int64_t in = 512, out = 1040;  // 65 groups: three blocks' row shares would split groups
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+    TestWeights w = make_weights(dt, out * in, 90), wi = interleaved(w, out, in);
+    for (int64_t rows : {1, 5}) {
+      std::vector<float> x = random_floats(rows * in, 91);
+      for (Precision precision : {Precision::kInt8, Precision::kExact}) {
+        for (auto [isa, matmul] : matmul_paths(precision, false)) {
+          std::vector<float> want(rows * out, NAN);
+          ASSERT_TRUE(
+              run_blocks(matmul, matmul_args_for(false, x, w, want, rows, in, out), 1).ok());
+          for (int32_t blocks : {1, 3}) {
+            for (bool threads : {false, true}) {
+              std::vector<float> got(rows * out, NAN);
+              ASSERT_TRUE(
+                  testing::run_blocks_sharing_lines(
+                      matmul, matmul_args_for(false, x, wi, got, rows, in, out), blocks, threads)
+                      .ok());
+              ASSERT_NO_FATAL_FAILURE(expect_same_bits(
+                  got, want,
+                  absl::StrCat(std::string(task::name_of(wi.dtype)), " ", name_of(isa), " ",
+                               name_of(precision), " rows ", rows, " blocks ", blocks,
+                               threads ? " on threads" : "")));
+            }
+          }
+        }
+      }
+    }
+  }
+  // matmul_merged (q4_k_r16, a plain q6_k, q4_k_r16) and matmul_silu_mul (q4_k_r16, q6_k_r16)
+  const int64_t rows = 3, outs[] = {48, 32, 16};
+  std::vector<float> x = random_floats(rows * in, 92);
+  std::vector<TestWeights> plain = {make_weights(DataType::kQ4_K, 48 * in, 93),
+                                    make_weights(DataType::kQ6_K, 32 * in, 94),
+                                    make_weights(DataType::kQ4_K, 16 * in, 95)};
+  std::vector<TestWeights> mixed = {interleaved(plain[0], 48, in), plain[1],
+                                    interleaved(plain[2], 16, in)};
+  for (Precision precision : {Precision::kInt8, Precision::kExact}) {
+    for (auto [isa, matmul] : matmul_paths(precision, false)) {
+      const auto kernels = llm_kernels(isa, precision);
+      std::vector<std::vector<float>> want(3), got(3);
+      std::vector<Tensor> wt, yt;
+      for (size_t i = 0; i < 3; ++i) {
+        want[i].assign(rows * outs[i], NAN);
+        got[i].assign(rows * outs[i], NAN);
+        ASSERT_TRUE(
+            run_blocks(matmul, matmul_args_for(false, x, plain[i], want[i], rows, in, outs[i]), 1)
+                .ok());
+        wt.push_back(mixed[i].tensor(outs[i], in));
+        yt.push_back(view(got[i], {rows, outs[i]}));
+      }
+      ASSERT_TRUE(testing::run_blocks_sharing_lines(
+                      kernels[static_cast<size_t>(KernelId::kMatmulMerged)].fn,
+                      matmul_merged_args(view(x, {rows, in}), wt, yt), 2, true)
+                      .ok());
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_NO_FATAL_FAILURE(
+            expect_same_bits(got[i], want[i], absl::StrCat(name_of(isa), " merged weight ", i)));
+      }
+      TestWeights up = make_weights(DataType::kQ6_K, 48 * in, 96);
+      std::vector<float> g(rows * 48, NAN), u(rows * 48, NAN), act(rows * 48, NAN),
+          u_want(rows * 48);
+      ASSERT_TRUE(run_blocks(matmul, matmul_args_for(false, x, up, u_want, rows, in, 48), 1).ok());
+      ASSERT_TRUE(
+          testing::run_blocks_sharing_lines(
+              kernels[static_cast<size_t>(KernelId::kMatmulSiluMul)].fn,
+              matmul_silu_mul_args(view(x, {rows, in}), mixed[0].tensor(48, in),
+                                   interleaved(up, 48, in).tensor(48, in), view(g, {rows, 48}),
+                                   view(u, {rows, 48}), view(act, {rows, 48})),
+              3, true)
+              .ok());
+      ASSERT_NO_FATAL_FAILURE(expect_same_bits(g, want[0], absl::StrCat(name_of(isa), " gate")));
+      ASSERT_NO_FATAL_FAILURE(expect_same_bits(u, u_want, absl::StrCat(name_of(isa), " up")));
+    }
+  }
+  // the embedding gathers a row out of its group
+  TestWeights table = make_weights(DataType::kQ6_K, 32 * in, 97);
+  std::vector<int32_t> ids = {31, 0, 17, 5};
+  std::vector<float> emb(4 * in, NAN);
+  ASSERT_TRUE(run_blocks(&embedding_kernel,
+                         embedding_args(view(ids, {4}), interleaved(table, 32, in).tensor(32, in),
+                                        view(emb, {4, in})),
+                         2)
+                  .ok());
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t i = 0; i < in; ++i) {
+      ASSERT_EQ(emb[r * in + i], static_cast<float>(table.values[ids[r] * in + i]))
+          << "row " << r << " element " << i;
+    }
+  }
+}
+
+// An interleaved weight whose rows are not whole groups of 16, or beside a weight whose rows are
+// not, is INVALID_ARGUMENT saying so; nothing is written.
+TEST(InterleavedWeights, RowsNotWholeGroupsAreInvalidArgument) {
+  const int64_t in = 256, rows = 2;
+  std::vector<float> x = random_floats(rows * in, 98);
+  TestWeights w = make_weights(DataType::kQ4_K, 48 * in, 99), wi = interleaved(w, 48, in);
+  std::vector<float> y(rows * 40, NAN);
+  absl::Status s = run_blocks(&matmul_kernel, matmul_args_for(false, x, wi, y, rows, in, 40), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("q4_k_r16 with 40 rows, not a whole number of groups of 16"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
+  TestWeights other = make_weights(DataType::kQ6_K, 37 * in, 100);
+  std::vector<float> y0(rows * 48, NAN), y1(rows * 37, NAN);
+  const std::vector<Tensor> ws = {wi.tensor(48, in), other.tensor(37, in)};
+  const std::vector<Tensor> ys = {view(y0, {rows, 48}), view(y1, {rows, 37})};
+  s = run_blocks(&matmul_merged_kernel, matmul_merged_args(view(x, {rows, in}), ws, ys), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("every weight of the task needs a multiple of 16 rows"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(std::all_of(y0.begin(), y0.end(), [](float v) { return std::isnan(v); }));
+}
+
 // Wrong argument counts, shapes and dtypes are INVALID_ARGUMENT naming the argument; the tags are
 // x and the weights IN, the outputs OUT.
 TEST(MatmulMergedKernel, ArgumentErrorsNameTheArgumentAndOutputsAreTaggedOut) {

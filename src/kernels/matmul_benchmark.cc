@@ -32,10 +32,12 @@
 // Run: build/release/src/kernels/matmul_benchmark [--benchmark_filter=Decode]. Targets the CPU
 // lacks are skipped with a message.
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -185,9 +187,31 @@ bool int8_target_available(const std::string& target) {
 
 // A matmul over `rows` x rows of `k` against block-quantized W [n, k] of type `wt` (seeded
 // weights, x in [-0.5, 0.5)), its Problem pointing into the vectors it owns.
+// An allocator of memory advised to use transparent huge pages, as the sim device's memory is
+// (sim_device.cc): W streams from memory through the same TLB reach as in a decode step.
+template <class T>
+struct HugePages {
+  using value_type = T;
+  HugePages() = default;
+  template <class U>
+  explicit HugePages(const HugePages<U>& /*other*/) {}
+  T* allocate(size_t n) {
+    void* p =
+        ::mmap(nullptr, n * sizeof(T), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    (void)::madvise(p, n * sizeof(T), MADV_HUGEPAGE);
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) { ::munmap(p, n * sizeof(T)); }
+  bool operator==(const HugePages& /*other*/) const { return true; }
+};
+using HugeBytes = std::vector<uint8_t, HugePages<uint8_t>>;
+
+// W of `wt` (interleaved: its rows interleaved 16 at a time, task::DataType::kQ4_K_R16 or
+// kQ6_K_R16; n a multiple of 16), x and y of one problem.
 struct QuantizedProblem {
-  QuantizedProblem(WeightType wt, int64_t rows, int64_t n, int64_t k)
-      : w(quantized_weights(wt, n, k)), x(rows * k), y(rows * n) {
+  QuantizedProblem(WeightType wt, int64_t rows, int64_t n, int64_t k, bool interleaved = false)
+      : w(weights(wt, n, k, interleaved)), x(rows * k), y(rows * n) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.f - 0.5f;
     p.x = x.data();
     p.rows = rows;
@@ -197,20 +221,34 @@ struct QuantizedProblem {
     p.n = n;
     p.y = y.data();
     p.ldy = n;
+    p.interleaved = interleaved;
+  }
+  static HugeBytes weights(WeightType wt, int64_t n, int64_t k, bool interleaved) {
+    const std::vector<uint8_t> w = quantized_weights(wt, n, k);
+    HugeBytes out(w.size());
+    if (!interleaved) {
+      std::copy(w.begin(), w.end(), out.begin());
+      return out;
+    }
+    task::interleave_rows(
+        wt == WeightType::kQ4_K ? task::DataType::kQ4_K_R16 : task::DataType::kQ6_K_R16, w.data(),
+        n, k, out.data());
+    return out;
   }
   QuantizedProblem(const QuantizedProblem&) = delete;
   QuantizedProblem& operator=(const QuantizedProblem&) = delete;
-  const std::vector<uint8_t> w;
+  const HugeBytes w;
   std::vector<float> x, y;
   Problem p;
 };
 
-void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole) {
+void Int8(benchmark::State& state, WeightType wt, const char* target, bool whole,
+          bool interleaved = false) {
   if (!int8_target_available(target)) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  QuantizedProblem q(wt, state.range(0), state.range(1), state.range(2));
+  QuantizedProblem q(wt, state.range(0), state.range(1), state.range(2), interleaved);
   matmul_detail::Int8Dots dots = int8_target(target);
   if (!whole) dots.rows = nullptr;
   for (auto _ : state) {
@@ -239,12 +277,13 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
 // one of two cores' share of a 1024-row projection, each call quantizing x and starting cold. The
 // kernels' pace in a decode differs from one long call's (Int8/.../1/131072/1024): a loop that
 // is fast there can be slow here, and this is the case that ranks them as the decode does.
-void Int8Calls(benchmark::State& state, WeightType wt, const char* target) {
+void Int8Calls(benchmark::State& state, WeightType wt, const char* target,
+               bool interleaved = false) {
   if (!int8_target_available(target)) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  QuantizedProblem q(wt, 1, 524288 / state.threads(), 1024);
+  QuantizedProblem q(wt, 1, 524288 / state.threads(), 1024, interleaved);
   const matmul_detail::Int8Dots dots = int8_target(target);
   const int64_t slice = state.range(0), row_bytes = static_cast<int64_t>(q.w.size()) / q.p.n;
   for (auto _ : state) {
@@ -295,6 +334,21 @@ void ExactBlocks(benchmark::State& state, WeightType wt, KernelIsa isa) {
 SIMPLER_INT8_BENCHMARKS(q8_0, WeightType::kQ8_0);
 SIMPLER_INT8_BENCHMARKS(q4_k, WeightType::kQ4_K);
 SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
+
+// The same W rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16), as the model
+// runner stores them for the x86 int8 targets.
+#define SIMPLER_INT8_R16_BENCHMARKS(type, wt)                                                     \
+  BENCHMARK_CAPTURE(Int8, type##_r16_avx512vnni_whole, wt, "avx512vnni", true, true)              \
+      ->Apply(int8_shapes);                                                                       \
+  BENCHMARK_CAPTURE(Int8, type##_r16_avxvnni_whole, wt, "avxvnni", true, true)                    \
+      ->Apply(int8_shapes);                                                                       \
+  BENCHMARK_CAPTURE(Int8, type##_r16_avx2_whole, wt, "avx2", true, true)->Apply(int8_shapes);     \
+  BENCHMARK_CAPTURE(Int8Calls, type##_r16_avx512vnni, wt, "avx512vnni", true)                     \
+      ->Apply(int8_call_shapes);                                                                  \
+  BENCHMARK_CAPTURE(Int8Calls, type##_r16_avxvnni, wt, "avxvnni", true)->Apply(int8_call_shapes); \
+  BENCHMARK_CAPTURE(Int8Calls, type##_r16_avx2, wt, "avx2", true)->Apply(int8_call_shapes)
+SIMPLER_INT8_R16_BENCHMARKS(q4_k, WeightType::kQ4_K);
+SIMPLER_INT8_R16_BENCHMARKS(q6_k, WeightType::kQ6_K);
 
 // One decode step's attention at batch 1 over a context of state.range(0) cached positions, in
 // Qwen3-0.6B's shape (16 query heads, 8 kv heads of 128, 28 layers each with its own K and V pools

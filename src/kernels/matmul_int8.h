@@ -73,6 +73,9 @@ struct Int8Dots {
   // Optional (null: nothing): fills x.prepared for `rows`, once per x (p's W rows do not matter);
   // quantize_int8 calls it when `rows` is set.
   void (*prepare)(const Problem& p, QuantizedX& x) = nullptr;
+  // Whether `rows` reads W rows interleaved 16 at a time (Problem::interleaved) itself; else
+  // run_int8_quantized runs such a W through run_deinterleaved.
+  bool interleaved = false;
 };
 
 // The targets' dot products. The portable one runs anywhere (matmul_int8.cc, baseline flags); the

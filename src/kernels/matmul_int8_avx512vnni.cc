@@ -263,12 +263,18 @@ struct Zmm {
   static constexpr int kLanes = 16;
   static constexpr int64_t kMinRowsQ4K = 4, kMinRowsQ6K = 8, kMinRowsQ8_0 = 2;
   static constexpr bool kQ8_0Signed = false;
+  static constexpr bool kUnsignedFullRange = true;
+  static constexpr bool kScaledDot = false;
   static I zero() { return _mm512_setzero_si512(); }
   static I load(const void* p) { return _mm512_loadu_si512(p); }
   static void store(void* p, I v) { _mm512_storeu_si512(p, v); }
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  // (a & 0x0f) | b in every byte: one vpternlogd (A & C) | B.
+  static I low_nibbles_or(I a, I b) {
+    return _mm512_ternarylogic_epi32(a, b, set1(0x0f0f0f0f), 0xEC);
+  }
   static I srli(I a, int n) { return _mm512_srli_epi32(a, static_cast<unsigned>(n)); }
   static I slli(I a, int n) { return _mm512_slli_epi32(a, static_cast<unsigned>(n)); }
   static I srai(I a, int n) { return _mm512_srai_epi32(a, static_cast<unsigned>(n)); }
@@ -279,6 +285,7 @@ struct Zmm {
   static I madd(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
   static I gather(I rows, const uint8_t* at) { return _mm512_i32gather_epi32(rows, at, 1); }
   static F half_lo(I v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+  static F halves(const void* p) { return _mm512_cvtph_ps(load32(p)); }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset1(float v) { return _mm512_set1_ps(v); }
   static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
@@ -337,7 +344,7 @@ void repack_tile(Q6KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_
     for (int q = 0; q < 4; ++q) v[q][r] = w[q];
   }
   for (int q = 0; q < 4; ++q) transpose16(v[q], t.w + 16 * q);
-  t.repack_scales(blk, rows);
+  t.repack_scales(GatherRows<Zmm>{blk, rows});
 }
 
 // Q4_K's tile on zmm without the 32 gathers of its weights: each row's qs[64h, +64) as one zmm,
@@ -365,7 +372,7 @@ void repack_tile(Q4KTile<Zmm>& t, const uint8_t* blk, __m512i rows, int64_t row_
       }
     }
   }
-  t.repack_scales(blk, rows);
+  t.repack_scales(GatherRows<Zmm>{blk, rows});
 }
 
 // Q8_0's tile on zmm (rows_q8_0_tiles): blocks b and b + 1 of each of the 16 rows as one zmm
@@ -396,10 +403,11 @@ void repack_q8_0(Q80Tile<Zmm>* tile, const uint8_t* w, int64_t row_bytes, int64_
 
 // Whether rows_avx512vnni reads x permuted for SuperKernels512::q4_k (prepare_avx512vnni).
 bool reads_permuted_x(const Problem& p) {
-  return p.wt == WeightType::kQ4_K && p.rows < Zmm::kMinRowsQ4K;
+  return p.wt == WeightType::kQ4_K && p.rows < Zmm::kMinRowsQ4K && !p.interleaved;
 }
 
 void rows_avx512vnni(const Problem& p, const QuantizedX& x) {
+  if (p.interleaved) return rows_interleaved<Zmm>(p, x);
   if (p.wt == WeightType::kQ8_0 && p.rows >= Zmm::kMinRowsQ8_0) return rows_q8_0_tiles<Zmm>(p, x);
   if (p.wt == WeightType::kQ8_0) return rows_q8_0_one(p, x);
   if (p.wt == WeightType::kQ4_K && p.rows >= Zmm::kMinRowsQ4K)

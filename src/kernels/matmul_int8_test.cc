@@ -394,6 +394,40 @@ TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   }
 }
 
+// W rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16; Problem::interleaved)
+// give bitwise the plain rows' y on every target: the x86 ones read the interleaving (their tiles
+// at every x row count), the portable one through run_deinterleaved. x rows 1 to 17 (the tiles'
+// 8, 4, 2 and 1 at a time), one to three groups of 16 W rows, 1 to 10 super-blocks a row.
+TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+    for (int64_t rows : {1, 2, 3, 4, 7, 8, 17}) {
+      for (int64_t in : {256, 768, 2560}) {
+        for (int64_t out : {16, 48}) {
+          const std::vector<uint8_t> w =
+              random_weights(dt, out, in, static_cast<uint32_t>(rows * 31 + in + out));
+          std::vector<uint8_t> wi(w.size());
+          task::interleave_rows(task::interleaved_of(dt), w.data(), out, in, wi.data());
+          ASSERT_NE(w, wi);
+          const std::vector<float> x =
+              random_x(static_cast<size_t>(rows * in), static_cast<uint32_t>(rows + 3 * in));
+          std::vector<float> want(static_cast<size_t>(rows * out), NAN);
+          matmul_detail::run_int8(problem(x, rows, in, w, dt, out, &want),
+                                  matmul_detail::int8_dots_portable());
+          for (const auto& [name, dots] : all_dots()) {
+            std::vector<float> y(want.size(), NAN);
+            matmul_detail::Problem p = problem(x, rows, in, wi, dt, out, &y);
+            p.interleaved = true;
+            matmul_detail::run_int8(p, dots);
+            ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                << task::name_of(dt) << " rows " << rows << " in " << in << " out " << out << ": "
+                << name << " over interleaved rows differs";
+          }
+        }
+      }
+    }
+  }
+}
+
 // W of `dt` with random values: the block types' random blocks, f32 and bf16 from random floats.
 std::vector<uint8_t> claim_test_weights(DataType dt, int64_t out, int64_t in) {
   if (dt != DataType::kFloat32 && dt != DataType::kBFloat16) return random_weights(dt, out, in, 17);

@@ -693,12 +693,25 @@ struct Ymm {
   // Whether the Q8_0 tiles hold W signed (|w| against x with w's sign: Dot cannot take the
   // unsigned w + 128 over all of 0..255) rather than w + 128 (rows_q8_0_tiles).
   static constexpr bool kQ8_0Signed = !Dot::kUnsignedFullRange;
+  // Whether dot takes unsigned bytes over all of 0..255 (else they must stay below 128).
+  static constexpr bool kUnsignedFullRange = Dot::kUnsignedFullRange;
+  // Whether the interleaved kernels apply a run's scale in its dots (dot_scaled: vpmaddubsw, then
+  // vpmaddwd against the scale's i16 pairs, as AVX2 takes two instructions a dot anyway) rather
+  // than once on the run's sum (vpmulld; VNNI's dot is one instruction).
+  static constexpr bool kScaledDot = !Dot::kUnsignedFullRange;
+  // acc + Σ over each i32 lane's two i16 pair sums of u·s (unsigned by signed bytes, pair sums
+  // that do not saturate) times the lane's scale pair sc16.
+  static I dot_scaled(I acc, I u, I s, I sc16) {
+    return Dot::madd(acc, _mm256_maddubs_epi16(u, s), sc16);
+  }
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static I and_(I a, I b) { return _mm256_and_si256(a, b); }
   static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  // (a & 0x0f) | b in every byte.
+  static I low_nibbles_or(I a, I b) { return or_(and_(a, set1(0x0f0f0f0f)), b); }
   static I srli(I a, int n) { return _mm256_srli_epi32(a, n); }
   static I slli(I a, int n) { return _mm256_slli_epi32(a, n); }
   static I srai(I a, int n) { return _mm256_srai_epi32(a, n); }
@@ -709,6 +722,10 @@ struct Ymm {
   static I madd(I acc, I a, I b) { return Dot::madd(acc, a, b); }
   static I gather(I rows, const uint8_t* at) {
     return _mm256_i32gather_epi32(reinterpret_cast<const int*>(at), rows, 1);
+  }
+  // kLanes binary16 at p as f32.
+  static F halves(const void* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p)));
   }
   // The binary16 in each lane's low 16 bits as f32.
   static F half_lo(I v) {
@@ -761,12 +778,90 @@ inline typename V::I tile_rows(int64_t row_bytes, int64_t rows) {
   return V::load(at);
 }
 
+// Where a tile's repack reads W's super-blocks, lane r W row r: dword(at) is bytes [at, at + 4) of
+// each row's super-block, q6_k_d() Q6_K's d (its bytes 208-209) as f32. GatherRows: the rows
+// row_bytes apart (the plain layout; `rows` their offsets, tile_rows), by gathers; InterleavedRows:
+// 16 rows interleaved (task::DataType::kQ4_K_R16, kQ6_K_R16), by loads of the chunks.
+template <class V>
+struct GatherRows {
+  const uint8_t* blk;  // the first row's super-block
+  typename V::I rows;
+  typename V::I dword(int at) const { return V::gather(rows, blk + at); }
+  typename V::F q6_k_d() const { return V::half_lo(V::srli(V::gather(rows, blk + 206), 16)); }
+};
+
+template <class V>
+struct InterleavedRows {
+  const uint8_t* chunks;  // the super-block column's first chunk, at the tile's first lane
+  const uint8_t* tail;    // its last bytes (Q6_K's d) of the tile's first lane
+  typename V::I dword(int at) const { return V::load(chunks + 16 * at); }
+  typename V::F q6_k_d() const { return V::halves(tail); }
+};
+
+// A Q4_K super-block's head (Src: GatherRows or InterleavedRows), lane r W row r: sc[j] sub-block
+// j's scale as i32, mins[q] the mins (m_2q, m_2q+1) as i16 pairs, d and dmin as f32; the packed
+// 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
+template <class V, class Src>
+inline void q4_k_head(const Src& src, typename V::I* sc, typename V::I* mins, typename V::F& d,
+                      typename V::F& dmin) {
+  using I = typename V::I;
+  const I dd = src.dword(0);  // d | dmin << 16
+  d = V::half_lo(dd);
+  dmin = V::half_lo(V::srli(dd, 16));
+  const I a = src.dword(4), b = src.dword(8), c = src.dword(12);
+  const I k6 = V::set1(0x3f3f3f3f), k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
+  const I sc03 = V::and_(a, k6), m03 = V::and_(b, k6);
+  const I sc47 = V::or_(V::and_(c, k4), V::slli(V::and_(V::srli(a, 6), k2), 4));
+  const I m47 = V::or_(V::and_(V::srli(c, 4), k4), V::slli(V::and_(V::srli(b, 6), k2), 4));
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = byte_of<V>(sc03, 8 * j);
+    sc[j + 4] = byte_of<V>(sc47, 8 * j);
+  }
+  for (int q = 0; q < 2; ++q) {
+    mins[q] = i16_pairs<V>(byte_of<V>(m03, 16 * q), byte_of<V>(m03, 16 * q + 8));
+    mins[q + 2] = i16_pairs<V>(byte_of<V>(m47, 16 * q), byte_of<V>(m47, 16 * q + 8));
+  }
+}
+
+// M of one x row: Σ_j m_j·(its group sums 2j, 2j + 1), from q4_k_head's mins and x's aux.
+template <class V>
+inline typename V::I q4_k_mins_sum(const typename V::I* mins, const int32_t* aux) {
+  typename V::I m = V::madd(V::zero(), mins[0], broadcast_i32<V>(aux));
+#pragma GCC unroll 3
+  for (int q = 1; q < 4; ++q) m = V::madd(m, mins[q], broadcast_i32<V>(aux + q));
+  return m;
+}
+
+// A Q6_K super-block's head, lane r W row r: sc[g] group g's scale as i32, pairs[p] (sc_2p,
+// sc_2p+1) as i16 pairs, d as f32.
+template <class V, class Src>
+inline void q6_k_head(const Src& src, typename V::I* sc, typename V::I* pairs, typename V::F& d) {
+  using I = typename V::I;
+  for (int q = 0; q < 4; ++q) {
+    const I s4 = src.dword(192 + 4 * q);
+    for (int i = 0; i < 4; ++i) sc[4 * q + i] = V::srai(V::slli(s4, 24 - 8 * i), 24);
+    pairs[2 * q] = i16_pairs<V>(sc[4 * q], sc[4 * q + 1]);
+    pairs[2 * q + 1] = i16_pairs<V>(sc[4 * q + 2], sc[4 * q + 3]);
+  }
+  d = src.q6_k_d();
+}
+
+// Q6_K's - 32 of every q for one x row: 32·Σ_g sc_g·(x's group sum g), to subtract.
+template <class V>
+inline typename V::I q6_k_offset(const typename V::I* pairs, const int32_t* aux) {
+  typename V::I m = V::madd(V::zero(), pairs[0], broadcast_i32<V>(aux));
+#pragma GCC unroll 7
+  for (int q = 1; q < 8; ++q) m = V::madd(m, pairs[q], broadcast_i32<V>(aux + q));
+  return V::slli(m, 5);
+}
+
 // What every super-block of a repacked tile holds (Q4KTile, Q6KTile), vector lane r W row r: w[v]
 // the weights 4v..4v+3 as unsigned bytes, sc[run] each run's scale (a Q4_K sub-block's, a Q6_K
 // group's) as i32, d (and Q4_K's dmin) as f32; kAux i32 of x per row and super-block (tile_aux),
 // kMins whether the tile has mins (M) to subtract.
 template <class V, int64_t Bytes, int Runs, int Aux, bool Mins>
 struct TileBlock {
+  using Vec = V;
   using I = typename V::I;
   static constexpr bool kMins = Mins;
   static constexpr int64_t kBytes = Bytes;
@@ -787,48 +882,28 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
   using Base::w, Base::sc, Base::d, Base::dmin;
   I mins[4];
 
-  // The packed 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
-  void repack_scales(const uint8_t* blk, I rows) {
-    const I dd = V::gather(rows, blk);  // d | dmin << 16
-    d = V::half_lo(dd);
-    dmin = V::half_lo(V::srli(dd, 16));
-    const I a = V::gather(rows, blk + 4), b = V::gather(rows, blk + 8),
-            c = V::gather(rows, blk + 12);
-    const I k6 = V::set1(0x3f3f3f3f), k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
-    const I sc03 = V::and_(a, k6), m03 = V::and_(b, k6);
-    const I sc47 = V::or_(V::and_(c, k4), V::slli(V::and_(V::srli(a, 6), k2), 4));
-    const I m47 = V::or_(V::and_(V::srli(c, 4), k4), V::slli(V::and_(V::srli(b, 6), k2), 4));
-    for (int j = 0; j < 4; ++j) {
-      sc[j] = byte_of<V>(sc03, 8 * j);
-      sc[j + 4] = byte_of<V>(sc47, 8 * j);
-    }
-    for (int q = 0; q < 2; ++q) {
-      mins[q] = i16_pairs<V>(byte_of<V>(m03, 16 * q), byte_of<V>(m03, 16 * q + 8));
-      mins[q + 2] = i16_pairs<V>(byte_of<V>(m47, 16 * q), byte_of<V>(m47, 16 * q + 8));
-    }
+  template <class Src>
+  void repack_scales(const Src& src) {
+    q4_k_head<V>(src, sc, mins, d, dmin);
   }
 
-  void repack(const uint8_t* blk, I rows) {
+  template <class Src>
+  void repack(const Src& src) {
     const I k4 = V::set1(0x0f0f0f0f);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) {
-        const I g = V::gather(rows, blk + 16 + 32 * c + 4 * t);
+        const I g = src.dword(16 + 32 * c + 4 * t);
         w[16 * c + t] = V::and_(g, k4);
         w[16 * c + 8 + t] = V::and_(V::srli(g, 4), k4);
       }
     }
-    repack_scales(blk, rows);
+    repack_scales(src);
   }
 
   // M of one x row: Σ_j m_j·(its group sums 2j, 2j + 1).
-  I mins_sum(const int32_t* aux) const {
-    I m = V::madd(V::zero(), mins[0], broadcast_i32<V>(aux));
-#pragma GCC unroll 3
-    for (int q = 1; q < 4; ++q) m = V::madd(m, mins[q], broadcast_i32<V>(aux + q));
-    return m;
-  }
+  I mins_sum(const int32_t* aux) const { return q4_k_mins_sum<V>(mins, aux); }
 };
 
 // One Q6_K super-block of a tile: w[v] the unsigned 6-bit values of weights 4v..4v+3, sc[g] the
@@ -843,21 +918,23 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
 
   // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
   // 2c, 2c + 1 of qh[32h + l] above it.
-  void repack(const uint8_t* blk, I rows) {
-    repack_weights(blk, rows);
-    repack_scales(blk, rows);
+  template <class Src>
+  void repack(const Src& src) {
+    repack_weights(src);
+    repack_scales(src);
   }
 
-  void repack_weights(const uint8_t* blk, I rows) {
+  template <class Src>
+  void repack_weights(const Src& src) {
     const I k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) {
-        const I qh = V::gather(rows, blk + 128 + 32 * h + 4 * t);
+        const I qh = src.dword(128 + 32 * h + 4 * t);
 #pragma GCC unroll 2
         for (int c = 0; c < 2; ++c) {
-          const I ql = V::gather(rows, blk + 64 * h + 32 * c + 4 * t);
+          const I ql = src.dword(64 * h + 32 * c + 4 * t);
           const I top_lo = V::and_(V::srli(qh, 2 * c), k2);
           const I top_hi = V::and_(V::srli(qh, 2 * c + 4), k2);
           w[32 * h + 8 * c + t] = V::or_(V::and_(ql, k4), V::slli(top_lo, 4));
@@ -867,24 +944,14 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
     }
   }
 
-  void repack_scales(const uint8_t* blk, I rows) {
-    for (int q = 0; q < 4; ++q) {
-      const I s4 = V::gather(rows, blk + 192 + 4 * q);
-      for (int i = 0; i < 4; ++i) sc[4 * q + i] = V::srai(V::slli(s4, 24 - 8 * i), 24);
-      pairs[2 * q] = i16_pairs<V>(sc[4 * q], sc[4 * q + 1]);
-      pairs[2 * q + 1] = i16_pairs<V>(sc[4 * q + 2], sc[4 * q + 3]);
-    }
-    d = V::half_lo(V::srli(V::gather(rows, blk + 206), 16));  // bytes 208-209: a row's last
+  template <class Src>
+  void repack_scales(const Src& src) {
+    q6_k_head<V>(src, sc, pairs, d);
     dmin = V::fzero();
   }
 
   // The - 32 of every q: 32·Σ_g sc_g·(x's group sum g), to subtract.
-  I offset(const int32_t* aux) const {
-    I m = V::madd(V::zero(), pairs[0], broadcast_i32<V>(aux));
-#pragma GCC unroll 7
-    for (int q = 1; q < 8; ++q) m = V::madd(m, pairs[q], broadcast_i32<V>(aux + q));
-    return V::slli(m, 5);
-  }
+  I offset(const int32_t* aux) const { return q6_k_offset<V>(pairs, aux); }
 };
 
 // A tile's super-block from W's super-block at blk of the tile's first row (the tile's rows
@@ -893,7 +960,7 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
 template <class Tile, class I>
 inline void repack_tile(Tile& t, const uint8_t* blk, I rows, int64_t /*row_bytes*/,
                         int64_t /*lanes*/) {
-  t.repack(blk, rows);
+  t.repack(GatherRows<typename Tile::Vec>{blk, rows});
 }
 
 // in[r] (8 vectors of 8 dwords) transposed: out[t] lane r = dword t of in[r]. Two levels of
@@ -938,7 +1005,7 @@ void repack_tile(Q4KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t
     transpose8(lo, t.w + 16 * c);
     transpose8(hi, t.w + 16 * c + 8);
   }
-  t.repack_scales(blk, rows);
+  t.repack_scales(GatherRows<Ymm<Dot>>{blk, rows});
 }
 
 template <class Dot>
@@ -962,7 +1029,7 @@ void repack_tile(Q6KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t
     }
     for (int c = 0; c < 4; ++c) transpose8(v[c], t.w + 8 * (4 * h + c));
   }
-  t.repack_scales(blk, rows);
+  t.repack_scales(GatherRows<Ymm<Dot>>{blk, rows});
 }
 
 // R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
@@ -1015,10 +1082,11 @@ inline typename V::F tree8_rows(const typename V::F* l) {
   return V::fadd(V::fadd(s4[0], s4[2]), V::fadd(s4[1], s4[3]));
 }
 
-// One x row's combine (matmul_int8.h) over a tile: the `lanes` W rows' y stored at `y`.
-template <class V, class Tile>
-void combine_tile(const Tile* tile, int64_t supers, const float* dx, const int32_t* s,
-                  const int32_t* m, float* y, int64_t lanes, bool accumulate) {
+// One x row's combine (matmul_int8.h) over kLanes W rows, super-block b's d and dmin
+// scales(b, &d, &dmin): the `lanes` W rows' y stored at `y`.
+template <class V, bool kMins, class Scales>
+void combine_lanes(int64_t supers, const float* dx, Scales scales, const int32_t* s,
+                   const int32_t* m, float* y, int64_t lanes, bool accumulate) {
   using F = typename V::F;
   F acc[8], accm[8];
 #pragma GCC unroll 8
@@ -1028,18 +1096,33 @@ void combine_tile(const Tile* tile, int64_t supers, const float* dx, const int32
     for (int l = 0; l < 8; ++l) {  // lane l: super-block b0 + l
       const int64_t b = b0 + l;
       if (b >= supers) break;
+      F d, dmin;
+      scales(b, &d, &dmin);
       const F x = V::fset1(dx[b]);
-      const F t = V::fmul(V::fmul(x, tile[b].d), V::cvt(V::load(s + V::kLanes * b)));
+      const F t = V::fmul(V::fmul(x, d), V::cvt(V::load(s + V::kLanes * b)));
       acc[l] = V::fadd(acc[l], t);
-      if constexpr (Tile::kMins) {
-        const F u = V::fmul(V::fmul(x, tile[b].dmin), V::cvt(V::load(m + V::kLanes * b)));
+      if constexpr (kMins) {
+        const F u = V::fmul(V::fmul(x, dmin), V::cvt(V::load(m + V::kLanes * b)));
         accm[l] = V::fadd(accm[l], u);
       }
     }
   }
   F out = tree8_rows<V>(acc);
-  if constexpr (Tile::kMins) out = V::fsub(out, tree8_rows<V>(accm));
+  if constexpr (kMins) out = V::fsub(out, tree8_rows<V>(accm));
   V::store_rows(y, out, lanes, accumulate);
+}
+
+template <class V, class Tile>
+void combine_tile(const Tile* tile, int64_t supers, const float* dx, const int32_t* s,
+                  const int32_t* m, float* y, int64_t lanes, bool accumulate) {
+  using F = typename V::F;
+  combine_lanes<V, Tile::kMins>(
+      supers, dx,
+      [tile](int64_t b, F* d, F* dmin) {
+        *d = tile[b].d;
+        *dmin = tile[b].dmin;
+      },
+      s, m, y, lanes, accumulate);
 }
 
 // x's Q8_K group sums per row and super-block, as Tile's aux: Q6_K's 16 i16 as they are; Q4_K's
@@ -1081,11 +1164,28 @@ void tile_rows_of(const Problem& p, const QuantizedX& x, const TileScratch<Tile>
   }
 }
 
-template <class V, template <class> class TileOf>
-void rows_tiles(const Problem& p, const QuantizedX& x) {
-  using Tile = TileOf<V>;
-  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * Tile::kBytes;
-  const auto* w = static_cast<const uint8_t*>(p.w);
+// Every x row of p against the tile at W rows [j0, j0 + lanes), 8 x rows at a time.
+template <class V, class Tile>
+void tile_all_rows(const Problem& p, const QuantizedX& x, const TileScratch<Tile>& t, int64_t j0,
+                   int64_t lanes) {
+  for (int64_t r0 = 0; r0 < p.rows;) {
+    const int64_t left = p.rows - r0;
+    if (left >= 8) {
+      tile_rows_of<V, Tile, 8>(p, x, t, r0, j0, lanes);
+    } else if (left >= 4) {
+      tile_rows_of<V, Tile, 4>(p, x, t, r0, j0, lanes);
+    } else if (left >= 2) {
+      tile_rows_of<V, Tile, 2>(p, x, t, r0, j0, lanes);
+    } else {
+      tile_rows_of<V, Tile, 1>(p, x, t, r0, j0, lanes);
+    }
+    r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+  }
+}
+
+// A call's TileScratch, x's aux written.
+template <class Tile, class V>
+TileScratch<Tile> tile_scratch(const Problem& p, const QuantizedX& x, int64_t supers) {
   const auto sums = static_cast<size_t>(8 * V::kLanes * supers);
   int32_t* ints = thread_scratch<int32_t, struct TilesInts>(
       static_cast<size_t>(p.rows * supers * Tile::kAux) + 2 * sums);
@@ -1093,6 +1193,15 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
                             ints, ints + p.rows * supers * Tile::kAux,
                             ints + p.rows * supers * Tile::kAux + sums};
   tile_aux<Tile>(x, p.rows, supers, t.aux);
+  return t;
+}
+
+template <class V, template <class> class TileOf>
+void rows_tiles(const Problem& p, const QuantizedX& x) {
+  using Tile = TileOf<V>;
+  const int64_t supers = p.k / kSuperBlockWeights, row_bytes = supers * Tile::kBytes;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const TileScratch<Tile> t = tile_scratch<Tile, V>(p, x, supers);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     const typename V::I rows = tile_rows<V>(row_bytes, lanes);
@@ -1104,20 +1213,266 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
     for (int64_t b = 0; b < supers; ++b) {
       repack_tile(t.tile[b], w + j0 * row_bytes + b * Tile::kBytes, rows, row_bytes, lanes);
     }
-    for (int64_t r0 = 0; r0 < p.rows;) {
-      const int64_t left = p.rows - r0;
-      if (left >= 8) {
-        tile_rows_of<V, Tile, 8>(p, x, t, r0, j0, lanes);
-      } else if (left >= 4) {
-        tile_rows_of<V, Tile, 4>(p, x, t, r0, j0, lanes);
-      } else if (left >= 2) {
-        tile_rows_of<V, Tile, 2>(p, x, t, r0, j0, lanes);
-      } else {
-        tile_rows_of<V, Tile, 1>(p, x, t, r0, j0, lanes);
+    tile_all_rows<V>(p, x, t, j0, lanes);
+  }
+}
+
+// rows_tiles over W rows interleaved 16 at a time (Problem::interleaved; task::DataType's
+// kQ4_K_R16 / kQ6_K_R16 layout): a tile's super-block is loaded from the group's chunks, one
+// vector a dword of every row (on ymm, a group is two tiles: lanes 0-7 and 8-15 of each chunk), so
+// the repack is a load and the nibbles' masks a vector: every x row count takes the tiles, one x
+// row too. The same tiles and combine as rows_tiles, so the same bits.
+template <class V, template <class> class TileOf>
+void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
+  using Tile = TileOf<V>;
+  constexpr int64_t kChunks = Tile::kBytes / 4, kTail = Tile::kBytes % 4;
+  const int64_t supers = p.k / kSuperBlockWeights, group_bytes = 16 * supers * Tile::kBytes;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const TileScratch<Tile> t = tile_scratch<Tile, V>(p, x, supers);
+  const int64_t end = prefetch_bytes(p, supers * Tile::kBytes);
+  for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
+    const uint8_t* g = w + j0 / 16 * group_bytes;
+    const int64_t lane0 = j0 % 16;
+    if (lane0 == 0) {  // the next group arrives while this one meets the x rows
+      const int64_t next = (j0 / 16 + 1) * group_bytes;
+      for (int64_t at = next; at < next + group_bytes && at < end; at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
       }
-      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    }
+    for (int64_t b = 0; b < supers; ++b) {
+      t.tile[b].repack(
+          InterleavedRows<V>{g + 64 * kChunks * b + 4 * lane0,
+                             g + 64 * kChunks * supers + 16 * kTail * b + kTail * lane0});
+    }
+    tile_all_rows<V>(p, x, t, j0, V::kLanes);
+  }
+}
+
+// ---- Fewer than 4 x rows over interleaved W (rows_interleaved_few): the tiles' sums without the
+// tile. A W vector (dword t of every row of a group, lane r W row r) is loaded from the group's
+// chunk, its 4- or 6-bit values formed in registers and met at once by each x row's broadcast
+// dword; a run's sum then takes its scale by one vpmulld, as in tile_dots, so S (and M) are the
+// same exact integers and the combine the same (combine_lanes): the same bits. Where dot takes
+// unsigned bytes over all of 0..255 (VNNI), Q4_K's high nibbles go in as they lie (16·q, masked
+// by 0xf0) and the run's sum is shifted down by 4 (exact: |16·Σ q·x| <= 16·32·15·127 < 2^31).
+
+// How far ahead of its reads rows_interleaved_few prefetches W into L2, a line per chunk read:
+// as the read probe does (bench_probes.cc), but further, for the kernel's work between lines.
+constexpr int64_t kInterleavedPrefetchBytes = 16384;
+inline void prefetch_chunk(const uint8_t* at) {
+  _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedPrefetchBytes), _MM_HINT_T2);
+}
+
+// R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g
+// (lanes from lane0): S and M of super-block b at s, m + kLanes·(i·supers + b), d and dmin at
+// d[b], dmin[b].
+template <class V, int R>
+void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, const int8_t* xq,
+                           int64_t k, const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
+                           typename V::F* dmin) {
+  using I = typename V::I;
+  const I k4 = V::set1(0x0f0f0f0f), kf0 = V::set1(static_cast<int32_t>(0xf0f0f0f0u));
+  for (int64_t b = 0; b < supers; ++b) {
+    const InterleavedRows<V> src{g + 64 * (kQ4_KBlockBytes / 4) * b + 4 * lane0, nullptr};
+    I sc[8], mins[4], sum[R];
+    q4_k_head<V>(src, sc, mins, d[b], dmin[b]);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) sum[i] = V::zero();
+#pragma GCC unroll 1
+    for (int c = 0; c < 4; ++c) {     // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
+      if constexpr (V::kScaledDot) {  // two chains a row: a sub-block pair's sums, scaled
+        const I s_lo = i16_pairs<V>(sc[2 * c], sc[2 * c]);
+        const I s_hi = i16_pairs<V>(sc[2 * c + 1], sc[2 * c + 1]);
+        I lo[R], hi[R];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t) {
+          const I q = src.dword(16 + 32 * c + 4 * t);
+          prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
+          const I wl = V::and_(q, k4), wh = V::and_(V::srli(q, 4), k4);
+#pragma GCC unroll 4
+          for (int i = 0; i < R; ++i) {
+            const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
+            lo[i] = V::dot_scaled(lo[i], wl, broadcast_i32<V>(xb), s_lo);
+            hi[i] = V::dot_scaled(hi[i], wh, broadcast_i32<V>(xb + 32), s_hi);
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) sum[i] = V::add(sum[i], V::add(lo[i], hi[i]));
+        continue;
+      }
+      I lo[R], hi[R];
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        const I q = src.dword(16 + 32 * c + 4 * t);
+        prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
+        const I wl = V::and_(q, k4);
+        const I wh = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) {
+          const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
+          lo[i] = V::dot(lo[i], wl, broadcast_i32<V>(xb));
+          hi[i] = V::dot(hi[i], wh, broadcast_i32<V>(xb + 32));
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        if constexpr (V::kUnsignedFullRange) hi[i] = V::srai(hi[i], 4);
+        sum[i] = V::add(sum[i], V::add(V::mullo(lo[i], sc[2 * c]), V::mullo(hi[i], sc[2 * c + 1])));
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const int64_t at = i * supers + b;
+      V::store(s + V::kLanes * at, sum[i]);
+      V::store(m + V::kLanes * at, q4_k_mins_sum<V>(mins, aux + 4 * at));
     }
   }
+}
+
+// The same for a Q6_K group: weight 128h + 32c + l of a row is the low (c < 2) or high nibble
+// of ql[64h + 32(c & 1) + l] with bits 2c, 2c + 1 of qh[32h + l] above it; x's aux 8 i32 (16
+// group sums) per row and super-block; S less the - 32's offset; no M.
+template <class V, int R>
+void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, const int8_t* xq,
+                           int64_t k, const int32_t* aux, int32_t* s, typename V::F* d) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kChunks = kQ6_KBlockBytes / 4;
+  const I k30 = V::set1(0x30303030);
+  for (int64_t b = 0; b < supers; ++b) {
+    const InterleavedRows<V> src{g + 64 * kChunks * b + 4 * lane0,
+                                 g + 64 * kChunks * supers + 2 * (16 * b + lane0)};
+    I sum[R];
+    d[b] = src.q6_k_d();
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) sum[i] = V::zero();
+#pragma GCC unroll 1
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {  // dwords 4·half..4·half + 3 of each 32 weights
+        // group 8h + 2c + half's scale: byte (2c + half) mod 4 of dword 2h + c / 2 of scales
+        const I s4[2] = {src.dword(192 + 8 * h), src.dword(196 + 8 * h)};
+        I sc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          sc[c] = V::srai(V::slli(s4[c / 2], 24 - 8 * ((2 * c + half) % 4)), 24);
+          if constexpr (V::kScaledDot) sc[c] = i16_pairs<V>(sc[c], sc[c]);
+        }
+        I acc[4][R];  // c: weights 128h + 32c + [16·half, +16), group 8h + 2c + half
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) acc[0][i] = acc[1][i] = acc[2][i] = acc[3][i] = V::zero();
+#pragma GCC unroll 4
+        for (int tt = 0; tt < 4; ++tt) {
+          const int t = 4 * half + tt;
+          const int at0 = 64 * h + 4 * t, at1 = at0 + 32, ath = 128 + 32 * h + 4 * t;
+          const I ql0 = src.dword(at0), ql1 = src.dword(at1), qh = src.dword(ath);
+          prefetch_chunk(src.chunks + 16 * at0);
+          prefetch_chunk(src.chunks + 16 * at1);
+          prefetch_chunk(src.chunks + 16 * ath);
+          // the low or high nibbles with qh's bits 2c, 2c + 1 of each byte at bits 4-5
+          const I w[4] = {V::low_nibbles_or(ql0, V::and_(V::slli(qh, 4), k30)),
+                          V::low_nibbles_or(ql1, V::and_(V::slli(qh, 2), k30)),
+                          V::low_nibbles_or(V::srli(ql0, 4), V::and_(qh, k30)),
+                          V::low_nibbles_or(V::srli(ql1, 4), V::and_(V::srli(qh, 2), k30))};
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 4
+            for (int i = 0; i < R; ++i) {
+              const I xv = broadcast_i32<V>(xq + i * k + 256 * b + 128 * h + 32 * c + 4 * t);
+              if constexpr (V::kScaledDot) {
+                acc[c][i] = V::dot_scaled(acc[c][i], w[c], xv, sc[c]);
+              } else {
+                acc[c][i] = V::dot(acc[c][i], w[c], xv);
+              }
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 4
+          for (int i = 0; i < R; ++i) {
+            sum[i] = V::add(sum[i], V::kScaledDot ? acc[c][i] : V::mullo(acc[c][i], sc[c]));
+          }
+        }
+      }
+    }
+    I sc[16], pairs[8];
+    F d_unused;
+    q6_k_head<V>(src, sc, pairs, d_unused);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const int64_t at = i * supers + b;
+      V::store(s + V::kLanes * at, V::sub(sum[i], q6_k_offset<V>(pairs, aux + 8 * at)));
+    }
+  }
+}
+
+// R x rows from r0 against the group at g, lanes from lane0: sums, then each row's combine.
+template <class V, WeightType WT, int R>
+void interleaved_few_of(const Problem& p, const QuantizedX& x, const uint8_t* g, int64_t lane0,
+                        const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
+                        typename V::F* dmin, int64_t r0, int64_t j0) {
+  using F = typename V::F;
+  const int64_t supers = p.k / kSuperBlockWeights;
+  const int8_t* xq = x.q.data() + r0 * p.k;
+  constexpr int kAux = WT == WeightType::kQ4_K ? 4 : 8;
+  if constexpr (WT == WeightType::kQ4_K) {
+    q4_k_interleaved_dots<V, R>(g, supers, lane0, xq, p.k, aux + r0 * supers * kAux, s, m, d, dmin);
+  } else {
+    q6_k_interleaved_dots<V, R>(g, supers, lane0, xq, p.k, aux + r0 * supers * kAux, s, d);
+  }
+  for (int64_t i = 0; i < R; ++i) {
+    combine_lanes<V, WT == WeightType::kQ4_K>(
+        supers, x.d.data() + (r0 + i) * x.d_stride,
+        [d, dmin](int64_t b, F* db, F* dminb) {
+          *db = d[b];
+          *dminb = dmin[b];
+        },
+        s + V::kLanes * i * supers, m + V::kLanes * i * supers, p.y + (r0 + i) * p.ldy + j0,
+        V::kLanes, p.accumulate);
+  }
+}
+
+template <class V, WeightType WT>
+void rows_interleaved_few(const Problem& p, const QuantizedX& x) {
+  using F = typename V::F;
+  using Tile = std::conditional_t<WT == WeightType::kQ4_K, Q4KTile<V>, Q6KTile<V>>;
+  const int64_t supers = p.k / kSuperBlockWeights, group_bytes = 16 * supers * Tile::kBytes;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  int32_t* ints = thread_scratch<int32_t, struct InterleavedFewInts>(
+      static_cast<size_t>(p.rows * supers * (Tile::kAux + 2 * V::kLanes)));
+  int32_t* s = ints + p.rows * supers * Tile::kAux;
+  int32_t* m = s + p.rows * supers * V::kLanes;
+  F* d = thread_scratch<F, struct InterleavedFewScales>(static_cast<size_t>(2 * supers));
+  F* dmin = d + supers;
+  tile_aux<Tile>(x, p.rows, supers, ints);
+  for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
+    const uint8_t* g = w + j0 / 16 * group_bytes;
+    const int64_t lane0 = j0 % 16;
+    if (p.rows == 1) {
+      interleaved_few_of<V, WT, 1>(p, x, g, lane0, ints, s, m, d, dmin, 0, j0);
+    } else if (p.rows == 2) {
+      interleaved_few_of<V, WT, 2>(p, x, g, lane0, ints, s, m, d, dmin, 0, j0);
+    } else {
+      interleaved_few_of<V, WT, 3>(p, x, g, lane0, ints, s, m, d, dmin, 0, j0);
+    }
+  }
+}
+
+// Interleaved W (Problem::interleaved): fewer than 4 x rows by rows_interleaved_few, more by the
+// tiles.
+template <class V>
+void rows_interleaved(const Problem& p, const QuantizedX& x) {
+  if (p.wt == WeightType::kQ4_K) {
+    if (p.rows < 4) return rows_interleaved_few<V, WeightType::kQ4_K>(p, x);
+    return rows_tiles_interleaved<V, Q4KTile>(p, x);
+  }
+  if (p.rows < 4) return rows_interleaved_few<V, WeightType::kQ6_K>(p, x);
+  return rows_tiles_interleaved<V, Q6KTile>(p, x);
 }
 
 // ---- Q8_0 over several x rows: repacked tiles (rows_q8_0_tiles), as rows_tiles: W taken
@@ -1271,6 +1626,7 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 
 template <class Dot>
 void rows_x86(const Problem& p, const QuantizedX& x) {
+  if (p.interleaved) return rows_interleaved<Ymm<Dot>>(p, x);
   switch (p.wt) {
     case WeightType::kQ8_0:
       if (p.rows >= Ymm<Dot>::kMinRowsQ8_0) return rows_q8_0_tiles<Ymm<Dot>>(p, x);
@@ -1369,8 +1725,10 @@ void quantize_q8_k_x86(const float* x, int64_t k, int8_t* q, float* d, int16_t* 
 
 template <class Dot>
 Int8Dots x86_dots() {
-  return {&dots_q8_0<Dot>, &dots_q4_0<Dot>,    &dots_q4_k<Dot>,   &dots_q6_k<Dot>,
-          &rows_x86<Dot>,  &quantize_q8_0_x86, &quantize_q8_k_x86};
+  Int8Dots d{&dots_q8_0<Dot>, &dots_q4_0<Dot>,    &dots_q4_k<Dot>,   &dots_q6_k<Dot>,
+             &rows_x86<Dot>,  &quantize_q8_0_x86, &quantize_q8_k_x86};
+  d.interleaved = true;
+  return d;
 }
 
 }  // namespace

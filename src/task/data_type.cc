@@ -23,17 +23,19 @@ struct Layout {
   size_t block_bytes;
 };
 
-constexpr Layout kLayouts[] = {{DataType::kFloat32, 4, 1, 4},  {DataType::kBFloat16, 2, 1, 2},
-                               {DataType::kFloat16, 2, 1, 2},  {DataType::kInt32, 4, 1, 4},
-                               {DataType::kInt64, 8, 1, 8},    {DataType::kUInt8, 1, 1, 1},
-                               {DataType::kQ8_0, 0, 32, 34},   {DataType::kQ4_0, 0, 32, 18},
-                               {DataType::kQ4_K, 0, 256, 144}, {DataType::kQ6_K, 0, 256, 210}};
+constexpr Layout kLayouts[] = {
+    {DataType::kFloat32, 4, 1, 4},      {DataType::kBFloat16, 2, 1, 2},
+    {DataType::kFloat16, 2, 1, 2},      {DataType::kInt32, 4, 1, 4},
+    {DataType::kInt64, 8, 1, 8},        {DataType::kUInt8, 1, 1, 1},
+    {DataType::kQ8_0, 0, 32, 34},       {DataType::kQ4_0, 0, 32, 18},
+    {DataType::kQ4_K, 0, 256, 144},     {DataType::kQ6_K, 0, 256, 210},
+    {DataType::kQ4_K_R16, 0, 256, 144}, {DataType::kQ6_K_R16, 0, 256, 210}};
 
 constexpr bool rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kLayouts); ++i) {
     if (static_cast<size_t>(kLayouts[i].dtype) != i) return false;
   }
-  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ6_K) + 1;
+  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ6_K_R16) + 1;
 }
 static_assert(rows_in_enum_order(), "kLayouts needs one row per DataType, in the enum's order");
 
@@ -64,17 +66,27 @@ uint64_t bytes_of(DataType dtype, uint64_t numel) {
 namespace {
 
 constexpr base::EnumNames<DataType> kShortNames = {
-    {DataType::kFloat32, "f32"}, {DataType::kBFloat16, "bf16"}, {DataType::kFloat16, "f16"},
-    {DataType::kInt32, "i32"},   {DataType::kInt64, "i64"},     {DataType::kUInt8, "u8"},
-    {DataType::kQ8_0, "q8_0"},   {DataType::kQ4_0, "q4_0"},     {DataType::kQ4_K, "q4_k"},
-    {DataType::kQ6_K, "q6_k"}};
+    {DataType::kFloat32, "f32"},       {DataType::kBFloat16, "bf16"},
+    {DataType::kFloat16, "f16"},       {DataType::kInt32, "i32"},
+    {DataType::kInt64, "i64"},         {DataType::kUInt8, "u8"},
+    {DataType::kQ8_0, "q8_0"},         {DataType::kQ4_0, "q4_0"},
+    {DataType::kQ4_K, "q4_k"},         {DataType::kQ6_K, "q6_k"},
+    {DataType::kQ4_K_R16, "q4_k_r16"}, {DataType::kQ6_K_R16, "q6_k_r16"}};
 
 // safetensors spec, huggingface/safetensors README.
 constexpr base::EnumNames<DataType> kSafetensorsNames = {
-    {DataType::kFloat32, "F32"}, {DataType::kBFloat16, "BF16"}, {DataType::kFloat16, "F16"},
-    {DataType::kInt32, "I32"},   {DataType::kInt64, "I64"},     {DataType::kUInt8, "U8"},
-    {DataType::kQ8_0, "Q8_0"},   {DataType::kQ4_0, "Q4_0"},     {DataType::kQ4_K, "Q4_K"},
-    {DataType::kQ6_K, "Q6_K"}};  // ggml's names for the block dtypes: not safetensors'
+    {DataType::kFloat32, "F32"},
+    {DataType::kBFloat16, "BF16"},
+    {DataType::kFloat16, "F16"},
+    {DataType::kInt32, "I32"},
+    {DataType::kInt64, "I64"},
+    {DataType::kUInt8, "U8"},
+    {DataType::kQ8_0, "Q8_0"},
+    {DataType::kQ4_0, "Q4_0"},
+    {DataType::kQ4_K, "Q4_K"},
+    {DataType::kQ6_K, "Q6_K"},
+    {DataType::kQ4_K_R16, "Q4_K_R16"},
+    {DataType::kQ6_K_R16, "Q6_K_R16"}};  // ggml's names for the block dtypes: not safetensors'
 
 }  // namespace
 
@@ -87,8 +99,8 @@ absl::StatusOr<DataType> parse_data_type(std::string_view text) {
   if (std::optional<DataType> t = kSafetensorsNames.parse(text)) return *t;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype '", std::string(text),
-                   "' (expected f32/bf16/f16/i32/i64/u8/q8_0/q4_0/q4_k/q6_k or "
-                   "F32/BF16/F16/I32/I64/U8)"));
+                   "' (expected f32/bf16/f16/i32/i64/u8/q8_0/q4_0/q4_k/q6_k/q4_k_r16/q6_k_r16 "
+                   "or F32/BF16/F16/I32/I64/U8)"));
 }
 
 namespace {
@@ -143,7 +155,7 @@ void dequantize_q6_k(const uint8_t* b, float* out) {
 
 void dequantize_blocks(DataType dtype, const uint8_t* src, int64_t numel, float* out) {
   const int64_t per = block_elements(dtype);
-  if (per == 1) return;
+  if (per == 1 || interleaved_rows(dtype) > 1) return;
   const size_t bytes = block_bytes(dtype);
   for (int64_t b = 0; b < numel / per; ++b, src += bytes, out += per) {
     if (dtype == DataType::kQ4_K) {
@@ -164,6 +176,80 @@ void dequantize_blocks(DataType dtype, const uint8_t* src, int64_t numel, float*
       out[i] = d * static_cast<float>(q);  // exact
     }
   }
+}
+
+int64_t interleaved_rows(DataType dtype) {
+  return dtype == DataType::kQ4_K_R16 || dtype == DataType::kQ6_K_R16 ? 16 : 1;
+}
+
+DataType interleaved_of(DataType dtype) {
+  return dtype == DataType::kQ4_K   ? DataType::kQ4_K_R16
+         : dtype == DataType::kQ6_K ? DataType::kQ6_K_R16
+                                    : dtype;
+}
+
+DataType plain_of(DataType dtype) {
+  return dtype == DataType::kQ4_K_R16   ? DataType::kQ4_K
+         : dtype == DataType::kQ6_K_R16 ? DataType::kQ6_K
+                                        : dtype;
+}
+
+namespace {
+
+// Where bytes [i, i + 4) (i < 4·D, a multiple of 4) or byte i (i >= 4·D) of row r's super-block b
+// sit in its group of 16 rows (data_type.h's layout): super-blocks of `bytes` bytes, nb a row.
+size_t interleaved_at(size_t bytes, int64_t nb, int64_t r, int64_t b, size_t i) {
+  const size_t dwords = bytes / 4, tail = bytes % 4;
+  const auto rr = static_cast<size_t>(r), bb = static_cast<size_t>(b);
+  if (i < 4 * dwords) return 64 * dwords * bb + 16 * i + 4 * rr;
+  return 64 * dwords * static_cast<size_t>(nb) + 16 * tail * bb + tail * rr + (i - 4 * dwords);
+}
+
+// Copies row r of a group of 16 rows (nb super-blocks of `bytes` each) between the plain row and
+// its place in the group: group[at(i)] = plain[i] when `into_group`, else plain[i] = group[at(i)].
+template <bool kIntoGroup, class G, class P>
+void copy_row(size_t bytes, int64_t nb, G* group, int64_t r, P* plain) {
+  const size_t whole = 4 * (bytes / 4);
+  for (int64_t b = 0; b < nb; ++b) {
+    P* row = plain + static_cast<size_t>(b) * bytes;
+    for (size_t i = 0; i < bytes; i += i < whole ? 4 : 1) {
+      const size_t n = i < whole ? 4 : 1, at = interleaved_at(bytes, nb, r, b, i);
+      if constexpr (kIntoGroup) {
+        std::memcpy(group + at, row + i, n);
+      } else {
+        std::memcpy(row + i, group + at, n);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void interleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
+                     uint8_t* dst) {
+  const size_t bytes = block_bytes(interleaved);
+  const int64_t nb = row_elements / 256;
+  const size_t row_bytes = bytes * static_cast<size_t>(nb);
+  for (int64_t r = 0; r < rows; ++r) {
+    copy_row<true>(bytes, nb, dst + static_cast<size_t>(r / 16) * 16 * row_bytes, r % 16,
+                   src + static_cast<size_t>(r) * row_bytes);
+  }
+}
+
+void deinterleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
+                       uint8_t* dst) {
+  const size_t row_bytes = block_bytes(interleaved) * static_cast<size_t>(row_elements / 256);
+  for (int64_t r = 0; r < rows; ++r) {
+    deinterleave_row(interleaved, src, r, row_elements, dst + static_cast<size_t>(r) * row_bytes);
+  }
+}
+
+void deinterleave_row(DataType interleaved, const uint8_t* src, int64_t row, int64_t row_elements,
+                      uint8_t* dst) {
+  const size_t bytes = block_bytes(interleaved);
+  const int64_t nb = row_elements / 256;
+  const size_t row_bytes = bytes * static_cast<size_t>(nb);
+  copy_row<false>(bytes, nb, src + static_cast<size_t>(row / 16) * 16 * row_bytes, row % 16, dst);
 }
 
 float bf16_to_f32(uint16_t bits) {

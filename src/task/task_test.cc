@@ -1,5 +1,7 @@
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "simpler/task/arg_check.h"
@@ -66,6 +68,52 @@ TEST(DataType, Q8_0IsSizedByItsBlocks) {
   EXPECT_NE(s.message().find("of 204 bytes at offset 0 exceeds the 203-byte"),
             std::string_view::npos)
       << s;
+}
+
+// Rows interleaved 16 at a time (kQ4_K_R16, kQ6_K_R16): the plain dtype's sizes and element
+// values, row r's super-block b's dword v at 64·D·b + 64·v + 4·(r mod 16) of its group and
+// Q6_K's last two bytes after the group's chunks; interleave then deinterleave gives the plain
+// bytes back, one row or all of them; a dtype without the form has none.
+TEST(DataType, RowInterleavedFormsKeepThePlainBytesInAnotherOrder) {
+  EXPECT_EQ(interleaved_rows(DataType::kQ4_K_R16), 16);
+  EXPECT_EQ(interleaved_rows(DataType::kQ6_K), 1);
+  EXPECT_EQ(interleaved_of(DataType::kQ4_K), DataType::kQ4_K_R16);
+  EXPECT_EQ(interleaved_of(DataType::kQ6_K), DataType::kQ6_K_R16);
+  EXPECT_EQ(interleaved_of(DataType::kQ8_0), DataType::kQ8_0);
+  EXPECT_EQ(plain_of(DataType::kQ6_K_R16), DataType::kQ6_K);
+  EXPECT_EQ(plain_of(DataType::kBFloat16), DataType::kBFloat16);
+  EXPECT_EQ(bytes_of(DataType::kQ6_K_R16, 16 * 512), bytes_of(DataType::kQ6_K, 16 * 512));
+  EXPECT_EQ(block_elements(DataType::kQ4_K_R16), 256);
+  EXPECT_EQ(name_of(DataType::kQ4_K_R16), "q4_k_r16");
+  EXPECT_EQ(*parse_data_type("q6_k_r16"), DataType::kQ6_K_R16);
+  for (DataType plain : {DataType::kQ4_K, DataType::kQ6_K}) {
+    const DataType r16 = interleaved_of(plain);
+    const int64_t rows = 32, cols = 768;  // two groups of 16 rows, 3 super-blocks a row
+    const size_t bytes = bytes_of(plain, rows * cols), row_bytes = bytes / rows;
+    std::vector<uint8_t> src(bytes), dst(bytes), back(bytes, 0xEE), row(row_bytes);
+    for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131 + i / 7);
+    interleave_rows(r16, src.data(), rows, cols, dst.data());
+    const size_t sb = block_bytes(plain), d = sb / 4;
+    for (int64_t r : {0, 5, 15, 16, 31}) {
+      for (int64_t b = 0; b < 3; ++b) {
+        const uint8_t* group = dst.data() + r / 16 * 16 * row_bytes;
+        const uint8_t* plain_sb = src.data() + r * row_bytes + b * sb;
+        EXPECT_EQ(0, std::memcmp(group + 64 * d * b + 64 * 7 + 4 * (r % 16), plain_sb + 28, 4))
+            << name_of(r16) << " row " << r << " super-block " << b;
+        if (plain == DataType::kQ6_K) {
+          EXPECT_EQ(0, std::memcmp(group + 64 * d * 3 + 32 * b + 2 * (r % 16), plain_sb + 208, 2))
+              << "the d of row " << r << " super-block " << b;
+        }
+      }
+      deinterleave_row(r16, dst.data(), r, cols, row.data());
+      EXPECT_EQ(0, std::memcmp(row.data(), src.data() + r * row_bytes, row_bytes)) << r;
+    }
+    deinterleave_rows(r16, dst.data(), rows, cols, back.data());
+    EXPECT_EQ(back, src) << name_of(r16);
+    std::vector<float> out(static_cast<size_t>(cols), 1.5f);
+    dequantize_blocks(r16, dst.data(), cols, out.data());
+    EXPECT_EQ(out[0], 1.5f) << "an interleaved dtype's bytes are not one row's blocks";
+  }
 }
 
 TEST(DataType, HalfConversionsRoundTrip) {

@@ -126,6 +126,15 @@ bool bf16_precision_available();
 // target has both).
 Precision effective_precision(KernelIsa isa, Precision precision);
 
+// Whether the matmul kernels of `isa` (resolved) at `precision` read Q4_K and Q6_K weights
+// fastest with their rows interleaved 16 at a time (task::DataType::kQ4_K_R16 / kQ6_K_R16):
+// kInt8 on the avx512 target of a CPU with AVX-512 VNNI, whose integer sums then take 16 W rows a
+// vector (docs/design/quantized_matmul.md, "Row-interleaved weights": measured faster there, not
+// on the 256-bit targets). The model runner stores those weights so where this holds and their
+// row count is a multiple of 16. Every target reads both layouts with bitwise the same results
+// (the x86 ones natively; the others copy the rows out a group of 16 at a time).
+bool prefers_interleaved_weights(KernelIsa isa, Precision precision);
+
 // What precision kBf16 runs on this machine, in words for the log: our kernel's row range and
 // oneDNN's implementation for batched rows (e.g. "brg:avx512_core_amx"), and, where the CPU has
 // AMX but oneDNN does not use it, that the kernel did not grant it (arch_prctl

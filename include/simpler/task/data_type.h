@@ -42,12 +42,26 @@ enum class DataType : uint8_t {
   // high for c >= 2) and high bits (qh[32h + l] >> 2c) & 3; q is those 6 bits less 32, and the
   // element is d·scales[8h + 2c + l / 16]·q, exact in f32. Rows as kQ4_K.
   kQ6_K = 9,
+  // kQ4_K and kQ6_K with their rows interleaved 16 at a time, so that a kernel reads 16 rows'
+  // super-blocks as vectors whose lane r is row r (docs/design/quantized_matmul.md,
+  // "Row-interleaved weights"). Loaders never read them from a file: the model runner writes them
+  // into device memory (interleave_rows) for the kernel targets that read them fastest. A tensor
+  // of it is [m, n], m a multiple of 16 and n of 256: m / 16 groups of 16 consecutive rows, each
+  // group the 16 rows' bytes (so bytes_of is the plain dtype's). In a group, with B the plain
+  // super-block's bytes (144, 210), D = B / 4 (36, 52), T = B mod 4 (0, 2) and nb = n / 256:
+  // super-block column b's 16 super-blocks are D chunks of 64 bytes at 64·D·b, chunk v holding
+  // bytes [4v, 4v + 4) of row r's super-block b at [4r, 4r + 4); after the nb·D chunks, each
+  // super-block's last T bytes (Q6_K's d), column b's at 64·D·nb + 16·T·b, row r's at + T·r.
+  // Element values are the plain dtype's.
+  kQ4_K_R16 = 10,
+  kQ6_K_R16 = 11,
 };
 
-// Elements per block: 32 for kQ8_0 and kQ4_0, 256 for kQ4_K and kQ6_K, 1 for every other dtype.
+// Elements per block: 32 for kQ8_0 and kQ4_0, 256 for kQ4_K and kQ6_K (and their interleaved
+// forms), 1 for every other dtype.
 int64_t block_elements(DataType dtype);
-// Bytes per block: 34 for kQ8_0, 18 for kQ4_0, 144 for kQ4_K, 210 for kQ6_K, size_of for every
-// other dtype.
+// Bytes per block: 34 for kQ8_0, 18 for kQ4_0, 144 for kQ4_K (and kQ4_K_R16), 210 for kQ6_K (and
+// kQ6_K_R16), size_of for every other dtype.
 size_t block_bytes(DataType dtype);
 // Bytes of `numel` consecutive elements (rounded up to whole blocks for a block dtype).
 uint64_t bytes_of(DataType dtype, uint64_t numel);
@@ -55,7 +69,8 @@ uint64_t bytes_of(DataType dtype, uint64_t numel);
 // per block_elements elements (bytes_of).
 size_t size_of(DataType dtype);
 
-// Short name: "f32", "bf16", "f16", "i32", "i64", "u8", "q8_0", "q4_0", "q4_k", "q6_k".
+// Short name: "f32", "bf16", "f16", "i32", "i64", "u8", "q8_0", "q4_0", "q4_k", "q6_k",
+// "q4_k_r16", "q6_k_r16".
 std::string_view name_of(DataType dtype);
 
 // Parses a short name ("f32", ..., "q4_k", "q6_k") or a safetensors dtype string ("F32", "BF16",
@@ -70,8 +85,31 @@ std::string_view safetensors_name(DataType dtype);
 // The `numel` elements (a multiple of block_elements(dtype)) of a block dtype stored at `src`
 // (numel / block_elements whole blocks) as f32, by the formulas above, into out[0, numel). The
 // same values, bit for bit, as the matmul kernels' dequantization in registers. A dtype with
-// block_elements 1 writes nothing.
+// block_elements 1, or an interleaved one (whose consecutive bytes are not one row's blocks:
+// deinterleave_rows first), writes nothing.
 void dequantize_blocks(DataType dtype, const uint8_t* src, int64_t numel, float* out);
+
+// Row interleaving (kQ4_K_R16, kQ6_K_R16 above).
+// Rows interleaved together: 16 for kQ4_K_R16 and kQ6_K_R16, 1 for every other dtype.
+int64_t interleaved_rows(DataType dtype);
+// The interleaved form of a plain dtype: kQ4_K_R16 for kQ4_K, kQ6_K_R16 for kQ6_K, `dtype`
+// itself for every other (which has none).
+DataType interleaved_of(DataType dtype);
+// The plain form of an interleaved dtype (kQ4_K for kQ4_K_R16, kQ6_K for kQ6_K_R16), `dtype`
+// itself for every other.
+DataType plain_of(DataType dtype);
+// `rows` rows (a multiple of interleaved_rows(interleaved)) of `row_elements` elements (a multiple
+// of 256) each: from the plain layout at `src` into the layout of `interleaved` (kQ4_K_R16 or
+// kQ6_K_R16) at `dst`, and back. Both spans are bytes_of(dtype, rows·row_elements) long and must
+// not overlap. Precondition (unchecked): the counts as said and `interleaved` interleaved.
+void interleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
+                     uint8_t* dst);
+void deinterleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
+                       uint8_t* dst);
+// Row `row` of the interleaved tensor at `src` (rows of `row_elements` elements) in the plain
+// layout, into dst[bytes_of(plain_of(interleaved), row_elements)].
+void deinterleave_row(DataType interleaved, const uint8_t* src, int64_t row, int64_t row_elements,
+                      uint8_t* dst);
 
 // Scalar conversions (IEEE 754 binary16; bfloat16 = top 16 bits of binary32,
 // round-to-nearest-even on the way down, NaN kept quiet).
