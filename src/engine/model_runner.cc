@@ -389,6 +389,9 @@ absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights
                                                      const Qwen3Dims& d, Qwen3DeviceWeights& wt,
                                                      bool interleave, uint64_t* total) {
   const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
+  // A task that runs several weights (q/k/v, gate/up) claims whole groups of 16 rows of all of
+  // them once one is interleaved: every matrix's rows are whole groups, or none is interleaved.
+  for (int64_t rows : {H, I, V, d.q_size(), d.kv_size()}) interleave = interleave && rows % 16 == 0;
   std::vector<WeightSlot> slots;
   auto add = [&](const std::string& name, std::vector<int64_t> shape,
                  Tensor* target) -> absl::Status {
@@ -397,11 +400,7 @@ absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights
     s.raw = kept_in_checkpoint_dtype(view, s.shape);
     s.bytes = s.raw ? view.bytes.size() : static_cast<uint64_t>(view.numel()) * 4;
     s.dtype = view.dtype;
-    const task::DataType rows16 = task::interleaved_of(view.dtype);
-    if (s.raw && interleave && rows16 != view.dtype &&
-        s.shape[0] % task::interleaved_rows(rows16) == 0) {
-      s.dtype = rows16;
-    }
+    if (s.raw && interleave) s.dtype = task::interleaved_of(view.dtype);
     slots.push_back(std::move(s));
     return absl::OkStatus();
   };

@@ -35,8 +35,11 @@ absl::Status copy_raw_weights(worker::Worker& w, const worker::DeviceBuffer& buf
     // each interleaved on its way.
     const int64_t group = task::interleaved_rows(s->dtype);
     const int64_t cols = s->shape.back();
-    const uint64_t group_bytes = static_cast<uint64_t>(group) * (s->bytes / s->shape.front());
-    const uint64_t step = std::max<uint64_t>(kStagingBytes / group_bytes, 1) * group_bytes;
+    const uint64_t group_bytes =
+        s->shape.front() > 0 ? static_cast<uint64_t>(group) * (s->bytes / s->shape.front()) : 0;
+    const uint64_t step = group > 1 && group_bytes > 0
+                              ? std::max<uint64_t>(kStagingBytes / group_bytes, 1) * group_bytes
+                              : kStagingBytes;
     if (staging.size() < step) staging.resize(step);
     if (group > 1 && interleaved.size() < step) interleaved.resize(step);
     for (uint64_t at = 0; at < s->bytes; at += step) {
@@ -65,6 +68,19 @@ absl::Status copy_raw_weights(worker::Worker& w, const worker::DeviceBuffer& buf
 
 absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& slots, uint64_t total,
                             std::vector<worker::DeviceBuffer>* buffers) {
+  for (const WeightSlot& s : slots) {  // what the copy assumes of a raw slot
+    const int64_t group = task::interleaved_rows(s.dtype);
+    if (s.raw && (task::plain_of(s.dtype) != s.view.dtype || s.shape.empty() ||
+                  (group > 1 && (s.shape.size() != 2 || s.shape[0] % group != 0)))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", std::string(s.view.name), "' of ", std::string(s.view.file),
+                       ": planned as ", std::string(task::name_of(s.dtype)), " over its ",
+                       std::string(task::name_of(s.view.dtype)),
+                       " bytes (an interleaved dtype needs the plain one and a 2-D shape whose "
+                       "rows are whole groups of ",
+                       group, ")"));
+    }
+  }
   SIMPLER_ASSIGN_OR_RETURN(worker::DeviceBuffer buf, w.malloc(total));
   buffers->push_back(buf);
   std::vector<const WeightSlot*> share[2];

@@ -40,7 +40,9 @@ struct WeightSlot {
 // file ("tensor 'NAME' of FILE: ..."), e.g. DATA_LOSS when the file shrank after it was opened,
 // or the Worker's copy error; the other share stops at its next chunk, and the second thread has
 // ended when this returns (it is joined on every path). When the second thread cannot be
-// started, this thread copies both shares. Call from one thread at a time per Worker.
+// started, this thread copies both shares. INVALID_ARGUMENT naming the tensor, before any copy,
+// for a raw slot whose dtype is not its view's or the view's interleaved form, or interleaved with
+// a shape that is not 2-D rows in whole groups of 16. Call from one thread at a time per Worker.
 absl::Status upload_weights(worker::Worker& w, const std::vector<WeightSlot>& slots, uint64_t total,
                             std::vector<worker::DeviceBuffer>* buffers);
 

@@ -145,8 +145,9 @@ TEST_F(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherSh
 // A weight planned as interleaved (WeightSlot::dtype q4_k_r16 / q6_k_r16) lands in device memory
 // as task::interleave_rows writes the file's rows, its target tensor of that dtype; 300 groups of
 // 16 rows take two chunks of the staging buffer (whole groups each); a plain weight beside it is
-// copied as it is. (The file holds the blocks' bytes as bf16 tensors of the same size: the copy
-// reads bytes, and safetensors has no block dtypes.)
+// copied as it is. (The file holds the blocks' bytes as bf16 tensors of the same size, their
+// views retyped as a GGUF file's would be: the copy reads bytes, and safetensors has no block
+// dtypes.)
 TEST(UploadWeightsInterleaved, InterleavesWholeGroupsOnTheirWayIn) {
   constexpr int64_t kQRows = 4800, kQCols = 512;
   const struct {
@@ -175,6 +176,7 @@ TEST(UploadWeightsInterleaved, InterleavesWholeGroupsOnTheirWayIn) {
   uint64_t total = 0;
   for (size_t i = 0; i < std::size(kinds); ++i) {
     WeightSlot s{&targets[i], {kQRows, kQCols}, file->tensor(absl::StrCat("q", i)).value()};
+    s.view.dtype = kinds[i].file;  // as a GGUF file's view of these bytes would say
     s.raw = true;
     s.dtype = kinds[i].device;
     s.offset = total;
@@ -199,6 +201,22 @@ TEST(UploadWeightsInterleaved, InterleavesWholeGroupsOnTheirWayIn) {
     EXPECT_TRUE(std::equal(want.begin(), want.end(), back.begin() + slots[i].offset))
         << task::name_of(kinds[i].device);
     EXPECT_EQ(targets[i].dtype, kinds[i].device);
+  }
+  // a slot planned interleaved over bytes of another dtype, or rows not in whole groups, is
+  // refused before any copy
+  for (auto [dtype, rows] : {std::pair{task::DataType::kQ6_K_R16, kQRows},
+                             std::pair{task::DataType::kQ4_K_R16, int64_t{4792}}}) {
+    std::vector<WeightSlot> bad = {slots[0]};
+    bad[0].dtype = dtype;
+    bad[0].shape = {rows, kQCols};
+    std::vector<worker::DeviceBuffer> more;
+    const absl::Status s = upload_weights(w, bad, total, &more);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("tensor 'q0'"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("planned as ", std::string(task::name_of(dtype)))),
+              std::string::npos)
+        << s;
+    EXPECT_TRUE(more.empty());
   }
 }
 

@@ -190,8 +190,9 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
 void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n);
 
 // A matmul task's RowClaims over its W rows counted in units of `unit` rows (MergedMatmul's
-// claim_unit): the claims' ranges in rows. With unit 16 the claims never split a group of
-// interleaved rows (RowClaims' shares are whole units); with 1 they are RowClaims' own.
+// claim_unit; `rows` a multiple of `unit`): the claims' ranges in rows. With unit 16 the claims
+// never split a group of interleaved rows (RowClaims' shares are whole units); with 1 they are
+// RowClaims' own.
 class MatmulClaims {
  public:
   MatmulClaims(const KernelContext& ctx, int64_t rows, int64_t min_rows, int64_t unit)
@@ -318,7 +319,12 @@ class MergedMatmul {
   const matmul_detail::QuantizedX& quantized_for(int i) {
     if (!qx_[i]) {
       for (int j = 0; j < n_; ++j) {
-        if (j != i && qx_[j] && weights_[j].full.wt == weights_[i].full.wt) return *qx_[j];
+        // the same weight type and layout: what a target derives from x (Int8Dots::prepare) may
+        // depend on both
+        if (j != i && qx_[j] && weights_[j].full.wt == weights_[i].full.wt &&
+            weights_[j].full.interleaved == weights_[i].full.interleaved) {
+          return *qx_[j];
+        }
       }
       qx_[i] = matmul_detail::quantize_int8(weights_[i].full, *dots_);
     }
@@ -742,6 +748,11 @@ absl::Status embedding_kernel(const KernelContext& ctx) {
   const int64_t vocab = ctx.tensor(1).shape[0];
   const int64_t hidden = ctx.tensor(1).shape[1];
   SIMPLER_RETURN_IF_ERROR(check_block_row(c, 1, "table", table_dtype, hidden));
+  if (vocab % task::interleaved_rows(table_dtype) != 0) {
+    return c.error(absl::StrCat("argument 1 (table) is ", std::string(task::name_of(table_dtype)),
+                                " with ", vocab, " rows, not a whole number of groups of ",
+                                task::interleaved_rows(table_dtype)));
+  }
   SIMPLER_RETURN_IF_ERROR(c.tensor(2, "out", DataType::kFloat32, {rows, hidden}));
   const int32_t* ids = ctx.tensor(0).data<const int32_t>();
   float* out = ctx.tensor(2).data<float>();

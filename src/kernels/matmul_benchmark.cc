@@ -185,8 +185,6 @@ bool int8_target_available(const std::string& target) {
   return target == "portable";
 }
 
-// A matmul over `rows` x rows of `k` against block-quantized W [n, k] of type `wt` (seeded
-// weights, x in [-0.5, 0.5)), its Problem pointing into the vectors it owns.
 // An allocator of memory advised to use transparent huge pages, as the sim device's memory is
 // (sim_device.cc): W streams from memory through the same TLB reach as in a decode step.
 template <class T>
@@ -207,8 +205,10 @@ struct HugePages {
 };
 using HugeBytes = std::vector<uint8_t, HugePages<uint8_t>>;
 
-// W of `wt` (interleaved: its rows interleaved 16 at a time, task::DataType::kQ4_K_R16 or
-// kQ6_K_R16; n a multiple of 16), x and y of one problem.
+// A matmul over `rows` x rows of `k` against block-quantized W [n, k] of type `wt` (seeded
+// weights, x in [-0.5, 0.5); with `interleaved` its rows interleaved 16 at a time,
+// task::DataType::kQ4_K_R16 or kQ6_K_R16, n a multiple of 16), its Problem pointing into the
+// vectors it owns.
 struct QuantizedProblem {
   QuantizedProblem(WeightType wt, int64_t rows, int64_t n, int64_t k, bool interleaved = false)
       : w(weights(wt, n, k, interleaved)), x(rows * k), y(rows * n) {

@@ -428,6 +428,23 @@ TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
   }
 }
 
+// The model runner stores Q4_K and Q6_K interleaved for precision int8 on the avx512 target of a
+// CPU with AVX-512 VNNI only (measured faster there, not on the 256-bit targets).
+TEST(MatmulInt8, InterleavedWeightsArePreferredByAvx512VnniAtInt8Only) {
+#if defined(__x86_64__)
+  const bool vnni =
+      kernel_isa_available(KernelIsa::kAvx512) && matmul_detail::avx512vnni_available();
+  EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kInt8), vnni);
+  EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kAuto, Precision::kInt8),
+            vnni && resolve_kernel_isa(KernelIsa::kAuto) == KernelIsa::kAvx512);
+#endif
+  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kExact));
+  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kBf16));
+  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kX86_64V3, Precision::kInt8));
+  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kPortable, Precision::kInt8));
+  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kNeon, Precision::kInt8));
+}
+
 // W of `dt` with random values: the block types' random blocks, f32 and bf16 from random floats.
 std::vector<uint8_t> claim_test_weights(DataType dt, int64_t out, int64_t in) {
   if (dt != DataType::kFloat32 && dt != DataType::kBFloat16) return random_weights(dt, out, in, 17);

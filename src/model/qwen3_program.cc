@@ -66,8 +66,8 @@ absl::Status check_tensor(const std::string& what, const Tensor& t, DataType dty
   return absl::OkStatus();
 }
 
-// A weight matrix: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (what the matmul and embedding
-// kernels take).
+// A weight matrix: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k, or q4_k / q6_k with rows
+// interleaved 16 at a time (what the matmul and embedding kernels take).
 absl::Status check_matrix(const std::string& what, const Tensor& t,
                           std::initializer_list<int64_t> dims) {
   const DataType dt = t.dtype == DataType::kBFloat16 || t.dtype == DataType::kFloat16 ||
@@ -76,8 +76,8 @@ absl::Status check_matrix(const std::string& what, const Tensor& t,
                           : DataType::kFloat32;
   absl::Status s = check_tensor(what, t, dt, dims);
   if (!s.ok() && t.dtype != dt) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(s.message(), " (f32, bf16, f16, q8_0, q4_0, q4_k or q6_k)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        s.message(), " (f32, bf16, f16, q8_0, q4_0, q4_k, q6_k, q4_k_r16 or q6_k_r16)"));
   }
   return s;
 }

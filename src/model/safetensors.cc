@@ -46,7 +46,8 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
 // The dtypes to_f32 converts.
 bool is_float(DataType dtype) {
   return dtype == DataType::kFloat32 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat16 || task::block_elements(dtype) > 1;
+         dtype == DataType::kFloat16 ||
+         (task::block_elements(dtype) > 1 && task::interleaved_rows(dtype) == 1);
 }
 
 struct Entry {
@@ -604,9 +605,10 @@ absl::StatusOr<TensorView> ModelWeights::get(std::string_view name,
 
 absl::Status to_f32(const TensorView& view, std::span<float> out) {
   if (!is_float(view.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        str(view.name), " in ", str(view.file), ": cannot convert dtype ",
-        str(task::safetensors_name(view.dtype)), " to F32 (only F32, BF16, F16, Q8_0, Q4_0)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(str(view.name), " in ", str(view.file), ": cannot convert dtype ",
+                     str(task::safetensors_name(view.dtype)),
+                     " to F32 (only F32, BF16, F16, Q8_0, Q4_0, Q4_K, Q6_K)"));
   }
   const int64_t n = view.numel();
   const int64_t per = task::block_elements(view.dtype);

@@ -86,7 +86,8 @@ constexpr base::EnumNames<DataType> kSafetensorsNames = {
     {DataType::kQ4_K, "Q4_K"},
     {DataType::kQ6_K, "Q6_K"},
     {DataType::kQ4_K_R16, "Q4_K_R16"},
-    {DataType::kQ6_K_R16, "Q6_K_R16"}};  // ggml's names for the block dtypes: not safetensors'
+    {DataType::kQ6_K_R16, "Q6_K_R16"}};  // ggml's names for its block dtypes (ours for the
+                                         // interleaved forms): not safetensors'
 
 }  // namespace
 

@@ -114,6 +114,17 @@ TEST(DataType, RowInterleavedFormsKeepThePlainBytesInAnotherOrder) {
     dequantize_blocks(r16, dst.data(), cols, out.data());
     EXPECT_EQ(out[0], 1.5f) << "an interleaved dtype's bytes are not one row's blocks";
   }
+  // a task argument of the last dtype validates; one past it is an unknown dtype
+  auto t = Tensor::contiguous(0x1000, {16, 256}, DataType::kQ6_K_R16);
+  ASSERT_TRUE(t.ok());
+  TaskArgs args;
+  args.add_tensor(*t, ArgDirection::kIn);
+  EXPECT_TRUE(args.validate().ok());
+  Tensor past = *t;
+  past.dtype = static_cast<DataType>(static_cast<uint8_t>(DataType::kQ6_K_R16) + 1);
+  TaskArgs bad;
+  bad.add_tensor(past, ArgDirection::kIn);
+  EXPECT_EQ(bad.validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DataType, HalfConversionsRoundTrip) {

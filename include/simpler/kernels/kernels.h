@@ -131,8 +131,9 @@ Precision effective_precision(KernelIsa isa, Precision precision);
 // kInt8 on the avx512 target of a CPU with AVX-512 VNNI, whose integer sums then take 16 W rows a
 // vector (docs/design/quantized_matmul.md, "Row-interleaved weights": measured faster there, not
 // on the 256-bit targets). The model runner stores those weights so where this holds and their
-// row count is a multiple of 16. Every target reads both layouts with bitwise the same results
-// (the x86 ones natively; the others copy the rows out a group of 16 at a time).
+// row count is a multiple of 16. Every target and precision reads both layouts with bitwise the
+// same results (the x86 int8 kernels natively; every other path copies the rows back out a group
+// of 16 at a time).
 bool prefers_interleaved_weights(KernelIsa isa, Precision precision);
 
 // What precision kBf16 runs on this machine, in words for the log: our kernel's row range and

@@ -65,21 +65,22 @@ int64_t block_elements(DataType dtype);
 size_t block_bytes(DataType dtype);
 // Bytes of `numel` consecutive elements (rounded up to whole blocks for a block dtype).
 uint64_t bytes_of(DataType dtype, uint64_t numel);
-// Bytes per element; 0 for a block dtype (kQ8_0, kQ4_0, kQ4_K, kQ6_K), whose bytes are block_bytes
-// per block_elements elements (bytes_of).
+// Bytes per element; 0 for a block dtype (kQ8_0, kQ4_0, kQ4_K, kQ6_K and the interleaved forms),
+// whose bytes are block_bytes per block_elements elements (bytes_of).
 size_t size_of(DataType dtype);
 
 // Short name: "f32", "bf16", "f16", "i32", "i64", "u8", "q8_0", "q4_0", "q4_k", "q6_k",
 // "q4_k_r16", "q6_k_r16".
 std::string_view name_of(DataType dtype);
 
-// Parses a short name ("f32", ..., "q4_k", "q6_k") or a safetensors dtype string ("F32", "BF16",
-// "F16", "I32", "I64", "U8"; safetensors spec, huggingface/safetensors README).
-// INVALID_ARGUMENT names the unknown string.
+// Parses a short name ("f32", ..., "q4_k", "q6_k", "q4_k_r16", "q6_k_r16") or a safetensors dtype
+// string ("F32", "BF16", "F16", "I32", "I64", "U8"; safetensors spec, huggingface/safetensors
+// README). INVALID_ARGUMENT names the unknown string.
 absl::StatusOr<DataType> parse_data_type(std::string_view text);
 
 // The safetensors dtype string of `dtype` (for the block dtypes, which safetensors lacks, ggml's
-// "Q8_0", "Q4_0", "Q4_K" and "Q6_K").
+// "Q8_0", "Q4_0", "Q4_K" and "Q6_K", and ours for their interleaved forms, "Q4_K_R16" and
+// "Q6_K_R16", which no file holds).
 std::string_view safetensors_name(DataType dtype);
 
 // The `numel` elements (a multiple of block_elements(dtype)) of a block dtype stored at `src`
@@ -100,14 +101,17 @@ DataType interleaved_of(DataType dtype);
 DataType plain_of(DataType dtype);
 // `rows` rows (a multiple of interleaved_rows(interleaved)) of `row_elements` elements (a multiple
 // of 256) each: from the plain layout at `src` into the layout of `interleaved` (kQ4_K_R16 or
-// kQ6_K_R16) at `dst`, and back. Both spans are bytes_of(dtype, rows·row_elements) long and must
-// not overlap. Precondition (unchecked): the counts as said and `interleaved` interleaved.
+// kQ6_K_R16) at `dst`, and back. Both spans are bytes_of(interleaved, rows·row_elements) bytes
+// and must not overlap. Preconditions (unchecked): the counts as said, `interleaved` one of the
+// two.
 void interleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
                      uint8_t* dst);
 void deinterleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
                        uint8_t* dst);
 // Row `row` of the interleaved tensor at `src` (rows of `row_elements` elements) in the plain
-// layout, into dst[bytes_of(plain_of(interleaved), row_elements)].
+// layout, into dst[bytes_of(plain_of(interleaved), row_elements)]. Reads the row's whole group of
+// 16 rows: precondition (unchecked) that the tensor holds it, i.e. a row count that is a multiple
+// of 16 (the embedding kernel refuses a table of another).
 void deinterleave_row(DataType interleaved, const uint8_t* src, int64_t row, int64_t row_elements,
                       uint8_t* dst);
 
