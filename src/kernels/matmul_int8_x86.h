@@ -1263,6 +1263,19 @@ inline void prefetch_chunk(const uint8_t* at) {
   _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedPrefetchBytes), _MM_HINT_T2);
 }
 
+// One dot of a run: acc + w·x's 4 products a lane (V::dot), or with kScaledDot those products'
+// pair sums times the run's scale pairs sc16 (V::dot_scaled).
+template <class V>
+inline typename V::I run_dot(typename V::I acc, typename V::I w, typename V::I x,
+                             typename V::I sc16) {
+  if constexpr (V::kScaledDot) {
+    return V::dot_scaled(acc, w, x, sc16);
+  } else {
+    (void)sc16;
+    return V::dot(acc, w, x);
+  }
+}
+
 // R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g
 // (lanes from lane0): S and M of super-block b at s, m + kLanes·(i·supers + b), d and dmin at
 // d[b], dmin[b].
@@ -1279,29 +1292,10 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
 #pragma GCC unroll 1
-    for (int c = 0; c < 4; ++c) {     // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
-      if constexpr (V::kScaledDot) {  // two chains a row: a sub-block pair's sums, scaled
-        const I s_lo = i16_pairs<V>(sc[2 * c], sc[2 * c]);
-        const I s_hi = i16_pairs<V>(sc[2 * c + 1], sc[2 * c + 1]);
-        I lo[R], hi[R];
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
-#pragma GCC unroll 8
-        for (int t = 0; t < 8; ++t) {
-          const I q = src.dword(16 + 32 * c + 4 * t);
-          prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
-          const I wl = V::and_(q, k4), wh = V::and_(V::srli(q, 4), k4);
-#pragma GCC unroll 4
-          for (int i = 0; i < R; ++i) {
-            const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
-            lo[i] = V::dot_scaled(lo[i], wl, broadcast_i32<V>(xb), s_lo);
-            hi[i] = V::dot_scaled(hi[i], wh, broadcast_i32<V>(xb + 32), s_hi);
-          }
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) sum[i] = V::add(sum[i], V::add(lo[i], hi[i]));
-        continue;
-      }
+    for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
+      // kScaledDot: the scales' i16 pairs, taken in the dots
+      const I s_lo = V::kScaledDot ? i16_pairs<V>(sc[2 * c], sc[2 * c]) : V::zero();
+      const I s_hi = V::kScaledDot ? i16_pairs<V>(sc[2 * c + 1], sc[2 * c + 1]) : V::zero();
       I lo[R], hi[R];
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
@@ -1314,14 +1308,19 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
           const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
-          lo[i] = V::dot(lo[i], wl, broadcast_i32<V>(xb));
-          hi[i] = V::dot(hi[i], wh, broadcast_i32<V>(xb + 32));
+          lo[i] = run_dot<V>(lo[i], wl, broadcast_i32<V>(xb), s_lo);
+          hi[i] = run_dot<V>(hi[i], wh, broadcast_i32<V>(xb + 32), s_hi);
         }
       }
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
-        if constexpr (V::kUnsignedFullRange) hi[i] = V::srai(hi[i], 4);
-        sum[i] = V::add(sum[i], V::add(V::mullo(lo[i], sc[2 * c]), V::mullo(hi[i], sc[2 * c + 1])));
+        if constexpr (V::kScaledDot) {
+          sum[i] = V::add(sum[i], V::add(lo[i], hi[i]));
+        } else {
+          if constexpr (V::kUnsignedFullRange) hi[i] = V::srai(hi[i], 4);
+          sum[i] =
+              V::add(sum[i], V::add(V::mullo(lo[i], sc[2 * c]), V::mullo(hi[i], sc[2 * c + 1])));
+        }
       }
     }
 #pragma GCC unroll 4
@@ -1383,11 +1382,7 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
 #pragma GCC unroll 4
             for (int i = 0; i < R; ++i) {
               const I xv = broadcast_i32<V>(xq + i * k + 256 * b + 128 * h + 32 * c + 4 * t);
-              if constexpr (V::kScaledDot) {
-                acc[c][i] = V::dot_scaled(acc[c][i], w[c], xv, sc[c]);
-              } else {
-                acc[c][i] = V::dot(acc[c][i], w[c], xv);
-              }
+              acc[c][i] = run_dot<V>(acc[c][i], w[c], xv, sc[c]);
             }
           }
         }
