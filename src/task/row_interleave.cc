@@ -34,29 +34,27 @@ DataType plain_of(DataType dtype) {
 
 namespace {
 
-// Where bytes [i, i + 4) (i < 4·D, a multiple of 4) or byte i (i >= 4·D) of row r's super-block b
-// sit in its group of 16 rows (data_type.h's layout): super-blocks of `bytes` bytes, nb a row.
-size_t interleaved_at(size_t bytes, int64_t nb, int64_t r, int64_t b, size_t i) {
-  const size_t dwords = bytes / 4, tail = bytes % 4;
-  const auto rr = static_cast<size_t>(r), bb = static_cast<size_t>(b);
-  if (i < 4 * dwords) return 64 * dwords * bb + 16 * i + 4 * rr;
-  return 64 * dwords * static_cast<size_t>(nb) + 16 * tail * bb + tail * rr + (i - 4 * dwords);
-}
-
 // Copies row r of a group of 16 rows (nb super-blocks of `bytes` each) between the plain row and
-// its place in the group: group[at(i)] = plain[i] when `into_group`, else plain[i] = group[at(i)].
+// its place in the group (data_type.h's layout): into the group when kIntoGroup, else out of it.
+// Dword v of super-block b sits at 64·D·b + 64·v + 4·r; its last T bytes at 64·D·nb + 16·T·b + T·r.
 template <bool kIntoGroup, class G, class P>
 void copy_row(size_t bytes, int64_t nb, G* group, int64_t r, P* plain) {
-  const size_t whole = 4 * (bytes / 4);
-  for (int64_t b = 0; b < nb; ++b) {
-    P* row = plain + static_cast<size_t>(b) * bytes;
-    for (size_t i = 0; i < bytes; i += i < whole ? 4 : 1) {
-      const size_t n = i < whole ? 4 : 1, at = interleaved_at(bytes, nb, r, b, i);
+  const size_t dwords = bytes / 4, tail = bytes % 4, rr = static_cast<size_t>(r);
+  for (size_t b = 0; b < static_cast<size_t>(nb); ++b) {
+    P* row = plain + b * bytes;
+    G* chunks = group + 64 * dwords * b + 4 * rr;
+    G* last = group + 64 * dwords * static_cast<size_t>(nb) + 16 * tail * b + tail * rr;
+    for (size_t v = 0; v < dwords; ++v) {
       if constexpr (kIntoGroup) {
-        std::memcpy(group + at, row + i, n);
+        std::memcpy(chunks + 64 * v, row + 4 * v, 4);
       } else {
-        std::memcpy(row + i, group + at, n);
+        std::memcpy(row + 4 * v, chunks + 64 * v, 4);
       }
+    }
+    if constexpr (kIntoGroup) {
+      std::memcpy(last, row + 4 * dwords, tail);
+    } else {
+      std::memcpy(row + 4 * dwords, last, tail);
     }
   }
 }
