@@ -1220,8 +1220,9 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
 // rows_tiles over W rows interleaved 16 at a time (Problem::interleaved; task::DataType's
 // kQ4_K_R16 / kQ6_K_R16 layout): a tile's super-block is loaded from the group's chunks, one
 // vector a dword of every row (on ymm, a group is two tiles: lanes 0-7 and 8-15 of each chunk), so
-// the repack is a load and the nibbles' masks a vector: every x row count takes the tiles, one x
-// row too. The same tiles and combine as rows_tiles, so the same bits.
+// the repack is a load and the nibbles' masks a vector, cheap enough for 4 x rows
+// (rows_interleaved; fewer take rows_interleaved_few). The same tiles and combine as rows_tiles, so
+// the same bits.
 template <class V, template <class> class TileOf>
 void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
   using Tile = TileOf<V>;
