@@ -19,7 +19,7 @@ if command -v ccache >/dev/null 2>&1 && [ -z "${CCACHE_DISABLE:-}" ]; then
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 fi
 sources=(src/kernels/matmul_portable.cc src/kernels/matmul_neon.cc src/kernels/matmul_int8.cc
-  src/kernels/matmul_int8_neon.cc src/task/row_interleave.cc tests/cross/matmul_cross_test.cc)
+  src/kernels/matmul_int8_neon.cc src/task/data_layout.cc tests/cross/matmul_cross_test.cc)
 # cross_build NAME FLAGS...: builds $out/NAME from the sources with FLAGS.
 cross_build() {
   local name="$1" pids=() objs=() src obj rc=0

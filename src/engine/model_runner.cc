@@ -389,9 +389,11 @@ absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights
                                                      const Qwen3Dims& d, Qwen3DeviceWeights& wt,
                                                      bool interleave, uint64_t* total) {
   const int64_t H = d.hidden_size, I = d.intermediate_size, V = d.vocab_size;
-  // A task that runs several weights (q/k/v, gate/up) claims whole groups of 16 rows of all of
-  // them once one is interleaved: every matrix's rows are whole groups, or none is interleaved.
-  for (int64_t rows : {H, I, V, d.q_size(), d.kv_size()}) interleave = interleave && rows % 16 == 0;
+  // A task that runs several weights (q/k/v, gate/up) claims whole groups of rows of all of them
+  // once one is interleaved: every matrix's rows are whole groups, or none is interleaved.
+  for (int64_t rows : {H, I, V, d.q_size(), d.kv_size()}) {
+    interleave = interleave && rows % task::kInterleavedRows == 0;
+  }
   std::vector<WeightSlot> slots;
   auto add = [&](const std::string& name, std::vector<int64_t> shape,
                  Tensor* target) -> absl::Status {

@@ -36,7 +36,7 @@ absl::Status copy_raw_weights(worker::Worker& w, const worker::DeviceBuffer& buf
     const int64_t group = task::interleaved_rows(s->dtype);
     const int64_t cols = s->shape.back();
     const uint64_t group_bytes =
-        s->shape.front() > 0 ? static_cast<uint64_t>(group) * (s->bytes / s->shape.front()) : 0;
+        static_cast<uint64_t>(group) * task::bytes_of(s->dtype, static_cast<uint64_t>(cols));
     const uint64_t step = group > 1 && group_bytes > 0
                               ? std::max<uint64_t>(kStagingBytes / group_bytes, 1) * group_bytes
                               : kStagingBytes;

@@ -190,9 +190,9 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
 void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n);
 
 // A matmul task's RowClaims over its W rows counted in units of `unit` rows (MergedMatmul's
-// claim_unit; `rows` a multiple of `unit`): the claims' ranges in rows. With unit 16 the claims
-// never split a group of interleaved rows (RowClaims' shares are whole units); with 1 they are
-// RowClaims' own.
+// claim_unit; `rows` a multiple of `unit`): the claims' ranges in rows. With a group of
+// interleaved rows as the unit no claim splits one (RowClaims' shares are whole units); with 1
+// they are RowClaims' own.
 class MatmulClaims {
  public:
   MatmulClaims(const KernelContext& ctx, int64_t rows, int64_t min_rows, int64_t unit)
@@ -273,14 +273,14 @@ class MergedMatmul {
     return min_claim_rows(widest);
   }
 
-  // The rows a claim counts in (MatmulClaims): 16 where a weight's rows are interleaved 16 at a
-  // time (so no claim splits a group), else 1. INVALID_ARGUMENT (through `c`) when a weight is
-  // interleaved and another's rows are not a whole number of groups.
+  // The rows a claim counts in (MatmulClaims): task::kInterleavedRows where a weight's rows are
+  // interleaved (so no claim splits a group), else 1. INVALID_ARGUMENT (through `c`) when a weight
+  // is interleaved and another's rows are not a whole number of groups.
   absl::StatusOr<int64_t> claim_unit(const ArgCheck& c) const {
     bool interleaved = false, whole = true;
     for (int i = 0; i < n_; ++i) {
       interleaved = interleaved || weights_[i].full.interleaved;
-      whole = whole && weights_[i].full.n % 16 == 0;
+      whole = whole && weights_[i].full.n % task::kInterleavedRows == 0;
     }
     if (!interleaved) return 1;
     if (!whole) {
@@ -288,21 +288,22 @@ class MergedMatmul {
           "a weight's rows are interleaved 16 at a time, so every weight of the task "
           "needs a multiple of 16 rows");
     }
-    return 16;
+    return task::kInterleavedRows;
   }
 
   // Rows [begin, end) of weight i into its y, prefetching up to its row `ahead`.
   absl::Status run(int i, int64_t begin, int64_t end, int64_t ahead) {
     const MergedWeight& m = weights_[i];
     const matmul_detail::Problem p = rows_of(m.full, {begin, end}, ahead, m.row_bytes);
-    if (p.interleaved && (begin % 16 != 0 || end % 16 != 0)) {
+    if (p.interleaved &&
+        (begin % task::kInterleavedRows != 0 || end % task::kInterleavedRows != 0)) {
       return absl::InternalError(absl::StrCat("matmul: rows [", begin, ", ", end,
                                               ") split a group of 16 interleaved rows"));
     }
     if (precision_ != Precision::kInt8 || !matmul_detail::int8_weight_type(m.full.wt)) {
       if (!p.interleaved) return matmul_rows(p, isa_, precision_);
       absl::Status st;
-      matmul_detail::run_deinterleaved(p, m.row_bytes, [&](const matmul_detail::Problem& q) {
+      matmul_detail::run_deinterleaved(p, [&](const matmul_detail::Problem& q) {
         if (st.ok()) st = matmul_rows(q, isa_, precision_);
       });
       return st;

@@ -62,28 +62,31 @@ struct Problem {
   // goes on past p's rows (a block computing a matrix's rows in several claims: its next claim
   // is most often the rows right after these, which then start warm). 0 means n.
   int64_t prefetch_n = 0;
-  // W's rows interleaved 16 at a time (task::DataType::kQ4_K_R16 / kQ6_K_R16; wt is the plain
-  // kQ4_K / kQ6_K): w at a group's first row, n a multiple of 16. Only the kernels that say so
-  // read it (Int8Dots::interleaved); run_deinterleaved serves every other.
+  // W's rows interleaved task::kInterleavedRows at a time (task::DataType::kQ4_K_R16 / kQ6_K_R16;
+  // wt is the plain kQ4_K / kQ6_K): w at a group's first row, n a multiple of the group. Only the
+  // kernels that say so read it (Int8Dots::interleaved); run_deinterleaved serves every other.
   bool interleaved = false;
 };
 
-// Runs p (interleaved) as plain problems, one 16-row group at a time: each group's rows copied
-// out of the interleaving into a per-thread buffer (task::deinterleave_rows), then `run` on a
-// copy of p over them. For the paths that do not read interleaved rows (precision exact, the
-// portable and NEON int8 paths); the rows' results are those of the plain tensor.
+// Runs p (interleaved) as plain problems, one group of task::kInterleavedRows rows at a time:
+// each group's rows copied out of the interleaving into a per-thread buffer
+// (task::deinterleave_rows), then `run` on a copy of p over them. For the paths that do not read
+// interleaved rows (precision exact, the portable and NEON int8 paths); the rows' results are
+// those of the plain tensor.
 template <class Run>
-void run_deinterleaved(const Problem& p, int64_t row_bytes, Run&& run) {
-  thread_local std::vector<uint8_t> plain;
-  plain.resize(static_cast<size_t>(16 * row_bytes));
+void run_deinterleaved(const Problem& p, Run&& run) {
+  constexpr int64_t kGroup = task::kInterleavedRows;
   const task::DataType dtype =
       p.wt == WeightType::kQ4_K ? task::DataType::kQ4_K_R16 : task::DataType::kQ6_K_R16;
-  for (int64_t j = 0; j < p.n; j += 16) {
-    task::deinterleave_rows(dtype, static_cast<const uint8_t*>(p.w) + j * row_bytes, 16, p.k,
+  const auto row_bytes = static_cast<int64_t>(task::bytes_of(dtype, static_cast<uint64_t>(p.k)));
+  thread_local std::vector<uint8_t> plain;
+  plain.resize(static_cast<size_t>(kGroup * row_bytes));
+  for (int64_t j = 0; j < p.n; j += kGroup) {
+    task::deinterleave_rows(dtype, static_cast<const uint8_t*>(p.w) + j * row_bytes, kGroup, p.k,
                             plain.data());
     Problem q = p;
     q.w = plain.data();
-    q.n = 16;
+    q.n = kGroup;
     q.y = p.y + j;
     q.prefetch_n = 0;
     q.interleaved = false;

@@ -281,10 +281,7 @@ QuantizedX quantize_int8(const Problem& p, const Int8Dots& dots) {
 
 void run_int8_quantized(const Problem& p, const QuantizedX& qx, const Int8Dots& dots) {
   if (p.interleaved && !(dots.interleaved && dots.rows != nullptr)) {
-    const int64_t row_bytes =
-        p.k / kSuperBlockWeights * (p.wt == WeightType::kQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes);
-    return run_deinterleaved(p, row_bytes,
-                             [&](const Problem& q) { run_int8_quantized(q, qx, dots); });
+    return run_deinterleaved(p, [&](const Problem& q) { run_int8_quantized(q, qx, dots); });
   }
   switch (p.wt) {
     case WeightType::kQ8_0:

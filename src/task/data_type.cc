@@ -1,7 +1,6 @@
 #include "simpler/task/data_type.h"
 
 #include <cstring>
-#include <iterator>
 #include <optional>
 
 #include "Eigen/Core"
@@ -10,58 +9,6 @@
 #include "simpler/base/enum_names.h"
 
 namespace simpler::task {
-
-namespace {
-
-// How a dtype lays out its elements: bytes of one element (0 for a block dtype), then elements and
-// bytes of one block (1 and the element's bytes for every other dtype). One row per dtype, in the
-// enum's order (checked below); the block sizes are ggml's (the formats in data_type.h).
-struct Layout {
-  DataType dtype;
-  size_t element_bytes;
-  int64_t block_elements;
-  size_t block_bytes;
-};
-
-constexpr Layout kLayouts[] = {
-    {DataType::kFloat32, 4, 1, 4},      {DataType::kBFloat16, 2, 1, 2},
-    {DataType::kFloat16, 2, 1, 2},      {DataType::kInt32, 4, 1, 4},
-    {DataType::kInt64, 8, 1, 8},        {DataType::kUInt8, 1, 1, 1},
-    {DataType::kQ8_0, 0, 32, 34},       {DataType::kQ4_0, 0, 32, 18},
-    {DataType::kQ4_K, 0, 256, 144},     {DataType::kQ6_K, 0, 256, 210},
-    {DataType::kQ4_K_R16, 0, 256, 144}, {DataType::kQ6_K_R16, 0, 256, 210}};
-
-constexpr bool rows_in_enum_order() {
-  for (size_t i = 0; i < std::size(kLayouts); ++i) {
-    if (static_cast<size_t>(kLayouts[i].dtype) != i) return false;
-  }
-  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ6_K_R16) + 1;
-}
-static_assert(rows_in_enum_order(), "kLayouts needs one row per DataType, in the enum's order");
-
-// A value outside the enum (a corrupt graph image) has no bytes and blocks of one element.
-constexpr Layout kUnknownLayout = {DataType::kUInt8, 0, 1, 0};
-
-const Layout& layout_of(DataType dtype) {
-  const auto i = static_cast<size_t>(dtype);
-  return i < std::size(kLayouts) ? kLayouts[i] : kUnknownLayout;
-}
-
-}  // namespace
-
-size_t size_of(DataType dtype) { return layout_of(dtype).element_bytes; }
-
-int64_t block_elements(DataType dtype) { return layout_of(dtype).block_elements; }
-
-size_t block_bytes(DataType dtype) { return layout_of(dtype).block_bytes; }
-
-uint64_t bytes_of(DataType dtype, uint64_t numel) {
-  const Layout& l = layout_of(dtype);
-  // Every task argument's span comes here: no division for the one-element blocks.
-  if (l.block_elements == 1) return numel * l.block_bytes;
-  const auto per = static_cast<uint64_t>(l.block_elements);
-  return (numel + per - 1) / per * l.block_bytes;
-}
 
 namespace {
 

@@ -91,7 +91,10 @@ std::string_view safetensors_name(DataType dtype);
 void dequantize_blocks(DataType dtype, const uint8_t* src, int64_t numel, float* out);
 
 // Row interleaving (kQ4_K_R16, kQ6_K_R16 above).
-// Rows interleaved together: 16 for kQ4_K_R16 and kQ6_K_R16, 1 for every other dtype.
+// The rows of one group of an interleaved dtype.
+inline constexpr int64_t kInterleavedRows = 16;
+// Rows interleaved together: kInterleavedRows for kQ4_K_R16 and kQ6_K_R16, 1 for every other
+// dtype.
 int64_t interleaved_rows(DataType dtype);
 // The interleaved form of a plain dtype: kQ4_K_R16 for kQ4_K, kQ6_K_R16 for kQ6_K, `dtype`
 // itself for every other (which has none).
