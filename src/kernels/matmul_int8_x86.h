@@ -790,6 +790,10 @@ struct GatherRows {
   typename V::F q6_k_d() const { return V::half_lo(V::srli(V::gather(rows, blk + 206), 16)); }
 };
 
+// A group of interleaved rows is one zmm's lanes, its chunks 64 bytes (the kernels' offsets).
+constexpr int64_t kGroupRows = task::kInterleavedRows;
+static_assert(kGroupRows == 16, "the interleaved kernels take a group's chunk as 16 dwords");
+
 template <class V>
 struct InterleavedRows {
   const uint8_t* chunks;  // the super-block column's first chunk, at the tile's first lane
@@ -832,18 +836,44 @@ inline typename V::I q4_k_mins_sum(const typename V::I* mins, const int32_t* aux
   return m;
 }
 
-// A Q6_K super-block's head, lane r W row r: sc[g] group g's scale as i32, pairs[p] (sc_2p,
-// sc_2p+1) as i16 pairs, d as f32.
+// Q6_K group 4q + i's int8 scale as i32 (sign-extended), from s4 = dword q of the scales.
+template <class V>
+inline typename V::I q6_k_scale(typename V::I s4, int i) {
+  return V::srai(V::slli(s4, 24 - 8 * i), 24);
+}
+
+// A Q6_K super-block's scales as i16 pairs, lane r W row r: pairs[p] = (sc_2p, sc_2p+1).
+template <class V, class Src>
+inline void q6_k_pairs(const Src& src, typename V::I* pairs) {
+  for (int q = 0; q < 4; ++q) {
+    const typename V::I s4 = src.dword(192 + 4 * q);
+    pairs[2 * q] = i16_pairs<V>(q6_k_scale<V>(s4, 0), q6_k_scale<V>(s4, 1));
+    pairs[2 * q + 1] = i16_pairs<V>(q6_k_scale<V>(s4, 2), q6_k_scale<V>(s4, 3));
+  }
+}
+
+// A Q6_K super-block's head, lane r W row r: sc[g] group g's scale as i32, pairs as q6_k_pairs,
+// d as f32.
 template <class V, class Src>
 inline void q6_k_head(const Src& src, typename V::I* sc, typename V::I* pairs, typename V::F& d) {
-  using I = typename V::I;
   for (int q = 0; q < 4; ++q) {
-    const I s4 = src.dword(192 + 4 * q);
-    for (int i = 0; i < 4; ++i) sc[4 * q + i] = V::srai(V::slli(s4, 24 - 8 * i), 24);
-    pairs[2 * q] = i16_pairs<V>(sc[4 * q], sc[4 * q + 1]);
-    pairs[2 * q + 1] = i16_pairs<V>(sc[4 * q + 2], sc[4 * q + 3]);
+    const typename V::I s4 = src.dword(192 + 4 * q);
+    for (int i = 0; i < 4; ++i) sc[4 * q + i] = q6_k_scale<V>(s4, i);
   }
+  q6_k_pairs<V>(src, pairs);
   d = src.q6_k_d();
+}
+
+// The 6-bit values of Q6_K weights 128h + 32c + 4t .. + 3 for c = 0..3 (w[c]), lane r W row r,
+// from ql0 = dword 16h + t of ql, ql1 = dword 16h + 8 + t and qh = dword 8h + t of qh: the low
+// (c < 2) or high nibble of ql_(c & 1) with bits 2c, 2c + 1 of qh at bits 4-5.
+template <class V>
+inline void q6_k_values(typename V::I ql0, typename V::I ql1, typename V::I qh, typename V::I* w) {
+  const typename V::I k30 = V::set1(0x30303030);
+  w[0] = V::low_nibbles_or(ql0, V::and_(V::slli(qh, 4), k30));
+  w[1] = V::low_nibbles_or(ql1, V::and_(V::slli(qh, 2), k30));
+  w[2] = V::low_nibbles_or(V::srli(ql0, 4), V::and_(qh, k30));
+  w[3] = V::low_nibbles_or(V::srli(ql1, 4), V::and_(V::srli(qh, 2), k30));
 }
 
 // Q6_K's - 32 of every q for one x row: 32·Σ_g sc_g·(x's group sum g), to subtract.
@@ -861,7 +891,6 @@ inline typename V::I q6_k_offset(const typename V::I* pairs, const int32_t* aux)
 // kMins whether the tile has mins (M) to subtract.
 template <class V, int64_t Bytes, int Runs, int Aux, bool Mins>
 struct TileBlock {
-  using Vec = V;
   using I = typename V::I;
   static constexpr bool kMins = Mins;
   static constexpr int64_t kBytes = Bytes;
@@ -926,20 +955,15 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
 
   template <class Src>
   void repack_weights(const Src& src) {
-    const I k4 = V::set1(0x0f0f0f0f), k2 = V::set1(0x03030303);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) {
-        const I qh = src.dword(128 + 32 * h + 4 * t);
-#pragma GCC unroll 2
-        for (int c = 0; c < 2; ++c) {
-          const I ql = src.dword(64 * h + 32 * c + 4 * t);
-          const I top_lo = V::and_(V::srli(qh, 2 * c), k2);
-          const I top_hi = V::and_(V::srli(qh, 2 * c + 4), k2);
-          w[32 * h + 8 * c + t] = V::or_(V::and_(ql, k4), V::slli(top_lo, 4));
-          w[32 * h + 8 * c + 16 + t] = V::or_(V::and_(V::srli(ql, 4), k4), V::slli(top_hi, 4));
-        }
+        I v[4];
+        q6_k_values<V>(src.dword(64 * h + 4 * t), src.dword(64 * h + 32 + 4 * t),
+                       src.dword(128 + 32 * h + 4 * t), v);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) w[32 * h + 8 * c + t] = v[c];
       }
     }
   }
@@ -953,15 +977,6 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   // The - 32 of every q: 32·Σ_g sc_g·(x's group sum g), to subtract.
   I offset(const int32_t* aux) const { return q6_k_offset<V>(pairs, aux); }
 };
-
-// A tile's super-block from W's super-block at blk of the tile's first row (the tile's rows
-// row_bytes apart, its lanes past `lanes` repeating the last): by the tile's gathers; a target may
-// overload it for a tile type (matmul_int8_avx512vnni.cc: Q6_K on zmm by transposes).
-template <class Tile, class I>
-inline void repack_tile(Tile& t, const uint8_t* blk, I rows, int64_t /*row_bytes*/,
-                        int64_t /*lanes*/) {
-  t.repack(GatherRows<typename Tile::Vec>{blk, rows});
-}
 
 // in[r] (8 vectors of 8 dwords) transposed: out[t] lane r = dword t of in[r]. Two levels of
 // unpacks within 128-bit lanes, then one of lane swaps.
@@ -1227,15 +1242,15 @@ template <class V, template <class> class TileOf>
 void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
   using Tile = TileOf<V>;
   constexpr int64_t kChunks = Tile::kBytes / 4, kTail = Tile::kBytes % 4;
-  const int64_t supers = p.k / kSuperBlockWeights, group_bytes = 16 * supers * Tile::kBytes;
+  const int64_t supers = p.k / kSuperBlockWeights, group_bytes = kGroupRows * supers * Tile::kBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
   const TileScratch<Tile> t = tile_scratch<Tile, V>(p, x, supers);
   const int64_t end = prefetch_bytes(p, supers * Tile::kBytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
-    const uint8_t* g = w + j0 / 16 * group_bytes;
-    const int64_t lane0 = j0 % 16;
+    const uint8_t* g = w + j0 / kGroupRows * group_bytes;
+    const int64_t lane0 = j0 % kGroupRows;
     if (lane0 == 0) {  // the next group arrives while this one meets the x rows
-      const int64_t next = (j0 / 16 + 1) * group_bytes;
+      const int64_t next = (j0 / kGroupRows + 1) * group_bytes;
       for (int64_t at = next; at < next + group_bytes && at < end; at += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
       }
@@ -1340,9 +1355,7 @@ template <class V, int R>
 void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, const int8_t* xq,
                            int64_t k, const int32_t* aux, int32_t* s, typename V::F* d) {
   using I = typename V::I;
-  using F = typename V::F;
   constexpr int64_t kChunks = kQ6_KBlockBytes / 4;
-  const I k30 = V::set1(0x30303030);
   for (int64_t b = 0; b < supers; ++b) {
     const InterleavedRows<V> src{g + 64 * kChunks * b + 4 * lane0,
                                  g + 64 * kChunks * supers + 2 * (16 * b + lane0)};
@@ -1359,7 +1372,7 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
         I sc[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          sc[c] = V::srai(V::slli(s4[c / 2], 24 - 8 * ((2 * c + half) % 4)), 24);
+          sc[c] = q6_k_scale<V>(s4[c / 2], (2 * c + half) % 4);
           if constexpr (V::kScaledDot) sc[c] = i16_pairs<V>(sc[c], sc[c]);
         }
         I acc[4][R];  // c: weights 128h + 32c + [16·half, +16), group 8h + 2c + half
@@ -1373,11 +1386,8 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
           prefetch_chunk(src.chunks + 16 * at0);
           prefetch_chunk(src.chunks + 16 * at1);
           prefetch_chunk(src.chunks + 16 * ath);
-          // the low or high nibbles with qh's bits 2c, 2c + 1 of each byte at bits 4-5
-          const I w[4] = {V::low_nibbles_or(ql0, V::and_(V::slli(qh, 4), k30)),
-                          V::low_nibbles_or(ql1, V::and_(V::slli(qh, 2), k30)),
-                          V::low_nibbles_or(V::srli(ql0, 4), V::and_(qh, k30)),
-                          V::low_nibbles_or(V::srli(ql1, 4), V::and_(V::srli(qh, 2), k30))};
+          I w[4];
+          q6_k_values<V>(ql0, ql1, qh, w);
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c) {
 #pragma GCC unroll 4
@@ -1396,9 +1406,8 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
         }
       }
     }
-    I sc[16], pairs[8];
-    F d_unused;
-    q6_k_head<V>(src, sc, pairs, d_unused);
+    I pairs[8];
+    q6_k_pairs<V>(src, pairs);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const int64_t at = i * supers + b;
@@ -1407,29 +1416,28 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
   }
 }
 
-// R x rows from r0 against the group at g, lanes from lane0: sums, then each row's combine.
+// p's R (= p.rows) x rows against the group at g, lanes from lane0 (W rows j0..): sums, then
+// each row's combine.
 template <class V, WeightType WT, int R>
 void interleaved_few_of(const Problem& p, const QuantizedX& x, const uint8_t* g, int64_t lane0,
                         const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
-                        typename V::F* dmin, int64_t r0, int64_t j0) {
+                        typename V::F* dmin, int64_t j0) {
   using F = typename V::F;
   const int64_t supers = p.k / kSuperBlockWeights;
-  const int8_t* xq = x.q.data() + r0 * p.k;
-  constexpr int kAux = WT == WeightType::kQ4_K ? 4 : 8;
   if constexpr (WT == WeightType::kQ4_K) {
-    q4_k_interleaved_dots<V, R>(g, supers, lane0, xq, p.k, aux + r0 * supers * kAux, s, m, d, dmin);
+    q4_k_interleaved_dots<V, R>(g, supers, lane0, x.q.data(), p.k, aux, s, m, d, dmin);
   } else {
-    q6_k_interleaved_dots<V, R>(g, supers, lane0, xq, p.k, aux + r0 * supers * kAux, s, d);
+    q6_k_interleaved_dots<V, R>(g, supers, lane0, x.q.data(), p.k, aux, s, d);
   }
   for (int64_t i = 0; i < R; ++i) {
     combine_lanes<V, WT == WeightType::kQ4_K>(
-        supers, x.d.data() + (r0 + i) * x.d_stride,
+        supers, x.d.data() + i * x.d_stride,
         [d, dmin](int64_t b, F* db, F* dminb) {
           *db = d[b];
           *dminb = dmin[b];
         },
-        s + V::kLanes * i * supers, m + V::kLanes * i * supers, p.y + (r0 + i) * p.ldy + j0,
-        V::kLanes, p.accumulate);
+        s + V::kLanes * i * supers, m + V::kLanes * i * supers, p.y + i * p.ldy + j0, V::kLanes,
+        p.accumulate);
   }
 }
 
@@ -1437,7 +1445,7 @@ template <class V, WeightType WT>
 void rows_interleaved_few(const Problem& p, const QuantizedX& x) {
   using F = typename V::F;
   using Tile = std::conditional_t<WT == WeightType::kQ4_K, Q4KTile<V>, Q6KTile<V>>;
-  const int64_t supers = p.k / kSuperBlockWeights, group_bytes = 16 * supers * Tile::kBytes;
+  const int64_t supers = p.k / kSuperBlockWeights, group_bytes = kGroupRows * supers * Tile::kBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
   int32_t* ints = thread_scratch<int32_t, struct InterleavedFewInts>(
       static_cast<size_t>(p.rows * supers * (Tile::kAux + 2 * V::kLanes)));
@@ -1447,14 +1455,14 @@ void rows_interleaved_few(const Problem& p, const QuantizedX& x) {
   F* dmin = d + supers;
   tile_aux<Tile>(x, p.rows, supers, ints);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
-    const uint8_t* g = w + j0 / 16 * group_bytes;
-    const int64_t lane0 = j0 % 16;
+    const uint8_t* g = w + j0 / kGroupRows * group_bytes;
+    const int64_t lane0 = j0 % kGroupRows;
     if (p.rows == 1) {
-      interleaved_few_of<V, WT, 1>(p, x, g, lane0, ints, s, m, d, dmin, 0, j0);
+      interleaved_few_of<V, WT, 1>(p, x, g, lane0, ints, s, m, d, dmin, j0);
     } else if (p.rows == 2) {
-      interleaved_few_of<V, WT, 2>(p, x, g, lane0, ints, s, m, d, dmin, 0, j0);
+      interleaved_few_of<V, WT, 2>(p, x, g, lane0, ints, s, m, d, dmin, j0);
     } else {
-      interleaved_few_of<V, WT, 3>(p, x, g, lane0, ints, s, m, d, dmin, 0, j0);
+      interleaved_few_of<V, WT, 3>(p, x, g, lane0, ints, s, m, d, dmin, j0);
     }
   }
 }
