@@ -1099,7 +1099,8 @@ absl::StatusOr<Qwen3ModelRunner::Kv> Qwen3ModelRunner::read_kv(int32_t slot) {
     std::vector<float> k(heads * hd), v(heads * hd);
     for (int64_t h = 0; h < heads; ++h) {
       const uint64_t run_off =
-          static_cast<uint64_t>(((slot / ps * heads + h) * ps + slot % ps) * hd) * sizeof(float);
+          static_cast<uint64_t>(kv_pool_offset(slot / ps, h, slot % ps, heads, ps, hd)) *
+          sizeof(float);
       const uint64_t k_off = c.kv_pools.layers[l].k_pool.address - c.kv_buffer.address + run_off;
       const uint64_t v_off = c.kv_pools.layers[l].v_pool.address - c.kv_buffer.address + run_off;
       SIMPLER_RETURN_IF_ERROR(worker_->copy_from(k.data() + h * hd, c.kv_buffer, run_bytes, k_off));

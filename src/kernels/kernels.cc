@@ -1058,8 +1058,7 @@ struct AttendTile {
   // Where cached position t of kv head g starts in the K or V pool ([pages, n_kv, page_size,
   // dim]: a kv head's positions within a page contiguous), in floats.
   int64_t kv_offset(int64_t t) const {
-    return ((static_cast<int64_t>(table[t / page_size]) * n_kv + g) * page_size + t % page_size) *
-           dim;
+    return kv_pool_offset(table[t / page_size], g, t % page_size, n_kv, page_size, dim);
   }
 };
 

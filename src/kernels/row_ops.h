@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "simpler/kernels/kernels.h"
 #include "simpler/task/arg_check.h"
 
 namespace simpler::llm::row_ops {
@@ -152,7 +153,7 @@ struct KvCache {
 
   // Where slot s's row of kv head h starts in a pool, in floats.
   int64_t offset(int64_t s, int64_t h) const {
-    return ((s / page_size * kv_heads + h) * page_size + s % page_size) * head_dim;
+    return kv_pool_offset(s / page_size, h, s % page_size, kv_heads, page_size, head_dim);
   }
 };
 

@@ -263,6 +263,14 @@ task::TaskArgs rope_args(const task::Tensor& x, const task::Tensor& positions, f
 // Single block (block_dim 1) is the intended use; with more blocks each block
 // writes the rows of its block_range. Two rows naming one slot: the later row wins.
 absl::Status kv_write_kernel(const task::KernelContext& ctx);
+// Where k_pool[page, kv_head, offset] (or v_pool's) starts in a pool of the layout above, in
+// floats from the pool's start: the one formula of that layout (kv_write, qk_norm_rope_kv,
+// paged_attention and readers of a pool use it). Arguments unchecked: page in [0, num_pages),
+// kv_head in [0, n_kv), offset in [0, page_size).
+constexpr int64_t kv_pool_offset(int64_t page, int64_t kv_head, int64_t offset, int64_t n_kv,
+                                 int64_t page_size, int64_t head_dim) {
+  return ((page * n_kv + kv_head) * page_size + offset) * head_dim;
+}
 task::TaskArgs kv_write_args(const task::Tensor& k, const task::Tensor& v,
                              const task::Tensor& slot_mapping, const task::Tensor& k_pool,
                              const task::Tensor& v_pool);
