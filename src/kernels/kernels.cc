@@ -1390,6 +1390,36 @@ struct PagedAttention {
   float* out = nullptr;
 };
 
+// Row b's context length and the number of table blocks it uses (check_rows has checked both).
+void row_extent(const PagedAttention& a, int64_t b, int64_t* len, int64_t* used) {
+  *len = a.context_lens[b];
+  *used = (*len + a.page_size - 1) / a.page_size;
+}
+
+// Every row's context length and the pages it reads, before any row is computed, so that a bad
+// row fails every block with the same error (the lowest bad row's) and no output is written,
+// whoever claims what.
+absl::Status check_rows(const ArgCheck& c, const PagedAttention& a) {
+  for (int64_t b = 0; b < a.rows; ++b) {
+    const int64_t len = a.context_lens[b];
+    if (len < 0 || len > a.max_blocks * a.page_size) {
+      return c.error(absl::StrCat("context length ", len, " at row ", b, " is outside [0, ",
+                                  a.max_blocks * a.page_size, "] (", a.max_blocks,
+                                  " blocks x page size ", a.page_size, ")"));
+    }
+    int64_t used = 0, unused = 0;
+    row_extent(a, b, &unused, &used);
+    const int32_t* table = a.block_tables + b * a.max_blocks;
+    for (int64_t blk = 0; blk < used; ++blk) {
+      if (table[blk] < 0 || table[blk] >= a.pages) {
+        return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
+                                    " is outside the pool of ", a.pages, " pages"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PagedAttention> check_paged_attention(const ArgCheck& c, const KernelContext& ctx) {
   PagedAttention a;
   SIMPLER_RETURN_IF_ERROR(c.count(7));
@@ -1420,34 +1450,14 @@ absl::StatusOr<PagedAttention> check_paged_attention(const ArgCheck& c, const Ke
   a.block_tables = ctx.tensor(3).data<const int32_t>();
   a.context_lens = ctx.tensor(4).data<const int32_t>();
   a.out = ctx.tensor(5).data<float>();
+  SIMPLER_RETURN_IF_ERROR(check_rows(c, a));
   return a;
-}
-
-// Row b's context length and the number of table blocks it uses, checked.
-absl::Status row_context(const ArgCheck& c, const PagedAttention& a, int64_t b, int64_t* len,
-                         int64_t* used) {
-  *len = a.context_lens[b];
-  if (*len < 0 || *len > a.max_blocks * a.page_size) {
-    return c.error(absl::StrCat("context length ", *len, " at row ", b, " is outside [0, ",
-                                a.max_blocks * a.page_size, "] (", a.max_blocks,
-                                " blocks x page size ", a.page_size, ")"));
-  }
-  *used = (*len + a.page_size - 1) / a.page_size;
-  const int32_t* table = a.block_tables + b * a.max_blocks;
-  for (int64_t blk = 0; blk < *used; ++blk) {
-    if (table[blk] < 0 || table[blk] >= a.pages) {
-      return c.error(absl::StrCat("page id ", table[blk], " at row ", b, " block ", blk,
-                                  " is outside the pool of ", a.pages, " pages"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // The tile of kv head g starting at row b0: the consecutive rows (of pairs before `end`) that
 // share their cached positions, up to kMaxTileRows; fills lens, qs and outs.
-absl::StatusOr<AttendTile> next_tile(const ArgCheck& c, const PagedAttention& a, int64_t g,
-                                     int64_t b0, int64_t end, int64_t* lens, const float** qs,
-                                     float** outs) {
+AttendTile next_tile(const PagedAttention& a, int64_t g, int64_t b0, int64_t end, int64_t* lens,
+                     const float** qs, float** outs) {
   AttendTile tile{.group = a.group,
                   .dim = a.dim,
                   .page_size = a.page_size,
@@ -1461,7 +1471,7 @@ absl::StatusOr<AttendTile> next_tile(const ArgCheck& c, const PagedAttention& a,
   int64_t ref = -1, ref_used = 0;  // the tile's row with the longest context
   for (int64_t b = b0; tile.rows < kMaxTileRows && b < rows && g * rows + b < end; ++b) {
     int64_t len = 0, used = 0;
-    SIMPLER_RETURN_IF_ERROR(row_context(c, a, b, &len, &used));
+    row_extent(a, b, &len, &used);
     const int32_t* table = a.block_tables + b * max_blocks;
     if (ref >= 0 &&
         !std::equal(table, table + std::min(used, ref_used), a.block_tables + ref * max_blocks)) {
@@ -1490,12 +1500,6 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   // so that at batch 1 Qwen3's 8 kv heads spread over the cores by their pace, as the matmuls'
   // rows do; docs/design/engine.md); a claim's consecutive rows of one kv head that share their
   // cached positions form tiles. A row's result does not depend on its tile.
-  // Every row's context and pages are checked first, so that a bad row fails every block with the
-  // same error (the lowest bad row's) before any output is written, whoever claims what.
-  for (int64_t b = 0; b < a.rows; ++b) {
-    int64_t len = 0, used = 0;
-    SIMPLER_RETURN_IF_ERROR(row_context(c, a, b, &len, &used));
-  }
   // Claims of whole tiles where the rows can fill one (a prefill chunk's rows share their pages).
   const int64_t tile = std::min(a.rows, kMaxTileRows);
   RowClaims claims(ctx, a.rows * a.n_kv, tile, /*align=*/tile);
@@ -1506,8 +1510,7 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   BlockRange r;
   while (claims.next(&r)) {
     for (int64_t pair = r.begin; pair < r.end;) {
-      SIMPLER_ASSIGN_OR_RETURN(const AttendTile tile, next_tile(c, a, pair / a.rows, pair % a.rows,
-                                                                r.end, lens, qs, outs));
+      const AttendTile tile = next_tile(a, pair / a.rows, pair % a.rows, r.end, lens, qs, outs);
       const size_t want_scores = static_cast<size_t>(tile.rows * a.group * tile.max_len);
       if (scores.size() < want_scores) scores.resize(want_scores);
       const size_t want_acc = static_cast<size_t>(tile.rows * a.group * (a.dim + 1));
