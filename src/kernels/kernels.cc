@@ -189,30 +189,6 @@ absl::Status matmul_rows(const matmul_detail::Problem& p, KernelIsa isa, Precisi
 // element on its own, so the same bits at any offset and length (defined with silu_mul below).
 void silu_mul_span(KernelIsa isa, const float* gate, const float* up, float* out, int64_t n);
 
-// A matmul task's RowClaims over its W rows counted in units of `unit` rows (MergedMatmul's
-// claim_unit; `rows` a multiple of `unit`): the claims' ranges in rows. With a group of
-// interleaved rows as the unit no claim splits one (RowClaims' shares are whole units); with 1
-// they are RowClaims' own.
-class MatmulClaims {
- public:
-  MatmulClaims(const KernelContext& ctx, int64_t rows, int64_t min_rows, int64_t unit)
-      : unit_(unit),
-        claims_(ctx, rows / unit, (min_rows + unit - 1) / unit,
-                unit == 1 ? RowClaims::kMatmulAlign : 1) {}
-
-  bool next(BlockRange* r, int64_t* ahead) {
-    if (!claims_.next(r, ahead)) return false;
-    r->begin *= unit_;
-    r->end *= unit_;
-    *ahead *= unit_;
-    return true;
-  }
-
- private:
-  int64_t unit_;
-  RowClaims claims_;
-};
-
 // One weight of a merged matmul (matmul_merged, matmul_silu_mul): its whole problem (every W row
 // against x into y) and the bytes of a W row.
 struct MergedWeight {
@@ -273,9 +249,16 @@ class MergedMatmul {
     return min_claim_rows(widest);
   }
 
-  // The rows a claim counts in (MatmulClaims): task::kInterleavedRows where a weight's rows are
-  // interleaved (so no claim splits a group), else 1. INVALID_ARGUMENT (through `c`) when a weight
-  // is interleaved and another's rows are not a whole number of groups.
+  // The claims of a task of these weights over `rows` rows in all, in units of `unit`
+  // (claim_unit): at least min_claim rows, aligned to the matmul kernels' W tiles where the unit
+  // is a row.
+  RowClaims claims(const KernelContext& ctx, int64_t rows, int64_t unit) const {
+    return RowClaims(ctx, rows, min_claim(rows), unit == 1 ? RowClaims::kMatmulAlign : 1, unit);
+  }
+
+  // The rows a claim counts in (RowClaims' unit): task::kInterleavedRows where a weight's rows
+  // are interleaved (so no claim splits a group), else 1. INVALID_ARGUMENT (through `c`) when a
+  // weight is interleaved and another's rows are not a whole number of groups.
   absl::StatusOr<int64_t> claim_unit(const ArgCheck& c) const {
     bool interleaved = false, whole = true;
     for (int i = 0; i < n_; ++i) {
@@ -352,7 +335,7 @@ absl::Status matmul_impl(const KernelContext& ctx, bool accumulate, KernelIsa is
   const int64_t out = m.weight(0).full.n;
   if (out == 0 || ctx.tensor(0).shape[0] == 0) return absl::OkStatus();
   SIMPLER_ASSIGN_OR_RETURN(const int64_t unit, m.claim_unit(c));
-  MatmulClaims claims(ctx, out, m.min_claim(out), unit);
+  RowClaims claims = m.claims(ctx, out, unit);
   BlockRange r;
   int64_t ahead = 0;
   while (claims.next(&r, &ahead)) SIMPLER_RETURN_IF_ERROR(m.run(0, r.begin, r.end, ahead));
@@ -384,7 +367,7 @@ absl::Status matmul_merged_impl(const KernelContext& ctx, KernelIsa isa, Precisi
   }
   if (total == 0 || ctx.tensor(0).shape[0] == 0) return absl::OkStatus();
   SIMPLER_ASSIGN_OR_RETURN(const int64_t unit, m.claim_unit(c));
-  MatmulClaims claims(ctx, total, m.min_claim(total), unit);
+  RowClaims claims = m.claims(ctx, total, unit);
   BlockRange r;
   int64_t ahead = 0;
   while (claims.next(&r, &ahead)) {
@@ -419,7 +402,7 @@ absl::Status matmul_silu_mul_impl(const KernelContext& ctx, KernelIsa isa, Preci
   const float* up = m.weight(1).full.y;
   float* act = ctx.tensor(5).data<float>();
   SIMPLER_ASSIGN_OR_RETURN(const int64_t unit, m.claim_unit(c));
-  MatmulClaims claims(ctx, out, m.min_claim(out), unit);
+  RowClaims claims = m.claims(ctx, out, unit);
   BlockRange r;
   int64_t ahead = 0;
   while (claims.next(&r, &ahead)) {
@@ -1500,9 +1483,11 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   // so that at batch 1 Qwen3's 8 kv heads spread over the cores by their pace, as the matmuls'
   // rows do; docs/design/engine.md); a claim's consecutive rows of one kv head that share their
   // cached positions form tiles. A row's result does not depend on its tile.
-  // Claims of whole tiles where the rows can fill one (a prefill chunk's rows share their pages).
+  // Claims of whole tiles where the rows can fill one (a prefill chunk's rows share their pages):
+  // in units of a tile's rows where the rows are whole tiles, so the claims start on tiles too.
   const int64_t tile = std::min(a.rows, kMaxTileRows);
-  RowClaims claims(ctx, a.rows * a.n_kv, tile, /*align=*/tile);
+  const bool whole_tiles = a.rows % tile == 0;
+  RowClaims claims(ctx, a.rows * a.n_kv, tile, whole_tiles ? 1 : tile, whole_tiles ? tile : 1);
   std::vector<float> scores, acc;
   int64_t lens[kMaxTileRows];
   const float* qs[kMaxTileRows];

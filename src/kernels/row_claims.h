@@ -13,7 +13,8 @@
 // are gone it takes rows from the back of the other blocks' (b + 1 first, then around), ceil(left /
 // (2·block_dim)) of them at a time but at least `min_rows`, until none is left anywhere. So the
 // blocks end within about a claim of min_rows of each other. Block b's line holds one word: the
-// rows taken from the front of b's range in its low 32 bits and from its back in its high 32 bits,
+// rows (or units: a claim's unit of rows) taken from the front of b's range in its low 32 bits
+// and from its back in its high 32 bits,
 // both 0 when the task starts; a block takes rows by a compare-and-swap on the word, so every row
 // goes to exactly one block. A block's own claims touch only its own line (no line passes between
 // cores until a block runs out and takes from another).
@@ -43,21 +44,24 @@ class RowClaims {
 
   // Rows [0, n) of the task of `ctx`'s block, at least `min_rows` (> 0) a claim but the last,
   // each claim a multiple of `align` (> 0) rows but the last of a range (the matmuls take W rows 8
-  // or 16 at a time, and a short group costs a whole one; the attention claims (kv head, row)
-  // pairs one by one). Without task_lines, with one block, or with n past 2^32 - 1: the block's
-  // block_range, once.
+  // or 16 at a time, and a short group costs a whole one). With `unit` (> 0; n a multiple of it)
+  // the rows go in whole units of `unit` rows — the blocks' shares too, so no claim splits a unit
+  // (the matmuls' groups of interleaved W rows; the attention's tiles) — and `align` counts units.
+  // Without task_lines, with one block, or with n / unit past 2^32 - 1: the block's block_range
+  // (of units), once.
   RowClaims(const task::KernelContext& ctx, int64_t n, int64_t min_rows,
-            int64_t align = kMatmulAlign)
+            int64_t align = kMatmulAlign, int64_t unit = 1)
       : lines_(ctx.task_lines),
-        n_(n),
-        min_rows_(min_rows > 0 ? min_rows : 1),
+        unit_(unit > 0 ? unit : 1),
+        n_(n / unit_),
+        min_rows_(std::max<int64_t>((min_rows + unit_ - 1) / unit_, 1)),
         align_(align > 0 ? align : 1),
         self_(ctx.block_idx),
         blocks_(ctx.block_dim),
         victim_(ctx.block_idx) {
-    if (lines_ == nullptr || blocks_ <= 1 || n > kMaxRows) {
+    if (lines_ == nullptr || blocks_ <= 1 || n_ > kMaxRows) {
       lines_ = nullptr;
-      whole_ = block_range(n, ctx.block_idx, ctx.block_dim);
+      whole_ = block_range(n_, ctx.block_idx, ctx.block_dim);
     }
   }
 
@@ -66,6 +70,18 @@ class RowClaims {
   // a claim of its own rows; the claim's end after one taken from another block's back, whose
   // following rows are taken already), for a kernel's prefetch.
   bool next(BlockRange* rows, int64_t* ahead = nullptr) {
+    if (!next_units(rows, ahead)) return false;
+    rows->begin *= unit_;
+    rows->end *= unit_;
+    if (ahead != nullptr) *ahead *= unit_;
+    return true;
+  }
+
+ private:
+  static constexpr int64_t kMaxRows = 0xFFFFFFFFll;
+
+  // next() in units.
+  bool next_units(BlockRange* rows, int64_t* ahead) {
     if (lines_ == nullptr) {
       if (done_ || whole_.begin >= whole_.end) return false;
       done_ = true;
@@ -84,9 +100,6 @@ class RowClaims {
     }
     return false;
   }
-
- private:
-  static constexpr int64_t kMaxRows = 0xFFFFFFFFll;
 
   // Rows from block b's range: from its front (own) or its back; false when it has none left.
   bool take(int32_t b, bool own, BlockRange* rows) const {
@@ -111,7 +124,7 @@ class RowClaims {
   }
 
   task::TaskLine* lines_;
-  int64_t n_, min_rows_, align_;
+  int64_t unit_, n_, min_rows_, align_;  // n_, min_rows_ and align_ in units
   int32_t self_, blocks_, victim_;
   BlockRange whole_;
   bool done_ = false;

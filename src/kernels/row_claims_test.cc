@@ -43,10 +43,10 @@ TEST(RowClaims, WithoutLinesOrForOneBlockABlockGetsItsFixedShareOnce) {
   EXPECT_TRUE(drain(empty).empty());
 }
 
-// An alignment of 1 (the attention's pairs) takes claims of any size: block 0 of 2 over 8 items
-// with a minimum of 1 claims its 4 own items one at a time, then the other block's from its back;
-// an alignment of 0 or less counts as 1. The matmuls' alignment (16) rounds the same claims up:
-// the block's 4 items at once, then the other block's 4.
+// An alignment of 1 (the attention's pairs at batch 1) takes claims of any size: block 0 of 2 over
+// 8 items with a minimum of 1 claims its 4 own items one at a time, then the other block's from its
+// back; an alignment of 0 or less counts as 1. The matmuls' alignment (16) rounds the same claims
+// up: the block's 4 items at once, then the other block's 4.
 TEST(RowClaims, AClaimAlignmentOfOneClaimsItemsOneByOne) {
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   auto claimed = [](int64_t align) {
@@ -59,6 +59,42 @@ TEST(RowClaims, AClaimAlignmentOfOneClaimsItemsOneByOne) {
   const Ranges one_by_one = {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {7, 8}, {6, 7}, {5, 6}, {4, 5}};
   for (int64_t align : {1, 0, -3}) EXPECT_EQ(claimed(align), one_by_one) << "align " << align;
   EXPECT_EQ(claimed(RowClaims::kMatmulAlign), (Ranges{{0, 4}, {4, 8}}));
+}
+
+// With a unit (the matmuls' groups of 16 interleaved W rows, the attention's tiles), every claim
+// and every block's share is whole units, though the rows split by block_range would not be: 1040
+// rows in units of 16 over three blocks, in turn and on threads, each row claimed once; without
+// lines, block 1's share is units 21-43 (rows 336-688), not block_range's rows 346-693.
+TEST(RowClaims, AUnitMakesEveryClaimAndShareWholeUnits) {
+  for (bool threads : {false, true}) {
+    std::vector<task::TaskLine> lines(3);
+    std::vector<std::vector<BlockRange>> got(3);
+    auto run = [&](int32_t b) {
+      RowClaims claims(block(b, 3, lines.data()), 1040, 64, 1, 16);
+      got[b] = drain(claims);
+    };
+    if (threads) {
+      std::vector<std::thread> ts;
+      for (int32_t b = 0; b < 3; ++b) ts.emplace_back(run, b);
+      for (std::thread& t : ts) t.join();
+    } else {
+      for (int32_t b = 0; b < 3; ++b) run(b);
+    }
+    std::vector<int> seen(1040, 0);
+    for (const std::vector<BlockRange>& ranges : got) {
+      for (const BlockRange& r : ranges) {
+        EXPECT_EQ(r.begin % 16, 0) << r.begin;
+        EXPECT_EQ(r.end % 16, 0) << r.end;
+        for (int64_t i = r.begin; i < r.end; ++i) ++seen[static_cast<size_t>(i)];
+      }
+    }
+    for (int v : seen) ASSERT_EQ(v, 1) << (threads ? "on threads" : "in turn");
+  }
+  RowClaims none(block(1, 3, nullptr), 1040, 64, 1, 16);
+  const std::vector<BlockRange> share = drain(none);
+  ASSERT_EQ(share.size(), 1u);
+  EXPECT_EQ(share[0].begin, 336);
+  EXPECT_EQ(share[0].end, 688);
 }
 
 // A block takes its own rows from their front, an eighth of what is left but at least min_rows
