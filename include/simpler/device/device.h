@@ -114,14 +114,14 @@ class ExecContext {
   // most ~50 µs of spinning) until one is available — every started job
   // completes, an injected hang when the device is aborted. Without `block`,
   // returns false when none is available. The sim device may run the job
-  // inside a blocking call itself (SimDeviceOptions::run_jobs_inline), and a
-  // single-block job its core timed short inside a non-blocking call too
-  // (SimDeviceOptions::scheduler_core); the completion is the same as if its
-  // core had run it. Before running one of core 0's jobs longer than 10 µs
-  // inline, the sim device waits up to 10 µs for another core's job predicted
-  // to end by then, blocking or not, and returns that completion first (the
-  // caller can then hand that core its next job instead of leaving it idle
-  // while the scheduler runs its own).
+  // inside a blocking call itself (SimDeviceOptions::run_jobs_inline), and
+  // inside a non-blocking call too (SimDeviceOptions::scheduler_core): a
+  // single-block job its core timed short, and any of core 0's jobs — however
+  // long — once it has waited spin_ns, so a non-blocking call can take as long
+  // as that job; the completion is the same as if its core had run it. Before running one of core
+  // 0's jobs longer than 10 µs inline, the sim device waits up to 10 µs for another core's job
+  // predicted to end by then, blocking or not, and returns that completion first (the caller can
+  // then hand that core its next job instead of leaving it idle while the scheduler runs its own).
   virtual bool next_completion(CoreCompletion* out, bool block) = 0;
   // True once the device was aborted; the launch should stop and return.
   virtual bool aborted() const = 0;
@@ -255,14 +255,12 @@ struct SimDeviceOptions {
   // on the scheduler thread when it next waits for a completion, after the completions already
   // there are handled (a poll between an orchestration's submits runs one once it has waited
   // spin_ns, or at once when it is short), and core 0's thread runs none. Besides, at a
-  // core_queue_depth of 1, a
-  // single-block job of any core that its core timed short runs on the scheduler thread
-  // (attributed to that core), in a blocking or non-blocking next_completion, while the jobs the
-  // scheduler holds so add up to at most 10 µs: handing such a job to another thread would cost
-  // more than running it. A core thread per CPU plus a
-  // spinning scheduler oversubscribe the CPUs: three threads spinning on two CPUs turn each
-  // hand-off between dependent short tasks into a wait for a CPU (~30 µs on a 2-vCPU VM;
-  // docs/benchmarks.md). Where CPUs are to spare the scheduler is better left to schedule.
+  // core_queue_depth of 1, a single-block job of any core that its core timed short runs on the
+  // scheduler thread (attributed to that core), in a blocking or non-blocking next_completion,
+  // while the jobs the scheduler holds so add up to at most 10 µs: handing such a job to another
+  // thread would cost more than running it. A core thread per CPU plus a spinning scheduler
+  // oversubscribe the CPUs: three threads spinning on two CPUs turn each hand-off between
+  // dependent short tasks into a wait for a CPU (~30 µs on a 2-vCPU VM; docs/benchmarks.md). Where CPUs are to spare the scheduler is better left to schedule.
   // kAuto: on when run_jobs_inline is true and the cores are at least the CPUs the device
   // threads may run on (`cpus`, else the hardware threads).
   enum class SchedulerCore { kAuto, kOn, kOff };
