@@ -1798,17 +1798,16 @@ def scenario_bench_decode(ctx):
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "18",
                            "--dtype", "bf16")
     with open(os.path.join(model, "config.json")) as f:
-        matrices, vectors = decode_weight_elements(json.load(f))
-    weight_bytes = 2 * matrices + 4 * vectors  # a bf16 checkpoint
-    with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
+    matrices, vectors = decode_weight_elements(cfg)
+    weight_bytes = 2 * matrices + 4 * vectors  # a bf16 checkpoint
     kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4  # a position
     keys = {"model", "batch", "steps", "launch_depth", "kernel_isa", "precision", "step_ms",
             "device_step_ms_p50", "effective_depth", "tokens_per_s", "weight_bytes_per_step",
             "weight_gb_per_s", "read_gb_per_s", "fraction_of_read_bandwidth", "gflop_per_s",
             "capture", "prepare_us_p50", "ns_per_task_p50", "step_ms_p50", "turnaround_us_p50",
             "read_gb_per_s_before", "read_gb_per_s_after", "context", "kv_bytes_per_step",
-            "read_bytes_gb_per_s"}
+            "read_bytes_gb_per_s", "decode_steps"}
     close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
     for depth in (1, 2):
         label = f"bench decode --launch-depth {depth}"
@@ -1855,8 +1854,9 @@ def scenario_bench_decode(ctx):
                  f"the row")
         # The step reads its weights and its f32 K and V: the one-token prompt, then 3 timed
         # steps attending 2, 3 and 4 positions, 3 on average.
-        pb.check(out["kv_bytes_per_step"] == kv * 3,
-                 f"{label}: kv_bytes_per_step {out['kv_bytes_per_step']}, expected {kv} x 3")
+        pb.check(out["kv_bytes_per_step"] == kv * 3 and out["decode_steps"] == 3,
+                 f"{label}: kv_bytes_per_step {out['kv_bytes_per_step']}, expected {kv} x 3; "
+                 f"decode_steps {out['decode_steps']}, expected 3")
         pb.check(close(out["read_bytes_gb_per_s"],
                        (wb + out["kv_bytes_per_step"]) / (out["device_step_ms_p50"] / 1e3) / 1e9),
                  f"{label}: read_bytes_gb_per_s {out['read_bytes_gb_per_s']} is not (weights + K "
@@ -1934,11 +1934,30 @@ def scenario_bench_decode(ctx):
              f"{label}: context {out.get('context')}, kv_bytes_per_step "
              f"{out.get('kv_bytes_per_step')} (expected {kv} x 42), tokens_per_s "
              f"{out.get('tokens_per_s')}")
+    # Two copies of a 600-token prompt (two prefill chunks of up to 512): the second copy waits a
+    # step for the first one's prompt pages, so the timed steps are the 4 in which both rows
+    # decode, after the step before them; their prompt's 37 full pages of 16 (592 positions)
+    # count once, each row's 8 more, its token and on average 1.5 of the timed steps' per row.
+    label = "bench decode --batch 2 --context 600"
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "6",
+                       "--batch", "2", "--json", "--context", "600", "--warm-up-rows", "0"],
+                      label=label)
+    out = parse_one_json_object(p.stdout, label)
+    log(f"  {out}")
+    pb.check(out.get("decode_steps") == 4 and out.get("kv_bytes_per_step") == kv * 613,
+             f"{label}: decode_steps {out.get('decode_steps')} (expected 4), kv_bytes_per_step "
+             f"{out.get('kv_bytes_per_step')} (expected {kv} x (592 + 2 x 10.5))")
     p, _ = ctx.run([ctx.simpler, "bench", "decode", "--model", model, "--context", "1000000"],
                    label="bench decode --context 1000000")
     pb.check(p.returncode != 0 and "--context and --steps" in p.stderr
              and "max_position_embeddings" in p.stderr,
              f"bench decode --context 1000000: exit {p.returncode}, stderr {p.stderr[-300:]!r}")
+    # PyTorch's script decodes after a one-token prompt only: a context is refused, naming both.
+    p, _ = ctx.run([ctx.simpler, "bench", "decode", "--model", model, "--context", "40",
+                    "--compare", "torch"], label="bench decode --context 40 --compare torch")
+    pb.check(p.returncode != 0 and "--compare torch" in p.stderr and "--context 40" in p.stderr,
+             f"bench decode --context 40 --compare torch: exit {p.returncode}, stderr "
+             f"{p.stderr[-300:]!r}")
     # One step is only the prompt's: nothing would be timed.
     expect_refused_by_parser(ctx, [ctx.simpler, "bench", "decode", "--model", model, "--steps",
                                    "1"], "bench decode --steps 1", ["--steps"])

@@ -174,7 +174,9 @@ absl::StatusOr<double> LlamaCppPeer::decode_tokens_per_s(int batch, int steps, i
     return llama_bench_tokens_per_s(out);
   }
   // With a context, the sequences share its prompt (-pps), as simpler's copies of one request
-  // share its pages.
+  // share its pages. -c is every sequence's room though: without a unified KV cache llama.cpp
+  // splits n_ctx evenly over the sequences, so each needs its prompt and steps (a -c of the
+  // shared prompt once, 360 for 4 sequences of 256 + 8, leaves each 90 cells, and the run fails).
   const int prompt = std::max(context, 1);
   const std::string ctx = std::to_string(batch * (prompt + steps + 2) + 64);
   std::vector<std::string> args = {"-t",

@@ -1,7 +1,7 @@
-// Benchmark workloads shared by `simpler bench throughput` and `bench serve`: a seeded random
-// workload (input / output lengths and token ids, Poisson arrivals) in the shape of vLLM's
-// benchmarks, a run of it through a fresh LlmEngine (continuously or in static batches), and
-// the latency statistics. Private to the CLI.
+// Benchmark workloads shared by `simpler bench throughput` and `bench serve` (and the synthetic
+// prompts of `bench decode` and `bench prefill`): a seeded random workload (input / output lengths
+// and token ids, Poisson arrivals) in the shape of vLLM's benchmarks, a run of it through a fresh
+// LlmEngine (continuously or in static batches), and the latency statistics. Private to the CLI.
 #pragma once
 
 #include <algorithm>
@@ -182,6 +182,18 @@ struct Workload {
   int64_t input_tokens = 0, output_tokens = 0;
   int64_t longest = 0;  // most input + output tokens of one request
 };
+
+// A synthetic prompt of `len` token ids, (first + 7·i) mod vocab: ids spread over the
+// vocabulary, and a prompt of another `first` shares no page with the last (bench decode and
+// bench prefill).
+inline std::vector<int32_t> synthetic_prompt(int64_t len, int64_t vocab, int64_t first) {
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(len, 0)));
+  for (int64_t i = 0; i < len; ++i) {
+    ids[static_cast<size_t>(i)] =
+        static_cast<int32_t>((first + 7 * i) % std::max<int64_t>(vocab, 1));
+  }
+  return ids;
+}
 
 // The workload of `seed`, each request checked against the model's positions.
 inline absl::StatusOr<Workload> make_workload(const llm::ModelConfig& config, int64_t num_prompts,

@@ -7,11 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_llamacpp.h"
 #include "cli/bench/bench_probes.h"
 #include "cli/bench/bench_stats.h"
+#include "cli/bench/bench_workload.h"
 #include "cli/bench/model_flops.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -117,21 +119,28 @@ void add_step_costs(const std::vector<llm::StepRecord>& records, DecodeRow* row)
   row->step_p50_ms = percentile(std::move(step_ms), 0.5);
 }
 
-// The records of the decode steps: the last `steps` (every request generates `steps` tokens, the
-// first in the step that fed its prompt's last tokens, which stays first: the base of the first
-// decode step's time); a prompt of --context tokens takes steps of its own before them.
-std::vector<llm::StepRecord> decode_records(std::vector<llm::StepRecord> records, int steps) {
-  if (records.size() > static_cast<size_t>(steps)) {
-    records.erase(records.begin(), records.end() - steps);
-  }
-  return records;
+// The records of the decode steps: the last run of steps in which each of the `batch` rows fed
+// one token (rows == tokens == batch), after the step before it, which stays first as the base of
+// the first decode step's time (the step that fed the prompt's last tokens). A prompt of
+// --context tokens takes steps of its own before them, and the copies of a request (batch > 1)
+// start a step after the first copy (they wait for its prompt's pages) and end a step after it.
+// With no such run, every record.
+std::vector<llm::StepRecord> decode_records(std::vector<llm::StepRecord> records, int64_t batch) {
+  auto full = [batch](const llm::StepRecord& r) { return r.rows == batch && r.tokens == batch; };
+  size_t end = records.size();
+  while (end > 0 && !full(records[end - 1])) --end;
+  size_t begin = end;
+  while (begin > 0 && full(records[begin - 1])) --begin;
+  if (end == 0) return records;
+  if (begin > 0) --begin;  // the step before the run
+  return {records.begin() + static_cast<std::ptrdiff_t>(begin),
+          records.begin() + static_cast<std::ptrdiff_t>(end)};
 }
 
 // K and V bytes a step's attention reads at `positions` cached positions in all (f32 pools).
 uint64_t kv_bytes_per_step(const llm::ModelConfig& c, double positions) {
   return static_cast<uint64_t>(2.0 * static_cast<double>(c.num_hidden_layers) *
-                               static_cast<double>(c.num_key_value_heads * c.head_dim) *
-                               sizeof(float) * positions);
+                               static_cast<double>(c.kv_size()) * sizeof(float) * positions);
 }
 
 // Runs `batch` greedy requests of a prompt of max(1, --context) tokens for --steps steps on a
@@ -151,11 +160,7 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<llm::LlmEngine> engine,
                            llm::LlmEngine::create(st.model, eo));
   llm::RequestSpec spec;
-  spec.prompt_ids.resize(static_cast<size_t>(prompt));
-  for (int i = 0; i < prompt; ++i) {
-    spec.prompt_ids[static_cast<size_t>(i)] =
-        1 + (i * 7) % std::max<int64_t>(config.vocab_size - 1, 1);
-  }
+  spec.prompt_ids = bench::synthetic_prompt(prompt, config.vocab_size, 100);
   spec.max_tokens = st.steps;
   spec.n = batch;
   spec.sampling.temperature = 0;
@@ -163,7 +168,7 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   std::vector<llm::RequestSpec> specs;
   specs.push_back(std::move(spec));
   RequestRun run = run_requests({engine.get()}, std::move(specs), kBenchDecodeCommand, false);
-  const std::vector<llm::StepRecord> records = decode_records(engine->step_records(), st.steps);
+  const std::vector<llm::StepRecord> records = decode_records(engine->step_records(), batch);
   DecodeRow row;
   row.batch = batch;
   row.capture = capture;
@@ -188,10 +193,12 @@ absl::StatusOr<DecodeRow> run_decode_row(const DecodeFlags& st, const llm::Model
   row.device_ms = device_us[device_us.size() / 2] / 1e3;
   row.tokens_per_s = decode_ms > 0 ? batch * row.decode_steps / (decode_ms / 1e3) : 0;
   row.weight_bytes_per_s = row.device_ms > 0 ? row.weight_bytes / (row.device_ms / 1e3) : 0;
-  // Decode step i (from 0) attends prompt + 1 + i positions a row. The rows are copies of one
-  // request (RequestSpec::n): with prefix caching they share the full pages of its prompt
-  // (docs/design/prefix_cache.md), whose K and V are read once for them (rows that share their
-  // cached positions attend as one tile); the rest is read per row.
+  // Decode step i (from 0) attends prompt + 1 + i positions a row (the copies, a step behind,
+  // one fewer: ignored). The rows are copies of one request (RequestSpec::n): with prefix
+  // caching they share the full pages of its prompt (docs/design/prefix_cache.md). Each row's
+  // attention reads them (a row's own last page puts it in a tile of its own), but the copies
+  // read the same layer's pages one after another, from the caches, so as bytes from memory
+  // they count once; the rest counts per row.
   const int page = row_flags.page_size;
   const double shared =
       batch > 1 && row_flags.enable_prefix_caching ? static_cast<double>(prompt / page * page) : 0;
@@ -218,6 +225,7 @@ nlohmann::json decode_row_json(const DecodeFlags& st, const DecodeRow& row) {
           {"turnaround_us_p50", row.turnaround_us},
           {"step_ms_p50", row.step_p50_ms},
           {"steps", st.steps},
+          {"decode_steps", row.decode_steps},
           {"context", st.context},
           {"launch_depth", common.launch_depth},
           {"kernel_isa", llm::name_of(llm::resolve_kernel_isa(common.kernel_isa()))},
@@ -352,6 +360,15 @@ void print_repeat_summary(const DecodeFlags& st, int batch, const std::vector<De
 
 int run_bench_decode(const DecodeFlags& st) {
   const CommonOptions& common = st.engine.common;
+  if (st.context > 0 && st.compare == "torch") {  // its script decodes after one token only
+    return fail(kBenchDecodeCommand,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--compare torch decodes after a one-token prompt only, so it cannot be held "
+                    "against --context ",
+                    st.context,
+                    "; compare with llama.cpp (--compare llama.cpp) or leave out "
+                    "--compare")));
+  }
   base::TraceRecorder trace;
   // The steps must fit the model's positions before the KV pool is sized for them.
   auto config = load_config_for(st.model, /*prompt_lens=*/{std::max(st.context, 1)}, st.steps,
@@ -424,7 +441,7 @@ Runner add_bench_decode_command(CLI::App* bench) {
       ->check(int_in(1, kMaxRequests))
       ->capture_default_str();
   add_compare_flag(cmd, &st->compare, "the checkpoint", "llama-bench / llama-batched-bench",
-                   "batch and steps");
+                   "batch and steps (and, for llama.cpp, --context)");
   cmd->add_option("--capture", st->capture,
                   "capture the step program per step shape and replay it (on|off; a comma list "
                   "runs one row each, e.g. on,off)")

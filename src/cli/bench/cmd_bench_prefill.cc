@@ -12,6 +12,7 @@
 #include "cli/bench/bench_commands.h"
 #include "cli/bench/bench_llamacpp.h"
 #include "cli/bench/bench_probes.h"
+#include "cli/bench/bench_workload.h"
 #include "cli/bench/model_flops.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -72,9 +73,7 @@ absl::StatusOr<double> best_ttft_ms(const PrefillFlags& st, const llm::ModelConf
   double best_ms = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     llm::RequestSpec spec;
-    for (int i = 0; i < len; ++i) {
-      spec.prompt_ids.push_back(static_cast<int32_t>((100 + 7 * i + rep) % config.vocab_size));
-    }
+    spec.prompt_ids = bench::synthetic_prompt(len, config.vocab_size, 100 + rep);
     spec.max_tokens = 1;
     spec.sampling.temperature = 0;
     spec.sampling.ignore_eos = true;
