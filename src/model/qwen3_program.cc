@@ -287,9 +287,9 @@ class DecodeSubmitter {
   // paged_attention's blocks: at most one per (row, kv head) pair, and one per
   // min_attention_macs_per_block of the most its rows can attend (the block tables' width in
   // tokens: a shape, so a captured graph keeps its split).
-  int32_t attention_blocks(int64_t rows, int64_t page_size) const {
+  int32_t attention_blocks(int64_t rows) const {
     const Qwen3Dims& d = p_.dims;
-    const int64_t context = r_.block_tables.shape[1] * page_size;
+    const int64_t context = r_.block_tables.shape[1] * p_.pools.page_size();
     const int64_t macs = 2 * rows * d.num_attention_heads * d.head_dim * context;
     return clamp_blocks(
         std::min(rows * d.num_key_value_heads,
@@ -329,7 +329,7 @@ class DecodeSubmitter {
         submit(KernelId::kPagedAttention,
                paged_attention_args(v.q3, pool.k_pool, pool.v_pool, r_.block_tables,
                                     r_.context_lens, v.attn_out, p_.scale),
-               attention_blocks(B, p_.pools.page_size()), "paged_attention", l));
+               attention_blocks(B), "paged_attention", l));
     return submit(KernelId::kMatmulAcc, matmul_acc_args(v.attn_out, w.o_proj, v.hidden),
                   matmul_blocks(B, H, nh * hd), "o_proj", l);
   }
