@@ -260,7 +260,8 @@ struct SimDeviceOptions {
   // while the jobs the scheduler holds so add up to at most 10 µs: handing such a job to another
   // thread would cost more than running it. A core thread per CPU plus a spinning scheduler
   // oversubscribe the CPUs: three threads spinning on two CPUs turn each hand-off between
-  // dependent short tasks into a wait for a CPU (~30 µs on a 2-vCPU VM; docs/benchmarks.md). Where CPUs are to spare the scheduler is better left to schedule.
+  // dependent short tasks into a wait for a CPU (~30 µs on a 2-vCPU VM; docs/benchmarks.md).
+  // Where CPUs are to spare the scheduler is better left to schedule.
   // kAuto: on when run_jobs_inline is true and the cores are at least the CPUs the device
   // threads may run on (`cpus`, else the hardware threads).
   enum class SchedulerCore { kAuto, kOn, kOff };
