@@ -675,14 +675,9 @@ Precision effective_precision(KernelIsa isa, Precision precision) {
 }
 
 bool prefers_interleaved_weights(KernelIsa isa, Precision precision) {
-#if defined(__x86_64__)
-  return precision == Precision::kInt8 && resolve_kernel_isa(isa) == KernelIsa::kAvx512 &&
-         kernel_isa_available(KernelIsa::kAvx512) && matmul_detail::avx512vnni_available();
-#else
-  (void)isa;
-  (void)precision;
-  return false;
-#endif
+  if (precision != Precision::kInt8) return false;
+  const KernelIsa resolved = resolve_kernel_isa(isa);
+  return kernel_isa_available(resolved) && int8_dots(resolved).interleaved;
 }
 
 std::vector<task::Kernel> llm_kernels(KernelIsa isa, Precision precision) {

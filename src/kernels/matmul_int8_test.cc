@@ -428,19 +428,21 @@ TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
   }
 }
 
-// The model runner stores Q4_K and Q6_K interleaved for precision int8 on the avx512 target of a
-// CPU with AVX-512 VNNI only (measured faster there, not on the 256-bit targets).
-TEST(MatmulInt8, InterleavedWeightsArePreferredByAvx512VnniAtInt8Only) {
+// The model runner stores Q4_K and Q6_K interleaved for precision int8 on the x86 targets, whose
+// int8 dots read them natively (every set: AVX-512 VNNI, AVX-VNNI, AVX2), never for the exact or
+// bf16 precisions, the portable and NEON targets, or a target the CPU lacks.
+TEST(MatmulInt8, InterleavedWeightsArePreferredWhereTheInt8DotsReadThem) {
 #if defined(__x86_64__)
-  const bool vnni =
-      kernel_isa_available(KernelIsa::kAvx512) && matmul_detail::avx512vnni_available();
-  EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kInt8), vnni);
+  EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kInt8),
+            kernel_isa_available(KernelIsa::kAvx512));
+  EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kX86_64V3, Precision::kInt8),
+            kernel_isa_available(KernelIsa::kX86_64V3));
   EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kAuto, Precision::kInt8),
-            vnni && resolve_kernel_isa(KernelIsa::kAuto) == KernelIsa::kAvx512);
+            resolve_kernel_isa(KernelIsa::kAuto) != KernelIsa::kPortable);
+  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kX86_64V3, Precision::kExact));
 #endif
   EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kExact));
   EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kBf16));
-  EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kX86_64V3, Precision::kInt8));
   EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kPortable, Precision::kInt8));
   EXPECT_FALSE(prefers_interleaved_weights(KernelIsa::kNeon, Precision::kInt8));
 }

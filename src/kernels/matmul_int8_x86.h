@@ -1292,19 +1292,35 @@ inline typename V::I run_dot(typename V::I acc, typename V::I w, typename V::I x
   }
 }
 
-// R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g
-// (lanes from lane0): S and M of super-block b at s, m + kLanes·(i·supers + b), d and dmin at
-// d[b], dmin[b].
+// A group's lanes are kHalves vectors (lanes kLanes·half..: two on ymm, one on zmm): the fused
+// kernels take a super-block column's halves one after the other, so that the group's 64-byte
+// chunks are read in order, each line's halves together. Taking one half over every super-block
+// and then the other read each line twice, half of it each time, and was slower from memory than
+// the plain layout (docs/design/quantized_matmul.md, "The 256-bit targets").
+template <class V>
+constexpr int64_t kHalves = kGroupRows / V::kLanes;
+
+// Where half `half` of super-block b of x row i (of R) keeps its sums: vectors of kLanes.
 template <class V, int R>
-void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, const int8_t* xq,
-                           int64_t k, const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
+constexpr int64_t few_at(int64_t half, int64_t i, int64_t supers, int64_t b) {
+  return V::kLanes * ((half * R + i) * supers + b);
+}
+
+// R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g:
+// S and M of super-block b, lanes of half h, at s, m + few_at(h, i, supers, b), d and dmin at
+// d[h·supers + b], dmin[h·supers + b].
+template <class V, int R>
+void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, int64_t k,
+                           const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
                            typename V::F* dmin) {
   using I = typename V::I;
   const I k4 = V::set1(0x0f0f0f0f), kf0 = V::set1(static_cast<int32_t>(0xf0f0f0f0u));
-  for (int64_t b = 0; b < supers; ++b) {
-    const InterleavedRows<V> src{g + 64 * (kQ4_KBlockBytes / 4) * b + 4 * lane0, nullptr};
+  for (int64_t bh = 0; bh < supers * kHalves<V>; ++bh) {
+    const int64_t b = bh / kHalves<V>, half = bh % kHalves<V>;
+    const InterleavedRows<V> src{g + 64 * (kQ4_KBlockBytes / 4) * b + 4 * V::kLanes * half,
+                                 nullptr};
     I sc[8], mins[4], sum[R];
-    q4_k_head<V>(src, sc, mins, d[b], dmin[b]);
+    q4_k_head<V>(src, sc, mins, d[half * supers + b], dmin[half * supers + b]);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
 #pragma GCC unroll 1
@@ -1341,9 +1357,9 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
     }
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
-      const int64_t at = i * supers + b;
-      V::store(s + V::kLanes * at, sum[i]);
-      V::store(m + V::kLanes * at, q4_k_mins_sum<V>(mins, aux + 4 * at));
+      const int64_t at = few_at<V, R>(half, i, supers, b);
+      V::store(s + at, sum[i]);
+      V::store(m + at, q4_k_mins_sum<V>(mins, aux + 4 * (i * supers + b)));
     }
   }
 }
@@ -1352,15 +1368,16 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
 // of ql[64h + 32(c & 1) + l] with bits 2c, 2c + 1 of qh[32h + l] above it; x's aux 8 i32 (16
 // group sums) per row and super-block; S less the - 32's offset; no M.
 template <class V, int R>
-void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, const int8_t* xq,
-                           int64_t k, const int32_t* aux, int32_t* s, typename V::F* d) {
+void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, int64_t k,
+                           const int32_t* aux, int32_t* s, typename V::F* d) {
   using I = typename V::I;
   constexpr int64_t kChunks = kQ6_KBlockBytes / 4;
-  for (int64_t b = 0; b < supers; ++b) {
+  for (int64_t bh = 0; bh < supers * kHalves<V>; ++bh) {
+    const int64_t b = bh / kHalves<V>, half = bh % kHalves<V>, lane0 = V::kLanes * half;
     const InterleavedRows<V> src{g + 64 * kChunks * b + 4 * lane0,
                                  g + 64 * kChunks * supers + 2 * (16 * b + lane0)};
     I sum[R];
-    d[b] = src.q6_k_d();
+    d[half * supers + b] = src.q6_k_d();
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
 #pragma GCC unroll 1
@@ -1410,34 +1427,37 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, int64_t lane0, cons
     q6_k_pairs<V>(src, pairs);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
-      const int64_t at = i * supers + b;
-      V::store(s + V::kLanes * at, V::sub(sum[i], q6_k_offset<V>(pairs, aux + 8 * at)));
+      V::store(s + few_at<V, R>(half, i, supers, b),
+               V::sub(sum[i], q6_k_offset<V>(pairs, aux + 8 * (i * supers + b))));
     }
   }
 }
 
-// p's R (= p.rows) x rows against the group at g, lanes from lane0 (W rows j0..): sums, then
-// each row's combine.
+// p's R (= p.rows) x rows against the group at g (W rows j0..j0 + 15): sums, then each half's
+// and row's combine.
 template <class V, WeightType WT, int R>
-void interleaved_few_of(const Problem& p, const QuantizedX& x, const uint8_t* g, int64_t lane0,
-                        const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
-                        typename V::F* dmin, int64_t j0) {
+void interleaved_few_of(const Problem& p, const QuantizedX& x, const uint8_t* g, const int32_t* aux,
+                        int32_t* s, int32_t* m, typename V::F* d, typename V::F* dmin, int64_t j0) {
   using F = typename V::F;
   const int64_t supers = p.k / kSuperBlockWeights;
   if constexpr (WT == WeightType::kQ4_K) {
-    q4_k_interleaved_dots<V, R>(g, supers, lane0, x.q.data(), p.k, aux, s, m, d, dmin);
+    q4_k_interleaved_dots<V, R>(g, supers, x.q.data(), p.k, aux, s, m, d, dmin);
   } else {
-    q6_k_interleaved_dots<V, R>(g, supers, lane0, x.q.data(), p.k, aux, s, d);
+    q6_k_interleaved_dots<V, R>(g, supers, x.q.data(), p.k, aux, s, d);
   }
-  for (int64_t i = 0; i < R; ++i) {
-    combine_lanes<V, WT == WeightType::kQ4_K>(
-        supers, x.d.data() + i * x.d_stride,
-        [d, dmin](int64_t b, F* db, F* dminb) {
-          *db = d[b];
-          *dminb = dmin[b];
-        },
-        s + V::kLanes * i * supers, m + V::kLanes * i * supers, p.y + i * p.ldy + j0, V::kLanes,
-        p.accumulate);
+  for (int64_t half = 0; half < kHalves<V>; ++half) {
+    const F* dh = d + half * supers;
+    const F* dminh = dmin + half * supers;
+    for (int64_t i = 0; i < R; ++i) {
+      const int64_t at = few_at<V, R>(half, i, supers, 0);
+      combine_lanes<V, WT == WeightType::kQ4_K>(
+          supers, x.d.data() + i * x.d_stride,
+          [dh, dminh](int64_t b, F* db, F* dminb) {
+            *db = dh[b];
+            *dminb = dminh[b];
+          },
+          s + at, m + at, p.y + i * p.ldy + j0 + V::kLanes * half, V::kLanes, p.accumulate);
+    }
   }
 }
 
@@ -1448,21 +1468,21 @@ void rows_interleaved_few(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, group_bytes = kGroupRows * supers * Tile::kBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
   int32_t* ints = thread_scratch<int32_t, struct InterleavedFewInts>(
-      static_cast<size_t>(p.rows * supers * (Tile::kAux + 2 * V::kLanes)));
+      static_cast<size_t>(p.rows * supers * (Tile::kAux + 2 * kGroupRows)));
   int32_t* s = ints + p.rows * supers * Tile::kAux;
-  int32_t* m = s + p.rows * supers * V::kLanes;
-  F* d = thread_scratch<F, struct InterleavedFewScales>(static_cast<size_t>(2 * supers));
-  F* dmin = d + supers;
+  int32_t* m = s + p.rows * supers * kGroupRows;
+  F* d =
+      thread_scratch<F, struct InterleavedFewScales>(static_cast<size_t>(2 * kHalves<V> * supers));
+  F* dmin = d + kHalves<V> * supers;
   tile_aux<Tile>(x, p.rows, supers, ints);
-  for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
+  for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
     const uint8_t* g = w + j0 / kGroupRows * group_bytes;
-    const int64_t lane0 = j0 % kGroupRows;
     if (p.rows == 1) {
-      interleaved_few_of<V, WT, 1>(p, x, g, lane0, ints, s, m, d, dmin, j0);
+      interleaved_few_of<V, WT, 1>(p, x, g, ints, s, m, d, dmin, j0);
     } else if (p.rows == 2) {
-      interleaved_few_of<V, WT, 2>(p, x, g, lane0, ints, s, m, d, dmin, j0);
+      interleaved_few_of<V, WT, 2>(p, x, g, ints, s, m, d, dmin, j0);
     } else {
-      interleaved_few_of<V, WT, 3>(p, x, g, lane0, ints, s, m, d, dmin, j0);
+      interleaved_few_of<V, WT, 3>(p, x, g, ints, s, m, d, dmin, j0);
     }
   }
 }
