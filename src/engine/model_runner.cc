@@ -381,8 +381,8 @@ bool kept_in_checkpoint_dtype(const TensorView& view, const std::vector<int64_t>
 constexpr uint64_t kWeightAlignment = 64;
 
 // Every weight of the decode program (shapes and dtypes checked by ModelWeights::get), its
-// target in `wt` (whose layers are sized here), its device dtype (with `interleave`, Q4_K and Q6_K
-// weights whose row count is a multiple of 16 as kQ4_K_R16 / kQ6_K_R16), in the order of its bytes
+// target in `wt` (whose layers are sized here), its device dtype (with `interleave`, Q4_K, Q6_K
+// and Q8_0 weights as kQ4_K_R16, kQ6_K_R16, kQ8_0_R16), in the order of its bytes
 // in the checkpoint (the copy then reads the files front to back), each at a
 // kWeightAlignment-aligned offset of one buffer; `total` is that buffer's size.
 absl::StatusOr<std::vector<WeightSlot>> plan_weights(const ModelWeights& weights,

@@ -20,7 +20,8 @@ struct WeightSlot {
   TensorView view;
   bool raw = false;  // kept in the checkpoint dtype: the file's bytes as they are; else f32
   // With raw: the device dtype, the file's or its rows interleaved 16 at a time
-  // (task::interleaved_of: kQ4_K_R16, kQ6_K_R16; prefers_interleaved_weights), copied so.
+  // (task::interleaved_of: kQ4_K_R16, kQ6_K_R16, kQ8_0_R16;
+  // prefers_interleaved_weights), copied so.
   task::DataType dtype = task::DataType::kFloat32;
   uint64_t offset = 0;  // in the weights buffer
   uint64_t bytes = 0;   // in device memory

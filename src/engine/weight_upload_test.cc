@@ -142,7 +142,8 @@ TEST_F(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherSh
   }
 }
 
-// A weight planned as interleaved (WeightSlot::dtype q4_k_r16 / q6_k_r16) lands in device memory
+// A weight planned as interleaved (WeightSlot::dtype q4_k_r16, q6_k_r16, q8_0_r16) lands in device
+// memory
 // as task::interleave_rows writes the file's rows, its target tensor of that dtype; 300 groups of
 // 16 rows take two chunks of the staging buffer (whole groups each); a plain weight beside it is
 // copied as it is. (The file holds the blocks' bytes as bf16 tensors of the same size, their
@@ -154,6 +155,7 @@ TEST(UploadWeightsInterleaved, InterleavesWholeGroupsOnTheirWayIn) {
     task::DataType file, device;
   } kinds[] = {{task::DataType::kQ4_K, task::DataType::kQ4_K_R16},
                {task::DataType::kQ6_K, task::DataType::kQ6_K_R16},
+               {task::DataType::kQ8_0, task::DataType::kQ8_0_R16},
                {task::DataType::kQ4_K, task::DataType::kQ4_K}};
   std::vector<std::vector<std::byte>> data;
   std::vector<TensorSource> sources;

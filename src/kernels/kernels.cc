@@ -1789,6 +1789,7 @@ WeightType weight_type_of(task::DataType dtype) {
     case task::DataType::kFloat16:
       return WeightType::kF16;
     case task::DataType::kQ8_0:
+    case task::DataType::kQ8_0_R16:
       return WeightType::kQ8_0;
     case task::DataType::kQ4_0:
       return WeightType::kQ4_0;

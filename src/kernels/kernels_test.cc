@@ -970,7 +970,8 @@ TEST(MatmulSiluMulKernel, IsBitwiseTwoMatmulsThenSiluMulOnEveryPathAndPrecision)
   }
 }
 
-// w (q4_k or q6_k, [out, in]) with its rows interleaved 16 at a time (q4_k_r16, q6_k_r16).
+// w (q4_k, q6_k or q8_0, [out, in]) with its rows interleaved 16 at a time (q4_k_r16, q6_k_r16,
+// q8_0_r16).
 TestWeights interleaved(const TestWeights& w, int64_t out, int64_t in) {
   TestWeights r = w;
   r.dtype = task::interleaved_of(w.dtype);
@@ -984,7 +985,7 @@ TestWeights interleaved(const TestWeights& w, int64_t out, int64_t in) {
 // beside plain weights, matmul_silu_mul, and the embedding's gathered rows.
 TEST(InterleavedWeights, GiveThePlainWeightsBitsInEveryKernelThatReadsWeights) {
   const int64_t in = 512, out = 1040;  // 65 groups: three blocks' row shares would split groups
-  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K, DataType::kQ8_0}) {
     TestWeights w = make_weights(dt, out * in, 90), wi = interleaved(w, out, in);
     for (int64_t rows : {1, 5}) {
       std::vector<float> x = random_floats(rows * in, 91);
@@ -1075,18 +1076,20 @@ TEST(InterleavedWeights, MergedTasksMixThemWithPlainWeights) {
 
 TEST(InterleavedWeights, TheEmbeddingGathersARowOutOfItsGroup) {
   const int64_t in = 512;
-  TestWeights table = make_weights(DataType::kQ6_K, 32 * in, 97);
-  std::vector<int32_t> ids = {31, 0, 17, 5};
-  std::vector<float> emb(4 * in, NAN);
-  ASSERT_TRUE(run_blocks(&embedding_kernel,
-                         embedding_args(view(ids, {4}), interleaved(table, 32, in).tensor(32, in),
-                                        view(emb, {4, in})),
-                         2)
-                  .ok());
-  for (int64_t r = 0; r < 4; ++r) {
-    for (int64_t i = 0; i < in; ++i) {
-      ASSERT_EQ(emb[r * in + i], static_cast<float>(table.values[ids[r] * in + i]))
-          << "row " << r << " element " << i;
+  for (DataType dt : {DataType::kQ6_K, DataType::kQ8_0}) {
+    TestWeights table = make_weights(dt, 32 * in, 97);
+    std::vector<int32_t> ids = {31, 0, 17, 5};
+    std::vector<float> emb(4 * in, NAN);
+    ASSERT_TRUE(run_blocks(&embedding_kernel,
+                           embedding_args(view(ids, {4}), interleaved(table, 32, in).tensor(32, in),
+                                          view(emb, {4, in})),
+                           2)
+                    .ok());
+    for (int64_t r = 0; r < 4; ++r) {
+      for (int64_t i = 0; i < in; ++i) {
+        ASSERT_EQ(emb[r * in + i], static_cast<float>(table.values[ids[r] * in + i]))
+            << task::name_of(dt) << " row " << r << " element " << i;
+      }
     }
   }
 }

@@ -207,8 +207,8 @@ using HugeBytes = std::vector<uint8_t, HugePages<uint8_t>>;
 
 // A matmul over `rows` x rows of `k` against block-quantized W [n, k] of type `wt` (seeded
 // weights, x in [-0.5, 0.5); with `interleaved` its rows interleaved 16 at a time,
-// task::DataType::kQ4_K_R16 or kQ6_K_R16, n a multiple of 16), its Problem pointing into the
-// vectors it owns.
+// task::DataType::kQ4_K_R16, kQ6_K_R16 or kQ8_0_R16, n a multiple of 16), its Problem pointing
+// into the vectors it owns.
 struct QuantizedProblem {
   QuantizedProblem(WeightType wt, int64_t rows, int64_t n, int64_t k, bool interleaved = false)
       : w(weights(wt, n, k, interleaved)), x(rows * k), y(rows * n) {
@@ -230,9 +230,10 @@ struct QuantizedProblem {
       std::copy(w.begin(), w.end(), out.begin());
       return out;
     }
-    task::interleave_rows(
-        wt == WeightType::kQ4_K ? task::DataType::kQ4_K_R16 : task::DataType::kQ6_K_R16, w.data(),
-        n, k, out.data());
+    const task::DataType plain = wt == WeightType::kQ4_K   ? task::DataType::kQ4_K
+                                 : wt == WeightType::kQ6_K ? task::DataType::kQ6_K
+                                                           : task::DataType::kQ8_0;
+    task::interleave_rows(task::interleaved_of(plain), w.data(), n, k, out.data());
     return out;
   }
   QuantizedProblem(const QuantizedProblem&) = delete;
@@ -335,8 +336,8 @@ SIMPLER_INT8_BENCHMARKS(q8_0, WeightType::kQ8_0);
 SIMPLER_INT8_BENCHMARKS(q4_k, WeightType::kQ4_K);
 SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
 
-// The same W rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16), as the model
-// runner stores them for the x86 int8 targets.
+// The same W rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16, kQ8_0_R16), as
+// the model runner stores them for the x86 int8 targets.
 #define SIMPLER_INT8_R16_BENCHMARKS(type, wt)                                                     \
   BENCHMARK_CAPTURE(Int8, type##_r16_avx512vnni_whole, wt, "avx512vnni", true, true)              \
       ->Apply(int8_shapes);                                                                       \
@@ -349,6 +350,7 @@ SIMPLER_INT8_BENCHMARKS(q6_k, WeightType::kQ6_K);
   BENCHMARK_CAPTURE(Int8Calls, type##_r16_avx2, wt, "avx2", true)->Apply(int8_call_shapes)
 SIMPLER_INT8_R16_BENCHMARKS(q4_k, WeightType::kQ4_K);
 SIMPLER_INT8_R16_BENCHMARKS(q6_k, WeightType::kQ6_K);
+SIMPLER_INT8_R16_BENCHMARKS(q8_0, WeightType::kQ8_0);
 
 // One decode step's attention at batch 1 over a context of state.range(0) cached positions, in
 // Qwen3-0.6B's shape (16 query heads, 8 kv heads of 128, 28 layers each with its own K and V pools

@@ -62,9 +62,10 @@ struct Problem {
   // goes on past p's rows (a block computing a matrix's rows in several claims: its next claim
   // is most often the rows right after these, which then start warm). 0 means n.
   int64_t prefetch_n = 0;
-  // W's rows interleaved task::kInterleavedRows at a time (task::DataType::kQ4_K_R16 / kQ6_K_R16;
-  // wt is the plain kQ4_K / kQ6_K): w at a group's first row, n a multiple of the group. Only the
-  // kernels that say so read it (Int8Dots::interleaved); run_deinterleaved serves every other.
+  // W's rows interleaved task::kInterleavedRows at a time (task::DataType::kQ4_K_R16, kQ6_K_R16,
+  // kQ8_0_R16; wt is the plain kQ4_K, kQ6_K, kQ8_0): w at a group's first row, n a multiple of the
+  // group. Only the kernels that say so read it (Int8Dots::interleaved); run_deinterleaved serves
+  // every other.
   bool interleaved = false;
 };
 
@@ -76,8 +77,9 @@ struct Problem {
 template <class Run>
 void run_deinterleaved(const Problem& p, Run&& run) {
   constexpr int64_t kGroup = task::kInterleavedRows;
-  const task::DataType dtype =
-      p.wt == WeightType::kQ4_K ? task::DataType::kQ4_K_R16 : task::DataType::kQ6_K_R16;
+  const task::DataType dtype = p.wt == WeightType::kQ4_K   ? task::DataType::kQ4_K_R16
+                               : p.wt == WeightType::kQ6_K ? task::DataType::kQ6_K_R16
+                                                           : task::DataType::kQ8_0_R16;
   const auto row_bytes = static_cast<int64_t>(task::bytes_of(dtype, static_cast<uint64_t>(p.k)));
   thread_local std::vector<uint8_t> plain;
   plain.resize(static_cast<size_t>(kGroup * row_bytes));

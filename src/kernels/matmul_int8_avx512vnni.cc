@@ -271,6 +271,7 @@ struct Zmm {
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
   // (a & 0x0f) | b in every byte: one vpternlogd (A & C) | B.
   static I low_nibbles_or(I a, I b) {
     return _mm512_ternarylogic_epi32(a, b, set1(0x0f0f0f0f), 0xEC);

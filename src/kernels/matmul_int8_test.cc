@@ -394,14 +394,18 @@ TEST(MatmulInt8, Q4_KAndQ6_KPathsMatchTheQuantizedF64ReferenceOnOddShapes) {
   }
 }
 
-// W rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16; Problem::interleaved)
-// give bitwise the plain rows' y on every target: the x86 ones read the interleaving (their tiles
-// at every x row count), the portable one through run_deinterleaved. x rows 1 to 17 (the tiles'
-// 8, 4, 2 and 1 at a time), one to three groups of 16 W rows, 1 to 10 super-blocks a row.
+// W rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16, kQ8_0_R16;
+// Problem::interleaved) give bitwise the plain rows' y on every target: the x86 ones read the
+// interleaving (their tiles at every x row count), the portable one through run_deinterleaved. x
+// rows 1 to 17 (the tiles' 8, 4, 2 and 1 at a time), one to three groups of 16 W rows, 1 to 10
+// super-blocks a row; Q8_0 1 to 80 blocks (the combine's 8 lanes whole and not).
 TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
-  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K, DataType::kQ8_0}) {
+    const std::vector<int64_t> ins = dt == DataType::kQ8_0
+                                         ? std::vector<int64_t>{32, 288, 768, 2560}
+                                         : std::vector<int64_t>{256, 768, 2560};
     for (int64_t rows : {1, 2, 3, 4, 7, 8, 17}) {
-      for (int64_t in : {256, 768, 2560}) {
+      for (int64_t in : ins) {
         for (int64_t out : {16, 48}) {
           const std::vector<uint8_t> w =
               random_weights(dt, out, in, static_cast<uint32_t>(rows * 31 + in + out));

@@ -710,6 +710,7 @@ struct Ymm {
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static I and_(I a, I b) { return _mm256_and_si256(a, b); }
   static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
   // (a & 0x0f) | b in every byte.
   static I low_nibbles_or(I a, I b) { return or_(and_(a, set1(0x0f0f0f0f)), b); }
   static I srli(I a, int n) { return _mm256_srli_epi32(a, n); }
@@ -781,7 +782,8 @@ inline typename V::I tile_rows(int64_t row_bytes, int64_t rows) {
 // Where a tile's repack reads W's super-blocks, lane r W row r: dword(at) is bytes [at, at + 4) of
 // each row's super-block, q6_k_d() Q6_K's d (its bytes 208-209) as f32. GatherRows: the rows
 // row_bytes apart (the plain layout; `rows` their offsets, tile_rows), by gathers; InterleavedRows:
-// 16 rows interleaved (task::DataType::kQ4_K_R16, kQ6_K_R16), by loads of the chunks.
+// 16 rows interleaved (task::DataType::kQ4_K_R16, kQ6_K_R16; Q8_0's: repack_q8_0_interleaved), by
+// loads of the chunks.
 template <class V>
 struct GatherRows {
   const uint8_t* blk;  // the first row's super-block
@@ -1487,10 +1489,14 @@ void rows_interleaved_few(const Problem& p, const QuantizedX& x) {
   }
 }
 
-// Interleaved W (Problem::interleaved): fewer than 4 x rows by rows_interleaved_few, more by the
-// tiles.
+template <class V>
+void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x);
+
+// Interleaved W (Problem::interleaved): Q4_K and Q6_K under 4 x rows by rows_interleaved_few,
+// more by the tiles; Q8_0 by rows_q8_0_interleaved.
 template <class V>
 void rows_interleaved(const Problem& p, const QuantizedX& x) {
+  if (p.wt == WeightType::kQ8_0) return rows_q8_0_interleaved<V>(p, x);
   if (p.wt == WeightType::kQ4_K) {
     if (p.rows < 4) return rows_interleaved_few<V, WeightType::kQ4_K>(p, x);
     return rows_tiles_interleaved<V, Q4KTile>(p, x);
@@ -1581,10 +1587,11 @@ void q8_0_tile_dots(const Q80Tile<V>* tile, int64_t blocks, const int8_t* xq, in
   }
 }
 
-// One x row's combine over a Q8_0 tile: the `lanes` W rows' y stored at `y`.
-template <class V>
-void q8_0_combine_tile(const Q80Tile<V>* tile, int64_t blocks, const float* dx, const int32_t* s,
-                       float* y, int64_t lanes, bool accumulate) {
+// One x row's Q8_0 combine on the W rows' lanes: block b's S_b at s + kLanes·b, the rows' scales
+// d_of(b) (f32); the `lanes` W rows' y stored at `y`.
+template <class V, class Scales>
+void q8_0_combine_lanes(Scales d_of, int64_t blocks, const float* dx, const int32_t* s, float* y,
+                        int64_t lanes, bool accumulate) {
   using F = typename V::F;
   F acc[8];
 #pragma GCC unroll 8
@@ -1594,11 +1601,19 @@ void q8_0_combine_tile(const Q80Tile<V>* tile, int64_t blocks, const float* dx, 
     for (int l = 0; l < 8; ++l) {  // lane l: block b0 + l
       const int64_t b = b0 + l;
       if (b >= blocks) break;
-      const F t = V::fmul(V::fmul(tile[b].d, V::fset1(dx[b])), V::cvt(V::load(s + V::kLanes * b)));
+      const F t = V::fmul(V::fmul(d_of(b), V::fset1(dx[b])), V::cvt(V::load(s + V::kLanes * b)));
       acc[l] = V::fadd(acc[l], t);
     }
   }
   V::store_rows(y, tree8_rows<V>(acc), lanes, accumulate);
+}
+
+// One x row's combine over a Q8_0 tile: the `lanes` W rows' y stored at `y`.
+template <class V>
+void q8_0_combine_tile(const Q80Tile<V>* tile, int64_t blocks, const float* dx, const int32_t* s,
+                       float* y, int64_t lanes, bool accumulate) {
+  q8_0_combine_lanes<V>([tile](int64_t b) { return tile[b].d; }, blocks, dx, s, y, lanes,
+                        accumulate);
 }
 
 // R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
@@ -1614,7 +1629,22 @@ void q8_0_tile_rows_of(const Problem& p, const QuantizedX& x, const Q80Tile<V>* 
   }
 }
 
+// The tile's blocks from W rows interleaved 16 at a time (rows_q8_0_interleaved's layout), the
+// group at g, lanes from lane0: loads of the chunks instead of rows and transposes.
 template <class V>
+void repack_q8_0_interleaved(Q80Tile<V>* tile, const uint8_t* g, int64_t lane0, int64_t blocks) {
+  const typename V::I flip = V::set1(V::kQ8_0Signed ? 0 : static_cast<int32_t>(0x80808080u));
+  for (int64_t b = 0; b < blocks; ++b) {
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t)
+      tile[b].w[t] = V::xor_(V::load(g + 512 * b + 64 * t + 4 * lane0), flip);
+    tile[b].d = V::halves(g + 512 * blocks + 32 * b + 2 * lane0);
+  }
+}
+
+// kInterleaved: W rows interleaved 16 at a time (task::DataType::kQ8_0_R16), each tile's 8 or 16
+// rows repacked by repack_q8_0_interleaved.
+template <class V, bool kInterleaved = false>
 void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
@@ -1626,12 +1656,25 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   if constexpr (V::kQ8_0Signed) std::fill(xc, xc + p.rows * blocks, 0);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
-    // the next tile's rows arrive while this one meets the x rows
-    const int64_t next = (j0 + V::kLanes) * row_bytes, end = prefetch_bytes(p, row_bytes);
-    for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
+    // the next tile's rows arrive while this one meets the x rows (interleaved: the next group,
+    // at a group's start, as its first tile's repack reads every line of it)
+    const int64_t ahead = kInterleaved ? kGroupRows : V::kLanes;
+    if (!kInterleaved || j0 % kGroupRows == 0) {
+      const int64_t next = (j0 + ahead) * row_bytes, end = prefetch_bytes(p, row_bytes);
+      for (int64_t at = next; at < next + ahead * row_bytes && at < end; at += 64) {
+        if (kInterleaved) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T1);
+        } else {
+          _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
+        }
+      }
     }
-    repack_q8_0(tile, w + j0 * row_bytes, row_bytes, lanes, blocks);
+    if constexpr (kInterleaved) {
+      repack_q8_0_interleaved(tile, w + j0 / kGroupRows * kGroupRows * row_bytes, j0 % kGroupRows,
+                              blocks);
+    } else {
+      repack_q8_0(tile, w + j0 * row_bytes, row_bytes, lanes, blocks);
+    }
     for (int64_t r0 = 0; r0 < p.rows;) {
       const int64_t left = p.rows - r0;
       if (left >= 8) {
@@ -1642,6 +1685,109 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
         q8_0_tile_rows_of<V, 2>(p, x, tile, xc, s, r0, j0, lanes);
       } else {
         q8_0_tile_rows_of<V, 1>(p, x, tile, xc, s, r0, j0, lanes);
+      }
+      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    }
+  }
+}
+
+// ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16): in a group of 16 rows, block column b
+// is 8 chunks of 64 bytes at 512·b, chunk t holding dword t (weights 4t..4t + 3) of every row's
+// q, and the rows' d (binary16) follow the group's chunks, column b's at 512·blocks + 32·b. A
+// chunk's kLanes rows are one vector load, met by each x row's broadcast dword t as
+// rows_q8_0_tiles meets its repacked tile (q + 128 against x, from the block's -128·Σx; AVX2: |q|
+// against x with q's sign), so the block sums S_b are the same exact integers and the combine the
+// tiles' (q8_0_combine_lanes): the same bits, with no repack. x rows 8, 4, 2 or 1 at a time, a
+// group at a time (it stays in L1 or L2 across them), its halves (kHalves) block by block.
+constexpr int64_t kQ8_0GroupColumnBytes = kGroupRows * kQ8_0BlockBytes;  // 16 rows' block: 544
+
+// R x rows (row i's q at xq + i·k, its blocks' starts at xc + i·blocks) against the Q8_0 group at
+// g: S_b of half h and row i at s + few_at(h, i, blocks, b).
+template <class V, int R>
+void q8_0_interleaved_dots(const uint8_t* g, int64_t blocks, const int8_t* xq, int64_t k,
+                           const int32_t* xc, int32_t* s) {
+  using I = typename V::I;
+  const I flip = V::set1(static_cast<int32_t>(0x80808080u));
+  for (int64_t bh = 0; bh < blocks * kHalves<V>; ++bh) {
+    const int64_t b = bh / kHalves<V>, half = bh % kHalves<V>;
+    const uint8_t* chunks = g + 512 * b + 4 * V::kLanes * half;
+    I a[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+      if constexpr (R <= 2) prefetch_chunk(chunks + 64 * t);
+      const I q = V::load(chunks + 64 * t);
+      if constexpr (V::kQ8_0Signed) {  // |q| against x with q's sign (ymm only)
+        const I uq = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          a[i] =
+              V::dot(a[i], uq, _mm256_sign_epi8(broadcast_i32<V>(xq + i * k + 32 * b + 4 * t), q));
+        }
+      } else {
+        const I uq = V::xor_(q, flip);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          a[i] = V::dot(a[i], uq, broadcast_i32<V>(xq + i * k + 32 * b + 4 * t));
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) V::store(s + few_at<V, R>(half, i, blocks, b), a[i]);
+  }
+}
+
+// R x rows from r0 against the group at g (W rows j0..j0 + 15): dots, then each half's and row's
+// combine.
+template <class V, int R>
+void q8_0_interleaved_rows_of(const Problem& p, const QuantizedX& x, const uint8_t* g,
+                              const int32_t* xc, int32_t* s, int64_t r0, int64_t j0) {
+  const int64_t blocks = p.k / kQ8_0BlockWeights;
+  q8_0_interleaved_dots<V, R>(g, blocks, x.q.data() + r0 * p.k, p.k, xc + r0 * blocks, s);
+  const uint8_t* d = g + 512 * blocks;
+  for (int64_t half = 0; half < kHalves<V>; ++half) {
+    const uint8_t* dh = d + 2 * V::kLanes * half;
+    for (int64_t i = 0; i < R; ++i) {
+      q8_0_combine_lanes<V>(
+          [dh](int64_t b) { return V::halves(dh + 32 * b); }, blocks,
+          x.d.data() + (r0 + i) * x.d_stride, s + few_at<V, R>(half, i, blocks, 0),
+          p.y + (r0 + i) * p.ldy + j0 + V::kLanes * half, V::kLanes, p.accumulate);
+    }
+  }
+}
+
+template <class V>
+void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
+  // On ymm the tiles are faster from 4 x rows on (matmul_benchmark at 4, 16 and 64 rows)
+  if (kHalves < V >> 1 && p.rows >= V::kMinRowsQ8_0) return rows_q8_0_tiles<V, true>(p, x);
+  const int64_t blocks = p.k / kQ8_0BlockWeights, group_bytes = kQ8_0GroupColumnBytes * blocks;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  int32_t* s = thread_scratch<int32_t, struct Q8_0InterleavedInts>(
+      static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
+  int32_t* xc = s + 8 * kGroupRows * blocks;
+  if constexpr (!V::kQ8_0Signed) q8_0_x_starts(x.q.data(), p.rows * blocks, xc);
+  if constexpr (V::kQ8_0Signed) std::fill(xc, xc + p.rows * blocks, 0);
+  const int64_t end = prefetch_bytes(p, blocks * kQ8_0BlockBytes);
+  for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
+    const uint8_t* g = w + j0 / kGroupRows * group_bytes;
+    if (p.rows > 2) {  // the next group arrives while this one meets the x rows (fewer prefetch
+                       // a line per chunk, q8_0_interleaved_dots)
+      const int64_t next = (j0 / kGroupRows + 1) * group_bytes;
+      for (int64_t at = next; at < next + group_bytes && at < end; at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
+      }
+    }
+    for (int64_t r0 = 0; r0 < p.rows;) {
+      const int64_t left = p.rows - r0;
+      if (left >= 8) {
+        q8_0_interleaved_rows_of<V, 8>(p, x, g, xc, s, r0, j0);
+      } else if (left >= 4) {
+        q8_0_interleaved_rows_of<V, 4>(p, x, g, xc, s, r0, j0);
+      } else if (left >= 2) {
+        q8_0_interleaved_rows_of<V, 2>(p, x, g, xc, s, r0, j0);
+      } else {
+        q8_0_interleaved_rows_of<V, 1>(p, x, g, xc, s, r0, j0);
       }
       r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     }

@@ -77,7 +77,7 @@ absl::Status check_matrix(const std::string& what, const Tensor& t,
   absl::Status s = check_tensor(what, t, dt, dims);
   if (!s.ok() && t.dtype != dt) {
     return absl::InvalidArgumentError(absl::StrCat(
-        s.message(), " (f32, bf16, f16, q8_0, q4_0, q4_k, q6_k, q4_k_r16 or q6_k_r16)"));
+        s.message(), " (f32, bf16, f16, q8_0, q4_0, q4_k, q6_k, q4_k_r16, q6_k_r16 or q8_0_r16)"));
   }
   return s;
 }

@@ -1,7 +1,7 @@
 // The memory layout of each DataType (data_type.h): element and block sizes, and the row
-// interleaving of the K-quants (kQ4_K_R16, kQ6_K_R16). Apart from data_type.cc (names, parsing,
-// dequantization) because it needs nothing but the C library: the kernels' aarch64 cross-build
-// (scripts/test_neon.sh), which links no abseil, takes it.
+// interleaving of the block dtypes (kQ4_K_R16, kQ6_K_R16, kQ8_0_R16). Apart from data_type.cc
+// (names, parsing, dequantization) because it needs nothing but the C library: the kernels' aarch64
+// cross-build (scripts/test_neon.sh), which links no abseil, takes it.
 #include <cstring>
 #include <iterator>
 
@@ -27,13 +27,14 @@ constexpr Layout kLayouts[] = {
     {DataType::kInt64, 8, 1, 8},        {DataType::kUInt8, 1, 1, 1},
     {DataType::kQ8_0, 0, 32, 34},       {DataType::kQ4_0, 0, 32, 18},
     {DataType::kQ4_K, 0, 256, 144},     {DataType::kQ6_K, 0, 256, 210},
-    {DataType::kQ4_K_R16, 0, 256, 144}, {DataType::kQ6_K_R16, 0, 256, 210}};
+    {DataType::kQ4_K_R16, 0, 256, 144}, {DataType::kQ6_K_R16, 0, 256, 210},
+    {DataType::kQ8_0_R16, 0, 32, 34}};
 
 constexpr bool rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kLayouts); ++i) {
     if (static_cast<size_t>(kLayouts[i].dtype) != i) return false;
   }
-  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ6_K_R16) + 1;
+  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ8_0_R16) + 1;
 }
 static_assert(rows_in_enum_order(), "kLayouts needs one row per DataType, in the enum's order");
 
@@ -62,29 +63,36 @@ uint64_t bytes_of(DataType dtype, uint64_t numel) {
 }
 
 int64_t interleaved_rows(DataType dtype) {
-  return dtype == DataType::kQ4_K_R16 || dtype == DataType::kQ6_K_R16 ? kInterleavedRows : 1;
+  return dtype == DataType::kQ4_K_R16 || dtype == DataType::kQ6_K_R16 ||
+                 dtype == DataType::kQ8_0_R16
+             ? kInterleavedRows
+             : 1;
 }
 
 DataType interleaved_of(DataType dtype) {
   return dtype == DataType::kQ4_K   ? DataType::kQ4_K_R16
          : dtype == DataType::kQ6_K ? DataType::kQ6_K_R16
+         : dtype == DataType::kQ8_0 ? DataType::kQ8_0_R16
                                     : dtype;
 }
 
 DataType plain_of(DataType dtype) {
   return dtype == DataType::kQ4_K_R16   ? DataType::kQ4_K
          : dtype == DataType::kQ6_K_R16 ? DataType::kQ6_K
+         : dtype == DataType::kQ8_0_R16 ? DataType::kQ8_0
                                         : dtype;
 }
 
 namespace {
 
-// Copies row r of a group of 16 rows (nb super-blocks of `bytes` each) between the plain row and
-// its place in the group (data_type.h's layout): into the group when kIntoGroup, else out of it.
-// Dword v of super-block b sits at 64·D·b + 64·v + 4·r; its last T bytes at 64·D·nb + 16·T·b + T·r.
+// Copies row r of a group of 16 rows (nb blocks of `bytes` each) between the plain row and its
+// place in the group (data_type.h's layout): into the group when kIntoGroup, else out of it.
+// Dword v of block b (from byte `lead`: 2 for Q8_0, whose d comes first, else 0) sits at
+// 64·D·b + 64·v + 4·r; the T scale bytes at 64·D·nb + 16·T·b + T·r.
 template <bool kIntoGroup, class G, class P>
-void copy_row(size_t bytes, int64_t nb, G* group, int64_t r, P* plain) {
+void copy_row(size_t bytes, size_t lead, int64_t nb, G* group, int64_t r, P* plain) {
   const size_t dwords = bytes / 4, tail = bytes % 4, rr = static_cast<size_t>(r);
+  const size_t scale_at = lead == 0 ? 4 * dwords : 0;
   for (size_t b = 0; b < static_cast<size_t>(nb); ++b) {
     P* row = plain + b * bytes;
     G* chunks = group + 64 * dwords * b + 4 * rr;
@@ -92,28 +100,31 @@ void copy_row(size_t bytes, int64_t nb, G* group, int64_t r, P* plain) {
         group + 64 * dwords * static_cast<size_t>(nb) + kInterleavedRows * tail * b + tail * rr;
     for (size_t v = 0; v < dwords; ++v) {
       if constexpr (kIntoGroup) {
-        std::memcpy(chunks + 64 * v, row + 4 * v, 4);
+        std::memcpy(chunks + 64 * v, row + lead + 4 * v, 4);
       } else {
-        std::memcpy(row + 4 * v, chunks + 64 * v, 4);
+        std::memcpy(row + lead + 4 * v, chunks + 64 * v, 4);
       }
     }
     if constexpr (kIntoGroup) {
-      std::memcpy(last, row + 4 * dwords, tail);
+      std::memcpy(last, row + scale_at, tail);
     } else {
-      std::memcpy(row + 4 * dwords, last, tail);
+      std::memcpy(row + scale_at, last, tail);
     }
   }
 }
+
+// The bytes before a block's first dword (data_type.h): Q8_0's d.
+size_t lead_bytes(DataType interleaved) { return interleaved == DataType::kQ8_0_R16 ? 2 : 0; }
 
 }  // namespace
 
 void interleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
                      uint8_t* dst) {
   const size_t bytes = block_bytes(interleaved);
-  const int64_t nb = row_elements / 256;
+  const int64_t nb = row_elements / block_elements(interleaved);
   const size_t row_bytes = bytes * static_cast<size_t>(nb);
   for (int64_t r = 0; r < rows; ++r) {
-    copy_row<true>(bytes, nb,
+    copy_row<true>(bytes, lead_bytes(interleaved), nb,
                    dst + static_cast<size_t>(r / kInterleavedRows * kInterleavedRows) * row_bytes,
                    r % kInterleavedRows, src + static_cast<size_t>(r) * row_bytes);
   }
@@ -121,7 +132,8 @@ void interleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int
 
 void deinterleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
                        uint8_t* dst) {
-  const size_t row_bytes = block_bytes(interleaved) * static_cast<size_t>(row_elements / 256);
+  const auto row_bytes =
+      static_cast<size_t>(bytes_of(interleaved, static_cast<uint64_t>(row_elements)));
   for (int64_t r = 0; r < rows; ++r) {
     deinterleave_row(interleaved, src, r, row_elements, dst + static_cast<size_t>(r) * row_bytes);
   }
@@ -130,9 +142,9 @@ void deinterleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, i
 void deinterleave_row(DataType interleaved, const uint8_t* src, int64_t row, int64_t row_elements,
                       uint8_t* dst) {
   const size_t bytes = block_bytes(interleaved);
-  const int64_t nb = row_elements / 256;
+  const int64_t nb = row_elements / block_elements(interleaved);
   const size_t row_bytes = bytes * static_cast<size_t>(nb);
-  copy_row<false>(bytes, nb,
+  copy_row<false>(bytes, lead_bytes(interleaved), nb,
                   src + static_cast<size_t>(row / kInterleavedRows * kInterleavedRows) * row_bytes,
                   row % kInterleavedRows, dst);
 }

@@ -18,22 +18,18 @@ constexpr base::EnumNames<DataType> kShortNames = {
     {DataType::kInt64, "i64"},         {DataType::kUInt8, "u8"},
     {DataType::kQ8_0, "q8_0"},         {DataType::kQ4_0, "q4_0"},
     {DataType::kQ4_K, "q4_k"},         {DataType::kQ6_K, "q6_k"},
-    {DataType::kQ4_K_R16, "q4_k_r16"}, {DataType::kQ6_K_R16, "q6_k_r16"}};
+    {DataType::kQ4_K_R16, "q4_k_r16"}, {DataType::kQ6_K_R16, "q6_k_r16"},
+    {DataType::kQ8_0_R16, "q8_0_r16"}};
 
 // safetensors spec, huggingface/safetensors README.
 constexpr base::EnumNames<DataType> kSafetensorsNames = {
-    {DataType::kFloat32, "F32"},
-    {DataType::kBFloat16, "BF16"},
-    {DataType::kFloat16, "F16"},
-    {DataType::kInt32, "I32"},
-    {DataType::kInt64, "I64"},
-    {DataType::kUInt8, "U8"},
-    {DataType::kQ8_0, "Q8_0"},
-    {DataType::kQ4_0, "Q4_0"},
-    {DataType::kQ4_K, "Q4_K"},
-    {DataType::kQ6_K, "Q6_K"},
-    {DataType::kQ4_K_R16, "Q4_K_R16"},
-    {DataType::kQ6_K_R16, "Q6_K_R16"}};  // ggml's names for its block dtypes (ours for the
+    {DataType::kFloat32, "F32"},       {DataType::kBFloat16, "BF16"},
+    {DataType::kFloat16, "F16"},       {DataType::kInt32, "I32"},
+    {DataType::kInt64, "I64"},         {DataType::kUInt8, "U8"},
+    {DataType::kQ8_0, "Q8_0"},         {DataType::kQ4_0, "Q4_0"},
+    {DataType::kQ4_K, "Q4_K"},         {DataType::kQ6_K, "Q6_K"},
+    {DataType::kQ4_K_R16, "Q4_K_R16"}, {DataType::kQ6_K_R16, "Q6_K_R16"},
+    {DataType::kQ8_0_R16, "Q8_0_R16"}};  // ggml's names for its block dtypes (ours for the
                                          // interleaved forms): not safetensors'
 
 }  // namespace
@@ -47,7 +43,8 @@ absl::StatusOr<DataType> parse_data_type(std::string_view text) {
   if (std::optional<DataType> t = kSafetensorsNames.parse(text)) return *t;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype '", std::string(text),
-                   "' (expected f32/bf16/f16/i32/i64/u8/q8_0/q4_0/q4_k/q6_k/q4_k_r16/q6_k_r16 "
+                   "' (expected f32/bf16/f16/i32/i64/u8/q8_0/q4_0/q4_k/q6_k/q4_k_r16/q6_k_r16/"
+                   "q8_0_r16 "
                    "or F32/BF16/F16/I32/I64/U8)"));
 }
 

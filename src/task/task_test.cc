@@ -70,39 +70,51 @@ TEST(DataType, Q8_0IsSizedByItsBlocks) {
       << s;
 }
 
-// Rows interleaved 16 at a time (kQ4_K_R16, kQ6_K_R16): the plain dtype's sizes and element
-// values, row r's super-block b's dword v at 64·D·b + 64·v + 4·(r mod 16) of its group and
-// Q6_K's last two bytes after the group's chunks; interleave then deinterleave gives the plain
-// bytes back, one row or all of them; a dtype without the form has none.
+// Rows interleaved 16 at a time (kQ4_K_R16, kQ6_K_R16, kQ8_0_R16): the plain dtype's sizes and
+// element values, row r's block b's dword v at 64·D·b + 64·v + 4·(r mod 16) of its group (Q8_0's
+// from the block's byte 2) and the scale bytes (Q6_K's last two, Q8_0's first two) after the
+// group's chunks; interleave then deinterleave gives the plain bytes back, one row or all of
+// them; a dtype without the form has none.
 TEST(DataType, RowInterleavedFormsKeepThePlainBytesInAnotherOrder) {
   EXPECT_EQ(interleaved_rows(DataType::kQ4_K_R16), 16);
   EXPECT_EQ(interleaved_rows(DataType::kQ6_K), 1);
   EXPECT_EQ(interleaved_of(DataType::kQ4_K), DataType::kQ4_K_R16);
   EXPECT_EQ(interleaved_of(DataType::kQ6_K), DataType::kQ6_K_R16);
-  EXPECT_EQ(interleaved_of(DataType::kQ8_0), DataType::kQ8_0);
+  EXPECT_EQ(interleaved_of(DataType::kQ8_0), DataType::kQ8_0_R16);
+  EXPECT_EQ(interleaved_of(DataType::kQ4_0), DataType::kQ4_0);
+  EXPECT_EQ(plain_of(DataType::kQ8_0_R16), DataType::kQ8_0);
+  EXPECT_EQ(interleaved_rows(DataType::kQ8_0_R16), 16);
+  EXPECT_EQ(block_elements(DataType::kQ8_0_R16), 32);
+  EXPECT_EQ(block_bytes(DataType::kQ8_0_R16), 34u);
+  EXPECT_EQ(*parse_data_type("q8_0_r16"), DataType::kQ8_0_R16);
   EXPECT_EQ(plain_of(DataType::kQ6_K_R16), DataType::kQ6_K);
   EXPECT_EQ(plain_of(DataType::kBFloat16), DataType::kBFloat16);
   EXPECT_EQ(bytes_of(DataType::kQ6_K_R16, 16 * 512), bytes_of(DataType::kQ6_K, 16 * 512));
   EXPECT_EQ(block_elements(DataType::kQ4_K_R16), 256);
   EXPECT_EQ(name_of(DataType::kQ4_K_R16), "q4_k_r16");
   EXPECT_EQ(*parse_data_type("q6_k_r16"), DataType::kQ6_K_R16);
-  for (DataType plain : {DataType::kQ4_K, DataType::kQ6_K}) {
+  for (DataType plain : {DataType::kQ4_K, DataType::kQ6_K, DataType::kQ8_0}) {
     const DataType r16 = interleaved_of(plain);
-    const int64_t rows = 32, cols = 768;  // two groups of 16 rows, 3 super-blocks a row
+    // two groups of 16 rows, 3 blocks a row
+    const int64_t rows = 32, cols = 3 * block_elements(plain);
     const size_t bytes = bytes_of(plain, rows * cols), row_bytes = bytes / rows;
     std::vector<uint8_t> src(bytes), dst(bytes), back(bytes, 0xEE), row(row_bytes);
     for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131 + i / 7);
     interleave_rows(r16, src.data(), rows, cols, dst.data());
     const size_t sb = block_bytes(plain), d = sb / 4;
+    const size_t lead = plain == DataType::kQ8_0 ? 2 : 0;  // the bytes before dword 0
     for (int64_t r : {0, 5, 15, 16, 31}) {
       for (int64_t b = 0; b < 3; ++b) {
         const uint8_t* group = dst.data() + r / 16 * 16 * row_bytes;
         const uint8_t* plain_sb = src.data() + r * row_bytes + b * sb;
-        EXPECT_EQ(0, std::memcmp(group + 64 * d * b + 64 * 7 + 4 * (r % 16), plain_sb + 28, 4))
-            << name_of(r16) << " row " << r << " super-block " << b;
-        if (plain == DataType::kQ6_K) {
-          EXPECT_EQ(0, std::memcmp(group + 64 * d * 3 + 32 * b + 2 * (r % 16), plain_sb + 208, 2))
-              << "the d of row " << r << " super-block " << b;
+        EXPECT_EQ(0,
+                  std::memcmp(group + 64 * d * b + 64 * 7 + 4 * (r % 16), plain_sb + lead + 28, 4))
+            << name_of(r16) << " row " << r << " block " << b;
+        if (plain != DataType::kQ4_K) {
+          const size_t scale_at = plain == DataType::kQ6_K ? 208 : 0;
+          EXPECT_EQ(0,
+                    std::memcmp(group + 64 * d * 3 + 32 * b + 2 * (r % 16), plain_sb + scale_at, 2))
+              << "the d of " << name_of(r16) << " row " << r << " block " << b;
         }
       }
       deinterleave_row(r16, dst.data(), r, cols, row.data());
@@ -115,13 +127,13 @@ TEST(DataType, RowInterleavedFormsKeepThePlainBytesInAnotherOrder) {
     EXPECT_EQ(out[0], 1.5f) << "an interleaved dtype's bytes are not one row's blocks";
   }
   // a task argument of the last dtype validates; one past it is an unknown dtype
-  auto t = Tensor::contiguous(0x1000, {16, 256}, DataType::kQ6_K_R16);
+  auto t = Tensor::contiguous(0x1000, {16, 256}, DataType::kQ8_0_R16);
   ASSERT_TRUE(t.ok());
   TaskArgs args;
   args.add_tensor(*t, ArgDirection::kIn);
   EXPECT_TRUE(args.validate().ok());
   Tensor past = *t;
-  past.dtype = static_cast<DataType>(static_cast<uint8_t>(DataType::kQ6_K_R16) + 1);
+  past.dtype = static_cast<DataType>(static_cast<uint8_t>(DataType::kQ8_0_R16) + 1);
   TaskArgs bad;
   bad.add_tensor(past, ArgDirection::kIn);
   EXPECT_EQ(bad.validate().code(), absl::StatusCode::kInvalidArgument);

@@ -126,15 +126,15 @@ bool bf16_precision_available();
 // target has both).
 Precision effective_precision(KernelIsa isa, Precision precision);
 
-// Whether the matmul kernels of `isa` (resolved) at `precision` read Q4_K and Q6_K weights
-// fastest with their rows interleaved 16 at a time (task::DataType::kQ4_K_R16 / kQ6_K_R16):
-// kInt8 on the x86 targets (avx512 and x86-64-v3, on every set of their integer dots: AVX-512
-// VNNI, AVX-VNNI, AVX2), whose integer sums then take 8 or 16 W rows a vector
+// Whether the matmul kernels of `isa` (resolved) at `precision` read Q4_K, Q6_K and Q8_0 weights
+// fastest with their rows interleaved 16 at a time (task::DataType::kQ4_K_R16, kQ6_K_R16,
+// kQ8_0_R16): kInt8 on the x86 targets (avx512 and x86-64-v3, on every set of their integer dots:
+// AVX-512 VNNI, AVX-VNNI, AVX2), whose integer sums then take 8 or 16 W rows a vector
 // (docs/design/quantized_matmul.md, "Row-interleaved weights"); false for an unavailable `isa`.
-// The model runner stores those weights so where this holds and their row count is a multiple of
-// 16. Every target and precision reads both layouts with bitwise the
-// same results (the x86 int8 kernels natively; every other path copies the rows back out a group
-// of 16 at a time).
+// The model runner stores those weights so where this holds and every matrix's row count is a
+// multiple of 16. Every target and precision reads both layouts with bitwise the same results
+// (the x86 int8 kernels natively; every other path copies the rows back out a group of 16 at a
+// time).
 bool prefers_interleaved_weights(KernelIsa isa, Precision precision);
 
 // What precision kBf16 runs on this machine, in words for the log: our kernel's row range and

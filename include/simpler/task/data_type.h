@@ -42,26 +42,28 @@ enum class DataType : uint8_t {
   // high for c >= 2) and high bits (qh[32h + l] >> 2c) & 3; q is those 6 bits less 32, and the
   // element is d·scales[8h + 2c + l / 16]·q, exact in f32. Rows as kQ4_K.
   kQ6_K = 9,
-  // kQ4_K and kQ6_K with their rows interleaved 16 at a time, so that a kernel reads 16 rows'
-  // super-blocks as vectors whose lane r is row r (docs/design/quantized_matmul.md,
+  // kQ4_K, kQ6_K and kQ8_0 with their rows interleaved 16 at a time, so that a kernel reads 16
+  // rows' blocks as vectors whose lane r is row r (docs/design/quantized_matmul.md,
   // "Row-interleaved weights"). Loaders never read them from a file: the model runner writes them
   // into device memory (interleave_rows) for the kernel targets that read them fastest. A tensor
-  // of it is [m, n], m a multiple of 16 and n of 256: m / 16 groups of 16 consecutive rows, each
-  // group the 16 rows' bytes (so bytes_of is the plain dtype's). In a group, with B the plain
-  // super-block's bytes (144, 210), D = B / 4 (36, 52), T = B mod 4 (0, 2) and nb = n / 256:
-  // super-block column b's 16 super-blocks are D chunks of 64 bytes at 64·D·b, chunk v holding
-  // bytes [4v, 4v + 4) of row r's super-block b at [4r, 4r + 4); after the nb·D chunks, each
-  // super-block's last T bytes (Q6_K's d), column b's at 64·D·nb + 16·T·b, row r's at + T·r.
-  // Element values are the plain dtype's.
+  // of it is [m, n], m a multiple of 16 and n of the plain block's elements (256; 32 for Q8_0):
+  // m / 16 groups of 16 consecutive rows, each group the 16 rows' bytes (so bytes_of is the plain
+  // dtype's). In a group, with B the plain block's bytes (144, 210, 34), D = B / 4 (36, 52, 8),
+  // T = B mod 4 (0, 2, 2) and nb the blocks of a row: a block's T scale bytes are set apart (Q6_K's
+  // d, its last 2 bytes; Q8_0's d, its first 2) and the rest, bytes [o, o + 4·D) with o = 0 (2
+  // for Q8_0), is D dwords: block column b's 16 blocks are D chunks of 64 bytes at 64·D·b, chunk
+  // v holding dword v of row r's block b at [4r, 4r + 4); after the nb·D chunks, the scale bytes,
+  // column b's at 64·D·nb + 16·T·b, row r's at + T·r. Element values are the plain dtype's.
   kQ4_K_R16 = 10,
   kQ6_K_R16 = 11,
+  kQ8_0_R16 = 12,
 };
 
 // Elements per block: 32 for kQ8_0 and kQ4_0, 256 for kQ4_K and kQ6_K (and their interleaved
 // forms), 1 for every other dtype.
 int64_t block_elements(DataType dtype);
-// Bytes per block: 34 for kQ8_0, 18 for kQ4_0, 144 for kQ4_K (and kQ4_K_R16), 210 for kQ6_K (and
-// kQ6_K_R16), size_of for every other dtype.
+// Bytes per block: 34 for kQ8_0 (and kQ8_0_R16), 18 for kQ4_0, 144 for kQ4_K (and kQ4_K_R16), 210
+// for kQ6_K (and kQ6_K_R16), size_of for every other dtype.
 size_t block_bytes(DataType dtype);
 // Bytes of `numel` consecutive elements (rounded up to whole blocks for a block dtype).
 uint64_t bytes_of(DataType dtype, uint64_t numel);
@@ -70,17 +72,18 @@ uint64_t bytes_of(DataType dtype, uint64_t numel);
 size_t size_of(DataType dtype);
 
 // Short name: "f32", "bf16", "f16", "i32", "i64", "u8", "q8_0", "q4_0", "q4_k", "q6_k",
-// "q4_k_r16", "q6_k_r16".
+// "q4_k_r16", "q6_k_r16", "q8_0_r16".
 std::string_view name_of(DataType dtype);
 
-// Parses a short name ("f32", ..., "q4_k", "q6_k", "q4_k_r16", "q6_k_r16") or a safetensors dtype
+// Parses a short name ("f32", ..., "q4_k", "q6_k", "q4_k_r16", "q6_k_r16", "q8_0_r16") or a
+// safetensors dtype
 // string ("F32", "BF16", "F16", "I32", "I64", "U8"; safetensors spec, huggingface/safetensors
 // README). INVALID_ARGUMENT names the unknown string.
 absl::StatusOr<DataType> parse_data_type(std::string_view text);
 
 // The safetensors dtype string of `dtype` (for the block dtypes, which safetensors lacks, ggml's
-// "Q8_0", "Q4_0", "Q4_K" and "Q6_K", and ours for their interleaved forms, "Q4_K_R16" and
-// "Q6_K_R16", which no file holds).
+// "Q8_0", "Q4_0", "Q4_K" and "Q6_K", and ours for their interleaved forms, "Q4_K_R16",
+// "Q6_K_R16" and "Q8_0_R16", which no file holds).
 std::string_view safetensors_name(DataType dtype);
 
 // The `numel` elements (a multiple of block_elements(dtype)) of a block dtype stored at `src`
@@ -90,23 +93,23 @@ std::string_view safetensors_name(DataType dtype);
 // deinterleave_rows first), writes nothing.
 void dequantize_blocks(DataType dtype, const uint8_t* src, int64_t numel, float* out);
 
-// Row interleaving (kQ4_K_R16, kQ6_K_R16 above).
+// Row interleaving (kQ4_K_R16, kQ6_K_R16, kQ8_0_R16 above).
 // The rows of one group of an interleaved dtype.
 inline constexpr int64_t kInterleavedRows = 16;
-// Rows interleaved together: kInterleavedRows for kQ4_K_R16 and kQ6_K_R16, 1 for every other
-// dtype.
+// Rows interleaved together: kInterleavedRows for kQ4_K_R16, kQ6_K_R16 and kQ8_0_R16, 1 for every
+// other dtype.
 int64_t interleaved_rows(DataType dtype);
-// The interleaved form of a plain dtype: kQ4_K_R16 for kQ4_K, kQ6_K_R16 for kQ6_K, `dtype`
-// itself for every other (which has none).
+// The interleaved form of a plain dtype: kQ4_K_R16 for kQ4_K, kQ6_K_R16 for kQ6_K, kQ8_0_R16 for
+// kQ8_0, `dtype` itself for every other (which has none).
 DataType interleaved_of(DataType dtype);
-// The plain form of an interleaved dtype (kQ4_K for kQ4_K_R16, kQ6_K for kQ6_K_R16), `dtype`
-// itself for every other.
+// The plain form of an interleaved dtype (kQ4_K for kQ4_K_R16, kQ6_K for kQ6_K_R16, kQ8_0 for
+// kQ8_0_R16), `dtype` itself for every other.
 DataType plain_of(DataType dtype);
 // `rows` rows (a multiple of interleaved_rows(interleaved)) of `row_elements` elements (a multiple
-// of 256) each: from the plain layout at `src` into the layout of `interleaved` (kQ4_K_R16 or
-// kQ6_K_R16) at `dst`, and back. Both spans are bytes_of(interleaved, rows·row_elements) bytes
-// and must not overlap. Preconditions (unchecked): the counts as said, `interleaved` one of the
-// two.
+// of block_elements(interleaved)) each: from the plain layout at `src` into the layout of
+// `interleaved` (kQ4_K_R16, kQ6_K_R16 or kQ8_0_R16) at `dst`, and back. Both spans are
+// bytes_of(interleaved, rows·row_elements) bytes and must not overlap. Preconditions (unchecked):
+// the counts as said, `interleaved` one of the three.
 void interleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
                      uint8_t* dst);
 void deinterleave_rows(DataType interleaved, const uint8_t* src, int64_t rows, int64_t row_elements,
