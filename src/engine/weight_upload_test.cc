@@ -143,9 +143,9 @@ TEST_F(UploadWeights, AFileCutDuringTheCopyFailsNamingTheTensorAndFileOnEitherSh
 }
 
 // A weight planned as interleaved (WeightSlot::dtype q4_k_r16, q6_k_r16, q8_0_r16) lands in device
-// memory
-// as task::interleave_rows writes the file's rows, its target tensor of that dtype; 300 groups of
-// 16 rows take two chunks of the staging buffer (whole groups each); a plain weight beside it is
+// memory as task::interleave_rows writes the file's rows, its target tensor of that dtype; 300
+// groups of 16 rows take two or three chunks of the staging buffer (whole groups each: 1 MiB holds
+// 227 groups of Q4_K, 156 of Q6_K, 120 of Q8_0); a plain weight beside it is
 // copied as it is. (The file holds the blocks' bytes as bf16 tensors of the same size, their
 // views retyped as a GGUF file's would be: the copy reads bytes, and safetensors has no block
 // dtypes.)

@@ -1016,15 +1016,14 @@ TEST(InterleavedWeights, GiveThePlainWeightsBitsInEveryKernelThatReadsWeights) {
   }
 }
 
-// matmul_merged over q4_k_r16, a plain q6_k and a plain q4_k (x quantized for q4_k is not shared
-// between the two layouts: the avx512 kernels read it permuted for a plain q4_k at one x row),
-// its one block claiming in order (q4_k_r16 first) or two on threads; matmul_silu_mul over
-// q4_k_r16 and q6_k_r16.
-TEST(InterleavedWeights, MergedTasksMixThemWithPlainWeights) {
+// matmul_merged over an interleaved `dt` (q4_k or q8_0) of 48 rows, a plain q6_k and a plain `dt`
+// of 16, then matmul_silu_mul over the interleaved `dt` and an interleaved q6_k: bitwise the
+// plain weights' outputs (MergedTasksMixThemWithPlainWeights).
+void expect_merged_mix(DataType dt) {
   const int64_t in = 512, outs[] = {48, 32, 16};
-  std::vector<TestWeights> plain = {make_weights(DataType::kQ4_K, 48 * in, 93),
+  std::vector<TestWeights> plain = {make_weights(dt, 48 * in, 93),
                                     make_weights(DataType::kQ6_K, 32 * in, 94),
-                                    make_weights(DataType::kQ4_K, 16 * in, 95)};
+                                    make_weights(dt, 16 * in, 95)};
   std::vector<TestWeights> mixed = {interleaved(plain[0], 48, in), plain[1], plain[2]};
   TestWeights up = make_weights(DataType::kQ6_K, 48 * in, 96);
   for (int64_t rows : {1, 3}) {
@@ -1049,10 +1048,10 @@ TEST(InterleavedWeights, MergedTasksMixThemWithPlainWeights) {
                           matmul_merged_args(view(x, {rows, in}), wt, yt), blocks, blocks == 2)
                           .ok());
           for (size_t i = 0; i < 3; ++i) {
-            ASSERT_NO_FATAL_FAILURE(
-                expect_same_bits(got[i], want[i],
-                                 absl::StrCat(name_of(isa), " merged weight ", i, " rows ", rows,
-                                              " blocks ", blocks)));
+            ASSERT_NO_FATAL_FAILURE(expect_same_bits(
+                got[i], want[i],
+                absl::StrCat(std::string(task::name_of(dt)), " ", name_of(isa), " merged weight ",
+                             i, " rows ", rows, " blocks ", blocks)));
           }
         }
         std::vector<float> g(rows * 48, NAN), u(rows * 48, NAN), act(rows * 48, NAN),
@@ -1071,6 +1070,16 @@ TEST(InterleavedWeights, MergedTasksMixThemWithPlainWeights) {
         ASSERT_NO_FATAL_FAILURE(expect_same_bits(u, u_want, absl::StrCat(name_of(isa), " up")));
       }
     }
+  }
+}
+
+// matmul_merged over q4_k_r16, a plain q6_k and a plain q4_k (x quantized for q4_k is not shared
+// between the two layouts: the avx512 kernels read it permuted for a plain q4_k at one x row),
+// its one block claiming in order (q4_k_r16 first) or two on threads; matmul_silu_mul over
+// q4_k_r16 and q6_k_r16. The same with q8_0_r16 beside a plain q8_0.
+TEST(InterleavedWeights, MergedTasksMixThemWithPlainWeights) {
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ8_0}) {
+    ASSERT_NO_FATAL_FAILURE(expect_merged_mix(dt));
   }
 }
 

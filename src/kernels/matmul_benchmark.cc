@@ -230,10 +230,7 @@ struct QuantizedProblem {
       std::copy(w.begin(), w.end(), out.begin());
       return out;
     }
-    const task::DataType plain = wt == WeightType::kQ4_K   ? task::DataType::kQ4_K
-                                 : wt == WeightType::kQ6_K ? task::DataType::kQ6_K
-                                                           : task::DataType::kQ8_0;
-    task::interleave_rows(task::interleaved_of(plain), w.data(), n, k, out.data());
+    task::interleave_rows(matmul_detail::interleaved_dtype_of(wt), w.data(), n, k, out.data());
     return out;
   }
   QuantizedProblem(const QuantizedProblem&) = delete;

@@ -69,6 +69,21 @@ struct Problem {
   bool interleaved = false;
 };
 
+// The interleaved dtype of W rows of `wt` (Problem::interleaved): kQ4_K_R16, kQ6_K_R16 or
+// kQ8_0_R16; kUInt8 (no interleaved form) for every other type.
+inline task::DataType interleaved_dtype_of(WeightType wt) {
+  switch (wt) {
+    case WeightType::kQ4_K:
+      return task::DataType::kQ4_K_R16;
+    case WeightType::kQ6_K:
+      return task::DataType::kQ6_K_R16;
+    case WeightType::kQ8_0:
+      return task::DataType::kQ8_0_R16;
+    default:
+      return task::DataType::kUInt8;
+  }
+}
+
 // Runs p (interleaved) as plain problems, one group of task::kInterleavedRows rows at a time:
 // each group's rows copied out of the interleaving into a per-thread buffer
 // (task::deinterleave_rows), then `run` on a copy of p over them. For the paths that do not read
@@ -77,9 +92,7 @@ struct Problem {
 template <class Run>
 void run_deinterleaved(const Problem& p, Run&& run) {
   constexpr int64_t kGroup = task::kInterleavedRows;
-  const task::DataType dtype = p.wt == WeightType::kQ4_K   ? task::DataType::kQ4_K_R16
-                               : p.wt == WeightType::kQ6_K ? task::DataType::kQ6_K_R16
-                                                           : task::DataType::kQ8_0_R16;
+  const task::DataType dtype = interleaved_dtype_of(p.wt);
   const auto row_bytes = static_cast<int64_t>(task::bytes_of(dtype, static_cast<uint64_t>(p.k)));
   thread_local std::vector<uint8_t> plain;
   plain.resize(static_cast<size_t>(kGroup * row_bytes));

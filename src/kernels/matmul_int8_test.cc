@@ -432,9 +432,9 @@ TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
   }
 }
 
-// The model runner stores Q4_K and Q6_K interleaved for precision int8 on the x86 targets, whose
-// int8 dots read them natively (every set: AVX-512 VNNI, AVX-VNNI, AVX2), never for the exact or
-// bf16 precisions, the portable and NEON targets, or a target the CPU lacks.
+// The model runner stores Q4_K, Q6_K and Q8_0 interleaved for precision int8 on the x86 targets,
+// whose int8 dots read them natively (every set: AVX-512 VNNI, AVX-VNNI, AVX2), never for the exact
+// or bf16 precisions, the portable and NEON targets, or a target the CPU lacks.
 TEST(MatmulInt8, InterleavedWeightsArePreferredWhereTheInt8DotsReadThem) {
 #if defined(__x86_64__)
   EXPECT_EQ(prefers_interleaved_weights(KernelIsa::kAvx512, Precision::kInt8),

@@ -681,7 +681,9 @@ void rows_super_one(const Problem& p, const QuantizedX& x, const int8_t* xq) {
 // kMinRowsQ6K, kMinRowsQ8_0: from how many x rows on each type takes the tiles (rows_q8_0_tiles
 // for Q8_0; the repack costs one or a few x rows' dots; below those counts the per-row kernels
 // measured as fast or faster: matmul_benchmark at 2, 4, 8 and 16 rows,
-// docs/design/quantized_matmul.md).
+// docs/design/quantized_matmul.md). Over interleaved rows Q4_K and Q6_K take the tiles from 4 x
+// rows (rows_interleaved), Q8_0 on zmm never (rows_q8_0_interleaved at every count), on ymm from
+// kMinRowsQ8_0.
 
 // 256-bit vectors over a Dot of this header.
 template <class Dot>
@@ -1181,23 +1183,39 @@ void tile_rows_of(const Problem& p, const QuantizedX& x, const TileScratch<Tile>
   }
 }
 
+// Prefetches with `Hint` the lines of W rows [row, row + rows) (`row_bytes` each, w at row 0) that
+// lie below byte `end` (prefetch_bytes).
+template <int Hint>
+inline void prefetch_span(const uint8_t* w, int64_t row, int64_t rows, int64_t row_bytes,
+                          int64_t end) {
+  for (int64_t at = row * row_bytes; at < (row + rows) * row_bytes && at < end; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + at), static_cast<_mm_hint>(Hint));
+  }
+}
+
+// x rows [0, rows) in runs of 8, 4, 2 or 1: f.template operator()<R>(r0) for each.
+template <class F>
+void by_row_runs(int64_t rows, F&& f) {
+  for (int64_t r0 = 0; r0 < rows;) {
+    const int64_t left = rows - r0;
+    if (left >= 8) {
+      f.template operator()<8>(r0);
+    } else if (left >= 4) {
+      f.template operator()<4>(r0);
+    } else if (left >= 2) {
+      f.template operator()<2>(r0);
+    } else {
+      f.template operator()<1>(r0);
+    }
+    r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+  }
+}
+
 // Every x row of p against the tile at W rows [j0, j0 + lanes), 8 x rows at a time.
 template <class V, class Tile>
 void tile_all_rows(const Problem& p, const QuantizedX& x, const TileScratch<Tile>& t, int64_t j0,
                    int64_t lanes) {
-  for (int64_t r0 = 0; r0 < p.rows;) {
-    const int64_t left = p.rows - r0;
-    if (left >= 8) {
-      tile_rows_of<V, Tile, 8>(p, x, t, r0, j0, lanes);
-    } else if (left >= 4) {
-      tile_rows_of<V, Tile, 4>(p, x, t, r0, j0, lanes);
-    } else if (left >= 2) {
-      tile_rows_of<V, Tile, 2>(p, x, t, r0, j0, lanes);
-    } else {
-      tile_rows_of<V, Tile, 1>(p, x, t, r0, j0, lanes);
-    }
-    r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-  }
+  by_row_runs(p.rows, [&]<int R>(int64_t r0) { tile_rows_of<V, Tile, R>(p, x, t, r0, j0, lanes); });
 }
 
 // A call's TileScratch, x's aux written.
@@ -1223,10 +1241,8 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     const typename V::I rows = tile_rows<V>(row_bytes, lanes);
     // the next tile's rows arrive while this one meets the x rows
-    const int64_t next = (j0 + V::kLanes) * row_bytes, end = prefetch_bytes(p, row_bytes);
-    for (int64_t at = next; at < next + V::kLanes * row_bytes && at < end; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
-    }
+    prefetch_span<_MM_HINT_T0>(w, j0 + V::kLanes, V::kLanes, row_bytes,
+                               prefetch_bytes(p, row_bytes));
     for (int64_t b = 0; b < supers; ++b) {
       repack_tile(t.tile[b], w + j0 * row_bytes + b * Tile::kBytes, rows, row_bytes, lanes);
     }
@@ -1247,15 +1263,12 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
   const int64_t supers = p.k / kSuperBlockWeights, group_bytes = kGroupRows * supers * Tile::kBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
   const TileScratch<Tile> t = tile_scratch<Tile, V>(p, x, supers);
-  const int64_t end = prefetch_bytes(p, supers * Tile::kBytes);
+  const int64_t row_bytes = supers * Tile::kBytes, end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const uint8_t* g = w + j0 / kGroupRows * group_bytes;
     const int64_t lane0 = j0 % kGroupRows;
     if (lane0 == 0) {  // the next group arrives while this one meets the x rows
-      const int64_t next = (j0 / kGroupRows + 1) * group_bytes;
-      for (int64_t at = next; at < next + group_bytes && at < end; at += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
-      }
+      prefetch_span<_MM_HINT_T0>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
     }
     for (int64_t b = 0; b < supers; ++b) {
       t.tile[b].repack(
@@ -1302,14 +1315,14 @@ inline typename V::I run_dot(typename V::I acc, typename V::I w, typename V::I x
 template <class V>
 constexpr int64_t kHalves = kGroupRows / V::kLanes;
 
-// Where half `half` of super-block b of x row i (of R) keeps its sums: vectors of kLanes.
+// Where part `part` (kHalves) of block b of x row i (of R) keeps its sums: vectors of kLanes.
 template <class V, int R>
-constexpr int64_t few_at(int64_t half, int64_t i, int64_t supers, int64_t b) {
-  return V::kLanes * ((half * R + i) * supers + b);
+constexpr int64_t few_at(int64_t part, int64_t i, int64_t blocks, int64_t b) {
+  return V::kLanes * ((part * R + i) * blocks + b);
 }
 
 // R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g:
-// S and M of super-block b, lanes of half h, at s, m + few_at(h, i, supers, b), d and dmin at
+// S and M of super-block b, lanes of part h, at s, m + few_at(h, i, supers, b), d and dmin at
 // d[h·supers + b], dmin[h·supers + b].
 template <class V, int R>
 void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, int64_t k,
@@ -1317,12 +1330,12 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
                            typename V::F* dmin) {
   using I = typename V::I;
   const I k4 = V::set1(0x0f0f0f0f), kf0 = V::set1(static_cast<int32_t>(0xf0f0f0f0u));
-  for (int64_t bh = 0; bh < supers * kHalves<V>; ++bh) {
-    const int64_t b = bh / kHalves<V>, half = bh % kHalves<V>;
-    const InterleavedRows<V> src{g + 64 * (kQ4_KBlockBytes / 4) * b + 4 * V::kLanes * half,
+  for (int64_t bp = 0; bp < supers * kHalves<V>; ++bp) {
+    const int64_t b = bp / kHalves<V>, part = bp % kHalves<V>;
+    const InterleavedRows<V> src{g + 64 * (kQ4_KBlockBytes / 4) * b + 4 * V::kLanes * part,
                                  nullptr};
     I sc[8], mins[4], sum[R];
-    q4_k_head<V>(src, sc, mins, d[half * supers + b], dmin[half * supers + b]);
+    q4_k_head<V>(src, sc, mins, d[part * supers + b], dmin[part * supers + b]);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
 #pragma GCC unroll 1
@@ -1336,7 +1349,7 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) {
         const I q = src.dword(16 + 32 * c + 4 * t);
-        prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
+        if (part == 0) prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
         const I wl = V::and_(q, k4);
         const I wh = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
 #pragma GCC unroll 4
@@ -1359,7 +1372,7 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
     }
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
-      const int64_t at = few_at<V, R>(half, i, supers, b);
+      const int64_t at = few_at<V, R>(part, i, supers, b);
       V::store(s + at, sum[i]);
       V::store(m + at, q4_k_mins_sum<V>(mins, aux + 4 * (i * supers + b)));
     }
@@ -1374,12 +1387,12 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
                            const int32_t* aux, int32_t* s, typename V::F* d) {
   using I = typename V::I;
   constexpr int64_t kChunks = kQ6_KBlockBytes / 4;
-  for (int64_t bh = 0; bh < supers * kHalves<V>; ++bh) {
-    const int64_t b = bh / kHalves<V>, half = bh % kHalves<V>, lane0 = V::kLanes * half;
+  for (int64_t bp = 0; bp < supers * kHalves<V>; ++bp) {
+    const int64_t b = bp / kHalves<V>, part = bp % kHalves<V>, lane0 = V::kLanes * part;
     const InterleavedRows<V> src{g + 64 * kChunks * b + 4 * lane0,
                                  g + 64 * kChunks * supers + 2 * (16 * b + lane0)};
     I sum[R];
-    d[half * supers + b] = src.q6_k_d();
+    d[part * supers + b] = src.q6_k_d();
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
 #pragma GCC unroll 1
@@ -1402,9 +1415,11 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
           const int t = 4 * half + tt;
           const int at0 = 64 * h + 4 * t, at1 = at0 + 32, ath = 128 + 32 * h + 4 * t;
           const I ql0 = src.dword(at0), ql1 = src.dword(at1), qh = src.dword(ath);
-          prefetch_chunk(src.chunks + 16 * at0);
-          prefetch_chunk(src.chunks + 16 * at1);
-          prefetch_chunk(src.chunks + 16 * ath);
+          if (part == 0) {  // the parts share lines
+            prefetch_chunk(src.chunks + 16 * at0);
+            prefetch_chunk(src.chunks + 16 * at1);
+            prefetch_chunk(src.chunks + 16 * ath);
+          }
           I w[4];
           q6_k_values<V>(ql0, ql1, qh, w);
 #pragma GCC unroll 4
@@ -1429,7 +1444,7 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
     q6_k_pairs<V>(src, pairs);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
-      V::store(s + few_at<V, R>(half, i, supers, b),
+      V::store(s + few_at<V, R>(part, i, supers, b),
                V::sub(sum[i], q6_k_offset<V>(pairs, aux + 8 * (i * supers + b))));
     }
   }
@@ -1447,18 +1462,18 @@ void interleaved_few_of(const Problem& p, const QuantizedX& x, const uint8_t* g,
   } else {
     q6_k_interleaved_dots<V, R>(g, supers, x.q.data(), p.k, aux, s, d);
   }
-  for (int64_t half = 0; half < kHalves<V>; ++half) {
-    const F* dh = d + half * supers;
-    const F* dminh = dmin + half * supers;
+  for (int64_t part = 0; part < kHalves<V>; ++part) {
+    const F* dh = d + part * supers;
+    const F* dminh = dmin + part * supers;
     for (int64_t i = 0; i < R; ++i) {
-      const int64_t at = few_at<V, R>(half, i, supers, 0);
+      const int64_t at = few_at<V, R>(part, i, supers, 0);
       combine_lanes<V, WT == WeightType::kQ4_K>(
           supers, x.d.data() + i * x.d_stride,
           [dh, dminh](int64_t b, F* db, F* dminb) {
             *db = dh[b];
             *dminb = dminh[b];
           },
-          s + at, m + at, p.y + i * p.ldy + j0 + V::kLanes * half, V::kLanes, p.accumulate);
+          s + at, m + at, p.y + i * p.ldy + j0 + V::kLanes * part, V::kLanes, p.accumulate);
     }
   }
 }
@@ -1512,11 +1527,10 @@ void rows_interleaved(const Problem& p, const QuantizedX& x) {
 // is broadcast against w[t] by one V::dot, so after a block's 8 each lane holds Σ (w + 128)·x for
 // its row, and the block's -128·Σx (one i32 per x row and block, the same for every lane, once per
 // call) as the accumulator's start leaves the exact block sum S_b: one instruction per 4 products
-// a lane, x rows 8 at a time sharing each loaded W vector. V::dot must take its unsigned side over
-// all of 0..255 without saturating (vpdpbusd; not AVX2's vpmaddubsw, whose i16 pair sums would
-// reach 2·255·127), so the AVX2 target keeps rows_blocks. The combine runs on the W rows' lanes in
-// the shared order (matmul_int8.h): lane l = b mod 8 of every row in acc[l], adding
-// (dw_b·dx_b)·f32(S_b) in increasing b, then the tree across the 8: bitwise rows_blocks' y.
+// a lane, x rows 8 at a time sharing each loaded W vector. Where V::dot cannot take its unsigned
+// side over all of 0..255 without saturating (AVX2's vpmaddubsw, whose i16 pair sums would reach
+// 2·255·127: kQ8_0Signed), the tiles hold W signed and the dots take |w| against x with w's sign.
+// The combine runs on the W rows' lanes in the shared order (q8_0_combine_lanes).
 // -128·Σ q over each of `blocks` blocks of 32 of x's q: a block sum's start when the weights are
 // taken unsigned (w + 128) against x's q.
 inline void q8_0_x_starts(const int8_t* q, int64_t blocks, int32_t* out) {
@@ -1556,21 +1570,62 @@ void repack_q8_0(Q80Tile<Ymm<Dot>>* tile, const uint8_t* w, int64_t row_bytes, i
   }
 }
 
-// R x rows (row i's q at xq + i·k, its blocks' -128·Σx at xc + i·blocks) against a repacked tile:
-// row i's S_b, one lane per W row, at s + kLanes·(i·blocks + b).
-template <class V, int R>
-void q8_0_tile_dots(const Q80Tile<V>* tile, int64_t blocks, const int8_t* xq, int64_t k,
-                    const int32_t* xc, int32_t* s) {
+// Where the Q8_0 dots read W, vector lane r W row r: Q8_0TileSrc a repacked tile (its vectors
+// already q + 128, or q itself where kQ8_0Signed); Q8_0ChunkSrc W rows interleaved 16 at a time
+// (task::DataType::kQ8_0_R16: in a group, block column b is 8 chunks of 64 bytes at 512·b, chunk
+// t holding dword t, weights 4t..4t + 3, of every row's q; the rows' d follow the group's chunks,
+// column b's 32 bytes at 512·blocks + 32·b), a chunk's kLanes rows one load, flipped on the way.
+// kParts vectors take a block column's rows (Q8_0ChunkSrc on ymm: two halves of a group).
+template <class V>
+struct Q8_0TileSrc {
+  static constexpr int64_t kParts = 1;
+  const Q80Tile<V>* tile;
+  typename V::I w(int64_t b, int64_t, int t) const { return tile[b].w[t]; }
+  typename V::F d(int64_t b, int64_t) const { return tile[b].d; }
+  void prefetch(int64_t, int64_t, int) const {}
+};
+
+template <class V>
+struct Q8_0ChunkSrc {
+  static constexpr int64_t kParts = kHalves<V>;
+  const uint8_t* g;  // the group
+  int64_t blocks;
+  bool prefetch_lines;  // prefetch_chunk a line per chunk read (part 0's: the parts share lines)
+  const uint8_t* chunk(int64_t b, int64_t part, int t) const {
+    return g + 512 * b + 64 * t + 4 * V::kLanes * part;
+  }
+  typename V::I w(int64_t b, int64_t part, int t) const {
+    const typename V::I q = V::load(chunk(b, part, t));
+    if constexpr (V::kQ8_0Signed) return q;
+    return V::xor_(q, V::set1(static_cast<int32_t>(0x80808080u)));
+  }
+  typename V::F d(int64_t b, int64_t part) const {
+    return V::halves(g + 512 * blocks + 32 * b + 2 * V::kLanes * part);
+  }
+  void prefetch(int64_t b, int64_t part, int t) const {
+    if (prefetch_lines && part == 0) prefetch_chunk(chunk(b, part, t));
+  }
+};
+
+// R x rows (row i's q at xq + i·k, its blocks' -128·Σx at xc + i·blocks: q8_0_starts) against W
+// read through src: row i's S_b of part `part`, one lane per W row, at s + few_at(part, i, blocks,
+// b). An x row's dword t is broadcast against W's vector t by one V::dot, so after a block's 8
+// each lane holds Σ (w + 128)·x for its row from -128·Σx: the exact block sum S_b; where
+// kQ8_0Signed (AVX2's vpmaddubsw would saturate on w + 128) |w| against x with w's sign.
+template <class V, int R, class Src>
+void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, const int32_t* xc,
+               int32_t* s) {
   using I = typename V::I;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const Q80Tile<V>& o = tile[b];
+  for (int64_t bp = 0; bp < blocks * Src::kParts; ++bp) {
+    const int64_t b = bp / Src::kParts, part = bp % Src::kParts;
     const int8_t* xb = xq + 32 * b;
     I a[R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
-      const I wv = o.w[t];
+      src.prefetch(b, part, t);
+      const I wv = src.w(b, part, t);
       if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
         const I uw = _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 8
@@ -1583,12 +1638,14 @@ void q8_0_tile_dots(const Q80Tile<V>* tile, int64_t blocks, const int8_t* xq, in
       }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) V::store(s + V::kLanes * (i * blocks + b), a[i]);
+    for (int i = 0; i < R; ++i) V::store(s + few_at<V, R>(part, i, blocks, b), a[i]);
   }
 }
 
 // One x row's Q8_0 combine on the W rows' lanes: block b's S_b at s + kLanes·b, the rows' scales
-// d_of(b) (f32); the `lanes` W rows' y stored at `y`.
+// d_of(b) (f32); the `lanes` W rows' y stored at `y`. Lane l = b mod 8 of every row in acc[l],
+// adding (dw_b·dx_b)·f32(S_b) in increasing b, then the tree across the 8: the shared order
+// (matmul_int8.h), bitwise rows_blocks' y.
 template <class V, class Scales>
 void q8_0_combine_lanes(Scales d_of, int64_t blocks, const float* dx, const int32_t* s, float* y,
                         int64_t lanes, bool accumulate) {
@@ -1608,42 +1665,50 @@ void q8_0_combine_lanes(Scales d_of, int64_t blocks, const float* dx, const int3
   V::store_rows(y, tree8_rows<V>(acc), lanes, accumulate);
 }
 
-// One x row's combine over a Q8_0 tile: the `lanes` W rows' y stored at `y`.
-template <class V>
-void q8_0_combine_tile(const Q80Tile<V>* tile, int64_t blocks, const float* dx, const int32_t* s,
-                       float* y, int64_t lanes, bool accumulate) {
-  q8_0_combine_lanes<V>([tile](int64_t b) { return tile[b].d; }, blocks, dx, s, y, lanes,
-                        accumulate);
-}
-
-// R x rows from r0 against the tile at W rows [j0, j0 + lanes): dots, then each row's combine.
-template <class V, int R>
-void q8_0_tile_rows_of(const Problem& p, const QuantizedX& x, const Q80Tile<V>* tile,
-                       const int32_t* xc, int32_t* s, int64_t r0, int64_t j0, int64_t lanes) {
+// R x rows from r0 against the W rows src reads (from j0; `lanes` of each part stored): dots, then
+// each part's and row's combine.
+template <class V, int R, class Src>
+void q8_0_rows_of(const Problem& p, const QuantizedX& x, const Src& src, const int32_t* xc,
+                  int32_t* s, int64_t r0, int64_t j0, int64_t lanes) {
   const int64_t blocks = p.k / kQ8_0BlockWeights;
-  q8_0_tile_dots<V, R>(tile, blocks, x.q.data() + r0 * p.k, p.k, xc + r0 * blocks, s);
-  for (int64_t i = 0; i < R; ++i) {
-    q8_0_combine_tile<V>(tile, blocks, x.d.data() + (r0 + i) * x.d_stride,
-                         s + V::kLanes * i * blocks, p.y + (r0 + i) * p.ldy + j0, lanes,
-                         p.accumulate);
+  q8_0_dots<V, R>(src, blocks, x.q.data() + r0 * p.k, p.k, xc + r0 * blocks, s);
+  for (int64_t part = 0; part < Src::kParts; ++part) {
+    for (int64_t i = 0; i < R; ++i) {
+      q8_0_combine_lanes<V>([&src, part](int64_t b) { return src.d(b, part); }, blocks,
+                            x.d.data() + (r0 + i) * x.d_stride,
+                            s + few_at<V, R>(part, i, blocks, 0),
+                            p.y + (r0 + i) * p.ldy + j0 + V::kLanes * part, lanes, p.accumulate);
+    }
   }
 }
 
-// The tile's blocks from W rows interleaved 16 at a time (rows_q8_0_interleaved's layout), the
-// group at g, lanes from lane0: loads of the chunks instead of rows and transposes.
+// Every x row's -128·Σ q over each of `blocks` blocks (q8_0_x_starts), or 0 where kQ8_0Signed,
+// at xc + row·blocks.
 template <class V>
-void repack_q8_0_interleaved(Q80Tile<V>* tile, const uint8_t* g, int64_t lane0, int64_t blocks) {
-  const typename V::I flip = V::set1(V::kQ8_0Signed ? 0 : static_cast<int32_t>(0x80808080u));
-  for (int64_t b = 0; b < blocks; ++b) {
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; ++t)
-      tile[b].w[t] = V::xor_(V::load(g + 512 * b + 64 * t + 4 * lane0), flip);
-    tile[b].d = V::halves(g + 512 * blocks + 32 * b + 2 * lane0);
+void q8_0_starts(const QuantizedX& x, int64_t rows, int64_t blocks, int32_t* xc) {
+  if constexpr (V::kQ8_0Signed) {
+    std::fill(xc, xc + rows * blocks, 0);
+  } else {
+    q8_0_x_starts(x.q.data(), rows * blocks, xc);
   }
 }
 
-// kInterleaved: W rows interleaved 16 at a time (task::DataType::kQ8_0_R16), each tile's 8 or 16
-// rows repacked by repack_q8_0_interleaved.
+// The tile's blocks from W rows interleaved 16 at a time (Q8_0ChunkSrc), lanes from lane0: loads
+// of the chunks instead of rows and transposes.
+template <class V>
+void repack_q8_0_interleaved(Q80Tile<V>* tile, const Q8_0ChunkSrc<V>& src, int64_t lane0) {
+  const int64_t part = lane0 / V::kLanes;
+  for (int64_t b = 0; b < src.blocks; ++b) {
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) tile[b].w[t] = src.w(b, part, t);
+    tile[b].d = src.d(b, part);
+  }
+}
+
+// kInterleaved: W rows interleaved 16 at a time (task::DataType::kQ8_0_R16), each tile's rows
+// repacked by repack_q8_0_interleaved, and the next group prefetched into L2 at a group's start
+// (its first tile's repack reads every line of it; into L1, as the plain tiles take their next
+// rows, a 512-token prefill on x86-64-v3 was 5% slower).
 template <class V, bool kInterleaved = false>
 void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
@@ -1652,145 +1717,52 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   int32_t* s = thread_scratch<int32_t, struct Q8_0TilesInts>(
       static_cast<size_t>((8 * V::kLanes + p.rows) * blocks));
   int32_t* xc = s + 8 * V::kLanes * blocks;
-  if constexpr (!V::kQ8_0Signed) q8_0_x_starts(x.q.data(), p.rows * blocks, xc);
-  if constexpr (V::kQ8_0Signed) std::fill(xc, xc + p.rows * blocks, 0);
+  q8_0_starts<V>(x, p.rows, blocks, xc);
+  const int64_t end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += V::kLanes) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
-    // the next tile's rows arrive while this one meets the x rows (interleaved: the next group,
-    // at a group's start, as its first tile's repack reads every line of it)
-    const int64_t ahead = kInterleaved ? kGroupRows : V::kLanes;
-    if (!kInterleaved || j0 % kGroupRows == 0) {
-      const int64_t next = (j0 + ahead) * row_bytes, end = prefetch_bytes(p, row_bytes);
-      for (int64_t at = next; at < next + ahead * row_bytes && at < end; at += 64) {
-        if (kInterleaved) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T1);
-        } else {
-          _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
-        }
-      }
-    }
     if constexpr (kInterleaved) {
-      repack_q8_0_interleaved(tile, w + j0 / kGroupRows * kGroupRows * row_bytes, j0 % kGroupRows,
-                              blocks);
-    } else {
+      const uint8_t* g = w + j0 / kGroupRows * kGroupRows * row_bytes;
+      if (j0 % kGroupRows == 0) {
+        prefetch_span<_MM_HINT_T1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+      }
+      repack_q8_0_interleaved(tile, Q8_0ChunkSrc<V>{g, blocks, false}, j0 % kGroupRows);
+    } else {  // the next tile's rows arrive while this one meets the x rows
+      prefetch_span<_MM_HINT_T0>(w, j0 + V::kLanes, V::kLanes, row_bytes, end);
       repack_q8_0(tile, w + j0 * row_bytes, row_bytes, lanes, blocks);
     }
-    for (int64_t r0 = 0; r0 < p.rows;) {
-      const int64_t left = p.rows - r0;
-      if (left >= 8) {
-        q8_0_tile_rows_of<V, 8>(p, x, tile, xc, s, r0, j0, lanes);
-      } else if (left >= 4) {
-        q8_0_tile_rows_of<V, 4>(p, x, tile, xc, s, r0, j0, lanes);
-      } else if (left >= 2) {
-        q8_0_tile_rows_of<V, 2>(p, x, tile, xc, s, r0, j0, lanes);
-      } else {
-        q8_0_tile_rows_of<V, 1>(p, x, tile, xc, s, r0, j0, lanes);
-      }
-      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    }
+    by_row_runs(p.rows, [&]<int R>(int64_t r0) {
+      q8_0_rows_of<V, R>(p, x, Q8_0TileSrc<V>{tile}, xc, s, r0, j0, lanes);
+    });
   }
 }
 
-// ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16): in a group of 16 rows, block column b
-// is 8 chunks of 64 bytes at 512·b, chunk t holding dword t (weights 4t..4t + 3) of every row's
-// q, and the rows' d (binary16) follow the group's chunks, column b's at 512·blocks + 32·b. A
-// chunk's kLanes rows are one vector load, met by each x row's broadcast dword t as
-// rows_q8_0_tiles meets its repacked tile (q + 128 against x, from the block's -128·Σx; AVX2: |q|
-// against x with q's sign), so the block sums S_b are the same exact integers and the combine the
-// tiles' (q8_0_combine_lanes): the same bits, with no repack. x rows 8, 4, 2 or 1 at a time, a
-// group at a time (it stays in L1 or L2 across them), its halves (kHalves) block by block.
-constexpr int64_t kQ8_0GroupColumnBytes = kGroupRows * kQ8_0BlockBytes;  // 16 rows' block: 544
-
-// R x rows (row i's q at xq + i·k, its blocks' starts at xc + i·blocks) against the Q8_0 group at
-// g: S_b of half h and row i at s + few_at(h, i, blocks, b).
-template <class V, int R>
-void q8_0_interleaved_dots(const uint8_t* g, int64_t blocks, const int8_t* xq, int64_t k,
-                           const int32_t* xc, int32_t* s) {
-  using I = typename V::I;
-  const I flip = V::set1(static_cast<int32_t>(0x80808080u));
-  for (int64_t bh = 0; bh < blocks * kHalves<V>; ++bh) {
-    const int64_t b = bh / kHalves<V>, half = bh % kHalves<V>;
-    const uint8_t* chunks = g + 512 * b + 4 * V::kLanes * half;
-    I a[R];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; ++t) {
-      if constexpr (R <= 2) prefetch_chunk(chunks + 64 * t);
-      const I q = V::load(chunks + 64 * t);
-      if constexpr (V::kQ8_0Signed) {  // |q| against x with q's sign (ymm only)
-        const I uq = _mm256_sign_epi8(q, q);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          a[i] =
-              V::dot(a[i], uq, _mm256_sign_epi8(broadcast_i32<V>(xq + i * k + 32 * b + 4 * t), q));
-        }
-      } else {
-        const I uq = V::xor_(q, flip);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          a[i] = V::dot(a[i], uq, broadcast_i32<V>(xq + i * k + 32 * b + 4 * t));
-        }
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) V::store(s + few_at<V, R>(half, i, blocks, b), a[i]);
-  }
-}
-
-// R x rows from r0 against the group at g (W rows j0..j0 + 15): dots, then each half's and row's
-// combine.
-template <class V, int R>
-void q8_0_interleaved_rows_of(const Problem& p, const QuantizedX& x, const uint8_t* g,
-                              const int32_t* xc, int32_t* s, int64_t r0, int64_t j0) {
-  const int64_t blocks = p.k / kQ8_0BlockWeights;
-  q8_0_interleaved_dots<V, R>(g, blocks, x.q.data() + r0 * p.k, p.k, xc + r0 * blocks, s);
-  const uint8_t* d = g + 512 * blocks;
-  for (int64_t half = 0; half < kHalves<V>; ++half) {
-    const uint8_t* dh = d + 2 * V::kLanes * half;
-    for (int64_t i = 0; i < R; ++i) {
-      q8_0_combine_lanes<V>(
-          [dh](int64_t b) { return V::halves(dh + 32 * b); }, blocks,
-          x.d.data() + (r0 + i) * x.d_stride, s + few_at<V, R>(half, i, blocks, 0),
-          p.y + (r0 + i) * p.ldy + j0 + V::kLanes * half, V::kLanes, p.accumulate);
-    }
-  }
-}
-
+// ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16, Q8_0ChunkSrc): the tiles' dots and
+// combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
+// sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
+// at a time (it stays in L1 or L2 across them), its parts block by block. Under 3 x rows a line is
+// prefetched into L2 16 KiB ahead of each chunk read, from 3 on the next group at a group's start.
+// On ymm from 4 x rows on the tiles over the same rows (rows_q8_0_tiles<V, true>): the loop here
+// measured slower there at 16 and 64 x rows (matmul_benchmark: 3.7 against 4.3 GiB/s at 16 on
+// AVX-VNNI), the tiles as fast as over plain rows.
 template <class V>
 void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
-  // On ymm the tiles are faster from 4 x rows on (matmul_benchmark at 4, 16 and 64 rows)
-  if (kHalves < V >> 1 && p.rows >= V::kMinRowsQ8_0) return rows_q8_0_tiles<V, true>(p, x);
-  const int64_t blocks = p.k / kQ8_0BlockWeights, group_bytes = kQ8_0GroupColumnBytes * blocks;
+  if constexpr (kHalves < V >> 1) {
+    if (p.rows >= V::kMinRowsQ8_0) return rows_q8_0_tiles<V, true>(p, x);
+  }
+  const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
   int32_t* s = thread_scratch<int32_t, struct Q8_0InterleavedInts>(
       static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
   int32_t* xc = s + 8 * kGroupRows * blocks;
-  if constexpr (!V::kQ8_0Signed) q8_0_x_starts(x.q.data(), p.rows * blocks, xc);
-  if constexpr (V::kQ8_0Signed) std::fill(xc, xc + p.rows * blocks, 0);
-  const int64_t end = prefetch_bytes(p, blocks * kQ8_0BlockBytes);
+  q8_0_starts<V>(x, p.rows, blocks, xc);
+  const int64_t end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
-    const uint8_t* g = w + j0 / kGroupRows * group_bytes;
-    if (p.rows > 2) {  // the next group arrives while this one meets the x rows (fewer prefetch
-                       // a line per chunk, q8_0_interleaved_dots)
-      const int64_t next = (j0 / kGroupRows + 1) * group_bytes;
-      for (int64_t at = next; at < next + group_bytes && at < end; at += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + at), _MM_HINT_T0);
-      }
-    }
-    for (int64_t r0 = 0; r0 < p.rows;) {
-      const int64_t left = p.rows - r0;
-      if (left >= 8) {
-        q8_0_interleaved_rows_of<V, 8>(p, x, g, xc, s, r0, j0);
-      } else if (left >= 4) {
-        q8_0_interleaved_rows_of<V, 4>(p, x, g, xc, s, r0, j0);
-      } else if (left >= 2) {
-        q8_0_interleaved_rows_of<V, 2>(p, x, g, xc, s, r0, j0);
-      } else {
-        q8_0_interleaved_rows_of<V, 1>(p, x, g, xc, s, r0, j0);
-      }
-      r0 += left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    }
+    const Q8_0ChunkSrc<V> src{w + j0 * row_bytes, blocks, p.rows <= 2};
+    if (p.rows > 2) prefetch_span<_MM_HINT_T0>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+    by_row_runs(p.rows, [&]<int R>(int64_t r0) {
+      q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
+    });
   }
 }
 

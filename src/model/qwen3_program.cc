@@ -66,7 +66,7 @@ absl::Status check_tensor(const std::string& what, const Tensor& t, DataType dty
   return absl::OkStatus();
 }
 
-// A weight matrix: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k, or q4_k / q6_k with rows
+// A weight matrix: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k, or q4_k, q6_k or q8_0 with rows
 // interleaved 16 at a time (what the matmul and embedding kernels take).
 absl::Status check_matrix(const std::string& what, const Tensor& t,
                           std::initializer_list<int64_t> dims) {

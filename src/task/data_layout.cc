@@ -34,7 +34,7 @@ constexpr bool rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kLayouts); ++i) {
     if (static_cast<size_t>(kLayouts[i].dtype) != i) return false;
   }
-  return std::size(kLayouts) == static_cast<size_t>(DataType::kQ8_0_R16) + 1;
+  return std::size(kLayouts) == static_cast<size_t>(kLastDataType) + 1;
 }
 static_assert(rows_in_enum_order(), "kLayouts needs one row per DataType, in the enum's order");
 

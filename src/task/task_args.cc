@@ -74,7 +74,7 @@ absl::Status validate_arg(const Arg& a, size_t i) {
     return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has tensor rank ",
                                                    a.tensor.rank, " outside [0, ", kMaxRank, "]"));
   }
-  if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(DataType::kQ8_0_R16)) {
+  if (static_cast<uint8_t>(a.tensor.dtype) > static_cast<uint8_t>(kLastDataType)) {
     return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown dtype"));
   }
   if (static_cast<uint8_t>(a.tensor.memory) > static_cast<uint8_t>(MemoryKind::kHost)) {

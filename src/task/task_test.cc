@@ -127,13 +127,13 @@ TEST(DataType, RowInterleavedFormsKeepThePlainBytesInAnotherOrder) {
     EXPECT_EQ(out[0], 1.5f) << "an interleaved dtype's bytes are not one row's blocks";
   }
   // a task argument of the last dtype validates; one past it is an unknown dtype
-  auto t = Tensor::contiguous(0x1000, {16, 256}, DataType::kQ8_0_R16);
+  auto t = Tensor::contiguous(0x1000, {16, 256}, kLastDataType);
   ASSERT_TRUE(t.ok());
   TaskArgs args;
   args.add_tensor(*t, ArgDirection::kIn);
   EXPECT_TRUE(args.validate().ok());
   Tensor past = *t;
-  past.dtype = static_cast<DataType>(static_cast<uint8_t>(DataType::kQ8_0_R16) + 1);
+  past.dtype = static_cast<DataType>(static_cast<uint8_t>(kLastDataType) + 1);
   TaskArgs bad;
   bad.add_tensor(past, ArgDirection::kIn);
   EXPECT_EQ(bad.validate().code(), absl::StatusCode::kInvalidArgument);

@@ -58,6 +58,8 @@ enum class DataType : uint8_t {
   kQ6_K_R16 = 11,
   kQ8_0_R16 = 12,
 };
+// The highest DataType value (task arguments and graph images refuse any above it).
+inline constexpr DataType kLastDataType = DataType::kQ8_0_R16;
 
 // Elements per block: 32 for kQ8_0 and kQ4_0, 256 for kQ4_K and kQ6_K (and their interleaved
 // forms), 1 for every other dtype.
@@ -76,9 +78,8 @@ size_t size_of(DataType dtype);
 std::string_view name_of(DataType dtype);
 
 // Parses a short name ("f32", ..., "q4_k", "q6_k", "q4_k_r16", "q6_k_r16", "q8_0_r16") or a
-// safetensors dtype
-// string ("F32", "BF16", "F16", "I32", "I64", "U8"; safetensors spec, huggingface/safetensors
-// README). INVALID_ARGUMENT names the unknown string.
+// safetensors dtype string ("F32", "BF16", "F16", "I32", "I64", "U8"; safetensors spec,
+// huggingface/safetensors README). INVALID_ARGUMENT names the unknown string.
 absl::StatusOr<DataType> parse_data_type(std::string_view text);
 
 // The safetensors dtype string of `dtype` (for the block dtypes, which safetensors lacks, ggml's
