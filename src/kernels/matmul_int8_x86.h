@@ -1183,13 +1183,18 @@ void tile_rows_of(const Problem& p, const QuantizedX& x, const TileScratch<Tile>
   }
 }
 
-// Prefetches with `Hint` the lines of W rows [row, row + rows) (`row_bytes` each, w at row 0) that
-// lie below byte `end` (prefetch_bytes).
-template <int Hint>
+// Where prefetch_span brings lines: __builtin_prefetch's locality (3: prefetcht0, into L1; 2:
+// prefetcht1, into L2), which GCC and clang both take as a constant (_mm_prefetch's hint is an
+// enum in GCC's headers and an int in clang's).
+constexpr int kIntoL1 = 3, kIntoL2 = 2;
+
+// Prefetches into kLevel (kIntoL1, kIntoL2) the lines of W rows [row, row + rows) (`row_bytes`
+// each, w at row 0) that lie below byte `end` (prefetch_bytes).
+template <int kLevel>
 inline void prefetch_span(const uint8_t* w, int64_t row, int64_t rows, int64_t row_bytes,
                           int64_t end) {
   for (int64_t at = row * row_bytes; at < (row + rows) * row_bytes && at < end; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + at), static_cast<_mm_hint>(Hint));
+    __builtin_prefetch(w + at, 0, kLevel);
   }
 }
 
@@ -1241,8 +1246,7 @@ void rows_tiles(const Problem& p, const QuantizedX& x) {
     const int64_t lanes = p.n - j0 < V::kLanes ? p.n - j0 : V::kLanes;
     const typename V::I rows = tile_rows<V>(row_bytes, lanes);
     // the next tile's rows arrive while this one meets the x rows
-    prefetch_span<_MM_HINT_T0>(w, j0 + V::kLanes, V::kLanes, row_bytes,
-                               prefetch_bytes(p, row_bytes));
+    prefetch_span<kIntoL1>(w, j0 + V::kLanes, V::kLanes, row_bytes, prefetch_bytes(p, row_bytes));
     for (int64_t b = 0; b < supers; ++b) {
       repack_tile(t.tile[b], w + j0 * row_bytes + b * Tile::kBytes, rows, row_bytes, lanes);
     }
@@ -1268,7 +1272,7 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
     const uint8_t* g = w + j0 / kGroupRows * group_bytes;
     const int64_t lane0 = j0 % kGroupRows;
     if (lane0 == 0) {  // the next group arrives while this one meets the x rows
-      prefetch_span<_MM_HINT_T0>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+      prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
     }
     for (int64_t b = 0; b < supers; ++b) {
       t.tile[b].repack(
@@ -1725,11 +1729,11 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
     if constexpr (kInterleaved) {
       const uint8_t* g = w + j0 / kGroupRows * kGroupRows * row_bytes;
       if (j0 % kGroupRows == 0) {
-        prefetch_span<_MM_HINT_T1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+        prefetch_span<kIntoL2>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
       }
       repack_q8_0_interleaved(tile, Q8_0ChunkSrc<V>{g, blocks}, j0 % kGroupRows);
     } else {  // the next tile's rows arrive while this one meets the x rows
-      prefetch_span<_MM_HINT_T0>(w, j0 + V::kLanes, V::kLanes, row_bytes, end);
+      prefetch_span<kIntoL1>(w, j0 + V::kLanes, V::kLanes, row_bytes, end);
       repack_q8_0(tile, w + j0 * row_bytes, row_bytes, lanes, blocks);
     }
     by_row_runs(p.rows, [&]<int R>(int64_t r0) {
@@ -1760,7 +1764,7 @@ void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
   const int64_t end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
     const Q8_0ChunkSrc<V> src{w + j0 * row_bytes, blocks};
-    if (p.rows > 2) prefetch_span<_MM_HINT_T0>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+    if (p.rows > 2) prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
     by_row_runs(p.rows, [&]<int R>(int64_t r0) {
       q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
     });
