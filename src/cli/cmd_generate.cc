@@ -352,7 +352,10 @@ void print_started(const GenerateFlags& st, const llm::EngineOptions& eo, const 
             << " KV pages of " << eo.runner.page_size << " tokens" << (one ? "" : " per chip")
             << ", launch depth " << st.engine.common.launch_depth << ", max_num_seqs "
             << eo.runner.max_num_seqs << ", max_num_batched_tokens "
-            << eo.runner.max_num_batched_tokens << "\n";
+            << eo.runner.max_num_batched_tokens << "; the sim device, kernels "
+            << llm::name_of(llm::resolve_kernel_isa(eo.runner.kernel_isa)) << " at precision "
+            << llm::name_of(llm::effective_precision(eo.runner.kernel_isa, eo.runner.precision))
+            << "\n";
 }
 
 // One spec per distinct prompt that runs, in order.
