@@ -146,7 +146,7 @@ void CommonOptions::add_kernel_isa_to(CLI::App* app) {
   app->add_option("--precision", precision_name,
                   "matmul numerics: int8 (the default: over q8_0/q4_0/q4_k/q6_k weights, "
                   "activations quantized per block to int8 and dotted in integers, as llama.cpp; "
-                  "other weights exact; over q8_0 at large batches exact is faster), exact (f32 "
+                  "other weights exact), exact (f32 "
                   "activations over every weight type) or bf16 "
                   "(activations rounded to bf16 over bf16 weights, AVX-512 BF16; faster, with its "
                   "own tolerance; falls back to exact where the CPU lacks it)")
