@@ -16,6 +16,27 @@
 
 namespace simpler::llm::row_ops {
 
+// The elementwise loops below go kRowLanes elements at a time, each chunk read into locals before
+// any of it is written: GCC's -O2 vectorizes a loop of a fixed count whose stores cannot change
+// its loads, and the results are the scalar loop's (the same operations on each element), for
+// any overlap of the arrays (in place included). Scalar code was three quarters of a batch-1
+// qk_norm_rope_kv (6.5 of its 8.9 us on hot data; 4.2 us now).
+constexpr int64_t kRowLanes = 16;
+
+// y[i] = x[i] · inv · w[i] for i < dim (x times inv, then times w: two roundings, as written).
+inline void scale_row(const float* x, float inv, const float* w, int64_t dim, float* y) {
+  int64_t i = 0;
+  for (; i + kRowLanes <= dim; i += kRowLanes) {
+    float xi[kRowLanes], wi[kRowLanes];
+    for (int64_t l = 0; l < kRowLanes; ++l) {
+      xi[l] = x[i + l];
+      wi[l] = w[i + l];
+    }
+    for (int64_t l = 0; l < kRowLanes; ++l) y[i + l] = xi[l] * inv * wi[l];
+  }
+  for (; i < dim; ++i) y[i] = x[i] * inv * w[i];
+}
+
 // out[r, :] = x[r, :] · inv_r · w for `rows` rows of `dim` floats (row-major, rows contiguous):
 // inv_r = f32(1 / sqrt(ss_r / dim + eps)), ss_r the sum of x[r, i]² in f64, one chain of
 // additions in increasing i per row (the order the reference fixes). kRows rows' chains advance
@@ -44,8 +65,7 @@ inline void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t 
     }
     for (int64_t j = 0; j < n; ++j) {
       const float inv = static_cast<float>(1.0 / std::sqrt(ss[j] / static_cast<double>(dim) + eps));
-      float* yr = out + (row0 + j) * dim;
-      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[j * dim + i] * inv * w[i];
+      scale_row(xr + j * dim, inv, w, dim, out + (row0 + j) * dim);
     }
   }
 }
@@ -124,18 +144,34 @@ class RopeAngles {
   // `heads` heads of dim floats from `v`, rotated in place at the position of the last at_row()
   // (on this thread, with no other RopeAngles' at_row() between).
   void rotate(float* v, int64_t heads) const {
-    for (int64_t h = 0; h < heads; ++h) {
-      float* x = v + h * 2 * half_;
-      for (int64_t i = 0; i < half_; ++i) {
-        const float lo = x[i];
-        const float hi = x[i + half_];
-        x[i] = lo * cos_[i] - hi * sin_[i];
-        x[i + half_] = hi * cos_[i] + lo * sin_[i];
-      }
-    }
+    for (int64_t h = 0; h < heads; ++h) rotate_half(v + h * 2 * half_, v + h * 2 * half_ + half_);
   }
 
  private:
+  // One head's halves lo and hi (half_ floats each), rotated in place (kRowLanes at a time).
+  void rotate_half(float* lo, float* hi) const {
+    const float* c = cos_;
+    const float* s = sin_;
+    int64_t i = 0;
+    for (; i + kRowLanes <= half_; i += kRowLanes) {
+      float l[kRowLanes], u[kRowLanes], ci[kRowLanes], si[kRowLanes];
+      for (int64_t j = 0; j < kRowLanes; ++j) {
+        l[j] = lo[i + j];
+        u[j] = hi[i + j];
+        ci[j] = c[i + j];
+        si[j] = s[i + j];
+      }
+      for (int64_t j = 0; j < kRowLanes; ++j) lo[i + j] = l[j] * ci[j] - u[j] * si[j];
+      for (int64_t j = 0; j < kRowLanes; ++j) hi[i + j] = u[j] * ci[j] + l[j] * si[j];
+    }
+    for (; i < half_; ++i) {
+      const float l = lo[i];
+      const float u = hi[i];
+      lo[i] = l * c[i] - u * s[i];
+      hi[i] = u * c[i] + l * s[i];
+    }
+  }
+
   int64_t half_, dim_;
   double theta_;
   const float* cos_ = nullptr;
