@@ -1038,6 +1038,22 @@ struct AttendTile {
   int64_t kv_offset(int64_t t) const {
     return kv_pool_offset(table[t / page_size], g, t % page_size, n_kv, page_size, dim);
   }
+
+  // The K or V rows (of `pool`) of cached positions t0 .. t0 + n - 1 into rows[0, n), walking the
+  // pages: one division for the n, not one each (they were a fifth of a short context's time).
+  void rows_of(const float* pool, int64_t t0, int64_t n, const float** rows) const {
+    int64_t page = t0 / page_size, at = t0 % page_size;
+    const float* row = pool + kv_pool_offset(table[page], g, at, n_kv, page_size, dim);
+    for (int64_t j = 0; j < n; ++j) {
+      rows[j] = row;
+      if (++at < page_size) {
+        row += dim;
+      } else if (j + 1 < n) {
+        at = 0;
+        row = pool + kv_pool_offset(table[++page], g, 0, n_kv, page_size, dim);
+      }
+    }
+  }
 };
 
 #if defined(__x86_64__)
@@ -1218,42 +1234,96 @@ __attribute__((target("avx512f"))) inline float exp_shifted_sum16(float* sc, flo
   return reduce_lanes(l);
 }
 
+// One block of (up to) 16 cached keys from t0 (n of them; key(j) the row of key j, zeros past
+// n) against every query of the tile: scale·q·k into scores.
+template <int C, class KeyAt>
+__attribute__((target("avx512f"), always_inline)) inline void attend_score_block(
+    const AttendTile& s, __m512 scale, int64_t t0, int64_t n, KeyAt key, float* scores) {
+  const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
+  for (int64_t qi = 0; qi < heads; ++qi) {
+    const int64_t row_len = s.lens[qi / group];
+    if (row_len <= t0) continue;
+    const float* q = s.q[qi / group] + (qi % group) * C * kLanes;
+    __m512 a[kLanes];
+#pragma GCC unroll 16
+    for (int j = 0; j < kLanes; ++j) a[j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512 qc = _mm512_loadu_ps(q + c * kLanes);
+#pragma GCC unroll 16
+      for (int j = 0; j < kLanes; ++j) {
+        a[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(key(j) + c * kLanes), a[j]);
+      }
+    }
+    const __m512 sc = _mm512_mul_ps(scale, reduce16(a));
+    const int64_t valid = std::min<int64_t>(n, row_len - t0);
+    const __mmask16 m = valid >= kLanes ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
+    _mm512_mask_storeu_ps(scores + qi * len + t0, m, sc);
+  }
+}
+
 // attend_tile_avx512_dim's scores: scale·q·k for every query of the tile and cached key.
 template <int C>
 __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTile& s,
                                                                  const float* k_pool,
                                                                  float* scores) {
   constexpr int64_t dim = C * kLanes;
-  const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
+  const int64_t len = s.max_len;
   alignas(64) static const float zeros[dim] = {};
-  const __m512 scale = _mm512_set1_ps(s.scale);
+  const __m512 q_scale = _mm512_set1_ps(s.scale);
   // Scores, by blocks of 16 cached keys (read once for the tile's queries).
   for (int64_t t0 = 0; t0 < len; t0 += kLanes) {
     const int64_t n = std::min<int64_t>(kLanes, len - t0);
     // The block's keys, read where they are: a kv head's positions within a page are
-    // contiguous (kv_write's layout), so they map onto L1 sets as a plain array does.
+    // contiguous (kv_write's layout), so they map onto L1 sets as a plain array does. A whole
+    // block within one page is read from its first key at fixed offsets; otherwise through
+    // pointers, past the context at `zeros`.
     const float* k[kLanes];
-    for (int64_t j = 0; j < kLanes; ++j) k[j] = j < n ? k_pool + s.kv_offset(t0 + j) : zeros;
-    for (int64_t qi = 0; qi < heads; ++qi) {
-      const int64_t row_len = s.lens[qi / group];
-      if (row_len <= t0) continue;
-      const float* q = s.q[qi / group] + (qi % group) * dim;
-      __m512 a[kLanes];
-#pragma GCC unroll 16
-      for (int j = 0; j < kLanes; ++j) a[j] = _mm512_setzero_ps();
+    s.rows_of(k_pool, t0, n, k);
+    if (n == kLanes && k[kLanes - 1] == k[0] + (kLanes - 1) * dim) {
+      const float* k0 = k[0];
+      attend_score_block<C>(
+          s, q_scale, t0, n, [k0](int j) { return k0 + j * dim; }, scores);
+    } else {
+      for (int64_t j = n; j < kLanes; ++j) k[j] = zeros;
+      attend_score_block<C>(
+          s, q_scale, t0, n, [&k](int j) { return k[j]; }, scores);
+    }
+  }
+}
+
+// Queries q0 .. q0 + Q - 1 of the tile (each with its weights at scores + q·len and its sum at
+// acc + q·dim) over cached positions [t0, end) of a span (V rows v[t - t0]): C accumulators each
+// in registers, V element by element in increasing t. Q queries at once: Q·C independent chains,
+// so that the fused multiply-adds are not waiting on each other's latency (one query's C = 8
+// chains of a 4-cycle latency fill the two FMA units exactly, with nothing to spare).
+template <int C, int Q>
+__attribute__((target("avx512f"), always_inline)) inline void attend_value_span(
+    const float* const* v, int64_t t0, int64_t end, const float* scores, int64_t len, int64_t q0,
+    float* acc) {
+  constexpr int64_t dim = C * kLanes;
+  __m512 a[Q][C];
+#pragma GCC unroll 2
+  for (int q = 0; q < Q; ++q) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      a[q][c] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (q0 + q) * dim + c * kLanes);
+    }
+  }
+  for (int64_t t = t0; t < end; ++t) {
+#pragma GCC unroll 2
+    for (int q = 0; q < Q; ++q) {
+      const __m512 p = _mm512_set1_ps(scores[(q0 + q) * len + t]);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
-        const __m512 qc = _mm512_loadu_ps(q + c * kLanes);
-#pragma GCC unroll 16
-        for (int j = 0; j < kLanes; ++j) {
-          a[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k[j] + c * kLanes), a[j]);
-        }
+        a[q][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v[t - t0] + c * kLanes), a[q][c]);
       }
-      const __m512 sc = _mm512_mul_ps(scale, reduce16(a));
-      const int64_t valid = std::min<int64_t>(n, row_len - t0);
-      const __mmask16 m = valid >= kLanes ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
-      _mm512_mask_storeu_ps(scores + qi * len + t0, m, sc);
     }
+  }
+#pragma GCC unroll 2
+  for (int q = 0; q < Q; ++q) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + (q0 + q) * dim + c * kLanes, a[q][c]);
   }
 }
 
@@ -1262,35 +1332,28 @@ template <int C>
 __attribute__((target("avx512f"))) void attend_values_avx512_dim(const AttendTile& s,
                                                                  const float* v_pool,
                                                                  const float* scores, float* acc) {
-  constexpr int64_t dim = C * kLanes;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
   // Weighted sum of V: per query, C accumulators in registers over increasing t, in spans of
   // 32 keys so the span's V rows stay in L1 across the tile's queries (read where they are, as
-  // the keys).
+  // the keys); two queries at a time where they end at the same position (a row's heads).
   constexpr int64_t kSpan = 32;
   for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
     const int64_t t1 = std::min(len, t0 + kSpan);
     const float* v[kSpan];
-    for (int64_t t = t0; t < t1; ++t) v[t - t0] = v_pool + s.kv_offset(t);
-    for (int64_t qi = 0; qi < heads; ++qi) {
+    s.rows_of(v_pool, t0, t1 - t0, v);
+    for (int64_t qi = 0; qi < heads;) {
       const int64_t end = std::min(t1, s.lens[qi / group]);
-      if (end <= t0) continue;
-      float* out = acc + qi * dim;
-      __m512 a[C];
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        a[c] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + c * kLanes);
+      if (end <= t0) {
+        ++qi;
+        continue;
       }
-      const float* w = scores + qi * len;
-      for (int64_t t = t0; t < end; ++t) {
-        const __m512 p = _mm512_set1_ps(w[t]);
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
-          a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v[t - t0] + c * kLanes), a[c]);
-        }
+      if (qi + 1 < heads && std::min(t1, s.lens[(qi + 1) / group]) == end) {
+        attend_value_span<C, 2>(v, t0, end, scores, len, qi, acc);
+        qi += 2;
+      } else {
+        attend_value_span<C, 1>(v, t0, end, scores, len, qi, acc);
+        ++qi;
       }
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * kLanes, a[c]);
     }
   }
 }
@@ -1308,7 +1371,11 @@ __attribute__((target("avx512f"))) void attend_out_avx512_dim(const AttendTile& 
       for (int64_t e = 0; e < dim; ++e) o[e] = 0.0f;
       continue;
     }
-    for (int64_t e = 0; e < dim; ++e) o[e] = a[e] * inv[qi];
+    const __m512 f = _mm512_set1_ps(inv[qi]);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      _mm512_storeu_ps(o + c * kLanes, _mm512_mul_ps(_mm512_loadu_ps(a + c * kLanes), f));
+    }
   }
 }
 

@@ -1516,25 +1516,28 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
   }
 }
 
-void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alone);
+void chunk_rows_are_tiled(int64_t d, int64_t ps, task::KernelFn fn, std::vector<float>* alone);
 
 // A prefill chunk's rows (one request: one block table, consecutive positions) are attended in
 // tiles that read each cached K and V row once. A row's result is bitwise the same whether it
 // is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
 // any block split; and close to the float64 reference. On every ISA target this CPU has, each
-// giving bitwise the same results.
+// giving bitwise the same results. Pages of 4 positions (a block of 16 keys spans pages) and of
+// 16 (a whole block lies in one page, which the AVX-512 tile reads at fixed offsets).
 TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
   // Head dims 64 and 128 take the AVX-512 kernel's own tiles where the CPU has AVX-512; 40 the
   // generic one.
-  for (const int64_t d : {40, 64, 128}) {
+  for (const auto& [d, ps] :
+       {std::pair<int64_t, int64_t>{40, 4}, {64, 4}, {128, 4}, {64, 16}, {128, 16}}) {
     std::vector<std::pair<KernelIsa, std::vector<float>>> results;
     for (KernelIsa isa :
          {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
       if (!kernel_isa_available(isa)) continue;
-      SCOPED_TRACE(::testing::Message() << "head dim " << d << " on " << name_of(isa));
+      SCOPED_TRACE(::testing::Message()
+                   << "head dim " << d << ", page size " << ps << " on " << name_of(isa));
       std::vector<float> alone;
-      chunk_rows_are_tiled(d, llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn,
-                           &alone);
+      chunk_rows_are_tiled(
+          d, ps, llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn, &alone);
       if (HasFatalFailure()) return;
       results.emplace_back(isa, std::move(alone));
     }
@@ -1543,14 +1546,14 @@ TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) 
         ASSERT_EQ(std::bit_cast<uint32_t>(results[0].second[i]),
                   std::bit_cast<uint32_t>(results[a].second[i]))
             << name_of(results[0].first) << " and " << name_of(results[a].first)
-            << " differ at element " << i << ", head dim " << d;
+            << " differ at element " << i << ", head dim " << d << ", page size " << ps;
       }
     }
   }
 }
 
-void chunk_rows_are_tiled(int64_t d, task::KernelFn fn, std::vector<float>* alone_out) {
-  const int64_t nh = 4, nkv = 2, pages = 12, ps = 4, max_blocks = 6;
+void chunk_rows_are_tiled(int64_t d, int64_t ps, task::KernelFn fn, std::vector<float>* alone_out) {
+  const int64_t nh = 4, nkv = 2, pages = 12, max_blocks = 6;
   std::vector<float> kp = random_floats(pages * ps * nkv * d, 23, -2.0f, 2.0f);
   std::vector<float> vp = random_floats(pages * ps * nkv * d, 24);
   const std::vector<int32_t> chunk_table = {7, 2, 9, 0, 11, 4};    // request A: 19 positions

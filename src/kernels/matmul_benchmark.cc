@@ -399,12 +399,14 @@ void Attention(benchmark::State& state, KernelIsa isa) {
 }
 
 BENCHMARK_CAPTURE(Attention, avx512, KernelIsa::kAvx512)
+    ->Arg(32)
     ->Arg(512)
     ->Arg(2048)
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();
 BENCHMARK_CAPTURE(Attention, x86_64_v3, KernelIsa::kX86_64V3)
+    ->Arg(32)
     ->Arg(2048)
     ->Threads(1)
     ->Threads(2)
