@@ -1536,6 +1536,29 @@ AttendTile next_tile(const PagedAttention& a, int64_t g, int64_t b0, int64_t end
   return tile;
 }
 
+// The K and V rows of pair `pair` (kv head pair / rows, row pair % rows) prefetched into L2, where
+// they are at most kPrefetchPairPositions positions: issued before the pair before it is
+// computed, so that a short context's rows, a few scattered pages a pair, arrive while the core
+// computes instead of after it (batch-1 decode, ~17 positions: the task 15.2 -> 13.8 us a layer).
+// Longer contexts stream through the hardware prefetchers, and their rows would not fit L2.
+constexpr int64_t kPrefetchPairPositions = 64;
+void prefetch_pair(const PagedAttention& a, int64_t pair) {
+  if (pair >= a.rows * a.n_kv) return;
+  const int64_t g = pair / a.rows, b = pair % a.rows;
+  int64_t len = 0, used = 0;
+  row_extent(a, b, &len, &used);
+  if (len > kPrefetchPairPositions) return;
+  const int32_t* table = a.block_tables + b * a.max_blocks;
+  for (int64_t blk = 0; blk < used; ++blk) {
+    const int64_t rows = std::min(a.page_size, len - blk * a.page_size);
+    const int64_t at = kv_pool_offset(table[blk], g, 0, a.n_kv, a.page_size, a.dim);
+    for (int64_t f = 0; f < rows * a.dim; f += 64 / sizeof(float)) {
+      __builtin_prefetch(a.k_pool + at + f, 0, 2);
+      __builtin_prefetch(a.v_pool + at + f, 0, 2);
+    }
+  }
+}
+
 absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   ArgCheck c(ctx, "paged_attention");
   SIMPLER_ASSIGN_OR_RETURN(const PagedAttention a, check_paged_attention(c, ctx));
@@ -1558,6 +1581,7 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   while (claims.next(&r)) {
     for (int64_t pair = r.begin; pair < r.end;) {
       const AttendTile tile = next_tile(a, pair / a.rows, pair % a.rows, r.end, lens, qs, outs);
+      prefetch_pair(a, pair + tile.rows);  // most often this block's next claim
       const size_t want_scores = static_cast<size_t>(tile.rows * a.group * tile.max_len);
       if (scores.size() < want_scores) scores.resize(want_scores);
       const size_t want_acc = static_cast<size_t>(tile.rows * a.group * (a.dim + 1));
