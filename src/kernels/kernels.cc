@@ -1040,8 +1040,8 @@ struct AttendTile {
   }
 
   // The K or V rows (of `pool`) of cached positions t0 .. t0 + n - 1 into rows[0, n), walking the
-  // pages: one division for the n, not one each (they were a fifth of a short context's time).
-  void rows_of(const float* pool, int64_t t0, int64_t n, const float** rows) const {
+  // pages: one division for the n, not one each.
+  void cached_rows(const float* pool, int64_t t0, int64_t n, const float** rows) const {
     int64_t page = t0 / page_size, at = t0 % page_size;
     const float* row = pool + kv_pool_offset(table[page], g, at, n_kv, page_size, dim);
     for (int64_t j = 0; j < n; ++j) {
@@ -1159,9 +1159,8 @@ void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float*
 // by shuffles that perform, per key, exactly the fixed tree of reduce_lanes (s8[i] = l[i] +
 // l[i+8], s4[i] = s8[i] + s8[i+4], (s4[0] + s4[2]) + (s4[1] + s4[3])), and each V element
 // accumulates in increasing t; the softmax's exp runs on 16 lanes. Faster by keeping the
-// accumulators in registers, by copying each block of keys and span of values next to each other
-// and by the vector exp (measured: one layer of a 512-token chunk, one thread, 33 -> 15-24 ms; a
-// decode row 0.28 -> 0.19 ms).
+// accumulators in registers, by reading the keys and values where they lie in their pages and by
+// the vector exp (docs/design/kernel_targets.md, "Attention tiles").
 
 // GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*(), which its own
 // uninitialized-use warnings then report at every call site (a known false positive; as in
@@ -1279,8 +1278,8 @@ __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTil
     // block within one page is read from its first key at fixed offsets; otherwise through
     // pointers, past the context at `zeros`.
     const float* k[kLanes];
-    s.rows_of(k_pool, t0, n, k);
-    if (n == kLanes && k[kLanes - 1] == k[0] + (kLanes - 1) * dim) {
+    s.cached_rows(k_pool, t0, n, k);
+    if (n == kLanes && t0 % s.page_size + kLanes <= s.page_size) {
       const float* k0 = k[0];
       attend_score_block<C>(
           s, q_scale, t0, n, [k0](int j) { return k0 + j * dim; }, scores);
@@ -1340,7 +1339,7 @@ __attribute__((target("avx512f"))) void attend_values_avx512_dim(const AttendTil
   for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
     const int64_t t1 = std::min(len, t0 + kSpan);
     const float* v[kSpan];
-    s.rows_of(v_pool, t0, t1 - t0, v);
+    s.cached_rows(v_pool, t0, t1 - t0, v);
     for (int64_t qi = 0; qi < heads;) {
       const int64_t end = std::min(t1, s.lens[qi / group]);
       if (end <= t0) {
@@ -1411,8 +1410,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_tile_x86_64_v3(const Attend
 // exactly reduce_lanes' tree (s8 = lanes 0-7 + lanes 8-15, s4[i] = s8[i] + s8[i + 4],
 // (s4[0] + s4[2]) + (s4[1] + s4[3])); each V element accumulates in increasing t in registers,
 // 64 elements at a time; the softmax is attend_tile_body's. The same bits as the body (the
-// kernel tests compare every target), faster: 28 layers of a 32-position batch-1 step
-// 28.8 -> 16.3 us a layer on one Emerald Rapids core.
+// kernel tests compare every target).
 
 // 4 keys' scores (their 16 lane sums in lo[j], hi[j]): the tree of reduce_lanes per key, in key
 // order.
@@ -1446,7 +1444,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_scores_avx2_dim(const Atten
   for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
     const int64_t n = std::min<int64_t>(kKeys, len - t0);
     const float* k[kKeys];
-    s.rows_of(k_pool, t0, n, k);
+    s.cached_rows(k_pool, t0, n, k);
     for (int64_t j = n; j < kKeys; ++j) k[j] = zeros;
     for (int64_t qi = 0; qi < heads; ++qi) {
       const int64_t row_len = s.lens[qi / group];
@@ -1472,20 +1470,20 @@ __attribute__((target("avx2,fma,f16c"))) void attend_scores_avx2_dim(const Atten
   }
 }
 
-// The weighted sums of V (softmax weights in `scores`) into acc (heads x dim), then each query's
-// output times its 1 / Σ (inv): in spans of 32 keys, so that a span's V rows stay in L1 across
-// the tile's queries; per query and 64 elements, 8 accumulators in registers over increasing t.
+// The weighted sums of V (softmax weights in `scores`) into acc (heads x dim): in spans of 32
+// keys, so that a span's V rows stay in L1 across the tile's queries; per query and 64 elements,
+// 8 accumulators in registers over increasing t. A query of an empty row gets no sum.
 template <int C>
 __attribute__((target("avx2,fma,f16c"))) void attend_values_avx2_dim(const AttendTile& s,
                                                                      const float* v_pool,
                                                                      const float* scores,
-                                                                     const float* inv, float* acc) {
+                                                                     float* acc) {
   constexpr int64_t dim = C * kLanes, kPart = 64, kSpan = 32;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
   for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
     const int64_t t1 = std::min(len, t0 + kSpan);
     const float* v[kSpan];
-    s.rows_of(v_pool, t0, t1 - t0, v);
+    s.cached_rows(v_pool, t0, t1 - t0, v);
     for (int64_t qi = 0; qi < heads; ++qi) {
       const int64_t end = std::min(t1, s.lens[qi / group]);
       if (end <= t0) continue;
@@ -1509,15 +1507,26 @@ __attribute__((target("avx2,fma,f16c"))) void attend_values_avx2_dim(const Atten
       }
     }
   }
-  for (int64_t qi = 0; qi < heads; ++qi) {  // empty rows: their sums were never written
+}
+
+// The tile's outputs: each query's sum times its 1 / Σ (inv), 0 for empty rows.
+template <int C>
+__attribute__((target("avx2,fma,f16c"))) void attend_out_avx2_dim(const AttendTile& s,
+                                                                  const float* acc,
+                                                                  const float* inv) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t group = s.group, heads = s.rows * group;
+  for (int64_t qi = 0; qi < heads; ++qi) {
     float* o = s.out[qi / group] + (qi % group) * dim;
     const float* a = acc + qi * dim;
-    const bool empty = s.lens[qi / group] == 0;
+    if (s.lens[qi / group] == 0) {
+      for (int64_t e = 0; e < dim; ++e) o[e] = 0.0f;
+      continue;
+    }
     const __m256 f = _mm256_set1_ps(inv[qi]);
 #pragma GCC unroll 16
-    for (int c = 0; c < C * 2; ++c) {
-      _mm256_storeu_ps(o + 8 * c,
-                       empty ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_loadu_ps(a + 8 * c), f));
+    for (int c = 0; c < 2 * C; ++c) {
+      _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(a + 8 * c), f));
     }
   }
 }
@@ -1530,7 +1539,8 @@ __attribute__((target("avx2,fma,f16c"))) void attend_tile_avx2_dim(const AttendT
   attend_scores_avx2_dim<C>(s, k_pool, scores);
   float* inv = acc + s.rows * s.group * C * kLanes;
   softmax_weights<false, HwFma>(s, scores, inv);
-  attend_values_avx2_dim<C>(s, v_pool, scores, inv, acc);
+  attend_values_avx2_dim<C>(s, v_pool, scores, acc);
+  attend_out_avx2_dim<C>(s, acc, inv);
 }
 #endif  // __x86_64__
 
@@ -1669,10 +1679,10 @@ AttendTile next_tile(const PagedAttention& a, int64_t g, int64_t b0, int64_t end
 }
 
 // The K and V rows of pair `pair` (kv head pair / rows, row pair % rows) prefetched into L2, where
-// they are at most kPrefetchPairPositions positions: issued before the pair before it is
-// computed, so that a short context's rows, a few scattered pages a pair, arrive while the core
-// computes instead of after it (batch-1 decode, ~17 positions: the task 15.2 -> 13.8 us a layer).
-// Longer contexts stream through the hardware prefetchers, and their rows would not fit L2.
+// they are at most kPrefetchPairPositions positions: issued before the current tile is computed,
+// so that the next pair's rows, a few scattered pages at a short context, arrive while the core
+// computes instead of after it. Longer contexts stream through the hardware prefetchers, and
+// their rows would not fit L2.
 constexpr int64_t kPrefetchPairPositions = 64;
 void prefetch_pair(const PagedAttention& a, int64_t pair) {
   if (pair >= a.rows * a.n_kv) return;
@@ -1682,9 +1692,9 @@ void prefetch_pair(const PagedAttention& a, int64_t pair) {
   if (len > kPrefetchPairPositions) return;
   const int32_t* table = a.block_tables + b * a.max_blocks;
   for (int64_t blk = 0; blk < used; ++blk) {
-    const int64_t rows = std::min(a.page_size, len - blk * a.page_size);
+    const int64_t positions = std::min(a.page_size, len - blk * a.page_size);
     const int64_t at = kv_pool_offset(table[blk], g, 0, a.n_kv, a.page_size, a.dim);
-    for (int64_t f = 0; f < rows * a.dim; f += 64 / sizeof(float)) {
+    for (int64_t f = 0; f < positions * a.dim; f += 64 / sizeof(float)) {
       __builtin_prefetch(a.k_pool + at + f, 0, 2);
       __builtin_prefetch(a.v_pool + at + f, 0, 2);
     }

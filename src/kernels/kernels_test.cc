@@ -1516,28 +1516,41 @@ TEST(PagedAttentionKernel, MatchesReferenceWithGqaAndNonContiguousPages) {
   }
 }
 
-void chunk_rows_are_tiled(int64_t d, int64_t ps, task::KernelFn fn, std::vector<float>* alone);
+// A shape of chunk_rows_are_tiled: head dim, page size, query and kv heads, request A's pages.
+struct TiledAttentionCase {
+  int64_t d, ps, nh, nkv;
+  std::vector<int32_t> chunk_table;
+};
+
+void chunk_rows_are_tiled(const TiledAttentionCase& c, task::KernelFn fn,
+                          std::vector<float>* alone);
 
 // A prefill chunk's rows (one request: one block table, consecutive positions) are attended in
 // tiles that read each cached K and V row once. A row's result is bitwise the same whether it
 // is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
 // any block split; and close to the float64 reference. On every ISA target this CPU has, each
-// giving bitwise the same results. Pages of 4 positions (a block of 16 keys spans pages) and of
-// 16 (a whole block lies in one page, which the AVX-512 tile reads at fixed offsets).
+// giving bitwise the same results. Head dims 64 and 128 take the AVX-512 and AVX2 tiles, 40 the
+// generic body; pages of 4 positions (a block of 16 keys spans pages: one kv head with A's first
+// pages 0, 5, 7, 3 puts the block's last key exactly 15 rows after its first, through other
+// pages) and of 16 (a whole block within one page, read at fixed offsets; contexts of 40 and 70
+// too: several blocks and spans, no prefetch past 64); groups of 2, 3 (a query's V sums alone
+// after a pair) and 1 (queries of rows of different lengths).
 TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
-  // Head dims 64 and 128 take the AVX-512 kernel's own tiles where the CPU has AVX-512; 40 the
-  // generic one.
-  for (const auto& [d, ps] :
-       {std::pair<int64_t, int64_t>{40, 4}, {64, 4}, {128, 4}, {64, 16}, {128, 16}}) {
+  const std::vector<int32_t> scattered = {7, 2, 9, 0, 11, 4};
+  const std::vector<TiledAttentionCase> cases = {
+      {40, 4, 4, 2, scattered},  {64, 4, 4, 2, scattered},          {128, 4, 4, 2, scattered},
+      {64, 16, 4, 2, scattered}, {128, 16, 4, 2, scattered},        {128, 16, 6, 2, scattered},
+      {64, 16, 3, 3, scattered}, {64, 4, 2, 1, {0, 5, 7, 3, 11, 4}}};
+  for (const TiledAttentionCase& c : cases) {
     std::vector<std::pair<KernelIsa, std::vector<float>>> results;
     for (KernelIsa isa :
          {KernelIsa::kPortable, KernelIsa::kX86_64V3, KernelIsa::kAvx512, KernelIsa::kNeon}) {
       if (!kernel_isa_available(isa)) continue;
-      SCOPED_TRACE(::testing::Message()
-                   << "head dim " << d << ", page size " << ps << " on " << name_of(isa));
+      SCOPED_TRACE(::testing::Message() << "head dim " << c.d << ", page size " << c.ps << ", "
+                                        << c.nh << " / " << c.nkv << " heads on " << name_of(isa));
       std::vector<float> alone;
-      chunk_rows_are_tiled(
-          d, ps, llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn, &alone);
+      chunk_rows_are_tiled(c, llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn,
+                           &alone);
       if (HasFatalFailure()) return;
       results.emplace_back(isa, std::move(alone));
     }
@@ -1546,19 +1559,22 @@ TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) 
         ASSERT_EQ(std::bit_cast<uint32_t>(results[0].second[i]),
                   std::bit_cast<uint32_t>(results[a].second[i]))
             << name_of(results[0].first) << " and " << name_of(results[a].first)
-            << " differ at element " << i << ", head dim " << d << ", page size " << ps;
+            << " differ at element " << i << ", head dim " << c.d << ", page size " << c.ps << ", "
+            << c.nh << " / " << c.nkv << " heads";
       }
     }
   }
 }
 
-void chunk_rows_are_tiled(int64_t d, int64_t ps, task::KernelFn fn, std::vector<float>* alone_out) {
-  const int64_t nh = 4, nkv = 2, pages = 12, max_blocks = 6;
+void chunk_rows_are_tiled(const TiledAttentionCase& c, task::KernelFn fn,
+                          std::vector<float>* alone_out) {
+  const int64_t d = c.d, ps = c.ps, nh = c.nh, nkv = c.nkv, pages = 12, max_blocks = 6;
   std::vector<float> kp = random_floats(pages * ps * nkv * d, 23, -2.0f, 2.0f);
   std::vector<float> vp = random_floats(pages * ps * nkv * d, 24);
-  const std::vector<int32_t> chunk_table = {7, 2, 9, 0, 11, 4};    // request A: 19 positions
+  const std::vector<int32_t>& chunk_table = c.chunk_table;         // request A
   const std::vector<int32_t> other_table = {5, 8, 1, -1, -1, -1};  // request B: 10 positions
-  // Rows: one of B, A's 19 chunk rows (contexts 4..22), a padding row, B again.
+  // Rows: one of B, A's 19 chunk rows (contexts 4..22), a padding row, B again (and with pages
+  // of 16, A at 40 and 70).
   std::vector<int32_t> tables, lens;
   auto add_row = [&](const std::vector<int32_t>& t, int32_t len) {
     tables.insert(tables.end(), t.begin(), t.end());
@@ -1568,6 +1584,10 @@ void chunk_rows_are_tiled(int64_t d, int64_t ps, task::KernelFn fn, std::vector<
   for (int32_t len = 4; len <= 22; ++len) add_row(chunk_table, len);
   add_row({-1, -1, -1, -1, -1, -1}, 0);
   add_row(other_table, 9);
+  if (ps * max_blocks >= 70) {  // A's longer rows, where its pages hold them
+    add_row(chunk_table, 40);
+    add_row(chunk_table, 70);
+  }
   const int64_t B = static_cast<int64_t>(lens.size());
   std::vector<float> q = random_floats(B * nh * d, 25, -2.0f, 2.0f);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
