@@ -697,15 +697,21 @@ struct Ymm {
   static constexpr bool kQ8_0Signed = !Dot::kUnsignedFullRange;
   // Whether dot takes unsigned bytes over all of 0..255 (else they must stay below 128).
   static constexpr bool kUnsignedFullRange = Dot::kUnsignedFullRange;
-  // Whether the interleaved kernels apply a run's scale in its dots (dot_scaled: vpmaddubsw, then
-  // vpmaddwd against the scale's i16 pairs, as AVX2 takes two instructions a dot anyway) rather
-  // than once on the run's sum (vpmulld; VNNI's dot is one instruction).
+  // Whether the interleaved kernels apply a run's scale by vpmaddwd against its i16 pairs — in
+  // each dot (dot_scaled: vpmaddubsw, then vpmaddwd; Q6_K), or once on the run's i16 pair sums
+  // (pairs, add16; Q4_K, whose 8 dots a run fit in i16) — rather than by vpmulld on the run's
+  // i32 sum (VNNI's dot is one instruction).
   static constexpr bool kScaledDot = !Dot::kUnsignedFullRange;
   // acc + Σ over each i32 lane's two i16 pair sums of u·s (unsigned by signed bytes, pair sums
   // that do not saturate) times the lane's scale pair sc16.
   static I dot_scaled(I acc, I u, I s, I sc16) {
     return Dot::madd(acc, _mm256_maddubs_epi16(u, s), sc16);
   }
+  // The i16 pair sums of u·s (unsigned by signed bytes; they must not saturate), and i16 sums of
+  // them (they must not overflow): kScaledDot's runs add several dots' pairs before one vpmaddwd
+  // against the scale, the same exact integers.
+  static I pairs(I u, I s) { return _mm256_maddubs_epi16(u, s); }
+  static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
@@ -1344,9 +1350,11 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
 #pragma GCC unroll 1
     for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
-      // kScaledDot: the scales' i16 pairs, taken in the dots
+      // kScaledDot: the scales' i16 pairs, met by the run's pair sums
       const I s_lo = V::kScaledDot ? i16_pairs<V>(sc[2 * c], sc[2 * c]) : V::zero();
       const I s_hi = V::kScaledDot ? i16_pairs<V>(sc[2 * c + 1], sc[2 * c + 1]) : V::zero();
+      // kScaledDot: lo and hi hold the 8 dots' i16 pair sums (a pair at most 2·15·127 in
+      // magnitude, 8 of them 30,480: no overflow), scaled once after the run; else the i32 dots.
       I lo[R], hi[R];
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
@@ -1359,14 +1367,19 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
           const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
-          lo[i] = run_dot<V>(lo[i], wl, broadcast_i32<V>(xb), s_lo);
-          hi[i] = run_dot<V>(hi[i], wh, broadcast_i32<V>(xb + 32), s_hi);
+          if constexpr (V::kScaledDot) {
+            lo[i] = V::add16(lo[i], V::pairs(wl, broadcast_i32<V>(xb)));
+            hi[i] = V::add16(hi[i], V::pairs(wh, broadcast_i32<V>(xb + 32)));
+          } else {
+            lo[i] = V::dot(lo[i], wl, broadcast_i32<V>(xb));
+            hi[i] = V::dot(hi[i], wh, broadcast_i32<V>(xb + 32));
+          }
         }
       }
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
         if constexpr (V::kScaledDot) {
-          sum[i] = V::add(sum[i], V::add(lo[i], hi[i]));
+          sum[i] = V::madd(V::madd(sum[i], lo[i], s_lo), hi[i], s_hi);
         } else {
           if constexpr (V::kUnsignedFullRange) hi[i] = V::srai(hi[i], 4);
           sum[i] =
