@@ -1108,10 +1108,12 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
         RequestSpec target = greedy({3, 1, 4, 1, 5}, 3);
         ask_logits(target, {0, 1, 2});
         std::vector<RequestId> others;
-        // The others first, so that the target joins steps that already hold them.
+        // The others first, so that the target joins steps that already hold them; long enough
+        // (48 tokens) that none can finish before the last is added, however late this thread
+        // runs (at 6 tokens a loaded machine let the first ones end first), then aborted.
         for (int i = 1; i < batch; ++i) {
           others.push_back(
-              e.add_request(greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 6))
+              e.add_request(greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 48))
                   .value());
         }
         const RequestId id = e.add_request(target).value();
@@ -1122,7 +1124,10 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
           for (auto& [k, v] : hooks_of(*out).logits) logits[k] = v;
           if (out->finished()) break;
         }
-        for (RequestId o : others) drain(e, o);
+        for (RequestId o : others) {
+          EXPECT_TRUE(e.abort(o).ok());
+          drain(e, o);
+        }
         int64_t widest = 0;
         for (const StepRecord& r : e.step_records()) widest = std::max(widest, r.logit_rows);
         EXPECT_TRUE(e.shutdown().ok());
