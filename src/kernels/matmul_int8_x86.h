@@ -919,8 +919,9 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
   using I = typename V::I;
   using Base = TileBlock<V, kQ4_KBlockBytes, 8, 4, true>;
   using Base::w, Base::sc, Base::d, Base::dmin;
-  // Weights 0..15: a run's 8 dots' vpmaddubsw pair sums add up in i16 (tile_dots, kScaledDot).
-  static constexpr bool kRunPairsFitI16 = true;
+  // Weights 0..15: a run's 8 dots' vpmaddubsw pair sums add up in i16 (at most 8·2·15·127;
+  // tile_dots, kScaledDot).
+  static constexpr int kDotsPerI16Sum = 8;
   I mins[4];
 
   template <class Src>
@@ -955,8 +956,8 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   using I = typename V::I;
   using Base = TileBlock<V, kQ6_KBlockBytes, 16, 8, false>;
   using Base::w, Base::sc, Base::d, Base::dmin;
-  // Weights 0..63: a run's 4 dots' pair sums could reach 4·2·63·127 > 32,767.
-  static constexpr bool kRunPairsFitI16 = false;
+  // Weights 0..63: two dots' pair sums add up in i16 (2·2·63·127 = 32,004), four would not.
+  static constexpr int kDotsPerI16Sum = 2;
   I pairs[8];
 
   // Weight 128h + 32c + l: the low (c < 2) or high nibble of ql[64h + 32(c & 1) + l] with bits
@@ -1076,30 +1077,36 @@ void tile_dots(const Tile* tile, int64_t supers, const int8_t* xq, int64_t k, co
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) sum[i] = V::zero();
     for (int run = 0; run < Tile::kRuns; ++run) {
-      // Pairs: AVX2's dots, whose run sums its vpmaddubsw pair sums in i16 (they fit: Tile's
-      // kRunPairsFitI16) and takes the scale by one vpmaddwd, the same exact integers.
-      constexpr bool kPairs = V::kScaledDot && Tile::kRunPairsFitI16;
-      I a[R];
+      if constexpr (V::kScaledDot) {
+        // AVX2's dots: Tile::kDotsPerI16Sum dots' vpmaddubsw pair sums added in i16 (they fit),
+        // each such sum scaled by one vpmaddwd against the run's scale pairs: the same exact
+        // integers as a vpmulld on the run's sum, in fewer instructions.
+        constexpr int kSum = Tile::kDotsPerI16Sum;
+        static_assert(kDwords % kSum == 0);
+        const I sc16 = i16_pairs<V>(o.sc[run], o.sc[run]);
+        I a[R];
 #pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) a[i] = V::zero();
+        for (int t = 0; t < kDwords; ++t) {
+          const I wv = o.w[kDwords * run + t];
 #pragma GCC unroll 8
-      for (int t = 0; t < kDwords; ++t) {
-        const I wv = o.w[kDwords * run + t];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          const I xv = broadcast_i32<V>(xb + i * k + 4 * (kDwords * run + t));
-          if constexpr (kPairs) {
-            a[i] = V::add16(a[i], V::pairs(wv, xv));
-          } else {
-            a[i] = V::dot(a[i], wv, xv);
+          for (int i = 0; i < R; ++i) {
+            const I p = V::pairs(wv, broadcast_i32<V>(xb + i * k + 4 * (kDwords * run + t)));
+            a[i] = t % kSum == 0 ? p : V::add16(a[i], p);
+            if (t % kSum == kSum - 1) sum[i] = V::madd(sum[i], a[i], sc16);
           }
         }
-      }
-      if constexpr (kPairs) {
-        const I sc16 = i16_pairs<V>(o.sc[run], o.sc[run]);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) sum[i] = V::madd(sum[i], a[i], sc16);
       } else {
+        I a[R];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) a[i] = V::zero();
+#pragma GCC unroll 8
+        for (int t = 0; t < kDwords; ++t) {
+          const I wv = o.w[kDwords * run + t];
+#pragma GCC unroll 8
+          for (int i = 0; i < R; ++i) {
+            a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * (kDwords * run + t)));
+          }
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) sum[i] = V::add(sum[i], V::mullo(a[i], o.sc[run]));
       }
