@@ -1152,6 +1152,37 @@ void attend_tile_baseline(const AttendTile& s, const float* k_pool, const float*
 }
 
 #if defined(__x86_64__)
+// The targets' own tiles (attend_tile_avx512_dim, attend_tile_avx2_dim: head dims 16·C, C = 4, 8)
+// share these two pieces.
+
+// A head dim's worth of zeros: a tile's key rows past the context, so that a block of keys is
+// always whole.
+alignas(64) constexpr float kZeroKey[8 * kLanes] = {};
+
+// The tile's outputs: each query's sum (acc, heads x dim) times its inverse softmax total (inv),
+// 0 for empty rows. Inlined into each target's tile; kLanes elements at a time read into locals
+// before they are written (as row_ops does), so each target vectorizes it on its own lanes.
+template <int C>
+__attribute__((always_inline)) inline void attend_out_dim(const AttendTile& s, const float* acc,
+                                                          const float* inv) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t group = s.group, heads = s.rows * group;
+  for (int64_t qi = 0; qi < heads; ++qi) {
+    float* o = s.out[qi / group] + (qi % group) * dim;
+    const float* a = acc + qi * dim;
+    if (s.lens[qi / group] == 0) {
+      std::fill(o, o + dim, 0.0f);
+      continue;
+    }
+    const float f = inv[qi];
+    for (int64_t e0 = 0; e0 < dim; e0 += kLanes) {
+      float l[kLanes];
+      for (int e = 0; e < kLanes; ++e) l[e] = a[e0 + e];
+      for (int e = 0; e < kLanes; ++e) o[e0 + e] = l[e] * f;
+    }
+  }
+}
+
 // The AVX-512 tile for head dims of 16·C (C = 4, 8: dims 64 and 128; Qwen3 uses 128): the
 // operations of attend_tile_body in the same order, so the same bits (compared on every shape
 // of the kernel tests while it was written, GCC 12 -O2): each score's 16 lane sums are the same
@@ -1268,7 +1299,6 @@ __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTil
                                                                  float* scores) {
   constexpr int64_t dim = C * kLanes;
   const int64_t len = s.max_len;
-  alignas(64) static const float zeros[dim] = {};
   const __m512 q_scale = _mm512_set1_ps(s.scale);
   // Scores, by blocks of 16 cached keys (read once for the tile's queries).
   for (int64_t t0 = 0; t0 < len; t0 += kLanes) {
@@ -1276,7 +1306,7 @@ __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTil
     // The block's keys, read where they are: a kv head's positions within a page are
     // contiguous (kv_write's layout), so they map onto L1 sets as a plain array does. A whole
     // block within one page is read from its first key at fixed offsets; otherwise through
-    // pointers, past the context at `zeros`.
+    // pointers, past the context at `kZeroKey`.
     const float* k[kLanes];
     s.cached_rows(k_pool, t0, n, k);
     if (n == kLanes && t0 % s.page_size + kLanes <= s.page_size) {
@@ -1284,7 +1314,7 @@ __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTil
       attend_score_block<C>(
           s, q_scale, t0, n, [k0](int j) { return k0 + j * dim; }, scores);
     } else {
-      for (int64_t j = n; j < kLanes; ++j) k[j] = zeros;
+      for (int64_t j = n; j < kLanes; ++j) k[j] = kZeroKey;
       attend_score_block<C>(
           s, q_scale, t0, n, [&k](int j) { return k[j]; }, scores);
     }
@@ -1357,27 +1387,6 @@ __attribute__((target("avx512f"))) void attend_values_avx512_dim(const AttendTil
   }
 }
 
-// The tile's outputs: each query's sum times its inverse softmax total (0 for empty rows).
-template <int C>
-__attribute__((target("avx512f"))) void attend_out_avx512_dim(const AttendTile& s, const float* acc,
-                                                              const float* inv) {
-  constexpr int64_t dim = C * kLanes;
-  const int64_t group = s.group, heads = s.rows * group;
-  for (int64_t qi = 0; qi < heads; ++qi) {
-    float* o = s.out[qi / group] + (qi % group) * dim;
-    const float* a = acc + qi * dim;
-    if (s.lens[qi / group] == 0) {
-      for (int64_t e = 0; e < dim; ++e) o[e] = 0.0f;
-      continue;
-    }
-    const __m512 f = _mm512_set1_ps(inv[qi]);
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      _mm512_storeu_ps(o + c * kLanes, _mm512_mul_ps(_mm512_loadu_ps(a + c * kLanes), f));
-    }
-  }
-}
-
 template <int C>
 __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile& s,
                                                                const float* k_pool,
@@ -1389,7 +1398,7 @@ __attribute__((target("avx512f"))) void attend_tile_avx512_dim(const AttendTile&
   float* inv = acc + heads * dim;
   softmax_weights<true>(s, scores, inv);
   attend_values_avx512_dim<C>(s, v_pool, scores, acc);
-  attend_out_avx512_dim<C>(s, acc, inv);
+  attend_out_dim<C>(s, acc, inv);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -1439,13 +1448,12 @@ __attribute__((target("avx2,fma,f16c"))) void attend_scores_avx2_dim(const Atten
   constexpr int64_t dim = C * kLanes;
   constexpr int64_t kKeys = 4;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
-  alignas(32) static const float zeros[dim] = {};
   const __m128 scale = _mm_set1_ps(s.scale);
   for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
     const int64_t n = std::min<int64_t>(kKeys, len - t0);
     const float* k[kKeys];
     s.cached_rows(k_pool, t0, n, k);
-    for (int64_t j = n; j < kKeys; ++j) k[j] = zeros;
+    for (int64_t j = n; j < kKeys; ++j) k[j] = kZeroKey;
     for (int64_t qi = 0; qi < heads; ++qi) {
       const int64_t row_len = s.lens[qi / group];
       if (row_len <= t0) continue;
@@ -1509,28 +1517,6 @@ __attribute__((target("avx2,fma,f16c"))) void attend_values_avx2_dim(const Atten
   }
 }
 
-// The tile's outputs: each query's sum times its 1 / Σ (inv), 0 for empty rows.
-template <int C>
-__attribute__((target("avx2,fma,f16c"))) void attend_out_avx2_dim(const AttendTile& s,
-                                                                  const float* acc,
-                                                                  const float* inv) {
-  constexpr int64_t dim = C * kLanes;
-  const int64_t group = s.group, heads = s.rows * group;
-  for (int64_t qi = 0; qi < heads; ++qi) {
-    float* o = s.out[qi / group] + (qi % group) * dim;
-    const float* a = acc + qi * dim;
-    if (s.lens[qi / group] == 0) {
-      for (int64_t e = 0; e < dim; ++e) o[e] = 0.0f;
-      continue;
-    }
-    const __m256 f = _mm256_set1_ps(inv[qi]);
-#pragma GCC unroll 16
-    for (int c = 0; c < 2 * C; ++c) {
-      _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(a + 8 * c), f));
-    }
-  }
-}
-
 template <int C>
 __attribute__((target("avx2,fma,f16c"))) void attend_tile_avx2_dim(const AttendTile& s,
                                                                    const float* k_pool,
@@ -1540,7 +1526,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_tile_avx2_dim(const AttendT
   float* inv = acc + s.rows * s.group * C * kLanes;
   softmax_weights<false, HwFma>(s, scores, inv);
   attend_values_avx2_dim<C>(s, v_pool, scores, acc);
-  attend_out_avx2_dim<C>(s, acc, inv);
+  attend_out_dim<C>(s, acc, inv);
 }
 #endif  // __x86_64__
 
