@@ -432,6 +432,49 @@ TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
   }
 }
 
+// AVX2's dots add several vpmaddubsw pair sums in i16 before a run's scale (Q4_K 8 dots, Q6_K 2:
+// kDotsPerI16Sum in matmul_int8_x86.h), exact only while each sum stays within ±32,767. Every
+// weight at its largest value (Q4_K 15, Q6_K 63, all scales 63 for Q4_K) against x at ±127 puts
+// those sums at their bound (30,480 and 32,004); a sum of one more dot would wrap. Every target's
+// dots, plain and interleaved rows, fused (1-3 x rows) and tiles (4, 8), give bitwise the
+// portable integers' y.
+TEST(MatmulInt8, WeightsAndActivationsAtTheirLargestMagnitudeStayExact) {
+  constexpr int64_t in = 512, out = 16;
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+    std::vector<uint8_t> w = random_weights(dt, out, in, 97);
+    const int64_t block_bytes = static_cast<int64_t>(task::bytes_of(dt, 256));
+    for (int64_t b = 0; b < out * in / 256; ++b) {
+      uint8_t* blk = w.data() + b * block_bytes;
+      if (dt == DataType::kQ4_K) {
+        std::memset(blk + 4, 0xff, 12 + 128);  // scales and mins 63, every q 15
+      } else {
+        std::memset(blk, 0xff, 128 + 64);  // ql and qh: every q 63
+      }
+    }
+    std::vector<uint8_t> wi(w.size());
+    task::interleave_rows(task::interleaved_of(dt), w.data(), out, in, wi.data());
+    for (float sign : {1.0f, -1.0f}) {
+      for (int64_t rows : {1, 3, 4, 8}) {
+        const std::vector<float> x(static_cast<size_t>(rows * in), sign);  // every q ±127
+        std::vector<float> want(static_cast<size_t>(rows * out), NAN);
+        matmul_detail::run_int8(problem(x, rows, in, w, dt, out, &want),
+                                matmul_detail::int8_dots_portable());
+        for (const auto& [name, dots] : all_dots()) {
+          for (bool interleaved : {false, true}) {
+            std::vector<float> y(want.size(), NAN);
+            matmul_detail::Problem p = problem(x, rows, in, interleaved ? wi : w, dt, out, &y);
+            p.interleaved = interleaved;
+            matmul_detail::run_int8(p, dots);
+            ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                << task::name_of(dt) << " rows " << rows << " x " << sign << ": " << name
+                << (interleaved ? " over interleaved rows" : " over plain rows") << " differs";
+          }
+        }
+      }
+    }
+  }
+}
+
 // The model runner stores Q4_K, Q6_K and Q8_0 interleaved for precision int8 on the x86 targets,
 // whose int8 dots read them natively (every set: AVX-512 VNNI, AVX-VNNI, AVX2), never for the exact
 // or bf16 precisions, the portable and NEON targets, or a target the CPU lacks.
