@@ -829,9 +829,10 @@ TEST_F(LlmEngineStressTest, MetricsAndTheWaitingCountAreCurrentWhenTheFinalEvent
       EngineMetrics m = e->metrics();
       EXPECT_EQ(m.requests_running + m.requests_waiting, 0);
       EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
-      // Two requests aborted at once fill max_waiting until they end.
-      const RequestId a = e->add_request(greedy(prompt(round + 1), 8)).value();
-      const RequestId b = e->add_request(greedy(prompt(round + 2), 8)).value();
+      // Two requests aborted at once fill max_waiting until they end; long enough (100 tokens,
+      // the pool holds both) that neither ends before its abort however late this thread runs.
+      const RequestId a = e->add_request(greedy(prompt(round + 1), 100)).value();
+      const RequestId b = e->add_request(greedy(prompt(round + 2), 100)).value();
       ASSERT_TRUE(e->abort(a).ok());
       ASSERT_TRUE(e->abort(b).ok());
       expect_well_formed(read_all(*e, a, 1));

@@ -1099,7 +1099,7 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
       std::vector<float> want;
       if (kernel_isa_fused(isa)) want = fused_want;
       for (int batch : {1, 3, 16, 17}) {
-        EngineOptions eo = options(1, 256, 64, 17);
+        EngineOptions eo = options(1, 1024, 64, 17);
         eo.runner.kernel_isa = isa;
         eo.record_steps = true;
         auto created = LlmEngine::create(model, eo);
@@ -1109,11 +1109,13 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
         ask_logits(target, {0, 1, 2});
         std::vector<RequestId> others;
         // The others first, so that the target joins steps that already hold them; long enough
-        // (48 tokens) that none can finish before the last is added, however late this thread
-        // runs (at 6 tokens a loaded machine let the first ones end first), then aborted.
+        // (200 tokens, the pool holds 16 of them) that none ends before the last is added however
+        // late this thread runs, then aborted. An abort may still find one finished on a loaded
+        // machine: NotFound then, and the widest step below says whether they shared steps.
         for (int i = 1; i < batch; ++i) {
           others.push_back(
-              e.add_request(greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 48))
+              e.add_request(
+                   greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 200))
                   .value());
         }
         const RequestId id = e.add_request(target).value();
@@ -1125,7 +1127,8 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
           if (out->finished()) break;
         }
         for (RequestId o : others) {
-          EXPECT_TRUE(e.abort(o).ok());
+          const absl::Status aborted = e.abort(o);
+          EXPECT_TRUE(aborted.ok() || absl::IsNotFound(aborted)) << aborted;
           drain(e, o);
         }
         int64_t widest = 0;
