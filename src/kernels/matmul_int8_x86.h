@@ -1641,11 +1641,46 @@ struct Q8_0ChunkSrc {
   typename V::F d(int64_t b, int64_t part) const {
     return V::halves(g + 512 * blocks + 32 * b + 2 * V::kLanes * part);
   }
-  // A line prefetched 16 KiB ahead of each chunk read, by every part (the parts share lines; with
-  // the first part's prefetch only, the fused Q6_K kernel on AVX2 streamed 17 GB/s from memory
-  // instead of 21.6: matmul_benchmark Int8Calls 512, 2 threads).
+  // The line 16 KiB ahead of chunk (b, part, t) into L2 (the parts of a line share it).
   void prefetch(int64_t b, int64_t part, int t) const { prefetch_chunk(chunk(b, part, t)); }
 };
+
+// q8_0_dots for two parts a line (ymm) under 3 x rows: the two halves of a line one after the
+// other, the line prefetched once and x's dword broadcast once for both, instead of a block's 8
+// lines walked once per part (docs/design/quantized_matmul.md, "the halves of a line together").
+// The same sums, each in its own accumulator.
+template <class V, int R, class Src>
+void q8_0_dots_line_pairs(const Src& src, int64_t blocks, const int8_t* xq, int64_t k,
+                          const int32_t* xc, int32_t* s) {
+  using I = typename V::I;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* xb = xq + 32 * b;
+    I a[2][R];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; ++i) a[0][i] = a[1][i] = V::set1(xc[i * blocks + b]);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+      src.prefetch(b, 0, t);
+      const I w0 = src.w(b, 0, t), w1 = src.w(b, 1, t);
+#pragma GCC unroll 2
+      for (int i = 0; i < R; ++i) {
+        const I xv = broadcast_i32<V>(xb + i * k + 4 * t);
+        if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
+          a[0][i] = V::dot(a[0][i], _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(xv, w0));
+          a[1][i] = V::dot(a[1][i], _mm256_sign_epi8(w1, w1), _mm256_sign_epi8(xv, w1));
+        } else {
+          a[0][i] = V::dot(a[0][i], w0, xv);
+          a[1][i] = V::dot(a[1][i], w1, xv);
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < R; ++i) {
+      V::store(s + few_at<V, R>(0, i, blocks, b), a[0][i]);
+      V::store(s + few_at<V, R>(1, i, blocks, b), a[1][i]);
+    }
+  }
+}
 
 // R x rows (row i's q at xq + i·k, its blocks' -128·Σx at xc + i·blocks: q8_0_starts) against W
 // read through src: row i's S_b of part `part`, one lane per W row, at s + few_at(part, i, blocks,
@@ -1656,6 +1691,10 @@ template <class V, int R, class Src>
 void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, const int32_t* xc,
                int32_t* s) {
   using I = typename V::I;
+  if constexpr (Src::kParts == 2 && R <= 2) {
+    q8_0_dots_line_pairs<V, R>(src, blocks, xq, k, xc, s);
+    return;
+  }
   for (int64_t bp = 0; bp < blocks * Src::kParts; ++bp) {
     const int64_t b = bp / Src::kParts, part = bp % Src::kParts;
     const int8_t* xb = xq + 32 * b;
