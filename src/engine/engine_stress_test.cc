@@ -818,7 +818,7 @@ TEST_F(LlmEngineStressTest, MetricsAndTheWaitingCountAreCurrentWhenTheFinalEvent
   const int kRounds = kSanitized ? 5 : 20;
   for (int depth : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << "depth " << depth);
-    EngineOptions eo = options(depth, 64, 32, 4);
+    EngineOptions eo = options(depth, 512, 32, 4);
     eo.max_waiting = 2;
     auto e = engine(eo);
     for (int round = 0; round < kRounds; ++round) {
@@ -829,14 +829,17 @@ TEST_F(LlmEngineStressTest, MetricsAndTheWaitingCountAreCurrentWhenTheFinalEvent
       EngineMetrics m = e->metrics();
       EXPECT_EQ(m.requests_running + m.requests_waiting, 0);
       EXPECT_EQ(m.kv_pages.free, m.kv_pages_total);
-      // Two requests aborted at once fill max_waiting until they end; long enough (100 tokens,
-      // the pool holds both) that neither ends before its abort however late this thread runs.
-      const RequestId a = e->add_request(greedy(prompt(round + 1), 100)).value();
-      const RequestId b = e->add_request(greedy(prompt(round + 2), 100)).value();
+      // Two requests aborted at once fill max_waiting until they end. 900 tokens each (the pool
+      // holds both): neither can end on its own before the loop takes its abort at its next step.
+      const RequestId a = e->add_request(greedy(prompt(round + 1), 900)).value();
+      const RequestId b = e->add_request(greedy(prompt(round + 2), 900)).value();
       ASSERT_TRUE(e->abort(a).ok());
       ASSERT_TRUE(e->abort(b).ok());
-      expect_well_formed(read_all(*e, a, 1));
-      expect_well_formed(read_all(*e, b, 1));
+      for (RequestId id : {a, b}) {
+        const RequestLog aborted = read_all(*e, id, 1);
+        expect_well_formed(aborted);
+        EXPECT_EQ(aborted.choices[0].finish, OutputFinish::kAbort) << "request " << id;
+      }
       auto c = e->add_request(greedy(prompt(round), 2, 2));
       ASSERT_TRUE(c.ok()) << c.status() << " (nothing waits any more)";
       expect_well_formed(read_all(*e, *c, 2));

@@ -1099,7 +1099,7 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
       std::vector<float> want;
       if (kernel_isa_fused(isa)) want = fused_want;
       for (int batch : {1, 3, 16, 17}) {
-        EngineOptions eo = options(1, 1024, 64, 17);
+        EngineOptions eo = options(1, 4096, 64, 17);
         eo.runner.kernel_isa = isa;
         eo.record_steps = true;
         auto created = LlmEngine::create(model, eo);
@@ -1108,14 +1108,15 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
         RequestSpec target = greedy({3, 1, 4, 1, 5}, 3);
         ask_logits(target, {0, 1, 2});
         std::vector<RequestId> others;
-        // The others first, so that the target joins steps that already hold them; long enough
-        // (200 tokens, the pool holds 16 of them) that none ends before the last is added however
-        // late this thread runs, then aborted. An abort may still find one finished on a loaded
-        // machine: NotFound then, and the widest step below says whether they shared steps.
+        // The others first, so that the target joins steps that already hold them; 900 tokens
+        // (the pool holds 16 of them), so that none ends before the last is added unless this
+        // thread stalls for hundreds of steps, then aborted. An abort that finds one finished is
+        // NotFound (the widest step below still says whether they shared steps); an accepted one
+        // ends it at the loop's next step.
         for (int i = 1; i < batch; ++i) {
           others.push_back(
               e.add_request(
-                   greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 200))
+                   greedy({static_cast<int32_t>(20 + i), static_cast<int32_t>(7 * i)}, 900))
                   .value());
         }
         const RequestId id = e.add_request(target).value();
@@ -1128,8 +1129,14 @@ TEST_F(LlmEngineTest, ARequestsLogitsAreBitwiseTheSameAloneAndInBatchesOf3And16A
         }
         for (RequestId o : others) {
           const absl::Status aborted = e.abort(o);
-          EXPECT_TRUE(aborted.ok() || absl::IsNotFound(aborted)) << aborted;
-          drain(e, o);
+          if (aborted.ok()) {
+            EXPECT_EQ(drain(e, o).finish, OutputFinish::kAbort) << "request " << o;
+          } else {
+            EXPECT_EQ(aborted,
+                      absl::NotFoundError(absl::StrCat("abort of request ", o,
+                                                       ", which is unknown or already finished")));
+            drain(e, o);
+          }
         }
         int64_t widest = 0;
         for (const StepRecord& r : e.step_records()) widest = std::max(widest, r.logit_rows);

@@ -1646,12 +1646,13 @@ struct Q8_0ChunkSrc {
 };
 
 // q8_0_dots for two parts a line (ymm) under 3 x rows: the two halves of a line one after the
-// other, the line prefetched once and x's dword broadcast once for both, instead of a block's 8
-// lines walked once per part (docs/design/quantized_matmul.md, "the halves of a line together").
-// The same sums, each in its own accumulator.
+// other, the line prefetched once and x's dword broadcast once for both (docs/design/
+// quantized_matmul.md, "The halves of a line together"). The same sums, each part's in its own
+// accumulator.
 template <class V, int R, class Src>
 void q8_0_dots_line_pairs(const Src& src, int64_t blocks, const int8_t* xq, int64_t k,
                           const int32_t* xc, int32_t* s) {
+  static_assert(Src::kParts == 2 && R <= 2);
   using I = typename V::I;
   for (int64_t b = 0; b < blocks; ++b) {
     const int8_t* xb = xq + 32 * b;
@@ -1693,34 +1694,33 @@ void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, cons
   using I = typename V::I;
   if constexpr (Src::kParts == 2 && R <= 2) {
     q8_0_dots_line_pairs<V, R>(src, blocks, xq, k, xc, s);
-    return;
-  }
-  for (int64_t bp = 0; bp < blocks * Src::kParts; ++bp) {
-    const int64_t b = bp / Src::kParts, part = bp % Src::kParts;
-    const int8_t* xb = xq + 32 * b;
-    I a[R];
+  } else {
+    for (int64_t bp = 0; bp < blocks * Src::kParts; ++bp) {
+      const int64_t b = bp / Src::kParts, part = bp % Src::kParts;
+      const int8_t* xb = xq + 32 * b;
+      I a[R];
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
+      for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
 #pragma GCC unroll 8
-    for (int t = 0; t < 8; ++t) {
-      // Under 3 x rows (more: the next group at once). Decided at compile time: a run-time flag
-      // here cost the ymm kernel a third of its pace from memory (Int8Calls 512: 15.6 against 24.2
-      // GB/s on AVX2).
-      if constexpr (R <= 2) src.prefetch(b, part, t);
-      const I wv = src.w(b, part, t);
-      if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
-        const I uw = _mm256_sign_epi8(wv, wv);
+      for (int t = 0; t < 8; ++t) {
+        // Under 3 x rows (more: the next group at once), decided at compile time: a run-time flag
+        // here slowed the ymm kernel from memory by a third (docs/design/quantized_matmul.md).
+        if constexpr (R <= 2) src.prefetch(b, part, t);
+        const I wv = src.w(b, part, t);
+        if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
+          const I uw = _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) {
-          a[i] = V::dot(a[i], uw, _mm256_sign_epi8(broadcast_i32<V>(xb + i * k + 4 * t), wv));
+          for (int i = 0; i < R; ++i) {
+            a[i] = V::dot(a[i], uw, _mm256_sign_epi8(broadcast_i32<V>(xb + i * k + 4 * t), wv));
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int i = 0; i < R; ++i) a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * t));
         }
-      } else {
-#pragma GCC unroll 8
-        for (int i = 0; i < R; ++i) a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * t));
       }
-    }
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) V::store(s + few_at<V, R>(part, i, blocks, b), a[i]);
+      for (int i = 0; i < R; ++i) V::store(s + few_at<V, R>(part, i, blocks, b), a[i]);
+    }
   }
 }
 
@@ -1790,7 +1790,7 @@ void repack_q8_0_interleaved(Q80Tile<V>* tile, const Q8_0ChunkSrc<V>& src, int64
 // kInterleaved: W rows interleaved 16 at a time (task::DataType::kQ8_0_R16), each tile's rows
 // repacked by repack_q8_0_interleaved, and the next group prefetched into L2 at a group's start
 // (its first tile's repack reads every line of it; into L1, as the plain tiles take their next
-// rows, a 512-token prefill on x86-64-v3 was 5% slower).
+// rows, measured slower: docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
 template <class V, bool kInterleaved = false>
 void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
@@ -1822,11 +1822,11 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 // ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16, Q8_0ChunkSrc): the tiles' dots and
 // combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
 // sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
-// at a time (it stays in L1 or L2 across them), its parts block by block. Under 3 x rows a line is
-// prefetched into L2 16 KiB ahead of each chunk read, from 3 on the next group at a group's start.
-// On ymm from 4 x rows on the tiles over the same rows (rows_q8_0_tiles<V, true>): the loop here
-// measured slower there at 16 and 64 x rows (matmul_benchmark: 3.7 against 4.3 GiB/s at 16 on
-// AVX-VNNI), the tiles as fast as over plain rows.
+// at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
+// (q8_0_dots_line_pairs). Under 3 x rows a line is prefetched into L2 16 KiB ahead of its reads,
+// from 3 on the next group at a group's start. On ymm from 4 x rows on the tiles over the same
+// rows (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the
+// tiles as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
 template <class V>
 void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
   if constexpr (kHalves < V >> 1) {
