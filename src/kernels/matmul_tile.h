@@ -300,9 +300,8 @@ void tile(const float* x, int64_t k, const WeightT<WT>* w, float* y, int64_t ldy
     if constexpr (R == 1) {
       // One x row streams W: prefetch (into L2, locality 1) the next tile's rows, which follow
       // these C rows, at the same k while this tile's are in flight. C interleaved rows of a few
-      // KB are too short for the hardware prefetcher to follow in time: one thread streaming
-      // qwen3-0.6b's bf16 LM head went 12.5 -> 19-21 GB/s (avx512) and 8.4 -> 22-25 GB/s
-      // (x86-64-v3) on Zen 4; locality 0 or 3, or two tiles ahead, did less.
+      // KB are too short for the hardware prefetcher to follow in time (docs/design/
+      // kernel_targets.md, "Streaming one row"; locality 0 or 3, or two tiles ahead, did less).
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) __builtin_prefetch(w + (C + c) * ru + unit_of<WT>(kk), 0, 1);
     }

@@ -20,10 +20,9 @@ struct X86_64V3 : PartsOf<8>, HalfWidthWeights<X86_64V3> {
   using P = __m256;
   static_assert(sizeof(P) == kPartLanes * sizeof(float));
   // 16 ymm registers: a 4 x 3 tile holds 12 accumulators (one part at a time, tile_rows), its 3
-  // W parts and an x part (against 3 x 2 with both parts live: 64 rows of qwen3-0.6b's bf16
-  // projections on one Zen 3 thread went 35-45 -> 64-70 GFLOP/s, of a 93 GFLOP/s FMA peak). One x
-  // row streams 8 W rows at a time (16 accumulators, the rest spilled: memory-bound anyway;
-  // measured 14.2 -> 16.5-17.5 GB/s of bf16 weights against 4 rows, qwen3-0.6b on Zen 4).
+  // W parts and an x part, where 3 x 2 with both parts live loads more per FMA (docs/design/
+  // kernel_targets.md, "Several rows"). One x row streams 8 W rows at a time (16 accumulators,
+  // the rest spilled: memory-bound anyway, and faster than 4 rows: benchmarks-history.md).
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxCols = 3;
   static constexpr int kDecodeCols = 8;
