@@ -1048,7 +1048,7 @@ struct AttendTile {
       rows[j] = row;
       if (++at < page_size) {
         row += dim;
-      } else if (j + 1 < n) {
+      } else if (j + 1 < n) {  // only then: the table's next entry may lie past the row's pages
         at = 0;
         row = pool + kv_pool_offset(table[++page], g, 0, n_kv, page_size, dim);
       }
@@ -1307,13 +1307,15 @@ __attribute__((target("avx512f"))) void attend_scores_avx512_dim(const AttendTil
     // contiguous (kv_write's layout), so they map onto L1 sets as a plain array does. A whole
     // block within one page is read from its first key at fixed offsets; otherwise through
     // pointers, past the context at `kZeroKey`.
-    const float* k[kLanes];
-    s.cached_rows(k_pool, t0, n, k);
+    static_assert(dim <= std::size(kZeroKey));
     if (n == kLanes && t0 % s.page_size + kLanes <= s.page_size) {
-      const float* k0 = k[0];
+      const float* k0;
+      s.cached_rows(k_pool, t0, 1, &k0);
       attend_score_block<C>(
           s, q_scale, t0, n, [k0](int j) { return k0 + j * dim; }, scores);
     } else {
+      const float* k[kLanes];
+      s.cached_rows(k_pool, t0, n, k);
       for (int64_t j = n; j < kLanes; ++j) k[j] = kZeroKey;
       attend_score_block<C>(
           s, q_scale, t0, n, [&k](int j) { return k[j]; }, scores);
@@ -1446,6 +1448,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_scores_avx2_dim(const Atten
                                                                      const float* k_pool,
                                                                      float* scores) {
   constexpr int64_t dim = C * kLanes;
+  static_assert(dim <= std::size(kZeroKey));
   constexpr int64_t kKeys = 4;
   const int64_t group = s.group, len = s.max_len, heads = s.rows * group;
   const __m128 scale = _mm_set1_ps(s.scale);
@@ -1667,9 +1670,11 @@ AttendTile next_tile(const PagedAttention& a, int64_t g, int64_t b0, int64_t end
 // The K and V rows of pair `pair` (kv head pair / rows, row pair % rows) prefetched into L2, where
 // they are at most kPrefetchPairPositions positions: issued before the current tile is computed,
 // so that the next pair's rows, a few scattered pages at a short context, arrive while the core
-// computes instead of after it. Longer contexts stream through the hardware prefetchers, and
-// their rows would not fit L2.
+// computes instead of after it. Longer contexts are left to the hardware prefetchers (the cut-off
+// as measured: docs/design/kernel_targets.md, "Attention tiles").
 constexpr int64_t kPrefetchPairPositions = 64;
+constexpr int64_t kFloatsPerLine = 64 / sizeof(float);
+constexpr int kPrefetchIntoL2 = 2;  // __builtin_prefetch's locality for L2
 void prefetch_pair(const PagedAttention& a, int64_t pair) {
   if (pair >= a.rows * a.n_kv) return;
   const int64_t g = pair / a.rows, b = pair % a.rows;
@@ -1680,9 +1685,9 @@ void prefetch_pair(const PagedAttention& a, int64_t pair) {
   for (int64_t blk = 0; blk < used; ++blk) {
     const int64_t positions = std::min(a.page_size, len - blk * a.page_size);
     const int64_t at = kv_pool_offset(table[blk], g, 0, a.n_kv, a.page_size, a.dim);
-    for (int64_t f = 0; f < positions * a.dim; f += 64 / sizeof(float)) {
-      __builtin_prefetch(a.k_pool + at + f, 0, 2);
-      __builtin_prefetch(a.v_pool + at + f, 0, 2);
+    for (int64_t f = 0; f < positions * a.dim; f += kFloatsPerLine) {
+      __builtin_prefetch(a.k_pool + at + f, 0, kPrefetchIntoL2);
+      __builtin_prefetch(a.v_pool + at + f, 0, kPrefetchIntoL2);
     }
   }
 }
@@ -1706,10 +1711,12 @@ absl::Status paged_attention_impl(const KernelContext& ctx, KernelIsa isa) {
   const float* qs[kMaxTileRows];
   float* outs[kMaxTileRows];
   BlockRange r;
-  while (claims.next(&r)) {
+  int64_t ahead = 0;
+  while (claims.next(&r, &ahead)) {
     for (int64_t pair = r.begin; pair < r.end;) {
       const AttendTile tile = next_tile(a, pair / a.rows, pair % a.rows, r.end, lens, qs, outs);
-      prefetch_pair(a, pair + tile.rows);  // most often this block's next claim
+      // The pair this block most likely takes next (RowClaims::next's `ahead`), not another's.
+      if (pair + tile.rows < ahead) prefetch_pair(a, pair + tile.rows);
       const size_t want_scores = static_cast<size_t>(tile.rows * a.group * tile.max_len);
       if (scores.size() < want_scores) scores.resize(want_scores);
       const size_t want_acc = static_cast<size_t>(tile.rows * a.group * (a.dim + 1));

@@ -27,7 +27,7 @@
 //     cached positions in Qwen3-0.6B's shape, 28 layers (470 MB of f32 K and V at C 2,048; 7 MB
 //     at C 32, a short context, in the last level cache): bytes of K and V read per second, to
 //     hold against the read probe. The pages lie in order (a decode's are scattered: the same
-//     arithmetic, the hardware prefetchers helped more here).
+//     arithmetic, other access patterns for the hardware prefetchers).
 // bytes_per_second ("G/s") is Google Benchmark's GiB/s (x 1.074 for the GB/s of `simpler bench
 // decode` and its read probe). Debian's libbenchmark 1.7 was built without NDEBUG and says
 // "Library was built as DEBUG"; that is the library's own build, not these loops'.
