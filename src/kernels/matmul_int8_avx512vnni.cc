@@ -121,15 +121,20 @@ constexpr I16Indexes kI16Indexes;
 
 inline __m512i i16_index(int a, int b) { return _mm512_load_si512(kI16Indexes.pairs[a][b]); }
 
+// (a & 0x0f) | b in every byte: one vpternlogd (A & C) | B.
+inline __m512i low_nibbles_or512(__m512i a, __m512i b) {
+  return _mm512_ternarylogic_epi32(a, b, _mm512_set1_epi8(0x0f), 0xEC);
+}
+
 // A Q6_K super-block's 256 6-bit values (0..63, ggml's block_q6_K) in 4 zmm: vector 2h the low
 // nibbles of ql[64h, +64) with bits 0-1 and 2-3 of qh[32h, +32) above them, vector 2h + 1 the
 // high nibbles with bits 4-5 and 6-7 (weights 64v to 64v + 63). The super-block kernel dots
-// them; the repacked tile transposes them over its rows.
-// qh's two bits go straight to bits 4-5 of their byte (left by 4 or 2 for bits 0-1 and 2-3, right
-// by 0 or 2 for bits 4-5 and 6-7; what a 16-bit shift carries across the byte is masked off by
-// 0x30) and join the nibble in one vpternlogd, (nibble & 0x0f) | top.
+// them; the repacked tile transposes them over its rows. qh's two bits go straight to bits 4-5 of
+// their byte (left by 4 or 2 for bits 0-1 and 2-3, right by 0 or 2 for bits 4-5 and 6-7; what a
+// 16-bit shift carries across the byte is masked off by 0x30) and join the nibble in one
+// vpternlogd, (nibble & 0x0f) | top.
 inline void q6_k_values(const uint8_t* blk, __m512i w[4]) {
-  const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
   const __m512i left_lo = i16_index(4, 2), right_hi = i16_index(0, 2);
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
@@ -137,8 +142,8 @@ inline void q6_k_values(const uint8_t* blk, __m512i w[4]) {
     const __m512i qh = _mm512_broadcast_i64x4(load32(blk + 128 + 32 * h));
     const __m512i top_lo = _mm512_and_si512(_mm512_sllv_epi16(qh, left_lo), m30);
     const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, right_hi), m30);
-    w[2 * h] = _mm512_ternarylogic_epi32(ql, top_lo, m4, 0xEC);
-    w[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), top_hi, m4, 0xEC);
+    w[2 * h] = low_nibbles_or512(ql, top_lo);
+    w[2 * h + 1] = low_nibbles_or512(_mm512_srli_epi16(ql, 4), top_hi);
   }
 }
 inline __m512i q6_k_scale_index(int v) { return _mm512_load_si512(kI16Indexes.q6_k[v]); }
@@ -274,10 +279,7 @@ struct Zmm {
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
   static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
-  // (a & 0x0f) | b in every byte: one vpternlogd (A & C) | B.
-  static I low_nibbles_or(I a, I b) {
-    return _mm512_ternarylogic_epi32(a, b, set1(0x0f0f0f0f), 0xEC);
-  }
+  static I low_nibbles_or(I a, I b) { return low_nibbles_or512(a, b); }
   static I srli(I a, int n) { return _mm512_srli_epi32(a, static_cast<unsigned>(n)); }
   static I slli(I a, int n) { return _mm512_slli_epi32(a, static_cast<unsigned>(n)); }
   static I srai(I a, int n) { return _mm512_srai_epi32(a, static_cast<unsigned>(n)); }

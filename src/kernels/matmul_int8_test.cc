@@ -435,26 +435,39 @@ TEST(MatmulInt8, InterleavedRowsAreBitwiseThePlainRows) {
 // AVX2's dots add several vpmaddubsw pair sums in i16 before a run's scale (Q4_K 8 dots, Q6_K 2:
 // kDotsPerI16Sum in matmul_int8_x86.h), exact only while each sum stays within ±32,767. Every
 // weight at its largest value (Q4_K 15, Q6_K 63, all scales 63 for Q4_K) against x at ±127 puts
-// those sums at their bound (30,480 and 32,004); a sum of one more dot would wrap. Every target's
-// dots, plain and interleaved rows, fused (1-3 x rows) and tiles (4, 8), give bitwise the
-// portable integers' y.
+// those sums at their bound (30,480 and 32,004); a sum of one more dot would wrap. Q8_0 at -128
+// (AVX2's |w| against x with w's sign: pair sums of 32,512; the VNNI dots' w + 128 at 0). Every
+// scale and d non-zero (1.0, Q6_K's group scales 127), so no wrapped sum is multiplied away.
+// Every target's dots, plain and interleaved rows, fused (1-3 x rows: R 1, 2, and 2 + 1) and
+// tiles (4, 8), give bitwise the portable integers' y.
 TEST(MatmulInt8, WeightsAndActivationsAtTheirLargestMagnitudeStayExact) {
   constexpr int64_t in = 512, out = 16;
-  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K}) {
+  constexpr uint8_t kOneLo = 0x00, kOneHi = 0x3c;  // binary16 1.0, little-endian
+  for (DataType dt : {DataType::kQ4_K, DataType::kQ6_K, DataType::kQ8_0}) {
     std::vector<uint8_t> w = random_weights(dt, out, in, 97);
-    const int64_t block_bytes = static_cast<int64_t>(task::bytes_of(dt, 256));
-    for (int64_t b = 0; b < out * in / 256; ++b) {
+    const int64_t block_weights = dt == DataType::kQ8_0 ? 32 : 256;
+    const int64_t block_bytes = static_cast<int64_t>(task::bytes_of(dt, block_weights));
+    for (int64_t b = 0; b < out * in / block_weights; ++b) {
       uint8_t* blk = w.data() + b * block_bytes;
       if (dt == DataType::kQ4_K) {
+        blk[0] = blk[2] = kOneLo;  // d and dmin 1.0
+        blk[1] = blk[3] = kOneHi;
         std::memset(blk + 4, 0xff, 12 + 128);  // scales and mins 63, every q 15
-      } else {
+      } else if (dt == DataType::kQ6_K) {
         std::memset(blk, 0xff, 128 + 64);  // ql and qh: every q 63
+        std::memset(blk + 192, 127, 16);   // the group scales
+        blk[208] = kOneLo;                 // d 1.0
+        blk[209] = kOneHi;
+      } else {
+        blk[0] = kOneLo;  // d 1.0
+        blk[1] = kOneHi;
+        std::memset(blk + 2, 0x80, 32);  // every q -128
       }
     }
     std::vector<uint8_t> wi(w.size());
     task::interleave_rows(task::interleaved_of(dt), w.data(), out, in, wi.data());
     for (float sign : {1.0f, -1.0f}) {
-      for (int64_t rows : {1, 3, 4, 8}) {
+      for (int64_t rows : {1, 2, 3, 4, 8}) {
         const std::vector<float> x(static_cast<size_t>(rows * in), sign);  // every q ±127
         std::vector<float> want(static_cast<size_t>(rows * out), NAN);
         matmul_detail::run_int8(problem(x, rows, in, w, dt, out, &want),

@@ -697,10 +697,10 @@ struct Ymm {
   static constexpr bool kQ8_0Signed = !Dot::kUnsignedFullRange;
   // Whether dot takes unsigned bytes over all of 0..255 (else they must stay below 128).
   static constexpr bool kUnsignedFullRange = Dot::kUnsignedFullRange;
-  // Whether the interleaved kernels apply a run's scale by vpmaddwd against its i16 pairs — in
-  // each dot (dot_scaled: vpmaddubsw, then vpmaddwd; Q6_K), or once on the run's i16 pair sums
-  // (pairs, add16; Q4_K, whose 8 dots a run fit in i16) — rather than by vpmulld on the run's
-  // i32 sum (VNNI's dot is one instruction).
+  // Whether the interleaved kernels apply a run's scale by vpmaddwd against its i16 pairs — once
+  // on several dots' i16 pair sums (pairs, add16: the tiles, Tile::kDotsPerI16Sum dots a sum, and
+  // the fused Q4_K kernel's 8), or in each dot (dot_scaled: the fused Q6_K kernel) — rather than
+  // by vpmulld on the run's i32 sum (VNNI's dot is one instruction).
   static constexpr bool kScaledDot = !Dot::kUnsignedFullRange;
   // acc + Σ over each i32 lane's two i16 pair sums of u·s (unsigned by signed bytes, pair sums
   // that do not saturate) times the lane's scale pair sc16.
@@ -1041,21 +1041,15 @@ void repack_tile(Q4KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t
 template <class Dot>
 void repack_tile(Q6KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t row_bytes,
                  int64_t lanes) {
-  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
   for (int h = 0; h < 2; ++h) {
     __m256i v[4][8];
     for (int r = 0; r < 8; ++r) {
       const uint8_t* b = blk + (r < lanes ? r : lanes - 1) * row_bytes;
-      const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32);
-      const __m256i qh = load32(b + 128 + 32 * h);
-      const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
-                              _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+      __m256i w[4];
+      q6_k_values<Ymm<Dot>>(load32(b + 64 * h), load32(b + 64 * h + 32), load32(b + 128 + 32 * h),
+                            w);
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m2);
-        v[c][r] = _mm256_or_si256(low[c], _mm256_slli_epi16(top, 4));
-      }
+      for (int c = 0; c < 4; ++c) v[c][r] = w[c];
     }
     for (int c = 0; c < 4; ++c) transpose8(v[c], t.w + 8 * (4 * h + c));
   }
@@ -1317,8 +1311,9 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // ---- Fewer than 4 x rows over interleaved W (rows_interleaved_few): the tiles' sums without the
 // tile. A W vector (dword t of every row of a group, lane r W row r) is loaded from the group's
 // chunk, its 4- or 6-bit values formed in registers and met at once by each x row's broadcast
-// dword; a run's sum then takes its scale by one vpmulld, as in tile_dots, so S (and M) are the
-// same exact integers and the combine the same (combine_lanes): the same bits. Where dot takes
+// dword; a run's sum then takes its scale as in tile_dots (one vpmulld on VNNI targets, vpmaddwd
+// against its i16 pairs on AVX2: Ymm::kScaledDot), so S (and M) are the same exact integers and
+// the combine the same (combine_lanes): the same bits. Where dot takes
 // unsigned bytes over all of 0..255 (VNNI), Q4_K's high nibbles go in as they lie (16·q, masked
 // by 0xf0) and the run's sum is shifted down by 4 (exact: |16·Σ q·x| <= 16·32·15·127 < 2^31).
 
@@ -1378,8 +1373,9 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
       // kScaledDot: the scales' i16 pairs, met by the run's pair sums
       const I s_lo = V::kScaledDot ? i16_pairs<V>(sc[2 * c], sc[2 * c]) : V::zero();
       const I s_hi = V::kScaledDot ? i16_pairs<V>(sc[2 * c + 1], sc[2 * c + 1]) : V::zero();
-      // kScaledDot: lo and hi hold the 8 dots' i16 pair sums (a pair at most 2·15·127 in
-      // magnitude, 8 of them 30,480: no overflow), scaled once after the run; else the i32 dots.
+      // kScaledDot: lo and hi hold the 8 dots' i16 pair sums (within i16: Q4KTile's
+      // kDotsPerI16Sum), scaled once after the run; else the i32 dots.
+      static_assert(Q4KTile<V>::kDotsPerI16Sum >= 8);
       I lo[R], hi[R];
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
@@ -1645,81 +1641,59 @@ struct Q8_0ChunkSrc {
   void prefetch(int64_t b, int64_t part, int t) const { prefetch_chunk(chunk(b, part, t)); }
 };
 
-// q8_0_dots for two parts a line (ymm) under 3 x rows: the two halves of a line one after the
-// other, the line prefetched once and x's dword broadcast once for both (docs/design/
-// quantized_matmul.md, "The halves of a line together"). The same sums, each part's in its own
-// accumulator.
-template <class V, int R, class Src>
-void q8_0_dots_line_pairs(const Src& src, int64_t blocks, const int8_t* xq, int64_t k,
-                          const int32_t* xc, int32_t* s) {
-  static_assert(Src::kParts == 2 && R <= 2);
-  using I = typename V::I;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int8_t* xb = xq + 32 * b;
-    I a[2][R];
-#pragma GCC unroll 2
-    for (int i = 0; i < R; ++i) a[0][i] = a[1][i] = V::set1(xc[i * blocks + b]);
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; ++t) {
-      src.prefetch(b, 0, t);
-      const I w0 = src.w(b, 0, t), w1 = src.w(b, 1, t);
-#pragma GCC unroll 2
-      for (int i = 0; i < R; ++i) {
-        const I xv = broadcast_i32<V>(xb + i * k + 4 * t);
-        if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
-          a[0][i] = V::dot(a[0][i], _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(xv, w0));
-          a[1][i] = V::dot(a[1][i], _mm256_sign_epi8(w1, w1), _mm256_sign_epi8(xv, w1));
-        } else {
-          a[0][i] = V::dot(a[0][i], w0, xv);
-          a[1][i] = V::dot(a[1][i], w1, xv);
-        }
-      }
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < R; ++i) {
-      V::store(s + few_at<V, R>(0, i, blocks, b), a[0][i]);
-      V::store(s + few_at<V, R>(1, i, blocks, b), a[1][i]);
-    }
+// acc + the 4 products a lane of W's bytes w and x's broadcast dword xv: where kQ8_0Signed
+// (AVX2's vpmaddubsw would saturate on w + 128) |w| against x with w's sign, else V::dot on w +
+// 128.
+template <class V>
+inline typename V::I q8_0_dot(typename V::I acc, typename V::I w, typename V::I xv) {
+  if constexpr (V::kQ8_0Signed) {
+    return V::dot(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+  } else {
+    return V::dot(acc, w, xv);
   }
 }
 
 // R x rows (row i's q at xq + i·k, its blocks' -128·Σx at xc + i·blocks: q8_0_starts) against W
 // read through src: row i's S_b of part `part`, one lane per W row, at s + few_at(part, i, blocks,
-// b). An x row's dword t is broadcast against W's vector t by one V::dot, so after a block's 8
-// each lane holds Σ (w + 128)·x for its row from -128·Σx: the exact block sum S_b; where
-// kQ8_0Signed (AVX2's vpmaddubsw would saturate on w + 128) |w| against x with w's sign.
+// b). An x row's dword t is broadcast against W's vector t by one q8_0_dot, so after a block's 8
+// each lane holds Σ (w + 128)·x for its row from -128·Σx (or Σ w·x from 0 where kQ8_0Signed): the
+// exact block sum S_b. Under 3 x rows the parts of a line (two on ymm) go together: the line
+// prefetched once into L2 (the next group at once from 3 rows on), x's dword broadcast once for
+// both, each part's sum in its own accumulator (docs/design/quantized_matmul.md, "The halves of a
+// line together"); the prefetch is decided at compile time (a run-time flag slowed the loop).
 template <class V, int R, class Src>
 void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, const int32_t* xc,
                int32_t* s) {
   using I = typename V::I;
-  if constexpr (Src::kParts == 2 && R <= 2) {
-    q8_0_dots_line_pairs<V, R>(src, blocks, xq, k, xc, s);
-  } else {
-    for (int64_t bp = 0; bp < blocks * Src::kParts; ++bp) {
-      const int64_t b = bp / Src::kParts, part = bp % Src::kParts;
-      const int8_t* xb = xq + 32 * b;
-      I a[R];
+  constexpr int64_t kTogether = R <= 2 ? Src::kParts : 1;
+  for (int64_t bp = 0; bp < blocks * Src::kParts; bp += kTogether) {
+    const int64_t b = bp / Src::kParts, part0 = bp % Src::kParts;
+    const int8_t* xb = xq + 32 * b;
+    I a[kTogether][R];
 #pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) a[i] = V::set1(xc[i * blocks + b]);
+    for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 2
+      for (int p = 0; p < kTogether; ++p) a[p][i] = V::set1(xc[i * blocks + b]);
+    }
 #pragma GCC unroll 8
-      for (int t = 0; t < 8; ++t) {
-        // Under 3 x rows (more: the next group at once), decided at compile time: a run-time flag
-        // here slowed the ymm kernel from memory by a third (docs/design/quantized_matmul.md).
-        if constexpr (R <= 2) src.prefetch(b, part, t);
-        const I wv = src.w(b, part, t);
-        if constexpr (V::kQ8_0Signed) {  // |w| against x with w's sign (ymm only)
-          const I uw = _mm256_sign_epi8(wv, wv);
+    for (int t = 0; t < 8; ++t) {
+      if constexpr (R <= 2) src.prefetch(b, part0, t);
+      I w[kTogether];
+#pragma GCC unroll 2
+      for (int p = 0; p < kTogether; ++p) w[p] = src.w(b, part0 + p, t);
 #pragma GCC unroll 8
-          for (int i = 0; i < R; ++i) {
-            a[i] = V::dot(a[i], uw, _mm256_sign_epi8(broadcast_i32<V>(xb + i * k + 4 * t), wv));
-          }
-        } else {
-#pragma GCC unroll 8
-          for (int i = 0; i < R; ++i) a[i] = V::dot(a[i], wv, broadcast_i32<V>(xb + i * k + 4 * t));
-        }
+      for (int i = 0; i < R; ++i) {
+        const I xv = broadcast_i32<V>(xb + i * k + 4 * t);
+#pragma GCC unroll 2
+        for (int p = 0; p < kTogether; ++p) a[p][i] = q8_0_dot<V>(a[p][i], w[p], xv);
       }
+    }
 #pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) V::store(s + few_at<V, R>(part, i, blocks, b), a[i]);
+    for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 2
+      for (int p = 0; p < kTogether; ++p) {
+        V::store(s + few_at<V, R>(part0 + p, i, blocks, b), a[p][i]);
+      }
     }
   }
 }

@@ -22,7 +22,7 @@ struct X86_64V3 : PartsOf<8>, HalfWidthWeights<X86_64V3> {
   // 16 ymm registers: a 4 x 3 tile holds 12 accumulators (one part at a time, tile_rows), its 3
   // W parts and an x part, where 3 x 2 with both parts live loads more per FMA (docs/design/
   // kernel_targets.md, "Several rows"). One x row streams 8 W rows at a time (16 accumulators,
-  // the rest spilled: memory-bound anyway, and faster than 4 rows: benchmarks-history.md).
+  // the rest spilled: memory-bound anyway, and faster than 4 rows: docs/benchmarks-history.md).
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxCols = 3;
   static constexpr int kDecodeCols = 8;
