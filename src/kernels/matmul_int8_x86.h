@@ -1797,7 +1797,7 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 // combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
 // sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
 // at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
-// (q8_0_dots_line_pairs). Under 3 x rows a line is prefetched into L2 16 KiB ahead of its reads,
+// (q8_0_dots). Under 3 x rows a line is prefetched into L2 16 KiB ahead of its reads,
 // from 3 on the next group at a group's start. On ymm from 4 x rows on the tiles over the same
 // rows (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the
 // tiles as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
