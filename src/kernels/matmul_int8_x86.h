@@ -1425,6 +1425,7 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
                            const int32_t* aux, int32_t* s, typename V::F* d) {
   using I = typename V::I;
   constexpr int64_t kChunks = kQ6_KBlockBytes / 4;
+  static_assert(kChunks == 3 * 16 + 4);  // the prefetch's 16 steps of 3, and 4 scale chunks
   for (int64_t bp = 0; bp < supers * kHalves<V>; ++bp) {
     const int64_t b = bp / kHalves<V>, part = bp % kHalves<V>, lane0 = V::kLanes * part;
     const InterleavedRows<V> src{g + 64 * kChunks * b + 4 * lane0,
@@ -1453,9 +1454,16 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
           const int t = 4 * half + tt;
           const int at0 = 64 * h + 4 * t, at1 = at0 + 32, ath = 128 + 32 * h + 4 * t;
           const I ql0 = src.dword(at0), ql1 = src.dword(at1), qh = src.dword(ath);
-          prefetch_chunk(src.chunks + 16 * at0);
-          prefetch_chunk(src.chunks + 16 * at1);
-          prefetch_chunk(src.chunks + 16 * ath);
+          // Every line of the group prefetched once, in memory order: the column's 52 chunks 3 a
+          // step (the 4 scale chunks in the first 4 steps), and the line of d that this and the
+          // next column share; not each chunk's line beside its read (ql's two streams and qh's
+          // would be three prefetch streams a core, the scale chunks and d never prefetched).
+          const int step = 8 * h + t;
+          prefetch_chunk(src.chunks + 64 * (3 * step));
+          prefetch_chunk(src.chunks + 64 * (3 * step + 1));
+          prefetch_chunk(src.chunks + 64 * (3 * step + 2));
+          if (step < 4) prefetch_chunk(src.chunks + 64 * (kChunks - 4 + step));
+          if (step == 4 && b % 2 == 0 && part == 0) prefetch_chunk(src.tail);
           I w[4];
           q6_k_values<V>(ql0, ql1, qh, w);
 #pragma GCC unroll 4
