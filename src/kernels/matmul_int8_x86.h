@@ -1317,8 +1317,9 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // unsigned bytes over all of 0..255 (VNNI), Q4_K's high nibbles go in as they lie (16·q, masked
 // by 0xf0) and the run's sum is shifted down by 4 (exact: |16·Σ q·x| <= 16·32·15·127 < 2^31).
 
-// How far ahead of its reads rows_interleaved_few prefetches W into L2, a line per chunk read:
-// as the read probe does (bench_probes.cc), but further, for the kernel's work between lines.
+// How far ahead of its reads rows_interleaved_few prefetches W into L2, a line per chunk read
+// (Q6_K: a line per chunk of the column, in memory order): as the read probe does
+// (bench_probes.cc), but further, for the kernel's work between lines.
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
 inline void prefetch_chunk(const uint8_t* at) {
   _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedPrefetchBytes), _MM_HINT_T2);
