@@ -1318,11 +1318,17 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // by 0xf0) and the run's sum is shifted down by 4 (exact: |16·Σ q·x| <= 16·32·15·127 < 2^31).
 
 // How far ahead of its reads rows_interleaved_few prefetches W into L2, a line per chunk read
-// (Q6_K: a line per chunk of the column, in memory order): as the read probe does
-// (bench_probes.cc), but further, for the kernel's work between lines.
+// (Q6_K: a line per chunk of the column, in memory order; on ymm, where a line is two parts, by
+// part 0 only): as the read probe does (bench_probes.cc), but further, for the kernel's work
+// between lines. Each line is prefetched twice, kInterleavedPrefetchBytes and
+// kInterleavedRefetchBytes ahead: a kernel that works on each line read streams faster from
+// memory with the second request than with either distance alone (docs/design/quantized_matmul.md,
+// "Each line prefetched twice").
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
+constexpr int64_t kInterleavedRefetchBytes = 10240;
 inline void prefetch_chunk(const uint8_t* at) {
   _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedPrefetchBytes), _MM_HINT_T2);
+  _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedRefetchBytes), _MM_HINT_T2);
 }
 
 // One dot of a run: acc + w·x's 4 products a lane (V::dot), or with kScaledDot those products'
@@ -1383,7 +1389,7 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) {
         const I q = src.dword(16 + 32 * c + 4 * t);
-        prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
+        if (part == 0) prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
         const I wl = V::and_(q, k4);
         const I wh = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
 #pragma GCC unroll 4
@@ -1455,16 +1461,18 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
           const int t = 4 * half + tt;
           const int at0 = 64 * h + 4 * t, at1 = at0 + 32, ath = 128 + 32 * h + 4 * t;
           const I ql0 = src.dword(at0), ql1 = src.dword(at1), qh = src.dword(ath);
-          // Every line of the group prefetched once, in memory order: the column's 52 chunks 3 a
-          // step (the 4 scale chunks in the first 4 steps), and the line of d that this and the
-          // next column share; not each chunk's line beside its read (ql's two streams and qh's
-          // would be three prefetch streams a core, the scale chunks and d never prefetched).
+          // Every line of the group through prefetch_chunk once, in memory order: the column's 52
+          // chunks 3 a step (the 4 scale chunks in the first 4 steps), and the line of d that this
+          // and the next column share; not each chunk's line beside its read (ql's two streams and
+          // qh's would be three prefetch streams a core, the scale chunks and d never prefetched).
           const int step = 8 * h + t;
-          prefetch_chunk(src.chunks + 64 * (3 * step));
-          prefetch_chunk(src.chunks + 64 * (3 * step + 1));
-          prefetch_chunk(src.chunks + 64 * (3 * step + 2));
-          if (step < 4) prefetch_chunk(src.chunks + 64 * (kChunks - 4 + step));
-          if (step == 4 && b % 2 == 0 && part == 0) prefetch_chunk(src.tail);
+          if (part == 0) {  // the parts of a line (two on ymm) share its prefetch
+            prefetch_chunk(src.chunks + 64 * (3 * step));
+            prefetch_chunk(src.chunks + 64 * (3 * step + 1));
+            prefetch_chunk(src.chunks + 64 * (3 * step + 2));
+            if (step < 4) prefetch_chunk(src.chunks + 64 * (kChunks - 4 + step));
+            if (step == 4 && b % 2 == 0) prefetch_chunk(src.tail);
+          }
           I w[4];
           q6_k_values<V>(ql0, ql1, qh, w);
 #pragma GCC unroll 4
