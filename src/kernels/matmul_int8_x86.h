@@ -1360,66 +1360,93 @@ constexpr int64_t few_at(int64_t part, int64_t i, int64_t blocks, int64_t b) {
 
 // R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g:
 // S and M of super-block b, lanes of part h, at s, m + few_at(h, i, supers, b), d and dmin at
-// d[h·supers + b], dmin[h·supers + b].
+// d[h·supers + b], dmin[h·supers + b]. With VNNI dots under 3 x rows the parts of a line (two on
+// ymm) go together, as in q8_0_dots: x's dwords broadcast once for both, each part's sums in its
+// own accumulators (the same exact integers per part); AVX2's dots (kScaledDot) take one part
+// at a time (docs/design/quantized_matmul.md, "Each line prefetched twice").
 template <class V, int R>
 void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, int64_t k,
                            const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
                            typename V::F* dmin) {
   using I = typename V::I;
+  constexpr int64_t kTogether = R <= 2 && !V::kScaledDot ? kHalves<V> : 1;
   const I k4 = V::set1(0x0f0f0f0f), kf0 = V::set1(static_cast<int32_t>(0xf0f0f0f0u));
-  for (int64_t bp = 0; bp < supers * kHalves<V>; ++bp) {
-    const int64_t b = bp / kHalves<V>, part = bp % kHalves<V>;
-    const InterleavedRows<V> src{g + 64 * (kQ4_KBlockBytes / 4) * b + 4 * V::kLanes * part,
-                                 nullptr};
-    I sc[8], mins[4], sum[R];
-    q4_k_head<V>(src, sc, mins, d[part * supers + b], dmin[part * supers + b]);
+  for (int64_t bp = 0; bp < supers * kHalves<V>; bp += kTogether) {
+    const int64_t b = bp / kHalves<V>, part0 = bp % kHalves<V>;
+    const uint8_t* column = g + 64 * (kQ4_KBlockBytes / 4) * b;
+    InterleavedRows<V> src[kTogether];
+    I sc[kTogether][8], mins[kTogether][4], sum[kTogether][R];
+#pragma GCC unroll 2
+    for (int p = 0; p < kTogether; ++p) {
+      const int64_t part = part0 + p;
+      src[p] = InterleavedRows<V>{column + 4 * V::kLanes * part, nullptr};
+      q4_k_head<V>(src[p], sc[p], mins[p], d[part * supers + b], dmin[part * supers + b]);
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) sum[i] = V::zero();
+      for (int i = 0; i < R; ++i) sum[p][i] = V::zero();
+    }
 #pragma GCC unroll 1
     for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
-      // kScaledDot: the scales' i16 pairs, met by the run's pair sums
-      const I s_lo = V::kScaledDot ? i16_pairs<V>(sc[2 * c], sc[2 * c]) : V::zero();
-      const I s_hi = V::kScaledDot ? i16_pairs<V>(sc[2 * c + 1], sc[2 * c + 1]) : V::zero();
       // kScaledDot: lo and hi hold the 8 dots' i16 pair sums (within i16: Q4KTile's
       // kDotsPerI16Sum), scaled once after the run; else the i32 dots.
       static_assert(Q4KTile<V>::kDotsPerI16Sum >= 8);
-      I lo[R], hi[R];
+      I lo[kTogether][R], hi[kTogether][R];
+#pragma GCC unroll 2
+      for (int p = 0; p < kTogether; ++p) {
 #pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
+        for (int i = 0; i < R; ++i) lo[p][i] = hi[p][i] = V::zero();
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) {
-        const I q = src.dword(16 + 32 * c + 4 * t);
-        if (part == 0) prefetch_chunk(src.chunks + 16 * (16 + 32 * c + 4 * t));
-        const I wl = V::and_(q, k4);
-        const I wh = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
+        const int at = 16 + 32 * c + 4 * t;
+        if (part0 == 0) prefetch_chunk(src[0].chunks + 16 * at);  // the parts share the line
+        I wl[kTogether], wh[kTogether];
+#pragma GCC unroll 2
+        for (int p = 0; p < kTogether; ++p) {
+          const I q = src[p].dword(at);
+          wl[p] = V::and_(q, k4);
+          wh[p] = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
           const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
-          if constexpr (V::kScaledDot) {
-            lo[i] = V::add16(lo[i], V::pairs(wl, broadcast_i32<V>(xb)));
-            hi[i] = V::add16(hi[i], V::pairs(wh, broadcast_i32<V>(xb + 32)));
-          } else {
-            lo[i] = V::dot(lo[i], wl, broadcast_i32<V>(xb));
-            hi[i] = V::dot(hi[i], wh, broadcast_i32<V>(xb + 32));
+          const I xl = broadcast_i32<V>(xb), xh = broadcast_i32<V>(xb + 32);
+#pragma GCC unroll 2
+          for (int p = 0; p < kTogether; ++p) {
+            if constexpr (V::kScaledDot) {
+              lo[p][i] = V::add16(lo[p][i], V::pairs(wl[p], xl));
+              hi[p][i] = V::add16(hi[p][i], V::pairs(wh[p], xh));
+            } else {
+              lo[p][i] = V::dot(lo[p][i], wl[p], xl);
+              hi[p][i] = V::dot(hi[p][i], wh[p], xh);
+            }
           }
         }
       }
+#pragma GCC unroll 2
+      for (int p = 0; p < kTogether; ++p) {
+        // kScaledDot: the scales' i16 pairs, met by the run's pair sums
+        const I s_lo = V::kScaledDot ? i16_pairs<V>(sc[p][2 * c], sc[p][2 * c]) : V::zero();
+        const I s_hi = V::kScaledDot ? i16_pairs<V>(sc[p][2 * c + 1], sc[p][2 * c + 1]) : V::zero();
 #pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) {
-        if constexpr (V::kScaledDot) {
-          sum[i] = V::madd(V::madd(sum[i], lo[i], s_lo), hi[i], s_hi);
-        } else {
-          if constexpr (V::kUnsignedFullRange) hi[i] = V::srai(hi[i], 4);
-          sum[i] =
-              V::add(sum[i], V::add(V::mullo(lo[i], sc[2 * c]), V::mullo(hi[i], sc[2 * c + 1])));
+        for (int i = 0; i < R; ++i) {
+          if constexpr (V::kScaledDot) {
+            sum[p][i] = V::madd(V::madd(sum[p][i], lo[p][i], s_lo), hi[p][i], s_hi);
+          } else {
+            if constexpr (V::kUnsignedFullRange) hi[p][i] = V::srai(hi[p][i], 4);
+            sum[p][i] = V::add(sum[p][i], V::add(V::mullo(lo[p][i], sc[p][2 * c]),
+                                                 V::mullo(hi[p][i], sc[p][2 * c + 1])));
+          }
         }
       }
     }
+#pragma GCC unroll 2
+    for (int p = 0; p < kTogether; ++p) {
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const int64_t at = few_at<V, R>(part, i, supers, b);
-      V::store(s + at, sum[i]);
-      V::store(m + at, q4_k_mins_sum<V>(mins, aux + 4 * (i * supers + b)));
+      for (int i = 0; i < R; ++i) {
+        const int64_t at = few_at<V, R>(part0 + p, i, supers, b);
+        V::store(s + at, sum[p][i]);
+        V::store(m + at, q4_k_mins_sum<V>(mins[p], aux + 4 * (i * supers + b)));
+      }
     }
   }
 }
