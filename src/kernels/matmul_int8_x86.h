@@ -1317,18 +1317,19 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // unsigned bytes over all of 0..255 (VNNI), Q4_K's high nibbles go in as they lie (16·q, masked
 // by 0xf0) and the run's sum is shifted down by 4 (exact: |16·Σ q·x| <= 16·32·15·127 < 2^31).
 
-// How far ahead of its reads rows_interleaved_few prefetches W into L2, a line per chunk read
-// (Q6_K: a line per chunk of the column, in memory order; on ymm, where a line is two parts, by
-// part 0 only): as the read probe does (bench_probes.cc), but further, for the kernel's work
-// between lines. Each line is prefetched twice, kInterleavedPrefetchBytes and
-// kInterleavedRefetchBytes ahead: a kernel that works on each line read streams faster from
-// memory with the second request than with either distance alone (docs/design/quantized_matmul.md,
-// "Each line prefetched twice").
+// How far ahead of its reads an interleaved kernel under 4 x rows (rows_interleaved_few,
+// rows_q8_0_interleaved) prefetches W into L2: a line per chunk read (Q6_K: every line of the
+// column, in memory order); on ymm, where a line holds two parts, part 0 requests it for both. As
+// the read probe does (bench_probes.cc), but further, for the kernel's work between lines; each
+// line requested twice, kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead
+// (docs/design/quantized_matmul.md, "Each line prefetched twice"). The addresses are formed as
+// integers: they may lie past W's end (a prefetch there does nothing).
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
 constexpr int64_t kInterleavedRefetchBytes = 10240;
 inline void prefetch_chunk(const uint8_t* at) {
-  _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedPrefetchBytes), _MM_HINT_T2);
-  _mm_prefetch(reinterpret_cast<const char*>(at + kInterleavedRefetchBytes), _MM_HINT_T2);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  _mm_prefetch(reinterpret_cast<const char*>(a + kInterleavedPrefetchBytes), _MM_HINT_T2);
+  _mm_prefetch(reinterpret_cast<const char*>(a + kInterleavedRefetchBytes), _MM_HINT_T2);
 }
 
 // One dot of a run: acc + w·x's 4 products a lane (V::dot), or with kScaledDot those products'
@@ -1345,10 +1346,11 @@ inline typename V::I run_dot(typename V::I acc, typename V::I w, typename V::I x
 }
 
 // A group's lanes are kHalves vectors (lanes kLanes·half..: two on ymm, one on zmm): the fused
-// kernels take a super-block column's halves one after the other, so that the group's 64-byte
-// chunks are read in order, each line's halves together. Taking one half over every super-block
-// and then the other read each line twice, half of it each time, and was slower from memory than
-// the plain layout (docs/design/quantized_matmul.md, "The 256-bit targets").
+// kernels take a super-block column's halves one after the other (q4_k_interleaved_dots with VNNI
+// dots and q8_0_dots, under 3 x rows: both halves of each line at once, kTogether), so that the
+// group's 64-byte chunks are read in order, each line's halves together. Taking one half over every
+// super-block and then the other read each line twice, half of it each time, and was slower from
+// memory than the plain layout (docs/design/quantized_matmul.md, "The 256-bit targets").
 template <class V>
 constexpr int64_t kHalves = kGroupRows / V::kLanes;
 
@@ -1358,19 +1360,61 @@ constexpr int64_t few_at(int64_t part, int64_t i, int64_t blocks, int64_t b) {
   return V::kLanes * ((part * R + i) * blocks + b);
 }
 
+// The dots of sub-blocks 2c (low nibbles: lo) and 2c + 1 (high: hi) of T parts (src[p]) of a
+// Q4_K column against R x rows (row i's q of sub-block 2c at xb + i·k): where V::kScaledDot, the
+// 8 dots' i16 pair sums, else the i32 dots (the high nibbles as 16·q where kUnsignedFullRange).
+// The line of each chunk read prefetched where `prefetch` (the parts of a line share it).
+template <class V, int R, int64_t T>
+inline void q4_k_run_dots(const InterleavedRows<V>* src, bool prefetch, int c, const int8_t* xb,
+                          int64_t k, typename V::I (&lo)[T][R], typename V::I (&hi)[T][R]) {
+  using I = typename V::I;
+  const I k4 = V::set1(0x0f0f0f0f), kf0 = V::set1(static_cast<int32_t>(0xf0f0f0f0u));
+#pragma GCC unroll 2
+  for (int p = 0; p < T; ++p) {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) lo[p][i] = hi[p][i] = V::zero();
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < 8; ++t) {
+    const int at = 16 + 32 * c + 4 * t;
+    if (prefetch) prefetch_chunk(src[0].chunks + 16 * at);
+    I wl[T], wh[T];
+#pragma GCC unroll 2
+    for (int p = 0; p < T; ++p) {
+      const I q = src[p].dword(at);
+      wl[p] = V::and_(q, k4);
+      wh[p] = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const I xl = broadcast_i32<V>(xb + i * k + 4 * t),
+              xh = broadcast_i32<V>(xb + i * k + 32 + 4 * t);
+#pragma GCC unroll 2
+      for (int p = 0; p < T; ++p) {
+        if constexpr (V::kScaledDot) {
+          lo[p][i] = V::add16(lo[p][i], V::pairs(wl[p], xl));
+          hi[p][i] = V::add16(hi[p][i], V::pairs(wh[p], xh));
+        } else {
+          lo[p][i] = V::dot(lo[p][i], wl[p], xl);
+          hi[p][i] = V::dot(hi[p][i], wh[p], xh);
+        }
+      }
+    }
+  }
+}
+
 // R x rows (row i's q at xq + i·k, aux at aux + 4·(i·supers + b)) against the Q4_K group at g:
 // S and M of super-block b, lanes of part h, at s, m + few_at(h, i, supers, b), d and dmin at
 // d[h·supers + b], dmin[h·supers + b]. With VNNI dots under 3 x rows the parts of a line (two on
 // ymm) go together, as in q8_0_dots: x's dwords broadcast once for both, each part's sums in its
 // own accumulators (the same exact integers per part); AVX2's dots (kScaledDot) take one part
-// at a time (docs/design/quantized_matmul.md, "Each line prefetched twice").
+// at a time (docs/design/quantized_matmul.md, "Q4_K's parts of a line together on VNNI").
 template <class V, int R>
 void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, int64_t k,
                            const int32_t* aux, int32_t* s, int32_t* m, typename V::F* d,
                            typename V::F* dmin) {
   using I = typename V::I;
   constexpr int64_t kTogether = R <= 2 && !V::kScaledDot ? kHalves<V> : 1;
-  const I k4 = V::set1(0x0f0f0f0f), kf0 = V::set1(static_cast<int32_t>(0xf0f0f0f0u));
   for (int64_t bp = 0; bp < supers * kHalves<V>; bp += kTogether) {
     const int64_t b = bp / kHalves<V>, part0 = bp % kHalves<V>;
     const uint8_t* column = g + 64 * (kQ4_KBlockBytes / 4) * b;
@@ -1390,38 +1434,7 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
       // kDotsPerI16Sum), scaled once after the run; else the i32 dots.
       static_assert(Q4KTile<V>::kDotsPerI16Sum >= 8);
       I lo[kTogether][R], hi[kTogether][R];
-#pragma GCC unroll 2
-      for (int p = 0; p < kTogether; ++p) {
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) lo[p][i] = hi[p][i] = V::zero();
-      }
-#pragma GCC unroll 8
-      for (int t = 0; t < 8; ++t) {
-        const int at = 16 + 32 * c + 4 * t;
-        if (part0 == 0) prefetch_chunk(src[0].chunks + 16 * at);  // the parts share the line
-        I wl[kTogether], wh[kTogether];
-#pragma GCC unroll 2
-        for (int p = 0; p < kTogether; ++p) {
-          const I q = src[p].dword(at);
-          wl[p] = V::and_(q, k4);
-          wh[p] = V::kUnsignedFullRange ? V::and_(q, kf0) : V::and_(V::srli(q, 4), k4);
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) {
-          const int8_t* xb = xq + i * k + 256 * b + 64 * c + 4 * t;
-          const I xl = broadcast_i32<V>(xb), xh = broadcast_i32<V>(xb + 32);
-#pragma GCC unroll 2
-          for (int p = 0; p < kTogether; ++p) {
-            if constexpr (V::kScaledDot) {
-              lo[p][i] = V::add16(lo[p][i], V::pairs(wl[p], xl));
-              hi[p][i] = V::add16(hi[p][i], V::pairs(wh[p], xh));
-            } else {
-              lo[p][i] = V::dot(lo[p][i], wl[p], xl);
-              hi[p][i] = V::dot(hi[p][i], wh[p], xh);
-            }
-          }
-        }
-      }
+      q4_k_run_dots<V, R, kTogether>(src, part0 == 0, c, xq + 256 * b + 64 * c, k, lo, hi);
 #pragma GCC unroll 2
       for (int p = 0; p < kTogether; ++p) {
         // kScaledDot: the scales' i16 pairs, met by the run's pair sums
@@ -1488,10 +1501,11 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
           const int t = 4 * half + tt;
           const int at0 = 64 * h + 4 * t, at1 = at0 + 32, ath = 128 + 32 * h + 4 * t;
           const I ql0 = src.dword(at0), ql1 = src.dword(at1), qh = src.dword(ath);
-          // Every line of the group through prefetch_chunk once, in memory order: the column's 52
-          // chunks 3 a step (the 4 scale chunks in the first 4 steps), and the line of d that this
-          // and the next column share; not each chunk's line beside its read (ql's two streams and
-          // qh's would be three prefetch streams a core, the scale chunks and d never prefetched).
+          // Every line of the group through prefetch_chunk once: the column's 52 chunks 3 a step
+          // in memory order (the 4 scale chunks early, in the first 4 steps) and, on even
+          // columns, the line holding their d (every line of d holds one even column's); not each
+          // chunk's line beside its read (ql's two streams and qh's would be three prefetch
+          // streams a core, the scale chunks and d never prefetched).
           const int step = 8 * h + t;
           if (part == 0) {  // the parts of a line (two on ymm) share its prefetch
             prefetch_chunk(src.chunks + 64 * (3 * step));
@@ -1681,7 +1695,8 @@ struct Q8_0ChunkSrc {
   typename V::F d(int64_t b, int64_t part) const {
     return V::halves(g + 512 * blocks + 32 * b + 2 * V::kLanes * part);
   }
-  // The line 16 KiB ahead of chunk (b, part, t) into L2 (the parts of a line share it).
+  // The line kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead of chunk (b, part, t)
+  // into L2 (prefetch_chunk; the parts of a line share it).
   void prefetch(int64_t b, int64_t part, int t) const { prefetch_chunk(chunk(b, part, t)); }
 };
 
@@ -1701,10 +1716,10 @@ inline typename V::I q8_0_dot(typename V::I acc, typename V::I w, typename V::I 
 // read through src: row i's S_b of part `part`, one lane per W row, at s + few_at(part, i, blocks,
 // b). An x row's dword t is broadcast against W's vector t by one q8_0_dot, so after a block's 8
 // each lane holds Σ (w + 128)·x for its row from -128·Σx (or Σ w·x from 0 where kQ8_0Signed): the
-// exact block sum S_b. Under 3 x rows the parts of a line (two on ymm) go together: the line
-// prefetched once into L2 (the next group at once from 3 rows on), x's dword broadcast once for
-// both, each part's sum in its own accumulator (docs/design/quantized_matmul.md, "The halves of a
-// line together"); the prefetch is decided at compile time (a run-time flag slowed the loop).
+// exact block sum S_b. Under 3 x rows the parts of a line (two on ymm) go together: one
+// prefetch_chunk for the line's parts, x's dword broadcast once for both, each part's sum in its
+// own accumulator (docs/design/quantized_matmul.md, "The halves of a line together"); the prefetch
+// is decided at compile time (a run-time flag slowed the loop).
 template <class V, int R, class Src>
 void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, const int32_t* xc,
                int32_t* s) {
@@ -1841,10 +1856,11 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 // combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
 // sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
 // at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
-// (q8_0_dots). Under 3 x rows a line is prefetched into L2 16 KiB ahead of its reads,
-// from 3 on the next group at a group's start. On ymm from 4 x rows on the tiles over the same
-// rows (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the
-// tiles as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
+// (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
+// (prefetch_chunk), from 3 on the next group into L1 at a group's start. On ymm from 4 x rows on
+// the tiles over the same rows (rows_q8_0_tiles<V, true>): the loop here measured slower there at
+// 16 and 64 x rows, the tiles as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0
+// rows interleaved").
 template <class V>
 void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
   if constexpr (kHalves < V >> 1) {
