@@ -1415,6 +1415,8 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
                            typename V::F* dmin) {
   using I = typename V::I;
   constexpr int64_t kTogether = R <= 2 && !V::kScaledDot ? kHalves<V> : 1;
+  // kScaledDot: a run's 8 dots' i16 pair sums stay within i16 (Q4KTile's kDotsPerI16Sum)
+  static_assert(Q4KTile<V>::kDotsPerI16Sum >= 8);
   for (int64_t bp = 0; bp < supers * kHalves<V>; bp += kTogether) {
     const int64_t b = bp / kHalves<V>, part0 = bp % kHalves<V>;
     const uint8_t* column = g + 64 * (kQ4_KBlockBytes / 4) * b;
@@ -1430,19 +1432,17 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
     }
 #pragma GCC unroll 1
     for (int c = 0; c < 4; ++c) {  // qs[32c, +32): sub-block 2c low nibbles, 2c + 1 high
-      // kScaledDot: lo and hi hold the 8 dots' i16 pair sums (within i16: Q4KTile's
-      // kDotsPerI16Sum), scaled once after the run; else the i32 dots.
-      static_assert(Q4KTile<V>::kDotsPerI16Sum >= 8);
+      // kScaledDot: lo and hi hold the run's i16 pair sums, scaled once by the scales' i16
+      // pairs; else the i32 dots, scaled by vpmulld.
       I lo[kTogether][R], hi[kTogether][R];
       q4_k_run_dots<V, R, kTogether>(src, part0 == 0, c, xq + 256 * b + 64 * c, k, lo, hi);
 #pragma GCC unroll 2
       for (int p = 0; p < kTogether; ++p) {
-        // kScaledDot: the scales' i16 pairs, met by the run's pair sums
-        const I s_lo = V::kScaledDot ? i16_pairs<V>(sc[p][2 * c], sc[p][2 * c]) : V::zero();
-        const I s_hi = V::kScaledDot ? i16_pairs<V>(sc[p][2 * c + 1], sc[p][2 * c + 1]) : V::zero();
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
           if constexpr (V::kScaledDot) {
+            const I s_lo = i16_pairs<V>(sc[p][2 * c], sc[p][2 * c]);
+            const I s_hi = i16_pairs<V>(sc[p][2 * c + 1], sc[p][2 * c + 1]);
             sum[p][i] = V::madd(V::madd(sum[p][i], lo[p][i], s_lo), hi[p][i], s_hi);
           } else {
             if constexpr (V::kUnsignedFullRange) hi[p][i] = V::srai(hi[p][i], 4);
