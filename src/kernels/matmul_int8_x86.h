@@ -897,8 +897,10 @@ inline typename V::I q6_k_offset(const typename V::I* pairs, const int32_t* aux)
 
 // What every super-block of a repacked tile holds (Q4KTile, Q6KTile), vector lane r W row r: w[v]
 // the weights 4v..4v+3 as unsigned bytes, sc[run] each run's scale (a Q4_K sub-block's, a Q6_K
-// group's) as i32, d (and Q4_K's dmin) as f32; kAux i32 of x per row and super-block (tile_aux),
-// kMins whether the tile has mins (M) to subtract.
+// group's) as i32 (where V::kScaledDot, as the i16 pair (scale, scale) that vpmaddwd meets:
+// pair_scales, built once at the repack rather than by every tile_dots call over the tile), d
+// (and Q4_K's dmin) as f32; kAux i32 of x per row and super-block (tile_aux), kMins whether the
+// tile has mins (M) to subtract.
 template <class V, int64_t Bytes, int Runs, int Aux, bool Mins>
 struct TileBlock {
   using I = typename V::I;
@@ -908,6 +910,14 @@ struct TileBlock {
   I w[64];
   I sc[Runs];
   typename V::F d, dmin;
+
+  // sc as the dots take it: unchanged, or where V::kScaledDot each scale as an i16 pair.
+  void pair_scales() {
+    if constexpr (V::kScaledDot) {
+#pragma GCC unroll 16
+      for (int run = 0; run < Runs; ++run) sc[run] = i16_pairs<V>(sc[run], sc[run]);
+    }
+  }
 };
 
 // One Q4_K super-block of a tile, lane r W row r: w[8j + t] the weights 4t..4t+3 of sub-block j
@@ -927,6 +937,7 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
   template <class Src>
   void repack_scales(const Src& src) {
     q4_k_head<V>(src, sc, mins, d, dmin);
+    Base::pair_scales();
   }
 
   template <class Src>
@@ -987,6 +998,7 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   void repack_scales(const Src& src) {
     q6_k_head<V>(src, sc, pairs, d);
     dmin = V::fzero();
+    Base::pair_scales();
   }
 
   // The - 32 of every q: 32·Σ_g sc_g·(x's group sum g), to subtract.
@@ -1073,11 +1085,11 @@ void tile_dots(const Tile* tile, int64_t supers, const int8_t* xq, int64_t k, co
     for (int run = 0; run < Tile::kRuns; ++run) {
       if constexpr (V::kScaledDot) {
         // AVX2's dots: Tile::kDotsPerI16Sum dots' vpmaddubsw pair sums added in i16 (they fit),
-        // each such sum scaled by one vpmaddwd against the run's scale pairs: the same exact
-        // integers as a vpmulld on the run's sum, in fewer instructions.
+        // each such sum scaled by one vpmaddwd against the run's scale pairs (sc, paired at the
+        // repack): the same exact integers as a vpmulld on the run's sum, in fewer instructions.
         constexpr int kSum = Tile::kDotsPerI16Sum;
         static_assert(kDwords % kSum == 0);
-        const I sc16 = i16_pairs<V>(o.sc[run], o.sc[run]);
+        const I sc16 = o.sc[run];
         I a[R];
 #pragma GCC unroll 8
         for (int t = 0; t < kDwords; ++t) {
