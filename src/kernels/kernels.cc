@@ -1033,14 +1033,9 @@ struct AttendTile {
   float* const* out = nullptr;      // [rows] -> group x dim
   const int32_t* table = nullptr;
 
-  // Where cached position t of kv head g starts in the K or V pool ([pages, n_kv, page_size,
-  // dim]: a kv head's positions within a page contiguous), in floats.
-  int64_t kv_offset(int64_t t) const {
-    return kv_pool_offset(table[t / page_size], g, t % page_size, n_kv, page_size, dim);
-  }
-
-  // The K or V rows (of `pool`) of cached positions t0 .. t0 + n - 1 into rows[0, n), walking the
-  // pages: one division for the n, not one each.
+  // The K or V rows (of `pool`: [pages, n_kv, page_size, dim], a kv head's positions within a
+  // page contiguous) of kv head g's cached positions t0 .. t0 + n - 1 into rows[0, n), walking
+  // the pages: one division for the n, not one each.
   void cached_rows(const float* pool, int64_t t0, int64_t n, const float** rows) const {
     int64_t page = t0 / page_size, at = t0 % page_size;
     const float* row = pool + kv_pool_offset(table[page], g, at, n_kv, page_size, dim);
@@ -1097,13 +1092,21 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
                                                             const float* v_pool, float* scores,
                                                             float* acc) {
   const int64_t group = s.group, dim = s.dim, len = s.max_len, heads = s.rows * group;
+  // The cached K or V rows are found kSpan positions at a time by walking the pages
+  // (cached_rows: one division a span, none a position).
+  constexpr int64_t kSpan = 32;
+  const float* rows[kSpan];
   // Scores: scale · q_h · k_t, each cached k read once for the tile.
-  for (int64_t t = 0; t < len; ++t) {
-    const float* k = k_pool + s.kv_offset(t);
-    for (int64_t i = 0; i < s.rows; ++i) {
-      if (t >= s.lens[i]) continue;
-      for (int64_t h = 0; h < group; ++h) {
-        scores[(i * group + h) * len + t] = s.scale * dot_lanes<F>(s.q[i] + h * dim, k, dim);
+  for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
+    const int64_t n = std::min(kSpan, len - t0);
+    s.cached_rows(k_pool, t0, n, rows);
+    for (int64_t t = t0; t < t0 + n; ++t) {
+      for (int64_t i = 0; i < s.rows; ++i) {
+        if (t >= s.lens[i]) continue;
+        for (int64_t h = 0; h < group; ++h) {
+          scores[(i * group + h) * len + t] =
+              s.scale * dot_lanes<F>(s.q[i] + h * dim, rows[t - t0], dim);
+        }
       }
     }
   }
@@ -1111,12 +1114,16 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
   softmax_weights<false, F>(s, scores, inv);
   // Weighted sum of V, each cached v read once for the tile.
   for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
-  for (int64_t t = 0; t < len; ++t) {
-    const float* v = v_pool + s.kv_offset(t);
-    for (int64_t i = 0; i < s.rows; ++i) {
-      if (t >= s.lens[i]) continue;
-      for (int64_t h = 0; h < group; ++h) {
-        axpy<F>(acc + (i * group + h) * dim, v, scores[(i * group + h) * len + t], dim);
+  for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
+    const int64_t n = std::min(kSpan, len - t0);
+    s.cached_rows(v_pool, t0, n, rows);
+    for (int64_t t = t0; t < t0 + n; ++t) {
+      for (int64_t i = 0; i < s.rows; ++i) {
+        if (t >= s.lens[i]) continue;
+        for (int64_t h = 0; h < group; ++h) {
+          axpy<F>(acc + (i * group + h) * dim, rows[t - t0], scores[(i * group + h) * len + t],
+                  dim);
+        }
       }
     }
   }

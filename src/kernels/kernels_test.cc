@@ -1530,8 +1530,9 @@ void chunk_rows_are_tiled(const TiledAttentionCase& c, task::KernelFn fn,
 // is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
 // any block split; and close to the float64 reference. On every ISA target this CPU has, each
 // giving bitwise the same results. Head dims 64 and 128 take the AVX-512 and AVX2 tiles, 40 the
-// generic body; pages of 4 positions (a block of 16 keys spans pages: one kv head with A's first
-// pages 0, 5, 7, 3 puts the block's last key exactly 15 rows after its first, through other
+// generic body (with pages of 16 and 18, contexts of 40 and 70: its spans of 32 positions, one
+// ending within a page); pages of 4 positions (a block of 16 keys spans pages: one kv head with A's
+// first pages 0, 5, 7, 3 puts the block's last key exactly 15 rows after its first, through other
 // pages), of 16 (a whole block within one page, read at fixed offsets; contexts of 40 and 70
 // too: several blocks and spans) and of 18 (blocks within a page and across pages in one row, on
 // both paths of the AVX-512 tile; the AVX2 tile's blocks of 4 across pages); groups of 2, 3 (a
@@ -1539,10 +1540,10 @@ void chunk_rows_are_tiled(const TiledAttentionCase& c, task::KernelFn fn,
 TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
   const std::vector<int32_t> scattered = {7, 2, 9, 0, 11, 4};
   const std::vector<TiledAttentionCase> cases = {
-      {40, 4, 4, 2, scattered},  {64, 4, 4, 2, scattered},           {128, 4, 4, 2, scattered},
-      {64, 16, 4, 2, scattered}, {128, 16, 4, 2, scattered},         {128, 16, 6, 2, scattered},
-      {64, 16, 3, 3, scattered}, {64, 4, 2, 1, {0, 5, 7, 3, 11, 4}}, {64, 18, 4, 2, scattered},
-      {128, 18, 4, 2, scattered}};
+      {40, 4, 4, 2, scattered},   {64, 4, 4, 2, scattered},           {128, 4, 4, 2, scattered},
+      {64, 16, 4, 2, scattered},  {128, 16, 4, 2, scattered},         {128, 16, 6, 2, scattered},
+      {64, 16, 3, 3, scattered},  {64, 4, 2, 1, {0, 5, 7, 3, 11, 4}}, {64, 18, 4, 2, scattered},
+      {128, 18, 4, 2, scattered}, {40, 16, 4, 2, scattered},          {40, 18, 4, 2, scattered}};
   for (const TiledAttentionCase& c : cases) {
     std::vector<std::pair<KernelIsa, std::vector<float>>> results;
     for (KernelIsa isa :

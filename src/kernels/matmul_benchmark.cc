@@ -357,17 +357,17 @@ SIMPLER_INT8_R16_BENCHMARKS(q8_0, WeightType::kQ8_0);
 // on every layer, the layer's (kv head, row) pairs split between the threads as the blocks of a
 // task with fixed shares. Bytes: the K and V rows read (at 2,048 positions 470 MB a step, past
 // the last level cache).
-void Attention(benchmark::State& state, KernelIsa isa) {
+void Attention(benchmark::State& state, KernelIsa isa, int64_t dim = 128) {
   if (!kernel_isa_available(isa)) {
     state.SkipWithError("this CPU lacks the target");
     return;
   }
-  constexpr int64_t kHeads = 16, kKv = 8, kDim = 128, kLayers = 28, kPage = 16;
+  constexpr int64_t kHeads = 16, kKv = 8, kLayers = 28, kPage = 16;
   const int64_t context = state.range(0), pages = context / kPage;
-  const int64_t pool = pages * kPage * kKv * kDim;
+  const int64_t pool = pages * kPage * kKv * dim;
   static std::vector<float> pools;  // K then V of each layer, shared by the threads
   if (state.thread_index() == 0) pools.assign(static_cast<size_t>(2 * kLayers * pool), 0.25f);
-  std::vector<float> q(kHeads * kDim, 0.5f), out(kHeads * kDim);
+  std::vector<float> q(kHeads * dim, 0.5f), out(kHeads * dim);
   std::vector<int32_t> table(static_cast<size_t>(pages)), lens = {static_cast<int32_t>(context)};
   for (int64_t i = 0; i < pages; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   const task::KernelFn fn = llm_kernels(isa)[static_cast<size_t>(KernelId::kPagedAttention)].fn;
@@ -377,16 +377,15 @@ void Attention(benchmark::State& state, KernelIsa isa) {
   for (auto _ : state) {
     for (int64_t l = 0; l < kLayers; ++l) {
       float* k = pools.data() + 2 * l * pool;
-      task::Tensor kt =
-          task::Tensor::contiguous(reinterpret_cast<uintptr_t>(k), {pages, kKv, kPage, kDim},
-                                   task::DataType::kFloat32)
-              .value();
+      task::Tensor kt = task::Tensor::contiguous(reinterpret_cast<uintptr_t>(k),
+                                                 {pages, kKv, kPage, dim}, task::DataType::kFloat32)
+                            .value();
       task::Tensor vt = kt;
       vt.address += static_cast<uint64_t>(pool) * sizeof(float);
       const task::TaskArgs args = paged_attention_args(
-          view(q, {1, kHeads, kDim}, task::DataType::kFloat32), kt, vt,
+          view(q, {1, kHeads, dim}, task::DataType::kFloat32), kt, vt,
           view(table, {1, pages}, task::DataType::kInt32), view(lens, {1}, task::DataType::kInt32),
-          view(out, {1, kHeads * kDim}, task::DataType::kFloat32), 1.0f / 11.3137f);
+          view(out, {1, kHeads * dim}, task::DataType::kFloat32), 1.0f / 11.3137f);
       task::KernelContext ctx;
       ctx.args = args.args().data();
       ctx.num_args = static_cast<uint32_t>(args.size());
@@ -396,7 +395,7 @@ void Attention(benchmark::State& state, KernelIsa isa) {
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetBytesProcessed(state.iterations() * kLayers * 2 * context * kKv * kDim *
+  state.SetBytesProcessed(state.iterations() * kLayers * 2 * context * kKv * dim *
                           static_cast<int64_t>(sizeof(float)) / state.threads());
 }
 
@@ -413,6 +412,15 @@ BENCHMARK_CAPTURE(Attention, x86_64_v3, KernelIsa::kX86_64V3)
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();
+// The generic tile body (attend_tile_body), as NEON runs it: with fused multiply-adds where a head
+// dim of 96 has no target tile of its own (x86-64-v3's tiles take 64 and 128), and on the baseline
+// target (each fused multiply-add computed exactly in software: its cost, not the walk's).
+BENCHMARK_CAPTURE(Attention, x86_64_v3_dim96, KernelIsa::kX86_64V3, 96)
+    ->Arg(32)
+    ->Arg(2048)
+    ->Threads(1)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(Attention, portable, KernelIsa::kPortable)->Arg(32)->Threads(1)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, avx512, KernelIsa::kAvx512)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, x86_64_v3, KernelIsa::kX86_64V3)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(Decode, neon, KernelIsa::kNeon)->Threads(1)->Threads(2)->UseRealTime();
