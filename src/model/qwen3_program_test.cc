@@ -723,6 +723,33 @@ TEST(Qwen3ProgramBlocks, AttentionSplitsOnlyWhenItsContextIsWorthASecondBlock) {
   }
 }
 
+// With the default minimum, a second block comes once the block tables' width gives it as many
+// multiply-adds as the first (2 · heads · head_dim · width at batch 1: 128 a token here, so 512
+// tokens are one block's worth and 1024 two), whatever the rows' own context lengths.
+TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAdds) {
+  const Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
+  const int64_t macs = Qwen3ProgramOptions{}.min_attention_macs_per_block;
+  const int64_t per_token = 2 * dims.num_attention_heads * dims.head_dim, page_size = 16;
+  for (const int64_t width : {macs / per_token, 2 * macs / per_token}) {
+    SCOPED_TRACE(::testing::Message() << "block tables " << width << " tokens wide");
+    ProgramFixture setup(dims, /*max_batch=*/1, /*num_pages=*/width / page_size, page_size,
+                         /*max_blocks=*/width / page_size, /*seed=*/1, 4 << 20);
+    const TaskArgs args = setup.run_args({{1, 0, 1, 1, {0}}}, {0}, false, false);
+    auto callable =
+        make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, {});
+    ASSERT_TRUE(callable.ok()) << callable.status();
+    SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/true);
+    ASSERT_TRUE(callable->orchestration(ctx, args).ok());
+    int attention = 0;
+    for (const auto& r : ctx.records) {
+      if (r.kernel != "paged_attention") continue;
+      ++attention;
+      EXPECT_EQ(r.block_dim, width * per_token >= 2 * macs ? 2 : 1);
+    }
+    EXPECT_EQ(attention, dims.num_hidden_layers);
+  }
+}
+
 // ---- errors and layouts ---------------------------------------------------------------------
 
 class Qwen3ProgramErrors : public ::testing::Test {

@@ -181,8 +181,10 @@ struct Qwen3ProgramOptions {
   // paged_attention splits over the (row, kv head) pairs when a block gets at least this many
   // multiply-adds at the longest context the block tables hold (2 · B · heads · head_dim ·
   // their width in tokens): below it, a second block costs more in its hand-off to another core
-  // (a wake-up, 50-120 us on a 2-vCPU VM) than it saves.
-  int64_t min_attention_macs_per_block = int64_t{1} << 20;
+  // than it saves. 2^16: a batch-1 qwen3-0.6b step (16 heads of 128) splits from tables 32
+  // tokens wide, where one core reading the cached K and V alone took longer than two blocks and
+  // their hand-off (docs/design/scheduler.md).
+  int64_t min_attention_macs_per_block = int64_t{1} << 16;
   task::GraphPlacement placement = task::GraphPlacement::kDefault;
   // Submit the argmax task into out_ids. A caller that samples from the
   // logits itself (the model runner) turns it off; out_ids is then untouched.
