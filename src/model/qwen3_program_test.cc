@@ -735,8 +735,7 @@ TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAd
     ProgramFixture setup(dims, /*max_batch=*/1, /*num_pages=*/width / page_size, page_size,
                          /*max_blocks=*/width / page_size, /*seed=*/1, 4 << 20);
     const TaskArgs args = setup.run_args({{1, 0, 1, 1, {0}}}, {0}, false, false);
-    auto callable =
-        make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, {});
+    auto callable = make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, {});
     ASSERT_TRUE(callable.ok()) << callable.status();
     SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/true);
     ASSERT_TRUE(callable->orchestration(ctx, args).ok());
