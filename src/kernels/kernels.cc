@@ -1095,17 +1095,17 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
   // The cached K or V rows are found kSpan positions at a time by walking the pages
   // (cached_rows: one division a span, none a position).
   constexpr int64_t kSpan = 32;
-  const float* rows[kSpan];
+  const float* kv_rows[kSpan];
   // Scores: scale · q_h · k_t, each cached k read once for the tile.
   for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
     const int64_t n = std::min(kSpan, len - t0);
-    s.cached_rows(k_pool, t0, n, rows);
+    s.cached_rows(k_pool, t0, n, kv_rows);
     for (int64_t t = t0; t < t0 + n; ++t) {
       for (int64_t i = 0; i < s.rows; ++i) {
         if (t >= s.lens[i]) continue;
         for (int64_t h = 0; h < group; ++h) {
           scores[(i * group + h) * len + t] =
-              s.scale * dot_lanes<F>(s.q[i] + h * dim, rows[t - t0], dim);
+              s.scale * dot_lanes<F>(s.q[i] + h * dim, kv_rows[t - t0], dim);
         }
       }
     }
@@ -1116,12 +1116,12 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
   for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
   for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
     const int64_t n = std::min(kSpan, len - t0);
-    s.cached_rows(v_pool, t0, n, rows);
+    s.cached_rows(v_pool, t0, n, kv_rows);
     for (int64_t t = t0; t < t0 + n; ++t) {
       for (int64_t i = 0; i < s.rows; ++i) {
         if (t >= s.lens[i]) continue;
         for (int64_t h = 0; h < group; ++h) {
-          axpy<F>(acc + (i * group + h) * dim, rows[t - t0], scores[(i * group + h) * len + t],
+          axpy<F>(acc + (i * group + h) * dim, kv_rows[t - t0], scores[(i * group + h) * len + t],
                   dim);
         }
       }

@@ -1530,13 +1530,14 @@ void chunk_rows_are_tiled(const TiledAttentionCase& c, task::KernelFn fn,
 // is alone in the step or among 1-19 rows of its request, other requests' rows and padding, at
 // any block split; and close to the float64 reference. On every ISA target this CPU has, each
 // giving bitwise the same results. Head dims 64 and 128 take the AVX-512 and AVX2 tiles, 40 the
-// generic body (with pages of 16 and 18, contexts of 40 and 70: its spans of 32 positions, one
-// ending within a page); pages of 4 positions (a block of 16 keys spans pages: one kv head with A's
-// first pages 0, 5, 7, 3 puts the block's last key exactly 15 rows after its first, through other
-// pages), of 16 (a whole block within one page, read at fixed offsets; contexts of 40 and 70
-// too: several blocks and spans) and of 18 (blocks within a page and across pages in one row, on
-// both paths of the AVX-512 tile; the AVX2 tile's blocks of 4 across pages); groups of 2, 3 (a
-// query's V sums alone after a pair) and 1 (queries of rows of different lengths).
+// generic body (with pages of 16 and 18, A's contexts of 40 and 70 too: its spans of 32 positions,
+// ending on page boundaries at 16 and within a page at 18); pages of 4 positions (a block of 16
+// keys spans pages: one kv head with A's first pages 0, 5, 7, 3 puts the block's last key exactly
+// 15 rows after its first, through other pages), of 16 (a whole block within one page, read at
+// fixed offsets; contexts of 40 and 70 too: several blocks and spans) and of 18 (blocks within a
+// page and across pages in one row, on both paths of the AVX-512 tile; the AVX2 tile's blocks of
+// 4 across pages; contexts of 40 and 70 too); groups of 2, 3 (a query's V sums alone after a
+// pair) and 1 (queries of rows of different lengths).
 TEST(PagedAttentionKernel, ChunkRowsAreTiledAndEachRowIsBitwiseItsOneRowResult) {
   const std::vector<int32_t> scattered = {7, 2, 9, 0, 11, 4};
   const std::vector<TiledAttentionCase> cases = {
@@ -1577,7 +1578,7 @@ void chunk_rows_are_tiled(const TiledAttentionCase& c, task::KernelFn fn,
   const std::vector<int32_t>& chunk_table = c.chunk_table;         // request A
   const std::vector<int32_t> other_table = {5, 8, 1, -1, -1, -1};  // request B: 10 positions
   // Rows: one of B, A's 19 chunk rows (contexts 4..22), a padding row, B again (and with pages
-  // of 16, A at 40 and 70).
+  // of 16 or 18, A at 40 and 70).
   std::vector<int32_t> tables, lens;
   auto add_row = [&](const std::vector<int32_t>& t, int32_t len) {
     tables.insert(tables.end(), t.begin(), t.end());

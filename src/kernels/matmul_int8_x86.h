@@ -921,7 +921,8 @@ struct TileBlock {
 };
 
 // One Q4_K super-block of a tile, lane r W row r: w[8j + t] the weights 4t..4t+3 of sub-block j
-// as unsigned bytes, sc[j] the sub-block scales as i32, mins[q] the mins (m_2q, m_2q+1) as i16
+// as unsigned bytes, sc[j] the sub-block scales as i32 (paired where V::kScaledDot:
+// TileBlock::pair_scales), mins[q] the mins (m_2q, m_2q+1) as i16
 // pairs, d and dmin as f32. aux: per x row and super-block 4 i32, x's group sums as the pairs the
 // mins meet (tile_aux).
 template <class V>
@@ -960,7 +961,8 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
 };
 
 // One Q6_K super-block of a tile: w[v] the unsigned 6-bit values of weights 4v..4v+3, sc[g] the
-// group scales as i32, pairs[p] (sc_2p, sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
+// group scales as i32 (paired where V::kScaledDot: TileBlock::pair_scales), pairs[p] (sc_2p,
+// sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
 // (i16) per x row and super-block.
 template <class V>
 struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
@@ -1070,7 +1072,8 @@ void repack_tile(Q6KTile<Ymm<Dot>>& t, const uint8_t* blk, __m256i rows, int64_t
 
 // R x rows (row i's q at xq + i·k, its aux at aux + i·kAux·supers) against a repacked tile: row
 // i's S (and Q4_K's M) of super-block b, one lane per W row, at s (m) + kLanes·(i·supers + b). A
-// run (a sub-block or group) is 64 / kRuns dwords, its scale sc[run].
+// run (a sub-block or group) is 64 / kRuns dwords, its scale sc[run] (an i16 pair where
+// V::kScaledDot).
 template <class V, class Tile, int R>
 void tile_dots(const Tile* tile, int64_t supers, const int8_t* xq, int64_t k, const int32_t* aux,
                int32_t* s, int32_t* m) {

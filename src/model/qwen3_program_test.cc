@@ -723,29 +723,51 @@ TEST(Qwen3ProgramBlocks, AttentionSplitsOnlyWhenItsContextIsWorthASecondBlock) {
   }
 }
 
-// With the default minimum, a second block comes once the block tables' width gives it as many
-// multiply-adds as the first (2 · heads · head_dim · width at batch 1: 128 a token here, so 512
-// tokens are one block's worth and 1024 two), whatever the rows' own context lengths.
+// Where paged_attention's second block starts, at batch 1: once the block tables' width gives it
+// as many multiply-adds as the first (2 · heads · head_dim · width ≥ 2 · the minimum), whatever
+// the rows' own context lengths. attention_block_dims runs one decode of a model of `heads` query
+// heads of `head_dim` over tables `width` tokens wide (pages of 16) and returns its attention
+// tasks' block counts (one a layer).
+std::vector<int32_t> attention_block_dims(int64_t heads, int64_t head_dim, int64_t width,
+                                          const Qwen3ProgramOptions& options) {
+  Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
+  dims.num_attention_heads = heads;
+  dims.head_dim = head_dim;
+  constexpr int64_t kPageSize = 16;
+  const int64_t pages = width / kPageSize;
+  const uint64_t pool_bytes = qwen3_kv_pool_bytes(dims, pages, kPageSize).value();
+  ProgramFixture setup(dims, /*max_batch=*/1, pages, kPageSize, /*max_blocks=*/pages, /*seed=*/1,
+                       pool_bytes + (4 << 20));
+  const TaskArgs args = setup.run_args({{1, 0, 1, 1, {0}}}, {0}, false, false);
+  auto callable =
+      make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, options);
+  EXPECT_TRUE(callable.ok()) << callable.status();
+  if (!callable.ok()) return {};
+  SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/false);
+  EXPECT_TRUE(callable->orchestration(ctx, args).ok());
+  std::vector<int32_t> dims_of;
+  for (const auto& r : ctx.records) {
+    if (r.kernel == "paged_attention") dims_of.push_back(r.block_dim);
+  }
+  EXPECT_EQ(dims_of.size(), static_cast<size_t>(dims.num_hidden_layers));
+  return dims_of;
+}
+
 TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAdds) {
-  const Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
-  const int64_t macs = Qwen3ProgramOptions{}.min_attention_macs_per_block;
-  const int64_t per_token = 2 * dims.num_attention_heads * dims.head_dim, page_size = 16;
-  for (const int64_t width : {macs / per_token, 2 * macs / per_token}) {
+  // A minimum of 2^13 over 4 heads of 16 (128 multiply-adds a token): one block's worth at 64
+  // tokens; the second block from 128, not at 112.
+  Qwen3ProgramOptions options;
+  options.min_attention_macs_per_block = int64_t{1} << 13;
+  for (const auto& [width, blocks] :
+       std::vector<std::pair<int64_t, int32_t>>{{64, 1}, {112, 1}, {128, 2}, {256, 2}}) {
     SCOPED_TRACE(::testing::Message() << "block tables " << width << " tokens wide");
-    ProgramFixture setup(dims, /*max_batch=*/1, /*num_pages=*/width / page_size, page_size,
-                         /*max_blocks=*/width / page_size, /*seed=*/1, 4 << 20);
-    const TaskArgs args = setup.run_args({{1, 0, 1, 1, {0}}}, {0}, false, false);
-    auto callable = make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, {});
-    ASSERT_TRUE(callable.ok()) << callable.status();
-    SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/true);
-    ASSERT_TRUE(callable->orchestration(ctx, args).ok());
-    int attention = 0;
-    for (const auto& r : ctx.records) {
-      if (r.kernel != "paged_attention") continue;
-      ++attention;
-      EXPECT_EQ(r.block_dim, width * per_token >= 2 * macs ? 2 : 1);
-    }
-    EXPECT_EQ(attention, dims.num_hidden_layers);
+    for (int32_t b : attention_block_dims(4, 16, width, options)) EXPECT_EQ(b, blocks);
+  }
+  // The default, at qwen3-0.6b's attention (16 heads of 128: 4,096 a token): one block at tables
+  // 16 tokens wide, two from 32 (docs/design/scheduler.md).
+  for (const auto& [width, blocks] : std::vector<std::pair<int64_t, int32_t>>{{16, 1}, {32, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "qwen3-0.6b heads, tables " << width << " tokens wide");
+    for (int32_t b : attention_block_dims(16, 128, width, {})) EXPECT_EQ(b, blocks);
   }
 }
 

@@ -182,8 +182,7 @@ struct Qwen3ProgramOptions {
   // multiply-adds at the longest context the block tables hold (2 · B · heads · head_dim ·
   // their width in tokens): below it, a second block costs more in its hand-off to another core
   // than it saves. 2^16: a batch-1 qwen3-0.6b step (16 heads of 128) splits from tables 32
-  // tokens wide, where one core reading the cached K and V alone took longer than two blocks and
-  // their hand-off (docs/design/scheduler.md).
+  // tokens wide (docs/design/scheduler.md has the measurements behind the value).
   int64_t min_attention_macs_per_block = int64_t{1} << 16;
   task::GraphPlacement placement = task::GraphPlacement::kDefault;
   // Submit the argmax task into out_ids. A caller that samples from the
