@@ -771,6 +771,36 @@ TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAd
   }
 }
 
+// rms_norm (row-parallel) takes a second block once its rows give it min_elems_per_block
+// elements: at the default and qwen3-0.6b's hidden size of 1,024, from 16 rows, not at 8.
+TEST(Qwen3ProgramBlocks, RmsNormTakesASecondBlockFromSixteenRowsOfQwen3Hidden) {
+  Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
+  dims.hidden_size = 1024;
+  for (const auto& [rows, blocks] : std::vector<std::pair<int64_t, int32_t>>{{8, 1}, {16, 2}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    ProgramFixture setup(dims, /*max_batch=*/rows, /*num_pages=*/rows, /*page_size=*/4,
+                         /*max_blocks=*/1, /*seed=*/1, 8 << 20);
+    std::vector<ProgramFixture::Row> batch;
+    std::vector<int32_t> logit_rows;
+    for (int32_t b = 0; b < rows; ++b) {
+      batch.push_back({1, 0, 4 * b, 1, {b}});
+      logit_rows.push_back(b);
+    }
+    const TaskArgs args = setup.run_args(batch, logit_rows, false, false);
+    auto callable = make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, {});
+    ASSERT_TRUE(callable.ok()) << callable.status();
+    SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/false);
+    ASSERT_TRUE(callable->orchestration(ctx, args).ok());
+    int norms = 0;
+    for (const auto& r : ctx.records) {
+      if (r.kernel != "rms_norm" || r.args.tensor(0).shape[0] != rows) continue;
+      ++norms;
+      EXPECT_EQ(r.block_dim, blocks);
+    }
+    EXPECT_EQ(norms, 2 * dims.num_hidden_layers + 1);  // two a layer and the final norm
+  }
+}
+
 // ---- errors and layouts ---------------------------------------------------------------------
 
 class Qwen3ProgramErrors : public ::testing::Test {
