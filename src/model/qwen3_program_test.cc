@@ -772,11 +772,11 @@ TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAd
 }
 
 // rms_norm (row-parallel) takes a second block once its rows give it min_elems_per_block
-// elements: at the default and qwen3-0.6b's hidden size of 1,024, from 16 rows, not at 8.
-TEST(Qwen3ProgramBlocks, RmsNormTakesASecondBlockFromSixteenRowsOfQwen3Hidden) {
+// elements: at the default and qwen3-0.6b's hidden size of 1,024, from 8 rows, not at 4.
+TEST(Qwen3ProgramBlocks, RmsNormTakesASecondBlockFromEightRowsOfQwen3Hidden) {
   Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
   dims.hidden_size = 1024;
-  for (const auto& [rows, blocks] : std::vector<std::pair<int64_t, int32_t>>{{8, 1}, {16, 2}}) {
+  for (const auto& [rows, blocks] : std::vector<std::pair<int64_t, int32_t>>{{4, 1}, {8, 2}}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows");
     ProgramFixture setup(dims, /*max_batch=*/rows, /*num_pages=*/rows, /*page_size=*/4,
                          /*max_blocks=*/1, /*seed=*/1, 8 << 20);

@@ -176,10 +176,10 @@ struct Qwen3ProgramOptions {
   int64_t min_rows_per_block = 16;
   int64_t min_macs_per_block = int64_t{1} << 16;
   // Row-parallel kernels (rms_norm, qk_norm_rope_kv, silu_mul, rope, kv_write) split when a
-  // block gets at least this many elements. 2^13: a qwen3-0.6b rms_norm (1,024 a row) takes two
-  // blocks from 16 rows, qk_norm_rope_kv (4,096 a row) from 4 (docs/design/scheduler.md has the
+  // block gets at least this many elements. 2^12: a qwen3-0.6b rms_norm (1,024 a row) takes two
+  // blocks from 8 rows, qk_norm_rope_kv (4,096 a row) from 2 (docs/design/scheduler.md has the
   // measurements behind the value).
-  int64_t min_elems_per_block = int64_t{1} << 13;
+  int64_t min_elems_per_block = int64_t{1} << 12;
   // paged_attention splits over the (row, kv head) pairs when a block gets at least this many
   // multiply-adds at the longest context the block tables hold (2 · B · heads · head_dim ·
   // their width in tokens): below it, a second block costs more in its hand-off to another core
