@@ -1033,6 +1033,27 @@ struct AttendTile {
   float* const* out = nullptr;      // [rows] -> group x dim
   const int32_t* table = nullptr;
 
+  // fn(t, i, h, row) for each cached position t < max_len in increasing t, with its K or V row
+  // of `pool`, and each query (row i, head h) that attends it (t < lens[i]), in increasing
+  // (i, h): the rows found kSpan positions at a time (cached_rows: one division a span,
+  // none a position).
+  // Always inlined, as fn must be: into each target's tile, so fn's arithmetic is built for it.
+  template <class Fn>
+  __attribute__((always_inline)) void for_each_attending(const float* pool, Fn fn) const {
+    constexpr int64_t kSpan = 32;
+    const float* kv_rows[kSpan];
+    for (int64_t t0 = 0; t0 < max_len; t0 += kSpan) {
+      const int64_t n = std::min(kSpan, max_len - t0);
+      cached_rows(pool, t0, n, kv_rows);
+      for (int64_t t = t0; t < t0 + n; ++t) {
+        for (int64_t i = 0; i < rows; ++i) {
+          if (t >= lens[i]) continue;
+          for (int64_t h = 0; h < group; ++h) fn(t, i, h, kv_rows[t - t0]);
+        }
+      }
+    }
+  }
+
   // The K or V rows (of `pool`: [pages, n_kv, page_size, dim], a kv head's positions within a
   // page contiguous) of kv head g's cached positions t0 .. t0 + n - 1 into rows[0, n), walking
   // the pages: one division for the n, not one each.
@@ -1092,41 +1113,19 @@ __attribute__((always_inline)) inline void attend_tile_body(const AttendTile& s,
                                                             const float* v_pool, float* scores,
                                                             float* acc) {
   const int64_t group = s.group, dim = s.dim, len = s.max_len, heads = s.rows * group;
-  // The cached K or V rows are found kSpan positions at a time by walking the pages
-  // (cached_rows: one division a span, none a position).
-  constexpr int64_t kSpan = 32;
-  const float* kv_rows[kSpan];
   // Scores: scale · q_h · k_t, each cached k read once for the tile.
-  for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
-    const int64_t n = std::min(kSpan, len - t0);
-    s.cached_rows(k_pool, t0, n, kv_rows);
-    for (int64_t t = t0; t < t0 + n; ++t) {
-      for (int64_t i = 0; i < s.rows; ++i) {
-        if (t >= s.lens[i]) continue;
-        for (int64_t h = 0; h < group; ++h) {
-          scores[(i * group + h) * len + t] =
-              s.scale * dot_lanes<F>(s.q[i] + h * dim, kv_rows[t - t0], dim);
-        }
-      }
-    }
-  }
+  s.for_each_attending(
+      k_pool, [&](int64_t t, int64_t i, int64_t h, const float* k) __attribute__((always_inline)) {
+        scores[(i * group + h) * len + t] = s.scale * dot_lanes<F>(s.q[i] + h * dim, k, dim);
+      });
   float* inv = acc + heads * dim;
   softmax_weights<false, F>(s, scores, inv);
   // Weighted sum of V, each cached v read once for the tile.
   for (int64_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
-  for (int64_t t0 = 0; t0 < len; t0 += kSpan) {
-    const int64_t n = std::min(kSpan, len - t0);
-    s.cached_rows(v_pool, t0, n, kv_rows);
-    for (int64_t t = t0; t < t0 + n; ++t) {
-      for (int64_t i = 0; i < s.rows; ++i) {
-        if (t >= s.lens[i]) continue;
-        for (int64_t h = 0; h < group; ++h) {
-          axpy<F>(acc + (i * group + h) * dim, kv_rows[t - t0], scores[(i * group + h) * len + t],
-                  dim);
-        }
-      }
-    }
-  }
+  s.for_each_attending(
+      v_pool, [&](int64_t t, int64_t i, int64_t h, const float* v) __attribute__((always_inline)) {
+        axpy<F>(acc + (i * group + h) * dim, v, scores[(i * group + h) * len + t], dim);
+      });
   for (int64_t i = 0; i < s.rows; ++i) {
     for (int64_t h = 0; h < group; ++h) {
       const float* a = acc + (i * group + h) * dim;

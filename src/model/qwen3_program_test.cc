@@ -723,37 +723,50 @@ TEST(Qwen3ProgramBlocks, AttentionSplitsOnlyWhenItsContextIsWorthASecondBlock) {
   }
 }
 
-// Where paged_attention's second block starts, at batch 1: once the block tables' width gives it
-// as many multiply-adds as the first (2 · heads · head_dim · width ≥ 2 · the minimum), whatever
-// the rows' own context lengths. attention_block_dims runs one decode of a model of `heads` query
-// heads of `head_dim` over tables `width` tokens wide (pages of 16) and returns its attention
-// tasks' block counts (one a layer).
-std::vector<int32_t> attention_block_dims(int64_t heads, int64_t head_dim, int64_t width,
-                                          const Qwen3ProgramOptions& options) {
-  Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
-  dims.num_attention_heads = heads;
-  dims.head_dim = head_dim;
+// The block counts of one decode's `kernel` tasks, in submission order: a model of `dims` over
+// `rows` rows (each at position 0 with one page of its own and every row's logits) whose block
+// tables are `width` tokens wide (pages of 16).
+std::vector<int32_t> block_dims_of(const std::string& kernel, const Qwen3Dims& dims, int32_t rows,
+                                   int64_t width, const Qwen3ProgramOptions& options) {
   constexpr int64_t kPageSize = 16;
-  const int64_t pages = width / kPageSize;
+  const int64_t pages = std::max<int64_t>(rows, width / kPageSize);
   const uint64_t pool_bytes = qwen3_kv_pool_bytes(dims, pages, kPageSize).value();
-  ProgramFixture setup(dims, /*max_batch=*/1, pages, kPageSize, /*max_blocks=*/pages, /*seed=*/1,
-                       pool_bytes + (4 << 20));
-  const TaskArgs args = setup.run_args({{1, 0, 1, 1, {0}}}, {0}, false, false);
+  ProgramFixture setup(dims, /*max_batch=*/rows, pages, kPageSize,
+                       /*max_blocks=*/width / kPageSize, /*seed=*/1, pool_bytes + (8 << 20));
+  std::vector<ProgramFixture::Row> batch;
+  std::vector<int32_t> logit_rows;
+  for (int32_t b = 0; b < rows; ++b) {
+    batch.push_back({1, 0, static_cast<int32_t>(kPageSize) * b, 1, {b}});
+    logit_rows.push_back(b);
+  }
+  const TaskArgs args = setup.run_args(batch, logit_rows, false, false);
   auto callable =
       make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, options);
   EXPECT_TRUE(callable.ok()) << callable.status();
   if (!callable.ok()) return {};
   SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/false);
   EXPECT_TRUE(callable->orchestration(ctx, args).ok());
-  std::vector<int32_t> dims_of;
+  std::vector<int32_t> block_dims;
   for (const auto& r : ctx.records) {
-    if (r.kernel == "paged_attention") dims_of.push_back(r.block_dim);
+    if (r.kernel == kernel) block_dims.push_back(r.block_dim);
   }
-  EXPECT_EQ(dims_of.size(), static_cast<size_t>(dims.num_hidden_layers));
-  return dims_of;
+  return block_dims;
 }
 
+// Where paged_attention's second block starts, at batch 1: once the block tables' width gives it
+// as many multiply-adds as the first (2 · heads · head_dim · width ≥ 2 · the minimum), whatever
+// the rows' own context lengths.
 TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAdds) {
+  const auto attention = [](int64_t heads, int64_t head_dim, int64_t width,
+                            const Qwen3ProgramOptions& options) {
+    Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
+    dims.num_attention_heads = heads;
+    dims.head_dim = head_dim;
+    const std::vector<int32_t> block_dims =
+        block_dims_of("paged_attention", dims, /*rows=*/1, width, options);
+    EXPECT_EQ(block_dims.size(), static_cast<size_t>(dims.num_hidden_layers));
+    return block_dims;
+  };
   // A minimum of 2^13 over 4 heads of 16 (128 multiply-adds a token): one block's worth at 64
   // tokens; the second block from 128, not at 112.
   Qwen3ProgramOptions options;
@@ -761,13 +774,13 @@ TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAd
   for (const auto& [width, blocks] :
        std::vector<std::pair<int64_t, int32_t>>{{64, 1}, {112, 1}, {128, 2}, {256, 2}}) {
     SCOPED_TRACE(::testing::Message() << "block tables " << width << " tokens wide");
-    for (int32_t b : attention_block_dims(4, 16, width, options)) EXPECT_EQ(b, blocks);
+    for (int32_t b : attention(4, 16, width, options)) EXPECT_EQ(b, blocks);
   }
   // The default, at qwen3-0.6b's attention (16 heads of 128: 4,096 a token): one block at tables
   // 16 tokens wide, two from 32 (docs/design/scheduler.md).
   for (const auto& [width, blocks] : std::vector<std::pair<int64_t, int32_t>>{{16, 1}, {32, 2}}) {
     SCOPED_TRACE(::testing::Message() << "qwen3-0.6b heads, tables " << width << " tokens wide");
-    for (int32_t b : attention_block_dims(16, 128, width, {})) EXPECT_EQ(b, blocks);
+    for (int32_t b : attention(16, 128, width, {})) EXPECT_EQ(b, blocks);
   }
 }
 
@@ -776,28 +789,12 @@ TEST(Qwen3ProgramBlocks, AttentionTakesASecondBlockAtTwiceTheMinimumOfMultiplyAd
 TEST(Qwen3ProgramBlocks, RmsNormTakesASecondBlockFromEightRowsOfQwen3Hidden) {
   Qwen3Dims dims = small_dims(/*tied=*/false, /*kv_heads=*/2);
   dims.hidden_size = 1024;
-  for (const auto& [rows, blocks] : std::vector<std::pair<int64_t, int32_t>>{{4, 1}, {8, 2}}) {
+  for (const auto& [rows, blocks] : std::vector<std::pair<int32_t, int32_t>>{{4, 1}, {8, 2}}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows");
-    ProgramFixture setup(dims, /*max_batch=*/rows, /*num_pages=*/rows, /*page_size=*/4,
-                         /*max_blocks=*/1, /*seed=*/1, 8 << 20);
-    std::vector<ProgramFixture::Row> batch;
-    std::vector<int32_t> logit_rows;
-    for (int32_t b = 0; b < rows; ++b) {
-      batch.push_back({1, 0, 4 * b, 1, {b}});
-      logit_rows.push_back(b);
-    }
-    const TaskArgs args = setup.run_args(batch, logit_rows, false, false);
-    auto callable = make_qwen3_decode_callable(dims, setup.weights, setup.scratch, setup.pools, {});
-    ASSERT_TRUE(callable.ok()) << callable.status();
-    SequentialContext ctx(*callable, /*cores=*/4, &setup.arena, /*strict=*/false);
-    ASSERT_TRUE(callable->orchestration(ctx, args).ok());
-    int norms = 0;
-    for (const auto& r : ctx.records) {
-      if (r.kernel != "rms_norm" || r.args.tensor(0).shape[0] != rows) continue;
-      ++norms;
-      EXPECT_EQ(r.block_dim, blocks);
-    }
-    EXPECT_EQ(norms, 2 * dims.num_hidden_layers + 1);  // two a layer and the final norm
+    const std::vector<int32_t> block_dims = block_dims_of("rms_norm", dims, rows, 16, {});
+    // two a layer and the final norm (over every row's logits: `rows` rows too)
+    EXPECT_EQ(block_dims.size(), static_cast<size_t>(2 * dims.num_hidden_layers + 1));
+    for (int32_t b : block_dims) EXPECT_EQ(b, blocks);
   }
 }
 
