@@ -1333,18 +1333,24 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // by 0xf0) and the run's sum is shifted down by 4 (exact: |16·Σ q·x| <= 16·32·15·127 < 2^31).
 
 // How far ahead of its reads an interleaved kernel under 4 x rows (rows_interleaved_few,
-// rows_q8_0_interleaved) prefetches W into L2: a line per chunk read (Q6_K: every line of the
-// column, in memory order); on ymm, where a line holds two parts, part 0 requests it for both. As
-// the read probe does (bench_probes.cc), but further, for the kernel's work between lines; each
-// line requested twice, kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead
-// (docs/design/quantized_matmul.md, "Each line prefetched twice"). The addresses are formed as
-// integers: they may lie past W's end (a prefetch there does nothing).
+// rows_q8_0_interleaved) prefetches W: a line per chunk read (Q6_K: every line of the column, in
+// memory order); on ymm, where a line holds two parts, part 0 requests it for both. As the read
+// probe does (bench_probes.cc), but further, for the kernel's work between lines; each line
+// requested twice, kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead
+// (docs/design/quantized_matmul.md, "Each line prefetched twice"). kLocality is where the lines
+// go, __builtin_prefetch's locality: Q4_K and Q6_K into L1 (kIntoL1, prefetcht0), Q8_0 into L2
+// (kQ8_0ChunkLocality, prefetcht2): the faster level for Q4_K and Q6_K on Zen 5, where Q8_0 took
+// either alike; on Emerald Rapids the level made no difference (docs/design/quantized_matmul.md,
+// "Into L1 on Zen 5"). The addresses are formed as integers: they may lie past W's end (a
+// prefetch there does nothing).
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
 constexpr int64_t kInterleavedRefetchBytes = 10240;
+constexpr int kQ8_0ChunkLocality = 1;
+template <int kLocality>
 inline void prefetch_chunk(const uint8_t* at) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(at);
-  _mm_prefetch(reinterpret_cast<const char*>(a + kInterleavedPrefetchBytes), _MM_HINT_T2);
-  _mm_prefetch(reinterpret_cast<const char*>(a + kInterleavedRefetchBytes), _MM_HINT_T2);
+  __builtin_prefetch(reinterpret_cast<const char*>(a + kInterleavedPrefetchBytes), 0, kLocality);
+  __builtin_prefetch(reinterpret_cast<const char*>(a + kInterleavedRefetchBytes), 0, kLocality);
 }
 
 // One dot of a run: acc + w·x's 4 products a lane (V::dot), or with kScaledDot those products'
@@ -1392,7 +1398,7 @@ inline void q4_k_run_dots(const InterleavedRows<V>* src, bool prefetch, int c, c
 #pragma GCC unroll 8
   for (int t = 0; t < 8; ++t) {
     const int at = 16 + 32 * c + 4 * t;
-    if (prefetch) prefetch_chunk(src[0].chunks + 16 * at);
+    if (prefetch) prefetch_chunk<kIntoL1>(src[0].chunks + 16 * at);
     I wl[T], wh[T];
 #pragma GCC unroll 2
     for (int p = 0; p < T; ++p) {
@@ -1523,11 +1529,11 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
           // streams a core, the scale chunks and d never prefetched).
           const int step = 8 * h + t;
           if (part == 0) {  // the parts of a line (two on ymm) share its prefetch
-            prefetch_chunk(src.chunks + 64 * (3 * step));
-            prefetch_chunk(src.chunks + 64 * (3 * step + 1));
-            prefetch_chunk(src.chunks + 64 * (3 * step + 2));
-            if (step < 4) prefetch_chunk(src.chunks + 64 * (kChunks - 4 + step));
-            if (step == 4 && b % 2 == 0) prefetch_chunk(src.tail);
+            prefetch_chunk<kIntoL1>(src.chunks + 64 * (3 * step));
+            prefetch_chunk<kIntoL1>(src.chunks + 64 * (3 * step + 1));
+            prefetch_chunk<kIntoL1>(src.chunks + 64 * (3 * step + 2));
+            if (step < 4) prefetch_chunk<kIntoL1>(src.chunks + 64 * (kChunks - 4 + step));
+            if (step == 4 && b % 2 == 0) prefetch_chunk<kIntoL1>(src.tail);
           }
           I w[4];
           q6_k_values<V>(ql0, ql1, qh, w);
@@ -1711,8 +1717,10 @@ struct Q8_0ChunkSrc {
     return V::halves(g + 512 * blocks + 32 * b + 2 * V::kLanes * part);
   }
   // The line kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead of chunk (b, part, t)
-  // into L2 (prefetch_chunk; the parts of a line share it).
-  void prefetch(int64_t b, int64_t part, int t) const { prefetch_chunk(chunk(b, part, t)); }
+  // into L2 (prefetch_chunk at kQ8_0ChunkLocality; the parts of a line share it).
+  void prefetch(int64_t b, int64_t part, int t) const {
+    prefetch_chunk<kQ8_0ChunkLocality>(chunk(b, part, t));
+  }
 };
 
 // acc + the 4 products a lane of W's bytes w and x's broadcast dword xv: where kQ8_0Signed
