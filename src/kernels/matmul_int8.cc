@@ -333,6 +333,22 @@ bool avx512vnni_available() {
 #endif
 }
 
+bool amd_zen5() {
+#if defined(__x86_64__)
+  static const bool zen5 = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) == 0 || b != signature_AMD_ebx) return false;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    // the family: base family (bits 8-11) plus extended family (bits 20-27) where the base is Fh
+    const unsigned base = (a >> 8) & 0xf;
+    return (base == 0xf ? base + ((a >> 20) & 0xff) : base) == 0x1a;
+  }();
+  return zen5;
+#else
+  return false;
+#endif
+}
+
 Int8Dots int8_dots_portable() {
   return {&dots_q8_0_portable, &dots_q4_0_portable, &dots_q4_k_portable, &dots_q6_k_portable};
 }

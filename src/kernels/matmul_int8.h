@@ -93,6 +93,10 @@ Int8Dots int8_dots_avxvnni();
 bool int8_avx2_forced();
 bool avx512vnni_available();
 Int8Dots int8_dots_avx512vnni();
+// Whether the CPU is an AMD Zen 5 (CPUID vendor AuthenticAMD, family 1Ah; read once): there the
+// zmm Q8_0 kernel under 3 x rows streams W faster on the hardware prefetchers alone than with its
+// line prefetches (rows_q8_0_interleaved; docs/design/quantized_matmul.md, "Into L1 on Zen 5").
+bool amd_zen5();
 Int8Dots int8_dots_neon();
 
 // Whether `wt` has an int8-activation path (Q8_0, Q4_0, Q4_K, Q6_K).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -633,6 +634,21 @@ TEST(MatmulInt8, PrecisionNamesParse) {
   EXPECT_EQ(parse_precision("int4").status().message(),
             "precision 'int4': expected exact, bf16 or int8");
   EXPECT_EQ(effective_precision(KernelIsa::kPortable, Precision::kInt8), Precision::kInt8);
+}
+
+// amd_zen5 decodes CPUID's vendor and family as the kernel reports them in /proc/cpuinfo
+// ("vendor_id", "cpu family": the base plus extended family, in decimal; Zen 5 is 26).
+TEST(MatmulInt8, AmdZen5IsTheCpuFamilyProcCpuinfoNames) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, vendor, family;
+  while (std::getline(cpuinfo, line) && (vendor.empty() || family.empty())) {
+    const auto value = [&line] { return line.substr(line.find(':') + 2); };
+    if (vendor.empty() && line.rfind("vendor_id", 0) == 0) vendor = value();
+    if (family.empty() && line.rfind("cpu family", 0) == 0) family = value();
+  }
+  if (vendor.empty() || family.empty()) GTEST_SKIP() << "no x86 /proc/cpuinfo";
+  EXPECT_EQ(matmul_detail::amd_zen5(), vendor == "AuthenticAMD" && family == "26")
+      << vendor << " family " << family;
 }
 
 }  // namespace

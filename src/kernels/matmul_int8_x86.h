@@ -1691,6 +1691,8 @@ void repack_q8_0(Q80Tile<Ymm<Dot>>* tile, const uint8_t* w, int64_t row_bytes, i
 // t holding dword t, weights 4t..4t + 3, of every row's q; the rows' d follow the group's chunks,
 // column b's 32 bytes at 512·blocks + 32·b), a chunk's kLanes rows one load, flipped on the way.
 // kParts vectors take a block column's rows (Q8_0ChunkSrc on ymm: two halves of a group).
+// Q8_0ChunkSrc's kPrefetch: whether its dots under 3 x rows prefetch the lines ahead of them
+// (rows_q8_0_interleaved).
 template <class V>
 struct Q8_0TileSrc {
   static constexpr int64_t kParts = 1;
@@ -1700,7 +1702,7 @@ struct Q8_0TileSrc {
   void prefetch(int64_t, int64_t, int) const {}
 };
 
-template <class V>
+template <class V, bool kPrefetch = true>
 struct Q8_0ChunkSrc {
   static constexpr int64_t kParts = kHalves<V>;
   const uint8_t* g;  // the group
@@ -1717,9 +1719,10 @@ struct Q8_0ChunkSrc {
     return V::halves(g + 512 * blocks + 32 * b + 2 * V::kLanes * part);
   }
   // The line kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead of chunk (b, part, t)
-  // into L2 (prefetch_chunk at kQ8_0ChunkLocality; the parts of a line share it).
+  // into L2 (prefetch_chunk at kQ8_0ChunkLocality; the parts of a line share it); nothing unless
+  // kPrefetch.
   void prefetch(int64_t b, int64_t part, int t) const {
-    prefetch_chunk<kQ8_0ChunkLocality>(chunk(b, part, t));
+    if constexpr (kPrefetch) prefetch_chunk<kQ8_0ChunkLocality>(chunk(b, part, t));
   }
 };
 
@@ -1880,29 +1883,40 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 // sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
 // at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
 // (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
-// (prefetch_chunk), from 3 on the next group into L1 at a group's start. On ymm from 4 x rows on
-// the tiles over the same rows (rows_q8_0_tiles<V, true>): the loop here measured slower there at
-// 16 and 64 x rows, the tiles as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0
-// rows interleaved").
-template <class V>
-void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
-  if constexpr (kHalves < V >> 1) {
-    if (p.rows >= V::kMinRowsQ8_0) return rows_q8_0_tiles<V, true>(p, x);
-  }
+// (prefetch_chunk), except on zmm on Zen 5 (amd_zen5: none there), from 3 on the next group into
+// L1 at a group's start. On ymm from 4 x rows on the tiles over the same rows
+// (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the tiles
+// as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
+
+// The groups of 16 W rows of rows_q8_0_interleaved, through Q8_0ChunkSrc<V, kPrefetch>.
+template <class V, bool kPrefetch>
+void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_t* xc, int32_t* s) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
   const auto* w = static_cast<const uint8_t*>(p.w);
-  int32_t* s = thread_scratch<int32_t, struct Q8_0InterleavedInts>(
-      static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
-  int32_t* xc = s + 8 * kGroupRows * blocks;
-  q8_0_starts<V>(x, p.rows, blocks, xc);
   const int64_t end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
-    const Q8_0ChunkSrc<V> src{w + j0 * row_bytes, blocks};
+    const Q8_0ChunkSrc<V, kPrefetch> src{w + j0 * row_bytes, blocks};
     if (p.rows > 2) prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
     by_row_runs(p.rows, [&]<int R>(int64_t r0) {
       q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
     });
   }
+}
+
+template <class V>
+void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
+  if constexpr (kHalves < V >> 1) {
+    if (p.rows >= V::kMinRowsQ8_0) return rows_q8_0_tiles<V, true>(p, x);
+  }
+  const int64_t blocks = p.k / kQ8_0BlockWeights;
+  int32_t* s = thread_scratch<int32_t, struct Q8_0InterleavedInts>(
+      static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
+  int32_t* xc = s + 8 * kGroupRows * blocks;
+  q8_0_starts<V>(x, p.rows, blocks, xc);
+  if constexpr (kHalves<V> == 1) {
+    if (p.rows <= 2 && amd_zen5()) return q8_0_interleaved_groups<V, false>(p, x, xc, s);
+  }
+  q8_0_interleaved_groups<V, true>(p, x, xc, s);
 }
 
 template <class Dot>
