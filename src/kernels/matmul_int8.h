@@ -94,8 +94,9 @@ bool int8_avx2_forced();
 bool avx512vnni_available();
 Int8Dots int8_dots_avx512vnni();
 // Whether the CPU is an AMD Zen 5 (CPUID vendor AuthenticAMD, family 1Ah; read once): there the
-// zmm Q8_0 kernel under 3 x rows streams W faster on the hardware prefetchers alone than with its
-// line prefetches (rows_q8_0_interleaved; docs/design/quantized_matmul.md, "Into L1 on Zen 5").
+// Q8_0 kernel over interleaved rows under 3 x rows streams W faster on the hardware prefetchers
+// alone than with its line prefetches, on zmm and ymm (rows_q8_0_interleaved;
+// docs/design/quantized_matmul.md, "Into L1 on Zen 5").
 bool amd_zen5();
 Int8Dots int8_dots_neon();
 

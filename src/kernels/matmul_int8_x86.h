@@ -1339,10 +1339,10 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // requested twice, kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead
 // (docs/design/quantized_matmul.md, "Each line prefetched twice"). kLocality is where the lines
 // go, __builtin_prefetch's locality: Q4_K and Q6_K into L1 (kIntoL1, prefetcht0), Q8_0 into L2
-// (kQ8_0ChunkLocality, prefetcht2): the faster level for Q4_K and Q6_K on Zen 5, where Q8_0 took
-// either alike; on Emerald Rapids the level made no difference (docs/design/quantized_matmul.md,
-// "Into L1 on Zen 5"). The addresses are formed as integers: they may lie past W's end (a
-// prefetch there does nothing).
+// (kQ8_0ChunkLocality, prefetcht2; none at all on Zen 5: rows_q8_0_interleaved). L1 is the
+// faster level for Q4_K and Q6_K on Zen 5; on Emerald Rapids the level made no difference
+// (docs/design/quantized_matmul.md, "Into L1 on Zen 5"). The addresses are formed as integers:
+// they may lie past W's end (a prefetch there does nothing).
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
 constexpr int64_t kInterleavedRefetchBytes = 10240;
 constexpr int kQ8_0ChunkLocality = 1;
@@ -1883,7 +1883,7 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
 // sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
 // at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
 // (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
-// (prefetch_chunk), except on zmm on Zen 5 (amd_zen5: none there), from 3 on the next group into
+// (prefetch_chunk), except on Zen 5 (amd_zen5: none there), from 3 on the next group into
 // L1 at a group's start. On ymm from 4 x rows on the tiles over the same rows
 // (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the tiles
 // as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
@@ -1913,9 +1913,7 @@ void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
       static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
   int32_t* xc = s + 8 * kGroupRows * blocks;
   q8_0_starts<V>(x, p.rows, blocks, xc);
-  if constexpr (kHalves<V> == 1) {
-    if (p.rows <= 2 && amd_zen5()) return q8_0_interleaved_groups<V, false>(p, x, xc, s);
-  }
+  if (p.rows <= 2 && amd_zen5()) return q8_0_interleaved_groups<V, false>(p, x, xc, s);
   q8_0_interleaved_groups<V, true>(p, x, xc, s);
 }
 
