@@ -333,17 +333,21 @@ bool avx512vnni_available() {
 #endif
 }
 
-bool amd_zen5() {
+bool amd_family_1ah(unsigned vendor_ebx, unsigned signature) {
+  constexpr unsigned kAuthenticAmdEbx = 0x68747541;  // "Auth", little-endian
+  const unsigned base = (signature >> 8) & 0xf;
+  const unsigned family = base == 0xf ? base + ((signature >> 20) & 0xff) : base;
+  return vendor_ebx == kAuthenticAmdEbx && family == 0x1a;
+}
+
+bool cpu_amd_family_1ah() {
 #if defined(__x86_64__)
-  static const bool zen5 = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid(0, &a, &b, &c, &d) == 0 || b != signature_AMD_ebx) return false;
-    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-    // the family: base family (bits 8-11) plus extended family (bits 20-27) where the base is Fh
-    const unsigned base = (a >> 8) & 0xf;
-    return (base == 0xf ? base + ((a >> 20) & 0xff) : base) == 0x1a;
+  static const bool is = [] {
+    unsigned a = 0, vendor = 0, c = 0, d = 0, signature = 0;
+    if (__get_cpuid(0, &a, &vendor, &c, &d) == 0) return false;
+    return __get_cpuid(1, &signature, &a, &c, &d) != 0 && amd_family_1ah(vendor, signature);
   }();
-  return zen5;
+  return is;
 #else
   return false;
 #endif

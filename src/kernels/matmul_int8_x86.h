@@ -1339,9 +1339,8 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // requested twice, kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead
 // (docs/design/quantized_matmul.md, "Each line prefetched twice"). kLocality is where the lines
 // go, __builtin_prefetch's locality: Q4_K and Q6_K into L1 (kIntoL1, prefetcht0), Q8_0 into L2
-// (kQ8_0ChunkLocality, prefetcht2; none at all on Zen 5: rows_q8_0_interleaved). L1 is the
-// faster level for Q4_K and Q6_K on Zen 5; on Emerald Rapids the level made no difference
-// (docs/design/quantized_matmul.md, "Into L1 on Zen 5"). The addresses are formed as integers:
+// (kQ8_0ChunkLocality, 1: prefetcht2), and none on AMD family 1Ah (rows_q8_0_interleaved); why:
+// docs/design/quantized_matmul.md, "Into L1 on Zen 5". The addresses are formed as integers:
 // they may lie past W's end (a prefetch there does nothing).
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
 constexpr int64_t kInterleavedRefetchBytes = 10240;
@@ -1878,17 +1877,8 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   }
 }
 
-// ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16, Q8_0ChunkSrc): the tiles' dots and
-// combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
-// sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
-// at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
-// (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
-// (prefetch_chunk), except on Zen 5 (amd_zen5: none there), from 3 on the next group into
-// L1 at a group's start. On ymm from 4 x rows on the tiles over the same rows
-// (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the tiles
-// as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
-
-// The groups of 16 W rows of rows_q8_0_interleaved, through Q8_0ChunkSrc<V, kPrefetch>.
+// The groups of 16 W rows of rows_q8_0_interleaved: x rows as by_row_runs takes them, through
+// Q8_0ChunkSrc<V, true>; or, without line prefetches (Q8_0ChunkSrc<V, false>), 1 or 2 x rows.
 template <class V, bool kPrefetch>
 void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_t* xc, int32_t* s) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
@@ -1896,13 +1886,28 @@ void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_
   const int64_t end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
     const Q8_0ChunkSrc<V, kPrefetch> src{w + j0 * row_bytes, blocks};
-    if (p.rows > 2) prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
-    by_row_runs(p.rows, [&]<int R>(int64_t r0) {
-      q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
-    });
+    if constexpr (kPrefetch) {
+      if (p.rows > 2) prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+      by_row_runs(p.rows, [&]<int R>(int64_t r0) {
+        q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
+      });
+    } else if (p.rows == 1) {
+      q8_0_rows_of<V, 1>(p, x, src, xc, s, 0, j0, V::kLanes);
+    } else {
+      q8_0_rows_of<V, 2>(p, x, src, xc, s, 0, j0, V::kLanes);
+    }
   }
 }
 
+// ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16, Q8_0ChunkSrc): the tiles' dots and
+// combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
+// sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
+// at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
+// (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
+// (prefetch_chunk), except on AMD family 1Ah (cpu_amd_family_1ah: none there), from 3 on the next
+// group into L1 at a group's start. On ymm from 4 x rows on the tiles over the same rows
+// (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the tiles
+// as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
 template <class V>
 void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
   if constexpr (kHalves < V >> 1) {
@@ -1913,7 +1918,7 @@ void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
       static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
   int32_t* xc = s + 8 * kGroupRows * blocks;
   q8_0_starts<V>(x, p.rows, blocks, xc);
-  if (p.rows <= 2 && amd_zen5()) return q8_0_interleaved_groups<V, false>(p, x, xc, s);
+  if (p.rows <= 2 && cpu_amd_family_1ah()) return q8_0_interleaved_groups<V, false>(p, x, xc, s);
   q8_0_interleaved_groups<V, true>(p, x, xc, s);
 }
 
