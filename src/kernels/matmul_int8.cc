@@ -333,26 +333,6 @@ bool avx512vnni_available() {
 #endif
 }
 
-bool amd_family_1ah(unsigned vendor_ebx, unsigned signature) {
-  constexpr unsigned kAuthenticAmdEbx = 0x68747541;  // "Auth", little-endian
-  const unsigned base = (signature >> 8) & 0xf;
-  const unsigned family = base == 0xf ? base + ((signature >> 20) & 0xff) : base;
-  return vendor_ebx == kAuthenticAmdEbx && family == 0x1a;
-}
-
-bool cpu_amd_family_1ah() {
-#if defined(__x86_64__)
-  static const bool is = [] {
-    unsigned a = 0, vendor = 0, c = 0, d = 0, signature = 0;
-    if (__get_cpuid(0, &a, &vendor, &c, &d) == 0) return false;
-    return __get_cpuid(1, &signature, &a, &c, &d) != 0 && amd_family_1ah(vendor, signature);
-  }();
-  return is;
-#else
-  return false;
-#endif
-}
-
 Int8Dots int8_dots_portable() {
   return {&dots_q8_0_portable, &dots_q4_0_portable, &dots_q4_k_portable, &dots_q6_k_portable};
 }

@@ -93,14 +93,6 @@ Int8Dots int8_dots_avxvnni();
 bool int8_avx2_forced();
 bool avx512vnni_available();
 Int8Dots int8_dots_avx512vnni();
-// Whether CPUID's leaf 0 EBX (`vendor_ebx`: the vendor string's first 4 bytes) and leaf 1 EAX
-// (`signature`) name an AMD CPU of family 1Ah, Zen 5's (the family as the kernel's /proc/cpuinfo
-// prints it: bits 8-11, plus bits 20-27 where those are Fh).
-bool amd_family_1ah(unsigned vendor_ebx, unsigned signature);
-// amd_family_1ah of this CPU (read once; false off x86-64). There the Q8_0 kernels over
-// interleaved rows under 3 x rows take no line prefetches (rows_q8_0_interleaved; why:
-// docs/design/quantized_matmul.md, "Into L1 on Zen 5").
-bool cpu_amd_family_1ah();
 Int8Dots int8_dots_neon();
 
 // Whether `wt` has an int8-activation path (Q8_0, Q4_0, Q4_K, Q6_K).

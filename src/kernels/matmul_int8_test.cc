@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -634,40 +633,6 @@ TEST(MatmulInt8, PrecisionNamesParse) {
   EXPECT_EQ(parse_precision("int4").status().message(),
             "precision 'int4': expected exact, bf16 or int8");
   EXPECT_EQ(effective_precision(KernelIsa::kPortable, Precision::kInt8), Precision::kInt8);
-}
-
-// amd_family_1ah over CPUID signatures (leaf 1 EAX: stepping 3:0, model 7:4, family 11:8,
-// extended model 19:16, extended family 27:20) and vendors (leaf 0 EBX "Auth" / "Genu").
-TEST(MatmulInt8, AmdFamily1AhIsZen5sVendorAndFamilyOfCpuid) {
-  constexpr unsigned kAmd = 0x68747541, kIntel = 0x756e6547;
-  EXPECT_TRUE(matmul_detail::amd_family_1ah(kAmd, 0x00B00F21));     // Zen 5, model 2
-  EXPECT_TRUE(matmul_detail::amd_family_1ah(kAmd, 0x00B40F40));     // Zen 5, model 44h
-  EXPECT_FALSE(matmul_detail::amd_family_1ah(kAmd, 0x00A10F11));    // Zen 4 (19h)
-  EXPECT_FALSE(matmul_detail::amd_family_1ah(kAmd, 0x00000F21));    // family Fh, no extension
-  EXPECT_FALSE(matmul_detail::amd_family_1ah(kAmd, 0x00B00A21));    // base Ah: no extension added
-  EXPECT_FALSE(matmul_detail::amd_family_1ah(kIntel, 0x00B00F21));  // the vendor decides too
-  EXPECT_FALSE(matmul_detail::amd_family_1ah(kIntel, 0x000C06F2));  // Emerald Rapids
-}
-
-// cpu_amd_family_1ah is this CPU's CPUID as the kernel reports it in /proc/cpuinfo ("vendor_id",
-// "cpu family": the base plus extended family, in decimal; 1Ah is 26).
-TEST(MatmulInt8, CpuAmdFamily1AhIsTheVendorAndFamilyProcCpuinfoNames) {
-#if defined(__x86_64__)
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, vendor, family;
-  while (std::getline(cpuinfo, line) && (vendor.empty() || family.empty())) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    if (vendor.empty() && line.rfind("vendor_id", 0) == 0) vendor = value;
-    if (family.empty() && line.rfind("cpu family", 0) == 0) family = value;
-  }
-  if (vendor.empty() || family.empty()) GTEST_SKIP() << "/proc/cpuinfo names no vendor or family";
-  EXPECT_EQ(matmul_detail::cpu_amd_family_1ah(), vendor == "AuthenticAMD" && family == "26")
-      << vendor << " family " << family;
-#else
-  EXPECT_FALSE(matmul_detail::cpu_amd_family_1ah());
-#endif
 }
 
 }  // namespace

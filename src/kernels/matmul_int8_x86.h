@@ -23,6 +23,7 @@
 
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_int8.h"
+#include "simpler/base/cpu.h"
 
 namespace simpler::llm::matmul_detail {
 namespace {
@@ -1339,8 +1340,8 @@ void rows_tiles_interleaved(const Problem& p, const QuantizedX& x) {
 // requested twice, kInterleavedPrefetchBytes and kInterleavedRefetchBytes ahead
 // (docs/design/quantized_matmul.md, "Each line prefetched twice"). kLocality is where the lines
 // go, __builtin_prefetch's locality: Q4_K and Q6_K into L1 (kIntoL1, prefetcht0), Q8_0 into L2
-// (kQ8_0ChunkLocality, 1: prefetcht2), and none on AMD family 1Ah (rows_q8_0_interleaved); why:
-// docs/design/quantized_matmul.md, "Into L1 on Zen 5". The addresses are formed as integers:
+// (kQ8_0ChunkLocality, 1: prefetcht2), and none on AMD family 1Ah, Zen 5's (rows_q8_0_interleaved);
+// why: docs/design/quantized_matmul.md, "Into L1 on Zen 5". The addresses are formed as integers:
 // they may lie past W's end (a prefetch there does nothing).
 constexpr int64_t kInterleavedPrefetchBytes = 16384;
 constexpr int64_t kInterleavedRefetchBytes = 10240;
@@ -1690,8 +1691,6 @@ void repack_q8_0(Q80Tile<Ymm<Dot>>* tile, const uint8_t* w, int64_t row_bytes, i
 // t holding dword t, weights 4t..4t + 3, of every row's q; the rows' d follow the group's chunks,
 // column b's 32 bytes at 512·blocks + 32·b), a chunk's kLanes rows one load, flipped on the way.
 // kParts vectors take a block column's rows (Q8_0ChunkSrc on ymm: two halves of a group).
-// Q8_0ChunkSrc's kPrefetch: whether its dots under 3 x rows prefetch the lines ahead of them
-// (rows_q8_0_interleaved).
 template <class V>
 struct Q8_0TileSrc {
   static constexpr int64_t kParts = 1;
@@ -1701,6 +1700,8 @@ struct Q8_0TileSrc {
   void prefetch(int64_t, int64_t, int) const {}
 };
 
+// kPrefetch: whether its dots under 3 x rows prefetch the lines ahead of them
+// (rows_q8_0_interleaved).
 template <class V, bool kPrefetch = true>
 struct Q8_0ChunkSrc {
   static constexpr int64_t kParts = kHalves<V>;
@@ -1904,7 +1905,7 @@ void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_
 // sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
 // at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
 // (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
-// (prefetch_chunk), except on AMD family 1Ah (cpu_amd_family_1ah: none there), from 3 on the next
+// (prefetch_chunk), except on AMD family 1Ah (base::amd_cpu_family: none there), from 3 on the next
 // group into L1 at a group's start. On ymm from 4 x rows on the tiles over the same rows
 // (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the tiles
 // as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
@@ -1918,7 +1919,9 @@ void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
       static_cast<size_t>((8 * kGroupRows + p.rows) * blocks));
   int32_t* xc = s + 8 * kGroupRows * blocks;
   q8_0_starts<V>(x, p.rows, blocks, xc);
-  if (p.rows <= 2 && cpu_amd_family_1ah()) return q8_0_interleaved_groups<V, false>(p, x, xc, s);
+  if (p.rows <= 2 && base::amd_cpu_family() == 0x1a) {
+    return q8_0_interleaved_groups<V, false>(p, x, xc, s);
+  }
   q8_0_interleaved_groups<V, true>(p, x, xc, s);
 }
 

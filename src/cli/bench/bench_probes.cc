@@ -3,10 +3,6 @@
 #include <omp.h>
 #include <sys/mman.h>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -26,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "dnnl.hpp"
 #include "simpler/base/clock.h"
+#include "simpler/base/cpu.h"
 #include "simpler/base/process.h"
 #include "simpler/base/status.h"
 #include "simpler/base/thread.h"
@@ -222,11 +219,7 @@ TheoreticalPeak theoretical_f32_fma_peak() {
     t.lanes = 16;
     // Zen 4 (AMD family 19h with AVX-512) runs a 512-bit FMA as two 256-bit halves on its two
     // FMA pipes: one 16-lane FMA per cycle. Zen 5 (family 1Ah) has two full 512-bit FMA pipes.
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid(0, &a, &b, &c, &d) != 0 && b == signature_AMD_ebx &&
-        __get_cpuid(1, &a, &b, &c, &d) != 0 && ((a >> 8) & 0xf) + ((a >> 20) & 0xff) == 0x19) {
-      t.fma_ports = 1;
-    }
+    if (base::amd_cpu_family() == 0x19) t.fma_ports = 1;
   } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     t.lanes = 8;
   }
