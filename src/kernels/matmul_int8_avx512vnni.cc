@@ -283,6 +283,14 @@ struct Zmm {
   static I srli(I a, int n) { return _mm512_srli_epi32(a, static_cast<unsigned>(n)); }
   static I slli(I a, int n) { return _mm512_slli_epi32(a, static_cast<unsigned>(n)); }
   static I srai(I a, int n) { return _mm512_srai_epi32(a, static_cast<unsigned>(n)); }
+  static I srai16(I a, int n) { return _mm512_srai_epi16(a, static_cast<unsigned>(n)); }
+  // As Ymm::bytes_in_dwords (matmul_int8_x86.h): vpshufb within each i32 lane.
+  static I bytes_in_dwords(I v, uint32_t pattern) {
+    const I lane_at =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+    return _mm512_shuffle_epi8(
+        v, _mm512_add_epi8(_mm512_set1_epi32(static_cast<int32_t>(pattern)), lane_at));
+  }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }

@@ -725,6 +725,15 @@ struct Ymm {
   static I srli(I a, int n) { return _mm256_srli_epi32(a, n); }
   static I slli(I a, int n) { return _mm256_slli_epi32(a, n); }
   static I srai(I a, int n) { return _mm256_srai_epi32(a, n); }
+  static I srai16(I a, int n) { return _mm256_srai_epi16(a, n); }
+  // Each i32 lane's bytes rearranged within the lane (vpshufb): byte i of the result is byte
+  // (pattern >> 8i) & 3 of the lane, or 0 where that pattern byte is kZeroByte (dword_bytes).
+  static I bytes_in_dwords(I v, uint32_t pattern) {
+    const I lane_at = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0,
+                                       0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    return _mm256_shuffle_epi8(
+        v, _mm256_add_epi8(_mm256_set1_epi32(static_cast<int32_t>(pattern)), lane_at));
+  }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
   static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
@@ -765,16 +774,31 @@ inline typename V::I broadcast_i32(const void* p) {
   return V::set1(v);
 }
 
-// Bits [shift, shift + 8) of every i32 lane, as a value 0..255.
-template <class V>
-inline typename V::I byte_of(typename V::I v, int shift) {
-  return V::and_(V::srli(v, shift), V::set1(255));
+// A pattern of V::bytes_in_dwords: result byte i of every i32 lane is byte b_i (0..3) of the
+// lane, or zero where b_i is kZeroByte. One vpshufb where the shifts, masks and ors that pick a
+// byte and pair it took two to seven instructions each (the heads of the kernels under 4 x rows
+// decode 12 to 24 of them a super-block).
+constexpr uint32_t kZeroByte = 0x80;
+constexpr uint32_t dword_bytes(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  return b0 | b1 << 8 | b2 << 16 | b3 << 24;
 }
 
-// i16 pairs (a | b << 16) of two vectors of values that fit i16.
+// Unsigned byte j of every i32 lane as an i32 (0..255).
 template <class V>
-inline typename V::I i16_pairs(typename V::I a, typename V::I b) {
-  return V::or_(V::and_(a, V::set1(0xffff)), V::slli(b, 16));
+inline typename V::I byte_of(typename V::I v, uint32_t j) {
+  return V::bytes_in_dwords(v, dword_bytes(j, kZeroByte, kZeroByte, kZeroByte));
+}
+
+// Unsigned bytes j and k of every i32 lane as an i16 pair (byte j | byte k << 16).
+template <class V>
+inline typename V::I byte_pair(typename V::I v, uint32_t j, uint32_t k) {
+  return V::bytes_in_dwords(v, dword_bytes(j, kZeroByte, k, kZeroByte));
+}
+
+// Signed (int8) bytes j and k of every i32 lane as an i16 pair, each sign-extended.
+template <class V>
+inline typename V::I signed_byte_pair(typename V::I v, uint32_t j, uint32_t k) {
+  return V::srai16(V::bytes_in_dwords(v, dword_bytes(kZeroByte, j, kZeroByte, k)), 8);
 }
 
 // Lane r: the offset of W row min(r, rows - 1) (`row_bytes` apart): a short tile's last lanes
@@ -814,8 +838,9 @@ struct InterleavedRows {
 };
 
 // A Q4_K super-block's head (Src: GatherRows or InterleavedRows), lane r W row r: sc[j] sub-block
-// j's scale as i32, mins[q] the mins (m_2q, m_2q+1) as i16 pairs, d and dmin as f32; the packed
-// 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
+// j's scale as the dots take it (run_dot: an i32, or where V::kScaledDot the i16 pair (sc, sc)
+// that vpmaddwd meets), mins[q] the mins (m_2q, m_2q+1) as i16 pairs, d and dmin as f32; the
+// packed 6-bit fields decoded as q4_k_scales_mins does, lane by lane.
 template <class V, class Src>
 inline void q4_k_head(const Src& src, typename V::I* sc, typename V::I* mins, typename V::F& d,
                       typename V::F& dmin) {
@@ -828,13 +853,13 @@ inline void q4_k_head(const Src& src, typename V::I* sc, typename V::I* mins, ty
   const I sc03 = V::and_(a, k6), m03 = V::and_(b, k6);
   const I sc47 = V::or_(V::and_(c, k4), V::slli(V::and_(V::srli(a, 6), k2), 4));
   const I m47 = V::or_(V::and_(V::srli(c, 4), k4), V::slli(V::and_(V::srli(b, 6), k2), 4));
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = byte_of<V>(sc03, 8 * j);
-    sc[j + 4] = byte_of<V>(sc47, 8 * j);
+  for (uint32_t j = 0; j < 4; ++j) {
+    sc[j] = V::kScaledDot ? byte_pair<V>(sc03, j, j) : byte_of<V>(sc03, j);
+    sc[j + 4] = V::kScaledDot ? byte_pair<V>(sc47, j, j) : byte_of<V>(sc47, j);
   }
-  for (int q = 0; q < 2; ++q) {
-    mins[q] = i16_pairs<V>(byte_of<V>(m03, 16 * q), byte_of<V>(m03, 16 * q + 8));
-    mins[q + 2] = i16_pairs<V>(byte_of<V>(m47, 16 * q), byte_of<V>(m47, 16 * q + 8));
+  for (uint32_t q = 0; q < 2; ++q) {
+    mins[q] = byte_pair<V>(m03, 2 * q, 2 * q + 1);
+    mins[q + 2] = byte_pair<V>(m47, 2 * q, 2 * q + 1);
   }
 }
 
@@ -847,10 +872,12 @@ inline typename V::I q4_k_mins_sum(const typename V::I* mins, const int32_t* aux
   return m;
 }
 
-// Q6_K group 4q + i's int8 scale as i32 (sign-extended), from s4 = dword q of the scales.
+// Q6_K group 4q + i's int8 scale as the dots take it (run_dot: an i32, sign-extended, or where
+// V::kScaledDot the i16 pair (sc, sc)), from s4 = dword q of the scales.
 template <class V>
-inline typename V::I q6_k_scale(typename V::I s4, int i) {
-  return V::srai(V::slli(s4, 24 - 8 * i), 24);
+inline typename V::I q6_k_scale(typename V::I s4, uint32_t i) {
+  if constexpr (V::kScaledDot) return signed_byte_pair<V>(s4, i, i);
+  return V::srai(V::slli(s4, static_cast<int>(24 - 8 * i)), 24);
 }
 
 // A Q6_K super-block's scales as i16 pairs, lane r W row r: pairs[p] = (sc_2p, sc_2p+1).
@@ -858,18 +885,18 @@ template <class V, class Src>
 inline void q6_k_pairs(const Src& src, typename V::I* pairs) {
   for (int q = 0; q < 4; ++q) {
     const typename V::I s4 = src.dword(192 + 4 * q);
-    pairs[2 * q] = i16_pairs<V>(q6_k_scale<V>(s4, 0), q6_k_scale<V>(s4, 1));
-    pairs[2 * q + 1] = i16_pairs<V>(q6_k_scale<V>(s4, 2), q6_k_scale<V>(s4, 3));
+    pairs[2 * q] = signed_byte_pair<V>(s4, 0, 1);
+    pairs[2 * q + 1] = signed_byte_pair<V>(s4, 2, 3);
   }
 }
 
-// A Q6_K super-block's head, lane r W row r: sc[g] group g's scale as i32, pairs as q6_k_pairs,
-// d as f32.
+// A Q6_K super-block's head, lane r W row r: sc[g] group g's scale as q6_k_scale gives it, pairs
+// as q6_k_pairs, d as f32.
 template <class V, class Src>
 inline void q6_k_head(const Src& src, typename V::I* sc, typename V::I* pairs, typename V::F& d) {
   for (int q = 0; q < 4; ++q) {
     const typename V::I s4 = src.dword(192 + 4 * q);
-    for (int i = 0; i < 4; ++i) sc[4 * q + i] = q6_k_scale<V>(s4, i);
+    for (uint32_t i = 0; i < 4; ++i) sc[4 * q + i] = q6_k_scale<V>(s4, i);
   }
   q6_k_pairs<V>(src, pairs);
   d = src.q6_k_d();
@@ -898,8 +925,8 @@ inline typename V::I q6_k_offset(const typename V::I* pairs, const int32_t* aux)
 
 // What every super-block of a repacked tile holds (Q4KTile, Q6KTile), vector lane r W row r: w[v]
 // the weights 4v..4v+3 as unsigned bytes, sc[run] each run's scale (a Q4_K sub-block's, a Q6_K
-// group's) as i32 (where V::kScaledDot, as the i16 pair (scale, scale) that vpmaddwd meets:
-// pair_scales, built once at the repack rather than by every tile_dots call over the tile), d
+// group's) as i32 (where V::kScaledDot, as the i16 pair (scale, scale) that vpmaddwd meets: the
+// heads decode them so, once at the repack rather than in every tile_dots call over the tile), d
 // (and Q4_K's dmin) as f32; kAux i32 of x per row and super-block (tile_aux), kMins whether the
 // tile has mins (M) to subtract.
 template <class V, int64_t Bytes, int Runs, int Aux, bool Mins>
@@ -911,19 +938,11 @@ struct TileBlock {
   I w[64];
   I sc[Runs];
   typename V::F d, dmin;
-
-  // sc as the dots take it: unchanged, or where V::kScaledDot each scale as an i16 pair.
-  void pair_scales() {
-    if constexpr (V::kScaledDot) {
-#pragma GCC unroll 16
-      for (int run = 0; run < Runs; ++run) sc[run] = i16_pairs<V>(sc[run], sc[run]);
-    }
-  }
 };
 
 // One Q4_K super-block of a tile, lane r W row r: w[8j + t] the weights 4t..4t+3 of sub-block j
-// as unsigned bytes, sc[j] the sub-block scales as i32 (paired where V::kScaledDot:
-// TileBlock::pair_scales), mins[q] the mins (m_2q, m_2q+1) as i16
+// as unsigned bytes, sc[j] the sub-block scales as i32 (paired where V::kScaledDot: TileBlock),
+// mins[q] the mins (m_2q, m_2q+1) as i16
 // pairs, d and dmin as f32. aux: per x row and super-block 4 i32, x's group sums as the pairs the
 // mins meet (tile_aux).
 template <class V>
@@ -939,7 +958,6 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
   template <class Src>
   void repack_scales(const Src& src) {
     q4_k_head<V>(src, sc, mins, d, dmin);
-    Base::pair_scales();
   }
 
   template <class Src>
@@ -962,7 +980,7 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
 };
 
 // One Q6_K super-block of a tile: w[v] the unsigned 6-bit values of weights 4v..4v+3, sc[g] the
-// group scales as i32 (paired where V::kScaledDot: TileBlock::pair_scales), pairs[p] (sc_2p,
+// group scales as i32 (paired where V::kScaledDot: TileBlock), pairs[p] (sc_2p,
 // sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
 // (i16) per x row and super-block.
 template <class V>
@@ -1001,7 +1019,6 @@ struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   void repack_scales(const Src& src) {
     q6_k_head<V>(src, sc, pairs, d);
     dmin = V::fzero();
-    Base::pair_scales();
   }
 
   // The - 32 of every q: 32·Σ_g sc_g·(x's group sum g), to subtract.
@@ -1462,9 +1479,8 @@ void q4_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
           if constexpr (V::kScaledDot) {
-            const I s_lo = i16_pairs<V>(sc[p][2 * c], sc[p][2 * c]);
-            const I s_hi = i16_pairs<V>(sc[p][2 * c + 1], sc[p][2 * c + 1]);
-            sum[p][i] = V::madd(V::madd(sum[p][i], lo[p][i], s_lo), hi[p][i], s_hi);
+            sum[p][i] =
+                V::madd(V::madd(sum[p][i], lo[p][i], sc[p][2 * c]), hi[p][i], sc[p][2 * c + 1]);
           } else {
             if constexpr (V::kUnsignedFullRange) hi[p][i] = V::srai(hi[p][i], 4);
             sum[p][i] = V::add(sum[p][i], V::add(V::mullo(lo[p][i], sc[p][2 * c]),
@@ -1510,10 +1526,7 @@ void q6_k_interleaved_dots(const uint8_t* g, int64_t supers, const int8_t* xq, i
         const I s4[2] = {src.dword(192 + 8 * h), src.dword(196 + 8 * h)};
         I sc[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          sc[c] = q6_k_scale<V>(s4[c / 2], (2 * c + half) % 4);
-          if constexpr (V::kScaledDot) sc[c] = i16_pairs<V>(sc[c], sc[c]);
-        }
+        for (int c = 0; c < 4; ++c) sc[c] = q6_k_scale<V>(s4[c / 2], (2 * c + half) % 4);
         I acc[4][R];  // c: weights 128h + 32c + [16·half, +16), group 8h + 2c + half
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) acc[0][i] = acc[1][i] = acc[2][i] = acc[3][i] = V::zero();
