@@ -942,9 +942,8 @@ struct TileBlock {
 
 // One Q4_K super-block of a tile, lane r W row r: w[8j + t] the weights 4t..4t+3 of sub-block j
 // as unsigned bytes, sc[j] the sub-block scales as i32 (paired where V::kScaledDot: TileBlock),
-// mins[q] the mins (m_2q, m_2q+1) as i16
-// pairs, d and dmin as f32. aux: per x row and super-block 4 i32, x's group sums as the pairs the
-// mins meet (tile_aux).
+// mins[q] the mins (m_2q, m_2q+1) as i16 pairs, d and dmin as f32. aux: per x row and
+// super-block 4 i32, x's group sums as the pairs the mins meet (tile_aux).
 template <class V>
 struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
   using I = typename V::I;
@@ -980,9 +979,8 @@ struct Q4KTile : TileBlock<V, kQ4_KBlockBytes, 8, 4, true> {
 };
 
 // One Q6_K super-block of a tile: w[v] the unsigned 6-bit values of weights 4v..4v+3, sc[g] the
-// group scales as i32 (paired where V::kScaledDot: TileBlock), pairs[p] (sc_2p,
-// sc_2p+1) as i16 pairs, d as f32. aux: x's 16 group sums
-// (i16) per x row and super-block.
+// group scales as i32 (paired where V::kScaledDot: TileBlock), pairs[p] (sc_2p, sc_2p+1) as i16
+// pairs, d as f32. aux: x's 16 group sums (i16) per x row and super-block.
 template <class V>
 struct Q6KTile : TileBlock<V, kQ6_KBlockBytes, 16, 8, false> {
   using I = typename V::I;
