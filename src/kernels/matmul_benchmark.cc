@@ -14,7 +14,9 @@
 //     (matmul_int8.h) over a block-quantized W [N, K], R x rows (1 against N 131072: W of 75.5 MB
 //     (Q4_K) to 142.6 MB (Q8_0), from memory where the last level cache is smaller (in an Emerald
 //     Rapids VM's 260 MB L3); 1 against N 512 or [256, 3072]: a decode step's share of k_proj or
-//     down_proj, in L2, the kernel's own pace; R 2, 4, 8, 16, 64 against N 3072: batched steps of
+//     down_proj, in L2, the kernel's own pace; R 2 and 3 against N 512: a batch-2 or batch-3
+//     step's share, in L2 (bytes per second of W, so against R 1 the cost of a row more);
+//     R 2, 4, 8, 16, 64 against N 3072: batched steps of
 //     the gate projection; 16 against N 32768: a larger one), one thread, with the target's
 //     whole-product kernel (Int8Dots::rows) or the shared loop over its integer sums: the same
 //     bits, the ratio of the two is the kernel's gain;
@@ -264,6 +266,8 @@ void int8_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 131072, 1024})
       ->Args({1, 512, 1024})
       ->Args({1, 256, 3072})
+      ->Args({2, 512, 1024})
+      ->Args({3, 512, 1024})
       ->Args({2, 3072, 1024})
       ->Args({4, 3072, 1024})
       ->Args({8, 3072, 1024})
