@@ -16,10 +16,11 @@ Runner add_export_gguf_command(CLI::App& app) {
     std::string type = "bf16";
   };
   auto st = std::make_shared<State>();
-  auto* cmd = add_model_command(&app, "export-gguf",
-                                "write a model directory as a GGUF file that llama.cpp loads "
-                                "(Qwen3 metadata, tokenizer and tensors under llama.cpp's names)",
-                                &st->model, "model directory (Hugging Face layout)");
+  auto* cmd =
+      add_model_command(&app, "export-gguf",
+                        "write a model directory as a GGUF file that llama.cpp loads "
+                        "(Qwen3 metadata, tokenizer and tensors under llama.cpp's names)",
+                        &st->model, "model directory (Hugging Face layout)", ModelSource::kDirOnly);
   cmd->add_option("--out", st->out, "the GGUF file to write")->required();
   cmd->add_option(
          "--type", st->type,

@@ -647,11 +647,13 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--chips", st->chips,
                   "data parallel over this many sim chips: every chip loads the model, requests "
                   "are dealt out in turn, one engine per chip (an L3 worker's children)")
-      ->check(int_in(1, 16));
+      ->check(int_in(1, 16))
+      ->capture_default_str();
   cmd->add_option("--child-mode", st->child_mode,
                   "with --chips > 1: process (forked children behind shared-memory mailboxes) or "
                   "thread (children in this process)")
-      ->check(CLI::IsMember({"thread", "process"}));
+      ->check(CLI::IsMember({"thread", "process"}))
+      ->capture_default_str();
   auto* p1 = cmd->add_option("--prompt", st->prompt, "prompt text");
   auto* p2 = cmd->add_option("--prompt-ids", st->prompt_ids, "prompt token ids, e.g. 1,2,3");
   auto* p3 = cmd->add_option("--prompts-file", st->prompts_file,

@@ -29,8 +29,9 @@ Runner add_l3_example_command(CLI::App& app) {
   };
   auto st = std::make_shared<State>();
   cmd->add_option("--child-mode", st->mode, "thread or process")
-      ->check(CLI::IsMember({"thread", "process"}));
-  cmd->add_option("--chips", st->chips, "child chips")->check(int_in(1, 16));
+      ->check(CLI::IsMember({"thread", "process"}))
+      ->capture_default_str();
+  cmd->add_option("--chips", st->chips, "child chips")->check(int_in(1, 16))->capture_default_str();
   cmd->add_option("--runs", st->runs, "L3 runs, each on fresh inputs")
       ->check(int_in(1, kMaxRepeats));
   cmd->add_option("--batch", st->batch, "rows of x")->check(int_in(1, 4096));

@@ -38,12 +38,18 @@ CLI::Validator uint64_in();
 // A CLI11 check for finite numbers in [lo, hi], or in (lo, hi] when `lo_open`.
 CLI::Validator number_in(double lo, double hi, bool lo_open = false);
 
-// Adds the subcommand `name` (`help` in --help) of `parent` for a command that reads a model
-// directory, with its required --model flag (`model_help`) writing into `*model`, which must
-// outlive the parse. The subcommand is owned by `parent`.
+// What a command's --model takes: a model directory or a .gguf file, or a directory alone (a
+// command that reads the checkpoint's own files: export-gguf).
+enum class ModelSource { kDirOrGguf, kDirOnly };
+
+// Adds the subcommand `name` (`help` in --help) of `parent` for a command that reads a model,
+// with its required --model flag (`model_help`) writing into `*model`, which must outlive the
+// parse. The flag parser refuses a path that does not exist, or is not what `source` takes, naming
+// it whole. The subcommand is owned by `parent`.
 CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std::string& help,
                             std::string* model,
-                            const std::string& model_help = "model directory or .gguf file");
+                            const std::string& model_help = "model directory or .gguf file",
+                            ModelSource source = ModelSource::kDirOrGguf);
 
 // Options shared by every command that creates a Worker.
 struct CommonOptions {

@@ -62,14 +62,22 @@ CLI::Validator number_in(double lo, double hi, bool lo_open) {
 }
 
 CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std::string& help,
-                            std::string* model, const std::string& model_help) {
+                            std::string* model, const std::string& model_help, ModelSource source) {
   CLI::App* cmd = parent->add_subcommand(name, help);
   // Checked before anything loads, so a mistyped path is named whole rather than as the first
   // file a loader looks for inside it ("DIR/config.json: no such file").
+  const bool gguf = source == ModelSource::kDirOrGguf;
   const CLI::Validator model_path(
-      [](std::string& path) -> std::string {
+      [gguf, name](std::string& path) -> std::string {
         std::error_code ec;
-        if (std::filesystem::is_directory(path, ec) || llm::is_gguf_path(path)) {
+        if (std::filesystem::is_directory(path, ec)) return std::string();
+        if (!gguf && std::filesystem::exists(path, ec)) {
+          return path + " is not a model directory (" + name +
+                 " reads a Hugging Face model directory: config.json, *.safetensors, "
+                 "tokenizer.json" +
+                 (llm::is_gguf_path(path) ? "; this is a GGUF file already)" : ")");
+        }
+        if (gguf && llm::is_gguf_path(path)) {
           if (std::filesystem::exists(path, ec)) return std::string();
           return path + ": no such .gguf file";
         }
@@ -78,7 +86,7 @@ CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std
         }
         return path + ": no such model directory";
       },
-      "DIR|FILE.gguf");
+      gguf ? "DIR|FILE.gguf" : "DIR");
   cmd->add_option("--model", *model, model_help)->required()->check(model_path);
   return cmd;
 }
@@ -100,7 +108,8 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
   app->add_option("--graph-placement", placement,
                   "where task graphs are built: device (orchestration on the device) or host "
                   "(built during prepare, executed from a graph image)")
-      ->check(CLI::IsMember({"device", "host"}));
+      ->check(CLI::IsMember({"device", "host"}))
+      ->capture_default_str();
   app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file")
       ->check(CLI::Validator(
           [](std::string& path) -> std::string {

@@ -1416,7 +1416,9 @@ def scenario_cli_input(ctx):
     pb.check(p.returncode == 0 and re.fullmatch(r"simpler \d+\.\d+\.\d+", p.stdout.strip()),
              f"--version: exit {p.returncode}, stdout {p.stdout!r}, stderr {tail(p.stderr, 300)!r}")
     p, _ = ctx.run([ctx.simpler, "generate", "--help"], label="generate --help")
-    for flag, default in (("--max-new-tokens", "32"), ("--temperature", "0"), ("--top-p", "1")):
+    for flag, default in (("--max-new-tokens", "32"), ("--temperature", "0"), ("--top-p", "1"),
+                          ("--chips", "1"), ("--child-mode", "process"),
+                          ("--graph-placement", "device")):
         pb.check(re.search(rf"{flag}\b[^\n]*={default}\b", p.stdout),
                  f"generate --help does not show {flag}'s default {default}: {p.stdout!r}")
 
@@ -1875,6 +1877,17 @@ def scenario_bench_decode(ctx):
         runs = read_trace(ctx, trace, f"{label} trace", p.stderr)
         check_trace_runs(pb, f"{label} trace", runs, range(4))
         check_launch_order(pb, f"{label} trace", runs, depth, expect_early=False)
+    # The text row: a share of the read probe over 100% (a model small enough to stay in the
+    # caches) is said to be one, and only then.
+    label = "bench decode (text)"
+    p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "4",
+                       "--warm-up-rows", "0"], label=label)
+    m = re.search(r"= ([0-9.]+)% of the read-bandwidth probe's", p.stdout)
+    if pb.check(m is not None, f"{label}: no share of the read probe in {p.stdout!r}"):
+        over = float(m.group(1)) > 100
+        noted = "over 100%: the" in p.stdout and "stay in the CPU caches" in p.stdout
+        pb.check(over == noted, f"{label}: share {m.group(1)}%, note printed: {noted}: "
+                                f"{p.stdout!r}")
     # Without the warm-up row (the runs above have it): still one printed row per mode.
     label = "bench decode --capture on,off --warm-up-rows 0"
     p, _ = ctx.run_ok([ctx.simpler, "bench", "decode", "--model", model, "--steps", "6",
@@ -2741,12 +2754,20 @@ def scenario_gguf(ctx):
     """`--model FILE.gguf`: the tiny preset exported by `simpler export-gguf` gives, through
     generate (text prompts, ids, --chat, a stop string, --chips 2), serve (a chat completion and
     a completion) and bench load, what the model directory gives: the same tokens, text and
-    first-step logits; a truncated file is refused naming it."""
+    first-step logits; a truncated file is refused naming it, and so is the file given back to
+    export-gguf as its source."""
     pb = ctx.problems
     model = ctx.make_model(ctx.path("model"), "--preset", "tiny", "--seed", "16",
                            "--dtype", "bf16")
     gguf = ctx.path("model.gguf")
     ctx.run_ok([ctx.simpler, "export-gguf", "--model", model, "--out", gguf], label="export-gguf")
+    # export-gguf reads a checkpoint's own files: a .gguf as its source is refused by the flag
+    # parser, naming it (it used to fail later, on "FILE.gguf/tokenizer.json: Not a directory").
+    again = ctx.path("again.gguf")
+    expect_refused_by_parser(ctx, [ctx.simpler, "export-gguf", "--model", gguf, "--out", again],
+                             "export-gguf --model FILE.gguf",
+                             ["--model", gguf, "is not a model directory", "a GGUF file already"])
+    pb.check(not os.path.exists(again), "export-gguf --model FILE.gguf: wrote its --out file")
     path = ctx.path("prompts.jsonl")
     with open(path, "w") as f:
         for line in ({"prompt": "The quick brown fox"}, {"prompt": "Qwen3 \u8bf4\u4e2d\u6587"},

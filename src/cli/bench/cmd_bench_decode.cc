@@ -283,6 +283,15 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const LlamaCp
       row.tokens_per_s, row.gflops, row.weight_bytes / 1e6, row.kv_bytes / 1e6,
       row.read_bytes_per_s / 1e9, 100 * row.fraction_of_read(), probes.bytes_per_s() / 1e9,
       probes.before / 1e9, probes.after / 1e9);
+  if (row.fraction_of_read() > 1) {
+    // A small model: its bytes stay in the CPU's caches from step to step, while the probe reads
+    // a buffer the size of the checkpoint but at least 64 MiB, from memory where it is larger
+    // than they are.
+    std::printf(
+        "  (over 100%%: the %.1f MB a step reads stay in the CPU caches between steps; the probe "
+        "reads at least 64 MiB, so this row says nothing about memory bandwidth)\n",
+        (row.weight_bytes + row.kv_bytes) / 1e6);
+  }
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
 }
