@@ -1383,10 +1383,10 @@ inline typename V::I run_dot(typename V::I acc, typename V::I w, typename V::I x
 
 // A group's lanes are kHalves vectors (lanes kLanes·half..: two on ymm, one on zmm): the fused
 // kernels take a super-block column's halves one after the other (q4_k_interleaved_dots with VNNI
-// dots and q8_0_dots, under 3 x rows: both halves of each line at once, kTogether), so that the
-// group's 64-byte chunks are read in order, each line's halves together. Taking one half over every
-// super-block and then the other read each line twice, half of it each time, and was slower from
-// memory than the plain layout (docs/design/quantized_matmul.md, "The 256-bit targets").
+// dots under 3 x rows and q8_0_dots under 4: both halves of each line at once, kTogether), so that
+// the group's 64-byte chunks are read in order, each line's halves together. Taking one half over
+// every super-block and then the other read each line twice, half of it each time, and was slower
+// from memory than the plain layout (docs/design/quantized_matmul.md, "The 256-bit targets").
 template <class V>
 constexpr int64_t kHalves = kGroupRows / V::kLanes;
 
@@ -1711,7 +1711,7 @@ struct Q8_0TileSrc {
   void prefetch(int64_t, int64_t, int) const {}
 };
 
-// kPrefetch: whether its dots under 3 x rows prefetch the lines ahead of them
+// kPrefetch: whether its dots under 4 x rows prefetch the lines ahead of them
 // (rows_q8_0_interleaved).
 template <class V, bool kPrefetch = true>
 struct Q8_0ChunkSrc {
@@ -1753,7 +1753,7 @@ inline typename V::I q8_0_dot(typename V::I acc, typename V::I w, typename V::I 
 // read through src: row i's S_b of part `part`, one lane per W row, at s + few_at(part, i, blocks,
 // b). An x row's dword t is broadcast against W's vector t by one q8_0_dot, so after a block's 8
 // each lane holds Σ (w + 128)·x for its row from -128·Σx (or Σ w·x from 0 where kQ8_0Signed): the
-// exact block sum S_b. Under 3 x rows the parts of a line (two on ymm) go together: one
+// exact block sum S_b. Under 4 x rows the parts of a line (two on ymm) go together: one
 // prefetch_chunk for the line's parts, x's dword broadcast once for both, each part's sum in its
 // own accumulator (docs/design/quantized_matmul.md, "The halves of a line together"); the prefetch
 // is decided at compile time (a run-time flag slowed the loop).
@@ -1761,7 +1761,7 @@ template <class V, int R, class Src>
 void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, const int32_t* xc,
                int32_t* s) {
   using I = typename V::I;
-  constexpr int64_t kTogether = R <= 2 ? Src::kParts : 1;
+  constexpr int64_t kTogether = R <= 3 ? Src::kParts : 1;  // R 3: q8_0_interleaved_groups
   for (int64_t bp = 0; bp < blocks * Src::kParts; bp += kTogether) {
     const int64_t b = bp / Src::kParts, part0 = bp % Src::kParts;
     const int8_t* xb = xq + 32 * b;
@@ -1773,7 +1773,7 @@ void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, cons
     }
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
-      if constexpr (R <= 2) src.prefetch(b, part0, t);
+      if constexpr (R <= 3) src.prefetch(b, part0, t);
       I w[kTogether];
 #pragma GCC unroll 2
       for (int p = 0; p < kTogether; ++p) w[p] = src.w(b, part0 + p, t);
@@ -1889,8 +1889,10 @@ void rows_q8_0_tiles(const Problem& p, const QuantizedX& x) {
   }
 }
 
-// The groups of 16 W rows of rows_q8_0_interleaved: x rows as by_row_runs takes them, through
-// Q8_0ChunkSrc<V, true>; or, without line prefetches (Q8_0ChunkSrc<V, false>), 1 or 2 x rows.
+// The groups of 16 W rows of rows_q8_0_interleaved: 3 x rows in one pass (each line read once
+// for the three: a 2-row and a 1-row pass took 9-11% longer in a batch-3 Q8_0 decode step on Zen
+// 5), other counts as by_row_runs takes them, through Q8_0ChunkSrc<V, true>; or, without line
+// prefetches (Q8_0ChunkSrc<V, false>), 1 or 2 x rows.
 template <class V, bool kPrefetch>
 void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_t* xc, int32_t* s) {
   const int64_t blocks = p.k / kQ8_0BlockWeights, row_bytes = blocks * kQ8_0BlockBytes;
@@ -1900,9 +1902,13 @@ void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_
     const Q8_0ChunkSrc<V, kPrefetch> src{w + j0 * row_bytes, blocks};
     if constexpr (kPrefetch) {
       if (p.rows > 2) prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
-      by_row_runs(p.rows, [&]<int R>(int64_t r0) {
-        q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
-      });
+      if (p.rows == 3) {
+        q8_0_rows_of<V, 3>(p, x, src, xc, s, 0, j0, V::kLanes);
+      } else {
+        by_row_runs(p.rows, [&]<int R>(int64_t r0) {
+          q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
+        });
+      }
     } else if (p.rows == 1) {
       q8_0_rows_of<V, 1>(p, x, src, xc, s, 0, j0, V::kLanes);
     } else {
@@ -1913,13 +1919,14 @@ void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_
 
 // ---- Q8_0 over interleaved W (task::DataType::kQ8_0_R16, Q8_0ChunkSrc): the tiles' dots and
 // combine (q8_0_dots, q8_0_combine_lanes) straight from the group's chunks, no repack: the block
-// sums are the same exact integers, the y the same bits. x rows 8, 4, 2 or 1 at a time, a group
-// at a time (it stays in L1 or L2 across them); on ymm a line's two parts one after the other
-// (q8_0_dots). Under 3 x rows a line is requested into L2 twice, 16 and 10 KiB ahead of its reads
-// (prefetch_chunk), except on AMD family 1Ah (base::amd_cpu_family: none there), from 3 on the next
-// group into L1 at a group's start. On ymm from 4 x rows on the tiles over the same rows
-// (rows_q8_0_tiles<V, true>): the loop here measured slower there at 16 and 64 x rows, the tiles
-// as fast as over plain rows (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
+// sums are the same exact integers, the y the same bits. 3 x rows at once, other counts 8, 4, 2 or
+// 1 at a time, a group at a time (it stays in L1 or L2 across them); on ymm a line's two parts
+// together under 4 x rows (q8_0_dots). Under 4 x rows a line is requested into L2 twice, 16 and 10
+// KiB ahead of its reads (prefetch_chunk), except at 1 and 2 on AMD family 1Ah
+// (base::amd_cpu_family: none there), from 3 on the next group into L1 at a group's start. On ymm
+// from 4 x rows on the tiles over the same rows (rows_q8_0_tiles<V, true>): the loop here measured
+// slower there at 16 and 64 x rows, the tiles as fast as over plain rows
+// (docs/design/quantized_matmul.md, "Q8_0 rows interleaved").
 template <class V>
 void rows_q8_0_interleaved(const Problem& p, const QuantizedX& x) {
   if constexpr (kHalves < V >> 1) {
