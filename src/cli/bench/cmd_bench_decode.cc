@@ -31,6 +31,9 @@ namespace simpler::cli {
 namespace {
 
 constexpr const char* kBenchDecodeCommand = "bench decode";
+// The read probe's buffer: the checkpoint's size, but at least this many bytes (a small model's
+// would fit in the caches and read faster than memory).
+constexpr uint64_t kMinProbeBytes = uint64_t{64} << 20;
 
 struct DecodeFlags {
   std::string model;
@@ -285,12 +288,12 @@ void print_decode_row(const DecodeFlags& st, const DecodeRow& row, const LlamaCp
       probes.before / 1e9, probes.after / 1e9);
   if (row.fraction_of_read() > 1) {
     // A small model: its bytes stay in the CPU's caches from step to step, while the probe reads
-    // a buffer the size of the checkpoint but at least 64 MiB, from memory where it is larger
-    // than they are.
+    // at least kMinProbeBytes, from memory where that is larger than the caches.
     std::printf(
         "  (over 100%%: the %.1f MB a step reads stay in the CPU caches between steps; the probe "
-        "reads at least 64 MiB, so this row says nothing about memory bandwidth)\n",
-        (row.weight_bytes + row.kv_bytes) / 1e6);
+        "reads at least %llu MiB, so this row says nothing about memory bandwidth)\n",
+        (row.weight_bytes + row.kv_bytes) / 1e6,
+        static_cast<unsigned long long>(kMinProbeBytes >> 20));
   }
   if (st.compare == "torch") print_torch_line(out, "torch_step_ms", 3, " per step");
   print_llamacpp_line(peer, threads, out);
@@ -391,7 +394,7 @@ int run_bench_decode(const DecodeFlags& st) {
   // The read bandwidth, sized like the weights in the checkpoint's dtype (what a step reads),
   // measured just before and just after each row (ReadProbes).
   const uint64_t probe_bytes =
-      std::max<uint64_t>(files_bytes(llm::model_checkpoint_files(st.model)), 64ull << 20);
+      std::max<uint64_t>(files_bytes(llm::model_checkpoint_files(st.model)), kMinProbeBytes);
   // A warm-up row, not reported (--warm-up-rows): the first engine of a process ran its steps
   // about 3x slower than the rows after it, in either capture mode (docs/design/capture_replay.md).
   base::TraceRecorder warmup_trace;
