@@ -1761,7 +1761,8 @@ template <class V, int R, class Src>
 void q8_0_dots(const Src& src, int64_t blocks, const int8_t* xq, int64_t k, const int32_t* xc,
                int32_t* s) {
   using I = typename V::I;
-  constexpr int64_t kTogether = R <= 3 ? Src::kParts : 1;  // R 3: q8_0_interleaved_groups
+  // 3 rows too: q8_0_interleaved_groups takes them in one pass
+  constexpr int64_t kTogether = R <= 3 ? Src::kParts : 1;
   for (int64_t bp = 0; bp < blocks * Src::kParts; bp += kTogether) {
     const int64_t b = bp / Src::kParts, part0 = bp % Src::kParts;
     const int8_t* xb = xq + 32 * b;
@@ -1900,8 +1901,12 @@ void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_
   const int64_t end = prefetch_bytes(p, row_bytes);
   for (int64_t j0 = 0; j0 < p.n; j0 += kGroupRows) {
     const Q8_0ChunkSrc<V, kPrefetch> src{w + j0 * row_bytes, blocks};
-    if constexpr (kPrefetch) {
-      if (p.rows > 2) prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
+    if (p.rows == 1) {
+      q8_0_rows_of<V, 1>(p, x, src, xc, s, 0, j0, V::kLanes);
+    } else if (p.rows == 2) {
+      q8_0_rows_of<V, 2>(p, x, src, xc, s, 0, j0, V::kLanes);
+    } else if constexpr (kPrefetch) {  // without: 1 or 2 x rows only (rows_q8_0_interleaved)
+      prefetch_span<kIntoL1>(w, j0 + kGroupRows, kGroupRows, row_bytes, end);
       if (p.rows == 3) {
         q8_0_rows_of<V, 3>(p, x, src, xc, s, 0, j0, V::kLanes);
       } else {
@@ -1909,10 +1914,6 @@ void q8_0_interleaved_groups(const Problem& p, const QuantizedX& x, const int32_
           q8_0_rows_of<V, R>(p, x, src, xc, s, r0, j0, V::kLanes);
         });
       }
-    } else if (p.rows == 1) {
-      q8_0_rows_of<V, 1>(p, x, src, xc, s, 0, j0, V::kLanes);
-    } else {
-      q8_0_rows_of<V, 2>(p, x, src, xc, s, 0, j0, V::kLanes);
     }
   }
 }
