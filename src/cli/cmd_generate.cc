@@ -146,6 +146,8 @@ struct GenerateFlags {
 struct MaybeTokenizer {
   std::optional<llm::Tokenizer> tok;
   absl::Status status;  // why there is none
+  // With --chat: the model's chat template (load_model_chat_template), as serve renders chats.
+  std::optional<llm::ChatTemplate> chat;
 };
 
 MaybeTokenizer load_tokenizer(const std::string& model) {
@@ -177,7 +179,11 @@ struct Requests {
 absl::Status read_prompts(const GenerateFlags& st, const MaybeTokenizer& tok, Requests* req) {
   auto encode = [&](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
     if (!tok.tok) return tok.status;
-    auto ids = tok.tok->try_encode(st.chat ? llm::Tokenizer::wrap_chat(text) : text);
+    std::string prompt = text;
+    if (st.chat) {
+      SIMPLER_ASSIGN_OR_RETURN(prompt, tok.chat->render({{.role = "user", .content = text}}));
+    }
+    auto ids = tok.tok->try_encode(prompt);
     if (!ids.ok()) return ids.status();
     return std::vector<int64_t>(ids->begin(), ids->end());
   };
@@ -221,6 +227,13 @@ absl::StatusOr<Requests> read_requests(const GenerateFlags& st, MaybeTokenizer* 
   Requests req;
   MaybeTokenizer& tok = *tok_out;
   if (!st.has_prompt_ids) tok = load_tokenizer(st.model);
+  if (st.chat && !st.has_prompt_ids) {
+    // The model's own template, refused as serve refuses it (a GGUF file's that differs from the
+    // one rendered natively), so that both commands give the same prompt or the same refusal.
+    absl::StatusOr<llm::ChatTemplate> chat = llm::load_model_chat_template(st.model);
+    if (!chat.ok()) return base::annotate(chat.status(), "--chat: ");
+    tok.chat.emplace(*std::move(chat));
+  }
   SIMPLER_RETURN_IF_ERROR(read_prompts(st, tok, &req));
   SIMPLER_ASSIGN_OR_RETURN(req.config, llm::ModelConfig::load(st.model));
   // A refused --prompt / --prompt-ids fails the call; a refused prompts-file line fails its
@@ -660,7 +673,10 @@ Runner add_generate_command(CLI::App& app) {
                              "JSON lines, each {\"prompt\": ...} or {\"prompt_ids\": [...]}");
   p1->excludes(p2, p3);
   p2->excludes(p3);
-  cmd->add_flag("--chat", st->chat, "wrap text prompts in the Qwen3 chat template");
+  cmd->add_flag("--chat", st->chat,
+                "wrap each text prompt as one user turn in the model's chat template (its "
+                "tokenizer_config.json's or GGUF file's; refused when that is not Qwen3's, which "
+                "is rendered natively, as serve refuses chat completions then)");
   cmd->add_option("--max-new-tokens", st->max_new_tokens,
                   "tokens to generate per request (prompt + this <= max_position_embeddings)")
       ->check(int_in(1, std::numeric_limits<int32_t>::max()))

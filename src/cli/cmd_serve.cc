@@ -51,7 +51,8 @@ int run_serve(const ServeFlags& st) {
   if (!tokenizer.ok()) return fail("serve", tokenizer.status());
   absl::StatusOr<llm::ChatTemplate> chat = llm::load_model_chat_template(st.model);
   if (!chat.ok()) {
-    std::cerr << "simpler serve: chat completions unavailable: " << chat.status().message() << "\n";
+    std::cerr << "simpler serve: chat completions unavailable (completions still work): "
+              << chat.status().message() << "\n";
   }
   base::TraceRecorder trace;
   auto options = engine_options(st.engine, {.request_tokens = 2048}, &trace);
@@ -127,7 +128,8 @@ Runner add_serve_command(CLI::App& app) {
       ->check(int_in(0, 65535))
       ->capture_default_str();
   cmd->add_option("--served-model-name", st->served_model_name,
-                  "the model name clients send (default: the model directory's name)");
+                  "the model name clients send (default: the model directory's or GGUF file's "
+                  "name, e.g. qwen3-0.6b or q4_k_m.gguf)");
   cmd->add_option("--api-key", st->api_key,
                   "require 'Authorization: Bearer KEY' (or set SIMPLER_API_KEY, which keeps the "
                   "key out of the process list; the flag wins)")

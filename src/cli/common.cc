@@ -82,7 +82,9 @@ CLI::App* add_model_command(CLI::App* parent, const std::string& name, const std
           return path + ": no such .gguf file";
         }
         if (std::filesystem::exists(path, ec)) {
-          return path + " is neither a model directory nor a .gguf file";
+          return path +
+                 " is neither a model directory nor a GGUF file (its first bytes are "
+                 "not GGUF's magic)";
         }
         return path + ": no such model directory";
       },
@@ -158,7 +160,8 @@ void CommonOptions::add_kernel_isa_to(CLI::App* app) {
                   "other weights exact), exact (f32 "
                   "activations over every weight type) or bf16 "
                   "(activations rounded to bf16 over bf16 weights, AVX-512 BF16; faster, with its "
-                  "own tolerance; falls back to exact where the CPU lacks it)")
+                  "own tolerance; other weights, quantized ones too, exact; falls back to exact "
+                  "where the CPU lacks it)")
       ->check(CLI::IsMember({"int8", "exact", "bf16"}))
       ->capture_default_str();
 }

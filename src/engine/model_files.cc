@@ -62,8 +62,7 @@ absl::StatusOr<ChatTemplate> gguf_chat_template(const GgufFile& file) {
       absl::StrCat(file.path(),
                    ": tokenizer.chat_template differs from the chat template simpler renders "
                    "natively (its SHA-256 is ",
-                   sha256_hex(text), "; Qwen3's is ", kQwen3ChatTemplateSha256,
-                   "). Chat is unavailable for this model; completions still work"));
+                   sha256_hex(text), "; Qwen3's is ", kQwen3ChatTemplateSha256, ")"));
 }
 
 std::vector<std::string> model_checkpoint_files(const std::string& model_path) {

@@ -4,9 +4,12 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/gguf_names.h"
 #include "model/mapped_file.h"
@@ -161,7 +164,11 @@ std::string gguf_value_type_name(GgufValueType type) {
 
 bool is_gguf_path(const std::string& path) {
   std::error_code ec;
-  return path.size() > 5 && path.ends_with(".gguf") && !std::filesystem::is_directory(path, ec);
+  if (std::filesystem::is_directory(path, ec)) return false;
+  if (path.size() > 5 && absl::EndsWithIgnoreCase(path, ".gguf")) return true;
+  std::ifstream file(path, std::ios::binary);  // any other name: GGUF's magic at its start
+  std::array<char, 4> magic{};
+  return file.read(magic.data(), magic.size()) && std::string_view(magic.data(), 4) == "GGUF";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,12 +360,15 @@ absl::StatusOr<uint64_t> read_dims(Cursor& c, const std::string& path, GgufTenso
                            c.read<uint32_t>(absl::StrCat("tensor '", t.name, "' type")));
   const GgmlTypeTraits* traits = ggml_type_traits(type);
   if (traits == nullptr) {
+    constexpr const char* kRead = "F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K";
     const std::string name = ggml_type_name(type);
-    const std::string what = absl::StrCat(
-        "tensor '", t.name, "' has ", name.starts_with("unknown") ? "" : "type ", name, " (", type,
-        "), which is not read here (F32, F16, BF16, Q8_0, Q4_0, ", "Q4_K and Q6_K are)");
-    return name.starts_with("unknown") ? invalid(path, what)
-                                       : absl::UnimplementedError(absl::StrCat(path, ": ", what));
+    if (name.starts_with("unknown")) {  // "unknown ggml type N"
+      return invalid(
+          path, absl::StrCat("tensor '", t.name, "' has ", name, " (", kRead, " are read here)"));
+    }
+    return absl::UnimplementedError(absl::StrCat(path, ": tensor '", t.name, "' has type ", name,
+                                                 " (", type, "), which is not read here (", kRead,
+                                                 " are)"));
   }
   t.type = type;
   if (dims[0] % traits->block_size != 0) {

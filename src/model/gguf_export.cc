@@ -754,6 +754,30 @@ absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x, std
   return absl::OkStatus();
 }
 
+// Refusals of `out` before anything is read: an empty path, a directory, a folder that does not
+// exist, or an existing file of the model directory other than a GGUF file (the rename at the
+// end would replace the checkpoint's own config.json or safetensors file with the export).
+absl::Status check_out_path(const std::string& out, const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  if (out.empty()) return absl::InvalidArgumentError("the output path is empty");
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(out, " is a directory, not a file to write"));
+  }
+  const fs::path folder = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
+  if (!fs::is_directory(folder, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot write ", out, ": there is no directory ", folder.string()));
+  }
+  if (fs::exists(out, ec) && fs::equivalent(folder, model_dir, ec) && !is_gguf_path(out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(out, " is a file of the model directory ", model_dir,
+                     " that is not a GGUF file; export-gguf does not replace it (choose a new "
+                     "name or another directory)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status quantize_row_q8_0(std::span<const float> x, std::span<uint8_t> out) {
@@ -773,6 +797,7 @@ absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out)
 }
 
 absl::Status export_gguf(const GgufExportOptions& options) {
+  SIMPLER_RETURN_IF_ERROR(check_out_path(options.out_path, options.model_dir));
   absl::StatusOr<ModelConfig> config = ModelConfig::load(options.model_dir);
   if (!config.ok()) return config.status();
   absl::StatusOr<ModelWeights> weights = ModelWeights::open(options.model_dir);
@@ -787,35 +812,45 @@ absl::Status export_gguf(const GgufExportOptions& options) {
 
   const std::string tmp = options.out_path + ".tmp";
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  const bool opened = out.is_open();
+  auto discard = [&](absl::Status s) {  // every error: no file of ours is left
+    out.close();
+    if (opened) std::remove(tmp.c_str());
+    return s;
+  };
   auto os_error = [&](const char* what) {
     const int err = errno;
-    out.close();
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("export-gguf: ", what, " ", tmp, ": ", std::strerror(err)));
+    return discard(absl::UnavailableError(absl::StrCat("cannot write ", options.out_path, " (",
+                                                       what, " its temporary file ", tmp, ": ",
+                                                       std::strerror(err), ")")));
   };
-  if (!out) return os_error("cannot open");
+  auto cancelled = [&](size_t done) {
+    return options.cancel != nullptr && options.cancel->load()
+               ? discard(absl::CancelledError(
+                     absl::StrCat("cancelled after ", done, " of ", tensors.size(),
+                                  " tensors; nothing was written at ", options.out_path)))
+               : absl::OkStatus();
+  };
+  if (!out) return os_error("opening");
   out.write(head.bytes().data(), static_cast<std::streamsize>(head.bytes().size()));
   write_padding(out, head.bytes().size());
   for (size_t i = 0; i < tensors.size(); ++i) {
+    SIMPLER_RETURN_IF_ERROR(cancelled(i));
     const OutTensor& t = tensors[i];
     absl::StatusOr<TensorView> view = weights->get(t.source);
-    if (!view.ok()) return view.status();
-    if (absl::Status s = write_tensor(out, t, *view); !s.ok()) {
-      out.close();
-      std::remove(tmp.c_str());
-      return s;
-    }
+    if (!view.ok()) return discard(view.status());
+    if (absl::Status s = write_tensor(out, t, *view); !s.ok()) return discard(s);
     release_pages(*view);
     write_padding(out, t.bytes);
-    if (!out) return os_error("cannot write");
+    if (!out) return os_error("writing");
     if (options.progress) {
       options.progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(tensors.size()));
     }
   }
+  SIMPLER_RETURN_IF_ERROR(cancelled(tensors.size()));
   out.close();
-  if (!out) return os_error("cannot write");
-  if (std::rename(tmp.c_str(), options.out_path.c_str()) != 0) return os_error("cannot rename");
+  if (!out) return os_error("writing");
+  if (std::rename(tmp.c_str(), options.out_path.c_str()) != 0) return os_error("renaming");
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -556,8 +557,22 @@ TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeaves
   o.model_dir = (dir_ / "model").string();
   o.out_path = (dir_ / "no-such-dir" / "model.gguf").string();
   absl::Status s = export_gguf(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cannot write " + o.out_path + ": there is no directory "))
+      << s;
+  // A temporary file that cannot be opened (a directory holds its name, which stops root too):
+  // the OS error names the path and its temporary file, and the directory stays.
+  o.out_path = (dir_ / "model.gguf").string();
+  std::filesystem::create_directory(o.out_path + ".tmp");
+  s = export_gguf(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("no-such-dir/model.gguf.tmp")) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("cannot write " + o.out_path + " (opening its temporary file " +
+                        o.out_path + ".tmp: Is a directory)"))
+      << s;
+  EXPECT_TRUE(std::filesystem::is_directory(o.out_path + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(o.out_path));
+  std::filesystem::remove(o.out_path + ".tmp");
   // The checkpoint less its tokenizer.
   std::filesystem::remove(dir_ / "model" / "tokenizer.json");
   o.out_path = (dir_ / "model.gguf").string();
@@ -580,6 +595,72 @@ TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeaves
     EXPECT_THAT(s.message(), HasSubstr(want)) << s;
     EXPECT_FALSE(std::filesystem::exists(o.out_path));
   }
+}
+
+// The output path is checked before anything is read: a file of the model directory is never
+// replaced (its checkpoint would be lost), nor a directory; a GGUF file there is. The model
+// directory here is a folder of links to the suite's files, so a wrong rename would replace a
+// link, not the suite's checkpoint.
+TEST_F(GgufExportTest, TheOutputPathIsRefusedWhereTheExportWouldReplaceTheModelsOwnFiles) {
+  std::filesystem::remove(dir_ / "model");
+  std::filesystem::create_directory(dir_ / "model");
+  for (const auto& entry : std::filesystem::directory_iterator(suite_dir_ / "model")) {
+    std::filesystem::create_symlink(entry.path(), dir_ / "model" / entry.path().filename());
+  }
+  const std::filesystem::path weights = dir_ / "model" / "model.safetensors";
+  const auto size = std::filesystem::file_size(weights);
+  const auto written = std::filesystem::last_write_time(weights);
+  for (const char* file : {"model.safetensors", "config.json", "tokenizer.json"}) {
+    GgufExportOptions o = options_for(GgufType::kQ8_0, std::string("model/") + file);
+    const absl::Status s = export_gguf(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(o.out_path + " is a file of the model directory " +
+                                       o.model_dir + " that is not a GGUF file"))
+        << s;
+    EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(weights));
+  EXPECT_EQ(std::filesystem::file_size(weights), size);
+  EXPECT_EQ(std::filesystem::last_write_time(weights), written);
+  std::filesystem::create_directory(dir_ / "out.gguf");
+  absl::Status s = export_gguf(options_for(GgufType::kQ8_0, "out.gguf"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("out.gguf is a directory, not a file to write")) << s;
+  s = export_gguf(options_for(GgufType::kQ8_0, ""));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // A GGUF file beside the checkpoint (an earlier export) is replaced, whatever its name.
+  for (const char* name : {"model/q8.gguf", "model/q8.bin"}) {
+    ASSERT_TRUE(export_gguf(options_for(GgufType::kQ8_0, "model/q8.gguf")).ok());
+    if (std::string(name) != "model/q8.gguf") {
+      std::filesystem::rename(dir_ / "model/q8.gguf", dir_ / name);
+    }
+    s = export_gguf(options_for(GgufType::kBf16, name));
+    EXPECT_TRUE(s.ok()) << name << ": " << s;
+    EXPECT_EQ(read_gguf((dir_ / name).string()).strings.at("general.architecture"), "qwen3");
+  }
+}
+
+// Cancelled (GgufExportOptions::cancel, set here after the first tensor as the CLI's signal
+// handler sets it): CANCELLED saying how far it got, no temporary file, and a file that was at
+// the output path is as it was.
+TEST_F(GgufExportTest, ACancelledExportStopsAtTheNextTensorAndLeavesNoFile) {
+  GgufExportOptions o = options_for(GgufType::kQ8_0, "model.gguf");
+  std::ofstream(o.out_path) << "an older file";
+  std::atomic<bool> cancel{false};
+  int64_t written = 0;
+  o.cancel = &cancel;
+  o.progress = [&](int64_t done, int64_t) {
+    written = done;
+    cancel.store(true);
+  };
+  const absl::Status s = export_gguf(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cancelled after 1 of ")) << s;
+  EXPECT_THAT(s.message(), HasSubstr("nothing was written at " + o.out_path)) << s;
+  EXPECT_EQ(written, 1);
+  EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
+  std::ifstream in(o.out_path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "an older file");
 }
 
 // A value that is not finite past the export's first chunk of rows (the embedding, 151936 x 128,

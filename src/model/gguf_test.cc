@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -260,7 +261,8 @@ TEST_F(GgufParserTest, UnknownAndUnsupportedTensorTypesNameTheTensorAndTheType) 
   GgufBuilder b = good();
   const std::string bytes = b.build();
   expect_refused(open_poked(bytes, b.layout.type_at["b"], uint32_t{77}),
-                 absl::StatusCode::kInvalidArgument, "tensor 'b' has unknown ggml type 77");
+                 absl::StatusCode::kInvalidArgument,
+                 "tensor 'b' has unknown ggml type 77 (F32, F16,");
   expect_refused(open_poked(bytes, b.layout.type_at["b"], kQ5_K), absl::StatusCode::kUnimplemented,
                  "tensor 'b' has type Q5_K (13), which is not read here");
 }
@@ -368,8 +370,25 @@ TEST(GgmlTypeTest, NamesEveryGgmlTypeAndKnowsTheBlockSizesOfTheOnesReadHere) {
   ASSERT_NE(ggml_type_traits(14), nullptr);
   EXPECT_EQ(ggml_type_traits(14)->block_bytes, 210u);
   EXPECT_EQ(ggml_type_traits(13), nullptr);
+}
+
+// A name ending in .gguf in any case (existing or not), or any file that starts with GGUF's
+// magic; not a directory, whatever its name, nor another file.
+TEST_F(GgufParserTest, AGgufPathIsNamedSoOrStartsWithTheMagic) {
   EXPECT_TRUE(is_gguf_path("/x/model.gguf"));
+  EXPECT_TRUE(is_gguf_path("/x/MODEL.GGUF"));
   EXPECT_FALSE(is_gguf_path("/x/model"));
+  const std::string bytes = good().build();
+  for (const char* name : {"model.bin", "noext"}) {
+    std::ofstream((dir_ / name).string(), std::ios::binary) << bytes;
+    EXPECT_TRUE(is_gguf_path((dir_ / name).string())) << name;
+  }
+  std::ofstream((dir_ / "notes.txt").string()) << "GGU";  // shorter than the magic
+  EXPECT_FALSE(is_gguf_path((dir_ / "notes.txt").string()));
+  std::ofstream((dir_ / "ggml.bin").string()) << "ggml" << bytes;
+  EXPECT_FALSE(is_gguf_path((dir_ / "ggml.bin").string()));
+  std::filesystem::create_directory(dir_ / "dir.gguf");
+  EXPECT_FALSE(is_gguf_path((dir_ / "dir.gguf").string()));
 }
 
 }  // namespace

@@ -67,8 +67,8 @@ std::variant<std::string, ApiError> render_chat(const ServerContext& ctx,
                                                 const std::vector<llm::ChatMessage>& messages,
                                                 const llm::ChatRenderOptions& options) {
   if (!ctx.chat.ok()) {
-    return bad_request(
-        absl::StrCat("chat is unavailable for this model: ", ctx.chat.status().message()));
+    return bad_request(absl::StrCat("chat is unavailable for this model (completions still work): ",
+                                    ctx.chat.status().message()));
   }
   absl::StatusOr<std::string> rendered = ctx.chat->render(messages, options);
   if (!rendered.ok()) return bad_request(std::string(rendered.status().message()), "messages");

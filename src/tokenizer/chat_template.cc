@@ -250,8 +250,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::from_text(const std::string& template
   if (digest == kQwen3ChatTemplateSha256) return ChatTemplate("qwen3", std::move(digest));
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template (SHA-256 ", digest,
-      ") is not one simpler renders; known: Qwen3's (SHA-256 ", kQwen3ChatTemplateSha256,
-      "). Chat is unavailable for this model; completions still work"));
+      ") is not one simpler renders; known: Qwen3's (SHA-256 ", kQwen3ChatTemplateSha256, ")"));
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {

@@ -1315,11 +1315,6 @@ bool Tokenizer::is_special(int32_t id) const {
 std::optional<int32_t> Tokenizer::eos_token_id() const { return impl_->eos_token_id; }
 std::optional<int32_t> Tokenizer::pad_token_id() const { return impl_->pad_token_id; }
 
-std::string Tokenizer::wrap_chat(std::string_view prompt) {
-  return absl::StrCat("<|im_start|>user\n", std::string(prompt),
-                      "<|im_end|>\n<|im_start|>assistant\n");
-}
-
 std::string Tokenizer::nfc(std::string_view text) {
   return nfc_of_valid(is_ascii(text) ? std::string(text) : sanitize_utf8(text));
 }

@@ -77,9 +77,10 @@ TEST_F(Qwen3TokenizerTest, SpecialTokenTextInsidePromptBecomesItsId) {
   EXPECT_EQ(tok().decode(partial), "<|im_start");
 }
 
-TEST_F(Qwen3TokenizerTest, WrapChatProducesQwenChatMl) {
-  EXPECT_EQ(Tokenizer::wrap_chat("Hi"), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_THAT(tok().encode(Tokenizer::wrap_chat("Hi")),
+// A single user turn as Qwen3's chat template renders it (ChatTemplate): the ChatML markers are
+// their special tokens' ids.
+TEST_F(Qwen3TokenizerTest, ChatMlMarkersEncodeToTheirSpecialTokens) {
+  EXPECT_THAT(tok().encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
               ElementsAre(151644, 872, 198, 13048, 151645, 198, 151644, 77091, 198));
 }
 

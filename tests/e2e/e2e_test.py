@@ -2526,7 +2526,8 @@ def scenario_bad_input(ctx):
 
     expect_refused_by_parser(ctx, gen(os.path.join(base, "config.json"), "--prompt-ids", "1,2"),
                              "13. --model FILE", ["--model", os.path.join(base, "config.json"),
-                                                  "is neither a model directory nor a .gguf file"])
+                                                  "is neither a model directory nor a GGUF file",
+                                                  "not GGUF's magic"])
     expect_refused_by_parser(ctx, gen(base, "--prompt-ids", "1,2", "--trace", ctx.work),
                              "13. --trace DIR", ["--trace", ctx.work, "is a directory"])
 
@@ -2822,6 +2823,92 @@ def scenario_gguf(ctx):
         out.write(f.read()[:os.path.getsize(gguf) - 100])
     expect_error(ctx, [ctx.simpler, "generate", "--model", cut, "--prompt-ids", "1"],
                  "truncated GGUF", [cut, "truncated GGUF file", "goes past the end"])
+    check_gguf_names_and_chat_template(ctx, gguf)
+    check_export_gguf_output_path(ctx, model)
+
+
+def check_gguf_names_and_chat_template(ctx, gguf):
+    """The GGUF file under any name (GGUF's magic decides, not the suffix) gives the same tokens;
+    a file whose tokenizer.chat_template differs from Qwen3's by one byte is refused by
+    `generate --chat` as serve refuses its chat completions, and still runs without --chat."""
+    pb = ctx.problems
+    with open(gguf, "rb") as f:
+        data = f.read()
+    prompt_ids = ["--prompt-ids", "9707,11,1879", "--max-new-tokens", "6", "--ignore-eos"]
+    want, _, _ = ctx.generate(gguf, prompt_ids, "generate (model.gguf)")
+    for name in ("MODEL.GGUF", "model.bin", "model"):
+        path = ctx.path("names", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        got, _, _ = ctx.generate(path, prompt_ids, f"generate (the GGUF file as {name})")
+        pb.check([r.get("tokens") for r in got.get("requests", [])] ==
+                 [r.get("tokens") for r in want.get("requests", [])],
+                 f"the GGUF file as {name}: tokens differ from model.gguf's")
+        os.remove(path)
+    at = data.find(b"{%- if")
+    if not pb.check(at > 0, "the exported GGUF file holds no chat template ('{%- if')"):
+        return
+    edited = ctx.path("template.gguf")
+    with open(edited, "wb") as f:
+        f.write(data[:at] + b"{%- iX" + data[at + 6:])
+    expect_error(ctx, [ctx.simpler, "generate", "--model", edited, "--prompt", "Hello!", "--chat"],
+                 "generate --chat, a chat template one byte off",
+                 ["--chat: ", edited, "tokenizer.chat_template differs from the chat template "
+                  "simpler renders natively"])
+    text = ["--prompt", "The quick brown fox", "--max-new-tokens", "6", "--ignore-eos"]
+    want, _, _ = ctx.generate(gguf, text, "generate (model.gguf)")
+    got, _, _ = ctx.generate(edited, text, "generate, a chat template one byte off")
+    pb.check([r.get("tokens") for r in got.get("requests", [])] ==
+             [r.get("tokens") for r in want.get("requests", [])],
+             "without --chat, the file with another chat template generates other tokens")
+
+
+def check_export_gguf_output_path(ctx, model):
+    """export-gguf's --out: never one of the model directory's own files (a mistyped --out used to
+    replace model.safetensors with the export), checked before the export as a missing folder and
+    a directory are; a SIGINT during the export leaves neither the file nor its temporary file."""
+    pb = ctx.problems
+    weights = os.path.join(model, "model.safetensors")
+    with open(weights, "rb") as f:
+        before = f.read()
+    export = [ctx.simpler, "export-gguf", "--model", model, "--type", "q8_0", "--out"]
+    expect_error(ctx, export + [weights], "export-gguf --out MODEL/model.safetensors",
+                 [weights, "is a file of the model directory", "not a GGUF file"])
+    with open(weights, "rb") as f:
+        pb.check(f.read() == before, "export-gguf --out MODEL/model.safetensors changed the file")
+    missing = ctx.path("no-such-dir", "x.gguf")
+    expect_error(ctx, export + [missing], "export-gguf --out NODIR/x.gguf",
+                 ["cannot write " + missing + ": there is no directory"])
+    os.makedirs(ctx.path("dir.gguf"))
+    expect_error(ctx, export + [ctx.path("dir.gguf")], "export-gguf --out DIR",
+                 ["dir.gguf is a directory, not a file to write"])
+    # SIGINT once the first tensor is written (32 layers: ~0.2 s of export left then).
+    deep = ctx.make_model(ctx.path("deep"), "--preset", "tiny", "--seed", "5", "--layers", "32")
+    out = ctx.path("deep.gguf")
+    argv = [ctx.simpler, "export-gguf", "--model", deep, "--type", "q4_k_m", "--out", out]
+    log("$ " + " ".join(argv) + "  (SIGINT after its first progress line)")
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=ctx.env)
+    try:
+        first = p.stderr.readline()
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        p.wait(timeout=CLI_TIMEOUT_S)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    log(f"  -> exit {p.returncode}; stderr {first + rest!r}")
+    pb.check(not os.path.exists(out + ".tmp"), f"export-gguf after SIGINT: left {out}.tmp")
+    if p.returncode == 0:  # it finished before the signal: the whole file, as without it
+        log("  (the export finished before the signal arrived)")
+        pb.check(os.path.exists(out), "export-gguf exited 0 without writing its file")
+    else:
+        pb.check(p.returncode == 128 + signal.SIGINT and not os.path.exists(out) and
+                 re.search(r"cancelled after \d+ of \d+ tensors; nothing was written at ", rest),
+                 f"export-gguf after SIGINT: exit {p.returncode}, file left: "
+                 f"{os.path.exists(out)}, stderr {rest!r}")
 
 
 

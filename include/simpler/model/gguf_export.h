@@ -40,6 +40,7 @@
 // here). 1-D tensors F32.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -96,17 +97,27 @@ absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out)
 
 struct GgufExportOptions {
   std::string model_dir;  // config.json, tokenizer.json, model.safetensors (or shards)
-  std::string out_path;   // written as out_path.tmp, renamed on success
+  // Written as out_path + ".tmp", renamed over out_path once complete (a file there is replaced
+  // then, not before); on any error, or when cancelled, the temporary file is removed.
+  std::string out_path;
   GgufType type = GgufType::kBf16;
   // Called after each tensor with (tensors written, tensors in all); may be empty.
   std::function<void(int64_t, int64_t)> progress;
+  // When not null and set (by another thread or a signal handler: a lock-free atomic), the export
+  // stops before its next tensor, or before the rename, and returns CANCELLED. Must outlive the
+  // call.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
-// Writes the GGUF file. Errors: the model directory's (config.json, tokenizer.json, the
+// Writes the GGUF file. Errors, before anything is read: INVALID_ARGUMENT when out_path is empty,
+// is a directory, or is an existing file of model_dir that is not a GGUF file (is_gguf_path:
+// renaming over it would replace the checkpoint's own files); NOT_FOUND when out_path's
+// directory does not exist. Then the model directory's (config.json, tokenizer.json, the
 // checkpoint: the codes of ModelConfig::load and ModelWeights::open); INVALID_ARGUMENT naming the
 // field when tokenizer.json is not a BPE model with a vocabulary and merges, or an id is outside
-// the model's vocabulary; the OS error naming the path when the file cannot be written (nothing
-// is left at out_path then). Thread-compatible.
+// the model's vocabulary; UNAVAILABLE with the OS error, naming out_path and its temporary file,
+// when the file cannot be written; CANCELLED (above). After an error nothing is left at out_path
+// or its temporary file, and a file that was at out_path is as it was. Thread-compatible.
 // Memory: the checkpoint is mapped, not read; a tensor written in another type is widened to f32
 // and encoded a chunk of whole rows at a time (about 1 Mi values: 4 MiB of f32 and its encoding),
 // never in one piece, with the same bytes as encoding the whole tensor at once.

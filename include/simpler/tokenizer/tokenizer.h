@@ -135,10 +135,6 @@ class Tokenizer {
   std::optional<int32_t> eos_token_id() const;
   std::optional<int32_t> pad_token_id() const;
 
-  // The single-turn ChatML prompt Qwen3 expects:
-  // "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n".
-  static std::string wrap_chat(std::string_view prompt);
-
   // Unicode NFC of `text`, invalid UTF-8 replaced by U+FFFD first: what
   // `decode(encode(text))` returns for text without added-token text in it.
   static std::string nfc(std::string_view text);
