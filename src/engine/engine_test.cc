@@ -1723,5 +1723,38 @@ TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
   EXPECT_TRUE(e->shutdown().ok());
 }
 
+// A choice that ends on a stop id (one of stop_token_ids here; the model's EOS alike) outputs
+// the id, counted in completion_tokens, but not its text (vLLM's include_stop_str_in_output
+// false): the text is the decode of the tokens before it. A stop id under min_tokens is no stop,
+// and its text stays.
+TEST_F(LlmEngineTextTest, AStopIdEndsTheChoiceWithItsIdButNotItsText) {
+  auto e = engine(2);
+  RequestSpec spec;
+  spec.prompt_ids = tokenizer_->encode("Once upon a time");
+  spec.max_tokens = 12;
+  spec.sampling.temperature = 0;
+  spec.sampling.ignore_eos = true;
+  const Text base = run(*e, spec);
+  ASSERT_EQ(base.tokens.size(), 12u);
+  const int32_t stop = base.tokens[3];
+  const size_t first = static_cast<size_t>(std::find(base.tokens.begin(), base.tokens.end(), stop) -
+                                           base.tokens.begin());
+  RequestSpec with_stop = spec;
+  with_stop.sampling.stop_token_ids = {stop};
+  const Text t = run(*e, with_stop);
+  EXPECT_EQ(t.finish, OutputFinish::kStop);
+  EXPECT_EQ(t.tokens, std::vector<int32_t>(base.tokens.begin(), base.tokens.begin() + first + 1));
+  EXPECT_EQ(t.completion_tokens, static_cast<int64_t>(first + 1));
+  EXPECT_EQ(t.text(), tokenizer_->decode(std::span<const int32_t>(base.tokens.data(), first)));
+  EXPECT_NE(t.text(), tokenizer_->decode(t.tokens)) << "the stop id's text is not empty";
+  with_stop.sampling.min_tokens = static_cast<int32_t>(first + 1);
+  const Text later = run(*e, with_stop);
+  ASSERT_GT(later.tokens.size(), first + 1);
+  EXPECT_NE(later.tokens[first], stop) << "sampled under min_tokens";
+  const size_t kept = later.tokens.size() - (later.finish == OutputFinish::kStop ? 1 : 0);
+  EXPECT_EQ(later.text(), tokenizer_->decode(std::span<const int32_t>(later.tokens.data(), kept)));
+  EXPECT_TRUE(e->shutdown().ok());
+}
+
 }  // namespace
 }  // namespace simpler::llm

@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ class StructuredOutputTest : public TinyTextModelTest<StructuredOutputTest> {
   }
   struct Out {
     std::vector<int32_t> tokens;
+    std::string text;
+    std::vector<TokenLogprob> logprobs;
     OutputFinish finish = OutputFinish::kNone;
     absl::Status error;
   };
@@ -44,6 +47,8 @@ class StructuredOutputTest : public TinyTextModelTest<StructuredOutputTest> {
       EXPECT_TRUE(out.ok()) << out.status();
       if (!out.ok()) return o;
       o.tokens.insert(o.tokens.end(), out->token_ids.begin(), out->token_ids.end());
+      o.text += out->text;
+      o.logprobs.insert(o.logprobs.end(), out->logprobs.begin(), out->logprobs.end());
       if (out->finished()) {
         o.finish = out->finish;
         o.error = out->error;
@@ -62,7 +67,8 @@ class StructuredOutputTest : public TinyTextModelTest<StructuredOutputTest> {
     return s;
   }
   // Every token keeps the output a valid prefix (checked by advancing a fresh parser by each
-  // token's bytes); a stop id only ends a complete output. Returns the output's bytes.
+  // token's bytes); a stop id only ends a complete output, and its text is not output (the
+  // output text is the sentence, EOS's "<|endoftext|>" not appended). Returns the output's bytes.
   static std::string check_tokens(const std::shared_ptr<const grammar::Grammar>& g, const Out& o) {
     grammar::GrammarMatcher m(g);
     std::string bytes;
@@ -79,6 +85,7 @@ class StructuredOutputTest : public TinyTextModelTest<StructuredOutputTest> {
     }
     if (o.finish == OutputFinish::kStop) {
       EXPECT_TRUE(m.complete()) << bytes;
+      EXPECT_EQ(o.text, bytes);
     }
     return bytes;
   }
@@ -179,6 +186,30 @@ TEST_F(StructuredOutputTest, AFinishedChoiceStopsAtOnce) {
   EXPECT_EQ(o.finish, OutputFinish::kStop);
   const std::string text = check_tokens(g, o);
   EXPECT_THAT(text, ::testing::AnyOf("yes", "no"));
+}
+
+// Under a grammar the alternatives of logprobs are tokens the mask allows, each with a finite
+// logprob (a masked token has none, and -inf is no JSON number), at most as many as asked.
+TEST_F(StructuredOutputTest, LogprobAlternativesAreOnlyTokensTheMaskAllows) {
+  auto e = engine(2);
+  const auto g = grammar::choice_grammar({"yes", "no", "maybe"}).value();
+  RequestSpec s = spec(g, std::nullopt, 30);
+  s.sampling.logprobs = 5;
+  const Out o = drain(*e, e->add_request(s).value());
+  EXPECT_EQ(o.finish, OutputFinish::kStop);
+  check_tokens(g, o);
+  ASSERT_EQ(o.logprobs.size(), o.tokens.size());
+  size_t fewer = 0;
+  for (size_t i = 0; i < o.logprobs.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(o.logprobs[i].logprob));
+    EXPECT_LE(o.logprobs[i].top.size(), 5u);
+    EXPECT_FALSE(o.logprobs[i].top.empty());
+    fewer += o.logprobs[i].top.size() < 5 ? 1 : 0;
+    for (const auto& [id, lp] : o.logprobs[i].top) {
+      EXPECT_TRUE(std::isfinite(lp)) << "token " << id << " at " << i;
+    }
+  }
+  EXPECT_GT(fewer, 0u) << "a three-way choice leaves fewer than 5 tokens somewhere";
 }
 
 // PCRE2's verdict on `text` matching `pattern` in full.

@@ -841,20 +841,22 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
   return t;
 }
 
-std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body,
-                                                              const RequestLimits& limits) {
+std::variant<DetokenizeRequest, ApiError> parse_detokenize(std::string_view body,
+                                                           const RequestLimits& limits) {
   static const std::set<std::string> kFields = {"model", "tokens"};
   auto obj = parse_object(body, limits, kFields);
   if (auto* e = std::get_if<ApiError>(&obj)) return *e;
   const json& j = std::get<json>(obj);
   Reader r{j, std::nullopt};
-  (void)r.string("model");
+  DetokenizeRequest d;
+  if (auto m = r.string("model")) d.model = *m;
   if (!j.contains("tokens") || !j["tokens"].is_array()) {
     return bad_request("'tokens' must be an array of token ids", "tokens");
   }
   auto ids = token_ids(r, j["tokens"], "tokens", limits);
   if (r.error) return *r.error;
-  return *ids;
+  d.tokens = *std::move(ids);
+  return d;
 }
 
 namespace {

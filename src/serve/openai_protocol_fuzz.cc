@@ -110,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (const auto* e = std::get_if<ApiError>(&d)) {
     check_error(*e);
   } else {
-    for (int64_t id : std::get<std::vector<int64_t>>(d)) {
+    for (int64_t id : std::get<simpler::serve::DetokenizeRequest>(d).tokens) {
       check(id >= 0 && id <= INT32_MAX, "a token id outside [0, 2^31) accepted");
     }
   }

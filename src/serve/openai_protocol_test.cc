@@ -433,8 +433,12 @@ TEST(TokenizeBodies, PromptOrMessagesAndTokenIds) {
   ASSERT_TRUE(std::holds_alternative<ApiError>(prompt_tools));
   EXPECT_EQ(std::get<ApiError>(prompt_tools).message, "'tools' needs 'messages'");
   auto d = parse_detokenize(R"({"tokens":[5,6]})");
-  ASSERT_TRUE(std::holds_alternative<std::vector<int64_t>>(d));
-  EXPECT_EQ(std::get<std::vector<int64_t>>(d), (std::vector<int64_t>{5, 6}));
+  ASSERT_TRUE(std::holds_alternative<DetokenizeRequest>(d));
+  EXPECT_EQ(std::get<DetokenizeRequest>(d).tokens, (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(std::get<DetokenizeRequest>(d).model, "");
+  auto named = parse_detokenize(R"({"model":"m","tokens":[]})");
+  ASSERT_TRUE(std::holds_alternative<DetokenizeRequest>(named));
+  EXPECT_EQ(std::get<DetokenizeRequest>(named).model, "m");
   EXPECT_TRUE(std::holds_alternative<ApiError>(parse_detokenize(R"({"tokens":["a"]})")));
 }
 

@@ -279,6 +279,38 @@ TEST_F(ServerTest, ResponseFormatJsonSchemaGivesContentThatParsesOnBothRoutes) {
   EXPECT_TRUE(w["color"] == "red" || w["color"] == "blue") << w;
 }
 
+// An output whose grammar is complete but could go on ("1" of "1" | "12") ends where the model
+// samples EOS: the text is the sentence, without EOS's own text ("<|endoftext|>", or the chat's
+// "<|im_end|>"), on both routes; the EOS token is counted. The alternatives of logprobs are
+// tokens the grammar allows, each logprob a number, never null.
+TEST_F(ServerTest, AConstrainedOutputEndedByEosHoldsNoSpecialTokenText) {
+  start();
+  const json completion = {{"prompt", "x"},
+                           {"max_tokens", 12},
+                           {"temperature", 0},
+                           {"logprobs", 5},
+                           {"guided_choice", {"1", "12"}}};
+  const json c = post_ok("/v1/completions", completion.dump())["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "stop") << c;
+  EXPECT_TRUE(c["text"] == "1" || c["text"] == "12") << c;
+  for (const json& top : c["logprobs"]["top_logprobs"]) {
+    EXPECT_LE(top.size(), 6u) << top;
+    for (const auto& [token, lp] : top.items()) EXPECT_TRUE(lp.is_number()) << token << ": " << top;
+  }
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                     {"max_tokens", 12},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 5},
+                     {"guided_choice", {"1", "12"}}};
+  const json m = post_ok("/v1/chat/completions", chat.dump())["choices"][0];
+  EXPECT_EQ(m["finish_reason"], "stop") << m;
+  EXPECT_TRUE(m["message"]["content"] == "1" || m["message"]["content"] == "12") << m;
+  for (const json& entry : m["logprobs"]["content"]) {
+    for (const json& alt : entry["top_logprobs"]) EXPECT_TRUE(alt["logprob"].is_number()) << alt;
+  }
+}
+
 // tool_choice named or "required" (one call): decoding is constrained, so even this model's
 // random weights give a valid call of an allowed function, whose arguments match its schema.
 TEST_F(ServerTest, RequiredAndNamedToolChoicesAlwaysGiveAValidCall) {
@@ -591,6 +623,10 @@ TEST_F(ServerTest, ErrorsAreOpenAiErrorObjectsWithTheirStatus) {
   EXPECT_EQ(code(r), 404) << (r ? r->body : "no response");
   EXPECT_EQ(error_of(r)["code"], "model_not_found");
   EXPECT_EQ(code(post("/tokenize", R"({"prompt":"x","model":"tiny"})", auth)), 200);
+  r = post("/detokenize", R"({"tokens":[1],"model":"other"})", auth);
+  EXPECT_EQ(code(r), 404) << (r ? r->body : "no response");
+  EXPECT_EQ(error_of(r)["code"], "model_not_found");
+  EXPECT_EQ(code(post("/detokenize", R"({"tokens":[1],"model":"tiny"})", auth)), 200);
   r = post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 5000}}.dump(), auth);
   EXPECT_EQ(code(r), 400);
   EXPECT_NE(error_of(r)["message"].get<std::string>().find("maximum context length is 4096"),

@@ -114,7 +114,9 @@ void handle_detokenize(ServerContext& ctx, const httplib::Request& req, httplib:
   if (!ctx.authorized(req, res)) return;
   auto parsed = parse_detokenize(req.body, ctx.options.limits);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-  auto ids = vocabulary_ids(ctx, std::get<std::vector<int64_t>>(parsed), "token id", "tokens");
+  const DetokenizeRequest& d = std::get<DetokenizeRequest>(parsed);
+  if (std::optional<ApiError> e = unknown_model(ctx, d.model)) return send_error(res, *e);
+  auto ids = vocabulary_ids(ctx, d.tokens, "token id", "tokens");
   if (auto* e = std::get_if<ApiError>(&ids)) return send_error(res, *e);
   set_json(res, json{{"prompt", ctx.tokenizer->decode(std::get<std::vector<int32_t>>(ids))}});
 }

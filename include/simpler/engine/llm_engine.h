@@ -86,8 +86,9 @@ struct RequestSampling {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;  // none: a distinct seed per request
-  // none: no logprobs; n in [0, kMaxLogprobs = 20]: each token's logprob (of the raw logits)
-  // and its n most likely alternatives (OpenAI `logprobs`).
+  // none: no logprobs; n in [0, kMaxLogprobs = 20]: each token's logprob (of the raw logits;
+  // under a grammar or min_tokens, of the logits after their mask) and its n most likely
+  // alternatives (OpenAI `logprobs`), fewer where the mask leaves fewer possible tokens.
   std::optional<int32_t> logprobs;
   // vLLM's prompt_logprobs: none: none; n in [0, kMaxLogprobs]: each prompt token after the
   // first gets its logprob under the logits of the position before it (raw, log_softmax in
@@ -98,8 +99,10 @@ struct RequestSampling {
   std::optional<int32_t> prompt_logprobs;
   int32_t min_tokens = 0;
   bool ignore_eos = false;
-  std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
-  std::vector<std::string> stop;        // stop strings (need a tokenizer)
+  // Besides the model's EOS ids. A choice that ends on a stop id (EOS or one of these) outputs
+  // its id and logprob but not its text (vLLM's include_stop_str_in_output false).
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // stop strings (need a tokenizer)
   // Structured outputs (docs/design/structured_outputs.md): every output token keeps the
   // output's bytes a valid prefix of this grammar's language (a mask on the logits before
   // every other transform), and a stop id is allowed only where the output is a complete
@@ -129,7 +132,8 @@ const char* finish_reason_name(OutputFinish reason);  // "", "stop", "length", "
 
 struct TokenLogprob {
   float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top;  // up to RequestSampling::logprobs entries
+  // Up to RequestSampling::logprobs entries, each logprob finite (a masked token is none).
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // One event of one choice of a request.

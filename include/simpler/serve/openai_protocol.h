@@ -124,8 +124,12 @@ struct TokenizeRequest {
 };
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body,
                                                        const RequestLimits& limits = {});
-std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body,
-                                                              const RequestLimits& limits = {});
+struct DetokenizeRequest {
+  std::string model;            // as TokenizeRequest's
+  std::vector<int64_t> tokens;  // each in [0, 2^31); the server checks them against the vocabulary
+};
+std::variant<DetokenizeRequest, ApiError> parse_detokenize(std::string_view body,
+                                                           const RequestLimits& limits = {});
 
 // Prometheus text exposition format (version 0.0.4) of the engine's metrics, names prefixed
 // "simpler:" as vLLM prefixes "vllm:"; histograms with cumulative _bucket{le=...}, _sum and
