@@ -1648,6 +1648,15 @@ class LlmEngineTextTest : public TinyTextModelTest<LlmEngineTextTest> {
       }
     }
   }
+  // Greedy decoding of `prompt`'s text for max_tokens tokens, EOS ignored.
+  static RequestSpec greedy(const char* prompt, int64_t max_tokens) {
+    RequestSpec spec;
+    spec.prompt_ids = tokenizer_->encode(prompt);
+    spec.max_tokens = max_tokens;
+    spec.sampling.temperature = 0;
+    spec.sampling.ignore_eos = true;
+    return spec;
+  }
   static bool valid_utf8(const std::string& s) {
     size_t i = 0;
     while (i < s.size()) {
@@ -1676,11 +1685,7 @@ class LlmEngineTextTest : public TinyTextModelTest<LlmEngineTextTest> {
 // streamed delta ever held a prefix of it.
 TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
   auto e = engine(2);
-  RequestSpec spec;
-  spec.prompt_ids = tokenizer_->encode("Once upon a time");
-  spec.max_tokens = 40;
-  spec.sampling.temperature = 0;
-  spec.sampling.ignore_eos = true;
+  const RequestSpec spec = greedy("Once upon a time", 40);
   const Text base = run(*e, spec);
   ASSERT_EQ(base.tokens.size(), 40u);
   const std::string full = tokenizer_->decode(base.tokens);
@@ -1729,11 +1734,7 @@ TEST_F(LlmEngineTextTest, DeltasAddUpToTheDecodedTextAndStopStringsSpanTokens) {
 // and its text stays.
 TEST_F(LlmEngineTextTest, AStopIdEndsTheChoiceWithItsIdButNotItsText) {
   auto e = engine(2);
-  RequestSpec spec;
-  spec.prompt_ids = tokenizer_->encode("Once upon a time");
-  spec.max_tokens = 12;
-  spec.sampling.temperature = 0;
-  spec.sampling.ignore_eos = true;
+  const RequestSpec spec = greedy("Once upon a time", 12);
   const Text base = run(*e, spec);
   ASSERT_EQ(base.tokens.size(), 12u);
   const int32_t stop = base.tokens[3];
