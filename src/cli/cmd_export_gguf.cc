@@ -12,8 +12,9 @@
 namespace simpler::cli {
 namespace {
 
-// SIGINT / SIGTERM during an export: the export stops before its next tensor and removes its
-// temporary file (GgufExportOptions::cancel); a second signal takes its default action at once.
+// SIGINT / SIGTERM during an export: the export stops before its next tensor or chunk and removes
+// its temporary file (GgufExportOptions::cancel), then the process dies by the signal, as the
+// shell expects of an interrupted command; a second signal takes its default action at once.
 static_assert(std::atomic<bool>::is_always_lock_free);  // set from a signal handler
 std::atomic<bool> g_interrupted{false};
 volatile std::sig_atomic_t g_signal = 0;
@@ -27,7 +28,7 @@ void cancel_export_on_signals() {
   struct sigaction sa = {};
   sa.sa_handler = on_export_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;  // the second one is not caught
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;  // the second one is not caught; writes go on
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
@@ -47,15 +48,18 @@ Runner add_export_gguf_command(CLI::App& app) {
                         "(Qwen3 metadata, tokenizer and tensors under llama.cpp's names)",
                         &st->model, "model directory (Hugging Face layout)", ModelSource::kDirOnly);
   cmd->add_option("--out", st->out,
-                  "the GGUF file to write: written as OUT.tmp and renamed to OUT when complete "
-                  "(a file at OUT is replaced then; none is left on an error or Ctrl-C); refused "
-                  "when OUT is a file of the model directory other than a GGUF file")
+                  "the GGUF file to write: written to a temporary file beside it (OUT.tmp.*) and "
+                  "renamed to OUT when complete (a file already at OUT is replaced then, and kept "
+                  "on an error or Ctrl-C, which remove the temporary file); refused inside the "
+                  "model directory unless named *.gguf, and for any file the model directory "
+                  "holds or links to")
       ->required();
   cmd->add_option(
          "--type", st->type,
          "type of the 2-D tensors: bf16 (a bf16 checkpoint's bits as they are), f32, or "
-         "q8_0, q4_0 or q4_k_m (llama.cpp's reference quantizers; norms stay f32, matrices "
-         "whose rows are not whole blocks of 32 f16, as llama.cpp's converter writes them, a "
+         "q8_0, q4_0 or q4_k_m (llama.cpp's reference quantizers; norms stay f32; matrices "
+         "whose rows are not whole 32-value blocks stay f16, as llama.cpp's converter writes "
+         "them; a "
          "q4_0 file's LM head is q6_k, or q8_0 for rows that are not whole 256-blocks; q4_k_m "
          "is llama-quantize's Q4_K/Q6_K mix)")
       ->check(CLI::IsMember({"bf16", "f32", "q8_0", "q4_0", "q4_k_m"}))
@@ -80,8 +84,8 @@ Runner add_export_gguf_command(CLI::App& app) {
     cancel_export_on_signals();
     if (absl::Status s = llm::export_gguf(o); !s.ok()) {
       const int code = fail("export-gguf", s);
-      // Cancelled by a signal: the status a shell reports for a process it killed, 128 + signal.
-      return absl::IsCancelled(s) ? 128 + g_signal : code;
+      if (absl::IsCancelled(s) && g_signal != 0) std::raise(g_signal);  // its default action now
+      return code;
     }
     std::cerr << "simpler export-gguf: wrote " << st->out << " (" << st->type << ") in "
               << (base::now_ns() - t0) / 1e9 << " s\n";

@@ -98,7 +98,7 @@ struct LoopEvent {
   // The last of `tokens` is a stop id that ended the choice (the model's EOS, or one of the
   // request's stop_token_ids): its id and logprob are output, its text is not (vLLM's
   // include_stop_str_in_output false, the default).
-  bool stop_id = false;
+  bool ends_on_stop_token = false;
   OutputFinish finish = OutputFinish::kNone;
   absl::Status error;
   int64_t completion_tokens = 0;
@@ -968,8 +968,8 @@ void LlmEngine::Impl::accept(const Choice& ch, const AcceptedSample& a, const Ro
     TokenLogprob lp;
     lp.logprob = s->sample.logprob;
     for (int k = 0; k < ch.params.logprobs; ++k) {
-      // A token a mask ruled out (structured output, min_tokens) has no probability: it is no
-      // alternative, and -inf is no JSON number.
+      // A token a grammar's mask ruled out has no probability: it is no alternative, and -inf is
+      // no JSON number.
       if (s->sample.top_ids[k] >= 0 && std::isfinite(s->sample.top_logprobs[k])) {
         lp.top.emplace_back(s->sample.top_ids[k], s->sample.top_logprobs[k]);
       }
@@ -991,7 +991,7 @@ void LlmEngine::Impl::accept_samples(const InFlight& f, const std::vector<RowSam
     LoopEvent& ev = events[a.request_id];
     ev.times.push_back(now);
     accept(ch, a, si < samples.size() ? &samples[si] : nullptr, ev);
-    ev.stop_id = stops_on(ch.params, a.token, a.index + 1);  // as retire_rows decided
+    ev.ends_on_stop_token = stops_on(ch.params, a.token, a.index + 1);  // as retire_rows decided
     if (a.index == 0 && ch.prompt_logprobs >= 0 && !ch.prompt_scores_sent) {
       ev.prompt_logprobs = std::move(ch.prompt_scores);
       ch.prompt_scores = {};
@@ -1333,7 +1333,7 @@ std::shared_ptr<OutputHooks> LlmEngine::Impl::fold_tokens(OutChoice& oc, LoopEve
     out.token_ids.push_back(ev.tokens[k]);
     if (k < ev.logprobs.size()) out.logprobs.push_back(ev.logprobs[k]);
     if (k < ev.times.size()) out.token_times_ns.push_back(ev.times[k]);
-    if (ev.stop_id && k + 1 == ev.tokens.size()) break;  // its text is not output
+    if (ev.ends_on_stop_token && k + 1 == ev.tokens.size()) break;  // its text is not output
     if (oc.detok &&
         push_text(oc, oc.detok->push(std::span<const int32_t>(&ev.tokens[k], 1)), out)) {
       Command c;

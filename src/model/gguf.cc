@@ -166,7 +166,10 @@ bool is_gguf_path(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return false;
   if (path.size() > 5 && absl::EndsWithIgnoreCase(path, ".gguf")) return true;
-  std::ifstream file(path, std::ios::binary);  // any other name: GGUF's magic at its start
+  // Any other name: a regular file (not a FIFO or device, whose read could block) that starts
+  // with GGUF's magic.
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream file(path, std::ios::binary);
   std::array<char, 4> magic{};
   return file.read(magic.data(), magic.size()) && std::string_view(magic.data(), 4) == "GGUF";
 }

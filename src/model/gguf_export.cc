@@ -1,6 +1,10 @@
 #include "simpler/model/gguf_export.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/gguf_names.h"
 #include "nlohmann/json.hpp"
@@ -245,7 +250,10 @@ absl::Status write_values(std::ofstream& out, const OutTensor& t, std::span<cons
 // Writes `t`'s data (from `view`) as its ggml type: bytes of the same type as they are, else
 // widened to f32 and encoded in chunks of whole rows (kChunkValues), the same bytes as the whole
 // tensor in one piece (every encoding here works block by block within a row).
-absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view) {
+// CANCELLED (an empty message: export_gguf says how far it got) when `cancel` is set, checked
+// before each chunk of a tensor written in another type (a large one takes seconds).
+absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorView& view,
+                          const std::atomic<bool>* cancel) {
   if ((t.ggml_type == GgmlType::kBF16 && view.dtype == task::DataType::kBFloat16) ||
       (t.ggml_type == GgmlType::kQ8_0 && view.dtype == task::DataType::kQ8_0) ||
       (t.ggml_type == GgmlType::kQ4_0 && view.dtype == task::DataType::kQ4_0)) {
@@ -258,6 +266,7 @@ absl::Status write_tensor(std::ofstream& out, const OutTensor& t, const TensorVi
   const int64_t chunk = std::max<int64_t>(1, kChunkValues / cols) * cols;
   std::vector<float> f;
   for (int64_t first = 0; first < numel; first += chunk) {
+    if (cancel != nullptr && cancel->load()) return absl::CancelledError();
     const int64_t n = std::min(chunk, numel - first);
     TensorView part = view;
     part.shape = {n};
@@ -754,9 +763,10 @@ absl::Status quantize_row(const BlockQuantizer& q, std::span<const float> x, std
   return absl::OkStatus();
 }
 
-// Refusals of `out` before anything is read: an empty path, a directory, a folder that does not
-// exist, or an existing file of the model directory other than a GGUF file (the rename at the
-// end would replace the checkpoint's own config.json or safetensors file with the export).
+// Refusals of `out` before the checkpoint is read (export_gguf's contract): the rename at the end
+// must never replace a file the model directory holds or links to (its config.json,
+// generation_config.json, tokenizer files, safetensors shards, or the blob a Hugging Face
+// snapshot's link points at).
 absl::Status check_out_path(const std::string& out, const std::string& model_dir) {
   namespace fs = std::filesystem;
   if (out.empty()) return absl::InvalidArgumentError("the output path is empty");
@@ -766,16 +776,50 @@ absl::Status check_out_path(const std::string& out, const std::string& model_dir
   }
   const fs::path folder = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
   if (!fs::is_directory(folder, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+      // a folder that cannot be examined (EACCES, ELOOP, ...)
+      return absl::UnavailableError(
+          absl::StrCat("cannot write ", out, ": ", folder.string(), ": ", ec.message()));
+    }
     return absl::NotFoundError(
         absl::StrCat("cannot write ", out, ": there is no directory ", folder.string()));
   }
-  if (fs::exists(out, ec) && fs::equivalent(folder, model_dir, ec) && !is_gguf_path(out)) {
+  const auto refused = [&](const std::string& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat(out, " is a file of the model directory ", model_dir,
-                     " that is not a GGUF file; export-gguf does not replace it (choose a new "
-                     "name or another directory)"));
+        absl::StrCat(out, " ", why,
+                     "; export-gguf never replaces a file of the model directory it reads "
+                     "(write the GGUF file elsewhere, or under a new name ending in .gguf)"));
+  };
+  if (fs::equivalent(folder, model_dir, ec) && !absl::EndsWithIgnoreCase(out, ".gguf") &&
+      !(fs::exists(out, ec) && is_gguf_path(out))) {
+    return refused("lies in the model directory " + model_dir + " and is not named *.gguf");
+  }
+  if (!fs::exists(out, ec)) return absl::OkStatus();
+  for (const fs::directory_entry& entry : fs::directory_iterator(model_dir, ec)) {
+    // The checkpoint's files, not a GGUF file beside them (out's own entry among them).
+    if (fs::is_regular_file(entry.path(), ec) && !is_gguf_path(entry.path().string()) &&
+        fs::equivalent(out, entry.path(), ec)) {
+      return refused("is the model directory's " + entry.path().filename().string() +
+                     " (or the file it links to)");
+    }
   }
   return absl::OkStatus();
+}
+
+// A new temporary file beside `out` for the export: "OUT.tmp.<pid>.<n>", created exclusively
+// (never a file or a link already there, nor another export's) with the usual permissions
+// (0666 less the umask). Its name, or UNAVAILABLE with the OS error naming it.
+absl::StatusOr<std::string> create_temporary(const std::string& out) {
+  static std::atomic<uint64_t> next{0};
+  const std::string tmp = absl::StrCat(out, ".tmp.", ::getpid(), ".", next++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", out,
+                                               " (creating its temporary file ", tmp, ": ",
+                                               std::strerror(errno), ")"));
+  }
+  ::close(fd);
+  return tmp;
 }
 
 }  // namespace
@@ -810,12 +854,11 @@ absl::Status export_gguf(const GgufExportOptions& options) {
   const std::vector<OutTensor>& tensors = *planned;
   const Header head = file_header(metadata(*config, *vocab, chat_template, options), tensors);
 
-  const std::string tmp = options.out_path + ".tmp";
+  SIMPLER_ASSIGN_OR_RETURN(const std::string tmp, create_temporary(options.out_path));
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  const bool opened = out.is_open();
-  auto discard = [&](absl::Status s) {  // every error: no file of ours is left
+  auto discard = [&](absl::Status s) {  // every error: the temporary file goes
     out.close();
-    if (opened) std::remove(tmp.c_str());
+    std::remove(tmp.c_str());
     return s;
   };
   auto os_error = [&](const char* what) {
@@ -839,7 +882,9 @@ absl::Status export_gguf(const GgufExportOptions& options) {
     const OutTensor& t = tensors[i];
     absl::StatusOr<TensorView> view = weights->get(t.source);
     if (!view.ok()) return discard(view.status());
-    if (absl::Status s = write_tensor(out, t, *view); !s.ok()) return discard(s);
+    if (absl::Status s = write_tensor(out, t, *view, options.cancel); !s.ok()) {
+      return absl::IsCancelled(s) ? cancelled(i) : discard(s);
+    }
     release_pages(*view);
     write_padding(out, t.bytes);
     if (!out) return os_error("writing");

@@ -201,6 +201,17 @@ class GgufExportTest : public ::testing::Test {
     return o;
   }
 
+  // The export's temporary files beside `out` ("OUT.tmp.<pid>.<n>") that are left.
+  static std::vector<std::string> temporaries(const std::string& out) {
+    std::vector<std::string> left;
+    const std::filesystem::path p(out);
+    const std::string prefix = p.filename().string() + ".tmp";
+    for (const auto& entry : std::filesystem::directory_iterator(p.parent_path())) {
+      if (entry.path().filename().string().starts_with(prefix)) left.push_back(entry.path());
+    }
+    return left;
+  }
+
   // Exports by `o` and reads the file back; a test failure when the export fails.
   static ExportedGguf exported(const GgufExportOptions& o) {
     const absl::Status s = export_gguf(o);
@@ -222,7 +233,7 @@ TEST_F(GgufExportTest, WritesQwen3MetadataTokenizerAndTensorsAsLlamaCppNamesThem
   int64_t last_progress = 0;
   o.progress = [&last_progress](int64_t done, int64_t) { last_progress = done; };
   ASSERT_TRUE(export_gguf(o).ok());
-  EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
+  EXPECT_THAT(temporaries(o.out_path), ::testing::IsEmpty());
   const ExportedGguf f = read_gguf(o.out_path);
   ASSERT_FALSE(HasFailure());
   absl::StatusOr<ModelConfig> c = ModelConfig::load(o.model_dir);
@@ -560,19 +571,18 @@ TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeaves
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(s.message(), HasSubstr("cannot write " + o.out_path + ": there is no directory "))
       << s;
-  // A temporary file that cannot be opened (a directory holds its name, which stops root too):
-  // the OS error names the path and its temporary file, and the directory stays.
-  o.out_path = (dir_ / "model.gguf").string();
-  std::filesystem::create_directory(o.out_path + ".tmp");
+  // A temporary file that cannot be created (its name, the output's plus ".tmp.<pid>.<n>", past
+  // the 255 bytes a file name may have, which stops root too): the OS error names the path and
+  // its temporary file, and nothing is left.
+  o.out_path = (dir_ / (std::string(245, 'x') + ".gguf")).string();
   s = export_gguf(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(),
-              HasSubstr("cannot write " + o.out_path + " (opening its temporary file " +
-                        o.out_path + ".tmp: Is a directory)"))
+  EXPECT_THAT(s.message(), HasSubstr("cannot write " + o.out_path +
+                                     " (creating its temporary file " + o.out_path + ".tmp."))
       << s;
-  EXPECT_TRUE(std::filesystem::is_directory(o.out_path + ".tmp"));
+  EXPECT_THAT(s.message(), HasSubstr(": File name too long)")) << s;
   EXPECT_FALSE(std::filesystem::exists(o.out_path));
-  std::filesystem::remove(o.out_path + ".tmp");
+  EXPECT_THAT(temporaries(o.out_path), ::testing::IsEmpty());
   // The checkpoint less its tokenizer.
   std::filesystem::remove(dir_ / "model" / "tokenizer.json");
   o.out_path = (dir_ / "model.gguf").string();
@@ -597,33 +607,54 @@ TEST_F(GgufExportTest, AMissingTokenizerOrAnUnwritablePathIsAClearErrorAndLeaves
   }
 }
 
-// The output path is checked before anything is read: a file of the model directory is never
-// replaced (its checkpoint would be lost), nor a directory; a GGUF file there is. The model
-// directory here is a folder of links to the suite's files, so a wrong rename would replace a
-// link, not the suite's checkpoint.
+// The output path is checked before anything is read: no file the model directory holds or links
+// to is ever replaced (its checkpoint would be lost), nor any name there but *.gguf (an absent
+// generation_config.json or shard would be read as one), nor a directory; a GGUF file there is.
+// The model directory here is a folder of links (to the suite's files, config.json to a copy: a
+// Hugging Face snapshot's link to its blob), so a wrong rename would replace a link or the copy,
+// not the suite's checkpoint.
 TEST_F(GgufExportTest, TheOutputPathIsRefusedWhereTheExportWouldReplaceTheModelsOwnFiles) {
   std::filesystem::remove(dir_ / "model");
   std::filesystem::create_directory(dir_ / "model");
+  std::filesystem::create_directory(dir_ / "blobs");
   for (const auto& entry : std::filesystem::directory_iterator(suite_dir_ / "model")) {
-    std::filesystem::create_symlink(entry.path(), dir_ / "model" / entry.path().filename());
+    std::filesystem::path target = entry.path();
+    if (entry.path().filename() == "config.json") {
+      target = dir_ / "blobs" / "0123abcd";
+      std::filesystem::copy_file(entry.path(), target);
+    }
+    std::filesystem::create_symlink(target, dir_ / "model" / entry.path().filename());
   }
   const std::filesystem::path weights = dir_ / "model" / "model.safetensors";
   const auto size = std::filesystem::file_size(weights);
   const auto written = std::filesystem::last_write_time(weights);
-  for (const char* file : {"model.safetensors", "config.json", "tokenizer.json"}) {
+  for (const char* file : {"model.safetensors", "config.json", "tokenizer.json",
+                           "generation_config.json", "model-00002-of-00002.safetensors"}) {
+    if (std::string(file) == "generation_config.json") {
+      std::filesystem::remove(dir_ / "model" / file);  // optional, read when present
+    }
     GgufExportOptions o = options_for(GgufType::kQ8_0, std::string("model/") + file);
     const absl::Status s = export_gguf(o);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(s.message(), HasSubstr(o.out_path + " is a file of the model directory " +
-                                       o.model_dir + " that is not a GGUF file"))
+    EXPECT_THAT(s.message(), HasSubstr(o.out_path + " lies in the model directory " + o.model_dir +
+                                       " and is not named *.gguf"))
         << s;
-    EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
+    EXPECT_THAT(temporaries(o.out_path), ::testing::IsEmpty());
   }
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "model" / "generation_config.json"));
   EXPECT_TRUE(std::filesystem::is_symlink(weights));
   EXPECT_EQ(std::filesystem::file_size(weights), size);
   EXPECT_EQ(std::filesystem::last_write_time(weights), written);
+  const std::string blob = (dir_ / "blobs" / "0123abcd").string();
+  const auto blob_size = std::filesystem::file_size(blob);
+  absl::Status s = export_gguf(options_for(GgufType::kQ8_0, "blobs/0123abcd"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr(blob + " is the model directory's config.json (or the file it links to)"))
+      << s;
+  EXPECT_EQ(std::filesystem::file_size(blob), blob_size);
   std::filesystem::create_directory(dir_ / "out.gguf");
-  absl::Status s = export_gguf(options_for(GgufType::kQ8_0, "out.gguf"));
+  s = export_gguf(options_for(GgufType::kQ8_0, "out.gguf"));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("out.gguf is a directory, not a file to write")) << s;
   s = export_gguf(options_for(GgufType::kQ8_0, ""));
@@ -658,7 +689,7 @@ TEST_F(GgufExportTest, ACancelledExportStopsAtTheNextTensorAndLeavesNoFile) {
   EXPECT_THAT(s.message(), HasSubstr("cancelled after 1 of ")) << s;
   EXPECT_THAT(s.message(), HasSubstr("nothing was written at " + o.out_path)) << s;
   EXPECT_EQ(written, 1);
-  EXPECT_FALSE(std::filesystem::exists(o.out_path + ".tmp"));
+  EXPECT_THAT(temporaries(o.out_path), ::testing::IsEmpty());
   std::ifstream in(o.out_path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "an older file");
 }

@@ -1,5 +1,6 @@
 #include "simpler/model/gguf.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -389,6 +390,9 @@ TEST_F(GgufParserTest, AGgufPathIsNamedSoOrStartsWithTheMagic) {
   EXPECT_FALSE(is_gguf_path((dir_ / "ggml.bin").string()));
   std::filesystem::create_directory(dir_ / "dir.gguf");
   EXPECT_FALSE(is_gguf_path((dir_ / "dir.gguf").string()));
+  // A FIFO is not opened (its read would wait for a writer).
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(is_gguf_path((dir_ / "fifo").string()));
 }
 
 }  // namespace

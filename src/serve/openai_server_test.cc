@@ -281,8 +281,10 @@ TEST_F(ServerTest, ResponseFormatJsonSchemaGivesContentThatParsesOnBothRoutes) {
 
 // An output whose grammar is complete but could go on ("1" of "1" | "12") ends where the model
 // samples EOS: the text is the sentence, without EOS's own text ("<|endoftext|>", or the chat's
-// "<|im_end|>"), on both routes; the EOS token is counted. The alternatives of logprobs are
-// tokens the grammar allows, each logprob a number, never null.
+// "<|im_end|>"), on both routes; the EOS token is counted. (This model's greedy choice after "1"
+// is EOS on both routes: the text "1" and 2 completion tokens pin that path; "12" would end by
+// the grammar, without EOS.) The alternatives of logprobs are tokens the grammar allows, each
+// logprob a number, never null.
 TEST_F(ServerTest, AConstrainedOutputEndedByEosHoldsNoSpecialTokenText) {
   start();
   const json completion = {{"prompt", "x"},
@@ -290,9 +292,12 @@ TEST_F(ServerTest, AConstrainedOutputEndedByEosHoldsNoSpecialTokenText) {
                            {"temperature", 0},
                            {"logprobs", 5},
                            {"guided_choice", {"1", "12"}}};
-  const json c = post_ok("/v1/completions", completion.dump())["choices"][0];
+  const json cr = post_ok("/v1/completions", completion.dump());
+  const json c = cr["choices"][0];
   EXPECT_EQ(c["finish_reason"], "stop") << c;
-  EXPECT_TRUE(c["text"] == "1" || c["text"] == "12") << c;
+  EXPECT_EQ(c["text"], "1") << c;
+  EXPECT_EQ(cr["usage"]["completion_tokens"], 2) << cr;
+  EXPECT_EQ(c["logprobs"]["tokens"].back(), "<|endoftext|>") << c;
   for (const json& top : c["logprobs"]["top_logprobs"]) {
     EXPECT_LE(top.size(), 6u) << top;
     for (const auto& [token, lp] : top.items()) EXPECT_TRUE(lp.is_number()) << token << ": " << top;
@@ -303,9 +308,11 @@ TEST_F(ServerTest, AConstrainedOutputEndedByEosHoldsNoSpecialTokenText) {
                      {"logprobs", true},
                      {"top_logprobs", 5},
                      {"guided_choice", {"1", "12"}}};
-  const json m = post_ok("/v1/chat/completions", chat.dump())["choices"][0];
+  const json mr = post_ok("/v1/chat/completions", chat.dump());
+  const json m = mr["choices"][0];
   EXPECT_EQ(m["finish_reason"], "stop") << m;
-  EXPECT_TRUE(m["message"]["content"] == "1" || m["message"]["content"] == "12") << m;
+  EXPECT_EQ(m["message"]["content"], "1") << m;
+  EXPECT_EQ(mr["usage"]["completion_tokens"], 2) << mr;
   for (const json& entry : m["logprobs"]["content"]) {
     for (const json& alt : entry["top_logprobs"]) EXPECT_TRUE(alt["logprob"].is_number()) << alt;
   }

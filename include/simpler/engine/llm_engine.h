@@ -87,8 +87,8 @@ struct RequestSampling {
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;  // none: a distinct seed per request
   // none: no logprobs; n in [0, kMaxLogprobs = 20]: each token's logprob (of the raw logits;
-  // under a grammar or min_tokens, of the logits after their mask) and its n most likely
-  // alternatives (OpenAI `logprobs`), fewer where the mask leaves fewer possible tokens.
+  // under a grammar, of the logits after its mask; min_tokens does not change them) and its n
+  // most likely alternatives (OpenAI `logprobs`), fewer where a grammar leaves fewer tokens.
   std::optional<int32_t> logprobs;
   // vLLM's prompt_logprobs: none: none; n in [0, kMaxLogprobs]: each prompt token after the
   // first gets its logprob under the logits of the position before it (raw, log_softmax in
@@ -148,7 +148,9 @@ struct RequestOutput {
   // the first empty (no logits precede it).
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;
   std::vector<int64_t> token_times_ns;  // when each token's step retired (steady clock)
-  std::string text;                     // new text (complete UTF-8 characters only)
+  // New text (complete UTF-8 characters only); a stop id that ends the choice adds none
+  // (RequestSampling::stop_token_ids).
+  std::string text;
   OutputFinish finish = OutputFinish::kNone;
   bool finished() const { return finish != OutputFinish::kNone; }
   absl::Status error;  // finish kError (and kAbort with a reason)

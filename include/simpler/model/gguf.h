@@ -183,8 +183,9 @@ class GgufFile {
 
 // True when `path` names a GGUF checkpoint rather than a model directory: not a directory, and
 // either a name ending in ".gguf" in any case (the file need not exist: its loader then says it
-// does not) or a file whose first four bytes are GGUF's magic "GGUF" (ggml's docs/gguf.md), so a
-// GGUF file under another name loads too. Reads at most those four bytes. Model paths (`--model`)
+// does not) or a regular file whose first four bytes are GGUF's magic "GGUF" (ggml's
+// docs/gguf.md), so a GGUF file under another name loads too. Reads at most those four bytes,
+// never from a FIFO or device. Model paths (`--model`)
 // go through it. Thread-safe.
 bool is_gguf_path(const std::string& path);
 

@@ -97,27 +97,32 @@ absl::Status quantize_row_q6_k(std::span<const float> x, std::span<uint8_t> out)
 
 struct GgufExportOptions {
   std::string model_dir;  // config.json, tokenizer.json, model.safetensors (or shards)
-  // Written as out_path + ".tmp", renamed over out_path once complete (a file there is replaced
-  // then, not before); on any error, or when cancelled, the temporary file is removed.
+  // Written to a new temporary file beside it (out_path + ".tmp.<pid>.<n>", created exclusively),
+  // renamed over out_path once complete: a file already at out_path is replaced then, and only
+  // then. On any error, or when cancelled, the temporary file is removed.
   std::string out_path;
   GgufType type = GgufType::kBf16;
   // Called after each tensor with (tensors written, tensors in all); may be empty.
   std::function<void(int64_t, int64_t)> progress;
   // When not null and set (by another thread or a signal handler: a lock-free atomic), the export
-  // stops before its next tensor, or before the rename, and returns CANCELLED. Must outlive the
-  // call.
+  // stops before its next tensor or the next chunk of one (about 1 Mi values), or before the
+  // rename, and returns CANCELLED. Must outlive the call.
   const std::atomic<bool>* cancel = nullptr;
 };
 
-// Writes the GGUF file. Errors, before anything is read: INVALID_ARGUMENT when out_path is empty,
-// is a directory, or is an existing file of model_dir that is not a GGUF file (is_gguf_path:
-// renaming over it would replace the checkpoint's own files); NOT_FOUND when out_path's
-// directory does not exist. Then the model directory's (config.json, tokenizer.json, the
-// checkpoint: the codes of ModelConfig::load and ModelWeights::open); INVALID_ARGUMENT naming the
-// field when tokenizer.json is not a BPE model with a vocabulary and merges, or an id is outside
-// the model's vocabulary; UNAVAILABLE with the OS error, naming out_path and its temporary file,
-// when the file cannot be written; CANCELLED (above). After an error nothing is left at out_path
-// or its temporary file, and a file that was at out_path is as it was. Thread-compatible.
+// Writes the GGUF file. Errors, before the checkpoint is read: INVALID_ARGUMENT when out_path is
+// empty or a directory, lies in model_dir under a name not ending in ".gguf" (any case) unless it
+// is a GGUF file already (is_gguf_path), or is, or is linked to, a file of model_dir (the rename
+// would replace the checkpoint's own files); NOT_FOUND when out_path's directory does not exist,
+// UNAVAILABLE with the OS error when it cannot be examined. Then the model directory's
+// (config.json, tokenizer.json, the checkpoint: the codes of ModelConfig::load and
+// ModelWeights::open and its tensor reads); INVALID_ARGUMENT naming the field when tokenizer.json
+// is not a BPE model with a vocabulary and merges, or an id is outside the model's vocabulary;
+// INVALID_ARGUMENT naming the tensor and index of a value that is not finite (the quantized
+// types); UNAVAILABLE with the OS error, naming out_path and its temporary file, when that cannot
+// be created or written or renamed; CANCELLED (above). After any error the temporary file is gone
+// and a file that was at out_path is as it was. Thread-compatible; two exports to one out_path
+// at once each write their own temporary file and the last rename wins.
 // Memory: the checkpoint is mapped, not read; a tensor written in another type is widened to f32
 // and encoded a chunk of whole rows at a time (about 1 Mi values: 4 MiB of f32 and its encoding),
 // never in one piece, with the same bytes as encoding the whole tensor at once.
