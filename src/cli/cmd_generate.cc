@@ -284,6 +284,7 @@ absl::StatusOr<llm::EngineOptions> generate_engine_options(const GenerateFlags& 
   }
   EngineLoad load;
   load.requests = *std::max_element(chip_choices.begin(), chip_choices.end());
+  load.together = req.clones;
   load.pages = *std::max_element(chip_pages.begin(), chip_pages.end());
   SIMPLER_ASSIGN_OR_RETURN(llm::EngineOptions eo, engine_options(st.engine, load, trace));
   eo.max_waiting = static_cast<int32_t>(std::max<int64_t>(req.total_choices(), 1));
@@ -695,7 +696,8 @@ Runner add_generate_command(CLI::App& app) {
   add_engine_flags(
       cmd, &st->engine,
       {.max_num_seqs =
-           "requests running at once, rows sampled per step (0 = all requests, at most 256)",
+           "requests running at once, rows sampled per step (0 = all requests, at most 256 "
+           "unless -n asks for more choices of a prompt, which run at once)",
        .max_num_batched_tokens = true,
        .page_size = true,
        .num_pages = "KV cache pages (0 = sized from the requests)",

@@ -1,4 +1,4 @@
-// `simpler l3-example`: the example L3 program — a tensor-parallel MLP across two sim chips
+// `simpler l3-example`: the example L3 program — a tensor-parallel MLP across --chips sim chips
 // whose partial results a host sub-task sums (hierarchy/tp_mlp.h) — in thread or process mode,
 // each run checked against a float64 reference.
 #include <cstdio>
@@ -18,7 +18,7 @@ namespace simpler::cli {
 Runner add_l3_example_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "l3-example",
-      "a tensor-parallel MLP across two sim chips with a host sub-task summing the partial "
+      "a tensor-parallel MLP across --chips sim chips with a host sub-task summing the partial "
       "results (an L3 program), checked against a float64 reference");
   struct State {
     std::string mode = "process";
@@ -33,14 +33,27 @@ Runner add_l3_example_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--chips", st->chips, "child chips")->check(int_in(1, 16))->capture_default_str();
   cmd->add_option("--runs", st->runs, "L3 runs, each on fresh inputs")
-      ->check(int_in(1, kMaxRepeats));
-  cmd->add_option("--batch", st->batch, "rows of x")->check(int_in(1, 4096));
-  cmd->add_option("--hidden", st->hidden, "model width")->check(int_in(1, 4096));
+      ->check(int_in(1, kMaxRepeats))
+      ->capture_default_str();
+  cmd->add_option("--batch", st->batch, "rows of x")->check(int_in(1, 4096))->capture_default_str();
+  cmd->add_option("--hidden", st->hidden, "model width")
+      ->check(int_in(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--intermediate", st->intermediate, "MLP width (a multiple of --chips)")
-      ->check(int_in(1, 16384));
+      ->check(int_in(1, 16384))
+      ->capture_default_str();
   st->common.add_to(cmd);
+  // The runs execute on the child chips (in other processes in process mode): nothing to trace
+  // here, so the flag is not offered rather than accepted and ignored.
+  cmd->remove_option(cmd->get_option("--trace"));
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
+    if (st->intermediate % st->chips != 0) {
+      return fail("l3-example",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "--intermediate ", st->intermediate, " is not a multiple of --chips ",
+                      st->chips, " (each chip takes an equal share of the MLP's columns)")));
+    }
     hierarchy::L3Options o;
     o.device_ids.clear();
     for (int c = 0; c < st->chips; ++c) o.device_ids.push_back(c);

@@ -96,9 +96,16 @@ absl::StatusOr<llm::EngineOptions> engine_options(const EngineFlags& flags, cons
   ro.host_sampling = flags.host_sampling;
   ro.capture = flags.capture;
   ro.worker.max_captured_graphs = flags.max_captured_graphs;
-  ro.max_num_seqs = flags.max_num_seqs > 0
-                        ? flags.max_num_seqs
-                        : static_cast<int32_t>(std::clamp<int64_t>(load.requests, 1, 256));
+  if (flags.max_num_seqs > 0 && flags.max_num_seqs < load.together) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-num-seqs ", flags.max_num_seqs, " is below the ", load.together,
+                     " choices of a prompt (-n/--requests), which run at once"));
+  }
+  ro.max_num_seqs =
+      flags.max_num_seqs > 0
+          ? flags.max_num_seqs
+          : static_cast<int32_t>(std::max(std::clamp<int64_t>(load.requests, 1, 256),
+                                          std::clamp<int64_t>(load.together, 1, kMaxRequests)));
   ro.max_num_batched_tokens = flags.max_num_batched_tokens > 0 ? flags.max_num_batched_tokens
                                                                : std::max(512, ro.max_num_seqs);
   if (ro.max_num_batched_tokens < ro.max_num_seqs) {

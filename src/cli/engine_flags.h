@@ -61,8 +61,10 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* flags, const EngineFlagSet& se
 
 // What a command knows about its load, for the sizing flags left at 0.
 struct EngineLoad {
-  // --max-num-seqs 0: this many requests run at once (clamped to [1, 256]).
+  // --max-num-seqs 0: this many requests run at once (clamped to [1, 256]), and at least
+  // `together` (the choices of one prompt, which run at once: OpenAI's n).
   int64_t requests = 1;
+  int64_t together = 1;
   // --num-pages 0: this many pages when > 0; else max_num_seqs requests of `request_tokens`
   // tokens each (when > 0); else the runner's default.
   int64_t pages = 0;
@@ -72,7 +74,8 @@ struct EngineLoad {
 // The engine options of `flags`: the worker (tracing into `trace` when --trace was given), the
 // kernels, the KV pool and the batch limits, the flags left at 0 sized from `load`, and
 // max_waiting. The caller sets the tokenizer, record_steps and a max_waiting of its own.
-// INVALID_ARGUMENT naming both flags when --max-num-batched-tokens is below --max-num-seqs.
+// INVALID_ARGUMENT naming both flags when --max-num-batched-tokens is below --max-num-seqs, and
+// when a --max-num-seqs given is below load.together (a prompt's choices could never run).
 absl::StatusOr<llm::EngineOptions> engine_options(const EngineFlags& flags, const EngineLoad& load,
                                                   base::TraceRecorder* trace);
 

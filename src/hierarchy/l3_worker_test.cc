@@ -655,28 +655,68 @@ TEST_P(L3, WaitersRacingCloseGetEveryRunAndHandlesOutliveTheWorker) {
 namespace simpler::hierarchy {
 namespace {
 
+// Child 0 of a process-mode L3 worker on `o` meets its fault in its run 1: what a waiter on that
+// run gets and after how long, whether child 1 goes on, what a later run on child 0 gets, and
+// whether close() returns OK (every error delivered by a wait).
+struct FaultedChild {
+  absl::Status failed, later;
+  std::chrono::steady_clock::duration waited{};
+  bool other_ok = false, closed_ok = false;
+};
+FaultedChild run_into_child_0_fault(const L3Options& o) {
+  FaultedChild f;
+  L3Worker w(o);
+  ProgramHandle p = register_on_child_program(w);
+  EXPECT_TRUE(w.init().ok());
+  const task::TaskArgs on0 = on_child(0), on1 = on_child(1);
+  EXPECT_TRUE(w.run(p, on0).ok());  // child 0's run 0
+  const auto t0 = std::chrono::steady_clock::now();
+  RunHandle faulted = *w.submit(p, on0);  // child 0's run 1: the fault
+  f.failed = faulted.wait(30.0);
+  f.waited = std::chrono::steady_clock::now() - t0;
+  f.other_ok = w.run(p, on1).ok();  // child 1's run 0
+  f.later = w.run(p, on0);          // refused by the lost child, named
+  f.closed_ok = w.close().ok();
+  return f;
+}
+
 // A process child killed mid-run (SIGKILL, the fault plan's process_kill): a thread waiting on an
 // L3 run whose task it held — polling that child's mailbox itself — gets the failure naming the
 // child and the signal promptly; runs on the other child go on.
 TEST_P(L3, AWaiterOnAKilledChildsRunGetsItsDeathAndTheOtherChildGoesOn) {
   if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "a thread child shares this process";
   // Each child kills itself in its run 1 (only child 0 gets a second run here).
-  L3Worker w(options(GetParam(), "run=1:task=0:kind=process_kill"));
-  ProgramHandle p = register_on_child_program(w);
-  ASSERT_TRUE(w.init().ok());
-  const task::TaskArgs on0 = on_child(0), on1 = on_child(1);
-  ASSERT_TRUE(w.run(p, on0).ok());  // child 0's run 0
-  const auto t0 = std::chrono::steady_clock::now();
-  RunHandle killed = *w.submit(p, on0);  // child 0's run 1: the child SIGKILLs itself
-  absl::Status s = killed.wait(10.0);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
-  EXPECT_FALSE(s.ok());
-  EXPECT_TRUE(contains(s, "child 0 (process ")) << s;
-  EXPECT_TRUE(contains(s, "killed by signal 9")) << s;
-  EXPECT_TRUE(w.run(p, on1).ok());     // child 1's run 0
-  absl::Status later = w.run(p, on0);  // refused by the dead child, named
-  EXPECT_TRUE(contains(later, "killed by signal 9")) << later;
-  EXPECT_TRUE(w.close().ok());  // every error was delivered by a wait
+  const FaultedChild f =
+      run_into_child_0_fault(options(GetParam(), "run=1:task=0:kind=process_kill"));
+  EXPECT_LT(f.waited, std::chrono::seconds(3));
+  EXPECT_FALSE(f.failed.ok());
+  EXPECT_TRUE(contains(f.failed, "child 0 (process ")) << f.failed;
+  EXPECT_TRUE(contains(f.failed, "killed by signal 9")) << f.failed;
+  EXPECT_TRUE(f.other_ok);
+  EXPECT_TRUE(contains(f.later, "killed by signal 9")) << f.later;
+  EXPECT_TRUE(f.closed_ok);
+}
+
+// A process child that stops answering mid-run (SIGSTOP, the fault plan's process_stop), where its
+// own operation timeout cannot fire: the parent's watch fails the run it held once it completed
+// nothing for twice that timeout plus 1 s (0.25 s here: 1.5 s), naming the child and the stall,
+// and kills it; the other child goes on, and close() returns.
+TEST_P(L3, AStoppedChildsRunsFailAtItsStallLimitAndTheOtherChildGoesOn) {
+  if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "a thread child shares this process";
+  L3Options o = options(GetParam(), "run=1:task=0:kind=process_stop");
+  o.child.operation_timeout_s = 0.25;
+  const FaultedChild f = run_into_child_0_fault(o);
+  EXPECT_GE(f.waited, std::chrono::milliseconds(1400));
+  EXPECT_LT(f.waited, std::chrono::seconds(10));
+  EXPECT_FALSE(f.failed.ok());
+  EXPECT_TRUE(contains(f.failed, "child 0 (process ")) << f.failed;
+  EXPECT_TRUE(contains(f.failed,
+                       "run(s) in flight, past twice its operation timeout plus 1 s (1.5 s): "
+                       "it is stopped or hung; killed"))
+      << f.failed;
+  EXPECT_TRUE(f.other_ok);
+  EXPECT_TRUE(contains(f.later, "it is stopped or hung")) << f.later;
+  EXPECT_TRUE(f.closed_ok);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "simpler/model/make_model.h"
 
+#include <sys/statvfs.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -261,18 +263,39 @@ TensorSource random_source(const MakeModelOptions& options, const std::vector<We
   return src;
 }
 
-// The weights in `shards` files (and their index when more than one).
-absl::Status write_weights(const MakeModelOptions& options, const std::vector<WeightSpec>& specs,
-                           const fs::path& out) {
-  const size_t elem = task::size_of(options.dtype);
-  std::vector<uint64_t> bytes(specs.size());
+// RESOURCE_EXHAUSTED when the checkpoint's `total` bytes would not fit in the space free on
+// `out`'s file system (a --vocab-size or --hidden-size within its bounds can ask for terabytes:
+// refused before a byte is written rather than filling the disk).
+absl::Status check_free_space(const fs::path& out, uint64_t total) {
+  struct statvfs fs_stat = {};
+  if (::statvfs(out.c_str(), &fs_stat) != 0) return absl::OkStatus();  // unknown: let writes say
+  const uint64_t free_bytes = static_cast<uint64_t>(fs_stat.f_bavail) * fs_stat.f_frsize;
+  if (total <= free_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the checkpoint takes %.3f GB of weights, more than the %.3f GB free on %s's "
+      "file system",
+      static_cast<double>(total) / 1e9, static_cast<double>(free_bytes) / 1e9, out.string()));
+}
+
+// The weights' bytes: each tensor's (its shape's product times `elem`), and their sum.
+uint64_t weight_bytes(const std::vector<WeightSpec>& specs, size_t elem,
+                      std::vector<uint64_t>* bytes) {
+  bytes->assign(specs.size(), 0);
   uint64_t total = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     uint64_t n = 1;
     for (int64_t d : specs[i].shape) n *= static_cast<uint64_t>(d);
-    bytes[i] = n * elem;
-    total += bytes[i];
+    (*bytes)[i] = n * elem;
+    total += (*bytes)[i];
   }
+  return total;
+}
+
+// The weights in `shards` files (and their index when more than one).
+absl::Status write_weights(const MakeModelOptions& options, const std::vector<WeightSpec>& specs,
+                           const fs::path& out) {
+  std::vector<uint64_t> bytes;
+  const uint64_t total = weight_bytes(specs, task::size_of(options.dtype), &bytes);
   const int shards = options.shards;
   const std::vector<int> shard_of = assign_shards(bytes, total, shards);
   SIMPLER_LOG_INFO("make-model: writing {} ({} tensors, {:.1f} MB, {} shard(s)) to {}",
@@ -319,6 +342,9 @@ absl::Status make_model(const MakeModelOptions& options) {
   SIMPLER_ASSIGN_OR_RETURN(const std::vector<fs::path> tokenizer_files,
                            find_tokenizer_files(options));
   SIMPLER_RETURN_IF_ERROR(prepare_out_dir(out));
+  std::vector<uint64_t> bytes;
+  SIMPLER_RETURN_IF_ERROR(
+      check_free_space(out, weight_bytes(specs, task::size_of(options.dtype), &bytes)));
   SIMPLER_RETURN_IF_ERROR(write_text(out / "config.json", config.to_config_json()));
   SIMPLER_RETURN_IF_ERROR(
       write_text(out / "generation_config.json", config.to_generation_config_json()));

@@ -103,6 +103,20 @@ TEST(MakeModel, UnknownPresetAndBadOptionsAreRefused) {
   EXPECT_EQ(make_model(o).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Sizes within the flags' bounds can ask for petabytes (a 2^31 - 1 vocabulary of 2^20-wide
+// rows): refused before a file is written, stating both sizes, instead of filling the disk.
+TEST(MakeModel, AModelLargerThanTheFreeSpaceIsRefusedBeforeAnythingIsWritten) {
+  const fs::path dir = make_model_dir() / "huge";
+  MakeModelOptions o = small(dir);
+  o.overrides.vocab_size = 2147483647;
+  o.overrides.hidden_size = 1 << 20;
+  const absl::Status s = make_model(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("GB of weights, more than the "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(" GB free on " + dir.string()));
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 TEST(MakeModel, SmallVocabKeepsTokenIdsInsideIt) {
   ModelConfigOverrides o;
   o.vocab_size = 1000;

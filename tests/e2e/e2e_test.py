@@ -1423,6 +1423,18 @@ def scenario_cli_input(ctx):
         pb.check(re.search(rf"{flag}\b[^\n]*={default}\b", p.stdout),
                  f"generate --help does not show {flag}'s default {default}: {p.stdout!r}")
 
+    # -n above the default 256 sequences: the choices of a prompt run at once, so the default
+    # grows to them (they used to fail one by one after the model loaded); a --max-num-seqs
+    # given below them is refused naming both flags.
+    many, _, _ = ctx.generate(model, ["--prompt", "Hi", "-n", "300", "--max-new-tokens", "1"],
+                              "generate -n 300")
+    pb.check(len(many.get("requests", [])) == 300 and
+             all(r.get("finish_reason") in ("length", "stop") for r in many["requests"]),
+             f"generate -n 300: {str(many)[:400]}")
+    expect_error(ctx, gen("--prompt", "Hi", "-n", "3", "--max-num-seqs", "1"),
+                 "-n 3 --max-num-seqs 1", ["--max-num-seqs 1 is below the 3 choices",
+                                           "-n/--requests"])
+
     # Sampling flags out of range, refused by the parser (before the model loads).
     for argv, label, names in (
             (["--top-p", "2"], "--top-p 2", ["--top-p", "2", "maximum of 1"]),
@@ -2653,10 +2665,23 @@ def scenario_l3_example(ctx):
              f"process_kill: stderr does not name the child and the signal: {tail(p.stderr, 600)!r}")
     pb.check(took < 30, f"process_kill: took {took:.1f} s")
     check_children_gone(pb, p.stderr, 2, "process_kill")
-    p, _ = ctx.run([ctx.simpler, "l3-example", "--intermediate", "255"],
-                   label="l3-example bad shape")
-    pb.check(0 < p.returncode < 128 and "multiple of the 2 children" in p.stderr,
-             f"bad shape: exit {p.returncode}, stderr {tail(p.stderr, 300)!r}")
+    # A child that stops answering (SIGSTOP; its own --timeout cannot fire): the parent fails its
+    # run at twice the timeout plus 1 s, names the stall and kills it; nothing hangs.
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=1:task=0:kind=process_stop")
+    t0 = time.monotonic()
+    p, _ = ctx.run([ctx.simpler, "l3-example", "--child-mode", "process", "--runs", "3",
+                    "--timeout", "1"], label="l3-example process_stop", env=env)
+    took = time.monotonic() - t0
+    pb.check(0 < p.returncode < 128 and "it is stopped or hung; killed" in p.stderr,
+             f"process_stop: exit {p.returncode}, stderr {tail(p.stderr, 600)!r}")
+    pb.check(took < 30, f"process_stop: took {took:.1f} s")
+    check_children_gone(pb, p.stderr, 2, "process_stop")
+    expect_error(ctx, [ctx.simpler, "l3-example", "--intermediate", "255"],
+                 "l3-example bad shape", ["--intermediate 255 is not a multiple of --chips 2"])
+    # No trace is recorded where the runs execute on the children: the flag is not offered.
+    for argv in (["l3-example"], ["bench", "mailbox"]):
+        expect_refused_by_parser(ctx, [ctx.simpler] + argv + ["--trace", ctx.path("t.json")],
+                                 " ".join(argv) + " --trace", ["--trace", "not expected"])
 
 
 def scenario_generate_chips(ctx):

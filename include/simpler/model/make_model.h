@@ -74,8 +74,10 @@ absl::StatusOr<ModelConfig> preset_config(std::string_view preset,
 // Writes the model directory described above. Progress for each tensor goes to the logger at
 // info level (stderr). Errors: INVALID_ARGUMENT for a bad preset/override, a dtype other than
 // bf16/f32, or shards < 1 or above the number of tensors; NOT_FOUND naming tokenizer.json or
-// tokenizer_config.json when tokenizer_dir lacks it (checked before anything is written); the
-// OS error naming the path when a file cannot be written. Thread-compatible.
+// tokenizer_config.json when tokenizer_dir lacks it (checked before anything is written);
+// RESOURCE_EXHAUSTED stating both sizes when the weights would not fit in the space free on
+// out_dir's file system (checked before a file is written); the OS error naming the path when a
+// file cannot be written. Thread-compatible.
 absl::Status make_model(const MakeModelOptions& options);
 
 }  // namespace simpler::llm

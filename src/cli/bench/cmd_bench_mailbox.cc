@@ -296,6 +296,7 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
   cmd->add_option("--runs", st->runs, "round trips / runs per measurement")
       ->check(int_in(10, kMaxRepeats));
   st->common.add_to(cmd);
+  cmd->remove_option(cmd->get_option("--trace"));  // its runs are timed, not traced
   // The children's defaults (below): one core each, depth 2.
   cmd->get_option("--cores")->default_str("1");
   cmd->get_option("--launch-depth")->default_str("2");
