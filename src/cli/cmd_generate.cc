@@ -687,7 +687,10 @@ Runner add_generate_command(CLI::App& app) {
       ->check(int_in(1, kMaxRequests))
       ->capture_default_str();
   add_sampling_flags(cmd, st.get());
-  cmd->add_option("--stop", st->stop, "stop string (repeatable; not part of the output)");
+  cmd->add_option("--stop", st->stop, "stop string (repeatable; not part of the output)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("an empty stop string") : ""; },
+          "TEXT"));
   cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at the model's EOS ids");
   cmd->add_option("--dump-logits-steps", st->dump_logits_steps,
                   "with --json: include logits at these decode steps (0 = first token)");

@@ -26,14 +26,18 @@ Runner add_make_model_command(CLI::App& app) {
   };
   auto st = std::make_shared<State>();
   cmd->add_option("--preset", st->preset, "tiny | qwen3-0.6b")
-      ->check(CLI::IsMember({"tiny", "qwen3-0.6b"}));
-  cmd->add_option("--seed", st->seed, "random seed")->check(uint64_in());
-  cmd->add_option("--dtype", st->dtype, "bf16 | f32")->check(CLI::IsMember({"bf16", "f32"}));
+      ->check(CLI::IsMember({"tiny", "qwen3-0.6b"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", st->seed, "random seed")->check(uint64_in())->capture_default_str();
+  cmd->add_option("--dtype", st->dtype, "bf16 | f32")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
   cmd->add_option("--out", st->out, "output directory")->required();
   cmd->add_option("--tokenizer-dir", st->tokenizer_dir,
                   "directory with tokenizer.json (default: the npm-installed Qwen3 files)");
   cmd->add_option("--shards", st->shards, "safetensors shards (> 1 writes an index)")
-      ->check(int_in(1, kMaxShards));
+      ->check(int_in(1, kMaxShards))
+      ->capture_default_str();
   auto* vocab = cmd->add_option("--vocab-size", st->vocab, "override the vocabulary size (tests)")
                     ->check(int_in(1, std::numeric_limits<int32_t>::max()));
   auto* layers = cmd->add_option("--layers", st->layers, "override the number of layers")

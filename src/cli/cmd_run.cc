@@ -19,7 +19,8 @@ Runner add_run_command(CLI::App& app) {
   auto st = std::make_shared<State>();
   cmd->add_option("lib", st->lib, "path of the program library")->required();
   cmd->add_option("--repeats", st->repeats, "run every self-check this many times")
-      ->check(int_in(1, kMaxRepeats));
+      ->check(int_in(1, kMaxRepeats))
+      ->capture_default_str();
   st->common.add_to(cmd);
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;

@@ -115,9 +115,15 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
   app->add_option("--trace", trace_path, "write a Chrome/Perfetto trace JSON to this file")
       ->check(CLI::Validator(
           [](std::string& path) -> std::string {
+            // Checked before the command's work, which may take long, rather than at its end.
             std::error_code ec;
-            return std::filesystem::is_directory(path, ec) ? path + " is a directory, not a file"
-                                                           : std::string();
+            if (std::filesystem::is_directory(path, ec))
+              return path + " is a directory, not a file";
+            const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+            if (!folder.empty() && !std::filesystem::is_directory(folder, ec)) {
+              return path + ": there is no directory " + folder.string();
+            }
+            return std::string();
           },
           "FILE"));
   if (with_json) {

@@ -1423,6 +1423,22 @@ def scenario_cli_input(ctx):
         pb.check(re.search(rf"{flag}\b[^\n]*={default}\b", p.stdout),
                  f"generate --help does not show {flag}'s default {default}: {p.stdout!r}")
 
+    # Defaults in other commands' --help (every flag with a default shows it).
+    for argv, flag, default in ((["make-model"], "--preset", "tiny"),
+                                (["make-model"], "--shards", "1"),
+                                (["l3-example"], "--intermediate", "256"),
+                                (["bench", "pipeline"], "--runs", "200"),
+                                (["bench", "mailbox"], "--runs", "2000")):
+        p, _ = ctx.run([ctx.simpler] + argv + ["--help"], label=" ".join(argv) + " --help")
+        pb.check(re.search(rf"{flag}\b[^\n]*={default}\b", p.stdout),
+                 f"{' '.join(argv)} --help does not show {flag}'s default {default}")
+    # An empty stop string and a trace file in a missing folder, refused by the parser (the
+    # first failed each request after the model loaded, the second after the whole run).
+    expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--stop", ""), "--stop ''",
+                             ["--stop", "an empty stop string"])
+    expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--trace", ctx.path("no", "t.json")),
+                             "--trace NODIR/t.json", ["--trace", "there is no directory"])
+
     # -n above the default 256 sequences: the choices of a prompt run at once, so the default
     # grows to them (they used to fail one by one after the model loaded); a --max-num-seqs
     # given below them is refused naming both flags.

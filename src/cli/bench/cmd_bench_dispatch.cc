@@ -83,7 +83,9 @@ int run_bench_dispatch(const DispatchFlags& st) {
 Runner add_bench_dispatch_command(CLI::App* bench) {
   auto st = std::make_shared<DispatchFlags>();
   auto* cmd = bench->add_subcommand("dispatch", "ns per task for empty kernels");
-  cmd->add_option("--tasks", st->tasks, "tasks per pattern")->check(int_in(1, kMaxTasks));
+  cmd->add_option("--tasks", st->tasks, "tasks per pattern")
+      ->check(int_in(1, kMaxTasks))
+      ->capture_default_str();
   cmd->add_option("--patterns", st->patterns,
                   "the patterns to run (default all; StarPU runs all of its own)")
       ->delimiter(',')

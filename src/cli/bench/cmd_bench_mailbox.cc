@@ -294,7 +294,8 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
       "L3 hierarchy cost: bare shared-memory round trip, L3 run in process and thread mode, L2 "
       "run, marginal per-task cost, mailbox bytes");
   cmd->add_option("--runs", st->runs, "round trips / runs per measurement")
-      ->check(int_in(10, kMaxRepeats));
+      ->check(int_in(10, kMaxRepeats))
+      ->capture_default_str();
   st->common.add_to(cmd);
   cmd->remove_option(cmd->get_option("--trace"));  // its runs are timed, not traced
   // The children's defaults (below): one core each, depth 2.

@@ -68,17 +68,23 @@ Runner add_bench_pipeline_command(CLI::App* bench) {
   auto* cmd = bench->add_subcommand("pipeline", "early enqueue: depth vs host/device time");
   auto* depths_opt = cmd->add_option("--depths", st->depths, "launch depths, one row each")
                          ->delimiter(',')
-                         ->check(int_in(1, worker::kMaxRunGrant));
+                         ->check(int_in(1, worker::kMaxRunGrant))
+                         ->capture_default_str();
   cmd->add_option("--device-us", st->device_us, "device time D per run, µs")
-      ->check(number_in(0, kMaxDeviceUs, /*lo_open=*/true));
+      ->check(number_in(0, kMaxDeviceUs, /*lo_open=*/true))
+      ->capture_default_str();
   cmd->add_option("--host-ratios", st->host_ratios, "host prepare time H as multiples of D")
       ->delimiter(',')
-      ->check(number_in(0, 1000));
+      ->check(number_in(0, 1000))
+      ->capture_default_str();
   cmd->add_option("--pin", st->pin,
                   "auto: device threads on the last allowed CPU, host threads on the others "
                   "(host and device each get their own cores); off: no pinning")
-      ->check(CLI::IsMember({"auto", "off"}));
-  cmd->add_option("--runs", st->runs, "runs per row")->check(int_in(2, kMaxRepeats));
+      ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--runs", st->runs, "runs per row")
+      ->check(int_in(2, kMaxRepeats))
+      ->capture_default_str();
   st->common.add_to(cmd);
   // --launch-depth D is --depths D; --cores defaults to 1 here (one task on one core).
   cmd->get_option("--launch-depth")->excludes(depths_opt);

@@ -219,7 +219,8 @@ Runner add_bench_prefill_command(CLI::App* bench) {
       &st->model);
   cmd->add_option("--prompt-lens", st->prompt_lens, "prompt lengths in tokens, one row each")
       ->delimiter(',')
-      ->check(int_in(1, 1 << 16));
+      ->check(int_in(1, 1 << 16))
+      ->capture_default_str();
   add_compare_flag(cmd, &st->compare, "the prompts", "llama-bench", "prompt length");
   add_engine_flags(cmd, &st->engine, {.allow_unused_tensors = true});
   return run_if_parsed(cmd, st, run_bench_prefill);
