@@ -20,8 +20,7 @@ constexpr base::EnumNames<FaultKind> kFaultKindNames = {
     {FaultKind::kDeviceFault, "device_fault"},
     {FaultKind::kHang, "hang"},
     {FaultKind::kLaunchRefused, "launch_refused"},
-    {FaultKind::kProcessKill, "process_kill"},
-    {FaultKind::kProcessStop, "process_stop"}};
+    {FaultKind::kProcessKill, "process_kill"}};
 
 }  // namespace
 
@@ -89,7 +88,7 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
           return bad(index, fault,
                      absl::StrCat("unknown kind '", std::string(value),
                                   "' (expected kernel_error, device_fault, hang, "
-                                  "launch_refused, process_kill or process_stop)"));
+                                  "launch_refused or process_kill)"));
         }
         spec.kind = *kind;
         has_kind = true;
