@@ -181,7 +181,10 @@ absl::Status read_prompts(const GenerateFlags& st, const MaybeTokenizer& tok, Re
     if (!tok.tok) return tok.status;
     std::string prompt = text;
     if (st.chat) {
-      SIMPLER_ASSIGN_OR_RETURN(prompt, tok.chat->render({{.role = "user", .content = text}}));
+      llm::ChatMessage turn;
+      turn.role = "user";
+      turn.content = text;
+      SIMPLER_ASSIGN_OR_RETURN(prompt, tok.chat->render({turn}));
     }
     auto ids = tok.tok->try_encode(prompt);
     if (!ids.ok()) return ids.status();
