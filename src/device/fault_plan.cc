@@ -20,7 +20,8 @@ constexpr base::EnumNames<FaultKind> kFaultKindNames = {
     {FaultKind::kDeviceFault, "device_fault"},
     {FaultKind::kHang, "hang"},
     {FaultKind::kLaunchRefused, "launch_refused"},
-    {FaultKind::kProcessKill, "process_kill"}};
+    {FaultKind::kProcessKill, "process_kill"},
+    {FaultKind::kProcessStop, "process_stop"}};
 
 }  // namespace
 
@@ -88,7 +89,7 @@ absl::StatusOr<FaultPlan> FaultPlan::parse(std::string_view text) {
           return bad(index, fault,
                      absl::StrCat("unknown kind '", std::string(value),
                                   "' (expected kernel_error, device_fault, hang, "
-                                  "launch_refused or process_kill)"));
+                                  "launch_refused, process_kill or process_stop)"));
         }
         spec.kind = *kind;
         has_kind = true;

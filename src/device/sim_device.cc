@@ -1010,6 +1010,11 @@ class SimDevice final : public Device {
           (void)kill(getpid(), SIGKILL);
           pause();  // never returns: SIGKILL cannot be caught
           break;
+        case FaultKind::kProcessStop:
+          SIMPLER_LOG_WARN("run {} task {}: injected process_stop: SIGSTOP to process {}", run_id,
+                           job.task_index, static_cast<int64_t>(getpid()));
+          (void)kill(getpid(), SIGSTOP);  // returns once continued (SIGCONT), if ever
+          break;
         case FaultKind::kHang: {
           MutexLock lock(abort_mu_);
           while (!aborted_.load(std::memory_order_acquire)) abort_cv_.wait(lock);

@@ -453,7 +453,8 @@ class MailboxEndpoint final : public EndpointBase {
       : EndpointBase(std::move(description), spec),
         region_(std::move(region)),
         parent_(&region_),
-        child_pid_(child_pid) {
+        child_pid_(child_pid),
+        stall_limit_ns_(stall_limit_ns(child_pid, spec.options.operation_timeout_s)) {
     if (serve) {
       server_ = std::thread([this, serve = std::move(serve)] {
         base::set_thread_name("simpler-l3-thread");
@@ -589,7 +590,15 @@ class MailboxEndpoint final : public EndpointBase {
   void mark_waiter_polling(bool polling) override { parent_.set_polled(polling); }
 
  private:
+  // A process child's stall limit: twice its operation timeout plus 1 s, in ns (none for a thread
+  // child, whose stuck thread could not be stopped, or an infinite timeout: 0).
+  static int64_t stall_limit_ns(pid_t child_pid, double operation_timeout_s) {
+    if (child_pid <= 0 || !std::isfinite(operation_timeout_s)) return 0;
+    return static_cast<int64_t>((2 * operation_timeout_s + 1) * 1e9);
+  }
+
   void collect_loop() {
+    Progress progress{parent_.completions(), base::now_ns()};
     while (true) {
       const uint32_t seen = parent_.completions();
       {
@@ -601,14 +610,45 @@ class MailboxEndpoint final : public EndpointBase {
             absl::StrCat("submit to ", describe(), ": the endpoint stopped: ", *why)));
         base::MutexLock lock(mu_);
         if (stopping_ && parent_.in_flight() == 0) return;
+      } else {
+        watch_progress(seen, progress);
       }
       parent_.wait_completions(seen, kDoorbellSliceNs);
     }
   }
 
+  // The completion count last seen to move, and when (or when no run was in flight).
+  struct Progress {
+    uint32_t completions;
+    int64_t since_ns;
+  };
+  // A process child that completes nothing for stall_limit_ns_ while runs are in flight is
+  // stopped (SIGSTOP, a debugger) or hung where its own operation timeout cannot fire: every run
+  // it held fails naming that (publish_stop, the first reason wins) and it is killed, so its
+  // reaper returns and close() does not wait for it. A live child completes a run at least once
+  // an operation timeout plus its host preparation (the device runs them one at a time, each
+  // bounded by the timeout), so twice the timeout plus 1 s never fires on one.
+  void watch_progress(uint32_t seen, Progress& p) {
+    const int64_t now = base::now_ns();
+    if (seen != p.completions || parent_.in_flight() == 0) {
+      p = {seen, now};
+      return;
+    }
+    if (stall_limit_ns_ == 0 || now - p.since_ns < stall_limit_ns_) return;
+    publish_stop(region_,
+                 absl::StrCat(describe(), " completed nothing for ", (now - p.since_ns) / 1e9,
+                              " s with ", parent_.in_flight(),
+                              " run(s) in flight, past twice its operation timeout plus 1 s (",
+                              stall_limit_ns_ / 1e9, " s): it is stopped or hung; killed"));
+    SIMPLER_LOG_WARN("{}: completed nothing for {:.1f} s with runs in flight: SIGKILL", describe(),
+                     (now - p.since_ns) / 1e9);
+    (void)kill(child_pid_, SIGKILL);
+  }
+
   MailboxRegion region_;
   MailboxParent parent_;
   const pid_t child_pid_;
+  const int64_t stall_limit_ns_;  // watch_progress's limit; 0: none
   std::thread server_;
   std::thread collector_;
   std::thread reaper_;

@@ -697,5 +697,27 @@ TEST_P(L3, AWaiterOnAKilledChildsRunGetsItsDeathAndTheOtherChildGoesOn) {
   EXPECT_TRUE(f.closed_ok);
 }
 
+// A process child that stops answering mid-run (SIGSTOP, the fault plan's process_stop), where its
+// own operation timeout cannot fire: the parent's watch fails the run it held once it completed
+// nothing for twice that timeout plus 1 s (0.25 s here: 1.5 s), naming the child and the stall,
+// and kills it; the other child goes on, and close() returns.
+TEST_P(L3, AStoppedChildsRunsFailAtItsStallLimitAndTheOtherChildGoesOn) {
+  if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "a thread child shares this process";
+  L3Options o = options(GetParam(), "run=1:task=0:kind=process_stop");
+  o.child.operation_timeout_s = 0.25;
+  const FaultedChild f = run_into_child_0_fault(o);
+  EXPECT_GE(f.waited, std::chrono::milliseconds(1400));
+  EXPECT_LT(f.waited, std::chrono::seconds(10));
+  EXPECT_FALSE(f.failed.ok());
+  EXPECT_TRUE(contains(f.failed, "child 0 (process ")) << f.failed;
+  EXPECT_TRUE(contains(f.failed,
+                       "run(s) in flight, past twice its operation timeout plus 1 s (1.5 s): "
+                       "it is stopped or hung; killed"))
+      << f.failed;
+  EXPECT_TRUE(f.other_ok);
+  EXPECT_TRUE(contains(f.later, "it is stopped or hung")) << f.later;
+  EXPECT_TRUE(f.closed_ok);
+}
+
 }  // namespace
 }  // namespace simpler::hierarchy

@@ -2681,6 +2681,17 @@ def scenario_l3_example(ctx):
              f"process_kill: stderr does not name the child and the signal: {tail(p.stderr, 600)!r}")
     pb.check(took < 30, f"process_kill: took {took:.1f} s")
     check_children_gone(pb, p.stderr, 2, "process_kill")
+    # A child that stops answering (SIGSTOP; its own --timeout cannot fire): the parent fails its
+    # run at twice the timeout plus 1 s, names the stall and kills it; nothing hangs.
+    env = dict(ctx.env, SIMPLER_SIM_FAULTS="run=1:task=0:kind=process_stop")
+    t0 = time.monotonic()
+    p, _ = ctx.run([ctx.simpler, "l3-example", "--child-mode", "process", "--runs", "3",
+                    "--timeout", "1"], label="l3-example process_stop", env=env)
+    took = time.monotonic() - t0
+    pb.check(0 < p.returncode < 128 and "it is stopped or hung; killed" in p.stderr,
+             f"process_stop: exit {p.returncode}, stderr {tail(p.stderr, 600)!r}")
+    pb.check(took < 30, f"process_stop: took {took:.1f} s")
+    check_children_gone(pb, p.stderr, 2, "process_stop")
     expect_error(ctx, [ctx.simpler, "l3-example", "--intermediate", "255"],
                  "l3-example bad shape", ["--intermediate 255 is not a multiple of --chips 2"])
     # No trace is recorded where the runs execute on the children: the flag is not offered.

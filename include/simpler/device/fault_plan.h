@@ -24,7 +24,19 @@ namespace simpler::device {
 //  kProcessKill: the process hosting the device SIGKILLs itself when the task
 //                starts (an L3 process-mode child dying mid-run; its parent
 //                must fail every run the child held, naming it and the signal).
-enum class FaultKind : uint8_t { kKernelError, kDeviceFault, kHang, kLaunchRefused, kProcessKill };
+//  kProcessStop: the process hosting the device SIGSTOPs itself when the task
+//                starts (an L3 process-mode child that stops answering, as under
+//                a debugger or `kill -STOP`: its own operation timeout cannot
+//                fire, so its parent's watch must fail every run it held and
+//                kill it). Continued, the task runs on as if nothing happened.
+enum class FaultKind : uint8_t {
+  kKernelError,
+  kDeviceFault,
+  kHang,
+  kLaunchRefused,
+  kProcessKill,
+  kProcessStop
+};
 
 std::string_view name_of(FaultKind kind);
 
@@ -51,7 +63,8 @@ class FaultPlan {
 
   // Parses the SIMPLER_SIM_FAULTS syntax: comma-separated faults, each a
   // colon-separated list of key=value with keys run, task, kind
-  // (kernel_error|device_fault|hang|launch_refused|process_kill) and optional code, e.g.
+  // (kernel_error|device_fault|hang|launch_refused|process_kill|process_stop) and optional code,
+  // e.g.
   //   run=3:task=7:kind=device_fault:code=507018,run=5:task=0:kind=hang
   // An empty string is an empty plan. INVALID_ARGUMENT names the offending
   // fault and key (unknown key, missing run/task/kind, non-numeric or negative
