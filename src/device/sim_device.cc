@@ -1013,7 +1013,9 @@ class SimDevice final : public Device {
         case FaultKind::kProcessStop:
           SIMPLER_LOG_WARN("run {} task {}: injected process_stop: SIGSTOP to process {}", run_id,
                            job.task_index, static_cast<int64_t>(getpid()));
-          (void)kill(getpid(), SIGSTOP);  // returns once continued (SIGCONT), if ever
+          // raise, not kill(getpid()): a signal to the process stops its threads when each next
+          // enters the kernel, so this task could finish and its run complete first.
+          (void)raise(SIGSTOP);  // this thread stops at once; returns once continued, if ever
           break;
         case FaultKind::kHang: {
           MutexLock lock(abort_mu_);
