@@ -991,7 +991,7 @@ void LlmEngine::Impl::accept_samples(const InFlight& f, const std::vector<RowSam
     LoopEvent& ev = events[a.request_id];
     ev.times.push_back(now);
     accept(ch, a, si < samples.size() ? &samples[si] : nullptr, ev);
-    ev.ends_on_stop_token = stops_on(ch.params, a.token, a.index + 1);  // as retire_rows decided
+    ev.ends_on_stop_token = a.stop;  // retire_rows' stops_on
     if (a.index == 0 && ch.prompt_logprobs >= 0 && !ch.prompt_scores_sent) {
       ev.prompt_logprobs = std::move(ch.prompt_scores);
       ch.prompt_scores = {};

@@ -518,8 +518,8 @@ absl::StatusOr<std::vector<AcceptedSample>> Scheduler::on_step_retired(
     register_full_pages(r, row.end);  // their content is proven now
     if (!row.logits) continue;
     --r.pending;
-    accepted.push_back(
-        AcceptedSample{k, row.id, results[k].token, static_cast<int64_t>(r.outputs.size())});
+    accepted.push_back(AcceptedSample{k, row.id, results[k].token,
+                                      static_cast<int64_t>(r.outputs.size()), results[k].stop});
     r.outputs.push_back(results[k].token);
     if (results[k].stop) {
       finish(row.id, FinishReason::kStop);

@@ -133,7 +133,8 @@ struct StepPlan {
 // one per row (token and stop are ignored for rows without logits).
 struct RowResult {
   int32_t token = 0;
-  bool stop = false;  // the token ends the request (EOS, stop string)
+  // The token ends the request: a stop id (EOS, stop_token_ids); stop strings end it by stop().
+  bool stop = false;
 };
 
 enum class StepFailure : uint8_t {
@@ -164,6 +165,7 @@ struct AcceptedSample {
   uint64_t request_id = 0;
   int32_t token = 0;
   int64_t index = 0;
+  bool stop = false;  // the token ended the request (RowResult::stop): its last output
 };
 
 struct SchedulerSnapshot {

@@ -1,7 +1,5 @@
 #include "simpler/model/make_model.h"
 
-#include <sys/statvfs.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -267,9 +265,10 @@ TensorSource random_source(const MakeModelOptions& options, const std::vector<We
 // `out`'s file system (a --vocab-size or --hidden-size within its bounds can ask for terabytes:
 // refused before a byte is written rather than filling the disk).
 absl::Status check_free_space(const fs::path& out, uint64_t total) {
-  struct statvfs fs_stat = {};
-  if (::statvfs(out.c_str(), &fs_stat) != 0) return absl::OkStatus();  // unknown: let writes say
-  const uint64_t free_bytes = static_cast<uint64_t>(fs_stat.f_bavail) * fs_stat.f_frsize;
+  std::error_code ec;
+  const fs::space_info space = fs::space(out, ec);
+  if (ec) return absl::OkStatus();  // unknown: the writes will say what is wrong
+  const uint64_t free_bytes = space.available;
   if (total <= free_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
       "the checkpoint takes %.3f GB of weights, more than the %.3f GB free on %s's "
@@ -291,11 +290,11 @@ uint64_t weight_bytes(const std::vector<WeightSpec>& specs, size_t elem,
   return total;
 }
 
-// The weights in `shards` files (and their index when more than one).
+// The weights in `shards` files (and their index when more than one): tensor i of `specs` takes
+// bytes[i], `total` in all (weight_bytes).
 absl::Status write_weights(const MakeModelOptions& options, const std::vector<WeightSpec>& specs,
+                           const std::vector<uint64_t>& bytes, uint64_t total,
                            const fs::path& out) {
-  std::vector<uint64_t> bytes;
-  const uint64_t total = weight_bytes(specs, task::size_of(options.dtype), &bytes);
   const int shards = options.shards;
   const std::vector<int> shard_of = assign_shards(bytes, total, shards);
   SIMPLER_LOG_INFO("make-model: writing {} ({} tensors, {:.1f} MB, {} shard(s)) to {}",
@@ -343,12 +342,12 @@ absl::Status make_model(const MakeModelOptions& options) {
                            find_tokenizer_files(options));
   SIMPLER_RETURN_IF_ERROR(prepare_out_dir(out));
   std::vector<uint64_t> bytes;
-  SIMPLER_RETURN_IF_ERROR(
-      check_free_space(out, weight_bytes(specs, task::size_of(options.dtype), &bytes)));
+  const uint64_t total = weight_bytes(specs, task::size_of(options.dtype), &bytes);
+  SIMPLER_RETURN_IF_ERROR(check_free_space(out, total));
   SIMPLER_RETURN_IF_ERROR(write_text(out / "config.json", config.to_config_json()));
   SIMPLER_RETURN_IF_ERROR(
       write_text(out / "generation_config.json", config.to_generation_config_json()));
-  SIMPLER_RETURN_IF_ERROR(write_weights(options, specs, out));
+  SIMPLER_RETURN_IF_ERROR(write_weights(options, specs, bytes, total, out));
   std::error_code ec;
   for (const fs::path& p : tokenizer_files) {
     fs::copy_file(p, out / p.filename(), fs::copy_options::overwrite_existing, ec);
