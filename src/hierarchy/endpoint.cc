@@ -31,7 +31,8 @@ namespace simpler::hierarchy {
 
 namespace {
 
-// A control command (malloc, free, a copy) gets this long; a copy waits for the runs before it.
+// A control command (malloc, free, a copy) gets this long; a copy waits for the runs before it. A
+// process child that stalls on one is stopped sooner (MailboxEndpoint::watch_progress).
 constexpr int64_t kControlTimeoutNs = 600'000'000'000;
 constexpr int64_t kDoorbellSliceNs =
     1'000'000'000;  // a doorbell wait re-checks at least this often
@@ -598,7 +599,7 @@ class MailboxEndpoint final : public EndpointBase {
   }
 
   void collect_loop() {
-    Progress progress{parent_.completions(), base::now_ns()};
+    Progress progress{parent_.completions(), parent_.controls_published(), base::now_ns()};
     while (true) {
       const uint32_t seen = parent_.completions();
       {
@@ -617,31 +618,41 @@ class MailboxEndpoint final : public EndpointBase {
     }
   }
 
-  // The completion count last seen to move, and when (or when no run was in flight).
+  // The completion and control-command counts last seen to move, and when (or when the child
+  // last had nothing to do).
   struct Progress {
     uint32_t completions;
+    uint32_t controls;
     int64_t since_ns;
   };
-  // A process child that completes nothing for stall_limit_ns_ while runs are in flight is
-  // stopped (SIGSTOP, a debugger) or hung where its own operation timeout cannot fire: every run
-  // it held fails naming that (publish_stop, the first reason wins) and it is killed, so its
-  // reaper returns and close() does not wait for it. A live child completes a run at least once
-  // an operation timeout plus its host preparation (the device runs them one at a time, each
-  // bounded by the timeout), so twice the timeout plus 1 s never fires on one.
+  // A process child that, with runs in flight or a control command (malloc, free, a copy, a grant
+  // change) out, completes nothing and is given no new command for stall_limit_ns_ is stopped
+  // (SIGSTOP, a debugger) or hung where its own operation timeout cannot fire: every run it held
+  // fails naming that, as does the command's caller (publish_stop, the first reason wins), and it
+  // is killed, so its reaper returns and close() does not wait for it. A live child completes a
+  // run at least once an operation timeout plus its host preparation (the device runs them one at
+  // a time, each bounded by the timeout), and answers a command once the runs before it are done
+  // (a copy, bounded by the timeout too), so twice the timeout plus 1 s never fires on one.
   void watch_progress(uint32_t seen, Progress& p) {
     const int64_t now = base::now_ns();
-    if (seen != p.completions || parent_.in_flight() == 0) {
-      p = {seen, now};
+    const uint32_t controls = parent_.controls_published();
+    const int32_t in_flight = parent_.in_flight();
+    const std::optional<ControlOp> control = parent_.control_out();
+    if (seen != p.completions || controls != p.controls || (in_flight == 0 && !control)) {
+      p = {seen, controls, now};
       return;
     }
     if (stall_limit_ns_ == 0 || now - p.since_ns < stall_limit_ns_) return;
+    const std::string waiting =
+        in_flight > 0 ? absl::StrCat(in_flight, " run(s) in flight")
+                      : absl::StrCat("its ", control_op_name(static_cast<uint32_t>(*control)),
+                                     " command unanswered");
     publish_stop(region_,
                  absl::StrCat(describe(), " completed nothing for ", (now - p.since_ns) / 1e9,
-                              " s with ", parent_.in_flight(),
-                              " run(s) in flight, past twice its operation timeout plus 1 s (",
+                              " s with ", waiting, ", past twice its operation timeout plus 1 s (",
                               stall_limit_ns_ / 1e9, " s): it is stopped or hung; killed"));
-    SIMPLER_LOG_WARN("{}: completed nothing for {:.1f} s with runs in flight: SIGKILL", describe(),
-                     (now - p.since_ns) / 1e9);
+    SIMPLER_LOG_WARN("{}: completed nothing for {:.1f} s with {}: SIGKILL", describe(),
+                     (now - p.since_ns) / 1e9, waiting);
     (void)kill(child_pid_, SIGKILL);
   }
 

@@ -3,11 +3,15 @@
 // modes with identical results.
 #include "simpler/hierarchy/l3_worker.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -717,6 +721,59 @@ TEST_P(L3, AStoppedChildsRunsFailAtItsStallLimitAndTheOtherChildGoesOn) {
   EXPECT_TRUE(f.other_ok);
   EXPECT_TRUE(contains(f.later, "it is stopped or hung")) << f.later;
   EXPECT_TRUE(f.closed_ok);
+}
+
+// The state letter of process `pid` (/proc/PID/stat's third field: 'T' stopped), or '?'.
+char process_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
+}
+
+// A process child stopped (SIGSTOP) while the parent has a control command out to it and no run
+// in flight: the same watch fails the command once the child answered nothing for twice its
+// operation timeout plus 1 s, naming the command, and kills the child; the other child goes on,
+// and close() returns. Without the watch the command waits out its own 600 s limit.
+TEST_P(L3, AStoppedChildsControlCommandFailsAtItsStallLimit) {
+  if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "a thread child shares this process";
+  L3Options o = options(GetParam());
+  o.child.operation_timeout_s = 0.25;
+  L3Worker w(o);
+  ProgramHandle p = register_on_child_program(w);
+  ASSERT_TRUE(w.init().ok());
+  ASSERT_TRUE(w.run(p, on_child(0)).ok());
+  const std::string child0 = w.describe_children()[0];  // "child 0 (process N)"
+  const size_t at = child0.find("(process ");
+  ASSERT_NE(at, std::string::npos) << child0;
+  const pid_t pid = static_cast<pid_t>(std::stol(child0.substr(at + 9)));
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (process_state(pid) != 'T' && std::chrono::steady_clock::now() < by) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(process_state(pid), 'T') << "child 0 did not stop";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<worker::DeviceBuffer> b = w.child_malloc(0, 4096);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, std::chrono::milliseconds(1400));
+  EXPECT_LT(waited, std::chrono::seconds(10));
+  ASSERT_FALSE(b.ok());
+  EXPECT_TRUE(contains(b.status(), "child 0 (process ")) << b.status();
+  EXPECT_TRUE(contains(b.status(),
+                       "with its malloc command unanswered, past twice its operation timeout plus "
+                       "1 s (1.5 s): it is stopped or hung; killed"))
+      << b.status();
+  EXPECT_TRUE(w.run(p, on_child(1)).ok());
+  absl::StatusOr<worker::DeviceBuffer> other = w.child_malloc(1, 4096);
+  EXPECT_TRUE(other.ok()) << other.status();
+  if (other.ok()) {
+    EXPECT_TRUE(w.child_free(1, *other).ok());
+  }
+  EXPECT_TRUE(contains(w.run(p, on_child(0)), "it is stopped or hung"));
+  EXPECT_TRUE(w.close().ok());
 }
 
 }  // namespace

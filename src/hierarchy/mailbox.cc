@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/enum_names.h"
 #include "simpler/base/status.h"
 
 namespace simpler::hierarchy {
@@ -79,6 +80,18 @@ RunEntry* entries_of(void* base) {
 }
 
 }  // namespace
+
+namespace {
+constexpr base::EnumNames<ControlOp> kControlOpNames = {{ControlOp::kMalloc, "malloc"},
+                                                        {ControlOp::kFree, "free"},
+                                                        {ControlOp::kCopyTo, "copy_to"},
+                                                        {ControlOp::kCopyFrom, "copy_from"},
+                                                        {ControlOp::kRegrant, "regrant"}};
+}  // namespace
+
+std::string control_op_name(uint32_t op) {
+  return std::string(kControlOpNames.name(static_cast<ControlOp>(op), "?"));
+}
 
 bool is_terminal(EntryState s) { return s == EntryState::kCompleted || s == EntryState::kFailed; }
 
@@ -456,6 +469,8 @@ absl::StatusOr<ControlReply> MailboxParent::control_locked(const ControlCommand&
   }
   std::memcpy(f.payload, &command, sizeof(command));
   f.header.payload_bytes = sizeof(command);
+  last_control_op_.store(command.op, std::memory_order_relaxed);
+  controls_published_.fetch_add(1, std::memory_order_release);
   f.header.state.store(static_cast<uint32_t>(FrameState::kPublished), std::memory_order_release);
   ring(region_->header().child_doorbell);
   while (true) {
@@ -471,8 +486,8 @@ absl::StatusOr<ControlReply> MailboxParent::control_locked(const ControlCommand&
       // The command is out and the child may still act on it (or be reading the frame): what
       // it did is unknown, and the frame cannot be reused. The endpoint stops.
       const std::string why =
-          absl::StrCat("control command ", command.op, " got no reply from the child within ",
-                       timeout_ns / 1'000'000, " ms");
+          absl::StrCat("control command ", control_op_name(command.op),
+                       " got no reply from the child within ", timeout_ns / 1'000'000, " ms");
       publish_stop(*region_, why);
       return absl::DeadlineExceededError(absl::StrCat("mailbox control: ", why));
     }
@@ -489,6 +504,19 @@ absl::StatusOr<ControlReply> MailboxParent::control_locked(const ControlCommand&
                         read_text(reply.text, reply.text_bytes, kErrorTextBytes));
   }
   return reply;
+}
+
+uint32_t MailboxParent::controls_published() const {
+  return controls_published_.load(std::memory_order_acquire);
+}
+
+std::optional<ControlOp> MailboxParent::control_out() const {
+  const uint32_t op = last_control_op_.load(std::memory_order_relaxed);
+  if (region_->layout().control.header.state.load(std::memory_order_acquire) ==
+      static_cast<uint32_t>(FrameState::kFree)) {
+    return std::nullopt;
+  }
+  return static_cast<ControlOp>(op);
 }
 
 uint32_t MailboxParent::grant() const {

@@ -232,6 +232,8 @@ enum class ControlOp : uint32_t {
   kCopyFrom = 4,
   kRegrant = 5
 };
+// The op's name ("malloc", "free", "copy_to", "copy_from", "regrant"; "?" for another value).
+std::string control_op_name(uint32_t op);
 struct ControlCommand {
   uint32_t op = 0;            // ControlOp
   uint32_t grant = 0;         // kRegrant
@@ -296,6 +298,10 @@ class MailboxParent {
   // the endpoint stopped; the sizing's INTERNAL error; the child's refusal. A child that does
   // not answer within `timeout_ns` is DEADLINE_EXCEEDED and stops the endpoint, as control().
   absl::Status regrant(uint32_t grant, int64_t timeout_ns);
+  // Control commands published so far (a grant change is one), and the op of the one still out
+  // (published, its reply not seen yet), if any: what a watch on the child's progress reads.
+  uint32_t controls_published() const;
+  std::optional<ControlOp> control_out() const;
   // The committed grant (this side's table: grant + K entries).
   uint32_t grant() const;
 
@@ -341,6 +347,8 @@ class MailboxParent {
   // Frames are used in cyclic order on both sides, so the child takes
   // requests in publication (FIFO) order.
   uint32_t next_frame_ SIMPLER_GUARDED_BY(mu_) = 0;
+  std::atomic<uint32_t> controls_published_{0};
+  std::atomic<uint32_t> last_control_op_{0};  // the op last published in the control frame
 };
 
 // A request the child took out of a frame: its ticket and a copy of the payload.
