@@ -1439,6 +1439,33 @@ def scenario_cli_input(ctx):
     expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--trace", ctx.path("no", "t.json")),
                              "--trace NODIR/t.json", ["--trace", "there is no directory"])
 
+    # Benchmark flags refused before any workload runs: --url's form and reachability (a server
+    # that does not answer used to fail every request after the whole workload), a request rate
+    # whose arrivals would span days, and a --ttft-probe-len the model cannot hold (refused only
+    # after both throughput runs before).
+    serve = [ctx.simpler, "bench", "serve", "--model", model, "--num-prompts", "2"]
+    expect_refused_by_parser(ctx, serve + ["--url", "https://127.0.0.1:8000"], "--url https",
+                             ["--url", "only http:// is supported"])
+    expect_refused_by_parser(ctx, serve + ["--url", "http://127.0.0.1:99999"], "--url port",
+                             ["--url", "the port must be a number in [1, 65535]"])
+    expect_refused_by_parser(ctx, serve + ["--url", "http://127.0.0.1:8000/v1"], "--url path",
+                             ["--url", "has a path"])
+    expect_refused_by_parser(ctx, serve + ["--request-rate", "1e-9"], "--request-rate 1e-9",
+                             ["--request-rate", "at least 0.001"])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]  # nothing listens there once closed
+    t0 = time.monotonic()
+    p = expect_error(ctx, serve + ["--url", f"http://127.0.0.1:{closed_port}"], "--url closed",
+                     ["--url", "no answer to GET /v1/models"])
+    pb.check(time.monotonic() - t0 < 30 and "requests finished" not in p.stderr,
+             f"--url closed: not refused before the workload: {tail(p.stderr, 400)!r}")
+    p = expect_error(ctx, [ctx.simpler, "bench", "throughput", "--model", model, "--num-prompts",
+                           "2", "--ttft-probe-len", "5000"], "--ttft-probe-len 5000",
+                     ["--ttft-probe-len", "exceeds max_position_embeddings 4096"])
+    pb.check("continuous run" not in p.stderr,
+             f"--ttft-probe-len 5000: refused only after the runs: {tail(p.stderr, 400)!r}")
+
     # -n above the default 256 sequences: the choices of a prompt run at once, so the default
     # grows to them (they used to fail one by one after the model loaded); a --max-num-seqs
     # given below them is refused naming both flags.
@@ -2086,6 +2113,18 @@ def check_bench_serve_structured(ctx, model):
                                    "unsupported JSON Schema keyword 'maxLength'" in p.stderr,
              f"bench serve with a refused schema: exit {p.returncode}, stderr "
              f"{tail(p.stderr, 400)!r}")
+    # --url: the workload against a server already running (it answers GET /v1/models first).
+    proc, url, _ = start_server(ctx, model, "--no-access-log")
+    try:
+        p, _ = ctx.run_ok([ctx.simpler, "bench", "serve", "--model", model, "--url", url + "/",
+                           "--num-prompts", "2", "--input-len-range", "4:4",
+                           "--output-len-range", "2:2", "--json"], label="bench serve --url")
+        j = parse_one_json_object(p.stdout, "bench serve --url")
+        pb.check(j.get("url") == url + "/" and j.get("errors") == 0 and j.get("num_prompts") == 2
+                 and j.get("output_tokens_per_s", 0) > 0,
+                 f"bench serve --url: {str(j)[:400]}")
+    finally:
+        stop_server(proc)
 
 
 def scenario_bench_prefill_load(ctx):
@@ -2213,7 +2252,7 @@ def scenario_bench_prefill_load(ctx):
     p, _ = ctx.run([ctx.simpler, "bench", "dispatch", "--tasks", "200", "--compare", "starpu",
                     "--json"], label="bench dispatch --compare starpu")
     if p.returncode == 0:
-        rows = parse_one_json_object(p.stdout, "bench dispatch --compare starpu")["dispatch"]
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
         pb.check([(r["pattern"], r["mode"]) for r in rows]
                  == [(p, m) for p in ("independent", "chain", "8_chains")
                      for m in ("uncaptured", "replayed")]

@@ -97,13 +97,18 @@ inline absl::StatusOr<LenRange> parse_len_range(const std::string& text) {
 
 inline CLI::Validator len_range_check() { return parse_check(parse_len_range, "A:B"); }
 
-// "inf" (all requests at once) or a finite rate > 0, requests per second.
+// The lowest --request-rate: one request per 1000 s on average (below it a benchmark's arrivals
+// would span days).
+inline constexpr double kMinRequestRate = 1e-3;
+
+// "inf" (all requests at once) or a finite rate >= kMinRequestRate, requests per second.
 inline absl::StatusOr<double> parse_rate(const std::string& text) {
   if (text == "inf") return std::numeric_limits<double>::infinity();
   double v = 0;
-  if (!absl::SimpleAtod(text, &v) || !std::isfinite(v) || !(v > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", text.substr(0, 40), "' is neither inf nor a finite number of requests/s above 0"));
+  if (!absl::SimpleAtod(text, &v) || !std::isfinite(v) || !(v >= kMinRequestRate)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text.substr(0, 40),
+                                                   "' is neither inf nor a finite number of "
+                                                   "requests/s of at least 0.001"));
   }
   return v;
 }

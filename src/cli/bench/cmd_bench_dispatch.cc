@@ -43,17 +43,15 @@ int run_bench_dispatch(const DispatchFlags& st) {
     }
     return nullptr;
   };
-  if (st.common.json) {
-    nlohmann::json out = nlohmann::json::array();
+  if (st.common.json) {  // one object per row, as --json's help says
     for (const DispatchRow& r : *rows) {
       nlohmann::json j = r;
       if (const DispatchRow* p = peer_of(r)) {
         j["starpu_ns_per_task"] = p->ns_per_task;
         j["starpu_over_simpler"] = p->ns_per_task / r.ns_per_task;
       }
-      out.push_back(j);
+      print_json_line(j);
     }
-    print_json_line(nlohmann::json{{"dispatch", out}});
   } else {
     std::printf("%-12s %-10s %10s %12s %12s %10s", "pattern", "mode", "tasks", "ns/task",
                 "prepare us", "wall ms");

@@ -154,16 +154,86 @@ struct Server {
   std::thread serving;
 };
 
-// Starts the server in this process (the engine of `eo` with the model's tokenizer), or parses
-// --url (http://HOST:PORT; port 80 without one).
+// A server address: --url's host and port.
+struct HostPort {
+  std::string host;
+  int port = 80;
+};
+
+// --url: http://HOST[:PORT][/] (or without the scheme; port 80 without one; an IPv6 HOST in
+// brackets). INVALID_ARGUMENT naming what is wrong: another scheme (the client speaks plain
+// HTTP), a path, an empty host, a port outside [1, 65535].
+absl::StatusOr<HostPort> parse_url(const std::string& url) {
+  std::string rest = url;
+  if (const size_t scheme = rest.find("://"); scheme != std::string::npos) {
+    if (rest.substr(0, scheme) != "http") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", url.substr(0, 80), "': only http:// is supported (the client speaks plain HTTP)"));
+    }
+    rest = rest.substr(scheme + 3);
+  }
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  if (rest.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", url.substr(0, 80), "' has a path: give http://HOST:PORT"));
+  }
+  HostPort hp;
+  size_t colon = rest.rfind(':');
+  if (!rest.empty() && rest[0] == '[') {  // [IPv6]:PORT
+    const size_t close = rest.find(']');
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("'", url.substr(0, 80), "': no ']'"));
+    }
+    hp.host = rest.substr(1, close - 1);
+    colon = close + 1 < rest.size() && rest[close + 1] == ':' ? close + 1 : std::string::npos;
+    if (colon == std::string::npos && close + 1 != rest.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", url.substr(0, 80), "': expected ':PORT' after ']'"));
+    }
+  } else {
+    hp.host = rest.substr(0, colon);
+  }
+  if (hp.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", url.substr(0, 80), "' names no host"));
+  }
+  if (colon != std::string::npos) {
+    int port = 0;
+    if (!absl::SimpleAtoi(rest.substr(colon + 1), &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", url.substr(0, 80), "': the port must be a number in [1, 65535]"));
+    }
+    hp.port = port;
+  }
+  return hp;
+}
+
+// Whether the server at --url answers GET /v1/models with 200, checked before the workload runs:
+// UNAVAILABLE when nothing answers within 10 s, FAILED_PRECONDITION for another status.
+absl::Status probe_url(const std::string& url) {
+  SIMPLER_ASSIGN_OR_RETURN(HostPort hp, parse_url(url));
+  httplib::Client c(hp.host, hp.port);
+  c.set_connection_timeout(10, 0);
+  c.set_read_timeout(10, 0);
+  const httplib::Result res = c.Get("/v1/models");
+  if (!res) {
+    return absl::UnavailableError(absl::StrCat("--url ", url, ": no answer to GET /v1/models (",
+                                               httplib::to_string(res.error()), ")"));
+  }
+  if (res->status != 200) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--url ", url, ": GET /v1/models answered HTTP ", res->status,
+                     "; is it an OpenAI-compatible server?"));
+  }
+  return absl::OkStatus();
+}
+
+// Starts the server in this process (the engine of `eo` with the model's tokenizer), or takes
+// --url's address (parse_url).
 absl::Status start_server(const ServeState& st, const llm::EngineOptions& eo, Server* s) {
   if (!st.url.empty()) {
-    const std::string u = st.url;
-    const size_t scheme = u.find("://");
-    const std::string rest = scheme == std::string::npos ? u : u.substr(scheme + 3);
-    const size_t colon = rest.find(':');
-    s->host = rest.substr(0, colon);
-    s->port = colon == std::string::npos ? 80 : std::atoi(rest.c_str() + colon + 1);
+    SIMPLER_ASSIGN_OR_RETURN(HostPort hp, parse_url(st.url));
+    s->host = hp.host;
+    s->port = hp.port;
     return absl::OkStatus();
   }
   SIMPLER_ASSIGN_OR_RETURN(llm::Tokenizer tok, llm::load_model_tokenizer(st.model));
@@ -620,6 +690,9 @@ int run_bench_serve(const ServeState& flags) {
   if (flags.workload.kind == "multi-turn") return run_bench_serve_multi_turn(flags);
   ServeState st = flags;
   if (absl::Status s = load_structured(&st); !s.ok()) return fail(kBenchServeCommand, s);
+  if (!st.url.empty()) {
+    if (absl::Status s = probe_url(st.url); !s.ok()) return fail(kBenchServeCommand, s);
+  }
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchServeCommand, config.status());
   auto workload = make_workload(*config, st.workload);
@@ -681,7 +754,9 @@ Runner add_bench_serve_command(CLI::App* bench_cmd) {
       bench_cmd, "serve", "the OpenAI-compatible server under load, against the engine offline",
       &st->model, "model directory (with its tokenizer) or .gguf file");
   cmd->add_option("--url", st->url,
-                  "drive a running server (http://HOST:PORT) instead of one started here");
+                  "drive a running server (http://HOST:PORT) instead of one started here; it "
+                  "must answer GET /v1/models first")
+      ->check(parse_check(parse_url, "URL"));
   add_workload_flags(cmd, &st->workload, "", /*multi_turn=*/true);
   cmd->add_option("--max-concurrency", st->max_concurrency,
                   "requests open at once (0 = all of them)")

@@ -187,8 +187,17 @@ struct TtftProbe {
   double ratio() const { return prefill_device_ms > 0 ? ttft_ms / prefill_device_ms : 0; }
 };
 
-// The idle-engine TTFT probe of --ttft-probe-len (0 = none: `*probe` stays empty). 0 when it ran
-// or was skipped, else the exit code after printing the error.
+// Whether a --ttft-probe-len prompt (and its one new token) fits the model: checked before the
+// workload runs, so a probe the model cannot hold is refused at once.
+absl::Status check_ttft_probe_len(const ThroughputState& st, const llm::ModelConfig& config) {
+  if (st.ttft_probe_len == 0) return absl::OkStatus();
+  const std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len), 0);
+  return base::annotate(config.check_request(prompt, 1), "--ttft-probe-len: ");
+}
+
+// The idle-engine TTFT probe of --ttft-probe-len (0 = none: `*probe` stays empty; its length was
+// checked by check_ttft_probe_len). 0 when it ran or was skipped, else the exit code after
+// printing the error.
 int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config,
                    const llm::EngineOptions& eo, const base::TraceRecorder& trace,
                    std::optional<TtftProbe>* probe) {
@@ -197,9 +206,6 @@ int run_ttft_probe(const ThroughputState& st, const llm::ModelConfig& config,
   SplitMix64 ids(st.workload.seed ^ 0x9e3779b97f4a7c15ull);
   std::vector<int64_t> prompt(static_cast<size_t>(st.ttft_probe_len));
   for (int64_t& id : prompt) id = ids.uniform(0, config.vocab_size - 1);
-  if (absl::Status ck = config.check_request(prompt, 1); !ck.ok()) {
-    return fail(kBenchThroughputCommand, base::annotate(ck, "--ttft-probe-len: "));
-  }
   one.prompts.emplace_back(prompt.begin(), prompt.end());
   one.output_lens.push_back(1);
   one.arrival_offsets_ns.push_back(0);
@@ -362,6 +368,9 @@ int run_bench_throughput(const ThroughputState& st) {
   r.rate = st.workload.rate();
   auto config = llm::ModelConfig::load(st.model);
   if (!config.ok()) return fail(kBenchThroughputCommand, config.status());
+  if (absl::Status ck = check_ttft_probe_len(st, *config); !ck.ok()) {
+    return fail(kBenchThroughputCommand, ck);
+  }
   auto workload = make_workload(*config, st.workload);
   if (!workload.ok()) return fail(kBenchThroughputCommand, workload.status());
   const Workload& w = *workload;
