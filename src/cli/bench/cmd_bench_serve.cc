@@ -199,8 +199,8 @@ absl::StatusOr<HostPort> parse_url(const std::string& url) {
   if (colon != std::string::npos) {
     int port = 0;
     if (!absl::SimpleAtoi(rest.substr(colon + 1), &port) || port < 1 || port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", url.substr(0, 80), "': the port must be a number in [1, 65535]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", url.substr(0, 80), "': the port must be a number in [1, 65535]"));
     }
     hp.port = port;
   }
