@@ -212,6 +212,15 @@ absl::Status read_dump_positions(const GenerateFlags& st, Requests* req) {
   SIMPLER_RETURN_IF_ERROR(a.status());
   SIMPLER_RETURN_IF_ERROR(b.status());
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  // A step at or past --max-new-tokens is never run (a request that stops early skips the later
+  // ones too; those are absent from its output).
+  for (int64_t step : *a) {
+    if (step >= st.max_new_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dump-logits-steps: step ", step, " is never run: --max-new-tokens ",
+                       st.max_new_tokens, " runs steps 0 to ", st.max_new_tokens - 1));
+    }
+  }
   auto na = narrow(*a, "--dump-logits-steps", 0, kInt32Max);
   auto nb = narrow(*b, "--dump-kv-positions", 0, kInt32Max);
   SIMPLER_RETURN_IF_ERROR(na.status());
@@ -696,7 +705,8 @@ Runner add_generate_command(CLI::App& app) {
           "TEXT"));
   cmd->add_flag("--ignore-eos", st->ignore_eos, "do not stop at the model's EOS ids");
   cmd->add_option("--dump-logits-steps", st->dump_logits_steps,
-                  "with --json: include logits at these decode steps (0 = first token)");
+                  "with --json: include logits at these decode steps (0 = first token; each "
+                  "below --max-new-tokens; a request that stops before one has none there)");
   cmd->add_option("--dump-kv-positions", st->dump_kv_positions,
                   "with --json: include K/V read back from the page pool at these positions");
   add_engine_flags(

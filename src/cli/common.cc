@@ -104,6 +104,15 @@ void CommonOptions::add_to(CLI::App* app, bool with_json) {
                   "run resource sets (0 = launch depth + 1; must be >= launch depth)")
       ->check(int_in(0, worker::kMaxRunGrant))
       ->capture_default_str();
+  // The pair, once both are parsed: a grant below the depth would fail only when the worker
+  // starts (after a model loaded), naming WorkerOptions rather than the flags.
+  app->parse_complete_callback([this] {
+    if (run_grant != 0 && run_grant < launch_depth) {
+      throw CLI::ValidationError("--run-grant",
+                                 absl::StrCat(run_grant, " is below --launch-depth ", launch_depth,
+                                              " (each run launched at once holds a resource set)"));
+    }
+  });
   app->add_option("--timeout", timeout_s, "operation timeout per run, seconds")
       ->check(number_in(0, kMaxTimeoutS, /*lo_open=*/true))
       ->capture_default_str();

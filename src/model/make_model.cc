@@ -197,8 +197,57 @@ absl::StatusOr<std::vector<fs::path>> find_tokenizer_files(const MakeModelOption
   return tokenizer_files;
 }
 
+// Whether make-model writes a file of this name (or leaves it beside its model: a GGUF export).
+bool written_by_make_model(const std::string& name) {
+  static const char* const kNames[] = {"config.json",       "generation_config.json",
+                                       "model.safetensors", "model.safetensors.index.json",
+                                       "tokenizer.json",    "tokenizer_config.json"};
+  for (const char* n : kNames) {
+    if (name == n) return true;
+  }
+  return (name.starts_with("model-") && name.ends_with(".safetensors")) || name.ends_with(".gguf");
+}
+
+// An existing `out` may be replaced only when it holds what make-model writes and its
+// config.json was not written by Hugging Face's transformers (which records its version there):
+// a checkpoint of another origin, or a folder of other files, is never overwritten.
+absl::Status check_out_dir(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return absl::OkStatus();
+  if (!fs::is_directory(out, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(out.string(), " is not a directory"));
+  }
+  int64_t others = 0;
+  std::string first;
+  for (const fs::directory_entry& entry : fs::directory_iterator(out, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (written_by_make_model(name) && !entry.is_directory(ec)) continue;
+    if (others++ == 0) first = name;
+  }
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot list ", out.string(), ": ", ec.message()));
+  }
+  if (others > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(out.string(), " holds files make-model does not write (", first,
+                     others > 1 ? absl::StrCat(" and ", others - 1, " more") : "",
+                     "): give a new or empty directory, or one make-model wrote"));
+  }
+  std::ifstream config(out / "config.json");
+  const json j = config ? json::parse(config, nullptr, false) : json();
+  if (j.is_object() && j.contains("transformers_version")) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(out.string(),
+                     " holds a Hugging Face checkpoint (its config.json has "
+                     "transformers_version): make-model does not overwrite one; give a new or "
+                     "empty directory"));
+  }
+  return absl::OkStatus();
+}
+
 // Creates `out` and removes weights of an earlier model so it holds exactly one checkpoint.
 absl::Status prepare_out_dir(const fs::path& out) {
+  SIMPLER_RETURN_IF_ERROR(check_out_dir(out));
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) {

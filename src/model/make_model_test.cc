@@ -203,6 +203,34 @@ TEST(MakeModel, RewritingReplacesAnEarlierCheckpoint) {
   EXPECT_EQ(weights->num_files(), 1u);
 }
 
+// A directory of other files, or a Hugging Face checkpoint (config.json with
+// transformers_version), is refused before anything there changes: make-model replaced the
+// latter's weights and wrote beside the former's files.
+TEST(MakeModel, ADirectoryItDidNotWriteIsRefusedAndLeftAsItWas) {
+  const fs::path dir = make_model_dir() / "other";
+  fs::create_directories(dir);
+  { std::ofstream(dir / "README.md") << "notes\n"; }
+  { std::ofstream(dir / "model.safetensors") << "their weights"; }
+  absl::Status s = make_model(small(dir));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("holds files make-model does not write (README.md)"));
+  EXPECT_EQ(read_file(dir / "model.safetensors"), "their weights");
+  EXPECT_FALSE(fs::exists(dir / "config.json"));
+
+  fs::remove(dir / "README.md");
+  { std::ofstream(dir / "config.json") << R"({"transformers_version": "4.51.0"})"; }
+  s = make_model(small(dir));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("holds a Hugging Face checkpoint"));
+  EXPECT_EQ(read_file(dir / "model.safetensors"), "their weights");
+
+  { std::ofstream(dir / "plain_file") << "x"; }
+  s = make_model(small(dir / "plain_file"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is not a directory"));
+}
+
 TEST(MakeModel, CopiesTokenizerFilesAndNamesAMissingOne) {
   const fs::path root = make_model_dir();
   const fs::path tok = root / "tok";

@@ -1438,6 +1438,12 @@ def scenario_cli_input(ctx):
                              ["--stop", "an empty stop string"])
     expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--trace", ctx.path("no", "t.json")),
                              "--trace NODIR/t.json", ["--trace", "there is no directory"])
+    expect_error(ctx, gen("--prompt", "Hi", "--dump-logits-steps", "0,4", "--json"),
+                 "--dump-logits-steps 4 of 4", ["--dump-logits-steps: step 4 is never run",
+                                                "--max-new-tokens 4 runs steps 0 to 3"])
+    expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--launch-depth", "3", "--run-grant",
+                                      "2"), "--run-grant 2 --launch-depth 3",
+                             ["--run-grant: 2 is below --launch-depth 3"])
 
     # Benchmark flags refused before any workload runs: --url's form and reachability (a server
     # that does not answer used to fail every request after the whole workload), a request rate

@@ -52,7 +52,7 @@ struct MakeModelOptions {
   std::string preset = "tiny";  // "tiny" | "qwen3-0.6b"
   uint64_t seed = 0;
   task::DataType dtype = task::DataType::kBFloat16;  // kBFloat16 or kFloat32
-  std::string out_dir;        // created when missing; existing model files are replaced
+  std::string out_dir;        // created when missing; a model make-model wrote there is replaced
   std::string tokenizer_dir;  // empty: no tokenizer files are written
   int shards = 1;             // > 1: sharded checkpoint with model.safetensors.index.json
   ModelConfigOverrides overrides;
@@ -75,6 +75,10 @@ absl::StatusOr<ModelConfig> preset_config(std::string_view preset,
 // info level (stderr). Errors: INVALID_ARGUMENT for a bad preset/override, a dtype other than
 // bf16/f32, or shards < 1 or above the number of tensors; NOT_FOUND naming tokenizer.json or
 // tokenizer_config.json when tokenizer_dir lacks it (checked before anything is written);
+// FAILED_PRECONDITION when out_dir exists and is not a directory, holds a file make-model does not
+// write (config.json, generation_config.json, the safetensors shards and index, the tokenizer
+// files; *.gguf files are left alone), or holds a Hugging Face checkpoint (its config.json has
+// transformers_version): nothing there is changed;
 // RESOURCE_EXHAUSTED stating both sizes when the weights would not fit in the space free on
 // out_dir's file system (checked before a file is written); the OS error naming the path when a
 // file cannot be written. Thread-compatible.
