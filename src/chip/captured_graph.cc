@@ -13,10 +13,15 @@ namespace {
 
 bool is_tensor(const task::Arg& a) { return a.direction != task::ArgDirection::kScalar; }
 
-// A device tensor argument of a run that takes part in the overlap relation.
+// A device tensor argument of a run (what the fixed-range check covers).
 bool is_device_range(const task::Arg& a) {
   return is_tensor(a) && a.tensor.memory == task::MemoryKind::kDevice && a.tensor.span_bytes() > 0;
 }
+
+// A tensor argument that takes part in the overlap relation: a non-empty one, DEVICE or HOST
+// (HOST tensors that overlap share one staging buffer, so their device views overlap as theirs
+// do; pairs are only of one memory kind).
+bool is_range(const task::Arg& a) { return is_tensor(a) && a.tensor.span_bytes() > 0; }
 
 bool overlaps(uint64_t b1, uint64_t e1, uint64_t b2, uint64_t e2) { return b1 < e2 && b2 < e1; }
 
@@ -63,21 +68,25 @@ std::vector<ArgOverlap> overlapping_pairs(const std::vector<task::Arg>& args, si
     uint64_t begin = 0;
     uint64_t end = 0;
     uint32_t arg = 0;
+    task::MemoryKind memory = task::MemoryKind::kDevice;
   };
   std::vector<Interval> by_begin;
   for (uint32_t i = 0; i < args.size(); ++i) {
-    if (!is_device_range(args[i])) continue;
+    if (!is_range(args[i])) continue;
     const task::Tensor& t = args[i].tensor;
-    by_begin.push_back({t.address, t.address + t.span_bytes(), i});
+    by_begin.push_back({t.address, t.address + t.span_bytes(), i, t.memory});
   }
   std::sort(by_begin.begin(), by_begin.end(), [](const Interval& x, const Interval& y) {
+    if (x.memory != y.memory) return x.memory < y.memory;
     return x.begin != y.begin ? x.begin < y.begin : x.arg < y.arg;
   });
   std::vector<ArgOverlap> pairs;
   *truncated = false;
   for (size_t k = 0; k < by_begin.size() && !*truncated; ++k) {
     // Every later interval that begins before this one ends overlaps it (spans are not empty).
-    for (size_t m = k + 1; m < by_begin.size() && by_begin[m].begin < by_begin[k].end; ++m) {
+    for (size_t m = k + 1; m < by_begin.size() && by_begin[m].memory == by_begin[k].memory &&
+                           by_begin[m].begin < by_begin[k].end;
+         ++m) {
       if (pairs.size() == limit) {
         *truncated = true;
         break;

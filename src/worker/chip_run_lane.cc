@@ -328,26 +328,7 @@ absl::Status ChipRunLane::prepare(ChipRun& run) {
   // Only a replay of the graph whose image the set's staging holds may keep it (its HOST
   // tensors take the same staging buffers as last time); anything else may overwrite it.
   if (!same_graph(run.records->image_for, run.records->graph)) run.records->image_for.reset();
-  size_t staged = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    task::Arg& a = args[i];
-    if (a.direction == task::ArgDirection::kScalar) continue;
-    if (a.tensor.memory != task::MemoryKind::kHost) continue;
-    const uint64_t bytes = a.tensor.span_bytes();
-    if (bytes == 0) {
-      a.tensor.memory = task::MemoryKind::kDevice;
-      continue;
-    }
-    SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged++, bytes));
-    ChipRun::Staged s{a.tensor.address, buf.address, bytes, a.direction};
-    if (a.direction != task::ArgDirection::kOut) {
-      SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(
-          buf.address, reinterpret_cast<const void*>(static_cast<uintptr_t>(s.host)), bytes));
-    }
-    run.staged.push_back(s);
-    a.tensor.address = buf.address;
-    a.tensor.memory = task::MemoryKind::kDevice;
-  }
+  SIMPLER_ASSIGN_OR_RETURN(const size_t staged, stage_host_tensors(run));
   if (run.records->graph != nullptr) return prepare_replay(run, staged);
   if (run.records->host_built) {
     // Host-built graph: orchestrate here and place the image in a run-owned buffer.
@@ -365,6 +346,71 @@ absl::Status ChipRunLane::prepare(ChipRun& run) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> ChipRunLane::stage_host_tensors(ChipRun& run) {
+  task::TaskArgs& args = run.records->args;
+  struct HostSpan {
+    uint64_t begin, end;
+    size_t arg;
+  };
+  std::vector<HostSpan> spans;
+  for (size_t i = 0; i < args.size(); ++i) {
+    task::Arg& a = args[i];
+    if (a.direction == task::ArgDirection::kScalar) continue;
+    if (a.tensor.memory != task::MemoryKind::kHost) continue;
+    const uint64_t bytes = a.tensor.span_bytes();
+    if (bytes == 0) {
+      a.tensor.memory = task::MemoryKind::kDevice;
+      continue;
+    }
+    spans.push_back({a.tensor.address, a.tensor.address + bytes, i});
+  }
+  // Groups of overlapping spans, each in argument order of its first member (so a run's staging
+  // slots follow its arguments, as a replay of its graph expects).
+  std::sort(spans.begin(), spans.end(), [](const HostSpan& x, const HostSpan& y) {
+    return x.begin != y.begin ? x.begin < y.begin : x.arg < y.arg;
+  });
+  std::vector<std::vector<HostSpan>> groups;
+  uint64_t group_end = 0;
+  for (const HostSpan& sp : spans) {
+    if (groups.empty() || sp.begin >= group_end) {
+      groups.emplace_back();
+      group_end = sp.end;
+    }
+    groups.back().push_back(sp);
+    group_end = std::max(group_end, sp.end);
+  }
+  const auto first_arg = [](const std::vector<HostSpan>& g) {
+    size_t first = g.front().arg;
+    for (const HostSpan& sp : g) first = std::min(first, sp.arg);
+    return first;
+  };
+  std::sort(groups.begin(), groups.end(),
+            [&](const auto& x, const auto& y) { return first_arg(x) < first_arg(y); });
+  size_t staged = 0;
+  for (const std::vector<HostSpan>& g : groups) {
+    const uint64_t begin = g.front().begin;
+    uint64_t end = 0;
+    bool copy_in = false;
+    for (const HostSpan& sp : g) {
+      end = std::max(end, sp.end);
+      copy_in = copy_in || args[sp.arg].direction != task::ArgDirection::kOut;
+    }
+    SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged++, end - begin));
+    if (copy_in) {
+      SIMPLER_RETURN_IF_ERROR(device_->copy_to_device(
+          buf.address, reinterpret_cast<const void*>(static_cast<uintptr_t>(begin)), end - begin));
+    }
+    for (const HostSpan& sp : g) {
+      task::Arg& a = args[sp.arg];
+      const uint64_t device = buf.address + (sp.begin - begin);
+      run.staged.push_back({sp.begin, device, sp.end - sp.begin, a.direction});
+      a.tensor.address = device;
+      a.tensor.memory = task::MemoryKind::kDevice;
+    }
+  }
+  return staged;
 }
 
 int32_t ChipRunLane::cores_for(int32_t max_cores) const {

@@ -237,6 +237,11 @@ class ChipRunLane {
   absl::Status prepare_timed(ChipRun& run);
   absl::Status launch_prepared(ChipRun& run, absl::Status prepared);
   absl::Status prepare(ChipRun& run);
+  // Stages the run's HOST tensors (non-empty ones) in its set's staging buffers, copying the
+  // inputs in; returns how many buffers it used. Tensors whose host byte ranges overlap share one
+  // buffer covering their union, so their device views overlap as the host ones do and the
+  // TensorMap orders the tasks on them.
+  absl::StatusOr<size_t> stage_host_tensors(ChipRun& run);
   // Capture and replay (docs/design/capture_replay.md). admit_capture_locked: a run with a
   // capture key replays its cached graph (binding checked, fixed ranges checked live and
   // protected) or is marked capturing. stale_fixed_memory: FAILED_PRECONDITION naming the first

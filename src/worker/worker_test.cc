@@ -686,6 +686,74 @@ TEST(WorkerRun, RunIsSubmitThenWait) {
   EXPECT_EQ(w.lane_stats().submitted, 1u);
 }
 
+// Task 0 adds 1 to tensor 0 (INOUT); task 1 copies tensor 1 (IN) into tensor 2 (OUT).
+task::ChipCallable increment_then_copy_program() {
+  return {"increment_then_copy",
+          [](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
+            task::TaskArgs inc;
+            inc.add_tensor(args.tensor(0), task::ArgDirection::kInOut);
+            SIMPLER_RETURN_IF_ERROR(ctx.submit(0, inc));
+            task::TaskArgs copy;
+            copy.add_tensor(args.tensor(1), task::ArgDirection::kIn)
+                .add_tensor(args.tensor(2), task::ArgDirection::kOut);
+            return ctx.submit(1, copy);
+          },
+          {{"increment",
+            [](const task::KernelContext& c) {
+              c.tensor(0).data<int64_t>()[0] += 1;
+              return absl::OkStatus();
+            }},
+           {"copy", [](const task::KernelContext& c) {
+              c.tensor(1).data<int64_t>()[0] = c.tensor(0).data<int64_t>()[0];
+              return absl::OkStatus();
+            }}}};
+}
+
+task::Tensor host_i64(int64_t* p) {
+  return *task::Tensor::contiguous(reinterpret_cast<uintptr_t>(p), {1}, task::DataType::kInt64,
+                                   task::MemoryKind::kHost);
+}
+
+// HOST tensors that view the same memory are ordered as DEVICE ones are (by their overlap): the
+// copy reads the cell after the increment, on both graph placements and through a captured
+// graph's replays; a replay whose HOST tensors overlap otherwise than at capture is refused.
+// (Each HOST tensor once had a staging buffer of its own: the copy read the old value.)
+TEST(WorkerSubmit, OverlappingHostTensorsAreOrderedAsDeviceOnesAre) {
+  for (task::GraphPlacement placement :
+       {task::GraphPlacement::kDevice, task::GraphPlacement::kHost}) {
+    WorkerOptions o = test_options();
+    o.placement = placement;
+    Worker w(o);
+    auto h = w.register_callable(increment_then_copy_program());
+    ASSERT_TRUE(w.init().ok());
+    int64_t x = 10, out = -1;
+    task::TaskArgs args;
+    args.add_tensor(host_i64(&x), task::ArgDirection::kInOut)
+        .add_tensor(host_i64(&x), task::ArgDirection::kIn)
+        .add_tensor(host_i64(&out), task::ArgDirection::kOut);
+    ASSERT_TRUE(w.run(*h, args).ok());
+    EXPECT_EQ(x, 11);
+    EXPECT_EQ(out, 11) << "the copy did not wait for the increment";
+
+    task::CallConfig captured;
+    captured.capture_key = 7;
+    for (int64_t expect : {12, 13}) {  // the capture, then a replay
+      ASSERT_TRUE(w.run(*h, args, captured).ok());
+      EXPECT_EQ(x, expect);
+      EXPECT_EQ(out, expect);
+    }
+    int64_t y = 20;
+    task::TaskArgs apart;
+    apart.add_tensor(host_i64(&x), task::ArgDirection::kInOut)
+        .add_tensor(host_i64(&y), task::ArgDirection::kIn)
+        .add_tensor(host_i64(&out), task::ArgDirection::kOut);
+    const absl::Status s = w.run(*h, apart, captured);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(contains(s, "overlap")) << s;
+    EXPECT_TRUE(w.close().ok());
+  }
+}
+
 // Waits at the testing::Gate whose address is scalar(1) (none when 0), then writes 7.
 absl::Status gated_write(const task::KernelContext& ctx) {
   if (const int64_t gate = ctx.scalar_i64(1); gate != 0) {

@@ -13,7 +13,9 @@
 namespace simpler::task {
 
 // Where a tensor's bytes live. HOST tensors are staged into run-owned device
-// buffers before a run and copied back after it (OUT / INOUT only).
+// buffers before a run and copied back after it (OUT / INOUT only); HOST tensors of
+// one run whose byte ranges overlap share one buffer, so their tasks are ordered by
+// the overlap as DEVICE tensors' are.
 enum class MemoryKind : uint8_t { kDevice = 0, kHost = 1 };
 
 inline constexpr int kMaxRank = 6;

@@ -134,7 +134,8 @@ class Worker {
   absl::Status copy_from(void* dst, const DeviceBuffer& src, uint64_t bytes, uint64_t offset = 0);
 
   // Submits a run and returns its live handle at once. HOST tensors in `args` are staged: their
-  // host memory must stay valid until the run finalizes. Errors found here are returned here:
+  // host memory must stay valid until the run finalizes; those whose host bytes overlap share
+  // one staging buffer, so tasks on them are ordered by the overlap as on DEVICE tensors. Errors found here are returned here:
   // INVALID_ARGUMENT (unknown callable handle, bad args or config, a tensor outside any live
   // allocation, a null HOST pointer), FAILED_PRECONDITION (before init / after close; "lane
   // poisoned by run N: ...", carrying base::poisoned_by; a bound buffer of the callable that is no
@@ -144,7 +145,7 @@ class Worker {
   // of this run's launch when it launched in this call ("run N launch: ..."; it poisons the lane).
   // With a capture_key (task::CallConfig): INVALID_ARGUMENT naming the argument and both values
   // when a replay's arguments break the captured signature (shape, dtype, strides, a non-parameter
-  // scalar, how device tensors overlap), FAILED_PRECONDITION naming the buffer, task and argument
+  // scalar, how tensors of one memory kind overlap), FAILED_PRECONDITION naming the buffer, task and argument
   // when memory a captured graph uses at a fixed address is no longer the allocation the graph
   // was captured over (freed, or freed and allocated again at that address: another
   // device::Device::allocation_id; the graph is dropped; the next run under the key captures
