@@ -44,6 +44,9 @@ namespace {
 // nothing beyond the allocation becomes resident.
 constexpr uint64_t kMappedAllocBytes = 2u << 20;
 constexpr uint64_t kSmallPage = 4u << 10;
+// The largest allocation: x86-64's and AArch64's user address space (47 / 48 bits) holds no more,
+// and the page rounding below cannot wrap under it.
+constexpr uint64_t kMaxAllocBytes = uint64_t{1} << 47;
 
 // Before a large copy into device memory: its pages made present and writable in one call
 // (MADV_POPULATE_WRITE, Linux 5.14) rather than one page fault each while the copy runs (each
@@ -347,7 +350,12 @@ class SimDevice final : public Device {
     if (bytes == 0) return absl::InvalidArgumentError("device malloc of 0 bytes");
     MutexLock lock(mem_mu_);
     if (closed_) return absl::FailedPreconditionError("device is closed");
-    if (caps_.memory_bytes != 0 && allocated_ + bytes > caps_.memory_bytes) {
+    if (bytes > kMaxAllocBytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("device ", caps_.device_id, ": requested ", bytes,
+                       " bytes, above the largest allocation of ", kMaxAllocBytes, " bytes"));
+    }
+    if (caps_.memory_bytes != 0 && bytes > caps_.memory_bytes - allocated_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("device ", caps_.device_id, " heap exhausted: requested ", bytes, " bytes, ",
                        caps_.memory_bytes - allocated_, " of ", caps_.memory_bytes, " bytes free"));

@@ -677,7 +677,18 @@ void ChipRunLane::lane_loop() {
     } else {
       head_claimed_ = true;
     }
-    retire_claimed_head_locked();
+    const uint64_t id = head.id();
+    try {
+      retire_claimed_head_locked();
+    } catch (...) {
+      // A throwing on_finalized (the run is retired, its result final): nothing on this thread
+      // can take the exception, so it is kept for close() (the first; the others counted).
+      const absl::Status thrown =
+          base::status_from_current_exception(absl::StrCat("run ", id, " on_finalized"));
+      SIMPLER_LOG_ERROR("{}", std::string(thrown.message()));
+      if (callback_error_.ok()) callback_error_ = thrown;
+      ++callback_errors_;
+    }
   }
 }
 
@@ -1186,7 +1197,15 @@ absl::Status ChipRunLane::close(const base::Deadline& deadline) {
   base::MutexLock lock(mu_);
   closed_ = true;
   cv_.notify_all();
-  return report_undelivered(&failed_);
+  absl::Status s = report_undelivered(&failed_);
+  if (s.ok() && !callback_error_.ok()) {
+    s = callback_errors_ > 1
+            ? absl::Status(callback_error_.code(),
+                           absl::StrCat(callback_error_.message(), " (and ", callback_errors_ - 1,
+                                        " more on_finalized calls threw)"))
+            : callback_error_;
+  }
+  return s;
 }
 
 LaneStats ChipRunLane::stats() const {

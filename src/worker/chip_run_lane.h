@@ -308,6 +308,10 @@ class ChipRunLane {
   CapturedGraphCache graphs_ SIMPLER_GUARDED_BY(mu_);
   uint64_t retired_ SIMPLER_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<RunShared>> failed_ SIMPLER_GUARDED_BY(mu_);
+  // The first exception an on_finalized threw on the lane thread, as a status, and how many did:
+  // close() returns it when no run error is undelivered.
+  absl::Status callback_error_ SIMPLER_GUARDED_BY(mu_);
+  int64_t callback_errors_ SIMPLER_GUARDED_BY(mu_) = 0;
   // [begin, end) device ranges named by retired-but-quarantined runs, with the run id.
   std::vector<std::pair<uint64_t, std::pair<uint64_t, uint64_t>>> quarantined_ranges_
       SIMPLER_GUARDED_BY(mu_);

@@ -151,6 +151,10 @@ struct Worker::Impl {
   std::atomic<bool> closed{false};
   mutable base::Mutex buffers_mu;
   std::map<uint64_t, uint64_t> buffers SIMPLER_GUARDED_BY(buffers_mu);  // base -> bytes
+  // Set once the first close() returned: calls racing it wait for this.
+  base::Mutex close_mu;
+  base::CondVar close_cv;
+  bool close_done SIMPLER_GUARDED_BY(close_mu) = false;
 };
 
 Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -275,8 +279,17 @@ absl::Status Worker::close() { return close(base::Deadline::forever()); }
 
 absl::Status Worker::close(const base::Deadline& deadline) {
   if (!impl_->initialized.load(std::memory_order_acquire)) return absl::OkStatus();
-  if (impl_->closed.exchange(true, std::memory_order_acq_rel)) return absl::OkStatus();
-  return impl_->chip->close(deadline);
+  if (impl_->closed.exchange(true, std::memory_order_acq_rel)) {
+    // Another call closes: return once it did, so that no caller sees OK with runs in flight.
+    base::MutexLock lock(impl_->close_mu);
+    while (!impl_->close_done) impl_->close_cv.wait(lock);
+    return absl::OkStatus();
+  }
+  absl::Status s = impl_->chip->close(deadline);
+  base::MutexLock lock(impl_->close_mu);
+  impl_->close_done = true;
+  impl_->close_cv.notify_all();
+  return s;
 }
 
 absl::Status Worker::bind(CallableHandle callable, const DeviceBuffer& buffer) {

@@ -1,15 +1,22 @@
 #include "simpler/worker/worker.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/run_shared.h"
 #include "worker/worker_test_util.h"
@@ -130,6 +137,32 @@ TEST(WorkerMemory, MallocCopyFreeWithBoundsChecks) {
   EXPECT_EQ(w.free(b).code(), absl::StatusCode::kNotFound);
 }
 
+// A request near 2^64 bytes is refused, capped heap or not (the page rounding wrapped to a tiny
+// mapping and the heap's count wrapped: malloc succeeded and the first copy into it crashed),
+// and the heap's accounting is intact after it.
+TEST(WorkerMemory, AnAllocationNear2To64BytesIsRefusedAndTheHeapKeepsItsCount) {
+  for (uint64_t heap : {uint64_t{0}, uint64_t{1} << 20}) {
+    WorkerOptions o = test_options();
+    o.device_memory_bytes = heap;
+    Worker w(o);
+    ASSERT_TRUE(w.init().ok());
+    DeviceBuffer small = *w.malloc(100);
+    for (uint64_t bytes : {~uint64_t{0} - 64, ~uint64_t{0}, uint64_t{1} << 63}) {
+      absl::StatusOr<DeviceBuffer> b = w.malloc(bytes);
+      EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << bytes;
+      EXPECT_TRUE(contains(b.status(), absl::StrCat("requested ", bytes, " bytes"))) << b.status();
+    }
+    if (heap != 0) {  // exactly the rest fits, a byte more does not
+      EXPECT_EQ(w.malloc(heap - 100 + 1).status().code(), absl::StatusCode::kResourceExhausted);
+      absl::StatusOr<DeviceBuffer> rest = w.malloc(heap - 100);
+      ASSERT_TRUE(rest.ok()) << rest.status();
+      EXPECT_TRUE(w.free(*rest).ok());
+    }
+    EXPECT_TRUE(w.free(small).ok());
+    EXPECT_TRUE(w.close().ok());
+  }
+}
+
 // Waits at the testing::Gate whose address is scalar(1) (none when 0), then adds 1 to its tensor.
 absl::Status touch_after_gate(const task::KernelContext& ctx) {
   if (const int64_t gate = ctx.scalar_i64(1); gate != 0) {
@@ -169,6 +202,55 @@ TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
   ASSERT_TRUE(w.copy_from(&v, b, 4).ok());
   EXPECT_EQ(v, 1);  // the buffer survived the refused free
   EXPECT_TRUE(w.free(b).ok());
+}
+
+// The state letter of this process's thread `tid` (/proc/self/task/TID/stat: 'S' asleep), or '?'.
+char thread_state(pid_t tid) {
+  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
+}
+
+// A close() racing the first one returns only once that one drained the runs (it returned OK at
+// once, with a run still on the device).
+TEST(WorkerClose, ASecondConcurrentCloseReturnsOnlyOnceTheRunsAreDrained) {
+  Worker w(test_options());
+  auto h = w.register_callable(touch_program());
+  ASSERT_TRUE(w.init().ok());
+  DeviceBuffer b = *w.malloc(4);
+  testing::Gate gate;  // holds the run on the device while both closes are called
+  task::TaskArgs a;
+  a.add_tensor(*b.tensor({1}, task::DataType::kInt32), task::ArgDirection::kInOut)
+      .add_scalar_i64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&gate)));
+  RunHandle r = *w.submit(*h, a);
+  std::thread first([&] { EXPECT_TRUE(w.close().ok()); });
+  while (true) {  // until the first close() began: the Worker then refuses calls
+    absl::StatusOr<DeviceBuffer> probe = w.malloc(4);
+    if (!probe.ok()) break;
+    (void)w.free(*probe);  // refused only when the close began in between (it frees all)
+    std::this_thread::yield();
+  }
+  std::atomic<pid_t> second_tid{0};
+  std::atomic<bool> second_returned{false};
+  bool done_when_second_returned = false;
+  std::thread second([&] {
+    second_tid.store(static_cast<pid_t>(syscall(SYS_gettid)));
+    EXPECT_TRUE(w.close().ok());
+    done_when_second_returned = r.done();
+    second_returned.store(true);
+  });
+  // Until the second close() returned or sleeps (waiting for the first): then the run may end.
+  while (second_tid.load() == 0) std::this_thread::yield();
+  while (!second_returned.load() && thread_state(second_tid.load()) != 'S') {
+    std::this_thread::yield();
+  }
+  gate.open();
+  second.join();
+  first.join();
+  EXPECT_TRUE(done_when_second_returned) << "the second close() returned with the run in flight";
+  EXPECT_TRUE(r.wait().ok());
 }
 
 // A submit that checked its tensors, then waited for a resource set while
@@ -452,6 +534,28 @@ TEST(WorkerNotify, OnFinalizedComesOncePerRunInRunOrderWithItsResult) {
     EXPECT_EQ(seen.order[i].second, i == 2 ? absl::StatusCode::kInternal : absl::StatusCode::kOk)
         << i;
   }
+}
+
+// An on_finalized that throws on the lane thread (it ended the process): caught, the runs go on,
+// and close() returns it as INTERNAL, counting the others.
+TEST(WorkerNotify, AThrowingOnFinalizedIsKeptForCloseAndTheRunsGoOn) {
+  Worker w(test_options());
+  auto h = w.register_callable(affine_program());
+  ASSERT_TRUE(w.init().ok());
+  int64_t in = 5, out = 0;
+  const auto boom = [](const RunResult&) { throw std::runtime_error("callback boom"); };
+  for (int i = 0; i < 2; ++i) {
+    RunHandle r = *w.submit(*h, affine_args(&in, &out, 1), {}, 10.0, boom);
+    EXPECT_TRUE(r.wait().ok());
+  }
+  out = 0;
+  ASSERT_TRUE(w.run(*h, affine_args(&in, &out, 1)).ok());
+  EXPECT_EQ(out, 16);
+  const absl::Status s = w.close();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(contains(s, "run 0 on_finalized threw")) << s;
+  EXPECT_TRUE(contains(s, "callback boom")) << s;
+  EXPECT_TRUE(contains(s, "(and 1 more on_finalized calls threw)")) << s;
 }
 
 TEST(WorkerFaults, KernelErrorFailsOnlyItsRunAndCountersReturnToBaseline) {

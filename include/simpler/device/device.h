@@ -175,7 +175,8 @@ class Device {
 
   // Allocates `bytes` (> 0) of zeroed device memory, 64-byte aligned.
   // INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED naming the request and
-  // the free capacity when the heap is full.
+  // the free capacity when the heap is full, or naming the limit when `bytes` is above
+  // the largest allocation (the sim device: 2^47 bytes, the user address space).
   virtual absl::StatusOr<uint64_t> malloc(uint64_t bytes) = 0;
   // Frees an allocation by its base address; NOT_FOUND when `address` is not
   // the base of a live allocation (double free, interior pointer).

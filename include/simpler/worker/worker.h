@@ -114,7 +114,8 @@ class Worker {
   // malformed SIMPLER_SIM_FAULTS (with the reason).
   absl::Status init();
 
-  // Device memory (zeroed). Errors: device allocation errors; FAILED_PRECONDITION
+  // Device memory (zeroed). Errors: device allocation errors (device::Device::malloc:
+  // INVALID_ARGUMENT for 0 bytes, RESOURCE_EXHAUSTED when it does not fit); FAILED_PRECONDITION
   // before init / after close.
   absl::StatusOr<DeviceBuffer> malloc(uint64_t bytes);
   // FAILED_PRECONDITION naming the callable when the buffer is bound to one
@@ -161,7 +162,9 @@ class Worker {
   // done before the call ran; close() returns only after every call finished (it joins the lane
   // thread). It is called for every run this returns a handle for; for a run refused here it may or
   // may not be. Being called delivers nothing: an error only it saw still counts as undelivered at
-  // close().
+  // close(). An exception it throws on the lane thread is caught and logged, the runs go on, and
+  // close() returns it as INTERNAL ("run N on_finalized threw <type>: <what>") when no run error
+  // is undelivered; on a completion poller's thread it propagates out of poll_completions.
   absl::StatusOr<RunHandle> submit(
       CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
       double admission_timeout_s = std::numeric_limits<double>::infinity(),
@@ -184,7 +187,8 @@ class Worker {
                    const task::CallConfig& config = {});
 
   // Drains every run, closes the device and returns the first run error no
-  // wait() delivered, counting the others. Idempotent. A run that never
+  // wait() delivered, counting the others. Idempotent: a call racing the first waits
+  // until that one returned, then returns OK (so does a later call). A run that never
   // finishes is bounded by the operation timeout; a device thread stuck in a
   // kernel that never returns is abandoned after the device's close grace
   // (abandoned_threads(); Device::close).
