@@ -2,9 +2,11 @@
 """The READMEs name only files of this repository: a clone stands alone.
 
 Every markdown link target and every `code` span that names a path in the repository (it starts
-with one of the repository's top-level entries, or is a file name ending in .md) must exist,
-relative to the repository root (the root README) or to the README's own folder (a folder's
-README may name its files by their bare names, and its parent's as "../x"). A path that leaves
+with one of the repository's top-level entries, is a file name ending in .md, or, in a folder's
+README, a source file name: .cc, .h, .py, .sh, .cmake) must exist, relative to the repository
+root, the README's own folder or its parent (a folder's README may name its files by their bare
+names, and its parent's as "../x"), or, for src/X's README, include/simpler/X (its public
+headers). A path that leaves
 the repository (the root README's "../x") is an error. Template paths (<...>, *, ~) and build
 outputs (build/...) are not checked.
 
@@ -39,6 +41,11 @@ def problems(root):
     tops = top_level(root)
     for readme in readmes(root):
         here = os.path.dirname(readme)
+        # Where a path it names may be: the root, its folder, its parent, and the public headers
+        # of its folder (src/X's README names include/simpler/X's headers by their bare names).
+        parts = here.split("/")
+        dirs = ["", here, os.path.dirname(here)] + [
+            os.path.join("include", "simpler", p) for p in parts[1:2]]
         with open(os.path.join(root, readme), encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 for path in candidates(line):
@@ -51,9 +58,11 @@ def problems(root):
                         elif not os.path.exists(os.path.join(root, inside)):
                             yield f"{readme}:{n}: '{path}' is not in the repository"
                         continue
-                    if path.split("/", 1)[0] not in tops and not path.endswith(".md"):
+                    source = re.search(r"\.(cc|h|py|sh|cmake)$", path) and "(" not in path
+                    if (path.split("/", 1)[0] not in tops and not path.endswith(".md")
+                            and not (source and here)):
                         continue
-                    if not any(os.path.exists(os.path.join(root, d, path)) for d in ("", here)):
+                    if not any(os.path.exists(os.path.join(root, d, path)) for d in dirs):
                         yield f"{readme}:{n}: '{path}' is not in the repository"
 
 

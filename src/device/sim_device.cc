@@ -1374,9 +1374,10 @@ void SimDevice::close() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Device>> create_sim_device(const SimDeviceOptions& options) {
-  if (options.num_cores < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sim device: num_cores must be >= 0 (0 = all), got ", options.num_cores));
+  if (options.num_cores < 0 || options.num_cores > kMaxSimCores) {
+    return absl::InvalidArgumentError(absl::StrCat("sim device: num_cores must be in [0, ",
+                                                   kMaxSimCores, "] (0 = all), got ",
+                                                   options.num_cores));
   }
   if (options.spin_ns < 0 || options.spin_ns > 50'000) {
     return absl::InvalidArgumentError(

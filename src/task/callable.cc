@@ -21,8 +21,16 @@ absl::Status ChipCallable::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("callable '", name, "' has no orchestration function"));
   }
+  if (static_cast<uint8_t>(placement) > static_cast<uint8_t>(GraphPlacement::kHost)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("callable '", name, "' has unknown placement ", static_cast<int>(placement)));
+  }
   std::set<std::string_view> seen;
   for (const Kernel& k : kernels) {
+    if (k.name.empty()) {  // kernel_index could not find it, nor a message name it
+      return absl::InvalidArgumentError(
+          absl::StrCat("callable '", name, "': kernel ", &k - kernels.data(), " has no name"));
+    }
     if (k.fn == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("callable '", name, "': kernel '", k.name, "' has no function"));

@@ -69,7 +69,16 @@ absl::Status validate_arg(const Arg& a, size_t i) {
     return absl::InvalidArgumentError(
         absl::StrCat("argument ", i, " has unknown direction ", static_cast<int>(d)));
   }
-  if (a.direction == ArgDirection::kScalar) return absl::OkStatus();
+  if (a.direction == ArgDirection::kScalar) {
+    // add_scalar leaves the view empty; add_tensor(t, kScalar) does not (its kernel would read
+    // an unstaged address as a tensor argument of direction 0).
+    if (a.tensor.address != 0 || a.tensor.rank != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument ", i, " is a scalar carrying a tensor view (", a.tensor.debug_string(),
+          "): add_tensor takes kIn, kOut or kInOut; add_scalar makes a scalar"));
+    }
+    return absl::OkStatus();
+  }
   if (a.tensor.rank < 0 || a.tensor.rank > kMaxRank) {
     return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has tensor rank ",
                                                    a.tensor.rank, " outside [0, ", kMaxRank, "]"));

@@ -197,6 +197,44 @@ TEST(TaskArgs, ValidateNamesTheBadArgument) {
   absl::Status s = a.validate();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("argument 0"), std::string_view::npos);
+
+  // A tensor added as a scalar: its kernel read the unstaged address as direction 0.
+  TaskArgs b;
+  b.add_scalar_i64(0).add_tensor(*Tensor::contiguous(0x10, {4}, DataType::kInt32),
+                                 ArgDirection::kScalar);
+  s = b.validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("argument 1 is a scalar carrying a tensor view"),
+            std::string_view::npos)
+      << s;
+}
+
+// Shapes whose element count or strides pass 2^48 are refused when built; a view built by hand
+// saturates numel() and span_bytes() instead of overflowing (signed overflow, undefined: it gave
+// a span of 0 bytes and a negative element count).
+TEST(Tensor, HugeShapesAreRefusedOrSaturateNeverWrap) {
+  for (std::initializer_list<int64_t> shape : {std::initializer_list<int64_t>{int64_t{1} << 62, 4},
+                                               {3, int64_t{1} << 62},
+                                               {0, int64_t{1} << 40, int64_t{1} << 40}}) {
+    auto t = Tensor::contiguous(0x1000, shape, DataType::kFloat32);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("more than 2^48 elements"), std::string_view::npos)
+        << t.status();
+  }
+  const int64_t big[] = {int64_t{1} << 30, 4};
+  EXPECT_FALSE(
+      Tensor::in_buffer(0x1000, 64, 0, big, 2, DataType::kFloat32, MemoryKind::kDevice).ok());
+  EXPECT_TRUE(Tensor::contiguous(0, {int64_t{1} << 24, int64_t{1} << 24}, DataType::kUInt8).ok());
+
+  Tensor by_hand = *Tensor::contiguous(0x1000, {2, 2}, DataType::kFloat32);
+  by_hand.shape = {int64_t{1} << 62, 4};
+  by_hand.strides = {4, 1};
+  EXPECT_EQ(by_hand.numel(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(by_hand.span_bytes(), std::numeric_limits<uint64_t>::max());
+  by_hand.shape = {3, int64_t{1} << 62};
+  by_hand.strides = {int64_t{1} << 62, 1};
+  EXPECT_EQ(by_hand.numel(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(by_hand.span_bytes(), std::numeric_limits<uint64_t>::max());
 }
 
 TEST(CallConfig, ValidateRefusesNanAndNegative) {
@@ -232,6 +270,11 @@ TEST(Callable, ValidateAndKernelLookup) {
   EXPECT_EQ(c.kernel_index("z").status().code(), absl::StatusCode::kNotFound);
   c.kernels.push_back({"a", other});
   EXPECT_NE(c.validate().message().find("appears twice"), std::string_view::npos);
+  c.kernels.back().name = "";
+  EXPECT_NE(c.validate().message().find("kernel 2 has no name"), std::string_view::npos);
+  c.kernels.pop_back();
+  c.placement = static_cast<GraphPlacement>(9);  // ran device-built, silently
+  EXPECT_NE(c.validate().message().find("unknown placement 9"), std::string_view::npos);
 }
 
 // Records what the orchestration submits.

@@ -1,5 +1,8 @@
 #include "simpler/task/tensor.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -30,7 +33,11 @@ absl::StatusOr<Tensor> Tensor::contiguous(uint64_t address, const int64_t* shape
     }
     t.shape[i] = shape[i];
     t.strides[i] = stride;
-    stride *= shape[i];
+    if (__builtin_mul_overflow(stride, shape[i], &stride) || stride > kMaxTensorElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor shape [", absl::StrJoin(shape, shape + rank, ", "),
+                       "] holds more than 2^48 elements (no memory holds it)"));
+    }
   }
   return t;
 }
@@ -50,17 +57,26 @@ absl::StatusOr<Tensor> Tensor::in_buffer(uint64_t buffer_address, uint64_t buffe
 }
 
 int64_t Tensor::numel() const {
-  int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
-  return n;
+  // In 128 bits: a view built by hand may hold any shape (saturated, never wrapped).
+  __int128 n = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (shape[i] <= 0) return 0;
+    n = std::min<__int128>(n * shape[i], std::numeric_limits<int64_t>::max());
+  }
+  return static_cast<int64_t>(n);
 }
 
 uint64_t Tensor::span_bytes() const {
-  int64_t last = 0;
+  // In 128 bits, as numel(): a span past 2^58 elements saturates to UINT64_MAX, which no memory
+  // holds, so the range checks refuse it.
+  constexpr __int128 kCap = __int128{1} << 58;
+  __int128 last = 0;
   for (int i = 0; i < rank; ++i) {
     if (shape[i] == 0) return 0;  // no element (numel() == 0)
-    last += (shape[i] - 1) * strides[i];
+    last += static_cast<__int128>(shape[i] - 1) * strides[i];
   }
+  if (last < 0) last = 0;
+  if (last >= kCap) return std::numeric_limits<uint64_t>::max();
   return bytes_of(dtype, static_cast<uint64_t>(last + 1));
 }
 

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -25,9 +27,10 @@ absl::Status WorkerOptions::validate() const {
   if (device_id < 0) {
     return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.device_id ", device_id, " < 0"));
   }
-  if (num_cores < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WorkerOptions.num_cores ", num_cores, " < 0 (0 = one per hardware thread)"));
+  if (num_cores < 0 || num_cores > device::kMaxSimCores) {
+    return absl::InvalidArgumentError(absl::StrCat("WorkerOptions.num_cores ", num_cores,
+                                                   " outside [0, ", device::kMaxSimCores,
+                                                   "] (0 = one per hardware thread)"));
   }
   if (launch_depth < 1) {
     return absl::InvalidArgumentError(
@@ -204,6 +207,11 @@ absl::Status Worker::free(const DeviceBuffer& buffer) {
       return absl::NotFoundError(absl::StrCat("free of 0x", absl::Hex(buffer.address),
                                               ": not a live buffer of this Worker"));
     }
+    if (it->second != buffer.bytes) {  // as bind(): a buffer is its address and its size
+      return absl::NotFoundError(absl::StrCat("free of 0x", absl::Hex(buffer.address), " (",
+                                              buffer.bytes, " bytes): the buffer there has ",
+                                              it->second, " bytes"));
+    }
     // Checked and freed as one step under the lane's lock, so no run can
     // register these bytes in between (a run registered after it re-checks
     // its tensors at prepare and is refused).
@@ -323,11 +331,31 @@ int32_t Worker::abandoned_threads() const {
   return impl_->chip != nullptr ? impl_->chip->abandoned_threads() : 0;
 }
 
-const device::DeviceCaps& Worker::caps() const { return impl_->chip->device().caps(); }
-ArenaCounts Worker::resources() const { return impl_->chip->arena().counts(); }
-LaneStats Worker::lane_stats() const { return impl_->chip->lane().stats(); }
-CaptureStats Worker::capture_stats() const { return impl_->chip->lane().capture_stats(); }
-device::Device& Worker::device() { return impl_->chip->device(); }
+// Before init() there is no chip: the queries answer zeros (they dereferenced a null chip).
+// `initialized` (acquire) publishes the chip init() built.
+const device::DeviceCaps& Worker::caps() const {
+  static const device::DeviceCaps kNone{};
+  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->device().caps() : kNone;
+}
+ArenaCounts Worker::resources() const {
+  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->arena().counts()
+                                                            : ArenaCounts{};
+}
+LaneStats Worker::lane_stats() const {
+  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->lane().stats()
+                                                            : LaneStats{};
+}
+CaptureStats Worker::capture_stats() const {
+  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->lane().capture_stats()
+                                                            : CaptureStats{};
+}
+device::Device& Worker::device() {
+  if (!impl_->initialized.load(std::memory_order_acquire)) {
+    std::fprintf(stderr, "simpler: Worker::device() called before init() (a caller defect)\n");
+    std::abort();
+  }
+  return impl_->chip->device();
+}
 const WorkerOptions& Worker::options() const { return impl_->options; }
 
 }  // namespace simpler::worker

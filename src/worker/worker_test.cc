@@ -45,6 +45,13 @@ TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
     EXPECT_TRUE(contains(Worker(o).init(), "launch_depth 0"));
   }
   {
+    WorkerOptions o = test_options();  // a thread a core: it aborted on bad_alloc
+    o.num_cores = 1 << 30;
+    absl::Status s = Worker(o).init();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(s, "num_cores 1073741824 outside [0, 1024]")) << s;
+  }
+  {
     WorkerOptions o = test_options();
     o.run_grant = kMaxRunGrant + 1;
     EXPECT_TRUE(contains(Worker(o).init(), "run_grant"));
@@ -75,6 +82,20 @@ TEST(WorkerInit, InvalidOptionsAreRefusedNamingTheField) {
     WorkerOptions o = test_options();
     o.level = 3;
     EXPECT_TRUE(contains(Worker(o).init(), "level 3"));
+  }
+}
+
+// The queries before init() (and after a failed one) answer zeros: they dereferenced a null chip.
+TEST(WorkerInit, QueriesBeforeInitAnswerZeros) {
+  WorkerOptions o = test_options();
+  o.num_cores = -1;
+  Worker w(o);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_EQ(w.caps().num_cores, 0);
+    EXPECT_EQ(w.resources().grant, 0);
+    EXPECT_EQ(w.lane_stats().submitted, 0u);
+    EXPECT_EQ(w.capture_stats().graphs, 0);
+    EXPECT_FALSE(w.init().ok());  // the second round: after a failed init()
   }
 }
 
@@ -133,6 +154,10 @@ TEST(WorkerMemory, MallocCopyFreeWithBoundsChecks) {
   EXPECT_EQ(out[0], 7);
   EXPECT_TRUE(contains(w.copy_to(b, in.data(), 32, 1), "exceeds the 32-byte buffer"));
   EXPECT_TRUE(contains(b.tensor({9}, task::DataType::kFloat32).status(), "exceeds"));
+  const absl::Status resized = w.free(DeviceBuffer{b.address, 16});  // freed it all
+  EXPECT_EQ(resized.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(contains(resized, "(16 bytes): the buffer there has 32 bytes")) << resized;
+  ASSERT_TRUE(w.copy_to(b, in.data(), 32).ok());  // still live
   ASSERT_TRUE(w.free(b).ok());
   EXPECT_EQ(w.free(b).code(), absl::StatusCode::kNotFound);
 }

@@ -1386,8 +1386,9 @@ def scenario_cli_errors(ctx):
              f"prompts-file id outside the vocab, text: stdout {tail(p.stdout, 300)!r}")
 
     # Launch depth and run grant out of bounds name the field and its value.
-    expect_error(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2", "--run-grant", "1"),
-                 "generate --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
+    expect_refused_by_parser(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2",
+                                      "--run-grant", "1"), "generate --launch-depth 2 --run-grant 1",
+                             ["--run-grant: 1 is below --launch-depth 2"])
     expect_refused_by_parser(ctx, gen(single, "--prompt-ids", "1,2", "--launch-depth", "2000"),
                              "generate --launch-depth 2000", ["--launch-depth", "2000", "1024"])
 
@@ -1586,8 +1587,9 @@ def scenario_run_matmul(ctx):
 
     # The run grant: below the launch depth is refused naming both; above it the runs pass
     # and still at most launch-depth runs are on the device at once.
-    expect_error(ctx, matmul_argv(ctx, "--launch-depth", "2", "--run-grant", "1"),
-                 "run --launch-depth 2 --run-grant 1", ["run_grant 1 is below launch_depth 2"])
+    expect_refused_by_parser(ctx, matmul_argv(ctx, "--launch-depth", "2", "--run-grant", "1"),
+                             "run --launch-depth 2 --run-grant 1",
+                             ["--run-grant: 1 is below --launch-depth 2"])
     expect_refused_by_parser(ctx, matmul_argv(ctx, "--launch-depth", "2000"),
                              "run --launch-depth 2000", ["--launch-depth", "2000", "1024"])
     trace = ctx.path("grant4.trace.json")
@@ -1758,9 +1760,9 @@ def scenario_bench_pipeline(ctx):
         pb.check(what in p.stderr, f"bench pipeline {bad}: stderr does not name {what!r}: "
                                    f"{tail(p.stderr, 400)!r}")
     bench = [ctx.simpler, "bench", "pipeline", "--runs", "5", "--host-ratios", "0.25"]
-    expect_error(ctx, bench + ["--launch-depth", "2", "--run-grant", "1"],
-                 "bench pipeline --launch-depth 2 --run-grant 1",
-                 ["run_grant 1 is below launch_depth 2"])
+    expect_refused_by_parser(ctx, bench + ["--launch-depth", "2", "--run-grant", "1"],
+                             "bench pipeline --launch-depth 2 --run-grant 1",
+                             ["--run-grant: 1 is below --launch-depth 2"])
     expect_refused_by_parser(ctx, bench + ["--launch-depth", "2000"],
                              "bench pipeline --launch-depth 2000",
                              ["--launch-depth", "2000", "1024"])

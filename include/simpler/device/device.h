@@ -230,11 +230,14 @@ class Device {
   virtual int32_t abandoned_threads() const = 0;
 };
 
+// The most core threads a sim device runs (each is a host thread).
+inline constexpr int32_t kMaxSimCores = 1024;
+
 // Options of the sim device.
 struct SimDeviceOptions {
   int32_t device_id = 0;
-  // Core threads; 0 = one per hardware thread (chosen by measurement on 2 vCPUs:
-  // docs/benchmarks-history.md, "decode, prefill and load at the machine's limits").
+  // Core threads, at most kMaxSimCores; 0 = one per hardware thread (chosen by measurement on 2
+  // vCPUs: docs/benchmarks-history.md, "decode, prefill and load at the machine's limits").
   int32_t num_cores = 0;
   // Heap capacity in bytes; 0 = limited only by host memory.
   uint64_t memory_bytes = 0;

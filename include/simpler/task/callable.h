@@ -100,8 +100,8 @@ struct ChipCallable {
 
   // Index of the kernel named `name`; NOT_FOUND names callable and kernel.
   absl::StatusOr<KernelIndex> kernel_index(std::string_view name) const;
-  // INVALID_ARGUMENT when the name is empty, orchestration missing, a kernel
-  // has no function, or two kernels share a name.
+  // INVALID_ARGUMENT when the name is empty, orchestration missing, the placement
+  // unknown, a kernel has no name or no function, or two kernels share a name.
   absl::Status validate() const;
 };
 

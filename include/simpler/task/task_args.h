@@ -28,8 +28,9 @@ struct Arg {
 static_assert(std::is_trivially_copyable_v<Arg>);
 
 // INVALID_ARGUMENT naming argument `index` when its direction, rank, dtype or
-// memory kind is unknown, a shape or stride is negative, or its addressed span
-// overflows. Used by TaskArgs::validate and by the runtime on every task.
+// memory kind is unknown, a shape or stride is negative, its addressed span
+// overflows, or it is a scalar with a tensor view (add_tensor with kScalar). Used by
+// TaskArgs::validate and by the runtime on every task.
 absl::Status validate_arg(const Arg& arg, size_t index);
 
 // Ordered argument list, in the callee's signature order. Value type,

@@ -19,6 +19,9 @@ namespace simpler::task {
 enum class MemoryKind : uint8_t { kDevice = 0, kHost = 1 };
 
 inline constexpr int kMaxRank = 6;
+// The most elements a view built by `contiguous` or `in_buffer` may hold: 2^48, above any memory
+// (x86-64 and AArch64 address 2^47 / 2^48 bytes), so its strides and spans cannot overflow.
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
 
 // A view: `address` is the byte address of element [0, ..., 0] (a device
 // address for kDevice, a host pointer for kHost); `shape` and `strides` are in
@@ -32,8 +35,8 @@ struct Tensor {
   std::array<int64_t, kMaxRank> shape{};
   std::array<int64_t, kMaxRank> strides{};
 
-  // Row-major contiguous view. Rank above kMaxRank or a negative dimension
-  // is INVALID_ARGUMENT.
+  // Row-major contiguous view. Rank above kMaxRank, a negative dimension, or a shape of
+  // more than kMaxTensorElements elements (or whose strides would pass it) is INVALID_ARGUMENT.
   static absl::StatusOr<Tensor> contiguous(uint64_t address, std::initializer_list<int64_t> shape,
                                            DataType dtype, MemoryKind memory = MemoryKind::kDevice);
   static absl::StatusOr<Tensor> contiguous(uint64_t address, const int64_t* shape, int32_t rank,
@@ -46,9 +49,13 @@ struct Tensor {
                                           uint64_t offset, const int64_t* shape, int32_t rank,
                                           DataType dtype, MemoryKind memory);
 
+  // Elements (0 when a dimension is 0 or negative; saturates at INT64_MAX for a view built by
+  // hand whose product overflows).
   int64_t numel() const;
   // Bytes from `address` to one past the last addressed element (0 when empty).
-  // The tensor's address range is [address, address + span_bytes()).
+  // The tensor's address range is [address, address + span_bytes()). A view built by hand whose
+  // last element lies 2^58 or more elements past `address` gives UINT64_MAX (no memory holds
+  // it: every range check refuses it).
   uint64_t span_bytes() const;
   bool is_contiguous() const;
   template <typename T>

@@ -31,7 +31,7 @@ struct WorkerOptions {
   int32_t level = 2;             // only 2 (one chip) exists today
   std::string platform = "sim";  // device backend
   int32_t device_id = 0;
-  int32_t num_cores = 0;     // 0 = one per hardware thread
+  int32_t num_cores = 0;     // in [0, device::kMaxSimCores]; 0 = one per hardware thread
   int32_t launch_depth = 1;  // in [1, kMaxRunGrant] (invariant 6)
   // Run resource sets. 0 = launch_depth + 1 (kMaxRunGrant when the depth is
   // kMaxRunGrant); otherwise in [launch_depth, kMaxRunGrant].
@@ -122,7 +122,8 @@ class Worker {
   // (bind(); unbind it first), naming the run when a run that has not retired
   // names the buffer in its arguments or its callable's bindings, or when a
   // quarantined run did (then until close(): its device use was never proven
-  // finished); NOT_FOUND for an unknown buffer. A successful free drops every captured graph
+  // finished); NOT_FOUND for an unknown buffer, or one whose `bytes` differ from the
+  // allocation's (nothing is freed then). A successful free drops every captured graph
   // that uses the buffer at a fixed address (docs/design/capture_replay.md). Atomic with respect to
   // submit: a run admitted after the free is refused at submit (its tensor is no longer a live
   // allocation).
@@ -136,35 +137,34 @@ class Worker {
 
   // Submits a run and returns its live handle at once. HOST tensors in `args` are staged: their
   // host memory must stay valid until the run finalizes; those whose host bytes overlap share
-  // one staging buffer, so tasks on them are ordered by the overlap as on DEVICE tensors. Errors found here are returned here:
-  // INVALID_ARGUMENT (unknown callable handle, bad args or config, a tensor outside any live
-  // allocation, a null HOST pointer), FAILED_PRECONDITION (before init / after close; "lane
-  // poisoned by run N: ...", carrying base::poisoned_by; a bound buffer of the callable that is no
-  // longer a live allocation, naming it), DEADLINE_EXCEEDED (no resource set by the admission
-  // timeout), INTERNAL ("run N prepare: ... threw <type>: <what>" when a host-built orchestration
-  // throws; recoverable), device allocation errors while staging, and the device stream's refusal
-  // of this run's launch when it launched in this call ("run N launch: ..."; it poisons the lane).
-  // With a capture_key (task::CallConfig): INVALID_ARGUMENT naming the argument and both values
-  // when a replay's arguments break the captured signature (shape, dtype, strides, a non-parameter
-  // scalar, how tensors of one memory kind overlap), FAILED_PRECONDITION naming the buffer, task and argument
-  // when memory a captured graph uses at a fixed address is no longer the allocation the graph
-  // was captured over (freed, or freed and allocated again at that address: another
-  // device::Device::allocation_id; the graph is dropped; the next run under the key captures
-  // again), and RESOURCE_EXHAUSTED when a captured
-  // run needs more tasks than the chip's max_graph_tasks (here for a host-built graph; by the
-  // handle for a device-built one).
-  // Later errors are the run's own, delivered by its handle. `admission_timeout_s` bounds the
-  // wait for a free resource set (same timeout rules as RunHandle::wait).
-  // `on_finalized`, when set, is called with the run's result once its handle is done, on the
-  // worker's lane thread (or the completion poller's that reaped it: set_completion_polling),
-  // in run order, with no lock held; it must be brief, and never submit to this worker or wait
-  // for its runs (the thread that retires them is the one running it). A waiter may see the handle
-  // done before the call ran; close() returns only after every call finished (it joins the lane
-  // thread). It is called for every run this returns a handle for; for a run refused here it may or
-  // may not be. Being called delivers nothing: an error only it saw still counts as undelivered at
-  // close(). An exception it throws on the lane thread is caught and logged, the runs go on, and
-  // close() returns it as INTERNAL ("run N on_finalized threw <type>: <what>") when no run error
-  // is undelivered; on a completion poller's thread it propagates out of poll_completions.
+  // one staging buffer, so tasks on them are ordered by the overlap as on DEVICE tensors. Errors
+  // found here are returned here: INVALID_ARGUMENT (unknown callable handle, bad args or config, a
+  // tensor outside any live allocation, a null HOST pointer), FAILED_PRECONDITION (before init /
+  // after close; "lane poisoned by run N: ...", carrying base::poisoned_by; a bound buffer of the
+  // callable that is no longer a live allocation, naming it), DEADLINE_EXCEEDED (no resource set by
+  // the admission timeout), INTERNAL ("run N prepare: ... threw <type>: <what>" when a host-built
+  // orchestration throws; recoverable), device allocation errors while staging, and the device
+  // stream's refusal of this run's launch when it launched in this call ("run N launch: ..."; it
+  // poisons the lane). With a capture_key (task::CallConfig): INVALID_ARGUMENT naming the argument
+  // and both values when a replay's arguments break the captured signature (shape, dtype, strides,
+  // a non-parameter scalar, how tensors of one memory kind overlap), FAILED_PRECONDITION naming the
+  // buffer, task and argument when memory a captured graph uses at a fixed address is no longer the
+  // allocation the graph was captured over (freed, or freed and allocated again at that address:
+  // another device::Device::allocation_id; the graph is dropped; the next run under the key
+  // captures again), and RESOURCE_EXHAUSTED when a captured run needs more tasks than the chip's
+  // max_graph_tasks (here for a host-built graph; by the handle for a device-built one). Later
+  // errors are the run's own, delivered by its handle. `admission_timeout_s` bounds the wait for a
+  // free resource set (same timeout rules as RunHandle::wait). `on_finalized`, when set, is called
+  // with the run's result once its handle is done, on the worker's lane thread (or the completion
+  // poller's that reaped it: set_completion_polling), in run order, with no lock held; it must be
+  // brief, and never submit to this worker or wait for its runs (the thread that retires them is
+  // the one running it). A waiter may see the handle done before the call ran; close() returns only
+  // after every call finished (it joins the lane thread). It is called for every run this returns a
+  // handle for; for a run refused here it may or may not be. Being called delivers nothing: an
+  // error only it saw still counts as undelivered at close(). An exception it throws on the lane
+  // thread is caught and logged, the runs go on, and close() returns it as INTERNAL ("run N
+  // on_finalized threw <type>: <what>") when no run error is undelivered; on a completion poller's
+  // thread it propagates out of poll_completions.
   absl::StatusOr<RunHandle> submit(
       CallableHandle callable, const task::TaskArgs& args, const task::CallConfig& config = {},
       double admission_timeout_s = std::numeric_limits<double>::infinity(),
@@ -219,6 +219,7 @@ class Worker {
   // run while a run of `callable` has not retired.
   absl::Status unbind(CallableHandle callable, const DeviceBuffer& buffer);
 
+  // Queries, thread-safe; before init() (or when init() failed) they answer zeros.
   const device::DeviceCaps& caps() const;
   ArenaCounts resources() const;
   LaneStats lane_stats() const;
@@ -228,7 +229,8 @@ class Worker {
   // (see Device::close); 0 normally.
   int32_t abandoned_threads() const;
   const WorkerOptions& options() const;
-  // The device, for layers above that need raw access (tests, benchmarks).
+  // The device, for layers above that need raw access (tests, benchmarks). After init() only:
+  // a call before it aborts the process naming the defect.
   device::Device& device();
 
  private:
