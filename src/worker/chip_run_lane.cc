@@ -283,6 +283,9 @@ absl::Status ChipRunLane::prepare_timed(ChipRun& r) {
     // threw: the run's error, returned by this submit; the lane goes on.
     prepared = base::status_from_current_exception("prepare");
   }
+  if (prepared.code() == absl::StatusCode::kResourceExhausted) {
+    arena_->release_staging(r.set);  // it never launched: what it staged goes back at once
+  }
   r.timing.prepare_end_ns = base::now_ns();
   span("prepare", r.timing.prepare_start_ns, r.timing.prepare_end_ns, r.id(), 0);
   return prepared;

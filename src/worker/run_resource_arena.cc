@@ -105,10 +105,46 @@ absl::StatusOr<StagingBuffer> RunResourceArena::staging(base::SlotRef ref, size_
     b = StagingBuffer{};
     const uint64_t want = std::max<uint64_t>(bytes, 64);
     auto addr = device_->malloc(want);
+    if (!addr.ok() && addr.status().code() == absl::StatusCode::kResourceExhausted &&
+        release_idle_staging_locked(&sets_[ref.index], index + 1) > 0) {
+      addr = device_->malloc(want);  // the cached staging no run holds was in the way
+    }
     if (!addr.ok()) return addr.status();
     b = StagingBuffer{*addr, want};
   }
   return b;
+}
+
+uint64_t RunResourceArena::release_idle_staging() {
+  base::MutexLock lock(mu_);
+  return release_idle_staging_locked(nullptr, 0);
+}
+
+void RunResourceArena::release_staging(base::SlotRef ref) {
+  base::MutexLock lock(mu_);
+  if (check_live(ref).ok()) (void)release_idle_staging_locked(&sets_[ref.index], 0);
+}
+
+uint64_t RunResourceArena::release_idle_staging_locked(const Set* live, size_t from) {
+  uint64_t freed = 0;
+  for (Set& s : sets_) {
+    const bool own = &s == live;
+    if (!own && s.state != SetState::kFree) continue;
+    bool changed = false;
+    for (size_t i = own ? from : 0; i < s.buffers.size(); ++i) {
+      StagingBuffer& b = s.buffers[i];
+      if (b.address == 0) continue;
+      (void)device_->free(b.address);
+      freed += b.capacity;
+      b = StagingBuffer{};
+      changed = true;
+    }
+    if (changed) {  // a buffer at the image's address may come back holding something else
+      s.records->image_for.reset();
+      s.records->image_for_address = 0;
+    }
+  }
+  return freed;
 }
 
 void RunRecords::reset() {

@@ -94,9 +94,20 @@ class RunResourceArena {
   absl::Status quarantine(base::SlotRef ref);
 
   // A device buffer of at least `bytes` belonging to live set `ref`, slot
-  // `index` (0-based; one per staged tensor). Reuses the set's buffer when big
-  // enough. Errors: stale ref (FAILED_PRECONDITION) or device allocation errors.
+  // `index` (0-based; one per staged tensor, handed out in increasing order by a run's
+  // prepare). Reuses the set's buffer when big enough. When the device has no room
+  // (RESOURCE_EXHAUSTED), first gives back the staging of every free set and this set's
+  // slots above `index` (release_idle_staging_locked), then tries once more. Errors: stale
+  // ref (FAILED_PRECONDITION) or device allocation errors.
   absl::StatusOr<StagingBuffer> staging(base::SlotRef ref, size_t index, uint64_t bytes);
+  // Frees the staging buffers of every free set (their next run stages anew; a quarantined
+  // set's are never freed, the device may still use them) and returns their bytes: what a
+  // device allocation that found no room frees before it tries again (Worker::malloc).
+  uint64_t release_idle_staging();
+  // Frees live set `ref`'s staging (and every free set's) when its run failed before launch:
+  // the device never saw the buffers, and a refused run keeps nothing from the next one.
+  // Stale or non-live references are ignored.
+  void release_staging(base::SlotRef ref);
 
   // free + live + quarantined == grant at every instant (one lock).
   ArenaCounts counts() const;
@@ -118,6 +129,10 @@ class RunResourceArena {
     std::unique_ptr<RunRecords> records = std::make_unique<RunRecords>();
   };
   absl::Status check_live(base::SlotRef ref) const SIMPLER_REQUIRES(mu_);
+  // Frees the buffers of every free set and, when `live` names a set, its slots from `from`
+  // on; a set whose staging changed forgets the image it held (RunRecords::image_for).
+  // Returns the bytes freed.
+  uint64_t release_idle_staging_locked(const Set* live, size_t from) SIMPLER_REQUIRES(mu_);
   // The only way a set changes state: keeps the per-state counts.
   void move_to(Set& set, SetState to) SIMPLER_REQUIRES(mu_);
 

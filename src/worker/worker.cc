@@ -192,7 +192,12 @@ absl::Status Worker::init() {
 
 absl::StatusOr<DeviceBuffer> Worker::malloc(uint64_t bytes) {
   SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
-  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, impl_->chip->device().malloc(bytes));
+  absl::StatusOr<uint64_t> got = impl_->chip->device().malloc(bytes);
+  if (!got.ok() && got.status().code() == absl::StatusCode::kResourceExhausted &&
+      impl_->chip->arena().release_idle_staging() > 0) {
+    got = impl_->chip->device().malloc(bytes);  // staging cached by idle sets was in the way
+  }
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, std::move(got));
   base::MutexLock lock(impl_->buffers_mu);
   impl_->buffers[addr] = bytes;
   return DeviceBuffer{addr, bytes};

@@ -37,7 +37,11 @@ struct WorkerOptions {
   // kMaxRunGrant); otherwise in [launch_depth, kMaxRunGrant].
   int32_t run_grant = 0;
   double operation_timeout_s = 60;   // per-run device time limit once at the stream head
-  uint64_t device_memory_bytes = 0;  // sim heap capacity; 0 = host-limited
+  // Sim heap capacity in bytes; 0 = host-limited. The runs' staging (HOST tensors, graph images)
+  // counts against it: each resource set caches its staging for its next run, and that cache is
+  // given back when an allocation (malloc, a run's staging) finds no room, or when a run fails at
+  // prepare for want of room.
+  uint64_t device_memory_bytes = 0;
   // CPUs for the sim device's threads; empty = unrestricted. See
   // SimDeviceOptions::cpus: a CPU this machine does not have fails init().
   std::vector<int> device_cpus;
