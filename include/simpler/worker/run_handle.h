@@ -95,9 +95,11 @@ class RunHandle {
   // Waits for the run to finalize and returns its status, delivering it (an
   // error delivered here is not reported again by Worker::close()).
   // `timeout_s` in seconds: NaN -> INVALID_ARGUMENT; +inf or beyond the clock's
-  // range -> forever; negative -> poll once. When the run is not done by then:
-  // DEADLINE_EXCEEDED ("run N not finished after T s"); the run is left alone
-  // and nothing is delivered. Sleeps on an event. A run with a RunProgress (an
+  // range -> forever; zero or negative -> poll once. When the run is not done by then:
+  // DEADLINE_EXCEEDED ("run N not finished after T s"; "... (polled once)"); the run is left
+  // alone and nothing is delivered. A run that failed at its operation timeout is
+  // DEADLINE_EXCEEDED too, as its own status: done() tells the two apart (true only for
+  // the run's own). Sleeps on an event. A run with a RunProgress (an
   // L3 run) is first polled, yielding the CPU between looks, for its poll
   // window (at most the timeout); a negative timeout polls it once.
   absl::Status wait(double timeout_s) const;
