@@ -238,6 +238,13 @@ absl::Status read_dump_positions(const GenerateFlags& st, Requests* req) {
 absl::StatusOr<Requests> read_requests(const GenerateFlags& st, MaybeTokenizer* tok_out) {
   Requests req;
   MaybeTokenizer& tok = *tok_out;
+  if (st.chips > 1 && !st.engine.common.trace_path.empty()) {
+    // The runs are the children's (their own processes or workers): this process's recorder
+    // would write a trace of no span.
+    return absl::InvalidArgumentError(
+        "--trace records this process's device, and with --chips > 1 the steps run on the "
+        "children's: run it with --chips 1");
+  }
   if (!st.has_prompt_ids) tok = load_tokenizer(st.model);
   if (st.chat && !st.has_prompt_ids) {
     // The model's own template, refused as serve refuses it (a GGUF file's that differs from the

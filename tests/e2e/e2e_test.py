@@ -1439,6 +1439,9 @@ def scenario_cli_input(ctx):
                              ["--stop", "an empty stop string"])
     expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--trace", ctx.path("no", "t.json")),
                              "--trace NODIR/t.json", ["--trace", "there is no directory"])
+    expect_error(ctx, gen("--prompt", "Hi", "--chips", "2", "--trace", ctx.path("t.json")),
+                 "--chips 2 --trace", ["--trace records this process's device",
+                                       "run it with --chips 1"])
     expect_error(ctx, gen("--prompt", "Hi", "--dump-logits-steps", "0,4", "--json"),
                  "--dump-logits-steps 4 of 4", ["--dump-logits-steps: step 4 is never run",
                                                 "--max-new-tokens 4 runs steps 0 to 3"])
