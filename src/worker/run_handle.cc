@@ -78,9 +78,9 @@ absl::Status RunHandle::wait(double timeout_s) const {
   poll_progress(*shared_, *deadline);
   if (!shared_->finalized.wait(*deadline)) {
     return absl::DeadlineExceededError(
-        timeout_s > 0 ? absl::StrCat("run ", shared_->id.value, " not finished after ", timeout_s,
-                                     " s")
-                      : absl::StrCat("run ", shared_->id.value, " not finished (polled once)"));
+        timeout_s > 0
+            ? absl::StrCat("run ", shared_->id.value, " not finished after ", timeout_s, " s")
+            : absl::StrCat("run ", shared_->id.value, " not finished (polled once)"));
   }
   shared_->delivered.store(true, std::memory_order_release);
   return shared_->result.status;

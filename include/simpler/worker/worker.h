@@ -36,7 +36,7 @@ struct WorkerOptions {
   // Run resource sets. 0 = launch_depth + 1 (kMaxRunGrant when the depth is
   // kMaxRunGrant); otherwise in [launch_depth, kMaxRunGrant].
   int32_t run_grant = 0;
-  double operation_timeout_s = 60;   // per-run device time limit once at the stream head
+  double operation_timeout_s = 60;  // per-run device time limit once at the stream head
   // Sim heap capacity in bytes; 0 = host-limited. The runs' staging (HOST tensors, graph images)
   // counts against it: each resource set caches its staging for its next run, and that cache is
   // given back when an allocation (malloc, a run's staging) finds no room, or when a run fails at
