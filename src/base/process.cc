@@ -24,6 +24,20 @@ std::string describe_wait_status(int wstatus) {
   return absl::StrCat("ended (wait status ", wstatus, ")");
 }
 
+char process_state(int pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return '?';
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return '?';
+  // "PID (COMM) S ...": COMM may hold spaces and parentheses, so the state follows the last ')'.
+  const std::string_view line(buf, static_cast<size_t>(n));
+  const size_t paren = line.rfind(')');
+  return paren != std::string_view::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
+}
+
 absl::StatusOr<ProcessResult> run_process(const std::vector<std::string>& argv, size_t max_output) {
   if (argv.empty()) return absl::InvalidArgumentError("run_process: no program");
   const auto fail = [&argv](const char* what, int err) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -147,21 +148,29 @@ absl::Status CapturedGraph::resolve_slots(const CaptureInput& in) {
       if (!is_tensor(a) || a.tensor.span_bytes() == 0) continue;
       const uint64_t b = a.tensor.address;
       const uint64_t e = b + a.tensor.span_bytes();
-      bool placed = false;
-      for (uint32_t i = 0; i < run.size() && !placed; ++i) {
+      // Bound to the first run argument that holds it; other run arguments it overlaps keep
+      // their offsets to that one at every replay (the overlap pairs), so its place in them
+      // does too. One it overlaps while no argument holds it could not be bound.
+      std::optional<uint32_t> holder, straddled;
+      for (uint32_t i = 0; i < run.size() && !holder; ++i) {
         if (!is_tensor(run[i]) || run[i].tensor.span_bytes() == 0) continue;
         const uint64_t rb = run[i].tensor.address;
         const uint64_t re = rb + run[i].tensor.span_bytes();
         if (rb <= b && e <= re) {
+          holder = i;
           bound_.push_back({index, i, b - rb});
-          placed = true;
-        } else if (overlaps(b, e, rb, re)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "task ", t, " argument ", k, " ", a.tensor.debug_string(), " overlaps run argument ",
-              i, " ", run[i].tensor.debug_string(), " without lying inside it"));
+        } else if (!straddled && overlaps(b, e, rb, re)) {
+          straddled = i;
         }
       }
-      if (!placed) fixed_.push_back({b, e, t, k});
+      if (holder) continue;
+      if (straddled) {
+        const uint32_t i = *straddled;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "task ", t, " argument ", k, " ", a.tensor.debug_string(), " overlaps run argument ", i,
+            " ", run[i].tensor.debug_string(), " without lying inside it or any other"));
+      }
+      fixed_.push_back({b, e, t, k});
     }
   }
   std::sort(fixed_.begin(), fixed_.end(),

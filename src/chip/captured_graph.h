@@ -41,11 +41,12 @@ struct ArgOverlap {
 using Rerecord = std::function<absl::StatusOr<GraphRecording>(const task::TaskArgs& staged)>;
 
 // A run's graph with its dependencies resolved and its arguments as slots: each task tensor
-// lies inside a run argument (bound to it at an offset) or in fixed memory the orchestration
+// lies inside a run argument (bound to the first that holds it, at an offset) or in fixed
+// memory the orchestration
 // captured (kept by address); each task scalar is a constant or bound to a run scalar
 // parameter. Keeps the signature it was captured under (every run argument's direction,
 // memory kind, dtype, shape and strides, non-parameter scalar values, the overlap relation of
-// the device tensor arguments, the core count). Immutable once built; shared by the runs
+// the tensor arguments of one memory kind, the core count). Immutable once built; shared by the runs
 // replaying it; thread-safe.
 class CapturedGraph {
  public:
@@ -64,7 +65,7 @@ class CapturedGraph {
   // Each declared scalar parameter is checked with one probe: `rerecord` over in.staged with
   // that scalar plus one must submit the same tasks, with only the task scalars that equalled
   // it now equal to it plus one. INVALID_ARGUMENT ("run R capture under capture key K of 'C':
-  // ...") when a task tensor overlaps a run argument without lying inside it, or a probe shows
+  // ...") when a task tensor overlaps a run argument while lying inside none, or a probe shows
   // a parameter is not forwarded unchanged (naming the argument); a probe's own error.
   static absl::StatusOr<std::shared_ptr<const CapturedGraph>> build(const CaptureInput& in,
                                                                     GraphRecording recording,

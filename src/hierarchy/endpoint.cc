@@ -625,24 +625,34 @@ class MailboxEndpoint final : public EndpointBase {
     uint32_t controls;
     int64_t since_ns;
   };
-  // A process child that, with runs in flight or a control command (malloc, free, a copy, a grant
-  // change) out, completes nothing and is given no new command for stall_limit_ns_ is stopped
-  // (SIGSTOP, a debugger) or hung where its own operation timeout cannot fire: every run it held
+  // A process child that, with runs in flight, completes nothing and is given no new command for
+  // stall_limit_ns_ is stopped (SIGSTOP, a debugger) or hung where its own operation timeout
+  // cannot fire; with only a control command (malloc, free, a copy, a grant change) out, one that
+  // answers nothing for as long while it is stopped (its scheduler state). Every run it held
   // fails naming that, as does the command's caller (publish_stop, the first reason wins), and it
   // is killed, so its reaper returns and close() does not wait for it. A live child completes a
   // run at least once an operation timeout plus its host preparation (the device runs them one at
-  // a time, each bounded by the timeout), and answers a command once the runs before it are done
-  // (a copy, bounded by the timeout too), so twice the timeout plus 1 s never fires on one.
+  // a time, each bounded by the timeout), so twice the timeout plus 1 s never fires on one; a
+  // command's own time is unbounded (a copy's bytes, the child's setups before it), hence the
+  // state.
   void watch_progress(uint32_t seen, Progress& p) {
     const int64_t now = base::now_ns();
+    // The command first: one published after this read moves the count read next.
+    const std::optional<ControlOp> control = parent_.control_out();
     const uint32_t controls = parent_.controls_published();
     const int32_t in_flight = parent_.in_flight();
-    const std::optional<ControlOp> control = parent_.control_out();
     if (seen != p.completions || controls != p.controls || (in_flight == 0 && !control)) {
       p = {seen, controls, now};
       return;
     }
     if (stall_limit_ns_ == 0 || now - p.since_ns < stall_limit_ns_) return;
+    // A command alone (no run) may legitimately take long: a copy of gigabytes, or one sent
+    // while the child still loads its model (its setups). It counts as a stall only while the
+    // child is stopped (SIGSTOP, a debugger), never while it works.
+    if (in_flight == 0) {
+      const char state = base::process_state(child_pid_);
+      if (state != 'T' && state != 't') return;
+    }
     const std::string waiting =
         in_flight > 0 ? absl::StrCat(in_flight, " run(s) in flight")
                       : absl::StrCat("its ", control_op_name(static_cast<uint32_t>(*control)),

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -18,6 +17,7 @@
 #include "hierarchy/close_race_test_util.h"
 #include "hierarchy/endpoint.h"
 #include "simpler/base/clock.h"
+#include "simpler/base/process.h"
 #include "simpler/device/fault_plan.h"
 #include "simpler/hierarchy/tp_mlp.h"
 #include "worker/worker_test_util.h"
@@ -723,15 +723,6 @@ TEST_P(L3, AStoppedChildsRunsFailAtItsStallLimitAndTheOtherChildGoesOn) {
   EXPECT_TRUE(f.closed_ok);
 }
 
-// The state letter of process `pid` (/proc/PID/stat's third field: 'T' stopped), or '?'.
-char process_state(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-}
-
 // A process child stopped (SIGSTOP) while the parent has a control command out to it and no run
 // in flight: the same watch fails the command once the child answered nothing for twice its
 // operation timeout plus 1 s, naming the command, and kills the child; the other child goes on,
@@ -750,10 +741,10 @@ TEST_P(L3, AStoppedChildsControlCommandFailsAtItsStallLimit) {
   const pid_t pid = static_cast<pid_t>(std::stol(child0.substr(at + 9)));
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
   const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (process_state(pid) != 'T' && std::chrono::steady_clock::now() < by) {
+  while (base::process_state(pid) != 'T' && std::chrono::steady_clock::now() < by) {
     std::this_thread::yield();
   }
-  ASSERT_EQ(process_state(pid), 'T') << "child 0 did not stop";
+  ASSERT_EQ(base::process_state(pid), 'T') << "child 0 did not stop";
 
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<worker::DeviceBuffer> b = w.child_malloc(0, 4096);
@@ -773,6 +764,29 @@ TEST_P(L3, AStoppedChildsControlCommandFailsAtItsStallLimit) {
     EXPECT_TRUE(w.child_free(1, *other).ok());
   }
   EXPECT_TRUE(contains(w.run(p, on_child(0)), "it is stopped or hung"));
+  EXPECT_TRUE(w.close().ok());
+}
+
+// A command a working child takes long to answer is not a stall: here child 0 still runs its
+// setup (2 s of work, as a model load) when the malloc comes, past the 1.5 s stall limit; it is
+// never stopped, so the malloc waits for it and succeeds.
+TEST_P(L3, ACommandAWorkingChildIsSlowToAnswerIsNotAStall) {
+  if (GetParam() != ChildMode::kProcess) GTEST_SKIP() << "the watch is the process children's";
+  L3Options o = options(GetParam());
+  o.child.operation_timeout_s = 0.25;
+  L3Worker w(o);
+  ASSERT_TRUE(w.register_child_setup([](int32_t child, worker::Worker&) {
+                 if (child != 0) return absl::OkStatus();
+                 const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+                 volatile uint64_t work = 0;
+                 while (std::chrono::steady_clock::now() < until)
+                   work = work + 1;  // busy, as a load
+                 return absl::OkStatus();
+               }).ok());
+  ASSERT_TRUE(w.init().ok());
+  absl::StatusOr<worker::DeviceBuffer> b = w.child_malloc(0, 4096);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(w.child_free(0, *b).ok());
   EXPECT_TRUE(w.close().ok());
 }
 

@@ -511,12 +511,12 @@ uint32_t MailboxParent::controls_published() const {
 }
 
 std::optional<ControlOp> MailboxParent::control_out() const {
-  const uint32_t op = last_control_op_.load(std::memory_order_relaxed);
+  // The state first: the op stored before the command was published is then the one read.
   if (region_->layout().control.header.state.load(std::memory_order_acquire) ==
       static_cast<uint32_t>(FrameState::kFree)) {
     return std::nullopt;
   }
-  return static_cast<ControlOp>(op);
+  return static_cast<ControlOp>(last_control_op_.load(std::memory_order_relaxed));
 }
 
 uint32_t MailboxParent::grant() const {

@@ -221,7 +221,9 @@ absl::Status check_out_dir(const fs::path& out) {
   std::string first;
   for (const fs::directory_entry& entry : fs::directory_iterator(out, ec)) {
     const std::string name = entry.path().filename().string();
-    if (written_by_make_model(name) && !entry.is_directory(ec)) continue;
+    if (name.starts_with(".")) continue;  // hidden files (.gitkeep, .DS_Store) are no one's model
+    std::error_code type_ec;
+    if (written_by_make_model(name) && !entry.is_directory(type_ec)) continue;
     if (others++ == 0) first = name;
   }
   if (ec) {

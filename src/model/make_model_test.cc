@@ -219,6 +219,7 @@ TEST(MakeModel, ADirectoryItDidNotWriteIsRefusedAndLeftAsItWas) {
   EXPECT_FALSE(fs::exists(dir / "config.json"));
 
   fs::remove(dir / "README.md");
+  { std::ofstream(dir / ".gitkeep") << ""; }  // hidden files do not count
   { std::ofstream(dir / "config.json") << R"({"transformers_version": "4.51.0"})"; }
   s = make_model(small(dir));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;

@@ -25,6 +25,9 @@ absl::StatusOr<Tensor> Tensor::contiguous(uint64_t address, const int64_t* shape
   t.rank = rank;
   t.dtype = dtype;
   t.memory = memory;
+  // A shape with a 0 dimension holds no element whatever the others are: its strides are capped
+  // instead of refused.
+  const bool empty = std::find(shape, shape + rank, 0) != shape + rank;
   int64_t stride = 1;
   for (int i = rank - 1; i >= 0; --i) {
     if (shape[i] < 0) {
@@ -33,7 +36,11 @@ absl::StatusOr<Tensor> Tensor::contiguous(uint64_t address, const int64_t* shape
     }
     t.shape[i] = shape[i];
     t.strides[i] = stride;
-    if (__builtin_mul_overflow(stride, shape[i], &stride) || stride > kMaxTensorElements) {
+    const bool over =
+        __builtin_mul_overflow(stride, shape[i], &stride) || stride > kMaxTensorElements;
+    if (over && empty) {
+      stride = kMaxTensorElements;
+    } else if (over) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor shape [", absl::StrJoin(shape, shape + rank, ", "),
                        "] holds more than 2^48 elements (no memory holds it)"));

@@ -303,8 +303,8 @@ TEST_P(Capture, ArgumentsThatOverlappedAtCaptureMustOverlapAtTheSameOffset) {
   auto at = [&](int64_t element) {
     return *task::Tensor::contiguous(wide.address + element * 8, {kN}, DataType::kInt64);
   };
-  // x and y are one range at capture (a task tensor must lie inside each run argument it
-  // overlaps, so partly overlapping arguments are not capturable; the same range is).
+  // x and y are one range at capture (partly overlapping arguments capture too:
+  // PartlyOverlappingArgumentsCaptureAndReplay).
   auto args = [&](int64_t y_from) {
     task::TaskArgs t = chain_args(a, 3, c.open_gate);
     t[0].tensor = at(0);
@@ -330,6 +330,75 @@ TEST_P(Capture, ArgumentsThatOverlappedAtCaptureMustOverlapAtTheSameOffset) {
   ASSERT_TRUE(ok(c.w.run(c.handle, moved, capture(1, GetParam()))));
   EXPECT_EQ(c.w.capture_stats().replays, 1u);
   EXPECT_TRUE(ok(c.w.close()));
+}
+
+// Two tasks copy the run's arguments 0 and 1 (IN) into arguments 2 and 3 (OUT); with
+// `straddle`, task 0 instead reads kN cells from the middle of argument 0 (half of them past
+// its end).
+task::ChipCallable two_copies_program(bool straddle) {
+  return task::ChipCallable{
+      straddle ? "straddling_copy" : "two_copies",
+      [straddle](task::OrchestrationContext& ctx, const task::TaskArgs& args) -> absl::Status {
+        for (size_t i = 0; i < 2; ++i) {
+          task::Tensor from = args.tensor(i);
+          if (straddle && i == 0) from.address += kN / 2 * 8;
+          task::TaskArgs t;
+          t.add_tensor(from, ArgDirection::kIn).add_tensor(args.tensor(i + 2), ArgDirection::kOut);
+          SIMPLER_RETURN_IF_ERROR(ctx.submit(0, t));
+        }
+        return absl::OkStatus();
+      },
+      {{"copy", [](const task::KernelContext& ctx) {
+          for (int64_t i = 0; i < ctx.tensor(0).numel(); ++i) {
+            cells(ctx.tensor(1))[i] = cells(ctx.tensor(0))[i];
+          }
+          return absl::OkStatus();
+        }}}};
+}
+
+// Two windows of one array that overlap in part (HOST: one staging buffer holds both) capture
+// and replay, on fresh inputs each time; a task tensor that overlaps a run argument while lying
+// inside none is refused at capture.
+TEST_P(Capture, PartlyOverlappingArgumentsCaptureAndReplay) {
+  Worker w(test_options());
+  auto copies = *w.register_callable(two_copies_program(false));
+  auto straddling = *w.register_callable(two_copies_program(true));
+  ASSERT_TRUE(ok(w.init()));
+  std::vector<int64_t> x(kN + 2), out0(kN), out1(kN);
+  auto host = [](int64_t* p) {
+    return *task::Tensor::contiguous(reinterpret_cast<uintptr_t>(p), {kN}, DataType::kInt64,
+                                     task::MemoryKind::kHost);
+  };
+  task::TaskArgs windows;
+  windows.add_tensor(host(x.data()), ArgDirection::kIn)
+      .add_tensor(host(x.data() + 2), ArgDirection::kIn)
+      .add_tensor(host(out0.data()), ArgDirection::kOut)
+      .add_tensor(host(out1.data()), ArgDirection::kOut);
+  for (int64_t round = 0; round < 3; ++round) {  // the capture, then two replays
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 10 * round + static_cast<int64_t>(i);
+    ASSERT_TRUE(ok(w.run(copies, windows, capture(5, GetParam(), 0))));
+    for (int64_t i = 0; i < kN; ++i) {
+      EXPECT_EQ(out0[i], x[i]) << round;
+      EXPECT_EQ(out1[i], x[i + 2]) << round;
+    }
+  }
+  EXPECT_EQ(w.capture_stats().replays, 2u);
+
+  // DEVICE windows of one buffer, side by side: task 0 reads across their boundary.
+  DeviceBuffer wide = *w.malloc(2 * kN * 8), o0 = *w.malloc(kN * 8), o1 = *w.malloc(kN * 8);
+  auto at = [&](int64_t element) {
+    return *task::Tensor::contiguous(wide.address + element * 8, {kN}, DataType::kInt64);
+  };
+  task::TaskArgs side_by_side;
+  side_by_side.add_tensor(at(0), ArgDirection::kIn)
+      .add_tensor(at(kN), ArgDirection::kIn)
+      .add_tensor(*o0.tensor({kN}, DataType::kInt64), ArgDirection::kOut)
+      .add_tensor(*o1.tensor({kN}, DataType::kInt64), ArgDirection::kOut);
+  const absl::Status s = w.run(straddling, side_by_side, capture(6, GetParam(), 0));
+  EXPECT_TRUE(fails_with(s, absl::StatusCode::kInvalidArgument, "overlaps run argument 0 i64[8]@"))
+      << s;
+  EXPECT_TRUE(contains(s, "without lying inside it or any other")) << s;
+  EXPECT_TRUE(ok(w.close()));
 }
 
 TEST_P(Capture, ARunOfManyArgumentsCapturesAndReplaysWithItsOverlapsChecked) {

@@ -398,7 +398,10 @@ absl::StatusOr<size_t> ChipRunLane::stage_host_tensors(ChipRun& run) {
     bool copy_in = false;
     for (const HostSpan& sp : g) {
       end = std::max(end, sp.end);
-      copy_in = copy_in || args[sp.arg].direction != task::ArgDirection::kOut;
+      // Inputs are copied in, and so is a strided output: its copy-back spans the gaps between
+      // its elements, which must come back as the host had them.
+      const task::Arg& a = args[sp.arg];
+      copy_in = copy_in || a.direction != task::ArgDirection::kOut || !a.tensor.is_contiguous();
     }
     SIMPLER_ASSIGN_OR_RETURN(StagingBuffer buf, arena_->staging(run.set, staged++, end - begin));
     if (copy_in) {
@@ -680,18 +683,7 @@ void ChipRunLane::lane_loop() {
     } else {
       head_claimed_ = true;
     }
-    const uint64_t id = head.id();
-    try {
-      retire_claimed_head_locked();
-    } catch (...) {
-      // A throwing on_finalized (the run is retired, its result final): nothing on this thread
-      // can take the exception, so it is kept for close() (the first; the others counted).
-      const absl::Status thrown =
-          base::status_from_current_exception(absl::StrCat("run ", id, " on_finalized"));
-      SIMPLER_LOG_ERROR("{}", std::string(thrown.message()));
-      if (callback_error_.ok()) callback_error_ = thrown;
-      ++callback_errors_;
-    }
+    retire_claimed_head_locked(/*keep_callback_errors=*/true);
   }
 }
 
@@ -699,7 +691,7 @@ bool ChipRunLane::left_to_pollers_locked() const {
   return completion_pollers_ > 0 && admission_waiters_ == 0 && !closing_;
 }
 
-void ChipRunLane::retire_claimed_head_locked() {
+void ChipRunLane::retire_claimed_head_locked(bool keep_callback_errors) {
   // The head stays in runs_ (terminal and claimed, so nothing else acts on it) until retired.
   ChipRun& head = *runs_.front();
   mu_.unlock();
@@ -711,14 +703,26 @@ void ChipRunLane::retire_claimed_head_locked() {
   retire_head_locked();
   if (notify) {
     mu_.unlock();
+    absl::Status thrown;
     try {
       notify(shared->result);  // finalized: the result is immutable now
     } catch (...) {
-      mu_.lock();
-      release_head_claim_locked();
-      throw;
+      if (!keep_callback_errors) {
+        mu_.lock();
+        release_head_claim_locked();
+        throw;
+      }
+      // On the lane thread nothing can take the exception (the run is retired, its result
+      // final): kept for close() (the first; the others counted).
+      thrown = base::status_from_current_exception(
+          absl::StrCat("run ", shared->id.value, " on_finalized"));
     }
     mu_.lock();
+    if (!thrown.ok()) {
+      SIMPLER_LOG_ERROR("{}", std::string(thrown.message()));
+      if (callback_error_.ok()) callback_error_ = thrown;
+      ++callback_errors_;
+    }
   }
   // Released only now: the next run's on_finalized never starts before this one's returned.
   release_head_claim_locked();

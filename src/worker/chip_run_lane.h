@@ -185,7 +185,9 @@ class ChipRunLane {
   // Finalizes the terminal head run (mu_ released meanwhile and retaken, as in reap_locked),
   // retires it and calls its on_finalized with no lock held; the caller set head_claimed_,
   // cleared here once all of that is done (also when on_finalized throws, which is rethrown).
-  void retire_claimed_head_locked() SIMPLER_REQUIRES(mu_);
+  // An exception its on_finalized throws propagates (a completion poller's), or, with
+  // `keep_callback_errors` (the lane thread's), is kept for close() (callback_error_).
+  void retire_claimed_head_locked(bool keep_callback_errors = false) SIMPLER_REQUIRES(mu_);
   // Clears head_claimed_ and wakes whoever waits for it (the lane thread, close()).
   void release_head_claim_locked() SIMPLER_REQUIRES(mu_);
   // Whether the lane thread leaves a launched head to completion pollers.

@@ -105,7 +105,9 @@ absl::StatusOr<StagingBuffer> RunResourceArena::staging(base::SlotRef ref, size_
     b = StagingBuffer{};
     const uint64_t want = std::max<uint64_t>(bytes, 64);
     auto addr = device_->malloc(want);
+    const uint64_t heap = device_->caps().memory_bytes;  // 0: host-limited
     if (!addr.ok() && addr.status().code() == absl::StatusCode::kResourceExhausted &&
+        (heap == 0 || want <= heap) &&
         release_idle_staging_locked(&sets_[ref.index], index + 1) > 0) {
       addr = device_->malloc(want);  // the cached staging no run holds was in the way
     }

@@ -193,8 +193,9 @@ absl::Status Worker::init() {
 absl::StatusOr<DeviceBuffer> Worker::malloc(uint64_t bytes) {
   SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
   absl::StatusOr<uint64_t> got = impl_->chip->device().malloc(bytes);
+  const uint64_t heap = impl_->options.device_memory_bytes;
   if (!got.ok() && got.status().code() == absl::StatusCode::kResourceExhausted &&
-      impl_->chip->arena().release_idle_staging() > 0) {
+      (heap == 0 || bytes <= heap) && impl_->chip->arena().release_idle_staging() > 0) {
     got = impl_->chip->device().malloc(bytes);  // staging cached by idle sets was in the way
   }
   SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, std::move(got));
@@ -293,9 +294,17 @@ absl::Status Worker::close() { return close(base::Deadline::forever()); }
 absl::Status Worker::close(const base::Deadline& deadline) {
   if (!impl_->initialized.load(std::memory_order_acquire)) return absl::OkStatus();
   if (impl_->closed.exchange(true, std::memory_order_acq_rel)) {
-    // Another call closes: return once it did, so that no caller sees OK with runs in flight.
+    // Another call closes: return once it did, so that no caller sees OK with runs in flight,
+    // or once this call's own deadline passed.
+    base::Env& env = impl_->options.env != nullptr ? *impl_->options.env : base::Env::real();
     base::MutexLock lock(impl_->close_mu);
-    while (!impl_->close_done) impl_->close_cv.wait(lock);
+    while (!impl_->close_done) {
+      if (env.expired(deadline)) {
+        return absl::DeadlineExceededError(
+            "close: another close() is still draining the runs at this call's deadline");
+      }
+      (void)env.wait(impl_->close_cv, lock, deadline);
+    }
     return absl::OkStatus();
   }
   absl::Status s = impl_->chip->close(deadline);

@@ -301,6 +301,10 @@ TEST(WorkerClose, ASecondConcurrentCloseReturnsOnlyOnceTheRunsAreDrained) {
     (void)w.free(*probe);  // refused only when the close began in between (it frees all)
     std::this_thread::yield();
   }
+  // A racing close bounded by a deadline returns at it, the first close going on.
+  const absl::Status polled = w.close(base::Deadline::poll());
+  EXPECT_EQ(polled.code(), absl::StatusCode::kDeadlineExceeded) << polled;
+  EXPECT_FALSE(r.done());
   std::atomic<pid_t> second_tid{0};
   std::atomic<bool> second_returned{false};
   bool done_when_second_returned = false;
@@ -926,6 +930,28 @@ TEST(WorkerSubmit, OverlappingHostTensorsAreOrderedAsDeviceOnesAre) {
     EXPECT_TRUE(contains(s, "overlap")) << s;
     EXPECT_TRUE(w.close().ok());
   }
+}
+
+// A strided HOST output (every other cell of an array) is staged with the host's bytes in its
+// gaps, so the copy-back, which spans them, leaves the cells between its elements as they were
+// (they came back as the staging buffer's zeros).
+TEST(WorkerSubmit, AStridedHostOutputLeavesTheCellsBetweenItsElementsAlone) {
+  Worker w(test_options());
+  auto h = w.register_callable(task::one_kernel_callable("fill", [](const task::KernelContext& c) {
+    const task::Tensor& t = c.tensor(0);
+    for (int64_t i = 0; i < t.shape[0]; ++i) t.data<int64_t>()[i * t.strides[0]] = 100;
+    return absl::OkStatus();
+  }));
+  ASSERT_TRUE(w.init().ok());
+  std::vector<int64_t> cells = {1, 2, 3, 4, 5, 6, 7, 8};
+  task::Tensor every_other = host_i64(cells.data());
+  every_other.shape[0] = 4;
+  every_other.strides[0] = 2;
+  task::TaskArgs args;
+  args.add_tensor(every_other, task::ArgDirection::kOut);
+  ASSERT_TRUE(w.run(*h, args).ok());
+  EXPECT_EQ(cells, (std::vector<int64_t>{100, 2, 100, 4, 100, 6, 100, 8}));
+  EXPECT_TRUE(w.close().ok());
 }
 
 // Waits at the testing::Gate whose address is scalar(1) (none when 0), then writes 7.

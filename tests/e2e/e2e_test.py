@@ -1460,6 +1460,8 @@ def scenario_cli_input(ctx):
                              ["--url", "the port must be a number in [1, 65535]"])
     expect_refused_by_parser(ctx, serve + ["--url", "http://127.0.0.1:8000/v1"], "--url path",
                              ["--url", "has a path"])
+    expect_refused_by_parser(ctx, serve + ["--url", "http://::1:8000"], "--url IPv6 bare",
+                             ["--url", "an IPv6 address goes in brackets"])
     expect_refused_by_parser(ctx, serve + ["--request-rate", "1e-9"], "--request-rate 1e-9",
                              ["--request-rate", "at least 0.001"])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -13,6 +13,12 @@ namespace simpler::base {
 // signal 9 (Killed)".
 std::string describe_wait_status(int wstatus);
 
+// The scheduler state of process `pid`: the letter of /proc/PID/stat's third field ('R'
+// running, 'S' asleep, 'D' in uninterruptible wait, 'T' stopped by a signal, 't' stopped by a
+// debugger, 'Z' a zombie, ...), or '?' when it cannot be read (no such process, no /proc).
+// Linux only. Thread-safe.
+char process_state(int pid);
+
 struct ProcessResult {
   int wait_status = 0;  // waitpid's status
   int exit_code = -1;   // the program's exit status; -1 when a signal ended it

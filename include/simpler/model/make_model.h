@@ -77,11 +77,10 @@ absl::StatusOr<ModelConfig> preset_config(std::string_view preset,
 // tokenizer_config.json when tokenizer_dir lacks it (checked before anything is written);
 // FAILED_PRECONDITION when out_dir exists and is not a directory, holds a file make-model does not
 // write (config.json, generation_config.json, the safetensors shards and index, the tokenizer
-// files; *.gguf files are left alone), or holds a Hugging Face checkpoint (its config.json has
-// transformers_version): nothing there is changed;
-// RESOURCE_EXHAUSTED stating both sizes when the weights would not fit in the space free on
-// out_dir's file system (checked before a file is written); the OS error naming the path when a
-// file cannot be written. Thread-compatible.
+// files; *.gguf files and hidden files are left alone), or holds a Hugging Face checkpoint (its
+// config.json has transformers_version): nothing there is changed; RESOURCE_EXHAUSTED stating both
+// sizes when the weights would not fit in the space free on out_dir's file system (checked before a
+// file is written); the OS error naming the path when a file cannot be written. Thread-compatible.
 absl::Status make_model(const MakeModelOptions& options);
 
 }  // namespace simpler::llm

@@ -36,7 +36,8 @@ struct Tensor {
   std::array<int64_t, kMaxRank> strides{};
 
   // Row-major contiguous view. Rank above kMaxRank, a negative dimension, or a shape of
-  // more than kMaxTensorElements elements (or whose strides would pass it) is INVALID_ARGUMENT.
+  // more than kMaxTensorElements elements is INVALID_ARGUMENT (a shape with a 0 dimension holds
+  // none, whatever the others: its strides are capped at kMaxTensorElements).
   static absl::StatusOr<Tensor> contiguous(uint64_t address, std::initializer_list<int64_t> shape,
                                            DataType dtype, MemoryKind memory = MemoryKind::kDevice);
   static absl::StatusOr<Tensor> contiguous(uint64_t address, const int64_t* shape, int32_t rank,

@@ -192,7 +192,9 @@ class Worker {
 
   // Drains every run, closes the device and returns the first run error no
   // wait() delivered, counting the others. Idempotent: a call racing the first waits
-  // until that one returned, then returns OK (so does a later call). A run that never
+  // until that one returned, then returns OK (so does a later call); with a deadline, a racing
+  // call that outlives it returns DEADLINE_EXCEEDED while the first goes on. Never from an
+  // on_finalized (the close joins the thread that runs it). A run that never
   // finishes is bounded by the operation timeout; a device thread stuck in a
   // kernel that never returns is abandoned after the device's close grace
   // (abandoned_threads(); Device::close).

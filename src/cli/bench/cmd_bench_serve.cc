@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/bench/bench_commands.h"
@@ -166,7 +167,7 @@ struct HostPort {
 absl::StatusOr<HostPort> parse_url(const std::string& url) {
   std::string rest = url;
   if (const size_t scheme = rest.find("://"); scheme != std::string::npos) {
-    if (rest.substr(0, scheme) != "http") {
+    if (!absl::EqualsIgnoreCase(rest.substr(0, scheme), "http")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "'", url.substr(0, 80), "': only http:// is supported (the client speaks plain HTTP)"));
     }
@@ -191,6 +192,10 @@ absl::StatusOr<HostPort> parse_url(const std::string& url) {
           absl::StrCat("'", url.substr(0, 80), "': expected ':PORT' after ']'"));
     }
   } else {
+    if (colon != std::string::npos && rest.find(':') != colon) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", url.substr(0, 80), "': an IPv6 address goes in brackets: http://[ADDRESS]:PORT"));
+    }
     hp.host = rest.substr(0, colon);
   }
   if (hp.host.empty()) {
