@@ -42,12 +42,11 @@ using Rerecord = std::function<absl::StatusOr<GraphRecording>(const task::TaskAr
 
 // A run's graph with its dependencies resolved and its arguments as slots: each task tensor
 // lies inside a run argument (bound to the first that holds it, at an offset) or in fixed
-// memory the orchestration
-// captured (kept by address); each task scalar is a constant or bound to a run scalar
-// parameter. Keeps the signature it was captured under (every run argument's direction,
-// memory kind, dtype, shape and strides, non-parameter scalar values, the overlap relation of
-// the tensor arguments of one memory kind, the core count). Immutable once built; shared by the runs
-// replaying it; thread-safe.
+// memory the orchestration captured (kept by address); each task scalar is a constant or bound
+// to a run scalar parameter. Keeps the signature it was captured under (every run argument's
+// direction, memory kind, dtype, shape and strides, non-parameter scalar values, the overlap
+// relation of the tensor arguments of one memory kind, the core count). Immutable once built;
+// shared by the runs replaying it; thread-safe.
 class CapturedGraph {
  public:
   // A fixed device range some task uses, with the first task and argument naming it, and the
