@@ -1429,7 +1429,9 @@ def scenario_cli_input(ctx):
                                 (["make-model"], "--shards", "1"),
                                 (["l3-example"], "--intermediate", "256"),
                                 (["bench", "pipeline"], "--runs", "200"),
-                                (["bench", "mailbox"], "--runs", "2000")):
+                                (["bench", "mailbox"], "--runs", "2000"),
+                                (["bench", "mailbox"], "--launch-depth", "2"),
+                                (["bench", "mailbox"], "--cores", "1")):
         p, _ = ctx.run([ctx.simpler] + argv + ["--help"], label=" ".join(argv) + " --help")
         pb.check(re.search(rf"{flag}\b[^\n]*={default}\b", p.stdout),
                  f"{' '.join(argv)} --help does not show {flag}'s default {default}")
@@ -1445,6 +1447,9 @@ def scenario_cli_input(ctx):
     expect_error(ctx, gen("--prompt", "Hi", "--dump-logits-steps", "0,4", "--json"),
                  "--dump-logits-steps 4 of 4", ["--dump-logits-steps: step 4 is never run",
                                                 "--max-new-tokens 4 runs steps 0 to 3"])
+    expect_refused_by_parser(ctx, [ctx.simpler, "bench", "mailbox", "--run-grant", "1"],
+                             "bench mailbox --run-grant 1",  # against its own depth default, 2
+                             ["--run-grant: 1 is below --launch-depth 2"])
     expect_refused_by_parser(ctx, gen("--prompt", "Hi", "--launch-depth", "3", "--run-grant",
                                       "2"), "--run-grant 2 --launch-depth 3",
                              ["--run-grant: 2 is below --launch-depth 3"])

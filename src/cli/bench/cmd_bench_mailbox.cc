@@ -296,17 +296,16 @@ Runner add_bench_mailbox_command(CLI::App* bench) {
   cmd->add_option("--runs", st->runs, "round trips / runs per measurement")
       ->check(int_in(10, kMaxRepeats))
       ->capture_default_str();
+  // The children's defaults, set before the flags so that --help shows them and the parser's
+  // checks (--run-grant against --launch-depth) see them: one core each, and depth 2 on their
+  // lanes (a staged task waits on the device stream itself).
+  st->common.cores = 1;
+  st->common.launch_depth = 2;
   st->common.add_to(cmd);
   cmd->remove_option(cmd->get_option("--trace"));  // its runs are timed, not traced
-  // The children's defaults (below): one core each, depth 2.
-  cmd->get_option("--cores")->default_str("1");
-  cmd->get_option("--launch-depth")->default_str("2");
   return [cmd, st]() -> int {
     if (!cmd->parsed()) return -1;
-    worker::WorkerOptions child = st->common.worker_options(nullptr);
-    if (cmd->get_option("--cores")->count() == 0) child.num_cores = 1;
-    // Depth 2 on the children's lanes: a staged task waits on the device stream itself.
-    if (cmd->get_option("--launch-depth")->count() == 0) child.launch_depth = 2;
+    const worker::WorkerOptions child = st->common.worker_options(nullptr);
     // Forks first, while this process is single-threaded.
     absl::StatusOr<Percentiles> rtt = bare_rtt(st->runs);
     if (!rtt.ok()) return fail("bench mailbox", rtt.status());
