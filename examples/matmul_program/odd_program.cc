@@ -3,6 +3,7 @@
 //   non_utf8    a callable, kernel and self-check whose names are not UTF-8 (the check passes)
 //   duplicate   two callables with the same name
 //   no_checks   one callable and no self-checks
+//   throw       register_program throws an int (not a std::exception)
 #include <cstdlib>
 #include <string>
 
@@ -40,6 +41,7 @@ int register_program(simpler::task::ProgramRegistry* registry) {
     registry->add_callable(callable("twice"));
     return 0;
   }
+  if (mode == "throw") throw 42;
   if (mode == "no_checks") {
     registry->add_callable(callable("twice"));
     return 0;

@@ -56,7 +56,11 @@ ProgramLibrary::~ProgramLibrary() {
 
 absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
   ProgramLibrary lib;
-  lib.handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (path.empty()) return absl::InvalidArgumentError("program library path is empty");
+  // A path without a '/' is a file here (the flag's "path of the program library"), not a name
+  // for dlopen to look up on the library search path.
+  const std::string open_path = path.find('/') == std::string::npos ? "./" + path : path;
+  lib.handle_ = ::dlopen(open_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib.handle_ == nullptr) {
     const char* err = ::dlerror();
     return absl::NotFoundError(
@@ -85,7 +89,14 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
     return absl::InternalError(
         absl::StrCat("program library '", path, "' has no register_program"));
   }
-  if (int rc = abi->register_program(&reg); rc != 0) {
+  int rc = 0;
+  try {
+    rc = abi->register_program(&reg);
+  } catch (...) {  // the program's own code: no exception leaves it
+    return base::annotate(base::status_from_current_exception("register_program"),
+                          absl::StrCat("program library '", path, "': "));
+  }
+  if (rc != 0) {
     return absl::InternalError(
         absl::StrCat("program library '", path, "': register_program failed with code ", rc));
   }

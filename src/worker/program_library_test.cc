@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "gtest/gtest.h"
@@ -105,6 +106,28 @@ TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
   EXPECT_EQ(lib.status().message(), std::string("program library '") +
                                         SIMPLER_TEST_ODD_PROGRAM_LIB +
                                         "' registers two callables named 'twice'");
+}
+
+// A register_program that throws (anything, an int here) is the load's error naming the library
+// (it ended the process); an empty path is refused; a bare file name is the file in the current
+// directory (dlopen looked it up on the library search path: "No such file or directory").
+TEST(ProgramLibrary, ARegistrationThatThrowsAnEmptyPathAndABareFileName) {
+  ::setenv("SIMPLER_TEST_ODD_PROGRAM", "throw", 1);
+  auto thrown = ProgramLibrary::load(SIMPLER_TEST_ODD_PROGRAM_LIB);
+  ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+  ASSERT_FALSE(thrown.ok());
+  EXPECT_EQ(thrown.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(thrown.status().message(), std::string("program library '") +
+                                           SIMPLER_TEST_ODD_PROGRAM_LIB +
+                                           "': register_program threw an exception of type int");
+  EXPECT_EQ(ProgramLibrary::load("").status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::filesystem::path lib(SIMPLER_TEST_ODD_PROGRAM_LIB);
+  const std::filesystem::path here = std::filesystem::current_path();
+  std::filesystem::current_path(lib.parent_path());
+  auto bare = ProgramLibrary::load(lib.filename().string());
+  std::filesystem::current_path(here);
+  EXPECT_TRUE(bare.ok()) << bare.status();
 }
 
 }  // namespace

@@ -6,6 +6,17 @@
 // anything else; then `register_program` adds the library's callables and its
 // self-checks to the host's ProgramRegistry. Library and host must be built
 // with the same C++ standard library (the registry passes C++ types).
+//
+// Building one: the library carries its own copy of the task layer it calls (TaskArgs, Tensor,
+// ...); the host does not export its code. In this CMake project, examples/CMakeLists.txt's
+// simpler_program_library(NAME SOURCES...) does it (a MODULE linking simpler_task, hidden
+// visibility). Outside it, after `scripts/build.sh release`, from the repository root (one
+// command):
+//   g++ -std=c++20 -O2 -shared -fPIC -fvisibility=hidden -I include prog.cc -o libprog.so
+//     build/release/src/task/libsimpler_task.a build/release/src/base/libsimpler_base.a
+//     -labsl_status -labsl_strings
+// then `build/release/simpler run ./libprog.so`.
+// A library built without them loads with "undefined symbol: _ZNK7simpler4task8TaskArgs...".
 #pragma once
 
 #include <cstdint>

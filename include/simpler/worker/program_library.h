@@ -15,11 +15,13 @@ namespace simpler::worker {
 // point into it). Move-only; thread-compatible.
 class ProgramLibrary {
  public:
-  // dlopen()s `path` and registers its program. Errors name the path:
-  // NOT_FOUND (cannot load, or no `simpler_program_entry` symbol),
-  // FAILED_PRECONDITION (ABI version mismatch: "built for ABI 7, host is 1"),
-  // INTERNAL (register_program returned non-zero), INVALID_ARGUMENT (a
-  // registered callable is invalid, or a self-check names an unknown callable).
+  // dlopen()s `path` (a path without a '/' is a file in the current directory, never looked
+  // up on the library search path) and registers its program. Errors name the path:
+  // INVALID_ARGUMENT for an empty path; NOT_FOUND (cannot load, or no `simpler_program_entry`
+  // symbol); FAILED_PRECONDITION (ABI version mismatch: "was built for program ABI 7; this
+  // simpler is ABI 1 — rebuild it"); INTERNAL (register_program returned non-zero, or threw:
+  // "register_program threw <type>: <what>"); INVALID_ARGUMENT (a registered callable is
+  // invalid, or a self-check names an unknown callable).
   static absl::StatusOr<ProgramLibrary> load(const std::string& path);
 
   ProgramLibrary(ProgramLibrary&&) noexcept;
