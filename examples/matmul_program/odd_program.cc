@@ -4,6 +4,9 @@
 //   duplicate   two callables with the same name
 //   no_checks   one callable and no self-checks
 //   throw       register_program throws an int (not a std::exception)
+//   check_twice, check_nameless, check_no_output, check_nan_tolerance
+//               one callable and a self-check that breaks that rule (ProgramLibrary::load)
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -42,6 +45,19 @@ int register_program(simpler::task::ProgramRegistry* registry) {
     return 0;
   }
   if (mode == "throw") throw 42;
+  if (mode.starts_with("check_")) {
+    registry->add_callable(callable("twice"));
+    using K = simpler::task::SelfCheckArg::Kind;
+    simpler::task::SelfCheck chk;
+    chk.name = mode == "check_nameless" ? "" : "check";
+    chk.callable = "twice";
+    chk.args = {{K::kInput, {4}, {1, 2, 3, 4}, 0}, {K::kOutput, {4}, {2, 4, 6, 8}, 0}};
+    if (mode == "check_no_output") chk.args.pop_back();
+    if (mode == "check_nan_tolerance") chk.tolerance = std::nan("");
+    registry->add_self_check(chk);
+    if (mode == "check_twice") registry->add_self_check(chk);
+    return 0;
+  }
   if (mode == "no_checks") {
     registry->add_callable(callable("twice"));
     return 0;

@@ -224,6 +224,7 @@ TEST(SimDeviceStream, ItemsRunInEnqueueOrderOneAtATime) {
 // buffer that the fault tests make. Outlives its launches.
 struct BlockLaunches {
   explicit BlockLaunches(Device& d) : stream(*d.create_stream()) {
+    arg.direction = task::ArgDirection::kInOut;
     arg.tensor = *task::Tensor::contiguous(*d.malloc(16), {4}, task::DataType::kInt32);
   }
   // Launches run `run_id`: `blocks` add_one blocks over the buffer, their completions into `out`.

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "simpler/base/enum_names.h"
@@ -61,7 +62,16 @@ static float bits_to_f32(uint64_t bits) {
 }
 
 float TaskArgs::scalar_f32(size_t i) const { return bits_to_f32(scalar(i)); }
-float KernelContext::scalar_f32(uint32_t i) const { return bits_to_f32(args[i].scalar); }
+float KernelContext::scalar_f32(uint32_t i) const { return bits_to_f32(scalar(i)); }
+
+void KernelContext::throw_bad_arg(uint32_t i, const char* kind) const {
+  throw std::out_of_range(absl::StrCat(
+      "KernelContext::", kind, "(", i, ") in run ", run_id, " task ", task_index, ": ",
+      i >= num_args
+          ? absl::StrCat("the task has ", num_args, " arguments")
+          : absl::StrCat("argument ", i, " is a ",
+                         args[i].direction == ArgDirection::kScalar ? "scalar" : "tensor")));
+}
 
 absl::Status validate_arg(const Arg& a, size_t i) {
   const auto d = static_cast<uint8_t>(a.direction);

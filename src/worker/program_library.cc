@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,45 @@ ProgramLibrary::~ProgramLibrary() {
   ::dlclose(handle_);
 }
 
+namespace {
+
+// The self-checks' rules: a name, each once; a registered callable; a tolerance that is a number
+// >= 0; at least one output (a check of none would pass having checked nothing).
+absl::Status check_self_checks(const std::string& path,
+                               const std::vector<task::ChipCallable>& callables,
+                               const std::vector<task::SelfCheck>& checks) {
+  std::set<std::string> names;
+  for (const task::SelfCheck& chk : checks) {
+    const std::string where =
+        absl::StrCat("program library '", path, "': self-check '", chk.name, "'");
+    if (chk.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program library '", path, "': a self-check of '", chk.callable, "' has no name"));
+    }
+    if (!names.insert(chk.name).second) {
+      return absl::InvalidArgumentError(where + " is registered twice");
+    }
+    bool found = false;
+    for (const auto& c : callables) found = found || c.name == chk.callable;
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " names unknown callable '", chk.callable, "'"));
+    }
+    if (!(chk.tolerance >= 0)) {  // NaN too
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has tolerance ", chk.tolerance, ": it must be a number >= 0"));
+    }
+    bool output = false;
+    for (const auto& a : chk.args) output = output || a.kind == task::SelfCheckArg::Kind::kOutput;
+    if (!output) {
+      return absl::InvalidArgumentError(where + " has no output: it would check nothing");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
   ProgramLibrary lib;
   if (path.empty()) return absl::InvalidArgumentError("program library path is empty");
@@ -83,7 +123,7 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
         absl::StrCat("program library '", path, "' was built for program ABI ", abi->abi_version,
                      "; this simpler is ABI ", task::kProgramAbiVersion, " — rebuild it"));
   }
-  lib.name_ = abi->name != nullptr ? abi->name : path;
+  lib.name_ = abi->name != nullptr && abi->name[0] != '\0' ? abi->name : path;
   CollectingRegistry reg;
   if (abi->register_program == nullptr) {
     return absl::InternalError(
@@ -111,15 +151,7 @@ absl::StatusOr<ProgramLibrary> ProgramLibrary::load(const std::string& path) {
       }
     }
   }
-  for (const auto& chk : reg.checks) {
-    bool found = false;
-    for (const auto& c : reg.callables) found = found || c.name == chk.callable;
-    if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat("program library '", path, "': self-check '",
-                                                     chk.name, "' names unknown callable '",
-                                                     chk.callable, "'"));
-    }
-  }
+  SIMPLER_RETURN_IF_ERROR(check_self_checks(path, reg.callables, reg.checks));
   lib.callables_ = std::move(reg.callables);
   lib.checks_ = std::move(reg.checks);
   return lib;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "simpler/base/status.h"
@@ -106,6 +107,24 @@ TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
   EXPECT_EQ(lib.status().message(), std::string("program library '") +
                                         SIMPLER_TEST_ODD_PROGRAM_LIB +
                                         "' registers two callables named 'twice'");
+}
+
+// Each rule of a self-check is checked at load, naming the library and the check.
+TEST(ProgramLibrary, SelfChecksThatBreakARuleAreRefusedAtLoad) {
+  const std::string lib = SIMPLER_TEST_ODD_PROGRAM_LIB;
+  for (const auto& [mode, message] : std::map<std::string, std::string>{
+           {"check_twice", "self-check 'check' is registered twice"},
+           {"check_nameless", "a self-check of 'twice' has no name"},
+           {"check_no_output", "self-check 'check' has no output: it would check nothing"},
+           {"check_nan_tolerance",
+            "self-check 'check' has tolerance nan: it must be a number >= 0"}}) {
+    ::setenv("SIMPLER_TEST_ODD_PROGRAM", mode.c_str(), 1);
+    auto loaded = ProgramLibrary::load(lib);
+    ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+    ASSERT_FALSE(loaded.ok()) << mode;
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << mode;
+    EXPECT_EQ(loaded.status().message(), "program library '" + lib + "': " + message) << mode;
+  }
 }
 
 // A register_program that throws (anything, an int here) is the load's error naming the library

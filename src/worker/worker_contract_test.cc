@@ -101,6 +101,29 @@ TEST_P(WorkerExceptions, AThrowingKernelFailsOnlyItsRunNamingTheTask) {
   EXPECT_TRUE(w.close().ok());
 }
 
+// A kernel that reads an argument its task does not have, or one of the other kind, fails its run
+// naming the call (it read past the argument array: a crash, or garbage).
+TEST(WorkerKernelArgs, AnArgumentPastTheTasksOrOfTheOtherKindFailsTheRun) {
+  Worker w(test_options());
+  auto past =
+      w.register_callable(task::one_kernel_callable("past", [](const task::KernelContext& c) {
+        (void)c.tensor(3);
+        return absl::OkStatus();
+      }));
+  auto kind =
+      w.register_callable(task::one_kernel_callable("kind", [](const task::KernelContext& c) {
+        (void)c.scalar_i64(0);  // argument 0 is a tensor
+        return absl::OkStatus();
+      }));
+  ASSERT_TRUE(w.init().ok());
+  int64_t in = 5, out = 0;
+  EXPECT_TRUE(fails_with(w.run(*past, affine_args(&in, &out, 1)), absl::StatusCode::kInternal,
+                         "KernelContext::tensor(3) in run 0 task 0: the task has 3 arguments"));
+  EXPECT_TRUE(fails_with(w.run(*kind, affine_args(&in, &out, 1)), absl::StatusCode::kInternal,
+                         "KernelContext::scalar(0) in run 1 task 0: argument 0 is a tensor"));
+  EXPECT_TRUE(w.close().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(BothPlacements, WorkerExceptions,
                          ::testing::Values(task::GraphPlacement::kDevice,
                                            task::GraphPlacement::kHost),

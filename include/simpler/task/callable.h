@@ -47,10 +47,27 @@ struct KernelContext {
   // the call.
   TaskLine* task_lines = nullptr;
 
-  const Tensor& tensor(uint32_t i) const { return args[i].tensor; }
-  uint64_t scalar(uint32_t i) const { return args[i].scalar; }
-  int64_t scalar_i64(uint32_t i) const { return static_cast<int64_t>(args[i].scalar); }
+  // Argument `i` of the task: tensor() for a tensor argument, scalar*() for a scalar one. An index
+  // past the task's arguments, or an argument of the other kind, is a kernel bug: it throws
+  // std::out_of_range naming both, which fails the run as any exception a kernel throws does
+  // (it read past the array, or a tensor's fields as a scalar).
+  const Tensor& tensor(uint32_t i) const {
+    if (i >= num_args || args[i].direction == ArgDirection::kScalar) [[unlikely]] {
+      throw_bad_arg(i, "tensor");
+    }
+    return args[i].tensor;
+  }
+  uint64_t scalar(uint32_t i) const {
+    if (i >= num_args || args[i].direction != ArgDirection::kScalar) [[unlikely]] {
+      throw_bad_arg(i, "scalar");
+    }
+    return args[i].scalar;
+  }
+  int64_t scalar_i64(uint32_t i) const { return static_cast<int64_t>(scalar(i)); }
   float scalar_f32(uint32_t i) const;
+
+ private:
+  [[noreturn]] void throw_bad_arg(uint32_t i, const char* kind) const;
 };
 
 // A kernel: one compute function, called once per block on a core thread.

@@ -21,7 +21,9 @@ class ProgramLibrary {
   // symbol); FAILED_PRECONDITION (ABI version mismatch: "was built for program ABI 7; this
   // simpler is ABI 1 — rebuild it"); INTERNAL (register_program returned non-zero, or threw:
   // "register_program threw <type>: <what>"); INVALID_ARGUMENT (a registered callable is
-  // invalid, or a self-check names an unknown callable).
+  // invalid; a self-check without a name or registered twice, naming an unknown callable, with
+  // a tolerance that is NaN or negative, or with no output). A library whose name is empty is
+  // named by its path.
   static absl::StatusOr<ProgramLibrary> load(const std::string& path);
 
   ProgramLibrary(ProgramLibrary&&) noexcept;
