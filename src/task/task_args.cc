@@ -99,26 +99,17 @@ absl::Status validate_arg(const Arg& a, size_t i) {
   if (static_cast<uint8_t>(a.tensor.memory) > static_cast<uint8_t>(MemoryKind::kHost)) {
     return absl::InvalidArgumentError(absl::StrCat("argument ", i, " has an unknown memory kind"));
   }
-  // The addressed span must not overflow: sum of (shape-1)*stride in elements,
-  // then bytes, in 128-bit arithmetic, below 2^62.
-  unsigned __int128 last = 0;
-  bool empty = false;
   for (int r = 0; r < a.tensor.rank; ++r) {
     if (a.tensor.shape[r] < 0 || a.tensor.strides[r] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("argument ", i, " has a negative shape or stride in dimension ", r));
     }
-    if (a.tensor.shape[r] == 0) empty = true;
-    if (a.tensor.shape[r] > 0) {
-      last += static_cast<unsigned __int128>(a.tensor.shape[r] - 1) *
-              static_cast<unsigned __int128>(a.tensor.strides[r]);
-    }
   }
-  // A block dtype's span is its whole blocks (bytes_of's rounding, in 128 bits).
-  const unsigned __int128 per = static_cast<unsigned __int128>(block_elements(a.tensor.dtype));
-  const unsigned __int128 span = empty ? 0 : (last + per) / per * block_bytes(a.tensor.dtype);
-  if (span >= (static_cast<unsigned __int128>(1) << 62) ||
-      span + a.tensor.address > (static_cast<unsigned __int128>(1) << 64)) {
+  // The addressed span must fit the address space: span_bytes() saturates (to UINT64_MAX) a span
+  // no memory holds, so this is its 128-bit sum without overflow.
+  const uint64_t span = a.tensor.span_bytes();
+  if (span >= (uint64_t{1} << 62) || static_cast<unsigned __int128>(span) + a.tensor.address >
+                                         (static_cast<unsigned __int128>(1) << 64)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "argument ", i, " addresses more memory than exists (shape/strides overflow)"));
   }

@@ -98,10 +98,16 @@ TEST(ProgramLibrary, ARefusedLaunchIsReportedAfterEveryInFlightRunIsDrained) {
   }
 }
 
-TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
-  ::setenv("SIMPLER_TEST_ODD_PROGRAM", "duplicate", 1);
+// The odd program's library loaded with its registration `mode` (odd_program.cc).
+absl::StatusOr<ProgramLibrary> load_odd_program(const std::string& mode) {
+  ::setenv("SIMPLER_TEST_ODD_PROGRAM", mode.c_str(), 1);
   auto lib = ProgramLibrary::load(SIMPLER_TEST_ODD_PROGRAM_LIB);
   ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+  return lib;
+}
+
+TEST(ProgramLibrary, DuplicateCallableNameIsRefusedNamingTheLibrary) {
+  auto lib = load_odd_program("duplicate");
   ASSERT_FALSE(lib.ok());
   EXPECT_EQ(lib.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(lib.status().message(), std::string("program library '") +
@@ -118,9 +124,7 @@ TEST(ProgramLibrary, SelfChecksThatBreakARuleAreRefusedAtLoad) {
            {"check_no_output", "self-check 'check' has no output: it would check nothing"},
            {"check_nan_tolerance",
             "self-check 'check' has tolerance nan: it must be a number >= 0"}}) {
-    ::setenv("SIMPLER_TEST_ODD_PROGRAM", mode.c_str(), 1);
-    auto loaded = ProgramLibrary::load(lib);
-    ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+    auto loaded = load_odd_program(mode);
     ASSERT_FALSE(loaded.ok()) << mode;
     EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << mode;
     EXPECT_EQ(loaded.status().message(), "program library '" + lib + "': " + message) << mode;
@@ -131,9 +135,7 @@ TEST(ProgramLibrary, SelfChecksThatBreakARuleAreRefusedAtLoad) {
 // (it ended the process); an empty path is refused; a bare file name is the file in the current
 // directory (dlopen looked it up on the library search path: "No such file or directory").
 TEST(ProgramLibrary, ARegistrationThatThrowsAnEmptyPathAndABareFileName) {
-  ::setenv("SIMPLER_TEST_ODD_PROGRAM", "throw", 1);
-  auto thrown = ProgramLibrary::load(SIMPLER_TEST_ODD_PROGRAM_LIB);
-  ::unsetenv("SIMPLER_TEST_ODD_PROGRAM");
+  auto thrown = load_odd_program("throw");
   ASSERT_FALSE(thrown.ok());
   EXPECT_EQ(thrown.status().code(), absl::StatusCode::kInternal);
   EXPECT_EQ(thrown.status().message(), std::string("program library '") +

@@ -104,22 +104,27 @@ absl::StatusOr<StagingBuffer> RunResourceArena::staging(base::SlotRef ref, size_
     if (b.address != 0) (void)device_->free(b.address);
     b = StagingBuffer{};
     const uint64_t want = std::max<uint64_t>(bytes, 64);
-    auto addr = device_->malloc(want);
-    const uint64_t heap = device_->caps().memory_bytes;  // 0: host-limited
-    if (!addr.ok() && addr.status().code() == absl::StatusCode::kResourceExhausted &&
-        (heap == 0 || want <= heap) &&
-        release_idle_staging_locked(&sets_[ref.index], index + 1) > 0) {
-      addr = device_->malloc(want);  // the cached staging no run holds was in the way
-    }
+    auto addr = malloc_locked(want, &sets_[ref.index], index + 1);
     if (!addr.ok()) return addr.status();
     b = StagingBuffer{*addr, want};
   }
   return b;
 }
 
-uint64_t RunResourceArena::release_idle_staging() {
+absl::StatusOr<uint64_t> RunResourceArena::malloc(uint64_t bytes) {
   base::MutexLock lock(mu_);
-  return release_idle_staging_locked(nullptr, 0);
+  return malloc_locked(bytes, nullptr, 0);
+}
+
+absl::StatusOr<uint64_t> RunResourceArena::malloc_locked(uint64_t bytes, const Set* live,
+                                                         size_t from) {
+  absl::StatusOr<uint64_t> addr = device_->malloc(bytes);
+  const uint64_t heap = device_->caps().memory_bytes;  // 0: host-limited
+  if (!addr.ok() && addr.status().code() == absl::StatusCode::kResourceExhausted &&
+      (heap == 0 || bytes <= heap) && release_idle_staging_locked(live, from) > 0) {
+    addr = device_->malloc(bytes);  // the cached staging no run holds was in the way
+  }
+  return addr;
 }
 
 void RunResourceArena::release_staging(base::SlotRef ref) {

@@ -97,13 +97,14 @@ class RunResourceArena {
   // `index` (0-based; one per staged tensor, handed out in increasing order by a run's
   // prepare). Reuses the set's buffer when big enough. When the device has no room
   // (RESOURCE_EXHAUSTED), first gives back the staging of every free set and this set's
-  // slots above `index` (release_idle_staging_locked), then tries once more. Errors: stale
-  // ref (FAILED_PRECONDITION) or device allocation errors.
+  // slots above `index` (malloc_locked), then tries once more. Errors: stale ref
+  // (FAILED_PRECONDITION) or device allocation errors.
   absl::StatusOr<StagingBuffer> staging(base::SlotRef ref, size_t index, uint64_t bytes);
-  // Frees the staging buffers of every free set (their next run stages anew; a quarantined
-  // set's are never freed, the device may still use them) and returns their bytes: what a
-  // device allocation that found no room frees before it tries again (Worker::malloc).
-  uint64_t release_idle_staging();
+  // Device memory for the Worker's user (Worker::malloc): the device's malloc, and when the
+  // device has no room (RESOURCE_EXHAUSTED) for a request a capped heap could hold, the staging
+  // of every free set is freed (their next run stages anew; a quarantined set's never is, the
+  // device may still use it) and the request tried once more. Errors: the device's.
+  absl::StatusOr<uint64_t> malloc(uint64_t bytes);
   // Frees live set `ref`'s staging (and every free set's) when its run failed before launch:
   // the device never saw the buffers, and a refused run keeps nothing from the next one.
   // Stale or non-live references are ignored.
@@ -129,6 +130,10 @@ class RunResourceArena {
     std::unique_ptr<RunRecords> records = std::make_unique<RunRecords>();
   };
   absl::Status check_live(base::SlotRef ref) const SIMPLER_REQUIRES(mu_);
+  // malloc and staging's allocation: device_->malloc, then, when it found no room for a request
+  // that could fit, release_idle_staging_locked(live, from) and one more try.
+  absl::StatusOr<uint64_t> malloc_locked(uint64_t bytes, const Set* live, size_t from)
+      SIMPLER_REQUIRES(mu_);
   // Frees the buffers of every free set and, when `live` names a set, its slots from `from`
   // on; a set whose staging changed forgets the image it held (RunRecords::image_for).
   // Returns the bytes freed.

@@ -140,6 +140,11 @@ absl::Status ChipWorker::close(const base::Deadline& deadline) {
 struct Worker::Impl {
   explicit Impl(WorkerOptions o) : options(std::move(o)) {}
 
+  // The chip init() built, or null before it (`initialized`, acquire, publishes it).
+  ChipWorker* ready_chip() const {
+    return initialized.load(std::memory_order_acquire) ? chip.get() : nullptr;
+  }
+
   absl::Status check_ready() const {
     if (!initialized) return absl::FailedPreconditionError("Worker used before init()");
     if (closed) return absl::FailedPreconditionError("Worker used after close()");
@@ -192,13 +197,8 @@ absl::Status Worker::init() {
 
 absl::StatusOr<DeviceBuffer> Worker::malloc(uint64_t bytes) {
   SIMPLER_RETURN_IF_ERROR(impl_->check_ready());
-  absl::StatusOr<uint64_t> got = impl_->chip->device().malloc(bytes);
-  const uint64_t heap = impl_->options.device_memory_bytes;
-  if (!got.ok() && got.status().code() == absl::StatusCode::kResourceExhausted &&
-      (heap == 0 || bytes <= heap) && impl_->chip->arena().release_idle_staging() > 0) {
-    got = impl_->chip->device().malloc(bytes);  // staging cached by idle sets was in the way
-  }
-  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, std::move(got));
+  // Through the arena: staging cached by idle resource sets gives way when the heap is full.
+  SIMPLER_ASSIGN_OR_RETURN(uint64_t addr, impl_->chip->arena().malloc(bytes));
   base::MutexLock lock(impl_->buffers_mu);
   impl_->buffers[addr] = bytes;
   return DeviceBuffer{addr, bytes};
@@ -346,25 +346,25 @@ int32_t Worker::abandoned_threads() const {
 }
 
 // Before init() there is no chip: the queries answer zeros (they dereferenced a null chip).
-// `initialized` (acquire) publishes the chip init() built.
 const device::DeviceCaps& Worker::caps() const {
   static const device::DeviceCaps kNone{};
-  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->device().caps() : kNone;
+  ChipWorker* chip = impl_->ready_chip();
+  return chip != nullptr ? chip->device().caps() : kNone;
 }
 ArenaCounts Worker::resources() const {
-  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->arena().counts()
-                                                            : ArenaCounts{};
+  ChipWorker* chip = impl_->ready_chip();
+  return chip != nullptr ? chip->arena().counts() : ArenaCounts{};
 }
 LaneStats Worker::lane_stats() const {
-  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->lane().stats()
-                                                            : LaneStats{};
+  ChipWorker* chip = impl_->ready_chip();
+  return chip != nullptr ? chip->lane().stats() : LaneStats{};
 }
 CaptureStats Worker::capture_stats() const {
-  return impl_->initialized.load(std::memory_order_acquire) ? impl_->chip->lane().capture_stats()
-                                                            : CaptureStats{};
+  ChipWorker* chip = impl_->ready_chip();
+  return chip != nullptr ? chip->lane().capture_stats() : CaptureStats{};
 }
 device::Device& Worker::device() {
-  if (!impl_->initialized.load(std::memory_order_acquire)) {
+  if (impl_->ready_chip() == nullptr) {
     std::fprintf(stderr, "simpler: Worker::device() called before init() (a caller defect)\n");
     std::abort();
   }

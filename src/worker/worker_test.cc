@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <limits>
@@ -19,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "simpler/base/process.h"
 #include "worker/run_shared.h"
 #include "worker/worker_test_util.h"
 
@@ -273,15 +273,6 @@ TEST(WorkerMemory, FreeingABufferNamedByALiveRunIsRefusedNamingTheRun) {
   EXPECT_TRUE(w.free(b).ok());
 }
 
-// The state letter of this process's thread `tid` (/proc/self/task/TID/stat: 'S' asleep), or '?'.
-char thread_state(pid_t tid) {
-  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-}
-
 // A close() racing the first one returns only once that one drained the runs (it returned OK at
 // once, with a run still on the device).
 TEST(WorkerClose, ASecondConcurrentCloseReturnsOnlyOnceTheRunsAreDrained) {
@@ -316,7 +307,7 @@ TEST(WorkerClose, ASecondConcurrentCloseReturnsOnlyOnceTheRunsAreDrained) {
   });
   // Until the second close() returned or sleeps (waiting for the first): then the run may end.
   while (second_tid.load() == 0) std::this_thread::yield();
-  while (!second_returned.load() && thread_state(second_tid.load()) != 'S') {
+  while (!second_returned.load() && base::process_state(second_tid.load()) != 'S') {
     std::this_thread::yield();
   }
   gate.open();

@@ -13,8 +13,8 @@ namespace simpler::base {
 // signal 9 (Killed)".
 std::string describe_wait_status(int wstatus);
 
-// The scheduler state of process `pid`: the letter of /proc/PID/stat's third field ('R'
-// running, 'S' asleep, 'D' in uninterruptible wait, 'T' stopped by a signal, 't' stopped by a
+// The scheduler state of process (or thread id) `pid`: the letter of /proc/PID/stat's third field
+// ('R' running, 'S' asleep, 'D' in uninterruptible wait, 'T' stopped by a signal, 't' stopped by a
 // debugger, 'Z' a zombie, ...), or '?' when it cannot be read (no such process, no /proc).
 // Linux only. Thread-safe.
 char process_state(int pid);
