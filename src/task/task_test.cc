@@ -238,6 +238,15 @@ TEST(Tensor, HugeShapesAreRefusedOrSaturateNeverWrap) {
   by_hand.strides = {int64_t{1} << 62, 1};
   EXPECT_EQ(by_hand.numel(), std::numeric_limits<int64_t>::max());
   EXPECT_EQ(by_hand.span_bytes(), std::numeric_limits<uint64_t>::max());
+  // Six terms near 2^126 each (a fuzzer's mailbox frame): their 128-bit sum overflowed (UB).
+  Tensor six = by_hand;
+  six.rank = 6;
+  six.shape.fill(std::numeric_limits<int64_t>::max());
+  six.strides.fill(std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(six.span_bytes(), std::numeric_limits<uint64_t>::max());
+  EXPECT_FALSE(six.is_contiguous());
+  six.strides.fill(0);  // shapes whose product passes int64, all strides 0
+  EXPECT_FALSE(six.is_contiguous());
 }
 
 TEST(CallConfig, ValidateRefusesNanAndNegative) {

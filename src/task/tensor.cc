@@ -76,11 +76,17 @@ int64_t Tensor::numel() const {
 uint64_t Tensor::span_bytes() const {
   // In 128 bits, as numel(): a span past 2^58 elements saturates to UINT64_MAX, which no memory
   // holds, so the range checks refuse it.
+  // Each term is below 2^127 / 4 in magnitude and the sum is clamped to 2^125 after each, so the
+  // sum of a hand-built view's six terms cannot overflow either.
   constexpr __int128 kCap = __int128{1} << 58;
-  __int128 last = 0;
+  constexpr __int128 kBound = __int128{1} << 125;
   for (int i = 0; i < rank; ++i) {
     if (shape[i] == 0) return 0;  // no element (numel() == 0)
-    last += static_cast<__int128>(shape[i] - 1) * strides[i];
+  }
+  __int128 last = 0;
+  for (int i = 0; i < rank; ++i) {
+    last += (static_cast<__int128>(shape[i]) - 1) * strides[i];
+    last = std::clamp(last, -kBound, kBound);
   }
   if (last < 0) last = 0;
   if (last >= kCap) return std::numeric_limits<uint64_t>::max();
@@ -88,10 +94,11 @@ uint64_t Tensor::span_bytes() const {
 }
 
 bool Tensor::is_contiguous() const {
-  int64_t stride = 1;
+  __int128 stride = 1;  // 128 bits, saturated: a hand-built shape's product may pass int64
   for (int i = rank - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != stride) return false;
-    stride *= shape[i];
+    constexpr __int128 kBound = __int128{1} << 63;  // past any int64 stride; no product overflows
+    stride = std::clamp<__int128>(stride * shape[i], -kBound, kBound);
   }
   return true;
 }
